@@ -1,0 +1,165 @@
+/*
+ * libopeninfer — common definitions: export macro, status codes, versions,
+ * last-error, logging and fatal handlers, core value types and tickets.
+ *
+ * Stability: everything in this header is part of the OPENINFER_0.1 ABI.
+ * Status codes are stable once released: new codes are only ever added.
+ */
+#ifndef OPENINFER_COMMON_H
+#define OPENINFER_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(OI_BUILDING_LIBRARY)
+#define OI_API __attribute__((visibility("default")))
+#else
+#define OI_API
+#endif
+
+#define OI_VERSION_MAJOR 0
+#define OI_VERSION_MINOR 1
+#define OI_VERSION_PATCH 0
+/* (major << 16) | (minor << 8) | patch, comparable as an integer. */
+#define OI_VERSION_NUMBER ((OI_VERSION_MAJOR << 16) | (OI_VERSION_MINOR << 8) | OI_VERSION_PATCH)
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Every fallible function returns an oi_status. OI_OK is 0, OI_PENDING is 1,
+ * errors are negative. Values never change once released. */
+typedef int32_t oi_status;
+enum {
+  OI_OK = 0,
+  OI_PENDING = 1,
+  OI_ERR_INVALID_ARGUMENT = -1,
+  OI_ERR_NOT_FOUND = -2,
+  OI_ERR_OUT_OF_MEMORY = -3,
+  OI_ERR_TIMEOUT = -4,
+  OI_ERR_CUDA = -5,
+  OI_ERR_IO = -6,
+  OI_ERR_PROTOCOL = -7,
+  OI_ERR_STATE = -8,
+  OI_ERR_LEASE_EXPIRED = -9,
+  OI_ERR_CLOSED = -10,
+  OI_ERR_UNSUPPORTED = -11,
+  OI_ERR_PERMISSION = -12,
+  OI_ERR_VERSION = -13,
+  OI_ERR_INTERNAL = -14,
+  OI_ERR_NO_DEVICE = -15,
+  OI_ERR_BUSY = -16,
+};
+
+/* Static name of a status ("OI_ERR_TIMEOUT"); "OI_ERR_UNKNOWN" for values
+ * this library does not know. Never NULL. */
+OI_API const char *oi_status_str(oi_status st);
+
+/* Human-readable message of the last failure on the calling thread
+ * ("save: block id 4097 out of range ..."). Valid until the next library call
+ * on this thread. Empty string when nothing failed. Never NULL. */
+OI_API const char *oi_last_error(void);
+
+/* Clears the calling thread's last error. */
+OI_API void oi_clear_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* OI_VERSION_NUMBER of the library actually loaded (may differ from the
+ * header the caller compiled against). */
+OI_API uint32_t oi_version(void);
+/* "0.1.0", plus " (cuda)" / " (cpu)" describing the compiled backends. */
+OI_API const char *oi_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Logging and fatal conditions                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef enum oi_log_level {
+  OI_LOG_TRACE = 0,
+  OI_LOG_DEBUG = 1,
+  OI_LOG_INFO = 2,
+  OI_LOG_WARN = 3,
+  OI_LOG_ERROR = 4,
+  OI_LOG_OFF = 5,
+} oi_log_level;
+
+/* Receives one complete line (no trailing newline), already formatted as
+ * "level=... component=... msg=...". May be called from any library thread. */
+typedef void (*oi_log_fn)(void *ctx, oi_log_level level, const char *line);
+
+/* Installs a process-wide log handler; NULL restores the default (stderr).
+ * Thread-safe. */
+OI_API void oi_set_log_handler(oi_log_fn fn, void *ctx);
+/* Messages below `level` are discarded. Default OI_LOG_WARN (or the value of
+ * the environment variable OI_LOG_LEVEL: trace|debug|info|warn|error|off). */
+OI_API oi_status oi_set_log_level(oi_log_level level);
+OI_API oi_log_level oi_get_log_level(void);
+
+/* Called on conditions the process cannot survive safely (the sidecar died
+ * while this process still uses memory it owned). The default handler logs
+ * and calls abort(). A handler that returns lets the library abort(). */
+typedef void (*oi_fatal_fn)(void *ctx, const char *reason);
+OI_API void oi_set_fatal_handler(oi_fatal_fn fn, void *ctx);
+
+/* ------------------------------------------------------------------------ */
+/* Value types                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* 16 opaque bytes naming a block's content (see oi_hash_blocks). */
+typedef struct oi_block_hash {
+  uint8_t bytes[16];
+} oi_block_hash;
+
+/* A pin on the blocks a query reported; all-zero means "no lease". */
+typedef struct oi_lease {
+  uint8_t bytes[16];
+} oi_lease;
+
+/* An exported arena: a CUDA IPC handle (cuda) or a shared-memory object
+ * name and size (cpu). */
+typedef struct oi_arena_handle {
+  uint8_t bytes[64];
+} oi_arena_handle;
+
+/* ------------------------------------------------------------------------ */
+/* Tickets                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* The completion object of an asynchronous operation (save, load, flush).
+ * Thread-safe. The caller owns one reference (the observer) and drops it with
+ * oi_ticket_release; the I/O behind a ticket keeps its own reference, so
+ * releasing a pending ticket never frees memory the operation still writes. */
+typedef struct oi_ticket oi_ticket;
+
+/* Called once, on completion, with the final status; from a library thread,
+ * or from oi_ticket_set_callback itself when the ticket already completed. */
+typedef void (*oi_ticket_fn)(void *ctx, oi_ticket *t, oi_status st);
+
+/* @return OI_PENDING while the operation runs, then OI_OK or its error. */
+OI_API oi_status oi_ticket_poll(oi_ticket *t);
+/* Waits up to timeout_ms (UINT32_MAX = forever). @return the final status,
+ * or OI_ERR_TIMEOUT, which leaves the ticket pending and usable. */
+OI_API oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms);
+/* An eventfd that becomes readable when the ticket completes (and stays
+ * readable). Owned by the ticket: do not close it. -1 on failure. */
+OI_API int oi_ticket_fd(oi_ticket *t);
+/* The cudaEvent_t recorded after the operation's copies (cuda backend), so a
+ * compute stream can wait on it; NULL on the cpu backend. */
+OI_API void *oi_ticket_cuda_event(oi_ticket *t);
+/* Registers the completion callback (at most one per ticket).
+ * @return OI_ERR_STATE if one is already set. */
+OI_API oi_status oi_ticket_set_callback(oi_ticket *t, oi_ticket_fn fn, void *ctx);
+/* Drops the caller's reference. Accepts NULL. Never cancels the I/O. */
+OI_API void oi_ticket_release(oi_ticket *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* OPENINFER_COMMON_H */

@@ -1,0 +1,9 @@
+/* libopeninfer — the whole public API. Include this one header. */
+#ifndef OPENINFER_OPENINFER_H
+#define OPENINFER_OPENINFER_H
+
+#include "openinfer/common.h"
+#include "openinfer/device.h"
+#include "openinfer/hash.h"
+
+#endif

@@ -1,0 +1,77 @@
+/* Internal core services shared by every layer: errors, logging, fatal
+ * conditions, allocation, clocks, options structs and the producer side of
+ * tickets. Nothing here is exported. */
+#ifndef OI_CORE_H
+#define OI_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "openinfer/common.h"
+
+#define OI_UNUSED(x) ((void)(x))
+#define OI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define OI_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define OI_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Records `st` and a formatted message as the calling thread's last error and
+ * returns `st`, so error paths read `return oi__fail(OI_ERR_..., "...")`. */
+oi_status oi__fail(oi_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+oi_status oi__vfail(oi_status st, const char *fmt, va_list ap);
+
+/* Logging. `component` is a short word ("device", "host"). */
+bool oi__log_enabled(oi_log_level level);
+void oi__log(oi_log_level level, const char *component, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define OI_LOG(level, component, ...)                                                              \
+  do {                                                                                             \
+    if (oi__log_enabled(level)) oi__log(level, component, __VA_ARGS__);                            \
+  } while (0)
+
+/* Runs the fatal handler, then aborts. Never returns. */
+void oi__fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/* Allocation (mimalloc). oi__free accepts NULL. */
+void *oi__malloc(size_t bytes);
+void *oi__calloc(size_t count, size_t size);
+void *oi__realloc(void *p, size_t bytes);
+void *oi__aligned_alloc(size_t alignment, size_t bytes);
+char *oi__strdup(const char *s);
+void oi__free(void *p);
+
+/* Monotonic clock. */
+uint64_t oi__now_ns(void);
+/* Deadline helper: absolute monotonic ns `timeout_ms` from now; UINT64_MAX for
+ * UINT32_MAX (forever). */
+uint64_t oi__deadline_ns(uint32_t timeout_ms);
+
+/* Options structs ("struct_size" pattern). Copies the caller's struct `src`
+ * (whose first field is uint32_t struct_size) into `dst` of the library's
+ * size `dst_size`, which the caller already filled with defaults: only the
+ * bytes the caller's struct_size covers are read. A caller struct larger than
+ * the library knows is accepted only when the unknown tail is all zero
+ * (a newer caller asking for nothing new). `what` names the struct in errors. */
+oi_status oi__struct_in(void *dst, size_t dst_size, const void *src, const char *what);
+/* Output structs: writes `src` (library size `src_size`) into the caller's
+ * `dst`, only up to the caller's struct_size. */
+oi_status oi__struct_out(void *dst, const void *src, size_t src_size, const char *what);
+/* Smallest struct_size any caller may pass: the struct_size field itself. */
+#define OI_STRUCT_MIN_SIZE sizeof(uint32_t)
+
+/* Tickets, producer side. A new ticket holds two references: the producer's
+ * (dropped by oi__ticket_complete) and the observer's (given to the caller,
+ * dropped by oi_ticket_release). */
+oi_ticket *oi__ticket_new(void);
+void oi__ticket_retain(oi_ticket *t);
+void oi__ticket_unref(oi_ticket *t);
+/* Completes the ticket with `st` (first call wins; later calls only drop the
+ * reference), wakes waiters, signals the eventfd, runs the callback, and drops
+ * one producer reference. */
+void oi__ticket_complete(oi_ticket *t, oi_status st);
+/* Attaches a backend event the ticket owns; `destroy` runs when the ticket is
+ * freed. */
+void oi__ticket_set_cuda_event(oi_ticket *t, void *event, void (*destroy)(void *event));
+
+#endif

@@ -1,0 +1,152 @@
+/* Tickets: completion objects shared by a producer (the I/O) and an observer
+ * (the caller). Reference counted so that the observer may release a pending
+ * ticket while the producer still completes it later. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core.h"
+
+struct oi_ticket {
+  pthread_mutex_t lock;
+  pthread_cond_t done_cv;
+  atomic_int refs;
+  bool done;
+  bool callback_set;
+  oi_status status;
+  int event_fd;
+  oi_ticket_fn callback;
+  void *callback_ctx;
+  void *cuda_event;
+  void (*cuda_event_destroy)(void *event);
+};
+
+oi_ticket *oi__ticket_new(void) {
+  oi_ticket *t = oi__calloc(1, sizeof *t);
+  if (!t) return NULL;
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&t->done_cv, &attr);
+  pthread_condattr_destroy(&attr);
+  pthread_mutex_init(&t->lock, NULL);
+  atomic_init(&t->refs, 2);
+  t->status = OI_PENDING;
+  t->event_fd = -1;
+  return t;
+}
+
+void oi__ticket_retain(oi_ticket *t) { atomic_fetch_add(&t->refs, 1); }
+
+void oi__ticket_unref(oi_ticket *t) {
+  if (!t || atomic_fetch_sub(&t->refs, 1) != 1) return;
+  if (t->event_fd >= 0) close(t->event_fd);
+  if (t->cuda_event && t->cuda_event_destroy) t->cuda_event_destroy(t->cuda_event);
+  pthread_cond_destroy(&t->done_cv);
+  pthread_mutex_destroy(&t->lock);
+  oi__free(t);
+}
+
+static void signal_fd(int fd) {
+  uint64_t one = 1;
+  ssize_t w;
+  do w = write(fd, &one, sizeof one);
+  while (w < 0 && errno == EINTR);
+}
+
+void oi__ticket_complete(oi_ticket *t, oi_status st) {
+  if (st == OI_PENDING) st = OI_ERR_INTERNAL; /* a producer never completes "pending" */
+  pthread_mutex_lock(&t->lock);
+  bool first = !t->done;
+  oi_ticket_fn cb = NULL;
+  void *cb_ctx = NULL;
+  if (first) {
+    t->done = true;
+    t->status = st;
+    if (t->event_fd >= 0) signal_fd(t->event_fd);
+    pthread_cond_broadcast(&t->done_cv);
+    cb = t->callback;
+    cb_ctx = t->callback_ctx;
+  }
+  pthread_mutex_unlock(&t->lock);
+  if (cb) cb(cb_ctx, t, st);
+  oi__ticket_unref(t);
+}
+
+void oi__ticket_set_cuda_event(oi_ticket *t, void *event, void (*destroy)(void *event)) {
+  t->cuda_event = event;
+  t->cuda_event_destroy = destroy;
+}
+
+OI_API oi_status oi_ticket_poll(oi_ticket *t) {
+  if (!t) return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_poll: ticket is NULL");
+  pthread_mutex_lock(&t->lock);
+  oi_status st = t->done ? t->status : OI_PENDING;
+  pthread_mutex_unlock(&t->lock);
+  return st;
+}
+
+OI_API oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms) {
+  if (!t) return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_wait: ticket is NULL");
+  uint64_t deadline = oi__deadline_ns(timeout_ms);
+  struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                        .tv_nsec = (long)(deadline % 1000000000ull)};
+  pthread_mutex_lock(&t->lock);
+  while (!t->done) {
+    if (deadline == UINT64_MAX) {
+      pthread_cond_wait(&t->done_cv, &t->lock);
+    } else if (pthread_cond_timedwait(&t->done_cv, &t->lock, &ts) == ETIMEDOUT && !t->done) {
+      pthread_mutex_unlock(&t->lock);
+      return oi__fail(OI_ERR_TIMEOUT, "ticket_wait: not complete after %u ms", timeout_ms);
+    }
+  }
+  oi_status st = t->status;
+  pthread_mutex_unlock(&t->lock);
+  return st;
+}
+
+OI_API int oi_ticket_fd(oi_ticket *t) {
+  if (!t) {
+    oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_fd: ticket is NULL");
+    return -1;
+  }
+  pthread_mutex_lock(&t->lock);
+  if (t->event_fd < 0) {
+    t->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (t->event_fd < 0)
+      oi__fail(OI_ERR_IO, "ticket_fd: eventfd failed (errno %d)", errno);
+    else if (t->done)
+      signal_fd(t->event_fd);
+  }
+  int fd = t->event_fd;
+  pthread_mutex_unlock(&t->lock);
+  return fd;
+}
+
+OI_API void *oi_ticket_cuda_event(oi_ticket *t) { return t ? t->cuda_event : NULL; }
+
+OI_API oi_status oi_ticket_set_callback(oi_ticket *t, oi_ticket_fn fn, void *ctx) {
+  if (!t || !fn)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_set_callback: %s is NULL",
+                    t ? "callback" : "ticket");
+  pthread_mutex_lock(&t->lock);
+  if (t->callback_set) {
+    pthread_mutex_unlock(&t->lock);
+    return oi__fail(OI_ERR_STATE, "ticket_set_callback: a callback is already set");
+  }
+  t->callback_set = true;
+  bool done = t->done;
+  oi_status st = t->status;
+  if (!done) {
+    t->callback = fn;
+    t->callback_ctx = ctx;
+  }
+  pthread_mutex_unlock(&t->lock);
+  if (done) fn(ctx, t, st);
+  return OI_OK;
+}
+
+OI_API void oi_ticket_release(oi_ticket *t) { oi__ticket_unref(t); }

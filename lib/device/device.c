@@ -1,0 +1,75 @@
+/* Backend selection by ordinal, and the public device/arena functions. */
+#include <string.h>
+
+#include "device.h"
+
+oi_status oi__dev_open(int ordinal, oi_dev **out) {
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "device_open: out is NULL");
+  *out = NULL;
+  if (ordinal == OI_DEVICE_CPU) return oi__cpu_dev_open(out);
+  if (ordinal < -1) return oi__fail(OI_ERR_INVALID_ARGUMENT, "device %d is not an ordinal", ordinal);
+  return oi__cuda_dev_open(ordinal, out);
+}
+
+void oi__dev_close(oi_dev *d) {
+  if (d) d->ops->close(d);
+}
+
+OI_API oi_status oi_device_count(int *count) {
+  if (!count) return oi__fail(OI_ERR_INVALID_ARGUMENT, "device_count: count is NULL");
+  *count = oi__cuda_device_count();
+  return OI_OK;
+}
+
+OI_API oi_status oi_device_get_info(int device, oi_device_info *info) {
+  if (!info) return oi__fail(OI_ERR_INVALID_ARGUMENT, "device_get_info: info is NULL");
+  oi_dev *d;
+  oi_status st = oi__dev_open(device, &d);
+  if (st != OI_OK) return st;
+  oi_device_info full;
+  memset(&full, 0, sizeof full);
+  full.struct_size = sizeof full;
+  full.device = device;
+  st = d->ops->info(d, &full);
+  oi__dev_close(d);
+  if (st != OI_OK) return st;
+  return oi__struct_out(info, &full, sizeof full, "device_get_info");
+}
+
+struct oi_imported_arena {
+  oi_dev *dev;
+  void *ptr;
+  uint64_t size;
+};
+
+OI_API oi_status oi_imported_arena_open(const oi_arena_handle *handle, uint64_t expected_bytes,
+                                        int device, oi_imported_arena **out) {
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "imported_arena_open: out is NULL");
+  *out = NULL;
+  if (!handle) return oi__fail(OI_ERR_INVALID_ARGUMENT, "imported_arena_open: handle is NULL");
+  if (expected_bytes == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "imported_arena_open: expected_bytes is 0");
+  oi_imported_arena *a = oi__calloc(1, sizeof *a);
+  if (!a) return oi__fail(OI_ERR_OUT_OF_MEMORY, "imported_arena_open: out of memory");
+  oi_status st = oi__dev_open(device, &a->dev);
+  if (st != OI_OK) goto fail;
+  st = a->dev->ops->mem_import(a->dev, handle, expected_bytes, &a->ptr, &a->size);
+  if (st != OI_OK) goto fail;
+  *out = a;
+  return OI_OK;
+fail:
+  oi__dev_close(a->dev);
+  oi__free(a);
+  return st;
+}
+
+OI_API void *oi_imported_arena_ptr(const oi_imported_arena *a) { return a ? a->ptr : NULL; }
+
+OI_API uint64_t oi_imported_arena_size(const oi_imported_arena *a) { return a ? a->size : 0; }
+
+OI_API void oi_imported_arena_close(oi_imported_arena *a) {
+  if (!a) return;
+  a->dev->ops->mem_close_import(a->dev, a->ptr, a->size);
+  oi__dev_close(a->dev);
+  oi__free(a);
+}

@@ -1,0 +1,110 @@
+/* The device backend interface: the only place that knows CUDA exists.
+ *
+ * One oi_dev per (ordinal, user); backends are stateless between instances.
+ * Streams execute copies and host callbacks in submission order; a callback
+ * receives the first error of the work queued on its stream since the
+ * previous callback, so a failed copy is never reported as done. */
+#ifndef OI_DEVICE_DEVICE_H
+#define OI_DEVICE_DEVICE_H
+
+#include "core/core.h"
+#include "openinfer/device.h"
+
+typedef struct oi_dev oi_dev;
+typedef struct oi_stream oi_stream;
+
+/* mem_alloc flags */
+enum { OI_MEM_SHAREABLE = 1u << 0 }; /* may be exported with mem_export */
+
+/* pinned_alloc flags */
+enum {
+  OI_PIN_HUGEPAGES = 1u << 0, /* back with 2 MiB hugepages (mmap MAP_HUGETLB) */
+  OI_PIN_NO_PIN = 1u << 1,    /* plain pageable memory (cpu, tests) */
+};
+
+typedef enum oi_copy_dir { OI_COPY_D2H = 0, OI_COPY_H2D = 1 } oi_copy_dir;
+
+/* One contiguous piece of a copy. Addresses are as the backend sees them:
+ * device pointers and host pointers of a pinned region. */
+typedef struct oi_copy_desc {
+  uintptr_t src;
+  uintptr_t dst;
+  uint64_t bytes;
+} oi_copy_desc;
+
+/* Pinned host memory. `device` is the address kernels use for `host`
+ * (equal to host on cpu and with unified addressing). */
+typedef struct oi_pinned {
+  void *host;
+  void *device;
+  size_t bytes;
+  uint32_t flags;
+  int how; /* backend-private: how to free */
+} oi_pinned;
+
+typedef void (*oi_stream_fn)(void *arg, oi_status st);
+
+typedef struct oi_dev_ops {
+  const char *name;
+  void (*close)(oi_dev *d);
+  oi_status (*info)(oi_dev *d, oi_device_info *out);
+
+  /* Device memory, zero-filled. */
+  oi_status (*mem_alloc)(oi_dev *d, size_t bytes, uint32_t flags, void **out);
+  void (*mem_free)(oi_dev *d, void *p);
+  /* Blocking copies and fills for setup and tests (either direction). */
+  oi_status (*mem_copy)(oi_dev *d, void *dst, const void *src, size_t bytes);
+  /* Writes oi__pattern_byte(seed, i) at dst[i] for i in [0, bytes). */
+  oi_status (*mem_fill_pattern)(oi_dev *d, void *dst, size_t bytes, uint64_t seed);
+
+  /* Arena export/import (64-byte handle). */
+  oi_status (*mem_export)(oi_dev *d, void *p, oi_arena_handle *out);
+  oi_status (*mem_import)(oi_dev *d, const oi_arena_handle *h, uint64_t expected, void **ptr,
+                          uint64_t *size);
+  void (*mem_close_import)(oi_dev *d, void *ptr, uint64_t size);
+
+  /* Pinned host memory for the host pool. */
+  oi_status (*pinned_alloc)(oi_dev *d, size_t bytes, uint32_t flags, int numa_node,
+                            oi_pinned *out);
+  void (*pinned_free)(oi_dev *d, oi_pinned *p);
+
+  /* Streams. priority: 0 normal (saves), 1 high (loads). */
+  oi_status (*stream_create)(oi_dev *d, int priority, oi_stream **out);
+  /* Waits for queued work, then frees. Accepts NULL. */
+  void (*stream_destroy)(oi_stream *s);
+  /* Queues copies; `descs` is copied before return. */
+  oi_status (*stream_copy)(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs, size_t n);
+  /* Queues `fn(arg, status)` after everything queued before it. `fn` must not
+   * call into the backend (it may run on a driver thread). */
+  oi_status (*stream_call)(oi_stream *s, oi_stream_fn fn, void *arg);
+  /* Makes later work on `s` wait for an external event (a cudaEvent_t the
+   * caller recorded after writing KV); NULL is a no-op. */
+  oi_status (*stream_wait_event)(oi_stream *s, void *event);
+  /* Blocks until everything queued so far finished. */
+  oi_status (*stream_sync)(oi_stream *s);
+} oi_dev_ops;
+
+struct oi_dev {
+  const oi_dev_ops *ops;
+  int ordinal;
+};
+
+/* Opens the backend for `ordinal` (-1 cpu). */
+oi_status oi__dev_open(int ordinal, oi_dev **out);
+void oi__dev_close(oi_dev *d);
+
+/* Backend constructors. */
+oi_status oi__cpu_dev_open(oi_dev **out);
+oi_status oi__cuda_dev_open(int ordinal, oi_dev **out);
+int oi__cuda_device_count(void);
+
+/* The deterministic test pattern both backends write. */
+static inline uint8_t oi__pattern_byte(uint64_t seed, uint64_t offset) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + (offset >> 3) * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return (uint8_t)(x >> ((offset & 7) * 8));
+}
+
+#endif

@@ -1,0 +1,14 @@
+#ifndef OI_DEVICE_HOSTMEM_H
+#define OI_DEVICE_HOSTMEM_H
+
+#include "device.h"
+
+#define OI_HUGEPAGE_BYTES (2ull << 20)
+
+/* Maps `bytes` of zeroed, pre-touched anonymous memory (OI_PIN_HUGEPAGES:
+ * on 2 MiB pages, failing with the count needed and free). *mapped receives
+ * the length to pass to oi__host_unmap. */
+oi_status oi__host_map(size_t bytes, uint32_t flags, void **out, size_t *mapped);
+void oi__host_unmap(void *p, size_t mapped);
+
+#endif

@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""The openinfer command line: help, version, dispatch, exit codes, demo."""
+import subprocess
+import sys
+
+exe = sys.argv[1]
+failures = 0
+
+
+def run(*args):
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=100)
+
+
+def check(cond, what, proc=None):
+    global failures
+    if not cond:
+        failures += 1
+        print(f"FAIL: {what}", file=sys.stderr)
+        if proc is not None:
+            print(f"  rc={proc.returncode}\n  stdout={proc.stdout!r}\n  stderr={proc.stderr!r}", file=sys.stderr)
+
+
+p = run("--help")
+check(p.returncode == 0 and "usage: openinfer" in p.stdout and "demo" in p.stdout, "--help", p)
+p = run("--version")
+check(p.returncode == 0 and p.stdout.startswith("openinfer 0.1.0"), "--version", p)
+p = run()
+check(p.returncode == 2 and "usage" in p.stderr, "no command exits 2 with usage", p)
+p = run("frobnicate")
+check(p.returncode == 2 and "'frobnicate' is not a command" in p.stderr, "unknown command exits 2", p)
+p = run("demo", "--help")
+check(p.returncode == 0 and "--blocks" in p.stdout, "demo --help", p)
+p = run("demo", "--blocks", "zero")
+check(p.returncode == 2 and "--blocks" in p.stderr, "demo rejects a bad value", p)
+p = run("demo", "extra")
+check(p.returncode == 2, "demo rejects a stray argument", p)
+p = run("demo", "--device", "cpu", "--layers", "3", "--blocks", "40", "--block-bytes", "4100")
+check(p.returncode == 0 and "demo OK" in p.stdout and "verified 120 slices" in p.stdout, "demo on cpu", p)
+p = run("demo", "--device", "999")
+check(p.returncode == 1 and "device 999" in p.stderr, "demo on a missing device fails clearly", p)
+
+print("test_cli:", "ok" if failures == 0 else f"{failures} failure(s)")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,18 @@
+/* Shared pieces of the `openinfer` command-line tool. */
+#ifndef OI_TOOLS_CLI_H
+#define OI_TOOLS_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Exit codes: 0 success, 1 the command failed, 2 usage error. */
+enum { CLI_OK = 0, CLI_FAILED = 1, CLI_USAGE = 2 };
+
+int cmd_demo(int argc, char **argv);
+
+/* Parses "64", "64K", "2M", "1G" (binary units). */
+bool cli_parse_size(const char *s, uint64_t *out);
+/* Parses a decimal integer in [lo, hi]. */
+bool cli_parse_int(const char *s, long lo, long hi, long *out);
+
+#endif

@@ -4,6 +4,8 @@
 
 #include "openinfer/common.h"
 #include "openinfer/device.h"
+#include "openinfer/engine.h"
 #include "openinfer/hash.h"
+#include "openinfer/host.h"
 
 #endif

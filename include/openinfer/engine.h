@@ -1,0 +1,164 @@
+/*
+ * libopeninfer — the offload engine: one per rank (GPU), registered with a
+ * host (embedded). Saves sealed KV blocks from the rank's arenas into the
+ * host tier, queries prefixes, loads leased blocks back.
+ *
+ * Thread-safety: every function may be called from any thread.
+ */
+#ifndef OPENINFER_ENGINE_H
+#define OPENINFER_ENGINE_H
+
+#include "openinfer/common.h"
+#include "openinfer/host.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct oi_offload_engine oi_offload_engine;
+
+/* One arena: a region holding one slice of every block (one layer's K+V, an
+ * MLA layer, ...). Block b, segment s of this arena lives at
+ *   base + b * block_stride + s * segment_stride, bytes_per_block bytes.
+ * Every arena of a layout has the same num_blocks. The host block is the
+ * concatenation, in arena then segment order, of these slices. */
+typedef struct oi_arena_desc {
+  const char *name;         /* unique within the layout */
+  uint64_t offset;          /* from oi_engine_options.arena_base (when set) */
+  void *base;               /* absolute address (when arena_base is NULL) */
+  uint64_t num_blocks;
+  uint64_t bytes_per_block; /* copy unit of one segment */
+  uint64_t block_stride;    /* >= (segments-1)*segment_stride + bytes_per_block */
+  uint32_t segments;        /* 1, or 2 for split K/V (at most 8) */
+  uint64_t segment_stride;  /* bytes between segments (>= bytes_per_block) */
+} oi_arena_desc;
+
+/* oi_engine_options.copy_mode */
+typedef enum oi_copy_mode {
+  OI_COPY_AUTO = 0,
+  OI_COPY_KERNEL = 1,
+  OI_COPY_DMA = 2,
+} oi_copy_mode;
+
+typedef struct oi_engine_options {
+  uint32_t struct_size;
+  int32_t device;               /* -1 cpu; else the CUDA device of the arenas */
+  const char *namespace_id;     /* content domain; required */
+  const char *instance_name;    /* for logs; optional */
+  uint32_t world_size;          /* lease consumers; default 1 */
+  uint32_t num_arenas;
+  const oi_arena_desc *arenas;  /* copied at create */
+  void *arena_base;             /* optional: arenas given by offset into [base, base+arena_size) */
+  uint64_t arena_size;
+  uint32_t save_deadline_ms;    /* default 120000 */
+  uint32_t load_deadline_ms;    /* default 120000 */
+  uint32_t copy_mode;           /* oi_copy_mode; default AUTO */
+  uint32_t copy_cta_limit;      /* kernel copies: max CTAs; 0 = backend default */
+} oi_engine_options;
+
+/* Completion callback of a save: the caller's signal that the device blocks
+ * it named may be reused (their bytes were copied, or the save was dropped). */
+typedef void (*oi_save_done_fn)(void *ctx, oi_status st);
+
+typedef struct oi_save_options {
+  uint32_t struct_size;
+  uint32_t flags;
+  void *wait_event;        /* cudaEvent_t recorded after the KV was written; NULL: none */
+  oi_save_done_fn on_done; /* optional */
+  void *on_done_ctx;
+} oi_save_options;
+
+typedef struct oi_load_options {
+  uint32_t struct_size;
+  uint32_t flags;
+} oi_load_options;
+
+/* oi_query_result.state */
+typedef enum oi_query_state {
+  OI_QUERY_READY = 0,   /* hit_blocks is final */
+  OI_QUERY_LOADING = 1, /* a deeper tier is bringing more; query again with the same req_id */
+} oi_query_state;
+
+/* query flags */
+enum {
+  /* Report each position independently in `present` (no prefix rule, no
+   * lease). */
+  OI_QUERY_MEMBERSHIP = 1u << 0,
+};
+
+typedef struct oi_query_result {
+  uint32_t struct_size;
+  uint32_t state;      /* oi_query_state */
+  uint64_t hit_blocks; /* leading run of sealed blocks (membership: count present) */
+  oi_lease lease;      /* pins the hit blocks; all-zero when hit_blocks == 0 */
+  uint8_t *present;    /* in: optional array of n bytes for OI_QUERY_MEMBERSHIP */
+} oi_query_result;
+
+typedef struct oi_engine_stats {
+  uint32_t struct_size;
+  uint32_t instance_id;
+  uint64_t block_bytes;        /* bytes of one host block of this layout */
+  uint64_t num_blocks;
+  uint64_t saves_submitted;    /* blocks */
+  uint64_t saves_completed;
+  uint64_t saves_deduplicated;
+  uint64_t saves_dropped;
+  uint64_t saves_failed;
+  uint64_t loads_completed;    /* operations */
+  uint64_t loads_failed;
+  uint64_t blocks_loaded;
+  uint64_t bytes_saved;
+  uint64_t bytes_loaded;
+  uint64_t query_hit_blocks;
+  uint64_t query_miss_blocks;
+  uint64_t saves_pending;      /* save operations not yet sealed or dropped */
+} oi_engine_stats;
+
+OI_API oi_status oi_engine_options_init(oi_engine_options *o);
+OI_API oi_status oi_save_options_init(oi_save_options *o);
+OI_API oi_status oi_load_options_init(oi_load_options *o);
+
+/* Registers a layout with an embedded host. Validates every arena (see
+ * docs/api.md "Layouts"). The namespace is bound to its first layout's block
+ * shape; a layout with another shape in the same namespace is refused. */
+OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_options *o,
+                                          oi_offload_engine **out);
+
+/* Flushes saves, releases this instance's leases, unregisters. Accepts NULL. */
+OI_API void oi_offload_engine_destroy(oi_offload_engine *e);
+
+/* Saves blocks block_ids[i] under hashes[i], asynchronously. Hashes already
+ * sealed or in flight are skipped (deduplicated); blocks that get no memory
+ * are dropped and counted. The ticket (optional) and on_done complete when
+ * every accepted block is sealed (OI_OK) or failed (its error). */
+OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *block_ids,
+                                        const oi_block_hash *hashes, size_t n,
+                                        const oi_save_options *opt, oi_ticket **ticket_out);
+
+/* Counts the leading run of hashes sealed in this namespace and pins them
+ * under a new lease (when the run is not empty). req_id may be NULL. */
+OI_API oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_id,
+                                         const oi_block_hash *hashes, size_t n, uint32_t flags,
+                                         oi_query_result *out);
+
+/* Copies the i-th leased block into dst_block_ids[i] of every arena; n must
+ * equal the lease's block count. Consumes one lease share whether the load
+ * succeeds or fails. */
+OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
+                                        const int64_t *dst_block_ids, size_t n,
+                                        const oi_load_options *opt, oi_ticket **ticket_out);
+
+/* Drops a lease and its pins. @return OI_ERR_LEASE_EXPIRED when the lease is
+ * unknown (already released, consumed or expired). */
+OI_API oi_status oi_offload_engine_release(oi_offload_engine *e, oi_lease lease);
+
+/* Waits until every save submitted before this call is sealed or dropped.
+ * @return OI_ERR_TIMEOUT after timeout_ms (UINT32_MAX: forever). */
+OI_API oi_status oi_offload_engine_flush(oi_offload_engine *e, uint32_t timeout_ms);
+
+OI_API oi_status oi_offload_engine_stats(const oi_offload_engine *e, oi_engine_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,178 @@
+/* Public engine functions: argument validation shared by every engine kind,
+ * then dispatch. Bad input is refused here, before any state changes. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+OI_API oi_status oi_engine_options_init(oi_engine_options *o) {
+  if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "engine_options_init: options is NULL");
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->device = OI_DEVICE_CPU;
+  o->world_size = 1;
+  o->save_deadline_ms = 120000;
+  o->load_deadline_ms = 120000;
+  o->copy_mode = OI_COPY_AUTO;
+  return OI_OK;
+}
+
+OI_API oi_status oi_save_options_init(oi_save_options *o) {
+  if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "save_options_init: options is NULL");
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  return OI_OK;
+}
+
+OI_API oi_status oi_load_options_init(oi_load_options *o) {
+  if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "load_options_init: options is NULL");
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  return OI_OK;
+}
+
+oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o, const char *what) {
+  oi_engine_options opts;
+  oi_engine_options_init(&opts);
+  oi_status st = oi__struct_in(&opts, sizeof opts, o, what);
+  if (st != OI_OK) return st;
+  if (!opts.namespace_id || !opts.namespace_id[0])
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: namespace_id is empty", what);
+  if (strlen(opts.namespace_id) > 255)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: namespace_id is longer than 255 bytes", what);
+  if (opts.world_size == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: world_size is 0 (leases need a consumer)", what);
+  if (opts.copy_mode > OI_COPY_DMA)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: copy_mode %u is not an oi_copy_mode", what,
+                    opts.copy_mode);
+  if (opts.device < -1)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: device %d is not an ordinal", what, opts.device);
+  if ((st = oi__layout_build(&opts, what, &e->layout)) != OI_OK) return st;
+  e->namespace_id = oi__strdup(opts.namespace_id);
+  e->instance_name = oi__strdup(opts.instance_name ? opts.instance_name : "");
+  if (!e->namespace_id || !e->instance_name) {
+    oi__engine_fini_common(e);
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  }
+  opts.namespace_id = e->namespace_id;
+  opts.instance_name = e->instance_name;
+  opts.arenas = NULL; /* the validated copy lives in e->layout */
+  e->opts = opts;
+  return OI_OK;
+}
+
+void oi__engine_fini_common(oi_offload_engine *e) {
+  oi__layout_free(&e->layout);
+  oi__free(e->namespace_id);
+  oi__free(e->instance_name);
+  e->namespace_id = e->instance_name = NULL;
+}
+
+OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_options *o,
+                                          oi_offload_engine **out) {
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: out is NULL");
+  *out = NULL;
+  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: host is NULL");
+  if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: options is NULL");
+  return oi__local_engine_create(h, o, out);
+}
+
+OI_API void oi_offload_engine_destroy(oi_offload_engine *e) {
+  if (e) e->ops->destroy(e);
+}
+
+static oi_status check_ids(const oi_offload_engine *e, const char *what, const int64_t *ids,
+                           size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] < 0 || (uint64_t)ids[i] >= e->layout.num_blocks)
+      return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                      "%s: block id %lld (position %zu) out of range for arena '%s' with %llu blocks",
+                      what, (long long)ids[i], i, e->layout.arenas[0].name,
+                      (unsigned long long)e->layout.num_blocks);
+  return OI_OK;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+static oi_status check_distinct(const char *what, const int64_t *ids, size_t n) {
+  if (n < 2) return OI_OK;
+  int64_t stack[256], *sorted = n <= 256 ? stack : oi__malloc(n * sizeof *sorted);
+  if (!sorted) return oi__fail(OI_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  memcpy(sorted, ids, n * sizeof *sorted);
+  qsort(sorted, n, sizeof *sorted, cmp_i64);
+  oi_status st = OI_OK;
+  for (size_t i = 1; i < n && st == OI_OK; i++)
+    if (sorted[i] == sorted[i - 1])
+      st = oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: destination block id %lld appears twice", what,
+                    (long long)sorted[i]);
+  if (sorted != stack) oi__free(sorted);
+  return st;
+}
+
+OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *block_ids,
+                                        const oi_block_hash *hashes, size_t n,
+                                        const oi_save_options *opt, oi_ticket **ticket_out) {
+  if (ticket_out) *ticket_out = NULL;
+  if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: engine is NULL");
+  if (n == 0) return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: no blocks (n = 0)");
+  if (!block_ids || !hashes)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: %s is NULL", block_ids ? "hashes" : "block_ids");
+  oi_status st = check_ids(e, "save", block_ids, n);
+  if (st != OI_OK) return st;
+  oi_save_options so;
+  oi_save_options_init(&so);
+  if (opt && (st = oi__struct_in(&so, sizeof so, opt, "save")) != OI_OK) return st;
+  return e->ops->save(e, block_ids, hashes, n, &so, ticket_out);
+}
+
+OI_API oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_id,
+                                         const oi_block_hash *hashes, size_t n, uint32_t flags,
+                                         oi_query_result *out) {
+  if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: engine is NULL");
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: out is NULL");
+  if (out->struct_size < offsetof(oi_query_result, present))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: out->struct_size %u is too small",
+                    out->struct_size);
+  if (n > 0 && !hashes) return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: hashes is NULL");
+  if (flags & ~(uint32_t)OI_QUERY_MEMBERSHIP)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: unknown flags 0x%x", flags);
+  bool has_present = out->struct_size >= offsetof(oi_query_result, present) + sizeof(uint8_t *);
+  if ((flags & OI_QUERY_MEMBERSHIP) && n > 0 && (!has_present || !out->present))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: membership needs out->present (n bytes)");
+  return e->ops->query(e, req_id, hashes, n, flags, out);
+}
+
+OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
+                                        const int64_t *dst_block_ids, size_t n,
+                                        const oi_load_options *opt, oi_ticket **ticket_out) {
+  if (ticket_out) *ticket_out = NULL;
+  if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: engine is NULL");
+  if (n == 0) return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: no blocks (n = 0)");
+  if (!dst_block_ids) return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: dst_block_ids is NULL");
+  oi_status st = check_ids(e, "load", dst_block_ids, n);
+  if (st == OI_OK) st = check_distinct("load", dst_block_ids, n);
+  if (st != OI_OK) return st;
+  oi_load_options lo;
+  oi_load_options_init(&lo);
+  if (opt && (st = oi__struct_in(&lo, sizeof lo, opt, "load")) != OI_OK) return st;
+  return e->ops->load(e, lease, dst_block_ids, n, &lo, ticket_out);
+}
+
+OI_API oi_status oi_offload_engine_release(oi_offload_engine *e, oi_lease lease) {
+  if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "release: engine is NULL");
+  return e->ops->release(e, lease);
+}
+
+OI_API oi_status oi_offload_engine_flush(oi_offload_engine *e, uint32_t timeout_ms) {
+  if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "flush: engine is NULL");
+  return e->ops->flush(e, timeout_ms);
+}
+
+OI_API oi_status oi_offload_engine_stats(const oi_offload_engine *e, oi_engine_stats *out) {
+  if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "engine_stats: engine is NULL");
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "engine_stats: out is NULL");
+  return e->ops->stats(e, out);
+}

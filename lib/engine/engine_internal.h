@@ -1,0 +1,39 @@
+/* The engine object: argument checks common to every kind of engine live in
+ * engine.c; the embedded (local) engine implements the operations over a host
+ * in this process, the remote one over the sidecar's socket. */
+#ifndef OI_ENGINE_INTERNAL_H
+#define OI_ENGINE_INTERNAL_H
+
+#include "engine/layout.h"
+#include "openinfer/engine.h"
+
+typedef struct engine_ops {
+  oi_status (*save)(oi_offload_engine *e, const int64_t *ids, const oi_block_hash *hashes, size_t n,
+                    const oi_save_options *opt, oi_ticket **ticket_out);
+  oi_status (*query)(oi_offload_engine *e, const char *req_id, const oi_block_hash *hashes, size_t n,
+                     uint32_t flags, oi_query_result *out);
+  oi_status (*load)(oi_offload_engine *e, oi_lease lease, const int64_t *ids, size_t n,
+                    const oi_load_options *opt, oi_ticket **ticket_out);
+  oi_status (*release)(oi_offload_engine *e, oi_lease lease);
+  oi_status (*flush)(oi_offload_engine *e, uint32_t timeout_ms);
+  oi_status (*stats)(const oi_offload_engine *e, oi_engine_stats *out);
+  void (*destroy)(oi_offload_engine *e);
+} engine_ops;
+
+struct oi_offload_engine {
+  const engine_ops *ops;
+  oi_engine_options opts; /* namespace_id / instance_name / arenas point into owned copies */
+  char *namespace_id;
+  char *instance_name;
+  oi_layout layout;
+  uint32_t instance_id;
+};
+
+/* Fills the common part (options copy, layout) of a new engine. */
+oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o, const char *what);
+void oi__engine_fini_common(oi_offload_engine *e);
+
+oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o,
+                                  oi_offload_engine **out);
+
+#endif

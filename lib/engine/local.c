@@ -1,0 +1,524 @@
+/* The embedded engine: save / query / load / release / flush over a host in
+ * this process. Copies run on two device streams (loads on the high-priority
+ * one, so they never wait behind queued saves); a completion thread seals
+ * saved blocks, ends loads and fires tickets and callbacks, so user callbacks
+ * never run on a driver thread. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine_internal.h"
+#include "host/host_internal.h"
+
+typedef struct xfer_job {
+  struct xfer_job *next;
+  struct local_engine *e;
+  bool is_load;
+  oi_status status;
+  size_t n;
+  uint64_t bytes;
+  oi_ticket *ticket; /* the producer's reference, or NULL */
+  oi_save_done_fn on_done;
+  void *on_done_ctx;
+  host_block *blocks[];
+} xfer_job;
+
+typedef struct engine_counters {
+  atomic_uint_fast64_t saves_submitted, saves_completed, saves_deduplicated, saves_dropped,
+      saves_failed, loads_completed, loads_failed, blocks_loaded, bytes_saved, bytes_loaded,
+      query_hit_blocks, query_miss_blocks;
+} engine_counters;
+
+typedef struct local_engine {
+  oi_offload_engine base;
+  oi_offload_host *host;
+  oi_dev *dev;
+  oi_stream *save_stream, *load_stream;
+  uint32_t ns, cls;
+
+  pthread_t done_thread;
+  bool done_started;
+  pthread_mutex_t done_lock;
+  pthread_cond_t done_cv;  /* a job arrived, or stop */
+  pthread_cond_t flush_cv; /* a save operation finished */
+  xfer_job *head, *tail;
+  bool stopping;
+  uint64_t save_ops_submitted, save_ops_done;
+
+  engine_counters c;
+} local_engine;
+
+static const engine_ops local_ops;
+
+/* ---- completion ---------------------------------------------------------- */
+
+/* Runs on the stream (a driver or worker thread): only hands the job over. */
+static void job_arrived(void *arg, oi_status st) {
+  xfer_job *job = arg;
+  local_engine *e = job->e;
+  job->status = st;
+  job->next = NULL;
+  pthread_mutex_lock(&e->done_lock);
+  if (e->tail)
+    e->tail->next = job;
+  else
+    e->head = job;
+  e->tail = job;
+  pthread_cond_signal(&e->done_cv);
+  pthread_mutex_unlock(&e->done_lock);
+}
+
+static void seal_or_discard(local_engine *e, xfer_job *job) {
+  oi_offload_host *h = e->host;
+  uint64_t now = oi__now_ns();
+  for (size_t i = 0; i < job->n; i++) {
+    host_block *b = job->blocks[i];
+    index_shard *s = &h->shards[b->shard];
+    pthread_mutex_lock(&s->lock);
+    if (job->status == OI_OK) {
+      b->state = BLOCK_SEALED;
+      b->last_used = now;
+      if (b->pins == 0 && b->loading == 0) oi__lru_push_locked(s, b);
+      pthread_mutex_unlock(&s->lock);
+    } else {
+      oi__index_remove_locked(s, b); /* never visible: nothing partial is served */
+      pthread_mutex_unlock(&s->lock);
+      oi__pool_free(h, b);
+    }
+  }
+  atomic_fetch_sub(&h->c.blocks_in_flight, job->n);
+  if (job->status == OI_OK) {
+    atomic_fetch_add(&h->c.blocks_sealed, job->n);
+    atomic_fetch_add(&h->c.saves_completed, job->n);
+    atomic_fetch_add(&h->c.bytes_saved, job->bytes);
+    atomic_fetch_add(&e->c.saves_completed, job->n);
+    atomic_fetch_add(&e->c.bytes_saved, job->bytes);
+  } else {
+    atomic_fetch_add(&h->c.saves_failed, job->n);
+    atomic_fetch_add(&e->c.saves_failed, job->n);
+    OI_LOG(OI_LOG_WARN, "engine", "instance=%u save of %zu blocks failed: %s (dropped)",
+           e->base.instance_id, job->n, oi_status_str(job->status));
+  }
+}
+
+static void finish_load(local_engine *e, xfer_job *job) {
+  oi__host_load_end(e->host, job->blocks, job->n);
+  oi_offload_host *h = e->host;
+  if (job->status == OI_OK) {
+    atomic_fetch_add(&h->c.loads_completed, 1);
+    atomic_fetch_add(&h->c.bytes_loaded, job->bytes);
+    atomic_fetch_add(&e->c.loads_completed, 1);
+    atomic_fetch_add(&e->c.blocks_loaded, job->n);
+    atomic_fetch_add(&e->c.bytes_loaded, job->bytes);
+  } else {
+    atomic_fetch_add(&h->c.loads_failed, 1);
+    atomic_fetch_add(&e->c.loads_failed, 1);
+  }
+}
+
+static void complete_job(local_engine *e, xfer_job *job) {
+  if (job->is_load) {
+    finish_load(e, job);
+  } else {
+    seal_or_discard(e, job);
+    pthread_mutex_lock(&e->done_lock);
+    e->save_ops_done++;
+    pthread_cond_broadcast(&e->flush_cv);
+    pthread_mutex_unlock(&e->done_lock);
+  }
+  if (job->on_done) job->on_done(job->on_done_ctx, job->status);
+  if (job->ticket) oi__ticket_complete(job->ticket, job->status);
+  oi__free(job);
+}
+
+static void *done_main(void *arg) {
+  local_engine *e = arg;
+  pthread_mutex_lock(&e->done_lock);
+  for (;;) {
+    while (!e->head && !e->stopping) pthread_cond_wait(&e->done_cv, &e->done_lock);
+    xfer_job *job = e->head;
+    if (!job) break; /* stopping and drained */
+    e->head = job->next;
+    if (!e->head) e->tail = NULL;
+    pthread_mutex_unlock(&e->done_lock);
+    complete_job(e, job);
+    pthread_mutex_lock(&e->done_lock);
+  }
+  pthread_mutex_unlock(&e->done_lock);
+  return NULL;
+}
+
+static xfer_job *job_new(local_engine *e, bool is_load, size_t n) {
+  xfer_job *job = oi__calloc(1, sizeof *job + n * sizeof(host_block *));
+  if (job) {
+    job->e = e;
+    job->is_load = is_load;
+  }
+  return job;
+}
+
+/* Queues the copies and the completion of `job` on `s`. On failure nothing
+ * of the job is queued unless the copies were, in which case the stream is
+ * drained first: a slot is never freed under a copy that may still run. */
+static oi_status submit(local_engine *e, oi_stream *s, oi_copy_dir dir, const int64_t *ids,
+                        xfer_job *job, void *wait_event) {
+  uint8_t *stack_data[64] = {0};
+  uint8_t **datas = job->n <= 64 ? stack_data : oi__malloc(job->n * sizeof *datas);
+  if (!datas) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a copy plan");
+  for (size_t i = 0; i < job->n; i++) datas[i] = job->blocks[i]->data;
+  oi_copy_desc *descs = NULL;
+  size_t nd = 0;
+  oi_status st = oi__plan_build(&e->base.layout, ids, datas, job->n, dir, &descs, &nd);
+  if (datas != stack_data) oi__free(datas);
+  if (st != OI_OK) return st;
+  job->bytes = job->n * e->base.layout.block_bytes;
+  if (wait_event && (st = e->dev->ops->stream_wait_event(s, wait_event)) != OI_OK) {
+    oi__free(descs);
+    return st;
+  }
+  st = e->dev->ops->stream_copy(s, dir, descs, nd);
+  oi__free(descs);
+  if (st == OI_OK) st = e->dev->ops->stream_call(s, job_arrived, job);
+  if (st != OI_OK) e->dev->ops->stream_sync(s); /* whatever was queued has finished */
+  return st;
+}
+
+/* ---- operations ------------------------------------------------------------- */
+
+static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const oi_block_hash *hashes,
+                            size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
+  local_engine *e = (local_engine *)base;
+  oi_offload_host *h = e->host;
+  xfer_job *job = job_new(e, false, n);
+  int64_t stack_ids[64], *acc_ids = n <= 64 ? stack_ids : oi__malloc(n * sizeof *acc_ids);
+  oi_ticket *t = ticket_out ? oi__ticket_new() : NULL;
+  if (!job || !acc_ids || (ticket_out && !t)) {
+    oi__free(job);
+    if (acc_ids != stack_ids) oi__free(acc_ids);
+    if (t) {
+      oi__ticket_unref(t);
+      oi__ticket_unref(t);
+    }
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "save: out of memory");
+  }
+  job->ticket = t;
+  job->on_done = opt->on_done;
+  job->on_done_ctx = opt->on_done_ctx;
+
+  uint64_t dedup = 0, dropped = 0;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    index_shard *s = oi__index_shard(h, e->ns, &hashes[i]);
+    pthread_mutex_lock(&s->lock);
+    host_block *b = oi__index_find_locked(s, e->ns, &hashes[i]);
+    if (b && b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0) {
+      oi__lru_remove_locked(s, b); /* a re-save is a use: move to the recent end */
+      b->last_used = oi__now_ns();
+      oi__lru_push_locked(s, b);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (b) {
+      dedup++;
+      continue;
+    }
+    host_block *nb = oi__pool_alloc(h, e->cls);
+    if (!nb) {
+      dropped++;
+      continue;
+    }
+    pthread_mutex_lock(&s->lock);
+    if (oi__index_find_locked(s, e->ns, &hashes[i])) { /* raced with another saver */
+      pthread_mutex_unlock(&s->lock);
+      oi__pool_free(h, nb);
+      dedup++;
+      continue;
+    }
+    nb->hash = hashes[i];
+    nb->ns = e->ns;
+    nb->state = BLOCK_IN_FLIGHT;
+    oi__index_insert_locked(h, s, nb);
+    pthread_mutex_unlock(&s->lock);
+    atomic_fetch_add(&h->c.blocks_in_flight, 1);
+    job->blocks[k] = nb;
+    acc_ids[k++] = ids[i];
+  }
+  job->n = k;
+  atomic_fetch_add(&h->c.saves_submitted, n);
+  atomic_fetch_add(&h->c.saves_deduplicated, dedup);
+  atomic_fetch_add(&h->c.saves_dropped, dropped);
+  atomic_fetch_add(&e->c.saves_submitted, n);
+  atomic_fetch_add(&e->c.saves_deduplicated, dedup);
+  atomic_fetch_add(&e->c.saves_dropped, dropped);
+  if (dropped)
+    OI_LOG(OI_LOG_DEBUG, "engine", "instance=%u save dropped %llu of %zu blocks (pool full)",
+           base->instance_id, (unsigned long long)dropped, n);
+
+  oi_status st = OI_OK;
+  if (k == 0) { /* nothing to copy: done now */
+    job->status = OI_OK;
+    pthread_mutex_lock(&e->done_lock);
+    e->save_ops_submitted++;
+    pthread_mutex_unlock(&e->done_lock);
+    complete_job(e, job);
+  } else {
+    pthread_mutex_lock(&e->done_lock);
+    e->save_ops_submitted++;
+    pthread_mutex_unlock(&e->done_lock);
+    st = submit(e, e->save_stream, OI_COPY_D2H, acc_ids, job, opt->wait_event);
+    if (st != OI_OK) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "%s", oi_last_error());
+      job->status = st;
+      job->ticket = NULL; /* the caller gets the error, not a ticket */
+      job->on_done = NULL;
+      complete_job(e, job);
+      if (t) {
+        oi__ticket_unref(t);
+        oi__ticket_unref(t);
+        t = NULL;
+      }
+      oi__fail(st, "save: %s", msg);
+    }
+  }
+  if (acc_ids != stack_ids) oi__free(acc_ids);
+  if (ticket_out) *ticket_out = t;
+  return st;
+}
+
+static oi_status local_query(oi_offload_engine *base, const char *req_id,
+                             const oi_block_hash *hashes, size_t n, uint32_t flags,
+                             oi_query_result *out) {
+  OI_UNUSED(req_id); /* no deeper tier yet: every answer is final (READY) */
+  local_engine *e = (local_engine *)base;
+  oi_offload_host *h = e->host;
+  oi_query_result r;
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.state = OI_QUERY_READY;
+  bool has_present = out->struct_size >= offsetof(oi_query_result, present) + sizeof(uint8_t *);
+  r.present = has_present ? out->present : NULL;
+
+  if (flags & OI_QUERY_MEMBERSHIP) {
+    for (size_t i = 0; i < n; i++) {
+      index_shard *s = oi__index_shard(h, e->ns, &hashes[i]);
+      pthread_mutex_lock(&s->lock);
+      host_block *b = oi__index_find_locked(s, e->ns, &hashes[i]);
+      bool hit = b && b->state == BLOCK_SEALED;
+      pthread_mutex_unlock(&s->lock);
+      r.present[i] = hit;
+      r.hit_blocks += hit;
+    }
+  } else if (n > 0) {
+    host_block *stack[64], **pinned = n <= 64 ? stack : oi__malloc(n * sizeof *pinned);
+    if (!pinned) return oi__fail(OI_ERR_OUT_OF_MEMORY, "query: out of memory");
+    size_t hits = 0;
+    for (; hits < n; hits++) {
+      index_shard *s = oi__index_shard(h, e->ns, &hashes[hits]);
+      pthread_mutex_lock(&s->lock);
+      host_block *b = oi__index_find_locked(s, e->ns, &hashes[hits]);
+      bool hit = b && b->state == BLOCK_SEALED;
+      if (hit) oi__block_pin_locked(h, s, b);
+      pthread_mutex_unlock(&s->lock);
+      if (!hit) break;
+      pinned[hits] = b;
+    }
+    if (hits > 0) {
+      oi_status st = oi__lease_create(h, base->instance_id, base->opts.world_size, pinned, hits, &r.lease);
+      if (st != OI_OK) {
+        for (size_t i = 0; i < hits; i++) {
+          index_shard *s = &h->shards[pinned[i]->shard];
+          pthread_mutex_lock(&s->lock);
+          oi__block_unpin_locked(h, s, pinned[i]);
+          pthread_mutex_unlock(&s->lock);
+        }
+        if (pinned != stack) oi__free(pinned);
+        return st;
+      }
+    }
+    if (pinned != stack) oi__free(pinned);
+    r.hit_blocks = hits;
+  }
+  uint64_t misses = (flags & OI_QUERY_MEMBERSHIP) ? n - r.hit_blocks : n - r.hit_blocks;
+  atomic_fetch_add(&h->c.query_hit_blocks, r.hit_blocks);
+  atomic_fetch_add(&h->c.query_miss_blocks, misses);
+  atomic_fetch_add(&e->c.query_hit_blocks, r.hit_blocks);
+  atomic_fetch_add(&e->c.query_miss_blocks, misses);
+  return oi__struct_out(out, &r, sizeof r, "query");
+}
+
+static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64_t *ids, size_t n,
+                            const oi_load_options *opt, oi_ticket **ticket_out) {
+  OI_UNUSED(opt);
+  local_engine *e = (local_engine *)base;
+  xfer_job *job = job_new(e, true, n);
+  oi_ticket *t = ticket_out ? oi__ticket_new() : NULL;
+  if (!job || (ticket_out && !t)) {
+    oi__free(job);
+    if (t) {
+      oi__ticket_unref(t);
+      oi__ticket_unref(t);
+    }
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory");
+  }
+  oi_status st = oi__lease_consume(e->host, base->instance_id, lease, n, job->blocks);
+  if (st != OI_OK) {
+    oi__free(job);
+    if (t) {
+      oi__ticket_unref(t);
+      oi__ticket_unref(t);
+    }
+    if (st == OI_ERR_LEASE_EXPIRED || st == OI_ERR_PERMISSION) {
+      atomic_fetch_add(&e->host->c.loads_failed, 1);
+      atomic_fetch_add(&e->c.loads_failed, 1);
+    }
+    return st;
+  }
+  job->n = n;
+  job->ticket = t;
+  st = submit(e, e->load_stream, OI_COPY_H2D, ids, job, NULL);
+  if (st != OI_OK) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", oi_last_error());
+    job->status = st;
+    job->ticket = NULL;
+    complete_job(e, job); /* ends the loading marks, counts the failure */
+    if (t) {
+      oi__ticket_unref(t);
+      oi__ticket_unref(t);
+      t = NULL;
+    }
+    oi__fail(st, "load: %s", msg);
+  }
+  if (ticket_out) *ticket_out = t;
+  return st;
+}
+
+static oi_status local_release(oi_offload_engine *base, oi_lease lease) {
+  local_engine *e = (local_engine *)base;
+  return oi__lease_release(e->host, base->instance_id, lease);
+}
+
+static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {
+  local_engine *e = (local_engine *)base;
+  uint64_t deadline = oi__deadline_ns(timeout_ms);
+  struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                        .tv_nsec = (long)(deadline % 1000000000ull)};
+  pthread_mutex_lock(&e->done_lock);
+  uint64_t target = e->save_ops_submitted;
+  while (e->save_ops_done < target) {
+    if (deadline == UINT64_MAX) {
+      pthread_cond_wait(&e->flush_cv, &e->done_lock);
+    } else if (pthread_cond_timedwait(&e->flush_cv, &e->done_lock, &ts) == ETIMEDOUT &&
+               e->save_ops_done < target) {
+      uint64_t left = target - e->save_ops_done;
+      pthread_mutex_unlock(&e->done_lock);
+      return oi__fail(OI_ERR_TIMEOUT, "flush: %llu save(s) still in flight after %u ms",
+                      (unsigned long long)left, timeout_ms);
+    }
+  }
+  pthread_mutex_unlock(&e->done_lock);
+  return OI_OK;
+}
+
+static oi_status local_stats(const oi_offload_engine *base, oi_engine_stats *out) {
+  local_engine *e = (local_engine *)base;
+  oi_engine_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.instance_id = base->instance_id;
+  s.block_bytes = base->layout.block_bytes;
+  s.num_blocks = base->layout.num_blocks;
+  s.saves_submitted = atomic_load(&e->c.saves_submitted);
+  s.saves_completed = atomic_load(&e->c.saves_completed);
+  s.saves_deduplicated = atomic_load(&e->c.saves_deduplicated);
+  s.saves_dropped = atomic_load(&e->c.saves_dropped);
+  s.saves_failed = atomic_load(&e->c.saves_failed);
+  s.loads_completed = atomic_load(&e->c.loads_completed);
+  s.loads_failed = atomic_load(&e->c.loads_failed);
+  s.blocks_loaded = atomic_load(&e->c.blocks_loaded);
+  s.bytes_saved = atomic_load(&e->c.bytes_saved);
+  s.bytes_loaded = atomic_load(&e->c.bytes_loaded);
+  s.query_hit_blocks = atomic_load(&e->c.query_hit_blocks);
+  s.query_miss_blocks = atomic_load(&e->c.query_miss_blocks);
+  pthread_mutex_lock((pthread_mutex_t *)&e->done_lock);
+  s.saves_pending = e->save_ops_submitted - e->save_ops_done;
+  pthread_mutex_unlock((pthread_mutex_t *)&e->done_lock);
+  return oi__struct_out(out, &s, sizeof s, "engine_stats");
+}
+
+/* Teardown: finish queued saves and loads (the streams drain, their
+ * completions run), stop the completion thread, drop this instance's leases,
+ * then unregister from the host. */
+static void local_destroy(oi_offload_engine *base) {
+  local_engine *e = (local_engine *)base;
+  if (e->dev) {
+    if (e->load_stream) e->dev->ops->stream_destroy(e->load_stream);
+    if (e->save_stream) e->dev->ops->stream_destroy(e->save_stream);
+  }
+  if (e->done_started) {
+    pthread_mutex_lock(&e->done_lock);
+    e->stopping = true;
+    pthread_cond_broadcast(&e->done_cv);
+    pthread_mutex_unlock(&e->done_lock);
+    pthread_join(e->done_thread, NULL);
+  }
+  if (e->host && base->instance_id) {
+    oi__lease_drop_instance(e->host, base->instance_id);
+    atomic_fetch_sub(&e->host->live_engines, 1);
+  }
+  oi__dev_close(e->dev);
+  pthread_cond_destroy(&e->flush_cv);
+  pthread_cond_destroy(&e->done_cv);
+  pthread_mutex_destroy(&e->done_lock);
+  oi__engine_fini_common(base);
+  oi__free(e);
+}
+
+static const engine_ops local_ops = {
+    .save = local_save,
+    .query = local_query,
+    .load = local_load,
+    .release = local_release,
+    .flush = local_flush,
+    .stats = local_stats,
+    .destroy = local_destroy,
+};
+
+oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o,
+                                  oi_offload_engine **out) {
+  local_engine *e = oi__calloc(1, sizeof *e);
+  if (!e) return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
+  e->base.ops = &local_ops;
+  pthread_mutex_init(&e->done_lock, NULL);
+  pthread_cond_init(&e->done_cv, NULL);
+  pthread_cond_init(&e->flush_cv, NULL);
+  oi_status st = oi__engine_init_common(&e->base, o, "register");
+  if (st != OI_OK) goto fail;
+  if ((st = oi__host_bind_namespace(h, e->base.namespace_id, e->base.layout.block_bytes,
+                                    e->base.layout.shape_hash, &e->ns, &e->cls)) != OI_OK)
+    goto fail;
+  if ((st = oi__dev_open(e->base.opts.device, &e->dev)) != OI_OK) goto fail;
+  if ((st = e->dev->ops->stream_create(e->dev, 0, &e->save_stream)) != OI_OK) goto fail;
+  if ((st = e->dev->ops->stream_create(e->dev, 1, &e->load_stream)) != OI_OK) goto fail;
+  int rc = pthread_create(&e->done_thread, NULL, done_main, e);
+  if (rc != 0) {
+    st = oi__fail(OI_ERR_INTERNAL, "register: cannot start a completion thread: %s", strerror(rc));
+    goto fail;
+  }
+  pthread_setname_np(e->done_thread, "oi-engine-done");
+  e->done_started = true;
+  e->host = h;
+  e->base.instance_id = atomic_fetch_add(&h->next_instance, 1) + 1;
+  atomic_fetch_add(&h->live_engines, 1);
+  OI_LOG(OI_LOG_INFO, "engine",
+         "instance=%u registered '%s' namespace '%s': %u arenas, %llu blocks of %llu bytes",
+         e->base.instance_id, e->base.instance_name, e->base.namespace_id, e->base.layout.num_arenas,
+         (unsigned long long)e->base.layout.num_blocks,
+         (unsigned long long)e->base.layout.block_bytes);
+  *out = &e->base;
+  return OI_OK;
+fail:
+  local_destroy(&e->base);
+  return st;
+}

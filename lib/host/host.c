@@ -1,0 +1,292 @@
+/* oi_offload_host: creation, namespaces, statistics, eviction and the
+ * maintenance thread (lease expiry, watermark eviction). */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "host_internal.h"
+
+#define MAINT_PERIOD_MS 20
+
+OI_API oi_status oi_host_options_init(oi_host_options *o) {
+  if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_options_init: options is NULL");
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->device = OI_DEVICE_CPU;
+  o->numa_node = -1;
+  o->lease_ttl_ms = 600000;
+  o->index_shards = 64;
+  o->high_watermark = 0.95f;
+  o->low_watermark = 0.90f;
+  return OI_OK;
+}
+
+static void *maint_main(void *arg);
+
+static uint64_t resident_bytes(const oi_offload_host *h) {
+  uint64_t r = 0;
+  uint32_t n = atomic_load(&h->nclasses);
+  for (uint32_t i = 0; i < n; i++)
+    r += atomic_load(&h->classes[i].resident) * h->classes[i].slot_bytes;
+  return r;
+}
+
+OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_host **out) {
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_create: out is NULL");
+  *out = NULL;
+  oi_host_options opts;
+  oi_host_options_init(&opts);
+  oi_status st = oi__struct_in(&opts, sizeof opts, o, "host_create");
+  if (st != OI_OK) return st;
+  if (opts.pool_bytes == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_create: pool_bytes is 0");
+  if (opts.index_shards == 0 || (opts.index_shards & (opts.index_shards - 1)) ||
+      opts.index_shards > 65536)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "host_create: index_shards %u is not a power of two in [1, 65536]",
+                    opts.index_shards);
+  if (!(opts.low_watermark >= 0.0f && opts.low_watermark <= opts.high_watermark &&
+        opts.high_watermark <= 1.0f))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "host_create: watermarks must satisfy 0 <= low (%g) <= high (%g) <= 1",
+                    (double)opts.low_watermark, (double)opts.high_watermark);
+  if (opts.flags & ~(uint32_t)(OI_HOST_HUGEPAGES | OI_HOST_NO_PIN))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_create: unknown flags 0x%x", opts.flags);
+  if (opts.lease_ttl_ms == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_create: lease_ttl_ms is 0");
+
+  oi_offload_host *h = oi__calloc(1, sizeof *h);
+  if (!h) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host_create: out of memory");
+  h->opts = opts;
+  h->capacity = opts.pool_bytes;
+  pthread_mutex_init(&h->ns_lock, NULL);
+  pthread_mutex_init(&h->maint_lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&h->maint_cv, &ca);
+  pthread_condattr_destroy(&ca);
+
+  if ((st = oi__dev_open(opts.device, &h->dev)) != OI_OK) goto fail;
+  uint32_t pin_flags = ((opts.flags & OI_HOST_HUGEPAGES) ? OI_PIN_HUGEPAGES : 0) |
+                       ((opts.flags & OI_HOST_NO_PIN) ? OI_PIN_NO_PIN : 0);
+  uint64_t t0 = oi__now_ns();
+  OI_LOG(OI_LOG_INFO, "host", "pinning a %.2f GiB pool on %s", (double)h->capacity / (1ull << 30),
+         h->dev->ops->name);
+  if ((st = h->dev->ops->pinned_alloc(h->dev, h->capacity, pin_flags, opts.numa_node, &h->pool)) !=
+      OI_OK)
+    goto fail;
+  uint64_t dt = oi__now_ns() - t0;
+  OI_LOG(OI_LOG_INFO, "host", "pool ready: %.2f GiB in %.3f s (%.2f GB/s)",
+         (double)h->capacity / (1ull << 30), (double)dt / 1e9,
+         dt ? (double)h->capacity / (double)dt : 0.0);
+  if ((st = oi__pool_init(h)) != OI_OK) goto fail;
+  if ((st = oi__index_init(h)) != OI_OK) goto fail;
+  if ((st = oi__lease_init(h)) != OI_OK) goto fail;
+  int rc = pthread_create(&h->maint_thread, NULL, maint_main, h);
+  if (rc != 0) {
+    st = oi__fail(OI_ERR_INTERNAL, "host_create: cannot start the maintenance thread: %s",
+                  strerror(rc));
+    goto fail;
+  }
+  pthread_setname_np(h->maint_thread, "oi-host-maint");
+  h->maint_started = true;
+  *out = h;
+  return OI_OK;
+fail:
+  oi_offload_host_destroy(h);
+  return st;
+}
+
+OI_API void oi_offload_host_destroy(oi_offload_host *h) {
+  if (!h) return;
+  int live = atomic_load(&h->live_engines);
+  if (live > 0) {
+    OI_LOG(OI_LOG_ERROR, "host",
+           "host_destroy: %d engine(s) still registered; destroy engines first (host not freed)",
+           live);
+    return;
+  }
+  if (h->maint_started) {
+    pthread_mutex_lock(&h->maint_lock);
+    h->stopping = true;
+    pthread_cond_broadcast(&h->maint_cv);
+    pthread_mutex_unlock(&h->maint_lock);
+    pthread_join(h->maint_thread, NULL);
+  }
+  oi__lease_fini(h);
+  oi__index_fini(h);
+  oi__pool_fini(h);
+  if (h->dev) {
+    if (h->pool.host) h->dev->ops->pinned_free(h->dev, &h->pool);
+    oi__dev_close(h->dev);
+  }
+  for (uint32_t i = 0; i < h->nns; i++) oi__free(h->ns[i].name);
+  oi__free(h->ns);
+  pthread_cond_destroy(&h->maint_cv);
+  pthread_mutex_destroy(&h->maint_lock);
+  pthread_mutex_destroy(&h->ns_lock);
+  oi__free(h);
+}
+
+oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t block_bytes,
+                                  uint64_t shape_hash, uint32_t *ns_id, uint32_t *cls) {
+  pthread_mutex_lock(&h->ns_lock);
+  for (uint32_t i = 0; i < h->nns; i++) {
+    ns_entry *e = &h->ns[i];
+    if (strcmp(e->name, name) != 0) continue;
+    oi_status st = OI_OK;
+    if (e->block_bytes != block_bytes)
+      st = oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "register: namespace '%s' holds blocks of %llu bytes; this layout's blocks are "
+                    "%llu bytes",
+                    name, (unsigned long long)e->block_bytes, (unsigned long long)block_bytes);
+    else if (e->shape_hash != shape_hash)
+      st = oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "register: namespace '%s' is bound to a layout of another shape (same block "
+                    "size, different arenas)",
+                    name);
+    *ns_id = i + 1;
+    *cls = e->cls;
+    pthread_mutex_unlock(&h->ns_lock);
+    return st;
+  }
+  uint32_t c;
+  oi_status st = oi__pool_class_for(h, block_bytes, &c);
+  if (st != OI_OK) {
+    pthread_mutex_unlock(&h->ns_lock);
+    return st;
+  }
+  if (h->nns == h->ns_cap) {
+    uint32_t cap = h->ns_cap ? 2 * h->ns_cap : 8;
+    ns_entry *n = oi__realloc(h->ns, cap * sizeof *n);
+    if (!n) {
+      pthread_mutex_unlock(&h->ns_lock);
+      return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
+    }
+    h->ns = n;
+    h->ns_cap = cap;
+  }
+  char *copy = oi__strdup(name);
+  if (!copy) {
+    pthread_mutex_unlock(&h->ns_lock);
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
+  }
+  h->ns[h->nns] = (ns_entry){.name = copy, .block_bytes = block_bytes, .shape_hash = shape_hash, .cls = c};
+  *ns_id = ++h->nns;
+  *cls = c;
+  pthread_mutex_unlock(&h->ns_lock);
+  return OI_OK;
+}
+
+void oi__host_load_end(oi_offload_host *h, host_block **blocks, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    host_block *b = blocks[i];
+    index_shard *s = &h->shards[b->shard];
+    pthread_mutex_lock(&s->lock);
+    if (--b->loading == 0) {
+      atomic_fetch_sub(&h->c.blocks_loading, 1);
+      if (b->state == BLOCK_SEALED && b->pins == 0) {
+        b->last_used = oi__now_ns();
+        oi__lru_push_locked(s, b);
+      }
+    }
+    pthread_mutex_unlock(&s->lock);
+  }
+}
+
+static uint64_t evict_until(oi_offload_host *h, uint64_t target_bytes) {
+  uint64_t n = 0;
+  while (resident_bytes(h) > target_bytes) {
+    host_block *b = oi__index_evict_one(h, -1);
+    if (!b) break;
+    oi__pool_free(h, b);
+    n++;
+  }
+  return n;
+}
+
+OI_API oi_status oi_offload_host_evict_all(oi_offload_host *h, uint64_t *evicted_blocks) {
+  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_evict_all: host is NULL");
+  uint64_t n = evict_until(h, 0);
+  if (evicted_blocks) *evicted_blocks = n;
+  return OI_OK;
+}
+
+static void *maint_main(void *arg) {
+  oi_offload_host *h = arg;
+  uint64_t high = (uint64_t)((double)h->capacity * h->opts.high_watermark);
+  uint64_t low = (uint64_t)((double)h->capacity * h->opts.low_watermark);
+  pthread_mutex_lock(&h->maint_lock);
+  while (!h->stopping) {
+    uint64_t deadline = oi__now_ns() + MAINT_PERIOD_MS * 1000000ull;
+    struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                          .tv_nsec = (long)(deadline % 1000000000ull)};
+    pthread_cond_timedwait(&h->maint_cv, &h->maint_lock, &ts);
+    if (h->stopping) break;
+    pthread_mutex_unlock(&h->maint_lock);
+    oi__lease_expire(h, oi__now_ns());
+    if (h->opts.high_watermark < 1.0f && resident_bytes(h) > high) {
+      uint64_t n = evict_until(h, low);
+      OI_LOG(OI_LOG_DEBUG, "host", "background eviction: %llu blocks", (unsigned long long)n);
+    }
+    pthread_mutex_lock(&h->maint_lock);
+  }
+  pthread_mutex_unlock(&h->maint_lock);
+  return NULL;
+}
+
+OI_API oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *out) {
+  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_stats: host is NULL");
+  oi_host_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  oi_offload_host *mh = (oi_offload_host *)h; /* locks only; the host is not modified */
+  uint32_t ncls = atomic_load(&h->nclasses);
+  s.size_classes = ncls;
+  s.capacity_bytes = h->capacity;
+  uint64_t carved_free = 0, carved_slack = 0, resident = 0;
+  pthread_mutex_lock(&mh->chunk_lock);
+  for (uint32_t i = 0; i < ncls; i++) {
+    size_class *c = &mh->classes[i];
+    pthread_mutex_lock(&c->lock);
+    uint64_t slots = atomic_load(&c->slots), nfree = c->nfree;
+    pthread_mutex_unlock(&c->lock);
+    uint64_t chunks = 0;
+    for (uint32_t k = 0; k < h->nchunks; k++) chunks += h->chunks[k].cls == (int)i;
+    carved_free += nfree * c->slot_bytes;
+    carved_slack += chunks * h->chunk_bytes - slots * c->slot_bytes;
+    resident += (slots - nfree) * c->slot_bytes;
+    s.blocks_free += nfree;
+  }
+  uint64_t uncarved = 0;
+  for (uint32_t k = 0; k < h->nchunks; k++) uncarved += h->chunks[k].cls < 0;
+  pthread_mutex_unlock(&mh->chunk_lock);
+  /* used: slots holding a block; free: free slots, slack and uncarved space.
+   * A slot lost by a bug would show up as used + free != capacity. */
+  s.used_bytes = resident;
+  s.free_bytes = carved_free + carved_slack + uncarved * h->chunk_bytes +
+                 (h->capacity - (uint64_t)h->nchunks * h->chunk_bytes);
+  s.block_bytes_resident = resident_bytes(h); /* from the transition counters */
+  const host_counters *c = &h->c;
+  s.blocks_in_flight = atomic_load(&c->blocks_in_flight);
+  s.blocks_sealed = atomic_load(&c->blocks_sealed);
+  s.blocks_leased = atomic_load(&c->blocks_leased);
+  s.blocks_loading = atomic_load(&c->blocks_loading);
+  s.saves_submitted = atomic_load(&c->saves_submitted);
+  s.saves_completed = atomic_load(&c->saves_completed);
+  s.saves_deduplicated = atomic_load(&c->saves_deduplicated);
+  s.saves_dropped = atomic_load(&c->saves_dropped);
+  s.saves_failed = atomic_load(&c->saves_failed);
+  s.bytes_saved = atomic_load(&c->bytes_saved);
+  s.bytes_loaded = atomic_load(&c->bytes_loaded);
+  s.loads_completed = atomic_load(&c->loads_completed);
+  s.loads_failed = atomic_load(&c->loads_failed);
+  s.query_hit_blocks = atomic_load(&c->query_hit_blocks);
+  s.query_miss_blocks = atomic_load(&c->query_miss_blocks);
+  s.leases_active = atomic_load(&c->leases_active);
+  s.leases_expired = atomic_load(&c->leases_expired);
+  s.leases_released = atomic_load(&c->leases_released);
+  s.evictions = atomic_load(&c->evictions);
+  return oi__struct_out(out, &s, sizeof s, "host_stats");
+}

@@ -1,0 +1,178 @@
+/* The host tier's internals: the pool carved into size classes, the sharded
+ * index with per-shard LRU lists, leases, and the interface the engine uses.
+ *
+ * Lock order: lease table -> shard; chunk table -> size class (no shard lock
+ * is held while allocating). A shard lock
+ * protects the index entries, states, pins and LRU links of the blocks it
+ * holds; a size class lock protects its free list. */
+#ifndef OI_HOST_INTERNAL_H
+#define OI_HOST_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "device/device.h"
+#include "openinfer/host.h"
+
+#define OI_MAX_SIZE_CLASSES 8
+#define OI_SLOT_ALIGN 256
+
+typedef enum block_state {
+  BLOCK_FREE = 0,
+  BLOCK_IN_FLIGHT = 1, /* inserted in the index, bytes still landing: invisible */
+  BLOCK_SEALED = 2,
+} block_state;
+
+/* One host block slot. While indexed, (ns, hash) names it in shard `shard`.
+ * It is on its shard's LRU list iff sealed, unpinned and not loading. */
+typedef struct host_block {
+  oi_block_hash hash;
+  uint32_t ns;
+  uint8_t state;
+  uint8_t cls;
+  uint16_t shard;
+  uint32_t pins;    /* leases naming it */
+  uint32_t loading; /* loads reading it */
+  uint64_t last_used;
+  struct host_block *bucket_next;
+  struct host_block *lru_prev, *lru_next;
+  uint8_t *data;
+} host_block;
+
+typedef struct index_shard {
+  pthread_mutex_t lock;
+  host_block **buckets;
+  size_t nbuckets, count;
+  host_block *lru_head[OI_MAX_SIZE_CLASSES], *lru_tail[OI_MAX_SIZE_CLASSES];
+} __attribute__((aligned(64))) index_shard;
+
+typedef struct size_class {
+  pthread_mutex_t lock;
+  uint64_t block_bytes;
+  uint64_t slot_bytes;
+  host_block **free;
+  size_t nfree, free_cap;
+  atomic_uint_fast64_t slots; /* carved slots */
+  atomic_uint_fast64_t resident; /* in flight or sealed */
+} size_class;
+
+typedef struct pool_chunk {
+  int cls; /* -1: not carved */
+  uint32_t nslots;
+  host_block *records;
+} pool_chunk;
+
+typedef struct ns_entry {
+  char *name;
+  uint64_t block_bytes;
+  uint64_t shape_hash;
+  uint32_t cls;
+} ns_entry;
+
+typedef struct lease_rec {
+  struct lease_rec *next;
+  uint64_t id, tag;
+  uint32_t instance;
+  uint32_t shares_left;
+  uint64_t expires_ns;
+  size_t n;
+  host_block **blocks;
+} lease_rec;
+
+typedef struct host_counters {
+  atomic_uint_fast64_t blocks_in_flight, blocks_sealed, blocks_leased, blocks_loading;
+  atomic_uint_fast64_t saves_submitted, saves_completed, saves_deduplicated, saves_dropped,
+      saves_failed;
+  atomic_uint_fast64_t bytes_saved, bytes_loaded, loads_completed, loads_failed;
+  atomic_uint_fast64_t query_hit_blocks, query_miss_blocks;
+  atomic_uint_fast64_t leases_active, leases_expired, leases_released, evictions;
+} host_counters;
+
+struct oi_offload_host {
+  oi_host_options opts;
+  oi_dev *dev;
+  oi_pinned pool;
+  uint64_t capacity;
+
+  pthread_mutex_t chunk_lock;
+  pool_chunk *chunks;
+  uint32_t nchunks;
+  uint64_t chunk_bytes;
+
+  pthread_mutex_t class_lock; /* creation of size classes */
+  size_class classes[OI_MAX_SIZE_CLASSES];
+  atomic_uint nclasses;
+
+  index_shard *shards;
+  uint32_t nshards;
+
+  pthread_mutex_t ns_lock;
+  ns_entry *ns;
+  uint32_t nns, ns_cap;
+
+  pthread_mutex_t lease_lock;
+  lease_rec **lease_buckets;
+  size_t lease_nbuckets, lease_count;
+  uint64_t next_lease_id;
+  uint64_t lease_tag_state;
+
+  atomic_uint next_instance;
+  atomic_int live_engines;
+
+  pthread_t maint_thread;
+  bool maint_started;
+  pthread_mutex_t maint_lock;
+  pthread_cond_t maint_cv;
+  bool stopping;
+
+  host_counters c;
+};
+
+/* ---- pool (pool.c) ---- */
+oi_status oi__pool_init(oi_offload_host *h);
+void oi__pool_fini(oi_offload_host *h);
+/* Size class for a block size, created on first use. */
+oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t *cls);
+/* A free slot of class `cls`: from the free list, a newly carved chunk, or by
+ * evicting the least recently used unpinned block. NULL when none. */
+host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls);
+void oi__pool_free(oi_offload_host *h, host_block *b);
+
+/* ---- index (index.c) ---- */
+oi_status oi__index_init(oi_offload_host *h);
+void oi__index_fini(oi_offload_host *h);
+index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash);
+host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_hash *hash);
+void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b);
+void oi__index_remove_locked(index_shard *s, host_block *b);
+void oi__lru_push_locked(index_shard *s, host_block *b); /* most recent end */
+void oi__lru_remove_locked(index_shard *s, host_block *b);
+/* Pin bookkeeping under the block's shard lock. */
+void oi__block_pin_locked(oi_offload_host *h, index_shard *s, host_block *b);
+void oi__block_unpin_locked(oi_offload_host *h, index_shard *s, host_block *b);
+/* Evicts the least recently used evictable block of class `cls` (any class
+ * when cls < 0) and returns it (removed from the index, state FREE, still
+ * counted resident in its class: pass it to oi__pool_free or reuse it), or NULL. */
+host_block *oi__index_evict_one(oi_offload_host *h, int cls);
+
+/* ---- leases (lease.c) ---- */
+oi_status oi__lease_init(oi_offload_host *h);
+void oi__lease_fini(oi_offload_host *h);
+/* Creates a lease over blocks the caller already pinned. */
+oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t shares,
+                           host_block **blocks, size_t n, oi_lease *out);
+/* Consumes one share of `lease` for a load of n blocks on `instance`; marks
+ * the blocks loading and copies them to out (n entries). */
+oi_status oi__lease_consume(oi_offload_host *h, uint32_t instance, oi_lease lease, size_t n,
+                            host_block **out);
+oi_status oi__lease_release(oi_offload_host *h, uint32_t instance, oi_lease lease);
+void oi__lease_drop_instance(oi_offload_host *h, uint32_t instance);
+void oi__lease_expire(oi_offload_host *h, uint64_t now_ns);
+
+/* ---- host.c: what the engine uses ---- */
+oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t block_bytes,
+                                  uint64_t shape_hash, uint32_t *ns_id, uint32_t *cls);
+/* Marks loads finished: drops the loading marks. */
+void oi__host_load_end(oi_offload_host *h, host_block **blocks, size_t n);
+
+#endif

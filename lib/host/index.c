@@ -1,0 +1,174 @@
+/* The sharded index: (namespace id, 16-byte hash) -> host block, chained
+ * buckets per shard, one lock per shard (no global lock), and per shard and
+ * size class an LRU list of the blocks that may be evicted. */
+#include <string.h>
+
+#include "host_internal.h"
+
+#define INITIAL_BUCKETS 256
+
+static inline uint64_t key_hash(uint32_t ns, const oi_block_hash *h) {
+  uint64_t a, b;
+  memcpy(&a, h->bytes, 8);
+  memcpy(&b, h->bytes + 8, 8);
+  uint64_t x = a ^ (b * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)ns * 0xC2B2AE3D27D4EB4Full);
+  x ^= x >> 33;
+  x *= 0xFF51AFD7ED558CCDull;
+  x ^= x >> 33;
+  return x;
+}
+
+oi_status oi__index_init(oi_offload_host *h) {
+  h->nshards = h->opts.index_shards;
+  h->shards = oi__aligned_alloc(64, h->nshards * sizeof *h->shards);
+  if (!h->shards) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host: out of memory for the index");
+  memset(h->shards, 0, h->nshards * sizeof *h->shards);
+  for (uint32_t i = 0; i < h->nshards; i++) {
+    index_shard *s = &h->shards[i];
+    pthread_mutex_init(&s->lock, NULL);
+    s->nbuckets = INITIAL_BUCKETS;
+    s->buckets = oi__calloc(s->nbuckets, sizeof *s->buckets);
+    if (!s->buckets) {
+      h->nshards = i + 1;
+      oi__index_fini(h);
+      return oi__fail(OI_ERR_OUT_OF_MEMORY, "host: out of memory for the index");
+    }
+  }
+  return OI_OK;
+}
+
+void oi__index_fini(oi_offload_host *h) {
+  if (!h->shards) return;
+  for (uint32_t i = 0; i < h->nshards; i++) {
+    oi__free(h->shards[i].buckets);
+    pthread_mutex_destroy(&h->shards[i].lock);
+  }
+  oi__free(h->shards);
+  h->shards = NULL;
+}
+
+index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash) {
+  return &h->shards[(key_hash(ns, hash) >> 48) & (h->nshards - 1)];
+}
+
+host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_hash *hash) {
+  host_block *b = s->buckets[key_hash(ns, hash) & (s->nbuckets - 1)];
+  for (; b; b = b->bucket_next)
+    if (b->ns == ns && memcmp(b->hash.bytes, hash->bytes, sizeof hash->bytes) == 0) return b;
+  return NULL;
+}
+
+static void grow_locked(index_shard *s) {
+  size_t nb = s->nbuckets * 2;
+  host_block **buckets = oi__calloc(nb, sizeof *buckets);
+  if (!buckets) return; /* stay at the current size: longer chains, still correct */
+  for (size_t i = 0; i < s->nbuckets; i++) {
+    for (host_block *b = s->buckets[i], *next; b; b = next) {
+      next = b->bucket_next;
+      size_t k = key_hash(b->ns, &b->hash) & (nb - 1);
+      b->bucket_next = buckets[k];
+      buckets[k] = b;
+    }
+  }
+  oi__free(s->buckets);
+  s->buckets = buckets;
+  s->nbuckets = nb;
+}
+
+void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b) {
+  if (s->count >= s->nbuckets) grow_locked(s);
+  size_t k = key_hash(b->ns, &b->hash) & (s->nbuckets - 1);
+  b->bucket_next = s->buckets[k];
+  s->buckets[k] = b;
+  b->shard = (uint16_t)(s - h->shards);
+  s->count++;
+}
+
+void oi__index_remove_locked(index_shard *s, host_block *b) {
+  host_block **link = &s->buckets[key_hash(b->ns, &b->hash) & (s->nbuckets - 1)];
+  while (*link && *link != b) link = &(*link)->bucket_next;
+  if (*link) {
+    *link = b->bucket_next;
+    s->count--;
+  }
+  b->bucket_next = NULL;
+}
+
+void oi__lru_push_locked(index_shard *s, host_block *b) {
+  int c = b->cls;
+  b->lru_prev = NULL;
+  b->lru_next = s->lru_head[c];
+  if (s->lru_head[c]) s->lru_head[c]->lru_prev = b;
+  s->lru_head[c] = b;
+  if (!s->lru_tail[c]) s->lru_tail[c] = b;
+}
+
+void oi__lru_remove_locked(index_shard *s, host_block *b) {
+  int c = b->cls;
+  if (b->lru_prev)
+    b->lru_prev->lru_next = b->lru_next;
+  else if (s->lru_head[c] == b)
+    s->lru_head[c] = b->lru_next;
+  else
+    return; /* not on the list */
+  if (b->lru_next)
+    b->lru_next->lru_prev = b->lru_prev;
+  else
+    s->lru_tail[c] = b->lru_prev;
+  b->lru_prev = b->lru_next = NULL;
+}
+
+static inline bool evictable(const host_block *b) {
+  return b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0;
+}
+
+void oi__block_pin_locked(oi_offload_host *h, index_shard *s, host_block *b) {
+  if (evictable(b)) oi__lru_remove_locked(s, b);
+  if (b->pins++ == 0) atomic_fetch_add(&h->c.blocks_leased, 1);
+}
+
+void oi__block_unpin_locked(oi_offload_host *h, index_shard *s, host_block *b) {
+  if (--b->pins == 0) atomic_fetch_sub(&h->c.blocks_leased, 1);
+  if (evictable(b)) {
+    b->last_used = oi__now_ns();
+    oi__lru_push_locked(s, b);
+  }
+}
+
+host_block *oi__index_evict_one(oi_offload_host *h, int cls) {
+  uint32_t nclasses = atomic_load(&h->nclasses);
+  for (int attempt = 0; attempt < 4; attempt++) {
+    /* Find the oldest tail among the shards, then take it if it is still there. */
+    index_shard *best = NULL;
+    int best_cls = -1;
+    uint64_t best_time = UINT64_MAX;
+    for (uint32_t i = 0; i < h->nshards; i++) {
+      index_shard *s = &h->shards[i];
+      pthread_mutex_lock(&s->lock);
+      for (uint32_t c = 0; c < nclasses; c++) {
+        if (cls >= 0 && (int)c != cls) continue;
+        host_block *t = s->lru_tail[c];
+        if (t && t->last_used < best_time) {
+          best = s;
+          best_cls = (int)c;
+          best_time = t->last_used;
+        }
+      }
+      pthread_mutex_unlock(&s->lock);
+    }
+    if (!best) return NULL;
+    pthread_mutex_lock(&best->lock);
+    host_block *t = best->lru_tail[best_cls];
+    if (t && evictable(t)) {
+      oi__lru_remove_locked(best, t);
+      oi__index_remove_locked(best, t);
+      t->state = BLOCK_FREE;
+      pthread_mutex_unlock(&best->lock);
+      atomic_fetch_sub(&h->c.blocks_sealed, 1);
+      atomic_fetch_add(&h->c.evictions, 1);
+      return t;
+    }
+    pthread_mutex_unlock(&best->lock);
+  }
+  return NULL;
+}

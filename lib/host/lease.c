@@ -1,0 +1,213 @@
+/* Leases: pins on the blocks a query reported, bound to the querying
+ * instance, with a share per consumer (world_size) and a TTL. A lease's
+ * 16 bytes are its id and a random tag, so a stale or forged lease is
+ * recognised as unknown rather than matched to a newer one. */
+#include <string.h>
+#include <sys/random.h>
+
+#include "host_internal.h"
+
+#define LEASE_BUCKETS 1024
+
+oi_status oi__lease_init(oi_offload_host *h) {
+  pthread_mutex_init(&h->lease_lock, NULL);
+  h->lease_nbuckets = LEASE_BUCKETS;
+  h->lease_buckets = oi__calloc(h->lease_nbuckets, sizeof *h->lease_buckets);
+  if (!h->lease_buckets) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host: out of memory for leases");
+  if (getrandom(&h->lease_tag_state, sizeof h->lease_tag_state, 0) != sizeof h->lease_tag_state)
+    h->lease_tag_state = oi__now_ns();
+  h->lease_tag_state |= 1;
+  h->next_lease_id = 1;
+  return OI_OK;
+}
+
+static void unpin_blocks(oi_offload_host *h, host_block **blocks, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    host_block *b = blocks[i];
+    index_shard *s = &h->shards[b->shard];
+    pthread_mutex_lock(&s->lock);
+    oi__block_unpin_locked(h, s, b);
+    pthread_mutex_unlock(&s->lock);
+  }
+}
+
+static void free_lease(lease_rec *l) {
+  oi__free(l->blocks);
+  oi__free(l);
+}
+
+void oi__lease_fini(oi_offload_host *h) {
+  if (!h->lease_buckets) return;
+  for (size_t i = 0; i < h->lease_nbuckets; i++)
+    for (lease_rec *l = h->lease_buckets[i], *next; l; l = next) {
+      next = l->next;
+      free_lease(l);
+    }
+  oi__free(h->lease_buckets);
+  h->lease_buckets = NULL;
+  pthread_mutex_destroy(&h->lease_lock);
+}
+
+static uint64_t next_tag_locked(oi_offload_host *h) {
+  uint64_t x = h->lease_tag_state; /* xorshift64* */
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  h->lease_tag_state = x;
+  return x * 0x2545F4914F6CDD1Dull;
+}
+
+oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t shares,
+                           host_block **blocks, size_t n, oi_lease *out) {
+  lease_rec *l = oi__calloc(1, sizeof *l);
+  host_block **copy = oi__malloc(n * sizeof *copy);
+  if (!l || !copy) {
+    oi__free(l);
+    oi__free(copy);
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "query: out of memory for a lease");
+  }
+  memcpy(copy, blocks, n * sizeof *copy);
+  l->blocks = copy;
+  l->n = n;
+  l->instance = instance;
+  l->shares_left = shares;
+  l->expires_ns = oi__now_ns() + (uint64_t)h->opts.lease_ttl_ms * 1000000ull;
+  pthread_mutex_lock(&h->lease_lock);
+  l->id = h->next_lease_id++;
+  l->tag = next_tag_locked(h);
+  size_t k = l->id & (h->lease_nbuckets - 1);
+  l->next = h->lease_buckets[k];
+  h->lease_buckets[k] = l;
+  h->lease_count++;
+  pthread_mutex_unlock(&h->lease_lock);
+  atomic_fetch_add(&h->c.leases_active, 1);
+  memcpy(out->bytes, &l->id, 8);
+  memcpy(out->bytes + 8, &l->tag, 8);
+  return OI_OK;
+}
+
+/* Finds and unlinks nothing; returns the link to the lease or NULL. */
+static lease_rec **find_locked(oi_offload_host *h, oi_lease lease) {
+  uint64_t id, tag;
+  memcpy(&id, lease.bytes, 8);
+  memcpy(&tag, lease.bytes + 8, 8);
+  if (id == 0) return NULL;
+  lease_rec **link = &h->lease_buckets[id & (h->lease_nbuckets - 1)];
+  for (; *link; link = &(*link)->next)
+    if ((*link)->id == id) return (*link)->tag == tag ? link : NULL;
+  return NULL;
+}
+
+static lease_rec *unlink_locked(oi_offload_host *h, lease_rec **link) {
+  lease_rec *l = *link;
+  *link = l->next;
+  h->lease_count--;
+  atomic_fetch_sub(&h->c.leases_active, 1);
+  return l;
+}
+
+oi_status oi__lease_consume(oi_offload_host *h, uint32_t instance, oi_lease lease, size_t n,
+                            host_block **out) {
+  pthread_mutex_lock(&h->lease_lock);
+  lease_rec **link = find_locked(h, lease);
+  if (!link) {
+    pthread_mutex_unlock(&h->lease_lock);
+    return oi__fail(OI_ERR_LEASE_EXPIRED,
+                    "load: lease unknown (released, fully consumed or expired)");
+  }
+  lease_rec *l = *link;
+  if (oi__now_ns() >= l->expires_ns) {
+    unlink_locked(h, link);
+    pthread_mutex_unlock(&h->lease_lock);
+    atomic_fetch_add(&h->c.leases_expired, 1);
+    unpin_blocks(h, l->blocks, l->n);
+    free_lease(l);
+    return oi__fail(OI_ERR_LEASE_EXPIRED, "load: lease expired after %u ms", h->opts.lease_ttl_ms);
+  }
+  if (l->instance != instance) {
+    pthread_mutex_unlock(&h->lease_lock);
+    return oi__fail(OI_ERR_PERMISSION, "load: lease belongs to instance %u, not %u", l->instance,
+                    instance);
+  }
+  if (n != l->n) {
+    pthread_mutex_unlock(&h->lease_lock);
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: %zu destination blocks for a lease of %zu", n,
+                    l->n);
+  }
+  for (size_t i = 0; i < n; i++) {
+    host_block *b = l->blocks[i];
+    index_shard *s = &h->shards[b->shard];
+    pthread_mutex_lock(&s->lock);
+    if (b->loading++ == 0) atomic_fetch_add(&h->c.blocks_loading, 1);
+    pthread_mutex_unlock(&s->lock);
+    out[i] = b;
+  }
+  bool last = --l->shares_left == 0;
+  if (last) unlink_locked(h, link);
+  pthread_mutex_unlock(&h->lease_lock);
+  if (last) {
+    atomic_fetch_add(&h->c.leases_released, 1);
+    unpin_blocks(h, l->blocks, l->n);
+    free_lease(l);
+  }
+  return OI_OK;
+}
+
+oi_status oi__lease_release(oi_offload_host *h, uint32_t instance, oi_lease lease) {
+  pthread_mutex_lock(&h->lease_lock);
+  lease_rec **link = find_locked(h, lease);
+  if (!link) {
+    pthread_mutex_unlock(&h->lease_lock);
+    return oi__fail(OI_ERR_LEASE_EXPIRED,
+                    "release: lease unknown (released, fully consumed or expired)");
+  }
+  if ((*link)->instance != instance) {
+    uint32_t owner = (*link)->instance;
+    pthread_mutex_unlock(&h->lease_lock);
+    return oi__fail(OI_ERR_PERMISSION, "release: lease belongs to instance %u, not %u", owner,
+                    instance);
+  }
+  lease_rec *l = unlink_locked(h, link);
+  pthread_mutex_unlock(&h->lease_lock);
+  atomic_fetch_add(&h->c.leases_released, 1);
+  unpin_blocks(h, l->blocks, l->n);
+  free_lease(l);
+  return OI_OK;
+}
+
+/* Unlinks every lease matching `pred` under the lock, then unpins outside. */
+static void drop_matching(oi_offload_host *h, bool by_instance, uint32_t instance, uint64_t now,
+                          atomic_uint_fast64_t *counter) {
+  lease_rec *dropped = NULL;
+  pthread_mutex_lock(&h->lease_lock);
+  for (size_t i = 0; i < h->lease_nbuckets && h->lease_count; i++) {
+    lease_rec **link = &h->lease_buckets[i];
+    while (*link) {
+      lease_rec *l = *link;
+      bool match = by_instance ? l->instance == instance : now >= l->expires_ns;
+      if (match) {
+        unlink_locked(h, link);
+        l->next = dropped;
+        dropped = l;
+      } else {
+        link = &l->next;
+      }
+    }
+  }
+  pthread_mutex_unlock(&h->lease_lock);
+  while (dropped) {
+    lease_rec *l = dropped;
+    dropped = l->next;
+    atomic_fetch_add(counter, 1);
+    unpin_blocks(h, l->blocks, l->n);
+    free_lease(l);
+  }
+}
+
+void oi__lease_drop_instance(oi_offload_host *h, uint32_t instance) {
+  drop_matching(h, true, instance, 0, &h->c.leases_released);
+}
+
+void oi__lease_expire(oi_offload_host *h, uint64_t now_ns) {
+  drop_matching(h, false, 0, now_ns, &h->c.leases_expired);
+}

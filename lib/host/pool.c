@@ -1,0 +1,162 @@
+/* The pool: fixed-size chunks, each carved on first use into equal slots of
+ * one size class (one class per distinct block size), so blocks never
+ * fragment the pool. A chunk keeps its class for the pool's life. */
+#include <string.h>
+
+#include "host_internal.h"
+
+#define MIN_AUTO_CHUNK (256ull << 10)
+#define MAX_AUTO_CHUNK (64ull << 20)
+
+static uint64_t auto_chunk_bytes(uint64_t pool) {
+  uint64_t c = (pool / 16) & ~((64ull << 10) - 1);
+  if (c < MIN_AUTO_CHUNK) c = MIN_AUTO_CHUNK;
+  if (c > MAX_AUTO_CHUNK) c = MAX_AUTO_CHUNK;
+  if (c > pool) c = pool;
+  return c;
+}
+
+oi_status oi__pool_init(oi_offload_host *h) {
+  h->chunk_bytes = h->opts.chunk_bytes ? h->opts.chunk_bytes : auto_chunk_bytes(h->capacity);
+  if (h->chunk_bytes > h->capacity || h->chunk_bytes < OI_SLOT_ALIGN)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "host: chunk_bytes %llu must be between %d and pool_bytes %llu",
+                    (unsigned long long)h->chunk_bytes, OI_SLOT_ALIGN,
+                    (unsigned long long)h->capacity);
+  h->nchunks = (uint32_t)(h->capacity / h->chunk_bytes);
+  h->chunks = oi__calloc(h->nchunks, sizeof *h->chunks);
+  if (!h->chunks) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host: out of memory for the chunk table");
+  for (uint32_t i = 0; i < h->nchunks; i++) h->chunks[i].cls = -1;
+  pthread_mutex_init(&h->chunk_lock, NULL);
+  pthread_mutex_init(&h->class_lock, NULL);
+  for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++) pthread_mutex_init(&h->classes[i].lock, NULL);
+  return OI_OK;
+}
+
+void oi__pool_fini(oi_offload_host *h) {
+  if (!h->chunks) return;
+  for (uint32_t i = 0; i < h->nchunks; i++) oi__free(h->chunks[i].records);
+  oi__free(h->chunks);
+  h->chunks = NULL;
+  for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++) {
+    oi__free(h->classes[i].free);
+    pthread_mutex_destroy(&h->classes[i].lock);
+  }
+  pthread_mutex_destroy(&h->class_lock);
+  pthread_mutex_destroy(&h->chunk_lock);
+}
+
+oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t *cls) {
+  uint64_t slot = (block_bytes + OI_SLOT_ALIGN - 1) & ~(uint64_t)(OI_SLOT_ALIGN - 1);
+  if (slot > h->chunk_bytes)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "register: a block of %llu bytes does not fit the pool's %llu-byte chunks "
+                    "(raise oi_host_options.chunk_bytes)",
+                    (unsigned long long)block_bytes, (unsigned long long)h->chunk_bytes);
+  pthread_mutex_lock(&h->class_lock);
+  uint32_t n = atomic_load(&h->nclasses);
+  for (uint32_t i = 0; i < n; i++)
+    if (h->classes[i].block_bytes == block_bytes) {
+      pthread_mutex_unlock(&h->class_lock);
+      *cls = i;
+      return OI_OK;
+    }
+  if (n == OI_MAX_SIZE_CLASSES) {
+    pthread_mutex_unlock(&h->class_lock);
+    return oi__fail(OI_ERR_UNSUPPORTED, "register: the host already serves %d block sizes",
+                    OI_MAX_SIZE_CLASSES);
+  }
+  h->classes[n].block_bytes = block_bytes;
+  h->classes[n].slot_bytes = slot;
+  atomic_store(&h->nclasses, n + 1);
+  pthread_mutex_unlock(&h->class_lock);
+  *cls = n;
+  return OI_OK;
+}
+
+static bool push_free_locked(size_class *c, host_block *b) {
+  if (c->nfree == c->free_cap) {
+    size_t cap = c->free_cap ? 2 * c->free_cap : 256;
+    host_block **nf = oi__realloc(c->free, cap * sizeof *nf);
+    if (!nf) return false;
+    c->free = nf;
+    c->free_cap = cap;
+  }
+  c->free[c->nfree++] = b;
+  return true;
+}
+
+/* Carves one uncarved chunk for class `cls`. */
+static bool carve_chunk(oi_offload_host *h, uint32_t cls) {
+  size_class *c = &h->classes[cls];
+  pthread_mutex_lock(&h->chunk_lock);
+  uint32_t idx = UINT32_MAX;
+  for (uint32_t i = 0; i < h->nchunks; i++)
+    if (h->chunks[i].cls < 0) {
+      idx = i;
+      break;
+    }
+  if (idx == UINT32_MAX) {
+    pthread_mutex_unlock(&h->chunk_lock);
+    return false;
+  }
+  pool_chunk *ch = &h->chunks[idx];
+  uint32_t nslots = (uint32_t)(h->chunk_bytes / c->slot_bytes);
+  host_block *recs = oi__calloc(nslots, sizeof *recs);
+  if (!recs) {
+    pthread_mutex_unlock(&h->chunk_lock);
+    return false;
+  }
+  uint8_t *base = (uint8_t *)h->pool.host + (uint64_t)idx * h->chunk_bytes;
+  for (uint32_t i = 0; i < nslots; i++) {
+    recs[i].cls = (uint8_t)cls;
+    recs[i].data = base + (uint64_t)i * c->slot_bytes;
+  }
+  pthread_mutex_lock(&c->lock);
+  bool ok = true;
+  for (uint32_t i = nslots; i-- > 0 && ok;) ok = push_free_locked(c, &recs[i]);
+  if (!ok) { /* undo: nothing of this chunk may stay on the list */
+    while (c->nfree > 0 && c->free[c->nfree - 1] >= recs && c->free[c->nfree - 1] < recs + nslots)
+      c->nfree--;
+    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_unlock(&h->chunk_lock);
+    oi__free(recs);
+    return false;
+  }
+  atomic_fetch_add(&c->slots, nslots);
+  pthread_mutex_unlock(&c->lock);
+  ch->cls = (int)cls;
+  ch->nslots = nslots;
+  ch->records = recs;
+  pthread_mutex_unlock(&h->chunk_lock);
+  return true;
+}
+
+host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls) {
+  size_class *c = &h->classes[cls];
+  for (int attempt = 0; attempt < 2; attempt++) {
+    pthread_mutex_lock(&c->lock);
+    host_block *b = c->nfree ? c->free[--c->nfree] : NULL;
+    pthread_mutex_unlock(&c->lock);
+    if (b) {
+      atomic_fetch_add(&c->resident, 1);
+      return b;
+    }
+    if (attempt == 0 && !carve_chunk(h, cls)) break;
+  }
+  /* An evicted slot stays counted as resident: it changes hands. */
+  return oi__index_evict_one(h, (int)cls);
+}
+
+void oi__pool_free(oi_offload_host *h, host_block *b) {
+  size_class *c = &h->classes[b->cls];
+  b->state = BLOCK_FREE;
+  b->pins = b->loading = 0;
+  pthread_mutex_lock(&c->lock);
+  /* The list holds at most the class's slots, and grew to that size when the
+   * slots were carved, so this push cannot need memory. */
+  bool ok = push_free_locked(c, b);
+  pthread_mutex_unlock(&c->lock);
+  if (!ok) oi__fatal("host pool: free list overflow (bug)");
+  atomic_fetch_sub(&c->resident, 1);
+}

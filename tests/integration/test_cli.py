@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """The openinfer command line: help, version, dispatch, exit codes, demo."""
+import re
 import subprocess
 import sys
 
@@ -29,13 +30,18 @@ check(p.returncode == 2 and "usage" in p.stderr, "no command exits 2 with usage"
 p = run("frobnicate")
 check(p.returncode == 2 and "'frobnicate' is not a command" in p.stderr, "unknown command exits 2", p)
 p = run("demo", "--help")
-check(p.returncode == 0 and "--blocks" in p.stdout, "demo --help", p)
-p = run("demo", "--blocks", "zero")
-check(p.returncode == 2 and "--blocks" in p.stderr, "demo rejects a bad value", p)
+check(p.returncode == 0 and "--ranks" in p.stdout, "demo --help", p)
+p = run("demo", "--ranks", "zero")
+check(p.returncode == 2 and "--ranks" in p.stderr, "demo rejects a bad value", p)
 p = run("demo", "extra")
 check(p.returncode == 2, "demo rejects a stray argument", p)
-p = run("demo", "--device", "cpu", "--layers", "3", "--blocks", "40", "--block-bytes", "4100")
-check(p.returncode == 0 and "demo OK" in p.stdout and "verified 120 slices" in p.stdout, "demo on cpu", p)
+p = run("demo", "--device", "cpu", "--ranks", "3", "--conversations", "8", "--turns", "3",
+        "--layers", "3", "--block-bytes", "4100")
+check(p.returncode == 0 and "demo OK" in p.stdout and re.search(r"restored bytes that differ +0\n", p.stdout),
+      "demo on cpu", p)
+check("blocks evicted" in p.stdout and "restore latency p50" in p.stdout, "demo prints its table", p)
+p = run("demo", "--device", "cpu")
+check(p.returncode == 0 and "demo OK" in p.stdout, "demo defaults on cpu", p)
 p = run("demo", "--device", "999")
 check(p.returncode == 1 and "device 999" in p.stderr, "demo on a missing device fails clearly", p)
 

@@ -74,7 +74,7 @@ OI_API void oi_clear_error(void);
 /* OI_VERSION_NUMBER of the library actually loaded (may differ from the
  * header the caller compiled against). */
 OI_API uint32_t oi_version(void);
-/* "0.1.0", plus " (cuda)" / " (cpu)" describing the compiled backends. */
+/* "0.1.0 (cpu)" or "0.1.0 (cpu, cuda)": the version and the compiled backends. */
 OI_API const char *oi_version_string(void);
 
 /* ------------------------------------------------------------------------ */

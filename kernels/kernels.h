@@ -1,4 +1,5 @@
-/* Launchers of the CUDA kernels (extern "C", called only from lib/device/cuda.c). */
+/* Launchers of the CUDA kernels (extern "C", called only from lib/device/cuda.c
+ * and benchmarks). Each returns a cudaError_t as int. */
 #ifndef OI_KERNELS_H
 #define OI_KERNELS_H
 
@@ -9,9 +10,24 @@
 extern "C" {
 #endif
 
-/* Writes oi__pattern_byte(seed, i) to dst[i] for i in [0, bytes) on `stream`
- * (a cudaStream_t). Returns a cudaError_t as int. */
+/* Writes oi__pattern_byte(seed, i) to dst[i] for i in [0, bytes) on `stream`. */
 int oi_kernel_fill_pattern(void *dst, size_t bytes, uint64_t seed, void *stream);
+
+/* One entry of a batch copy: at most OI_KCOPY_CHUNK bytes. */
+typedef struct oi_kcopy_entry {
+  uint64_t src;
+  uint64_t dst;
+  uint64_t bytes;
+} oi_kcopy_entry;
+
+#define OI_KCOPY_CHUNK (128u << 10)
+#define OI_KCOPY_THREADS 512
+
+/* Copies every entry (table in device memory) with at most `ctas` CTAs. */
+int oi_kernel_batch_copy(const oi_kcopy_entry *entries, uint32_t n, uint32_t ctas, void *stream);
+
+/* Compute-bound work for interference measurements. */
+int oi_kernel_spin(void *scratch, uint32_t ctas, uint32_t iters, void *stream);
 
 #ifdef __cplusplus
 }

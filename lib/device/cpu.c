@@ -199,11 +199,10 @@ static void cpu_mem_close_import(oi_dev *d, void *ptr, uint64_t size) {
 static oi_status cpu_pinned_alloc(oi_dev *d, size_t bytes, uint32_t flags, int numa_node,
                                   oi_pinned *out) {
   OI_UNUSED(d);
-  OI_UNUSED(numa_node);
   if (!out || bytes == 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "pinned_alloc: %s", out ? "bytes is 0" : "out is NULL");
   size_t mapped;
-  oi_status st = oi__host_map(bytes, flags, &out->host, &mapped);
+  oi_status st = oi__host_map(bytes, flags, numa_node, &out->host, &mapped);
   if (st != OI_OK) return st;
   out->device = out->host;
   out->bytes = mapped;
@@ -313,8 +312,9 @@ static void cpu_stream_destroy(oi_stream *s) {
 }
 
 static oi_status cpu_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs,
-                                 size_t n) {
+                                 size_t n, const oi_copy_params *p) {
   OI_UNUSED(dir);
+  OI_UNUSED(p); /* memcpy is the only way to copy here */
   if (n == 0) return OI_OK;
   if (!descs) return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_copy: descs is NULL");
   stream_item *it = oi__malloc(sizeof *it + n * sizeof(oi_copy_desc));
@@ -342,12 +342,28 @@ static oi_status cpu_stream_wait_event(oi_stream *s, void *event) {
   return OI_OK;
 }
 
+static oi_status cpu_stream_record_event(oi_stream *s, void **event) {
+  OI_UNUSED(s);
+  *event = NULL;
+  return OI_OK;
+}
+
+static void cpu_event_destroy(void *event) { OI_UNUSED(event); }
+
 static oi_status cpu_stream_sync(oi_stream *s) {
   pthread_mutex_lock(&s->lock);
   uint64_t target = s->submitted;
   while (s->completed < target) pthread_cond_wait(&s->cv, &s->lock);
   pthread_mutex_unlock(&s->lock);
   return OI_OK;
+}
+
+static oi_status cpu_bench_spin(oi_dev *d, uint32_t ctas, uint32_t iters, uint32_t count) {
+  OI_UNUSED(d);
+  OI_UNUSED(ctas);
+  OI_UNUSED(iters);
+  OI_UNUSED(count);
+  return oi__fail(OI_ERR_UNSUPPORTED, "bench_spin: no compute kernels on the cpu backend");
 }
 
 /* ---- device -------------------------------------------------------------- */
@@ -390,7 +406,10 @@ static const oi_dev_ops cpu_ops = {
     .stream_copy = cpu_stream_copy,
     .stream_call = cpu_stream_call,
     .stream_wait_event = cpu_stream_wait_event,
+    .stream_record_event = cpu_stream_record_event,
+    .event_destroy = cpu_event_destroy,
     .stream_sync = cpu_stream_sync,
+    .bench_spin = cpu_bench_spin,
 };
 
 oi_status oi__cpu_dev_open(oi_dev **out) {

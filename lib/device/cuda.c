@@ -189,7 +189,6 @@ static void cuda_mem_close_import(oi_dev *d, void *ptr, uint64_t size) {
 
 static oi_status cuda_pinned_alloc(oi_dev *d, size_t bytes, uint32_t flags, int numa_node,
                                    oi_pinned *out) {
-  OI_UNUSED(numa_node);
   cuda_dev *cd = (cuda_dev *)d;
   if (!out || bytes == 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "pinned_alloc: %s", out ? "bytes is 0" : "out is NULL");
@@ -198,23 +197,33 @@ static oi_status cuda_pinned_alloc(oi_dev *d, size_t bytes, uint32_t flags, int 
   memset(out, 0, sizeof *out);
   out->flags = flags;
   if (flags & OI_PIN_NO_PIN) {
-    st = oi__host_map(bytes, flags, &out->host, &out->bytes);
+    st = oi__host_map(bytes, flags, numa_node, &out->host, &out->bytes);
     if (st != OI_OK) return st;
-    out->device = out->host;
+    out->device = NULL; /* pageable: copy engines only */
     out->how = PIN_PAGEABLE;
     return OI_OK;
   }
-  if (flags & OI_PIN_HUGEPAGES) {
-    st = oi__host_map(bytes, flags, &out->host, &out->bytes);
-    if (st != OI_OK) return st;
-    CUresult r = cd->drv.host_register(out->host, out->bytes,
-                                       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    if (r != CUDA_SUCCESS) {
-      oi__host_unmap(out->host, out->bytes);
-      return drv_fail(cd, r, "pinned_alloc: cuMemHostRegister");
-    }
+  /* mmap + parallel NUMA-local touch + cuMemHostRegister: sets up large pools
+   * at memory speed (cudaHostAlloc touches on one thread); the driver API
+   * leaves no sticky runtime error when registration fails. */
+  st = oi__host_map(bytes, flags, numa_node, &out->host, &out->bytes);
+  if (st != OI_OK) return st;
+  uint64_t t0 = oi__now_ns();
+  CUresult r = cd->drv.host_register(out->host, out->bytes,
+                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (r == CUDA_SUCCESS) {
     out->how = PIN_REGISTERED;
+    OI_LOG(OI_LOG_INFO, "device", "registered %.2f GiB with the driver in %.3f s",
+           (double)out->bytes / (1ull << 30), (double)(oi__now_ns() - t0) / 1e9);
+  } else if (flags & OI_PIN_HUGEPAGES) {
+    oi__host_unmap(out->host, out->bytes);
+    return drv_fail(cd, r, "pinned_alloc: cuMemHostRegister");
   } else {
+    const char *why = NULL;
+    if (cd->drv.error_string) cd->drv.error_string(r, &why);
+    OI_LOG(OI_LOG_WARN, "device", "cuMemHostRegister failed (%s); falling back to cudaHostAlloc",
+           why ? why : "?");
+    oi__host_unmap(out->host, out->bytes);
     cudaError_t err = cudaHostAlloc(&out->host, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
     if (err != cudaSuccess) {
       cudaGetLastError();
@@ -249,11 +258,30 @@ static void cuda_pinned_free(oi_dev *d, oi_pinned *p) {
 
 /* ---- streams --------------------------------------------------------------- */
 
+/* A pinned staging buffer for one batch's kernel descriptor table; returned to
+ * its stream's free list by a host callback queued after the kernel. */
+typedef struct table_buf {
+  struct table_buf *next;
+  struct oi_stream *owner;
+  oi_kcopy_entry *host;
+  size_t cap; /* entries */
+} table_buf;
+
 struct oi_stream {
   cudaStream_t stream;
   int ordinal;
+  bool can_map; /* kernels may use host pointers of registered memory */
   pthread_mutex_t lock;
   oi_status pending; /* first enqueue error since the last stream_call */
+  table_buf *free_tables;
+  oi_kcopy_entry *dev_table; /* device copy of the current batch's table */
+  size_t dev_table_cap;
+  /* DMA argument arrays, reused (the batch API reads them during the call) */
+  void **dma_dst;
+  const void **dma_src;
+  size_t *dma_size;
+  size_t dma_cap;
+  bool batch_api_broken; /* cudaMemcpyBatchAsync failed once: use the fallback */
 };
 
 typedef struct host_call {
@@ -281,6 +309,9 @@ static oi_status cuda_stream_create(oi_dev *d, int priority, oi_stream **out) {
     oi__free(s);
     return cuda_fail(err, "stream_create: cudaStreamCreateWithPriority");
   }
+  int can = 0;
+  cudaDeviceGetAttribute(&can, cudaDevAttrCanUseHostPointerForRegisteredMem, d->ordinal);
+  s->can_map = can != 0;
   s->ordinal = d->ordinal;
   pthread_mutex_init(&s->lock, NULL);
   *out = s;
@@ -292,6 +323,15 @@ static void cuda_stream_destroy(oi_stream *s) {
   cudaSetDevice(s->ordinal);
   cudaStreamSynchronize(s->stream);
   cudaStreamDestroy(s->stream);
+  for (table_buf *t = s->free_tables, *next; t; t = next) {
+    next = t->next;
+    cudaFreeHost(t->host);
+    oi__free(t);
+  }
+  if (s->dev_table) cudaFree(s->dev_table);
+  oi__free(s->dma_dst);
+  oi__free((void *)s->dma_src);
+  oi__free(s->dma_size);
   pthread_mutex_destroy(&s->lock);
   oi__free(s);
 }
@@ -302,21 +342,150 @@ static void note_error(oi_stream *s, oi_status st) {
   pthread_mutex_unlock(&s->lock);
 }
 
-static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs,
-                                  size_t n) {
-  OI_UNUSED(dir);
-  if (n && !descs) return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_copy: descs is NULL");
-  cudaSetDevice(s->ordinal);
+static table_buf *take_table(oi_stream *s, size_t entries) {
+  pthread_mutex_lock(&s->lock);
+  table_buf **link = &s->free_tables;
+  while (*link && (*link)->cap < entries) link = &(*link)->next;
+  table_buf *t = *link;
+  if (t) *link = t->next;
+  pthread_mutex_unlock(&s->lock);
+  if (t) return t;
+  t = oi__calloc(1, sizeof *t);
+  if (!t) return NULL;
+  size_t cap = 1024;
+  while (cap < entries) cap *= 2;
+  if (cudaHostAlloc((void **)&t->host, cap * sizeof *t->host, cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();
+    oi__free(t);
+    return NULL;
+  }
+  t->cap = cap;
+  t->owner = s;
+  return t;
+}
+
+static void CUDART_CB return_table(void *p) {
+  table_buf *t = p;
+  oi_stream *s = t->owner;
+  pthread_mutex_lock(&s->lock);
+  t->next = s->free_tables;
+  s->free_tables = t;
+  pthread_mutex_unlock(&s->lock);
+}
+
+/* Kernel path: split pieces into entries, stage the table, copy it to the
+ * device (stream-ordered, so the previous batch's kernel has finished reading
+ * the device table), launch one kernel for the whole batch. */
+static oi_status copy_by_kernel(oi_stream *s, const oi_copy_desc *descs, size_t n, uint32_t ctas) {
+  size_t entries = 0;
+  for (size_t i = 0; i < n; i++) entries += (descs[i].bytes + OI_KCOPY_CHUNK - 1) / OI_KCOPY_CHUNK;
+  if (entries == 0) return OI_OK;
+  if (entries > UINT32_MAX) return oi__fail(OI_ERR_INVALID_ARGUMENT, "copy: batch too large");
+  table_buf *t = take_table(s, entries);
+  if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy: no pinned memory for a descriptor table");
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    for (uint64_t off = 0; off < descs[i].bytes; off += OI_KCOPY_CHUNK) {
+      uint64_t len = descs[i].bytes - off < OI_KCOPY_CHUNK ? descs[i].bytes - off : OI_KCOPY_CHUNK;
+      t->host[k++] = (oi_kcopy_entry){descs[i].src + off, descs[i].dst + off, len};
+    }
+  cudaError_t err = cudaSuccess;
+  if (s->dev_table_cap < entries) {
+    /* Grow: the old table may still be read by a queued kernel. */
+    err = cudaStreamSynchronize(s->stream);
+    if (err == cudaSuccess && s->dev_table) cudaFree(s->dev_table);
+    s->dev_table = NULL;
+    s->dev_table_cap = 0;
+    if (err == cudaSuccess) err = cudaMalloc((void **)&s->dev_table, t->cap * sizeof *t->host);
+    if (err == cudaSuccess) s->dev_table_cap = t->cap;
+  }
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(s->dev_table, t->host, entries * sizeof *t->host, cudaMemcpyHostToDevice,
+                          s->stream);
+  if (err == cudaSuccess)
+    err = (cudaError_t)oi_kernel_batch_copy(s->dev_table, (uint32_t)entries, ctas, s->stream);
+  if (err == cudaSuccess) err = cudaLaunchHostFunc(s->stream, return_table, t);
+  if (err != cudaSuccess) {
+    cudaStreamSynchronize(s->stream); /* nothing may still read the table */
+    return_table(t);
+    return cuda_fail(err, "copy: batch kernel");
+  }
+  return OI_OK;
+}
+
+static bool grow_dma_arrays(oi_stream *s, size_t n) {
+  if (s->dma_cap >= n) return true;
+  size_t cap = s->dma_cap ? s->dma_cap : 1024;
+  while (cap < n) cap *= 2;
+  void **d = oi__realloc(s->dma_dst, cap * sizeof *d);
+  if (d) s->dma_dst = d;
+  const void **sr = oi__realloc((void *)s->dma_src, cap * sizeof *sr);
+  if (sr) s->dma_src = sr;
+  size_t *sz = oi__realloc(s->dma_size, cap * sizeof *sz);
+  if (sz) s->dma_size = sz;
+  if (!d || !sr || !sz) return false;
+  s->dma_cap = cap;
+  return true;
+}
+
+/* DMA path: the copy engines, one batch call; per-piece cudaMemcpyAsync when
+ * `batch` is false (the naive baseline) or the batch API refused a batch. */
+static oi_status copy_by_dma(oi_stream *s, const oi_copy_desc *descs, size_t n, bool batch) {
+  if (batch && !s->batch_api_broken && grow_dma_arrays(s, n)) {
+    for (size_t i = 0; i < n; i++) {
+      s->dma_dst[i] = (void *)descs[i].dst;
+      s->dma_src[i] = (const void *)descs[i].src;
+      s->dma_size[i] = descs[i].bytes;
+    }
+    struct cudaMemcpyAttributes attr;
+    memset(&attr, 0, sizeof attr);
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t idx = 0;
+    cudaError_t err = cudaMemcpyBatchAsync((void *const *)s->dma_dst, (const void *const *)s->dma_src,
+                                           s->dma_size, n, &attr, &idx, 1, s->stream);
+    if (err == cudaSuccess) return OI_OK;
+    cudaGetLastError();
+    s->batch_api_broken = true;
+    OI_LOG(OI_LOG_WARN, "device", "cudaMemcpyBatchAsync failed (%s); using cudaMemcpyAsync",
+           cudaGetErrorString(err));
+  }
   for (size_t i = 0; i < n; i++) {
     cudaError_t err = cudaMemcpyAsync((void *)descs[i].dst, (const void *)descs[i].src,
                                       descs[i].bytes, cudaMemcpyDefault, s->stream);
-    if (err != cudaSuccess) {
-      oi_status st = cuda_fail(err, "stream_copy: cudaMemcpyAsync");
-      note_error(s, st);
-      return st;
-    }
+    if (err != cudaSuccess) return cuda_fail(err, "copy: cudaMemcpyAsync");
   }
   return OI_OK;
+}
+
+/* AUTO: saves (background) by DMA, which costs the model's kernels nothing;
+ * loads (on a request's critical path) by the kernel while pieces are small
+ * enough that the copy engines would lose bandwidth on them. */
+#define AUTO_DMA_PIECE_BYTES (1ull << 20)
+
+static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs,
+                                  size_t n, const oi_copy_params *p) {
+  if (n && !descs) return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_copy: descs is NULL");
+  if (n == 0) return OI_OK;
+  cudaSetDevice(s->ordinal);
+  uint32_t mode = p ? p->mode : OI_XFER_AUTO;
+  if (mode == OI_XFER_AUTO) {
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += descs[i].bytes;
+    mode = (dir == OI_COPY_D2H || total / n >= AUTO_DMA_PIECE_BYTES) ? OI_XFER_DMA : OI_XFER_KERNEL;
+  }
+  if (mode == OI_XFER_KERNEL && (!s->can_map || !p || !p->host_mapped)) mode = OI_XFER_DMA;
+  uint32_t ctas = p && p->cta_limit ? p->cta_limit : OI_DEFAULT_CTA_LIMIT;
+  oi_status st;
+  if (mode == OI_XFER_KERNEL) {
+    st = copy_by_kernel(s, descs, n, ctas);
+  } else if (mode == OI_XFER_PIECEWISE) {
+    st = copy_by_dma(s, descs, n, false);
+  } else {
+    st = copy_by_dma(s, descs, n, true);
+  }
+  if (st != OI_OK) note_error(s, st);
+  return st;
 }
 
 static oi_status cuda_stream_call(oi_stream *s, oi_stream_fn fn, void *arg) {
@@ -345,6 +514,24 @@ static oi_status cuda_stream_wait_event(oi_stream *s, void *event) {
   return err == cudaSuccess ? OI_OK : cuda_fail(err, "stream_wait_event");
 }
 
+static oi_status cuda_stream_record_event(oi_stream *s, void **event) {
+  cudaSetDevice(s->ordinal);
+  cudaEvent_t ev;
+  cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (err != cudaSuccess) return cuda_fail(err, "record_event: cudaEventCreate");
+  err = cudaEventRecord(ev, s->stream);
+  if (err != cudaSuccess) {
+    cudaEventDestroy(ev);
+    return cuda_fail(err, "record_event: cudaEventRecord");
+  }
+  *event = ev;
+  return OI_OK;
+}
+
+static void cuda_event_destroy(void *event) {
+  if (event) cudaEventDestroy((cudaEvent_t)event);
+}
+
 static oi_status cuda_stream_sync(oi_stream *s) {
   cudaSetDevice(s->ordinal);
   cudaError_t err = cudaStreamSynchronize(s->stream);
@@ -352,6 +539,22 @@ static oi_status cuda_stream_sync(oi_stream *s) {
 }
 
 /* ---- device -------------------------------------------------------------- */
+
+static oi_status cuda_bench_spin(oi_dev *d, uint32_t ctas, uint32_t iters, uint32_t count) {
+  oi_status st = use_device(d);
+  if (st != OI_OK) return st;
+  cudaStream_t s;
+  float *scratch = NULL;
+  cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return cuda_fail(err, "bench_spin: stream");
+  err = cudaMalloc((void **)&scratch, (size_t)ctas * sizeof(float));
+  for (uint32_t i = 0; i < count && err == cudaSuccess; i++)
+    err = (cudaError_t)oi_kernel_spin(scratch, ctas, iters, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  cudaFree(scratch);
+  cudaStreamDestroy(s);
+  return err == cudaSuccess ? OI_OK : cuda_fail(err, "bench_spin");
+}
 
 static int numa_node_of(const char *pci_bus_id) {
   char path[128], lower[32];
@@ -408,7 +611,10 @@ static const oi_dev_ops cuda_ops = {
     .stream_copy = cuda_stream_copy,
     .stream_call = cuda_stream_call,
     .stream_wait_event = cuda_stream_wait_event,
+    .stream_record_event = cuda_stream_record_event,
+    .event_destroy = cuda_event_destroy,
     .stream_sync = cuda_stream_sync,
+    .bench_spin = cuda_bench_spin,
 };
 
 oi_status oi__cuda_dev_open(int ordinal, oi_dev **out) {

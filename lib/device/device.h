@@ -33,7 +33,8 @@ typedef struct oi_copy_desc {
 } oi_copy_desc;
 
 /* Pinned host memory. `device` is the address kernels use for `host`
- * (equal to host on cpu and with unified addressing). */
+ * (equal to host on cpu and with unified addressing); NULL when device
+ * kernels cannot address it (pageable memory). */
 typedef struct oi_pinned {
   void *host;
   void *device;
@@ -43,6 +44,25 @@ typedef struct oi_pinned {
 } oi_pinned;
 
 typedef void (*oi_stream_fn)(void *arg, oi_status st);
+
+/* How a stream moves a batch (values match oi_copy_mode). */
+enum {
+  OI_XFER_AUTO = 0,
+  OI_XFER_KERNEL = 1,
+  OI_XFER_DMA = 2,
+  OI_XFER_PIECEWISE = 3, /* one cudaMemcpyAsync per piece: the naive baseline, for benchmarks */
+};
+
+typedef struct oi_copy_params {
+  uint32_t mode;      /* OI_XFER_* */
+  uint32_t cta_limit; /* kernel copies: most CTAs a batch may use; 0 = backend default */
+  bool host_mapped;   /* the host side is pinned memory kernels may address; without it
+                         only DMA is used */
+} oi_copy_params;
+
+/* Default CTA limit of copy kernels: enough for the PCIe limit, few enough to
+ * leave the model most SMs (see docs/benchmarks.md). */
+#define OI_DEFAULT_CTA_LIMIT 32
 
 typedef struct oi_dev_ops {
   const char *name;
@@ -72,16 +92,25 @@ typedef struct oi_dev_ops {
   oi_status (*stream_create)(oi_dev *d, int priority, oi_stream **out);
   /* Waits for queued work, then frees. Accepts NULL. */
   void (*stream_destroy)(oi_stream *s);
-  /* Queues copies; `descs` is copied before return. */
-  oi_status (*stream_copy)(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs, size_t n);
+  /* Queues copies; `descs` is copied before return. `p` may be NULL (AUTO). */
+  oi_status (*stream_copy)(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs, size_t n,
+                           const oi_copy_params *p);
   /* Queues `fn(arg, status)` after everything queued before it. `fn` must not
    * call into the backend (it may run on a driver thread). */
   oi_status (*stream_call)(oi_stream *s, oi_stream_fn fn, void *arg);
   /* Makes later work on `s` wait for an external event (a cudaEvent_t the
    * caller recorded after writing KV); NULL is a no-op. */
   oi_status (*stream_wait_event)(oi_stream *s, void *event);
+  /* Records an event after the work queued so far (*event: a cudaEvent_t the
+   * caller frees with event_destroy; NULL on cpu, where callbacks suffice). */
+  oi_status (*stream_record_event)(oi_stream *s, void **event);
+  void (*event_destroy)(void *event);
   /* Blocks until everything queued so far finished. */
   oi_status (*stream_sync)(oi_stream *s);
+
+  /* Benchmarks: runs `count` compute-bound kernels of `ctas` CTAs on a
+   * private stream and waits (OI_ERR_UNSUPPORTED on cpu). */
+  oi_status (*bench_spin)(oi_dev *d, uint32_t ctas, uint32_t iters, uint32_t count);
 } oi_dev_ops;
 
 struct oi_dev {

@@ -6,9 +6,10 @@
 #define OI_HUGEPAGE_BYTES (2ull << 20)
 
 /* Maps `bytes` of zeroed, pre-touched anonymous memory (OI_PIN_HUGEPAGES:
- * on 2 MiB pages, failing with the count needed and free). *mapped receives
+ * on 2 MiB pages, failing with the count needed and free), bound to
+ * `numa_node` (-1: anywhere), touched by parallel threads. *mapped receives
  * the length to pass to oi__host_unmap. */
-oi_status oi__host_map(size_t bytes, uint32_t flags, void **out, size_t *mapped);
+oi_status oi__host_map(size_t bytes, uint32_t flags, int numa_node, void **out, size_t *mapped);
 void oi__host_unmap(void *p, size_t mapped);
 
 #endif

@@ -177,8 +177,18 @@ static oi_status submit(local_engine *e, oi_stream *s, oi_copy_dir dir, const in
     oi__free(descs);
     return st;
   }
-  st = e->dev->ops->stream_copy(s, dir, descs, nd);
+  oi_copy_params cp = {.mode = e->base.opts.copy_mode,
+                       .cta_limit = e->base.opts.copy_cta_limit,
+                       .host_mapped = e->host->pool.device != NULL && e->host->dev->ordinal >= 0};
+  st = e->dev->ops->stream_copy(s, dir, descs, nd, &cp);
   oi__free(descs);
+  if (st == OI_OK && job->ticket) {
+    /* A load's ticket carries an event after its copies, so a compute stream
+     * can wait on the device instead of the CPU waiting on the ticket. */
+    void *ev = NULL;
+    st = e->dev->ops->stream_record_event(s, &ev);
+    if (st == OI_OK && ev) oi__ticket_set_cuda_event(job->ticket, ev, e->dev->ops->event_destroy);
+  }
   if (st == OI_OK) st = e->dev->ops->stream_call(s, job_arrived, job);
   if (st != OI_OK) e->dev->ops->stream_sync(s); /* whatever was queued has finished */
   return st;

@@ -96,11 +96,13 @@ static void round_trip_through_pinned(uint32_t flags, const char *what) {
     d[b] = (oi_copy_desc){(uintptr_t)(a + (size_t)b * PIECE), (uintptr_t)(h + (size_t)(BLOCKS - 1 - b) * PIECE), PIECE};
   call_log log = {.lock = PTHREAD_MUTEX_INITIALIZER};
   call_arg c1 = {&log, 1}, c2 = {&log, 2};
-  CHECK_OK(dev->ops->stream_copy(s, OI_COPY_D2H, d, BLOCKS));
+  /* The copy kernel where the pool is mapped; pageable memory falls back to DMA. */
+  oi_copy_params kp = {.mode = OI_XFER_KERNEL, .host_mapped = pool.device != NULL};
+  CHECK_OK(dev->ops->stream_copy(s, OI_COPY_D2H, d, BLOCKS, &kp));
   CHECK_OK(dev->ops->stream_call(s, on_call, &c1));
   for (int k = 0; k < BLOCKS; k++)
     d[k] = (oi_copy_desc){(uintptr_t)(h + (size_t)k * PIECE), (uintptr_t)(a + (size_t)(BLOCKS + k) * PIECE), PIECE};
-  CHECK_OK(dev->ops->stream_copy(s, OI_COPY_H2D, d, BLOCKS));
+  CHECK_OK(dev->ops->stream_copy(s, OI_COPY_H2D, d, BLOCKS, &kp));
   CHECK_OK(dev->ops->stream_call(s, on_call, &c2));
   CHECK_OK(dev->ops->stream_sync(s));
   CHECK(log.n == 2 && log.order[0] == 1 && log.order[1] == 2 && log.st[0] == OI_OK && log.st[1] == OI_OK);
@@ -112,6 +114,7 @@ static void round_trip_through_pinned(uint32_t flags, const char *what) {
   CHECK(ok);
   fprintf(stderr, "  %s: %s (device view %s)\n", what, ok ? "bytes match" : "MISMATCH",
           pool.device ? "present" : "absent");
+  CHECK((flags & OI_PIN_NO_PIN) ? pool.device == NULL : pool.device != NULL);
   dev->ops->stream_destroy(s);
   dev->ops->mem_free(dev, arena);
   dev->ops->pinned_free(dev, &pool);

@@ -69,13 +69,13 @@ static void test_stream_copies_pieces_both_ways_and_calls_in_order(void) {
     d[b] = (oi_copy_desc){(uintptr_t)(a + b * PIECE), (uintptr_t)(h + (BLOCKS - 1 - b) * PIECE), PIECE};
   order_log log = {.lock = PTHREAD_MUTEX_INITIALIZER, .watch = h + (BLOCKS - 1) * PIECE};
   call_arg c1 = {&log, 1}, c2 = {&log, 2};
-  CHECK_OK(dev->ops->stream_copy(s, OI_COPY_D2H, d, BLOCKS));
+  CHECK_OK(dev->ops->stream_copy(s, OI_COPY_D2H, d, BLOCKS, NULL));
   memset(d, 0xEE, sizeof d); /* the stream copied the descriptors */
   CHECK_OK(dev->ops->stream_call(s, record_call, &c1));
   /* H2D: host slot k -> device block BLOCKS + k. */
   for (int k = 0; k < BLOCKS; k++)
     d[k] = (oi_copy_desc){(uintptr_t)(h + k * PIECE), (uintptr_t)(a + (BLOCKS + k) * PIECE), PIECE};
-  CHECK_OK(dev->ops->stream_copy(s, OI_COPY_H2D, d, BLOCKS));
+  CHECK_OK(dev->ops->stream_copy(s, OI_COPY_H2D, d, BLOCKS, NULL));
   CHECK_OK(dev->ops->stream_call(s, record_call, &c2));
   CHECK_OK(dev->ops->stream_sync(s));
 
@@ -101,7 +101,7 @@ static void test_stream_destroy_finishes_queued_work(void) {
   CHECK_OK(dev->ops->mem_fill_pattern(dev, src, N * PIECE, 77));
   for (int i = 0; i < N; i++) {
     oi_copy_desc d = {(uintptr_t)src + (uintptr_t)i * PIECE, (uintptr_t)dst + (uintptr_t)i * PIECE, PIECE};
-    CHECK_OK(dev->ops->stream_copy(s, OI_COPY_D2H, &d, 1));
+    CHECK_OK(dev->ops->stream_copy(s, OI_COPY_D2H, &d, 1, NULL));
   }
   dev->ops->stream_destroy(s);
   CHECK(memcmp(src, dst, (size_t)N * PIECE) == 0);

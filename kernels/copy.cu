@@ -1,0 +1,80 @@
+// The batch copy kernel: one launch moves every piece of a save or load
+// (all blocks x all arenas x segments) between device arenas and mapped
+// pinned host memory. Pieces arrive pre-split into entries of at most
+// OI_KCOPY_CHUNK bytes, so CTAs share the work evenly; each CTA walks entries
+// with a grid stride. Within an entry the widest access both addresses allow
+// is used (16-byte vectors when src and dst agree modulo 16), with byte heads
+// and tails for sizes and addresses that are not multiples of the width.
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+template <typename W, int UNROLL>
+__device__ static inline void copy_words(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst,
+                                         uint64_t bytes) {
+  // Align the destination (and so the source, which agrees modulo sizeof(W)).
+  uint64_t head = (sizeof(W) - ((uintptr_t)dst & (sizeof(W) - 1))) & (sizeof(W) - 1);
+  if (head > bytes) head = bytes;
+  for (uint64_t i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
+  src += head;
+  dst += head;
+  bytes -= head;
+  const W *s = reinterpret_cast<const W *>(src);
+  W *d = reinterpret_cast<W *>(dst);
+  uint64_t words = bytes / sizeof(W);
+  uint64_t step = (uint64_t)blockDim.x * UNROLL;
+  uint64_t i = threadIdx.x;
+  for (; i + (UNROLL - 1) * blockDim.x < words; i += step) {
+    W v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) v[u] = s[i + (uint64_t)u * blockDim.x];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) d[i + (uint64_t)u * blockDim.x] = v[u];
+  }
+  for (; i < words; i += blockDim.x) d[i] = s[i];
+  uint64_t tail_start = words * sizeof(W);
+  for (uint64_t k = tail_start + threadIdx.x; k < bytes; k += blockDim.x) dst[k] = src[k];
+}
+
+__global__ static void batch_copy_kernel(const oi_kcopy_entry *__restrict__ entries, uint32_t n) {
+  for (uint32_t e = blockIdx.x; e < n; e += gridDim.x) {
+    const oi_kcopy_entry ent = entries[e];
+    const uint8_t *src = reinterpret_cast<const uint8_t *>(ent.src);
+    uint8_t *dst = reinterpret_cast<uint8_t *>(ent.dst);
+    uintptr_t mis = (uintptr_t)src ^ (uintptr_t)dst;
+    if ((mis & 15) == 0)
+      copy_words<int4, 4>(src, dst, ent.bytes);
+    else if ((mis & 7) == 0)
+      copy_words<uint2, 4>(src, dst, ent.bytes);
+    else if ((mis & 3) == 0)
+      copy_words<uint32_t, 4>(src, dst, ent.bytes);
+    else
+      copy_words<uint8_t, 4>(src, dst, ent.bytes);
+  }
+}
+
+extern "C" int oi_kernel_batch_copy(const oi_kcopy_entry *entries, uint32_t n, uint32_t ctas,
+                                    void *stream) {
+  if (n == 0) return (int)cudaSuccess;
+  if (ctas == 0) ctas = 1;
+  if (ctas > n) ctas = n;
+  batch_copy_kernel<<<ctas, OI_KCOPY_THREADS, 0, (cudaStream_t)stream>>>(entries, n);
+  return (int)cudaGetLastError();
+}
+
+// A compute-bound kernel for interference measurements: FMA chains on every
+// thread of every SM for a fixed number of iterations.
+__global__ static void spin_fma_kernel(float *out, uint32_t iters) {
+  float a = threadIdx.x * 1e-3f, b = 1.0001f, c = 0.9999f;
+  for (uint32_t i = 0; i < iters; i++) {
+    a = fmaf(a, b, c);
+    b = fmaf(b, c, a * 1e-9f);
+  }
+  if (a == 12345.0f) out[blockIdx.x] = a + b; // keeps the loop alive
+}
+
+extern "C" int oi_kernel_spin(void *scratch, uint32_t ctas, uint32_t iters, void *stream) {
+  spin_fma_kernel<<<ctas, 256, 0, (cudaStream_t)stream>>>((float *)scratch, iters);
+  return (int)cudaGetLastError();
+}

@@ -313,7 +313,7 @@ int cmd_demo(int argc, char **argv) {
       goto cleanup;
     }
     for (long l = 0; l < o.layers; l++) {
-      snprintf(names[l], sizeof names[l], "layer%ld", l);
+      snprintf(names[l], sizeof names[l], "layer%d", (int)l);
       arenas[l] = (oi_arena_desc){.name = names[l],
                                   .base = rc_->arena + arena_off(&o, (uint64_t)l, 0),
                                   .num_blocks = (uint64_t)o.arena_blocks,
@@ -326,7 +326,7 @@ int cmd_demo(int argc, char **argv) {
     eo.device = (int32_t)o.device;
     eo.namespace_id = "demo-model";
     char iname[32];
-    snprintf(iname, sizeof iname, "rank%ld", r);
+    snprintf(iname, sizeof iname, "rank%d", (int)r);
     eo.instance_name = iname;
     eo.arenas = arenas;
     eo.num_arenas = (uint32_t)o.layers;

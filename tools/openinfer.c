@@ -1,4 +1,4 @@
-/* `openinfer`: the command-line front end (demo, and later serve, bench,
+/* `openinfer`: the command-line front end (demo, bench, and later serve,
  * stats). Subcommands dispatch from a table; unknown ones exit 2. */
 #include <errno.h>
 #include <stdio.h>
@@ -16,6 +16,7 @@ typedef struct command {
 
 static const command commands[] = {
     {"demo", "save KV blocks to the host tier and restore them, verifying every byte", cmd_demo},
+    {"bench", "measure the host tier (bench host)", cmd_bench},
 };
 
 static void usage(FILE *f) {

@@ -65,7 +65,9 @@ oi_status oi__host_map(size_t bytes, uint32_t flags, int numa_node, void **out, 
   int mflags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
   size_t len = bytes;
   if (flags & OI_PIN_HUGEPAGES) {
-    mflags |= MAP_HUGETLB;
+    /* Hugepages are reserved at mmap, so a shortage fails here with ENOMEM;
+     * with MAP_NORESERVE it would surface as SIGBUS on the first touch. */
+    mflags = (mflags & ~MAP_NORESERVE) | MAP_HUGETLB;
     len = (bytes + OI_HUGEPAGE_BYTES - 1) & ~(OI_HUGEPAGE_BYTES - 1);
   }
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, mflags, -1, 0);

@@ -1,0 +1,485 @@
+/* `openinfer bench transfer`: save and load bandwidth of real KV layouts
+ * through the public engine API, against the bulk pinned memcpy ceiling and
+ * the naive per-piece cudaMemcpyAsync loop measured in the same run; restore
+ * latency of a 22-block prefix; and the slowdown copies cause to a
+ * compute-bound kernel stream. */
+#include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "device/device.h"
+#include "openinfer/openinfer.h"
+
+typedef struct shape {
+  const char *name;
+  uint32_t groups;              /* arena groups: (count, bytes_per_block) */
+  uint32_t count[2];
+  uint64_t bpb[2];
+  bool page_first;              /* one region; a block's arenas are adjacent */
+  uint64_t blocks;
+} shape;
+
+static const shape shapes[] = {
+    {"glm5.2", 2, {78, 21}, {41984, 8448}, false, 256},
+    {"qwen3-4b", 1, {36, 0}, {64 << 10, 0}, true, 512},
+    {"pages-4k", 1, {1, 0}, {4 << 10, 0}, false, 65536},
+    {"pages-42k", 1, {1, 0}, {42 << 10, 0}, false, 8192},
+};
+
+typedef struct bench_env {
+  oi_dev *dev;
+  int device;
+  int reps;
+  bool json;
+  bool quick;
+} bench_env;
+
+typedef struct setup {
+  const shape *sh;
+  uint32_t narenas;
+  uint64_t block_bytes, total;
+  uint8_t *region;          /* device memory holding every arena */
+  uint64_t region_bytes;
+  oi_arena_desc *arenas;
+  char (*names)[16];
+  int64_t *ids;             /* scattered block ids (real KV pages are not contiguous) */
+  oi_block_hash *hashes;
+  uint64_t hash_epoch;
+  oi_offload_host *host;
+  oi_offload_engine *eng[4]; /* KERNEL (all SMs), KERNEL (default limit), DMA, AUTO */
+} setup;
+
+static const char *mode_names[4] = {"kernel-132", "kernel-default", "dma", "auto"};
+
+static uint64_t splitmix(uint64_t *x) {
+  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static void fresh_hashes(setup *s) {
+  uint64_t x = ++s->hash_epoch * 1000003ull;
+  for (uint64_t b = 0; b < s->sh->blocks; b++) {
+    uint64_t a = splitmix(&x), c = splitmix(&x);
+    memcpy(s->hashes[b].bytes, &a, 8);
+    memcpy(s->hashes[b].bytes + 8, &c, 8);
+  }
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return v[n / 2];
+}
+
+static void setup_free(bench_env *env, setup *s) {
+  for (int m = 0; m < 4; m++) oi_offload_engine_destroy(s->eng[m]);
+  oi_offload_host_destroy(s->host);
+  if (s->region) env->dev->ops->mem_free(env->dev, s->region);
+  free(s->arenas);
+  free(s->names);
+  free(s->ids);
+  free(s->hashes);
+  memset(s, 0, sizeof *s);
+}
+
+static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
+  memset(s, 0, sizeof *s);
+  s->sh = sh;
+  for (uint32_t g = 0; g < sh->groups; g++) {
+    s->narenas += sh->count[g];
+    s->block_bytes += sh->count[g] * sh->bpb[g];
+  }
+  s->total = s->block_bytes * sh->blocks;
+  s->region_bytes = s->total;
+  s->arenas = calloc(s->narenas, sizeof *s->arenas);
+  s->names = calloc(s->narenas, sizeof *s->names);
+  s->ids = calloc(sh->blocks, sizeof *s->ids);
+  s->hashes = calloc(sh->blocks, sizeof *s->hashes);
+  if (!s->arenas || !s->names || !s->ids || !s->hashes) return false;
+  if (env->dev->ops->mem_alloc(env->dev, s->region_bytes, 0, (void **)&s->region) != OI_OK) return false;
+  env->dev->ops->mem_fill_pattern(env->dev, s->region, s->region_bytes, 3);
+  uint64_t off = 0, in_page = 0;
+  uint32_t a = 0;
+  for (uint32_t g = 0; g < sh->groups; g++)
+    for (uint32_t i = 0; i < sh->count[g]; i++, a++) {
+      snprintf(s->names[a], sizeof s->names[a], "a%u", a);
+      oi_arena_desc *d = &s->arenas[a];
+      d->name = s->names[a];
+      d->num_blocks = sh->blocks;
+      d->bytes_per_block = sh->bpb[g];
+      d->segments = 1;
+      if (sh->page_first) {
+        d->base = s->region + in_page;
+        d->block_stride = s->block_bytes;
+        in_page += sh->bpb[g];
+      } else {
+        d->base = s->region + off;
+        d->block_stride = sh->bpb[g];
+        off += sh->bpb[g] * sh->blocks;
+      }
+    }
+  uint64_t x = 42;
+  for (uint64_t b = 0; b < sh->blocks; b++) s->ids[b] = (int64_t)b;
+  for (uint64_t b = sh->blocks - 1; b > 0; b--) { /* shuffle */
+    uint64_t j = splitmix(&x) % (b + 1);
+    int64_t t = s->ids[b];
+    s->ids[b] = s->ids[j];
+    s->ids[j] = t;
+  }
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  uint64_t slot = (s->block_bytes + 255) & ~255ull;
+  ho.chunk_bytes = slot * 8 > (64ull << 20) ? slot * 8 : (64ull << 20) / slot * slot;
+  ho.pool_bytes = ((sh->blocks + 8) * slot / ho.chunk_bytes + 2) * ho.chunk_bytes;
+  ho.device = env->device;
+  ho.high_watermark = 1.0f; /* no background eviction during measurements */
+  ho.low_watermark = 1.0f;
+  if (oi_offload_host_create(&ho, &s->host) != OI_OK) return false;
+  for (int m = 0; m < 4; m++) {
+    oi_engine_options eo;
+    oi_engine_options_init(&eo);
+    eo.device = env->device;
+    eo.namespace_id = "bench";
+    eo.arenas = s->arenas;
+    eo.num_arenas = s->narenas;
+    eo.copy_mode = m < 2 ? OI_COPY_KERNEL : m == 2 ? OI_COPY_DMA : OI_COPY_AUTO;
+    eo.copy_cta_limit = m == 0 ? 132 : 0;
+    if (oi_offload_engine_create(s->host, &eo, &s->eng[m]) != OI_OK) return false;
+  }
+  return true;
+}
+
+/* Raw device-layer copies: the bulk ceiling (one piece) and the naive loop
+ * (one cudaMemcpyAsync per block x arena). Returns GB/s (median). */
+static double raw_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, bool bulk, uint8_t *host) {
+  oi_stream *st = NULL;
+  if (env->dev->ops->stream_create(env->dev, 1, &st) != OI_OK) return 0;
+  size_t n = bulk ? 1 : (size_t)s->sh->blocks * s->narenas;
+  oi_copy_desc *d = calloc(n, sizeof *d);
+  if (!d) return 0;
+  if (bulk) {
+    d[0] = dir == OI_COPY_D2H ? (oi_copy_desc){(uintptr_t)s->region, (uintptr_t)host, s->total}
+                              : (oi_copy_desc){(uintptr_t)host, (uintptr_t)s->region, s->total};
+  } else {
+    size_t k = 0;
+    for (uint64_t b = 0; b < s->sh->blocks; b++) {
+      uint64_t hoff = b * s->block_bytes;
+      for (uint32_t a = 0; a < s->narenas; a++) {
+        uintptr_t dv = (uintptr_t)s->arenas[a].base + (uint64_t)s->ids[b] * s->arenas[a].block_stride;
+        uintptr_t hs = (uintptr_t)host + hoff;
+        hoff += s->arenas[a].bytes_per_block;
+        d[k++] = dir == OI_COPY_D2H ? (oi_copy_desc){dv, hs, s->arenas[a].bytes_per_block}
+                                    : (oi_copy_desc){hs, dv, s->arenas[a].bytes_per_block};
+      }
+    }
+  }
+  oi_copy_params p = {.mode = OI_XFER_PIECEWISE};
+  double v[16];
+  int reps = env->reps;
+  for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+    uint64_t t0 = oi__now_ns();
+    env->dev->ops->stream_copy(st, dir, d, n, &p);
+    env->dev->ops->stream_sync(st);
+    if (r >= 0) v[r] = (double)s->total / (double)(oi__now_ns() - t0);
+  }
+  free(d);
+  env->dev->ops->stream_destroy(st);
+  return median(v, reps);
+}
+
+static double engine_save_gbps(bench_env *env, setup *s, int m) {
+  double v[16];
+  for (int r = -1; r < env->reps; r++) {
+    oi_offload_host_evict_all(s->host, NULL);
+    fresh_hashes(s);
+    oi_ticket *t = NULL;
+    uint64_t t0 = oi__now_ns();
+    if (oi_offload_engine_save(s->eng[m], s->ids, s->hashes, s->sh->blocks, NULL, &t) != OI_OK ||
+        oi_ticket_wait(t, 60000) != OI_OK) {
+      fprintf(stderr, "bench: save failed: %s\n", oi_last_error());
+      oi_ticket_release(t);
+      return 0;
+    }
+    uint64_t dt = oi__now_ns() - t0;
+    oi_ticket_release(t);
+    if (r >= 0) v[r] = (double)s->total / (double)dt;
+  }
+  return median(v, env->reps);
+}
+
+/* Query + load of the first `nblocks` saved blocks; returns GB/s of the load
+ * (load call to completion) and the median query+load+wait time in us. */
+static double engine_load_gbps(bench_env *env, setup *s, int m, uint64_t nblocks, double *restore_us) {
+  double v[64], lat[64];
+  int reps = restore_us ? (env->reps * 4 < 64 ? env->reps * 4 : 64) : env->reps;
+  uint64_t bytes = nblocks * s->block_bytes;
+  for (int r = -1; r < reps; r++) {
+    oi_query_result q = {.struct_size = sizeof q};
+    uint64_t t0 = oi__now_ns();
+    if (oi_offload_engine_query(s->eng[m], NULL, s->hashes, nblocks, 0, &q) != OI_OK ||
+        q.hit_blocks != nblocks) {
+      fprintf(stderr, "bench: query found %llu of %llu blocks: %s\n",
+              (unsigned long long)q.hit_blocks, (unsigned long long)nblocks, oi_last_error());
+      if (q.hit_blocks) oi_offload_engine_release(s->eng[m], q.lease);
+      return 0;
+    }
+    if (r == reps - 1 && !restore_us) {
+      /* Last run: wipe the arenas first, so the verification that follows
+       * proves this load put every byte back. */
+      env->dev->ops->mem_fill_pattern(env->dev, s->region, s->region_bytes, 99);
+    }
+    uint64_t t1 = oi__now_ns();
+    oi_ticket *t = NULL;
+    if (oi_offload_engine_load(s->eng[m], q.lease, s->ids, nblocks, NULL, &t) != OI_OK ||
+        oi_ticket_wait(t, 60000) != OI_OK) {
+      fprintf(stderr, "bench: load failed: %s\n", oi_last_error());
+      oi_ticket_release(t);
+      return 0;
+    }
+    uint64_t t2 = oi__now_ns();
+    oi_ticket_release(t);
+    if (r >= 0) {
+      v[r] = (double)bytes / (double)(t2 - t1);
+      lat[r] = (double)(t2 - t0) / 1e3;
+    }
+  }
+  if (restore_us) *restore_us = median(lat, reps);
+  return median(v, reps);
+}
+
+/* Verifies the last load: the saved blocks came back byte-exact. */
+static bool verify_round_trip(bench_env *env, setup *s) {
+  uint8_t *h = malloc(s->region_bytes);
+  if (!h) return false;
+  bool ok = env->dev->ops->mem_copy(env->dev, h, s->region, s->region_bytes) == OI_OK;
+  for (uint64_t i = 0; ok && i < s->region_bytes; i += 4093) ok = h[i] == oi__pattern_byte(3, i);
+  free(h);
+  return ok;
+}
+
+typedef struct interference_job {
+  setup *s;
+  int mode;
+  atomic_bool stop;
+  atomic_uint_fast64_t bytes;
+} interference_job;
+
+static void *save_loop(void *arg) {
+  interference_job *j = arg;
+  while (!atomic_load(&j->stop)) {
+    oi_offload_host_evict_all(j->s->host, NULL);
+    fresh_hashes(j->s);
+    oi_ticket *t = NULL;
+    if (oi_offload_engine_save(j->s->eng[j->mode], j->s->ids, j->s->hashes, j->s->sh->blocks, NULL, &t) != OI_OK)
+      break;
+    oi_ticket_wait(t, 60000);
+    oi_ticket_release(t);
+    atomic_fetch_add(&j->bytes, j->s->total);
+  }
+  return NULL;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: openinfer bench transfer [--device N] [--reps N] [--quick] [--json]\n"
+             "\n"
+             "Measures save/load bandwidth of real KV layouts through the engine API against the\n"
+             "bulk pinned memcpy ceiling and a per-piece cudaMemcpyAsync loop, the restore latency\n"
+             "of 22 GLM5.2-shaped blocks, and compute interference. Needs a GPU.\n");
+}
+
+int bench_transfer(int argc, char **argv) {
+  bench_env env = {.device = 0, .reps = 5};
+  static const struct option longopts[] = {{"device", required_argument, 0, 'd'},
+                                           {"reps", required_argument, 0, 'r'},
+                                           {"quick", no_argument, 0, 'q'},
+                                           {"json", no_argument, 0, 'j'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
+  optind = 1;
+  int c;
+  long v;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'd':
+      if (!cli_parse_int(optarg, 0, 1023, &v)) return CLI_USAGE;
+      env.device = (int)v;
+      break;
+    case 'r':
+      if (!cli_parse_int(optarg, 1, 15, &v)) return CLI_USAGE;
+      env.reps = (int)v;
+      break;
+    case 'q': env.quick = true; break;
+    case 'j': env.json = true; break;
+    case 'h': usage(stdout); return CLI_OK;
+    default: usage(stderr); return CLI_USAGE;
+    }
+  }
+  int ndev = 0;
+  oi_device_count(&ndev);
+  if (env.device >= ndev) {
+    fprintf(stderr, "openinfer bench transfer: needs a CUDA device (%d visible)\n", ndev);
+    return CLI_FAILED;
+  }
+  if (oi__dev_open(env.device, &env.dev) != OI_OK) {
+    fprintf(stderr, "openinfer bench transfer: %s\n", oi_last_error());
+    return CLI_FAILED;
+  }
+  oi_device_info info = {.struct_size = sizeof info};
+  oi_device_get_info(env.device, &info);
+  FILE *out = stdout;
+  if (!env.json) fprintf(out, "bench transfer on %s (%u SMs); median of %d runs, GB/s\n\n", info.name, info.multiprocessors, env.reps);
+  else fprintf(out, "{\"device\":\"%s\",\"shapes\":[", info.name);
+  int rc = CLI_OK;
+  double glm_bulk_h2d = 0;
+  setup glm = {0};
+  size_t nshapes = env.quick ? 2 : sizeof shapes / sizeof shapes[0];
+  for (size_t si = 0; si < nshapes; si++) {
+    setup s;
+    if (!setup_shape(&env, &shapes[si], &s)) {
+      fprintf(stderr, "bench: setting up %s failed: %s\n", shapes[si].name, oi_last_error());
+      setup_free(&env, &s);
+      rc = CLI_FAILED;
+      continue;
+    }
+    oi_pinned scratch;
+    if (env.dev->ops->pinned_alloc(env.dev, s.total, 0, -1, &scratch) != OI_OK) {
+      setup_free(&env, &s);
+      rc = CLI_FAILED;
+      continue;
+    }
+    double bulk_d2h = raw_copy_gbps(&env, &s, OI_COPY_D2H, true, scratch.host);
+    double bulk_h2d = raw_copy_gbps(&env, &s, OI_COPY_H2D, true, scratch.host);
+    env.dev->ops->mem_fill_pattern(env.dev, s.region, s.region_bytes, 3); /* bulk H2D overwrote it */
+    double piece_d2h = raw_copy_gbps(&env, &s, OI_COPY_D2H, false, scratch.host);
+    double piece_h2d = raw_copy_gbps(&env, &s, OI_COPY_H2D, false, scratch.host);
+    env.dev->ops->mem_fill_pattern(env.dev, s.region, s.region_bytes, 3);
+    env.dev->ops->pinned_free(env.dev, &scratch);
+    double save[4], load[4];
+    bool verified = true;
+    for (int m = 0; m < 4; m++) {
+      save[m] = engine_save_gbps(&env, &s, m);
+      load[m] = engine_load_gbps(&env, &s, m, s.sh->blocks, NULL);
+      verified = verified && verify_round_trip(&env, &s);
+    }
+    if (!verified) rc = CLI_FAILED;
+    if (env.json) {
+      fprintf(out, "%s{\"shape\":\"%s\",\"arenas\":%u,\"blocks\":%llu,\"block_bytes\":%llu,\"bytes\":%llu,"
+                   "\"bulk_d2h\":%.2f,\"bulk_h2d\":%.2f,\"piecewise_d2h\":%.2f,\"piecewise_h2d\":%.2f,",
+              si ? "," : "", s.sh->name, s.narenas, (unsigned long long)s.sh->blocks,
+              (unsigned long long)s.block_bytes, (unsigned long long)s.total, bulk_d2h, bulk_h2d,
+              piece_d2h, piece_h2d);
+      for (int m = 0; m < 4; m++)
+        fprintf(out, "\"save_%s\":%.2f,\"load_%s\":%.2f,", mode_names[m], save[m], mode_names[m], load[m]);
+      fprintf(out, "\"verified\":%s}", verified ? "true" : "false");
+    } else {
+      fprintf(out, "%s: %u arenas, %llu blocks of %llu B (%.0f MiB)%s\n", s.sh->name, s.narenas,
+              (unsigned long long)s.sh->blocks, (unsigned long long)s.block_bytes,
+              (double)s.total / (1 << 20), verified ? "" : "  ** RESTORED BYTES DIFFER **");
+      fprintf(out, "  %-26s %8s %8s %10s %10s\n", "", "save", "load", "save/bulk", "load/bulk");
+      fprintf(out, "  %-26s %8.2f %8.2f %10s %10s\n", "bulk cudaMemcpyAsync", bulk_d2h, bulk_h2d, "1.00", "1.00");
+      fprintf(out, "  %-26s %8.2f %8.2f %10.2f %10.2f\n", "per-piece cudaMemcpyAsync", piece_d2h,
+              piece_h2d, piece_d2h / bulk_d2h, piece_h2d / bulk_h2d);
+      for (int m = 0; m < 4; m++)
+        fprintf(out, "  engine %-19s %8.2f %8.2f %10.2f %10.2f   (%.1fx / %.1fx per-piece)\n",
+                mode_names[m], save[m], load[m], save[m] / bulk_d2h, load[m] / bulk_h2d,
+                save[m] / piece_d2h, load[m] / piece_h2d);
+      fprintf(out, "\n");
+    }
+    if (si == 0) {
+      glm = s;
+      glm_bulk_h2d = bulk_h2d;
+    } else {
+      setup_free(&env, &s);
+    }
+  }
+  if (env.json) fprintf(out, "]");
+
+  /* Restore latency: 22 GLM5.2-shaped blocks (76 MB). */
+  if (glm.sh) {
+    oi_offload_host_evict_all(glm.host, NULL);
+    fresh_hashes(&glm);
+    oi_ticket *t = NULL;
+    oi_offload_engine_save(glm.eng[3], glm.ids, glm.hashes, glm.sh->blocks, NULL, &t);
+    oi_ticket_wait(t, 60000);
+    oi_ticket_release(t);
+    double lat_auto = 0, lat_kernel = 0;
+    engine_load_gbps(&env, &glm, 3, 22, &lat_auto);
+    engine_load_gbps(&env, &glm, 0, 22, &lat_kernel);
+    double bytes = 22.0 * (double)glm.block_bytes;
+    double target = 1.2 * bytes / (glm_bulk_h2d * 1e3) + 150.0;
+    if (env.json)
+      fprintf(out, ",\"restore_22_glm\":{\"bytes\":%.0f,\"auto_us\":%.1f,\"kernel132_us\":%.1f,\"bulk_us\":%.1f,\"target_us\":%.1f}",
+              bytes, lat_auto, lat_kernel, bytes / (glm_bulk_h2d * 1e3), target);
+    else
+      fprintf(out, "restore latency, query+load+wait of 22 GLM5.2 blocks (%.1f MB): default %.0f us, kernel-132 %.0f us;"
+                   "\n  bulk H2D of the same bytes %.0f us; target <= %.0f us: %s\n\n",
+              bytes / 1e6, lat_auto, lat_kernel, bytes / (glm_bulk_h2d * 1e3), target,
+              (lat_auto <= target || lat_kernel <= target) ? "met" : "MISSED");
+
+    /* Interference: a compute-bound kernel stream alone, then with saves running. */
+    uint32_t sms = info.multiprocessors, iters = 20000, count = 50;
+    uint64_t t0 = oi__now_ns();
+    env.dev->ops->bench_spin(env.dev, sms * 4, iters, count);
+    double per_kernel = (double)(oi__now_ns() - t0) / count;
+    count = (uint32_t)(1.5e9 / per_kernel) + 1;
+    t0 = oi__now_ns();
+    env.dev->ops->bench_spin(env.dev, sms * 4, iters, count);
+    double alone = count / ((double)(oi__now_ns() - t0) / 1e9);
+    if (!env.json) fprintf(out, "compute interference (compute-bound stream alone: %.0f kernels/s)\n", alone);
+    else fprintf(out, ",\"interference\":{\"alone_kps\":%.1f", alone);
+    /* modes: dma (the default for saves), kernel with several CTA limits */
+    const struct { const char *name; uint32_t mode, ctas; } runs[] = {
+        {"dma (default save policy)", OI_COPY_DMA, 0}, {"kernel, 132 CTAs", OI_COPY_KERNEL, 132},
+        {"kernel, 32 CTAs", OI_COPY_KERNEL, 32},      {"kernel, 8 CTAs", OI_COPY_KERNEL, 8},
+        {"kernel, 4 CTAs", OI_COPY_KERNEL, 4}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+      oi_engine_options eo;
+      oi_engine_options_init(&eo);
+      eo.device = env.device;
+      eo.namespace_id = "bench";
+      eo.arenas = glm.arenas;
+      eo.num_arenas = glm.narenas;
+      eo.copy_mode = runs[i].mode;
+      eo.copy_cta_limit = runs[i].ctas;
+      oi_offload_engine *e = NULL;
+      if (oi_offload_engine_create(glm.host, &eo, &e) != OI_OK) continue;
+      oi_offload_engine *saved = glm.eng[1];
+      glm.eng[1] = e;
+      interference_job j = {.s = &glm, .mode = 1};
+      pthread_t th;
+      pthread_create(&th, NULL, save_loop, &j);
+      usleep(100000);
+      uint64_t b0 = atomic_load(&j.bytes);
+      t0 = oi__now_ns();
+      env.dev->ops->bench_spin(env.dev, sms * 4, iters, count);
+      double dt = (double)(oi__now_ns() - t0);
+      uint64_t b1 = atomic_load(&j.bytes);
+      atomic_store(&j.stop, true);
+      pthread_join(th, NULL);
+      glm.eng[1] = saved;
+      oi_offload_engine_destroy(e);
+      double with = count / (dt / 1e9), gbps = (double)(b1 - b0) / dt;
+      if (env.json)
+        fprintf(out, ",\"%s\":{\"kept\":%.4f,\"save_gbps\":%.2f}", runs[i].name, with / alone, gbps);
+      else
+        fprintf(out, "  saves by %-26s compute kept %5.1f%%  (slowdown %4.1f%%), saves %.1f GB/s\n",
+                runs[i].name, 100.0 * with / alone, 100.0 * (1.0 - with / alone), gbps);
+    }
+    if (env.json) fprintf(out, "}");
+    setup_free(&env, &glm);
+  }
+  if (env.json) fprintf(out, "}\n");
+  oi__dev_close(env.dev);
+  return rc;
+}

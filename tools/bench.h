@@ -37,7 +37,6 @@ typedef struct bench_host_result {
   uint32_t shards;
   size_t record_bytes;         /* sizeof(host_block) */
   double overhead_per_block;   /* (records + buckets) / resident blocks */
-  double freelist_per_block;   /* the free-list array, not counted above */
   /* 2. query */
   uint32_t query_blocks;
   uint32_t query_samples;

@@ -168,15 +168,14 @@ static int index_lookups(oi_offload_host *h, uint32_t ns, uint64_t n, uint64_t d
 }
 
 /* Memory the index costs: one host_block record per carved slot, plus the
- * bucket arrays of every shard. The free list (one pointer per carved slot,
- * kept at that size) is reported beside, not counted. */
+ * bucket arrays of every shard (free slots are chained through their records:
+ * the free list costs nothing more). */
 static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_result *r) {
-  uint64_t slots = 0, buckets = 0, free_cap = 0;
+  uint64_t slots = 0, buckets = 0;
   uint32_t ncls = atomic_load(&h->nclasses);
   for (uint32_t c = 0; c < ncls; c++) {
     pthread_mutex_lock(&h->classes[c].lock);
     slots += atomic_load(&h->classes[c].slots);
-    free_cap += h->classes[c].free_cap;
     pthread_mutex_unlock(&h->classes[c].lock);
   }
   for (uint32_t i = 0; i < h->nshards; i++) {
@@ -190,7 +189,6 @@ static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_res
   r->record_bytes = sizeof(host_block);
   r->overhead_per_block =
       (double)(slots * sizeof(host_block) + buckets * sizeof(host_block *)) / (double)resident;
-  r->freelist_per_block = (double)(free_cap * sizeof(host_block *)) / (double)resident;
 }
 
 typedef enum { Q_HIT_RUN, Q_HIT_SCATTERED, Q_MISS, Q_MEMBERSHIP_MISS } query_kind;

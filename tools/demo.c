@@ -392,9 +392,9 @@ int cmd_demo(int argc, char **argv) {
   printf("%-34s %14.1f  (%.2f GB/s during restores)\n", "bytes restored (MiB)", (double)lbytes / (1 << 20),
          lns ? (double)lbytes / (double)lns : 0.0);
   printf("%-34s %14.1f\n", "bytes saved (MiB)", (double)hs.bytes_saved / (1 << 20));
-  printf("%-34s %14.1f  of %.1f MiB (%.0f%%)\n", "pool in use (MiB)", (double)hs.used_bytes / (1 << 20),
-         (double)hs.capacity_bytes / (1 << 20),
-         100.0 * (double)hs.used_bytes / (double)hs.capacity_bytes);
+  printf("%-34s %14.1f  of %.1f MiB (%.0f%%)\n", "pool holding blocks (MiB)",
+         (double)hs.block_bytes_resident / (1 << 20), (double)hs.capacity_bytes / (1 << 20),
+         100.0 * (double)hs.block_bytes_resident / (double)hs.capacity_bytes);
   printf("%-34s %14llu\n", "restored bytes that differ", (unsigned long long)bad);
   if (bad == 0 && errors == 0 && hit > 0) {
     printf("\ndemo OK: every restored block matched what was saved\n");

@@ -43,7 +43,7 @@ typedef struct oi_host_stats {
   uint64_t capacity_bytes;     /* the pool */
   uint64_t used_bytes;         /* bytes in chunks carved for a size class... */
   uint64_t free_bytes;         /* ...and the rest; used + free == capacity */
-  uint64_t block_bytes_resident; /* bytes of blocks in flight or sealed */
+  uint64_t block_bytes_resident; /* bytes of blocks in flight or sealed (what the pool holds) */
   uint64_t blocks_free;        /* carved slots holding nothing */
   uint64_t blocks_in_flight;   /* being saved, invisible to queries */
   uint64_t blocks_sealed;      /* visible to queries (includes leased and loading) */

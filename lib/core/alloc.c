@@ -1,8 +1,37 @@
 /* All small allocations go through mimalloc (thread-local free lists, no
- * global lock on the hot path). Large pinned pools are mapped by lib/device. */
-#include <mimalloc.h>
+ * global lock on the hot path). Large pinned pools are mapped by lib/device.
+ *
+ * ThreadSanitizer builds use the C library's allocator instead: TSan cannot
+ * see the synchronisation inside an uninstrumented mimalloc, so memory freed
+ * on one thread and reused on another reads as a data race. */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define OI_ALLOC_LIBC 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define OI_ALLOC_LIBC 1
+#endif
 
 #include "core.h"
+
+#ifdef OI_ALLOC_LIBC
+#include <stdlib.h>
+#include <string.h>
+
+void *oi__malloc(size_t bytes) { return malloc(bytes); }
+void *oi__calloc(size_t count, size_t size) { return calloc(count, size); }
+void *oi__realloc(void *p, size_t bytes) { return realloc(p, bytes); }
+void *oi__aligned_alloc(size_t alignment, size_t bytes) {
+  void *p = NULL;
+  return posix_memalign(&p, alignment < sizeof(void *) ? sizeof(void *) : alignment, bytes) == 0
+             ? p
+             : NULL;
+}
+char *oi__strdup(const char *s) { return s ? strdup(s) : NULL; }
+void oi__free(void *p) { free(p); }
+#else
+#include <mimalloc.h>
 
 void *oi__malloc(size_t bytes) { return mi_malloc(bytes); }
 void *oi__calloc(size_t count, size_t size) { return mi_calloc(count, size); }
@@ -10,3 +39,4 @@ void *oi__realloc(void *p, size_t bytes) { return mi_realloc(p, bytes); }
 void *oi__aligned_alloc(size_t alignment, size_t bytes) { return mi_malloc_aligned(bytes, alignment); }
 char *oi__strdup(const char *s) { return s ? mi_strdup(s) : NULL; }
 void oi__free(void *p) { mi_free(p); }
+#endif

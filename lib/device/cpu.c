@@ -234,23 +234,68 @@ typedef struct stream_item {
 struct oi_stream {
   pthread_t thread;
   pthread_mutex_t lock;
-  pthread_cond_t cv;
+  pthread_cond_t cv;      /* work arrived (the worker waits on it) */
+  pthread_cond_t done_cv; /* work finished (stream_sync waits on it) */
   stream_item *head, *tail;
   uint64_t submitted, completed;
+  bool idle;   /* the worker sleeps on cv: only then does a push need a wake-up */
+  int syncers; /* threads in stream_sync */
 };
+
+/* Large pieces are copied with non-temporal stores: the destination is not
+ * read again soon (a host block until it is loaded, an arena page until the
+ * model runs), and streaming stores reach memory bandwidth where cached
+ * stores of pieces below the C library's own non-temporal threshold do not. */
+#define NT_COPY_MIN (256u << 10)
+
+#if defined(__x86_64__) && defined(__SSE2__)
+#include <emmintrin.h>
+static void copy_piece(uint8_t *dst, const uint8_t *src, size_t n) {
+  if (n < NT_COPY_MIN) {
+    memcpy(dst, src, n);
+    return;
+  }
+  size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+  memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  size_t body = n & ~(size_t)63;
+  for (size_t i = 0; i < body; i += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+    __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+    __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+    _mm_stream_si128((__m128i *)(dst + i), a);
+    _mm_stream_si128((__m128i *)(dst + i + 16), b);
+    _mm_stream_si128((__m128i *)(dst + i + 32), c);
+    _mm_stream_si128((__m128i *)(dst + i + 48), d);
+  }
+  memcpy(dst + body, src + body, n - body);
+}
+static void copy_fence(void) { _mm_sfence(); }
+#else
+static void copy_piece(uint8_t *dst, const uint8_t *src, size_t n) { memcpy(dst, src, n); }
+static void copy_fence(void) {}
+#endif
 
 static void *stream_main(void *arg) {
   oi_stream *s = arg;
   for (;;) {
     pthread_mutex_lock(&s->lock);
-    while (!s->head) pthread_cond_wait(&s->cv, &s->lock);
+    while (!s->head) {
+      s->idle = true;
+      pthread_cond_wait(&s->cv, &s->lock);
+    }
+    s->idle = false;
     stream_item *it = s->head;
     pthread_mutex_unlock(&s->lock);
 
     bool stop = it->kind == ITEM_STOP;
     if (it->kind == ITEM_COPY) {
       for (size_t i = 0; i < it->n; i++)
-        memcpy((void *)it->descs[i].dst, (const void *)it->descs[i].src, it->descs[i].bytes);
+        copy_piece((uint8_t *)it->descs[i].dst, (const uint8_t *)it->descs[i].src, it->descs[i].bytes);
+      copy_fence(); /* streaming stores are visible before anything that follows */
     } else if (it->kind == ITEM_CALL) {
       it->fn(it->arg, OI_OK);
     }
@@ -259,7 +304,7 @@ static void *stream_main(void *arg) {
     s->head = it->next;
     if (!s->head) s->tail = NULL;
     s->completed++;
-    pthread_cond_broadcast(&s->cv);
+    if (s->syncers) pthread_cond_broadcast(&s->done_cv);
     pthread_mutex_unlock(&s->lock);
     oi__free(it);
     if (stop) return NULL;
@@ -275,7 +320,7 @@ static oi_status stream_push(oi_stream *s, stream_item *it) {
     s->head = it;
   s->tail = it;
   s->submitted++;
-  pthread_cond_broadcast(&s->cv);
+  if (s->idle) pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->lock);
   return OI_OK;
 }
@@ -287,8 +332,10 @@ static oi_status cpu_stream_create(oi_dev *d, int priority, oi_stream **out) {
   if (!s) return oi__fail(OI_ERR_OUT_OF_MEMORY, "stream_create: out of memory");
   pthread_mutex_init(&s->lock, NULL);
   pthread_cond_init(&s->cv, NULL);
+  pthread_cond_init(&s->done_cv, NULL);
   int rc = pthread_create(&s->thread, NULL, stream_main, s);
   if (rc != 0) {
+    pthread_cond_destroy(&s->done_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->lock);
     oi__free(s);
@@ -306,6 +353,7 @@ static void cpu_stream_destroy(oi_stream *s) {
   stop->kind = ITEM_STOP;
   stream_push(s, stop);
   pthread_join(s->thread, NULL);
+  pthread_cond_destroy(&s->done_cv);
   pthread_cond_destroy(&s->cv);
   pthread_mutex_destroy(&s->lock);
   oi__free(s);
@@ -353,7 +401,9 @@ static void cpu_event_destroy(void *event) { OI_UNUSED(event); }
 static oi_status cpu_stream_sync(oi_stream *s) {
   pthread_mutex_lock(&s->lock);
   uint64_t target = s->submitted;
-  while (s->completed < target) pthread_cond_wait(&s->cv, &s->lock);
+  s->syncers++;
+  while (s->completed < target) pthread_cond_wait(&s->done_cv, &s->lock);
+  s->syncers--;
   pthread_mutex_unlock(&s->lock);
   return OI_OK;
 }

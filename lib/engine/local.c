@@ -45,6 +45,10 @@ typedef struct local_engine {
   xfer_job *head, *tail;
   bool stopping;
   uint64_t save_ops_submitted, save_ops_done;
+  /* Hashes this engine's saves deduplicated against blocks another engine
+   * still had in flight: a flush also waits for those to seal. */
+  oi_block_hash *foreign;
+  size_t nforeign, foreign_cap;
 
   engine_counters c;
 } local_engine;
@@ -122,6 +126,7 @@ static void complete_job(local_engine *e, xfer_job *job) {
     finish_load(e, job);
   } else {
     seal_or_discard(e, job);
+    oi__host_notify_sealed(e->host);
     pthread_mutex_lock(&e->done_lock);
     e->save_ops_done++;
     pthread_cond_broadcast(&e->flush_cv);
@@ -158,40 +163,85 @@ static xfer_job *job_new(local_engine *e, bool is_load, size_t n) {
   return job;
 }
 
-/* Queues the copies and the completion of `job` on `s`. On failure nothing
- * of the job is queued unless the copies were, in which case the stream is
- * drained first: a slot is never freed under a copy that may still run. */
-static oi_status submit(local_engine *e, oi_stream *s, oi_copy_dir dir, const int64_t *ids,
-                        xfer_job *job, void *wait_event) {
+/* Copies are queued in groups of about this many bytes as blocks are
+ * accepted, so the device starts moving the first blocks while the host is
+ * still indexing the rest of a large batch. */
+#define SUBMIT_GROUP_BYTES (8ull << 20)
+
+/* Queues the copies of n blocks (device ids[i] <-> blocks[i]) on `s`. */
+static oi_status queue_copies(local_engine *e, oi_stream *s, oi_copy_dir dir, const int64_t *ids,
+                              host_block *const *blocks, size_t n) {
+  if (n == 0) return OI_OK;
   uint8_t *stack_data[64] = {0};
-  uint8_t **datas = job->n <= 64 ? stack_data : oi__malloc(job->n * sizeof *datas);
+  uint8_t **datas = n <= 64 ? stack_data : oi__malloc(n * sizeof *datas);
   if (!datas) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a copy plan");
-  for (size_t i = 0; i < job->n; i++) datas[i] = job->blocks[i]->data;
+  for (size_t i = 0; i < n; i++) datas[i] = blocks[i]->data;
   oi_copy_desc *descs = NULL;
   size_t nd = 0;
-  oi_status st = oi__plan_build(&e->base.layout, ids, datas, job->n, dir, &descs, &nd);
+  oi_status st = oi__plan_build(&e->base.layout, ids, datas, n, dir, &descs, &nd);
   if (datas != stack_data) oi__free(datas);
   if (st != OI_OK) return st;
-  job->bytes = job->n * e->base.layout.block_bytes;
-  if (wait_event && (st = e->dev->ops->stream_wait_event(s, wait_event)) != OI_OK) {
-    oi__free(descs);
-    return st;
-  }
   oi_copy_params cp = {.mode = e->base.opts.copy_mode,
                        .cta_limit = e->base.opts.copy_cta_limit,
                        .host_mapped = e->host->pool.device != NULL && e->host->dev->ordinal >= 0};
   st = e->dev->ops->stream_copy(s, dir, descs, nd, &cp);
   oi__free(descs);
-  if (st == OI_OK && job->ticket) {
-    /* A load's ticket carries an event after its copies, so a compute stream
-     * can wait on the device instead of the CPU waiting on the ticket. */
+  return st;
+}
+
+/* Queues the completion of `job` after its copies: an event for the ticket
+ * (so a compute stream can wait on the device rather than the CPU waiting on
+ * the ticket), then the hand-over to the completion thread. */
+static oi_status queue_completion(local_engine *e, oi_stream *s, xfer_job *job) {
+  job->bytes = job->n * e->base.layout.block_bytes;
+  oi_status st = OI_OK;
+  if (job->ticket) {
     void *ev = NULL;
     st = e->dev->ops->stream_record_event(s, &ev);
     if (st == OI_OK && ev) oi__ticket_set_cuda_event(job->ticket, ev, e->dev->ops->event_destroy);
   }
   if (st == OI_OK) st = e->dev->ops->stream_call(s, job_arrived, job);
-  if (st != OI_OK) e->dev->ops->stream_sync(s); /* whatever was queued has finished */
   return st;
+}
+
+/* After a failure to queue part of a job: let whatever was queued finish (a
+ * slot is never freed under a copy that may still run), then complete the job
+ * with `st` instead of handing the ticket to the caller. */
+static oi_status fail_job(local_engine *e, oi_stream *s, xfer_job *job, oi_ticket *t, oi_status st,
+                          const char *what) {
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s", oi_last_error());
+  e->dev->ops->stream_sync(s);
+  job->status = st;
+  job->ticket = NULL;
+  job->on_done = NULL;
+  complete_job(e, job);
+  if (t) {
+    oi__ticket_unref(t); /* the producer's reference */
+    oi__ticket_unref(t); /* the observer's: the caller gets the error, not a ticket */
+  }
+  return oi__fail(st, "%s: %s", what, msg);
+}
+
+/* Remembers a hash deduplicated against a block still in flight (another
+ * engine's save, or an earlier one of ours) for the next flush. Best effort
+ * under memory pressure: the flush then covers what was remembered. */
+static void note_foreign(local_engine *e, const oi_block_hash *hash) {
+  pthread_mutex_lock(&e->done_lock);
+  if (e->nforeign == e->foreign_cap) {
+    size_t cap = e->foreign_cap ? 2 * e->foreign_cap : 64;
+    oi_block_hash *n = oi__realloc(e->foreign, cap * sizeof *n);
+    if (!n) {
+      pthread_mutex_unlock(&e->done_lock);
+      OI_LOG(OI_LOG_WARN, "engine", "instance=%u: out of memory tracking in-flight duplicates",
+             e->base.instance_id);
+      return;
+    }
+    e->foreign = n;
+    e->foreign_cap = cap;
+  }
+  e->foreign[e->nforeign++] = *hash;
+  pthread_mutex_unlock(&e->done_lock);
 }
 
 /* ---- operations ------------------------------------------------------------- */
@@ -201,11 +251,13 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const o
   local_engine *e = (local_engine *)base;
   oi_offload_host *h = e->host;
   xfer_job *job = job_new(e, false, n);
-  int64_t stack_ids[64], *acc_ids = n <= 64 ? stack_ids : oi__malloc(n * sizeof *acc_ids);
+  int64_t *acc_ids = oi__malloc(n * sizeof *acc_ids);
+  host_block **spare = oi__malloc(n * sizeof *spare);
   oi_ticket *t = ticket_out ? oi__ticket_new() : NULL;
-  if (!job || !acc_ids || (ticket_out && !t)) {
+  if (!job || !acc_ids || !spare || (ticket_out && !t)) {
     oi__free(job);
-    if (acc_ids != stack_ids) oi__free(acc_ids);
+    oi__free(acc_ids);
+    oi__free(spare);
     if (t) {
       oi__ticket_unref(t);
       oi__ticket_unref(t);
@@ -215,45 +267,77 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const o
   job->ticket = t;
   job->on_done = opt->on_done;
   job->on_done_ctx = opt->on_done_ctx;
+  pthread_mutex_lock(&e->done_lock);
+  e->save_ops_submitted++;
+  pthread_mutex_unlock(&e->done_lock);
 
-  uint64_t dedup = 0, dropped = 0;
-  size_t k = 0;
+  /* Free slots for the whole call in one lock acquisition; eviction only
+   * when the free list runs dry. */
+  size_t nspare = oi__pool_alloc_batch(h, e->cls, n, spare), used = 0;
+  uint64_t dedup = 0, dropped = 0, group_blocks = SUBMIT_GROUP_BYTES / base->layout.block_bytes + 1;
+  size_t k = 0, queued = 0;
+  oi_status st = OI_OK;
+  if (opt->wait_event) st = e->dev->ops->stream_wait_event(e->save_stream, opt->wait_event);
   for (size_t i = 0; i < n; i++) {
     index_shard *s = oi__index_shard(h, e->ns, &hashes[i]);
     pthread_mutex_lock(&s->lock);
     host_block *b = oi__index_find_locked(s, e->ns, &hashes[i]);
-    if (b && b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0) {
-      oi__lru_remove_locked(s, b); /* a re-save is a use: move to the recent end */
-      b->last_used = oi__now_ns();
-      oi__lru_push_locked(s, b);
-    }
-    pthread_mutex_unlock(&s->lock);
     if (b) {
-      dedup++;
-      continue;
-    }
-    host_block *nb = oi__pool_alloc(h, e->cls);
-    if (!nb) {
-      dropped++;
-      continue;
-    }
-    pthread_mutex_lock(&s->lock);
-    if (oi__index_find_locked(s, e->ns, &hashes[i])) { /* raced with another saver */
+      bool in_flight = b->state == BLOCK_IN_FLIGHT;
+      if (b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0) {
+        oi__lru_remove_locked(s, b); /* a re-save is a use: move to the recent end */
+        b->last_used = oi__now_ns();
+        oi__lru_push_locked(s, b);
+      }
       pthread_mutex_unlock(&s->lock);
-      oi__pool_free(h, nb);
       dedup++;
+      if (in_flight) note_foreign(e, &hashes[i]);
       continue;
+    }
+    if (used == nspare && nspare < n) {
+      /* The free list ran dry: evict for the rest of the call at once (no
+       * shard lock may be held while evicting). */
+      pthread_mutex_unlock(&s->lock);
+      nspare += oi__index_evict_batch(h, (int)e->cls, n - i, spare + nspare);
+      pthread_mutex_lock(&s->lock);
+      if (oi__index_find_locked(s, e->ns, &hashes[i])) { /* raced with another saver */
+        pthread_mutex_unlock(&s->lock);
+        dedup++;
+        continue;
+      }
+    }
+    host_block *nb = used < nspare ? spare[used++] : NULL;
+    if (!nb) {
+      pthread_mutex_unlock(&s->lock);
+      nb = oi__pool_alloc(h, e->cls); /* may evict: no shard lock held */
+      if (!nb) {
+        dropped++;
+        continue;
+      }
+      pthread_mutex_lock(&s->lock);
+      if (oi__index_find_locked(s, e->ns, &hashes[i])) { /* raced with another saver */
+        pthread_mutex_unlock(&s->lock);
+        oi__pool_free(h, nb);
+        dedup++;
+        continue;
+      }
     }
     nb->hash = hashes[i];
     nb->ns = e->ns;
     nb->state = BLOCK_IN_FLIGHT;
     oi__index_insert_locked(h, s, nb);
     pthread_mutex_unlock(&s->lock);
-    atomic_fetch_add(&h->c.blocks_in_flight, 1);
     job->blocks[k] = nb;
     acc_ids[k++] = ids[i];
+    if (st == OI_OK && k - queued >= group_blocks) {
+      st = queue_copies(e, e->save_stream, OI_COPY_D2H, acc_ids + queued, job->blocks + queued, k - queued);
+      queued = k;
+    }
   }
+  if (used < nspare) oi__pool_free_batch(h, spare + used, nspare - used);
+  oi__free(spare);
   job->n = k;
+  atomic_fetch_add(&h->c.blocks_in_flight, k);
   atomic_fetch_add(&h->c.saves_submitted, n);
   atomic_fetch_add(&h->c.saves_deduplicated, dedup);
   atomic_fetch_add(&h->c.saves_dropped, dropped);
@@ -264,34 +348,19 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const o
     OI_LOG(OI_LOG_DEBUG, "engine", "instance=%u save dropped %llu of %zu blocks (pool full)",
            base->instance_id, (unsigned long long)dropped, n);
 
-  oi_status st = OI_OK;
-  if (k == 0) { /* nothing to copy: done now */
+  if (k == 0 && st == OI_OK) { /* nothing to copy: done now */
     job->status = OI_OK;
-    pthread_mutex_lock(&e->done_lock);
-    e->save_ops_submitted++;
-    pthread_mutex_unlock(&e->done_lock);
     complete_job(e, job);
   } else {
-    pthread_mutex_lock(&e->done_lock);
-    e->save_ops_submitted++;
-    pthread_mutex_unlock(&e->done_lock);
-    st = submit(e, e->save_stream, OI_COPY_D2H, acc_ids, job, opt->wait_event);
+    if (st == OI_OK)
+      st = queue_copies(e, e->save_stream, OI_COPY_D2H, acc_ids + queued, job->blocks + queued, k - queued);
+    if (st == OI_OK) st = queue_completion(e, e->save_stream, job);
     if (st != OI_OK) {
-      char msg[256];
-      snprintf(msg, sizeof msg, "%s", oi_last_error());
-      job->status = st;
-      job->ticket = NULL; /* the caller gets the error, not a ticket */
-      job->on_done = NULL;
-      complete_job(e, job);
-      if (t) {
-        oi__ticket_unref(t);
-        oi__ticket_unref(t);
-        t = NULL;
-      }
-      oi__fail(st, "save: %s", msg);
+      fail_job(e, e->save_stream, job, t, st, "save");
+      t = NULL;
     }
   }
-  if (acc_ids != stack_ids) oi__free(acc_ids);
+  oi__free(acc_ids);
   if (ticket_out) *ticket_out = t;
   return st;
 }
@@ -386,19 +455,14 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   }
   job->n = n;
   job->ticket = t;
-  st = submit(e, e->load_stream, OI_COPY_H2D, ids, job, NULL);
+  /* Queue in groups so the first blocks move while the plan for the rest is built. */
+  size_t group_blocks = SUBMIT_GROUP_BYTES / base->layout.block_bytes + 1;
+  for (size_t i = 0; i < n && st == OI_OK; i += group_blocks)
+    st = queue_copies(e, e->load_stream, OI_COPY_H2D, ids + i, job->blocks + i, OI_MIN(group_blocks, n - i));
+  if (st == OI_OK) st = queue_completion(e, e->load_stream, job);
   if (st != OI_OK) {
-    char msg[256];
-    snprintf(msg, sizeof msg, "%s", oi_last_error());
-    job->status = st;
-    job->ticket = NULL;
-    complete_job(e, job); /* ends the loading marks, counts the failure */
-    if (t) {
-      oi__ticket_unref(t);
-      oi__ticket_unref(t);
-      t = NULL;
-    }
-    oi__fail(st, "load: %s", msg);
+    fail_job(e, e->load_stream, job, t, st, "load"); /* ends the loading marks, counts the failure */
+    t = NULL;
   }
   if (ticket_out) *ticket_out = t;
   return st;
@@ -416,19 +480,34 @@ static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {
                         .tv_nsec = (long)(deadline % 1000000000ull)};
   pthread_mutex_lock(&e->done_lock);
   uint64_t target = e->save_ops_submitted;
+  /* Take the in-flight duplicates noted so far; they are waited for below. */
+  oi_block_hash *foreign = e->foreign;
+  size_t nforeign = e->nforeign;
+  e->foreign = NULL;
+  e->nforeign = e->foreign_cap = 0;
+  oi_status st = OI_OK;
   while (e->save_ops_done < target) {
     if (deadline == UINT64_MAX) {
       pthread_cond_wait(&e->flush_cv, &e->done_lock);
     } else if (pthread_cond_timedwait(&e->flush_cv, &e->done_lock, &ts) == ETIMEDOUT &&
                e->save_ops_done < target) {
-      uint64_t left = target - e->save_ops_done;
-      pthread_mutex_unlock(&e->done_lock);
-      return oi__fail(OI_ERR_TIMEOUT, "flush: %llu save(s) still in flight after %u ms",
-                      (unsigned long long)left, timeout_ms);
+      st = oi__fail(OI_ERR_TIMEOUT, "flush: %llu save(s) still in flight after %u ms",
+                    (unsigned long long)(target - e->save_ops_done), timeout_ms);
+      break;
     }
   }
   pthread_mutex_unlock(&e->done_lock);
-  return OI_OK;
+  size_t waited = 0;
+  for (; st == OI_OK && waited < nforeign; waited++)
+    if (!oi__host_wait_not_in_flight(e->host, e->ns, &foreign[waited], deadline))
+      st = oi__fail(OI_ERR_TIMEOUT,
+                    "flush: a block this engine deduplicated is still in flight (saved by another "
+                    "engine) after %u ms",
+                    timeout_ms);
+  /* Whatever was not waited for stays noted for the next flush. */
+  for (size_t i = waited; i < nforeign; i++) note_foreign(e, &foreign[i]);
+  oi__free(foreign);
+  return st;
 }
 
 static oi_status local_stats(const oi_offload_engine *base, oi_engine_stats *out) {
@@ -478,6 +557,7 @@ static void local_destroy(oi_offload_engine *base) {
     atomic_fetch_sub(&e->host->live_engines, 1);
   }
   oi__dev_close(e->dev);
+  oi__free(e->foreign);
   pthread_cond_destroy(&e->flush_cv);
   pthread_cond_destroy(&e->done_cv);
   pthread_mutex_destroy(&e->done_lock);

@@ -61,10 +61,12 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
   h->capacity = opts.pool_bytes;
   pthread_mutex_init(&h->ns_lock, NULL);
   pthread_mutex_init(&h->maint_lock, NULL);
+  pthread_mutex_init(&h->seal_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&h->maint_cv, &ca);
+  pthread_cond_init(&h->seal_cv, &ca);
   pthread_condattr_destroy(&ca);
 
   if ((st = oi__dev_open(opts.device, &h->dev)) != OI_OK) goto fail;
@@ -125,6 +127,8 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
   oi__free(h->ns);
   pthread_cond_destroy(&h->maint_cv);
   pthread_mutex_destroy(&h->maint_lock);
+  pthread_cond_destroy(&h->seal_cv);
+  pthread_mutex_destroy(&h->seal_lock);
   pthread_mutex_destroy(&h->ns_lock);
   oi__free(h);
 }
@@ -179,6 +183,35 @@ oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t
   return OI_OK;
 }
 
+void oi__host_notify_sealed(oi_offload_host *h) {
+  pthread_mutex_lock(&h->seal_lock);
+  if (h->seal_waiters) pthread_cond_broadcast(&h->seal_cv);
+  pthread_mutex_unlock(&h->seal_lock);
+}
+
+bool oi__host_wait_not_in_flight(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash,
+                                 uint64_t deadline_ns) {
+  index_shard *s = oi__index_shard(h, ns, hash);
+  struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                        .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+  bool settled = false;
+  pthread_mutex_lock(&h->seal_lock); /* before the check: no seal is missed */
+  for (;;) {
+    pthread_mutex_lock(&s->lock);
+    host_block *b = oi__index_find_locked(s, ns, hash);
+    settled = !b || b->state != BLOCK_IN_FLIGHT;
+    pthread_mutex_unlock(&s->lock);
+    if (settled) break;
+    h->seal_waiters++;
+    int rc = deadline_ns == UINT64_MAX ? pthread_cond_wait(&h->seal_cv, &h->seal_lock)
+                                       : pthread_cond_timedwait(&h->seal_cv, &h->seal_lock, &ts);
+    h->seal_waiters--;
+    if (rc == ETIMEDOUT) break;
+  }
+  pthread_mutex_unlock(&h->seal_lock);
+  return settled;
+}
+
 void oi__host_load_end(oi_offload_host *h, host_block **blocks, size_t n) {
   for (size_t i = 0; i < n; i++) {
     host_block *b = blocks[i];
@@ -197,11 +230,17 @@ void oi__host_load_end(oi_offload_host *h, host_block **blocks, size_t n) {
 
 static uint64_t evict_until(oi_offload_host *h, uint64_t target_bytes) {
   uint64_t n = 0;
-  while (resident_bytes(h) > target_bytes) {
-    host_block *b = oi__index_evict_one(h, -1);
-    if (!b) break;
-    oi__pool_free(h, b);
-    n++;
+  host_block *batch[64];
+  uint64_t largest_slot = 1;
+  uint32_t ncls = atomic_load(&h->nclasses);
+  for (uint32_t i = 0; i < ncls; i++) largest_slot = OI_MAX(largest_slot, h->classes[i].slot_bytes);
+  for (uint64_t r; (r = resident_bytes(h)) > target_bytes;) {
+    /* No more than the excess needs (at least one block): stop at the target. */
+    size_t want = (size_t)OI_MIN((r - target_bytes + largest_slot - 1) / largest_slot, OI_ARRAY_LEN(batch));
+    size_t got = oi__index_evict_batch(h, -1, want ? want : 1, batch);
+    if (!got) break;
+    oi__pool_free_batch(h, batch, got);
+    n += got;
   }
   return n;
 }
@@ -245,29 +284,23 @@ OI_API oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *
   uint32_t ncls = atomic_load(&h->nclasses);
   s.size_classes = ncls;
   s.capacity_bytes = h->capacity;
-  uint64_t carved_free = 0, carved_slack = 0, resident = 0;
+  uint64_t carved_chunks = 0;
   pthread_mutex_lock(&mh->chunk_lock);
   for (uint32_t i = 0; i < ncls; i++) {
     size_class *c = &mh->classes[i];
     pthread_mutex_lock(&c->lock);
-    uint64_t slots = atomic_load(&c->slots), nfree = c->nfree;
+    s.blocks_free += c->nfree;
     pthread_mutex_unlock(&c->lock);
-    uint64_t chunks = 0;
-    for (uint32_t k = 0; k < h->nchunks; k++) chunks += h->chunks[k].cls == (int)i;
-    carved_free += nfree * c->slot_bytes;
-    carved_slack += chunks * h->chunk_bytes - slots * c->slot_bytes;
-    resident += (slots - nfree) * c->slot_bytes;
-    s.blocks_free += nfree;
   }
-  uint64_t uncarved = 0;
-  for (uint32_t k = 0; k < h->nchunks; k++) uncarved += h->chunks[k].cls < 0;
+  for (uint32_t k = 0; k < h->nchunks; k++) carved_chunks += h->chunks[k].cls >= 0;
   pthread_mutex_unlock(&mh->chunk_lock);
-  /* used: slots holding a block; free: free slots, slack and uncarved space.
-   * A slot lost by a bug would show up as used + free != capacity. */
-  s.used_bytes = resident;
-  s.free_bytes = carved_free + carved_slack + uncarved * h->chunk_bytes +
-                 (h->capacity - (uint64_t)h->nchunks * h->chunk_bytes);
-  s.block_bytes_resident = resident_bytes(h); /* from the transition counters */
+  /* used: chunks carved for a size class (their slots hold blocks or are
+   * free for that size); free: uncarved chunks and the tail too small for a
+   * chunk. */
+  s.used_bytes = carved_chunks * h->chunk_bytes;
+  s.free_bytes = h->capacity - s.used_bytes;
+  for (uint32_t i = 0; i < ncls; i++)
+    s.block_bytes_resident += atomic_load(&h->classes[i].resident) * h->classes[i].block_bytes;
   const host_counters *c = &h->c;
   s.blocks_in_flight = atomic_load(&c->blocks_in_flight);
   s.blocks_sealed = atomic_load(&c->blocks_sealed);

@@ -50,8 +50,8 @@ typedef struct size_class {
   pthread_mutex_t lock;
   uint64_t block_bytes;
   uint64_t slot_bytes;
-  host_block **free;
-  size_t nfree, free_cap;
+  host_block *free_head; /* free slots, chained through bucket_next (they are in no index) */
+  size_t nfree;
   atomic_uint_fast64_t slots; /* carved slots */
   atomic_uint_fast64_t resident; /* in flight or sealed */
 } size_class;
@@ -116,6 +116,12 @@ struct oi_offload_host {
   uint64_t next_lease_id;
   uint64_t lease_tag_state;
 
+  /* Seal notifications: flushes that wait for blocks another engine has in
+   * flight sleep here; every completed save broadcasts (when someone waits). */
+  pthread_mutex_t seal_lock;
+  pthread_cond_t seal_cv;
+  int seal_waiters;
+
   atomic_uint next_instance;
   atomic_int live_engines;
 
@@ -136,7 +142,11 @@ oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t 
 /* A free slot of class `cls`: from the free list, a newly carved chunk, or by
  * evicting the least recently used unpinned block. NULL when none. */
 host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls);
+/* Up to `want` free slots of class `cls` (free list, then new chunks; never
+ * evicts), in one lock acquisition. Returns how many were taken. */
+size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_block **out);
 void oi__pool_free(oi_offload_host *h, host_block *b);
+void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n);
 
 /* ---- index (index.c) ---- */
 oi_status oi__index_init(oi_offload_host *h);
@@ -154,6 +164,7 @@ void oi__block_unpin_locked(oi_offload_host *h, index_shard *s, host_block *b);
  * when cls < 0) and returns it (removed from the index, state FREE, still
  * counted resident in its class: pass it to oi__pool_free or reuse it), or NULL. */
 host_block *oi__index_evict_one(oi_offload_host *h, int cls);
+size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_block **out);
 
 /* ---- leases (lease.c) ---- */
 oi_status oi__lease_init(oi_offload_host *h);
@@ -172,6 +183,12 @@ void oi__lease_expire(oi_offload_host *h, uint64_t now_ns);
 /* ---- host.c: what the engine uses ---- */
 oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t block_bytes,
                                   uint64_t shape_hash, uint32_t *ns_id, uint32_t *cls);
+/* Wakes flushes waiting for in-flight blocks to seal or drop. */
+void oi__host_notify_sealed(oi_offload_host *h);
+/* Waits until (ns, hash) is no longer in flight (sealed, or dropped), or the
+ * deadline passes. @return true when it is no longer in flight. */
+bool oi__host_wait_not_in_flight(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash,
+                                 uint64_t deadline_ns);
 /* Marks loads finished: drops the loading marks. */
 void oi__host_load_end(oi_offload_host *h, host_block **blocks, size_t n);
 

@@ -135,10 +135,17 @@ void oi__block_unpin_locked(oi_offload_host *h, index_shard *s, host_block *b) {
   }
 }
 
-host_block *oi__index_evict_one(oi_offload_host *h, int cls) {
+/* Evicts up to `want` of the least recently used evictable blocks of class
+ * `cls` (any class when cls < 0). Each round finds the shard whose LRU tail
+ * is oldest and takes up to EVICT_RUN blocks from that tail under one lock:
+ * approximately global LRU, without scanning every shard per block. */
+#define EVICT_RUN 16
+
+size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_block **out) {
   uint32_t nclasses = atomic_load(&h->nclasses);
-  for (int attempt = 0; attempt < 4; attempt++) {
-    /* Find the oldest tail among the shards, then take it if it is still there. */
+  size_t got = 0;
+  int misses = 0;
+  while (got < want && misses < 4) {
     index_shard *best = NULL;
     int best_cls = -1;
     uint64_t best_time = UINT64_MAX;
@@ -156,19 +163,28 @@ host_block *oi__index_evict_one(oi_offload_host *h, int cls) {
       }
       pthread_mutex_unlock(&s->lock);
     }
-    if (!best) return NULL;
+    if (!best) break;
+    size_t before = got;
     pthread_mutex_lock(&best->lock);
-    host_block *t = best->lru_tail[best_cls];
-    if (t && evictable(t)) {
+    for (int r = 0; r < EVICT_RUN && got < want; r++) {
+      host_block *t = best->lru_tail[best_cls];
+      if (!t || !evictable(t)) break;
       oi__lru_remove_locked(best, t);
       oi__index_remove_locked(best, t);
       t->state = BLOCK_FREE;
-      pthread_mutex_unlock(&best->lock);
-      atomic_fetch_sub(&h->c.blocks_sealed, 1);
-      atomic_fetch_add(&h->c.evictions, 1);
-      return t;
+      out[got++] = t;
     }
     pthread_mutex_unlock(&best->lock);
+    if (got == before) misses++; /* raced with a pin: look again */
   }
-  return NULL;
+  if (got) {
+    atomic_fetch_sub(&h->c.blocks_sealed, got);
+    atomic_fetch_add(&h->c.evictions, got);
+  }
+  return got;
+}
+
+host_block *oi__index_evict_one(oi_offload_host *h, int cls) {
+  host_block *b = NULL;
+  return oi__index_evict_batch(h, cls, 1, &b) ? b : NULL;
 }

@@ -79,10 +79,12 @@ oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t share
   l->next = h->lease_buckets[k];
   h->lease_buckets[k] = l;
   h->lease_count++;
-  pthread_mutex_unlock(&h->lease_lock);
+  /* Counted and read while still under the lock: once it is unlocked the
+   * maintenance thread may expire (and free) the lease. */
   atomic_fetch_add(&h->c.leases_active, 1);
   memcpy(out->bytes, &l->id, 8);
   memcpy(out->bytes + 8, &l->tag, 8);
+  pthread_mutex_unlock(&h->lease_lock);
   return OI_OK;
 }
 

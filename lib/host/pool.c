@@ -38,10 +38,7 @@ void oi__pool_fini(oi_offload_host *h) {
   for (uint32_t i = 0; i < h->nchunks; i++) oi__free(h->chunks[i].records);
   oi__free(h->chunks);
   h->chunks = NULL;
-  for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++) {
-    oi__free(h->classes[i].free);
-    pthread_mutex_destroy(&h->classes[i].lock);
-  }
+  for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++) pthread_mutex_destroy(&h->classes[i].lock);
   pthread_mutex_destroy(&h->class_lock);
   pthread_mutex_destroy(&h->chunk_lock);
 }
@@ -74,16 +71,20 @@ oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t 
   return OI_OK;
 }
 
-static bool push_free_locked(size_class *c, host_block *b) {
-  if (c->nfree == c->free_cap) {
-    size_t cap = c->free_cap ? 2 * c->free_cap : 256;
-    host_block **nf = oi__realloc(c->free, cap * sizeof *nf);
-    if (!nf) return false;
-    c->free = nf;
-    c->free_cap = cap;
+static inline void push_free_locked(size_class *c, host_block *b) {
+  b->bucket_next = c->free_head;
+  c->free_head = b;
+  c->nfree++;
+}
+
+static inline host_block *pop_free_locked(size_class *c) {
+  host_block *b = c->free_head;
+  if (b) {
+    c->free_head = b->bucket_next;
+    b->bucket_next = NULL;
+    c->nfree--;
   }
-  c->free[c->nfree++] = b;
-  return true;
+  return b;
 }
 
 /* Carves one uncarved chunk for class `cls`. */
@@ -112,51 +113,90 @@ static bool carve_chunk(oi_offload_host *h, uint32_t cls) {
     recs[i].cls = (uint8_t)cls;
     recs[i].data = base + (uint64_t)i * c->slot_bytes;
   }
-  pthread_mutex_lock(&c->lock);
-  bool ok = true;
-  for (uint32_t i = nslots; i-- > 0 && ok;) ok = push_free_locked(c, &recs[i]);
-  if (!ok) { /* undo: nothing of this chunk may stay on the list */
-    while (c->nfree > 0 && c->free[c->nfree - 1] >= recs && c->free[c->nfree - 1] < recs + nslots)
-      c->nfree--;
-    pthread_mutex_unlock(&c->lock);
-    pthread_mutex_unlock(&h->chunk_lock);
-    oi__free(recs);
-    return false;
-  }
-  atomic_fetch_add(&c->slots, nslots);
-  pthread_mutex_unlock(&c->lock);
   ch->cls = (int)cls;
   ch->nslots = nslots;
   ch->records = recs;
+  pthread_mutex_lock(&c->lock);
+  for (uint32_t i = nslots; i-- > 0;) push_free_locked(c, &recs[i]); /* low addresses first */
+  atomic_fetch_add(&c->slots, nslots);
+  pthread_mutex_unlock(&c->lock);
   pthread_mutex_unlock(&h->chunk_lock);
   return true;
 }
 
-host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls) {
-  size_class *c = &h->classes[cls];
-  for (int attempt = 0; attempt < 2; attempt++) {
+/* Returns to the uncarved pool one chunk of another size class whose slots
+ * are all free, so a block size that arrives later is not starved by chunks
+ * an earlier size no longer uses. Rare: walks that class's free list. */
+static bool reclaim_free_chunk(oi_offload_host *h, uint32_t for_cls) {
+  bool done = false;
+  pthread_mutex_lock(&h->chunk_lock);
+  for (uint32_t i = 0; i < h->nchunks && !done; i++) {
+    pool_chunk *ch = &h->chunks[i];
+    if (ch->cls < 0 || (uint32_t)ch->cls == for_cls) continue;
+    size_class *c = &h->classes[ch->cls];
     pthread_mutex_lock(&c->lock);
-    host_block *b = c->nfree ? c->free[--c->nfree] : NULL;
-    pthread_mutex_unlock(&c->lock);
-    if (b) {
-      atomic_fetch_add(&c->resident, 1);
-      return b;
+    host_block *lo = ch->records, *hi = ch->records + ch->nslots;
+    size_t in_chunk = 0;
+    for (host_block *b = c->free_head; b; b = b->bucket_next) in_chunk += b >= lo && b < hi;
+    if (in_chunk == ch->nslots) {
+      host_block **link = &c->free_head;
+      while (*link) {
+        if (*link >= lo && *link < hi)
+          *link = (*link)->bucket_next;
+        else
+          link = &(*link)->bucket_next;
+      }
+      c->nfree -= in_chunk;
+      atomic_fetch_sub(&c->slots, ch->nslots);
+      done = true;
     }
-    if (attempt == 0 && !carve_chunk(h, cls)) break;
+    pthread_mutex_unlock(&c->lock);
+    if (done) {
+      oi__free(ch->records);
+      ch->records = NULL;
+      ch->nslots = 0;
+      ch->cls = -1;
+    }
   }
+  pthread_mutex_unlock(&h->chunk_lock);
+  return done;
+}
+
+size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_block **out) {
+  size_class *c = &h->classes[cls];
+  size_t got = 0;
+  for (;;) {
+    pthread_mutex_lock(&c->lock);
+    while (got < want && c->free_head) out[got++] = pop_free_locked(c);
+    pthread_mutex_unlock(&c->lock);
+    if (got == want) break;
+    if (!carve_chunk(h, cls) && !(reclaim_free_chunk(h, cls) && carve_chunk(h, cls))) break;
+  }
+  atomic_fetch_add(&c->resident, got);
+  return got;
+}
+
+host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls) {
+  host_block *b = NULL;
+  if (oi__pool_alloc_batch(h, cls, 1, &b) == 1) return b;
   /* An evicted slot stays counted as resident: it changes hands. */
   return oi__index_evict_one(h, (int)cls);
 }
 
-void oi__pool_free(oi_offload_host *h, host_block *b) {
-  size_class *c = &h->classes[b->cls];
-  b->state = BLOCK_FREE;
-  b->pins = b->loading = 0;
-  pthread_mutex_lock(&c->lock);
-  /* The list holds at most the class's slots, and grew to that size when the
-   * slots were carved, so this push cannot need memory. */
-  bool ok = push_free_locked(c, b);
-  pthread_mutex_unlock(&c->lock);
-  if (!ok) oi__fatal("host pool: free list overflow (bug)");
-  atomic_fetch_sub(&c->resident, 1);
+void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n) {
+  for (size_t i = 0; i < n;) {
+    size_class *c = &h->classes[blocks[i]->cls];
+    pthread_mutex_lock(&c->lock);
+    size_t k = 0;
+    for (; i < n && &h->classes[blocks[i]->cls] == c; i++, k++) {
+      host_block *b = blocks[i];
+      b->state = BLOCK_FREE;
+      b->pins = b->loading = 0;
+      push_free_locked(c, b);
+    }
+    pthread_mutex_unlock(&c->lock);
+    atomic_fetch_sub(&c->resident, k);
+  }
 }
+
+void oi__pool_free(oi_offload_host *h, host_block *b) { oi__pool_free_batch(h, &b, 1); }

@@ -38,8 +38,19 @@ __device__ static inline void copy_words(const uint8_t *__restrict__ src, uint8_
 }
 
 __global__ static void batch_copy_kernel(const oi_kcopy_entry *__restrict__ entries, uint32_t n) {
+  // The table may live in mapped host memory: one thread reads each entry,
+  // one entry ahead, so the PCIe round trip overlaps the previous copy.
+  __shared__ oi_kcopy_entry cur;
+  oi_kcopy_entry next;
+  if (threadIdx.x == 0 && blockIdx.x < n) next = entries[blockIdx.x];
   for (uint32_t e = blockIdx.x; e < n; e += gridDim.x) {
-    const oi_kcopy_entry ent = entries[e];
+    __syncthreads(); // everyone is done with the previous entry
+    if (threadIdx.x == 0) {
+      cur = next;
+      if (e + gridDim.x < n) next = entries[e + gridDim.x];
+    }
+    __syncthreads();
+    const oi_kcopy_entry ent = cur;
     const uint8_t *src = reinterpret_cast<const uint8_t *>(ent.src);
     uint8_t *dst = reinterpret_cast<uint8_t *>(ent.dst);
     uintptr_t mis = (uintptr_t)src ^ (uintptr_t)dst;

@@ -23,7 +23,8 @@ typedef struct oi_kcopy_entry {
 #define OI_KCOPY_CHUNK (128u << 10)
 #define OI_KCOPY_THREADS 512
 
-/* Copies every entry (table in device memory) with at most `ctas` CTAs. */
+/* Copies every entry with at most `ctas` CTAs. The table may be in device
+ * memory or in mapped pinned host memory (it is read one entry ahead). */
 int oi_kernel_batch_copy(const oi_kcopy_entry *entries, uint32_t n, uint32_t ctas, void *stream);
 
 /* Compute-bound work for interference measurements. */

@@ -258,13 +258,16 @@ static void cuda_pinned_free(oi_dev *d, oi_pinned *p) {
 
 /* ---- streams --------------------------------------------------------------- */
 
-/* A pinned staging buffer for one batch's kernel descriptor table; returned to
- * its stream's free list by a host callback queued after the kernel. */
+/* A mapped pinned buffer holding one batch's kernel descriptor table. It may
+ * be reused once `done` (recorded after the kernel that reads it) completed:
+ * an event, not a host callback, so the stream never stalls on the CPU
+ * between batches. */
 typedef struct table_buf {
   struct table_buf *next;
-  struct oi_stream *owner;
+  cudaEvent_t done;
   oi_kcopy_entry *host;
-  size_t cap; /* entries */
+  oi_kcopy_entry *device; /* the same memory as the kernel addresses it */
+  size_t cap;             /* entries */
 } table_buf;
 
 struct oi_stream {
@@ -272,10 +275,9 @@ struct oi_stream {
   int ordinal;
   bool can_map; /* kernels may use host pointers of registered memory */
   pthread_mutex_t lock;
+  pthread_mutex_t copy_lock; /* one stream_copy at a time: tables and DMA arrays are shared */
   oi_status pending; /* first enqueue error since the last stream_call */
-  table_buf *free_tables;
-  oi_kcopy_entry *dev_table; /* device copy of the current batch's table */
-  size_t dev_table_cap;
+  table_buf *tables; /* every table of this stream, in use or not */
   /* DMA argument arrays, reused (the batch API reads them during the call) */
   void **dma_dst;
   const void **dma_src;
@@ -314,6 +316,7 @@ static oi_status cuda_stream_create(oi_dev *d, int priority, oi_stream **out) {
   s->can_map = can != 0;
   s->ordinal = d->ordinal;
   pthread_mutex_init(&s->lock, NULL);
+  pthread_mutex_init(&s->copy_lock, NULL);
   *out = s;
   return OI_OK;
 }
@@ -323,15 +326,16 @@ static void cuda_stream_destroy(oi_stream *s) {
   cudaSetDevice(s->ordinal);
   cudaStreamSynchronize(s->stream);
   cudaStreamDestroy(s->stream);
-  for (table_buf *t = s->free_tables, *next; t; t = next) {
+  for (table_buf *t = s->tables, *next; t; t = next) {
     next = t->next;
+    cudaEventDestroy(t->done);
     cudaFreeHost(t->host);
     oi__free(t);
   }
-  if (s->dev_table) cudaFree(s->dev_table);
   oi__free(s->dma_dst);
   oi__free((void *)s->dma_src);
   oi__free(s->dma_size);
+  pthread_mutex_destroy(&s->copy_lock);
   pthread_mutex_destroy(&s->lock);
   oi__free(s);
 }
@@ -342,40 +346,35 @@ static void note_error(oi_stream *s, oi_status st) {
   pthread_mutex_unlock(&s->lock);
 }
 
+/* A table of at least `entries` whose last kernel finished (the stream's
+ * caller is its only user, so no lock is needed), or a new one. */
 static table_buf *take_table(oi_stream *s, size_t entries) {
-  pthread_mutex_lock(&s->lock);
-  table_buf **link = &s->free_tables;
-  while (*link && (*link)->cap < entries) link = &(*link)->next;
-  table_buf *t = *link;
-  if (t) *link = t->next;
-  pthread_mutex_unlock(&s->lock);
-  if (t) return t;
-  t = oi__calloc(1, sizeof *t);
+  for (table_buf *t = s->tables; t; t = t->next)
+    if (t->cap >= entries && cudaEventQuery(t->done) == cudaSuccess) return t;
+  cudaGetLastError(); /* cudaErrorNotReady from the queries is not an error */
+  table_buf *t = oi__calloc(1, sizeof *t);
   if (!t) return NULL;
   size_t cap = 1024;
   while (cap < entries) cap *= 2;
-  if (cudaHostAlloc((void **)&t->host, cap * sizeof *t->host, cudaHostAllocPortable) != cudaSuccess) {
+  if (cudaHostAlloc((void **)&t->host, cap * sizeof *t->host,
+                    cudaHostAllocPortable | cudaHostAllocMapped) != cudaSuccess ||
+      cudaHostGetDevicePointer((void **)&t->device, t->host, 0) != cudaSuccess ||
+      cudaEventCreateWithFlags(&t->done, cudaEventDisableTiming) != cudaSuccess) {
     cudaGetLastError();
+    if (t->host) cudaFreeHost(t->host);
     oi__free(t);
     return NULL;
   }
   t->cap = cap;
-  t->owner = s;
+  t->next = s->tables;
+  s->tables = t;
   return t;
 }
 
-static void CUDART_CB return_table(void *p) {
-  table_buf *t = p;
-  oi_stream *s = t->owner;
-  pthread_mutex_lock(&s->lock);
-  t->next = s->free_tables;
-  s->free_tables = t;
-  pthread_mutex_unlock(&s->lock);
-}
-
-/* Kernel path: split pieces into entries, stage the table, copy it to the
- * device (stream-ordered, so the previous batch's kernel has finished reading
- * the device table), launch one kernel for the whole batch. */
+/* Kernel path: split pieces into entries, write the table into mapped pinned
+ * memory, launch one kernel for the batch; the kernel reads the table over
+ * PCIe one entry ahead (no table copy, so consecutive batches do not
+ * serialize on it), and an event after the kernel marks the table reusable. */
 static oi_status copy_by_kernel(oi_stream *s, const oi_copy_desc *descs, size_t n, uint32_t ctas) {
   size_t entries = 0;
   for (size_t i = 0; i < n; i++) entries += (descs[i].bytes + OI_KCOPY_CHUNK - 1) / OI_KCOPY_CHUNK;
@@ -389,25 +388,10 @@ static oi_status copy_by_kernel(oi_stream *s, const oi_copy_desc *descs, size_t 
       uint64_t len = descs[i].bytes - off < OI_KCOPY_CHUNK ? descs[i].bytes - off : OI_KCOPY_CHUNK;
       t->host[k++] = (oi_kcopy_entry){descs[i].src + off, descs[i].dst + off, len};
     }
-  cudaError_t err = cudaSuccess;
-  if (s->dev_table_cap < entries) {
-    /* Grow: the old table may still be read by a queued kernel. */
-    err = cudaStreamSynchronize(s->stream);
-    if (err == cudaSuccess && s->dev_table) cudaFree(s->dev_table);
-    s->dev_table = NULL;
-    s->dev_table_cap = 0;
-    if (err == cudaSuccess) err = cudaMalloc((void **)&s->dev_table, t->cap * sizeof *t->host);
-    if (err == cudaSuccess) s->dev_table_cap = t->cap;
-  }
-  if (err == cudaSuccess)
-    err = cudaMemcpyAsync(s->dev_table, t->host, entries * sizeof *t->host, cudaMemcpyHostToDevice,
-                          s->stream);
-  if (err == cudaSuccess)
-    err = (cudaError_t)oi_kernel_batch_copy(s->dev_table, (uint32_t)entries, ctas, s->stream);
-  if (err == cudaSuccess) err = cudaLaunchHostFunc(s->stream, return_table, t);
+  cudaError_t err = (cudaError_t)oi_kernel_batch_copy(t->device, (uint32_t)entries, ctas, s->stream);
+  if (err == cudaSuccess) err = cudaEventRecord(t->done, s->stream);
   if (err != cudaSuccess) {
     cudaStreamSynchronize(s->stream); /* nothing may still read the table */
-    return_table(t);
     return cuda_fail(err, "copy: batch kernel");
   }
   return OI_OK;
@@ -477,6 +461,7 @@ static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_d
   if (mode == OI_XFER_KERNEL && (!s->can_map || !p || !p->host_mapped)) mode = OI_XFER_DMA;
   uint32_t ctas = p && p->cta_limit ? p->cta_limit : OI_DEFAULT_CTA_LIMIT;
   oi_status st;
+  pthread_mutex_lock(&s->copy_lock);
   if (mode == OI_XFER_KERNEL) {
     st = copy_by_kernel(s, descs, n, ctas);
   } else if (mode == OI_XFER_PIECEWISE) {
@@ -484,6 +469,7 @@ static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_d
   } else {
     st = copy_by_dma(s, descs, n, true);
   }
+  pthread_mutex_unlock(&s->copy_lock);
   if (st != OI_OK) note_error(s, st);
   return st;
 }

@@ -5,6 +5,7 @@
  * never run on a driver thread. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -36,6 +37,8 @@ typedef struct local_engine {
   oi_dev *dev;
   oi_stream *save_stream, *load_stream;
   uint32_t ns, cls;
+  uint32_t save_mode, load_mode; /* resolved copy modes (see resolve_mode) */
+  uint64_t save_group, load_group; /* bytes per queued group (see submit_group_bytes) */
 
   pthread_t done_thread;
   bool done_started;
@@ -165,8 +168,39 @@ static xfer_job *job_new(local_engine *e, bool is_load, size_t n) {
 
 /* Copies are queued in groups of about this many bytes as blocks are
  * accepted, so the device starts moving the first blocks while the host is
- * still indexing the rest of a large batch. */
-#define SUBMIT_GROUP_BYTES (8ull << 20)
+ * still indexing the rest of a large batch. OI_SUBMIT_GROUP_MB overrides it
+ * (a tuning knob for benchmarks; 0 = one group per operation). */
+#define DMA_GROUP_BYTES (8ull << 20)     /* many batch calls keep the copy engines fed */
+#define KERNEL_GROUP_BYTES (32ull << 20) /* each launch has a tail: fewer, larger ones */
+
+static uint64_t submit_group_bytes(uint32_t mode) {
+  const char *env = getenv("OI_SUBMIT_GROUP_MB");
+  if (!env || !*env) return mode == OI_XFER_KERNEL ? KERNEL_GROUP_BYTES : DMA_GROUP_BYTES;
+  unsigned long long mb = strtoull(env, NULL, 10);
+  return mb ? (uint64_t)mb << 20 : UINT64_MAX / 2;
+}
+
+/* The default policy (copy_mode AUTO), decided per direction from the
+ * layout: saves run in the background, so they use the copy engines, which
+ * cost the model's kernels nothing; loads are on a request's critical path,
+ * so they use the copy kernel (with the CTA limit) unless a block's pieces are
+ * large enough for the copy engines to run at full speed anyway. */
+#define AUTO_DMA_PIECE_BYTES (1ull << 20)
+
+static uint32_t resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir dir) {
+  if (mode != OI_COPY_AUTO) return mode;
+  if (dir == OI_COPY_D2H) return OI_XFER_DMA;
+  /* Pieces per block after merging: a page-first layout is one piece. */
+  size_t pieces = 0;
+  uint64_t end = 0;
+  for (uint32_t a = 0; a < l->num_arenas; a++)
+    for (uint32_t s = 0; s < l->arenas[a].segments; s++) {
+      uint64_t start = l->arenas[a].base + s * l->arenas[a].segment_stride;
+      if (pieces == 0 || start != end) pieces++;
+      end = start + l->arenas[a].bytes_per_block;
+    }
+  return l->block_bytes / pieces >= AUTO_DMA_PIECE_BYTES ? OI_XFER_DMA : OI_XFER_KERNEL;
+}
 
 /* Queues the copies of n blocks (device ids[i] <-> blocks[i]) on `s`. */
 static oi_status queue_copies(local_engine *e, oi_stream *s, oi_copy_dir dir, const int64_t *ids,
@@ -181,7 +215,7 @@ static oi_status queue_copies(local_engine *e, oi_stream *s, oi_copy_dir dir, co
   oi_status st = oi__plan_build(&e->base.layout, ids, datas, n, dir, &descs, &nd);
   if (datas != stack_data) oi__free(datas);
   if (st != OI_OK) return st;
-  oi_copy_params cp = {.mode = e->base.opts.copy_mode,
+  oi_copy_params cp = {.mode = dir == OI_COPY_D2H ? e->save_mode : e->load_mode,
                        .cta_limit = e->base.opts.copy_cta_limit,
                        .host_mapped = e->host->pool.device != NULL && e->host->dev->ordinal >= 0};
   st = e->dev->ops->stream_copy(s, dir, descs, nd, &cp);
@@ -274,7 +308,7 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const o
   /* Free slots for the whole call in one lock acquisition; eviction only
    * when the free list runs dry. */
   size_t nspare = oi__pool_alloc_batch(h, e->cls, n, spare), used = 0;
-  uint64_t dedup = 0, dropped = 0, group_blocks = SUBMIT_GROUP_BYTES / base->layout.block_bytes + 1;
+  uint64_t dedup = 0, dropped = 0, group_blocks = e->save_group / base->layout.block_bytes + 1;
   size_t k = 0, queued = 0;
   oi_status st = OI_OK;
   if (opt->wait_event) st = e->dev->ops->stream_wait_event(e->save_stream, opt->wait_event);
@@ -456,7 +490,7 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   job->n = n;
   job->ticket = t;
   /* Queue in groups so the first blocks move while the plan for the rest is built. */
-  size_t group_blocks = SUBMIT_GROUP_BYTES / base->layout.block_bytes + 1;
+  size_t group_blocks = e->load_group / base->layout.block_bytes + 1;
   for (size_t i = 0; i < n && st == OI_OK; i += group_blocks)
     st = queue_copies(e, e->load_stream, OI_COPY_H2D, ids + i, job->blocks + i, OI_MIN(group_blocks, n - i));
   if (st == OI_OK) st = queue_completion(e, e->load_stream, job);
@@ -582,12 +616,20 @@ oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o
   e->base.ops = &local_ops;
   pthread_mutex_init(&e->done_lock, NULL);
   pthread_cond_init(&e->done_cv, NULL);
-  pthread_cond_init(&e->flush_cv, NULL);
+  pthread_condattr_t ca; /* flush deadlines are CLOCK_MONOTONIC (oi__deadline_ns) */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&e->flush_cv, &ca);
+  pthread_condattr_destroy(&ca);
   oi_status st = oi__engine_init_common(&e->base, o, "register");
   if (st != OI_OK) goto fail;
   if ((st = oi__host_bind_namespace(h, e->base.namespace_id, e->base.layout.block_bytes,
                                     e->base.layout.shape_hash, &e->ns, &e->cls)) != OI_OK)
     goto fail;
+  e->save_mode = resolve_mode(&e->base.layout, e->base.opts.copy_mode, OI_COPY_D2H);
+  e->load_mode = resolve_mode(&e->base.layout, e->base.opts.copy_mode, OI_COPY_H2D);
+  e->save_group = submit_group_bytes(e->save_mode);
+  e->load_group = submit_group_bytes(e->load_mode);
   if ((st = oi__dev_open(e->base.opts.device, &e->dev)) != OI_OK) goto fail;
   if ((st = e->dev->ops->stream_create(e->dev, 0, &e->save_stream)) != OI_OK) goto fail;
   if ((st = e->dev->ops->stream_create(e->dev, 1, &e->load_stream)) != OI_OK) goto fail;

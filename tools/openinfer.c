@@ -17,6 +17,7 @@ typedef struct command {
 static const command commands[] = {
     {"demo", "save KV blocks to the host tier and restore them, verifying every byte", cmd_demo},
     {"bench", "measure the host tier (bench host)", cmd_bench},
+    {"serve", "run the sidecar server (host pool + client KV arenas over a Unix socket)", cmd_serve},
 };
 
 static void usage(FILE *f) {

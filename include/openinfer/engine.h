@@ -9,6 +9,7 @@
 #define OPENINFER_ENGINE_H
 
 #include "openinfer/common.h"
+#include "openinfer/device.h"
 #include "openinfer/host.h"
 
 #ifdef __cplusplus
@@ -54,6 +55,8 @@ typedef struct oi_engine_options {
   uint32_t load_deadline_ms;    /* default 120000 */
   uint32_t copy_mode;           /* oi_copy_mode; default AUTO */
   uint32_t copy_cta_limit;      /* kernel copies: max CTAs; 0 = backend default */
+  uint32_t control_deadline_ms; /* sidecar: register, query, release, stats, unregister;
+                                   default 30000 */
 } oi_engine_options;
 
 /* Completion callback of a save: the caller's signal that the device blocks
@@ -123,6 +126,30 @@ OI_API oi_status oi_load_options_init(oi_load_options *o);
  * shape; a layout with another shape in the same namespace is refused. */
 OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_options *o,
                                           oi_offload_engine **out);
+
+/* Sidecar mode: connects to the `openinfer serve` server listening on
+ * `socket_path` (NULL: $XDG_RUNTIME_DIR/openinfer.sock, or
+ * /tmp/openinfer-$UID.sock), registers the layout and imports the arena the
+ * server allocated for it. Arenas are given by offset (arena_base NULL, every
+ * arena's base NULL); arena_size 0 means the largest end of any arena. The
+ * server allocates the arena (zeroed) on o->device; *arena_out maps it in
+ * this process, its size verified (an under-sized allocation is refused with
+ * OI_ERR_PROTOCOL). The engine's arenas live at
+ * oi_imported_arena_ptr(*arena_out) + offset.
+ *
+ * Liveness: if the connection to the server breaks while the engine is live,
+ * the fatal handler runs (oi_set_fatal_handler; the default aborts), because
+ * the memory the arena maps is gone. There is no reconnect.
+ *
+ * Teardown order: stop using the arena, oi_imported_arena_close(*arena_out),
+ * then oi_offload_engine_destroy(engine). Destroying the engine first is
+ * allowed: the engine is then finished (flush, unregister) inside the later
+ * oi_imported_arena_close, so the server never frees memory this process
+ * still maps. save's wait_event is not supported (OI_ERR_UNSUPPORTED):
+ * synchronize the event before saving. At most 65536 blocks per request. */
+OI_API oi_status oi_offload_engine_connect(const char *socket_path, const oi_engine_options *o,
+                                           oi_offload_engine **out,
+                                           oi_imported_arena **arena_out);
 
 /* Flushes saves, releases this instance's leases, unregisters. Accepts NULL. */
 OI_API void oi_offload_engine_destroy(oi_offload_engine *e);

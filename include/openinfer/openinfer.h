@@ -7,5 +7,6 @@
 #include "openinfer/engine.h"
 #include "openinfer/hash.h"
 #include "openinfer/host.h"
+#include "openinfer/server.h"
 
 #endif

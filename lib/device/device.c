@@ -40,7 +40,14 @@ struct oi_imported_arena {
   oi_dev *dev;
   void *ptr;
   uint64_t size;
+  void (*on_close)(void *ctx); /* see oi__imported_arena_on_close */
+  void *on_close_ctx;
 };
+
+void oi__imported_arena_on_close(oi_imported_arena *a, void (*fn)(void *ctx), void *ctx) {
+  a->on_close = fn;
+  a->on_close_ctx = ctx;
+}
 
 OI_API oi_status oi_imported_arena_open(const oi_arena_handle *handle, uint64_t expected_bytes,
                                         int device, oi_imported_arena **out) {
@@ -70,6 +77,7 @@ OI_API uint64_t oi_imported_arena_size(const oi_imported_arena *a) { return a ? 
 OI_API void oi_imported_arena_close(oi_imported_arena *a) {
   if (!a) return;
   a->dev->ops->mem_close_import(a->dev, a->ptr, a->size);
+  if (a->on_close) a->on_close(a->on_close_ctx);
   oi__dev_close(a->dev);
   oi__free(a);
 }

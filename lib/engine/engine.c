@@ -14,6 +14,7 @@ OI_API oi_status oi_engine_options_init(oi_engine_options *o) {
   o->save_deadline_ms = 120000;
   o->load_deadline_ms = 120000;
   o->copy_mode = OI_COPY_AUTO;
+  o->control_deadline_ms = 30000;
   return OI_OK;
 }
 
@@ -75,6 +76,17 @@ OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_op
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: host is NULL");
   if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: options is NULL");
   return oi__local_engine_create(h, o, out);
+}
+
+OI_API oi_status oi_offload_engine_connect(const char *socket_path, const oi_engine_options *o,
+                                           oi_offload_engine **out,
+                                           oi_imported_arena **arena_out) {
+  if (out) *out = NULL;
+  if (arena_out) *arena_out = NULL;
+  if (!out || !arena_out)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: %s is NULL", out ? "arena_out" : "out");
+  if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: options is NULL");
+  return oi__remote_engine_connect(socket_path, o, out, arena_out);
 }
 
 OI_API void oi_offload_engine_destroy(oi_offload_engine *e) {

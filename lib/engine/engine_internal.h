@@ -36,4 +36,8 @@ void oi__engine_fini_common(oi_offload_engine *e);
 oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o,
                                   oi_offload_engine **out);
 
+/* The sidecar engine (remote.c): requests over the server's socket. */
+oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_options *o,
+                                    oi_offload_engine **out, oi_imported_arena **arena_out);
+
 #endif

@@ -1,0 +1,80 @@
+/*
+ * libopeninfer — the sidecar server, embeddable (`openinfer serve` wraps it).
+ *
+ * The server owns a host tier (the pinned pool) and, for every client that
+ * registers a layout, allocates that client's KV arena on the client's
+ * device, exports it (CUDA IPC handle, or a shared-memory object on the cpu
+ * backend) and performs the client's saves and loads on memory it owns.
+ * Clients connect with oi_offload_engine_connect over a Unix stream socket.
+ * See docs/server.md for the protocol, the security model and the failure
+ * policy.
+ *
+ * Thread-safety: oi_server_stop may be called from any thread and from a
+ * signal handler; the other functions from one thread at a time.
+ */
+#ifndef OPENINFER_SERVER_H
+#define OPENINFER_SERVER_H
+
+#include "openinfer/common.h"
+#include "openinfer/host.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct oi_server oi_server;
+
+typedef struct oi_server_options {
+  uint32_t struct_size;
+  /* Where to listen. NULL: $XDG_RUNTIME_DIR/openinfer.sock, or
+   * /tmp/openinfer-$UID.sock. A stale socket file (nothing listens) is
+   * replaced; a live one makes create fail with OI_ERR_BUSY. */
+  const char *socket_path;
+  uint32_t socket_mode;          /* permission bits of the socket file; default 0600 */
+  /* Peers are checked with SO_PEERCRED: the server's own uid is always
+   * allowed; besides it, any uid listed here and any peer whose primary gid
+   * is listed here. Nothing else (root included) is. */
+  uint32_t num_allowed_uids;
+  const uint32_t *allowed_uids;
+  uint32_t num_allowed_gids;
+  const uint32_t *allowed_gids;
+  /* The host tier (pool size, hugepages, the pool's device...). Required:
+   * host->pool_bytes > 0. Copied at create. */
+  const oi_host_options *host;
+  /* Devices clients may register arenas on (-1: cpu). NULL/0: any. */
+  uint32_t num_devices;
+  const int32_t *devices;
+  int32_t log_level;             /* oi_log_level to set at create; -1 (default): leave it */
+  uint32_t max_sessions;         /* concurrent client connections; default 256 */
+} oi_server_options;
+
+/* Fills defaults. @return OI_ERR_INVALID_ARGUMENT on NULL. */
+OI_API oi_status oi_server_options_init(oi_server_options *o);
+
+/* Creates the host pool, then binds and listens on the socket (created with
+ * socket_mode). Nothing is served until oi_server_run. */
+OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out);
+
+/* Serves clients (one thread per session) until oi_server_stop; then closes
+ * every session (their instances are destroyed and their arenas freed) and
+ * returns OI_OK. @return OI_ERR_STATE if already running or already run. */
+OI_API oi_status oi_server_run(oi_server *s);
+
+/* Makes oi_server_run return. Async-signal-safe; may be called before run
+ * (run then returns at once). */
+OI_API oi_status oi_server_stop(oi_server *s);
+
+/* Random 64-bit value chosen at create: a restarted server has another. */
+OI_API uint64_t oi_server_epoch(const oi_server *s);
+
+/* The path the server listens on (owned by the server). */
+OI_API const char *oi_server_socket_path(const oi_server *s);
+
+/* Removes the socket file, frees the pool. Must not race oi_server_run:
+ * stop it and let run return first. Accepts NULL. */
+OI_API void oi_server_destroy(oi_server *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,873 @@
+/* The sidecar engine: every operation is a request over the server's Unix
+ * socket (lib/proto framing), executed by the server on memory it owns.
+ *
+ * One connection (session) per engine. Requests carry ids; a reader thread
+ * receives the replies, which may come out of order, and completes the
+ * waiting call or the operation's ticket. The reader is also the watchdog:
+ * if the connection breaks while the engine is live, the server that owns
+ * the memory this process maps is gone, and the fatal handler runs.
+ *
+ * Teardown needs two events, in either order: the caller destroys the engine
+ * and the caller closes the imported arena (the hook in device.c tells us).
+ * Whichever comes second runs it: retire the watchdog, flush, unregister,
+ * close the socket. So the server frees the arena only after this process
+ * unmapped it. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "device/device.h"
+#include "engine_internal.h"
+#include "proto/wire.h"
+
+#define STANDIN_BASE ((uintptr_t)4096) /* arena base while validating, before the import */
+#define PENDING_BUCKETS 256
+
+typedef enum conn_state {
+  CONN_CONNECTING, /* connect in progress: failures are errors, not fatal */
+  CONN_LIVE,       /* the watchdog is armed */
+  CONN_RETIRED,    /* clean teardown: the connection may end */
+  CONN_DEAD,       /* the connection ended */
+} conn_state;
+
+typedef enum pending_kind { PEND_CALL, PEND_SAVE, PEND_LOAD } pending_kind;
+
+/* One request waiting for its reply. PEND_CALL lives on the calling thread's
+ * stack; the others are heap-allocated and freed by whoever completes them. */
+typedef struct pending {
+  struct pending *prev, *next; /* in submission order */
+  struct pending *hnext;       /* hash chain */
+  uint64_t id;
+  pending_kind kind;
+  /* PEND_CALL */
+  bool done;
+  oi_status status;
+  char message[512];
+  oiwire_Envelope reply;
+  uint8_t *present; /* membership answers go here... */
+  size_t present_n; /* ...exactly this many */
+  /* PEND_SAVE / PEND_LOAD */
+  uint64_t deadline_ns; /* UINT64_MAX: none */
+  oi_ticket *ticket;    /* producer reference, or NULL */
+  oi_save_done_fn on_done;
+  void *on_done_ctx;
+} pending;
+
+typedef struct remote_engine {
+  oi_offload_engine base;
+  char *socket_path;
+  int fd;
+  uint64_t server_epoch;
+  uint32_t control_ms;
+
+  pthread_mutex_t lock; /* pending table and connection state */
+  pthread_cond_t cv;    /* a call completed, or the connection ended */
+  pending *buckets[PENDING_BUCKETS];
+  pending *head, *tail;
+  uint64_t next_id;
+  conn_state state;
+  char conn_msg[640];    /* why the connection ended */
+  oi_status conn_status; /* the server's reason, when it closed the session itself */
+
+  pthread_mutex_t write_lock; /* one frame at a time */
+
+  pthread_t reader;
+  bool reader_started;
+  uint8_t *frame;
+  size_t frame_cap;
+  oi_wire_arrays arrays;
+  oiwire_Envelope env;
+
+  pthread_mutex_t teardown_lock;
+  bool destroy_requested, arena_open;
+  oi_imported_arena *arena;
+} remote_engine;
+
+static const engine_ops remote_ops;
+
+/* ---- the pending table (lock held) ----------------------------------------------- */
+
+static void pending_insert_locked(remote_engine *e, pending *p) {
+  p->id = ++e->next_id;
+  pending **b = &e->buckets[p->id % PENDING_BUCKETS];
+  p->hnext = *b;
+  *b = p;
+  p->next = NULL;
+  p->prev = e->tail;
+  if (e->tail)
+    e->tail->next = p;
+  else
+    e->head = p;
+  e->tail = p;
+}
+
+static void pending_unlink_locked(remote_engine *e, pending *p) {
+  for (pending **b = &e->buckets[p->id % PENDING_BUCKETS]; *b; b = &(*b)->hnext)
+    if (*b == p) {
+      *b = p->hnext;
+      break;
+    }
+  if (p->prev)
+    p->prev->next = p->next;
+  else
+    e->head = p->next;
+  if (p->next)
+    p->next->prev = p->prev;
+  else
+    e->tail = p->prev;
+  p->prev = p->next = p->hnext = NULL;
+}
+
+static pending *pending_take_locked(remote_engine *e, uint64_t id) {
+  for (pending *p = e->buckets[id % PENDING_BUCKETS]; p; p = p->hnext)
+    if (p->id == id) {
+      pending_unlink_locked(e, p);
+      return p;
+    }
+  return NULL;
+}
+
+static bool pending_remove_if_present_locked(remote_engine *e, pending *p) {
+  for (pending *q = e->buckets[p->id % PENDING_BUCKETS]; q; q = q->hnext)
+    if (q == p) {
+      pending_unlink_locked(e, p);
+      return true;
+    }
+  return false;
+}
+
+/* Completes an asynchronous operation (lock not held) and frees it. */
+static void finish_async(pending *p, oi_status st) {
+  if (p->on_done) p->on_done(p->on_done_ctx, st);
+  if (p->ticket) oi__ticket_complete(p->ticket, st);
+  oi__free(p);
+}
+
+/* ---- sending ----------------------------------------------------------------------- */
+
+static oi_status send_envelope(remote_engine *e, const oiwire_Envelope *env, const oi_wire_out *out) {
+  uint8_t *frame;
+  size_t len;
+  oi_status st = oi__wire_encode(env, out, &frame, &len);
+  if (st != OI_OK) return st;
+  pthread_mutex_lock(&e->write_lock);
+  st = oi__wire_send(e->fd, frame, len);
+  pthread_mutex_unlock(&e->write_lock);
+  oi__free(frame);
+  if (st != OI_OK) shutdown(e->fd, SHUT_RDWR); /* a partial frame: the stream is unusable */
+  return st;
+}
+
+static oi_status closed_error(remote_engine *e, const char *what) {
+  return oi__fail(OI_ERR_CLOSED, "%s: the connection to the openinfer server is closed (%s)", what,
+                  e->conn_msg[0] ? e->conn_msg : "closed");
+}
+
+static struct timespec abs_timespec(uint64_t deadline_ns) {
+  return (struct timespec){.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                           .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+}
+
+/* Sends `env` and waits up to timeout_ms (UINT32_MAX: for as long as the
+ * connection lives) for its reply, which lands in p->reply. A Result with an
+ * error becomes this call's status and message. */
+static oi_status call(remote_engine *e, oiwire_Envelope *env, const oi_wire_out *out, pending *p,
+                      uint32_t timeout_ms, const char *what) {
+  p->kind = PEND_CALL;
+  p->done = false;
+  pthread_mutex_lock(&e->lock);
+  if (e->state == CONN_DEAD) {
+    pthread_mutex_unlock(&e->lock);
+    return closed_error(e, what);
+  }
+  pending_insert_locked(e, p);
+  pthread_mutex_unlock(&e->lock);
+  env->request_id = p->id;
+  oi_status st = send_envelope(e, env, out);
+  if (st != OI_OK) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", oi_last_error());
+    pthread_mutex_lock(&e->lock);
+    pending_remove_if_present_locked(e, p);
+    pthread_mutex_unlock(&e->lock);
+    return oi__fail(st, "%s: %s", what, msg);
+  }
+  uint64_t deadline = oi__deadline_ns(timeout_ms);
+  struct timespec ts = abs_timespec(deadline);
+  pthread_mutex_lock(&e->lock);
+  while (!p->done) {
+    if (deadline == UINT64_MAX) {
+      pthread_cond_wait(&e->cv, &e->lock);
+    } else if (pthread_cond_timedwait(&e->cv, &e->lock, &ts) == ETIMEDOUT && !p->done) {
+      pending_remove_if_present_locked(e, p); /* a late reply is dropped */
+      pthread_mutex_unlock(&e->lock);
+      return oi__fail(OI_ERR_TIMEOUT, "%s: no reply from the openinfer server within %u ms", what,
+                      timeout_ms);
+    }
+  }
+  pthread_mutex_unlock(&e->lock);
+  if (p->status != OI_OK) return oi__fail(p->status, "%s", p->message);
+  return OI_OK;
+}
+
+static oi_status unexpected_reply(const pending *p, const char *what) {
+  return oi__fail(OI_ERR_PROTOCOL, "%s: the server answered with message type %u", what,
+                  p->reply.which_body);
+}
+
+/* ---- the reader (and watchdog) ---------------------------------------------------- */
+
+/* Delivers one reply. Lock not held. */
+static void deliver(remote_engine *e, const oiwire_Envelope *env) {
+  bool is_result = env->which_body == oiwire_Envelope_result_tag;
+  oi_status st = is_result ? env->body.result.status : OI_OK;
+  if (is_result && st == OI_PENDING) st = OI_ERR_PROTOCOL; /* a reply is final */
+  pthread_mutex_lock(&e->lock);
+  pending *p = pending_take_locked(e, env->request_id);
+  if (!p) {
+    pthread_mutex_unlock(&e->lock);
+    OI_LOG(OI_LOG_DEBUG, "engine", "instance=%u reply to request %llu arrived late (dropped)",
+           e->base.instance_id, (unsigned long long)env->request_id);
+    return;
+  }
+  if (p->kind == PEND_CALL) {
+    p->reply = *env;
+    p->status = st;
+    snprintf(p->message, sizeof p->message, "%s", is_result ? env->body.result.message : "");
+    if (st != OI_OK && !p->message[0]) snprintf(p->message, sizeof p->message, "%s", oi_status_str(st));
+    if (p->present && env->which_body == oiwire_Envelope_query_reply_tag) {
+      if (e->arrays.n_present != p->present_n) {
+        p->status = OI_ERR_PROTOCOL;
+        snprintf(p->message, sizeof p->message,
+                 "query: the server answered %zu membership bytes for %zu hashes",
+                 e->arrays.n_present, p->present_n);
+      } else if (p->present_n) {
+        memcpy(p->present, e->arrays.present, p->present_n);
+      }
+    }
+    p->done = true;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->lock);
+    return;
+  }
+  pthread_mutex_unlock(&e->lock);
+  if (!is_result) {
+    OI_LOG(OI_LOG_ERROR, "engine", "instance=%u %s: the server answered with message type %u",
+           e->base.instance_id, p->kind == PEND_SAVE ? "save" : "load", env->which_body);
+    st = OI_ERR_PROTOCOL;
+  } else if (st != OI_OK) {
+    OI_LOG(OI_LOG_WARN, "engine", "instance=%u %s failed: %s", e->base.instance_id,
+           p->kind == PEND_SAVE ? "save" : "load", env->body.result.message);
+  }
+  finish_async(p, st);
+}
+
+/* Completes every asynchronous operation whose deadline passed. */
+static void expire(remote_engine *e, uint64_t now) {
+  for (;;) {
+    pthread_mutex_lock(&e->lock);
+    pending *p = e->head;
+    while (p && (p->kind == PEND_CALL || p->deadline_ns > now)) p = p->next;
+    if (p) pending_unlink_locked(e, p);
+    pthread_mutex_unlock(&e->lock);
+    if (!p) return;
+    OI_LOG(OI_LOG_WARN, "engine", "instance=%u %s request %llu: no reply before its deadline",
+           e->base.instance_id, p->kind == PEND_SAVE ? "save" : "load", (unsigned long long)p->id);
+    finish_async(p, OI_ERR_TIMEOUT);
+  }
+}
+
+/* The connection ended: fail everything waiting; if the engine is live,
+ * the memory its arena maps is gone: fatal. */
+static void connection_lost(remote_engine *e, const char *why) {
+  pthread_mutex_lock(&e->lock);
+  conn_state was = e->state;
+  e->state = CONN_DEAD;
+  if (!e->conn_msg[0]) snprintf(e->conn_msg, sizeof e->conn_msg, "%s", why);
+  pending *list = e->head;
+  e->head = e->tail = NULL;
+  memset(e->buckets, 0, sizeof e->buckets);
+  for (pending *p = list; p; p = p->next)
+    if (p->kind == PEND_CALL) {
+      p->status = e->conn_status ? e->conn_status : OI_ERR_CLOSED;
+      snprintf(p->message, sizeof p->message, "the connection to the openinfer server ended: %.400s",
+               e->conn_msg);
+      p->done = true;
+    }
+  pthread_cond_broadcast(&e->cv);
+  /* Calls belong to their waiters; detach the asynchronous ones. */
+  pending *async = NULL;
+  for (pending *p = list, *next; p; p = next) {
+    next = p->next;
+    if (p->kind != PEND_CALL) {
+      p->next = async;
+      async = p;
+    }
+  }
+  pthread_mutex_unlock(&e->lock);
+  for (pending *p = async, *next; p; p = next) {
+    next = p->next;
+    finish_async(p, OI_ERR_CLOSED);
+  }
+  if (was == CONN_LIVE)
+    oi__fatal("openinfer: the sidecar server at %s died while this process maps the KV arena it "
+              "owns (%s); the arena's memory is gone and there is no reconnect",
+              e->socket_path, e->conn_msg);
+}
+
+static void *reader_main(void *arg) {
+  remote_engine *e = arg;
+  uint64_t next_expiry = oi__now_ns() + 250000000ull;
+  char why[256];
+  for (;;) {
+    struct pollfd pfd = {.fd = e->fd, .events = POLLIN};
+    int rc = poll(&pfd, 1, 250);
+    if (rc < 0 && errno != EINTR) {
+      snprintf(why, sizeof why, "poll: %s", strerror(errno));
+      break;
+    }
+    uint64_t now = oi__now_ns();
+    if (now >= next_expiry) {
+      expire(e, now);
+      next_expiry = now + 250000000ull;
+    }
+    if (rc <= 0) continue;
+    size_t len = 0;
+    oi_status st = oi__wire_recv(e->fd, OI_WIRE_MAX_FRAME, &e->frame, &e->frame_cap, &len);
+    if (st == OI_OK) st = oi__wire_decode(e->frame, len, &e->env, &e->arrays);
+    if (st != OI_OK) {
+      snprintf(why, sizeof why, "%s", oi_last_error());
+      break;
+    }
+    if (e->env.request_id == 0 && e->env.which_body == oiwire_Envelope_result_tag) {
+      /* The server ends the session and says why; the end of stream follows. */
+      pthread_mutex_lock(&e->lock);
+      snprintf(e->conn_msg, sizeof e->conn_msg, "%s: %s", oi_status_str(e->env.body.result.status),
+               e->env.body.result.message);
+      e->conn_status = e->env.body.result.status < 0 ? e->env.body.result.status : OI_ERR_PROTOCOL;
+      pthread_mutex_unlock(&e->lock);
+      OI_LOG(OI_LOG_WARN, "engine", "the openinfer server closes the session: %s",
+             e->env.body.result.message);
+      continue;
+    }
+    deliver(e, &e->env);
+  }
+  connection_lost(e, why);
+  return NULL;
+}
+
+/* ---- operations ---------------------------------------------------------------------- */
+
+static oi_status check_count(const char *what, size_t n) {
+  if (n > OI_WIRE_MAX_BLOCKS)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: %zu blocks (a sidecar request carries at most %u)",
+                    what, n, OI_WIRE_MAX_BLOCKS);
+  return OI_OK;
+}
+
+/* Sends an asynchronous operation whose reply completes a ticket. */
+static oi_status submit_async(remote_engine *e, pending_kind kind, oiwire_Envelope *env,
+                              const oi_wire_out *out, uint32_t deadline_ms, oi_save_done_fn on_done,
+                              void *on_done_ctx, oi_ticket **ticket_out, const char *what) {
+  pending *p = oi__calloc(1, sizeof *p);
+  oi_ticket *t = ticket_out ? oi__ticket_new() : NULL;
+  if (!p || (ticket_out && !t)) {
+    oi__free(p);
+    if (t) {
+      oi__ticket_unref(t);
+      oi__ticket_unref(t);
+    }
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  }
+  p->kind = kind;
+  p->ticket = t;
+  p->on_done = on_done;
+  p->on_done_ctx = on_done_ctx;
+  p->deadline_ns = deadline_ms ? oi__deadline_ns(deadline_ms) : UINT64_MAX;
+  pthread_mutex_lock(&e->lock);
+  if (e->state == CONN_DEAD) {
+    pthread_mutex_unlock(&e->lock);
+    oi__free(p);
+    if (t) {
+      oi__ticket_unref(t);
+      oi__ticket_unref(t);
+    }
+    return closed_error(e, what);
+  }
+  pending_insert_locked(e, p);
+  pthread_mutex_unlock(&e->lock);
+  env->request_id = p->id;
+  oi_status st = send_envelope(e, env, out);
+  if (st != OI_OK) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", oi_last_error());
+    pthread_mutex_lock(&e->lock);
+    bool mine = pending_remove_if_present_locked(e, p);
+    pthread_mutex_unlock(&e->lock);
+    if (mine) { /* nobody completed it: the caller gets the error instead */
+      oi__free(p);
+      if (t) {
+        oi__ticket_unref(t);
+        oi__ticket_unref(t);
+      }
+      return oi__fail(st, "%s: %s", what, msg);
+    }
+    /* The reader already failed it (connection lost): the ticket says so. */
+  }
+  if (ticket_out) *ticket_out = t;
+  return OI_OK;
+}
+
+static oi_status remote_save(oi_offload_engine *base, const int64_t *ids, const oi_block_hash *hashes,
+                             size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
+  remote_engine *e = (remote_engine *)base;
+  oi_status st = check_count("save", n);
+  if (st != OI_OK) return st;
+  if (opt->wait_event)
+    return oi__fail(OI_ERR_UNSUPPORTED,
+                    "save: wait_event is not supported by a sidecar engine (the server cannot wait "
+                    "on this process's event; synchronize it before saving)");
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_save_tag;
+  env.body.save.instance_id = base->instance_id;
+  oi_wire_out out = {.ids = ids, .n_ids = n, .hashes = hashes, .n_hashes = n};
+  return submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
+                      opt->on_done_ctx, ticket_out, "save");
+}
+
+static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int64_t *ids, size_t n,
+                             const oi_load_options *opt, oi_ticket **ticket_out) {
+  OI_UNUSED(opt);
+  remote_engine *e = (remote_engine *)base;
+  oi_status st = check_count("load", n);
+  if (st != OI_OK) return st;
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_load_tag;
+  env.body.load.instance_id = base->instance_id;
+  env.body.load.lease.size = OI_WIRE_LEASE_BYTES;
+  memcpy(env.body.load.lease.bytes, lease.bytes, OI_WIRE_LEASE_BYTES);
+  oi_wire_out out = {.ids = ids, .n_ids = n};
+  return submit_async(e, PEND_LOAD, &env, &out, base->opts.load_deadline_ms, NULL, NULL, ticket_out,
+                      "load");
+}
+
+static oi_status remote_query(oi_offload_engine *base, const char *req_id,
+                              const oi_block_hash *hashes, size_t n, uint32_t flags,
+                              oi_query_result *out) {
+  remote_engine *e = (remote_engine *)base;
+  oi_status st = check_count("query", n);
+  if (st != OI_OK) return st;
+  if (req_id && strlen(req_id) >= sizeof(((oiwire_Query *)0)->req_id))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: req_id is longer than 255 bytes");
+  bool has_present = out->struct_size >= offsetof(oi_query_result, present) + sizeof(uint8_t *);
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_query_tag;
+  env.body.query.instance_id = base->instance_id;
+  env.body.query.flags = flags;
+  if (req_id) snprintf(env.body.query.req_id, sizeof env.body.query.req_id, "%s", req_id);
+  oi_wire_out wo = {.hashes = hashes, .n_hashes = n};
+  pending p;
+  memset(&p, 0, sizeof p);
+  if ((flags & OI_QUERY_MEMBERSHIP) && n > 0) {
+    p.present = out->present;
+    p.present_n = n;
+  }
+  if ((st = call(e, &env, &wo, &p, e->control_ms, "query")) != OI_OK) return st;
+  if (p.reply.which_body != oiwire_Envelope_query_reply_tag) return unexpected_reply(&p, "query");
+  const oiwire_QueryReply *qr = &p.reply.body.query_reply;
+  if (qr->lease.size != 0 && qr->lease.size != OI_WIRE_LEASE_BYTES)
+    return oi__fail(OI_ERR_PROTOCOL, "query: the server sent a %u-byte lease", (unsigned)qr->lease.size);
+  if (qr->hit_blocks > n)
+    return oi__fail(OI_ERR_PROTOCOL, "query: the server reported %llu hits for %zu hashes",
+                    (unsigned long long)qr->hit_blocks, n);
+  oi_query_result r;
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.state = qr->state;
+  r.hit_blocks = qr->hit_blocks;
+  if (qr->lease.size) memcpy(r.lease.bytes, qr->lease.bytes, OI_WIRE_LEASE_BYTES);
+  r.present = has_present ? out->present : NULL;
+  return oi__struct_out(out, &r, sizeof r, "query");
+}
+
+static oi_status remote_release(oi_offload_engine *base, oi_lease lease) {
+  remote_engine *e = (remote_engine *)base;
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_release_tag;
+  env.body.release.instance_id = base->instance_id;
+  env.body.release.lease.size = OI_WIRE_LEASE_BYTES;
+  memcpy(env.body.release.lease.bytes, lease.bytes, OI_WIRE_LEASE_BYTES);
+  pending p;
+  memset(&p, 0, sizeof p);
+  return call(e, &env, NULL, &p, e->control_ms, "release");
+}
+
+static oi_status remote_flush(oi_offload_engine *base, uint32_t timeout_ms) {
+  remote_engine *e = (remote_engine *)base;
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_flush_tag;
+  env.body.flush.instance_id = base->instance_id;
+  env.body.flush.timeout_ms = timeout_ms;
+  /* The server answers TIMEOUT after timeout_ms; we wait that plus the
+   * control deadline for the answer itself. */
+  uint64_t wait = timeout_ms == UINT32_MAX ? UINT32_MAX : (uint64_t)timeout_ms + e->control_ms;
+  pending p;
+  memset(&p, 0, sizeof p);
+  return call(e, &env, NULL, &p, wait >= UINT32_MAX ? UINT32_MAX : (uint32_t)wait, "flush");
+}
+
+static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *out) {
+  remote_engine *e = (remote_engine *)cbase;
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_stats_tag;
+  env.body.stats.instance_id = cbase->instance_id;
+  pending p;
+  memset(&p, 0, sizeof p);
+  oi_status st = call(e, &env, NULL, &p, e->control_ms, "engine_stats");
+  if (st != OI_OK) return st;
+  if (p.reply.which_body != oiwire_Envelope_stats_reply_tag) return unexpected_reply(&p, "engine_stats");
+  const oiwire_StatsReply *r = &p.reply.body.stats_reply;
+  oi_engine_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.instance_id = cbase->instance_id;
+  s.block_bytes = r->block_bytes;
+  s.num_blocks = r->num_blocks;
+  s.saves_submitted = r->saves_submitted;
+  s.saves_completed = r->saves_completed;
+  s.saves_deduplicated = r->saves_deduplicated;
+  s.saves_dropped = r->saves_dropped;
+  s.saves_failed = r->saves_failed;
+  s.loads_completed = r->loads_completed;
+  s.loads_failed = r->loads_failed;
+  s.blocks_loaded = r->blocks_loaded;
+  s.bytes_saved = r->bytes_saved;
+  s.bytes_loaded = r->bytes_loaded;
+  s.query_hit_blocks = r->query_hit_blocks;
+  s.query_miss_blocks = r->query_miss_blocks;
+  s.saves_pending = r->saves_pending;
+  return oi__struct_out(out, &s, sizeof s, "engine_stats");
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------- */
+
+static oi_status send_unregister(remote_engine *e) {
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_unregister_tag;
+  env.body.unregister.instance_id = e->base.instance_id;
+  pending p;
+  memset(&p, 0, sizeof p);
+  return call(e, &env, NULL, &p, e->control_ms, "unregister");
+}
+
+/* Closes the connection and frees the engine. The watchdog must be retired
+ * (or never armed). */
+static void free_engine(remote_engine *e) {
+  if (e->reader_started) {
+    pthread_mutex_lock(&e->lock);
+    bool dead = e->state == CONN_DEAD;
+    pthread_mutex_unlock(&e->lock);
+    /* A connection the server ended: let the reader read to its end (the
+     * server's reason may still be queued) rather than cut it. */
+    if (!dead) shutdown(e->fd, SHUT_RDWR);
+    pthread_join(e->reader, NULL);
+  }
+  if (e->fd >= 0) close(e->fd);
+  oi__wire_arrays_free(&e->arrays);
+  oi__free(e->frame);
+  oi__free(e->socket_path);
+  pthread_mutex_destroy(&e->teardown_lock);
+  pthread_mutex_destroy(&e->write_lock);
+  pthread_cond_destroy(&e->cv);
+  pthread_mutex_destroy(&e->lock);
+  oi__engine_fini_common(&e->base);
+  oi__free(e);
+}
+
+/* Watchdog retired -> flush -> unregister -> close. The mapping is closed. */
+static void teardown(remote_engine *e) {
+  pthread_mutex_lock(&e->lock);
+  bool connected = e->state != CONN_DEAD;
+  if (connected) e->state = CONN_RETIRED;
+  pthread_mutex_unlock(&e->lock);
+  if (connected) {
+    uint32_t flush_ms = e->base.opts.save_deadline_ms ? e->base.opts.save_deadline_ms : UINT32_MAX;
+    if (remote_flush(&e->base, flush_ms) != OI_OK)
+      OI_LOG(OI_LOG_WARN, "engine", "instance=%u destroy: %s", e->base.instance_id, oi_last_error());
+    if (send_unregister(e) != OI_OK)
+      OI_LOG(OI_LOG_WARN, "engine", "instance=%u destroy: %s (the server frees the arena when the "
+             "session closes)", e->base.instance_id, oi_last_error());
+  }
+  OI_LOG(OI_LOG_INFO, "engine", "instance=%u disconnected from %s", e->base.instance_id,
+         e->socket_path);
+  free_engine(e);
+}
+
+static void on_arena_closed(void *ctx) {
+  remote_engine *e = ctx;
+  pthread_mutex_lock(&e->teardown_lock);
+  e->arena_open = false;
+  e->arena = NULL;
+  bool go = e->destroy_requested;
+  pthread_mutex_unlock(&e->teardown_lock);
+  if (go) teardown(e);
+}
+
+static void remote_destroy(oi_offload_engine *base) {
+  remote_engine *e = (remote_engine *)base;
+  pthread_mutex_lock(&e->teardown_lock);
+  e->destroy_requested = true;
+  bool go = !e->arena_open;
+  pthread_mutex_unlock(&e->teardown_lock);
+  if (go) {
+    teardown(e);
+    return;
+  }
+  OI_LOG(OI_LOG_WARN, "engine",
+         "instance=%u destroyed while its imported arena is still open: the engine is finished "
+         "(flush, unregister) when oi_imported_arena_close closes the mapping",
+         base->instance_id);
+}
+
+static const engine_ops remote_ops = {
+    .save = remote_save,
+    .query = remote_query,
+    .load = remote_load,
+    .release = remote_release,
+    .flush = remote_flush,
+    .stats = remote_stats,
+    .destroy = remote_destroy,
+};
+
+/* Bytes from offset 0 to the end of the farthest arena; false on overflow. */
+static bool layout_extent(const oi_engine_options *o, uint64_t *out) {
+  uint64_t end = 0;
+  for (uint32_t i = 0; i < o->num_arenas; i++) {
+    const oi_arena_desc *a = &o->arenas[i];
+    uint64_t span = 0, seg = 0, last = 0;
+    if (a->num_blocks && a->segments) {
+      if (__builtin_mul_overflow(a->num_blocks - 1, a->block_stride, &last) ||
+          __builtin_mul_overflow((uint64_t)(a->segments - 1), a->segment_stride, &seg) ||
+          __builtin_add_overflow(last, seg, &span) ||
+          __builtin_add_overflow(span, a->bytes_per_block, &span))
+        return false;
+    }
+    uint64_t a_end;
+    if (__builtin_add_overflow(a->offset, span, &a_end)) return false;
+    if (a_end > end) end = a_end;
+  }
+  *out = end;
+  return true;
+}
+
+static oi_status hello(remote_engine *e) {
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_hello_tag;
+  env.body.hello.protocol_version = OI_WIRE_PROTOCOL_VERSION;
+  env.body.hello.capabilities = OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP;
+  snprintf(env.body.hello.client_name, sizeof env.body.hello.client_name, "%s (pid %d)",
+           e->base.instance_name[0] ? e->base.instance_name : "engine", (int)getpid());
+  pending p;
+  memset(&p, 0, sizeof p);
+  oi_status st = call(e, &env, NULL, &p, e->control_ms, "connect: hello");
+  if (st != OI_OK) return st;
+  if (p.reply.which_body != oiwire_Envelope_hello_reply_tag) return unexpected_reply(&p, "connect: hello");
+  if (p.reply.body.hello_reply.protocol_version != OI_WIRE_PROTOCOL_VERSION)
+    return oi__fail(OI_ERR_VERSION, "connect: the server speaks protocol %u, this library %u",
+                    p.reply.body.hello_reply.protocol_version, OI_WIRE_PROTOCOL_VERSION);
+  e->server_epoch = p.reply.body.hello_reply.server_epoch;
+  return OI_OK;
+}
+
+static oi_status register_layout(remote_engine *e, const oi_engine_options *o, uint64_t arena_size,
+                                 oi_arena_handle *handle) {
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_register_instance_tag;
+  oiwire_Register *r = &env.body.register_instance;
+  snprintf(r->namespace_id, sizeof r->namespace_id, "%s", e->base.namespace_id);
+  snprintf(r->instance_name, sizeof r->instance_name, "%s", e->base.instance_name);
+  r->device = o->device;
+  r->world_size = o->world_size;
+  r->arena_size = arena_size;
+  r->copy_mode = o->copy_mode;
+  r->copy_cta_limit = o->copy_cta_limit;
+  oi_wire_out out = {.arenas = o->arenas, .n_arenas = o->num_arenas};
+  pending p;
+  memset(&p, 0, sizeof p);
+  oi_status st = call(e, &env, &out, &p, e->control_ms, "connect: register");
+  if (st != OI_OK) return st;
+  if (p.reply.which_body != oiwire_Envelope_register_reply_tag)
+    return unexpected_reply(&p, "connect: register");
+  const oiwire_RegisterReply *rr = &p.reply.body.register_reply;
+  if (rr->instance_id == 0 || rr->arena_handle.size != OI_WIRE_HANDLE_BYTES)
+    return oi__fail(OI_ERR_PROTOCOL, "connect: register reply has instance %u and a %u-byte handle",
+                    rr->instance_id, (unsigned)rr->arena_handle.size);
+  e->base.instance_id = rr->instance_id;
+  memcpy(handle->bytes, rr->arena_handle.bytes, OI_WIRE_HANDLE_BYTES);
+  if (rr->arena_bytes < arena_size)
+    return oi__fail(OI_ERR_PROTOCOL, "connect: the server allocated %llu bytes, %llu asked for",
+                    (unsigned long long)rr->arena_bytes, (unsigned long long)arena_size);
+  return OI_OK;
+}
+
+oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_options *o,
+                                    oi_offload_engine **out, oi_imported_arena **arena_out) {
+  oi_engine_options opts;
+  oi_engine_options_init(&opts);
+  oi_status st = oi__struct_in(&opts, sizeof opts, o, "connect");
+  if (st != OI_OK) return st;
+  if (opts.arena_base)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "connect: arena_base must be NULL: the server allocates the arena (give arenas "
+                    "by offset)");
+  if (opts.num_arenas && !opts.arenas)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: layout has no arenas");
+  if (opts.num_arenas > OI_WIRE_MAX_ARENAS)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: %u arenas (at most %u)", opts.num_arenas,
+                    OI_WIRE_MAX_ARENAS);
+  for (uint32_t i = 0; i < opts.num_arenas; i++) {
+    if (opts.arenas[i].base)
+      return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                      "connect: arena %u sets base; a sidecar layout is given by offsets", i);
+    if (opts.arenas[i].name && strlen(opts.arenas[i].name) > 255)
+      return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: arena %u's name is longer than 255 bytes", i);
+  }
+  if (opts.instance_name && strlen(opts.instance_name) > 255)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: instance_name is longer than 255 bytes");
+  if (opts.control_deadline_ms == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: control_deadline_ms is 0");
+  uint64_t extent = 0;
+  if (opts.num_arenas && opts.arenas && !layout_extent(&opts, &extent))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: the layout spans more than the address space");
+  uint64_t arena_size = opts.arena_size ? opts.arena_size : extent;
+  if (arena_size > UINT64_MAX - STANDIN_BASE)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: arena_size %llu is too large",
+                    (unsigned long long)arena_size);
+  char def[108];
+  if (!socket_path) {
+    if ((st = oi__wire_default_socket_path(def, sizeof def)) != OI_OK) return st;
+    socket_path = def;
+  }
+
+  remote_engine *e = oi__calloc(1, sizeof *e);
+  if (!e) return oi__fail(OI_ERR_OUT_OF_MEMORY, "connect: out of memory");
+  e->base.ops = &remote_ops;
+  e->fd = -1;
+  e->state = CONN_CONNECTING;
+  pthread_mutex_init(&e->lock, NULL);
+  pthread_condattr_t ca; /* deadlines are CLOCK_MONOTONIC (oi__deadline_ns) */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&e->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&e->write_lock, NULL);
+  pthread_mutex_init(&e->teardown_lock, NULL);
+  /* Validate the whole layout against a stand-in base before talking to
+   * the server; the real base is known after the import. */
+  opts.arena_base = (void *)STANDIN_BASE;
+  opts.arena_size = arena_size;
+  if ((st = oi__engine_init_common(&e->base, &opts, "connect")) != OI_OK) {
+    oi__engine_fini_common(&e->base);
+    pthread_mutex_destroy(&e->teardown_lock);
+    pthread_mutex_destroy(&e->write_lock);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->lock);
+    oi__free(e);
+    return st;
+  }
+  e->base.opts.arena_base = NULL;
+  e->control_ms = opts.control_deadline_ms;
+  e->socket_path = oi__strdup(socket_path);
+  if (!e->socket_path) {
+    st = oi__fail(OI_ERR_OUT_OF_MEMORY, "connect: out of memory");
+    goto fail;
+  }
+  if ((st = oi__wire_connect(socket_path, &e->fd)) != OI_OK) goto fail;
+  int rc = pthread_create(&e->reader, NULL, reader_main, e);
+  if (rc != 0) {
+    st = oi__fail(OI_ERR_INTERNAL, "connect: cannot start the reader thread: %s", strerror(rc));
+    goto fail;
+  }
+  pthread_setname_np(e->reader, "oi-remote-read");
+  e->reader_started = true;
+  if ((st = hello(e)) != OI_OK) goto fail;
+  oi_arena_handle handle;
+  if ((st = register_layout(e, &opts, arena_size, &handle)) != OI_OK) {
+    if (e->base.instance_id) goto fail_registered;
+    goto fail;
+  }
+  oi_imported_arena *arena = NULL;
+  if ((st = oi_imported_arena_open(&handle, arena_size, opts.device, &arena)) != OI_OK) {
+    char msg[384];
+    snprintf(msg, sizeof msg, "%s", oi_last_error());
+    oi__fail(st, "connect: importing the server's arena: %s", msg);
+    goto fail_registered;
+  }
+  uintptr_t base = (uintptr_t)oi_imported_arena_ptr(arena);
+  for (uint32_t i = 0; i < e->base.layout.num_arenas; i++)
+    e->base.layout.arenas[i].base = e->base.layout.arenas[i].base - STANDIN_BASE + base;
+  e->base.opts.arena_size = oi_imported_arena_size(arena);
+  e->arena = arena;
+  e->arena_open = true;
+  oi__imported_arena_on_close(arena, on_arena_closed, e);
+  pthread_mutex_lock(&e->lock);
+  bool alive = e->state == CONN_CONNECTING;
+  if (alive) e->state = CONN_LIVE; /* the watchdog is armed */
+  pthread_mutex_unlock(&e->lock);
+  if (!alive) {
+    oi__imported_arena_on_close(arena, NULL, NULL);
+    oi_imported_arena_close(arena);
+    st = closed_error(e, "connect");
+    goto fail;
+  }
+  OI_LOG(OI_LOG_INFO, "engine",
+         "instance=%u connected to %s (epoch %016llx): %u arenas, %llu blocks, %llu-byte arena",
+         e->base.instance_id, socket_path, (unsigned long long)e->server_epoch,
+         e->base.layout.num_arenas, (unsigned long long)e->base.layout.num_blocks,
+         (unsigned long long)arena_size);
+  *out = &e->base;
+  *arena_out = arena;
+  return OI_OK;
+
+fail_registered: {
+  /* Nothing maps the arena here: the server may free it. */
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", oi_last_error());
+  if (send_unregister(e) != OI_OK)
+    OI_LOG(OI_LOG_WARN, "engine", "connect: unregister after a failed import: %s", oi_last_error());
+  oi__fail(st, "%s", msg);
+}
+fail: {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", oi_last_error());
+  pthread_mutex_lock(&e->lock);
+  if (e->state != CONN_DEAD) e->state = CONN_RETIRED;
+  pthread_mutex_unlock(&e->lock);
+  if (st == OI_ERR_CLOSED && e->reader_started) {
+    /* The server closed the session (EPIPE on our send): its reason, if it
+     * sent one, arrives before the end of stream. */
+    pthread_join(e->reader, NULL);
+    e->reader_started = false;
+    if (e->conn_status) {
+      st = e->conn_status;
+      snprintf(msg, sizeof msg, "connect: the server refused the session: %.400s", e->conn_msg);
+    }
+  }
+  free_engine(e);
+  return oi__fail(st, "%s", msg);
+}
+}

@@ -1,0 +1,402 @@
+/* Framing and Envelope codecs of the sidecar protocol (see wire.h). */
+#include "wire.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <pb_decode.h>
+#include <pb_encode.h>
+
+/* ---- decoding -------------------------------------------------------------- */
+
+static void mark_bad(oi_wire_arrays *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void mark_bad(oi_wire_arrays *a, const char *fmt, ...) {
+  if (a->bad != OI_OK) return; /* keep the first */
+  a->bad = OI_ERR_INVALID_ARGUMENT;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(a->bad_msg, sizeof a->bad_msg, fmt, ap);
+  va_end(ap);
+}
+
+/* Grows *buf to hold at least `need` elements of `elem` bytes (never past
+ * `max`). */
+static bool grow(void **buf, size_t *cap, size_t need, size_t elem, size_t max) {
+  if (need <= *cap) return true;
+  size_t ncap = *cap ? *cap : 64;
+  while (ncap < need) ncap *= 2;
+  if (ncap > max) ncap = max;
+  void *p = oi__realloc(*buf, ncap * elem);
+  if (!p) return false;
+  *buf = p;
+  *cap = ncap;
+  return true;
+}
+
+static bool skip_rest(pb_istream_t *s) { return pb_read(s, NULL, s->bytes_left); }
+
+/* Packed (or not) repeated sint64: the callback gets the whole packed run,
+ * or one element per call. */
+static bool decode_ids(pb_istream_t *s, const pb_field_t *f, void **arg) {
+  OI_UNUSED(f);
+  oi_wire_arrays *a = *arg;
+  while (s->bytes_left) {
+    int64_t v;
+    if (!pb_decode_svarint(s, &v)) return false;
+    if (a->n_ids >= OI_WIRE_MAX_BLOCKS) {
+      mark_bad(a, "more than %u block ids in one request", OI_WIRE_MAX_BLOCKS);
+      return skip_rest(s);
+    }
+    if (!grow((void **)&a->ids, &a->cap_ids, a->n_ids + 1, sizeof *a->ids, OI_WIRE_MAX_BLOCKS))
+      PB_RETURN_ERROR(s, "out of memory");
+    a->ids[a->n_ids++] = v;
+  }
+  return true;
+}
+
+static bool decode_hash(pb_istream_t *s, const pb_field_t *f, void **arg) {
+  OI_UNUSED(f);
+  oi_wire_arrays *a = *arg;
+  if (s->bytes_left != sizeof(oi_block_hash)) {
+    mark_bad(a, "hash %zu is %zu bytes (16 expected)", a->n_hashes, (size_t)s->bytes_left);
+    return skip_rest(s);
+  }
+  if (a->n_hashes >= OI_WIRE_MAX_BLOCKS) {
+    mark_bad(a, "more than %u hashes in one request", OI_WIRE_MAX_BLOCKS);
+    return skip_rest(s);
+  }
+  if (!grow((void **)&a->hashes, &a->cap_hashes, a->n_hashes + 1, sizeof *a->hashes,
+            OI_WIRE_MAX_BLOCKS))
+    PB_RETURN_ERROR(s, "out of memory");
+  return pb_read(s, a->hashes[a->n_hashes++].bytes, sizeof(oi_block_hash));
+}
+
+static bool decode_present(pb_istream_t *s, const pb_field_t *f, void **arg) {
+  OI_UNUSED(f);
+  oi_wire_arrays *a = *arg;
+  size_t n = s->bytes_left;
+  if (a->n_present + n > OI_WIRE_MAX_BLOCKS) {
+    mark_bad(a, "more than %u membership bytes", OI_WIRE_MAX_BLOCKS);
+    return skip_rest(s);
+  }
+  if (!grow((void **)&a->present, &a->cap_present, a->n_present + n, 1, OI_WIRE_MAX_BLOCKS))
+    PB_RETURN_ERROR(s, "out of memory");
+  if (!pb_read(s, a->present + a->n_present, n)) return false;
+  a->n_present += n;
+  return true;
+}
+
+static bool decode_arena(pb_istream_t *s, const pb_field_t *f, void **arg) {
+  OI_UNUSED(f);
+  oi_wire_arrays *a = *arg;
+  if (a->n_arenas >= OI_WIRE_MAX_ARENAS) {
+    mark_bad(a, "more than %u arenas in one layout", OI_WIRE_MAX_ARENAS);
+    return skip_rest(s);
+  }
+  if (!grow((void **)&a->arenas, &a->cap_arenas, a->n_arenas + 1, sizeof *a->arenas,
+            OI_WIRE_MAX_ARENAS))
+    PB_RETURN_ERROR(s, "out of memory");
+  oiwire_Arena *dst = &a->arenas[a->n_arenas];
+  memset(dst, 0, sizeof *dst);
+  if (!pb_decode(s, oiwire_Arena_fields, dst)) return false;
+  a->n_arenas++;
+  return true;
+}
+
+/* Called before a body submessage is decoded: points its callback fields at
+ * the arrays. */
+static bool decode_body(pb_istream_t *s, const pb_field_t *f, void **arg) {
+  OI_UNUSED(s);
+  oi_wire_arrays *a = *arg;
+  switch (f->tag) {
+  case oiwire_Envelope_register_instance_tag: {
+    oiwire_Register *m = f->pData;
+    m->arenas.funcs.decode = decode_arena;
+    m->arenas.arg = a;
+    break;
+  }
+  case oiwire_Envelope_save_tag: {
+    oiwire_Save *m = f->pData;
+    m->block_ids.funcs.decode = decode_ids;
+    m->block_ids.arg = a;
+    m->hashes.funcs.decode = decode_hash;
+    m->hashes.arg = a;
+    break;
+  }
+  case oiwire_Envelope_query_tag: {
+    oiwire_Query *m = f->pData;
+    m->hashes.funcs.decode = decode_hash;
+    m->hashes.arg = a;
+    break;
+  }
+  case oiwire_Envelope_query_reply_tag: {
+    oiwire_QueryReply *m = f->pData;
+    m->present.funcs.decode = decode_present;
+    m->present.arg = a;
+    break;
+  }
+  case oiwire_Envelope_load_tag: {
+    oiwire_Load *m = f->pData;
+    m->dst_block_ids.funcs.decode = decode_ids;
+    m->dst_block_ids.arg = a;
+    break;
+  }
+  default: break;
+  }
+  /* A body that appears again (or a second body) starts from empty arrays:
+   * only the last body counts, as protobuf's merge rules say for oneofs. */
+  a->n_ids = a->n_hashes = a->n_present = a->n_arenas = 0;
+  a->bad = OI_OK;
+  a->bad_msg[0] = '\0';
+  return true;
+}
+
+oi_status oi__wire_decode(const uint8_t *payload, size_t len, oiwire_Envelope *env,
+                          oi_wire_arrays *arrays) {
+  memset(env, 0, sizeof *env);
+  arrays->n_ids = arrays->n_hashes = arrays->n_present = arrays->n_arenas = 0;
+  arrays->bad = OI_OK;
+  arrays->bad_msg[0] = '\0';
+  env->cb_body.funcs.decode = decode_body;
+  env->cb_body.arg = arrays;
+  pb_istream_t s = pb_istream_from_buffer(payload, len);
+  if (!pb_decode(&s, oiwire_Envelope_fields, env))
+    return oi__fail(OI_ERR_PROTOCOL, "malformed message (%zu bytes): %s", len, PB_GET_ERROR(&s));
+  return OI_OK;
+}
+
+void oi__wire_arrays_free(oi_wire_arrays *a) {
+  if (!a) return;
+  oi__free(a->ids);
+  oi__free(a->hashes);
+  oi__free(a->present);
+  oi__free(a->arenas);
+  memset(a, 0, sizeof *a);
+}
+
+/* ---- encoding -------------------------------------------------------------- */
+
+static bool encode_ids(pb_ostream_t *s, const pb_field_t *f, void *const *arg) {
+  const oi_wire_out *o = *arg;
+  if (o->n_ids == 0) return true;
+  pb_ostream_t sizing = PB_OSTREAM_SIZING;
+  for (size_t i = 0; i < o->n_ids; i++)
+    if (!pb_encode_svarint(&sizing, o->ids[i])) return false;
+  if (!pb_encode_tag(s, PB_WT_STRING, f->tag) || !pb_encode_varint(s, sizing.bytes_written))
+    return false;
+  for (size_t i = 0; i < o->n_ids; i++)
+    if (!pb_encode_svarint(s, o->ids[i])) return false;
+  return true;
+}
+
+static bool encode_hashes(pb_ostream_t *s, const pb_field_t *f, void *const *arg) {
+  const oi_wire_out *o = *arg;
+  for (size_t i = 0; i < o->n_hashes; i++)
+    if (!pb_encode_tag_for_field(s, f) ||
+        !pb_encode_string(s, o->hashes[i].bytes, sizeof o->hashes[i].bytes))
+      return false;
+  return true;
+}
+
+static bool encode_present(pb_ostream_t *s, const pb_field_t *f, void *const *arg) {
+  const oi_wire_out *o = *arg;
+  if (o->n_present == 0) return true;
+  return pb_encode_tag_for_field(s, f) && pb_encode_string(s, o->present, o->n_present);
+}
+
+static void copy_str(char *dst, size_t cap, const char *src) {
+  size_t n = src ? strlen(src) : 0;
+  if (n >= cap) n = cap - 1;
+  if (n) memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+static bool encode_arenas(pb_ostream_t *s, const pb_field_t *f, void *const *arg) {
+  const oi_wire_out *o = *arg;
+  for (size_t i = 0; i < o->n_arenas; i++) {
+    const oi_arena_desc *d = &o->arenas[i];
+    oiwire_Arena a;
+    memset(&a, 0, sizeof a);
+    copy_str(a.name, sizeof a.name, d->name);
+    a.offset = d->offset;
+    a.num_blocks = d->num_blocks;
+    a.bytes_per_block = d->bytes_per_block;
+    a.block_stride = d->block_stride;
+    a.segments = d->segments;
+    a.segment_stride = d->segment_stride;
+    if (!pb_encode_tag_for_field(s, f) || !pb_encode_submessage(s, oiwire_Arena_fields, &a))
+      return false;
+  }
+  return true;
+}
+
+oi_status oi__wire_encode(const oiwire_Envelope *env_in, const oi_wire_out *out, uint8_t **frame,
+                          size_t *frame_len) {
+  *frame = NULL;
+  *frame_len = 0;
+  static const oi_wire_out none;
+  if (!out) out = &none;
+  oiwire_Envelope env = *env_in;
+  void *arg = (void *)out;
+  switch (env.which_body) {
+  case oiwire_Envelope_register_instance_tag:
+    env.body.register_instance.arenas.funcs.encode = encode_arenas;
+    env.body.register_instance.arenas.arg = arg;
+    break;
+  case oiwire_Envelope_save_tag:
+    env.body.save.block_ids.funcs.encode = encode_ids;
+    env.body.save.block_ids.arg = arg;
+    env.body.save.hashes.funcs.encode = encode_hashes;
+    env.body.save.hashes.arg = arg;
+    break;
+  case oiwire_Envelope_query_tag:
+    env.body.query.hashes.funcs.encode = encode_hashes;
+    env.body.query.hashes.arg = arg;
+    break;
+  case oiwire_Envelope_query_reply_tag:
+    env.body.query_reply.present.funcs.encode = encode_present;
+    env.body.query_reply.present.arg = arg;
+    break;
+  case oiwire_Envelope_load_tag:
+    env.body.load.dst_block_ids.funcs.encode = encode_ids;
+    env.body.load.dst_block_ids.arg = arg;
+    break;
+  default: break;
+  }
+  env.cb_body.funcs.encode = NULL;
+  size_t size = 0;
+  if (!pb_get_encoded_size(&size, oiwire_Envelope_fields, &env))
+    return oi__fail(OI_ERR_INTERNAL, "cannot size a message of type %u", env.which_body);
+  if (size > OI_WIRE_MAX_FRAME)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "a message of %zu bytes exceeds the %u-byte frame limit",
+                    size, OI_WIRE_MAX_FRAME);
+  uint8_t *buf = oi__malloc(size + 4);
+  if (!buf) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a %zu-byte message", size);
+  buf[0] = (uint8_t)size;
+  buf[1] = (uint8_t)(size >> 8);
+  buf[2] = (uint8_t)(size >> 16);
+  buf[3] = (uint8_t)(size >> 24);
+  pb_ostream_t s = pb_ostream_from_buffer(buf + 4, size);
+  if (!pb_encode(&s, oiwire_Envelope_fields, &env) || s.bytes_written != size) {
+    oi__free(buf);
+    return oi__fail(OI_ERR_INTERNAL, "cannot encode a message of type %u: %s", env.which_body,
+                    PB_GET_ERROR(&s));
+  }
+  *frame = buf;
+  *frame_len = size + 4;
+  return OI_OK;
+}
+
+void oi__wire_set_result(oiwire_Envelope *env, uint64_t request_id, oi_status st,
+                         const char *message) {
+  memset(env, 0, sizeof *env);
+  env->request_id = request_id;
+  env->which_body = oiwire_Envelope_result_tag;
+  env->body.result.status = st;
+  copy_str(env->body.result.message, sizeof env->body.result.message, message);
+}
+
+/* ---- framing ---------------------------------------------------------------- */
+
+oi_status oi__wire_send(int fd, const void *buf, size_t len) {
+  const uint8_t *p = buf;
+  while (len) {
+    ssize_t w = send(fd, p, len, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN)
+        return oi__fail(OI_ERR_CLOSED, "send: the peer closed the connection");
+      return oi__fail(OI_ERR_IO, "send: %s", strerror(errno));
+    }
+    p += w;
+    len -= (size_t)w;
+  }
+  return OI_OK;
+}
+
+/* Reads exactly `len` bytes. *got tells how many arrived before an error. */
+static oi_status read_full(int fd, void *buf, size_t len, size_t *got) {
+  uint8_t *p = buf;
+  *got = 0;
+  while (*got < len) {
+    ssize_t r = recv(fd, p + *got, len - *got, 0);
+    if (r == 0) return OI_ERR_CLOSED;
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ECONNRESET) return OI_ERR_CLOSED;
+      return oi__fail(OI_ERR_IO, "recv: %s", strerror(errno));
+    }
+    *got += (size_t)r;
+  }
+  return OI_OK;
+}
+
+oi_status oi__wire_recv(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t *len) {
+  uint8_t hdr[4];
+  size_t got;
+  oi_status st = read_full(fd, hdr, sizeof hdr, &got);
+  if (st == OI_ERR_CLOSED)
+    return got ? oi__fail(OI_ERR_PROTOCOL, "the stream ended inside a frame header")
+               : oi__fail(OI_ERR_CLOSED, "the peer closed the connection");
+  if (st != OI_OK) return st;
+  uint32_t n = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
+               (uint32_t)hdr[3] << 24;
+  if (n > max)
+    return oi__fail(OI_ERR_PROTOCOL, "a frame of %u bytes exceeds the %u-byte limit", n, max);
+  if (n > *cap) {
+    uint8_t *p = oi__realloc(*buf, n);
+    if (!p) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a %u-byte frame", n);
+    *buf = p;
+    *cap = n;
+  }
+  st = read_full(fd, *buf, n, &got);
+  if (st == OI_ERR_CLOSED)
+    return oi__fail(OI_ERR_PROTOCOL, "the stream ended inside a frame (%zu of %u bytes)", got, n);
+  if (st != OI_OK) return st;
+  *len = n;
+  return OI_OK;
+}
+
+/* ---- sockets ---------------------------------------------------------------- */
+
+oi_status oi__wire_default_socket_path(char *out, size_t cap) {
+  const char *dir = getenv("XDG_RUNTIME_DIR");
+  int n = dir && dir[0] == '/' ? snprintf(out, cap, "%s/openinfer.sock", dir)
+                               : snprintf(out, cap, "/tmp/openinfer-%u.sock", (unsigned)getuid());
+  if (n < 0 || (size_t)n >= cap || (size_t)n >= sizeof(((struct sockaddr_un *)0)->sun_path))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "the default socket path is too long");
+  return OI_OK;
+}
+
+oi_status oi__wire_connect(const char *path, int *fd_out) {
+  *fd_out = -1;
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  if (strlen(path) >= sizeof sa.sun_path)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "socket path '%s' is longer than %zu bytes", path,
+                    sizeof sa.sun_path - 1);
+  memcpy(sa.sun_path, path, strlen(path));
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return oi__fail(OI_ERR_IO, "socket: %s", strerror(errno));
+  int rc;
+  do rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    int e = errno;
+    close(fd);
+    if (e == ENOENT || e == ECONNREFUSED)
+      return oi__fail(OI_ERR_NOT_FOUND, "no openinfer server listens on %s: %s", path, strerror(e));
+    if (e == EACCES || e == EPERM)
+      return oi__fail(OI_ERR_PERMISSION, "connect to %s: %s", path, strerror(e));
+    return oi__fail(OI_ERR_IO, "connect to %s: %s", path, strerror(e));
+  }
+  *fd_out = fd;
+  return OI_OK;
+}

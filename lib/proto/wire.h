@@ -1,0 +1,100 @@
+/* The sidecar wire protocol: framing over a Unix stream socket and the
+ * codecs of openinfer.proto's Envelope (nanopb, generated at build time).
+ *
+ * A frame is a 4-byte little-endian payload length followed by one encoded
+ * Envelope. Lengths over the receiver's limit are refused before anything of
+ * the payload is read. The large repeated fields (block ids, hashes, arenas,
+ * the membership bytes) are nanopb callbacks: the decoder fills growable
+ * buffers bounded by OI_WIRE_MAX_*, and records the first malformed element
+ * (a 15-byte hash, a 65537th id) instead of failing, so the receiver can
+ * answer with an error and keep the session. Anything else malformed fails
+ * the decode: that is garbage, and the session ends.
+ *
+ * Used by the server (lib/server) and the remote engine (lib/engine/remote.c)
+ * and by nothing below them. */
+#ifndef OI_PROTO_WIRE_H
+#define OI_PROTO_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/core.h"
+#include "openinfer/engine.h"
+#include "proto/openinfer.pb.h"
+
+#define OI_WIRE_PROTOCOL_VERSION 1u
+#define OI_WIRE_MAX_FRAME (8u << 20)  /* bytes of one frame's payload */
+#define OI_WIRE_MAX_BLOCKS 65536u     /* block ids or hashes in one request */
+#define OI_WIRE_MAX_ARENAS 4096u      /* arenas of one layout */
+#define OI_WIRE_HANDLE_BYTES 64u
+#define OI_WIRE_LEASE_BYTES 16u
+
+/* HelloReply/Hello.capabilities */
+enum {
+  OI_WIRE_CAP_PIPELINED = 1u << 0,  /* replies may come out of order */
+  OI_WIRE_CAP_MEMBERSHIP = 1u << 1, /* Query.flags OI_QUERY_MEMBERSHIP */
+};
+
+/* The callback fields of one decoded Envelope. Buffers grow on demand up to
+ * the OI_WIRE_MAX_* bounds and are reused across frames. */
+typedef struct oi_wire_arrays {
+  int64_t *ids;
+  size_t n_ids, cap_ids;
+  oi_block_hash *hashes;
+  size_t n_hashes, cap_hashes;
+  uint8_t *present;
+  size_t n_present, cap_present;
+  oiwire_Arena *arenas;
+  size_t n_arenas, cap_arenas;
+  /* The first malformed element; the Envelope still decoded. OI_OK if none. */
+  oi_status bad;
+  char bad_msg[160];
+} oi_wire_arrays;
+
+/* The callback fields to encode (only those of the Envelope's body). */
+typedef struct oi_wire_out {
+  const int64_t *ids;
+  size_t n_ids;
+  const oi_block_hash *hashes;
+  size_t n_hashes;
+  const uint8_t *present;
+  size_t n_present;
+  const oi_arena_desc *arenas;
+  size_t n_arenas;
+} oi_wire_out;
+
+/* Encodes `env` (callback fields from `out`, may be NULL when the body has
+ * none) as one frame, length prefix included. *frame is oi__malloc'ed. */
+oi_status oi__wire_encode(const oiwire_Envelope *env, const oi_wire_out *out, uint8_t **frame,
+                          size_t *frame_len);
+
+/* Decodes one payload (without the length prefix). `arrays` is reset first.
+ * @return OI_ERR_PROTOCOL with a message when the bytes are not an Envelope. */
+oi_status oi__wire_decode(const uint8_t *payload, size_t len, oiwire_Envelope *env,
+                          oi_wire_arrays *arrays);
+void oi__wire_arrays_free(oi_wire_arrays *a);
+
+/* Writes all of `len` bytes (MSG_NOSIGNAL; retries EINTR and short writes).
+ * @return OI_ERR_CLOSED when the peer is gone, OI_ERR_IO otherwise. */
+oi_status oi__wire_send(int fd, const void *buf, size_t len);
+
+/* Reads one frame's payload into *buf (grown with oi__realloc as needed).
+ * @return OI_OK; OI_ERR_CLOSED on end of stream at a frame boundary;
+ * OI_ERR_PROTOCOL for a frame longer than `max` (nothing of it is read) or a
+ * stream that ends inside a frame; OI_ERR_IO on a socket error. */
+oi_status oi__wire_recv(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t *len);
+
+/* The default socket path: $XDG_RUNTIME_DIR/openinfer.sock, or
+ * /tmp/openinfer-$UID.sock without it. */
+oi_status oi__wire_default_socket_path(char *out, size_t cap);
+
+/* Connects a stream socket to `path`. NOT_FOUND when nothing listens there,
+ * PERMISSION when the socket file refuses us. */
+oi_status oi__wire_connect(const char *path, int *fd_out);
+
+/* Fills a Result body (status + message, truncated to fit). */
+void oi__wire_set_result(oiwire_Envelope *env, uint64_t request_id, oi_status st,
+                         const char *message);
+
+#endif

@@ -1,0 +1,118 @@
+/* The sidecar server: the listener and lifecycle (server.c) and the sessions
+ * that serve one client connection each (session.c).
+ *
+ * Ownership: the server owns the host tier and its sessions; a session owns
+ * its instances; an instance owns a local engine over the server's host and
+ * the device arena that engine copies from and to. An instance is destroyed
+ * (engine drained and destroyed, then the arena freed) when its last
+ * reference goes: the session's table holds one, each queued aux job
+ * (flush, unregister) one. Replies of asynchronous operations are written by
+ * ticket callbacks on engine threads; they always run before the engine's
+ * destroy returns, so a session outlives every callback that names it. */
+#ifndef OI_SERVER_INTERNAL_H
+#define OI_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/types.h>
+
+#include "core/core.h"
+#include "device/device.h"
+#include "openinfer/engine.h"
+#include "openinfer/host.h"
+#include "openinfer/server.h"
+#include "proto/wire.h"
+
+typedef struct srv_session srv_session;
+
+typedef struct srv_instance {
+  struct srv_instance *next; /* in its session's table */
+  atomic_int refs;
+  uint32_t id;
+  oi_server *server;
+  oi_offload_engine *engine;
+  oi_dev *dev;  /* the device the arena lives on */
+  void *arena;
+  uint64_t arena_bytes;
+  bool by_session_end; /* destroyed because its session ended (not unregistered) */
+} srv_instance;
+
+typedef enum aux_kind { AUX_FLUSH, AUX_UNREGISTER } aux_kind;
+
+/* Work a session hands to its aux thread because it blocks (a flush), or
+ * must wait behind work that blocks (an unregister after a flush). */
+typedef struct aux_job {
+  struct aux_job *next;
+  aux_kind kind;
+  uint64_t request_id;
+  srv_instance *inst; /* one reference */
+  uint32_t timeout_ms;
+} aux_job;
+
+struct srv_session {
+  srv_session *next; /* in the server's list */
+  oi_server *server;
+  uint64_t id;
+  int fd;
+  pid_t peer_pid;
+  uid_t peer_uid;
+  gid_t peer_gid;
+  pthread_t thread;
+  bool hello_done;
+  bool finished; /* the thread is about to return: join it */
+
+  pthread_mutex_t write_lock; /* one frame at a time on fd */
+  bool write_broken;
+
+  srv_instance *instances; /* written by the session thread under the server lock */
+
+  pthread_t aux_thread;
+  bool aux_started;
+  pthread_mutex_t aux_lock;
+  pthread_cond_t aux_cv;
+  aux_job *aux_head, *aux_tail;
+  bool aux_stop;
+
+  uint8_t *frame;
+  size_t frame_cap;
+  oi_wire_arrays arrays;
+  uint8_t *present; /* membership answers */
+  oiwire_Envelope env;
+};
+
+struct oi_server {
+  oi_server_options opts; /* arrays and strings point into the owned copies below */
+  char *socket_path;
+  uint32_t *allowed_uids, *allowed_gids;
+  int32_t *devices;
+  oi_host_options host_opts;
+  oi_offload_host *host;
+  uint64_t epoch;
+
+  int listen_fd;
+  int wake_fds[2]; /* self-pipe: oi_server_stop and finishing sessions write */
+  dev_t sock_dev;
+  ino_t sock_ino;
+  atomic_bool stop_requested;
+  atomic_int state; /* 0 created, 1 running, 2 done */
+
+  pthread_mutex_t lock;
+  pthread_cond_t sessions_cv; /* a session finished */
+  srv_session *sessions;
+  uint32_t num_sessions;
+  uint64_t next_session_id;
+
+  atomic_uint_fast64_t instances, arena_bytes, instances_cleaned_up;
+};
+
+/* session.c */
+oi_status oi__session_start(oi_server *srv, int fd, pid_t pid, uid_t uid, gid_t gid,
+                            srv_session **out);
+/* Joins a finished session's thread and frees it. */
+void oi__session_reap(srv_session *s);
+/* Sends a session-level error (request id 0) on a fresh connection. */
+void oi__send_refusal(int fd, oi_status st, const char *msg);
+/* Does another session own instance `id`? (server lock taken inside) */
+bool oi__server_instance_elsewhere(oi_server *srv, const srv_session *self, uint32_t id);
+
+#endif

@@ -1,0 +1,664 @@
+/* One client connection: reads frames, validates every field, runs the
+ * request on the instance's local engine, replies. Save and load reply when
+ * their ticket completes (from the engine's completion thread), flush and
+ * unregister from the session's aux thread, everything else at once; replies
+ * carry the request id, so they may come out of order.
+ *
+ * A request that is wrong (an unknown instance, a block id out of range, a
+ * hash of 15 bytes, counts that differ) gets an error Result and the session
+ * continues. Bytes that are not a frame or not an Envelope end the session
+ * (after a Result with request id 0 saying why); other sessions are not
+ * affected. When the session ends, its instances are destroyed: their
+ * engines drain and go, their arenas are freed; the blocks they saved stay in
+ * the host tier for everyone in the namespace. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engine/engine_internal.h"
+#include "server_internal.h"
+
+#define CONTROL_SEND_TIMEOUT_S 30
+
+/* ---- replies ------------------------------------------------------------------ */
+
+static void session_send(srv_session *s, const oiwire_Envelope *env, const oi_wire_out *out) {
+  uint8_t *frame;
+  size_t len;
+  oi_status st = oi__wire_encode(env, out, &frame, &len);
+  if (st != OI_OK) {
+    OI_LOG(OI_LOG_ERROR, "server", "session=%llu cannot encode a reply: %s",
+           (unsigned long long)s->id, oi_last_error());
+    shutdown(s->fd, SHUT_RDWR);
+    return;
+  }
+  pthread_mutex_lock(&s->write_lock);
+  if (!s->write_broken) {
+    st = oi__wire_send(s->fd, frame, len);
+    if (st != OI_OK) {
+      /* A partial frame would desynchronize the stream: end the session. */
+      s->write_broken = true;
+      shutdown(s->fd, SHUT_RDWR);
+      OI_LOG(OI_LOG_DEBUG, "server", "session=%llu reply not sent: %s", (unsigned long long)s->id,
+             oi_last_error());
+    }
+  }
+  pthread_mutex_unlock(&s->write_lock);
+  oi__free(frame);
+}
+
+static void reply_result(srv_session *s, uint64_t req, oi_status st, const char *msg) {
+  oiwire_Envelope env;
+  oi__wire_set_result(&env, req, st, msg ? msg : "");
+  session_send(s, &env, NULL);
+}
+
+/* Replies with `st` and the calling thread's last error message. */
+static void reply_failure(srv_session *s, uint64_t req, oi_status st) {
+  reply_result(s, req, st, oi_last_error());
+}
+
+static void reply_fmt(srv_session *s, uint64_t req, oi_status st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void reply_fmt(srv_session *s, uint64_t req, oi_status st, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  reply_result(s, req, st, msg);
+}
+
+void oi__send_refusal(int fd, oi_status st, const char *msg) {
+  oiwire_Envelope env;
+  oi__wire_set_result(&env, 0, st, msg);
+  uint8_t *frame;
+  size_t len;
+  if (oi__wire_encode(&env, NULL, &frame, &len) != OI_OK) return;
+  oi__wire_send(fd, frame, len);
+  oi__free(frame);
+}
+
+/* ---- instances ----------------------------------------------------------------- */
+
+static void instance_put(srv_instance *inst) {
+  if (atomic_fetch_sub(&inst->refs, 1) != 1) return;
+  oi_server *srv = inst->server;
+  /* The engine drains its copies (they read and write the arena) before
+   * the arena goes. */
+  oi_offload_engine_destroy(inst->engine);
+  inst->dev->ops->mem_free(inst->dev, inst->arena);
+  oi__dev_close(inst->dev);
+  atomic_fetch_sub(&srv->instances, 1);
+  atomic_fetch_sub(&srv->arena_bytes, inst->arena_bytes);
+  if (inst->by_session_end) atomic_fetch_add(&srv->instances_cleaned_up, 1);
+  OI_LOG(OI_LOG_INFO, "server", "instance=%u %s: freed its %llu-byte arena", inst->id,
+         inst->by_session_end ? "cleaned up (session ended)" : "unregistered",
+         (unsigned long long)inst->arena_bytes);
+  oi__free(inst);
+}
+
+bool oi__server_instance_elsewhere(oi_server *srv, const srv_session *self, uint32_t id) {
+  bool found = false;
+  pthread_mutex_lock(&srv->lock);
+  for (srv_session *o = srv->sessions; o && !found; o = o->next) {
+    if (o == self) continue;
+    for (srv_instance *i = o->instances; i; i = i->next)
+      if (i->id == id) {
+        found = true;
+        break;
+      }
+  }
+  pthread_mutex_unlock(&srv->lock);
+  return found;
+}
+
+/* The instance `id` of this session, or NULL after replying with why not. */
+static srv_instance *lookup(srv_session *s, uint64_t req, uint32_t id, const char *what) {
+  for (srv_instance *i = s->instances; i; i = i->next)
+    if (i->id == id) return i;
+  if (id && oi__server_instance_elsewhere(s->server, s, id))
+    reply_fmt(s, req, OI_ERR_PERMISSION, "%s: instance %u belongs to another session", what, id);
+  else
+    reply_fmt(s, req, OI_ERR_NOT_FOUND, "%s: instance %u is not registered in this session", what,
+              id);
+  return NULL;
+}
+
+static void unlink_instance(srv_session *s, srv_instance *inst) {
+  pthread_mutex_lock(&s->server->lock);
+  for (srv_instance **l = &s->instances; *l; l = &(*l)->next)
+    if (*l == inst) {
+      *l = inst->next;
+      break;
+    }
+  pthread_mutex_unlock(&s->server->lock);
+  inst->next = NULL;
+}
+
+/* ---- aux thread (flush, unregister) ------------------------------------------------ */
+
+static void *aux_main(void *arg) {
+  srv_session *s = arg;
+  pthread_mutex_lock(&s->aux_lock);
+  for (;;) {
+    while (!s->aux_head && !s->aux_stop) pthread_cond_wait(&s->aux_cv, &s->aux_lock);
+    aux_job *job = s->aux_head;
+    if (!job) break;
+    s->aux_head = job->next;
+    if (!s->aux_head) s->aux_tail = NULL;
+    bool stopping = s->aux_stop;
+    pthread_mutex_unlock(&s->aux_lock);
+    if (job->kind == AUX_FLUSH) {
+      if (!stopping) {
+        oi_status st = oi_offload_engine_flush(job->inst->engine, job->timeout_ms);
+        if (st == OI_OK)
+          reply_result(s, job->request_id, OI_OK, "");
+        else
+          reply_failure(s, job->request_id, st);
+      }
+      instance_put(job->inst);
+    } else {
+      instance_put(job->inst); /* the table's reference: the last one */
+      if (!stopping) reply_result(s, job->request_id, OI_OK, "");
+    }
+    oi__free(job);
+    pthread_mutex_lock(&s->aux_lock);
+  }
+  pthread_mutex_unlock(&s->aux_lock);
+  return NULL;
+}
+
+static oi_status aux_enqueue(srv_session *s, aux_kind kind, uint64_t req, srv_instance *inst,
+                             uint32_t timeout_ms) {
+  if (!s->aux_started) {
+    int rc = pthread_create(&s->aux_thread, NULL, aux_main, s);
+    if (rc != 0) return oi__fail(OI_ERR_INTERNAL, "cannot start a session thread: %s", strerror(rc));
+    pthread_setname_np(s->aux_thread, "oi-session-aux");
+    s->aux_started = true;
+  }
+  aux_job *job = oi__calloc(1, sizeof *job);
+  if (!job) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory");
+  job->kind = kind;
+  job->request_id = req;
+  job->inst = inst;
+  job->timeout_ms = timeout_ms;
+  pthread_mutex_lock(&s->aux_lock);
+  if (s->aux_tail)
+    s->aux_tail->next = job;
+  else
+    s->aux_head = job;
+  s->aux_tail = job;
+  pthread_cond_signal(&s->aux_cv);
+  pthread_mutex_unlock(&s->aux_lock);
+  return OI_OK;
+}
+
+/* ---- requests ------------------------------------------------------------------- */
+
+static void handle_hello(srv_session *s, uint64_t req, const oiwire_Hello *h) {
+  if (h->protocol_version != OI_WIRE_PROTOCOL_VERSION) {
+    reply_fmt(s, req, OI_ERR_VERSION, "hello: protocol version %u is not supported (server speaks %u)",
+              h->protocol_version, OI_WIRE_PROTOCOL_VERSION);
+    return;
+  }
+  s->hello_done = true;
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.request_id = req;
+  env.which_body = oiwire_Envelope_hello_reply_tag;
+  env.body.hello_reply.protocol_version = OI_WIRE_PROTOCOL_VERSION;
+  env.body.hello_reply.capabilities = OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP;
+  env.body.hello_reply.server_epoch = s->server->epoch;
+  snprintf(env.body.hello_reply.server_version, sizeof env.body.hello_reply.server_version, "%s",
+           oi_version_string());
+  OI_LOG(OI_LOG_INFO, "server", "session=%llu hello from '%s' (pid %d, uid %u)",
+         (unsigned long long)s->id, h->client_name, (int)s->peer_pid, (unsigned)s->peer_uid);
+  session_send(s, &env, NULL);
+}
+
+static bool device_served(const oi_server *srv, int32_t device) {
+  if (srv->opts.num_devices == 0) return true;
+  for (uint32_t i = 0; i < srv->opts.num_devices; i++)
+    if (srv->devices[i] == device) return true;
+  return false;
+}
+
+/* Bytes the server will allocate for one arena at most (a sanity bound; the
+ * device refuses what it cannot hold anyway). */
+#define MAX_ARENA_BYTES (1ull << 48)
+
+static void handle_register(srv_session *s, uint64_t req, const oiwire_Register *r) {
+  oi_server *srv = s->server;
+  oi_wire_arrays *a = &s->arrays;
+  if (a->bad != OI_OK) return reply_fmt(s, req, a->bad, "register: %s", a->bad_msg);
+  if (!device_served(srv, r->device))
+    return reply_fmt(s, req, OI_ERR_PERMISSION, "register: this server does not serve device %d",
+                     (int)r->device);
+  if (r->arena_size == 0 || r->arena_size > MAX_ARENA_BYTES)
+    return reply_fmt(s, req, OI_ERR_INVALID_ARGUMENT, "register: arena_size %llu is %s",
+                     (unsigned long long)r->arena_size, r->arena_size ? "too large" : "0");
+  if (a->n_arenas == 0)
+    return reply_fmt(s, req, OI_ERR_INVALID_ARGUMENT, "register: layout has no arenas");
+  oi_arena_desc *descs = oi__calloc(a->n_arenas, sizeof *descs);
+  if (!descs) return reply_fmt(s, req, OI_ERR_OUT_OF_MEMORY, "register: out of memory");
+  for (size_t i = 0; i < a->n_arenas; i++) {
+    const oiwire_Arena *w = &a->arenas[i];
+    descs[i] = (oi_arena_desc){.name = w->name,
+                               .offset = w->offset,
+                               .num_blocks = w->num_blocks,
+                               .bytes_per_block = w->bytes_per_block,
+                               .block_stride = w->block_stride,
+                               .segments = w->segments,
+                               .segment_stride = w->segment_stride};
+  }
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.device = r->device;
+  eo.namespace_id = r->namespace_id;
+  eo.instance_name = r->instance_name;
+  eo.world_size = r->world_size;
+  eo.num_arenas = (uint32_t)a->n_arenas;
+  eo.arenas = descs;
+  /* The sidecar copies by DMA unless asked otherwise: its copy kernels would
+   * time-slice with the client's model (docs/server.md). */
+  eo.copy_mode = r->copy_mode == OI_COPY_AUTO ? OI_COPY_DMA : r->copy_mode;
+  eo.copy_cta_limit = r->copy_cta_limit;
+  eo.arena_size = r->arena_size;
+
+  srv_instance *inst = NULL;
+  oi_dev *dev = NULL;
+  void *region = NULL;
+  oi_arena_handle handle;
+  oi_status st;
+  {
+    /* Validate everything before allocating anything: against a stand-in
+     * base, the layout checks are the same. */
+    oi_offload_engine probe;
+    memset(&probe, 0, sizeof probe);
+    eo.arena_base = (void *)(uintptr_t)4096;
+    st = oi__engine_init_common(&probe, &eo, "register");
+    if (st != OI_OK) goto fail;
+    oi__engine_fini_common(&probe);
+  }
+  if ((st = oi__dev_open(r->device, &dev)) != OI_OK) goto fail;
+  if ((st = dev->ops->mem_alloc(dev, r->arena_size, OI_MEM_SHAREABLE, &region)) != OI_OK) goto fail;
+  if ((st = dev->ops->mem_export(dev, region, &handle)) != OI_OK) goto fail;
+  inst = oi__calloc(1, sizeof *inst);
+  if (!inst) {
+    st = oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
+    goto fail;
+  }
+  eo.arena_base = region;
+  if ((st = oi__local_engine_create(srv->host, &eo, &inst->engine)) != OI_OK) goto fail;
+  oi__free(descs);
+  descs = NULL;
+  atomic_init(&inst->refs, 1);
+  inst->id = inst->engine->instance_id;
+  inst->server = srv;
+  inst->dev = dev;
+  inst->arena = region;
+  inst->arena_bytes = r->arena_size;
+  pthread_mutex_lock(&srv->lock);
+  inst->next = s->instances;
+  s->instances = inst;
+  pthread_mutex_unlock(&srv->lock);
+  atomic_fetch_add(&srv->instances, 1);
+  atomic_fetch_add(&srv->arena_bytes, r->arena_size);
+  OI_LOG(OI_LOG_INFO, "server",
+         "session=%llu instance=%u registered '%s' namespace '%s' on device %d: %llu-byte arena",
+         (unsigned long long)s->id, inst->id, r->instance_name, r->namespace_id, (int)r->device,
+         (unsigned long long)r->arena_size);
+
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.request_id = req;
+  env.which_body = oiwire_Envelope_register_reply_tag;
+  oiwire_RegisterReply *rr = &env.body.register_reply;
+  rr->instance_id = inst->id;
+  rr->arena_handle.size = OI_WIRE_HANDLE_BYTES;
+  memcpy(rr->arena_handle.bytes, handle.bytes, OI_WIRE_HANDLE_BYTES);
+  rr->arena_bytes = r->arena_size;
+  rr->block_bytes = inst->engine->layout.block_bytes;
+  rr->num_blocks = inst->engine->layout.num_blocks;
+  session_send(s, &env, NULL);
+  return;
+
+fail:
+  reply_failure(s, req, st);
+  oi__free(inst);
+  if (region) dev->ops->mem_free(dev, region);
+  oi__dev_close(dev);
+  oi__free(descs);
+}
+
+typedef struct ticket_reply {
+  srv_session *s;
+  uint64_t request_id;
+  const char *what;
+} ticket_reply;
+
+static void on_ticket_done(void *ctx, oi_ticket *t, oi_status st) {
+  OI_UNUSED(t);
+  ticket_reply *p = ctx;
+  if (st == OI_OK)
+    reply_result(p->s, p->request_id, OI_OK, "");
+  else
+    reply_fmt(p->s, p->request_id, st, "%s failed: %s", p->what, oi_status_str(st));
+  oi__free(p);
+}
+
+/* Replies when `t` completes, then drops the observer reference. */
+static void reply_on_completion(srv_session *s, uint64_t req, oi_ticket *t, const char *what) {
+  ticket_reply *p = oi__malloc(sizeof *p);
+  if (p) {
+    *p = (ticket_reply){.s = s, .request_id = req, .what = what};
+    if (oi_ticket_set_callback(t, on_ticket_done, p) == OI_OK) {
+      oi_ticket_release(t);
+      return;
+    }
+    oi__free(p);
+  }
+  oi_status st = oi_ticket_wait(t, UINT32_MAX);
+  reply_result(s, req, st, st == OI_OK ? "" : oi_status_str(st));
+  oi_ticket_release(t);
+}
+
+static void handle_save(srv_session *s, uint64_t req, const oiwire_Save *m) {
+  oi_wire_arrays *a = &s->arrays;
+  srv_instance *inst = lookup(s, req, m->instance_id, "save");
+  if (!inst) return;
+  if (a->bad != OI_OK) return reply_fmt(s, req, a->bad, "save: %s", a->bad_msg);
+  if (a->n_ids != a->n_hashes)
+    return reply_fmt(s, req, OI_ERR_INVALID_ARGUMENT, "save: %zu block ids but %zu hashes",
+                     a->n_ids, a->n_hashes);
+  oi_ticket *t = NULL;
+  oi_status st = oi_offload_engine_save(inst->engine, a->ids, a->hashes, a->n_ids, NULL, &t);
+  if (st != OI_OK) return reply_failure(s, req, st);
+  reply_on_completion(s, req, t, "save");
+}
+
+static void handle_query(srv_session *s, uint64_t req, const oiwire_Query *m) {
+  oi_wire_arrays *a = &s->arrays;
+  srv_instance *inst = lookup(s, req, m->instance_id, "query");
+  if (!inst) return;
+  if (a->bad != OI_OK) return reply_fmt(s, req, a->bad, "query: %s", a->bad_msg);
+  size_t n = a->n_hashes;
+  oi_query_result qr;
+  memset(&qr, 0, sizeof qr);
+  qr.struct_size = sizeof qr;
+  if ((m->flags & OI_QUERY_MEMBERSHIP) && n > 0) {
+    if (!s->present && !(s->present = oi__malloc(OI_WIRE_MAX_BLOCKS)))
+      return reply_fmt(s, req, OI_ERR_OUT_OF_MEMORY, "query: out of memory");
+    qr.present = s->present;
+  }
+  oi_status st = oi_offload_engine_query(inst->engine, m->req_id[0] ? m->req_id : NULL, a->hashes,
+                                         n, m->flags, &qr);
+  if (st != OI_OK) return reply_failure(s, req, st);
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.request_id = req;
+  env.which_body = oiwire_Envelope_query_reply_tag;
+  env.body.query_reply.state = qr.state;
+  env.body.query_reply.hit_blocks = qr.hit_blocks;
+  static const oi_lease no_lease;
+  if (memcmp(&qr.lease, &no_lease, sizeof no_lease) != 0) {
+    env.body.query_reply.lease.size = OI_WIRE_LEASE_BYTES;
+    memcpy(env.body.query_reply.lease.bytes, qr.lease.bytes, OI_WIRE_LEASE_BYTES);
+  }
+  oi_wire_out out = {.present = qr.present, .n_present = qr.present ? n : 0};
+  session_send(s, &env, &out);
+}
+
+static bool lease_from_wire(srv_session *s, uint64_t req, const char *what, const uint8_t *bytes,
+                            size_t size, oi_lease *lease) {
+  if (size != OI_WIRE_LEASE_BYTES) {
+    reply_fmt(s, req, OI_ERR_INVALID_ARGUMENT, "%s: lease is %zu bytes (16 expected)", what, size);
+    return false;
+  }
+  memcpy(lease->bytes, bytes, OI_WIRE_LEASE_BYTES);
+  return true;
+}
+
+static void handle_load(srv_session *s, uint64_t req, const oiwire_Load *m) {
+  oi_wire_arrays *a = &s->arrays;
+  srv_instance *inst = lookup(s, req, m->instance_id, "load");
+  if (!inst) return;
+  if (a->bad != OI_OK) return reply_fmt(s, req, a->bad, "load: %s", a->bad_msg);
+  oi_lease lease;
+  if (!lease_from_wire(s, req, "load", m->lease.bytes, m->lease.size, &lease)) return;
+  oi_ticket *t = NULL;
+  oi_status st = oi_offload_engine_load(inst->engine, lease, a->ids, a->n_ids, NULL, &t);
+  if (st != OI_OK) return reply_failure(s, req, st);
+  reply_on_completion(s, req, t, "load");
+}
+
+static void handle_release(srv_session *s, uint64_t req, const oiwire_Release *m) {
+  srv_instance *inst = lookup(s, req, m->instance_id, "release");
+  if (!inst) return;
+  oi_lease lease;
+  if (!lease_from_wire(s, req, "release", m->lease.bytes, m->lease.size, &lease)) return;
+  oi_status st = oi_offload_engine_release(inst->engine, lease);
+  if (st != OI_OK) return reply_failure(s, req, st);
+  reply_result(s, req, OI_OK, "");
+}
+
+static void handle_flush(srv_session *s, uint64_t req, const oiwire_Flush *m) {
+  srv_instance *inst = lookup(s, req, m->instance_id, "flush");
+  if (!inst) return;
+  atomic_fetch_add(&inst->refs, 1);
+  oi_status st = aux_enqueue(s, AUX_FLUSH, req, inst, m->timeout_ms);
+  if (st != OI_OK) {
+    instance_put(inst);
+    reply_failure(s, req, st);
+  }
+}
+
+static void handle_unregister(srv_session *s, uint64_t req, const oiwire_Unregister *m) {
+  srv_instance *inst = NULL;
+  for (srv_instance *i = s->instances; i; i = i->next)
+    if (i->id == m->instance_id) inst = i;
+  if (!inst) {
+    if (m->instance_id && oi__server_instance_elsewhere(s->server, s, m->instance_id))
+      return reply_fmt(s, req, OI_ERR_PERMISSION, "unregister: instance %u belongs to another session",
+                       m->instance_id);
+    /* Already cleaned up (or never was): what the caller wants is true. */
+    return reply_result(s, req, OI_OK, "");
+  }
+  unlink_instance(s, inst); /* later requests naming it fail; queued flushes finish first */
+  oi_status st = aux_enqueue(s, AUX_UNREGISTER, req, inst, 0);
+  if (st != OI_OK) {
+    instance_put(inst);
+    reply_result(s, req, OI_OK, "");
+  }
+}
+
+static void handle_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
+  oi_server *srv = s->server;
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.request_id = req;
+  env.which_body = oiwire_Envelope_stats_reply_tag;
+  oiwire_StatsReply *r = &env.body.stats_reply;
+  if (m->instance_id) {
+    srv_instance *inst = lookup(s, req, m->instance_id, "stats");
+    if (!inst) return;
+    oi_engine_stats es;
+    memset(&es, 0, sizeof es);
+    es.struct_size = sizeof es;
+    oi_status st = oi_offload_engine_stats(inst->engine, &es);
+    if (st != OI_OK) return reply_failure(s, req, st);
+    r->instance_id = es.instance_id;
+    r->block_bytes = es.block_bytes;
+    r->num_blocks = es.num_blocks;
+    r->saves_submitted = es.saves_submitted;
+    r->saves_completed = es.saves_completed;
+    r->saves_deduplicated = es.saves_deduplicated;
+    r->saves_dropped = es.saves_dropped;
+    r->saves_failed = es.saves_failed;
+    r->loads_completed = es.loads_completed;
+    r->loads_failed = es.loads_failed;
+    r->blocks_loaded = es.blocks_loaded;
+    r->bytes_saved = es.bytes_saved;
+    r->bytes_loaded = es.bytes_loaded;
+    r->query_hit_blocks = es.query_hit_blocks;
+    r->query_miss_blocks = es.query_miss_blocks;
+    r->saves_pending = es.saves_pending;
+  }
+  pthread_mutex_lock(&srv->lock);
+  r->sessions = srv->num_sessions;
+  pthread_mutex_unlock(&srv->lock);
+  r->instances = atomic_load(&srv->instances);
+  r->arena_bytes = atomic_load(&srv->arena_bytes);
+  r->instances_cleaned_up = atomic_load(&srv->instances_cleaned_up);
+  oi_host_stats hs;
+  memset(&hs, 0, sizeof hs);
+  hs.struct_size = sizeof hs;
+  if (oi_offload_host_stats(srv->host, &hs) == OI_OK) {
+    r->host_blocks_sealed = hs.blocks_sealed;
+    r->host_capacity_bytes = hs.capacity_bytes;
+  }
+  session_send(s, &env, NULL);
+}
+
+static void dispatch(srv_session *s) {
+  oiwire_Envelope *env = &s->env;
+  uint64_t req = env->request_id;
+  if (env->which_body == oiwire_Envelope_hello_tag) return handle_hello(s, req, &env->body.hello);
+  if (!s->hello_done && env->which_body != 0)
+    return reply_fmt(s, req, OI_ERR_STATE, "the first request of a session must be Hello");
+  switch (env->which_body) {
+  case oiwire_Envelope_register_instance_tag:
+    return handle_register(s, req, &env->body.register_instance);
+  case oiwire_Envelope_save_tag: return handle_save(s, req, &env->body.save);
+  case oiwire_Envelope_query_tag: return handle_query(s, req, &env->body.query);
+  case oiwire_Envelope_load_tag: return handle_load(s, req, &env->body.load);
+  case oiwire_Envelope_release_tag: return handle_release(s, req, &env->body.release);
+  case oiwire_Envelope_flush_tag: return handle_flush(s, req, &env->body.flush);
+  case oiwire_Envelope_unregister_tag: return handle_unregister(s, req, &env->body.unregister);
+  case oiwire_Envelope_stats_tag: return handle_stats(s, req, &env->body.stats);
+  case 0:
+    return reply_fmt(s, req, OI_ERR_UNSUPPORTED,
+                     "unknown message type (the envelope has no body this server knows)");
+  default:
+    return reply_fmt(s, req, OI_ERR_UNSUPPORTED, "message type %u is a reply, not a request",
+                     env->which_body);
+  }
+}
+
+/* ---- the session thread ---------------------------------------------------------- */
+
+static void session_end(srv_session *s) {
+  oi_server *srv = s->server;
+  /* The peer sees the end; replies still in flight fail quietly. */
+  shutdown(s->fd, SHUT_RDWR);
+  if (s->aux_started) {
+    pthread_mutex_lock(&s->aux_lock);
+    s->aux_stop = true;
+    pthread_cond_broadcast(&s->aux_cv);
+    pthread_mutex_unlock(&s->aux_lock);
+    pthread_join(s->aux_thread, NULL);
+  }
+  for (;;) {
+    pthread_mutex_lock(&srv->lock);
+    srv_instance *inst = s->instances;
+    if (inst) s->instances = inst->next;
+    pthread_mutex_unlock(&srv->lock);
+    if (!inst) break;
+    inst->by_session_end = true;
+    instance_put(inst);
+  }
+  OI_LOG(OI_LOG_INFO, "server", "session=%llu ended (pid %d)", (unsigned long long)s->id,
+         (int)s->peer_pid);
+}
+
+static void *session_main(void *arg) {
+  srv_session *s = arg;
+  oi_server *srv = s->server;
+  for (;;) {
+    size_t len = 0;
+    oi_status st = oi__wire_recv(s->fd, OI_WIRE_MAX_FRAME, &s->frame, &s->frame_cap, &len);
+    if (st == OI_ERR_CLOSED || st == OI_ERR_IO) break;
+    if (st != OI_OK) {
+      OI_LOG(OI_LOG_WARN, "server", "session=%llu dropped: %s", (unsigned long long)s->id,
+             oi_last_error());
+      reply_fmt(s, 0, st, "session closed: %s", oi_last_error());
+      break;
+    }
+    st = oi__wire_decode(s->frame, len, &s->env, &s->arrays);
+    if (st != OI_OK) {
+      OI_LOG(OI_LOG_WARN, "server", "session=%llu dropped: %s", (unsigned long long)s->id,
+             oi_last_error());
+      reply_fmt(s, 0, st, "session closed: %s", oi_last_error());
+      break;
+    }
+    dispatch(s);
+    /* Large frames do not pin memory for the rest of a long session. */
+    if (s->frame_cap > (1u << 20)) {
+      oi__free(s->frame);
+      s->frame = NULL;
+      s->frame_cap = 0;
+    }
+  }
+  session_end(s);
+  pthread_mutex_lock(&srv->lock);
+  s->finished = true;
+  pthread_cond_broadcast(&srv->sessions_cv);
+  pthread_mutex_unlock(&srv->lock);
+  ssize_t w = write(srv->wake_fds[1], "r", 1); /* the run loop reaps */
+  OI_UNUSED(w);
+  return NULL;
+}
+
+oi_status oi__session_start(oi_server *srv, int fd, pid_t pid, uid_t uid, gid_t gid,
+                            srv_session **out) {
+  srv_session *s = oi__calloc(1, sizeof *s);
+  if (!s) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a session");
+  s->server = srv;
+  s->fd = fd;
+  s->peer_pid = pid;
+  s->peer_uid = uid;
+  s->peer_gid = gid;
+  pthread_mutex_init(&s->write_lock, NULL);
+  pthread_mutex_init(&s->aux_lock, NULL);
+  pthread_cond_init(&s->aux_cv, NULL);
+  /* A peer that stops reading cannot hold engine threads forever. */
+  struct timeval tv = {.tv_sec = CONTROL_SEND_TIMEOUT_S};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  pthread_mutex_lock(&srv->lock);
+  s->id = ++srv->next_session_id;
+  s->next = srv->sessions;
+  srv->sessions = s;
+  srv->num_sessions++;
+  int rc = pthread_create(&s->thread, NULL, session_main, s);
+  if (rc != 0) {
+    srv->sessions = s->next;
+    srv->num_sessions--;
+    pthread_mutex_unlock(&srv->lock);
+    pthread_cond_destroy(&s->aux_cv);
+    pthread_mutex_destroy(&s->aux_lock);
+    pthread_mutex_destroy(&s->write_lock);
+    oi__free(s);
+    return oi__fail(OI_ERR_INTERNAL, "cannot start a session thread: %s", strerror(rc));
+  }
+  pthread_mutex_unlock(&srv->lock);
+  pthread_setname_np(s->thread, "oi-session");
+  OI_LOG(OI_LOG_INFO, "server", "session=%llu connected (pid %d, uid %u, gid %u)",
+         (unsigned long long)s->id, (int)pid, (unsigned)uid, (unsigned)gid);
+  *out = s;
+  return OI_OK;
+}
+
+void oi__session_reap(srv_session *s) {
+  pthread_join(s->thread, NULL);
+  close(s->fd);
+  oi__wire_arrays_free(&s->arrays);
+  oi__free(s->frame);
+  oi__free(s->present);
+  pthread_cond_destroy(&s->aux_cv);
+  pthread_mutex_destroy(&s->aux_lock);
+  pthread_mutex_destroy(&s->write_lock);
+  oi__free(s);
+}

@@ -1,0 +1,317 @@
+/* Bad input over the wire: truncated and oversized frames, unknown message
+ * types, wrong hash and lease lengths, counts that do not match, block ids
+ * out of range, another session's instance, garbage bytes. Each gets an
+ * error reply (the session continues) or drops only that session; a good
+ * client keeps working, byte-exact, after every case. */
+#include "sidecar_util.h"
+
+static test_server ts;
+static oi_offload_engine *good;
+static oi_imported_arena *good_arena;
+static oi_arena_desc good_layout[TL_ARENAS];
+static uint64_t good_round; /* logical blocks used so far */
+
+/* The good client saves a fresh block and restores it elsewhere. */
+static void good_client_works(const char *after) {
+  uint8_t *base = oi_imported_arena_ptr(good_arena);
+  uint64_t logical = 1000 + good_round++;
+  int64_t src = (int64_t)(good_round % 8), dst = 8 + (int64_t)(good_round % 8);
+  oi_block_hash h = tl_hash(7, logical);
+  tl_fill(base, good_layout, src, logical);
+  oi_ticket *t = NULL;
+  oi_status st = oi_offload_engine_save(good, &src, &h, 1, NULL, &t);
+  if (st == OI_OK) st = oi_ticket_wait(t, 10000);
+  oi_ticket_release(t);
+  oi_query_result qr = {.struct_size = sizeof qr};
+  if (st == OI_OK) st = oi_offload_engine_query(good, NULL, &h, 1, 0, &qr);
+  if (st == OI_OK && qr.hit_blocks != 1) st = OI_ERR_NOT_FOUND;
+  t = NULL;
+  if (st == OI_OK) st = oi_offload_engine_load(good, qr.lease, &dst, 1, NULL, &t);
+  if (st == OI_OK) st = oi_ticket_wait(t, 10000);
+  oi_ticket_release(t);
+  if (st != OI_OK || !tl_check(base, good_layout, dst, logical)) {
+    fprintf(stderr, "the good client failed after '%s': %s %s\n", after, oi_status_str(st),
+            oi_last_error());
+    oi_test_failures++;
+  }
+}
+
+static void hello_client(wire_client *c) {
+  REQUIRE(wc_connect(c, ts.socket));
+  REQUIRE(wc_hello(c, NULL));
+}
+
+/* Expects a Result for request `id` with `st` whose message contains `needle`. */
+static void expect_error(wire_client *c, uint64_t id, oi_status st, const char *needle,
+                         const char *what) {
+  oi_status rs = wc_recv(c, 5000);
+  bool ok = rs == OI_OK && c->env.request_id == id &&
+            c->env.which_body == oiwire_Envelope_result_tag && c->env.body.result.status == st &&
+            (!needle || strstr(c->env.body.result.message, needle));
+  if (!ok) {
+    fprintf(stderr, "%s: expected %s containing '%s' for request %llu; got %s, request %llu, body %u, "
+            "status %s, message '%s'\n",
+            what, oi_status_str(st), needle ? needle : "", (unsigned long long)id, oi_status_str(rs),
+            (unsigned long long)c->env.request_id, c->env.which_body,
+            oi_status_str(c->env.body.result.status), c->env.body.result.message);
+    oi_test_failures++;
+  }
+}
+
+/* The session still answers. */
+static void still_served(wire_client *c, const char *what) {
+  if (!wc_hello(c, NULL)) {
+    fprintf(stderr, "%s: the session no longer answers\n", what);
+    oi_test_failures++;
+  }
+}
+
+/* The server ended the session (after a Result with request id 0). */
+static void dropped(wire_client *c, const char *what) {
+  bool saw_reason = false;
+  for (;;) {
+    oi_status st = wc_recv(c, 5000);
+    if (st == OI_OK && c->env.request_id == 0 && c->env.which_body == oiwire_Envelope_result_tag)
+      saw_reason = true;
+    if (st != OI_OK) {
+      if (st != OI_ERR_CLOSED) {
+        fprintf(stderr, "%s: the session was not closed (%s)\n", what, oi_status_str(st));
+        oi_test_failures++;
+      }
+      break;
+    }
+  }
+  (void)saw_reason;
+}
+
+static pbw *save_body(uint32_t instance, const int64_t *ids, size_t n_ids, size_t n_hashes,
+                      size_t hash_len) {
+  pbw *b = pbw_new();
+  pbw_uint(b, 1, instance);
+  if (n_ids) pbw_ids(b, 2, ids, n_ids);
+  uint8_t h[64];
+  memset(h, 0x5a, sizeof h);
+  for (size_t i = 0; i < n_hashes; i++) pbw_bytes(b, 3, h, hash_len);
+  return b;
+}
+
+static void send_env(wire_client *c, uint64_t id, uint32_t field, pbw *body) {
+  pbw *env = pbw_envelope(id, field, body);
+  REQUIRE(wc_send_payload(c, env->b, env->n));
+  free(env);
+  free(body);
+}
+
+static void test_frames(void) {
+  wire_client c;
+  /* truncated: a header promising 100 bytes, 50 sent, then the end */
+  hello_client(&c);
+  uint8_t hdr[4] = {100, 0, 0, 0}, half[50] = {0};
+  CHECK(wc_send_raw(&c, hdr, 4) && wc_send_raw(&c, half, sizeof half));
+  shutdown(c.fd, SHUT_WR);
+  dropped(&c, "truncated frame");
+  wc_close(&c);
+  good_client_works("truncated frame");
+
+  /* oversized: refused from the header alone */
+  hello_client(&c);
+  uint32_t big = OI_WIRE_MAX_FRAME + 1;
+  uint8_t bh[4] = {(uint8_t)big, (uint8_t)(big >> 8), (uint8_t)(big >> 16), (uint8_t)(big >> 24)};
+  CHECK(wc_send_raw(&c, bh, 4));
+  expect_error(&c, 0, OI_ERR_PROTOCOL, "exceeds", "oversized frame");
+  dropped(&c, "oversized frame");
+  wc_close(&c);
+  good_client_works("oversized frame");
+
+  /* garbage inside a well-formed frame */
+  hello_client(&c);
+  uint8_t junk[32];
+  memset(junk, 0xff, sizeof junk);
+  CHECK(wc_send_payload(&c, junk, sizeof junk));
+  expect_error(&c, 0, OI_ERR_PROTOCOL, "malformed", "garbage payload");
+  dropped(&c, "garbage payload");
+  wc_close(&c);
+  good_client_works("garbage payload");
+
+  /* not our protocol at all */
+  REQUIRE(wc_connect(&c, ts.socket));
+  const char *http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  CHECK(wc_send_raw(&c, http, strlen(http)));
+  dropped(&c, "HTTP request");
+  wc_close(&c);
+  good_client_works("HTTP request");
+
+  /* an empty frame is an Envelope with no body: an error, not a drop */
+  hello_client(&c);
+  CHECK(wc_send_payload(&c, NULL, 0));
+  expect_error(&c, 0, OI_ERR_UNSUPPORTED, "unknown message type", "empty frame");
+  still_served(&c, "empty frame");
+  wc_close(&c);
+}
+
+static void test_requests(void) {
+  oi_engine_stats gs = {.struct_size = sizeof gs};
+  CHECK_OK(oi_offload_engine_stats(good, &gs));
+  uint32_t other = gs.instance_id;
+
+  wire_client c;
+  REQUIRE(wc_connect(&c, ts.socket));
+  /* before Hello */
+  pbw *b = pbw_new();
+  pbw_uint(b, 1, 0);
+  send_env(&c, 41, oiwire_Envelope_stats_tag, b);
+  expect_error(&c, 41, OI_ERR_STATE, "Hello", "request before hello");
+  CHECK(wc_hello(&c, NULL));
+
+  /* unknown message type (field 40 of the envelope) */
+  uint8_t unknown[] = {0x08, 0x07, 0xC2, 0x02, 0x00};
+  CHECK(wc_send_payload(&c, unknown, sizeof unknown));
+  expect_error(&c, 7, OI_ERR_UNSUPPORTED, "unknown message type", "unknown message type");
+  /* a reply type sent as a request */
+  b = pbw_new();
+  pbw_uint(b, 1, 0);
+  send_env(&c, 8, oiwire_Envelope_result_tag, b);
+  expect_error(&c, 8, OI_ERR_UNSUPPORTED, "not a request", "reply as request");
+  still_served(&c, "unknown message type");
+
+  uint32_t mine = wc_register(&c, "bad-input", NULL, NULL);
+  CHECK(mine != 0);
+  int64_t ids[3] = {0, 1, 2};
+  send_env(&c, 10, oiwire_Envelope_save_tag, save_body(mine, ids, 1, 1, 15));
+  expect_error(&c, 10, OI_ERR_INVALID_ARGUMENT, "15 bytes (16 expected)", "short hash");
+  send_env(&c, 11, oiwire_Envelope_save_tag, save_body(mine, ids, 1, 1, 17));
+  expect_error(&c, 11, OI_ERR_INVALID_ARGUMENT, "17 bytes", "long hash");
+  send_env(&c, 12, oiwire_Envelope_save_tag, save_body(mine, ids, 2, 1, 16));
+  expect_error(&c, 12, OI_ERR_INVALID_ARGUMENT, "2 block ids but 1 hashes", "count mismatch");
+  send_env(&c, 13, oiwire_Envelope_save_tag, save_body(mine, ids, 0, 0, 16));
+  expect_error(&c, 13, OI_ERR_INVALID_ARGUMENT, "n = 0", "empty save");
+  int64_t out_of_range[1] = {TL_BLOCKS}, negative[1] = {-1};
+  send_env(&c, 14, oiwire_Envelope_save_tag, save_body(mine, out_of_range, 1, 1, 16));
+  expect_error(&c, 14, OI_ERR_INVALID_ARGUMENT, "out of range", "block id out of range");
+  send_env(&c, 15, oiwire_Envelope_save_tag, save_body(mine, negative, 1, 1, 16));
+  expect_error(&c, 15, OI_ERR_INVALID_ARGUMENT, "out of range", "negative block id");
+  /* more ids than one request may carry */
+  int64_t *many = calloc(OI_WIRE_MAX_BLOCKS + 1, sizeof *many);
+  send_env(&c, 16, oiwire_Envelope_save_tag, save_body(mine, many, OI_WIRE_MAX_BLOCKS + 1, 0, 16));
+  free(many);
+  expect_error(&c, 16, OI_ERR_INVALID_ARGUMENT, "more than 65536", "too many ids");
+  /* unknown and foreign instances */
+  send_env(&c, 17, oiwire_Envelope_save_tag, save_body(4000000, ids, 1, 1, 16));
+  expect_error(&c, 17, OI_ERR_NOT_FOUND, "not registered", "unknown instance");
+  send_env(&c, 18, oiwire_Envelope_save_tag, save_body(other, ids, 1, 1, 16));
+  expect_error(&c, 18, OI_ERR_PERMISSION, "another session", "foreign save");
+  b = pbw_new();
+  pbw_uint(b, 1, other);
+  send_env(&c, 19, oiwire_Envelope_unregister_tag, b);
+  expect_error(&c, 19, OI_ERR_PERMISSION, "another session", "foreign unregister");
+  b = pbw_new();
+  pbw_uint(b, 1, other);
+  send_env(&c, 20, oiwire_Envelope_flush_tag, b);
+  expect_error(&c, 20, OI_ERR_PERMISSION, "another session", "foreign flush");
+  /* a load with a lease of the wrong length, and with duplicate ids */
+  b = pbw_new();
+  pbw_uint(b, 1, mine);
+  pbw_bytes(b, 2, "short", 5);
+  pbw_ids(b, 3, ids, 1);
+  send_env(&c, 21, oiwire_Envelope_load_tag, b);
+  expect_error(&c, 21, OI_ERR_INVALID_ARGUMENT, "lease is 5 bytes", "short lease");
+  uint8_t lease[16] = {1};
+  int64_t dup[2] = {3, 3};
+  b = pbw_new();
+  pbw_uint(b, 1, mine);
+  pbw_bytes(b, 2, lease, 16);
+  pbw_ids(b, 3, dup, 2);
+  send_env(&c, 22, oiwire_Envelope_load_tag, b);
+  expect_error(&c, 22, OI_ERR_INVALID_ARGUMENT, "twice", "duplicate destination");
+  /* an unknown lease: the load is refused, not run */
+  b = pbw_new();
+  pbw_uint(b, 1, mine);
+  pbw_bytes(b, 2, lease, 16);
+  pbw_ids(b, 3, ids, 1);
+  send_env(&c, 23, oiwire_Envelope_load_tag, b);
+  expect_error(&c, 23, OI_ERR_LEASE_EXPIRED, NULL, "unknown lease");
+  /* a bad layout, and a layout without a size */
+  b = pbw_new();
+  pbw_bytes(b, 1, "ns", 2);
+  pbw_uint(b, 3, pbw_zigzag(OI_DEVICE_CPU));
+  pbw_uint(b, 4, 1);
+  pbw_uint(b, 5, 4096);
+  pbw *arena = pbw_new();
+  pbw_bytes(arena, 1, "a", 1);
+  pbw_uint(arena, 3, 4);    /* num_blocks */
+  pbw_uint(arena, 4, 1024); /* bytes_per_block */
+  pbw_uint(arena, 5, 512);  /* block_stride < bytes_per_block */
+  pbw_uint(arena, 6, 1);
+  pbw_bytes(b, 6, arena->b, arena->n);
+  send_env(&c, 24, oiwire_Envelope_register_instance_tag, b);
+  expect_error(&c, 24, OI_ERR_INVALID_ARGUMENT, "block_stride", "bad layout");
+  b = pbw_new();
+  pbw_bytes(b, 1, "ns", 2);
+  pbw_bytes(b, 6, arena->b, arena->n);
+  send_env(&c, 25, oiwire_Envelope_register_instance_tag, b);
+  expect_error(&c, 25, OI_ERR_INVALID_ARGUMENT, "arena_size", "no arena_size");
+  free(arena);
+  /* a device this server does not serve / that does not exist */
+  b = pbw_new();
+  pbw_bytes(b, 1, "ns", 2);
+  pbw_uint(b, 3, pbw_zigzag(77));
+  pbw_uint(b, 5, 4096);
+  send_env(&c, 26, oiwire_Envelope_register_instance_tag, b);
+  oi_status rs = wc_recv(&c, 5000);
+  CHECK(rs == OI_OK && c.env.request_id == 26 && c.env.which_body == oiwire_Envelope_result_tag &&
+        c.env.body.result.status < 0);
+  still_served(&c, "bad requests");
+  good_client_works("bad requests");
+
+  /* unregister of an unknown instance succeeds; the session's own works */
+  b = pbw_new();
+  pbw_uint(b, 1, 3999999);
+  send_env(&c, 27, oiwire_Envelope_unregister_tag, b);
+  expect_error(&c, 27, OI_OK, NULL, "unregister unknown");
+  b = pbw_new();
+  pbw_uint(b, 1, mine);
+  send_env(&c, 28, oiwire_Envelope_unregister_tag, b);
+  expect_error(&c, 28, OI_OK, NULL, "unregister");
+  send_env(&c, 29, oiwire_Envelope_save_tag, save_body(mine, ids, 1, 1, 16));
+  expect_error(&c, 29, OI_ERR_NOT_FOUND, "not registered", "save after unregister");
+
+  /* a string longer than its bound does not decode: the session is dropped */
+  b = pbw_new();
+  char longns[300];
+  memset(longns, 'n', sizeof longns);
+  pbw_bytes(b, 1, longns, sizeof longns);
+  send_env(&c, 30, oiwire_Envelope_register_instance_tag, b);
+  expect_error(&c, 0, OI_ERR_PROTOCOL, "malformed", "over-long namespace");
+  dropped(&c, "over-long namespace");
+  wc_close(&c);
+  good_client_works("over-long namespace");
+}
+
+static void test_server_state_after_abuse(void) {
+  wire_client c;
+  hello_client(&c);
+  oiwire_StatsReply sr;
+  /* only the good client's instance remains; dropped sessions freed theirs */
+  CHECK(WAIT_FOR_STATS(&c, sr, sr.instances == 1 && sr.sessions == 2));
+  wc_close(&c);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) TEST_SKIP("usage: test_bad_input OPENINFER_EXE");
+  ts_init(&ts, argv[1]);
+  REQUIRE(ts_start(&ts, NULL));
+  oi_engine_options o;
+  tl_options(&o, good_layout, "bad-input");
+  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &good, &good_arena));
+  REQUIRE(good && good_arena);
+  good_client_works("start");
+  RUN_TEST(test_frames);
+  RUN_TEST(test_requests);
+  RUN_TEST(test_server_state_after_abuse);
+  oi_imported_arena_close(good_arena);
+  oi_offload_engine_destroy(good);
+  CHECK(ts_stop(&ts));
+  if (oi_test_failures) ts_dump_log(&ts);
+  ts_cleanup(&ts);
+  TEST_EXIT();
+}

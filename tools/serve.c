@@ -1,0 +1,196 @@
+/* `openinfer serve`: runs the sidecar server (oi_server) until SIGTERM or
+ * SIGINT. Prints one line on stderr once it accepts connections:
+ *   openinfer serve: listening on PATH (pool X GiB, epoch Y)
+ * so scripts and tests can wait for it. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "openinfer/openinfer.h"
+
+#define MAX_IDS 64
+
+static oi_server *volatile g_server;
+
+static void on_signal(int sig) {
+  (void)sig;
+  oi_server *s = g_server;
+  if (s) oi_server_stop(s);
+}
+
+static void serve_usage(FILE *f) {
+  fprintf(f,
+          "usage: openinfer serve [options]\n"
+          "\n"
+          "Runs the sidecar server: owns the host tier (pinned pool) and allocates each\n"
+          "client's KV arena. Stops cleanly on SIGTERM or SIGINT.\n"
+          "\n"
+          "options:\n"
+          "  --socket PATH       Unix socket to listen on (default $XDG_RUNTIME_DIR/openinfer.sock,\n"
+          "                      or /tmp/openinfer-$UID.sock)\n"
+          "  --socket-mode MODE  permission bits of the socket, octal (default 0600)\n"
+          "  --allow-uid UID     also accept peers with this uid (repeatable; the server's\n"
+          "                      own uid is always accepted)\n"
+          "  --allow-gid GID     also accept peers whose primary gid is this (repeatable)\n"
+          "  --pool SIZE         host pool size, e.g. 64G (default 1G)\n"
+          "  --hugepages         back the pool with 2 MiB hugepages\n"
+          "  --no-pin            pageable pool memory (no pinning)\n"
+          "  --device N|cpu      device the pool is mapped for (default cpu)\n"
+          "  --arena-devices L   devices clients may register arenas on, comma separated\n"
+          "                      (e.g. cpu,0,1; default: any)\n"
+          "  --max-sessions N    concurrent client connections (default 256)\n"
+          "  --log-level LEVEL   trace|debug|info|warn|error|off (default info)\n"
+          "  -h, --help          this text\n");
+}
+
+static bool parse_device(const char *s, int32_t *out) {
+  if (!strcmp(s, "cpu")) {
+    *out = OI_DEVICE_CPU;
+    return true;
+  }
+  long v;
+  if (!cli_parse_int(s, -1, 1024, &v)) return false;
+  *out = (int32_t)v;
+  return true;
+}
+
+static bool parse_level(const char *s, int32_t *out) {
+  static const char *names[] = {"trace", "debug", "info", "warn", "error", "off"};
+  for (int i = 0; i < 6; i++)
+    if (!strcmp(s, names[i])) {
+      *out = i;
+      return true;
+    }
+  return false;
+}
+
+int cmd_serve(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"socket", required_argument, NULL, 's'},   {"socket-mode", required_argument, NULL, 'm'},
+      {"allow-uid", required_argument, NULL, 'u'}, {"allow-gid", required_argument, NULL, 'g'},
+      {"pool", required_argument, NULL, 'p'},     {"hugepages", no_argument, NULL, 'H'},
+      {"no-pin", no_argument, NULL, 'N'},         {"device", required_argument, NULL, 'd'},
+      {"arena-devices", required_argument, NULL, 'a'},
+      {"max-sessions", required_argument, NULL, 'S'},
+      {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 1ull << 30;
+  oi_server_options so;
+  oi_server_options_init(&so);
+  so.log_level = OI_LOG_INFO;
+  uint32_t uids[MAX_IDS], gids[MAX_IDS];
+  int32_t devices[MAX_IDS];
+  uint32_t nuids = 0, ngids = 0, ndevices = 0;
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    long v;
+    char *end;
+    switch (c) {
+    case 's': so.socket_path = optarg; break;
+    case 'm':
+      v = strtol(optarg, &end, 8);
+      if (*end || end == optarg || v < 0 || v > 0777) {
+        fprintf(stderr, "openinfer serve: --socket-mode '%s' is not an octal mode\n", optarg);
+        return CLI_USAGE;
+      }
+      so.socket_mode = (uint32_t)v;
+      break;
+    case 'u':
+    case 'g':
+      if (!cli_parse_int(optarg, 0, 0xfffffffeL, &v) || (c == 'u' ? nuids : ngids) >= MAX_IDS) {
+        fprintf(stderr, "openinfer serve: bad --allow-%s '%s'\n", c == 'u' ? "uid" : "gid", optarg);
+        return CLI_USAGE;
+      }
+      if (c == 'u')
+        uids[nuids++] = (uint32_t)v;
+      else
+        gids[ngids++] = (uint32_t)v;
+      break;
+    case 'p':
+      if (!cli_parse_size(optarg, &ho.pool_bytes) || ho.pool_bytes == 0) {
+        fprintf(stderr, "openinfer serve: --pool '%s' is not a size (e.g. 64G)\n", optarg);
+        return CLI_USAGE;
+      }
+      break;
+    case 'H': ho.flags |= OI_HOST_HUGEPAGES; break;
+    case 'N': ho.flags |= OI_HOST_NO_PIN; break;
+    case 'd':
+      if (!parse_device(optarg, &ho.device)) {
+        fprintf(stderr, "openinfer serve: --device '%s' is not a device (N or cpu)\n", optarg);
+        return CLI_USAGE;
+      }
+      break;
+    case 'a': {
+      char *list = strdup(optarg), *save = NULL;
+      for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (ndevices >= MAX_IDS || !parse_device(tok, &devices[ndevices])) {
+          fprintf(stderr, "openinfer serve: --arena-devices: '%s' is not a device\n", tok);
+          free(list);
+          return CLI_USAGE;
+        }
+        ndevices++;
+      }
+      free(list);
+      break;
+    }
+    case 'S':
+      if (!cli_parse_int(optarg, 1, 1 << 20, &v)) {
+        fprintf(stderr, "openinfer serve: bad --max-sessions '%s'\n", optarg);
+        return CLI_USAGE;
+      }
+      so.max_sessions = (uint32_t)v;
+      break;
+    case 'l':
+      if (!parse_level(optarg, &so.log_level)) {
+        fprintf(stderr, "openinfer serve: --log-level '%s' is not a level\n", optarg);
+        return CLI_USAGE;
+      }
+      break;
+    case 'h': serve_usage(stdout); return CLI_OK;
+    default: serve_usage(stderr); return CLI_USAGE;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "openinfer serve: unexpected argument '%s'\n", argv[optind]);
+    return CLI_USAGE;
+  }
+  so.host = &ho;
+  so.allowed_uids = uids;
+  so.num_allowed_uids = nuids;
+  so.allowed_gids = gids;
+  so.num_allowed_gids = ngids;
+  so.devices = devices;
+  so.num_devices = ndevices;
+
+  oi_server *srv;
+  oi_status st = oi_server_create(&so, &srv);
+  if (st != OI_OK) {
+    fprintf(stderr, "openinfer serve: %s (%s)\n", oi_last_error(), oi_status_str(st));
+    return CLI_FAILED;
+  }
+  g_server = srv;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  fprintf(stderr, "openinfer serve: listening on %s (pool %.2f GiB, epoch %016llx)\n",
+          oi_server_socket_path(srv), (double)ho.pool_bytes / (double)(1ull << 30),
+          (unsigned long long)oi_server_epoch(srv));
+  fflush(stderr);
+  st = oi_server_run(srv);
+  g_server = NULL;
+  if (st != OI_OK) fprintf(stderr, "openinfer serve: %s\n", oi_last_error());
+  oi_server_destroy(srv);
+  fprintf(stderr, "openinfer serve: stopped\n");
+  return st == OI_OK ? CLI_OK : CLI_FAILED;
+}

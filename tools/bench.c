@@ -25,6 +25,9 @@ static const benchmark benchmarks[] = {
     {"transfer", "save/load of real KV layouts on a GPU against bulk and per-piece memcpy,\n"
                  "           restore latency, compute interference",
      bench_transfer},
+    {"rpc", "the sidecar's query and save round trips over its socket, beside an embedded\n"
+            "           engine",
+     bench_rpc},
 };
 
 static void bench_usage(FILE *f) {

@@ -112,5 +112,19 @@ if r:
             check(passes.get("batch_save") == (r["batch_save_gbps"] / r["memcpy_to_host_gbps"] >= t["batch_ratio"]),
                   "batch save verdict agrees with the figures")
 
+# bench rpc: a real in-process server; the socket round trip costs more than
+# the embedded call, and both figures are ordered.
+p = subprocess.run([exe, "bench", "rpc", "--samples", "300", "--json"], capture_output=True, text=True, timeout=120)
+check(p.returncode == 0, f"bench rpc exits 0 (rc={p.returncode}, stderr={p.stderr[-400:]!r})")
+if p.returncode == 0:
+    lines = [l for l in p.stdout.splitlines() if l.strip()]
+    check(len(lines) == 1, "bench rpc --json prints one line")
+    r = json.loads(lines[-1])
+    for k in ("query_local", "query_rpc", "save_local", "save_rpc"):
+        check(0 < r[f"{k}_p50_us"] <= r[f"{k}_p99_us"], f"rpc {k}: 0 < p50 <= p99")
+    check(r["query_rpc_p50_us"] > r["query_local_p50_us"], "a socket round trip costs more than an in-process query")
+    check(r["query_rpc_target_met"] == (r["query_rpc_p50_us"] <= 30 and r["query_rpc_p99_us"] <= 100),
+          "rpc verdict agrees with the figures")
+
 print("test_bench:", "ok" if failures == 0 else f"{failures} failure(s)")
 sys.exit(1 if failures else 0)

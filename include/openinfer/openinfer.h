@@ -5,6 +5,7 @@
 #include "openinfer/common.h"
 #include "openinfer/device.h"
 #include "openinfer/engine.h"
+#include "openinfer/executor.h"
 #include "openinfer/hash.h"
 #include "openinfer/host.h"
 #include "openinfer/server.h"

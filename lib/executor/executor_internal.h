@@ -1,0 +1,136 @@
+/* The executor's internals: ranks (arena, block pool, offload engine, worker
+ * thread), requests, and the scheduler that steps them. executor.c holds
+ * construction, teardown and the public queries; scheduler.c the step. */
+#ifndef OI_EXECUTOR_INTERNAL_H
+#define OI_EXECUTOR_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/core.h"
+#include "device/device.h"
+#include "executor/block_pool.h"
+#include "openinfer/engine.h"
+#include "openinfer/executor.h"
+#include "openinfer/hash.h"
+
+typedef struct request {
+  uint64_t id;
+  uint32_t rank;
+  uint32_t state; /* oi_request_state */
+  oi_status status;
+  uint32_t prompt_len, max_new;
+  uint32_t *tokens; /* prompt, then generated: cap prompt_len + max_new */
+  uint32_t n_gen;
+  uint8_t *salt;
+  uint32_t salt_len;
+
+  oi_block_hash *hashes; /* chained hashes of the full blocks computed so far */
+  uint32_t n_hashes, hash_cap;
+  int64_t *blocks; /* block table */
+  uint32_t n_blocks, blocks_cap;
+  uint32_t kv_len;     /* tokens whose KV is in the arena */
+  uint32_t registered; /* leading blocks offered to the prefix cache */
+
+  uint32_t cached_tokens, restored_tokens, computed_tokens;
+  uint64_t submit_ns, first_token_ns, last_token_ns;
+
+  /* An admission restore in flight: blocks [restore_first, +restore_n). */
+  oi_ticket *load_ticket;
+  uint32_t restore_first, restore_n;
+  uint64_t restore_deadline_ns;
+
+  uint32_t sched_tokens; /* this step's share */
+  struct request *next;  /* rank queue (waiting, then running) */
+  struct request *hnext; /* id table */
+} request;
+
+/* Blocks a save reads: unpinned when its on_done arrives. */
+typedef struct save_rec {
+  struct save_rec *next;
+  struct exec_rank *rank;
+  oi_status status;
+  uint32_t n;
+  int64_t ids[];
+} save_rec;
+
+/* A load abandoned after restore_timeout_ms: its blocks stay out of the pool
+ * until the copy finishes. */
+typedef struct orphan_load {
+  struct orphan_load *next;
+  oi_ticket *ticket;
+  uint32_t n;
+  int64_t ids[];
+} orphan_load;
+
+typedef struct exec_rank {
+  struct oi_executor *x;
+  uint32_t index;
+  int32_t device;
+  oi_dev *dev;
+  void *arena;               /* the KV region (owned, or the import's mapping) */
+  oi_imported_arena *import; /* sidecar */
+  oi_kv_layout kv;
+  bool model_bound;
+  bool save_lock_init;
+  bool leak_arena; /* a copy may still touch it: never free */
+  oi_offload_engine *engine;
+  block_pool pool;
+
+  request *waiting_head, *waiting_tail;
+  request *running_head, *running_tail; /* restoring and running, in admission order */
+  uint32_t n_running;
+  orphan_load *orphans;
+
+  /* Save completions, pushed by the engine's completion thread. */
+  pthread_mutex_t save_lock;
+  pthread_cond_t save_cv;
+  save_rec *saves_done;
+  uint64_t saves_outstanding; /* under save_lock */
+
+  /* The worker. */
+  pthread_t thread;
+  bool thread_started;
+  pthread_mutex_t work_lock;
+  pthread_cond_t work_cv;
+  int work; /* 0 idle, 1 forward posted, 2 stop */
+  bool work_done;
+  oi_status work_status;
+  char work_error[512];
+  oi_model_batch batch;
+  oi_model_seq *seqs;
+  request **seq_req;
+} exec_rank;
+
+typedef struct exec_counters {
+  uint64_t steps, submitted, finished, failed, prefill_tokens, decode_tokens, cached_tokens,
+      restored_tokens, restores_started, restores_completed, restores_failed, saves_submitted;
+  uint64_t leases_held;
+} exec_counters;
+
+struct oi_executor {
+  oi_executor_options o;
+  oi_model_ops model;
+  void *model_ctx_for_worker; /* o.model_ctx */
+  oi_model_desc desc;
+  char *namespace_id;
+  oi_offload_host *host;
+  bool owns_host;
+  exec_rank *ranks;
+  uint32_t nranks;
+  uint32_t next_rank; /* round robin */
+  uint64_t next_id;
+  request **by_id; /* hash table of every request */
+  uint32_t by_id_mask;
+  uint64_t n_requests;
+  uint32_t page_tokens_max; /* KV tokens a request may need at most: gpu_blocks * page */
+  exec_counters c;
+};
+
+/* scheduler.c */
+oi_status oi__exec_step(oi_executor *x, uint32_t *finished);
+void oi__exec_collect_saves(exec_rank *r);
+void oi__exec_release_request(exec_rank *r, request *q, bool save);
+request *oi__exec_find(const oi_executor *x, uint64_t id);
+
+#endif

@@ -1,0 +1,331 @@
+/* The executor with the reference model, on the cpu backend, in one offload
+ * mode (argv[1]: "embedded", or "sidecar" with argv[2] the openinfer
+ * executable to serve from):
+ *   - a greedy completion is byte-identical cold, restored from the host tier
+ *     after GPU-cache eviction, on a GPU prefix hit, and with offload
+ *     disabled; restored KV bytes equal the cold-computed ones;
+ *   - a GPU hit and a host-tier hit combine into one prefix (3 + 3 blocks);
+ *   - injected restore failures degrade to a full prefill with the same
+ *     output, leaving no lease and no pinned page;
+ *   - two ranks share one host tier (rank 1 restores what rank 0 saved);
+ *   - destroy with saves and loads in flight is clean (run under ASan).
+ * Each test uses its own namespace, so the host tier starts empty for it. */
+#include "exec_testutil.h"
+
+#define PROMPT 26                                      /* 6 full blocks + 2 tokens */
+#define RESTORABLE (((PROMPT - 1) / PAGE) * PAGE)      /* 24 */
+#define KV_FULL_BLOCKS ((PROMPT + MAX_NEW - 1) / PAGE) /* 10 */
+
+static uint32_t mode;
+static oi_offload_host *host; /* embedded: shared by every executor of a test */
+static test_server server;
+
+static oi_executor *make_executor(uint32_t ranks, uint32_t offload, const char *ns) {
+  oi_executor_options o;
+  exec_options(&o, offload);
+  o.ranks = ranks;
+  o.namespace_id = ns;
+  if (offload == OI_OFFLOAD_EMBEDDED) o.host = host;
+  if (offload == OI_OFFLOAD_SIDECAR) o.socket_path = server.socket;
+  oi_executor *x = NULL;
+  oi_status st = oi_executor_create(&o, &x);
+  if (st != OI_OK) fprintf(stderr, "executor_create: %s: %s\n", oi_status_str(st), oi_last_error());
+  REQUIRE(st == OI_OK && x);
+  return x;
+}
+
+static void check_no_leases(oi_executor *x) {
+  oi_exec_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_executor_stats(x, &s));
+  CHECK(s.leases_held == 0);
+  if (host) {
+    oi_host_stats hs = {.struct_size = sizeof hs};
+    CHECK_OK(oi_offload_host_stats(host, &hs));
+    CHECK(hs.leases_active == 0);
+    CHECK(hs.blocks_leased == 0 && hs.blocks_loading == 0);
+  }
+}
+
+/* After a flush: no page pinned by a save, nothing held by a request. */
+static void check_quiet(oi_executor *x) {
+  CHECK_OK(oi_executor_flush(x, 10000));
+  oi_exec_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_executor_stats(x, &s));
+  CHECK(s.save_blocks_pending == 0);
+  CHECK(s.blocks_active == 0);
+  CHECK(s.blocks_free + s.blocks_cached == s.blocks_total);
+  check_no_leases(x);
+}
+
+static void test_parity_cold_restored_gpu_hit_and_no_offload(void) {
+  uint32_t a[PROMPT];
+  make_prompt(a, PROMPT, 1);
+  oi_executor *x = make_executor(1, mode, "t-parity");
+  run_out cold, warm, hit;
+  run_one(x, a, PROMPT, -1, &cold);
+  CHECK(cold.res.cached_tokens == 0 && cold.res.restored_tokens == 0);
+  CHECK(cold.res.computed_tokens == PROMPT);
+  CHECK(cold.res.ttft_ns > 0);
+  int distinct = 0; /* a degenerate model (one token forever) would prove little */
+  for (uint32_t i = 0; i < cold.n_tokens; i++) {
+    bool seen = false;
+    for (uint32_t j = 0; j < i; j++)
+      seen |= cold.tokens[j] == cold.tokens[i];
+    distinct += !seen;
+  }
+  CHECK(distinct >= 4);
+  size_t bytes = 0, bytes2 = 0;
+  uint8_t *cold_kv = kv_snapshot(x, 0, cold.id, KV_FULL_BLOCKS, &bytes);
+
+  CHECK_OK(oi_executor_flush(x, 10000));
+  uint64_t evicted = 0;
+  CHECK_OK(oi_executor_evict_gpu_cache(x, &evicted));
+  CHECK(evicted >= KV_FULL_BLOCKS);
+  run_one(x, a, PROMPT, -1, &warm);
+  CHECK(warm.res.restored_tokens == RESTORABLE);
+  CHECK(warm.res.cached_tokens == 0);
+  CHECK(warm.res.computed_tokens == PROMPT - RESTORABLE);
+  CHECK(same_tokens(&cold, &warm));
+  uint8_t *warm_kv = kv_snapshot(x, 0, warm.id, KV_FULL_BLOCKS, &bytes2);
+  CHECK(bytes == bytes2 && !memcmp(cold_kv, warm_kv, bytes)); /* restored + recomputed KV */
+  free(warm_kv);
+
+  run_one(x, a, PROMPT, -1, &hit); /* everything is in the GPU cache now */
+  CHECK(hit.res.cached_tokens == RESTORABLE && hit.res.restored_tokens == 0);
+  CHECK(same_tokens(&cold, &hit));
+  check_quiet(x);
+  oi_executor_destroy(x);
+
+  /* Offload disabled: cold, then a GPU prefix hit; same tokens and bytes. */
+  oi_executor *y = make_executor(1, OI_OFFLOAD_NONE, "t-parity-none");
+  run_out none_cold, none_hit;
+  run_one(y, a, PROMPT, -1, &none_cold);
+  CHECK(none_cold.res.cached_tokens == 0 && none_cold.res.computed_tokens == PROMPT);
+  CHECK(same_tokens(&cold, &none_cold));
+  run_one(y, a, PROMPT, -1, &none_hit);
+  CHECK(none_hit.res.cached_tokens == RESTORABLE);
+  CHECK(same_tokens(&cold, &none_hit));
+  uint8_t *hit_kv = kv_snapshot(y, 0, none_hit.id, KV_FULL_BLOCKS, &bytes2);
+  CHECK(bytes == bytes2 && !memcmp(cold_kv, hit_kv, bytes));
+  free(hit_kv);
+  check_quiet(y);
+  oi_executor_destroy(y);
+  free(cold_kv);
+}
+
+static void test_gpu_hit_and_host_hit_combine(void) {
+  uint32_t p[PROMPT];
+  make_prompt(p, PROMPT, 2);
+  oi_executor *x = make_executor(1, mode, "t-combine");
+  run_out cold, q, warm;
+  run_one(x, p, PROMPT, -1, &cold);
+  CHECK_OK(oi_executor_flush(x, 10000));
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  /* A shorter prompt restores the first 3 blocks, which stay in the GPU cache. */
+  run_one(x, p, 3 * PAGE + 1, -1, &q);
+  CHECK(q.res.restored_tokens == 3 * PAGE && q.res.cached_tokens == 0);
+  /* The full prompt: 3 blocks from the GPU cache + 3 from the host tier. */
+  run_one(x, p, PROMPT, -1, &warm);
+  CHECK(warm.res.cached_tokens == 3 * PAGE);
+  CHECK(warm.res.restored_tokens == 3 * PAGE);
+  CHECK(warm.res.computed_tokens == PROMPT - 6 * PAGE);
+  CHECK(same_tokens(&cold, &warm));
+  check_quiet(x);
+  oi_executor_destroy(x);
+}
+
+typedef struct fault_plan {
+  uint32_t fault;
+  int fired;
+} fault_plan;
+
+static int inject(void *ctx, uint32_t rank, uint64_t request_id, uint32_t fault) {
+  (void)rank;
+  (void)request_id;
+  fault_plan *f = ctx;
+  if (f->fault != fault) return 0;
+  f->fired++;
+  return 1;
+}
+
+static void test_injected_failures_degrade_to_prefill(void) {
+  uint32_t p[PROMPT];
+  make_prompt(p, PROMPT, 3);
+  fault_plan plan = {0, 0};
+  oi_executor_options o;
+  exec_options(&o, mode);
+  o.namespace_id = "t-faults";
+  if (mode == OI_OFFLOAD_EMBEDDED) o.host = host;
+  if (mode == OI_OFFLOAD_SIDECAR) o.socket_path = server.socket;
+  o.fault_hook = inject;
+  o.fault_ctx = &plan;
+  oi_executor *x = NULL;
+  REQUIRE(oi_executor_create(&o, &x) == OI_OK);
+  run_out cold;
+  run_one(x, p, PROMPT, -1, &cold);
+  CHECK_OK(oi_executor_flush(x, 10000));
+
+  static const uint32_t faults[] = {OI_FAULT_QUERY, OI_FAULT_LEASE_EXPIRED, OI_FAULT_NO_FREE_BLOCKS,
+                                    OI_FAULT_LOAD_SUBMIT, OI_FAULT_LOAD_COMPLETE};
+  static const char *names[] = {"query", "lease expired", "no free blocks", "load submit",
+                                "load completion"};
+  for (size_t i = 0; i < OI_ARRAY_LEN(faults); i++) {
+    plan.fault = faults[i];
+    plan.fired = 0;
+    CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+    oi_exec_stats before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
+    CHECK_OK(oi_executor_stats(x, &before));
+    run_out r;
+    run_one(x, p, PROMPT, -1, &r);
+    int failures = oi_test_failures;
+    CHECK(plan.fired == 1);
+    CHECK(same_tokens(&cold, &r));
+    CHECK(r.res.restored_tokens == 0 && r.res.cached_tokens == 0);
+    CHECK(r.res.computed_tokens == PROMPT);
+    CHECK_OK(oi_executor_stats(x, &after));
+    if (faults[i] != OI_FAULT_QUERY) CHECK(after.restores_failed == before.restores_failed + 1);
+    check_quiet(x);
+    if (oi_test_failures != failures) fprintf(stderr, "  ... with the fault '%s'\n", names[i]);
+  }
+  /* Nothing leaked a pin: the host tier still serves the whole prefix. */
+  plan.fault = 0;
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  run_out ok;
+  run_one(x, p, PROMPT, -1, &ok);
+  CHECK(ok.res.restored_tokens == RESTORABLE);
+  CHECK(same_tokens(&cold, &ok));
+  check_quiet(x);
+  oi_executor_destroy(x);
+}
+
+static void test_rank1_restores_what_rank0_saved(void) {
+  uint32_t p[PROMPT];
+  make_prompt(p, PROMPT, 4);
+  oi_executor *x = make_executor(2, mode, "t-ranks");
+  run_out r0, r1;
+  run_one(x, p, PROMPT, 0, &r0);
+  CHECK(r0.res.rank == 0 && r0.res.restored_tokens == 0);
+  CHECK_OK(oi_executor_flush(x, 10000));
+  run_one(x, p, PROMPT, 1, &r1);
+  CHECK(r1.res.rank == 1);
+  CHECK(r1.res.restored_tokens == RESTORABLE && r1.res.cached_tokens == 0);
+  CHECK(same_tokens(&r0, &r1));
+  size_t b0, b1;
+  uint8_t *k0 = kv_snapshot(x, 0, r0.id, KV_FULL_BLOCKS, &b0);
+  uint8_t *k1 = kv_snapshot(x, 1, r1.id, KV_FULL_BLOCKS, &b1);
+  CHECK(b0 == b1 && !memcmp(k0, k1, b0));
+  free(k0);
+  free(k1);
+
+  /* Both ranks at once, continuous batching with other prompts. */
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  uint32_t others[4][PROMPT + 7];
+  uint64_t ids[6];
+  for (int i = 0; i < 4; i++) {
+    make_prompt(others[i], PROMPT + 7, 100 + i);
+    ids[i] = submit(x, others[i], PROMPT + 7 - i, -1);
+  }
+  ids[4] = submit(x, p, PROMPT, 0);
+  ids[5] = submit(x, p, PROMPT, 1);
+  CHECK_OK(oi_executor_run_until_idle(x));
+  run_out a, b;
+  collect(x, ids[4], &a);
+  collect(x, ids[5], &b);
+  CHECK(same_tokens(&r0, &a) && same_tokens(&r0, &b));
+  CHECK(a.res.restored_tokens == RESTORABLE && b.res.restored_tokens == RESTORABLE);
+  check_quiet(x);
+  oi_executor_destroy(x);
+}
+
+static void test_destroy_with_saves_and_loads_in_flight(void) {
+  uint32_t p[PROMPT], q[PROMPT + 5];
+  make_prompt(p, PROMPT, 5);
+  make_prompt(q, PROMPT + 5, 6);
+  { /* the host tier holds p */
+    oi_executor *x = make_executor(1, mode, "t-teardown");
+    run_out r;
+    run_one(x, p, PROMPT, -1, &r);
+    CHECK_OK(oi_executor_flush(x, 10000));
+    oi_executor_destroy(x);
+  }
+  for (uint32_t steps = 0; steps <= 20; steps++) {
+    oi_executor *x = make_executor(2, mode, "t-teardown");
+    submit(x, p, PROMPT, 0);                 /* restores */
+    submit(x, q, PROMPT + 5 - steps % 4, 0); /* computes, finishes, saves */
+    submit(x, p, PROMPT, 1);
+    uint32_t finished = 0;
+    for (uint32_t s = 0; s < steps; s++)
+      CHECK_OK(oi_executor_step(x, &finished));
+    if (steps % 3 == 0) submit(x, p, PROMPT, 1); /* admitted at a later step: never ran */
+    oi_executor_destroy(x);
+    if (host) {
+      oi_host_stats hs = {.struct_size = sizeof hs};
+      CHECK_OK(oi_offload_host_stats(host, &hs));
+      CHECK(hs.leases_active == 0 && hs.blocks_in_flight == 0 && hs.blocks_loading == 0);
+    }
+  }
+}
+
+static void test_bad_input_is_refused(void) {
+  oi_executor_options o;
+  exec_options(&o, OI_OFFLOAD_EMBEDDED);
+  o.prefix_cache = 0;
+  oi_executor *x = NULL;
+  CHECK_ST(oi_executor_create(&o, &x), OI_ERR_INVALID_ARGUMENT);
+  CHECK(x == NULL);
+  exec_options(&o, OI_OFFLOAD_NONE);
+  o.model = NULL;
+  CHECK_ST(oi_executor_create(&o, &x), OI_ERR_INVALID_ARGUMENT);
+  x = make_executor(1, OI_OFFLOAD_NONE, "t-bad");
+  uint32_t big[GPU_BLOCKS * PAGE + 1] = {0};
+  oi_request r;
+  oi_request_init(&r);
+  uint64_t id = 0;
+  r.prompt = big;
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT); /* empty */
+  r.prompt_len = GPU_BLOCKS * PAGE + 1;
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT); /* more blocks than a rank */
+  r.prompt_len = 4;
+  big[2] = 100000;
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT); /* token out of vocab */
+  big[2] = 0;
+  r.rank = 3;
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT);
+  oi_request_result res = {.struct_size = sizeof res};
+  CHECK_ST(oi_executor_result(x, 999, &res), OI_ERR_NOT_FOUND);
+  oi_executor_destroy(x);
+  oi_executor_destroy(NULL);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s embedded | sidecar OPENINFER_EXE\n", argv[0]);
+    return 1;
+  }
+  model_init();
+  if (!strcmp(argv[1], "embedded")) {
+    mode = OI_OFFLOAD_EMBEDDED;
+    oi_host_options ho;
+    oi_host_options_init(&ho);
+    ho.pool_bytes = 32ull << 20;
+    ho.flags = OI_HOST_NO_PIN;
+    REQUIRE(oi_offload_host_create(&ho, &host) == OI_OK);
+  } else {
+    mode = OI_OFFLOAD_SIDECAR;
+    if (argc < 3) TEST_SKIP("sidecar mode needs the openinfer executable");
+    if (!server_start(&server, argv[2])) {
+      fprintf(stderr, "could not start `%s serve`\n", argv[2]);
+      return 1;
+    }
+  }
+  RUN_TEST(test_parity_cold_restored_gpu_hit_and_no_offload);
+  RUN_TEST(test_gpu_hit_and_host_hit_combine);
+  RUN_TEST(test_injected_failures_degrade_to_prefill);
+  RUN_TEST(test_rank1_restores_what_rank0_saved);
+  RUN_TEST(test_destroy_with_saves_and_loads_in_flight);
+  RUN_TEST(test_bad_input_is_refused);
+  if (mode == OI_OFFLOAD_SIDECAR) server_stop(&server);
+  oi_offload_host_destroy(host);
+  oi_refmodel_destroy(model_ctx);
+  TEST_EXIT();
+}

@@ -22,6 +22,11 @@ typedef struct xfer_job {
   oi_ticket *ticket; /* the producer's reference, or NULL */
   oi_save_done_fn on_done;
   void *on_done_ctx;
+  /* Deadline bookkeeping (engine's done_lock): a job is outstanding from the
+   * moment its completion is queued until its copies land. */
+  uint64_t deadline_ns;
+  bool expired; /* the caller was told OI_ERR_TIMEOUT; the copy may still run */
+  struct xfer_job *out_prev, *out_next;
   host_block *blocks[];
 } xfer_job;
 
@@ -46,6 +51,7 @@ typedef struct local_engine {
   pthread_cond_t done_cv;  /* a job arrived, or stop */
   pthread_cond_t flush_cv; /* a save operation finished */
   xfer_job *head, *tail;
+  xfer_job *outstanding; /* queued jobs whose copies have not landed */
   bool stopping;
   uint64_t save_ops_submitted, save_ops_done;
   /* Hashes this engine's saves deduplicated against blocks another engine
@@ -125,6 +131,10 @@ static void finish_load(local_engine *e, xfer_job *job) {
 }
 
 static void complete_job(local_engine *e, xfer_job *job) {
+  /* A job whose deadline passed was already reported as OI_ERR_TIMEOUT (its
+   * ticket and on_done fired then): what it copied is not trusted, so a late
+   * save is discarded rather than sealed. */
+  if (job->expired) job->status = OI_ERR_TIMEOUT;
   if (job->is_load) {
     finish_load(e, job);
   } else {
@@ -140,15 +150,76 @@ static void complete_job(local_engine *e, xfer_job *job) {
   oi__free(job);
 }
 
+static void outstanding_remove_locked(local_engine *e, xfer_job *job) {
+  if (job->out_prev)
+    job->out_prev->out_next = job->out_next;
+  else if (e->outstanding == job)
+    e->outstanding = job->out_next;
+  else
+    return; /* not on the list */
+  if (job->out_next) job->out_next->out_prev = job->out_prev;
+  job->out_prev = job->out_next = NULL;
+}
+
+/* Deadlines: a job whose copies have not landed by its deadline is reported
+ * to the caller as OI_ERR_TIMEOUT now; its memory stays held (slots in
+ * flight, blocks marked loading) until the copy really ends. */
+typedef struct expired_cb {
+  oi_ticket *ticket;
+  oi_save_done_fn on_done;
+  void *ctx;
+} expired_cb;
+
+static void expire_jobs_locked(local_engine *e, uint64_t now, uint64_t *next_deadline) {
+  for (;;) {
+    expired_cb fire[32];
+    size_t nfire = 0;
+    *next_deadline = UINT64_MAX;
+    for (xfer_job *j = e->outstanding; j; j = j->out_next) {
+      if (j->expired) continue;
+      if (j->deadline_ns > now || nfire == OI_ARRAY_LEN(fire)) {
+        *next_deadline = OI_MIN(*next_deadline, j->deadline_ns);
+        continue;
+      }
+      j->expired = true;
+      fire[nfire++] = (expired_cb){j->ticket, j->on_done, j->on_done_ctx};
+      j->ticket = NULL;
+      j->on_done = NULL;
+      OI_LOG(OI_LOG_WARN, "engine", "instance=%u %s of %zu blocks missed its %u ms deadline",
+             e->base.instance_id, j->is_load ? "load" : "save", j->n,
+             j->is_load ? e->base.opts.load_deadline_ms : e->base.opts.save_deadline_ms);
+    }
+    if (nfire == 0) return;
+    pthread_mutex_unlock(&e->done_lock); /* callbacks run without the lock */
+    for (size_t i = 0; i < nfire; i++) {
+      if (fire[i].on_done) fire[i].on_done(fire[i].ctx, OI_ERR_TIMEOUT);
+      if (fire[i].ticket) oi__ticket_complete(fire[i].ticket, OI_ERR_TIMEOUT);
+    }
+    pthread_mutex_lock(&e->done_lock);
+  }
+}
+
 static void *done_main(void *arg) {
   local_engine *e = arg;
   pthread_mutex_lock(&e->done_lock);
   for (;;) {
-    while (!e->head && !e->stopping) pthread_cond_wait(&e->done_cv, &e->done_lock);
+    uint64_t next_deadline;
+    expire_jobs_locked(e, oi__now_ns(), &next_deadline);
+    if (!e->head && !e->stopping) {
+      if (next_deadline == UINT64_MAX) {
+        pthread_cond_wait(&e->done_cv, &e->done_lock);
+      } else {
+        struct timespec ts = {.tv_sec = (time_t)(next_deadline / 1000000000ull),
+                              .tv_nsec = (long)(next_deadline % 1000000000ull)};
+        pthread_cond_timedwait(&e->done_cv, &e->done_lock, &ts);
+      }
+      continue;
+    }
     xfer_job *job = e->head;
     if (!job) break; /* stopping and drained */
     e->head = job->next;
     if (!e->head) e->tail = NULL;
+    outstanding_remove_locked(e, job);
     pthread_mutex_unlock(&e->done_lock);
     complete_job(e, job);
     pthread_mutex_lock(&e->done_lock);
@@ -234,7 +305,21 @@ static oi_status queue_completion(local_engine *e, oi_stream *s, xfer_job *job) 
     st = e->dev->ops->stream_record_event(s, &ev);
     if (st == OI_OK && ev) oi__ticket_set_cuda_event(job->ticket, ev, e->dev->ops->event_destroy);
   }
-  if (st == OI_OK) st = e->dev->ops->stream_call(s, job_arrived, job);
+  if (st != OI_OK) return st;
+  uint32_t ms = job->is_load ? e->base.opts.load_deadline_ms : e->base.opts.save_deadline_ms;
+  job->deadline_ns = oi__deadline_ns(ms ? ms : UINT32_MAX);
+  pthread_mutex_lock(&e->done_lock);
+  job->out_next = e->outstanding;
+  if (e->outstanding) e->outstanding->out_prev = job;
+  e->outstanding = job;
+  pthread_cond_signal(&e->done_cv); /* the done thread re-arms its timer */
+  pthread_mutex_unlock(&e->done_lock);
+  st = e->dev->ops->stream_call(s, job_arrived, job);
+  if (st != OI_OK) {
+    pthread_mutex_lock(&e->done_lock);
+    outstanding_remove_locked(e, job);
+    pthread_mutex_unlock(&e->done_lock);
+  }
   return st;
 }
 
@@ -615,10 +700,10 @@ oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o
   if (!e) return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
   e->base.ops = &local_ops;
   pthread_mutex_init(&e->done_lock, NULL);
-  pthread_cond_init(&e->done_cv, NULL);
-  pthread_condattr_t ca; /* flush deadlines are CLOCK_MONOTONIC (oi__deadline_ns) */
+  pthread_condattr_t ca; /* deadlines are CLOCK_MONOTONIC (oi__deadline_ns) */
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&e->done_cv, &ca);
   pthread_cond_init(&e->flush_cv, &ca);
   pthread_condattr_destroy(&ca);
   oi_status st = oi__engine_init_common(&e->base, o, "register");

@@ -46,7 +46,7 @@ static atomic_size_t done_requests;
 
 static void demo_usage(FILE *f) {
   fprintf(f,
-          "usage: openinfer demo [options]\n"
+          "usage: openinfer demo tier [options]\n"
           "\n"
           "Runs a multi-turn chat workload over several rank engines sharing one host pool:\n"
           "each request restores its prompt's cached prefix from the host tier, 'computes' the\n"
@@ -230,7 +230,7 @@ static bool parse_demo_opts(int argc, char **argv, demo_opts *o, int *rc) {
   return true;
 }
 
-int cmd_demo(int argc, char **argv) {
+int demo_tier(int argc, char **argv) {
   demo_opts o = {.device = -2, .ranks = 4, .conversations = 24, .turns = 6, .layers = 8,
                  .page_tokens = 16, .system_blocks = 8, .turn_blocks = 4,
                  .block_bytes = 16 << 10, .seed = 1};

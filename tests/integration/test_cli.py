@@ -30,20 +30,30 @@ check(p.returncode == 2 and "usage" in p.stderr, "no command exits 2 with usage"
 p = run("frobnicate")
 check(p.returncode == 2 and "'frobnicate' is not a command" in p.stderr, "unknown command exits 2", p)
 p = run("demo", "--help")
-check(p.returncode == 0 and "--ranks" in p.stdout, "demo --help", p)
+check(p.returncode == 0 and "--conversations" in p.stdout and "demo tier" in p.stdout, "demo --help", p)
 p = run("demo", "--ranks", "zero")
 check(p.returncode == 2 and "--ranks" in p.stderr, "demo rejects a bad value", p)
 p = run("demo", "extra")
 check(p.returncode == 2, "demo rejects a stray argument", p)
-p = run("demo", "--device", "cpu", "--ranks", "3", "--conversations", "8", "--turns", "3",
+# The main job: the executor restores each turn's prefix from the host tier
+# and its completions match a cold executor's byte for byte.
+p = run("demo", "--ranks", "2", "--conversations", "2", "--turns", "3", "--system-tokens", "48",
+        "--turn-tokens", "24", "--new-tokens", "4", "--layers", "2", "--hidden", "64", "--vocab", "512")
+check(p.returncode == 0 and "demo OK" in p.stdout and "DIFFERS" not in p.stdout, "executor demo", p)
+rows = [l.split() for l in p.stdout.splitlines() if re.match(r"\s+\d+\s+[\d.]+ ms", l)]
+check(len(rows) == 3 and all(r[-1] == "same" for r in rows), "one row per turn, outputs the same", p)
+check(len(rows) == 3 and all(int(r[-3]) > 0 for r in rows[1:]), "later turns restore tokens from the host tier", p)
+p = run("demo", "tier", "--help")
+check(p.returncode == 0 and "--ranks" in p.stdout, "demo tier --help", p)
+p = run("demo", "tier", "--device", "cpu", "--ranks", "3", "--conversations", "8", "--turns", "3",
         "--layers", "3", "--block-bytes", "4100")
 check(p.returncode == 0 and "demo OK" in p.stdout and re.search(r"restored bytes that differ +0\n", p.stdout),
       "demo on cpu", p)
 check("blocks evicted" in p.stdout and "restore latency p50" in p.stdout, "demo prints its table", p)
-p = run("demo", "--device", "cpu")
-check(p.returncode == 0 and "demo OK" in p.stdout, "demo defaults on cpu", p)
-p = run("demo", "--device", "999")
-check(p.returncode == 1 and "device 999" in p.stderr, "demo on a missing device fails clearly", p)
+p = run("demo", "tier", "--device", "cpu")
+check(p.returncode == 0 and "demo OK" in p.stdout, "demo tier defaults on cpu", p)
+p = run("demo", "tier", "--device", "999")
+check(p.returncode == 1 and "device 999" in p.stderr, "demo tier on a missing device fails clearly", p)
 
 print("test_cli:", "ok" if failures == 0 else f"{failures} failure(s)")
 sys.exit(1 if failures else 0)

@@ -1,0 +1,453 @@
+/* Prefix semantics of queries and the life of a lease: created iff hits > 0,
+ * world_size shares, bound to its instance, released / consumed / expired
+ * leases fail with OI_ERR_LEASE_EXPIRED, TTL expiry frees the pins, and a
+ * count mismatch is rejected before any copy. */
+#include "engine_testutil.h"
+
+#define SEED 0xFEEDull
+#define NB 32
+
+static oi_offload_host *host;
+static etu_layout L;
+static uint64_t next_space = 1000;
+
+/* Saves hashes hs[i] for i where mask bit i is set, from block i (content
+ * key = space * 64 + i), then flushes. */
+static void save_mask(oi_offload_engine *e, uint64_t space, const oi_block_hash *hs, int n,
+                      unsigned mask) {
+  int64_t ids[32];
+  oi_block_hash sel[32];
+  int m = 0;
+  for (int i = 0; i < n; i++)
+    if (mask & (1u << i)) {
+      ids[m] = i;
+      sel[m] = hs[i];
+      etu_fill_block(&L, i, space * 64 + (uint64_t)i, SEED);
+      m++;
+    }
+  CHECK_OK(etu_save_wait(e, ids, sel, (size_t)m));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+}
+
+static uint64_t leases_active(void) { return etu_host_stats(host).leases_active; }
+
+static void test_partial_prefix_hits_the_leading_run(void) {
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  uint64_t space = next_space++;
+  oi_block_hash hs[5];
+  for (int i = 0; i < 5; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  save_mask(e, space, hs, 5, 0x7); /* 3 of 5 */
+  oi_host_stats before = etu_host_stats(host);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, "req-a", hs, 5, &q));
+  CHECK(q.state == OI_QUERY_READY);
+  CHECK(q.hit_blocks == 3);
+  CHECK(!etu_lease_is_zero(q.lease));
+  oi_host_stats after = etu_host_stats(host);
+  CHECK(after.query_hit_blocks == before.query_hit_blocks + 3);
+  CHECK(after.query_miss_blocks == before.query_miss_blocks + 2);
+  CHECK(after.leases_active == before.leases_active + 1);
+  CHECK(after.blocks_leased == before.blocks_leased + 3);
+  int64_t dst[3] = {20, 21, 22};
+  CHECK_OK(etu_load_wait(e, q.lease, dst, 3));
+  for (int i = 0; i < 3; i++)
+    CHECK(etu_block_matches(&L, dst[i], space * 64 + (uint64_t)i, SEED, "prefix 3 of 5"));
+  CHECK(etu_block_is_zero(&L, 23));
+  after = etu_host_stats(host);
+  CHECK(after.leases_active == before.leases_active); /* its only share was consumed */
+  CHECK(after.leases_released == before.leases_released + 1);
+  for (int i = 0; i < 3; i++)
+    etu_zero_block(&L, dst[i]);
+  oi_offload_engine_destroy(e);
+}
+
+static void test_a_gap_breaks_the_prefix(void) {
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  uint64_t space = next_space++;
+  oi_block_hash hs[5];
+  for (int i = 0; i < 5; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  save_mask(e, space, hs, 5, 0x1B); /* 0, 1, 3, 4: block 2 missing */
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, hs, 5, &q));
+  CHECK(q.hit_blocks == 2);
+  CHECK(!etu_lease_is_zero(q.lease));
+  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  /* Starting after the gap, the rest is a prefix of its own. */
+  CHECK_OK(etu_query(e, NULL, hs + 3, 2, &q));
+  CHECK(q.hit_blocks == 2);
+  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  oi_offload_engine_destroy(e);
+}
+
+static void test_first_block_missing_means_no_hit_and_no_lease(void) {
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  uint64_t space = next_space++;
+  oi_block_hash hs[5];
+  for (int i = 0; i < 5; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  save_mask(e, space, hs, 5, 0x1E); /* 1..4 */
+  uint64_t active = leases_active();
+  oi_query_result q;
+  memset(&q.lease, 0xAB, sizeof q.lease);
+  CHECK_OK(etu_query(e, NULL, hs, 5, &q));
+  CHECK(q.hit_blocks == 0);
+  CHECK(q.state == OI_QUERY_READY);
+  CHECK(etu_lease_is_zero(q.lease));
+  CHECK(leases_active() == active);
+  oi_offload_engine_destroy(e);
+}
+
+static void test_empty_query_hits_nothing_and_makes_no_lease(void) {
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  oi_block_hash hs[1] = {etu_hash(next_space++, 0)};
+  uint64_t active = leases_active();
+  oi_query_result q;
+  memset(&q, 0xCD, sizeof q);
+  q.struct_size = sizeof q;
+  q.present = NULL;
+  CHECK_OK(oi_offload_engine_query(e, "empty", hs, 0, 0, &q));
+  CHECK(q.hit_blocks == 0);
+  CHECK(q.state == OI_QUERY_READY);
+  CHECK(etu_lease_is_zero(q.lease));
+  CHECK(leases_active() == active);
+  oi_offload_engine_destroy(e);
+}
+
+static void test_membership_reports_each_position(void) {
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  uint64_t space = next_space++;
+  oi_block_hash hs[7];
+  for (int i = 0; i < 7; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  save_mask(e, space, hs, 7, 0x54); /* 2, 4, 6 */
+  uint64_t active = leases_active();
+  uint64_t leased = etu_host_stats(host).blocks_leased;
+  uint8_t present[7];
+  memset(present, 0xAA, sizeof present);
+  oi_query_result q;
+  memset(&q, 0, sizeof q);
+  q.struct_size = sizeof q;
+  q.present = present;
+  CHECK_OK(oi_offload_engine_query(e, "m", hs, 7, OI_QUERY_MEMBERSHIP, &q));
+  CHECK(q.hit_blocks == 3);
+  CHECK(etu_lease_is_zero(q.lease));
+  const uint8_t want[7] = {0, 0, 1, 0, 1, 0, 1};
+  CHECK(memcmp(present, want, 7) == 0);
+  CHECK(leases_active() == active);
+  CHECK(etu_host_stats(host).blocks_leased == leased);
+  /* The same hashes as a prefix query: nothing, since position 0 is missing. */
+  CHECK_OK(etu_query(e, "m", hs, 7, &q));
+  CHECK(q.hit_blocks == 0);
+  oi_offload_engine_destroy(e);
+}
+
+static void test_a_miss_does_not_poison_a_later_hit_for_the_same_req_id(void) {
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  uint64_t space = next_space++;
+  oi_block_hash hs[4];
+  for (int i = 0; i < 4; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, "r1", hs, 4, &q));
+  CHECK(q.hit_blocks == 0);
+  CHECK(q.state == OI_QUERY_READY);
+  CHECK_OK(etu_query(e, "r1", hs, 4, &q)); /* asked twice */
+  CHECK(q.hit_blocks == 0);
+  save_mask(e, space, hs, 4, 0xF);
+  CHECK_OK(etu_query(e, "r1", hs, 4, &q));
+  CHECK(q.state == OI_QUERY_READY);
+  CHECK(q.hit_blocks == 4);
+  int64_t dst[4] = {30, 29, 28, 27};
+  CHECK_OK(etu_load_wait(e, q.lease, dst, 4));
+  for (int i = 0; i < 4; i++)
+    CHECK(etu_block_matches(&L, dst[i], space * 64 + (uint64_t)i, SEED, "after miss"));
+  for (int i = 0; i < 4; i++)
+    etu_zero_block(&L, dst[i]);
+  oi_offload_engine_destroy(e);
+}
+
+static void test_a_lease_serves_exactly_world_size_loads(void) {
+  enum { W = 3 };
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", W);
+  uint64_t space = next_space++;
+  oi_block_hash hs[3];
+  for (int i = 0; i < 3; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  save_mask(e, space, hs, 3, 0x7);
+  oi_host_stats before = etu_host_stats(host);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, hs, 3, &q));
+  CHECK(q.hit_blocks == 3);
+  for (int r = 0; r < W; r++) {
+    int64_t dst[3] = {10 + 3 * r, 11 + 3 * r, 12 + 3 * r};
+    CHECK_OK(etu_load_wait(e, q.lease, dst, 3));
+    for (int i = 0; i < 3; i++)
+      CHECK(etu_block_matches(&L, dst[i], space * 64 + (uint64_t)i, SEED, "world_size share"));
+    if (r < W - 1) CHECK(leases_active() == before.leases_active + 1);
+  }
+  CHECK(leases_active() == before.leases_active);
+  /* The W+1-th load fails and copies nothing. */
+  int64_t extra[3] = {25, 26, 24};
+  oi_ticket *t = NULL;
+  oi_clear_error();
+  oi_status st = oi_offload_engine_load(e, q.lease, extra, 3, NULL, &t);
+  if (st == OI_OK)
+    st = etu_ticket_finish(t); /* an implementation may report through the ticket */
+  else
+    oi_ticket_release(t);
+  CHECK(st == OI_ERR_LEASE_EXPIRED);
+  for (int i = 0; i < 3; i++)
+    CHECK(etu_block_is_zero(&L, extra[i]));
+  CHECK_FAILS(oi_offload_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
+  oi_host_stats after = etu_host_stats(host);
+  CHECK(after.blocks_leased == before.blocks_leased);
+  for (int i = 10; i < 19; i++)
+    etu_zero_block(&L, i);
+  oi_offload_engine_destroy(e);
+}
+
+static void test_a_lease_is_bound_to_its_instance(void) {
+  etu_layout L2;
+  etu_layout_clone_shape(&L2, &L);
+  oi_offload_engine *a = etu_engine_create(host, &L, "prefix", 1);
+  oi_offload_engine *b = etu_engine_create(host, &L2, "prefix", 1);
+  uint64_t space = next_space++;
+  oi_block_hash hs[2];
+  for (int i = 0; i < 2; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  save_mask(a, space, hs, 2, 0x3);
+  oi_query_result q;
+  CHECK_OK(etu_query(a, NULL, hs, 2, &q));
+  CHECK(q.hit_blocks == 2);
+  int64_t dst[2] = {20, 21};
+  CHECK_FAILS(oi_offload_engine_load(b, q.lease, dst, 2, NULL, NULL), OI_ERR_PERMISSION);
+  CHECK(etu_block_is_zero(&L2, 20) && etu_block_is_zero(&L2, 21));
+  /* Nor may it release it (refused with either code; the lease lives on). */
+  oi_clear_error();
+  oi_status st = oi_offload_engine_release(b, q.lease);
+  CHECK(st == OI_ERR_PERMISSION || st == OI_ERR_LEASE_EXPIRED);
+  CHECK(strlen(oi_last_error()) > 0);
+  /* Another instance's refused attempt neither consumed nor dropped the lease. */
+  CHECK_OK(etu_load_wait(a, q.lease, dst, 2));
+  CHECK(etu_block_matches(&L, 20, space * 64, SEED, "owner loads"));
+  CHECK(etu_block_matches(&L, 21, space * 64 + 1, SEED, "owner loads"));
+  /* b gets its own lease for the same blocks (same namespace). */
+  CHECK_OK(etu_query(b, NULL, hs, 2, &q));
+  CHECK(q.hit_blocks == 2);
+  CHECK_OK(etu_load_wait(b, q.lease, dst, 2));
+  CHECK(etu_block_matches(&L2, 20, space * 64, SEED, "other rank loads"));
+  CHECK(etu_block_matches(&L2, 21, space * 64 + 1, SEED, "other rank loads"));
+  etu_zero_block(&L, 20);
+  etu_zero_block(&L, 21);
+  oi_offload_engine_destroy(a);
+  oi_offload_engine_destroy(b);
+  etu_layout_free(&L2);
+}
+
+static void test_released_and_unknown_leases_fail_with_lease_expired(void) {
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 2);
+  uint64_t space = next_space++;
+  oi_block_hash hs[2];
+  for (int i = 0; i < 2; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  save_mask(e, space, hs, 2, 0x3);
+  oi_host_stats before = etu_host_stats(host);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, hs, 2, &q));
+  CHECK(etu_host_stats(host).blocks_leased == before.blocks_leased + 2);
+  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  oi_host_stats after = etu_host_stats(host);
+  CHECK(after.leases_active == before.leases_active);
+  CHECK(after.blocks_leased == before.blocks_leased);
+  CHECK(after.leases_released == before.leases_released + 1);
+  CHECK_FAILS(oi_offload_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
+  int64_t dst[2] = {20, 21};
+  CHECK_FAILS(oi_offload_engine_load(e, q.lease, dst, 2, NULL, NULL), OI_ERR_LEASE_EXPIRED);
+  CHECK(etu_block_is_zero(&L, 20) && etu_block_is_zero(&L, 21));
+  /* A partly consumed lease can still be released, once. */
+  CHECK_OK(etu_query(e, NULL, hs, 2, &q));
+  CHECK_OK(etu_load_wait(e, q.lease, dst, 2));
+  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  CHECK_FAILS(oi_offload_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
+  etu_zero_block(&L, 20);
+  etu_zero_block(&L, 21);
+  /* A lease nobody issued. */
+  oi_lease forged;
+  for (int i = 0; i < 16; i++)
+    forged.bytes[i] = (uint8_t)(0x5A + 7 * i);
+  CHECK_FAILS(oi_offload_engine_load(e, forged, dst, 2, NULL, NULL), OI_ERR_LEASE_EXPIRED);
+  CHECK_FAILS(oi_offload_engine_release(e, forged), OI_ERR_LEASE_EXPIRED);
+  /* The all-zero "no lease" is refused too (either code is a clear answer). */
+  oi_lease none;
+  memset(&none, 0, sizeof none);
+  oi_clear_error();
+  oi_status st = oi_offload_engine_load(e, none, dst, 2, NULL, NULL);
+  CHECK(st == OI_ERR_LEASE_EXPIRED || st == OI_ERR_INVALID_ARGUMENT);
+  CHECK(strlen(oi_last_error()) > 0);
+  CHECK(etu_block_is_zero(&L, 20) && etu_block_is_zero(&L, 21));
+  oi_offload_engine_destroy(e);
+}
+
+static void test_count_mismatch_is_rejected_before_any_copy(void) {
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  uint64_t space = next_space++;
+  oi_block_hash hs[3];
+  for (int i = 0; i < 3; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  save_mask(e, space, hs, 3, 0x7);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, hs, 3, &q));
+  CHECK(q.hit_blocks == 3);
+  /* Destinations hold a sentinel the load must not touch. */
+  int64_t dst[4] = {20, 21, 22, 23};
+  for (int i = 0; i < 4; i++)
+    etu_fill_block(&L, dst[i], 999, SEED);
+  CHECK_FAILS(oi_offload_engine_load(e, q.lease, dst, 2, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_offload_engine_load(e, q.lease, dst, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  for (int i = 0; i < 4; i++)
+    CHECK(etu_block_matches(&L, dst[i], 999, SEED, "untouched"));
+  /* The share was not consumed by the rejected calls. */
+  CHECK_OK(etu_load_wait(e, q.lease, dst, 3));
+  for (int i = 0; i < 3; i++)
+    CHECK(etu_block_matches(&L, dst[i], space * 64 + (uint64_t)i, SEED, "after mismatch"));
+  CHECK(etu_block_matches(&L, 23, 999, SEED, "not a destination"));
+  for (int i = 0; i < 4; i++)
+    etu_zero_block(&L, dst[i]);
+  oi_offload_engine_destroy(e);
+}
+
+static void test_leased_blocks_are_pinned_until_released(void) {
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  uint64_t space = next_space++;
+  oi_block_hash hs[3];
+  for (int i = 0; i < 3; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  save_mask(e, space, hs, 3, 0x7);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, hs, 3, &q));
+  uint64_t evicted = 12345;
+  CHECK_OK(oi_offload_host_evict_all(host, &evicted));
+  oi_host_stats s = etu_host_stats(host);
+  CHECK(s.blocks_sealed == 3 && s.blocks_leased == 3);
+  uint8_t present[3];
+  CHECK(etu_membership(e, hs, 3, present) == 3);
+  int64_t dst[3] = {22, 20, 21};
+  CHECK_OK(etu_load_wait(e, q.lease, dst, 3));
+  for (int i = 0; i < 3; i++)
+    CHECK(etu_block_matches(&L, dst[i], space * 64 + (uint64_t)i, SEED, "pinned"));
+  CHECK_OK(oi_offload_host_evict_all(host, &evicted));
+  CHECK(evicted == 3);
+  CHECK(etu_host_stats(host).blocks_sealed == 0);
+  CHECK(etu_membership(e, hs, 3, present) == 0);
+  for (int i = 0; i < 3; i++)
+    etu_zero_block(&L, dst[i]);
+  oi_offload_engine_destroy(e);
+}
+
+static void test_ttl_expiry_frees_the_pins(void) {
+  oi_offload_host *h = etu_host_create_opts(16 << 20, 0, 100);
+  oi_offload_engine *e = etu_engine_create(h, &L, "ttl", 1);
+  uint64_t space = next_space++;
+  oi_block_hash hs[3];
+  int64_t ids[3] = {0, 1, 2};
+  for (int i = 0; i < 3; i++) {
+    hs[i] = etu_hash(space, (uint64_t)i);
+    etu_fill_block(&L, i, space * 64 + (uint64_t)i, SEED);
+  }
+  CHECK_OK(etu_save_wait(e, ids, hs, 3));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+
+  /* Within the TTL a lease works. */
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, hs, 3, &q));
+  int64_t dst[3] = {20, 21, 22};
+  CHECK_OK(etu_load_wait(e, q.lease, dst, 3));
+  for (int i = 0; i < 3; i++)
+    CHECK(etu_block_matches(&L, dst[i], space * 64 + (uint64_t)i, SEED, "ttl"));
+  for (int i = 0; i < 3; i++)
+    etu_zero_block(&L, dst[i]);
+
+  CHECK_OK(etu_query(e, NULL, hs, 3, &q));
+  CHECK(q.hit_blocks == 3);
+  uint64_t evicted = 99;
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == 0); /* pinned */
+  double t0 = etu_now_s();
+  evicted = 0;
+  while (etu_now_s() - t0 < 5.0) {
+    etu_sleep_ms(50);
+    CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+    if (evicted) break;
+  }
+  double waited = etu_now_s() - t0;
+  CHECK(evicted == 3);
+  CHECK(waited >= 0.05);
+  oi_host_stats s = etu_host_stats(h);
+  CHECK(s.leases_expired == 1);
+  CHECK(s.leases_active == 0);
+  CHECK(s.blocks_leased == 0);
+  CHECK(s.blocks_sealed == 0);
+  CHECK_FAILS(oi_offload_engine_load(e, q.lease, dst, 3, NULL, NULL), OI_ERR_LEASE_EXPIRED);
+  for (int i = 0; i < 3; i++)
+    CHECK(etu_block_is_zero(&L, dst[i]));
+  CHECK_FAILS(oi_offload_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
+
+  /* An expired lease whose blocks were never evicted also fails to load. */
+  CHECK_OK(etu_save_wait(e, ids, hs, 3));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(etu_query(e, NULL, hs, 3, &q));
+  CHECK(q.hit_blocks == 3);
+  etu_sleep_ms(400);
+  CHECK_FAILS(oi_offload_engine_load(e, q.lease, dst, 3, NULL, NULL), OI_ERR_LEASE_EXPIRED);
+  for (int i = 0; i < 3; i++)
+    CHECK(etu_block_is_zero(&L, dst[i]));
+  s = etu_host_stats(h);
+  CHECK(s.leases_expired == 2);
+  CHECK(s.leases_active == 0);
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+}
+
+static void test_destroying_an_engine_releases_its_leases(void) {
+  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 4);
+  uint64_t space = next_space++;
+  oi_block_hash hs[2];
+  for (int i = 0; i < 2; i++)
+    hs[i] = etu_hash(space, (uint64_t)i);
+  save_mask(e, space, hs, 2, 0x3);
+  uint64_t active = leases_active();
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, hs, 2, &q));
+  CHECK_OK(etu_query(e, NULL, hs, 1, &q));
+  CHECK(leases_active() == active + 2);
+  oi_offload_engine_destroy(e);
+  CHECK(leases_active() == active);
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(host, &evicted));
+  CHECK(etu_host_stats(host).blocks_leased == 0);
+  CHECK(etu_host_stats(host).blocks_sealed == 0);
+}
+
+int main(void) {
+  etu_layout_simple(&L, 3, NB, 1536);
+  host = etu_host_create(16 << 20);
+  RUN_TEST(test_partial_prefix_hits_the_leading_run);
+  RUN_TEST(test_a_gap_breaks_the_prefix);
+  RUN_TEST(test_first_block_missing_means_no_hit_and_no_lease);
+  RUN_TEST(test_empty_query_hits_nothing_and_makes_no_lease);
+  RUN_TEST(test_membership_reports_each_position);
+  RUN_TEST(test_a_miss_does_not_poison_a_later_hit_for_the_same_req_id);
+  RUN_TEST(test_a_lease_serves_exactly_world_size_loads);
+  RUN_TEST(test_a_lease_is_bound_to_its_instance);
+  RUN_TEST(test_released_and_unknown_leases_fail_with_lease_expired);
+  RUN_TEST(test_count_mismatch_is_rejected_before_any_copy);
+  /* Uses evict_all on the shared host: every block of earlier tests goes. */
+  RUN_TEST(test_leased_blocks_are_pinned_until_released);
+  RUN_TEST(test_ttl_expiry_frees_the_pins);
+  RUN_TEST(test_destroying_an_engine_releases_its_leases);
+  oi_offload_host_destroy(host);
+  etu_layout_free(&L);
+  TEST_EXIT();
+}

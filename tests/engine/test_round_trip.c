@@ -1,0 +1,496 @@
+/* Round trips through the host tier on the cpu backend: save -> flush -> query
+ * (all hit) -> load into *different* block ids, byte-exact for every (block,
+ * arena, segment), over the layouts real engines use; dedup; namespace
+ * isolation; visibility of sealed blocks only. */
+#include <stdatomic.h>
+
+#include "engine_testutil.h"
+
+#define SEED 0x0123456789ull
+
+static uint64_t pool_for(const etu_layout *L) {
+  uint64_t p = 32 * L->block_bytes;
+  return p < (64ull << 20) ? (64ull << 20) : p;
+}
+
+/* Saves blocks 0..k-1 (content = logical block j) with k = num_blocks - 2,
+ * loads them reversed into num_blocks-1 .. 2, checks every byte, checks
+ * blocks 0 and 1 and every gap of the region stay zero. */
+static void round_trip(etu_layout *L, const char *what, bool use_offsets) {
+  REQUIRE(L->num_blocks >= 4 && L->num_blocks % 2 == 0);
+  const uint64_t nb = L->num_blocks, k = nb - 2;
+  const uint64_t space = etu_mix((uint64_t)(uintptr_t)what) ^ (use_offsets ? 1 : 0);
+  const int failures_before = oi_test_failures;
+  oi_offload_host *h = etu_host_create(pool_for(L));
+  oi_offload_engine *e = etu_engine_create_mode(h, L, "rt", 1, use_offsets);
+
+  oi_engine_stats es = etu_engine_stats(e);
+  CHECK(es.block_bytes == L->block_bytes);
+  CHECK(es.num_blocks == nb);
+
+  int64_t src[64], dst[64];
+  oi_block_hash hs[64];
+  REQUIRE(k <= 64);
+  for (uint64_t j = 0; j < k; j++) {
+    src[j] = (int64_t)j;
+    dst[j] = (int64_t)(nb - 1 - j);
+    REQUIRE(dst[j] != src[j]);
+    hs[j] = etu_hash(space, j);
+    etu_fill_block(L, src[j], j, SEED);
+  }
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_save(e, src, hs, k, NULL, &t));
+  REQUIRE(t);
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(etu_ticket_finish(t));
+
+  oi_host_stats hst = etu_host_stats(h);
+  CHECK(hst.blocks_sealed == k);
+  CHECK(hst.blocks_in_flight == 0);
+  CHECK(hst.saves_completed == k);
+  CHECK(hst.bytes_saved == k * L->block_bytes);
+  CHECK(hst.block_bytes_resident == k * L->block_bytes); /* host.h: "bytes of blocks" */
+  CHECK(etu_accounting_ok(&hst));
+
+  oi_query_result q;
+  CHECK_OK(etu_query(e, "req", hs, k, &q));
+  CHECK(q.state == OI_QUERY_READY);
+  CHECK(q.hit_blocks == k);
+  CHECK(!etu_lease_is_zero(q.lease));
+
+  /* The device forgets everything; only the host tier has the data now. */
+  memset(L->region, 0, (size_t)L->region_bytes + 64);
+  CHECK_OK(etu_load_wait(e, q.lease, dst, k));
+
+  bool all = true;
+  for (uint64_t j = 0; j < k; j++)
+    all &= etu_block_matches(L, dst[j], j, SEED, what);
+  CHECK(all);
+  CHECK(etu_block_is_zero(L, 0));
+  CHECK(etu_block_is_zero(L, 1));
+  /* Nothing was written outside the slices (segment gaps, stride padding). */
+  for (uint64_t j = 0; j < k; j++)
+    etu_zero_block(L, dst[j]);
+  CHECK(etu_region_is_zero(L));
+
+  hst = etu_host_stats(h);
+  CHECK(hst.bytes_loaded == k * L->block_bytes);
+  CHECK(hst.loads_completed == 1);
+  CHECK(hst.query_hit_blocks == k);
+  es = etu_engine_stats(e);
+  CHECK(es.blocks_loaded == k);
+  CHECK(es.loads_completed == 1);
+  CHECK(es.bytes_loaded == k * L->block_bytes);
+  CHECK(es.bytes_saved == k * L->block_bytes);
+  CHECK(es.saves_completed == k);
+  CHECK(es.saves_pending == 0);
+  if (oi_test_failures != failures_before)
+    fprintf(stderr, "  (layout: %s, %s)\n", what, use_offsets ? "offsets" : "bases");
+
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+}
+
+static void both_modes(etu_layout *L, const char *what) {
+  round_trip(L, what, false);
+  memset(L->region, 0, (size_t)L->region_bytes + 64);
+  round_trip(L, what, true);
+}
+
+static void test_round_trip_four_arenas(void) {
+  etu_layout L;
+  etu_layout_simple(&L, 4, 8, 4096);
+  both_modes(&L, "4 arenas x 4096 B");
+  etu_layout_free(&L);
+}
+
+static void test_round_trip_99_arenas_of_two_sizes(void) {
+  /* 78 arenas of 41,984 B and 21 of 8,448 B, interleaved (every 4th small). */
+  etu_layout L;
+  uint64_t bpb[99];
+  int small = 0;
+  for (int a = 0; a < 99; a++) {
+    bool s = a % 4 == 3 && small < 21;
+    small += s;
+    bpb[a] = s ? 8448 : 41984;
+  }
+  REQUIRE(small == 21);
+  etu_layout_packed(&L, 99, 8, bpb, 256);
+  CHECK(L.block_bytes == 78ull * 41984 + 21ull * 8448);
+  both_modes(&L, "99 arenas (78 x 41984 + 21 x 8448)");
+  etu_layout_free(&L);
+}
+
+static void test_round_trip_page_first_36_arenas(void) {
+  /* 36 arenas of 64 KiB at a 2.25 MiB stride: arenas interleaved in one region. */
+  etu_layout L;
+  etu_layout_page_first(&L, 36, 6, 64 << 10);
+  CHECK(L.arenas[0].block_stride == 2359296);
+  both_modes(&L, "36 arenas x 64 KiB page-first");
+  etu_layout_free(&L);
+}
+
+static void test_round_trip_split_kv(void) {
+  /* segments 2: K at +0, V at +segment_stride, gaps between and after. The
+   * last arena's block_stride is the smallest legal one. */
+  etu_layout L;
+  etu_layout_begin(&L, 3, 8);
+  uint64_t off = 0;
+  const uint64_t bpb[3] = {1000, 512, 333};
+  const uint64_t seg_stride[3] = {1536, 512 + 64, 400};
+  const uint64_t stride[3] = {4096, 2048, 400 + 333};
+  for (int a = 0; a < 3; a++) {
+    L.arenas[a].bytes_per_block = bpb[a];
+    L.arenas[a].segments = 2;
+    L.arenas[a].segment_stride = seg_stride[a];
+    L.arenas[a].block_stride = stride[a];
+    L.offsets[a] = off;
+    off += 8 * stride[a] + 128;
+  }
+  etu_layout_alloc(&L);
+  CHECK(L.block_bytes == 2 * (1000 + 512 + 333));
+  both_modes(&L, "split K/V");
+  etu_layout_free(&L);
+}
+
+static void test_round_trip_uneven_arena_sizes(void) {
+  etu_layout L;
+  const uint64_t bpb[3] = {100, 4096 + 3, 17};
+  etu_layout_packed(&L, 3, 8, bpb, 1); /* unaligned bases and strides */
+  both_modes(&L, "uneven 100 / 4099 / 17");
+  etu_layout_free(&L);
+}
+
+static void test_resaving_sealed_or_in_flight_hashes_is_deduplicated(void) {
+  etu_layout L;
+  etu_layout_simple(&L, 2, 16, 2048);
+  oi_offload_host *h = etu_host_create(64 << 20);
+  oi_offload_engine *e = etu_engine_create(h, &L, "dedup", 1);
+  int64_t ids[4] = {0, 1, 2, 3}, other[4] = {4, 5, 6, 7}, dst[4] = {12, 13, 14, 15};
+  oi_block_hash hs[4];
+  for (int j = 0; j < 4; j++) {
+    hs[j] = etu_hash(77, (uint64_t)j);
+    etu_fill_block(&L, ids[j], (uint64_t)j, SEED);
+    etu_fill_block(&L, other[j], 100 + (uint64_t)j, SEED); /* different bytes, same hashes */
+  }
+  CHECK_OK(etu_save_wait(e, ids, hs, 4));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  oi_host_stats before = etu_host_stats(h);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, hs, 4, &q));
+  CHECK(q.hit_blocks == 4);
+  CHECK_OK(oi_offload_engine_release(e, q.lease));
+
+  /* Sealed: the second save is deduplicated; its ticket still completes OK. */
+  CHECK_OK(etu_save_wait(e, other, hs, 4));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  oi_host_stats after = etu_host_stats(h);
+  CHECK(after.saves_deduplicated == before.saves_deduplicated + 4);
+  CHECK(after.saves_completed == before.saves_completed);
+  CHECK(after.bytes_saved == before.bytes_saved);
+  CHECK(after.blocks_sealed == before.blocks_sealed);
+  CHECK(etu_engine_stats(e).saves_deduplicated == 4);
+  CHECK_OK(etu_query(e, NULL, hs, 4, &q));
+  CHECK(q.hit_blocks == 4);
+  /* No second copy: the host still holds the first bytes. */
+  CHECK_OK(etu_load_wait(e, q.lease, dst, 4));
+  for (int j = 0; j < 4; j++)
+    CHECK(etu_block_matches(&L, dst[j], (uint64_t)j, SEED, "dedup"));
+
+  /* In flight: the same new hashes saved twice back to back (and twice within
+   * one call) make exactly one copy each. */
+  oi_block_hash fresh[4];
+  int64_t ids2[4] = {8, 9, 10, 11};
+  for (int j = 0; j < 4; j++) {
+    fresh[j] = etu_hash(78, (uint64_t)j);
+    etu_fill_block(&L, ids2[j], 200 + (uint64_t)j, SEED);
+  }
+  before = etu_host_stats(h);
+  oi_ticket *t1 = NULL, *t2 = NULL;
+  CHECK_OK(oi_offload_engine_save(e, ids2, fresh, 4, NULL, &t1));
+  CHECK_OK(oi_offload_engine_save(e, ids2, fresh, 4, NULL, &t2));
+  CHECK_OK(etu_ticket_finish(t1));
+  CHECK_OK(etu_ticket_finish(t2));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  after = etu_host_stats(h);
+  CHECK(after.saves_completed == before.saves_completed + 4);
+  CHECK(after.saves_deduplicated == before.saves_deduplicated + 4);
+  CHECK(after.blocks_sealed == before.blocks_sealed + 4);
+  CHECK(after.bytes_saved == before.bytes_saved + 4 * L.block_bytes);
+
+  oi_block_hash twice[2] = {etu_hash(79, 0), etu_hash(79, 0)};
+  int64_t tw_ids[2] = {0, 1};
+  before = etu_host_stats(h);
+  CHECK_OK(etu_save_wait(e, tw_ids, twice, 2));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  after = etu_host_stats(h);
+  CHECK(after.blocks_sealed == before.blocks_sealed + 1);
+  CHECK(after.saves_completed == before.saves_completed + 1);
+  CHECK(after.saves_deduplicated == before.saves_deduplicated + 1);
+  CHECK(etu_accounting_ok(&after));
+
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
+static void test_namespaces_are_isolated(void) {
+  etu_layout LA, LB;
+  etu_layout_simple(&LA, 2, 8, 4096);
+  etu_layout_clone_shape(&LB, &LA);
+  oi_offload_host *h = etu_host_create(64 << 20);
+  oi_offload_engine *a = etu_engine_create(h, &LA, "ns-A", 1);
+  oi_offload_engine *b = etu_engine_create(h, &LB, "ns-B", 1);
+  int64_t ids[3] = {0, 1, 2}, dst[3] = {5, 6, 7};
+  oi_block_hash hs[3];
+  for (int j = 0; j < 3; j++) {
+    hs[j] = etu_hash(90, (uint64_t)j);
+    etu_fill_block(&LA, ids[j], 10 + (uint64_t)j, SEED);
+    etu_fill_block(&LB, ids[j], 20 + (uint64_t)j, SEED);
+  }
+  CHECK_OK(etu_save_wait(a, ids, hs, 3));
+  CHECK_OK(oi_offload_engine_flush(a, UINT32_MAX));
+
+  oi_query_result q;
+  CHECK_OK(etu_query(b, NULL, hs, 3, &q));
+  CHECK(q.hit_blocks == 0);
+  CHECK(etu_lease_is_zero(q.lease));
+  uint8_t present[3] = {9, 9, 9};
+  CHECK(etu_membership(b, hs, 3, present) == 0);
+  CHECK(present[0] == 0 && present[1] == 0 && present[2] == 0);
+
+  /* The same hashes under B are new blocks there (not deduplicated against A). */
+  oi_host_stats before = etu_host_stats(h);
+  CHECK_OK(etu_save_wait(b, ids, hs, 3));
+  CHECK_OK(oi_offload_engine_flush(b, UINT32_MAX));
+  oi_host_stats after = etu_host_stats(h);
+  CHECK(after.saves_completed == before.saves_completed + 3);
+  CHECK(after.saves_deduplicated == before.saves_deduplicated);
+
+  CHECK_OK(etu_query(b, NULL, hs, 3, &q));
+  CHECK(q.hit_blocks == 3);
+  CHECK_OK(etu_load_wait(b, q.lease, dst, 3));
+  for (int j = 0; j < 3; j++)
+    CHECK(etu_block_matches(&LB, dst[j], 20 + (uint64_t)j, SEED, "ns B"));
+  CHECK_OK(etu_query(a, NULL, hs, 3, &q));
+  CHECK(q.hit_blocks == 3);
+  CHECK_OK(etu_load_wait(a, q.lease, dst, 3));
+  for (int j = 0; j < 3; j++)
+    CHECK(etu_block_matches(&LA, dst[j], 10 + (uint64_t)j, SEED, "ns A"));
+
+  /* A layout with another block byte size is refused in A; nothing changes. */
+  etu_layout LC;
+  etu_layout_simple(&LC, 2, 8, 2048);
+  static oi_arena_desc arenas[ETU_MAX_ARENAS];
+  oi_engine_options o;
+  etu_engine_opts(&LC, "ns-A", 1, false, &o, arenas);
+  oi_offload_engine *c = NULL;
+  CHECK_FAILS(oi_offload_engine_create(h, &o, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK(c == NULL);
+  CHECK_OK(etu_query(a, NULL, hs, 3, &q));
+  CHECK(q.hit_blocks == 3);
+  CHECK_OK(oi_offload_engine_release(a, q.lease));
+  /* ... while the same shape in a third namespace is fine. */
+  o.namespace_id = "ns-C";
+  CHECK_OK(oi_offload_engine_create(h, &o, &c));
+  CHECK(c != NULL);
+  oi_offload_engine_destroy(c);
+
+  oi_offload_engine_destroy(a);
+  oi_offload_engine_destroy(b);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&LA);
+  etu_layout_free(&LB);
+  etu_layout_free(&LC);
+}
+
+typedef struct done_counter {
+  atomic_int calls;
+  atomic_int last_status;
+} done_counter;
+
+static void count_done(void *ctx, oi_status st) {
+  done_counter *c = ctx;
+  atomic_store(&c->last_status, st);
+  atomic_fetch_add(&c->calls, 1);
+}
+
+static void test_fire_and_forget_save_calls_on_done_once_and_flush_covers_it(void) {
+  etu_layout L;
+  etu_layout_simple(&L, 3, 8, 1024);
+  oi_offload_host *h = etu_host_create(64 << 20);
+  oi_offload_engine *e = etu_engine_create(h, &L, "fnf", 1);
+  int64_t ids[4] = {0, 1, 2, 3}, dst[4] = {7, 6, 5, 4};
+  oi_block_hash hs[4];
+  for (int j = 0; j < 4; j++) {
+    hs[j] = etu_hash(95, (uint64_t)j);
+    etu_fill_block(&L, ids[j], (uint64_t)j, SEED);
+  }
+  done_counter dc = {0, 12345};
+  oi_save_options so;
+  CHECK_OK(oi_save_options_init(&so));
+  so.on_done = count_done;
+  so.on_done_ctx = &dc;
+  CHECK_OK(oi_offload_engine_save(e, ids, hs, 4, &so, NULL));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  for (int i = 0; i < 1000 && atomic_load(&dc.calls) == 0; i++)
+    etu_sleep_ms(10);
+  etu_sleep_ms(20);
+  CHECK(atomic_load(&dc.calls) == 1);
+  CHECK(atomic_load(&dc.last_status) == OI_OK);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, hs, 4, &q));
+  CHECK(q.hit_blocks == 4);
+  memset(L.region, 0, (size_t)L.region_bytes);
+  CHECK_OK(etu_load_wait(e, q.lease, dst, 4));
+  for (int j = 0; j < 4; j++)
+    CHECK(etu_block_matches(&L, dst[j], (uint64_t)j, SEED, "fnf"));
+
+  /* A save that is entirely deduplicated still calls on_done, with OI_OK. */
+  done_counter dc2 = {0, 12345};
+  so.on_done_ctx = &dc2;
+  CHECK_OK(oi_offload_engine_save(e, ids, hs, 4, &so, NULL));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  for (int i = 0; i < 1000 && atomic_load(&dc2.calls) == 0; i++)
+    etu_sleep_ms(10);
+  etu_sleep_ms(20);
+  CHECK(atomic_load(&dc2.calls) == 1);
+  CHECK(atomic_load(&dc2.last_status) == OI_OK);
+
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
+/* While a long save is being copied, any block a query reports must already
+ * hold all its bytes: load every reported prefix and compare. */
+static void test_queries_see_only_complete_blocks_while_saves_land(void) {
+  enum { NB = 128, K = 48 };
+  etu_layout L;
+  const uint64_t bpb[4] = {64 << 10, 32 << 10, 4097, 64 << 10};
+  etu_layout_packed(&L, 4, NB, bpb, 64);
+  oi_offload_host *h = etu_host_create(256ull << 20);
+  oi_offload_engine *e = etu_engine_create(h, &L, "vis", 1);
+  int64_t src[K], dst[K];
+  for (int j = 0; j < K; j++) {
+    src[j] = j;
+    dst[j] = NB - 1 - j;
+    etu_fill_block(&L, src[j], (uint64_t)j, SEED);
+  }
+  int rounds = 0, loads = 0;
+  uint64_t prev_hit = 0;
+  bool ok = true;
+  for (int round = 0; round < 4; round++) {
+    /* One block per save call, so blocks seal one by one. */
+    oi_block_hash rh[K];
+    for (int j = 0; j < K; j++)
+      rh[j] = etu_hash(97 + (uint64_t)round, (uint64_t)j);
+    oi_ticket *last = NULL;
+    for (int j = 0; j < K; j++) {
+      oi_ticket *t = NULL;
+      CHECK_OK(oi_offload_engine_save(e, &src[j], &rh[j], 1, NULL, &t));
+      if (j == K - 1)
+        last = t;
+      else
+        oi_ticket_release(t);
+    }
+    prev_hit = 0;
+    for (;;) {
+      bool done = oi_ticket_poll(last) != OI_PENDING;
+      oi_query_result q;
+      CHECK_OK(etu_query(e, NULL, rh, K, &q));
+      CHECK(q.hit_blocks >= prev_hit); /* nothing is evicted here: the prefix only grows */
+      prev_hit = q.hit_blocks;
+      if (q.hit_blocks > 0) {
+        for (uint64_t j = 0; j < q.hit_blocks; j++)
+          etu_zero_block(&L, dst[j]);
+        CHECK_OK(etu_load_wait(e, q.lease, dst, q.hit_blocks));
+        loads++;
+        for (uint64_t j = 0; j < q.hit_blocks; j++)
+          ok &= etu_block_matches(&L, dst[j], j, SEED, "visible while saving");
+      }
+      rounds++;
+      if (done) break;
+    }
+    CHECK_OK(etu_ticket_finish(last));
+    CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+    oi_query_result q;
+    CHECK_OK(etu_query(e, NULL, rh, K, &q));
+    CHECK(q.hit_blocks == K); /* after flush: all visible */
+    CHECK_OK(oi_offload_engine_release(e, q.lease));
+  }
+  CHECK(ok);
+  fprintf(stderr, "  (%d queries, %d loads while saving)\n", rounds, loads);
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
+/* engine_destroy flushes saves and finishes loads: nothing in flight is lost
+ * or left half-copied, and the tickets stay valid for their holders. */
+static void test_destroying_an_engine_finishes_its_saves_and_loads(void) {
+  etu_layout L, L2;
+  etu_layout_simple(&L, 2, 32, 512 << 10); /* 1 MiB blocks */
+  etu_layout_clone_shape(&L2, &L);
+  oi_offload_host *h = etu_host_create(256ull << 20);
+  oi_offload_engine *e = etu_engine_create(h, &L, "teardown", 1);
+  int64_t pids[8], pdst[8], sids[16];
+  oi_block_hash ph[8], sh[16];
+  for (int i = 0; i < 8; i++) {
+    pids[i] = i;
+    pdst[i] = 16 + i;
+    ph[i] = etu_hash(600, (uint64_t)i);
+    etu_fill_block(&L, i, 600 + (uint64_t)i, SEED);
+  }
+  CHECK_OK(etu_save_wait(e, pids, ph, 8));
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, ph, 8, &q));
+  CHECK(q.hit_blocks == 8);
+  for (int i = 0; i < 16; i++) {
+    sids[i] = i;
+    sh[i] = etu_hash(601, (uint64_t)i);
+    etu_fill_block(&L, i, 700 + (uint64_t)i, SEED);
+  }
+  oi_ticket *ts = NULL, *tl = NULL;
+  CHECK_OK(oi_offload_engine_save(e, sids, sh, 16, NULL, &ts));
+  CHECK_OK(oi_offload_engine_load(e, q.lease, pdst, 8, NULL, &tl));
+  oi_offload_engine_destroy(e);
+  /* Both finished before destroy returned. */
+  CHECK(oi_ticket_poll(ts) == OI_OK);
+  CHECK(oi_ticket_poll(tl) == OI_OK);
+  CHECK_OK(etu_ticket_finish(ts));
+  CHECK_OK(etu_ticket_finish(tl));
+  for (int i = 0; i < 8; i++)
+    CHECK(etu_block_matches(&L, pdst[i], 600 + (uint64_t)i, SEED, "load at teardown"));
+  oi_host_stats s = etu_host_stats(h);
+  CHECK(s.blocks_in_flight == 0 && s.blocks_loading == 0 && s.leases_active == 0);
+  CHECK(s.blocks_sealed == 24);
+  /* Another rank restores what the destroyed one saved on its way out. */
+  oi_offload_engine *e2 = etu_engine_create(h, &L2, "teardown", 1);
+  CHECK_OK(etu_query(e2, NULL, sh, 16, &q));
+  CHECK(q.hit_blocks == 16);
+  int64_t dst[16];
+  for (int i = 0; i < 16; i++)
+    dst[i] = 31 - i;
+  CHECK_OK(etu_load_wait(e2, q.lease, dst, 16));
+  for (int i = 0; i < 16; i++)
+    CHECK(etu_block_matches(&L2, dst[i], 700 + (uint64_t)i, SEED, "saved at teardown"));
+  oi_offload_engine_destroy(e2);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+  etu_layout_free(&L2);
+}
+
+int main(void) {
+  RUN_TEST(test_round_trip_four_arenas);
+  RUN_TEST(test_round_trip_99_arenas_of_two_sizes);
+  RUN_TEST(test_round_trip_page_first_36_arenas);
+  RUN_TEST(test_round_trip_split_kv);
+  RUN_TEST(test_round_trip_uneven_arena_sizes);
+  RUN_TEST(test_resaving_sealed_or_in_flight_hashes_is_deduplicated);
+  RUN_TEST(test_namespaces_are_isolated);
+  RUN_TEST(test_fire_and_forget_save_calls_on_done_once_and_flush_covers_it);
+  RUN_TEST(test_queries_see_only_complete_blocks_while_saves_land);
+  RUN_TEST(test_destroying_an_engine_finishes_its_saves_and_loads);
+  TEST_EXIT();
+}

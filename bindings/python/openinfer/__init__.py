@@ -1,0 +1,1212 @@
+"""Python binding of libopeninfer (cffi, out-of-line API mode).
+
+Objects own their C handle and free it in ``close()`` (also called by ``with``
+and, as a last resort, by the garbage collector). Teardown follows the
+library's drop order: an engine closes its imported arena mapping before it
+unregisters, and a host closes the engines still registered with it before it
+frees its pool. Calling a method of a closed object raises ``ClosedError``.
+
+Errors raise a subclass of ``openinfer.Error`` per ``oi_status`` carrying
+``.status`` (the code), ``.status_name`` and ``.message`` (``oi_last_error()``).
+
+Memory: on the cpu backend arenas are given as objects supporting the writable
+buffer protocol (``bytearray``, ``mmap``, a writable ``memoryview``...), which
+the engine keeps referenced for its whole life; on cuda as integer device
+pointers (``tensor.data_ptr()``), which the caller keeps alive.
+"""
+import asyncio
+import threading
+import weakref
+
+from ._native import ffi, lib
+
+__all__ = [
+    "Error", "InvalidArgumentError", "NotFoundError", "OutOfMemoryError", "TimeoutError",
+    "CudaError", "IOError", "ProtocolError", "StateError", "LeaseExpiredError", "ClosedError",
+    "UnsupportedError", "PermissionError", "VersionError", "InternalError", "NoDeviceError",
+    "BusyError", "UnknownError",
+    "OffloadHost", "OffloadEngine", "Arena", "Ticket", "Lease", "QueryResult", "ImportedArena",
+    "Server", "hash_blocks", "version", "version_string", "device_count", "device_info",
+    "set_log_level", "get_log_level", "set_log_handler", "status_name", "DEVICE_CPU",
+    "FOREVER",
+]
+
+DEVICE_CPU = lib.OI_DEVICE_CPU
+FOREVER = None  # a timeout of None waits forever
+_U32_MAX = 0xFFFFFFFF
+
+# --------------------------------------------------------------------------- errors
+
+
+class Error(Exception):
+    """A libopeninfer call failed. ``status`` is the oi_status code,
+    ``status_name`` its name and ``message`` the library's oi_last_error()."""
+
+    status = None
+
+    def __init__(self, message, status=None):
+        if status is not None:
+            self.status = status
+        self.status_name = status_name(self.status) if self.status is not None else "OI_ERR_UNKNOWN"
+        self.message = message
+        super().__init__("%s: %s" % (self.status_name, message) if message else self.status_name)
+
+
+def _err(name, code, doc):
+    return type(name, (Error,), {"status": code, "__doc__": doc, "__module__": __name__})
+
+
+InvalidArgumentError = _err("InvalidArgumentError", lib.OI_ERR_INVALID_ARGUMENT, "A NULL, a bad size, an id out of range; nothing changed.")
+NotFoundError = _err("NotFoundError", lib.OI_ERR_NOT_FOUND, "The named object does not exist.")
+OutOfMemoryError = _err("OutOfMemoryError", lib.OI_ERR_OUT_OF_MEMORY, "Host or device memory ran out.")
+TimeoutError = _err("TimeoutError", lib.OI_ERR_TIMEOUT, "A wait ran out; the operation is still pending.")  # noqa: A001
+CudaError = _err("CudaError", lib.OI_ERR_CUDA, "The CUDA runtime or driver failed.")
+IOError = _err("IOError", lib.OI_ERR_IO, "A system call failed.")  # noqa: A001
+ProtocolError = _err("ProtocolError", lib.OI_ERR_PROTOCOL, "A peer sent something inconsistent.")
+StateError = _err("StateError", lib.OI_ERR_STATE, "The object is not in a state that allows the call.")
+LeaseExpiredError = _err("LeaseExpiredError", lib.OI_ERR_LEASE_EXPIRED, "The lease was released, consumed or expired.")
+ClosedError = _err("ClosedError", lib.OI_ERR_CLOSED, "The object was closed.")
+UnsupportedError = _err("UnsupportedError", lib.OI_ERR_UNSUPPORTED, "Not available in this build or with these options.")
+PermissionError = _err("PermissionError", lib.OI_ERR_PERMISSION, "The OS or the server refused access.")  # noqa: A001
+VersionError = _err("VersionError", lib.OI_ERR_VERSION, "Peers speak incompatible versions.")
+InternalError = _err("InternalError", lib.OI_ERR_INTERNAL, "A bug in libopeninfer.")
+NoDeviceError = _err("NoDeviceError", lib.OI_ERR_NO_DEVICE, "The device ordinal does not exist.")
+BusyError = _err("BusyError", lib.OI_ERR_BUSY, "The object is in use.")
+UnknownError = _err("UnknownError", None, "A status this binding does not know.")
+
+_BY_STATUS = {c.status: c for c in (
+    InvalidArgumentError, NotFoundError, OutOfMemoryError, TimeoutError, CudaError, IOError,
+    ProtocolError, StateError, LeaseExpiredError, ClosedError, UnsupportedError,
+    PermissionError, VersionError, InternalError, NoDeviceError, BusyError)}
+
+
+def status_name(st):
+    """oi_status_str: "OI_ERR_TIMEOUT", "OI_ERR_UNKNOWN" for unknown codes."""
+    return ffi.string(lib.oi_status_str(st)).decode()
+
+
+def _error_for(st, message=None):
+    if message is None:
+        message = ffi.string(lib.oi_last_error()).decode(errors="replace")
+    cls = _BY_STATUS.get(st)
+    if cls is None:
+        return UnknownError(message, status=st)
+    return cls(message)
+
+
+def _check(st):
+    if st < 0:
+        raise _error_for(st)
+    return st
+
+
+def _closed(what):
+    return ClosedError("%s is closed" % what)
+
+
+# --------------------------------------------------------------------------- misc
+
+
+def version():
+    """OI_VERSION_NUMBER of the loaded library: (major << 16) | (minor << 8) | patch."""
+    return lib.oi_version()
+
+
+def version_string():
+    return ffi.string(lib.oi_version_string()).decode()
+
+
+def device_count():
+    n = ffi.new("int *")
+    _check(lib.oi_device_count(n))
+    return n[0]
+
+
+def device_info(device=DEVICE_CPU):
+    """A dict describing `device` (-1: the cpu backend)."""
+    info = ffi.new("oi_device_info *")
+    info.struct_size = ffi.sizeof("oi_device_info")
+    _check(lib.oi_device_get_info(device, info))
+    return {
+        "device": info.device,
+        "backend": "cuda" if info.backend == lib.OI_BACKEND_CUDA else "cpu",
+        "name": ffi.string(info.name).decode(),
+        "total_memory": info.total_memory,
+        "numa_node": info.numa_node,
+        "compute_capability": info.compute_capability,
+        "can_map_host_memory": bool(info.can_map_host_memory),
+        "multiprocessors": info.multiprocessors,
+        "pci_bus_id": ffi.string(info.pci_bus_id).decode(),
+    }
+
+
+_LEVELS = {"trace": 0, "debug": 1, "info": 2, "warn": 3, "error": 4, "off": 5}
+
+
+def set_log_level(level):
+    """level: "trace".."off" or an oi_log_level int."""
+    _check(lib.oi_set_log_level(_LEVELS[level] if isinstance(level, str) else level))
+
+
+def get_log_level():
+    return lib.oi_get_log_level()
+
+
+_log_state = {"fn": None, "handle": None}
+
+
+@ffi.def_extern()
+def _oi_py_log(ctx, level, line):
+    fn = _log_state["fn"]
+    if fn is not None:
+        try:
+            fn(int(level), ffi.string(line).decode(errors="replace"))
+        except Exception:  # a handler must never raise into C
+            pass
+
+
+def set_log_handler(fn):
+    """Routes library log lines to fn(level, line) (from any thread); None
+    restores the default (stderr)."""
+    _log_state["fn"] = fn
+    lib.oi_set_log_handler(lib._oi_py_log if fn is not None else ffi.NULL, ffi.NULL)
+
+
+def _timeout_ms(timeout):
+    if timeout is None:
+        return _U32_MAX
+    ms = int(timeout * 1000)
+    return max(0, min(ms, _U32_MAX - 1))
+
+
+def _hash_array(hashes):
+    """A cdata oi_block_hash[n] from a sequence of 16-byte objects or one
+    bytes-like object of 16*n bytes."""
+    if isinstance(hashes, (bytes, bytearray, memoryview)) and len(hashes) % 16 == 0 \
+            and len(hashes) != 16:
+        raw = bytes(hashes)
+        hashes = [raw[i:i + 16] for i in range(0, len(raw), 16)]
+    elif isinstance(hashes, (bytes, bytearray, memoryview)):
+        hashes = [bytes(hashes)]
+    n = len(hashes)
+    arr = ffi.new("oi_block_hash[]", max(n, 1))
+    for i, h in enumerate(hashes):
+        h = bytes(h)
+        if len(h) != 16:
+            raise InvalidArgumentError("hash %d is %d bytes, not 16" % (i, len(h)))
+        ffi.memmove(arr[i].bytes, h, 16)
+    return arr, n
+
+
+def _ids_array(ids):
+    ids = list(ids)
+    arr = ffi.new("int64_t[]", max(len(ids), 1))
+    for i, b in enumerate(ids):
+        arr[i] = b
+    return arr, len(ids)
+
+
+def hash_blocks(tokens, block_size, salt=b"", parent=None):
+    """Chained 16-byte hashes (bytes) of the full blocks of `tokens` (ints)."""
+    tokens = list(tokens)
+    toks = ffi.new("uint32_t[]", max(len(tokens), 1))
+    for i, t in enumerate(tokens):
+        toks[i] = t
+    cap = len(tokens) // block_size if block_size > 0 else 0
+    out = ffi.new("oi_block_hash[]", max(cap, 1))
+    n_out = ffi.new("size_t *")
+    par = ffi.NULL
+    if parent is not None:
+        par = ffi.new("oi_block_hash *")
+        p = bytes(parent)
+        if len(p) != 16:
+            raise InvalidArgumentError("parent is %d bytes, not 16" % len(p))
+        ffi.memmove(par.bytes, p, 16)
+    salt = bytes(salt)
+    _check(lib.oi_hash_blocks(toks, len(tokens), block_size, salt if salt else ffi.NULL,
+                              len(salt), par, out, cap, n_out))
+    return [bytes(ffi.buffer(out[i].bytes, 16)) for i in range(n_out[0])]
+
+
+# --------------------------------------------------------------------------- tickets
+
+_callbacks = {}
+_callbacks_lock = threading.Lock()
+
+
+@ffi.def_extern()
+def _oi_py_ticket_cb(ctx, t, st):
+    with _callbacks_lock:
+        entry = _callbacks.pop(ctx, None)
+    if entry is None:
+        return
+    ticket, fn = entry[0](), entry[1]
+    try:
+        fn(ticket, int(st))
+    except Exception:  # never raise into a library thread
+        pass
+
+
+@ffi.def_extern()
+def _oi_py_save_done(ctx, st):
+    with _callbacks_lock:
+        entry = _callbacks.pop(ctx, None)
+    if entry is None:
+        return
+    try:
+        entry[1](int(st))
+    except Exception:
+        pass
+
+
+class Ticket:
+    """Completion of an asynchronous save, load or flush.
+
+    ``wait(timeout)`` returns on success and raises the operation's error (or
+    ``TimeoutError``, which leaves the ticket pending); ``poll()`` returns
+    False while pending and True on success; ``fd`` is an eventfd that turns
+    readable on completion (selectors, asyncio); ``await ticket`` works in
+    asyncio. ``close()`` drops this reference; it never cancels the I/O."""
+
+    def __init__(self, ptr):
+        self._ptr = ptr
+        self._lock = threading.Lock()
+
+    def _p(self):
+        if self._ptr is None:
+            raise _closed("ticket")
+        return self._ptr
+
+    def poll(self):
+        st = lib.oi_ticket_poll(self._p())
+        if st == lib.OI_PENDING:
+            return False
+        _check(st)
+        return True
+
+    def wait(self, timeout=None):
+        """Waits up to `timeout` seconds (None: forever)."""
+        _check(lib.oi_ticket_wait(self._p(), _timeout_ms(timeout)))
+
+    def status(self):
+        """The raw status: OI_PENDING (1), OI_OK (0) or a negative error."""
+        return lib.oi_ticket_poll(self._p())
+
+    def done(self):
+        return self.status() != lib.OI_PENDING
+
+    def fileno(self):
+        fd = lib.oi_ticket_fd(self._p())
+        if fd < 0:
+            raise _error_for(lib.OI_ERR_IO)
+        return fd
+
+    @property
+    def fd(self):
+        """The eventfd (owned by the ticket: do not close it)."""
+        return self.fileno()
+
+    @property
+    def cuda_event(self):
+        """The cudaEvent_t as an int (0 on the cpu backend)."""
+        return int(ffi.cast("uintptr_t", lib.oi_ticket_cuda_event(self._p())))
+
+    def set_callback(self, fn):
+        """fn(ticket, status) is called once on completion, on a library thread
+        (or right here when already complete)."""
+        key = ffi.new_handle(self)
+        with _callbacks_lock:
+            _callbacks[key] = (weakref.ref(self), fn, key)
+        st = lib.oi_ticket_set_callback(self._p(), lib._oi_py_ticket_cb, key)
+        if st < 0:
+            with _callbacks_lock:
+                _callbacks.pop(key, None)
+            raise _error_for(st)
+
+    async def wait_async(self):
+        """Waits in asyncio through the ticket's fd."""
+        loop = asyncio.get_running_loop()
+        fd = self.fileno()
+        if not self.done():
+            fut = loop.create_future()
+
+            def ready():
+                if not fut.done():
+                    fut.set_result(None)
+
+            loop.add_reader(fd, ready)
+            try:
+                await fut
+            finally:
+                loop.remove_reader(fd)
+        self.wait(0)
+
+    def __await__(self):
+        return self.wait_async().__await__()
+
+    def close(self):
+        with self._lock:
+            p, self._ptr = self._ptr, None
+        if p is not None:
+            lib.oi_ticket_release(p)
+
+    @property
+    def closed(self):
+        return self._ptr is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------- host
+
+
+class _Handle:
+    """Owns one C object; subclasses implement _destroy."""
+
+    _what = "object"
+
+    def __init__(self):
+        self._ptr = None
+        self._lock = threading.RLock()
+
+    def _p(self):
+        p = self._ptr
+        if p is None:
+            raise _closed(self._what)
+        return p
+
+    @property
+    def closed(self):
+        return self._ptr is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _stats_dict(cdata, fields):
+    return {f: getattr(cdata, f) for f in fields}
+
+
+_HOST_STATS = [
+    "size_classes", "capacity_bytes", "used_bytes", "free_bytes", "block_bytes_resident",
+    "blocks_free", "blocks_in_flight", "blocks_sealed", "blocks_leased", "blocks_loading",
+    "saves_submitted", "saves_completed", "saves_deduplicated", "saves_dropped", "saves_failed",
+    "bytes_saved", "bytes_loaded", "loads_completed", "loads_failed", "query_hit_blocks",
+    "query_miss_blocks", "leases_active", "leases_expired", "leases_released", "evictions"]
+_ENGINE_STATS = [
+    "instance_id", "block_bytes", "num_blocks", "saves_submitted", "saves_completed",
+    "saves_deduplicated", "saves_dropped", "saves_failed", "loads_completed", "loads_failed",
+    "blocks_loaded", "bytes_saved", "bytes_loaded", "query_hit_blocks", "query_miss_blocks",
+    "saves_pending"]
+
+
+def _host_options(pool_bytes, device, hugepages, pin, lease_ttl_ms, index_shards, chunk_bytes,
+                  high_watermark, low_watermark, numa_node):
+    o = ffi.new("oi_host_options *")
+    _check(lib.oi_host_options_init(o))
+    o.pool_bytes = pool_bytes
+    o.device = device
+    o.flags = (lib.OI_HOST_HUGEPAGES if hugepages else 0) | (0 if pin else lib.OI_HOST_NO_PIN)
+    if lease_ttl_ms is not None:
+        o.lease_ttl_ms = lease_ttl_ms
+    if index_shards is not None:
+        o.index_shards = index_shards
+    if chunk_bytes is not None:
+        o.chunk_bytes = chunk_bytes
+    if high_watermark is not None:
+        o.high_watermark = high_watermark
+    if low_watermark is not None:
+        o.low_watermark = low_watermark
+    if numa_node is not None:
+        o.numa_node = numa_node
+    return o
+
+
+class OffloadHost(_Handle):
+    """The host tier: a pool of (pinned) host memory shared by the engines of
+    this process. ``close()`` closes the engines still registered first."""
+
+    _what = "host"
+
+    def __init__(self, pool_bytes, device=DEVICE_CPU, *, hugepages=False, pin=None,
+                 lease_ttl_ms=None, index_shards=None, chunk_bytes=None, high_watermark=None,
+                 low_watermark=None, numa_node=None):
+        super().__init__()
+        if pin is None:
+            pin = device != DEVICE_CPU
+        o = _host_options(pool_bytes, device, hugepages, pin, lease_ttl_ms, index_shards,
+                          chunk_bytes, high_watermark, low_watermark, numa_node)
+        out = ffi.new("oi_offload_host **")
+        _check(lib.oi_offload_host_create(o, out))
+        self._ptr = out[0]
+        self._engines = weakref.WeakSet()
+
+    def engine(self, namespace, arenas, **kw):
+        """Shorthand for OffloadEngine(self, namespace, arenas, **kw)."""
+        return OffloadEngine(self, namespace, arenas, **kw)
+
+    def stats(self):
+        s = ffi.new("oi_host_stats *")
+        s.struct_size = ffi.sizeof("oi_host_stats")
+        with self._lock:
+            _check(lib.oi_offload_host_stats(self._p(), s))
+        return _stats_dict(s, _HOST_STATS)
+
+    def evict_all(self):
+        n = ffi.new("uint64_t *")
+        with self._lock:
+            _check(lib.oi_offload_host_evict_all(self._p(), n))
+        return n[0]
+
+    def close(self):
+        with self._lock:
+            if self._ptr is None:
+                return
+            for e in list(self._engines):
+                e.close()
+            p, self._ptr = self._ptr, None
+        lib.oi_offload_host_destroy(p)
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class Arena:
+    """One arena of a layout. Block b, segment s lives at
+    base + b*block_stride + s*segment_stride (bytes_per_block bytes).
+
+    base: None (the arena lies at `offset` in the engine's `buffer`), an object
+    supporting the writable buffer protocol (cpu), or an int address (cuda
+    device pointer, e.g. tensor.data_ptr())."""
+
+    def __init__(self, name, num_blocks, bytes_per_block, *, block_stride=None, segments=1,
+                 segment_stride=None, offset=0, base=None):
+        self.name = name
+        self.num_blocks = num_blocks
+        self.bytes_per_block = bytes_per_block
+        self.segments = segments
+        self.segment_stride = bytes_per_block if segment_stride is None else segment_stride
+        if block_stride is None:
+            block_stride = (segments - 1) * self.segment_stride + bytes_per_block
+        self.block_stride = block_stride
+        self.offset = offset
+        self.base = base
+
+    @property
+    def nbytes(self):
+        """Bytes the arena spans."""
+        return (self.num_blocks - 1) * self.block_stride + (self.segments - 1) * \
+            self.segment_stride + self.bytes_per_block if self.num_blocks else 0
+
+    def __repr__(self):
+        return "Arena(%r, num_blocks=%d, bytes_per_block=%d)" % (
+            self.name, self.num_blocks, self.bytes_per_block)
+
+
+def _address(obj, keep, writable=True):
+    """An address for `obj`: an int (device pointer) or a buffer object."""
+    if obj is None:
+        return ffi.NULL
+    if isinstance(obj, int):
+        return ffi.cast("void *", obj)
+    buf = ffi.from_buffer(obj, require_writable=writable)
+    keep.append(obj)
+    keep.append(buf)
+    return ffi.cast("void *", buf)
+
+
+class QueryResult:
+    """hit_blocks: the leading run found; lease: a Lease pinning them (None
+    when nothing hit or for membership queries); loading: a deeper tier is
+    bringing more; present: per-position booleans (membership queries)."""
+
+    def __init__(self, hit_blocks, lease, loading, present=None):
+        self.hit_blocks = hit_blocks
+        self.lease = lease
+        self.loading = loading
+        self.present = present
+
+    def __repr__(self):
+        return "QueryResult(hit_blocks=%d, lease=%r)" % (self.hit_blocks, self.lease)
+
+
+class Lease:
+    """A pin on the blocks a query reported; ``release()`` drops it (also at
+    the end of a ``with``, unless a load consumed it)."""
+
+    def __init__(self, engine, raw, n):
+        self._engine = engine
+        self.raw = raw
+        self.blocks = n
+        self._done = False
+
+    def release(self):
+        self._done = True
+        self._engine._release(self.raw)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self._done and not self._engine.closed:
+            try:
+                self.release()
+            except LeaseExpiredError:
+                pass
+
+    def __repr__(self):
+        return "Lease(%s, blocks=%d)" % (self.raw.hex(), self.blocks)
+
+
+class OffloadEngine(_Handle):
+    """One rank's offload engine.
+
+    Embedded: ``OffloadEngine(host, namespace, arenas, buffer=..., device=-1)``.
+    Sidecar: ``engine, arena = OffloadEngine.connect(socket, namespace, arenas)``.
+
+    ``close()`` follows the drop order: a sidecar engine closes its imported
+    arena mapping first, then flushes and unregisters."""
+
+    _what = "engine"
+
+    def __init__(self, host, namespace, arenas, *, buffer=None, buffer_size=None,
+                 device=DEVICE_CPU, instance_name=None, world_size=1, save_deadline_ms=None,
+                 load_deadline_ms=None, control_deadline_ms=None, copy_mode=None,
+                 _connect=None):
+        super().__init__()
+        self._keep = []
+        self._host = host
+        self._arena = None
+        self.arenas = list(arenas)
+        self.device = device
+        o = self._options(namespace, self.arenas, buffer, buffer_size, device, instance_name,
+                          world_size, save_deadline_ms, load_deadline_ms, control_deadline_ms,
+                          copy_mode, sidecar=_connect is not None)
+        out = ffi.new("oi_offload_engine **")
+        if _connect is None:
+            if not isinstance(host, OffloadHost):
+                raise InvalidArgumentError("host must be an OffloadHost")
+            with host._lock:
+                _check(lib.oi_offload_engine_create(host._p(), o, out))
+                self._ptr = out[0]
+                host._engines.add(self)
+        else:
+            aout = ffi.new("oi_imported_arena **")
+            sock = _connect.encode() if _connect else ffi.NULL
+            _check(lib.oi_offload_engine_connect(sock, o, out, aout))
+            self._ptr = out[0]
+            self._arena = ImportedArena(aout[0], device, owner=self)
+        self._keep_opts = o
+
+    def _options(self, namespace, arenas, buffer, buffer_size, device, instance_name, world_size,
+                 save_deadline_ms, load_deadline_ms, control_deadline_ms, copy_mode, sidecar):
+        keep = self._keep
+        o = ffi.new("oi_engine_options *")
+        _check(lib.oi_engine_options_init(o))
+        o.device = device
+        ns = ffi.new("char[]", namespace.encode())
+        keep.append(ns)
+        o.namespace_id = ns
+        if instance_name:
+            inst = ffi.new("char[]", instance_name.encode())
+            keep.append(inst)
+            o.instance_name = inst
+        o.world_size = world_size
+        descs = ffi.new("oi_arena_desc[]", max(len(arenas), 1))
+        keep.append(descs)
+        for i, a in enumerate(arenas):
+            name = ffi.new("char[]", a.name.encode())
+            keep.append(name)
+            d = descs[i]
+            d.name = name
+            d.offset = a.offset
+            d.base = _address(a.base, keep)
+            d.num_blocks = a.num_blocks
+            d.bytes_per_block = a.bytes_per_block
+            d.block_stride = a.block_stride
+            d.segments = a.segments
+            d.segment_stride = a.segment_stride
+        o.arenas = descs
+        o.num_arenas = len(arenas)
+        if buffer is not None:
+            o.arena_base = _address(buffer, keep)
+            if buffer_size is None:
+                if isinstance(buffer, int):
+                    raise InvalidArgumentError("a device pointer buffer needs buffer_size")
+                buffer_size = memoryview(buffer).nbytes
+            o.arena_size = buffer_size
+        elif buffer_size is not None:
+            o.arena_size = buffer_size
+        for field, v in (("save_deadline_ms", save_deadline_ms),
+                         ("load_deadline_ms", load_deadline_ms),
+                         ("control_deadline_ms", control_deadline_ms),
+                         ("copy_mode", copy_mode)):
+            if v is not None:
+                setattr(o, field, v)
+        return o
+
+    @classmethod
+    def connect(cls, socket_path, namespace, arenas, *, device=DEVICE_CPU, arena_size=None,
+                **kw):
+        """Connects to an `openinfer serve` (socket_path None: the default
+        socket), registers the layout (arenas by offset) and imports the arena
+        the server allocated. Returns (engine, ImportedArena)."""
+        e = cls(None, namespace, arenas, device=device, buffer_size=arena_size,
+                _connect=socket_path or "", **kw)
+        return e, e._arena
+
+    @property
+    def imported_arena(self):
+        """The ImportedArena of a sidecar engine (None when embedded)."""
+        return self._arena
+
+    def save(self, block_ids, hashes, *, on_done=None, wait_event=None):
+        """Saves block_ids[i] under hashes[i]; returns a Ticket. on_done(status)
+        is called on a library thread once the blocks may be reused."""
+        ids, n = _ids_array(block_ids)
+        hs, nh = _hash_array(hashes)
+        if n != nh:
+            raise InvalidArgumentError("%d block ids but %d hashes" % (n, nh))
+        opt = ffi.new("oi_save_options *")
+        _check(lib.oi_save_options_init(opt))
+        if wait_event:
+            opt.wait_event = ffi.cast("void *", wait_event)
+        key = None
+        if on_done is not None:
+            key = ffi.new_handle(on_done)
+            with _callbacks_lock:
+                _callbacks[key] = (None, on_done, key)
+            opt.on_done = lib._oi_py_save_done
+            opt.on_done_ctx = key
+        t = ffi.new("oi_ticket **")
+        with self._lock:
+            st = lib.oi_offload_engine_save(self._p(), ids, hs, n, opt, t)
+        if st < 0:
+            err = _error_for(st)
+            if key is not None:
+                with _callbacks_lock:
+                    _callbacks.pop(key, None)
+            raise err
+        return Ticket(t[0])
+
+    def query(self, hashes, req_id=None, *, membership=False):
+        """Counts the leading run of `hashes` in the host tier and leases it."""
+        hs, n = _hash_array(hashes)
+        r = ffi.new("oi_query_result *")
+        r.struct_size = ffi.sizeof("oi_query_result")
+        present = None
+        if membership:
+            present = ffi.new("uint8_t[]", max(n, 1))
+            r.present = present
+        rid = req_id.encode() if req_id is not None else ffi.NULL
+        flags = lib.OI_QUERY_MEMBERSHIP if membership else 0
+        with self._lock:
+            _check(lib.oi_offload_engine_query(self._p(), rid, hs, n, flags, r))
+        raw = bytes(ffi.buffer(r.lease.bytes, 16))
+        lease = Lease(self, raw, r.hit_blocks) if any(raw) else None
+        return QueryResult(r.hit_blocks, lease, r.state == lib.OI_QUERY_LOADING,
+                           [bool(present[i]) for i in range(n)] if membership else None)
+
+    def load(self, lease, dst_block_ids):
+        """Copies the leased blocks into dst_block_ids; consumes one share of
+        the lease (even on failure). Returns a Ticket."""
+        raw = lease.raw if isinstance(lease, Lease) else bytes(lease)
+        if len(raw) != 16:
+            raise InvalidArgumentError("a lease is 16 bytes")
+        ids, n = _ids_array(dst_block_ids)
+        cl = ffi.new("oi_lease *")
+        ffi.memmove(cl.bytes, raw, 16)
+        opt = ffi.new("oi_load_options *")
+        _check(lib.oi_load_options_init(opt))
+        t = ffi.new("oi_ticket **")
+        if isinstance(lease, Lease):
+            lease._done = True
+        with self._lock:
+            _check(lib.oi_offload_engine_load(self._p(), cl[0], ids, n, opt, t))
+        return Ticket(t[0])
+
+    def release(self, lease):
+        """Drops a lease (Lease or its 16 raw bytes)."""
+        if isinstance(lease, Lease):
+            lease.release()
+        else:
+            self._release(bytes(lease))
+
+    def _release(self, raw):
+        cl = ffi.new("oi_lease *")
+        ffi.memmove(cl.bytes, raw, 16)
+        with self._lock:
+            _check(lib.oi_offload_engine_release(self._p(), cl[0]))
+
+    def flush(self, timeout=None):
+        with self._lock:
+            p = self._p()
+        _check(lib.oi_offload_engine_flush(p, _timeout_ms(timeout)))
+
+    def stats(self):
+        s = ffi.new("oi_engine_stats *")
+        s.struct_size = ffi.sizeof("oi_engine_stats")
+        with self._lock:
+            _check(lib.oi_offload_engine_stats(self._p(), s))
+        return _stats_dict(s, _ENGINE_STATS)
+
+    def close(self):
+        """Drop order: close the imported arena mapping (sidecar), then flush
+        and unregister."""
+        with self._lock:
+            if self._ptr is None:
+                return
+            if self._arena is not None:
+                self._arena.close()
+            p, self._ptr = self._ptr, None
+        lib.oi_offload_engine_destroy(p)
+        self._keep = []
+        self._host = None
+
+
+# --------------------------------------------------------------------------- imported arena
+
+
+class ImportedArena(_Handle):
+    """An arena another process exported, mapped here. ``ptr`` is its base
+    address (a device pointer on cuda); on the cpu backend ``read``/``write``
+    copy bytes in and out (checked against the size and against close).
+
+    Close it before its owner frees the memory; an engine's close() closes the
+    arena it imported first."""
+
+    _what = "imported arena"
+
+    def __init__(self, ptr, device=DEVICE_CPU, owner=None):
+        super().__init__()
+        self._ptr = ptr
+        self.device = device
+        self._owner = weakref.ref(owner) if owner is not None else None
+
+    @classmethod
+    def open(cls, handle, expected_bytes, device=DEVICE_CPU):
+        """Maps the 64-byte oi_arena_handle `handle`; the real allocation must
+        hold at least expected_bytes (else ProtocolError)."""
+        h = ffi.new("oi_arena_handle *")
+        raw = bytes(handle)
+        if len(raw) != 64:
+            raise InvalidArgumentError("an arena handle is 64 bytes")
+        ffi.memmove(h.bytes, raw, 64)
+        out = ffi.new("oi_imported_arena **")
+        _check(lib.oi_imported_arena_open(h, expected_bytes, device, out))
+        return cls(out[0], device)
+
+    @property
+    def ptr(self):
+        return int(ffi.cast("uintptr_t", lib.oi_imported_arena_ptr(self._p())))
+
+    @property
+    def size(self):
+        return lib.oi_imported_arena_size(self._p())
+
+    def __len__(self):
+        return self.size
+
+    def _span(self, offset, n):
+        size = self.size
+        if offset < 0 or n < 0 or offset + n > size:
+            raise InvalidArgumentError("[%d, %d) is outside the arena of %d bytes"
+                                       % (offset, offset + n, size))
+        if self.device != DEVICE_CPU:
+            raise UnsupportedError("read/write need a cpu arena; use .ptr on cuda")
+
+    def read(self, offset, n):
+        with self._lock:
+            self._span(offset, n)
+            return bytes(ffi.buffer(ffi.cast("char *", lib.oi_imported_arena_ptr(self._ptr))
+                                    + offset, n))
+
+    def write(self, offset, data):
+        data = memoryview(data).cast("B")
+        with self._lock:
+            self._span(offset, data.nbytes)
+            ffi.memmove(ffi.cast("char *", lib.oi_imported_arena_ptr(self._ptr)) + offset,
+                        data, data.nbytes)
+
+    def memoryview(self):
+        """A writable memoryview of the whole arena (cpu). Unlike read/write it
+        is not checked: do not use it after close()."""
+        with self._lock:
+            self._span(0, 0)
+            return memoryview(ffi.buffer(lib.oi_imported_arena_ptr(self._p()), self.size))
+
+    def close(self):
+        with self._lock:
+            p, self._ptr = self._ptr, None
+        if p is not None:
+            lib.oi_imported_arena_close(p)
+
+
+# --------------------------------------------------------------------------- server
+
+
+class Server(_Handle):
+    """The embeddable sidecar server. ``start()`` serves on a background
+    thread; ``stop()`` makes it return; ``close()`` stops, joins and frees."""
+
+    _what = "server"
+
+    def __init__(self, socket_path=None, pool_bytes=1 << 30, *, device=DEVICE_CPU,
+                 hugepages=False, pin=None, socket_mode=None, allowed_uids=(), allowed_gids=(),
+                 arena_devices=None, max_sessions=None, log_level=None, lease_ttl_ms=None):
+        super().__init__()
+        keep = []
+        if pin is None:
+            pin = device != DEVICE_CPU
+        ho = _host_options(pool_bytes, device, hugepages, pin, lease_ttl_ms, None, None, None,
+                           None, None)
+        keep.append(ho)
+        o = ffi.new("oi_server_options *")
+        _check(lib.oi_server_options_init(o))
+        o.host = ho
+        if socket_path is not None:
+            sp = ffi.new("char[]", str(socket_path).encode())
+            keep.append(sp)
+            o.socket_path = sp
+        if socket_mode is not None:
+            o.socket_mode = socket_mode
+        if allowed_uids:
+            u = ffi.new("uint32_t[]", list(allowed_uids))
+            keep.append(u)
+            o.allowed_uids, o.num_allowed_uids = u, len(allowed_uids)
+        if allowed_gids:
+            g = ffi.new("uint32_t[]", list(allowed_gids))
+            keep.append(g)
+            o.allowed_gids, o.num_allowed_gids = g, len(allowed_gids)
+        if arena_devices:
+            d = ffi.new("int32_t[]", list(arena_devices))
+            keep.append(d)
+            o.devices, o.num_devices = d, len(arena_devices)
+        if max_sessions is not None:
+            o.max_sessions = max_sessions
+        if log_level is not None:
+            o.log_level = _LEVELS[log_level] if isinstance(log_level, str) else log_level
+        out = ffi.new("oi_server **")
+        _check(lib.oi_server_create(o, out))
+        self._ptr = out[0]
+        self._thread = None
+        self._result = None
+
+    @property
+    def socket_path(self):
+        return ffi.string(lib.oi_server_socket_path(self._p())).decode()
+
+    @property
+    def epoch(self):
+        return lib.oi_server_epoch(self._p())
+
+    def run(self):
+        """Serves on the calling thread until stop() (from another thread)."""
+        with self._lock:
+            p = self._p()
+        _check(lib.oi_server_run(p))
+
+    def start(self):
+        """Serves on a daemon thread; returns self."""
+        with self._lock:
+            p = self._p()
+            if self._thread is not None:
+                raise StateError("the server was already started")
+
+            def serve():
+                self._result = lib.oi_server_run(p)
+
+            self._thread = threading.Thread(target=serve, name="openinfer-server", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self):
+        with self._lock:
+            _check(lib.oi_server_stop(self._p()))
+
+    def close(self):
+        with self._lock:
+            if self._ptr is None:
+                return
+            lib.oi_server_stop(self._ptr)
+            if self._thread is not None:
+                self._thread.join()
+            p, self._ptr = self._ptr, None
+        lib.oi_server_destroy(p)
+        if self._result is not None and self._result < 0:
+            st, self._result = self._result, None
+            raise _error_for(st, "server run failed")
+
+
+# --------------------------------------------------------------------------- executor
+
+__all__ += ["RefModel", "Executor", "RequestResult"]
+
+
+class RefModel(_Handle):
+    """The library's reference model (cpu, deterministic weights): the model
+    an Executor runs. Must outlive its executors: ``close()`` closes them first."""
+
+    _what = "reference model"
+
+    def __init__(self, *, seed=None, num_layers=None, hidden=None, num_q_heads=None,
+                 num_kv_heads=None, head_dim=None, intermediate=None, vocab_size=None,
+                 max_positions=None):
+        super().__init__()
+        o = ffi.new("oi_refmodel_options *")
+        _check(lib.oi_refmodel_options_init(o))
+        for field, v in (("seed", seed), ("num_layers", num_layers), ("hidden", hidden),
+                         ("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads),
+                         ("head_dim", head_dim), ("intermediate", intermediate),
+                         ("vocab_size", vocab_size), ("max_positions", max_positions)):
+            if v is not None:
+                setattr(o, field, v)
+        self._ops = ffi.new("oi_model_ops *")
+        self._ops.struct_size = ffi.sizeof("oi_model_ops")
+        ctx = ffi.new("void **")
+        _check(lib.oi_refmodel_create(o, self._ops, ctx))
+        self._ptr = ctx[0]
+        self._executors = weakref.WeakSet()
+
+    def close(self):
+        with self._lock:
+            if self._ptr is None:
+                return
+            for x in list(self._executors):
+                x.close()
+            p, self._ptr = self._ptr, None
+        lib.oi_refmodel_destroy(p)
+
+
+_REQUEST_STATES = {0: "waiting", 1: "restoring", 2: "running", 3: "finished", 4: "failed"}
+
+
+class RequestResult:
+    """state ("waiting", "restoring", "running", "finished", "failed"),
+    status, error (an Error or None), tokens (list), rank, prompt_len,
+    cached_tokens, restored_tokens, computed_tokens, ttft_ns, latency_ns."""
+
+    def __init__(self, r):
+        self.state = _REQUEST_STATES.get(r.state, str(r.state))
+        self.status = r.status
+        self.error = _error_for(r.status, "request failed") if r.status < 0 else None
+        self.tokens = [r.tokens[i] for i in range(r.n_tokens)]
+        for f in ("rank", "prompt_len", "cached_tokens", "restored_tokens", "computed_tokens",
+                  "ttft_ns", "latency_ns"):
+            setattr(self, f, getattr(r, f))
+
+    @property
+    def finished(self):
+        return self.state == "finished"
+
+    def __repr__(self):
+        return "RequestResult(%s, %d tokens, restored=%d)" % (self.state, len(self.tokens),
+                                                             self.restored_tokens)
+
+
+_EXEC_STATS = [
+    "ranks", "steps", "requests_submitted", "requests_finished", "requests_failed",
+    "prefill_tokens", "decode_tokens", "cached_tokens", "restored_tokens", "restores_started",
+    "restores_completed", "restores_failed", "saves_submitted", "save_blocks_pending",
+    "blocks_total", "blocks_free", "blocks_cached", "blocks_active", "leases_held"]
+
+_OFFLOAD = {"none": 0, "embedded": 1, "sidecar": 2}
+
+
+@ffi.def_extern()
+def _oi_py_token(ctx, request_id, token, index, finished):
+    x = ffi.from_handle(ctx)
+    fn = x._on_token
+    if fn is not None:
+        try:
+            fn(int(request_id), int(token), int(index), bool(finished))
+        except Exception as e:  # re-raised by the step that called it
+            x._token_error = e
+
+
+class Executor(_Handle):
+    """The KV runtime: rank workers, a GPU block pool with a prefix cache, the
+    offload engines and a scheduler, running `model` (a RefModel).
+
+    offload: "none", "embedded" (host: an OffloadHost to share, which must
+    outlive the executor, or None for a private one) or "sidecar"
+    (socket_path). Driven from one thread at a time (calls are serialized).
+    on_token(request_id, token, index, finished) runs inside step()."""
+
+    _what = "executor"
+
+    def __init__(self, model, *, ranks=1, devices=None, page_size=None, gpu_blocks=None,
+                 offload="none", host=None, host_pool_bytes=None, socket_path=None,
+                 namespace=None, max_batch_tokens=None, max_batch_seqs=None, prefix_cache=True,
+                 restore_timeout_ms=None, flush_timeout_ms=None, on_token=None):
+        super().__init__()
+        if not isinstance(model, RefModel):
+            raise InvalidArgumentError("model must be a RefModel")
+        keep = self._keep = []
+        o = ffi.new("oi_executor_options *")
+        _check(lib.oi_executor_options_init(o))
+        o.model = model._ops
+        o.model_ctx = model._p()
+        o.ranks = ranks
+        if devices is not None:
+            d = ffi.new("int32_t[]", list(devices))
+            keep.append(d)
+            o.devices = d
+        for field, v in (("page_size", page_size), ("gpu_blocks", gpu_blocks),
+                         ("max_batch_tokens", max_batch_tokens),
+                         ("max_batch_seqs", max_batch_seqs),
+                         ("restore_timeout_ms", restore_timeout_ms),
+                         ("flush_timeout_ms", flush_timeout_ms)):
+            if v is not None:
+                setattr(o, field, v)
+        o.prefix_cache = 1 if prefix_cache else 0
+        o.offload = _OFFLOAD[offload] if isinstance(offload, str) else offload
+        if host is not None:
+            o.host = host._p()
+        elif host_pool_bytes is not None:
+            ho = _host_options(host_pool_bytes, DEVICE_CPU, False, False, None, None, None, None,
+                               None, None)
+            keep.append(ho)
+            o.host_options = ho
+        if socket_path is not None:
+            sp = ffi.new("char[]", str(socket_path).encode())
+            keep.append(sp)
+            o.socket_path = sp
+        if namespace is not None:
+            ns = ffi.new("char[]", namespace.encode())
+            keep.append(ns)
+            o.namespace_id = ns
+        self._on_token = on_token
+        self._token_error = None
+        self._handle = ffi.new_handle(self)
+        if on_token is not None:
+            o.on_token = lib._oi_py_token
+            o.on_token_ctx = self._handle
+        out = ffi.new("oi_executor **")
+        _check(lib.oi_executor_create(o, out))
+        self._ptr = out[0]
+        self._model = model
+        self._host = host
+        model._executors.add(self)
+        if host is not None:
+            host._engines.add(self)  # the host closes its executors before itself
+
+    def _reraise_token_error(self):
+        e, self._token_error = self._token_error, None
+        if e is not None:
+            raise e
+
+    def submit(self, prompt, max_new_tokens, *, rank=-1, salt=b""):
+        """Queues a request; returns its id."""
+        prompt = list(prompt)
+        r = ffi.new("oi_request *")
+        _check(lib.oi_request_init(r))
+        p = ffi.new("uint32_t[]", prompt or [0])
+        r.prompt = p
+        r.prompt_len = len(prompt)
+        r.max_new_tokens = max_new_tokens
+        r.rank = rank
+        salt = bytes(salt)
+        s = ffi.new("char[]", salt) if salt else ffi.NULL
+        if salt:
+            r.salt = s
+            r.salt_len = len(salt)
+        rid = ffi.new("uint64_t *")
+        with self._lock:
+            _check(lib.oi_executor_submit(self._p(), r, rid))
+        return rid[0]
+
+    def step(self):
+        """One scheduler step; returns the number of requests that finished."""
+        n = ffi.new("uint32_t *")
+        with self._lock:
+            _check(lib.oi_executor_step(self._p(), n))
+        self._reraise_token_error()
+        return n[0]
+
+    def run_until_idle(self):
+        with self._lock:
+            _check(lib.oi_executor_run_until_idle(self._p()))
+        self._reraise_token_error()
+
+    def result(self, request_id):
+        r = ffi.new("oi_request_result *")
+        r.struct_size = ffi.sizeof("oi_request_result")
+        with self._lock:
+            _check(lib.oi_executor_result(self._p(), request_id, r))
+            return RequestResult(r)
+
+    def generate(self, prompt, max_new_tokens, **kw):
+        """submit + run_until_idle + the generated tokens."""
+        rid = self.submit(prompt, max_new_tokens, **kw)
+        self.run_until_idle()
+        res = self.result(rid)
+        if res.error is not None:
+            raise res.error
+        return res.tokens
+
+    def flush(self, timeout=None):
+        with self._lock:
+            _check(lib.oi_executor_flush(self._p(), _timeout_ms(timeout)))
+
+    def evict_gpu_cache(self):
+        n = ffi.new("uint64_t *")
+        with self._lock:
+            _check(lib.oi_executor_evict_gpu_cache(self._p(), n))
+        return n[0]
+
+    def stats(self):
+        s = ffi.new("oi_exec_stats *")
+        s.struct_size = ffi.sizeof("oi_exec_stats")
+        with self._lock:
+            _check(lib.oi_executor_stats(self._p(), s))
+        return _stats_dict(s, _EXEC_STATS)
+
+    def kv_layout(self, rank=0):
+        k = ffi.new("oi_kv_layout *")
+        k.struct_size = ffi.sizeof("oi_kv_layout")
+        with self._lock:
+            _check(lib.oi_executor_kv_layout(self._p(), rank, k))
+        d = {f: getattr(k, f) for f in ("device", "bytes", "num_layers", "page_size",
+                                         "num_blocks", "layer_stride", "block_stride",
+                                         "segment_stride", "token_stride")}
+        d["base"] = int(ffi.cast("uintptr_t", k.base))
+        return d
+
+    def request_blocks(self, request_id):
+        n = ffi.new("size_t *")
+        with self._lock:
+            p = self._p()
+            _check(lib.oi_executor_request_blocks(p, request_id, ffi.NULL, 0, n))
+            out = ffi.new("int64_t[]", max(n[0], 1))
+            _check(lib.oi_executor_request_blocks(p, request_id, out, n[0], n))
+        return [out[i] for i in range(n[0])]
+
+    def close(self):
+        """Workers -> drain loads -> close the arena mapping -> flush -> unregister
+        (oi_executor_destroy does it in that order)."""
+        with self._lock:
+            if self._ptr is None:
+                return
+            p, self._ptr = self._ptr, None
+        lib.oi_executor_destroy(p)
+        self._keep = []

@@ -1,0 +1,503 @@
+"""cffi builder of openinfer._native (out-of-line API mode).
+
+The declarations below mirror include/openinfer/*.h. In API mode the C
+compiler compiles them against the real headers, so a signature that drifts
+from the header fails the build (warnings are errors), and structs are
+declared with "..." so their layout always comes from the headers.
+
+Where the headers and the library are found (first match wins):
+  OPENINFER_INCLUDE_DIR / OPENINFER_LIB_DIR   environment (a build tree)
+  pkg-config openinfer                        an installed library
+  /usr/local/include, /usr/local/lib          the default prefix
+OPENINFER_LIB_DIR is also recorded as the module's RUNPATH, so a module built
+against a build tree loads that tree's libopeninfer.so.
+"""
+import os
+import shlex
+import subprocess
+
+from cffi import FFI
+
+CDEF = r"""
+typedef int32_t oi_status;
+#define OI_OK ...
+#define OI_PENDING ...
+#define OI_ERR_INVALID_ARGUMENT ...
+#define OI_ERR_NOT_FOUND ...
+#define OI_ERR_OUT_OF_MEMORY ...
+#define OI_ERR_TIMEOUT ...
+#define OI_ERR_CUDA ...
+#define OI_ERR_IO ...
+#define OI_ERR_PROTOCOL ...
+#define OI_ERR_STATE ...
+#define OI_ERR_LEASE_EXPIRED ...
+#define OI_ERR_CLOSED ...
+#define OI_ERR_UNSUPPORTED ...
+#define OI_ERR_PERMISSION ...
+#define OI_ERR_VERSION ...
+#define OI_ERR_INTERNAL ...
+#define OI_ERR_NO_DEVICE ...
+#define OI_ERR_BUSY ...
+#define OI_VERSION_NUMBER ...
+#define OI_DEVICE_CPU ...
+#define OI_HOST_HUGEPAGES ...
+#define OI_HOST_NO_PIN ...
+#define OI_QUERY_MEMBERSHIP ...
+
+const char *oi_status_str(oi_status st);
+const char *oi_last_error(void);
+void oi_clear_error(void);
+uint32_t oi_version(void);
+const char *oi_version_string(void);
+
+typedef enum oi_log_level {
+  OI_LOG_TRACE, OI_LOG_DEBUG, OI_LOG_INFO, OI_LOG_WARN, OI_LOG_ERROR, OI_LOG_OFF, ...
+} oi_log_level;
+typedef void (*oi_log_fn)(void *ctx, oi_log_level level, const char *line);
+void oi_set_log_handler(oi_log_fn fn, void *ctx);
+oi_status oi_set_log_level(oi_log_level level);
+oi_log_level oi_get_log_level(void);
+typedef void (*oi_fatal_fn)(void *ctx, const char *reason);
+void oi_set_fatal_handler(oi_fatal_fn fn, void *ctx);
+
+typedef struct oi_block_hash { uint8_t bytes[16]; } oi_block_hash;
+typedef struct oi_lease { uint8_t bytes[16]; } oi_lease;
+typedef struct oi_arena_handle { uint8_t bytes[64]; } oi_arena_handle;
+
+typedef struct oi_ticket oi_ticket;
+typedef void (*oi_ticket_fn)(void *ctx, oi_ticket *t, oi_status st);
+oi_status oi_ticket_poll(oi_ticket *t);
+oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms);
+int oi_ticket_fd(oi_ticket *t);
+void *oi_ticket_cuda_event(oi_ticket *t);
+oi_status oi_ticket_set_callback(oi_ticket *t, oi_ticket_fn fn, void *ctx);
+void oi_ticket_release(oi_ticket *t);
+
+/* device.h */
+typedef enum oi_backend_kind { OI_BACKEND_CPU, OI_BACKEND_CUDA, ... } oi_backend_kind;
+typedef struct oi_device_info {
+  uint32_t struct_size;
+  int32_t device;
+  uint32_t backend;
+  char name[96];
+  uint64_t total_memory;
+  int32_t numa_node;
+  uint32_t compute_capability;
+  uint32_t can_map_host_memory;
+  uint32_t multiprocessors;
+  char pci_bus_id[16];
+  ...;
+} oi_device_info;
+oi_status oi_device_count(int *count);
+oi_status oi_device_get_info(int device, oi_device_info *info);
+typedef struct oi_imported_arena oi_imported_arena;
+oi_status oi_imported_arena_open(const oi_arena_handle *handle, uint64_t expected_bytes,
+                                 int device, oi_imported_arena **out);
+void *oi_imported_arena_ptr(const oi_imported_arena *a);
+uint64_t oi_imported_arena_size(const oi_imported_arena *a);
+void oi_imported_arena_close(oi_imported_arena *a);
+
+/* hash.h */
+oi_status oi_hash_blocks(const uint32_t *tokens, size_t n_tokens, uint32_t block_size,
+                         const void *salt, size_t salt_len, const oi_block_hash *parent,
+                         oi_block_hash *out, size_t out_cap, size_t *n_out);
+
+/* host.h */
+typedef struct oi_offload_host oi_offload_host;
+typedef struct oi_host_options {
+  uint32_t struct_size;
+  uint32_t flags;
+  uint64_t pool_bytes;
+  int32_t device;
+  int32_t numa_node;
+  uint32_t lease_ttl_ms;
+  uint32_t index_shards;
+  uint64_t chunk_bytes;
+  float high_watermark;
+  float low_watermark;
+  ...;
+} oi_host_options;
+typedef struct oi_host_stats {
+  uint32_t struct_size;
+  uint32_t size_classes;
+  uint64_t capacity_bytes;
+  uint64_t used_bytes;
+  uint64_t free_bytes;
+  uint64_t block_bytes_resident;
+  uint64_t blocks_free;
+  uint64_t blocks_in_flight;
+  uint64_t blocks_sealed;
+  uint64_t blocks_leased;
+  uint64_t blocks_loading;
+  uint64_t saves_submitted;
+  uint64_t saves_completed;
+  uint64_t saves_deduplicated;
+  uint64_t saves_dropped;
+  uint64_t saves_failed;
+  uint64_t bytes_saved;
+  uint64_t bytes_loaded;
+  uint64_t loads_completed;
+  uint64_t loads_failed;
+  uint64_t query_hit_blocks;
+  uint64_t query_miss_blocks;
+  uint64_t leases_active;
+  uint64_t leases_expired;
+  uint64_t leases_released;
+  uint64_t evictions;
+  ...;
+} oi_host_stats;
+oi_status oi_host_options_init(oi_host_options *o);
+oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_host **out);
+void oi_offload_host_destroy(oi_offload_host *h);
+oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *out);
+oi_status oi_offload_host_evict_all(oi_offload_host *h, uint64_t *evicted_blocks);
+
+/* engine.h */
+typedef struct oi_offload_engine oi_offload_engine;
+typedef struct oi_arena_desc {
+  const char *name;
+  uint64_t offset;
+  void *base;
+  uint64_t num_blocks;
+  uint64_t bytes_per_block;
+  uint64_t block_stride;
+  uint32_t segments;
+  uint64_t segment_stride;
+  ...;
+} oi_arena_desc;
+typedef enum oi_copy_mode { OI_COPY_AUTO, OI_COPY_KERNEL, OI_COPY_DMA, ... } oi_copy_mode;
+typedef struct oi_engine_options {
+  uint32_t struct_size;
+  int32_t device;
+  const char *namespace_id;
+  const char *instance_name;
+  uint32_t world_size;
+  uint32_t num_arenas;
+  const oi_arena_desc *arenas;
+  void *arena_base;
+  uint64_t arena_size;
+  uint32_t save_deadline_ms;
+  uint32_t load_deadline_ms;
+  uint32_t copy_mode;
+  uint32_t copy_cta_limit;
+  uint32_t control_deadline_ms;
+  ...;
+} oi_engine_options;
+typedef void (*oi_save_done_fn)(void *ctx, oi_status st);
+typedef struct oi_save_options {
+  uint32_t struct_size;
+  uint32_t flags;
+  void *wait_event;
+  oi_save_done_fn on_done;
+  void *on_done_ctx;
+  ...;
+} oi_save_options;
+typedef struct oi_load_options {
+  uint32_t struct_size;
+  uint32_t flags;
+  ...;
+} oi_load_options;
+typedef enum oi_query_state { OI_QUERY_READY, OI_QUERY_LOADING, ... } oi_query_state;
+typedef struct oi_query_result {
+  uint32_t struct_size;
+  uint32_t state;
+  uint64_t hit_blocks;
+  oi_lease lease;
+  uint8_t *present;
+  ...;
+} oi_query_result;
+typedef struct oi_engine_stats {
+  uint32_t struct_size;
+  uint32_t instance_id;
+  uint64_t block_bytes;
+  uint64_t num_blocks;
+  uint64_t saves_submitted;
+  uint64_t saves_completed;
+  uint64_t saves_deduplicated;
+  uint64_t saves_dropped;
+  uint64_t saves_failed;
+  uint64_t loads_completed;
+  uint64_t loads_failed;
+  uint64_t blocks_loaded;
+  uint64_t bytes_saved;
+  uint64_t bytes_loaded;
+  uint64_t query_hit_blocks;
+  uint64_t query_miss_blocks;
+  uint64_t saves_pending;
+  ...;
+} oi_engine_stats;
+oi_status oi_engine_options_init(oi_engine_options *o);
+oi_status oi_save_options_init(oi_save_options *o);
+oi_status oi_load_options_init(oi_load_options *o);
+oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_options *o,
+                                   oi_offload_engine **out);
+oi_status oi_offload_engine_connect(const char *socket_path, const oi_engine_options *o,
+                                    oi_offload_engine **out, oi_imported_arena **arena_out);
+void oi_offload_engine_destroy(oi_offload_engine *e);
+oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *block_ids,
+                                 const oi_block_hash *hashes, size_t n,
+                                 const oi_save_options *opt, oi_ticket **ticket_out);
+oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_id,
+                                  const oi_block_hash *hashes, size_t n, uint32_t flags,
+                                  oi_query_result *out);
+oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
+                                 const int64_t *dst_block_ids, size_t n,
+                                 const oi_load_options *opt, oi_ticket **ticket_out);
+oi_status oi_offload_engine_release(oi_offload_engine *e, oi_lease lease);
+oi_status oi_offload_engine_flush(oi_offload_engine *e, uint32_t timeout_ms);
+oi_status oi_offload_engine_stats(const oi_offload_engine *e, oi_engine_stats *out);
+
+/* server.h */
+typedef struct oi_server oi_server;
+typedef struct oi_server_options {
+  uint32_t struct_size;
+  const char *socket_path;
+  uint32_t socket_mode;
+  uint32_t num_allowed_uids;
+  const uint32_t *allowed_uids;
+  uint32_t num_allowed_gids;
+  const uint32_t *allowed_gids;
+  const oi_host_options *host;
+  uint32_t num_devices;
+  const int32_t *devices;
+  int32_t log_level;
+  uint32_t max_sessions;
+  ...;
+} oi_server_options;
+oi_status oi_server_options_init(oi_server_options *o);
+oi_status oi_server_create(const oi_server_options *o, oi_server **out);
+oi_status oi_server_run(oi_server *s);
+oi_status oi_server_stop(oi_server *s);
+uint64_t oi_server_epoch(const oi_server *s);
+const char *oi_server_socket_path(const oi_server *s);
+void oi_server_destroy(oi_server *s);
+
+/* executor.h */
+typedef struct oi_executor oi_executor;
+typedef struct oi_model_desc {
+  uint32_t struct_size;
+  uint32_t num_layers;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t dtype_bytes;
+  uint32_t vocab_size;
+  uint32_t max_positions;
+  const char *model_id;
+  ...;
+} oi_model_desc;
+typedef struct oi_kv_layout {
+  uint32_t struct_size;
+  int32_t device;
+  void *base;
+  uint64_t bytes;
+  uint32_t num_layers;
+  uint32_t page_size;
+  uint64_t num_blocks;
+  uint64_t layer_stride;
+  uint64_t block_stride;
+  uint64_t segment_stride;
+  uint64_t token_stride;
+  ...;
+} oi_kv_layout;
+typedef struct oi_model_seq {
+  uint64_t request_id;
+  const uint32_t *tokens;
+  uint32_t n_tokens;
+  uint32_t position;
+  const int64_t *block_table;
+  uint32_t n_blocks;
+  uint32_t want_token;
+  uint32_t next_token;
+  float *logits;
+  ...;
+} oi_model_seq;
+typedef struct oi_model_batch {
+  uint32_t struct_size;
+  uint32_t rank;
+  uint32_t n_seqs;
+  oi_model_seq *seqs;
+  ...;
+} oi_model_batch;
+typedef struct oi_model_ops {
+  uint32_t struct_size;
+  oi_status (*describe)(void *ctx, oi_model_desc *out);
+  oi_status (*bind)(void *ctx, uint32_t rank, const oi_kv_layout *layout);
+  oi_status (*forward)(void *ctx, const oi_model_batch *batch);
+  void (*unbind)(void *ctx, uint32_t rank);
+  ...;
+} oi_model_ops;
+typedef struct oi_refmodel_options {
+  uint32_t struct_size;
+  uint64_t seed;
+  uint32_t num_layers;
+  uint32_t hidden;
+  uint32_t num_q_heads;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t intermediate;
+  uint32_t vocab_size;
+  uint32_t max_positions;
+  float rope_theta;
+  float rms_eps;
+  ...;
+} oi_refmodel_options;
+oi_status oi_refmodel_options_init(oi_refmodel_options *o);
+oi_status oi_refmodel_create(const oi_refmodel_options *o, oi_model_ops *ops_out, void **ctx_out);
+void oi_refmodel_destroy(void *ctx);
+typedef enum oi_offload_mode { OI_OFFLOAD_NONE, OI_OFFLOAD_EMBEDDED, OI_OFFLOAD_SIDECAR, ... } oi_offload_mode;
+typedef void (*oi_token_fn)(void *ctx, uint64_t request_id, uint32_t token, uint32_t index,
+                            int finished);
+typedef int (*oi_executor_fault_fn)(void *ctx, uint32_t rank, uint64_t request_id, uint32_t fault);
+typedef struct oi_executor_options {
+  uint32_t struct_size;
+  const oi_model_ops *model;
+  void *model_ctx;
+  uint32_t ranks;
+  const int32_t *devices;
+  uint32_t page_size;
+  uint32_t gpu_blocks;
+  uint32_t offload;
+  oi_offload_host *host;
+  const oi_host_options *host_options;
+  const char *socket_path;
+  const char *namespace_id;
+  uint32_t max_batch_tokens;
+  uint32_t max_batch_seqs;
+  uint32_t prefix_cache;
+  oi_token_fn on_token;
+  void *on_token_ctx;
+  uint32_t restore_timeout_ms;
+  uint32_t flush_timeout_ms;
+  oi_executor_fault_fn fault_hook;
+  void *fault_ctx;
+  ...;
+} oi_executor_options;
+typedef struct oi_request {
+  uint32_t struct_size;
+  const uint32_t *prompt;
+  uint32_t prompt_len;
+  uint32_t max_new_tokens;
+  int32_t rank;
+  const void *salt;
+  uint32_t salt_len;
+  ...;
+} oi_request;
+typedef enum oi_request_state {
+  OI_REQUEST_WAITING, OI_REQUEST_RESTORING, OI_REQUEST_RUNNING, OI_REQUEST_FINISHED,
+  OI_REQUEST_FAILED, ...
+} oi_request_state;
+typedef struct oi_request_result {
+  uint32_t struct_size;
+  uint32_t state;
+  oi_status status;
+  uint32_t rank;
+  const uint32_t *tokens;
+  uint32_t n_tokens;
+  uint32_t prompt_len;
+  uint32_t cached_tokens;
+  uint32_t restored_tokens;
+  uint32_t computed_tokens;
+  uint64_t ttft_ns;
+  uint64_t latency_ns;
+  ...;
+} oi_request_result;
+typedef struct oi_exec_stats {
+  uint32_t struct_size;
+  uint32_t ranks;
+  uint64_t steps;
+  uint64_t requests_submitted;
+  uint64_t requests_finished;
+  uint64_t requests_failed;
+  uint64_t prefill_tokens;
+  uint64_t decode_tokens;
+  uint64_t cached_tokens;
+  uint64_t restored_tokens;
+  uint64_t restores_started;
+  uint64_t restores_completed;
+  uint64_t restores_failed;
+  uint64_t saves_submitted;
+  uint64_t save_blocks_pending;
+  uint64_t blocks_total;
+  uint64_t blocks_free;
+  uint64_t blocks_cached;
+  uint64_t blocks_active;
+  uint64_t leases_held;
+  ...;
+} oi_exec_stats;
+oi_status oi_executor_options_init(oi_executor_options *o);
+oi_status oi_request_init(oi_request *r);
+oi_status oi_executor_create(const oi_executor_options *o, oi_executor **out);
+oi_status oi_executor_submit(oi_executor *x, const oi_request *r, uint64_t *request_id);
+oi_status oi_executor_step(oi_executor *x, uint32_t *finished);
+oi_status oi_executor_run_until_idle(oi_executor *x);
+oi_status oi_executor_result(oi_executor *x, uint64_t request_id, oi_request_result *out);
+oi_status oi_executor_flush(oi_executor *x, uint32_t timeout_ms);
+oi_status oi_executor_evict_gpu_cache(oi_executor *x, uint64_t *evicted);
+oi_status oi_executor_stats(const oi_executor *x, oi_exec_stats *out);
+oi_status oi_executor_kv_layout(const oi_executor *x, uint32_t rank, oi_kv_layout *out);
+oi_status oi_executor_request_blocks(const oi_executor *x, uint64_t request_id, int64_t *out,
+                                     size_t cap, size_t *n);
+void oi_executor_destroy(oi_executor *x);
+
+/* Python-side trampolines (cffi "extern Python"). */
+extern "Python" void _oi_py_ticket_cb(void *ctx, oi_ticket *t, oi_status st);
+extern "Python" void _oi_py_save_done(void *ctx, oi_status st);
+extern "Python" void _oi_py_log(void *ctx, oi_log_level level, const char *line);
+extern "Python" void _oi_py_token(void *ctx, uint64_t request_id, uint32_t token, uint32_t index,
+                                  int finished);
+"""
+
+# The public headers this module binds.
+HEADERS = ["common.h", "device.h", "hash.h", "host.h", "engine.h", "server.h", "executor.h"]
+
+SOURCE = "\n".join('#include <openinfer/%s>' % h for h in HEADERS) + "\n"
+
+
+def _locate():
+    inc = os.environ.get("OPENINFER_INCLUDE_DIR")
+    lib = os.environ.get("OPENINFER_LIB_DIR")
+    inc = os.path.abspath(inc) if inc else None
+    lib = os.path.abspath(lib) if lib else None
+    cflags, libdirs, rpath = [], [], []
+    incdirs = [inc] if inc else []
+    if lib:
+        libdirs, rpath = [lib], [lib]
+    if not inc or not lib:
+        try:
+            out = subprocess.run(["pkg-config", "--cflags", "--libs", "openinfer"],
+                                 check=True, capture_output=True, text=True).stdout
+            for flag in shlex.split(out):
+                if flag.startswith("-I") and not inc:
+                    incdirs.append(flag[2:])
+                elif flag.startswith("-L") and not lib:
+                    libdirs.append(flag[2:])
+        except (OSError, subprocess.CalledProcessError):
+            if not inc:
+                incdirs.append("/usr/local/include")
+            if not lib:
+                libdirs.append("/usr/local/lib")
+    return incdirs, libdirs, rpath, cflags
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(CDEF)
+_inc, _libdirs, _rpath, _cflags = _locate()
+ffibuilder.set_source(
+    "openinfer._native",
+    SOURCE,
+    include_dirs=_inc,
+    library_dirs=_libdirs,
+    runtime_library_dirs=_rpath,
+    libraries=["openinfer"],
+    # The declarations above are checked by the compiler: any mismatch with
+    # the headers is an error. (cffi's own generated code is not -Wextra
+    # clean, so only the warnings that catch a wrong declaration are errors.)
+    extra_compile_args=["-std=gnu11", "-Werror", "-Wall", "-Wno-unused-function",
+                        "-Wno-unused-variable", "-Wno-unused-but-set-variable",
+                        "-Werror=incompatible-pointer-types", "-Werror=int-conversion"] + _cflags,
+)
+
+if __name__ == "__main__":
+    import sys
+    tmp = sys.argv[1] if len(sys.argv) > 1 else "."
+    ffibuilder.compile(tmpdir=tmp, verbose=False)

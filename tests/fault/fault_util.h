@@ -1,0 +1,173 @@
+/* Helpers of the fault-injection tests (suite 'fault'): skip (77) in builds
+ * without -Dfault_injection=true; a host and an engine over a malloc'ed arena
+ * whose blocks hold patterns that depend on (logical block, byte). */
+#ifndef OI_FAULT_UTIL_H
+#define OI_FAULT_UTIL_H
+
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "core/fault.h"
+#include "testutil.h"
+
+#pragma GCC diagnostic ignored "-Wunused-function"
+
+/* Skips without fault injection; reads OI_FAULTS now (none set: nothing
+ * armed), so a later setenv for a child server never arms this process. */
+#define REQUIRE_FAULTS()                                                                           \
+  do {                                                                                             \
+    if (!oi__fault_available()) TEST_SKIP("built without -Dfault_injection=true");                \
+    unsetenv("OI_FAULTS");                                                                         \
+    oi__fault_arm(OI_FAULT_HOST_ALLOC, 0, 0, 0);                                                   \
+    oi__fault_disarm_all();                                                                        \
+  } while (0)
+
+typedef struct rig {
+  oi_offload_host *h;
+  oi_offload_engine *e;
+  uint8_t *arena;
+  uint64_t blocks, bytes; /* device blocks, bytes per block */
+} rig;
+
+static uint8_t fu_byte(uint64_t logical, uint64_t i) {
+  uint64_t x = (logical + 1) * 0x9E3779B97F4A7C15ull ^ (i + 1) * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  return (uint8_t)(x ^ (x >> 13));
+}
+
+static void fu_fill(rig *r, int64_t id, uint64_t logical) {
+  for (uint64_t i = 0; i < r->bytes; i++) r->arena[(uint64_t)id * r->bytes + i] = fu_byte(logical, i);
+}
+
+static bool fu_check(const rig *r, int64_t id, uint64_t logical) {
+  for (uint64_t i = 0; i < r->bytes; i++)
+    if (r->arena[(uint64_t)id * r->bytes + i] != fu_byte(logical, i)) {
+      fprintf(stderr, "block %lld byte %llu: 0x%02x, expected 0x%02x (logical %llu)\n", (long long)id,
+              (unsigned long long)i, r->arena[(uint64_t)id * r->bytes + i], fu_byte(logical, i),
+              (unsigned long long)logical);
+      return false;
+    }
+  return true;
+}
+
+static oi_block_hash fu_hash(uint64_t logical) {
+  oi_block_hash h;
+  memset(&h, 0, sizeof h);
+  memcpy(h.bytes, &logical, sizeof logical);
+  h.bytes[12] = 0xFA;
+  return h;
+}
+
+/* A host of `pool_blocks` slots and one engine over `blocks` device blocks
+ * of `bytes`. Deadlines and world size as given (0: defaults). */
+static void rig_open(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_blocks, uint32_t world,
+                     uint32_t save_deadline_ms, uint32_t load_deadline_ms, uint32_t lease_ttl_ms) {
+  memset(r, 0, sizeof *r);
+  r->blocks = blocks;
+  r->bytes = bytes;
+  uint64_t slot = (bytes + 255) & ~255ull;
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.chunk_bytes = slot * 4;
+  ho.pool_bytes = ((pool_blocks + 3) / 4) * ho.chunk_bytes;
+  ho.high_watermark = 1.0f;
+  if (lease_ttl_ms) ho.lease_ttl_ms = lease_ttl_ms;
+  REQUIRE(oi_offload_host_create(&ho, &r->h) == OI_OK);
+  r->arena = calloc(blocks, bytes);
+  REQUIRE(r->arena);
+  oi_arena_desc ad = {.name = "kv", .base = r->arena, .num_blocks = blocks, .bytes_per_block = bytes,
+                      .block_stride = bytes, .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.namespace_id = "fault";
+  eo.arenas = &ad;
+  eo.num_arenas = 1;
+  if (world) eo.world_size = world;
+  if (save_deadline_ms) eo.save_deadline_ms = save_deadline_ms;
+  if (load_deadline_ms) eo.load_deadline_ms = load_deadline_ms;
+  REQUIRE(oi_offload_engine_create(r->h, &eo, &r->e) == OI_OK);
+}
+
+static void rig_close(rig *r) {
+  oi__fault_disarm_all();
+  oi_offload_engine_destroy(r->e);
+  oi_offload_host_destroy(r->h);
+  free(r->arena);
+  memset(r, 0, sizeof *r);
+}
+
+/* Saves logical blocks first..first+n-1 from device blocks 0..n-1 and waits.
+ * @return the ticket's status. */
+static oi_status rig_save(rig *r, uint64_t first, size_t n) {
+  int64_t ids[256];
+  oi_block_hash hs[256];
+  REQUIRE(n <= 256);
+  for (size_t i = 0; i < n; i++) {
+    ids[i] = (int64_t)i;
+    hs[i] = fu_hash(first + i);
+    fu_fill(r, (int64_t)i, first + i);
+  }
+  oi_ticket *t = NULL;
+  oi_status st = oi_offload_engine_save(r->e, ids, hs, n, NULL, &t);
+  if (st != OI_OK) return st;
+  st = oi_ticket_wait(t, 60000);
+  oi_ticket_release(t);
+  return st;
+}
+
+/* Hits (prefix) for logical first..first+n-1; the lease in *lease. */
+static uint64_t rig_query(rig *r, uint64_t first, size_t n, oi_lease *lease) {
+  oi_block_hash hs[256];
+  for (size_t i = 0; i < n; i++) hs[i] = fu_hash(first + i);
+  oi_query_result q;
+  memset(&q, 0, sizeof q);
+  q.struct_size = sizeof q;
+  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, n, 0, &q));
+  if (lease) *lease = q.lease;
+  return q.hit_blocks;
+}
+
+/* Membership: how many of first..first+n-1 are visible. */
+static uint64_t rig_visible(rig *r, uint64_t first, size_t n) {
+  oi_block_hash hs[256];
+  uint8_t present[256];
+  for (size_t i = 0; i < n; i++) hs[i] = fu_hash(first + i);
+  oi_query_result q;
+  memset(&q, 0, sizeof q);
+  q.struct_size = sizeof q;
+  q.present = present;
+  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q));
+  return q.hit_blocks;
+}
+
+/* Loads a lease of n blocks into device blocks dst0..dst0+n-1 and waits. */
+static oi_status rig_load(rig *r, oi_lease lease, int64_t dst0, size_t n) {
+  int64_t ids[256];
+  for (size_t i = 0; i < n; i++) ids[i] = dst0 + (int64_t)i;
+  oi_ticket *t = NULL;
+  oi_status st = oi_offload_engine_load(r->e, lease, ids, n, NULL, &t);
+  if (st != OI_OK) return st;
+  st = oi_ticket_wait(t, 60000);
+  oi_ticket_release(t);
+  return st;
+}
+
+static oi_host_stats rig_stats(rig *r) {
+  oi_host_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  CHECK_OK(oi_offload_host_stats(r->h, &s));
+  return s;
+}
+
+/* The pool's accounting is whole and nothing is half-done. */
+static void rig_check_quiet(rig *r) {
+  oi_host_stats s = rig_stats(r);
+  CHECK(s.blocks_in_flight == 0);
+  CHECK(s.blocks_loading == 0);
+  CHECK(s.used_bytes + s.free_bytes == s.capacity_bytes);
+  CHECK(s.block_bytes_resident == s.blocks_sealed * r->bytes);
+}
+
+#endif

@@ -28,6 +28,9 @@ static const benchmark benchmarks[] = {
     {"rpc", "the sidecar's query and save round trips over its socket, beside an embedded\n"
             "           engine",
      bench_rpc},
+    {"ttft", "time to first token of the CUDA reference model (Qwen3-4B shape): cold prefill\n"
+             "           vs host-tier restore, beside the GPU's matmul rate and bulk H2D",
+     bench_ttft},
 };
 
 static void bench_usage(FILE *f) {

@@ -12,8 +12,10 @@ int cmd_demo(int argc, char **argv);
 int demo_tier(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_stats(int argc, char **argv);
 int bench_transfer(int argc, char **argv);
 int bench_rpc(int argc, char **argv);
+int bench_ttft(int argc, char **argv);
 
 /* Parses "64", "64K", "2M", "1G" (binary units). */
 bool cli_parse_size(const char *s, uint64_t *out);

@@ -18,6 +18,7 @@ static const command commands[] = {
     {"demo", "save KV blocks to the host tier and restore them, verifying every byte", cmd_demo},
     {"bench", "measure the host tier (bench host)", cmd_bench},
     {"serve", "run the sidecar server (host pool + client KV arenas over a Unix socket)", cmd_serve},
+    {"stats", "print a running server's figures (pool, blocks, saves, loads, latencies)", cmd_stats},
 };
 
 static void usage(FILE *f) {

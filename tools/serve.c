@@ -7,11 +7,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "openinfer/openinfer.h"
 
 #define MAX_IDS 64
+/* The metrics endpoint when no --metrics-addr is given: loopback only. */
+#define DEFAULT_METRICS_ADDR "127.0.0.1:9464"
 
 static oi_server *volatile g_server;
 
@@ -43,6 +47,10 @@ static void serve_usage(FILE *f) {
           "                      (e.g. cpu,0,1; default: any)\n"
           "  --max-sessions N    concurrent client connections (default 256)\n"
           "  --log-level LEVEL   trace|debug|info|warn|error|off (default info)\n"
+          "  --metrics-addr A    serve /metrics (Prometheus) and /healthz on HOST:PORT\n"
+          "                      (PORT alone: 127.0.0.1; port 0: a free one). Default\n"
+          "                      " DEFAULT_METRICS_ADDR ", skipped with a warning if busy\n"
+          "  --no-metrics        no HTTP endpoint\n"
           "  -h, --help          this text\n");
 }
 
@@ -55,6 +63,51 @@ static bool parse_device(const char *s, int32_t *out) {
   if (!cli_parse_int(s, -1, 1024, &v)) return false;
   *out = (int32_t)v;
   return true;
+}
+
+/* Pool setup progress: a bar on a terminal, a line every 2 s otherwise. */
+typedef struct progress_state {
+  bool tty, drawn;
+  uint64_t t0, last;
+} progress_state;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void on_progress(void *ctx, uint64_t done, uint64_t total) {
+  progress_state *p = ctx;
+  uint64_t now = now_ns();
+  if (done == 0 && !p->t0) {
+    p->t0 = p->last = now;
+    return;
+  }
+  double gib = (double)(1ull << 30), secs = (double)(now - p->t0) / 1e9;
+  double frac = total ? (double)done / (double)total : 1.0;
+  double rate = secs > 0 ? (double)done / secs / 1e9 : 0.0;
+  if (done >= total) {
+    if (p->tty && p->drawn) fprintf(stderr, "\r\033[K");
+    fprintf(stderr, "openinfer serve: pool ready: %.2f GiB pinned in %.2f s (%.2f GB/s)\n",
+            (double)total / gib, secs, rate);
+    fflush(stderr);
+    return;
+  }
+  if (p->tty) {
+    char bar[41];
+    int full = (int)(frac * 40);
+    for (int i = 0; i < 40; i++) bar[i] = i < full ? '#' : '.';
+    bar[40] = '\0';
+    fprintf(stderr, "\r\033[Kpinning the pool [%s] %3.0f%% %.1f/%.1f GiB %.2f GB/s", bar,
+            frac * 100, (double)done / gib, (double)total / gib, rate);
+    p->drawn = true;
+  } else if (now - p->last >= 2000000000ull) {
+    fprintf(stderr, "openinfer serve: pinning the pool: %.0f%% (%.1f of %.1f GiB, %.2f GB/s)\n",
+            frac * 100, (double)done / gib, (double)total / gib, rate);
+    p->last = now;
+  }
+  fflush(stderr);
 }
 
 static bool parse_level(const char *s, int32_t *out) {
@@ -76,6 +129,7 @@ int cmd_serve(int argc, char **argv) {
       {"arena-devices", required_argument, NULL, 'a'},
       {"max-sessions", required_argument, NULL, 'S'},
       {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
+      {"metrics-addr", required_argument, NULL, 'M'}, {"no-metrics", no_argument, NULL, 'n'},
       {NULL, 0, NULL, 0},
   };
   oi_host_options ho;
@@ -87,6 +141,8 @@ int cmd_serve(int argc, char **argv) {
   uint32_t uids[MAX_IDS], gids[MAX_IDS];
   int32_t devices[MAX_IDS];
   uint32_t nuids = 0, ngids = 0, ndevices = 0;
+  const char *metrics_addr = DEFAULT_METRICS_ADDR;
+  bool metrics_explicit = false;
   optind = 1;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -153,6 +209,14 @@ int cmd_serve(int argc, char **argv) {
         return CLI_USAGE;
       }
       break;
+    case 'M':
+      metrics_addr = optarg;
+      metrics_explicit = true;
+      break;
+    case 'n':
+      metrics_addr = NULL;
+      metrics_explicit = true;
+      break;
     case 'h': serve_usage(stdout); return CLI_OK;
     default: serve_usage(stderr); return CLI_USAGE;
     }
@@ -169,8 +233,23 @@ int cmd_serve(int argc, char **argv) {
   so.devices = devices;
   so.num_devices = ndevices;
 
+  progress_state prog = {.tty = isatty(2) == 1};
+  ho.progress = on_progress;
+  ho.progress_ctx = &prog;
+  so.metrics_addr = metrics_addr;
+
   oi_server *srv;
   oi_status st = oi_server_create(&so, &srv);
+  if (st != OI_OK && metrics_addr && !metrics_explicit &&
+      (st == OI_ERR_BUSY || st == OI_ERR_UNSUPPORTED || st == OI_ERR_PERMISSION ||
+       st == OI_ERR_IO) && strstr(oi_last_error(), "metrics endpoint")) {
+    /* The default endpoint is a convenience: without it the server still
+     * serves. An address given with --metrics-addr is a requirement. */
+    fprintf(stderr, "openinfer serve: warning: %s; serving without /metrics\n", oi_last_error());
+    so.metrics_addr = NULL;
+    prog = (progress_state){.tty = prog.tty};
+    st = oi_server_create(&so, &srv);
+  }
   if (st != OI_OK) {
     fprintf(stderr, "openinfer serve: %s (%s)\n", oi_last_error(), oi_status_str(st));
     return CLI_FAILED;
@@ -186,6 +265,13 @@ int cmd_serve(int argc, char **argv) {
   fprintf(stderr, "openinfer serve: listening on %s (pool %.2f GiB, epoch %016llx)\n",
           oi_server_socket_path(srv), (double)ho.pool_bytes / (double)(1ull << 30),
           (unsigned long long)oi_server_epoch(srv));
+  if (oi_server_metrics_port(srv)) {
+    /* The address as given, with the port actually bound (port 0 picks one). */
+    const char *colon = strrchr(so.metrics_addr, ':');
+    int hl = colon ? (int)(colon - so.metrics_addr) : 0;
+    fprintf(stderr, "openinfer serve: metrics on http://%.*s:%u/metrics (and /healthz)\n",
+            hl ? hl : 9, hl ? so.metrics_addr : "127.0.0.1", (unsigned)oi_server_metrics_port(srv));
+  }
   fflush(stderr);
   st = oi_server_run(srv);
   g_server = NULL;

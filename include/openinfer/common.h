@@ -90,8 +90,10 @@ typedef enum oi_log_level {
   OI_LOG_OFF = 5,
 } oi_log_level;
 
-/* Receives one complete line (no trailing newline), already formatted as
- * "level=... component=... msg=...". May be called from any library thread. */
+/* Receives one complete line (no trailing newline), one event per line,
+ * already formatted as "level=... component=... msg=..." (logfmt), with
+ * "instance=N" after the component when the event concerns one engine
+ * instance. May be called from any library thread. */
 typedef void (*oi_log_fn)(void *ctx, oi_log_level level, const char *line);
 
 /* Installs a process-wide log handler; NULL restores the default (stderr).
@@ -127,6 +129,13 @@ typedef struct oi_lease {
 typedef struct oi_arena_handle {
   uint8_t bytes[64];
 } oi_arena_handle;
+
+/* Latency histograms (oi_host_stats, oi_engine_stats): OI_LATENCY_BUCKETS
+ * fixed log-scale buckets, not cumulative. Bucket i < OI_LATENCY_BUCKETS - 1
+ * counts operations that took at most 2^i microseconds (and more than
+ * 2^(i-1)); bucket 0 counts those of at most 1 us; the last bucket counts
+ * everything slower than 2^(OI_LATENCY_BUCKETS - 2) us (about 67 s). */
+#define OI_LATENCY_BUCKETS 28
 
 /* ------------------------------------------------------------------------ */
 /* Tickets                                                                   */

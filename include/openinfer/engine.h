@@ -115,6 +115,18 @@ typedef struct oi_engine_stats {
   uint64_t query_hit_blocks;
   uint64_t query_miss_blocks;
   uint64_t saves_pending;      /* save operations not yet sealed or dropped */
+  /* ---- appended (observability); an older caller's struct_size stops before these ---- */
+  uint64_t loads_submitted;    /* load operations accepted */
+  uint64_t namespace_blocks_resident; /* blocks in flight or sealed in this engine's namespace
+                                         (every engine of the namespace shares them) */
+  uint32_t latency_buckets;    /* OI_LATENCY_BUCKETS */
+  uint32_t reserved;
+  /* This engine's save and load latencies, as in oi_host_stats (sidecar:
+   * measured by the server, from the request's arrival to its completion). */
+  uint64_t save_latency_us[OI_LATENCY_BUCKETS];
+  uint64_t save_latency_sum_us;
+  uint64_t load_latency_us[OI_LATENCY_BUCKETS];
+  uint64_t load_latency_sum_us;
 } oi_engine_stats;
 
 OI_API oi_status oi_engine_options_init(oi_engine_options *o);

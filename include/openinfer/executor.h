@@ -120,7 +120,9 @@ typedef struct oi_model_ops {
  * head, greedy argmax. float32 math and float32 KV (dtype_bytes 4). Every
  * kernel is batch-invariant (one row at a time, fixed summation order), so
  * KV bytes and tokens do not depend on batching or chunking.
- * Devices: cpu (-1). Binding a CUDA rank is refused with OI_ERR_UNSUPPORTED. */
+ * Devices: the cpu model (options.device -1) binds cpu ranks only (a CUDA
+ * rank is refused with OI_ERR_UNSUPPORTED); the CUDA model (options.device
+ * >= 0) binds ranks on its device only. */
 typedef struct oi_refmodel_options {
   uint32_t struct_size;
   uint64_t seed;          /* weights; default 1 */
@@ -134,6 +136,14 @@ typedef struct oi_refmodel_options {
   uint32_t max_positions; /* default 4096 */
   float rope_theta;       /* default 10000 */
   float rms_eps;          /* default 1e-5 */
+  /* -1 (default): the cpu model above (float32 weights and KV). >= 0: the
+   * CUDA model on that device: the same architecture with bf16 weights
+   * (generated on the GPU from `seed`), bf16 activations and KV (dtype_bytes
+   * 2) and fp32 accumulation, on tensor cores; every kernel batch-invariant.
+   * Its ranks must be on that device. Needs head_dim 64 or 128 and hidden,
+   * num_q_heads * head_dim and intermediate multiples of 64; without the
+   * CUDA backend or a GPU, create fails (OI_ERR_UNSUPPORTED / OI_ERR_NO_DEVICE). */
+  int32_t device;
 } oi_refmodel_options;
 
 OI_API oi_status oi_refmodel_options_init(oi_refmodel_options *o);

@@ -33,6 +33,13 @@ typedef struct oi_host_options {
   uint64_t chunk_bytes;    /* pool carving unit, one size class per chunk; 0 = auto */
   float high_watermark;    /* fraction of capacity that starts background eviction; default 0.95 */
   float low_watermark;     /* background eviction stops here; default 0.90 */
+  /* Optional: pool setup progress, called on the thread that creates the
+   * host: once with done == 0, about every 100 ms while the pool's pages are
+   * touched (done = bytes touched so far), and once with done == total when
+   * the pool is ready (touched and pinned). When set, the INFO log lines of
+   * the setup's progress are not written. */
+  void (*progress)(void *ctx, uint64_t done, uint64_t total);
+  void *progress_ctx;
 } oi_host_options;
 
 /* Output struct: set struct_size = sizeof(oi_host_stats) first. Block counts
@@ -64,13 +71,37 @@ typedef struct oi_host_stats {
   uint64_t leases_expired;     /* by TTL */
   uint64_t leases_released;    /* explicitly, or when their last share was consumed */
   uint64_t evictions;          /* blocks evicted */
+  /* ---- appended (observability); an older caller's struct_size stops before these ---- */
+  uint64_t loads_submitted;    /* load operations accepted (consumed a lease share) */
+  uint64_t blocks_loaded;      /* blocks copied host -> device */
+  uint64_t blocks_pinned;      /* sealed blocks a lease or a load holds (not evictable) */
+  uint64_t pool_setup_ns;      /* time to map, touch and pin the pool at create */
+  uint32_t namespaces;         /* namespaces bound (see oi_offload_host_namespace_stats) */
+  uint32_t latency_buckets;    /* OI_LATENCY_BUCKETS */
+  /* Save latency: from the save call to every accepted block sealed (or the
+   * operation failed), per save operation that copied at least one block. */
+  uint64_t save_latency_us[OI_LATENCY_BUCKETS];
+  uint64_t save_latency_sum_us;
+  /* Load latency: from the load call to the last block landed, per load
+   * operation accepted. */
+  uint64_t load_latency_us[OI_LATENCY_BUCKETS];
+  uint64_t load_latency_sum_us;
 } oi_host_stats;
+
+/* Output struct of oi_offload_host_namespace_stats: set struct_size first. */
+typedef struct oi_namespace_stats {
+  uint32_t struct_size;
+  uint32_t index;           /* as asked */
+  char name[256];           /* NUL-terminated; truncated past 255 bytes */
+  uint64_t block_bytes;     /* bytes of one block of this namespace */
+  uint64_t blocks_resident; /* blocks in flight or sealed in this namespace */
+} oi_namespace_stats;
 
 /* Fills defaults. @return OI_ERR_INVALID_ARGUMENT on NULL. */
 OI_API oi_status oi_host_options_init(oi_host_options *o);
 
-/* Maps and pins the pool (may take seconds for large pools; progress is
- * logged at INFO). */
+/* Maps and pins the pool (may take seconds for large pools; progress goes to
+ * oi_host_options.progress, or is logged at INFO). */
 OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_host **out);
 
 /* Frees the pool. Accepts NULL. Every engine must be destroyed first:
@@ -78,6 +109,12 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
 OI_API void oi_offload_host_destroy(oi_offload_host *h);
 
 OI_API oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *out);
+
+/* The namespace number `index`, in [0, oi_host_stats.namespaces): namespaces
+ * are numbered in the order they were first registered and never go away.
+ * @return OI_ERR_NOT_FOUND past the last one. */
+OI_API oi_status oi_offload_host_namespace_stats(const oi_offload_host *h, uint32_t index,
+                                                 oi_namespace_stats *out);
 
 /* Evicts every block that no lease, load or save holds.
  * @param evicted_blocks optional: receives the count. */

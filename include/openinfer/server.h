@@ -46,6 +46,13 @@ typedef struct oi_server_options {
   const int32_t *devices;
   int32_t log_level;             /* oi_log_level to set at create; -1 (default): leave it */
   uint32_t max_sessions;         /* concurrent client connections; default 256 */
+  /* ---- appended (observability) ---- */
+  /* Where to serve /metrics (Prometheus text format) and /healthz over HTTP:
+   * "HOST:PORT" ("[::1]:PORT" for IPv6); "PORT" or ":PORT" bind to 127.0.0.1.
+   * Port 0 picks a free port (oi_server_metrics_port tells which). NULL
+   * (default): no HTTP endpoint. A build without libmicrohttpd refuses a
+   * non-NULL address with OI_ERR_UNSUPPORTED. See docs/server.md. */
+  const char *metrics_addr;
 } oi_server_options;
 
 /* Fills defaults. @return OI_ERR_INVALID_ARGUMENT on NULL. */
@@ -69,6 +76,10 @@ OI_API uint64_t oi_server_epoch(const oi_server *s);
 
 /* The path the server listens on (owned by the server). */
 OI_API const char *oi_server_socket_path(const oi_server *s);
+
+/* The TCP port the metrics endpoint listens on (the one picked for port 0),
+ * or 0 when the server has none. */
+OI_API uint16_t oi_server_metrics_port(const oi_server *s);
 
 /* Removes the socket file, frees the pool. Must not race oi_server_run:
  * stop it and let run return first. Accepts NULL. */

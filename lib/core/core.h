@@ -29,6 +29,14 @@ void oi__log(oi_log_level level, const char *component, const char *fmt, ...)
   do {                                                                                             \
     if (oi__log_enabled(level)) oi__log(level, component, __VA_ARGS__);                            \
   } while (0)
+/* The same with the instance (engine) the event concerns, as its own field:
+ * "level=info component=engine instance=3 msg=...". */
+void oi__log_instance(oi_log_level level, const char *component, uint32_t instance,
+                      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+#define OI_LOG_I(level, component, instance, ...)                                                  \
+  do {                                                                                             \
+    if (oi__log_enabled(level)) oi__log_instance(level, component, instance, __VA_ARGS__);         \
+  } while (0)
 
 /* Runs the fatal handler, then aborts. Never returns. */
 void oi__fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -40,6 +48,24 @@ void *oi__realloc(void *p, size_t bytes);
 void *oi__aligned_alloc(size_t alignment, size_t bytes);
 char *oi__strdup(const char *s);
 void oi__free(void *p);
+
+/* Latency histograms: OI_LATENCY_BUCKETS fixed log-scale buckets (see
+ * host.h), updated with relaxed atomics (one clock read per operation at
+ * each end, three atomic adds). */
+typedef struct oi_latency_hist {
+  _Atomic uint64_t buckets[OI_LATENCY_BUCKETS];
+  _Atomic uint64_t sum_us;
+} oi_latency_hist;
+/* Bucket index of a latency of `us` microseconds: the smallest i with
+ * us <= 2^i, or the last bucket. */
+static inline uint32_t oi__latency_bucket(uint64_t us) {
+  if (us <= 1) return 0;
+  uint32_t i = 64u - (uint32_t)__builtin_clzll(us - 1);
+  return i < OI_LATENCY_BUCKETS - 1 ? i : OI_LATENCY_BUCKETS - 1;
+}
+void oi__hist_record(oi_latency_hist *h, uint64_t elapsed_ns);
+/* Copies the buckets (non-cumulative) and the sum. */
+void oi__hist_read(const oi_latency_hist *h, uint64_t buckets[OI_LATENCY_BUCKETS], uint64_t *sum_us);
 
 /* Monotonic clock. */
 uint64_t oi__now_ns(void);

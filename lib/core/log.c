@@ -57,13 +57,12 @@ bool oi__log_enabled(oi_log_level level) {
   return (int)level >= current_level() && level < OI_LOG_OFF;
 }
 
-void oi__log(oi_log_level level, const char *component, const char *fmt, ...) {
+/* One logfmt line: level, component, the instance when there is one (> 0),
+ * and the message quoted (quotes and backslashes escaped, newlines folded). */
+static void vlog(oi_log_level level, const char *component, uint32_t instance, const char *fmt,
+                 va_list ap) {
   char msg[768], line[1024];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  /* logfmt: quote the message, escaping quotes and backslashes. */
   char quoted[800];
   size_t q = 0;
   for (const char *p = msg; *p && q + 3 < sizeof quoted; p++) {
@@ -71,8 +70,12 @@ void oi__log(oi_log_level level, const char *component, const char *fmt, ...) {
     quoted[q++] = (*p == '\n') ? ' ' : *p;
   }
   quoted[q] = '\0';
-  snprintf(line, sizeof line, "level=%s component=%s msg=\"%s\"", level_names[level], component,
-           quoted);
+  if (instance)
+    snprintf(line, sizeof line, "level=%s component=%s instance=%u msg=\"%s\"", level_names[level],
+             component, instance, quoted);
+  else
+    snprintf(line, sizeof line, "level=%s component=%s msg=\"%s\"", level_names[level], component,
+             quoted);
   pthread_mutex_lock(&handler_lock);
   oi_log_fn fn = log_fn;
   void *ctx = log_ctx;
@@ -81,6 +84,21 @@ void oi__log(oi_log_level level, const char *component, const char *fmt, ...) {
     fn(ctx, level, line);
   else
     fprintf(stderr, "openinfer: %s\n", line);
+}
+
+void oi__log(oi_log_level level, const char *component, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(level, component, 0, fmt, ap);
+  va_end(ap);
+}
+
+void oi__log_instance(oi_log_level level, const char *component, uint32_t instance,
+                      const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(level, component, instance, fmt, ap);
+  va_end(ap);
 }
 
 OI_API void oi_set_fatal_handler(oi_fatal_fn fn, void *ctx) {

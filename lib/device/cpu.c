@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "device.h"
+#include "core/fault.h"
 #include "hostmem.h"
 
 #define CPU_HANDLE_MAGIC "OISHM\x01\0\0"
@@ -204,6 +205,7 @@ static oi_status cpu_pinned_alloc(oi_dev *d, size_t bytes, uint32_t flags, int n
   size_t mapped;
   oi_status st = oi__host_map(bytes, flags, numa_node, &out->host, &mapped);
   if (st != OI_OK) return st;
+  if (OI_FAULT(OI_FAULT_PIN_REGISTER, NULL)) { oi__host_unmap(out->host, mapped); return oi__fail(OI_ERR_OUT_OF_MEMORY, "pinned_alloc: pinning failed (injected fault)"); }
   out->device = out->host;
   out->bytes = mapped;
   out->flags = flags;
@@ -240,6 +242,7 @@ struct oi_stream {
   uint64_t submitted, completed;
   bool idle;   /* the worker sleeps on cv: only then does a push need a wake-up */
   int syncers; /* threads in stream_sync */
+  oi_status err; /* first copy error since the last callback (worker thread only) */
 };
 
 /* Large pieces are copied with non-temporal stores: the destination is not
@@ -279,6 +282,26 @@ static void copy_piece(uint8_t *dst, const uint8_t *src, size_t n) { memcpy(dst,
 static void copy_fence(void) {}
 #endif
 
+/* One queued copy. Fault points (lib/core/fault.h): copy_slow sleeps first;
+ * copy_fail moves nothing; copy_partial moves about half the bytes. */
+static oi_status run_copy(const stream_item *it) {
+  uint64_t ms = 0, limit = UINT64_MAX;
+  if (OI_FAULT(OI_FAULT_COPY_SLOW, &ms)) usleep((useconds_t)(ms * 1000));
+  if (OI_FAULT(OI_FAULT_COPY_FAIL, NULL)) return oi__fail(OI_ERR_IO, "copy failed (injected fault)");
+  if (OI_FAULT(OI_FAULT_COPY_PARTIAL, NULL)) {
+    limit = 0;
+    for (size_t i = 0; i < it->n; i++) limit += it->descs[i].bytes;
+    limit /= 2;
+  }
+  for (size_t i = 0; i < it->n && limit; i++) {
+    uint64_t n = OI_MIN(it->descs[i].bytes, limit);
+    copy_piece((uint8_t *)it->descs[i].dst, (const uint8_t *)it->descs[i].src, n);
+    if (limit != UINT64_MAX) limit -= n;
+  }
+  copy_fence(); /* streaming stores are visible before anything that follows */
+  return limit == UINT64_MAX ? OI_OK : oi__fail(OI_ERR_IO, "copy failed midway (injected fault)");
+}
+
 static void *stream_main(void *arg) {
   oi_stream *s = arg;
   for (;;) {
@@ -293,11 +316,12 @@ static void *stream_main(void *arg) {
 
     bool stop = it->kind == ITEM_STOP;
     if (it->kind == ITEM_COPY) {
-      for (size_t i = 0; i < it->n; i++)
-        copy_piece((uint8_t *)it->descs[i].dst, (const uint8_t *)it->descs[i].src, it->descs[i].bytes);
-      copy_fence(); /* streaming stores are visible before anything that follows */
+      oi_status st = run_copy(it);
+      if (s->err == OI_OK) s->err = st;
     } else if (it->kind == ITEM_CALL) {
-      it->fn(it->arg, OI_OK);
+      oi_status st = s->err; /* the first error since the previous callback */
+      s->err = OI_OK;
+      it->fn(it->arg, st);
     }
 
     pthread_mutex_lock(&s->lock);

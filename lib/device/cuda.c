@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "core/fault.h"
 #include "hostmem.h"
 #include "kernels/kernels.h"
 
@@ -208,6 +209,7 @@ static oi_status cuda_pinned_alloc(oi_dev *d, size_t bytes, uint32_t flags, int 
    * leaves no sticky runtime error when registration fails. */
   st = oi__host_map(bytes, flags, numa_node, &out->host, &out->bytes);
   if (st != OI_OK) return st;
+  if (OI_FAULT(OI_FAULT_PIN_REGISTER, NULL)) { oi__host_unmap(out->host, out->bytes); return oi__fail(OI_ERR_CUDA, "pinned_alloc: cuMemHostRegister failed (injected fault)"); }
   uint64_t t0 = oi__now_ns();
   CUresult r = cd->drv.host_register(out->host, out->bytes,
                                      CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);

@@ -12,6 +12,7 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
+#include "core/fault.h"
 #include "hostmem.h"
 
 #define TOUCH_SLICE (64ull << 20) /* work unit handed to touch threads */
@@ -29,6 +30,14 @@ static unsigned long read_sysctl_ulong(const char *path) {
 
 static unsigned long free_hugepages(void) {
   return read_sysctl_ulong("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages");
+}
+
+static _Thread_local void (*progress_fn)(void *ctx, uint64_t done, uint64_t total);
+static _Thread_local void *progress_ctx;
+
+void oi__host_map_set_progress(void (*fn)(void *ctx, uint64_t done, uint64_t total), void *ctx) {
+  progress_fn = fn;
+  progress_ctx = ctx;
 }
 
 typedef struct touch_job {
@@ -71,6 +80,7 @@ oi_status oi__host_map(size_t bytes, uint32_t flags, int numa_node, void **out, 
     len = (bytes + OI_HUGEPAGE_BYTES - 1) & ~(OI_HUGEPAGE_BYTES - 1);
   }
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, mflags, -1, 0);
+  if (p != MAP_FAILED && OI_FAULT(OI_FAULT_PINNED_ALLOC, NULL)) { munmap(p, len); p = MAP_FAILED; errno = ENOMEM; }
   if (p == MAP_FAILED) {
     int e = errno;
     if (flags & OI_PIN_HUGEPAGES)
@@ -93,16 +103,22 @@ oi_status oi__host_map(size_t bytes, uint32_t flags, int numa_node, void **out, 
   int started = 0;
   for (; started < nthreads - 1; started++) /* the calling thread is one of them */
     if (pthread_create(&threads[started], NULL, touch_main, &job) != 0) break;
-  uint64_t t0 = oi__now_ns(), last_log = t0;
-  if (started == 0 || len < (1ull << 30)) {
+  uint64_t t0 = oi__now_ns(), last_log = t0, last_progress = t0;
+  void (*fn)(void *, uint64_t, uint64_t) = progress_fn;
+  void *fn_ctx = progress_ctx;
+  if (started == 0 || (len < (1ull << 30) && !fn)) {
     touch_main(&job);
   } else {
-    /* Report progress while the workers touch. */
+    /* Report progress while the workers touch: to the caller's hook about
+     * every 100 ms, or in the log every second. */
     for (;;) {
       size_t done = atomic_load(&job.touched);
       if (done >= len) break;
       uint64_t now = oi__now_ns();
-      if (now - last_log > 1000000000ull) {
+      if (fn && now - last_progress >= 100000000ull) {
+        fn(fn_ctx, done, len);
+        last_progress = now;
+      } else if (!fn && now - last_log > 1000000000ull) {
         OI_LOG(OI_LOG_INFO, "host", "pool setup: %.0f%% (%.1f of %.1f GiB, %.2f GB/s)",
                100.0 * (double)done / (double)len, (double)done / (1ull << 30),
                (double)len / (1ull << 30), (double)done / (double)(now - t0));

@@ -12,4 +12,9 @@
 oi_status oi__host_map(size_t bytes, uint32_t flags, int numa_node, void **out, size_t *mapped);
 void oi__host_unmap(void *p, size_t mapped);
 
+/* Progress of the touch phase of oi__host_map on the calling thread (the
+ * host's creation sets it around pinned_alloc): fn(ctx, done, total) about
+ * every 100 ms while done < total. NULL: log at INFO every second instead. */
+void oi__host_map_set_progress(void (*fn)(void *ctx, uint64_t done, uint64_t total), void *ctx);
+
 #endif

@@ -80,6 +80,10 @@ oi_status oi__layout_build(const oi_engine_options *o, const char *what, oi_layo
                       "%s: arena '%s' segment_stride %llu is smaller than bytes_per_block %llu", what,
                       nm, (unsigned long long)a->segment_stride,
                       (unsigned long long)a->bytes_per_block);
+    /* (found by fuzz_layout: a huge segment_stride overflowed the footprint) */
+    if (a->segments > 1 && a->segment_stride > (UINT64_MAX - a->bytes_per_block) / (a->segments - 1))
+      return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: arena '%s' segments span more than the address space",
+                      what, nm);
     uint64_t footprint = (uint64_t)(a->segments - 1) * a->segment_stride + a->bytes_per_block;
     if (a->block_stride < footprint)
       return oi__fail(OI_ERR_INVALID_ARGUMENT,

@@ -19,6 +19,7 @@ typedef struct xfer_job {
   oi_status status;
   size_t n;
   uint64_t bytes;
+  uint64_t t0_ns;    /* submission, for the latency histograms */
   oi_ticket *ticket; /* the producer's reference, or NULL */
   oi_save_done_fn on_done;
   void *on_done_ctx;
@@ -33,7 +34,8 @@ typedef struct xfer_job {
 typedef struct engine_counters {
   atomic_uint_fast64_t saves_submitted, saves_completed, saves_deduplicated, saves_dropped,
       saves_failed, loads_completed, loads_failed, blocks_loaded, bytes_saved, bytes_loaded,
-      query_hit_blocks, query_miss_blocks;
+      query_hit_blocks, query_miss_blocks, loads_submitted;
+  oi_latency_hist save_latency, load_latency;
 } engine_counters;
 
 typedef struct local_engine {
@@ -100,6 +102,7 @@ static void seal_or_discard(local_engine *e, xfer_job *job) {
       oi__pool_free(h, b);
     }
   }
+  if (job->status != OI_OK) oi__ns_resident_add(h, e->ns, (uint64_t)0 - job->n);
   atomic_fetch_sub(&h->c.blocks_in_flight, job->n);
   if (job->status == OI_OK) {
     atomic_fetch_add(&h->c.blocks_sealed, job->n);
@@ -110,8 +113,8 @@ static void seal_or_discard(local_engine *e, xfer_job *job) {
   } else {
     atomic_fetch_add(&h->c.saves_failed, job->n);
     atomic_fetch_add(&e->c.saves_failed, job->n);
-    OI_LOG(OI_LOG_WARN, "engine", "instance=%u save of %zu blocks failed: %s (dropped)",
-           e->base.instance_id, job->n, oi_status_str(job->status));
+    OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "save of %zu blocks failed: %s (dropped)",
+             job->n, oi_status_str(job->status));
   }
 }
 
@@ -120,6 +123,7 @@ static void finish_load(local_engine *e, xfer_job *job) {
   oi_offload_host *h = e->host;
   if (job->status == OI_OK) {
     atomic_fetch_add(&h->c.loads_completed, 1);
+    atomic_fetch_add(&h->c.blocks_loaded, job->n);
     atomic_fetch_add(&h->c.bytes_loaded, job->bytes);
     atomic_fetch_add(&e->c.loads_completed, 1);
     atomic_fetch_add(&e->c.blocks_loaded, job->n);
@@ -135,6 +139,11 @@ static void complete_job(local_engine *e, xfer_job *job) {
    * ticket and on_done fired then): what it copied is not trusted, so a late
    * save is discarded rather than sealed. */
   if (job->expired) job->status = OI_ERR_TIMEOUT;
+  if (job->n) { /* operations that copied something */
+    uint64_t dt = oi__now_ns() - job->t0_ns;
+    oi__hist_record(job->is_load ? &e->host->c.load_latency : &e->host->c.save_latency, dt);
+    oi__hist_record(job->is_load ? &e->c.load_latency : &e->c.save_latency, dt);
+  }
   if (job->is_load) {
     finish_load(e, job);
   } else {
@@ -185,8 +194,8 @@ static void expire_jobs_locked(local_engine *e, uint64_t now, uint64_t *next_dea
       fire[nfire++] = (expired_cb){j->ticket, j->on_done, j->on_done_ctx};
       j->ticket = NULL;
       j->on_done = NULL;
-      OI_LOG(OI_LOG_WARN, "engine", "instance=%u %s of %zu blocks missed its %u ms deadline",
-             e->base.instance_id, j->is_load ? "load" : "save", j->n,
+      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "%s of %zu blocks missed its %u ms deadline",
+             j->is_load ? "load" : "save", j->n,
              j->is_load ? e->base.opts.load_deadline_ms : e->base.opts.save_deadline_ms);
     }
     if (nfire == 0) return;
@@ -233,6 +242,7 @@ static xfer_job *job_new(local_engine *e, bool is_load, size_t n) {
   if (job) {
     job->e = e;
     job->is_load = is_load;
+    job->t0_ns = oi__now_ns();
   }
   return job;
 }
@@ -352,8 +362,8 @@ static void note_foreign(local_engine *e, const oi_block_hash *hash) {
     oi_block_hash *n = oi__realloc(e->foreign, cap * sizeof *n);
     if (!n) {
       pthread_mutex_unlock(&e->done_lock);
-      OI_LOG(OI_LOG_WARN, "engine", "instance=%u: out of memory tracking in-flight duplicates",
-             e->base.instance_id);
+      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+               "out of memory tracking in-flight duplicates");
       return;
     }
     e->foreign = n;
@@ -396,6 +406,7 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const o
   uint64_t dedup = 0, dropped = 0, group_blocks = e->save_group / base->layout.block_bytes + 1;
   size_t k = 0, queued = 0;
   oi_status st = OI_OK;
+  oi__index_prefetch(h, e->ns, hashes, n);
   if (opt->wait_event) st = e->dev->ops->stream_wait_event(e->save_stream, opt->wait_event);
   for (size_t i = 0; i < n; i++) {
     index_shard *s = oi__index_shard(h, e->ns, &hashes[i]);
@@ -457,6 +468,7 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const o
   oi__free(spare);
   job->n = k;
   atomic_fetch_add(&h->c.blocks_in_flight, k);
+  oi__ns_resident_add(h, e->ns, k);
   atomic_fetch_add(&h->c.saves_submitted, n);
   atomic_fetch_add(&h->c.saves_deduplicated, dedup);
   atomic_fetch_add(&h->c.saves_dropped, dropped);
@@ -464,8 +476,8 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const o
   atomic_fetch_add(&e->c.saves_deduplicated, dedup);
   atomic_fetch_add(&e->c.saves_dropped, dropped);
   if (dropped)
-    OI_LOG(OI_LOG_DEBUG, "engine", "instance=%u save dropped %llu of %zu blocks (pool full)",
-           base->instance_id, (unsigned long long)dropped, n);
+    OI_LOG_I(OI_LOG_DEBUG, "engine", base->instance_id, "save dropped %llu of %zu blocks (pool full)",
+             (unsigned long long)dropped, n);
 
   if (k == 0 && st == OI_OK) { /* nothing to copy: done now */
     job->status = OI_OK;
@@ -497,6 +509,7 @@ static oi_status local_query(oi_offload_engine *base, const char *req_id,
   bool has_present = out->struct_size >= offsetof(oi_query_result, present) + sizeof(uint8_t *);
   r.present = has_present ? out->present : NULL;
 
+  oi__index_prefetch(h, e->ns, hashes, n);
   if (flags & OI_QUERY_MEMBERSHIP) {
     for (size_t i = 0; i < n; i++) {
       index_shard *s = oi__index_shard(h, e->ns, &hashes[i]);
@@ -511,25 +524,29 @@ static oi_status local_query(oi_offload_engine *base, const char *req_id,
     host_block *stack[64], **pinned = n <= 64 ? stack : oi__malloc(n * sizeof *pinned);
     if (!pinned) return oi__fail(OI_ERR_OUT_OF_MEMORY, "query: out of memory");
     size_t hits = 0;
+    pin_tally tally = {0, 0};
     for (; hits < n; hits++) {
       index_shard *s = oi__index_shard(h, e->ns, &hashes[hits]);
       pthread_mutex_lock(&s->lock);
       host_block *b = oi__index_find_locked(s, e->ns, &hashes[hits]);
       bool hit = b && b->state == BLOCK_SEALED;
-      if (hit) oi__block_pin_locked(h, s, b);
+      if (hit) oi__block_pin_locked(s, b, &tally);
       pthread_mutex_unlock(&s->lock);
       if (!hit) break;
       pinned[hits] = b;
     }
+    oi__pin_tally_apply(h, &tally);
     if (hits > 0) {
       oi_status st = oi__lease_create(h, base->instance_id, base->opts.world_size, pinned, hits, &r.lease);
       if (st != OI_OK) {
+        pin_tally undo = {0, 0};
         for (size_t i = 0; i < hits; i++) {
           index_shard *s = &h->shards[pinned[i]->shard];
           pthread_mutex_lock(&s->lock);
-          oi__block_unpin_locked(h, s, pinned[i]);
+          oi__block_unpin_locked(s, pinned[i], &undo);
           pthread_mutex_unlock(&s->lock);
         }
+        oi__pin_tally_apply(h, &undo);
         if (pinned != stack) oi__free(pinned);
         return st;
       }
@@ -537,7 +554,7 @@ static oi_status local_query(oi_offload_engine *base, const char *req_id,
     if (pinned != stack) oi__free(pinned);
     r.hit_blocks = hits;
   }
-  uint64_t misses = (flags & OI_QUERY_MEMBERSHIP) ? n - r.hit_blocks : n - r.hit_blocks;
+  uint64_t misses = n - r.hit_blocks;
   atomic_fetch_add(&h->c.query_hit_blocks, r.hit_blocks);
   atomic_fetch_add(&h->c.query_miss_blocks, misses);
   atomic_fetch_add(&e->c.query_hit_blocks, r.hit_blocks);
@@ -574,6 +591,8 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   }
   job->n = n;
   job->ticket = t;
+  atomic_fetch_add(&e->host->c.loads_submitted, 1);
+  atomic_fetch_add(&e->c.loads_submitted, 1);
   /* Queue in groups so the first blocks move while the plan for the rest is built. */
   size_t group_blocks = e->load_group / base->layout.block_bytes + 1;
   for (size_t i = 0; i < n && st == OI_OK; i += group_blocks)
@@ -652,6 +671,11 @@ static oi_status local_stats(const oi_offload_engine *base, oi_engine_stats *out
   pthread_mutex_lock((pthread_mutex_t *)&e->done_lock);
   s.saves_pending = e->save_ops_submitted - e->save_ops_done;
   pthread_mutex_unlock((pthread_mutex_t *)&e->done_lock);
+  s.loads_submitted = atomic_load(&e->c.loads_submitted);
+  s.namespace_blocks_resident = oi__ns_resident_get(e->host, e->ns);
+  s.latency_buckets = OI_LATENCY_BUCKETS;
+  oi__hist_read(&e->c.save_latency, s.save_latency_us, &s.save_latency_sum_us);
+  oi__hist_read(&e->c.load_latency, s.load_latency_us, &s.load_latency_sum_us);
   return oi__struct_out(out, &s, sizeof s, "engine_stats");
 }
 
@@ -728,9 +752,9 @@ oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o
   e->host = h;
   e->base.instance_id = atomic_fetch_add(&h->next_instance, 1) + 1;
   atomic_fetch_add(&h->live_engines, 1);
-  OI_LOG(OI_LOG_INFO, "engine",
-         "instance=%u registered '%s' namespace '%s': %u arenas, %llu blocks of %llu bytes",
-         e->base.instance_id, e->base.instance_name, e->base.namespace_id, e->base.layout.num_arenas,
+  OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id,
+         "registered '%s' namespace '%s': %u arenas, %llu blocks of %llu bytes",
+         e->base.instance_name, e->base.namespace_id, e->base.layout.num_arenas,
          (unsigned long long)e->base.layout.num_blocks,
          (unsigned long long)e->base.layout.block_bytes);
   *out = &e->base;

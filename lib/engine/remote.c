@@ -231,8 +231,7 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env) {
   pending *p = pending_take_locked(e, env->request_id);
   if (!p) {
     pthread_mutex_unlock(&e->lock);
-    OI_LOG(OI_LOG_DEBUG, "engine", "instance=%u reply to request %llu arrived late (dropped)",
-           e->base.instance_id, (unsigned long long)env->request_id);
+    OI_LOG_I(OI_LOG_DEBUG, "engine", e->base.instance_id, "reply to request %llu arrived late (dropped)", (unsigned long long)env->request_id);
     return;
   }
   if (p->kind == PEND_CALL) {
@@ -257,11 +256,10 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env) {
   }
   pthread_mutex_unlock(&e->lock);
   if (!is_result) {
-    OI_LOG(OI_LOG_ERROR, "engine", "instance=%u %s: the server answered with message type %u",
-           e->base.instance_id, p->kind == PEND_SAVE ? "save" : "load", env->which_body);
+    OI_LOG_I(OI_LOG_ERROR, "engine", e->base.instance_id, "%s: the server answered with message type %u", p->kind == PEND_SAVE ? "save" : "load", env->which_body);
     st = OI_ERR_PROTOCOL;
   } else if (st != OI_OK) {
-    OI_LOG(OI_LOG_WARN, "engine", "instance=%u %s failed: %s", e->base.instance_id,
+    OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "%s failed: %s",
            p->kind == PEND_SAVE ? "save" : "load", env->body.result.message);
   }
   finish_async(p, st);
@@ -276,8 +274,7 @@ static void expire(remote_engine *e, uint64_t now) {
     if (p) pending_unlink_locked(e, p);
     pthread_mutex_unlock(&e->lock);
     if (!p) return;
-    OI_LOG(OI_LOG_WARN, "engine", "instance=%u %s request %llu: no reply before its deadline",
-           e->base.instance_id, p->kind == PEND_SAVE ? "save" : "load", (unsigned long long)p->id);
+    OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "%s request %llu: no reply before its deadline", p->kind == PEND_SAVE ? "save" : "load", (unsigned long long)p->id);
     finish_async(p, OI_ERR_TIMEOUT);
   }
 }
@@ -557,6 +554,15 @@ static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *o
   s.query_hit_blocks = r->query_hit_blocks;
   s.query_miss_blocks = r->query_miss_blocks;
   s.saves_pending = r->saves_pending;
+  s.loads_submitted = r->loads_submitted;
+  s.namespace_blocks_resident = r->namespace_blocks_resident;
+  s.latency_buckets = OI_LATENCY_BUCKETS;
+  for (pb_size_t i = 0; i < r->save_latency_us_count && i < OI_LATENCY_BUCKETS; i++)
+    s.save_latency_us[i] = r->save_latency_us[i];
+  s.save_latency_sum_us = r->save_latency_sum_us;
+  for (pb_size_t i = 0; i < r->load_latency_us_count && i < OI_LATENCY_BUCKETS; i++)
+    s.load_latency_us[i] = r->load_latency_us[i];
+  s.load_latency_sum_us = r->load_latency_sum_us;
   return oi__struct_out(out, &s, sizeof s, "engine_stats");
 }
 
@@ -605,12 +611,12 @@ static void teardown(remote_engine *e) {
   if (connected) {
     uint32_t flush_ms = e->base.opts.save_deadline_ms ? e->base.opts.save_deadline_ms : UINT32_MAX;
     if (remote_flush(&e->base, flush_ms) != OI_OK)
-      OI_LOG(OI_LOG_WARN, "engine", "instance=%u destroy: %s", e->base.instance_id, oi_last_error());
+      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "destroy: %s", oi_last_error());
     if (send_unregister(e) != OI_OK)
-      OI_LOG(OI_LOG_WARN, "engine", "instance=%u destroy: %s (the server frees the arena when the "
-             "session closes)", e->base.instance_id, oi_last_error());
+      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "destroy: %s (the server frees the arena when the "
+             "session closes)", oi_last_error());
   }
-  OI_LOG(OI_LOG_INFO, "engine", "instance=%u disconnected from %s", e->base.instance_id,
+  OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id, "disconnected from %s",
          e->socket_path);
   free_engine(e);
 }
@@ -635,10 +641,9 @@ static void remote_destroy(oi_offload_engine *base) {
     teardown(e);
     return;
   }
-  OI_LOG(OI_LOG_WARN, "engine",
-         "instance=%u destroyed while its imported arena is still open: the engine is finished "
-         "(flush, unregister) when oi_imported_arena_close closes the mapping",
-         base->instance_id);
+  OI_LOG_I(OI_LOG_WARN, "engine", base->instance_id,
+         "destroyed while its imported arena is still open: the engine is finished "
+         "(flush, unregister) when oi_imported_arena_close closes the mapping");
 }
 
 static const engine_ops remote_ops = {
@@ -834,9 +839,8 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
     st = closed_error(e, "connect");
     goto fail;
   }
-  OI_LOG(OI_LOG_INFO, "engine",
-         "instance=%u connected to %s (epoch %016llx): %u arenas, %llu blocks, %llu-byte arena",
-         e->base.instance_id, socket_path, (unsigned long long)e->server_epoch,
+  OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id,
+         "connected to %s (epoch %016llx): %u arenas, %llu blocks, %llu-byte arena", socket_path, (unsigned long long)e->server_epoch,
          e->base.layout.num_arenas, (unsigned long long)e->base.layout.num_blocks,
          (unsigned long long)arena_size);
   *out = &e->base;

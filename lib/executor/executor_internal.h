@@ -39,6 +39,9 @@ typedef struct request {
   oi_ticket *load_ticket;
   uint32_t restore_first, restore_n;
   uint64_t restore_deadline_ns;
+  /* Restore timing (benchmarks): query call, load submit -> completion seen
+   * at a step boundary, commit. */
+  uint64_t restore_query_ns, restore_load_start_ns, restore_load_done_ns, restore_commit_ns;
 
   uint32_t sched_tokens; /* this step's share */
   struct request *next;  /* rank queue (waiting, then running) */
@@ -126,6 +129,15 @@ struct oi_executor {
   uint32_t page_tokens_max; /* KV tokens a request may need at most: gpu_blocks * page */
   exec_counters c;
 };
+
+/* A request's restore timing (benchmarks): nanoseconds spent in the query,
+ * from load submit to its completion seen at a step boundary, and in commit;
+ * all 0 when it did not restore. */
+typedef struct oi_exec_restore_timing {
+  uint64_t query_ns, load_ns, commit_ns;
+} oi_exec_restore_timing;
+oi_status oi__executor_restore_timing(const oi_executor *x, uint64_t request_id,
+                                      oi_exec_restore_timing *out);
 
 /* scheduler.c */
 oi_status oi__exec_step(oi_executor *x, uint32_t *finished);

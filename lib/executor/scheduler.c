@@ -16,6 +16,19 @@
 
 /* ---- requests ---------------------------------------------------------------- */
 
+oi_status oi__executor_restore_timing(const oi_executor *x, uint64_t request_id,
+                                      oi_exec_restore_timing *out) {
+  request *q = oi__exec_find(x, request_id);
+  if (!q) return oi__fail(OI_ERR_NOT_FOUND, "restore_timing: no request %llu",
+                          (unsigned long long)request_id);
+  out->query_ns = q->restore_query_ns;
+  out->load_ns = q->restore_load_done_ns > q->restore_load_start_ns && q->restore_load_start_ns
+                     ? q->restore_load_done_ns - q->restore_load_start_ns
+                     : 0;
+  out->commit_ns = q->restore_commit_ns;
+  return OI_OK;
+}
+
 request *oi__exec_find(const oi_executor *x, uint64_t id) {
   for (request *q = x->by_id[id & x->by_id_mask]; q; q = q->hnext)
     if (q->id == id) return q;
@@ -278,9 +291,11 @@ static void poll_restores(exec_rank *r) {
     q->load_ticket = NULL;
     q->state = OI_REQUEST_RUNNING;
     if (st == OI_OK && fault(x, r, q, OI_FAULT_LOAD_COMPLETE)) st = OI_ERR_IO;
-    if (st == OI_OK)
+    q->restore_load_done_ns = oi__now_ns();
+    if (st == OI_OK) {
       commit_restore(r, q);
-    else
+      q->restore_commit_ns = oi__now_ns() - q->restore_load_done_ns;
+    } else
       degrade_restore(r, q, oi_status_str(st));
   }
   for (orphan_load **link = &r->orphans; *link;) {
@@ -312,7 +327,9 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
   oi_query_result qr;
   memset(&qr, 0, sizeof qr);
   qr.struct_size = sizeof qr;
+  uint64_t tq = oi__now_ns();
   oi_status st = oi_offload_engine_query(r->engine, req_id, q->hashes + g, limit - g, 0, &qr);
+  q->restore_query_ns = oi__now_ns() - tq;
   if (st != OI_OK) {
     OI_LOG(OI_LOG_INFO, "executor", "request %llu: query failed: %s", (unsigned long long)q->id,
            oi_last_error());
@@ -333,6 +350,7 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
   oi_load_options_init(&lo);
   if (!why && fault(x, r, q, OI_FAULT_LOAD_SUBMIT)) why = "load refused (injected)";
   if (!why) {
+    q->restore_load_start_ns = oi__now_ns();
     st = oi_offload_engine_load(r->engine, qr.lease, q->blocks + g, h, &lo, &q->load_ticket);
     if (st == OI_OK) {
       x->c.leases_held--; /* the load consumed our share */

@@ -1,9 +1,11 @@
 /* oi_offload_host: creation, namespaces, statistics, eviction and the
  * maintenance thread (lease expiry, watermark eviction). */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
+#include "device/hostmem.h"
 #include "host_internal.h"
 
 #define MAINT_PERIOD_MS 20
@@ -75,13 +77,17 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
   uint64_t t0 = oi__now_ns();
   OI_LOG(OI_LOG_INFO, "host", "pinning a %.2f GiB pool on %s", (double)h->capacity / (1ull << 30),
          h->dev->ops->name);
-  if ((st = h->dev->ops->pinned_alloc(h->dev, h->capacity, pin_flags, opts.numa_node, &h->pool)) !=
-      OI_OK)
-    goto fail;
+  if (opts.progress) opts.progress(opts.progress_ctx, 0, h->capacity);
+  oi__host_map_set_progress(opts.progress, opts.progress_ctx);
+  st = h->dev->ops->pinned_alloc(h->dev, h->capacity, pin_flags, opts.numa_node, &h->pool);
+  oi__host_map_set_progress(NULL, NULL);
+  if (st != OI_OK) goto fail;
   uint64_t dt = oi__now_ns() - t0;
+  h->pool_setup_ns = dt;
   OI_LOG(OI_LOG_INFO, "host", "pool ready: %.2f GiB in %.3f s (%.2f GB/s)",
          (double)h->capacity / (1ull << 30), (double)dt / 1e9,
          dt ? (double)h->capacity / (double)dt : 0.0);
+  if (opts.progress) opts.progress(opts.progress_ctx, h->capacity, h->capacity);
   if ((st = oi__pool_init(h)) != OI_OK) goto fail;
   if ((st = oi__index_init(h)) != OI_OK) goto fail;
   if ((st = oi__lease_init(h)) != OI_OK) goto fail;
@@ -125,6 +131,7 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
   }
   for (uint32_t i = 0; i < h->nns; i++) oi__free(h->ns[i].name);
   oi__free(h->ns);
+  for (uint32_t i = 0; i < OI_NS_PAGES; i++) oi__free((void *)atomic_load(&h->ns_resident[i]));
   pthread_cond_destroy(&h->maint_cv);
   pthread_mutex_destroy(&h->maint_lock);
   pthread_cond_destroy(&h->seal_cv);
@@ -176,6 +183,16 @@ oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t
     pthread_mutex_unlock(&h->ns_lock);
     return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
   }
+  uint32_t idx = h->nns; /* the new namespace's id is idx + 1 */
+  if (idx < OI_NS_COUNTED && !atomic_load(&h->ns_resident[idx / OI_NS_PAGE])) {
+    atomic_uint_fast64_t *page = oi__calloc(OI_NS_PAGE, sizeof *page);
+    if (!page) {
+      oi__free(copy);
+      pthread_mutex_unlock(&h->ns_lock);
+      return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
+    }
+    atomic_store_explicit(&h->ns_resident[idx / OI_NS_PAGE], page, memory_order_release);
+  }
   h->ns[h->nns] = (ns_entry){.name = copy, .block_bytes = block_bytes, .shape_hash = shape_hash, .cls = c};
   *ns_id = ++h->nns;
   *cls = c;
@@ -217,6 +234,7 @@ void oi__host_load_end(oi_offload_host *h, host_block **blocks, size_t n) {
     host_block *b = blocks[i];
     index_shard *s = &h->shards[b->shard];
     pthread_mutex_lock(&s->lock);
+    oi__block_pinned_update(h, true, b->pins || b->loading > 1);
     if (--b->loading == 0) {
       atomic_fetch_sub(&h->c.blocks_loading, 1);
       if (b->state == BLOCK_SEALED && b->pins == 0) {
@@ -321,5 +339,44 @@ OI_API oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *
   s.leases_expired = atomic_load(&c->leases_expired);
   s.leases_released = atomic_load(&c->leases_released);
   s.evictions = atomic_load(&c->evictions);
+  s.loads_submitted = atomic_load(&c->loads_submitted);
+  s.blocks_loaded = atomic_load(&c->blocks_loaded);
+  s.blocks_pinned = atomic_load(&c->blocks_pinned);
+  s.pool_setup_ns = h->pool_setup_ns;
+  pthread_mutex_lock(&mh->ns_lock);
+  s.namespaces = h->nns;
+  pthread_mutex_unlock(&mh->ns_lock);
+  s.latency_buckets = OI_LATENCY_BUCKETS;
+  oi__hist_read(&c->save_latency, s.save_latency_us, &s.save_latency_sum_us);
+  oi__hist_read(&c->load_latency, s.load_latency_us, &s.load_latency_sum_us);
   return oi__struct_out(out, &s, sizeof s, "host_stats");
+}
+
+uint64_t oi__ns_resident_get(const oi_offload_host *h, uint32_t ns) {
+  uint32_t i = ns - 1;
+  if (ns == 0 || i >= OI_NS_COUNTED) return 0;
+  atomic_uint_fast64_t *page = atomic_load_explicit(&((oi_offload_host *)h)->ns_resident[i / OI_NS_PAGE],
+                                                    memory_order_acquire);
+  return page ? atomic_load_explicit(&page[i % OI_NS_PAGE], memory_order_relaxed) : 0;
+}
+
+OI_API oi_status oi_offload_host_namespace_stats(const oi_offload_host *h, uint32_t index,
+                                                 oi_namespace_stats *out) {
+  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_namespace_stats: host is NULL");
+  oi_namespace_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.index = index;
+  oi_offload_host *mh = (oi_offload_host *)h; /* locks only */
+  pthread_mutex_lock(&mh->ns_lock);
+  if (index >= h->nns) {
+    uint32_t n = h->nns;
+    pthread_mutex_unlock(&mh->ns_lock);
+    return oi__fail(OI_ERR_NOT_FOUND, "host_namespace_stats: index %u, but %u namespace(s)", index, n);
+  }
+  snprintf(s.name, sizeof s.name, "%s", h->ns[index].name);
+  s.block_bytes = h->ns[index].block_bytes;
+  pthread_mutex_unlock(&mh->ns_lock);
+  s.blocks_resident = oi__ns_resident_get(h, index + 1);
+  return oi__struct_out(out, &s, sizeof s, "host_namespace_stats");
 }

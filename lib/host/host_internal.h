@@ -86,7 +86,17 @@ typedef struct host_counters {
   atomic_uint_fast64_t bytes_saved, bytes_loaded, loads_completed, loads_failed;
   atomic_uint_fast64_t query_hit_blocks, query_miss_blocks;
   atomic_uint_fast64_t leases_active, leases_expired, leases_released, evictions;
+  atomic_uint_fast64_t loads_submitted, blocks_loaded;
+  atomic_uint_fast64_t blocks_pinned; /* sealed blocks with pins > 0 or loading > 0 */
+  oi_latency_hist save_latency, load_latency;
 } host_counters;
+
+/* Resident blocks per namespace: a two-level table (pages allocated when a
+ * namespace is bound, never moved), so counters are updated without a lock.
+ * Namespaces past OI_NS_COUNTED are served but not counted. */
+#define OI_NS_PAGE 256
+#define OI_NS_PAGES 256
+#define OI_NS_COUNTED (OI_NS_PAGE * OI_NS_PAGES)
 
 struct oi_offload_host {
   oi_host_options opts;
@@ -132,7 +142,30 @@ struct oi_offload_host {
   bool stopping;
 
   host_counters c;
+  uint64_t pool_setup_ns;
+  _Atomic(atomic_uint_fast64_t *) ns_resident[OI_NS_PAGES];
 };
+
+/* Adds `d` (may be negative, two's complement) to namespace `ns`'s resident
+ * blocks. `ns` is a namespace id (1-based). */
+static inline void oi__ns_resident_add(oi_offload_host *h, uint32_t ns, uint64_t d) {
+  uint32_t i = ns - 1;
+  if (ns == 0 || i >= OI_NS_COUNTED) return;
+  atomic_uint_fast64_t *page = atomic_load_explicit(&h->ns_resident[i / OI_NS_PAGE], memory_order_acquire);
+  if (page) atomic_fetch_add_explicit(&page[i % OI_NS_PAGE], d, memory_order_relaxed);
+}
+uint64_t oi__ns_resident_get(const oi_offload_host *h, uint32_t ns);
+
+/* blocks_pinned bookkeeping: call under the block's shard lock, with the
+ * block's pins/loading counts before (was) and after (now) a change. */
+static inline void oi__block_pinned_update(oi_offload_host *h, bool was, bool now) {
+  if (was != now) {
+    if (now)
+      atomic_fetch_add_explicit(&h->c.blocks_pinned, 1, memory_order_relaxed);
+    else
+      atomic_fetch_sub_explicit(&h->c.blocks_pinned, 1, memory_order_relaxed);
+  }
+}
 
 /* ---- pool (pool.c) ---- */
 oi_status oi__pool_init(oi_offload_host *h);
@@ -153,13 +186,21 @@ oi_status oi__index_init(oi_offload_host *h);
 void oi__index_fini(oi_offload_host *h);
 index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash);
 host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_hash *hash);
+/* Prefetches what looking up `hashes` will touch (a hint; takes no lock). */
+void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n);
 void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b);
 void oi__index_remove_locked(index_shard *s, host_block *b);
 void oi__lru_push_locked(index_shard *s, host_block *b); /* most recent end */
 void oi__lru_remove_locked(index_shard *s, host_block *b);
 /* Pin bookkeeping under the block's shard lock. */
-void oi__block_pin_locked(oi_offload_host *h, index_shard *s, host_block *b);
-void oi__block_unpin_locked(oi_offload_host *h, index_shard *s, host_block *b);
+/* Pins and unpins, under the block's shard lock. The leased/pinned block
+ * counters change are tallied and applied once per batch. */
+typedef struct pin_tally {
+  int64_t leased, pinned;
+} pin_tally;
+void oi__block_pin_locked(index_shard *s, host_block *b, pin_tally *t);
+void oi__block_unpin_locked(index_shard *s, host_block *b, pin_tally *t);
+void oi__pin_tally_apply(oi_offload_host *h, const pin_tally *t);
 /* Evicts the least recently used evictable block of class `cls` (any class
  * when cls < 0) and returns it (removed from the index, state FREE, still
  * counted resident in its class: pass it to oi__pool_free or reuse it), or NULL. */

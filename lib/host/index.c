@@ -51,6 +51,23 @@ index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_has
   return &h->shards[(key_hash(ns, hash) >> 48) & (h->nshards - 1)];
 }
 
+/* Lookups of a batch are dominated by dependent cache misses (the shard,
+ * the bucket head, the record). Prefetching the bucket heads and shard locks
+ * of a whole batch first overlaps those misses before the locked walk. A
+ * hint only: the shard's table pointer and size are read with relaxed atomics
+ * without the lock, and a prefetch of a stale address is harmless (prefetches
+ * never fault). */
+void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t k = key_hash(ns, &hashes[i]);
+    index_shard *s = &h->shards[(k >> 48) & (h->nshards - 1)];
+    host_block **buckets = __atomic_load_n(&s->buckets, __ATOMIC_RELAXED);
+    size_t nb = __atomic_load_n(&s->nbuckets, __ATOMIC_RELAXED);
+    __builtin_prefetch(&s->lock, 1);
+    __builtin_prefetch(&buckets[k & (nb - 1)]);
+  }
+}
+
 host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_hash *hash) {
   host_block *b = s->buckets[key_hash(ns, hash) & (s->nbuckets - 1)];
   for (; b; b = b->bucket_next)
@@ -70,9 +87,11 @@ static void grow_locked(index_shard *s) {
       buckets[k] = b;
     }
   }
-  oi__free(s->buckets);
-  s->buckets = buckets;
-  s->nbuckets = nb;
+  host_block **old = s->buckets;
+  /* Relaxed atomic stores: oi__index_prefetch reads these without the lock. */
+  __atomic_store_n(&s->buckets, buckets, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->nbuckets, nb, __ATOMIC_RELAXED);
+  oi__free(old);
 }
 
 void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b) {
@@ -122,17 +141,25 @@ static inline bool evictable(const host_block *b) {
   return b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0;
 }
 
-void oi__block_pin_locked(oi_offload_host *h, index_shard *s, host_block *b) {
+void oi__block_pin_locked(index_shard *s, host_block *b, pin_tally *t) {
   if (evictable(b)) oi__lru_remove_locked(s, b);
-  if (b->pins++ == 0) atomic_fetch_add(&h->c.blocks_leased, 1);
+  t->pinned += !(b->pins || b->loading);
+  t->leased += b->pins++ == 0;
 }
 
-void oi__block_unpin_locked(oi_offload_host *h, index_shard *s, host_block *b) {
-  if (--b->pins == 0) atomic_fetch_sub(&h->c.blocks_leased, 1);
+void oi__block_unpin_locked(index_shard *s, host_block *b, pin_tally *t) {
+  t->leased -= --b->pins == 0;
+  t->pinned -= !(b->pins || b->loading);
   if (evictable(b)) {
     b->last_used = oi__now_ns();
     oi__lru_push_locked(s, b);
   }
+}
+
+void oi__pin_tally_apply(oi_offload_host *h, const pin_tally *t) {
+  /* One atomic per counter per batch, not per block (two's complement adds). */
+  if (t->leased) atomic_fetch_add_explicit(&h->c.blocks_leased, (uint64_t)t->leased, memory_order_relaxed);
+  if (t->pinned) atomic_fetch_add_explicit(&h->c.blocks_pinned, (uint64_t)t->pinned, memory_order_relaxed);
 }
 
 /* Evicts up to `want` of the least recently used evictable blocks of class
@@ -172,6 +199,7 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
       oi__lru_remove_locked(best, t);
       oi__index_remove_locked(best, t);
       t->state = BLOCK_FREE;
+      oi__ns_resident_add(h, t->ns, (uint64_t)-1);
       out[got++] = t;
     }
     pthread_mutex_unlock(&best->lock);

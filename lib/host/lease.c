@@ -22,13 +22,15 @@ oi_status oi__lease_init(oi_offload_host *h) {
 }
 
 static void unpin_blocks(oi_offload_host *h, host_block **blocks, size_t n) {
+  pin_tally t = {0, 0};
   for (size_t i = 0; i < n; i++) {
     host_block *b = blocks[i];
     index_shard *s = &h->shards[b->shard];
     pthread_mutex_lock(&s->lock);
-    oi__block_unpin_locked(h, s, b);
+    oi__block_unpin_locked(s, b, &t);
     pthread_mutex_unlock(&s->lock);
   }
+  oi__pin_tally_apply(h, &t);
 }
 
 static void free_lease(lease_rec *l) {
@@ -140,6 +142,7 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t instance, oi_lease leas
     host_block *b = l->blocks[i];
     index_shard *s = &h->shards[b->shard];
     pthread_mutex_lock(&s->lock);
+    oi__block_pinned_update(h, b->pins || b->loading, true);
     if (b->loading++ == 0) atomic_fetch_add(&h->c.blocks_loading, 1);
     pthread_mutex_unlock(&s->lock);
     out[i] = b;

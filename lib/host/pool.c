@@ -3,6 +3,7 @@
  * fragment the pool. A chunk keeps its class for the pool's life. */
 #include <string.h>
 
+#include "core/fault.h"
 #include "host_internal.h"
 
 #define MIN_AUTO_CHUNK (256ull << 10)
@@ -165,6 +166,7 @@ static bool reclaim_free_chunk(oi_offload_host *h, uint32_t for_cls) {
 size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_block **out) {
   size_class *c = &h->classes[cls];
   size_t got = 0;
+  if (OI_FAULT(OI_FAULT_HOST_ALLOC, NULL)) return 0;
   for (;;) {
     pthread_mutex_lock(&c->lock);
     while (got < want && c->free_head) out[got++] = pop_free_locked(c);
@@ -178,6 +180,7 @@ size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_
 
 host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls) {
   host_block *b = NULL;
+  if (OI_FAULT(OI_FAULT_HOST_ALLOC, NULL)) return NULL;
   if (oi__pool_alloc_batch(h, cls, 1, &b) == 1) return b;
   /* An evicted slot stays counted as resident: it changes hands. */
   return oi__index_evict_one(h, (int)cls);

@@ -13,6 +13,8 @@
 #include <pb_decode.h>
 #include <pb_encode.h>
 
+#include "core/fault.h"
+
 /* ---- decoding -------------------------------------------------------------- */
 
 static void mark_bad(oi_wire_arrays *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -81,6 +83,7 @@ static bool decode_present(pb_istream_t *s, const pb_field_t *f, void **arg) {
   OI_UNUSED(f);
   oi_wire_arrays *a = *arg;
   size_t n = s->bytes_left;
+  if (n == 0) return true; /* (found by fuzz_frame: NULL + 0 below is undefined) */
   if (a->n_present + n > OI_WIRE_MAX_BLOCKS) {
     mark_bad(a, "more than %u membership bytes", OI_WIRE_MAX_BLOCKS);
     return skip_rest(s);
@@ -108,6 +111,28 @@ static bool decode_arena(pb_istream_t *s, const pb_field_t *f, void **arg) {
   a->n_arenas++;
   return true;
 }
+
+static bool decode_namespace(pb_istream_t *s, const pb_field_t *f, void **arg) {
+  OI_UNUSED(f);
+  oi_wire_arrays *a = *arg;
+  if (a->n_namespaces >= OI_WIRE_MAX_NAMESPACES) {
+    mark_bad(a, "more than %u namespaces in one reply", OI_WIRE_MAX_NAMESPACES);
+    return skip_rest(s);
+  }
+  if (!grow((void **)&a->namespaces, &a->cap_namespaces, a->n_namespaces + 1,
+            sizeof *a->namespaces, OI_WIRE_MAX_NAMESPACES))
+    PB_RETURN_ERROR(s, "out of memory");
+  oiwire_NamespaceStats *dst = &a->namespaces[a->n_namespaces];
+  memset(dst, 0, sizeof *dst);
+  if (!pb_decode(s, oiwire_NamespaceStats_fields, dst)) return false;
+  a->n_namespaces++;
+  return true;
+}
+
+_Static_assert(sizeof(((oiwire_HostStats *)0)->save_latency_us) / sizeof(uint64_t) == OI_LATENCY_BUCKETS,
+               "openinfer.options: the latency histograms' max_count must be OI_LATENCY_BUCKETS");
+_Static_assert(sizeof(((oiwire_StatsReply *)0)->load_latency_us) / sizeof(uint64_t) == OI_LATENCY_BUCKETS,
+               "openinfer.options: the latency histograms' max_count must be OI_LATENCY_BUCKETS");
 
 /* Called before a body submessage is decoded: points its callback fields at
  * the arrays. */
@@ -147,11 +172,17 @@ static bool decode_body(pb_istream_t *s, const pb_field_t *f, void **arg) {
     m->dst_block_ids.arg = a;
     break;
   }
+  case oiwire_Envelope_stats_reply_tag: {
+    oiwire_StatsReply *m = f->pData;
+    m->namespaces.funcs.decode = decode_namespace;
+    m->namespaces.arg = a;
+    break;
+  }
   default: break;
   }
   /* A body that appears again (or a second body) starts from empty arrays:
    * only the last body counts, as protobuf's merge rules say for oneofs. */
-  a->n_ids = a->n_hashes = a->n_present = a->n_arenas = 0;
+  a->n_ids = a->n_hashes = a->n_present = a->n_arenas = a->n_namespaces = 0;
   a->bad = OI_OK;
   a->bad_msg[0] = '\0';
   return true;
@@ -161,6 +192,7 @@ oi_status oi__wire_decode(const uint8_t *payload, size_t len, oiwire_Envelope *e
                           oi_wire_arrays *arrays) {
   memset(env, 0, sizeof *env);
   arrays->n_ids = arrays->n_hashes = arrays->n_present = arrays->n_arenas = 0;
+  arrays->n_namespaces = 0;
   arrays->bad = OI_OK;
   arrays->bad_msg[0] = '\0';
   env->cb_body.funcs.decode = decode_body;
@@ -177,6 +209,7 @@ void oi__wire_arrays_free(oi_wire_arrays *a) {
   oi__free(a->hashes);
   oi__free(a->present);
   oi__free(a->arenas);
+  oi__free(a->namespaces);
   memset(a, 0, sizeof *a);
 }
 
@@ -236,6 +269,15 @@ static bool encode_arenas(pb_ostream_t *s, const pb_field_t *f, void *const *arg
   return true;
 }
 
+static bool encode_namespaces(pb_ostream_t *s, const pb_field_t *f, void *const *arg) {
+  const oi_wire_out *o = *arg;
+  for (size_t i = 0; i < o->n_namespaces; i++)
+    if (!pb_encode_tag_for_field(s, f) ||
+        !pb_encode_submessage(s, oiwire_NamespaceStats_fields, &o->namespaces[i]))
+      return false;
+  return true;
+}
+
 oi_status oi__wire_encode(const oiwire_Envelope *env_in, const oi_wire_out *out, uint8_t **frame,
                           size_t *frame_len) {
   *frame = NULL;
@@ -266,6 +308,10 @@ oi_status oi__wire_encode(const oiwire_Envelope *env_in, const oi_wire_out *out,
   case oiwire_Envelope_load_tag:
     env.body.load.dst_block_ids.funcs.encode = encode_ids;
     env.body.load.dst_block_ids.arg = arg;
+    break;
+  case oiwire_Envelope_stats_reply_tag:
+    env.body.stats_reply.namespaces.funcs.encode = encode_namespaces;
+    env.body.stats_reply.namespaces.arg = arg;
     break;
   default: break;
   }
@@ -306,8 +352,11 @@ void oi__wire_set_result(oiwire_Envelope *env, uint64_t request_id, oi_status st
 
 oi_status oi__wire_send(int fd, const void *buf, size_t len) {
   const uint8_t *p = buf;
+  uint64_t fault_short = 0, fault_reset = UINT64_MAX;
+  if (OI_FAULT(OI_FAULT_SOCK_SHORT, &fault_short) && fault_short == 0) fault_short = 1;
+  if (OI_FAULT(OI_FAULT_SOCK_RESET, &fault_reset) && fault_reset < len) len = fault_reset;
   while (len) {
-    ssize_t w = send(fd, p, len, MSG_NOSIGNAL);
+    ssize_t w = send(fd, p, fault_short ? OI_MIN(len, fault_short) : len, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN)
@@ -316,6 +365,10 @@ oi_status oi__wire_send(int fd, const void *buf, size_t len) {
     }
     p += w;
     len -= (size_t)w;
+  }
+  if (fault_reset != UINT64_MAX) {
+    shutdown(fd, SHUT_RDWR);
+    return oi__fail(OI_ERR_CLOSED, "send: connection reset (injected fault)");
   }
   return OI_OK;
 }
@@ -337,6 +390,15 @@ static oi_status read_full(int fd, void *buf, size_t len, size_t *got) {
   return OI_OK;
 }
 
+oi_status oi__wire_frame_length(const uint8_t hdr[4], uint32_t max, uint32_t *len) {
+  uint32_t n = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
+               (uint32_t)hdr[3] << 24;
+  if (n > max)
+    return oi__fail(OI_ERR_PROTOCOL, "a frame of %u bytes exceeds the %u-byte limit", n, max);
+  *len = n;
+  return OI_OK;
+}
+
 oi_status oi__wire_recv(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t *len) {
   uint8_t hdr[4];
   size_t got;
@@ -345,10 +407,8 @@ oi_status oi__wire_recv(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t
     return got ? oi__fail(OI_ERR_PROTOCOL, "the stream ended inside a frame header")
                : oi__fail(OI_ERR_CLOSED, "the peer closed the connection");
   if (st != OI_OK) return st;
-  uint32_t n = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
-               (uint32_t)hdr[3] << 24;
-  if (n > max)
-    return oi__fail(OI_ERR_PROTOCOL, "a frame of %u bytes exceeds the %u-byte limit", n, max);
+  uint32_t n = 0;
+  if ((st = oi__wire_frame_length(hdr, max, &n)) != OI_OK) return st;
   if (n > *cap) {
     uint8_t *p = oi__realloc(*buf, n);
     if (!p) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a %u-byte frame", n);

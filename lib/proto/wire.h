@@ -29,6 +29,7 @@
 #define OI_WIRE_MAX_ARENAS 4096u      /* arenas of one layout */
 #define OI_WIRE_HANDLE_BYTES 64u
 #define OI_WIRE_LEASE_BYTES 16u
+#define OI_WIRE_MAX_NAMESPACES 4096u  /* namespaces listed in one StatsReply */
 
 /* HelloReply/Hello.capabilities */
 enum {
@@ -47,6 +48,8 @@ typedef struct oi_wire_arrays {
   size_t n_present, cap_present;
   oiwire_Arena *arenas;
   size_t n_arenas, cap_arenas;
+  oiwire_NamespaceStats *namespaces;
+  size_t n_namespaces, cap_namespaces;
   /* The first malformed element; the Envelope still decoded. OI_OK if none. */
   oi_status bad;
   char bad_msg[160];
@@ -62,6 +65,8 @@ typedef struct oi_wire_out {
   size_t n_present;
   const oi_arena_desc *arenas;
   size_t n_arenas;
+  const oiwire_NamespaceStats *namespaces;
+  size_t n_namespaces;
 } oi_wire_out;
 
 /* Encodes `env` (callback fields from `out`, may be NULL when the body has
@@ -78,6 +83,11 @@ void oi__wire_arrays_free(oi_wire_arrays *a);
 /* Writes all of `len` bytes (MSG_NOSIGNAL; retries EINTR and short writes).
  * @return OI_ERR_CLOSED when the peer is gone, OI_ERR_IO otherwise. */
 oi_status oi__wire_send(int fd, const void *buf, size_t len);
+
+/* The payload length a frame's 4-byte prefix announces. @return
+ * OI_ERR_PROTOCOL (with a message) when it exceeds `max`. oi__wire_recv's
+ * check, for callers that hold the bytes already (the frame fuzzer). */
+oi_status oi__wire_frame_length(const uint8_t hdr[4], uint32_t max, uint32_t *len);
 
 /* Reads one frame's payload into *buf (grown with oi__realloc as needed).
  * @return OI_OK; OI_ERR_CLOSED on end of stream at a frame boundary;

@@ -18,6 +18,7 @@
 
 #include "core/core.h"
 #include "openinfer/executor.h"
+#include "refmodel/refmodel_cuda.h"
 
 #define REFMODEL_MAX_RANKS 1024
 
@@ -52,6 +53,7 @@ typedef struct refmodel {
   float *rope_cos, *rope_sin; /* [max_positions][head_dim/2] */
   pthread_mutex_t lock;       /* bind/unbind */
   rank_state *ranks[REFMODEL_MAX_RANKS];
+  oi_rm_cuda *cuda; /* options.device >= 0: the CUDA model (no cpu weights) */
 } refmodel;
 
 /* ---- weights ---------------------------------------------------------------- */
@@ -224,7 +226,7 @@ static oi_status rm_describe(void *ctx, oi_model_desc *out) {
   d.num_layers = m->o.num_layers;
   d.num_kv_heads = m->o.num_kv_heads;
   d.head_dim = m->o.head_dim;
-  d.dtype_bytes = sizeof(float);
+  d.dtype_bytes = m->cuda ? 2 : sizeof(float);
   d.vocab_size = m->o.vocab_size;
   d.max_positions = m->o.max_positions;
   d.model_id = m->model_id;
@@ -247,6 +249,7 @@ static oi_status rm_bind(void *ctx, uint32_t rank, const oi_kv_layout *layout) {
   memset(&kv, 0, sizeof kv);
   oi_status st = oi__struct_in(&kv, sizeof kv, layout, "refmodel bind");
   if (st != OI_OK) return st;
+  if (m->cuda) return oi__rm_cuda_bind(m->cuda, rank, &kv);
   if (kv.device != -1)
     return oi__fail(OI_ERR_UNSUPPORTED,
                     "refmodel bind: rank %u is on CUDA device %d; the reference model runs on the "
@@ -302,6 +305,10 @@ static oi_status rm_bind(void *ctx, uint32_t rank, const oi_kv_layout *layout) {
 static void rm_unbind(void *ctx, uint32_t rank) {
   refmodel *m = ctx;
   if (rank >= REFMODEL_MAX_RANKS) return;
+  if (m->cuda) {
+    oi__rm_cuda_unbind(m->cuda, rank);
+    return;
+  }
   pthread_mutex_lock(&m->lock);
   rank_state *r = m->ranks[rank];
   m->ranks[rank] = NULL;
@@ -313,6 +320,7 @@ static oi_status rm_forward(void *ctx, const oi_model_batch *b) {
   refmodel *m = ctx;
   if (!b || (b->n_seqs && !b->seqs))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "refmodel forward: batch is NULL");
+  if (m->cuda) return oi__rm_cuda_forward(m->cuda, b);
   if (b->rank >= REFMODEL_MAX_RANKS || !m->ranks[b->rank])
     return oi__fail(OI_ERR_STATE, "refmodel forward: rank %u is not bound", b->rank);
   rank_state *r = m->ranks[b->rank];
@@ -345,6 +353,7 @@ OI_API oi_status oi_refmodel_options_init(oi_refmodel_options *o) {
   o->max_positions = 4096;
   o->rope_theta = 10000.0f;
   o->rms_eps = 1e-5f;
+  o->device = -1;
   return OI_OK;
 }
 
@@ -353,6 +362,7 @@ OI_API void oi_refmodel_destroy(void *ctx) {
   if (!m) return;
   for (uint32_t i = 0; i < REFMODEL_MAX_RANKS; i++)
     rank_state_free(m->ranks[i]);
+  oi__rm_cuda_destroy(m->cuda);
   pthread_mutex_destroy(&m->lock);
   oi__free(m->layers);
   oi__free(m->weights);
@@ -384,6 +394,9 @@ OI_API oi_status oi_refmodel_create(const oi_refmodel_options *opts, oi_model_op
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "refmodel_create: a size is out of range");
   if (!(o.rope_theta > 1.0f) || !(o.rms_eps > 0.0f))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "refmodel_create: rope_theta or rms_eps is invalid");
+  if (o.device < -1)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "refmodel_create: device %d", o.device);
+  if (o.device >= 0 && (st = oi__rm_cuda_check(&o)) != OI_OK) return st;
   if (ops_out->struct_size < OI_STRUCT_MIN_SIZE)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "refmodel_create: set ops_out->struct_size = sizeof(oi_model_ops) first");
@@ -394,6 +407,20 @@ OI_API oi_status oi_refmodel_create(const oi_refmodel_options *opts, oi_model_op
   m->o = o;
   m->q_dim = o.num_q_heads * o.head_dim;
   m->kv_dim = o.num_kv_heads * o.head_dim;
+  if (o.device >= 0) {
+    /* The CUDA model: weights on the GPU only; a distinct id (bf16 KV). */
+    snprintf(m->model_id, sizeof m->model_id,
+             "refmodel-cuda-v1 seed=%llu L%u d%u q%u kv%u hd%u ff%u v%u theta=%g eps=%g bf16",
+             (unsigned long long)o.seed, o.num_layers, o.hidden, o.num_q_heads, o.num_kv_heads,
+             o.head_dim, o.intermediate, o.vocab_size, (double)o.rope_theta, (double)o.rms_eps);
+    if ((st = oi__rm_cuda_create(&o, &m->cuda)) != OI_OK) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", oi_last_error());
+      oi_refmodel_destroy(m);
+      return oi__fail(st, "%s", msg);
+    }
+    goto ops;
+  }
   snprintf(m->model_id, sizeof m->model_id,
            "refmodel-v1 seed=%llu L%u d%u q%u kv%u hd%u ff%u v%u theta=%g eps=%g f32",
            (unsigned long long)o.seed, o.num_layers, o.hidden, o.num_q_heads, o.num_kv_heads,
@@ -439,6 +466,7 @@ OI_API oi_status oi_refmodel_create(const oi_refmodel_options *opts, oi_model_op
       m->rope_sin[pos * half + i] = (float)sin(a);
     }
 
+ops:;
   oi_model_ops ops;
   memset(&ops, 0, sizeof ops);
   ops.struct_size = sizeof ops;

@@ -140,6 +140,7 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
   oi_server *s = oi__calloc(1, sizeof *s);
   if (!s) return oi__fail(OI_ERR_OUT_OF_MEMORY, "server_create: out of memory");
   s->listen_fd = s->wake_fds[0] = s->wake_fds[1] = -1;
+  s->start_ns = oi__now_ns();
   pthread_mutex_init(&s->lock, NULL);
   pthread_cond_init(&s->sessions_cv, NULL);
   oi_host_options_init(&s->host_opts);
@@ -172,7 +173,13 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
     st = oi__fail(OI_ERR_IO, "server_create: pipe: %s", strerror(errno));
     goto fail;
   }
-  if ((st = oi_offload_host_create(&s->host_opts, &s->host)) != OI_OK) goto fail;
+  /* The HTTP endpoint first: a busy port fails before the pool is pinned,
+   * and /healthz answers 503 while the pool is set up. */
+  if (opts.metrics_addr && (st = oi__metrics_start(s, opts.metrics_addr)) != OI_OK) goto fail;
+  s->opts.metrics_addr = NULL; /* the caller's string: not kept */
+  oi_offload_host *host = NULL;
+  if ((st = oi_offload_host_create(&s->host_opts, &host)) != OI_OK) goto fail;
+  __atomic_store_n(&s->host, host, __ATOMIC_RELEASE); /* the endpoint's thread reads it */
   if ((st = listen_on(s, s->socket_path, opts.socket_mode)) != OI_OK) goto fail;
   OI_LOG(OI_LOG_INFO, "server", "listening on %s (mode %o, epoch %016llx)", s->socket_path,
          opts.socket_mode, (unsigned long long)s->epoch);
@@ -186,6 +193,8 @@ fail:
 OI_API uint64_t oi_server_epoch(const oi_server *s) { return s ? s->epoch : 0; }
 
 OI_API const char *oi_server_socket_path(const oi_server *s) { return s ? s->socket_path : NULL; }
+
+OI_API uint16_t oi_server_metrics_port(const oi_server *s) { return s ? oi__metrics_port(s) : 0; }
 
 OI_API oi_status oi_server_stop(oi_server *s) {
   if (!s) return OI_ERR_INVALID_ARGUMENT; /* no oi__fail: it is not async-signal-safe */
@@ -299,6 +308,7 @@ OI_API void oi_server_destroy(oi_server *s) {
     OI_LOG(OI_LOG_ERROR, "server", "server_destroy while oi_server_run runs: refused (stop it first)");
     return;
   }
+  oi__metrics_stop(s); /* its handler reads the host */
   if (s->listen_fd >= 0) {
     struct stat st;
     /* Only our own socket file: a newer server may have replaced it. */

@@ -103,6 +103,8 @@ struct oi_server {
   uint64_t next_session_id;
 
   atomic_uint_fast64_t instances, arena_bytes, instances_cleaned_up;
+  uint64_t start_ns;               /* oi__now_ns() at create */
+  struct oi_metrics_http *metrics; /* the /metrics endpoint (metrics.c), or NULL */
 };
 
 /* session.c */
@@ -114,5 +116,39 @@ void oi__session_reap(srv_session *s);
 void oi__send_refusal(int fd, oi_status st, const char *msg);
 /* Does another session own instance `id`? (server lock taken inside) */
 bool oi__server_instance_elsewhere(oi_server *srv, const srv_session *self, uint32_t id);
+/* request.c: the checks of a decoded request that need no instance (the
+ * session runs them in its handlers; the frame fuzzer runs them all through
+ * oi__request_check). Each returns OI_OK, or a status with a message in msg. */
+oi_status oi__req_check_hello(const oiwire_Hello *h, char *msg, size_t cap);
+oi_status oi__req_check_arrays(const oi_wire_arrays *a, const char *what, char *msg, size_t cap);
+oi_status oi__req_check_save(const oi_wire_arrays *a, char *msg, size_t cap);
+oi_status oi__req_lease(const char *what, const uint8_t *bytes, size_t size, oi_lease *lease,
+                        char *msg, size_t cap);
+/* Register: arena_size and arena count, then the engine options (*descs is
+ * oi__calloc'ed; names point into `a`, strings into `r`; arena_base NULL)
+ * validated against a stand-in base. On error *descs is NULL. */
+oi_status oi__req_register_options(const oiwire_Register *r, const oi_wire_arrays *a,
+                                   oi_engine_options *eo, oi_arena_desc **descs, char *msg,
+                                   size_t cap);
+/* Every check above that applies to the request's type (and the type itself). */
+oi_status oi__request_check(const oiwire_Envelope *env, const oi_wire_arrays *a, char *msg,
+                            size_t cap);
+/* Copies oi_host_stats into its wire form. */
+void oi__wire_host_stats(const oi_host_stats *hs, oiwire_HostStats *w);
+
+/* metrics.c: the HTTP endpoint (/metrics in the Prometheus text format,
+ * /healthz), served by libmicrohttpd on its own thread. `addr` is
+ * "HOST:PORT" ("[v6]:PORT"; "PORT" or ":PORT" bind to 127.0.0.1). Fails
+ * with OI_ERR_UNSUPPORTED in a build without libmicrohttpd. */
+oi_status oi__metrics_start(oi_server *srv, const char *addr);
+uint16_t oi__metrics_port(const oi_server *srv);
+void oi__metrics_stop(oi_server *srv);
+/* Appends the Prometheus text exposition of the server's metrics to a
+ * growable buffer (libc malloc: libmicrohttpd frees it). @return false when
+ * out of memory. */
+bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap);
+/* Health: true when the server runs, its pool is set up (pinned unless
+ * OI_HOST_NO_PIN) and every device it serves answers; else false with why. */
+bool oi__server_healthy(oi_server *srv, char *why, size_t cap);
 
 #endif

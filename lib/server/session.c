@@ -94,7 +94,7 @@ static void instance_put(srv_instance *inst) {
   atomic_fetch_sub(&srv->instances, 1);
   atomic_fetch_sub(&srv->arena_bytes, inst->arena_bytes);
   if (inst->by_session_end) atomic_fetch_add(&srv->instances_cleaned_up, 1);
-  OI_LOG(OI_LOG_INFO, "server", "instance=%u %s: freed its %llu-byte arena", inst->id,
+  OI_LOG_I(OI_LOG_INFO, "server", inst->id, "%s: freed its %llu-byte arena",
          inst->by_session_end ? "cleaned up (session ended)" : "unregistered",
          (unsigned long long)inst->arena_bytes);
   oi__free(inst);
@@ -199,11 +199,9 @@ static oi_status aux_enqueue(srv_session *s, aux_kind kind, uint64_t req, srv_in
 /* ---- requests ------------------------------------------------------------------- */
 
 static void handle_hello(srv_session *s, uint64_t req, const oiwire_Hello *h) {
-  if (h->protocol_version != OI_WIRE_PROTOCOL_VERSION) {
-    reply_fmt(s, req, OI_ERR_VERSION, "hello: protocol version %u is not supported (server speaks %u)",
-              h->protocol_version, OI_WIRE_PROTOCOL_VERSION);
-    return;
-  }
+  char msg[512];
+  oi_status st = oi__req_check_hello(h, msg, sizeof msg);
+  if (st != OI_OK) return reply_result(s, req, st, msg);
   s->hello_done = true;
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
@@ -226,63 +224,25 @@ static bool device_served(const oi_server *srv, int32_t device) {
   return false;
 }
 
-/* Bytes the server will allocate for one arena at most (a sanity bound; the
- * device refuses what it cannot hold anyway). */
-#define MAX_ARENA_BYTES (1ull << 48)
-
 static void handle_register(srv_session *s, uint64_t req, const oiwire_Register *r) {
   oi_server *srv = s->server;
   oi_wire_arrays *a = &s->arrays;
-  if (a->bad != OI_OK) return reply_fmt(s, req, a->bad, "register: %s", a->bad_msg);
+  char msg[512];
+  oi_status st = oi__req_check_arrays(a, "register", msg, sizeof msg);
+  if (st != OI_OK) return reply_result(s, req, st, msg);
   if (!device_served(srv, r->device))
     return reply_fmt(s, req, OI_ERR_PERMISSION, "register: this server does not serve device %d",
                      (int)r->device);
-  if (r->arena_size == 0 || r->arena_size > MAX_ARENA_BYTES)
-    return reply_fmt(s, req, OI_ERR_INVALID_ARGUMENT, "register: arena_size %llu is %s",
-                     (unsigned long long)r->arena_size, r->arena_size ? "too large" : "0");
-  if (a->n_arenas == 0)
-    return reply_fmt(s, req, OI_ERR_INVALID_ARGUMENT, "register: layout has no arenas");
-  oi_arena_desc *descs = oi__calloc(a->n_arenas, sizeof *descs);
-  if (!descs) return reply_fmt(s, req, OI_ERR_OUT_OF_MEMORY, "register: out of memory");
-  for (size_t i = 0; i < a->n_arenas; i++) {
-    const oiwire_Arena *w = &a->arenas[i];
-    descs[i] = (oi_arena_desc){.name = w->name,
-                               .offset = w->offset,
-                               .num_blocks = w->num_blocks,
-                               .bytes_per_block = w->bytes_per_block,
-                               .block_stride = w->block_stride,
-                               .segments = w->segments,
-                               .segment_stride = w->segment_stride};
-  }
+  /* Validate everything before allocating anything (request.c). */
   oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.device = r->device;
-  eo.namespace_id = r->namespace_id;
-  eo.instance_name = r->instance_name;
-  eo.world_size = r->world_size;
-  eo.num_arenas = (uint32_t)a->n_arenas;
-  eo.arenas = descs;
-  /* The sidecar copies by DMA unless asked otherwise: its copy kernels would
-   * time-slice with the client's model (docs/server.md). */
-  eo.copy_mode = r->copy_mode == OI_COPY_AUTO ? OI_COPY_DMA : r->copy_mode;
-  eo.copy_cta_limit = r->copy_cta_limit;
-  eo.arena_size = r->arena_size;
+  oi_arena_desc *descs;
+  if ((st = oi__req_register_options(r, a, &eo, &descs, msg, sizeof msg)) != OI_OK)
+    return reply_result(s, req, st, msg);
 
   srv_instance *inst = NULL;
   oi_dev *dev = NULL;
   void *region = NULL;
   oi_arena_handle handle;
-  oi_status st;
-  {
-    /* Validate everything before allocating anything: against a stand-in
-     * base, the layout checks are the same. */
-    oi_offload_engine probe;
-    memset(&probe, 0, sizeof probe);
-    eo.arena_base = (void *)(uintptr_t)4096;
-    st = oi__engine_init_common(&probe, &eo, "register");
-    if (st != OI_OK) goto fail;
-    oi__engine_fini_common(&probe);
-  }
   if ((st = oi__dev_open(r->device, &dev)) != OI_OK) goto fail;
   if ((st = dev->ops->mem_alloc(dev, r->arena_size, OI_MEM_SHAREABLE, &region)) != OI_OK) goto fail;
   if ((st = dev->ops->mem_export(dev, region, &handle)) != OI_OK) goto fail;
@@ -307,9 +267,9 @@ static void handle_register(srv_session *s, uint64_t req, const oiwire_Register 
   pthread_mutex_unlock(&srv->lock);
   atomic_fetch_add(&srv->instances, 1);
   atomic_fetch_add(&srv->arena_bytes, r->arena_size);
-  OI_LOG(OI_LOG_INFO, "server",
-         "session=%llu instance=%u registered '%s' namespace '%s' on device %d: %llu-byte arena",
-         (unsigned long long)s->id, inst->id, r->instance_name, r->namespace_id, (int)r->device,
+  OI_LOG_I(OI_LOG_INFO, "server", inst->id,
+         "session=%llu registered '%s' namespace '%s' on device %d: %llu-byte arena",
+         (unsigned long long)s->id, r->instance_name, r->namespace_id, (int)r->device,
          (unsigned long long)r->arena_size);
 
   oiwire_Envelope env;
@@ -370,12 +330,11 @@ static void handle_save(srv_session *s, uint64_t req, const oiwire_Save *m) {
   oi_wire_arrays *a = &s->arrays;
   srv_instance *inst = lookup(s, req, m->instance_id, "save");
   if (!inst) return;
-  if (a->bad != OI_OK) return reply_fmt(s, req, a->bad, "save: %s", a->bad_msg);
-  if (a->n_ids != a->n_hashes)
-    return reply_fmt(s, req, OI_ERR_INVALID_ARGUMENT, "save: %zu block ids but %zu hashes",
-                     a->n_ids, a->n_hashes);
+  char msg[512];
+  oi_status st = oi__req_check_save(a, msg, sizeof msg);
+  if (st != OI_OK) return reply_result(s, req, st, msg);
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_save(inst->engine, a->ids, a->hashes, a->n_ids, NULL, &t);
+  st = oi_offload_engine_save(inst->engine, a->ids, a->hashes, a->n_ids, NULL, &t);
   if (st != OI_OK) return reply_failure(s, req, st);
   reply_on_completion(s, req, t, "save");
 }
@@ -384,7 +343,9 @@ static void handle_query(srv_session *s, uint64_t req, const oiwire_Query *m) {
   oi_wire_arrays *a = &s->arrays;
   srv_instance *inst = lookup(s, req, m->instance_id, "query");
   if (!inst) return;
-  if (a->bad != OI_OK) return reply_fmt(s, req, a->bad, "query: %s", a->bad_msg);
+  char msg[512];
+  if (oi__req_check_arrays(a, "query", msg, sizeof msg) != OI_OK)
+    return reply_result(s, req, a->bad, msg);
   size_t n = a->n_hashes;
   oi_query_result qr;
   memset(&qr, 0, sizeof qr);
@@ -414,19 +375,19 @@ static void handle_query(srv_session *s, uint64_t req, const oiwire_Query *m) {
 
 static bool lease_from_wire(srv_session *s, uint64_t req, const char *what, const uint8_t *bytes,
                             size_t size, oi_lease *lease) {
-  if (size != OI_WIRE_LEASE_BYTES) {
-    reply_fmt(s, req, OI_ERR_INVALID_ARGUMENT, "%s: lease is %zu bytes (16 expected)", what, size);
-    return false;
-  }
-  memcpy(lease->bytes, bytes, OI_WIRE_LEASE_BYTES);
-  return true;
+  char msg[256];
+  oi_status st = oi__req_lease(what, bytes, size, lease, msg, sizeof msg);
+  if (st != OI_OK) reply_result(s, req, st, msg);
+  return st == OI_OK;
 }
 
 static void handle_load(srv_session *s, uint64_t req, const oiwire_Load *m) {
   oi_wire_arrays *a = &s->arrays;
   srv_instance *inst = lookup(s, req, m->instance_id, "load");
   if (!inst) return;
-  if (a->bad != OI_OK) return reply_fmt(s, req, a->bad, "load: %s", a->bad_msg);
+  char msg[512];
+  if (oi__req_check_arrays(a, "load", msg, sizeof msg) != OI_OK)
+    return reply_result(s, req, a->bad, msg);
   oi_lease lease;
   if (!lease_from_wire(s, req, "load", m->lease.bytes, m->lease.size, &lease)) return;
   oi_ticket *t = NULL;
@@ -475,6 +436,45 @@ static void handle_unregister(srv_session *s, uint64_t req, const oiwire_Unregis
   }
 }
 
+void oi__wire_host_stats(const oi_host_stats *hs, oiwire_HostStats *w) {
+  w->size_classes = hs->size_classes;
+  w->capacity_bytes = hs->capacity_bytes;
+  w->used_bytes = hs->used_bytes;
+  w->free_bytes = hs->free_bytes;
+  w->block_bytes_resident = hs->block_bytes_resident;
+  w->blocks_free = hs->blocks_free;
+  w->blocks_in_flight = hs->blocks_in_flight;
+  w->blocks_sealed = hs->blocks_sealed;
+  w->blocks_leased = hs->blocks_leased;
+  w->blocks_loading = hs->blocks_loading;
+  w->saves_submitted = hs->saves_submitted;
+  w->saves_completed = hs->saves_completed;
+  w->saves_deduplicated = hs->saves_deduplicated;
+  w->saves_dropped = hs->saves_dropped;
+  w->saves_failed = hs->saves_failed;
+  w->bytes_saved = hs->bytes_saved;
+  w->bytes_loaded = hs->bytes_loaded;
+  w->loads_completed = hs->loads_completed;
+  w->loads_failed = hs->loads_failed;
+  w->query_hit_blocks = hs->query_hit_blocks;
+  w->query_miss_blocks = hs->query_miss_blocks;
+  w->leases_active = hs->leases_active;
+  w->leases_expired = hs->leases_expired;
+  w->leases_released = hs->leases_released;
+  w->evictions = hs->evictions;
+  w->loads_submitted = hs->loads_submitted;
+  w->blocks_loaded = hs->blocks_loaded;
+  w->blocks_pinned = hs->blocks_pinned;
+  w->pool_setup_ns = hs->pool_setup_ns;
+  w->namespaces = hs->namespaces;
+  w->save_latency_us_count = OI_LATENCY_BUCKETS;
+  memcpy(w->save_latency_us, hs->save_latency_us, sizeof w->save_latency_us);
+  w->save_latency_sum_us = hs->save_latency_sum_us;
+  w->load_latency_us_count = OI_LATENCY_BUCKETS;
+  memcpy(w->load_latency_us, hs->load_latency_us, sizeof w->load_latency_us);
+  w->load_latency_sum_us = hs->load_latency_sum_us;
+}
+
 static void handle_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
   oi_server *srv = s->server;
   oiwire_Envelope env;
@@ -506,6 +506,14 @@ static void handle_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
     r->query_hit_blocks = es.query_hit_blocks;
     r->query_miss_blocks = es.query_miss_blocks;
     r->saves_pending = es.saves_pending;
+    r->loads_submitted = es.loads_submitted;
+    r->namespace_blocks_resident = es.namespace_blocks_resident;
+    r->save_latency_us_count = OI_LATENCY_BUCKETS;
+    memcpy(r->save_latency_us, es.save_latency_us, sizeof r->save_latency_us);
+    r->save_latency_sum_us = es.save_latency_sum_us;
+    r->load_latency_us_count = OI_LATENCY_BUCKETS;
+    memcpy(r->load_latency_us, es.load_latency_us, sizeof r->load_latency_us);
+    r->load_latency_sum_us = es.load_latency_sum_us;
   }
   pthread_mutex_lock(&srv->lock);
   r->sessions = srv->num_sessions;
@@ -513,14 +521,38 @@ static void handle_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
   r->instances = atomic_load(&srv->instances);
   r->arena_bytes = atomic_load(&srv->arena_bytes);
   r->instances_cleaned_up = atomic_load(&srv->instances_cleaned_up);
+  r->server_epoch = srv->epoch;
+  r->uptime_ns = oi__now_ns() - srv->start_ns;
   oi_host_stats hs;
   memset(&hs, 0, sizeof hs);
   hs.struct_size = sizeof hs;
+  oiwire_NamespaceStats *nss = NULL;
+  oi_wire_out out = {0};
   if (oi_offload_host_stats(srv->host, &hs) == OI_OK) {
     r->host_blocks_sealed = hs.blocks_sealed;
     r->host_capacity_bytes = hs.capacity_bytes;
+    r->has_host = true;
+    oi__wire_host_stats(&hs, &r->host);
+    uint32_t n = OI_MIN(hs.namespaces, OI_WIRE_MAX_NAMESPACES);
+    if (n && (nss = oi__calloc(n, sizeof *nss))) {
+      size_t k = 0;
+      for (uint32_t i = 0; i < n; i++) {
+        oi_namespace_stats ns;
+        memset(&ns, 0, sizeof ns);
+        ns.struct_size = sizeof ns;
+        if (oi_offload_host_namespace_stats(srv->host, i, &ns) != OI_OK) break;
+        snprintf(nss[k].name, sizeof nss[k].name, "%s", ns.name);
+        nss[k].block_bytes = ns.block_bytes;
+        nss[k].blocks_resident = ns.blocks_resident;
+        k++;
+      }
+      out.namespaces = nss;
+      out.n_namespaces = k;
+    }
   }
-  session_send(s, &env, NULL);
+  oi_clear_error();
+  session_send(s, &env, &out);
+  oi__free(nss);
 }
 
 static void dispatch(srv_session *s) {

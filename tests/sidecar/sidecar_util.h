@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -167,10 +168,28 @@ static bool ts_stop(test_server *ts) {
   return ok;
 }
 
+/* A SIGKILLed server cannot unlink its arenas' shared-memory objects: remove
+ * them, so a later server that gets the same pid starts clean. */
+static void ts_unlink_shm_of(pid_t pid) {
+  char prefix[64], name[300];
+  snprintf(prefix, sizeof prefix, "openinfer-%d-", (int)pid);
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  struct dirent *de;
+  while ((de = readdir(d)))
+    if (!strncmp(de->d_name, prefix, strlen(prefix))) {
+      snprintf(name, sizeof name, "/%s", de->d_name);
+      shm_unlink(name);
+    }
+  closedir(d);
+}
+
 static void ts_kill(test_server *ts) {
   if (!ts->pid) return;
-  kill(ts->pid, SIGKILL);
+  pid_t pid = ts->pid;
+  kill(pid, SIGKILL);
   ts_wait(ts);
+  ts_unlink_shm_of(pid);
 }
 
 static void ts_cleanup(test_server *ts) {

@@ -64,12 +64,13 @@ static void test_client_killed(void) {
   oiwire_StatsReply sr;
 
   kill_client(KILL_AFTER_REGISTER);
-  CHECK(WAIT_FOR_STATS(&wc, sr, sr.instances == 0 && sr.instances_cleaned_up == 1));
+  /* The session ends a moment after its instances: wait for all of it. */
+  CHECK(WAIT_FOR_STATS(&wc, sr, sr.instances == 0 && sr.instances_cleaned_up == 1 && sr.arena_bytes == 0 && sr.sessions == 1));
   CHECK(sr.arena_bytes == 0 && sr.sessions == 1);
   CHECK(shm_objects_of(ts.pid) == 0);
 
   kill_client(KILL_WITH_SAVES_IN_FLIGHT);
-  CHECK(WAIT_FOR_STATS(&wc, sr, sr.instances == 0 && sr.instances_cleaned_up == 2));
+  CHECK(WAIT_FOR_STATS(&wc, sr, sr.instances == 0 && sr.instances_cleaned_up == 2 && sr.arena_bytes == 0 && sr.sessions == 1));
   CHECK(sr.arena_bytes == 0 && sr.sessions == 1);
   CHECK(shm_objects_of(ts.pid) == 0);
   CHECK(sr.host_blocks_sealed >= 8);

@@ -1,0 +1,268 @@
+/* Observability of the embeddable pieces, in one process:
+ *  - oi_server with metrics_addr "127.0.0.1:0": the port is reported,
+ *    /healthz answers 503 before oi_server_run, 200 while it runs, 503 once
+ *    stopped; /metrics parses as lines of "name{labels} value";
+ *  - the appended oi_host_stats / oi_engine_stats fields on an embedded host
+ *    (loads, pinned-for-load blocks, namespaces, latency histograms) and an
+ *    old caller's smaller struct_size;
+ *  - the host's progress hook;
+ *  - log lines carry instance=N for engine events. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "testutil.h"
+
+/* ---- a plain HTTP/1.0 client --------------------------------------------------- */
+
+static int http_get(uint16_t port, const char *path, char *body, size_t cap) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  char req[256];
+  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+  REQUIRE(write(fd, req, (size_t)n) == n);
+  static char resp[1 << 20];
+  size_t len = 0;
+  ssize_t r;
+  while ((r = read(fd, resp + len, sizeof resp - 1 - len)) > 0) len += (size_t)r;
+  close(fd);
+  resp[len] = '\0';
+  int code = 0;
+  if (sscanf(resp, "HTTP/1.%*d %d", &code) != 1) return -2;
+  const char *b = strstr(resp, "\r\n\r\n");
+  snprintf(body, cap, "%s", b ? b + 4 : "");
+  return code;
+}
+
+static void *run_server(void *arg) {
+  oi_server_run(arg);
+  return NULL;
+}
+
+static void test_server_health(void) {
+  char dir[] = "/tmp/oi-obs-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  char sock[128];
+  snprintf(sock, sizeof sock, "%s/s", dir);
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 16 << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  oi_server_options so;
+  oi_server_options_init(&so);
+  so.socket_path = sock;
+  so.host = &ho;
+  so.metrics_addr = "127.0.0.1:0";
+  oi_server *srv;
+  oi_status st = oi_server_create(&so, &srv);
+  if (st == OI_ERR_UNSUPPORTED) { /* a build without libmicrohttpd */
+    fprintf(stderr, "no metrics endpoint in this build: %s\n", oi_last_error());
+    rmdir(dir);
+    return;
+  }
+  REQUIRE(st == OI_OK);
+  uint16_t port = oi_server_metrics_port(srv);
+  CHECK(port != 0);
+  static char body[1 << 20];
+  CHECK(http_get(port, "/healthz", body, sizeof body) == 503); /* not serving yet */
+  CHECK(strstr(body, "not started") != NULL);
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, run_server, srv) == 0);
+  int code = 0;
+  for (int i = 0; i < 500 && code != 200; i++) {
+    code = http_get(port, "/healthz", body, sizeof body);
+    if (code != 200) usleep(10000);
+  }
+  CHECK(code == 200);
+  CHECK(strncmp(body, "ok", 2) == 0);
+  CHECK(http_get(port, "/metrics", body, sizeof body) == 200);
+  /* Every line: a comment, or "name{labels} value". */
+  size_t samples = 0;
+  for (char *line = strtok(body, "\n"); line; line = strtok(NULL, "\n")) {
+    if (line[0] == '#') continue;
+    char *sp = strrchr(line, ' ');
+    CHECK(sp && sp[1]);
+    char *end;
+    strtod(sp + 1, &end);
+    CHECK(*end == '\0');
+    samples++;
+  }
+  CHECK(samples > 40);
+  oi_server_stop(srv);
+  pthread_join(th, NULL);
+  CHECK(http_get(port, "/healthz", body, sizeof body) == 503); /* stopped */
+  oi_server_destroy(srv);
+  CHECK(http_get(port, "/healthz", body, sizeof body) == -1); /* the endpoint is gone */
+  rmdir(dir);
+
+  /* A second server cannot take a port in use; a bad address is refused. */
+  oi_server_options_init(&so);
+  so.host = &ho;
+  so.socket_path = sock;
+  so.metrics_addr = "[::1:80";
+  CHECK_ST(oi_server_create(&so, &srv), OI_ERR_INVALID_ARGUMENT);
+  so.metrics_addr = "127.0.0.1:99999";
+  CHECK_ST(oi_server_create(&so, &srv), OI_ERR_INVALID_ARGUMENT);
+  CHECK(oi_server_metrics_port(NULL) == 0);
+}
+
+/* ---- embedded stats ------------------------------------------------------------- */
+
+typedef struct progress_log {
+  int calls;
+  uint64_t first_done, last_done, total;
+} progress_log;
+
+static void on_progress(void *ctx, uint64_t done, uint64_t total) {
+  progress_log *p = ctx;
+  if (p->calls++ == 0) p->first_done = done;
+  p->last_done = done;
+  p->total = total;
+}
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char log_lines[64][1024];
+static int nlog;
+
+static void capture(void *ctx, oi_log_level level, const char *line) {
+  (void)ctx;
+  (void)level;
+  pthread_mutex_lock(&log_lock);
+  if (nlog < 64) snprintf(log_lines[nlog++], sizeof log_lines[0], "%s", line);
+  pthread_mutex_unlock(&log_lock);
+}
+
+#define NB 16
+#define BB 1024
+
+static void test_embedded_stats(void) {
+  oi_set_log_handler(capture, NULL);
+  oi_set_log_level(OI_LOG_INFO);
+  progress_log prog = {0};
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 4 << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  ho.progress = on_progress;
+  ho.progress_ctx = &prog;
+  oi_offload_host *h;
+  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
+  CHECK(prog.calls >= 2 && prog.first_done == 0 && prog.last_done == prog.total &&
+        prog.total == 4 << 20);
+
+  static uint8_t kv[NB * BB];
+  for (size_t i = 0; i < sizeof kv; i++) kv[i] = (uint8_t)i;
+  oi_arena_desc a = {.name = "kv", .base = kv, .num_blocks = NB, .bytes_per_block = BB,
+                     .block_stride = BB, .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.namespace_id = "ns-a";
+  eo.arenas = &a;
+  eo.num_arenas = 1;
+  oi_offload_engine *e;
+  REQUIRE(oi_offload_engine_create(h, &eo, &e) == OI_OK);
+
+  int64_t ids[NB];
+  oi_block_hash hs[NB];
+  for (int i = 0; i < NB; i++) {
+    ids[i] = i;
+    memset(&hs[i], 0, sizeof hs[i]);
+    hs[i].bytes[0] = (uint8_t)(i + 1);
+  }
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(e, ids, hs, 8, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  oi_query_result qr = {.struct_size = sizeof qr};
+  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 10, 0, &qr));
+  CHECK(qr.hit_blocks == 8);
+
+  oi_host_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  CHECK_OK(oi_offload_host_stats(h, &s));
+  CHECK(s.blocks_pinned == 8 && s.blocks_leased == 8);
+  CHECK(s.namespaces == 1 && s.latency_buckets == OI_LATENCY_BUCKETS);
+  CHECK(s.pool_setup_ns > 0);
+  uint64_t nsave = 0;
+  for (int i = 0; i < OI_LATENCY_BUCKETS; i++) nsave += s.save_latency_us[i];
+  CHECK(nsave == 1);
+
+  int64_t dst[8] = {8, 9, 10, 11, 12, 13, 14, 15};
+  CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, 8, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  CHECK(memcmp(kv + 8 * BB, kv, 8 * BB) == 0);
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  CHECK_OK(oi_offload_host_stats(h, &s));
+  CHECK(s.blocks_pinned == 0 && s.blocks_loading == 0 && s.blocks_leased == 0);
+  CHECK(s.loads_submitted == 1 && s.loads_completed == 1 && s.blocks_loaded == 8);
+  uint64_t nload = 0;
+  for (int i = 0; i < OI_LATENCY_BUCKETS; i++) nload += s.load_latency_us[i];
+  CHECK(nload == 1);
+
+  oi_namespace_stats ns;
+  memset(&ns, 0, sizeof ns);
+  ns.struct_size = sizeof ns;
+  CHECK_OK(oi_offload_host_namespace_stats(h, 0, &ns));
+  CHECK(!strcmp(ns.name, "ns-a") && ns.blocks_resident == 8 && ns.block_bytes == BB);
+  CHECK_ST(oi_offload_host_namespace_stats(h, 1, &ns), OI_ERR_NOT_FOUND);
+
+  /* An old caller: its struct ends before the appended fields, which stay
+   * untouched. */
+  oi_host_stats old;
+  memset(&old, 0xab, sizeof old);
+  old.struct_size = (uint32_t)offsetof(oi_host_stats, loads_submitted);
+  CHECK_OK(oi_offload_host_stats(h, &old));
+  CHECK(old.saves_completed == 8 && old.loads_submitted == 0xababababababababull);
+  oi_engine_stats es;
+  memset(&es, 0, sizeof es);
+  es.struct_size = sizeof es;
+  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK(es.loads_submitted == 1 && es.namespace_blocks_resident == 8);
+  CHECK(es.save_latency_sum_us == s.save_latency_sum_us);
+
+  /* Evicting drops the namespace's resident count. */
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == 8);
+  CHECK_OK(oi_offload_host_namespace_stats(h, 0, &ns));
+  CHECK(ns.blocks_resident == 0);
+
+  uint32_t inst = es.instance_id;
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  oi_set_log_handler(NULL, NULL);
+  oi_set_log_level(OI_LOG_WARN);
+  char want[64];
+  snprintf(want, sizeof want, "level=info component=engine instance=%u msg=\"registered", inst);
+  bool found = false;
+  for (int i = 0; i < nlog; i++) found |= strncmp(log_lines[i], want, strlen(want)) == 0;
+  CHECK(found);
+}
+
+static void test_histogram_buckets(void) {
+  CHECK(oi__latency_bucket(0) == 0 && oi__latency_bucket(1) == 0);
+  CHECK(oi__latency_bucket(2) == 1 && oi__latency_bucket(3) == 2 && oi__latency_bucket(4) == 2);
+  CHECK(oi__latency_bucket(1000) == 10 && oi__latency_bucket(1024) == 10);
+  CHECK(oi__latency_bucket(1ull << 26) == 26);
+  CHECK(oi__latency_bucket((1ull << 26) + 1) == OI_LATENCY_BUCKETS - 1);
+  CHECK(oi__latency_bucket(UINT64_MAX) == OI_LATENCY_BUCKETS - 1);
+}
+
+int main(void) {
+  RUN_TEST(test_histogram_buckets);
+  RUN_TEST(test_embedded_stats);
+  RUN_TEST(test_server_health);
+  TEST_EXIT();
+}

@@ -4,19 +4,25 @@
  * other traffic would push it out), so each turn's prefix comes back from the
  * host tier instead of being recomputed. The same turns run on a second
  * executor without a host tier (the cold baseline), and both must produce
- * byte-identical completions. `openinfer demo tier` runs the host tier alone
- * at a larger scale. */
+ * byte-identical completions. With a GPU (default: device 0 when one is
+ * present) the CUDA reference model runs in the Qwen3-4B shape with
+ * prompts long enough for the TTFT difference to show; without one, the cpu
+ * model at a small size. `openinfer demo tier` runs the host tier alone at a
+ * larger scale. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "core/core.h"
 #include "openinfer/openinfer.h"
 
 typedef struct exec_demo_opts {
   long ranks, conversations, turns, system_tokens, turn_tokens, new_tokens;
   long layers, hidden, vocab, page;
+  long device;   /* -2: auto (GPU 0 when present), -1: cpu */
+  unsigned set;  /* options given on the command line (1 << option letter index) */
   const char *offload; /* embedded | sidecar */
   const char *socket;
 } exec_demo_opts;
@@ -36,10 +42,16 @@ static void usage(FILE *f) {
           "  --system-tokens N   shared system prompt (default 192)\n"
           "  --turn-tokens N     user tokens per turn (default 64)\n"
           "  --new-tokens N      tokens generated per turn (default 16)\n"
-          "  --layers N, --hidden N, --vocab N   reference model size (default 4, 128, 2048)\n"
+          "  --device N|cpu      CUDA device for the ranks and the CUDA reference model, or cpu\n"
+          "                      (default: GPU 0 when present, else cpu)\n"
+          "  --layers N, --hidden N, --vocab N   reference model size (cpu default 4, 128, 2048;\n"
+          "                      GPU default: the Qwen3-4B shape, 36 layers, hidden 2560, 32 q / 8 kv\n"
+          "                      heads x 128, MLP 9728, vocab 32768, bf16)\n"
           "  --page N            tokens per KV block (default 16)\n"
           "  --offload embedded|sidecar   host tier in this process (default) or a running\n"
-          "                      `openinfer serve` (--socket PATH)\n");
+          "                      `openinfer serve` (--socket PATH)\n"
+          "On a GPU the workload defaults grow so that TTFT differences show: --system-tokens 2048,\n"
+          "--turn-tokens 256 (the others as above); the host tier is a pinned pool.\n");
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -57,6 +69,11 @@ static oi_status make_executor(const exec_demo_opts *o, oi_model_ops *ops, void 
                                oi_offload_host *host, oi_executor **out) {
   oi_executor_options eo;
   oi_executor_options_init(&eo);
+  int32_t devs[64];
+  if (o->device >= 0) {
+    for (long i = 0; i < o->ranks; i++) devs[i] = (int32_t)o->device;
+    eo.devices = devs;
+  }
   eo.model = ops;
   eo.model_ctx = model;
   eo.ranks = (uint32_t)o->ranks;
@@ -65,7 +82,7 @@ static oi_status make_executor(const exec_demo_opts *o, oi_model_ops *ops, void 
   eo.offload = offload;
   eo.host = offload == OI_OFFLOAD_EMBEDDED ? host : NULL;
   eo.socket_path = o->socket;
-  eo.max_batch_tokens = 512;
+  eo.max_batch_tokens = o->device >= 0 ? 4096 : 512;
   return oi_executor_create(&eo, out);
 }
 
@@ -73,7 +90,7 @@ int cmd_demo(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "tier")) return demo_tier(argc - 1, argv + 1);
   exec_demo_opts o = {.ranks = 2, .conversations = 4, .turns = 4, .system_tokens = 192, .turn_tokens = 64,
                       .new_tokens = 16, .layers = 4, .hidden = 128, .vocab = 2048, .page = 16,
-                      .offload = "embedded"};
+                      .device = -2, .offload = "embedded"};
   static const struct option longopts[] = {
       {"ranks", required_argument, 0, 'r'},       {"conversations", required_argument, 0, 'c'},
       {"turns", required_argument, 0, 't'},       {"system-tokens", required_argument, 0, 's'},
@@ -81,7 +98,8 @@ int cmd_demo(int argc, char **argv) {
       {"layers", required_argument, 0, 'l'},      {"hidden", required_argument, 0, 'H'},
       {"vocab", required_argument, 0, 'v'},       {"page", required_argument, 0, 'p'},
       {"offload", required_argument, 0, 'o'},     {"socket", required_argument, 0, 'S'},
-      {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+      {"device", required_argument, 0, 'd'},      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
   optind = 1;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -99,6 +117,10 @@ int cmd_demo(int argc, char **argv) {
     case 'p': ok = cli_parse_int(optarg, 1, 1024, &o.page); break;
     case 'o': ok = !strcmp(optarg, "embedded") || !strcmp(optarg, "sidecar"); o.offload = optarg; break;
     case 'S': o.socket = optarg; break;
+    case 'd':
+      if (!strcmp(optarg, "cpu")) o.device = -1;
+      else ok = cli_parse_int(optarg, 0, 1023, &o.device);
+      break;
     case 'h': usage(stdout); return CLI_OK;
     default: usage(stderr); return CLI_USAGE;
     }
@@ -109,23 +131,71 @@ int cmd_demo(int argc, char **argv) {
       fprintf(stderr, "openinfer demo: bad value '%s' for --%s\n", optarg, name);
       return CLI_USAGE;
     }
+    if (c == 's') o.set |= 1u << 0;
+    if (c == 'u') o.set |= 1u << 1;
+    if (c == 'l') o.set |= 1u << 2;
+    if (c == 'H') o.set |= 1u << 3;
+    if (c == 'v') o.set |= 1u << 4;
   }
   if (optind < argc) {
     fprintf(stderr, "openinfer demo: unexpected argument '%s' (see --help)\n", argv[optind]);
     return CLI_USAGE;
   }
   bool sidecar = !strcmp(o.offload, "sidecar");
+  int ndev = 0;
+  oi_device_count(&ndev);
+  bool auto_device = o.device == -2;
+  /* Auto: GPU 0 when present (a sidecar keeps the cpu: its arenas live where
+   * the server put them, so a GPU sidecar needs --device). */
+  if (auto_device) o.device = ndev > 0 && !sidecar ? 0 : -1;
+  if (o.device >= ndev) {
+    fprintf(stderr, "openinfer demo: device %ld is not present (%d CUDA device%s visible)\n", o.device, ndev,
+            ndev == 1 ? "" : "s");
+    return CLI_FAILED;
+  }
+  bool gpu = o.device >= 0;
+  if (gpu) {
+    if (!(o.set & (1u << 0))) o.system_tokens = 2048;
+    if (!(o.set & (1u << 1))) o.turn_tokens = 256;
+    if (!(o.set & (1u << 2))) o.layers = 36;
+    if (!(o.set & (1u << 3))) o.hidden = 2560;
+    if (!(o.set & (1u << 4))) o.vocab = 32768;
+    if (o.hidden % 64 || o.vocab % 2) {
+      fprintf(stderr, "openinfer demo: on a GPU --hidden must be a multiple of 64 and --vocab even\n");
+      return CLI_USAGE;
+    }
+  }
 
   oi_refmodel_options ro;
   oi_refmodel_options_init(&ro);
   ro.num_layers = (uint32_t)o.layers;
   ro.hidden = (uint32_t)o.hidden;
-  ro.num_q_heads = (uint32_t)(o.hidden / 16 >= 2 ? o.hidden / 16 : 2);
-  ro.num_kv_heads = ro.num_q_heads / 2;
-  ro.head_dim = (uint32_t)o.hidden / ro.num_q_heads;
-  ro.head_dim &= ~1u;
-  ro.intermediate = (uint32_t)o.hidden * 2;
   ro.vocab_size = (uint32_t)o.vocab;
+  if (!gpu) {
+    ro.num_q_heads = (uint32_t)(o.hidden / 16 >= 2 ? o.hidden / 16 : 2);
+    ro.num_kv_heads = ro.num_q_heads / 2;
+    ro.head_dim = (uint32_t)o.hidden / ro.num_q_heads;
+    ro.head_dim &= ~1u;
+    ro.intermediate = (uint32_t)o.hidden * 2;
+  } else if (o.hidden == 2560) {
+    /* Qwen3-4B: 32 query heads x 128 (q_dim 4096 > hidden), 8 KV heads, MLP 9728. */
+    ro.num_q_heads = 32;
+    ro.num_kv_heads = 8;
+    ro.head_dim = 128;
+    ro.intermediate = 9728;
+    ro.rope_theta = 1000000.0f;
+    ro.rms_eps = 1e-6f;
+  } else {
+    ro.head_dim = o.hidden % 128 ? 64 : 128;
+    ro.num_q_heads = (uint32_t)o.hidden / ro.head_dim;
+    ro.num_kv_heads = ro.num_q_heads % 4 == 0 ? ro.num_q_heads / 4
+                      : ro.num_q_heads % 2 == 0 ? ro.num_q_heads / 2
+                                                : ro.num_q_heads;
+    ro.intermediate = (uint32_t)o.hidden * 4;
+    ro.rope_theta = 1000000.0f;
+    ro.rms_eps = 1e-6f;
+  }
+  ro.device = gpu ? (int32_t)o.device : -1;
   uint64_t max_len = (uint64_t)o.system_tokens + (uint64_t)o.turns * (o.turn_tokens + o.new_tokens) + 16;
   ro.max_positions = (uint32_t)(max_len > 4096 ? max_len : 4096);
   oi_model_ops ops = {.struct_size = sizeof ops}, ops_cold = {.struct_size = sizeof ops_cold};
@@ -136,13 +206,24 @@ int cmd_demo(int argc, char **argv) {
   size_t *conv_len = NULL;
   uint64_t *ttft_cold = NULL, *ttft_warm = NULL;
   int rc = CLI_FAILED;
+  uint64_t pool_bytes = 256ull << 20;
+  uint64_t t_setup = oi__now_ns();
   if (oi_refmodel_create(&ro, &ops, &model) != OI_OK || oi_refmodel_create(&ro, &ops_cold, &model_cold) != OI_OK)
     goto fail;
   if (!sidecar) {
     oi_host_options ho;
     oi_host_options_init(&ho);
-    ho.pool_bytes = 256ull << 20;
-    ho.flags = OI_HOST_NO_PIN;
+    if (gpu) {
+      /* Pinned, sized for every block the chats save (twice over). */
+      uint64_t token_bytes = (uint64_t)ro.num_layers * 2 * ro.num_kv_heads * ro.head_dim * 2;
+      uint64_t unique = (uint64_t)o.system_tokens +
+                        (uint64_t)o.conversations * o.turns * (o.turn_tokens + o.new_tokens) + 16;
+      pool_bytes = 2 * unique * token_bytes + (256ull << 20);
+      ho.device = (int32_t)o.device;
+    } else {
+      ho.flags = OI_HOST_NO_PIN;
+    }
+    ho.pool_bytes = pool_bytes;
     if (oi_offload_host_create(&ho, &host) != OI_OK) goto fail;
   }
   if (make_executor(&o, &ops, model, sidecar ? OI_OFFLOAD_SIDECAR : OI_OFFLOAD_EMBEDDED, host, &warm) != OI_OK ||
@@ -150,8 +231,21 @@ int cmd_demo(int argc, char **argv) {
     goto fail;
 
   printf("openinfer demo — libopeninfer %s\n", oi_version_string());
-  printf("reference model: %ld layers, hidden %ld, vocab %ld (cpu, float32 KV); %ld ranks, host tier %s\n",
-         o.layers, o.hidden, o.vocab, o.ranks, sidecar ? "in a sidecar server" : "embedded, shared by every rank");
+  if (!gpu) {
+    printf("reference model: %ld layers, hidden %ld, vocab %ld (cpu, float32 KV); %ld ranks, host tier %s\n",
+           o.layers, o.hidden, o.vocab, o.ranks, sidecar ? "in a sidecar server" : "embedded, shared by every rank");
+  } else {
+    oi_device_info info = {.struct_size = sizeof info};
+    oi_device_get_info((int)o.device, &info);
+    printf("reference model: CUDA, %s%ld layers, hidden %ld, %u q / %u kv heads x %u, MLP %u, vocab %ld, bf16 "
+           "weights and KV\n",
+           o.hidden == 2560 ? "Qwen3-4B shape: " : "", o.layers, o.hidden, ro.num_q_heads, ro.num_kv_heads,
+           ro.head_dim, ro.intermediate, o.vocab);
+    printf("device %ld (%s); %ld ranks on it, host tier %s",
+           o.device, info.name, o.ranks, sidecar ? "in a sidecar server" : "embedded, shared by every rank");
+    if (!sidecar) printf(", %.1f GiB pinned", (double)pool_bytes / (1ull << 30));
+    printf(" (setup %.2f s)\n", (double)(oi__now_ns() - t_setup) / 1e9);
+  }
   printf("%ld chats x %ld turns: %ld-token shared system prompt, +%ld user tokens and %ld generated per turn\n\n",
          o.conversations, o.turns, o.system_tokens, o.turn_tokens, o.new_tokens);
 

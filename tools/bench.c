@@ -136,7 +136,7 @@ static void print_table(const bench_host_result *r, const verdicts *v, int cpus)
          "<= 64 B", pf(v->overhead));
   printf("    = (%zu B host_block x %s carved slots + %s buckets x %zu B) / %s blocks\n",
          r->record_bytes, grouped(r->slots_carved, a, sizeof a), grouped(r->buckets, b, sizeof b),
-         sizeof(void *), grouped(r->index_blocks, c, sizeof c));
+         r->bucket_bytes, grouped(r->index_blocks, c, sizeof c));
   printf("    (%u shards; free slots are chained through their records)\n\n", r->shards);
 
   printf("2. query of %u hashes, in process, %s queries each\n", r->query_blocks,
@@ -195,11 +195,11 @@ static void print_json(const bench_host_result *r, const verdicts *v, int cpus, 
          ",\"index_fill_blocks_per_s\":%.1f,\"index_lookups\":%llu,\"index_lookups_per_s\":%.1f"
          ",\"index_lookup_threads\":1,\"index_overhead_bytes_per_block\":%.3f"
          ",\"index_record_bytes\":%zu,\"index_slots_carved\":%llu,\"index_buckets\":%llu"
-         ",\"index_shards\":%u",
+         ",\"index_bucket_bytes\":%zu,\"index_shards\":%u",
          (unsigned long long)r->index_blocks, (unsigned long long)r->index_block_bytes, r->fill_s,
          r->fill_blocks_per_s, (unsigned long long)r->lookups, r->lookups_per_s,
          r->overhead_per_block, r->record_bytes, (unsigned long long)r->slots_carved,
-         (unsigned long long)r->buckets, r->shards);
+         (unsigned long long)r->buckets, r->bucket_bytes, r->shards);
   printf(",\"query_blocks\":%u,\"query_samples\":%u", r->query_blocks, r->query_samples);
   json_lat("query_hit_run", r->query_hit_run);
   json_lat("query_hit_scattered", r->query_hit_scattered);

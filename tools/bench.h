@@ -36,6 +36,7 @@ typedef struct bench_host_result {
   uint64_t buckets;            /* over every shard */
   uint32_t shards;
   size_t record_bytes;         /* sizeof(host_block) */
+  size_t bucket_bytes;         /* bytes of one bucket head */
   double overhead_per_block;   /* (records + buckets) / resident blocks */
   /* 2. query */
   uint32_t query_blocks;

@@ -187,8 +187,10 @@ static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_res
   r->buckets = buckets;
   r->shards = h->nshards;
   r->record_bytes = sizeof(host_block);
+  r->bucket_bytes = sizeof *h->shards[0].buckets;
   r->overhead_per_block =
-      (double)(slots * sizeof(host_block) + buckets * sizeof(host_block *)) / (double)resident;
+      (double)(slots * sizeof(host_block) + buckets * sizeof *h->shards[0].buckets) /
+      (double)resident;
 }
 
 typedef enum { Q_HIT_RUN, Q_HIT_SCATTERED, Q_MISS, Q_MEMBERSHIP_MISS } query_kind;

@@ -290,7 +290,7 @@ static oi_status queue_copies(local_engine *e, oi_stream *s, oi_copy_dir dir, co
   uint8_t *stack_data[64] = {0};
   uint8_t **datas = n <= 64 ? stack_data : oi__malloc(n * sizeof *datas);
   if (!datas) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a copy plan");
-  for (size_t i = 0; i < n; i++) datas[i] = blocks[i]->data;
+  for (size_t i = 0; i < n; i++) datas[i] = oi__block_data(e->host, blocks[i]);
   oi_copy_desc *descs = NULL;
   size_t nd = 0;
   oi_status st = oi__plan_build(&e->base.layout, ids, datas, n, dir, &descs, &nd);
@@ -409,9 +409,10 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const o
   oi__index_prefetch(h, e->ns, hashes, n);
   if (opt->wait_event) st = e->dev->ops->stream_wait_event(e->save_stream, opt->wait_event);
   for (size_t i = 0; i < n; i++) {
-    index_shard *s = oi__index_shard(h, e->ns, &hashes[i]);
+    uint64_t key = oi__index_key(e->ns, &hashes[i]);
+    index_shard *s = oi__index_shard_of(h, key);
     pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_locked(s, e->ns, &hashes[i]);
+    host_block *b = oi__index_find_key_locked(s, key, e->ns, &hashes[i]);
     if (b) {
       bool in_flight = b->state == BLOCK_IN_FLIGHT;
       if (b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0) {
@@ -512,9 +513,10 @@ static oi_status local_query(oi_offload_engine *base, const char *req_id,
   oi__index_prefetch(h, e->ns, hashes, n);
   if (flags & OI_QUERY_MEMBERSHIP) {
     for (size_t i = 0; i < n; i++) {
-      index_shard *s = oi__index_shard(h, e->ns, &hashes[i]);
+      uint64_t key = oi__index_key(e->ns, &hashes[i]);
+      index_shard *s = oi__index_shard_of(h, key);
       pthread_mutex_lock(&s->lock);
-      host_block *b = oi__index_find_locked(s, e->ns, &hashes[i]);
+      host_block *b = oi__index_find_key_locked(s, key, e->ns, &hashes[i]);
       bool hit = b && b->state == BLOCK_SEALED;
       pthread_mutex_unlock(&s->lock);
       r.present[i] = hit;
@@ -526,9 +528,10 @@ static oi_status local_query(oi_offload_engine *base, const char *req_id,
     size_t hits = 0;
     pin_tally tally = {0, 0};
     for (; hits < n; hits++) {
-      index_shard *s = oi__index_shard(h, e->ns, &hashes[hits]);
+      uint64_t key = oi__index_key(e->ns, &hashes[hits]);
+      index_shard *s = oi__index_shard_of(h, key);
       pthread_mutex_lock(&s->lock);
-      host_block *b = oi__index_find_locked(s, e->ns, &hashes[hits]);
+      host_block *b = oi__index_find_key_locked(s, key, e->ns, &hashes[hits]);
       bool hit = b && b->state == BLOCK_SEALED;
       if (hit) oi__block_pin_locked(s, b, &tally);
       pthread_mutex_unlock(&s->lock);

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "device/device.h"
 #include "openinfer/host.h"
@@ -23,8 +24,13 @@ typedef enum block_state {
   BLOCK_SEALED = 2,
 } block_state;
 
+/* Records are named inside the index by 32-bit ids: (chunk << slot_bits) |
+ * slot. OI_NIL names none. */
+#define OI_NIL UINT32_MAX
+
 /* One host block slot. While indexed, (ns, hash) names it in shard `shard`.
- * It is on its shard's LRU list iff sealed, unpinned and not loading. */
+ * It is on its shard's LRU list iff sealed, unpinned and not loading. Its
+ * bytes are computed from its id (oi__block_data). */
 typedef struct host_block {
   oi_block_hash hash;
   uint32_t ns;
@@ -33,24 +39,27 @@ typedef struct host_block {
   uint16_t shard;
   uint32_t pins;    /* leases naming it */
   uint32_t loading; /* loads reading it */
+  uint32_t id;      /* this record's id */
+  uint32_t bucket_next; /* ids, OI_NIL for none */
+  uint32_t lru_prev, lru_next;
   uint64_t last_used;
-  struct host_block *bucket_next;
-  struct host_block *lru_prev, *lru_next;
-  uint8_t *data;
 } host_block;
+
+struct oi_offload_host;
 
 typedef struct index_shard {
   pthread_mutex_t lock;
-  host_block **buckets;
+  uint32_t *buckets; /* record ids, OI_NIL for empty */
   size_t nbuckets, count;
-  host_block *lru_head[OI_MAX_SIZE_CLASSES], *lru_tail[OI_MAX_SIZE_CLASSES];
+  struct oi_offload_host *host;
+  uint32_t lru_head[OI_MAX_SIZE_CLASSES], lru_tail[OI_MAX_SIZE_CLASSES];
 } __attribute__((aligned(64))) index_shard;
 
 typedef struct size_class {
   pthread_mutex_t lock;
   uint64_t block_bytes;
   uint64_t slot_bytes;
-  host_block *free_head; /* free slots, chained through bucket_next (they are in no index) */
+  uint32_t free_head; /* free slots' ids, chained through bucket_next (they are in no index) */
   size_t nfree;
   atomic_uint_fast64_t slots; /* carved slots */
   atomic_uint_fast64_t resident; /* in flight or sealed */
@@ -107,6 +116,7 @@ struct oi_offload_host {
   pthread_mutex_t chunk_lock;
   pool_chunk *chunks;
   uint32_t nchunks;
+  uint32_t slot_bits; /* record id = (chunk << slot_bits) | slot */
   uint64_t chunk_bytes;
 
   pthread_mutex_t class_lock; /* creation of size classes */
@@ -146,6 +156,16 @@ struct oi_offload_host {
   _Atomic(atomic_uint_fast64_t *) ns_resident[OI_NS_PAGES];
 };
 
+/* The record named by id (not OI_NIL). Its chunk's record table is stable
+ * while any of its slots is allocated. */
+static inline host_block *oi__rec(const oi_offload_host *h, uint32_t id) {
+  return h->chunks[id >> h->slot_bits].records + (id & ((1u << h->slot_bits) - 1));
+}
+static inline uint8_t *oi__block_data(const oi_offload_host *h, const host_block *b) {
+  return (uint8_t *)h->pool.host + (uint64_t)(b->id >> h->slot_bits) * h->chunk_bytes +
+         (uint64_t)(b->id & ((1u << h->slot_bits) - 1)) * h->classes[b->cls].slot_bytes;
+}
+
 /* Adds `d` (may be negative, two's complement) to namespace `ns`'s resident
  * blocks. `ns` is a namespace id (1-based). */
 static inline void oi__ns_resident_add(oi_offload_host *h, uint32_t ns, uint64_t d) {
@@ -184,8 +204,25 @@ void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n);
 /* ---- index (index.c) ---- */
 oi_status oi__index_init(oi_offload_host *h);
 void oi__index_fini(oi_offload_host *h);
+/* The index's hash of a key: picks the shard (high bits) and the bucket (low bits). */
+static inline uint64_t oi__index_key(uint32_t ns, const oi_block_hash *h) {
+  uint64_t a, b;
+  memcpy(&a, h->bytes, 8);
+  memcpy(&b, h->bytes + 8, 8);
+  uint64_t x = a ^ (b * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)ns * 0xC2B2AE3D27D4EB4Full);
+  x ^= x >> 33;
+  x *= 0xFF51AFD7ED558CCDull;
+  x ^= x >> 33;
+  return x;
+}
+static inline index_shard *oi__index_shard_of(oi_offload_host *h, uint64_t key) {
+  return &h->shards[(key >> 48) & (h->nshards - 1)];
+}
 index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash);
 host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_hash *hash);
+/* As oi__index_find_locked, given key = oi__index_key(ns, hash). */
+host_block *oi__index_find_key_locked(index_shard *s, uint64_t key, uint32_t ns,
+                                      const oi_block_hash *hash);
 /* Prefetches what looking up `hashes` will touch (a hint; takes no lock). */
 void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n);
 void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b);

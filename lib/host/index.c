@@ -7,15 +7,12 @@
 
 #define INITIAL_BUCKETS 256
 
-static inline uint64_t key_hash(uint32_t ns, const oi_block_hash *h) {
-  uint64_t a, b;
-  memcpy(&a, h->bytes, 8);
-  memcpy(&b, h->bytes + 8, 8);
-  uint64_t x = a ^ (b * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)ns * 0xC2B2AE3D27D4EB4Full);
-  x ^= x >> 33;
-  x *= 0xFF51AFD7ED558CCDull;
-  x ^= x >> 33;
-  return x;
+#define key_hash oi__index_key
+
+static uint32_t *alloc_buckets(size_t nb) {
+  uint32_t *b = oi__malloc(nb * sizeof *b);
+  if (b) memset(b, 0xFF, nb * sizeof *b); /* OI_NIL */
+  return b;
 }
 
 oi_status oi__index_init(oi_offload_host *h) {
@@ -26,8 +23,10 @@ oi_status oi__index_init(oi_offload_host *h) {
   for (uint32_t i = 0; i < h->nshards; i++) {
     index_shard *s = &h->shards[i];
     pthread_mutex_init(&s->lock, NULL);
+    s->host = h;
+    for (int c = 0; c < OI_MAX_SIZE_CLASSES; c++) s->lru_head[c] = s->lru_tail[c] = OI_NIL;
     s->nbuckets = INITIAL_BUCKETS;
-    s->buckets = oi__calloc(s->nbuckets, sizeof *s->buckets);
+    s->buckets = alloc_buckets(s->nbuckets);
     if (!s->buckets) {
       h->nshards = i + 1;
       oi__index_fini(h);
@@ -61,7 +60,7 @@ void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *ha
   for (size_t i = 0; i < n; i++) {
     uint64_t k = key_hash(ns, &hashes[i]);
     index_shard *s = &h->shards[(k >> 48) & (h->nshards - 1)];
-    host_block **buckets = __atomic_load_n(&s->buckets, __ATOMIC_RELAXED);
+    uint32_t *buckets = __atomic_load_n(&s->buckets, __ATOMIC_RELAXED);
     size_t nb = __atomic_load_n(&s->nbuckets, __ATOMIC_RELAXED);
     __builtin_prefetch(&s->lock, 1);
     __builtin_prefetch(&buckets[k & (nb - 1)]);
@@ -69,25 +68,36 @@ void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *ha
 }
 
 host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_hash *hash) {
-  host_block *b = s->buckets[key_hash(ns, hash) & (s->nbuckets - 1)];
-  for (; b; b = b->bucket_next)
+  return oi__index_find_key_locked(s, key_hash(ns, hash), ns, hash);
+}
+
+host_block *oi__index_find_key_locked(index_shard *s, uint64_t key, uint32_t ns,
+                                      const oi_block_hash *hash) {
+  oi_offload_host *h = s->host;
+  uint32_t id = s->buckets[key & (s->nbuckets - 1)];
+  while (id != OI_NIL) {
+    host_block *b = oi__rec(h, id);
     if (b->ns == ns && memcmp(b->hash.bytes, hash->bytes, sizeof hash->bytes) == 0) return b;
+    id = b->bucket_next;
+  }
   return NULL;
 }
 
 static void grow_locked(index_shard *s) {
+  oi_offload_host *h = s->host;
   size_t nb = s->nbuckets * 2;
-  host_block **buckets = oi__calloc(nb, sizeof *buckets);
+  uint32_t *buckets = alloc_buckets(nb);
   if (!buckets) return; /* stay at the current size: longer chains, still correct */
   for (size_t i = 0; i < s->nbuckets; i++) {
-    for (host_block *b = s->buckets[i], *next; b; b = next) {
+    for (uint32_t id = s->buckets[i], next; id != OI_NIL; id = next) {
+      host_block *b = oi__rec(h, id);
       next = b->bucket_next;
       size_t k = key_hash(b->ns, &b->hash) & (nb - 1);
       b->bucket_next = buckets[k];
-      buckets[k] = b;
+      buckets[k] = id;
     }
   }
-  host_block **old = s->buckets;
+  uint32_t *old = s->buckets;
   /* Relaxed atomic stores: oi__index_prefetch reads these without the lock. */
   __atomic_store_n(&s->buckets, buckets, __ATOMIC_RELAXED);
   __atomic_store_n(&s->nbuckets, nb, __ATOMIC_RELAXED);
@@ -98,43 +108,45 @@ void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b) 
   if (s->count >= s->nbuckets) grow_locked(s);
   size_t k = key_hash(b->ns, &b->hash) & (s->nbuckets - 1);
   b->bucket_next = s->buckets[k];
-  s->buckets[k] = b;
+  s->buckets[k] = b->id;
   b->shard = (uint16_t)(s - h->shards);
   s->count++;
 }
 
 void oi__index_remove_locked(index_shard *s, host_block *b) {
-  host_block **link = &s->buckets[key_hash(b->ns, &b->hash) & (s->nbuckets - 1)];
-  while (*link && *link != b) link = &(*link)->bucket_next;
-  if (*link) {
+  oi_offload_host *h = s->host;
+  uint32_t *link = &s->buckets[key_hash(b->ns, &b->hash) & (s->nbuckets - 1)];
+  while (*link != OI_NIL && *link != b->id) link = &oi__rec(h, *link)->bucket_next;
+  if (*link != OI_NIL) {
     *link = b->bucket_next;
     s->count--;
   }
-  b->bucket_next = NULL;
+  b->bucket_next = OI_NIL;
 }
 
 void oi__lru_push_locked(index_shard *s, host_block *b) {
   int c = b->cls;
-  b->lru_prev = NULL;
+  b->lru_prev = OI_NIL;
   b->lru_next = s->lru_head[c];
-  if (s->lru_head[c]) s->lru_head[c]->lru_prev = b;
-  s->lru_head[c] = b;
-  if (!s->lru_tail[c]) s->lru_tail[c] = b;
+  if (s->lru_head[c] != OI_NIL) oi__rec(s->host, s->lru_head[c])->lru_prev = b->id;
+  s->lru_head[c] = b->id;
+  if (s->lru_tail[c] == OI_NIL) s->lru_tail[c] = b->id;
 }
 
 void oi__lru_remove_locked(index_shard *s, host_block *b) {
+  oi_offload_host *h = s->host;
   int c = b->cls;
-  if (b->lru_prev)
-    b->lru_prev->lru_next = b->lru_next;
-  else if (s->lru_head[c] == b)
+  if (b->lru_prev != OI_NIL)
+    oi__rec(h, b->lru_prev)->lru_next = b->lru_next;
+  else if (s->lru_head[c] == b->id)
     s->lru_head[c] = b->lru_next;
   else
     return; /* not on the list */
-  if (b->lru_next)
-    b->lru_next->lru_prev = b->lru_prev;
+  if (b->lru_next != OI_NIL)
+    oi__rec(h, b->lru_next)->lru_prev = b->lru_prev;
   else
     s->lru_tail[c] = b->lru_prev;
-  b->lru_prev = b->lru_next = NULL;
+  b->lru_prev = b->lru_next = OI_NIL;
 }
 
 static inline bool evictable(const host_block *b) {
@@ -181,8 +193,9 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
       pthread_mutex_lock(&s->lock);
       for (uint32_t c = 0; c < nclasses; c++) {
         if (cls >= 0 && (int)c != cls) continue;
-        host_block *t = s->lru_tail[c];
-        if (t && t->last_used < best_time) {
+        if (s->lru_tail[c] == OI_NIL) continue;
+        host_block *t = oi__rec(h, s->lru_tail[c]);
+        if (t->last_used < best_time) {
           best = s;
           best_cls = (int)c;
           best_time = t->last_used;
@@ -194,8 +207,9 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
     size_t before = got;
     pthread_mutex_lock(&best->lock);
     for (int r = 0; r < EVICT_RUN && got < want; r++) {
-      host_block *t = best->lru_tail[best_cls];
-      if (!t || !evictable(t)) break;
+      if (best->lru_tail[best_cls] == OI_NIL) break;
+      host_block *t = oi__rec(h, best->lru_tail[best_cls]);
+      if (!evictable(t)) break;
       oi__lru_remove_locked(best, t);
       oi__index_remove_locked(best, t);
       t->state = BLOCK_FREE;

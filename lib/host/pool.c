@@ -25,12 +25,24 @@ oi_status oi__pool_init(oi_offload_host *h) {
                     (unsigned long long)h->chunk_bytes, OI_SLOT_ALIGN,
                     (unsigned long long)h->capacity);
   h->nchunks = (uint32_t)(h->capacity / h->chunk_bytes);
+  /* Record ids are (chunk << slot_bits) | slot in 31 bits (OI_NIL stays free).
+   * Only a pool of more than 2^31 minimum slots caps a chunk's slots. */
+  uint32_t cbits = 0, sbits = 0;
+  while (cbits < 32 && (1ull << cbits) < h->nchunks) cbits++;
+  while (sbits < 31 && (1ull << sbits) < h->chunk_bytes / OI_SLOT_ALIGN) sbits++;
+  if (cbits > 31)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host: too many chunks (raise chunk_bytes)");
+  if (cbits + sbits > 31) sbits = 31 - cbits;
+  h->slot_bits = sbits;
   h->chunks = oi__calloc(h->nchunks, sizeof *h->chunks);
   if (!h->chunks) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host: out of memory for the chunk table");
   for (uint32_t i = 0; i < h->nchunks; i++) h->chunks[i].cls = -1;
   pthread_mutex_init(&h->chunk_lock, NULL);
   pthread_mutex_init(&h->class_lock, NULL);
-  for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++) pthread_mutex_init(&h->classes[i].lock, NULL);
+  for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++) {
+    pthread_mutex_init(&h->classes[i].lock, NULL);
+    h->classes[i].free_head = OI_NIL;
+  }
   return OI_OK;
 }
 
@@ -74,17 +86,16 @@ oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t 
 
 static inline void push_free_locked(size_class *c, host_block *b) {
   b->bucket_next = c->free_head;
-  c->free_head = b;
+  c->free_head = b->id;
   c->nfree++;
 }
 
-static inline host_block *pop_free_locked(size_class *c) {
-  host_block *b = c->free_head;
-  if (b) {
-    c->free_head = b->bucket_next;
-    b->bucket_next = NULL;
-    c->nfree--;
-  }
+static inline host_block *pop_free_locked(oi_offload_host *h, size_class *c) {
+  if (c->free_head == OI_NIL) return NULL;
+  host_block *b = oi__rec(h, c->free_head);
+  c->free_head = b->bucket_next;
+  b->bucket_next = OI_NIL;
+  c->nfree--;
   return b;
 }
 
@@ -103,16 +114,18 @@ static bool carve_chunk(oi_offload_host *h, uint32_t cls) {
     return false;
   }
   pool_chunk *ch = &h->chunks[idx];
-  uint32_t nslots = (uint32_t)(h->chunk_bytes / c->slot_bytes);
+  uint64_t nslots64 = h->chunk_bytes / c->slot_bytes;
+  if (nslots64 > (1ull << h->slot_bits)) nslots64 = 1ull << h->slot_bits;
+  uint32_t nslots = (uint32_t)nslots64;
   host_block *recs = oi__calloc(nslots, sizeof *recs);
   if (!recs) {
     pthread_mutex_unlock(&h->chunk_lock);
     return false;
   }
-  uint8_t *base = (uint8_t *)h->pool.host + (uint64_t)idx * h->chunk_bytes;
   for (uint32_t i = 0; i < nslots; i++) {
     recs[i].cls = (uint8_t)cls;
-    recs[i].data = base + (uint64_t)i * c->slot_bytes;
+    recs[i].id = (idx << h->slot_bits) | i;
+    recs[i].bucket_next = recs[i].lru_prev = recs[i].lru_next = OI_NIL;
   }
   ch->cls = (int)cls;
   ch->nslots = nslots;
@@ -136,16 +149,17 @@ static bool reclaim_free_chunk(oi_offload_host *h, uint32_t for_cls) {
     if (ch->cls < 0 || (uint32_t)ch->cls == for_cls) continue;
     size_class *c = &h->classes[ch->cls];
     pthread_mutex_lock(&c->lock);
-    host_block *lo = ch->records, *hi = ch->records + ch->nslots;
     size_t in_chunk = 0;
-    for (host_block *b = c->free_head; b; b = b->bucket_next) in_chunk += b >= lo && b < hi;
+    for (uint32_t id = c->free_head; id != OI_NIL; id = oi__rec(h, id)->bucket_next)
+      in_chunk += (id >> h->slot_bits) == i;
     if (in_chunk == ch->nslots) {
-      host_block **link = &c->free_head;
-      while (*link) {
-        if (*link >= lo && *link < hi)
-          *link = (*link)->bucket_next;
+      uint32_t *link = &c->free_head;
+      while (*link != OI_NIL) {
+        host_block *b = oi__rec(h, *link);
+        if ((*link >> h->slot_bits) == i)
+          *link = b->bucket_next;
         else
-          link = &(*link)->bucket_next;
+          link = &b->bucket_next;
       }
       c->nfree -= in_chunk;
       atomic_fetch_sub(&c->slots, ch->nslots);
@@ -169,7 +183,7 @@ size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_
   if (OI_FAULT(OI_FAULT_HOST_ALLOC, NULL)) return 0;
   for (;;) {
     pthread_mutex_lock(&c->lock);
-    while (got < want && c->free_head) out[got++] = pop_free_locked(c);
+    while (got < want && c->free_head != OI_NIL) out[got++] = pop_free_locked(h, c);
     pthread_mutex_unlock(&c->lock);
     if (got == want) break;
     if (!carve_chunk(h, cls) && !(reclaim_free_chunk(h, cls) && carve_chunk(h, cls))) break;

@@ -62,7 +62,7 @@ check("filling index:" in p.stderr and "%" in p.stderr, "fill progress on stderr
 positive = [
     "cpus", "index_blocks", "index_block_bytes", "index_fill_s", "index_fill_blocks_per_s",
     "index_lookups", "index_lookups_per_s", "index_overhead_bytes_per_block", "index_record_bytes",
-    "index_slots_carved", "index_buckets", "index_shards", "query_blocks", "query_samples",
+    "index_slots_carved", "index_buckets", "index_bucket_bytes", "index_shards", "query_blocks", "query_samples",
     "save_call_blocks", "save_block_bytes", "save_samples", "batch_bytes", "batch_blocks",
     "batch_arenas", "batch_arena_block_bytes", "batch_save_gbps", "batch_load_gbps",
     "memcpy_to_host_gbps", "memcpy_from_host_gbps", "memcpy_pieces_to_host_gbps",
@@ -94,7 +94,7 @@ if r:
               "fill rate = blocks / seconds")
         check(r["index_slots_carved"] >= r["index_blocks"], "at least one carved slot per resident block")
         # The overhead figure is its definition applied to the reported parts.
-        want = (r["index_record_bytes"] * r["index_slots_carved"] + 8 * r["index_buckets"]) / r["index_blocks"]
+        want = (r["index_record_bytes"] * r["index_slots_carved"] + r["index_bucket_bytes"] * r["index_buckets"]) / r["index_blocks"]
         check(close(r["index_overhead_bytes_per_block"], want),
               f"overhead {r['index_overhead_bytes_per_block']} == (records + buckets) / blocks {want:.3f}")
         for name in ("query_hit_run", "query_hit_scattered", "query_miss", "query_membership_miss",

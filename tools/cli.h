@@ -19,6 +19,10 @@ int bench_ttft(int argc, char **argv);
 
 /* Parses "64", "64K", "2M", "1G" (binary units). */
 bool cli_parse_size(const char *s, uint64_t *out);
+/* Prints "<cmd>: bad value 'ARG' for --NAME" for the long option whose val is `c`. */
+struct option;
+void cli_bad_value(const char *cmd, const struct option *longopts, int c, const char *arg);
+
 /* Parses a decimal integer in [lo, hi]. */
 bool cli_parse_int(const char *s, long lo, long hi, long *out);
 

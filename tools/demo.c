@@ -214,10 +214,7 @@ static bool parse_demo_opts(int argc, char **argv, demo_opts *o, int *rc) {
     default: demo_usage(stderr); *rc = CLI_USAGE; return false;
     }
     if (!ok) {
-      const char *name = "?";
-      for (const struct option *lo = longopts; lo->name; lo++)
-        if (lo->val == c) name = lo->name;
-      fprintf(stderr, "openinfer demo: bad value '%s' for --%s\n", optarg, name);
+      cli_bad_value("openinfer demo", longopts, c, optarg);
       *rc = CLI_USAGE;
       return false;
     }

@@ -125,10 +125,7 @@ int cmd_demo(int argc, char **argv) {
     default: usage(stderr); return CLI_USAGE;
     }
     if (!ok) {
-      const char *name = "?";
-      for (const struct option *lo = longopts; lo->name; lo++)
-        if (lo->val == c) name = lo->name;
-      fprintf(stderr, "openinfer demo: bad value '%s' for --%s\n", optarg, name);
+      cli_bad_value("openinfer demo", longopts, c, optarg);
       return CLI_USAGE;
     }
     if (c == 's') o.set |= 1u << 0;

@@ -1,6 +1,7 @@
 /* `openinfer`: the command-line front end (demo, bench, and later serve,
  * stats). Subcommands dispatch from a table; unknown ones exit 2. */
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,13 @@ bool cli_parse_size(const char *s, uint64_t *out) {
   if (shift && v > (UINT64_MAX >> shift)) return false;
   *out = (uint64_t)v << shift;
   return true;
+}
+
+void cli_bad_value(const char *cmd, const struct option *longopts, int c, const char *arg) {
+  const char *name = "?";
+  for (const struct option *lo = longopts; lo->name; lo++)
+    if (lo->val == c) name = lo->name;
+  fprintf(stderr, "%s: bad value '%s' for --%s\n", cmd, arg, name);
 }
 
 bool cli_parse_int(const char *s, long lo, long hi, long *out) {

@@ -232,6 +232,31 @@ static int query_latency(oi_offload_engine *e, uint64_t n, query_kind kind, uint
   return 0;
 }
 
+#define INDEX_NAMESPACE "bench-index"
+
+/* A host and one cpu engine over a single arena of `blocks` blocks at `base`
+ * (the index and save phases). On failure *h / *e hold what was created. */
+static int open_one_arena(const oi_host_options *ho, uint8_t *base, uint64_t blocks,
+                          uint64_t block_bytes, const char *ns, oi_offload_host **h,
+                          oi_offload_engine **e) {
+  if (oi_offload_host_create(ho, h) != OI_OK) return fail_api("host create");
+  oi_arena_desc ad = {.name = "kv",
+                      .base = base,
+                      .num_blocks = blocks,
+                      .bytes_per_block = block_bytes,
+                      .block_stride = block_bytes,
+                      .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.device = OI_DEVICE_CPU;
+  eo.namespace_id = ns;
+  eo.instance_name = "bench";
+  eo.num_arenas = 1;
+  eo.arenas = &ad;
+  if (oi_offload_engine_create(*h, &eo, e) != OI_OK) return fail_api("engine create");
+  return 0;
+}
+
 static int phase_index(const bench_host_config *cfg, bench_host_result *r) {
   uint64_t n = cfg->index_blocks;
   r->index_blocks = n;
@@ -252,31 +277,12 @@ static int phase_index(const bench_host_config *cfg, bench_host_result *r) {
   fprintf(stderr, "index: mapping a %.2f GiB pool for %llu blocks of %llu B\n",
           (double)ho.pool_bytes / (1ull << 30), (unsigned long long)n,
           (unsigned long long)INDEX_BLOCK_BYTES);
-  if (oi_offload_host_create(&ho, &h) != OI_OK) {
-    fail_api("host create");
+  if (open_one_arena(&ho, arena, INDEX_ARENA_BLOCKS, INDEX_BLOCK_BYTES, INDEX_NAMESPACE, &h, &e) != 0)
     goto out;
-  }
-  oi_arena_desc ad = {.name = "kv",
-                      .base = arena,
-                      .num_blocks = INDEX_ARENA_BLOCKS,
-                      .bytes_per_block = INDEX_BLOCK_BYTES,
-                      .block_stride = INDEX_BLOCK_BYTES,
-                      .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.device = OI_DEVICE_CPU;
-  eo.namespace_id = "bench-index";
-  eo.instance_name = "bench";
-  eo.num_arenas = 1;
-  eo.arenas = &ad;
-  if (oi_offload_engine_create(h, &eo, &e) != OI_OK) {
-    fail_api("engine create");
-    goto out;
-  }
   if (index_fill(h, e, n, r) != 0) goto out;
 
   uint32_t nsid;
-  if (namespace_id(h, eo.namespace_id, &nsid) != 0) {
+  if (namespace_id(h, INDEX_NAMESPACE, &nsid) != 0) {
     fail_msg("index: the namespace is not registered (bug)");
     goto out;
   }
@@ -325,27 +331,7 @@ static int phase_save(const bench_host_config *cfg, bench_host_result *r) {
     goto out;
   }
   memset(arena, 0xa5, SAVE_ARENA_BLOCKS * SAVE_BLOCK_BYTES);
-  if (oi_offload_host_create(&ho, &h) != OI_OK) {
-    fail_api("host create");
-    goto out;
-  }
-  oi_arena_desc ad = {.name = "kv",
-                      .base = arena,
-                      .num_blocks = SAVE_ARENA_BLOCKS,
-                      .bytes_per_block = SAVE_BLOCK_BYTES,
-                      .block_stride = SAVE_BLOCK_BYTES,
-                      .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.device = OI_DEVICE_CPU;
-  eo.namespace_id = "bench-save";
-  eo.instance_name = "bench";
-  eo.num_arenas = 1;
-  eo.arenas = &ad;
-  if (oi_offload_engine_create(h, &eo, &e) != OI_OK) {
-    fail_api("engine create");
-    goto out;
-  }
+  if (open_one_arena(&ho, arena, SAVE_ARENA_BLOCKS, SAVE_BLOCK_BYTES, "bench-save", &h, &e) != 0) goto out;
   int64_t ids[CALL_BLOCKS];
   oi_block_hash hashes[CALL_BLOCKS];
   uint64_t next = 0, calls = 0;

@@ -173,13 +173,13 @@ static struct timespec abs_timespec(uint64_t deadline_ns) {
                            .tv_nsec = (long)(deadline_ns % 1000000000ull)};
 }
 
-/* Sends `env` and waits up to timeout_ms (UINT32_MAX: for as long as the
- * connection lives) for its reply, which lands in p->reply. A Result with an
- * error becomes this call's status and message. */
-static oi_status call(remote_engine *e, oiwire_Envelope *env, const oi_wire_out *out, pending *p,
-                      uint32_t timeout_ms, const char *what) {
-  p->kind = PEND_CALL;
-  p->done = false;
+/* Registers `p` as pending and sends `env` with p's request id. On failure
+ * *taken says whether the reader had already taken p (it completes p, e.g.
+ * because the connection was lost); otherwise p is referenced by nothing and
+ * belongs to the caller again. */
+static oi_status send_pending(remote_engine *e, oiwire_Envelope *env, const oi_wire_out *out,
+                              pending *p, const char *what, bool *taken) {
+  *taken = false;
   pthread_mutex_lock(&e->lock);
   if (e->state == CONN_DEAD) {
     pthread_mutex_unlock(&e->lock);
@@ -193,10 +193,23 @@ static oi_status call(remote_engine *e, oiwire_Envelope *env, const oi_wire_out 
     char msg[256];
     snprintf(msg, sizeof msg, "%s", oi_last_error());
     pthread_mutex_lock(&e->lock);
-    pending_remove_if_present_locked(e, p);
+    *taken = !pending_remove_if_present_locked(e, p);
     pthread_mutex_unlock(&e->lock);
     return oi__fail(st, "%s: %s", what, msg);
   }
+  return OI_OK;
+}
+
+/* Sends `env` and waits up to timeout_ms (UINT32_MAX: for as long as the
+ * connection lives) for its reply, which lands in p->reply. A Result with an
+ * error becomes this call's status and message. */
+static oi_status call(remote_engine *e, oiwire_Envelope *env, const oi_wire_out *out, pending *p,
+                      uint32_t timeout_ms, const char *what) {
+  p->kind = PEND_CALL;
+  p->done = false;
+  bool taken;
+  oi_status st = send_pending(e, env, out, p, what, &taken);
+  if (st != OI_OK) return st;
   uint64_t deadline = oi__deadline_ns(timeout_ms);
   struct timespec ts = abs_timespec(deadline);
   pthread_mutex_lock(&e->lock);
@@ -386,36 +399,17 @@ static oi_status submit_async(remote_engine *e, pending_kind kind, oiwire_Envelo
   p->on_done = on_done;
   p->on_done_ctx = on_done_ctx;
   p->deadline_ns = deadline_ms ? oi__deadline_ns(deadline_ms) : UINT64_MAX;
-  pthread_mutex_lock(&e->lock);
-  if (e->state == CONN_DEAD) {
-    pthread_mutex_unlock(&e->lock);
+  bool taken;
+  oi_status st = send_pending(e, env, out, p, what, &taken);
+  if (st != OI_OK && !taken) { /* nobody will complete it: the caller gets the error instead */
     oi__free(p);
     if (t) {
       oi__ticket_unref(t);
       oi__ticket_unref(t);
     }
-    return closed_error(e, what);
+    return st;
   }
-  pending_insert_locked(e, p);
-  pthread_mutex_unlock(&e->lock);
-  env->request_id = p->id;
-  oi_status st = send_envelope(e, env, out);
-  if (st != OI_OK) {
-    char msg[256];
-    snprintf(msg, sizeof msg, "%s", oi_last_error());
-    pthread_mutex_lock(&e->lock);
-    bool mine = pending_remove_if_present_locked(e, p);
-    pthread_mutex_unlock(&e->lock);
-    if (mine) { /* nobody completed it: the caller gets the error instead */
-      oi__free(p);
-      if (t) {
-        oi__ticket_unref(t);
-        oi__ticket_unref(t);
-      }
-      return oi__fail(st, "%s: %s", what, msg);
-    }
-    /* The reader already failed it (connection lost): the ticket says so. */
-  }
+  /* Sent, or the reader already failed it (connection lost): the ticket says so. */
   if (ticket_out) *ticket_out = t;
   return OI_OK;
 }

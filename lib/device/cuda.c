@@ -444,11 +444,8 @@ static oi_status copy_by_dma(oi_stream *s, const oi_copy_desc *descs, size_t n, 
   return OI_OK;
 }
 
-/* AUTO: saves (background) by DMA, which costs the model's kernels nothing;
- * loads (on a request's critical path) by the kernel while pieces are small
- * enough that the copy engines would lose bandwidth on them. */
-#define AUTO_DMA_PIECE_BYTES (1ull << 20)
-
+/* AUTO for direct callers (the engine resolves it itself, per layout):
+ * saves by DMA, loads by the kernel while pieces are small. */
 static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs,
                                   size_t n, const oi_copy_params *p) {
   if (n && !descs) return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_copy: descs is NULL");
@@ -458,7 +455,7 @@ static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_d
   if (mode == OI_XFER_AUTO) {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) total += descs[i].bytes;
-    mode = (dir == OI_COPY_D2H || total / n >= AUTO_DMA_PIECE_BYTES) ? OI_XFER_DMA : OI_XFER_KERNEL;
+    mode = (dir == OI_COPY_D2H || total / n >= OI_AUTO_DMA_PIECE_BYTES) ? OI_XFER_DMA : OI_XFER_KERNEL;
   }
   if (mode == OI_XFER_KERNEL && (!s->can_map || !p || !p->host_mapped)) mode = OI_XFER_DMA;
   uint32_t ctas = p && p->cta_limit ? p->cta_limit : OI_DEFAULT_CTA_LIMIT;

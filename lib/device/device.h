@@ -64,6 +64,11 @@ typedef struct oi_copy_params {
  * leave the model most SMs (see docs/benchmarks.md). */
 #define OI_DEFAULT_CTA_LIMIT 32
 
+/* AUTO policy: pieces at least this large go to the copy engines even on
+ * loads (they run at full speed there); smaller load pieces use the kernel.
+ * Saves always use the copy engines. */
+#define OI_AUTO_DMA_PIECE_BYTES (1ull << 20)
+
 typedef struct oi_dev_ops {
   const char *name;
   void (*close)(oi_dev *d);

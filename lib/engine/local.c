@@ -265,8 +265,8 @@ static uint64_t submit_group_bytes(uint32_t mode) {
  * layout: saves run in the background, so they use the copy engines, which
  * cost the model's kernels nothing; loads are on a request's critical path,
  * so they use the copy kernel (with the CTA limit) unless a block's pieces are
- * large enough for the copy engines to run at full speed anyway. */
-#define AUTO_DMA_PIECE_BYTES (1ull << 20)
+ * large enough for the copy engines to run at full speed anyway
+ * (OI_AUTO_DMA_PIECE_BYTES). */
 
 static uint32_t resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir dir) {
   if (mode != OI_COPY_AUTO) return mode;
@@ -280,7 +280,7 @@ static uint32_t resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir dir)
       if (pieces == 0 || start != end) pieces++;
       end = start + l->arenas[a].bytes_per_block;
     }
-  return l->block_bytes / pieces >= AUTO_DMA_PIECE_BYTES ? OI_XFER_DMA : OI_XFER_KERNEL;
+  return l->block_bytes / pieces >= OI_AUTO_DMA_PIECE_BYTES ? OI_XFER_DMA : OI_XFER_KERNEL;
 }
 
 /* Queues the copies of n blocks (device ids[i] <-> blocks[i]) on `s`. */

@@ -37,6 +37,7 @@ typedef struct bench_env {
   int reps;
   bool json;
   bool quick;
+  bool bandwidth_only;
 } bench_env;
 
 typedef struct setup {
@@ -51,10 +52,11 @@ typedef struct setup {
   oi_block_hash *hashes;
   uint64_t hash_epoch;
   oi_offload_host *host;
-  oi_offload_engine *eng[4]; /* KERNEL (all SMs), KERNEL (default limit), DMA, AUTO */
+  oi_offload_engine *eng[5]; /* KERNEL (all SMs), KERNEL (default limit), DMA, AUTO, STAGED */
 } setup;
 
-static const char *mode_names[4] = {"kernel-132", "kernel-default", "dma", "auto"};
+#define NMODES 5
+static const char *mode_names[NMODES] = {"kernel-132", "kernel-default", "dma", "auto", "staged"};
 
 static uint64_t splitmix(uint64_t *x) {
   uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
@@ -83,7 +85,7 @@ static double median(double *v, int n) {
 }
 
 static void setup_free(bench_env *env, setup *s) {
-  for (int m = 0; m < 4; m++) oi_offload_engine_destroy(s->eng[m]);
+  for (int m = 0; m < NMODES; m++) oi_offload_engine_destroy(s->eng[m]);
   oi_offload_host_destroy(s->host);
   if (s->region) env->dev->ops->mem_free(env->dev, s->region);
   free(s->arenas);
@@ -146,14 +148,14 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
   ho.high_watermark = 1.0f; /* no background eviction during measurements */
   ho.low_watermark = 1.0f;
   if (oi_offload_host_create(&ho, &s->host) != OI_OK) return false;
-  for (int m = 0; m < 4; m++) {
+  for (int m = 0; m < NMODES; m++) {
     oi_engine_options eo;
     oi_engine_options_init(&eo);
     eo.device = env->device;
     eo.namespace_id = "bench";
     eo.arenas = s->arenas;
     eo.num_arenas = s->narenas;
-    eo.copy_mode = m < 2 ? OI_COPY_KERNEL : m == 2 ? OI_COPY_DMA : OI_COPY_AUTO;
+    eo.copy_mode = m < 2 ? OI_COPY_KERNEL : m == 2 ? OI_COPY_DMA : m == 3 ? OI_COPY_AUTO : OI_COPY_STAGED;
     eo.copy_cta_limit = m == 0 ? 132 : 0;
     if (oi_offload_engine_create(s->host, &eo, &s->eng[m]) != OI_OK) return false;
   }
@@ -220,8 +222,9 @@ static double engine_save_gbps(bench_env *env, setup *s, int m) {
 
 /* Query + load of the first `nblocks` saved blocks; returns GB/s of the load
  * (load call to completion) and the median query+load+wait time in us. */
-static double engine_load_gbps(bench_env *env, setup *s, int m, uint64_t nblocks, double *restore_us) {
-  double v[64], lat[64];
+static double engine_load_gbps(bench_env *env, setup *s, int m, uint64_t nblocks, double *restore_us,
+                               double *submit_us) {
+  double v[64], lat[64], sub[64];
   int reps = restore_us ? (env->reps * 4 < 64 ? env->reps * 4 : 64) : env->reps;
   uint64_t bytes = nblocks * s->block_bytes;
   for (int r = -1; r < reps; r++) {
@@ -241,8 +244,9 @@ static double engine_load_gbps(bench_env *env, setup *s, int m, uint64_t nblocks
     }
     uint64_t t1 = oi__now_ns();
     oi_ticket *t = NULL;
-    if (oi_offload_engine_load(s->eng[m], q.lease, s->ids, nblocks, NULL, &t) != OI_OK ||
-        oi_ticket_wait(t, 60000) != OI_OK) {
+    oi_status lst = oi_offload_engine_load(s->eng[m], q.lease, s->ids, nblocks, NULL, &t);
+    uint64_t t_sub = oi__now_ns();
+    if (lst != OI_OK || oi_ticket_wait(t, 60000) != OI_OK) {
       fprintf(stderr, "bench: load failed: %s\n", oi_last_error());
       oi_ticket_release(t);
       return 0;
@@ -250,11 +254,13 @@ static double engine_load_gbps(bench_env *env, setup *s, int m, uint64_t nblocks
     uint64_t t2 = oi__now_ns();
     oi_ticket_release(t);
     if (r >= 0) {
+      sub[r] = (double)(t_sub - t1) / 1e3;
       v[r] = (double)bytes / (double)(t2 - t1);
       lat[r] = (double)(t2 - t0) / 1e3;
     }
   }
   if (restore_us) *restore_us = median(lat, reps);
+  if (submit_us) *submit_us = median(sub, reps);
   return median(v, reps);
 }
 
@@ -291,11 +297,15 @@ static void *save_loop(void *arg) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: openinfer bench transfer [--device N] [--reps N] [--quick] [--json]\n"
+  fprintf(f, "usage: openinfer bench transfer [--device N] [--reps N] [--quick] [--bandwidth-only] [--json]\n"
              "\n"
              "Measures save/load bandwidth of real KV layouts through the engine API against the\n"
              "bulk pinned memcpy ceiling and a per-piece cudaMemcpyAsync loop, the restore latency\n"
-             "of 22 GLM5.2-shaped blocks, and compute interference. Needs a GPU.\n");
+             "of 22 GLM5.2-shaped blocks, and compute interference. Needs a GPU.\n"
+             "\n"
+             "  --quick           the two model shapes only\n"
+             "  --bandwidth-only  skip the restore-latency and interference sections\n"
+             "  OI_STAGING_MB, OI_SUBMIT_GROUP_MB (environment): staging size and submit groups\n");
 }
 
 int bench_transfer(int argc, char **argv) {
@@ -303,6 +313,7 @@ int bench_transfer(int argc, char **argv) {
   static const struct option longopts[] = {{"device", required_argument, 0, 'd'},
                                            {"reps", required_argument, 0, 'r'},
                                            {"quick", no_argument, 0, 'q'},
+                                           {"bandwidth-only", no_argument, 0, 'b'},
                                            {"json", no_argument, 0, 'j'},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
@@ -320,6 +331,7 @@ int bench_transfer(int argc, char **argv) {
       env.reps = (int)v;
       break;
     case 'q': env.quick = true; break;
+    case 'b': env.bandwidth_only = true; break;
     case 'j': env.json = true; break;
     case 'h': usage(stdout); return CLI_OK;
     default: usage(stderr); return CLI_USAGE;
@@ -365,11 +377,11 @@ int bench_transfer(int argc, char **argv) {
     double piece_h2d = raw_copy_gbps(&env, &s, OI_COPY_H2D, false, scratch.host);
     env.dev->ops->mem_fill_pattern(env.dev, s.region, s.region_bytes, 3);
     env.dev->ops->pinned_free(env.dev, &scratch);
-    double save[4], load[4];
+    double save[NMODES], load[NMODES], submit[NMODES];
     bool verified = true;
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < NMODES; m++) {
       save[m] = engine_save_gbps(&env, &s, m);
-      load[m] = engine_load_gbps(&env, &s, m, s.sh->blocks, NULL);
+      load[m] = engine_load_gbps(&env, &s, m, s.sh->blocks, NULL, &submit[m]);
       verified = verified && verify_round_trip(&env, &s);
     }
     if (!verified) rc = CLI_FAILED;
@@ -379,8 +391,9 @@ int bench_transfer(int argc, char **argv) {
               si ? "," : "", s.sh->name, s.narenas, (unsigned long long)s.sh->blocks,
               (unsigned long long)s.block_bytes, (unsigned long long)s.total, bulk_d2h, bulk_h2d,
               piece_d2h, piece_h2d);
-      for (int m = 0; m < 4; m++)
-        fprintf(out, "\"save_%s\":%.2f,\"load_%s\":%.2f,", mode_names[m], save[m], mode_names[m], load[m]);
+      for (int m = 0; m < NMODES; m++)
+        fprintf(out, "\"save_%s\":%.2f,\"load_%s\":%.2f,\"load_submit_us_%s\":%.1f,", mode_names[m], save[m],
+                mode_names[m], load[m], mode_names[m], submit[m]);
       fprintf(out, "\"verified\":%s}", verified ? "true" : "false");
     } else {
       fprintf(out, "%s: %u arenas, %llu blocks of %llu B (%.0f MiB)%s\n", s.sh->name, s.narenas,
@@ -390,10 +403,10 @@ int bench_transfer(int argc, char **argv) {
       fprintf(out, "  %-26s %8.2f %8.2f %10s %10s\n", "bulk cudaMemcpyAsync", bulk_d2h, bulk_h2d, "1.00", "1.00");
       fprintf(out, "  %-26s %8.2f %8.2f %10.2f %10.2f\n", "per-piece cudaMemcpyAsync", piece_d2h,
               piece_h2d, piece_d2h / bulk_d2h, piece_h2d / bulk_h2d);
-      for (int m = 0; m < 4; m++)
-        fprintf(out, "  engine %-19s %8.2f %8.2f %10.2f %10.2f   (%.1fx / %.1fx per-piece)\n",
+      for (int m = 0; m < NMODES; m++)
+        fprintf(out, "  engine %-19s %8.2f %8.2f %10.2f %10.2f   (%.1fx / %.1fx per-piece; load call %.0f us)\n",
                 mode_names[m], save[m], load[m], save[m] / bulk_d2h, load[m] / bulk_h2d,
-                save[m] / piece_d2h, load[m] / piece_h2d);
+                save[m] / piece_d2h, load[m] / piece_h2d, submit[m]);
       fprintf(out, "\n");
     }
     if (si == 0) {
@@ -406,7 +419,9 @@ int bench_transfer(int argc, char **argv) {
   if (env.json) fprintf(out, "]");
 
   /* Restore latency: 22 GLM5.2-shaped blocks (76 MB). */
-  if (glm.sh) {
+  if (glm.sh && env.bandwidth_only) {
+    setup_free(&env, &glm);
+  } else if (glm.sh) {
     oi_offload_host_evict_all(glm.host, NULL);
     fresh_hashes(&glm);
     oi_ticket *t = NULL;
@@ -414,8 +429,8 @@ int bench_transfer(int argc, char **argv) {
     oi_ticket_wait(t, 60000);
     oi_ticket_release(t);
     double lat_auto = 0, lat_kernel = 0;
-    engine_load_gbps(&env, &glm, 3, 22, &lat_auto);
-    engine_load_gbps(&env, &glm, 0, 22, &lat_kernel);
+    engine_load_gbps(&env, &glm, 3, 22, &lat_auto, NULL);
+    engine_load_gbps(&env, &glm, 0, 22, &lat_kernel, NULL);
     double bytes = 22.0 * (double)glm.block_bytes;
     double target = 1.2 * bytes / (glm_bulk_h2d * 1e3) + 150.0;
     if (env.json)
@@ -438,9 +453,11 @@ int bench_transfer(int argc, char **argv) {
     double alone = count / ((double)(oi__now_ns() - t0) / 1e9);
     if (!env.json) fprintf(out, "compute interference (compute-bound stream alone: %.0f kernels/s)\n", alone);
     else fprintf(out, ",\"interference\":{\"alone_kps\":%.1f", alone);
-    /* modes: dma (the default for saves), kernel with several CTA limits */
+    /* modes: staged (the default for this layout), dma, kernel with several CTA limits */
     const struct { const char *name; uint32_t mode, ctas; } runs[] = {
-        {"dma (default save policy)", OI_COPY_DMA, 0}, {"kernel, 132 CTAs", OI_COPY_KERNEL, 132},
+        {"staged (default policy)", OI_COPY_STAGED, 0}, {"staged, 32 CTAs", OI_COPY_STAGED, 32},
+        {"staged, 8 CTAs", OI_COPY_STAGED, 8},
+        {"dma", OI_COPY_DMA, 0}, {"kernel, 132 CTAs", OI_COPY_KERNEL, 132},
         {"kernel, 32 CTAs", OI_COPY_KERNEL, 32},      {"kernel, 8 CTAs", OI_COPY_KERNEL, 8},
         {"kernel, 4 CTAs", OI_COPY_KERNEL, 4}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {

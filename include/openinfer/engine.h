@@ -34,11 +34,14 @@ typedef struct oi_arena_desc {
   uint64_t segment_stride;  /* bytes between segments (>= bytes_per_block) */
 } oi_arena_desc;
 
-/* oi_engine_options.copy_mode */
+/* oi_engine_options.copy_mode (docs/api.md: how AUTO chooses) */
 typedef enum oi_copy_mode {
   OI_COPY_AUTO = 0,
-  OI_COPY_KERNEL = 1,
-  OI_COPY_DMA = 2,
+  OI_COPY_KERNEL = 1, /* a batch copy kernel reads/writes mapped host memory */
+  OI_COPY_DMA = 2,    /* the copy engines, piece by piece (cudaMemcpyBatchAsync) */
+  OI_COPY_STAGED = 3, /* the copy engines move whole host blocks to/from device staging
+                         slots; a short device-side kernel gathers/scatters the pieces
+                         (32 MiB of device memory per stream) */
 } oi_copy_mode;
 
 typedef struct oi_engine_options {

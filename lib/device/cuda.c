@@ -269,13 +269,50 @@ typedef struct table_buf {
   cudaEvent_t done;
   oi_kcopy_entry *host;
   oi_kcopy_entry *device; /* the same memory as the kernel addresses it */
+  oi_kcopy_entry *resident; /* staged copies: a device-memory copy (cap entries), made
+                               lazily; the kernels read it there, not across PCIe */
   size_t cap;             /* entries */
 } table_buf;
+
+/* Staged copies (OI_XFER_STAGED). A ring of device staging slots sits
+ * between the host blocks and the arenas. The copy engines move host bytes
+ * in large contiguous runs on `aux`; a gather/scatter kernel on the main
+ * stream moves the scattered pieces between slots and arenas at device
+ * memory speed. Events hand each slot back and forth, so the DMA of one slot
+ * overlaps the kernel of another:
+ *   load:  aux  [wait free[j]] DMA host -> slot j [record full[j]]
+ *          main [wait full[j]] scatter slot j -> arenas [record free[j]]
+ *   save:  main [wait free[j]] gather arenas -> slot j [record full[j]]
+ *          aux  [wait full[j]] DMA slot j -> host [record free[j]]
+ * A save's last DMA runs on aux, so everything that observes the main
+ * stream (stream_call, record_event, sync) first joins aux into it. */
+typedef struct stage_seg {
+  uint64_t host, off, bytes;
+} stage_seg;
+
+typedef struct stage_slot { /* one slot's share of a batch */
+  size_t first_entry, n_entries, first_seg, n_segs;
+} stage_slot;
+
+typedef struct stage_ring {
+  uint8_t *mem; /* nslots * slot_bytes of device memory */
+  uint64_t slot_bytes;
+  uint32_t nslots, next;
+  cudaStream_t aux;
+  cudaEvent_t full[OI_STAGING_SLOTS], free_[OI_STAGING_SLOTS], join;
+  bool ready, failed, join_needed;
+  /* the plan of the batch being queued: host runs and slot shares */
+  stage_seg *segs;
+  size_t nsegs, segs_cap;
+  stage_slot *slots;
+  size_t nslots_used, slots_cap;
+} stage_ring;
 
 struct oi_stream {
   cudaStream_t stream;
   int ordinal;
   bool can_map; /* kernels may use host pointers of registered memory */
+  uint32_t sms; /* multiprocessors: staged kernels use them all unless limited */
   pthread_mutex_t lock;
   pthread_mutex_t copy_lock; /* one stream_copy at a time: tables and DMA arrays are shared */
   oi_status pending; /* first enqueue error since the last stream_call */
@@ -286,6 +323,7 @@ struct oi_stream {
   size_t *dma_size;
   size_t dma_cap;
   bool batch_api_broken; /* cudaMemcpyBatchAsync failed once: use the fallback */
+  stage_ring stg;        /* staged copies; set up on first use */
 };
 
 typedef struct host_call {
@@ -316,6 +354,9 @@ static oi_status cuda_stream_create(oi_dev *d, int priority, oi_stream **out) {
   int can = 0;
   cudaDeviceGetAttribute(&can, cudaDevAttrCanUseHostPointerForRegisteredMem, d->ordinal);
   s->can_map = can != 0;
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d->ordinal);
+  s->sms = sms > 0 ? (uint32_t)sms : OI_DEFAULT_CTA_LIMIT;
   s->ordinal = d->ordinal;
   pthread_mutex_init(&s->lock, NULL);
   pthread_mutex_init(&s->copy_lock, NULL);
@@ -323,15 +364,19 @@ static oi_status cuda_stream_create(oi_dev *d, int priority, oi_stream **out) {
   return OI_OK;
 }
 
+static void stage_free(stage_ring *g);
+
 static void cuda_stream_destroy(oi_stream *s) {
   if (!s) return;
   cudaSetDevice(s->ordinal);
   cudaStreamSynchronize(s->stream);
+  stage_free(&s->stg);
   cudaStreamDestroy(s->stream);
   for (table_buf *t = s->tables, *next; t; t = next) {
     next = t->next;
     cudaEventDestroy(t->done);
     cudaFreeHost(t->host);
+    if (t->resident) cudaFree(t->resident);
     oi__free(t);
   }
   oi__free(s->dma_dst);
@@ -444,6 +489,254 @@ static oi_status copy_by_dma(oi_stream *s, const oi_copy_desc *descs, size_t n, 
   return OI_OK;
 }
 
+/* ---- staged copies ---- */
+
+static void stage_free(stage_ring *g) {
+  if (g->aux) cudaStreamSynchronize(g->aux);
+  for (uint32_t j = 0; j < OI_STAGING_SLOTS; j++) {
+    if (g->full[j]) cudaEventDestroy(g->full[j]);
+    if (g->free_[j]) cudaEventDestroy(g->free_[j]);
+  }
+  if (g->join) cudaEventDestroy(g->join);
+  if (g->aux) cudaStreamDestroy(g->aux);
+  if (g->mem) cudaFree(g->mem);
+  oi__free(g->segs);
+  oi__free(g->slots);
+  memset(g, 0, sizeof *g);
+}
+
+static uint64_t staging_bytes(void) {
+  const char *env = getenv("OI_STAGING_MB");
+  unsigned long long mb = env && *env ? strtoull(env, NULL, 10) : 0;
+  if (mb >= 4 && mb <= 4096) return (uint64_t)mb << 20;
+  return OI_STAGING_BYTES;
+}
+
+/* Allocates the slots, the aux stream (same priority as the main one) and
+ * the events. On failure the stream stops asking (`failed`) and the caller
+ * copies another way: staging is a speed-up, never a requirement. */
+static bool stage_setup(oi_stream *s) {
+  stage_ring *g = &s->stg;
+  if (g->ready) return true;
+  if (g->failed) return false;
+  int prio = 0;
+  cudaStreamGetPriority(s->stream, &prio);
+  g->nslots = OI_STAGING_SLOTS;
+  g->slot_bytes = staging_bytes() / g->nslots & ~(uint64_t)4095;
+  cudaError_t err = cudaMalloc((void **)&g->mem, g->nslots * g->slot_bytes);
+  if (err == cudaSuccess) err = cudaStreamCreateWithPriority(&g->aux, cudaStreamNonBlocking, prio);
+  for (uint32_t j = 0; err == cudaSuccess && j < g->nslots; j++) {
+    err = cudaEventCreateWithFlags(&g->full[j], cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&g->free_[j], cudaEventDisableTiming);
+  }
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&g->join, cudaEventDisableTiming);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    OI_LOG(OI_LOG_WARN, "device", "staged copies unavailable (%s: %llu MiB of staging); "
+           "copying by kernel or DMA instead", cudaGetErrorString(err),
+           (unsigned long long)(g->nslots * g->slot_bytes >> 20));
+    stage_free(g);
+    g->failed = true;
+    return false;
+  }
+  g->ready = true;
+  return true;
+}
+
+/* Makes later work on the main stream wait for the staged DMA queued on aux. */
+static cudaError_t stage_join(oi_stream *s) {
+  stage_ring *g = &s->stg;
+  if (!g->join_needed) return cudaSuccess;
+  cudaError_t err = cudaEventRecord(g->join, g->aux);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(s->stream, g->join, 0);
+  if (err == cudaSuccess) g->join_needed = false;
+  return err;
+}
+
+static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return true;
+  size_t c = *cap ? *cap : 256;
+  while (c < need) c *= 2;
+  void *n = oi__realloc(*p, c * elem);
+  if (!n) return false;
+  *p = n;
+  *cap = c;
+  return true;
+}
+
+/* Appends a host run to the plan, merged with the previous one when it is
+ * contiguous on both sides (within the same slot). */
+static bool stage_add_seg(stage_ring *g, uint64_t host, uint64_t off, uint64_t bytes, bool new_slot) {
+  if (g->nsegs && !new_slot) {
+    stage_seg *p = &g->segs[g->nsegs - 1];
+    if (p->host + p->bytes == host && p->off + p->bytes == off) {
+      p->bytes += bytes;
+      return true;
+    }
+  }
+  if (!grow((void **)&g->segs, &g->segs_cap, g->nsegs + 1, sizeof *g->segs)) return false;
+  g->segs[g->nsegs++] = (stage_seg){host, off, bytes};
+  return true;
+}
+
+/* The host runs of one slot on aux, in one cudaMemcpyBatchAsync call: a
+ * chain of cudaMemcpyAsync pays a gap per copy (5% at 2.25 MiB copies on
+ * the H200, docs/benchmarks.md), a batch keeps the copy engines streaming. */
+static cudaError_t stage_dma(oi_stream *s, oi_copy_dir dir, uint8_t *slot, const stage_seg *seg,
+                             size_t n) {
+  cudaStream_t aux = s->stg.aux;
+  if (!s->batch_api_broken && grow_dma_arrays(s, n)) {
+    for (size_t i = 0; i < n; i++) {
+      s->dma_dst[i] = dir == OI_COPY_H2D ? (void *)(slot + seg[i].off) : (void *)seg[i].host;
+      s->dma_src[i] = dir == OI_COPY_H2D ? (const void *)seg[i].host : (const void *)(slot + seg[i].off);
+      s->dma_size[i] = seg[i].bytes;
+    }
+    struct cudaMemcpyAttributes attr;
+    memset(&attr, 0, sizeof attr);
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t idx = 0;
+    cudaError_t err = cudaMemcpyBatchAsync((void *const *)s->dma_dst, (const void *const *)s->dma_src,
+                                           s->dma_size, n, &attr, &idx, 1, aux);
+    if (err == cudaSuccess) return err;
+    cudaGetLastError();
+    s->batch_api_broken = true;
+  }
+  cudaError_t err = cudaSuccess;
+  for (size_t i = 0; err == cudaSuccess && i < n; i++)
+    err = dir == OI_COPY_H2D ? cudaMemcpyAsync(slot + seg[i].off, (const void *)seg[i].host, seg[i].bytes,
+                                               cudaMemcpyHostToDevice, aux)
+                             : cudaMemcpyAsync((void *)seg[i].host, slot + seg[i].off, seg[i].bytes,
+                                               cudaMemcpyDeviceToHost, aux);
+  return err;
+}
+
+/* Queues slot `sl` of the plan into ring slot g->next; `table` is the
+ * device-resident entry table of the batch. */
+static cudaError_t stage_emit(oi_stream *s, oi_copy_dir dir, const stage_slot *sl,
+                              const oi_kcopy_entry *table, uint32_t ctas) {
+  stage_ring *g = &s->stg;
+  uint32_t j = g->next;
+  uint8_t *slot = g->mem + (uint64_t)j * g->slot_bytes;
+  const stage_seg *seg = g->segs + sl->first_seg;
+  const oi_kcopy_entry *ent = table + sl->first_entry;
+  uint32_t n_ent = (uint32_t)sl->n_entries;
+  cudaError_t err;
+  if (dir == OI_COPY_H2D) {
+    err = cudaStreamWaitEvent(g->aux, g->free_[j], 0);
+    if (err == cudaSuccess) err = stage_dma(s, dir, slot, seg, sl->n_segs);
+    if (err == cudaSuccess) err = cudaEventRecord(g->full[j], g->aux);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(s->stream, g->full[j], 0);
+    if (err == cudaSuccess) err = (cudaError_t)oi_kernel_batch_copy(ent, n_ent, ctas, s->stream);
+    if (err == cudaSuccess) err = cudaEventRecord(g->free_[j], s->stream);
+  } else {
+    err = cudaStreamWaitEvent(s->stream, g->free_[j], 0);
+    if (err == cudaSuccess) err = (cudaError_t)oi_kernel_batch_copy(ent, n_ent, ctas, s->stream);
+    if (err == cudaSuccess) err = cudaEventRecord(g->full[j], s->stream);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(g->aux, g->full[j], 0);
+    if (err == cudaSuccess) err = stage_dma(s, dir, slot, seg, sl->n_segs);
+    if (err == cudaSuccess) err = cudaEventRecord(g->free_[j], g->aux);
+    g->join_needed = true;
+  }
+  g->next = (j + 1) % g->nslots;
+  return err;
+}
+
+/* Plans the batch: walks the pieces in order, filling slots (a piece may
+ * span two); per slot, its kernel entries (into t->host) and host runs. */
+static bool stage_plan(stage_ring *g, oi_copy_dir dir, const oi_copy_desc *descs, size_t n,
+                       table_buf *t, size_t *n_entries) {
+  size_t k = 0;
+  uint64_t fill = 0;
+  g->nsegs = g->nslots_used = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t dev = dir == OI_COPY_H2D ? descs[i].dst : descs[i].src;
+    uint64_t host = dir == OI_COPY_H2D ? descs[i].src : descs[i].dst;
+    for (uint64_t done = 0; done < descs[i].bytes;) {
+      bool new_slot = fill == 0;
+      if (new_slot) {
+        if (!grow((void **)&g->slots, &g->slots_cap, g->nslots_used + 1, sizeof *g->slots)) return false;
+        g->slots[g->nslots_used++] = (stage_slot){.first_entry = k, .first_seg = g->nsegs};
+      }
+      stage_slot *sl = &g->slots[g->nslots_used - 1];
+      /* The slot side of an entry is an offset in its slot until
+       * copy_staged binds the share to a ring slot. */
+      uint64_t take = OI_MIN(descs[i].bytes - done, g->slot_bytes - fill);
+      for (uint64_t off = 0; off < take; off += OI_KCOPY_CHUNK) {
+        uint64_t len = OI_MIN(take - off, (uint64_t)OI_KCOPY_CHUNK);
+        t->host[k++] = dir == OI_COPY_H2D ? (oi_kcopy_entry){fill + off, dev + done + off, len}
+                                          : (oi_kcopy_entry){dev + done + off, fill + off, len};
+      }
+      if (!stage_add_seg(g, host + done, fill, take, new_slot)) return false;
+      sl->n_entries = k - sl->first_entry;
+      sl->n_segs = g->nsegs - sl->first_seg;
+      fill += take;
+      done += take;
+      if (fill == g->slot_bytes) fill = 0;
+    }
+  }
+  *n_entries = k;
+  return true;
+}
+
+/* Staged path: plan the batch, bind each slot share to a ring slot (the
+ * entries' slot side becomes an absolute address), copy the entry table into
+ * device memory on the stream that runs first (aux for loads, the main
+ * stream for saves), then queue the slots. */
+static oi_status copy_staged(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs, size_t n,
+                             uint32_t ctas) {
+  stage_ring *g = &s->stg;
+  uint64_t total = 0;
+  size_t bound = 2;
+  for (size_t i = 0; i < n; i++) {
+    total += descs[i].bytes;
+    bound += descs[i].bytes / OI_KCOPY_CHUNK + 2;
+  }
+  if (total == 0) return OI_OK;
+  bound += total / g->slot_bytes;
+  if (bound > UINT32_MAX) return oi__fail(OI_ERR_INVALID_ARGUMENT, "copy: batch too large");
+  table_buf *t = take_table(s, bound);
+  if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy: no pinned memory for a descriptor table");
+  if (!t->resident && cudaMalloc((void **)&t->resident, t->cap * sizeof *t->resident) != cudaSuccess) {
+    cudaGetLastError();
+    t->resident = NULL;
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy: no device memory for a descriptor table");
+  }
+  size_t k = 0;
+  if (!stage_plan(g, dir, descs, n, t, &k))
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy: out of memory for a staged plan");
+  for (size_t i = 0; i < g->nslots_used; i++) {
+    uint64_t base = (uint64_t)(uintptr_t)(g->mem + (uint64_t)((g->next + i) % g->nslots) * g->slot_bytes);
+    for (size_t e = g->slots[i].first_entry; e < g->slots[i].first_entry + g->slots[i].n_entries; e++) {
+      if (dir == OI_COPY_H2D)
+        t->host[e].src += base;
+      else
+        t->host[e].dst += base;
+    }
+  }
+  cudaError_t err = cudaMemcpyAsync(t->resident, t->host, k * sizeof *t->host, cudaMemcpyHostToDevice,
+                                    dir == OI_COPY_H2D ? g->aux : s->stream);
+  for (size_t i = 0; err == cudaSuccess && i < g->nslots_used; i++)
+    err = stage_emit(s, dir, &g->slots[i], t->resident, ctas);
+  if (err == cudaSuccess) err = cudaEventRecord(t->done, s->stream);
+  if (err != cudaSuccess) {
+    /* Nothing may still read the table or a slot; the batch is reported failed. */
+    cudaStreamSynchronize(g->aux);
+    cudaStreamSynchronize(s->stream);
+    g->join_needed = false;
+    return cuda_fail(err, "copy: staged batch");
+  }
+  return OI_OK;
+}
+
+/* stage_join under the copy lock, for the points that observe the stream. */
+static oi_status join_aux(oi_stream *s, const char *what) {
+  pthread_mutex_lock(&s->copy_lock);
+  cudaError_t err = stage_join(s);
+  pthread_mutex_unlock(&s->copy_lock);
+  return err == cudaSuccess ? OI_OK : cuda_fail(err, what);
+}
+
 /* AUTO for direct callers (the engine resolves it itself, per layout):
  * saves by DMA, loads by the kernel while pieces are small. */
 static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs,
@@ -457,11 +750,19 @@ static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_d
     for (size_t i = 0; i < n; i++) total += descs[i].bytes;
     mode = (dir == OI_COPY_D2H || total / n >= OI_AUTO_DMA_PIECE_BYTES) ? OI_XFER_DMA : OI_XFER_KERNEL;
   }
-  if (mode == OI_XFER_KERNEL && (!s->can_map || !p || !p->host_mapped)) mode = OI_XFER_DMA;
-  uint32_t ctas = p && p->cta_limit ? p->cta_limit : OI_DEFAULT_CTA_LIMIT;
   oi_status st;
   pthread_mutex_lock(&s->copy_lock);
-  if (mode == OI_XFER_KERNEL) {
+  if (mode == OI_XFER_STAGED && !stage_setup(s)) mode = OI_XFER_KERNEL;
+  /* The default limit: staged kernels are bursts of a few microseconds at
+   * device-memory speed, and every SM finishes them soonest (which is also
+   * what disturbs the model least, docs/benchmarks.md); the host-memory
+   * kernel runs as long as the transfer, so it gets a share. */
+  uint32_t ctas = p && p->cta_limit ? p->cta_limit
+                                    : mode == OI_XFER_STAGED ? s->sms : OI_DEFAULT_CTA_LIMIT;
+  if (mode == OI_XFER_KERNEL && (!s->can_map || !p || !p->host_mapped)) mode = OI_XFER_DMA;
+  if (mode == OI_XFER_STAGED) {
+    st = copy_staged(s, dir, descs, n, ctas);
+  } else if (mode == OI_XFER_KERNEL) {
     st = copy_by_kernel(s, descs, n, ctas);
   } else if (mode == OI_XFER_PIECEWISE) {
     st = copy_by_dma(s, descs, n, false);
@@ -484,6 +785,11 @@ static oi_status cuda_stream_call(oi_stream *s, oi_stream_fn fn, void *arg) {
   s->pending = OI_OK;
   pthread_mutex_unlock(&s->lock);
   cudaSetDevice(s->ordinal);
+  oi_status jst = join_aux(s, "stream_call: joining staged copies");
+  if (jst != OI_OK) {
+    oi__free(c);
+    return jst;
+  }
   cudaError_t err = cudaLaunchHostFunc(s->stream, run_host_call, c);
   if (err != cudaSuccess) {
     oi__free(c);
@@ -501,6 +807,8 @@ static oi_status cuda_stream_wait_event(oi_stream *s, void *event) {
 
 static oi_status cuda_stream_record_event(oi_stream *s, void **event) {
   cudaSetDevice(s->ordinal);
+  oi_status st = join_aux(s, "record_event: joining staged copies");
+  if (st != OI_OK) return st;
   cudaEvent_t ev;
   cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
   if (err != cudaSuccess) return cuda_fail(err, "record_event: cudaEventCreate");
@@ -519,6 +827,8 @@ static void cuda_event_destroy(void *event) {
 
 static oi_status cuda_stream_sync(oi_stream *s) {
   cudaSetDevice(s->ordinal);
+  oi_status st = join_aux(s, "stream_sync: joining staged copies");
+  if (st != OI_OK) return st;
   cudaError_t err = cudaStreamSynchronize(s->stream);
   return err == cudaSuccess ? OI_OK : cuda_fail(err, "stream_sync");
 }

@@ -50,7 +50,9 @@ enum {
   OI_XFER_AUTO = 0,
   OI_XFER_KERNEL = 1,
   OI_XFER_DMA = 2,
-  OI_XFER_PIECEWISE = 3, /* one cudaMemcpyAsync per piece: the naive baseline, for benchmarks */
+  OI_XFER_STAGED = 3,    /* copy engines between host blocks and device staging slots,
+                            a device-side gather/scatter kernel between slots and arenas */
+  OI_XFER_PIECEWISE = 4, /* one cudaMemcpyAsync per piece: the naive baseline, for benchmarks */
 };
 
 typedef struct oi_copy_params {
@@ -68,6 +70,16 @@ typedef struct oi_copy_params {
  * loads (they run at full speed there); smaller load pieces use the kernel.
  * Saves always use the copy engines. */
 #define OI_AUTO_DMA_PIECE_BYTES (1ull << 20)
+
+/* AUTO policy: below OI_AUTO_DMA_PIECE_BYTES, a batch whose host side comes in
+ * runs at least this large (one host block is contiguous) is staged: the copy
+ * engines move whole host blocks at the bulk rate and only a short device-side
+ * kernel touches the scattered pieces. Smaller blocks use the copy kernel. */
+#define OI_AUTO_STAGE_BLOCK_BYTES (256ull << 10)
+
+/* Device memory of one stream's staging slots (OI_STAGING_MB overrides). */
+#define OI_STAGING_BYTES (32ull << 20)
+#define OI_STAGING_SLOTS 4
 
 typedef struct oi_dev_ops {
   const char *name;

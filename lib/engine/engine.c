@@ -43,7 +43,7 @@ oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: namespace_id is longer than 255 bytes", what);
   if (opts.world_size == 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: world_size is 0 (leases need a consumer)", what);
-  if (opts.copy_mode > OI_COPY_DMA)
+  if (opts.copy_mode > OI_COPY_STAGED)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: copy_mode %u is not an oi_copy_mode", what,
                     opts.copy_mode);
   if (opts.device < -1)

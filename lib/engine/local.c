@@ -256,21 +256,23 @@ static xfer_job *job_new(local_engine *e, bool is_load, size_t n) {
 
 static uint64_t submit_group_bytes(uint32_t mode) {
   const char *env = getenv("OI_SUBMIT_GROUP_MB");
-  if (!env || !*env) return mode == OI_XFER_KERNEL ? KERNEL_GROUP_BYTES : DMA_GROUP_BYTES;
+  if (!env || !*env) return mode == OI_XFER_DMA ? DMA_GROUP_BYTES : KERNEL_GROUP_BYTES;
   unsigned long long mb = strtoull(env, NULL, 10);
   return mb ? (uint64_t)mb << 20 : UINT64_MAX / 2;
 }
 
 /* The default policy (copy_mode AUTO), decided per direction from the
- * layout: saves run in the background, so they use the copy engines, which
- * cost the model's kernels nothing; loads are on a request's critical path,
- * so they use the copy kernel (with the CTA limit) unless a block's pieces are
- * large enough for the copy engines to run at full speed anyway
- * (OI_AUTO_DMA_PIECE_BYTES). */
-
+ * layout. A layout whose pieces are large (a page-first layout: one piece per
+ * block) goes to the copy engines directly: they run at full speed there and
+ * cost the model's kernels nothing. Otherwise, when a host block is large
+ * enough, copies are staged: the copy engines move whole host blocks at the
+ * bulk rate through device staging slots and a short kernel gathers or
+ * scatters the pieces (a few microseconds of SMs per slot, so the model
+ * barely notices; docs/benchmarks.md). Small blocks: loads (on a request's
+ * critical path) use the copy kernel with the CTA limit, saves the copy
+ * engines piece by piece. */
 static uint32_t resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir dir) {
   if (mode != OI_COPY_AUTO) return mode;
-  if (dir == OI_COPY_D2H) return OI_XFER_DMA;
   /* Pieces per block after merging: a page-first layout is one piece. */
   size_t pieces = 0;
   uint64_t end = 0;
@@ -280,7 +282,9 @@ static uint32_t resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir dir)
       if (pieces == 0 || start != end) pieces++;
       end = start + l->arenas[a].bytes_per_block;
     }
-  return l->block_bytes / pieces >= OI_AUTO_DMA_PIECE_BYTES ? OI_XFER_DMA : OI_XFER_KERNEL;
+  if (l->block_bytes / pieces >= OI_AUTO_DMA_PIECE_BYTES) return OI_XFER_DMA;
+  if (l->block_bytes >= OI_AUTO_STAGE_BLOCK_BYTES) return OI_XFER_STAGED;
+  return dir == OI_COPY_D2H ? OI_XFER_DMA : OI_XFER_KERNEL;
 }
 
 /* Queues the copies of n blocks (device ids[i] <-> blocks[i]) on `s`. */

@@ -207,6 +207,8 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   REFUSED(&x, "world_size 0");
   x = o, x.namespace_id = NULL;
   REFUSED(&x, "namespace NULL");
+  x = o, x.copy_mode = OI_COPY_STAGED + 1;
+  REFUSED(&x, "copy_mode past the last oi_copy_mode");
 
   oi_arena_desc b[2];
 #define VARIANT(stmt, what)                                                                        \
@@ -290,6 +292,12 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   e = NULL;
   CHECK_OK(oi_offload_engine_create(host, &x, &e));
   oi_offload_engine_destroy(e);
+  for (uint32_t m = OI_COPY_AUTO; m <= OI_COPY_STAGED; m++) { /* every mode is accepted (cpu: memcpy) */
+    x.copy_mode = m;
+    e = NULL;
+    CHECK_OK(oi_offload_engine_create(host, &x, &e));
+    oi_offload_engine_destroy(e);
+  }
 }
 
 static void test_legal_edge_layouts_are_accepted(void) {

@@ -2,7 +2,9 @@
  * query -> load into different block ids -> every (block, arena, segment)
  * byte matches, blocks not loaded stay zero. Layouts: 99 GLM5.2-shaped arenas,
  * a page-first Qwen3-4B-shaped one, split K/V, and uneven sizes at unaligned
- * offsets (exercising the kernel's vector heads and tails). Also: a load's
+ * offsets (exercising the kernel's vector heads and tails). Staged copies run
+ * with the default slots and with 1 MiB slots (pieces straddle slots, the
+ * ring wraps). Also: a load's
  * ticket carries a CUDA event, and a save waits on the caller's event.
  * Skips (77) without a GPU. */
 #include "device/device.h"
@@ -176,10 +178,23 @@ int main(void) {
   if (n == 0) TEST_SKIP("no CUDA device");
   REQUIRE(oi__dev_open(0, &dev) == OI_OK);
   layout_case cases[] = {glm(), qwen(), split_kv(), uneven()};
-  struct { uint32_t mode, ctas; } modes[] = {{OI_COPY_KERNEL, 0}, {OI_COPY_KERNEL, 1}, {OI_COPY_KERNEL, 132},
-                                             {OI_COPY_DMA, 0}, {OI_COPY_AUTO, 0}};
+  /* staging_mb: 0 = the default staging (32 MiB); 4 = 1 MiB slots, so the
+   * batch wraps the slot ring many times and pieces straddle slots. */
+  struct { uint32_t mode, ctas, staging_mb; } modes[] = {
+      {OI_COPY_KERNEL, 0, 0}, {OI_COPY_KERNEL, 1, 0}, {OI_COPY_KERNEL, 132, 0}, {OI_COPY_DMA, 0, 0},
+      {OI_COPY_AUTO, 0, 0},   {OI_COPY_STAGED, 0, 0}, {OI_COPY_STAGED, 1, 4},   {OI_COPY_STAGED, 132, 4}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
-    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) run_case(&cases[c], modes[m].mode, modes[m].ctas);
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+      if (modes[m].staging_mb) {
+        char v[16];
+        snprintf(v, sizeof v, "%u", modes[m].staging_mb);
+        setenv("OI_STAGING_MB", v, 1);
+      } else {
+        unsetenv("OI_STAGING_MB");
+      }
+      run_case(&cases[c], modes[m].mode, modes[m].ctas);
+    }
+  unsetenv("OI_STAGING_MB");
   oi__dev_close(dev);
   fprintf(stderr, "%-60s %s\n", "test_engine_round_trips_on_cuda_in_every_copy_mode", oi_test_failures ? "FAILED" : "ok");
   TEST_EXIT();

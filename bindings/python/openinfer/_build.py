@@ -165,7 +165,7 @@ typedef struct oi_arena_desc {
   uint64_t segment_stride;
   ...;
 } oi_arena_desc;
-typedef enum oi_copy_mode { OI_COPY_AUTO, OI_COPY_KERNEL, OI_COPY_DMA, ... } oi_copy_mode;
+typedef enum oi_copy_mode { OI_COPY_AUTO, OI_COPY_KERNEL, OI_COPY_DMA, OI_COPY_STAGED, ... } oi_copy_mode;
 typedef struct oi_engine_options {
   uint32_t struct_size;
   int32_t device;

@@ -600,10 +600,12 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   job->ticket = t;
   atomic_fetch_add(&e->host->c.loads_submitted, 1);
   atomic_fetch_add(&e->c.loads_submitted, 1);
-  /* Queue in groups so the first blocks move while the plan for the rest is built. */
+  /* Queue in groups so the first blocks move while the plan for the rest is
+   * built; the first group is small (a restore's latency starts with it). */
   size_t group_blocks = e->load_group / base->layout.block_bytes + 1;
-  for (size_t i = 0; i < n && st == OI_OK; i += group_blocks)
-    st = queue_copies(e, e->load_stream, OI_COPY_H2D, ids + i, job->blocks + i, OI_MIN(group_blocks, n - i));
+  size_t first_blocks = OI_MIN(group_blocks, DMA_GROUP_BYTES / base->layout.block_bytes + 1);
+  for (size_t i = 0, g = first_blocks; i < n && st == OI_OK; i += g, g = group_blocks)
+    st = queue_copies(e, e->load_stream, OI_COPY_H2D, ids + i, job->blocks + i, OI_MIN(g, n - i));
   if (st == OI_OK) st = queue_completion(e, e->load_stream, job);
   if (st != OI_OK) {
     fail_job(e, e->load_stream, job, t, st, "load"); /* ends the loading marks, counts the failure */

@@ -2,9 +2,11 @@
 // fp32 accumulation. Batch invariance: every output element is reduced in one
 // fixed order that depends on nothing but its own row -- the GEMM walks K in
 // ascending 16-wide steps into one accumulator for every tile shape (no
-// split-K), norms and argmax reduce with fixed trees per row, and attention
-// walks keys in absolute 64-key tiles inside absolute 2048-key segments that
-// are merged in segment order, for prefill and decode alike.
+// split-K), with one instruction kind per device for every M (wgmma on
+// sm_90, mma.sync elsewhere; see refmodel_gemm.cu), norms and argmax reduce
+// with fixed trees per row, and attention walks keys in absolute 64-key tiles
+// inside absolute 2048-key segments that are merged in segment order, for
+// prefill and decode alike.
 #include "refmodel/refmodel_gen.h"
 #include "refmodel_common.cuh"
 #include "refmodel_kernels.h"

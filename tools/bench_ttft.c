@@ -503,7 +503,7 @@ int bench_ttft(int argc, char **argv) {
            "chunk %ld; host pool %.1f GiB pinned (%.2f s)\n\n",
            layers, vocab, gen_s, chunk, (double)host_bytes / (1ull << 30), pool_s);
     printf("dense bf16 matmul rate, this GPU, this run (median of 10):\n");
-    printf("  model GEMM (mma.sync, batch-invariant)  8192^3: %7.1f TFLOP/s   M4096 N19456 K2560: %7.1f\n",
+    printf("  model GEMM (batch-invariant; wgmma on sm_90)  8192^3: %7.1f TFLOP/s   M4096 N19456 K2560: %7.1f\n",
            g8.mine_tflops, gm.mine_tflops);
     if (g8.cublas_found)
       printf("  cuBLAS cublasGemmEx (reference)        8192^3: %7.1f TFLOP/s   M4096 N19456 K2560: %7.1f"

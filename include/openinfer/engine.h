@@ -172,7 +172,10 @@ OI_API void oi_offload_engine_destroy(oi_offload_engine *e);
 /* Saves blocks block_ids[i] under hashes[i], asynchronously. Hashes already
  * sealed or in flight are skipped (deduplicated); blocks that get no memory
  * are dropped and counted. The ticket (optional) and on_done complete when
- * every accepted block is sealed (OI_OK) or failed (its error). */
+ * every accepted block is sealed (OI_OK) or failed (its error). on_done runs
+ * on the engine's completion thread, or on the calling thread before this
+ * returns when nothing needed copying (every block deduplicated or dropped)
+ * or the copies could not be queued; it must not block. */
 OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *block_ids,
                                         const oi_block_hash *hashes, size_t n,
                                         const oi_save_options *opt, oi_ticket **ticket_out);

@@ -40,3 +40,16 @@ void *oi__aligned_alloc(size_t alignment, size_t bytes) { return mi_malloc_align
 char *oi__strdup(const char *s) { return s ? mi_strdup(s) : NULL; }
 void oi__free(void *p) { mi_free(p); }
 #endif
+
+bool oi__grow(void **buf, size_t *cap, size_t need, size_t elem, size_t max) {
+  if (need <= *cap) return true;
+  if (need > max) return false;
+  size_t ncap = *cap ? *cap : 64;
+  while (ncap < need) ncap *= 2;
+  if (ncap > max) ncap = max;
+  void *p = oi__realloc(*buf, ncap * elem);
+  if (!p) return false;
+  *buf = p;
+  *cap = ncap;
+  return true;
+}

@@ -48,6 +48,10 @@ void *oi__realloc(void *p, size_t bytes);
 void *oi__aligned_alloc(size_t alignment, size_t bytes);
 char *oi__strdup(const char *s);
 void oi__free(void *p);
+/* Grows the array *buf (capacity *cap elements of `elem` bytes) to hold at
+ * least `need` elements, doubling, but never past `max` elements (false when
+ * `need` exceeds it). On failure *buf and *cap are unchanged. */
+bool oi__grow(void **buf, size_t *cap, size_t need, size_t elem, size_t max);
 
 /* Latency histograms: OI_LATENCY_BUCKETS fixed log-scale buckets (see
  * host.h), updated with relaxed atomics (one clock read per operation at

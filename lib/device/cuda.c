@@ -459,6 +459,25 @@ static bool grow_dma_arrays(oi_stream *s, size_t n) {
   return true;
 }
 
+/* One cudaMemcpyBatchAsync of the n copies in s->dma_* on `stream`. False
+ * when the batch API refused it; it is not tried again on this stream and
+ * the caller queues the copies one by one. */
+static bool dma_batch(oi_stream *s, size_t n, cudaStream_t stream) {
+  struct cudaMemcpyAttributes attr;
+  memset(&attr, 0, sizeof attr);
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t idx = 0;
+  cudaError_t err = cudaMemcpyBatchAsync((void *const *)s->dma_dst, (const void *const *)s->dma_src,
+                                         s->dma_size, n, &attr, &idx, 1, stream);
+  if (err == cudaSuccess) return true;
+  cudaGetLastError();
+  s->batch_api_broken = true;
+  OI_LOG(OI_LOG_WARN, "device", "cudaMemcpyBatchAsync failed (%s); using cudaMemcpyAsync",
+         cudaGetErrorString(err));
+  return false;
+}
+
 /* DMA path: the copy engines, one batch call; per-piece cudaMemcpyAsync when
  * `batch` is false (the naive baseline) or the batch API refused a batch. */
 static oi_status copy_by_dma(oi_stream *s, const oi_copy_desc *descs, size_t n, bool batch) {
@@ -468,18 +487,7 @@ static oi_status copy_by_dma(oi_stream *s, const oi_copy_desc *descs, size_t n, 
       s->dma_src[i] = (const void *)descs[i].src;
       s->dma_size[i] = descs[i].bytes;
     }
-    struct cudaMemcpyAttributes attr;
-    memset(&attr, 0, sizeof attr);
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    size_t idx = 0;
-    cudaError_t err = cudaMemcpyBatchAsync((void *const *)s->dma_dst, (const void *const *)s->dma_src,
-                                           s->dma_size, n, &attr, &idx, 1, s->stream);
-    if (err == cudaSuccess) return OI_OK;
-    cudaGetLastError();
-    s->batch_api_broken = true;
-    OI_LOG(OI_LOG_WARN, "device", "cudaMemcpyBatchAsync failed (%s); using cudaMemcpyAsync",
-           cudaGetErrorString(err));
+    if (dma_batch(s, n, s->stream)) return OI_OK;
   }
   for (size_t i = 0; i < n; i++) {
     cudaError_t err = cudaMemcpyAsync((void *)descs[i].dst, (const void *)descs[i].src,
@@ -553,17 +561,6 @@ static cudaError_t stage_join(oi_stream *s) {
   return err;
 }
 
-static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap) return true;
-  size_t c = *cap ? *cap : 256;
-  while (c < need) c *= 2;
-  void *n = oi__realloc(*p, c * elem);
-  if (!n) return false;
-  *p = n;
-  *cap = c;
-  return true;
-}
-
 /* Appends a host run to the plan, merged with the previous one when it is
  * contiguous on both sides (within the same slot). */
 static bool stage_add_seg(stage_ring *g, uint64_t host, uint64_t off, uint64_t bytes, bool new_slot) {
@@ -574,7 +571,7 @@ static bool stage_add_seg(stage_ring *g, uint64_t host, uint64_t off, uint64_t b
       return true;
     }
   }
-  if (!grow((void **)&g->segs, &g->segs_cap, g->nsegs + 1, sizeof *g->segs)) return false;
+  if (!oi__grow((void **)&g->segs, &g->segs_cap, g->nsegs + 1, sizeof *g->segs, SIZE_MAX)) return false;
   g->segs[g->nsegs++] = (stage_seg){host, off, bytes};
   return true;
 }
@@ -591,16 +588,7 @@ static cudaError_t stage_dma(oi_stream *s, oi_copy_dir dir, uint8_t *slot, const
       s->dma_src[i] = dir == OI_COPY_H2D ? (const void *)seg[i].host : (const void *)(slot + seg[i].off);
       s->dma_size[i] = seg[i].bytes;
     }
-    struct cudaMemcpyAttributes attr;
-    memset(&attr, 0, sizeof attr);
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    size_t idx = 0;
-    cudaError_t err = cudaMemcpyBatchAsync((void *const *)s->dma_dst, (const void *const *)s->dma_src,
-                                           s->dma_size, n, &attr, &idx, 1, aux);
-    if (err == cudaSuccess) return err;
-    cudaGetLastError();
-    s->batch_api_broken = true;
+    if (dma_batch(s, n, aux)) return cudaSuccess;
   }
   cudaError_t err = cudaSuccess;
   for (size_t i = 0; err == cudaSuccess && i < n; i++)
@@ -655,7 +643,8 @@ static bool stage_plan(stage_ring *g, oi_copy_dir dir, const oi_copy_desc *descs
     for (uint64_t done = 0; done < descs[i].bytes;) {
       bool new_slot = fill == 0;
       if (new_slot) {
-        if (!grow((void **)&g->slots, &g->slots_cap, g->nslots_used + 1, sizeof *g->slots)) return false;
+        if (!oi__grow((void **)&g->slots, &g->slots_cap, g->nslots_used + 1, sizeof *g->slots, SIZE_MAX))
+          return false;
         g->slots[g->nslots_used++] = (stage_slot){.first_entry = k, .first_seg = g->nsegs};
       }
       stage_slot *sl = &g->slots[g->nslots_used - 1];

@@ -27,20 +27,6 @@ static void mark_bad(oi_wire_arrays *a, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* Grows *buf to hold at least `need` elements of `elem` bytes (never past
- * `max`). */
-static bool grow(void **buf, size_t *cap, size_t need, size_t elem, size_t max) {
-  if (need <= *cap) return true;
-  size_t ncap = *cap ? *cap : 64;
-  while (ncap < need) ncap *= 2;
-  if (ncap > max) ncap = max;
-  void *p = oi__realloc(*buf, ncap * elem);
-  if (!p) return false;
-  *buf = p;
-  *cap = ncap;
-  return true;
-}
-
 static bool skip_rest(pb_istream_t *s) { return pb_read(s, NULL, s->bytes_left); }
 
 /* Packed (or not) repeated sint64: the callback gets the whole packed run,
@@ -55,7 +41,7 @@ static bool decode_ids(pb_istream_t *s, const pb_field_t *f, void **arg) {
       mark_bad(a, "more than %u block ids in one request", OI_WIRE_MAX_BLOCKS);
       return skip_rest(s);
     }
-    if (!grow((void **)&a->ids, &a->cap_ids, a->n_ids + 1, sizeof *a->ids, OI_WIRE_MAX_BLOCKS))
+    if (!oi__grow((void **)&a->ids, &a->cap_ids, a->n_ids + 1, sizeof *a->ids, OI_WIRE_MAX_BLOCKS))
       PB_RETURN_ERROR(s, "out of memory");
     a->ids[a->n_ids++] = v;
   }
@@ -73,7 +59,7 @@ static bool decode_hash(pb_istream_t *s, const pb_field_t *f, void **arg) {
     mark_bad(a, "more than %u hashes in one request", OI_WIRE_MAX_BLOCKS);
     return skip_rest(s);
   }
-  if (!grow((void **)&a->hashes, &a->cap_hashes, a->n_hashes + 1, sizeof *a->hashes,
+  if (!oi__grow((void **)&a->hashes, &a->cap_hashes, a->n_hashes + 1, sizeof *a->hashes,
             OI_WIRE_MAX_BLOCKS))
     PB_RETURN_ERROR(s, "out of memory");
   return pb_read(s, a->hashes[a->n_hashes++].bytes, sizeof(oi_block_hash));
@@ -88,7 +74,7 @@ static bool decode_present(pb_istream_t *s, const pb_field_t *f, void **arg) {
     mark_bad(a, "more than %u membership bytes", OI_WIRE_MAX_BLOCKS);
     return skip_rest(s);
   }
-  if (!grow((void **)&a->present, &a->cap_present, a->n_present + n, 1, OI_WIRE_MAX_BLOCKS))
+  if (!oi__grow((void **)&a->present, &a->cap_present, a->n_present + n, 1, OI_WIRE_MAX_BLOCKS))
     PB_RETURN_ERROR(s, "out of memory");
   if (!pb_read(s, a->present + a->n_present, n)) return false;
   a->n_present += n;
@@ -102,7 +88,7 @@ static bool decode_arena(pb_istream_t *s, const pb_field_t *f, void **arg) {
     mark_bad(a, "more than %u arenas in one layout", OI_WIRE_MAX_ARENAS);
     return skip_rest(s);
   }
-  if (!grow((void **)&a->arenas, &a->cap_arenas, a->n_arenas + 1, sizeof *a->arenas,
+  if (!oi__grow((void **)&a->arenas, &a->cap_arenas, a->n_arenas + 1, sizeof *a->arenas,
             OI_WIRE_MAX_ARENAS))
     PB_RETURN_ERROR(s, "out of memory");
   oiwire_Arena *dst = &a->arenas[a->n_arenas];
@@ -119,7 +105,7 @@ static bool decode_namespace(pb_istream_t *s, const pb_field_t *f, void **arg) {
     mark_bad(a, "more than %u namespaces in one reply", OI_WIRE_MAX_NAMESPACES);
     return skip_rest(s);
   }
-  if (!grow((void **)&a->namespaces, &a->cap_namespaces, a->n_namespaces + 1,
+  if (!oi__grow((void **)&a->namespaces, &a->cap_namespaces, a->n_namespaces + 1,
             sizeof *a->namespaces, OI_WIRE_MAX_NAMESPACES))
     PB_RETURN_ERROR(s, "out of memory");
   oiwire_NamespaceStats *dst = &a->namespaces[a->n_namespaces];

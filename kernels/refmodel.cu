@@ -144,7 +144,7 @@ extern "C" int oi_rm_rope_kv(uint16_t *qkv, const uint32_t *pos, const uint64_t 
                              const float *rope_cos, const float *rope_sin, uint8_t *layer_base,
                              uint64_t seg_stride, void *stream) {
   if (!T) return 0;
-  rope_kv_kernel<<<T, 128, 0, (cudaStream_t)stream>>>(qkv, pos, slot_off, qh, kvh, hd, rope_cos,
+  rope_kv_kernel<<<T, 512, 0, (cudaStream_t)stream>>>(qkv, pos, slot_off, qh, kvh, hd, rope_cos,
                                                       rope_sin, layer_base, seg_stride);
   return (int)cudaGetLastError();
 }

@@ -285,8 +285,15 @@ static int launch_attn(const oi_rm_attn_params *p, cudaStream_t s) {
 //     (4 warps of two m-tiles 245)
 //   1 head, 4 warps of one m-tile, 2 stages, two CTAs per SM:   200
 //     (3 stages 194; 2 warps of two m-tiles 123)
+//
+// Items of at most 16 rows (decode steps, the last tokens of a restored prompt)
+// fill one m-tile per head: the 4-head CTA would run them on 2 of its 8 warps,
+// one CTA per (KV head, segment) -- 16 CTAs for a 4,096-token context, each
+// walking its 32 key tiles serially. One head per CTA gives 4x the CTAs with
+// the same per-row arithmetic.
 template <int HD> static int launch_attn_hd(const oi_rm_attn_params *p, cudaStream_t s) {
   uint32_t group = p->q_heads / p->kv_heads;
+  if (p->max_rows && p->max_rows <= 16) return launch_attn<HD, 1, 1, 2>(p, s);
   if (group % 4 == 0) return launch_attn<HD, 4, 2, 4>(p, s);
   if (group % 2 == 0) return launch_attn<HD, 2, 1, 2>(p, s);
   return launch_attn<HD, 1, 1, 2>(p, s);

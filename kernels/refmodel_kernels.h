@@ -69,6 +69,7 @@ typedef struct oi_rm_attn_params {
   uint32_t n_items;
   uint32_t q_heads, kv_heads, head_dim; /* head_dim 64 or 128 */
   uint32_t nseg;                        /* segments of the longest sequence */
+  uint32_t max_rows;                    /* the most rows of one item (<= OI_RM_ATTN_QTILE) */
   float scale_log2;                     /* log2(e) / sqrt(head_dim) */
   float *part_o;                        /* [T][q_heads][nseg][head_dim] */
   float *part_ml;                       /* [T][q_heads][nseg][2] */

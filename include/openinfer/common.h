@@ -162,6 +162,16 @@ OI_API int oi_ticket_fd(oi_ticket *t);
 /* The cudaEvent_t recorded after the operation's copies (cuda backend), so a
  * compute stream can wait on it; NULL on the cpu backend. */
 OI_API void *oi_ticket_cuda_event(oi_ticket *t);
+/* A load submitted with OI_LOAD_ARENA_EVENTS: the CUDA event (cudaEvent_t)
+ * recorded after arena `arena`'s copies, in the layout's arena order, so a
+ * compute stream can wait (cudaStreamWaitEvent) for one arena's bytes while
+ * the later arenas are still moving. NULL when the load has none (not
+ * layered, no CUDA, the remote engine) or `arena` is out of range: then wait
+ * for the ticket. Owned by the ticket (valid until oi_ticket_release). The
+ * event only orders the device work; whether the load succeeded is still
+ * the ticket's status, so work that used the bytes before the ticket
+ * completed must be discarded if it completes with an error. */
+OI_API void *oi_ticket_arena_event(oi_ticket *t, uint32_t arena);
 /* Registers the completion callback (at most one per ticket).
  * @return OI_ERR_STATE if one is already set. */
 OI_API oi_status oi_ticket_set_callback(oi_ticket *t, oi_ticket_fn fn, void *ctx);

@@ -76,8 +76,20 @@ typedef struct oi_save_options {
 
 typedef struct oi_load_options {
   uint32_t struct_size;
-  uint32_t flags;
+  uint32_t flags; /* OI_LOAD_* */
 } oi_load_options;
+
+/* oi_load_options.flags */
+enum {
+  /* Copy arena by arena, in the layout's order, recording a CUDA event after
+   * each arena's copies (oi_ticket_arena_event): a model can start on its
+   * first layers while the later ones are still crossing PCIe. Local engines
+   * on a CUDA device; elsewhere the load runs as usual and the ticket has no
+   * arena events. Each arena goes to the copy engines as one batch of pieces
+   * (a staged copy policy becomes DMA here: staging moves whole host blocks,
+   * which span every arena). */
+  OI_LOAD_ARENA_EVENTS = 1u << 0,
+};
 
 /* oi_query_result.state */
 typedef enum oi_query_state {

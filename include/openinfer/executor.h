@@ -49,7 +49,17 @@ typedef struct oi_model_desc {
    * KV bytes differ must never report the same id. Owned by the model; valid
    * while its ctx lives. */
   const char *model_id;
+  uint32_t flags; /* OI_MODEL_* capabilities */
 } oi_model_desc;
+
+/* oi_model_desc.flags */
+enum {
+  /* forward honours oi_model_batch.kv_events: it makes its CUDA stream wait
+   * for layer l's events before it reads layer l's KV. The executor then
+   * queues the forward of a restored prompt's last tokens while the restore
+   * is still loading (layer by layer), instead of after it. */
+  OI_MODEL_KV_EVENTS = 1u << 0,
+};
 
 /* Where a rank's KV lives. One arena per layer; in each arena a block is its
  * K page followed by its V page (the [num_blocks, 2, page, kv_heads,
@@ -90,6 +100,16 @@ typedef struct oi_model_batch {
   uint32_t rank;
   uint32_t n_seqs;
   oi_model_seq *seqs;
+  /* Restores still loading (models with OI_MODEL_KV_EVENTS; 0 otherwise).
+   * kv_events[i * num_layers + l] is a CUDA event (cudaEvent_t) after which
+   * restore i's blocks of layer l are in the arena; NULL: nothing to wait
+   * for. Before the forward reads layer l's KV it makes its stream wait for
+   * every restore's layer-l event. If a load then fails, the executor
+   * discards what the forward computed for that sequence and recomputes it.
+   * Valid during the call (the model reads these fields only when
+   * struct_size covers them). */
+  uint32_t n_kv_waits;
+  void *const *kv_events;
 } oi_model_batch;
 
 /* The model vtable. The executor calls describe once, bind once per rank
@@ -269,6 +289,9 @@ typedef struct oi_exec_stats {
   uint64_t blocks_cached; /* inactive, in the prefix cache (evictable) */
   uint64_t blocks_active; /* held by requests */
   uint64_t leases_held;   /* host-tier leases the executor holds right now */
+  /* Restores whose load overlapped the forward of the prompt's remaining
+   * tokens (OI_MODEL_KV_EVENTS models on CUDA ranks; docs/executor.md). */
+  uint64_t restores_overlapped;
 } oi_exec_stats;
 
 OI_API oi_status oi_executor_options_init(oi_executor_options *o);

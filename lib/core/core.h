@@ -103,5 +103,9 @@ void oi__ticket_complete(oi_ticket *t, oi_status st);
 /* Attaches a backend event the ticket owns; `destroy` runs when the ticket is
  * freed. */
 void oi__ticket_set_cuda_event(oi_ticket *t, void *event, void (*destroy)(void *event));
+/* Attaches a layered load's per-arena events (an oi__malloc'd array of n, each
+ * entry possibly NULL); the ticket owns both; `destroy` frees each event. */
+void oi__ticket_set_arena_events(oi_ticket *t, void **events, uint32_t n,
+                                 void (*destroy)(void *event));
 
 #endif

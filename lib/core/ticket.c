@@ -22,6 +22,8 @@ struct oi_ticket {
   void *callback_ctx;
   void *cuda_event;
   void (*cuda_event_destroy)(void *event);
+  void **arena_events; /* a layered load's per-arena events (same destroy) */
+  uint32_t n_arena_events;
 };
 
 oi_ticket *oi__ticket_new(void) {
@@ -45,6 +47,9 @@ void oi__ticket_unref(oi_ticket *t) {
   if (!t || atomic_fetch_sub(&t->refs, 1) != 1) return;
   if (t->event_fd >= 0) close(t->event_fd);
   if (t->cuda_event && t->cuda_event_destroy) t->cuda_event_destroy(t->cuda_event);
+  for (uint32_t i = 0; i < t->n_arena_events; i++)
+    if (t->arena_events[i] && t->cuda_event_destroy) t->cuda_event_destroy(t->arena_events[i]);
+  oi__free(t->arena_events);
   pthread_cond_destroy(&t->done_cv);
   pthread_mutex_destroy(&t->lock);
   oi__free(t);
@@ -78,6 +83,13 @@ void oi__ticket_complete(oi_ticket *t, oi_status st) {
 
 void oi__ticket_set_cuda_event(oi_ticket *t, void *event, void (*destroy)(void *event)) {
   t->cuda_event = event;
+  t->cuda_event_destroy = destroy;
+}
+
+void oi__ticket_set_arena_events(oi_ticket *t, void **events, uint32_t n,
+                                 void (*destroy)(void *event)) {
+  t->arena_events = events;
+  t->n_arena_events = n;
   t->cuda_event_destroy = destroy;
 }
 
@@ -127,6 +139,10 @@ OI_API int oi_ticket_fd(oi_ticket *t) {
 }
 
 OI_API void *oi_ticket_cuda_event(oi_ticket *t) { return t ? t->cuda_event : NULL; }
+
+OI_API void *oi_ticket_arena_event(oi_ticket *t, uint32_t arena) {
+  return t && arena < t->n_arena_events ? t->arena_events[arena] : NULL;
+}
 
 OI_API oi_status oi_ticket_set_callback(oi_ticket *t, oi_ticket_fn fn, void *ctx) {
   if (!t || !fn)

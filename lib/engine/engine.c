@@ -170,6 +170,9 @@ OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
   oi_load_options lo;
   oi_load_options_init(&lo);
   if (opt && (st = oi__struct_in(&lo, sizeof lo, opt, "load")) != OI_OK) return st;
+  if (lo.flags & ~(uint32_t)OI_LOAD_ARENA_EVENTS)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: unknown flags 0x%x",
+                    lo.flags & ~(uint32_t)OI_LOAD_ARENA_EVENTS);
   return e->ops->load(e, lease, dst_block_ids, n, &lo, ticket_out);
 }
 

@@ -287,9 +287,11 @@ static uint32_t resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir dir)
   return dir == OI_COPY_D2H ? OI_XFER_DMA : OI_XFER_KERNEL;
 }
 
-/* Queues the copies of n blocks (device ids[i] <-> blocks[i]) on `s`. */
-static oi_status queue_copies(local_engine *e, oi_stream *s, oi_copy_dir dir, const int64_t *ids,
-                              host_block *const *blocks, size_t n) {
+/* Queues the copies of n blocks (device ids[i] <-> blocks[i]) of the arenas
+ * of `l` (the engine's layout, or a view of some of its arenas) on `s`. */
+static oi_status queue_copies_in(local_engine *e, const oi_layout *l, uint32_t mode, oi_stream *s,
+                                 oi_copy_dir dir, const int64_t *ids, host_block *const *blocks,
+                                 size_t n) {
   if (n == 0) return OI_OK;
   uint8_t *stack_data[64] = {0};
   uint8_t **datas = n <= 64 ? stack_data : oi__malloc(n * sizeof *datas);
@@ -297,14 +299,46 @@ static oi_status queue_copies(local_engine *e, oi_stream *s, oi_copy_dir dir, co
   for (size_t i = 0; i < n; i++) datas[i] = oi__block_data(e->host, blocks[i]);
   oi_copy_desc *descs = NULL;
   size_t nd = 0;
-  oi_status st = oi__plan_build(&e->base.layout, ids, datas, n, dir, &descs, &nd);
+  oi_status st = oi__plan_build(l, ids, datas, n, dir, &descs, &nd);
   if (datas != stack_data) oi__free(datas);
   if (st != OI_OK) return st;
-  oi_copy_params cp = {.mode = dir == OI_COPY_D2H ? e->save_mode : e->load_mode,
+  oi_copy_params cp = {.mode = mode,
                        .cta_limit = e->base.opts.copy_cta_limit,
                        .host_mapped = e->host->pool.device != NULL && e->host->dev->ordinal >= 0};
   st = e->dev->ops->stream_copy(s, dir, descs, nd, &cp);
   oi__free(descs);
+  return st;
+}
+
+static oi_status queue_copies(local_engine *e, oi_stream *s, oi_copy_dir dir, const int64_t *ids,
+                              host_block *const *blocks, size_t n) {
+  return queue_copies_in(e, &e->base.layout, dir == OI_COPY_D2H ? e->save_mode : e->load_mode, s,
+                         dir, ids, blocks, n);
+}
+
+/* A layered load (OI_LOAD_ARENA_EVENTS): each arena's copies, then an event.
+ * The events go to the ticket (which destroys them) once all are queued. */
+static oi_status queue_layered(local_engine *e, xfer_job *job, const int64_t *ids, size_t n) {
+  const oi_layout *l = &e->base.layout;
+  void **evs = oi__calloc(l->num_arenas, sizeof *evs);
+  if (!evs) return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for arena events");
+  uint32_t mode = e->load_mode == OI_XFER_STAGED ? OI_XFER_DMA : e->load_mode;
+  oi_layout one = *l;
+  one.num_arenas = 1;
+  oi_status st = OI_OK;
+  for (uint32_t a = 0; a < l->num_arenas && st == OI_OK; a++) {
+    one.arenas = &l->arenas[a];
+    one.block_bytes = (uint64_t)one.arenas->segments * one.arenas->bytes_per_block;
+    st = queue_copies_in(e, &one, mode, e->load_stream, OI_COPY_H2D, ids, job->blocks, n);
+    if (st == OI_OK) st = e->dev->ops->stream_record_event(e->load_stream, &evs[a]);
+  }
+  if (st == OI_OK && job->ticket) {
+    oi__ticket_set_arena_events(job->ticket, evs, l->num_arenas, e->dev->ops->event_destroy);
+    return OI_OK;
+  }
+  for (uint32_t a = 0; a < l->num_arenas; a++)
+    if (evs[a]) e->dev->ops->event_destroy(evs[a]);
+  oi__free(evs);
   return st;
 }
 
@@ -571,7 +605,6 @@ static oi_status local_query(oi_offload_engine *base, const char *req_id,
 
 static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64_t *ids, size_t n,
                             const oi_load_options *opt, oi_ticket **ticket_out) {
-  OI_UNUSED(opt);
   local_engine *e = (local_engine *)base;
   xfer_job *job = job_new(e, true, n);
   oi_ticket *t = ticket_out ? oi__ticket_new() : NULL;
@@ -604,8 +637,12 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
    * built; the first group is small (a restore's latency starts with it). */
   size_t group_blocks = e->load_group / base->layout.block_bytes + 1;
   size_t first_blocks = OI_MIN(group_blocks, DMA_GROUP_BYTES / base->layout.block_bytes + 1);
-  for (size_t i = 0, g = first_blocks; i < n && st == OI_OK; i += g, g = group_blocks)
-    st = queue_copies(e, e->load_stream, OI_COPY_H2D, ids + i, job->blocks + i, OI_MIN(g, n - i));
+  if ((opt->flags & OI_LOAD_ARENA_EVENTS) && e->dev->ordinal >= 0 && t)
+    st = queue_layered(e, job, ids, n);
+  else
+    for (size_t i = 0, g = first_blocks; i < n && st == OI_OK; i += g, g = group_blocks)
+      st = queue_copies(e, e->load_stream, OI_COPY_H2D, ids + i, job->blocks + i,
+                        OI_MIN(g, n - i));
   if (st == OI_OK) st = queue_completion(e, e->load_stream, job);
   if (st != OI_OK) {
     fail_job(e, e->load_stream, job, t, st, "load"); /* ends the loading marks, counts the failure */

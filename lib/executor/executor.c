@@ -3,6 +3,7 @@
  * workers -> drain in-flight loads -> close the arena mapping -> flush saves
  * -> unregister (engine destroy) -> free the arenas. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "executor/executor_internal.h"
@@ -21,6 +22,11 @@ static void *worker_main(void *arg) {
     if (r->work == 2) break;
     pthread_mutex_unlock(&r->work_lock);
     oi_clear_error();
+    /* Host-mode overlapped restores: the forward reads their KV. A load that
+     * fails or times out here is settled by the scheduler afterwards (that
+     * sequence's results are discarded). */
+    for (uint32_t i = 0; i < r->n_host_waits; i++)
+      oi_ticket_wait(r->host_waits[i], x->o.restore_timeout_ms);
     oi_status st = x->model.forward(x->model_ctx_for_worker, &r->batch);
     pthread_mutex_lock(&r->work_lock);
     r->work_status = st;
@@ -186,6 +192,8 @@ OI_API void oi_executor_destroy(oi_executor *x) {
     }
     oi__free(r->seqs);
     oi__free(r->seq_req);
+    oi__free(r->kv_events);
+    oi__free(r->host_waits);
   }
   if (x->owns_host) oi_offload_host_destroy(x->host);
   if (x->by_id) {
@@ -284,7 +292,9 @@ static oi_status rank_init(oi_executor *x, exec_rank *r) {
   if ((st = oi__gpool_create(&r->pool, x->o.gpu_blocks)) != OI_OK) return st;
   r->seqs = oi__calloc(x->o.max_batch_seqs, sizeof *r->seqs);
   r->seq_req = oi__calloc(x->o.max_batch_seqs, sizeof *r->seq_req);
-  if (!r->seqs || !r->seq_req)
+  r->kv_events = oi__calloc((size_t)x->o.max_batch_seqs * x->desc.num_layers, sizeof *r->kv_events);
+  r->host_waits = oi__calloc(x->o.max_batch_seqs, sizeof *r->host_waits);
+  if (!r->seqs || !r->seq_req || !r->kv_events || !r->host_waits)
     return oi__fail(OI_ERR_OUT_OF_MEMORY, "executor_create: out of memory");
   if ((st = oi__dev_open(r->device, &r->dev)) != OI_OK) return st;
 
@@ -358,6 +368,15 @@ OI_API oi_status oi_executor_create(const oi_executor_options *opts, oi_executor
     st = oi__fail(OI_ERR_INVALID_ARGUMENT,
                   "executor_create: the model describes an empty KV layout");
     goto fail_early;
+  }
+  {
+    const char *ov = getenv("OI_RESTORE_OVERLAP");
+    if (ov && (!strcmp(ov, "0") || !strcmp(ov, "off")))
+      x->overlap_mode = OVERLAP_OFF;
+    else if (ov && !strcmp(ov, "host"))
+      x->overlap_mode = OVERLAP_HOST;
+    else
+      x->overlap_mode = d->flags & OI_MODEL_KV_EVENTS ? OVERLAP_DEVICE : OVERLAP_OFF;
   }
   {
     uint64_t token_bytes = (uint64_t)d->num_kv_heads * d->head_dim * d->dtype_bytes;
@@ -603,6 +622,7 @@ OI_API oi_status oi_executor_stats(const oi_executor *x, oi_exec_stats *out) {
   s.restores_failed = x->c.restores_failed;
   s.saves_submitted = x->c.saves_submitted;
   s.leases_held = x->c.leases_held;
+  s.restores_overlapped = x->c.restores_overlapped;
   for (uint32_t i = 0; i < x->nranks; i++) {
     const block_pool *p = &x->ranks[i].pool;
     s.blocks_total += p->n;

@@ -39,6 +39,10 @@ typedef struct request {
   oi_ticket *load_ticket;
   uint32_t restore_first, restore_n;
   uint64_t restore_deadline_ns;
+  /* The restore overlaps this step's forward: kv_len already counts the
+   * restored blocks, and the forward waits for them (on the device, or the
+   * worker on the ticket); settled before the step's results apply. */
+  bool overlap;
   /* Restore timing (benchmarks): query call, load submit -> completion seen
    * at a step boundary, commit. */
   uint64_t restore_query_ns, restore_load_start_ns, restore_load_done_ns, restore_commit_ns;
@@ -103,12 +107,23 @@ typedef struct exec_rank {
   oi_model_batch batch;
   oi_model_seq *seqs;
   request **seq_req;
+  /* Overlapped restores of this step's batch: their per-layer events
+   * (batch.kv_events, n_kv_waits x num_layers) and, in host mode, their
+   * tickets for the worker to wait on before the forward. */
+  void **kv_events;
+  oi_ticket **host_waits;
+  uint32_t n_host_waits;
 } exec_rank;
+
+/* How a restore may overlap the forward of the prompt's remaining tokens
+ * (OI_RESTORE_OVERLAP: "0" off; "host": the worker waits for the load before
+ * the forward, on any backend, for tests; unset: "device"). */
+enum { OVERLAP_OFF = 0, OVERLAP_DEVICE = 1, OVERLAP_HOST = 2 };
 
 typedef struct exec_counters {
   uint64_t steps, submitted, finished, failed, prefill_tokens, decode_tokens, cached_tokens,
       restored_tokens, restores_started, restores_completed, restores_failed, saves_submitted;
-  uint64_t leases_held;
+  uint64_t leases_held, restores_overlapped;
 } exec_counters;
 
 struct oi_executor {
@@ -127,6 +142,7 @@ struct oi_executor {
   uint32_t by_id_mask;
   uint64_t n_requests;
   uint32_t page_tokens_max; /* KV tokens a request may need at most: gpu_blocks * page */
+  uint32_t overlap_mode;    /* OVERLAP_*: device needs OI_MODEL_KV_EVENTS and CUDA ranks */
   exec_counters c;
 };
 

@@ -233,8 +233,10 @@ static void commit_restore(exec_rank *r, request *q) {
       r->pool.blocks[mine].saved = 1; /* it came from the host tier */
     }
   }
-  uint32_t matched = g + h, limit = (q->prompt_len - 1) / page;
-  for (; matched < limit; matched++) { /* re-match past the restored run */
+  /* Re-match past the restored run, unless the forward already computed
+   * from there (an overlapped restore). */
+  uint32_t matched = g + h, limit = q->overlap ? matched : (q->prompt_len - 1) / page;
+  for (; matched < limit; matched++) {
     int32_t c = oi__gpool_lookup(&r->pool, &q->hashes[matched]);
     if (c < 0) break;
     oi__gpool_ref(&r->pool, c);
@@ -261,42 +263,55 @@ static void degrade_restore(exec_rank *r, request *q, const char *why) {
   r->x->c.restores_failed++;
 }
 
+/* The load of q's restore ended with `st`: commit it, or fall back to
+ * prefilling the blocks. */
+static void end_restore(exec_rank *r, request *q, oi_status st) {
+  oi_ticket_release(q->load_ticket);
+  q->load_ticket = NULL;
+  q->state = OI_REQUEST_RUNNING;
+  if (st == OI_OK && fault(r->x, r, q, OI_FAULT_LOAD_COMPLETE)) st = OI_ERR_IO;
+  q->restore_load_done_ns = oi__now_ns();
+  if (st == OI_OK) {
+    commit_restore(r, q);
+    q->restore_commit_ns = oi__now_ns() - q->restore_load_done_ns;
+  } else {
+    degrade_restore(r, q, oi_status_str(st));
+  }
+  q->overlap = false;
+}
+
+/* Gives up on q's pending load: its blocks go to the orphans until the copy
+ * ends, and the request gets fresh ones. @return false (nothing changed)
+ * when the fresh blocks are not there yet. */
+static bool abandon_restore(exec_rank *r, request *q) {
+  if (oi__gpool_available(&r->pool) < q->restore_n) return false;
+  orphan_load *o = oi__malloc(sizeof *o + q->restore_n * sizeof(int64_t));
+  if (!o) return false;
+  o->ticket = q->load_ticket;
+  o->n = q->restore_n;
+  memcpy(o->ids, q->blocks + q->restore_first, q->restore_n * sizeof(int64_t));
+  o->next = r->orphans;
+  r->orphans = o;
+  take_blocks(r, q, q->restore_first, q->restore_first + q->restore_n);
+  q->load_ticket = NULL;
+  q->state = OI_REQUEST_RUNNING;
+  q->overlap = false;
+  OI_LOG(OI_LOG_WARN, "executor", "rank %u request %llu: load still pending after %u ms", r->index,
+         (unsigned long long)q->id, r->x->o.restore_timeout_ms);
+  degrade_restore(r, q, "timeout");
+  return true;
+}
+
 /* Polls the restores in flight; each ends committed or degraded. */
 static void poll_restores(exec_rank *r) {
-  oi_executor *x = r->x;
   for (request *q = r->running_head; q; q = q->next) {
     if (q->state != OI_REQUEST_RESTORING) continue;
     oi_status st = oi_ticket_poll(q->load_ticket);
     if (st == OI_PENDING) {
-      if (oi__now_ns() < q->restore_deadline_ns) continue;
-      /* Abandoned: its blocks go to the orphans until the copy ends, and the
-       * request gets fresh ones (or waits for them). */
-      if (oi__gpool_available(&r->pool) < q->restore_n) continue;
-      orphan_load *o = oi__malloc(sizeof *o + q->restore_n * sizeof(int64_t));
-      if (!o) continue;
-      o->ticket = q->load_ticket;
-      o->n = q->restore_n;
-      memcpy(o->ids, q->blocks + q->restore_first, q->restore_n * sizeof(int64_t));
-      o->next = r->orphans;
-      r->orphans = o;
-      take_blocks(r, q, q->restore_first, q->restore_first + q->restore_n);
-      q->load_ticket = NULL;
-      q->state = OI_REQUEST_RUNNING;
-      OI_LOG(OI_LOG_WARN, "executor", "rank %u request %llu: load still pending after %u ms",
-             r->index, (unsigned long long)q->id, x->o.restore_timeout_ms);
-      degrade_restore(r, q, "timeout");
+      if (oi__now_ns() >= q->restore_deadline_ns) abandon_restore(r, q);
       continue;
     }
-    oi_ticket_release(q->load_ticket);
-    q->load_ticket = NULL;
-    q->state = OI_REQUEST_RUNNING;
-    if (st == OI_OK && fault(x, r, q, OI_FAULT_LOAD_COMPLETE)) st = OI_ERR_IO;
-    q->restore_load_done_ns = oi__now_ns();
-    if (st == OI_OK) {
-      commit_restore(r, q);
-      q->restore_commit_ns = oi__now_ns() - q->restore_load_done_ns;
-    } else
-      degrade_restore(r, q, oi_status_str(st));
+    end_restore(r, q, st);
   }
   for (orphan_load **link = &r->orphans; *link;) {
     orphan_load *o = *link;
@@ -348,6 +363,8 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
   /* Every block of the request was reserved before the query. */
   oi_load_options lo;
   oi_load_options_init(&lo);
+  bool events = x->overlap_mode == OVERLAP_DEVICE && r->device >= 0;
+  if (events) lo.flags |= OI_LOAD_ARENA_EVENTS;
   if (!why && fault(x, r, q, OI_FAULT_LOAD_SUBMIT)) why = "load refused (injected)";
   if (!why) {
     q->restore_load_start_ns = oi__now_ns();
@@ -356,6 +373,20 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
       x->c.leases_held--; /* the load consumed our share */
       q->state = OI_REQUEST_RESTORING;
       q->restore_deadline_ns = oi__deadline_ns(x->o.restore_timeout_ms);
+      /* Overlap: the remaining tokens are computed in this step while the
+       * load runs (every layer's event is needed; the remote engine has
+       * none). */
+      bool overlap = x->overlap_mode == OVERLAP_HOST;
+      if (events) {
+        overlap = true;
+        for (uint32_t l = 0; l < r->kv.num_layers && overlap; l++)
+          overlap = oi_ticket_arena_event(q->load_ticket, l) != NULL;
+      }
+      if (overlap) {
+        x->c.restores_overlapped++;
+        q->overlap = true;
+        q->kv_len = (g + h) * r->kv.page_size;
+      }
       return true;
     }
     why = oi_last_error();
@@ -407,11 +438,13 @@ static void admit(exec_rank *r) {
 
 static void build_batch(exec_rank *r) {
   oi_executor *x = r->x;
-  uint32_t budget = x->o.max_batch_tokens, n = 0;
+  uint32_t budget = x->o.max_batch_tokens, n = 0, waits = 0, L = r->kv.num_layers;
+  r->n_host_waits = 0;
   /* Decodes first (one token each), then prefill chunks in admission order. */
   for (int pass = 0; pass < 2; pass++)
     for (request *q = r->running_head; q && budget; q = q->next) {
-      if (q->state != OI_REQUEST_RUNNING) continue;
+      bool overlapped = q->state == OI_REQUEST_RESTORING && q->overlap;
+      if (q->state != OI_REQUEST_RUNNING && !overlapped) continue;
       bool decoding = q->kv_len >= q->prompt_len;
       if (decoding != (pass == 0)) continue;
       uint32_t want = decoding ? 1 : OI_MIN(q->prompt_len - q->kv_len, budget);
@@ -427,11 +460,20 @@ static void build_batch(exec_rank *r) {
       q->sched_tokens = want;
       r->seq_req[n++] = q;
       budget -= want;
+      if (overlapped && x->overlap_mode == OVERLAP_HOST) {
+        r->host_waits[r->n_host_waits++] = q->load_ticket;
+      } else if (overlapped) {
+        for (uint32_t l = 0; l < L; l++)
+          r->kv_events[(size_t)waits * L + l] = oi_ticket_arena_event(q->load_ticket, l);
+        waits++;
+      }
     }
   r->batch.struct_size = sizeof r->batch;
   r->batch.rank = r->index;
   r->batch.n_seqs = n;
   r->batch.seqs = r->seqs;
+  r->batch.n_kv_waits = waits;
+  r->batch.kv_events = r->kv_events;
 }
 
 static void post_work(exec_rank *r) {
@@ -477,6 +519,52 @@ static bool apply_seq(exec_rank *r, request *q, const oi_model_seq *s) {
   return done;
 }
 
+/* After the forward that overlapped q's restore: the load's outcome decides
+ * whether the forward's results for q stand. The device finished the
+ * forward, which waited for every layer's copies, so the ticket completes
+ * at once unless the load failed or hangs. @return true when committed (the
+ * results apply); false: they are discarded, and q prefills the blocks
+ * (degraded) or, its load still pending, goes back to being polled. */
+static bool settle_overlap(exec_rank *r, request *q) {
+  uint64_t now = oi__now_ns();
+  uint64_t left_ms = now >= q->restore_deadline_ns ? 0 : (q->restore_deadline_ns - now) / 1000000;
+  oi_status st = oi_ticket_wait(q->load_ticket, (uint32_t)OI_MIN(left_ms, UINT32_MAX - 1));
+  if (st == OI_ERR_TIMEOUT) {
+    q->overlap = false;
+    q->kv_len = q->restore_first * r->kv.page_size; /* poll_restores decides */
+    return false;
+  }
+  end_restore(r, q, st);
+  return q->restore_n != 0;
+}
+
+/* A failed forward's request whose restore overlapped it: the load may still
+ * write its blocks, which the request is about to release. The orphans keep
+ * a reference on them until the copy ends. */
+static void drop_overlap(exec_rank *r, request *q) {
+  if (oi_ticket_poll(q->load_ticket) == OI_PENDING) {
+    orphan_load *o = oi__malloc(sizeof *o + q->restore_n * sizeof(int64_t));
+    if (o) {
+      o->ticket = q->load_ticket;
+      o->n = q->restore_n;
+      for (uint32_t i = 0; i < q->restore_n; i++) {
+        o->ids[i] = q->blocks[q->restore_first + i];
+        oi__gpool_ref(&r->pool, (int32_t)o->ids[i]);
+      }
+      o->next = r->orphans;
+      r->orphans = o;
+      q->load_ticket = NULL;
+    } else {
+      oi_ticket_wait(q->load_ticket, UINT32_MAX); /* out of memory: the copy ends first */
+    }
+  }
+  oi_ticket_release(q->load_ticket);
+  q->load_ticket = NULL;
+  q->state = OI_REQUEST_RUNNING;
+  q->overlap = false;
+  r->x->c.restores_failed++;
+}
+
 oi_status oi__exec_step(oi_executor *x, uint32_t *finished) {
   uint32_t n_finished = 0;
   for (uint32_t i = 0; i < x->nranks; i++) {
@@ -500,12 +588,18 @@ oi_status oi__exec_step(oi_executor *x, uint32_t *finished) {
         result = st;
         snprintf(first_error, sizeof first_error, "rank %u forward: %s", r->index, r->work_error);
       }
-      for (uint32_t k = 0; k < r->batch.n_seqs; k++)
-        finish_request(r, r->seq_req[k], OI_REQUEST_FAILED, st);
+      for (uint32_t k = 0; k < r->batch.n_seqs; k++) {
+        request *q = r->seq_req[k];
+        if (q->state == OI_REQUEST_RESTORING) drop_overlap(r, q);
+        finish_request(r, q, OI_REQUEST_FAILED, st);
+      }
       continue;
     }
-    for (uint32_t k = 0; k < r->batch.n_seqs; k++)
-      n_finished += apply_seq(r, r->seq_req[k], &r->seqs[k]);
+    for (uint32_t k = 0; k < r->batch.n_seqs; k++) {
+      request *q = r->seq_req[k];
+      if (q->state == OI_REQUEST_RESTORING && !settle_overlap(r, q)) continue;
+      n_finished += apply_seq(r, q, &r->seqs[k]);
+    }
     r->batch.n_seqs = 0;
   }
   x->c.steps++;

@@ -230,6 +230,7 @@ static oi_status rm_describe(void *ctx, oi_model_desc *out) {
   d.vocab_size = m->o.vocab_size;
   d.max_positions = m->o.max_positions;
   d.model_id = m->model_id;
+  d.flags = m->cuda ? OI_MODEL_KV_EVENTS : 0; /* the CUDA forward waits per layer */
   return oi__struct_out(out, &d, sizeof d, "refmodel describe");
 }
 
@@ -252,8 +253,8 @@ static oi_status rm_bind(void *ctx, uint32_t rank, const oi_kv_layout *layout) {
   if (m->cuda) return oi__rm_cuda_bind(m->cuda, rank, &kv);
   if (kv.device != -1)
     return oi__fail(OI_ERR_UNSUPPORTED,
-                    "refmodel bind: rank %u is on CUDA device %d; the reference model runs on the "
-                    "cpu backend only (its CUDA kernels are not implemented yet)",
+                    "refmodel bind: rank %u is on CUDA device %d but this model was created for "
+                    "the cpu (oi_refmodel_options.device -1); create it with that device",
                     rank, kv.device);
   if (kv.num_layers != m->o.num_layers || !kv.base || kv.page_size == 0 ||
       kv.token_stride < m->kv_dim * sizeof(float))

@@ -9,6 +9,7 @@
  * so the KV it wrote is complete when the executor saves it. */
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <stddef.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -377,7 +378,7 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
   uint32_t *lrow = (uint32_t *)(hp + o_lrow);
   oi_rm_item *it = (oi_rm_item *)(hp + o_items);
   int32_t *tables = (int32_t *)(hp + o_tab);
-  uint32_t row = 0, ri = 0, ii = 0, to = 0;
+  uint32_t row = 0, ri = 0, ii = 0, to = 0, max_rows = 0;
   for (uint32_t i = 0; i < b->n_seqs; i++) {
     const oi_model_seq *s = &b->seqs[i];
     if (!s->n_tokens) continue;
@@ -393,6 +394,7 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
     for (uint32_t t0 = 0; t0 < s->n_tokens; t0 += OI_RM_ATTN_QTILE) {
       oi_rm_item x = {row + t0, OI_MIN(OI_RM_ATTN_QTILE, s->n_tokens - t0), s->position + t0, to,
                       nb, 0};
+      max_rows = OI_MAX(max_rows, x.nrows);
       it[ii++] = x;
     }
     if (s->want_token) lrow[ri++] = row + s->n_tokens - 1;
@@ -420,10 +422,21 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
   ap.kv_heads = m->kvh;
   ap.head_dim = m->hd;
   ap.nseg = nseg;
+  ap.max_rows = max_rows;
   ap.scale_log2 = 1.4426950408889634f / sqrtf((float)m->hd);
   ap.part_o = r->part_o;
   ap.part_ml = r->part_ml;
   float eps = m->o.rms_eps;
+  /* Restores still loading: layer l's attention waits for their layer-l
+   * events (the embedding and every layer's QKV GEMM before it do not read
+   * the arena). */
+  uint32_t n_waits = 0;
+  void *const *kv_events = NULL;
+  if (b->struct_size >= offsetof(oi_model_batch, kv_events) + sizeof b->kv_events &&
+      b->n_kv_waits && b->kv_events) {
+    n_waits = b->n_kv_waits;
+    kv_events = b->kv_events;
+  }
   const char *what = "metadata copy";
   if (!err) what = "embed", err = oi_rm_embed(d_tok, T, m->emb, m->H, r->x, cs);
   for (uint32_t l = 0; l < m->L && !err; l++) {
@@ -433,6 +446,10 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
     what = "attn rmsnorm", err = oi_rm_rmsnorm(r->x, NULL, T, m->H, w->attn_norm, eps, r->h, cs);
     if (!err)
       what = "qkv gemm", err = oi_rm_gemm(OI_RM_EPI_BF16, r->h, w->wqkv, r->qkv, T, m->QKV, m->H, cs);
+    for (uint32_t i = 0; i < n_waits && !err; i++) {
+      void *ev = kv_events[(size_t)i * m->L + l];
+      if (ev) what = "restore wait", err = (int)cudaStreamWaitEvent(cs, (cudaEvent_t)ev, 0);
+    }
     if (!err)
       what = "rope", err = oi_rm_rope_kv(r->qkv, d_pos, d_slot, T, m->qh, m->kvh, m->hd,
                                          m->rope_cos, m->rope_sin, base, kv->segment_stride, cs);

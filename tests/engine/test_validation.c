@@ -422,11 +422,23 @@ static void test_bad_loads_are_refused_before_any_copy(void) {
   CHECK_OK(oi_load_options_init(&lo));
   lo.struct_size = 0;
   CHECK_FAILS(oi_offload_engine_load(eng, q.lease, dst, 4, &lo, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_OK(oi_load_options_init(&lo));
+  lo.flags = 1u << 7; /* not a load flag */
+  CHECK_FAILS(oi_offload_engine_load(eng, q.lease, dst, 4, &lo, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "unknown flags") != NULL);
   CHECK_FAILS(oi_offload_engine_load(NULL, q.lease, dst, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK_FAILS(oi_offload_engine_release(NULL, q.lease), OI_ERR_INVALID_ARGUMENT);
   UNCHANGED();
-  /* None of the refusals consumed the lease's only share. */
-  CHECK_OK(etu_load_wait(eng, q.lease, dst, 4));
+  /* None of the refusals consumed the lease's only share. A layered load
+   * on the cpu backend is a plain load: same bytes, no arena events. */
+  CHECK_OK(oi_load_options_init(&lo));
+  lo.flags = OI_LOAD_ARENA_EVENTS;
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_load(eng, q.lease, dst, 4, &lo, &t));
+  CHECK(t && oi_ticket_arena_event(t, 0) == NULL);
+  CHECK(oi_ticket_arena_event(NULL, 0) == NULL);
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
   for (int i = 0; i < 4; i++)
     CHECK(etu_block_matches(&L, dst[i], (uint64_t)i, SEED, "after refusals"));
   for (int i = 0; i < 4; i++)

@@ -8,7 +8,9 @@
  *   - injected restore failures degrade to a full prefill with the same
  *     output, leaving no lease and no pinned page;
  *   - two ranks share one host tier (rank 1 restores what rank 0 saved);
- *   - destroy with saves and loads in flight is clean (run under ASan).
+ *   - destroy with saves and loads in flight is clean (run under ASan);
+ *   - with OI_RESTORE_OVERLAP=host, all of the above with every restore
+ *     overlapping the forward of the prompt's remaining tokens.
  * Each test uses its own namespace, so the host tier starts empty for it. */
 #include "exec_testutil.h"
 
@@ -32,6 +34,14 @@ static oi_executor *make_executor(uint32_t ranks, uint32_t offload, const char *
   if (st != OI_OK) fprintf(stderr, "executor_create: %s: %s\n", oi_status_str(st), oi_last_error());
   REQUIRE(st == OI_OK && x);
   return x;
+}
+
+/* OI_RESTORE_OVERLAP=host: each restore's remaining tokens are computed in
+ * the step that starts its load (the worker waits for the load first), and
+ * the scheduler settles the load before that step's results apply. */
+static bool overlap_host(void) {
+  const char *e = getenv("OI_RESTORE_OVERLAP");
+  return e && !strcmp(e, "host");
 }
 
 static void check_no_leases(oi_executor *x) {
@@ -86,6 +96,9 @@ static void test_parity_cold_restored_gpu_hit_and_no_offload(void) {
   CHECK(warm.res.cached_tokens == 0);
   CHECK(warm.res.computed_tokens == PROMPT - RESTORABLE);
   CHECK(same_tokens(&cold, &warm));
+  oi_exec_stats ws = {.struct_size = sizeof ws};
+  CHECK_OK(oi_executor_stats(x, &ws));
+  CHECK(ws.restores_overlapped == (overlap_host() ? 1u : 0u)); /* the cpu model has no events */
   uint8_t *warm_kv = kv_snapshot(x, 0, warm.id, KV_FULL_BLOCKS, &bytes2);
   CHECK(bytes == bytes2 && !memcmp(cold_kv, warm_kv, bytes)); /* restored + recomputed KV */
   free(warm_kv);
@@ -184,6 +197,9 @@ static void test_injected_failures_degrade_to_prefill(void) {
     CHECK(r.res.computed_tokens == PROMPT);
     CHECK_OK(oi_executor_stats(x, &after));
     if (faults[i] != OI_FAULT_QUERY) CHECK(after.restores_failed == before.restores_failed + 1);
+    /* Overlapped, the failed load's forward ran and was discarded. */
+    if (overlap_host() && faults[i] == OI_FAULT_LOAD_COMPLETE)
+      CHECK(after.restores_overlapped == before.restores_overlapped + 1);
     check_quiet(x);
     if (oi_test_failures != failures) fprintf(stderr, "  ... with the fault '%s'\n", names[i]);
   }

@@ -31,7 +31,7 @@ static uint8_t expected_byte(uint64_t logical, uint32_t arena, uint32_t seg, uin
   return oi__pattern_byte(seed, off);
 }
 
-static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas) {
+static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, bool layered) {
   uint8_t *region = NULL;
   REQUIRE(dev->ops->mem_alloc(dev, lc->region_bytes, 0, (void **)&region) == OI_OK);
   uint8_t *host = calloc(1, lc->region_bytes);
@@ -100,8 +100,21 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas) {
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_offload_engine_query(e, "r", hs, half, 0, &q));
   CHECK(q.hit_blocks == half);
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, half, NULL, &t));
+  oi_load_options lo;
+  oi_load_options_init(&lo);
+  if (layered) lo.flags = OI_LOAD_ARENA_EVENTS;
+  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, half, &lo, &t));
   CHECK(oi_ticket_cuda_event(t) != NULL);
+  /* Layered: one event per arena (the model waits on each), none past them. */
+  uint32_t events = 0;
+  for (uint32_t a = 0; a < lc->narenas; a++) {
+    void *ev = oi_ticket_arena_event(t, a);
+    events += ev != NULL;
+    if (ev) CHECK_OK(dev->ops->stream_wait_event(compute, ev));
+  }
+  CHECK(events == (layered ? lc->narenas : 0));
+  CHECK(oi_ticket_arena_event(t, lc->narenas) == NULL);
+  CHECK_OK(dev->ops->stream_sync(compute));
   CHECK_OK(oi_ticket_wait(t, 60000));
   oi_ticket_release(t);
 
@@ -123,8 +136,8 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas) {
     }
   CHECK(bad == 0);
   CHECK(untouched_bad == 0);
-  fprintf(stderr, "  %-22s mode %u ctas %3u: %s\n", lc->name, mode, ctas,
-          bad || untouched_bad ? "MISMATCH" : "bytes match");
+  fprintf(stderr, "  %-22s mode %u ctas %3u%s: %s\n", lc->name, mode, ctas,
+          layered ? " layered" : "", bad || untouched_bad ? "MISMATCH" : "bytes match");
   dev->ops->event_destroy(kv_written);
   dev->ops->stream_destroy(compute);
   oi_offload_engine_destroy(e);
@@ -180,9 +193,13 @@ int main(void) {
   layout_case cases[] = {glm(), qwen(), split_kv(), uneven()};
   /* staging_mb: 0 = the default staging (32 MiB); 4 = 1 MiB slots, so the
    * batch wraps the slot ring many times and pieces straddle slots. */
-  struct { uint32_t mode, ctas, staging_mb; } modes[] = {
-      {OI_COPY_KERNEL, 0, 0}, {OI_COPY_KERNEL, 1, 0}, {OI_COPY_KERNEL, 132, 0}, {OI_COPY_DMA, 0, 0},
-      {OI_COPY_AUTO, 0, 0},   {OI_COPY_STAGED, 0, 0}, {OI_COPY_STAGED, 1, 4},   {OI_COPY_STAGED, 132, 4}};
+  /* layered: loads with OI_LOAD_ARENA_EVENTS (arena by arena; staged
+   * becomes DMA). */
+  struct { uint32_t mode, ctas, staging_mb; bool layered; } modes[] = {
+      {OI_COPY_KERNEL, 0, 0, false}, {OI_COPY_KERNEL, 1, 0, false}, {OI_COPY_KERNEL, 132, 0, false},
+      {OI_COPY_DMA, 0, 0, false},    {OI_COPY_AUTO, 0, 0, false},   {OI_COPY_STAGED, 0, 0, false},
+      {OI_COPY_STAGED, 1, 4, false}, {OI_COPY_STAGED, 132, 4, false}, {OI_COPY_AUTO, 0, 0, true},
+      {OI_COPY_KERNEL, 16, 0, true}, {OI_COPY_DMA, 0, 0, true}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
       if (modes[m].staging_mb) {
@@ -192,7 +209,7 @@ int main(void) {
       } else {
         unsetenv("OI_STAGING_MB");
       }
-      run_case(&cases[c], modes[m].mode, modes[m].ctas);
+      run_case(&cases[c], modes[m].mode, modes[m].ctas, modes[m].layered);
     }
   unsetenv("OI_STAGING_MB");
   oi__dev_close(dev);

@@ -284,6 +284,14 @@ static uint64_t submit(oi_executor *x, const uint32_t *p, uint32_t n, uint32_t g
   return id;
 }
 
+static int inject_load_failure; /* fail the next restore's load at completion */
+static int fault_hook(void *c, uint32_t rank, uint64_t id, uint32_t fault) {
+  (void)c, (void)rank, (void)id;
+  if (fault != OI_FAULT_LOAD_COMPLETE || !inject_load_failure) return 0;
+  inject_load_failure = 0;
+  return 1;
+}
+
 static void test_executor_parity(void) {
   oi_host_options ho;
   oi_host_options_init(&ho);
@@ -299,6 +307,7 @@ static void test_executor_parity(void) {
   o.max_batch_tokens = 256;
   o.offload = OI_OFFLOAD_EMBEDDED;
   o.host_options = &ho;
+  o.fault_hook = fault_hook;
   oi_executor *x = NULL;
   CHECK_OK(oi_executor_create(&o, &x));
   REQUIRE(x);
@@ -332,7 +341,13 @@ static void test_executor_parity(void) {
   uint64_t ev = 0;
   CHECK_OK(oi_executor_evict_gpu_cache(x, &ev));
   uint64_t rest = submit(x, p, N, GEN);
+  uint32_t *p3 = prompt(500, 5);
+  submit(x, p3, 500, 8); /* its prefill shares the overlapped step */
   CHECK_OK(oi_executor_run_until_idle(x));
+  oi_exec_stats es = {.struct_size = sizeof es};
+  CHECK_OK(oi_executor_stats(x, &es));
+  /* The CUDA model waits per layer: the restore overlapped its forward. */
+  CHECK(es.restores_overlapped == 1 && es.restores_completed == 1);
   oi_request_result rr = {.struct_size = sizeof rr};
   CHECK_OK(oi_executor_result(x, rest, &rr));
   CHECK(rr.restored_tokens == NB * PAGE);
@@ -341,6 +356,24 @@ static void test_executor_parity(void) {
   uint8_t *kv_rest = download_blocks(&kv, ids, NB);
   bool kv_same = !memcmp(kv_cold, kv_rest, (size_t)NB * L_ * kv.block_stride);
   CHECK(kv_same);
+  /* A load that fails after the overlapped forward was queued: that forward
+   * is discarded and the prompt prefilled; the tokens still match. */
+  CHECK_OK(oi_executor_flush(x, 30000));
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  inject_load_failure = 1;
+  uint64_t failed = submit(x, p, N, GEN);
+  CHECK_OK(oi_executor_run_until_idle(x));
+  oi_request_result rf = {.struct_size = sizeof rf};
+  CHECK_OK(oi_executor_result(x, failed, &rf));
+  oi_exec_stats es2 = {.struct_size = sizeof es2};
+  CHECK_OK(oi_executor_stats(x, &es2));
+  CHECK(es2.restores_overlapped == 2 && es2.restores_failed == es.restores_failed + 1);
+  CHECK(rf.restored_tokens == 0 && rf.computed_tokens == N);
+  CHECK(rf.n_tokens == GEN && !memcmp(rf.tokens, tok_cold, GEN * 4));
+  printf("  overlapped restores: %llu; a load failed after its forward was queued -> prefilled "
+         "%u tokens, tokens %s\n",
+         (unsigned long long)es2.restores_overlapped, rf.computed_tokens,
+         rf.n_tokens == GEN && !memcmp(rf.tokens, tok_cold, GEN * 4) ? "identical" : "DIFFER");
   int same_hit = !memcmp(rh.tokens, tok_cold, GEN * 4), same_rest = !memcmp(rr.tokens, tok_cold, GEN * 4);
   printf("  executor parity (%u-token prompt, %u generated): cold computed %u; prefix hit cached %u "
          "-> tokens %s; evicted %llu blocks, restored %u -> tokens %s; restored KV (%u blocks x %u "
@@ -352,7 +385,7 @@ static void test_executor_parity(void) {
   for (int i = 0; i < 12; i++) printf(" %u", tok_cold[i]);
   printf("\n");
   oi_executor_destroy(x);
-  free(kv_cold), free(kv_rest), free(tok_cold), free(p), free(p2);
+  free(kv_cold), free(kv_rest), free(tok_cold), free(p), free(p2), free(p3);
 }
 
 int main(void) {

@@ -311,6 +311,12 @@ class Ticket:
         """The cudaEvent_t as an int (0 on the cpu backend)."""
         return int(ffi.cast("uintptr_t", lib.oi_ticket_cuda_event(self._p())))
 
+    def arena_event(self, arena):
+        """A load with arena_events: the cudaEvent_t recorded after arena
+        `arena`'s copies, as an int (0: none -- cpu backend, remote engine,
+        not layered, or out of range)."""
+        return int(ffi.cast("uintptr_t", lib.oi_ticket_arena_event(self._p(), arena)))
+
     def set_callback(self, fn):
         """fn(ticket, status) is called once on completion, on a library thread
         (or right here when already complete)."""
@@ -726,9 +732,10 @@ class OffloadEngine(_Handle):
         return QueryResult(r.hit_blocks, lease, r.state == lib.OI_QUERY_LOADING,
                            [bool(present[i]) for i in range(n)] if membership else None)
 
-    def load(self, lease, dst_block_ids):
+    def load(self, lease, dst_block_ids, arena_events=False):
         """Copies the leased blocks into dst_block_ids; consumes one share of
-        the lease (even on failure). Returns a Ticket."""
+        the lease (even on failure). Returns a Ticket. arena_events: copy
+        arena by arena with a CUDA event after each (Ticket.arena_event)."""
         raw = lease.raw if isinstance(lease, Lease) else bytes(lease)
         if len(raw) != 16:
             raise InvalidArgumentError("a lease is 16 bytes")
@@ -737,6 +744,8 @@ class OffloadEngine(_Handle):
         ffi.memmove(cl.bytes, raw, 16)
         opt = ffi.new("oi_load_options *")
         _check(lib.oi_load_options_init(opt))
+        if arena_events:
+            opt.flags = lib.OI_LOAD_ARENA_EVENTS
         t = ffi.new("oi_ticket **")
         if isinstance(lease, Lease):
             lease._done = True
@@ -1027,7 +1036,8 @@ _EXEC_STATS = [
     "ranks", "steps", "requests_submitted", "requests_finished", "requests_failed",
     "prefill_tokens", "decode_tokens", "cached_tokens", "restored_tokens", "restores_started",
     "restores_completed", "restores_failed", "saves_submitted", "save_blocks_pending",
-    "blocks_total", "blocks_free", "blocks_cached", "blocks_active", "leases_held"]
+    "blocks_total", "blocks_free", "blocks_cached", "blocks_active", "leases_held",
+    "restores_overlapped"]
 
 _OFFLOAD = {"none": 0, "embedded": 1, "sidecar": 2}
 

@@ -43,6 +43,8 @@ typedef int32_t oi_status;
 #define OI_HOST_HUGEPAGES ...
 #define OI_HOST_NO_PIN ...
 #define OI_QUERY_MEMBERSHIP ...
+#define OI_LOAD_ARENA_EVENTS ...
+#define OI_MODEL_KV_EVENTS ...
 
 const char *oi_status_str(oi_status st);
 const char *oi_last_error(void);
@@ -70,6 +72,7 @@ oi_status oi_ticket_poll(oi_ticket *t);
 oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms);
 int oi_ticket_fd(oi_ticket *t);
 void *oi_ticket_cuda_event(oi_ticket *t);
+void *oi_ticket_arena_event(oi_ticket *t, uint32_t arena);
 oi_status oi_ticket_set_callback(oi_ticket *t, oi_ticket_fn fn, void *ctx);
 void oi_ticket_release(oi_ticket *t);
 
@@ -283,6 +286,7 @@ typedef struct oi_model_desc {
   uint32_t vocab_size;
   uint32_t max_positions;
   const char *model_id;
+  uint32_t flags;
   ...;
 } oi_model_desc;
 typedef struct oi_kv_layout {
@@ -316,6 +320,8 @@ typedef struct oi_model_batch {
   uint32_t rank;
   uint32_t n_seqs;
   oi_model_seq *seqs;
+  uint32_t n_kv_waits;
+  void *const *kv_events;
   ...;
 } oi_model_batch;
 typedef struct oi_model_ops {
@@ -422,6 +428,7 @@ typedef struct oi_exec_stats {
   uint64_t blocks_cached;
   uint64_t blocks_active;
   uint64_t leases_held;
+  uint64_t restores_overlapped;
   ...;
 } oi_exec_stats;
 oi_status oi_executor_options_init(oi_executor_options *o);

@@ -34,6 +34,7 @@ def test_executor_embedded_restore_parity():
             assert r2.restored_tokens >= 64, r2
             st = x.stats()
             assert st["restores_completed"] >= 1 and st["requests_finished"] == 2
+            assert st["restores_overlapped"] == 0  # the cpu model has no per-layer events
             assert x.kv_layout(0)["page_size"] == 16
             with pytest.raises(oi.InvalidArgumentError):
                 x.submit([], 4)

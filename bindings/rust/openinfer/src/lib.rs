@@ -674,14 +674,27 @@ impl<'h> OffloadEngine<'h> {
     /// Copies the leased blocks into `dst_block_ids`; consumes one share of
     /// the lease, whether the load succeeds or fails.
     pub fn load(&self, lease: Lease, dst_block_ids: &[i64]) -> Result<Ticket<'_>> {
+        self.load_with(lease, dst_block_ids, 0)
+    }
+
+    /// [`OffloadEngine::load`] arena by arena, with a CUDA event after each arena's
+    /// copies ([`Ticket::arena_event`]; `OI_LOAD_ARENA_EVENTS`).
+    pub fn load_layered(&self, lease: Lease, dst_block_ids: &[i64]) -> Result<Ticket<'_>> {
+        self.load_with(lease, dst_block_ids, sys::OI_LOAD_ARENA_EVENTS as u32)
+    }
+
+    fn load_with(&self, lease: Lease, dst_block_ids: &[i64], flags: u32) -> Result<Ticket<'_>> {
         let mut t = ptr::null_mut();
+        let mut opt: sys::oi_load_options = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::oi_load_options_init(&mut opt) })?;
+        opt.flags = flags;
         check(unsafe {
             sys::oi_offload_engine_load(
                 self.raw.as_ptr(),
                 sys::oi_lease { bytes: lease.0 },
                 dst_block_ids.as_ptr(),
                 dst_block_ids.len() as sys::size_t,
-                ptr::null(),
+                &opt,
                 &mut t,
             )
         })?;
@@ -803,6 +816,13 @@ impl<'e> Ticket<'e> {
     /// The cudaEvent_t recorded after the copies (null on cpu).
     pub fn cuda_event(&self) -> *mut c_void {
         unsafe { sys::oi_ticket_cuda_event(self.raw.as_ptr()) }
+    }
+
+    /// A load made with [`OffloadEngine::load_layered`]: the `cudaEvent_t` recorded
+    /// after arena `arena`'s copies; null when there is none (cpu backend,
+    /// remote engine, not layered, out of range). Owned by the ticket.
+    pub fn arena_event(&self, arena: u32) -> *mut c_void {
+        unsafe { sys::oi_ticket_arena_event(self.raw.as_ptr(), arena) }
     }
 }
 

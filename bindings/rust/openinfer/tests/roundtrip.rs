@@ -85,7 +85,10 @@ fn lease_exhaustion_and_expiry() {
     e.save(&[0, 1], &hs).unwrap().wait(T).unwrap();
     let lease = e.query(None, &hs).unwrap().lease.unwrap();
     e.load(lease, &[2, 3]).unwrap().wait(T).unwrap();
-    e.load(lease, &[4, 5]).unwrap().wait(T).unwrap();
+    // a layered load on the cpu backend: a plain load, no arena events
+    let t = e.load_layered(lease, &[4, 5]).unwrap();
+    assert!(t.arena_event(0).is_null());
+    t.wait(T).unwrap();
     let err = e.load(lease, &[6, 7]).err().expect("a third load of a 2-share lease");
     assert_eq!(err.code(), ErrorCode::LeaseExpired);
     assert_eq!(err.status(), -9);

@@ -627,8 +627,8 @@ int bench_ttft(int argc, char **argv) {
            " same prompts after flush + GPU-cache eviction, restored from the host tier; load =\n"
            " submit -> completion seen after the step whose forward overlapped it (layer by layer;\n"
            " OI_RESTORE_OVERLAP=0: at the next step boundary, then the forward); bound = 1.3 x\n"
-           " restored KV / bulk H2D +\n"
-           " one decode step at that context; TFLOP/s counts linear layers + causal attention;\n"
+           " restored KV / bulk H2D + one decode step at that context; TFLOP/s counts linear\n"
+           " layers + causal attention;\n"
            " %%mm against %.1f TFLOP/s, the larger of the model GEMM and cuBLAS at 8192^3;\n"
            " tokens: the first two generated tokens, warm vs cold (miss path: on vs off).)\n"
            " restores: %llu completed, %llu overlapped with the forward, %llu failed\n",

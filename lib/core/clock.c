@@ -15,6 +15,11 @@ uint64_t oi__deadline_ns(uint32_t timeout_ms) {
   return oi__now_ns() + (uint64_t)timeout_ms * 1000000ull;
 }
 
+uint32_t oi__ms_until(uint64_t deadline_ns) {
+  uint64_t now = oi__now_ns();
+  return now >= deadline_ns ? 0 : (uint32_t)OI_MIN((deadline_ns - now) / 1000000, 0xFFFFFFFEull);
+}
+
 void oi__hist_record(oi_latency_hist *h, uint64_t elapsed_ns) {
   uint64_t us = elapsed_ns / 1000u;
   atomic_fetch_add_explicit(&h->buckets[oi__latency_bucket(us)], 1, memory_order_relaxed);

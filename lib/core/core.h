@@ -76,6 +76,10 @@ uint64_t oi__now_ns(void);
 /* Deadline helper: absolute monotonic ns `timeout_ms` from now; UINT64_MAX for
  * UINT32_MAX (forever). */
 uint64_t oi__deadline_ns(uint32_t timeout_ms);
+/* Milliseconds from now until `deadline_ns` (0 once it passed), capped below
+ * UINT32_MAX so that a wait on it is always finite: a timeout for
+ * oi_ticket_wait. */
+uint32_t oi__ms_until(uint64_t deadline_ns);
 
 /* Options structs ("struct_size" pattern). Copies the caller's struct `src`
  * (whose first field is uint32_t struct_size) into `dst` of the library's

@@ -316,8 +316,9 @@ static oi_status queue_copies(local_engine *e, oi_stream *s, oi_copy_dir dir, co
                          dir, ids, blocks, n);
 }
 
-/* A layered load (OI_LOAD_ARENA_EVENTS): each arena's copies, then an event.
- * The events go to the ticket (which destroys them) once all are queued. */
+/* A layered load (OI_LOAD_ARENA_EVENTS, job->ticket set): each arena's
+ * copies, then an event. The events go to the ticket (which destroys them)
+ * once all are queued. */
 static oi_status queue_layered(local_engine *e, xfer_job *job, const int64_t *ids, size_t n) {
   const oi_layout *l = &e->base.layout;
   void **evs = oi__calloc(l->num_arenas, sizeof *evs);
@@ -332,7 +333,7 @@ static oi_status queue_layered(local_engine *e, xfer_job *job, const int64_t *id
     st = queue_copies_in(e, &one, mode, e->load_stream, OI_COPY_H2D, ids, job->blocks, n);
     if (st == OI_OK) st = e->dev->ops->stream_record_event(e->load_stream, &evs[a]);
   }
-  if (st == OI_OK && job->ticket) {
+  if (st == OI_OK) {
     oi__ticket_set_arena_events(job->ticket, evs, l->num_arenas, e->dev->ops->event_destroy);
     return OI_OK;
   }

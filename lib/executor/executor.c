@@ -93,20 +93,15 @@ static void request_free(request *q) {
 static void drain_loads(exec_rank *r, uint64_t deadline_ns) {
   for (request *q = r->running_head; q; q = q->next)
     if (q->load_ticket) {
-      uint64_t now = oi__now_ns();
-      uint32_t ms =
-          now >= deadline_ns ? 0 : (uint32_t)OI_MIN((deadline_ns - now) / 1000000, 0xFFFFFFFEull);
-      if (oi_ticket_wait(q->load_ticket, ms) == OI_ERR_TIMEOUT) r->leak_arena = true;
+      if (oi_ticket_wait(q->load_ticket, oi__ms_until(deadline_ns)) == OI_ERR_TIMEOUT)
+        r->leak_arena = true;
       oi_ticket_release(q->load_ticket);
       q->load_ticket = NULL;
     }
   while (r->orphans) {
     orphan_load *o = r->orphans;
     r->orphans = o->next;
-    uint64_t now = oi__now_ns();
-    uint32_t ms =
-        now >= deadline_ns ? 0 : (uint32_t)OI_MIN((deadline_ns - now) / 1000000, 0xFFFFFFFEull);
-    if (oi_ticket_wait(o->ticket, ms) == OI_ERR_TIMEOUT) r->leak_arena = true;
+    if (oi_ticket_wait(o->ticket, oi__ms_until(deadline_ns)) == OI_ERR_TIMEOUT) r->leak_arena = true;
     oi_ticket_release(o->ticket);
     oi__free(o);
   }

@@ -280,20 +280,28 @@ static void end_restore(exec_rank *r, request *q, oi_status st) {
   q->overlap = false;
 }
 
-/* Gives up on q's pending load: its blocks go to the orphans until the copy
- * ends, and the request gets fresh ones. @return false (nothing changed)
- * when the fresh blocks are not there yet. */
-static bool abandon_restore(exec_rank *r, request *q) {
-  if (oi__gpool_available(&r->pool) < q->restore_n) return false;
+/* Hands q's pending load and the ids of its restore blocks to the orphans
+ * (polled until the copy ends, then the ids are unreferenced once). The
+ * caller settles the references. @return NULL, nothing changed, when out of
+ * memory. */
+static orphan_load *orphan_restore(exec_rank *r, request *q) {
   orphan_load *o = oi__malloc(sizeof *o + q->restore_n * sizeof(int64_t));
-  if (!o) return false;
+  if (!o) return NULL;
   o->ticket = q->load_ticket;
   o->n = q->restore_n;
   memcpy(o->ids, q->blocks + q->restore_first, q->restore_n * sizeof(int64_t));
   o->next = r->orphans;
   r->orphans = o;
-  take_blocks(r, q, q->restore_first, q->restore_first + q->restore_n);
   q->load_ticket = NULL;
+  return o;
+}
+
+/* Gives up on q's pending load: its blocks (and their references) go to the
+ * orphans until the copy ends, and the request gets fresh ones. @return
+ * false (nothing changed) when the fresh blocks are not there yet. */
+static bool abandon_restore(exec_rank *r, request *q) {
+  if (oi__gpool_available(&r->pool) < q->restore_n || !orphan_restore(r, q)) return false;
+  take_blocks(r, q, q->restore_first, q->restore_first + q->restore_n);
   q->state = OI_REQUEST_RUNNING;
   q->overlap = false;
   OI_LOG(OI_LOG_WARN, "executor", "rank %u request %llu: load still pending after %u ms", r->index,
@@ -526,9 +534,7 @@ static bool apply_seq(exec_rank *r, request *q, const oi_model_seq *s) {
  * results apply); false: they are discarded, and q prefills the blocks
  * (degraded) or, its load still pending, goes back to being polled. */
 static bool settle_overlap(exec_rank *r, request *q) {
-  uint64_t now = oi__now_ns();
-  uint64_t left_ms = now >= q->restore_deadline_ns ? 0 : (q->restore_deadline_ns - now) / 1000000;
-  oi_status st = oi_ticket_wait(q->load_ticket, (uint32_t)OI_MIN(left_ms, UINT32_MAX - 1));
+  oi_status st = oi_ticket_wait(q->load_ticket, oi__ms_until(q->restore_deadline_ns));
   if (st == OI_ERR_TIMEOUT) {
     q->overlap = false;
     q->kv_len = q->restore_first * r->kv.page_size; /* poll_restores decides */
@@ -539,24 +545,15 @@ static bool settle_overlap(exec_rank *r, request *q) {
 }
 
 /* A failed forward's request whose restore overlapped it: the load may still
- * write its blocks, which the request is about to release. The orphans keep
- * a reference on them until the copy ends. */
+ * write its blocks, which the request is about to release. The orphans take
+ * a reference of their own on them until the copy ends. */
 static void drop_overlap(exec_rank *r, request *q) {
   if (oi_ticket_poll(q->load_ticket) == OI_PENDING) {
-    orphan_load *o = oi__malloc(sizeof *o + q->restore_n * sizeof(int64_t));
-    if (o) {
-      o->ticket = q->load_ticket;
-      o->n = q->restore_n;
-      for (uint32_t i = 0; i < q->restore_n; i++) {
-        o->ids[i] = q->blocks[q->restore_first + i];
-        oi__gpool_ref(&r->pool, (int32_t)o->ids[i]);
-      }
-      o->next = r->orphans;
-      r->orphans = o;
-      q->load_ticket = NULL;
-    } else {
+    orphan_load *o = orphan_restore(r, q);
+    if (o)
+      for (uint32_t i = 0; i < o->n; i++) oi__gpool_ref(&r->pool, (int32_t)o->ids[i]);
+    else
       oi_ticket_wait(q->load_ticket, UINT32_MAX); /* out of memory: the copy ends first */
-    }
   }
   oi_ticket_release(q->load_ticket);
   q->load_ticket = NULL;

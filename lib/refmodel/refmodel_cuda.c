@@ -9,9 +9,9 @@
  * so the KV it wrote is complete when the executor saves it. */
 #include <cuda_runtime.h>
 #include <dlfcn.h>
-#include <stddef.h>
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,0 +1,139 @@
+/* Overlapped restores whose load is still copying when the forward runs
+ * (OI_RESTORE_OVERLAP=host on the cpu backend; the copy_slow fault holds the
+ * load for 300 ms, longer than restore_timeout_ms, so the worker runs the
+ * forward before the load ends):
+ *   - the forward fails: the request fails, and its restore blocks stay held
+ *     by the executor's orphans until the copy ends, then go back to the pool;
+ *   - the forward succeeds on KV that had not landed: its results are
+ *     discarded and the prompt is prefilled, byte-identical to its cold run.
+ * The same prompt then restores normally, byte-identical too. */
+#include "fault_util.h"
+#include "openinfer/executor.h"
+
+#define PAGE 4
+#define PROMPT 26 /* 6 full blocks restorable, 2 tokens computed */
+#define MAX_NEW 4
+
+static oi_model_ops ref_ops;
+static void *ref_ctx;
+static atomic_int fail_forward;
+
+static oi_status failing_forward(void *ctx, const oi_model_batch *b) {
+  if (atomic_load(&fail_forward)) return oi__fail(OI_ERR_IO, "forward failed (injected)");
+  return ref_ops.forward(ctx, b);
+}
+
+static oi_exec_stats stats(oi_executor *x) {
+  oi_exec_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_executor_stats(x, &s));
+  return s;
+}
+
+static void run(oi_executor *x, const uint32_t *p, uint32_t *tokens) {
+  oi_request r;
+  oi_request_init(&r);
+  r.prompt = p;
+  r.prompt_len = PROMPT;
+  r.max_new_tokens = MAX_NEW;
+  uint64_t id = 0;
+  CHECK_OK(oi_executor_submit(x, &r, &id));
+  CHECK_OK(oi_executor_run_until_idle(x));
+  oi_request_result rr = {.struct_size = sizeof rr};
+  CHECK_OK(oi_executor_result(x, id, &rr));
+  CHECK(rr.state == OI_REQUEST_FINISHED && rr.n_tokens == MAX_NEW);
+  if (rr.n_tokens == MAX_NEW) memcpy(tokens, rr.tokens, sizeof(uint32_t) * MAX_NEW);
+}
+
+static void test_overlapped_restore_with_its_load_still_copying(void) {
+  oi_refmodel_options ro;
+  oi_refmodel_options_init(&ro);
+  ref_ops.struct_size = sizeof ref_ops;
+  REQUIRE(oi_refmodel_create(&ro, &ref_ops, &ref_ctx) == OI_OK);
+  oi_model_ops ops = ref_ops;
+  ops.forward = failing_forward;
+  oi_executor_options o;
+  oi_executor_options_init(&o);
+  o.model = &ops;
+  o.model_ctx = ref_ctx;
+  o.page_size = PAGE;
+  o.gpu_blocks = 32;
+  o.offload = OI_OFFLOAD_EMBEDDED;
+  o.restore_timeout_ms = 50;
+  oi_executor *x = NULL;
+  REQUIRE(oi_executor_create(&o, &x) == OI_OK);
+
+  uint32_t p[PROMPT], cold[MAX_NEW], warm[MAX_NEW];
+  for (uint32_t i = 0; i < PROMPT; i++) p[i] = (i * 37 + 11) % 512;
+  run(x, p, cold);
+  CHECK_OK(oi_executor_flush(x, 10000));
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  oi_exec_stats before = stats(x);
+
+  /* The next copy (the restore's load) sleeps 300 ms; the forward fails. */
+  REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 300) == OI_OK);
+  atomic_store(&fail_forward, 1);
+  oi_request r;
+  oi_request_init(&r);
+  r.prompt = p;
+  r.prompt_len = PROMPT;
+  r.max_new_tokens = MAX_NEW;
+  uint64_t id = 0;
+  CHECK_OK(oi_executor_submit(x, &r, &id));
+  CHECK(oi_executor_step(x, NULL) == OI_ERR_IO);
+  atomic_store(&fail_forward, 0);
+  oi_request_result rr = {.struct_size = sizeof rr};
+  CHECK_OK(oi_executor_result(x, id, &rr));
+  CHECK(rr.state == OI_REQUEST_FAILED);
+  oi_exec_stats s = stats(x);
+  CHECK(s.restores_overlapped == before.restores_overlapped + 1);
+  CHECK(s.restores_failed == before.restores_failed + 1);
+  /* The load is still copying into the 6 restore blocks: the failed request
+   * let go of its blocks, but those 6 are still held. */
+  CHECK(s.blocks_active == 6);
+
+  /* Once the copy ends, a step's poll hands them back. */
+  for (int i = 0; i < 200 && stats(x).blocks_active; i++) {
+    usleep(10000);
+    CHECK_OK(oi_executor_step(x, NULL));
+  }
+  s = stats(x);
+  CHECK(s.blocks_active == 0 && s.blocks_free + s.blocks_cached == s.blocks_total);
+  CHECK(s.leases_held == 0);
+
+  /* A forward that succeeds while the load is still copying (it read KV
+   * that had not landed): its results are discarded, the load is abandoned
+   * at restore_timeout_ms, and the prompt is prefilled -- same tokens. */
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  before = stats(x);
+  REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 300) == OI_OK);
+  uint32_t late[MAX_NEW];
+  run(x, p, late);
+  CHECK(!memcmp(cold, late, sizeof cold));
+  s = stats(x);
+  CHECK(s.restores_overlapped == before.restores_overlapped + 1);
+  CHECK(s.restores_failed == before.restores_failed + 1);
+  CHECK(s.restores_completed == before.restores_completed);
+  CHECK(s.prefill_tokens == before.prefill_tokens + PROMPT);
+  for (int i = 0; i < 200 && stats(x).blocks_active; i++) {
+    usleep(10000);
+    CHECK_OK(oi_executor_step(x, NULL));
+  }
+  CHECK(stats(x).blocks_active == 0);
+
+  oi__fault_disarm_all();
+  CHECK_OK(oi_executor_flush(x, 10000));
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  before = stats(x);
+  run(x, p, warm);
+  CHECK(!memcmp(cold, warm, sizeof cold));
+  CHECK(stats(x).restores_completed == before.restores_completed + 1);
+  oi_executor_destroy(x);
+  oi_refmodel_destroy(ref_ctx);
+}
+
+int main(void) {
+  REQUIRE_FAULTS();
+  setenv("OI_RESTORE_OVERLAP", "host", 1);
+  RUN_TEST(test_overlapped_restore_with_its_load_still_copying);
+  TEST_EXIT();
+}

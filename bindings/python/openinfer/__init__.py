@@ -259,7 +259,39 @@ def _oi_py_save_done(ctx, st):
         pass
 
 
-class Ticket:
+class _Handle:
+    """Owns one C object (a ticket or a handle); subclasses implement close()."""
+
+    _what = "object"
+
+    def __init__(self):
+        self._ptr = None
+        self._lock = threading.RLock()
+
+    def _p(self):
+        p = self._ptr
+        if p is None:
+            raise _closed(self._what)
+        return p
+
+    @property
+    def closed(self):
+        return self._ptr is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Ticket(_Handle):
     """Completion of an asynchronous save, load or flush.
 
     ``wait(timeout)`` returns on success and raises the operation's error (or
@@ -268,14 +300,11 @@ class Ticket:
     readable on completion (selectors, asyncio); ``await ticket`` works in
     asyncio. ``close()`` drops this reference; it never cancels the I/O."""
 
-    def __init__(self, ptr):
-        self._ptr = ptr
-        self._lock = threading.Lock()
+    _what = "ticket"
 
-    def _p(self):
-        if self._ptr is None:
-            raise _closed("ticket")
-        return self._ptr
+    def __init__(self, ptr):
+        super().__init__()
+        self._ptr = ptr
 
     def poll(self):
         st = lib.oi_ticket_poll(self._p())
@@ -356,56 +385,8 @@ class Ticket:
         if p is not None:
             lib.oi_ticket_release(p)
 
-    @property
-    def closed(self):
-        return self._ptr is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 # --------------------------------------------------------------------------- host
-
-
-class _Handle:
-    """Owns one C object; subclasses implement _destroy."""
-
-    _what = "object"
-
-    def __init__(self):
-        self._ptr = None
-        self._lock = threading.RLock()
-
-    def _p(self):
-        p = self._ptr
-        if p is None:
-            raise _closed(self._what)
-        return p
-
-    @property
-    def closed(self):
-        return self._ptr is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _stats_dict(cdata, fields):

@@ -38,7 +38,26 @@ typedef enum conn_state {
 typedef enum pending_kind { PEND_CALL, PEND_SAVE, PEND_LOAD } pending_kind;
 
 /* One request waiting for its reply. PEND_CALL lives on the calling thread's
- * stack; the others are heap-allocated and freed by whoever completes them. */
+ * stack; PEND_SAVE and PEND_LOAD are heap-allocated.
+ *
+ * Ownership (the rule every path below follows):
+ *  - A record in the table (inserted under e->lock) belongs to the table.
+ *    Exactly one thread takes it out, under e->lock: the reader (its reply
+ *    arrived: deliver), the reader's deadline sweep (expire), the reader when
+ *    the connection ends (connection_lost), or the submitter itself, looking
+ *    it up BY ID (pending_take_locked), never by pointer, after a failed send
+ *    or an expired call. Whoever takes it owns it from then on.
+ *  - Once the submitter has released e->lock after inserting, it never reads
+ *    an asynchronous record again: the reader may already have taken and
+ *    freed it. It keeps the request id (copied under the lock) instead, and
+ *    gets the record back only if pending_take_locked still finds that id.
+ *  - An asynchronous record is completed and freed (finish_async) only by the
+ *    thread that took it out of the table, outside the lock. Ids are never
+ *    reused, so a late reply or a late lookup cannot reach another record.
+ *  - A PEND_CALL's owner is always its waiter (the record is on its stack);
+ *    the reader writes into it only under e->lock while it is in the table,
+ *    and marks it done as it takes it out; the waiter reads it after seeing
+ *    done, or after taking it back by id. */
 typedef struct pending {
   struct pending *prev, *next; /* in submission order */
   struct pending *hnext;       /* hash chain */
@@ -132,15 +151,6 @@ static pending *pending_take_locked(remote_engine *e, uint64_t id) {
   return NULL;
 }
 
-static bool pending_remove_if_present_locked(remote_engine *e, pending *p) {
-  for (pending *q = e->buckets[p->id % PENDING_BUCKETS]; q; q = q->hnext)
-    if (q == p) {
-      pending_unlink_locked(e, p);
-      return true;
-    }
-  return false;
-}
-
 /* Completes an asynchronous operation (lock not held) and frees it. */
 static void finish_async(pending *p, oi_status st) {
   if (p->on_done) p->on_done(p->on_done_ctx, st);
@@ -173,12 +183,14 @@ static struct timespec abs_timespec(uint64_t deadline_ns) {
                            .tv_nsec = (long)(deadline_ns % 1000000000ull)};
 }
 
-/* Registers `p` as pending and sends `env` with p's request id. On failure
- * *taken says whether the reader had already taken p (it completes p, e.g.
- * because the connection was lost); otherwise p is referenced by nothing and
- * belongs to the caller again. */
+/* Registers `p` as pending and sends `env` with p's request id (also
+ * stored in *id_out). On failure *taken says whether another thread had
+ * already taken p out of the table (the reader completes it: the connection
+ * was lost, or its deadline passed); otherwise the submitter took it back and
+ * p is referenced by nothing else. See the ownership rule above: after the
+ * insert, p is found again only by its id. */
 static oi_status send_pending(remote_engine *e, oiwire_Envelope *env, const oi_wire_out *out,
-                              pending *p, const char *what, bool *taken) {
+                              pending *p, const char *what, bool *taken, uint64_t *id_out) {
   *taken = false;
   pthread_mutex_lock(&e->lock);
   if (e->state == CONN_DEAD) {
@@ -186,14 +198,16 @@ static oi_status send_pending(remote_engine *e, oiwire_Envelope *env, const oi_w
     return closed_error(e, what);
   }
   pending_insert_locked(e, p);
+  uint64_t id = p->id; /* p may be freed by the reader once the lock is released */
   pthread_mutex_unlock(&e->lock);
-  env->request_id = p->id;
+  *id_out = id;
+  env->request_id = id;
   oi_status st = send_envelope(e, env, out);
   if (st != OI_OK) {
     char msg[256];
     snprintf(msg, sizeof msg, "%s", oi_last_error());
     pthread_mutex_lock(&e->lock);
-    *taken = !pending_remove_if_present_locked(e, p);
+    *taken = pending_take_locked(e, id) == NULL;
     pthread_mutex_unlock(&e->lock);
     return oi__fail(st, "%s: %s", what, msg);
   }
@@ -208,7 +222,8 @@ static oi_status call(remote_engine *e, oiwire_Envelope *env, const oi_wire_out 
   p->kind = PEND_CALL;
   p->done = false;
   bool taken;
-  oi_status st = send_pending(e, env, out, p, what, &taken);
+  uint64_t id;
+  oi_status st = send_pending(e, env, out, p, what, &taken, &id);
   if (st != OI_OK) return st;
   uint64_t deadline = oi__deadline_ns(timeout_ms);
   struct timespec ts = abs_timespec(deadline);
@@ -217,7 +232,7 @@ static oi_status call(remote_engine *e, oiwire_Envelope *env, const oi_wire_out 
     if (deadline == UINT64_MAX) {
       pthread_cond_wait(&e->cv, &e->lock);
     } else if (pthread_cond_timedwait(&e->cv, &e->lock, &ts) == ETIMEDOUT && !p->done) {
-      pending_remove_if_present_locked(e, p); /* a late reply is dropped */
+      pending_take_locked(e, id); /* still ours (not done): a late reply is dropped */
       pthread_mutex_unlock(&e->lock);
       return oi__fail(OI_ERR_TIMEOUT, "%s: no reply from the openinfer server within %u ms", what,
                       timeout_ms);
@@ -400,8 +415,9 @@ static oi_status submit_async(remote_engine *e, pending_kind kind, oiwire_Envelo
   p->on_done_ctx = on_done_ctx;
   p->deadline_ns = deadline_ms ? oi__deadline_ns(deadline_ms) : UINT64_MAX;
   bool taken;
-  oi_status st = send_pending(e, env, out, p, what, &taken);
-  if (st != OI_OK && !taken) { /* nobody will complete it: the caller gets the error instead */
+  uint64_t id;
+  oi_status st = send_pending(e, env, out, p, what, &taken, &id);
+  if (st != OI_OK && !taken) { /* we took it back: the caller gets the error instead */
     oi__free(p);
     if (t) {
       oi__ticket_unref(t);

@@ -29,12 +29,26 @@ typedef struct shared {
 static test_server ts;
 static shared *sh;
 
-static void fatal_exit(void *ctx, const char *reason) {
+/* The client's fatal handler runs on its reader thread when the connection
+ * is lost with the arena mapped. It does not exit at once: the main thread
+ * may be inside a call that races the loss, and an early _exit would cut its
+ * sanitizer report (or hide it). The main thread sees the flag after its
+ * current operation (every call fails fast now) and exits 42 itself; 43 if it
+ * never gets there (a hang), which the parent counts as a failure. */
+static atomic_bool fatal_seen;
+
+static void fatal_park(void *ctx, const char *reason) {
   (void)ctx;
   (void)reason;
   atomic_fetch_add(&sh->fatal_runs, 1);
-  _exit(42);
+  atomic_store(&fatal_seen, true);
+  usleep(10000000);
+  _exit(43);
 }
+
+/* OI_SOAK_CHILD_CRASH=1 (the test that the soak fails when a client dies
+ * of a signal): every client aborts after a few operations. */
+static bool child_crash;
 
 static uint64_t rng_next(uint64_t *s) {
   *s ^= *s << 13;
@@ -51,7 +65,7 @@ static uint64_t layout_block_bytes(const oi_arena_desc *a) {
 
 static void client_main(uint64_t seed) {
   signal(SIGPIPE, SIG_IGN);
-  oi_set_fatal_handler(fatal_exit, NULL);
+  oi_set_fatal_handler(fatal_park, NULL);
   uint64_t rng = seed | 1;
   if (oi__fault_available() && rng_next(&rng) % 4 == 0) /* a quarter reset themselves at some point */
     oi__fault_arm(OI_FAULT_SOCK_RESET, 20 + rng_next(&rng) % 400, 1, rng_next(&rng) % 16);
@@ -66,7 +80,9 @@ static void client_main(uint64_t seed) {
     base[r] = oi_imported_arena_ptr(ar[r]);
   }
   uint64_t bb = layout_block_bytes(a[0]);
-  for (;;) {
+  for (uint64_t n_ops = 0;; n_ops++) {
+    if (atomic_load(&fatal_seen)) _exit(42);
+    if (child_crash && n_ops == 20) abort();
     int r = (int)(rng_next(&rng) % RANKS);
     uint64_t op = rng_next(&rng) % 10;
     atomic_fetch_add(&sh->ops, 1);
@@ -141,6 +157,39 @@ static void client_main(uint64_t seed) {
   }
 }
 
+/* A client that ended on its own must have ended through its fatal handler
+ * (exit 42, after resetting its own connection); any other status (a
+ * signal such as ASan's abort, TSan's exit 66, a failed connect) fails. */
+static uint64_t bad_exits;
+
+static void check_own_end(pid_t pid, int status) {
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 42) return;
+  bad_exits++;
+  if (WIFSIGNALED(status))
+    fprintf(stderr, "soak: client %d died of signal %d (%s)\n", (int)pid, WTERMSIG(status),
+            strsignal(WTERMSIG(status)));
+  else if (WIFEXITED(status))
+    fprintf(stderr, "soak: client %d exited with %d (only 42, its fatal handler, is expected)\n",
+            (int)pid, WEXITSTATUS(status));
+  else
+    fprintf(stderr, "soak: client %d ended with wait status 0x%x\n", (int)pid, status);
+}
+
+/* Ends a client: its own end if it already ended, else SIGKILL. @return
+ * whether it had ended on its own. */
+static bool end_client(pid_t pid) {
+  int status;
+  if (waitpid(pid, &status, WNOHANG) == pid) {
+    check_own_end(pid, status);
+    return true;
+  }
+  kill(pid, SIGKILL);
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) return false;
+  check_own_end(pid, status); /* it ended just before the kill */
+  return true;
+}
+
 static pid_t spawn(uint64_t seed) {
   pid_t p = fork();
   REQUIRE(p >= 0);
@@ -158,6 +207,8 @@ int main(int argc, char **argv) {
     oi__fault_arm(OI_FAULT_HOST_ALLOC, 0, 0, 0);
     oi__fault_disarm_all();
   }
+  const char *crash = getenv("OI_SOAK_CHILD_CRASH");
+  child_crash = crash && !strcmp(crash, "1");
   double seconds = 10;
   const char *env = getenv("OI_SOAK_SECONDS");
   if (env && *env) seconds = atof(env);
@@ -178,23 +229,17 @@ int main(int argc, char **argv) {
   while (oi__now_ns() < end) {
     usleep((useconds_t)(100000 + rng_next(&rng) % 400000));
     int k = (int)(rng_next(&rng) % CLIENTS);
-    int status;
-    if (waitpid(kids[k], &status, WNOHANG) == kids[k]) {
+    if (end_client(kids[k]))
       exits++; /* it ended on its own (its own reset, then its fatal handler) */
-    } else {
-      kill(kids[k], SIGKILL);
-      waitpid(kids[k], &status, 0);
+    else
       kills++;
-    }
     kids[k] = spawn(rng_next(&rng));
     respawns++;
     CHECK(kill(ts.pid, 0) == 0); /* the server lives */
     if (atomic_load(&sh->mismatches)) break;
   }
-  for (int i = 0; i < CLIENTS; i++) {
-    kill(kids[i], SIGKILL);
-    waitpid(kids[i], NULL, 0);
-  }
+  for (int i = 0; i < CLIENTS; i++) exits += end_client(kids[i]);
+  CHECK(bad_exits == 0);
   double secs = (double)(oi__now_ns() - t0) / 1e9;
 
   /* The server is clean, serves, and stops cleanly. */
@@ -214,14 +259,15 @@ int main(int argc, char **argv) {
   snprintf(line, sizeof line,
            "soak: %.0f s, %d clients x %d ranks, %llu operations (%llu saves, %llu queries, %llu "
            "loads), %llu blocks / %llu bytes verified, %llu mismatches, %llu kills, %llu self-resets, "
-           "%llu op errors (from kills and resets)",
+           "%llu op errors (from kills and resets), %llu clients ended otherwise",
            secs, CLIENTS, RANKS, (unsigned long long)atomic_load(&sh->ops),
            (unsigned long long)atomic_load(&sh->saves), (unsigned long long)atomic_load(&sh->queries),
            (unsigned long long)atomic_load(&sh->loads),
            (unsigned long long)atomic_load(&sh->blocks_verified),
            (unsigned long long)atomic_load(&sh->bytes_verified),
            (unsigned long long)atomic_load(&sh->mismatches), (unsigned long long)kills,
-           (unsigned long long)exits, (unsigned long long)atomic_load(&sh->errors));
+           (unsigned long long)exits, (unsigned long long)atomic_load(&sh->errors),
+           (unsigned long long)bad_exits);
   fprintf(stderr, "%s\n", line);
   const char *report = getenv("OI_SOAK_REPORT");
   if (report) {

@@ -47,7 +47,6 @@ static uint64_t rng_next(uint64_t *s) {
 static oi_offload_engine *ce;
 static uint8_t *cbase;
 static atomic_bool c_stop, c_fatal;
-static atomic_int c_running;
 static atomic_uint_fast64_t c_mismatches;
 
 static uint8_t pat(uint64_t logical, uint64_t i) {
@@ -65,16 +64,15 @@ static oi_block_hash lhash(uint64_t logical) {
 }
 
 /* The fatal handler runs on the reader thread once the connection is lost
- * with the arena mapped. Before exiting it lets every worker notice (their
- * calls now fail fast) and stop, so a racing thread's sanitizer report is
- * written whole instead of being cut by _exit. */
+ * with the arena mapped. It must not return (the library aborts then): it
+ * tells the main thread, which stops and joins every worker (their calls now
+ * fail fast) before it exits, so a racing thread's sanitizer report is
+ * written whole instead of being cut by an early _exit. */
 static void fatal_quiesce(void *ctx, const char *reason) {
   (void)ctx;
   (void)reason;
   atomic_store(&c_fatal, true);
-  for (int i = 0; i < 1000 && atomic_load(&c_running) > 0; i++) usleep(5000);
-  usleep(20000);
-  _exit(atomic_load(&c_mismatches) ? 4 : 42);
+  for (;;) pause();
 }
 
 static void *worker(void *arg) {
@@ -152,7 +150,6 @@ static void *worker(void *arg) {
       oi_offload_engine_save(ce, &id, &h, 1, NULL, NULL);
     }
   }
-  atomic_fetch_sub(&c_running, 1);
   return NULL;
 }
 
@@ -181,11 +178,14 @@ static int client_main(const char *socket, uint64_t seed) {
   if (oi_offload_engine_connect(socket, &o, &ce, &ar) != OI_OK) return 3;
   cbase = oi_imported_arena_ptr(ar);
   pthread_t th[WORKERS];
-  atomic_store(&c_running, WORKERS);
   for (int i = 0; i < WORKERS; i++) pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
-  usleep(1500000); /* the cut comes well before this */
+  for (int i = 0; i < 150 && !atomic_load(&c_fatal); i++) usleep(10000); /* the cut comes sooner */
   atomic_store(&c_stop, true);
   for (int i = 0; i < WORKERS; i++) pthread_join(th[i], NULL);
+  if (atomic_load(&c_fatal)) {
+    /* Cut while live: the handler is parked on the reader thread; exit for it. */
+    _exit(atomic_load(&c_mismatches) ? 4 : 42);
+  }
   oi_offload_engine_destroy(ce);
   oi_imported_arena_close(ar);
   return atomic_load(&c_mismatches) ? 4 : 0;

@@ -46,6 +46,8 @@ static void serve_usage(FILE *f) {
           "  --arena-devices L   devices clients may register arenas on, comma separated\n"
           "                      (e.g. cpu,0,1; default: any)\n"
           "  --max-sessions N    concurrent client connections (default 256)\n"
+          "  --handshake-timeout MS  close a connection that sends no Hello within MS\n"
+          "                      milliseconds (default 10000; 'none': never)\n"
           "  --log-level LEVEL   trace|debug|info|warn|error|off (default info)\n"
           "  --metrics-addr A    serve /metrics (Prometheus) and /healthz on HOST:PORT\n"
           "                      (PORT alone: 127.0.0.1; port 0: a free one). Default\n"
@@ -128,6 +130,7 @@ int cmd_serve(int argc, char **argv) {
       {"no-pin", no_argument, NULL, 'N'},         {"device", required_argument, NULL, 'd'},
       {"arena-devices", required_argument, NULL, 'a'},
       {"max-sessions", required_argument, NULL, 'S'},
+      {"handshake-timeout", required_argument, NULL, 'T'},
       {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
       {"metrics-addr", required_argument, NULL, 'M'}, {"no-metrics", no_argument, NULL, 'n'},
       {NULL, 0, NULL, 0},
@@ -202,6 +205,17 @@ int cmd_serve(int argc, char **argv) {
         return CLI_USAGE;
       }
       so.max_sessions = (uint32_t)v;
+      break;
+    case 'T':
+      if (!strcmp(optarg, "none")) {
+        so.handshake_timeout_ms = UINT32_MAX;
+      } else if (!cli_parse_int(optarg, 1, 86400000L, &v)) {
+        fprintf(stderr, "openinfer serve: --handshake-timeout '%s' is not 1..86400000 ms or 'none'\n",
+                optarg);
+        return CLI_USAGE;
+      } else {
+        so.handshake_timeout_ms = (uint32_t)v;
+      }
       break;
     case 'l':
       if (!parse_level(optarg, &so.log_level)) {

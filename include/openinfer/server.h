@@ -53,6 +53,13 @@ typedef struct oi_server_options {
    * (default): no HTTP endpoint. A build without libmicrohttpd refuses a
    * non-NULL address with OI_ERR_UNSUPPORTED. See docs/server.md. */
   const char *metrics_addr;
+  /* ---- appended (handshake deadline) ---- */
+  /* A connection that has not completed its Hello within this many ms is
+   * refused (OI_ERR_TIMEOUT, with a reason) and closed, so silent
+   * connections cannot hold the session slots (max_sessions). Sessions past
+   * their Hello (registered, idle engines) stay connected however long they
+   * are idle. Default 10000; UINT32_MAX: no deadline; 0 is refused. */
+  uint32_t handshake_timeout_ms;
 } oi_server_options;
 
 /* Fills defaults. @return OI_ERR_INVALID_ARGUMENT on NULL. */

@@ -2,6 +2,7 @@
  * worker thread per stream, and an arena is exported as a POSIX shared-memory
  * object whose name and size travel in the 64-byte handle. A supported mode
  * (CPU inference engines, machines without a GPU), not a mock. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -37,6 +38,25 @@ typedef struct cpu_dev {
 } cpu_dev;
 
 static atomic_uint shm_counter;
+
+/* Shareable arenas are named /openinfer-<pid>-<n>-<time>. */
+int oi__cpu_remove_orphan_arenas(int pid) {
+  if (pid <= 0 || pid == (int)getpid()) return 0;
+  char prefix[32];
+  snprintf(prefix, sizeof prefix, "openinfer-%d-", pid);
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int n = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    if (strncmp(de->d_name, prefix, strlen(prefix)) != 0) continue;
+    char name[300];
+    snprintf(name, sizeof name, "/%s", de->d_name);
+    if (shm_unlink(name) == 0) n++;
+  }
+  closedir(d);
+  return n;
+}
 
 /* ---- memory ------------------------------------------------------------ */
 

@@ -145,6 +145,11 @@ void oi__dev_close(oi_dev *d);
  * owner may then unregister (and let the server free the memory). */
 void oi__imported_arena_on_close(oi_imported_arena *a, void (*fn)(void *ctx), void *ctx);
 
+/* Removes the shared-memory objects that cpu-backend arenas of process
+ * `pid` left behind (a process killed before it could unlink them). Only
+ * for a pid that no longer exists. @return how many were removed. */
+int oi__cpu_remove_orphan_arenas(int pid);
+
 /* Backend constructors. */
 oi_status oi__cpu_dev_open(oi_dev **out);
 oi_status oi__cuda_dev_open(int ordinal, oi_dev **out);

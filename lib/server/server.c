@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -21,6 +22,7 @@ OI_API oi_status oi_server_options_init(oi_server_options *o) {
   o->socket_mode = 0600;
   o->log_level = -1;
   o->max_sessions = 256;
+  o->handshake_timeout_ms = 10000;
   return OI_OK;
 }
 
@@ -54,6 +56,91 @@ static bool socket_is_live(const char *path) {
   return true;
 }
 
+/* The socket's owner file, `<socket>.pid`: the pid of the server that
+ * listens there. A later server that finds the socket stale reads it to
+ * clean up what a killed server left (its cpu arenas' shared memory). */
+static void owner_path(const char *socket_path, char *out, size_t cap) {
+  snprintf(out, cap, "%s.pid", socket_path);
+}
+
+static void write_owner(const char *socket_path) {
+  char path[4200], tmp[4300];
+  owner_path(socket_path, path, sizeof path);
+  snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    OI_LOG(OI_LOG_WARN, "server", "cannot write %s: %s (a later server cannot clean up after this "
+           "one if it is killed)", path, strerror(errno));
+    return;
+  }
+  fprintf(f, "%d\n", (int)getpid());
+  bool ok = fclose(f) == 0;
+  if (!ok || rename(tmp, path) != 0) {
+    OI_LOG(OI_LOG_WARN, "server", "cannot write %s: %s", path, strerror(errno));
+    unlink(tmp);
+  }
+}
+
+static int read_owner(const char *socket_path) {
+  char path[4200];
+  owner_path(socket_path, path, sizeof path);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  int pid = 0;
+  if (fscanf(f, "%d", &pid) != 1) pid = 0;
+  fclose(f);
+  return pid;
+}
+
+/* The socket at `path` is stale: if the server that listened there died
+ * (SIGKILL, a crash), remove the shared-memory arenas it could not. */
+static void clean_dead_owner(const char *path) {
+  int pid = read_owner(path);
+  if (pid <= 0 || pid == (int)getpid()) return;
+  if (kill(pid, 0) == 0 || errno != ESRCH) {
+    OI_LOG(OI_LOG_INFO, "server", "the stale socket's server (pid %d) still exists: leaving its "
+           "arenas alone", pid);
+    return;
+  }
+  int n = oi__cpu_remove_orphan_arenas(pid);
+  if (n)
+    OI_LOG(OI_LOG_WARN, "server", "removed %d shared-memory arena%s that a dead server (pid %d) "
+           "left behind", n, n == 1 ? "" : "s", pid);
+}
+
+/* Checks everything about the socket path that can be checked without
+ * binding it, so a bad path fails before the pool is set up. */
+static oi_status check_socket_path(const char *path) {
+  struct sockaddr_un sa;
+  if (!path[0]) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server: the socket path is empty");
+  if (strlen(path) >= sizeof sa.sun_path)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "server: socket path '%s' is longer than %zu bytes",
+                    path, sizeof sa.sun_path - 1);
+  char dir[sizeof sa.sun_path];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  struct stat st;
+  if (stat(dir, &st) != 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "server: cannot listen on %s: the directory %s: %s",
+                    path, dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "server: cannot listen on %s: %s is not a directory",
+                    path, dir);
+  if (access(dir, W_OK | X_OK) != 0)
+    return oi__fail(OI_ERR_PERMISSION, "server: cannot listen on %s: no permission to create a "
+                    "socket in %s", path, dir);
+  if (lstat(path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      return oi__fail(OI_ERR_STATE, "server: %s exists and is not a socket (not removing it)", path);
+    if (socket_is_live(path))
+      return oi__fail(OI_ERR_BUSY, "server: another server listens on %s", path);
+  }
+  return OI_OK;
+}
+
 /* Binds and listens on `path` with mode `mode`. The socket is bound under a
  * temporary name, given its mode, then renamed into place, so it is never
  * reachable with a wider mode than asked for, and a stale socket file is
@@ -70,6 +157,7 @@ static oi_status listen_on(oi_server *s, const char *path, uint32_t mode) {
     if (socket_is_live(path))
       return oi__fail(OI_ERR_BUSY, "server: another server listens on %s", path);
     OI_LOG(OI_LOG_INFO, "server", "replacing the stale socket %s", path);
+    clean_dead_owner(path);
   }
   char tmp[sizeof sa.sun_path];
   int n = snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
@@ -106,6 +194,7 @@ static oi_status listen_on(oi_server *s, const char *path, uint32_t mode) {
     s->sock_ino = st.st_ino;
   }
   s->listen_fd = fd;
+  write_owner(path);
   return OI_OK;
 }
 
@@ -127,6 +216,9 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_create: a list has a count but no array");
   if (opts.max_sessions == 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_create: max_sessions is 0");
+  if (opts.handshake_timeout_ms == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "server_create: handshake_timeout_ms is 0 (UINT32_MAX: no deadline)");
   if (opts.log_level != -1 && (opts.log_level < OI_LOG_TRACE || opts.log_level > OI_LOG_OFF))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_create: log_level %d is not an oi_log_level",
                     opts.log_level);
@@ -173,8 +265,10 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
     st = oi__fail(OI_ERR_IO, "server_create: pipe: %s", strerror(errno));
     goto fail;
   }
-  /* The HTTP endpoint first: a busy port fails before the pool is pinned,
+  /* The socket path and the HTTP endpoint first: a bad path or a busy port
+   * fails before the pool is pinned (which takes seconds for a large pool),
    * and /healthz answers 503 while the pool is set up. */
+  if ((st = check_socket_path(s->socket_path)) != OI_OK) goto fail;
   if (opts.metrics_addr && (st = oi__metrics_start(s, opts.metrics_addr)) != OI_OK) goto fail;
   s->opts.metrics_addr = NULL; /* the caller's string: not kept */
   oi_offload_host *host = NULL;
@@ -204,6 +298,21 @@ OI_API oi_status oi_server_stop(oi_server *s) {
   OI_UNUSED(w);
   errno = saved;
   return OI_OK;
+}
+
+/* Cuts the sessions that sent no Hello within the handshake deadline: their
+ * read side is shut, so the session thread sees the end of its stream, tells
+ * the peer why and ends (then it is reaped like any other). Server lock
+ * held. */
+static void expire_handshakes_locked(oi_server *s) {
+  if (s->opts.handshake_timeout_ms == UINT32_MAX) return;
+  uint64_t now = oi__now_ns(), limit = (uint64_t)s->opts.handshake_timeout_ms * 1000000ull;
+  for (srv_session *ss = s->sessions; ss; ss = ss->next)
+    if (!ss->finished && !atomic_load(&ss->hello_done) && !atomic_load(&ss->handshake_expired) &&
+        now - ss->start_ns >= limit) {
+      atomic_store(&ss->handshake_expired, true);
+      shutdown(ss->fd, SHUT_RD);
+    }
 }
 
 /* Joins and frees the sessions whose threads finished. Server lock held. */
@@ -273,12 +382,16 @@ OI_API oi_status oi_server_run(oi_server *s) {
     return oi__fail(OI_ERR_STATE, "server_run: the server %s", expected == 1 ? "is running" : "already ran");
   while (!atomic_load(&s->stop_requested)) {
     struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN}, {.fd = s->wake_fds[0], .events = POLLIN}};
-    int rc = poll(p, 2, -1);
+    /* Wake up now and then to cut connections that never said Hello. */
+    int rc = poll(p, 2, s->opts.handshake_timeout_ms == UINT32_MAX ? -1 : 250);
     if (rc < 0) {
       if (errno == EINTR) continue;
       OI_LOG(OI_LOG_ERROR, "server", "poll: %s", strerror(errno));
       break;
     }
+    pthread_mutex_lock(&s->lock);
+    expire_handshakes_locked(s);
+    pthread_mutex_unlock(&s->lock);
     if (p[1].revents) {
       char buf[64];
       while (read(s->wake_fds[0], buf, sizeof buf) > 0) {
@@ -312,8 +425,12 @@ OI_API void oi_server_destroy(oi_server *s) {
   if (s->listen_fd >= 0) {
     struct stat st;
     /* Only our own socket file: a newer server may have replaced it. */
-    if (lstat(s->socket_path, &st) == 0 && st.st_dev == s->sock_dev && st.st_ino == s->sock_ino)
+    if (lstat(s->socket_path, &st) == 0 && st.st_dev == s->sock_dev && st.st_ino == s->sock_ino) {
       unlink(s->socket_path);
+      char owner[4200];
+      owner_path(s->socket_path, owner, sizeof owner);
+      if (read_owner(s->socket_path) == (int)getpid()) unlink(owner);
+    }
     close(s->listen_fd);
   }
   oi_offload_host_destroy(s->host);

@@ -58,7 +58,9 @@ struct srv_session {
   uid_t peer_uid;
   gid_t peer_gid;
   pthread_t thread;
-  bool hello_done;
+  _Atomic bool hello_done;        /* set by the session thread; read by the run loop */
+  _Atomic bool handshake_expired; /* the run loop cut a session that sent no Hello in time */
+  uint64_t start_ns;
   bool finished; /* the thread is about to return: join it */
 
   pthread_mutex_t write_lock; /* one frame at a time on fd */

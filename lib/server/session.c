@@ -612,6 +612,14 @@ static void *session_main(void *arg) {
   for (;;) {
     size_t len = 0;
     oi_status st = oi__wire_recv(s->fd, OI_WIRE_MAX_FRAME, &s->frame, &s->frame_cap, &len);
+    if (atomic_load(&s->handshake_expired) && !atomic_load(&s->hello_done)) {
+      /* The run loop shut our read side: no Hello in time. */
+      OI_LOG(OI_LOG_WARN, "server", "session=%llu dropped: no Hello within %u ms (pid %d)",
+             (unsigned long long)s->id, srv->opts.handshake_timeout_ms, (int)s->peer_pid);
+      reply_fmt(s, 0, OI_ERR_TIMEOUT, "session closed: no Hello within %u ms",
+                srv->opts.handshake_timeout_ms);
+      break;
+    }
     if (st == OI_ERR_CLOSED || st == OI_ERR_IO) break;
     if (st != OI_OK) {
       OI_LOG(OI_LOG_WARN, "server", "session=%llu dropped: %s", (unsigned long long)s->id,
@@ -653,6 +661,7 @@ oi_status oi__session_start(oi_server *srv, int fd, pid_t pid, uid_t uid, gid_t 
   s->peer_pid = pid;
   s->peer_uid = uid;
   s->peer_gid = gid;
+  s->start_ns = oi__now_ns();
   pthread_mutex_init(&s->write_lock, NULL);
   pthread_mutex_init(&s->aux_lock, NULL);
   pthread_cond_init(&s->aux_cv, NULL);

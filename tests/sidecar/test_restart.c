@@ -106,12 +106,40 @@ static void test_unregister_of_a_cleaned_instance_succeeds(void) {
   CHECK(ts_stop(&ts));
 }
 
+static char owner_file[200];
+
+/* A SIGKILLed server cannot unlink its cpu arenas' shared memory; the next
+ * server on the same socket finds the stale socket, reads the dead owner's
+ * pid from <socket>.pid and removes them. */
+static void test_a_killed_servers_arenas_are_removed_by_the_next(void) {
+  REQUIRE(ts_start(&ts, NULL));
+  snprintf(owner_file, sizeof owner_file, "%s.pid", ts.socket);
+  CHECK(access(owner_file, F_OK) == 0);
+  wire_client a;
+  REQUIRE(wc_connect(&a, ts.socket) && wc_hello(&a, NULL));
+  CHECK(wc_register(&a, "leftovers", NULL, NULL) != 0); /* the server allocates a shm arena */
+  pid_t old = ts.pid;
+  CHECK(shm_objects_of(old) == 1);
+  kill(old, SIGKILL);
+  CHECK(waitpid(old, NULL, 0) == old);
+  ts.pid = 0;
+  wc_close(&a);
+  CHECK(shm_objects_of(old) == 1); /* left behind */
+  REQUIRE(ts_start(&ts, NULL));
+  CHECK(shm_objects_of(old) == 0);
+  CHECK(ts_log_contains(&ts, "removed 1 shared-memory arena that a dead server"));
+  ts_unlink_shm_of(old); /* in case the check failed */
+  CHECK(ts_stop(&ts));
+  CHECK(access(owner_file, F_OK) != 0); /* a clean stop removes it */
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) TEST_SKIP("usage: test_restart OPENINFER_EXE");
   ts_init(&ts, argv[1]);
   RUN_TEST(test_restart_changes_the_epoch);
   RUN_TEST(test_a_live_socket_is_not_taken_over);
   RUN_TEST(test_unregister_of_a_cleaned_instance_succeeds);
+  RUN_TEST(test_a_killed_servers_arenas_are_removed_by_the_next);
   if (oi_test_failures) ts_dump_log(&ts);
   ts_cleanup(&ts);
   TEST_EXIT();

@@ -28,6 +28,49 @@ static unsigned long read_sysctl_ulong(const char *path) {
   return v;
 }
 
+/* Reads a number (bytes) from a one-value file; false if absent or "max". */
+static bool read_u64_file(const char *path, uint64_t *out) {
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  unsigned long long v;
+  bool ok = fscanf(f, "%llu", &v) == 1;
+  fclose(f);
+  if (ok) *out = v;
+  return ok;
+}
+
+/* Bytes the kernel reports it can hand out without swapping (MemAvailable),
+ * capped by the memory cgroup's limit less its usage. *why names the bound
+ * that decided. */
+uint64_t oi__host_memory_available(const char **why) {
+  uint64_t avail = UINT64_MAX;
+  *why = "unknown";
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f) {
+    char line[256];
+    unsigned long long kb;
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+        avail = kb * 1024ull;
+        *why = "MemAvailable in /proc/meminfo";
+        break;
+      }
+    fclose(f);
+  }
+  uint64_t limit, usage;
+  if ((read_u64_file("/sys/fs/cgroup/memory.max", &limit) &&
+       read_u64_file("/sys/fs/cgroup/memory.current", &usage)) ||
+      (read_u64_file("/sys/fs/cgroup/memory/memory.limit_in_bytes", &limit) &&
+       read_u64_file("/sys/fs/cgroup/memory/memory.usage_in_bytes", &usage))) {
+    uint64_t room = limit > usage ? limit - usage : 0;
+    if (room < avail) {
+      avail = room;
+      *why = "the memory cgroup's limit less its usage";
+    }
+  }
+  return avail;
+}
+
 static unsigned long free_hugepages(void) {
   return read_sysctl_ulong("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages");
 }
@@ -73,6 +116,19 @@ static void bind_to_node(void *p, size_t len, int node) {
 oi_status oi__host_map(size_t bytes, uint32_t flags, int numa_node, void **out, size_t *mapped) {
   int mflags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
   size_t len = bytes;
+  /* Every page is touched below: a pool larger than the memory the machine
+   * can give would be touched until the kernel kills the process. Refuse it
+   * before touching anything. (Hugepages come from their own reserve, which
+   * mmap checks.) */
+  if (!(flags & OI_PIN_HUGEPAGES)) {
+    const char *why;
+    uint64_t avail = oi__host_memory_available(&why);
+    if ((uint64_t)bytes > avail)
+      return oi__fail(OI_ERR_OUT_OF_MEMORY,
+                      "host pool: %.2f GiB asked for, but only %.2f GiB of memory is available "
+                      "(%s); choose a smaller pool",
+                      (double)bytes / (1ull << 30), (double)avail / (1ull << 30), why);
+  }
   if (flags & OI_PIN_HUGEPAGES) {
     /* Hugepages are reserved at mmap, so a shortage fails here with ENOMEM;
      * with MAP_NORESERVE it would surface as SIGBUS on the first touch. */

@@ -12,6 +12,11 @@
 oi_status oi__host_map(size_t bytes, uint32_t flags, int numa_node, void **out, size_t *mapped);
 void oi__host_unmap(void *p, size_t mapped);
 
+/* Memory the machine can give now: MemAvailable, capped by the memory
+ * cgroup's room; *why names the bound that decided. oi__host_map refuses a
+ * larger (non-hugepage) request before touching a page. */
+uint64_t oi__host_memory_available(const char **why);
+
 /* Progress of the touch phase of oi__host_map on the calling thread (the
  * host's creation sets it around pinned_alloc): fn(ctx, done, total) about
  * every 100 ms while done < total. NULL: log at INFO every second instead. */

@@ -3,6 +3,7 @@
  * identical, saved data still loads byte-exact, a failed registration binds
  * no namespace). Also: documented defaults of the *_options_init functions. */
 #include <stddef.h>
+#include <time.h>
 
 #include "engine_testutil.h"
 
@@ -180,6 +181,28 @@ static void accepted(oi_engine_options *o, const char *what, int line) {
   oi_offload_engine_destroy(e);
 }
 #define ACCEPTED(o, what) accepted(o, what, __LINE__)
+
+/* A pool larger than the machine can give is refused before a page is
+ * touched (it would otherwise be touched until the process is killed), with
+ * and without pinning, and the message says what is available. */
+static void test_a_pool_larger_than_memory_is_refused_at_once(void) {
+  for (int no_pin = 0; no_pin < 2; no_pin++) {
+    oi_host_options o;
+    CHECK_OK(oi_host_options_init(&o));
+    o.device = OI_DEVICE_CPU;
+    o.pool_bytes = 10240ull << 30; /* 10 TiB */
+    if (no_pin) o.flags |= OI_HOST_NO_PIN;
+    oi_offload_host *h = NULL;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    CHECK_FAILS(oi_offload_host_create(&o, &h), OI_ERR_OUT_OF_MEMORY);
+    CHECK(h == NULL);
+    CHECK(strstr(oi_last_error(), "10240.00 GiB asked for") != NULL);
+    CHECK(strstr(oi_last_error(), "GiB of memory is available") != NULL);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    CHECK(b.tv_sec - a.tv_sec < 2); /* refused, not touched */
+  }
+}
 
 static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   take_baseline();
@@ -515,6 +538,7 @@ int main(void) {
 
   RUN_TEST(test_options_init_fills_documented_defaults);
   RUN_TEST(test_host_create_refuses_bad_options);
+  RUN_TEST(test_a_pool_larger_than_memory_is_refused_at_once);
   RUN_TEST(test_bad_layouts_are_refused_and_bind_nothing);
   RUN_TEST(test_legal_edge_layouts_are_accepted);
   RUN_TEST(test_bad_saves_are_refused_and_save_nothing);

@@ -10,8 +10,10 @@
 typedef struct engine_ops {
   oi_status (*save)(oi_offload_engine *e, const int64_t *ids, const oi_block_hash *hashes, size_t n,
                     const oi_save_options *opt, oi_ticket **ticket_out);
+  /* `present`: out->present when the caller's result has the field, else NULL
+   * (never NULL for a membership query of n > 0 blocks). */
   oi_status (*query)(oi_offload_engine *e, const char *req_id, const oi_block_hash *hashes, size_t n,
-                     uint32_t flags, oi_query_result *out);
+                     uint32_t flags, uint8_t *present, oi_query_result *out);
   oi_status (*load)(oi_offload_engine *e, oi_lease lease, const int64_t *ids, size_t n,
                     const oi_load_options *opt, oi_ticket **ticket_out);
   oi_status (*release)(oi_offload_engine *e, oi_lease lease);

@@ -451,13 +451,12 @@ static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int6
 
 static oi_status remote_query(oi_offload_engine *base, const char *req_id,
                               const oi_block_hash *hashes, size_t n, uint32_t flags,
-                              oi_query_result *out) {
+                              uint8_t *present, oi_query_result *out) {
   remote_engine *e = (remote_engine *)base;
   oi_status st = check_count("query", n);
   if (st != OI_OK) return st;
   if (req_id && strlen(req_id) >= sizeof(((oiwire_Query *)0)->req_id))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: req_id is longer than 255 bytes");
-  bool has_present = out->struct_size >= offsetof(oi_query_result, present) + sizeof(uint8_t *);
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_query_tag;
@@ -468,7 +467,7 @@ static oi_status remote_query(oi_offload_engine *base, const char *req_id,
   pending p;
   memset(&p, 0, sizeof p);
   if ((flags & OI_QUERY_MEMBERSHIP) && n > 0) {
-    p.present = out->present;
+    p.present = present;
     p.present_n = n;
   }
   if ((st = call(e, &env, &wo, &p, e->control_ms, "query")) != OI_OK) return st;
@@ -485,7 +484,7 @@ static oi_status remote_query(oi_offload_engine *base, const char *req_id,
   r.state = qr->state;
   r.hit_blocks = qr->hit_blocks;
   if (qr->lease.size) memcpy(r.lease.bytes, qr->lease.bytes, OI_WIRE_LEASE_BYTES);
-  r.present = has_present ? out->present : NULL;
+  r.present = present;
   return oi__struct_out(out, &r, sizeof r, "query");
 }
 

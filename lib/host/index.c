@@ -3,7 +3,7 @@
  * size class an LRU list of the blocks that may be evicted. */
 #include <string.h>
 
-#include "host_internal.h"
+#include "host_private.h"
 
 #define INITIAL_BUCKETS 256
 

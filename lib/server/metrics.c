@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "host/host_internal.h"
+#include "host/host_private.h"
 #include "server_internal.h"
 
 #ifdef OI_HAVE_MICROHTTPD

@@ -83,6 +83,33 @@ void oi__engine_fini_common(oi_offload_engine *e) {
   e->namespace_id = e->instance_name = NULL;
 }
 
+oi_status oi__engine_init_unmapped(oi_offload_engine *e, const oi_engine_options *o,
+                                   const char *what) {
+  oi_engine_options opts = *o; /* (struct_size: the caller's copy is current) */
+  opts.arena_base = (void *)OI_ENGINE_STANDIN_BASE;
+  oi_status st = oi__engine_init_common(e, &opts, what);
+  if (st != OI_OK) {
+    oi__engine_fini_common(e);
+    return st;
+  }
+  e->opts.arena_base = NULL;
+  return OI_OK;
+}
+
+void oi__engine_rebase(oi_offload_engine *e, void *base, uint64_t size) {
+  for (uint32_t i = 0; i < e->layout.num_arenas; i++)
+    e->layout.arenas[i].base = e->layout.arenas[i].base - OI_ENGINE_STANDIN_BASE + (uintptr_t)base;
+  e->opts.arena_size = size;
+}
+
+oi_status oi__engine_validate_unmapped(const oi_engine_options *o, const char *what) {
+  oi_offload_engine probe;
+  memset(&probe, 0, sizeof probe);
+  oi_status st = oi__engine_init_unmapped(&probe, o, what);
+  if (st == OI_OK) oi__engine_fini_common(&probe);
+  return st;
+}
+
 OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_options *o,
                                           oi_offload_engine **out) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: out is NULL");

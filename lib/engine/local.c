@@ -201,8 +201,7 @@ static oi_status local_release(oi_offload_engine *base, oi_lease lease) {
 static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {
   local_engine *e = (local_engine *)base;
   uint64_t deadline = oi__deadline_ns(timeout_ms);
-  struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
-                        .tv_nsec = (long)(deadline % 1000000000ull)};
+  struct timespec ts = oi__timespec(deadline);
   pthread_mutex_lock(&e->lock);
   uint64_t target = e->save_ops_submitted;
   /* Take the in-flight duplicates noted so far; they are waited for below. */

@@ -207,8 +207,7 @@ void oi__host_notify_sealed(oi_offload_host *h) {
 bool oi__host_wait_not_in_flight(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hash,
                                  uint64_t deadline_ns) {
   index_shard *s = oi__index_shard(h, ns.id, hash);
-  struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
-                        .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+  struct timespec ts = oi__timespec(deadline_ns);
   bool settled = false;
   pthread_mutex_lock(&h->seal_lock); /* before the check: no seal is missed */
   for (;;) {
@@ -258,8 +257,7 @@ static void *maint_main(void *arg) {
   pthread_mutex_lock(&h->maint_lock);
   while (!h->stopping) {
     uint64_t deadline = oi__now_ns() + MAINT_PERIOD_MS * 1000000ull;
-    struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
-                          .tv_nsec = (long)(deadline % 1000000000ull)};
+    struct timespec ts = oi__timespec(deadline);
     pthread_cond_timedwait(&h->maint_cv, &h->maint_lock, &ts);
     if (h->stopping) break;
     pthread_mutex_unlock(&h->maint_lock);

@@ -166,8 +166,7 @@ static void *done_main(void *arg) {
       if (next_deadline == UINT64_MAX) {
         pthread_cond_wait(&x->cv, &x->lock);
       } else {
-        struct timespec ts = {.tv_sec = (time_t)(next_deadline / 1000000000ull),
-                              .tv_nsec = (long)(next_deadline % 1000000000ull)};
+        struct timespec ts = oi__timespec(next_deadline);
         pthread_cond_timedwait(&x->cv, &x->lock, &ts);
       }
       continue;

@@ -134,7 +134,8 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const o
   pthread_mutex_unlock(&e->lock);
 
   oi__xfer_job_wait_event(job, opt->wait_event);
-  save_call c = {.e = e, .job = job, .blocks = oi__xfer_job_user(job), .ids = ids, .hashes = hashes};
+  save_call c = {
+      .e = e, .job = job, .blocks = oi__xfer_job_user(job), .ids = ids, .hashes = hashes};
   oi_host_reserve_sink sink = {.accepted = save_accepted, .in_flight = save_in_flight, .ctx = &c};
   oi_host_reserved r;
   oi__host_reserve(e->host, e->ns, hashes, n, &sink, &r);
@@ -142,8 +143,8 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const o
   atomic_fetch_add(&e->c.saves_deduplicated, r.deduplicated);
   atomic_fetch_add(&e->c.saves_dropped, r.dropped);
   if (r.dropped)
-    OI_LOG_I(OI_LOG_DEBUG, "engine", base->instance_id, "save dropped %llu of %zu blocks (pool full)",
-             (unsigned long long)r.dropped, n);
+    OI_LOG_I(OI_LOG_DEBUG, "engine", base->instance_id,
+             "save dropped %llu of %zu blocks (pool full)", (unsigned long long)r.dropped, n);
   oi_status st = oi__xfer_submit(job, "save"); /* with no block accepted: done now */
   if (ticket_out) *ticket_out = st == OI_OK ? t : NULL;
   return st;
@@ -182,7 +183,8 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   oi_status st = oi__host_load_begin(e->host, base->instance_id, lease, n, blocks);
   if (st != OI_OK) {
     oi__xfer_job_free(job);
-    if (st == OI_ERR_LEASE_EXPIRED || st == OI_ERR_PERMISSION) atomic_fetch_add(&e->c.loads_failed, 1);
+    if (st == OI_ERR_LEASE_EXPIRED || st == OI_ERR_PERMISSION)
+      atomic_fetch_add(&e->c.loads_failed, 1);
     return st;
   }
   atomic_fetch_add(&e->c.loads_submitted, 1);

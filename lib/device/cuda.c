@@ -513,7 +513,6 @@ static void stage_free(stage_ring *g) {
   memset(g, 0, sizeof *g);
 }
 
-
 /* Allocates the slots, the aux stream (same priority as the main one) and
  * the events. On failure the stream stops asking (`failed`) and the caller
  * copies another way: staging is a speed-up, never a requirement. */

@@ -14,7 +14,7 @@
  *     leased and lease counts as modelled, used + free == capacity. */
 #include "engine/engine_internal.h"
 #include "fuzz_util.h"
-#include "host/host_internal.h"
+#include "host/host.h"
 
 #define BLOCKS 8  /* device blocks */
 #define KEYS 12   /* distinct block contents (hash i <-> pattern i) */

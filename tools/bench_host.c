@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "bench.h"
-#include "host/host_internal.h"
+#include "host/host_private.h"
 #include "openinfer/openinfer.h"
 
 #define INDEX_BLOCK_BYTES 256ull

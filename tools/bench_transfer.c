@@ -95,6 +95,20 @@ static void setup_free(bench_env *env, setup *s) {
   memset(s, 0, sizeof *s);
 }
 
+/* The tuning variables this command has always honoured, mapped onto the
+ * engine options (docs/benchmarks.md): OI_STAGING_MB (4..4096; else the
+ * default) and OI_SUBMIT_GROUP_MB (0: one group per call). */
+static void env_tuning(oi_engine_options *eo) {
+  const char *v = getenv("OI_STAGING_MB");
+  unsigned long long mb = v && *v ? strtoull(v, NULL, 10) : 0;
+  if (mb >= 4 && mb <= 4096) eo->staging_bytes = (uint64_t)mb << 20;
+  v = getenv("OI_SUBMIT_GROUP_MB");
+  if (v && *v) {
+    mb = strtoull(v, NULL, 10);
+    eo->submit_group_bytes = mb ? (uint64_t)mb << 20 : UINT64_MAX;
+  }
+}
+
 static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
   memset(s, 0, sizeof *s);
   s->sh = sh;
@@ -157,6 +171,7 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
     eo.num_arenas = s->narenas;
     eo.copy_mode = m < 2 ? OI_COPY_KERNEL : m == 2 ? OI_COPY_DMA : m == 3 ? OI_COPY_AUTO : OI_COPY_STAGED;
     eo.copy_cta_limit = m == 0 ? 132 : 0;
+    env_tuning(&eo);
     if (oi_offload_engine_create(s->host, &eo, &s->eng[m]) != OI_OK) return false;
   }
   return true;
@@ -305,7 +320,8 @@ static void usage(FILE *f) {
              "\n"
              "  --quick           the two model shapes only\n"
              "  --bandwidth-only  skip the restore-latency and interference sections\n"
-             "  OI_STAGING_MB, OI_SUBMIT_GROUP_MB (environment): staging size and submit groups\n");
+             "  OI_STAGING_MB, OI_SUBMIT_GROUP_MB (environment): staging size and submit groups\n"
+             "                    (set as oi_engine_options.staging_bytes, submit_group_bytes)\n");
 }
 
 int bench_transfer(int argc, char **argv) {
@@ -469,6 +485,7 @@ int bench_transfer(int argc, char **argv) {
       eo.num_arenas = glm.narenas;
       eo.copy_mode = runs[i].mode;
       eo.copy_cta_limit = runs[i].ctas;
+      env_tuning(&eo);
       oi_offload_engine *e = NULL;
       if (oi_offload_engine_create(glm.host, &eo, &e) != OI_OK) continue;
       oi_offload_engine *saved = glm.eng[1];

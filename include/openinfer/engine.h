@@ -60,6 +60,13 @@ typedef struct oi_engine_options {
   uint32_t copy_cta_limit;      /* kernel copies: max CTAs; 0 = backend default */
   uint32_t control_deadline_ms; /* sidecar: register, query, release, stats, unregister;
                                    default 30000 */
+  /* Tuning of embedded engines (a sidecar engine's copies run in the server
+   * with its defaults; the fields are checked all the same). */
+  uint64_t submit_group_bytes;  /* copies are queued in groups of about this many bytes;
+                                   0 = the copy mode's default (8 MiB DMA, 32 MiB others);
+                                   otherwise at least 64 KiB; UINT64_MAX = one group per call */
+  uint64_t staging_bytes;       /* OI_COPY_STAGED: device memory of each of the engine's two
+                                   streams' staging slots; 0 = 32 MiB; else 4 MiB .. 4 GiB */
 } oi_engine_options;
 
 /* Completion callback of a save: the caller's signal that the device blocks

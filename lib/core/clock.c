@@ -20,6 +20,11 @@ uint32_t oi__ms_until(uint64_t deadline_ns) {
   return now >= deadline_ns ? 0 : (uint32_t)OI_MIN((deadline_ns - now) / 1000000, 0xFFFFFFFEull);
 }
 
+struct timespec oi__timespec(uint64_t deadline_ns) {
+  return (struct timespec){.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                           .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+}
+
 void oi__hist_record(oi_latency_hist *h, uint64_t elapsed_ns) {
   uint64_t us = elapsed_ns / 1000u;
   atomic_fetch_add_explicit(&h->buckets[oi__latency_bucket(us)], 1, memory_order_relaxed);

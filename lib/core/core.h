@@ -80,6 +80,9 @@ uint64_t oi__deadline_ns(uint32_t timeout_ms);
  * UINT32_MAX so that a wait on it is always finite: a timeout for
  * oi_ticket_wait. */
 uint32_t oi__ms_until(uint64_t deadline_ns);
+/* `deadline_ns` (monotonic) as the timespec of a pthread_cond_timedwait on
+ * a condition variable that uses CLOCK_MONOTONIC. */
+struct timespec oi__timespec(uint64_t deadline_ns);
 
 /* Options structs ("struct_size" pattern). Copies the caller's struct `src`
  * (whose first field is uint32_t struct_size) into `dst` of the library's

@@ -513,24 +513,17 @@ static void stage_free(stage_ring *g) {
   memset(g, 0, sizeof *g);
 }
 
-static uint64_t staging_bytes(void) {
-  const char *env = getenv("OI_STAGING_MB");
-  unsigned long long mb = env && *env ? strtoull(env, NULL, 10) : 0;
-  if (mb >= 4 && mb <= 4096) return (uint64_t)mb << 20;
-  return OI_STAGING_BYTES;
-}
-
 /* Allocates the slots, the aux stream (same priority as the main one) and
  * the events. On failure the stream stops asking (`failed`) and the caller
  * copies another way: staging is a speed-up, never a requirement. */
-static bool stage_setup(oi_stream *s) {
+static bool stage_setup(oi_stream *s, uint64_t staging_bytes) {
   stage_ring *g = &s->stg;
   if (g->ready) return true;
   if (g->failed) return false;
   int prio = 0;
   cudaStreamGetPriority(s->stream, &prio);
   g->nslots = OI_STAGING_SLOTS;
-  g->slot_bytes = staging_bytes() / g->nslots & ~(uint64_t)4095;
+  g->slot_bytes = (staging_bytes ? staging_bytes : OI_STAGING_BYTES) / g->nslots & ~(uint64_t)4095;
   cudaError_t err = cudaMalloc((void **)&g->mem, g->nslots * g->slot_bytes);
   if (err == cudaSuccess) err = cudaStreamCreateWithPriority(&g->aux, cudaStreamNonBlocking, prio);
   for (uint32_t j = 0; err == cudaSuccess && j < g->nslots; j++) {
@@ -726,8 +719,10 @@ static oi_status join_aux(oi_stream *s, const char *what) {
   return err == cudaSuccess ? OI_OK : cuda_fail(err, what);
 }
 
-/* AUTO for direct callers (the engine resolves it itself, per layout):
- * saves by DMA, loads by the kernel while pieces are small. */
+/* AUTO for direct callers (lib/transfer resolves it itself, per layout):
+ * saves by DMA, loads by the kernel while pieces are smaller than this. */
+#define DIRECT_AUTO_DMA_PIECE_BYTES (1ull << 20)
+
 static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs,
                                   size_t n, const oi_copy_params *p) {
   if (n && !descs) return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_copy: descs is NULL");
@@ -737,11 +732,11 @@ static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_d
   if (mode == OI_XFER_AUTO) {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) total += descs[i].bytes;
-    mode = (dir == OI_COPY_D2H || total / n >= OI_AUTO_DMA_PIECE_BYTES) ? OI_XFER_DMA : OI_XFER_KERNEL;
+    mode = (dir == OI_COPY_D2H || total / n >= DIRECT_AUTO_DMA_PIECE_BYTES) ? OI_XFER_DMA : OI_XFER_KERNEL;
   }
   oi_status st;
   pthread_mutex_lock(&s->copy_lock);
-  if (mode == OI_XFER_STAGED && !stage_setup(s)) mode = OI_XFER_KERNEL;
+  if (mode == OI_XFER_STAGED && !stage_setup(s, p ? p->staging_bytes : 0)) mode = OI_XFER_KERNEL;
   /* The default limit: staged kernels are bursts of a few microseconds at
    * device-memory speed, and every SM finishes them soonest (which is also
    * what disturbs the model least, docs/benchmarks.md); the host-memory

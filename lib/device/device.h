@@ -45,7 +45,9 @@ typedef struct oi_pinned {
 
 typedef void (*oi_stream_fn)(void *arg, oi_status st);
 
-/* How a stream moves a batch (values match oi_copy_mode). */
+/* How a stream moves a batch (values match oi_copy_mode). Which one a
+ * batch should use is the transfer layer's policy (lib/transfer); AUTO here
+ * is only a fallback for direct callers. */
 enum {
   OI_XFER_AUTO = 0,
   OI_XFER_KERNEL = 1,
@@ -60,24 +62,16 @@ typedef struct oi_copy_params {
   uint32_t cta_limit; /* kernel copies: most CTAs a batch may use; 0 = backend default */
   bool host_mapped;   /* the host side is pinned memory kernels may address; without it
                          only DMA is used */
+  uint64_t staging_bytes; /* staged copies: device memory of the stream's staging slots,
+                             allocated at its first staged copy; 0 = OI_STAGING_BYTES */
 } oi_copy_params;
 
 /* Default CTA limit of copy kernels: enough for the PCIe limit, few enough to
  * leave the model most SMs (see docs/benchmarks.md). */
 #define OI_DEFAULT_CTA_LIMIT 32
 
-/* AUTO policy: pieces at least this large go to the copy engines even on
- * loads (they run at full speed there); smaller load pieces use the kernel.
- * Saves always use the copy engines. */
-#define OI_AUTO_DMA_PIECE_BYTES (1ull << 20)
-
-/* AUTO policy: below OI_AUTO_DMA_PIECE_BYTES, a batch whose host side comes in
- * runs at least this large (one host block is contiguous) is staged: the copy
- * engines move whole host blocks at the bulk rate and only a short device-side
- * kernel touches the scattered pieces. Smaller blocks use the copy kernel. */
-#define OI_AUTO_STAGE_BLOCK_BYTES (256ull << 10)
-
-/* Device memory of one stream's staging slots (OI_STAGING_MB overrides). */
+/* Device memory of one stream's staging slots (oi_copy_params.staging_bytes
+ * of the first staged copy on the stream overrides it). */
 #define OI_STAGING_BYTES (32ull << 20)
 #define OI_STAGING_SLOTS 4
 

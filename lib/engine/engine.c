@@ -5,6 +5,11 @@
 
 #include "engine_internal.h"
 
+/* Bounds of the tuning fields of oi_engine_options (docs/api.md). */
+#define OI_MIN_SUBMIT_GROUP_BYTES (64ull << 10)
+#define OI_MIN_STAGING_BYTES (4ull << 20)
+#define OI_MAX_STAGING_BYTES (4ull << 30)
+
 OI_API oi_status oi_engine_options_init(oi_engine_options *o) {
   if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "engine_options_init: options is NULL");
   memset(o, 0, sizeof *o);
@@ -48,6 +53,15 @@ oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *
                     opts.copy_mode);
   if (opts.device < -1)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: device %d is not an ordinal", what, opts.device);
+  if (opts.submit_group_bytes && opts.submit_group_bytes < OI_MIN_SUBMIT_GROUP_BYTES)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: submit_group_bytes %llu is below 64 KiB (0: the copy mode's default)", what,
+                    (unsigned long long)opts.submit_group_bytes);
+  if (opts.staging_bytes &&
+      (opts.staging_bytes < OI_MIN_STAGING_BYTES || opts.staging_bytes > OI_MAX_STAGING_BYTES))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: staging_bytes %llu is outside [4 MiB, 4 GiB] (0: the default, 32 MiB)",
+                    what, (unsigned long long)opts.staging_bytes);
   if ((st = oi__layout_build(&opts, what, &e->layout)) != OI_OK) return st;
   e->namespace_id = oi__strdup(opts.namespace_id);
   e->instance_name = oi__strdup(opts.instance_name ? opts.instance_name : "");
@@ -67,6 +81,33 @@ void oi__engine_fini_common(oi_offload_engine *e) {
   oi__free(e->namespace_id);
   oi__free(e->instance_name);
   e->namespace_id = e->instance_name = NULL;
+}
+
+oi_status oi__engine_init_unmapped(oi_offload_engine *e, const oi_engine_options *o,
+                                   const char *what) {
+  oi_engine_options opts = *o; /* (struct_size: the caller's copy is current) */
+  opts.arena_base = (void *)OI_ENGINE_STANDIN_BASE;
+  oi_status st = oi__engine_init_common(e, &opts, what);
+  if (st != OI_OK) {
+    oi__engine_fini_common(e);
+    return st;
+  }
+  e->opts.arena_base = NULL;
+  return OI_OK;
+}
+
+void oi__engine_rebase(oi_offload_engine *e, void *base, uint64_t size) {
+  for (uint32_t i = 0; i < e->layout.num_arenas; i++)
+    e->layout.arenas[i].base = e->layout.arenas[i].base - OI_ENGINE_STANDIN_BASE + (uintptr_t)base;
+  e->opts.arena_size = size;
+}
+
+oi_status oi__engine_validate_unmapped(const oi_engine_options *o, const char *what) {
+  oi_offload_engine probe;
+  memset(&probe, 0, sizeof probe);
+  oi_status st = oi__engine_init_unmapped(&probe, o, what);
+  if (st == OI_OK) oi__engine_fini_common(&probe);
+  return st;
 }
 
 OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_options *o,
@@ -151,10 +192,12 @@ OI_API oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_i
   if (n > 0 && !hashes) return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: hashes is NULL");
   if (flags & ~(uint32_t)OI_QUERY_MEMBERSHIP)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: unknown flags 0x%x", flags);
+  /* The caller's result may predate `present` (struct_size). */
   bool has_present = out->struct_size >= offsetof(oi_query_result, present) + sizeof(uint8_t *);
-  if ((flags & OI_QUERY_MEMBERSHIP) && n > 0 && (!has_present || !out->present))
+  uint8_t *present = has_present ? out->present : NULL;
+  if ((flags & OI_QUERY_MEMBERSHIP) && n > 0 && !present)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: membership needs out->present (n bytes)");
-  return e->ops->query(e, req_id, hashes, n, flags, out);
+  return e->ops->query(e, req_id, hashes, n, flags, present, out);
 }
 
 OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,

@@ -10,8 +10,10 @@
 typedef struct engine_ops {
   oi_status (*save)(oi_offload_engine *e, const int64_t *ids, const oi_block_hash *hashes, size_t n,
                     const oi_save_options *opt, oi_ticket **ticket_out);
+  /* `present`: out->present when the caller's result has the field, else NULL
+   * (never NULL for a membership query of n > 0 blocks). */
   oi_status (*query)(oi_offload_engine *e, const char *req_id, const oi_block_hash *hashes, size_t n,
-                     uint32_t flags, oi_query_result *out);
+                     uint32_t flags, uint8_t *present, oi_query_result *out);
   oi_status (*load)(oi_offload_engine *e, oi_lease lease, const int64_t *ids, size_t n,
                     const oi_load_options *opt, oi_ticket **ticket_out);
   oi_status (*release)(oi_offload_engine *e, oi_lease lease);
@@ -32,6 +34,21 @@ struct oi_offload_engine {
 /* Fills the common part (options copy, layout) of a new engine. */
 oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o, const char *what);
 void oi__engine_fini_common(oi_offload_engine *e);
+
+/* Layouts given by offset into an arena that is not mapped yet (a sidecar's
+ * arena, allocated by the server): every layout rule is checked against a
+ * stand-in base, so the checks are the same as at the real one. */
+#define OI_ENGINE_STANDIN_BASE ((uintptr_t)4096)
+/* As oi__engine_init_common for options whose arena_base is NULL and whose
+ * arenas are given by offset within arena_size; the layout sits at the
+ * stand-in base until oi__engine_rebase. */
+oi_status oi__engine_init_unmapped(oi_offload_engine *e, const oi_engine_options *o,
+                                   const char *what);
+/* Moves the layout of an engine made by oi__engine_init_unmapped onto the
+ * mapped arena [base, base + size). */
+void oi__engine_rebase(oi_offload_engine *e, void *base, uint64_t size);
+/* Checks what oi__engine_init_unmapped would, keeping nothing. */
+oi_status oi__engine_validate_unmapped(const oi_engine_options *o, const char *what);
 
 oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o,
                                   oi_offload_engine **out);

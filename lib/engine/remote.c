@@ -25,7 +25,6 @@
 #include "engine_internal.h"
 #include "proto/wire.h"
 
-#define STANDIN_BASE ((uintptr_t)4096) /* arena base while validating, before the import */
 #define PENDING_BUCKETS 256
 
 typedef enum conn_state {
@@ -467,13 +466,12 @@ static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int6
 
 static oi_status remote_query(oi_offload_engine *base, const char *req_id,
                               const oi_block_hash *hashes, size_t n, uint32_t flags,
-                              oi_query_result *out) {
+                              uint8_t *present, oi_query_result *out) {
   remote_engine *e = (remote_engine *)base;
   oi_status st = check_count("query", n);
   if (st != OI_OK) return st;
   if (req_id && strlen(req_id) >= sizeof(((oiwire_Query *)0)->req_id))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: req_id is longer than 255 bytes");
-  bool has_present = out->struct_size >= offsetof(oi_query_result, present) + sizeof(uint8_t *);
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_query_tag;
@@ -484,7 +482,7 @@ static oi_status remote_query(oi_offload_engine *base, const char *req_id,
   pending p;
   memset(&p, 0, sizeof p);
   if ((flags & OI_QUERY_MEMBERSHIP) && n > 0) {
-    p.present = out->present;
+    p.present = present;
     p.present_n = n;
   }
   if ((st = call(e, &env, &wo, &p, e->control_ms, "query")) != OI_OK) return st;
@@ -501,7 +499,7 @@ static oi_status remote_query(oi_offload_engine *base, const char *req_id,
   r.state = qr->state;
   r.hit_blocks = qr->hit_blocks;
   if (qr->lease.size) memcpy(r.lease.bytes, qr->lease.bytes, OI_WIRE_LEASE_BYTES);
-  r.present = has_present ? out->present : NULL;
+  r.present = present;
   return oi__struct_out(out, &r, sizeof r, "query");
 }
 
@@ -769,7 +767,7 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
   if (opts.num_arenas && opts.arenas && !layout_extent(&opts, &extent))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: the layout spans more than the address space");
   uint64_t arena_size = opts.arena_size ? opts.arena_size : extent;
-  if (arena_size > UINT64_MAX - STANDIN_BASE)
+  if (arena_size > UINT64_MAX - OI_ENGINE_STANDIN_BASE)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: arena_size %llu is too large",
                     (unsigned long long)arena_size);
   char def[108];
@@ -791,12 +789,10 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&e->write_lock, NULL);
   pthread_mutex_init(&e->teardown_lock, NULL);
-  /* Validate the whole layout against a stand-in base before talking to
-   * the server; the real base is known after the import. */
-  opts.arena_base = (void *)STANDIN_BASE;
+  /* Validate the whole layout before talking to the server; the real base
+   * is known after the import. */
   opts.arena_size = arena_size;
-  if ((st = oi__engine_init_common(&e->base, &opts, "connect")) != OI_OK) {
-    oi__engine_fini_common(&e->base);
+  if ((st = oi__engine_init_unmapped(&e->base, &opts, "connect")) != OI_OK) {
     pthread_mutex_destroy(&e->teardown_lock);
     pthread_mutex_destroy(&e->write_lock);
     pthread_cond_destroy(&e->cv);
@@ -804,7 +800,6 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
     oi__free(e);
     return st;
   }
-  e->base.opts.arena_base = NULL;
   e->control_ms = opts.control_deadline_ms;
   e->socket_path = oi__strdup(socket_path);
   if (!e->socket_path) {
@@ -832,10 +827,7 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
     oi__fail(st, "connect: importing the server's arena: %s", msg);
     goto fail_registered;
   }
-  uintptr_t base = (uintptr_t)oi_imported_arena_ptr(arena);
-  for (uint32_t i = 0; i < e->base.layout.num_arenas; i++)
-    e->base.layout.arenas[i].base = e->base.layout.arenas[i].base - STANDIN_BASE + base;
-  e->base.opts.arena_size = oi_imported_arena_size(arena);
+  oi__engine_rebase(&e->base, oi_imported_arena_ptr(arena), oi_imported_arena_size(arena));
   e->arena = arena;
   e->arena_open = true;
   oi__imported_arena_on_close(arena, on_arena_closed, e);

@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "device/hostmem.h"
-#include "host_internal.h"
+#include "host_private.h"
 
 #define MAINT_PERIOD_MS 20
 
@@ -141,7 +141,7 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
 }
 
 oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t block_bytes,
-                                  uint64_t shape_hash, uint32_t *ns_id, uint32_t *cls) {
+                                  uint64_t shape_hash, oi_host_ns *out) {
   pthread_mutex_lock(&h->ns_lock);
   for (uint32_t i = 0; i < h->nns; i++) {
     ns_entry *e = &h->ns[i];
@@ -157,8 +157,7 @@ oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t
                     "register: namespace '%s' is bound to a layout of another shape (same block "
                     "size, different arenas)",
                     name);
-    *ns_id = i + 1;
-    *cls = e->cls;
+    *out = (oi_host_ns){.id = i + 1, .cls = e->cls};
     pthread_mutex_unlock(&h->ns_lock);
     return st;
   }
@@ -194,8 +193,7 @@ oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t
     atomic_store_explicit(&h->ns_resident[idx / OI_NS_PAGE], page, memory_order_release);
   }
   h->ns[h->nns] = (ns_entry){.name = copy, .block_bytes = block_bytes, .shape_hash = shape_hash, .cls = c};
-  *ns_id = ++h->nns;
-  *cls = c;
+  *out = (oi_host_ns){.id = ++h->nns, .cls = c};
   pthread_mutex_unlock(&h->ns_lock);
   return OI_OK;
 }
@@ -206,16 +204,15 @@ void oi__host_notify_sealed(oi_offload_host *h) {
   pthread_mutex_unlock(&h->seal_lock);
 }
 
-bool oi__host_wait_not_in_flight(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash,
+bool oi__host_wait_not_in_flight(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hash,
                                  uint64_t deadline_ns) {
-  index_shard *s = oi__index_shard(h, ns, hash);
-  struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
-                        .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+  index_shard *s = oi__index_shard(h, ns.id, hash);
+  struct timespec ts = oi__timespec(deadline_ns);
   bool settled = false;
   pthread_mutex_lock(&h->seal_lock); /* before the check: no seal is missed */
   for (;;) {
     pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_locked(s, ns, hash);
+    host_block *b = oi__index_find_locked(s, ns.id, hash);
     settled = !b || b->state != BLOCK_IN_FLIGHT;
     pthread_mutex_unlock(&s->lock);
     if (settled) break;
@@ -227,23 +224,6 @@ bool oi__host_wait_not_in_flight(oi_offload_host *h, uint32_t ns, const oi_block
   }
   pthread_mutex_unlock(&h->seal_lock);
   return settled;
-}
-
-void oi__host_load_end(oi_offload_host *h, host_block **blocks, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    host_block *b = blocks[i];
-    index_shard *s = &h->shards[b->shard];
-    pthread_mutex_lock(&s->lock);
-    oi__block_pinned_update(h, true, b->pins || b->loading > 1);
-    if (--b->loading == 0) {
-      atomic_fetch_sub(&h->c.blocks_loading, 1);
-      if (b->state == BLOCK_SEALED && b->pins == 0) {
-        b->last_used = oi__now_ns();
-        oi__lru_push_locked(s, b);
-      }
-    }
-    pthread_mutex_unlock(&s->lock);
-  }
 }
 
 static uint64_t evict_until(oi_offload_host *h, uint64_t target_bytes) {
@@ -277,8 +257,7 @@ static void *maint_main(void *arg) {
   pthread_mutex_lock(&h->maint_lock);
   while (!h->stopping) {
     uint64_t deadline = oi__now_ns() + MAINT_PERIOD_MS * 1000000ull;
-    struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
-                          .tv_nsec = (long)(deadline % 1000000000ull)};
+    struct timespec ts = oi__timespec(deadline);
     pthread_cond_timedwait(&h->maint_cv, &h->maint_lock, &ts);
     if (h->stopping) break;
     pthread_mutex_unlock(&h->maint_lock);
@@ -350,6 +329,18 @@ OI_API oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *
   oi__hist_read(&c->save_latency, s.save_latency_us, &s.save_latency_sum_us);
   oi__hist_read(&c->load_latency, s.load_latency_us, &s.load_latency_sum_us);
   return oi__struct_out(out, &s, sizeof s, "host_stats");
+}
+
+uint64_t oi__host_ns_resident(const oi_offload_host *h, oi_host_ns ns) {
+  return oi__ns_resident_get(h, ns.id);
+}
+
+void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out) {
+  *out = (oi_host_pool_info){.capacity_bytes = h->capacity,
+                             .device = h->dev ? h->dev->ordinal : OI_DEVICE_CPU,
+                             .ready = h->pool.host != NULL,
+                             .pin_requested = !(h->opts.flags & OI_HOST_NO_PIN),
+                             .device_mapped = h->pool.device != NULL && h->dev && h->dev->ordinal >= 0};
 }
 
 uint64_t oi__ns_resident_get(const oi_offload_host *h, uint32_t ns) {

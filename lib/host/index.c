@@ -3,7 +3,7 @@
  * size class an LRU list of the blocks that may be evicted. */
 #include <string.h>
 
-#include "host_internal.h"
+#include "host_private.h"
 
 #define INITIAL_BUCKETS 256
 
@@ -47,7 +47,7 @@ void oi__index_fini(oi_offload_host *h) {
 }
 
 index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash) {
-  return &h->shards[(key_hash(ns, hash) >> 48) & (h->nshards - 1)];
+  return oi__index_shard_of(h, key_hash(ns, hash));
 }
 
 /* Lookups of a batch are dominated by dependent cache misses (the shard,
@@ -59,7 +59,7 @@ index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_has
 void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n) {
   for (size_t i = 0; i < n; i++) {
     uint64_t k = key_hash(ns, &hashes[i]);
-    index_shard *s = &h->shards[(k >> 48) & (h->nshards - 1)];
+    index_shard *s = oi__index_shard_of(h, k);
     uint32_t *buckets = __atomic_load_n(&s->buckets, __ATOMIC_RELAXED);
     size_t nb = __atomic_load_n(&s->nbuckets, __ATOMIC_RELAXED);
     __builtin_prefetch(&s->lock, 1);

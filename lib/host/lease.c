@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "host_internal.h"
+#include "host_private.h"
 
 #define LEASE_BUCKETS 1024
 

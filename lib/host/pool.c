@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/fault.h"
-#include "host_internal.h"
+#include "host_private.h"
 
 #define MIN_AUTO_CHUNK (256ull << 10)
 #define MAX_AUTO_CHUNK (64ull << 20)

@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "host/host_internal.h"
+#include "host/host.h"
 #include "server_internal.h"
 
 #ifdef OI_HAVE_MICROHTTPD
@@ -261,20 +261,22 @@ bool oi__server_healthy(oi_server *srv, char *why, size_t cap) {
     return false;
   }
   const oi_offload_host *h = __atomic_load_n(&srv->host, __ATOMIC_ACQUIRE);
-  if (!h || !h->pool.host) {
+  oi_host_pool_info pool = {0};
+  if (h) oi__host_pool_info(h, &pool);
+  if (!pool.ready) {
     snprintf(why, cap, "the host pool is not set up");
     return false;
   }
-  bool want_pin = !(h->opts.flags & OI_HOST_NO_PIN);
-  if (want_pin && h->dev->ordinal >= 0 && !h->pool.device) {
-    snprintf(why, cap, "the host pool is not pinned for device %d", h->dev->ordinal);
+  bool want_pin = pool.pin_requested;
+  if (want_pin && pool.device >= 0 && !pool.device_mapped) {
+    snprintf(why, cap, "the host pool is not pinned for device %d", pool.device);
     return false;
   }
   /* The devices served: the pool's, the configured ones, and those of the
    * live instances (when any device is allowed). */
   int devs[64];
   size_t n = 0;
-  devs[n++] = h->dev->ordinal;
+  devs[n++] = pool.device;
   for (uint32_t i = 0; i < srv->opts.num_devices && n < OI_ARRAY_LEN(devs); i++) devs[n++] = srv->devices[i];
   pthread_mutex_lock(&srv->lock);
   for (srv_session *ss = srv->sessions; ss; ss = ss->next)
@@ -287,7 +289,7 @@ bool oi__server_healthy(oi_server *srv, char *why, size_t cap) {
     if (!seen && !device_answers(devs[i], why, cap)) return false;
   }
   snprintf(why, cap, "ok: pool of %.2f GiB %s, %zu device(s) answer",
-           (double)h->capacity / (double)(1ull << 30), want_pin ? "pinned" : "set up (not pinned: --no-pin)",
+           (double)pool.capacity_bytes / (double)(1ull << 30), want_pin ? "pinned" : "set up (not pinned: --no-pin)",
            n);
   return true;
 }

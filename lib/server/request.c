@@ -86,19 +86,13 @@ oi_status oi__req_register_options(const oiwire_Register *r, const oi_wire_array
   eo->copy_mode = r->copy_mode == OI_COPY_AUTO ? OI_COPY_DMA : r->copy_mode;
   eo->copy_cta_limit = r->copy_cta_limit;
   eo->arena_size = r->arena_size;
-  /* Validate everything before anything is allocated: against a stand-in
-   * base, the layout checks are the same. */
-  oi_offload_engine probe;
-  memset(&probe, 0, sizeof probe);
-  eo->arena_base = (void *)(uintptr_t)4096;
-  oi_status st = oi__engine_init_common(&probe, eo, "register");
+  /* Validate everything before anything is allocated. */
+  oi_status st = oi__engine_validate_unmapped(eo, "register");
   if (st != OI_OK) {
     snprintf(msg, cap, "%s", oi_last_error());
     oi__free(descs);
     return st;
   }
-  oi__engine_fini_common(&probe);
-  eo->arena_base = NULL;
   *descs_out = descs;
   return OI_OK;
 }

@@ -17,7 +17,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "engine/engine_internal.h"
 #include "server_internal.h"
 
 #define CONTROL_SEND_TIMEOUT_S 30
@@ -252,11 +251,13 @@ static void handle_register(srv_session *s, uint64_t req, const oiwire_Register 
     goto fail;
   }
   eo.arena_base = region;
-  if ((st = oi__local_engine_create(srv->host, &eo, &inst->engine)) != OI_OK) goto fail;
+  if ((st = oi_offload_engine_create(srv->host, &eo, &inst->engine)) != OI_OK) goto fail;
   oi__free(descs);
   descs = NULL;
+  oi_engine_stats es = {.struct_size = sizeof es};
+  oi_offload_engine_stats(inst->engine, &es); /* (cannot fail on a local engine) */
   atomic_init(&inst->refs, 1);
-  inst->id = inst->engine->instance_id;
+  inst->id = es.instance_id;
   inst->server = srv;
   inst->dev = dev;
   inst->arena = region;
@@ -281,8 +282,8 @@ static void handle_register(srv_session *s, uint64_t req, const oiwire_Register 
   rr->arena_handle.size = OI_WIRE_HANDLE_BYTES;
   memcpy(rr->arena_handle.bytes, handle.bytes, OI_WIRE_HANDLE_BYTES);
   rr->arena_bytes = r->arena_size;
-  rr->block_bytes = inst->engine->layout.block_bytes;
-  rr->num_blocks = inst->engine->layout.num_blocks;
+  rr->block_bytes = es.block_bytes;
+  rr->num_blocks = es.num_blocks;
   session_send(s, &env, NULL);
   return;
 

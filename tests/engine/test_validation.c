@@ -80,6 +80,7 @@ static void test_options_init_fills_documented_defaults(void) {
   CHECK(eo.copy_mode == OI_COPY_AUTO);
   CHECK(eo.namespace_id == NULL && eo.arenas == NULL && eo.arena_base == NULL);
   CHECK(eo.num_arenas == 0);
+  CHECK(eo.submit_group_bytes == 0 && eo.staging_bytes == 0);
   oi_save_options so;
   memset(&so, 0x5A, sizeof so);
   CHECK_OK(oi_save_options_init(&so));
@@ -232,6 +233,14 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   REFUSED(&x, "namespace NULL");
   x = o, x.copy_mode = OI_COPY_STAGED + 1;
   REFUSED(&x, "copy_mode past the last oi_copy_mode");
+  x = o, x.submit_group_bytes = (64 << 10) - 1;
+  REFUSED(&x, "submit_group_bytes below 64 KiB");
+  CHECK(strstr(oi_last_error(), "submit_group_bytes"));
+  x = o, x.staging_bytes = (4 << 20) - 1;
+  REFUSED(&x, "staging_bytes below 4 MiB");
+  CHECK(strstr(oi_last_error(), "staging_bytes"));
+  x = o, x.staging_bytes = (4ull << 30) + 1;
+  REFUSED(&x, "staging_bytes above 4 GiB");
 
   oi_arena_desc b[2];
 #define VARIANT(stmt, what)                                                                        \
@@ -315,6 +324,18 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   e = NULL;
   CHECK_OK(oi_offload_engine_create(host, &x, &e));
   oi_offload_engine_destroy(e);
+  /* The tuning fields' edges are accepted. */
+  x.submit_group_bytes = 64 << 10;
+  x.staging_bytes = 4ull << 30;
+  e = NULL;
+  CHECK_OK(oi_offload_engine_create(host, &x, &e));
+  oi_offload_engine_destroy(e);
+  x.submit_group_bytes = UINT64_MAX;
+  x.staging_bytes = 4 << 20;
+  e = NULL;
+  CHECK_OK(oi_offload_engine_create(host, &x, &e));
+  oi_offload_engine_destroy(e);
+  x.submit_group_bytes = x.staging_bytes = 0;
   for (uint32_t m = OI_COPY_AUTO; m <= OI_COPY_STAGED; m++) { /* every mode is accepted (cpu: memcpy) */
     x.copy_mode = m;
     e = NULL;

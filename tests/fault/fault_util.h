@@ -59,6 +59,9 @@ static oi_block_hash fu_hash(uint64_t logical) {
   return h;
 }
 
+/* oi_engine_options.submit_group_bytes of the next rig_open (0: default). */
+static uint64_t rig_submit_group_bytes;
+
 /* A host of `pool_blocks` slots and one engine over `blocks` device blocks
  * of `bytes`. Deadlines and world size as given (0: defaults). */
 static void rig_open(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_blocks, uint32_t world,
@@ -86,6 +89,7 @@ static void rig_open(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_bloc
   if (world) eo.world_size = world;
   if (save_deadline_ms) eo.save_deadline_ms = save_deadline_ms;
   if (load_deadline_ms) eo.load_deadline_ms = load_deadline_ms;
+  eo.submit_group_bytes = rig_submit_group_bytes;
   REQUIRE(oi_offload_engine_create(r->h, &eo, &r->e) == OI_OK);
 }
 

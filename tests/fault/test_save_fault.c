@@ -62,10 +62,10 @@ static void test_copy_fails_midway(void) { failing_copy_leaves_nothing(OI_FAULT_
 
 /* A save queued in two groups: the first lands, the second fails. */
 static void test_second_group_fails(void) {
-  setenv("OI_SUBMIT_GROUP_MB", "1", 1); /* 256 KiB blocks: groups of 5 */
+  rig_submit_group_bytes = 1 << 20; /* 256 KiB blocks: groups of 5 */
   rig r;
   rig_open(&r, 12, 256 << 10, 16, 0, 0, 0, 0);
-  unsetenv("OI_SUBMIT_GROUP_MB");
+  rig_submit_group_bytes = 0;
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 1, 1, 0) == OI_OK);
   CHECK_ST(rig_save(&r, 0, 12), OI_ERR_IO);
   CHECK(oi__fault_fired(OI_FAULT_COPY_FAIL) == 1);

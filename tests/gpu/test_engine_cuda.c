@@ -31,7 +31,8 @@ static uint8_t expected_byte(uint64_t logical, uint32_t arena, uint32_t seg, uin
   return oi__pattern_byte(seed, off);
 }
 
-static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, bool layered) {
+static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32_t staging_mb,
+                     bool layered) {
   uint8_t *region = NULL;
   REQUIRE(dev->ops->mem_alloc(dev, lc->region_bytes, 0, (void **)&region) == OI_OK);
   uint8_t *host = calloc(1, lc->region_bytes);
@@ -72,6 +73,7 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, bool l
   eo.arena_size = lc->region_bytes;
   eo.copy_mode = mode;
   eo.copy_cta_limit = ctas;
+  eo.staging_bytes = (uint64_t)staging_mb << 20;
   oi_offload_engine *e = NULL;
   REQUIRE(oi_offload_engine_create(h, &eo, &e) == OI_OK);
 
@@ -202,16 +204,8 @@ int main(void) {
       {OI_COPY_KERNEL, 16, 0, true}, {OI_COPY_DMA, 0, 0, true}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
-      if (modes[m].staging_mb) {
-        char v[16];
-        snprintf(v, sizeof v, "%u", modes[m].staging_mb);
-        setenv("OI_STAGING_MB", v, 1);
-      } else {
-        unsetenv("OI_STAGING_MB");
-      }
-      run_case(&cases[c], modes[m].mode, modes[m].ctas, modes[m].layered);
+      run_case(&cases[c], modes[m].mode, modes[m].ctas, modes[m].staging_mb, modes[m].layered);
     }
-  unsetenv("OI_STAGING_MB");
   oi__dev_close(dev);
   fprintf(stderr, "%-60s %s\n", "test_engine_round_trips_on_cuda_in_every_copy_mode", oi_test_failures ? "FAILED" : "ok");
   TEST_EXIT();

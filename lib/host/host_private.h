@@ -1,22 +1,22 @@
-/* The host tier's internals: the pool carved into size classes, the sharded
- * index with per-shard LRU lists, leases, and the interface the engine uses.
+/* The host tier's internals, private to lib/host (the layers above use
+ * host.h): the pool carved into size classes, the sharded index with
+ * per-shard LRU lists, leases, counters.
  *
  * Lock order: lease table -> shard; chunk table -> size class (no shard lock
  * is held while allocating). A shard lock
  * protects the index entries, states, pins and LRU links of the blocks it
  * holds; a size class lock protects its free list. */
-#ifndef OI_HOST_INTERNAL_H
-#define OI_HOST_INTERNAL_H
+#ifndef OI_HOST_PRIVATE_H
+#define OI_HOST_PRIVATE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
 #include "device/device.h"
-#include "openinfer/host.h"
+#include "host/host.h"
 
 #define OI_MAX_SIZE_CLASSES 8
-#define OI_SLOT_ALIGN 256
 
 typedef enum block_state {
   BLOCK_FREE = 0,
@@ -31,7 +31,7 @@ typedef enum block_state {
 /* One host block slot. While indexed, (ns, hash) names it in shard `shard`.
  * It is on its shard's LRU list iff sealed, unpinned and not loading. Its
  * bytes are computed from its id (oi__block_data). */
-typedef struct host_block {
+struct host_block {
   oi_block_hash hash;
   uint32_t ns;
   uint8_t state;
@@ -43,7 +43,7 @@ typedef struct host_block {
   uint32_t bucket_next; /* ids, OI_NIL for none */
   uint32_t lru_prev, lru_next;
   uint64_t last_used;
-} host_block;
+};
 
 struct oi_offload_host;
 
@@ -258,16 +258,8 @@ oi_status oi__lease_release(oi_offload_host *h, uint32_t instance, oi_lease leas
 void oi__lease_drop_instance(oi_offload_host *h, uint32_t instance);
 void oi__lease_expire(oi_offload_host *h, uint64_t now_ns);
 
-/* ---- host.c: what the engine uses ---- */
-oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t block_bytes,
-                                  uint64_t shape_hash, uint32_t *ns_id, uint32_t *cls);
+/* ---- host.c ---- */
 /* Wakes flushes waiting for in-flight blocks to seal or drop. */
 void oi__host_notify_sealed(oi_offload_host *h);
-/* Waits until (ns, hash) is no longer in flight (sealed, or dropped), or the
- * deadline passes. @return true when it is no longer in flight. */
-bool oi__host_wait_not_in_flight(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash,
-                                 uint64_t deadline_ns);
-/* Marks loads finished: drops the loading marks. */
-void oi__host_load_end(oi_offload_host *h, host_block **blocks, size_t n);
 
 #endif

@@ -1,0 +1,120 @@
+/* The host tier as the layers above it see it: whole operations on a host's
+ * blocks. Callers name blocks by (namespace, hash) and get back opaque
+ * host_block handles; the locks, the index, the LRU lists, pins, counters
+ * and instance ids stay inside lib/host (host_private.h, which nothing
+ * outside lib/host includes).
+ *
+ * A save reserves slots (oi__host_reserve), copies into them, then ends
+ * them (oi__host_save_end: sealed and visible, or aborted and freed). A
+ * restore pins a prefix under a lease (oi__host_lease_prefix), takes the
+ * lease for a load (oi__host_load_begin: the blocks are marked loading) and
+ * ends the load (oi__host_load_end). Every host counter a step changes is
+ * changed by that step. */
+#ifndef OI_HOST_HOST_H
+#define OI_HOST_HOST_H
+
+#include "core/core.h"
+#include "openinfer/host.h"
+
+/* Slots are carved in multiples of this many bytes (a block of b bytes
+ * takes b rounded up). */
+#define OI_SLOT_ALIGN 256
+
+/* One slot of the pool (opaque here). */
+typedef struct host_block host_block;
+
+/* A namespace bound on a host: pass it back as it came. */
+typedef struct oi_host_ns {
+  uint32_t id;  /* 1-based */
+  uint32_t cls; /* the size class of its blocks */
+} oi_host_ns;
+
+/* ---- instances and namespaces ---- */
+
+/* A new instance id (never 0) for an engine registering on `h`; the host
+ * counts it live until oi__host_instance_remove. */
+uint32_t oi__host_instance_add(oi_offload_host *h);
+/* Drops the instance's leases and its live mark. */
+void oi__host_instance_remove(oi_offload_host *h, uint32_t instance);
+/* Binds `name` to blocks of `block_bytes` and a layout shape (a namespace
+ * keeps the first layout bound to it). Messages start with "register". */
+oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t block_bytes,
+                                  uint64_t shape_hash, oi_host_ns *out);
+/* Blocks of namespace `ns` in flight or sealed. */
+uint64_t oi__host_ns_resident(const oi_offload_host *h, oi_host_ns ns);
+
+/* ---- saves ---- */
+
+/* Where oi__host_reserve hands each outcome, as it goes (no host lock is
+ * held during a call). */
+typedef struct oi_host_reserve_sink {
+  /* A slot in flight now holds hashes[i]; its bytes start at `data`. */
+  void (*accepted)(void *ctx, size_t i, host_block *b, uint8_t *data);
+  /* hashes[i] deduplicated against a block still in flight (another save):
+   * a flush should wait for it. May be NULL. */
+  void (*in_flight)(void *ctx, size_t i);
+  void *ctx;
+} oi_host_reserve_sink;
+
+typedef struct oi_host_reserved {
+  size_t accepted;       /* slots reserved (in flight) */
+  uint64_t deduplicated; /* hashes already held (sealed or in flight) */
+  uint64_t dropped;      /* hashes without a slot (the pool is full of pinned blocks) */
+} oi_host_reserved;
+
+/* Reserves a slot in flight for each hash of `hashes` the namespace does not
+ * hold yet, evicting least recently used blocks when the free slots run out.
+ * A re-saved sealed block counts as a use. In-flight slots are invisible to
+ * queries until sealed. */
+void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+                      const oi_host_reserve_sink *sink, oi_host_reserved *out);
+/* Ends reserved slots: ok, they are sealed (visible, evictable); otherwise
+ * they are removed and freed (nothing partial is ever served). `bytes` and
+ * `latency_ns` feed the statistics (latency only when n > 0). Wakes flushes
+ * waiting in oi__host_wait_not_in_flight. */
+void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
+                       bool ok, uint64_t bytes, uint64_t latency_ns);
+/* Waits until (ns, hash) is no longer in flight (sealed, or dropped), or the
+ * deadline passes. @return true when it is no longer in flight. */
+bool oi__host_wait_not_in_flight(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hash,
+                                 uint64_t deadline_ns);
+
+/* ---- queries ---- */
+
+/* present[i] = whether hashes[i] is sealed; *hits counts them. No pins. */
+void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+                         uint8_t *present, uint64_t *hits);
+/* Pins the longest sealed prefix of `hashes` under a lease owned by
+ * `instance` with `shares` consumers (*lease untouched when *hits is 0). On
+ * failure nothing stays pinned and nothing is counted. */
+oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t instance,
+                                uint32_t shares, const oi_block_hash *hashes, size_t n,
+                                uint64_t *hits, oi_lease *lease);
+oi_status oi__host_release(oi_offload_host *h, uint32_t instance, oi_lease lease);
+
+/* ---- loads ---- */
+
+/* Takes one share of `lease` for a load of n blocks by `instance`: marks
+ * them loading (not evictable) and writes them to out[0..n). */
+oi_status oi__host_load_begin(oi_offload_host *h, uint32_t instance, oi_lease lease, size_t n,
+                              host_block **out);
+/* Ends a load begun with oi__host_load_begin (drops the loading marks). */
+void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, bool ok,
+                       uint64_t bytes, uint64_t latency_ns);
+
+/* Where a block's bytes live in the pool. */
+uint8_t *oi__host_block_data(const oi_offload_host *h, const host_block *b);
+
+/* ---- the pool ---- */
+
+typedef struct oi_host_pool_info {
+  uint64_t capacity_bytes;
+  int device;         /* the pool's device ordinal (-1 cpu) */
+  bool ready;         /* the pool's memory is set up */
+  bool pin_requested; /* created without OI_HOST_NO_PIN */
+  bool device_mapped; /* on a CUDA device, with a device address for the pool */
+} oi_host_pool_info;
+
+void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out);
+
+#endif

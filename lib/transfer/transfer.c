@@ -1,0 +1,440 @@
+/* The copy pipeline (transfer.h): jobs, grouping, the copy-mode policy,
+ * layered loads, deadlines and the completion thread. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "transfer.h"
+
+struct oi_xfer_job {
+  struct oi_xfer_job *next;
+  oi_xfer *x;
+  oi_copy_dir dir;
+  uint32_t flags;
+  oi_status status; /* the copy's result, set when it arrives */
+  oi_status queue_st; /* the first failure to queue */
+  size_t cap, n, queued;
+  size_t group; /* pieces pairs that make the next group */
+  uint64_t t0_ns; /* creation, for the latency histograms */
+  oi_ticket *ticket; /* the producer's reference, or NULL */
+  oi_xfer_notify_fn on_done;
+  void *on_done_ctx;
+  /* Deadline bookkeeping (the pipeline's lock): a job is outstanding from the
+   * moment its completion is queued until its copies land. */
+  uint64_t deadline_ns;
+  bool expired; /* the caller was told OI_ERR_TIMEOUT; the copy may still run */
+  struct oi_xfer_job *out_prev, *out_next;
+  int64_t *ids;   /* cap entries */
+  uint8_t **host; /* cap entries */
+  void *user;
+};
+
+struct oi_xfer {
+  oi_xfer_config cfg;
+  oi_dev *dev;
+  oi_stream *stream[2]; /* [OI_COPY_D2H] normal priority, [OI_COPY_H2D] high */
+  uint32_t mode[2];     /* resolved copy modes */
+  uint64_t group_blocks[2];
+
+  pthread_t done_thread;
+  bool done_started;
+  pthread_mutex_t lock;
+  pthread_cond_t cv; /* a job arrived, a deadline was armed, or stop */
+  oi_xfer_job *head, *tail;
+  oi_xfer_job *outstanding; /* queued jobs whose copies have not landed */
+  bool stopping;
+};
+
+static uint32_t log_id(const oi_xfer *x) { return x->cfg.log_id ? *x->cfg.log_id : 0; }
+
+/* ---- policy ------------------------------------------------------------------ */
+
+/* The default policy (copy_mode AUTO), decided per direction from the
+ * layout (transfer.h; docs/benchmarks.md has the measurements). */
+uint32_t oi__xfer_resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir dir) {
+  if (mode != OI_XFER_AUTO) return mode;
+  /* Pieces per block after merging: a page-first layout is one piece. */
+  size_t pieces = 0;
+  uint64_t end = 0;
+  for (uint32_t a = 0; a < l->num_arenas; a++)
+    for (uint32_t s = 0; s < l->arenas[a].segments; s++) {
+      uint64_t start = l->arenas[a].base + s * l->arenas[a].segment_stride;
+      if (pieces == 0 || start != end) pieces++;
+      end = start + l->arenas[a].bytes_per_block;
+    }
+  if (l->block_bytes / pieces >= OI_AUTO_DMA_PIECE_BYTES) return OI_XFER_DMA;
+  if (l->block_bytes >= OI_AUTO_STAGE_BLOCK_BYTES) return OI_XFER_STAGED;
+  return dir == OI_COPY_D2H ? OI_XFER_DMA : OI_XFER_KERNEL;
+}
+
+/* Blocks per queued group: about `bytes` of them, at least one. */
+static uint64_t blocks_per_group(uint64_t bytes, uint64_t block_bytes) {
+  uint64_t g = bytes / block_bytes;
+  return g == UINT64_MAX ? g : g + 1;
+}
+
+/* ---- completion ------------------------------------------------------------- */
+
+/* Runs on the stream (a driver or worker thread): only hands the job over. */
+static void job_arrived(void *arg, oi_status st) {
+  oi_xfer_job *job = arg;
+  oi_xfer *x = job->x;
+  job->status = st;
+  job->next = NULL;
+  pthread_mutex_lock(&x->lock);
+  if (x->tail)
+    x->tail->next = job;
+  else
+    x->head = job;
+  x->tail = job;
+  pthread_cond_signal(&x->cv);
+  pthread_mutex_unlock(&x->lock);
+}
+
+static void complete_job(oi_xfer_job *job) {
+  oi_xfer *x = job->x;
+  /* A job whose deadline passed was already reported as OI_ERR_TIMEOUT (its
+   * ticket and on_done fired then): what it copied is not trusted. */
+  if (job->expired) job->status = OI_ERR_TIMEOUT;
+  oi_xfer_result r = {.dir = job->dir,
+                      .status = job->status,
+                      .n = job->n,
+                      .bytes = job->n * x->cfg.layout->block_bytes,
+                      .latency_ns = oi__now_ns() - job->t0_ns};
+  x->cfg.done(x->cfg.done_ctx, job->user, &r);
+  if (job->on_done) job->on_done(job->on_done_ctx, job->status);
+  if (job->ticket) oi__ticket_complete(job->ticket, job->status);
+  oi__free(job);
+}
+
+static void outstanding_remove_locked(oi_xfer *x, oi_xfer_job *job) {
+  if (job->out_prev)
+    job->out_prev->out_next = job->out_next;
+  else if (x->outstanding == job)
+    x->outstanding = job->out_next;
+  else
+    return; /* not on the list */
+  if (job->out_next) job->out_next->out_prev = job->out_prev;
+  job->out_prev = job->out_next = NULL;
+}
+
+/* Deadlines: a job whose copies have not landed by its deadline is reported
+ * to the caller as OI_ERR_TIMEOUT now; its memory stays held (the owner's
+ * slots, marks) until the copy really ends. */
+typedef struct expired_cb {
+  oi_ticket *ticket;
+  oi_xfer_notify_fn on_done;
+  void *ctx;
+} expired_cb;
+
+static void expire_jobs_locked(oi_xfer *x, uint64_t now, uint64_t *next_deadline) {
+  for (;;) {
+    expired_cb fire[32];
+    size_t nfire = 0;
+    *next_deadline = UINT64_MAX;
+    for (oi_xfer_job *j = x->outstanding; j; j = j->out_next) {
+      if (j->expired) continue;
+      if (j->deadline_ns > now || nfire == OI_ARRAY_LEN(fire)) {
+        *next_deadline = OI_MIN(*next_deadline, j->deadline_ns);
+        continue;
+      }
+      j->expired = true;
+      fire[nfire++] = (expired_cb){j->ticket, j->on_done, j->on_done_ctx};
+      j->ticket = NULL;
+      j->on_done = NULL;
+      OI_LOG_I(OI_LOG_WARN, "engine", log_id(x), "%s of %zu blocks missed its %u ms deadline",
+               j->dir == OI_COPY_H2D ? "load" : "save", j->n, x->cfg.deadline_ms[j->dir]);
+    }
+    if (nfire == 0) return;
+    pthread_mutex_unlock(&x->lock); /* callbacks run without the lock */
+    for (size_t i = 0; i < nfire; i++) {
+      if (fire[i].on_done) fire[i].on_done(fire[i].ctx, OI_ERR_TIMEOUT);
+      if (fire[i].ticket) oi__ticket_complete(fire[i].ticket, OI_ERR_TIMEOUT);
+    }
+    pthread_mutex_lock(&x->lock);
+  }
+}
+
+static void *done_main(void *arg) {
+  oi_xfer *x = arg;
+  pthread_mutex_lock(&x->lock);
+  for (;;) {
+    uint64_t next_deadline;
+    expire_jobs_locked(x, oi__now_ns(), &next_deadline);
+    if (!x->head && !x->stopping) {
+      if (next_deadline == UINT64_MAX) {
+        pthread_cond_wait(&x->cv, &x->lock);
+      } else {
+        struct timespec ts = oi__timespec(next_deadline);
+        pthread_cond_timedwait(&x->cv, &x->lock, &ts);
+      }
+      continue;
+    }
+    oi_xfer_job *job = x->head;
+    if (!job) break; /* stopping and drained */
+    x->head = job->next;
+    if (!x->head) x->tail = NULL;
+    outstanding_remove_locked(x, job);
+    pthread_mutex_unlock(&x->lock);
+    complete_job(job);
+    pthread_mutex_lock(&x->lock);
+  }
+  pthread_mutex_unlock(&x->lock);
+  return NULL;
+}
+
+/* ---- queueing ---------------------------------------------------------------- */
+
+/* Queues the copies of n pairs (device ids[i] <-> host[i]) of the arenas of
+ * `l` (the pipeline's layout, or a view of some of its arenas) on `s`. */
+static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, oi_stream *s,
+                                 oi_copy_dir dir, const int64_t *ids, uint8_t *const *host,
+                                 size_t n) {
+  if (n == 0) return OI_OK;
+  oi_copy_desc *descs = NULL;
+  size_t nd = 0;
+  oi_status st = oi__plan_build(l, ids, host, n, dir, &descs, &nd);
+  if (st != OI_OK) return st;
+  oi_copy_params cp = {.mode = mode,
+                       .cta_limit = x->cfg.cta_limit,
+                       .host_mapped = x->cfg.host_mapped,
+                       .staging_bytes = x->cfg.staging_bytes};
+  st = x->dev->ops->stream_copy(s, dir, descs, nd, &cp);
+  oi__free(descs);
+  return st;
+}
+
+static void queue_group(oi_xfer_job *job) {
+  oi_xfer *x = job->x;
+  if (job->queue_st == OI_OK)
+    job->queue_st = queue_copies_in(x, x->cfg.layout, x->mode[job->dir], x->stream[job->dir],
+                                    job->dir, job->ids + job->queued, job->host + job->queued,
+                                    job->n - job->queued);
+  job->queued = job->n;
+  job->group = x->group_blocks[job->dir];
+}
+
+/* A layered load: each arena's copies, then an event. The events go to the
+ * ticket (which destroys them) once all are queued. */
+static oi_status queue_layered(oi_xfer_job *job) {
+  oi_xfer *x = job->x;
+  const oi_layout *l = x->cfg.layout;
+  oi_stream *s = x->stream[OI_COPY_H2D];
+  void **evs = oi__calloc(l->num_arenas, sizeof *evs);
+  if (!evs) return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for arena events");
+  uint32_t mode = x->mode[OI_COPY_H2D] == OI_XFER_STAGED ? OI_XFER_DMA : x->mode[OI_COPY_H2D];
+  oi_layout one = *l;
+  one.num_arenas = 1;
+  oi_status st = OI_OK;
+  for (uint32_t a = 0; a < l->num_arenas && st == OI_OK; a++) {
+    one.arenas = &l->arenas[a];
+    one.block_bytes = (uint64_t)one.arenas->segments * one.arenas->bytes_per_block;
+    st = queue_copies_in(x, &one, mode, s, OI_COPY_H2D, job->ids, job->host, job->n);
+    if (st == OI_OK) st = x->dev->ops->stream_record_event(s, &evs[a]);
+  }
+  if (st == OI_OK) {
+    oi__ticket_set_arena_events(job->ticket, evs, l->num_arenas, x->dev->ops->event_destroy);
+    return OI_OK;
+  }
+  for (uint32_t a = 0; a < l->num_arenas; a++)
+    if (evs[a]) x->dev->ops->event_destroy(evs[a]);
+  oi__free(evs);
+  return st;
+}
+
+/* Queues the completion of `job` after its copies: an event for the ticket
+ * (so a compute stream can wait on the device rather than the CPU waiting on
+ * the ticket), then the hand-over to the completion thread. */
+static oi_status queue_completion(oi_xfer_job *job) {
+  oi_xfer *x = job->x;
+  oi_stream *s = x->stream[job->dir];
+  oi_status st = OI_OK;
+  if (job->ticket) {
+    void *ev = NULL;
+    st = x->dev->ops->stream_record_event(s, &ev);
+    if (st == OI_OK && ev) oi__ticket_set_cuda_event(job->ticket, ev, x->dev->ops->event_destroy);
+  }
+  if (st != OI_OK) return st;
+  uint32_t ms = x->cfg.deadline_ms[job->dir];
+  job->deadline_ns = oi__deadline_ns(ms ? ms : UINT32_MAX);
+  pthread_mutex_lock(&x->lock);
+  job->out_next = x->outstanding;
+  if (x->outstanding) x->outstanding->out_prev = job;
+  x->outstanding = job;
+  pthread_cond_signal(&x->cv); /* the done thread re-arms its timer */
+  pthread_mutex_unlock(&x->lock);
+  st = x->dev->ops->stream_call(s, job_arrived, job);
+  if (st != OI_OK) {
+    pthread_mutex_lock(&x->lock);
+    outstanding_remove_locked(x, job);
+    pthread_mutex_unlock(&x->lock);
+  }
+  return st;
+}
+
+/* After a failure to queue part of a job: let whatever was queued finish (a
+ * host slot is never freed under a copy that may still run), then complete
+ * the job with `st` instead of handing the ticket to the caller. */
+static oi_status fail_job(oi_xfer_job *job, oi_ticket *job_ticket, oi_status st,
+                          const char *what) {
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s", oi_last_error());
+  oi_xfer *x = job->x;
+  x->dev->ops->stream_sync(x->stream[job->dir]);
+  oi_ticket *producer = job->ticket; /* NULL once a deadline completed it */
+  job->status = st;
+  job->ticket = NULL;
+  job->on_done = NULL;
+  complete_job(job);
+  if (producer) oi__ticket_unref(producer);
+  /* The observer's reference: the caller gets the error, not a ticket. */
+  if (job_ticket) oi__ticket_unref(job_ticket);
+  return oi__fail(st, "%s: %s", what, msg);
+}
+
+/* ---- jobs ------------------------------------------------------------------------ */
+
+oi_xfer_job *oi__xfer_job_new(oi_xfer *x, oi_copy_dir dir, size_t cap, uint32_t flags,
+                              size_t user_bytes) {
+  size_t head = (sizeof(oi_xfer_job) + 15) & ~(size_t)15;
+  size_t user_off = head + cap * (sizeof(int64_t) + sizeof(uint8_t *));
+  user_off = (user_off + 15) & ~(size_t)15;
+  oi_xfer_job *job = oi__calloc(1, user_off + user_bytes);
+  if (!job) return NULL;
+  if (flags & OI_XFER_JOB_TICKET) {
+    job->ticket = oi__ticket_new();
+    if (!job->ticket) {
+      oi__free(job);
+      return NULL;
+    }
+  }
+  job->x = x;
+  job->dir = dir;
+  job->flags = flags;
+  job->cap = cap;
+  job->t0_ns = oi__now_ns();
+  job->ids = (int64_t *)((char *)job + head);
+  job->host = (uint8_t **)(job->ids + cap);
+  job->user = (char *)job + user_off;
+  /* Loads: the first group is small (a restore's latency starts with it). */
+  uint64_t g = x->group_blocks[dir];
+  job->group = dir == OI_COPY_H2D
+                   ? OI_MIN(g, blocks_per_group(OI_DMA_GROUP_BYTES, x->cfg.layout->block_bytes))
+                   : g;
+  return job;
+}
+
+void *oi__xfer_job_user(oi_xfer_job *job) { return job->user; }
+
+oi_ticket *oi__xfer_job_ticket(const oi_xfer_job *job) { return job->ticket; }
+
+void oi__xfer_job_on_done(oi_xfer_job *job, oi_xfer_notify_fn fn, void *ctx) {
+  job->on_done = fn;
+  job->on_done_ctx = ctx;
+}
+
+void oi__xfer_job_free(oi_xfer_job *job) {
+  if (!job) return;
+  if (job->ticket) {
+    oi__ticket_unref(job->ticket);
+    oi__ticket_unref(job->ticket);
+  }
+  oi__free(job);
+}
+
+void oi__xfer_job_wait_event(oi_xfer_job *job, void *event) {
+  if (!event || job->queue_st != OI_OK) return;
+  oi_xfer *x = job->x;
+  job->queue_st = x->dev->ops->stream_wait_event(x->stream[job->dir], event);
+}
+
+static bool layered(const oi_xfer_job *job) {
+  return (job->flags & OI_XFER_JOB_LAYERED) && job->dir == OI_COPY_H2D && job->ticket &&
+         job->x->dev->ordinal >= 0;
+}
+
+void oi__xfer_add(oi_xfer_job *job, int64_t id, uint8_t *host) {
+  job->ids[job->n] = id;
+  job->host[job->n] = host;
+  job->n++;
+  if (job->n - job->queued >= job->group && !layered(job)) queue_group(job);
+}
+
+oi_status oi__xfer_submit(oi_xfer_job *job, const char *what) {
+  oi_ticket *t = job->ticket;
+  oi_status st = job->queue_st;
+  if (st == OI_OK && job->n == 0) { /* nothing to copy: done now */
+    job->status = OI_OK;
+    complete_job(job);
+    return OI_OK;
+  }
+  if (st == OI_OK) {
+    if (layered(job)) {
+      st = queue_layered(job);
+    } else {
+      queue_group(job);
+      st = job->queue_st;
+    }
+  }
+  if (st == OI_OK) st = queue_completion(job);
+  if (st != OI_OK) return fail_job(job, t, st, what);
+  return OI_OK;
+}
+
+/* ---- pipelines --------------------------------------------------------------- */
+
+oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
+  *out = NULL;
+  oi_xfer *x = oi__calloc(1, sizeof *x);
+  if (!x) return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
+  x->cfg = *c;
+  pthread_mutex_init(&x->lock, NULL);
+  pthread_condattr_t ca; /* deadlines are CLOCK_MONOTONIC (oi__deadline_ns) */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&x->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  for (int d = 0; d < 2; d++) {
+    x->mode[d] = oi__xfer_resolve_mode(c->layout, c->copy_mode, (oi_copy_dir)d);
+    uint64_t bytes = c->group_bytes ? c->group_bytes
+                     : x->mode[d] == OI_XFER_DMA ? OI_DMA_GROUP_BYTES
+                                                  : OI_KERNEL_GROUP_BYTES;
+    x->group_blocks[d] = blocks_per_group(bytes, c->layout->block_bytes);
+  }
+  oi_status st;
+  if ((st = oi__dev_open(c->device, &x->dev)) != OI_OK) goto fail;
+  if ((st = x->dev->ops->stream_create(x->dev, 0, &x->stream[OI_COPY_D2H])) != OI_OK) goto fail;
+  if ((st = x->dev->ops->stream_create(x->dev, 1, &x->stream[OI_COPY_H2D])) != OI_OK) goto fail;
+  int rc = pthread_create(&x->done_thread, NULL, done_main, x);
+  if (rc != 0) {
+    st = oi__fail(OI_ERR_INTERNAL, "register: cannot start a completion thread: %s", strerror(rc));
+    goto fail;
+  }
+  pthread_setname_np(x->done_thread, "oi-engine-done");
+  x->done_started = true;
+  *out = x;
+  return OI_OK;
+fail:
+  oi__xfer_destroy(x);
+  return st;
+}
+
+void oi__xfer_destroy(oi_xfer *x) {
+  if (!x) return;
+  if (x->dev) {
+    if (x->stream[OI_COPY_H2D]) x->dev->ops->stream_destroy(x->stream[OI_COPY_H2D]);
+    if (x->stream[OI_COPY_D2H]) x->dev->ops->stream_destroy(x->stream[OI_COPY_D2H]);
+  }
+  if (x->done_started) {
+    pthread_mutex_lock(&x->lock);
+    x->stopping = true;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->lock);
+    pthread_join(x->done_thread, NULL);
+  }
+  oi__dev_close(x->dev);
+  pthread_cond_destroy(&x->cv);
+  pthread_mutex_destroy(&x->lock);
+  oi__free(x);
+}

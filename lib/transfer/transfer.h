@@ -1,0 +1,124 @@
+/* The copy pipeline: moves pieces between device memory (the arenas of a
+ * layout) and host memory on a device's streams, and completes each job on
+ * its own thread. It owns the copy-mode policy (AUTO), the grouping of a
+ * job's copies as they are added, the per-layer (arena by arena) queueing of
+ * loads, deadlines, and the completion thread, so user callbacks never run on
+ * a driver thread. It knows layouts, the device interface and tickets,
+ * nothing of engines or host tiers: a job is a list of (device block id, host
+ * address) pairs and a callback for its owner.
+ *
+ * Each pipeline has two streams: D2H jobs (saves) run on a normal-priority
+ * one, H2D jobs (loads) on a high-priority one, so loads never wait behind
+ * queued saves. */
+#ifndef OI_TRANSFER_TRANSFER_H
+#define OI_TRANSFER_TRANSFER_H
+
+#include "transfer/plan.h"
+
+/* ---- the copy policy (copy mode AUTO) ---- */
+
+/* Blocks whose pieces (after merging) are at least this large go to the copy
+ * engines in both directions: they run at full speed there and cost the
+ * model's kernels nothing (a page-first layout: one piece per block). */
+#define OI_AUTO_DMA_PIECE_BYTES (1ull << 20)
+/* Otherwise, host blocks at least this large are staged: the copy engines
+ * move whole host blocks at the bulk rate through device staging slots and a
+ * short kernel gathers or scatters the pieces. Smaller blocks: loads use the
+ * copy kernel, saves the copy engines piece by piece. */
+#define OI_AUTO_STAGE_BLOCK_BYTES (256ull << 10)
+
+/* Copies are queued in groups of about this many bytes as pieces are added,
+ * so the device starts moving the first blocks while the caller is still
+ * preparing the rest of a large batch (oi_xfer_config.group_bytes). */
+#define OI_DMA_GROUP_BYTES (8ull << 20)     /* many batch calls keep the copy engines fed */
+#define OI_KERNEL_GROUP_BYTES (32ull << 20) /* each launch has a tail: fewer, larger ones */
+
+/* The mode (OI_XFER_*) `copy_mode` (an oi_copy_mode) resolves to for
+ * direction `dir` of layout `l`. */
+uint32_t oi__xfer_resolve_mode(const oi_layout *l, uint32_t copy_mode, oi_copy_dir dir);
+
+/* ---- pipelines ---- */
+
+typedef struct oi_xfer oi_xfer;
+typedef struct oi_xfer_job oi_xfer_job;
+
+/* What a job's owner learns when it ends. */
+typedef struct oi_xfer_result {
+  oi_copy_dir dir;
+  /* OI_OK, the copy's error, or OI_ERR_TIMEOUT when the job missed its
+   * deadline (its ticket and on_done were told then; what it copied is not
+   * to be trusted). */
+  oi_status status;
+  size_t n;            /* pieces pairs (blocks) the job moved */
+  uint64_t bytes;      /* n x the layout's block bytes */
+  uint64_t latency_ns; /* from oi__xfer_job_new to the end */
+} oi_xfer_result;
+
+/* Runs once per job, when its copies ended and before its on_done and
+ * ticket: on the completion thread, or on the submitting thread for a job
+ * that copied nothing or failed to queue. `user` is the job's user area. */
+typedef void (*oi_xfer_done_fn)(void *ctx, void *user, const oi_xfer_result *r);
+
+/* Called with a job's final status (on_done of a job). */
+typedef void (*oi_xfer_notify_fn)(void *ctx, oi_status st);
+
+typedef struct oi_xfer_config {
+  int device;                 /* -1 cpu */
+  const oi_layout *layout;    /* the device side of every job; outlives the pipeline */
+  uint32_t copy_mode;         /* oi_copy_mode (AUTO: oi__xfer_resolve_mode) */
+  uint32_t cta_limit;         /* kernel copies: most CTAs; 0 = the backend's default */
+  bool host_mapped;           /* host addresses are pinned memory kernels may address */
+  uint64_t group_bytes;       /* bytes per queued group; 0 = the resolved mode's default */
+  uint64_t staging_bytes;     /* staged copies: staging per stream; 0 = the backend's default */
+  uint32_t deadline_ms[2];    /* per direction ([OI_COPY_D2H], [OI_COPY_H2D]); 0 = none */
+  const uint32_t *log_id;     /* the owner's instance id, for log lines (may be NULL) */
+  oi_xfer_done_fn done;
+  void *done_ctx;
+} oi_xfer_config;
+
+/* Opens the device, creates the two streams and starts the completion
+ * thread. Messages start with "register". */
+oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out);
+/* Finishes every queued job (the streams drain, their completions run),
+ * stops the completion thread, closes the device. Accepts NULL. */
+void oi__xfer_destroy(oi_xfer *x);
+
+/* ---- jobs ---- */
+
+enum {
+  OI_XFER_JOB_TICKET = 1u << 0,  /* the job completes a ticket (oi__xfer_job_ticket) */
+  /* H2D, with a ticket, on a CUDA device: queue arena by arena after the last
+   * oi__xfer_add, each followed by an event the ticket exposes
+   * (oi_ticket_arena_event); a staged mode becomes DMA. Ignored elsewhere. */
+  OI_XFER_JOB_LAYERED = 1u << 1,
+};
+
+/* A job of at most `cap` pieces pairs in direction `dir`, with `user_bytes`
+ * of zeroed space for its owner (oi__xfer_job_user). NULL when out of
+ * memory. */
+oi_xfer_job *oi__xfer_job_new(oi_xfer *x, oi_copy_dir dir, size_t cap, uint32_t flags,
+                              size_t user_bytes);
+void *oi__xfer_job_user(oi_xfer_job *job);
+/* The caller's reference to the job's ticket (NULL without
+ * OI_XFER_JOB_TICKET): read it before submitting; valid to hand out once
+ * oi__xfer_submit returned OI_OK. */
+oi_ticket *oi__xfer_job_ticket(const oi_xfer_job *job);
+void oi__xfer_job_on_done(oi_xfer_job *job, oi_xfer_notify_fn fn, void *ctx);
+/* Frees a job that was never submitted and nothing was added to (its ticket
+ * too). */
+void oi__xfer_job_free(oi_xfer_job *job);
+/* Makes the job's copies wait for an external event (a cudaEvent_t); call
+ * before adding pieces. A failure fails the job at submit. */
+void oi__xfer_job_wait_event(oi_xfer_job *job, void *event);
+/* Adds block `id` of the layout <-> host address `host` to the job; a group
+ * is queued whenever enough have gathered. After a failure to queue, pieces
+ * are still recorded but not queued: the job fails at submit. */
+void oi__xfer_add(oi_xfer_job *job, int64_t id, uint8_t *host);
+/* Queues what remains and the job's completion; a job with no pieces
+ * completes now. On failure the queued copies are waited for, the job
+ * completes with the error (done runs; on_done does not), its ticket is
+ * dropped, and the error is returned as "<what>: <message>". The job
+ * belongs to the pipeline either way. */
+oi_status oi__xfer_submit(oi_xfer_job *job, const char *what);
+
+#endif

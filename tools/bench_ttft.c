@@ -268,6 +268,7 @@ int bench_ttft(int argc, char **argv) {
   eo.max_batch_tokens = (uint32_t)chunk;
   eo.offload = OI_OFFLOAD_EMBEDDED;
   eo.host = host;
+  eo.restore_overlap = cli_restore_overlap_env();
   oi_executor *x = NULL;
   if (oi_executor_create(&eo, &x) != OI_OK) {
     fprintf(stderr, "openinfer bench ttft: executor: %s\n", oi_last_error());

@@ -26,4 +26,8 @@ void cli_bad_value(const char *cmd, const struct option *longopts, int c, const 
 /* Parses a decimal integer in [lo, hi]. */
 bool cli_parse_int(const char *s, long lo, long hi, long *out);
 
+/* oi_executor_options.restore_overlap from the environment variable
+ * OI_RESTORE_OVERLAP ("0" or "off": OFF; "host": HOST; else AUTO). */
+uint32_t cli_restore_overlap_env(void);
+
 #endif

@@ -74,6 +74,13 @@ bool cli_parse_int(const char *s, long lo, long hi, long *out) {
   return true;
 }
 
+uint32_t cli_restore_overlap_env(void) {
+  const char *ov = getenv("OI_RESTORE_OVERLAP");
+  if (ov && (!strcmp(ov, "0") || !strcmp(ov, "off"))) return OI_RESTORE_OVERLAP_OFF;
+  if (ov && !strcmp(ov, "host")) return OI_RESTORE_OVERLAP_HOST;
+  return OI_RESTORE_OVERLAP_AUTO;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);

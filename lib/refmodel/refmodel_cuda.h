@@ -5,7 +5,8 @@
 #define OI_REFMODEL_CUDA_H
 
 #include "core/core.h"
-#include "openinfer/executor.h"
+#include "openinfer/experimental.h"
+#include "openinfer/model.h"
 
 typedef struct oi_rm_cuda oi_rm_cuda;
 

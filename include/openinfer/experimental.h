@@ -1,6 +1,6 @@
 /*
- * libopeninfer — experimental API: the reference model and the executor's
- * test-only fault points.
+ * libopeninfer — experimental API: the reference model, the executor's
+ * test-only fault points, and device memory for tools and tests.
  *
  * Nothing here is part of the stable ABI. The declarations are visible only
  * when OI_EXPERIMENTAL is defined before this header is included (in the
@@ -85,6 +85,27 @@ typedef enum oi_executor_fault {
   OI_FAULT_LOAD_SUBMIT = 4,    /* the load is refused at submission (the lease is still held) */
   OI_FAULT_LOAD_COMPLETE = 5,  /* the load completes with an error (its blocks are garbage) */
 } oi_executor_fault;
+
+/* ------------------------------------------------------------------------ */
+/* Device memory for tools and tests                                         */
+/* ------------------------------------------------------------------------ */
+
+/* A region of device memory (a CUDA allocation; host memory on the cpu
+ * backend, device -1), for tools that stand in for an engine's KV arena
+ * (`openinfer demo tier`). */
+typedef struct oi_device_buffer oi_device_buffer;
+
+/* Allocates `bytes` on `device`. @return OI_ERR_NO_DEVICE for an ordinal that
+ * does not exist, OI_ERR_OUT_OF_MEMORY. */
+OI_API oi_status oi_device_buffer_alloc(int device, uint64_t bytes, oi_device_buffer **out);
+/* Base address (a device pointer on cuda). NULL for a NULL buffer. */
+OI_API void *oi_device_buffer_ptr(const oi_device_buffer *b);
+/* Copies `bytes` between host memory and the buffer (either direction, or
+ * within it; synchronous). */
+OI_API oi_status oi_device_buffer_copy(oi_device_buffer *b, void *dst, const void *src,
+                                       uint64_t bytes);
+/* Frees the buffer. Accepts NULL. */
+OI_API void oi_device_buffer_free(oi_device_buffer *b);
 
 #ifdef __cplusplus
 }

@@ -367,6 +367,11 @@ typedef struct oi_refmodel_options {
 oi_status oi_refmodel_options_init(oi_refmodel_options *o);
 oi_status oi_refmodel_create(const oi_refmodel_options *o, oi_model_ops *ops_out, void **ctx_out);
 void oi_refmodel_destroy(void *ctx);
+typedef struct oi_device_buffer oi_device_buffer;
+oi_status oi_device_buffer_alloc(int device, uint64_t bytes, oi_device_buffer **out);
+void *oi_device_buffer_ptr(const oi_device_buffer *b);
+oi_status oi_device_buffer_copy(oi_device_buffer *b, void *dst, const void *src, uint64_t bytes);
+void oi_device_buffer_free(oi_device_buffer *b);
 typedef enum oi_offload_mode { OI_OFFLOAD_NONE, OI_OFFLOAD_EMBEDDED, OI_OFFLOAD_SIDECAR, ... } oi_offload_mode;
 typedef enum oi_restore_overlap { OI_RESTORE_OVERLAP_AUTO, OI_RESTORE_OVERLAP_OFF, OI_RESTORE_OVERLAP_HOST, ... } oi_restore_overlap;
 typedef void (*oi_token_fn)(void *ctx, uint64_t request_id, uint32_t token, uint32_t index,

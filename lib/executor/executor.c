@@ -178,7 +178,7 @@ OI_API void oi_executor_destroy(oi_executor *x) {
     }
     r->arena = NULL;
     oi__dev_close(r->dev);
-    oi__gpool_destroy(&r->pool);
+    oi__block_pool_destroy(&r->pool);
     if (r->save_lock_init) {
       pthread_mutex_destroy(&r->save_lock);
       pthread_cond_destroy(&r->save_cv);
@@ -288,7 +288,7 @@ static oi_status engine_options_for(oi_executor *x, exec_rank *r, oi_engine_opti
 static oi_status rank_init(oi_executor *x, exec_rank *r) {
   oi_status st;
   plan_layout(x, r);
-  if ((st = oi__gpool_create(&r->pool, x->o.gpu_blocks)) != OI_OK) return st;
+  if ((st = oi__block_pool_create(&r->pool, x->o.gpu_blocks)) != OI_OK) return st;
   r->seqs = oi__calloc(x->o.max_batch_seqs, sizeof *r->seqs);
   r->seq_req = oi__calloc(x->o.max_batch_seqs, sizeof *r->seq_req);
   r->kv_events = oi__calloc((size_t)x->o.max_batch_seqs * x->desc.num_layers, sizeof *r->kv_events);
@@ -592,7 +592,7 @@ OI_API oi_status oi_executor_evict_gpu_cache(oi_executor *x, uint64_t *evicted) 
   uint64_t n = 0;
   for (uint32_t i = 0; i < x->nranks; i++) {
     oi__exec_collect_saves(&x->ranks[i]);
-    n += oi__gpool_evict_inactive(&x->ranks[i].pool);
+    n += oi__block_pool_evict_inactive(&x->ranks[i].pool);
   }
   if (evicted) *evicted = n;
   return OI_OK;

@@ -1,6 +1,6 @@
 /* Fault injection (see fault.h). Always compiled so tests can ask whether it
  * is available; arming fails with OI_ERR_UNSUPPORTED without the option. */
-#include "fault.h"
+#include "core/fault.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
+#include "core/core.h"
 
 #ifdef OI_FAULT_INJECTION
 

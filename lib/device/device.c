@@ -1,7 +1,7 @@
 /* Backend selection by ordinal, and the public device/arena functions. */
 #include <string.h>
 
-#include "device.h"
+#include "device/device.h"
 #include "openinfer/experimental.h"
 
 oi_status oi__dev_open(int ordinal, oi_dev **out) {

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_internal.h"
+#include "engine/engine_internal.h"
 
 OI_API oi_status oi_engine_options_init(oi_engine_options *o) {
   if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "engine_options_init: options is NULL");

@@ -10,7 +10,8 @@ enum { CLI_OK = 0, CLI_FAILED = 1, CLI_USAGE = 2 };
 
 int cmd_demo(int argc, char **argv);
 int demo_tier(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
+int cmd_bench(int argc, char **argv);        /* openinfer-bench (tools/bench/) */
+int cmd_bench_launch(int argc, char **argv); /* openinfer: runs openinfer-bench */
 int cmd_serve(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
 int bench_transfer(int argc, char **argv);
@@ -25,5 +26,15 @@ void cli_bad_value(const char *cmd, const struct option *longopts, int c, const 
 
 /* Parses a decimal integer in [lo, hi]. */
 bool cli_parse_int(const char *s, long lo, long hi, long *out);
+
+/* oi_executor_options.restore_overlap from the environment variable
+ * OI_RESTORE_OVERLAP ("0" or "off": OFF; "host": HOST; else AUTO). */
+uint32_t cli_restore_overlap_env(void);
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t cli_now_ns(void);
+
+/* A deterministic byte pattern: byte `offset` of the stream named `seed`. */
+uint8_t cli_pattern_byte(uint64_t seed, uint64_t offset);
 
 #endif

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "device/device.h"
 #include "openinfer/openinfer.h"
 
 typedef struct demo_opts {
@@ -31,8 +30,8 @@ typedef struct rank_ctx {
   int rank;
   const demo_opts *o;
   oi_offload_engine *engine;
-  oi_dev *dev;
-  uint8_t *arena;          /* device memory: layers x arena_blocks x block_bytes */
+  oi_device_buffer *buf;   /* the arena: device memory */
+  uint8_t *arena;          /* its base: layers x arena_blocks x block_bytes */
   uint8_t *staging;        /* host copy of one block's slices */
   request *reqs;
   size_t nreqs;
@@ -71,7 +70,7 @@ static void fill_block(uint8_t *dst, size_t n, const oi_block_hash *h, uint32_t 
   uint64_t seed;
   memcpy(&seed, h->bytes, 8);
   seed ^= (uint64_t)layer * 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; i < n; i++) dst[i] = oi__pattern_byte(seed, i);
+  for (size_t i = 0; i < n; i++) dst[i] = cli_pattern_byte(seed, i);
 }
 
 static uint64_t rng_next(uint64_t *s) {
@@ -123,7 +122,7 @@ static void *rank_main(void *arg) {
     next_block += nh;
 
     /* Admission: restore the cached prefix from the host tier. */
-    uint64_t t0 = oi__now_ns();
+    uint64_t t0 = cli_now_ns();
     oi_query_result qr = {.struct_size = sizeof qr};
     oi_status st = oi_offload_engine_query(r->engine, "demo", hashes, nh, 0, &qr);
     size_t hit = st == OI_OK ? (size_t)qr.hit_blocks : 0;
@@ -132,7 +131,7 @@ static void *rank_main(void *arg) {
       st = oi_offload_engine_load(r->engine, qr.lease, ids, hit, NULL, &t);
       if (st == OI_OK) st = oi_ticket_wait(t, 120000);
       oi_ticket_release(t);
-      uint64_t dt = oi__now_ns() - t0;
+      uint64_t dt = cli_now_ns() - t0;
       if (st != OI_OK) {
         snprintf(r->error, sizeof r->error, "restore failed: %s: %s", oi_status_str(st), oi_last_error());
         r->errors++;
@@ -146,7 +145,7 @@ static void *rank_main(void *arg) {
           for (uint32_t l = 0; l < (uint32_t)o->layers; l++) {
             uint8_t *expect = r->staging + o->block_bytes;
             fill_block(expect, o->block_bytes, &hashes[i], l);
-            r->dev->ops->mem_copy(r->dev, r->staging, r->arena + arena_off(o, l, (uint64_t)ids[i]),
+            oi_device_buffer_copy(r->buf, r->staging, r->arena + arena_off(o, l, (uint64_t)ids[i]),
                                   o->block_bytes);
             if (memcmp(r->staging, expect, o->block_bytes) != 0) r->verify_failures++;
           }
@@ -158,7 +157,7 @@ static void *rank_main(void *arg) {
     for (size_t i = hit; i < nh; i++)
       for (uint32_t l = 0; l < (uint32_t)o->layers; l++) {
         fill_block(r->staging, o->block_bytes, &hashes[i], l);
-        r->dev->ops->mem_copy(r->dev, r->arena + arena_off(o, l, (uint64_t)ids[i]), r->staging,
+        oi_device_buffer_copy(r->buf, r->arena + arena_off(o, l, (uint64_t)ids[i]), r->staging,
                               o->block_bytes);
       }
     /* Release: save every full block (the host deduplicates what it has). */
@@ -303,12 +302,12 @@ int demo_tier(int argc, char **argv) {
     }
     for (size_t q = 0; q < nreq; q++)
       if (all[q].rank == r) rc_->reqs[rc_->nreqs++] = all[q];
-    if (oi__dev_open((int)o.device, &rc_->dev) != OI_OK ||
-        rc_->dev->ops->mem_alloc(rc_->dev, (size_t)o.layers * o.arena_blocks * layer_block, 0,
-                                 (void **)&rc_->arena) != OI_OK) {
+    if (oi_device_buffer_alloc((int)o.device, (uint64_t)o.layers * o.arena_blocks * layer_block,
+                               &rc_->buf) != OI_OK) {
       fprintf(stderr, "openinfer demo: rank %ld arena: %s\n", r, oi_last_error());
       goto cleanup;
     }
+    rc_->arena = oi_device_buffer_ptr(rc_->buf);
     for (long l = 0; l < o.layers; l++) {
       snprintf(names[l], sizeof names[l], "layer%d", (int)l);
       arenas[l] = (oi_arena_desc){.name = names[l],
@@ -333,7 +332,7 @@ int demo_tier(int argc, char **argv) {
     }
   }
 
-  uint64_t t0 = oi__now_ns();
+  uint64_t t0 = cli_now_ns();
   atomic_store(&done_requests, 0);
   long started = 0;
   for (; started < o.ranks; started++)
@@ -343,14 +342,14 @@ int demo_tier(int argc, char **argv) {
   while (started > 0) { /* progress every ~10% */
     size_t done = atomic_load(&done_requests);
     if (done >= nreq) break;
-    if (done >= last_report + nreq / 10 && oi__now_ns() - t0 > 1000000000ull) { /* long runs only */
+    if (done >= last_report + nreq / 10 && cli_now_ns() - t0 > 1000000000ull) { /* long runs only */
       fprintf(stderr, "  %3zu%% of %zu requests\n", done * 100 / nreq, nreq);
       last_report = done;
     }
     usleep(20000);
   }
   for (long r = 0; r < started; r++) pthread_join(threads[r], NULL);
-  uint64_t wall = oi__now_ns() - t0;
+  uint64_t wall = cli_now_ns() - t0;
   for (long r = 0; r < o.ranks; r++) oi_offload_engine_flush(ranks[r].engine, 120000);
 
   /* Report. */
@@ -406,10 +405,7 @@ cleanup:
     for (long r = 0; r < o.ranks; r++) {
       rank_ctx *x = &ranks[r];
       oi_offload_engine_destroy(x->engine);
-      if (x->dev) {
-        if (x->arena) x->dev->ops->mem_free(x->dev, x->arena);
-        oi__dev_close(x->dev);
-      }
+      oi_device_buffer_free(x->buf);
       free(x->reqs);
       free(x->restore_ns);
       free(x->staging);

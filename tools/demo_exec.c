@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "core/core.h"
 #include "openinfer/openinfer.h"
 
 typedef struct exec_demo_opts {
@@ -83,6 +82,7 @@ static oi_status make_executor(const exec_demo_opts *o, oi_model_ops *ops, void 
   eo.host = offload == OI_OFFLOAD_EMBEDDED ? host : NULL;
   eo.socket_path = o->socket;
   eo.max_batch_tokens = o->device >= 0 ? 4096 : 512;
+  eo.restore_overlap = cli_restore_overlap_env();
   return oi_executor_create(&eo, out);
 }
 
@@ -204,7 +204,7 @@ int cmd_demo(int argc, char **argv) {
   uint64_t *ttft_cold = NULL, *ttft_warm = NULL;
   int rc = CLI_FAILED;
   uint64_t pool_bytes = 256ull << 20;
-  uint64_t t_setup = oi__now_ns();
+  uint64_t t_setup = cli_now_ns();
   if (oi_refmodel_create(&ro, &ops, &model) != OI_OK || oi_refmodel_create(&ro, &ops_cold, &model_cold) != OI_OK)
     goto fail;
   if (!sidecar) {
@@ -241,7 +241,7 @@ int cmd_demo(int argc, char **argv) {
     printf("device %ld (%s); %ld ranks on it, host tier %s",
            o.device, info.name, o.ranks, sidecar ? "in a sidecar server" : "embedded, shared by every rank");
     if (!sidecar) printf(", %.1f GiB pinned", (double)pool_bytes / (1ull << 30));
-    printf(" (setup %.2f s)\n", (double)(oi__now_ns() - t_setup) / 1e9);
+    printf(" (setup %.2f s)\n", (double)(cli_now_ns() - t_setup) / 1e9);
   }
   printf("%ld chats x %ld turns: %ld-token shared system prompt, +%ld user tokens and %ld generated per turn\n\n",
          o.conversations, o.turns, o.system_tokens, o.turn_tokens, o.new_tokens);

@@ -1,16 +1,12 @@
-/* `openinfer stats`: asks a running `openinfer serve` for its figures over
- * the wire protocol (Hello, then Stats) and prints a summary, or JSON. */
+/* `openinfer stats`: asks a running `openinfer serve` for its figures
+ * (oi_server_stats_fetch) and prints a summary, or JSON. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "openinfer/openinfer.h"
-#include "proto/wire.h"
 
 static void stats_usage(FILE *f) {
   fprintf(f,
@@ -26,24 +22,6 @@ static void stats_usage(FILE *f) {
           "  -h, --help      this text\n");
 }
 
-/* One request, one reply (the server answers in order here: nothing else is
- * in flight). */
-static oi_status round_trip(int fd, oiwire_Envelope *env, uint8_t **buf, size_t *cap,
-                            oi_wire_arrays *arrays) {
-  uint8_t *frame;
-  size_t len;
-  oi_status st = oi__wire_encode(env, NULL, &frame, &len);
-  if (st != OI_OK) return st;
-  st = oi__wire_send(fd, frame, len);
-  oi__free(frame);
-  if (st != OI_OK) return st;
-  if ((st = oi__wire_recv(fd, OI_WIRE_MAX_FRAME, buf, cap, &len)) != OI_OK) return st;
-  if ((st = oi__wire_decode(*buf, len, env, arrays)) != OI_OK) return st;
-  if (env->which_body == oiwire_Envelope_result_tag && env->body.result.status != OI_OK)
-    return oi__fail(env->body.result.status, "%s", env->body.result.message);
-  return OI_OK;
-}
-
 static void human_bytes(char *out, size_t cap, uint64_t b) {
   static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = (double)b;
@@ -56,15 +34,15 @@ static void human_bytes(char *out, size_t cap, uint64_t b) {
 }
 
 /* The upper bound of the bucket holding quantile q, as text. */
-static void quantile(char *out, size_t cap, const uint64_t *b, pb_size_t n, double q) {
+static void quantile(char *out, size_t cap, const uint64_t *b, uint32_t n, double q) {
   uint64_t total = 0;
-  for (pb_size_t i = 0; i < n; i++) total += b[i];
+  for (uint32_t i = 0; i < n; i++) total += b[i];
   if (!total) {
     snprintf(out, cap, "-");
     return;
   }
   uint64_t want = (uint64_t)((double)total * q + 0.999999), cum = 0;
-  for (pb_size_t i = 0; i < n; i++) {
+  for (uint32_t i = 0; i < n; i++) {
     cum += b[i];
     if (cum >= want) {
       if (i + 1 == n) {
@@ -84,9 +62,9 @@ static void quantile(char *out, size_t cap, const uint64_t *b, pb_size_t n, doub
   snprintf(out, cap, "-");
 }
 
-static void print_latency(const char *what, const uint64_t *b, pb_size_t n, uint64_t sum_us) {
+static void print_latency(const char *what, const uint64_t *b, uint32_t n, uint64_t sum_us) {
   uint64_t total = 0;
-  for (pb_size_t i = 0; i < n; i++) total += b[i];
+  for (uint32_t i = 0; i < n; i++) total += b[i];
   char p50[32], p99[32];
   quantile(p50, sizeof p50, b, n, 0.5);
   quantile(p99, sizeof p99, b, n, 0.99);
@@ -107,22 +85,21 @@ static void json_string(const char *s) {
   putchar('"');
 }
 
-static void json_array(const char *name, const uint64_t *v, pb_size_t n) {
+static void json_array(const char *name, const uint64_t *v, uint32_t n) {
   printf("\"%s\": [", name);
-  for (pb_size_t i = 0; i < n; i++) printf("%s%llu", i ? ", " : "", (unsigned long long)v[i]);
+  for (uint32_t i = 0; i < n; i++) printf("%s%llu", i ? ", " : "", (unsigned long long)v[i]);
   printf("]");
 }
 
 #define J(name, v) printf("    \"%s\": %llu,\n", name, (unsigned long long)(v))
 
-static void print_json(const char *socket, const oiwire_HelloReply *hello,
-                       const oiwire_StatsReply *r, const oi_wire_arrays *a) {
-  const oiwire_HostStats *h = &r->host;
+static void print_json(const char *socket, const oi_server_stats *r, const oi_host_stats *h,
+                       const oi_namespace_stats *ns, uint32_t n_ns) {
   printf("{\n  \"socket\": ");
   json_string(socket);
   printf(",\n  \"server_version\": ");
-  json_string(hello->server_version);
-  printf(",\n  \"epoch\": \"%016llx\",\n", (unsigned long long)hello->server_epoch);
+  json_string(r->server_version);
+  printf(",\n  \"epoch\": \"%016llx\",\n", (unsigned long long)r->epoch);
   printf("  \"uptime_seconds\": %.3f,\n", (double)r->uptime_ns / 1e9);
   printf("  \"server\": {\n");
   J("sessions", r->sessions);
@@ -161,29 +138,28 @@ static void print_json(const char *socket, const oiwire_HelloReply *hello,
   J("evictions", h->evictions);
   J("namespaces", h->namespaces);
   printf("    ");
-  json_array("save_latency_us", h->save_latency_us, h->save_latency_us_count);
+  json_array("save_latency_us", h->save_latency_us, h->latency_buckets);
   printf(",\n");
   J("save_latency_sum_us", h->save_latency_sum_us);
   printf("    ");
-  json_array("load_latency_us", h->load_latency_us, h->load_latency_us_count);
+  json_array("load_latency_us", h->load_latency_us, h->latency_buckets);
   printf(",\n    \"load_latency_sum_us\": %llu\n  },\n", (unsigned long long)h->load_latency_sum_us);
   printf("  \"namespaces\": [");
-  for (size_t i = 0; i < a->n_namespaces; i++) {
+  for (size_t i = 0; i < n_ns; i++) {
     printf("%s\n    {\"name\": ", i ? "," : "");
-    json_string(a->namespaces[i].name);
+    json_string(ns[i].name);
     printf(", \"block_bytes\": %llu, \"blocks_resident\": %llu}",
-           (unsigned long long)a->namespaces[i].block_bytes,
-           (unsigned long long)a->namespaces[i].blocks_resident);
+           (unsigned long long)ns[i].block_bytes,
+           (unsigned long long)ns[i].blocks_resident);
   }
-  printf("%s]\n}\n", a->n_namespaces ? "\n  " : "");
+  printf("%s]\n}\n", n_ns ? "\n  " : "");
 }
 
-static void print_summary(const char *socket, const oiwire_HelloReply *hello,
-                          const oiwire_StatsReply *r, const oi_wire_arrays *a) {
-  const oiwire_HostStats *h = &r->host;
+static void print_summary(const char *socket, const oi_server_stats *r, const oi_host_stats *h,
+                          const oi_namespace_stats *ns, uint32_t n_ns) {
   char b1[32], b2[32], b3[32], b4[32];
-  printf("openinfer server on %s: %s, epoch %016llx, up %.0f s\n", socket, hello->server_version,
-         (unsigned long long)hello->server_epoch, (double)r->uptime_ns / 1e9);
+  printf("openinfer server on %s: %s, epoch %016llx, up %.0f s\n", socket, r->server_version,
+         (unsigned long long)r->epoch, (double)r->uptime_ns / 1e9);
   human_bytes(b1, sizeof b1, r->arena_bytes);
   printf("%-14s %llu sessions, %llu instances (%s of arenas), %llu cleaned up\n", "clients:",
          (unsigned long long)r->sessions, (unsigned long long)r->instances, b1,
@@ -217,13 +193,13 @@ static void print_summary(const char *socket, const oiwire_HelloReply *hello,
   printf("%-14s %llu active, %llu released, %llu expired; %llu blocks evicted\n", "leases:",
          (unsigned long long)h->leases_active, (unsigned long long)h->leases_released,
          (unsigned long long)h->leases_expired, (unsigned long long)h->evictions);
-  print_latency("save latency:", h->save_latency_us, h->save_latency_us_count, h->save_latency_sum_us);
-  print_latency("load latency:", h->load_latency_us, h->load_latency_us_count, h->load_latency_sum_us);
+  print_latency("save latency:", h->save_latency_us, h->latency_buckets, h->save_latency_sum_us);
+  print_latency("load latency:", h->load_latency_us, h->latency_buckets, h->load_latency_sum_us);
   printf("namespaces:    %u\n", (unsigned)h->namespaces);
-  for (size_t i = 0; i < a->n_namespaces; i++) {
-    human_bytes(b1, sizeof b1, a->namespaces[i].blocks_resident * a->namespaces[i].block_bytes);
-    printf("  %-40s %llu blocks resident (%s)\n", a->namespaces[i].name,
-           (unsigned long long)a->namespaces[i].blocks_resident, b1);
+  for (size_t i = 0; i < n_ns; i++) {
+    human_bytes(b1, sizeof b1, ns[i].blocks_resident * ns[i].block_bytes);
+    printf("  %-40s %llu blocks resident (%s)\n", ns[i].name,
+           (unsigned long long)ns[i].blocks_resident, b1);
   }
 }
 
@@ -250,65 +226,28 @@ int cmd_stats(int argc, char **argv) {
     fprintf(stderr, "openinfer stats: unexpected argument '%s'\n", argv[optind]);
     return CLI_USAGE;
   }
-  char def[108];
-  if (!socket) {
-    if (oi__wire_default_socket_path(def, sizeof def) != OI_OK) {
-      fprintf(stderr, "openinfer stats: %s\n", oi_last_error());
-      return CLI_FAILED;
-    }
-    socket = def;
-  }
-  int fd;
-  oi_status st = oi__wire_connect(socket, &fd);
-  if (st != OI_OK) {
-    fprintf(stderr, "openinfer stats: %s\n", oi_last_error());
+  /* Every namespace the server lists (at most OI_WIRE's 4096 per reply). */
+  enum { MAX_NS = 4096 };
+  oi_namespace_stats *ns = calloc(MAX_NS, sizeof *ns);
+  if (!ns) {
+    fprintf(stderr, "openinfer stats: out of memory\n");
     return CLI_FAILED;
   }
-  /* A stuck server must not hang the tool. */
-  struct timeval tv = {.tv_sec = 10};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  uint8_t *buf = NULL;
-  size_t cap = 0;
-  oi_wire_arrays arrays;
-  memset(&arrays, 0, sizeof arrays);
-  oiwire_Envelope env;
-  memset(&env, 0, sizeof env);
-  env.request_id = 1;
-  env.which_body = oiwire_Envelope_hello_tag;
-  env.body.hello.protocol_version = OI_WIRE_PROTOCOL_VERSION;
-  env.body.hello.capabilities = OI_WIRE_CAP_PIPELINED;
-  snprintf(env.body.hello.client_name, sizeof env.body.hello.client_name, "openinfer stats (pid %d)",
-           (int)getpid());
-  oiwire_HelloReply hello;
-  memset(&hello, 0, sizeof hello);
-  st = round_trip(fd, &env, &buf, &cap, &arrays);
-  if (st == OI_OK && env.which_body != oiwire_Envelope_hello_reply_tag)
-    st = oi__fail(OI_ERR_PROTOCOL, "hello: the server answered with message type %u", env.which_body);
-  if (st == OI_OK) {
-    hello = env.body.hello_reply;
-    memset(&env, 0, sizeof env);
-    env.request_id = 2;
-    env.which_body = oiwire_Envelope_stats_tag;
-    st = round_trip(fd, &env, &buf, &cap, &arrays);
-    if (st == OI_OK && env.which_body != oiwire_Envelope_stats_reply_tag)
-      st = oi__fail(OI_ERR_PROTOCOL, "stats: the server answered with message type %u",
-                    env.which_body);
-  }
-  close(fd);
+  ns[0].struct_size = sizeof *ns;
+  oi_server_stats r = {.struct_size = sizeof r};
+  oi_host_stats h = {.struct_size = sizeof h};
+  oi_status st = oi_server_stats_fetch(socket, 10000, &r, &h, ns, MAX_NS);
+  const char *where = st == OI_OK ? r.socket_path : socket ? socket : "the default socket";
   int rc = CLI_OK;
+  uint32_t n_ns = r.namespaces < MAX_NS ? r.namespaces : MAX_NS;
   if (st != OI_OK) {
-    fprintf(stderr, "openinfer stats: %s: %s (%s)\n", socket, oi_last_error(), oi_status_str(st));
-    rc = CLI_FAILED;
-  } else if (!env.body.stats_reply.has_host) {
-    fprintf(stderr, "openinfer stats: %s: the server sent no host figures (an older server?)\n",
-            socket);
+    fprintf(stderr, "openinfer stats: %s: %s (%s)\n", where, oi_last_error(), oi_status_str(st));
     rc = CLI_FAILED;
   } else if (json) {
-    print_json(socket, &hello, &env.body.stats_reply, &arrays);
+    print_json(where, &r, &h, ns, n_ns);
   } else {
-    print_summary(socket, &hello, &env.body.stats_reply, &arrays);
+    print_summary(where, &r, &h, ns, n_ns);
   }
-  oi__wire_arrays_free(&arrays);
-  oi__free(buf);
+  free(ns);
   return rc;
 }

@@ -1,6 +1,7 @@
 /*
  * libopeninfer — common definitions: export macro, status codes, versions,
- * last-error, logging and fatal handlers, core value types and tickets.
+ * last-error, logging and fatal handlers, core value types (block hashes,
+ * leases, arena handles, arena descriptors) and tickets.
  *
  * Stability: everything in this header is part of the OPENINFER_0.1 ABI.
  * Status codes are stable once released: new codes are only ever added.
@@ -129,6 +130,22 @@ typedef struct oi_lease {
 typedef struct oi_arena_handle {
   uint8_t bytes[64];
 } oi_arena_handle;
+
+/* One arena: a region holding one slice of every block (one layer's K+V, an
+ * MLA layer, ...). Block b, segment s of this arena lives at
+ *   base + b * block_stride + s * segment_stride, bytes_per_block bytes.
+ * Every arena of a layout has the same num_blocks. The host block is the
+ * concatenation, in arena then segment order, of these slices. */
+typedef struct oi_arena_desc {
+  const char *name;         /* unique within the layout */
+  uint64_t offset;          /* from the layout's arena_base (when set) */
+  void *base;               /* absolute address (when arena_base is NULL) */
+  uint64_t num_blocks;
+  uint64_t bytes_per_block; /* copy unit of one segment */
+  uint64_t block_stride;    /* >= (segments-1)*segment_stride + bytes_per_block */
+  uint32_t segments;        /* 1, or 2 for split K/V (at most 8) */
+  uint64_t segment_stride;  /* bytes between segments (>= bytes_per_block) */
+} oi_arena_desc;
 
 /* Latency histograms (oi_host_stats, oi_engine_stats): OI_LATENCY_BUCKETS
  * fixed log-scale buckets, not cumulative. Bucket i < OI_LATENCY_BUCKETS - 1

@@ -18,22 +18,6 @@ extern "C" {
 
 typedef struct oi_offload_engine oi_offload_engine;
 
-/* One arena: a region holding one slice of every block (one layer's K+V, an
- * MLA layer, ...). Block b, segment s of this arena lives at
- *   base + b * block_stride + s * segment_stride, bytes_per_block bytes.
- * Every arena of a layout has the same num_blocks. The host block is the
- * concatenation, in arena then segment order, of these slices. */
-typedef struct oi_arena_desc {
-  const char *name;         /* unique within the layout */
-  uint64_t offset;          /* from oi_engine_options.arena_base (when set) */
-  void *base;               /* absolute address (when arena_base is NULL) */
-  uint64_t num_blocks;
-  uint64_t bytes_per_block; /* copy unit of one segment */
-  uint64_t block_stride;    /* >= (segments-1)*segment_stride + bytes_per_block */
-  uint32_t segments;        /* 1, or 2 for split K/V (at most 8) */
-  uint64_t segment_stride;  /* bytes between segments (>= bytes_per_block) */
-} oi_arena_desc;
-
 /* oi_engine_options.copy_mode (docs/api.md: how AUTO chooses) */
 typedef enum oi_copy_mode {
   OI_COPY_AUTO = 0,

@@ -1,4 +1,6 @@
-/* libopeninfer — the whole public API. Include this one header. */
+/* libopeninfer — the whole public API. Include this one header. The
+ * experimental API (experimental.h) is visible only with OI_EXPERIMENTAL
+ * defined before it. */
 #ifndef OPENINFER_OPENINFER_H
 #define OPENINFER_OPENINFER_H
 
@@ -6,8 +8,10 @@
 #include "openinfer/device.h"
 #include "openinfer/engine.h"
 #include "openinfer/executor.h"
+#include "openinfer/experimental.h"
 #include "openinfer/hash.h"
 #include "openinfer/host.h"
+#include "openinfer/model.h"
 #include "openinfer/server.h"
 
 #endif

@@ -88,6 +88,42 @@ OI_API const char *oi_server_socket_path(const oi_server *s);
  * or 0 when the server has none. */
 OI_API uint16_t oi_server_metrics_port(const oi_server *s);
 
+/* ------------------------------------------------------------------------ */
+/* A running server's figures (client side)                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Output struct of oi_server_stats_fetch: set struct_size first. */
+typedef struct oi_server_stats {
+  uint32_t struct_size;
+  uint32_t namespaces;           /* namespaces the server listed */
+  char server_version[64];       /* the server's oi_version_string(), NUL-terminated */
+  uint64_t epoch;                /* the server's oi_server_epoch */
+  uint64_t uptime_ns;            /* since the server was created */
+  uint64_t sessions;             /* client connections now */
+  uint64_t instances;            /* engines registered now */
+  uint64_t arena_bytes;          /* device memory allocated for live instances */
+  uint64_t instances_cleaned_up; /* freed because their session ended */
+  char socket_path[108];         /* the socket asked (the default path for NULL) */
+} oi_server_stats;
+
+/* Asks the server listening on `socket_path` (NULL: the default path, as in
+ * oi_offload_engine_connect) for its figures, over a connection of its own
+ * (no instance is registered), and fills:
+ *   - *out (required; struct_size set first);
+ *   - *host (optional, NULL: not wanted): the server's host tier, as
+ *     oi_offload_host_stats would report it there;
+ *   - namespaces[0 .. min(cap, out->namespaces)) (optional, cap 0: not
+ *     wanted): the array's stride is namespaces[0].struct_size, which every
+ *     entry must carry.
+ * Each reply is awaited at most timeout_ms (0: 10000; UINT32_MAX: forever).
+ * @return OI_ERR_NOT_FOUND when nothing listens at the path,
+ * OI_ERR_PERMISSION when the socket refuses this user, OI_ERR_IO (a reply
+ * later than timeout_ms included), OI_ERR_CLOSED or OI_ERR_PROTOCOL when the
+ * exchange fails. */
+OI_API oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+                                       oi_server_stats *out, oi_host_stats *host,
+                                       oi_namespace_stats *namespaces, uint32_t cap);
+
 /* Removes the socket file, frees the pool. Must not race oi_server_run:
  * stop it and let run return first. Accepts NULL. */
 OI_API void oi_server_destroy(oi_server *s);

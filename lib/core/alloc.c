@@ -13,7 +13,7 @@
 #define OI_ALLOC_LIBC 1
 #endif
 
-#include "core.h"
+#include "core/core.h"
 
 #ifdef OI_ALLOC_LIBC
 #include <stdlib.h>

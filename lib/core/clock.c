@@ -1,8 +1,8 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#include "core.h"
-#include "fault.h"
+#include "core/core.h"
+#include "core/fault.h"
 
 uint64_t oi__now_ns(void) {
   struct timespec ts;

@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core.h"
+#include "core/core.h"
 
 static _Thread_local char last_error[1024];
 

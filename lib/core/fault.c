@@ -1,6 +1,6 @@
 /* Fault injection (see fault.h). Always compiled so tests can ask whether it
  * is available; arming fails with OI_ERR_UNSUPPORTED without the option. */
-#include "fault.h"
+#include "core/fault.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
+#include "core/core.h"
+
+#ifdef OI_FAULT_INJECTION
 
 static const char *const names[OI_FAULT_POINTS] = {
     [OI_FAULT_HOST_ALLOC] = "host_alloc",     [OI_FAULT_PINNED_ALLOC] = "pinned_alloc",
@@ -18,14 +20,8 @@ static const char *const names[OI_FAULT_POINTS] = {
     [OI_FAULT_CLOCK_JUMP] = "clock_jump",
 };
 
-const char *oi__fault_name(oi_fault_point point) {
-  return (unsigned)point < OI_FAULT_POINTS ? names[point] : NULL;
-}
-
 static oi_status arm_spec(const char *spec,
                           oi_status (*arm)(oi_fault_point, uint64_t, uint64_t, uint64_t));
-
-#ifdef OI_FAULT_INJECTION
 
 /* One point: hits counted since it was armed, and how many fired. */
 typedef struct fault_state {
@@ -127,9 +123,9 @@ void oi__fault_disarm_all(void) {
   for (int i = 0; i < OI_FAULT_POINTS; i++) oi__fault_disarm((oi_fault_point)i);
 }
 
-oi_status oi__fault_arm_spec(const char *spec) { return arm_spec(spec, oi__fault_arm); }
+#ifdef OI_FAULT_INJECTION
 
-/* "name[:after[:count[:param]]]" items separated by commas. */
+/* "name[:after[:count[:param]]]" items separated by commas (OI_FAULTS). */
 static oi_status arm_spec(const char *spec,
                           oi_status (*arm)(oi_fault_point, uint64_t, uint64_t, uint64_t)) {
   if (!spec) return oi__fail(OI_ERR_INVALID_ARGUMENT, "fault spec is NULL");
@@ -170,3 +166,5 @@ static oi_status arm_spec(const char *spec,
   }
   return OI_OK;
 }
+
+#endif

@@ -52,14 +52,10 @@ bool oi__fault_available(void);
 /* Arms `point` (replacing an earlier arming and resetting its hit count).
  * @return OI_ERR_UNSUPPORTED in a build without fault injection. */
 oi_status oi__fault_arm(oi_fault_point point, uint64_t after_n, uint64_t count, uint64_t param);
-/* Arms points from a spec in the OI_FAULTS format. */
-oi_status oi__fault_arm_spec(const char *spec);
 void oi__fault_disarm(oi_fault_point point);
 void oi__fault_disarm_all(void);
 /* Times `point` fired since it was armed. */
 uint64_t oi__fault_fired(oi_fault_point point);
-/* The point's name ("copy_fail"), or NULL. */
-const char *oi__fault_name(oi_fault_point point);
 /* The clock offset (ns) clock_jump has added so far. */
 uint64_t oi__fault_clock_offset_ns(void);
 /* `ns` (a monotonic clock reading) plus the offset; a hit of clock_jump. */

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "core.h"
+#include "core/core.h"
 
 static pthread_mutex_t handler_lock = PTHREAD_MUTEX_INITIALIZER;
 static oi_log_fn log_fn;

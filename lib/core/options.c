@@ -2,7 +2,7 @@
  * pass larger ones; the library reads and writes only the common prefix. */
 #include <string.h>
 
-#include "core.h"
+#include "core/core.h"
 
 oi_status oi__struct_in(void *dst, size_t dst_size, const void *src, const char *what) {
   if (!src) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: options pointer is NULL", what);

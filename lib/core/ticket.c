@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core.h"
+#include "core/core.h"
 
 struct oi_ticket {
   pthread_mutex_t lock;

@@ -1,4 +1,4 @@
-#include "core.h"
+#include "core/core.h"
 
 OI_API uint32_t oi_version(void) { return OI_VERSION_NUMBER; }
 

@@ -14,9 +14,9 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
-#include "device.h"
+#include "device/device.h"
 #include "core/fault.h"
-#include "hostmem.h"
+#include "device/hostmem.h"
 
 #define CPU_HANDLE_MAGIC "OISHM\x01\0\0"
 #define CPU_HANDLE_NAME_OFF 16

@@ -1,5 +1,5 @@
 /* Built when the cuda backend is not compiled: every CUDA ordinal is absent. */
-#include "device.h"
+#include "device/device.h"
 
 int oi__cuda_device_count(void) { return 0; }
 

@@ -1,7 +1,8 @@
 /* Backend selection by ordinal, and the public device/arena functions. */
 #include <string.h>
 
-#include "device.h"
+#include "device/device.h"
+#include "openinfer/experimental.h"
 
 oi_status oi__dev_open(int ordinal, oi_dev **out) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "device_open: out is NULL");
@@ -80,4 +81,44 @@ OI_API void oi_imported_arena_close(oi_imported_arena *a) {
   if (a->on_close) a->on_close(a->on_close_ctx);
   oi__dev_close(a->dev);
   oi__free(a);
+}
+
+/* ---- experimental: device memory for tools and tests ------------------------- */
+
+struct oi_device_buffer {
+  oi_dev *dev;
+  void *ptr;
+};
+
+OI_API oi_status oi_device_buffer_alloc(int device, uint64_t bytes, oi_device_buffer **out) {
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "device_buffer_alloc: out is NULL");
+  *out = NULL;
+  if (!bytes) return oi__fail(OI_ERR_INVALID_ARGUMENT, "device_buffer_alloc: 0 bytes");
+  oi_device_buffer *b = oi__calloc(1, sizeof *b);
+  if (!b) return oi__fail(OI_ERR_OUT_OF_MEMORY, "device_buffer_alloc: out of memory");
+  oi_status st = oi__dev_open(device, &b->dev);
+  if (st == OI_OK) st = b->dev->ops->mem_alloc(b->dev, (size_t)bytes, 0, &b->ptr);
+  if (st != OI_OK) {
+    oi__dev_close(b->dev);
+    oi__free(b);
+    return st;
+  }
+  *out = b;
+  return OI_OK;
+}
+
+OI_API void *oi_device_buffer_ptr(const oi_device_buffer *b) { return b ? b->ptr : NULL; }
+
+OI_API oi_status oi_device_buffer_copy(oi_device_buffer *b, void *dst, const void *src,
+                                       uint64_t bytes) {
+  if (!b || !dst || !src)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "device_buffer_copy: NULL argument");
+  return b->dev->ops->mem_copy(b->dev, dst, src, (size_t)bytes);
+}
+
+OI_API void oi_device_buffer_free(oi_device_buffer *b) {
+  if (!b) return;
+  if (b->ptr) b->dev->ops->mem_free(b->dev, b->ptr);
+  oi__dev_close(b->dev);
+  oi__free(b);
 }

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "core/fault.h"
-#include "hostmem.h"
+#include "device/hostmem.h"
 
 #define TOUCH_SLICE (64ull << 20) /* work unit handed to touch threads */
 #define MAX_TOUCH_THREADS 64

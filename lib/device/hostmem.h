@@ -1,7 +1,7 @@
 #ifndef OI_DEVICE_HOSTMEM_H
 #define OI_DEVICE_HOSTMEM_H
 
-#include "device.h"
+#include "device/device.h"
 
 #define OI_HUGEPAGE_BYTES (2ull << 20)
 

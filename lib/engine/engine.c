@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_internal.h"
+#include "engine/engine_internal.h"
 
 /* Bounds of the tuning fields of oi_engine_options (docs/api.md). */
 #define OI_MIN_SUBMIT_GROUP_BYTES (64ull << 10)

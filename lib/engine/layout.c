@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layout.h"
+#include "engine/layout.h"
 
 /* Bytes from an arena's base to the end of its last slice. */
 static uint64_t arena_span(const oi_arena_desc *a) {

@@ -178,7 +178,7 @@ OI_API void oi_executor_destroy(oi_executor *x) {
     }
     r->arena = NULL;
     oi__dev_close(r->dev);
-    oi__gpool_destroy(&r->pool);
+    oi__block_pool_destroy(&r->pool);
     if (r->save_lock_init) {
       pthread_mutex_destroy(&r->save_lock);
       pthread_cond_destroy(&r->save_cv);
@@ -230,6 +230,10 @@ static oi_status check_options(const oi_executor_options *o) {
                     "executor_create: max_batch_tokens and max_batch_seqs must be > 0");
   if (o->offload == OI_OFFLOAD_SIDECAR && o->host)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "executor_create: a host is for EMBEDDED offload");
+  if (o->restore_overlap > OI_RESTORE_OVERLAP_HOST)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "executor_create: restore_overlap %u is not an oi_restore_overlap",
+                    o->restore_overlap);
   for (uint32_t i = 0; o->devices && i < o->ranks; i++)
     if (o->devices[i] < -1)
       return oi__fail(OI_ERR_INVALID_ARGUMENT, "executor_create: devices[%u] = %d", i,
@@ -284,7 +288,7 @@ static oi_status engine_options_for(oi_executor *x, exec_rank *r, oi_engine_opti
 static oi_status rank_init(oi_executor *x, exec_rank *r) {
   oi_status st;
   plan_layout(x, r);
-  if ((st = oi__gpool_create(&r->pool, x->o.gpu_blocks)) != OI_OK) return st;
+  if ((st = oi__block_pool_create(&r->pool, x->o.gpu_blocks)) != OI_OK) return st;
   r->seqs = oi__calloc(x->o.max_batch_seqs, sizeof *r->seqs);
   r->seq_req = oi__calloc(x->o.max_batch_seqs, sizeof *r->seq_req);
   r->kv_events = oi__calloc((size_t)x->o.max_batch_seqs * x->desc.num_layers, sizeof *r->kv_events);
@@ -364,15 +368,12 @@ OI_API oi_status oi_executor_create(const oi_executor_options *opts, oi_executor
                   "executor_create: the model describes an empty KV layout");
     goto fail_early;
   }
-  {
-    const char *ov = getenv("OI_RESTORE_OVERLAP");
-    if (ov && (!strcmp(ov, "0") || !strcmp(ov, "off")))
-      x->overlap_mode = OVERLAP_OFF;
-    else if (ov && !strcmp(ov, "host"))
-      x->overlap_mode = OVERLAP_HOST;
-    else
-      x->overlap_mode = d->flags & OI_MODEL_KV_EVENTS ? OVERLAP_DEVICE : OVERLAP_OFF;
-  }
+  if (o.restore_overlap == OI_RESTORE_OVERLAP_OFF)
+    x->overlap_mode = OVERLAP_OFF;
+  else if (o.restore_overlap == OI_RESTORE_OVERLAP_HOST)
+    x->overlap_mode = OVERLAP_HOST;
+  else
+    x->overlap_mode = d->flags & OI_MODEL_KV_EVENTS ? OVERLAP_DEVICE : OVERLAP_OFF;
   {
     uint64_t token_bytes = (uint64_t)d->num_kv_heads * d->head_dim * d->dtype_bytes;
     uint64_t total = token_bytes * o.page_size * 2 * o.gpu_blocks * d->num_layers;
@@ -591,7 +592,7 @@ OI_API oi_status oi_executor_evict_gpu_cache(oi_executor *x, uint64_t *evicted) 
   uint64_t n = 0;
   for (uint32_t i = 0; i < x->nranks; i++) {
     oi__exec_collect_saves(&x->ranks[i]);
-    n += oi__gpool_evict_inactive(&x->ranks[i].pool);
+    n += oi__block_pool_evict_inactive(&x->ranks[i].pool);
   }
   if (evicted) *evicted = n;
   return OI_OK;

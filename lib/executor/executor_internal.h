@@ -12,6 +12,7 @@
 #include "executor/block_pool.h"
 #include "openinfer/engine.h"
 #include "openinfer/executor.h"
+#include "openinfer/experimental.h"
 #include "openinfer/hash.h"
 
 typedef struct request {
@@ -116,8 +117,9 @@ typedef struct exec_rank {
 } exec_rank;
 
 /* How a restore may overlap the forward of the prompt's remaining tokens
- * (OI_RESTORE_OVERLAP: "0" off; "host": the worker waits for the load before
- * the forward, on any backend, for tests; unset: "device"). */
+ * (oi_executor_options.restore_overlap: OFF; HOST: the worker waits for the
+ * load before the forward, on any backend, for tests; AUTO: DEVICE when the
+ * model has OI_MODEL_KV_EVENTS, else OFF). */
 enum { OVERLAP_OFF = 0, OVERLAP_DEVICE = 1, OVERLAP_HOST = 2 };
 
 typedef struct exec_counters {

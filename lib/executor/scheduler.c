@@ -104,7 +104,7 @@ void oi__exec_collect_saves(exec_rank *r) {
     list = rec->next;
     for (uint32_t i = 0; i < rec->n; i++) {
       if (rec->status != OI_OK) r->pool.blocks[rec->ids[i]].saved = 0; /* may try again later */
-      oi__gpool_unpin(&r->pool, (int32_t)rec->ids[i]);
+      oi__block_pool_unpin(&r->pool, (int32_t)rec->ids[i]);
     }
     oi__free(rec);
   }
@@ -128,12 +128,12 @@ static void release_save(exec_rank *r, request *q) {
   rec->rank = r;
   rec->n = 0;
   for (uint32_t i = 0; i < full; i++) {
-    gblock *b = &r->pool.blocks[q->blocks[i]];
+    block_pool_block *b = &r->pool.blocks[q->blocks[i]];
     /* Only the copy the cache names under this hash (a duplicate computed
      * concurrently stays out), and only once. */
     if (!b->cached || b->saved || memcmp(b->hash.bytes, q->hashes[i].bytes, 16)) continue;
     b->saved = 1;
-    oi__gpool_pin(&r->pool, (int32_t)q->blocks[i]);
+    oi__block_pool_pin(&r->pool, (int32_t)q->blocks[i]);
     hashes[rec->n] = q->hashes[i];
     rec->ids[rec->n++] = q->blocks[i];
   }
@@ -161,7 +161,7 @@ static void release_save(exec_rank *r, request *q) {
     pthread_mutex_unlock(&r->save_lock);
     for (uint32_t i = 0; i < n; i++) {
       r->pool.blocks[rec->ids[i]].saved = 0;
-      oi__gpool_unpin(&r->pool, (int32_t)rec->ids[i]);
+      oi__block_pool_unpin(&r->pool, (int32_t)rec->ids[i]);
     }
     oi__free(rec);
   } else {
@@ -173,7 +173,7 @@ static void release_save(exec_rank *r, request *q) {
 void oi__exec_release_request(exec_rank *r, request *q, bool save) {
   if (save) release_save(r, q);
   for (uint32_t i = 0; i < q->n_blocks; i++)
-    oi__gpool_unref(&r->pool, (int32_t)q->blocks[i]);
+    oi__block_pool_unref(&r->pool, (int32_t)q->blocks[i]);
   /* q->blocks keeps the ids for oi_executor_request_blocks; they are no longer held. */
 }
 
@@ -204,14 +204,14 @@ static oi_status register_full_blocks(exec_rank *r, request *q) {
   oi_status st = extend_hashes(r, q, full * r->kv.page_size);
   if (st != OI_OK) return st;
   for (; q->registered < full; q->registered++)
-    oi__gpool_insert(&r->pool, (int32_t)q->blocks[q->registered], &q->hashes[q->registered]);
+    oi__block_pool_insert(&r->pool, (int32_t)q->blocks[q->registered], &q->hashes[q->registered]);
   return OI_OK;
 }
 
 /* Takes blocks [from, to) of the table (fresh, uncached). */
 static void take_blocks(exec_rank *r, request *q, uint32_t from, uint32_t to) {
   for (uint32_t i = from; i < to; i++)
-    q->blocks[i] = oi__gpool_alloc(&r->pool);
+    q->blocks[i] = oi__block_pool_alloc(&r->pool);
   if (to > q->n_blocks) q->n_blocks = to;
 }
 
@@ -224,10 +224,10 @@ static void commit_restore(exec_rank *r, request *q) {
   uint32_t page = r->kv.page_size, g = q->restore_first, h = q->restore_n;
   for (uint32_t i = g; i < g + h; i++) {
     int32_t mine = (int32_t)q->blocks[i];
-    int32_t named = oi__gpool_insert(&r->pool, mine, &q->hashes[i]);
+    int32_t named = oi__block_pool_insert(&r->pool, mine, &q->hashes[i]);
     if (named != mine) {
-      oi__gpool_ref(&r->pool, named);
-      oi__gpool_unref(&r->pool, mine);
+      oi__block_pool_ref(&r->pool, named);
+      oi__block_pool_unref(&r->pool, mine);
       q->blocks[i] = named;
     } else {
       r->pool.blocks[mine].saved = 1; /* it came from the host tier */
@@ -237,10 +237,10 @@ static void commit_restore(exec_rank *r, request *q) {
    * from there (an overlapped restore). */
   uint32_t matched = g + h, limit = q->overlap ? matched : (q->prompt_len - 1) / page;
   for (; matched < limit; matched++) {
-    int32_t c = oi__gpool_lookup(&r->pool, &q->hashes[matched]);
+    int32_t c = oi__block_pool_lookup(&r->pool, &q->hashes[matched]);
     if (c < 0) break;
-    oi__gpool_ref(&r->pool, c);
-    oi__gpool_unref(&r->pool, (int32_t)q->blocks[matched]);
+    oi__block_pool_ref(&r->pool, c);
+    oi__block_pool_unref(&r->pool, (int32_t)q->blocks[matched]);
     q->blocks[matched] = c;
     q->cached_tokens += page;
     x->c.cached_tokens += page;
@@ -300,7 +300,7 @@ static orphan_load *orphan_restore(exec_rank *r, request *q) {
  * orphans until the copy ends, and the request gets fresh ones. @return
  * false (nothing changed) when the fresh blocks are not there yet. */
 static bool abandon_restore(exec_rank *r, request *q) {
-  if (oi__gpool_available(&r->pool) < q->restore_n || !orphan_restore(r, q)) return false;
+  if (oi__block_pool_available(&r->pool) < q->restore_n || !orphan_restore(r, q)) return false;
   take_blocks(r, q, q->restore_first, q->restore_first + q->restore_n);
   q->state = OI_REQUEST_RUNNING;
   q->overlap = false;
@@ -330,7 +330,7 @@ static void poll_restores(exec_rank *r) {
     *link = o->next;
     oi_ticket_release(o->ticket);
     for (uint32_t i = 0; i < o->n; i++)
-      oi__gpool_unref(&r->pool, (int32_t)o->ids[i]);
+      oi__block_pool_unref(&r->pool, (int32_t)o->ids[i]);
     oi__free(o);
   }
 }
@@ -418,14 +418,14 @@ static void admit(exec_rank *r) {
     /* Probe: hold the leading run of cached blocks. */
     uint32_t g = 0;
     for (; g < limit; g++) {
-      int32_t b = oi__gpool_lookup(&r->pool, &q->hashes[g]);
+      int32_t b = oi__block_pool_lookup(&r->pool, &q->hashes[g]);
       if (b < 0) break;
-      oi__gpool_ref(&r->pool, b);
+      oi__block_pool_ref(&r->pool, b);
       q->blocks[g] = b;
     }
-    if (need - g > oi__gpool_available(&r->pool)) { /* wait for blocks (FCFS: nobody passes) */
+    if (need - g > oi__block_pool_available(&r->pool)) { /* wait for blocks (FCFS: nobody passes) */
       for (uint32_t i = 0; i < g; i++)
-        oi__gpool_unref(&r->pool, (int32_t)q->blocks[i]);
+        oi__block_pool_unref(&r->pool, (int32_t)q->blocks[i]);
       break;
     }
     queue_remove(&r->waiting_head, &r->waiting_tail, q);
@@ -551,7 +551,7 @@ static void drop_overlap(exec_rank *r, request *q) {
   if (oi_ticket_poll(q->load_ticket) == OI_PENDING) {
     orphan_load *o = orphan_restore(r, q);
     if (o)
-      for (uint32_t i = 0; i < o->n; i++) oi__gpool_ref(&r->pool, (int32_t)o->ids[i]);
+      for (uint32_t i = 0; i < o->n; i++) oi__block_pool_ref(&r->pool, (int32_t)o->ids[i]);
     else
       oi_ticket_wait(q->load_ticket, UINT32_MAX); /* out of memory: the copy ends first */
   }

@@ -1,5 +1,5 @@
 /* Framing and Envelope codecs of the sidecar protocol (see wire.h). */
-#include "wire.h"
+#include "proto/wire.h"
 
 #include <errno.h>
 #include <poll.h>

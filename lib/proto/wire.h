@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "core/core.h"
-#include "openinfer/engine.h"
+#include "openinfer/common.h"
 #include "proto/openinfer.pb.h"
 
 #define OI_WIRE_PROTOCOL_VERSION 1u

@@ -17,7 +17,8 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "openinfer/executor.h"
+#include "openinfer/experimental.h"
+#include "openinfer/model.h"
 #include "refmodel/refmodel_cuda.h"
 
 #define REFMODEL_MAX_RANKS 1024

@@ -4,11 +4,10 @@
  * head, greedy argmax) with bf16 weights, activations and KV and fp32
  * accumulation and residual stream. A forward batch runs as one flattened
  * set of rows through every layer; each kernel is batch-invariant (see
- * kernels/refmodel_kernels.h), so a row's KV bytes and logits do not depend
+ * kernels/refmodel_kernels.h; CUDA runtime calls through
+ * kernels/refmodel_runtime.h), so a row's KV bytes and logits do not depend
  * on the other rows or on chunking. forward returns after the stream drained,
  * so the KV it wrote is complete when the executor saves it. */
-#include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -16,9 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/refmodel_kernels.h"
+#include "refmodel/kernels/refmodel_gen.h"
+#include "refmodel/kernels/refmodel_kernels.h"
+#include "refmodel/kernels/refmodel_runtime.h"
 #include "refmodel/refmodel_cuda.h"
-#include "refmodel/refmodel_gen.h"
 
 #define RM_MAX_RANKS 1024
 
@@ -29,7 +29,7 @@ typedef struct rm_layer {
 
 typedef struct rm_rank {
   oi_kv_layout kv;
-  cudaStream_t stream;
+  oi_rmk_stream stream;
   uint32_t cap_t, cap_r, cap_seg;
   size_t cap_meta;
   float *x, *part_o, *part_ml, *logits;
@@ -53,8 +53,8 @@ struct oi_rm_cuda {
 };
 
 static oi_status cu_fail(int err, const char *what) {
-  cudaGetLastError();
-  return oi__fail(OI_ERR_CUDA, "refmodel cuda: %s: %s", what, cudaGetErrorString((cudaError_t)err));
+  oi_rmk_get_last_error();
+  return oi__fail(OI_ERR_CUDA, "refmodel cuda: %s: %s", what, oi_rmk_error_string(err));
 }
 
 oi_status oi__rm_cuda_check(const oi_refmodel_options *o) {
@@ -72,10 +72,10 @@ oi_status oi__rm_cuda_check(const oi_refmodel_options *o) {
 
 void oi__rm_cuda_destroy(oi_rm_cuda *m) {
   if (!m) return;
-  cudaSetDevice(m->dev);
+  oi_rmk_set_device(m->dev);
   for (uint32_t i = 0; i < RM_MAX_RANKS; i++)
     if (m->ranks[i]) oi__rm_cuda_unbind(m, i);
-  if (m->wmem) cudaFree(m->wmem);
+  if (m->wmem) oi_rmk_free(m->wmem);
   oi__free(m->layers);
   pthread_mutex_destroy(&m->lock);
   oi__free(m);
@@ -86,8 +86,8 @@ oi_status oi__rm_cuda_create(const oi_refmodel_options *o, oi_rm_cuda **out) {
   oi_status st = oi__rm_cuda_check(o);
   if (st != OI_OK) return st;
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || o->device >= n) {
-    cudaGetLastError();
+  if (oi_rmk_get_device_count(&n) != OI_RMK_SUCCESS || o->device >= n) {
+    oi_rmk_get_last_error();
     return oi__fail(OI_ERR_NO_DEVICE, "refmodel: CUDA device %d: %d device(s) visible", o->device,
                     n);
   }
@@ -111,14 +111,14 @@ oi_status oi__rm_cuda_create(const oi_refmodel_options *o, oi_rm_cuda **out) {
                      RM_AL(2 * F * H * 2) + RM_AL(H * F * 2);
   size_t total = 2 * RM_AL(V * H * 2) + RM_AL(H * 4) + m->L * per_layer +
                  2 * RM_AL((size_t)o->max_positions * half * 4);
-  cudaSetDevice(m->dev);
-  cudaError_t e = cudaMalloc(&m->wmem, total);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
+  oi_rmk_set_device(m->dev);
+  int e = oi_rmk_malloc(&m->wmem, total);
+  if (e != OI_RMK_SUCCESS) {
+    oi_rmk_get_last_error();
     m->wmem = NULL;
     oi__rm_cuda_destroy(m);
     return oi__fail(OI_ERR_OUT_OF_MEMORY, "refmodel: cudaMalloc of %zu bytes of weights: %s", total,
-                    cudaGetErrorString(e));
+                    oi_rmk_error_string(e));
   }
   uint8_t *p = m->wmem;
 #define RM_TAKE(ptr, type, bytes) (ptr = (type *)p, p += RM_AL(bytes))
@@ -176,12 +176,12 @@ oi_status oi__rm_cuda_create(const oi_refmodel_options *o, oi_rm_cuda **out) {
         c[pos * half + i] = (float)cos(a);
         s[pos * half + i] = (float)sin(a);
       }
-    err = (int)cudaMemcpy(m->rope_cos, c, n_rope * 4, cudaMemcpyHostToDevice);
-    if (!err) err = (int)cudaMemcpy(m->rope_sin, s, n_rope * 4, cudaMemcpyHostToDevice);
+    err = (int)oi_rmk_memcpy(m->rope_cos, c, n_rope * 4, OI_RMK_HOST_TO_DEVICE);
+    if (!err) err = (int)oi_rmk_memcpy(m->rope_sin, s, n_rope * 4, OI_RMK_HOST_TO_DEVICE);
     free(c);
     free(s);
   }
-  if (!err) err = (int)cudaDeviceSynchronize();
+  if (!err) err = (int)oi_rmk_device_synchronize();
   if (err) {
     oi_status fs = cu_fail(err, "generating the weights");
     oi__rm_cuda_destroy(m);
@@ -199,10 +199,10 @@ static void free_scratch(rm_rank *r) {
   void *dev_ptrs[] = {r->x, r->part_o, r->part_ml, r->logits, r->h, r->qkv,
                       r->attn, r->act, r->hl, r->next, r->meta_d};
   for (size_t i = 0; i < sizeof dev_ptrs / sizeof dev_ptrs[0]; i++)
-    if (dev_ptrs[i]) cudaFree(dev_ptrs[i]);
-  if (r->meta_h) cudaFreeHost(r->meta_h);
-  if (r->logits_h) cudaFreeHost(r->logits_h);
-  if (r->next_h) cudaFreeHost(r->next_h);
+    if (dev_ptrs[i]) oi_rmk_free(dev_ptrs[i]);
+  if (r->meta_h) oi_rmk_free_host(r->meta_h);
+  if (r->logits_h) oi_rmk_free_host(r->logits_h);
+  if (r->next_h) oi_rmk_free_host(r->next_h);
   r->x = r->part_o = r->part_ml = r->logits = NULL;
   r->h = r->qkv = r->attn = r->act = r->hl = NULL;
   r->next = NULL;
@@ -226,12 +226,12 @@ static oi_status ensure_scratch(oi_rm_cuda *m, rm_rank *r, uint32_t T, uint32_t 
   uint32_t ns = OI_MAX(nseg, r->cap_seg);
   size_t mb = OI_MAX(meta, r->cap_meta + r->cap_meta / 2);
   mb = OI_MAX(mb, meta_bytes(t, rr, t + 1024, 65536));
-  cudaStreamSynchronize(r->stream);
+  oi_rmk_stream_synchronize(r->stream);
   free_scratch(r);
   size_t H = m->H;
-  cudaError_t e = cudaSuccess;
+  int e = OI_RMK_SUCCESS;
 #define RM_DM(ptr, bytes) \
-  if (e == cudaSuccess) e = cudaMalloc((void **)&(ptr), (bytes))
+  if (e == OI_RMK_SUCCESS) e = oi_rmk_malloc((void **)&(ptr), (bytes))
   RM_DM(r->x, (size_t)t * H * 4);
   RM_DM(r->h, (size_t)t * H * 2);
   RM_DM(r->qkv, (size_t)t * m->QKV * 2);
@@ -244,16 +244,16 @@ static oi_status ensure_scratch(oi_rm_cuda *m, rm_rank *r, uint32_t T, uint32_t 
   RM_DM(r->next, (size_t)rr * 4);
   RM_DM(r->meta_d, mb);
 #undef RM_DM
-  if (e == cudaSuccess) e = cudaHostAlloc((void **)&r->meta_h, mb, cudaHostAllocPortable);
-  if (e == cudaSuccess)
-    e = cudaHostAlloc((void **)&r->logits_h, (size_t)rr * m->V * 4, cudaHostAllocPortable);
-  if (e == cudaSuccess) e = cudaHostAlloc((void **)&r->next_h, (size_t)rr * 4, cudaHostAllocPortable);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
+  if (e == OI_RMK_SUCCESS) e = oi_rmk_host_alloc((void **)&r->meta_h, mb, OI_RMK_HOST_ALLOC_PORTABLE);
+  if (e == OI_RMK_SUCCESS)
+    e = oi_rmk_host_alloc((void **)&r->logits_h, (size_t)rr * m->V * 4, OI_RMK_HOST_ALLOC_PORTABLE);
+  if (e == OI_RMK_SUCCESS) e = oi_rmk_host_alloc((void **)&r->next_h, (size_t)rr * 4, OI_RMK_HOST_ALLOC_PORTABLE);
+  if (e != OI_RMK_SUCCESS) {
+    oi_rmk_get_last_error();
     free_scratch(r);
     return oi__fail(OI_ERR_OUT_OF_MEMORY,
                     "refmodel cuda: no memory for the scratch of %u rows (%u segments): %s", t, ns,
-                    cudaGetErrorString(e));
+                    oi_rmk_error_string(e));
   }
   r->cap_t = t, r->cap_r = rr, r->cap_seg = ns, r->cap_meta = mb;
   return OI_OK;
@@ -278,15 +278,15 @@ oi_status oi__rm_cuda_bind(oi_rm_cuda *m, uint32_t rank, const oi_kv_layout *kv)
   rm_rank *r = oi__calloc(1, sizeof *r);
   if (!r) return oi__fail(OI_ERR_OUT_OF_MEMORY, "refmodel bind: out of memory");
   r->kv = *kv;
-  cudaSetDevice(m->dev);
-  cudaError_t e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
-  if (e != cudaSuccess) {
+  oi_rmk_set_device(m->dev);
+  int e = oi_rmk_stream_create(&r->stream, OI_RMK_STREAM_NON_BLOCKING);
+  if (e != OI_RMK_SUCCESS) {
     oi__free(r);
     return cu_fail((int)e, "bind: stream");
   }
   oi_status st = ensure_scratch(m, r, 256, 8, 1, 0);
   if (st != OI_OK) {
-    cudaStreamDestroy(r->stream);
+    oi_rmk_stream_destroy(r->stream);
     oi__free(r);
     return st;
   }
@@ -295,9 +295,9 @@ oi_status oi__rm_cuda_bind(oi_rm_cuda *m, uint32_t rank, const oi_kv_layout *kv)
   m->ranks[rank] = r;
   pthread_mutex_unlock(&m->lock);
   if (old) {
-    cudaStreamSynchronize(old->stream);
+    oi_rmk_stream_synchronize(old->stream);
     free_scratch(old);
-    cudaStreamDestroy(old->stream);
+    oi_rmk_stream_destroy(old->stream);
     oi__free(old);
   }
   return OI_OK;
@@ -310,10 +310,10 @@ void oi__rm_cuda_unbind(oi_rm_cuda *m, uint32_t rank) {
   m->ranks[rank] = NULL;
   pthread_mutex_unlock(&m->lock);
   if (!r) return;
-  cudaSetDevice(m->dev);
-  cudaStreamSynchronize(r->stream);
+  oi_rmk_set_device(m->dev);
+  oi_rmk_stream_synchronize(r->stream);
   free_scratch(r);
-  cudaStreamDestroy(r->stream);
+  oi_rmk_stream_destroy(r->stream);
   oi__free(r);
 }
 
@@ -363,7 +363,7 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
   if (T64 == 0) return OI_OK;
   if (T64 > (1u << 24)) return oi__fail(OI_ERR_INVALID_ARGUMENT, "refmodel: batch too large");
   uint32_t T = (uint32_t)T64;
-  cudaSetDevice(m->dev);
+  oi_rmk_set_device(m->dev);
   size_t mb = meta_bytes(T, R, items, tab);
   oi_status st = ensure_scratch(m, r, T, R, nseg, mb);
   if (st != OI_OK) return st;
@@ -401,9 +401,9 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
     row += s->n_tokens;
     to += nb;
   }
-  cudaStream_t cs = r->stream;
+  oi_rmk_stream cs = r->stream;
   uint8_t *dp = r->meta_d;
-  int err = (int)cudaMemcpyAsync(dp, hp, o_end, cudaMemcpyHostToDevice, cs);
+  int err = (int)oi_rmk_memcpy_async(dp, hp, o_end, OI_RMK_HOST_TO_DEVICE, cs);
   const uint32_t *d_tok = (const uint32_t *)(dp + o_tok), *d_pos = (const uint32_t *)(dp + o_pos);
   const uint64_t *d_slot = (const uint64_t *)(dp + o_slot);
   const uint32_t *d_lrow = (const uint32_t *)(dp + o_lrow);
@@ -448,7 +448,7 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
       what = "qkv gemm", err = oi_rm_gemm(OI_RM_EPI_BF16, r->h, w->wqkv, r->qkv, T, m->QKV, m->H, cs);
     for (uint32_t i = 0; i < n_waits && !err; i++) {
       void *ev = kv_events[(size_t)i * m->L + l];
-      if (ev) what = "restore wait", err = (int)cudaStreamWaitEvent(cs, (cudaEvent_t)ev, 0);
+      if (ev) what = "restore wait", err = (int)oi_rmk_stream_wait_event(cs, ev, 0);
     }
     if (!err)
       what = "rope", err = oi_rm_rope_kv(r->qkv, d_pos, d_slot, T, m->qh, m->kvh, m->hd,
@@ -472,14 +472,14 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
       what = "lm head", err = oi_rm_gemm(OI_RM_EPI_F32, r->hl, m->lm_head, r->logits, R, m->V, m->H, cs);
     if (!err) what = "argmax", err = oi_rm_argmax(r->logits, R, m->V, r->next, cs);
     if (!err)
-      what = "token copy", err = (int)cudaMemcpyAsync(r->next_h, r->next, (size_t)R * 4,
-                                                      cudaMemcpyDeviceToHost, cs);
+      what = "token copy", err = (int)oi_rmk_memcpy_async(r->next_h, r->next, (size_t)R * 4,
+                                                      OI_RMK_DEVICE_TO_HOST, cs);
     if (!err && want_logits)
-      what = "logits copy", err = (int)cudaMemcpyAsync(r->logits_h, r->logits, (size_t)R * m->V * 4,
-                                                       cudaMemcpyDeviceToHost, cs);
+      what = "logits copy", err = (int)oi_rmk_memcpy_async(r->logits_h, r->logits, (size_t)R * m->V * 4,
+                                                       OI_RMK_DEVICE_TO_HOST, cs);
   }
-  cudaError_t se = cudaStreamSynchronize(cs);
-  if (!err && se != cudaSuccess) what = "forward", err = (int)se;
+  int se = oi_rmk_stream_synchronize(cs);
+  if (!err && se != OI_RMK_SUCCESS) what = "forward", err = (int)se;
   if (err) return cu_fail(err, what);
   ri = 0;
   for (uint32_t i = 0; i < b->n_seqs; i++) {
@@ -490,128 +490,4 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
     ri++;
   }
   return OI_OK;
-}
-
-/* ---- GEMM rate ----------------------------------------------------------------------- */
-
-typedef void *cublas_handle;
-typedef int (*pfn_cublas_create)(cublas_handle *);
-typedef int (*pfn_cublas_destroy)(cublas_handle);
-typedef int (*pfn_cublas_set_stream)(cublas_handle, cudaStream_t);
-typedef int (*pfn_cublas_gemm_ex)(cublas_handle, int, int, int, int, int, const void *, const void *,
-                                  int, int, const void *, int, int, const void *, void *, int, int,
-                                  int, int);
-/* cublas_api.h / library_types.h values */
-#define CUBLAS_OP_N_ 0
-#define CUBLAS_OP_T_ 1
-#define CUDA_R_32F_ 0
-#define CUDA_R_16BF_ 14
-#define CUBLAS_COMPUTE_32F_ 68
-#define CUBLAS_GEMM_DEFAULT_ (-1)
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-oi_status oi__rm_cuda_gemm_bench(int device, uint32_t M, uint32_t N, uint32_t K, uint32_t iters,
-                                 oi_rm_gemm_bench *out) {
-  memset(out, 0, sizeof *out);
-  if (K % 64 || N % 2 || !iters || iters > 1000)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "gemm bench: K %% 64, N even, iters 1..1000");
-  if (cudaSetDevice(device) != cudaSuccess) return cu_fail((int)cudaGetLastError(), "gemm bench");
-  uint16_t *A = NULL, *W = NULL;
-  float *C = NULL, *C2 = NULL;
-  cudaStream_t s = NULL;
-  cudaEvent_t e0 = NULL, e1 = NULL;
-  double *ms = calloc(iters, sizeof *ms);
-  oi_status st = OI_OK;
-  cudaError_t e = cudaMalloc((void **)&A, (size_t)M * K * 2);
-  if (!e) e = cudaMalloc((void **)&W, (size_t)N * K * 2);
-  if (!e) e = cudaMalloc((void **)&C, (size_t)M * N * 4);
-  if (!e) e = cudaMalloc((void **)&C2, (size_t)M * N * 4);
-  if (!e) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (!e) e = cudaEventCreate(&e0);
-  if (!e) e = cudaEventCreate(&e1);
-  if (e || !ms) {
-    st = cu_fail((int)e, "gemm bench: setup");
-    goto done;
-  }
-  oi_rm_fill_random(A, (uint64_t)M * K, 11, s);
-  oi_rm_fill_random(W, (uint64_t)N * K, 12, s);
-  double flops = 2.0 * M * N * K;
-  for (uint32_t i = 0; i < iters + 2; i++) {
-    cudaEventRecord(e0, s);
-    int err = oi_rm_gemm(OI_RM_EPI_F32, A, W, C, M, N, K, s);
-    cudaEventRecord(e1, s);
-    if (err || (err = (int)cudaEventSynchronize(e1))) {
-      st = cu_fail(err, "gemm bench: gemm");
-      goto done;
-    }
-    float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
-    if (i >= 2) ms[i - 2] = t;
-  }
-  qsort(ms, iters, sizeof *ms, cmp_double);
-  out->mine_tflops = flops / (ms[iters / 2] * 1e-3) / 1e12;
-
-  const char *libs[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so",
-                        "/usr/local/cuda/lib64/libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so"};
-  void *lib = NULL;
-  for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !lib; i++) lib = dlopen(libs[i], RTLD_NOW);
-  if (!lib) goto done;
-  pfn_cublas_create c_create = (pfn_cublas_create)dlsym(lib, "cublasCreate_v2");
-  pfn_cublas_destroy c_destroy = (pfn_cublas_destroy)dlsym(lib, "cublasDestroy_v2");
-  pfn_cublas_set_stream c_stream = (pfn_cublas_set_stream)dlsym(lib, "cublasSetStream_v2");
-  pfn_cublas_gemm_ex c_gemm = (pfn_cublas_gemm_ex)dlsym(lib, "cublasGemmEx");
-  cublas_handle hdl = NULL;
-  if (!c_create || !c_destroy || !c_stream || !c_gemm || c_create(&hdl) != 0) goto done;
-  c_stream(hdl, s);
-  float alpha = 1.0f, beta = 0.0f;
-  int ok = 1;
-  for (uint32_t i = 0; i < iters + 2 && ok; i++) {
-    cudaEventRecord(e0, s);
-    /* column-major: C^T (N x M) = W (N x K, stored K x N) ^T . A^T (K x M) */
-    ok = c_gemm(hdl, CUBLAS_OP_T_, CUBLAS_OP_N_, (int)N, (int)M, (int)K, &alpha, W, CUDA_R_16BF_,
-                (int)K, A, CUDA_R_16BF_, (int)K, &beta, C2, CUDA_R_32F_, (int)N,
-                CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_) == 0;
-    cudaEventRecord(e1, s);
-    cudaEventSynchronize(e1);
-    float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
-    if (i >= 2) ms[i - 2] = t;
-  }
-  if (ok) {
-    qsort(ms, iters, sizeof *ms, cmp_double);
-    out->cublas_tflops = flops / (ms[iters / 2] * 1e-3) / 1e12;
-    out->cublas_found = 1;
-    /* Compare a sample of rows. */
-    size_t rows = OI_MIN(M, 64u);
-    float *h1 = malloc(rows * N * 4), *h2 = malloc(rows * N * 4);
-    if (h1 && h2 && cudaMemcpy(h1, C, rows * N * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
-        cudaMemcpy(h2, C2, rows * N * 4, cudaMemcpyDeviceToHost) == cudaSuccess) {
-      double mx = 0, md = 0;
-      for (size_t i = 0; i < rows * N; i++) {
-        mx = fmax(mx, fabs(h2[i]));
-        md = fmax(md, fabs((double)h1[i] - h2[i]));
-      }
-      out->max_rel_diff = mx > 0 ? md / mx : md;
-    } else {
-      out->max_rel_diff = -1;
-    }
-    free(h1);
-    free(h2);
-  }
-  c_destroy(hdl);
-done:
-  cudaGetLastError();
-  if (e0) cudaEventDestroy(e0);
-  if (e1) cudaEventDestroy(e1);
-  if (s) cudaStreamDestroy(s);
-  cudaFree(A);
-  cudaFree(W);
-  cudaFree(C);
-  cudaFree(C2);
-  free(ms);
-  return st;
 }

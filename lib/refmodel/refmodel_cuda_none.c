@@ -26,13 +26,3 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
   OI_UNUSED(b);
   return oi__fail(OI_ERR_UNSUPPORTED, "refmodel: this build has no CUDA backend");
 }
-oi_status oi__rm_cuda_gemm_bench(int device, uint32_t M, uint32_t N, uint32_t K, uint32_t iters,
-                                 oi_rm_gemm_bench *out) {
-  OI_UNUSED(device);
-  OI_UNUSED(M);
-  OI_UNUSED(N);
-  OI_UNUSED(K);
-  OI_UNUSED(iters);
-  OI_UNUSED(out);
-  return oi__fail(OI_ERR_UNSUPPORTED, "refmodel: this build has no CUDA backend");
-}

@@ -13,7 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "server_internal.h"
+#include "server/server_internal.h"
 
 OI_API oi_status oi_server_options_init(oi_server_options *o) {
   if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_options_init: options is NULL");

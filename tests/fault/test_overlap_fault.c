@@ -1,5 +1,5 @@
 /* Overlapped restores whose load is still copying when the forward runs
- * (OI_RESTORE_OVERLAP=host on the cpu backend; the copy_slow fault holds the
+ * (restore_overlap HOST on the cpu backend; the copy_slow fault holds the
  * load for 300 ms, longer than restore_timeout_ms, so the worker runs the
  * forward before the load ends):
  *   - the forward fails: the request fails, and its restore blocks stay held
@@ -59,6 +59,7 @@ static void test_overlapped_restore_with_its_load_still_copying(void) {
   o.gpu_blocks = 32;
   o.offload = OI_OFFLOAD_EMBEDDED;
   o.restore_timeout_ms = 50;
+  o.restore_overlap = OI_RESTORE_OVERLAP_HOST;
   oi_executor *x = NULL;
   REQUIRE(oi_executor_create(&o, &x) == OI_OK);
 
@@ -133,7 +134,6 @@ static void test_overlapped_restore_with_its_load_still_copying(void) {
 
 int main(void) {
   REQUIRE_FAULTS();
-  setenv("OI_RESTORE_OVERLAP", "host", 1);
   RUN_TEST(test_overlapped_restore_with_its_load_still_copying);
   TEST_EXIT();
 }

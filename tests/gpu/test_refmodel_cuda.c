@@ -12,7 +12,7 @@
 #include <math.h>
 
 #include "device/device.h"
-#include "refmodel/refmodel_gen.h"
+#include "refmodel/kernels/refmodel_gen.h"
 #include "testutil.h"
 
 #define L_ 2

@@ -6,7 +6,10 @@
  *    (loads, pinned-for-load blocks, namespaces, latency histograms) and an
  *    old caller's smaller struct_size;
  *  - the host's progress hook;
- *  - log lines carry instance=N for engine events. */
+ *  - log lines carry instance=N for engine events;
+ *  - oi_server_stats_fetch against a live server with one client: argument
+ *    errors, a missing server, every field, an old caller's smaller structs
+ *    (and the namespaces' stride). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -113,6 +116,88 @@ static void test_server_health(void) {
   so.metrics_addr = "127.0.0.1:99999";
   CHECK_ST(oi_server_create(&so, &srv), OI_ERR_INVALID_ARGUMENT);
   CHECK(oi_server_metrics_port(NULL) == 0);
+}
+
+/* ---- oi_server_stats_fetch ------------------------------------------------------- */
+
+static void test_server_stats_fetch(void) {
+  char dir[] = "/tmp/oi-obs-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  char sock[128], none[128];
+  snprintf(sock, sizeof sock, "%s/s", dir);
+  snprintf(none, sizeof none, "%s/nothing", dir);
+  oi_server_stats ss = {.struct_size = sizeof ss};
+  oi_host_stats hs = {.struct_size = sizeof hs};
+  CHECK_ST(oi_server_stats_fetch(sock, 0, NULL, NULL, NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_server_stats_fetch(sock, 0, &ss, NULL, NULL, 4), OI_ERR_INVALID_ARGUMENT);
+  oi_server_stats bad = {.struct_size = 0};
+  CHECK_ST(oi_server_stats_fetch(sock, 0, &bad, NULL, NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_server_stats_fetch(none, 0, &ss, NULL, NULL, 0), OI_ERR_NOT_FOUND);
+
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 16 << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  oi_server_options so;
+  oi_server_options_init(&so);
+  so.socket_path = sock;
+  so.host = &ho;
+  oi_server *srv;
+  REQUIRE(oi_server_create(&so, &srv) == OI_OK);
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, run_server, srv) == 0);
+  /* A namespace, so the list has an entry: one client engine, registered. */
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  oi_arena_desc ad = {.name = "kv", .num_blocks = 4, .bytes_per_block = 256,
+                      .block_stride = 256, .segments = 1};
+  eo.namespace_id = "fetch-ns";
+  eo.arenas = &ad;
+  eo.num_arenas = 1;
+  oi_offload_engine *e = NULL;
+  oi_imported_arena *ia = NULL;
+  oi_status st = OI_ERR_NOT_FOUND;
+  for (int i = 0; i < 500 && st == OI_ERR_NOT_FOUND; i++) {
+    st = oi_offload_engine_connect(sock, &eo, &e, &ia);
+    if (st == OI_ERR_NOT_FOUND) usleep(10000);
+  }
+  REQUIRE(st == OI_OK);
+
+  oi_namespace_stats ns[2];
+  memset(ns, 0, sizeof ns);
+  ns[0].struct_size = sizeof ns[0];
+  CHECK_OK(oi_server_stats_fetch(sock, 5000, &ss, &hs, ns, 2));
+  CHECK(ss.struct_size == sizeof ss);
+  CHECK(ss.epoch == oi_server_epoch(srv));
+  CHECK(strcmp(ss.server_version, oi_version_string()) == 0);
+  CHECK(strcmp(ss.socket_path, sock) == 0);
+  CHECK(ss.sessions >= 1 && ss.instances == 1 && ss.arena_bytes >= 4 * 256);
+  CHECK(ss.uptime_ns > 0);
+  CHECK(ss.namespaces == 1);
+  CHECK(hs.capacity_bytes == 16 << 20 && hs.latency_buckets == OI_LATENCY_BUCKETS);
+  CHECK(hs.namespaces == 1);
+  CHECK(strcmp(ns[0].name, "fetch-ns") == 0 && ns[0].index == 0 && ns[0].block_bytes == 256);
+  CHECK(ns[1].struct_size == 0); /* past the server's list: untouched */
+
+  /* An older caller: smaller structs (the stride follows namespaces[0]). */
+  struct {
+    uint32_t struct_size, namespaces;
+  } old = {.struct_size = sizeof old};
+  struct {
+    uint32_t struct_size, index;
+    char name[256];
+  } old_ns[1] = {{.struct_size = sizeof old_ns[0]}};
+  CHECK_OK(oi_server_stats_fetch(sock, 5000, (oi_server_stats *)&old, NULL,
+                                 (oi_namespace_stats *)old_ns, 1));
+  CHECK(old.struct_size == sizeof old && old.namespaces == 1);
+  CHECK(old_ns[0].struct_size == sizeof old_ns[0] && strcmp(old_ns[0].name, "fetch-ns") == 0);
+
+  oi_imported_arena_close(ia);
+  oi_offload_engine_destroy(e);
+  oi_server_stop(srv);
+  pthread_join(th, NULL);
+  oi_server_destroy(srv);
+  rmdir(dir);
 }
 
 /* ---- embedded stats ------------------------------------------------------------- */
@@ -264,5 +349,6 @@ int main(void) {
   RUN_TEST(test_histogram_buckets);
   RUN_TEST(test_embedded_stats);
   RUN_TEST(test_server_health);
+  RUN_TEST(test_server_stats_fetch);
   TEST_EXIT();
 }

@@ -274,6 +274,23 @@ oi_status oi_server_stop(oi_server *s);
 uint64_t oi_server_epoch(const oi_server *s);
 const char *oi_server_socket_path(const oi_server *s);
 void oi_server_destroy(oi_server *s);
+typedef struct oi_server_stats {
+  uint32_t struct_size;
+  uint32_t namespaces;
+  char server_version[64];
+  uint64_t epoch;
+  uint64_t uptime_ns;
+  uint64_t sessions;
+  uint64_t instances;
+  uint64_t arena_bytes;
+  uint64_t instances_cleaned_up;
+  char socket_path[108];
+  ...;
+} oi_server_stats;
+typedef struct oi_namespace_stats oi_namespace_stats;
+oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+                                oi_server_stats *out, oi_host_stats *host,
+                                oi_namespace_stats *namespaces, uint32_t cap);
 
 /* executor.h */
 typedef struct oi_executor oi_executor;
@@ -350,7 +367,13 @@ typedef struct oi_refmodel_options {
 oi_status oi_refmodel_options_init(oi_refmodel_options *o);
 oi_status oi_refmodel_create(const oi_refmodel_options *o, oi_model_ops *ops_out, void **ctx_out);
 void oi_refmodel_destroy(void *ctx);
+typedef struct oi_device_buffer oi_device_buffer;
+oi_status oi_device_buffer_alloc(int device, uint64_t bytes, oi_device_buffer **out);
+void *oi_device_buffer_ptr(const oi_device_buffer *b);
+oi_status oi_device_buffer_copy(oi_device_buffer *b, void *dst, const void *src, uint64_t bytes);
+void oi_device_buffer_free(oi_device_buffer *b);
 typedef enum oi_offload_mode { OI_OFFLOAD_NONE, OI_OFFLOAD_EMBEDDED, OI_OFFLOAD_SIDECAR, ... } oi_offload_mode;
+typedef enum oi_restore_overlap { OI_RESTORE_OVERLAP_AUTO, OI_RESTORE_OVERLAP_OFF, OI_RESTORE_OVERLAP_HOST, ... } oi_restore_overlap;
 typedef void (*oi_token_fn)(void *ctx, uint64_t request_id, uint32_t token, uint32_t index,
                             int finished);
 typedef int (*oi_executor_fault_fn)(void *ctx, uint32_t rank, uint64_t request_id, uint32_t fault);
@@ -376,6 +399,7 @@ typedef struct oi_executor_options {
   uint32_t flush_timeout_ms;
   oi_executor_fault_fn fault_hook;
   void *fault_ctx;
+  uint32_t restore_overlap;
   ...;
 } oi_executor_options;
 typedef struct oi_request {
@@ -454,10 +478,12 @@ extern "Python" void _oi_py_token(void *ctx, uint64_t request_id, uint32_t token
                                   int finished);
 """
 
-# The public headers this module binds.
-HEADERS = ["common.h", "device.h", "hash.h", "host.h", "engine.h", "server.h", "executor.h"]
+# The public headers this module binds. RefModel needs the experimental API
+# (experimental.h: the reference model), visible with OI_EXPERIMENTAL.
+HEADERS = ["common.h", "device.h", "hash.h", "host.h", "engine.h", "server.h", "model.h",
+           "executor.h", "experimental.h"]
 
-SOURCE = "\n".join('#include <openinfer/%s>' % h for h in HEADERS) + "\n"
+SOURCE = "#define OI_EXPERIMENTAL 1\n" + "\n".join('#include <openinfer/%s>' % h for h in HEADERS) + "\n"
 
 
 def _locate():

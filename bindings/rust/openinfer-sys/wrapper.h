@@ -5,4 +5,9 @@
 #include <openinfer/host.h>
 #include <openinfer/engine.h>
 #include <openinfer/server.h>
+#include <openinfer/model.h>
 #include <openinfer/executor.h>
+/* The experimental API (the reference model) is bound too: it is exported
+ * under OPENINFER_EXPERIMENTAL_0.1 and may change in any release. */
+#define OI_EXPERIMENTAL 1
+#include <openinfer/experimental.h>

@@ -1,6 +1,6 @@
 // The reference model's paged attention and segment merge (see refmodel.cu for
 // batch invariance).
-#include "refmodel/refmodel_gen.h"
+#include "refmodel_gen.h"
 #include "refmodel_common.cuh"
 #include "refmodel_kernels.h"
 

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_cuda.h"
 #include "cli.h"
 #include "device/device.h"
 #include "openinfer/openinfer.h"
@@ -180,14 +181,20 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
 /* Raw device-layer copies: the bulk ceiling (one piece) and the naive loop
  * (one cudaMemcpyAsync per block x arena). Returns GB/s (median). */
 static double raw_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, bool bulk, uint8_t *host) {
-  oi_stream *st = NULL;
-  if (env->dev->ops->stream_create(env->dev, 1, &st) != OI_OK) return 0;
+  void *st = NULL;
+  if (bench_cuda_stream_create(env->device, &st) != 0) {
+    bench_cuda_stream_destroy(st);
+    return 0;
+  }
   size_t n = bulk ? 1 : (size_t)s->sh->blocks * s->narenas;
-  oi_copy_desc *d = calloc(n, sizeof *d);
-  if (!d) return 0;
+  bench_piece *d = calloc(n, sizeof *d);
+  if (!d) {
+    bench_cuda_stream_destroy(st);
+    return 0;
+  }
   if (bulk) {
-    d[0] = dir == OI_COPY_D2H ? (oi_copy_desc){(uintptr_t)s->region, (uintptr_t)host, s->total}
-                              : (oi_copy_desc){(uintptr_t)host, (uintptr_t)s->region, s->total};
+    d[0] = dir == OI_COPY_D2H ? (bench_piece){(uintptr_t)s->region, (uintptr_t)host, s->total}
+                              : (bench_piece){(uintptr_t)host, (uintptr_t)s->region, s->total};
   } else {
     size_t k = 0;
     for (uint64_t b = 0; b < s->sh->blocks; b++) {
@@ -196,22 +203,20 @@ static double raw_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, bool bulk
         uintptr_t dv = (uintptr_t)s->arenas[a].base + (uint64_t)s->ids[b] * s->arenas[a].block_stride;
         uintptr_t hs = (uintptr_t)host + hoff;
         hoff += s->arenas[a].bytes_per_block;
-        d[k++] = dir == OI_COPY_D2H ? (oi_copy_desc){dv, hs, s->arenas[a].bytes_per_block}
-                                    : (oi_copy_desc){hs, dv, s->arenas[a].bytes_per_block};
+        d[k++] = dir == OI_COPY_D2H ? (bench_piece){dv, hs, s->arenas[a].bytes_per_block}
+                                    : (bench_piece){hs, dv, s->arenas[a].bytes_per_block};
       }
     }
   }
-  oi_copy_params p = {.mode = OI_XFER_PIECEWISE};
   double v[16];
   int reps = env->reps;
   for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
     uint64_t t0 = oi__now_ns();
-    env->dev->ops->stream_copy(st, dir, d, n, &p);
-    env->dev->ops->stream_sync(st);
+    bench_cuda_piecewise(st, d, n);
     if (r >= 0) v[r] = (double)s->total / (double)(oi__now_ns() - t0);
   }
   free(d);
-  env->dev->ops->stream_destroy(st);
+  bench_cuda_stream_destroy(st);
   return median(v, reps);
 }
 
@@ -461,11 +466,11 @@ int bench_transfer(int argc, char **argv) {
     /* Interference: a compute-bound kernel stream alone, then with saves running. */
     uint32_t sms = info.multiprocessors, iters = 20000, count = 50;
     uint64_t t0 = oi__now_ns();
-    env.dev->ops->bench_spin(env.dev, sms * 4, iters, count);
+    bench_cuda_spin(env.device, sms * 4, iters, count);
     double per_kernel = (double)(oi__now_ns() - t0) / count;
     count = (uint32_t)(1.5e9 / per_kernel) + 1;
     t0 = oi__now_ns();
-    env.dev->ops->bench_spin(env.dev, sms * 4, iters, count);
+    bench_cuda_spin(env.device, sms * 4, iters, count);
     double alone = count / ((double)(oi__now_ns() - t0) / 1e9);
     if (!env.json) fprintf(out, "compute interference (compute-bound stream alone: %.0f kernels/s)\n", alone);
     else fprintf(out, ",\"interference\":{\"alone_kps\":%.1f", alone);
@@ -496,7 +501,7 @@ int bench_transfer(int argc, char **argv) {
       usleep(100000);
       uint64_t b0 = atomic_load(&j.bytes);
       t0 = oi__now_ns();
-      env.dev->ops->bench_spin(env.dev, sms * 4, iters, count);
+      bench_cuda_spin(env.device, sms * 4, iters, count);
       double dt = (double)(oi__now_ns() - t0);
       uint64_t b1 = atomic_load(&j.bytes);
       atomic_store(&j.stop, true);

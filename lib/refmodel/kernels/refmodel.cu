@@ -7,7 +7,7 @@
 // with fixed trees per row, and attention walks keys in absolute 64-key tiles
 // inside absolute 2048-key segments that are merged in segment order, for
 // prefill and decode alike.
-#include "refmodel/refmodel_gen.h"
+#include "refmodel_gen.h"
 #include "refmodel_common.cuh"
 #include "refmodel_kernels.h"
 

@@ -7,7 +7,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include "refmodel/refmodel_gen.h"
+#include "refmodel_gen.h"
 #include "refmodel_common.cuh"
 #include "refmodel_hopper.cuh"
 #include "refmodel_kernels.h"

@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_cuda.h"
 #include "cli.h"
 #include "device/device.h"
 #include "executor/executor_internal.h"
 #include "openinfer/openinfer.h"
-#include "refmodel/refmodel_cuda.h"
-#include "refmodel/refmodel_gen.h"
+#include "refmodel/kernels/refmodel_gen.h"
 
 #define MAX_SIZES 8
 #define MAX_REPS 16
@@ -167,9 +167,9 @@ int bench_ttft(int argc, char **argv) {
 
   /* 1. dense bf16 matmul rate, 8192^3: the model's GEMM and cuBLAS. */
   fprintf(stderr, "bench ttft: matmul rate...\n");
-  oi_rm_gemm_bench g8 = {0}, gm = {0};
-  if (oi__rm_cuda_gemm_bench((int)device, 8192, 8192, 8192, 10, &g8) != OI_OK ||
-      oi__rm_cuda_gemm_bench((int)device, 4096, 2 * 9728, 2560, 10, &gm) != OI_OK) {
+  bench_gemm_result g8 = {0}, gm = {0};
+  if (bench_gemm((int)device, 8192, 8192, 8192, 10, &g8) != OI_OK ||
+      bench_gemm((int)device, 4096, 2 * 9728, 2560, 10, &gm) != OI_OK) {
     fprintf(stderr, "openinfer bench ttft: gemm: %s\n", oi_last_error());
     return CLI_FAILED;
   }
@@ -268,6 +268,7 @@ int bench_ttft(int argc, char **argv) {
   eo.max_batch_tokens = (uint32_t)chunk;
   eo.offload = OI_OFFLOAD_EMBEDDED;
   eo.host = host;
+  eo.restore_overlap = cli_restore_overlap_env();
   oi_executor *x = NULL;
   if (oi_executor_create(&eo, &x) != OI_OK) {
     fprintf(stderr, "openinfer bench ttft: executor: %s\n", oi_last_error());

@@ -1,0 +1,115 @@
+/*
+ * libopeninfer — experimental API: the reference model, the executor's
+ * test-only fault points, and device memory for tools and tests.
+ *
+ * Nothing here is part of the stable ABI. The declarations are visible only
+ * when OI_EXPERIMENTAL is defined before this header is included (in the
+ * manner of a "static linking only" section):
+ *
+ *   #define OI_EXPERIMENTAL
+ *   #include <openinfer/openinfer.h>
+ *
+ * The functions are exported under their own version node,
+ * OPENINFER_EXPERIMENTAL_0.1, which may change or disappear in any release
+ * (docs/api.md, "Versions and the ABI").
+ */
+#ifndef OPENINFER_EXPERIMENTAL_H
+#define OPENINFER_EXPERIMENTAL_H
+
+#include "openinfer/common.h"
+#include "openinfer/model.h"
+
+#if defined(OI_EXPERIMENTAL)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* The reference model                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* A small decoder-only transformer with deterministic pseudo-random weights:
+ * token embedding, RMSNorm, Q/K/V projections, RoPE, grouped-query attention
+ * over the paged KV arena, output projection, SwiGLU MLP, final RMSNorm, LM
+ * head, greedy argmax. float32 math and float32 KV (dtype_bytes 4). Every
+ * kernel is batch-invariant (one row at a time, fixed summation order), so
+ * KV bytes and tokens do not depend on batching or chunking.
+ * Devices: the cpu model (options.device -1) binds cpu ranks only (a CUDA
+ * rank is refused with OI_ERR_UNSUPPORTED); the CUDA model (options.device
+ * >= 0) binds ranks on its device only. */
+typedef struct oi_refmodel_options {
+  uint32_t struct_size;
+  uint64_t seed;          /* weights; default 1 */
+  uint32_t num_layers;    /* default 2 */
+  uint32_t hidden;        /* default 64 */
+  uint32_t num_q_heads;   /* default 4 */
+  uint32_t num_kv_heads;  /* default 2; divides num_q_heads */
+  uint32_t head_dim;      /* default 16; even */
+  uint32_t intermediate;  /* SwiGLU width; default 128 */
+  uint32_t vocab_size;    /* default 512 */
+  uint32_t max_positions; /* default 4096 */
+  float rope_theta;       /* default 10000 */
+  float rms_eps;          /* default 1e-5 */
+  /* -1 (default): the cpu model above (float32 weights and KV). >= 0: the
+   * CUDA model on that device: the same architecture with bf16 weights
+   * (generated on the GPU from `seed`), bf16 activations and KV (dtype_bytes
+   * 2) and fp32 accumulation, on tensor cores; every kernel batch-invariant.
+   * Its ranks must be on that device. Needs head_dim 64 or 128 and hidden,
+   * num_q_heads * head_dim and intermediate multiples of 64; without the
+   * CUDA backend or a GPU, create fails (OI_ERR_UNSUPPORTED / OI_ERR_NO_DEVICE). */
+  int32_t device;
+} oi_refmodel_options;
+
+OI_API oi_status oi_refmodel_options_init(oi_refmodel_options *o);
+
+/* Creates the model. Fills *ops_out (set ops_out->struct_size =
+ * sizeof(oi_model_ops) first) and *ctx_out, to pass to
+ * oi_executor_options.model / model_ctx. The context must outlive every
+ * executor that uses it. */
+OI_API oi_status oi_refmodel_create(const oi_refmodel_options *o, oi_model_ops *ops_out,
+                                    void **ctx_out);
+/* Frees a model from oi_refmodel_create. Accepts NULL. */
+OI_API void oi_refmodel_destroy(void *ctx);
+
+/* ------------------------------------------------------------------------ */
+/* Executor fault points (tests)                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Fault points of the admission restore, for tests (oi_executor_options.fault_hook,
+ * the `fault` argument of oi_executor_fault_fn). */
+typedef enum oi_executor_fault {
+  OI_FAULT_QUERY = 1,          /* the host-tier query fails */
+  OI_FAULT_LEASE_EXPIRED = 2,  /* the lease is gone before the load (released, as a TTL would) */
+  OI_FAULT_NO_FREE_BLOCKS = 3, /* reserving GPU blocks for the restore finds none */
+  OI_FAULT_LOAD_SUBMIT = 4,    /* the load is refused at submission (the lease is still held) */
+  OI_FAULT_LOAD_COMPLETE = 5,  /* the load completes with an error (its blocks are garbage) */
+} oi_executor_fault;
+
+/* ------------------------------------------------------------------------ */
+/* Device memory for tools and tests                                         */
+/* ------------------------------------------------------------------------ */
+
+/* A region of device memory (a CUDA allocation; host memory on the cpu
+ * backend, device -1), for tools that stand in for an engine's KV arena
+ * (`openinfer demo tier`). */
+typedef struct oi_device_buffer oi_device_buffer;
+
+/* Allocates `bytes` on `device`. @return OI_ERR_NO_DEVICE for an ordinal that
+ * does not exist, OI_ERR_OUT_OF_MEMORY. */
+OI_API oi_status oi_device_buffer_alloc(int device, uint64_t bytes, oi_device_buffer **out);
+/* Base address (a device pointer on cuda). NULL for a NULL buffer. */
+OI_API void *oi_device_buffer_ptr(const oi_device_buffer *b);
+/* Copies `bytes` between host memory and the buffer (either direction, or
+ * within it; synchronous). */
+OI_API oi_status oi_device_buffer_copy(oi_device_buffer *b, void *dst, const void *src,
+                                       uint64_t bytes);
+/* Frees the buffer. Accepts NULL. */
+OI_API void oi_device_buffer_free(oi_device_buffer *b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OI_EXPERIMENTAL */
+#endif /* OPENINFER_EXPERIMENTAL_H */

@@ -3,7 +3,7 @@
 
     install_walkthrough.py SOURCE_DIR        (./dev install-check; CI stage 5)
 
-A new user on a fresh clone, following only docs/building.md and
+A new user on a fresh clone, following only docs/building.md, README.md and
 docs/bindings.md:
 
 1. copies the repository's files (git ls-files: tracked and untracked, not
@@ -12,8 +12,8 @@ docs/bindings.md:
    prefix;
 2. with HOME=TMP/home and no PKG_CONFIG_PATH, LD_LIBRARY_PATH,
    LIBOPENINFER_DIR or OPENINFER_* set, runs, in one bash (set -euo
-   pipefail), every fenced block of docs/building.md and then of
-   docs/bindings.md that follows a "<!-- install-test -->" line, each from
+   pipefail), every fenced block of docs/building.md, then of README.md,
+   then of docs/bindings.md that follows a "<!-- install-test -->" line, each from
    the copy's root; a "<!-- install-test: file PATH -->" line writes the next
    fenced block to PATH (~ is HOME; /path/to/libopeninfer becomes the copy),
    "<!-- install-test: file PATH from DOC -->" writes DOC's C example (the
@@ -46,7 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_install import needed_libs  # noqa: E402
 from test_readme_snippet import extract_snippet  # noqa: E402
 
-DOCS = ["docs/building.md", "docs/bindings.md"]
+# In this order: README.md's compile line needs building.md's install.
+DOCS = ["docs/building.md", "README.md", "docs/bindings.md"]
 # A mark is a line of its own.
 MARK = re.compile(r"^\s*<!--\s*install-test(?::\s*(.*?))?\s*-->\s*$")
 FILE_FROM = re.compile(r"file\s+(\S+)\s+from\s+(\S+)$")
@@ -148,7 +149,8 @@ def bash_script(clone, steps, home):
     out = ["set -euo pipefail"]
     for n, step in enumerate(steps):
         if step[0] == "file":
-            path = step[1].replace("~", home, 1) if step[1].startswith("~") else step[1]
+            path = step[1].replace("~", home, 1) if step[1].startswith("~") \
+                else os.path.join(clone, step[1])
             out.append("mkdir -p %s" % shlex.quote(os.path.dirname(path)))
             out.append("cat > %s <<'INSTALL_TEST_EOF'\n%sINSTALL_TEST_EOF"
                        % (shlex.quote(path), step[2].replace(CLONE_PLACEHOLDER, clone)))
@@ -279,6 +281,9 @@ def walk(src, tmp):
 
     # C: the README's program, shared (rpath) and static
     app, app_static = os.path.join(home, "app"), os.path.join(home, "app-static")
+    readme_out = "\n".join(v for k, v in out.items() if steps[k][2].startswith("README.md"))
+    check("README.md's compile line builds a program that runs", "libopeninfer 0.1.0" in readme_out,
+          readme_out)
     c_out = output_of("~/app-static")
     check("the C example prints its version and two blocks",
           "libopeninfer 0.1.0" in c_out and c_out.count("block 0:") == 2

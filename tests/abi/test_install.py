@@ -12,8 +12,13 @@
    PKG_CONFIG_SYSROOT_DIR pointing into TMP), runs it with LD_LIBRARY_PATH at
    the installed lib dir and checks its output;
 4. links the same program against libopeninfer.a with
-   pkg-config --static --libs openinfer, checks it does not need
-   libopeninfer.so, runs it and compares the output.
+   pkg-config --cflags --libs openinfer-static (the archive's own module:
+   with both libraries installed, -lopeninfer would take the .so), checks
+   it does not need libopeninfer.so, runs it and compares the output; the
+   same with --static added.
+
+(tests/abi/install_walkthrough.py runs the documented install commands
+themselves in a scratch copy of the repository: ./dev install-check.)
 
 Exit 0 pass, 1 fail, 77 skip (no C compiler or pkg-config).
 """
@@ -196,9 +201,10 @@ def run_checks(meson, build_dir, prefix, libdir, includedir, src_include, versio
     static_lib = os.path.join(lib_dir, "libopeninfer.a")
     if not os.path.isfile(static_lib):
         fail("%s is missing" % static_lib)
-    pc = os.path.join(lib_dir, "pkgconfig", "openinfer.pc")
-    if not os.path.isfile(pc):
-        fail("%s is missing" % pc)
+    for name in ("openinfer.pc", "openinfer-static.pc"):
+        pc = os.path.join(lib_dir, "pkgconfig", name)
+        if not os.path.isfile(pc):
+            fail("%s is missing" % pc)
     for hdr in sorted(glob.glob(os.path.join(src_include, "openinfer", "*.h"))):
         inst = os.path.join(inc_dir, "openinfer", os.path.basename(hdr))
         if not os.path.isfile(inst):
@@ -246,45 +252,44 @@ def run_checks(meson, build_dir, prefix, libdir, includedir, src_include, versio
         return 1
     shared_hashes = check_output("shared", res.stdout, version)
 
-    # 4. the same program linked statically against libopeninfer.a
-    # pkg-config prepends the sysroot to the -I/-L flags of every package,
-    # also to those of Libs.private and Requires.private that point outside
-    # the install (the CUDA toolkit, system libraries): such a path, when it
-    # does not exist under the DESTDIR, is taken without the sysroot.
-    raw = shlex.split(run(["pkg-config", "--static", "--cflags", "--libs", "openinfer"],
-                          env=env).stdout)
-    print("pkg-config --static --cflags --libs openinfer: %s" % " ".join(raw))
-    sflags = []
-    for f in raw:
-        flag, path = f[:2], f[2:]
-        if flag in ("-I", "-L") and path.startswith(destdir + "/") and not os.path.isdir(path):
-            outside = path[len(destdir):]
-            if not os.path.isdir(outside):
-                continue  # exists nowhere: drop it
-            f = flag + outside
-        sflags.append(f)
-    if "-lopeninfer" not in sflags:
-        fail("pkg-config --static --libs openinfer lacks -lopeninfer")
-        return 1
-    # Same flags, but take the archive rather than the shared object.
-    sflags = ["-l:libopeninfer.a" if f == "-lopeninfer" else f for f in sflags]
-    sexe = os.path.join(work, "user-static")
-    res = run(cc + strict + ["-o", sexe, prog] + sflags, env=env, check=False)
-    if res.returncode != 0:
-        print(res.stdout, file=sys.stderr)
-        fail("linking against libopeninfer.a with pkg-config --static --libs failed")
-        return 1
-    needed = needed_libs(sexe)
-    if needed is not None and any(n.startswith("libopeninfer") for n in needed):
-        fail("the static build still needs %s" % needed)
-    res = run([sexe], check=False)  # no LD_LIBRARY_PATH: nothing of ours to find
-    print("static program output:\n" + res.stdout)
-    if res.returncode != 0:
-        fail("the static program exited %d" % res.returncode)
-        return 1
-    static_hashes = check_output("static", res.stdout, version)
-    if static_hashes != shared_hashes:
-        fail("static and shared builds disagree: %s vs %s" % (static_hashes, shared_hashes))
+    # 4. the same program linked statically against libopeninfer.a, through
+    # openinfer-static.pc (with and without --static). pkg-config prepends
+    # the sysroot to the -I/-L flags of every package, also to those that
+    # point outside the install (the CUDA toolkit, system libraries): such a
+    # path, when it does not exist under the DESTDIR, is taken without it.
+    for query in (["--cflags", "--libs"], ["--static", "--cflags", "--libs"]):
+        what = "pkg-config %s openinfer-static" % " ".join(query)
+        raw = shlex.split(run(["pkg-config"] + query + ["openinfer-static"], env=env).stdout)
+        print("%s: %s" % (what, " ".join(raw)))
+        sflags = []
+        for f in raw:
+            flag, path = f[:2], f[2:]
+            if flag in ("-I", "-L") and path.startswith(destdir + "/") and not os.path.isdir(path):
+                outside = path[len(destdir):]
+                if not os.path.isdir(outside):
+                    continue  # exists nowhere: drop it
+                f = flag + outside
+            sflags.append(f)
+        if "-lopeninfer" in sflags or "-l:libopeninfer.a" not in sflags:
+            fail("%s does not name the archive (-l:libopeninfer.a)" % what)
+            return 1
+        sexe = os.path.join(work, "user-static")
+        res = run(cc + strict + ["-o", sexe, prog] + sflags, env=env, check=False)
+        if res.returncode != 0:
+            print(res.stdout, file=sys.stderr)
+            fail("linking with %s failed" % what)
+            return 1
+        needed = needed_libs(sexe)
+        if needed is not None and any(n.startswith("libopeninfer") for n in needed):
+            fail("the program linked with %s still needs %s" % (what, needed))
+        res = run([sexe], check=False)  # no LD_LIBRARY_PATH: nothing of ours to find
+        print("static program output (%s):\n%s" % (what, res.stdout))
+        if res.returncode != 0:
+            fail("the static program (%s) exited %d" % (what, res.returncode))
+            return 1
+        static_hashes = check_output("static", res.stdout, version)
+        if static_hashes != shared_hashes:
+            fail("static and shared builds disagree: %s vs %s" % (static_hashes, shared_hashes))
 
     return 1 if failures else 0
 

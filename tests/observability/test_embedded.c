@@ -105,7 +105,7 @@ static void test_server_health(void) {
   CHECK(http_get(port, "/healthz", body, sizeof body) == 503); /* stopped */
   oi_server_destroy(srv);
   CHECK(http_get(port, "/healthz", body, sizeof body) == -1); /* the endpoint is gone */
-  rmdir(dir);
+  CHECK(rmdir(dir) == 0); /* the server removed its socket: no /tmp/oi-obs-* left behind */
 
   /* A second server cannot take a port in use; a bad address is refused. */
   oi_server_options_init(&so);

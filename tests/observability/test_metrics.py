@@ -13,6 +13,7 @@ the logfmt log lines, and a clean stop. Exit 0 pass, 1 fail, 77 skip.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -102,8 +103,12 @@ def val(s, name, **labels):
     return s.get((name, tuple(sorted(labels.items()))), None)
 
 
+tmp_dir = []
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="oi-obs-")
+    tmp_dir.append(tmp)
     sock = os.path.join(tmp, "oi.sock")
     log_path = os.path.join(tmp, "server.log")
     log = open(log_path, "w")
@@ -247,6 +252,10 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:  # the socket, the log: no /tmp/oi-obs-* left behind
+        for d in tmp_dir:
+            shutil.rmtree(d, ignore_errors=True)
     print("%d failure(s)" % len(failures))
     sys.exit(1 if failures else 0)

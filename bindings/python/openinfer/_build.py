@@ -6,11 +6,12 @@ from the header fails the build (warnings are errors), and structs are
 declared with "..." so their layout always comes from the headers.
 
 Where the headers and the library are found (first match wins):
-  OPENINFER_INCLUDE_DIR / OPENINFER_LIB_DIR   environment (a build tree)
-  pkg-config openinfer                        an installed library
-  /usr/local/include, /usr/local/lib          the default prefix
-OPENINFER_LIB_DIR is also recorded as the module's RUNPATH, so a module built
-against a build tree loads that tree's libopeninfer.so.
+  OPENINFER_INCLUDE_DIR / OPENINFER_LIB_DIR   environment (a build tree, a prefix)
+  pkg-config openinfer                        an installed library (PKG_CONFIG_PATH)
+  /usr/local/include, /usr/local/lib[/<multiarch>]   the default prefix
+The library directory found is recorded as the module's RUNPATH (unless it is
+one the dynamic loader searches anyway), so the module loads the
+libopeninfer.so it was built against without LD_LIBRARY_PATH.
 """
 import os
 import shlex
@@ -486,29 +487,60 @@ HEADERS = ["common.h", "device.h", "hash.h", "host.h", "engine.h", "server.h", "
 SOURCE = "#define OI_EXPERIMENTAL 1\n" + "\n".join('#include <openinfer/%s>' % h for h in HEADERS) + "\n"
 
 
+# Directories the dynamic loader searches without being told: no RUNPATH.
+_SYSTEM_LIB_DIRS = {"/lib", "/lib64", "/usr/lib", "/usr/lib64"}
+
+
+def _multiarch():
+    import sysconfig
+    return sysconfig.get_config_var("MULTIARCH") or ""
+
+
+def _pkg_config(*args):
+    try:
+        return subprocess.run(["pkg-config"] + list(args) + ["openinfer"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _is_system_dir(d):
+    d = os.path.normpath(d)
+    arch = _multiarch()
+    return d in _SYSTEM_LIB_DIRS or (arch and d in ("/lib/" + arch, "/usr/lib/" + arch))
+
+
 def _locate():
     inc = os.environ.get("OPENINFER_INCLUDE_DIR")
     lib = os.environ.get("OPENINFER_LIB_DIR")
     inc = os.path.abspath(inc) if inc else None
     lib = os.path.abspath(lib) if lib else None
-    cflags, libdirs, rpath = [], [], []
+    cflags, libdirs = [], []
     incdirs = [inc] if inc else []
     if lib:
-        libdirs, rpath = [lib], [lib]
+        libdirs = [lib]
     if not inc or not lib:
-        try:
-            out = subprocess.run(["pkg-config", "--cflags", "--libs", "openinfer"],
-                                 check=True, capture_output=True, text=True).stdout
+        out = _pkg_config("--cflags", "--libs-only-L")
+        if out is not None:
             for flag in shlex.split(out):
                 if flag.startswith("-I") and not inc:
                     incdirs.append(flag[2:])
                 elif flag.startswith("-L") and not lib:
                     libdirs.append(flag[2:])
-        except (OSError, subprocess.CalledProcessError):
+            # pkg-config leaves out -L for the system's own directories.
+            pc_libdir = _pkg_config("--variable=libdir")
+            if not lib and not libdirs and pc_libdir:
+                libdirs.append(pc_libdir)
+        else:
             if not inc:
                 incdirs.append("/usr/local/include")
             if not lib:
-                libdirs.append("/usr/local/lib")
+                arch = _multiarch()
+                cands = (["/usr/local/lib/" + arch] if arch else []) + ["/usr/local/lib"]
+                libdirs.append(next((d for d in cands
+                                     if os.path.exists(os.path.join(d, "libopeninfer.so"))),
+                                    "/usr/local/lib"))
+    rpath = [d for d in libdirs if not _is_system_dir(d)]
     return incdirs, libdirs, rpath, cflags
 
 

@@ -90,3 +90,18 @@ def serve():
         log.close()
         shutil.rmtree(d, ignore_errors=True)
         assert rc == 0, "openinfer serve exited with %s:\n%s" % (rc, text)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_tempdir():
+    """Every temporary directory the tests make (tempfile.mkdtemp) lives in
+    one that is removed when the session ends, also when a test failed
+    before its own clean-up: runs leave no /tmp/oi-py-* behind."""
+    root = tempfile.mkdtemp(prefix="oi-pytest-")
+    saved = tempfile.tempdir
+    tempfile.tempdir = root
+    try:
+        yield root
+    finally:
+        tempfile.tempdir = saved
+        shutil.rmtree(root, ignore_errors=True)

@@ -73,19 +73,3 @@ extern "C" int oi_kernel_batch_copy(const oi_kcopy_entry *entries, uint32_t n, u
   batch_copy_kernel<<<ctas, OI_KCOPY_THREADS, 0, (cudaStream_t)stream>>>(entries, n);
   return (int)cudaGetLastError();
 }
-
-// A compute-bound kernel for interference measurements: FMA chains on every
-// thread of every SM for a fixed number of iterations.
-__global__ static void spin_fma_kernel(float *out, uint32_t iters) {
-  float a = threadIdx.x * 1e-3f, b = 1.0001f, c = 0.9999f;
-  for (uint32_t i = 0; i < iters; i++) {
-    a = fmaf(a, b, c);
-    b = fmaf(b, c, a * 1e-9f);
-  }
-  if (a == 12345.0f) out[blockIdx.x] = a + b; // keeps the loop alive
-}
-
-extern "C" int oi_kernel_spin(void *scratch, uint32_t ctas, uint32_t iters, void *stream) {
-  spin_fma_kernel<<<ctas, 256, 0, (cudaStream_t)stream>>>((float *)scratch, iters);
-  return (int)cudaGetLastError();
-}

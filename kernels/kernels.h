@@ -27,9 +27,6 @@ typedef struct oi_kcopy_entry {
  * memory or in mapped pinned host memory (it is read one entry ahead). */
 int oi_kernel_batch_copy(const oi_kcopy_entry *entries, uint32_t n, uint32_t ctas, void *stream);
 
-/* Compute-bound work for interference measurements. */
-int oi_kernel_spin(void *scratch, uint32_t ctas, uint32_t iters, void *stream);
-
 #ifdef __cplusplus
 }
 #endif

@@ -452,14 +452,6 @@ static oi_status cpu_stream_sync(oi_stream *s) {
   return OI_OK;
 }
 
-static oi_status cpu_bench_spin(oi_dev *d, uint32_t ctas, uint32_t iters, uint32_t count) {
-  OI_UNUSED(d);
-  OI_UNUSED(ctas);
-  OI_UNUSED(iters);
-  OI_UNUSED(count);
-  return oi__fail(OI_ERR_UNSUPPORTED, "bench_spin: no compute kernels on the cpu backend");
-}
-
 /* ---- device -------------------------------------------------------------- */
 
 static oi_status cpu_info(oi_dev *d, oi_device_info *out) {
@@ -503,7 +495,6 @@ static const oi_dev_ops cpu_ops = {
     .stream_record_event = cpu_stream_record_event,
     .event_destroy = cpu_event_destroy,
     .stream_sync = cpu_stream_sync,
-    .bench_spin = cpu_bench_spin,
 };
 
 oi_status oi__cpu_dev_open(oi_dev **out) {

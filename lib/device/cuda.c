@@ -479,9 +479,9 @@ static bool dma_batch(oi_stream *s, size_t n, cudaStream_t stream) {
 }
 
 /* DMA path: the copy engines, one batch call; per-piece cudaMemcpyAsync when
- * `batch` is false (the naive baseline) or the batch API refused a batch. */
-static oi_status copy_by_dma(oi_stream *s, const oi_copy_desc *descs, size_t n, bool batch) {
-  if (batch && !s->batch_api_broken && grow_dma_arrays(s, n)) {
+ * the batch API refused a batch. */
+static oi_status copy_by_dma(oi_stream *s, const oi_copy_desc *descs, size_t n) {
+  if (!s->batch_api_broken && grow_dma_arrays(s, n)) {
     for (size_t i = 0; i < n; i++) {
       s->dma_dst[i] = (void *)descs[i].dst;
       s->dma_src[i] = (const void *)descs[i].src;
@@ -748,10 +748,8 @@ static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_d
     st = copy_staged(s, dir, descs, n, ctas);
   } else if (mode == OI_XFER_KERNEL) {
     st = copy_by_kernel(s, descs, n, ctas);
-  } else if (mode == OI_XFER_PIECEWISE) {
-    st = copy_by_dma(s, descs, n, false);
   } else {
-    st = copy_by_dma(s, descs, n, true);
+    st = copy_by_dma(s, descs, n);
   }
   pthread_mutex_unlock(&s->copy_lock);
   if (st != OI_OK) note_error(s, st);
@@ -819,22 +817,6 @@ static oi_status cuda_stream_sync(oi_stream *s) {
 
 /* ---- device -------------------------------------------------------------- */
 
-static oi_status cuda_bench_spin(oi_dev *d, uint32_t ctas, uint32_t iters, uint32_t count) {
-  oi_status st = use_device(d);
-  if (st != OI_OK) return st;
-  cudaStream_t s;
-  float *scratch = NULL;
-  cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (err != cudaSuccess) return cuda_fail(err, "bench_spin: stream");
-  err = cudaMalloc((void **)&scratch, (size_t)ctas * sizeof(float));
-  for (uint32_t i = 0; i < count && err == cudaSuccess; i++)
-    err = (cudaError_t)oi_kernel_spin(scratch, ctas, iters, s);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
-  cudaFree(scratch);
-  cudaStreamDestroy(s);
-  return err == cudaSuccess ? OI_OK : cuda_fail(err, "bench_spin");
-}
-
 static int numa_node_of(const char *pci_bus_id) {
   char path[128], lower[32];
   size_t i = 0;
@@ -893,7 +875,6 @@ static const oi_dev_ops cuda_ops = {
     .stream_record_event = cuda_stream_record_event,
     .event_destroy = cuda_event_destroy,
     .stream_sync = cuda_stream_sync,
-    .bench_spin = cuda_bench_spin,
 };
 
 oi_status oi__cuda_dev_open(int ordinal, oi_dev **out) {

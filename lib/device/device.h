@@ -54,7 +54,6 @@ enum {
   OI_XFER_DMA = 2,
   OI_XFER_STAGED = 3,    /* copy engines between host blocks and device staging slots,
                             a device-side gather/scatter kernel between slots and arenas */
-  OI_XFER_PIECEWISE = 4, /* one cudaMemcpyAsync per piece: the naive baseline, for benchmarks */
 };
 
 typedef struct oi_copy_params {
@@ -119,9 +118,6 @@ typedef struct oi_dev_ops {
   /* Blocks until everything queued so far finished. */
   oi_status (*stream_sync)(oi_stream *s);
 
-  /* Benchmarks: runs `count` compute-bound kernels of `ctas` CTAs on a
-   * private stream and waits (OI_ERR_UNSUPPORTED on cpu). */
-  oi_status (*bench_spin)(oi_dev *d, uint32_t ctas, uint32_t iters, uint32_t count);
 } oi_dev_ops;
 
 struct oi_dev {

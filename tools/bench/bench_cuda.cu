@@ -3,7 +3,17 @@
 #include <cuda_runtime.h>
 
 #include "bench_cuda.h"
-#include "kernels/kernels.h"
+
+// A compute-bound kernel for interference measurements: FMA chains on every
+// thread of every SM for a fixed number of iterations.
+__global__ static void spin_fma_kernel(float *out, uint32_t iters) {
+  float a = threadIdx.x * 1e-3f, b = 1.0001f, c = 0.9999f;
+  for (uint32_t i = 0; i < iters; i++) {
+    a = fmaf(a, b, c);
+    b = fmaf(b, c, a * 1e-9f);
+  }
+  if (a == 12345.0f) out[blockIdx.x] = a + b; // keeps the loop alive
+}
 
 extern "C" int bench_cuda_spin(int device, uint32_t ctas, uint32_t iters, uint32_t count) {
   cudaError_t err = cudaSetDevice(device);
@@ -13,8 +23,10 @@ extern "C" int bench_cuda_spin(int device, uint32_t ctas, uint32_t iters, uint32
   err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (err != cudaSuccess) return (int)err;
   err = cudaMalloc((void **)&scratch, (size_t)ctas * sizeof(float));
-  for (uint32_t i = 0; i < count && err == cudaSuccess; i++)
-    err = (cudaError_t)oi_kernel_spin(scratch, ctas, iters, s);
+  for (uint32_t i = 0; i < count && err == cudaSuccess; i++) {
+    spin_fma_kernel<<<ctas, 256, 0, s>>>(scratch, iters);
+    err = cudaGetLastError();
+  }
   if (err == cudaSuccess) err = cudaStreamSynchronize(s);
   cudaFree(scratch);
   cudaStreamDestroy(s);

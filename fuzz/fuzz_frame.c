@@ -16,9 +16,12 @@ static void check_round_trip(const oiwire_Envelope *env, const oi_wire_arrays *a
   oi_wire_out out = {0};
   switch (env->which_body) {
   case oiwire_Envelope_save_tag:
-    out = (oi_wire_out){.ids = a->ids, .n_ids = a->n_ids, .hashes = a->hashes, .n_hashes = a->n_hashes};
+    out = (oi_wire_out){
+        .ids = a->ids, .n_ids = a->n_ids, .hashes = a->hashes, .n_hashes = a->n_hashes};
     break;
-  case oiwire_Envelope_query_tag: out = (oi_wire_out){.hashes = a->hashes, .n_hashes = a->n_hashes}; break;
+  case oiwire_Envelope_query_tag:
+    out = (oi_wire_out){.hashes = a->hashes, .n_hashes = a->n_hashes};
+    break;
   case oiwire_Envelope_load_tag: out = (oi_wire_out){.ids = a->ids, .n_ids = a->n_ids}; break;
   default: return;
   }
@@ -26,7 +29,8 @@ static void check_round_trip(const oiwire_Envelope *env, const oi_wire_arrays *a
   size_t len = 0;
   if (oi__wire_encode(env, &out, &frame, &len) != OI_OK) return; /* e.g. over the frame limit */
   uint32_t n = 0;
-  FZ_ASSERT(len >= 4 && oi__wire_frame_length(frame, OI_WIRE_MAX_FRAME, &n) == OI_OK && n == len - 4,
+  FZ_ASSERT(len >= 4 && oi__wire_frame_length(frame, OI_WIRE_MAX_FRAME, &n) == OI_OK &&
+                n == len - 4,
             "an encoded frame's prefix says %u for %zu bytes", n, len);
   oiwire_Envelope env2;
   oi_wire_arrays b;
@@ -62,7 +66,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     off += n;
     oi_status st = oi__wire_decode(payload, n, &env, &a);
     if (st != OI_OK) { /* garbage: the session says why and ends */
-      FZ_ASSERT(st == OI_ERR_PROTOCOL && oi_last_error()[0], "decode failed with %s", oi_status_str(st));
+      FZ_ASSERT(st == OI_ERR_PROTOCOL && oi_last_error()[0], "decode failed with %s",
+                oi_status_str(st));
       free(payload);
       break;
     }
@@ -70,7 +75,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                   a.n_present <= OI_WIRE_MAX_BLOCKS && a.n_arenas <= OI_WIRE_MAX_ARENAS &&
                   a.n_namespaces <= OI_WIRE_MAX_NAMESPACES,
               "arrays past the wire bounds");
-    FZ_ASSERT(a.bad == OI_OK || (a.bad == OI_ERR_INVALID_ARGUMENT && a.bad_msg[0]), "bad %d", a.bad);
+    FZ_ASSERT(a.bad == OI_OK || (a.bad == OI_ERR_INVALID_ARGUMENT && a.bad_msg[0]), "bad %d",
+              a.bad);
     FZ_ASSERT(memchr(a.bad_msg, 0, sizeof a.bad_msg) != NULL, "bad_msg is not terminated");
     char msg[512];
     st = oi__request_check(&env, &a, msg, sizeof msg);

@@ -45,27 +45,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t salt_len = fz_u8(&f) % 65;
   uint8_t flags = fz_u8(&f);
   uint8_t salt[64];
-  for (size_t i = 0; i < salt_len; i++) salt[i] = fz_u8(&f);
+  for (size_t i = 0; i < salt_len; i++)
+    salt[i] = fz_u8(&f);
   oi_block_hash parent;
-  for (int i = 0; i < 16; i++) parent.bytes[i] = fz_u8(&f);
+  for (int i = 0; i < 16; i++)
+    parent.bytes[i] = fz_u8(&f);
   const oi_block_hash *par = (flags & 1) ? &parent : NULL;
   uint32_t tokens[MAX_TOKENS];
   size_t n = 0;
-  while (!fz_done(&f) && n < MAX_TOKENS) tokens[n++] = (flags & 2) ? fz_u32(&f) : fz_u8(&f);
+  while (!fz_done(&f) && n < MAX_TOKENS)
+    tokens[n++] = (flags & 2) ? fz_u32(&f) : fz_u8(&f);
   size_t full = n / bs;
 
   oi_block_hash got[MAX_TOKENS], want[MAX_TOKENS];
   size_t n_out = 12345;
-  oi_status st = oi_hash_blocks(n ? tokens : NULL, n, bs, salt_len ? salt : NULL, salt_len, par, got,
-                                MAX_TOKENS, &n_out);
-  FZ_ASSERT(st == OI_OK && n_out == full, "status %s, n_out %zu of %zu", oi_status_str(st), n_out, full);
+  oi_status st = oi_hash_blocks(n ? tokens : NULL, n, bs, salt_len ? salt : NULL, salt_len, par,
+                                got, MAX_TOKENS, &n_out);
+  FZ_ASSERT(st == OI_OK && n_out == full, "status %s, n_out %zu of %zu", oi_status_str(st), n_out,
+            full);
   reference(tokens, n, bs, salt, salt_len, par, want);
   FZ_ASSERT(!full || !memcmp(got, want, full * sizeof *got), "differs from the reference");
 
   /* A prefix of the tokens gives a prefix of the chain. */
   size_t cut = full ? fz_u8(&f) % (n + 1) : 0;
   oi_block_hash pre[MAX_TOKENS];
-  FZ_ASSERT(oi_hash_blocks(tokens, cut, bs, salt, salt_len, par, pre, MAX_TOKENS, &n_out) == OI_OK &&
+  FZ_ASSERT(oi_hash_blocks(tokens, cut, bs, salt, salt_len, par, pre, MAX_TOKENS, &n_out) ==
+                    OI_OK &&
                 n_out == cut / bs,
             "prefix");
   FZ_ASSERT(!n_out || !memcmp(pre, got, n_out * sizeof *pre), "a prefix's chain differs");
@@ -86,18 +91,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     oi_block_hash few[MAX_TOKENS];
     memset(few, 0xEE, sizeof few);
     st = oi_hash_blocks(tokens, n, bs, salt, salt_len, par, few, cap, &n_out);
-    FZ_ASSERT(st == OI_ERR_INVALID_ARGUMENT && n_out == full, "short out_cap: %s", oi_status_str(st));
+    FZ_ASSERT(st == OI_ERR_INVALID_ARGUMENT && n_out == full, "short out_cap: %s",
+              oi_status_str(st));
     FZ_ASSERT(!cap || !memcmp(few, got, cap * sizeof *few), "short out_cap wrote other hashes");
     FZ_ASSERT(few[cap].bytes[0] == 0xEE && few[cap].bytes[15] == 0xEE, "wrote past out_cap");
   }
 
   /* Argument errors. */
-  FZ_ASSERT(oi_hash_blocks(tokens, n, 0, NULL, 0, NULL, got, MAX_TOKENS, &n_out) == OI_ERR_INVALID_ARGUMENT,
+  FZ_ASSERT(oi_hash_blocks(tokens, n, 0, NULL, 0, NULL, got, MAX_TOKENS, &n_out) ==
+                OI_ERR_INVALID_ARGUMENT,
             "block_size 0");
-  FZ_ASSERT(oi_hash_blocks(tokens, n, bs, NULL, 0, NULL, got, MAX_TOKENS, NULL) == OI_ERR_INVALID_ARGUMENT,
+  FZ_ASSERT(oi_hash_blocks(tokens, n, bs, NULL, 0, NULL, got, MAX_TOKENS, NULL) ==
+                OI_ERR_INVALID_ARGUMENT,
             "n_out NULL");
-  if (n) FZ_ASSERT(oi_hash_blocks(NULL, n, bs, NULL, 0, NULL, got, MAX_TOKENS, &n_out) == OI_ERR_INVALID_ARGUMENT, "tokens NULL");
-  if (salt_len) FZ_ASSERT(oi_hash_blocks(tokens, n, bs, NULL, salt_len, NULL, got, MAX_TOKENS, &n_out) == OI_ERR_INVALID_ARGUMENT, "salt NULL");
+  if (n)
+    FZ_ASSERT(oi_hash_blocks(NULL, n, bs, NULL, 0, NULL, got, MAX_TOKENS, &n_out) ==
+                  OI_ERR_INVALID_ARGUMENT,
+              "tokens NULL");
+  if (salt_len)
+    FZ_ASSERT(oi_hash_blocks(tokens, n, bs, NULL, salt_len, NULL, got, MAX_TOKENS, &n_out) ==
+                  OI_ERR_INVALID_ARGUMENT,
+              "salt NULL");
   oi_clear_error();
   return 0;
 }

@@ -40,10 +40,12 @@ static void check_plan(const oi_layout *l, uint8_t *buf, size_t size) {
   size_t n = l->num_blocks > 1 ? 2 : 1;
   uint8_t *host[2] = {malloc(l->block_bytes), malloc(l->block_bytes)};
   FZ_ASSERT(host[0] && host[1], "out of memory");
-  for (size_t i = 0; i < size; i++) buf[i] = (uint8_t)(i * 131 + 7);
+  for (size_t i = 0; i < size; i++)
+    buf[i] = (uint8_t)(i * 131 + 7);
   oi_copy_desc *d = NULL;
   size_t nd = 0;
-  FZ_ASSERT(oi__plan_build(l, ids, host, n, OI_COPY_D2H, &d, &nd) == OI_OK, "plan: %s", oi_last_error());
+  FZ_ASSERT(oi__plan_build(l, ids, host, n, OI_COPY_D2H, &d, &nd) == OI_OK, "plan: %s",
+            oi_last_error());
   uint64_t moved = 0;
   for (size_t i = 0; i < nd; i++) {
     memcpy((void *)d[i].dst, (const void *)d[i].src, d[i].bytes);
@@ -56,7 +58,8 @@ static void check_plan(const oi_layout *l, uint8_t *buf, size_t size) {
   int64_t swapped[2] = {ids[n - 1], ids[0]};
   FZ_ASSERT(oi__plan_build(l, swapped, host, n, OI_COPY_H2D, &d, &nd) == OI_OK, "plan: %s",
             oi_last_error());
-  for (size_t i = 0; i < nd; i++) memcpy((void *)d[i].dst, (const void *)d[i].src, d[i].bytes);
+  for (size_t i = 0; i < nd; i++)
+    memcpy((void *)d[i].dst, (const void *)d[i].src, d[i].bytes);
   oi__free(d);
   /* The host block is each arena's segments in order: check them in place. */
   for (uint32_t a = 0; a < l->num_arenas; a++) {
@@ -112,22 +115,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   oi_layout l;
   oi_status st = oi__layout_build(&o, "fuzz", &l);
   if (st != OI_OK) {
-    FZ_ASSERT(st == OI_ERR_INVALID_ARGUMENT || st == OI_ERR_OUT_OF_MEMORY, "status %s", oi_status_str(st));
+    FZ_ASSERT(st == OI_ERR_INVALID_ARGUMENT || st == OI_ERR_OUT_OF_MEMORY, "status %s",
+              oi_status_str(st));
     FZ_ASSERT(oi_last_error()[0], "an error without a message");
     FZ_ASSERT(l.arenas == NULL && l.num_arenas == 0, "a refused layout kept something");
   } else {
     if (getenv("OI_FUZZ_VERBOSE"))
       for (uint32_t i = 0; i < num; i++)
-        fprintf(stderr, "arena %u '%s': offset %llu base %p num_blocks %llu bytes_per_block %llu "
-                "block_stride %llu segments %u segment_stride %llu (arena_size %zu, buf %p)\n", i,
-                A[i].name, (unsigned long long)A[i].offset, A[i].base, (unsigned long long)A[i].num_blocks,
-                (unsigned long long)A[i].bytes_per_block, (unsigned long long)A[i].block_stride,
-                A[i].segments, (unsigned long long)A[i].segment_stride, arena_size, (void *)buf);
+        fprintf(stderr,
+                "arena %u '%s': offset %llu base %p num_blocks %llu bytes_per_block %llu "
+                "block_stride %llu segments %u segment_stride %llu (arena_size %zu, buf %p)\n",
+                i, A[i].name, (unsigned long long)A[i].offset, A[i].base,
+                (unsigned long long)A[i].num_blocks, (unsigned long long)A[i].bytes_per_block,
+                (unsigned long long)A[i].block_stride, A[i].segments,
+                (unsigned long long)A[i].segment_stride, arena_size, (void *)buf);
     FZ_ASSERT(num > 0 && l.num_arenas == num && l.num_blocks == A[0].num_blocks, "shape");
     uint64_t bb = 0;
-    for (uint32_t i = 0; i < num; i++) bb += (uint64_t)A[i].segments * A[i].bytes_per_block;
-    FZ_ASSERT(l.block_bytes == bb, "block_bytes %llu, expected %llu", (unsigned long long)l.block_bytes,
-              (unsigned long long)bb);
+    for (uint32_t i = 0; i < num; i++)
+      bb += (uint64_t)A[i].segments * A[i].bytes_per_block;
+    FZ_ASSERT(l.block_bytes == bb, "block_bytes %llu, expected %llu",
+              (unsigned long long)l.block_bytes, (unsigned long long)bb);
     if (by_offset) {
       uint8_t *owner = malloc(arena_size);
       FZ_ASSERT(owner, "out of memory");

@@ -33,7 +33,9 @@ static int run_file(const char *path) {
   return 0;
 }
 
-static int cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 int main(int argc, char **argv) {
   size_t files = 0;

@@ -16,7 +16,8 @@ __device__ static inline void copy_words(const uint8_t *__restrict__ src, uint8_
   // Align the destination (and so the source, which agrees modulo sizeof(W)).
   uint64_t head = (sizeof(W) - ((uintptr_t)dst & (sizeof(W) - 1))) & (sizeof(W) - 1);
   if (head > bytes) head = bytes;
-  for (uint64_t i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
+  for (uint64_t i = threadIdx.x; i < head; i += blockDim.x)
+    dst[i] = src[i];
   src += head;
   dst += head;
   bytes -= head;
@@ -28,13 +29,17 @@ __device__ static inline void copy_words(const uint8_t *__restrict__ src, uint8_
   for (; i + (UNROLL - 1) * blockDim.x < words; i += step) {
     W v[UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; u++) v[u] = s[i + (uint64_t)u * blockDim.x];
+    for (int u = 0; u < UNROLL; u++)
+      v[u] = s[i + (uint64_t)u * blockDim.x];
 #pragma unroll
-    for (int u = 0; u < UNROLL; u++) d[i + (uint64_t)u * blockDim.x] = v[u];
+    for (int u = 0; u < UNROLL; u++)
+      d[i + (uint64_t)u * blockDim.x] = v[u];
   }
-  for (; i < words; i += blockDim.x) d[i] = s[i];
+  for (; i < words; i += blockDim.x)
+    d[i] = s[i];
   uint64_t tail_start = words * sizeof(W);
-  for (uint64_t k = tail_start + threadIdx.x; k < bytes; k += blockDim.x) dst[k] = src[k];
+  for (uint64_t k = tail_start + threadIdx.x; k < bytes; k += blockDim.x)
+    dst[k] = src[k];
 }
 
 __global__ static void batch_copy_kernel(const oi_kcopy_entry *__restrict__ entries, uint32_t n) {

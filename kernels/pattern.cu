@@ -25,7 +25,7 @@ extern "C" int oi_kernel_fill_pattern(void *dst, size_t bytes, uint64_t seed, vo
   if (bytes == 0) return (int)cudaSuccess;
   size_t blocks = (bytes + 255) / 256;
   if (blocks > 4096) blocks = 4096;
-  fill_pattern_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(
-      (unsigned char *)dst, bytes, seed);
+  fill_pattern_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>((unsigned char *)dst,
+                                                                          bytes, seed);
   return (int)cudaGetLastError();
 }

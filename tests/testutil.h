@@ -24,8 +24,8 @@ static int oi_test_failures;
   do {                                                                                             \
     oi_status st_ = (expr);                                                                        \
     if (st_ != (expected)) {                                                                       \
-      fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__,          \
-              __LINE__, #expr, oi_status_str(st_), oi_status_str(expected), oi_last_error());      \
+      fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, __LINE__, \
+              #expr, oi_status_str(st_), oi_status_str(expected), oi_last_error());                \
       oi_test_failures++;                                                                          \
     }                                                                                              \
   } while (0)

@@ -32,7 +32,8 @@ int cmd_bench_launch(int argc, char **argv) {
   char **args = calloc((size_t)argc + 2, sizeof *args);
   if (!args) return CLI_FAILED;
   args[0] = path;
-  for (int i = 0; i < argc; i++) args[i + 1] = argv[i]; /* argv[0] is "bench" */
+  for (int i = 0; i < argc; i++)
+    args[i + 1] = argv[i]; /* argv[0] is "bench" */
   fflush(NULL);
   execv(path, args);
   perror("openinfer bench: exec openinfer-bench");

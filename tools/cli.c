@@ -18,9 +18,21 @@ bool cli_parse_size(const char *s, uint64_t *out) {
   unsigned shift = 0;
   switch (*end) {
   case '\0': break;
-  case 'k': case 'K': shift = 10; end++; break;
-  case 'm': case 'M': shift = 20; end++; break;
-  case 'g': case 'G': shift = 30; end++; break;
+  case 'k':
+  case 'K':
+    shift = 10;
+    end++;
+    break;
+  case 'm':
+  case 'M':
+    shift = 20;
+    end++;
+    break;
+  case 'g':
+  case 'G':
+    shift = 30;
+    end++;
+    break;
   default: return false;
   }
   if (*end == 'i' || *end == 'B') end++;

@@ -30,12 +30,12 @@ typedef struct rank_ctx {
   int rank;
   const demo_opts *o;
   oi_offload_engine *engine;
-  oi_device_buffer *buf;   /* the arena: device memory */
-  uint8_t *arena;          /* its base: layers x arena_blocks x block_bytes */
-  uint8_t *staging;        /* host copy of one block's slices */
+  oi_device_buffer *buf; /* the arena: device memory */
+  uint8_t *arena;        /* its base: layers x arena_blocks x block_bytes */
+  uint8_t *staging;      /* host copy of one block's slices */
   request *reqs;
   size_t nreqs;
-  uint64_t *restore_ns;    /* per request with a hit */
+  uint64_t *restore_ns; /* per request with a hit */
   size_t nrestores;
   uint64_t hit_blocks, prompt_blocks, verify_failures, load_bytes, load_ns, errors;
   char error[256];
@@ -70,7 +70,8 @@ static void fill_block(uint8_t *dst, size_t n, const oi_block_hash *h, uint32_t 
   uint64_t seed;
   memcpy(&seed, h->bytes, 8);
   seed ^= (uint64_t)layer * 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; i < n; i++) dst[i] = cli_pattern_byte(seed, i);
+  for (size_t i = 0; i < n; i++)
+    dst[i] = cli_pattern_byte(seed, i);
 }
 
 static uint64_t rng_next(uint64_t *s) {
@@ -84,7 +85,8 @@ static uint64_t rng_next(uint64_t *s) {
 /* Token ids of conversation `conv` up to the end of turn `turn`. */
 static size_t prompt_tokens(const demo_opts *o, int conv, int turn, uint32_t *out) {
   size_t n = 0, pt = (size_t)o->page_tokens;
-  for (size_t i = 0; i < (size_t)o->system_blocks * pt; i++) out[n++] = (uint32_t)(7 + i);
+  for (size_t i = 0; i < (size_t)o->system_blocks * pt; i++)
+    out[n++] = (uint32_t)(7 + i);
   for (int t = 0; t <= turn; t++)
     for (size_t i = 0; i < (size_t)o->turn_blocks * pt; i++)
       out[n++] = (uint32_t)(100000 + conv * 7919 + t * 104729 + i);
@@ -118,7 +120,8 @@ static void *rank_main(void *arg) {
     size_t ntok = prompt_tokens(o, rq->conv, rq->turn, tokens), nh = 0;
     oi_hash_blocks(tokens, ntok, (uint32_t)o->page_tokens, "demo-model", 10, NULL, hashes,
                    max_blocks, &nh);
-    for (size_t i = 0; i < nh; i++) ids[i] = (int64_t)((next_block + i) % (uint64_t)o->arena_blocks);
+    for (size_t i = 0; i < nh; i++)
+      ids[i] = (int64_t)((next_block + i) % (uint64_t)o->arena_blocks);
     next_block += nh;
 
     /* Admission: restore the cached prefix from the host tier. */
@@ -133,7 +136,8 @@ static void *rank_main(void *arg) {
       oi_ticket_release(t);
       uint64_t dt = cli_now_ns() - t0;
       if (st != OI_OK) {
-        snprintf(r->error, sizeof r->error, "restore failed: %s: %s", oi_status_str(st), oi_last_error());
+        snprintf(r->error, sizeof r->error, "restore failed: %s: %s", oi_status_str(st),
+                 oi_last_error());
         r->errors++;
         hit = 0; /* degrade: recompute everything */
       } else {
@@ -168,7 +172,8 @@ static void *rank_main(void *arg) {
       if (st == OI_OK) st = oi_ticket_wait(t, 120000);
       oi_ticket_release(t);
       if (st != OI_OK) {
-        snprintf(r->error, sizeof r->error, "save failed: %s: %s", oi_status_str(st), oi_last_error());
+        snprintf(r->error, sizeof r->error, "save failed: %s: %s", oi_status_str(st),
+                 oi_last_error());
         r->errors++;
       }
     }
@@ -182,22 +187,29 @@ out:
 }
 
 static bool parse_demo_opts(int argc, char **argv, demo_opts *o, int *rc) {
-  static const struct option longopts[] = {
-      {"device", required_argument, 0, 'd'},        {"ranks", required_argument, 0, 'r'},
-      {"conversations", required_argument, 0, 'c'}, {"turns", required_argument, 0, 't'},
-      {"system-blocks", required_argument, 0, 's'}, {"turn-blocks", required_argument, 0, 'T'},
-      {"layers", required_argument, 0, 'l'},        {"block-bytes", required_argument, 0, 'B'},
-      {"page-tokens", required_argument, 0, 'p'},   {"pool", required_argument, 0, 'P'},
-      {"seed", required_argument, 0, 'S'},          {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+  static const struct option longopts[] = {{"device", required_argument, 0, 'd'},
+                                           {"ranks", required_argument, 0, 'r'},
+                                           {"conversations", required_argument, 0, 'c'},
+                                           {"turns", required_argument, 0, 't'},
+                                           {"system-blocks", required_argument, 0, 's'},
+                                           {"turn-blocks", required_argument, 0, 'T'},
+                                           {"layers", required_argument, 0, 'l'},
+                                           {"block-bytes", required_argument, 0, 'B'},
+                                           {"page-tokens", required_argument, 0, 'p'},
+                                           {"pool", required_argument, 0, 'P'},
+                                           {"seed", required_argument, 0, 'S'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
   optind = 1;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     bool ok = true;
     switch (c) {
     case 'd':
-      if (!strcmp(optarg, "cpu")) o->device = -1;
-      else ok = cli_parse_int(optarg, -1, 1023, &o->device);
+      if (!strcmp(optarg, "cpu"))
+        o->device = -1;
+      else
+        ok = cli_parse_int(optarg, -1, 1023, &o->device);
       break;
     case 'r': ok = cli_parse_int(optarg, 1, 64, &o->ranks); break;
     case 'c': ok = cli_parse_int(optarg, 1, 100000, &o->conversations); break;
@@ -209,8 +221,14 @@ static bool parse_demo_opts(int argc, char **argv, demo_opts *o, int *rc) {
     case 'p': ok = cli_parse_int(optarg, 1, 1 << 16, &o->page_tokens); break;
     case 'P': ok = cli_parse_size(optarg, &o->pool_bytes) && o->pool_bytes > 0; break;
     case 'S': ok = cli_parse_int(optarg, 0, 1L << 62, &o->seed); break;
-    case 'h': demo_usage(stdout); *rc = CLI_OK; return false;
-    default: demo_usage(stderr); *rc = CLI_USAGE; return false;
+    case 'h':
+      demo_usage(stdout);
+      *rc = CLI_OK;
+      return false;
+    default:
+      demo_usage(stderr);
+      *rc = CLI_USAGE;
+      return false;
     }
     if (!ok) {
       cli_bad_value("openinfer demo", longopts, c, optarg);
@@ -227,9 +245,16 @@ static bool parse_demo_opts(int argc, char **argv, demo_opts *o, int *rc) {
 }
 
 int demo_tier(int argc, char **argv) {
-  demo_opts o = {.device = -2, .ranks = 4, .conversations = 24, .turns = 6, .layers = 8,
-                 .page_tokens = 16, .system_blocks = 8, .turn_blocks = 4,
-                 .block_bytes = 16 << 10, .seed = 1};
+  demo_opts o = {.device = -2,
+                 .ranks = 4,
+                 .conversations = 24,
+                 .turns = 6,
+                 .layers = 8,
+                 .page_tokens = 16,
+                 .system_blocks = 8,
+                 .turn_blocks = 4,
+                 .block_bytes = 16 << 10,
+                 .seed = 1};
   int rc = CLI_FAILED;
   if (!parse_demo_opts(argc, argv, &o, &rc)) return rc;
   if (o.device == -2) {
@@ -277,7 +302,7 @@ int demo_tier(int argc, char **argv) {
   request *all = calloc(nreq, sizeof *all);
   pthread_t *threads = calloc((size_t)o.ranks, sizeof *threads);
   oi_arena_desc *arenas = calloc((size_t)o.layers, sizeof *arenas);
-  char (*names)[24] = calloc((size_t)o.layers, sizeof *names);
+  char(*names)[24] = calloc((size_t)o.layers, sizeof *names);
   if (!ranks || !all || !threads || !arenas || !names) {
     fprintf(stderr, "openinfer demo: out of memory\n");
     goto cleanup;
@@ -348,9 +373,11 @@ int demo_tier(int argc, char **argv) {
     }
     usleep(20000);
   }
-  for (long r = 0; r < started; r++) pthread_join(threads[r], NULL);
+  for (long r = 0; r < started; r++)
+    pthread_join(threads[r], NULL);
   uint64_t wall = cli_now_ns() - t0;
-  for (long r = 0; r < o.ranks; r++) oi_offload_engine_flush(ranks[r].engine, 120000);
+  for (long r = 0; r < o.ranks; r++)
+    oi_offload_engine_flush(ranks[r].engine, 120000);
 
   /* Report. */
   oi_host_stats hs = {.struct_size = sizeof hs};
@@ -366,18 +393,20 @@ int demo_tier(int argc, char **argv) {
     errors += x->errors;
     lbytes += x->load_bytes;
     lns += x->load_ns;
-    for (size_t i = 0; i < x->nrestores && lat; i++) lat[nrest++] = x->restore_ns[i];
+    for (size_t i = 0; i < x->nrestores && lat; i++)
+      lat[nrest++] = x->restore_ns[i];
     if (x->errors) fprintf(stderr, "rank %ld: %s\n", r, x->error);
   }
   if (lat) qsort(lat, nrest, sizeof *lat, cmp_u64);
-  double p50 = nrest ? (double)lat[nrest / 2] / 1e3 : 0, p99 = nrest ? (double)lat[(nrest * 99) / 100] / 1e3 : 0;
+  double p50 = nrest ? (double)lat[nrest / 2] / 1e3 : 0,
+         p99 = nrest ? (double)lat[(nrest * 99) / 100] / 1e3 : 0;
   free(lat);
   printf("\n%-34s %14s\n", "", "result");
   printf("%-34s %14zu\n", "requests", nreq);
   printf("%-34s %14.1f\n", "wall time (ms)", (double)wall / 1e6);
   printf("%-34s %14llu\n", "prompt blocks", (unsigned long long)prompt);
-  printf("%-34s %14llu  (%.1f%% of prompt blocks)\n", "restored from the host tier", (unsigned long long)hit,
-         prompt ? 100.0 * (double)hit / (double)prompt : 0.0);
+  printf("%-34s %14llu  (%.1f%% of prompt blocks)\n", "restored from the host tier",
+         (unsigned long long)hit, prompt ? 100.0 * (double)hit / (double)prompt : 0.0);
   printf("%-34s %14llu\n", "blocks saved (sealed)", (unsigned long long)hs.saves_completed);
   printf("%-34s %14llu\n", "blocks deduplicated", (unsigned long long)hs.saves_deduplicated);
   printf("%-34s %14llu\n", "blocks dropped (no memory)", (unsigned long long)hs.saves_dropped);
@@ -385,8 +414,8 @@ int demo_tier(int argc, char **argv) {
   printf("%-34s %14zu\n", "requests restoring a prefix", nrest);
   printf("%-34s %14.1f\n", "restore latency p50 (us)", p50);
   printf("%-34s %14.1f\n", "restore latency p99 (us)", p99);
-  printf("%-34s %14.1f  (%.2f GB/s during restores)\n", "bytes restored (MiB)", (double)lbytes / (1 << 20),
-         lns ? (double)lbytes / (double)lns : 0.0);
+  printf("%-34s %14.1f  (%.2f GB/s during restores)\n", "bytes restored (MiB)",
+         (double)lbytes / (1 << 20), lns ? (double)lbytes / (double)lns : 0.0);
   printf("%-34s %14.1f\n", "bytes saved (MiB)", (double)hs.bytes_saved / (1 << 20));
   printf("%-34s %14.1f  of %.1f MiB (%.0f%%)\n", "pool holding blocks (MiB)",
          (double)hs.block_bytes_resident / (1 << 20), (double)hs.capacity_bytes / (1 << 20),

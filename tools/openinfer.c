@@ -20,8 +20,10 @@ static const command commands[] = {
     {"demo", "save KV blocks to the host tier and restore them, verifying every byte", cmd_demo},
     {"bench", "measure the host tier, transfers, the sidecar and TTFT (build tree only)",
      cmd_bench_launch},
-    {"serve", "run the sidecar server (host pool + client KV arenas over a Unix socket)", cmd_serve},
-    {"stats", "print a running server's figures (pool, blocks, saves, loads, latencies)", cmd_stats},
+    {"serve", "run the sidecar server (host pool + client KV arenas over a Unix socket)",
+     cmd_serve},
+    {"stats", "print a running server's figures (pool, blocks, saves, loads, latencies)",
+     cmd_stats},
 };
 
 static void usage(FILE *f) {

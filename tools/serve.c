@@ -26,34 +26,35 @@ static void on_signal(int sig) {
 }
 
 static void serve_usage(FILE *f) {
-  fprintf(f,
-          "usage: openinfer serve [options]\n"
-          "\n"
-          "Runs the sidecar server: owns the host tier (pinned pool) and allocates each\n"
-          "client's KV arena. Stops cleanly on SIGTERM or SIGINT.\n"
-          "\n"
-          "options:\n"
-          "  --socket PATH       Unix socket to listen on (default $XDG_RUNTIME_DIR/openinfer.sock,\n"
-          "                      or /tmp/openinfer-$UID.sock)\n"
-          "  --socket-mode MODE  permission bits of the socket, octal (default 0600)\n"
-          "  --allow-uid UID     also accept peers with this uid (repeatable; the server's\n"
-          "                      own uid is always accepted)\n"
-          "  --allow-gid GID     also accept peers whose primary gid is this (repeatable)\n"
-          "  --pool SIZE         host pool size, e.g. 64G (default 1G)\n"
-          "  --hugepages         back the pool with 2 MiB hugepages\n"
-          "  --no-pin            pageable pool memory (no pinning)\n"
-          "  --device N|cpu      device the pool is mapped for (default cpu)\n"
-          "  --arena-devices L   devices clients may register arenas on, comma separated\n"
-          "                      (e.g. cpu,0,1; default: any)\n"
-          "  --max-sessions N    concurrent client connections (default 256)\n"
-          "  --handshake-timeout MS  close a connection that sends no Hello within MS\n"
-          "                      milliseconds (default 10000; 'none': never)\n"
-          "  --log-level LEVEL   trace|debug|info|warn|error|off (default info)\n"
-          "  --metrics-addr A    serve /metrics (Prometheus) and /healthz on HOST:PORT\n"
-          "                      (PORT alone: 127.0.0.1; port 0: a free one). Default\n"
-          "                      " DEFAULT_METRICS_ADDR ", skipped with a warning if busy\n"
-          "  --no-metrics        no HTTP endpoint\n"
-          "  -h, --help          this text\n");
+  fprintf(
+      f,
+      "usage: openinfer serve [options]\n"
+      "\n"
+      "Runs the sidecar server: owns the host tier (pinned pool) and allocates each\n"
+      "client's KV arena. Stops cleanly on SIGTERM or SIGINT.\n"
+      "\n"
+      "options:\n"
+      "  --socket PATH       Unix socket to listen on (default $XDG_RUNTIME_DIR/openinfer.sock,\n"
+      "                      or /tmp/openinfer-$UID.sock)\n"
+      "  --socket-mode MODE  permission bits of the socket, octal (default 0600)\n"
+      "  --allow-uid UID     also accept peers with this uid (repeatable; the server's\n"
+      "                      own uid is always accepted)\n"
+      "  --allow-gid GID     also accept peers whose primary gid is this (repeatable)\n"
+      "  --pool SIZE         host pool size, e.g. 64G (default 1G)\n"
+      "  --hugepages         back the pool with 2 MiB hugepages\n"
+      "  --no-pin            pageable pool memory (no pinning)\n"
+      "  --device N|cpu      device the pool is mapped for (default cpu)\n"
+      "  --arena-devices L   devices clients may register arenas on, comma separated\n"
+      "                      (e.g. cpu,0,1; default: any)\n"
+      "  --max-sessions N    concurrent client connections (default 256)\n"
+      "  --handshake-timeout MS  close a connection that sends no Hello within MS\n"
+      "                      milliseconds (default 10000; 'none': never)\n"
+      "  --log-level LEVEL   trace|debug|info|warn|error|off (default info)\n"
+      "  --metrics-addr A    serve /metrics (Prometheus) and /healthz on HOST:PORT\n"
+      "                      (PORT alone: 127.0.0.1; port 0: a free one). Default\n"
+      "                      " DEFAULT_METRICS_ADDR ", skipped with a warning if busy\n"
+      "  --no-metrics        no HTTP endpoint\n"
+      "  -h, --help          this text\n");
 }
 
 static bool parse_device(const char *s, int32_t *out) {
@@ -99,7 +100,8 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
   if (p->tty) {
     char bar[41];
     int full = (int)(frac * 40);
-    for (int i = 0; i < 40; i++) bar[i] = i < full ? '#' : '.';
+    for (int i = 0; i < 40; i++)
+      bar[i] = i < full ? '#' : '.';
     bar[40] = '\0';
     fprintf(stderr, "\r\033[Kpinning the pool [%s] %3.0f%% %.1f/%.1f GiB %.2f GB/s", bar,
             frac * 100, (double)done / gib, (double)total / gib, rate);
@@ -124,15 +126,21 @@ static bool parse_level(const char *s, int32_t *out) {
 
 int cmd_serve(int argc, char **argv) {
   static const struct option longopts[] = {
-      {"socket", required_argument, NULL, 's'},   {"socket-mode", required_argument, NULL, 'm'},
-      {"allow-uid", required_argument, NULL, 'u'}, {"allow-gid", required_argument, NULL, 'g'},
-      {"pool", required_argument, NULL, 'p'},     {"hugepages", no_argument, NULL, 'H'},
-      {"no-pin", no_argument, NULL, 'N'},         {"device", required_argument, NULL, 'd'},
+      {"socket", required_argument, NULL, 's'},
+      {"socket-mode", required_argument, NULL, 'm'},
+      {"allow-uid", required_argument, NULL, 'u'},
+      {"allow-gid", required_argument, NULL, 'g'},
+      {"pool", required_argument, NULL, 'p'},
+      {"hugepages", no_argument, NULL, 'H'},
+      {"no-pin", no_argument, NULL, 'N'},
+      {"device", required_argument, NULL, 'd'},
       {"arena-devices", required_argument, NULL, 'a'},
       {"max-sessions", required_argument, NULL, 'S'},
       {"handshake-timeout", required_argument, NULL, 'T'},
-      {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
-      {"metrics-addr", required_argument, NULL, 'M'}, {"no-metrics", no_argument, NULL, 'n'},
+      {"log-level", required_argument, NULL, 'l'},
+      {"help", no_argument, NULL, 'h'},
+      {"metrics-addr", required_argument, NULL, 'M'},
+      {"no-metrics", no_argument, NULL, 'n'},
       {NULL, 0, NULL, 0},
   };
   oi_host_options ho;
@@ -210,7 +218,8 @@ int cmd_serve(int argc, char **argv) {
       if (!strcmp(optarg, "none")) {
         so.handshake_timeout_ms = UINT32_MAX;
       } else if (!cli_parse_int(optarg, 1, 86400000L, &v)) {
-        fprintf(stderr, "openinfer serve: --handshake-timeout '%s' is not 1..86400000 ms or 'none'\n",
+        fprintf(stderr,
+                "openinfer serve: --handshake-timeout '%s' is not 1..86400000 ms or 'none'\n",
                 optarg);
         return CLI_USAGE;
       } else {
@@ -256,7 +265,8 @@ int cmd_serve(int argc, char **argv) {
   oi_status st = oi_server_create(&so, &srv);
   if (st != OI_OK && metrics_addr && !metrics_explicit &&
       (st == OI_ERR_BUSY || st == OI_ERR_UNSUPPORTED || st == OI_ERR_PERMISSION ||
-       st == OI_ERR_IO) && strstr(oi_last_error(), "metrics endpoint")) {
+       st == OI_ERR_IO) &&
+      strstr(oi_last_error(), "metrics endpoint")) {
     /* The default endpoint is a convenience: without it the server still
      * serves. An address given with --metrics-addr is a requirement. */
     fprintf(stderr, "openinfer serve: warning: %s; serving without /metrics\n", oi_last_error());

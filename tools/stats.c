@@ -9,17 +9,16 @@
 #include "openinfer/openinfer.h"
 
 static void stats_usage(FILE *f) {
-  fprintf(f,
-          "usage: openinfer stats [options]\n"
-          "\n"
-          "Prints the figures of a running sidecar server (openinfer serve): pool use, blocks\n"
-          "by state, saves, loads, queries, leases, latencies, namespaces.\n"
-          "\n"
-          "options:\n"
-          "  --socket PATH   the server's socket (default $XDG_RUNTIME_DIR/openinfer.sock,\n"
-          "                  or /tmp/openinfer-$UID.sock)\n"
-          "  --json          one JSON object instead of the summary\n"
-          "  -h, --help      this text\n");
+  fprintf(f, "usage: openinfer stats [options]\n"
+             "\n"
+             "Prints the figures of a running sidecar server (openinfer serve): pool use, blocks\n"
+             "by state, saves, loads, queries, leases, latencies, namespaces.\n"
+             "\n"
+             "options:\n"
+             "  --socket PATH   the server's socket (default $XDG_RUNTIME_DIR/openinfer.sock,\n"
+             "                  or /tmp/openinfer-$UID.sock)\n"
+             "  --json          one JSON object instead of the summary\n"
+             "  -h, --help      this text\n");
 }
 
 static void human_bytes(char *out, size_t cap, uint64_t b) {
@@ -36,7 +35,8 @@ static void human_bytes(char *out, size_t cap, uint64_t b) {
 /* The upper bound of the bucket holding quantile q, as text. */
 static void quantile(char *out, size_t cap, const uint64_t *b, uint32_t n, double q) {
   uint64_t total = 0;
-  for (uint32_t i = 0; i < n; i++) total += b[i];
+  for (uint32_t i = 0; i < n; i++)
+    total += b[i];
   if (!total) {
     snprintf(out, cap, "-");
     return;
@@ -64,7 +64,8 @@ static void quantile(char *out, size_t cap, const uint64_t *b, uint32_t n, doubl
 
 static void print_latency(const char *what, const uint64_t *b, uint32_t n, uint64_t sum_us) {
   uint64_t total = 0;
-  for (uint32_t i = 0; i < n; i++) total += b[i];
+  for (uint32_t i = 0; i < n; i++)
+    total += b[i];
   char p50[32], p99[32];
   quantile(p50, sizeof p50, b, n, 0.5);
   quantile(p99, sizeof p99, b, n, 0.99);
@@ -87,7 +88,8 @@ static void json_string(const char *s) {
 
 static void json_array(const char *name, const uint64_t *v, uint32_t n) {
   printf("\"%s\": [", name);
-  for (uint32_t i = 0; i < n; i++) printf("%s%llu", i ? ", " : "", (unsigned long long)v[i]);
+  for (uint32_t i = 0; i < n; i++)
+    printf("%s%llu", i ? ", " : "", (unsigned long long)v[i]);
   printf("]");
 }
 
@@ -143,14 +145,14 @@ static void print_json(const char *socket, const oi_server_stats *r, const oi_ho
   J("save_latency_sum_us", h->save_latency_sum_us);
   printf("    ");
   json_array("load_latency_us", h->load_latency_us, h->latency_buckets);
-  printf(",\n    \"load_latency_sum_us\": %llu\n  },\n", (unsigned long long)h->load_latency_sum_us);
+  printf(",\n    \"load_latency_sum_us\": %llu\n  },\n",
+         (unsigned long long)h->load_latency_sum_us);
   printf("  \"namespaces\": [");
   for (size_t i = 0; i < n_ns; i++) {
     printf("%s\n    {\"name\": ", i ? "," : "");
     json_string(ns[i].name);
     printf(", \"block_bytes\": %llu, \"blocks_resident\": %llu}",
-           (unsigned long long)ns[i].block_bytes,
-           (unsigned long long)ns[i].blocks_resident);
+           (unsigned long long)ns[i].block_bytes, (unsigned long long)ns[i].blocks_resident);
   }
   printf("%s]\n}\n", n_ns ? "\n  " : "");
 }
@@ -161,8 +163,8 @@ static void print_summary(const char *socket, const oi_server_stats *r, const oi
   printf("openinfer server on %s: %s, epoch %016llx, up %.0f s\n", socket, r->server_version,
          (unsigned long long)r->epoch, (double)r->uptime_ns / 1e9);
   human_bytes(b1, sizeof b1, r->arena_bytes);
-  printf("%-14s %llu sessions, %llu instances (%s of arenas), %llu cleaned up\n", "clients:",
-         (unsigned long long)r->sessions, (unsigned long long)r->instances, b1,
+  printf("%-14s %llu sessions, %llu instances (%s of arenas), %llu cleaned up\n",
+         "clients:", (unsigned long long)r->sessions, (unsigned long long)r->instances, b1,
          (unsigned long long)r->instances_cleaned_up);
   human_bytes(b1, sizeof b1, h->capacity_bytes);
   human_bytes(b2, sizeof b2, h->used_bytes);
@@ -177,21 +179,23 @@ static void print_summary(const char *socket, const oi_server_stats *r, const oi
          (unsigned long long)h->blocks_loading, (unsigned long long)h->blocks_pinned,
          (unsigned long long)h->blocks_in_flight, (unsigned long long)h->blocks_free);
   human_bytes(b1, sizeof b1, h->bytes_saved);
-  printf("%-14s %llu blocks submitted, %llu completed, %llu deduplicated, %llu dropped, %llu failed; "
-         "%s saved\n",
-         "saves:", (unsigned long long)h->saves_submitted, (unsigned long long)h->saves_completed,
-         (unsigned long long)h->saves_deduplicated, (unsigned long long)h->saves_dropped,
-         (unsigned long long)h->saves_failed, b1);
+  printf(
+      "%-14s %llu blocks submitted, %llu completed, %llu deduplicated, %llu dropped, %llu failed; "
+      "%s saved\n",
+      "saves:", (unsigned long long)h->saves_submitted, (unsigned long long)h->saves_completed,
+      (unsigned long long)h->saves_deduplicated, (unsigned long long)h->saves_dropped,
+      (unsigned long long)h->saves_failed, b1);
   human_bytes(b1, sizeof b1, h->bytes_loaded);
-  printf("%-14s %llu submitted, %llu completed, %llu failed; %llu blocks, %s loaded\n", "loads:",
-         (unsigned long long)h->loads_submitted, (unsigned long long)h->loads_completed,
+  printf("%-14s %llu submitted, %llu completed, %llu failed; %llu blocks, %s loaded\n",
+         "loads:", (unsigned long long)h->loads_submitted, (unsigned long long)h->loads_completed,
          (unsigned long long)h->loads_failed, (unsigned long long)h->blocks_loaded, b1);
   uint64_t q = h->query_hit_blocks + h->query_miss_blocks;
-  printf("%-14s %llu hit blocks, %llu missed (hit rate %.1f%%)\n", "queries:",
-         (unsigned long long)h->query_hit_blocks, (unsigned long long)h->query_miss_blocks,
+  printf("%-14s %llu hit blocks, %llu missed (hit rate %.1f%%)\n",
+         "queries:", (unsigned long long)h->query_hit_blocks,
+         (unsigned long long)h->query_miss_blocks,
          q ? 100.0 * (double)h->query_hit_blocks / (double)q : 0.0);
-  printf("%-14s %llu active, %llu released, %llu expired; %llu blocks evicted\n", "leases:",
-         (unsigned long long)h->leases_active, (unsigned long long)h->leases_released,
+  printf("%-14s %llu active, %llu released, %llu expired; %llu blocks evicted\n",
+         "leases:", (unsigned long long)h->leases_active, (unsigned long long)h->leases_released,
          (unsigned long long)h->leases_expired, (unsigned long long)h->evictions);
   print_latency("save latency:", h->save_latency_us, h->latency_buckets, h->save_latency_sum_us);
   print_latency("load latency:", h->load_latency_us, h->latency_buckets, h->load_latency_sum_us);

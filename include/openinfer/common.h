@@ -137,9 +137,9 @@ typedef struct oi_arena_handle {
  * Every arena of a layout has the same num_blocks. The host block is the
  * concatenation, in arena then segment order, of these slices. */
 typedef struct oi_arena_desc {
-  const char *name;         /* unique within the layout */
-  uint64_t offset;          /* from the layout's arena_base (when set) */
-  void *base;               /* absolute address (when arena_base is NULL) */
+  const char *name; /* unique within the layout */
+  uint64_t offset;  /* from the layout's arena_base (when set) */
+  void *base;       /* absolute address (when arena_base is NULL) */
   uint64_t num_blocks;
   uint64_t bytes_per_block; /* copy unit of one segment */
   uint64_t block_stride;    /* >= (segments-1)*segment_stride + bytes_per_block */

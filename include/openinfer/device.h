@@ -25,15 +25,15 @@ typedef enum oi_backend_kind {
  * the library writes only the fields the caller's struct_size covers. */
 typedef struct oi_device_info {
   uint32_t struct_size;
-  int32_t device;                /* the ordinal asked for */
-  uint32_t backend;              /* oi_backend_kind */
-  char name[96];                 /* "cpu" or the GPU's name */
-  uint64_t total_memory;         /* bytes of device memory (host RAM for cpu) */
-  int32_t numa_node;             /* host NUMA node closest to the device, -1 unknown */
-  uint32_t compute_capability;   /* major * 10 + minor; 0 for cpu */
-  uint32_t can_map_host_memory;  /* kernels may use registered host pointers */
-  uint32_t multiprocessors;      /* SMs (cuda) or online cpus */
-  char pci_bus_id[16];           /* "0000:3b:00.0", empty for cpu */
+  int32_t device;               /* the ordinal asked for */
+  uint32_t backend;             /* oi_backend_kind */
+  char name[96];                /* "cpu" or the GPU's name */
+  uint64_t total_memory;        /* bytes of device memory (host RAM for cpu) */
+  int32_t numa_node;            /* host NUMA node closest to the device, -1 unknown */
+  uint32_t compute_capability;  /* major * 10 + minor; 0 for cpu */
+  uint32_t can_map_host_memory; /* kernels may use registered host pointers */
+  uint32_t multiprocessors;     /* SMs (cuda) or online cpus */
+  char pci_bus_id[16];          /* "0000:3b:00.0", empty for cpu */
 } oi_device_info;
 
 /* Number of CUDA devices visible to this process; 0 without a GPU, without a

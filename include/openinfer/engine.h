@@ -30,13 +30,13 @@ typedef enum oi_copy_mode {
 
 typedef struct oi_engine_options {
   uint32_t struct_size;
-  int32_t device;               /* -1 cpu; else the CUDA device of the arenas */
-  const char *namespace_id;     /* content domain; required */
-  const char *instance_name;    /* for logs; optional */
-  uint32_t world_size;          /* lease consumers; default 1 */
+  int32_t device;            /* -1 cpu; else the CUDA device of the arenas */
+  const char *namespace_id;  /* content domain; required */
+  const char *instance_name; /* for logs; optional */
+  uint32_t world_size;       /* lease consumers; default 1 */
   uint32_t num_arenas;
-  const oi_arena_desc *arenas;  /* copied at create */
-  void *arena_base;             /* optional: arenas given by offset into [base, base+arena_size) */
+  const oi_arena_desc *arenas; /* copied at create */
+  void *arena_base;            /* optional: arenas given by offset into [base, base+arena_size) */
   uint64_t arena_size;
   uint32_t save_deadline_ms;    /* default 120000 */
   uint32_t load_deadline_ms;    /* default 120000 */
@@ -46,11 +46,11 @@ typedef struct oi_engine_options {
                                    default 30000 */
   /* Tuning of embedded engines (a sidecar engine's copies run in the server
    * with its defaults; the fields are checked all the same). */
-  uint64_t submit_group_bytes;  /* copies are queued in groups of about this many bytes;
-                                   0 = the copy mode's default (8 MiB DMA, 32 MiB others);
-                                   otherwise at least 64 KiB; UINT64_MAX = one group per call */
-  uint64_t staging_bytes;       /* OI_COPY_STAGED: device memory of each of the engine's two
-                                   streams' staging slots; 0 = 32 MiB; else 4 MiB .. 4 GiB */
+  uint64_t submit_group_bytes; /* copies are queued in groups of about this many bytes;
+                                  0 = the copy mode's default (8 MiB DMA, 32 MiB others);
+                                  otherwise at least 64 KiB; UINT64_MAX = one group per call */
+  uint64_t staging_bytes;      /* OI_COPY_STAGED: device memory of each of the engine's two
+                                  streams' staging slots; 0 = 32 MiB; else 4 MiB .. 4 GiB */
 } oi_engine_options;
 
 /* Completion callback of a save: the caller's signal that the device blocks
@@ -106,26 +106,26 @@ typedef struct oi_query_result {
 typedef struct oi_engine_stats {
   uint32_t struct_size;
   uint32_t instance_id;
-  uint64_t block_bytes;        /* bytes of one host block of this layout */
+  uint64_t block_bytes; /* bytes of one host block of this layout */
   uint64_t num_blocks;
-  uint64_t saves_submitted;    /* blocks */
+  uint64_t saves_submitted; /* blocks */
   uint64_t saves_completed;
   uint64_t saves_deduplicated;
   uint64_t saves_dropped;
   uint64_t saves_failed;
-  uint64_t loads_completed;    /* operations */
+  uint64_t loads_completed; /* operations */
   uint64_t loads_failed;
   uint64_t blocks_loaded;
   uint64_t bytes_saved;
   uint64_t bytes_loaded;
   uint64_t query_hit_blocks;
   uint64_t query_miss_blocks;
-  uint64_t saves_pending;      /* save operations not yet sealed or dropped */
+  uint64_t saves_pending; /* save operations not yet sealed or dropped */
   /* ---- appended (observability); an older caller's struct_size stops before these ---- */
-  uint64_t loads_submitted;    /* load operations accepted */
+  uint64_t loads_submitted;           /* load operations accepted */
   uint64_t namespace_blocks_resident; /* blocks in flight or sealed in this engine's namespace
                                          (every engine of the namespace shares them) */
-  uint32_t latency_buckets;    /* OI_LATENCY_BUCKETS */
+  uint32_t latency_buckets;           /* OI_LATENCY_BUCKETS */
   uint32_t reserved;
   /* This engine's save and load latencies, as in oi_host_stats (sidecar:
    * measured by the server, from the request's arrival to its completion). */
@@ -166,8 +166,7 @@ OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_op
  * still maps. save's wait_event is not supported (OI_ERR_UNSUPPORTED):
  * synchronize the event before saving. At most 65536 blocks per request. */
 OI_API oi_status oi_offload_engine_connect(const char *socket_path, const oi_engine_options *o,
-                                           oi_offload_engine **out,
-                                           oi_imported_arena **arena_out);
+                                           oi_offload_engine **out, oi_imported_arena **arena_out);
 
 /* Flushes saves, releases this instance's leases, unregisters. Accepts NULL. */
 OI_API void oi_offload_engine_destroy(oi_offload_engine *e);

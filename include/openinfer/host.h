@@ -24,15 +24,15 @@ enum {
 
 typedef struct oi_host_options {
   uint32_t struct_size;
-  uint32_t flags;          /* OI_HOST_* */
-  uint64_t pool_bytes;     /* capacity of the pool (required, > 0) */
-  int32_t device;          /* -1: cpu backend; else the CUDA device the pool is mapped for */
-  int32_t numa_node;       /* -1: the device's node (or none) */
-  uint32_t lease_ttl_ms;   /* default 600000 (10 min) */
-  uint32_t index_shards;   /* power of two; default 64 */
-  uint64_t chunk_bytes;    /* pool carving unit, one size class per chunk; 0 = auto */
-  float high_watermark;    /* fraction of capacity that starts background eviction; default 0.95 */
-  float low_watermark;     /* background eviction stops here; default 0.90 */
+  uint32_t flags;        /* OI_HOST_* */
+  uint64_t pool_bytes;   /* capacity of the pool (required, > 0) */
+  int32_t device;        /* -1: cpu backend; else the CUDA device the pool is mapped for */
+  int32_t numa_node;     /* -1: the device's node (or none) */
+  uint32_t lease_ttl_ms; /* default 600000 (10 min) */
+  uint32_t index_shards; /* power of two; default 64 */
+  uint64_t chunk_bytes;  /* pool carving unit, one size class per chunk; 0 = auto */
+  float high_watermark;  /* fraction of capacity that starts background eviction; default 0.95 */
+  float low_watermark;   /* background eviction stops here; default 0.90 */
   /* Optional: pool setup progress, called on the thread that creates the
    * host: once with done == 0, about every 100 ms while the pool's pages are
    * touched (done = bytes touched so far), and once with done == total when
@@ -46,38 +46,38 @@ typedef struct oi_host_options {
  * are host blocks (one KV block across all arenas of its layout). */
 typedef struct oi_host_stats {
   uint32_t struct_size;
-  uint32_t size_classes;       /* distinct block sizes in use */
-  uint64_t capacity_bytes;     /* the pool */
-  uint64_t used_bytes;         /* bytes in chunks carved for a size class... */
-  uint64_t free_bytes;         /* ...and the rest; used + free == capacity */
+  uint32_t size_classes;         /* distinct block sizes in use */
+  uint64_t capacity_bytes;       /* the pool */
+  uint64_t used_bytes;           /* bytes in chunks carved for a size class... */
+  uint64_t free_bytes;           /* ...and the rest; used + free == capacity */
   uint64_t block_bytes_resident; /* bytes of blocks in flight or sealed (what the pool holds) */
-  uint64_t blocks_free;        /* carved slots holding nothing */
-  uint64_t blocks_in_flight;   /* being saved, invisible to queries */
-  uint64_t blocks_sealed;      /* visible to queries (includes leased and loading) */
-  uint64_t blocks_leased;      /* sealed blocks a live lease pins */
-  uint64_t blocks_loading;     /* sealed blocks a load is reading */
-  uint64_t saves_submitted;    /* blocks offered to save */
-  uint64_t saves_completed;    /* blocks sealed */
-  uint64_t saves_deduplicated; /* blocks already sealed or in flight */
-  uint64_t saves_dropped;      /* blocks that got no memory */
-  uint64_t saves_failed;       /* blocks whose copy failed (never made visible) */
-  uint64_t bytes_saved;        /* device -> host */
-  uint64_t bytes_loaded;       /* host -> device */
-  uint64_t loads_completed;    /* load operations */
+  uint64_t blocks_free;          /* carved slots holding nothing */
+  uint64_t blocks_in_flight;     /* being saved, invisible to queries */
+  uint64_t blocks_sealed;        /* visible to queries (includes leased and loading) */
+  uint64_t blocks_leased;        /* sealed blocks a live lease pins */
+  uint64_t blocks_loading;       /* sealed blocks a load is reading */
+  uint64_t saves_submitted;      /* blocks offered to save */
+  uint64_t saves_completed;      /* blocks sealed */
+  uint64_t saves_deduplicated;   /* blocks already sealed or in flight */
+  uint64_t saves_dropped;        /* blocks that got no memory */
+  uint64_t saves_failed;         /* blocks whose copy failed (never made visible) */
+  uint64_t bytes_saved;          /* device -> host */
+  uint64_t bytes_loaded;         /* host -> device */
+  uint64_t loads_completed;      /* load operations */
   uint64_t loads_failed;
-  uint64_t query_hit_blocks;   /* blocks reported as hits */
-  uint64_t query_miss_blocks;  /* queried blocks past the hit prefix */
+  uint64_t query_hit_blocks;  /* blocks reported as hits */
+  uint64_t query_miss_blocks; /* queried blocks past the hit prefix */
   uint64_t leases_active;
-  uint64_t leases_expired;     /* by TTL */
-  uint64_t leases_released;    /* explicitly, or when their last share was consumed */
-  uint64_t evictions;          /* blocks evicted */
+  uint64_t leases_expired;  /* by TTL */
+  uint64_t leases_released; /* explicitly, or when their last share was consumed */
+  uint64_t evictions;       /* blocks evicted */
   /* ---- appended (observability); an older caller's struct_size stops before these ---- */
-  uint64_t loads_submitted;    /* load operations accepted (consumed a lease share) */
-  uint64_t blocks_loaded;      /* blocks copied host -> device */
-  uint64_t blocks_pinned;      /* sealed blocks a lease or a load holds (not evictable) */
-  uint64_t pool_setup_ns;      /* time to map, touch and pin the pool at create */
-  uint32_t namespaces;         /* namespaces bound (see oi_offload_host_namespace_stats) */
-  uint32_t latency_buckets;    /* OI_LATENCY_BUCKETS */
+  uint64_t loads_submitted; /* load operations accepted (consumed a lease share) */
+  uint64_t blocks_loaded;   /* blocks copied host -> device */
+  uint64_t blocks_pinned;   /* sealed blocks a lease or a load holds (not evictable) */
+  uint64_t pool_setup_ns;   /* time to map, touch and pin the pool at create */
+  uint32_t namespaces;      /* namespaces bound (see oi_offload_host_namespace_stats) */
+  uint32_t latency_buckets; /* OI_LATENCY_BUCKETS */
   /* Save latency: from the save call to every accepted block sealed (or the
    * operation failed), per save operation that copied at least one block. */
   uint64_t save_latency_us[OI_LATENCY_BUCKETS];

@@ -17,7 +17,6 @@
 extern "C" {
 #endif
 
-
 /* What a model needs in the KV arena, per layer and token. Output struct of
  * oi_model_ops.describe (the executor sets struct_size). */
 typedef struct oi_model_desc {

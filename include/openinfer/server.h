@@ -30,7 +30,7 @@ typedef struct oi_server_options {
    * /tmp/openinfer-$UID.sock. A stale socket file (nothing listens) is
    * replaced; a live one makes create fail with OI_ERR_BUSY. */
   const char *socket_path;
-  uint32_t socket_mode;          /* permission bits of the socket file; default 0600 */
+  uint32_t socket_mode; /* permission bits of the socket file; default 0600 */
   /* Peers are checked with SO_PEERCRED: the server's own uid is always
    * allowed; besides it, any uid listed here and any peer whose primary gid
    * is listed here. Nothing else (root included) is. */
@@ -44,8 +44,8 @@ typedef struct oi_server_options {
   /* Devices clients may register arenas on (-1: cpu). NULL/0: any. */
   uint32_t num_devices;
   const int32_t *devices;
-  int32_t log_level;             /* oi_log_level to set at create; -1 (default): leave it */
-  uint32_t max_sessions;         /* concurrent client connections; default 256 */
+  int32_t log_level;     /* oi_log_level to set at create; -1 (default): leave it */
+  uint32_t max_sessions; /* concurrent client connections; default 256 */
   /* ---- appended (observability) ---- */
   /* Where to serve /metrics (Prometheus text format) and /healthz over HTTP:
    * "HOST:PORT" ("[::1]:PORT" for IPv6); "PORT" or ":PORT" bind to 127.0.0.1.

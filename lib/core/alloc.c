@@ -36,7 +36,9 @@ void oi__free(void *p) { free(p); }
 void *oi__malloc(size_t bytes) { return mi_malloc(bytes); }
 void *oi__calloc(size_t count, size_t size) { return mi_calloc(count, size); }
 void *oi__realloc(void *p, size_t bytes) { return mi_realloc(p, bytes); }
-void *oi__aligned_alloc(size_t alignment, size_t bytes) { return mi_malloc_aligned(bytes, alignment); }
+void *oi__aligned_alloc(size_t alignment, size_t bytes) {
+  return mi_malloc_aligned(bytes, alignment);
+}
 char *oi__strdup(const char *s) { return s ? mi_strdup(s) : NULL; }
 void oi__free(void *p) { mi_free(p); }
 #endif
@@ -45,7 +47,8 @@ bool oi__grow(void **buf, size_t *cap, size_t need, size_t elem, size_t max) {
   if (need <= *cap) return true;
   if (need > max) return false;
   size_t ncap = *cap ? *cap : 64;
-  while (ncap < need) ncap *= 2;
+  while (ncap < need)
+    ncap *= 2;
   if (ncap > max) ncap = max;
   void *p = oi__realloc(*buf, ncap * elem);
   if (!p) return false;

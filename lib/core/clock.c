@@ -31,7 +31,8 @@ void oi__hist_record(oi_latency_hist *h, uint64_t elapsed_ns) {
   atomic_fetch_add_explicit(&h->sum_us, us, memory_order_relaxed);
 }
 
-void oi__hist_read(const oi_latency_hist *h, uint64_t buckets[OI_LATENCY_BUCKETS], uint64_t *sum_us) {
+void oi__hist_read(const oi_latency_hist *h, uint64_t buckets[OI_LATENCY_BUCKETS],
+                   uint64_t *sum_us) {
   for (uint32_t i = 0; i < OI_LATENCY_BUCKETS; i++)
     buckets[i] = atomic_load_explicit((_Atomic uint64_t *)&h->buckets[i], memory_order_relaxed);
   *sum_us = atomic_load_explicit((_Atomic uint64_t *)&h->sum_us, memory_order_relaxed);

@@ -31,8 +31,8 @@ void oi__log(oi_log_level level, const char *component, const char *fmt, ...)
   } while (0)
 /* The same with the instance (engine) the event concerns, as its own field:
  * "level=info component=engine instance=3 msg=...". */
-void oi__log_instance(oi_log_level level, const char *component, uint32_t instance,
-                      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void oi__log_instance(oi_log_level level, const char *component, uint32_t instance, const char *fmt,
+                      ...) __attribute__((format(printf, 4, 5)));
 #define OI_LOG_I(level, component, instance, ...)                                                  \
   do {                                                                                             \
     if (oi__log_enabled(level)) oi__log_instance(level, component, instance, __VA_ARGS__);         \
@@ -69,7 +69,8 @@ static inline uint32_t oi__latency_bucket(uint64_t us) {
 }
 void oi__hist_record(oi_latency_hist *h, uint64_t elapsed_ns);
 /* Copies the buckets (non-cumulative) and the sum. */
-void oi__hist_read(const oi_latency_hist *h, uint64_t buckets[OI_LATENCY_BUCKETS], uint64_t *sum_us);
+void oi__hist_read(const oi_latency_hist *h, uint64_t buckets[OI_LATENCY_BUCKETS],
+                   uint64_t *sum_us);
 
 /* Monotonic clock. */
 uint64_t oi__now_ns(void);

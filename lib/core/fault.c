@@ -106,7 +106,8 @@ oi_status oi__fault_arm(oi_fault_point point, uint64_t after_n, uint64_t count, 
   OI_UNUSED(after_n);
   OI_UNUSED(count);
   OI_UNUSED(param);
-  return oi__fail(OI_ERR_UNSUPPORTED, "fault injection is not compiled in (-Dfault_injection=true)");
+  return oi__fail(OI_ERR_UNSUPPORTED,
+                  "fault injection is not compiled in (-Dfault_injection=true)");
 }
 
 void oi__fault_disarm(oi_fault_point point) { OI_UNUSED(point); }
@@ -120,7 +121,8 @@ uint64_t oi__fault_clock(uint64_t ns) { return ns; }
 #endif
 
 void oi__fault_disarm_all(void) {
-  for (int i = 0; i < OI_FAULT_POINTS; i++) oi__fault_disarm((oi_fault_point)i);
+  for (int i = 0; i < OI_FAULT_POINTS; i++)
+    oi__fault_disarm((oi_fault_point)i);
 }
 
 #ifdef OI_FAULT_INJECTION
@@ -152,14 +154,16 @@ static oi_status arm_spec(const char *spec,
         char *e;
         v[i] = strtoull(q, &e, 10);
         if (e == q || (*e && *e != ':'))
-          return oi__fail(OI_ERR_INVALID_ARGUMENT, "fault spec: '%s' is not a number list", colon + 1);
+          return oi__fail(OI_ERR_INVALID_ARGUMENT, "fault spec: '%s' is not a number list",
+                          colon + 1);
         q = *e ? e + 1 : e;
       }
     }
     int point = -1;
     for (int i = 0; i < OI_FAULT_POINTS; i++)
       if (!strcmp(item, names[i])) point = i;
-    if (point < 0) return oi__fail(OI_ERR_INVALID_ARGUMENT, "fault spec: no fault point '%s'", item);
+    if (point < 0)
+      return oi__fail(OI_ERR_INVALID_ARGUMENT, "fault spec: no fault point '%s'", item);
     oi_status st = arm((oi_fault_point)point, v[0], v[1], v[2]);
     if (st != OI_OK) return st;
     p = end ? end + 1 : p + len;

@@ -93,8 +93,8 @@ void oi__log(oi_log_level level, const char *component, const char *fmt, ...) {
   va_end(ap);
 }
 
-void oi__log_instance(oi_log_level level, const char *component, uint32_t instance,
-                      const char *fmt, ...) {
+void oi__log_instance(oi_log_level level, const char *component, uint32_t instance, const char *fmt,
+                      ...) {
   va_list ap;
   va_start(ap, fmt);
   vlog(level, component, instance, fmt, ap);

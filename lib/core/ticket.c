@@ -58,7 +58,8 @@ void oi__ticket_unref(oi_ticket *t) {
 static void signal_fd(int fd) {
   uint64_t one = 1;
   ssize_t w;
-  do w = write(fd, &one, sizeof one);
+  do
+    w = write(fd, &one, sizeof one);
   while (w < 0 && errno == EINTR);
 }
 

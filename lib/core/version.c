@@ -7,8 +7,10 @@ OI_API uint32_t oi_version(void) { return OI_VERSION_NUMBER; }
 
 OI_API const char *oi_version_string(void) {
 #if defined(OI_HAVE_CUDA)
-  return OI_STR(OI_VERSION_MAJOR) "." OI_STR(OI_VERSION_MINOR) "." OI_STR(OI_VERSION_PATCH) " (cpu, cuda)";
+  return OI_STR(OI_VERSION_MAJOR) "." OI_STR(OI_VERSION_MINOR) "." OI_STR(
+      OI_VERSION_PATCH) " (cpu, cuda)";
 #else
-  return OI_STR(OI_VERSION_MAJOR) "." OI_STR(OI_VERSION_MINOR) "." OI_STR(OI_VERSION_PATCH) " (cpu)";
+  return OI_STR(OI_VERSION_MAJOR) "." OI_STR(OI_VERSION_MINOR) "." OI_STR(
+      OI_VERSION_PATCH) " (cpu)";
 #endif
 }

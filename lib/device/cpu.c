@@ -14,8 +14,8 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
-#include "device/device.h"
 #include "core/fault.h"
+#include "device/device.h"
 #include "device/hostmem.h"
 
 #define CPU_HANDLE_MAGIC "OISHM\x01\0\0"
@@ -63,7 +63,8 @@ int oi__cpu_remove_orphan_arenas(int pid) {
 static oi_status cpu_mem_alloc(oi_dev *d, size_t bytes, uint32_t flags, void **out) {
   cpu_dev *cd = (cpu_dev *)d;
   if (!out || bytes == 0)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "cpu mem_alloc: %s", out ? "bytes is 0" : "out is NULL");
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "cpu mem_alloc: %s",
+                    out ? "bytes is 0" : "out is NULL");
   cpu_alloc *a = oi__calloc(1, sizeof *a);
   if (!a) return oi__fail(OI_ERR_OUT_OF_MEMORY, "cpu mem_alloc: out of memory");
   int fd = -1;
@@ -135,7 +136,8 @@ static void cpu_mem_free(oi_dev *d, void *p) {
 
 static oi_status cpu_mem_copy(oi_dev *d, void *dst, const void *src, size_t bytes) {
   OI_UNUSED(d);
-  if (bytes && (!dst || !src)) return oi__fail(OI_ERR_INVALID_ARGUMENT, "cpu mem_copy: NULL pointer");
+  if (bytes && (!dst || !src))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "cpu mem_copy: NULL pointer");
   memmove(dst, src, bytes);
   return OI_OK;
 }
@@ -144,7 +146,8 @@ static oi_status cpu_mem_fill_pattern(oi_dev *d, void *dst, size_t bytes, uint64
   OI_UNUSED(d);
   if (bytes && !dst) return oi__fail(OI_ERR_INVALID_ARGUMENT, "cpu fill_pattern: dst is NULL");
   uint8_t *p = dst;
-  for (size_t i = 0; i < bytes; i++) p[i] = oi__pattern_byte(seed, i);
+  for (size_t i = 0; i < bytes; i++)
+    p[i] = oi__pattern_byte(seed, i);
   return OI_OK;
 }
 
@@ -195,10 +198,9 @@ static oi_status cpu_mem_import(oi_dev *d, const oi_arena_handle *h, uint64_t ex
   uint64_t real = (uint64_t)st.st_size;
   if (real != claimed || real < expected) {
     close(fd);
-    return oi__fail(OI_ERR_PROTOCOL,
-                    "arena import: %s holds %llu bytes (handle says %llu), %llu expected", name,
-                    (unsigned long long)real, (unsigned long long)claimed,
-                    (unsigned long long)expected);
+    return oi__fail(
+        OI_ERR_PROTOCOL, "arena import: %s holds %llu bytes (handle says %llu), %llu expected",
+        name, (unsigned long long)real, (unsigned long long)claimed, (unsigned long long)expected);
   }
   void *p = mmap(NULL, real, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
@@ -221,11 +223,15 @@ static oi_status cpu_pinned_alloc(oi_dev *d, size_t bytes, uint32_t flags, int n
                                   oi_pinned *out) {
   OI_UNUSED(d);
   if (!out || bytes == 0)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "pinned_alloc: %s", out ? "bytes is 0" : "out is NULL");
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "pinned_alloc: %s",
+                    out ? "bytes is 0" : "out is NULL");
   size_t mapped;
   oi_status st = oi__host_map(bytes, flags, numa_node, &out->host, &mapped);
   if (st != OI_OK) return st;
-  if (OI_FAULT(OI_FAULT_PIN_REGISTER, NULL)) { oi__host_unmap(out->host, mapped); return oi__fail(OI_ERR_OUT_OF_MEMORY, "pinned_alloc: pinning failed (injected fault)"); }
+  if (OI_FAULT(OI_FAULT_PIN_REGISTER, NULL)) {
+    oi__host_unmap(out->host, mapped);
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "pinned_alloc: pinning failed (injected fault)");
+  }
   out->device = out->host;
   out->bytes = mapped;
   out->flags = flags;
@@ -260,8 +266,8 @@ struct oi_stream {
   pthread_cond_t done_cv; /* work finished (stream_sync waits on it) */
   stream_item *head, *tail;
   uint64_t submitted, completed;
-  bool idle;   /* the worker sleeps on cv: only then does a push need a wake-up */
-  int syncers; /* threads in stream_sync */
+  bool idle;     /* the worker sleeps on cv: only then does a push need a wake-up */
+  int syncers;   /* threads in stream_sync */
   oi_status err; /* first copy error since the last callback (worker thread only) */
 };
 
@@ -307,10 +313,12 @@ static void copy_fence(void) {}
 static oi_status run_copy(const stream_item *it) {
   uint64_t ms = 0, limit = UINT64_MAX;
   if (OI_FAULT(OI_FAULT_COPY_SLOW, &ms)) usleep((useconds_t)(ms * 1000));
-  if (OI_FAULT(OI_FAULT_COPY_FAIL, NULL)) return oi__fail(OI_ERR_IO, "copy failed (injected fault)");
+  if (OI_FAULT(OI_FAULT_COPY_FAIL, NULL))
+    return oi__fail(OI_ERR_IO, "copy failed (injected fault)");
   if (OI_FAULT(OI_FAULT_COPY_PARTIAL, NULL)) {
     limit = 0;
-    for (size_t i = 0; i < it->n; i++) limit += it->descs[i].bytes;
+    for (size_t i = 0; i < it->n; i++)
+      limit += it->descs[i].bytes;
     limit /= 2;
   }
   for (size_t i = 0; i < it->n && limit; i++) {
@@ -403,8 +411,8 @@ static void cpu_stream_destroy(oi_stream *s) {
   oi__free(s);
 }
 
-static oi_status cpu_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs,
-                                 size_t n, const oi_copy_params *p) {
+static oi_status cpu_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *descs, size_t n,
+                                 const oi_copy_params *p) {
   OI_UNUSED(dir);
   OI_UNUSED(p); /* memcpy is the only way to copy here */
   if (n == 0) return OI_OK;
@@ -446,7 +454,8 @@ static oi_status cpu_stream_sync(oi_stream *s) {
   pthread_mutex_lock(&s->lock);
   uint64_t target = s->submitted;
   s->syncers++;
-  while (s->completed < target) pthread_cond_wait(&s->done_cv, &s->lock);
+  while (s->completed < target)
+    pthread_cond_wait(&s->done_cv, &s->lock);
   s->syncers--;
   pthread_mutex_unlock(&s->lock);
   return OI_OK;
@@ -469,7 +478,8 @@ static oi_status cpu_info(oi_dev *d, oi_device_info *out) {
 static void cpu_close(oi_dev *d) {
   cpu_dev *cd = (cpu_dev *)d;
   /* Allocations outlive nothing: free what the user leaked. */
-  while (cd->allocs) cpu_mem_free(d, cd->allocs->ptr);
+  while (cd->allocs)
+    cpu_mem_free(d, cd->allocs->ptr);
   pthread_mutex_destroy(&cd->lock);
   oi__free(cd);
 }

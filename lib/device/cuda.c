@@ -2,15 +2,15 @@
  * priorities, IPC export/import of arenas. Driver-API entry points come from
  * cudart (cudaGetDriverEntryPointByVersion) so the library loads on machines
  * without a driver and simply reports no devices there. */
+#include <ctype.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "device.h"
 #include "core/fault.h"
+#include "device.h"
 #include "hostmem.h"
 #include "kernels/kernels.h"
 
@@ -68,8 +68,8 @@ static oi_status load_driver_api(driver_api *api) {
   };
   for (size_t i = 0; i < OI_ARRAY_LEN(syms); i++) {
     enum cudaDriverEntryPointQueryResult q;
-    cudaError_t err = cudaGetDriverEntryPointByVersion(syms[i].name, syms[i].slot, 12000,
-                                                       cudaEnableDefault, &q);
+    cudaError_t err =
+        cudaGetDriverEntryPointByVersion(syms[i].name, syms[i].slot, 12000, cudaEnableDefault, &q);
     if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || !*syms[i].slot) {
       cudaGetLastError();
       return oi__fail(OI_ERR_CUDA, "cuda: driver entry point %s not found", syms[i].name);
@@ -92,15 +92,16 @@ int oi__cuda_device_count(void) {
 static oi_status cuda_mem_alloc(oi_dev *d, size_t bytes, uint32_t flags, void **out) {
   OI_UNUSED(flags); /* cudaMalloc memory is always IPC-exportable */
   if (!out || bytes == 0)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "cuda mem_alloc: %s", out ? "bytes is 0" : "out is NULL");
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "cuda mem_alloc: %s",
+                    out ? "bytes is 0" : "out is NULL");
   oi_status st = use_device(d);
   if (st != OI_OK) return st;
   void *p = NULL;
   cudaError_t err = cudaMalloc(&p, bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return oi__fail(OI_ERR_OUT_OF_MEMORY, "cuda mem_alloc: cudaMalloc(%zu) on device %d: %s",
-                    bytes, d->ordinal, cudaGetErrorString(err));
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "cuda mem_alloc: cudaMalloc(%zu) on device %d: %s", bytes,
+                    d->ordinal, cudaGetErrorString(err));
   }
   err = cudaMemset(p, 0, bytes);
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
@@ -121,7 +122,8 @@ static void cuda_mem_free(oi_dev *d, void *p) {
 }
 
 static oi_status cuda_mem_copy(oi_dev *d, void *dst, const void *src, size_t bytes) {
-  if (bytes && (!dst || !src)) return oi__fail(OI_ERR_INVALID_ARGUMENT, "cuda mem_copy: NULL pointer");
+  if (bytes && (!dst || !src))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "cuda mem_copy: NULL pointer");
   oi_status st = use_device(d);
   if (st != OI_OK) return st;
   cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
@@ -147,8 +149,8 @@ static oi_status cuda_mem_export(oi_dev *d, void *p, oi_arena_handle *out) {
   return OI_OK;
 }
 
-static oi_status cuda_mem_import(oi_dev *d, const oi_arena_handle *h, uint64_t expected,
-                                 void **ptr, uint64_t *size) {
+static oi_status cuda_mem_import(oi_dev *d, const oi_arena_handle *h, uint64_t expected, void **ptr,
+                                 uint64_t *size) {
   cuda_dev *cd = (cuda_dev *)d;
   oi_status st = use_device(d);
   if (st != OI_OK) return st;
@@ -192,7 +194,8 @@ static oi_status cuda_pinned_alloc(oi_dev *d, size_t bytes, uint32_t flags, int 
                                    oi_pinned *out) {
   cuda_dev *cd = (cuda_dev *)d;
   if (!out || bytes == 0)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "pinned_alloc: %s", out ? "bytes is 0" : "out is NULL");
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "pinned_alloc: %s",
+                    out ? "bytes is 0" : "out is NULL");
   oi_status st = use_device(d);
   if (st != OI_OK) return st;
   memset(out, 0, sizeof *out);
@@ -209,7 +212,10 @@ static oi_status cuda_pinned_alloc(oi_dev *d, size_t bytes, uint32_t flags, int 
    * leaves no sticky runtime error when registration fails. */
   st = oi__host_map(bytes, flags, numa_node, &out->host, &out->bytes);
   if (st != OI_OK) return st;
-  if (OI_FAULT(OI_FAULT_PIN_REGISTER, NULL)) { oi__host_unmap(out->host, out->bytes); return oi__fail(OI_ERR_CUDA, "pinned_alloc: cuMemHostRegister failed (injected fault)"); }
+  if (OI_FAULT(OI_FAULT_PIN_REGISTER, NULL)) {
+    oi__host_unmap(out->host, out->bytes);
+    return oi__fail(OI_ERR_CUDA, "pinned_alloc: cuMemHostRegister failed (injected fault)");
+  }
   uint64_t t0 = oi__now_ns();
   CUresult r = cd->drv.host_register(out->host, out->bytes,
                                      CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
@@ -268,10 +274,10 @@ typedef struct table_buf {
   struct table_buf *next;
   cudaEvent_t done;
   oi_kcopy_entry *host;
-  oi_kcopy_entry *device; /* the same memory as the kernel addresses it */
+  oi_kcopy_entry *device;   /* the same memory as the kernel addresses it */
   oi_kcopy_entry *resident; /* staged copies: a device-memory copy (cap entries), made
                                lazily; the kernels read it there, not across PCIe */
-  size_t cap;             /* entries */
+  size_t cap;               /* entries */
 } table_buf;
 
 /* Staged copies (OI_XFER_STAGED). A ring of device staging slots sits
@@ -315,8 +321,8 @@ struct oi_stream {
   uint32_t sms; /* multiprocessors: staged kernels use them all unless limited */
   pthread_mutex_t lock;
   pthread_mutex_t copy_lock; /* one stream_copy at a time: tables and DMA arrays are shared */
-  oi_status pending; /* first enqueue error since the last stream_call */
-  table_buf *tables; /* every table of this stream, in use or not */
+  oi_status pending;         /* first enqueue error since the last stream_call */
+  table_buf *tables;         /* every table of this stream, in use or not */
   /* DMA argument arrays, reused (the batch API reads them during the call) */
   void **dma_dst;
   const void **dma_src;
@@ -345,8 +351,8 @@ static oi_status cuda_stream_create(oi_dev *d, int priority, oi_stream **out) {
   cudaDeviceGetStreamPriorityRange(&least, &greatest);
   oi_stream *s = oi__calloc(1, sizeof *s);
   if (!s) return oi__fail(OI_ERR_OUT_OF_MEMORY, "stream_create: out of memory");
-  cudaError_t err =
-      cudaStreamCreateWithPriority(&s->stream, cudaStreamNonBlocking, priority > 0 ? greatest : least);
+  cudaError_t err = cudaStreamCreateWithPriority(&s->stream, cudaStreamNonBlocking,
+                                                 priority > 0 ? greatest : least);
   if (err != cudaSuccess) {
     oi__free(s);
     return cuda_fail(err, "stream_create: cudaStreamCreateWithPriority");
@@ -402,7 +408,8 @@ static table_buf *take_table(oi_stream *s, size_t entries) {
   table_buf *t = oi__calloc(1, sizeof *t);
   if (!t) return NULL;
   size_t cap = 1024;
-  while (cap < entries) cap *= 2;
+  while (cap < entries)
+    cap *= 2;
   if (cudaHostAlloc((void **)&t->host, cap * sizeof *t->host,
                     cudaHostAllocPortable | cudaHostAllocMapped) != cudaSuccess ||
       cudaHostGetDevicePointer((void **)&t->device, t->host, 0) != cudaSuccess ||
@@ -424,7 +431,8 @@ static table_buf *take_table(oi_stream *s, size_t entries) {
  * serialize on it), and an event after the kernel marks the table reusable. */
 static oi_status copy_by_kernel(oi_stream *s, const oi_copy_desc *descs, size_t n, uint32_t ctas) {
   size_t entries = 0;
-  for (size_t i = 0; i < n; i++) entries += (descs[i].bytes + OI_KCOPY_CHUNK - 1) / OI_KCOPY_CHUNK;
+  for (size_t i = 0; i < n; i++)
+    entries += (descs[i].bytes + OI_KCOPY_CHUNK - 1) / OI_KCOPY_CHUNK;
   if (entries == 0) return OI_OK;
   if (entries > UINT32_MAX) return oi__fail(OI_ERR_INVALID_ARGUMENT, "copy: batch too large");
   table_buf *t = take_table(s, entries);
@@ -435,7 +443,8 @@ static oi_status copy_by_kernel(oi_stream *s, const oi_copy_desc *descs, size_t 
       uint64_t len = descs[i].bytes - off < OI_KCOPY_CHUNK ? descs[i].bytes - off : OI_KCOPY_CHUNK;
       t->host[k++] = (oi_kcopy_entry){descs[i].src + off, descs[i].dst + off, len};
     }
-  cudaError_t err = (cudaError_t)oi_kernel_batch_copy(t->device, (uint32_t)entries, ctas, s->stream);
+  cudaError_t err =
+      (cudaError_t)oi_kernel_batch_copy(t->device, (uint32_t)entries, ctas, s->stream);
   if (err == cudaSuccess) err = cudaEventRecord(t->done, s->stream);
   if (err != cudaSuccess) {
     cudaStreamSynchronize(s->stream); /* nothing may still read the table */
@@ -447,7 +456,8 @@ static oi_status copy_by_kernel(oi_stream *s, const oi_copy_desc *descs, size_t 
 static bool grow_dma_arrays(oi_stream *s, size_t n) {
   if (s->dma_cap >= n) return true;
   size_t cap = s->dma_cap ? s->dma_cap : 1024;
-  while (cap < n) cap *= 2;
+  while (cap < n)
+    cap *= 2;
   void **d = oi__realloc(s->dma_dst, cap * sizeof *d);
   if (d) s->dma_dst = d;
   const void **sr = oi__realloc((void *)s->dma_src, cap * sizeof *sr);
@@ -533,9 +543,10 @@ static bool stage_setup(oi_stream *s, uint64_t staging_bytes) {
   if (err == cudaSuccess) err = cudaEventCreateWithFlags(&g->join, cudaEventDisableTiming);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    OI_LOG(OI_LOG_WARN, "device", "staged copies unavailable (%s: %llu MiB of staging); "
-           "copying by kernel or DMA instead", cudaGetErrorString(err),
-           (unsigned long long)(g->nslots * g->slot_bytes >> 20));
+    OI_LOG(OI_LOG_WARN, "device",
+           "staged copies unavailable (%s: %llu MiB of staging); "
+           "copying by kernel or DMA instead",
+           cudaGetErrorString(err), (unsigned long long)(g->nslots * g->slot_bytes >> 20));
     stage_free(g);
     g->failed = true;
     return false;
@@ -556,7 +567,8 @@ static cudaError_t stage_join(oi_stream *s) {
 
 /* Appends a host run to the plan, merged with the previous one when it is
  * contiguous on both sides (within the same slot). */
-static bool stage_add_seg(stage_ring *g, uint64_t host, uint64_t off, uint64_t bytes, bool new_slot) {
+static bool stage_add_seg(stage_ring *g, uint64_t host, uint64_t off, uint64_t bytes,
+                          bool new_slot) {
   if (g->nsegs && !new_slot) {
     stage_seg *p = &g->segs[g->nsegs - 1];
     if (p->host + p->bytes == host && p->off + p->bytes == off) {
@@ -564,7 +576,8 @@ static bool stage_add_seg(stage_ring *g, uint64_t host, uint64_t off, uint64_t b
       return true;
     }
   }
-  if (!oi__grow((void **)&g->segs, &g->segs_cap, g->nsegs + 1, sizeof *g->segs, SIZE_MAX)) return false;
+  if (!oi__grow((void **)&g->segs, &g->segs_cap, g->nsegs + 1, sizeof *g->segs, SIZE_MAX))
+    return false;
   g->segs[g->nsegs++] = (stage_seg){host, off, bytes};
   return true;
 }
@@ -578,15 +591,16 @@ static cudaError_t stage_dma(oi_stream *s, oi_copy_dir dir, uint8_t *slot, const
   if (!s->batch_api_broken && grow_dma_arrays(s, n)) {
     for (size_t i = 0; i < n; i++) {
       s->dma_dst[i] = dir == OI_COPY_H2D ? (void *)(slot + seg[i].off) : (void *)seg[i].host;
-      s->dma_src[i] = dir == OI_COPY_H2D ? (const void *)seg[i].host : (const void *)(slot + seg[i].off);
+      s->dma_src[i] =
+          dir == OI_COPY_H2D ? (const void *)seg[i].host : (const void *)(slot + seg[i].off);
       s->dma_size[i] = seg[i].bytes;
     }
     if (dma_batch(s, n, aux)) return cudaSuccess;
   }
   cudaError_t err = cudaSuccess;
   for (size_t i = 0; err == cudaSuccess && i < n; i++)
-    err = dir == OI_COPY_H2D ? cudaMemcpyAsync(slot + seg[i].off, (const void *)seg[i].host, seg[i].bytes,
-                                               cudaMemcpyHostToDevice, aux)
+    err = dir == OI_COPY_H2D ? cudaMemcpyAsync(slot + seg[i].off, (const void *)seg[i].host,
+                                               seg[i].bytes, cudaMemcpyHostToDevice, aux)
                              : cudaMemcpyAsync((void *)seg[i].host, slot + seg[i].off, seg[i].bytes,
                                                cudaMemcpyDeviceToHost, aux);
   return err;
@@ -636,7 +650,8 @@ static bool stage_plan(stage_ring *g, oi_copy_dir dir, const oi_copy_desc *descs
     for (uint64_t done = 0; done < descs[i].bytes;) {
       bool new_slot = fill == 0;
       if (new_slot) {
-        if (!oi__grow((void **)&g->slots, &g->slots_cap, g->nslots_used + 1, sizeof *g->slots, SIZE_MAX))
+        if (!oi__grow((void **)&g->slots, &g->slots_cap, g->nslots_used + 1, sizeof *g->slots,
+                      SIZE_MAX))
           return false;
         g->slots[g->nslots_used++] = (stage_slot){.first_entry = k, .first_seg = g->nsegs};
       }
@@ -679,7 +694,8 @@ static oi_status copy_staged(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *
   if (bound > UINT32_MAX) return oi__fail(OI_ERR_INVALID_ARGUMENT, "copy: batch too large");
   table_buf *t = take_table(s, bound);
   if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy: no pinned memory for a descriptor table");
-  if (!t->resident && cudaMalloc((void **)&t->resident, t->cap * sizeof *t->resident) != cudaSuccess) {
+  if (!t->resident &&
+      cudaMalloc((void **)&t->resident, t->cap * sizeof *t->resident) != cudaSuccess) {
     cudaGetLastError();
     t->resident = NULL;
     return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy: no device memory for a descriptor table");
@@ -688,16 +704,19 @@ static oi_status copy_staged(oi_stream *s, oi_copy_dir dir, const oi_copy_desc *
   if (!stage_plan(g, dir, descs, n, t, &k))
     return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy: out of memory for a staged plan");
   for (size_t i = 0; i < g->nslots_used; i++) {
-    uint64_t base = (uint64_t)(uintptr_t)(g->mem + (uint64_t)((g->next + i) % g->nslots) * g->slot_bytes);
-    for (size_t e = g->slots[i].first_entry; e < g->slots[i].first_entry + g->slots[i].n_entries; e++) {
+    uint64_t base =
+        (uint64_t)(uintptr_t)(g->mem + (uint64_t)((g->next + i) % g->nslots) * g->slot_bytes);
+    for (size_t e = g->slots[i].first_entry; e < g->slots[i].first_entry + g->slots[i].n_entries;
+         e++) {
       if (dir == OI_COPY_H2D)
         t->host[e].src += base;
       else
         t->host[e].dst += base;
     }
   }
-  cudaError_t err = cudaMemcpyAsync(t->resident, t->host, k * sizeof *t->host, cudaMemcpyHostToDevice,
-                                    dir == OI_COPY_H2D ? g->aux : s->stream);
+  cudaError_t err =
+      cudaMemcpyAsync(t->resident, t->host, k * sizeof *t->host, cudaMemcpyHostToDevice,
+                      dir == OI_COPY_H2D ? g->aux : s->stream);
   for (size_t i = 0; err == cudaSuccess && i < g->nslots_used; i++)
     err = stage_emit(s, dir, &g->slots[i], t->resident, ctas);
   if (err == cudaSuccess) err = cudaEventRecord(t->done, s->stream);
@@ -731,8 +750,10 @@ static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_d
   uint32_t mode = p ? p->mode : OI_XFER_AUTO;
   if (mode == OI_XFER_AUTO) {
     uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) total += descs[i].bytes;
-    mode = (dir == OI_COPY_D2H || total / n >= DIRECT_AUTO_DMA_PIECE_BYTES) ? OI_XFER_DMA : OI_XFER_KERNEL;
+    for (size_t i = 0; i < n; i++)
+      total += descs[i].bytes;
+    mode = (dir == OI_COPY_D2H || total / n >= DIRECT_AUTO_DMA_PIECE_BYTES) ? OI_XFER_DMA
+                                                                            : OI_XFER_KERNEL;
   }
   oi_status st;
   pthread_mutex_lock(&s->copy_lock);
@@ -741,8 +762,9 @@ static oi_status cuda_stream_copy(oi_stream *s, oi_copy_dir dir, const oi_copy_d
    * device-memory speed, and every SM finishes them soonest (which is also
    * what disturbs the model least, docs/benchmarks.md); the host-memory
    * kernel runs as long as the transfer, so it gets a share. */
-  uint32_t ctas = p && p->cta_limit ? p->cta_limit
-                                    : mode == OI_XFER_STAGED ? s->sms : OI_DEFAULT_CTA_LIMIT;
+  uint32_t ctas = p && p->cta_limit        ? p->cta_limit
+                  : mode == OI_XFER_STAGED ? s->sms
+                                           : OI_DEFAULT_CTA_LIMIT;
   if (mode == OI_XFER_KERNEL && (!s->can_map || !p || !p->host_mapped)) mode = OI_XFER_DMA;
   if (mode == OI_XFER_STAGED) {
     st = copy_staged(s, dir, descs, n, ctas);
@@ -820,7 +842,8 @@ static oi_status cuda_stream_sync(oi_stream *s) {
 static int numa_node_of(const char *pci_bus_id) {
   char path[128], lower[32];
   size_t i = 0;
-  for (; pci_bus_id[i] && i < sizeof lower - 1; i++) lower[i] = (char)tolower((unsigned char)pci_bus_id[i]);
+  for (; pci_bus_id[i] && i < sizeof lower - 1; i++)
+    lower[i] = (char)tolower((unsigned char)pci_bus_id[i]);
   lower[i] = '\0';
   snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/numa_node", lower);
   int node = -1;

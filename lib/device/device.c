@@ -8,7 +8,8 @@ oi_status oi__dev_open(int ordinal, oi_dev **out) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "device_open: out is NULL");
   *out = NULL;
   if (ordinal == OI_DEVICE_CPU) return oi__cpu_dev_open(out);
-  if (ordinal < -1) return oi__fail(OI_ERR_INVALID_ARGUMENT, "device %d is not an ordinal", ordinal);
+  if (ordinal < -1)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "device %d is not an ordinal", ordinal);
   return oi__cuda_dev_open(ordinal, out);
 }
 

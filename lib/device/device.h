@@ -52,15 +52,15 @@ enum {
   OI_XFER_AUTO = 0,
   OI_XFER_KERNEL = 1,
   OI_XFER_DMA = 2,
-  OI_XFER_STAGED = 3,    /* copy engines between host blocks and device staging slots,
-                            a device-side gather/scatter kernel between slots and arenas */
+  OI_XFER_STAGED = 3, /* copy engines between host blocks and device staging slots,
+                         a device-side gather/scatter kernel between slots and arenas */
 };
 
 typedef struct oi_copy_params {
-  uint32_t mode;      /* OI_XFER_* */
-  uint32_t cta_limit; /* kernel copies: most CTAs a batch may use; 0 = backend default */
-  bool host_mapped;   /* the host side is pinned memory kernels may address; without it
-                         only DMA is used */
+  uint32_t mode;          /* OI_XFER_* */
+  uint32_t cta_limit;     /* kernel copies: most CTAs a batch may use; 0 = backend default */
+  bool host_mapped;       /* the host side is pinned memory kernels may address; without it
+                             only DMA is used */
   uint64_t staging_bytes; /* staged copies: device memory of the stream's staging slots,
                              allocated at its first staged copy; 0 = OI_STAGING_BYTES */
 } oi_copy_params;
@@ -94,8 +94,7 @@ typedef struct oi_dev_ops {
   void (*mem_close_import)(oi_dev *d, void *ptr, uint64_t size);
 
   /* Pinned host memory for the host pool. */
-  oi_status (*pinned_alloc)(oi_dev *d, size_t bytes, uint32_t flags, int numa_node,
-                            oi_pinned *out);
+  oi_status (*pinned_alloc)(oi_dev *d, size_t bytes, uint32_t flags, int numa_node, oi_pinned *out);
   void (*pinned_free)(oi_dev *d, oi_pinned *p);
 
   /* Streams. priority: 0 normal (saves), 1 high (loads). */

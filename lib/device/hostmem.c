@@ -97,7 +97,8 @@ static void *touch_main(void *arg) {
     size_t off = atomic_fetch_add(&j->next, TOUCH_SLICE);
     if (off >= j->len) return NULL;
     size_t end = off + TOUCH_SLICE < j->len ? off + TOUCH_SLICE : j->len;
-    for (size_t p = off; p < end; p += j->page) ((volatile uint8_t *)j->base)[p] = 0;
+    for (size_t p = off; p < end; p += j->page)
+      ((volatile uint8_t *)j->base)[p] = 0;
     atomic_fetch_add(&j->touched, end - off);
   }
 }
@@ -136,7 +137,11 @@ oi_status oi__host_map(size_t bytes, uint32_t flags, int numa_node, void **out, 
     len = (bytes + OI_HUGEPAGE_BYTES - 1) & ~(OI_HUGEPAGE_BYTES - 1);
   }
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, mflags, -1, 0);
-  if (p != MAP_FAILED && OI_FAULT(OI_FAULT_PINNED_ALLOC, NULL)) { munmap(p, len); p = MAP_FAILED; errno = ENOMEM; }
+  if (p != MAP_FAILED && OI_FAULT(OI_FAULT_PINNED_ALLOC, NULL)) {
+    munmap(p, len);
+    p = MAP_FAILED;
+    errno = ENOMEM;
+  }
   if (p == MAP_FAILED) {
     int e = errno;
     if (flags & OI_PIN_HUGEPAGES)
@@ -151,7 +156,8 @@ oi_status oi__host_map(size_t bytes, uint32_t flags, int numa_node, void **out, 
 
   touch_job job = {.base = p,
                    .len = len,
-                   .page = (flags & OI_PIN_HUGEPAGES) ? OI_HUGEPAGE_BYTES : (size_t)sysconf(_SC_PAGESIZE)};
+                   .page = (flags & OI_PIN_HUGEPAGES) ? OI_HUGEPAGE_BYTES
+                                                      : (size_t)sysconf(_SC_PAGESIZE)};
   int nthreads = get_nprocs();
   if (nthreads > MAX_TOUCH_THREADS) nthreads = MAX_TOUCH_THREADS;
   if ((size_t)nthreads > len / TOUCH_SLICE) nthreads = (int)(len / TOUCH_SLICE);
@@ -183,7 +189,8 @@ oi_status oi__host_map(size_t bytes, uint32_t flags, int numa_node, void **out, 
       usleep(20000);
     }
   }
-  for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
+  for (int i = 0; i < started; i++)
+    pthread_join(threads[i], NULL);
   *out = p;
   *mapped = len;
   return OI_OK;

@@ -37,7 +37,8 @@ OI_API oi_status oi_load_options_init(oi_load_options *o) {
   return OI_OK;
 }
 
-oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o, const char *what) {
+oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o,
+                                 const char *what) {
   oi_engine_options opts;
   oi_engine_options_init(&opts);
   oi_status st = oi__struct_in(&opts, sizeof opts, o, what);
@@ -55,8 +56,8 @@ oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: device %d is not an ordinal", what, opts.device);
   if (opts.submit_group_bytes && opts.submit_group_bytes < OI_MIN_SUBMIT_GROUP_BYTES)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "%s: submit_group_bytes %llu is below 64 KiB (0: the copy mode's default)", what,
-                    (unsigned long long)opts.submit_group_bytes);
+                    "%s: submit_group_bytes %llu is below 64 KiB (0: the copy mode's default)",
+                    what, (unsigned long long)opts.submit_group_bytes);
   if (opts.staging_bytes &&
       (opts.staging_bytes < OI_MIN_STAGING_BYTES || opts.staging_bytes > OI_MAX_STAGING_BYTES))
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
@@ -120,8 +121,7 @@ OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_op
 }
 
 OI_API oi_status oi_offload_engine_connect(const char *socket_path, const oi_engine_options *o,
-                                           oi_offload_engine **out,
-                                           oi_imported_arena **arena_out) {
+                                           oi_offload_engine **out, oi_imported_arena **arena_out) {
   if (out) *out = NULL;
   if (arena_out) *arena_out = NULL;
   if (!out || !arena_out)
@@ -138,10 +138,10 @@ static oi_status check_ids(const oi_offload_engine *e, const char *what, const i
                            size_t n) {
   for (size_t i = 0; i < n; i++)
     if (ids[i] < 0 || (uint64_t)ids[i] >= e->layout.num_blocks)
-      return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                      "%s: block id %lld (position %zu) out of range for arena '%s' with %llu blocks",
-                      what, (long long)ids[i], i, e->layout.arenas[0].name,
-                      (unsigned long long)e->layout.num_blocks);
+      return oi__fail(
+          OI_ERR_INVALID_ARGUMENT,
+          "%s: block id %lld (position %zu) out of range for arena '%s' with %llu blocks", what,
+          (long long)ids[i], i, e->layout.arenas[0].name, (unsigned long long)e->layout.num_blocks);
   return OI_OK;
 }
 
@@ -172,7 +172,8 @@ OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *blo
   if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: engine is NULL");
   if (n == 0) return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: no blocks (n = 0)");
   if (!block_ids || !hashes)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: %s is NULL", block_ids ? "hashes" : "block_ids");
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: %s is NULL",
+                    block_ids ? "hashes" : "block_ids");
   oi_status st = check_ids(e, "save", block_ids, n);
   if (st != OI_OK) return st;
   oi_save_options so;

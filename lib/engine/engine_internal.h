@@ -12,8 +12,8 @@ typedef struct engine_ops {
                     const oi_save_options *opt, oi_ticket **ticket_out);
   /* `present`: out->present when the caller's result has the field, else NULL
    * (never NULL for a membership query of n > 0 blocks). */
-  oi_status (*query)(oi_offload_engine *e, const char *req_id, const oi_block_hash *hashes, size_t n,
-                     uint32_t flags, uint8_t *present, oi_query_result *out);
+  oi_status (*query)(oi_offload_engine *e, const char *req_id, const oi_block_hash *hashes,
+                     size_t n, uint32_t flags, uint8_t *present, oi_query_result *out);
   oi_status (*load)(oi_offload_engine *e, oi_lease lease, const int64_t *ids, size_t n,
                     const oi_load_options *opt, oi_ticket **ticket_out);
   oi_status (*release)(oi_offload_engine *e, oi_lease lease);
@@ -32,7 +32,8 @@ struct oi_offload_engine {
 };
 
 /* Fills the common part (options copy, layout) of a new engine. */
-oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o, const char *what);
+oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o,
+                                 const char *what);
 void oi__engine_fini_common(oi_offload_engine *e);
 
 /* Layouts given by offset into an arena that is not mapped yet (a sidecar's

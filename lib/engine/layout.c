@@ -77,25 +77,27 @@ oi_status oi__layout_build(const oi_engine_options *o, const char *what, oi_layo
                       a->segments, OI_MAX_SEGMENTS);
     if (a->segments > 1 && a->segment_stride < a->bytes_per_block)
       return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                      "%s: arena '%s' segment_stride %llu is smaller than bytes_per_block %llu", what,
-                      nm, (unsigned long long)a->segment_stride,
+                      "%s: arena '%s' segment_stride %llu is smaller than bytes_per_block %llu",
+                      what, nm, (unsigned long long)a->segment_stride,
                       (unsigned long long)a->bytes_per_block);
     /* (found by fuzz_layout: a huge segment_stride overflowed the footprint) */
-    if (a->segments > 1 && a->segment_stride > (UINT64_MAX - a->bytes_per_block) / (a->segments - 1))
-      return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: arena '%s' segments span more than the address space",
-                      what, nm);
+    if (a->segments > 1 &&
+        a->segment_stride > (UINT64_MAX - a->bytes_per_block) / (a->segments - 1))
+      return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                      "%s: arena '%s' segments span more than the address space", what, nm);
     uint64_t footprint = (uint64_t)(a->segments - 1) * a->segment_stride + a->bytes_per_block;
     if (a->block_stride < footprint)
       return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                      "%s: arena '%s' block_stride %llu is smaller than one block's %llu bytes", what,
-                      nm, (unsigned long long)a->block_stride, (unsigned long long)footprint);
+                      "%s: arena '%s' block_stride %llu is smaller than one block's %llu bytes",
+                      what, nm, (unsigned long long)a->block_stride, (unsigned long long)footprint);
     if (a->num_blocks > (UINT64_MAX - footprint) / a->block_stride)
       return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: arena '%s' spans more than the address space",
                       what, nm);
     if (by_offset) {
       if (a->base)
         return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                        "%s: arena '%s' sets base although arena_base is set (use offset)", what, nm);
+                        "%s: arena '%s' sets base although arena_base is set (use offset)", what,
+                        nm);
       if (a->offset > o->arena_size || arena_span(a) > o->arena_size - a->offset)
         return oi__fail(OI_ERR_INVALID_ARGUMENT,
                         "%s: arena '%s' (offset %llu, %llu bytes) reaches past the arena's %llu "
@@ -153,7 +155,8 @@ oi_status oi__layout_build(const oi_engine_options *o, const char *what, oi_layo
 
 void oi__layout_free(oi_layout *l) {
   if (!l || !l->arenas) return;
-  for (uint32_t i = 0; i < l->num_arenas; i++) oi__free(l->arenas[i].name);
+  for (uint32_t i = 0; i < l->num_arenas; i++)
+    oi__free(l->arenas[i].name);
   oi__free(l->arenas);
   memset(l, 0, sizeof *l);
 }

@@ -121,8 +121,9 @@ static void save_in_flight(void *ctx, size_t i) {
   note_foreign(c->e, &c->hashes[i]);
 }
 
-static oi_status local_save(oi_offload_engine *base, const int64_t *ids, const oi_block_hash *hashes,
-                            size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
+static oi_status local_save(oi_offload_engine *base, const int64_t *ids,
+                            const oi_block_hash *hashes, size_t n, const oi_save_options *opt,
+                            oi_ticket **ticket_out) {
   local_engine *e = (local_engine *)base;
   oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_D2H, n, ticket_out ? OI_XFER_JOB_TICKET : 0,
                                       n * sizeof(host_block *));
@@ -189,7 +190,8 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   }
   atomic_fetch_add(&e->c.loads_submitted, 1);
   oi_ticket *t = oi__xfer_job_ticket(job);
-  for (size_t i = 0; i < n; i++) oi__xfer_add(job, ids[i], oi__host_block_data(e->host, blocks[i]));
+  for (size_t i = 0; i < n; i++)
+    oi__xfer_add(job, ids[i], oi__host_block_data(e->host, blocks[i]));
   st = oi__xfer_submit(job, "load"); /* a failure ends the loading marks, counts the failure */
   if (ticket_out) *ticket_out = st == OI_OK ? t : NULL;
   return st;
@@ -231,7 +233,8 @@ static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {
                     "engine) after %u ms",
                     timeout_ms);
   /* Whatever was not waited for stays noted for the next flush. */
-  for (size_t i = waited; i < nforeign; i++) note_foreign(e, &foreign[i]);
+  for (size_t i = waited; i < nforeign; i++)
+    note_foreign(e, &foreign[i]);
   oi__free(foreign);
   return st;
 }
@@ -310,26 +313,26 @@ oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o
   oi_host_pool_info pool;
   oi__host_pool_info(h, &pool);
   const oi_engine_options *eo = &e->base.opts;
-  oi_xfer_config xc = {.device = eo->device,
-                       .layout = &e->base.layout,
-                       .copy_mode = eo->copy_mode,
-                       .cta_limit = eo->copy_cta_limit,
-                       .host_mapped = pool.device_mapped,
-                       .group_bytes = eo->submit_group_bytes,
-                       .staging_bytes = eo->staging_bytes,
-                       .deadline_ms = {[OI_COPY_D2H] = eo->save_deadline_ms,
-                                       [OI_COPY_H2D] = eo->load_deadline_ms},
-                       .log_id = &e->base.instance_id,
-                       .done = job_done,
-                       .done_ctx = e};
+  oi_xfer_config xc = {
+      .device = eo->device,
+      .layout = &e->base.layout,
+      .copy_mode = eo->copy_mode,
+      .cta_limit = eo->copy_cta_limit,
+      .host_mapped = pool.device_mapped,
+      .group_bytes = eo->submit_group_bytes,
+      .staging_bytes = eo->staging_bytes,
+      .deadline_ms = {[OI_COPY_D2H] = eo->save_deadline_ms, [OI_COPY_H2D] = eo->load_deadline_ms},
+      .log_id = &e->base.instance_id,
+      .done = job_done,
+      .done_ctx = e};
   if ((st = oi__xfer_create(&xc, &e->xfer)) != OI_OK) goto fail;
   e->host = h;
   e->base.instance_id = oi__host_instance_add(h);
   OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id,
-         "registered '%s' namespace '%s': %u arenas, %llu blocks of %llu bytes",
-         e->base.instance_name, e->base.namespace_id, e->base.layout.num_arenas,
-         (unsigned long long)e->base.layout.num_blocks,
-         (unsigned long long)e->base.layout.block_bytes);
+           "registered '%s' namespace '%s': %u arenas, %llu blocks of %llu bytes",
+           e->base.instance_name, e->base.namespace_id, e->base.layout.num_arenas,
+           (unsigned long long)e->base.layout.num_blocks,
+           (unsigned long long)e->base.layout.block_bytes);
   *out = &e->base;
   return OI_OK;
 fail:

@@ -159,7 +159,8 @@ static void finish_async(pending *p, oi_status st) {
 
 /* ---- sending ----------------------------------------------------------------------- */
 
-static oi_status send_envelope(remote_engine *e, const oiwire_Envelope *env, const oi_wire_out *out) {
+static oi_status send_envelope(remote_engine *e, const oiwire_Envelope *env,
+                               const oi_wire_out *out) {
   uint8_t *frame;
   size_t len;
   oi_status st = oi__wire_encode(env, out, &frame, &len);
@@ -258,14 +259,16 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env) {
   pending *p = pending_take_locked(e, env->request_id);
   if (!p) {
     pthread_mutex_unlock(&e->lock);
-    OI_LOG_I(OI_LOG_DEBUG, "engine", e->base.instance_id, "reply to request %llu arrived late (dropped)", (unsigned long long)env->request_id);
+    OI_LOG_I(OI_LOG_DEBUG, "engine", e->base.instance_id,
+             "reply to request %llu arrived late (dropped)", (unsigned long long)env->request_id);
     return;
   }
   if (p->kind == PEND_CALL) {
     p->reply = *env;
     p->status = st;
     snprintf(p->message, sizeof p->message, "%s", is_result ? env->body.result.message : "");
-    if (st != OI_OK && !p->message[0]) snprintf(p->message, sizeof p->message, "%s", oi_status_str(st));
+    if (st != OI_OK && !p->message[0])
+      snprintf(p->message, sizeof p->message, "%s", oi_status_str(st));
     if (p->present && env->which_body == oiwire_Envelope_query_reply_tag) {
       if (e->arrays.n_present != p->present_n) {
         p->status = OI_ERR_PROTOCOL;
@@ -283,11 +286,13 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env) {
   }
   pthread_mutex_unlock(&e->lock);
   if (!is_result) {
-    OI_LOG_I(OI_LOG_ERROR, "engine", e->base.instance_id, "%s: the server answered with message type %u", p->kind == PEND_SAVE ? "save" : "load", env->which_body);
+    OI_LOG_I(OI_LOG_ERROR, "engine", e->base.instance_id,
+             "%s: the server answered with message type %u", p->kind == PEND_SAVE ? "save" : "load",
+             env->which_body);
     st = OI_ERR_PROTOCOL;
   } else if (st != OI_OK) {
     OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "%s failed: %s",
-           p->kind == PEND_SAVE ? "save" : "load", env->body.result.message);
+             p->kind == PEND_SAVE ? "save" : "load", env->body.result.message);
   }
   finish_async(p, st);
 }
@@ -297,11 +302,14 @@ static void expire(remote_engine *e, uint64_t now) {
   for (;;) {
     pthread_mutex_lock(&e->lock);
     pending *p = e->head;
-    while (p && (p->kind == PEND_CALL || p->deadline_ns > now)) p = p->next;
+    while (p && (p->kind == PEND_CALL || p->deadline_ns > now))
+      p = p->next;
     if (p) pending_unlink_locked(e, p);
     pthread_mutex_unlock(&e->lock);
     if (!p) return;
-    OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "%s request %llu: no reply before its deadline", p->kind == PEND_SAVE ? "save" : "load", (unsigned long long)p->id);
+    OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+             "%s request %llu: no reply before its deadline",
+             p->kind == PEND_SAVE ? "save" : "load", (unsigned long long)p->id);
     finish_async(p, OI_ERR_TIMEOUT);
   }
 }
@@ -319,8 +327,8 @@ static void connection_lost(remote_engine *e, const char *why) {
   for (pending *p = list; p; p = p->next)
     if (p->kind == PEND_CALL) {
       p->status = e->conn_status ? e->conn_status : OI_ERR_CLOSED;
-      snprintf(p->message, sizeof p->message, "the connection to the openinfer server ended: %.400s",
-               e->conn_msg);
+      snprintf(p->message, sizeof p->message,
+               "the connection to the openinfer server ended: %.400s", e->conn_msg);
       p->done = true;
     }
   pthread_cond_broadcast(&e->cv);
@@ -389,8 +397,9 @@ static void *reader_main(void *arg) {
 
 static oi_status check_count(const char *what, size_t n) {
   if (n > OI_WIRE_MAX_BLOCKS)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: %zu blocks (a sidecar request carries at most %u)",
-                    what, n, OI_WIRE_MAX_BLOCKS);
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: %zu blocks (a sidecar request carries at most %u)", what, n,
+                    OI_WIRE_MAX_BLOCKS);
   return OI_OK;
 }
 
@@ -429,8 +438,9 @@ static oi_status submit_async(remote_engine *e, pending_kind kind, oiwire_Envelo
   return OI_OK;
 }
 
-static oi_status remote_save(oi_offload_engine *base, const int64_t *ids, const oi_block_hash *hashes,
-                             size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
+static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
+                             const oi_block_hash *hashes, size_t n, const oi_save_options *opt,
+                             oi_ticket **ticket_out) {
   remote_engine *e = (remote_engine *)base;
   oi_status st = check_count("save", n);
   if (st != OI_OK) return st;
@@ -489,7 +499,8 @@ static oi_status remote_query(oi_offload_engine *base, const char *req_id,
   if (p.reply.which_body != oiwire_Envelope_query_reply_tag) return unexpected_reply(&p, "query");
   const oiwire_QueryReply *qr = &p.reply.body.query_reply;
   if (qr->lease.size != 0 && qr->lease.size != OI_WIRE_LEASE_BYTES)
-    return oi__fail(OI_ERR_PROTOCOL, "query: the server sent a %u-byte lease", (unsigned)qr->lease.size);
+    return oi__fail(OI_ERR_PROTOCOL, "query: the server sent a %u-byte lease",
+                    (unsigned)qr->lease.size);
   if (qr->hit_blocks > n)
     return oi__fail(OI_ERR_PROTOCOL, "query: the server reported %llu hits for %zu hashes",
                     (unsigned long long)qr->hit_blocks, n);
@@ -541,7 +552,8 @@ static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *o
   memset(&p, 0, sizeof p);
   oi_status st = call(e, &env, NULL, &p, e->control_ms, "engine_stats");
   if (st != OI_OK) return st;
-  if (p.reply.which_body != oiwire_Envelope_stats_reply_tag) return unexpected_reply(&p, "engine_stats");
+  if (p.reply.which_body != oiwire_Envelope_stats_reply_tag)
+    return unexpected_reply(&p, "engine_stats");
   const oiwire_StatsReply *r = &p.reply.body.stats_reply;
   oi_engine_stats s;
   memset(&s, 0, sizeof s);
@@ -621,11 +633,12 @@ static void teardown(remote_engine *e) {
     if (remote_flush(&e->base, flush_ms) != OI_OK)
       OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "destroy: %s", oi_last_error());
     if (send_unregister(e) != OI_OK)
-      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "destroy: %s (the server frees the arena when the "
-             "session closes)", oi_last_error());
+      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+               "destroy: %s (the server frees the arena when the "
+               "session closes)",
+               oi_last_error());
   }
-  OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id, "disconnected from %s",
-         e->socket_path);
+  OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id, "disconnected from %s", e->socket_path);
   free_engine(e);
 }
 
@@ -650,8 +663,8 @@ static void remote_destroy(oi_offload_engine *base) {
     return;
   }
   OI_LOG_I(OI_LOG_WARN, "engine", base->instance_id,
-         "destroyed while its imported arena is still open: the engine is finished "
-         "(flush, unregister) when oi_imported_arena_close closes the mapping");
+           "destroyed while its imported arena is still open: the engine is finished "
+           "(flush, unregister) when oi_imported_arena_close closes the mapping");
 }
 
 static const engine_ops remote_ops = {
@@ -697,7 +710,8 @@ static oi_status hello(remote_engine *e) {
   memset(&p, 0, sizeof p);
   oi_status st = call(e, &env, NULL, &p, e->control_ms, "connect: hello");
   if (st != OI_OK) return st;
-  if (p.reply.which_body != oiwire_Envelope_hello_reply_tag) return unexpected_reply(&p, "connect: hello");
+  if (p.reply.which_body != oiwire_Envelope_hello_reply_tag)
+    return unexpected_reply(&p, "connect: hello");
   if (p.reply.body.hello_reply.protocol_version != OI_WIRE_PROTOCOL_VERSION)
     return oi__fail(OI_ERR_VERSION, "connect: the server speaks protocol %u, this library %u",
                     p.reply.body.hello_reply.protocol_version, OI_WIRE_PROTOCOL_VERSION);
@@ -757,7 +771,8 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
       return oi__fail(OI_ERR_INVALID_ARGUMENT,
                       "connect: arena %u sets base; a sidecar layout is given by offsets", i);
     if (opts.arenas[i].name && strlen(opts.arenas[i].name) > 255)
-      return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: arena %u's name is longer than 255 bytes", i);
+      return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: arena %u's name is longer than 255 bytes",
+                      i);
   }
   if (opts.instance_name && strlen(opts.instance_name) > 255)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: instance_name is longer than 255 bytes");
@@ -765,7 +780,8 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: control_deadline_ms is 0");
   uint64_t extent = 0;
   if (opts.num_arenas && opts.arenas && !layout_extent(&opts, &extent))
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: the layout spans more than the address space");
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "connect: the layout spans more than the address space");
   uint64_t arena_size = opts.arena_size ? opts.arena_size : extent;
   if (arena_size > UINT64_MAX - OI_ENGINE_STANDIN_BASE)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: arena_size %llu is too large",
@@ -842,14 +858,14 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
     goto fail;
   }
   OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id,
-         "connected to %s (epoch %016llx): %u arenas, %llu blocks, %llu-byte arena", socket_path, (unsigned long long)e->server_epoch,
-         e->base.layout.num_arenas, (unsigned long long)e->base.layout.num_blocks,
-         (unsigned long long)arena_size);
+           "connected to %s (epoch %016llx): %u arenas, %llu blocks, %llu-byte arena", socket_path,
+           (unsigned long long)e->server_epoch, e->base.layout.num_arenas,
+           (unsigned long long)e->base.layout.num_blocks, (unsigned long long)arena_size);
   *out = &e->base;
   *arena_out = arena;
   return OI_OK;
 
-fail_registered: {
+fail_registered : {
   /* Nothing maps the arena here: the server may free it. */
   char msg[512];
   snprintf(msg, sizeof msg, "%s", oi_last_error());
@@ -857,7 +873,7 @@ fail_registered: {
     OI_LOG(OI_LOG_WARN, "engine", "connect: unregister after a failed import: %s", oi_last_error());
   oi__fail(st, "%s", msg);
 }
-fail: {
+fail : {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", oi_last_error());
   pthread_mutex_lock(&e->lock);

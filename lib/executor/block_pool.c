@@ -15,7 +15,9 @@ static uint32_t bucket_of(const block_pool *p, const oi_block_hash *h) {
 
 static void list_remove(block_pool *p, int32_t i) {
   block_pool_block *b = &p->blocks[i];
-  block_pool_dlist *l = b->list == BLOCK_POOL_FREE ? &p->free : b->list == BLOCK_POOL_LRU ? &p->lru : NULL;
+  block_pool_dlist *l = b->list == BLOCK_POOL_FREE  ? &p->free
+                        : b->list == BLOCK_POOL_LRU ? &p->lru
+                                                    : NULL;
   if (!l) return;
   if (b->prev >= 0)
     p->blocks[b->prev].next = b->next;

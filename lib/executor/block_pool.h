@@ -19,7 +19,11 @@
 
 #include "openinfer/common.h"
 
-typedef enum block_pool_list { BLOCK_POOL_NONE = 0, BLOCK_POOL_FREE = 1, BLOCK_POOL_LRU = 2 } block_pool_list;
+typedef enum block_pool_list {
+  BLOCK_POOL_NONE = 0,
+  BLOCK_POOL_FREE = 1,
+  BLOCK_POOL_LRU = 2
+} block_pool_list;
 
 typedef struct block_pool_block {
   oi_block_hash hash;

@@ -101,7 +101,8 @@ static void drain_loads(exec_rank *r, uint64_t deadline_ns) {
   while (r->orphans) {
     orphan_load *o = r->orphans;
     r->orphans = o->next;
-    if (oi_ticket_wait(o->ticket, oi__ms_until(deadline_ns)) == OI_ERR_TIMEOUT) r->leak_arena = true;
+    if (oi_ticket_wait(o->ticket, oi__ms_until(deadline_ns)) == OI_ERR_TIMEOUT)
+      r->leak_arena = true;
     oi_ticket_release(o->ticket);
     oi__free(o);
   }

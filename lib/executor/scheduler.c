@@ -19,8 +19,9 @@
 oi_status oi__executor_restore_timing(const oi_executor *x, uint64_t request_id,
                                       oi_exec_restore_timing *out) {
   request *q = oi__exec_find(x, request_id);
-  if (!q) return oi__fail(OI_ERR_NOT_FOUND, "restore_timing: no request %llu",
-                          (unsigned long long)request_id);
+  if (!q)
+    return oi__fail(OI_ERR_NOT_FOUND, "restore_timing: no request %llu",
+                    (unsigned long long)request_id);
   out->query_ns = q->restore_query_ns;
   out->load_ns = q->restore_load_done_ns > q->restore_load_start_ns && q->restore_load_start_ns
                      ? q->restore_load_done_ns - q->restore_load_start_ns
@@ -551,7 +552,8 @@ static void drop_overlap(exec_rank *r, request *q) {
   if (oi_ticket_poll(q->load_ticket) == OI_PENDING) {
     orphan_load *o = orphan_restore(r, q);
     if (o)
-      for (uint32_t i = 0; i < o->n; i++) oi__block_pool_ref(&r->pool, (int32_t)o->ids[i]);
+      for (uint32_t i = 0; i < o->n; i++)
+        oi__block_pool_ref(&r->pool, (int32_t)o->ids[i]);
     else
       oi_ticket_wait(q->load_ticket, UINT32_MAX); /* out of memory: the copy ends first */
   }

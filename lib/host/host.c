@@ -129,9 +129,11 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
     if (h->pool.host) h->dev->ops->pinned_free(h->dev, &h->pool);
     oi__dev_close(h->dev);
   }
-  for (uint32_t i = 0; i < h->nns; i++) oi__free(h->ns[i].name);
+  for (uint32_t i = 0; i < h->nns; i++)
+    oi__free(h->ns[i].name);
   oi__free(h->ns);
-  for (uint32_t i = 0; i < OI_NS_PAGES; i++) oi__free((void *)atomic_load(&h->ns_resident[i]));
+  for (uint32_t i = 0; i < OI_NS_PAGES; i++)
+    oi__free((void *)atomic_load(&h->ns_resident[i]));
   pthread_cond_destroy(&h->maint_cv);
   pthread_mutex_destroy(&h->maint_lock);
   pthread_cond_destroy(&h->seal_cv);
@@ -192,7 +194,8 @@ oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t
     }
     atomic_store_explicit(&h->ns_resident[idx / OI_NS_PAGE], page, memory_order_release);
   }
-  h->ns[h->nns] = (ns_entry){.name = copy, .block_bytes = block_bytes, .shape_hash = shape_hash, .cls = c};
+  h->ns[h->nns] =
+      (ns_entry){.name = copy, .block_bytes = block_bytes, .shape_hash = shape_hash, .cls = c};
   *out = (oi_host_ns){.id = ++h->nns, .cls = c};
   pthread_mutex_unlock(&h->ns_lock);
   return OI_OK;
@@ -231,10 +234,12 @@ static uint64_t evict_until(oi_offload_host *h, uint64_t target_bytes) {
   host_block *batch[64];
   uint64_t largest_slot = 1;
   uint32_t ncls = atomic_load(&h->nclasses);
-  for (uint32_t i = 0; i < ncls; i++) largest_slot = OI_MAX(largest_slot, h->classes[i].slot_bytes);
+  for (uint32_t i = 0; i < ncls; i++)
+    largest_slot = OI_MAX(largest_slot, h->classes[i].slot_bytes);
   for (uint64_t r; (r = resident_bytes(h)) > target_bytes;) {
     /* No more than the excess needs (at least one block): stop at the target. */
-    size_t want = (size_t)OI_MIN((r - target_bytes + largest_slot - 1) / largest_slot, OI_ARRAY_LEN(batch));
+    size_t want =
+        (size_t)OI_MIN((r - target_bytes + largest_slot - 1) / largest_slot, OI_ARRAY_LEN(batch));
     size_t got = oi__index_evict_batch(h, -1, want ? want : 1, batch);
     if (!got) break;
     oi__pool_free_batch(h, batch, got);
@@ -289,7 +294,8 @@ OI_API oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *
     s.blocks_free += c->nfree;
     pthread_mutex_unlock(&c->lock);
   }
-  for (uint32_t k = 0; k < h->nchunks; k++) carved_chunks += h->chunks[k].cls >= 0;
+  for (uint32_t k = 0; k < h->nchunks; k++)
+    carved_chunks += h->chunks[k].cls >= 0;
   pthread_mutex_unlock(&mh->chunk_lock);
   /* used: chunks carved for a size class (their slots hold blocks or are
    * free for that size); free: uncarved chunks and the tail too small for a
@@ -340,14 +346,15 @@ void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out) {
                              .device = h->dev ? h->dev->ordinal : OI_DEVICE_CPU,
                              .ready = h->pool.host != NULL,
                              .pin_requested = !(h->opts.flags & OI_HOST_NO_PIN),
-                             .device_mapped = h->pool.device != NULL && h->dev && h->dev->ordinal >= 0};
+                             .device_mapped =
+                                 h->pool.device != NULL && h->dev && h->dev->ordinal >= 0};
 }
 
 uint64_t oi__ns_resident_get(const oi_offload_host *h, uint32_t ns) {
   uint32_t i = ns - 1;
   if (ns == 0 || i >= OI_NS_COUNTED) return 0;
-  atomic_uint_fast64_t *page = atomic_load_explicit(&((oi_offload_host *)h)->ns_resident[i / OI_NS_PAGE],
-                                                    memory_order_acquire);
+  atomic_uint_fast64_t *page = atomic_load_explicit(
+      &((oi_offload_host *)h)->ns_resident[i / OI_NS_PAGE], memory_order_acquire);
   return page ? atomic_load_explicit(&page[i % OI_NS_PAGE], memory_order_relaxed) : 0;
 }
 
@@ -363,7 +370,8 @@ OI_API oi_status oi_offload_host_namespace_stats(const oi_offload_host *h, uint3
   if (index >= h->nns) {
     uint32_t n = h->nns;
     pthread_mutex_unlock(&mh->ns_lock);
-    return oi__fail(OI_ERR_NOT_FOUND, "host_namespace_stats: index %u, but %u namespace(s)", index, n);
+    return oi__fail(OI_ERR_NOT_FOUND, "host_namespace_stats: index %u, but %u namespace(s)", index,
+                    n);
   }
   snprintf(s.name, sizeof s.name, "%s", h->ns[index].name);
   s.block_bytes = h->ns[index].block_bytes;

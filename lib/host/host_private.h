@@ -37,9 +37,9 @@ struct host_block {
   uint8_t state;
   uint8_t cls;
   uint16_t shard;
-  uint32_t pins;    /* leases naming it */
-  uint32_t loading; /* loads reading it */
-  uint32_t id;      /* this record's id */
+  uint32_t pins;        /* leases naming it */
+  uint32_t loading;     /* loads reading it */
+  uint32_t id;          /* this record's id */
   uint32_t bucket_next; /* ids, OI_NIL for none */
   uint32_t lru_prev, lru_next;
   uint64_t last_used;
@@ -61,7 +61,7 @@ typedef struct size_class {
   uint64_t slot_bytes;
   uint32_t free_head; /* free slots' ids, chained through bucket_next (they are in no index) */
   size_t nfree;
-  atomic_uint_fast64_t slots; /* carved slots */
+  atomic_uint_fast64_t slots;    /* carved slots */
   atomic_uint_fast64_t resident; /* in flight or sealed */
 } size_class;
 
@@ -171,7 +171,8 @@ static inline uint8_t *oi__block_data(const oi_offload_host *h, const host_block
 static inline void oi__ns_resident_add(oi_offload_host *h, uint32_t ns, uint64_t d) {
   uint32_t i = ns - 1;
   if (ns == 0 || i >= OI_NS_COUNTED) return;
-  atomic_uint_fast64_t *page = atomic_load_explicit(&h->ns_resident[i / OI_NS_PAGE], memory_order_acquire);
+  atomic_uint_fast64_t *page =
+      atomic_load_explicit(&h->ns_resident[i / OI_NS_PAGE], memory_order_acquire);
   if (page) atomic_fetch_add_explicit(&page[i % OI_NS_PAGE], d, memory_order_relaxed);
 }
 uint64_t oi__ns_resident_get(const oi_offload_host *h, uint32_t ns);

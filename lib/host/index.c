@@ -24,7 +24,8 @@ oi_status oi__index_init(oi_offload_host *h) {
     index_shard *s = &h->shards[i];
     pthread_mutex_init(&s->lock, NULL);
     s->host = h;
-    for (int c = 0; c < OI_MAX_SIZE_CLASSES; c++) s->lru_head[c] = s->lru_tail[c] = OI_NIL;
+    for (int c = 0; c < OI_MAX_SIZE_CLASSES; c++)
+      s->lru_head[c] = s->lru_tail[c] = OI_NIL;
     s->nbuckets = INITIAL_BUCKETS;
     s->buckets = alloc_buckets(s->nbuckets);
     if (!s->buckets) {
@@ -116,7 +117,8 @@ void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b) 
 void oi__index_remove_locked(index_shard *s, host_block *b) {
   oi_offload_host *h = s->host;
   uint32_t *link = &s->buckets[key_hash(b->ns, &b->hash) & (s->nbuckets - 1)];
-  while (*link != OI_NIL && *link != b->id) link = &oi__rec(h, *link)->bucket_next;
+  while (*link != OI_NIL && *link != b->id)
+    link = &oi__rec(h, *link)->bucket_next;
   if (*link != OI_NIL) {
     *link = b->bucket_next;
     s->count--;
@@ -170,8 +172,10 @@ void oi__block_unpin_locked(index_shard *s, host_block *b, pin_tally *t) {
 
 void oi__pin_tally_apply(oi_offload_host *h, const pin_tally *t) {
   /* One atomic per counter per batch, not per block (two's complement adds). */
-  if (t->leased) atomic_fetch_add_explicit(&h->c.blocks_leased, (uint64_t)t->leased, memory_order_relaxed);
-  if (t->pinned) atomic_fetch_add_explicit(&h->c.blocks_pinned, (uint64_t)t->pinned, memory_order_relaxed);
+  if (t->leased)
+    atomic_fetch_add_explicit(&h->c.blocks_leased, (uint64_t)t->leased, memory_order_relaxed);
+  if (t->pinned)
+    atomic_fetch_add_explicit(&h->c.blocks_pinned, (uint64_t)t->pinned, memory_order_relaxed);
 }
 
 /* Evicts up to `want` of the least recently used evictable blocks of class

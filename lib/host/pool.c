@@ -20,23 +20,25 @@ static uint64_t auto_chunk_bytes(uint64_t pool) {
 oi_status oi__pool_init(oi_offload_host *h) {
   h->chunk_bytes = h->opts.chunk_bytes ? h->opts.chunk_bytes : auto_chunk_bytes(h->capacity);
   if (h->chunk_bytes > h->capacity || h->chunk_bytes < OI_SLOT_ALIGN)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "host: chunk_bytes %llu must be between %d and pool_bytes %llu",
-                    (unsigned long long)h->chunk_bytes, OI_SLOT_ALIGN,
-                    (unsigned long long)h->capacity);
+    return oi__fail(
+        OI_ERR_INVALID_ARGUMENT, "host: chunk_bytes %llu must be between %d and pool_bytes %llu",
+        (unsigned long long)h->chunk_bytes, OI_SLOT_ALIGN, (unsigned long long)h->capacity);
   h->nchunks = (uint32_t)(h->capacity / h->chunk_bytes);
   /* Record ids are (chunk << slot_bits) | slot in 31 bits (OI_NIL stays free).
    * Only a pool of more than 2^31 minimum slots caps a chunk's slots. */
   uint32_t cbits = 0, sbits = 0;
-  while (cbits < 32 && (1ull << cbits) < h->nchunks) cbits++;
-  while (sbits < 31 && (1ull << sbits) < h->chunk_bytes / OI_SLOT_ALIGN) sbits++;
+  while (cbits < 32 && (1ull << cbits) < h->nchunks)
+    cbits++;
+  while (sbits < 31 && (1ull << sbits) < h->chunk_bytes / OI_SLOT_ALIGN)
+    sbits++;
   if (cbits > 31)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "host: too many chunks (raise chunk_bytes)");
   if (cbits + sbits > 31) sbits = 31 - cbits;
   h->slot_bits = sbits;
   h->chunks = oi__calloc(h->nchunks, sizeof *h->chunks);
   if (!h->chunks) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host: out of memory for the chunk table");
-  for (uint32_t i = 0; i < h->nchunks; i++) h->chunks[i].cls = -1;
+  for (uint32_t i = 0; i < h->nchunks; i++)
+    h->chunks[i].cls = -1;
   pthread_mutex_init(&h->chunk_lock, NULL);
   pthread_mutex_init(&h->class_lock, NULL);
   for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++) {
@@ -48,10 +50,12 @@ oi_status oi__pool_init(oi_offload_host *h) {
 
 void oi__pool_fini(oi_offload_host *h) {
   if (!h->chunks) return;
-  for (uint32_t i = 0; i < h->nchunks; i++) oi__free(h->chunks[i].records);
+  for (uint32_t i = 0; i < h->nchunks; i++)
+    oi__free(h->chunks[i].records);
   oi__free(h->chunks);
   h->chunks = NULL;
-  for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++) pthread_mutex_destroy(&h->classes[i].lock);
+  for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++)
+    pthread_mutex_destroy(&h->classes[i].lock);
   pthread_mutex_destroy(&h->class_lock);
   pthread_mutex_destroy(&h->chunk_lock);
 }
@@ -131,7 +135,8 @@ static bool carve_chunk(oi_offload_host *h, uint32_t cls) {
   ch->nslots = nslots;
   ch->records = recs;
   pthread_mutex_lock(&c->lock);
-  for (uint32_t i = nslots; i-- > 0;) push_free_locked(c, &recs[i]); /* low addresses first */
+  for (uint32_t i = nslots; i-- > 0;)
+    push_free_locked(c, &recs[i]); /* low addresses first */
   atomic_fetch_add(&c->slots, nslots);
   pthread_mutex_unlock(&c->lock);
   pthread_mutex_unlock(&h->chunk_lock);
@@ -183,7 +188,8 @@ size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_
   if (OI_FAULT(OI_FAULT_HOST_ALLOC, NULL)) return 0;
   for (;;) {
     pthread_mutex_lock(&c->lock);
-    while (got < want && c->free_head != OI_NIL) out[got++] = pop_free_locked(h, c);
+    while (got < want && c->free_head != OI_NIL)
+      out[got++] = pop_free_locked(h, c);
     pthread_mutex_unlock(&c->lock);
     if (got == want) break;
     if (!carve_chunk(h, cls) && !(reclaim_free_chunk(h, cls) && carve_chunk(h, cls))) break;

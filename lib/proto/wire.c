@@ -60,7 +60,7 @@ static bool decode_hash(pb_istream_t *s, const pb_field_t *f, void **arg) {
     return skip_rest(s);
   }
   if (!oi__grow((void **)&a->hashes, &a->cap_hashes, a->n_hashes + 1, sizeof *a->hashes,
-            OI_WIRE_MAX_BLOCKS))
+                OI_WIRE_MAX_BLOCKS))
     PB_RETURN_ERROR(s, "out of memory");
   return pb_read(s, a->hashes[a->n_hashes++].bytes, sizeof(oi_block_hash));
 }
@@ -89,7 +89,7 @@ static bool decode_arena(pb_istream_t *s, const pb_field_t *f, void **arg) {
     return skip_rest(s);
   }
   if (!oi__grow((void **)&a->arenas, &a->cap_arenas, a->n_arenas + 1, sizeof *a->arenas,
-            OI_WIRE_MAX_ARENAS))
+                OI_WIRE_MAX_ARENAS))
     PB_RETURN_ERROR(s, "out of memory");
   oiwire_Arena *dst = &a->arenas[a->n_arenas];
   memset(dst, 0, sizeof *dst);
@@ -106,7 +106,7 @@ static bool decode_namespace(pb_istream_t *s, const pb_field_t *f, void **arg) {
     return skip_rest(s);
   }
   if (!oi__grow((void **)&a->namespaces, &a->cap_namespaces, a->n_namespaces + 1,
-            sizeof *a->namespaces, OI_WIRE_MAX_NAMESPACES))
+                sizeof *a->namespaces, OI_WIRE_MAX_NAMESPACES))
     PB_RETURN_ERROR(s, "out of memory");
   oiwire_NamespaceStats *dst = &a->namespaces[a->n_namespaces];
   memset(dst, 0, sizeof *dst);
@@ -115,9 +115,11 @@ static bool decode_namespace(pb_istream_t *s, const pb_field_t *f, void **arg) {
   return true;
 }
 
-_Static_assert(sizeof(((oiwire_HostStats *)0)->save_latency_us) / sizeof(uint64_t) == OI_LATENCY_BUCKETS,
+_Static_assert(sizeof(((oiwire_HostStats *)0)->save_latency_us) / sizeof(uint64_t) ==
+                   OI_LATENCY_BUCKETS,
                "openinfer.options: the latency histograms' max_count must be OI_LATENCY_BUCKETS");
-_Static_assert(sizeof(((oiwire_StatsReply *)0)->load_latency_us) / sizeof(uint64_t) == OI_LATENCY_BUCKETS,
+_Static_assert(sizeof(((oiwire_StatsReply *)0)->load_latency_us) / sizeof(uint64_t) ==
+                   OI_LATENCY_BUCKETS,
                "openinfer.options: the latency histograms' max_count must be OI_LATENCY_BUCKETS");
 
 /* Called before a body submessage is decoded: points its callback fields at
@@ -306,8 +308,9 @@ oi_status oi__wire_encode(const oiwire_Envelope *env_in, const oi_wire_out *out,
   if (!pb_get_encoded_size(&size, oiwire_Envelope_fields, &env))
     return oi__fail(OI_ERR_INTERNAL, "cannot size a message of type %u", env.which_body);
   if (size > OI_WIRE_MAX_FRAME)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "a message of %zu bytes exceeds the %u-byte frame limit",
-                    size, OI_WIRE_MAX_FRAME);
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "a message of %zu bytes exceeds the %u-byte frame limit", size,
+                    OI_WIRE_MAX_FRAME);
   uint8_t *buf = oi__malloc(size + 4);
   if (!buf) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a %zu-byte message", size);
   buf[0] = (uint8_t)size;
@@ -377,8 +380,8 @@ static oi_status read_full(int fd, void *buf, size_t len, size_t *got) {
 }
 
 oi_status oi__wire_frame_length(const uint8_t hdr[4], uint32_t max, uint32_t *len) {
-  uint32_t n = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
-               (uint32_t)hdr[3] << 24;
+  uint32_t n =
+      (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 | (uint32_t)hdr[3] << 24;
   if (n > max)
     return oi__fail(OI_ERR_PROTOCOL, "a frame of %u bytes exceeds the %u-byte limit", n, max);
   *len = n;
@@ -432,7 +435,8 @@ oi_status oi__wire_connect(const char *path, int *fd_out) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return oi__fail(OI_ERR_IO, "socket: %s", strerror(errno));
   int rc;
-  do rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  do
+    rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
   while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     int e = errno;

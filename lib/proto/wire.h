@@ -24,12 +24,12 @@
 #include "proto/openinfer.pb.h"
 
 #define OI_WIRE_PROTOCOL_VERSION 1u
-#define OI_WIRE_MAX_FRAME (8u << 20)  /* bytes of one frame's payload */
-#define OI_WIRE_MAX_BLOCKS 65536u     /* block ids or hashes in one request */
-#define OI_WIRE_MAX_ARENAS 4096u      /* arenas of one layout */
+#define OI_WIRE_MAX_FRAME (8u << 20) /* bytes of one frame's payload */
+#define OI_WIRE_MAX_BLOCKS 65536u    /* block ids or hashes in one request */
+#define OI_WIRE_MAX_ARENAS 4096u     /* arenas of one layout */
 #define OI_WIRE_HANDLE_BYTES 64u
 #define OI_WIRE_LEASE_BYTES 16u
-#define OI_WIRE_MAX_NAMESPACES 4096u  /* namespaces listed in one StatsReply */
+#define OI_WIRE_MAX_NAMESPACES 4096u /* namespaces listed in one StatsReply */
 
 /* HelloReply/Hello.capabilities */
 enum {

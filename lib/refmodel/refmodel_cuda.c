@@ -134,8 +134,8 @@ oi_status oi__rm_cuda_create(const oi_refmodel_options *o, oi_rm_cuda **out) {
     RM_TAKE(w->wgu, uint16_t, 2 * F * H * 2);
     RM_TAKE(w->wd, uint16_t, H * F * 2);
   }
-  RM_TAKE(m->rope_cos, float, (size_t)o->max_positions * half * 4);
-  RM_TAKE(m->rope_sin, float, (size_t)o->max_positions * half * 4);
+  RM_TAKE(m->rope_cos, float, (size_t)o->max_positions *half * 4);
+  RM_TAKE(m->rope_sin, float, (size_t)o->max_positions *half * 4);
 #undef RM_TAKE
   uint64_t seed = o->seed;
   float in_h = 1.0f / sqrtf((float)H), in_q = 1.0f / sqrtf((float)Q), in_f = 1.0f / sqrtf((float)F);
@@ -149,11 +149,10 @@ oi_status oi__rm_cuda_create(const oi_refmodel_options *o, oi_rm_cuda **out) {
     if (!err) err = oi_rm_gen_norm(w->mlp_norm, (uint32_t)H, seed, t + OI_RM_T_MLP_NORM, NULL);
     /* wqkv rows: q, then k, then v; each tensor indexed from 0. */
     if (!err) err = oi_rm_gen_bf16(w->wqkv, Q * H, seed, t + OI_RM_T_WQ, in_h, NULL);
+    if (!err) err = oi_rm_gen_bf16(w->wqkv + Q * H, m->KVD * H, seed, t + OI_RM_T_WK, in_h, NULL);
     if (!err)
-      err = oi_rm_gen_bf16(w->wqkv + Q * H, m->KVD * H, seed, t + OI_RM_T_WK, in_h, NULL);
-    if (!err)
-      err = oi_rm_gen_bf16(w->wqkv + (Q + m->KVD) * H, m->KVD * H, seed, t + OI_RM_T_WV, in_h,
-                           NULL);
+      err =
+          oi_rm_gen_bf16(w->wqkv + (Q + m->KVD) * H, m->KVD * H, seed, t + OI_RM_T_WV, in_h, NULL);
     if (!err) err = oi_rm_gen_bf16(w->wo, H * Q, seed, t + OI_RM_T_WO, in_q, NULL);
     if (!err)
       err = oi_rm_gen_gate_up(w->wgu, (uint32_t)F, (uint32_t)H, seed, t + OI_RM_T_GATE,
@@ -196,8 +195,8 @@ oi_status oi__rm_cuda_create(const oi_refmodel_options *o, oi_rm_cuda **out) {
 /* ---- ranks ----------------------------------------------------------------------- */
 
 static void free_scratch(rm_rank *r) {
-  void *dev_ptrs[] = {r->x, r->part_o, r->part_ml, r->logits, r->h, r->qkv,
-                      r->attn, r->act, r->hl, r->next, r->meta_d};
+  void *dev_ptrs[] = {r->x,    r->part_o, r->part_ml, r->logits, r->h,     r->qkv,
+                      r->attn, r->act,    r->hl,      r->next,   r->meta_d};
   for (size_t i = 0; i < sizeof dev_ptrs / sizeof dev_ptrs[0]; i++)
     if (dev_ptrs[i]) oi_rmk_free(dev_ptrs[i]);
   if (r->meta_h) oi_rmk_free_host(r->meta_h);
@@ -230,7 +229,7 @@ static oi_status ensure_scratch(oi_rm_cuda *m, rm_rank *r, uint32_t T, uint32_t 
   free_scratch(r);
   size_t H = m->H;
   int e = OI_RMK_SUCCESS;
-#define RM_DM(ptr, bytes) \
+#define RM_DM(ptr, bytes)                                                                          \
   if (e == OI_RMK_SUCCESS) e = oi_rmk_malloc((void **)&(ptr), (bytes))
   RM_DM(r->x, (size_t)t * H * 4);
   RM_DM(r->h, (size_t)t * H * 2);
@@ -244,10 +243,12 @@ static oi_status ensure_scratch(oi_rm_cuda *m, rm_rank *r, uint32_t T, uint32_t 
   RM_DM(r->next, (size_t)rr * 4);
   RM_DM(r->meta_d, mb);
 #undef RM_DM
-  if (e == OI_RMK_SUCCESS) e = oi_rmk_host_alloc((void **)&r->meta_h, mb, OI_RMK_HOST_ALLOC_PORTABLE);
+  if (e == OI_RMK_SUCCESS)
+    e = oi_rmk_host_alloc((void **)&r->meta_h, mb, OI_RMK_HOST_ALLOC_PORTABLE);
   if (e == OI_RMK_SUCCESS)
     e = oi_rmk_host_alloc((void **)&r->logits_h, (size_t)rr * m->V * 4, OI_RMK_HOST_ALLOC_PORTABLE);
-  if (e == OI_RMK_SUCCESS) e = oi_rmk_host_alloc((void **)&r->next_h, (size_t)rr * 4, OI_RMK_HOST_ALLOC_PORTABLE);
+  if (e == OI_RMK_SUCCESS)
+    e = oi_rmk_host_alloc((void **)&r->next_h, (size_t)rr * 4, OI_RMK_HOST_ALLOC_PORTABLE);
   if (e != OI_RMK_SUCCESS) {
     oi_rmk_get_last_error();
     free_scratch(r);
@@ -342,10 +343,12 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
     if (nb > s->n_blocks)
       return oi__fail(OI_ERR_INVALID_ARGUMENT,
                       "refmodel: request %llu position %llu has no block (block table of %u)",
-                      (unsigned long long)s->request_id, (unsigned long long)(end - 1), s->n_blocks);
+                      (unsigned long long)s->request_id, (unsigned long long)(end - 1),
+                      s->n_blocks);
     for (uint64_t k = 0; k < nb; k++)
       if (s->block_table[k] < 0 || (uint64_t)s->block_table[k] >= kv->num_blocks)
-        return oi__fail(OI_ERR_INVALID_ARGUMENT, "refmodel: block id %lld out of range (%llu blocks)",
+        return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                        "refmodel: block id %lld out of range (%llu blocks)",
                         (long long)s->block_table[k], (unsigned long long)kv->num_blocks);
     for (uint32_t t = 0; t < s->n_tokens; t++)
       if (s->tokens[t] >= m->V)
@@ -370,7 +373,8 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
 
   /* Metadata: tokens[T] pos[T] slot_off[T] (u64) lrows[R] items[] tables[] */
   uint8_t *hp = r->meta_h;
-  size_t o_tok = 0, o_pos = o_tok + (size_t)T * 4, o_slot = (o_pos + (size_t)T * 4 + 7) & ~(size_t)7;
+  size_t o_tok = 0, o_pos = o_tok + (size_t)T * 4,
+         o_slot = (o_pos + (size_t)T * 4 + 7) & ~(size_t)7;
   size_t o_lrow = o_slot + (size_t)T * 8, o_items = (o_lrow + (size_t)R * 4 + 7) & ~(size_t)7;
   size_t o_tab = o_items + (size_t)items * sizeof(oi_rm_item), o_end = o_tab + tab * 4;
   uint32_t *tok = (uint32_t *)(hp + o_tok), *pos = (uint32_t *)(hp + o_pos);
@@ -383,7 +387,8 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
     const oi_model_seq *s = &b->seqs[i];
     if (!s->n_tokens) continue;
     uint32_t nb = (s->position + s->n_tokens - 1) / page + 1;
-    for (uint32_t k = 0; k < nb; k++) tables[to + k] = (int32_t)s->block_table[k];
+    for (uint32_t k = 0; k < nb; k++)
+      tables[to + k] = (int32_t)s->block_table[k];
     for (uint32_t t = 0; t < s->n_tokens; t++) {
       uint32_t p = s->position + t;
       tok[row + t] = s->tokens[t];
@@ -392,8 +397,8 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
                       (uint64_t)(p % page) * kv->token_stride;
     }
     for (uint32_t t0 = 0; t0 < s->n_tokens; t0 += OI_RM_ATTN_QTILE) {
-      oi_rm_item x = {row + t0, OI_MIN(OI_RM_ATTN_QTILE, s->n_tokens - t0), s->position + t0, to,
-                      nb, 0};
+      oi_rm_item x = {
+          row + t0, OI_MIN(OI_RM_ATTN_QTILE, s->n_tokens - t0), s->position + t0, to, nb, 0};
       max_rows = OI_MAX(max_rows, x.nrows);
       it[ii++] = x;
     }
@@ -445,7 +450,8 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
     ap.layer_base = base;
     what = "attn rmsnorm", err = oi_rm_rmsnorm(r->x, NULL, T, m->H, w->attn_norm, eps, r->h, cs);
     if (!err)
-      what = "qkv gemm", err = oi_rm_gemm(OI_RM_EPI_BF16, r->h, w->wqkv, r->qkv, T, m->QKV, m->H, cs);
+      what = "qkv gemm",
+      err = oi_rm_gemm(OI_RM_EPI_BF16, r->h, w->wqkv, r->qkv, T, m->QKV, m->H, cs);
     for (uint32_t i = 0; i < n_waits && !err; i++) {
       void *ev = kv_events[(size_t)i * m->L + l];
       if (ev) what = "restore wait", err = (int)oi_rmk_stream_wait_event(cs, ev, 0);
@@ -455,11 +461,12 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
                                          m->rope_cos, m->rope_sin, base, kv->segment_stride, cs);
     if (!err) what = "attention", err = oi_rm_attention(&ap, cs);
     if (!err)
-      what = "attention combine", err = oi_rm_attn_combine(r->part_o, r->part_ml, d_pos, T, m->qh,
-                                                          m->hd, nseg, r->attn, cs);
+      what = "attention combine",
+      err = oi_rm_attn_combine(r->part_o, r->part_ml, d_pos, T, m->qh, m->hd, nseg, r->attn, cs);
     if (!err)
       what = "o gemm", err = oi_rm_gemm(OI_RM_EPI_RESID, r->attn, w->wo, r->x, T, m->H, m->Q, cs);
-    if (!err) what = "mlp rmsnorm", err = oi_rm_rmsnorm(r->x, NULL, T, m->H, w->mlp_norm, eps, r->h, cs);
+    if (!err)
+      what = "mlp rmsnorm", err = oi_rm_rmsnorm(r->x, NULL, T, m->H, w->mlp_norm, eps, r->h, cs);
     if (!err)
       what = "gate/up gemm",
       err = oi_rm_gemm(OI_RM_EPI_SWIGLU, r->h, w->wgu, r->act, T, 2 * m->F, m->H, cs);
@@ -467,16 +474,19 @@ oi_status oi__rm_cuda_forward(oi_rm_cuda *m, const oi_model_batch *b) {
       what = "down gemm", err = oi_rm_gemm(OI_RM_EPI_RESID, r->act, w->wd, r->x, T, m->H, m->F, cs);
   }
   if (!err && R) {
-    what = "final rmsnorm", err = oi_rm_rmsnorm(r->x, d_lrow, R, m->H, m->final_norm, eps, r->hl, cs);
+    what = "final rmsnorm",
+    err = oi_rm_rmsnorm(r->x, d_lrow, R, m->H, m->final_norm, eps, r->hl, cs);
     if (!err)
-      what = "lm head", err = oi_rm_gemm(OI_RM_EPI_F32, r->hl, m->lm_head, r->logits, R, m->V, m->H, cs);
+      what = "lm head",
+      err = oi_rm_gemm(OI_RM_EPI_F32, r->hl, m->lm_head, r->logits, R, m->V, m->H, cs);
     if (!err) what = "argmax", err = oi_rm_argmax(r->logits, R, m->V, r->next, cs);
     if (!err)
-      what = "token copy", err = (int)oi_rmk_memcpy_async(r->next_h, r->next, (size_t)R * 4,
-                                                      OI_RMK_DEVICE_TO_HOST, cs);
+      what = "token copy",
+      err = (int)oi_rmk_memcpy_async(r->next_h, r->next, (size_t)R * 4, OI_RMK_DEVICE_TO_HOST, cs);
     if (!err && want_logits)
-      what = "logits copy", err = (int)oi_rmk_memcpy_async(r->logits_h, r->logits, (size_t)R * m->V * 4,
-                                                       OI_RMK_DEVICE_TO_HOST, cs);
+      what = "logits copy",
+      err = (int)oi_rmk_memcpy_async(r->logits_h, r->logits, (size_t)R * m->V * 4,
+                                     OI_RMK_DEVICE_TO_HOST, cs);
   }
   int se = oi_rmk_stream_synchronize(cs);
   if (!err && se != OI_RMK_SUCCESS) what = "forward", err = (int)se;

@@ -102,7 +102,8 @@ static void histogram(out_buf *b, const char *name, const char *help, const uint
   uint64_t cum = 0;
   for (uint32_t i = 0; i < OI_LATENCY_BUCKETS - 1; i++) {
     cum += buckets[i];
-    put(b, "%s_bucket{le=\"%.6g\"} %llu\n", name, (double)(1ull << i) / 1e6, (unsigned long long)cum);
+    put(b, "%s_bucket{le=\"%.6g\"} %llu\n", name, (double)(1ull << i) / 1e6,
+        (unsigned long long)cum);
   }
   cum += buckets[OI_LATENCY_BUCKETS - 1];
   put(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
@@ -116,7 +117,8 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
     b.cap = 16384;
     if (!(b.p = malloc(b.cap))) return false;
   }
-  oi_offload_host *host = __atomic_load_n(&srv->host, __ATOMIC_ACQUIRE); /* NULL while it is set up */
+  oi_offload_host *host =
+      __atomic_load_n(&srv->host, __ATOMIC_ACQUIRE); /* NULL while it is set up */
   oi_host_stats hs;
   memset(&hs, 0, sizeof hs);
   hs.struct_size = sizeof hs;
@@ -126,13 +128,14 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
   put(&b, "openinfer_info{version=\"");
   put_label_value(&b, oi_version_string());
   put(&b, "\",epoch=\"%016llx\"} 1\n", (unsigned long long)srv->epoch);
-  put(&b, "# HELP openinfer_uptime_seconds Seconds since the server started.\n"
-          "# TYPE openinfer_uptime_seconds gauge\nopeninfer_uptime_seconds %.3f\n",
+  put(&b,
+      "# HELP openinfer_uptime_seconds Seconds since the server started.\n"
+      "# TYPE openinfer_uptime_seconds gauge\nopeninfer_uptime_seconds %.3f\n",
       (double)(oi__now_ns() - srv->start_ns) / 1e9);
 
   /* Saves (blocks). */
-  metric(&b, "openinfer_save_blocks_submitted_total", "counter",
-         "Blocks offered to save.", hs.saves_submitted);
+  metric(&b, "openinfer_save_blocks_submitted_total", "counter", "Blocks offered to save.",
+         hs.saves_submitted);
   metric(&b, "openinfer_save_blocks_completed_total", "counter",
          "Blocks saved and sealed (visible to queries).", hs.saves_completed);
   metric(&b, "openinfer_save_blocks_deduplicated_total", "counter",
@@ -157,8 +160,8 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
   metric(&b, "openinfer_loaded_bytes_total", "counter", "Bytes copied host to device.",
          hs.bytes_loaded);
   /* Queries. */
-  metric(&b, "openinfer_query_hit_blocks_total", "counter",
-         "Queried blocks reported as hits.", hs.query_hit_blocks);
+  metric(&b, "openinfer_query_hit_blocks_total", "counter", "Queried blocks reported as hits.",
+         hs.query_hit_blocks);
   metric(&b, "openinfer_query_miss_blocks_total", "counter",
          "Queried blocks past the hit prefix (misses).", hs.query_miss_blocks);
   /* Leases. */
@@ -171,8 +174,7 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
   metric(&b, "openinfer_evicted_blocks_total", "counter", "Blocks evicted from the pool.",
          hs.evictions);
   /* Pool. */
-  metric(&b, "openinfer_pool_capacity_bytes", "gauge", "Size of the host pool.",
-         hs.capacity_bytes);
+  metric(&b, "openinfer_pool_capacity_bytes", "gauge", "Size of the host pool.", hs.capacity_bytes);
   metric(&b, "openinfer_pool_used_bytes", "gauge",
          "Pool bytes in chunks carved for a block size (used + free = capacity).", hs.used_bytes);
   metric(&b, "openinfer_pool_free_bytes", "gauge", "Pool bytes not carved for any block size.",
@@ -181,8 +183,9 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
          "Bytes of the blocks the pool holds (in flight or sealed).", hs.block_bytes_resident);
   metric(&b, "openinfer_pool_size_classes", "gauge", "Distinct block sizes in use.",
          hs.size_classes);
-  put(&b, "# HELP openinfer_pool_setup_seconds Time the pool took to map, touch and pin at start.\n"
-          "# TYPE openinfer_pool_setup_seconds gauge\nopeninfer_pool_setup_seconds %.6f\n",
+  put(&b,
+      "# HELP openinfer_pool_setup_seconds Time the pool took to map, touch and pin at start.\n"
+      "# TYPE openinfer_pool_setup_seconds gauge\nopeninfer_pool_setup_seconds %.6f\n",
       (double)hs.pool_setup_ns / 1e9);
   header(&b, "openinfer_blocks", "gauge",
          "Host blocks by state: free (carved, empty), in_flight (being saved), sealed (visible; "
@@ -277,7 +280,8 @@ bool oi__server_healthy(oi_server *srv, char *why, size_t cap) {
   int devs[64];
   size_t n = 0;
   devs[n++] = pool.device;
-  for (uint32_t i = 0; i < srv->opts.num_devices && n < OI_ARRAY_LEN(devs); i++) devs[n++] = srv->devices[i];
+  for (uint32_t i = 0; i < srv->opts.num_devices && n < OI_ARRAY_LEN(devs); i++)
+    devs[n++] = srv->devices[i];
   pthread_mutex_lock(&srv->lock);
   for (srv_session *ss = srv->sessions; ss; ss = ss->next)
     for (srv_instance *in = ss->instances; in && n < OI_ARRAY_LEN(devs); in = in->next)
@@ -285,12 +289,13 @@ bool oi__server_healthy(oi_server *srv, char *why, size_t cap) {
   pthread_mutex_unlock(&srv->lock);
   for (size_t i = 0; i < n; i++) {
     bool seen = false;
-    for (size_t j = 0; j < i; j++) seen |= devs[j] == devs[i];
+    for (size_t j = 0; j < i; j++)
+      seen |= devs[j] == devs[i];
     if (!seen && !device_answers(devs[i], why, cap)) return false;
   }
   snprintf(why, cap, "ok: pool of %.2f GiB %s, %zu device(s) answer",
-           (double)pool.capacity_bytes / (double)(1ull << 30), want_pin ? "pinned" : "set up (not pinned: --no-pin)",
-           n);
+           (double)pool.capacity_bytes / (double)(1ull << 30),
+           want_pin ? "pinned" : "set up (not pinned: --no-pin)", n);
   return true;
 }
 
@@ -393,8 +398,8 @@ oi_status oi__metrics_start(oi_server *srv, const char *addr) {
   char host[256], port[16];
   oi_status st = parse_addr(addr, host, sizeof host, port, sizeof port);
   if (st != OI_OK) return st;
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
   struct addrinfo *res = NULL;
   int rc = getaddrinfo(host, port, &hints, &res);
   if (rc != 0)
@@ -419,7 +424,9 @@ oi_status oi__metrics_start(oi_server *srv, const char *addr) {
   }
   freeaddrinfo(res);
   if (fd < 0)
-    return oi__fail(err == EADDRINUSE ? OI_ERR_BUSY : err == EACCES ? OI_ERR_PERMISSION : OI_ERR_IO,
+    return oi__fail(err == EADDRINUSE ? OI_ERR_BUSY
+                    : err == EACCES   ? OI_ERR_PERMISSION
+                                      : OI_ERR_IO,
                     "metrics endpoint: cannot listen on %s: %s", addr, strerror(err));
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
@@ -435,19 +442,17 @@ oi_status oi__metrics_start(oi_server *srv, const char *addr) {
   m->fd = fd;
   m->port = bound;
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | (v6 ? MHD_USE_IPv6 : 0);
-  m->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv,
-                               MHD_OPTION_LISTEN_SOCKET, fd,
+  m->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, fd,
                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)32,
-                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-                               MHD_OPTION_END);
+                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
   if (!m->daemon) {
     close(fd);
     oi__free(m);
     return oi__fail(OI_ERR_INTERNAL, "metrics endpoint: libmicrohttpd did not start on %s", addr);
   }
   srv->metrics = m;
-  OI_LOG(OI_LOG_INFO, "server", "metrics on http://%s%s%s:%u/metrics (and /healthz)",
-         v6 ? "[" : "", host, v6 ? "]" : "", (unsigned)bound);
+  OI_LOG(OI_LOG_INFO, "server", "metrics on http://%s%s%s:%u/metrics (and /healthz)", v6 ? "[" : "",
+         host, v6 ? "]" : "", (unsigned)bound);
   return OI_OK;
 #endif
 }

@@ -69,8 +69,10 @@ static void write_owner(const char *socket_path) {
   snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
   FILE *f = fopen(tmp, "w");
   if (!f) {
-    OI_LOG(OI_LOG_WARN, "server", "cannot write %s: %s (a later server cannot clean up after this "
-           "one if it is killed)", path, strerror(errno));
+    OI_LOG(OI_LOG_WARN, "server",
+           "cannot write %s: %s (a later server cannot clean up after this "
+           "one if it is killed)",
+           path, strerror(errno));
     return;
   }
   fprintf(f, "%d\n", (int)getpid());
@@ -98,14 +100,18 @@ static void clean_dead_owner(const char *path) {
   int pid = read_owner(path);
   if (pid <= 0 || pid == (int)getpid()) return;
   if (kill(pid, 0) == 0 || errno != ESRCH) {
-    OI_LOG(OI_LOG_INFO, "server", "the stale socket's server (pid %d) still exists: leaving its "
-           "arenas alone", pid);
+    OI_LOG(OI_LOG_INFO, "server",
+           "the stale socket's server (pid %d) still exists: leaving its "
+           "arenas alone",
+           pid);
     return;
   }
   int n = oi__cpu_remove_orphan_arenas(pid);
   if (n)
-    OI_LOG(OI_LOG_WARN, "server", "removed %d shared-memory arena%s that a dead server (pid %d) "
-           "left behind", n, n == 1 ? "" : "s", pid);
+    OI_LOG(OI_LOG_WARN, "server",
+           "removed %d shared-memory arena%s that a dead server (pid %d) "
+           "left behind",
+           n, n == 1 ? "" : "s", pid);
 }
 
 /* Checks everything about the socket path that can be checked without
@@ -119,9 +125,12 @@ static oi_status check_socket_path(const char *path) {
   char dir[sizeof sa.sun_path];
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == dir) dir[1] = 0;
-  else *slash = 0;
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    dir[1] = 0;
+  else
+    *slash = 0;
   struct stat st;
   if (stat(dir, &st) != 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "server: cannot listen on %s: the directory %s: %s",
@@ -130,11 +139,14 @@ static oi_status check_socket_path(const char *path) {
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "server: cannot listen on %s: %s is not a directory",
                     path, dir);
   if (access(dir, W_OK | X_OK) != 0)
-    return oi__fail(OI_ERR_PERMISSION, "server: cannot listen on %s: no permission to create a "
-                    "socket in %s", path, dir);
+    return oi__fail(OI_ERR_PERMISSION,
+                    "server: cannot listen on %s: no permission to create a "
+                    "socket in %s",
+                    path, dir);
   if (lstat(path, &st) == 0) {
     if (!S_ISSOCK(st.st_mode))
-      return oi__fail(OI_ERR_STATE, "server: %s exists and is not a socket (not removing it)", path);
+      return oi__fail(OI_ERR_STATE, "server: %s exists and is not a socket (not removing it)",
+                      path);
     if (socket_is_live(path))
       return oi__fail(OI_ERR_BUSY, "server: another server listens on %s", path);
   }
@@ -153,7 +165,8 @@ static oi_status listen_on(oi_server *s, const char *path, uint32_t mode) {
   struct stat st;
   if (lstat(path, &st) == 0) {
     if (!S_ISSOCK(st.st_mode))
-      return oi__fail(OI_ERR_STATE, "server: %s exists and is not a socket (not removing it)", path);
+      return oi__fail(OI_ERR_STATE, "server: %s exists and is not a socket (not removing it)",
+                      path);
     if (socket_is_live(path))
       return oi__fail(OI_ERR_BUSY, "server: another server listens on %s", path);
     OI_LOG(OI_LOG_INFO, "server", "replacing the stale socket %s", path);
@@ -163,8 +176,10 @@ static oi_status listen_on(oi_server *s, const char *path, uint32_t mode) {
   int n = snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
   bool direct = n < 0 || (size_t)n >= sizeof tmp;
   const char *bind_path = direct ? path : tmp;
-  if (!direct) unlink(tmp);
-  else unlink(path); /* stale (checked above) */
+  if (!direct)
+    unlink(tmp);
+  else
+    unlink(path); /* stale (checked above) */
 
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return oi__fail(OI_ERR_IO, "server: socket: %s", strerror(errno));
@@ -207,12 +222,13 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
   oi_status st = oi__struct_in(&opts, sizeof opts, o, "server_create");
   if (st != OI_OK) return st;
   if (!opts.host)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_create: host options are NULL (pool_bytes is required)");
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "server_create: host options are NULL (pool_bytes is required)");
   if (opts.socket_mode > 0777)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_create: socket_mode %o is not a permission mode",
-                    opts.socket_mode);
-  if ((opts.num_allowed_uids && !opts.allowed_uids) || (opts.num_allowed_gids && !opts.allowed_gids) ||
-      (opts.num_devices && !opts.devices))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "server_create: socket_mode %o is not a permission mode", opts.socket_mode);
+  if ((opts.num_allowed_uids && !opts.allowed_uids) ||
+      (opts.num_allowed_gids && !opts.allowed_gids) || (opts.num_devices && !opts.devices))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_create: a list has a count but no array");
   if (opts.max_sessions == 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_create: max_sessions is 0");
@@ -236,7 +252,8 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
   pthread_mutex_init(&s->lock, NULL);
   pthread_cond_init(&s->sessions_cv, NULL);
   oi_host_options_init(&s->host_opts);
-  if ((st = oi__struct_in(&s->host_opts, sizeof s->host_opts, opts.host, "server_create host")) != OI_OK)
+  if ((st = oi__struct_in(&s->host_opts, sizeof s->host_opts, opts.host, "server_create host")) !=
+      OI_OK)
     goto fail;
   char def[108];
   if (!opts.socket_path && (st = oi__wire_default_socket_path(def, sizeof def)) != OI_OK) goto fail;
@@ -379,9 +396,11 @@ OI_API oi_status oi_server_run(oi_server *s) {
   if (!s) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_run: server is NULL");
   int expected = 0;
   if (!atomic_compare_exchange_strong(&s->state, &expected, 1))
-    return oi__fail(OI_ERR_STATE, "server_run: the server %s", expected == 1 ? "is running" : "already ran");
+    return oi__fail(OI_ERR_STATE, "server_run: the server %s",
+                    expected == 1 ? "is running" : "already ran");
   while (!atomic_load(&s->stop_requested)) {
-    struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN}, {.fd = s->wake_fds[0], .events = POLLIN}};
+    struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
+                          {.fd = s->wake_fds[0], .events = POLLIN}};
     /* Wake up now and then to cut connections that never said Hello. */
     int rc = poll(p, 2, s->opts.handshake_timeout_ms == UINT32_MAX ? -1 : 250);
     if (rc < 0) {
@@ -405,7 +424,8 @@ OI_API oi_status oi_server_run(oi_server *s) {
   }
   OI_LOG(OI_LOG_INFO, "server", "stopping: closing every session");
   pthread_mutex_lock(&s->lock);
-  for (srv_session *ss = s->sessions; ss; ss = ss->next) shutdown(ss->fd, SHUT_RDWR);
+  for (srv_session *ss = s->sessions; ss; ss = ss->next)
+    shutdown(ss->fd, SHUT_RDWR);
   while (s->sessions) {
     reap_finished_locked(s);
     if (s->sessions) pthread_cond_wait(&s->sessions_cv, &s->lock);
@@ -418,7 +438,8 @@ OI_API oi_status oi_server_run(oi_server *s) {
 OI_API void oi_server_destroy(oi_server *s) {
   if (!s) return;
   if (atomic_load(&s->state) == 1) {
-    OI_LOG(OI_LOG_ERROR, "server", "server_destroy while oi_server_run runs: refused (stop it first)");
+    OI_LOG(OI_LOG_ERROR, "server",
+           "server_destroy while oi_server_run runs: refused (stop it first)");
     return;
   }
   oi__metrics_stop(s); /* its handler reads the host */

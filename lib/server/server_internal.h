@@ -31,7 +31,7 @@ typedef struct srv_instance {
   uint32_t id;
   oi_server *server;
   oi_offload_engine *engine;
-  oi_dev *dev;  /* the device the arena lives on */
+  oi_dev *dev; /* the device the arena lives on */
   void *arena;
   uint64_t arena_bytes;
   bool by_session_end; /* destroyed because its session ended (not unregistered) */

@@ -94,8 +94,8 @@ static void instance_put(srv_instance *inst) {
   atomic_fetch_sub(&srv->arena_bytes, inst->arena_bytes);
   if (inst->by_session_end) atomic_fetch_add(&srv->instances_cleaned_up, 1);
   OI_LOG_I(OI_LOG_INFO, "server", inst->id, "%s: freed its %llu-byte arena",
-         inst->by_session_end ? "cleaned up (session ended)" : "unregistered",
-         (unsigned long long)inst->arena_bytes);
+           inst->by_session_end ? "cleaned up (session ended)" : "unregistered",
+           (unsigned long long)inst->arena_bytes);
   oi__free(inst);
 }
 
@@ -143,7 +143,8 @@ static void *aux_main(void *arg) {
   srv_session *s = arg;
   pthread_mutex_lock(&s->aux_lock);
   for (;;) {
-    while (!s->aux_head && !s->aux_stop) pthread_cond_wait(&s->aux_cv, &s->aux_lock);
+    while (!s->aux_head && !s->aux_stop)
+      pthread_cond_wait(&s->aux_cv, &s->aux_lock);
     aux_job *job = s->aux_head;
     if (!job) break;
     s->aux_head = job->next;
@@ -174,7 +175,8 @@ static oi_status aux_enqueue(srv_session *s, aux_kind kind, uint64_t req, srv_in
                              uint32_t timeout_ms) {
   if (!s->aux_started) {
     int rc = pthread_create(&s->aux_thread, NULL, aux_main, s);
-    if (rc != 0) return oi__fail(OI_ERR_INTERNAL, "cannot start a session thread: %s", strerror(rc));
+    if (rc != 0)
+      return oi__fail(OI_ERR_INTERNAL, "cannot start a session thread: %s", strerror(rc));
     pthread_setname_np(s->aux_thread, "oi-session-aux");
     s->aux_started = true;
   }
@@ -269,9 +271,9 @@ static void handle_register(srv_session *s, uint64_t req, const oiwire_Register 
   atomic_fetch_add(&srv->instances, 1);
   atomic_fetch_add(&srv->arena_bytes, r->arena_size);
   OI_LOG_I(OI_LOG_INFO, "server", inst->id,
-         "session=%llu registered '%s' namespace '%s' on device %d: %llu-byte arena",
-         (unsigned long long)s->id, r->instance_name, r->namespace_id, (int)r->device,
-         (unsigned long long)r->arena_size);
+           "session=%llu registered '%s' namespace '%s' on device %d: %llu-byte arena",
+           (unsigned long long)s->id, r->instance_name, r->namespace_id, (int)r->device,
+           (unsigned long long)r->arena_size);
 
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
@@ -424,8 +426,8 @@ static void handle_unregister(srv_session *s, uint64_t req, const oiwire_Unregis
     if (i->id == m->instance_id) inst = i;
   if (!inst) {
     if (m->instance_id && oi__server_instance_elsewhere(s->server, s, m->instance_id))
-      return reply_fmt(s, req, OI_ERR_PERMISSION, "unregister: instance %u belongs to another session",
-                       m->instance_id);
+      return reply_fmt(s, req, OI_ERR_PERMISSION,
+                       "unregister: instance %u belongs to another session", m->instance_id);
     /* Already cleaned up (or never was): what the caller wants is true. */
     return reply_result(s, req, OI_OK, "");
   }

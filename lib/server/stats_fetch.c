@@ -29,7 +29,8 @@ static oi_status round_trip(int fd, oiwire_Envelope *env, uint8_t **buf, size_t 
 }
 
 static void copy_buckets(uint64_t *dst, const uint64_t *src, pb_size_t n) {
-  for (pb_size_t i = 0; i < n && i < OI_LATENCY_BUCKETS; i++) dst[i] = src[i];
+  for (pb_size_t i = 0; i < n && i < OI_LATENCY_BUCKETS; i++)
+    dst[i] = src[i];
 }
 
 static void host_from_wire(oi_host_stats *h, const oiwire_HostStats *w) {
@@ -93,8 +94,8 @@ OI_API oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout
   oi_status st = oi__struct_out(out, &so, sizeof so, "server_stats_fetch");
   if (st != OI_OK) return st;
   if (host && host->struct_size < OI_STRUCT_MIN_SIZE)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "server_stats_fetch: host struct_size %u is too small", host->struct_size);
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_stats_fetch: host struct_size %u is too small",
+                    host->struct_size);
 
   char def[108];
   if (!socket_path) {

@@ -3,9 +3,12 @@
 oi_status oi__plan_build(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
                          size_t n, oi_copy_dir dir, oi_copy_desc **descs, size_t *n_descs) {
   size_t pieces_per_block = 0;
-  for (uint32_t a = 0; a < l->num_arenas; a++) pieces_per_block += l->arenas[a].segments;
+  for (uint32_t a = 0; a < l->num_arenas; a++)
+    pieces_per_block += l->arenas[a].segments;
   oi_copy_desc *d = oi__malloc(n * pieces_per_block * sizeof *d + 1);
-  if (!d) return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy plan: out of memory for %zu pieces", n * pieces_per_block);
+  if (!d)
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy plan: out of memory for %zu pieces",
+                    n * pieces_per_block);
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     const uint8_t *host = host_blocks[i];

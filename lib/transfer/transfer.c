@@ -12,11 +12,11 @@ struct oi_xfer_job {
   oi_xfer *x;
   oi_copy_dir dir;
   uint32_t flags;
-  oi_status status; /* the copy's result, set when it arrives */
+  oi_status status;   /* the copy's result, set when it arrives */
   oi_status queue_st; /* the first failure to queue */
   size_t cap, n, queued;
-  size_t group; /* pieces pairs that make the next group */
-  uint64_t t0_ns; /* creation, for the latency histograms */
+  size_t group;      /* pieces pairs that make the next group */
+  uint64_t t0_ns;    /* creation, for the latency histograms */
   oi_ticket *ticket; /* the producer's reference, or NULL */
   oi_xfer_notify_fn on_done;
   void *on_done_ctx;
@@ -208,9 +208,9 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
 static void queue_group(oi_xfer_job *job) {
   oi_xfer *x = job->x;
   if (job->queue_st == OI_OK)
-    job->queue_st = queue_copies_in(x, x->cfg.layout, x->mode[job->dir], x->stream[job->dir],
-                                    job->dir, job->ids + job->queued, job->host + job->queued,
-                                    job->n - job->queued);
+    job->queue_st =
+        queue_copies_in(x, x->cfg.layout, x->mode[job->dir], x->stream[job->dir], job->dir,
+                        job->ids + job->queued, job->host + job->queued, job->n - job->queued);
   job->queued = job->n;
   job->group = x->group_blocks[job->dir];
 }
@@ -276,8 +276,7 @@ static oi_status queue_completion(oi_xfer_job *job) {
 /* After a failure to queue part of a job: let whatever was queued finish (a
  * host slot is never freed under a copy that may still run), then complete
  * the job with `st` instead of handing the ticket to the caller. */
-static oi_status fail_job(oi_xfer_job *job, oi_ticket *job_ticket, oi_status st,
-                          const char *what) {
+static oi_status fail_job(oi_xfer_job *job, oi_ticket *job_ticket, oi_status st, const char *what) {
   char msg[256];
   snprintf(msg, sizeof msg, "%s", oi_last_error());
   oi_xfer *x = job->x;
@@ -397,9 +396,9 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
   pthread_condattr_destroy(&ca);
   for (int d = 0; d < 2; d++) {
     x->mode[d] = oi__xfer_resolve_mode(c->layout, c->copy_mode, (oi_copy_dir)d);
-    uint64_t bytes = c->group_bytes ? c->group_bytes
+    uint64_t bytes = c->group_bytes              ? c->group_bytes
                      : x->mode[d] == OI_XFER_DMA ? OI_DMA_GROUP_BYTES
-                                                  : OI_KERNEL_GROUP_BYTES;
+                                                 : OI_KERNEL_GROUP_BYTES;
     x->group_blocks[d] = blocks_per_group(bytes, c->layout->block_bytes);
   }
   oi_status st;

@@ -63,15 +63,15 @@ typedef void (*oi_xfer_done_fn)(void *ctx, void *user, const oi_xfer_result *r);
 typedef void (*oi_xfer_notify_fn)(void *ctx, oi_status st);
 
 typedef struct oi_xfer_config {
-  int device;                 /* -1 cpu */
-  const oi_layout *layout;    /* the device side of every job; outlives the pipeline */
-  uint32_t copy_mode;         /* oi_copy_mode (AUTO: oi__xfer_resolve_mode) */
-  uint32_t cta_limit;         /* kernel copies: most CTAs; 0 = the backend's default */
-  bool host_mapped;           /* host addresses are pinned memory kernels may address */
-  uint64_t group_bytes;       /* bytes per queued group; 0 = the resolved mode's default */
-  uint64_t staging_bytes;     /* staged copies: staging per stream; 0 = the backend's default */
-  uint32_t deadline_ms[2];    /* per direction ([OI_COPY_D2H], [OI_COPY_H2D]); 0 = none */
-  const uint32_t *log_id;     /* the owner's instance id, for log lines (may be NULL) */
+  int device;              /* -1 cpu */
+  const oi_layout *layout; /* the device side of every job; outlives the pipeline */
+  uint32_t copy_mode;      /* oi_copy_mode (AUTO: oi__xfer_resolve_mode) */
+  uint32_t cta_limit;      /* kernel copies: most CTAs; 0 = the backend's default */
+  bool host_mapped;        /* host addresses are pinned memory kernels may address */
+  uint64_t group_bytes;    /* bytes per queued group; 0 = the resolved mode's default */
+  uint64_t staging_bytes;  /* staged copies: staging per stream; 0 = the backend's default */
+  uint32_t deadline_ms[2]; /* per direction ([OI_COPY_D2H], [OI_COPY_H2D]); 0 = none */
+  const uint32_t *log_id;  /* the owner's instance id, for log lines (may be NULL) */
   oi_xfer_done_fn done;
   void *done_ctx;
 } oi_xfer_config;
@@ -86,7 +86,7 @@ void oi__xfer_destroy(oi_xfer *x);
 /* ---- jobs ---- */
 
 enum {
-  OI_XFER_JOB_TICKET = 1u << 0,  /* the job completes a ticket (oi__xfer_job_ticket) */
+  OI_XFER_JOB_TICKET = 1u << 0, /* the job completes a ticket (oi__xfer_job_ticket) */
   /* H2D, with a ticket, on a CUDA device: queue arena by arena after the last
    * oi__xfer_add, each followed by an event the ticket exposes
    * (oi_ticket_arena_event); a staged mode becomes DMA. Ignored elsewhere. */

@@ -21,14 +21,34 @@ static uint8_t *region_copy;
 #define MEM_BYTES (24u << 20)
 static uint8_t *mem;
 
-#define FIELDS(X)                                                                                  \
-  X(size_classes)                                                                                  \
-  X(capacity_bytes)                                                                                \
-  X(used_bytes) X(free_bytes) X(block_bytes_resident) X(blocks_free) X(blocks_in_flight)           \
-      X(blocks_sealed) X(blocks_leased) X(blocks_loading) X(saves_submitted) X(saves_completed)    \
-          X(saves_deduplicated) X(saves_dropped) X(saves_failed) X(bytes_saved) X(bytes_loaded)    \
-              X(loads_completed) X(loads_failed) X(query_hit_blocks) X(query_miss_blocks)          \
-                  X(leases_active) X(leases_expired) X(leases_released) X(evictions)
+// clang-format off
+#define FIELDS(X) \
+  X(size_classes) \
+  X(capacity_bytes) \
+  X(used_bytes) \
+  X(free_bytes) \
+  X(block_bytes_resident) \
+  X(blocks_free) \
+  X(blocks_in_flight) \
+  X(blocks_sealed) \
+  X(blocks_leased) \
+  X(blocks_loading) \
+  X(saves_submitted) \
+  X(saves_completed) \
+  X(saves_deduplicated) \
+  X(saves_dropped) \
+  X(saves_failed) \
+  X(bytes_saved) \
+  X(bytes_loaded) \
+  X(loads_completed) \
+  X(loads_failed) \
+  X(query_hit_blocks) \
+  X(query_miss_blocks) \
+  X(leases_active) \
+  X(leases_expired) \
+  X(leases_released) \
+  X(evictions)
+// clang-format on
 
 static void take_baseline(void) {
   baseline = etu_host_stats(host);
@@ -336,7 +356,8 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   CHECK_OK(oi_offload_engine_create(host, &x, &e));
   oi_offload_engine_destroy(e);
   x.submit_group_bytes = x.staging_bytes = 0;
-  for (uint32_t m = OI_COPY_AUTO; m <= OI_COPY_STAGED; m++) { /* every mode is accepted (cpu: memcpy) */
+  for (uint32_t m = OI_COPY_AUTO; m <= OI_COPY_STAGED;
+       m++) { /* every mode is accepted (cpu: memcpy) */
     x.copy_mode = m;
     e = NULL;
     CHECK_OK(oi_offload_engine_create(host, &x, &e));

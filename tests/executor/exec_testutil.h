@@ -55,8 +55,10 @@ static void exec_options(oi_executor_options *o, uint32_t mode) {
   o->flush_timeout_ms = 10000;
   /* OI_RESTORE_OVERLAP=host (the meson test's environment) onto the option. */
   const char *ov = getenv("OI_RESTORE_OVERLAP");
-  if (ov && !strcmp(ov, "host")) o->restore_overlap = OI_RESTORE_OVERLAP_HOST;
-  else if (ov && (!strcmp(ov, "0") || !strcmp(ov, "off"))) o->restore_overlap = OI_RESTORE_OVERLAP_OFF;
+  if (ov && !strcmp(ov, "host"))
+    o->restore_overlap = OI_RESTORE_OVERLAP_HOST;
+  else if (ov && (!strcmp(ov, "0") || !strcmp(ov, "off")))
+    o->restore_overlap = OI_RESTORE_OVERLAP_OFF;
 }
 
 typedef struct run_out {

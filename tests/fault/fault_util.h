@@ -17,7 +17,7 @@
  * armed), so a later setenv for a child server never arms this process. */
 #define REQUIRE_FAULTS()                                                                           \
   do {                                                                                             \
-    if (!oi__fault_available()) TEST_SKIP("built without -Dfault_injection=true");                \
+    if (!oi__fault_available()) TEST_SKIP("built without -Dfault_injection=true");                 \
     unsetenv("OI_FAULTS");                                                                         \
     oi__fault_arm(OI_FAULT_HOST_ALLOC, 0, 0, 0);                                                   \
     oi__fault_disarm_all();                                                                        \
@@ -37,15 +37,16 @@ static uint8_t fu_byte(uint64_t logical, uint64_t i) {
 }
 
 static void fu_fill(rig *r, int64_t id, uint64_t logical) {
-  for (uint64_t i = 0; i < r->bytes; i++) r->arena[(uint64_t)id * r->bytes + i] = fu_byte(logical, i);
+  for (uint64_t i = 0; i < r->bytes; i++)
+    r->arena[(uint64_t)id * r->bytes + i] = fu_byte(logical, i);
 }
 
 static bool fu_check(const rig *r, int64_t id, uint64_t logical) {
   for (uint64_t i = 0; i < r->bytes; i++)
     if (r->arena[(uint64_t)id * r->bytes + i] != fu_byte(logical, i)) {
-      fprintf(stderr, "block %lld byte %llu: 0x%02x, expected 0x%02x (logical %llu)\n", (long long)id,
-              (unsigned long long)i, r->arena[(uint64_t)id * r->bytes + i], fu_byte(logical, i),
-              (unsigned long long)logical);
+      fprintf(stderr, "block %lld byte %llu: 0x%02x, expected 0x%02x (logical %llu)\n",
+              (long long)id, (unsigned long long)i, r->arena[(uint64_t)id * r->bytes + i],
+              fu_byte(logical, i), (unsigned long long)logical);
       return false;
     }
   return true;
@@ -79,8 +80,12 @@ static void rig_open(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_bloc
   REQUIRE(oi_offload_host_create(&ho, &r->h) == OI_OK);
   r->arena = calloc(blocks, bytes);
   REQUIRE(r->arena);
-  oi_arena_desc ad = {.name = "kv", .base = r->arena, .num_blocks = blocks, .bytes_per_block = bytes,
-                      .block_stride = bytes, .segments = 1};
+  oi_arena_desc ad = {.name = "kv",
+                      .base = r->arena,
+                      .num_blocks = blocks,
+                      .bytes_per_block = bytes,
+                      .block_stride = bytes,
+                      .segments = 1};
   oi_engine_options eo;
   oi_engine_options_init(&eo);
   eo.namespace_id = "fault";
@@ -123,7 +128,8 @@ static oi_status rig_save(rig *r, uint64_t first, size_t n) {
 /* Hits (prefix) for logical first..first+n-1; the lease in *lease. */
 static uint64_t rig_query(rig *r, uint64_t first, size_t n, oi_lease *lease) {
   oi_block_hash hs[256];
-  for (size_t i = 0; i < n; i++) hs[i] = fu_hash(first + i);
+  for (size_t i = 0; i < n; i++)
+    hs[i] = fu_hash(first + i);
   oi_query_result q;
   memset(&q, 0, sizeof q);
   q.struct_size = sizeof q;
@@ -136,7 +142,8 @@ static uint64_t rig_query(rig *r, uint64_t first, size_t n, oi_lease *lease) {
 static uint64_t rig_visible(rig *r, uint64_t first, size_t n) {
   oi_block_hash hs[256];
   uint8_t present[256];
-  for (size_t i = 0; i < n; i++) hs[i] = fu_hash(first + i);
+  for (size_t i = 0; i < n; i++)
+    hs[i] = fu_hash(first + i);
   oi_query_result q;
   memset(&q, 0, sizeof q);
   q.struct_size = sizeof q;
@@ -148,7 +155,8 @@ static uint64_t rig_visible(rig *r, uint64_t first, size_t n) {
 /* Loads a lease of n blocks into device blocks dst0..dst0+n-1 and waits. */
 static oi_status rig_load(rig *r, oi_lease lease, int64_t dst0, size_t n) {
   int64_t ids[256];
-  for (size_t i = 0; i < n; i++) ids[i] = dst0 + (int64_t)i;
+  for (size_t i = 0; i < n; i++)
+    ids[i] = dst0 + (int64_t)i;
   oi_ticket *t = NULL;
   oi_status st = oi_offload_engine_load(r->e, lease, ids, n, NULL, &t);
   if (st != OI_OK) return st;

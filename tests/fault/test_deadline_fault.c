@@ -48,11 +48,13 @@ static void test_save_and_load_deadlines(void) {
   CHECK(rig_stats(&r).blocks_loading == 4); /* held until the copy ends */
   uint64_t evicted = 99;
   CHECK_OK(oi_offload_host_evict_all(r.h, &evicted));
-  CHECK(evicted == 0); /* loading blocks are not evictable */
+  CHECK(evicted == 0);                                   /* loading blocks are not evictable */
   CHECK_ST(rig_load(&r, l, 8, 4), OI_ERR_LEASE_EXPIRED); /* spent */
-  for (int i = 0; i < 500 && rig_stats(&r).blocks_loading; i++) usleep(10000);
+  for (int i = 0; i < 500 && rig_stats(&r).blocks_loading; i++)
+    usleep(10000);
   rig_check_quiet(&r);
-  for (int i = 0; i < 4; i++) CHECK(fu_check(&r, 8 + i, 10 + (uint64_t)i)); /* it did land */
+  for (int i = 0; i < 4; i++)
+    CHECK(fu_check(&r, 8 + i, 10 + (uint64_t)i)); /* it did land */
   rig_close(&r);
 }
 
@@ -65,8 +67,12 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 300) == OI_OK);
   CHECK_ST(rig_save(&r, 0, 4), OI_ERR_TIMEOUT); /* 4 slots held by the late copy */
   /* A second engine (its own streams, no deadline) saves meanwhile. */
-  oi_arena_desc ad = {.name = "kv", .base = r.arena, .num_blocks = r.blocks, .bytes_per_block = r.bytes,
-                      .block_stride = r.bytes, .segments = 1};
+  oi_arena_desc ad = {.name = "kv",
+                      .base = r.arena,
+                      .num_blocks = r.blocks,
+                      .bytes_per_block = r.bytes,
+                      .block_stride = r.bytes,
+                      .segments = 1};
   oi_engine_options eo;
   oi_engine_options_init(&eo);
   eo.namespace_id = "fault";
@@ -98,7 +104,8 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
   CHECK(rig_query(&r, 100, 4, &l) == 4);
   memset(r.arena, 0, r.blocks * r.bytes);
   CHECK_OK(rig_load(&r, l, 0, 4));
-  for (int i = 0; i < 4; i++) CHECK(fu_check(&r, i, 100 + (uint64_t)i));
+  for (int i = 0; i < 4; i++)
+    CHECK(fu_check(&r, i, 100 + (uint64_t)i));
   CHECK_OK(oi_offload_engine_flush(late, 60000)); /* the late copy lands, and is discarded */
   oi_offload_engine_destroy(late);
   CHECK(rig_visible(&r, 0, 4) == 0 && rig_visible(&r, 100, 4) == 4);
@@ -117,10 +124,12 @@ static void test_destroy_waits_for_live_copies(void) {
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 0, 100) == OI_OK);
   int64_t ids[4] = {8, 9, 10, 11};
   CHECK_OK(oi_offload_engine_load(r.e, l, ids, 4, NULL, NULL));
-  for (int i = 0; i < 4; i++) fu_fill(&r, 12 + i, 40 + (uint64_t)i);
+  for (int i = 0; i < 4; i++)
+    fu_fill(&r, 12 + i, 40 + (uint64_t)i);
   int64_t sids[4] = {12, 13, 14, 15};
   oi_block_hash hs[4];
-  for (int i = 0; i < 4; i++) hs[i] = fu_hash(40 + (uint64_t)i);
+  for (int i = 0; i < 4; i++)
+    hs[i] = fu_hash(40 + (uint64_t)i);
   CHECK_OK(oi_offload_engine_save(r.e, sids, hs, 4, NULL, NULL));
   oi_offload_engine_destroy(r.e); /* the copies are still sleeping */
   r.e = NULL;

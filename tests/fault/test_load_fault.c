@@ -22,12 +22,17 @@ static void failing_load_consumes_the_lease(oi_fault_point point) {
   /* Still sealed and byte-exact. */
   CHECK(rig_query(&r, 0, 6, &l) == 6);
   CHECK_OK(rig_load(&r, l, 8, 6));
-  for (int i = 0; i < 6; i++) CHECK(fu_check(&r, 8 + i, (uint64_t)i));
+  for (int i = 0; i < 6; i++)
+    CHECK(fu_check(&r, 8 + i, (uint64_t)i));
   rig_close(&r);
 }
 
-static void test_load_copy_fails_before_any_byte(void) { failing_load_consumes_the_lease(OI_FAULT_COPY_FAIL); }
-static void test_load_copy_fails_midway(void) { failing_load_consumes_the_lease(OI_FAULT_COPY_PARTIAL); }
+static void test_load_copy_fails_before_any_byte(void) {
+  failing_load_consumes_the_lease(OI_FAULT_COPY_FAIL);
+}
+static void test_load_copy_fails_midway(void) {
+  failing_load_consumes_the_lease(OI_FAULT_COPY_PARTIAL);
+}
 
 static void test_two_shares_one_fails(void) {
   rig r;
@@ -36,9 +41,10 @@ static void test_two_shares_one_fails(void) {
   oi_lease l;
   CHECK(rig_query(&r, 50, 4, &l) == 4);
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 0, 1, 0) == OI_OK);
-  CHECK_ST(rig_load(&r, l, 4, 4), OI_ERR_IO);  /* share 1: failed, consumed */
-  CHECK_OK(rig_load(&r, l, 8, 4));              /* share 2 */
-  for (int i = 0; i < 4; i++) CHECK(fu_check(&r, 8 + i, 50 + (uint64_t)i));
+  CHECK_ST(rig_load(&r, l, 4, 4), OI_ERR_IO); /* share 1: failed, consumed */
+  CHECK_OK(rig_load(&r, l, 8, 4));            /* share 2 */
+  for (int i = 0; i < 4; i++)
+    CHECK(fu_check(&r, 8 + i, 50 + (uint64_t)i));
   CHECK_ST(rig_load(&r, l, 12, 4), OI_ERR_LEASE_EXPIRED);
   rig_check_quiet(&r);
   CHECK(rig_stats(&r).blocks_leased == 0);

@@ -64,7 +64,8 @@ static void test_overlapped_restore_with_its_load_still_copying(void) {
   REQUIRE(oi_executor_create(&o, &x) == OI_OK);
 
   uint32_t p[PROMPT], cold[MAX_NEW], warm[MAX_NEW];
-  for (uint32_t i = 0; i < PROMPT; i++) p[i] = (i * 37 + 11) % 512;
+  for (uint32_t i = 0; i < PROMPT; i++)
+    p[i] = (i * 37 + 11) % 512;
   run(x, p, cold);
   CHECK_OK(oi_executor_flush(x, 10000));
   CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));

@@ -14,7 +14,7 @@
 /* Tells the parent a step is done (best effort: it may have stopped listening). */
 #define STEP(fd)                                                                                   \
   do {                                                                                             \
-    if ((fd) >= 0 && write((fd), "s", 1) != 1) {                                                  \
+    if ((fd) >= 0 && write((fd), "s", 1) != 1) {                                                   \
     }                                                                                              \
   } while (0)
 
@@ -32,7 +32,8 @@ static void step_frame(int k, uint32_t inst, const oi_lease *lease, uint8_t **fr
   tl_arenas(a, &total);
   int64_t ids[4] = {0, 1, 2, 3}, dst[4] = {10, 11, 12, 13};
   oi_block_hash hs[4];
-  for (int i = 0; i < 4; i++) hs[i] = tl_hash(9, (uint64_t)i);
+  for (int i = 0; i < 4; i++)
+    hs[i] = tl_hash(9, (uint64_t)i);
   oi_wire_out out = {0};
   switch (k) {
   case 0:
@@ -41,7 +42,8 @@ static void step_frame(int k, uint32_t inst, const oi_lease *lease, uint8_t **fr
     break;
   case 1:
     env.which_body = oiwire_Envelope_register_instance_tag;
-    snprintf(env.body.register_instance.namespace_id, sizeof env.body.register_instance.namespace_id, "steps");
+    snprintf(env.body.register_instance.namespace_id,
+             sizeof env.body.register_instance.namespace_id, "steps");
     env.body.register_instance.device = OI_DEVICE_CPU;
     env.body.register_instance.world_size = 1;
     env.body.register_instance.arena_size = total;
@@ -101,8 +103,9 @@ static void server_is_clean(const char *what) {
   memset(&sr, 0, sizeof sr);
   REQUIRE(wc_connect(&p, ts.socket));
   bool ok = wc_hello(&p, NULL) && WAIT_FOR_STATS(&p, sr, sr.instances == 0 && sr.sessions == 1);
-  if (!ok) fprintf(stderr, "after %s: the server is not clean (instances %llu, sessions %llu)\n", what,
-                   (unsigned long long)sr.instances, (unsigned long long)sr.sessions);
+  if (!ok)
+    fprintf(stderr, "after %s: the server is not clean (instances %llu, sessions %llu)\n", what,
+            (unsigned long long)sr.instances, (unsigned long long)sr.sessions);
   CHECK(ok);
   CHECK(sr.arena_bytes == 0);
   wc_close(&p);
@@ -199,12 +202,14 @@ static void test_real_client_killed_at_every_step(void) {
       close(p[0]);
       int rc = client_session(p[1], false);
       if (rc) _exit(rc);
-      for (;;) pause();
+      for (;;)
+        pause();
     }
     close(p[1]);
     char c;
     int got = 0;
-    while (got < k && read(p[0], &c, 1) == 1) got++;
+    while (got < k && read(p[0], &c, 1) == 1)
+      got++;
     close(p[0]);
     kill(child, SIGKILL);
     int status;

@@ -42,22 +42,27 @@ static void failing_copy_leaves_nothing(oi_fault_point point) {
   oi_lease l;
   CHECK(rig_query(&r, 100, 4, &l) == 4);
   CHECK_OK(rig_load(&r, l, 12, 4));
-  for (int i = 0; i < 4; i++) CHECK(fu_check(&r, 12 + i, 100 + (uint64_t)i));
+  for (int i = 0; i < 4; i++)
+    CHECK(fu_check(&r, 12 + i, 100 + (uint64_t)i));
   /* Without the fault the same hashes save and load byte-exact. */
   oi__fault_disarm_all();
-  for (int i = 4; i < 8; i++) fu_fill(&r, 8 + i, 200 + (uint64_t)i); /* (the load above overwrote them) */
+  for (int i = 4; i < 8; i++)
+    fu_fill(&r, 8 + i, 200 + (uint64_t)i); /* (the load above overwrote them) */
   CHECK_OK(oi_offload_engine_save(r.e, ids + 4, hs + 4, 4, NULL, &t));
   CHECK_OK(oi_ticket_wait(t, 60000));
   oi_ticket_release(t);
   CHECK(rig_query(&r, 204, 4, &l) == 4);
   memset(r.arena, 0, r.blocks * r.bytes);
   CHECK_OK(rig_load(&r, l, 0, 4));
-  for (int i = 0; i < 4; i++) CHECK(fu_check(&r, i, 204 + (uint64_t)i));
+  for (int i = 0; i < 4; i++)
+    CHECK(fu_check(&r, i, 204 + (uint64_t)i));
   rig_check_quiet(&r);
   rig_close(&r);
 }
 
-static void test_copy_fails_before_any_byte(void) { failing_copy_leaves_nothing(OI_FAULT_COPY_FAIL); }
+static void test_copy_fails_before_any_byte(void) {
+  failing_copy_leaves_nothing(OI_FAULT_COPY_FAIL);
+}
 static void test_copy_fails_midway(void) { failing_copy_leaves_nothing(OI_FAULT_COPY_PARTIAL); }
 
 /* A save queued in two groups: the first lands, the second fails. */

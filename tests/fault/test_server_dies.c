@@ -14,7 +14,7 @@
 /* Tells the parent a step is done (best effort: it may have stopped listening). */
 #define STEP(fd)                                                                                   \
   do {                                                                                             \
-    if ((fd) >= 0 && write((fd), "s", 1) != 1) {                                                  \
+    if ((fd) >= 0 && write((fd), "s", 1) != 1) {                                                   \
     }                                                                                              \
   } while (0)
 
@@ -36,7 +36,8 @@ static int client(int fd) {
   tl_options(&o, a, "dies");
   oi_offload_engine *e;
   oi_imported_arena *arena;
-  if (oi_offload_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) return 2; /* not connected yet */
+  if (oi_offload_engine_connect(ts.socket, &o, &e, &arena) != OI_OK)
+    return 2; /* not connected yet */
   STEP(fd);
   uint8_t *base = oi_imported_arena_ptr(arena);
   int64_t ids[4] = {0, 1, 2, 3}, dst[4] = {20, 21, 22, 23};
@@ -84,7 +85,8 @@ static void test_server_resets_each_reply(void) {
     int status;
     waitpid(child, &status, 0);
     int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    if (rc != 42 && rc != 2) fprintf(stderr, "reset at reply %d: the client exited %d (0x%x)\n", n, rc, status);
+    if (rc != 42 && rc != 2)
+      fprintf(stderr, "reset at reply %d: the client exited %d (0x%x)\n", n, rc, status);
     CHECK(rc == 42 || rc == 2);
     fatal += rc == 42;
     refused += rc == 2;
@@ -108,7 +110,8 @@ static void test_server_killed_after_each_step(void) {
     close(p[1]);
     char c;
     int got = 0;
-    while (got < k && read(p[0], &c, 1) == 1) got++;
+    while (got < k && read(p[0], &c, 1) == 1)
+      got++;
     pid_t server = ts.pid;
     ts_kill(&ts);
     ts_unlink_shm_of(server);

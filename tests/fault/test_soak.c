@@ -59,7 +59,8 @@ static uint64_t rng_next(uint64_t *s) {
 
 static uint64_t layout_block_bytes(const oi_arena_desc *a) {
   uint64_t b = 0;
-  for (int i = 0; i < TL_ARENAS; i++) b += a[i].segments * a[i].bytes_per_block;
+  for (int i = 0; i < TL_ARENAS; i++)
+    b += a[i].segments * a[i].bytes_per_block;
   return b;
 }
 
@@ -67,7 +68,8 @@ static void client_main(uint64_t seed) {
   signal(SIGPIPE, SIG_IGN);
   oi_set_fatal_handler(fatal_park, NULL);
   uint64_t rng = seed | 1;
-  if (oi__fault_available() && rng_next(&rng) % 4 == 0) /* a quarter reset themselves at some point */
+  if (oi__fault_available() &&
+      rng_next(&rng) % 4 == 0) /* a quarter reset themselves at some point */
     oi__fault_arm(OI_FAULT_SOCK_RESET, 20 + rng_next(&rng) % 400, 1, rng_next(&rng) % 16);
   oi_arena_desc a[RANKS][TL_ARENAS];
   oi_offload_engine *e[RANKS];
@@ -127,7 +129,8 @@ static void client_main(uint64_t seed) {
       }
       int64_t dst[8];
       uint64_t start = rng_next(&rng) % TL_BLOCKS;
-      for (size_t i = 0; i < q.hit_blocks; i++) dst[i] = (int64_t)((start + i * 5) % TL_BLOCKS);
+      for (size_t i = 0; i < q.hit_blocks; i++)
+        dst[i] = (int64_t)((start + i * 5) % TL_BLOCKS);
       oi_ticket *t = NULL;
       if (oi_offload_engine_load(e[r], q.lease, dst, q.hit_blocks, NULL, &t) != OI_OK) {
         atomic_fetch_add(&sh->errors, 1);
@@ -223,7 +226,8 @@ int main(int argc, char **argv) {
 
   uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
   pid_t kids[CLIENTS];
-  for (int i = 0; i < CLIENTS; i++) kids[i] = spawn(rng_next(&rng));
+  for (int i = 0; i < CLIENTS; i++)
+    kids[i] = spawn(rng_next(&rng));
   uint64_t kills = 0, exits = 0, respawns = 0;
   uint64_t t0 = oi__now_ns(), end = t0 + (uint64_t)(seconds * 1e9);
   while (oi__now_ns() < end) {
@@ -238,7 +242,8 @@ int main(int argc, char **argv) {
     CHECK(kill(ts.pid, 0) == 0); /* the server lives */
     if (atomic_load(&sh->mismatches)) break;
   }
-  for (int i = 0; i < CLIENTS; i++) exits += end_client(kids[i]);
+  for (int i = 0; i < CLIENTS; i++)
+    exits += end_client(kids[i]);
   CHECK(bad_exits == 0);
   double secs = (double)(oi__now_ns() - t0) / 1e9;
 
@@ -256,18 +261,19 @@ int main(int argc, char **argv) {
   CHECK(atomic_load(&sh->blocks_verified) > 0);
   CHECK(ts_stop(&ts));
   char line[512];
-  snprintf(line, sizeof line,
-           "soak: %.0f s, %d clients x %d ranks, %llu operations (%llu saves, %llu queries, %llu "
-           "loads), %llu blocks / %llu bytes verified, %llu mismatches, %llu kills, %llu self-resets, "
-           "%llu op errors (from kills and resets), %llu clients ended otherwise",
-           secs, CLIENTS, RANKS, (unsigned long long)atomic_load(&sh->ops),
-           (unsigned long long)atomic_load(&sh->saves), (unsigned long long)atomic_load(&sh->queries),
-           (unsigned long long)atomic_load(&sh->loads),
-           (unsigned long long)atomic_load(&sh->blocks_verified),
-           (unsigned long long)atomic_load(&sh->bytes_verified),
-           (unsigned long long)atomic_load(&sh->mismatches), (unsigned long long)kills,
-           (unsigned long long)exits, (unsigned long long)atomic_load(&sh->errors),
-           (unsigned long long)bad_exits);
+  snprintf(
+      line, sizeof line,
+      "soak: %.0f s, %d clients x %d ranks, %llu operations (%llu saves, %llu queries, %llu "
+      "loads), %llu blocks / %llu bytes verified, %llu mismatches, %llu kills, %llu self-resets, "
+      "%llu op errors (from kills and resets), %llu clients ended otherwise",
+      secs, CLIENTS, RANKS, (unsigned long long)atomic_load(&sh->ops),
+      (unsigned long long)atomic_load(&sh->saves), (unsigned long long)atomic_load(&sh->queries),
+      (unsigned long long)atomic_load(&sh->loads),
+      (unsigned long long)atomic_load(&sh->blocks_verified),
+      (unsigned long long)atomic_load(&sh->bytes_verified),
+      (unsigned long long)atomic_load(&sh->mismatches), (unsigned long long)kills,
+      (unsigned long long)exits, (unsigned long long)atomic_load(&sh->errors),
+      (unsigned long long)bad_exits);
   fprintf(stderr, "%s\n", line);
   const char *report = getenv("OI_SOAK_REPORT");
   if (report) {

@@ -48,7 +48,8 @@ static void test_device_memory_zeroed_and_pattern_kernel_matches_host(void) {
   memset(h, 0xAA, n);
   CHECK_OK(dev->ops->mem_copy(dev, h, p, n));
   size_t nonzero = 0;
-  for (size_t i = 0; i < n; i++) nonzero += h[i] != 0;
+  for (size_t i = 0; i < n; i++)
+    nonzero += h[i] != 0;
   CHECK(nonzero == 0);
   CHECK_OK(dev->ops->mem_fill_pattern(dev, p, n, 1234));
   CHECK(dev_is_pattern(p, n, 1234, 0));
@@ -93,7 +94,8 @@ static void round_trip_through_pinned(uint32_t flags, const char *what) {
   oi_copy_desc d[BLOCKS];
   uint8_t *a = arena, *h = pool.host;
   for (int b = 0; b < BLOCKS; b++)
-    d[b] = (oi_copy_desc){(uintptr_t)(a + (size_t)b * PIECE), (uintptr_t)(h + (size_t)(BLOCKS - 1 - b) * PIECE), PIECE};
+    d[b] = (oi_copy_desc){(uintptr_t)(a + (size_t)b * PIECE),
+                          (uintptr_t)(h + (size_t)(BLOCKS - 1 - b) * PIECE), PIECE};
   call_log log = {.lock = PTHREAD_MUTEX_INITIALIZER};
   call_arg c1 = {&log, 1}, c2 = {&log, 2};
   /* The copy kernel where the pool is mapped; pageable memory falls back to DMA. */
@@ -101,15 +103,18 @@ static void round_trip_through_pinned(uint32_t flags, const char *what) {
   CHECK_OK(dev->ops->stream_copy(s, OI_COPY_D2H, d, BLOCKS, &kp));
   CHECK_OK(dev->ops->stream_call(s, on_call, &c1));
   for (int k = 0; k < BLOCKS; k++)
-    d[k] = (oi_copy_desc){(uintptr_t)(h + (size_t)k * PIECE), (uintptr_t)(a + (size_t)(BLOCKS + k) * PIECE), PIECE};
+    d[k] = (oi_copy_desc){(uintptr_t)(h + (size_t)k * PIECE),
+                          (uintptr_t)(a + (size_t)(BLOCKS + k) * PIECE), PIECE};
   CHECK_OK(dev->ops->stream_copy(s, OI_COPY_H2D, d, BLOCKS, &kp));
   CHECK_OK(dev->ops->stream_call(s, on_call, &c2));
   CHECK_OK(dev->ops->stream_sync(s));
-  CHECK(log.n == 2 && log.order[0] == 1 && log.order[1] == 2 && log.st[0] == OI_OK && log.st[1] == OI_OK);
+  CHECK(log.n == 2 && log.order[0] == 1 && log.order[1] == 2 && log.st[0] == OI_OK &&
+        log.st[1] == OI_OK);
   bool ok = true;
   for (int b = 0; b < BLOCKS && ok; b++) {
     ok = host_is_pattern(h + (size_t)(BLOCKS - 1 - b) * PIECE, PIECE, 21, (uint64_t)b * PIECE) &&
-         dev_is_pattern(a + (size_t)(BLOCKS + (BLOCKS - 1 - b)) * PIECE, PIECE, 21, (uint64_t)b * PIECE);
+         dev_is_pattern(a + (size_t)(BLOCKS + (BLOCKS - 1 - b)) * PIECE, PIECE, 21,
+                        (uint64_t)b * PIECE);
   }
   CHECK(ok);
   fprintf(stderr, "  %s: %s (device view %s)\n", what, ok ? "bytes match" : "MISMATCH",
@@ -120,8 +125,12 @@ static void round_trip_through_pinned(uint32_t flags, const char *what) {
   dev->ops->pinned_free(dev, &pool);
 }
 
-static void test_stream_round_trip_cuda_host_alloc(void) { round_trip_through_pinned(0, "cudaHostAlloc"); }
-static void test_stream_round_trip_pageable(void) { round_trip_through_pinned(OI_PIN_NO_PIN, "pageable"); }
+static void test_stream_round_trip_cuda_host_alloc(void) {
+  round_trip_through_pinned(0, "cudaHostAlloc");
+}
+static void test_stream_round_trip_pageable(void) {
+  round_trip_through_pinned(OI_PIN_NO_PIN, "pageable");
+}
 static void test_stream_round_trip_registered_hugepages(void) {
   round_trip_through_pinned(OI_PIN_HUGEPAGES, "mmap+hugepages+cuMemHostRegister");
 }
@@ -129,7 +138,8 @@ static void test_stream_round_trip_registered_hugepages(void) {
 /* ---- IPC across processes ---- */
 
 static void to_hex(const uint8_t *b, size_t n, char *out) {
-  for (size_t i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", b[i]);
+  for (size_t i = 0; i < n; i++)
+    sprintf(out + 2 * i, "%02x", b[i]);
 }
 static void from_hex(const char *s, uint8_t *b, size_t n) {
   for (size_t i = 0; i < n; i++) {
@@ -144,7 +154,8 @@ static int child_main(const char *hex, size_t size) {
   oi_arena_handle h;
   from_hex(hex, h.bytes, sizeof h.bytes);
   oi_imported_arena *imp = NULL;
-  if (oi_imported_arena_open(&h, size + (64ull << 20), 0, &imp) != OI_ERR_PROTOCOL || imp) return 10;
+  if (oi_imported_arena_open(&h, size + (64ull << 20), 0, &imp) != OI_ERR_PROTOCOL || imp)
+    return 10;
   fprintf(stderr, "  child: oversized expectation refused: %s\n", oi_last_error());
   if (oi_imported_arena_open(&h, size, 0, &imp) != OI_OK) {
     fprintf(stderr, "  child: import failed: %s\n", oi_last_error());
@@ -175,14 +186,16 @@ static void test_arena_ipc_between_processes_with_size_check(const char *self) {
   int status = 0;
   waitpid(pid, &status, 0);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status)) fprintf(stderr, "  child failed: status %d\n", status);
+  if (!WIFEXITED(status) || WEXITSTATUS(status))
+    fprintf(stderr, "  child failed: status %d\n", status);
   CHECK(dev_is_pattern(arena, 1 << 20, 32, 0));
   CHECK(dev_is_pattern((uint8_t *)arena + (1 << 20), size - (1 << 20), 31, 1 << 20));
   dev->ops->mem_free(dev, arena);
 }
 
 int main(int argc, char **argv) {
-  if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], strtoull(argv[3], NULL, 10));
+  if (argc == 4 && !strcmp(argv[1], "--child"))
+    return child_main(argv[2], strtoull(argv[3], NULL, 10));
   int n = 0;
   oi_device_count(&n);
   if (n == 0) TEST_SKIP("no CUDA device");
@@ -194,7 +207,8 @@ int main(int argc, char **argv) {
   RUN_TEST(test_stream_round_trip_pageable);
   RUN_TEST(test_stream_round_trip_registered_hugepages);
   test_arena_ipc_between_processes_with_size_check(argv[0]);
-  fprintf(stderr, "%-60s %s\n", "test_arena_ipc_between_processes_with_size_check", oi_test_failures ? "?" : "ok");
+  fprintf(stderr, "%-60s %s\n", "test_arena_ipc_between_processes_with_size_check",
+          oi_test_failures ? "?" : "ok");
   oi__dev_close(dev);
   TEST_EXIT();
 }

@@ -37,13 +37,15 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
   REQUIRE(dev->ops->mem_alloc(dev, lc->region_bytes, 0, (void **)&region) == OI_OK);
   uint8_t *host = calloc(1, lc->region_bytes);
   REQUIRE(host);
-  const uint64_t half = lc->blocks / 2; /* save blocks [0, half), load into [half, 2*half) reversed */
+  const uint64_t half =
+      lc->blocks / 2; /* save blocks [0, half), load into [half, 2*half) reversed */
   for (uint64_t b = 0; b < half; b++)
     for (uint32_t a = 0; a < lc->narenas; a++)
       for (uint32_t s = 0; s < lc->arenas[a].segments; s++) {
         const arena_spec *as = &lc->arenas[a];
         uint8_t *p = host + as->offset + b * as->stride + s * as->seg_stride;
-        for (uint64_t i = 0; i < as->bpb; i++) p[i] = expected_byte(b, a, s, i);
+        for (uint64_t i = 0; i < as->bpb; i++)
+          p[i] = expected_byte(b, a, s, i);
       }
   REQUIRE(dev->ops->mem_copy(dev, region, host, lc->region_bytes) == OI_OK);
 
@@ -55,13 +57,17 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
   oi_offload_host *h = NULL;
   REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
   oi_arena_desc *ad = calloc(lc->narenas, sizeof *ad);
-  char (*names)[16] = calloc(lc->narenas, sizeof *names);
+  char(*names)[16] = calloc(lc->narenas, sizeof *names);
   REQUIRE(ad && names);
   for (uint32_t a = 0; a < lc->narenas; a++) {
     snprintf(names[a], sizeof names[a], "a%u", a);
-    ad[a] = (oi_arena_desc){.name = names[a], .offset = lc->arenas[a].offset, .num_blocks = lc->blocks,
-                            .bytes_per_block = lc->arenas[a].bpb, .block_stride = lc->arenas[a].stride,
-                            .segments = lc->arenas[a].segments, .segment_stride = lc->arenas[a].seg_stride};
+    ad[a] = (oi_arena_desc){.name = names[a],
+                            .offset = lc->arenas[a].offset,
+                            .num_blocks = lc->blocks,
+                            .bytes_per_block = lc->arenas[a].bpb,
+                            .block_stride = lc->arenas[a].stride,
+                            .segments = lc->arenas[a].segments,
+                            .segment_stride = lc->arenas[a].seg_stride};
   }
   oi_engine_options eo;
   oi_engine_options_init(&eo);
@@ -127,14 +133,16 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
       for (uint32_t s = 0; s < lc->arenas[a].segments; s++) {
         const arena_spec *as = &lc->arenas[a];
         const uint8_t *p = host + as->offset + (uint64_t)dst[b] * as->stride + s * as->seg_stride;
-        for (uint64_t i = 0; i < as->bpb; i++) bad += p[i] != expected_byte(b, a, s, i);
+        for (uint64_t i = 0; i < as->bpb; i++)
+          bad += p[i] != expected_byte(b, a, s, i);
       }
   /* Blocks between the saved and the loaded range (odd block counts) stay zero. */
   if (lc->blocks % 2)
     for (uint32_t a = 0; a < lc->narenas; a++) {
       const arena_spec *as = &lc->arenas[a];
       const uint8_t *p = host + as->offset + half * as->stride;
-      for (uint64_t i = 0; i < as->bpb; i++) untouched_bad += p[i] != 0;
+      for (uint64_t i = 0; i < as->bpb; i++)
+        untouched_bad += p[i] != 0;
     }
   CHECK(bad == 0);
   CHECK(untouched_bad == 0);
@@ -167,7 +175,8 @@ static layout_case glm(void) {
 static layout_case qwen(void) {
   static arena_spec a[36];
   uint64_t page = 36ull * 65536, blocks = 6;
-  for (int i = 0; i < 36; i++) a[i] = (arena_spec){(uint64_t)i * 65536, 65536, page, 0, 1};
+  for (int i = 0; i < 36; i++)
+    a[i] = (arena_spec){(uint64_t)i * 65536, 65536, page, 0, 1};
   return (layout_case){"qwen3-4b-page-first", blocks, 36, a, page * blocks};
 }
 
@@ -184,7 +193,8 @@ static layout_case uneven(void) {
                             {3 + 113 * 17 + 5, 4099, 4099, 0, 1},
                             {3 + 113 * 17 + 5 + 4099 * 17 + 9, 17, 29, 0, 1},
                             {3 + 113 * 17 + 5 + 4099 * 17 + 9 + 29 * 17 + 1, 200003, 200008, 0, 1}};
-  return (layout_case){"uneven-unaligned", 17, 4, a, 3 + 113 * 17 + 5 + 4099 * 17 + 9 + 29 * 17 + 1 + 200008 * 17};
+  return (layout_case){"uneven-unaligned", 17, 4, a,
+                       3 + 113 * 17 + 5 + 4099 * 17 + 9 + 29 * 17 + 1 + 200008 * 17};
 }
 
 int main(void) {
@@ -197,16 +207,21 @@ int main(void) {
    * batch wraps the slot ring many times and pieces straddle slots. */
   /* layered: loads with OI_LOAD_ARENA_EVENTS (arena by arena; staged
    * becomes DMA). */
-  struct { uint32_t mode, ctas, staging_mb; bool layered; } modes[] = {
-      {OI_COPY_KERNEL, 0, 0, false}, {OI_COPY_KERNEL, 1, 0, false}, {OI_COPY_KERNEL, 132, 0, false},
-      {OI_COPY_DMA, 0, 0, false},    {OI_COPY_AUTO, 0, 0, false},   {OI_COPY_STAGED, 0, 0, false},
-      {OI_COPY_STAGED, 1, 4, false}, {OI_COPY_STAGED, 132, 4, false}, {OI_COPY_AUTO, 0, 0, true},
-      {OI_COPY_KERNEL, 16, 0, true}, {OI_COPY_DMA, 0, 0, true}};
+  struct {
+    uint32_t mode, ctas, staging_mb;
+    bool layered;
+  } modes[] = {{OI_COPY_KERNEL, 0, 0, false},   {OI_COPY_KERNEL, 1, 0, false},
+               {OI_COPY_KERNEL, 132, 0, false}, {OI_COPY_DMA, 0, 0, false},
+               {OI_COPY_AUTO, 0, 0, false},     {OI_COPY_STAGED, 0, 0, false},
+               {OI_COPY_STAGED, 1, 4, false},   {OI_COPY_STAGED, 132, 4, false},
+               {OI_COPY_AUTO, 0, 0, true},      {OI_COPY_KERNEL, 16, 0, true},
+               {OI_COPY_DMA, 0, 0, true}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
       run_case(&cases[c], modes[m].mode, modes[m].ctas, modes[m].staging_mb, modes[m].layered);
     }
   oi__dev_close(dev);
-  fprintf(stderr, "%-60s %s\n", "test_engine_round_trips_on_cuda_in_every_copy_mode", oi_test_failures ? "FAILED" : "ok");
+  fprintf(stderr, "%-60s %s\n", "test_engine_round_trips_on_cuda_in_every_copy_mode",
+          oi_test_failures ? "FAILED" : "ok");
   TEST_EXIT();
 }

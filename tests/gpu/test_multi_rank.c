@@ -30,7 +30,9 @@ static oi_block_hash hash_of(int owner, int i) {
   return h;
 }
 
-static uint64_t seed_of(int owner, int i, int a) { return (uint64_t)owner * 100003 + (uint64_t)i * 131 + (uint64_t)a + 1; }
+static uint64_t seed_of(int owner, int i, int a) {
+  return (uint64_t)owner * 100003 + (uint64_t)i * 131 + (uint64_t)a + 1;
+}
 
 static void *save_main(void *arg) {
   rank *r = arg;
@@ -40,7 +42,8 @@ static void *save_main(void *arg) {
     ids[i] = i;
     hs[i] = hash_of(r->id, i);
     for (int a = 0; a < ARENAS; a++)
-      r->dev->ops->mem_fill_pattern(r->dev, r->arena + ((uint64_t)a * r->nblocks + (uint64_t)i) * BPB, BPB,
+      r->dev->ops->mem_fill_pattern(r->dev,
+                                    r->arena + ((uint64_t)a * r->nblocks + (uint64_t)i) * BPB, BPB,
                                     seed_of(r->id, i, a));
   }
   oi_ticket *t = NULL;
@@ -76,8 +79,10 @@ static void *restore_main(void *arg) {
     oi_ticket_release(t);
     for (int i = 0; i < BLOCKS_PER_RANK && r->err == OI_OK; i++)
       for (int a = 0; a < ARENAS; a++) {
-        r->dev->ops->mem_copy(r->dev, host, r->arena + ((uint64_t)a * r->nblocks + (uint64_t)dst[i]) * BPB, BPB);
-        for (uint64_t k = 0; k < BPB; k++) expect[k] = oi__pattern_byte(seed_of(owner, i, a), k);
+        r->dev->ops->mem_copy(r->dev, host,
+                              r->arena + ((uint64_t)a * r->nblocks + (uint64_t)dst[i]) * BPB, BPB);
+        for (uint64_t k = 0; k < BPB; k++)
+          expect[k] = oi__pattern_byte(seed_of(owner, i, a), k);
         r->bad += memcmp(host, expect, BPB) != 0;
       }
   }
@@ -109,13 +114,18 @@ int main(void) {
     r->device = i % ndev;
     r->nblocks = (uint64_t)BLOCKS_PER_RANK * (nranks + 1);
     REQUIRE(oi__dev_open(r->device, &r->dev) == OI_OK);
-    REQUIRE(r->dev->ops->mem_alloc(r->dev, ARENAS * r->nblocks * BPB, 0, (void **)&r->arena) == OI_OK);
+    REQUIRE(r->dev->ops->mem_alloc(r->dev, ARENAS * r->nblocks * BPB, 0, (void **)&r->arena) ==
+            OI_OK);
     oi_arena_desc ad[ARENAS];
     char names[ARENAS][8];
     for (int a = 0; a < ARENAS; a++) {
       snprintf(names[a], sizeof names[a], "L%d", a);
-      ad[a] = (oi_arena_desc){.name = names[a], .base = r->arena + (uint64_t)a * r->nblocks * BPB,
-                              .num_blocks = r->nblocks, .bytes_per_block = BPB, .block_stride = BPB, .segments = 1};
+      ad[a] = (oi_arena_desc){.name = names[a],
+                              .base = r->arena + (uint64_t)a * r->nblocks * BPB,
+                              .num_blocks = r->nblocks,
+                              .bytes_per_block = BPB,
+                              .block_stride = BPB,
+                              .segments = 1};
     }
     oi_engine_options eo;
     oi_engine_options_init(&eo);
@@ -126,11 +136,15 @@ int main(void) {
     REQUIRE(oi_offload_engine_create(h, &eo, &r->e) == OI_OK);
   }
   pthread_t th[64];
-  for (int i = 0; i < nranks; i++) pthread_create(&th[i], NULL, save_main, &ranks[i]);
-  for (int i = 0; i < nranks; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < nranks; i++)
+    pthread_create(&th[i], NULL, save_main, &ranks[i]);
+  for (int i = 0; i < nranks; i++)
+    pthread_join(th[i], NULL);
   uint64_t t0 = oi__now_ns();
-  for (int i = 0; i < nranks; i++) pthread_create(&th[i], NULL, restore_main, &ranks[i]);
-  for (int i = 0; i < nranks; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < nranks; i++)
+    pthread_create(&th[i], NULL, restore_main, &ranks[i]);
+  for (int i = 0; i < nranks; i++)
+    pthread_join(th[i], NULL);
   uint64_t wall = oi__now_ns() - t0, bytes = 0, bad = 0;
   for (int i = 0; i < nranks; i++) {
     CHECK_OK(ranks[i].err);
@@ -138,7 +152,9 @@ int main(void) {
     bytes += ranks[i].bytes_loaded;
   }
   CHECK(bad == 0);
-  fprintf(stderr, "  %d ranks on %d GPU(s): %d x %d pairs restored, %llu slices differ; %.1f GB/s aggregate restores\n",
+  fprintf(stderr,
+          "  %d ranks on %d GPU(s): %d x %d pairs restored, %llu slices differ; %.1f GB/s "
+          "aggregate restores\n",
           nranks, ndev, nranks, nranks, (unsigned long long)bad, (double)bytes / (double)wall);
   for (int i = 0; i < nranks; i++) {
     oi_offload_engine_destroy(ranks[i].e);
@@ -147,6 +163,7 @@ int main(void) {
   }
   oi_offload_host_destroy(h);
   free(ranks);
-  fprintf(stderr, "%-60s %s\n", "test_any_rank_restores_what_any_rank_saved", oi_test_failures ? "FAILED" : "ok");
+  fprintf(stderr, "%-60s %s\n", "test_any_rank_restores_what_any_rank_saved",
+          oi_test_failures ? "FAILED" : "ok");
   TEST_EXIT();
 }

@@ -51,27 +51,32 @@ static float bfr(float x) { return oi_rm_bf2f(oi_rm_f2bf(x)); }
 static float *gen(uint32_t tensor, size_t n, float scale) {
   float *w = malloc(n * sizeof *w);
   REQUIRE(w);
-  for (size_t i = 0; i < n; i++) w[i] = bfr(oi_rm_uniform(SEED, tensor, i, scale));
+  for (size_t i = 0; i < n; i++)
+    w[i] = bfr(oi_rm_uniform(SEED, tensor, i, scale));
   return w;
 }
 static float *gen_norm(uint32_t tensor, size_t n) {
   float *w = malloc(n * sizeof *w);
   REQUIRE(w);
-  for (size_t i = 0; i < n; i++) w[i] = 1.0f + oi_rm_uniform(SEED, tensor, i, 0.1f);
+  for (size_t i = 0; i < n; i++)
+    w[i] = 1.0f + oi_rm_uniform(SEED, tensor, i, 0.1f);
   return w;
 }
 static void matvec(float *out, const float *w, const float *x, int rows, int cols) {
   for (int j = 0; j < rows; j++) {
     double a = 0;
-    for (int i = 0; i < cols; i++) a += (double)w[(size_t)j * cols + i] * x[i];
+    for (int i = 0; i < cols; i++)
+      a += (double)w[(size_t)j * cols + i] * x[i];
     out[j] = (float)a;
   }
 }
 static void rmsnorm_bf(float *out, const float *x, const float *w, int n) {
   double ss = 0;
-  for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+  for (int i = 0; i < n; i++)
+    ss += (double)x[i] * x[i];
   float inv = 1.0f / sqrtf((float)(ss / n) + 1e-5f);
-  for (int i = 0; i < n; i++) out[i] = bfr(x[i] * inv * w[i]);
+  for (int i = 0; i < n; i++)
+    out[i] = bfr(x[i] * inv * w[i]);
 }
 
 /* Recomputes n tokens from position 0: logits of the last row, K of every
@@ -85,20 +90,25 @@ static void cpu_forward(const uint32_t *tok, int n, float *logits, float *kcache
   float *q = calloc((size_t)n * QD, 4);
   float h[H_], tmp[QD + 2 * KD], att[QD], o[H_], g[F_], u[F_], act[F_], sc[8192];
   for (int r = 0; r < n; r++)
-    for (int i = 0; i < H_; i++) x[(size_t)r * H_ + i] = emb[(size_t)tok[r] * H_ + i];
+    for (int i = 0; i < H_; i++)
+      x[(size_t)r * H_ + i] = emb[(size_t)tok[r] * H_ + i];
   for (int l = 0; l < L_; l++) {
     uint32_t t = OI_RM_T_LAYER0 + 16 * l;
     float *an = gen_norm(t + OI_RM_T_ATTN_NORM, H_), *mn = gen_norm(t + OI_RM_T_MLP_NORM, H_);
-    float *wq = gen(t + OI_RM_T_WQ, (size_t)QD * H_, in_h), *wk = gen(t + OI_RM_T_WK, (size_t)KD * H_, in_h);
-    float *wv = gen(t + OI_RM_T_WV, (size_t)KD * H_, in_h), *wo = gen(t + OI_RM_T_WO, (size_t)H_ * QD, in_q);
-    float *wg = gen(t + OI_RM_T_GATE, (size_t)F_ * H_, in_h), *wu = gen(t + OI_RM_T_UP, (size_t)F_ * H_, in_h);
+    float *wq = gen(t + OI_RM_T_WQ, (size_t)QD * H_, in_h),
+          *wk = gen(t + OI_RM_T_WK, (size_t)KD * H_, in_h);
+    float *wv = gen(t + OI_RM_T_WV, (size_t)KD * H_, in_h),
+          *wo = gen(t + OI_RM_T_WO, (size_t)H_ * QD, in_q);
+    float *wg = gen(t + OI_RM_T_GATE, (size_t)F_ * H_, in_h),
+          *wu = gen(t + OI_RM_T_UP, (size_t)F_ * H_, in_h);
     float *wd = gen(t + OI_RM_T_DOWN, (size_t)H_ * F_, in_f);
     for (int r = 0; r < n; r++) {
       rmsnorm_bf(h, x + (size_t)r * H_, an, H_);
       matvec(tmp, wq, h, QD, H_);
       matvec(tmp + QD, wk, h, KD, H_);
       matvec(tmp + QD + KD, wv, h, KD, H_);
-      for (int i = 0; i < QD + 2 * KD; i++) tmp[i] = bfr(tmp[i]);
+      for (int i = 0; i < QD + 2 * KD; i++)
+        tmp[i] = bfr(tmp[i]);
       for (int hh = 0; hh < QH + KVH; hh++)
         for (int i = 0; i < HD / 2; i++) {
           double freq = pow(10000.0, -2.0 * i / HD), a = (double)r * freq;
@@ -119,26 +129,32 @@ static void cpu_forward(const uint32_t *tok, int n, float *logits, float *kcache
         for (int j = 0; j <= r; j++) {
           double d = 0;
           for (int i = 0; i < HD; i++)
-            d += (double)q[(size_t)r * QD + hh * HD + i] * kcache[((size_t)l * n + j) * KD + gk * HD + i];
+            d += (double)q[(size_t)r * QD + hh * HD + i] *
+                 kcache[((size_t)l * n + j) * KD + gk * HD + i];
           sc[j] = (float)(d / sqrt(HD));
           mx = fmaxf(mx, sc[j]);
         }
         double sum = 0;
-        for (int j = 0; j <= r; j++) sum += sc[j] = expf(sc[j] - mx);
+        for (int j = 0; j <= r; j++)
+          sum += sc[j] = expf(sc[j] - mx);
         for (int i = 0; i < HD; i++) {
           double a = 0;
-          for (int j = 0; j <= r; j++) a += sc[j] * vcache[((size_t)l * n + j) * KD + gk * HD + i];
+          for (int j = 0; j <= r; j++)
+            a += sc[j] * vcache[((size_t)l * n + j) * KD + gk * HD + i];
           att[hh * HD + i] = bfr((float)(a / sum));
         }
       }
       matvec(o, wo, att, H_, QD);
-      for (int i = 0; i < H_; i++) x[(size_t)r * H_ + i] += o[i];
+      for (int i = 0; i < H_; i++)
+        x[(size_t)r * H_ + i] += o[i];
       rmsnorm_bf(h, x + (size_t)r * H_, mn, H_);
       matvec(g, wg, h, F_, H_);
       matvec(u, wu, h, F_, H_);
-      for (int i = 0; i < F_; i++) act[i] = bfr(g[i] / (1.0f + expf(-g[i])) * u[i]);
+      for (int i = 0; i < F_; i++)
+        act[i] = bfr(g[i] / (1.0f + expf(-g[i])) * u[i]);
       matvec(o, wd, act, H_, F_);
-      for (int i = 0; i < H_; i++) x[(size_t)r * H_ + i] += o[i];
+      for (int i = 0; i < H_; i++)
+        x[(size_t)r * H_ + i] += o[i];
     }
     free(an), free(mn), free(wq), free(wk), free(wv), free(wo), free(wg), free(wu), free(wd);
   }
@@ -176,16 +192,18 @@ static uint8_t *download_blocks(const oi_kv_layout *kv, const int64_t *ids, size
   REQUIRE(out);
   for (uint32_t l = 0; l < L_; l++)
     for (size_t b = 0; b < n; b++)
-      REQUIRE(dev->ops->mem_copy(dev, out + (l * n + b) * kv->block_stride,
-                                 (uint8_t *)kv->base + l * kv->layer_stride + ids[b] * kv->block_stride,
-                                 kv->block_stride) == OI_OK);
+      REQUIRE(
+          dev->ops->mem_copy(dev, out + (l * n + b) * kv->block_stride,
+                             (uint8_t *)kv->base + l * kv->layer_stride + ids[b] * kv->block_stride,
+                             kv->block_stride) == OI_OK);
   return out;
 }
 
 static uint32_t *prompt(uint32_t n, uint64_t seed) {
   uint32_t *p = malloc(n * sizeof *p);
   REQUIRE(p);
-  for (uint32_t i = 0; i < n; i++) p[i] = (uint32_t)(oi_rm_mix64(seed * 1000003 + i) % V_);
+  for (uint32_t i = 0; i < n; i++)
+    p[i] = (uint32_t)(oi_rm_mix64(seed * 1000003 + i) % V_);
   return p;
 }
 
@@ -198,10 +216,17 @@ static void test_kernels_against_cpu_and_chunking(void) {
   arena_init(&a, 64);
   REQUIRE(ops.bind(ctx, 0, &a.kv) == OI_OK);
   int64_t t1[19], t2[19];
-  for (int i = 0; i < 19; i++) t1[i] = i, t2[i] = 40 - i; /* t2 reversed, disjoint from t1 */
+  for (int i = 0; i < 19; i++)
+    t1[i] = i, t2[i] = 40 - i; /* t2 reversed, disjoint from t1 */
   float *lg = malloc(V_ * 4), *lg2 = malloc(V_ * 4), *ref = malloc(V_ * 4);
-  oi_model_seq s = {.request_id = 1, .tokens = tok, .n_tokens = N, .position = 0, .block_table = t1,
-                    .n_blocks = 19, .want_token = 1, .logits = lg};
+  oi_model_seq s = {.request_id = 1,
+                    .tokens = tok,
+                    .n_tokens = N,
+                    .position = 0,
+                    .block_table = t1,
+                    .n_blocks = 19,
+                    .want_token = 1,
+                    .logits = lg};
   oi_model_batch b = {.struct_size = sizeof b, .rank = 0, .n_seqs = 1, .seqs = &s};
   CHECK_OK(ops.forward(ctx, &b));
 
@@ -227,7 +252,10 @@ static void test_kernels_against_cpu_and_chunking(void) {
     for (int p = 0; p < N; p++)
       for (int i = 0; i < KD; i++) {
         uint16_t bits;
-        memcpy(&bits, kv1 + ((size_t)l * 19 + p / PAGE) * a.kv.block_stride + (p % PAGE) * a.kv.token_stride + i * 2, 2);
+        memcpy(&bits,
+               kv1 + ((size_t)l * 19 + p / PAGE) * a.kv.block_stride +
+                   (p % PAGE) * a.kv.token_stride + i * 2,
+               2);
         float gk = oi_rm_bf2f(bits), ck = kref[((size_t)l * N + p) * KD + i];
         km = fmax(km, fabs(ck));
         kd = fmax(kd, fabs(gk - ck));
@@ -238,14 +266,26 @@ static void test_kernels_against_cpu_and_chunking(void) {
   /* 2. Chunks 1, 63, 64, 100, 72 beside another sequence: the same bytes. */
   uint32_t *other = prompt(150, 2);
   int64_t t3[10];
-  for (int i = 0; i < 10; i++) t3[i] = 50 + i;
+  for (int i = 0; i < 10; i++)
+    t3[i] = 50 + i;
   const uint32_t chunks[] = {1, 63, 64, 100, 72};
   uint32_t pos = 0;
   for (size_t c = 0; c < 5; c++) {
-    oi_model_seq ss[2] = {{.request_id = 2, .tokens = tok + pos, .n_tokens = chunks[c], .position = pos,
-                           .block_table = t2, .n_blocks = 19, .want_token = c == 4, .logits = lg2},
-                          {.request_id = 3, .tokens = other + c * 30, .n_tokens = 30, .position = (uint32_t)c * 30,
-                           .block_table = t3, .n_blocks = 10, .want_token = 1}};
+    oi_model_seq ss[2] = {{.request_id = 2,
+                           .tokens = tok + pos,
+                           .n_tokens = chunks[c],
+                           .position = pos,
+                           .block_table = t2,
+                           .n_blocks = 19,
+                           .want_token = c == 4,
+                           .logits = lg2},
+                          {.request_id = 3,
+                           .tokens = other + c * 30,
+                           .n_tokens = 30,
+                           .position = (uint32_t)c * 30,
+                           .block_table = t3,
+                           .n_blocks = 10,
+                           .want_token = 1}};
     oi_model_batch bb = {.struct_size = sizeof bb, .rank = 0, .n_seqs = 2, .seqs = ss};
     CHECK_OK(ops.forward(ctx, &bb));
     pos += chunks[c];
@@ -256,7 +296,8 @@ static void test_kernels_against_cpu_and_chunking(void) {
   size_t full = (size_t)(N / PAGE) * a.kv.block_stride;
   bool same = true;
   for (int l = 0; l < L_; l++) {
-    same &= !memcmp(kv1 + (size_t)l * 19 * a.kv.block_stride, kv2 + (size_t)l * 19 * a.kv.block_stride, full);
+    same &= !memcmp(kv1 + (size_t)l * 19 * a.kv.block_stride,
+                    kv2 + (size_t)l * 19 * a.kv.block_stride, full);
     for (uint32_t seg = 0; seg < 2; seg++)
       same &= !memcmp(kv1 + ((size_t)l * 19 + 18) * a.kv.block_stride + seg * a.kv.segment_stride,
                       kv2 + ((size_t)l * 19 + 18) * a.kv.block_stride + seg * a.kv.segment_stride,
@@ -264,8 +305,8 @@ static void test_kernels_against_cpu_and_chunking(void) {
   }
   CHECK(same);
   CHECK(!memcmp(lg, lg2, V_ * 4));
-  printf("  chunked + batched vs one chunk alone: KV %s, logits %s\n", same ? "identical" : "DIFFER",
-         memcmp(lg, lg2, V_ * 4) ? "DIFFER" : "identical");
+  printf("  chunked + batched vs one chunk alone: KV %s, logits %s\n",
+         same ? "identical" : "DIFFER", memcmp(lg, lg2, V_ * 4) ? "DIFFER" : "identical");
   ops.unbind(ctx, 0);
   dev->ops->mem_free(dev, a.base);
   free(kv1), free(kv2), free(kref), free(lg), free(lg2), free(ref), free(tok), free(other);
@@ -374,15 +415,18 @@ static void test_executor_parity(void) {
          "%u tokens, tokens %s\n",
          (unsigned long long)es2.restores_overlapped, rf.computed_tokens,
          rf.n_tokens == GEN && !memcmp(rf.tokens, tok_cold, GEN * 4) ? "identical" : "DIFFER");
-  int same_hit = !memcmp(rh.tokens, tok_cold, GEN * 4), same_rest = !memcmp(rr.tokens, tok_cold, GEN * 4);
-  printf("  executor parity (%u-token prompt, %u generated): cold computed %u; prefix hit cached %u "
-         "-> tokens %s; evicted %llu blocks, restored %u -> tokens %s; restored KV (%u blocks x %u "
-         "layers) %s cold KV\n",
-         N, GEN, rc.computed_tokens, rh.cached_tokens, same_hit ? "identical" : "DIFFER",
-         (unsigned long long)ev, rr.restored_tokens, same_rest ? "identical" : "DIFFER", NB, L_,
-         kv_same ? "==" : "!=");
+  int same_hit = !memcmp(rh.tokens, tok_cold, GEN * 4),
+      same_rest = !memcmp(rr.tokens, tok_cold, GEN * 4);
+  printf(
+      "  executor parity (%u-token prompt, %u generated): cold computed %u; prefix hit cached %u "
+      "-> tokens %s; evicted %llu blocks, restored %u -> tokens %s; restored KV (%u blocks x %u "
+      "layers) %s cold KV\n",
+      N, GEN, rc.computed_tokens, rh.cached_tokens, same_hit ? "identical" : "DIFFER",
+      (unsigned long long)ev, rr.restored_tokens, same_rest ? "identical" : "DIFFER", NB, L_,
+      kv_same ? "==" : "!=");
   printf("  first tokens:");
-  for (int i = 0; i < 12; i++) printf(" %u", tok_cold[i]);
+  for (int i = 0; i < 12; i++)
+    printf(" %u", tok_cold[i]);
   printf("\n");
   oi_executor_destroy(x);
   free(kv_cold), free(kv_rest), free(tok_cold), free(p), free(p2), free(p3);

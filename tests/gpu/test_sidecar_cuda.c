@@ -67,9 +67,11 @@ int main(int argc, char **argv) {
     bad += !tl_check(mirror, a, dst[i], (uint64_t)i); /* restored, reversed */
     bad += !tl_check(mirror, a, ids[i], (uint64_t)i); /* the source is untouched */
   }
-  for (int64_t id = SAVED; id < TL_BLOCKS - SAVED; id++) bad += !tl_is_zero(mirror, a, id);
+  for (int64_t id = SAVED; id < TL_BLOCKS - SAVED; id++)
+    bad += !tl_is_zero(mirror, a, id);
   CHECK(bad == 0);
-  fprintf(stderr, "  sidecar over CUDA IPC: %d blocks restored, %s\n", SAVED, bad ? "MISMATCH" : "bytes match");
+  fprintf(stderr, "  sidecar over CUDA IPC: %d blocks restored, %s\n", SAVED,
+          bad ? "MISMATCH" : "bytes match");
   /* Drop order: close the mapping, then the engine flushes and unregisters. */
   oi_imported_arena_close(arena);
   oi_offload_engine_destroy(e);
@@ -77,6 +79,7 @@ int main(int argc, char **argv) {
   free(mirror);
   CHECK(ts_stop(&ts));
   ts_cleanup(&ts);
-  fprintf(stderr, "%-60s %s\n", "test_sidecar_round_trip_over_cuda_ipc", oi_test_failures ? "FAILED" : "ok");
+  fprintf(stderr, "%-60s %s\n", "test_sidecar_round_trip_over_cuda_ipc",
+          oi_test_failures ? "FAILED" : "ok");
   TEST_EXIT();
 }

@@ -25,8 +25,12 @@ static void test_a_copy_past_its_deadline_is_an_error_and_never_visible(void) {
   uint8_t *arena = malloc((size_t)BLOCKS * BLOCK_BYTES);
   REQUIRE(arena);
   memset(arena, 0x5a, (size_t)BLOCKS * BLOCK_BYTES);
-  oi_arena_desc ad = {.name = "kv", .base = arena, .num_blocks = BLOCKS, .bytes_per_block = BLOCK_BYTES,
-                      .block_stride = BLOCK_BYTES, .segments = 1};
+  oi_arena_desc ad = {.name = "kv",
+                      .base = arena,
+                      .num_blocks = BLOCKS,
+                      .bytes_per_block = BLOCK_BYTES,
+                      .block_stride = BLOCK_BYTES,
+                      .segments = 1};
   oi_engine_options eo;
   oi_engine_options_init(&eo);
   eo.namespace_id = "deadlines";

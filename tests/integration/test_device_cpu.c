@@ -21,7 +21,8 @@ static void test_device_memory_is_zeroed_and_fillable(void) {
   REQUIRE(p);
   const uint8_t *b = p;
   size_t nonzero = 0;
-  for (size_t i = 0; i < (1 << 20); i++) nonzero += b[i] != 0;
+  for (size_t i = 0; i < (1 << 20); i++)
+    nonzero += b[i] != 0;
   CHECK(nonzero == 0);
   CHECK_OK(dev->ops->mem_fill_pattern(dev, p, (1 << 20) - 3, 9));
   CHECK(is_pattern(p, (1 << 20) - 3, 9, 0));
@@ -66,7 +67,8 @@ static void test_stream_copies_pieces_both_ways_and_calls_in_order(void) {
   oi_copy_desc d[BLOCKS];
   uint8_t *a = arena, *h = pool.host;
   for (int b = 0; b < BLOCKS; b++)
-    d[b] = (oi_copy_desc){(uintptr_t)(a + b * PIECE), (uintptr_t)(h + (BLOCKS - 1 - b) * PIECE), PIECE};
+    d[b] = (oi_copy_desc){(uintptr_t)(a + b * PIECE), (uintptr_t)(h + (BLOCKS - 1 - b) * PIECE),
+                          PIECE};
   order_log log = {.lock = PTHREAD_MUTEX_INITIALIZER, .watch = h + (BLOCKS - 1) * PIECE};
   call_arg c1 = {&log, 1}, c2 = {&log, 2};
   CHECK_OK(dev->ops->stream_copy(s, OI_COPY_D2H, d, BLOCKS, NULL));
@@ -100,7 +102,8 @@ static void test_stream_destroy_finishes_queued_work(void) {
   REQUIRE(dev->ops->stream_create(dev, 0, &s) == OI_OK);
   CHECK_OK(dev->ops->mem_fill_pattern(dev, src, N * PIECE, 77));
   for (int i = 0; i < N; i++) {
-    oi_copy_desc d = {(uintptr_t)src + (uintptr_t)i * PIECE, (uintptr_t)dst + (uintptr_t)i * PIECE, PIECE};
+    oi_copy_desc d = {(uintptr_t)src + (uintptr_t)i * PIECE, (uintptr_t)dst + (uintptr_t)i * PIECE,
+                      PIECE};
     CHECK_OK(dev->ops->stream_copy(s, OI_COPY_D2H, &d, 1, NULL));
   }
   dev->ops->stream_destroy(s);
@@ -127,14 +130,16 @@ static void test_arena_export_import_across_processes(void) {
     if (oi_imported_arena_size(imp) != size) _exit(13);
     uint8_t *p = oi_imported_arena_ptr(imp);
     if (!is_pattern(p, size, 11, 0)) _exit(14);
-    for (size_t i = 0; i < 4096; i++) p[i] = oi__pattern_byte(12, i); /* visible to the owner */
+    for (size_t i = 0; i < 4096; i++)
+      p[i] = oi__pattern_byte(12, i); /* visible to the owner */
     oi_imported_arena_close(imp);
     _exit(0);
   }
   int status = 0;
   waitpid(pid, &status, 0);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  if (WIFEXITED(status) && WEXITSTATUS(status)) fprintf(stderr, "child step %d failed\n", WEXITSTATUS(status));
+  if (WIFEXITED(status) && WEXITSTATUS(status))
+    fprintf(stderr, "child step %d failed\n", WEXITSTATUS(status));
   CHECK(is_pattern(arena, 4096, 12, 0));
   CHECK(is_pattern((uint8_t *)arena + 4096, size - 4096, 11, 4096));
 
@@ -169,7 +174,8 @@ static void test_missing_hugepages_say_how_many_are_needed(void) {
   }
   if (free_pages >= 64) return; /* the machine has them: nothing to prove here */
   oi_pinned pool;
-  CHECK_ST(dev->ops->pinned_alloc(dev, 128ull << 20, OI_PIN_HUGEPAGES, -1, &pool), OI_ERR_OUT_OF_MEMORY);
+  CHECK_ST(dev->ops->pinned_alloc(dev, 128ull << 20, OI_PIN_HUGEPAGES, -1, &pool),
+           OI_ERR_OUT_OF_MEMORY);
   CHECK(strstr(oi_last_error(), "64 hugepages") != NULL);
   CHECK(strstr(oi_last_error(), "free") != NULL);
 }

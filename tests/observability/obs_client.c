@@ -23,8 +23,12 @@ int main(int argc, char **argv) {
   const char *socket = argv[1], *ns = argv[2];
   size_t n = strtoul(argv[3], NULL, 10), m = strtoul(argv[4], NULL, 10);
   REQUIRE(n > 0 && n + m <= BLOCKS);
-  oi_arena_desc a = {.name = "kv", .offset = 0, .num_blocks = BLOCKS,
-                     .bytes_per_block = BLOCK_BYTES, .block_stride = BLOCK_BYTES, .segments = 1};
+  oi_arena_desc a = {.name = "kv",
+                     .offset = 0,
+                     .num_blocks = BLOCKS,
+                     .bytes_per_block = BLOCK_BYTES,
+                     .block_stride = BLOCK_BYTES,
+                     .segments = 1};
   oi_engine_options o;
   oi_engine_options_init(&o);
   o.namespace_id = ns;
@@ -36,7 +40,8 @@ int main(int argc, char **argv) {
   oi_imported_arena *arena;
   REQUIRE(oi_offload_engine_connect(socket, &o, &e, &arena) == OI_OK);
   uint8_t *kv = oi_imported_arena_ptr(arena);
-  for (size_t i = 0; i < BLOCKS * BLOCK_BYTES; i++) kv[i] = (uint8_t)(i * 7 + 3);
+  for (size_t i = 0; i < BLOCKS * BLOCK_BYTES; i++)
+    kv[i] = (uint8_t)(i * 7 + 3);
 
   int64_t ids[BLOCKS];
   oi_block_hash hashes[BLOCKS];
@@ -57,7 +62,8 @@ int main(int argc, char **argv) {
   CHECK_OK(oi_offload_engine_query(e, "obs", hashes, n + m, 0, &qr));
   CHECK(qr.hit_blocks == n);
   int64_t dst[BLOCKS];
-  for (size_t i = 0; i < n; i++) dst[i] = (int64_t)(BLOCKS - 1 - i);
+  for (size_t i = 0; i < n; i++)
+    dst[i] = (int64_t)(BLOCKS - 1 - i);
   CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, n, NULL, &t));
   CHECK_OK(oi_ticket_wait(t, 30000));
   oi_ticket_release(t);

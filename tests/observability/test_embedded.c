@@ -36,7 +36,8 @@ static int http_get(uint16_t port, const char *path, char *body, size_t cap) {
   static char resp[1 << 20];
   size_t len = 0;
   ssize_t r;
-  while ((r = read(fd, resp + len, sizeof resp - 1 - len)) > 0) len += (size_t)r;
+  while ((r = read(fd, resp + len, sizeof resp - 1 - len)) > 0)
+    len += (size_t)r;
   close(fd);
   resp[len] = '\0';
   int code = 0;
@@ -149,8 +150,8 @@ static void test_server_stats_fetch(void) {
   /* A namespace, so the list has an entry: one client engine, registered. */
   oi_engine_options eo;
   oi_engine_options_init(&eo);
-  oi_arena_desc ad = {.name = "kv", .num_blocks = 4, .bytes_per_block = 256,
-                      .block_stride = 256, .segments = 1};
+  oi_arena_desc ad = {
+      .name = "kv", .num_blocks = 4, .bytes_per_block = 256, .block_stride = 256, .segments = 1};
   eo.namespace_id = "fetch-ns";
   eo.arenas = &ad;
   eo.num_arenas = 1;
@@ -245,9 +246,14 @@ static void test_embedded_stats(void) {
         prog.total == 4 << 20);
 
   static uint8_t kv[NB * BB];
-  for (size_t i = 0; i < sizeof kv; i++) kv[i] = (uint8_t)i;
-  oi_arena_desc a = {.name = "kv", .base = kv, .num_blocks = NB, .bytes_per_block = BB,
-                     .block_stride = BB, .segments = 1};
+  for (size_t i = 0; i < sizeof kv; i++)
+    kv[i] = (uint8_t)i;
+  oi_arena_desc a = {.name = "kv",
+                     .base = kv,
+                     .num_blocks = NB,
+                     .bytes_per_block = BB,
+                     .block_stride = BB,
+                     .segments = 1};
   oi_engine_options eo;
   oi_engine_options_init(&eo);
   eo.namespace_id = "ns-a";
@@ -279,7 +285,8 @@ static void test_embedded_stats(void) {
   CHECK(s.namespaces == 1 && s.latency_buckets == OI_LATENCY_BUCKETS);
   CHECK(s.pool_setup_ns > 0);
   uint64_t nsave = 0;
-  for (int i = 0; i < OI_LATENCY_BUCKETS; i++) nsave += s.save_latency_us[i];
+  for (int i = 0; i < OI_LATENCY_BUCKETS; i++)
+    nsave += s.save_latency_us[i];
   CHECK(nsave == 1);
 
   int64_t dst[8] = {8, 9, 10, 11, 12, 13, 14, 15};
@@ -293,7 +300,8 @@ static void test_embedded_stats(void) {
   CHECK(s.blocks_pinned == 0 && s.blocks_loading == 0 && s.blocks_leased == 0);
   CHECK(s.loads_submitted == 1 && s.loads_completed == 1 && s.blocks_loaded == 8);
   uint64_t nload = 0;
-  for (int i = 0; i < OI_LATENCY_BUCKETS; i++) nload += s.load_latency_us[i];
+  for (int i = 0; i < OI_LATENCY_BUCKETS; i++)
+    nload += s.load_latency_us[i];
   CHECK(nload == 1);
 
   oi_namespace_stats ns;
@@ -332,7 +340,8 @@ static void test_embedded_stats(void) {
   char want[64];
   snprintf(want, sizeof want, "level=info component=engine instance=%u msg=\"registered", inst);
   bool found = false;
-  for (int i = 0; i < nlog; i++) found |= strncmp(log_lines[i], want, strlen(want)) == 0;
+  for (int i = 0; i < nlog; i++)
+    found |= strncmp(log_lines[i], want, strlen(want)) == 0;
   CHECK(found);
 }
 

@@ -42,7 +42,8 @@ static void ts_dump_log(const test_server *ts) {
   if (!f) return;
   char line[1024];
   fprintf(stderr, "---- server log (%s) ----\n", ts->log);
-  while (fgets(line, sizeof line, f)) fputs(line, stderr);
+  while (fgets(line, sizeof line, f))
+    fputs(line, stderr);
   fprintf(stderr, "---- end of server log ----\n");
   fclose(f);
 }
@@ -52,7 +53,8 @@ static bool ts_log_contains(const test_server *ts, const char *needle) {
   if (!f) return false;
   char line[1024];
   bool found = false;
-  while (!found && fgets(line, sizeof line, f)) found = strstr(line, needle) != NULL;
+  while (!found && fgets(line, sizeof line, f))
+    found = strstr(line, needle) != NULL;
   fclose(f);
   return found;
 }
@@ -113,7 +115,8 @@ static bool ts_start(test_server *ts, const char *const *extra) {
     argv[n++] = "64M";
     argv[n++] = "--log-level";
     argv[n++] = "info";
-    for (int i = 0; extra && extra[i] && n < 31; i++) argv[n++] = extra[i];
+    for (int i = 0; extra && extra[i] && n < 31; i++)
+      argv[n++] = extra[i];
     argv[n] = NULL;
     execv(ts->exe, (char *const *)argv);
     _exit(127);
@@ -169,7 +172,8 @@ static bool ts_stop(test_server *ts) {
     }
     usleep(10000);
     if (i % 200 == 0) {
-      fprintf(stderr, "the server is still running %d s after SIGTERM: sending it again\n", i / 100);
+      fprintf(stderr, "the server is still running %d s after SIGTERM: sending it again\n",
+              i / 100);
       kill(ts->pid, SIGTERM);
     }
   }
@@ -246,14 +250,27 @@ static int shm_objects_of(pid_t pid) {
  * arena 1: 384 B blocks; arena 2: 96 B blocks after a gap. By offsets. */
 static void tl_arenas(oi_arena_desc a[TL_ARENAS], uint64_t *total) {
   memset(a, 0, sizeof(oi_arena_desc) * TL_ARENAS);
-  a[0] = (oi_arena_desc){.name = "kv", .offset = 0, .num_blocks = TL_BLOCKS, .bytes_per_block = 256,
-                         .block_stride = 1024, .segments = 2, .segment_stride = 512};
+  a[0] = (oi_arena_desc){.name = "kv",
+                         .offset = 0,
+                         .num_blocks = TL_BLOCKS,
+                         .bytes_per_block = 256,
+                         .block_stride = 1024,
+                         .segments = 2,
+                         .segment_stride = 512};
   uint64_t off1 = TL_BLOCKS * 1024;
-  a[1] = (oi_arena_desc){.name = "mla", .offset = off1, .num_blocks = TL_BLOCKS,
-                         .bytes_per_block = 384, .block_stride = 384, .segments = 1};
+  a[1] = (oi_arena_desc){.name = "mla",
+                         .offset = off1,
+                         .num_blocks = TL_BLOCKS,
+                         .bytes_per_block = 384,
+                         .block_stride = 384,
+                         .segments = 1};
   uint64_t off2 = off1 + TL_BLOCKS * 384 + 4096;
-  a[2] = (oi_arena_desc){.name = "idx", .offset = off2, .num_blocks = TL_BLOCKS,
-                         .bytes_per_block = 96, .block_stride = 128, .segments = 1};
+  a[2] = (oi_arena_desc){.name = "idx",
+                         .offset = off2,
+                         .num_blocks = TL_BLOCKS,
+                         .bytes_per_block = 96,
+                         .block_stride = 128,
+                         .segments = 1};
   *total = off2 + (TL_BLOCKS - 1) * 128 + 96;
 }
 
@@ -280,8 +297,10 @@ static uint8_t tl_byte(uint64_t logical, uint32_t arena, uint32_t seg, uint64_t 
 static void tl_fill(uint8_t *base, const oi_arena_desc *a, int64_t id, uint64_t logical) {
   for (uint32_t ar = 0; ar < TL_ARENAS; ar++)
     for (uint32_t s = 0; s < a[ar].segments; s++) {
-      uint8_t *p = base + a[ar].offset + (uint64_t)id * a[ar].block_stride + s * a[ar].segment_stride;
-      for (uint64_t i = 0; i < a[ar].bytes_per_block; i++) p[i] = tl_byte(logical, ar, s, i);
+      uint8_t *p =
+          base + a[ar].offset + (uint64_t)id * a[ar].block_stride + s * a[ar].segment_stride;
+      for (uint64_t i = 0; i < a[ar].bytes_per_block; i++)
+        p[i] = tl_byte(logical, ar, s, i);
     }
 }
 
@@ -488,7 +507,8 @@ static uint64_t pbw_zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v
 /* packed sint64 */
 static void pbw_ids(pbw *w, uint32_t field, const int64_t *ids, size_t n) {
   pbw *tmp = pbw_new();
-  for (size_t i = 0; i < n; i++) pbw_varint(tmp, pbw_zigzag(ids[i]));
+  for (size_t i = 0; i < n; i++)
+    pbw_varint(tmp, pbw_zigzag(ids[i]));
   pbw_bytes(w, field, tmp->b, tmp->n);
   free(tmp);
 }

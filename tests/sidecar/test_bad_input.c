@@ -49,10 +49,11 @@ static void expect_error(wire_client *c, uint64_t id, oi_status st, const char *
             c->env.which_body == oiwire_Envelope_result_tag && c->env.body.result.status == st &&
             (!needle || strstr(c->env.body.result.message, needle));
   if (!ok) {
-    fprintf(stderr, "%s: expected %s containing '%s' for request %llu; got %s, request %llu, body %u, "
+    fprintf(stderr,
+            "%s: expected %s containing '%s' for request %llu; got %s, request %llu, body %u, "
             "status %s, message '%s'\n",
-            what, oi_status_str(st), needle ? needle : "", (unsigned long long)id, oi_status_str(rs),
-            (unsigned long long)c->env.request_id, c->env.which_body,
+            what, oi_status_str(st), needle ? needle : "", (unsigned long long)id,
+            oi_status_str(rs), (unsigned long long)c->env.request_id, c->env.which_body,
             oi_status_str(c->env.body.result.status), c->env.body.result.message);
     oi_test_failures++;
   }
@@ -91,7 +92,8 @@ static pbw *save_body(uint32_t instance, const int64_t *ids, size_t n_ids, size_
   if (n_ids) pbw_ids(b, 2, ids, n_ids);
   uint8_t h[64];
   memset(h, 0x5a, sizeof h);
-  for (size_t i = 0; i < n_hashes; i++) pbw_bytes(b, 3, h, hash_len);
+  for (size_t i = 0; i < n_hashes; i++)
+    pbw_bytes(b, 3, h, hash_len);
   return b;
 }
 

@@ -31,12 +31,14 @@ static void doomed_client(int mode, int ready_fd) {
     if (oi_offload_engine_save(e, ids, hashes, 8, NULL, NULL) != OI_OK) _exit(3);
     if (oi_offload_engine_flush(e, 10000) != OI_OK) _exit(4);
     for (int round = 0; round < 50; round++) {
-      for (int i = 8; i < TL_BLOCKS; i++) hashes[i] = tl_hash(100 + (uint32_t)round, (uint64_t)i);
+      for (int i = 8; i < TL_BLOCKS; i++)
+        hashes[i] = tl_hash(100 + (uint32_t)round, (uint64_t)i);
       oi_offload_engine_save(e, ids + 8, hashes + 8, TL_BLOCKS - 8, NULL, NULL);
     }
   }
   if (write(ready_fd, "r", 1) != 1) _exit(5);
-  for (;;) pause();
+  for (;;)
+    pause();
 }
 
 static void kill_client(int mode) {
@@ -65,12 +67,16 @@ static void test_client_killed(void) {
 
   kill_client(KILL_AFTER_REGISTER);
   /* The session ends a moment after its instances: wait for all of it. */
-  CHECK(WAIT_FOR_STATS(&wc, sr, sr.instances == 0 && sr.instances_cleaned_up == 1 && sr.arena_bytes == 0 && sr.sessions == 1));
+  CHECK(WAIT_FOR_STATS(&wc, sr,
+                       sr.instances == 0 && sr.instances_cleaned_up == 1 && sr.arena_bytes == 0 &&
+                           sr.sessions == 1));
   CHECK(sr.arena_bytes == 0 && sr.sessions == 1);
   CHECK(shm_objects_of(ts.pid) == 0);
 
   kill_client(KILL_WITH_SAVES_IN_FLIGHT);
-  CHECK(WAIT_FOR_STATS(&wc, sr, sr.instances == 0 && sr.instances_cleaned_up == 2 && sr.arena_bytes == 0 && sr.sessions == 1));
+  CHECK(WAIT_FOR_STATS(&wc, sr,
+                       sr.instances == 0 && sr.instances_cleaned_up == 2 && sr.arena_bytes == 0 &&
+                           sr.sessions == 1));
   CHECK(sr.arena_bytes == 0 && sr.sessions == 1);
   CHECK(shm_objects_of(ts.pid) == 0);
   CHECK(sr.host_blocks_sealed >= 8);
@@ -98,7 +104,8 @@ static void test_client_killed(void) {
   CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, 8, NULL, &t));
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
-  for (int i = 0; i < 8; i++) CHECK(tl_check(base, a, dst[i], (uint64_t)i));
+  for (int i = 0; i < 8; i++)
+    CHECK(tl_check(base, a, dst[i], (uint64_t)i));
   oi_imported_arena_close(arena);
   oi_offload_engine_destroy(e);
 }

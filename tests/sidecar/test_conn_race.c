@@ -72,7 +72,8 @@ static void fatal_quiesce(void *ctx, const char *reason) {
   (void)ctx;
   (void)reason;
   atomic_store(&c_fatal, true);
-  for (;;) pause();
+  for (;;)
+    pause();
 }
 
 static void *worker(void *arg) {
@@ -94,7 +95,8 @@ static void *worker(void *arg) {
         uint64_t logical = (uint64_t)w * 1000 + rng_next(&rng) % 64;
         ids[i] = first + (int64_t)i;
         hs[i] = lhash(logical);
-        for (uint64_t b = 0; b < BLOCK; b++) cbase[(uint64_t)ids[i] * BLOCK + b] = pat(logical, b);
+        for (uint64_t b = 0; b < BLOCK; b++)
+          cbase[(uint64_t)ids[i] * BLOCK + b] = pat(logical, b);
       }
       oi_ticket *t = NULL;
       if (oi_offload_engine_save(ce, ids, hs, n, NULL, &t) == OI_OK) {
@@ -121,7 +123,8 @@ static void *worker(void *arg) {
         continue;
       }
       int64_t dst[24];
-      for (size_t i = 0; i < q.hit_blocks; i++) dst[i] = first + 24 + (int64_t)i;
+      for (size_t i = 0; i < q.hit_blocks; i++)
+        dst[i] = first + 24 + (int64_t)i;
       oi_ticket *t = NULL;
       if (oi_offload_engine_load(ce, q.lease, dst, q.hit_blocks, NULL, &t) != OI_OK) continue;
       oi_status st = oi_ticket_wait(t, 5000);
@@ -160,8 +163,12 @@ static int client_main(const char *socket, uint64_t seed) {
   uint64_t rng = seed | 1;
   if (oi__fault_available() && rng_next(&rng) % 3 == 0) /* a reset in the middle of a send */
     oi__fault_arm(OI_FAULT_SOCK_RESET, 4 + rng_next(&rng) % 200, 1, 1 + rng_next(&rng) % 64);
-  oi_arena_desc a = {.name = "kv", .offset = 0, .num_blocks = NBLOCKS, .bytes_per_block = BLOCK,
-                     .block_stride = BLOCK, .segments = 1};
+  oi_arena_desc a = {.name = "kv",
+                     .offset = 0,
+                     .num_blocks = NBLOCKS,
+                     .bytes_per_block = BLOCK,
+                     .block_stride = BLOCK,
+                     .segments = 1};
   oi_engine_options o;
   oi_engine_options_init(&o);
   char ns[32];
@@ -178,10 +185,13 @@ static int client_main(const char *socket, uint64_t seed) {
   if (oi_offload_engine_connect(socket, &o, &ce, &ar) != OI_OK) return 3;
   cbase = oi_imported_arena_ptr(ar);
   pthread_t th[WORKERS];
-  for (int i = 0; i < WORKERS; i++) pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
-  for (int i = 0; i < 150 && !atomic_load(&c_fatal); i++) usleep(10000); /* the cut comes sooner */
+  for (int i = 0; i < WORKERS; i++)
+    pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
+  for (int i = 0; i < 150 && !atomic_load(&c_fatal); i++)
+    usleep(10000); /* the cut comes sooner */
   atomic_store(&c_stop, true);
-  for (int i = 0; i < WORKERS; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < WORKERS; i++)
+    pthread_join(th[i], NULL);
   if (atomic_load(&c_fatal)) {
     /* Cut while live: the handler is parked on the reader thread; exit for it. */
     _exit(atomic_load(&c_mismatches) ? 4 : 42);
@@ -261,7 +271,8 @@ static int proxy_listen(const char *path) {
 
 /* Serves the link of one client until the client process exits. @return its
  * wait status. */
-static int run_round(int lfd, const char *server_socket, pid_t child, uint64_t *rng, int *kind_out) {
+static int run_round(int lfd, const char *server_socket, pid_t child, uint64_t *rng,
+                     int *kind_out) {
   proxy_link l = {.c = -1, .s = -1};
   int status = 0;
   bool exited = false;
@@ -304,7 +315,8 @@ static int run_round(int lfd, const char *server_socket, pid_t child, uint64_t *
     if (l.c < 0) continue;
     bool alive = true;
     if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) alive = pump(&l, l.c, l.s, false, rng);
-    if (alive && (p[2].revents & (POLLIN | POLLHUP | POLLERR))) alive = pump(&l, l.s, l.c, true, rng);
+    if (alive && (p[2].revents & (POLLIN | POLLHUP | POLLERR)))
+      alive = pump(&l, l.s, l.c, true, rng);
     if (alive && l.kind == CUT_STALL && now >= l.late_ns && l.held_n) {
       alive = write_all(l.c, l.held, l.held_n); /* late replies */
       l.held_n = 0;

@@ -22,7 +22,7 @@ static void test_silent_connections_are_cut_and_slots_come_back(void) {
   REQUIRE(ts_start(&ts, extra));
   wire_client hello, silent, third;
   REQUIRE(wc_connect(&hello, ts.socket) && wc_hello(&hello, NULL)); /* slot 1: said Hello */
-  REQUIRE(wc_connect(&silent, ts.socket));                             /* slot 2: says nothing */
+  REQUIRE(wc_connect(&silent, ts.socket));                          /* slot 2: says nothing */
   usleep(100000);
   /* Full: a third connection is refused at once, with a reason. */
   REQUIRE(wc_connect(&third, ts.socket));
@@ -61,8 +61,8 @@ static void test_silent_connections_are_cut_and_slots_come_back(void) {
 static void test_bad_deadline_is_refused(void) {
   /* 0 is not a deadline; the CLI says so before starting anything. */
   char cmd[512];
-  snprintf(cmd, sizeof cmd, "%s serve --socket %s/x.sock --handshake-timeout 0 2>/dev/null",
-           ts.exe, ts.dir);
+  snprintf(cmd, sizeof cmd, "%s serve --socket %s/x.sock --handshake-timeout 0 2>/dev/null", ts.exe,
+           ts.dir);
   int rc = system(cmd);
   CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);
   oi_server_options so;

@@ -31,7 +31,8 @@ static int as_nobody(bool hello_only) {
     if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(20);
     if (hello_only) {
       wire_client c;
-      if (!wc_connect(&c, ts.socket)) _exit(oi_last_error()[0] && strstr(oi_last_error(), "ermission") ? 11 : 21);
+      if (!wc_connect(&c, ts.socket))
+        _exit(oi_last_error()[0] && strstr(oi_last_error(), "ermission") ? 11 : 21);
       _exit(wc_hello(&c, NULL) ? 0 : 10);
     }
     oi_arena_desc a[TL_ARENAS];

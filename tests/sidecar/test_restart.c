@@ -25,7 +25,8 @@ static bool client_round_trip(uint64_t expect_hits) {
   int64_t id = 1;
   oi_block_hash h = tl_hash(11, 1);
   oi_query_result qr = {.struct_size = sizeof qr};
-  bool ok = oi_offload_engine_query(e, NULL, &h, 1, 0, &qr) == OI_OK && qr.hit_blocks == expect_hits;
+  bool ok =
+      oi_offload_engine_query(e, NULL, &h, 1, 0, &qr) == OI_OK && qr.hit_blocks == expect_hits;
   if (qr.hit_blocks) oi_offload_engine_release(e, qr.lease);
   ok = ok && oi_offload_engine_save(e, &id, &h, 1, NULL, NULL) == OI_OK &&
        oi_offload_engine_flush(e, 10000) == OI_OK;

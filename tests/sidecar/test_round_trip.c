@@ -34,17 +34,20 @@ static int second_client(const char *socket) {
   if (oi_test_failures) return 1;
   uint8_t *base = oi_imported_arena_ptr(arena);
   oi_block_hash hashes[N_SAVED];
-  for (int i = 0; i < N_SAVED; i++) hashes[i] = tl_hash(1, (uint64_t)i);
+  for (int i = 0; i < N_SAVED; i++)
+    hashes[i] = tl_hash(1, (uint64_t)i);
   oi_query_result qr = {.struct_size = sizeof qr};
   CHECK_OK(oi_offload_engine_query(e, "second", hashes, N_SAVED, 0, &qr));
   CHECK(qr.hit_blocks == N_SAVED);
   int64_t dst[N_SAVED];
-  for (int i = 0; i < N_SAVED; i++) dst[i] = N_SAVED - 1 - i; /* reversed */
+  for (int i = 0; i < N_SAVED; i++)
+    dst[i] = N_SAVED - 1 - i; /* reversed */
   oi_ticket *t = NULL;
   CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, N_SAVED, NULL, &t));
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
-  for (int i = 0; i < N_SAVED; i++) CHECK(tl_check(base, a, dst[i], (uint64_t)i));
+  for (int i = 0; i < N_SAVED; i++)
+    CHECK(tl_check(base, a, dst[i], (uint64_t)i));
   CHECK(tl_is_zero(base, a, N_SAVED));
   oi_imported_arena_close(arena);
   oi_offload_engine_destroy(e);
@@ -67,7 +70,8 @@ static void test_round_trip_two_processes(void) {
   REQUIRE(e && arena);
   CHECK(oi_imported_arena_size(arena) >= total);
   uint8_t *base = oi_imported_arena_ptr(arena);
-  for (int64_t b = 0; b < TL_BLOCKS; b++) CHECK(tl_is_zero(base, a, b)); /* allocated zeroed */
+  for (int64_t b = 0; b < TL_BLOCKS; b++)
+    CHECK(tl_is_zero(base, a, b)); /* allocated zeroed */
 
   oi_engine_stats es = {.struct_size = sizeof es};
   CHECK_OK(oi_offload_engine_stats(e, &es));
@@ -91,18 +95,21 @@ static void test_round_trip_two_processes(void) {
   CHECK(atomic_load(&done) == 1);
   oi_ticket_release(t);
   /* fire and forget, then the barrier */
-  CHECK_OK(oi_offload_engine_save(e, ids + N_SAVED / 2, hashes + N_SAVED / 2, N_SAVED / 2, NULL, NULL));
+  CHECK_OK(
+      oi_offload_engine_save(e, ids + N_SAVED / 2, hashes + N_SAVED / 2, N_SAVED / 2, NULL, NULL));
   CHECK_OK(oi_offload_engine_flush(e, 10000));
 
   oi_query_result qr = {.struct_size = sizeof qr};
   CHECK_OK(oi_offload_engine_query(e, "r1", hashes, N_SAVED, 0, &qr));
   CHECK(qr.state == OI_QUERY_READY && qr.hit_blocks == N_SAVED);
   int64_t dst[N_SAVED];
-  for (int i = 0; i < N_SAVED; i++) dst[i] = 16 + i;
+  for (int i = 0; i < N_SAVED; i++)
+    dst[i] = 16 + i;
   CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, N_SAVED, NULL, &t));
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
-  for (int i = 0; i < N_SAVED; i++) CHECK(tl_check(base, a, dst[i], (uint64_t)i));
+  for (int i = 0; i < N_SAVED; i++)
+    CHECK(tl_check(base, a, dst[i], (uint64_t)i));
   CHECK(tl_is_zero(base, a, 24)); /* not loaded: untouched */
   /* the lease served its one consumer; errors the server finds complete the
    * ticket (a sidecar load returns once the request is sent) */

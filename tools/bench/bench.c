@@ -19,17 +19,21 @@ typedef struct benchmark {
 } benchmark;
 
 static const benchmark benchmarks[] = {
-    {"host", "the host tier on the cpu backend: index scale, query and save-call latency, batch\n"
-             "           save/load against memcpy",
+    {"host",
+     "the host tier on the cpu backend: index scale, query and save-call latency, batch\n"
+     "           save/load against memcpy",
      cmd_bench_host},
-    {"transfer", "save/load of real KV layouts on a GPU against bulk and per-piece memcpy,\n"
-                 "           restore latency, compute interference",
+    {"transfer",
+     "save/load of real KV layouts on a GPU against bulk and per-piece memcpy,\n"
+     "           restore latency, compute interference",
      bench_transfer},
-    {"rpc", "the sidecar's query and save round trips over its socket, beside an embedded\n"
-            "           engine",
+    {"rpc",
+     "the sidecar's query and save round trips over its socket, beside an embedded\n"
+     "           engine",
      bench_rpc},
-    {"ttft", "time to first token of the CUDA reference model (Qwen3-4B shape): cold prefill\n"
-             "           vs host-tier restore, beside the GPU's matmul rate and bulk H2D",
+    {"ttft",
+     "time to first token of the CUDA reference model (Qwen3-4B shape): cold prefill\n"
+     "           vs host-tier restore, beside the GPU's matmul rate and bulk H2D",
      bench_ttft},
 };
 
@@ -166,7 +170,8 @@ static void print_table(const bench_host_result *r, const verdicts *v, int cpus)
   printf("  %-44s %11.2f %10.2fx   %-14s %s\n", "save + wait", r->save_gbps,
          ratio(r->save_gbps, r->memcpy_to_host_gbps), ">= 0.8x", pf(v->batch_save));
   printf("  %-44s %11.2f %10.2fx   (diagnostic)\n", "memcpy arena -> pool, in the plan's pieces",
-         r->memcpy_pieces_to_host_gbps, ratio(r->memcpy_pieces_to_host_gbps, r->memcpy_to_host_gbps));
+         r->memcpy_pieces_to_host_gbps,
+         ratio(r->memcpy_pieces_to_host_gbps, r->memcpy_to_host_gbps));
   printf("  %-44s %11.2f\n", "memcpy pool -> arena, one call (baseline)", r->memcpy_from_host_gbps);
   printf("  %-44s %11.2f %10.2fx   %-14s %s\n", "query + load + wait", r->load_gbps,
          ratio(r->load_gbps, r->memcpy_from_host_gbps), ">= 0.8x", pf(v->batch_load));
@@ -177,10 +182,12 @@ static void print_table(const bench_host_result *r, const verdicts *v, int cpus)
          "     %u pieces of %s)\n\n",
          r->batch_blocks * r->batch_arenas, size_str(r->batch_arena_block_bytes, c, sizeof c));
 
-  const bool all[] = {v->lookups,    v->overhead,  v->q_hit_run,  v->q_hit_scattered, v->q_miss,
-                      v->q_membership, v->save_idle, v->save_burst, v->batch_save,     v->batch_load};
+  const bool all[] = {v->lookups,    v->overhead,     v->q_hit_run, v->q_hit_scattered,
+                      v->q_miss,     v->q_membership, v->save_idle, v->save_burst,
+                      v->batch_save, v->batch_load};
   int met = 0, n = (int)(sizeof all / sizeof all[0]);
-  for (int i = 0; i < n; i++) met += all[i];
+  for (int i = 0; i < n; i++)
+    met += all[i];
   printf("targets met: %d of %d\n", met, n);
 }
 
@@ -217,8 +224,7 @@ static void print_json(const bench_host_result *r, const verdicts *v, int cpus, 
          (unsigned long long)r->batch_bytes, r->batch_blocks, r->batch_arenas,
          (unsigned long long)r->batch_arena_block_bytes, r->save_gbps, r->load_gbps,
          r->memcpy_to_host_gbps, r->memcpy_from_host_gbps, r->memcpy_pieces_to_host_gbps,
-         r->memcpy_pieces_from_host_gbps,
-         ratio(r->save_gbps, r->memcpy_to_host_gbps),
+         r->memcpy_pieces_from_host_gbps, ratio(r->save_gbps, r->memcpy_to_host_gbps),
          ratio(r->load_gbps, r->memcpy_from_host_gbps));
   printf(",\"targets\":{\"index_lookups_per_s\":%.0f,\"index_overhead_bytes_per_block\":%.0f"
          ",\"query_p50_us\":%.1f,\"save_enqueue_p50_us\":%.1f,\"batch_ratio\":%.2f}",
@@ -230,8 +236,7 @@ static void print_json(const bench_host_result *r, const verdicts *v, int cpus, 
          ",\"save_enqueue_idle\":%s,\"save_enqueue_burst\":%s,\"batch_save\":%s"
          ",\"batch_load\":%s}}\n",
          B(v->lookups), B(v->overhead), B(v->q_hit_run), B(v->q_hit_scattered), B(v->q_miss),
-         B(v->q_membership), B(v->save_idle), B(v->save_burst), B(v->batch_save),
-         B(v->batch_load));
+         B(v->q_membership), B(v->save_idle), B(v->save_burst), B(v->batch_save), B(v->batch_load));
 #undef B
 }
 

@@ -8,16 +8,16 @@
 #include <stdint.h>
 
 /* Targets of docs PERFORMANCE.md for the host tier. */
-#define BENCH_LOOKUPS_TARGET 10e6      /* lookups / s / thread, at least */
-#define BENCH_OVERHEAD_TARGET 64.0     /* index bytes per resident block, at most */
-#define BENCH_QUERY_P50_TARGET_US 5.0  /* query of 64 hashes, p50, at most */
-#define BENCH_SAVE_P50_TARGET_US 5.0   /* save call of 64 blocks, p50, at most */
-#define BENCH_BATCH_RATIO_TARGET 0.8   /* save / load vs single-thread memcpy, at least */
+#define BENCH_LOOKUPS_TARGET 10e6     /* lookups / s / thread, at least */
+#define BENCH_OVERHEAD_TARGET 64.0    /* index bytes per resident block, at most */
+#define BENCH_QUERY_P50_TARGET_US 5.0 /* query of 64 hashes, p50, at most */
+#define BENCH_SAVE_P50_TARGET_US 5.0  /* save call of 64 blocks, p50, at most */
+#define BENCH_BATCH_RATIO_TARGET 0.8  /* save / load vs single-thread memcpy, at least */
 
 typedef struct bench_host_config {
-  uint64_t index_blocks;   /* resident blocks of the index-scale phase */
-  uint64_t batch_bytes;    /* requested bytes of the save/load batch */
-  bool quick;              /* fewer samples (tests) */
+  uint64_t index_blocks; /* resident blocks of the index-scale phase */
+  uint64_t batch_bytes;  /* requested bytes of the save/load batch */
+  bool quick;            /* fewer samples (tests) */
 } bench_host_config;
 
 typedef struct bench_latency {
@@ -30,20 +30,20 @@ typedef struct bench_host_result {
   uint64_t index_block_bytes;
   double fill_s;
   double fill_blocks_per_s;
-  double lookups_per_s;        /* one thread */
-  uint64_t lookups;            /* performed while measuring */
+  double lookups_per_s; /* one thread */
+  uint64_t lookups;     /* performed while measuring */
   uint64_t slots_carved;
-  uint64_t buckets;            /* over every shard */
+  uint64_t buckets; /* over every shard */
   uint32_t shards;
-  size_t record_bytes;         /* sizeof(host_block) */
-  size_t bucket_bytes;         /* bytes of one bucket head */
-  double overhead_per_block;   /* (records + buckets) / resident blocks */
+  size_t record_bytes;       /* sizeof(host_block) */
+  size_t bucket_bytes;       /* bytes of one bucket head */
+  double overhead_per_block; /* (records + buckets) / resident blocks */
   /* 2. query */
   uint32_t query_blocks;
   uint32_t query_samples;
-  bench_latency query_hit_run;       /* 64 blocks saved by one call */
-  bench_latency query_hit_scattered; /* 64 random resident blocks */
-  bench_latency query_miss;          /* prefix rule: stops at the first miss */
+  bench_latency query_hit_run;         /* 64 blocks saved by one call */
+  bench_latency query_hit_scattered;   /* 64 random resident blocks */
+  bench_latency query_miss;            /* prefix rule: stops at the first miss */
   bench_latency query_membership_miss; /* OI_QUERY_MEMBERSHIP: 64 lookups, all miss */
   /* 3. save enqueue */
   uint32_t save_call_blocks;
@@ -56,9 +56,9 @@ typedef struct bench_host_result {
   uint32_t batch_blocks;
   uint32_t batch_arenas;
   uint64_t batch_arena_block_bytes;
-  double save_gbps, load_gbps;     /* best of 3 */
-  double memcpy_to_host_gbps;      /* arena -> pool, best of 3 */
-  double memcpy_from_host_gbps;    /* pool -> arena, best of 3 */
+  double save_gbps, load_gbps;  /* best of 3 */
+  double memcpy_to_host_gbps;   /* arena -> pool, best of 3 */
+  double memcpy_from_host_gbps; /* pool -> arena, best of 3 */
   /* Diagnostics: the same bytes copied in the copy plan's pieces (one memcpy
    * per arena slice), which is what the cpu backend's stream does. */
   double memcpy_pieces_to_host_gbps, memcpy_pieces_from_host_gbps;

@@ -21,9 +21,9 @@ typedef void *cublas_handle;
 typedef int (*pfn_cublas_create)(cublas_handle *);
 typedef int (*pfn_cublas_destroy)(cublas_handle);
 typedef int (*pfn_cublas_set_stream)(cublas_handle, oi_rmk_stream);
-typedef int (*pfn_cublas_gemm_ex)(cublas_handle, int, int, int, int, int, const void *, const void *,
-                                  int, int, const void *, int, int, const void *, void *, int, int,
-                                  int, int);
+typedef int (*pfn_cublas_gemm_ex)(cublas_handle, int, int, int, int, int, const void *,
+                                  const void *, int, int, const void *, int, int, const void *,
+                                  void *, int, int, int, int);
 /* cublas_api.h / library_types.h values */
 #define CUBLAS_OP_N_ 0
 #define CUBLAS_OP_T_ 1
@@ -42,7 +42,8 @@ oi_status bench_gemm(int device, uint32_t M, uint32_t N, uint32_t K, uint32_t it
   memset(out, 0, sizeof *out);
   if (K % 64 || N % 2 || !iters || iters > 1000)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "gemm bench: K %% 64, N even, iters 1..1000");
-  if (oi_rmk_set_device(device) != OI_RMK_SUCCESS) return cu_fail((int)oi_rmk_get_last_error(), "gemm bench");
+  if (oi_rmk_set_device(device) != OI_RMK_SUCCESS)
+    return cu_fail((int)oi_rmk_get_last_error(), "gemm bench");
   uint16_t *A = NULL, *W = NULL;
   float *C = NULL, *C2 = NULL;
   oi_rmk_stream s = NULL;
@@ -79,9 +80,11 @@ oi_status bench_gemm(int device, uint32_t M, uint32_t N, uint32_t K, uint32_t it
   out->mine_tflops = flops / (ms[iters / 2] * 1e-3) / 1e12;
 
   const char *libs[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so",
-                        "/usr/local/cuda/lib64/libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so"};
+                        "/usr/local/cuda/lib64/libcublas.so.13",
+                        "/usr/local/cuda/lib64/libcublas.so"};
   void *lib = NULL;
-  for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !lib; i++) lib = dlopen(libs[i], RTLD_NOW);
+  for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !lib; i++)
+    lib = dlopen(libs[i], RTLD_NOW);
   if (!lib) goto done;
   pfn_cublas_create c_create = (pfn_cublas_create)dlsym(lib, "cublasCreate_v2");
   pfn_cublas_destroy c_destroy = (pfn_cublas_destroy)dlsym(lib, "cublasDestroy_v2");

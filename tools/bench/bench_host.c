@@ -72,7 +72,8 @@ static int cmp_u64(const void *a, const void *b) {
 
 static bench_latency latency_of(uint64_t *ns, size_t n) {
   qsort(ns, n, sizeof *ns, cmp_u64);
-  return (bench_latency){.p50_us = (double)ns[n / 2] / 1e3, .p99_us = (double)ns[n * 99 / 100] / 1e3};
+  return (bench_latency){.p50_us = (double)ns[n / 2] / 1e3,
+                         .p99_us = (double)ns[n * 99 / 100] / 1e3};
 }
 
 static double gbps(uint64_t bytes, uint64_t ns) { return ns ? (double)bytes / (double)ns : 0.0; }
@@ -111,7 +112,8 @@ static int index_fill(oi_offload_host *h, oi_offload_engine *e, uint64_t n, benc
       ids[j] = (int64_t)((done + j) % INDEX_ARENA_BLOCKS);
       hashes[j] = make_hash(STREAM_INDEX, done + j);
     }
-    if (oi_offload_engine_save(e, ids, hashes, k, NULL, NULL) != OI_OK) return fail_api("index fill: save");
+    if (oi_offload_engine_save(e, ids, hashes, k, NULL, NULL) != OI_OK)
+      return fail_api("index fill: save");
     done += k;
     if (done >= next_report || done == n) {
       if (oi_offload_engine_flush(e, UINT32_MAX) != OI_OK) return fail_api("index fill: flush");
@@ -143,7 +145,8 @@ static int index_lookups(oi_offload_host *h, uint32_t ns, uint64_t n, uint64_t d
   oi_block_hash *tab = oi__malloc(LOOKUP_TABLE * sizeof *tab);
   if (!tab) return fail_msg("out of memory");
   rng g = {.s = 12345};
-  for (uint32_t i = 0; i < LOOKUP_TABLE; i++) tab[i] = make_hash(STREAM_INDEX, rng_below(&g, n));
+  for (uint32_t i = 0; i < LOOKUP_TABLE; i++)
+    tab[i] = make_hash(STREAM_INDEX, rng_below(&g, n));
   uint64_t found = 0, done = 0, t0 = oi__now_ns(), t;
   do {
     for (uint32_t k = 0; k < 4096; k++) {
@@ -277,7 +280,8 @@ static int phase_index(const bench_host_config *cfg, bench_host_result *r) {
   fprintf(stderr, "index: mapping a %.2f GiB pool for %llu blocks of %llu B\n",
           (double)ho.pool_bytes / (1ull << 30), (unsigned long long)n,
           (unsigned long long)INDEX_BLOCK_BYTES);
-  if (open_one_arena(&ho, arena, INDEX_ARENA_BLOCKS, INDEX_BLOCK_BYTES, INDEX_NAMESPACE, &h, &e) != 0)
+  if (open_one_arena(&ho, arena, INDEX_ARENA_BLOCKS, INDEX_BLOCK_BYTES, INDEX_NAMESPACE, &h, &e) !=
+      0)
     goto out;
   if (index_fill(h, e, n, r) != 0) goto out;
 
@@ -331,7 +335,8 @@ static int phase_save(const bench_host_config *cfg, bench_host_result *r) {
     goto out;
   }
   memset(arena, 0xa5, SAVE_ARENA_BLOCKS * SAVE_BLOCK_BYTES);
-  if (open_one_arena(&ho, arena, SAVE_ARENA_BLOCKS, SAVE_BLOCK_BYTES, "bench-save", &h, &e) != 0) goto out;
+  if (open_one_arena(&ho, arena, SAVE_ARENA_BLOCKS, SAVE_BLOCK_BYTES, "bench-save", &h, &e) != 0)
+    goto out;
   int64_t ids[CALL_BLOCKS];
   oi_block_hash hashes[CALL_BLOCKS];
   uint64_t next = 0, calls = 0;
@@ -471,7 +476,8 @@ static int phase_batch(const bench_host_config *cfg, bench_host_result *r) {
 
   int64_t ids[BATCH_BLOCKS];
   oi_block_hash hashes[BATCH_BLOCKS];
-  for (uint32_t i = 0; i < BATCH_BLOCKS; i++) ids[i] = i;
+  for (uint32_t i = 0; i < BATCH_BLOCKS; i++)
+    ids[i] = i;
   best = UINT64_MAX;
   for (int rep = 0; rep < REPS; rep++) {
     if (rep > 0 && oi_offload_host_evict_all(h, NULL) != OI_OK) {
@@ -533,7 +539,8 @@ static int phase_batch(const bench_host_config *cfg, bench_host_result *r) {
       const uint8_t *p = buf + a * arena_bytes + b * abpb;
       uint8_t v = slice_byte(a, b);
       if (p[0] != v || p[abpb / 2] != v || p[abpb - 1] != v) {
-        fprintf(stderr, "openinfer bench host: batch load: arena %u block %u differs from what was saved\n",
+        fprintf(stderr,
+                "openinfer bench host: batch load: arena %u block %u differs from what was saved\n",
                 a, b);
         goto out;
       }

@@ -45,11 +45,13 @@ static bool measure(oi_offload_engine *e, uint32_t samples, rpc_lat *query, rpc_
   uint64_t *ns = calloc(samples, sizeof *ns);
   oi_block_hash h[RPC_BLOCKS];
   int64_t ids[RPC_BLOCKS];
-  for (int i = 0; i < RPC_BLOCKS; i++) ids[i] = i;
+  for (int i = 0; i < RPC_BLOCKS; i++)
+    ids[i] = i;
   if (!ns) return false;
   make_hashes(h, RPC_BLOCKS, salt);
   oi_ticket *t = NULL;
-  if (oi_offload_engine_save(e, ids, h, RPC_BLOCKS, NULL, &t) != OI_OK || oi_ticket_wait(t, 30000) != OI_OK)
+  if (oi_offload_engine_save(e, ids, h, RPC_BLOCKS, NULL, &t) != OI_OK ||
+      oi_ticket_wait(t, 30000) != OI_OK)
     return false;
   oi_ticket_release(t);
   for (uint32_t i = 0; i < samples; i++) {
@@ -132,8 +134,11 @@ int bench_rpc(int argc, char **argv) {
   if (pthread_create(&th, NULL, serve_main, srv) != 0) goto fail;
   serving = true;
 
-  oi_arena_desc ad = {.name = "kv", .num_blocks = ARENA_BLOCKS, .bytes_per_block = BLOCK_BYTES,
-                      .block_stride = BLOCK_BYTES, .segments = 1};
+  oi_arena_desc ad = {.name = "kv",
+                      .num_blocks = ARENA_BLOCKS,
+                      .bytes_per_block = BLOCK_BYTES,
+                      .block_stride = BLOCK_BYTES,
+                      .segments = 1};
   oi_engine_options eo;
   oi_engine_options_init(&eo);
   eo.namespace_id = "bench-rpc";
@@ -150,23 +155,28 @@ int bench_rpc(int argc, char **argv) {
   if (oi_offload_engine_create(host, &eo, &local) != OI_OK) goto fail;
 
   rpc_lat lq, ls, rq, rs;
-  if (!measure(local, (uint32_t)samples, &lq, &ls, 1) || !measure(remote, (uint32_t)samples, &rq, &rs, 2)) goto fail;
+  if (!measure(local, (uint32_t)samples, &lq, &ls, 1) ||
+      !measure(remote, (uint32_t)samples, &rq, &rs, 2))
+    goto fail;
   bool q_ok = rq.p50_us <= 30.0 && rq.p99_us <= 100.0;
   if (json) {
-    printf("{\"bench\":\"rpc\",\"blocks\":%d,\"samples\":%ld,\"query_local_p50_us\":%.2f,\"query_local_p99_us\":%.2f,"
-           "\"query_rpc_p50_us\":%.2f,\"query_rpc_p99_us\":%.2f,\"save_local_p50_us\":%.2f,\"save_local_p99_us\":%.2f,"
+    printf("{\"bench\":\"rpc\",\"blocks\":%d,\"samples\":%ld,\"query_local_p50_us\":%.2f,\"query_"
+           "local_p99_us\":%.2f,"
+           "\"query_rpc_p50_us\":%.2f,\"query_rpc_p99_us\":%.2f,\"save_local_p50_us\":%.2f,\"save_"
+           "local_p99_us\":%.2f,"
            "\"save_rpc_p50_us\":%.2f,\"save_rpc_p99_us\":%.2f,\"query_rpc_target_met\":%s}\n",
-           RPC_BLOCKS, samples, lq.p50_us, lq.p99_us, rq.p50_us, rq.p99_us, ls.p50_us, ls.p99_us, rs.p50_us,
-           rs.p99_us, q_ok ? "true" : "false");
+           RPC_BLOCKS, samples, lq.p50_us, lq.p99_us, rq.p50_us, rq.p99_us, ls.p50_us, ls.p99_us,
+           rs.p50_us, rs.p99_us, q_ok ? "true" : "false");
   } else {
-    printf("openinfer bench rpc — %d hashes / blocks of %d B per call, %ld calls each\n\n", RPC_BLOCKS,
-           BLOCK_BYTES, samples);
+    printf("openinfer bench rpc — %d hashes / blocks of %d B per call, %ld calls each\n\n",
+           RPC_BLOCKS, BLOCK_BYTES, samples);
     printf("  %-40s %10s %10s   %s\n", "", "p50 us", "p99 us", "target");
     printf("  %-40s %10.2f %10.2f\n", "query, embedded engine", lq.p50_us, lq.p99_us);
-    printf("  %-40s %10.2f %10.2f   p50 <= 30, p99 <= 100: %s\n", "query, over the sidecar socket", rq.p50_us,
-           rq.p99_us, q_ok ? "met" : "MISSED");
+    printf("  %-40s %10.2f %10.2f   p50 <= 30, p99 <= 100: %s\n", "query, over the sidecar socket",
+           rq.p50_us, rq.p99_us, q_ok ? "met" : "MISSED");
     printf("  %-40s %10.2f %10.2f\n", "save + completion, embedded engine", ls.p50_us, ls.p99_us);
-    printf("  %-40s %10.2f %10.2f\n", "save + completion, over the sidecar socket", rs.p50_us, rs.p99_us);
+    printf("  %-40s %10.2f %10.2f\n", "save + completion, over the sidecar socket", rs.p50_us,
+           rs.p99_us);
   }
   rc = CLI_OK;
   goto done;

@@ -18,10 +18,10 @@
 
 typedef struct shape {
   const char *name;
-  uint32_t groups;              /* arena groups: (count, bytes_per_block) */
+  uint32_t groups; /* arena groups: (count, bytes_per_block) */
   uint32_t count[2];
   uint64_t bpb[2];
-  bool page_first;              /* one region; a block's arenas are adjacent */
+  bool page_first; /* one region; a block's arenas are adjacent */
   uint64_t blocks;
 } shape;
 
@@ -45,11 +45,11 @@ typedef struct setup {
   const shape *sh;
   uint32_t narenas;
   uint64_t block_bytes, total;
-  uint8_t *region;          /* device memory holding every arena */
+  uint8_t *region; /* device memory holding every arena */
   uint64_t region_bytes;
   oi_arena_desc *arenas;
   char (*names)[16];
-  int64_t *ids;             /* scattered block ids (real KV pages are not contiguous) */
+  int64_t *ids; /* scattered block ids (real KV pages are not contiguous) */
   oi_block_hash *hashes;
   uint64_t hash_epoch;
   oi_offload_host *host;
@@ -86,7 +86,8 @@ static double median(double *v, int n) {
 }
 
 static void setup_free(bench_env *env, setup *s) {
-  for (int m = 0; m < NMODES; m++) oi_offload_engine_destroy(s->eng[m]);
+  for (int m = 0; m < NMODES; m++)
+    oi_offload_engine_destroy(s->eng[m]);
   oi_offload_host_destroy(s->host);
   if (s->region) env->dev->ops->mem_free(env->dev, s->region);
   free(s->arenas);
@@ -124,7 +125,8 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
   s->ids = calloc(sh->blocks, sizeof *s->ids);
   s->hashes = calloc(sh->blocks, sizeof *s->hashes);
   if (!s->arenas || !s->names || !s->ids || !s->hashes) return false;
-  if (env->dev->ops->mem_alloc(env->dev, s->region_bytes, 0, (void **)&s->region) != OI_OK) return false;
+  if (env->dev->ops->mem_alloc(env->dev, s->region_bytes, 0, (void **)&s->region) != OI_OK)
+    return false;
   env->dev->ops->mem_fill_pattern(env->dev, s->region, s->region_bytes, 3);
   uint64_t off = 0, in_page = 0;
   uint32_t a = 0;
@@ -147,7 +149,8 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
       }
     }
   uint64_t x = 42;
-  for (uint64_t b = 0; b < sh->blocks; b++) s->ids[b] = (int64_t)b;
+  for (uint64_t b = 0; b < sh->blocks; b++)
+    s->ids[b] = (int64_t)b;
   for (uint64_t b = sh->blocks - 1; b > 0; b--) { /* shuffle */
     uint64_t j = splitmix(&x) % (b + 1);
     int64_t t = s->ids[b];
@@ -170,7 +173,10 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
     eo.namespace_id = "bench";
     eo.arenas = s->arenas;
     eo.num_arenas = s->narenas;
-    eo.copy_mode = m < 2 ? OI_COPY_KERNEL : m == 2 ? OI_COPY_DMA : m == 3 ? OI_COPY_AUTO : OI_COPY_STAGED;
+    eo.copy_mode = m < 2    ? OI_COPY_KERNEL
+                   : m == 2 ? OI_COPY_DMA
+                   : m == 3 ? OI_COPY_AUTO
+                            : OI_COPY_STAGED;
     eo.copy_cta_limit = m == 0 ? 132 : 0;
     env_tuning(&eo);
     if (oi_offload_engine_create(s->host, &eo, &s->eng[m]) != OI_OK) return false;
@@ -200,7 +206,8 @@ static double raw_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, bool bulk
     for (uint64_t b = 0; b < s->sh->blocks; b++) {
       uint64_t hoff = b * s->block_bytes;
       for (uint32_t a = 0; a < s->narenas; a++) {
-        uintptr_t dv = (uintptr_t)s->arenas[a].base + (uint64_t)s->ids[b] * s->arenas[a].block_stride;
+        uintptr_t dv =
+            (uintptr_t)s->arenas[a].base + (uint64_t)s->ids[b] * s->arenas[a].block_stride;
         uintptr_t hs = (uintptr_t)host + hoff;
         hoff += s->arenas[a].bytes_per_block;
         d[k++] = dir == OI_COPY_D2H ? (bench_piece){dv, hs, s->arenas[a].bytes_per_block}
@@ -242,8 +249,8 @@ static double engine_save_gbps(bench_env *env, setup *s, int m) {
 
 /* Query + load of the first `nblocks` saved blocks; returns GB/s of the load
  * (load call to completion) and the median query+load+wait time in us. */
-static double engine_load_gbps(bench_env *env, setup *s, int m, uint64_t nblocks, double *restore_us,
-                               double *submit_us) {
+static double engine_load_gbps(bench_env *env, setup *s, int m, uint64_t nblocks,
+                               double *restore_us, double *submit_us) {
   double v[64], lat[64], sub[64];
   int reps = restore_us ? (env->reps * 4 < 64 ? env->reps * 4 : 64) : env->reps;
   uint64_t bytes = nblocks * s->block_bytes;
@@ -289,7 +296,8 @@ static bool verify_round_trip(bench_env *env, setup *s) {
   uint8_t *h = malloc(s->region_bytes);
   if (!h) return false;
   bool ok = env->dev->ops->mem_copy(env->dev, h, s->region, s->region_bytes) == OI_OK;
-  for (uint64_t i = 0; ok && i < s->region_bytes; i += 4093) ok = h[i] == oi__pattern_byte(3, i);
+  for (uint64_t i = 0; ok && i < s->region_bytes; i += 4093)
+    ok = h[i] == oi__pattern_byte(3, i);
   free(h);
   return ok;
 }
@@ -307,7 +315,8 @@ static void *save_loop(void *arg) {
     oi_offload_host_evict_all(j->s->host, NULL);
     fresh_hashes(j->s);
     oi_ticket *t = NULL;
-    if (oi_offload_engine_save(j->s->eng[j->mode], j->s->ids, j->s->hashes, j->s->sh->blocks, NULL, &t) != OI_OK)
+    if (oi_offload_engine_save(j->s->eng[j->mode], j->s->ids, j->s->hashes, j->s->sh->blocks, NULL,
+                               &t) != OI_OK)
       break;
     oi_ticket_wait(t, 60000);
     oi_ticket_release(t);
@@ -317,16 +326,18 @@ static void *save_loop(void *arg) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: openinfer bench transfer [--device N] [--reps N] [--quick] [--bandwidth-only] [--json]\n"
-             "\n"
-             "Measures save/load bandwidth of real KV layouts through the engine API against the\n"
-             "bulk pinned memcpy ceiling and a per-piece cudaMemcpyAsync loop, the restore latency\n"
-             "of 22 GLM5.2-shaped blocks, and compute interference. Needs a GPU.\n"
-             "\n"
-             "  --quick           the two model shapes only\n"
-             "  --bandwidth-only  skip the restore-latency and interference sections\n"
-             "  OI_STAGING_MB, OI_SUBMIT_GROUP_MB (environment): staging size and submit groups\n"
-             "                    (set as oi_engine_options.staging_bytes, submit_group_bytes)\n");
+  fprintf(f,
+          "usage: openinfer bench transfer [--device N] [--reps N] [--quick] [--bandwidth-only] "
+          "[--json]\n"
+          "\n"
+          "Measures save/load bandwidth of real KV layouts through the engine API against the\n"
+          "bulk pinned memcpy ceiling and a per-piece cudaMemcpyAsync loop, the restore latency\n"
+          "of 22 GLM5.2-shaped blocks, and compute interference. Needs a GPU.\n"
+          "\n"
+          "  --quick           the two model shapes only\n"
+          "  --bandwidth-only  skip the restore-latency and interference sections\n"
+          "  OI_STAGING_MB, OI_SUBMIT_GROUP_MB (environment): staging size and submit groups\n"
+          "                    (set as oi_engine_options.staging_bytes, submit_group_bytes)\n");
 }
 
 int bench_transfer(int argc, char **argv) {
@@ -371,8 +382,11 @@ int bench_transfer(int argc, char **argv) {
   oi_device_info info = {.struct_size = sizeof info};
   oi_device_get_info(env.device, &info);
   FILE *out = stdout;
-  if (!env.json) fprintf(out, "bench transfer on %s (%u SMs); median of %d runs, GB/s\n\n", info.name, info.multiprocessors, env.reps);
-  else fprintf(out, "{\"device\":\"%s\",\"shapes\":[", info.name);
+  if (!env.json)
+    fprintf(out, "bench transfer on %s (%u SMs); median of %d runs, GB/s\n\n", info.name,
+            info.multiprocessors, env.reps);
+  else
+    fprintf(out, "{\"device\":\"%s\",\"shapes\":[", info.name);
   int rc = CLI_OK;
   double glm_bulk_h2d = 0;
   setup glm = {0};
@@ -393,7 +407,8 @@ int bench_transfer(int argc, char **argv) {
     }
     double bulk_d2h = raw_copy_gbps(&env, &s, OI_COPY_D2H, true, scratch.host);
     double bulk_h2d = raw_copy_gbps(&env, &s, OI_COPY_H2D, true, scratch.host);
-    env.dev->ops->mem_fill_pattern(env.dev, s.region, s.region_bytes, 3); /* bulk H2D overwrote it */
+    env.dev->ops->mem_fill_pattern(env.dev, s.region, s.region_bytes,
+                                   3); /* bulk H2D overwrote it */
     double piece_d2h = raw_copy_gbps(&env, &s, OI_COPY_D2H, false, scratch.host);
     double piece_h2d = raw_copy_gbps(&env, &s, OI_COPY_H2D, false, scratch.host);
     env.dev->ops->mem_fill_pattern(env.dev, s.region, s.region_bytes, 3);
@@ -407,25 +422,30 @@ int bench_transfer(int argc, char **argv) {
     }
     if (!verified) rc = CLI_FAILED;
     if (env.json) {
-      fprintf(out, "%s{\"shape\":\"%s\",\"arenas\":%u,\"blocks\":%llu,\"block_bytes\":%llu,\"bytes\":%llu,"
-                   "\"bulk_d2h\":%.2f,\"bulk_h2d\":%.2f,\"piecewise_d2h\":%.2f,\"piecewise_h2d\":%.2f,",
-              si ? "," : "", s.sh->name, s.narenas, (unsigned long long)s.sh->blocks,
-              (unsigned long long)s.block_bytes, (unsigned long long)s.total, bulk_d2h, bulk_h2d,
-              piece_d2h, piece_h2d);
+      fprintf(
+          out,
+          "%s{\"shape\":\"%s\",\"arenas\":%u,\"blocks\":%llu,\"block_bytes\":%llu,\"bytes\":%llu,"
+          "\"bulk_d2h\":%.2f,\"bulk_h2d\":%.2f,\"piecewise_d2h\":%.2f,\"piecewise_h2d\":%.2f,",
+          si ? "," : "", s.sh->name, s.narenas, (unsigned long long)s.sh->blocks,
+          (unsigned long long)s.block_bytes, (unsigned long long)s.total, bulk_d2h, bulk_h2d,
+          piece_d2h, piece_h2d);
       for (int m = 0; m < NMODES; m++)
-        fprintf(out, "\"save_%s\":%.2f,\"load_%s\":%.2f,\"load_submit_us_%s\":%.1f,", mode_names[m], save[m],
-                mode_names[m], load[m], mode_names[m], submit[m]);
+        fprintf(out, "\"save_%s\":%.2f,\"load_%s\":%.2f,\"load_submit_us_%s\":%.1f,", mode_names[m],
+                save[m], mode_names[m], load[m], mode_names[m], submit[m]);
       fprintf(out, "\"verified\":%s}", verified ? "true" : "false");
     } else {
       fprintf(out, "%s: %u arenas, %llu blocks of %llu B (%.0f MiB)%s\n", s.sh->name, s.narenas,
               (unsigned long long)s.sh->blocks, (unsigned long long)s.block_bytes,
               (double)s.total / (1 << 20), verified ? "" : "  ** RESTORED BYTES DIFFER **");
       fprintf(out, "  %-26s %8s %8s %10s %10s\n", "", "save", "load", "save/bulk", "load/bulk");
-      fprintf(out, "  %-26s %8.2f %8.2f %10s %10s\n", "bulk cudaMemcpyAsync", bulk_d2h, bulk_h2d, "1.00", "1.00");
+      fprintf(out, "  %-26s %8.2f %8.2f %10s %10s\n", "bulk cudaMemcpyAsync", bulk_d2h, bulk_h2d,
+              "1.00", "1.00");
       fprintf(out, "  %-26s %8.2f %8.2f %10.2f %10.2f\n", "per-piece cudaMemcpyAsync", piece_d2h,
               piece_h2d, piece_d2h / bulk_d2h, piece_h2d / bulk_h2d);
       for (int m = 0; m < NMODES; m++)
-        fprintf(out, "  engine %-19s %8.2f %8.2f %10.2f %10.2f   (%.1fx / %.1fx per-piece; load call %.0f us)\n",
+        fprintf(out,
+                "  engine %-19s %8.2f %8.2f %10.2f %10.2f   (%.1fx / %.1fx per-piece; load call "
+                "%.0f us)\n",
                 mode_names[m], save[m], load[m], save[m] / bulk_d2h, load[m] / bulk_h2d,
                 save[m] / piece_d2h, load[m] / piece_h2d, submit[m]);
       fprintf(out, "\n");
@@ -455,11 +475,15 @@ int bench_transfer(int argc, char **argv) {
     double bytes = 22.0 * (double)glm.block_bytes;
     double target = 1.2 * bytes / (glm_bulk_h2d * 1e3) + 150.0;
     if (env.json)
-      fprintf(out, ",\"restore_22_glm\":{\"bytes\":%.0f,\"auto_us\":%.1f,\"kernel132_us\":%.1f,\"bulk_us\":%.1f,\"target_us\":%.1f}",
+      fprintf(out,
+              ",\"restore_22_glm\":{\"bytes\":%.0f,\"auto_us\":%.1f,\"kernel132_us\":%.1f,\"bulk_"
+              "us\":%.1f,\"target_us\":%.1f}",
               bytes, lat_auto, lat_kernel, bytes / (glm_bulk_h2d * 1e3), target);
     else
-      fprintf(out, "restore latency, query+load+wait of 22 GLM5.2 blocks (%.1f MB): default %.0f us, kernel-132 %.0f us;"
-                   "\n  bulk H2D of the same bytes %.0f us; target <= %.0f us: %s\n\n",
+      fprintf(out,
+              "restore latency, query+load+wait of 22 GLM5.2 blocks (%.1f MB): default %.0f us, "
+              "kernel-132 %.0f us;"
+              "\n  bulk H2D of the same bytes %.0f us; target <= %.0f us: %s\n\n",
               bytes / 1e6, lat_auto, lat_kernel, bytes / (glm_bulk_h2d * 1e3), target,
               (lat_auto <= target || lat_kernel <= target) ? "met" : "MISSED");
 
@@ -472,15 +496,19 @@ int bench_transfer(int argc, char **argv) {
     t0 = oi__now_ns();
     bench_cuda_spin(env.device, sms * 4, iters, count);
     double alone = count / ((double)(oi__now_ns() - t0) / 1e9);
-    if (!env.json) fprintf(out, "compute interference (compute-bound stream alone: %.0f kernels/s)\n", alone);
-    else fprintf(out, ",\"interference\":{\"alone_kps\":%.1f", alone);
+    if (!env.json)
+      fprintf(out, "compute interference (compute-bound stream alone: %.0f kernels/s)\n", alone);
+    else
+      fprintf(out, ",\"interference\":{\"alone_kps\":%.1f", alone);
     /* modes: staged (the default for this layout), dma, kernel with several CTA limits */
-    const struct { const char *name; uint32_t mode, ctas; } runs[] = {
+    const struct {
+      const char *name;
+      uint32_t mode, ctas;
+    } runs[] = {
         {"staged (default policy)", OI_COPY_STAGED, 0}, {"staged, 32 CTAs", OI_COPY_STAGED, 32},
-        {"staged, 8 CTAs", OI_COPY_STAGED, 8},
-        {"dma", OI_COPY_DMA, 0}, {"kernel, 132 CTAs", OI_COPY_KERNEL, 132},
-        {"kernel, 32 CTAs", OI_COPY_KERNEL, 32},      {"kernel, 8 CTAs", OI_COPY_KERNEL, 8},
-        {"kernel, 4 CTAs", OI_COPY_KERNEL, 4}};
+        {"staged, 8 CTAs", OI_COPY_STAGED, 8},          {"dma", OI_COPY_DMA, 0},
+        {"kernel, 132 CTAs", OI_COPY_KERNEL, 132},      {"kernel, 32 CTAs", OI_COPY_KERNEL, 32},
+        {"kernel, 8 CTAs", OI_COPY_KERNEL, 8},          {"kernel, 4 CTAs", OI_COPY_KERNEL, 4}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
       oi_engine_options eo;
       oi_engine_options_init(&eo);
@@ -510,7 +538,8 @@ int bench_transfer(int argc, char **argv) {
       oi_offload_engine_destroy(e);
       double with = count / (dt / 1e9), gbps = (double)(b1 - b0) / dt;
       if (env.json)
-        fprintf(out, ",\"%s\":{\"kept\":%.4f,\"save_gbps\":%.2f}", runs[i].name, with / alone, gbps);
+        fprintf(out, ",\"%s\":{\"kept\":%.4f,\"save_gbps\":%.2f}", runs[i].name, with / alone,
+                gbps);
       else
         fprintf(out, "  saves by %-26s compute kept %5.1f%%  (slowdown %4.1f%%), saves %.1f GB/s\n",
                 runs[i].name, 100.0 * with / alone, 100.0 * (1.0 - with / alone), gbps);

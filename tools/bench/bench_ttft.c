@@ -162,7 +162,8 @@ int bench_ttft(int argc, char **argv) {
   oi_device_info info = {.struct_size = sizeof info};
   oi_device_get_info((int)device, &info);
   uint32_t max_size = 0;
-  for (int i = 0; i < nsizes; i++) max_size = sizes[i] > max_size ? sizes[i] : max_size;
+  for (int i = 0; i < nsizes; i++)
+    max_size = sizes[i] > max_size ? sizes[i] : max_size;
   uint32_t max_len = mixed && (uint32_t)mixed_len > max_size ? (uint32_t)mixed_len : max_size;
 
   /* 1. dense bf16 matmul rate, 8192^3: the model's GEMM and cuBLAS. */
@@ -173,8 +174,8 @@ int bench_ttft(int argc, char **argv) {
     fprintf(stderr, "openinfer bench ttft: gemm: %s\n", oi_last_error());
     return CLI_FAILED;
   }
-  double matmul_ref = g8.cublas_found && g8.cublas_tflops > g8.mine_tflops ? g8.cublas_tflops
-                                                                            : g8.mine_tflops;
+  double matmul_ref =
+      g8.cublas_found && g8.cublas_tflops > g8.mine_tflops ? g8.cublas_tflops : g8.mine_tflops;
 
   /* 2. bulk pinned H2D, 1 GiB, best and median of 5. */
   fprintf(stderr, "bench ttft: bulk H2D...\n");
@@ -236,7 +237,8 @@ int bench_ttft(int argc, char **argv) {
   const uint64_t block_bytes_all_layers = (uint64_t)layers * 2 * 16 * 1024 * 2;
 
   uint64_t host_bytes = 0;
-  for (int i = 0; i < nsizes; i++) host_bytes += (uint64_t)reps * (sizes[i] / 16 + 1) * block_bytes_all_layers;
+  for (int i = 0; i < nsizes; i++)
+    host_bytes += (uint64_t)reps * (sizes[i] / 16 + 1) * block_bytes_all_layers;
   /* + the mixed prompts; the miss section evicts the pool first and needs less. */
   host_bytes += (uint64_t)mixed * ((uint64_t)mixed_len / 16 + 1) * block_bytes_all_layers;
   uint64_t miss_bytes = 0;
@@ -244,7 +246,8 @@ int bench_ttft(int argc, char **argv) {
     miss_bytes += (uint64_t)miss_reps * (sizes[i] / 16 + 1) * block_bytes_all_layers;
   if (miss_bytes > host_bytes) host_bytes = miss_bytes;
   host_bytes = host_bytes + host_bytes / 4 + (256ull << 20);
-  fprintf(stderr, "bench ttft: pinned host pool of %.1f GiB...\n", (double)host_bytes / (1ull << 30));
+  fprintf(stderr, "bench ttft: pinned host pool of %.1f GiB...\n",
+          (double)host_bytes / (1ull << 30));
   oi_host_options ho;
   oi_host_options_init(&ho);
   ho.pool_bytes = host_bytes;
@@ -281,7 +284,8 @@ int bench_ttft(int argc, char **argv) {
   /* Warm-up: scratch and kernels, outside the measurement. */
   for (uint32_t n = 0; n <= (uint32_t)chunk && n <= max_size; n += (uint32_t)chunk) {
     uint32_t len = n ? n : 300;
-    for (uint32_t i = 0; i < len; i++) prompt[i] = (uint32_t)((i * 7919u + 13u + n) % (uint32_t)vocab);
+    for (uint32_t i = 0; i < len; i++)
+      prompt[i] = (uint32_t)((i * 7919u + 13u + n) % (uint32_t)vocab);
     oi_request r;
     oi_request_init(&r);
     r.prompt = prompt;
@@ -307,7 +311,8 @@ int bench_ttft(int argc, char **argv) {
       for (int rep = 0; rep < reps; rep++) {
         uint64_t seed = (uint64_t)sizes[si] * 1000 + rep;
         for (uint32_t i = 0; i < sizes[si]; i++)
-          prompt[i] = (uint32_t)(oi_rm_mix64(seed * 0x9E3779B97F4A7C15ull + i + 1) % (uint64_t)vocab);
+          prompt[i] =
+              (uint32_t)(oi_rm_mix64(seed * 0x9E3779B97F4A7C15ull + i + 1) % (uint64_t)vocab);
         oi_request r;
         oi_request_init(&r);
         r.prompt = prompt;
@@ -356,7 +361,8 @@ int bench_ttft(int argc, char **argv) {
     uint32_t first[MAX_MIXED][2];
     uint64_t ids[MAX_MIXED];
     if (!mp) return CLI_FAILED;
-    for (long k = 0; k < mixed; k++) gen_prompt(mp + (size_t)k * L, L, 7000000 + (uint64_t)k, (uint32_t)vocab);
+    for (long k = 0; k < mixed; k++)
+      gen_prompt(mp + (size_t)k * L, L, 7000000 + (uint64_t)k, (uint32_t)vocab);
     mx.same = (uint32_t)mixed;
     mx.restored_min = UINT32_MAX;
     for (int pass = 0; pass < 2 && !failed; pass++) {
@@ -407,8 +413,8 @@ int bench_ttft(int argc, char **argv) {
         mx.ttft_p50_ms[pass] = ntt % 2 ? tt[ntt / 2] : 0.5 * (tt[ntt / 2 - 1] + tt[ntt / 2]);
         mx.ttft_max_ms[pass] = tt[ntt - 1];
       }
-      fprintf(stderr, "  mixed %s: wall %.1f ms, ttft p50 %.1f ms, max %.1f ms\n", pass ? "warm" : "cold",
-              mx.wall_ms[pass], mx.ttft_p50_ms[pass], mx.ttft_max_ms[pass]);
+      fprintf(stderr, "  mixed %s: wall %.1f ms, ttft p50 %.1f ms, max %.1f ms\n",
+              pass ? "warm" : "cold", mx.wall_ms[pass], mx.ttft_p50_ms[pass], mx.ttft_max_ms[pass]);
     }
     if (mx.restored_min == UINT32_MAX) mx.restored_min = 0;
     free(mp);
@@ -442,7 +448,8 @@ int bench_ttft(int argc, char **argv) {
     /* the same warm-up as above */
     for (uint32_t n = 0; !failed && n <= (uint32_t)chunk && n <= max_size; n += (uint32_t)chunk) {
       uint32_t len = n ? n : 300;
-      for (uint32_t i = 0; i < len; i++) prompt[i] = (uint32_t)((i * 7919u + 13u + n) % (uint32_t)vocab);
+      for (uint32_t i = 0; i < len; i++)
+        prompt[i] = (uint32_t)((i * 7919u + 13u + n) % (uint32_t)vocab);
       uint64_t id;
       oi_request_result rr;
       if (!run_one(xoff, prompt, len, &id, &rr)) {
@@ -462,7 +469,8 @@ int bench_ttft(int argc, char **argv) {
           uint64_t id;
           oi_request_result rr;
           if (!run_one(e, prompt, sizes[si], &id, &rr)) {
-            fprintf(stderr, "openinfer bench ttft: miss path, %u tokens: %s\n", sizes[si], oi_last_error());
+            fprintf(stderr, "openinfer bench ttft: miss path, %u tokens: %s\n", sizes[si],
+                    oi_last_error());
             failed = true;
             break;
           }
@@ -504,26 +512,30 @@ int bench_ttft(int argc, char **argv) {
            "chunk %ld; host pool %.1f GiB pinned (%.2f s)\n\n",
            layers, vocab, gen_s, chunk, (double)host_bytes / (1ull << 30), pool_s);
     printf("dense bf16 matmul rate, this GPU, this run (median of 10):\n");
-    printf("  model GEMM (batch-invariant; wgmma on sm_90)  8192^3: %7.1f TFLOP/s   M4096 N19456 K2560: %7.1f\n",
+    printf("  model GEMM (batch-invariant; wgmma on sm_90)  8192^3: %7.1f TFLOP/s   M4096 N19456 "
+           "K2560: %7.1f\n",
            g8.mine_tflops, gm.mine_tflops);
     if (g8.cublas_found)
-      printf("  cuBLAS cublasGemmEx (reference)        8192^3: %7.1f TFLOP/s   M4096 N19456 K2560: %7.1f"
+      printf("  cuBLAS cublasGemmEx (reference)        8192^3: %7.1f TFLOP/s   M4096 N19456 K2560: "
+             "%7.1f"
              "   (max |mine - cuBLAS| / max|C| = %.2g)\n",
              g8.cublas_tflops, gm.cublas_tflops, g8.max_rel_diff);
     else
       printf("  cuBLAS: not found (dlopen libcublas.so.13 failed)\n");
     printf("bulk pinned H2D (1 GiB cudaMemcpyAsync, median of 5): %.1f GB/s\n\n", bulk_gbps);
-    printf("%7s %10s %10s %7s %8s %8s %8s %9s %9s %9s %9s %8s %8s\n", "prompt", "cold p50", "warm p50",
-           "ratio", "query", "load", "commit", "KV MB", "bound", "decode", "TFLOP/s", "%mm", "tokens");
+    printf("%7s %10s %10s %7s %8s %8s %8s %9s %9s %9s %9s %8s %8s\n", "prompt", "cold p50",
+           "warm p50", "ratio", "query", "load", "commit", "KV MB", "bound", "decode", "TFLOP/s",
+           "%mm", "tokens");
   }
   int met = 0, total = 0;
   if (json)
-    printf("{\"bench\":\"ttft\",\"gpu\":\"%s\",\"layers\":%ld,\"vocab\":%ld,\"chunk\":%ld,"
-           "\"gemm_8192_tflops\":%.2f,\"gemm_model_tflops\":%.2f,\"cublas_8192_tflops\":%.2f,"
-           "\"cublas_model_tflops\":%.2f,\"gemm_vs_cublas_max_rel_diff\":%.3g,\"bulk_h2d_gbps\":%.2f,"
-           "\"sizes\":[",
-           info.name, layers, vocab, chunk, g8.mine_tflops, gm.mine_tflops, g8.cublas_tflops,
-           gm.cublas_tflops, g8.max_rel_diff, bulk_gbps);
+    printf(
+        "{\"bench\":\"ttft\",\"gpu\":\"%s\",\"layers\":%ld,\"vocab\":%ld,\"chunk\":%ld,"
+        "\"gemm_8192_tflops\":%.2f,\"gemm_model_tflops\":%.2f,\"cublas_8192_tflops\":%.2f,"
+        "\"cublas_model_tflops\":%.2f,\"gemm_vs_cublas_max_rel_diff\":%.3g,\"bulk_h2d_gbps\":%.2f,"
+        "\"sizes\":[",
+        info.name, layers, vocab, chunk, g8.mine_tflops, gm.mine_tflops, g8.cublas_tflops,
+        gm.cublas_tflops, g8.max_rel_diff, bulk_gbps);
   for (int si = 0; si < nsizes; si++) {
     size_result *sr = &res[si];
     double S = sr->tokens;
@@ -551,52 +563,65 @@ int bench_ttft(int argc, char **argv) {
              tflops, pct, sr->same_tokens ? "true" : "false", ok_bound ? "true" : "false",
              ok_pct ? "true" : "false", ok_ratio ? "true" : "false");
     } else {
-      printf("%7u %8.2fms %8.2fms %6.1fx %6.3fms %6.2fms %6.3fms %9.1f %7.2fms %7.2fms %9.1f %7.1f%% %8s\n",
+      printf("%7u %8.2fms %8.2fms %6.1fx %6.3fms %6.2fms %6.3fms %9.1f %7.2fms %7.2fms %9.1f "
+             "%7.1f%% %8s\n",
              sr->tokens, cold, warm, ratio, median(sr->q_ms, R), median(sr->load_ms, R),
              median(sr->commit_ms, R), kv_mb, bound, dec, tflops, 100 * pct,
              sr->same_tokens ? "same" : "DIFFER");
-      printf("        %s warm <= 1.3 x KV/bulk + decode;  %s cold >= 35%% of matmul;  %s ratio %s\n",
-             ok_bound ? "PASS" : "MISS", ok_pct ? "PASS" : "MISS",
-             sr->tokens >= 4096 ? (ok_ratio ? "PASS" : "MISS") : "----",
-             sr->tokens >= 16384 ? ">= 10x" : sr->tokens >= 4096 ? ">= 5x" : "(no target)");
+      printf(
+          "        %s warm <= 1.3 x KV/bulk + decode;  %s cold >= 35%% of matmul;  %s ratio %s\n",
+          ok_bound ? "PASS" : "MISS", ok_pct ? "PASS" : "MISS",
+          sr->tokens >= 4096 ? (ok_ratio ? "PASS" : "MISS") : "----",
+          sr->tokens >= 16384  ? ">= 10x"
+          : sr->tokens >= 4096 ? ">= 5x"
+                               : "(no target)");
     }
   }
   if (json) printf("]");
   /* mixed load */
   if (mixed) {
-    bool ok = mx.full_restores == mx.n && mx.errors == 0 && mx.restores_failed == 0 && mx.same == mx.n;
+    bool ok =
+        mx.full_restores == mx.n && mx.errors == 0 && mx.restores_failed == 0 && mx.same == mx.n;
     double ratio = mx.wall_ms[1] > 0 ? mx.wall_ms[0] / mx.wall_ms[1] : 0;
     total++;
     met += ok;
     if (json)
       printf(",\"mixed\":{\"prompts\":%u,\"tokens\":%u,\"cold_wall_ms\":%.3f,\"warm_wall_ms\":%.3f,"
-             "\"ratio\":%.3f,\"cold_ttft_p50_ms\":%.3f,\"warm_ttft_p50_ms\":%.3f,\"cold_ttft_max_ms\":%.3f,"
+             "\"ratio\":%.3f,\"cold_ttft_p50_ms\":%.3f,\"warm_ttft_p50_ms\":%.3f,\"cold_ttft_max_"
+             "ms\":%.3f,"
              "\"warm_ttft_max_ms\":%.3f,\"full_prefix_restores\":%u,\"restored_tokens_min\":%u,"
-             "\"restored_tokens_max\":%u,\"errors\":%u,\"restores_failed\":%llu,\"tokens_identical\":%u,"
+             "\"restored_tokens_max\":%u,\"errors\":%u,\"restores_failed\":%llu,\"tokens_"
+             "identical\":%u,"
              "\"pass\":%s}",
-             mx.n, mx.len, mx.wall_ms[0], mx.wall_ms[1], ratio, mx.ttft_p50_ms[0], mx.ttft_p50_ms[1],
-             mx.ttft_max_ms[0], mx.ttft_max_ms[1], mx.full_restores, mx.restored_min, mx.restored_max,
-             mx.errors, (unsigned long long)mx.restores_failed, mx.same, ok ? "true" : "false");
+             mx.n, mx.len, mx.wall_ms[0], mx.wall_ms[1], ratio, mx.ttft_p50_ms[0],
+             mx.ttft_p50_ms[1], mx.ttft_max_ms[0], mx.ttft_max_ms[1], mx.full_restores,
+             mx.restored_min, mx.restored_max, mx.errors, (unsigned long long)mx.restores_failed,
+             mx.same, ok ? "true" : "false");
     else {
-      printf("\nmixed load: %u distinct prompts of %u tokens submitted together, run to idle; cold, then\n"
+      printf("\nmixed load: %u distinct prompts of %u tokens submitted together, run to idle; "
+             "cold, then\n"
              "again after flush + GPU-cache eviction (restored from the host tier):\n",
              mx.n, mx.len);
-      printf("  wall time   cold %9.1f ms   warm %9.1f ms   ratio %.1fx\n", mx.wall_ms[0], mx.wall_ms[1], ratio);
-      printf("  TTFT p50    cold %9.1f ms   warm %9.1f ms   (max %.1f / %.1f ms)\n", mx.ttft_p50_ms[0],
-             mx.ttft_p50_ms[1], mx.ttft_max_ms[0], mx.ttft_max_ms[1]);
-      printf("  full-prefix restores %u of %u (restored tokens %u..%u, want %u each); errors %u; restores "
+      printf("  wall time   cold %9.1f ms   warm %9.1f ms   ratio %.1fx\n", mx.wall_ms[0],
+             mx.wall_ms[1], ratio);
+      printf("  TTFT p50    cold %9.1f ms   warm %9.1f ms   (max %.1f / %.1f ms)\n",
+             mx.ttft_p50_ms[0], mx.ttft_p50_ms[1], mx.ttft_max_ms[0], mx.ttft_max_ms[1]);
+      printf("  full-prefix restores %u of %u (restored tokens %u..%u, want %u each); errors %u; "
+             "restores "
              "failed %llu; first tokens identical %u of %u\n",
-             mx.full_restores, mx.n, mx.restored_min, mx.restored_max, (mx.len - 1) / 16 * 16, mx.errors,
-             (unsigned long long)mx.restores_failed, mx.same, mx.n);
+             mx.full_restores, mx.n, mx.restored_min, mx.restored_max, (mx.len - 1) / 16 * 16,
+             mx.errors, (unsigned long long)mx.restores_failed, mx.same, mx.n);
       printf("        %s full-prefix restores, zero errors\n", ok ? "PASS" : "MISS");
     }
   }
   /* offload-on miss path */
   if (miss_reps) {
     int MR = (int)miss_reps;
-    if (json) printf(",\"miss\":[");
+    if (json)
+      printf(",\"miss\":[");
     else
-      printf("\noffload-on miss path: new prompts (every host-tier query misses) through this executor\n"
+      printf("\noffload-on miss path: new prompts (every host-tier query misses) through this "
+             "executor\n"
              "vs one with offload NONE, interleaved, %d each:\n%7s %10s %10s %9s %10s %6s %8s\n",
              MR, "prompt", "on p50", "off p50", "overhead", "query p50", "hits", "tokens");
     for (int si = 0; si < nsizes; si++) {
@@ -607,12 +632,13 @@ int bench_ttft(int argc, char **argv) {
       total++;
       met += ok;
       if (json)
-        printf("%s{\"tokens\":%u,\"on_ttft_p50_ms\":%.3f,\"off_ttft_p50_ms\":%.3f,\"overhead_pct\":%.3f,"
+        printf("%s{\"tokens\":%u,\"on_ttft_p50_ms\":%.3f,\"off_ttft_p50_ms\":%.3f,\"overhead_pct\":"
+               "%.3f,"
                "\"query_p50_us\":%.2f,\"hits\":%u,\"tokens_identical\":%u,\"pass\":%s}",
                si ? "," : "", sizes[si], on, off, pct, q, m->hits, m->same, ok ? "true" : "false");
       else
-        printf("%7u %8.2fms %8.2fms %8.2f%% %8.1fus %6u %5u/%d  %s <= 2%%\n", sizes[si], on, off, pct, q,
-               m->hits, m->same, MR, ok ? "PASS" : "MISS");
+        printf("%7u %8.2fms %8.2fms %8.2f%% %8.1fus %6u %5u/%d  %s <= 2%%\n", sizes[si], on, off,
+               pct, q, m->hits, m->same, MR, ok ? "PASS" : "MISS");
     }
     if (json) printf("]");
   }
@@ -621,20 +647,21 @@ int bench_ttft(int argc, char **argv) {
            "\"restores_overlapped\":%llu,\"restores_completed\":%llu,\"targets_met\":%d,"
            "\"targets\":%d}\n",
            matmul_ref, (unsigned long long)xs.restores_failed,
-           (unsigned long long)xs.restores_overlapped, (unsigned long long)xs.restores_completed, met,
-           total);
+           (unsigned long long)xs.restores_overlapped, (unsigned long long)xs.restores_completed,
+           met, total);
   } else {
-    printf("\n(cold: distinct prompts, TTFT = submit -> first token through the executor; warm: the\n"
-           " same prompts after flush + GPU-cache eviction, restored from the host tier; load =\n"
-           " submit -> completion seen after the step whose forward overlapped it (layer by layer;\n"
-           " OI_RESTORE_OVERLAP=0: at the next step boundary, then the forward); bound = 1.3 x\n"
-           " restored KV / bulk H2D + one decode step at that context; TFLOP/s counts linear\n"
-           " layers + causal attention;\n"
-           " %%mm against %.1f TFLOP/s, the larger of the model GEMM and cuBLAS at 8192^3;\n"
-           " tokens: the first two generated tokens, warm vs cold (miss path: on vs off).)\n"
-           " restores: %llu completed, %llu overlapped with the forward, %llu failed\n",
-           matmul_ref, (unsigned long long)xs.restores_completed,
-           (unsigned long long)xs.restores_overlapped, (unsigned long long)xs.restores_failed);
+    printf(
+        "\n(cold: distinct prompts, TTFT = submit -> first token through the executor; warm: the\n"
+        " same prompts after flush + GPU-cache eviction, restored from the host tier; load =\n"
+        " submit -> completion seen after the step whose forward overlapped it (layer by layer;\n"
+        " OI_RESTORE_OVERLAP=0: at the next step boundary, then the forward); bound = 1.3 x\n"
+        " restored KV / bulk H2D + one decode step at that context; TFLOP/s counts linear\n"
+        " layers + causal attention;\n"
+        " %%mm against %.1f TFLOP/s, the larger of the model GEMM and cuBLAS at 8192^3;\n"
+        " tokens: the first two generated tokens, warm vs cold (miss path: on vs off).)\n"
+        " restores: %llu completed, %llu overlapped with the forward, %llu failed\n",
+        matmul_ref, (unsigned long long)xs.restores_completed,
+        (unsigned long long)xs.restores_overlapped, (unsigned long long)xs.restores_failed);
     printf("targets met: %d of %d\n", met, total);
   }
   free(prompt);

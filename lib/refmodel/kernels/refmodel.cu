@@ -7,8 +7,8 @@
 // with fixed trees per row, and attention walks keys in absolute 64-key tiles
 // inside absolute 2048-key segments that are merged in segment order, for
 // prefill and decode alike.
-#include "refmodel_gen.h"
 #include "refmodel_common.cuh"
+#include "refmodel_gen.h"
 #include "refmodel_kernels.h"
 
 // ---- weights ------------------------------------------------------------------
@@ -68,7 +68,8 @@ extern "C" int oi_rm_fill_random(uint16_t *dst, uint64_t n, uint64_t seed, void 
 __global__ void embed_kernel(const uint32_t *tokens, const uint16_t *emb, uint32_t H, float *x) {
   uint32_t r = blockIdx.x;
   const uint16_t *e = emb + (size_t)tokens[r] * H;
-  for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)r * H + i] = oi_rm_bf2f(e[i]);
+  for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
+    x[(size_t)r * H + i] = oi_rm_bf2f(e[i]);
 }
 
 extern "C" int oi_rm_embed(const uint32_t *tokens, uint32_t T, const uint16_t *emb, uint32_t H,
@@ -81,12 +82,14 @@ extern "C" int oi_rm_embed(const uint32_t *tokens, uint32_t T, const uint16_t *e
 // 256 threads: strided per-thread sums, then a fixed tree.
 __device__ __forceinline__ float block_sum_256(float v, float *red) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
   __syncthreads();
   float s = 0.0f;
   if (threadIdx.x == 0) {
-    for (int w = 0; w < 8; w++) s += red[w];
+    for (int w = 0; w < 8; w++)
+      s += red[w];
     red[8] = s;
   }
   __syncthreads();
@@ -99,7 +102,8 @@ __global__ void rmsnorm_kernel(const float *x, const uint32_t *rows, uint32_t H,
   uint32_t r = blockIdx.x, src = rows ? rows[r] : r;
   const float *xr = x + (size_t)src * H;
   float ss = 0.0f;
-  for (uint32_t i = threadIdx.x; i < H; i += 256) ss += xr[i] * xr[i];
+  for (uint32_t i = threadIdx.x; i < H; i += 256)
+    ss += xr[i] * xr[i];
   ss = block_sum_256(ss, red);
   float inv = 1.0f / sqrtf(ss / (float)H + eps);
   for (uint32_t i = threadIdx.x; i < H; i += 256)
@@ -136,7 +140,8 @@ __global__ void rope_kv_kernel(uint16_t *qkv, const uint32_t *pos, const uint64_
     }
   }
   const uint16_t *vsrc = row + (size_t)(qh + kvh) * hd;
-  for (uint32_t i = threadIdx.x; i < kvh * hd; i += blockDim.x) vdst[i] = vsrc[i];
+  for (uint32_t i = threadIdx.x; i < kvh * hd; i += blockDim.x)
+    vdst[i] = vsrc[i];
 }
 
 extern "C" int oi_rm_rope_kv(uint16_t *qkv, const uint32_t *pos, const uint64_t *slot_off,
@@ -171,9 +176,8 @@ __global__ void argmax_kernel(const float *logits, uint32_t V, uint32_t *out) {
     if ((int)threadIdx.x < s) {
       float ov = bv[threadIdx.x + s];
       uint32_t oi = bi[threadIdx.x + s];
-      if (oi != 0xFFFFFFFFu &&
-          (bi[threadIdx.x] == 0xFFFFFFFFu || ov > bv[threadIdx.x] ||
-           (ov == bv[threadIdx.x] && oi < bi[threadIdx.x]))) {
+      if (oi != 0xFFFFFFFFu && (bi[threadIdx.x] == 0xFFFFFFFFu || ov > bv[threadIdx.x] ||
+                                (ov == bv[threadIdx.x] && oi < bi[threadIdx.x]))) {
         bv[threadIdx.x] = ov;
         bi[threadIdx.x] = oi;
       }

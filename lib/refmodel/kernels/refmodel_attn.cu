@@ -1,7 +1,7 @@
 // The reference model's paged attention and segment merge (see refmodel.cu for
 // batch invariance).
-#include "refmodel_gen.h"
 #include "refmodel_common.cuh"
+#include "refmodel_gen.h"
 #include "refmodel_kernels.h"
 
 // ---- attention --------------------------------------------------------------------
@@ -52,10 +52,9 @@ __device__ __forceinline__ float ex2_ftz(float x) {
 // past a row's position, when MASK), scales to the log2 domain, updates m and
 // l, rescales O and leaves P (bf16) as the A fragments of P V.
 template <int HD, bool MASK>
-__device__ __forceinline__ void softmax_tile(float (&s)[8][4], const uint32_t (&rp)[2],
-                                             uint32_t k0, int t, float scale_log2, float (&m)[2],
-                                             float (&l)[2], float (&o)[HD / 8][4],
-                                             uint32_t (&pa)[4][4]) {
+__device__ __forceinline__ void softmax_tile(float (&s)[8][4], const uint32_t (&rp)[2], uint32_t k0,
+                                             int t, float scale_log2, float (&m)[2], float (&l)[2],
+                                             float (&o)[HD / 8][4], uint32_t (&pa)[4][4]) {
   float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
 #pragma unroll
   for (int ni = 0; ni < 8; ni++)
@@ -182,7 +181,8 @@ __global__ void __launch_bounds__(128 * G / NM, NM == 1 && G <= 2 ? 2 : 1)
 #pragma unroll
   for (int i = 0; i < NM; i++) {
 #pragma unroll
-    for (int d = 0; d < HD / 8; d++) o[i][d][0] = o[i][d][1] = o[i][d][2] = o[i][d][3] = 0.0f;
+    for (int d = 0; d < HD / 8; d++)
+      o[i][d][0] = o[i][d][1] = o[i][d][2] = o[i][d][3] = 0.0f;
     m[i][0] = m[i][1] = -CUDART_INF_F;
     l[i][0] = l[i][1] = 0.0f;
   }
@@ -200,7 +200,8 @@ __global__ void __launch_bounds__(128 * G / NM, NM == 1 && G <= 2 ? 2 : 1)
 #pragma unroll
     for (int i = 0; i < NM; i++)
 #pragma unroll
-      for (int n = 0; n < 8; n++) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
+      for (int n = 0; n < 8; n++)
+        s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
       uint32_t qa[NM][4];
@@ -320,15 +321,18 @@ __global__ void combine_kernel(const float *part_o, const float *part_ml, const 
   const float *ml = part_ml + base * 2;
   const float *po = part_o + base * HD;
   float M = -CUDART_INF_F;
-  for (uint32_t s = 0; s < ns; s++) M = fmaxf(M, ml[2 * s]);
+  for (uint32_t s = 0; s < ns; s++)
+    M = fmaxf(M, ml[2 * s]);
   float L = 0.0f, acc[HD / 32];
 #pragma unroll
-  for (int i = 0; i < HD / 32; i++) acc[i] = 0.0f;
+  for (int i = 0; i < HD / 32; i++)
+    acc[i] = 0.0f;
   for (uint32_t s = 0; s < ns; s++) {
     float wt = exp2f(ml[2 * s] - M);
     L += ml[2 * s + 1] * wt;
 #pragma unroll
-    for (int i = 0; i < HD / 32; i++) acc[i] += po[(size_t)s * HD + lane + 32 * i] * wt;
+    for (int i = 0; i < HD / 32; i++)
+      acc[i] += po[(size_t)s * HD + lane + 32 * i] * wt;
   }
   float inv = 1.0f / L;
 #pragma unroll
@@ -342,13 +346,12 @@ extern "C" int oi_rm_attn_combine(const float *part_o, const float *part_ml, con
   if (!T) return 0;
   unsigned blocks = (unsigned)(((uint64_t)T * q_heads + 3) / 4);
   if (hd == 128)
-    combine_kernel<128><<<blocks, 128, 0, (cudaStream_t)stream>>>(part_o, part_ml, pos, T, q_heads,
-                                                                  nseg, out);
+    combine_kernel<128>
+        <<<blocks, 128, 0, (cudaStream_t)stream>>>(part_o, part_ml, pos, T, q_heads, nseg, out);
   else if (hd == 64)
-    combine_kernel<64><<<blocks, 128, 0, (cudaStream_t)stream>>>(part_o, part_ml, pos, T, q_heads,
-                                                                 nseg, out);
+    combine_kernel<64>
+        <<<blocks, 128, 0, (cudaStream_t)stream>>>(part_o, part_ml, pos, T, q_heads, nseg, out);
   else
     return (int)cudaErrorInvalidValue;
   return (int)cudaGetLastError();
 }
-

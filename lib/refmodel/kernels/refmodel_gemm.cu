@@ -7,8 +7,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include "refmodel_gen.h"
 #include "refmodel_common.cuh"
+#include "refmodel_gen.h"
 #include "refmodel_hopper.cuh"
 #include "refmodel_kernels.h"
 
@@ -22,9 +22,9 @@
 #define G_THREADS 256
 
 template <int BM, int EPI>
-__global__ void __launch_bounds__(G_THREADS) gemm_kernel(const bf16 *__restrict__ A,
-                                                         const bf16 *__restrict__ W, void *C, int M,
-                                                         int N, int K) {
+__global__ void __launch_bounds__(G_THREADS)
+    gemm_kernel(const bf16 *__restrict__ A, const bf16 *__restrict__ W, void *C, int M, int N,
+                int K) {
   extern __shared__ __align__(128) uint8_t smem[];
   bf16 *As = reinterpret_cast<bf16 *>(smem);
   bf16 *Bs = As + G_STAGES * BM * G_BK;
@@ -38,7 +38,8 @@ __global__ void __launch_bounds__(G_THREADS) gemm_kernel(const bf16 *__restrict_
 #pragma unroll
     for (int j = 0; j < NI; j++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+      for (int e = 0; e < 4; e++)
+        acc[i][j][e] = 0.0f;
   const int KT = K / G_BK;
 
   auto load = [&](int stage, int kt) {
@@ -93,7 +94,8 @@ __global__ void __launch_bounds__(G_THREADS) gemm_kernel(const bf16 *__restrict_
 #pragma unroll
       for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int ni = 0; ni < NI; ni++) mma16816(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
+        for (int ni = 0; ni < NI; ni++)
+          mma16816(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
     }
   }
   cp_async_wait<0>();
@@ -113,14 +115,16 @@ __global__ void __launch_bounds__(G_THREADS) gemm_kernel(const bf16 *__restrict_
           *reinterpret_cast<uint32_t *>(reinterpret_cast<bf16 *>(C) + (size_t)row * N + col) =
               pack_bf16(v0, v1);
         } else if (EPI == OI_RM_EPI_RESID) {
-          float2 *p = reinterpret_cast<float2 *>(reinterpret_cast<float *>(C) + (size_t)row * N + col);
+          float2 *p =
+              reinterpret_cast<float2 *>(reinterpret_cast<float *>(C) + (size_t)row * N + col);
           float2 x = *p;
           x.x += v0;
           x.y += v1;
           *p = x;
         } else if (EPI == OI_RM_EPI_SWIGLU) {
           float s = v0 / (1.0f + expf(-v0));
-          reinterpret_cast<bf16 *>(C)[(size_t)row * (N / 2) + col / 2] = __float2bfloat16_rn(s * v1);
+          reinterpret_cast<bf16 *>(C)[(size_t)row * (N / 2) + col / 2] =
+              __float2bfloat16_rn(s * v1);
         } else {
           *reinterpret_cast<float2 *>(reinterpret_cast<float *>(C) + (size_t)row * N + col) =
               make_float2(v0, v1);
@@ -137,8 +141,8 @@ static int mma_launch(const uint16_t *A, const uint16_t *W, void *C, uint32_t M,
   if (e) return e;
   dim3 grid((N + G_BN - 1) / G_BN, (M + BM - 1) / BM);
   gemm_kernel<BM, EPI><<<grid, G_THREADS, smem, s>>>(reinterpret_cast<const bf16 *>(A),
-                                                      reinterpret_cast<const bf16 *>(W), C, (int)M,
-                                                      (int)N, (int)K);
+                                                     reinterpret_cast<const bf16 *>(W), C, (int)M,
+                                                     (int)N, (int)K);
   return (int)cudaGetLastError();
 }
 
@@ -265,7 +269,8 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
         for (int r = lane; r < rows; r += 32) {
           const char *p = reinterpret_cast<const char *>(C) + ((size_t)(r0 + r) * N + c0) * 4;
           uintptr_t a = (uintptr_t)p & ~(uintptr_t)127, e = (uintptr_t)(p + cols * 4);
-          for (; a < e; a += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
+          for (; a < e; a += 128)
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
         }
       }
       if (lane != 0) continue;
@@ -300,7 +305,8 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
                        db = wgmma_desc_sw128(a + cfg::A_BYTES);
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < WG_BK / 16; k++) wgmma_bf16<BN>::run(acc, da + 2 * k, db + 2 * k);
+        for (int k = 0; k < WG_BK / 16; k++)
+          wgmma_bf16<BN>::run(acc, da + 2 * k, db + 2 * k);
         wgmma_commit();
         // At most this stage's products still in flight: the previous stage is free.
         wgmma_wait<1>();
@@ -310,7 +316,8 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
       }
       wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < BN / 2; i++) reg_fence(acc[i]);
+      for (int i = 0; i < BN / 2; i++)
+        reg_fence(acc[i]);
       if (lane == 0) mbar_arrive(empty + 8 * prev);
       wg_epilogue<EPI, BN>(acc, C, M, N, tm * cfg::BM + cw * 64 + warp * 16 + (lane >> 2),
                            tn * BN + 2 * (lane & 3), lane);

@@ -58,4 +58,4 @@ int oi_rmk_event_elapsed_time(float *ms, oi_rmk_event start, oi_rmk_event end) {
   return (int)cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end);
 }
 
-}  // extern "C"
+} // extern "C"

@@ -18,11 +18,11 @@ typedef void *oi_rmk_event;  /* cudaEvent_t */
 
 /* The runtime's values (checked against cuda_runtime.h in refmodel_runtime.cu). */
 enum {
-  OI_RMK_SUCCESS = 0,                /* cudaSuccess */
-  OI_RMK_HOST_TO_DEVICE = 1,         /* cudaMemcpyHostToDevice */
-  OI_RMK_DEVICE_TO_HOST = 2,         /* cudaMemcpyDeviceToHost */
-  OI_RMK_HOST_ALLOC_PORTABLE = 1,    /* cudaHostAllocPortable */
-  OI_RMK_STREAM_NON_BLOCKING = 1,    /* cudaStreamNonBlocking */
+  OI_RMK_SUCCESS = 0,             /* cudaSuccess */
+  OI_RMK_HOST_TO_DEVICE = 1,      /* cudaMemcpyHostToDevice */
+  OI_RMK_DEVICE_TO_HOST = 2,      /* cudaMemcpyDeviceToHost */
+  OI_RMK_HOST_ALLOC_PORTABLE = 1, /* cudaHostAllocPortable */
+  OI_RMK_STREAM_NON_BLOCKING = 1, /* cudaStreamNonBlocking */
 };
 
 const char *oi_rmk_error_string(int err);

@@ -33,6 +33,11 @@ bool cli_parse_size(const char *s, uint64_t *out) {
     shift = 30;
     end++;
     break;
+  case 't':
+  case 'T':
+    shift = 40;
+    end++;
+    break;
   default: return false;
   }
   if (*end == 'i' || *end == 'B') end++;

@@ -267,8 +267,18 @@ int demo_tier(int argc, char **argv) {
   o.arena_blocks = 2 * max_blocks;
   const uint64_t unique_blocks =
       (uint64_t)o.system_blocks + (uint64_t)o.conversations * o.turns * o.turn_blocks;
-  if (!o.pool_bytes) o.pool_bytes = unique_blocks * host_block * 6 / 10;
-  if (o.pool_bytes < 4 * host_block) o.pool_bytes = 4 * host_block;
+  if (!o.pool_bytes) {
+    o.pool_bytes = unique_blocks * host_block * 6 / 10;
+    if (o.pool_bytes < 4 * host_block) o.pool_bytes = 4 * host_block;
+  } else if (o.pool_bytes < 4 * host_block) {
+    fprintf(stderr,
+            "openinfer demo tier: --pool %llu B is too small: the pool must hold at least 4 "
+            "blocks of %llu B (%llu B); try --pool %lluK or more\n",
+            (unsigned long long)o.pool_bytes, (unsigned long long)host_block,
+            (unsigned long long)(4 * host_block),
+            (unsigned long long)((4 * host_block + 1023) / 1024));
+    return CLI_USAGE;
+  }
 
   oi_device_info info = {.struct_size = sizeof info};
   if (oi_device_get_info((int)o.device, &info) != OI_OK) {

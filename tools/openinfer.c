@@ -18,7 +18,9 @@ typedef struct command {
 
 static const command commands[] = {
     {"demo", "save KV blocks to the host tier and restore them, verifying every byte", cmd_demo},
-    {"bench", "measure the host tier, transfers, the sidecar and TTFT (build tree only)",
+    {"bench",
+     "benchmarks (build tree only): host (host tier), transfer (GPU copies), rpc (sidecar\n"
+     "           round trip), ttft (time to first token of the reference model)",
      cmd_bench_launch},
     {"serve", "run the sidecar server (host pool + client KV arenas over a Unix socket)",
      cmd_serve},

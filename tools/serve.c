@@ -70,7 +70,7 @@ static bool parse_device(const char *s, int32_t *out) {
 
 /* Pool setup progress: a bar on a terminal, a line every 2 s otherwise. */
 typedef struct progress_state {
-  bool tty, drawn;
+  bool tty, drawn, no_pin;
   uint64_t t0, last;
 } progress_state;
 
@@ -92,8 +92,9 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
   double rate = secs > 0 ? (double)done / secs / 1e9 : 0.0;
   if (done >= total) {
     if (p->tty && p->drawn) fprintf(stderr, "\r\033[K");
-    fprintf(stderr, "openinfer serve: pool ready: %.2f GiB pinned in %.2f s (%.2f GB/s)\n",
-            (double)total / gib, secs, rate);
+    fprintf(stderr, "openinfer serve: pool ready: %.2f GiB %s in %.2f s (%.2f GB/s)\n",
+            (double)total / gib, p->no_pin ? "set up (pageable, --no-pin)" : "pinned", secs,
+            rate);
     fflush(stderr);
     return;
   }
@@ -103,12 +104,12 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
     for (int i = 0; i < 40; i++)
       bar[i] = i < full ? '#' : '.';
     bar[40] = '\0';
-    fprintf(stderr, "\r\033[Kpinning the pool [%s] %3.0f%% %.1f/%.1f GiB %.2f GB/s", bar,
-            frac * 100, (double)done / gib, (double)total / gib, rate);
+    fprintf(stderr, "\r\033[K%s the pool [%s] %3.0f%% %.1f/%.1f GiB %.2f GB/s",
+            p->no_pin ? "setting up" : "pinning", bar, frac * 100, (double)done / gib, (double)total / gib, rate);
     p->drawn = true;
   } else if (now - p->last >= 2000000000ull) {
-    fprintf(stderr, "openinfer serve: pinning the pool: %.0f%% (%.1f of %.1f GiB, %.2f GB/s)\n",
-            frac * 100, (double)done / gib, (double)total / gib, rate);
+    fprintf(stderr, "openinfer serve: %s the pool: %.0f%% (%.1f of %.1f GiB, %.2f GB/s)\n",
+            p->no_pin ? "setting up" : "pinning", frac * 100, (double)done / gib, (double)total / gib, rate);
     p->last = now;
   }
   fflush(stderr);
@@ -256,7 +257,7 @@ int cmd_serve(int argc, char **argv) {
   so.devices = devices;
   so.num_devices = ndevices;
 
-  progress_state prog = {.tty = isatty(2) == 1};
+  progress_state prog = {.tty = isatty(2) == 1, .no_pin = (ho.flags & OI_HOST_NO_PIN) != 0};
   ho.progress = on_progress;
   ho.progress_ctx = &prog;
   so.metrics_addr = metrics_addr;
@@ -271,7 +272,7 @@ int cmd_serve(int argc, char **argv) {
      * serves. An address given with --metrics-addr is a requirement. */
     fprintf(stderr, "openinfer serve: warning: %s; serving without /metrics\n", oi_last_error());
     so.metrics_addr = NULL;
-    prog = (progress_state){.tty = prog.tty};
+    prog = (progress_state){.tty = prog.tty, .no_pin = prog.no_pin};
     st = oi_server_create(&so, &srv);
   }
   if (st != OI_OK) {

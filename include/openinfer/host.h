@@ -36,8 +36,8 @@ typedef struct oi_host_options {
   /* Optional: pool setup progress, called on the thread that creates the
    * host: once with done == 0, about every 100 ms while the pool's pages are
    * touched (done = bytes touched so far), and once with done == total when
-   * the pool is ready (touched and pinned). When set, the INFO log lines of
-   * the setup's progress are not written. */
+   * the pool is ready (touched and pinned). When set, the setup's INFO log
+   * lines (start, progress, ready) are not written: the hook reports it. */
   void (*progress)(void *ctx, uint64_t done, uint64_t total);
   void *progress_ctx;
 } oi_host_options;

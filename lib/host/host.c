@@ -75,8 +75,10 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
   uint32_t pin_flags = ((opts.flags & OI_HOST_HUGEPAGES) ? OI_PIN_HUGEPAGES : 0) |
                        ((opts.flags & OI_HOST_NO_PIN) ? OI_PIN_NO_PIN : 0);
   uint64_t t0 = oi__now_ns();
-  OI_LOG(OI_LOG_INFO, "host", "pinning a %.2f GiB pool on %s", (double)h->capacity / (1ull << 30),
-         h->dev->ops->name);
+  /* With a progress hook the caller reports the setup itself. */
+  OI_LOG(opts.progress ? OI_LOG_DEBUG : OI_LOG_INFO, "host", "%s a %.2f GiB pool on %s",
+         (opts.flags & OI_HOST_NO_PIN) ? "setting up (pageable, not pinned)" : "pinning",
+         (double)h->capacity / (1ull << 30), h->dev->ops->name);
   if (opts.progress) opts.progress(opts.progress_ctx, 0, h->capacity);
   oi__host_map_set_progress(opts.progress, opts.progress_ctx);
   st = h->dev->ops->pinned_alloc(h->dev, h->capacity, pin_flags, opts.numa_node, &h->pool);
@@ -84,7 +86,8 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
   if (st != OI_OK) goto fail;
   uint64_t dt = oi__now_ns() - t0;
   h->pool_setup_ns = dt;
-  OI_LOG(OI_LOG_INFO, "host", "pool ready: %.2f GiB in %.3f s (%.2f GB/s)",
+  OI_LOG(opts.progress ? OI_LOG_DEBUG : OI_LOG_INFO, "host",
+         "pool ready: %.2f GiB in %.3f s (%.2f GB/s)",
          (double)h->capacity / (1ull << 30), (double)dt / 1e9,
          dt ? (double)h->capacity / (double)dt : 0.0);
   if (opts.progress) opts.progress(opts.progress_ctx, h->capacity, h->capacity);

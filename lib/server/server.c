@@ -292,7 +292,9 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
   if ((st = oi_offload_host_create(&s->host_opts, &host)) != OI_OK) goto fail;
   __atomic_store_n(&s->host, host, __ATOMIC_RELEASE); /* the endpoint's thread reads it */
   if ((st = listen_on(s, s->socket_path, opts.socket_mode)) != OI_OK) goto fail;
-  OI_LOG(OI_LOG_INFO, "server", "listening on %s (mode %o, epoch %016llx)", s->socket_path,
+  /* DEBUG: oi_server_create's caller reports it (oi_server_socket_path,
+   * oi_server_epoch); `openinfer serve` prints its own ready line. */
+  OI_LOG(OI_LOG_DEBUG, "server", "listening on %s (mode %o, epoch %016llx)", s->socket_path,
          opts.socket_mode, (unsigned long long)s->epoch);
   *out = s;
   return OI_OK;

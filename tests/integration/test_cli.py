@@ -55,5 +55,63 @@ check(p.returncode == 0 and "demo OK" in p.stdout, "demo tier defaults on cpu", 
 p = run("demo", "tier", "--device", "999")
 check(p.returncode == 1 and "device 999" in p.stderr, "demo tier on a missing device fails clearly", p)
 
+# ---- the first hour of a user and an operator (early, clear errors) ----
+import os
+import tempfile
+import time
+
+p = run("--help")
+check(all(b in p.stdout for b in ("host", "transfer", "rpc", "ttft")), "--help names the four benchmarks", p)
+p = run("bench", "rpc", "--help")
+check(p.returncode == 0 and "--json" in p.stdout and "default 20000" in p.stdout,
+      "bench rpc --help lists --json and the default of --samples", p)
+
+with tempfile.TemporaryDirectory(prefix="oi-cli-") as d:
+    sock = os.path.join(d, "s.sock")
+    # A pool larger than the machine is refused at once, pinned or not, with
+    # what is available; T is a size suffix.
+    for extra in ((), ("--no-pin",)):
+        t0 = time.monotonic()
+        p = run("serve", "--socket", sock, "--pool", "10T", "--no-metrics", *extra)
+        check(p.returncode == 1 and "10240.00 GiB asked for" in p.stderr and "available" in p.stderr
+              and time.monotonic() - t0 < 10, f"serve --pool 10T {' '.join(extra)} is refused at once", p)
+        check(not os.path.exists(sock), "no socket is left by a refused serve")
+    p = run("demo", "tier", "--device", "cpu", "--pool", "10240G")
+    check(p.returncode == 1 and "available" in p.stderr, "demo tier --pool 10240G is refused", p)
+    p = run("bench", "host", "--batch-bytes", "10240G")
+    check(p.returncode == 2 and "available" in p.stderr, "bench host --batch-bytes 10240G is refused at once", p)
+    # A pool too small for the demo is refused, not silently raised.
+    p = run("demo", "tier", "--device", "cpu", "--pool", "1K")
+    check(p.returncode == 2 and "too small" in p.stderr and "demo OK" not in p.stdout,
+          "demo tier --pool 1K is refused with the minimum", p)
+    # Socket errors come before the pool is set up.
+    p = run("serve", "--socket", "", "--pool", "64M", "--no-metrics")
+    check(p.returncode == 1 and "socket path is empty" in p.stderr and "pool ready" not in p.stderr,
+          "serve --socket '' says the path is empty", p)
+    p = run("serve", "--socket", os.path.join(d, "missing", "x.sock"), "--pool", "64M", "--no-metrics")
+    check(p.returncode == 1 and "missing" in p.stderr and "pool ready" not in p.stderr,
+          "serve on a missing directory fails before the pool", p)
+    # --no-pin never says pinning; each ready line is printed once.
+    proc = subprocess.Popen([exe, "serve", "--socket", sock, "--pool", "64M", "--no-pin", "--no-metrics"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = ""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "listening on" not in out:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        out += line
+    proc.terminate()
+    out += proc.communicate(timeout=20)[0]
+    check("pinning" not in out and "pinned" not in out, f"serve --no-pin never says pinning: {out!r}")
+    check(out.count("listening on") == 1 and out.count("pool ready") == 1,
+          f"serve prints its ready lines once: {out!r}")
+
+# The bench rpc table's columns line up.
+p = run("bench", "rpc", "--samples", "200")
+rows = [l for l in p.stdout.splitlines() if re.search(r"\d+\.\d\d\s+\d+\.\d\d", l)]
+ends = {m.end() for l in rows for m in [re.search(r"\d+\.\d\d", l)]}
+check(p.returncode == 0 and len(rows) == 4 and len(ends) == 1, "bench rpc's p50 column is aligned", p)
+
 print("test_cli:", "ok" if failures == 0 else f"{failures} failure(s)")
 sys.exit(1 if failures else 0)

@@ -8,6 +8,7 @@
 
 #include "bench.h"
 #include "cli.h"
+#include "device/hostmem.h"
 #include "openinfer/openinfer.h"
 
 static int cmd_bench_host(int argc, char **argv);
@@ -282,6 +283,17 @@ static int cmd_bench_host(int argc, char **argv) {
   }
   if (!cfg.index_blocks) cfg.index_blocks = cfg.quick ? 200000 : 10000000;
   if (!cfg.batch_bytes) cfg.batch_bytes = cfg.quick ? (64ull << 20) : (1ull << 30);
+  /* The batch phase holds the arena and a pool of the same size: refuse what
+   * the machine cannot give before the minutes of the index phase. */
+  const char *why;
+  uint64_t avail = oi__host_memory_available(&why);
+  if (cfg.batch_bytes > avail / 2) {
+    fprintf(stderr,
+            "openinfer bench host: --batch-bytes %.2f GiB needs about twice that (arena and "
+            "pool), but only %.2f GiB of memory is available (%s)\n",
+            (double)cfg.batch_bytes / (1ull << 30), (double)avail / (1ull << 30), why);
+    return CLI_USAGE;
+  }
 
   bench_host_result r;
   if (bench_host_run(&cfg, &r) != 0) return CLI_FAILED;

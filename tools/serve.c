@@ -93,8 +93,7 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
   if (done >= total) {
     if (p->tty && p->drawn) fprintf(stderr, "\r\033[K");
     fprintf(stderr, "openinfer serve: pool ready: %.2f GiB %s in %.2f s (%.2f GB/s)\n",
-            (double)total / gib, p->no_pin ? "set up (pageable, --no-pin)" : "pinned", secs,
-            rate);
+            (double)total / gib, p->no_pin ? "set up (pageable, --no-pin)" : "pinned", secs, rate);
     fflush(stderr);
     return;
   }
@@ -105,11 +104,13 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
       bar[i] = i < full ? '#' : '.';
     bar[40] = '\0';
     fprintf(stderr, "\r\033[K%s the pool [%s] %3.0f%% %.1f/%.1f GiB %.2f GB/s",
-            p->no_pin ? "setting up" : "pinning", bar, frac * 100, (double)done / gib, (double)total / gib, rate);
+            p->no_pin ? "setting up" : "pinning", bar, frac * 100, (double)done / gib,
+            (double)total / gib, rate);
     p->drawn = true;
   } else if (now - p->last >= 2000000000ull) {
     fprintf(stderr, "openinfer serve: %s the pool: %.0f%% (%.1f of %.1f GiB, %.2f GB/s)\n",
-            p->no_pin ? "setting up" : "pinning", frac * 100, (double)done / gib, (double)total / gib, rate);
+            p->no_pin ? "setting up" : "pinning", frac * 100, (double)done / gib,
+            (double)total / gib, rate);
     p->last = now;
   }
   fflush(stderr);

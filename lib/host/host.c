@@ -87,9 +87,8 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
   uint64_t dt = oi__now_ns() - t0;
   h->pool_setup_ns = dt;
   OI_LOG(opts.progress ? OI_LOG_DEBUG : OI_LOG_INFO, "host",
-         "pool ready: %.2f GiB in %.3f s (%.2f GB/s)",
-         (double)h->capacity / (1ull << 30), (double)dt / 1e9,
-         dt ? (double)h->capacity / (double)dt : 0.0);
+         "pool ready: %.2f GiB in %.3f s (%.2f GB/s)", (double)h->capacity / (1ull << 30),
+         (double)dt / 1e9, dt ? (double)h->capacity / (double)dt : 0.0);
   if (opts.progress) opts.progress(opts.progress_ctx, h->capacity, h->capacity);
   if ((st = oi__pool_init(h)) != OI_OK) goto fail;
   if ((st = oi__index_init(h)) != OI_OK) goto fail;

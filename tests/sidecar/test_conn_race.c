@@ -7,7 +7,8 @@
  * proxy (a single-threaded poll loop, so forking clients from it is safe).
  * Each round forks one client process that connects through the proxy and
  * starts WORKERS threads; the proxy forwards both ways and then, at a random
- * time, ends the link in one of several ways:
+ * time after the connect completed (the server's register reply passed),
+ * ends the link in one of several ways:
  *   CUT_CLOSE    close both sides between reads (before or after a frame)
  *   CUT_PARTIAL  forward only a random prefix of the next chunk (in either
  *                direction), then close: a frame cut in the middle
@@ -211,7 +212,42 @@ typedef struct proxy_link {
   uint64_t close_ns; /* CUT_STALL: when the link is closed */
   uint8_t *held;     /* CUT_STALL: server bytes held back */
   size_t held_n, held_cap;
+  /* The server's frames seen so far: the clock of the cut starts once the
+   * second (the register reply) has passed, so the cut finds a live client
+   * however slowly the machine connects. */
+  uint32_t s2c_frames;
+  uint64_t s2c_left; /* bytes left of the current frame's body */
+  uint8_t hdr[4];
+  size_t hdr_n;
 } proxy_link;
+
+/* Counts the server's frames in bytes forwarded to the client; starts the
+ * cut's clock after the register reply. */
+static void track_s2c(proxy_link *l, const uint8_t *p, size_t n, uint64_t *rng) {
+  while (n && l->s2c_frames < 2) {
+    if (l->s2c_left) {
+      size_t k = n < l->s2c_left ? n : (size_t)l->s2c_left;
+      l->s2c_left -= k;
+      p += k;
+      n -= k;
+    } else {
+      l->hdr[l->hdr_n++] = *p++;
+      n--;
+      if (l->hdr_n < 4) continue;
+      uint32_t len = 0;
+      REQUIRE(oi__wire_frame_length(l->hdr, OI_WIRE_MAX_FRAME, &len) == OI_OK);
+      l->hdr_n = 0;
+      l->s2c_left = len;
+    }
+    if (!l->s2c_left && !l->hdr_n) l->s2c_frames++;
+  }
+  if (l->s2c_frames == 2 && l->cut_ns == UINT64_MAX) {
+    uint64_t now = oi__now_ns();
+    l->cut_ns = now + (5 + rng_next(rng) % 400) * 1000000ull;
+    l->late_ns = l->cut_ns + (250 + rng_next(rng) % 200) * 1000000ull;
+    l->close_ns = l->late_ns + (rng_next(rng) % 100) * 1000000ull;
+  }
+}
 
 static void link_close(proxy_link *l) {
   if (l->c >= 0) close(l->c);
@@ -254,6 +290,7 @@ static bool pump(proxy_link *l, int from, int to, bool to_client, uint64_t *rng)
     write_all(to, buf, (size_t)(rng_next(rng) % (uint64_t)k));
     return false;
   }
+  if (to_client) track_s2c(l, buf, (size_t)k, rng);
   return write_all(to, buf, (size_t)k);
 }
 
@@ -306,9 +343,7 @@ static int run_round(int lfd, const char *server_socket, pid_t child, uint64_t *
           l.s = s;
           l.kind = (int)(rng_next(rng) % CUT_KINDS);
           *kind_out = l.kind;
-          l.cut_ns = now + (20 + rng_next(rng) % 400) * 1000000ull;
-          l.late_ns = l.cut_ns + (250 + rng_next(rng) % 200) * 1000000ull;
-          l.close_ns = l.late_ns + (rng_next(rng) % 100) * 1000000ull;
+          l.cut_ns = l.late_ns = l.close_ns = UINT64_MAX; /* set once connected */
         }
       }
     }
@@ -322,13 +357,16 @@ static int run_round(int lfd, const char *server_socket, pid_t child, uint64_t *
       l.held_n = 0;
     }
     if (alive && l.kind == CUT_CLOSE && now >= l.cut_ns) alive = false;
-    if (alive && l.kind == CUT_PARTIAL && now >= l.cut_ns + 50000000ull) alive = false;
+    if (alive && l.kind == CUT_PARTIAL && l.cut_ns != UINT64_MAX && now >= l.cut_ns + 50000000ull)
+      alive = false;
     if (alive && l.kind == CUT_STALL && now >= l.close_ns) alive = false;
     if (!alive) link_close(&l);
   }
   link_close(&l);
   return status;
 }
+
+static test_server ts; /* static: ts_atexit reads it after main returns */
 
 static const char *describe(int status, char *buf, size_t cap) {
   if (WIFSIGNALED(status))
@@ -348,7 +386,6 @@ int main(int argc, char **argv) {
   if (env && *env) rounds = atoi(env);
   for (int i = 2; i + 1 < argc; i++)
     if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
-  test_server ts;
   ts_init(&ts, argv[1]);
   const char *extra[] = {"--log-level", "warn", NULL};
   REQUIRE(ts_start(&ts, extra));

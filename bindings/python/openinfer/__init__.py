@@ -13,6 +13,12 @@ Memory: on the cpu backend arenas are given as objects supporting the writable
 buffer protocol (``bytearray``, ``mmap``, a writable ``memoryview``...), which
 the engine keeps referenced for its whole life; on cuda as integer device
 pointers (``tensor.data_ptr()``), which the caller keeps alive.
+
+Hot-path calls take and return buffers, passed to C in place: tokens as a
+buffer of uint32 (``hash_blocks_buffer``, which returns ``BlockHashes`` over
+n*16 bytes), hashes as one buffer of n*16 bytes, block ids as a buffer of
+int64, present flags written into a buffer (``query_membership``). The list
+forms (``hash_blocks``, lists of ids and hashes) still work.
 """
 import array
 import asyncio

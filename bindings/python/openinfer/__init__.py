@@ -13,7 +13,14 @@ Memory: on the cpu backend arenas are given as objects supporting the writable
 buffer protocol (``bytearray``, ``mmap``, a writable ``memoryview``...), which
 the engine keeps referenced for its whole life; on cuda as integer device
 pointers (``tensor.data_ptr()``), which the caller keeps alive.
+
+Hot-path calls take and return buffers, passed to C in place: tokens as a
+buffer of uint32 (``hash_blocks_buffer``, which returns ``BlockHashes`` over
+n*16 bytes), hashes as one buffer of n*16 bytes, block ids as a buffer of
+int64, present flags written into a buffer (``query_membership``). The list
+forms (``hash_blocks``, lists of ids and hashes) still work.
 """
+import array
 import asyncio
 import threading
 import weakref
@@ -26,7 +33,8 @@ __all__ = [
     "UnsupportedError", "PermissionError", "VersionError", "InternalError", "NoDeviceError",
     "BusyError", "UnknownError",
     "OffloadHost", "OffloadEngine", "Arena", "Ticket", "Lease", "QueryResult", "ImportedArena",
-    "Server", "hash_blocks", "version", "version_string", "device_count", "device_info",
+    "Server", "hash_blocks", "hash_blocks_buffer", "BlockHashes", "version", "version_string",
+    "device_count", "device_info",
     "set_log_level", "get_log_level", "set_log_handler", "status_name", "DEVICE_CPU",
     "FOREVER",
 ]
@@ -179,53 +187,240 @@ def _timeout_ms(timeout):
     return max(0, min(ms, _U32_MAX - 1))
 
 
-def _hash_array(hashes):
-    """A cdata oi_block_hash[n] from a sequence of 16-byte objects or one
-    bytes-like object of 16*n bytes."""
-    if isinstance(hashes, (bytes, bytearray, memoryview)) and len(hashes) % 16 == 0 \
-            and len(hashes) != 16:
-        raw = bytes(hashes)
-        hashes = [raw[i:i + 16] for i in range(0, len(raw), 16)]
-    elif isinstance(hashes, (bytes, bytearray, memoryview)):
-        hashes = [bytes(hashes)]
-    n = len(hashes)
-    arr = ffi.new("oi_block_hash[]", max(n, 1))
-    for i, h in enumerate(hashes):
-        h = bytes(h)
-        if len(h) != 16:
-            raise InvalidArgumentError("hash %d is %d bytes, not 16" % (i, len(h)))
-        ffi.memmove(arr[i].bytes, h, 16)
-    return arr, n
+# --------------------------------------------------------------------------- buffers
+#
+# The hot-path calls take and return buffers: hashes travel as one buffer of
+# n*16 bytes, block ids as one buffer of int64, tokens as one buffer of uint32,
+# present flags as one buffer of n bytes. cffi's from_buffer hands the C call
+# a pointer into the caller's object (no copy, no per-block Python loop);
+# lists and other iterables are still accepted and converted in C (array).
+
+_RAW_FORMATS = ("B", "b", "c")  # a plain byte buffer: the items' little-endian bytes
 
 
-def _ids_array(ids):
-    ids = list(ids)
-    arr = ffi.new("int64_t[]", max(len(ids), 1))
-    for i, b in enumerate(ids):
-        arr[i] = b
-    return arr, len(ids)
+def _memoryview(obj, what):
+    """A memoryview of obj, or None when obj does not support the buffer protocol."""
+    if isinstance(obj, (str, list, tuple, range)):
+        return None
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        return None
+    if not mv.c_contiguous:
+        raise InvalidArgumentError("%s: the buffer is not C-contiguous" % what)
+    return mv
 
 
-def hash_blocks(tokens, block_size, salt=b"", parent=None):
-    """Chained 16-byte hashes (bytes) of the full blocks of `tokens` (ints)."""
-    tokens = list(tokens)
-    toks = ffi.new("uint32_t[]", max(len(tokens), 1))
-    for i, t in enumerate(tokens):
-        toks[i] = t
-    cap = len(tokens) // block_size if block_size > 0 else 0
-    out = ffi.new("oi_block_hash[]", max(cap, 1))
+def _typed_buffer(obj, ctype, itemsize, formats, what):
+    """(cdata ctype[], n) pointing into obj, a contiguous buffer of items of
+    `itemsize` bytes (format in `formats`) or a byte buffer of n*itemsize
+    bytes; None when obj is not a buffer."""
+    mv = _memoryview(obj, what)
+    if mv is None:
+        return None
+    fmt = mv.format.lstrip("@=<")
+    if mv.format[:1] in (">", "!") and mv.itemsize != 1:
+        raise InvalidArgumentError("%s: big-endian buffers are not supported" % what)
+    if not ((mv.itemsize == itemsize and fmt in formats) or
+            (mv.itemsize == 1 and fmt in _RAW_FORMATS)):
+        raise InvalidArgumentError(
+            "%s: a buffer of format %r (%d-byte items); need %s (or raw bytes)"
+            % (what, mv.format, mv.itemsize, ctype))
+    if mv.nbytes % itemsize:
+        raise InvalidArgumentError("%s: %d bytes is not a multiple of %d"
+                                   % (what, mv.nbytes, itemsize))
+    return ffi.from_buffer(ctype + "[]", obj), mv.nbytes // itemsize
+
+
+_U32_FORMATS = ("I", "i", "L", "l")  # with 4-byte items
+
+
+def _u32_in(tokens, what="tokens", raw_bytes=True):
+    """(cdata uint32_t[], n, keep) for tokens: a buffer of 4-byte integers
+    (array('I'), a numpy uint32/int32 array, a memoryview) used in place, a
+    byte buffer read as little-endian uint32 (raw_bytes), or else any
+    iterable of ints (converted by array('I'))."""
+    mv = _memoryview(tokens, what)
+    if mv is not None and (raw_bytes or (mv.itemsize == 4 and mv.format.lstrip("@=<")
+                                         in _U32_FORMATS)):
+        return _typed_buffer(tokens, "uint32_t", 4, _U32_FORMATS, what) + (tokens,)
+    try:  # (iter: array() would take a bytes object's raw bytes)
+        arr = array.array("I", iter(tokens))
+    except (TypeError, OverflowError, ValueError) as e:
+        raise InvalidArgumentError("%s: %s" % (what, e)) from None
+    return ffi.from_buffer("uint32_t[]", arr), len(arr), arr
+
+
+_INT_FORMATS = ("b", "B", "h", "H", "i", "I", "l", "L", "q", "Q", "n", "N")
+
+
+def _ids_in(ids, what="block ids"):
+    """(cdata int64_t[], n, keep) for block ids: a buffer of int64 (array('q'),
+    numpy int64) or a byte buffer of n*8 bytes, used in place; a 1-D buffer
+    of other integers, or any iterable of ints, is converted (a copy)."""
+    mv = _memoryview(ids, what)
+    if mv is not None:
+        fmt = mv.format.lstrip("@=<")
+        if (mv.itemsize == 8 and fmt in ("q", "l")) or (mv.itemsize == 1 and fmt in _RAW_FORMATS):
+            return _typed_buffer(ids, "int64_t", 8, ("q", "l"), what) + (ids,)
+        if fmt not in _INT_FORMATS or mv.format[:1] in (">", "!") or mv.ndim != 1:
+            raise InvalidArgumentError("%s: a buffer of format %r and %d dimension(s); need "
+                                       "int64 (or integers in one dimension)"
+                                       % (what, mv.format, mv.ndim))
+        ids = mv.tolist()
+    try:
+        arr = array.array("q", ids)
+    except (TypeError, OverflowError, ValueError) as e:
+        raise InvalidArgumentError("%s: %s" % (what, e)) from None
+    return ffi.from_buffer("int64_t[]", arr), len(arr), arr
+
+
+class BlockHashes:
+    """n 16-byte block hashes in one buffer of n*16 bytes, indexed lazily.
+
+    ``len(h)`` is n; ``h[i]`` is the i-th hash as ``bytes`` (made when asked
+    for); ``h[a:b]`` is a BlockHashes view of the same bytes; ``bytes(h)`` /
+    ``h.tobytes()`` are the n*16 bytes and ``h.buffer`` a memoryview of them
+    (zero copy). Every call that takes hashes accepts it as it is. Equal to
+    another BlockHashes or bytes-like object with the same bytes, and to a
+    list of the same 16-byte hashes."""
+
+    __slots__ = ("_mv",)
+
+    def __init__(self, data=b""):
+        if isinstance(data, BlockHashes):
+            mv = data._mv
+        else:
+            mv = _memoryview(data, "hashes")
+            if mv is None:
+                raise InvalidArgumentError("hashes: need a bytes-like object of n*16 bytes")
+            if mv.format != "B" or mv.ndim != 1:
+                mv = mv.cast("B")
+        if mv.nbytes % 16:
+            raise InvalidArgumentError("hashes: %d bytes is not a multiple of 16" % mv.nbytes)
+        self._mv = mv
+
+    @property
+    def buffer(self):
+        """A read-only memoryview of the n*16 bytes."""
+        return self._mv.toreadonly()
+
+    def __len__(self):
+        return self._mv.nbytes // 16
+
+    def __getitem__(self, i):
+        n = self._mv.nbytes // 16
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            if step == 1:
+                return BlockHashes(self._mv[16 * start:16 * max(start, stop)])
+            return BlockHashes(b"".join(self[j] for j in range(start, stop, step)))
+        i = i.__index__()
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("hash index out of range")
+        return self._mv[16 * i:16 * i + 16].tobytes()
+
+    def __iter__(self):
+        raw = self._mv.tobytes()
+        return (raw[i:i + 16] for i in range(0, len(raw), 16))
+
+    def tobytes(self):
+        return self._mv.tobytes()
+
+    __bytes__ = tobytes
+
+    def tolist(self):
+        """The hashes as a list of 16-byte ``bytes``."""
+        return list(self)
+
+    def __eq__(self, other):
+        if isinstance(other, BlockHashes):
+            return self._mv == other._mv
+        if isinstance(other, (list, tuple)):
+            return self.tolist() == [bytes(h) for h in other]
+        try:
+            return self._mv == memoryview(other).cast("B")
+        except TypeError:
+            return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        n = len(self)
+        head = ", ".join(self[i].hex() for i in range(min(n, 2)))
+        return "BlockHashes(%d: %s%s)" % (n, head, ", ..." if n > 2 else "")
+
+
+def _hashes_in(hashes):
+    """(cdata oi_block_hash[], n, keep) for hashes: a BlockHashes, one
+    bytes-like object of n*16 bytes (exactly 16 bytes is one hash; numpy
+    uint8 arrays of shape (n, 16) too), or a sequence of 16-byte objects."""
+    if isinstance(hashes, BlockHashes):
+        keep = hashes._mv
+    else:
+        mv = _memoryview(hashes, "hashes")
+        if mv is not None:
+            if mv.nbytes % 16:
+                raise InvalidArgumentError("hashes: %d bytes is not a multiple of 16"
+                                           % mv.nbytes)
+            keep = mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+        else:  # a sequence of 16-byte objects
+            hashes = [bytes(h) for h in hashes]
+            for i, h in enumerate(hashes):
+                if len(h) != 16:
+                    raise InvalidArgumentError("hash %d is %d bytes, not 16" % (i, len(h)))
+            keep = b"".join(hashes)
+    return ffi.from_buffer("oi_block_hash[]", keep), len(keep) // 16, keep
+
+
+def _writable_out(out, nbytes, what):
+    """(cdata char[], keep) for an output buffer of at least nbytes (a new
+    bytearray when out is None)."""
+    if out is None:
+        out = bytearray(nbytes)
+    mv = _memoryview(out, what)
+    if mv is None or mv.readonly:
+        raise InvalidArgumentError("%s: need a writable buffer" % what)
+    if mv.nbytes < nbytes:
+        raise InvalidArgumentError("%s: %d bytes, need %d" % (what, mv.nbytes, nbytes))
+    return ffi.from_buffer("char[]", out, require_writable=True), out
+
+
+def hash_blocks_buffer(tokens, block_size, salt=b"", parent=None, *, out=None):
+    """Chained 16-byte hashes of the full blocks of `tokens`, as BlockHashes.
+
+    tokens: any buffer of uint32 (``array('I')``, a numpy uint32 or int32
+    array, a memoryview, or bytes read as little-endian uint32), used in place;
+    an iterable of ints is converted first. out: optional writable buffer of
+    at least n*16 bytes to write the hashes into (else a new bytearray); the
+    result views it."""
+    toks, n_tokens, _keep_tokens = _u32_in(tokens)
+    cap = n_tokens // block_size if block_size > 0 else 0
+    outp, out = _writable_out(out, 16 * cap, "out")
     n_out = ffi.new("size_t *")
     par = ffi.NULL
     if parent is not None:
-        par = ffi.new("oi_block_hash *")
         p = bytes(parent)
         if len(p) != 16:
             raise InvalidArgumentError("parent is %d bytes, not 16" % len(p))
-        ffi.memmove(par.bytes, p, 16)
+        par = ffi.from_buffer("oi_block_hash[]", p)
     salt = bytes(salt)
-    _check(lib.oi_hash_blocks(toks, len(tokens), block_size, salt if salt else ffi.NULL,
-                              len(salt), par, out, cap, n_out))
-    return [bytes(ffi.buffer(out[i].bytes, 16)) for i in range(n_out[0])]
+    _check(lib.oi_hash_blocks(toks, n_tokens, block_size, salt if salt else ffi.NULL, len(salt),
+                              par, ffi.cast("oi_block_hash *", outp), cap, n_out))
+    mv = memoryview(out)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return BlockHashes(mv[:16 * n_out[0]])
+
+
+def hash_blocks(tokens, block_size, salt=b"", parent=None):
+    """Chained 16-byte hashes (a list of bytes) of the full blocks of `tokens`
+    (an iterable of ints, or a buffer of uint32). The list-based form of
+    hash_blocks_buffer."""
+    toks, _, keep = _u32_in(tokens, raw_bytes=False)
+    return hash_blocks_buffer(keep, block_size, salt, parent).tolist()
 
 
 # --------------------------------------------------------------------------- tickets
@@ -668,9 +863,14 @@ class OffloadEngine(_Handle):
 
     def save(self, block_ids, hashes, *, on_done=None, wait_event=None):
         """Saves block_ids[i] under hashes[i]; returns a Ticket. on_done(status)
-        is called on a library thread once the blocks may be reused."""
-        ids, n = _ids_array(block_ids)
-        hs, nh = _hash_array(hashes)
+        is called on a library thread once the blocks may be reused.
+
+        block_ids: a buffer of int64 (array('q'), numpy int64) or an iterable
+        of ints; hashes: a BlockHashes, one buffer of n*16 bytes, or a
+        sequence of 16-byte hashes. Buffers are passed to C in place (the
+        library copies both before save returns)."""
+        ids, n, _keep_ids = _ids_in(block_ids)
+        hs, nh, _keep_hs = _hashes_in(hashes)
         if n != nh:
             raise InvalidArgumentError("%d block ids but %d hashes" % (n, nh))
         opt = ffi.new("oi_save_options *")
@@ -696,22 +896,40 @@ class OffloadEngine(_Handle):
         return Ticket(t[0])
 
     def query(self, hashes, req_id=None, *, membership=False):
-        """Counts the leading run of `hashes` in the host tier and leases it."""
-        hs, n = _hash_array(hashes)
+        """Counts the leading run of `hashes` (as in save) in the host tier and
+        leases it. membership=True: see query_membership (QueryResult.present
+        is then a list of bools)."""
+        if membership:
+            present, hits, loading = self._membership(hashes, None, req_id)
+            return QueryResult(hits, None, loading, list(map(bool, present)))
+        hs, n, _keep = _hashes_in(hashes)
         r = ffi.new("oi_query_result *")
         r.struct_size = ffi.sizeof("oi_query_result")
-        present = None
-        if membership:
-            present = ffi.new("uint8_t[]", max(n, 1))
-            r.present = present
         rid = req_id.encode() if req_id is not None else ffi.NULL
-        flags = lib.OI_QUERY_MEMBERSHIP if membership else 0
         with self._lock:
-            _check(lib.oi_offload_engine_query(self._p(), rid, hs, n, flags, r))
+            _check(lib.oi_offload_engine_query(self._p(), rid, hs, n, 0, r))
         raw = bytes(ffi.buffer(r.lease.bytes, 16))
         lease = Lease(self, raw, r.hit_blocks) if any(raw) else None
-        return QueryResult(r.hit_blocks, lease, r.state == lib.OI_QUERY_LOADING,
-                           [bool(present[i]) for i in range(n)] if membership else None)
+        return QueryResult(r.hit_blocks, lease, r.state == lib.OI_QUERY_LOADING)
+
+    def query_membership(self, hashes, out=None):
+        """Which of `hashes` (a BlockHashes or one buffer of n*16 bytes; a
+        sequence of 16-byte hashes also works) are present, each on its own:
+        no prefix rule, no lease. Returns the n present flags (1 present, 0
+        not) written into `out` (a writable buffer of at least n bytes: a
+        bytearray, a numpy uint8/bool array) or into a new bytearray."""
+        return self._membership(hashes, out, None)[0]
+
+    def _membership(self, hashes, out, req_id):
+        hs, n, _keep = _hashes_in(hashes)
+        outp, out = _writable_out(out, n, "out")
+        r = ffi.new("oi_query_result *")
+        r.struct_size = ffi.sizeof("oi_query_result")
+        r.present = ffi.cast("uint8_t *", outp)
+        rid = req_id.encode() if req_id is not None else ffi.NULL
+        with self._lock:
+            _check(lib.oi_offload_engine_query(self._p(), rid, hs, n, lib.OI_QUERY_MEMBERSHIP, r))
+        return out, r.hit_blocks, r.state == lib.OI_QUERY_LOADING
 
     def load(self, lease, dst_block_ids, arena_events=False):
         """Copies the leased blocks into dst_block_ids; consumes one share of
@@ -720,7 +938,7 @@ class OffloadEngine(_Handle):
         raw = lease.raw if isinstance(lease, Lease) else bytes(lease)
         if len(raw) != 16:
             raise InvalidArgumentError("a lease is 16 bytes")
-        ids, n = _ids_array(dst_block_ids)
+        ids, n, _keep = _ids_in(dst_block_ids)
         cl = ffi.new("oi_lease *")
         ffi.memmove(cl.bytes, raw, 16)
         opt = ffi.new("oi_load_options *")

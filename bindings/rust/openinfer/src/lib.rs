@@ -7,9 +7,29 @@
 //!   dropped (or moved) while an engine lives;
 //! * a sidecar engine ([`OffloadEngine::connect`]) owns the arena it imported
 //!   and its `Drop` closes that mapping *before* it flushes and unregisters;
-//! * a [`Ticket`] borrows its engine and its `Drop` waits for the operation,
-//!   so the KV buffer can only be touched (`buffer_mut`, which takes
-//!   `&mut self`) when no copy is in flight.
+//! * a [`Ticket`] borrows its engine; dropping it does not wait (the library
+//!   keeps the operation alive until it completes), and the engine counts the
+//!   operation as in flight until its completion callback ran: the KV buffer
+//!   is only handed out (`buffer_mut`, which takes `&mut self`) once no copy
+//!   is in flight, waiting for detached ones.
+//!
+//! A ticket is a [`Future`](std::future::Future) whose waker is driven by the
+//! ticket's completion callback (`oi_ticket_set_callback`); [`block_on`] is a
+//! small std-only executor to drive one:
+//!
+//! ```no_run
+//! use openinfer::*;
+//! let host = OffloadHost::new(&HostOptions::new(16 << 20)).unwrap();
+//! let opts = EngineOptions::new("ns", vec![ArenaDesc::new("k", 4, 4096)]);
+//! let engine = OffloadEngine::new(&host, &opts, vec![0u8; 4 * 4096]).unwrap();
+//! let hashes = hash_blocks(&(0..32).collect::<Vec<u32>>(), 16, b"", None).unwrap();
+//! block_on(async {
+//!     engine.save(&[0, 1], &hashes)?.await?;
+//!     let lease = engine.query(None, &hashes)?.lease.unwrap();
+//!     engine.load(lease, &[2, 3])?.await
+//! })
+//! .unwrap();
+//! ```
 //!
 //! The host must outlive its engines:
 //!
@@ -51,12 +71,18 @@
 //! drop(host);
 //! ```
 
+use std::any::Any;
 use std::ffi::{CStr, CString};
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
-use std::os::raw::{c_char, c_void};
+use std::os::raw::{c_char, c_int, c_void};
 use std::os::unix::io::RawFd;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::pin::Pin;
 use std::ptr::{self, NonNull};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 pub use openinfer_sys as sys;
@@ -530,6 +556,7 @@ enum Memory {
 pub struct OffloadEngine<'h> {
     raw: NonNull<sys::oi_offload_engine>,
     mem: Memory,
+    inflight: Arc<InFlight>,
     _host: PhantomData<&'h OffloadHost>,
 }
 
@@ -548,7 +575,12 @@ impl<'h> OffloadEngine<'h> {
         let raw = opts.raw(buffer.as_mut_ptr() as *mut c_void, buffer.len() as u64)?;
         let mut out = ptr::null_mut();
         check(unsafe { sys::oi_offload_engine_create(host.as_ptr(), &raw.o, &mut out) })?;
-        Ok(OffloadEngine { raw: NonNull::new(out).unwrap(), mem: Memory::Owned(buffer), _host: PhantomData })
+        Ok(OffloadEngine {
+            raw: NonNull::new(out).unwrap(),
+            mem: Memory::Owned(buffer),
+            inflight: Arc::default(),
+            _host: PhantomData,
+        })
     }
 
     /// An embedded engine over caller-managed memory (a cuda device pointer,
@@ -566,7 +598,12 @@ impl<'h> OffloadEngine<'h> {
         let raw = opts.raw(base, size)?;
         let mut out = ptr::null_mut();
         check(sys::oi_offload_engine_create(host.as_ptr(), &raw.o, &mut out))?;
-        Ok(OffloadEngine { raw: NonNull::new(out).unwrap(), mem: Memory::Raw(base, size), _host: PhantomData })
+        Ok(OffloadEngine {
+            raw: NonNull::new(out).unwrap(),
+            mem: Memory::Raw(base, size),
+            inflight: Arc::default(),
+            _host: PhantomData,
+        })
     }
 
     pub fn as_ptr(&self) -> *mut sys::oi_offload_engine {
@@ -598,8 +635,11 @@ impl<'h> OffloadEngine<'h> {
 
     /// The KV bytes for writing (cpu memory: an owned buffer or a cpu
     /// sidecar arena). Taking `&mut self` proves no [`Ticket`] (which borrows
-    /// the engine and waits in its `Drop`) is live, so no copy touches it.
+    /// the engine) is live; operations whose tickets were dropped before they
+    /// completed are waited for here ([`wait_in_flight`](Self::wait_in_flight)),
+    /// so no copy touches the bytes while the slice lives.
     pub fn buffer_mut(&mut self) -> Result<&mut [u8]> {
+        self.inflight.wait_idle();
         match &mut self.mem {
             Memory::Owned(v) => Ok(&mut v[..]),
             Memory::Imported(a) => unsafe {
@@ -611,23 +651,63 @@ impl<'h> OffloadEngine<'h> {
         }
     }
 
+    /// Operations of this engine whose completion has not been reported yet
+    /// (live tickets and dropped ones).
+    pub fn in_flight(&self) -> usize {
+        self.inflight.count()
+    }
+
+    /// Blocks until every operation submitted so far has completed, the ones
+    /// whose tickets were dropped included.
+    pub fn wait_in_flight(&self) {
+        self.inflight.wait_idle()
+    }
+
     /// Saves `block_ids[i]` under `hashes[i]`. The ticket borrows the engine.
     pub fn save(&self, block_ids: &[i64], hashes: &[BlockHash]) -> Result<Ticket<'_>> {
+        self.save_with(block_ids, hashes, SaveOptions::new())
+    }
+
+    /// [`save`](Self::save) with options: a CUDA event to wait for before
+    /// copying, and a completion closure (`on_done`, the signal that the
+    /// device blocks may be reused).
+    pub fn save_with(&self, block_ids: &[i64], hashes: &[BlockHash], opts: SaveOptions) -> Result<Ticket<'_>> {
         if block_ids.len() != hashes.len() {
             return Err(invalid("block_ids and hashes differ in length"));
         }
+        let mut o: sys::oi_save_options = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::oi_save_options_init(&mut o) })?;
+        o.wait_event = opts.wait_event;
+        let on_done = opts.on_done.map(|f| Arc::new(OnDone(Mutex::new(Some(f)))));
+        let mut ctx: *const OnDone = ptr::null();
+        if let Some(d) = &on_done {
+            ctx = Arc::into_raw(d.clone());
+            o.on_done = Some(save_done);
+            o.on_done_ctx = ctx as *mut c_void;
+        }
         let mut t = ptr::null_mut();
-        check(unsafe {
+        let st = unsafe {
             sys::oi_offload_engine_save(
                 self.raw.as_ptr(),
                 block_ids.as_ptr(),
                 hashes.as_ptr() as *const sys::oi_block_hash,
                 block_ids.len() as sys::size_t,
-                ptr::null(),
+                &o,
                 &mut t,
             )
-        })?;
-        Ticket::from_raw(t)
+        };
+        if st < 0 {
+            let err = Error::from_last(st);
+            // A refused save never calls on_done (the library drops it): free
+            // the closure and the reference the library would have consumed.
+            if let Some(d) = &on_done {
+                if lock(&d.0).take().is_some() {
+                    drop(unsafe { Arc::from_raw(ctx) });
+                }
+            }
+            return Err(err);
+        }
+        Ticket::from_raw(t, Some(&self.inflight))
     }
 
     /// Counts the leading run of `hashes` in the host tier and leases it.
@@ -674,16 +754,21 @@ impl<'h> OffloadEngine<'h> {
     /// Copies the leased blocks into `dst_block_ids`; consumes one share of
     /// the lease, whether the load succeeds or fails.
     pub fn load(&self, lease: Lease, dst_block_ids: &[i64]) -> Result<Ticket<'_>> {
-        self.load_with(lease, dst_block_ids, 0)
+        self.load_flags(lease, dst_block_ids, 0)
     }
 
     /// [`OffloadEngine::load`] arena by arena, with a CUDA event after each arena's
     /// copies ([`Ticket::arena_event`]; `OI_LOAD_ARENA_EVENTS`).
     pub fn load_layered(&self, lease: Lease, dst_block_ids: &[i64]) -> Result<Ticket<'_>> {
-        self.load_with(lease, dst_block_ids, sys::OI_LOAD_ARENA_EVENTS as u32)
+        self.load_flags(lease, dst_block_ids, LOAD_ARENA_EVENTS)
     }
 
-    fn load_with(&self, lease: Lease, dst_block_ids: &[i64], flags: u32) -> Result<Ticket<'_>> {
+    /// [`load`](Self::load) with options (`OI_LOAD_*` flags).
+    pub fn load_with(&self, lease: Lease, dst_block_ids: &[i64], opts: &LoadOptions) -> Result<Ticket<'_>> {
+        self.load_flags(lease, dst_block_ids, opts.flags)
+    }
+
+    fn load_flags(&self, lease: Lease, dst_block_ids: &[i64], flags: u32) -> Result<Ticket<'_>> {
         let mut t = ptr::null_mut();
         let mut opt: sys::oi_load_options = unsafe { std::mem::zeroed() };
         check(unsafe { sys::oi_load_options_init(&mut opt) })?;
@@ -698,7 +783,7 @@ impl<'h> OffloadEngine<'h> {
                 &mut t,
             )
         })?;
-        Ticket::from_raw(t)
+        Ticket::from_raw(t, Some(&self.inflight))
     }
 
     /// Drops a lease (`LeaseExpired` when it is unknown, consumed or expired).
@@ -754,6 +839,7 @@ impl OffloadEngine<'static> {
         Ok(OffloadEngine {
             raw: NonNull::new(out).unwrap(),
             mem: Memory::Imported(NonNull::new(arena).unwrap()),
+            inflight: Arc::default(),
             _host: PhantomData,
         })
     }
@@ -761,7 +847,9 @@ impl OffloadEngine<'static> {
 
 impl Drop for OffloadEngine<'_> {
     /// Drop order: close the imported mapping (sidecar), then flush and
-    /// unregister; an owned buffer is freed after the engine is gone.
+    /// unregister; an owned buffer is freed after the engine is gone
+    /// (`oi_offload_engine_destroy` drains the engine's copies, those of
+    /// dropped tickets included, before it returns).
     fn drop(&mut self) {
         unsafe {
             if let Memory::Imported(a) = self.mem {
@@ -774,23 +862,217 @@ impl Drop for OffloadEngine<'_> {
 
 // ---------------------------------------------------------------------------- tickets
 
-/// The completion of a save or load. Borrows its engine; dropping it waits
-/// for the operation (so the engine's memory is never released or handed out
-/// for writing while a copy may touch it), then drops the reference.
+/// `OI_LOAD_ARENA_EVENTS`: copy arena by arena with a CUDA event after each.
+pub const LOAD_ARENA_EVENTS: u32 = sys::OI_LOAD_ARENA_EVENTS as u32;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The result of a completed operation, as a completion callback sees it
+/// (on a library thread, where `oi_last_error()` says nothing about it).
+fn op_result(st: i32) -> Result<()> {
+    if st >= 0 {
+        Ok(())
+    } else {
+        Err(Error::new(st, format!("the operation completed with {}", status_name(st))))
+    }
+}
+
+/// A completion closure: runs once, on a library thread, and must not block.
+type DoneFn = Box<dyn FnOnce(Result<()>) + Send + 'static>;
+
+/// Operations of one engine whose completion callback has not run yet.
+#[derive(Default)]
+struct InFlight {
+    n: Mutex<usize>,
+    idle: Condvar,
+}
+
+impl InFlight {
+    fn begin(&self) {
+        *lock(&self.n) += 1;
+    }
+    fn end(&self) {
+        let mut n = lock(&self.n);
+        *n -= 1;
+        if *n == 0 {
+            self.idle.notify_all();
+        }
+    }
+    fn count(&self) -> usize {
+        *lock(&self.n)
+    }
+    fn wait_idle(&self) {
+        let mut n = lock(&self.n);
+        while *n > 0 {
+            n = self.idle.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// What the ticket's completion callback fills in.
+#[derive(Default)]
+struct Completion {
+    status: Option<i32>,
+    waker: Option<Waker>,
+    callbacks: Vec<DoneFn>,
+}
+
+/// The context of the C completion callback: consumed by its one call.
+struct TicketCtx {
+    done: Arc<Mutex<Completion>>,
+    inflight: Option<Arc<InFlight>>,
+}
+
+unsafe extern "C" fn ticket_done(ctx: *mut c_void, _t: *mut sys::oi_ticket, st: sys::oi_status) {
+    // The library calls this exactly once per ticket (oi_ticket_set_callback).
+    let ctx = Box::from_raw(ctx as *mut TicketCtx);
+    let (waker, callbacks) = {
+        let mut c = lock(&ctx.done);
+        c.status = Some(st);
+        (c.waker.take(), std::mem::take(&mut c.callbacks))
+    };
+    if let Some(f) = &ctx.inflight {
+        f.end(); // the copies are over: buffer_mut may hand the bytes out
+    }
+    if let Some(w) = waker {
+        let _ = catch_unwind(AssertUnwindSafe(|| w.wake()));
+    }
+    for f in callbacks {
+        // A panic must not unwind into the library's thread.
+        let _ = catch_unwind(AssertUnwindSafe(|| f(op_result(st))));
+    }
+}
+
+/// The context of a save's `on_done`: the closure, taken by whoever runs first.
+struct OnDone(Mutex<Option<DoneFn>>);
+
+unsafe extern "C" fn save_done(ctx: *mut c_void, st: sys::oi_status) {
+    let ctx = Arc::from_raw(ctx as *const OnDone);
+    let f = lock(&ctx.0).take();
+    if let Some(f) = f {
+        let _ = catch_unwind(AssertUnwindSafe(|| f(op_result(st))));
+    }
+}
+
+/// Options of [`OffloadEngine::save_with`].
+pub struct SaveOptions {
+    wait_event: *mut c_void,
+    on_done: Option<DoneFn>,
+}
+
+impl fmt::Debug for SaveOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SaveOptions")
+            .field("wait_event", &self.wait_event)
+            .field("on_done", &self.on_done.is_some())
+            .finish()
+    }
+}
+
+impl Default for SaveOptions {
+    fn default() -> SaveOptions {
+        SaveOptions::new()
+    }
+}
+
+impl SaveOptions {
+    pub fn new() -> SaveOptions {
+        SaveOptions { wait_event: ptr::null_mut(), on_done: None }
+    }
+
+    /// A `cudaEvent_t` recorded after the KV was written: the copies wait for
+    /// it on the device (local CUDA engines; a sidecar engine refuses it with
+    /// `Unsupported`).
+    ///
+    /// # Safety
+    /// `event` must be a valid CUDA event of the engine's device (or null)
+    /// while `save_with` runs.
+    pub unsafe fn wait_event(mut self, event: *mut c_void) -> SaveOptions {
+        self.wait_event = event;
+        self
+    }
+
+    /// Called once when the save's blocks may be reused (their bytes were
+    /// copied, or the save was dropped or failed), with the save's result.
+    /// Runs on a library thread, or on the calling thread before `save_with`
+    /// returns when nothing needed copying; it must not block. Not called
+    /// when `save_with` returns an error.
+    pub fn on_done(mut self, f: impl FnOnce(Result<()>) + Send + 'static) -> SaveOptions {
+        self.on_done = Some(Box::new(f));
+        self
+    }
+}
+
+/// Options of [`OffloadEngine::load_with`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// `OI_LOAD_*` flags ([`LOAD_ARENA_EVENTS`]).
+    pub flags: u32,
+}
+
+impl LoadOptions {
+    pub fn new() -> LoadOptions {
+        LoadOptions { flags: 0 }
+    }
+    /// `OI_LOAD_ARENA_EVENTS`: copy arena by arena with a CUDA event after
+    /// each ([`Ticket::arena_event`]); a plain load where there are none.
+    pub fn arena_events(mut self, on: bool) -> LoadOptions {
+        if on {
+            self.flags |= LOAD_ARENA_EVENTS;
+        } else {
+            self.flags &= !LOAD_ARENA_EVENTS;
+        }
+        self
+    }
+    /// Raw `OI_LOAD_*` flags (an unknown flag is refused by the library).
+    pub fn flags(mut self, flags: u32) -> LoadOptions {
+        self.flags = flags;
+        self
+    }
+}
+
+/// The completion of a save or load. Borrows its engine.
+///
+/// * `wait`/`poll` block or ask; `fd` is an eventfd for a poller of your own.
+/// * It is a [`Future`] (`ticket.await`, or `(&ticket).await` to keep it)
+///   whose waker is driven by the ticket's completion callback, set when the
+///   ticket is made; [`on_complete`](Ticket::on_complete) adds closures to
+///   that callback.
+/// * Dropping it does not wait and never cancels: the library keeps the
+///   operation alive until it completes (`oi_ticket_release`). The engine
+///   counts the operation as in flight until then:
+///   [`OffloadEngine::buffer_mut`] waits for it, and dropping the engine
+///   drains it.
 pub struct Ticket<'e> {
     raw: NonNull<sys::oi_ticket>,
+    done: Arc<Mutex<Completion>>,
     _engine: PhantomData<&'e ()>,
 }
 
-// Tickets are thread-safe in the C API.
+// Tickets are thread-safe in the C API; the completion state is behind a mutex.
 unsafe impl Send for Ticket<'_> {}
 unsafe impl Sync for Ticket<'_> {}
 
 impl<'e> Ticket<'e> {
-    fn from_raw(t: *mut sys::oi_ticket) -> Result<Ticket<'e>> {
-        NonNull::new(t)
-            .map(|raw| Ticket { raw, _engine: PhantomData })
-            .ok_or_else(|| Error::new(sys::OI_ERR_INTERNAL, "no ticket returned"))
+    /// Takes the caller's reference to `t` and registers the completion
+    /// callback (counted in `inflight` until it runs).
+    fn from_raw(t: *mut sys::oi_ticket, inflight: Option<&Arc<InFlight>>) -> Result<Ticket<'e>> {
+        let raw = NonNull::new(t).ok_or_else(|| Error::new(sys::OI_ERR_INTERNAL, "no ticket returned"))?;
+        let done = Arc::new(Mutex::new(Completion::default()));
+        if let Some(f) = inflight {
+            f.begin();
+        }
+        let ctx = Box::into_raw(Box::new(TicketCtx { done: done.clone(), inflight: inflight.cloned() }));
+        let st = unsafe { sys::oi_ticket_set_callback(t, Some(ticket_done), ctx as *mut c_void) };
+        if st < 0 {
+            // Not registered (cannot happen on a fresh ticket): complete the
+            // bookkeeping by waiting here, so nothing is left in flight.
+            let st = unsafe { sys::oi_ticket_wait(t, u32::MAX) };
+            unsafe { ticket_done(ctx as *mut c_void, t, st) };
+        }
+        Ok(Ticket { raw, done, _engine: PhantomData })
     }
 
     /// `Ok(false)` while pending, `Ok(true)` on success, or the operation's error.
@@ -808,6 +1090,39 @@ impl<'e> Ticket<'e> {
         check(unsafe { sys::oi_ticket_wait(self.raw.as_ptr(), timeout_ms(timeout)) }).map(|_| ())
     }
 
+    /// Whether the completion callback has run (the future is ready).
+    pub fn is_complete(&self) -> bool {
+        lock(&self.done).status.is_some()
+    }
+
+    /// Calls `f` once with the operation's result: from the completion
+    /// callback (a library thread; it must not block), or right here when the
+    /// ticket has already completed. Several closures may be added.
+    pub fn on_complete(&self, f: impl FnOnce(Result<()>) + Send + 'static) {
+        let mut c = lock(&self.done);
+        match c.status {
+            Some(st) => {
+                drop(c);
+                f(op_result(st));
+            }
+            None => c.callbacks.push(Box::new(f)),
+        }
+    }
+
+    fn poll_complete(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let mut c = lock(&self.done);
+        match c.status {
+            Some(st) => Poll::Ready(op_result(st)),
+            None => {
+                match &c.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => c.waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+        }
+    }
+
     /// An eventfd that turns readable on completion (owned by the ticket).
     pub fn fd(&self) -> RawFd {
         unsafe { sys::oi_ticket_fd(self.raw.as_ptr()) }
@@ -818,20 +1133,58 @@ impl<'e> Ticket<'e> {
         unsafe { sys::oi_ticket_cuda_event(self.raw.as_ptr()) }
     }
 
-    /// A load made with [`OffloadEngine::load_layered`]: the `cudaEvent_t` recorded
-    /// after arena `arena`'s copies; null when there is none (cpu backend,
-    /// remote engine, not layered, out of range). Owned by the ticket.
+    /// A load made with [`OffloadEngine::load_layered`] (or
+    /// [`LoadOptions::arena_events`]): the `cudaEvent_t` recorded after arena
+    /// `arena`'s copies; null when there is none (cpu backend, remote engine,
+    /// not layered, out of range). Owned by the ticket.
     pub fn arena_event(&self, arena: u32) -> *mut c_void {
         unsafe { sys::oi_ticket_arena_event(self.raw.as_ptr(), arena) }
     }
 }
 
+impl Future for Ticket<'_> {
+    type Output = Result<()>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        self.poll_complete(cx)
+    }
+}
+
+impl Future for &Ticket<'_> {
+    type Output = Result<()>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        self.poll_complete(cx)
+    }
+}
+
 impl Drop for Ticket<'_> {
+    /// Drops the caller's reference without waiting (the operation goes on;
+    /// the engine still counts it as in flight until it completes).
     fn drop(&mut self) {
-        unsafe {
-            sys::oi_ticket_wait(self.raw.as_ptr(), u32::MAX);
-            sys::oi_ticket_release(self.raw.as_ptr());
+        unsafe { sys::oi_ticket_release(self.raw.as_ptr()) }
+    }
+}
+
+/// Runs a future to completion on the calling thread: a minimal std-only
+/// executor (the waker unparks this thread). Enough for tickets, whose
+/// wakers are called from the library's completion threads.
+pub fn block_on<F: Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
         }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut fut = Box::pin(fut);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
     }
 }
 
@@ -983,5 +1336,562 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.stop_and_join();
         unsafe { sys::oi_server_destroy(self.raw.as_ptr()) }
+    }
+}
+
+// ---------------------------------------------------------------------------- executor
+
+/// Options of the reference model (experimental API, `oi_refmodel_*`); `None`
+/// keeps the library's default.
+#[derive(Debug, Clone, Default)]
+pub struct RefModelOptions {
+    pub seed: Option<u64>,
+    pub num_layers: Option<u32>,
+    pub hidden: Option<u32>,
+    pub num_q_heads: Option<u32>,
+    pub num_kv_heads: Option<u32>,
+    pub head_dim: Option<u32>,
+    pub intermediate: Option<u32>,
+    pub vocab_size: Option<u32>,
+    pub max_positions: Option<u32>,
+    /// -1 (default): the cpu model; >= 0: the CUDA model on that device.
+    pub device: Option<i32>,
+}
+
+/// The library's reference model (experimental API: it may change in any
+/// release): a small deterministic transformer that an [`Executor`] runs.
+/// An executor borrows it mutably: the model keeps one binding per rank, so
+/// two live executors must not share one.
+pub struct RefModel {
+    ops: Box<sys::oi_model_ops>,
+    ctx: NonNull<c_void>,
+}
+
+// The weights are read-only after create; bind/unbind lock; forward calls of
+// different ranks use per-rank scratch.
+unsafe impl Send for RefModel {}
+
+impl RefModel {
+    pub fn new(opts: &RefModelOptions) -> Result<RefModel> {
+        let mut o: sys::oi_refmodel_options = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::oi_refmodel_options_init(&mut o) })?;
+        macro_rules! set {
+            ($($f:ident),*) => { $(if let Some(v) = opts.$f { o.$f = v; })* };
+        }
+        set!(seed, num_layers, hidden, num_q_heads, num_kv_heads, head_dim, intermediate, vocab_size, max_positions, device);
+        let mut ops: Box<sys::oi_model_ops> = Box::new(unsafe { std::mem::zeroed() });
+        ops.struct_size = std::mem::size_of::<sys::oi_model_ops>() as u32;
+        let mut ctx = ptr::null_mut();
+        check(unsafe { sys::oi_refmodel_create(&o, &mut *ops, &mut ctx) })?;
+        let ctx = NonNull::new(ctx).ok_or_else(|| Error::new(sys::OI_ERR_INTERNAL, "refmodel_create returned NULL"))?;
+        Ok(RefModel { ops, ctx })
+    }
+}
+
+impl Drop for RefModel {
+    fn drop(&mut self) {
+        unsafe { sys::oi_refmodel_destroy(self.ctx.as_ptr()) }
+    }
+}
+
+/// Where an [`Executor`] keeps its host tier.
+#[derive(Clone)]
+pub enum Offload<'h> {
+    /// The GPU prefix cache only.
+    None,
+    /// Embedded: a host tier of this process, shared (it outlives the executor).
+    Host(&'h OffloadHost),
+    /// Embedded: a private host tier made from these options (None: 64 MiB, unpinned).
+    PrivateHost(Option<HostOptions>),
+    /// `openinfer serve` at this socket (None: its default path).
+    Sidecar(Option<String>),
+}
+
+/// `oi_restore_overlap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreOverlap {
+    Auto,
+    Off,
+    Host,
+}
+
+/// Options of an [`Executor`]; `None` keeps the library's default.
+#[derive(Clone)]
+pub struct ExecutorOptions<'h> {
+    pub ranks: u32,
+    /// `ranks` device ordinals (None: every rank on the cpu).
+    pub devices: Option<Vec<i32>>,
+    pub page_size: Option<u32>,
+    pub gpu_blocks: Option<u32>,
+    pub offload: Offload<'h>,
+    pub namespace: Option<String>,
+    pub max_batch_tokens: Option<u32>,
+    pub max_batch_seqs: Option<u32>,
+    pub prefix_cache: bool,
+    pub restore_timeout_ms: Option<u32>,
+    pub flush_timeout_ms: Option<u32>,
+    pub restore_overlap: RestoreOverlap,
+}
+
+impl<'h> ExecutorOptions<'h> {
+    pub fn new() -> ExecutorOptions<'h> {
+        ExecutorOptions {
+            ranks: 1,
+            devices: None,
+            page_size: None,
+            gpu_blocks: None,
+            offload: Offload::None,
+            namespace: None,
+            max_batch_tokens: None,
+            max_batch_seqs: None,
+            prefix_cache: true,
+            restore_timeout_ms: None,
+            flush_timeout_ms: None,
+            restore_overlap: RestoreOverlap::Auto,
+        }
+    }
+}
+
+impl Default for ExecutorOptions<'_> {
+    fn default() -> Self {
+        ExecutorOptions::new()
+    }
+}
+
+/// One generated token, as `on_token` sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenEvent {
+    pub request_id: u64,
+    pub token: u32,
+    /// Counts from 0.
+    pub index: u32,
+    /// The request's last token.
+    pub finished: bool,
+}
+
+/// A request for [`Executor::submit_request`].
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'p> {
+    pub prompt: &'p [u32],
+    pub max_new_tokens: u32,
+    /// None: round robin.
+    pub rank: Option<u32>,
+    /// Mixed into the block hashes (LoRA, tenant).
+    pub salt: &'p [u8],
+}
+
+impl<'p> Request<'p> {
+    pub fn new(prompt: &'p [u32], max_new_tokens: u32) -> Request<'p> {
+        Request { prompt, max_new_tokens, rank: None, salt: b"" }
+    }
+}
+
+/// `oi_request_state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestState {
+    Waiting,
+    Restoring,
+    Running,
+    Finished,
+    Failed,
+    Unknown(u32),
+}
+
+/// The state and output of a request (`oi_request_result`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestResult {
+    pub state: RequestState,
+    /// `OI_OK`, or why the request failed.
+    pub status: i32,
+    pub rank: u32,
+    /// The tokens generated so far.
+    pub tokens: Vec<u32>,
+    pub prompt_len: u32,
+    /// Prompt tokens found in the GPU prefix cache.
+    pub cached_tokens: u32,
+    /// Prompt tokens restored from the host tier.
+    pub restored_tokens: u32,
+    /// Prompt tokens prefilled.
+    pub computed_tokens: u32,
+    pub ttft_ns: u64,
+    pub latency_ns: u64,
+}
+
+impl RequestResult {
+    pub fn is_finished(&self) -> bool {
+        self.state == RequestState::Finished
+    }
+    /// The failure, when the request failed.
+    pub fn error(&self) -> Option<Error> {
+        if self.status < 0 {
+            Some(Error::new(self.status, format!("the request failed with {}", status_name(self.status))))
+        } else {
+            None
+        }
+    }
+}
+
+/// Executor counters, totals over every rank (`oi_exec_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExecStats {
+    pub ranks: u32,
+    pub steps: u64,
+    pub requests_submitted: u64,
+    pub requests_finished: u64,
+    pub requests_failed: u64,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+    pub cached_tokens: u64,
+    pub restored_tokens: u64,
+    pub restores_started: u64,
+    pub restores_completed: u64,
+    pub restores_failed: u64,
+    pub saves_submitted: u64,
+    pub save_blocks_pending: u64,
+    pub blocks_total: u64,
+    pub blocks_free: u64,
+    pub blocks_cached: u64,
+    pub blocks_active: u64,
+    pub leases_held: u64,
+    pub restores_overlapped: u64,
+}
+
+/// A rank's KV arena layout (`oi_kv_layout`).
+#[derive(Debug, Clone, Copy)]
+pub struct KvLayout {
+    pub device: i32,
+    pub base: *mut c_void,
+    pub bytes: u64,
+    pub num_layers: u32,
+    pub page_size: u32,
+    pub num_blocks: u64,
+    pub layer_stride: u64,
+    pub block_stride: u64,
+    pub segment_stride: u64,
+    pub token_stride: u64,
+}
+
+struct TokenSink<'a> {
+    f: Box<dyn FnMut(TokenEvent) + Send + 'a>,
+    panic: Option<Box<dyn Any + Send>>,
+}
+
+unsafe extern "C" fn on_token(ctx: *mut c_void, request_id: u64, token: u32, index: u32, finished: c_int) {
+    let sink = &mut *(ctx as *mut TokenSink<'_>);
+    if sink.panic.is_some() {
+        return;
+    }
+    let ev = TokenEvent { request_id, token, index, finished: finished != 0 };
+    if let Err(p) = catch_unwind(AssertUnwindSafe(|| (sink.f)(ev))) {
+        sink.panic = Some(p); // re-raised by the step that called it
+    }
+}
+
+/// The KV runtime (`oi_executor`): rank workers, a GPU block pool with a
+/// prefix cache, the offload engines and a scheduler, running a
+/// [`RefModel`]. Borrows the model mutably and a shared host, so both
+/// outlive it. Driven from one thread at a time: it is `Send`, not `Sync`,
+/// and every call goes through `&mut self` or `&self` of one owner.
+///
+/// Two live executors cannot share one model (it keeps one binding per rank):
+///
+/// ```compile_fail,E0499
+/// use openinfer::*;
+/// let mut model = RefModel::new(&RefModelOptions::default()).unwrap();
+/// let a = Executor::new(&mut model, &ExecutorOptions::new()).unwrap();
+/// let b = Executor::new(&mut model, &ExecutorOptions::new()).unwrap(); // error: `model` borrowed twice
+/// drop((a, b));
+/// ```
+///
+/// One after the other is fine:
+///
+/// ```no_run
+/// use openinfer::*;
+/// let mut model = RefModel::new(&RefModelOptions::default()).unwrap();
+/// let cold = Executor::new(&mut model, &ExecutorOptions::new()).unwrap().generate(&[1, 2, 3], 4).unwrap();
+/// let mut x = Executor::new(&mut model, &ExecutorOptions::new()).unwrap();
+/// assert_eq!(x.generate(&[1, 2, 3], 4).unwrap(), cold);
+/// ```
+pub struct Executor<'a> {
+    raw: NonNull<sys::oi_executor>,
+    sink: *mut TokenSink<'a>,
+    _borrows: PhantomData<(&'a mut RefModel, &'a OffloadHost)>,
+}
+
+// The C API allows driving an executor from any one thread at a time; the
+// token closure is Send.
+unsafe impl Send for Executor<'_> {}
+
+impl<'a> Executor<'a> {
+    pub fn new(model: &'a mut RefModel, opts: &ExecutorOptions<'a>) -> Result<Executor<'a>> {
+        Executor::create(model, opts, None)
+    }
+
+    /// An executor whose `on_token` runs for every generated token, inside
+    /// [`step`](Self::step) on the calling thread. A panic in it is re-raised
+    /// by that step.
+    pub fn with_on_token(
+        model: &'a mut RefModel,
+        opts: &ExecutorOptions<'a>,
+        on_token: impl FnMut(TokenEvent) + Send + 'a,
+    ) -> Result<Executor<'a>> {
+        Executor::create(model, opts, Some(Box::new(on_token)))
+    }
+
+    fn create(
+        model: &'a mut RefModel,
+        opts: &ExecutorOptions<'a>,
+        on_token_fn: Option<Box<dyn FnMut(TokenEvent) + Send + 'a>>,
+    ) -> Result<Executor<'a>> {
+        let mut o: sys::oi_executor_options = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::oi_executor_options_init(&mut o) })?;
+        o.model = &*model.ops;
+        o.model_ctx = model.ctx.as_ptr();
+        o.ranks = opts.ranks;
+        if let Some(d) = &opts.devices {
+            if d.len() != opts.ranks as usize {
+                return Err(invalid("devices must name one device per rank"));
+            }
+            o.devices = d.as_ptr();
+        }
+        macro_rules! set {
+            ($($f:ident),*) => { $(if let Some(v) = opts.$f { o.$f = v; })* };
+        }
+        set!(page_size, gpu_blocks, max_batch_tokens, max_batch_seqs, restore_timeout_ms, flush_timeout_ms);
+        o.prefix_cache = opts.prefix_cache as u32;
+        o.restore_overlap = match opts.restore_overlap {
+            RestoreOverlap::Auto => sys::OI_RESTORE_OVERLAP_AUTO,
+            RestoreOverlap::Off => sys::OI_RESTORE_OVERLAP_OFF,
+            RestoreOverlap::Host => sys::OI_RESTORE_OVERLAP_HOST,
+        } as u32;
+        let host_opts;
+        let sock;
+        match &opts.offload {
+            Offload::None => o.offload = sys::OI_OFFLOAD_NONE as u32,
+            Offload::Host(h) => {
+                o.offload = sys::OI_OFFLOAD_EMBEDDED as u32;
+                o.host = h.as_ptr();
+            }
+            Offload::PrivateHost(ho) => {
+                o.offload = sys::OI_OFFLOAD_EMBEDDED as u32;
+                if let Some(ho) = ho {
+                    host_opts = ho.raw()?;
+                    o.host_options = &host_opts;
+                }
+            }
+            Offload::Sidecar(s) => {
+                o.offload = sys::OI_OFFLOAD_SIDECAR as u32;
+                if let Some(s) = s {
+                    sock = cstring(s)?;
+                    o.socket_path = sock.as_ptr();
+                }
+            }
+        }
+        let ns = match &opts.namespace {
+            Some(s) => Some(cstring(s)?),
+            None => None,
+        };
+        o.namespace_id = ns.as_ref().map_or(ptr::null(), |s| s.as_ptr());
+        let sink = match on_token_fn {
+            Some(f) => Box::into_raw(Box::new(TokenSink { f, panic: None })),
+            None => ptr::null_mut(),
+        };
+        if !sink.is_null() {
+            o.on_token = Some(on_token);
+            o.on_token_ctx = sink as *mut c_void;
+        }
+        let mut out = ptr::null_mut();
+        let st = unsafe { sys::oi_executor_create(&o, &mut out) };
+        if st < 0 {
+            let err = Error::from_last(st);
+            if !sink.is_null() {
+                drop(unsafe { Box::from_raw(sink) });
+            }
+            return Err(err);
+        }
+        Ok(Executor {
+            raw: NonNull::new(out).unwrap(),
+            sink,
+            _borrows: PhantomData,
+        })
+    }
+
+    pub fn as_ptr(&self) -> *mut sys::oi_executor {
+        self.raw.as_ptr()
+    }
+
+    /// Re-raises a panic of `on_token`, then the call's status.
+    fn after_call(&mut self, st: i32) -> Result<i32> {
+        if !self.sink.is_null() {
+            if let Some(p) = unsafe { (*self.sink).panic.take() } {
+                resume_unwind(p);
+            }
+        }
+        check(st)
+    }
+
+    /// Queues `prompt` for `max_new_tokens` tokens; returns its id.
+    pub fn submit(&mut self, prompt: &[u32], max_new_tokens: u32) -> Result<u64> {
+        self.submit_request(&Request::new(prompt, max_new_tokens))
+    }
+
+    pub fn submit_request(&mut self, r: &Request<'_>) -> Result<u64> {
+        if r.prompt.len() > u32::MAX as usize || r.salt.len() > u32::MAX as usize {
+            return Err(invalid("prompt or salt too long"));
+        }
+        let mut c: sys::oi_request = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::oi_request_init(&mut c) })?;
+        c.prompt = r.prompt.as_ptr();
+        c.prompt_len = r.prompt.len() as u32;
+        c.max_new_tokens = r.max_new_tokens;
+        c.rank = match r.rank {
+            Some(k) => i32::try_from(k).map_err(|_| invalid("rank out of range"))?,
+            None => -1,
+        };
+        if !r.salt.is_empty() {
+            c.salt = r.salt.as_ptr() as *const c_void;
+            c.salt_len = r.salt.len() as u32;
+        }
+        let mut id = 0u64;
+        check(unsafe { sys::oi_executor_submit(self.raw.as_ptr(), &c, &mut id) })?;
+        Ok(id)
+    }
+
+    /// One scheduler step over every rank; returns how many requests finished.
+    pub fn step(&mut self) -> Result<u32> {
+        let mut n = 0u32;
+        let st = unsafe { sys::oi_executor_step(self.raw.as_ptr(), &mut n) };
+        self.after_call(st)?;
+        Ok(n)
+    }
+
+    /// Steps until no request is waiting, restoring or running.
+    pub fn run_until_idle(&mut self) -> Result<()> {
+        let st = unsafe { sys::oi_executor_run_until_idle(self.raw.as_ptr()) };
+        self.after_call(st).map(|_| ())
+    }
+
+    pub fn result(&mut self, request_id: u64) -> Result<RequestResult> {
+        let mut r: sys::oi_request_result = unsafe { std::mem::zeroed() };
+        r.struct_size = std::mem::size_of::<sys::oi_request_result>() as u32;
+        check(unsafe { sys::oi_executor_result(self.raw.as_ptr(), request_id, &mut r) })?;
+        let tokens = if r.tokens.is_null() || r.n_tokens == 0 {
+            Vec::new()
+        } else {
+            unsafe { std::slice::from_raw_parts(r.tokens, r.n_tokens as usize) }.to_vec()
+        };
+        Ok(RequestResult {
+            state: match r.state {
+                sys::OI_REQUEST_WAITING => RequestState::Waiting,
+                sys::OI_REQUEST_RESTORING => RequestState::Restoring,
+                sys::OI_REQUEST_RUNNING => RequestState::Running,
+                sys::OI_REQUEST_FINISHED => RequestState::Finished,
+                sys::OI_REQUEST_FAILED => RequestState::Failed,
+                other => RequestState::Unknown(other),
+            },
+            status: r.status,
+            rank: r.rank,
+            tokens,
+            prompt_len: r.prompt_len,
+            cached_tokens: r.cached_tokens,
+            restored_tokens: r.restored_tokens,
+            computed_tokens: r.computed_tokens,
+            ttft_ns: r.ttft_ns,
+            latency_ns: r.latency_ns,
+        })
+    }
+
+    /// submit + run_until_idle + the generated tokens (or the request's error).
+    pub fn generate(&mut self, prompt: &[u32], max_new_tokens: u32) -> Result<Vec<u32>> {
+        let id = self.submit(prompt, max_new_tokens)?;
+        self.run_until_idle()?;
+        let r = self.result(id)?;
+        match r.error() {
+            Some(e) => Err(e),
+            None => Ok(r.tokens),
+        }
+    }
+
+    /// Waits until every save submitted so far landed in the host tier.
+    pub fn flush(&mut self, timeout: Option<Duration>) -> Result<()> {
+        check(unsafe { sys::oi_executor_flush(self.raw.as_ptr(), timeout_ms(timeout)) }).map(|_| ())
+    }
+
+    /// Drops every inactive block from the GPU prefix cache; returns how many.
+    pub fn evict_gpu_cache(&mut self) -> Result<u64> {
+        let mut n = 0u64;
+        check(unsafe { sys::oi_executor_evict_gpu_cache(self.raw.as_ptr(), &mut n) })?;
+        Ok(n)
+    }
+
+    pub fn stats(&self) -> Result<ExecStats> {
+        let mut s: sys::oi_exec_stats = unsafe { std::mem::zeroed() };
+        s.struct_size = std::mem::size_of::<sys::oi_exec_stats>() as u32;
+        check(unsafe { sys::oi_executor_stats(self.raw.as_ptr(), &mut s) })?;
+        Ok(ExecStats {
+            ranks: s.ranks,
+            steps: s.steps,
+            requests_submitted: s.requests_submitted,
+            requests_finished: s.requests_finished,
+            requests_failed: s.requests_failed,
+            prefill_tokens: s.prefill_tokens,
+            decode_tokens: s.decode_tokens,
+            cached_tokens: s.cached_tokens,
+            restored_tokens: s.restored_tokens,
+            restores_started: s.restores_started,
+            restores_completed: s.restores_completed,
+            restores_failed: s.restores_failed,
+            saves_submitted: s.saves_submitted,
+            save_blocks_pending: s.save_blocks_pending,
+            blocks_total: s.blocks_total,
+            blocks_free: s.blocks_free,
+            blocks_cached: s.blocks_cached,
+            blocks_active: s.blocks_active,
+            leases_held: s.leases_held,
+            restores_overlapped: s.restores_overlapped,
+        })
+    }
+
+    pub fn kv_layout(&self, rank: u32) -> Result<KvLayout> {
+        let mut k: sys::oi_kv_layout = unsafe { std::mem::zeroed() };
+        k.struct_size = std::mem::size_of::<sys::oi_kv_layout>() as u32;
+        check(unsafe { sys::oi_executor_kv_layout(self.raw.as_ptr(), rank, &mut k) })?;
+        Ok(KvLayout {
+            device: k.device,
+            base: k.base,
+            bytes: k.bytes,
+            num_layers: k.num_layers,
+            page_size: k.page_size,
+            num_blocks: k.num_blocks,
+            layer_stride: k.layer_stride,
+            block_stride: k.block_stride,
+            segment_stride: k.segment_stride,
+            token_stride: k.token_stride,
+        })
+    }
+
+    /// The block table of a request, in position order.
+    pub fn request_blocks(&self, request_id: u64) -> Result<Vec<i64>> {
+        let mut n: sys::size_t = 0;
+        check(unsafe { sys::oi_executor_request_blocks(self.raw.as_ptr(), request_id, ptr::null_mut(), 0, &mut n) })?;
+        let mut out = vec![0i64; n as usize];
+        check(unsafe {
+            sys::oi_executor_request_blocks(self.raw.as_ptr(), request_id, out.as_mut_ptr(), n, &mut n)
+        })?;
+        out.truncate(n as usize);
+        Ok(out)
+    }
+}
+
+impl Drop for Executor<'_> {
+    /// `oi_executor_destroy`: workers, loads, the arena mapping, saves
+    /// (flush_timeout_ms), the engines, the arenas; then the token closure.
+    fn drop(&mut self) {
+        unsafe {
+            sys::oi_executor_destroy(self.raw.as_ptr());
+            if !self.sink.is_null() {
+                drop(Box::from_raw(self.sink));
+            }
+        }
     }
 }

@@ -31,6 +31,20 @@ fn round_trip(sock: &str, ns: &str) {
     // only the server knows the lease is consumed: the ticket carries the error
     let t = e.load(q.lease.unwrap(), &[0, 1, 2]).unwrap();
     assert_eq!(t.wait(T).unwrap_err().code(), ErrorCode::LeaseExpired);
+    // the same through the ticket's future (its waker driven by the completion callback)
+    let err = block_on(e.load(q.lease.unwrap(), &[0, 1, 2]).unwrap()).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::LeaseExpired);
+    assert_eq!(err.status_name(), "OI_ERR_LEASE_EXPIRED");
+    // save options: on_done runs once the server sealed the blocks
+    let more = hash_blocks(&tokens(16, 7000), 16, b"", None).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = e.save_with(&[5], &more, SaveOptions::new().on_done(move |r| tx.send(r).unwrap())).unwrap();
+    block_on(&t).unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), Ok(()));
+    // a wait event is refused by a sidecar engine, and on_done is dropped uncalled
+    let ev = 0x1000 as *mut std::ffi::c_void;
+    let err = e.save_with(&[6], &more, unsafe { SaveOptions::new().wait_event(ev) }).err().unwrap();
+    assert_eq!(err.code(), ErrorCode::Unsupported);
 }
 
 #[test]

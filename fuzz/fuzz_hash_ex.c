@@ -144,8 +144,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     c.parent = &got[j - 1];
     c.extra_keys = j < n_x ? x + j : NULL;
     c.n_extra_keys = j < n_x ? n_x - j : 0;
-    FZ_ASSERT(oi_hash_blocks_ex(&c, h, MAX_TOKENS, &n_out) == OI_OK && n_out == full - j,
-              "suffix");
+    FZ_ASSERT(oi_hash_blocks_ex(&c, h, MAX_TOKENS, &n_out) == OI_OK && n_out == full - j, "suffix");
     FZ_ASSERT(!memcmp(h, got + j, (full - j) * sizeof *h), "the continued chain differs");
   }
 

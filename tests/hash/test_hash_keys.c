@@ -145,8 +145,7 @@ static void test_keys_batch(void) {
       oi_block_hash one = key_of(keys + i * len, len);
       CHECK(hash_eq(&batch[i], &one));
       for (size_t j = 0; j < i; j++) /* equal iff the keys are (1-byte keys repeat) */
-        CHECK(hash_eq(&batch[i], &batch[j]) ==
-              (memcmp(keys + i * len, keys + j * len, len) == 0));
+        CHECK(hash_eq(&batch[i], &batch[j]) == (memcmp(keys + i * len, keys + j * len, len) == 0));
     }
     oi_block_hash marker;
     memset(&marker, 0x77, sizeof marker);
@@ -192,8 +191,8 @@ static void test_keys_batch_invalid(void) {
 
 /* ---- per-block extra keys ---- */
 
-static oi_hash_blocks_args args_of(const uint32_t *tok, size_t n, const void *salt,
-                                   size_t salt_len, const oi_block_hash *parent) {
+static oi_hash_blocks_args args_of(const uint32_t *tok, size_t n, const void *salt, size_t salt_len,
+                                   const oi_block_hash *parent) {
   oi_hash_blocks_args a;
   oi_hash_blocks_args_init(&a);
   a.block_size = BS;
@@ -301,10 +300,9 @@ static void test_ex_extra_key_distinct(void) {
   fill_tokens(tok, BS, 7);
   struct {
     const char *salt, *extra;
-  } cases[] = {
-      {"", NULL},     {"", "a"},     {"", "b"},  {"", "ab"},  {"a", "b"},   {"ab", NULL},
-      {"", "ab\0"},   {"", "\0"},    {"b", "a"}, {"ab", "c"}, {"a", "bc"},  {"abc", NULL},
-      {"", "lora-1"}, {"lora-1", ""}};
+  } cases[] = {{"", NULL},   {"", "a"},     {"", "b"},      {"", "ab"},    {"a", "b"},
+               {"ab", NULL}, {"", "ab\0"},  {"", "\0"},     {"b", "a"},    {"ab", "c"},
+               {"a", "bc"},  {"abc", NULL}, {"", "lora-1"}, {"lora-1", ""}};
   const size_t lens[][2] = {{0, 0}, {0, 1}, {0, 1}, {0, 2}, {1, 1}, {2, 0}, {0, 3},
                             {0, 1}, {1, 1}, {2, 1}, {1, 2}, {3, 0}, {0, 6}, {6, 0}};
   enum { NC = sizeof cases / sizeof cases[0] };

@@ -152,3 +152,17 @@ out("fuzz_hash", "plain", bytes([15, 0, 0]) + bytes(16) + bytes(range(64)))
 out("fuzz_hash", "salted", bytes([3, 5, 1]) + b"lora1" + bytes(range(16)) + bytes(range(200)))
 out("fuzz_hash", "u32", bytes([7, 0, 2 | 4 * 3]) + bytes(16) + bytes(range(256)) * 2)
 out("fuzz_hash", "partial", bytes([31, 2, 0x31]) + b"ab" + bytes(16) + bytes(range(100)))
+
+# ---- hash_ex: block_size-1, salt_len, flags, n_extra, key_len, salt,
+# parent (16), n_extra keys (len % 17, bytes), tokens ----
+def xkeys(*keys):
+    return b"".join(bytes([len(k)]) + k for k in keys)
+
+
+out("fuzz_hash_ex", "none", bytes([15, 0, 0, 0, 32]) + bytes(16) + bytes(range(64)))
+out("fuzz_hash_ex", "image", bytes([3, 5, 1, 4, 16]) + b"lora1" + bytes(range(16))
+    + xkeys(b"", b"img-7f3a", b"img-7f3a", b"") + bytes(range(200)))
+out("fuzz_hash_ex", "every", bytes([1, 0, 2 | 8 | 16 * 5, 8, 32]) + bytes(16)
+    + xkeys(*[bytes([i]) * (i + 1) for i in range(8)]) + bytes(range(256)))
+out("fuzz_hash_ex", "tail", bytes([7, 2, 0x31, 3, 64]) + b"ab" + bytes(16)
+    + xkeys(b"", b"", b"tail") + bytes(range(20)))

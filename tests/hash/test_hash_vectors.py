@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""Bit-exact check of oi_hash_blocks against an independent implementation.
+"""Bit-exact check of oi_hash_blocks, oi_hash_blocks_ex and
+oi_block_key(s)_from_bytes against an independent implementation.
 
 Block i's hash is XXH3-128 over
     parent_i (16 bytes) || block i's tokens as little-endian u32 || salt
 with parent_0 = the given parent (16 zero bytes when none) and parent_i the
-previous block's hash; the output is the canonical (big-endian) digest. The
-expected values are computed here with python3-xxhash and compared with what
-the library prints through the hash_dump helper (argv[1]).
+previous block's hash; the output is the canonical (big-endian) digest. A
+block with an extra key E (oi_hash_blocks_ex) is XXH3-128 with the seed
+"oi-xkey1" (big-endian u64) over
+    parent_i || tokens || salt || E || u64le(len(salt)) || u64le(len(E)).
+An external key K (1..64 bytes) maps to XXH3-128 of K with the seed
+"oi-key-1". The expected values are computed here with python3-xxhash and
+compared with what the library prints through the hash_dump helper (argv[1]).
 
 Exit 0 pass, 1 fail, 77 skip (python3-xxhash missing).
 """
+import hashlib
 import os
 import random
 import struct
@@ -35,24 +41,59 @@ FROZEN = [
      ["97bdc27aa0c87fe281022b35210746f9", "93e120ff72c6b799ab74ca802469a8fe"]),
 ]
 
+FROZEN_KEYS = [
+    # (external key, expected hex): a sha256 block hash as vLLM keeps it, a short key
+    (hashlib.sha256(b"block 0").digest(), "7cc0242f8aaf8d03ff5dc6e9f1de5e23"),
+    (b"ab", "418d7f337b4a161d9d9bb6fafb70496a"),
+]
+FROZEN_EX = [
+    # (block_size, salt, parent, tokens, extras, expected hex hashes); the
+    # second's block 0 has no extra key, so it is FROZEN[1]'s block 0.
+    (4, b"", None, [1, 2, 3, 4, 5, 6, 7, 8], [b"img-0"],
+     ["e60845be7c1e81dd0bf675bb2a350d94", "68afd095a39e854909d978be0df28d68"]),
+    (2, b"lora-7", bytes(range(16)), [0, U32_MAX, 0x80000000, 12345], [b"", b"\x00"],
+     ["97bdc27aa0c87fe281022b35210746f9", "a993d31580b59b63d114f4ddadfebfdb"]),
+]
 
-def expected_hashes(tokens, block_size, salt=b"", parent=None):
+
+# The seeds, derived here from their documented names, not from the header.
+KEY_SEED = int.from_bytes(b"oi-key-1", "big")
+EXTRA_KEY_SEED = int.from_bytes(b"oi-xkey1", "big")
+KEY_MAX = 64
+
+
+def expected_hashes(tokens, block_size, salt=b"", parent=None, extras=None):
     prev = parent if parent is not None else bytes(16)
     assert len(prev) == 16
+    extras = extras or []
     out = []
     for i in range(len(tokens) // block_size):
         block = tokens[i * block_size:(i + 1) * block_size]
         data = prev + struct.pack("<%dI" % len(block), *block) + salt
-        prev = xxhash.xxh3_128_digest(data)
+        extra = extras[i] if i < len(extras) else b""
+        if extra:
+            data += extra + struct.pack("<QQ", len(salt), len(extra))
+            prev = xxhash.xxh3_128_digest(data, seed=EXTRA_KEY_SEED)
+        else:
+            prev = xxhash.xxh3_128_digest(data)
         assert len(prev) == 16
         out.append(prev.hex())
     return out
 
 
-def run_dump(dump, block_size, salt, parent, tokens, via_file=False, salt_arg=None):
+def expected_key(key):
+    assert 1 <= len(key) <= KEY_MAX
+    return xxhash.xxh3_128_digest(key, seed=KEY_SEED).hex()
+
+
+def run_dump(dump, block_size, salt, parent, tokens, via_file=False, salt_arg=None, extras=None):
+    """extras None: oi_hash_blocks; a list (of bytes, b"" for none): oi_hash_blocks_ex."""
     if salt_arg is None:
         salt_arg = salt.hex() if salt else "-"
     args = [dump, str(block_size), salt_arg, parent.hex() if parent is not None else "-"]
+    if extras is not None:
+        args.insert(1, "ex")
+        args.append(",".join(e.hex() for e in extras) if extras else "-")
     tmp = None
     try:
         if via_file:
@@ -149,6 +190,9 @@ def main():
     else:
         print("ok   %-36s" % "chained-calls")
 
+    failures += check_ex(dump, rng, long_seq, parent_a, salt_bin)
+    failures += check_keys(dump, rng)
+
     for i, (bs, salt, parent, tokens, frozen) in enumerate(FROZEN):
         want = expected_hashes(tokens, bs, salt, parent)
         got = run_dump(dump, bs, salt, parent, tokens)
@@ -163,6 +207,113 @@ def main():
         print("%d case(s) failed" % failures, file=sys.stderr)
         return 1
     return 0
+
+
+def run_tool(args):
+    res = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         universal_newlines=True, timeout=60)
+    return res.returncode, res.stdout.split(), res.stderr.strip()
+
+
+def report(name, got, want):
+    if got != want:
+        print("FAIL %s: library %s, expected %s" % (name, got[:4], want[:4]), file=sys.stderr)
+        return 1
+    print("ok   %-36s %5d hashes" % (name, len(want)))
+    return 0
+
+
+def check_ex(dump, rng, long_seq, parent_a, salt_bin):
+    """oi_hash_blocks_ex against the reference, and against oi_hash_blocks
+    when no block has an extra key."""
+    failures = 0
+    img = bytes(rng.randrange(256) for _ in range(32))  # an image's content hash
+    seq = long_seq[:16 * 12 + 5]
+    cases = [
+        # (name, block_size, salt, parent, tokens, extras)
+        ("ex-no-extras", 16, b"", None, seq, []),
+        ("ex-all-empty", 16, b"lora-1", parent_a, seq, [b""] * 13),
+        ("ex-image-blocks-2-4", 16, b"", None, seq, [b"", b"", img, img, img]),
+        ("ex-every-block", 16, salt_bin, parent_a, seq,
+         [bytes([i]) * (i + 1) for i in range(12)]),
+        ("ex-lora-id-first-block", 16, b"model-x", None, seq, [b"lora:42"]),
+        ("ex-tail-entry-ignored", 16, b"", None, seq, [b""] * 12 + [b"tail"]),
+        ("ex-bs1-extremes", 1, b"x", bytes(16), [0, 1, 0xFFFFFFFF, 0x80000000],
+         [b"\x00", b"", b"\x00\x00", b"\xff" * 70]),
+        ("ex-long-key", 256, b"", None, long_seq[:256 * 3], [b"k" * 1000, b"", b"j" * 3]),
+    ]
+    for name, bs, salt, parent, tokens, extras in cases:
+        want = expected_hashes(tokens, bs, salt, parent, extras)
+        try:
+            got = run_dump(dump, bs, salt, parent, tokens, extras=extras)
+        except Exception as e:  # noqa: BLE001 - report and continue
+            print("FAIL %s: %s" % (name, e), file=sys.stderr)
+            failures += 1
+            continue
+        failures += report(name, got, want)
+        if not any(extras[:len(tokens) // bs]):
+            plain = run_dump(dump, bs, salt, parent, tokens)
+            failures += report(name + " = plain", got, plain)
+        elif got == expected_hashes(tokens, bs, salt, parent):
+            failures += 1
+            print("FAIL %s: the extra keys changed nothing" % name, file=sys.stderr)
+    # Continuing the chain from block k with its extra keys.
+    extras = [bytes([i]) * 5 if i % 2 else b"" for i in range(12)]
+    whole = run_dump(dump, 16, b"", None, seq, extras=extras)
+    rest = run_dump(dump, 16, b"", bytes.fromhex(whole[4]), seq[16 * 5:], extras=extras[5:])
+    failures += report("ex-chained-calls", rest, whole[5:])
+    return failures
+
+
+def check_keys(dump, rng):
+    """oi_block_key_from_bytes and the batch form against the reference."""
+    failures = 0
+    keys = [bytes([0]), bytes([0, 0]), b"ab", b"ab\x00", bytes(16), bytes(32),
+            bytes(rng.randrange(256) for _ in range(KEY_MAX))]
+    keys += [bytes(rng.randrange(256) for _ in range(n)) for n in range(1, KEY_MAX + 1)]
+    # vLLM's block hashes: 32-byte sha256 digests; a Python hash int as 8
+    # little-endian signed bytes.
+    keys.append(hashlib.sha256(b"block 0").digest())
+    keys.append((-1234567890123).to_bytes(8, "little", signed=True))
+    rc, got, err = run_tool([dump, "key"] + [k.hex() for k in keys])
+    want = [expected_key(k) for k in keys]
+    if rc != 0:
+        print("FAIL key: %s" % err, file=sys.stderr)
+        failures += 1
+    else:
+        failures += report("key-single", got, want)
+        if len(set(got)) != len(got):
+            failures += 1
+            print("FAIL key: distinct keys mapped equally", file=sys.stderr)
+    for key_len in (1, 8, 16, 32, 36, KEY_MAX):
+        packed = bytes(rng.randrange(256) for _ in range(key_len * 50))
+        rc, got, err = run_tool([dump, "keys", str(key_len), packed.hex()])
+        want = [expected_key(packed[i:i + key_len]) for i in range(0, len(packed), key_len)]
+        if rc != 0:
+            print("FAIL keys %d: %s" % (key_len, err), file=sys.stderr)
+            failures += 1
+            continue
+        failures += report("keys-batch-%d" % key_len, got, want)
+        rc, single, _ = run_tool([dump, "key"] + [packed[i:i + key_len].hex()
+                                                  for i in range(0, len(packed), key_len)])
+        failures += report("keys-batch-%d = single" % key_len, got, single)
+    # Lengths outside 1..64 are refused.
+    for bad in ([dump, "key", ""], [dump, "key", "00" * (KEY_MAX + 1)],
+                [dump, "keys", "0", ""], [dump, "keys", str(KEY_MAX + 1), "00" * (KEY_MAX + 1)]):
+        rc, _, err = run_tool(bad)
+        if rc != 1 or "INVALID_ARGUMENT" not in err:
+            failures += 1
+            print("FAIL %s: rc %d (%s), expected a refusal" % (bad[1:3], rc, err), file=sys.stderr)
+        else:
+            print("ok   %-36s refused" % ("%s len %d" % (bad[1], len(bad[-1]) // 2)))
+    for i, (key, frozen) in enumerate(FROZEN_KEYS):
+        rc, got, _ = run_tool([dump, "key", key.hex()])
+        failures += report("frozen key %d" % i, got + [expected_key(key)], [frozen, frozen])
+    for i, (bs, salt, parent, tokens, extras, frozen) in enumerate(FROZEN_EX):
+        got = run_dump(dump, bs, salt, parent, tokens, extras=extras)
+        failures += report("frozen ex %d" % i, [got, expected_hashes(tokens, bs, salt, parent, extras)],
+                           [frozen, frozen])
+    return failures
 
 
 if __name__ == "__main__":

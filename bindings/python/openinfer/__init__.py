@@ -33,13 +33,14 @@ __all__ = [
     "UnsupportedError", "PermissionError", "VersionError", "InternalError", "NoDeviceError",
     "BusyError", "UnknownError",
     "OffloadHost", "OffloadEngine", "Arena", "Ticket", "Lease", "QueryResult", "ImportedArena",
-    "Server", "hash_blocks", "hash_blocks_buffer", "BlockHashes", "version", "version_string",
-    "device_count", "device_info",
+    "Server", "hash_blocks", "hash_blocks_buffer", "BlockHashes", "hash_blocks_ex", "block_key",
+    "block_keys", "BLOCK_KEY_MAX", "version", "version_string", "device_count", "device_info",
     "set_log_level", "get_log_level", "set_log_handler", "status_name", "DEVICE_CPU",
     "FOREVER",
 ]
 
 DEVICE_CPU = lib.OI_DEVICE_CPU
+BLOCK_KEY_MAX = lib.OI_BLOCK_KEY_MAX
 FOREVER = None  # a timeout of None waits forever
 _U32_MAX = 0xFFFFFFFF
 
@@ -421,6 +422,83 @@ def hash_blocks(tokens, block_size, salt=b"", parent=None):
     hash_blocks_buffer."""
     toks, _, keep = _u32_in(tokens, raw_bytes=False)
     return hash_blocks_buffer(keep, block_size, salt, parent).tolist()
+
+
+def hash_blocks_ex(tokens, block_size, salt=b"", parent=None, extra_keys=()):
+    """As hash_blocks, where block i also covers extra_keys[i] (bytes-like;
+    b"" or None: none; entries past the full blocks are ignored). With no
+    extra keys it equals hash_blocks (see oi_hash_blocks_ex)."""
+    tokens = list(tokens)
+    toks = ffi.new("uint32_t[]", max(len(tokens), 1))
+    for i, t in enumerate(tokens):
+        toks[i] = t
+    cap = len(tokens) // block_size if block_size > 0 else 0
+    out = ffi.new("oi_block_hash[]", max(cap, 1))
+    n_out = ffi.new("size_t *")
+    args = ffi.new("oi_hash_blocks_args *")
+    lib.oi_hash_blocks_args_init(args)
+    args.block_size = block_size
+    args.tokens = toks
+    args.n_tokens = len(tokens)
+    salt = bytes(salt)
+    salt_buf = ffi.from_buffer(salt) if salt else ffi.NULL
+    args.salt = salt_buf
+    args.salt_len = len(salt)
+    if parent is not None:
+        par = ffi.new("oi_block_hash *")
+        p = bytes(parent)
+        if len(p) != 16:
+            raise InvalidArgumentError("parent is %d bytes, not 16" % len(p))
+        ffi.memmove(par.bytes, p, 16)
+        args.parent = par
+    keep = []  # the key buffers live until the call returns
+    extra_keys = list(extra_keys)
+    xs = ffi.new("oi_block_extra_key[]", max(len(extra_keys), 1))
+    for i, k in enumerate(extra_keys):
+        k = bytes(k) if k is not None else b""
+        if k:
+            buf = ffi.from_buffer(k)
+            keep.append(buf)
+            xs[i].bytes = buf
+        xs[i].len = len(k)
+    if extra_keys:
+        args.extra_keys = xs
+        args.n_extra_keys = len(extra_keys)
+    _check(lib.oi_hash_blocks_ex(args, out, cap, n_out))
+    return [bytes(ffi.buffer(out[i].bytes, 16)) for i in range(n_out[0])]
+
+
+def block_key(key):
+    """The 16-byte block hash (bytes) of an engine's own block key of 1..64
+    bytes, e.g. a vLLM block hash (see oi_block_key_from_bytes)."""
+    key = bytes(key)
+    out = ffi.new("oi_block_hash *")
+    _check(lib.oi_block_key_from_bytes(ffi.from_buffer(key) if key else ffi.NULL, len(key), out))
+    return bytes(ffi.buffer(out.bytes, 16))
+
+
+def block_keys(keys, key_len=None):
+    """block_key of every key in one call: `keys` is a sequence of bytes-like
+    keys of one length, or one bytes-like buffer of keys of `key_len` bytes
+    packed back to back. Returns a list of 16-byte hashes."""
+    if key_len is None:
+        keys = [bytes(k) for k in keys]
+        if not keys:
+            return []
+        key_len = len(keys[0])
+        if any(len(k) != key_len for k in keys):
+            raise InvalidArgumentError("block_keys: keys of different lengths")
+        packed = b"".join(keys)
+    else:
+        packed = bytes(keys)
+        if key_len <= 0 or len(packed) % key_len:
+            raise InvalidArgumentError("block_keys: %d bytes are not keys of %d bytes"
+                                       % (len(packed), key_len))
+    n = len(packed) // key_len
+    out = ffi.new("oi_block_hash[]", max(n, 1))
+    _check(lib.oi_block_keys_from_bytes(ffi.from_buffer(packed) if packed else ffi.NULL,
+                                        key_len, n, out))
+    return [bytes(ffi.buffer(out[i].bytes, 16)) for i in range(n)]
 
 
 # --------------------------------------------------------------------------- tickets

@@ -105,6 +105,32 @@ void oi_imported_arena_close(oi_imported_arena *a);
 oi_status oi_hash_blocks(const uint32_t *tokens, size_t n_tokens, uint32_t block_size,
                          const void *salt, size_t salt_len, const oi_block_hash *parent,
                          oi_block_hash *out, size_t out_cap, size_t *n_out);
+#define OI_BLOCK_KEY_MAX ...
+#define OI_BLOCK_KEY_SEED ...
+#define OI_BLOCK_EXTRA_KEY_SEED ...
+oi_status oi_block_key_from_bytes(const void *key, size_t len, oi_block_hash *out);
+oi_status oi_block_keys_from_bytes(const void *keys, size_t key_len, size_t n,
+                                   oi_block_hash *out);
+typedef struct oi_block_extra_key {
+  const void *bytes;
+  size_t len;
+  ...;
+} oi_block_extra_key;
+typedef struct oi_hash_blocks_args {
+  uint32_t struct_size;
+  uint32_t block_size;
+  const uint32_t *tokens;
+  size_t n_tokens;
+  const void *salt;
+  size_t salt_len;
+  const oi_block_hash *parent;
+  const oi_block_extra_key *extra_keys;
+  size_t n_extra_keys;
+  ...;
+} oi_hash_blocks_args;
+void oi_hash_blocks_args_init(oi_hash_blocks_args *args);
+oi_status oi_hash_blocks_ex(const oi_hash_blocks_args *args, oi_block_hash *out, size_t out_cap,
+                            size_t *n_out);
 
 /* host.h */
 typedef struct oi_offload_host oi_offload_host;

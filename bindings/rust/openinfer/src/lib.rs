@@ -267,6 +267,76 @@ pub fn hash_blocks(
     Ok(out)
 }
 
+/// Longest external key [`block_key`] accepts, in bytes.
+pub const BLOCK_KEY_MAX: usize = sys::OI_BLOCK_KEY_MAX as usize;
+
+/// Maps an engine's own block key of 1..=[`BLOCK_KEY_MAX`] bytes (a vLLM
+/// block hash, for instance) to a [`BlockHash`] (see `oi_block_key_from_bytes`).
+pub fn block_key(key: &[u8]) -> Result<BlockHash> {
+    let mut out = BlockHash::default();
+    check(unsafe {
+        sys::oi_block_key_from_bytes(
+            key.as_ptr() as *const c_void,
+            key.len() as sys::size_t,
+            &mut out as *mut BlockHash as *mut sys::oi_block_hash,
+        )
+    })?;
+    Ok(out)
+}
+
+/// Maps the keys of `key_len` bytes packed back to back in `keys` in one call
+/// (see `oi_block_keys_from_bytes`); element i equals `block_key` of key i.
+pub fn block_keys(keys: &[u8], key_len: usize) -> Result<Vec<BlockHash>> {
+    if key_len == 0 || keys.len() % key_len != 0 {
+        return Err(invalid(&format!("block_keys: {} bytes are not keys of {} bytes", keys.len(), key_len)));
+    }
+    let n = keys.len() / key_len;
+    let mut out = vec![BlockHash::default(); n];
+    check(unsafe {
+        sys::oi_block_keys_from_bytes(
+            keys.as_ptr() as *const c_void,
+            key_len as sys::size_t,
+            n as sys::size_t,
+            out.as_mut_ptr() as *mut sys::oi_block_hash,
+        )
+    })?;
+    Ok(out)
+}
+
+/// Chained hashes of the full blocks of `tokens` where block i also covers
+/// `extra_keys[i]` (empty: none; entries past the full blocks are ignored).
+/// With no extra keys it equals [`hash_blocks`] (see `oi_hash_blocks_ex`).
+pub fn hash_blocks_ex(
+    tokens: &[u32],
+    block_size: u32,
+    salt: &[u8],
+    parent: Option<&BlockHash>,
+    extra_keys: &[&[u8]],
+) -> Result<Vec<BlockHash>> {
+    let cap = if block_size == 0 { 0 } else { tokens.len() / block_size as usize };
+    let mut out = vec![BlockHash::default(); cap];
+    let mut n: sys::size_t = 0;
+    let extras: Vec<sys::oi_block_extra_key> = extra_keys
+        .iter()
+        .map(|k| sys::oi_block_extra_key { bytes: k.as_ptr() as *const c_void, len: k.len() as sys::size_t })
+        .collect();
+    let mut args = unsafe { std::mem::zeroed::<sys::oi_hash_blocks_args>() };
+    unsafe { sys::oi_hash_blocks_args_init(&mut args) };
+    args.block_size = block_size;
+    args.tokens = tokens.as_ptr();
+    args.n_tokens = tokens.len() as sys::size_t;
+    args.salt = if salt.is_empty() { ptr::null() } else { salt.as_ptr() as *const c_void };
+    args.salt_len = salt.len() as sys::size_t;
+    args.parent = parent.map_or(ptr::null(), |p| p as *const BlockHash as *const sys::oi_block_hash);
+    args.extra_keys = if extras.is_empty() { ptr::null() } else { extras.as_ptr() };
+    args.n_extra_keys = extras.len() as sys::size_t;
+    check(unsafe {
+        sys::oi_hash_blocks_ex(&args, out.as_mut_ptr() as *mut sys::oi_block_hash, cap as sys::size_t, &mut n)
+    })?;
+    out.truncate(n as usize);
+    Ok(out)
+}
+
 // ---------------------------------------------------------------------------- host
 
 /// Options of an [`OffloadHost`] (and of a [`Server`]'s pool).

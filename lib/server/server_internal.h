@@ -18,6 +18,7 @@
 
 #include "core/core.h"
 #include "device/device.h"
+#include "host/host.h"
 #include "openinfer/engine.h"
 #include "openinfer/host.h"
 #include "openinfer/server.h"
@@ -67,6 +68,7 @@ struct srv_session {
   bool write_broken;
 
   srv_instance *instances; /* written by the session thread under the server lock */
+  uint32_t lookup_instance; /* the host instance of its lookups' leases (0: none yet) */
 
   pthread_t aux_thread;
   bool aux_started;

@@ -181,9 +181,10 @@ OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *blo
   if (opt && (st = oi__struct_in(&so, sizeof so, opt, "save")) != OI_OK) return st;
   if (so.result) {
     if (so.result->struct_size < sizeof(oi_save_result))
-      return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                      "save: result->struct_size %u is too small (set it to sizeof(oi_save_result))",
-                      so.result->struct_size);
+      return oi__fail(
+          OI_ERR_INVALID_ARGUMENT,
+          "save: result->struct_size %u is too small (set it to sizeof(oi_save_result))",
+          so.result->struct_size);
     so.result->accepted = so.result->deduplicated = so.result->dropped = 0;
   }
   return e->ops->save(e, block_ids, hashes, n, &so, ticket_out);

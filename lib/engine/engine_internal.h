@@ -61,8 +61,8 @@ typedef struct oi_host_query_args {
 oi_status oi__host_query(oi_offload_host *h, const char *namespace_id, const oi_host_query_args *a,
                          const oi_block_hash *hashes, size_t n, oi_query_result *r);
 /* Releases a lease of `namespace_id` held for `principal`. */
-oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id,
-                                  uint64_t principal, oi_lease lease);
+oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id, uint64_t principal,
+                                  oi_lease lease);
 
 /* Fills the common part (options copy, layout) of a new engine. */
 oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o,

@@ -202,8 +202,8 @@ oi_status oi__host_query(oi_offload_host *h, const char *namespace_id, const oi_
   return query_ns(h, ns, a, hashes, n, r);
 }
 
-oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id,
-                                  uint64_t principal, oi_lease lease) {
+oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id, uint64_t principal,
+                                  oi_lease lease) {
   oi_host_ns ns;
   if (!oi__host_find_namespace(h, namespace_id, &ns))
     return oi__fail(OI_ERR_LEASE_EXPIRED,

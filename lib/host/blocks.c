@@ -166,8 +166,8 @@ static uint64_t in_flight_run(oi_offload_host *h, oi_host_ns ns, const oi_block_
   return run;
 }
 
-void oi__host_prefix_probe(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes,
-                           size_t n, uint64_t *sealed, uint64_t *pending) {
+void oi__host_prefix_probe(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+                           uint64_t *sealed, uint64_t *pending) {
   size_t found = 0;
   for (; found < n; found++) {
     uint64_t key = oi__index_key(ns.id, &hashes[found]);

@@ -93,8 +93,8 @@ void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash 
                          uint8_t *present, uint64_t *hits, uint64_t *pending);
 /* The longest sealed prefix of `hashes` and the run of blocks in flight
  * right after it, without pins or counters. */
-void oi__host_prefix_probe(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes,
-                           size_t n, uint64_t *sealed, uint64_t *pending);
+void oi__host_prefix_probe(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+                           uint64_t *sealed, uint64_t *pending);
 /* Pins the longest sealed prefix of `hashes` under a lease created by
  * `instance` (0: none; the lease then lives until consumed, released or
  * expired) for `principal`, with `shares` consumers (*lease untouched when

@@ -61,9 +61,8 @@ static uint64_t next_tag_locked(oi_offload_host *h) {
   return x * 0x2545F4914F6CDD1Dull;
 }
 
-oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns,
-                           uint64_t principal, uint32_t shares, host_block **blocks, size_t n,
-                           oi_lease *out) {
+oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, uint64_t principal,
+                           uint32_t shares, host_block **blocks, size_t n, oi_lease *out) {
   lease_rec *l = oi__calloc(1, sizeof *l);
   host_block **copy = oi__malloc(n * sizeof *copy);
   if (!l || !copy) {

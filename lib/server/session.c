@@ -377,8 +377,8 @@ static oi_status lookup_query(srv_session *s, const oiwire_Query *m, size_t n,
                            .flags = m->flags,
                            .present = qr->present,
                            .wait_ms = (m->flags & OI_QUERY_WAIT_PENDING) ? m->wait_ms : 0};
-  oi_status st = oi__engine_check_query("query", s->arrays.hashes, n, m->flags, qr, &qa.present,
-                                        &qa.wait_ms);
+  oi_status st =
+      oi__engine_check_query("query", s->arrays.hashes, n, m->flags, qr, &qa.present, &qa.wait_ms);
   if (st != OI_OK) return st;
   return oi__host_query(s->server->host, m->namespace_id, &qa, s->arrays.hashes, n, qr);
 }

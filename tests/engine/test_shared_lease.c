@@ -38,8 +38,7 @@ static oi_lookup_options lookup_opts(const char *ns, uint32_t world) {
 }
 
 static oi_status host_query(oi_offload_host *h, const char *ns, uint32_t world,
-                            const oi_block_hash *hs, size_t n, uint32_t flags,
-                            oi_query_result *q) {
+                            const oi_block_hash *hs, size_t n, uint32_t flags, oi_query_result *q) {
   memset(q, 0, sizeof *q);
   q->struct_size = sizeof *q;
   oi_lookup_options o = lookup_opts(ns, world);

@@ -195,9 +195,9 @@ static void test_lookup_client_leases_for_other_sessions(void) {
   CHECK_ST(oi_offload_client_query(c, NULL, hs, N, 1u << 9, &qr), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi_offload_client_query(NULL, NULL, hs, N, 0, &qr), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi_offload_client_query(c, NULL, NULL, N, 0, &qr), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_offload_client_query(c, NULL, hs, N, OI_QUERY_MEMBERSHIP | OI_QUERY_WAIT_PENDING,
-                                   &mr),
-           OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(
+      oi_offload_client_query(c, NULL, hs, N, OI_QUERY_MEMBERSHIP | OI_QUERY_WAIT_PENDING, &mr),
+      OI_ERR_INVALID_ARGUMENT);
   /* A client's leases go with it. */
   CHECK_OK(oi_offload_client_query(c, NULL, hs, N, 0, &qr));
   CHECK(qr.hit_blocks == N);

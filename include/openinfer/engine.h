@@ -214,13 +214,16 @@ OI_API oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_i
 
 /* Copies the i-th leased block into dst_block_ids[i] of every arena; n must
  * equal the lease's block count. Consumes one lease share whether the load
- * succeeds or fails. */
+ * succeeds or fails. The lease may come from any engine or lookup of this
+ * engine's namespace (sidecar: of the same user); another namespace's is
+ * OI_ERR_PERMISSION. */
 OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
                                         const int64_t *dst_block_ids, size_t n,
                                         const oi_load_options *opt, oi_ticket **ticket_out);
 
-/* Drops a lease and its pins. @return OI_ERR_LEASE_EXPIRED when the lease is
- * unknown (already released, consumed or expired). */
+/* Drops a lease and its pins (any lease of this engine's namespace).
+ * @return OI_ERR_LEASE_EXPIRED when the lease is unknown (already released,
+ * consumed or expired), OI_ERR_PERMISSION for another namespace's. */
 OI_API oi_status oi_offload_engine_release(oi_offload_engine *e, oi_lease lease);
 
 /* Waits until every save submitted before this call is sealed or dropped.

@@ -175,7 +175,7 @@ static oi_status query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_query
     for (;;) {
       uint64_t sealed, pending;
       oi__host_prefix_probe(h, ns, hashes, n, &sealed, &pending);
-      if (pending == 0) break;
+      if (pending == 0 || oi__now_ns() >= deadline) break;
       bool sealed_all = true;
       for (uint64_t i = sealed; i < sealed + pending && sealed_all; i++)
         sealed_all = oi__host_wait_not_in_flight(h, ns, &hashes[i], deadline);

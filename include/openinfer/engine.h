@@ -57,12 +57,26 @@ typedef struct oi_engine_options {
  * it named may be reused (their bytes were copied, or the save was dropped). */
 typedef void (*oi_save_done_fn)(void *ctx, oi_status st);
 
+/* What one save call did with its blocks, filled before save returns
+ * (oi_save_options.result). accepted + deduplicated + dropped == n. */
+typedef struct oi_save_result {
+  uint32_t struct_size; /* set by the caller: sizeof(oi_save_result) */
+  uint32_t reserved;
+  uint64_t accepted;     /* blocks being copied into the tier (the ticket reports their end) */
+  uint64_t deduplicated; /* blocks the namespace already held (sealed or in flight) */
+  uint64_t dropped;      /* blocks that got no memory (the pool is full of pinned blocks) */
+} oi_save_result;
+
 typedef struct oi_save_options {
   uint32_t struct_size;
   uint32_t flags;
   void *wait_event;        /* cudaEvent_t recorded after the KV was written; NULL: none */
   oi_save_done_fn on_done; /* optional */
   void *on_done_ctx;
+  /* ---- appended ---- */
+  oi_save_result *result; /* optional out: this call's counts, filled before save returns
+                             (sidecar: one round trip to the server, within
+                             control_deadline_ms) */
 } oi_save_options;
 
 typedef struct oi_load_options {
@@ -93,6 +107,11 @@ enum {
   /* Report each position independently in `present` (no prefix rule, no
    * lease). */
   OI_QUERY_MEMBERSHIP = 1u << 0,
+  /* Prefix queries: when blocks right after the sealed prefix are still
+   * being saved (pending), wait up to oi_query_result.wait_ms for them to
+   * seal and count those that did as hits. Without it, pending blocks are a
+   * miss (reported in pending_blocks). Not with OI_QUERY_MEMBERSHIP. */
+  OI_QUERY_WAIT_PENDING = 1u << 1,
 };
 
 typedef struct oi_query_result {
@@ -101,6 +120,11 @@ typedef struct oi_query_result {
   uint64_t hit_blocks; /* leading run of sealed blocks (membership: count present) */
   oi_lease lease;      /* pins the hit blocks; all-zero when hit_blocks == 0 */
   uint8_t *present;    /* in: optional array of n bytes for OI_QUERY_MEMBERSHIP */
+  /* ---- appended; an older caller's struct_size stops before these ---- */
+  uint64_t pending_blocks; /* out: blocks right after the hit prefix whose save is in flight
+                              (membership: positions in flight); not leased */
+  uint32_t wait_ms;        /* in: OI_QUERY_WAIT_PENDING's limit; 0 = do not wait */
+  uint32_t reserved;
 } oi_query_result;
 
 typedef struct oi_engine_stats {
@@ -190,13 +214,16 @@ OI_API oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_i
 
 /* Copies the i-th leased block into dst_block_ids[i] of every arena; n must
  * equal the lease's block count. Consumes one lease share whether the load
- * succeeds or fails. */
+ * succeeds or fails. The lease may come from any engine or lookup of this
+ * engine's namespace (sidecar: of the same user); another namespace's is
+ * OI_ERR_PERMISSION. */
 OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
                                         const int64_t *dst_block_ids, size_t n,
                                         const oi_load_options *opt, oi_ticket **ticket_out);
 
-/* Drops a lease and its pins. @return OI_ERR_LEASE_EXPIRED when the lease is
- * unknown (already released, consumed or expired). */
+/* Drops a lease and its pins (any lease of this engine's namespace).
+ * @return OI_ERR_LEASE_EXPIRED when the lease is unknown (already released,
+ * consumed or expired), OI_ERR_PERMISSION for another namespace's. */
 OI_API oi_status oi_offload_engine_release(oi_offload_engine *e, oi_lease lease);
 
 /* Waits until every save submitted before this call is sealed or dropped.
@@ -204,6 +231,49 @@ OI_API oi_status oi_offload_engine_release(oi_offload_engine *e, oi_lease lease)
 OI_API oi_status oi_offload_engine_flush(oi_offload_engine *e, uint32_t timeout_ms);
 
 OI_API oi_status oi_offload_engine_stats(const oi_offload_engine *e, oi_engine_stats *out);
+
+/* ---- lookups without a layout (a scheduler that holds no KV memory) ---- */
+
+/* A lookup's namespace and lease consumers. */
+typedef struct oi_lookup_options {
+  uint32_t struct_size;
+  const char *namespace_id;     /* required; at most 255 bytes */
+  uint32_t world_size;          /* consumers of each lease (loads it takes); default 1 */
+  uint32_t control_deadline_ms; /* sidecar: connect, query, release; default 30000 */
+  const char *client_name;      /* sidecar: for the server's logs; optional */
+} oi_lookup_options;
+
+OI_API oi_status oi_lookup_options_init(oi_lookup_options *o);
+
+/* Embedded: queries namespace o->namespace_id of `h` as
+ * oi_offload_engine_query does, with no engine. A namespace no engine has
+ * registered yet holds nothing: every block misses. The lease belongs to no
+ * engine: any engine of the namespace may load (o->world_size shares) or
+ * release it until it is consumed, released or expires. */
+OI_API oi_status oi_offload_host_query(oi_offload_host *h, const oi_lookup_options *o,
+                                       const char *req_id, const oi_block_hash *hashes, size_t n,
+                                       uint32_t flags, oi_query_result *out);
+
+/* Embedded: drops a lease of namespace `namespace_id` (as
+ * oi_offload_engine_release). */
+OI_API oi_status oi_offload_host_release(oi_offload_host *h, const char *namespace_id,
+                                         oi_lease lease);
+
+/* Sidecar: a connection that only looks up (query, release): it registers
+ * no layout and maps no arena, so a dying server is never fatal to it (its
+ * calls fail with OI_ERR_CLOSED). Leases it gets may be loaded or released
+ * by any engine of the namespace connected with the same user id, and are
+ * dropped when the client is destroyed or disconnected. */
+typedef struct oi_offload_client oi_offload_client;
+
+OI_API oi_status oi_offload_client_connect(const char *socket_path, const oi_lookup_options *o,
+                                           oi_offload_client **out);
+OI_API oi_status oi_offload_client_query(oi_offload_client *c, const char *req_id,
+                                         const oi_block_hash *hashes, size_t n, uint32_t flags,
+                                         oi_query_result *out);
+OI_API oi_status oi_offload_client_release(oi_offload_client *c, oi_lease lease);
+/* Closes the connection (the server drops the client's leases). Accepts NULL. */
+OI_API void oi_offload_client_destroy(oi_offload_client *c);
 
 #ifdef __cplusplus
 }

@@ -179,26 +179,57 @@ OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *blo
   oi_save_options so;
   oi_save_options_init(&so);
   if (opt && (st = oi__struct_in(&so, sizeof so, opt, "save")) != OI_OK) return st;
+  if (so.result) {
+    if (so.result->struct_size < sizeof(oi_save_result))
+      return oi__fail(
+          OI_ERR_INVALID_ARGUMENT,
+          "save: result->struct_size %u is too small (set it to sizeof(oi_save_result))",
+          so.result->struct_size);
+    so.result->accepted = so.result->deduplicated = so.result->dropped = 0;
+  }
   return e->ops->save(e, block_ids, hashes, n, &so, ticket_out);
+}
+
+oi_status oi__engine_check_query(const char *what, const oi_block_hash *hashes, size_t n,
+                                 uint32_t flags, const oi_query_result *out, uint8_t **present,
+                                 uint32_t *wait_ms) {
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
+  if (out->struct_size < offsetof(oi_query_result, present))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: out->struct_size %u is too small", what,
+                    out->struct_size);
+  if (n > 0 && !hashes) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: hashes is NULL", what);
+  const uint32_t known = OI_QUERY_MEMBERSHIP | OI_QUERY_WAIT_PENDING;
+  if (flags & ~known)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", what, flags & ~known);
+  if ((flags & OI_QUERY_MEMBERSHIP) && (flags & OI_QUERY_WAIT_PENDING))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: OI_QUERY_WAIT_PENDING applies to prefix queries, not membership", what);
+  /* The caller's result may predate `present` or `wait_ms` (struct_size). */
+  bool has_present = out->struct_size >= offsetof(oi_query_result, present) + sizeof(uint8_t *);
+  bool has_wait = out->struct_size >= offsetof(oi_query_result, wait_ms) + sizeof(uint32_t);
+  *present = has_present ? out->present : NULL;
+  *wait_ms = 0;
+  if (flags & OI_QUERY_WAIT_PENDING) {
+    if (!has_wait)
+      return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                      "%s: OI_QUERY_WAIT_PENDING needs a result with wait_ms (struct_size %u)",
+                      what, out->struct_size);
+    *wait_ms = out->wait_ms;
+  }
+  if ((flags & OI_QUERY_MEMBERSHIP) && n > 0 && !*present)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: membership needs out->present (n bytes)", what);
+  return OI_OK;
 }
 
 OI_API oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_id,
                                          const oi_block_hash *hashes, size_t n, uint32_t flags,
                                          oi_query_result *out) {
   if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: engine is NULL");
-  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: out is NULL");
-  if (out->struct_size < offsetof(oi_query_result, present))
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: out->struct_size %u is too small",
-                    out->struct_size);
-  if (n > 0 && !hashes) return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: hashes is NULL");
-  if (flags & ~(uint32_t)OI_QUERY_MEMBERSHIP)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: unknown flags 0x%x", flags);
-  /* The caller's result may predate `present` (struct_size). */
-  bool has_present = out->struct_size >= offsetof(oi_query_result, present) + sizeof(uint8_t *);
-  uint8_t *present = has_present ? out->present : NULL;
-  if ((flags & OI_QUERY_MEMBERSHIP) && n > 0 && !present)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: membership needs out->present (n bytes)");
-  return e->ops->query(e, req_id, hashes, n, flags, present, out);
+  uint8_t *present;
+  uint32_t wait_ms;
+  oi_status st = oi__engine_check_query("query", hashes, n, flags, out, &present, &wait_ms);
+  if (st != OI_OK) return st;
+  return e->ops->query(e, req_id, hashes, n, flags, present, wait_ms, out);
 }
 
 OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
@@ -234,4 +265,59 @@ OI_API oi_status oi_offload_engine_stats(const oi_offload_engine *e, oi_engine_s
   if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "engine_stats: engine is NULL");
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "engine_stats: out is NULL");
   return e->ops->stats(e, out);
+}
+
+/* ---- lookups without a layout ---- */
+
+OI_API oi_status oi_lookup_options_init(oi_lookup_options *o) {
+  if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "lookup_options_init: options is NULL");
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->world_size = 1;
+  o->control_deadline_ms = 30000;
+  return OI_OK;
+}
+
+oi_status oi__lookup_options_check(const oi_lookup_options *o, const char *what,
+                                   oi_lookup_options *lo) {
+  oi_lookup_options_init(lo);
+  if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: options is NULL", what);
+  oi_status st = oi__struct_in(lo, sizeof *lo, o, what);
+  if (st != OI_OK) return st;
+  if (!lo->namespace_id || !lo->namespace_id[0])
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: namespace_id is empty", what);
+  if (strlen(lo->namespace_id) > 255)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: namespace_id is longer than 255 bytes", what);
+  if (lo->world_size == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: world_size is 0 (leases need a consumer)", what);
+  if (lo->control_deadline_ms == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: control_deadline_ms is 0", what);
+  if (lo->client_name && strlen(lo->client_name) > 255)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: client_name is longer than 255 bytes", what);
+  return OI_OK;
+}
+
+OI_API oi_status oi_offload_host_query(oi_offload_host *h, const oi_lookup_options *o,
+                                       const char *req_id, const oi_block_hash *hashes, size_t n,
+                                       uint32_t flags, oi_query_result *out) {
+  OI_UNUSED(req_id); /* no deeper tier yet: every answer is final */
+  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_query: host is NULL");
+  oi_lookup_options lo;
+  oi_status st = oi__lookup_options_check(o, "host_query", &lo);
+  if (st != OI_OK) return st;
+  oi_host_query_args a = {.shares = lo.world_size, .flags = flags};
+  if ((st = oi__engine_check_query("host_query", hashes, n, flags, out, &a.present, &a.wait_ms)) !=
+      OI_OK)
+    return st;
+  oi_query_result r;
+  if ((st = oi__host_query(h, lo.namespace_id, &a, hashes, n, &r)) != OI_OK) return st;
+  return oi__struct_out(out, &r, sizeof r, "host_query");
+}
+
+OI_API oi_status oi_offload_host_release(oi_offload_host *h, const char *namespace_id,
+                                         oi_lease lease) {
+  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_release: host is NULL");
+  if (!namespace_id || !namespace_id[0])
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_release: namespace_id is empty");
+  return oi__host_lookup_release(h, namespace_id, 0, lease);
 }

@@ -146,28 +146,86 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids,
   if (r.dropped)
     OI_LOG_I(OI_LOG_DEBUG, "engine", base->instance_id,
              "save dropped %llu of %zu blocks (pool full)", (unsigned long long)r.dropped, n);
+  if (opt->result) {
+    opt->result->accepted = r.accepted;
+    opt->result->deduplicated = r.deduplicated;
+    opt->result->dropped = r.dropped;
+  }
   oi_status st = oi__xfer_submit(job, "save"); /* with no block accepted: done now */
   if (ticket_out) *ticket_out = st == OI_OK ? t : NULL;
   return st;
 }
 
+/* A query of namespace `ns`: with OI_QUERY_WAIT_PENDING, first waits (no
+ * pins held) until no block right after the sealed prefix is in flight or
+ * wait_ms passes, then leases the prefix. */
+static oi_status query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_query_args *a,
+                          const oi_block_hash *hashes, size_t n, oi_query_result *r) {
+  memset(r, 0, sizeof *r);
+  r->struct_size = sizeof *r;
+  r->state = OI_QUERY_READY;
+  r->present = a->present;
+  r->wait_ms = a->wait_ms;
+  if (a->flags & OI_QUERY_MEMBERSHIP) {
+    oi__host_membership(h, ns, hashes, n, a->present, &r->hit_blocks, &r->pending_blocks);
+    return OI_OK;
+  }
+  if ((a->flags & OI_QUERY_WAIT_PENDING) && a->wait_ms) {
+    uint64_t deadline = oi__deadline_ns(a->wait_ms);
+    for (;;) {
+      uint64_t sealed, pending;
+      oi__host_prefix_probe(h, ns, hashes, n, &sealed, &pending);
+      if (pending == 0 || oi__now_ns() >= deadline) break;
+      bool sealed_all = true;
+      for (uint64_t i = sealed; i < sealed + pending && sealed_all; i++)
+        sealed_all = oi__host_wait_not_in_flight(h, ns, &hashes[i], deadline);
+      if (!sealed_all) break; /* wait_ms passed: what is still in flight stays pending */
+    }
+  }
+  return oi__host_lease_prefix(h, ns, a->instance, a->principal, a->shares, hashes, n,
+                               &r->hit_blocks, &r->pending_blocks, &r->lease);
+}
+
+oi_status oi__host_query(oi_offload_host *h, const char *namespace_id, const oi_host_query_args *a,
+                         const oi_block_hash *hashes, size_t n, oi_query_result *r) {
+  oi_host_ns ns;
+  if (!oi__host_find_namespace(h, namespace_id, &ns)) {
+    /* Nothing was ever saved there: every block misses. */
+    memset(r, 0, sizeof *r);
+    r->struct_size = sizeof *r;
+    r->state = OI_QUERY_READY;
+    r->present = a->present;
+    r->wait_ms = a->wait_ms;
+    if ((a->flags & OI_QUERY_MEMBERSHIP) && n) memset(a->present, 0, n);
+    return OI_OK;
+  }
+  return query_ns(h, ns, a, hashes, n, r);
+}
+
+oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id, uint64_t principal,
+                                  oi_lease lease) {
+  oi_host_ns ns;
+  if (!oi__host_find_namespace(h, namespace_id, &ns))
+    return oi__fail(OI_ERR_LEASE_EXPIRED,
+                    "release: lease unknown (namespace '%s' holds nothing on this host)",
+                    namespace_id);
+  return oi__host_release(h, ns, principal, lease);
+}
+
 static oi_status local_query(oi_offload_engine *base, const char *req_id,
                              const oi_block_hash *hashes, size_t n, uint32_t flags,
-                             uint8_t *present, oi_query_result *out) {
+                             uint8_t *present, uint32_t wait_ms, oi_query_result *out) {
   OI_UNUSED(req_id); /* no deeper tier yet: every answer is final (READY) */
   local_engine *e = (local_engine *)base;
+  oi_host_query_args a = {.instance = base->instance_id,
+                          .principal = base->principal,
+                          .shares = base->opts.world_size,
+                          .flags = flags,
+                          .present = present,
+                          .wait_ms = wait_ms};
   oi_query_result r;
-  memset(&r, 0, sizeof r);
-  r.struct_size = sizeof r;
-  r.state = OI_QUERY_READY;
-  r.present = present;
-  if (flags & OI_QUERY_MEMBERSHIP) {
-    oi__host_membership(e->host, e->ns, hashes, n, present, &r.hit_blocks);
-  } else {
-    oi_status st = oi__host_lease_prefix(e->host, e->ns, base->instance_id, base->opts.world_size,
-                                         hashes, n, &r.hit_blocks, &r.lease);
-    if (st != OI_OK) return st;
-  }
+  oi_status st = query_ns(e->host, e->ns, &a, hashes, n, &r);
+  if (st != OI_OK) return st;
   atomic_fetch_add(&e->c.query_hit_blocks, r.hit_blocks);
   atomic_fetch_add(&e->c.query_miss_blocks, n - r.hit_blocks);
   return oi__struct_out(out, &r, sizeof r, "query");
@@ -181,7 +239,7 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_H2D, n, flags, n * sizeof(host_block *));
   if (!job) return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory");
   host_block **blocks = oi__xfer_job_user(job);
-  oi_status st = oi__host_load_begin(e->host, base->instance_id, lease, n, blocks);
+  oi_status st = oi__host_load_begin(e->host, e->ns, base->principal, lease, n, blocks);
   if (st != OI_OK) {
     oi__xfer_job_free(job);
     if (st == OI_ERR_LEASE_EXPIRED || st == OI_ERR_PERMISSION)
@@ -199,7 +257,7 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
 
 static oi_status local_release(oi_offload_engine *base, oi_lease lease) {
   local_engine *e = (local_engine *)base;
-  return oi__host_release(e->host, base->instance_id, lease);
+  return oi__host_release(e->host, e->ns, base->principal, lease);
 }
 
 static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {

@@ -36,6 +36,15 @@ typedef enum conn_state {
 
 typedef enum pending_kind { PEND_CALL, PEND_SAVE, PEND_LOAD } pending_kind;
 
+/* A save's counts (SaveCounts), awaited by the submitter on its stack. It is
+ * touched only under e->lock, and only while the save's record names it:
+ * whoever takes the record out of the table, or delivers the counts, marks
+ * it done and unlinks it. */
+typedef struct counts_wait {
+  bool done, received;
+  uint64_t accepted, deduplicated, dropped;
+} counts_wait;
+
 /* One request waiting for its reply. PEND_CALL lives on the calling thread's
  * stack; PEND_SAVE and PEND_LOAD are heap-allocated.
  *
@@ -74,6 +83,7 @@ typedef struct pending {
   oi_ticket *ticket;    /* producer reference, or NULL */
   oi_save_done_fn on_done;
   void *on_done_ctx;
+  counts_wait *counts; /* PEND_SAVE: the submitter's, while it waits (see counts_wait) */
 } pending;
 
 typedef struct remote_engine {
@@ -141,10 +151,19 @@ static void pending_unlink_locked(remote_engine *e, pending *p) {
   p->prev = p->next = p->hnext = NULL;
 }
 
+/* Ends a save's wait for its counts (they will not come now). */
+static void counts_abandon_locked(remote_engine *e, pending *p) {
+  if (!p->counts) return;
+  p->counts->done = true;
+  p->counts = NULL;
+  pthread_cond_broadcast(&e->cv);
+}
+
 static pending *pending_take_locked(remote_engine *e, uint64_t id) {
   for (pending *p = e->buckets[id % PENDING_BUCKETS]; p; p = p->hnext)
     if (p->id == id) {
       pending_unlink_locked(e, p);
+      counts_abandon_locked(e, p);
       return p;
     }
   return NULL;
@@ -256,6 +275,20 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env) {
   oi_status st = is_result ? env->body.result.status : OI_OK;
   if (is_result && st == OI_PENDING) st = OI_ERR_PROTOCOL; /* a reply is final */
   pthread_mutex_lock(&e->lock);
+  if (env->which_body == oiwire_Envelope_save_counts_tag) {
+    /* Not final: the save stays in the table for its Result. */
+    for (pending *q = e->buckets[env->request_id % PENDING_BUCKETS]; q; q = q->hnext)
+      if (q->id == env->request_id && q->kind == PEND_SAVE && q->counts) {
+        q->counts->accepted = env->body.save_counts.accepted;
+        q->counts->deduplicated = env->body.save_counts.deduplicated;
+        q->counts->dropped = env->body.save_counts.dropped;
+        q->counts->received = true;
+        counts_abandon_locked(e, q);
+        break;
+      }
+    pthread_mutex_unlock(&e->lock);
+    return;
+  }
   pending *p = pending_take_locked(e, env->request_id);
   if (!p) {
     pthread_mutex_unlock(&e->lock);
@@ -304,7 +337,10 @@ static void expire(remote_engine *e, uint64_t now) {
     pending *p = e->head;
     while (p && (p->kind == PEND_CALL || p->deadline_ns > now))
       p = p->next;
-    if (p) pending_unlink_locked(e, p);
+    if (p) {
+      pending_unlink_locked(e, p);
+      counts_abandon_locked(e, p);
+    }
     pthread_mutex_unlock(&e->lock);
     if (!p) return;
     OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
@@ -324,13 +360,15 @@ static void connection_lost(remote_engine *e, const char *why) {
   pending *list = e->head;
   e->head = e->tail = NULL;
   memset(e->buckets, 0, sizeof e->buckets);
-  for (pending *p = list; p; p = p->next)
+  for (pending *p = list; p; p = p->next) {
+    counts_abandon_locked(e, p);
     if (p->kind == PEND_CALL) {
       p->status = e->conn_status ? e->conn_status : OI_ERR_CLOSED;
       snprintf(p->message, sizeof p->message,
                "the connection to the openinfer server ended: %.400s", e->conn_msg);
       p->done = true;
     }
+  }
   pthread_cond_broadcast(&e->cv);
   /* Calls belong to their waiters; detach the asynchronous ones. */
   pending *async = NULL;
@@ -406,7 +444,8 @@ static oi_status check_count(const char *what, size_t n) {
 /* Sends an asynchronous operation whose reply completes a ticket. */
 static oi_status submit_async(remote_engine *e, pending_kind kind, oiwire_Envelope *env,
                               const oi_wire_out *out, uint32_t deadline_ms, oi_save_done_fn on_done,
-                              void *on_done_ctx, oi_ticket **ticket_out, const char *what) {
+                              void *on_done_ctx, counts_wait *counts, oi_ticket **ticket_out,
+                              const char *what) {
   pending *p = oi__calloc(1, sizeof *p);
   oi_ticket *t = ticket_out ? oi__ticket_new() : NULL;
   if (!p || (ticket_out && !t)) {
@@ -421,6 +460,7 @@ static oi_status submit_async(remote_engine *e, pending_kind kind, oiwire_Envelo
   p->ticket = t;
   p->on_done = on_done;
   p->on_done_ctx = on_done_ctx;
+  p->counts = counts;
   p->deadline_ns = deadline_ms ? oi__deadline_ns(deadline_ms) : UINT64_MAX;
   bool taken;
   uint64_t id;
@@ -453,8 +493,35 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
   env.which_body = oiwire_Envelope_save_tag;
   env.body.save.instance_id = base->instance_id;
   oi_wire_out out = {.ids = ids, .n_ids = n, .hashes = hashes, .n_hashes = n};
-  return submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
-                      opt->on_done_ctx, ticket_out, "save");
+  if (!opt->result)
+    return submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
+                        opt->on_done_ctx, NULL, ticket_out, "save");
+  /* The server answers SaveCounts as soon as it reserved the blocks, then
+   * the final Result; wait for the first (up to the control deadline). */
+  env.body.save.want_counts = true;
+  counts_wait w = {0};
+  st = submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
+                    opt->on_done_ctx, &w, ticket_out, "save");
+  if (st != OI_OK) return st; /* (the record never left our hands: w is unreferenced) */
+  uint64_t deadline = oi__deadline_ns(e->control_ms);
+  struct timespec ts = abs_timespec(deadline);
+  pthread_mutex_lock(&e->lock);
+  while (!w.done)
+    if (pthread_cond_timedwait(&e->cv, &e->lock, &ts) == ETIMEDOUT && !w.done) {
+      /* Unlink w from the record, if the record is still in the table. */
+      for (pending *q = e->head; q; q = q->next)
+        if (q->counts == &w) q->counts = NULL;
+      break;
+    }
+  pthread_mutex_unlock(&e->lock);
+  if (w.received) {
+    opt->result->accepted = w.accepted;
+    opt->result->deduplicated = w.deduplicated;
+    opt->result->dropped = w.dropped;
+  } else { /* unknown: the save failed first, or the counts did not come in time */
+    opt->result->accepted = opt->result->deduplicated = opt->result->dropped = UINT64_MAX;
+  }
+  return OI_OK;
 }
 
 static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int64_t *ids, size_t n,
@@ -470,14 +537,16 @@ static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int6
   env.body.load.lease.size = OI_WIRE_LEASE_BYTES;
   memcpy(env.body.load.lease.bytes, lease.bytes, OI_WIRE_LEASE_BYTES);
   oi_wire_out out = {.ids = ids, .n_ids = n};
-  return submit_async(e, PEND_LOAD, &env, &out, base->opts.load_deadline_ms, NULL, NULL, ticket_out,
-                      "load");
+  return submit_async(e, PEND_LOAD, &env, &out, base->opts.load_deadline_ms, NULL, NULL, NULL,
+                      ticket_out, "load");
 }
 
-static oi_status remote_query(oi_offload_engine *base, const char *req_id,
-                              const oi_block_hash *hashes, size_t n, uint32_t flags,
-                              uint8_t *present, oi_query_result *out) {
-  remote_engine *e = (remote_engine *)base;
+/* A Query: of the engine's instance, or (instance 0) a lookup of
+ * `namespace_id` with `world_size` consumers. */
+static oi_status query_call(remote_engine *e, uint32_t instance, const char *namespace_id,
+                            uint32_t world_size, const char *req_id, const oi_block_hash *hashes,
+                            size_t n, uint32_t flags, uint8_t *present, uint32_t wait_ms,
+                            oi_query_result *out) {
   oi_status st = check_count("query", n);
   if (st != OI_OK) return st;
   if (req_id && strlen(req_id) >= sizeof(((oiwire_Query *)0)->req_id))
@@ -485,8 +554,12 @@ static oi_status remote_query(oi_offload_engine *base, const char *req_id,
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_query_tag;
-  env.body.query.instance_id = base->instance_id;
+  env.body.query.instance_id = instance;
   env.body.query.flags = flags;
+  env.body.query.wait_ms = wait_ms;
+  if (namespace_id)
+    snprintf(env.body.query.namespace_id, sizeof env.body.query.namespace_id, "%s", namespace_id);
+  env.body.query.world_size = world_size;
   if (req_id) snprintf(env.body.query.req_id, sizeof env.body.query.req_id, "%s", req_id);
   oi_wire_out wo = {.hashes = hashes, .n_hashes = n};
   pending p;
@@ -495,36 +568,57 @@ static oi_status remote_query(oi_offload_engine *base, const char *req_id,
     p.present = present;
     p.present_n = n;
   }
-  if ((st = call(e, &env, &wo, &p, e->control_ms, "query")) != OI_OK) return st;
+  /* A waiting query is answered up to wait_ms later than another. */
+  uint64_t limit = (uint64_t)e->control_ms + wait_ms;
+  if ((st = call(e, &env, &wo, &p, limit >= UINT32_MAX ? UINT32_MAX - 1 : (uint32_t)limit,
+                 "query")) != OI_OK)
+    return st;
   if (p.reply.which_body != oiwire_Envelope_query_reply_tag) return unexpected_reply(&p, "query");
   const oiwire_QueryReply *qr = &p.reply.body.query_reply;
   if (qr->lease.size != 0 && qr->lease.size != OI_WIRE_LEASE_BYTES)
     return oi__fail(OI_ERR_PROTOCOL, "query: the server sent a %u-byte lease",
                     (unsigned)qr->lease.size);
-  if (qr->hit_blocks > n)
-    return oi__fail(OI_ERR_PROTOCOL, "query: the server reported %llu hits for %zu hashes",
-                    (unsigned long long)qr->hit_blocks, n);
+  if (qr->hit_blocks > n || qr->pending_blocks > n - qr->hit_blocks)
+    return oi__fail(OI_ERR_PROTOCOL,
+                    "query: the server reported %llu hits and %llu pending for %zu hashes",
+                    (unsigned long long)qr->hit_blocks, (unsigned long long)qr->pending_blocks, n);
   oi_query_result r;
   memset(&r, 0, sizeof r);
   r.struct_size = sizeof r;
   r.state = qr->state;
   r.hit_blocks = qr->hit_blocks;
+  r.pending_blocks = qr->pending_blocks;
+  r.wait_ms = wait_ms;
   if (qr->lease.size) memcpy(r.lease.bytes, qr->lease.bytes, OI_WIRE_LEASE_BYTES);
   r.present = present;
   return oi__struct_out(out, &r, sizeof r, "query");
 }
 
-static oi_status remote_release(oi_offload_engine *base, oi_lease lease) {
-  remote_engine *e = (remote_engine *)base;
+static oi_status remote_query(oi_offload_engine *base, const char *req_id,
+                              const oi_block_hash *hashes, size_t n, uint32_t flags,
+                              uint8_t *present, uint32_t wait_ms, oi_query_result *out) {
+  return query_call((remote_engine *)base, base->instance_id, NULL, 0, req_id, hashes, n, flags,
+                    present, wait_ms, out);
+}
+
+static oi_status release_call(remote_engine *e, uint32_t instance, const char *namespace_id,
+                              oi_lease lease) {
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_release_tag;
-  env.body.release.instance_id = base->instance_id;
+  env.body.release.instance_id = instance;
+  if (namespace_id)
+    snprintf(env.body.release.namespace_id, sizeof env.body.release.namespace_id, "%s",
+             namespace_id);
   env.body.release.lease.size = OI_WIRE_LEASE_BYTES;
   memcpy(env.body.release.lease.bytes, lease.bytes, OI_WIRE_LEASE_BYTES);
   pending p;
   memset(&p, 0, sizeof p);
   return call(e, &env, NULL, &p, e->control_ms, "release");
+}
+
+static oi_status remote_release(oi_offload_engine *base, oi_lease lease) {
+  return release_call((remote_engine *)base, base->instance_id, NULL, lease);
 }
 
 static oi_status remote_flush(oi_offload_engine *base, uint32_t timeout_ms) {
@@ -892,4 +986,100 @@ fail : {
   free_engine(e);
   return oi__fail(st, "%s", msg);
 }
+}
+
+/* ---- the lookup client ----------------------------------------------------------------
+ * A session that registers nothing: a remote_engine without a layout or an
+ * arena, whose connection is never live in the watchdog's sense (nothing it
+ * maps can go away), so a lost server fails its calls with OI_ERR_CLOSED. */
+
+struct oi_offload_client {
+  remote_engine *e;
+  uint32_t world_size;
+};
+
+OI_API oi_status oi_offload_client_connect(const char *socket_path, const oi_lookup_options *o,
+                                           oi_offload_client **out) {
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "client_connect: out is NULL");
+  *out = NULL;
+  oi_lookup_options lo;
+  oi_status st = oi__lookup_options_check(o, "client_connect", &lo);
+  if (st != OI_OK) return st;
+  char def[108];
+  if (!socket_path) {
+    if ((st = oi__wire_default_socket_path(def, sizeof def)) != OI_OK) return st;
+    socket_path = def;
+  }
+  oi_offload_client *c = oi__calloc(1, sizeof *c);
+  remote_engine *e = oi__calloc(1, sizeof *e);
+  if (!c || !e) {
+    oi__free(c);
+    oi__free(e);
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "client_connect: out of memory");
+  }
+  c->e = e;
+  c->world_size = lo.world_size;
+  e->base.ops = &remote_ops; /* (only query and release are used) */
+  e->fd = -1;
+  e->state = CONN_RETIRED; /* never armed: the connection may end without harm */
+  pthread_mutex_init(&e->lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&e->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&e->write_lock, NULL);
+  pthread_mutex_init(&e->teardown_lock, NULL);
+  e->control_ms = lo.control_deadline_ms;
+  e->base.namespace_id = oi__strdup(lo.namespace_id);
+  e->base.instance_name = oi__strdup(lo.client_name ? lo.client_name : "lookup client");
+  e->socket_path = oi__strdup(socket_path);
+  if (!e->base.namespace_id || !e->base.instance_name || !e->socket_path) {
+    st = oi__fail(OI_ERR_OUT_OF_MEMORY, "client_connect: out of memory");
+    goto fail;
+  }
+  if ((st = oi__wire_connect(socket_path, &e->fd)) != OI_OK) goto fail;
+  int rc = pthread_create(&e->reader, NULL, reader_main, e);
+  if (rc != 0) {
+    st = oi__fail(OI_ERR_INTERNAL, "client_connect: cannot start the reader thread: %s",
+                  strerror(rc));
+    goto fail;
+  }
+  pthread_setname_np(e->reader, "oi-client-read");
+  e->reader_started = true;
+  if ((st = hello(e)) != OI_OK) goto fail;
+  OI_LOG(OI_LOG_INFO, "engine", "lookup client of namespace '%s' connected to %s (epoch %016llx)",
+         lo.namespace_id, socket_path, (unsigned long long)e->server_epoch);
+  *out = c;
+  return OI_OK;
+fail : {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", oi_last_error());
+  free_engine(e);
+  oi__free(c);
+  return oi__fail(st, "%s", msg);
+}
+}
+
+OI_API oi_status oi_offload_client_query(oi_offload_client *c, const char *req_id,
+                                         const oi_block_hash *hashes, size_t n, uint32_t flags,
+                                         oi_query_result *out) {
+  if (!c) return oi__fail(OI_ERR_INVALID_ARGUMENT, "client_query: client is NULL");
+  uint8_t *present;
+  uint32_t wait_ms;
+  oi_status st = oi__engine_check_query("client_query", hashes, n, flags, out, &present, &wait_ms);
+  if (st != OI_OK) return st;
+  return query_call(c->e, 0, c->e->base.namespace_id, c->world_size, req_id, hashes, n, flags,
+                    present, wait_ms, out);
+}
+
+OI_API oi_status oi_offload_client_release(oi_offload_client *c, oi_lease lease) {
+  if (!c) return oi__fail(OI_ERR_INVALID_ARGUMENT, "client_release: client is NULL");
+  return release_call(c->e, 0, c->e->base.namespace_id, lease);
+}
+
+OI_API void oi_offload_client_destroy(oi_offload_client *c) {
+  if (!c) return;
+  free_engine(c->e);
+  oi__free(c);
 }

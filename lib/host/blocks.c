@@ -130,8 +130,8 @@ void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blo
 /* ---- queries ---- */
 
 void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
-                         uint8_t *present, uint64_t *hits) {
-  uint64_t found = 0;
+                         uint8_t *present, uint64_t *hits, uint64_t *pending) {
+  uint64_t found = 0, in_flight = 0;
   oi__index_prefetch(h, ns.id, hashes, n);
   for (size_t i = 0; i < n; i++) {
     uint64_t key = oi__index_key(ns.id, &hashes[i]);
@@ -139,19 +139,55 @@ void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash 
     pthread_mutex_lock(&s->lock);
     host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
     bool hit = b && b->state == BLOCK_SEALED;
+    in_flight += b && b->state == BLOCK_IN_FLIGHT;
     pthread_mutex_unlock(&s->lock);
     present[i] = hit;
     found += hit;
   }
+  if (pending) *pending = in_flight;
   atomic_fetch_add(&h->c.query_hit_blocks, found);
   atomic_fetch_add(&h->c.query_miss_blocks, n - found);
   *hits = found;
 }
 
+/* The run of blocks in flight in hashes[from..n). */
+static uint64_t in_flight_run(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes,
+                              size_t from, size_t n) {
+  uint64_t run = 0;
+  for (size_t i = from; i < n; i++, run++) {
+    uint64_t key = oi__index_key(ns.id, &hashes[i]);
+    index_shard *s = oi__index_shard_of(h, key);
+    pthread_mutex_lock(&s->lock);
+    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
+    bool in_flight = b && b->state == BLOCK_IN_FLIGHT;
+    pthread_mutex_unlock(&s->lock);
+    if (!in_flight) break;
+  }
+  return run;
+}
+
+void oi__host_prefix_probe(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+                           uint64_t *sealed, uint64_t *pending) {
+  size_t found = 0;
+  for (; found < n; found++) {
+    uint64_t key = oi__index_key(ns.id, &hashes[found]);
+    index_shard *s = oi__index_shard_of(h, key);
+    pthread_mutex_lock(&s->lock);
+    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[found]);
+    bool hit = b && b->state == BLOCK_SEALED;
+    pthread_mutex_unlock(&s->lock);
+    if (!hit) break;
+  }
+  *sealed = found;
+  *pending = in_flight_run(h, ns, hashes, found, n);
+}
+
 oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t instance,
-                                uint32_t shares, const oi_block_hash *hashes, size_t n,
-                                uint64_t *hits, oi_lease *lease) {
+                                oi_host_principal principal, uint32_t shares,
+                                const oi_block_hash *hashes, size_t n, uint64_t *hits,
+                                uint64_t *pending, oi_lease *lease) {
   *hits = 0;
+  if (pending) *pending = 0;
   if (n == 0) return OI_OK;
   host_block *stack[64], **pinned = n <= 64 ? stack : oi__malloc(n * sizeof *pinned);
   if (!pinned) return oi__fail(OI_ERR_OUT_OF_MEMORY, "query: out of memory");
@@ -171,7 +207,7 @@ oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t inst
   }
   oi__pin_tally_apply(h, &tally);
   if (found > 0) {
-    oi_status st = oi__lease_create(h, instance, shares, pinned, found, lease);
+    oi_status st = oi__lease_create(h, instance, ns.id, principal, shares, pinned, found, lease);
     if (st != OI_OK) {
       pin_tally undo = {0, 0};
       for (size_t i = 0; i < found; i++) {
@@ -189,18 +225,20 @@ oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t inst
   atomic_fetch_add(&h->c.query_hit_blocks, found);
   atomic_fetch_add(&h->c.query_miss_blocks, n - found);
   *hits = found;
+  if (pending) *pending = in_flight_run(h, ns, hashes, found, n);
   return OI_OK;
 }
 
-oi_status oi__host_release(oi_offload_host *h, uint32_t instance, oi_lease lease) {
-  return oi__lease_release(h, instance, lease);
+oi_status oi__host_release(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
+                           oi_lease lease) {
+  return oi__lease_release(h, ns.id, principal, lease);
 }
 
 /* ---- loads ---- */
 
-oi_status oi__host_load_begin(oi_offload_host *h, uint32_t instance, oi_lease lease, size_t n,
-                              host_block **out) {
-  oi_status st = oi__lease_consume(h, instance, lease, n, out);
+oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
+                              oi_lease lease, size_t n, host_block **out) {
+  oi_status st = oi__lease_consume(h, ns.id, principal, lease, n, out);
   if (st == OI_OK)
     atomic_fetch_add(&h->c.loads_submitted, 1);
   else if (st == OI_ERR_LEASE_EXPIRED || st == OI_ERR_PERMISSION)

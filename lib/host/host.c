@@ -144,6 +144,18 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
   oi__free(h);
 }
 
+bool oi__host_find_namespace(oi_offload_host *h, const char *name, oi_host_ns *out) {
+  bool found = false;
+  pthread_mutex_lock(&h->ns_lock);
+  for (uint32_t i = 0; i < h->nns && !found; i++)
+    if (strcmp(h->ns[i].name, name) == 0) {
+      *out = (oi_host_ns){.id = i + 1, .cls = h->ns[i].cls};
+      found = true;
+    }
+  pthread_mutex_unlock(&h->ns_lock);
+  return found;
+}
+
 oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t block_bytes,
                                   uint64_t shape_hash, oi_host_ns *out) {
   pthread_mutex_lock(&h->ns_lock);

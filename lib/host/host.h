@@ -40,6 +40,8 @@ void oi__host_instance_remove(oi_offload_host *h, uint32_t instance);
  * keeps the first layout bound to it). Messages start with "register". */
 oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t block_bytes,
                                   uint64_t shape_hash, oi_host_ns *out);
+/* The namespace bound to `name`, if any (nothing is bound). */
+bool oi__host_find_namespace(oi_offload_host *h, const char *name, oi_host_ns *out);
 /* Blocks of namespace `ns` in flight or sealed. */
 uint64_t oi__host_ns_resident(const oi_offload_host *h, oi_host_ns ns);
 
@@ -81,23 +83,39 @@ bool oi__host_wait_not_in_flight(oi_offload_host *h, oi_host_ns ns, const oi_blo
 
 /* ---- queries ---- */
 
-/* present[i] = whether hashes[i] is sealed; *hits counts them. No pins. */
+/* Who may redeem a lease: any caller of the lease's namespace with the same
+ * principal (0: the embedding process; the sidecar uses its peers' uids). */
+typedef uint64_t oi_host_principal;
+
+/* present[i] = whether hashes[i] is sealed; *hits counts them, *pending
+ * (optional) the positions still in flight. No pins. */
 void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
-                         uint8_t *present, uint64_t *hits);
-/* Pins the longest sealed prefix of `hashes` under a lease owned by
- * `instance` with `shares` consumers (*lease untouched when *hits is 0). On
- * failure nothing stays pinned and nothing is counted. */
+                         uint8_t *present, uint64_t *hits, uint64_t *pending);
+/* The longest sealed prefix of `hashes` and the run of blocks in flight
+ * right after it, without pins or counters. */
+void oi__host_prefix_probe(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+                           uint64_t *sealed, uint64_t *pending);
+/* Pins the longest sealed prefix of `hashes` under a lease created by
+ * `instance` (0: none; the lease then lives until consumed, released or
+ * expired) for `principal`, with `shares` consumers (*lease untouched when
+ * *hits is 0). *pending (optional): the run of blocks in flight right after
+ * the prefix. On failure nothing stays pinned and nothing is counted. */
 oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t instance,
-                                uint32_t shares, const oi_block_hash *hashes, size_t n,
-                                uint64_t *hits, oi_lease *lease);
-oi_status oi__host_release(oi_offload_host *h, uint32_t instance, oi_lease lease);
+                                oi_host_principal principal, uint32_t shares,
+                                const oi_block_hash *hashes, size_t n, uint64_t *hits,
+                                uint64_t *pending, oi_lease *lease);
+/* Drops a lease of namespace `ns` held for `principal` (PERMISSION when it
+ * is another namespace's or another principal's). */
+oi_status oi__host_release(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
+                           oi_lease lease);
 
 /* ---- loads ---- */
 
-/* Takes one share of `lease` for a load of n blocks by `instance`: marks
- * them loading (not evictable) and writes them to out[0..n). */
-oi_status oi__host_load_begin(oi_offload_host *h, uint32_t instance, oi_lease lease, size_t n,
-                              host_block **out);
+/* Takes one share of `lease` for a load of n blocks by a caller of
+ * namespace `ns` and `principal`: marks them loading (not evictable) and
+ * writes them to out[0..n). */
+oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
+                              oi_lease lease, size_t n, host_block **out);
 /* Ends a load begun with oi__host_load_begin (drops the loading marks). */
 void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, bool ok,
                        uint64_t bytes, uint64_t latency_ns);

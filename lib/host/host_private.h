@@ -81,8 +81,10 @@ typedef struct ns_entry {
 typedef struct lease_rec {
   struct lease_rec *next;
   uint64_t id, tag;
-  uint32_t instance;
+  uint32_t instance; /* the creator (0: none): its removal drops the lease */
   uint32_t shares_left;
+  uint32_t ns;        /* redeemable in this namespace... */
+  uint64_t principal; /* ...by this principal only */
   uint64_t expires_ns;
   size_t n;
   host_block **blocks;
@@ -249,13 +251,13 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
 oi_status oi__lease_init(oi_offload_host *h);
 void oi__lease_fini(oi_offload_host *h);
 /* Creates a lease over blocks the caller already pinned. */
-oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t shares,
-                           host_block **blocks, size_t n, oi_lease *out);
+oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, uint64_t principal,
+                           uint32_t shares, host_block **blocks, size_t n, oi_lease *out);
 /* Consumes one share of `lease` for a load of n blocks on `instance`; marks
  * the blocks loading and copies them to out (n entries). */
-oi_status oi__lease_consume(oi_offload_host *h, uint32_t instance, oi_lease lease, size_t n,
-                            host_block **out);
-oi_status oi__lease_release(oi_offload_host *h, uint32_t instance, oi_lease lease);
+oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease,
+                            size_t n, host_block **out);
+oi_status oi__lease_release(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease);
 void oi__lease_drop_instance(oi_offload_host *h, uint32_t instance);
 void oi__lease_expire(oi_offload_host *h, uint64_t now_ns);
 

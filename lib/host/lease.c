@@ -1,5 +1,7 @@
-/* Leases: pins on the blocks a query reported, bound to the querying
- * instance, with a share per consumer (world_size) and a TTL. A lease's
+/* Leases: pins on the blocks a query reported, redeemable by any caller of
+ * the query's namespace with the same principal (the embedding process, or
+ * one sidecar peer uid), with a share per consumer (world_size) and a TTL.
+ * The creating instance's removal drops its leases. A lease's
  * 16 bytes are its id and a random tag, so a stale or forged lease is
  * recognised as unknown rather than matched to a newer one. */
 #include <string.h>
@@ -59,8 +61,8 @@ static uint64_t next_tag_locked(oi_offload_host *h) {
   return x * 0x2545F4914F6CDD1Dull;
 }
 
-oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t shares,
-                           host_block **blocks, size_t n, oi_lease *out) {
+oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, uint64_t principal,
+                           uint32_t shares, host_block **blocks, size_t n, oi_lease *out) {
   lease_rec *l = oi__calloc(1, sizeof *l);
   host_block **copy = oi__malloc(n * sizeof *copy);
   if (!l || !copy) {
@@ -72,6 +74,8 @@ oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t share
   l->blocks = copy;
   l->n = n;
   l->instance = instance;
+  l->ns = ns;
+  l->principal = principal;
   l->shares_left = shares;
   l->expires_ns = oi__now_ns() + (uint64_t)h->opts.lease_ttl_ms * 1000000ull;
   pthread_mutex_lock(&h->lease_lock);
@@ -110,8 +114,20 @@ static lease_rec *unlink_locked(oi_offload_host *h, lease_rec **link) {
   return l;
 }
 
-oi_status oi__lease_consume(oi_offload_host *h, uint32_t instance, oi_lease lease, size_t n,
-                            host_block **out) {
+/* Why `l` may not be redeemed by (ns, principal), or OI_OK. Lock held. */
+static oi_status check_owner_locked(const lease_rec *l, uint32_t ns, uint64_t principal,
+                                    const char *what) {
+  if (l->ns != ns)
+    return oi__fail(OI_ERR_PERMISSION, "%s: the lease belongs to another namespace", what);
+  if (l->principal != principal)
+    return oi__fail(OI_ERR_PERMISSION,
+                    "%s: the lease was issued to other credentials (another user of the server)",
+                    what);
+  return OI_OK;
+}
+
+oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease,
+                            size_t n, host_block **out) {
   pthread_mutex_lock(&h->lease_lock);
   lease_rec **link = find_locked(h, lease);
   if (!link) {
@@ -128,10 +144,10 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t instance, oi_lease leas
     free_lease(l);
     return oi__fail(OI_ERR_LEASE_EXPIRED, "load: lease expired after %u ms", h->opts.lease_ttl_ms);
   }
-  if (l->instance != instance) {
+  oi_status st = check_owner_locked(l, ns, principal, "load");
+  if (st != OI_OK) {
     pthread_mutex_unlock(&h->lease_lock);
-    return oi__fail(OI_ERR_PERMISSION, "load: lease belongs to instance %u, not %u", l->instance,
-                    instance);
+    return st;
   }
   if (n != l->n) {
     pthread_mutex_unlock(&h->lease_lock);
@@ -158,7 +174,7 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t instance, oi_lease leas
   return OI_OK;
 }
 
-oi_status oi__lease_release(oi_offload_host *h, uint32_t instance, oi_lease lease) {
+oi_status oi__lease_release(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease) {
   pthread_mutex_lock(&h->lease_lock);
   lease_rec **link = find_locked(h, lease);
   if (!link) {
@@ -166,11 +182,10 @@ oi_status oi__lease_release(oi_offload_host *h, uint32_t instance, oi_lease leas
     return oi__fail(OI_ERR_LEASE_EXPIRED,
                     "release: lease unknown (released, fully consumed or expired)");
   }
-  if ((*link)->instance != instance) {
-    uint32_t owner = (*link)->instance;
+  oi_status st = check_owner_locked(*link, ns, principal, "release");
+  if (st != OI_OK) {
     pthread_mutex_unlock(&h->lease_lock);
-    return oi__fail(OI_ERR_PERMISSION, "release: lease belongs to instance %u, not %u", owner,
-                    instance);
+    return st;
   }
   lease_rec *l = unlink_locked(h, link);
   pthread_mutex_unlock(&h->lease_lock);
@@ -210,6 +225,7 @@ static void drop_matching(oi_offload_host *h, bool by_instance, uint32_t instanc
 }
 
 void oi__lease_drop_instance(oi_offload_host *h, uint32_t instance) {
+  if (instance == 0) return; /* leases without a creating instance */
   drop_matching(h, true, instance, 0, &h->c.leases_released);
 }
 

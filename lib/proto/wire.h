@@ -33,8 +33,10 @@
 
 /* HelloReply/Hello.capabilities */
 enum {
-  OI_WIRE_CAP_PIPELINED = 1u << 0,  /* replies may come out of order */
-  OI_WIRE_CAP_MEMBERSHIP = 1u << 1, /* Query.flags OI_QUERY_MEMBERSHIP */
+  OI_WIRE_CAP_PIPELINED = 1u << 0,   /* replies may come out of order */
+  OI_WIRE_CAP_MEMBERSHIP = 1u << 1,  /* Query.flags OI_QUERY_MEMBERSHIP */
+  OI_WIRE_CAP_LOOKUP = 1u << 2,      /* Query / Release with instance 0 and a namespace */
+  OI_WIRE_CAP_SAVE_COUNTS = 1u << 3, /* Save.want_counts, SaveCounts, QueryReply.pending_blocks */
 };
 
 /* The callback fields of one decoded Envelope. Buffers grow on demand up to

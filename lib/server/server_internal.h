@@ -18,6 +18,7 @@
 
 #include "core/core.h"
 #include "device/device.h"
+#include "host/host.h"
 #include "openinfer/engine.h"
 #include "openinfer/host.h"
 #include "openinfer/server.h"
@@ -66,7 +67,8 @@ struct srv_session {
   pthread_mutex_t write_lock; /* one frame at a time on fd */
   bool write_broken;
 
-  srv_instance *instances; /* written by the session thread under the server lock */
+  srv_instance *instances;  /* written by the session thread under the server lock */
+  uint32_t lookup_instance; /* the host instance of its lookups' leases (0: none yet) */
 
   pthread_t aux_thread;
   bool aux_started;

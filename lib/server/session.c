@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "engine/engine_internal.h"
 #include "server_internal.h"
 
 #define CONTROL_SEND_TIMEOUT_S 30
@@ -81,6 +82,13 @@ void oi__send_refusal(int fd, oi_status st, const char *msg) {
 }
 
 /* ---- instances ----------------------------------------------------------------- */
+
+/* The principal (host/host.h) of a session's leases: its peer's uid, so that
+ * a lease is redeemable by every session of the same user in its namespace
+ * and by no other user's. */
+static uint64_t session_principal(const srv_session *s) {
+  return (1ull << 32) | (uint64_t)s->peer_uid;
+}
 
 static void instance_put(srv_instance *inst) {
   if (atomic_fetch_sub(&inst->refs, 1) != 1) return;
@@ -209,7 +217,8 @@ static void handle_hello(srv_session *s, uint64_t req, const oiwire_Hello *h) {
   env.request_id = req;
   env.which_body = oiwire_Envelope_hello_reply_tag;
   env.body.hello_reply.protocol_version = OI_WIRE_PROTOCOL_VERSION;
-  env.body.hello_reply.capabilities = OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP;
+  env.body.hello_reply.capabilities =
+      OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP | OI_WIRE_CAP_LOOKUP | OI_WIRE_CAP_SAVE_COUNTS;
   env.body.hello_reply.server_epoch = s->server->epoch;
   snprintf(env.body.hello_reply.server_version, sizeof env.body.hello_reply.server_version, "%s",
            oi_version_string());
@@ -254,6 +263,7 @@ static void handle_register(srv_session *s, uint64_t req, const oiwire_Register 
   }
   eo.arena_base = region;
   if ((st = oi_offload_engine_create(srv->host, &eo, &inst->engine)) != OI_OK) goto fail;
+  inst->engine->principal = session_principal(s); /* before the client learns its id */
   oi__free(descs);
   descs = NULL;
   oi_engine_stats es = {.struct_size = sizeof es};
@@ -337,15 +347,47 @@ static void handle_save(srv_session *s, uint64_t req, const oiwire_Save *m) {
   oi_status st = oi__req_check_save(a, msg, sizeof msg);
   if (st != OI_OK) return reply_result(s, req, st, msg);
   oi_ticket *t = NULL;
-  st = oi_offload_engine_save(inst->engine, a->ids, a->hashes, a->n_ids, NULL, &t);
+  oi_save_result counts = {.struct_size = sizeof counts};
+  oi_save_options so;
+  oi_save_options_init(&so);
+  so.result = m->want_counts ? &counts : NULL;
+  st = oi_offload_engine_save(inst->engine, a->ids, a->hashes, a->n_ids, &so, &t);
   if (st != OI_OK) return reply_failure(s, req, st);
+  if (m->want_counts) { /* before the final Result, which the ticket's callback sends */
+    oiwire_Envelope env;
+    memset(&env, 0, sizeof env);
+    env.request_id = req;
+    env.which_body = oiwire_Envelope_save_counts_tag;
+    env.body.save_counts.accepted = counts.accepted;
+    env.body.save_counts.deduplicated = counts.deduplicated;
+    env.body.save_counts.dropped = counts.dropped;
+    session_send(s, &env, NULL);
+  }
   reply_on_completion(s, req, t, "save");
+}
+
+/* A lookup (Query with instance 0 and a namespace): no instance, the lease
+ * created by the session's lookup instance for the session's principal. */
+static oi_status lookup_query(srv_session *s, const oiwire_Query *m, size_t n,
+                              oi_query_result *qr) {
+  if (!s->lookup_instance) s->lookup_instance = oi__host_instance_add(s->server->host);
+  oi_host_query_args qa = {.instance = s->lookup_instance,
+                           .principal = session_principal(s),
+                           .shares = m->world_size ? m->world_size : 1,
+                           .flags = m->flags,
+                           .present = qr->present,
+                           .wait_ms = (m->flags & OI_QUERY_WAIT_PENDING) ? m->wait_ms : 0};
+  oi_status st =
+      oi__engine_check_query("query", s->arrays.hashes, n, m->flags, qr, &qa.present, &qa.wait_ms);
+  if (st != OI_OK) return st;
+  return oi__host_query(s->server->host, m->namespace_id, &qa, s->arrays.hashes, n, qr);
 }
 
 static void handle_query(srv_session *s, uint64_t req, const oiwire_Query *m) {
   oi_wire_arrays *a = &s->arrays;
-  srv_instance *inst = lookup(s, req, m->instance_id, "query");
-  if (!inst) return;
+  bool is_lookup = m->instance_id == 0 && m->namespace_id[0];
+  srv_instance *inst = NULL;
+  if (!is_lookup && !(inst = lookup(s, req, m->instance_id, "query"))) return;
   char msg[512];
   if (oi__req_check_arrays(a, "query", msg, sizeof msg) != OI_OK)
     return reply_result(s, req, a->bad, msg);
@@ -353,13 +395,16 @@ static void handle_query(srv_session *s, uint64_t req, const oiwire_Query *m) {
   oi_query_result qr;
   memset(&qr, 0, sizeof qr);
   qr.struct_size = sizeof qr;
+  qr.wait_ms = m->wait_ms;
   if ((m->flags & OI_QUERY_MEMBERSHIP) && n > 0) {
     if (!s->present && !(s->present = oi__malloc(OI_WIRE_MAX_BLOCKS)))
       return reply_fmt(s, req, OI_ERR_OUT_OF_MEMORY, "query: out of memory");
     qr.present = s->present;
   }
-  oi_status st = oi_offload_engine_query(inst->engine, m->req_id[0] ? m->req_id : NULL, a->hashes,
-                                         n, m->flags, &qr);
+  /* (A WAIT_PENDING query holds this session's requests for up to wait_ms.) */
+  oi_status st = is_lookup ? lookup_query(s, m, n, &qr)
+                           : oi_offload_engine_query(inst->engine, m->req_id[0] ? m->req_id : NULL,
+                                                     a->hashes, n, m->flags, &qr);
   if (st != OI_OK) return reply_failure(s, req, st);
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
@@ -367,6 +412,7 @@ static void handle_query(srv_session *s, uint64_t req, const oiwire_Query *m) {
   env.which_body = oiwire_Envelope_query_reply_tag;
   env.body.query_reply.state = qr.state;
   env.body.query_reply.hit_blocks = qr.hit_blocks;
+  env.body.query_reply.pending_blocks = qr.pending_blocks;
   static const oi_lease no_lease;
   if (memcmp(&qr.lease, &no_lease, sizeof no_lease) != 0) {
     env.body.query_reply.lease.size = OI_WIRE_LEASE_BYTES;
@@ -400,11 +446,14 @@ static void handle_load(srv_session *s, uint64_t req, const oiwire_Load *m) {
 }
 
 static void handle_release(srv_session *s, uint64_t req, const oiwire_Release *m) {
-  srv_instance *inst = lookup(s, req, m->instance_id, "release");
-  if (!inst) return;
+  bool is_lookup = m->instance_id == 0 && m->namespace_id[0];
+  srv_instance *inst = NULL;
+  if (!is_lookup && !(inst = lookup(s, req, m->instance_id, "release"))) return;
   oi_lease lease;
   if (!lease_from_wire(s, req, "release", m->lease.bytes, m->lease.size, &lease)) return;
-  oi_status st = oi_offload_engine_release(inst->engine, lease);
+  oi_status st = is_lookup ? oi__host_lookup_release(s->server->host, m->namespace_id,
+                                                     session_principal(s), lease)
+                           : oi_offload_engine_release(inst->engine, lease);
   if (st != OI_OK) return reply_failure(s, req, st);
   reply_result(s, req, OI_OK, "");
 }
@@ -605,6 +654,8 @@ static void session_end(srv_session *s) {
     inst->by_session_end = true;
     instance_put(inst);
   }
+  /* The leases its lookups created go with the session. */
+  if (s->lookup_instance) oi__host_instance_remove(srv->host, s->lookup_instance);
   OI_LOG(OI_LOG_INFO, "server", "session=%llu ended (pid %d)", (unsigned long long)s->id,
          (int)s->peer_pid);
 }

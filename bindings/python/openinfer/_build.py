@@ -44,6 +44,7 @@ typedef int32_t oi_status;
 #define OI_HOST_HUGEPAGES ...
 #define OI_HOST_NO_PIN ...
 #define OI_QUERY_MEMBERSHIP ...
+#define OI_QUERY_WAIT_PENDING ...
 #define OI_LOAD_ARENA_EVENTS ...
 #define OI_MODEL_KV_EVENTS ...
 
@@ -214,12 +215,21 @@ typedef struct oi_engine_options {
   ...;
 } oi_engine_options;
 typedef void (*oi_save_done_fn)(void *ctx, oi_status st);
+typedef struct oi_save_result {
+  uint32_t struct_size;
+  uint32_t reserved;
+  uint64_t accepted;
+  uint64_t deduplicated;
+  uint64_t dropped;
+  ...;
+} oi_save_result;
 typedef struct oi_save_options {
   uint32_t struct_size;
   uint32_t flags;
   void *wait_event;
   oi_save_done_fn on_done;
   void *on_done_ctx;
+  oi_save_result *result;
   ...;
 } oi_save_options;
 typedef struct oi_load_options {
@@ -234,6 +244,8 @@ typedef struct oi_query_result {
   uint64_t hit_blocks;
   oi_lease lease;
   uint8_t *present;
+  uint64_t pending_blocks;
+  uint32_t wait_ms;
   ...;
 } oi_query_result;
 typedef struct oi_engine_stats {
@@ -276,6 +288,27 @@ oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
 oi_status oi_offload_engine_release(oi_offload_engine *e, oi_lease lease);
 oi_status oi_offload_engine_flush(oi_offload_engine *e, uint32_t timeout_ms);
 oi_status oi_offload_engine_stats(const oi_offload_engine *e, oi_engine_stats *out);
+typedef struct oi_lookup_options {
+  uint32_t struct_size;
+  const char *namespace_id;
+  uint32_t world_size;
+  uint32_t control_deadline_ms;
+  const char *client_name;
+  ...;
+} oi_lookup_options;
+oi_status oi_lookup_options_init(oi_lookup_options *o);
+oi_status oi_offload_host_query(oi_offload_host *h, const oi_lookup_options *o,
+                                const char *req_id, const oi_block_hash *hashes, size_t n,
+                                uint32_t flags, oi_query_result *out);
+oi_status oi_offload_host_release(oi_offload_host *h, const char *namespace_id, oi_lease lease);
+typedef struct oi_offload_client oi_offload_client;
+oi_status oi_offload_client_connect(const char *socket_path, const oi_lookup_options *o,
+                                    oi_offload_client **out);
+oi_status oi_offload_client_query(oi_offload_client *c, const char *req_id,
+                                  const oi_block_hash *hashes, size_t n, uint32_t flags,
+                                  oi_query_result *out);
+oi_status oi_offload_client_release(oi_offload_client *c, oi_lease lease);
+void oi_offload_client_destroy(oi_offload_client *c);
 
 /* server.h */
 typedef struct oi_server oi_server;

@@ -51,6 +51,19 @@ typedef struct oi_engine_options {
                                   otherwise at least 64 KiB; UINT64_MAX = one group per call */
   uint64_t staging_bytes;      /* OI_COPY_STAGED: device memory of each of the engine's two
                                   streams' staging slots; 0 = 32 MiB; else 4 MiB .. 4 GiB */
+  /* ---- appended (segments as separate regions); older callers stop before these ---- */
+  /* Optional: where each arena's segments start, so a segment may be a separate
+   * region (vLLM's [2, num_blocks, ...] layer: the K half, then the V half).
+   * NULL: segment s at s * segment_stride (the descriptor's rule). Otherwise
+   * num_segment_offsets entries, arena by arena in the layout's order, each
+   * arena contributing `segments` entries: block b, segment s of arena i lives
+   * at (arena i's base or offset) + segment_offsets[k_i + s] + b * block_stride,
+   * where k_i is the sum of the segments of the arenas before i. Then
+   * segment_stride is ignored and block_stride need only be >= bytes_per_block;
+   * no two slices of any arenas may overlap (docs/api.md "Layouts"). Copied at
+   * create. */
+  const uint64_t *segment_offsets;
+  uint32_t num_segment_offsets; /* must equal the sum of every arena's segments */
 } oi_engine_options;
 
 /* Completion callback of a save: the caller's signal that the device blocks

@@ -73,6 +73,8 @@ oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *
   opts.namespace_id = e->namespace_id;
   opts.instance_name = e->instance_name;
   opts.arenas = NULL; /* the validated copy lives in e->layout */
+  opts.segment_offsets = NULL;
+  opts.num_segment_offsets = 0;
   e->opts = opts;
   return OI_OK;
 }

@@ -679,13 +679,21 @@ static const engine_ops remote_ops = {
 
 /* Bytes from offset 0 to the end of the farthest arena; false on overflow. */
 static bool layout_extent(const oi_engine_options *o, uint64_t *out) {
-  uint64_t end = 0;
+  uint64_t end = 0, k = 0; /* k: the arena's first segment offset */
   for (uint32_t i = 0; i < o->num_arenas; i++) {
     const oi_arena_desc *a = &o->arenas[i];
     uint64_t span = 0, seg = 0, last = 0;
+    if (o->segment_offsets && a->segments) {
+      /* Separate regions: the farthest segment start (a count that does not
+       * match is refused by the layout checks that follow). */
+      for (uint32_t s = 0; s < a->segments && k + s < o->num_segment_offsets; s++)
+        seg = OI_MAX(seg, o->segment_offsets[k + s]);
+      k += a->segments;
+    }
     if (a->num_blocks && a->segments) {
       if (__builtin_mul_overflow(a->num_blocks - 1, a->block_stride, &last) ||
-          __builtin_mul_overflow((uint64_t)(a->segments - 1), a->segment_stride, &seg) ||
+          (!o->segment_offsets &&
+           __builtin_mul_overflow((uint64_t)(a->segments - 1), a->segment_stride, &seg)) ||
           __builtin_add_overflow(last, seg, &span) ||
           __builtin_add_overflow(span, a->bytes_per_block, &span))
         return false;
@@ -732,7 +740,10 @@ static oi_status register_layout(remote_engine *e, const oi_engine_options *o, u
   r->arena_size = arena_size;
   r->copy_mode = o->copy_mode;
   r->copy_cta_limit = o->copy_cta_limit;
-  oi_wire_out out = {.arenas = o->arenas, .n_arenas = o->num_arenas};
+  oi_wire_out out = {.arenas = o->arenas,
+                     .n_arenas = o->num_arenas,
+                     .segment_offsets = o->segment_offsets,
+                     .n_segment_offsets = o->segment_offsets ? o->num_segment_offsets : 0};
   pending p;
   memset(&p, 0, sizeof p);
   oi_status st = call(e, &env, &out, &p, e->control_ms, "connect: register");

@@ -65,6 +65,9 @@ typedef struct oi_wire_out {
   size_t n_present;
   const oi_arena_desc *arenas;
   size_t n_arenas;
+  /* NULL, or every arena's segment offsets in order (oi_engine_options). */
+  const uint64_t *segment_offsets;
+  size_t n_segment_offsets;
   const oiwire_NamespaceStats *namespaces;
   size_t n_namespaces;
 } oi_wire_out;

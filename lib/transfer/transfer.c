@@ -59,7 +59,7 @@ uint32_t oi__xfer_resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir di
   uint64_t end = 0;
   for (uint32_t a = 0; a < l->num_arenas; a++)
     for (uint32_t s = 0; s < l->arenas[a].segments; s++) {
-      uint64_t start = l->arenas[a].base + s * l->arenas[a].segment_stride;
+      uint64_t start = l->arenas[a].base + l->arenas[a].seg_off[s];
       if (pieces == 0 || start != end) pieces++;
       end = start + l->arenas[a].bytes_per_block;
     }

@@ -153,6 +153,21 @@ static void test_round_trip_split_kv(void) {
   etu_layout_free(&L);
 }
 
+static void test_round_trip_vllm_kv_halves(void) {
+  /* vLLM's [2, num_blocks, ...] layer as ONE arena: segment 0 (K) and
+   * segment 1 (V) are separate regions (segment_offsets), 2 layers. */
+  etu_layout L;
+  etu_layout_kv_halves(&L, 2, 8, 4096, false);
+  CHECK(L.block_bytes == 2 * 2 * 4096);
+  both_modes(&L, "vLLM K/V halves, 2 layers");
+  etu_layout_free(&L);
+  /* The V half below the K half: segment order is the host block's order,
+   * whatever the addresses. */
+  etu_layout_kv_halves(&L, 2, 8, 1000, true);
+  both_modes(&L, "vLLM K/V halves, V first");
+  etu_layout_free(&L);
+}
+
 static void test_round_trip_uneven_arena_sizes(void) {
   etu_layout L;
   const uint64_t bpb[3] = {100, 4096 + 3, 17};
@@ -486,6 +501,7 @@ int main(void) {
   RUN_TEST(test_round_trip_99_arenas_of_two_sizes);
   RUN_TEST(test_round_trip_page_first_36_arenas);
   RUN_TEST(test_round_trip_split_kv);
+  RUN_TEST(test_round_trip_vllm_kv_halves);
   RUN_TEST(test_round_trip_uneven_arena_sizes);
   RUN_TEST(test_resaving_sealed_or_in_flight_hashes_is_deduplicated);
   RUN_TEST(test_namespaces_are_isolated);

@@ -85,13 +85,16 @@ typedef struct oi_load_options {
 
 /* oi_load_options.flags */
 enum {
-  /* Copy arena by arena, in the layout's order, recording a CUDA event after
-   * each arena's copies (oi_ticket_arena_event): a model can start on its
-   * first layers while the later ones are still crossing PCIe. Local engines
-   * on a CUDA device; elsewhere the load runs as usual and the ticket has no
-   * arena events. Each arena goes to the copy engines as one batch of pieces
-   * (a staged copy policy becomes DMA here: staging moves whole host blocks,
-   * which span every arena). */
+  /* Copy arena by arena, in the layout's order, reporting each arena as its
+   * copies land (oi_ticket_arena_wait / oi_ticket_arena_poll; embedded
+   * engines, cpu and CUDA) and, on a CUDA device, recording a CUDA event
+   * after each arena's copies (oi_ticket_arena_event): a model can start on
+   * its first layers while the later ones are still crossing PCIe. Sidecar
+   * engines run the load as usual: their tickets have no per-arena progress
+   * (arena waits wait for the whole load) and no arena events. Each arena
+   * goes to the copy engines as one batch of pieces (a staged copy policy
+   * becomes DMA here: staging moves whole host blocks, which span every
+   * arena). */
   OI_LOAD_ARENA_EVENTS = 1u << 0,
 };
 

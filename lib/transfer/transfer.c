@@ -28,7 +28,20 @@ struct oi_xfer_job {
   int64_t *ids;   /* cap entries */
   uint8_t **host; /* cap entries */
   void *user;
+  /* A layered load: one stream callback per arena reports it to `progress`
+   * (the job's own reference to its ticket, held until the job ends, so a
+   * ticket completed early by a deadline stays valid for them). arena_st is
+   * the first arena's error (the stream thread's only), which the job's end
+   * inherits: a cpu stream reports each error to the next callback only. */
+  struct arena_cb *arena_cbs;
+  oi_ticket *progress;
+  oi_status arena_st;
 };
+
+typedef struct arena_cb {
+  oi_xfer_job *job;
+  uint32_t arena;
+} arena_cb;
 
 struct oi_xfer {
   oi_xfer_config cfg;
@@ -80,6 +93,7 @@ static uint64_t blocks_per_group(uint64_t bytes, uint64_t block_bytes) {
 static void job_arrived(void *arg, oi_status st) {
   oi_xfer_job *job = arg;
   oi_xfer *x = job->x;
+  if (st == OI_OK) st = job->arena_st;
   job->status = st;
   job->next = NULL;
   pthread_mutex_lock(&x->lock);
@@ -105,6 +119,8 @@ static void complete_job(oi_xfer_job *job) {
   x->cfg.done(x->cfg.done_ctx, job->user, &r);
   if (job->on_done) job->on_done(job->on_done_ctx, job->status);
   if (job->ticket) oi__ticket_complete(job->ticket, job->status);
+  if (job->progress) oi__ticket_unref(job->progress);
+  oi__free(job->arena_cbs);
   oi__free(job);
 }
 
@@ -215,14 +231,32 @@ static void queue_group(oi_xfer_job *job) {
   job->group = x->group_blocks[job->dir];
 }
 
-/* A layered load: each arena's copies, then an event. The events go to the
- * ticket (which destroys them) once all are queued. */
+/* Runs on the stream after one arena's copies of a layered load. */
+static void arena_landed(void *arg, oi_status st) {
+  arena_cb *cb = arg;
+  oi_xfer_job *job = cb->job;
+  if (st != OI_OK && job->arena_st == OI_OK) job->arena_st = st;
+  oi__ticket_arena_landed(job->progress, cb->arena, job->arena_st);
+}
+
+/* A layered load: each arena's copies, then (CUDA) an event and a stream
+ * callback that reports the arena to the ticket (oi_ticket_arena_wait, every
+ * backend). The events go to the ticket (which destroys them) once all are
+ * queued. */
 static oi_status queue_layered(oi_xfer_job *job) {
   oi_xfer *x = job->x;
   const oi_layout *l = x->cfg.layout;
   oi_stream *s = x->stream[OI_COPY_H2D];
-  void **evs = oi__calloc(l->num_arenas, sizeof *evs);
-  if (!evs) return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for arena events");
+  bool cuda = x->dev->ordinal >= 0;
+  void **evs = cuda ? oi__calloc(l->num_arenas, sizeof *evs) : NULL;
+  job->arena_cbs = oi__calloc(l->num_arenas, sizeof *job->arena_cbs);
+  if ((cuda && !evs) || !job->arena_cbs) {
+    oi__free(evs);
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for arena events");
+  }
+  oi__ticket_retain(job->ticket);
+  job->progress = job->ticket;
+  oi__ticket_arena_progress(job->progress, l->num_arenas);
   uint32_t mode = x->mode[OI_COPY_H2D] == OI_XFER_STAGED ? OI_XFER_DMA : x->mode[OI_COPY_H2D];
   oi_layout one = *l;
   one.num_arenas = 1;
@@ -231,13 +265,16 @@ static oi_status queue_layered(oi_xfer_job *job) {
     one.arenas = &l->arenas[a];
     one.block_bytes = (uint64_t)one.arenas->segments * one.arenas->bytes_per_block;
     st = queue_copies_in(x, &one, mode, s, OI_COPY_H2D, job->ids, job->host, job->n);
-    if (st == OI_OK) st = x->dev->ops->stream_record_event(s, &evs[a]);
+    if (st == OI_OK && cuda) st = x->dev->ops->stream_record_event(s, &evs[a]);
+    job->arena_cbs[a] = (arena_cb){.job = job, .arena = a};
+    if (st == OI_OK) st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
   }
   if (st == OI_OK) {
-    oi__ticket_set_arena_events(job->ticket, evs, l->num_arenas, x->dev->ops->event_destroy);
+    if (cuda)
+      oi__ticket_set_arena_events(job->ticket, evs, l->num_arenas, x->dev->ops->event_destroy);
     return OI_OK;
   }
-  for (uint32_t a = 0; a < l->num_arenas; a++)
+  for (uint32_t a = 0; cuda && a < l->num_arenas; a++)
     if (evs[a]) x->dev->ops->event_destroy(evs[a]);
   oi__free(evs);
   return st;
@@ -349,8 +386,7 @@ void oi__xfer_job_wait_event(oi_xfer_job *job, void *event) {
 }
 
 static bool layered(const oi_xfer_job *job) {
-  return (job->flags & OI_XFER_JOB_LAYERED) && job->dir == OI_COPY_H2D && job->ticket &&
-         job->x->dev->ordinal >= 0;
+  return (job->flags & OI_XFER_JOB_LAYERED) && job->dir == OI_COPY_H2D && job->ticket;
 }
 
 void oi__xfer_add(oi_xfer_job *job, int64_t id, uint8_t *host) {

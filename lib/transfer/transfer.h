@@ -87,9 +87,11 @@ void oi__xfer_destroy(oi_xfer *x);
 
 enum {
   OI_XFER_JOB_TICKET = 1u << 0, /* the job completes a ticket (oi__xfer_job_ticket) */
-  /* H2D, with a ticket, on a CUDA device: queue arena by arena after the last
-   * oi__xfer_add, each followed by an event the ticket exposes
-   * (oi_ticket_arena_event); a staged mode becomes DMA. Ignored elsewhere. */
+  /* H2D, with a ticket: queue arena by arena after the last oi__xfer_add,
+   * each followed by a stream callback reporting the arena to the ticket
+   * (oi_ticket_arena_wait / _poll, every backend) and, on a CUDA device, an
+   * event the ticket exposes (oi_ticket_arena_event); a staged mode becomes
+   * DMA. Ignored elsewhere. */
   OI_XFER_JOB_LAYERED = 1u << 1,
 };
 

@@ -168,6 +168,65 @@ static void test_round_trip_vllm_kv_halves(void) {
   etu_layout_free(&L);
 }
 
+/* Per-arena completion on the cpu backend (OI_LOAD_ARENA_EVENTS): when
+ * oi_ticket_arena_wait(k) returns OI_OK, arena k's bytes of every loaded
+ * block are in place; an arena past the layout is refused; a ticket without
+ * per-arena progress (a save, a plain load) waits for the whole ticket. */
+static void test_arena_waits_on_the_cpu_backend(void) {
+  etu_layout L;
+  etu_layout_kv_halves(&L, 4, 16, 8192, false);
+  oi_offload_host *h = etu_host_create(64 << 20);
+  oi_offload_engine *e = etu_engine_create(h, &L, "arena-wait", 1);
+  enum { N = 8 };
+  int64_t src[N], dst[N];
+  oi_block_hash hs[N];
+  for (int i = 0; i < N; i++) {
+    src[i] = i;
+    dst[i] = 15 - i;
+    hs[i] = etu_hash(4242, (uint64_t)i);
+    etu_fill_block(&L, src[i], (uint64_t)i, SEED);
+  }
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_save(e, src, hs, N, NULL, &t));
+  CHECK_OK(oi_ticket_arena_wait(t, 7, 10000)); /* no per-arena progress: the whole save */
+  CHECK_OK(oi_ticket_poll(t));
+  oi_ticket_release(t);
+  for (int round = 0; round < 20; round++) {
+    oi_query_result q;
+    CHECK_OK(etu_query(e, NULL, hs, N, &q));
+    REQUIRE(q.hit_blocks == N);
+    for (int i = 0; i < N; i++)
+      etu_zero_block(&L, dst[i]);
+    oi_load_options lo;
+    CHECK_OK(oi_load_options_init(&lo));
+    lo.flags = OI_LOAD_ARENA_EVENTS;
+    CHECK_OK(oi_offload_engine_load(e, q.lease, dst, N, &lo, &t));
+    REQUIRE(t);
+    CHECK(oi_ticket_arena_event(t, 0) == NULL); /* cpu: no CUDA events */
+    for (uint32_t a = 0; a < L.num_arenas; a++) {
+      CHECK_OK(oi_ticket_arena_wait(t, a, 10000));
+      CHECK_OK(oi_ticket_arena_poll(t, a));
+      bool ok = true; /* arena a, both halves, every block: in place now */
+      for (int i = 0; i < N; i++)
+        for (uint32_t s = 0; s < 2; s++)
+          ok &= etu_slice_mismatch(etu_slice_ptr(&L, a, dst[i], s), 8192,
+                                   etu_slice_seed(SEED, (uint64_t)i, a, s)) < 0;
+      CHECK(ok);
+    }
+    CHECK_ST(oi_ticket_arena_wait(t, L.num_arenas, 0), OI_ERR_INVALID_ARGUMENT);
+    CHECK_ST(oi_ticket_arena_poll(t, 99), OI_ERR_INVALID_ARGUMENT);
+    CHECK_OK(oi_ticket_wait(t, 10000));
+    oi_ticket_release(t);
+    for (int i = 0; i < N; i++)
+      CHECK(etu_block_matches(&L, dst[i], (uint64_t)i, SEED, "arena waits"));
+  }
+  CHECK_ST(oi_ticket_arena_wait(NULL, 0, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_ticket_arena_poll(NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
 static void test_round_trip_uneven_arena_sizes(void) {
   etu_layout L;
   const uint64_t bpb[3] = {100, 4096 + 3, 17};
@@ -503,6 +562,7 @@ int main(void) {
   RUN_TEST(test_round_trip_split_kv);
   RUN_TEST(test_round_trip_vllm_kv_halves);
   RUN_TEST(test_round_trip_uneven_arena_sizes);
+  RUN_TEST(test_arena_waits_on_the_cpu_backend);
   RUN_TEST(test_resaving_sealed_or_in_flight_hashes_is_deduplicated);
   RUN_TEST(test_namespaces_are_isolated);
   RUN_TEST(test_fire_and_forget_save_calls_on_done_once_and_flush_covers_it);

@@ -127,8 +127,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     o.num_segment_offsets = noffs;
     uint8_t skew = fz_u8(&f);
     if (skew == 0xfe && noffs > 0) o.num_segment_offsets--; /* one short */
-    if (skew == 0xfd) o.num_segment_offsets++;               /* one too many (reads stay inside offs) */
-    if (skew == 0xfc) o.segment_offsets = NULL;              /* a count without an array */
+    if (skew == 0xfd) o.num_segment_offsets++;  /* one too many (reads stay inside offs) */
+    if (skew == 0xfc) o.segment_offsets = NULL; /* a count without an array */
   }
   oi_layout l;
   oi_status st = oi__layout_build(&o, "fuzz", &l);

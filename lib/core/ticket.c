@@ -141,8 +141,8 @@ OI_API oi_status oi_ticket_arena_poll(oi_ticket *t, uint32_t arena) {
   if (t->n_arenas == 0) {
     st = t->done ? t->status : OI_PENDING; /* no per-arena progress: the whole ticket */
   } else if (arena >= t->n_arenas) {
-    st = oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_poll: arena %u of a %u-arena load",
-                  arena, t->n_arenas);
+    st = oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_poll: arena %u of a %u-arena load", arena,
+                  t->n_arenas);
   } else {
     st = arena_state_locked(t, arena);
   }
@@ -170,8 +170,8 @@ OI_API oi_status oi_ticket_arena_wait(oi_ticket *t, uint32_t arena, uint32_t tim
     } else if (pthread_cond_timedwait(&t->done_cv, &t->lock, &ts) == ETIMEDOUT &&
                (st = arena_state_locked(t, arena)) == OI_PENDING) {
       pthread_mutex_unlock(&t->lock);
-      return oi__fail(OI_ERR_TIMEOUT, "ticket_arena_wait: arena %u not in place after %u ms",
-                      arena, timeout_ms);
+      return oi__fail(OI_ERR_TIMEOUT, "ticket_arena_wait: arena %u not in place after %u ms", arena,
+                      timeout_ms);
     }
   }
   pthread_mutex_unlock(&t->lock);

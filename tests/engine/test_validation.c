@@ -392,7 +392,7 @@ static void test_segment_offsets_are_validated(void) {
   REFUSED(&x, "V half overlapping the K half's last block by one byte");
   CHECK(strstr(oi_last_error(), "segments 0 and 1 overlap"));
   uint64_t into[4] = {0, 8 * 4096, 0, 24 * 4096 - 16 * 4096 - 4096}; /* L1's V over L0's V */
-  into[3] = (uint64_t)-1; /* overflow */
+  into[3] = (uint64_t)-1;                                            /* overflow */
   x = o, x.segment_offsets = into;
   REFUSED(&x, "a segment offset past the address space");
   uint64_t cross[4] = {0, 16 * 4096 + 4096, 0, 8 * 4096}; /* L0's V inside L1's K */

@@ -132,7 +132,7 @@ static void test_arena_waits_report_progress_and_a_failure_fails_every_later_wai
     oi_query_result q = {.struct_size = sizeof q};
     CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
     REQUIRE(q.hit_blocks == 2);
-    REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 0, 150) == OI_OK); /* each arena: 150 ms */
+    REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 0, 150) == OI_OK);         /* each arena: 150 ms */
     if (fail) REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 2, 1, 0) == OI_OK); /* arena 2 */
     CHECK_OK(oi_offload_engine_load(e, q.lease, dst, 2, &lo, &t));
     REQUIRE(t);
@@ -143,7 +143,8 @@ static void test_arena_waits_report_progress_and_a_failure_fails_every_later_wai
       bool ok = true;
       for (int b = 0; b < 2; b++)
         for (uint64_t i = 0; i < AW_BYTES; i++)
-          ok &= ((uint8_t *)ad[a].base)[(uint64_t)dst[b] * AW_BYTES + i] == aw_byte(a, (uint64_t)b, i);
+          ok &= ((uint8_t *)ad[a].base)[(uint64_t)dst[b] * AW_BYTES + i] ==
+                aw_byte(a, (uint64_t)b, i);
       CHECK(ok);
     }
     if (!fail) {

@@ -76,6 +76,16 @@ typedef struct oi_save_options {
   void *wait_event;        /* cudaEvent_t recorded after the KV was written; NULL: none */
   oi_save_done_fn on_done; /* optional */
   void *on_done_ctx;
+  /* ---- appended (layerwise save); older callers stop before these ---- */
+  /* arena_count 0 (default): whole blocks. Otherwise this call copies only
+   * arenas [arena_first, arena_first + arena_count) of each block (a layer's
+   * arenas, as soon as that layer is written, with its own wait_event and
+   * ticket); the block's host copy seals when every arena of the layout
+   * arrived and landed, and a failed arena aborts the whole block (nothing
+   * partial is ever served). Embedded engines only (sidecar:
+   * OI_ERR_UNSUPPORTED). docs/api.md "Layerwise saves". */
+  uint32_t arena_first;
+  uint32_t arena_count;
 } oi_save_options;
 
 typedef struct oi_load_options {

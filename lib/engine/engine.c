@@ -181,6 +181,15 @@ OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *blo
   oi_save_options so;
   oi_save_options_init(&so);
   if (opt && (st = oi__struct_in(&so, sizeof so, opt, "save")) != OI_OK) return st;
+  if (so.arena_count == 0 && so.arena_first != 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: arena_first %u without arena_count",
+                    so.arena_first);
+  if (so.arena_count && (so.arena_first >= e->layout.num_arenas ||
+                         so.arena_count > e->layout.num_arenas - so.arena_first))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "save: arenas %u..%u are outside the layout's %u arenas", so.arena_first,
+                    so.arena_first + so.arena_count - 1, e->layout.num_arenas);
+  if (so.arena_count && (st = check_distinct("save", block_ids, n)) != OI_OK) return st;
   return e->ops->save(e, block_ids, hashes, n, &so, ticket_out);
 }
 

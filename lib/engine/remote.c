@@ -448,6 +448,10 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
     return oi__fail(OI_ERR_UNSUPPORTED,
                     "save: wait_event is not supported by a sidecar engine (the server cannot wait "
                     "on this process's event; synchronize it before saving)");
+  if (opt->arena_count)
+    return oi__fail(OI_ERR_UNSUPPORTED,
+                    "save: a layerwise save (arena_count) is not supported by a sidecar engine yet "
+                    "(save whole blocks)");
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_save_tag;

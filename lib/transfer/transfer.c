@@ -34,6 +34,7 @@ struct oi_xfer_job {
    * the first arena's error (the stream thread's only), which the job's end
    * inherits: a cpu stream reports each error to the next callback only. */
   struct arena_cb *arena_cbs;
+  uint32_t arena_first, arena_count; /* oi__xfer_job_arenas; count 0: all */
   oi_ticket *progress;
   oi_status arena_st;
 };
@@ -106,6 +107,16 @@ static void job_arrived(void *arg, oi_status st) {
   pthread_mutex_unlock(&x->lock);
 }
 
+/* Bytes of one block the job moves: its arenas' slices. */
+static uint64_t job_block_bytes(const oi_xfer_job *job) {
+  const oi_layout *l = job->x->cfg.layout;
+  if (!job->arena_count) return l->block_bytes;
+  uint64_t b = 0;
+  for (uint32_t a = job->arena_first; a < job->arena_first + job->arena_count; a++)
+    b += (uint64_t)l->arenas[a].segments * l->arenas[a].bytes_per_block;
+  return b;
+}
+
 static void complete_job(oi_xfer_job *job) {
   oi_xfer *x = job->x;
   /* A job whose deadline passed was already reported as OI_ERR_TIMEOUT (its
@@ -114,7 +125,8 @@ static void complete_job(oi_xfer_job *job) {
   oi_xfer_result r = {.dir = job->dir,
                       .status = job->status,
                       .n = job->n,
-                      .bytes = job->n * x->cfg.layout->block_bytes,
+                      .bytes = job->n * job_block_bytes(job),
+                      .arena_count = job->arena_count,
                       .latency_ns = oi__now_ns() - job->t0_ns};
   x->cfg.done(x->cfg.done_ctx, job->user, &r);
   if (job->on_done) job->on_done(job->on_done_ctx, job->status);
@@ -223,10 +235,21 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
 
 static void queue_group(oi_xfer_job *job) {
   oi_xfer *x = job->x;
+  const oi_layout *l = x->cfg.layout;
+  uint32_t mode = x->mode[job->dir];
+  oi_layout view;
+  if (job->arena_count) { /* some arenas: a view of the layout */
+    view = *l;
+    view.arenas = &l->arenas[job->arena_first];
+    view.num_arenas = job->arena_count;
+    view.block_bytes = job_block_bytes(job);
+    l = &view;
+    if (mode == OI_XFER_STAGED) mode = OI_XFER_DMA;
+  }
   if (job->queue_st == OI_OK)
     job->queue_st =
-        queue_copies_in(x, x->cfg.layout, x->mode[job->dir], x->stream[job->dir], job->dir,
-                        job->ids + job->queued, job->host + job->queued, job->n - job->queued);
+        queue_copies_in(x, l, mode, x->stream[job->dir], job->dir, job->ids + job->queued,
+                        job->host + job->queued, job->n - job->queued);
   job->queued = job->n;
   job->group = x->group_blocks[job->dir];
 }
@@ -377,6 +400,11 @@ void oi__xfer_job_free(oi_xfer_job *job) {
     oi__ticket_unref(job->ticket);
   }
   oi__free(job);
+}
+
+void oi__xfer_job_arenas(oi_xfer_job *job, uint32_t first, uint32_t count) {
+  job->arena_first = first;
+  job->arena_count = count;
 }
 
 void oi__xfer_job_wait_event(oi_xfer_job *job, void *event) {

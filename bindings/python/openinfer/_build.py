@@ -198,6 +198,8 @@ typedef struct oi_save_options {
   void *wait_event;
   oi_save_done_fn on_done;
   void *on_done_ctx;
+  uint32_t arena_first;
+  uint32_t arena_count;
   ...;
 } oi_save_options;
 typedef struct oi_load_options {

@@ -82,8 +82,8 @@ typedef struct oi_save_options {
    * arenas, as soon as that layer is written, with its own wait_event and
    * ticket); the block's host copy seals when every arena of the layout
    * arrived and landed, and a failed arena aborts the whole block (nothing
-   * partial is ever served). Embedded engines only (sidecar:
-   * OI_ERR_UNSUPPORTED). docs/api.md "Layerwise saves". */
+   * partial is ever served). Sidecar engines need a server with the
+   * layerwise capability (else OI_ERR_UNSUPPORTED). docs/api.md. */
   uint32_t arena_first;
   uint32_t arena_count;
 } oi_save_options;

@@ -81,6 +81,7 @@ typedef struct remote_engine {
   char *socket_path;
   int fd;
   uint64_t server_epoch;
+  uint64_t server_caps; /* HelloReply.capabilities */
   uint32_t control_ms;
 
   pthread_mutex_t lock; /* pending table and connection state */
@@ -448,14 +449,16 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
     return oi__fail(OI_ERR_UNSUPPORTED,
                     "save: wait_event is not supported by a sidecar engine (the server cannot wait "
                     "on this process's event; synchronize it before saving)");
-  if (opt->arena_count)
+  if (opt->arena_count && !(e->server_caps & OI_WIRE_CAP_LAYERWISE))
     return oi__fail(OI_ERR_UNSUPPORTED,
-                    "save: a layerwise save (arena_count) is not supported by a sidecar engine yet "
-                    "(save whole blocks)");
+                    "save: this server does not support layerwise saves (arena_count): save "
+                    "whole blocks, or upgrade the server");
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_save_tag;
   env.body.save.instance_id = base->instance_id;
+  env.body.save.arena_first = opt->arena_first;
+  env.body.save.arena_count = opt->arena_count;
   oi_wire_out out = {.ids = ids, .n_ids = n, .hashes = hashes, .n_hashes = n};
   return submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
                       opt->on_done_ctx, ticket_out, "save");
@@ -728,6 +731,7 @@ static oi_status hello(remote_engine *e) {
     return oi__fail(OI_ERR_VERSION, "connect: the server speaks protocol %u, this library %u",
                     p.reply.body.hello_reply.protocol_version, OI_WIRE_PROTOCOL_VERSION);
   e->server_epoch = p.reply.body.hello_reply.server_epoch;
+  e->server_caps = p.reply.body.hello_reply.capabilities;
   return OI_OK;
 }
 

@@ -35,6 +35,8 @@
 enum {
   OI_WIRE_CAP_PIPELINED = 1u << 0,  /* replies may come out of order */
   OI_WIRE_CAP_MEMBERSHIP = 1u << 1, /* Query.flags OI_QUERY_MEMBERSHIP */
+  OI_WIRE_CAP_LAYERWISE = 1u << 2,  /* Save.arena_first / arena_count (a server that
+                                       lacks it would save whole blocks) */
 };
 
 /* The callback fields of one decoded Envelope. Buffers grow on demand up to

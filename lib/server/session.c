@@ -209,7 +209,8 @@ static void handle_hello(srv_session *s, uint64_t req, const oiwire_Hello *h) {
   env.request_id = req;
   env.which_body = oiwire_Envelope_hello_reply_tag;
   env.body.hello_reply.protocol_version = OI_WIRE_PROTOCOL_VERSION;
-  env.body.hello_reply.capabilities = OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP;
+  env.body.hello_reply.capabilities =
+      OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP | OI_WIRE_CAP_LAYERWISE;
   env.body.hello_reply.server_epoch = s->server->epoch;
   snprintf(env.body.hello_reply.server_version, sizeof env.body.hello_reply.server_version, "%s",
            oi_version_string());
@@ -337,7 +338,11 @@ static void handle_save(srv_session *s, uint64_t req, const oiwire_Save *m) {
   oi_status st = oi__req_check_save(a, msg, sizeof msg);
   if (st != OI_OK) return reply_result(s, req, st, msg);
   oi_ticket *t = NULL;
-  st = oi_offload_engine_save(inst->engine, a->ids, a->hashes, a->n_ids, NULL, &t);
+  oi_save_options so;
+  oi_save_options_init(&so);
+  so.arena_first = m->arena_first; /* a layerwise save; validated by the engine */
+  so.arena_count = m->arena_count;
+  st = oi_offload_engine_save(inst->engine, a->ids, a->hashes, a->n_ids, &so, &t);
   if (st != OI_OK) return reply_failure(s, req, st);
   reply_on_completion(s, req, t, "save");
 }

@@ -192,6 +192,17 @@ static void test_requests(void) {
   expect_error(&c, 14, OI_ERR_INVALID_ARGUMENT, "out of range", "block id out of range");
   send_env(&c, 15, oiwire_Envelope_save_tag, save_body(mine, negative, 1, 1, 16));
   expect_error(&c, 15, OI_ERR_INVALID_ARGUMENT, "out of range", "negative block id");
+  /* a layerwise save naming arenas past the layout (Save.arena_first = 20,
+   * arena_count = 21), and arena_first without arena_count */
+  pbw *lw = save_body(mine, ids, 1, 1, 16);
+  pbw_uint(lw, 20, TL_ARENAS);
+  pbw_uint(lw, 21, 1);
+  send_env(&c, 95, oiwire_Envelope_save_tag, lw);
+  expect_error(&c, 95, OI_ERR_INVALID_ARGUMENT, "outside the layout", "layers past the layout");
+  lw = save_body(mine, ids, 1, 1, 16);
+  pbw_uint(lw, 20, 1);
+  send_env(&c, 96, oiwire_Envelope_save_tag, lw);
+  expect_error(&c, 96, OI_ERR_INVALID_ARGUMENT, "without arena_count", "arena_first alone");
   /* more ids than one request may carry */
   int64_t *many = calloc(OI_WIRE_MAX_BLOCKS + 1, sizeof *many);
   send_env(&c, 16, oiwire_Envelope_save_tag, save_body(mine, many, OI_WIRE_MAX_BLOCKS + 1, 0, 16));

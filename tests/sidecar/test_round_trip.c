@@ -243,12 +243,29 @@ static void test_vllm_kv_halves_round_trip(void) {
           kv_slice(base, l, s, src[i])[k] = tl_byte((uint64_t)i, l, s, (uint64_t)k);
   }
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, src, hs, N, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  /* Layer by layer (a layerwise save over the sidecar): nothing is visible
+   * before the last layer arrived. */
+  oi_query_result qr = {.struct_size = sizeof qr};
+  for (uint32_t l = 0; l < 2; l++) {
+    oi_save_options so;
+    oi_save_options_init(&so);
+    so.arena_first = l;
+    so.arena_count = 1;
+    CHECK_OK(oi_offload_engine_save(e, src, hs, N, &so, &t));
+    CHECK_OK(oi_ticket_wait(t, 10000));
+    oi_ticket_release(t);
+    if (l == 0) {
+      CHECK_OK(oi_offload_engine_query(e, "vllm", hs, N, 0, &qr));
+      CHECK(qr.hit_blocks == 0);
+    }
+  }
+  oi_save_options bad;
+  oi_save_options_init(&bad);
+  bad.arena_first = 2;
+  bad.arena_count = 1; /* past the layout: refused (by the client) */
+  CHECK_ST(oi_offload_engine_save(e, src, hs, N, &bad, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK_OK(oi_offload_engine_flush(e, 10000));
   memset(base, 0, 4 * KV_HALF);
-  oi_query_result qr = {.struct_size = sizeof qr};
   CHECK_OK(oi_offload_engine_query(e, "vllm", hs, N, 0, &qr));
   CHECK(qr.hit_blocks == N);
   CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, N, NULL, &t));

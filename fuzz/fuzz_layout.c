@@ -5,7 +5,10 @@
  * and no byte belongs to two slices (checked exhaustively with an owner map),
  * and a copy plan of the first and last block moves exactly the layout's bytes
  * to and from host blocks (ASan checks every access of the exact-size
- * buffers). In base mode (absolute addresses) only the overlap rule applies. */
+ * buffers). In base mode (absolute addresses) only the overlap rule applies.
+ * With mode bit 8 the arenas' segments are separate regions
+ * (oi_engine_options.segment_offsets: one fuzzed offset per segment, the
+ * count sometimes off by one), under the same owner-map check. */
 #include "engine/layout.h"
 #include "fuzz_util.h"
 
@@ -20,7 +23,7 @@ static void check_slices(const oi_layout *l, uintptr_t lo, size_t span, uint8_t 
     const oi_arena_rt *r = &l->arenas[a];
     for (uint64_t b = 0; b < r->num_blocks; b++)
       for (uint32_t s = 0; s < r->segments; s++) {
-        uintptr_t start = r->base + b * r->block_stride + s * r->segment_stride;
+        uintptr_t start = r->base + b * r->block_stride + r->seg_off[s];
         FZ_ASSERT(start >= lo && start - lo <= span && r->bytes_per_block <= span - (start - lo),
                   "arena '%s' block %llu segment %u is outside the arena", r->name,
                   (unsigned long long)b, s);
@@ -66,8 +69,8 @@ static void check_plan(const oi_layout *l, uint8_t *buf, size_t size) {
     const oi_arena_rt *r = &l->arenas[a];
     for (size_t k = 0; k < n; k++)
       for (uint32_t s = 0; s < r->segments; s++) {
-        const uint8_t *dev = (const uint8_t *)(r->base + (uint64_t)swapped[k] * r->block_stride +
-                                               s * r->segment_stride);
+        const uint8_t *dev =
+            (const uint8_t *)(r->base + (uint64_t)swapped[k] * r->block_stride + r->seg_off[s]);
         const uint8_t *h = host[k] + r->host_offset + (uint64_t)s * r->bytes_per_block;
         FZ_ASSERT(!memcmp(dev, h, r->bytes_per_block), "arena '%s' segment %u differs after a load",
                   r->name, s);
@@ -87,6 +90,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memset(A, 0, sizeof A);
   uint8_t *buf = malloc(arena_size);
   if (!buf) return 0;
+  bool with_offs = mode & 8;
+  uint64_t offs[MAX_ARENAS * 9];
+  uint32_t noffs = 0;
   for (uint32_t i = 0; i < num; i++) {
     A[i].name = (mode & 2) ? names[i] : names[fz_u8(&f) % 6];
     if (fz_u8(&f) == 0xff) A[i].name = (fz_u8(&f) & 1) ? "" : NULL;
@@ -96,6 +102,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     A[i].block_stride = fz_size(&f, 1024);
     A[i].segments = (uint32_t)fz_size(&f, 9);
     A[i].segment_stride = fz_size(&f, 512);
+    /* Separate regions: each segment anywhere in the arena (up to 9 entries:
+     * a tenth segment count is refused before its offsets matter). */
+    for (uint32_t s = 0; with_offs && s < A[i].segments && s < 9; s++)
+      offs[noffs++] = fz_size(&f, arena_size);
     if (!by_offset) {
       /* Absolute addresses inside (or just past) the buffer; a stray base
        * sometimes rides along with arena_base set. */
@@ -112,6 +122,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   o.arenas = num || !(mode & 16) ? A : NULL;
   o.arena_base = by_offset ? buf : NULL;
   o.arena_size = by_offset ? arena_size : 0;
+  if (with_offs) {
+    o.segment_offsets = offs;
+    o.num_segment_offsets = noffs;
+    uint8_t skew = fz_u8(&f);
+    if (skew == 0xfe && noffs > 0) o.num_segment_offsets--; /* one short */
+    if (skew == 0xfd) o.num_segment_offsets++;  /* one too many (reads stay inside offs) */
+    if (skew == 0xfc) o.segment_offsets = NULL; /* a count without an array */
+  }
   oi_layout l;
   oi_status st = oi__layout_build(&o, "fuzz", &l);
   if (st != OI_OK) {
@@ -146,8 +164,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       uintptr_t lo = UINTPTR_MAX, hi = 0;
       for (uint32_t i = 0; i < l.num_arenas; i++) {
         const oi_arena_rt *r = &l.arenas[i];
-        uintptr_t end = r->base + (r->num_blocks - 1) * r->block_stride +
-                        (uint64_t)(r->segments - 1) * r->segment_stride + r->bytes_per_block;
+        uintptr_t end = r->base + (r->num_blocks - 1) * r->block_stride + r->bytes_per_block;
+        uint64_t far = 0;
+        for (uint32_t s = 0; s < r->segments; s++)
+          far = OI_MAX(far, r->seg_off[s]);
+        end += far;
         lo = OI_MIN(lo, r->base);
         hi = OI_MAX(hi, end);
       }

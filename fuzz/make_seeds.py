@@ -125,6 +125,34 @@ out("fuzz_layout", "by-base", lay(3, 8192, [(0, small(0), small(8), med(64), med
 out("fuzz_layout", "dup-names", lay(0, 8192, [(0, small(0), small(4), med(64), med(64), small(1), small(0)),
                                               (5, med(512), small(4), med(64), med(64), small(1), small(0))]))
 
+# Segments as separate regions (mode bit 8): each arena's fields are followed
+# by one offset per segment, then one skew byte (0xfe/0xfd/0xfc: a wrong
+# count, no array).
+def lay_offs(mode, size, arenas, skew=0):
+    b = bytes([mode | 8]) + struct.pack("<H", size) + bytes([len(arenas)])
+    for a, offs in arenas:
+        if not mode & 2:
+            b += bytes([a[0]])
+        b += bytes([0]) + b"".join(a[1:]) + b"".join(offs)
+    return b + bytes([skew])
+
+
+# vLLM's [2, num_blocks, ...] layer: the K half, then the V half, in 2 layers.
+out("fuzz_layout", "kv-halves", lay_offs(2, 8192, [
+    ((0, small(0), small(8), med(64), med(64), small(2), small(0)), [small(0), med(512)]),
+    ((1, med(1024), small(8), med(64), med(64), small(2), small(0)), [small(0), med(512)])]))
+# V before K, a gap between; the second layer's halves interleave the first's.
+out("fuzz_layout", "kv-reversed", lay_offs(2, 8192, [
+    ((0, small(0), small(8), med(32), med(64), small(2), small(0)), [med(1024), small(0)]),
+    ((1, med(32), small(8), med(32), med(64), small(2), small(0)), [small(0), med(1024)])]))
+out("fuzz_layout", "kv-overlap", lay_offs(2, 8192, [
+    ((0, small(0), small(8), med(64), med(64), small(2), small(0)), [small(0), med(448)])]))
+out("fuzz_layout", "kv-count-short", lay_offs(2, 8192, [
+    ((0, small(0), small(8), med(64), med(64), small(2), small(0)), [small(0), med(512)])], 0xfe))
+out("fuzz_layout", "kv-by-base", lay_offs(3, 8192, [
+    ((0, small(0), small(4), med(64), med(64), small(2), small(0)), [small(0), med(256)]),
+    ((1, med(600), small(4), med(64), med(64), small(2), small(0)), [small(0), med(256)])]))
+
 
 # ---- engine ops: cfg, then ops (opcode % 9 and its bytes) ----
 def ops(cfg, *seq):

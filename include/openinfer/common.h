@@ -189,6 +189,22 @@ OI_API void *oi_ticket_cuda_event(oi_ticket *t);
  * the ticket's status, so work that used the bytes before the ticket
  * completed must be discarded if it completes with an error. */
 OI_API void *oi_ticket_arena_event(oi_ticket *t, uint32_t arena);
+/* Per-arena completion of a load, in every mode. A load submitted with
+ * OI_LOAD_ARENA_EVENTS by an embedded engine (cpu or CUDA) reports each arena
+ * as its copies land, in the layout's arena order: oi_ticket_arena_wait
+ * returns OI_OK once arena `arena`'s bytes are in place in device memory (on
+ * CUDA: its copies completed, not only queued), or the load's error as soon
+ * as the load failed at this arena or an earlier one, or the ticket completed
+ * with an error (then every wait, of any arena, returns the error: bytes of a
+ * failed load are never to be used). OI_ERR_TIMEOUT after timeout_ms
+ * (UINT32_MAX: forever) leaves the ticket usable. A ticket without per-arena
+ * progress (any other operation, a load without the flag, and sidecar loads
+ * today) waits for the whole ticket, whatever `arena`; with per-arena
+ * progress, an arena past the layout's count is OI_ERR_INVALID_ARGUMENT.
+ * oi_ticket_arena_poll answers the same without blocking (OI_PENDING while
+ * the arena is still moving). */
+OI_API oi_status oi_ticket_arena_wait(oi_ticket *t, uint32_t arena, uint32_t timeout_ms);
+OI_API oi_status oi_ticket_arena_poll(oi_ticket *t, uint32_t arena);
 /* Registers the completion callback (at most one per ticket).
  * @return OI_ERR_STATE if one is already set. */
 OI_API oi_status oi_ticket_set_callback(oi_ticket *t, oi_ticket_fn fn, void *ctx);

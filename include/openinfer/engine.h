@@ -51,6 +51,19 @@ typedef struct oi_engine_options {
                                   otherwise at least 64 KiB; UINT64_MAX = one group per call */
   uint64_t staging_bytes;      /* OI_COPY_STAGED: device memory of each of the engine's two
                                   streams' staging slots; 0 = 32 MiB; else 4 MiB .. 4 GiB */
+  /* ---- appended (segments as separate regions); older callers stop before these ---- */
+  /* Optional: where each arena's segments start, so a segment may be a separate
+   * region (vLLM's [2, num_blocks, ...] layer: the K half, then the V half).
+   * NULL: segment s at s * segment_stride (the descriptor's rule). Otherwise
+   * num_segment_offsets entries, arena by arena in the layout's order, each
+   * arena contributing `segments` entries: block b, segment s of arena i lives
+   * at (arena i's base or offset) + segment_offsets[k_i + s] + b * block_stride,
+   * where k_i is the sum of the segments of the arenas before i. Then
+   * segment_stride is ignored and block_stride need only be >= bytes_per_block;
+   * no two slices of any arenas may overlap (docs/api.md "Layouts"). Copied at
+   * create. */
+  const uint64_t *segment_offsets;
+  uint32_t num_segment_offsets; /* must equal the sum of every arena's segments */
 } oi_engine_options;
 
 /* Completion callback of a save: the caller's signal that the device blocks
@@ -76,7 +89,19 @@ typedef struct oi_save_options {
   /* ---- appended ---- */
   oi_save_result *result; /* optional out: this call's counts, filled before save returns
                              (sidecar: one round trip to the server, within
-                             control_deadline_ms) */
+                             control_deadline_ms); a layerwise save counts the
+                             blocks it decided (the first layer naming a hash),
+                             later layers of the same blocks count 0 */
+  /* ---- appended (layerwise save); older callers stop before these ---- */
+  /* arena_count 0 (default): whole blocks. Otherwise this call copies only
+   * arenas [arena_first, arena_first + arena_count) of each block (a layer's
+   * arenas, as soon as that layer is written, with its own wait_event and
+   * ticket); the block's host copy seals when every arena of the layout
+   * arrived and landed, and a failed arena aborts the whole block (nothing
+   * partial is ever served). Sidecar engines need a server with the
+   * layerwise capability (else OI_ERR_UNSUPPORTED). docs/api.md. */
+  uint32_t arena_first;
+  uint32_t arena_count;
 } oi_save_options;
 
 typedef struct oi_load_options {
@@ -86,13 +111,16 @@ typedef struct oi_load_options {
 
 /* oi_load_options.flags */
 enum {
-  /* Copy arena by arena, in the layout's order, recording a CUDA event after
-   * each arena's copies (oi_ticket_arena_event): a model can start on its
-   * first layers while the later ones are still crossing PCIe. Local engines
-   * on a CUDA device; elsewhere the load runs as usual and the ticket has no
-   * arena events. Each arena goes to the copy engines as one batch of pieces
-   * (a staged copy policy becomes DMA here: staging moves whole host blocks,
-   * which span every arena). */
+  /* Copy arena by arena, in the layout's order, reporting each arena as its
+   * copies land (oi_ticket_arena_wait / oi_ticket_arena_poll; embedded
+   * engines, cpu and CUDA) and, on a CUDA device, recording a CUDA event
+   * after each arena's copies (oi_ticket_arena_event): a model can start on
+   * its first layers while the later ones are still crossing PCIe. Sidecar
+   * engines run the load as usual: their tickets have no per-arena progress
+   * (arena waits wait for the whole load) and no arena events. Each arena
+   * goes to the copy engines as one batch of pieces (a staged copy policy
+   * becomes DMA here: staging moves whole host blocks, which span every
+   * arena). */
   OI_LOAD_ARENA_EVENTS = 1u << 0,
 };
 

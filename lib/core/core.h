@@ -115,5 +115,10 @@ void oi__ticket_set_cuda_event(oi_ticket *t, void *event, void (*destroy)(void *
  * entry possibly NULL); the ticket owns both; `destroy` frees each event. */
 void oi__ticket_set_arena_events(oi_ticket *t, void **events, uint32_t n,
                                  void (*destroy)(void *event));
+/* A layered load of n arenas: oi_ticket_arena_wait / _poll follow each
+ * arena (set before the first oi__ticket_arena_landed). */
+void oi__ticket_arena_progress(oi_ticket *t, uint32_t n);
+/* Arena `arena`'s copies ended with `st` (in the layout's order). */
+void oi__ticket_arena_landed(oi_ticket *t, uint32_t arena, oi_status st);
 
 #endif

@@ -24,6 +24,13 @@ struct oi_ticket {
   void (*cuda_event_destroy)(void *event);
   void **arena_events; /* a layered load's per-arena events (same destroy) */
   uint32_t n_arena_events;
+  /* A layered load's per-arena progress (every backend): arenas land in the
+   * layout's order; arenas_landed counts those that landed, arena_failed is
+   * the first that failed (n_arenas when none) and arena_status its error. */
+  uint32_t n_arenas;
+  uint32_t arenas_landed;
+  uint32_t arena_failed;
+  oi_status arena_status;
 };
 
 oi_ticket *oi__ticket_new(void) {
@@ -92,6 +99,83 @@ void oi__ticket_set_arena_events(oi_ticket *t, void **events, uint32_t n,
   t->arena_events = events;
   t->n_arena_events = n;
   t->cuda_event_destroy = destroy;
+}
+
+void oi__ticket_arena_progress(oi_ticket *t, uint32_t n) {
+  pthread_mutex_lock(&t->lock);
+  t->n_arenas = n;
+  t->arenas_landed = 0;
+  t->arena_failed = n;
+  t->arena_status = OI_OK;
+  pthread_mutex_unlock(&t->lock);
+}
+
+void oi__ticket_arena_landed(oi_ticket *t, uint32_t arena, oi_status st) {
+  pthread_mutex_lock(&t->lock);
+  if (arena < t->n_arenas) {
+    if (st != OI_OK && arena < t->arena_failed) {
+      t->arena_failed = arena;
+      t->arena_status = st;
+    } else if (st == OI_OK && arena + 1 > t->arenas_landed) {
+      t->arenas_landed = arena + 1;
+    }
+    pthread_cond_broadcast(&t->done_cv);
+  }
+  pthread_mutex_unlock(&t->lock);
+}
+
+/* Under the lock: arena's state (OI_PENDING while it is still moving). A
+ * failure of the load (the ticket's error, or an arena at or before this
+ * one) is final for every later wait. */
+static oi_status arena_state_locked(const oi_ticket *t, uint32_t arena) {
+  if (t->done && t->status != OI_OK) return t->status;
+  if (t->arena_failed <= arena) return t->arena_status;
+  if (t->arenas_landed > arena || t->done) return OI_OK;
+  return OI_PENDING;
+}
+
+OI_API oi_status oi_ticket_arena_poll(oi_ticket *t, uint32_t arena) {
+  if (!t) return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_poll: ticket is NULL");
+  pthread_mutex_lock(&t->lock);
+  oi_status st;
+  if (t->n_arenas == 0) {
+    st = t->done ? t->status : OI_PENDING; /* no per-arena progress: the whole ticket */
+  } else if (arena >= t->n_arenas) {
+    st = oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_poll: arena %u of a %u-arena load", arena,
+                  t->n_arenas);
+  } else {
+    st = arena_state_locked(t, arena);
+  }
+  pthread_mutex_unlock(&t->lock);
+  return st;
+}
+
+OI_API oi_status oi_ticket_arena_wait(oi_ticket *t, uint32_t arena, uint32_t timeout_ms) {
+  if (!t) return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_wait: ticket is NULL");
+  pthread_mutex_lock(&t->lock);
+  uint32_t n = t->n_arenas;
+  pthread_mutex_unlock(&t->lock);
+  if (n == 0) return oi_ticket_wait(t, timeout_ms); /* no per-arena progress */
+  if (arena >= n)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_wait: arena %u of a %u-arena load",
+                    arena, n);
+  uint64_t deadline = oi__deadline_ns(timeout_ms);
+  struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                        .tv_nsec = (long)(deadline % 1000000000ull)};
+  pthread_mutex_lock(&t->lock);
+  oi_status st;
+  while ((st = arena_state_locked(t, arena)) == OI_PENDING) {
+    if (deadline == UINT64_MAX) {
+      pthread_cond_wait(&t->done_cv, &t->lock);
+    } else if (pthread_cond_timedwait(&t->done_cv, &t->lock, &ts) == ETIMEDOUT &&
+               (st = arena_state_locked(t, arena)) == OI_PENDING) {
+      pthread_mutex_unlock(&t->lock);
+      return oi__fail(OI_ERR_TIMEOUT, "ticket_arena_wait: arena %u not in place after %u ms", arena,
+                      timeout_ms);
+    }
+  }
+  pthread_mutex_unlock(&t->lock);
+  return st;
 }
 
 OI_API oi_status oi_ticket_poll(oi_ticket *t) {

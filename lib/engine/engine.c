@@ -73,6 +73,8 @@ oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *
   opts.namespace_id = e->namespace_id;
   opts.instance_name = e->instance_name;
   opts.arenas = NULL; /* the validated copy lives in e->layout */
+  opts.segment_offsets = NULL;
+  opts.num_segment_offsets = 0;
   e->opts = opts;
   return OI_OK;
 }
@@ -187,6 +189,15 @@ OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *blo
           so.result->struct_size);
     so.result->accepted = so.result->deduplicated = so.result->dropped = 0;
   }
+  if (so.arena_count == 0 && so.arena_first != 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: arena_first %u without arena_count",
+                    so.arena_first);
+  if (so.arena_count && (so.arena_first >= e->layout.num_arenas ||
+                         so.arena_count > e->layout.num_arenas - so.arena_first))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "save: arenas %u..%u are outside the layout's %u arenas", so.arena_first,
+                    so.arena_first + so.arena_count - 1, e->layout.num_arenas);
+  if (so.arena_count && (st = check_distinct("save", block_ids, n)) != OI_OK) return st;
   return e->ops->save(e, block_ids, hashes, n, &so, ticket_out);
 }
 

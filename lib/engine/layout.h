@@ -4,7 +4,7 @@
 #include "openinfer/engine.h"
 #include "transfer/plan.h"
 
-#define OI_MAX_SEGMENTS 8
+#define OI_MAX_SEGMENTS OI_LAYOUT_MAX_SEGMENTS
 #define OI_MAX_ARENAS 4096
 
 /* Validates the arenas of `o` (every rule of docs/api.md "Layouts") and

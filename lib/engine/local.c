@@ -22,6 +22,28 @@ typedef struct engine_counters {
   oi_latency_hist save_latency, load_latency;
 } engine_counters;
 
+/* A block being saved layer by layer (oi_save_options.arena_count): its host
+ * slot stays in flight until every arena arrived and landed. ACTIVE holds a
+ * slot; SKIP (deduplicated or dropped at its first layer) and FAILED (a
+ * layer failed or the deadline passed) only make later layers skip the
+ * block. A record ends when every arena arrived (or its deadline passed) and
+ * no copy into its slot is in flight: then the slot seals (every arena
+ * landed) or aborts. Under the engine's lock. */
+enum { PARTIAL_ACTIVE, PARTIAL_SKIP, PARTIAL_FAILED };
+#define PARTIAL_BUCKETS 1024
+
+typedef struct partial {
+  struct partial *next; /* bucket chain */
+  oi_block_hash hash;
+  int64_t id;
+  int state;
+  host_block *b;
+  uint8_t *data;
+  uint32_t arrived, landed, inflight; /* arenas */
+  uint64_t t0_ns, deadline_ns;
+  uint8_t bits[]; /* arrived arenas, one bit each */
+} partial;
+
 typedef struct local_engine {
   oi_offload_engine base;
   oi_offload_host *host;
@@ -35,9 +57,14 @@ typedef struct local_engine {
    * still had in flight: a flush also waits for those to seal. */
   oi_block_hash *foreign;
   size_t nforeign, foreign_cap;
+  /* Layerwise saves (under lock): blocks some of whose arenas arrived. */
+  partial *partials[PARTIAL_BUCKETS];
+  size_t npartials;
 
   engine_counters c;
 } local_engine;
+
+static void partials_sweep(local_engine *e, bool all);
 
 static const engine_ops local_ops;
 
@@ -59,6 +86,26 @@ static void job_done(void *ctx, void *user, const oi_xfer_result *r) {
     } else {
       atomic_fetch_add(&e->c.loads_failed, 1);
     }
+    return;
+  }
+  if (r->arena_count) { /* a layerwise save: the records decide */
+    partial **ps = user;
+    pthread_mutex_lock(&e->lock);
+    for (size_t i = 0; i < r->n; i++) {
+      ps[i]->inflight -= r->arena_count;
+      if (ok)
+        ps[i]->landed += r->arena_count;
+      else if (ps[i]->state == PARTIAL_ACTIVE)
+        ps[i]->state = PARTIAL_FAILED;
+    }
+    e->save_ops_done++;
+    pthread_cond_broadcast(&e->flush_cv);
+    pthread_mutex_unlock(&e->lock);
+    if (!ok)
+      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+               "layerwise save of %zu blocks failed: %s (the blocks are aborted)", r->n,
+               oi_status_str(r->status));
+    partials_sweep(e, false);
     return;
   }
   oi__host_save_end(e->host, e->ns, blocks, r->n, ok, r->bytes, r->latency_ns);
@@ -121,10 +168,218 @@ static void save_in_flight(void *ctx, size_t i) {
   note_foreign(c->e, &c->hashes[i]);
 }
 
+/* ---- layerwise saves ------------------------------------------------------ */
+
+static size_t bucket_of(const oi_block_hash *h) {
+  uint64_t x;
+  memcpy(&x, h->bytes, sizeof x);
+  return (size_t)((x ^ (x >> 29)) % PARTIAL_BUCKETS);
+}
+
+static partial *partial_find(local_engine *e, const oi_block_hash *h) {
+  for (partial *p = e->partials[bucket_of(h)]; p; p = p->next)
+    if (!memcmp(p->hash.bytes, h->bytes, sizeof h->bytes)) return p;
+  return NULL;
+}
+
+static partial *partial_add(local_engine *e, const oi_block_hash *h, int64_t id, int state) {
+  uint32_t na = e->base.layout.num_arenas;
+  partial *p = oi__calloc(1, sizeof *p + (na + 7) / 8);
+  if (!p) return NULL;
+  p->hash = *h;
+  p->id = id;
+  p->state = state;
+  p->t0_ns = oi__now_ns();
+  uint32_t ms = e->base.opts.save_deadline_ms;
+  p->deadline_ns = ms ? p->t0_ns + (uint64_t)ms * 1000000ull : UINT64_MAX;
+  size_t k = bucket_of(h);
+  p->next = e->partials[k];
+  e->partials[k] = p;
+  e->npartials++;
+  return p;
+}
+
+/* Ends the records that are done (every arena arrived, or `all`, or past
+ * their deadline) and have no copy in flight: seals the complete ones,
+ * aborts the rest. Takes the lock. */
+static void partials_sweep(local_engine *e, bool all) {
+  uint32_t na = e->base.layout.num_arenas;
+  uint64_t now = oi__now_ns();
+  partial *done = NULL;
+  host_block *failed[64];
+  size_t nfailed = 0;
+  pthread_mutex_lock(&e->lock);
+  for (size_t k = 0; k < PARTIAL_BUCKETS && e->npartials; k++)
+    for (partial **pp = &e->partials[k]; *pp;) {
+      partial *p = *pp;
+      bool over = all || now >= p->deadline_ns;
+      if (p->inflight || (p->arrived < na && !over)) {
+        /* A failed block's slot goes at once (no copy into it runs); the
+         * record stays so that its later layers skip. */
+        if (!p->inflight && p->state == PARTIAL_FAILED && p->b && nfailed < 64) {
+          failed[nfailed++] = p->b;
+          p->b = NULL;
+        }
+        pp = &p->next;
+        continue;
+      }
+      *pp = p->next;
+      e->npartials--;
+      p->next = done;
+      done = p;
+    }
+  if (done) pthread_cond_broadcast(&e->flush_cv);
+  pthread_mutex_unlock(&e->lock);
+  for (size_t i = 0; i < nfailed; i++) {
+    oi__host_save_end(e->host, e->ns, &failed[i], 1, false, 0, 0);
+    atomic_fetch_add(&e->c.saves_failed, 1);
+  }
+  while (done) {
+    partial *p = done;
+    done = p->next;
+    if ((p->state == PARTIAL_ACTIVE || p->state == PARTIAL_FAILED) && p->b) {
+      bool ok = p->state == PARTIAL_ACTIVE && p->landed == na;
+      uint64_t lat = oi__now_ns() - p->t0_ns;
+      oi__host_save_end(e->host, e->ns, &p->b, 1, ok, ok ? e->base.layout.block_bytes : 0, lat);
+      if (ok) {
+        oi__hist_record(&e->c.save_latency, lat);
+        atomic_fetch_add(&e->c.saves_completed, 1);
+        atomic_fetch_add(&e->c.bytes_saved, e->base.layout.block_bytes);
+      } else {
+        atomic_fetch_add(&e->c.saves_failed, 1);
+      }
+    }
+    oi__free(p);
+  }
+}
+
+/* The earliest deadline of a record still open (UINT64_MAX: none). Under
+ * the lock. */
+static uint64_t partials_next_deadline_locked(local_engine *e) {
+  uint64_t d = UINT64_MAX;
+  for (size_t k = 0; k < PARTIAL_BUCKETS && e->npartials; k++)
+    for (partial *p = e->partials[k]; p; p = p->next)
+      d = OI_MIN(d, p->deadline_ns);
+  return d;
+}
+
+typedef struct layer_call {
+  local_engine *e;
+  const oi_block_hash *hashes;
+  const size_t *pos; /* reserve index -> position in the call */
+  partial **made;    /* per reserve index: the record its outcome made */
+  const int64_t *ids;
+} layer_call;
+
+static void layer_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) {
+  layer_call *c = ctx;
+  size_t at = c->pos[i];
+  pthread_mutex_lock(&c->e->lock);
+  partial *p = partial_add(c->e, &c->hashes[at], c->ids[at], PARTIAL_ACTIVE);
+  if (p) {
+    p->b = b;
+    p->data = data;
+  }
+  pthread_mutex_unlock(&c->e->lock);
+  if (!p) { /* no memory for the record: the slot is aborted at once */
+    oi__host_save_end(c->e->host, c->e->ns, &b, 1, false, 0, 0);
+    atomic_fetch_add(&c->e->c.saves_failed, 1);
+  }
+  c->made[i] = p;
+}
+
+static void layer_in_flight(void *ctx, size_t i) {
+  layer_call *c = ctx;
+  note_foreign(c->e, &c->hashes[c->pos[i]]);
+}
+
+static oi_status local_save_layers(local_engine *e, const int64_t *ids, const oi_block_hash *hashes,
+                                   size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
+  uint32_t first = opt->arena_first, count = opt->arena_count;
+  partials_sweep(e, false); /* deadlines */
+  oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_D2H, n, ticket_out ? OI_XFER_JOB_TICKET : 0,
+                                      n * sizeof(partial *));
+  size_t *pos = oi__malloc(n * (sizeof *pos + sizeof(partial *) + sizeof(oi_block_hash)));
+  if (!job || !pos) {
+    oi__xfer_job_free(job);
+    oi__free(pos);
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "save: out of memory");
+  }
+  partial **made = (partial **)(pos + n);
+  oi_block_hash *fresh = (oi_block_hash *)(made + n);
+  oi__xfer_job_arenas(job, first, count);
+  oi_ticket *t = oi__xfer_job_ticket(job);
+  oi__xfer_job_on_done(job, opt->on_done, opt->on_done_ctx);
+  oi__xfer_job_wait_event(job, opt->wait_event);
+  /* The hashes no record knows yet get their slot (or their skip) now. */
+  size_t nfresh = 0;
+  pthread_mutex_lock(&e->lock);
+  for (size_t i = 0; i < n; i++)
+    if (!partial_find(e, &hashes[i])) pos[nfresh++] = i;
+  e->save_ops_submitted++;
+  pthread_mutex_unlock(&e->lock);
+  if (nfresh) {
+    for (size_t k = 0; k < nfresh; k++) {
+      fresh[k] = hashes[pos[k]];
+      made[k] = NULL;
+    }
+    layer_call c = {.e = e, .hashes = hashes, .pos = pos, .made = made, .ids = ids};
+    oi_host_reserve_sink sink = {
+        .accepted = layer_accepted, .in_flight = layer_in_flight, .ctx = &c};
+    oi_host_reserved r;
+    oi__host_reserve(e->host, e->ns, fresh, nfresh, &sink, &r);
+    if (opt->result) { /* the blocks this call decided; later layers of them count nothing */
+      opt->result->accepted = r.accepted;
+      opt->result->deduplicated = r.deduplicated;
+      opt->result->dropped = r.dropped;
+    }
+    atomic_fetch_add(&e->c.saves_submitted, nfresh);
+    atomic_fetch_add(&e->c.saves_deduplicated, r.deduplicated);
+    atomic_fetch_add(&e->c.saves_dropped, r.dropped);
+    /* Deduplicated and dropped hashes: a record that makes later layers skip
+     * (best effort: without memory for it, a later layer reserves anew and
+     * that block is aborted at its deadline). */
+    pthread_mutex_lock(&e->lock);
+    for (size_t k = 0; k < nfresh; k++)
+      if (!made[k] && !partial_find(e, &hashes[pos[k]]))
+        partial_add(e, &hashes[pos[k]], ids[pos[k]], PARTIAL_SKIP);
+    pthread_mutex_unlock(&e->lock);
+  }
+  /* Each block whose record is this block id and has none of these arenas
+   * yet: they arrive; where the record holds a slot the copies join the job
+   * (a skipped or failed block only counts them, so its record ends). */
+  partial **ps = oi__xfer_job_user(job);
+  size_t k = 0;
+  pthread_mutex_lock(&e->lock);
+  for (size_t i = 0; i < n; i++) {
+    partial *p = partial_find(e, &hashes[i]);
+    if (!p || p->id != ids[i]) continue;
+    bool fresh_range = true;
+    for (uint32_t a = first; a < first + count; a++)
+      fresh_range &= !(p->bits[a / 8] & (1u << (a % 8)));
+    if (!fresh_range) continue;
+    for (uint32_t a = first; a < first + count; a++)
+      p->bits[a / 8] |= (uint8_t)(1u << (a % 8));
+    p->arrived += count;
+    if (p->state != PARTIAL_ACTIVE) continue;
+    p->inflight += count;
+    ps[k++] = p;
+  }
+  pthread_mutex_unlock(&e->lock);
+  for (size_t i = 0; i < k; i++)
+    oi__xfer_add(job, ps[i]->id, ps[i]->data);
+  oi__free(pos);
+  oi_status st = oi__xfer_submit(job, "save"); /* on failure its done callback ran */
+  if (ticket_out) *ticket_out = st == OI_OK ? t : NULL;
+  partials_sweep(e, false); /* records this call completed (or that skip) */
+  return st;
+}
+
 static oi_status local_save(oi_offload_engine *base, const int64_t *ids,
                             const oi_block_hash *hashes, size_t n, const oi_save_options *opt,
                             oi_ticket **ticket_out) {
   local_engine *e = (local_engine *)base;
+  if (opt->arena_count) return local_save_layers(e, ids, hashes, n, opt, ticket_out);
   oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_D2H, n, ticket_out ? OI_XFER_JOB_TICKET : 0,
                                       n * sizeof(host_block *));
   if (!job) return oi__fail(OI_ERR_OUT_OF_MEMORY, "save: out of memory");
@@ -282,6 +537,30 @@ static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {
       break;
     }
   }
+  /* Blocks being saved layer by layer: until each sealed or aborted (its
+   * last arena landed, or its deadline passed). */
+  while (st == OI_OK && e->npartials) {
+    uint64_t now = oi__now_ns(), pd = partials_next_deadline_locked(e);
+    if (now >= deadline) {
+      st = oi__fail(OI_ERR_TIMEOUT,
+                    "flush: %zu block(s) saved layer by layer still incomplete after %u ms",
+                    e->npartials, timeout_ms);
+      break;
+    }
+    if (pd <= now) { /* expired records end once no copy into them is in flight */
+      pthread_mutex_unlock(&e->lock);
+      partials_sweep(e, false);
+      pthread_mutex_lock(&e->lock);
+      pd = now + 10000000ull; /* records with copies in flight: a job's end wakes us */
+    }
+    uint64_t until = OI_MIN(deadline, pd);
+    if (until == UINT64_MAX) {
+      pthread_cond_wait(&e->flush_cv, &e->lock);
+    } else {
+      struct timespec tw = oi__timespec(until);
+      pthread_cond_timedwait(&e->flush_cv, &e->lock, &tw);
+    }
+  }
   pthread_mutex_unlock(&e->lock);
   size_t waited = 0;
   for (; st == OI_OK && waited < nforeign; waited++)
@@ -334,6 +613,7 @@ static oi_status local_stats(const oi_offload_engine *base, oi_engine_stats *out
 static void local_destroy(oi_offload_engine *base) {
   local_engine *e = (local_engine *)base;
   oi__xfer_destroy(e->xfer);
+  partials_sweep(e, true); /* blocks whose layers did not all arrive: aborted */
   if (e->host && base->instance_id) oi__host_instance_remove(e->host, base->instance_id);
   oi__free(e->foreign);
   pthread_cond_destroy(&e->flush_cv);

@@ -91,6 +91,7 @@ typedef struct remote_engine {
   char *socket_path;
   int fd;
   uint64_t server_epoch;
+  uint64_t server_caps; /* HelloReply.capabilities */
   uint32_t control_ms;
 
   pthread_mutex_t lock; /* pending table and connection state */
@@ -488,10 +489,16 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
     return oi__fail(OI_ERR_UNSUPPORTED,
                     "save: wait_event is not supported by a sidecar engine (the server cannot wait "
                     "on this process's event; synchronize it before saving)");
+  if (opt->arena_count && !(e->server_caps & OI_WIRE_CAP_LAYERWISE))
+    return oi__fail(OI_ERR_UNSUPPORTED,
+                    "save: this server does not support layerwise saves (arena_count): save "
+                    "whole blocks, or upgrade the server");
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_save_tag;
   env.body.save.instance_id = base->instance_id;
+  env.body.save.arena_first = opt->arena_first;
+  env.body.save.arena_count = opt->arena_count;
   oi_wire_out out = {.ids = ids, .n_ids = n, .hashes = hashes, .n_hashes = n};
   if (!opt->result)
     return submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
@@ -773,13 +780,21 @@ static const engine_ops remote_ops = {
 
 /* Bytes from offset 0 to the end of the farthest arena; false on overflow. */
 static bool layout_extent(const oi_engine_options *o, uint64_t *out) {
-  uint64_t end = 0;
+  uint64_t end = 0, k = 0; /* k: the arena's first segment offset */
   for (uint32_t i = 0; i < o->num_arenas; i++) {
     const oi_arena_desc *a = &o->arenas[i];
     uint64_t span = 0, seg = 0, last = 0;
+    if (o->segment_offsets && a->segments) {
+      /* Separate regions: the farthest segment start (a count that does not
+       * match is refused by the layout checks that follow). */
+      for (uint32_t s = 0; s < a->segments && k + s < o->num_segment_offsets; s++)
+        seg = OI_MAX(seg, o->segment_offsets[k + s]);
+      k += a->segments;
+    }
     if (a->num_blocks && a->segments) {
       if (__builtin_mul_overflow(a->num_blocks - 1, a->block_stride, &last) ||
-          __builtin_mul_overflow((uint64_t)(a->segments - 1), a->segment_stride, &seg) ||
+          (!o->segment_offsets &&
+           __builtin_mul_overflow((uint64_t)(a->segments - 1), a->segment_stride, &seg)) ||
           __builtin_add_overflow(last, seg, &span) ||
           __builtin_add_overflow(span, a->bytes_per_block, &span))
         return false;
@@ -810,6 +825,7 @@ static oi_status hello(remote_engine *e) {
     return oi__fail(OI_ERR_VERSION, "connect: the server speaks protocol %u, this library %u",
                     p.reply.body.hello_reply.protocol_version, OI_WIRE_PROTOCOL_VERSION);
   e->server_epoch = p.reply.body.hello_reply.server_epoch;
+  e->server_caps = p.reply.body.hello_reply.capabilities;
   return OI_OK;
 }
 
@@ -826,7 +842,10 @@ static oi_status register_layout(remote_engine *e, const oi_engine_options *o, u
   r->arena_size = arena_size;
   r->copy_mode = o->copy_mode;
   r->copy_cta_limit = o->copy_cta_limit;
-  oi_wire_out out = {.arenas = o->arenas, .n_arenas = o->num_arenas};
+  oi_wire_out out = {.arenas = o->arenas,
+                     .n_arenas = o->num_arenas,
+                     .segment_offsets = o->segment_offsets,
+                     .n_segment_offsets = o->segment_offsets ? o->num_segment_offsets : 0};
   pending p;
   memset(&p, 0, sizeof p);
   oi_status st = call(e, &env, &out, &p, e->control_ms, "connect: register");

@@ -240,6 +240,7 @@ static void copy_str(char *dst, size_t cap, const char *src) {
 
 static bool encode_arenas(pb_ostream_t *s, const pb_field_t *f, void *const *arg) {
   const oi_wire_out *o = *arg;
+  size_t k = 0; /* the next arena's first segment offset */
   for (size_t i = 0; i < o->n_arenas; i++) {
     const oi_arena_desc *d = &o->arenas[i];
     oiwire_Arena a;
@@ -251,6 +252,14 @@ static bool encode_arenas(pb_ostream_t *s, const pb_field_t *f, void *const *arg
     a.block_stride = d->block_stride;
     a.segments = d->segments;
     a.segment_stride = d->segment_stride;
+    if (o->segment_offsets) {
+      /* The caller validated the counts; stay inside both arrays regardless. */
+      size_t n = OI_MIN((size_t)d->segments, OI_ARRAY_LEN(a.segment_offsets));
+      n = k < o->n_segment_offsets ? OI_MIN(n, o->n_segment_offsets - k) : 0;
+      memcpy(a.segment_offsets, o->segment_offsets + k, n * sizeof *a.segment_offsets);
+      a.segment_offsets_count = (pb_size_t)n;
+      k += d->segments;
+    }
     if (!pb_encode_tag_for_field(s, f) || !pb_encode_submessage(s, oiwire_Arena_fields, &a))
       return false;
   }

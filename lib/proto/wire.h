@@ -37,6 +37,8 @@ enum {
   OI_WIRE_CAP_MEMBERSHIP = 1u << 1,  /* Query.flags OI_QUERY_MEMBERSHIP */
   OI_WIRE_CAP_LOOKUP = 1u << 2,      /* Query / Release with instance 0 and a namespace */
   OI_WIRE_CAP_SAVE_COUNTS = 1u << 3, /* Save.want_counts, SaveCounts, QueryReply.pending_blocks */
+  OI_WIRE_CAP_LAYERWISE = 1u << 4,   /* Save.arena_first / arena_count (a server that
+                                        lacks it would save whole blocks) */
 };
 
 /* The callback fields of one decoded Envelope. Buffers grow on demand up to
@@ -67,6 +69,9 @@ typedef struct oi_wire_out {
   size_t n_present;
   const oi_arena_desc *arenas;
   size_t n_arenas;
+  /* NULL, or every arena's segment offsets in order (oi_engine_options). */
+  const uint64_t *segment_offsets;
+  size_t n_segment_offsets;
   const oiwire_NamespaceStats *namespaces;
   size_t n_namespaces;
 } oi_wire_out;

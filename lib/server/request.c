@@ -62,10 +62,28 @@ oi_status oi__req_register_options(const oiwire_Register *r, const oi_wire_array
                     (unsigned long long)r->arena_size, r->arena_size ? "too large" : "0");
   if (a->n_arenas == 0)
     return fail_msg(OI_ERR_INVALID_ARGUMENT, msg, cap, "register: layout has no arenas");
-  oi_arena_desc *descs = oi__calloc(a->n_arenas, sizeof *descs);
-  if (!descs) return fail_msg(OI_ERR_OUT_OF_MEMORY, msg, cap, "register: out of memory");
+  /* Segment offsets: none, or one per segment of every arena. */
+  size_t n_offs = 0;
+  bool with_offs = false;
   for (size_t i = 0; i < a->n_arenas; i++) {
+    with_offs |= a->arenas[i].segment_offsets_count > 0;
+    n_offs += a->arenas[i].segment_offsets_count;
+  }
+  for (size_t i = 0; with_offs && i < a->n_arenas; i++)
+    if (a->arenas[i].segment_offsets_count != a->arenas[i].segments)
+      return fail_msg(OI_ERR_INVALID_ARGUMENT, msg, cap,
+                      "register: arena '%s' has %u segment offsets for %u segments (every arena "
+                      "gives one per segment, or none does)",
+                      a->arenas[i].name, (unsigned)a->arenas[i].segment_offsets_count,
+                      a->arenas[i].segments);
+  /* One allocation: the descriptors, then the offsets (freed together). */
+  oi_arena_desc *descs = oi__calloc(1, a->n_arenas * sizeof *descs + n_offs * sizeof(uint64_t));
+  if (!descs) return fail_msg(OI_ERR_OUT_OF_MEMORY, msg, cap, "register: out of memory");
+  uint64_t *offs = (uint64_t *)(descs + a->n_arenas);
+  for (size_t i = 0, k = 0; i < a->n_arenas; i++) {
     const oiwire_Arena *w = &a->arenas[i];
+    for (pb_size_t s = 0; s < w->segment_offsets_count; s++)
+      offs[k++] = w->segment_offsets[s];
     descs[i] = (oi_arena_desc){.name = w->name,
                                .offset = w->offset,
                                .num_blocks = w->num_blocks,
@@ -81,6 +99,8 @@ oi_status oi__req_register_options(const oiwire_Register *r, const oi_wire_array
   eo->world_size = r->world_size;
   eo->num_arenas = (uint32_t)a->n_arenas;
   eo->arenas = descs;
+  eo->segment_offsets = with_offs ? offs : NULL;
+  eo->num_segment_offsets = (uint32_t)n_offs;
   /* The sidecar copies by DMA unless asked otherwise: its copy kernels would
    * time-slice with the client's model (docs/server.md). */
   eo->copy_mode = r->copy_mode == OI_COPY_AUTO ? OI_COPY_DMA : r->copy_mode;

@@ -217,8 +217,9 @@ static void handle_hello(srv_session *s, uint64_t req, const oiwire_Hello *h) {
   env.request_id = req;
   env.which_body = oiwire_Envelope_hello_reply_tag;
   env.body.hello_reply.protocol_version = OI_WIRE_PROTOCOL_VERSION;
-  env.body.hello_reply.capabilities =
-      OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP | OI_WIRE_CAP_LOOKUP | OI_WIRE_CAP_SAVE_COUNTS;
+  env.body.hello_reply.capabilities = OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP |
+                                      OI_WIRE_CAP_LOOKUP | OI_WIRE_CAP_SAVE_COUNTS |
+                                      OI_WIRE_CAP_LAYERWISE;
   env.body.hello_reply.server_epoch = s->server->epoch;
   snprintf(env.body.hello_reply.server_version, sizeof env.body.hello_reply.server_version, "%s",
            oi_version_string());
@@ -351,6 +352,8 @@ static void handle_save(srv_session *s, uint64_t req, const oiwire_Save *m) {
   oi_save_options so;
   oi_save_options_init(&so);
   so.result = m->want_counts ? &counts : NULL;
+  so.arena_first = m->arena_first; /* a layerwise save; validated by the engine */
+  so.arena_count = m->arena_count;
   st = oi_offload_engine_save(inst->engine, a->ids, a->hashes, a->n_ids, &so, &t);
   if (st != OI_OK) return reply_failure(s, req, st);
   if (m->want_counts) { /* before the final Result, which the ticket's callback sends */

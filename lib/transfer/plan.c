@@ -17,7 +17,7 @@ oi_status oi__plan_build(const oi_layout *l, const int64_t *ids, uint8_t *const 
       uintptr_t dev = ar->base + (uint64_t)ids[i] * ar->block_stride;
       uintptr_t hst = (uintptr_t)host + ar->host_offset;
       for (uint32_t s = 0; s < ar->segments; s++) {
-        uintptr_t dv = dev + s * ar->segment_stride, hs = hst + s * ar->bytes_per_block;
+        uintptr_t dv = dev + ar->seg_off[s], hs = hst + s * ar->bytes_per_block;
         uintptr_t src = dir == OI_COPY_D2H ? dv : hs, dst = dir == OI_COPY_D2H ? hs : dv;
         if (k > 0 && d[k - 1].src + d[k - 1].bytes == src && d[k - 1].dst + d[k - 1].bytes == dst) {
           d[k - 1].bytes += ar->bytes_per_block; /* contiguous on both sides: one piece */

@@ -6,7 +6,12 @@
 
 #include "device/device.h"
 
-/* One arena of a validated layout, with absolute addresses. */
+#define OI_LAYOUT_MAX_SEGMENTS 8
+
+/* One arena of a validated layout, with absolute addresses. Block b, segment
+ * s lives at base + seg_off[s] + b * block_stride (seg_off[s] is
+ * s * segment_stride unless the layout gave segment offsets: then a segment
+ * may be a region of its own). */
 typedef struct oi_arena_rt {
   char *name;
   uintptr_t base;
@@ -16,6 +21,7 @@ typedef struct oi_arena_rt {
   uint64_t segment_stride;
   uint32_t segments;
   uint64_t host_offset; /* where this arena's slices start inside a host block */
+  uint64_t seg_off[OI_LAYOUT_MAX_SEGMENTS];
 } oi_arena_rt;
 
 typedef struct oi_layout {

@@ -28,7 +28,21 @@ struct oi_xfer_job {
   int64_t *ids;   /* cap entries */
   uint8_t **host; /* cap entries */
   void *user;
+  /* A layered load: one stream callback per arena reports it to `progress`
+   * (the job's own reference to its ticket, held until the job ends, so a
+   * ticket completed early by a deadline stays valid for them). arena_st is
+   * the first arena's error (the stream thread's only), which the job's end
+   * inherits: a cpu stream reports each error to the next callback only. */
+  struct arena_cb *arena_cbs;
+  uint32_t arena_first, arena_count; /* oi__xfer_job_arenas; count 0: all */
+  oi_ticket *progress;
+  oi_status arena_st;
 };
+
+typedef struct arena_cb {
+  oi_xfer_job *job;
+  uint32_t arena;
+} arena_cb;
 
 struct oi_xfer {
   oi_xfer_config cfg;
@@ -59,7 +73,7 @@ uint32_t oi__xfer_resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir di
   uint64_t end = 0;
   for (uint32_t a = 0; a < l->num_arenas; a++)
     for (uint32_t s = 0; s < l->arenas[a].segments; s++) {
-      uint64_t start = l->arenas[a].base + s * l->arenas[a].segment_stride;
+      uint64_t start = l->arenas[a].base + l->arenas[a].seg_off[s];
       if (pieces == 0 || start != end) pieces++;
       end = start + l->arenas[a].bytes_per_block;
     }
@@ -80,6 +94,7 @@ static uint64_t blocks_per_group(uint64_t bytes, uint64_t block_bytes) {
 static void job_arrived(void *arg, oi_status st) {
   oi_xfer_job *job = arg;
   oi_xfer *x = job->x;
+  if (st == OI_OK) st = job->arena_st;
   job->status = st;
   job->next = NULL;
   pthread_mutex_lock(&x->lock);
@@ -92,6 +107,16 @@ static void job_arrived(void *arg, oi_status st) {
   pthread_mutex_unlock(&x->lock);
 }
 
+/* Bytes of one block the job moves: its arenas' slices. */
+static uint64_t job_block_bytes(const oi_xfer_job *job) {
+  const oi_layout *l = job->x->cfg.layout;
+  if (!job->arena_count) return l->block_bytes;
+  uint64_t b = 0;
+  for (uint32_t a = job->arena_first; a < job->arena_first + job->arena_count; a++)
+    b += (uint64_t)l->arenas[a].segments * l->arenas[a].bytes_per_block;
+  return b;
+}
+
 static void complete_job(oi_xfer_job *job) {
   oi_xfer *x = job->x;
   /* A job whose deadline passed was already reported as OI_ERR_TIMEOUT (its
@@ -100,11 +125,14 @@ static void complete_job(oi_xfer_job *job) {
   oi_xfer_result r = {.dir = job->dir,
                       .status = job->status,
                       .n = job->n,
-                      .bytes = job->n * x->cfg.layout->block_bytes,
+                      .bytes = job->n * job_block_bytes(job),
+                      .arena_count = job->arena_count,
                       .latency_ns = oi__now_ns() - job->t0_ns};
   x->cfg.done(x->cfg.done_ctx, job->user, &r);
   if (job->on_done) job->on_done(job->on_done_ctx, job->status);
   if (job->ticket) oi__ticket_complete(job->ticket, job->status);
+  if (job->progress) oi__ticket_unref(job->progress);
+  oi__free(job->arena_cbs);
   oi__free(job);
 }
 
@@ -207,22 +235,51 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
 
 static void queue_group(oi_xfer_job *job) {
   oi_xfer *x = job->x;
+  const oi_layout *l = x->cfg.layout;
+  uint32_t mode = x->mode[job->dir];
+  oi_layout view;
+  if (job->arena_count) { /* some arenas: a view of the layout */
+    view = *l;
+    view.arenas = &l->arenas[job->arena_first];
+    view.num_arenas = job->arena_count;
+    view.block_bytes = job_block_bytes(job);
+    l = &view;
+    if (mode == OI_XFER_STAGED) mode = OI_XFER_DMA;
+  }
   if (job->queue_st == OI_OK)
     job->queue_st =
-        queue_copies_in(x, x->cfg.layout, x->mode[job->dir], x->stream[job->dir], job->dir,
-                        job->ids + job->queued, job->host + job->queued, job->n - job->queued);
+        queue_copies_in(x, l, mode, x->stream[job->dir], job->dir, job->ids + job->queued,
+                        job->host + job->queued, job->n - job->queued);
   job->queued = job->n;
   job->group = x->group_blocks[job->dir];
 }
 
-/* A layered load: each arena's copies, then an event. The events go to the
- * ticket (which destroys them) once all are queued. */
+/* Runs on the stream after one arena's copies of a layered load. */
+static void arena_landed(void *arg, oi_status st) {
+  arena_cb *cb = arg;
+  oi_xfer_job *job = cb->job;
+  if (st != OI_OK && job->arena_st == OI_OK) job->arena_st = st;
+  oi__ticket_arena_landed(job->progress, cb->arena, job->arena_st);
+}
+
+/* A layered load: each arena's copies, then (CUDA) an event and a stream
+ * callback that reports the arena to the ticket (oi_ticket_arena_wait, every
+ * backend). The events go to the ticket (which destroys them) once all are
+ * queued. */
 static oi_status queue_layered(oi_xfer_job *job) {
   oi_xfer *x = job->x;
   const oi_layout *l = x->cfg.layout;
   oi_stream *s = x->stream[OI_COPY_H2D];
-  void **evs = oi__calloc(l->num_arenas, sizeof *evs);
-  if (!evs) return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for arena events");
+  bool cuda = x->dev->ordinal >= 0;
+  void **evs = cuda ? oi__calloc(l->num_arenas, sizeof *evs) : NULL;
+  job->arena_cbs = oi__calloc(l->num_arenas, sizeof *job->arena_cbs);
+  if ((cuda && !evs) || !job->arena_cbs) {
+    oi__free(evs);
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for arena events");
+  }
+  oi__ticket_retain(job->ticket);
+  job->progress = job->ticket;
+  oi__ticket_arena_progress(job->progress, l->num_arenas);
   uint32_t mode = x->mode[OI_COPY_H2D] == OI_XFER_STAGED ? OI_XFER_DMA : x->mode[OI_COPY_H2D];
   oi_layout one = *l;
   one.num_arenas = 1;
@@ -231,13 +288,16 @@ static oi_status queue_layered(oi_xfer_job *job) {
     one.arenas = &l->arenas[a];
     one.block_bytes = (uint64_t)one.arenas->segments * one.arenas->bytes_per_block;
     st = queue_copies_in(x, &one, mode, s, OI_COPY_H2D, job->ids, job->host, job->n);
-    if (st == OI_OK) st = x->dev->ops->stream_record_event(s, &evs[a]);
+    if (st == OI_OK && cuda) st = x->dev->ops->stream_record_event(s, &evs[a]);
+    job->arena_cbs[a] = (arena_cb){.job = job, .arena = a};
+    if (st == OI_OK) st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
   }
   if (st == OI_OK) {
-    oi__ticket_set_arena_events(job->ticket, evs, l->num_arenas, x->dev->ops->event_destroy);
+    if (cuda)
+      oi__ticket_set_arena_events(job->ticket, evs, l->num_arenas, x->dev->ops->event_destroy);
     return OI_OK;
   }
-  for (uint32_t a = 0; a < l->num_arenas; a++)
+  for (uint32_t a = 0; cuda && a < l->num_arenas; a++)
     if (evs[a]) x->dev->ops->event_destroy(evs[a]);
   oi__free(evs);
   return st;
@@ -342,6 +402,11 @@ void oi__xfer_job_free(oi_xfer_job *job) {
   oi__free(job);
 }
 
+void oi__xfer_job_arenas(oi_xfer_job *job, uint32_t first, uint32_t count) {
+  job->arena_first = first;
+  job->arena_count = count;
+}
+
 void oi__xfer_job_wait_event(oi_xfer_job *job, void *event) {
   if (!event || job->queue_st != OI_OK) return;
   oi_xfer *x = job->x;
@@ -349,8 +414,7 @@ void oi__xfer_job_wait_event(oi_xfer_job *job, void *event) {
 }
 
 static bool layered(const oi_xfer_job *job) {
-  return (job->flags & OI_XFER_JOB_LAYERED) && job->dir == OI_COPY_H2D && job->ticket &&
-         job->x->dev->ordinal >= 0;
+  return (job->flags & OI_XFER_JOB_LAYERED) && job->dir == OI_COPY_H2D && job->ticket;
 }
 
 void oi__xfer_add(oi_xfer_job *job, int64_t id, uint8_t *host) {

@@ -49,9 +49,10 @@ typedef struct oi_xfer_result {
    * deadline (its ticket and on_done were told then; what it copied is not
    * to be trusted). */
   oi_status status;
-  size_t n;            /* pieces pairs (blocks) the job moved */
-  uint64_t bytes;      /* n x the layout's block bytes */
-  uint64_t latency_ns; /* from oi__xfer_job_new to the end */
+  size_t n;             /* pieces pairs (blocks) the job moved */
+  uint64_t bytes;       /* n x the layout's block bytes (of the job's arenas) */
+  uint32_t arena_count; /* 0: whole blocks; else the job moved these arenas only */
+  uint64_t latency_ns;  /* from oi__xfer_job_new to the end */
 } oi_xfer_result;
 
 /* Runs once per job, when its copies ended and before its on_done and
@@ -87,9 +88,11 @@ void oi__xfer_destroy(oi_xfer *x);
 
 enum {
   OI_XFER_JOB_TICKET = 1u << 0, /* the job completes a ticket (oi__xfer_job_ticket) */
-  /* H2D, with a ticket, on a CUDA device: queue arena by arena after the last
-   * oi__xfer_add, each followed by an event the ticket exposes
-   * (oi_ticket_arena_event); a staged mode becomes DMA. Ignored elsewhere. */
+  /* H2D, with a ticket: queue arena by arena after the last oi__xfer_add,
+   * each followed by a stream callback reporting the arena to the ticket
+   * (oi_ticket_arena_wait / _poll, every backend) and, on a CUDA device, an
+   * event the ticket exposes (oi_ticket_arena_event); a staged mode becomes
+   * DMA. Ignored elsewhere. */
   OI_XFER_JOB_LAYERED = 1u << 1,
 };
 
@@ -107,6 +110,11 @@ void oi__xfer_job_on_done(oi_xfer_job *job, oi_xfer_notify_fn fn, void *ctx);
 /* Frees a job that was never submitted and nothing was added to (its ticket
  * too). */
 void oi__xfer_job_free(oi_xfer_job *job);
+/* Restricts the job to arenas [first, first + count) of the layout (a
+ * layerwise save); call before adding pieces. The host address of a block
+ * is still its whole host block: each arena goes to its place in it. A
+ * staged mode becomes DMA (staging moves whole host blocks). */
+void oi__xfer_job_arenas(oi_xfer_job *job, uint32_t first, uint32_t count);
 /* Makes the job's copies wait for an external event (a cudaEvent_t); call
  * before adding pieces. A failure fails the job at submit. */
 void oi__xfer_job_wait_event(oi_xfer_job *job, void *event);

@@ -84,6 +84,10 @@ typedef struct etu_layout {
   uint8_t *region;
   uint64_t region_bytes;
   uint64_t block_bytes; /* host block: sum of segments * bytes_per_block */
+  /* Segments as separate regions (oi_engine_options.segment_offsets): segment
+   * s of arena a starts at offsets[a] + seg_off[a][s]. */
+  bool separate;
+  uint64_t seg_off[ETU_MAX_ARENAS][8];
 } etu_layout;
 
 /* Starts a layout: the caller sets arenas[a].bytes_per_block, block_stride,
@@ -107,13 +111,22 @@ static inline uint64_t etu_arena_extent(const oi_arena_desc *d) {
          d->bytes_per_block;
 }
 
+static inline uint64_t etu_arena_extent_in(const etu_layout *L, uint32_t a) {
+  const oi_arena_desc *d = &L->arenas[a];
+  if (!L->separate) return etu_arena_extent(d);
+  uint64_t far = 0;
+  for (uint32_t s = 0; s < d->segments; s++)
+    far = L->seg_off[a][s] > far ? L->seg_off[a][s] : far;
+  return far + (d->num_blocks - 1) * d->block_stride + d->bytes_per_block;
+}
+
 /* Allocates the (zeroed) region and points every arena's base into it. */
 static ETU_UNUSED void etu_layout_alloc(etu_layout *L) {
   uint64_t end = 0, bb = 0;
   for (uint32_t a = 0; a < L->num_arenas; a++) {
     oi_arena_desc *d = &L->arenas[a];
     if (d->segments == 0) d->segments = 1;
-    uint64_t e = L->offsets[a] + etu_arena_extent(d);
+    uint64_t e = L->offsets[a] + etu_arena_extent_in(L, a);
     if (e > end) end = e;
     bb += (uint64_t)d->segments * d->bytes_per_block;
   }
@@ -179,7 +192,27 @@ static ETU_UNUSED void etu_layout_clone_shape(etu_layout *dst, const etu_layout 
 static inline uint8_t *etu_slice_ptr(const etu_layout *L, uint32_t a, int64_t block, uint32_t s) {
   const oi_arena_desc *d = &L->arenas[a];
   return L->region + L->offsets[a] + (uint64_t)block * d->block_stride +
-         (uint64_t)s * d->segment_stride;
+         (L->separate ? L->seg_off[a][s] : (uint64_t)s * d->segment_stride);
+}
+
+/* vLLM's layer tensor [2, num_blocks, block_size, heads, dim]: one arena per
+ * layer whose K half (num_blocks dense blocks) and V half are two separate
+ * regions, 64 bytes of gap after each half (so a stray write shows);
+ * v_first puts the V half first in memory (segment 1 below segment 0). */
+static ETU_UNUSED void etu_layout_kv_halves(etu_layout *L, uint32_t layers, uint64_t num_blocks,
+                                            uint64_t bytes_per_block, bool v_first) {
+  etu_layout_begin(L, layers, num_blocks);
+  L->separate = true;
+  uint64_t half = num_blocks * bytes_per_block + 64;
+  for (uint32_t a = 0; a < layers; a++) {
+    L->offsets[a] = (uint64_t)a * 2 * half;
+    L->arenas[a].bytes_per_block = bytes_per_block;
+    L->arenas[a].block_stride = bytes_per_block;
+    L->arenas[a].segments = 2;
+    L->seg_off[a][0] = v_first ? half : 0;
+    L->seg_off[a][1] = v_first ? 0 : half;
+  }
+  etu_layout_alloc(L);
 }
 
 /* Writes content `key` into device block `block` (every arena, every segment). */
@@ -322,6 +355,15 @@ static ETU_UNUSED void etu_engine_opts(const etu_layout *L, const char *ns, uint
   o->world_size = world_size;
   o->num_arenas = L->num_arenas;
   o->arenas = arenas_out;
+  if (L->separate) {
+    static __thread uint64_t flat[ETU_MAX_ARENAS * 8];
+    uint32_t k = 0;
+    for (uint32_t a = 0; a < L->num_arenas; a++)
+      for (uint32_t s = 0; s < L->arenas[a].segments; s++)
+        flat[k++] = L->seg_off[a][s];
+    o->segment_offsets = flat;
+    o->num_segment_offsets = k;
+  }
 }
 
 static ETU_UNUSED oi_offload_engine *etu_engine_create_mode(oi_offload_host *h, const etu_layout *L,

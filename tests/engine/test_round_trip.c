@@ -153,6 +153,188 @@ static void test_round_trip_split_kv(void) {
   etu_layout_free(&L);
 }
 
+static void test_round_trip_vllm_kv_halves(void) {
+  /* vLLM's [2, num_blocks, ...] layer as ONE arena: segment 0 (K) and
+   * segment 1 (V) are separate regions (segment_offsets), 2 layers. */
+  etu_layout L;
+  etu_layout_kv_halves(&L, 2, 8, 4096, false);
+  CHECK(L.block_bytes == 2 * 2 * 4096);
+  both_modes(&L, "vLLM K/V halves, 2 layers");
+  etu_layout_free(&L);
+  /* The V half below the K half: segment order is the host block's order,
+   * whatever the addresses. */
+  etu_layout_kv_halves(&L, 2, 8, 1000, true);
+  both_modes(&L, "vLLM K/V halves, V first");
+  etu_layout_free(&L);
+}
+
+/* Per-arena completion on the cpu backend (OI_LOAD_ARENA_EVENTS): when
+ * oi_ticket_arena_wait(k) returns OI_OK, arena k's bytes of every loaded
+ * block are in place; an arena past the layout is refused; a ticket without
+ * per-arena progress (a save, a plain load) waits for the whole ticket. */
+static void test_arena_waits_on_the_cpu_backend(void) {
+  etu_layout L;
+  etu_layout_kv_halves(&L, 4, 16, 8192, false);
+  oi_offload_host *h = etu_host_create(64 << 20);
+  oi_offload_engine *e = etu_engine_create(h, &L, "arena-wait", 1);
+  enum { N = 8 };
+  int64_t src[N], dst[N];
+  oi_block_hash hs[N];
+  for (int i = 0; i < N; i++) {
+    src[i] = i;
+    dst[i] = 15 - i;
+    hs[i] = etu_hash(4242, (uint64_t)i);
+    etu_fill_block(&L, src[i], (uint64_t)i, SEED);
+  }
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_save(e, src, hs, N, NULL, &t));
+  CHECK_OK(oi_ticket_arena_wait(t, 7, 10000)); /* no per-arena progress: the whole save */
+  CHECK_OK(oi_ticket_poll(t));
+  oi_ticket_release(t);
+  for (int round = 0; round < 20; round++) {
+    oi_query_result q;
+    CHECK_OK(etu_query(e, NULL, hs, N, &q));
+    REQUIRE(q.hit_blocks == N);
+    for (int i = 0; i < N; i++)
+      etu_zero_block(&L, dst[i]);
+    oi_load_options lo;
+    CHECK_OK(oi_load_options_init(&lo));
+    lo.flags = OI_LOAD_ARENA_EVENTS;
+    CHECK_OK(oi_offload_engine_load(e, q.lease, dst, N, &lo, &t));
+    REQUIRE(t);
+    CHECK(oi_ticket_arena_event(t, 0) == NULL); /* cpu: no CUDA events */
+    for (uint32_t a = 0; a < L.num_arenas; a++) {
+      CHECK_OK(oi_ticket_arena_wait(t, a, 10000));
+      CHECK_OK(oi_ticket_arena_poll(t, a));
+      bool ok = true; /* arena a, both halves, every block: in place now */
+      for (int i = 0; i < N; i++)
+        for (uint32_t s = 0; s < 2; s++)
+          ok &= etu_slice_mismatch(etu_slice_ptr(&L, a, dst[i], s), 8192,
+                                   etu_slice_seed(SEED, (uint64_t)i, a, s)) < 0;
+      CHECK(ok);
+    }
+    CHECK_ST(oi_ticket_arena_wait(t, L.num_arenas, 0), OI_ERR_INVALID_ARGUMENT);
+    CHECK_ST(oi_ticket_arena_poll(t, 99), OI_ERR_INVALID_ARGUMENT);
+    CHECK_OK(oi_ticket_wait(t, 10000));
+    oi_ticket_release(t);
+    for (int i = 0; i < N; i++)
+      CHECK(etu_block_matches(&L, dst[i], (uint64_t)i, SEED, "arena waits"));
+  }
+  CHECK_ST(oi_ticket_arena_wait(NULL, 0, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_ticket_arena_poll(NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
+static oi_status save_layers(oi_offload_engine *e, const int64_t *ids, const oi_block_hash *hs,
+                             size_t n, uint32_t first, uint32_t count) {
+  oi_save_options so;
+  REQUIRE(oi_save_options_init(&so) == OI_OK);
+  so.arena_first = first;
+  so.arena_count = count;
+  oi_ticket *t = NULL;
+  oi_status st = oi_offload_engine_save(e, ids, hs, n, &so, &t);
+  if (st != OI_OK) return st;
+  st = oi_ticket_wait(t, 10000);
+  oi_ticket_release(t);
+  return st;
+}
+
+static uint64_t visible(oi_offload_engine *e, const oi_block_hash *hs, size_t n) {
+  uint8_t present[64];
+  oi_query_result q = {.struct_size = sizeof q, .present = present};
+  CHECK_OK(oi_offload_engine_query(e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q));
+  return q.hit_blocks;
+}
+
+/* Layerwise saves (oi_save_options.arena_first / arena_count): each layer's
+ * call copies its arenas with its own ticket; nothing is visible until every
+ * arena arrived; then the block is byte-exact. A repeated layer is skipped; a
+ * block whose layers do not all arrive is aborted at the save deadline (a
+ * flush waits for it) and its slot freed; bad ranges are refused. */
+static void test_layerwise_save(void) {
+  etu_layout L;
+  etu_layout_kv_halves(&L, 4, 16, 2048, false);
+  oi_offload_host *h = etu_host_create(64 << 20);
+  oi_engine_options o;
+  static oi_arena_desc arenas[ETU_MAX_ARENAS];
+  etu_engine_opts(&L, "layerwise", 1, false, &o, arenas);
+  o.save_deadline_ms = 300;
+  oi_offload_engine *e = NULL;
+  CHECK_OK(oi_offload_engine_create(h, &o, &e));
+  REQUIRE(e);
+  enum { N = 6 };
+  int64_t src[N], dst[N];
+  oi_block_hash hs[N];
+  for (int i = 0; i < N; i++) {
+    src[i] = i;
+    dst[i] = 15 - i;
+    hs[i] = etu_hash(5151, (uint64_t)i);
+    etu_fill_block(&L, src[i], (uint64_t)i, SEED);
+  }
+  /* Layer by layer (the last call covers two layers); layer 1 twice. */
+  CHECK_OK(save_layers(e, src, hs, N, 0, 1));
+  CHECK(visible(e, hs, N) == 0);
+  CHECK_OK(save_layers(e, src, hs, N, 1, 1));
+  CHECK_OK(save_layers(e, src, hs, N, 1, 1)); /* skipped: already arrived */
+  CHECK(visible(e, hs, N) == 0);
+  oi_host_stats hst = etu_host_stats(h);
+  CHECK(hst.blocks_in_flight == N && hst.blocks_sealed == 0);
+  CHECK_OK(save_layers(e, src, hs, N, 2, 2));
+  CHECK(visible(e, hs, N) == N);
+  hst = etu_host_stats(h);
+  CHECK(hst.blocks_in_flight == 0 && hst.blocks_sealed == N);
+  oi_engine_stats es = etu_engine_stats(e);
+  CHECK(es.saves_submitted == N && es.saves_completed == N && es.saves_failed == 0);
+  CHECK(es.bytes_saved == N * L.block_bytes);
+  memset(L.region, 0, (size_t)L.region_bytes + 64);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, hs, N, &q));
+  REQUIRE(q.hit_blocks == N);
+  CHECK_OK(etu_load_wait(e, q.lease, dst, N));
+  for (int i = 0; i < N; i++)
+    CHECK(etu_block_matches(&L, dst[i], (uint64_t)i, SEED, "layerwise"));
+  /* Saving sealed blocks layer by layer again: deduplicated, nothing held. */
+  CHECK_OK(save_layers(e, dst, hs, N, 0, 1));
+  CHECK_OK(save_layers(e, dst, hs, N, 1, 3));
+  CHECK(etu_host_stats(h).blocks_in_flight == 0);
+  CHECK_OK(oi_offload_engine_flush(e, 5000));
+
+  /* Layers that never all arrive: aborted at the deadline; the flush waits. */
+  oi_block_hash hs2[2] = {etu_hash(5152, 0), etu_hash(5152, 1)};
+  CHECK_OK(save_layers(e, src, hs2, 2, 0, 2));
+  CHECK(etu_host_stats(h).blocks_in_flight == 2);
+  CHECK_ST(oi_offload_engine_flush(e, 10), OI_ERR_TIMEOUT);
+  CHECK_OK(oi_offload_engine_flush(e, 5000));
+  hst = etu_host_stats(h);
+  CHECK(hst.blocks_in_flight == 0);
+  CHECK(visible(e, hs2, 2) == 0);
+  CHECK(etu_engine_stats(e).saves_failed == 2);
+  /* The hashes can be saved again, whole this time. */
+  CHECK_OK(etu_save_wait(e, src, hs2, 2));
+  CHECK(visible(e, hs2, 2) == 2);
+
+  /* Refused: a range past the layout, arena_first alone, repeated ids. */
+  oi_save_options so;
+  CHECK_OK(oi_save_options_init(&so));
+  so.arena_first = 3;
+  so.arena_count = 2;
+  CHECK_ST(oi_offload_engine_save(e, src, hs, N, &so, NULL), OI_ERR_INVALID_ARGUMENT);
+  so.arena_first = 4;
+  so.arena_count = 1;
+  CHECK_ST(oi_offload_engine_save(e, src, hs, N, &so, NULL), OI_ERR_INVALID_ARGUMENT);
+  so.arena_first = 1;
+  so.arena_count = 0;
+  CHECK_ST(oi_offload_engine_save(e, src, hs, N, &so, NULL), OI_ERR_INVALID_ARGUMENT);
+  int64_t twice[2] = {3, 3};
+  so.arena_count = 1;
+  CHECK_ST(oi_offload_engine_save(e, twice, hs, 2, &so, NULL), OI_ERR_INVALID_ARGUMENT);
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
 static void test_round_trip_uneven_arena_sizes(void) {
   etu_layout L;
   const uint64_t bpb[3] = {100, 4096 + 3, 17};
@@ -486,7 +668,10 @@ int main(void) {
   RUN_TEST(test_round_trip_99_arenas_of_two_sizes);
   RUN_TEST(test_round_trip_page_first_36_arenas);
   RUN_TEST(test_round_trip_split_kv);
+  RUN_TEST(test_round_trip_vllm_kv_halves);
   RUN_TEST(test_round_trip_uneven_arena_sizes);
+  RUN_TEST(test_arena_waits_on_the_cpu_backend);
+  RUN_TEST(test_layerwise_save);
   RUN_TEST(test_resaving_sealed_or_in_flight_hashes_is_deduplicated);
   RUN_TEST(test_namespaces_are_isolated);
   RUN_TEST(test_fire_and_forget_save_calls_on_done_once_and_flush_covers_it);

@@ -365,6 +365,73 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   }
 }
 
+/* oi_engine_options.segment_offsets: segments as separate regions (vLLM's
+ * K half, then V half). */
+static void test_segment_offsets_are_validated(void) {
+  oi_arena_desc a[2];
+  oi_engine_options o, x;
+  a[0] = arena("L0", 0, 8, 4096, 4096);
+  a[1] = arena("L1", 16 * 4096, 8, 4096, 4096);
+  a[0].segments = a[1].segments = 2;
+  uint64_t offs[4] = {0, 8 * 4096, 0, 8 * 4096};
+  opts_for(&o, a, 2, "v-seg");
+  o.segment_offsets = offs;
+  o.num_segment_offsets = 4;
+  ACCEPTED(&o, "K and V halves of 2 layers");
+  take_baseline(); /* an accepted layout binds its namespace */
+  o.namespace_id = "v-seg";
+  x = o, x.num_segment_offsets = 3;
+  REFUSED(&x, "one segment offset short");
+  CHECK(strstr(oi_last_error(), "num_segment_offsets"));
+  x = o, x.num_segment_offsets = 5;
+  REFUSED(&x, "one segment offset too many");
+  x = o, x.segment_offsets = NULL;
+  REFUSED(&x, "a count without offsets");
+  uint64_t bad[4] = {0, 8 * 4096 - 1, 0, 8 * 4096};
+  x = o, x.segment_offsets = bad;
+  REFUSED(&x, "V half overlapping the K half's last block by one byte");
+  CHECK(strstr(oi_last_error(), "segments 0 and 1 overlap"));
+  uint64_t into[4] = {0, 8 * 4096, 0, 24 * 4096 - 16 * 4096 - 4096}; /* L1's V over L0's V */
+  into[3] = (uint64_t)-1;                                            /* overflow */
+  x = o, x.segment_offsets = into;
+  REFUSED(&x, "a segment offset past the address space");
+  uint64_t cross[4] = {0, 16 * 4096 + 4096, 0, 8 * 4096}; /* L0's V inside L1's K */
+  x = o, x.segment_offsets = cross;
+  REFUSED(&x, "a layer's V half inside another layer's K half");
+  CHECK(strstr(oi_last_error(), "arenas 'L0' and 'L1' overlap"));
+  uint64_t same[4] = {0, 0, 0, 8 * 4096};
+  x = o, x.segment_offsets = same;
+  REFUSED(&x, "two segments at one offset");
+  oi_arena_desc b[2];
+  memcpy(b, a, sizeof b);
+  b[0].block_stride = 4095;
+  x = o, x.arenas = b;
+  REFUSED(&x, "block_stride below bytes_per_block");
+  /* Offset mode: every segment inside arena_size; exactly filling it. */
+  b[0].block_stride = 4096;
+  b[0].base = b[1].base = NULL;
+  b[0].offset = 0;
+  b[1].offset = 16 * 4096;
+  x = o, x.arenas = b, x.arena_base = mem, x.arena_size = 32 * 4096;
+  ACCEPTED(&x, "offset mode, exact fit");
+  take_baseline(); /* an accepted layout binds its namespace */
+  x.namespace_id = "v-seg";
+  x.arena_size = 32 * 4096 - 1;
+  REFUSED(&x, "the last V half one byte past arena_size");
+  CHECK(strstr(oi_last_error(), "reaches past"));
+  /* Interleaved halves: segment 1 of L0 sits in L1's gaps (stride 2 blocks). */
+  a[0] = arena("L0", 0, 8, 4096, 8192);
+  a[1] = arena("L1", 4096, 8, 4096, 8192);
+  a[0].segments = a[1].segments = 2;
+  uint64_t inter[4] = {0, 16 * 8192, 0, 16 * 8192};
+  opts_for(&x, a, 2, NULL);
+  x.segment_offsets = inter;
+  x.num_segment_offsets = 4;
+  ACCEPTED(&x, "two layers' halves interleaved block by block");
+  take_baseline(); /* an accepted layout binds its namespace */
+  x.namespace_id = "v-seg";
+}
+
 static void test_legal_edge_layouts_are_accepted(void) {
   oi_arena_desc a[40];
   oi_engine_options o;
@@ -583,6 +650,7 @@ int main(void) {
   RUN_TEST(test_a_pool_larger_than_memory_is_refused_at_once);
   RUN_TEST(test_bad_layouts_are_refused_and_bind_nothing);
   RUN_TEST(test_legal_edge_layouts_are_accepted);
+  RUN_TEST(test_segment_offsets_are_validated);
   RUN_TEST(test_bad_saves_are_refused_and_save_nothing);
   RUN_TEST(test_bad_queries_are_refused);
   RUN_TEST(test_bad_loads_are_refused_before_any_copy);

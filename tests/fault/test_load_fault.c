@@ -78,11 +78,101 @@ static void test_clock_jump_expires_leases(void) {
   rig_close(&r);
 }
 
+/* Per-arena completion (oi_ticket_arena_wait) on the cpu backend: every copy
+ * is slowed down (copy_slow), so each arena's wait returns while the later
+ * arenas are still moving, with that arena's bytes in place; the copy of
+ * arena 2 fails (copy_fail): the waits of arena 2 and 3 and the ticket get
+ * the error, and once the load failed every wait (arena 0 included) does. */
+#define AW_ARENAS 4
+#define AW_BLOCKS 8
+#define AW_BYTES 4096
+
+static uint8_t aw_byte(uint32_t a, uint64_t logical, uint64_t i) {
+  return (uint8_t)(fu_byte(logical, i) ^ (a * 37 + 1));
+}
+
+static void test_arena_waits_report_progress_and_a_failure_fails_every_later_wait(void) {
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 16 << 20;
+  oi_offload_host *h;
+  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
+  uint8_t *mem = calloc(AW_ARENAS, AW_BLOCKS * AW_BYTES);
+  REQUIRE(mem);
+  oi_arena_desc ad[AW_ARENAS];
+  const char *names[AW_ARENAS] = {"l0", "l1", "l2", "l3"};
+  for (uint32_t a = 0; a < AW_ARENAS; a++)
+    ad[a] = (oi_arena_desc){.name = names[a],
+                            .base = mem + (uint64_t)a * AW_BLOCKS * AW_BYTES,
+                            .num_blocks = AW_BLOCKS,
+                            .bytes_per_block = AW_BYTES,
+                            .block_stride = AW_BYTES,
+                            .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.namespace_id = "arena-wait";
+  eo.arenas = ad;
+  eo.num_arenas = AW_ARENAS;
+  oi_offload_engine *e;
+  REQUIRE(oi_offload_engine_create(h, &eo, &e) == OI_OK);
+  int64_t src[2] = {0, 1}, dst[2] = {6, 7};
+  oi_block_hash hs[2] = {fu_hash(900), fu_hash(901)};
+  for (uint32_t a = 0; a < AW_ARENAS; a++)
+    for (int b = 0; b < 2; b++)
+      for (uint64_t i = 0; i < AW_BYTES; i++)
+        ((uint8_t *)ad[a].base)[(uint64_t)src[b] * AW_BYTES + i] = aw_byte(a, (uint64_t)b, i);
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(e, src, hs, 2, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 60000));
+  oi_ticket_release(t);
+  oi_load_options lo;
+  oi_load_options_init(&lo);
+  lo.flags = OI_LOAD_ARENA_EVENTS;
+  for (int fail = 0; fail < 2; fail++) {
+    oi_query_result q = {.struct_size = sizeof q};
+    CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+    REQUIRE(q.hit_blocks == 2);
+    REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 0, 150) == OI_OK);         /* each arena: 150 ms */
+    if (fail) REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 2, 1, 0) == OI_OK); /* arena 2 */
+    CHECK_OK(oi_offload_engine_load(e, q.lease, dst, 2, &lo, &t));
+    REQUIRE(t);
+    for (uint32_t a = 0; a < 2; a++) {
+      CHECK_OK(oi_ticket_arena_wait(t, a, 60000));
+      CHECK(oi_ticket_poll(t) == OI_PENDING); /* the later arenas are still moving */
+      CHECK(oi_ticket_arena_poll(t, AW_ARENAS - 1) == OI_PENDING);
+      bool ok = true;
+      for (int b = 0; b < 2; b++)
+        for (uint64_t i = 0; i < AW_BYTES; i++)
+          ok &= ((uint8_t *)ad[a].base)[(uint64_t)dst[b] * AW_BYTES + i] ==
+                aw_byte(a, (uint64_t)b, i);
+      CHECK(ok);
+    }
+    if (!fail) {
+      for (uint32_t a = 2; a < AW_ARENAS; a++)
+        CHECK_OK(oi_ticket_arena_wait(t, a, 60000));
+      CHECK_OK(oi_ticket_wait(t, 60000));
+      CHECK_OK(oi_ticket_arena_poll(t, 0));
+    } else {
+      CHECK_ST(oi_ticket_arena_wait(t, 2, 60000), OI_ERR_IO);
+      CHECK_ST(oi_ticket_arena_wait(t, 3, 60000), OI_ERR_IO);
+      CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_IO);
+      CHECK_ST(oi_ticket_arena_wait(t, 0, 0), OI_ERR_IO); /* the load failed: every wait */
+      CHECK_ST(oi_ticket_arena_poll(t, 1), OI_ERR_IO);
+    }
+    oi_ticket_release(t);
+    oi__fault_disarm_all();
+  }
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  free(mem);
+}
+
 int main(void) {
   REQUIRE_FAULTS();
   RUN_TEST(test_load_copy_fails_before_any_byte);
   RUN_TEST(test_load_copy_fails_midway);
   RUN_TEST(test_two_shares_one_fails);
   RUN_TEST(test_clock_jump_expires_leases);
+  RUN_TEST(test_arena_waits_report_progress_and_a_failure_fails_every_later_wait);
   TEST_EXIT();
 }

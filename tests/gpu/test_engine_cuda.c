@@ -23,7 +23,14 @@ typedef struct layout_case {
   uint32_t narenas;
   arena_spec *arenas;
   uint64_t region_bytes;
+  /* NULL, or per arena where its V segment starts (segments as separate
+   * regions: oi_engine_options.segment_offsets, K at 0) */
+  const uint64_t *v_off;
 } layout_case;
+
+static uint64_t seg_at(const layout_case *lc, uint32_t a, uint32_t s) {
+  return lc->v_off ? (s ? lc->v_off[a] : 0) : s * lc->arenas[a].seg_stride;
+}
 
 /* Byte of (logical block, arena, segment, offset): a swapped or shifted copy fails. */
 static uint8_t expected_byte(uint64_t logical, uint32_t arena, uint32_t seg, uint64_t off) {
@@ -43,7 +50,7 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
     for (uint32_t a = 0; a < lc->narenas; a++)
       for (uint32_t s = 0; s < lc->arenas[a].segments; s++) {
         const arena_spec *as = &lc->arenas[a];
-        uint8_t *p = host + as->offset + b * as->stride + s * as->seg_stride;
+        uint8_t *p = host + as->offset + b * as->stride + seg_at(lc, a, s);
         for (uint64_t i = 0; i < as->bpb; i++)
           p[i] = expected_byte(b, a, s, i);
       }
@@ -80,6 +87,16 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
   eo.copy_mode = mode;
   eo.copy_cta_limit = ctas;
   eo.staging_bytes = (uint64_t)staging_mb << 20;
+  uint64_t offs[2 * 64];
+  if (lc->v_off) {
+    REQUIRE(lc->narenas <= 64);
+    for (uint32_t a = 0; a < lc->narenas; a++) {
+      offs[2 * a] = 0;
+      offs[2 * a + 1] = lc->v_off[a];
+    }
+    eo.segment_offsets = offs;
+    eo.num_segment_offsets = 2 * lc->narenas;
+  }
   oi_offload_engine *e = NULL;
   REQUIRE(oi_offload_engine_create(h, &eo, &e) == OI_OK);
 
@@ -122,6 +139,11 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
   }
   CHECK(events == (layered ? lc->narenas : 0));
   CHECK(oi_ticket_arena_event(t, lc->narenas) == NULL);
+  /* Per-arena completion (every mode's oi_ticket_arena_wait): in order, OK. */
+  for (uint32_t a = 0; layered && a < lc->narenas; a++) {
+    CHECK_OK(oi_ticket_arena_wait(t, a, 60000));
+    CHECK_OK(oi_ticket_arena_poll(t, a));
+  }
   CHECK_OK(dev->ops->stream_sync(compute));
   CHECK_OK(oi_ticket_wait(t, 60000));
   oi_ticket_release(t);
@@ -132,7 +154,7 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
     for (uint32_t a = 0; a < lc->narenas; a++)
       for (uint32_t s = 0; s < lc->arenas[a].segments; s++) {
         const arena_spec *as = &lc->arenas[a];
-        const uint8_t *p = host + as->offset + (uint64_t)dst[b] * as->stride + s * as->seg_stride;
+        const uint8_t *p = host + as->offset + (uint64_t)dst[b] * as->stride + seg_at(lc, a, s);
         for (uint64_t i = 0; i < as->bpb; i++)
           bad += p[i] != expected_byte(b, a, s, i);
       }
@@ -169,7 +191,7 @@ static layout_case glm(void) {
     a[i] = (arena_spec){off, bpb, bpb, 0, 1};
     off += bpb * blocks;
   }
-  return (layout_case){"glm5.2", blocks, 99, a, off};
+  return (layout_case){"glm5.2", blocks, 99, a, off, NULL};
 }
 
 static layout_case qwen(void) {
@@ -177,14 +199,14 @@ static layout_case qwen(void) {
   uint64_t page = 36ull * 65536, blocks = 6;
   for (int i = 0; i < 36; i++)
     a[i] = (arena_spec){(uint64_t)i * 65536, 65536, page, 0, 1};
-  return (layout_case){"qwen3-4b-page-first", blocks, 36, a, page * blocks};
+  return (layout_case){"qwen3-4b-page-first", blocks, 36, a, page * blocks, NULL};
 }
 
 static layout_case split_kv(void) {
   /* K and V of one layer in one arena: segment_stride > bytes_per_block. */
   static arena_spec a[2] = {{0, 12288, 3 * 12288 + 512, 12288 + 512, 2},
                             {64 * (3 * 12288 + 512), 4096, 2 * 4096 + 64, 4096 + 32, 2}};
-  return (layout_case){"split-kv", 64, 2, a, 64 * (3 * 12288 + 512) + 64 * (2 * 4096 + 64)};
+  return (layout_case){"split-kv", 64, 2, a, 64 * (3 * 12288 + 512) + 64 * (2 * 4096 + 64), NULL};
 }
 
 static layout_case uneven(void) {
@@ -193,8 +215,25 @@ static layout_case uneven(void) {
                             {3 + 113 * 17 + 5, 4099, 4099, 0, 1},
                             {3 + 113 * 17 + 5 + 4099 * 17 + 9, 17, 29, 0, 1},
                             {3 + 113 * 17 + 5 + 4099 * 17 + 9 + 29 * 17 + 1, 200003, 200008, 0, 1}};
-  return (layout_case){"uneven-unaligned", 17, 4, a,
-                       3 + 113 * 17 + 5 + 4099 * 17 + 9 + 29 * 17 + 1 + 200008 * 17};
+  return (layout_case){"uneven-unaligned",
+                       17,
+                       4,
+                       a,
+                       3 + 113 * 17 + 5 + 4099 * 17 + 9 + 29 * 17 + 1 + 200008 * 17,
+                       NULL};
+}
+
+static layout_case vllm_halves(void) {
+  /* vLLM's [2, num_blocks, 16, 8, 128] bf16 layer: one arena per layer, its K
+   * half then its V half (32 KiB pieces), 36 layers. */
+  static arena_spec a[36];
+  static uint64_t v[36];
+  uint64_t blocks = 8, bpb = 32768;
+  for (int i = 0; i < 36; i++) {
+    a[i] = (arena_spec){(uint64_t)i * 2 * blocks * bpb, bpb, bpb, 0, 2};
+    v[i] = blocks * bpb;
+  }
+  return (layout_case){"vllm-kv-halves", blocks, 36, a, 36 * 2 * blocks * bpb, v};
 }
 
 int main(void) {
@@ -202,7 +241,7 @@ int main(void) {
   oi_device_count(&n);
   if (n == 0) TEST_SKIP("no CUDA device");
   REQUIRE(oi__dev_open(0, &dev) == OI_OK);
-  layout_case cases[] = {glm(), qwen(), split_kv(), uneven()};
+  layout_case cases[] = {glm(), qwen(), split_kv(), uneven(), vllm_halves()};
   /* staging_mb: 0 = the default staging (32 MiB); 4 = 1 MiB slots, so the
    * batch wraps the slot ring many times and pieces straddle slots. */
   /* layered: loads with OI_LOAD_ARENA_EVENTS (arena by arena; staged

@@ -192,6 +192,17 @@ static void test_requests(void) {
   expect_error(&c, 14, OI_ERR_INVALID_ARGUMENT, "out of range", "block id out of range");
   send_env(&c, 15, oiwire_Envelope_save_tag, save_body(mine, negative, 1, 1, 16));
   expect_error(&c, 15, OI_ERR_INVALID_ARGUMENT, "out of range", "negative block id");
+  /* a layerwise save naming arenas past the layout (Save.arena_first = 20,
+   * arena_count = 21), and arena_first without arena_count */
+  pbw *lw = save_body(mine, ids, 1, 1, 16);
+  pbw_uint(lw, 20, TL_ARENAS);
+  pbw_uint(lw, 21, 1);
+  send_env(&c, 95, oiwire_Envelope_save_tag, lw);
+  expect_error(&c, 95, OI_ERR_INVALID_ARGUMENT, "outside the layout", "layers past the layout");
+  lw = save_body(mine, ids, 1, 1, 16);
+  pbw_uint(lw, 20, 1);
+  send_env(&c, 96, oiwire_Envelope_save_tag, lw);
+  expect_error(&c, 96, OI_ERR_INVALID_ARGUMENT, "without arena_count", "arena_first alone");
   /* more ids than one request may carry */
   int64_t *many = calloc(OI_WIRE_MAX_BLOCKS + 1, sizeof *many);
   send_env(&c, 16, oiwire_Envelope_save_tag, save_body(mine, many, OI_WIRE_MAX_BLOCKS + 1, 0, 16));
@@ -253,6 +264,36 @@ static void test_requests(void) {
   send_env(&c, 25, oiwire_Envelope_register_instance_tag, b);
   expect_error(&c, 25, OI_ERR_INVALID_ARGUMENT, "arena_size", "no arena_size");
   free(arena);
+  /* segment offsets (K and V halves): one offset for two segments; halves
+   * that overlap; one arena with offsets beside one without */
+  for (int k = 0; k < 3; k++) {
+    b = pbw_new();
+    pbw_bytes(b, 1, "ns-halves", 9);
+    pbw_uint(b, 3, pbw_zigzag(OI_DEVICE_CPU));
+    pbw_uint(b, 4, 1);
+    pbw_uint(b, 5, 1 << 20);
+    for (int a = 0; a < (k == 2 ? 2 : 1); a++) {
+      arena = pbw_new();
+      pbw_bytes(arena, 1, a ? "b" : "a", 1);
+      pbw_uint(arena, 2, (uint64_t)a * 65536); /* offset */
+      pbw_uint(arena, 3, 8);                   /* num_blocks */
+      pbw_uint(arena, 4, 1024);                /* bytes_per_block */
+      pbw_uint(arena, 5, 1024);                /* block_stride */
+      pbw_uint(arena, 6, 2);                   /* segments */
+      if (a == 0) {
+        pbw_uint(arena, 8, 0);
+        if (k != 0) pbw_uint(arena, 8, k == 1 ? 7 * 1024 : 8 * 1024);
+      }
+      pbw_bytes(b, 6, arena->b, arena->n);
+      free(arena);
+    }
+    send_env(&c, 90 + (uint64_t)k, oiwire_Envelope_register_instance_tag, b);
+    expect_error(&c, 90 + (uint64_t)k, OI_ERR_INVALID_ARGUMENT,
+                 k == 1 ? "segments 0 and 1 overlap" : "segment offsets",
+                 k == 0   ? "one offset for two segments"
+                 : k == 1 ? "overlapping halves"
+                          : "offsets for one arena only");
+  }
   /* a device this server does not serve / that does not exist */
   b = pbw_new();
   pbw_bytes(b, 1, "ns", 2);

@@ -23,13 +23,19 @@ typedef struct shape {
   uint64_t bpb[2];
   bool page_first; /* one region; a block's arenas are adjacent */
   uint64_t blocks;
+  /* vLLM's [2, num_blocks, block_size, heads, dim] layer: one arena per layer
+   * whose 2 segments (K, V) of bpb bytes are separate regions (the K half,
+   * then the V half: oi_engine_options.segment_offsets). */
+  bool kv_halves;
 } shape;
 
 static const shape shapes[] = {
-    {"glm5.2", 2, {78, 21}, {41984, 8448}, false, 256},
-    {"qwen3-4b", 1, {36, 0}, {64 << 10, 0}, true, 512},
-    {"pages-4k", 1, {1, 0}, {4 << 10, 0}, false, 65536},
-    {"pages-42k", 1, {1, 0}, {42 << 10, 0}, false, 8192},
+    {"glm5.2", 2, {78, 21}, {41984, 8448}, false, 256, false},
+    {"qwen3-4b", 1, {36, 0}, {64 << 10, 0}, true, 512, false},
+    /* 16 tokens x 8 KV heads x 128 x bf16 = 32 KiB per K or V piece, 36 layers */
+    {"vllm-qwen3-4b", 1, {36, 0}, {32 << 10, 0}, false, 512, true},
+    {"pages-4k", 1, {1, 0}, {4 << 10, 0}, false, 65536, false},
+    {"pages-42k", 1, {1, 0}, {42 << 10, 0}, false, 8192, false},
 };
 
 typedef struct bench_env {
@@ -48,6 +54,7 @@ typedef struct setup {
   uint8_t *region; /* device memory holding every arena */
   uint64_t region_bytes;
   oi_arena_desc *arenas;
+  uint64_t *seg_offsets; /* kv_halves: 2 per arena */
   char (*names)[16];
   int64_t *ids; /* scattered block ids (real KV pages are not contiguous) */
   oi_block_hash *hashes;
@@ -91,6 +98,7 @@ static void setup_free(bench_env *env, setup *s) {
   oi_offload_host_destroy(s->host);
   if (s->region) env->dev->ops->mem_free(env->dev, s->region);
   free(s->arenas);
+  free(s->seg_offsets);
   free(s->names);
   free(s->ids);
   free(s->hashes);
@@ -114,17 +122,19 @@ static void env_tuning(oi_engine_options *eo) {
 static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
   memset(s, 0, sizeof *s);
   s->sh = sh;
+  uint32_t segs = sh->kv_halves ? 2 : 1;
   for (uint32_t g = 0; g < sh->groups; g++) {
     s->narenas += sh->count[g];
-    s->block_bytes += sh->count[g] * sh->bpb[g];
+    s->block_bytes += segs * sh->count[g] * sh->bpb[g];
   }
   s->total = s->block_bytes * sh->blocks;
   s->region_bytes = s->total;
   s->arenas = calloc(s->narenas, sizeof *s->arenas);
   s->names = calloc(s->narenas, sizeof *s->names);
+  s->seg_offsets = calloc(2 * (size_t)s->narenas, sizeof *s->seg_offsets);
   s->ids = calloc(sh->blocks, sizeof *s->ids);
   s->hashes = calloc(sh->blocks, sizeof *s->hashes);
-  if (!s->arenas || !s->names || !s->ids || !s->hashes) return false;
+  if (!s->arenas || !s->names || !s->seg_offsets || !s->ids || !s->hashes) return false;
   if (env->dev->ops->mem_alloc(env->dev, s->region_bytes, 0, (void **)&s->region) != OI_OK)
     return false;
   env->dev->ops->mem_fill_pattern(env->dev, s->region, s->region_bytes, 3);
@@ -137,8 +147,14 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
       d->name = s->names[a];
       d->num_blocks = sh->blocks;
       d->bytes_per_block = sh->bpb[g];
-      d->segments = 1;
-      if (sh->page_first) {
+      d->segments = segs;
+      if (sh->kv_halves) { /* the layer's K half, then its V half */
+        d->base = s->region + off;
+        d->block_stride = sh->bpb[g];
+        s->seg_offsets[2 * a] = 0;
+        s->seg_offsets[2 * a + 1] = sh->bpb[g] * sh->blocks;
+        off += 2 * sh->bpb[g] * sh->blocks;
+      } else if (sh->page_first) {
         d->base = s->region + in_page;
         d->block_stride = s->block_bytes;
         in_page += sh->bpb[g];
@@ -173,6 +189,10 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
     eo.namespace_id = "bench";
     eo.arenas = s->arenas;
     eo.num_arenas = s->narenas;
+    if (sh->kv_halves) {
+      eo.segment_offsets = s->seg_offsets;
+      eo.num_segment_offsets = 2 * s->narenas;
+    }
     eo.copy_mode = m < 2    ? OI_COPY_KERNEL
                    : m == 2 ? OI_COPY_DMA
                    : m == 3 ? OI_COPY_AUTO
@@ -192,7 +212,8 @@ static double raw_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, bool bulk
     bench_cuda_stream_destroy(st);
     return 0;
   }
-  size_t n = bulk ? 1 : (size_t)s->sh->blocks * s->narenas;
+  uint32_t segs = s->sh->kv_halves ? 2 : 1;
+  size_t n = bulk ? 1 : (size_t)s->sh->blocks * s->narenas * segs;
   bench_piece *d = calloc(n, sizeof *d);
   if (!d) {
     bench_cuda_stream_destroy(st);
@@ -205,14 +226,16 @@ static double raw_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, bool bulk
     size_t k = 0;
     for (uint64_t b = 0; b < s->sh->blocks; b++) {
       uint64_t hoff = b * s->block_bytes;
-      for (uint32_t a = 0; a < s->narenas; a++) {
-        uintptr_t dv =
-            (uintptr_t)s->arenas[a].base + (uint64_t)s->ids[b] * s->arenas[a].block_stride;
-        uintptr_t hs = (uintptr_t)host + hoff;
-        hoff += s->arenas[a].bytes_per_block;
-        d[k++] = dir == OI_COPY_D2H ? (bench_piece){dv, hs, s->arenas[a].bytes_per_block}
-                                    : (bench_piece){hs, dv, s->arenas[a].bytes_per_block};
-      }
+      for (uint32_t a = 0; a < s->narenas; a++)
+        for (uint32_t g = 0; g < segs; g++) {
+          uintptr_t dv = (uintptr_t)s->arenas[a].base +
+                         (uint64_t)s->ids[b] * s->arenas[a].block_stride +
+                         (s->sh->kv_halves ? s->seg_offsets[2 * a + g] : 0);
+          uintptr_t hs = (uintptr_t)host + hoff;
+          hoff += s->arenas[a].bytes_per_block;
+          d[k++] = dir == OI_COPY_D2H ? (bench_piece){dv, hs, s->arenas[a].bytes_per_block}
+                                      : (bench_piece){hs, dv, s->arenas[a].bytes_per_block};
+        }
     }
   }
   double v[16];
@@ -334,7 +357,7 @@ static void usage(FILE *f) {
           "bulk pinned memcpy ceiling and a per-piece cudaMemcpyAsync loop, the restore latency\n"
           "of 22 GLM5.2-shaped blocks, and compute interference. Needs a GPU.\n"
           "\n"
-          "  --quick           the two model shapes only\n"
+          "  --quick           the three model shapes only\n"
           "  --bandwidth-only  skip the restore-latency and interference sections\n"
           "  OI_STAGING_MB, OI_SUBMIT_GROUP_MB (environment): staging size and submit groups\n"
           "                    (set as oi_engine_options.staging_bytes, submit_group_bytes)\n");
@@ -390,7 +413,7 @@ int bench_transfer(int argc, char **argv) {
   int rc = CLI_OK;
   double glm_bulk_h2d = 0;
   setup glm = {0};
-  size_t nshapes = env.quick ? 2 : sizeof shapes / sizeof shapes[0];
+  size_t nshapes = env.quick ? 3 : sizeof shapes / sizeof shapes[0];
   for (size_t si = 0; si < nshapes; si++) {
     setup s;
     if (!setup_shape(&env, &shapes[si], &s)) {

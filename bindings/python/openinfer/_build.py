@@ -75,6 +75,8 @@ oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms);
 int oi_ticket_fd(oi_ticket *t);
 void *oi_ticket_cuda_event(oi_ticket *t);
 void *oi_ticket_arena_event(oi_ticket *t, uint32_t arena);
+oi_status oi_ticket_arena_wait(oi_ticket *t, uint32_t arena, uint32_t timeout_ms);
+oi_status oi_ticket_arena_poll(oi_ticket *t, uint32_t arena);
 oi_status oi_ticket_set_callback(oi_ticket *t, oi_ticket_fn fn, void *ctx);
 void oi_ticket_release(oi_ticket *t);
 
@@ -212,6 +214,8 @@ typedef struct oi_engine_options {
   uint32_t copy_mode;
   uint32_t copy_cta_limit;
   uint32_t control_deadline_ms;
+  const uint64_t *segment_offsets;
+  uint32_t num_segment_offsets;
   ...;
 } oi_engine_options;
 typedef void (*oi_save_done_fn)(void *ctx, oi_status st);
@@ -230,6 +234,8 @@ typedef struct oi_save_options {
   oi_save_done_fn on_done;
   void *on_done_ctx;
   oi_save_result *result;
+  uint32_t arena_first;
+  uint32_t arena_count;
   ...;
 } oi_save_options;
 typedef struct oi_load_options {

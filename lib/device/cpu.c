@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "core/fault.h"
@@ -278,6 +279,43 @@ oi_status oi__fd_arena_map(int fd, uint64_t bytes, void **ptr, uint64_t *mapped,
   }
   *ptr = p;
   *mapped = bytes;
+  return OI_OK;
+}
+
+oi_status oi__fd_arena_check_mapping(int fd, const void *base, uint64_t bytes, const char *what) {
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: arena fd %d: %s", what, fd, strerror(errno));
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return oi__fail(OI_ERR_IO, "%s: /proc/self/maps: %s", what, strerror(errno));
+  /* Walk the mappings in address order: [base, base + bytes) must be
+   * covered, without a gap, by mappings of this file at the matching offsets
+   * (file offset 0 at base). */
+  uintptr_t want = (uintptr_t)base, end = (uintptr_t)base + bytes;
+  char line[512];
+  oi_status rc = OI_ERR_INVALID_ARGUMENT;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi, off, ino;
+    unsigned dmaj, dmin;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s %lx %x:%x %lu", &lo, &hi, perms, &off, &dmaj, &dmin, &ino) != 7)
+      continue;
+    if (hi <= want || lo > want) continue;
+    if (ino != (unsigned long)st.st_ino || makedev(dmaj, dmin) != st.st_dev || perms[3] != 's' ||
+        perms[0] != 'r' || perms[1] != 'w' || off + (want - lo) != want - (uintptr_t)base)
+      break;
+    want = hi;
+    if (want >= end) {
+      rc = OI_OK;
+      break;
+    }
+  }
+  fclose(f);
+  if (rc != OI_OK)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: [arena_base, arena_base + %llu) is not a read-write MAP_SHARED mapping of "
+                    "arena_fd from its offset 0 (at %p)",
+                    what, (unsigned long long)bytes, (void *)want);
   return OI_OK;
 }
 

@@ -152,6 +152,11 @@ void oi__imported_arena_on_close(oi_imported_arena *a, void (*fn)(void *ctx), vo
 oi_status oi__fd_arena_check(int fd, uint64_t bytes, const char *what);
 oi_status oi__fd_arena_map(int fd, uint64_t bytes, void **ptr, uint64_t *mapped, const char *what);
 void oi__fd_arena_unmap(void *ptr, uint64_t mapped);
+/* The client's side: is [base, base + bytes) this process's read-write
+ * MAP_SHARED mapping of `fd`, base at file offset 0 (/proc/self/maps)? So
+ * what the server copies is what the engine reads and writes.
+ * OI_ERR_INVALID_ARGUMENT when it is not. */
+oi_status oi__fd_arena_check_mapping(int fd, const void *base, uint64_t bytes, const char *what);
 
 /* Removes the shared-memory objects that cpu-backend arenas of process
  * `pid` left behind (a process killed before it could unlink them). Only

@@ -1126,6 +1126,8 @@ static oi_status prepare_owned(remote_engine *e, const oi_engine_options *o) {
                       "connect: engine-owned cpu memory (arena_base set) needs arena_fd, a memfd "
                       "sealed with F_SEAL_SHRINK that arena_base maps");
     oi_status st = oi__fd_arena_check(o->arena_fd, e->arena_size, "connect");
+    if (st == OI_OK)
+      st = oi__fd_arena_check_mapping(o->arena_fd, o->arena_base, e->arena_size, "connect");
     if (st != OI_OK) return st;
     e->owned_fd = fcntl(o->arena_fd, F_DUPFD_CLOEXEC, 0);
     if (e->owned_fd < 0) return oi__fail(OI_ERR_IO, "connect: dup(arena_fd): %s", strerror(errno));

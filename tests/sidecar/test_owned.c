@@ -190,7 +190,25 @@ static void test_bad_memory_is_refused(void) {
   CHECK(strstr(oi_last_error(), "holds") != NULL);
 
   owned_mem good;
-  om_alloc(&good, total, true);
+  om_alloc(&good, total + 8192, true);
+  /* arena_base must be the memfd's shared mapping from offset 0. */
+  owned_options(&o, a, "owned-bad", &good);
+  o.arena_base = small.base; /* another memfd's memory */
+  o.arena_size = total / 2;
+  o.num_arenas = 1;
+  a[0].num_blocks = 2;
+  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "not a read-write MAP_SHARED mapping") != NULL);
+  tl_arenas(a, &total);
+  owned_options(&o, a, "owned-bad", &good);
+  o.arena_base = good.base + 4096; /* file offset 4096, not 0 */
+  o.arena_size = total;
+  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  uint8_t *heap = malloc(total);
+  REQUIRE(heap);
+  o.arena_base = heap; /* not the memfd at all */
+  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  free(heap);
   owned_options(&o, a, "owned-bad", &good);
   o.arena_fd = -1; /* no fd */
   CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
@@ -357,6 +375,8 @@ static void test_server_killed_degrade_and_reconnect(void) {
   ts_kill(&ts); /* SIGKILL under the running worker */
   CHECK(wait_connection(e, OI_CONNECTION_DEGRADED, &s));
   CHECK(s.server_epoch == 0);
+  for (int i = 0; i < 200 && log_count(&degrade_lines) < 1; i++) /* logged after the state */
+    usleep(10000);
   CHECK(log_count(&degrade_lines) >= 1);
   /* Degraded: queries miss, saves drop, loads fail, release: expired. */
   oi_query_result miss = {.struct_size = sizeof miss};
@@ -397,6 +417,8 @@ static void test_server_killed_degrade_and_reconnect(void) {
   CHECK(wait_connection(e, OI_CONNECTION_CONNECTED, &s));
   CHECK(s.reconnects == 1);
   CHECK(s.server_epoch != 0 && s.server_epoch != epoch1);
+  for (int i = 0; i < 200 && log_count(&reconnect_lines) < 1; i++)
+    usleep(10000);
   CHECK(log_count(&reconnect_lines) >= 1);
   usleep(200000); /* the worker runs against the new server */
   atomic_store(&w.stop, true);

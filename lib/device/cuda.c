@@ -167,6 +167,15 @@ static oi_status cuda_mem_import(oi_dev *d, const oi_arena_handle *h, uint64_t e
     cd->drv.ipc_close(dptr);
     return drv_fail(cd, r, "arena import: cuMemGetAddressRange");
   }
+  struct cudaPointerAttributes attr;
+  cudaError_t aerr = cudaPointerGetAttributes(&attr, (void *)(uintptr_t)dptr);
+  if (aerr != cudaSuccess || attr.device != d->ordinal) {
+    cd->drv.ipc_close(dptr);
+    if (aerr != cudaSuccess) return cuda_fail(aerr, "arena import: cudaPointerGetAttributes");
+    return oi__fail(OI_ERR_PROTOCOL,
+                    "arena import: the allocation behind the handle lives on device %d, not %d",
+                    attr.device, d->ordinal);
+  }
   if (base != dptr || real < expected) {
     cd->drv.ipc_close(dptr);
     return oi__fail(OI_ERR_PROTOCOL,

@@ -64,6 +64,15 @@ typedef struct oi_engine_options {
    * create. */
   const uint64_t *segment_offsets;
   uint32_t num_segment_offsets; /* must equal the sum of every arena's segments */
+  /* ---- appended (engine-owned sidecar arenas) ---- */
+  /* oi_offload_engine_connect with arena_base set (engine-owned memory), cpu
+   * backend: a memfd (memfd_create with MFD_ALLOW_SEALING, sealed with
+   * F_SEAL_SHRINK) whose MAP_SHARED mapping from offset 0 is
+   * [arena_base, arena_base + arena_size). Sent to the server over the
+   * socket (SCM_RIGHTS); the library keeps its own duplicate, the caller
+   * keeps arena_fd. -1 (the default) otherwise; oi_offload_engine_create
+   * refuses any other value. */
+  int32_t arena_fd;
 } oi_engine_options;
 
 /* Completion callback of a save: the caller's signal that the device blocks
@@ -185,7 +194,25 @@ typedef struct oi_engine_stats {
   uint64_t save_latency_sum_us;
   uint64_t load_latency_us[OI_LATENCY_BUCKETS];
   uint64_t load_latency_sum_us;
+  /* ---- appended (sidecar connection); an older caller's struct_size stops before these ---- */
+  uint64_t server_epoch;       /* sidecar: the epoch of the server this engine is registered
+                                  with (0: embedded, or no server now) */
+  uint32_t connection;         /* oi_connection_state */
+  uint32_t reconnects;         /* engine-owned sidecar engines: times it registered again with a
+                                  server that came back */
+  uint64_t disconnected_saves; /* blocks of saves dropped because no server was connected */
+  uint64_t disconnected_query_misses; /* blocks reported missing because no server was
+                                         connected */
 } oi_engine_stats;
+
+/* oi_engine_stats.connection */
+typedef enum oi_connection_state {
+  OI_CONNECTION_EMBEDDED = 0,  /* an embedded engine (oi_offload_engine_create) */
+  OI_CONNECTION_CONNECTED = 1, /* a sidecar engine registered with a live server */
+  OI_CONNECTION_DEGRADED = 2,  /* engine-owned sidecar engine whose server went away: queries
+                                  miss, saves drop, loads fail with OI_ERR_CLOSED; it reconnects
+                                  in the background */
+} oi_connection_state;
 
 OI_API oi_status oi_engine_options_init(oi_engine_options *o);
 OI_API oi_status oi_save_options_init(oi_save_options *o);
@@ -199,24 +226,39 @@ OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_op
 
 /* Sidecar mode: connects to the `openinfer serve` server listening on
  * `socket_path` (NULL: $XDG_RUNTIME_DIR/openinfer.sock, or
- * /tmp/openinfer-$UID.sock), registers the layout and imports the arena the
- * server allocated for it. Arenas are given by offset (arena_base NULL, every
- * arena's base NULL); arena_size 0 means the largest end of any arena. The
- * server allocates the arena (zeroed) on o->device; *arena_out maps it in
- * this process, its size verified (an under-sized allocation is refused with
- * OI_ERR_PROTOCOL). The engine's arenas live at
- * oi_imported_arena_ptr(*arena_out) + offset.
+ * /tmp/openinfer-$UID.sock) and registers the layout. Arenas are given by
+ * offset (every arena's base NULL); arena_size 0 means the largest end of
+ * any arena. Two modes (docs/server.md):
  *
- * Liveness: if the connection to the server breaks while the engine is live,
- * the fatal handler runs (oi_set_fatal_handler; the default aborts), because
- * the memory the arena maps is gone. There is no reconnect.
- *
- * Teardown order: stop using the arena, oi_imported_arena_close(*arena_out),
- * then oi_offload_engine_destroy(engine). Destroying the engine first is
- * allowed: the engine is then finished (flush, unregister) inside the later
+ * Server-allocated (arena_base NULL): the server allocates the arena
+ * (zeroed) on o->device; *arena_out maps it in this process, its size
+ * verified (an under-sized allocation is refused with OI_ERR_PROTOCOL). The
+ * engine's arenas live at oi_imported_arena_ptr(*arena_out) + offset. If the
+ * connection to the server breaks while the engine is live, the fatal
+ * handler runs (oi_set_fatal_handler; the default aborts), because the memory
+ * the arena maps is gone. There is no reconnect. Teardown order: stop using
+ * the arena, oi_imported_arena_close(*arena_out), then
+ * oi_offload_engine_destroy(engine). Destroying the engine first is allowed:
+ * the engine is then finished (flush, unregister) inside the later
  * oi_imported_arena_close, so the server never frees memory this process
- * still maps. save's wait_event is not supported (OI_ERR_UNSUPPORTED):
- * synchronize the event before saving. At most 65536 blocks per request. */
+ * still maps.
+ *
+ * Engine-owned (arena_base set): the arena is the caller's memory,
+ * [arena_base, arena_base + arena_size), which the server maps. cuda: device
+ * memory from cudaMalloc on o->device (exported with cudaIpcGetMemHandle; it
+ * may sit inside a larger allocation); cpu: a sealed memfd given as
+ * o->arena_fd. arena_out may be NULL (*arena_out is set to NULL). If the
+ * server goes away, the engine degrades instead of aborting: queries miss
+ * (OI_OK, 0 hits), saves are dropped (OI_OK; on_done and the ticket complete
+ * at once with OI_OK; saves in flight when it died complete with
+ * OI_ERR_CLOSED), loads fail with OI_ERR_CLOSED, release reports
+ * OI_ERR_LEASE_EXPIRED, flush succeeds; a background thread reconnects when a
+ * server listens again on the socket, registers the layout and memory again
+ * (a new epoch: oi_engine_stats.server_epoch; old leases are invalid) and
+ * logs it. Free the memory only after oi_offload_engine_destroy returns.
+ *
+ * save's wait_event is not supported (OI_ERR_UNSUPPORTED): synchronize the
+ * event before saving. At most 65536 blocks per request. */
 OI_API oi_status oi_offload_engine_connect(const char *socket_path, const oi_engine_options *o,
                                            oi_offload_engine **out, oi_imported_arena **arena_out);
 

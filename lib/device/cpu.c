@@ -7,11 +7,13 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "core/fault.h"
@@ -215,6 +217,110 @@ static oi_status cpu_mem_import(oi_dev *d, const oi_arena_handle *h, uint64_t ex
 static void cpu_mem_close_import(oi_dev *d, void *ptr, uint64_t size) {
   OI_UNUSED(d);
   if (ptr) munmap(ptr, size);
+}
+
+static oi_status cpu_mem_export_range(oi_dev *d, void *p, uint64_t bytes, oi_arena_handle *out,
+                                      uint64_t *offset) {
+  OI_UNUSED(d);
+  OI_UNUSED(p);
+  OI_UNUSED(bytes);
+  OI_UNUSED(out);
+  OI_UNUSED(offset);
+  return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                  "an engine-owned cpu arena travels as a memfd: set arena_fd");
+}
+
+/* ---- engine-owned cpu arenas (a memfd passed over the socket) ----------- */
+
+oi_status oi__fd_arena_check(int fd, uint64_t bytes, const char *what) {
+  if (fd < 0) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: no arena file descriptor", what);
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: arena fd %d: %s", what, fd, strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: the arena fd is not a memfd (not a regular file)",
+                    what);
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: the arena fd is not a memfd that accepts seals (memfd_create with "
+                    "MFD_ALLOW_SEALING): %s",
+                    what, strerror(errno));
+  if (!(seals & F_SEAL_SHRINK))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: the arena memfd is not sealed against shrinking (add F_SEAL_SHRINK)",
+                    what);
+#ifdef F_SEAL_FUTURE_WRITE
+  if (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE))
+#else
+  if (seals & F_SEAL_WRITE)
+#endif
+    return oi__fail(OI_ERR_PERMISSION, "%s: the arena memfd is sealed against writes", what);
+  if ((uint64_t)st.st_size < bytes)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: the arena memfd holds %llu bytes, %llu needed",
+                    what, (unsigned long long)st.st_size, (unsigned long long)bytes);
+  return OI_OK;
+}
+
+oi_status oi__fd_arena_map(int fd, uint64_t bytes, void **ptr, uint64_t *mapped, const char *what) {
+  *ptr = NULL;
+  *mapped = 0;
+  if (bytes == 0 || bytes > SIZE_MAX)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: arena size %llu", what,
+                    (unsigned long long)bytes);
+  oi_status st = oi__fd_arena_check(fd, bytes, what);
+  if (st != OI_OK) return st;
+  void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    return oi__fail(e == EACCES || e == EPERM ? OI_ERR_PERMISSION : OI_ERR_OUT_OF_MEMORY,
+                    "%s: mapping the arena memfd (%llu bytes, read-write) failed: %s", what,
+                    (unsigned long long)bytes, strerror(e));
+  }
+  *ptr = p;
+  *mapped = bytes;
+  return OI_OK;
+}
+
+oi_status oi__fd_arena_check_mapping(int fd, const void *base, uint64_t bytes, const char *what) {
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: arena fd %d: %s", what, fd, strerror(errno));
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return oi__fail(OI_ERR_IO, "%s: /proc/self/maps: %s", what, strerror(errno));
+  /* Walk the mappings in address order: [base, base + bytes) must be
+   * covered, without a gap, by mappings of this file at the matching offsets
+   * (file offset 0 at base). */
+  uintptr_t want = (uintptr_t)base, end = (uintptr_t)base + bytes;
+  char line[512];
+  oi_status rc = OI_ERR_INVALID_ARGUMENT;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi, off, ino;
+    unsigned dmaj, dmin;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s %lx %x:%x %lu", &lo, &hi, perms, &off, &dmaj, &dmin, &ino) != 7)
+      continue;
+    if (hi <= want || lo > want) continue;
+    if (ino != (unsigned long)st.st_ino || makedev(dmaj, dmin) != st.st_dev || perms[3] != 's' ||
+        perms[0] != 'r' || perms[1] != 'w' || off + (want - lo) != want - (uintptr_t)base)
+      break;
+    want = hi;
+    if (want >= end) {
+      rc = OI_OK;
+      break;
+    }
+  }
+  fclose(f);
+  if (rc != OI_OK)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: [arena_base, arena_base + %llu) is not a read-write MAP_SHARED mapping of "
+                    "arena_fd from its offset 0 (at %p)",
+                    what, (unsigned long long)bytes, (void *)want);
+  return OI_OK;
+}
+
+void oi__fd_arena_unmap(void *ptr, uint64_t mapped) {
+  if (ptr) munmap(ptr, (size_t)mapped);
 }
 
 /* ---- pinned host memory -------------------------------------------------- */
@@ -495,6 +601,7 @@ static const oi_dev_ops cpu_ops = {
     .mem_export = cpu_mem_export,
     .mem_import = cpu_mem_import,
     .mem_close_import = cpu_mem_close_import,
+    .mem_export_range = cpu_mem_export_range,
     .pinned_alloc = cpu_pinned_alloc,
     .pinned_free = cpu_pinned_free,
     .stream_create = cpu_stream_create,

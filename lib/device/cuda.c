@@ -167,6 +167,15 @@ static oi_status cuda_mem_import(oi_dev *d, const oi_arena_handle *h, uint64_t e
     cd->drv.ipc_close(dptr);
     return drv_fail(cd, r, "arena import: cuMemGetAddressRange");
   }
+  struct cudaPointerAttributes attr;
+  cudaError_t aerr = cudaPointerGetAttributes(&attr, (void *)(uintptr_t)dptr);
+  if (aerr != cudaSuccess || attr.device != d->ordinal) {
+    cd->drv.ipc_close(dptr);
+    if (aerr != cudaSuccess) return cuda_fail(aerr, "arena import: cudaPointerGetAttributes");
+    return oi__fail(OI_ERR_PROTOCOL,
+                    "arena import: the allocation behind the handle lives on device %d, not %d",
+                    attr.device, d->ordinal);
+  }
   if (base != dptr || real < expected) {
     cd->drv.ipc_close(dptr);
     return oi__fail(OI_ERR_PROTOCOL,
@@ -176,6 +185,45 @@ static oi_status cuda_mem_import(oi_dev *d, const oi_arena_handle *h, uint64_t e
   }
   *ptr = (void *)(uintptr_t)dptr;
   *size = real;
+  return OI_OK;
+}
+
+static oi_status cuda_mem_export_range(oi_dev *d, void *p, uint64_t bytes, oi_arena_handle *out,
+                                       uint64_t *offset) {
+  cuda_dev *cd = (cuda_dev *)d;
+  if (!p || !out || !offset || bytes == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "arena export: NULL pointer or 0 bytes");
+  oi_status st = use_device(d);
+  if (st != OI_OK) return st;
+  cudaFree(NULL); /* make the primary context current for the driver API */
+  struct cudaPointerAttributes attr;
+  cudaError_t err = cudaPointerGetAttributes(&attr, p);
+  if (err != cudaSuccess) return cuda_fail(err, "arena export: cudaPointerGetAttributes");
+  if (attr.type != cudaMemoryTypeDevice || attr.device != d->ordinal)
+    return oi__fail(
+        OI_ERR_INVALID_ARGUMENT,
+        "arena export: %p is not device memory of device %d (memory type %d, device %d)", p,
+        d->ordinal, (int)attr.type, attr.device);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult r = cd->drv.addr_range(&base, &size, (CUdeviceptr)(uintptr_t)p);
+  if (r != CUDA_SUCCESS) return drv_fail(cd, r, "arena export: cuMemGetAddressRange");
+  uint64_t off = (uint64_t)((CUdeviceptr)(uintptr_t)p - base);
+  if (off > size || bytes > size - off)
+    return oi__fail(
+        OI_ERR_INVALID_ARGUMENT,
+        "arena export: [%p, +%llu) reaches past its allocation (%zu bytes, %p at offset "
+        "%llu)",
+        p, (unsigned long long)bytes, size, p, (unsigned long long)off);
+  _Static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(oi_arena_handle), "IPC handle is 64 bytes");
+  cudaIpcMemHandle_t h;
+  err = cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base);
+  if (err != cudaSuccess)
+    return cuda_fail(err,
+                     "arena export: cudaIpcGetMemHandle (memory from cudaMalloc is needed; "
+                     "stream-ordered pools and cuMemCreate memory cannot be exported this way)");
+  memcpy(out->bytes, &h, sizeof h);
+  *offset = off;
   return OI_OK;
 }
 
@@ -888,6 +936,7 @@ static const oi_dev_ops cuda_ops = {
     .mem_export = cuda_mem_export,
     .mem_import = cuda_mem_import,
     .mem_close_import = cuda_mem_close_import,
+    .mem_export_range = cuda_mem_export_range,
     .pinned_alloc = cuda_pinned_alloc,
     .pinned_free = cuda_pinned_free,
     .stream_create = cuda_stream_create,

@@ -92,6 +92,13 @@ typedef struct oi_dev_ops {
   oi_status (*mem_import)(oi_dev *d, const oi_arena_handle *h, uint64_t expected, void **ptr,
                           uint64_t *size);
   void (*mem_close_import)(oi_dev *d, void *ptr, uint64_t size);
+  /* An engine-owned arena (the client's own memory, registered with the
+   * sidecar): the handle of the allocation that holds [p, p + bytes) on this
+   * device, and p's offset from that allocation's base (the importer maps
+   * the base with mem_import and adds the offset). cuda only: a cpu arena
+   * travels as a memfd (oi__fd_arena_*). */
+  oi_status (*mem_export_range)(oi_dev *d, void *p, uint64_t bytes, oi_arena_handle *out,
+                                uint64_t *offset);
 
   /* Pinned host memory for the host pool. */
   oi_status (*pinned_alloc)(oi_dev *d, size_t bytes, uint32_t flags, int numa_node, oi_pinned *out);
@@ -133,6 +140,23 @@ void oi__dev_close(oi_dev *d);
  * runs inside oi_imported_arena_close, after the memory is unmapped, so the
  * owner may then unregister (and let the server free the memory). */
 void oi__imported_arena_on_close(oi_imported_arena *a, void (*fn)(void *ctx), void *ctx);
+
+/* Engine-owned cpu arenas travel as a file descriptor (SCM_RIGHTS): a
+ * memfd sealed against shrinking (F_SEAL_SHRINK), so no client can make a
+ * mapping of the server's fault, not sealed against writes, holding at least
+ * `bytes`. oi__fd_arena_check is that check alone (the client runs it before
+ * it sends the fd); oi__fd_arena_map runs it and maps [0, bytes) shared and
+ * read-write (*mapped: the length to unmap). Failures: OI_ERR_INVALID_ARGUMENT
+ * (not a sealed memfd, too small), OI_ERR_PERMISSION (opened read-only),
+ * OI_ERR_OUT_OF_MEMORY (mmap). */
+oi_status oi__fd_arena_check(int fd, uint64_t bytes, const char *what);
+oi_status oi__fd_arena_map(int fd, uint64_t bytes, void **ptr, uint64_t *mapped, const char *what);
+void oi__fd_arena_unmap(void *ptr, uint64_t mapped);
+/* The client's side: is [base, base + bytes) this process's read-write
+ * MAP_SHARED mapping of `fd`, base at file offset 0 (/proc/self/maps)? So
+ * what the server copies is what the engine reads and writes.
+ * OI_ERR_INVALID_ARGUMENT when it is not. */
+oi_status oi__fd_arena_check_mapping(int fd, const void *base, uint64_t bytes, const char *what);
 
 /* Removes the shared-memory objects that cpu-backend arenas of process
  * `pid` left behind (a process killed before it could unlink them). Only

@@ -20,6 +20,7 @@ OI_API oi_status oi_engine_options_init(oi_engine_options *o) {
   o->load_deadline_ms = 120000;
   o->copy_mode = OI_COPY_AUTO;
   o->control_deadline_ms = 30000;
+  o->arena_fd = -1;
   return OI_OK;
 }
 
@@ -119,6 +120,15 @@ OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_op
   *out = NULL;
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: host is NULL");
   if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: options is NULL");
+  oi_engine_options opts;
+  oi_engine_options_init(&opts);
+  oi_status st = oi__struct_in(&opts, sizeof opts, o, "register");
+  if (st != OI_OK) return st;
+  if (opts.arena_fd != -1)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "register: arena_fd %d is for oi_offload_engine_connect (an engine-owned "
+                    "sidecar arena); an embedded engine takes -1",
+                    opts.arena_fd);
   return oi__local_engine_create(h, o, out);
 }
 
@@ -126,9 +136,10 @@ OI_API oi_status oi_offload_engine_connect(const char *socket_path, const oi_eng
                                            oi_offload_engine **out, oi_imported_arena **arena_out) {
   if (out) *out = NULL;
   if (arena_out) *arena_out = NULL;
-  if (!out || !arena_out)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: %s is NULL", out ? "arena_out" : "out");
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: out is NULL");
   if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: options is NULL");
+  /* arena_out is optional with engine-owned memory (arena_base set): checked
+   * once the options are read (remote.c). */
   return oi__remote_engine_connect(socket_path, o, out, arena_out);
 }
 

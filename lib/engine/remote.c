@@ -7,14 +7,24 @@
  * if the connection breaks while the engine is live, the server that owns
  * the memory this process maps is gone, and the fatal handler runs.
  *
+ * Engine-owned memory (arena_base set at connect): the arena is ours and the
+ * server only maps it, so a dead server costs only the cache. The reader
+ * then degrades the engine (queries miss, saves drop, loads fail) and
+ * reconnects: it registers the layout and the memory again on a new
+ * connection (a new generation: requests of the old one are never sent on
+ * the new one) and the engine is live again, with a new instance id and
+ * epoch.
+ *
  * Teardown needs two events, in either order: the caller destroys the engine
  * and the caller closes the imported arena (the hook in device.c tells us).
  * Whichever comes second runs it: retire the watchdog, flush, unregister,
  * close the socket. So the server frees the arena only after this process
  * unmapped it. */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -32,6 +42,7 @@ typedef enum conn_state {
   CONN_LIVE,       /* the watchdog is armed */
   CONN_RETIRED,    /* clean teardown: the connection may end */
   CONN_DEAD,       /* the connection ended */
+  CONN_DEGRADED,   /* engine-owned: the connection ended while live; the reader reconnects */
 } conn_state;
 
 typedef enum pending_kind { PEND_CALL, PEND_SAVE, PEND_LOAD } pending_kind;
@@ -115,6 +126,22 @@ typedef struct remote_engine {
   pthread_mutex_t teardown_lock;
   bool destroy_requested, arena_open;
   oi_imported_arena *arena;
+
+  /* Engine-owned memory (set at connect, then read-only): */
+  bool owned;
+  int owned_fd;                 /* cpu: our duplicate of arena_fd; -1 otherwise */
+  oi_arena_handle owned_handle; /* cuda: the allocation's IPC handle... */
+  uint64_t owned_offset;        /* ...and the arena's offset in it */
+  uint64_t arena_size;
+  oi_arena_desc *reg_arenas;     /* the layout by offsets, to register again */
+  uint64_t *reg_segment_offsets; /* and its segment offsets (NULL: none) */
+  char **reg_names;
+  /* Under `lock` (and `write_lock` too where the connection changes): */
+  uint64_t gen;      /* connection generation, bumped at each reconnect */
+  bool stop;         /* teardown: the reader stops reconnecting */
+  int connecting_fd; /* the reader's reconnect attempt (teardown shuts it) */
+  uint32_t reconnects;
+  atomic_uint_fast64_t disconnected_saves, disconnected_misses;
 } remote_engine;
 
 static const engine_ops remote_ops;
@@ -179,23 +206,68 @@ static void finish_async(pending *p, oi_status st) {
 
 /* ---- sending ----------------------------------------------------------------------- */
 
-static oi_status send_envelope(remote_engine *e, const oiwire_Envelope *env,
-                               const oi_wire_out *out) {
+/* Sends on the connection of generation `gen` (a request made for a
+ * connection that has since been replaced is never sent on the new one). */
+static oi_status send_envelope(remote_engine *e, const oiwire_Envelope *env, const oi_wire_out *out,
+                               uint64_t gen) {
   uint8_t *frame;
   size_t len;
   oi_status st = oi__wire_encode(env, out, &frame, &len);
   if (st != OI_OK) return st;
   pthread_mutex_lock(&e->write_lock);
-  st = oi__wire_send(e->fd, frame, len);
+  if (e->gen != gen)
+    st = oi__fail(OI_ERR_CLOSED, "the connection this request was made for has ended");
+  else if (env->which_body == oiwire_Envelope_register_instance_tag && e->owned_fd >= 0)
+    st = oi__wire_send_fd(e->fd, frame, len, e->owned_fd);
+  else
+    st = oi__wire_send(e->fd, frame, len);
+  if (st != OI_OK && e->gen == gen)
+    shutdown(e->fd, SHUT_RDWR); /* a partial frame: the stream is unusable */
   pthread_mutex_unlock(&e->write_lock);
   oi__free(frame);
-  if (st != OI_OK) shutdown(e->fd, SHUT_RDWR); /* a partial frame: the stream is unusable */
   return st;
 }
 
+/* Every request body names the instance; set under e->lock, because a
+ * reconnect changes it. */
+static void set_instance_locked(remote_engine *e, oiwire_Envelope *env) {
+  uint32_t id = e->base.instance_id;
+  switch (env->which_body) {
+  case oiwire_Envelope_save_tag: env->body.save.instance_id = id; break;
+  case oiwire_Envelope_query_tag: env->body.query.instance_id = id; break;
+  case oiwire_Envelope_load_tag: env->body.load.instance_id = id; break;
+  case oiwire_Envelope_release_tag: env->body.release.instance_id = id; break;
+  case oiwire_Envelope_flush_tag: env->body.flush.instance_id = id; break;
+  case oiwire_Envelope_unregister_tag: env->body.unregister.instance_id = id; break;
+  case oiwire_Envelope_stats_tag: env->body.stats.instance_id = id; break;
+  default: break;
+  }
+}
+
+static uint32_t instance_of(remote_engine *e) {
+  pthread_mutex_lock(&e->lock);
+  uint32_t id = e->base.instance_id;
+  pthread_mutex_unlock(&e->lock);
+  return id;
+}
+
+/* Engine-owned and without a server now (the reader is reconnecting). */
+static bool degraded(remote_engine *e) {
+  if (!e->owned) return false;
+  pthread_mutex_lock(&e->lock);
+  bool d = e->state == CONN_DEGRADED;
+  pthread_mutex_unlock(&e->lock);
+  return d;
+}
+
 static oi_status closed_error(remote_engine *e, const char *what) {
-  return oi__fail(OI_ERR_CLOSED, "%s: the connection to the openinfer server is closed (%s)", what,
-                  e->conn_msg[0] ? e->conn_msg : "closed");
+  char why[sizeof e->conn_msg];
+  pthread_mutex_lock(&e->lock);
+  snprintf(why, sizeof why, "%s", e->conn_msg[0] ? e->conn_msg : "closed");
+  bool reconnecting = e->state == CONN_DEGRADED;
+  pthread_mutex_unlock(&e->lock);
+  return oi__fail(OI_ERR_CLOSED, "%s: the connection to the openinfer server is closed (%s)%s",
+                  what, why, reconnecting ? "; reconnecting in the background" : "");
 }
 
 static struct timespec abs_timespec(uint64_t deadline_ns) {
@@ -213,16 +285,18 @@ static oi_status send_pending(remote_engine *e, oiwire_Envelope *env, const oi_w
                               pending *p, const char *what, bool *taken, uint64_t *id_out) {
   *taken = false;
   pthread_mutex_lock(&e->lock);
-  if (e->state == CONN_DEAD) {
+  if (e->state == CONN_DEAD || e->state == CONN_DEGRADED) {
     pthread_mutex_unlock(&e->lock);
     return closed_error(e, what);
   }
   pending_insert_locked(e, p);
   uint64_t id = p->id; /* p may be freed by the reader once the lock is released */
+  uint64_t gen = e->gen;
+  if (env->which_body != oiwire_Envelope_register_instance_tag) set_instance_locked(e, env);
   pthread_mutex_unlock(&e->lock);
   *id_out = id;
   env->request_id = id;
-  oi_status st = send_envelope(e, env, out);
+  oi_status st = send_envelope(e, env, out, gen);
   if (st != OI_OK) {
     char msg[256];
     snprintf(msg, sizeof msg, "%s", oi_last_error());
@@ -352,11 +426,14 @@ static void expire(remote_engine *e, uint64_t now) {
 }
 
 /* The connection ended: fail everything waiting; if the engine is live,
- * the memory its arena maps is gone: fatal. */
-static void connection_lost(remote_engine *e, const char *why) {
+ * the memory its arena maps is gone: fatal, unless the memory is the
+ * engine's own: then degrade. @return true when degraded (the reader
+ * reconnects). */
+static bool connection_lost(remote_engine *e, const char *why) {
   pthread_mutex_lock(&e->lock);
   conn_state was = e->state;
-  e->state = CONN_DEAD;
+  bool degrade = was == CONN_LIVE && e->owned && !e->stop;
+  e->state = degrade ? CONN_DEGRADED : CONN_DEAD;
   if (!e->conn_msg[0]) snprintf(e->conn_msg, sizeof e->conn_msg, "%s", why);
   pending *list = e->head;
   e->head = e->tail = NULL;
@@ -385,22 +462,31 @@ static void connection_lost(remote_engine *e, const char *why) {
     next = p->next;
     finish_async(p, OI_ERR_CLOSED);
   }
+  if (degrade) {
+    OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+             "the openinfer server at %s went away (%s): the engine owns its memory, so it "
+             "degrades (queries miss, saves drop, loads fail) and reconnects when a server is back",
+             e->socket_path, e->conn_msg);
+    return true;
+  }
   if (was == CONN_LIVE)
     oi__fatal("openinfer: the sidecar server at %s died while this process maps the KV arena it "
               "owns (%s); the arena's memory is gone and there is no reconnect",
               e->socket_path, e->conn_msg);
+  return false;
 }
 
-static void *reader_main(void *arg) {
-  remote_engine *e = arg;
+static oi_status reconnect(remote_engine *e);
+
+/* Reads replies until the connection ends; `why` says how. */
+static void read_connection(remote_engine *e, char *why, size_t cap) {
   uint64_t next_expiry = oi__now_ns() + 250000000ull;
-  char why[256];
   for (;;) {
     struct pollfd pfd = {.fd = e->fd, .events = POLLIN};
     int rc = poll(&pfd, 1, 250);
     if (rc < 0 && errno != EINTR) {
-      snprintf(why, sizeof why, "poll: %s", strerror(errno));
-      break;
+      snprintf(why, cap, "poll: %s", strerror(errno));
+      return;
     }
     uint64_t now = oi__now_ns();
     if (now >= next_expiry) {
@@ -412,8 +498,8 @@ static void *reader_main(void *arg) {
     oi_status st = oi__wire_recv(e->fd, OI_WIRE_MAX_FRAME, &e->frame, &e->frame_cap, &len);
     if (st == OI_OK) st = oi__wire_decode(e->frame, len, &e->env, &e->arrays);
     if (st != OI_OK) {
-      snprintf(why, sizeof why, "%s", oi_last_error());
-      break;
+      snprintf(why, cap, "%s", oi_last_error());
+      return;
     }
     if (e->env.request_id == 0 && e->env.which_body == oiwire_Envelope_result_tag) {
       /* The server ends the session and says why; the end of stream follows. */
@@ -428,8 +514,47 @@ static void *reader_main(void *arg) {
     }
     deliver(e, &e->env);
   }
-  connection_lost(e, why);
-  return NULL;
+}
+
+/* Degraded: tries to reconnect, backing off from 100 ms to 2 s, until it
+ * succeeds (true) or teardown stops it (false). */
+static bool reconnect_loop(remote_engine *e) {
+  uint32_t backoff_ms = 100;
+  uint64_t attempts = 0;
+  for (;;) {
+    uint64_t deadline = oi__deadline_ns(backoff_ms);
+    struct timespec ts = abs_timespec(deadline);
+    pthread_mutex_lock(&e->lock);
+    while (!e->stop && pthread_cond_timedwait(&e->cv, &e->lock, &ts) != ETIMEDOUT) {
+    }
+    bool stop = e->stop;
+    pthread_mutex_unlock(&e->lock);
+    if (stop) return false;
+    attempts++;
+    oi_status st = reconnect(e);
+    if (st == OI_OK) return true;
+    if (st == OI_ERR_CLOSED) { /* (teardown) */
+      pthread_mutex_lock(&e->lock);
+      stop = e->stop;
+      pthread_mutex_unlock(&e->lock);
+      if (stop) return false;
+    }
+    OI_LOG(attempts == 1 || attempts % 100 == 0 ? OI_LOG_INFO : OI_LOG_DEBUG, "engine",
+           "reconnect to %s (attempt %llu): %s", e->socket_path, (unsigned long long)attempts,
+           oi_last_error());
+    backoff_ms = backoff_ms >= 1000 ? 2000 : backoff_ms * 2;
+  }
+}
+
+static void *reader_main(void *arg) {
+  remote_engine *e = arg;
+  char why[256];
+  for (;;) {
+    why[0] = '\0';
+    read_connection(e, why, sizeof why);
+    if (!connection_lost(e, why)) return NULL;
+    if (!reconnect_loop(e)) return NULL;
+  }
 }
 
 /* ---- operations ---------------------------------------------------------------------- */
@@ -479,6 +604,27 @@ static oi_status submit_async(remote_engine *e, pending_kind kind, oiwire_Envelo
   return OI_OK;
 }
 
+/* Engine-owned and no server: the save is dropped as a full pool drops one
+ * (OI_OK; nothing was accepted, so on_done and the ticket complete now). */
+static oi_status drop_save(remote_engine *e, size_t n, const oi_save_options *opt,
+                           oi_ticket **ticket_out) {
+  oi_ticket *t = NULL;
+  if (ticket_out && !(t = oi__ticket_new()))
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "save: out of memory");
+  atomic_fetch_add(&e->disconnected_saves, n);
+  if (opt->result) { /* nothing reached a server: every block dropped */
+    opt->result->accepted = opt->result->deduplicated = 0;
+    opt->result->dropped = n;
+  }
+  oi_clear_error();
+  if (opt->on_done) opt->on_done(opt->on_done_ctx, OI_OK);
+  if (t) {
+    oi__ticket_complete(t, OI_OK);
+    *ticket_out = t;
+  }
+  return OI_OK;
+}
+
 static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
                              const oi_block_hash *hashes, size_t n, const oi_save_options *opt,
                              oi_ticket **ticket_out) {
@@ -496,19 +642,24 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_save_tag;
-  env.body.save.instance_id = base->instance_id;
   env.body.save.arena_first = opt->arena_first;
   env.body.save.arena_count = opt->arena_count;
   oi_wire_out out = {.ids = ids, .n_ids = n, .hashes = hashes, .n_hashes = n};
-  if (!opt->result)
-    return submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
-                        opt->on_done_ctx, NULL, ticket_out, "save");
+  if (degraded(e)) return drop_save(e, n, opt, ticket_out);
+  if (!opt->result) {
+    st = submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
+                      opt->on_done_ctx, NULL, ticket_out, "save");
+    /* Engine-owned: a save that never reached a server is dropped, not an error. */
+    if (st == OI_ERR_CLOSED && e->owned) return drop_save(e, n, opt, ticket_out);
+    return st;
+  }
   /* The server answers SaveCounts as soon as it reserved the blocks, then
    * the final Result; wait for the first (up to the control deadline). */
   env.body.save.want_counts = true;
   counts_wait w = {0};
   st = submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
                     opt->on_done_ctx, &w, ticket_out, "save");
+  if (st == OI_ERR_CLOSED && e->owned) return drop_save(e, n, opt, ticket_out);
   if (st != OI_OK) return st; /* (the record never left our hands: w is unreferenced) */
   uint64_t deadline = oi__deadline_ns(e->control_ms);
   struct timespec ts = abs_timespec(deadline);
@@ -540,12 +691,29 @@ static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int6
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_load_tag;
-  env.body.load.instance_id = base->instance_id;
   env.body.load.lease.size = OI_WIRE_LEASE_BYTES;
   memcpy(env.body.load.lease.bytes, lease.bytes, OI_WIRE_LEASE_BYTES);
   oi_wire_out out = {.ids = ids, .n_ids = n};
+  if (degraded(e))
+    return oi__fail(OI_ERR_CLOSED,
+                    "load: no openinfer server is connected (the one that issued the lease went "
+                    "away; reconnecting in the background): nothing was loaded");
   return submit_async(e, PEND_LOAD, &env, &out, base->opts.load_deadline_ms, NULL, NULL, NULL,
                       ticket_out, "load");
+}
+
+/* Engine-owned and no server: everything misses. */
+static oi_status query_miss(remote_engine *e, size_t n, uint32_t flags, uint8_t *present,
+                            oi_query_result *out) {
+  if ((flags & OI_QUERY_MEMBERSHIP) && n > 0) memset(present, 0, n);
+  atomic_fetch_add(&e->disconnected_misses, n);
+  oi_query_result r;
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.state = OI_QUERY_READY;
+  r.present = present;
+  oi_clear_error();
+  return oi__struct_out(out, &r, sizeof r, "query");
 }
 
 /* A Query: of the engine's instance, or (instance 0) a lookup of
@@ -575,11 +743,14 @@ static oi_status query_call(remote_engine *e, uint32_t instance, const char *nam
     p.present = present;
     p.present_n = n;
   }
+  if (degraded(e)) return query_miss(e, n, flags, present, out);
   /* A waiting query is answered up to wait_ms later than another. */
   uint64_t limit = (uint64_t)e->control_ms + wait_ms;
   if ((st = call(e, &env, &wo, &p, limit >= UINT32_MAX ? UINT32_MAX - 1 : (uint32_t)limit,
-                 "query")) != OI_OK)
+                 "query")) != OI_OK) {
+    if (st == OI_ERR_CLOSED && e->owned) return query_miss(e, n, flags, present, out);
     return st;
+  }
   if (p.reply.which_body != oiwire_Envelope_query_reply_tag) return unexpected_reply(&p, "query");
   const oiwire_QueryReply *qr = &p.reply.body.query_reply;
   if (qr->lease.size != 0 && qr->lease.size != OI_WIRE_LEASE_BYTES)
@@ -621,7 +792,12 @@ static oi_status release_call(remote_engine *e, uint32_t instance, const char *n
   memcpy(env.body.release.lease.bytes, lease.bytes, OI_WIRE_LEASE_BYTES);
   pending p;
   memset(&p, 0, sizeof p);
-  return call(e, &env, NULL, &p, e->control_ms, "release");
+  oi_status st = degraded(e) ? OI_ERR_CLOSED : call(e, &env, NULL, &p, e->control_ms, "release");
+  if (st == OI_ERR_CLOSED && e->owned)
+    return oi__fail(OI_ERR_LEASE_EXPIRED,
+                    "release: the server that issued this lease went away (its leases went "
+                    "with it)");
+  return st;
 }
 
 static oi_status remote_release(oi_offload_engine *base, oi_lease lease) {
@@ -633,14 +809,19 @@ static oi_status remote_flush(oi_offload_engine *base, uint32_t timeout_ms) {
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_flush_tag;
-  env.body.flush.instance_id = base->instance_id;
   env.body.flush.timeout_ms = timeout_ms;
   /* The server answers TIMEOUT after timeout_ms; we wait that plus the
    * control deadline for the answer itself. */
   uint64_t wait = timeout_ms == UINT32_MAX ? UINT32_MAX : (uint64_t)timeout_ms + e->control_ms;
   pending p;
   memset(&p, 0, sizeof p);
-  return call(e, &env, NULL, &p, wait >= UINT32_MAX ? UINT32_MAX : (uint32_t)wait, "flush");
+  if (degraded(e)) return OI_OK; /* every save was completed when the server went away */
+  oi_status st = call(e, &env, NULL, &p, wait >= UINT32_MAX ? UINT32_MAX : (uint32_t)wait, "flush");
+  if (st == OI_ERR_CLOSED && e->owned) {
+    oi_clear_error();
+    return OI_OK;
+  }
+  return st;
 }
 
 static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *out) {
@@ -648,18 +829,38 @@ static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *o
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_stats_tag;
-  env.body.stats.instance_id = cbase->instance_id;
   pending p;
   memset(&p, 0, sizeof p);
-  oi_status st = call(e, &env, NULL, &p, e->control_ms, "engine_stats");
+  oi_engine_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.latency_buckets = OI_LATENCY_BUCKETS;
+  s.disconnected_saves = atomic_load(&e->disconnected_saves);
+  s.disconnected_query_misses = atomic_load(&e->disconnected_misses);
+  oi_status st =
+      degraded(e) ? OI_ERR_CLOSED : call(e, &env, NULL, &p, e->control_ms, "engine_stats");
+  pthread_mutex_lock(&e->lock);
+  s.reconnects = e->reconnects;
+  bool live = e->state == CONN_LIVE;
+  s.server_epoch = live ? e->server_epoch : 0;
+  s.connection = live ? OI_CONNECTION_CONNECTED : OI_CONNECTION_DEGRADED;
+  s.instance_id = live ? e->base.instance_id : 0;
+  pthread_mutex_unlock(&e->lock);
+  if (st == OI_ERR_CLOSED && e->owned) {
+    /* No server: this side's figures only (the server's went with it). */
+    oi_clear_error();
+    s.connection = OI_CONNECTION_DEGRADED;
+    s.server_epoch = 0;
+    s.instance_id = 0;
+    s.block_bytes = cbase->layout.block_bytes;
+    s.num_blocks = cbase->layout.num_blocks;
+    return oi__struct_out(out, &s, sizeof s, "engine_stats");
+  }
   if (st != OI_OK) return st;
   if (p.reply.which_body != oiwire_Envelope_stats_reply_tag)
     return unexpected_reply(&p, "engine_stats");
   const oiwire_StatsReply *r = &p.reply.body.stats_reply;
-  oi_engine_stats s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  s.instance_id = cbase->instance_id;
+  s.instance_id = r->instance_id;
   s.block_bytes = r->block_bytes;
   s.num_blocks = r->num_blocks;
   s.saves_submitted = r->saves_submitted;
@@ -677,7 +878,6 @@ static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *o
   s.saves_pending = r->saves_pending;
   s.loads_submitted = r->loads_submitted;
   s.namespace_blocks_resident = r->namespace_blocks_resident;
-  s.latency_buckets = OI_LATENCY_BUCKETS;
   for (pb_size_t i = 0; i < r->save_latency_us_count && i < OI_LATENCY_BUCKETS; i++)
     s.save_latency_us[i] = r->save_latency_us[i];
   s.save_latency_sum_us = r->save_latency_sum_us;
@@ -693,7 +893,6 @@ static oi_status send_unregister(remote_engine *e) {
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
   env.which_body = oiwire_Envelope_unregister_tag;
-  env.body.unregister.instance_id = e->base.instance_id;
   pending p;
   memset(&p, 0, sizeof p);
   return call(e, &env, NULL, &p, e->control_ms, "unregister");
@@ -705,13 +904,27 @@ static void free_engine(remote_engine *e) {
   if (e->reader_started) {
     pthread_mutex_lock(&e->lock);
     bool dead = e->state == CONN_DEAD;
+    e->stop = true; /* a degraded engine's reader stops reconnecting */
+    if (e->connecting_fd >= 0) shutdown(e->connecting_fd, SHUT_RDWR);
+    pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->lock);
     /* A connection the server ended: let the reader read to its end (the
      * server's reason may still be queued) rather than cut it. */
-    if (!dead) shutdown(e->fd, SHUT_RDWR);
+    if (!dead) {
+      pthread_mutex_lock(&e->write_lock);
+      shutdown(e->fd, SHUT_RDWR);
+      pthread_mutex_unlock(&e->write_lock);
+    }
     pthread_join(e->reader, NULL);
   }
   if (e->fd >= 0) close(e->fd);
+  if (e->owned_fd >= 0) close(e->owned_fd);
+  if (e->reg_names)
+    for (uint32_t i = 0; i < e->base.opts.num_arenas; i++)
+      oi__free(e->reg_names[i]);
+  oi__free(e->reg_names);
+  oi__free(e->reg_arenas);
+  oi__free(e->reg_segment_offsets);
   oi__wire_arrays_free(&e->arrays);
   oi__free(e->frame);
   oi__free(e->socket_path);
@@ -723,23 +936,26 @@ static void free_engine(remote_engine *e) {
   oi__free(e);
 }
 
-/* Watchdog retired -> flush -> unregister -> close. The mapping is closed. */
+/* Watchdog retired -> flush -> unregister -> close. The mapping is closed.
+ * A degraded engine has no server to tell: its reader stops reconnecting. */
 static void teardown(remote_engine *e) {
   pthread_mutex_lock(&e->lock);
-  bool connected = e->state != CONN_DEAD;
+  bool connected = e->state == CONN_LIVE || e->state == CONN_CONNECTING;
   if (connected) e->state = CONN_RETIRED;
+  e->stop = true;
+  uint32_t id = e->base.instance_id;
   pthread_mutex_unlock(&e->lock);
   if (connected) {
     uint32_t flush_ms = e->base.opts.save_deadline_ms ? e->base.opts.save_deadline_ms : UINT32_MAX;
     if (remote_flush(&e->base, flush_ms) != OI_OK)
-      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "destroy: %s", oi_last_error());
+      OI_LOG_I(OI_LOG_WARN, "engine", id, "destroy: %s", oi_last_error());
     if (send_unregister(e) != OI_OK)
-      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+      OI_LOG_I(OI_LOG_WARN, "engine", id,
                "destroy: %s (the server frees the arena when the "
                "session closes)",
                oi_last_error());
   }
-  OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id, "disconnected from %s", e->socket_path);
+  OI_LOG_I(OI_LOG_INFO, "engine", id, "disconnected from %s", e->socket_path);
   free_engine(e);
 }
 
@@ -763,7 +979,7 @@ static void remote_destroy(oi_offload_engine *base) {
     teardown(e);
     return;
   }
-  OI_LOG_I(OI_LOG_WARN, "engine", base->instance_id,
+  OI_LOG_I(OI_LOG_WARN, "engine", instance_of(e),
            "destroyed while its imported arena is still open: the engine is finished "
            "(flush, unregister) when oi_imported_arena_close closes the mapping");
 }
@@ -807,45 +1023,90 @@ static bool layout_extent(const oi_engine_options *o, uint64_t *out) {
   return true;
 }
 
+static void fill_hello(remote_engine *e, oiwire_Envelope *env) {
+  memset(env, 0, sizeof *env);
+  env->which_body = oiwire_Envelope_hello_tag;
+  env->body.hello.protocol_version = OI_WIRE_PROTOCOL_VERSION;
+  env->body.hello.capabilities =
+      OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP | (e->owned ? OI_WIRE_CAP_OWNED_ARENA : 0);
+  snprintf(env->body.hello.client_name, sizeof env->body.hello.client_name, "%s (pid %d)",
+           e->base.instance_name[0] ? e->base.instance_name : "engine", (int)getpid());
+}
+
+static oi_status check_hello_reply(remote_engine *e, const oiwire_Envelope *r, const char *what) {
+  if (r->which_body != oiwire_Envelope_hello_reply_tag)
+    return oi__fail(OI_ERR_PROTOCOL, "%s: the server answered with message type %u", what,
+                    r->which_body);
+  if (r->body.hello_reply.protocol_version != OI_WIRE_PROTOCOL_VERSION)
+    return oi__fail(OI_ERR_VERSION, "%s: the server speaks protocol %u, this library %u", what,
+                    r->body.hello_reply.protocol_version, OI_WIRE_PROTOCOL_VERSION);
+  if (e->owned && !(r->body.hello_reply.capabilities & OI_WIRE_CAP_OWNED_ARENA))
+    return oi__fail(OI_ERR_UNSUPPORTED,
+                    "%s: the server does not take engine-owned memory (an older version): "
+                    "connect with arena_base NULL",
+                    what);
+  return OI_OK;
+}
+
 static oi_status hello(remote_engine *e) {
   oiwire_Envelope env;
-  memset(&env, 0, sizeof env);
-  env.which_body = oiwire_Envelope_hello_tag;
-  env.body.hello.protocol_version = OI_WIRE_PROTOCOL_VERSION;
-  env.body.hello.capabilities = OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP;
-  snprintf(env.body.hello.client_name, sizeof env.body.hello.client_name, "%s (pid %d)",
-           e->base.instance_name[0] ? e->base.instance_name : "engine", (int)getpid());
+  fill_hello(e, &env);
   pending p;
   memset(&p, 0, sizeof p);
   oi_status st = call(e, &env, NULL, &p, e->control_ms, "connect: hello");
   if (st != OI_OK) return st;
-  if (p.reply.which_body != oiwire_Envelope_hello_reply_tag)
-    return unexpected_reply(&p, "connect: hello");
-  if (p.reply.body.hello_reply.protocol_version != OI_WIRE_PROTOCOL_VERSION)
-    return oi__fail(OI_ERR_VERSION, "connect: the server speaks protocol %u, this library %u",
-                    p.reply.body.hello_reply.protocol_version, OI_WIRE_PROTOCOL_VERSION);
+  if ((st = check_hello_reply(e, &p.reply, "connect: hello")) != OI_OK) return st;
+  pthread_mutex_lock(&e->lock);
   e->server_epoch = p.reply.body.hello_reply.server_epoch;
   e->server_caps = p.reply.body.hello_reply.capabilities;
+  pthread_mutex_unlock(&e->lock);
   return OI_OK;
 }
 
-static oi_status register_layout(remote_engine *e, const oi_engine_options *o, uint64_t arena_size,
-                                 oi_arena_handle *handle) {
-  oiwire_Envelope env;
-  memset(&env, 0, sizeof env);
-  env.which_body = oiwire_Envelope_register_instance_tag;
-  oiwire_Register *r = &env.body.register_instance;
+/* The Register request (the same at connect and at every reconnect). */
+static void fill_register(remote_engine *e, oiwire_Envelope *env, oi_wire_out *out) {
+  memset(env, 0, sizeof *env);
+  env->which_body = oiwire_Envelope_register_instance_tag;
+  oiwire_Register *r = &env->body.register_instance;
   snprintf(r->namespace_id, sizeof r->namespace_id, "%s", e->base.namespace_id);
   snprintf(r->instance_name, sizeof r->instance_name, "%s", e->base.instance_name);
-  r->device = o->device;
-  r->world_size = o->world_size;
-  r->arena_size = arena_size;
-  r->copy_mode = o->copy_mode;
-  r->copy_cta_limit = o->copy_cta_limit;
-  oi_wire_out out = {.arenas = o->arenas,
-                     .n_arenas = o->num_arenas,
-                     .segment_offsets = o->segment_offsets,
-                     .n_segment_offsets = o->segment_offsets ? o->num_segment_offsets : 0};
+  r->device = e->base.opts.device;
+  r->world_size = e->base.opts.world_size;
+  r->arena_size = e->arena_size;
+  r->copy_mode = e->base.opts.copy_mode;
+  r->copy_cta_limit = e->base.opts.copy_cta_limit;
+  if (e->owned) {
+    r->client_owned = true;
+    if (e->owned_fd < 0) { /* cuda: the IPC handle; cpu: the fd rides with the frame */
+      r->client_handle.size = OI_WIRE_HANDLE_BYTES;
+      memcpy(r->client_handle.bytes, e->owned_handle.bytes, OI_WIRE_HANDLE_BYTES);
+      r->client_offset = e->owned_offset;
+    }
+  }
+  memset(out, 0, sizeof *out);
+  out->arenas = e->reg_arenas;
+  out->n_arenas = e->base.opts.num_arenas;
+  out->segment_offsets = e->reg_segment_offsets;
+  out->n_segment_offsets = e->reg_segment_offsets ? e->base.opts.num_segment_offsets : 0;
+}
+
+static oi_status check_register_reply(remote_engine *e, const oiwire_RegisterReply *rr,
+                                      const char *what) {
+  uint32_t want = e->owned ? 0 : OI_WIRE_HANDLE_BYTES;
+  if (rr->instance_id == 0 || rr->arena_handle.size != want)
+    return oi__fail(OI_ERR_PROTOCOL, "%s: register reply has instance %u and a %u-byte handle",
+                    what, rr->instance_id, (unsigned)rr->arena_handle.size);
+  if (rr->arena_bytes < e->arena_size)
+    return oi__fail(OI_ERR_PROTOCOL, "%s: the server %s %llu bytes, %llu asked for", what,
+                    e->owned ? "mapped" : "allocated", (unsigned long long)rr->arena_bytes,
+                    (unsigned long long)e->arena_size);
+  return OI_OK;
+}
+
+static oi_status register_layout(remote_engine *e, oi_arena_handle *handle) {
+  oiwire_Envelope env;
+  oi_wire_out out;
+  fill_register(e, &env, &out);
   pending p;
   memset(&p, 0, sizeof p);
   oi_status st = call(e, &env, &out, &p, e->control_ms, "connect: register");
@@ -853,14 +1114,184 @@ static oi_status register_layout(remote_engine *e, const oi_engine_options *o, u
   if (p.reply.which_body != oiwire_Envelope_register_reply_tag)
     return unexpected_reply(&p, "connect: register");
   const oiwire_RegisterReply *rr = &p.reply.body.register_reply;
-  if (rr->instance_id == 0 || rr->arena_handle.size != OI_WIRE_HANDLE_BYTES)
-    return oi__fail(OI_ERR_PROTOCOL, "connect: register reply has instance %u and a %u-byte handle",
-                    rr->instance_id, (unsigned)rr->arena_handle.size);
-  e->base.instance_id = rr->instance_id;
-  memcpy(handle->bytes, rr->arena_handle.bytes, OI_WIRE_HANDLE_BYTES);
-  if (rr->arena_bytes < arena_size)
-    return oi__fail(OI_ERR_PROTOCOL, "connect: the server allocated %llu bytes, %llu asked for",
-                    (unsigned long long)rr->arena_bytes, (unsigned long long)arena_size);
+  if (rr->instance_id) {
+    pthread_mutex_lock(&e->lock);
+    e->base.instance_id = rr->instance_id;
+    pthread_mutex_unlock(&e->lock);
+  }
+  if ((st = check_register_reply(e, rr, "connect")) != OI_OK) return st;
+  if (!e->owned) memcpy(handle->bytes, rr->arena_handle.bytes, OI_WIRE_HANDLE_BYTES);
+  return OI_OK;
+}
+
+/* ---- reconnecting (engine-owned memory) ---------------------------------------------- */
+
+/* One request and its reply on a connection the reader has not installed
+ * yet (reader thread only: it uses the reader's buffers). */
+static oi_status sync_call(remote_engine *e, int fd, oiwire_Envelope *env, const oi_wire_out *out,
+                           const char *what) {
+  uint8_t *frame;
+  size_t len;
+  oi_status st = oi__wire_encode(env, out, &frame, &len);
+  if (st != OI_OK) return st;
+  if (env->which_body == oiwire_Envelope_register_instance_tag && e->owned_fd >= 0)
+    st = oi__wire_send_fd(fd, frame, len, e->owned_fd);
+  else
+    st = oi__wire_send(fd, frame, len);
+  oi__free(frame);
+  if (st != OI_OK) return st;
+  uint64_t deadline = oi__deadline_ns(e->control_ms);
+  for (;;) {
+    uint64_t now = oi__now_ns();
+    if (now >= deadline)
+      return oi__fail(OI_ERR_TIMEOUT, "%s: no reply within %u ms", what, e->control_ms);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int rc = poll(&pfd, 1, (int)OI_MIN((deadline - now) / 1000000u + 1, 1000u));
+    if (rc < 0 && errno != EINTR) return oi__fail(OI_ERR_IO, "%s: poll: %s", what, strerror(errno));
+    if (rc <= 0) continue;
+    if ((st = oi__wire_recv(fd, OI_WIRE_MAX_FRAME, &e->frame, &e->frame_cap, &len)) != OI_OK ||
+        (st = oi__wire_decode(e->frame, len, &e->env, &e->arrays)) != OI_OK) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "%s", oi_last_error());
+      return oi__fail(st, "%s: %s", what, msg);
+    }
+    bool mine = e->env.request_id == env->request_id;
+    if (e->env.which_body == oiwire_Envelope_result_tag && (mine || e->env.request_id == 0)) {
+      oi_status rs = e->env.body.result.status;
+      if (rs != OI_OK)
+        return oi__fail(rs < 0 ? rs : OI_ERR_PROTOCOL, "%s: %s", what, e->env.body.result.message);
+    }
+    if (mine) return OI_OK;
+  }
+}
+
+/* Connects, says Hello and registers the layout and memory again; on
+ * success installs the new connection (a new generation). Reader thread. */
+static oi_status reconnect(remote_engine *e) {
+  int fd = -1;
+  oi_status st = oi__wire_connect(e->socket_path, &fd);
+  if (st != OI_OK) return st;
+  pthread_mutex_lock(&e->lock);
+  bool stop = e->stop;
+  if (!stop) e->connecting_fd = fd;
+  pthread_mutex_unlock(&e->lock);
+  if (stop) {
+    close(fd);
+    return oi__fail(OI_ERR_CLOSED, "reconnect: the engine is being destroyed");
+  }
+  oiwire_Envelope env;
+  oi_wire_out out;
+  uint64_t epoch = 0;
+  uint32_t id = 0;
+  fill_hello(e, &env);
+  env.request_id = 1;
+  if ((st = sync_call(e, fd, &env, NULL, "reconnect: hello")) != OI_OK) goto fail;
+  if ((st = check_hello_reply(e, &e->env, "reconnect: hello")) != OI_OK) goto fail;
+  epoch = e->env.body.hello_reply.server_epoch;
+  uint64_t caps = e->env.body.hello_reply.capabilities;
+  fill_register(e, &env, &out);
+  env.request_id = 2;
+  if ((st = sync_call(e, fd, &env, &out, "reconnect: register")) != OI_OK) goto fail;
+  if (e->env.which_body != oiwire_Envelope_register_reply_tag) {
+    st = oi__fail(OI_ERR_PROTOCOL, "reconnect: register: the server answered with message type %u",
+                  e->env.which_body);
+    goto fail;
+  }
+  if ((st = check_register_reply(e, &e->env.body.register_reply, "reconnect")) != OI_OK) goto fail;
+  id = e->env.body.register_reply.instance_id;
+
+  pthread_mutex_lock(&e->write_lock);
+  pthread_mutex_lock(&e->lock);
+  e->connecting_fd = -1;
+  if (e->stop) {
+    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_unlock(&e->write_lock);
+    close(fd); /* the server cleans the instance up with the session */
+    return oi__fail(OI_ERR_CLOSED, "reconnect: the engine is being destroyed");
+  }
+  int old_fd = e->fd;
+  uint64_t old_epoch = e->server_epoch;
+  uint32_t old_id = e->base.instance_id;
+  e->fd = fd;
+  e->gen++;
+  e->base.instance_id = id;
+  e->server_epoch = epoch;
+  e->server_caps = caps;
+  e->state = CONN_LIVE;
+  e->conn_msg[0] = '\0';
+  e->conn_status = 0;
+  uint32_t n = ++e->reconnects;
+  pthread_mutex_unlock(&e->lock);
+  pthread_mutex_unlock(&e->write_lock);
+  close(old_fd);
+  OI_LOG_I(OI_LOG_WARN, "engine", id,
+           "reconnected to %s: epoch %016llx (was %016llx), instance %u (was %u), reconnect %u; "
+           "the layout and memory are registered again, leases of the old epoch are invalid",
+           e->socket_path, (unsigned long long)epoch, (unsigned long long)old_epoch, id, old_id, n);
+  return OI_OK;
+
+fail:
+  pthread_mutex_lock(&e->lock);
+  e->connecting_fd = -1;
+  pthread_mutex_unlock(&e->lock);
+  close(fd);
+  return st;
+}
+
+/* ---- connect ------------------------------------------------------------------------- */
+
+/* Engine-owned memory: what travels to the server (cpu: a duplicate of the
+ * memfd; cuda: the allocation's IPC handle and the arena's offset in it). */
+static oi_status prepare_owned(remote_engine *e, const oi_engine_options *o) {
+  if (o->device == OI_DEVICE_CPU) {
+    if (o->arena_fd < 0)
+      return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                      "connect: engine-owned cpu memory (arena_base set) needs arena_fd, a memfd "
+                      "sealed with F_SEAL_SHRINK that arena_base maps");
+    oi_status st = oi__fd_arena_check(o->arena_fd, e->arena_size, "connect");
+    if (st == OI_OK)
+      st = oi__fd_arena_check_mapping(o->arena_fd, o->arena_base, e->arena_size, "connect");
+    if (st != OI_OK) return st;
+    e->owned_fd = fcntl(o->arena_fd, F_DUPFD_CLOEXEC, 0);
+    if (e->owned_fd < 0) return oi__fail(OI_ERR_IO, "connect: dup(arena_fd): %s", strerror(errno));
+    return OI_OK;
+  }
+  if (o->arena_fd != -1)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "connect: arena_fd is for cpu memory; device %d's memory is exported with "
+                    "CUDA IPC (arena_fd must be -1)",
+                    o->device);
+  oi_dev *dev = NULL;
+  oi_status st = oi__dev_open(o->device, &dev);
+  if (st != OI_OK) return st;
+  st = dev->ops->mem_export_range(dev, o->arena_base, e->arena_size, &e->owned_handle,
+                                  &e->owned_offset);
+  oi__dev_close(dev);
+  if (st != OI_OK) {
+    char msg[384];
+    snprintf(msg, sizeof msg, "%s", oi_last_error());
+    return oi__fail(st, "connect: %s", msg);
+  }
+  return OI_OK;
+}
+
+/* A copy of the layout by offsets, to register it again after a reconnect. */
+static oi_status keep_layout(remote_engine *e, const oi_engine_options *o) {
+  e->reg_arenas = oi__calloc(o->num_arenas ? o->num_arenas : 1, sizeof *e->reg_arenas);
+  e->reg_names = oi__calloc(o->num_arenas ? o->num_arenas : 1, sizeof *e->reg_names);
+  if (!e->reg_arenas || !e->reg_names)
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "connect: out of memory");
+  for (uint32_t i = 0; i < o->num_arenas; i++) {
+    e->reg_arenas[i] = o->arenas[i];
+    if (o->arenas[i].name && !(e->reg_names[i] = oi__strdup(o->arenas[i].name)))
+      return oi__fail(OI_ERR_OUT_OF_MEMORY, "connect: out of memory");
+    e->reg_arenas[i].name = e->reg_names[i];
+  }
+  if (o->segment_offsets && o->num_segment_offsets) {
+    e->reg_segment_offsets = oi__calloc(o->num_segment_offsets, sizeof(uint64_t));
+    if (!e->reg_segment_offsets) return oi__fail(OI_ERR_OUT_OF_MEMORY, "connect: out of memory");
+    memcpy(e->reg_segment_offsets, o->segment_offsets, o->num_segment_offsets * sizeof(uint64_t));
+  }
   return OI_OK;
 }
 
@@ -870,10 +1301,16 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
   oi_engine_options_init(&opts);
   oi_status st = oi__struct_in(&opts, sizeof opts, o, "connect");
   if (st != OI_OK) return st;
-  if (opts.arena_base)
+  bool owned = opts.arena_base != NULL;
+  if (!owned && !arena_out)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "connect: arena_base must be NULL: the server allocates the arena (give arenas "
-                    "by offset)");
+                    "connect: arena_out is NULL (the server allocates the arena; it is optional "
+                    "only with engine-owned memory, arena_base set)");
+  if (!owned && opts.arena_fd != -1)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "connect: arena_fd %d without arena_base (engine-owned cpu memory is "
+                    "arena_base, mapped from arena_fd)",
+                    opts.arena_fd);
   if (opts.num_arenas && !opts.arenas)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: layout has no arenas");
   if (opts.num_arenas > OI_WIRE_MAX_ARENAS)
@@ -899,6 +1336,9 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
   if (arena_size > UINT64_MAX - OI_ENGINE_STANDIN_BASE)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: arena_size %llu is too large",
                     (unsigned long long)arena_size);
+  if (owned && (uintptr_t)opts.arena_base > UINTPTR_MAX - arena_size)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "connect: arena_base + arena_size wraps around the address space");
   char def[108];
   if (!socket_path) {
     if ((st = oi__wire_default_socket_path(def, sizeof def)) != OI_OK) return st;
@@ -909,6 +1349,10 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
   if (!e) return oi__fail(OI_ERR_OUT_OF_MEMORY, "connect: out of memory");
   e->base.ops = &remote_ops;
   e->fd = -1;
+  e->owned_fd = -1;
+  e->connecting_fd = -1;
+  e->owned = owned;
+  e->arena_size = arena_size;
   e->state = CONN_CONNECTING;
   pthread_mutex_init(&e->lock, NULL);
   pthread_condattr_t ca; /* deadlines are CLOCK_MONOTONIC (oi__deadline_ns) */
@@ -919,7 +1363,9 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
   pthread_mutex_init(&e->write_lock, NULL);
   pthread_mutex_init(&e->teardown_lock, NULL);
   /* Validate the whole layout before talking to the server; the real base
-   * is known after the import. */
+   * is known after the import (or is the caller's, engine-owned). */
+  void *owned_base = opts.arena_base;
+  opts.arena_base = NULL;
   opts.arena_size = arena_size;
   if ((st = oi__engine_init_unmapped(&e->base, &opts, "connect")) != OI_OK) {
     pthread_mutex_destroy(&e->teardown_lock);
@@ -935,6 +1381,13 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
     st = oi__fail(OI_ERR_OUT_OF_MEMORY, "connect: out of memory");
     goto fail;
   }
+  if ((st = keep_layout(e, &opts)) != OI_OK) goto fail;
+  if (owned) {
+    opts.arena_base = owned_base;
+    st = prepare_owned(e, &opts);
+    opts.arena_base = NULL;
+    if (st != OI_OK) goto fail;
+  }
   if ((st = oi__wire_connect(socket_path, &e->fd)) != OI_OK) goto fail;
   int rc = pthread_create(&e->reader, NULL, reader_main, e);
   if (rc != 0) {
@@ -945,37 +1398,45 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
   e->reader_started = true;
   if ((st = hello(e)) != OI_OK) goto fail;
   oi_arena_handle handle;
-  if ((st = register_layout(e, &opts, arena_size, &handle)) != OI_OK) {
-    if (e->base.instance_id) goto fail_registered;
+  if ((st = register_layout(e, &handle)) != OI_OK) {
+    if (instance_of(e)) goto fail_registered;
     goto fail;
   }
   oi_imported_arena *arena = NULL;
-  if ((st = oi_imported_arena_open(&handle, arena_size, opts.device, &arena)) != OI_OK) {
-    char msg[384];
-    snprintf(msg, sizeof msg, "%s", oi_last_error());
-    oi__fail(st, "connect: importing the server's arena: %s", msg);
-    goto fail_registered;
+  if (owned) {
+    oi__engine_rebase(&e->base, owned_base, arena_size);
+  } else {
+    if ((st = oi_imported_arena_open(&handle, arena_size, opts.device, &arena)) != OI_OK) {
+      char msg[384];
+      snprintf(msg, sizeof msg, "%s", oi_last_error());
+      oi__fail(st, "connect: importing the server's arena: %s", msg);
+      goto fail_registered;
+    }
+    oi__engine_rebase(&e->base, oi_imported_arena_ptr(arena), oi_imported_arena_size(arena));
+    e->arena = arena;
+    e->arena_open = true;
+    oi__imported_arena_on_close(arena, on_arena_closed, e);
   }
-  oi__engine_rebase(&e->base, oi_imported_arena_ptr(arena), oi_imported_arena_size(arena));
-  e->arena = arena;
-  e->arena_open = true;
-  oi__imported_arena_on_close(arena, on_arena_closed, e);
   pthread_mutex_lock(&e->lock);
   bool alive = e->state == CONN_CONNECTING;
   if (alive) e->state = CONN_LIVE; /* the watchdog is armed */
+  uint64_t epoch = e->server_epoch;
   pthread_mutex_unlock(&e->lock);
   if (!alive) {
-    oi__imported_arena_on_close(arena, NULL, NULL);
-    oi_imported_arena_close(arena);
+    if (arena) {
+      oi__imported_arena_on_close(arena, NULL, NULL);
+      oi_imported_arena_close(arena);
+    }
     st = closed_error(e, "connect");
     goto fail;
   }
-  OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id,
-           "connected to %s (epoch %016llx): %u arenas, %llu blocks, %llu-byte arena", socket_path,
-           (unsigned long long)e->server_epoch, e->base.layout.num_arenas,
-           (unsigned long long)e->base.layout.num_blocks, (unsigned long long)arena_size);
+  OI_LOG_I(OI_LOG_INFO, "engine", instance_of(e),
+           "connected to %s (epoch %016llx): %u arenas, %llu blocks, %llu-byte %s arena",
+           socket_path, (unsigned long long)epoch, e->base.layout.num_arenas,
+           (unsigned long long)e->base.layout.num_blocks, (unsigned long long)arena_size,
+           owned ? "engine-owned" : "server-allocated");
   *out = &e->base;
-  *arena_out = arena;
+  if (arena_out) *arena_out = arena;
   return OI_OK;
 
 fail_registered : {

@@ -371,12 +371,76 @@ oi_status oi__wire_send(int fd, const void *buf, size_t len) {
   return OI_OK;
 }
 
-/* Reads exactly `len` bytes. *got tells how many arrived before an error. */
-static oi_status read_full(int fd, void *buf, size_t len, size_t *got) {
+oi_status oi__wire_send_fd(int fd, const void *buf, size_t len, int pass_fd) {
+  if (len == 0) return OI_OK;
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } ctl;
+  memset(&ctl, 0, sizeof ctl);
+  struct iovec iov = {.iov_base = (void *)buf, .iov_len = 1}; /* the fd rides on byte 0 */
+  struct msghdr m = {
+      .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &pass_fd, sizeof pass_fd);
+  ssize_t w;
+  do
+    w = sendmsg(fd, &m, MSG_NOSIGNAL);
+  while (w < 0 && errno == EINTR);
+  if (w < 0) {
+    if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN)
+      return oi__fail(OI_ERR_CLOSED, "send: the peer closed the connection");
+    return oi__fail(OI_ERR_IO, "sendmsg (SCM_RIGHTS): %s", strerror(errno));
+  }
+  return oi__wire_send(fd, (const uint8_t *)buf + 1, len - 1);
+}
+
+/* Takes the descriptors of one received control message. */
+static void take_fds(struct msghdr *m, int *fd_out, int *extra) {
+  if (m->msg_flags & MSG_CTRUNC) (*extra)++;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; i++) {
+      int got;
+      memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
+      if (*fd_out < 0) {
+        *fd_out = got;
+      } else {
+        close(got);
+        (*extra)++;
+      }
+    }
+  }
+}
+
+/* Reads exactly `len` bytes. *got tells how many arrived before an error.
+ * With fd_out, descriptors that arrive are taken (take_fds); without, the
+ * kernel discards them. */
+static oi_status read_full_fds(int fd, void *buf, size_t len, size_t *got, int *fd_out,
+                               int *extra) {
   uint8_t *p = buf;
   *got = 0;
   while (*got < len) {
-    ssize_t r = recv(fd, p + *got, len - *got, 0);
+    ssize_t r;
+    if (fd_out) {
+      union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+      } ctl;
+      struct iovec iov = {.iov_base = p + *got, .iov_len = len - *got};
+      struct msghdr m = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+      r = recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+      if (r >= 0) take_fds(&m, fd_out, extra);
+    } else {
+      r = recv(fd, p + *got, len - *got, 0);
+    }
     if (r == 0) return OI_ERR_CLOSED;
     if (r < 0) {
       if (errno == EINTR) continue;
@@ -397,10 +461,11 @@ oi_status oi__wire_frame_length(const uint8_t hdr[4], uint32_t max, uint32_t *le
   return OI_OK;
 }
 
-oi_status oi__wire_recv(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t *len) {
+static oi_status recv_frame(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t *len,
+                            int *fd_out, int *extra) {
   uint8_t hdr[4];
   size_t got;
-  oi_status st = read_full(fd, hdr, sizeof hdr, &got);
+  oi_status st = read_full_fds(fd, hdr, sizeof hdr, &got, fd_out, extra);
   if (st == OI_ERR_CLOSED)
     return got ? oi__fail(OI_ERR_PROTOCOL, "the stream ended inside a frame header")
                : oi__fail(OI_ERR_CLOSED, "the peer closed the connection");
@@ -413,12 +478,23 @@ oi_status oi__wire_recv(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t
     *buf = p;
     *cap = n;
   }
-  st = read_full(fd, *buf, n, &got);
+  st = read_full_fds(fd, *buf, n, &got, fd_out, extra);
   if (st == OI_ERR_CLOSED)
     return oi__fail(OI_ERR_PROTOCOL, "the stream ended inside a frame (%zu of %u bytes)", got, n);
   if (st != OI_OK) return st;
   *len = n;
   return OI_OK;
+}
+
+oi_status oi__wire_recv(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t *len) {
+  return recv_frame(fd, max, buf, cap, len, NULL, NULL);
+}
+
+oi_status oi__wire_recv_fd(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t *len,
+                           int *fd_out, int *extra) {
+  *fd_out = -1;
+  *extra = 0;
+  return recv_frame(fd, max, buf, cap, len, fd_out, extra);
 }
 
 /* ---- sockets ---------------------------------------------------------------- */

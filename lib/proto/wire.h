@@ -39,6 +39,7 @@ enum {
   OI_WIRE_CAP_SAVE_COUNTS = 1u << 3, /* Save.want_counts, SaveCounts, QueryReply.pending_blocks */
   OI_WIRE_CAP_LAYERWISE = 1u << 4,   /* Save.arena_first / arena_count (a server that
                                         lacks it would save whole blocks) */
+  OI_WIRE_CAP_OWNED_ARENA = 1u << 5, /* Register.client_owned: engine-owned memory */
 };
 
 /* The callback fields of one decoded Envelope. Buffers grow on demand up to
@@ -91,6 +92,10 @@ void oi__wire_arrays_free(oi_wire_arrays *a);
  * @return OI_ERR_CLOSED when the peer is gone, OI_ERR_IO otherwise. */
 oi_status oi__wire_send(int fd, const void *buf, size_t len);
 
+/* As oi__wire_send, with the descriptor `pass_fd` attached to the frame's
+ * first byte (SCM_RIGHTS), so it arrives with this frame. */
+oi_status oi__wire_send_fd(int fd, const void *buf, size_t len, int pass_fd);
+
 /* The payload length a frame's 4-byte prefix announces. @return
  * OI_ERR_PROTOCOL (with a message) when it exceeds `max`. oi__wire_recv's
  * check, for callers that hold the bytes already (the frame fuzzer). */
@@ -101,6 +106,13 @@ oi_status oi__wire_frame_length(const uint8_t hdr[4], uint32_t max, uint32_t *le
  * OI_ERR_PROTOCOL for a frame longer than `max` (nothing of it is read) or a
  * stream that ends inside a frame; OI_ERR_IO on a socket error. */
 oi_status oi__wire_recv(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t *len);
+
+/* As oi__wire_recv, also taking the descriptors that arrived (SCM_RIGHTS)
+ * with the frame's bytes: the first is kept in *fd_out (-1 if none; the
+ * caller owns and closes it, whatever the status), any others are closed and counted in *extra
+ * (as are those the kernel dropped for lack of room). */
+oi_status oi__wire_recv_fd(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t *len,
+                           int *fd_out, int *extra);
 
 /* The default socket path: $XDG_RUNTIME_DIR/openinfer.sock, or
  * /tmp/openinfer-$UID.sock without it. */

@@ -62,6 +62,24 @@ oi_status oi__req_register_options(const oiwire_Register *r, const oi_wire_array
                     (unsigned long long)r->arena_size, r->arena_size ? "too large" : "0");
   if (a->n_arenas == 0)
     return fail_msg(OI_ERR_INVALID_ARGUMENT, msg, cap, "register: layout has no arenas");
+  if (!r->client_owned && (r->client_handle.size || r->client_offset))
+    return fail_msg(OI_ERR_INVALID_ARGUMENT, msg, cap,
+                    "register: client_handle and client_offset are for engine-owned memory "
+                    "(client_owned)");
+  if (r->client_owned && r->device == OI_DEVICE_CPU && (r->client_handle.size || r->client_offset))
+    return fail_msg(OI_ERR_INVALID_ARGUMENT, msg, cap,
+                    "register: an engine-owned cpu arena is a memfd sent with the request "
+                    "(SCM_RIGHTS), mapped from offset 0: client_handle must be empty and "
+                    "client_offset 0");
+  if (r->client_owned && r->device != OI_DEVICE_CPU &&
+      r->client_handle.size != OI_WIRE_HANDLE_BYTES)
+    return fail_msg(OI_ERR_INVALID_ARGUMENT, msg, cap,
+                    "register: an engine-owned device arena needs its %u-byte IPC handle (got %u "
+                    "bytes)",
+                    OI_WIRE_HANDLE_BYTES, (unsigned)r->client_handle.size);
+  if (r->client_owned && r->client_offset > MAX_ARENA_BYTES)
+    return fail_msg(OI_ERR_INVALID_ARGUMENT, msg, cap, "register: client_offset %llu is too large",
+                    (unsigned long long)r->client_offset);
   /* Segment offsets: none, or one per segment of every arena. */
   size_t n_offs = 0;
   bool with_offs = false;

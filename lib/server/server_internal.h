@@ -36,6 +36,12 @@ typedef struct srv_instance {
   void *arena;
   uint64_t arena_bytes;
   bool by_session_end; /* destroyed because its session ended (not unregistered) */
+  /* Engine-owned memory (Register.client_owned): the client's arena, mapped
+   * here at `map` (map_bytes long; the arena is at map + the client's
+   * offset), unmapped after the engine drained; never freed here. */
+  bool owned;
+  void *map;
+  uint64_t map_bytes;
 } srv_instance;
 
 typedef enum aux_kind { AUX_FLUSH, AUX_UNREGISTER } aux_kind;
@@ -80,6 +86,8 @@ struct srv_session {
   uint8_t *frame;
   size_t frame_cap;
   oi_wire_arrays arrays;
+  int recv_fd;      /* a descriptor that came with the current frame (SCM_RIGHTS), or -1 */
+  int recv_extra;   /* more descriptors came with it (closed) */
   uint8_t *present; /* membership answers */
   oiwire_Envelope env;
 };

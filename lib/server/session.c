@@ -96,14 +96,20 @@ static void instance_put(srv_instance *inst) {
   /* The engine drains its copies (they read and write the arena) before
    * the arena goes. */
   oi_offload_engine_destroy(inst->engine);
-  inst->dev->ops->mem_free(inst->dev, inst->arena);
+  if (!inst->owned)
+    inst->dev->ops->mem_free(inst->dev, inst->arena);
+  else if (inst->dev->ordinal == OI_DEVICE_CPU)
+    oi__fd_arena_unmap(inst->map, inst->map_bytes);
+  else
+    inst->dev->ops->mem_close_import(inst->dev, inst->map, inst->map_bytes);
   oi__dev_close(inst->dev);
   atomic_fetch_sub(&srv->instances, 1);
-  atomic_fetch_sub(&srv->arena_bytes, inst->arena_bytes);
+  if (!inst->owned) atomic_fetch_sub(&srv->arena_bytes, inst->arena_bytes);
   if (inst->by_session_end) atomic_fetch_add(&srv->instances_cleaned_up, 1);
-  OI_LOG_I(OI_LOG_INFO, "server", inst->id, "%s: freed its %llu-byte arena",
+  OI_LOG_I(OI_LOG_INFO, "server", inst->id, "%s: %s its %llu-byte %s arena",
            inst->by_session_end ? "cleaned up (session ended)" : "unregistered",
-           (unsigned long long)inst->arena_bytes);
+           inst->owned ? "unmapped" : "freed", (unsigned long long)inst->arena_bytes,
+           inst->owned ? "engine-owned" : "server-allocated");
   oi__free(inst);
 }
 
@@ -219,7 +225,7 @@ static void handle_hello(srv_session *s, uint64_t req, const oiwire_Hello *h) {
   env.body.hello_reply.protocol_version = OI_WIRE_PROTOCOL_VERSION;
   env.body.hello_reply.capabilities = OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP |
                                       OI_WIRE_CAP_LOOKUP | OI_WIRE_CAP_SAVE_COUNTS |
-                                      OI_WIRE_CAP_LAYERWISE;
+                                      OI_WIRE_CAP_LAYERWISE | OI_WIRE_CAP_OWNED_ARENA;
   env.body.hello_reply.server_epoch = s->server->epoch;
   snprintf(env.body.hello_reply.server_version, sizeof env.body.hello_reply.server_version, "%s",
            oi_version_string());
@@ -252,11 +258,45 @@ static void handle_register(srv_session *s, uint64_t req, const oiwire_Register 
 
   srv_instance *inst = NULL;
   oi_dev *dev = NULL;
-  void *region = NULL;
+  void *region = NULL, *map = NULL;
+  uint64_t map_bytes = 0;
   oi_arena_handle handle;
+  bool owned = r->client_owned;
+  if (owned && r->device == OI_DEVICE_CPU && (s->recv_fd < 0 || s->recv_extra)) {
+    st = oi__fail(OI_ERR_INVALID_ARGUMENT,
+                  "register: an engine-owned cpu arena needs exactly one memfd sent with the "
+                  "request (SCM_RIGHTS); %s",
+                  s->recv_fd < 0 ? "none came" : "more came");
+    goto fail;
+  }
+  if (owned && r->device != OI_DEVICE_CPU && s->recv_fd >= 0) {
+    st = oi__fail(OI_ERR_INVALID_ARGUMENT,
+                  "register: a device arena travels as an IPC handle, not a file descriptor");
+    goto fail;
+  }
   if ((st = oi__dev_open(r->device, &dev)) != OI_OK) goto fail;
-  if ((st = dev->ops->mem_alloc(dev, r->arena_size, OI_MEM_SHAREABLE, &region)) != OI_OK) goto fail;
-  if ((st = dev->ops->mem_export(dev, region, &handle)) != OI_OK) goto fail;
+  if (owned && r->device == OI_DEVICE_CPU) {
+    /* The client's memfd: checked (sealed against shrinking, large enough,
+     * writable) and mapped; the descriptor is closed after the dispatch. */
+    if ((st = oi__fd_arena_map(s->recv_fd, r->arena_size, &map, &map_bytes, "register")) != OI_OK)
+      goto fail;
+    region = map;
+  } else if (owned) {
+    /* The client's cudaMalloc allocation: imported, its size checked. */
+    memcpy(handle.bytes, r->client_handle.bytes, OI_WIRE_HANDLE_BYTES);
+    uint64_t need = r->client_offset + r->arena_size;
+    if ((st = dev->ops->mem_import(dev, &handle, need, &map, &map_bytes)) != OI_OK) {
+      char m[384];
+      snprintf(m, sizeof m, "%s", oi_last_error());
+      st = oi__fail(st, "register: importing the client's arena: %s", m);
+      goto fail;
+    }
+    region = (uint8_t *)map + r->client_offset;
+  } else {
+    if ((st = dev->ops->mem_alloc(dev, r->arena_size, OI_MEM_SHAREABLE, &region)) != OI_OK)
+      goto fail;
+    if ((st = dev->ops->mem_export(dev, region, &handle)) != OI_OK) goto fail;
+  }
   inst = oi__calloc(1, sizeof *inst);
   if (!inst) {
     st = oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
@@ -275,16 +315,19 @@ static void handle_register(srv_session *s, uint64_t req, const oiwire_Register 
   inst->dev = dev;
   inst->arena = region;
   inst->arena_bytes = r->arena_size;
+  inst->owned = owned;
+  inst->map = map;
+  inst->map_bytes = map_bytes;
   pthread_mutex_lock(&srv->lock);
   inst->next = s->instances;
   s->instances = inst;
   pthread_mutex_unlock(&srv->lock);
   atomic_fetch_add(&srv->instances, 1);
-  atomic_fetch_add(&srv->arena_bytes, r->arena_size);
+  if (!owned) atomic_fetch_add(&srv->arena_bytes, r->arena_size);
   OI_LOG_I(OI_LOG_INFO, "server", inst->id,
-           "session=%llu registered '%s' namespace '%s' on device %d: %llu-byte arena",
+           "session=%llu registered '%s' namespace '%s' on device %d: %llu-byte %s arena",
            (unsigned long long)s->id, r->instance_name, r->namespace_id, (int)r->device,
-           (unsigned long long)r->arena_size);
+           (unsigned long long)r->arena_size, owned ? "engine-owned" : "server-allocated");
 
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
@@ -292,8 +335,10 @@ static void handle_register(srv_session *s, uint64_t req, const oiwire_Register 
   env.which_body = oiwire_Envelope_register_reply_tag;
   oiwire_RegisterReply *rr = &env.body.register_reply;
   rr->instance_id = inst->id;
-  rr->arena_handle.size = OI_WIRE_HANDLE_BYTES;
-  memcpy(rr->arena_handle.bytes, handle.bytes, OI_WIRE_HANDLE_BYTES);
+  if (!owned) {
+    rr->arena_handle.size = OI_WIRE_HANDLE_BYTES;
+    memcpy(rr->arena_handle.bytes, handle.bytes, OI_WIRE_HANDLE_BYTES);
+  }
   rr->arena_bytes = r->arena_size;
   rr->block_bytes = es.block_bytes;
   rr->num_blocks = es.num_blocks;
@@ -303,7 +348,12 @@ static void handle_register(srv_session *s, uint64_t req, const oiwire_Register 
 fail:
   reply_failure(s, req, st);
   oi__free(inst);
-  if (region) dev->ops->mem_free(dev, region);
+  if (owned && map && r->device == OI_DEVICE_CPU)
+    oi__fd_arena_unmap(map, map_bytes);
+  else if (owned && map)
+    dev->ops->mem_close_import(dev, map, map_bytes);
+  else if (region)
+    dev->ops->mem_free(dev, region);
   oi__dev_close(dev);
   oi__free(descs);
 }
@@ -668,7 +718,12 @@ static void *session_main(void *arg) {
   oi_server *srv = s->server;
   for (;;) {
     size_t len = 0;
-    oi_status st = oi__wire_recv(s->fd, OI_WIRE_MAX_FRAME, &s->frame, &s->frame_cap, &len);
+    oi_status st = oi__wire_recv_fd(s->fd, OI_WIRE_MAX_FRAME, &s->frame, &s->frame_cap, &len,
+                                    &s->recv_fd, &s->recv_extra);
+    if (s->recv_fd >= 0 && st != OI_OK) {
+      close(s->recv_fd);
+      s->recv_fd = -1;
+    }
     if (atomic_load(&s->handshake_expired) && !atomic_load(&s->hello_done)) {
       /* The run loop shut our read side: no Hello in time. */
       OI_LOG(OI_LOG_WARN, "server", "session=%llu dropped: no Hello within %u ms (pid %d)",
@@ -692,6 +747,10 @@ static void *session_main(void *arg) {
       break;
     }
     dispatch(s);
+    if (s->recv_fd >= 0) { /* the register that came with it mapped it, or none wanted it */
+      close(s->recv_fd);
+      s->recv_fd = -1;
+    }
     /* Large frames do not pin memory for the rest of a long session. */
     if (s->frame_cap > (1u << 20)) {
       oi__free(s->frame);
@@ -718,6 +777,7 @@ oi_status oi__session_start(oi_server *srv, int fd, pid_t pid, uid_t uid, gid_t 
   s->peer_pid = pid;
   s->peer_uid = uid;
   s->peer_gid = gid;
+  s->recv_fd = -1;
   s->start_ns = oi__now_ns();
   pthread_mutex_init(&s->write_lock, NULL);
   pthread_mutex_init(&s->aux_lock, NULL);
@@ -752,6 +812,7 @@ oi_status oi__session_start(oi_server *srv, int fd, pid_t pid, uid_t uid, gid_t 
 void oi__session_reap(srv_session *s) {
   pthread_join(s->thread, NULL);
   close(s->fd);
+  if (s->recv_fd >= 0) close(s->recv_fd);
   oi__wire_arrays_free(&s->arrays);
   oi__free(s->frame);
   oi__free(s->present);

@@ -216,6 +216,7 @@ typedef struct oi_engine_options {
   uint32_t control_deadline_ms;
   const uint64_t *segment_offsets;
   uint32_t num_segment_offsets;
+  int32_t arena_fd;
   ...;
 } oi_engine_options;
 typedef void (*oi_save_done_fn)(void *ctx, oi_status st);
@@ -272,8 +273,14 @@ typedef struct oi_engine_stats {
   uint64_t query_hit_blocks;
   uint64_t query_miss_blocks;
   uint64_t saves_pending;
+  uint64_t server_epoch;
+  uint32_t connection;
+  uint32_t reconnects;
+  uint64_t disconnected_saves;
+  uint64_t disconnected_query_misses;
   ...;
 } oi_engine_stats;
+typedef enum oi_connection_state { OI_CONNECTION_EMBEDDED, OI_CONNECTION_CONNECTED, OI_CONNECTION_DEGRADED, ... } oi_connection_state;
 oi_status oi_engine_options_init(oi_engine_options *o);
 oi_status oi_save_options_init(oi_save_options *o);
 oi_status oi_load_options_init(oi_load_options *o);

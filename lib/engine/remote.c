@@ -135,6 +135,7 @@ typedef struct remote_engine {
   uint64_t arena_size;
   oi_arena_desc *reg_arenas;     /* the layout by offsets, to register again */
   uint64_t *reg_segment_offsets; /* and its segment offsets (NULL: none) */
+  uint32_t n_reg_segment_offsets;
   char **reg_names;
   /* Under `lock` (and `write_lock` too where the connection changes): */
   uint64_t gen;      /* connection generation, bumped at each reconnect */
@@ -1087,7 +1088,7 @@ static void fill_register(remote_engine *e, oiwire_Envelope *env, oi_wire_out *o
   out->arenas = e->reg_arenas;
   out->n_arenas = e->base.opts.num_arenas;
   out->segment_offsets = e->reg_segment_offsets;
-  out->n_segment_offsets = e->reg_segment_offsets ? e->base.opts.num_segment_offsets : 0;
+  out->n_segment_offsets = e->reg_segment_offsets ? e->n_reg_segment_offsets : 0;
 }
 
 static oi_status check_register_reply(remote_engine *e, const oiwire_RegisterReply *rr,
@@ -1291,6 +1292,7 @@ static oi_status keep_layout(remote_engine *e, const oi_engine_options *o) {
     e->reg_segment_offsets = oi__calloc(o->num_segment_offsets, sizeof(uint64_t));
     if (!e->reg_segment_offsets) return oi__fail(OI_ERR_OUT_OF_MEMORY, "connect: out of memory");
     memcpy(e->reg_segment_offsets, o->segment_offsets, o->num_segment_offsets * sizeof(uint64_t));
+    e->n_reg_segment_offsets = o->num_segment_offsets;
   }
   return OI_OK;
 }

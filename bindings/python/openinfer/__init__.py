@@ -1199,6 +1199,8 @@ class OffloadEngine(_Handle):
         ids, n, _keep_ids = _ids_in(block_ids)
         hs, nh, _keep_hs = _hashes_in(hashes)
         if n != nh:
+            ffi.release(ids)
+            ffi.release(hs)
             raise InvalidArgumentError("%d block ids but %d hashes" % (n, nh))
         opt = ffi.new("oi_save_options *")
         _check(lib.oi_save_options_init(opt))
@@ -1218,7 +1220,11 @@ class OffloadEngine(_Handle):
             opt.on_done_ctx = key
         t = ffi.new("oi_ticket **")
         with self._lock:
-            st = lib.oi_offload_engine_save(self._p(), ids, hs, n, opt, t)
+            try:
+                st = lib.oi_offload_engine_save(self._p(), ids, hs, n, opt, t)
+            finally:  # the library copied both; an exception must not keep the exports
+                ffi.release(ids)
+                ffi.release(hs)
         if st < 0:
             err = _error_for(st)
             if key is not None:
@@ -1273,7 +1279,11 @@ class OffloadEngine(_Handle):
         if isinstance(lease, Lease):
             lease._done = True
         with self._lock:
-            _check(lib.oi_offload_engine_load(self._p(), cl[0], ids, n, opt, t))
+            try:
+                st = lib.oi_offload_engine_load(self._p(), cl[0], ids, n, opt, t)
+            finally:  # the library copied the ids
+                ffi.release(ids)
+        _check(st)
         return Ticket(t[0])
 
     def release(self, lease):

@@ -33,7 +33,7 @@ __all__ = [
     "UnsupportedError", "PermissionError", "VersionError", "InternalError", "NoDeviceError",
     "BusyError", "UnknownError",
     "OffloadHost", "OffloadEngine", "Arena", "Ticket", "Lease", "QueryResult", "ImportedArena",
-    "Server", "hash_blocks", "hash_blocks_buffer", "BlockHashes", "hash_blocks_ex", "block_key",
+    "Server", "LookupClient", "SaveResult", "hash_blocks", "hash_blocks_buffer", "BlockHashes", "hash_blocks_ex", "block_key",
     "block_keys", "BLOCK_KEY_MAX", "version", "version_string", "device_count", "device_info",
     "set_log_level", "get_log_level", "set_log_handler", "status_name", "DEVICE_CPU",
     "FOREVER",
@@ -574,6 +574,7 @@ class Ticket(_Handle):
     asyncio. ``close()`` drops this reference; it never cancels the I/O."""
 
     _what = "ticket"
+    save_result = None  # a save with counts=True: its SaveResult
 
     def __init__(self, ptr):
         super().__init__()
@@ -737,6 +738,55 @@ class OffloadHost(_Handle):
             _check(lib.oi_offload_host_evict_all(self._p(), n))
         return n[0]
 
+    def query(self, namespace, hashes, req_id=None, *, world_size=1, membership=False,
+              wait_pending=None):
+        """A lookup without a layout (oi_offload_host_query): queries
+        namespace `namespace` as OffloadEngine.query does, with no engine. A
+        namespace no engine has registered yet holds nothing (every block
+        misses). The lease belongs to no engine: any engine of the namespace
+        may load it (`world_size` loads) or release it, and ``lease.release()``
+        drops it through this host; it lives until consumed, released or
+        expired."""
+        o, keep = _lookup_options(namespace, world_size, None, None)
+        with self._lock:
+            p = self._p()
+            res, present = _do_query(
+                _HostLookup(self, namespace),
+                lambda rid, hs, n, flags, r: lib.oi_offload_host_query(p, o, rid, hs, n, flags, r),
+                hashes, req_id, membership, None, wait_pending)
+        del keep
+        return _membership_result(res, present) if membership else res
+
+    def query_membership(self, namespace, hashes, out=None):
+        """OffloadEngine.query_membership without an engine: the n present
+        flags of `hashes` in `namespace`, written into `out` (or a new
+        bytearray)."""
+        o, keep = _lookup_options(namespace, 1, None, None)
+        with self._lock:
+            p = self._p()
+            out = _do_query(
+                None,
+                lambda rid, hs, n, flags, r: lib.oi_offload_host_query(p, o, rid, hs, n, flags, r),
+                hashes, None, True, out, None)[1]
+        del keep
+        return out
+
+    def release(self, namespace, lease):
+        """Drops a lease (a Lease or its 16 raw bytes) of namespace `namespace`
+        (oi_offload_host_release)."""
+        raw = lease.raw if isinstance(lease, Lease) else bytes(lease)
+        if isinstance(lease, Lease):
+            lease._done = True
+        self._release_ns(namespace, raw)
+
+    def _release_ns(self, namespace, raw):
+        if len(raw) != 16:
+            raise InvalidArgumentError("a lease is 16 bytes")
+        cl = ffi.new("oi_lease *")
+        ffi.memmove(cl.bytes, raw, 16)
+        with self._lock:
+            _check(lib.oi_offload_host_release(self._p(), namespace.encode(), cl[0]))
+
     def close(self):
         with self._lock:
             if self._ptr is None:
@@ -745,6 +795,105 @@ class OffloadHost(_Handle):
                 e.close()
             p, self._ptr = self._ptr, None
         lib.oi_offload_host_destroy(p)
+
+
+def _lookup_options(namespace, world_size, control_deadline_ms, client_name):
+    """(oi_lookup_options *, keep) for a lookup."""
+    if not isinstance(namespace, str) or not namespace:
+        raise InvalidArgumentError("namespace: need a non-empty str")
+    o = ffi.new("oi_lookup_options *")
+    _check(lib.oi_lookup_options_init(o))
+    ns = ffi.new("char[]", namespace.encode())
+    keep = [ns]
+    o.namespace_id = ns
+    o.world_size = world_size
+    if control_deadline_ms is not None:
+        o.control_deadline_ms = control_deadline_ms
+    if client_name is not None:
+        cn = ffi.new("char[]", client_name.encode())
+        keep.append(cn)
+        o.client_name = cn
+    return o, keep
+
+
+class _HostLookup:
+    """The owner of a lease taken by OffloadHost.query: releases it through
+    the host."""
+
+    def __init__(self, host, namespace):
+        self._host = host
+        self._namespace = namespace
+
+    @property
+    def closed(self):
+        return self._host.closed
+
+    def _release(self, raw):
+        self._host._release_ns(self._namespace, raw)
+
+
+class LookupClient(_Handle):
+    """A sidecar session that only looks up (oi_offload_client_*): it
+    registers no layout and maps no arena, so a scheduler process that holds
+    no KV memory can ask. ``LookupClient(socket_path, namespace)`` connects
+    (socket_path None: the default socket); ``query`` and
+    ``query_membership`` work as OffloadEngine's; its leases may be loaded or
+    released by any engine of the namespace connected with the same user id.
+    ``close()`` (or the end of a ``with``) closes the session, and the server
+    drops the leases it created. A dead server is not fatal: calls raise
+    ClosedError."""
+
+    _what = "lookup client"
+
+    def __init__(self, socket_path, namespace, *, world_size=1, control_deadline_ms=None,
+                 client_name=None):
+        super().__init__()
+        self.namespace = namespace
+        o, keep = _lookup_options(namespace, world_size, control_deadline_ms, client_name)
+        out = ffi.new("oi_offload_client **")
+        sock = str(socket_path).encode() if socket_path else ffi.NULL
+        _check(lib.oi_offload_client_connect(sock, o, out))
+        del keep
+        self._ptr = out[0]
+
+    def _query_call(self):
+        p = self._p()
+        return lambda rid, hs, n, flags, r: lib.oi_offload_client_query(p, rid, hs, n, flags, r)
+
+    def query(self, hashes, req_id=None, *, membership=False, wait_pending=None):
+        """As OffloadEngine.query (the server waits up to wait_pending seconds
+        for blocks in flight; the client waits for its answer up to
+        control_deadline_ms plus that)."""
+        with self._lock:
+            res, present = _do_query(self, self._query_call(), hashes, req_id, membership, None,
+                                     wait_pending)
+        return _membership_result(res, present) if membership else res
+
+    def query_membership(self, hashes, out=None):
+        """As OffloadEngine.query_membership."""
+        with self._lock:
+            return _do_query(self, self._query_call(), hashes, None, True, out, None)[1]
+
+    def release(self, lease):
+        """Drops a lease (a Lease or its 16 raw bytes) of this namespace."""
+        if isinstance(lease, Lease):
+            lease._done = True
+            lease = lease.raw
+        self._release(bytes(lease))
+
+    def _release(self, raw):
+        if len(raw) != 16:
+            raise InvalidArgumentError("a lease is 16 bytes")
+        cl = ffi.new("oi_lease *")
+        ffi.memmove(cl.bytes, raw, 16)
+        with self._lock:
+            _check(lib.oi_offload_client_release(self._p(), cl[0]))
+
+    def close(self):
+        with self._lock:
+            p, self._ptr = self._ptr, None
+        if p is not None:
+            lib.oi_offload_client_destroy(p)
 
 
 # --------------------------------------------------------------------------- engine
@@ -797,24 +946,32 @@ def _address(obj, keep, writable=True):
 class QueryResult:
     """hit_blocks: the leading run found; lease: a Lease pinning them (None
     when nothing hit or for membership queries); loading: a deeper tier is
-    bringing more; present: per-position booleans (membership queries)."""
+    bringing more; present: per-position booleans (membership queries);
+    pending_blocks: the blocks right after the hit prefix whose save is still
+    in flight, not leased (membership: the positions in flight)."""
 
-    def __init__(self, hit_blocks, lease, loading, present=None):
+    def __init__(self, hit_blocks, lease, loading, present=None, pending_blocks=0):
         self.hit_blocks = hit_blocks
         self.lease = lease
         self.loading = loading
         self.present = present
+        self.pending_blocks = pending_blocks
 
     def __repr__(self):
-        return "QueryResult(hit_blocks=%d, lease=%r)" % (self.hit_blocks, self.lease)
+        return "QueryResult(hit_blocks=%d, pending_blocks=%d, lease=%r)" % (
+            self.hit_blocks, self.pending_blocks, self.lease)
 
 
 class Lease:
-    """A pin on the blocks a query reported; ``release()`` drops it (also at
-    the end of a ``with``, unless a load consumed it)."""
+    """A pin on the blocks a query reported; ``release()`` drops it through
+    the object that queried (also at the end of a ``with``, unless a load
+    consumed it). Any engine of the lease's namespace may load it
+    (``engine.load(lease, ...)``) or release it (``engine.release(lease)``),
+    not only the one that queried; ``raw`` is its 16 bytes, which may be
+    handed to another process of the same namespace."""
 
-    def __init__(self, engine, raw, n):
-        self._engine = engine
+    def __init__(self, owner, raw, n):
+        self._engine = owner  # an OffloadEngine, LookupClient or _HostLookup
         self.raw = raw
         self.blocks = n
         self._done = False
@@ -835,6 +992,95 @@ class Lease:
 
     def __repr__(self):
         return "Lease(%s, blocks=%d)" % (self.raw.hex(), self.blocks)
+
+
+_U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+class SaveResult:
+    """What one save call did with its n blocks (oi_save_result): accepted
+    (being copied; the ticket reports their end), deduplicated (the namespace
+    already held them, sealed or in flight) and dropped (no memory: the pool
+    is full of pinned blocks); accepted + deduplicated + dropped == n. A
+    dropped block never fails the ticket. In sidecar mode, when the server's
+    counts could not come (it refused the save, which the ticket reports, or
+    they did not arrive within control_deadline_ms), ``known`` is False and
+    the three counts are None."""
+
+    __slots__ = ("accepted", "deduplicated", "dropped")
+
+    def __init__(self, accepted, deduplicated, dropped):
+        self.accepted = accepted
+        self.deduplicated = deduplicated
+        self.dropped = dropped
+
+    @classmethod
+    def _from_c(cls, r):
+        vals = [None if v == _U64_MAX else int(v) for v in (r.accepted, r.deduplicated, r.dropped)]
+        return cls(*vals)
+
+    @property
+    def known(self):
+        return self.accepted is not None
+
+    def __eq__(self, other):
+        if isinstance(other, SaveResult):
+            other = (other.accepted, other.deduplicated, other.dropped)
+        if isinstance(other, tuple):
+            return (self.accepted, self.deduplicated, self.dropped) == other
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "SaveResult(accepted=%r, deduplicated=%r, dropped=%r)" % (
+            self.accepted, self.deduplicated, self.dropped)
+
+
+def _wait_ms(wait_pending):
+    """(flags, wait_ms) for a query's wait_pending (seconds; None: no wait)."""
+    if wait_pending is None:
+        return 0, 0
+    if wait_pending < 0:
+        raise InvalidArgumentError("wait_pending: %r seconds is negative" % (wait_pending,))
+    return lib.OI_QUERY_WAIT_PENDING, max(0, min(int(wait_pending * 1000), _U32_MAX))
+
+
+def _do_query(owner, call, hashes, req_id, membership, out, wait_pending):
+    """One oi_*_query through call(rid, hashes, n, flags, result) (the
+    owner's lock held by the caller); returns a QueryResult whose lease
+    belongs to `owner`, plus the present buffer for membership."""
+    flags, wait_ms = _wait_ms(wait_pending)
+    r = ffi.new("oi_query_result *")
+    r.struct_size = ffi.sizeof("oi_query_result")
+    r.wait_ms = wait_ms
+    rid = req_id.encode() if req_id is not None else ffi.NULL
+    hs, n, _keep = _hashes_in(hashes)
+    outp = None
+    try:
+        if membership:
+            outp, out = _writable_out(out, n, "out")
+            r.present = ffi.cast("uint8_t *", outp)
+            flags |= lib.OI_QUERY_MEMBERSHIP
+        st = call(rid, hs, n, flags, r)
+    finally:
+        # Let go of the buffers now: an exception's traceback would otherwise
+        # keep these exports alive into a garbage cycle with their memoryviews.
+        ffi.release(hs)
+        if outp is not None:
+            ffi.release(outp)
+    _check(st)
+    loading = r.state == lib.OI_QUERY_LOADING
+    if membership:
+        return QueryResult(r.hit_blocks, None, loading, None, r.pending_blocks), out
+    raw = bytes(ffi.buffer(r.lease.bytes, 16))
+    lease = Lease(owner, raw, r.hit_blocks) if any(raw) else None
+    return QueryResult(r.hit_blocks, lease, loading, None, r.pending_blocks), None
+
+
+def _membership_result(res, present):
+    res.present = list(map(bool, present))
+    return res
 
 
 class OffloadEngine(_Handle):
@@ -939,9 +1185,12 @@ class OffloadEngine(_Handle):
         """The ImportedArena of a sidecar engine (None when embedded)."""
         return self._arena
 
-    def save(self, block_ids, hashes, *, on_done=None, wait_event=None):
+    def save(self, block_ids, hashes, *, on_done=None, wait_event=None, counts=False):
         """Saves block_ids[i] under hashes[i]; returns a Ticket. on_done(status)
         is called on a library thread once the blocks may be reused.
+        counts=True: the ticket's ``save_result`` is this call's SaveResult
+        (accepted / deduplicated / dropped), filled before save returns
+        (sidecar: one round trip to the server); else it is None.
 
         block_ids: a buffer of int64 (array('q'), numpy int64) or an iterable
         of ints; hashes: a BlockHashes, one buffer of n*16 bytes, or a
@@ -950,9 +1199,16 @@ class OffloadEngine(_Handle):
         ids, n, _keep_ids = _ids_in(block_ids)
         hs, nh, _keep_hs = _hashes_in(hashes)
         if n != nh:
+            ffi.release(ids)
+            ffi.release(hs)
             raise InvalidArgumentError("%d block ids but %d hashes" % (n, nh))
         opt = ffi.new("oi_save_options *")
         _check(lib.oi_save_options_init(opt))
+        res = None
+        if counts:
+            res = ffi.new("oi_save_result *")
+            res.struct_size = ffi.sizeof("oi_save_result")
+            opt.result = res
         if wait_event:
             opt.wait_event = ffi.cast("void *", wait_event)
         key = None
@@ -964,31 +1220,37 @@ class OffloadEngine(_Handle):
             opt.on_done_ctx = key
         t = ffi.new("oi_ticket **")
         with self._lock:
-            st = lib.oi_offload_engine_save(self._p(), ids, hs, n, opt, t)
+            try:
+                st = lib.oi_offload_engine_save(self._p(), ids, hs, n, opt, t)
+            finally:  # the library copied both; an exception must not keep the exports
+                ffi.release(ids)
+                ffi.release(hs)
         if st < 0:
             err = _error_for(st)
             if key is not None:
                 with _callbacks_lock:
                     _callbacks.pop(key, None)
             raise err
-        return Ticket(t[0])
+        ticket = Ticket(t[0])
+        ticket.save_result = SaveResult._from_c(res) if res is not None else None
+        return ticket
 
-    def query(self, hashes, req_id=None, *, membership=False):
+    def _query_call(self):
+        p = self._p()
+        return lambda rid, hs, n, flags, r: lib.oi_offload_engine_query(p, rid, hs, n, flags, r)
+
+    def query(self, hashes, req_id=None, *, membership=False, wait_pending=None):
         """Counts the leading run of `hashes` (as in save) in the host tier and
-        leases it. membership=True: see query_membership (QueryResult.present
+        leases it. QueryResult.pending_blocks counts the blocks right after
+        that run whose save is still in flight (not leased: a miss).
+        wait_pending: seconds to wait for those blocks to seal first
+        (OI_QUERY_WAIT_PENDING; blocks that sealed count as hits); None does
+        not wait. membership=True: see query_membership (QueryResult.present
         is then a list of bools)."""
-        if membership:
-            present, hits, loading = self._membership(hashes, None, req_id)
-            return QueryResult(hits, None, loading, list(map(bool, present)))
-        hs, n, _keep = _hashes_in(hashes)
-        r = ffi.new("oi_query_result *")
-        r.struct_size = ffi.sizeof("oi_query_result")
-        rid = req_id.encode() if req_id is not None else ffi.NULL
         with self._lock:
-            _check(lib.oi_offload_engine_query(self._p(), rid, hs, n, 0, r))
-        raw = bytes(ffi.buffer(r.lease.bytes, 16))
-        lease = Lease(self, raw, r.hit_blocks) if any(raw) else None
-        return QueryResult(r.hit_blocks, lease, r.state == lib.OI_QUERY_LOADING)
+            res, present = _do_query(self, self._query_call(), hashes, req_id, membership, None,
+                                     wait_pending)
+        return _membership_result(res, present) if membership else res
 
     def query_membership(self, hashes, out=None):
         """Which of `hashes` (a BlockHashes or one buffer of n*16 bytes; a
@@ -996,18 +1258,8 @@ class OffloadEngine(_Handle):
         no prefix rule, no lease. Returns the n present flags (1 present, 0
         not) written into `out` (a writable buffer of at least n bytes: a
         bytearray, a numpy uint8/bool array) or into a new bytearray."""
-        return self._membership(hashes, out, None)[0]
-
-    def _membership(self, hashes, out, req_id):
-        hs, n, _keep = _hashes_in(hashes)
-        outp, out = _writable_out(out, n, "out")
-        r = ffi.new("oi_query_result *")
-        r.struct_size = ffi.sizeof("oi_query_result")
-        r.present = ffi.cast("uint8_t *", outp)
-        rid = req_id.encode() if req_id is not None else ffi.NULL
         with self._lock:
-            _check(lib.oi_offload_engine_query(self._p(), rid, hs, n, lib.OI_QUERY_MEMBERSHIP, r))
-        return out, r.hit_blocks, r.state == lib.OI_QUERY_LOADING
+            return _do_query(self, self._query_call(), hashes, None, True, out, None)[1]
 
     def load(self, lease, dst_block_ids, arena_events=False):
         """Copies the leased blocks into dst_block_ids; consumes one share of
@@ -1027,17 +1279,24 @@ class OffloadEngine(_Handle):
         if isinstance(lease, Lease):
             lease._done = True
         with self._lock:
-            _check(lib.oi_offload_engine_load(self._p(), cl[0], ids, n, opt, t))
+            try:
+                st = lib.oi_offload_engine_load(self._p(), cl[0], ids, n, opt, t)
+            finally:  # the library copied the ids
+                ffi.release(ids)
+        _check(st)
         return Ticket(t[0])
 
     def release(self, lease):
-        """Drops a lease (Lease or its 16 raw bytes)."""
+        """Drops a lease (Lease or its 16 raw bytes) of this engine's
+        namespace, whichever engine or lookup took it."""
         if isinstance(lease, Lease):
-            lease.release()
-        else:
-            self._release(bytes(lease))
+            lease._done = True
+            lease = lease.raw
+        self._release(bytes(lease))
 
     def _release(self, raw):
+        if len(raw) != 16:
+            raise InvalidArgumentError("a lease is 16 bytes")
         cl = ffi.new("oi_lease *")
         ffi.memmove(cl.bytes, raw, 16)
         with self._lock:

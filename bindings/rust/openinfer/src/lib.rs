@@ -349,11 +349,27 @@ pub struct HostOptions {
     pub pin: Option<bool>,
     pub lease_ttl_ms: Option<u32>,
     pub numa_node: Option<i32>,
+    /// Pool chunk size (`oi_host_options.chunk_bytes`; None: the library's).
+    pub chunk_bytes: Option<u64>,
+    /// Background eviction watermarks, fractions of the pool (None: the
+    /// library's; 1.0 and 1.0: no background eviction).
+    pub high_watermark: Option<f32>,
+    pub low_watermark: Option<f32>,
 }
 
 impl HostOptions {
     pub fn new(pool_bytes: u64) -> HostOptions {
-        HostOptions { pool_bytes, device: DEVICE_CPU, hugepages: false, pin: None, lease_ttl_ms: None, numa_node: None }
+        HostOptions {
+            pool_bytes,
+            device: DEVICE_CPU,
+            hugepages: false,
+            pin: None,
+            lease_ttl_ms: None,
+            numa_node: None,
+            chunk_bytes: None,
+            high_watermark: None,
+            low_watermark: None,
+        }
     }
 
     fn raw(&self) -> Result<sys::oi_host_options> {
@@ -369,6 +385,15 @@ impl HostOptions {
         }
         if let Some(n) = self.numa_node {
             o.numa_node = n;
+        }
+        if let Some(c) = self.chunk_bytes {
+            o.chunk_bytes = c;
+        }
+        if let Some(w) = self.high_watermark {
+            o.high_watermark = w;
+        }
+        if let Some(w) = self.low_watermark {
+            o.low_watermark = w;
         }
         Ok(o)
     }
@@ -435,6 +460,249 @@ impl OffloadHost {
         check(unsafe { sys::oi_offload_host_evict_all(self.raw.as_ptr(), &mut n) })?;
         Ok(n)
     }
+
+    /// A lookup without a layout (`oi_offload_host_query`): queries namespace
+    /// `opts.namespace` as [`OffloadEngine::query_with`] does, with no engine.
+    /// A namespace no engine has registered yet holds nothing (every block
+    /// misses). The lease belongs to no engine: any engine of the namespace
+    /// may load it (`opts.world_size` loads) or release it
+    /// ([`release`](Self::release)) until it is consumed, released or expires.
+    pub fn query(
+        &self,
+        opts: &LookupOptions,
+        req_id: Option<&str>,
+        hashes: &[BlockHash],
+        qopts: &QueryOptions,
+    ) -> Result<QueryResult> {
+        let o = opts.raw()?;
+        let h = self.raw.as_ptr();
+        let r = raw_query(req_id, hashes, qopts, None, |rid, hs, n, flags, r| unsafe {
+            sys::oi_offload_host_query(h, &o.o, rid, hs, n, flags, r)
+        })?;
+        Ok(QueryResult::from_raw(&r))
+    }
+
+    /// Membership of `hashes` in `namespace` without an engine (each position
+    /// on its own, no lease).
+    pub fn membership(&self, namespace: &str, hashes: &[BlockHash]) -> Result<Membership> {
+        let o = LookupOptions::new(namespace).raw()?;
+        let h = self.raw.as_ptr();
+        membership_with(hashes, |rid, hs, n, flags, r| unsafe {
+            sys::oi_offload_host_query(h, &o.o, rid, hs, n, flags, r)
+        })
+    }
+
+    /// Drops a lease of namespace `namespace` (`oi_offload_host_release`):
+    /// `LeaseExpired` when it is unknown, consumed or expired, `Permission`
+    /// when it belongs to another namespace.
+    pub fn release(&self, namespace: &str, lease: Lease) -> Result<()> {
+        let ns = cstring(namespace)?;
+        check(unsafe {
+            sys::oi_offload_host_release(self.raw.as_ptr(), ns.as_ptr(), sys::oi_lease { bytes: lease.0 })
+        })?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------- lookups
+
+/// The namespace and lease consumers of a lookup ([`OffloadHost::query`],
+/// [`LookupClient::connect`]; `oi_lookup_options`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupOptions {
+    /// Required; at most 255 bytes.
+    pub namespace: String,
+    /// Loads each lease allows (default 1).
+    pub world_size: u32,
+    /// Sidecar: deadline of connect, query and release (None: 30 s).
+    pub control_deadline_ms: Option<u32>,
+    /// Sidecar: a name for the server's logs.
+    pub client_name: Option<String>,
+}
+
+impl LookupOptions {
+    pub fn new(namespace: &str) -> LookupOptions {
+        LookupOptions { namespace: namespace.to_string(), world_size: 1, control_deadline_ms: None, client_name: None }
+    }
+    pub fn world_size(mut self, n: u32) -> LookupOptions {
+        self.world_size = n;
+        self
+    }
+    pub fn control_deadline_ms(mut self, ms: u32) -> LookupOptions {
+        self.control_deadline_ms = Some(ms);
+        self
+    }
+    pub fn client_name(mut self, name: &str) -> LookupOptions {
+        self.client_name = Some(name.to_string());
+        self
+    }
+
+    fn raw(&self) -> Result<RawLookupOptions> {
+        let ns = cstring(&self.namespace)?;
+        let name = match &self.client_name {
+            Some(s) => Some(cstring(s)?),
+            None => None,
+        };
+        let mut o: sys::oi_lookup_options = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::oi_lookup_options_init(&mut o) })?;
+        o.namespace_id = ns.as_ptr();
+        o.world_size = self.world_size;
+        if let Some(ms) = self.control_deadline_ms {
+            o.control_deadline_ms = ms;
+        }
+        o.client_name = name.as_ref().map_or(ptr::null(), |s| s.as_ptr());
+        Ok(RawLookupOptions { o, _ns: ns, _name: name })
+    }
+}
+
+struct RawLookupOptions {
+    o: sys::oi_lookup_options,
+    _ns: CString,
+    _name: Option<CString>,
+}
+
+/// A sidecar session that only looks up (`oi_offload_client_*`): it
+/// registers no layout and maps no arena, so a scheduler process that holds
+/// no KV memory can ask. Its leases may be loaded or released by any engine
+/// of the namespace connected with the same user id; dropping the client
+/// closes the session and the server drops the leases it created. A dead
+/// server is not fatal to it: its calls return `Closed`. Thread-safe.
+pub struct LookupClient {
+    raw: NonNull<sys::oi_offload_client>,
+}
+
+// The client's calls are serialized inside the library (its connection lock).
+unsafe impl Send for LookupClient {}
+unsafe impl Sync for LookupClient {}
+
+impl LookupClient {
+    /// Connects to `openinfer serve` at `socket` (None: the default path).
+    pub fn connect(socket: Option<&str>, opts: &LookupOptions) -> Result<LookupClient> {
+        let sock = match socket {
+            Some(s) => Some(cstring(s)?),
+            None => None,
+        };
+        let o = opts.raw()?;
+        let mut out = ptr::null_mut();
+        check(unsafe {
+            sys::oi_offload_client_connect(sock.as_ref().map_or(ptr::null(), |s| s.as_ptr()), &o.o, &mut out)
+        })?;
+        Ok(LookupClient { raw: NonNull::new(out).ok_or_else(|| invalid("client_connect returned NULL"))? })
+    }
+
+    pub fn as_ptr(&self) -> *mut sys::oi_offload_client {
+        self.raw.as_ptr()
+    }
+
+    /// Counts the leading run of `hashes` sealed in the namespace and leases it.
+    pub fn query(&self, req_id: Option<&str>, hashes: &[BlockHash]) -> Result<QueryResult> {
+        self.query_with(req_id, hashes, &QueryOptions::new())
+    }
+
+    /// [`query`](Self::query) with options (wait for pending blocks: the
+    /// server waits up to that long, the client up to the control deadline
+    /// plus that).
+    pub fn query_with(&self, req_id: Option<&str>, hashes: &[BlockHash], opts: &QueryOptions) -> Result<QueryResult> {
+        let c = self.raw.as_ptr();
+        let r = raw_query(req_id, hashes, opts, None, |rid, hs, n, flags, r| unsafe {
+            sys::oi_offload_client_query(c, rid, hs, n, flags, r)
+        })?;
+        Ok(QueryResult::from_raw(&r))
+    }
+
+    /// Which of `hashes` are present, each on its own (no lease).
+    pub fn membership(&self, hashes: &[BlockHash]) -> Result<Membership> {
+        let c = self.raw.as_ptr();
+        membership_with(hashes, |rid, hs, n, flags, r| unsafe { sys::oi_offload_client_query(c, rid, hs, n, flags, r) })
+    }
+
+    /// Drops a lease of the namespace.
+    pub fn release(&self, lease: Lease) -> Result<()> {
+        check(unsafe { sys::oi_offload_client_release(self.raw.as_ptr(), sys::oi_lease { bytes: lease.0 }) })?;
+        Ok(())
+    }
+}
+
+impl Drop for LookupClient {
+    fn drop(&mut self) {
+        unsafe { sys::oi_offload_client_destroy(self.raw.as_ptr()) }
+    }
+}
+
+/// Options of a query ([`OffloadEngine::query_with`], [`OffloadHost::query`],
+/// [`LookupClient::query_with`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueryOptions {
+    wait_pending: Option<Duration>,
+}
+
+impl QueryOptions {
+    pub fn new() -> QueryOptions {
+        QueryOptions { wait_pending: None }
+    }
+
+    /// `OI_QUERY_WAIT_PENDING`: before leasing, wait up to `limit` for the
+    /// blocks right after the hit prefix whose save is in flight; those that
+    /// sealed count as hits (a zero limit does not wait).
+    pub fn wait_pending(mut self, limit: Duration) -> QueryOptions {
+        self.wait_pending = Some(limit);
+        self
+    }
+
+    fn flags_and_wait(&self) -> (u32, u32) {
+        match self.wait_pending {
+            None => (0, 0),
+            Some(d) => (sys::OI_QUERY_WAIT_PENDING as u32, d.as_millis().min(u32::MAX as u128) as u32),
+        }
+    }
+}
+
+/// The answer of a membership query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    /// Per position: sealed in the namespace.
+    pub present: Vec<bool>,
+    /// Positions whose save is still in flight (not present).
+    pub pending_blocks: u64,
+}
+
+fn raw_query(
+    req_id: Option<&str>,
+    hashes: &[BlockHash],
+    opts: &QueryOptions,
+    present: Option<&mut [u8]>,
+    call: impl FnOnce(*const c_char, *const sys::oi_block_hash, sys::size_t, u32, *mut sys::oi_query_result) -> i32,
+) -> Result<sys::oi_query_result> {
+    let rid = match req_id {
+        Some(s) => Some(cstring(s)?),
+        None => None,
+    };
+    let mut r: sys::oi_query_result = unsafe { std::mem::zeroed() };
+    r.struct_size = std::mem::size_of::<sys::oi_query_result>() as u32;
+    let (mut flags, wait_ms) = opts.flags_and_wait();
+    r.wait_ms = wait_ms;
+    if let Some(p) = present {
+        assert!(p.len() >= hashes.len());
+        r.present = p.as_mut_ptr();
+        flags |= sys::OI_QUERY_MEMBERSHIP as u32;
+    }
+    check(call(
+        rid.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
+        hashes.as_ptr() as *const sys::oi_block_hash,
+        hashes.len() as sys::size_t,
+        flags,
+        &mut r,
+    ))?;
+    Ok(r)
+}
+
+fn membership_with(
+    hashes: &[BlockHash],
+    call: impl FnOnce(*const c_char, *const sys::oi_block_hash, sys::size_t, u32, *mut sys::oi_query_result) -> i32,
+) -> Result<Membership> {
+    let mut present = vec![0u8; hashes.len().max(1)];
+    let r = raw_query(None, hashes, &QueryOptions::new(), Some(&mut present), call)?;
+    Ok(Membership { present: present[..hashes.len()].iter().map(|&b| b != 0).collect(), pending_blocks: r.pending_blocks })
 }
 
 impl Drop for OffloadHost {
@@ -596,6 +864,33 @@ pub struct QueryResult {
     pub lease: Option<Lease>,
     /// A deeper tier is bringing more: query again with the same req_id.
     pub loading: bool,
+    /// The blocks right after the hit prefix whose save is still in flight
+    /// (not leased: a miss unless the query waited for them).
+    pub pending_blocks: u64,
+}
+
+impl QueryResult {
+    fn from_raw(r: &sys::oi_query_result) -> QueryResult {
+        let lease = if r.lease.bytes.iter().any(|&b| b != 0) { Some(Lease(r.lease.bytes)) } else { None };
+        QueryResult {
+            hit_blocks: r.hit_blocks,
+            lease,
+            loading: r.state == sys::OI_QUERY_LOADING,
+            pending_blocks: r.pending_blocks,
+        }
+    }
+}
+
+/// What one save call did with its n blocks (`oi_save_result`, asked for with
+/// [`SaveOptions::counts`]); `accepted + deduplicated + dropped == n`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SaveResult {
+    /// Being copied into the tier (the ticket reports their end).
+    pub accepted: u64,
+    /// The namespace already held them (sealed or in flight).
+    pub deduplicated: u64,
+    /// Got no memory (the pool is full of pinned blocks); never fails the ticket.
+    pub dropped: u64,
 }
 
 /// Engine counters (a subset of `oi_engine_stats`).
@@ -748,6 +1043,11 @@ impl<'h> OffloadEngine<'h> {
         let mut o: sys::oi_save_options = unsafe { std::mem::zeroed() };
         check(unsafe { sys::oi_save_options_init(&mut o) })?;
         o.wait_event = opts.wait_event;
+        let mut counts: sys::oi_save_result = unsafe { std::mem::zeroed() };
+        counts.struct_size = std::mem::size_of::<sys::oi_save_result>() as u32;
+        if opts.counts {
+            o.result = &mut counts;
+        }
         let on_done = opts.on_done.map(|f| Arc::new(OnDone(Mutex::new(Some(f)))));
         let mut ctx: *const OnDone = ptr::null();
         if let Some(d) = &on_done {
@@ -777,29 +1077,38 @@ impl<'h> OffloadEngine<'h> {
             }
             return Err(err);
         }
-        Ticket::from_raw(t, Some(&self.inflight))
+        let mut ticket = Ticket::from_raw(t, Some(&self.inflight))?;
+        if opts.counts && counts.accepted != u64::MAX {
+            ticket.save_result = Some(SaveResult {
+                accepted: counts.accepted,
+                deduplicated: counts.deduplicated,
+                dropped: counts.dropped,
+            });
+        }
+        Ok(ticket)
     }
 
     /// Counts the leading run of `hashes` in the host tier and leases it.
+    /// Blocks right after it whose save is in flight are reported in
+    /// `pending_blocks` (a miss; see [`query_with`](Self::query_with)).
     pub fn query(&self, req_id: Option<&str>, hashes: &[BlockHash]) -> Result<QueryResult> {
-        let rid = match req_id {
-            Some(s) => Some(cstring(s)?),
-            None => None,
-        };
-        let mut r: sys::oi_query_result = unsafe { std::mem::zeroed() };
-        r.struct_size = std::mem::size_of::<sys::oi_query_result>() as u32;
-        check(unsafe {
-            sys::oi_offload_engine_query(
-                self.raw.as_ptr(),
-                rid.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
-                hashes.as_ptr() as *const sys::oi_block_hash,
-                hashes.len() as sys::size_t,
-                0,
-                &mut r,
-            )
+        self.query_with(req_id, hashes, &QueryOptions::new())
+    }
+
+    /// [`query`](Self::query) with options (wait for pending blocks).
+    pub fn query_with(&self, req_id: Option<&str>, hashes: &[BlockHash], opts: &QueryOptions) -> Result<QueryResult> {
+        let e = self.raw.as_ptr();
+        let r = raw_query(req_id, hashes, opts, None, |rid, hs, n, flags, r| unsafe {
+            sys::oi_offload_engine_query(e, rid, hs, n, flags, r)
         })?;
-        let lease = if r.lease.bytes.iter().any(|&b| b != 0) { Some(Lease(r.lease.bytes)) } else { None };
-        Ok(QueryResult { hit_blocks: r.hit_blocks, lease, loading: r.state == sys::OI_QUERY_LOADING })
+        Ok(QueryResult::from_raw(&r))
+    }
+
+    /// Which of `hashes` are present, each on its own, and how many are
+    /// still being saved.
+    pub fn membership(&self, hashes: &[BlockHash]) -> Result<Membership> {
+        let e = self.raw.as_ptr();
+        membership_with(hashes, |rid, hs, n, flags, r| unsafe { sys::oi_offload_engine_query(e, rid, hs, n, flags, r) })
     }
 
     /// Which of `hashes` are present, each on its own (no prefix rule, no lease).
@@ -1030,6 +1339,7 @@ unsafe extern "C" fn save_done(ctx: *mut c_void, st: sys::oi_status) {
 pub struct SaveOptions {
     wait_event: *mut c_void,
     on_done: Option<DoneFn>,
+    counts: bool,
 }
 
 impl fmt::Debug for SaveOptions {
@@ -1037,6 +1347,7 @@ impl fmt::Debug for SaveOptions {
         f.debug_struct("SaveOptions")
             .field("wait_event", &self.wait_event)
             .field("on_done", &self.on_done.is_some())
+            .field("counts", &self.counts)
             .finish()
     }
 }
@@ -1049,7 +1360,16 @@ impl Default for SaveOptions {
 
 impl SaveOptions {
     pub fn new() -> SaveOptions {
-        SaveOptions { wait_event: ptr::null_mut(), on_done: None }
+        SaveOptions { wait_event: ptr::null_mut(), on_done: None, counts: false }
+    }
+
+    /// Ask for this call's [`SaveResult`] (accepted / deduplicated / dropped),
+    /// filled before `save_with` returns and read with
+    /// [`Ticket::save_result`]. A sidecar engine waits one round trip for the
+    /// server's counts.
+    pub fn counts(mut self, on: bool) -> SaveOptions {
+        self.counts = on;
+        self
     }
 
     /// A `cudaEvent_t` recorded after the KV was written: the copies wait for
@@ -1118,6 +1438,7 @@ impl LoadOptions {
 pub struct Ticket<'e> {
     raw: NonNull<sys::oi_ticket>,
     done: Arc<Mutex<Completion>>,
+    save_result: Option<SaveResult>,
     _engine: PhantomData<&'e ()>,
 }
 
@@ -1142,7 +1463,15 @@ impl<'e> Ticket<'e> {
             let st = unsafe { sys::oi_ticket_wait(t, u32::MAX) };
             unsafe { ticket_done(ctx as *mut c_void, t, st) };
         }
-        Ok(Ticket { raw, done, _engine: PhantomData })
+        Ok(Ticket { raw, done, save_result: None, _engine: PhantomData })
+    }
+
+    /// A save made with [`SaveOptions::counts`]: what the call did with its
+    /// blocks. `None` for other tickets, and in sidecar mode when the server's
+    /// counts could not come (it refused the save, which the ticket reports,
+    /// or they did not arrive within the control deadline).
+    pub fn save_result(&self) -> Option<SaveResult> {
+        self.save_result
     }
 
     /// `Ok(false)` while pending, `Ok(true)` on success, or the operation's error.

@@ -1503,6 +1503,8 @@ OI_API oi_status oi_offload_client_connect(const char *socket_path, const oi_loo
   c->world_size = lo.world_size;
   e->base.ops = &remote_ops; /* (only query and release are used) */
   e->fd = -1;
+  e->owned_fd = -1;
+  e->connecting_fd = -1;
   e->state = CONN_RETIRED; /* never armed: the connection may end without harm */
   pthread_mutex_init(&e->lock, NULL);
   pthread_condattr_t ca;

@@ -115,6 +115,10 @@ void oi__ticket_set_cuda_event(oi_ticket *t, void *event, void (*destroy)(void *
  * entry possibly NULL); the ticket owns both; `destroy` frees each event. */
 void oi__ticket_set_arena_events(oi_ticket *t, void **events, uint32_t n,
                                  void (*destroy)(void *event));
+/* With per-arena events and no landing callbacks (CUDA), oi_ticket_arena_wait
+ * / _poll ask `query` (OI_OK: the arena's copies ended; OI_PENDING) instead:
+ * no host callback interrupts the load stream between arenas. */
+void oi__ticket_set_arena_query(oi_ticket *t, oi_status (*query)(void *event));
 /* A layered load of n arenas: oi_ticket_arena_wait / _poll follow each
  * arena (set before the first oi__ticket_arena_landed). */
 void oi__ticket_arena_progress(oi_ticket *t, uint32_t n);

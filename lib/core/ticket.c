@@ -24,6 +24,7 @@ struct oi_ticket {
   void (*cuda_event_destroy)(void *event);
   void **arena_events; /* a layered load's per-arena events (same destroy) */
   uint32_t n_arena_events;
+  oi_status (*arena_query)(void *event); /* answers arena waits from the events (CUDA) */
   /* A layered load's per-arena progress (every backend): arenas land in the
    * layout's order; arenas_landed counts those that landed, arena_failed is
    * the first that failed (n_arenas when none) and arena_status its error. */
@@ -101,6 +102,33 @@ void oi__ticket_set_arena_events(oi_ticket *t, void **events, uint32_t n,
   t->cuda_event_destroy = destroy;
 }
 
+void oi__ticket_set_arena_query(oi_ticket *t, oi_status (*query)(void *event)) {
+  pthread_mutex_lock(&t->lock);
+  t->arena_query = query;
+  pthread_mutex_unlock(&t->lock);
+}
+
+/* An arena of an event-backed load (lock not held): the ticket's failure is
+ * final for every wait; else the arena's event says. */
+static oi_status arena_by_event(oi_ticket *t, uint32_t arena) {
+  pthread_mutex_lock(&t->lock);
+  bool done = t->done;
+  oi_status st = t->status;
+  void *ev = t->arena_events[arena];
+  oi_status (*query)(void *) = t->arena_query;
+  pthread_mutex_unlock(&t->lock);
+  if (done) return st;
+  return query(ev); /* OI_OK, OI_PENDING, or the device's error (its message set) */
+}
+
+static bool event_backed(oi_ticket *t, uint32_t *n) {
+  pthread_mutex_lock(&t->lock);
+  bool yes = t->n_arenas == 0 && t->arena_query && t->n_arena_events > 0;
+  *n = t->n_arena_events;
+  pthread_mutex_unlock(&t->lock);
+  return yes;
+}
+
 void oi__ticket_arena_progress(oi_ticket *t, uint32_t n) {
   pthread_mutex_lock(&t->lock);
   t->n_arenas = n;
@@ -136,6 +164,13 @@ static oi_status arena_state_locked(const oi_ticket *t, uint32_t arena) {
 
 OI_API oi_status oi_ticket_arena_poll(oi_ticket *t, uint32_t arena) {
   if (!t) return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_poll: ticket is NULL");
+  uint32_t ne;
+  if (event_backed(t, &ne)) {
+    if (arena >= ne)
+      return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_poll: arena %u of a %u-arena load",
+                      arena, ne);
+    return arena_by_event(t, arena);
+  }
   pthread_mutex_lock(&t->lock);
   oi_status st;
   if (t->n_arenas == 0) {
@@ -152,6 +187,22 @@ OI_API oi_status oi_ticket_arena_poll(oi_ticket *t, uint32_t arena) {
 
 OI_API oi_status oi_ticket_arena_wait(oi_ticket *t, uint32_t arena, uint32_t timeout_ms) {
   if (!t) return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_wait: ticket is NULL");
+  uint32_t ne;
+  if (event_backed(t, &ne)) { /* CUDA: poll the arena's event (a short sleep between) */
+    if (arena >= ne)
+      return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_wait: arena %u of a %u-arena load",
+                      arena, ne);
+    uint64_t end = oi__deadline_ns(timeout_ms);
+    for (;;) {
+      oi_status st = arena_by_event(t, arena);
+      if (st != OI_PENDING) return st;
+      if (oi__now_ns() >= end)
+        return oi__fail(OI_ERR_TIMEOUT, "ticket_arena_wait: arena %u not in place after %u ms",
+                        arena, timeout_ms);
+      struct timespec nap = {.tv_sec = 0, .tv_nsec = 20000};
+      nanosleep(&nap, NULL);
+    }
+  }
   pthread_mutex_lock(&t->lock);
   uint32_t n = t->n_arenas;
   pthread_mutex_unlock(&t->lock);

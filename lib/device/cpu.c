@@ -556,6 +556,11 @@ static oi_status cpu_stream_record_event(oi_stream *s, void **event) {
 
 static void cpu_event_destroy(void *event) { OI_UNUSED(event); }
 
+static oi_status cpu_event_query(void *event) {
+  OI_UNUSED(event); /* cpu streams record no events: arena progress comes by callbacks */
+  return OI_OK;
+}
+
 static oi_status cpu_stream_sync(oi_stream *s) {
   pthread_mutex_lock(&s->lock);
   uint64_t target = s->submitted;
@@ -611,6 +616,7 @@ static const oi_dev_ops cpu_ops = {
     .stream_wait_event = cpu_stream_wait_event,
     .stream_record_event = cpu_stream_record_event,
     .event_destroy = cpu_event_destroy,
+    .event_query = cpu_event_query,
     .stream_sync = cpu_stream_sync,
 };
 

@@ -877,6 +877,14 @@ static void cuda_event_destroy(void *event) {
   if (event) cudaEventDestroy((cudaEvent_t)event);
 }
 
+static oi_status cuda_event_query(void *event) {
+  if (!event) return OI_OK;
+  cudaError_t err = cudaEventQuery((cudaEvent_t)event);
+  if (err == cudaSuccess) return OI_OK;
+  if (err == cudaErrorNotReady) return OI_PENDING;
+  return cuda_fail(err, "event_query: cudaEventQuery");
+}
+
 static oi_status cuda_stream_sync(oi_stream *s) {
   cudaSetDevice(s->ordinal);
   oi_status st = join_aux(s, "stream_sync: joining staged copies");
@@ -946,6 +954,7 @@ static const oi_dev_ops cuda_ops = {
     .stream_wait_event = cuda_stream_wait_event,
     .stream_record_event = cuda_stream_record_event,
     .event_destroy = cuda_event_destroy,
+    .event_query = cuda_event_query,
     .stream_sync = cuda_stream_sync,
 };
 

@@ -121,6 +121,8 @@ typedef struct oi_dev_ops {
    * caller frees with event_destroy; NULL on cpu, where callbacks suffice). */
   oi_status (*stream_record_event)(oi_stream *s, void **event);
   void (*event_destroy)(void *event);
+  /* Has the work before `event` ended? OI_OK, OI_PENDING, or the error. */
+  oi_status (*event_query)(void *event);
   /* Blocks until everything queued so far finished. */
   oi_status (*stream_sync)(oi_stream *s);
 

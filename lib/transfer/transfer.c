@@ -277,9 +277,14 @@ static oi_status queue_layered(oi_xfer_job *job) {
     oi__free(evs);
     return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for arena events");
   }
-  oi__ticket_retain(job->ticket);
-  job->progress = job->ticket;
-  oi__ticket_arena_progress(job->progress, l->num_arenas);
+  /* Per-arena progress: on cpu a stream callback after each arena; on CUDA
+   * the arena's event answers (a host callback per arena would stall the
+   * load stream between arenas). */
+  if (!cuda) {
+    oi__ticket_retain(job->ticket);
+    job->progress = job->ticket;
+    oi__ticket_arena_progress(job->progress, l->num_arenas);
+  }
   uint32_t mode = x->mode[OI_COPY_H2D] == OI_XFER_STAGED ? OI_XFER_DMA : x->mode[OI_COPY_H2D];
   oi_layout one = *l;
   one.num_arenas = 1;
@@ -290,11 +295,13 @@ static oi_status queue_layered(oi_xfer_job *job) {
     st = queue_copies_in(x, &one, mode, s, OI_COPY_H2D, job->ids, job->host, job->n);
     if (st == OI_OK && cuda) st = x->dev->ops->stream_record_event(s, &evs[a]);
     job->arena_cbs[a] = (arena_cb){.job = job, .arena = a};
-    if (st == OI_OK) st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
+    if (st == OI_OK && !cuda) st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
   }
   if (st == OI_OK) {
-    if (cuda)
+    if (cuda) {
       oi__ticket_set_arena_events(job->ticket, evs, l->num_arenas, x->dev->ops->event_destroy);
+      oi__ticket_set_arena_query(job->ticket, x->dev->ops->event_query);
+    }
     return OI_OK;
   }
   for (uint32_t a = 0; cuda && a < l->num_arenas; a++)

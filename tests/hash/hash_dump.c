@@ -151,6 +151,8 @@ static int dump_keys(int argc, char **argv) {
   if (st != OI_OK) {
     fprintf(stderr, "hash_dump: oi_block_keys_from_bytes: %s: %s\n", oi_status_str(st),
             oi_last_error());
+    free(out);
+    free(k);
     return 1;
   }
   print_hashes(out, n);
@@ -228,17 +230,20 @@ int main(int argc, char **argv) {
     st = oi_hash_blocks(tokens, n_tokens, block_size, salt_len ? salt : NULL, salt_len, parent_p,
                         out, out_cap, &n_out);
   }
+  int rc = 0;
   if (st != OI_OK) {
     fprintf(stderr, "hash_dump: %s: %s: %s\n", ex ? "oi_hash_blocks_ex" : "oi_hash_blocks",
             oi_status_str(st), oi_last_error());
-    return 1;
+    rc = 1;
+  } else {
+    print_hashes(out, n_out);
+    rc = fflush(stdout) == 0 ? 0 : 1;
   }
-  print_hashes(out, n_out);
   for (size_t i = 0; i < n_extras; i++)
     free((void *)extras[i].bytes);
   free(extras);
   free(out);
   free(tokens);
   free(salt);
-  return fflush(stdout) == 0 ? 0 : 1;
+  return rc;
 }

@@ -12,27 +12,24 @@ typedef struct strip {
   uint32_t arena, seg;
 } strip;
 
-static bool ranges_overlap(uint64_t a0, uint64_t alen, uint64_t b0, uint64_t blen) {
-  return a0 < b0 + blen && b0 < a0 + alen;
-}
-
 /* Do two strips share a byte? Exact for one block stride (interleaved
  * page-first layouts and the segments of one arena share address spans
- * without sharing bytes); conservative (span overlap) when strides differ. */
-static bool strips_overlap(const strip *X0, const strip *Y0, uint64_t n) {
-  if (X0->start >= Y0->end || Y0->start >= X0->end) return false;
-  if (X0->stride != Y0->stride || X0->stride == 0) return true;
-  uint64_t S = X0->stride;
-  /* Block 0 of one against the few blocks of the other that can reach it,
-   * and the other way round: by translation this covers every pair (both
-   * have n blocks). */
-  for (int side = 0; side < 2; side++) {
-    const strip *X = side ? Y0 : X0, *Y = side ? X0 : Y0;
-    uint64_t x = X->start, y = Y->start;
-    if (y > x + S) continue; /* Y's block k starts after X's block 0 ends for k >= 0 */
-    uint64_t first = y >= x ? 0 : (x - y) / S;
-    for (uint64_t k = first > 0 ? first - 1 : 0; k <= first + 1 && k < n; k++)
-      if (ranges_overlap(x, X->bytes, y + k * S, Y->bytes)) return true;
+ * without sharing bytes); conservative (span overlap) when strides differ.
+ *
+ * With one stride S, block i of X starts at x + i*S and block j of Y at
+ * y + j*S; they share a byte iff [0, bx) and [d + m*S, d + m*S + by) do,
+ * where d = y - x and m = j - i in [-(n-1), n-1]. Both slices are at most S
+ * long, so only the m within one of -d/S can meet [0, bx). */
+static bool strips_overlap(const strip *X, const strip *Y, uint64_t n) {
+  if (X->start >= Y->end || Y->start >= X->end) return false;
+  if (X->stride != Y->stride || X->stride == 0 || n == 0) return true;
+  __int128 S = X->stride, d = (__int128)Y->start - (__int128)X->start;
+  __int128 lim = (__int128)n - 1;
+  __int128 m0 = -d / S; /* truncated toward zero: check around it */
+  for (__int128 m = m0 - 2; m <= m0 + 2; m++) {
+    if (m < -lim || m > lim) continue;
+    __int128 y0 = d + m * S; /* Y's slice start relative to X's slice start */
+    if (y0 < (__int128)X->bytes && y0 + (__int128)Y->bytes > 0) return true;
   }
   return false;
 }

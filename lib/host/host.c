@@ -1,6 +1,7 @@
 /* oi_offload_host: creation, namespaces, statistics, eviction and the
  * maintenance thread (lease expiry, watermark eviction). */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -245,17 +246,26 @@ bool oi__host_wait_not_in_flight(oi_offload_host *h, oi_host_ns ns, const oi_blo
 
 static uint64_t evict_until(oi_offload_host *h, uint64_t target_bytes) {
   uint64_t n = 0;
+  int empty_passes = 0;
   host_block *batch[64];
   uint64_t largest_slot = 1;
   uint32_t ncls = atomic_load(&h->nclasses);
   for (uint32_t i = 0; i < ncls; i++)
     largest_slot = OI_MAX(largest_slot, h->classes[i].slot_bytes);
+  /* An empty batch may be a race (the maintenance thread or a pin took the
+   * tails this pass looked at), not an empty LRU: give up only after a few
+   * empty passes in a row. */
   for (uint64_t r; (r = resident_bytes(h)) > target_bytes;) {
     /* No more than the excess needs (at least one block): stop at the target. */
     size_t want =
         (size_t)OI_MIN((r - target_bytes + largest_slot - 1) / largest_slot, OI_ARRAY_LEN(batch));
     size_t got = oi__index_evict_batch(h, -1, want ? want : 1, batch);
-    if (!got) break;
+    if (!got) {
+      if (++empty_passes >= 4) break;
+      sched_yield();
+      continue;
+    }
+    empty_passes = 0;
     oi__pool_free_batch(h, batch, got);
     n += got;
   }

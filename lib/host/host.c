@@ -252,16 +252,17 @@ static uint64_t evict_until(oi_offload_host *h, uint64_t target_bytes) {
   uint32_t ncls = atomic_load(&h->nclasses);
   for (uint32_t i = 0; i < ncls; i++)
     largest_slot = OI_MAX(largest_slot, h->classes[i].slot_bytes);
-  /* An empty batch may be a race (the maintenance thread or a pin took the
-   * tails this pass looked at), not an empty LRU: give up only after a few
-   * empty passes in a row. */
+  /* An empty batch while another thread evicts (the maintenance thread) may
+   * be that thread holding the tails this pass looked at, not an empty LRU:
+   * then look again (a bounded number of times). Alone, stop at once. */
+  atomic_fetch_add(&h->evicters, 1);
   for (uint64_t r; (r = resident_bytes(h)) > target_bytes;) {
     /* No more than the excess needs (at least one block): stop at the target. */
     size_t want =
         (size_t)OI_MIN((r - target_bytes + largest_slot - 1) / largest_slot, OI_ARRAY_LEN(batch));
     size_t got = oi__index_evict_batch(h, -1, want ? want : 1, batch);
     if (!got) {
-      if (++empty_passes >= 4) break;
+      if (atomic_load(&h->evicters) < 2 || ++empty_passes >= 64) break;
       sched_yield();
       continue;
     }
@@ -269,6 +270,7 @@ static uint64_t evict_until(oi_offload_host *h, uint64_t target_bytes) {
     oi__pool_free_batch(h, batch, got);
     n += got;
   }
+  atomic_fetch_sub(&h->evicters, 1);
   return n;
 }
 

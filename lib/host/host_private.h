@@ -110,6 +110,7 @@ typedef struct host_counters {
 #define OI_NS_COUNTED (OI_NS_PAGE * OI_NS_PAGES)
 
 struct oi_offload_host {
+  atomic_uint evicters; /* threads inside evict_until (host.c) */
   oi_host_options opts;
   oi_dev *dev;
   oi_pinned pool;

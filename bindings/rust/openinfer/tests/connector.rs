@@ -235,6 +235,31 @@ fn lookup_round_trip(sock: &str, ns: &str) -> LookupClient {
     // a lease the client keeps is dropped when it is dropped
     let kept = client.query(None, &hs).unwrap().lease.unwrap();
     drop(client);
+    // The server drops the session's leases when it sees the session end:
+    // wait until only the engine's session is left before loading.
+    let path = std::ffi::CString::new(sock).unwrap();
+    let mut sessions = u64::MAX;
+    for _ in 0..500 {
+        let mut st: openinfer_sys::oi_server_stats = unsafe { std::mem::zeroed() };
+        st.struct_size = std::mem::size_of::<openinfer_sys::oi_server_stats>() as u32;
+        let rc = unsafe {
+            openinfer_sys::oi_server_stats_fetch(
+                path.as_ptr(),
+                2000,
+                &mut st,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        assert_eq!(rc, 0);
+        sessions = st.sessions; // the stats connection itself is one of them
+        if sessions <= 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(sessions <= 2, "the lookup client's session is still open");
     let err = e.load(kept, &[0, 1, 2]).and_then(|t| t.wait(T)).unwrap_err();
     assert_eq!(err.code(), ErrorCode::LeaseExpired);
     drop(e);

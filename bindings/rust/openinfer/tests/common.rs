@@ -44,3 +44,59 @@ pub fn expected(seed: u64, block: u64) -> Vec<u8> {
 pub fn tokens(n: u32, start: u32) -> Vec<u32> {
     (start..start + n).collect()
 }
+
+/// A real `openinfer serve` (the binary in OPENINFER_EXE) on a socket in a
+/// private directory, ready to accept clients. `None` (the caller skips)
+/// when OPENINFER_EXE is not set.
+pub struct ServeProcess {
+    pub sock: String,
+    dir: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl ServeProcess {
+    pub fn start(tag: &str) -> Option<ServeProcess> {
+        use std::io::Read;
+        let exe = match std::env::var("OPENINFER_EXE") {
+            Ok(e) => e,
+            Err(_) => {
+                eprintln!("SKIP: OPENINFER_EXE is not set");
+                return None;
+            }
+        };
+        let dir = std::env::temp_dir().join(format!("oi-rs-{}-{}", tag, std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("oi.sock").to_str().unwrap().to_string();
+        let log = dir.join("server.log");
+        let child = std::process::Command::new(&exe)
+            .args(["serve", "--socket", &sock, "--pool", "64M", "--log-level", "info"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            let mut s = String::new();
+            std::fs::File::open(&log).unwrap().read_to_string(&mut s).unwrap();
+            if s.contains("listening on") {
+                break;
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(10), "server not ready:\n{}", s);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Some(ServeProcess { sock, dir, child })
+    }
+
+    /// SIGTERM; the server must exit 0. Removes the directory.
+    pub fn stop(mut self) {
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "openinfer serve exited with {:?}", st);
+        std::fs::remove_dir_all(&self.dir).unwrap();
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}

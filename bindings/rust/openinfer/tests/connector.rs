@@ -285,43 +285,11 @@ fn lookup_client_against_embedded_server() {
 
 #[test]
 fn lookup_client_against_real_server() {
-    use std::io::Read;
-    use std::process::{Command, Stdio};
-    let exe = match std::env::var("OPENINFER_EXE") {
-        Ok(e) => e,
-        Err(_) => {
-            eprintln!("SKIP: OPENINFER_EXE is not set");
-            return;
-        }
+    let server = match ServeProcess::start("lookup-serve") {
+        Some(s) => s,
+        None => return,
     };
-    let dir = std::env::temp_dir().join(format!("oi-rs-lookup-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("oi.sock").to_str().unwrap().to_string();
-    let log = dir.join("server.log");
-    let mut child = Command::new(&exe)
-        .args(["serve", "--socket", &sock, "--pool", "64M", "--log-level", "info"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    loop {
-        let mut s = String::new();
-        std::fs::File::open(&log).unwrap().read_to_string(&mut s).unwrap();
-        if s.contains("listening on") {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "server not ready:\n{}", s);
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let client = lookup_round_trip(&sock, "rs/lookup-serve");
+    let client = lookup_round_trip(&server.sock, "rs/lookup-serve");
     drop(client);
-    unsafe { kill(child.id() as i32, 15) };
-    let st = child.wait().unwrap();
-    assert!(st.success(), "openinfer serve exited with {:?}", st);
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-extern "C" {
-    fn kill(pid: i32, sig: i32) -> i32;
+    server.stop();
 }

@@ -1,9 +1,7 @@
 mod common;
 use common::*;
 use openinfer::*;
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const T: Option<Duration> = Some(Duration::from_secs(30));
 
@@ -49,43 +47,12 @@ fn round_trip(sock: &str, ns: &str) {
 
 #[test]
 fn sidecar_round_trip_real_server() {
-    let exe = match std::env::var("OPENINFER_EXE") {
-        Ok(e) => e,
-        Err(_) => {
-            eprintln!("SKIP: OPENINFER_EXE is not set");
-            return;
-        }
+    let server = match ServeProcess::start("sidecar") {
+        Some(s) => s,
+        None => return,
     };
-    let dir = std::env::temp_dir().join(format!("oi-rs-sidecar-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("oi.sock").to_str().unwrap().to_string();
-    let log = dir.join("server.log");
-    let mut child = Command::new(&exe)
-        .args(["serve", "--socket", &sock, "--pool", "64M", "--log-level", "info"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    loop {
-        let mut s = String::new();
-        std::fs::File::open(&log).unwrap().read_to_string(&mut s).unwrap();
-        if s.contains("listening on") {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "server not ready:\n{}", s);
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    round_trip(&sock, "rs/sidecar");
-    unsafe { libc_kill(child.id() as i32, 15) };
-    let st = child.wait().unwrap();
-    assert!(st.success(), "openinfer serve exited with {:?}", st);
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
+    round_trip(&server.sock, "rs/sidecar");
+    server.stop();
 }
 
 #[test]

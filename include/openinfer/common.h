@@ -190,7 +190,8 @@ OI_API void *oi_ticket_cuda_event(oi_ticket *t);
  * completed must be discarded if it completes with an error. */
 OI_API void *oi_ticket_arena_event(oi_ticket *t, uint32_t arena);
 /* Per-arena completion of a load, in every mode. A load submitted with
- * OI_LOAD_ARENA_EVENTS by an embedded engine (cpu or CUDA) reports each arena
+ * OI_LOAD_ARENA_EVENTS (an embedded engine, cpu or CUDA, or a sidecar engine
+ * whose server reports load progress) reports each arena
  * as its copies land, in the layout's arena order: oi_ticket_arena_wait
  * returns OI_OK once arena `arena`'s bytes are in place in device memory (on
  * CUDA: its copies completed, not only queued), or the load's error as soon
@@ -198,8 +199,8 @@ OI_API void *oi_ticket_arena_event(oi_ticket *t, uint32_t arena);
  * with an error (then every wait, of any arena, returns the error: bytes of a
  * failed load are never to be used). OI_ERR_TIMEOUT after timeout_ms
  * (UINT32_MAX: forever) leaves the ticket usable. A ticket without per-arena
- * progress (any other operation, a load without the flag, and sidecar loads
- * today) waits for the whole ticket, whatever `arena`; with per-arena
+ * progress (any other operation, a load without the flag, a sidecar load
+ * from an older server) waits for the whole ticket, whatever `arena`; with per-arena
  * progress, an arena past the layout's count is OI_ERR_INVALID_ARGUMENT.
  * oi_ticket_arena_poll answers the same without blocking (OI_PENDING while
  * the arena is still moving). */

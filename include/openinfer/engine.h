@@ -125,8 +125,9 @@ enum {
    * engines, cpu and CUDA) and, on a CUDA device, recording a CUDA event
    * after each arena's copies (oi_ticket_arena_event): a model can start on
    * its first layers while the later ones are still crossing PCIe. Sidecar
-   * engines run the load as usual: their tickets have no per-arena progress
-   * (arena waits wait for the whole load) and no arena events. Each arena
+   * engines get the same per-arena progress from the server (LoadProgress
+   * frames; a server without that capability runs a plain load, and arena
+   * waits wait for all of it) but no arena events. Each arena
    * goes to the copy engines as one batch of pieces (a staged copy policy
    * becomes DMA here: staging moves whole host blocks, which span every
    * arena). */

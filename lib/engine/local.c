@@ -60,6 +60,11 @@ typedef struct local_engine {
   /* Layerwise saves (under lock): blocks some of whose arenas arrived. */
   partial *partials[PARTIAL_BUCKETS];
   size_t npartials;
+  /* The sweeper ends records at their deadline even when the engine is not
+   * used again (started at the first layerwise save; stopped at destroy). */
+  pthread_t sweeper;
+  bool sweeper_started, sweeper_stop;
+  pthread_cond_t sweep_cv; /* a record was added, or stop */
 
   engine_counters c;
 } local_engine;
@@ -196,6 +201,7 @@ static partial *partial_add(local_engine *e, const oi_block_hash *h, int64_t id,
   p->next = e->partials[k];
   e->partials[k] = p;
   e->npartials++;
+  pthread_cond_signal(&e->sweep_cv);
   return p;
 }
 
@@ -263,6 +269,51 @@ static uint64_t partials_next_deadline_locked(local_engine *e) {
   return d;
 }
 
+/* Sleeps until the earliest record deadline, then sweeps: a block whose
+ * layers stopped arriving gives its slot back at its deadline, not at the
+ * engine's next call. A record past its deadline with a copy still in flight
+ * ends when that copy's job completes (its completion sweeps); until then
+ * the sweeper looks again every 100 ms. */
+static void *sweeper_main(void *arg) {
+  local_engine *e = arg;
+  pthread_mutex_lock(&e->lock);
+  while (!e->sweeper_stop) {
+    uint64_t now = oi__now_ns(), d = partials_next_deadline_locked(e);
+    if (d <= now) {
+      pthread_mutex_unlock(&e->lock);
+      partials_sweep(e, false);
+      pthread_mutex_lock(&e->lock);
+      d = partials_next_deadline_locked(e);
+      if (d <= now + 100000000ull) d = now + 100000000ull;
+    }
+    if (e->sweeper_stop) break;
+    if (d == UINT64_MAX) {
+      pthread_cond_wait(&e->sweep_cv, &e->lock);
+    } else {
+      struct timespec ts = oi__timespec(d);
+      pthread_cond_timedwait(&e->sweep_cv, &e->lock, &ts);
+    }
+  }
+  pthread_mutex_unlock(&e->lock);
+  return NULL;
+}
+
+/* Starts the sweeper once (lock held). Without it (no thread could be
+ * started) records still end at the engine's next save, flush or destroy. */
+static void sweeper_start_locked(local_engine *e) {
+  if (e->sweeper_started) return;
+  int rc = pthread_create(&e->sweeper, NULL, sweeper_main, e);
+  if (rc != 0) {
+    OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+             "cannot start the layerwise sweeper thread (%s): incomplete blocks end at the "
+             "engine's next call",
+             strerror(rc));
+    return;
+  }
+  pthread_setname_np(e->sweeper, "oi-layer-sweep");
+  e->sweeper_started = true;
+}
+
 typedef struct layer_call {
   local_engine *e;
   const oi_block_hash *hashes;
@@ -297,6 +348,9 @@ static oi_status local_save_layers(local_engine *e, const int64_t *ids, const oi
                                    size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
   uint32_t first = opt->arena_first, count = opt->arena_count;
   partials_sweep(e, false); /* deadlines */
+  pthread_mutex_lock(&e->lock);
+  sweeper_start_locked(e);
+  pthread_mutex_unlock(&e->lock);
   oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_D2H, n, ticket_out ? OI_XFER_JOB_TICKET : 0,
                                       n * sizeof(partial *));
   size_t *pos = oi__malloc(n * (sizeof *pos + sizeof(partial *) + sizeof(oi_block_hash)));
@@ -612,10 +666,17 @@ static oi_status local_stats(const oi_offload_engine *base, oi_engine_stats *out
  * host. */
 static void local_destroy(oi_offload_engine *base) {
   local_engine *e = (local_engine *)base;
+  pthread_mutex_lock(&e->lock);
+  bool sweeper = e->sweeper_started;
+  e->sweeper_stop = true;
+  pthread_cond_signal(&e->sweep_cv);
+  pthread_mutex_unlock(&e->lock);
+  if (sweeper) pthread_join(e->sweeper, NULL);
   oi__xfer_destroy(e->xfer);
   partials_sweep(e, true); /* blocks whose layers did not all arrive: aborted */
   if (e->host && base->instance_id) oi__host_instance_remove(e->host, base->instance_id);
   oi__free(e->foreign);
+  pthread_cond_destroy(&e->sweep_cv);
   pthread_cond_destroy(&e->flush_cv);
   pthread_mutex_destroy(&e->lock);
   oi__engine_fini_common(base);
@@ -642,6 +703,7 @@ oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&e->flush_cv, &ca);
+  pthread_cond_init(&e->sweep_cv, &ca);
   pthread_condattr_destroy(&ca);
   oi_status st = oi__engine_init_common(&e->base, o, "register");
   if (st != OI_OK) goto fail;

@@ -351,6 +351,17 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env) {
   oi_status st = is_result ? env->body.result.status : OI_OK;
   if (is_result && st == OI_PENDING) st = OI_ERR_PROTOCOL; /* a reply is final */
   pthread_mutex_lock(&e->lock);
+  if (env->which_body == oiwire_Envelope_load_progress_tag) {
+    /* Not final: a layered load's first arenas_done arenas are in place. */
+    uint32_t k = env->body.load_progress.arenas_done;
+    for (pending *q = e->buckets[env->request_id % PENDING_BUCKETS]; q; q = q->hnext)
+      if (q->id == env->request_id && q->kind == PEND_LOAD && q->ticket) {
+        if (k > 0) oi__ticket_arena_landed(q->ticket, k - 1, OI_OK); /* (beyond n: ignored) */
+        break;
+      }
+    pthread_mutex_unlock(&e->lock);
+    return;
+  }
   if (env->which_body == oiwire_Envelope_save_counts_tag) {
     /* Not final: the save stays in the table for its Result. */
     for (pending *q = e->buckets[env->request_id % PENDING_BUCKETS]; q; q = q->hnext)
@@ -571,8 +582,8 @@ static oi_status check_count(const char *what, size_t n) {
 /* Sends an asynchronous operation whose reply completes a ticket. */
 static oi_status submit_async(remote_engine *e, pending_kind kind, oiwire_Envelope *env,
                               const oi_wire_out *out, uint32_t deadline_ms, oi_save_done_fn on_done,
-                              void *on_done_ctx, counts_wait *counts, oi_ticket **ticket_out,
-                              const char *what) {
+                              void *on_done_ctx, counts_wait *counts, uint32_t arena_progress,
+                              oi_ticket **ticket_out, const char *what) {
   pending *p = oi__calloc(1, sizeof *p);
   oi_ticket *t = ticket_out ? oi__ticket_new() : NULL;
   if (!p || (ticket_out && !t)) {
@@ -583,6 +594,9 @@ static oi_status submit_async(remote_engine *e, pending_kind kind, oiwire_Envelo
     }
     return oi__fail(OI_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   }
+  /* A layered load: LoadProgress frames report its arenas (set before the
+   * send: the reader may deliver one at once). */
+  if (t && arena_progress) oi__ticket_arena_progress(t, arena_progress);
   p->kind = kind;
   p->ticket = t;
   p->on_done = on_done;
@@ -649,7 +663,7 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
   if (degraded(e)) return drop_save(e, n, opt, ticket_out);
   if (!opt->result) {
     st = submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
-                      opt->on_done_ctx, NULL, ticket_out, "save");
+                      opt->on_done_ctx, NULL, 0, ticket_out, "save");
     /* Engine-owned: a save that never reached a server is dropped, not an error. */
     if (st == OI_ERR_CLOSED && e->owned) return drop_save(e, n, opt, ticket_out);
     return st;
@@ -659,7 +673,7 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
   env.body.save.want_counts = true;
   counts_wait w = {0};
   st = submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
-                    opt->on_done_ctx, &w, ticket_out, "save");
+                    opt->on_done_ctx, &w, 0, ticket_out, "save");
   if (st == OI_ERR_CLOSED && e->owned) return drop_save(e, n, opt, ticket_out);
   if (st != OI_OK) return st; /* (the record never left our hands: w is unreferenced) */
   uint64_t deadline = oi__deadline_ns(e->control_ms);
@@ -685,7 +699,6 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
 
 static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int64_t *ids, size_t n,
                              const oi_load_options *opt, oi_ticket **ticket_out) {
-  OI_UNUSED(opt);
   remote_engine *e = (remote_engine *)base;
   oi_status st = check_count("load", n);
   if (st != OI_OK) return st;
@@ -699,8 +712,15 @@ static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int6
     return oi__fail(OI_ERR_CLOSED,
                     "load: no openinfer server is connected (the one that issued the lease went "
                     "away; reconnecting in the background): nothing was loaded");
+  /* Layered: the server reports each arena as it lands (a server without
+   * the capability runs a plain load; arena waits then wait for all of it). */
+  uint32_t progress = 0;
+  if ((opt->flags & OI_LOAD_ARENA_EVENTS) && (e->server_caps & OI_WIRE_CAP_LOAD_PROGRESS)) {
+    env.body.load.flags = OI_LOAD_ARENA_EVENTS;
+    progress = base->layout.num_arenas;
+  }
   return submit_async(e, PEND_LOAD, &env, &out, base->opts.load_deadline_ms, NULL, NULL, NULL,
-                      ticket_out, "load");
+                      progress, ticket_out, "load");
 }
 
 /* Engine-owned and no server: everything misses. */

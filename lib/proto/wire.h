@@ -33,13 +33,14 @@
 
 /* HelloReply/Hello.capabilities */
 enum {
-  OI_WIRE_CAP_PIPELINED = 1u << 0,   /* replies may come out of order */
-  OI_WIRE_CAP_MEMBERSHIP = 1u << 1,  /* Query.flags OI_QUERY_MEMBERSHIP */
-  OI_WIRE_CAP_LOOKUP = 1u << 2,      /* Query / Release with instance 0 and a namespace */
-  OI_WIRE_CAP_SAVE_COUNTS = 1u << 3, /* Save.want_counts, SaveCounts, QueryReply.pending_blocks */
-  OI_WIRE_CAP_LAYERWISE = 1u << 4,   /* Save.arena_first / arena_count (a server that
-                                        lacks it would save whole blocks) */
-  OI_WIRE_CAP_OWNED_ARENA = 1u << 5, /* Register.client_owned: engine-owned memory */
+  OI_WIRE_CAP_PIPELINED = 1u << 0,     /* replies may come out of order */
+  OI_WIRE_CAP_MEMBERSHIP = 1u << 1,    /* Query.flags OI_QUERY_MEMBERSHIP */
+  OI_WIRE_CAP_LOOKUP = 1u << 2,        /* Query / Release with instance 0 and a namespace */
+  OI_WIRE_CAP_SAVE_COUNTS = 1u << 3,   /* Save.want_counts, SaveCounts, QueryReply.pending_blocks */
+  OI_WIRE_CAP_LAYERWISE = 1u << 4,     /* Save.arena_first / arena_count (a server that
+                                          lacks it would save whole blocks) */
+  OI_WIRE_CAP_OWNED_ARENA = 1u << 5,   /* Register.client_owned: engine-owned memory */
+  OI_WIRE_CAP_LOAD_PROGRESS = 1u << 6, /* Load.flags OI_LOAD_ARENA_EVENTS, LoadProgress */
 };
 
 /* The callback fields of one decoded Envelope. Buffers grow on demand up to

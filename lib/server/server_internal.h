@@ -5,10 +5,11 @@
  * its instances; an instance owns a local engine over the server's host and
  * the device arena that engine copies from and to. An instance is destroyed
  * (engine drained and destroyed, then the arena freed) when its last
- * reference goes: the session's table holds one, each queued aux job
- * (flush, unregister) one. Replies of asynchronous operations are written by
- * ticket callbacks on engine threads; they always run before the engine's
- * destroy returns, so a session outlives every callback that names it. */
+ * reference goes: the session's table holds one, each queued worker job
+ * (flush, unregister, layered load) one. Replies of asynchronous operations
+ * are written by ticket callbacks on engine threads; they always run before
+ * the engine's destroy returns, so a session outlives every callback that
+ * names it. A session's workers are joined before its instances go. */
 #ifndef OI_SERVER_INTERNAL_H
 #define OI_SERVER_INTERNAL_H
 
@@ -44,17 +45,34 @@ typedef struct srv_instance {
   uint64_t map_bytes;
 } srv_instance;
 
-typedef enum aux_kind { AUX_FLUSH, AUX_UNREGISTER } aux_kind;
+typedef enum aux_kind { AUX_FLUSH, AUX_UNREGISTER, AUX_LOAD_PROGRESS } aux_kind;
 
-/* Work a session hands to its aux thread because it blocks (a flush), or
- * must wait behind work that blocks (an unregister after a flush). */
+/* Work a session hands to one of its worker threads because it blocks: a
+ * flush, an unregister that must wait behind a flush (the aux worker), a
+ * layered load whose arenas are reported as they land (the progress
+ * worker). */
 typedef struct aux_job {
   struct aux_job *next;
   aux_kind kind;
   uint64_t request_id;
   srv_instance *inst; /* one reference */
   uint32_t timeout_ms;
+  oi_ticket *ticket; /* AUX_LOAD_PROGRESS: the load's observer reference */
+  uint32_t n_arenas; /* AUX_LOAD_PROGRESS: the layout's arenas */
 } aux_job;
+
+/* A session's worker thread and its queue (started at the first job). Jobs
+ * queued before stop are still run (a stopping flush reply is not sent). */
+typedef struct srv_worker {
+  srv_session *session;
+  const char *name; /* thread name */
+  pthread_t thread;
+  bool started;
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  aux_job *head, *tail;
+  bool stop;
+} srv_worker;
 
 struct srv_session {
   srv_session *next; /* in the server's list */
@@ -76,12 +94,8 @@ struct srv_session {
   srv_instance *instances;  /* written by the session thread under the server lock */
   uint32_t lookup_instance; /* the host instance of its lookups' leases (0: none yet) */
 
-  pthread_t aux_thread;
-  bool aux_started;
-  pthread_mutex_t aux_lock;
-  pthread_cond_t aux_cv;
-  aux_job *aux_head, *aux_tail;
-  bool aux_stop;
+  srv_worker aux;      /* flush, unregister */
+  srv_worker progress; /* layered loads (per-arena LoadProgress, then the Result) */
 
   uint8_t *frame;
   size_t frame_cap;

@@ -151,20 +151,53 @@ static void unlink_instance(srv_session *s, srv_instance *inst) {
   inst->next = NULL;
 }
 
-/* ---- aux thread (flush, unregister) ------------------------------------------------ */
+/* ---- worker threads (flush, unregister; layered loads) ------------------------------- */
 
-static void *aux_main(void *arg) {
-  srv_session *s = arg;
-  pthread_mutex_lock(&s->aux_lock);
+static void send_load_progress(srv_session *s, uint64_t req, uint32_t arenas_done) {
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env);
+  env.request_id = req;
+  env.which_body = oiwire_Envelope_load_progress_tag;
+  env.body.load_progress.arenas_done = arenas_done;
+  session_send(s, &env, NULL);
+}
+
+/* A layered load: one LoadProgress per arena that landed (arenas that landed
+ * together share one frame), then the final Result, all from this thread so
+ * the Result comes last. A stopping session still waits for the load (the
+ * ticket must complete before its reference goes) but sends nothing. */
+static void run_load_progress(srv_session *s, aux_job *job, bool stopping) {
+  oi_ticket *t = job->ticket;
+  for (uint32_t a = 0; a < job->n_arenas && !stopping;) {
+    if (oi_ticket_arena_wait(t, a, UINT32_MAX) != OI_OK) break; /* the Result says why */
+    while (a + 1 < job->n_arenas && oi_ticket_arena_poll(t, a + 1) == OI_OK)
+      a++;
+    a++;
+    if (a < job->n_arenas) send_load_progress(s, job->request_id, a);
+  }
+  oi_status st = oi_ticket_wait(t, UINT32_MAX);
+  if (!stopping) {
+    if (st == OI_OK)
+      reply_result(s, job->request_id, OI_OK, "");
+    else
+      reply_fmt(s, job->request_id, st, "load failed: %s", oi_status_str(st));
+  }
+  oi_ticket_release(t);
+}
+
+static void *worker_main(void *arg) {
+  srv_worker *w = arg;
+  srv_session *s = w->session;
+  pthread_mutex_lock(&w->lock);
   for (;;) {
-    while (!s->aux_head && !s->aux_stop)
-      pthread_cond_wait(&s->aux_cv, &s->aux_lock);
-    aux_job *job = s->aux_head;
+    while (!w->head && !w->stop)
+      pthread_cond_wait(&w->cv, &w->lock);
+    aux_job *job = w->head;
     if (!job) break;
-    s->aux_head = job->next;
-    if (!s->aux_head) s->aux_tail = NULL;
-    bool stopping = s->aux_stop;
-    pthread_mutex_unlock(&s->aux_lock);
+    w->head = job->next;
+    if (!w->head) w->tail = NULL;
+    bool stopping = w->stop;
+    pthread_mutex_unlock(&w->lock);
     if (job->kind == AUX_FLUSH) {
       if (!stopping) {
         oi_status st = oi_offload_engine_flush(job->inst->engine, job->timeout_ms);
@@ -174,41 +207,76 @@ static void *aux_main(void *arg) {
           reply_failure(s, job->request_id, st);
       }
       instance_put(job->inst);
+    } else if (job->kind == AUX_LOAD_PROGRESS) {
+      run_load_progress(s, job, stopping);
+      instance_put(job->inst);
     } else {
       instance_put(job->inst); /* the table's reference: the last one */
       if (!stopping) reply_result(s, job->request_id, OI_OK, "");
     }
     oi__free(job);
-    pthread_mutex_lock(&s->aux_lock);
+    pthread_mutex_lock(&w->lock);
   }
-  pthread_mutex_unlock(&s->aux_lock);
+  pthread_mutex_unlock(&w->lock);
   return NULL;
+}
+
+static void worker_init(srv_worker *w, srv_session *s, const char *name) {
+  w->session = s;
+  w->name = name;
+  pthread_mutex_init(&w->lock, NULL);
+  pthread_cond_init(&w->cv, NULL);
+}
+
+/* Runs every queued job, then joins the thread. */
+static void worker_stop(srv_worker *w) {
+  if (!w->started) return;
+  pthread_mutex_lock(&w->lock);
+  w->stop = true;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->lock);
+  pthread_join(w->thread, NULL);
+  w->started = false;
+}
+
+static void worker_destroy(srv_worker *w) {
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->lock);
+}
+
+/* Queues `job` (filled by the caller; the worker frees it). On failure the
+ * caller keeps the job and everything it names. */
+static oi_status worker_enqueue(srv_worker *w, aux_job *job) {
+  if (!w->started) { /* only the session thread enqueues: no race on started */
+    int rc = pthread_create(&w->thread, NULL, worker_main, w);
+    if (rc != 0)
+      return oi__fail(OI_ERR_INTERNAL, "cannot start a session thread: %s", strerror(rc));
+    pthread_setname_np(w->thread, w->name);
+    w->started = true;
+  }
+  job->next = NULL;
+  pthread_mutex_lock(&w->lock);
+  if (w->tail)
+    w->tail->next = job;
+  else
+    w->head = job;
+  w->tail = job;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->lock);
+  return OI_OK;
 }
 
 static oi_status aux_enqueue(srv_session *s, aux_kind kind, uint64_t req, srv_instance *inst,
                              uint32_t timeout_ms) {
-  if (!s->aux_started) {
-    int rc = pthread_create(&s->aux_thread, NULL, aux_main, s);
-    if (rc != 0)
-      return oi__fail(OI_ERR_INTERNAL, "cannot start a session thread: %s", strerror(rc));
-    pthread_setname_np(s->aux_thread, "oi-session-aux");
-    s->aux_started = true;
-  }
   aux_job *job = oi__calloc(1, sizeof *job);
   if (!job) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory");
   job->kind = kind;
   job->request_id = req;
   job->inst = inst;
   job->timeout_ms = timeout_ms;
-  pthread_mutex_lock(&s->aux_lock);
-  if (s->aux_tail)
-    s->aux_tail->next = job;
-  else
-    s->aux_head = job;
-  s->aux_tail = job;
-  pthread_cond_signal(&s->aux_cv);
-  pthread_mutex_unlock(&s->aux_lock);
-  return OI_OK;
+  oi_status st = worker_enqueue(&s->aux, job);
+  if (st != OI_OK) oi__free(job);
+  return st;
 }
 
 /* ---- requests ------------------------------------------------------------------- */
@@ -225,7 +293,8 @@ static void handle_hello(srv_session *s, uint64_t req, const oiwire_Hello *h) {
   env.body.hello_reply.protocol_version = OI_WIRE_PROTOCOL_VERSION;
   env.body.hello_reply.capabilities = OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP |
                                       OI_WIRE_CAP_LOOKUP | OI_WIRE_CAP_SAVE_COUNTS |
-                                      OI_WIRE_CAP_LAYERWISE | OI_WIRE_CAP_OWNED_ARENA;
+                                      OI_WIRE_CAP_LAYERWISE | OI_WIRE_CAP_OWNED_ARENA |
+                                      OI_WIRE_CAP_LOAD_PROGRESS;
   env.body.hello_reply.server_epoch = s->server->epoch;
   snprintf(env.body.hello_reply.server_version, sizeof env.body.hello_reply.server_version, "%s",
            oi_version_string());
@@ -492,10 +561,27 @@ static void handle_load(srv_session *s, uint64_t req, const oiwire_Load *m) {
     return reply_result(s, req, a->bad, msg);
   oi_lease lease;
   if (!lease_from_wire(s, req, "load", m->lease.bytes, m->lease.size, &lease)) return;
+  oi_load_options lo;
+  oi_load_options_init(&lo);
+  lo.flags = m->flags; /* validated by the engine */
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_load(inst->engine, lease, a->ids, a->n_ids, NULL, &t);
+  oi_status st = oi_offload_engine_load(inst->engine, lease, a->ids, a->n_ids, &lo, &t);
   if (st != OI_OK) return reply_failure(s, req, st);
-  reply_on_completion(s, req, t, "load");
+  if (!(m->flags & OI_LOAD_ARENA_EVENTS)) return reply_on_completion(s, req, t, "load");
+  /* Layered: the progress worker reports each arena, then the Result. */
+  aux_job *job = oi__calloc(1, sizeof *job);
+  if (job) {
+    job->kind = AUX_LOAD_PROGRESS;
+    job->request_id = req;
+    job->inst = inst;
+    job->ticket = t;
+    job->n_arenas = inst->engine->layout.num_arenas;
+    atomic_fetch_add(&inst->refs, 1);
+    if (worker_enqueue(&s->progress, job) == OI_OK) return;
+    instance_put(inst);
+    oi__free(job);
+  }
+  reply_on_completion(s, req, t, "load"); /* no progress frames: the Result alone */
 }
 
 static void handle_release(srv_session *s, uint64_t req, const oiwire_Release *m) {
@@ -691,13 +777,8 @@ static void session_end(srv_session *s) {
   oi_server *srv = s->server;
   /* The peer sees the end; replies still in flight fail quietly. */
   shutdown(s->fd, SHUT_RDWR);
-  if (s->aux_started) {
-    pthread_mutex_lock(&s->aux_lock);
-    s->aux_stop = true;
-    pthread_cond_broadcast(&s->aux_cv);
-    pthread_mutex_unlock(&s->aux_lock);
-    pthread_join(s->aux_thread, NULL);
-  }
+  worker_stop(&s->aux);
+  worker_stop(&s->progress);
   for (;;) {
     pthread_mutex_lock(&srv->lock);
     srv_instance *inst = s->instances;
@@ -780,8 +861,8 @@ oi_status oi__session_start(oi_server *srv, int fd, pid_t pid, uid_t uid, gid_t 
   s->recv_fd = -1;
   s->start_ns = oi__now_ns();
   pthread_mutex_init(&s->write_lock, NULL);
-  pthread_mutex_init(&s->aux_lock, NULL);
-  pthread_cond_init(&s->aux_cv, NULL);
+  worker_init(&s->aux, s, "oi-session-aux");
+  worker_init(&s->progress, s, "oi-session-load");
   /* A peer that stops reading cannot hold engine threads forever. */
   struct timeval tv = {.tv_sec = CONTROL_SEND_TIMEOUT_S};
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
@@ -795,8 +876,8 @@ oi_status oi__session_start(oi_server *srv, int fd, pid_t pid, uid_t uid, gid_t 
     srv->sessions = s->next;
     srv->num_sessions--;
     pthread_mutex_unlock(&srv->lock);
-    pthread_cond_destroy(&s->aux_cv);
-    pthread_mutex_destroy(&s->aux_lock);
+    worker_destroy(&s->aux);
+    worker_destroy(&s->progress);
     pthread_mutex_destroy(&s->write_lock);
     oi__free(s);
     return oi__fail(OI_ERR_INTERNAL, "cannot start a session thread: %s", strerror(rc));
@@ -816,8 +897,8 @@ void oi__session_reap(srv_session *s) {
   oi__wire_arrays_free(&s->arrays);
   oi__free(s->frame);
   oi__free(s->present);
-  pthread_cond_destroy(&s->aux_cv);
-  pthread_mutex_destroy(&s->aux_lock);
+  worker_destroy(&s->aux);
+  worker_destroy(&s->progress);
   pthread_mutex_destroy(&s->write_lock);
   oi__free(s);
 }

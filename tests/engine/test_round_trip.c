@@ -311,6 +311,17 @@ static void test_layerwise_save(void) {
   CHECK(hst.blocks_in_flight == 0);
   CHECK(visible(e, hs2, 2) == 0);
   CHECK(etu_engine_stats(e).saves_failed == 2);
+  /* ... and at the deadline even when the engine is not used again: the
+   * sweeper gives the slots back (the host's own stats show it). */
+  oi_block_hash hs3[2] = {etu_hash(5153, 0), etu_hash(5153, 1)};
+  CHECK_OK(save_layers(e, src, hs3, 2, 0, 1));
+  CHECK(etu_host_stats(h).blocks_in_flight == 2);
+  double t0 = etu_now_s();
+  while (etu_host_stats(h).blocks_in_flight != 0 && etu_now_s() - t0 < 5)
+    usleep(10000);
+  CHECK(etu_host_stats(h).blocks_in_flight == 0);
+  CHECK(etu_now_s() - t0 >= 0.2); /* not before the 300 ms deadline (less slack) */
+  CHECK(etu_engine_stats(e).saves_failed == 4);
   /* The hashes can be saved again, whole this time. */
   CHECK_OK(etu_save_wait(e, src, hs2, 2));
   CHECK(visible(e, hs2, 2) == 2);

@@ -1,8 +1,10 @@
 /* A failed load consumes its lease share and reports the error, never
  * success: a copy failing before any byte or midway, with one share and with
  * two. The blocks stay sealed, unpinned and loadable. A clock that jumps past
- * the lease TTL expires leases (the load fails, the pins go). */
+ * the lease TTL expires leases (the load fails, the pins go). Per-arena
+ * progress of a layered load, embedded and over the sidecar. */
 #include "fault_util.h"
+#include "sidecar_util.h"
 
 static void failing_load_consumes_the_lease(oi_fault_point point) {
   rig r;
@@ -167,12 +169,86 @@ static void test_arena_waits_report_progress_and_a_failure_fails_every_later_wai
   free(mem);
 }
 
-int main(void) {
+/* The same over the sidecar: a server whose copies are slowed (copy_slow,
+ * armed through OI_FAULTS) reports a layered load arena by arena
+ * (LoadProgress frames), so the client's arena waits return while the later
+ * arenas are still moving, each with that arena's bytes in place. */
+static test_server ts;
+
+static bool tl_check_arena(const uint8_t *base, const oi_arena_desc *a, uint32_t ar, int64_t id,
+                           uint64_t logical) {
+  for (uint32_t s = 0; s < a[ar].segments; s++) {
+    const uint8_t *p =
+        base + a[ar].offset + (uint64_t)id * a[ar].block_stride + s * a[ar].segment_stride;
+    for (uint64_t i = 0; i < a[ar].bytes_per_block; i++)
+      if (p[i] != tl_byte(logical, ar, s, i)) return false;
+  }
+  return true;
+}
+
+static void test_sidecar_arena_waits_report_progress(void) {
+  oi_arena_desc a[TL_ARENAS];
+  oi_engine_options o;
+  tl_options(&o, a, "layered");
+  oi_offload_engine *e;
+  oi_imported_arena *arena;
+  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
+  REQUIRE(e && arena);
+  uint8_t *base = oi_imported_arena_ptr(arena);
+  int64_t src[2] = {0, 1}, dst[2] = {20, 21};
+  oi_block_hash hs[2] = {tl_hash(70, 0), tl_hash(70, 1)};
+  for (int b = 0; b < 2; b++)
+    tl_fill(base, a, src[b], (uint64_t)b);
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(e, src, hs, 2, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 60000));
+  oi_ticket_release(t);
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  REQUIRE(q.hit_blocks == 2);
+  oi_load_options lo;
+  oi_load_options_init(&lo);
+  lo.flags = OI_LOAD_ARENA_EVENTS;
+  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, 2, &lo, &t));
+  REQUIRE(t);
+  CHECK(oi_ticket_arena_event(t, 0) == NULL); /* events live in the server's process */
+  for (uint32_t ar = 0; ar + 1 < TL_ARENAS; ar++) {
+    CHECK_OK(oi_ticket_arena_wait(t, ar, 60000));
+    CHECK(oi_ticket_poll(t) == OI_PENDING); /* the later arenas are still moving */
+    CHECK(oi_ticket_arena_poll(t, TL_ARENAS - 1) == OI_PENDING);
+    for (int b = 0; b < 2; b++)
+      CHECK(tl_check_arena(base, a, ar, dst[b], (uint64_t)b));
+  }
+  CHECK_ST(oi_ticket_arena_wait(t, TL_ARENAS, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_OK(oi_ticket_arena_wait(t, TL_ARENAS - 1, 60000));
+  CHECK_OK(oi_ticket_wait(t, 60000));
+  for (int b = 0; b < 2; b++)
+    CHECK(tl_check(base, a, dst[b], (uint64_t)b));
+  oi_ticket_release(t);
+  /* Without the flag: no per-arena progress, an arena wait waits for all. */
+  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  REQUIRE(q.hit_blocks == 2);
+  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, 2, NULL, &t));
+  CHECK_OK(oi_ticket_arena_wait(t, 0, 60000));
+  CHECK(oi_ticket_poll(t) == OI_OK);
+  oi_ticket_release(t);
+  oi_imported_arena_close(arena);
+  oi_offload_engine_destroy(e);
+}
+
+int main(int argc, char **argv) {
   REQUIRE_FAULTS();
   RUN_TEST(test_load_copy_fails_before_any_byte);
   RUN_TEST(test_load_copy_fails_midway);
   RUN_TEST(test_two_shares_one_fails);
   RUN_TEST(test_clock_jump_expires_leases);
   RUN_TEST(test_arena_waits_report_progress_and_a_failure_fails_every_later_wait);
+  if (argc < 2) TEST_SKIP("usage: test_load_fault OPENINFER_EXE (sidecar part)");
+  ts_init(&ts, argv[1]);
+  setenv("OI_FAULTS", "copy_slow:0:0:150", 1); /* the server's every copy: 150 ms */
+  REQUIRE(ts_start(&ts, NULL));
+  unsetenv("OI_FAULTS");
+  RUN_TEST(test_sidecar_arena_waits_report_progress);
+  CHECK(ts_stop(&ts));
   TEST_EXIT();
 }

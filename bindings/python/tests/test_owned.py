@@ -11,7 +11,6 @@ import subprocess
 import tempfile
 import time
 
-import numpy as np
 import pytest
 
 import openinfer as oi
@@ -77,6 +76,7 @@ def wait_for(cond, timeout=10.0):
 
 
 def test_shared_buffer():
+    np = pytest.importorskip("numpy")  # python3-numpy (./dev deps)
     with oi.SharedBuffer(3 * 4096) as sb:
         assert sb.nbytes == len(sb) == 3 * 4096 and sb.fd >= 0
         assert os.fstat(sb.fd).st_size == 3 * 4096

@@ -101,6 +101,30 @@ def test_shared_buffer():
         oi.SharedBuffer(0)
 
 
+def test_shared_buffer_as_embedded_memory():
+    """An embedded engine takes a SharedBuffer as plain memory (no fd), keeps
+    it alive, and lets it close once the engine is closed."""
+    with oi.OffloadHost(16 << 20) as host, oi.SharedBuffer(LAYOUT_BYTES) as sb:
+        hs = oi.hash_blocks(range(2 * 16), 16)
+        kv = sb.view
+        with host.engine("py/owned/embedded", layout(), buffer=sb) as e:
+            fill(kv, 0, seed=3, block=0)
+            fill(kv, 1, seed=3, block=1)
+            e.save([0, 1], hs).wait(10)
+            kv[:] = bytes(LAYOUT_BYTES)
+            q = e.query(hs)
+            assert q.hit_blocks == 2
+            e.load(q.lease, [3, 2]).wait(10)
+            assert read_block(kv, 3) == expected(3, 0)
+            assert read_block(kv, 2) == expected(3, 1)
+            assert e.stats()["connection"] == oi.CONNECTION_EMBEDDED
+            kv.release()
+            with pytest.raises(BufferError):  # the engine still uses the mapping
+                sb.close()
+        sb.close()
+        assert sb.closed
+
+
 def test_connect_bad_owned_buffers(sockdir):
     sock = os.path.join(sockdir, "oi.sock")
     srv = ServeProcess(sock)

@@ -22,6 +22,9 @@ forms (``hash_blocks``, lists of ids and hashes) still work.
 """
 import array
 import asyncio
+import fcntl
+import mmap
+import os
 import threading
 import weakref
 
@@ -36,12 +39,17 @@ __all__ = [
     "Server", "LookupClient", "SaveResult", "hash_blocks", "hash_blocks_buffer", "BlockHashes", "hash_blocks_ex", "block_key",
     "block_keys", "BLOCK_KEY_MAX", "version", "version_string", "device_count", "device_info",
     "set_log_level", "get_log_level", "set_log_handler", "status_name", "DEVICE_CPU",
-    "FOREVER",
+    "FOREVER", "SharedBuffer", "CONNECTION_EMBEDDED", "CONNECTION_CONNECTED",
+    "CONNECTION_DEGRADED",
 ]
 
 DEVICE_CPU = lib.OI_DEVICE_CPU
 BLOCK_KEY_MAX = lib.OI_BLOCK_KEY_MAX
 FOREVER = None  # a timeout of None waits forever
+# oi_engine_stats.connection (OffloadEngine.stats()["connection"])
+CONNECTION_EMBEDDED = lib.OI_CONNECTION_EMBEDDED    # an embedded engine
+CONNECTION_CONNECTED = lib.OI_CONNECTION_CONNECTED  # a sidecar engine with a live server
+CONNECTION_DEGRADED = lib.OI_CONNECTION_DEGRADED    # engine-owned sidecar, server gone
 _U32_MAX = 0xFFFFFFFF
 
 # --------------------------------------------------------------------------- errors
@@ -274,6 +282,30 @@ def _ids_in(ids, what="block ids"):
     except (TypeError, OverflowError, ValueError) as e:
         raise InvalidArgumentError("%s: %s" % (what, e)) from None
     return ffi.from_buffer("int64_t[]", arr), len(arr), arr
+
+
+_U64_FORMATS = ("Q", "L")  # with 8-byte items
+
+
+def _u64_in(values, what):
+    """(cdata uint64_t[], n, keep) for a buffer of uint64 (array('Q'), a numpy
+    uint64 array) or a byte buffer of n*8 bytes, used in place; any other
+    iterable of non-negative ints is converted (array('Q'))."""
+    mv = _memoryview(values, what)
+    if mv is not None:
+        fmt = mv.format.lstrip("@=<")
+        if (mv.itemsize == 8 and fmt in _U64_FORMATS) or (mv.itemsize == 1 and fmt in _RAW_FORMATS):
+            return _typed_buffer(values, "uint64_t", 8, _U64_FORMATS, what) + (values,)
+        if fmt not in _INT_FORMATS or mv.format[:1] in (">", "!") or mv.ndim != 1:
+            raise InvalidArgumentError("%s: a buffer of format %r and %d dimension(s); need "
+                                       "uint64 (or integers in one dimension)"
+                                       % (what, mv.format, mv.ndim))
+        values = mv.tolist()
+    try:
+        arr = array.array("Q", values)
+    except (TypeError, OverflowError, ValueError) as e:
+        raise InvalidArgumentError("%s: %s" % (what, e)) from None
+    return ffi.from_buffer("uint64_t[]", arr), len(arr), arr
 
 
 class BlockHashes:
@@ -620,6 +652,37 @@ class Ticket(_Handle):
         not layered, or out of range)."""
         return int(ffi.cast("uintptr_t", lib.oi_ticket_arena_event(self._p(), arena)))
 
+    def arena_wait(self, arena, timeout=None):
+        """Waits up to `timeout` seconds (None: forever) until arena `arena`
+        (its index in the layout) of a load landed (oi_ticket_arena_wait).
+
+        A load with ``arena_events=True`` on an embedded engine (cpu or cuda)
+        reports its arenas one by one, in the layout's order: this returns as
+        soon as that arena's bytes are in place. Raises the load's error when
+        it failed at this arena or an earlier one (or failed at all: bytes of
+        a failed load must not be used), ``TimeoutError`` when the wait ran
+        out (the ticket stays usable), ``InvalidArgumentError`` for an arena
+        past the layout's count. Any other ticket (a save, a load without
+        arena_events, a sidecar load) waits for the whole ticket, whatever
+        `arena`."""
+        if arena < 0:
+            raise InvalidArgumentError("arena %d is negative" % arena)
+        with self._lock:
+            p = self._p()
+        _check(lib.oi_ticket_arena_wait(p, arena, _timeout_ms(timeout)))
+
+    def arena_poll(self, arena):
+        """arena_wait without blocking (oi_ticket_arena_poll): False while
+        arena `arena` is still moving, True once it landed; raises the
+        load's error as arena_wait does."""
+        if arena < 0:
+            raise InvalidArgumentError("arena %d is negative" % arena)
+        st = lib.oi_ticket_arena_poll(self._p(), arena)
+        if st == lib.OI_PENDING:
+            return False
+        _check(st)
+        return True
+
     def set_callback(self, fn):
         """fn(ticket, status) is called once on completion, on a library thread
         (or right here when already complete)."""
@@ -677,7 +740,9 @@ _ENGINE_STATS = [
     "instance_id", "block_bytes", "num_blocks", "saves_submitted", "saves_completed",
     "saves_deduplicated", "saves_dropped", "saves_failed", "loads_completed", "loads_failed",
     "blocks_loaded", "bytes_saved", "bytes_loaded", "query_hit_blocks", "query_miss_blocks",
-    "saves_pending"]
+    "saves_pending", "loads_submitted", "namespace_blocks_resident", "latency_buckets",
+    "save_latency_sum_us", "load_latency_sum_us", "server_epoch", "connection", "reconnects",
+    "disconnected_saves", "disconnected_query_misses"]
 
 
 def _host_options(pool_bytes, device, hugepages, pin, lease_ttl_ms, index_shards, chunk_bytes,
@@ -943,6 +1008,93 @@ def _address(obj, keep, writable=True):
     return ffi.cast("void *", buf)
 
 
+_F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
+_F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
+
+
+class SharedBuffer:
+    """nbytes of shared memory for an engine-owned sidecar arena (cpu): a
+    memfd (memfd_create with MFD_CLOEXEC | MFD_ALLOW_SEALING), sized with
+    ftruncate, sealed with F_SEAL_SHRINK and mapped MAP_SHARED from offset 0
+    -- what oi_engine_options.arena_fd asks for.
+
+    ``OffloadEngine.connect(sock, ns, arenas, buffer=sb)`` sends ``sb.fd`` to
+    the server and keeps ``sb`` alive while the engine lives. ``fd`` and
+    ``nbytes`` describe it; ``view`` is a writable memoryview of the whole
+    mapping (``numpy.frombuffer(sb.view, dtype)`` works; ``sb.view[a:b] =
+    data`` writes); ``len(sb)`` is nbytes. ``close()`` (also the end of a
+    ``with``) unmaps and closes the fd; it raises BufferError while a view
+    or an engine still uses the mapping (close the engine first)."""
+
+    def __init__(self, nbytes, name="openinfer-arena"):
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            raise InvalidArgumentError("SharedBuffer: nbytes must be positive, not %d" % nbytes)
+        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, nbytes)
+            fcntl.fcntl(fd, _F_ADD_SEALS, _F_SEAL_SHRINK)
+            mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._mm = mm
+        self.nbytes = nbytes
+
+    def _map(self):
+        if self._mm is None:
+            raise _closed("shared buffer")
+        return self._mm
+
+    @property
+    def fd(self):
+        """The memfd (owned by this object: do not close it)."""
+        if self._fd is None:
+            raise _closed("shared buffer")
+        return self._fd
+
+    @property
+    def view(self):
+        """A writable memoryview of the nbytes (a new one each time)."""
+        return memoryview(self._map())
+
+    def __buffer__(self, flags):  # Python >= 3.12: memoryview(sb), numpy.frombuffer(sb)
+        return memoryview(self._map())
+
+    def __len__(self):
+        return self.nbytes
+
+    @property
+    def closed(self):
+        return self._mm is None
+
+    def close(self):
+        if self._mm is not None:
+            self._mm.close()  # BufferError while exported (a view, an engine)
+            self._mm = None
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # a view outlives us: it keeps the mapping; the fd goes
+            fd, self._fd = getattr(self, "_fd", None), None
+            if fd is not None:
+                os.close(fd)
+
+    def __repr__(self):
+        return "SharedBuffer(%d bytes, fd=%r)" % (self.nbytes, self._fd)
+
+
 class QueryResult:
     """hit_blocks: the leading run found; lease: a Lease pinning them (None
     when nothing hit or for membership queries); loading: a deeper tier is
@@ -1087,7 +1239,20 @@ class OffloadEngine(_Handle):
     """One rank's offload engine.
 
     Embedded: ``OffloadEngine(host, namespace, arenas, buffer=..., device=-1)``.
-    Sidecar: ``engine, arena = OffloadEngine.connect(socket, namespace, arenas)``.
+    Sidecar: ``engine, arena = OffloadEngine.connect(socket, namespace, arenas)``
+    (server-allocated memory) or ``engine, None = OffloadEngine.connect(socket,
+    namespace, arenas, buffer=SharedBuffer(n))`` (engine-owned memory).
+
+    segment_offsets (optional): where each arena's segments start
+    (oi_engine_options.segment_offsets), a buffer of uint64 (array('Q'), a
+    numpy uint64 array) or an iterable of ints: arena by arena in the
+    layout's order, ``arenas[i].segments`` entries each; block b, segment s
+    of arena i then lives at (arena i's base or offset) + its segment's entry
+    + b * block_stride, so one segment may be a separate region (vLLM's
+    ``[2, num_blocks, ...]`` layer: the K half, then the V half) and
+    segment_stride is ignored. The wrong number of entries raises
+    InvalidArgumentError (the C call's). None: segment s at s *
+    segment_stride.
 
     ``close()`` follows the drop order: a sidecar engine closes its imported
     arena mapping first, then flushes and unregisters."""
@@ -1097,7 +1262,7 @@ class OffloadEngine(_Handle):
     def __init__(self, host, namespace, arenas, *, buffer=None, buffer_size=None,
                  device=DEVICE_CPU, instance_name=None, world_size=1, save_deadline_ms=None,
                  load_deadline_ms=None, control_deadline_ms=None, copy_mode=None,
-                 _connect=None):
+                 segment_offsets=None, arena_fd=None, _connect=None):
         super().__init__()
         self._keep = []
         self._host = host
@@ -1106,25 +1271,31 @@ class OffloadEngine(_Handle):
         self.device = device
         o = self._options(namespace, self.arenas, buffer, buffer_size, device, instance_name,
                           world_size, save_deadline_ms, load_deadline_ms, control_deadline_ms,
-                          copy_mode, sidecar=_connect is not None)
+                          copy_mode, segment_offsets, arena_fd, sidecar=_connect is not None)
         out = ffi.new("oi_offload_engine **")
-        if _connect is None:
-            if not isinstance(host, OffloadHost):
-                raise InvalidArgumentError("host must be an OffloadHost")
-            with host._lock:
-                _check(lib.oi_offload_engine_create(host._p(), o, out))
+        try:
+            if _connect is None:
+                if not isinstance(host, OffloadHost):
+                    raise InvalidArgumentError("host must be an OffloadHost")
+                with host._lock:
+                    _check(lib.oi_offload_engine_create(host._p(), o, out))
+                    self._ptr = out[0]
+                    host._engines.add(self)
+            else:
+                aout = ffi.new("oi_imported_arena **")
+                sock = _connect.encode() if _connect else ffi.NULL
+                _check(lib.oi_offload_engine_connect(sock, o, out, aout))
                 self._ptr = out[0]
-                host._engines.add(self)
-        else:
-            aout = ffi.new("oi_imported_arena **")
-            sock = _connect.encode() if _connect else ffi.NULL
-            _check(lib.oi_offload_engine_connect(sock, o, out, aout))
-            self._ptr = out[0]
-            self._arena = ImportedArena(aout[0], device, owner=self)
+                if aout[0] != ffi.NULL:  # engine-owned memory imports nothing
+                    self._arena = ImportedArena(aout[0], device, owner=self)
+        except BaseException:
+            self._keep = []  # let go of the buffers now (a SharedBuffer may then close)
+            raise
         self._keep_opts = o
 
     def _options(self, namespace, arenas, buffer, buffer_size, device, instance_name, world_size,
-                 save_deadline_ms, load_deadline_ms, control_deadline_ms, copy_mode, sidecar):
+                 save_deadline_ms, load_deadline_ms, control_deadline_ms, copy_mode,
+                 segment_offsets, arena_fd, sidecar):
         keep = self._keep
         o = ffi.new("oi_engine_options *")
         _check(lib.oi_engine_options_init(o))
@@ -1153,6 +1324,17 @@ class OffloadEngine(_Handle):
             d.segment_stride = a.segment_stride
         o.arenas = descs
         o.num_arenas = len(arenas)
+        if segment_offsets is not None:
+            so, nso, so_keep = _u64_in(segment_offsets, "segment_offsets")
+            keep.append(so_keep)
+            keep.append(so)
+            o.segment_offsets = so
+            o.num_segment_offsets = nso
+        if isinstance(buffer, SharedBuffer):
+            keep.append(buffer)  # the engine keeps the mapping (and the memfd) alive
+            if arena_fd is None and sidecar:  # an embedded engine takes its memory only
+                arena_fd = buffer.fd
+            buffer = buffer._map()
         if buffer is not None:
             o.arena_base = _address(buffer, keep)
             if buffer_size is None:
@@ -1162,6 +1344,8 @@ class OffloadEngine(_Handle):
             o.arena_size = buffer_size
         elif buffer_size is not None:
             o.arena_size = buffer_size
+        if arena_fd is not None:
+            o.arena_fd = arena_fd
         for field, v in (("save_deadline_ms", save_deadline_ms),
                          ("load_deadline_ms", load_deadline_ms),
                          ("control_deadline_ms", control_deadline_ms),
@@ -1171,13 +1355,37 @@ class OffloadEngine(_Handle):
         return o
 
     @classmethod
-    def connect(cls, socket_path, namespace, arenas, *, device=DEVICE_CPU, arena_size=None,
-                **kw):
+    def connect(cls, socket_path, namespace, arenas, *, device=DEVICE_CPU, buffer=None,
+                buffer_size=None, arena_fd=None, segment_offsets=None, arena_size=None, **kw):
         """Connects to an `openinfer serve` (socket_path None: the default
-        socket), registers the layout (arenas by offset) and imports the arena
-        the server allocated. Returns (engine, ImportedArena)."""
-        e = cls(None, namespace, arenas, device=device, buffer_size=arena_size,
-                _connect=socket_path or "", **kw)
+        socket) and registers the layout (arenas by offset). Two modes
+        (oi_offload_engine_connect, docs/server.md):
+
+        Server-allocated (buffer None): the server allocates the arena
+        (zeroed) and this process maps it. Returns (engine, ImportedArena).
+        buffer_size (or its older name arena_size) is the arena's size; None:
+        the largest end of any arena. If the server dies the fatal handler
+        runs (the memory is gone).
+
+        Engine-owned (buffer given): the arena is this process's memory,
+        which the server maps. Returns (engine, None). cpu: a SharedBuffer
+        (its fd is sent as arena_fd unless arena_fd is given), or another
+        buffer that is the MAP_SHARED mapping from offset 0 of the sealed
+        memfd given as arena_fd. cuda (device >= 0): an int device pointer
+        from cudaMalloc, with buffer_size required and no arena_fd. The
+        engine keeps a buffer object alive until it is closed. If the server
+        goes away the engine degrades instead (stats()["connection"] ==
+        CONNECTION_DEGRADED: queries miss, saves drop, loads raise
+        ClosedError) and reconnects in the background when a server listens
+        on the socket again (``reconnects`` grows, a new ``server_epoch``;
+        old leases are invalid). Free the memory only after close().
+
+        segment_offsets: as in OffloadEngine()."""
+        if buffer_size is None:
+            buffer_size = arena_size
+        e = cls(None, namespace, arenas, device=device, buffer=buffer, buffer_size=buffer_size,
+                arena_fd=arena_fd, segment_offsets=segment_offsets,
+                _connect=str(socket_path) if socket_path else "", **kw)
         return e, e._arena
 
     @property
@@ -1185,12 +1393,22 @@ class OffloadEngine(_Handle):
         """The ImportedArena of a sidecar engine (None when embedded)."""
         return self._arena
 
-    def save(self, block_ids, hashes, *, on_done=None, wait_event=None, counts=False):
+    def save(self, block_ids, hashes, *, on_done=None, wait_event=None, counts=False,
+             arena_first=0, arena_count=0):
         """Saves block_ids[i] under hashes[i]; returns a Ticket. on_done(status)
         is called on a library thread once the blocks may be reused.
         counts=True: the ticket's ``save_result`` is this call's SaveResult
         (accepted / deduplicated / dropped), filled before save returns
         (sidecar: one round trip to the server); else it is None.
+
+        Layerwise save: arena_count 0 (the default) saves whole blocks;
+        otherwise this call copies only arenas [arena_first, arena_first +
+        arena_count) of each block (a layer's arenas, as soon as that layer
+        is written, each call with its own wait_event and ticket). A block's
+        host copy seals -- and queries see it -- only once every arena of the
+        layout arrived and landed; until then it is pending. A failed arena
+        aborts the whole block. With counts=True the first call naming a hash
+        counts it; later layers of the same blocks count 0.
 
         block_ids: a buffer of int64 (array('q'), numpy int64) or an iterable
         of ints; hashes: a BlockHashes, one buffer of n*16 bytes, or a
@@ -1211,6 +1429,12 @@ class OffloadEngine(_Handle):
             opt.result = res
         if wait_event:
             opt.wait_event = ffi.cast("void *", wait_event)
+        if arena_first < 0 or arena_count < 0:
+            ffi.release(ids)
+            ffi.release(hs)
+            raise InvalidArgumentError("arena_first and arena_count must not be negative")
+        opt.arena_first = arena_first
+        opt.arena_count = arena_count
         key = None
         if on_done is not None:
             key = ffi.new_handle(on_done)
@@ -1264,7 +1488,11 @@ class OffloadEngine(_Handle):
     def load(self, lease, dst_block_ids, arena_events=False):
         """Copies the leased blocks into dst_block_ids; consumes one share of
         the lease (even on failure). Returns a Ticket. arena_events: copy
-        arena by arena with a CUDA event after each (Ticket.arena_event)."""
+        arena by arena in the layout's order, reporting each arena as it lands
+        (Ticket.arena_wait / Ticket.arena_poll; embedded engines, cpu and
+        cuda) and, on cuda, recording an event after each
+        (Ticket.arena_event). Sidecar loads have no per-arena progress: their
+        arena waits wait for the whole load."""
         raw = lease.raw if isinstance(lease, Lease) else bytes(lease)
         if len(raw) != 16:
             raise InvalidArgumentError("a lease is 16 bytes")
@@ -1308,11 +1536,23 @@ class OffloadEngine(_Handle):
         _check(lib.oi_offload_engine_flush(p, _timeout_ms(timeout)))
 
     def stats(self):
+        """Every field of oi_engine_stats as a dict: the counters
+        (saves_*, loads_*, blocks_loaded, bytes_*, query_*_blocks,
+        saves_pending, loads_submitted, namespace_blocks_resident), the
+        latency histograms save_latency_us / load_latency_us (lists of
+        latency_buckets counts) with their *_sum_us, and the sidecar
+        connection: server_epoch, connection (CONNECTION_EMBEDDED,
+        CONNECTION_CONNECTED or CONNECTION_DEGRADED), reconnects,
+        disconnected_saves, disconnected_query_misses."""
         s = ffi.new("oi_engine_stats *")
         s.struct_size = ffi.sizeof("oi_engine_stats")
         with self._lock:
             _check(lib.oi_offload_engine_stats(self._p(), s))
-        return _stats_dict(s, _ENGINE_STATS)
+        d = _stats_dict(s, _ENGINE_STATS)
+        n = min(s.latency_buckets, len(s.save_latency_us))
+        d["save_latency_us"] = [s.save_latency_us[i] for i in range(n)]
+        d["load_latency_us"] = [s.load_latency_us[i] for i in range(n)]
+        return d
 
     def close(self):
         """Drop order: close the imported arena mapping (sidecar), then flush

@@ -273,6 +273,13 @@ typedef struct oi_engine_stats {
   uint64_t query_hit_blocks;
   uint64_t query_miss_blocks;
   uint64_t saves_pending;
+  uint64_t loads_submitted;
+  uint64_t namespace_blocks_resident;
+  uint32_t latency_buckets;
+  uint64_t save_latency_us[...];
+  uint64_t save_latency_sum_us;
+  uint64_t load_latency_us[...];
+  uint64_t load_latency_sum_us;
   uint64_t server_epoch;
   uint32_t connection;
   uint32_t reconnects;

@@ -7,6 +7,8 @@
 //!   dropped (or moved) while an engine lives;
 //! * a sidecar engine ([`OffloadEngine::connect`]) owns the arena it imported
 //!   and its `Drop` closes that mapping *before* it flushes and unregisters;
+//! * an engine-owned sidecar engine ([`OffloadEngine::connect_owned`]) keeps
+//!   its [`SharedBuffer`] and unmaps it only after the engine is destroyed;
 //! * a [`Ticket`] borrows its engine; dropping it does not wait (the library
 //!   keeps the operation alive until it completes), and the engine counts the
 //!   operation as in flight until its completion callback ran: the KV buffer

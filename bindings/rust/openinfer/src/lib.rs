@@ -7,6 +7,8 @@
 //!   dropped (or moved) while an engine lives;
 //! * a sidecar engine ([`OffloadEngine::connect`]) owns the arena it imported
 //!   and its `Drop` closes that mapping *before* it flushes and unregisters;
+//! * an engine-owned sidecar engine ([`OffloadEngine::connect_owned`]) keeps
+//!   its [`SharedBuffer`] and unmaps it only after the engine is destroyed;
 //! * a [`Ticket`] borrows its engine; dropping it does not wait (the library
 //!   keeps the operation alive until it completes), and the engine counts the
 //!   operation as in flight until its completion callback ran: the KV buffer
@@ -715,7 +717,9 @@ impl Drop for OffloadHost {
 
 /// One arena of a layout, by offset into the engine's buffer (or the
 /// sidecar's arena). Block b, segment s lives at
-/// `offset + b*block_stride + s*segment_stride`.
+/// `offset + b*block_stride + s*segment_stride`, or at
+/// `offset + segment_offsets[k + s] + b*block_stride` when the layout has
+/// [`EngineOptions::segment_offsets`] (segments as separate regions).
 #[derive(Debug, Clone)]
 pub struct ArenaDesc {
     pub name: String,
@@ -751,7 +755,8 @@ impl ArenaDesc {
         self.block_stride = block_stride;
         self
     }
-    /// The end of the arena from the buffer's start.
+    /// The end of the arena from the buffer's start (the descriptor's
+    /// rule: segments `segment_stride` apart).
     pub fn end(&self) -> u64 {
         if self.num_blocks == 0 {
             return self.offset;
@@ -760,6 +765,16 @@ impl ArenaDesc {
             + (self.num_blocks - 1) * self.block_stride
             + (self.segments as u64 - 1) * self.segment_stride
             + self.bytes_per_block
+    }
+
+    /// The end of the arena when its segments start at `segment_offsets`
+    /// (this arena's `segments` entries, relative to `offset`).
+    pub fn end_with_offsets(&self, segment_offsets: &[u64]) -> u64 {
+        if self.num_blocks == 0 {
+            return self.offset;
+        }
+        let last = (self.num_blocks - 1) * self.block_stride + self.bytes_per_block;
+        segment_offsets.iter().map(|s| self.offset + s + last).max().unwrap_or(self.offset)
     }
 }
 
@@ -774,6 +789,10 @@ pub struct EngineOptions {
     pub save_deadline_ms: Option<u32>,
     pub load_deadline_ms: Option<u32>,
     pub control_deadline_ms: Option<u32>,
+    /// Where each arena's segments start (`oi_engine_options.segment_offsets`):
+    /// arena by arena, each arena's `segments` entries, relative to the
+    /// arena's offset. None: the descriptors' `segment_stride` rule.
+    pub segment_offsets: Option<Vec<u64>>,
 }
 
 impl EngineOptions {
@@ -787,22 +806,57 @@ impl EngineOptions {
             save_deadline_ms: None,
             load_deadline_ms: None,
             control_deadline_ms: None,
+            segment_offsets: None,
         }
     }
 
-    /// The bytes the arenas span from offset 0.
+    /// Segments as separate regions: block b, segment s of arena i lives at
+    /// `arenas[i].offset + offsets[k_i + s] + b * block_stride`, where `k_i`
+    /// is the sum of the segments of the arenas before i (vLLM's
+    /// `[2, num_blocks, ...]` layer: the K half at 0, the V half at
+    /// `num_blocks * block_stride`). `segment_stride` is then ignored and
+    /// `block_stride` need only be `>= bytes_per_block`. The count must equal
+    /// the sum of every arena's segments (the library checks it, and that no
+    /// two slices overlap: `InvalidArgument`).
+    pub fn segment_offsets(mut self, offsets: Vec<u64>) -> EngineOptions {
+        self.segment_offsets = Some(offsets);
+        self
+    }
+
+    /// The sum of every arena's segments (the count `segment_offsets` needs).
+    pub fn total_segments(&self) -> usize {
+        self.arenas.iter().map(|a| a.segments as usize).sum()
+    }
+
+    /// The bytes the arenas span from offset 0 (with segment offsets whose
+    /// count does not match the arenas, the descriptors' rule: the library
+    /// refuses such a layout anyway).
     pub fn span(&self) -> u64 {
-        self.arenas.iter().map(|a| a.end()).max().unwrap_or(0)
+        match &self.segment_offsets {
+            Some(offs) if offs.len() == self.total_segments() => {
+                let mut k = 0;
+                let mut end = 0;
+                for a in &self.arenas {
+                    let n = a.segments as usize;
+                    end = end.max(a.end_with_offsets(&offs[k..k + n]));
+                    k += n;
+                }
+                end
+            }
+            _ => self.arenas.iter().map(|a| a.end()).max().unwrap_or(0),
+        }
     }
 }
 
-/// The C options and the strings and descriptors they point to.
+/// The C options and the strings, descriptors and segment offsets they
+/// point to (kept alive for the C call).
 struct RawEngineOptions {
     o: sys::oi_engine_options,
     _ns: CString,
     _inst: Option<CString>,
     _names: Vec<CString>,
     _descs: Vec<sys::oi_arena_desc>,
+    _offsets: Option<Vec<u64>>,
 }
 
 impl EngineOptions {
@@ -847,7 +901,13 @@ impl EngineOptions {
         if let Some(v) = self.control_deadline_ms {
             o.control_deadline_ms = v;
         }
-        Ok(RawEngineOptions { o, _ns: ns, _inst: inst, _names: names, _descs: descs })
+        let offsets = self.segment_offsets.clone();
+        if let Some(offs) = &offsets {
+            o.segment_offsets = offs.as_ptr();
+            o.num_segment_offsets =
+                u32::try_from(offs.len()).map_err(|_| invalid("too many segment offsets"))?;
+        }
+        Ok(RawEngineOptions { o, _ns: ns, _inst: inst, _names: names, _descs: descs, _offsets: offsets })
     }
 }
 
@@ -893,17 +953,80 @@ pub struct SaveResult {
     pub dropped: u64,
 }
 
-/// Engine counters (a subset of `oi_engine_stats`).
+/// The connection of an engine to its server (`oi_connection_state`,
+/// [`EngineStats::connection`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConnectionState {
+    /// An embedded engine ([`OffloadEngine::new`]).
+    Embedded,
+    /// A sidecar engine registered with a live server.
+    Connected,
+    /// An engine-owned sidecar engine ([`OffloadEngine::connect_owned`])
+    /// whose server went away: queries miss, saves are dropped, loads fail
+    /// with `Closed`; it reconnects in the background when a server listens
+    /// on the socket again.
+    Degraded,
+    /// A state this binding does not know.
+    Unknown(u32),
+}
+
+impl Default for ConnectionState {
+    fn default() -> ConnectionState {
+        ConnectionState::Embedded
+    }
+}
+
+impl ConnectionState {
+    pub fn from_raw(v: u32) -> ConnectionState {
+        match v {
+            sys::OI_CONNECTION_EMBEDDED => ConnectionState::Embedded,
+            sys::OI_CONNECTION_CONNECTED => ConnectionState::Connected,
+            sys::OI_CONNECTION_DEGRADED => ConnectionState::Degraded,
+            other => ConnectionState::Unknown(other),
+        }
+    }
+}
+
+/// Engine counters (the scalar fields of `oi_engine_stats`; the latency
+/// histograms are raw-only).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EngineStats {
     pub instance_id: u32,
+    /// Bytes of one host block of this layout.
     pub block_bytes: u64,
+    pub num_blocks: u64,
+    /// Blocks.
+    pub saves_submitted: u64,
     pub saves_completed: u64,
     pub saves_deduplicated: u64,
+    pub saves_dropped: u64,
+    pub saves_failed: u64,
+    /// Save operations not yet sealed or dropped.
+    pub saves_pending: u64,
+    /// Load operations accepted.
+    pub loads_submitted: u64,
+    /// Load operations.
+    pub loads_completed: u64,
+    pub loads_failed: u64,
     pub blocks_loaded: u64,
     pub bytes_saved: u64,
     pub bytes_loaded: u64,
-    pub loads_failed: u64,
+    pub query_hit_blocks: u64,
+    pub query_miss_blocks: u64,
+    /// Blocks in flight or sealed in this engine's namespace (every engine
+    /// of the namespace shares them).
+    pub namespace_blocks_resident: u64,
+    /// Sidecar: the epoch of the server the engine is registered with (0:
+    /// embedded, or no server now).
+    pub server_epoch: u64,
+    pub connection: ConnectionState,
+    /// Engine-owned sidecar engines: times it registered again with a server
+    /// that came back.
+    pub reconnects: u32,
+    /// Blocks of saves dropped because no server was connected.
+    pub disconnected_saves: u64,
+    /// Blocks reported missing because no server was connected.
+    pub disconnected_query_misses: u64,
 }
 
 enum Memory {
@@ -913,6 +1036,9 @@ enum Memory {
     Imported(NonNull<sys::oi_imported_arena>),
     /// a caller-managed address (cuda device memory).
     Raw(*mut c_void, u64),
+    /// sidecar, engine-owned cpu memory: a sealed memfd the server maps too;
+    /// unmapped after the engine is destroyed.
+    Shared(SharedBuffer),
 }
 
 /// One rank's offload engine. Thread-safe (`Send + Sync`); borrows its host
@@ -934,7 +1060,10 @@ impl<'h> OffloadEngine<'h> {
     /// An embedded engine on the cpu backend whose arenas lie (by offset) in
     /// `buffer`, which the engine owns (see [`buffer_mut`](Self::buffer_mut)).
     pub fn new(host: &'h OffloadHost, opts: &EngineOptions, mut buffer: Vec<u8>) -> Result<OffloadEngine<'h>> {
-        if opts.span() > buffer.len() as u64 {
+        // Segment offsets of the wrong count: the library refuses the layout
+        // with its own status and message.
+        let counted = opts.segment_offsets.as_ref().map_or(true, |o| o.len() == opts.total_segments());
+        if counted && opts.span() > buffer.len() as u64 {
             return Err(invalid("the arenas extend past the buffer"));
         }
         let raw = opts.raw(buffer.as_mut_ptr() as *mut c_void, buffer.len() as u64)?;
@@ -981,6 +1110,7 @@ impl<'h> OffloadEngine<'h> {
             Memory::Owned(v) => v.as_ptr() as *mut c_void,
             Memory::Imported(a) => unsafe { sys::oi_imported_arena_ptr(a.as_ptr()) },
             Memory::Raw(p, _) => *p,
+            Memory::Shared(b) => b.as_ptr() as *mut c_void,
         }
     }
 
@@ -989,6 +1119,7 @@ impl<'h> OffloadEngine<'h> {
             Memory::Owned(v) => v.len() as u64,
             Memory::Imported(a) => unsafe { sys::oi_imported_arena_size(a.as_ptr()) },
             Memory::Raw(_, n) => *n,
+            Memory::Shared(b) => b.len() as u64,
         }
     }
 
@@ -998,8 +1129,8 @@ impl<'h> OffloadEngine<'h> {
         self.buffer_mut().map(|b| &*b)
     }
 
-    /// The KV bytes for writing (cpu memory: an owned buffer or a cpu
-    /// sidecar arena). Taking `&mut self` proves no [`Ticket`] (which borrows
+    /// The KV bytes for writing (cpu memory: an owned buffer, a cpu sidecar
+    /// arena or an engine-owned [`SharedBuffer`]). Taking `&mut self` proves no [`Ticket`] (which borrows
     /// the engine) is live; operations whose tickets were dropped before they
     /// completed are waited for here ([`wait_in_flight`](Self::wait_in_flight)),
     /// so no copy touches the bytes while the slice lives.
@@ -1013,6 +1144,7 @@ impl<'h> OffloadEngine<'h> {
                 Ok(std::slice::from_raw_parts_mut(p, n))
             },
             Memory::Raw(..) => Err(Error::new(sys::OI_ERR_UNSUPPORTED, "caller-managed memory: use memory_ptr()")),
+            Memory::Shared(b) => Ok(b.as_mut_slice()),
         }
     }
 
@@ -1043,6 +1175,8 @@ impl<'h> OffloadEngine<'h> {
         let mut o: sys::oi_save_options = unsafe { std::mem::zeroed() };
         check(unsafe { sys::oi_save_options_init(&mut o) })?;
         o.wait_event = opts.wait_event;
+        o.arena_first = opts.arena_first;
+        o.arena_count = opts.arena_count;
         let mut counts: sys::oi_save_result = unsafe { std::mem::zeroed() };
         counts.struct_size = std::mem::size_of::<sys::oi_save_result>() as u32;
         if opts.counts {
@@ -1184,12 +1318,27 @@ impl<'h> OffloadEngine<'h> {
         Ok(EngineStats {
             instance_id: s.instance_id,
             block_bytes: s.block_bytes,
+            num_blocks: s.num_blocks,
+            saves_submitted: s.saves_submitted,
             saves_completed: s.saves_completed,
             saves_deduplicated: s.saves_deduplicated,
+            saves_dropped: s.saves_dropped,
+            saves_failed: s.saves_failed,
+            saves_pending: s.saves_pending,
+            loads_submitted: s.loads_submitted,
+            loads_completed: s.loads_completed,
+            loads_failed: s.loads_failed,
             blocks_loaded: s.blocks_loaded,
             bytes_saved: s.bytes_saved,
             bytes_loaded: s.bytes_loaded,
-            loads_failed: s.loads_failed,
+            query_hit_blocks: s.query_hit_blocks,
+            query_miss_blocks: s.query_miss_blocks,
+            namespace_blocks_resident: s.namespace_blocks_resident,
+            server_epoch: s.server_epoch,
+            connection: ConnectionState::from_raw(s.connection),
+            reconnects: s.reconnects,
+            disconnected_saves: s.disconnected_saves,
+            disconnected_query_misses: s.disconnected_query_misses,
         })
     }
 }
@@ -1222,11 +1371,88 @@ impl OffloadEngine<'static> {
             _host: PhantomData,
         })
     }
+
+    /// Sidecar mode with engine-owned cpu memory: the arenas lie (by offset)
+    /// in `memory`, a sealed memfd that is sent to the server, which maps it
+    /// (`arena_base`, `arena_size` and `arena_fd`); the server allocates
+    /// nothing. The engine keeps `memory` (read and write it with
+    /// [`buffer`](Self::buffer) / [`buffer_mut`](Self::buffer_mut)) and
+    /// unmaps it only after the engine is destroyed. If the server goes
+    /// away the engine degrades instead of aborting
+    /// ([`ConnectionState::Degraded`]: queries miss, saves are dropped,
+    /// loads fail with `Closed`, release reports `LeaseExpired`) and
+    /// reconnects in the background when a server listens on the socket
+    /// again (a new [`EngineStats::server_epoch`]; old leases are invalid).
+    pub fn connect_owned(socket: Option<&str>, opts: &EngineOptions, memory: SharedBuffer) -> Result<OffloadEngine<'static>> {
+        if opts.device != DEVICE_CPU {
+            return Err(invalid("connect_owned: a SharedBuffer is cpu memory (use connect_owned_device for CUDA)"));
+        }
+        let sock = match socket {
+            Some(s) => Some(cstring(s)?),
+            None => None,
+        };
+        let mut raw = opts.raw(memory.as_ptr() as *mut c_void, memory.len() as u64)?;
+        raw.o.arena_fd = memory.fd();
+        let mut out = ptr::null_mut();
+        check(unsafe {
+            sys::oi_offload_engine_connect(
+                sock.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
+                &raw.o,
+                &mut out,
+                ptr::null_mut(),
+            )
+        })?;
+        Ok(OffloadEngine {
+            raw: NonNull::new(out).unwrap(),
+            mem: Memory::Shared(memory),
+            inflight: Arc::default(),
+            _host: PhantomData,
+        })
+    }
+
+    /// Sidecar mode with engine-owned CUDA memory: `[device_ptr, device_ptr +
+    /// size)` on `opts.device` (from `cudaMalloc`, possibly inside a larger
+    /// allocation), which the library exports to the server (CUDA IPC).
+    /// Degrades and reconnects as [`connect_owned`](Self::connect_owned).
+    /// Read the memory through [`memory_ptr`](Self::memory_ptr).
+    ///
+    /// # Safety
+    /// The memory must be device memory of `opts.device`, stay allocated
+    /// until the engine is dropped, and not be raced with the engine's copies.
+    pub unsafe fn connect_owned_device(
+        socket: Option<&str>,
+        opts: &EngineOptions,
+        device_ptr: *mut c_void,
+        size: u64,
+    ) -> Result<OffloadEngine<'static>> {
+        if device_ptr.is_null() {
+            return Err(invalid("connect_owned_device: device_ptr is null"));
+        }
+        let sock = match socket {
+            Some(s) => Some(cstring(s)?),
+            None => None,
+        };
+        let raw = opts.raw(device_ptr, size)?;
+        let mut out = ptr::null_mut();
+        check(sys::oi_offload_engine_connect(
+            sock.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
+            &raw.o,
+            &mut out,
+            ptr::null_mut(),
+        ))?;
+        Ok(OffloadEngine {
+            raw: NonNull::new(out).unwrap(),
+            mem: Memory::Raw(device_ptr, size),
+            inflight: Arc::default(),
+            _host: PhantomData,
+        })
+    }
 }
 
 impl Drop for OffloadEngine<'_> {
     /// Drop order: close the imported mapping (sidecar), then flush and
-    /// unregister; an owned buffer is freed after the engine is gone
+    /// unregister; an owned buffer (a `Vec` or a [`SharedBuffer`]) is freed
+    /// after the engine is gone
     /// (`oi_offload_engine_destroy` drains the engine's copies, those of
     /// dropped tickets included, before it returns).
     fn drop(&mut self) {
@@ -1340,6 +1566,8 @@ pub struct SaveOptions {
     wait_event: *mut c_void,
     on_done: Option<DoneFn>,
     counts: bool,
+    arena_first: u32,
+    arena_count: u32,
 }
 
 impl fmt::Debug for SaveOptions {
@@ -1348,6 +1576,8 @@ impl fmt::Debug for SaveOptions {
             .field("wait_event", &self.wait_event)
             .field("on_done", &self.on_done.is_some())
             .field("counts", &self.counts)
+            .field("arena_first", &self.arena_first)
+            .field("arena_count", &self.arena_count)
             .finish()
     }
 }
@@ -1360,7 +1590,19 @@ impl Default for SaveOptions {
 
 impl SaveOptions {
     pub fn new() -> SaveOptions {
-        SaveOptions { wait_event: ptr::null_mut(), on_done: None, counts: false }
+        SaveOptions { wait_event: ptr::null_mut(), on_done: None, counts: false, arena_first: 0, arena_count: 0 }
+    }
+
+    /// A layerwise save: copy only arenas `[first, first + count)` of each
+    /// block (a layer's arenas, as soon as that layer is written, each call
+    /// with its own ticket). A block's host copy seals, and queries count it,
+    /// only when every arena of the layout arrived; a failed arena aborts the
+    /// whole block. `count` 0 (the default): whole blocks. Sidecar engines
+    /// need a server with the layerwise capability (else `Unsupported`).
+    pub fn arenas(mut self, first: u32, count: u32) -> SaveOptions {
+        self.arena_first = first;
+        self.arena_count = count;
+        self
     }
 
     /// Ask for this call's [`SaveResult`] (accepted / deduplicated / dropped),
@@ -1539,6 +1781,30 @@ impl<'e> Ticket<'e> {
     pub fn arena_event(&self, arena: u32) -> *mut c_void {
         unsafe { sys::oi_ticket_arena_event(self.raw.as_ptr(), arena) }
     }
+
+    /// Waits up to `timeout` (None: forever) until arena `arena`'s bytes are
+    /// in place (`oi_ticket_arena_wait`). A load made with
+    /// [`LoadOptions::arena_events`] by an embedded engine reports each arena
+    /// as its copies land, in the layout's order; any other ticket (a load
+    /// without the flag, a sidecar load, a save) waits for the whole
+    /// operation, whatever `arena`. Returns the load's error as soon as the
+    /// load failed at this arena or an earlier one (bytes of a failed load
+    /// are never to be used); `Timeout` leaves the ticket usable; an arena
+    /// past the layout's count is `InvalidArgument` (with per-arena progress).
+    pub fn arena_wait(&self, arena: u32, timeout: Option<Duration>) -> Result<()> {
+        check(unsafe { sys::oi_ticket_arena_wait(self.raw.as_ptr(), arena, timeout_ms(timeout)) }).map(|_| ())
+    }
+
+    /// [`arena_wait`](Self::arena_wait) without blocking: `Ok(false)` while
+    /// the arena is still moving, `Ok(true)` once its bytes are in place, or
+    /// the error.
+    pub fn arena_poll(&self, arena: u32) -> Result<bool> {
+        let st = unsafe { sys::oi_ticket_arena_poll(self.raw.as_ptr(), arena) };
+        if st == sys::OI_PENDING {
+            return Ok(false);
+        }
+        check(st).map(|_| true)
+    }
 }
 
 impl Future for Ticket<'_> {
@@ -1629,6 +1895,122 @@ impl ImportedArena {
 impl Drop for ImportedArena {
     fn drop(&mut self) {
         unsafe { sys::oi_imported_arena_close(self.raw.as_ptr()) }
+    }
+}
+
+// ---------------------------------------------------------------------------- shared buffer
+
+// The system libc, which std already links (no crate needed).
+mod libc_sys {
+    use std::os::raw::{c_char, c_int, c_uint, c_void};
+    pub const MFD_CLOEXEC: c_uint = 0x0001;
+    pub const MFD_ALLOW_SEALING: c_uint = 0x0002;
+    pub const F_ADD_SEALS: c_int = 1024 + 9;
+    pub const F_GET_SEALS: c_int = 1024 + 10;
+    pub const F_SEAL_SHRINK: c_int = 0x0002;
+    pub const PROT_READ: c_int = 0x1;
+    pub const PROT_WRITE: c_int = 0x2;
+    pub const MAP_SHARED: c_int = 0x01;
+    extern "C" {
+        pub fn memfd_create(name: *const c_char, flags: c_uint) -> c_int;
+        pub fn ftruncate(fd: c_int, length: i64) -> c_int;
+        pub fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+        pub fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: i64) -> *mut c_void;
+        pub fn munmap(addr: *mut c_void, len: usize) -> c_int;
+    }
+}
+
+fn os_error(what: &str) -> Error {
+    let e = std::io::Error::last_os_error();
+    let st = if e.raw_os_error() == Some(12) { sys::OI_ERR_OUT_OF_MEMORY } else { sys::OI_ERR_IO };
+    Error::new(st, format!("{}: {}", what, e))
+}
+
+/// Engine-owned cpu memory for a sidecar engine
+/// ([`OffloadEngine::connect_owned`]): a memfd (`memfd_create` with
+/// `MFD_CLOEXEC | MFD_ALLOW_SEALING`) of `len` bytes, sealed against
+/// shrinking (`F_SEAL_SHRINK`, which the server requires before it maps it),
+/// mapped `MAP_SHARED` read-write from offset 0. Zero-filled when made.
+/// `Drop` unmaps it and closes the descriptor.
+pub struct SharedBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: std::os::unix::io::OwnedFd,
+}
+
+// Plain memory, like a Vec<u8>: &self reads, &mut self writes.
+unsafe impl Send for SharedBuffer {}
+unsafe impl Sync for SharedBuffer {}
+
+impl SharedBuffer {
+    /// A sealed, shared memfd of `len` bytes (`len` > 0).
+    pub fn new(len: usize) -> Result<SharedBuffer> {
+        use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd};
+        use libc_sys::*;
+        if len == 0 {
+            return Err(invalid("SharedBuffer: len must be > 0"));
+        }
+        let size = i64::try_from(len).map_err(|_| invalid("SharedBuffer: len too large"))?;
+        let name = b"openinfer-arena\0";
+        let raw = unsafe { memfd_create(name.as_ptr() as *const c_char, MFD_CLOEXEC | MFD_ALLOW_SEALING) };
+        if raw < 0 {
+            return Err(os_error("memfd_create"));
+        }
+        // Owned from here: closed on every error path.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        if unsafe { ftruncate(fd.as_raw_fd(), size) } != 0 {
+            return Err(os_error("ftruncate"));
+        }
+        if unsafe { fcntl(fd.as_raw_fd(), F_ADD_SEALS, F_SEAL_SHRINK) } != 0 {
+            return Err(os_error("fcntl(F_ADD_SEALS)"));
+        }
+        let p = unsafe { mmap(ptr::null_mut(), len, PROT_READ | PROT_WRITE, MAP_SHARED, fd.as_raw_fd(), 0) };
+        if p as isize == -1 || p.is_null() {
+            return Err(os_error("mmap"));
+        }
+        Ok(SharedBuffer { ptr: NonNull::new(p as *mut u8).unwrap(), len, fd })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The memfd (owned by the buffer: do not close it).
+    pub fn fd(&self) -> RawFd {
+        use std::os::unix::io::AsRawFd;
+        self.fd.as_raw_fd()
+    }
+    /// The memfd's seals (`F_GET_SEALS`; includes `F_SEAL_SHRINK`, 0x2).
+    pub fn seals(&self) -> Result<i32> {
+        let s = unsafe { libc_sys::fcntl(self.fd(), libc_sys::F_GET_SEALS) };
+        if s < 0 {
+            return Err(os_error("fcntl(F_GET_SEALS)"));
+        }
+        Ok(s)
+    }
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl fmt::Debug for SharedBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedBuffer").field("ptr", &self.ptr).field("len", &self.len).field("fd", &self.fd()).finish()
+    }
+}
+
+impl Drop for SharedBuffer {
+    /// Unmaps the memory; the descriptor closes with the `OwnedFd`.
+    fn drop(&mut self) {
+        unsafe { libc_sys::munmap(self.ptr.as_ptr() as *mut c_void, self.len) };
     }
 }
 

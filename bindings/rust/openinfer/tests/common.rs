@@ -50,13 +50,14 @@ pub fn tokens(n: u32, start: u32) -> Vec<u32> {
 /// when OPENINFER_EXE is not set.
 pub struct ServeProcess {
     pub sock: String,
+    exe: String,
     dir: std::path::PathBuf,
-    child: std::process::Child,
+    child: Option<std::process::Child>,
+    generation: u32,
 }
 
 impl ServeProcess {
     pub fn start(tag: &str) -> Option<ServeProcess> {
-        use std::io::Read;
         let exe = match std::env::var("OPENINFER_EXE") {
             Ok(e) => e,
             Err(_) => {
@@ -67,9 +68,19 @@ impl ServeProcess {
         let dir = std::env::temp_dir().join(format!("oi-rs-{}-{}", tag, std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let sock = dir.join("oi.sock").to_str().unwrap().to_string();
-        let log = dir.join("server.log");
-        let child = std::process::Command::new(&exe)
-            .args(["serve", "--socket", &sock, "--pool", "64M", "--log-level", "info"])
+        let mut s = ServeProcess { sock, exe, dir, child: None, generation: 0 };
+        s.spawn();
+        Some(s)
+    }
+
+    /// Starts the server on the socket (each run logs to a file of its own)
+    /// and waits until it listens.
+    fn spawn(&mut self) {
+        use std::io::Read;
+        let log = self.dir.join(format!("server-{}.log", self.generation));
+        self.generation += 1;
+        let mut child = std::process::Command::new(&self.exe)
+            .args(["serve", "--socket", &self.sock, "--pool", "64M", "--log-level", "info"])
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -81,18 +92,46 @@ impl ServeProcess {
             if s.contains("listening on") {
                 break;
             }
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!("openinfer serve exited ({:?}) before it was ready:\n{}", st, s);
+            }
             assert!(start.elapsed() < std::time::Duration::from_secs(10), "server not ready:\n{}", s);
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        Some(ServeProcess { sock, dir, child })
+        self.child = Some(child);
+    }
+
+    /// SIGKILL (the server gets no chance to say goodbye); waits for it to
+    /// die, so a restart finds its socket stale.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("the server is not running");
+        unsafe { libc_kill(child.id() as i32, 9) };
+        child.wait().unwrap();
+    }
+
+    /// A new server on the same socket (after `kill`).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "the server is still running");
+        self.spawn();
     }
 
     /// SIGTERM; the server must exit 0. Removes the directory.
     pub fn stop(mut self) {
-        unsafe { libc_kill(self.child.id() as i32, 15) };
-        let st = self.child.wait().unwrap();
+        let mut child = self.child.take().expect("the server is not running");
+        unsafe { libc_kill(child.id() as i32, 15) };
+        let st = child.wait().unwrap();
         assert!(st.success(), "openinfer serve exited with {:?}", st);
         std::fs::remove_dir_all(&self.dir).unwrap();
+    }
+}
+
+impl Drop for ServeProcess {
+    /// A test that failed half way leaves no server behind.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            unsafe { libc_kill(child.id() as i32, 9) };
+            let _ = child.wait();
+        }
     }
 }
 

@@ -185,14 +185,15 @@ def sidecar(exe):
                                                  buffer=base, buffer_size=kv.numel() * 2,
                                                  segment_offsets=offsets)
         check(imported is None, "sidecar: engine-owned (no imported arena)")
-        src, dst = list(range(8)), list(range(100, 108))
-        hs = oi.hash_blocks(list(range(5 * 10**6, 5 * 10**6 + 8 * BLOCK_TOKENS)), BLOCK_TOKENS)
+        n = NUM_BLOCKS // 2  # 36 layers x 64 blocks x 64 KiB: 144 MiB, long enough to overlap
+        src, dst = list(range(n)), list(range(n, 2 * n))
+        hs = oi.hash_blocks(list(range(5 * 10**6, 5 * 10**6 + n * BLOCK_TOKENS)), BLOCK_TOKENS)
         fill(layers, src, 3)
         torch.cuda.synchronize()
         eng.save(src, hs).wait(60)
         look = oi.LookupClient(sock, "torch-sidecar")
         q = look.query(hs)
-        check(q.hit_blocks == 8, "sidecar: a lookup without a layout hits 8")
+        check(q.hit_blocks == n, "sidecar: a lookup without a layout hits %d" % n)
         t = eng.load(q.lease, dst, arena_events=True)
         progressed = False
         in_order = True

@@ -656,15 +656,16 @@ class Ticket(_Handle):
         """Waits up to `timeout` seconds (None: forever) until arena `arena`
         (its index in the layout) of a load landed (oi_ticket_arena_wait).
 
-        A load with ``arena_events=True`` on an embedded engine (cpu or cuda)
-        reports its arenas one by one, in the layout's order: this returns as
+        A load with ``arena_events=True`` (embedded engines, cpu or cuda, and
+        sidecar engines, whose server reports each arena as it lands) reports
+        its arenas one by one, in the layout's order: this returns as
         soon as that arena's bytes are in place. Raises the load's error when
         it failed at this arena or an earlier one (or failed at all: bytes of
         a failed load must not be used), ``TimeoutError`` when the wait ran
         out (the ticket stays usable), ``InvalidArgumentError`` for an arena
         past the layout's count. Any other ticket (a save, a load without
-        arena_events, a sidecar load) waits for the whole ticket, whatever
-        `arena`."""
+        arena_events, a sidecar load from a server without load progress)
+        waits for the whole ticket, whatever `arena`."""
         if arena < 0:
             raise InvalidArgumentError("arena %d is negative" % arena)
         with self._lock:
@@ -1489,10 +1490,9 @@ class OffloadEngine(_Handle):
         """Copies the leased blocks into dst_block_ids; consumes one share of
         the lease (even on failure). Returns a Ticket. arena_events: copy
         arena by arena in the layout's order, reporting each arena as it lands
-        (Ticket.arena_wait / Ticket.arena_poll; embedded engines, cpu and
-        cuda) and, on cuda, recording an event after each
-        (Ticket.arena_event). Sidecar loads have no per-arena progress: their
-        arena waits wait for the whole load."""
+        (Ticket.arena_wait / Ticket.arena_poll; every mode: a sidecar
+        engine's server reports each arena as it lands) and, on an embedded
+        cuda engine, recording an event after each (Ticket.arena_event)."""
         raw = lease.raw if isinstance(lease, Lease) else bytes(lease)
         if len(raw) != 16:
             raise InvalidArgumentError("a lease is 16 bytes")

@@ -1784,10 +1784,10 @@ impl<'e> Ticket<'e> {
 
     /// Waits up to `timeout` (None: forever) until arena `arena`'s bytes are
     /// in place (`oi_ticket_arena_wait`). A load made with
-    /// [`LoadOptions::arena_events`] by an embedded engine reports each arena
-    /// as its copies land, in the layout's order; any other ticket (a load
-    /// without the flag, a sidecar load, a save) waits for the whole
-    /// operation, whatever `arena`. Returns the load's error as soon as the
+    /// [`LoadOptions::arena_events`] reports each arena as its copies land,
+    /// in the layout's order (embedded engines; sidecar engines from the
+    /// server's progress frames); any other ticket (a load without the flag,
+    /// a save) waits for the whole operation, whatever `arena`. Returns the load's error as soon as the
     /// load failed at this arena or an earlier one (bytes of a failed load
     /// are never to be used); `Timeout` leaves the ticket usable; an arena
     /// past the layout's count is `InvalidArgument` (with per-arena progress).

@@ -40,7 +40,7 @@ void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *ha
     host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
     if (b) {
       bool in_flight = b->state == BLOCK_IN_FLIGHT;
-      if (b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0) {
+      if (oi__block_evictable(b)) {
         oi__lru_remove_locked(s, b); /* a re-save is a use: move to the recent end */
         b->last_used = oi__now_ns();
         oi__lru_push_locked(s, b);
@@ -81,6 +81,7 @@ void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *ha
     nb->hash = hashes[i];
     nb->ns = ns.id;
     nb->state = BLOCK_IN_FLIGHT;
+    nb->spilling = nb->lower = 0;
     oi__index_insert_locked(h, s, nb);
     pthread_mutex_unlock(&s->lock);
     k++;
@@ -107,7 +108,8 @@ void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blo
     if (ok) {
       b->state = BLOCK_SEALED;
       b->last_used = now;
-      if (b->pins == 0 && b->loading == 0) oi__lru_push_locked(s, b);
+      if (oi__block_evictable(b)) oi__lru_push_locked(s, b);
+      oi__lower_note_sealed_locked(h, b);
       pthread_mutex_unlock(&s->lock);
     } else {
       oi__index_remove_locked(s, b); /* never visible: nothing partial is served */
@@ -256,7 +258,7 @@ void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, 
     oi__block_pinned_update(h, true, b->pins || b->loading > 1);
     if (--b->loading == 0) {
       atomic_fetch_sub(&h->c.blocks_loading, 1);
-      if (b->state == BLOCK_SEALED && b->pins == 0) {
+      if (oi__block_evictable(b)) {
         b->last_used = oi__now_ns();
         oi__lru_push_locked(s, b);
       }

@@ -63,6 +63,7 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
   h->opts = opts;
   h->capacity = opts.pool_bytes;
   pthread_mutex_init(&h->ns_lock, NULL);
+  oi__lower_init(h);
   pthread_mutex_init(&h->maint_lock, NULL);
   pthread_mutex_init(&h->seal_lock, NULL);
   pthread_condattr_t ca;
@@ -118,6 +119,7 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
            live);
     return;
   }
+  oi__lower_fini(h); /* the lower tier stops using the host first */
   if (h->maint_started) {
     pthread_mutex_lock(&h->maint_lock);
     h->stopping = true;
@@ -373,7 +375,10 @@ void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out) {
                              .ready = h->pool.host != NULL,
                              .pin_requested = !(h->opts.flags & OI_HOST_NO_PIN),
                              .device_mapped =
-                                 h->pool.device != NULL && h->dev && h->dev->ordinal >= 0};
+                                 h->pool.device != NULL && h->dev && h->dev->ordinal >= 0,
+                             .base = h->pool.host,
+                             .bytes = h->pool.host ? h->capacity : 0,
+                             .slot_align = OI_SLOT_ALIGN};
 }
 
 uint64_t oi__ns_resident_get(const oi_offload_host *h, uint32_t ns) {

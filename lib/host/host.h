@@ -123,6 +123,49 @@ void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, 
 /* Where a block's bytes live in the pool. */
 uint8_t *oi__host_block_data(const oi_offload_host *h, const host_block *b);
 
+/* ---- a lower tier (lib/disk, above this layer) ---- */
+
+/* Attaches a lower tier to `h` (one per host): from now on every block
+ * that seals is queued for it (oi__host_spill_take), and `destroy(ctx)`
+ * runs first at the host's destroy (it must stop using the host). @return
+ * OI_ERR_STATE when one is attached already. */
+oi_status oi__host_attach_lower(oi_offload_host *h, void *ctx, void (*destroy)(void *ctx));
+/* The attached lower tier's context (NULL: none). */
+void *oi__host_lower(const oi_offload_host *h);
+
+/* A sealed block handed to the lower tier: held (not evictable, its bytes
+ * stable) until oi__host_spill_end. */
+typedef struct oi_host_spill {
+  host_block *block;
+  uint32_t ns; /* namespace id (oi_host_ns.id) */
+  oi_block_hash hash;
+  const uint8_t *data;
+  uint64_t bytes; /* the namespace's block bytes */
+} oi_host_spill;
+
+/* Takes up to `max` queued blocks, oldest seal first, waiting up to
+ * timeout_ms for the first (0: no wait). Blocks evicted or already held by
+ * the lower tier since they were queued are skipped. */
+size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max,
+                           uint32_t timeout_ms);
+/* Ends spills: ok[i], the lower tier holds spills[i]'s block now. The
+ * blocks become evictable again at their place in LRU order (a spill is
+ * not a use). */
+void oi__host_spill_end(oi_offload_host *h, const oi_host_spill *spills, size_t n, const bool *ok);
+/* Wakes oi__host_spill_take waiters (the lower tier is stopping). */
+void oi__host_spill_wake(oi_offload_host *h);
+/* In-flight blocks whose bytes come from the lower tier (a promotion): once
+ * sealed they are not queued for it again. */
+void oi__host_mark_lower(oi_offload_host *h, host_block *const *blocks, size_t n);
+/* Blocks queued for the lower tier that were dropped because the queue was
+ * full (their pool copy is the only one). */
+uint64_t oi__host_spill_overflow(const oi_offload_host *h);
+
+/* The name, block bytes and layout fingerprint of namespace `ns_id`; the
+ * name is written into name[cap] (truncated). false: no such namespace. */
+bool oi__host_namespace_info(oi_offload_host *h, uint32_t ns_id, char *name, size_t cap,
+                             uint64_t *block_bytes, uint64_t *shape_hash);
+
 /* ---- the pool ---- */
 
 typedef struct oi_host_pool_info {
@@ -131,6 +174,9 @@ typedef struct oi_host_pool_info {
   bool ready;         /* the pool's memory is set up */
   bool pin_requested; /* created without OI_HOST_NO_PIN */
   bool device_mapped; /* on a CUDA device, with a device address for the pool */
+  void *base;         /* the pool's host memory (NULL until ready) */
+  uint64_t bytes;     /* ...and its length */
+  uint64_t slot_align; /* every slot starts at a multiple of this from base */
 } oi_host_pool_info;
 
 void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out);

@@ -29,7 +29,7 @@ typedef enum block_state {
 #define OI_NIL UINT32_MAX
 
 /* One host block slot. While indexed, (ns, hash) names it in shard `shard`.
- * It is on its shard's LRU list iff sealed, unpinned and not loading. Its
+ * It is on its shard's LRU list iff oi__block_evictable. Its
  * bytes are computed from its id (oi__block_data). */
 struct host_block {
   oi_block_hash hash;
@@ -37,6 +37,8 @@ struct host_block {
   uint8_t state;
   uint8_t cls;
   uint16_t shard;
+  uint8_t spilling;     /* a lower tier is copying its bytes (not evictable) */
+  uint8_t lower;        /* a lower tier holds a copy (a spill or a promotion) */
   uint32_t pins;        /* leases naming it */
   uint32_t loading;     /* loads reading it */
   uint32_t id;          /* this record's id */
@@ -45,7 +47,20 @@ struct host_block {
   uint64_t last_used;
 };
 
+/* Whether a block may be evicted (and is on its shard's LRU list). */
+static inline bool oi__block_evictable(const host_block *b) {
+  return b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0 && !b->spilling;
+}
+
 struct oi_offload_host;
+
+/* A sealed block waiting for the lower tier: the record id it had and its
+ * name (the id is checked against the index when taken: it may be reused). */
+typedef struct spill_entry {
+  uint32_t id;
+  uint32_t ns;
+  oi_block_hash hash;
+} spill_entry;
 
 typedef struct index_shard {
   pthread_mutex_t lock;
@@ -153,6 +168,17 @@ struct oi_offload_host {
   pthread_mutex_t maint_lock;
   pthread_cond_t maint_cv;
   bool stopping;
+
+  /* A lower tier (lower.c): its context and destructor, and the ring of
+   * sealed blocks it has not copied yet (oldest seal first), under
+   * lower_lock. */
+  pthread_mutex_t lower_lock;
+  pthread_cond_t lower_cv; /* the ring got entries, or the tier stops */
+  void *lower_ctx;
+  void (*lower_destroy)(void *ctx);
+  spill_entry *spill_ring;
+  size_t spill_head, spill_count, spill_cap;
+  atomic_uint_fast64_t spill_overflow; /* entries dropped: the ring was full */
 
   host_counters c;
   uint64_t pool_setup_ns;
@@ -265,5 +291,16 @@ void oi__lease_expire(oi_offload_host *h, uint64_t now_ns);
 /* ---- host.c ---- */
 /* Wakes flushes waiting for in-flight blocks to seal or drop. */
 void oi__host_notify_sealed(oi_offload_host *h);
+
+/* ---- lower.c ---- */
+void oi__lower_init(oi_offload_host *h);
+/* Stops and destroys the lower tier (first thing at host destroy). */
+void oi__lower_fini(oi_offload_host *h);
+/* A block just sealed (shard lock held): queued for the lower tier unless
+ * it holds the block already. */
+void oi__lower_note_sealed_locked(oi_offload_host *h, const host_block *b);
+/* Puts an evictable block back on its LRU list in last_used order (a spill
+ * that ended is not a use). */
+void oi__lru_insert_ordered_locked(index_shard *s, host_block *b);
 
 #endif

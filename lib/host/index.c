@@ -151,8 +151,28 @@ void oi__lru_remove_locked(index_shard *s, host_block *b) {
   b->lru_prev = b->lru_next = OI_NIL;
 }
 
-static inline bool evictable(const host_block *b) {
-  return b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0;
+#define evictable oi__block_evictable
+
+/* Walks at most this many records from the tail to find a block's place. */
+#define LRU_ORDERED_WALK 64
+
+void oi__lru_insert_ordered_locked(index_shard *s, host_block *b) {
+  oi_offload_host *h = s->host;
+  int c = b->cls;
+  uint32_t cur = s->lru_tail[c];
+  for (int i = 0; cur != OI_NIL && oi__rec(h, cur)->last_used < b->last_used; i++) {
+    if (i == LRU_ORDERED_WALK) return oi__lru_push_locked(s, b); /* far from the tail */
+    cur = oi__rec(h, cur)->lru_prev;
+  }
+  if (cur == OI_NIL) return oi__lru_push_locked(s, b); /* the most recent */
+  host_block *after = oi__rec(h, cur);                 /* b goes right behind it */
+  b->lru_prev = cur;
+  b->lru_next = after->lru_next;
+  if (after->lru_next != OI_NIL)
+    oi__rec(h, after->lru_next)->lru_prev = b->id;
+  else
+    s->lru_tail[c] = b->id;
+  after->lru_next = b->id;
 }
 
 void oi__block_pin_locked(index_shard *s, host_block *b, pin_tally *t) {

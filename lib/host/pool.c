@@ -215,6 +215,7 @@ void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n) {
       host_block *b = blocks[i];
       b->state = BLOCK_FREE;
       b->pins = b->loading = 0;
+      b->spilling = b->lower = 0;
       push_free_locked(c, b);
     }
     pthread_mutex_unlock(&c->lock);

@@ -1,0 +1,193 @@
+/* A lower tier under the pool (lib/disk attaches one through host.h): the
+ * queue of sealed blocks it has not copied yet, and the holds that keep a
+ * block's bytes stable while it copies them.
+ *
+ * The queue is a ring of (record id, namespace, hash), oldest seal first,
+ * filled as blocks seal. A queued block may be evicted, or its slot reused,
+ * before the tier takes it: oi__host_spill_take checks each entry against
+ * the index and skips the stale ones. A held block is off the LRU list
+ * (spilling); its hold ends with oi__host_spill_end, which puts it back at
+ * its place in LRU order. The ring is bounded: when it is full the oldest
+ * entry is dropped (counted: that block's pool copy stays its only one). */
+#include <stdio.h>
+
+#include "host_private.h"
+
+#define SPILL_RING_MIN 4096
+#define SPILL_RING_MAX (1u << 22) /* 4M entries, 96 MiB */
+
+void oi__lower_init(oi_offload_host *h) {
+  pthread_mutex_init(&h->lower_lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&h->lower_cv, &ca);
+  pthread_condattr_destroy(&ca);
+}
+
+void oi__lower_fini(oi_offload_host *h) {
+  pthread_mutex_lock(&h->lower_lock);
+  void *ctx = h->lower_ctx;
+  void (*destroy)(void *) = h->lower_destroy;
+  pthread_mutex_unlock(&h->lower_lock);
+  if (destroy) destroy(ctx); /* stops its threads: nothing uses the host after */
+  pthread_mutex_lock(&h->lower_lock);
+  h->lower_ctx = NULL;
+  h->lower_destroy = NULL;
+  oi__free(h->spill_ring);
+  h->spill_ring = NULL;
+  h->spill_cap = h->spill_count = h->spill_head = 0;
+  pthread_mutex_unlock(&h->lower_lock);
+  pthread_cond_destroy(&h->lower_cv);
+  pthread_mutex_destroy(&h->lower_lock);
+}
+
+oi_status oi__host_attach_lower(oi_offload_host *h, void *ctx, void (*destroy)(void *ctx)) {
+  pthread_mutex_lock(&h->lower_lock);
+  if (h->lower_ctx) {
+    pthread_mutex_unlock(&h->lower_lock);
+    return oi__fail(OI_ERR_STATE, "a lower tier is attached to this host already");
+  }
+  h->lower_ctx = ctx;
+  h->lower_destroy = destroy;
+  pthread_mutex_unlock(&h->lower_lock);
+  return OI_OK;
+}
+
+void *oi__host_lower(const oi_offload_host *h) {
+  oi_offload_host *m = (oi_offload_host *)h;
+  pthread_mutex_lock(&m->lower_lock);
+  void *ctx = m->lower_ctx;
+  pthread_mutex_unlock(&m->lower_lock);
+  return ctx;
+}
+
+/* Lock order: shard -> lower_lock (called with the block's shard lock). */
+void oi__lower_note_sealed_locked(oi_offload_host *h, const host_block *b) {
+  if (b->lower) return;
+  pthread_mutex_lock(&h->lower_lock);
+  if (!h->lower_ctx) {
+    pthread_mutex_unlock(&h->lower_lock);
+    return;
+  }
+  if (h->spill_count == h->spill_cap) {
+    size_t cap = h->spill_cap ? h->spill_cap * 2 : SPILL_RING_MIN;
+    spill_entry *r = cap <= SPILL_RING_MAX ? oi__malloc(cap * sizeof *r) : NULL;
+    if (r) { /* unwrap the ring into the new array */
+      for (size_t i = 0; i < h->spill_count; i++)
+        r[i] = h->spill_ring[(h->spill_head + i) % h->spill_cap];
+      oi__free(h->spill_ring);
+      h->spill_ring = r;
+      h->spill_cap = cap;
+      h->spill_head = 0;
+    } else { /* full: the oldest entry goes */
+      h->spill_head = (h->spill_head + 1) % h->spill_cap;
+      h->spill_count--;
+      atomic_fetch_add(&h->spill_overflow, 1);
+    }
+  }
+  if (h->spill_cap) {
+    h->spill_ring[(h->spill_head + h->spill_count) % h->spill_cap] =
+        (spill_entry){.id = b->id, .ns = b->ns, .hash = b->hash};
+    if (h->spill_count++ == 0) pthread_cond_signal(&h->lower_cv);
+  } else {
+    atomic_fetch_add(&h->spill_overflow, 1);
+  }
+  pthread_mutex_unlock(&h->lower_lock);
+}
+
+static uint64_t ns_block_bytes(oi_offload_host *h, uint32_t ns) {
+  pthread_mutex_lock(&h->ns_lock);
+  uint64_t bytes = ns >= 1 && ns <= h->nns ? h->ns[ns - 1].block_bytes : 0;
+  pthread_mutex_unlock(&h->ns_lock);
+  return bytes;
+}
+
+size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max,
+                           uint32_t timeout_ms) {
+  spill_entry batch[64];
+  size_t got = 0;
+  uint64_t deadline = oi__deadline_ns(timeout_ms);
+  while (got == 0) {
+    pthread_mutex_lock(&h->lower_lock);
+    if (h->spill_count == 0 && timeout_ms) {
+      struct timespec ts = oi__timespec(deadline);
+      pthread_cond_timedwait(&h->lower_cv, &h->lower_lock, &ts);
+    }
+    size_t k = OI_MIN(OI_MIN(max, OI_ARRAY_LEN(batch)), h->spill_count);
+    for (size_t i = 0; i < k; i++)
+      batch[i] = h->spill_ring[(h->spill_head + i) % h->spill_cap];
+    if (k) {
+      h->spill_head = (h->spill_head + k) % h->spill_cap;
+      h->spill_count -= k;
+    }
+    pthread_mutex_unlock(&h->lower_lock);
+    if (k == 0) return 0; /* nothing queued within timeout_ms (or woken to stop) */
+    for (size_t i = 0; i < k; i++) {
+      spill_entry *q = &batch[i];
+      uint64_t key = oi__index_key(q->ns, &q->hash);
+      index_shard *s = oi__index_shard_of(h, key);
+      pthread_mutex_lock(&s->lock);
+      host_block *b = oi__index_find_key_locked(s, key, q->ns, &q->hash);
+      bool take = b && b->id == q->id && b->state == BLOCK_SEALED && !b->lower && !b->spilling;
+      if (take) {
+        if (oi__block_evictable(b)) oi__lru_remove_locked(s, b);
+        b->spilling = 1;
+      }
+      pthread_mutex_unlock(&s->lock);
+      if (!take) continue; /* evicted, reused, or held by the lower tier already */
+      out[got++] = (oi_host_spill){.block = b,
+                                   .ns = q->ns,
+                                   .hash = q->hash,
+                                   .data = oi__block_data(h, b),
+                                   .bytes = ns_block_bytes(h, q->ns)};
+    }
+    if (oi__now_ns() >= deadline) break;
+  }
+  return got;
+}
+
+void oi__host_spill_end(oi_offload_host *h, const oi_host_spill *spills, size_t n, const bool *ok) {
+  for (size_t i = 0; i < n; i++) {
+    host_block *b = spills[i].block;
+    index_shard *s = &h->shards[b->shard];
+    pthread_mutex_lock(&s->lock);
+    b->spilling = 0;
+    if (ok[i]) b->lower = 1;
+    if (oi__block_evictable(b)) oi__lru_insert_ordered_locked(s, b);
+    pthread_mutex_unlock(&s->lock);
+  }
+}
+
+void oi__host_spill_wake(oi_offload_host *h) {
+  pthread_mutex_lock(&h->lower_lock);
+  pthread_cond_broadcast(&h->lower_cv);
+  pthread_mutex_unlock(&h->lower_lock);
+}
+
+void oi__host_mark_lower(oi_offload_host *h, host_block *const *blocks, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    index_shard *s = &h->shards[blocks[i]->shard];
+    pthread_mutex_lock(&s->lock);
+    blocks[i]->lower = 1;
+    pthread_mutex_unlock(&s->lock);
+  }
+}
+
+uint64_t oi__host_spill_overflow(const oi_offload_host *h) {
+  return atomic_load(&((oi_offload_host *)h)->spill_overflow);
+}
+
+bool oi__host_namespace_info(oi_offload_host *h, uint32_t ns_id, char *name, size_t cap,
+                             uint64_t *block_bytes, uint64_t *shape_hash) {
+  pthread_mutex_lock(&h->ns_lock);
+  bool ok = ns_id >= 1 && ns_id <= h->nns;
+  if (ok) {
+    const ns_entry *e = &h->ns[ns_id - 1];
+    if (name && cap) snprintf(name, cap, "%s", e->name);
+    if (block_bytes) *block_bytes = e->block_bytes;
+    if (shape_hash) *shape_hash = e->shape_hash;
+  }
+  pthread_mutex_unlock(&h->ns_lock);
+  return ok;
+}

@@ -90,6 +90,7 @@ typedef struct dt_wait {
   pthread_cond_t cv;
   int done;
   oi_status st;
+  char msg[256]; /* the callback thread's last error, on failure */
 } dt_wait;
 
 static inline void dt_wait_init(dt_wait *w) {
@@ -97,15 +98,24 @@ static inline void dt_wait_init(dt_wait *w) {
   pthread_cond_init(&w->cv, NULL);
   w->done = 0;
   w->st = OI_ERR_INTERNAL;
+  w->msg[0] = 0;
 }
 
 static inline void dt_cb(void *ctx, oi_status st) {
   dt_wait *w = ctx;
   pthread_mutex_lock(&w->mu);
   w->st = st;
+  if (st != OI_OK) snprintf(w->msg, sizeof w->msg, "%s", oi_last_error());
   w->done++;
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
+}
+
+static inline int dt_wait_finished(dt_wait *w) {
+  pthread_mutex_lock(&w->mu);
+  int done = w->done;
+  pthread_mutex_unlock(&w->mu);
+  return done;
 }
 
 static inline oi_status dt_wait_done(dt_wait *w) {

@@ -63,7 +63,8 @@ static oi_status wait_op(oi_status submitted, waiter *w) {
   return w->st;
 }
 
-#define WAITER {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, OI_ERR_INTERNAL}
+#define WAITER                                                                                     \
+  { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, OI_ERR_INTERNAL }
 
 static oi_disk *open_store(void) {
   const char *dirs[] = {dir};

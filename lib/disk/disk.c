@@ -497,13 +497,15 @@ static void finish_read(oi_disk *d, req *r) {
     drop = !(r->err && transient(r->err));
   } else if (!header_matches(r->hdr, e)) {
     corrupt = drop = true;
-    st = oi__fail(OI_ERR_IO, "disk: block header at %s+%llu does not verify (checksum, key or "
-                             "length): the block is dropped",
+    st = oi__fail(OI_ERR_IO,
+                  "disk: block header at %s+%llu does not verify (checksum, key or "
+                  "length): the block is dropped",
                   d->files[e->file].data_path, (unsigned long long)e->off);
   } else if (XXH3_64bits(r->buf, e->len) != e->payload_xxh) {
     corrupt = drop = true;
-    st = oi__fail(OI_ERR_IO, "disk: block payload at %s+%llu fails its checksum: the block is "
-                             "dropped",
+    st = oi__fail(OI_ERR_IO,
+                  "disk: block payload at %s+%llu fails its checksum: the block is "
+                  "dropped",
                   d->files[e->file].data_path, (unsigned long long)e->off);
   }
   if (corrupt) OI_LOG(OI_LOG_WARN, "disk", "%s", oi_last_error());
@@ -743,8 +745,7 @@ oi_status oi__disk_read(oi_disk *d, const oi_disk_key *key, void *dst, uint64_t 
                         void *ctx) {
   if (!d || !key || !dst) return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_read: NULL argument");
   if (!aligned(dst))
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_read: destination %p is not 4 KiB aligned",
-                    dst);
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_read: destination %p is not 4 KiB aligned", dst);
   pthread_mutex_lock(&d->sq_lock);
   req *r = slot_take(d, true);
   if (!r) {
@@ -884,8 +885,9 @@ oi_status oi__disk_register_buffers(oi_disk *d, const struct iovec *iov, uint32_
   if (rc == 0)
     d->reg_ok = true;
   else
-    OI_LOG(OI_LOG_INFO, "disk", "registering %u buffers with the ring failed (%s): plain reads "
-                                "and writes are used",
+    OI_LOG(OI_LOG_INFO, "disk",
+           "registering %u buffers with the ring failed (%s): plain reads "
+           "and writes are used",
            n + 1, strerror(-rc));
   pthread_mutex_unlock(&d->sq_lock);
   return OI_OK;
@@ -896,16 +898,16 @@ oi_status oi__disk_register_buffers(oi_disk *d, const struct iovec *iov, uint32_
 static oi_status check_dir(const char *dir) {
   struct stat sb;
   if (stat(dir, &sb) != 0) {
-    if (errno != ENOENT)
-      return oi__fail(OI_ERR_IO, "disk: stat %s: %s", dir, strerror(errno));
+    if (errno != ENOENT) return oi__fail(OI_ERR_IO, "disk: stat %s: %s", dir, strerror(errno));
     if (mkdir(dir, 0700) != 0 && errno != EEXIST)
       return oi__fail(errno == EACCES ? OI_ERR_PERMISSION : OI_ERR_IO,
                       "disk: cannot create the directory %s: %s", dir, strerror(errno));
     if (stat(dir, &sb) != 0) return oi__fail(OI_ERR_IO, "disk: stat %s: %s", dir, strerror(errno));
   }
   if (!S_ISDIR(sb.st_mode))
-    return oi__fail(OI_ERR_PERMISSION, "disk: %s is not a directory (give a directory the "
-                                       "process owns, mode 0700)",
+    return oi__fail(OI_ERR_PERMISSION,
+                    "disk: %s is not a directory (give a directory the "
+                    "process owns, mode 0700)",
                     dir);
   if (sb.st_uid != geteuid())
     return oi__fail(OI_ERR_PERMISSION,
@@ -914,8 +916,8 @@ static oi_status check_dir(const char *dir) {
                     dir, (unsigned)sb.st_uid, (unsigned)geteuid());
   if (sb.st_mode & (S_IWGRP | S_IWOTH))
     return oi__fail(OI_ERR_PERMISSION,
-                    "disk: %s is writable by group or others (mode %04o): run chmod 0700 %s",
-                    dir, (unsigned)(sb.st_mode & 07777), dir);
+                    "disk: %s is writable by group or others (mode %04o): run chmod 0700 %s", dir,
+                    (unsigned)(sb.st_mode & 07777), dir);
   return OI_OK;
 }
 
@@ -970,8 +972,7 @@ static oi_status open_data(dfile *f, uint64_t cap) {
                     "disk: no room for %llu bytes in %s (%s): free space there or lower "
                     "capacity_bytes",
                     (unsigned long long)cap, f->dir, strerror(rc));
-  if (rc)
-    return oi__fail(OI_ERR_IO, "disk: preallocating %s: %s", f->data_path, strerror(rc));
+  if (rc) return oi__fail(OI_ERR_IO, "disk: preallocating %s: %s", f->data_path, strerror(rc));
   f->cap = cap;
   return OI_OK;
 }
@@ -1043,8 +1044,7 @@ static void load_checkpoint(oi_disk *d, uint32_t fi, uint64_t *gen) {
       get32(b + 8) != OI_DISK_VERSION || get64(b + 56) != XXH3_64bits(b, 56)) {
     if (size) {
       d->st.torn_records_cut++;
-      OI_LOG(OI_LOG_WARN, "disk", "%s: checkpoint header does not verify; ignored",
-             f->ckpt_path);
+      OI_LOG(OI_LOG_WARN, "disk", "%s: checkpoint header does not verify; ignored", f->ckpt_path);
     }
     oi__free(b);
     return;
@@ -1230,8 +1230,7 @@ oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
   for (uint32_t i = 0; i < opts->num_dirs; i++)
     for (uint32_t j = 0; j < i; j++)
       if (!opts->dirs[i] || !strcmp(opts->dirs[i], opts->dirs[j]))
-        return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_open: directory %u missing or repeated",
-                        i);
+        return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_open: directory %u missing or repeated", i);
   for (uint32_t i = 0; i < opts->num_dirs; i++) {
     if (!opts->dirs[i]) return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_open: NULL directory");
     oi_status st = check_dir(opts->dirs[i]);
@@ -1315,8 +1314,9 @@ oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
     OI_LOG(OI_LOG_WARN, "disk", "opened with %llu torn records cut and %llu bad extents dropped",
            (unsigned long long)d->st.torn_records_cut,
            (unsigned long long)d->st.bad_extents_dropped);
-  OI_LOG(OI_LOG_INFO, "disk", "opened %u directories: %llu blocks, %llu of %llu bytes, replay %.3f ms",
-         d->nfiles, (unsigned long long)d->st.blocks, (unsigned long long)d->st.bytes_used,
+  OI_LOG(OI_LOG_INFO, "disk",
+         "opened %u directories: %llu blocks, %llu of %llu bytes, replay %.3f ms", d->nfiles,
+         (unsigned long long)d->st.blocks, (unsigned long long)d->st.bytes_used,
          (unsigned long long)d->st.capacity_bytes, (double)d->st.replay_ns / 1e6);
   *out = d;
   return OI_OK;

@@ -8,8 +8,9 @@
  * Asynchronous calls (oi__disk_write, oi__disk_read) return OI_OK when the
  * operation was queued, and then call cb(ctx, status) exactly once, from the
  * store's completion thread; any other return means the callback will not
- * run. Callbacks must not block for long and must not call oi__disk_close;
- * they may call every other function here. */
+ * run. Callbacks must not block for long and must not call oi__disk_close or
+ * oi__disk_register_buffers (both wait for the operations in flight); they
+ * may call every other function here. */
 #ifndef OI_DISK_DISK_H
 #define OI_DISK_DISK_H
 
@@ -40,20 +41,20 @@ typedef struct oi_disk_key {
 typedef void (*oi_disk_cb)(void *ctx, oi_status st);
 
 typedef struct oi_disk_stats {
-  uint64_t blocks;            /* sealed blocks in the index */
-  uint64_t bytes_used;        /* data-file bytes they hold (headers and padding included) */
-  uint64_t capacity_bytes;    /* usable data-file bytes, all dirs */
-  uint64_t spills_ok;         /* writes that completed */
-  uint64_t spills_failed;     /* writes that failed (I/O error, no room) */
-  uint64_t spills_busy;       /* writes refused with OI_ERR_BUSY (queue full) */
-  uint64_t reads_ok;          /* reads that served a verified block */
-  uint64_t reads_failed;      /* reads that ended with an error (checksum failures too) */
-  uint64_t checksum_failures; /* header, payload or key mismatches found at read */
-  uint64_t evictions;         /* blocks evicted to make room */
-  uint64_t torn_records_cut;  /* log/checkpoint records cut or dropped at open */
+  uint64_t blocks;              /* sealed blocks in the index */
+  uint64_t bytes_used;          /* data-file bytes they hold (headers and padding included) */
+  uint64_t capacity_bytes;      /* usable data-file bytes, all dirs */
+  uint64_t spills_ok;           /* writes that completed */
+  uint64_t spills_failed;       /* writes that failed (I/O error, no room) */
+  uint64_t spills_busy;         /* writes refused with OI_ERR_BUSY (queue full) */
+  uint64_t reads_ok;            /* reads that served a verified block */
+  uint64_t reads_failed;        /* reads that ended with an error (checksum failures too) */
+  uint64_t checksum_failures;   /* header, payload or key mismatches found at read */
+  uint64_t evictions;           /* blocks evicted to make room */
+  uint64_t torn_records_cut;    /* log/checkpoint records cut or dropped at open */
   uint64_t bad_extents_dropped; /* records pointing outside a file or overlapping */
-  uint64_t replay_ns;         /* time oi__disk_open spent loading the index */
-  uint64_t checkpoints;       /* checkpoints written since open */
+  uint64_t replay_ns;           /* time oi__disk_open spent loading the index */
+  uint64_t checkpoints;         /* checkpoints written since open */
   uint64_t read_latency_us[OI_LATENCY_BUCKETS]; /* oi_latency_hist buckets */
   uint64_t read_latency_sum_us;
 } oi_disk_stats;
@@ -94,8 +95,8 @@ oi_status oi__disk_write(oi_disk *d, const oi_disk_key *key, const void *payload
  * with OI_ERR_IO.
  * @return OI_OK (queued), OI_ERR_NOT_FOUND, OI_ERR_INVALID_ARGUMENT (cap too
  * small, misaligned), OI_ERR_CLOSED. */
-oi_status oi__disk_read(oi_disk *d, const oi_disk_key *key, void *dst, uint64_t cap,
-                        oi_disk_cb cb, void *ctx);
+oi_status oi__disk_read(oi_disk *d, const oi_disk_key *key, void *dst, uint64_t cap, oi_disk_cb cb,
+                        void *ctx);
 /* present[i] = 1 when keys[i] is stored (sealed), else 0. */
 void oi__disk_contains(oi_disk *d, const oi_disk_key *keys, uint32_t n, uint8_t *present);
 /* The payload length of a stored block. @return OI_ERR_NOT_FOUND. */

@@ -172,8 +172,8 @@ static inline int dt_has(oi_disk *d, uint64_t i) {
 
 static inline oi_disk *dt_open(const char *const *dirs, uint32_t n, uint64_t cap,
                                uint32_t ckpt_every) {
-  oi_disk_options o = {.dirs = dirs, .num_dirs = n, .capacity_bytes = cap,
-                       .checkpoint_every = ckpt_every};
+  oi_disk_options o = {
+      .dirs = dirs, .num_dirs = n, .capacity_bytes = cap, .checkpoint_every = ckpt_every};
   oi_disk *d = NULL;
   oi_status st = oi__disk_open(&o, &d);
   if (st != OI_OK) fprintf(stderr, "disk_open: %s: %s\n", oi_status_str(st), oi_last_error());

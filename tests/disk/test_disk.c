@@ -245,8 +245,12 @@ static void test_torn_log(void) {
 
   /* 3: records pointing outside the file or over another block. */
   memcpy(b, saved, n);
-  oi_disk_record r = {.type = OI_DISK_REC_ADD, .key = dt_key(50), .seq = 1000,
-                      .offset = 1 * MiB - 4096, .length = 3000, .payload_xxh = 1};
+  oi_disk_record r = {.type = OI_DISK_REC_ADD,
+                      .key = dt_key(50),
+                      .seq = 1000,
+                      .offset = 1 * MiB - 4096,
+                      .length = 3000,
+                      .payload_xxh = 1};
   oi__disk_record_encode(&r, b + n); /* the payload would run past the end */
   spit(log, b, n + OI_DISK_RECORD_BYTES);
   unlink(ckpt);
@@ -285,7 +289,7 @@ static void test_torn_log(void) {
   free(saved);
   saved = slurp(log, &n);
   CHECK(n == 2 * OI_DISK_RECORD_BYTES); /* the header and the ADD of 60 */
-  oi__disk_close(d);               /* its checkpoint holds 60 */
+  oi__disk_close(d);                    /* its checkpoint holds 60 */
   saved[3] ^= 0xff;
   spit(log, saved, n);
   d = dt_open(dirs, 1, 1 * MiB, 0);
@@ -311,7 +315,7 @@ static void test_capacity_lru(void) {
   CHECK(dt_stats(d).bytes_used == 10 * 8192);
   oi_disk_key k0 = dt_key(0), k5 = dt_key(5);
   CHECK_OK(oi__disk_pin(d, &k0));
-  CHECK_OK(dt_read_len(d, 1, 4096)); /* 1 becomes the most recently used */
+  CHECK_OK(dt_read_len(d, 1, 4096));   /* 1 becomes the most recently used */
   CHECK_OK(dt_write_len(d, 10, 4096)); /* evicts 2 (0 pinned, 1 used) */
   CHECK(dt_has(d, 0) && dt_has(d, 1) && !dt_has(d, 2) && dt_has(d, 3) && dt_has(d, 10));
   CHECK_OK(dt_write_len(d, 11, 4096)); /* evicts 3 */

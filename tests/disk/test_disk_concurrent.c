@@ -82,8 +82,11 @@ static void test_concurrent(void) {
   char *a = dt_mkdtemp(), *b = dt_mkdtemp();
   const char *dirs[] = {a, b};
   /* About 60 of the 200 keys' blocks fit. */
-  oi_disk_options o = {.dirs = dirs, .num_dirs = 2, .capacity_bytes = 1 * MiB,
-                       .queue_depth = 8, .checkpoint_every = 100};
+  oi_disk_options o = {.dirs = dirs,
+                       .num_dirs = 2,
+                       .capacity_bytes = 1 * MiB,
+                       .queue_depth = 8,
+                       .checkpoint_every = 100};
   REQUIRE(oi__disk_open(&o, &g_d) == OI_OK);
   worker w[THREADS];
   pthread_t t[THREADS];
@@ -100,8 +103,8 @@ static void test_concurrent(void) {
   }
   oi_disk_stats s = dt_stats(g_d);
   fprintf(stderr, "  %llu reads served, %llu writes, %llu evictions, %llu checkpoints\n",
-          (unsigned long long)reads, (unsigned long long)writes,
-          (unsigned long long)s.evictions, (unsigned long long)s.checkpoints);
+          (unsigned long long)reads, (unsigned long long)writes, (unsigned long long)s.evictions,
+          (unsigned long long)s.checkpoints);
   CHECK(bad == 0);
   CHECK(reads > 100 && writes > 100);
   CHECK(s.evictions > 0);

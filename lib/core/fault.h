@@ -25,6 +25,13 @@
  *                   shut down (both ways) and the send fails with OI_ERR_CLOSED
  *   clock_jump      the library's monotonic clock jumps `param` ms forward
  *                   (cumulative; it stays monotonic): leases expire, deadlines pass
+ *   disk_write      a disk-tier block write fails with errno `param` (EIO if 0)
+ *   disk_read       a disk-tier block read fails with errno `param` (EIO if 0)
+ *   disk_short_read a disk-tier block read returns half its payload bytes
+ *   disk_fallocate  preallocating a disk-tier data file fails with errno
+ *                   `param` (ENOSPC if 0)
+ *   disk_read_slow  the disk tier's completion thread sleeps `param` ms before
+ *                   it ends a block read (the read holds its block meanwhile)
  */
 #ifndef OI_CORE_FAULT_H
 #define OI_CORE_FAULT_H
@@ -44,6 +51,11 @@ typedef enum oi_fault_point {
   OI_FAULT_SOCK_SHORT,
   OI_FAULT_SOCK_RESET,
   OI_FAULT_CLOCK_JUMP,
+  OI_FAULT_DISK_WRITE,
+  OI_FAULT_DISK_READ,
+  OI_FAULT_DISK_SHORT_READ,
+  OI_FAULT_DISK_FALLOCATE,
+  OI_FAULT_DISK_READ_SLOW,
   OI_FAULT_POINTS
 } oi_fault_point;
 

@@ -1,0 +1,203 @@
+/* The disk tier under injected faults (lib/core/fault.h): failed and
+ * short writes and reads, no room at open, and slow reads that hold their
+ * blocks against eviction and removal. Skips (77) without
+ * -Dfault_injection=true. */
+#include "core/fault.h"
+#include "disk_util.h"
+
+static oi_disk *open1(const char *dir, uint64_t cap, uint32_t qd) {
+  const char *dirs[] = {dir};
+  oi_disk_options o = {.dirs = dirs, .num_dirs = 1, .capacity_bytes = cap, .queue_depth = qd};
+  oi_disk *d = NULL;
+  REQUIRE(oi__disk_open(&o, &d) == OI_OK);
+  return d;
+}
+
+/* A write that fails frees its room, is counted, and is never visible;
+ * ENOSPC likewise, with its message. */
+static void test_write_errors(void) {
+  char *a = dt_mkdtemp();
+  oi_disk *d = open1(a, 10 * 8192, 0);
+  CHECK_OK(dt_write_len(d, 0, 4096));
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE, 0, 1, 0) == OI_OK);
+  CHECK_ST(dt_write_len(d, 1, 4096), OI_ERR_IO);
+  CHECK(oi__fault_fired(OI_FAULT_DISK_WRITE) == 1);
+  CHECK(!dt_has(d, 1));
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.spills_failed == 1 && s.spills_ok == 1 && s.blocks == 1 && s.bytes_used == 8192);
+
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE, 0, 1, ENOSPC) == OI_OK);
+  uint8_t *p = dt_payload(2, 4096);
+  oi_disk_key k2 = dt_key(2);
+  dt_wait w;
+  dt_wait_init(&w);
+  CHECK_OK(oi__disk_write(d, &k2, p, 4096, dt_cb, &w));
+  CHECK_ST(dt_wait_done(&w), OI_ERR_IO);
+  CHECK(strstr(w.msg, "No space left"));
+  free(p);
+
+  /* Thirty failed writes into a store with room for nine more: none of them
+   * keeps room, so nine good ones fit afterwards with no eviction. */
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE, 0, 0, 0) == OI_OK);
+  for (uint64_t i = 100; i < 130; i++)
+    CHECK_ST(dt_write_len(d, i, 4096), OI_ERR_IO);
+  oi__fault_disarm_all();
+  s = dt_stats(d);
+  CHECK(s.spills_failed == 32 && s.bytes_used == 8192 && s.evictions == 0);
+  for (uint64_t i = 1; i < 10; i++)
+    CHECK_OK(dt_write_len(d, i, 4096));
+  s = dt_stats(d);
+  CHECK(s.evictions == 0 && s.blocks == 10 && s.bytes_used == s.capacity_bytes);
+  for (uint64_t i = 0; i < 10; i++)
+    CHECK_OK(dt_read_len(d, i, 4096));
+  oi__disk_close(d);
+  dt_rmtree(a);
+}
+
+/* EIO and short reads drop the block (durably); EAGAIN keeps it. */
+static void test_read_errors(void) {
+  char *a = dt_mkdtemp();
+  oi_disk *d = open1(a, 1 * MiB, 0);
+  for (uint64_t i = 0; i < 4; i++)
+    CHECK_OK(dt_write(d, i));
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ, 0, 1, 0) == OI_OK);
+  CHECK_ST(dt_read(d, 0), OI_ERR_IO);
+  CHECK(!dt_has(d, 0));
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ, 0, 1, EAGAIN) == OI_OK);
+  CHECK_ST(dt_read(d, 1), OI_ERR_IO);
+  CHECK(dt_has(d, 1));
+  CHECK_OK(dt_read(d, 1));
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_SHORT_READ, 0, 1, 0) == OI_OK);
+  CHECK_ST(dt_read(d, 2), OI_ERR_IO);
+  CHECK(oi__fault_fired(OI_FAULT_DISK_SHORT_READ) == 1);
+  CHECK(!dt_has(d, 2));
+  oi__fault_disarm_all();
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.reads_failed == 3 && s.reads_ok == 1 && s.checksum_failures == 0 && s.blocks == 2);
+  oi__disk_close(d);
+  d = open1(a, 1 * MiB, 0);
+  CHECK(!dt_has(d, 0) && dt_has(d, 1) && !dt_has(d, 2) && dt_has(d, 3));
+  CHECK_OK(dt_read(d, 3));
+  oi__disk_close(d);
+  dt_rmtree(a);
+}
+
+static void test_no_room_at_open(void) {
+  char *a = dt_mkdtemp();
+  const char *dirs[] = {a};
+  oi_disk_options o = {.dirs = dirs, .num_dirs = 1, .capacity_bytes = 1 * MiB};
+  oi_disk *d = NULL;
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_FALLOCATE, 0, 1, 0) == OI_OK);
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_OUT_OF_MEMORY);
+  CHECK(d == NULL);
+  CHECK(strstr(oi_last_error(), "no room") && strstr(oi_last_error(), a));
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_FALLOCATE, 0, 1, EIO) == OI_OK);
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_IO);
+  oi__fault_disarm_all();
+  CHECK_OK(oi__disk_open(&o, &d));
+  oi__disk_close(d);
+  dt_rmtree(a);
+}
+
+/* A block being read is not evicted, and a removed one keeps its room until
+ * the read ends: the read still returns its own bytes. */
+static void test_reads_hold_their_blocks(void) {
+  char *a = dt_mkdtemp();
+  oi_disk *d = open1(a, 4 * 8192, 0);
+  for (uint64_t i = 0; i < 4; i++)
+    CHECK_OK(dt_write_len(d, i, 4096));
+  uint8_t *buf = aligned_alloc(4096, 4096);
+  REQUIRE(buf);
+  oi_disk_key k0 = dt_key(0);
+
+  /* 0 is the least recently used: being read, 1 goes instead. */
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ_SLOW, 0, 1, 1000) == OI_OK);
+  dt_wait r;
+  dt_wait_init(&r);
+  memset(buf, 0xEE, 4096);
+  CHECK_OK(oi__disk_read(d, &k0, buf, 4096, dt_cb, &r));
+  uint8_t *p4 = dt_payload(4, 4096);
+  oi_disk_key k4 = dt_key(4);
+  dt_wait w;
+  dt_wait_init(&w);
+  CHECK_OK(oi__disk_write(d, &k4, p4, 4096, dt_cb, &w));
+  CHECK(!dt_wait_finished(&r)); /* (the read was still in flight) */
+  CHECK(dt_has(d, 0) && !dt_has(d, 1) && dt_has(d, 4));
+  CHECK_OK(dt_wait_done(&r));
+  CHECK(dt_check(buf, 0, 4096));
+  CHECK_OK(dt_wait_done(&w));
+  free(p4);
+
+  /* LRU now 2, 3, 0, 4. Remove 0 while it is read; a write needing room
+   * then evicts 2 rather than reuse 0's place. */
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ_SLOW, 0, 1, 1000) == OI_OK);
+  dt_wait_init(&r);
+  memset(buf, 0xEE, 4096);
+  CHECK_OK(oi__disk_read(d, &k0, buf, 4096, dt_cb, &r));
+  CHECK_OK(oi__disk_remove(d, &k0));
+  CHECK(!dt_has(d, 0));
+  uint8_t *p5 = dt_payload(5, 4096);
+  oi_disk_key k5 = dt_key(5);
+  dt_wait_init(&w);
+  CHECK_OK(oi__disk_write(d, &k5, p5, 4096, dt_cb, &w));
+  CHECK(!dt_wait_finished(&r));
+  CHECK(!dt_has(d, 2) && dt_has(d, 3) && dt_has(d, 5));
+  CHECK_OK(dt_wait_done(&r));
+  CHECK(dt_check(buf, 0, 4096)); /* its own bytes, not block 5's */
+  CHECK_OK(dt_wait_done(&w));
+  free(p5);
+  /* The read ended: 0's room is free, a new block needs no eviction. */
+  uint64_t ev = dt_stats(d).evictions;
+  CHECK(ev == 2);
+  CHECK_OK(dt_write_len(d, 6, 4096));
+  CHECK(dt_stats(d).evictions == ev);
+  for (uint64_t i = 3; i < 7; i++)
+    CHECK_OK(dt_read_len(d, i, 4096));
+  CHECK(dt_stats(d).bytes_used == dt_stats(d).capacity_bytes);
+  oi__disk_close(d);
+  free(buf);
+  dt_rmtree(a);
+}
+
+/* A full queue refuses a write (a spill is droppable) and counts it. */
+static void test_queue_full(void) {
+  char *a = dt_mkdtemp();
+  oi_disk *d = open1(a, 1 * MiB, 2);
+  for (uint64_t i = 0; i < 2; i++)
+    CHECK_OK(dt_write(d, i));
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ_SLOW, 0, 2, 500) == OI_OK);
+  uint8_t *b0 = aligned_alloc(4096, 8192), *b1 = aligned_alloc(4096, 8192);
+  REQUIRE(b0 && b1);
+  oi_disk_key k0 = dt_key(0), k1 = dt_key(1);
+  dt_wait r0, r1;
+  dt_wait_init(&r0);
+  dt_wait_init(&r1);
+  CHECK_OK(oi__disk_read(d, &k0, b0, 8192, dt_cb, &r0));
+  CHECK_OK(oi__disk_read(d, &k1, b1, 8192, dt_cb, &r1));
+  CHECK_ST(dt_write(d, 7), OI_ERR_BUSY);
+  CHECK(!dt_wait_finished(&r0) || !dt_wait_finished(&r1));
+  CHECK_OK(dt_wait_done(&r0));
+  CHECK_OK(dt_wait_done(&r1));
+  CHECK(dt_check(b0, 0, dt_len(0)) && dt_check(b1, 1, dt_len(1)));
+  CHECK(dt_stats(d).spills_busy == 1);
+  oi__fault_disarm_all();
+  CHECK_OK(dt_write(d, 7));
+  CHECK_OK(dt_read(d, 7));
+  oi__disk_close(d);
+  free(b0);
+  free(b1);
+  dt_rmtree(a);
+}
+
+int main(void) {
+  if (!oi__fault_available()) TEST_SKIP("built without -Dfault_injection=true");
+  unsetenv("OI_FAULTS");
+  oi__fault_disarm_all();
+  oi_set_log_level(OI_LOG_ERROR);
+  RUN_TEST(test_write_errors);
+  RUN_TEST(test_read_errors);
+  RUN_TEST(test_no_room_at_open);
+  RUN_TEST(test_reads_hold_their_blocks);
+  RUN_TEST(test_queue_full);
+  TEST_EXIT();
+}

@@ -41,6 +41,11 @@ static void serve_usage(FILE *f) {
       "                      own uid is always accepted)\n"
       "  --allow-gid GID     also accept peers whose primary gid is this (repeatable)\n"
       "  --pool SIZE         host pool size, e.g. 64G (default 1G)\n"
+      "  --disk DIR[,DIR]    a disk tier under the pool: one preallocated file per\n"
+      "                      directory (owned by this user, mode 0700); blocks are\n"
+      "                      written behind and promoted back on a hit, and survive\n"
+      "                      a restart (docs/disk.md). With --disk-size\n"
+      "  --disk-size SIZE    disk tier capacity, all directories together (e.g. 500G)\n"
       "  --hugepages         back the pool with 2 MiB hugepages\n"
       "  --no-pin            pageable pool memory (no pinning)\n"
       "  --device N|cpu      device the pool is mapped for (default cpu)\n"
@@ -143,6 +148,8 @@ int cmd_serve(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},
       {"metrics-addr", required_argument, NULL, 'M'},
       {"no-metrics", no_argument, NULL, 'n'},
+      {"disk", required_argument, NULL, 'D'},
+      {"disk-size", required_argument, NULL, 'Z'},
       {NULL, 0, NULL, 0},
   };
   oi_host_options ho;
@@ -155,6 +162,11 @@ int cmd_serve(int argc, char **argv) {
   int32_t devices[MAX_IDS];
   uint32_t nuids = 0, ngids = 0, ndevices = 0;
   const char *metrics_addr = DEFAULT_METRICS_ADDR;
+  char *disk_list = NULL; /* --disk DIR[,DIR...] */
+  const char *disk_dirs[MAX_IDS];
+  uint32_t ndisk = 0;
+  oi_host_disk_options dopts;
+  oi_host_disk_options_init(&dopts);
   bool metrics_explicit = false;
   optind = 1;
   int c;
@@ -242,6 +254,28 @@ int cmd_serve(int argc, char **argv) {
       metrics_addr = NULL;
       metrics_explicit = true;
       break;
+    case 'D': {
+      free(disk_list);
+      disk_list = strdup(optarg);
+      ndisk = 0;
+      char *save = NULL;
+      for (char *tok = strtok_r(disk_list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (ndisk >= MAX_IDS) {
+          fprintf(stderr, "openinfer serve: --disk: more than %d directories\n", MAX_IDS);
+          free(disk_list);
+          return CLI_USAGE;
+        }
+        disk_dirs[ndisk++] = tok;
+      }
+      break;
+    }
+    case 'Z':
+      if (!cli_parse_size(optarg, &dopts.capacity_bytes) || dopts.capacity_bytes == 0) {
+        fprintf(stderr, "openinfer serve: --disk-size '%s' is not a size (e.g. 500G)\n", optarg);
+        free(disk_list);
+        return CLI_USAGE;
+      }
+      break;
     case 'h': serve_usage(stdout); return CLI_OK;
     default: serve_usage(stderr); return CLI_USAGE;
     }
@@ -257,6 +291,16 @@ int cmd_serve(int argc, char **argv) {
   so.num_allowed_gids = ngids;
   so.devices = devices;
   so.num_devices = ndevices;
+  if (ndisk || dopts.capacity_bytes) {
+    if (!ndisk || !dopts.capacity_bytes) {
+      fprintf(stderr, "openinfer serve: --disk and --disk-size go together\n");
+      free(disk_list);
+      return CLI_USAGE;
+    }
+    dopts.dirs = disk_dirs;
+    dopts.num_dirs = ndisk;
+    so.disk = &dopts;
+  }
 
   progress_state prog = {.tty = isatty(2) == 1, .no_pin = (ho.flags & OI_HOST_NO_PIN) != 0};
   ho.progress = on_progress;
@@ -276,6 +320,7 @@ int cmd_serve(int argc, char **argv) {
     prog = (progress_state){.tty = prog.tty, .no_pin = prog.no_pin};
     st = oi_server_create(&so, &srv);
   }
+  free(disk_list); /* (the server does not keep the directory names) */
   if (st != OI_OK) {
     fprintf(stderr, "openinfer serve: %s (%s)\n", oi_last_error(), oi_status_str(st));
     return CLI_FAILED;

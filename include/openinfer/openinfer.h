@@ -6,6 +6,7 @@
 
 #include "openinfer/common.h"
 #include "openinfer/device.h"
+#include "openinfer/disk.h"
 #include "openinfer/engine.h"
 #include "openinfer/executor.h"
 #include "openinfer/experimental.h"

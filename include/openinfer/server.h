@@ -16,6 +16,7 @@
 #define OPENINFER_SERVER_H
 
 #include "openinfer/common.h"
+#include "openinfer/disk.h"
 #include "openinfer/host.h"
 
 #ifdef __cplusplus
@@ -60,6 +61,11 @@ typedef struct oi_server_options {
    * their Hello (registered, idle engines) stay connected however long they
    * are idle. Default 10000; UINT32_MAX: no deadline; 0 is refused. */
   uint32_t handshake_timeout_ms;
+  /* ---- appended (disk tier) ---- */
+  /* A disk tier under the server's pool (openinfer/disk.h), attached at
+   * create (its index of an earlier run replayed before the socket
+   * listens); NULL (default): none. Not kept after create. */
+  const oi_host_disk_options *disk;
 } oi_server_options;
 
 /* Fills defaults. @return OI_ERR_INVALID_ARGUMENT on NULL. */

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "disk/tier.h"
 #include "engine_internal.h"
 #include "host/host.h"
 #include "transfer/transfer.h"
@@ -465,9 +466,13 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids,
   return st;
 }
 
-/* A query of namespace `ns`: with OI_QUERY_WAIT_PENDING, first waits (no
- * pins held) until no block right after the sealed prefix is in flight or
- * wait_ms passes, then leases the prefix. */
+/* A query of namespace `ns`. With a disk tier, the blocks the disk holds
+ * right after the pool's prefix (sealed, then in flight) start coming back
+ * into the pool first: they are in flight there now (pending), and the
+ * answer says LOADING while they are. With OI_QUERY_WAIT_PENDING, it then
+ * waits (no pins held) until no block right after the sealed prefix is in
+ * flight or wait_ms passes, and leases the prefix. Membership counts a
+ * block the disk holds as present. */
 static oi_status query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_query_args *a,
                           const oi_block_hash *hashes, size_t n, oi_query_result *r) {
   memset(r, 0, sizeof *r);
@@ -475,9 +480,20 @@ static oi_status query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_query
   r->state = OI_QUERY_READY;
   r->present = a->present;
   r->wait_ms = a->wait_ms;
+  disk_tier *disk = oi__disk_tier_of(h);
   if (a->flags & OI_QUERY_MEMBERSHIP) {
     oi__host_membership(h, ns, hashes, n, a->present, &r->hit_blocks, &r->pending_blocks);
+    if (disk && r->hit_blocks < n)
+      r->hit_blocks += oi__disk_tier_membership(disk, ns, hashes, n, a->present);
     return OI_OK;
+  }
+  size_t promoted = 0;
+  if (disk) {
+    uint64_t sealed, pending;
+    oi__host_prefix_probe(h, ns, hashes, n, &sealed, &pending);
+    if (sealed + pending < n)
+      promoted = oi__disk_tier_promote(disk, ns, hashes + sealed + pending,
+                                       n - (size_t)(sealed + pending));
   }
   if ((a->flags & OI_QUERY_WAIT_PENDING) && a->wait_ms) {
     uint64_t deadline = oi__deadline_ns(a->wait_ms);
@@ -491,8 +507,10 @@ static oi_status query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_query
       if (!sealed_all) break; /* wait_ms passed: what is still in flight stays pending */
     }
   }
-  return oi__host_lease_prefix(h, ns, a->instance, a->principal, a->shares, hashes, n,
-                               &r->hit_blocks, &r->pending_blocks, &r->lease);
+  oi_status st = oi__host_lease_prefix(h, ns, a->instance, a->principal, a->shares, hashes, n,
+                                       &r->hit_blocks, &r->pending_blocks, &r->lease);
+  if (st == OI_OK && promoted && r->pending_blocks) r->state = OI_QUERY_LOADING;
+  return st;
 }
 
 oi_status oi__host_query(oi_offload_host *h, const char *namespace_id, const oi_host_query_args *a,

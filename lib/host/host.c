@@ -370,15 +370,15 @@ uint64_t oi__host_ns_resident(const oi_offload_host *h, oi_host_ns ns) {
 }
 
 void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out) {
-  *out = (oi_host_pool_info){.capacity_bytes = h->capacity,
-                             .device = h->dev ? h->dev->ordinal : OI_DEVICE_CPU,
-                             .ready = h->pool.host != NULL,
-                             .pin_requested = !(h->opts.flags & OI_HOST_NO_PIN),
-                             .device_mapped =
-                                 h->pool.device != NULL && h->dev && h->dev->ordinal >= 0,
-                             .base = h->pool.host,
-                             .bytes = h->pool.host ? h->capacity : 0,
-                             .slot_align = OI_SLOT_ALIGN};
+  *out =
+      (oi_host_pool_info){.capacity_bytes = h->capacity,
+                          .device = h->dev ? h->dev->ordinal : OI_DEVICE_CPU,
+                          .ready = h->pool.host != NULL,
+                          .pin_requested = !(h->opts.flags & OI_HOST_NO_PIN),
+                          .device_mapped = h->pool.device != NULL && h->dev && h->dev->ordinal >= 0,
+                          .base = h->pool.host,
+                          .bytes = h->pool.host ? h->capacity : 0,
+                          .slot_align = OI_SLOT_ALIGN};
 }
 
 uint64_t oi__ns_resident_get(const oi_offload_host *h, uint32_t ns) {

@@ -146,8 +146,7 @@ typedef struct oi_host_spill {
 /* Takes up to `max` queued blocks, oldest seal first, waiting up to
  * timeout_ms for the first (0: no wait). Blocks evicted or already held by
  * the lower tier since they were queued are skipped. */
-size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max,
-                           uint32_t timeout_ms);
+size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max, uint32_t timeout_ms);
 /* Ends spills: ok[i], the lower tier holds spills[i]'s block now. The
  * blocks become evictable again at their place in LRU order (a spill is
  * not a use). */
@@ -170,12 +169,12 @@ bool oi__host_namespace_info(oi_offload_host *h, uint32_t ns_id, char *name, siz
 
 typedef struct oi_host_pool_info {
   uint64_t capacity_bytes;
-  int device;         /* the pool's device ordinal (-1 cpu) */
-  bool ready;         /* the pool's memory is set up */
-  bool pin_requested; /* created without OI_HOST_NO_PIN */
-  bool device_mapped; /* on a CUDA device, with a device address for the pool */
-  void *base;         /* the pool's host memory (NULL until ready) */
-  uint64_t bytes;     /* ...and its length */
+  int device;          /* the pool's device ordinal (-1 cpu) */
+  bool ready;          /* the pool's memory is set up */
+  bool pin_requested;  /* created without OI_HOST_NO_PIN */
+  bool device_mapped;  /* on a CUDA device, with a device address for the pool */
+  void *base;          /* the pool's host memory (NULL until ready) */
+  uint64_t bytes;      /* ...and its length */
   uint64_t slot_align; /* every slot starts at a multiple of this from base */
 } oi_host_pool_info;
 

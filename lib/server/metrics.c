@@ -217,6 +217,33 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
   histogram(&b, "openinfer_load_duration_seconds",
             "Load operations: from the request to the last block landed.", hs.load_latency_us,
             hs.load_latency_sum_us);
+  /* The disk tier, when one is attached. */
+  oi_host_disk_stats ds;
+  memset(&ds, 0, sizeof ds);
+  ds.struct_size = sizeof ds;
+  if (host && oi_offload_host_disk_stats(host, &ds) == OI_OK) {
+    metric(&b, "openinfer_disk_blocks", "gauge", "Blocks the disk tier holds.", ds.blocks);
+    metric(&b, "openinfer_disk_used_bytes", "gauge",
+           "Disk bytes the stored blocks take (headers and padding included).", ds.bytes_used);
+    metric(&b, "openinfer_disk_capacity_bytes", "gauge", "Disk tier capacity.", ds.capacity_bytes);
+    metric(&b, "openinfer_disk_spilled_blocks_total", "counter", "Blocks written to disk.",
+           ds.spills);
+    metric(&b, "openinfer_disk_spills_failed_total", "counter",
+           "Disk writes that failed (the pool copy stayed the only one).", ds.spills_failed);
+    metric(&b, "openinfer_disk_spills_skipped_total", "counter",
+           "Blocks not written: the disk had them, or its queue was full.", ds.spills_skipped);
+    metric(&b, "openinfer_disk_promoted_blocks_total", "counter",
+           "Blocks read back from disk into the pool, verified.", ds.promotions);
+    metric(&b, "openinfer_disk_reads_failed_total", "counter",
+           "Disk reads that failed (I/O error or checksum): a miss.", ds.promote_failed);
+    metric(&b, "openinfer_disk_checksum_failures_total", "counter",
+           "Blocks caught by their checksum, removed and never served.", ds.checksum_failures);
+    metric(&b, "openinfer_disk_evicted_blocks_total", "counter",
+           "Blocks the disk tier evicted for room.", ds.evictions);
+    histogram(&b, "openinfer_disk_read_duration_seconds", "Disk reads of one block.",
+              ds.read_latency_us, ds.read_latency_sum_us);
+  }
+  oi_clear_error();
   /* The server. */
   pthread_mutex_lock(&srv->lock);
   uint32_t sessions = srv->num_sessions;

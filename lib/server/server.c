@@ -291,6 +291,8 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
   oi_offload_host *host = NULL;
   if ((st = oi_offload_host_create(&s->host_opts, &host)) != OI_OK) goto fail;
   __atomic_store_n(&s->host, host, __ATOMIC_RELEASE); /* the endpoint's thread reads it */
+  if (opts.disk && (st = oi_offload_host_attach_disk(host, opts.disk)) != OI_OK) goto fail;
+  s->opts.disk = NULL; /* the caller's: not kept */
   if ((st = listen_on(s, s->socket_path, opts.socket_mode)) != OI_OK) goto fail;
   /* DEBUG: oi_server_create's caller reports it (oi_server_socket_path,
    * oi_server_epoch); `openinfer serve` prints its own ready line. */

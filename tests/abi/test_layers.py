@@ -58,6 +58,7 @@ PUBLIC_LAYER = {
     "hash.h": "hash",
     "device.h": "device",
     "host.h": "host",
+    "disk.h": "disk",
     "engine.h": "engine",
     "server.h": "server",
     "executor.h": "executor",

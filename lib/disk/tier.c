@@ -1,0 +1,387 @@
+/* The disk tier under a host's pool (tier.h): the spiller thread that
+ * writes sealed blocks behind, promotion of stored blocks back into pool
+ * slots, and the public attach and stats calls (openinfer/disk.h).
+ *
+ * Buffers: a pool slot whose address and block size are multiples of 4 KiB
+ * is written from and read into directly (O_DIRECT, the ring's registered
+ * buffers: no copy). Other blocks go through an aligned bounce buffer of
+ * their own (a copy, counted nowhere but correct). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "tier.h"
+
+#define SPILL_BATCH 32
+
+struct disk_tier {
+  oi_offload_host *host;
+  oi_disk *store;
+  uint32_t queue_depth;
+
+  pthread_t spiller;
+  bool spiller_started;
+  atomic_bool draining; /* destroy: write what is queued, then stop */
+  atomic_bool stop;
+
+  /* Spills in flight (at most queue_depth), under lock. */
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  uint32_t spills_in_flight;
+  uint32_t promotions_in_flight;
+
+  atomic_uint_fast64_t spills, spills_failed, spills_skipped, promotions, promote_failed;
+};
+
+disk_tier *oi__disk_tier_of(const oi_offload_host *h) { return oi__host_lower(h); }
+
+static bool direct_ok(const void *p, uint64_t len) {
+  return ((uintptr_t)p % OI_DISK_SECTOR) == 0 && (len % OI_DISK_SECTOR) == 0;
+}
+
+static uint64_t round_sector(uint64_t n) {
+  return (n + OI_DISK_SECTOR - 1) / OI_DISK_SECTOR * OI_DISK_SECTOR;
+}
+
+/* The disk key of (namespace id, hash): the namespace by name (ids are this
+ * process's), and its layout's fingerprint. */
+static bool make_key(disk_tier *t, uint32_t ns, const oi_block_hash *hash, oi_disk_key *k,
+                     uint64_t *block_bytes) {
+  char name[256];
+  uint64_t shape;
+  if (!oi__host_namespace_info(t->host, ns, name, sizeof name, block_bytes, &shape)) return false;
+  k->ns_fp = XXH3_64bits(name, strlen(name));
+  memcpy(k->hash, hash->bytes, sizeof k->hash);
+  k->layout_fp = shape ^ (*block_bytes * 0x9E3779B97F4A7C15ull);
+  return true;
+}
+
+static void in_flight_add(disk_tier *t, uint32_t *counter, int d) {
+  pthread_mutex_lock(&t->lock);
+  *counter = (uint32_t)((int)*counter + d);
+  pthread_cond_broadcast(&t->cv);
+  pthread_mutex_unlock(&t->lock);
+}
+
+/* ---- spills --------------------------------------------------------------------- */
+
+typedef struct spill_op {
+  disk_tier *t;
+  oi_host_spill s;
+  void *bounce;
+} spill_op;
+
+static void spill_done(void *ctx, oi_status st) {
+  spill_op *op = ctx;
+  disk_tier *t = op->t;
+  bool ok = st == OI_OK;
+  oi__host_spill_end(t->host, &op->s, 1, &ok);
+  atomic_fetch_add(ok ? &t->spills : &t->spills_failed, 1);
+  oi__free(op->bounce);
+  oi__free(op);
+  in_flight_add(t, &t->spills_in_flight, -1);
+}
+
+static void spill_one(disk_tier *t, const oi_host_spill *s) {
+  oi_disk_key key;
+  uint64_t bb;
+  bool ok = false;
+  spill_op *op = NULL;
+  if (!make_key(t, s->ns, &s->hash, &key, &bb) || !(op = oi__calloc(1, sizeof *op))) goto skip;
+  op->t = t;
+  op->s = *s;
+  const void *src = s->data;
+  if (!direct_ok(s->data, s->bytes)) {
+    op->bounce = oi__aligned_alloc(OI_DISK_SECTOR, round_sector(s->bytes));
+    if (!op->bounce) goto skip;
+    memset((uint8_t *)op->bounce + s->bytes, 0, round_sector(s->bytes) - s->bytes);
+    memcpy(op->bounce, s->data, s->bytes);
+    src = op->bounce;
+  }
+  /* A slot in flight: wait for room in the queue (the spiller alone waits). */
+  pthread_mutex_lock(&t->lock);
+  while (t->spills_in_flight >= t->queue_depth && !atomic_load(&t->stop))
+    pthread_cond_wait(&t->cv, &t->lock);
+  t->spills_in_flight++;
+  pthread_mutex_unlock(&t->lock);
+  oi_status st = oi__disk_write(t->store, &key, src, s->bytes, spill_done, op);
+  if (st == OI_OK) return; /* spill_done runs (perhaps already ran: a stored key) */
+  in_flight_add(t, &t->spills_in_flight, -1);
+  if (st != OI_ERR_BUSY)
+    OI_LOG(OI_LOG_DEBUG, "disk", "spill not written: %s", oi_last_error());
+skip:
+  atomic_fetch_add(&t->spills_skipped, 1);
+  if (op) oi__free(op->bounce);
+  oi__free(op);
+  oi__host_spill_end(t->host, s, 1, &ok);
+}
+
+static void *spiller_main(void *arg) {
+  disk_tier *t = arg;
+  oi_host_spill batch[SPILL_BATCH];
+  while (!atomic_load(&t->stop)) {
+    bool draining = atomic_load(&t->draining);
+    size_t n = oi__host_spill_take(t->host, batch, SPILL_BATCH, draining ? 0 : 100);
+    if (n == 0 && draining) break; /* everything queued is written (or skipped) */
+    for (size_t i = 0; i < n; i++) {
+      if (atomic_load(&t->stop)) { /* give the rest back unwritten */
+        bool no = false;
+        for (; i < n; i++)
+          oi__host_spill_end(t->host, &batch[i], 1, &no);
+        break;
+      }
+      spill_one(t, &batch[i]);
+    }
+  }
+  return NULL;
+}
+
+/* ---- promotions ---------------------------------------------------------------- */
+
+typedef struct promote_op {
+  disk_tier *t;
+  oi_host_ns ns;
+  host_block *b;
+  uint8_t *slot;
+  uint64_t bytes;
+  void *bounce;
+  uint64_t t0;
+} promote_op;
+
+static void promote_done(void *ctx, oi_status st) {
+  promote_op *op = ctx;
+  disk_tier *t = op->t;
+  bool ok = st == OI_OK;
+  if (ok && op->bounce) memcpy(op->slot, op->bounce, op->bytes);
+  if (ok) oi__host_mark_lower(t->host, &op->b, 1); /* not written back again */
+  oi__host_save_end(t->host, op->ns, &op->b, 1, ok, ok ? op->bytes : 0, oi__now_ns() - op->t0);
+  atomic_fetch_add(ok ? &t->promotions : &t->promote_failed, 1);
+  oi__free(op->bounce);
+  oi__free(op);
+  in_flight_add(t, &t->promotions_in_flight, -1);
+}
+
+typedef struct promote_call {
+  disk_tier *t;
+  oi_host_ns ns;
+  const oi_disk_key *keys;
+  uint64_t bytes;
+  size_t started;
+} promote_call;
+
+static void promote_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) {
+  promote_call *c = ctx;
+  disk_tier *t = c->t;
+  promote_op *op = oi__calloc(1, sizeof *op);
+  void *dst = data;
+  if (op && !direct_ok(data, c->bytes)) {
+    op->bounce = oi__aligned_alloc(OI_DISK_SECTOR, round_sector(c->bytes));
+    dst = op->bounce;
+  }
+  if (!op || !dst) {
+    if (op) oi__free(op);
+    oi__host_save_end(t->host, c->ns, &b, 1, false, 0, 0);
+    atomic_fetch_add(&t->promote_failed, 1);
+    return;
+  }
+  *op = (promote_op){.t = t,
+                     .ns = c->ns,
+                     .b = b,
+                     .slot = data,
+                     .bytes = c->bytes,
+                     .bounce = op->bounce,
+                     .t0 = oi__now_ns()};
+  in_flight_add(t, &t->promotions_in_flight, 1);
+  oi_status st = oi__disk_read(t->store, &c->keys[i], dst, round_sector(c->bytes), promote_done, op);
+  if (st == OI_OK) {
+    c->started++;
+    return;
+  }
+  /* Not queued (evicted from disk since, or closed): the slot goes, a miss. */
+  promote_done(op, st);
+}
+
+size_t oi__disk_tier_promote(disk_tier *t, oi_host_ns ns, const oi_block_hash *hashes, size_t n) {
+  if (!t || n == 0 || atomic_load(&t->stop)) return 0;
+  enum { MAX_RUN = 4096 };
+  n = OI_MIN(n, (size_t)MAX_RUN);
+  oi_disk_key *keys = oi__malloc(n * sizeof *keys);
+  uint8_t *present = oi__malloc(n);
+  size_t run = 0, started = 0;
+  uint64_t bytes = 0;
+  if (!keys || !present) goto out;
+  for (size_t i = 0; i < n; i++)
+    if (!make_key(t, ns.id, &hashes[i], &keys[i], &bytes)) goto out;
+  oi__disk_contains(t->store, keys, (uint32_t)n, present);
+  while (run < n && present[run])
+    run++;
+  if (run == 0) goto out;
+  /* Pool slots in flight for the run (blocks the pool got meanwhile are
+   * deduplicated), each read into its slot in prefix order. */
+  promote_call c = {.t = t, .ns = ns, .keys = keys, .bytes = bytes};
+  oi_host_reserve_sink sink = {.accepted = promote_accepted, .ctx = &c};
+  oi_host_reserved r;
+  oi__host_reserve(t->host, ns, hashes, run, &sink, &r);
+  started = c.started;
+out:
+  oi__free(keys);
+  oi__free(present);
+  return started;
+}
+
+uint64_t oi__disk_tier_membership(disk_tier *t, oi_host_ns ns, const oi_block_hash *hashes,
+                                  size_t n, uint8_t *present) {
+  if (!t || n == 0) return 0;
+  oi_disk_key *keys = oi__malloc(n * sizeof *keys);
+  uint8_t *on_disk = oi__malloc(n);
+  uint64_t added = 0, bytes;
+  if (keys && on_disk) {
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++)
+      ok = make_key(t, ns.id, &hashes[i], &keys[i], &bytes);
+    if (ok) {
+      oi__disk_contains(t->store, keys, (uint32_t)n, on_disk);
+      for (size_t i = 0; i < n; i++)
+        if (on_disk[i] && !present[i]) {
+          present[i] = 1;
+          added++;
+        }
+    }
+  }
+  oi__free(keys);
+  oi__free(on_disk);
+  return added;
+}
+
+/* ---- attach, destroy, stats -------------------------------------------------- */
+
+/* A clean shutdown writes what is queued, for at most this long. */
+#define DRAIN_LIMIT_NS (60ull * 1000000000ull)
+
+/* The host's destroy calls this first: the spiller writes the blocks still
+ * queued (a restart finds them), then stops; every operation is waited for
+ * (their callbacks end their holds on pool slots); the store closes. */
+static void tier_destroy(void *ctx) {
+  disk_tier *t = ctx;
+  atomic_store(&t->draining, true);
+  oi__host_spill_wake(t->host);
+  if (t->spiller_started) {
+    uint64_t end = oi__now_ns() + DRAIN_LIMIT_NS;
+    while (pthread_tryjoin_np(t->spiller, NULL) != 0) {
+      if (oi__now_ns() >= end) {
+        OI_LOG(OI_LOG_WARN, "disk", "shutdown: blocks still queued for the disk after %llu s: "
+               "not written", (unsigned long long)(DRAIN_LIMIT_NS / 1000000000ull));
+        atomic_store(&t->stop, true);
+        pthread_mutex_lock(&t->lock);
+        pthread_cond_broadcast(&t->cv);
+        pthread_mutex_unlock(&t->lock);
+        pthread_join(t->spiller, NULL);
+        break;
+      }
+      struct timespec nap = {.tv_sec = 0, .tv_nsec = 2000000};
+      nanosleep(&nap, NULL);
+    }
+  }
+  atomic_store(&t->stop, true);
+  oi__disk_close(t->store); /* waits for the operations in flight */
+  pthread_cond_destroy(&t->cv);
+  pthread_mutex_destroy(&t->lock);
+  oi__free(t);
+}
+
+OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o) {
+  if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_disk_options_init: options is NULL");
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  return OI_OK;
+}
+
+OI_API oi_status oi_offload_host_attach_disk(oi_offload_host *h, const oi_host_disk_options *o) {
+  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: host is NULL");
+  oi_host_disk_options opts;
+  oi_host_disk_options_init(&opts);
+  oi_status st = oi__struct_in(&opts, sizeof opts, o, "host_attach_disk");
+  if (st != OI_OK) return st;
+  if (opts.num_dirs == 0 || !opts.dirs)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: no directories (dirs, num_dirs)");
+  for (uint32_t i = 0; i < opts.num_dirs; i++)
+    if (!opts.dirs[i] || !opts.dirs[i][0])
+      return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: dirs[%u] is empty", i);
+  if (opts.capacity_bytes == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: capacity_bytes is 0");
+  if (oi__host_lower(h))
+    return oi__fail(OI_ERR_STATE, "host_attach_disk: a disk tier is attached to this host already");
+  disk_tier *t = oi__calloc(1, sizeof *t);
+  if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host_attach_disk: out of memory");
+  t->host = h;
+  t->queue_depth = opts.queue_depth ? opts.queue_depth : 32;
+  pthread_mutex_init(&t->lock, NULL);
+  pthread_cond_init(&t->cv, NULL);
+  oi_disk_options dopts = {.dirs = opts.dirs,
+                           .num_dirs = opts.num_dirs,
+                           .capacity_bytes = opts.capacity_bytes,
+                           .queue_depth = t->queue_depth * 2}; /* spills and promotions */
+  if ((st = oi__disk_open(&dopts, &t->store)) != OI_OK) goto fail;
+  oi_host_pool_info pool;
+  oi__host_pool_info(h, &pool);
+  if (pool.base) { /* I/O straight from and into the pool (a refusal is logged, not fatal) */
+    struct iovec iov = {.iov_base = pool.base, .iov_len = pool.bytes};
+    oi__disk_register_buffers(t->store, &iov, 1);
+  }
+  if ((st = oi__host_attach_lower(h, t, tier_destroy)) != OI_OK) goto fail;
+  int rc = pthread_create(&t->spiller, NULL, spiller_main, t);
+  if (rc != 0) {
+    /* Attached without a spiller: stored blocks still promote; log it. */
+    OI_LOG(OI_LOG_WARN, "disk", "cannot start the spiller thread (%s): nothing new is written",
+           strerror(rc));
+  } else {
+    pthread_setname_np(t->spiller, "oi-disk-spill");
+    t->spiller_started = true;
+  }
+  oi_disk_stats ds;
+  oi__disk_stats_get(t->store, &ds);
+  OI_LOG(OI_LOG_INFO, "disk",
+         "disk tier attached: %u dir(s), %.2f GiB, %llu blocks from an earlier run (index replay "
+         "%.3f s, %llu torn records cut)",
+         opts.num_dirs, (double)ds.capacity_bytes / (1ull << 30), (unsigned long long)ds.blocks,
+         (double)ds.replay_ns / 1e9, (unsigned long long)ds.torn_records_cut);
+  return OI_OK;
+fail:
+  if (t->store) oi__disk_close(t->store);
+  pthread_cond_destroy(&t->cv);
+  pthread_mutex_destroy(&t->lock);
+  oi__free(t);
+  return st;
+}
+
+OI_API oi_status oi_offload_host_disk_stats(const oi_offload_host *h, oi_host_disk_stats *out) {
+  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_disk_stats: host is NULL");
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_disk_stats: out is NULL");
+  disk_tier *t = oi__disk_tier_of(h);
+  if (!t) return oi__fail(OI_ERR_NOT_FOUND, "host_disk_stats: no disk tier is attached");
+  oi_disk_stats ds;
+  oi__disk_stats_get(t->store, &ds);
+  oi_host_disk_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.latency_buckets = OI_LATENCY_BUCKETS;
+  s.blocks = ds.blocks;
+  s.bytes_used = ds.bytes_used;
+  s.capacity_bytes = ds.capacity_bytes;
+  s.spills = atomic_load(&t->spills);
+  s.spills_failed = atomic_load(&t->spills_failed);
+  s.spills_skipped = atomic_load(&t->spills_skipped);
+  s.spill_overflow = oi__host_spill_overflow(h);
+  s.promotions = atomic_load(&t->promotions);
+  s.promote_failed = atomic_load(&t->promote_failed);
+  s.checksum_failures = ds.checksum_failures;
+  s.evictions = ds.evictions;
+  s.torn_records_cut = ds.torn_records_cut + ds.bad_extents_dropped;
+  s.replay_ns = ds.replay_ns;
+  memcpy(s.read_latency_us, ds.read_latency_us, sizeof s.read_latency_us);
+  s.read_latency_sum_us = ds.read_latency_sum_us;
+  return oi__struct_out(out, &s, sizeof s, "host_disk_stats");
+}

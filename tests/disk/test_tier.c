@@ -1,0 +1,257 @@
+/* The disk tier under a host's pool, through the public API (cpu backend):
+ *  - sealed blocks are written behind to disk; after the pool evicted them a
+ *    query promotes them back (pending, LOADING, then hits with
+ *    OI_QUERY_WAIT_PENDING) and a load is byte-exact; membership counts
+ *    blocks on disk as present;
+ *  - a new host on the same directory (a restart) finds them again;
+ *  - blocks whose size is not a multiple of 4 KiB (a bounce copy) too;
+ *  - flipped bytes in the data file are caught by the checksum: never served
+ *    (the prefix ends there), counted;
+ *  - bad options are refused with a message and attach nothing. */
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "disk_util.h"
+#include "openinfer/disk.h"
+#include "openinfer/engine.h"
+
+#define NB 24
+
+static double dt_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+typedef struct rig {
+  oi_offload_host *h;
+  oi_offload_engine *e;
+  uint8_t *mem;
+  uint64_t block;
+  oi_arena_desc arena;
+} rig;
+
+static uint8_t pattern(uint64_t logical, uint64_t i) {
+  uint64_t x = (logical + 7) * 0x9E3779B97F4A7C15ull ^ i * 0xBF58476D1CE4E5B9ull;
+  return (uint8_t)(x ^ (x >> 29) ^ (x >> 47));
+}
+
+static void rig_open(rig *r, const char *dir, uint64_t block, const char *ns) {
+  memset(r, 0, sizeof *r);
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 4 * MiB;
+  ho.flags = OI_HOST_NO_PIN;
+  REQUIRE(oi_offload_host_create(&ho, &r->h) == OI_OK);
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  const char *dirs[1] = {dir};
+  d.dirs = dirs;
+  d.num_dirs = 1;
+  d.capacity_bytes = 32 * MiB;
+  CHECK_OK(oi_offload_host_attach_disk(r->h, &d));
+  r->block = block;
+  r->mem = calloc(2 * NB, block);
+  REQUIRE(r->mem);
+  r->arena = (oi_arena_desc){.name = "kv",
+                             .base = r->mem,
+                             .num_blocks = 2 * NB,
+                             .bytes_per_block = block,
+                             .block_stride = block,
+                             .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.namespace_id = ns;
+  eo.arenas = &r->arena;
+  eo.num_arenas = 1;
+  REQUIRE(oi_offload_engine_create(r->h, &eo, &r->e) == OI_OK);
+}
+
+static void rig_close(rig *r) {
+  oi_offload_engine_destroy(r->e);
+  oi_offload_host_destroy(r->h);
+  free(r->mem);
+}
+
+static oi_host_disk_stats disk_stats(rig *r) {
+  oi_host_disk_stats s = {.struct_size = sizeof s};
+  REQUIRE(oi_offload_host_disk_stats(r->h, &s) == OI_OK);
+  return s;
+}
+
+static oi_block_hash hash_of(uint64_t i) {
+  oi_block_hash hh;
+  memset(&hh, 0, sizeof hh);
+  memcpy(hh.bytes, &i, sizeof i);
+  hh.bytes[15] = 0xD1;
+  return hh;
+}
+
+/* Saves NB blocks and waits until the disk holds them all. */
+static void save_and_spill(rig *r, oi_block_hash *hs) {
+  int64_t ids[NB];
+  for (int b = 0; b < NB; b++) {
+    ids[b] = b;
+    hs[b] = hash_of((uint64_t)b);
+    for (uint64_t i = 0; i < r->block; i++)
+      r->mem[(uint64_t)b * r->block + i] = pattern((uint64_t)b, i);
+  }
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(r->e, ids, hs, NB, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  double t0 = dt_now_s();
+  while (disk_stats(r).spills < NB && dt_now_s() - t0 < 10)
+    usleep(5000);
+  CHECK(disk_stats(r).spills == NB);
+  CHECK(disk_stats(r).blocks == NB);
+}
+
+/* A query that waits for promotions; loads what hit into blocks NB.. and
+ * checks each loaded block's bytes. @return the hits. */
+static uint64_t query_load_check(rig *r, const oi_block_hash *hs) {
+  oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
+  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q));
+  if (q.hit_blocks == 0) return 0;
+  int64_t dst[NB];
+  for (int b = 0; b < NB; b++)
+    dst[b] = NB + b;
+  memset(r->mem + NB * r->block, 0, NB * r->block);
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_load(r->e, q.lease, dst, q.hit_blocks, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  bool ok = true;
+  for (uint64_t b = 0; b < q.hit_blocks; b++)
+    for (uint64_t i = 0; i < r->block; i++)
+      ok &= r->mem[(NB + b) * r->block + i] == pattern(b, i);
+  CHECK(ok);
+  return q.hit_blocks;
+}
+
+static void evict_pool(rig *r) {
+  CHECK_OK(oi_offload_engine_flush(r->e, 10000));
+  uint64_t n = 0;
+  CHECK_OK(oi_offload_host_evict_all(r->h, &n));
+  oi_host_stats hs = {.struct_size = sizeof hs};
+  CHECK_OK(oi_offload_host_stats(r->h, &hs));
+  CHECK(hs.blocks_sealed == 0);
+}
+
+static void round_trip_through_disk(uint64_t block) {
+  char *dir = dt_mkdtemp();
+  rig r;
+  rig_open(&r, dir, block, "tier");
+  oi_block_hash hs[NB];
+  save_and_spill(&r, hs);
+  evict_pool(&r);
+  /* Membership counts the disk's blocks; no promotion. */
+  uint8_t present[NB];
+  oi_query_result q = {.struct_size = sizeof q, .present = present};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, OI_QUERY_MEMBERSHIP, &q));
+  CHECK(q.hit_blocks == NB);
+  /* A plain query: nothing sealed in the pool yet; the disk's blocks come
+   * back (pending, LOADING). */
+  q = (oi_query_result){.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, 0, &q));
+  CHECK(q.hit_blocks + q.pending_blocks == NB);
+  if (q.pending_blocks) CHECK(q.state == OI_QUERY_LOADING);
+  if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(r.e, q.lease));
+  CHECK(query_load_check(&r, hs) == NB);
+  oi_host_disk_stats s = disk_stats(&r);
+  CHECK(s.promotions == NB && s.promote_failed == 0 && s.checksum_failures == 0);
+  /* Promoted blocks are not written again. */
+  usleep(200000);
+  CHECK(disk_stats(&r).spills == NB);
+  rig_close(&r);
+
+  /* A restart: a new host on the same directory. */
+  rig_open(&r, dir, block, "tier");
+  CHECK(disk_stats(&r).blocks == NB);
+  CHECK(query_load_check(&r, hs) == NB);
+  /* Another layout of the same namespace name never sees them. */
+  rig_close(&r);
+  rig_open(&r, dir, block + 4096, "tier");
+  oi_query_result q2 = {.struct_size = sizeof q2, .wait_ms = 2000};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q2));
+  CHECK(q2.hit_blocks == 0 && q2.pending_blocks == 0);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
+static void test_round_trip_aligned_blocks(void) { round_trip_through_disk(64 * 1024); }
+static void test_round_trip_odd_blocks(void) { round_trip_through_disk(10000); }
+
+static void test_flipped_bytes_are_never_served(void) {
+  char *dir = dt_mkdtemp();
+  rig r;
+  rig_open(&r, dir, 16384, "flip");
+  oi_block_hash hs[NB];
+  save_and_spill(&r, hs);
+  rig_close(&r);
+  /* Flip one byte in every payload sector of the data file. */
+  char path[1024];
+  snprintf(path, sizeof path, "%s/openinfer-disk.data", dir);
+  int fd = open(path, O_RDWR);
+  REQUIRE(fd >= 0);
+  struct stat st;
+  REQUIRE(fstat(fd, &st) == 0);
+  uint8_t buf[4096];
+  for (off_t off = 0; off + 4096 <= st.st_size; off += 4096) {
+    if (pread(fd, buf, sizeof buf, off) != (ssize_t)sizeof buf) break;
+    uint64_t magic;
+    memcpy(&magic, buf, 8);
+    if (magic == OI_DISK_BLOCK_MAGIC) continue; /* a header: leave it */
+    buf[1234] ^= 0x5A;
+    REQUIRE(pwrite(fd, buf, sizeof buf, off) == (ssize_t)sizeof buf);
+  }
+  close(fd);
+  rig_open(&r, dir, 16384, "flip");
+  CHECK(query_load_check(&r, hs) == 0); /* the first block fails: the prefix ends there */
+  oi_host_disk_stats s = disk_stats(&r);
+  CHECK(s.checksum_failures >= 1 && s.promotions == 0);
+  CHECK(s.blocks < NB); /* a block caught is removed */
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
+static void test_bad_options(void) {
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 1 * MiB;
+  ho.flags = OI_HOST_NO_PIN;
+  oi_offload_host *h;
+  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT); /* no dirs */
+  CHECK(strstr(oi_last_error(), "directories") != NULL);
+  char *dir = dt_mkdtemp();
+  const char *dirs[1] = {dir};
+  d.dirs = dirs;
+  d.num_dirs = 1;
+  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT); /* no capacity */
+  REQUIRE(chmod(dir, 0777) == 0);
+  d.capacity_bytes = 8 * MiB;
+  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_PERMISSION); /* world-writable */
+  oi_host_disk_stats s = {.struct_size = sizeof s};
+  CHECK_ST(oi_offload_host_disk_stats(h, &s), OI_ERR_NOT_FOUND);
+  REQUIRE(chmod(dir, 0700) == 0);
+  CHECK_OK(oi_offload_host_attach_disk(h, &d));
+  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_STATE); /* one per host */
+  CHECK_OK(oi_offload_host_disk_stats(h, &s));
+  CHECK(s.capacity_bytes > 0 && s.blocks == 0);
+  CHECK_ST(oi_offload_host_attach_disk(NULL, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_offload_host_disk_stats(h, NULL), OI_ERR_INVALID_ARGUMENT);
+  oi_offload_host_destroy(h);
+  dt_rmtree(dir);
+}
+
+int main(void) {
+  RUN_TEST(test_round_trip_aligned_blocks);
+  RUN_TEST(test_round_trip_odd_blocks);
+  RUN_TEST(test_flipped_bytes_are_never_served);
+  RUN_TEST(test_bad_options);
+  TEST_EXIT();
+}

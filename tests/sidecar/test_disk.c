@@ -1,0 +1,121 @@
+/* `openinfer serve --disk DIR --disk-size SIZE`: blocks a client saved are
+ * written to disk behind the pool; a clean stop writes what was still
+ * queued; a server restarted on the same directory (a new epoch, an empty
+ * pool) answers a lookup with them (promoted back, waited for) and another
+ * session loads them byte-exact. Bad disk options are refused at start. */
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "sidecar_util.h"
+
+static test_server ts;
+
+static void test_disk_survives_a_restart(void) {
+  char disk[600];
+  snprintf(disk, sizeof disk, "%s/disk", ts.dir);
+  REQUIRE(mkdir(disk, 0700) == 0);
+  const char *extra[] = {"--disk", disk, "--disk-size", "32M", NULL};
+  REQUIRE(ts_start(&ts, extra));
+  CHECK(ts_log_contains(&ts, "disk tier attached"));
+  oi_arena_desc a[TL_ARENAS];
+  oi_engine_options o;
+  tl_options(&o, a, "disk-ns");
+  oi_offload_engine *e;
+  oi_imported_arena *arena;
+  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
+  REQUIRE(e && arena);
+  uint8_t *base = oi_imported_arena_ptr(arena);
+  enum { N = 8 };
+  int64_t ids[N];
+  oi_block_hash hs[N];
+  for (int i = 0; i < N; i++) {
+    ids[i] = i;
+    hs[i] = tl_hash(90, (uint64_t)i);
+    tl_fill(base, a, ids[i], (uint64_t)i);
+  }
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(e, ids, hs, N, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  CHECK_OK(oi_offload_engine_flush(e, 10000));
+  uint64_t epoch1;
+  oi_engine_stats es = {.struct_size = sizeof es};
+  CHECK_OK(oi_offload_engine_stats(e, &es));
+  epoch1 = es.server_epoch;
+  oi_imported_arena_close(arena);
+  oi_offload_engine_destroy(e);
+  CHECK(ts_stop(&ts)); /* clean: what is still queued is written first */
+
+  REQUIRE(ts_start(&ts, extra));
+  CHECK(ts_log_contains(&ts, "8 blocks from an earlier run"));
+  oi_lookup_options lo;
+  oi_lookup_options_init(&lo);
+  lo.namespace_id = "disk-ns";
+  oi_offload_client *c;
+  CHECK_OK(oi_offload_client_connect(ts.socket, &lo, &c));
+  /* The namespace is bound once an engine of it registers: a worker first. */
+  oi_arena_desc a2[TL_ARENAS];
+  oi_engine_options o2;
+  tl_options(&o2, a2, "disk-ns");
+  CHECK_OK(oi_offload_engine_connect(ts.socket, &o2, &e, &arena));
+  base = oi_imported_arena_ptr(arena);
+  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK(es.server_epoch != epoch1);
+  oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
+  CHECK_OK(oi_offload_client_query(c, NULL, hs, N, OI_QUERY_WAIT_PENDING, &q));
+  CHECK(q.hit_blocks == N);
+  int64_t dst[N];
+  for (int i = 0; i < N; i++)
+    dst[i] = 16 + i;
+  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, N, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  for (int i = 0; i < N; i++)
+    CHECK(tl_check(base, a2, dst[i], (uint64_t)i));
+  oi_offload_client_destroy(c);
+  oi_imported_arena_close(arena);
+  oi_offload_engine_destroy(e);
+  CHECK(ts_stop(&ts));
+}
+
+/* Exit status of `openinfer serve ARGS...` run to completion (a refusal
+ * exits at once). */
+static int serve_status(const char *const *args) {
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const char *argv[16] = {ts.exe, "serve", "--socket", ts.socket, "--pool", "8M", "--no-metrics"};
+    int n = 7;
+    for (int i = 0; args[i] && n < 15; i++)
+      argv[n++] = args[i];
+    argv[n] = NULL;
+    int devnull = open("/dev/null", O_WRONLY);
+    if (devnull >= 0) dup2(devnull, 2);
+    execv(ts.exe, (char *const *)argv);
+    _exit(127);
+  }
+  int status;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static void test_bad_disk_options(void) {
+  char open_dir[600];
+  snprintf(open_dir, sizeof open_dir, "%s/open", ts.dir);
+  REQUIRE(mkdir(open_dir, 0700) == 0);
+  REQUIRE(chmod(open_dir, 0777) == 0);
+  const char *no_size[] = {"--disk", open_dir, NULL};
+  CHECK(serve_status(no_size) == 2); /* usage */
+  const char *bad_size[] = {"--disk", open_dir, "--disk-size", "lots", NULL};
+  CHECK(serve_status(bad_size) == 2);
+  const char *world[] = {"--disk", open_dir, "--disk-size", "8M", NULL};
+  CHECK(serve_status(world) == 1); /* refused: others may write there */
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) TEST_SKIP("usage: test_disk OPENINFER_EXE");
+  ts_init(&ts, argv[1]);
+  RUN_TEST(test_disk_survives_a_restart);
+  RUN_TEST(test_bad_disk_options);
+  TEST_EXIT();
+}

@@ -110,8 +110,7 @@ static void spill_one(disk_tier *t, const oi_host_spill *s) {
   oi_status st = oi__disk_write(t->store, &key, src, s->bytes, spill_done, op);
   if (st == OI_OK) return; /* spill_done runs (perhaps already ran: a stored key) */
   in_flight_add(t, &t->spills_in_flight, -1);
-  if (st != OI_ERR_BUSY)
-    OI_LOG(OI_LOG_DEBUG, "disk", "spill not written: %s", oi_last_error());
+  if (st != OI_ERR_BUSY) OI_LOG(OI_LOG_DEBUG, "disk", "spill not written: %s", oi_last_error());
 skip:
   atomic_fetch_add(&t->spills_skipped, 1);
   if (op) oi__free(op->bounce);
@@ -195,7 +194,8 @@ static void promote_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) 
                      .bounce = op->bounce,
                      .t0 = oi__now_ns()};
   in_flight_add(t, &t->promotions_in_flight, 1);
-  oi_status st = oi__disk_read(t->store, &c->keys[i], dst, round_sector(c->bytes), promote_done, op);
+  oi_status st =
+      oi__disk_read(t->store, &c->keys[i], dst, round_sector(c->bytes), promote_done, op);
   if (st == OI_OK) {
     c->started++;
     return;
@@ -272,8 +272,10 @@ static void tier_destroy(void *ctx) {
     uint64_t end = oi__now_ns() + DRAIN_LIMIT_NS;
     while (pthread_tryjoin_np(t->spiller, NULL) != 0) {
       if (oi__now_ns() >= end) {
-        OI_LOG(OI_LOG_WARN, "disk", "shutdown: blocks still queued for the disk after %llu s: "
-               "not written", (unsigned long long)(DRAIN_LIMIT_NS / 1000000000ull));
+        OI_LOG(OI_LOG_WARN, "disk",
+               "shutdown: blocks still queued for the disk after %llu s: "
+               "not written",
+               (unsigned long long)(DRAIN_LIMIT_NS / 1000000000ull));
         atomic_store(&t->stop, true);
         pthread_mutex_lock(&t->lock);
         pthread_cond_broadcast(&t->cv);

@@ -737,6 +737,11 @@ _HOST_STATS = [
     "saves_submitted", "saves_completed", "saves_deduplicated", "saves_dropped", "saves_failed",
     "bytes_saved", "bytes_loaded", "loads_completed", "loads_failed", "query_hit_blocks",
     "query_miss_blocks", "leases_active", "leases_expired", "leases_released", "evictions"]
+_DISK_STATS = [
+    "blocks", "bytes_used", "capacity_bytes", "spills", "spills_failed", "spills_skipped",
+    "spill_overflow", "promotions", "promote_failed", "checksum_failures", "evictions",
+    "torn_records_cut", "replay_ns", "read_latency_sum_us"]
+
 _ENGINE_STATS = [
     "instance_id", "block_bytes", "num_blocks", "saves_submitted", "saves_completed",
     "saves_deduplicated", "saves_dropped", "saves_failed", "loads_completed", "loads_failed",
@@ -797,6 +802,39 @@ class OffloadHost(_Handle):
         with self._lock:
             _check(lib.oi_offload_host_stats(self._p(), s))
         return _stats_dict(s, _HOST_STATS)
+
+    def attach_disk(self, dirs, capacity_bytes, *, queue_depth=None):
+        """Attaches a disk tier under the pool (oi_offload_host_attach_disk):
+        `dirs` a directory or a list of them (each owned by this user, not
+        writable by others; one preallocated file per directory),
+        `capacity_bytes` in all. Sealed blocks are written behind; a query
+        past the pool's prefix promotes what the disk holds (pending, then
+        hits: query with wait_pending). An earlier run's blocks are hits
+        again. docs/disk.md."""
+        if isinstance(dirs, (str, bytes, os.PathLike)):
+            dirs = [dirs]
+        keep = [ffi.new("char[]", os.fsencode(d)) for d in dirs]
+        arr = ffi.new("const char *[]", keep)
+        o = ffi.new("oi_host_disk_options *")
+        _check(lib.oi_host_disk_options_init(o))
+        o.dirs = arr
+        o.num_dirs = len(keep)
+        o.capacity_bytes = capacity_bytes
+        if queue_depth is not None:
+            o.queue_depth = queue_depth
+        with self._lock:
+            _check(lib.oi_offload_host_attach_disk(self._p(), o))
+
+    def disk_stats(self):
+        """The disk tier's counters (oi_host_disk_stats) as a dict;
+        NotFoundError without a disk tier."""
+        s = ffi.new("oi_host_disk_stats *")
+        s.struct_size = ffi.sizeof("oi_host_disk_stats")
+        with self._lock:
+            _check(lib.oi_offload_host_disk_stats(self._p(), s))
+        out = _stats_dict(s, _DISK_STATS)
+        out["read_latency_us"] = list(s.read_latency_us)
+        return out
 
     def evict_all(self):
         n = ffi.new("uint64_t *")

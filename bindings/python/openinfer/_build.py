@@ -185,6 +185,37 @@ void oi_offload_host_destroy(oi_offload_host *h);
 oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *out);
 oi_status oi_offload_host_evict_all(oi_offload_host *h, uint64_t *evicted_blocks);
 
+typedef struct oi_host_disk_options {
+  uint32_t struct_size;
+  uint32_t num_dirs;
+  const char *const *dirs;
+  uint64_t capacity_bytes;
+  uint32_t queue_depth;
+  uint32_t reserved;
+} oi_host_disk_options;
+typedef struct oi_host_disk_stats {
+  uint32_t struct_size;
+  uint32_t latency_buckets;
+  uint64_t blocks;
+  uint64_t bytes_used;
+  uint64_t capacity_bytes;
+  uint64_t spills;
+  uint64_t spills_failed;
+  uint64_t spills_skipped;
+  uint64_t spill_overflow;
+  uint64_t promotions;
+  uint64_t promote_failed;
+  uint64_t checksum_failures;
+  uint64_t evictions;
+  uint64_t torn_records_cut;
+  uint64_t replay_ns;
+  uint64_t read_latency_us[28];
+  uint64_t read_latency_sum_us;
+} oi_host_disk_stats;
+oi_status oi_host_disk_options_init(oi_host_disk_options *o);
+oi_status oi_offload_host_attach_disk(oi_offload_host *h, const oi_host_disk_options *o);
+oi_status oi_offload_host_disk_stats(const oi_offload_host *h, oi_host_disk_stats *out);
+
 /* engine.h */
 typedef struct oi_offload_engine oi_offload_engine;
 typedef struct oi_arena_desc {

@@ -418,6 +418,25 @@ pub struct HostStats {
 
 /// The host tier: a pool of host memory shared by this process's engines.
 /// Thread-safe (`Send + Sync`). Engines borrow it, so it outlives them.
+/// The disk tier's counters (`oi_host_disk_stats`; the read latency
+/// histogram stays in the raw struct).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    pub blocks: u64,
+    pub bytes_used: u64,
+    pub capacity_bytes: u64,
+    pub spills: u64,
+    pub spills_failed: u64,
+    pub spills_skipped: u64,
+    pub spill_overflow: u64,
+    pub promotions: u64,
+    pub promote_failed: u64,
+    pub checksum_failures: u64,
+    pub evictions: u64,
+    pub torn_records_cut: u64,
+    pub replay_ns: u64,
+}
+
 pub struct OffloadHost {
     raw: NonNull<sys::oi_offload_host>,
 }
@@ -453,6 +472,45 @@ impl OffloadHost {
             leases_expired: s.leases_expired,
             leases_released: s.leases_released,
             evictions: s.evictions,
+        })
+    }
+
+    /// Attaches a disk tier under the pool (`oi_offload_host_attach_disk`):
+    /// one preallocated file per directory (each owned by this user, not
+    /// writable by others), `capacity_bytes` in all. Sealed blocks are
+    /// written behind; a query past the pool's prefix promotes what the disk
+    /// holds (pending, then hits with `QueryOptions::wait_pending`); an
+    /// earlier run's blocks are hits again (docs/disk.md).
+    pub fn attach_disk(&self, dirs: &[&str], capacity_bytes: u64) -> Result<()> {
+        let owned: Vec<CString> = dirs.iter().map(|d| cstring(d)).collect::<Result<_>>()?;
+        let ptrs: Vec<*const c_char> = owned.iter().map(|c| c.as_ptr()).collect();
+        let mut o: sys::oi_host_disk_options = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::oi_host_disk_options_init(&mut o) })?;
+        o.dirs = if ptrs.is_empty() { std::ptr::null() } else { ptrs.as_ptr() };
+        o.num_dirs = ptrs.len() as u32;
+        o.capacity_bytes = capacity_bytes;
+        check(unsafe { sys::oi_offload_host_attach_disk(self.raw.as_ptr(), &o) }).map(|_| ())
+    }
+
+    /// The disk tier's counters (`oi_host_disk_stats`); `NotFound` without one.
+    pub fn disk_stats(&self) -> Result<DiskStats> {
+        let mut s: sys::oi_host_disk_stats = unsafe { std::mem::zeroed() };
+        s.struct_size = std::mem::size_of::<sys::oi_host_disk_stats>() as u32;
+        check(unsafe { sys::oi_offload_host_disk_stats(self.raw.as_ptr(), &mut s) })?;
+        Ok(DiskStats {
+            blocks: s.blocks,
+            bytes_used: s.bytes_used,
+            capacity_bytes: s.capacity_bytes,
+            spills: s.spills,
+            spills_failed: s.spills_failed,
+            spills_skipped: s.spills_skipped,
+            spill_overflow: s.spill_overflow,
+            promotions: s.promotions,
+            promote_failed: s.promote_failed,
+            checksum_failures: s.checksum_failures,
+            evictions: s.evictions,
+            torn_records_cut: s.torn_records_cut,
+            replay_ns: s.replay_ns,
         })
     }
 

@@ -121,7 +121,7 @@ static void test_reads_hold_their_blocks(void) {
   dt_wait w;
   dt_wait_init(&w);
   CHECK_OK(oi__disk_write(d, &k4, p4, 4096, dt_cb, &w));
-  CHECK(!dt_wait_finished(&r)); /* (the read was still in flight) */
+  CHECK(!dt_wait_finished(&r));                          /* (the read was still in flight) */
   CHECK(dt_has(d, 0) && !dt_has(d, 1) && !dt_has(d, 4)); /* 4: being written */
   CHECK_OK(dt_wait_done(&r));
   CHECK(dt_check(buf, 0, 4096));

@@ -147,6 +147,27 @@ static void print_json(const char *socket, const oi_server_stats *r, const oi_ho
   json_array("load_latency_us", h->load_latency_us, h->latency_buckets);
   printf(",\n    \"load_latency_sum_us\": %llu\n  },\n",
          (unsigned long long)h->load_latency_sum_us);
+  if (r->disk_attached) {
+    const oi_host_disk_stats *d = &r->disk;
+    printf("  \"disk\": {\n");
+    J("blocks", d->blocks);
+    J("bytes_used", d->bytes_used);
+    J("capacity_bytes", d->capacity_bytes);
+    J("spills", d->spills);
+    J("spills_failed", d->spills_failed);
+    J("spills_skipped", d->spills_skipped);
+    J("spill_overflow", d->spill_overflow);
+    J("promotions", d->promotions);
+    J("promote_failed", d->promote_failed);
+    J("checksum_failures", d->checksum_failures);
+    J("evictions", d->evictions);
+    J("torn_records_cut", d->torn_records_cut);
+    J("replay_ns", d->replay_ns);
+    printf("    ");
+    json_array("read_latency_us", d->read_latency_us, d->latency_buckets);
+    printf(",\n    \"read_latency_sum_us\": %llu\n  },\n",
+           (unsigned long long)d->read_latency_sum_us);
+  }
   printf("  \"namespaces\": [");
   for (size_t i = 0; i < n_ns; i++) {
     printf("%s\n    {\"name\": ", i ? "," : "");
@@ -199,6 +220,21 @@ static void print_summary(const char *socket, const oi_server_stats *r, const oi
          (unsigned long long)h->leases_expired, (unsigned long long)h->evictions);
   print_latency("save latency:", h->save_latency_us, h->latency_buckets, h->save_latency_sum_us);
   print_latency("load latency:", h->load_latency_us, h->latency_buckets, h->load_latency_sum_us);
+  if (r->disk_attached) {
+    const oi_host_disk_stats *d = &r->disk;
+    human_bytes(b1, sizeof b1, d->capacity_bytes);
+    human_bytes(b2, sizeof b2, d->bytes_used);
+    printf("%-14s %s: %llu blocks (%s); %llu spilled, %llu failed, %llu skipped, %llu never "
+           "queued; %llu promoted, %llu failed reads, %llu checksum failures; %llu evicted\n",
+           "disk:", b1, (unsigned long long)d->blocks, b2, (unsigned long long)d->spills,
+           (unsigned long long)d->spills_failed, (unsigned long long)d->spills_skipped,
+           (unsigned long long)d->spill_overflow, (unsigned long long)d->promotions,
+           (unsigned long long)d->promote_failed, (unsigned long long)d->checksum_failures,
+           (unsigned long long)d->evictions);
+    print_latency("disk reads:", d->read_latency_us, d->latency_buckets, d->read_latency_sum_us);
+  } else {
+    printf("%-14s none\n", "disk:");
+  }
   printf("namespaces:    %u\n", (unsigned)h->namespaces);
   for (size_t i = 0; i < n_ns; i++) {
     human_bytes(b1, sizeof b1, ns[i].blocks_resident * ns[i].block_bytes);

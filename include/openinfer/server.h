@@ -110,6 +110,10 @@ typedef struct oi_server_stats {
   uint64_t arena_bytes;          /* device memory allocated for live instances */
   uint64_t instances_cleaned_up; /* freed because their session ended */
   char socket_path[108];         /* the socket asked (the default path for NULL) */
+  /* ---- appended (disk tier) ---- */
+  uint32_t disk_attached; /* 1: the server has a disk tier, `disk` holds its figures */
+  uint32_t reserved;
+  oi_host_disk_stats disk;
 } oi_server_stats;
 
 /* Asks the server listening on `socket_path` (NULL: the default path, as in

@@ -719,6 +719,30 @@ static void handle_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
   hs.struct_size = sizeof hs;
   oiwire_NamespaceStats *nss = NULL;
   oi_wire_out out = {0};
+  oi_host_disk_stats ds;
+  memset(&ds, 0, sizeof ds);
+  ds.struct_size = sizeof ds;
+  if (oi_offload_host_disk_stats(srv->host, &ds) == OI_OK) {
+    oiwire_DiskStats *w = &r->disk;
+    r->has_disk = true;
+    w->blocks = ds.blocks;
+    w->bytes_used = ds.bytes_used;
+    w->capacity_bytes = ds.capacity_bytes;
+    w->spills = ds.spills;
+    w->spills_failed = ds.spills_failed;
+    w->spills_skipped = ds.spills_skipped;
+    w->spill_overflow = ds.spill_overflow;
+    w->promotions = ds.promotions;
+    w->promote_failed = ds.promote_failed;
+    w->checksum_failures = ds.checksum_failures;
+    w->evictions = ds.evictions;
+    w->torn_records_cut = ds.torn_records_cut;
+    w->replay_ns = ds.replay_ns;
+    w->read_latency_us_count = OI_LATENCY_BUCKETS;
+    memcpy(w->read_latency_us, ds.read_latency_us, sizeof w->read_latency_us);
+    w->read_latency_sum_us = ds.read_latency_sum_us;
+  }
+  oi_clear_error();
   if (oi_offload_host_stats(srv->host, &hs) == OI_OK) {
     r->host_blocks_sealed = hs.blocks_sealed;
     r->host_capacity_bytes = hs.capacity_bytes;

@@ -152,6 +152,27 @@ OI_API oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout
     so.arena_bytes = r->arena_bytes;
     so.instances_cleaned_up = r->instances_cleaned_up;
     snprintf(so.socket_path, sizeof so.socket_path, "%s", socket_path);
+    if (r->has_disk) {
+      const oiwire_DiskStats *w = &r->disk;
+      so.disk_attached = 1;
+      so.disk.struct_size = sizeof so.disk;
+      so.disk.latency_buckets = OI_LATENCY_BUCKETS;
+      so.disk.blocks = w->blocks;
+      so.disk.bytes_used = w->bytes_used;
+      so.disk.capacity_bytes = w->capacity_bytes;
+      so.disk.spills = w->spills;
+      so.disk.spills_failed = w->spills_failed;
+      so.disk.spills_skipped = w->spills_skipped;
+      so.disk.spill_overflow = w->spill_overflow;
+      so.disk.promotions = w->promotions;
+      so.disk.promote_failed = w->promote_failed;
+      so.disk.checksum_failures = w->checksum_failures;
+      so.disk.evictions = w->evictions;
+      so.disk.torn_records_cut = w->torn_records_cut;
+      so.disk.replay_ns = w->replay_ns;
+      copy_buckets(so.disk.read_latency_us, w->read_latency_us, w->read_latency_us_count);
+      so.disk.read_latency_sum_us = w->read_latency_sum_us;
+    }
     oi__struct_out(out, &so, sizeof so, "server_stats_fetch");
     if (host) {
       oi_host_stats hs;

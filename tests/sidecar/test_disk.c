@@ -48,6 +48,16 @@ static void test_disk_survives_a_restart(void) {
 
   REQUIRE(ts_start(&ts, extra));
   CHECK(ts_log_contains(&ts, "8 blocks from an earlier run"));
+  /* `openinfer stats` shows the disk tier. */
+  char cmd[1400], out[8192];
+  snprintf(cmd, sizeof cmd, "'%s' stats --socket '%s' --json", ts.exe, ts.socket);
+  FILE *p = popen(cmd, "r");
+  REQUIRE(p);
+  size_t got = fread(out, 1, sizeof out - 1, p);
+  out[got] = 0;
+  CHECK(pclose(p) == 0);
+  CHECK(strstr(out, "\"disk\": {") != NULL);
+  CHECK(strstr(out, "\"blocks\": 8,") != NULL);
   oi_lookup_options lo;
   oi_lookup_options_init(&lo);
   lo.namespace_id = "disk-ns";

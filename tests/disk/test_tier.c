@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "core/fault.h"
 #include "disk_util.h"
 #include "openinfer/disk.h"
 #include "openinfer/engine.h"
@@ -248,10 +249,70 @@ static void test_bad_options(void) {
   dt_rmtree(dir);
 }
 
+/* Fault injection (a -Dfault_injection=true build; skipped otherwise):
+ * failed disk writes drop the spill and the pool keeps serving; failed and
+ * short disk reads are misses, never wrong bytes, and the prefix ends at the
+ * first failed block. */
+static void test_faults_degrade(void) {
+  if (!oi__fault_available()) {
+    fprintf(stderr, "  (no fault injection in this build: skipped)\n");
+    return;
+  }
+  char *dir = dt_mkdtemp();
+  rig r;
+  rig_open(&r, dir, 16384, "faults");
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE, 0, 0, 0) == OI_OK); /* every write: EIO */
+  oi_block_hash hs[NB];
+  int64_t ids[NB];
+  for (int b = 0; b < NB; b++) {
+    ids[b] = b;
+    hs[b] = hash_of(1000 + (uint64_t)b);
+    for (uint64_t i = 0; i < r.block; i++)
+      r.mem[(uint64_t)b * r.block + i] = pattern((uint64_t)b, i);
+  }
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, NB, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  double t0 = dt_now_s();
+  while (disk_stats(&r).spills_failed < NB && dt_now_s() - t0 < 10)
+    usleep(5000);
+  oi_host_disk_stats s = disk_stats(&r);
+  CHECK(s.spills_failed == NB && s.spills == 0 && s.blocks == 0);
+  oi__fault_disarm(OI_FAULT_DISK_WRITE);
+  /* The pool still holds them: hits, byte-exact. */
+  for (int b = 0; b < NB; b++)
+    hs[b] = hash_of(1000 + (uint64_t)b);
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, 0, &q));
+  CHECK(q.hit_blocks == NB);
+  CHECK_OK(oi_offload_engine_release(r.e, q.lease));
+  rig_close(&r);
+
+  /* Written for real now; then reads fail (EIO once, then a short read). */
+  rig_open(&r, dir, 16384, "faults2");
+  oi_block_hash hs2[NB];
+  save_and_spill(&r, hs2);
+  evict_pool(&r);
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ, 2, 1, 0) == OI_OK); /* the third read: EIO */
+  uint64_t hits = query_load_check(&r, hs2);
+  CHECK(hits < NB); /* the prefix ends at the failed block (reads end in any order) */
+  s = disk_stats(&r);
+  CHECK(s.promote_failed >= 1);
+  oi__fault_disarm(OI_FAULT_DISK_READ);
+  evict_pool(&r);
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_SHORT_READ, 0, 1, 0) == OI_OK); /* the first read */
+  CHECK(query_load_check(&r, hs2) == 0);
+  oi__fault_disarm(OI_FAULT_DISK_SHORT_READ);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
 int main(void) {
   RUN_TEST(test_round_trip_aligned_blocks);
   RUN_TEST(test_round_trip_odd_blocks);
   RUN_TEST(test_flipped_bytes_are_never_served);
   RUN_TEST(test_bad_options);
+  RUN_TEST(test_faults_degrade);
   TEST_EXIT();
 }

@@ -47,6 +47,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorTransferResults,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 logger = logging.getLogger("openinfer.vllm")
 
@@ -198,6 +199,18 @@ class _ReqState:
 
 class OpenInferConnector(KVConnectorBase_V1):
     """vLLM KV connector over libopeninfer's host tier (docs/vllm.md)."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    @property
+    def requires_kv_delivery(self):
+        return False  # a cache: a save that does not happen is a later miss
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        # wait_for_layer_load / save_kv_layer run between the layers: a full
+        # CUDA graph would skip them on replay
+        return True
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)

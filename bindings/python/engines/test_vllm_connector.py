@@ -393,3 +393,39 @@ def test_sidecar_restart_degrades_and_recovers(serve):
         check_loaded(eng, "e", meta)
     finally:
         eng.close()
+
+
+def test_options_and_layouts():
+    """kv_connector_extra_config is checked when the connector is made; the
+    worker's layout is one arena per layer of one dense page per block, also
+    when vLLM splits its blocks into smaller kernel blocks."""
+    from openinfer.vllm import OpenInferConnector, _Options, parse_size
+    assert parse_size("64M") == 64 << 20 and parse_size("1.5G") == 3 << 29 and parse_size(5) == 5
+    o = _Options.from_config({"pool_size": "2G", "load_async": "true", "copy_mode": "dma",
+                              "socket": "/x.sock"})
+    assert (o.pool_size, o.load_async, o.copy_mode, o.socket) == (2 << 30, True, 2, "/x.sock")
+    assert _Options.from_config({"mode": "embedded", "socket": "/x.sock"}).socket is None
+    for bad in ({"pool_sise": "1G"}, {"mode": "remote"}, {"mode": "sidecar"},
+                {"copy_mode": "fast"}):
+        with pytest.raises(ValueError):
+            _Options.from_config(bad)
+    with pytest.raises(ValueError):  # the connector refuses the typo too
+        OpenInferConnector(vllm_config({"pool_sise": "1G"}), KVConnectorRole.SCHEDULER,
+                           kv_cache_config())
+
+    kvc = kv_cache_config()
+    page = kvc.kv_cache_groups[0].kv_cache_spec.page_size_bytes
+    cfg = vllm_config({"pool_size": "16M", "namespace": "t/layout"})
+    with set_current_vllm_config(cfg):
+        for kernel_bs in (BS, BS // 2):
+            kv = allocate_kv_cache(kvc, torch.device("cpu"), KVCacheLayout.LBHNC, [kernel_bs])
+            assert next(iter(kv.values())).shape[0] == NUM_BLOCKS * BS // kernel_bs
+            c = OpenInferConnector(cfg, KVConnectorRole.WORKER, kvc)
+            c.register_kv_caches(kv)
+            lay = c.worker.layout
+            assert lay.num_blocks == NUM_BLOCKS and len(lay.regions) == LAYERS
+            assert {(r.chunk, r.block_stride, tuple(r.segments)) for r in lay.regions} == \
+                {(page, page, (0,))}
+            assert [r.ptr for r in lay.regions] == \
+                [kv[n].data_ptr() for n in LAYER_NAMES]
+            c.shutdown()

@@ -36,7 +36,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import torch
 
 import openinfer as oi
 from openinfer.kvworker import KVWorker
@@ -407,14 +406,14 @@ class OpenInferConnector(KVConnectorBase_V1):
         o = self._opts
         tensors = {}
         nb = self._num_blocks
-        kv_dim = "auto"
+        # vLLM >= 0.33: [blocks, heads, tokens, K||V] views, one dense page per
+        # block (no K/V dimension); older: [2, blocks, tokens, heads, dim]
+        pages = all(t.dim() == 4 for t in kv_caches.values())
+        kv_dim = None if pages else "auto"
         for name, t in kv_caches.items():
-            if nb and t.dim() >= 1 and t.shape[0] != nb and t.shape[0] % nb == 0 \
-                    and not (t.dim() == 5 and t.shape[0] == 2):
-                t = t.unflatten(0, (nb, -1))  # kernel blocks grouped into manager blocks
+            if pages and nb and t.shape[0] != nb and t.shape[0] % nb == 0:
+                t = t.unflatten(0, (nb, -1))  # kernel blocks grouped into vLLM's blocks
             tensors[name] = t
-        if all(t.dim() == 4 for t in tensors.values()):
-            kv_dim = None  # [blocks, heads, tokens, K||V]: one dense page per block
         kw = dict(world_size=1, instance_name="vllm-worker",
                   control_deadline_ms=o.control_deadline_ms, save_deadline_ms=o.save_deadline_ms,
                   load_deadline_ms=o.load_deadline_ms, copy_mode=o.copy_mode)

@@ -1086,8 +1086,10 @@ class SharedBuffer:
     def __del__(self):
         try:
             self.close()
-        except Exception:
-            pass
+        except Exception:  # a view outlives us: it keeps the mapping; the fd goes
+            fd, self._fd = getattr(self, "_fd", None), None
+            if fd is not None:
+                os.close(fd)
 
     def __repr__(self):
         return "SharedBuffer(%d bytes, fd=%r)" % (self.nbytes, self._fd)
@@ -1269,7 +1271,7 @@ class OffloadEngine(_Handle):
         self.device = device
         o = self._options(namespace, self.arenas, buffer, buffer_size, device, instance_name,
                           world_size, save_deadline_ms, load_deadline_ms, control_deadline_ms,
-                          copy_mode, segment_offsets, arena_fd)
+                          copy_mode, segment_offsets, arena_fd, sidecar=_connect is not None)
         out = ffi.new("oi_offload_engine **")
         try:
             if _connect is None:
@@ -1293,7 +1295,7 @@ class OffloadEngine(_Handle):
 
     def _options(self, namespace, arenas, buffer, buffer_size, device, instance_name, world_size,
                  save_deadline_ms, load_deadline_ms, control_deadline_ms, copy_mode,
-                 segment_offsets, arena_fd):
+                 segment_offsets, arena_fd, sidecar):
         keep = self._keep
         o = ffi.new("oi_engine_options *")
         _check(lib.oi_engine_options_init(o))
@@ -1330,7 +1332,7 @@ class OffloadEngine(_Handle):
             o.num_segment_offsets = nso
         if isinstance(buffer, SharedBuffer):
             keep.append(buffer)  # the engine keeps the mapping (and the memfd) alive
-            if arena_fd is None:
+            if arena_fd is None and sidecar:  # an embedded engine takes its memory only
                 arena_fd = buffer.fd
             buffer = buffer._map()
         if buffer is not None:

@@ -4,10 +4,11 @@
 arena_poll), every one checked on real bytes."""
 import array
 
-import numpy as np
 import pytest
 
 import openinfer as oi
+
+np = pytest.importorskip("numpy")  # python3-numpy (./dev deps)
 
 LAYERS = 3
 NUM_BLOCKS = 8

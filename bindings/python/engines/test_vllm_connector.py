@@ -203,13 +203,17 @@ class Engine:
         self.scheduler.update_from_output(so, out)
         return so, kvo
 
-    def run(self, max_steps=50):
+    def run(self, timeout=60):
+        """Steps until every request finished; a step that scheduled nothing
+        (an async load still moving) is followed by a short sleep."""
         outs = []
-        for _ in range(max_steps):
-            if not self.scheduler.has_unfinished_requests():
-                break
-            outs.append(self.step())
-        assert not self.scheduler.has_unfinished_requests()
+        deadline = time.time() + timeout
+        while self.scheduler.has_unfinished_requests():
+            assert time.time() < deadline, "requests still unfinished after %d s" % timeout
+            so, kvo = self.step()
+            outs.append((so, kvo))
+            if not so.total_num_scheduled_tokens:
+                time.sleep(0.002)
         return outs
 
     def expected_block(self, req_id, b_index, layer):

@@ -141,14 +141,29 @@ _hosts = {}
 _hosts_lock = threading.Lock()
 
 
-def _embedded_host(opts):
+def _host_device(vllm_config):
+    """The device the embedded pool is set up for: vLLM's CUDA device (the
+    pool is pinned for it), else the cpu."""
+    dc = getattr(vllm_config, "device_config", None)
+    if getattr(dc, "device_type", "cpu") != "cuda":
+        return oi.DEVICE_CPU
+    try:
+        import torch
+        return int(torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 -- no usable CUDA here: the library says why later
+        return 0
+
+
+def _embedded_host(opts, device):
     """The process's OffloadHost for these options (shared by the scheduler
-    and the worker connector of one process)."""
+    and the worker connector of one process). The first connector to ask
+    sets its device: vLLM registers the worker's KV caches before it makes
+    the scheduler, so that is the worker's device."""
     key = (opts.pool_size, opts.pin, opts.lease_ttl_ms)
     with _hosts_lock:
         h = _hosts.get(key)
         if h is None or h.closed:
-            kw = {}
+            kw = {"device": device}
             if opts.pin is not None:
                 kw["pin"] = opts.pin
             if opts.lease_ttl_ms is not None:
@@ -233,7 +248,7 @@ class OpenInferConnector(KVConnectorBase_V1):
                         "openinfer.vllm: embedded mode needs the scheduler and the worker in one "
                         "process (distributed_executor_backend 'uni'); with %r use the sidecar "
                         "(kv_connector_extra_config 'socket')" % backend)
-                self._host = _embedded_host(self._opts)
+                self._host = _embedded_host(self._opts, _host_device(vllm_config))
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
                 logger.warning("openinfer.vllm: kv_load_failure_policy is %r: a block the tier "
                                "fails to load fails its request; 'recompute' recomputes it",
@@ -418,7 +433,9 @@ class OpenInferConnector(KVConnectorBase_V1):
                   control_deadline_ms=o.control_deadline_ms, save_deadline_ms=o.save_deadline_ms,
                   load_deadline_ms=o.load_deadline_ms, copy_mode=o.copy_mode)
         if o.socket is None:
-            self._worker = KVWorker(tensors, self._namespace, host=_embedded_host(o),
+            dev = next(iter(tensors.values())).device
+            host = _embedded_host(o, oi.DEVICE_CPU if dev.type == "cpu" else (dev.index or 0))
+            self._worker = KVWorker(tensors, self._namespace, host=host,
                                     num_blocks=nb, kv_dim=kv_dim, **kw)
         else:
             buf = getattr(self, "_shared_buffer", None)

@@ -278,9 +278,15 @@ def _distributed():
     destroy_distributed_environment()
 
 
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
 @pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
-def test_prefix_saved_by_one_request_is_loaded_for_another(load_async):
-    eng = Engine({"pool_size": "64M", "namespace": "t/prefix-%s" % load_async}, load_async)
+def test_prefix_saved_by_one_request_is_loaded_for_another(load_async, mode, request):
+    ns = "t/prefix-%s-%s" % (mode, load_async)
+    if mode == "embedded":
+        eng = Engine({"pool_size": "64M", "namespace": ns}, load_async)
+    else:
+        serve = request.getfixturevalue("serve")
+        eng = Engine({"socket": serve.socket, "namespace": ns}, load_async, shared_kv=True)
     try:
         eng.add("a", PROMPT)
         eng.run()

@@ -235,7 +235,6 @@ class OpenInferConnector(KVConnectorBase_V1):
                                       "supported yet (one rank: TP = PP = 1)")
         self._block_size = vllm_config.cache_config.block_size
         self._namespace = self._opts.namespace or _default_namespace(vllm_config)
-        self._lock = threading.Lock()
         if role == KVConnectorRole.SCHEDULER:
             self._reqs = {}
             self._lookup = None
@@ -259,8 +258,6 @@ class OpenInferConnector(KVConnectorBase_V1):
             self._loads = {}  # req_id -> (ticket, block ids, is_async)
             self._failed_blocks = set()
             self._finished_recving = set()
-            self._failed_recving = set()
-            self._saving_reqs = set()
 
     # ================================================================ scheduler
 
@@ -271,7 +268,11 @@ class OpenInferConnector(KVConnectorBase_V1):
         if o.wait_pending_ms is not None:
             kw["wait_pending"] = o.wait_pending_ms / 1000.0
         if self._host is not None:
-            q = self._host.query(self._namespace, hashes, req_id, **kw)
+            try:
+                q = self._host.query(self._namespace, hashes, req_id, **kw)
+            except oi.Error as e:  # a lookup that fails is a miss
+                logger.warning("openinfer.vllm: lookup failed (%s): a miss", e)
+                return 0, None
         else:
             if self._lookup is None:
                 if time.monotonic() - self._lookup_failed_at < o.lookup_retry_s:
@@ -293,6 +294,9 @@ class OpenInferConnector(KVConnectorBase_V1):
                 self._lookup.close()
                 self._lookup = None
                 self._lookup_failed_at = time.monotonic()
+                return 0, None
+            except oi.Error as e:  # a deadline, a refusal: this lookup is a miss
+                logger.warning("openinfer.vllm: lookup failed (%s): a miss", e)
                 return 0, None
         if not q.hit_blocks:
             return 0, None
@@ -551,11 +555,12 @@ class OpenInferConnector(KVConnectorBase_V1):
         return None, (recving or None)
 
     def get_transfer_results(self, finished_req_ids):
+        # a failed async load is reported as received and its blocks through
+        # get_block_ids_with_load_errors (one KV cache group: block ids are
+        # unique), so vLLM keeps the valid prefix and recomputes the rest
         _, recving = self.get_finished(finished_req_ids)
-        failed, self._failed_recving = self._failed_recving, set()
         return KVConnectorTransferResults(finished_sending=set(),
-                                          finished_recving=set(recving or ()),
-                                          failed_recving=failed)
+                                          finished_recving=set(recving or ()))
 
     def get_block_ids_with_load_errors(self):
         out, self._failed_blocks = self._failed_blocks, set()

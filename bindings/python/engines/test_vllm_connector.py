@@ -423,6 +423,13 @@ def test_options_and_layouts():
         OpenInferConnector(vllm_config({"pool_sise": "1G"}), KVConnectorRole.SCHEDULER,
                            kv_cache_config())
 
+    from openinfer.vllm import _default_namespace
+    ns = _default_namespace(vllm_config({}))
+    assert ns.startswith("vllm/" + TINY) and ns.endswith("/bfloat16/kv-auto/bs16"), ns
+    long_cfg = vllm_config({})
+    long_cfg.model_config.model = "m" * 400
+    assert len(_default_namespace(long_cfg)) <= 255
+
     kvc = kv_cache_config()
     page = kvc.kv_cache_groups[0].kv_cache_spec.page_size_bytes
     cfg = vllm_config({"pool_size": "16M", "namespace": "t/layout"})

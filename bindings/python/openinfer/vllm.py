@@ -178,7 +178,12 @@ def _default_namespace(vllm_config):
     cc = vllm_config.cache_config
     dtype = str(getattr(mc, "dtype", "")).replace("torch.", "")
     kvd = getattr(cc, "cache_dtype", "auto")
-    return "vllm/%s/%s/kv-%s/bs%d" % (getattr(mc, "model", "model"), dtype, kvd, cc.block_size)
+    ns = "vllm/%s/%s/kv-%s/bs%d" % (getattr(mc, "model", "model"), dtype, kvd, cc.block_size)
+    if len(ns.encode()) > 255:  # the library's bound: keep the tail, name the whole by a digest
+        import hashlib
+        digest = hashlib.sha256(ns.encode()).hexdigest()[:16]
+        ns = "vllm/" + digest + "/" + ns.encode()[-200:].decode("utf-8", "ignore")
+    return ns
 
 
 def _keys(block_hashes):

@@ -173,3 +173,17 @@ def test_sidecar_engine_owned_degrades_and_recovers(serve):
 def test_sidecar_cpu_needs_a_shared_buffer(serve):
     with pytest.raises(oi.InvalidArgumentError):
         KVWorker(kv_halves(), "eng/kvworker/x", socket=serve.socket, num_blocks=BLOCKS)
+
+
+def test_a_step_naming_a_block_twice_saves_it_once():
+    kv = kv_pages()
+    with oi.OffloadHost(16 << 20) as host:
+        w = KVWorker(kv, "eng/kvworker/dup", host=host, num_blocks=BLOCKS, kv_dim=None)
+        fill(kv, [3], seed=1)
+        hs = hashes(2, 7000)
+        w.begin_step([3, 3], hs)  # the library refuses a block id twice in one call
+        for name in kv:
+            w.save_layer(name)
+        assert w.wait_saves(10) == []
+        assert w.query(hs[:1]).hit_blocks == 1
+        w.close()

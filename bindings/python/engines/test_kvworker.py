@@ -1,0 +1,189 @@
+"""openinfer.kvworker on CPU torch tensors: vLLM's per-layer layouts (the
+[2, num_blocks, block, heads, dim] K/V halves and vLLM 0.33's
+[num_blocks, heads, block, K||V] pages in one backing allocation), layerwise
+saves, per-layer load waits, embedded and against a real sidecar."""
+import time
+
+import pytest
+import torch
+
+import openinfer as oi
+from openinfer.kvworker import KVLayout, KVWorker, shared_kv_tensors
+
+LAYERS, BLOCKS, BS, HEADS, DIM = 4, 12, 16, 2, 32
+
+
+def kv_halves(dtype=torch.bfloat16):
+    return {"layer.%d" % i: torch.zeros((2, BLOCKS, BS, HEADS, DIM), dtype=dtype)
+            for i in range(LAYERS)}
+
+
+def kv_pages(dtype=torch.bfloat16):
+    """vLLM 0.33 (LBHNC): one backing allocation, layer l at l * layer_stride."""
+    raw = torch.zeros(LAYERS * BLOCKS * HEADS * BS * 2 * DIM, dtype=dtype)
+    v = raw.view(LAYERS, BLOCKS, HEADS, BS, 2 * DIM)
+    return {"layer.%d" % i: v[i] for i in range(LAYERS)}
+
+
+def hashes(n, start):
+    return oi.hash_blocks_buffer(list(range(start, start + BS * n)), BS)
+
+
+def fill(kv, ids, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t in kv.values():
+        for b in ids:
+            if t.shape[0] == 2 and t.dim() == 5:
+                t[:, b] = torch.randn(t[:, b].shape, generator=g).to(t.dtype)
+            else:
+                t[b] = torch.randn(t[b].shape, generator=g).to(t.dtype)
+
+
+def block(t, b):
+    return (t[:, b] if t.dim() == 5 and t.shape[0] == 2 else t[b]).clone()
+
+
+def test_layouts():
+    lay = KVLayout.from_tensors(kv_halves(), num_blocks=BLOCKS)
+    assert len(lay.regions) == LAYERS
+    r = lay.regions[0]
+    chunk = BS * HEADS * DIM * 2
+    assert (r.chunk, r.block_stride, r.segments) == (chunk, chunk, [0, BLOCKS * chunk])
+    arenas, offsets = lay.arenas()
+    assert [a.segments for a in arenas] == [2] * LAYERS and offsets == [0, BLOCKS * chunk] * LAYERS
+    assert lay.block_bytes == LAYERS * 2 * chunk
+    lay = KVLayout.from_tensors(kv_pages(), num_blocks=BLOCKS, kv_dim=None)
+    r = lay.regions[1]
+    page = HEADS * BS * 2 * DIM * 2
+    assert (r.chunk, r.block_stride, r.segments) == (page, page, [0])
+    # a shared layer (vLLM's KV sharing) is registered once
+    kv = kv_halves()
+    kv["layer.shared"] = kv["layer.1"]
+    lay = KVLayout.from_tensors(kv, num_blocks=BLOCKS)
+    assert len(lay.regions) == LAYERS and lay.arena_of["layer.shared"] == 1
+    # HND pages permuted to NHD logically: still one dense page per block
+    raw = torch.zeros(BLOCKS, HEADS, BS, DIM)
+    lay = KVLayout.from_tensors({"x": raw.permute(0, 2, 1, 3)}, num_blocks=BLOCKS, kv_dim=None)
+    assert lay.regions[0].chunk == HEADS * BS * DIM * 4
+    with pytest.raises(oi.InvalidArgumentError):  # every other token: not a dense block
+        KVLayout.from_tensors({"x": torch.zeros(BLOCKS, 2 * BS, DIM)[:, ::2]},
+                              num_blocks=BLOCKS, kv_dim=None)
+    with pytest.raises(oi.InvalidArgumentError):
+        KVLayout.from_tensors({"x": torch.zeros(3, 5, 7)}, num_blocks=BLOCKS)
+
+
+@pytest.mark.parametrize("make", [kv_halves, kv_pages])
+def test_layerwise_save_and_per_layer_load_embedded(make):
+    kv = make()
+    kv_dim = None if make is kv_pages else "auto"
+    with oi.OffloadHost(32 << 20) as host:
+        w = KVWorker(kv, "eng/kvworker/" + make.__name__, host=host, num_blocks=BLOCKS,
+                     kv_dim=kv_dim)
+        fill(kv, [1, 2, 3], seed=7)
+        want = {n: [block(t, b) for b in (1, 2, 3)] for n, t in kv.items()}
+        hs = hashes(3, 1000)
+        w.begin_step([1, 2, 3], hs)
+        for i, name in enumerate(kv):
+            assert w.save_layer(name) is not None
+            assert w.save_layer(name) is None  # once per step
+            if i < LAYERS - 1:  # not sealed before its last layer
+                assert w.query(hs).hit_blocks == 0
+        assert w.finish_step() == []  # every layer was saved
+        assert w.wait_saves(10) == []
+        q = w.query(hs)
+        assert q.hit_blocks == 3
+        for t in kv.values():
+            t.zero_()
+        t = w.load(q.lease, [9, 5, 7])
+        for name in kv:
+            w.wait_layer(t, name, 10)
+            for j, dst in enumerate((9, 5, 7)):
+                assert torch.equal(block(kv[name], dst), want[name][j])
+        t.wait(10)
+        for name, tensor in kv.items():  # nothing else was written
+            for b in (0, 1, 2, 3, 4, 6, 8, 10, 11):
+                assert not block(tensor, b).any()
+        # a step whose layers were not saved one by one: finish_step saves them all
+        fill(kv, [4], seed=9)
+        w.begin_step([4], hashes(1, 5000))
+        w.save_layer("layer.0")
+        assert len(w.finish_step()) == 1
+        assert w.wait_saves(10) == []
+        assert w.query(hashes(1, 5000)).hit_blocks == 1
+        w.close()
+
+
+def test_sidecar_engine_owned_degrades_and_recovers(serve):
+    shapes = [(2, BLOCKS, BS, HEADS, DIM)] * LAYERS
+    buf, tensors = shared_kv_tensors(shapes, torch.bfloat16)
+    kv = {"layer.%d" % i: t for i, t in enumerate(tensors)}
+    w = KVWorker(kv, "eng/kvworker/sidecar", socket=serve.socket, buffer=buf,
+                 num_blocks=BLOCKS)
+    assert w.stats()["connection"] == oi.CONNECTION_CONNECTED
+    fill(kv, [0, 1], seed=3)
+    want = {n: [block(t, b) for b in (0, 1)] for n, t in kv.items()}
+    hs = hashes(2, 100)
+    w.begin_step([0, 1], hs)
+    for name in kv:
+        w.save_layer(name)
+    assert w.wait_saves(30) == []
+    with oi.LookupClient(serve.socket, "eng/kvworker/sidecar") as look:
+        q = look.query(hs)
+        assert q.hit_blocks == 2
+        for t in kv.values():
+            t.zero_()
+        t = w.load(q.lease, [10, 11])
+        for name in kv:
+            w.wait_layer(t, name, 30)
+            assert torch.equal(block(kv[name], 10), want[name][0])
+            assert torch.equal(block(kv[name], 11), want[name][1])
+    epoch = w.stats()["server_epoch"]
+    assert serve.stop() == 0
+    deadline = time.time() + 20
+    while w.stats()["connection"] != oi.CONNECTION_DEGRADED:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    assert w.query(hs).hit_blocks == 0  # a miss, not an error
+    w.begin_step([2], hashes(1, 200))
+    for name in kv:
+        w.save_layer(name)  # dropped
+    assert w.wait_saves(10) == []
+    assert w.stats()["disconnected_saves"] >= 1
+    serve.start()
+    while w.stats()["connection"] != oi.CONNECTION_CONNECTED:
+        assert time.time() < deadline + 20
+        time.sleep(0.05)
+    st = w.stats()
+    assert st["reconnects"] == 1 and st["server_epoch"] != epoch
+    fill(kv, [0, 1], seed=3)  # the new server's pool is empty: save again, load again
+    w.begin_step([0, 1], hs)
+    for name in kv:
+        w.save_layer(name)
+    assert w.wait_saves(30) == []
+    q = w.query(hs)
+    assert q.hit_blocks == 2
+    w.load(q.lease, [4, 5]).wait(30)
+    for name in kv:
+        assert torch.equal(block(kv[name], 5), want[name][1])
+    w.close()
+    tensors.clear()
+    kv.clear()
+
+
+def test_sidecar_cpu_needs_a_shared_buffer(serve):
+    with pytest.raises(oi.InvalidArgumentError):
+        KVWorker(kv_halves(), "eng/kvworker/x", socket=serve.socket, num_blocks=BLOCKS)
+
+
+def test_a_step_naming_a_block_twice_saves_it_once():
+    kv = kv_pages()
+    with oi.OffloadHost(16 << 20) as host:
+        w = KVWorker(kv, "eng/kvworker/dup", host=host, num_blocks=BLOCKS, kv_dim=None)
+        fill(kv, [3], seed=1)
+        hs = hashes(2, 7000)
+        w.begin_step([3, 3], hs)  # the library refuses a block id twice in one call
+        for name in kv:
+            w.save_layer(name)
+        assert w.wait_saves(10) == []
+        assert w.query(hs[:1]).hit_blocks == 1
+        w.close()

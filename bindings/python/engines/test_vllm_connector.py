@@ -1,0 +1,448 @@
+"""openinfer.vllm against the real vLLM (the version pinned in
+requirements-vllm.txt), on the CPU.
+
+The scheduler side is vLLM's own v1 ``Scheduler`` (DeviceConfig("cpu"), the
+committed tiny model config, no weights, HF_HUB_OFFLINE=1) with the
+connector loaded by ``kv_connector_module_path``. The worker side is the same
+connector class in the worker role over KV tensors that vLLM's
+``allocate_kv_cache`` made, driven by vLLM's ``KVConnectorModelRunnerMixin``
+inside a forward context; a stand-in "model" writes each layer's KV for the
+scheduled tokens (a pattern of the token ids and positions, so equal
+prefixes have equal KV) between ``wait_for_layer_load`` and
+``save_kv_layer``, as vLLM's attention layers call them.
+
+Shown: a prefix saved by one request is loaded for another with the bytes
+equal (sync and async loads, embedded and sidecar); a failed load becomes
+recompute through vLLM's load-error path (``get_block_ids_with_load_errors``
+-> ``invalid_block_ids`` -> the scheduler rolls ``num_computed_tokens``
+back); a sidecar restart in engine-owned mode degrades (misses, dropped
+saves) and recovers (hits again)."""
+import gc
+import os
+import time
+
+import pytest
+import torch
+
+import openinfer as oi
+
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                         SchedulerConfig, VllmConfig, set_current_vllm_config)
+import vllm.distributed.kv_transfer.kv_transfer_state as kts
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.parallel_state import (destroy_distributed_environment,
+                                             destroy_model_parallel,
+                                             init_distributed_environment,
+                                             initialize_model_parallel)
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        KVCacheTensor)
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+from vllm.v1.worker.utils import allocate_kv_cache
+
+TINY = os.environ.get("OPENINFER_TINY_MODEL",
+                      os.path.join(os.path.dirname(__file__), "tiny-model"))
+BS = 16          # tokens per block
+NUM_BLOCKS = 64  # vLLM's KV blocks
+LAYERS = 4       # of the tiny model
+KV_HEADS, HEAD = 2, 16
+LAYER_NAMES = ["model.layers.%d.self_attn.attn" % i for i in range(LAYERS)]
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def vllm_config(extra, load_async=False, policy="recompute"):
+    extra = dict(extra, load_async=load_async)
+    model = ModelConfig(model=TINY, tokenizer=TINY, skip_tokenizer_init=True, dtype="bfloat16",
+                        max_model_len=1024, seed=0)
+    cfg = VllmConfig(
+        model_config=model,
+        cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
+        scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024,
+                                         max_model_len=1024, is_encoder_decoder=False),
+        device_config=DeviceConfig("cpu"),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="OpenInferConnector", kv_connector_module_path="openinfer.vllm",
+            kv_role="kv_both", kv_load_failure_policy=policy,
+            kv_connector_extra_config=extra),
+    )
+    cfg.cache_config.num_gpu_blocks = NUM_BLOCKS
+    return cfg
+
+
+def kv_cache_config():
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=KV_HEADS, head_size=HEAD,
+                             dtype=torch.bfloat16)
+    page = spec.page_size_bytes
+    return KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[KVCacheTensor(size=LAYERS * NUM_BLOCKS * page, layers=LAYER_NAMES,
+                                        layer_stride=NUM_BLOCKS * page, block_stride=page)],
+        kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, spec)],
+    )
+
+
+class Engine:
+    """vLLM's scheduler and one worker, each with its own OpenInferConnector
+    (the scheduler's made by vLLM itself), and a stand-in model."""
+
+    def __init__(self, extra, load_async=False, policy="recompute", shared_kv=False):
+        self.cfg = vllm_config(extra, load_async, policy)
+        self.kvc = kv_cache_config()
+        self._ctx = set_current_vllm_config(self.cfg)
+        self._ctx.__enter__()
+        hash_fn = get_hash_fn_by_name(self.cfg.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(BS, hash_fn)
+        self.scheduler = Scheduler(vllm_config=self.cfg, kv_cache_config=self.kvc,
+                                   structured_output_manager=StructuredOutputManager(self.cfg),
+                                   block_size=BS, log_stats=True)
+        assert type(self.scheduler.connector).__module__ == "openinfer.vllm"
+        # the worker's connector, as vLLM's worker makes it (the factory, by
+        # kv_connector_module_path), the process's KV transfer group
+        kts.ensure_kv_transfer_initialized(self.cfg, self.kvc)
+        self.worker = kts.get_kv_transfer_group()
+        assert type(self.worker).__name__ == "OpenInferConnector"
+        assert self.worker.role == KVConnectorRole.WORKER
+        if shared_kv:
+            from openinfer.kvworker import shared_kv_tensors
+            page = self.kvc.kv_cache_groups[0].kv_cache_spec.page_size_bytes
+            self.buffer, (raw,) = shared_kv_tensors([(LAYERS * NUM_BLOCKS * page,)], torch.int8)
+            from vllm.v1.kv_cache_interface import create_kv_cache_views
+            views = create_kv_cache_views(raw, self.kvc.kv_cache_groups[0].kv_cache_spec,
+                                          NUM_BLOCKS, KVCacheLayout.LBHNC,
+                                          self.kvc.kv_cache_tensors[0])
+            self.kv = dict(zip(LAYER_NAMES, views))
+            self.worker.set_shared_buffer(self.buffer)
+        else:
+            self.kv = allocate_kv_cache(self.kvc, torch.device("cpu"), KVCacheLayout.LBHNC)
+        self.worker.register_kv_caches(self.kv)
+        self.requests = {}
+        self.block_table = {}  # req id -> the block ids the worker knows
+        self.tokens = {}
+
+    # -- requests
+    def add(self, req_id, prompt, max_tokens=2):
+        r = Request(req_id, list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0),
+                    None, block_hasher=self.hasher)
+        self.requests[req_id] = r
+        self.tokens[req_id] = list(prompt)
+        self.scheduler.add_request(r)
+        return r
+
+    # -- the model
+    @staticmethod
+    def value(token, pos, layer):
+        """The KV this stand-in model writes for a token at a position."""
+        return ((token * 31 + pos * 7 + layer * 13) % 251) - 125
+
+    def write_layer(self, layer, sched_out):
+        t = self.kv[LAYER_NAMES[layer]]  # [blocks, heads, tokens, K||V]
+        for req_id, start, n in self._scheduled(sched_out):
+            blocks = self.block_table[req_id]
+            toks = self.tokens[req_id]
+            for pos in range(start, start + n):
+                b, off = blocks[pos // BS], pos % BS
+                t[b, :, off, :] = float(self.value(toks[pos], pos, layer))
+
+    def _scheduled(self, so):
+        out = []
+        for nr in so.scheduled_new_reqs:
+            self.block_table[nr.req_id] = list(nr.block_ids[0])
+            out.append((nr.req_id, nr.num_computed_tokens, so.num_scheduled_tokens[nr.req_id]))
+        cr = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cr.req_ids):
+            new = cr.new_block_ids[i]
+            if req_id in cr.resumed_req_ids:
+                self.block_table[req_id] = list(new[0])
+            elif new is not None:
+                self.block_table[req_id].extend(new[0])
+            out.append((req_id, cr.num_computed_tokens[i], so.num_scheduled_tokens[req_id]))
+        return out
+
+    def step(self):
+        """One engine step: schedule, run the worker side through vLLM's
+        mixin (layer by layer: wait for the layer's load, write, save),
+        feed the output back. Returns (scheduler output, connector output)."""
+        from vllm.forward_context import set_forward_context
+        so = self.scheduler.schedule()
+        conn = self.worker
+        with set_forward_context(None, self.cfg):
+            with KVConnectorModelRunnerMixin.maybe_get_kv_connector_output(so) as kvo:
+                if so.total_num_scheduled_tokens:
+                    self._scheduled(so)  # refresh the block table first
+                    for layer in range(LAYERS):
+                        conn.wait_for_layer_load(LAYER_NAMES[layer])
+                        self.write_layer(layer, so)
+                        conn.save_kv_layer(LAYER_NAMES[layer], self.kv[LAYER_NAMES[layer]],
+                                           None)
+        # a token for every request whose prompt is done
+        req_ids, tokens = [], []
+        for req_id, start, n in self._scheduled(so):
+            req_ids.append(req_id)
+            r = self.requests[req_id]
+            if start + n >= r.num_tokens:
+                tok = 3 + (sum(self.tokens[req_id]) % 500)
+                tokens.append([tok])
+                self.tokens[req_id].append(tok)
+            else:
+                tokens.append([])
+        out = ModelRunnerOutput(req_ids=req_ids,
+                                req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                sampled_token_ids=tokens, logprobs=None,
+                                prompt_logprobs_dict={}, pooler_output=[],
+                                kv_connector_output=kvo)
+        self.scheduler.update_from_output(so, out)
+        return so, kvo
+
+    def run(self, timeout=60):
+        """Steps until every request finished; a step that scheduled nothing
+        (an async load still moving) is followed by a short sleep."""
+        outs = []
+        deadline = time.time() + timeout
+        while self.scheduler.has_unfinished_requests():
+            assert time.time() < deadline, "requests still unfinished after %d s" % timeout
+            so, kvo = self.step()
+            outs.append((so, kvo))
+            if not so.total_num_scheduled_tokens:
+                time.sleep(0.002)
+        return outs
+
+    def expected_block(self, req_id, b_index, layer):
+        toks = self.tokens[req_id]
+        want = torch.empty(KV_HEADS, BS, 2 * HEAD, dtype=torch.bfloat16)
+        for off in range(BS):
+            pos = b_index * BS + off
+            want[:, off, :] = float(self.value(toks[pos], pos, layer))
+        return want
+
+    def close(self):
+        self.worker.shutdown()
+        self.scheduler.connector.shutdown()
+        kts._KV_CONNECTOR_AGENT = None  # the next test's engine makes its own
+        self._ctx.__exit__(None, None, None)
+        gc.collect()
+
+
+PROMPT = list(range(100, 100 + 5 * BS + 3))  # 5 full blocks and a tail
+
+
+def first_load(outs):
+    """The scheduler output and meta of the first step that loaded."""
+    for so, kvo in outs:
+        if so.kv_connector_metadata.loads:
+            return so, so.kv_connector_metadata
+    return None, None
+
+
+def check_loaded(eng, req_id, meta):
+    """The blocks a load named hold the KV of the prompt they stand for."""
+    (ld,) = [ld for ld in meta.loads if ld.req_id == req_id]
+    for i, b in enumerate(ld.block_ids):
+        for layer in range(LAYERS):
+            got = eng.kv[LAYER_NAMES[layer]][b]
+            assert torch.equal(got, eng.expected_block(req_id, i, layer)), (req_id, i, layer)
+    return ld
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _distributed():
+    """One rank over gloo, as a CPU worker has it (the KV transfer group
+    syncs its engine id over the TP group)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(vllm_config({})):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method="tcp://127.0.0.1:%d" % port)
+        initialize_model_parallel(1, 1)
+    yield
+    destroy_model_parallel()
+    destroy_distributed_environment()
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+def test_prefix_saved_by_one_request_is_loaded_for_another(load_async, mode, request):
+    ns = "t/prefix-%s-%s" % (mode, load_async)
+    if mode == "embedded":
+        eng = Engine({"pool_size": "64M", "namespace": ns}, load_async)
+    else:
+        serve = request.getfixturevalue("serve")
+        eng = Engine({"socket": serve.socket, "namespace": ns}, load_async, shared_kv=True)
+    try:
+        eng.add("a", PROMPT)
+        eng.run()
+        w = eng.worker.worker
+        st = w.stats()
+        assert st["saves_completed"] >= 5 and st["saves_failed"] == 0
+        # vLLM's own prefix cache would serve "b" from the GPU: empty it, so
+        # the blocks must come back from the host tier
+        assert eng.scheduler.reset_prefix_cache()
+        for t in eng.kv.values():
+            t.zero_()
+        eng.add("b", PROMPT[:5 * BS] + [7, 8, 9, 10])  # the same 5 blocks, another tail
+        outs = eng.run()
+        so, meta = first_load(outs)
+        assert meta is not None, "nothing was loaded"
+        ld = check_loaded(eng, "b", meta)
+        assert len(ld.block_ids) == 5 and ld.is_async == load_async
+        assert w.stats()["blocks_loaded"] == 5
+        # the request then computed only its tail
+        computed = [so.num_scheduled_tokens.get("b", 0) for so, _ in outs]
+        assert sum(computed) < len(PROMPT), computed
+        if load_async:
+            assert any(kvo and kvo.finished_recving == {"b"} for _, kvo in outs)
+        assert not any(kvo and kvo.invalid_block_ids for _, kvo in outs)
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+def test_a_failed_load_is_recomputed(load_async):
+    """The lease expires between the scheduler's query and the worker's load:
+    the load fails, the worker reports the blocks through
+    get_block_ids_with_load_errors, and vLLM recomputes them."""
+    eng = Engine({"pool_size": "64M", "namespace": "t/fail-%s" % load_async,
+                  "lease_ttl_ms": 1}, load_async)
+    try:
+        eng.add("a", PROMPT)
+        eng.run()
+        assert eng.scheduler.reset_prefix_cache()
+        for t in eng.kv.values():
+            t.zero_()
+        eng.add("b", PROMPT)
+        time.sleep(0.01)
+        outs = []
+        orig = eng.scheduler.connector.update_state_after_alloc
+
+        def slow(*a, **kw):  # the lease (1 ms) expires before the worker loads
+            orig(*a, **kw)
+            time.sleep(0.05)
+        eng.scheduler.connector.update_state_after_alloc = slow
+        outs = eng.run()
+        so, meta = first_load(outs)
+        assert meta is not None
+        (ld,) = meta.loads
+        failed = set().union(*[kvo.invalid_block_ids for _, kvo in outs if kvo])
+        assert failed == set(ld.block_ids)
+        # recomputed: every prompt token was scheduled after all, and the
+        # request's blocks (an async failure frees the load's blocks and
+        # allocates again) hold the right KV
+        computed = sum(so.num_scheduled_tokens.get("b", 0) for so, _ in outs)
+        assert computed >= len(PROMPT)
+        for i, b in enumerate(eng.block_table["b"][:len(ld.block_ids)]):
+            for layer in range(LAYERS):
+                assert torch.equal(eng.kv[LAYER_NAMES[layer]][b],
+                                   eng.expected_block("b", i, layer))
+        assert eng.worker.worker.stats()["loads_failed"] == 1
+    finally:
+        eng.close()
+
+
+def test_sidecar_restart_degrades_and_recovers(serve):
+    eng = Engine({"socket": serve.socket, "namespace": "t/sidecar"}, shared_kv=True)
+    try:
+        w = eng.worker.worker
+        assert w.stats()["connection"] == oi.CONNECTION_CONNECTED
+        eng.add("a", PROMPT)
+        eng.run()
+        assert eng.scheduler.reset_prefix_cache()
+        for t in eng.kv.values():
+            t.zero_()
+        eng.add("b", PROMPT)
+        so, meta = first_load(eng.run())
+        assert meta is not None
+        check_loaded(eng, "b", meta)
+
+        # the server goes away: the worker degrades, the scheduler misses
+        assert serve.stop() == 0
+        deadline = time.time() + 20
+        while w.stats()["connection"] != oi.CONNECTION_DEGRADED:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert eng.scheduler.reset_prefix_cache()
+        eng.add("c", PROMPT)
+        outs = eng.run()
+        assert first_load(outs)[1] is None  # recomputed, served nothing
+        assert w.stats()["disconnected_saves"] >= 1
+
+        # a server is back: the worker reconnects, the lookups find it again
+        serve.start()
+        while w.stats()["connection"] != oi.CONNECTION_CONNECTED:
+            assert time.time() < deadline + 20
+            time.sleep(0.05)
+        assert w.stats()["reconnects"] == 1
+        eng.scheduler.connector._opts.lookup_retry_s = 0
+        assert eng.scheduler.reset_prefix_cache()
+        eng.add("d", PROMPT)
+        eng.run()  # the new server's pool was empty: this saves again
+        assert eng.scheduler.reset_prefix_cache()
+        for t in eng.kv.values():
+            t.zero_()
+        eng.add("e", PROMPT)
+        so, meta = first_load(eng.run())
+        assert meta is not None
+        check_loaded(eng, "e", meta)
+    finally:
+        eng.close()
+
+
+def test_options_and_layouts():
+    """kv_connector_extra_config is checked when the connector is made; the
+    worker's layout is one arena per layer of one dense page per block, also
+    when vLLM splits its blocks into smaller kernel blocks."""
+    from openinfer.vllm import OpenInferConnector, _Options, parse_size
+    assert parse_size("64M") == 64 << 20 and parse_size("1.5G") == 3 << 29 and parse_size(5) == 5
+    o = _Options.from_config({"pool_size": "2G", "load_async": "true", "copy_mode": "dma",
+                              "socket": "/x.sock"})
+    assert (o.pool_size, o.load_async, o.copy_mode, o.socket) == (2 << 30, True, 2, "/x.sock")
+    assert _Options.from_config({"mode": "embedded", "socket": "/x.sock"}).socket is None
+    for bad in ({"pool_sise": "1G"}, {"mode": "remote"}, {"mode": "sidecar"},
+                {"copy_mode": "fast"}):
+        with pytest.raises(ValueError):
+            _Options.from_config(bad)
+    with pytest.raises(ValueError):  # the connector refuses the typo too
+        OpenInferConnector(vllm_config({"pool_sise": "1G"}), KVConnectorRole.SCHEDULER,
+                           kv_cache_config())
+
+    from openinfer.vllm import _default_namespace
+    ns = _default_namespace(vllm_config({}))
+    assert ns.startswith("vllm/" + TINY) and ns.endswith("/bfloat16/kv-auto/bs16"), ns
+    long_cfg = vllm_config({})
+    long_cfg.model_config.model = "m" * 400
+    assert len(_default_namespace(long_cfg)) <= 255
+
+    kvc = kv_cache_config()
+    page = kvc.kv_cache_groups[0].kv_cache_spec.page_size_bytes
+    cfg = vllm_config({"pool_size": "16M", "namespace": "t/layout"})
+    with set_current_vllm_config(cfg):
+        for kernel_bs in (BS, BS // 2):
+            kv = allocate_kv_cache(kvc, torch.device("cpu"), KVCacheLayout.LBHNC, [kernel_bs])
+            assert next(iter(kv.values())).shape[0] == NUM_BLOCKS * BS // kernel_bs
+            c = OpenInferConnector(cfg, KVConnectorRole.WORKER, kvc)
+            c.register_kv_caches(kv)
+            lay = c.worker.layout
+            assert lay.num_blocks == NUM_BLOCKS and len(lay.regions) == LAYERS
+            assert {(r.chunk, r.block_stride, tuple(r.segments)) for r in lay.regions} == \
+                {(page, page, (0,))}
+            assert [r.ptr for r in lay.regions] == \
+                [kv[n].data_ptr() for n in LAYER_NAMES]
+            c.shutdown()

@@ -1,0 +1,436 @@
+"""The byte-moving half of an engine connector, on torch tensors, without vLLM.
+
+A ``KVWorker`` registers an engine's paged KV tensors with libopeninfer (one
+arena per layer tensor), saves a layer's blocks as soon as that layer is
+written (a layerwise save, with a CUDA event per layer on a GPU), and loads
+leased blocks back arena by arena so that each layer can wait for its own
+bytes. ``openinfer.vllm`` drives it from vLLM's connector calls; anything
+else that holds ``{layer name: tensor}`` can drive it too (the GPU check
+``tests/gpu/python_vllm_layout.py`` does, on a machine without vLLM).
+
+Tensor layouts (``KVLayout.from_tensors``), per layer, in the tensor's
+logical shape, with any strides whose per-block part is dense:
+
+* ``[2, num_blocks, ...]`` (vLLM's flash-attention and CPU layout, K then V):
+  ONE arena with two segments, at byte offsets ``0`` and ``stride(0)`` from
+  the tensor's data pointer (``segment_offsets``), ``block_stride`` =
+  ``stride(1)`` bytes;
+* ``[num_blocks, 2, ...]`` (flashinfer): one arena, two segments at ``0``
+  and ``stride(1)``;
+* ``[num_blocks, ...]`` (MLA: no K/V split): one arena, one segment.
+
+Layers whose tensors are the same memory (vLLM's KV sharing) are registered
+once. Torch is imported lazily: only the calls that touch tensors need it.
+"""
+import threading
+
+import openinfer as oi
+
+__all__ = ["KVLayout", "KVWorker", "shared_kv_tensors"]
+
+
+def _address_of(shared):
+    """The address of a SharedBuffer's mapping."""
+    view = shared.view
+    c = oi.ffi.from_buffer(view)
+    try:
+        return int(oi.ffi.cast("uintptr_t", c))
+    finally:
+        oi.ffi.release(c)
+        view.release()
+
+
+def _torch():
+    import torch
+    return torch
+
+
+class _Region:
+    """One registered tensor: where it is and how its blocks lie."""
+
+    __slots__ = ("names", "ptr", "extent", "num_blocks", "block_stride", "chunk", "segments")
+
+    def __init__(self, name, ptr, extent, num_blocks, block_stride, chunk, segments):
+        self.names = [name]
+        self.ptr = ptr
+        self.extent = extent  # bytes from ptr to the end of the last byte of any block
+        self.num_blocks = num_blocks
+        self.block_stride = block_stride
+        self.chunk = chunk  # bytes of one segment of one block
+        self.segments = segments  # byte offsets of the segments from ptr
+
+
+def _dense_chunk(sizes_strides):
+    """Elements of the dense chunk that (size, stride) pairs span, or None
+    when they do not tile one contiguous run."""
+    expected = 1
+    for size, stride in sorted(sizes_strides, key=lambda p: (p[1], p[0])):
+        if size == 1:
+            continue
+        if stride != expected:
+            return None
+        expected *= size
+    return expected
+
+
+def _describe(name, t, num_blocks, kv_dim):
+    """A _Region for tensor t, whose block dimension holds num_blocks."""
+    shape, strides, es = tuple(t.shape), tuple(t.stride()), t.element_size()
+    if len(shape) < 2:
+        raise oi.InvalidArgumentError("layer %r: a KV tensor of shape %s has no block dimension"
+                                      % (name, list(shape)))
+    if kv_dim == "auto":
+        if num_blocks is None:
+            num_blocks = shape[1] if shape[0] == 2 else shape[0]
+        if shape[0] == 2 and shape[1] == num_blocks:
+            kv_dim, block_dim = 0, 1
+        elif shape[0] == num_blocks and shape[1] == 2 and len(shape) > 2:
+            kv_dim, block_dim = 1, 0
+        elif shape[0] == num_blocks:
+            kv_dim, block_dim = None, 0
+        else:
+            raise oi.InvalidArgumentError(
+                "layer %r: shape %s matches none of [2, %d, ...], [%d, 2, ...], [%d, ...]"
+                % (name, list(shape), num_blocks, num_blocks, num_blocks))
+    elif kv_dim is None:
+        block_dim = 0
+    else:
+        block_dim = 1 - kv_dim
+    if num_blocks is None:
+        num_blocks = shape[block_dim]
+    if shape[block_dim] != num_blocks:
+        raise oi.InvalidArgumentError("layer %r: %d blocks in dimension %d, expected %d"
+                                      % (name, shape[block_dim], block_dim, num_blocks))
+    rest = [(shape[d], strides[d]) for d in range(len(shape)) if d not in (kv_dim, block_dim)]
+    elems = _dense_chunk(rest)
+    if elems is None:
+        raise oi.InvalidArgumentError(
+            "layer %r: a block of shape %s with strides %s is not one contiguous run of bytes"
+            % (name, [s for s, _ in rest], [st for _, st in rest]))
+    chunk = elems * es
+    block_stride = strides[block_dim] * es
+    if kv_dim is None:
+        segments = [0]
+    else:
+        segments = [i * strides[kv_dim] * es for i in range(shape[kv_dim])]
+    extent = max(segments) + (num_blocks - 1) * block_stride + chunk
+    return _Region(name, int(t.data_ptr()), extent, num_blocks, block_stride, chunk, segments)
+
+
+class KVLayout:
+    """The arenas of an engine's KV tensors, in the order the layers were
+    given (layer i's arena is i, unless it shares another layer's memory).
+
+    ``regions``: one per distinct tensor; ``arena_of``: layer name -> arena
+    index; ``device``: -1 (cpu) or the CUDA device of the tensors;
+    ``num_blocks``; ``block_bytes``: bytes of one block in the host tier
+    (every arena's segments)."""
+
+    def __init__(self, regions, arena_of, device, num_blocks):
+        self.regions = regions
+        self.arena_of = arena_of
+        self.device = device
+        self.num_blocks = num_blocks
+
+    @classmethod
+    def from_tensors(cls, kv_caches, num_blocks=None, kv_dim="auto"):
+        """kv_caches: {layer name: tensor}, every tensor on one device with
+        the same number of blocks. kv_dim: "auto" (the shapes above), 0, 1 or
+        None (no K/V dimension: the block dimension is 0)."""
+        if not kv_caches:
+            raise oi.InvalidArgumentError("no KV tensors to register")
+        regions, arena_of, by_ptr = [], {}, {}
+        device = None
+        for name, t in kv_caches.items():
+            dev = -1 if t.device.type == "cpu" else (t.device.index or 0)
+            if t.device.type not in ("cpu", "cuda"):
+                raise oi.InvalidArgumentError("layer %r: tensors on %s are not supported"
+                                              % (name, t.device))
+            if device is None:
+                device = dev
+            elif dev != device:
+                raise oi.InvalidArgumentError("layer %r is on device %s, the others on %s"
+                                              % (name, dev, device))
+            r = _describe(name, t, num_blocks, kv_dim)
+            num_blocks = r.num_blocks
+            key = (r.ptr, r.block_stride, tuple(r.segments), r.chunk)
+            if key in by_ptr:  # the same memory as an earlier layer (KV sharing)
+                i = by_ptr[key]
+                regions[i].names.append(name)
+                arena_of[name] = i
+                continue
+            by_ptr[key] = len(regions)
+            arena_of[name] = len(regions)
+            regions.append(r)
+        return cls(regions, arena_of, device, num_blocks)
+
+    @property
+    def block_bytes(self):
+        return sum(r.chunk * len(r.segments) for r in self.regions)
+
+    def arenas(self, base=None):
+        """(arenas, segment_offsets): each arena at its tensor's address, or,
+        with `base` (an int address), at offset ptr - base from it."""
+        arenas, offsets = [], []
+        for i, r in enumerate(self.regions):
+            name = r.names[0]
+            if len(name.encode()) > 255:
+                name = "arena%d" % i
+            if base is None:
+                a = oi.Arena(name, r.num_blocks, r.chunk, block_stride=r.block_stride,
+                             segments=len(r.segments), base=r.ptr)
+            else:
+                if r.ptr < base:
+                    raise oi.InvalidArgumentError("layer %r lies before the buffer" % name)
+                a = oi.Arena(name, r.num_blocks, r.chunk, block_stride=r.block_stride,
+                             segments=len(r.segments), offset=r.ptr - base)
+            arenas.append(a)
+            offsets.extend(r.segments)
+        return arenas, offsets
+
+    def span(self):
+        """(lowest address, bytes up to the highest end) of every region."""
+        lo = min(r.ptr for r in self.regions)
+        hi = max(r.ptr + r.extent for r in self.regions)
+        return lo, hi - lo
+
+
+def shared_kv_tensors(shapes, dtype, *, name="openinfer-kv"):
+    """CPU KV tensors for an engine-owned sidecar engine: one SharedBuffer
+    (a sealed memfd, which the server maps) holding a tensor of each shape,
+    each aligned to 4 KiB. Returns (buffer, [tensors]); keep the buffer
+    alive as long as the tensors (KVWorker(..., buffer=buffer) does)."""
+    torch = _torch()
+    es = torch.empty((), dtype=dtype).element_size()
+    sizes = []
+    for s in shapes:
+        n = es
+        for d in s:
+            n *= d
+        sizes.append((n + 4095) & ~4095)
+    buf = oi.SharedBuffer(max(sum(sizes), 4096), name=name)
+    raw = torch.frombuffer(buf.view, dtype=torch.uint8)
+    out, off = [], 0
+    for s, n in zip(shapes, sizes):
+        nbytes = es
+        for d in s:
+            nbytes *= d
+        out.append(raw[off:off + nbytes].view(dtype).view(tuple(s)))
+        off += n
+    return buf, out
+
+
+class KVWorker:
+    """One rank's engine over its KV tensors.
+
+    Embedded: ``KVWorker(kv_caches, namespace, host=OffloadHost(...))``: the
+    arenas are the tensors themselves (any allocations).
+
+    Sidecar, engine-owned: ``KVWorker(kv_caches, namespace, socket=path,
+    buffer=...)``: the server maps this process's memory. cpu: ``buffer`` is
+    the SharedBuffer that holds every tensor (``shared_kv_tensors``); cuda:
+    ``buffer`` None, the tensors must lie in one ``cudaMalloc`` allocation
+    (the library checks it at connect). The engine degrades while the server
+    is away (queries miss, saves drop, loads fail) and reconnects.
+
+    Saves: ``save_layer(name, ids, hashes)`` once per layer after the layer's
+    KV is written (cuda: a CUDA event recorded on the current stream orders
+    the copy after the writes; a sidecar engine synchronizes the event
+    instead, the server cannot wait on it); ``wait_saves()`` at the end of a
+    step. Loads: ``load(lease, ids)`` then ``wait_layer(ticket, name)`` per
+    layer (embedded engines report arenas as they land; sidecar loads wait
+    for the whole load)."""
+
+    def __init__(self, kv_caches, namespace, *, host=None, socket=None, buffer=None,
+                 num_blocks=None, kv_dim="auto", world_size=1, instance_name=None,
+                 save_deadline_ms=None, load_deadline_ms=None, control_deadline_ms=None,
+                 copy_mode=None):
+        self.layout = KVLayout.from_tensors(kv_caches, num_blocks, kv_dim)
+        self.namespace = namespace
+        self.device = self.layout.device
+        self.sidecar = socket is not None
+        self._tensors = dict(kv_caches)  # keeps the memory alive as long as the engine
+        self._lock = threading.Lock()
+        self._saves = []  # (ticket, event) of saves not yet waited for
+        self._layers_saved = set()  # arenas saved since the last wait_saves
+        self._save_batch = None
+        kw = dict(world_size=world_size, instance_name=instance_name,
+                  save_deadline_ms=save_deadline_ms, load_deadline_ms=load_deadline_ms,
+                  control_deadline_ms=control_deadline_ms, copy_mode=copy_mode)
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if socket is None:
+            if host is None:
+                raise oi.InvalidArgumentError("KVWorker: give a host (embedded) or a socket")
+            arenas, offsets = self.layout.arenas()
+            self.engine = oi.OffloadEngine(host, namespace, arenas, device=self.device,
+                                           segment_offsets=offsets, **kw)
+        else:
+            if self.device < 0:
+                if not isinstance(buffer, oi.SharedBuffer):
+                    raise oi.InvalidArgumentError(
+                        "KVWorker: a sidecar engine on cpu needs its KV tensors in a "
+                        "SharedBuffer (openinfer.kvworker.shared_kv_tensors), given as buffer=")
+                base = _address_of(buffer)
+                lo, size = self.layout.span()
+                if lo < base or lo + size > base + buffer.nbytes:
+                    raise oi.InvalidArgumentError("KVWorker: the KV tensors are not inside "
+                                                  "the SharedBuffer given as buffer=")
+                arenas, offsets = self.layout.arenas(base)
+                self.engine, _ = oi.OffloadEngine.connect(socket, namespace, arenas,
+                                                          device=self.device, buffer=buffer,
+                                                          segment_offsets=offsets, **kw)
+            else:
+                lo, size = self.layout.span()
+                arenas, offsets = self.layout.arenas(lo)
+                self.engine, _ = oi.OffloadEngine.connect(socket, namespace, arenas,
+                                                          device=self.device, buffer=lo,
+                                                          buffer_size=size,
+                                                          segment_offsets=offsets, **kw)
+            self._buffer = buffer
+
+    # ---------------------------------------------------------------- layers
+
+    @property
+    def num_arenas(self):
+        return len(self.layout.regions)
+
+    def arena(self, layer_name):
+        """The arena index of a layer (None for a layer not registered)."""
+        return self.layout.arena_of.get(layer_name)
+
+    def _event(self):
+        """A CUDA event recorded on the current stream of our device (None on cpu)."""
+        if self.device < 0:
+            return None
+        torch = _torch()
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    # ---------------------------------------------------------------- saves
+
+    def begin_step(self, block_ids, hashes):
+        """The blocks this step's layers will save (ids and 16-byte hashes, as
+        for OffloadEngine.save). save_layer without ids uses them."""
+        ids = [int(b) for b in block_ids]
+        hs = hashes if isinstance(hashes, oi.BlockHashes) else \
+            oi.BlockHashes(b"".join(bytes(h) for h in hashes))
+        if len(ids) != len(hs):
+            raise oi.InvalidArgumentError("%d block ids but %d hashes" % (len(ids), len(hs)))
+        if len(set(ids)) != len(ids):  # one call may not name a block twice: keep the first
+            seen, keep = set(), []
+            for i, b in enumerate(ids):
+                if b not in seen:
+                    seen.add(b)
+                    keep.append(i)
+            ids = [ids[i] for i in keep]
+            hs = oi.BlockHashes(b"".join(hs[i] for i in keep))
+        self._save_batch = (ids, hs) if ids else None
+        self._layers_saved = set()
+
+    def save_layer(self, layer_name, block_ids=None, hashes=None):
+        """Saves arena(layer_name) of the blocks (default: begin_step's) as
+        soon as the work queued so far on the current stream is done. Returns
+        the Ticket, or None when there is nothing to save (no blocks, a layer
+        not registered, an arena already saved this step)."""
+        a = self.arena(layer_name)
+        if a is None:
+            return None
+        if block_ids is None:
+            if self._save_batch is None:
+                return None
+            block_ids, hashes = self._save_batch
+        if a in self._layers_saved or not len(block_ids):
+            return None
+        return self._save_arenas(a, 1, block_ids, hashes)
+
+    def _save_arenas(self, first, count, block_ids, hashes):
+        ev = self._event()
+        wait_event = None
+        if ev is not None:
+            if self.sidecar:
+                ev.synchronize()  # the server cannot wait on our event
+                ev = None
+            else:
+                wait_event = ev.cuda_event
+        t = self.engine.save(block_ids, hashes, wait_event=wait_event, arena_first=first,
+                             arena_count=count)
+        with self._lock:
+            self._saves.append((t, ev))
+            self._layers_saved.update(range(first, first + count))
+        return t
+
+    def finish_step(self):
+        """Saves the arenas of begin_step's blocks that no save_layer call
+        saved (a block seals only once every arena arrived), then forgets the
+        batch. Returns the tickets it made."""
+        out = []
+        if self._save_batch is not None:
+            ids, hs = self._save_batch
+            a = 0
+            while a < self.num_arenas:
+                if a in self._layers_saved:
+                    a += 1
+                    continue
+                b = a
+                while b < self.num_arenas and b not in self._layers_saved:
+                    b += 1
+                out.append(self._save_arenas(a, b - a, ids, hs))
+                a = b
+        self._save_batch = None
+        self._layers_saved = set()
+        return out
+
+    def wait_saves(self, timeout=None):
+        """Waits for every save made so far; returns the errors (a list of
+        openinfer.Error). A failed or dropped save is a cache miss later,
+        never wrong bytes."""
+        with self._lock:
+            saves, self._saves = self._saves, []
+        errors = []
+        for t, _ev in saves:
+            try:
+                t.wait(timeout)
+            except oi.Error as e:
+                errors.append(e)
+            finally:
+                t.close()
+        return errors
+
+    # ---------------------------------------------------------------- loads
+
+    def load(self, lease, block_ids):
+        """Loads the leased blocks into block_ids, arena by arena; returns the
+        Ticket (raises at once when the engine refuses: a degraded sidecar
+        engine raises ClosedError)."""
+        return self.engine.load(lease, block_ids, arena_events=True)
+
+    def wait_layer(self, ticket, layer_name, timeout=None):
+        """Waits until the layer's bytes of a load landed (the whole load for
+        a sidecar engine); raises the load's error."""
+        a = self.arena(layer_name)
+        if a is None:
+            return
+        ticket.arena_wait(a, timeout)
+
+    # ---------------------------------------------------------------- misc
+
+    def query(self, hashes, **kw):
+        return self.engine.query(hashes, **kw)
+
+    def stats(self):
+        return self.engine.stats()
+
+    def close(self):
+        try:
+            self.wait_saves()
+        except oi.ClosedError:
+            pass
+        self.engine.close()
+        self._tensors = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,591 @@
+"""vLLM's KV connector (v1) on libopeninfer: a host-memory tier for vLLM's
+paged KV cache. docs/vllm.md has the options and the failure behaviour.
+
+Enable it with::
+
+    KVTransferConfig(kv_connector="OpenInferConnector",
+                     kv_connector_module_path="openinfer.vllm",
+                     kv_role="kv_both", kv_load_failure_policy="recompute",
+                     kv_connector_extra_config={"socket": "/run/openinfer.sock"})
+
+The scheduler-side connector asks the tier how many of a request's next
+blocks it holds (by vLLM's own block hashes, ``request.block_hashes``,
+mapped with ``openinfer.block_keys``), takes a lease on them and tells the
+worker where to load them; it also tells the worker which newly computed
+full blocks to save. The worker-side connector registers vLLM's KV tensors
+(``openinfer.kvworker``), saves each layer's new blocks as soon as the layer
+is written and loads leased blocks layer by layer (or between steps, with
+``load_async``). A load that fails reports its blocks through
+``get_block_ids_with_load_errors`` (sync) or ``failed_recving`` (async): with
+``kv_load_failure_policy="recompute"`` vLLM recomputes them.
+
+Two modes:
+
+* ``embedded`` (no ``socket``): the pinned pool lives in this process (one
+  ``OffloadHost`` per process, shared by the scheduler and the worker
+  connector, which vLLM runs in one process with one GPU and the in-process
+  executor).
+* ``sidecar`` (``socket``): an ``openinfer serve`` owns the pool; the
+  scheduler looks up through a ``LookupClient`` (no layout, no memory), the
+  worker registers its own KV memory with the server (engine-owned); if the
+  server goes away the worker degrades (misses, dropped saves) and
+  reconnects, and the scheduler's lookups miss until the server is back.
+"""
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+import openinfer as oi
+from openinfer.kvworker import KVWorker
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+logger = logging.getLogger("openinfer.vllm")
+
+__all__ = ["OpenInferConnector", "OpenInferConnectorMetadata", "parse_size"]
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(v):
+    """Bytes from an int or a string such as "512M", "4G" (powers of 1024)."""
+    if isinstance(v, int):
+        return v
+    s = str(v).strip().upper().rstrip("B").rstrip("I")
+    num, unit = (s[:-1], s[-1]) if s and s[-1] in _SUFFIX else (s, "")
+    return int(float(num) * _SUFFIX[unit])
+
+
+_COPY_MODES = {"auto": 0, "kernel": 1, "dma": 2, "staged": 3}
+
+
+@dataclass
+class _Options:
+    socket: str = None
+    namespace: str = None
+    pool_size: int = 1 << 30
+    pin: bool = None
+    lease_ttl_ms: int = None
+    load_async: bool = False
+    wait_pending_ms: int = None
+    control_deadline_ms: int = None
+    save_deadline_ms: int = None
+    load_deadline_ms: int = None
+    copy_mode: int = None
+    lookup_retry_s: float = 1.0
+
+    @classmethod
+    def from_config(cls, extra):
+        extra = dict(extra or {})
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(extra) - known - {"mode"})
+        if unknown:
+            raise ValueError("openinfer.vllm: unknown kv_connector_extra_config keys %s "
+                             "(docs/vllm.md lists the options)" % unknown)
+        o = cls()
+        mode = extra.get("mode")
+        for k, v in extra.items():
+            if k == "mode":
+                continue
+            if k == "pool_size":
+                v = parse_size(v)
+            elif k == "copy_mode" and v is not None:
+                if str(v).lower() not in _COPY_MODES:
+                    raise ValueError("openinfer.vllm: copy_mode %r is not one of %s"
+                                     % (v, sorted(_COPY_MODES)))
+                v = _COPY_MODES[str(v).lower()]
+            elif k in ("load_async", "pin") and isinstance(v, str):
+                v = v.lower() in ("1", "true", "yes", "on")
+            setattr(o, k, v)
+        if mode not in (None, "embedded", "sidecar"):
+            raise ValueError("openinfer.vllm: mode %r is neither 'embedded' nor 'sidecar'" % mode)
+        if mode == "sidecar" and not o.socket:
+            raise ValueError("openinfer.vllm: mode 'sidecar' needs 'socket'")
+        if mode == "embedded":
+            o.socket = None
+        return o
+
+
+# ---------------------------------------------------------------------------- metadata
+
+
+@dataclass
+class _Load:
+    req_id: str
+    lease: bytes  # 16 raw bytes
+    block_ids: list
+    is_async: bool
+
+
+@dataclass
+class OpenInferConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler tells the workers for one step: the loads to start
+    and, per request, the full blocks computed this step to save."""
+    loads: list = field(default_factory=list)  # [_Load]
+    save_ids: list = field(default_factory=list)  # block ids
+    save_hashes: bytes = b""  # 16 bytes per block id
+    save_reqs: list = field(default_factory=list)  # request ids with saves this step
+
+
+# ---------------------------------------------------------------------------- embedded hosts
+
+_hosts = {}
+_hosts_lock = threading.Lock()
+
+
+def _host_device(vllm_config):
+    """The device the embedded pool is set up for: vLLM's CUDA device (the
+    pool is pinned for it), else the cpu."""
+    dc = getattr(vllm_config, "device_config", None)
+    if getattr(dc, "device_type", "cpu") != "cuda":
+        return oi.DEVICE_CPU
+    try:
+        import torch
+        return int(torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 -- no usable CUDA here: the library says why later
+        return 0
+
+
+def _embedded_host(opts, device):
+    """The process's OffloadHost for these options (shared by the scheduler
+    and the worker connector of one process). The first connector to ask
+    sets its device: vLLM registers the worker's KV caches before it makes
+    the scheduler, so that is the worker's device."""
+    key = (opts.pool_size, opts.pin, opts.lease_ttl_ms)
+    with _hosts_lock:
+        h = _hosts.get(key)
+        if h is None or h.closed:
+            kw = {"device": device}
+            if opts.pin is not None:
+                kw["pin"] = opts.pin
+            if opts.lease_ttl_ms is not None:
+                kw["lease_ttl_ms"] = opts.lease_ttl_ms
+            h = oi.OffloadHost(opts.pool_size, **kw)
+            _hosts[key] = h
+        return h
+
+
+def _default_namespace(vllm_config):
+    mc = vllm_config.model_config
+    cc = vllm_config.cache_config
+    dtype = str(getattr(mc, "dtype", "")).replace("torch.", "")
+    kvd = getattr(cc, "cache_dtype", "auto")
+    ns = "vllm/%s/%s/kv-%s/bs%d" % (getattr(mc, "model", "model"), dtype, kvd, cc.block_size)
+    if len(ns.encode()) > 255:  # the library's bound: keep the tail, name the whole by a digest
+        import hashlib
+        digest = hashlib.sha256(ns.encode()).hexdigest()[:16]
+        ns = "vllm/" + digest + "/" + ns.encode()[-200:].decode("utf-8", "ignore")
+    return ns
+
+
+def _keys(block_hashes):
+    """vLLM block hashes (bytes, or ints from older hashers) -> BlockHashes."""
+    keys = [h if isinstance(h, (bytes, bytearray)) else
+            int(h).to_bytes(8, "little", signed=True) for h in block_hashes]
+    if not keys:
+        return oi.BlockHashes(b"")
+    if all(len(k) == len(keys[0]) for k in keys):
+        return oi.BlockHashes(b"".join(oi.block_keys(keys)))
+    return oi.BlockHashes(b"".join(oi.block_key(k) for k in keys))
+
+
+class _ReqState:
+    __slots__ = ("request", "lease", "lease_owner", "start_block", "hit_blocks",
+                 "block_ids", "saved_upto", "pending_load", "loading")
+
+    def __init__(self, request):
+        self.request = request
+        self.lease = None  # raw 16 bytes of a lease not yet handed to a worker
+        self.lease_owner = None
+        self.start_block = 0
+        self.hit_blocks = 0
+        self.block_ids = []
+        self.saved_upto = 0
+        self.pending_load = None
+        self.loading = False
+
+
+# ---------------------------------------------------------------------------- the connector
+
+
+class OpenInferConnector(KVConnectorBase_V1):
+    """vLLM KV connector over libopeninfer's host tier (docs/vllm.md)."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    @property
+    def requires_kv_delivery(self):
+        return False  # a cache: a save that does not happen is a later miss
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        # wait_for_layer_load / save_kv_layer run between the layers: a full
+        # CUDA graph would skip them on replay
+        return True
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self._opts = _Options.from_config(self._kv_transfer_config.kv_connector_extra_config)
+        pc = vllm_config.parallel_config
+        if pc.tensor_parallel_size * pc.pipeline_parallel_size > 1:
+            raise NotImplementedError("openinfer.vllm: tensor or pipeline parallelism is not "
+                                      "supported yet (one rank: TP = PP = 1)")
+        self._block_size = vllm_config.cache_config.block_size
+        self._namespace = self._opts.namespace or _default_namespace(vllm_config)
+        if role == KVConnectorRole.SCHEDULER:
+            self._reqs = {}
+            self._lookup = None
+            self._lookup_failed_at = 0.0
+            self._host = None
+            if self._opts.socket is None:
+                backend = getattr(pc, "distributed_executor_backend", None)
+                if backend in ("mp", "ray"):
+                    raise ValueError(
+                        "openinfer.vllm: embedded mode needs the scheduler and the worker in one "
+                        "process (distributed_executor_backend 'uni'); with %r use the sidecar "
+                        "(kv_connector_extra_config 'socket')" % backend)
+                self._host = _embedded_host(self._opts, _host_device(vllm_config))
+            if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+                logger.warning("openinfer.vllm: kv_load_failure_policy is %r: a block the tier "
+                               "fails to load fails its request; 'recompute' recomputes it",
+                               self._kv_transfer_config.kv_load_failure_policy)
+        else:
+            self._worker = None
+            self._num_blocks = kv_cache_config.num_blocks if kv_cache_config else None
+            self._loads = {}  # req_id -> (ticket, block ids, is_async)
+            self._failed_blocks = set()
+            self._finished_recving = set()
+
+    # ================================================================ scheduler
+
+    def _lookup_query(self, hashes, req_id):
+        """A prefix query of the tier: (hit_blocks, raw lease or None)."""
+        o = self._opts
+        kw = {}
+        if o.wait_pending_ms is not None:
+            kw["wait_pending"] = o.wait_pending_ms / 1000.0
+        if self._host is not None:
+            try:
+                q = self._host.query(self._namespace, hashes, req_id, **kw)
+            except oi.Error as e:  # a lookup that fails is a miss
+                logger.warning("openinfer.vllm: lookup failed (%s): a miss", e)
+                return 0, None
+        else:
+            if self._lookup is None:
+                if time.monotonic() - self._lookup_failed_at < o.lookup_retry_s:
+                    return 0, None
+                try:
+                    self._lookup = oi.LookupClient(o.socket, self._namespace,
+                                                   control_deadline_ms=o.control_deadline_ms,
+                                                   client_name="vllm-scheduler")
+                except oi.Error as e:
+                    self._lookup_failed_at = time.monotonic()
+                    logger.warning("openinfer.vllm: no lookup session with %s (%s): misses "
+                                   "until it answers", o.socket, e)
+                    return 0, None
+            try:
+                q = self._lookup.query(hashes, req_id, **kw)
+            except oi.ClosedError as e:
+                logger.warning("openinfer.vllm: the openinfer server went away (%s): misses "
+                               "until it is back", e)
+                self._lookup.close()
+                self._lookup = None
+                self._lookup_failed_at = time.monotonic()
+                return 0, None
+            except oi.Error as e:  # a deadline, a refusal: this lookup is a miss
+                logger.warning("openinfer.vllm: lookup failed (%s): a miss", e)
+                return 0, None
+        if not q.hit_blocks:
+            return 0, None
+        return q.hit_blocks, q.lease.raw
+
+    def _release(self, st):
+        raw, st.lease = st.lease, None
+        if raw is None:
+            return
+        try:
+            if self._host is not None:
+                self._host.release(self._namespace, raw)
+            elif self._lookup is not None:
+                self._lookup.release(raw)
+        except oi.Error:
+            pass  # expired, or the server went away with it
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        bs = self._block_size
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            st = self._reqs[request.request_id] = _ReqState(request)
+        if st.loading:
+            return 0, False
+        self._release(st)
+        first = num_computed_tokens // bs
+        st.start_block = first
+        # at least one token is left for vLLM to compute
+        last = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
+        if last <= first:
+            return 0, False
+        hit, lease = self._lookup_query(_keys(request.block_hashes[first:last]),
+                                        request.request_id)
+        if not hit:
+            return 0, False
+        st.lease, st.start_block, st.hit_blocks = lease, first, hit
+        return hit * bs, self._opts.load_async
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            st = self._reqs[request.request_id] = _ReqState(request)
+        bs = self._block_size
+        ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
+        if ids:
+            st.block_ids = ids
+        if num_external_tokens == 0:
+            if not st.loading:
+                self._release(st)
+                st.saved_upto = max(st.saved_upto, st.start_block)
+            return
+        n = num_external_tokens // bs
+        if st.lease is None or n <= 0:
+            return
+        if n != st.hit_blocks:  # vLLM took fewer: lease exactly those
+            self._release(st)
+            hit, lease = self._lookup_query(
+                _keys(request.block_hashes[st.start_block:st.start_block + n]),
+                request.request_id)
+            if hit != n:
+                if lease is not None:
+                    st.lease = lease
+                    self._release(st)
+                # nothing to load: vLLM recomputes these through the load-error path
+                st.pending_load = _Load(request.request_id, b"", ids[st.start_block:
+                                                                      st.start_block + n],
+                                        self._opts.load_async)
+                st.loading = True
+                return
+            st.lease = lease
+        dst = ids[st.start_block:st.start_block + n]
+        st.pending_load = _Load(request.request_id, st.lease, dst, self._opts.load_async)
+        st.lease = None  # handed to the worker, which consumes it
+        st.loading = True
+        st.saved_upto = st.start_block + n
+
+    def build_connector_meta(self, scheduler_output):
+        meta = OpenInferConnectorMetadata()
+        for st in self._reqs.values():
+            if st.pending_load is not None:
+                meta.loads.append(st.pending_load)
+                st.pending_load = None
+        sched = scheduler_output.num_scheduled_tokens
+        done = []
+        for nr in scheduler_output.scheduled_new_reqs:
+            st = self._reqs.get(nr.req_id)
+            if st is None:
+                continue
+            st.block_ids = list(nr.block_ids[0])
+            done.append((st, nr.num_computed_tokens + sched.get(nr.req_id, 0)))
+        cr = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cr.req_ids):
+            st = self._reqs.get(req_id)
+            if st is None:
+                continue
+            new = cr.new_block_ids[i]
+            if req_id in cr.resumed_req_ids:
+                st.block_ids = list(new[0]) if new is not None else []
+            elif new is not None:
+                st.block_ids.extend(new[0])
+            done.append((st, cr.num_computed_tokens[i] + sched.get(req_id, 0)))
+        ids, keys = [], []
+        for st, computed in done:
+            st.loading = False
+            full = min(computed // self._block_size, len(st.request.block_hashes),
+                       len(st.block_ids))
+            if full > st.saved_upto:
+                ids.extend(st.block_ids[st.saved_upto:full])
+                keys.extend(st.request.block_hashes[st.saved_upto:full])
+                meta.save_reqs.append(st.request.request_id)
+                st.saved_upto = full
+        if ids:
+            meta.save_ids = ids
+            meta.save_hashes = _keys(keys).tobytes()
+        return meta
+
+    def request_finished(self, request, block_ids):
+        st = self._reqs.pop(request.request_id, None)
+        if st is not None:
+            self._release(st)
+        return False, None
+
+    # ================================================================ worker
+
+    def register_kv_caches(self, kv_caches):
+        o = self._opts
+        tensors = {}
+        nb = self._num_blocks
+        # vLLM >= 0.33: [blocks, heads, tokens, K||V] views, one dense page per
+        # block (no K/V dimension); older: [2, blocks, tokens, heads, dim]
+        pages = all(t.dim() == 4 for t in kv_caches.values())
+        kv_dim = None if pages else "auto"
+        for name, t in kv_caches.items():
+            if pages and nb and t.shape[0] != nb and t.shape[0] % nb == 0:
+                t = t.unflatten(0, (nb, -1))  # kernel blocks grouped into vLLM's blocks
+            tensors[name] = t
+        kw = dict(world_size=1, instance_name="vllm-worker",
+                  control_deadline_ms=o.control_deadline_ms, save_deadline_ms=o.save_deadline_ms,
+                  load_deadline_ms=o.load_deadline_ms, copy_mode=o.copy_mode)
+        if o.socket is None:
+            dev = next(iter(tensors.values())).device
+            host = _embedded_host(o, oi.DEVICE_CPU if dev.type == "cpu" else (dev.index or 0))
+            self._worker = KVWorker(tensors, self._namespace, host=host,
+                                    num_blocks=nb, kv_dim=kv_dim, **kw)
+        else:
+            buf = getattr(self, "_shared_buffer", None)
+            self._worker = KVWorker(tensors, self._namespace, socket=o.socket, buffer=buf,
+                                    num_blocks=nb, kv_dim=kv_dim, **kw)
+        logger.info("openinfer.vllm: registered %d layers (%d arenas, %d blocks of %d bytes) "
+                    "in namespace %r (%s)", len(kv_caches), self._worker.num_arenas,
+                    self._worker.layout.num_blocks, self._worker.layout.block_bytes,
+                    self._namespace, "sidecar " + o.socket if o.socket else "embedded")
+
+    def set_shared_buffer(self, buffer):
+        """Sidecar on cpu: the SharedBuffer that holds vLLM's KV tensors (the
+        server maps it). Call before register_kv_caches."""
+        self._shared_buffer = buffer
+
+    @property
+    def worker(self):
+        """The KVWorker (None before register_kv_caches)."""
+        return self._worker
+
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        w = self._worker
+        if w is not None and isinstance(connector_metadata, OpenInferConnectorMetadata):
+            # the blocks each layer saves once it is written (save_kv_layer)
+            w.begin_step(connector_metadata.save_ids,
+                         oi.BlockHashes(connector_metadata.save_hashes))
+
+    def _fail_load(self, req_id, block_ids, is_async, err):
+        logger.warning("openinfer.vllm: loading %d blocks of %s failed (%s): vLLM recomputes "
+                       "them", len(block_ids), req_id, err)
+        self._failed_blocks.update(block_ids)
+        if is_async:  # reported as received, its blocks as failed: vLLM recomputes them
+            self._finished_recving.add(req_id)
+
+    def start_load_kv(self, forward_context, **kwargs):
+        meta = self._get_connector_metadata()
+        w = self._worker
+        for ld in meta.loads:
+            if w is None or not ld.lease:
+                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "no lease")
+                continue
+            try:
+                t = w.load(ld.lease, ld.block_ids)
+            except oi.Error as e:
+                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, e)
+                continue
+            self._loads[ld.req_id] = (t, ld.block_ids, ld.is_async)
+
+    def wait_for_layer_load(self, layer_name):
+        w = self._worker
+        if w is None:
+            return
+        for req_id, (t, ids, is_async) in list(self._loads.items()):
+            if is_async:
+                continue
+            try:
+                w.wait_layer(t, layer_name)
+            except oi.Error as e:
+                del self._loads[req_id]
+                t.close()
+                self._fail_load(req_id, ids, False, e)
+
+    def _finish_sync_loads(self):
+        for req_id, (t, ids, is_async) in list(self._loads.items()):
+            if is_async:
+                continue
+            del self._loads[req_id]
+            try:
+                t.wait()
+            except oi.Error as e:
+                self._fail_load(req_id, ids, False, e)
+            finally:
+                t.close()
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        w = self._worker
+        if w is None or not self.has_connector_metadata():
+            return
+        try:
+            w.save_layer(layer_name)
+        except oi.Error as e:  # a save that cannot start is a later miss, never an error
+            logger.warning("openinfer.vllm: saving layer %s failed: %s", layer_name, e)
+
+    def wait_for_save(self):
+        w = self._worker
+        if w is None:
+            return
+        # every sync load of the step has landed before its blocks are read again
+        self._finish_sync_loads()
+        try:
+            w.finish_step()
+        except oi.Error as e:
+            logger.warning("openinfer.vllm: saving the step's blocks failed: %s", e)
+        errors = w.wait_saves()
+        if errors:
+            logger.warning("openinfer.vllm: %d save call(s) of this step failed (%s): the "
+                           "blocks stay uncached", len(errors), errors[0])
+
+    def get_finished(self, finished_req_ids):
+        for req_id, (t, ids, is_async) in list(self._loads.items()):
+            if not is_async or not t.done():
+                continue
+            del self._loads[req_id]
+            try:
+                t.wait(0)
+                self._finished_recving.add(req_id)
+            except oi.Error as e:
+                self._fail_load(req_id, ids, True, e)
+            finally:
+                t.close()
+        recving, self._finished_recving = self._finished_recving, set()
+        return None, (recving or None)
+
+    def get_transfer_results(self, finished_req_ids):
+        # a failed async load is reported as received and its blocks through
+        # get_block_ids_with_load_errors (one KV cache group: block ids are
+        # unique), so vLLM keeps the valid prefix and recomputes the rest
+        _, recving = self.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=set(),
+                                          finished_recving=set(recving or ()))
+
+    def get_block_ids_with_load_errors(self):
+        out, self._failed_blocks = self._failed_blocks, set()
+        return out
+
+    def shutdown(self):
+        if self._role == KVConnectorRole.WORKER:
+            if self._worker is not None:
+                for t, _ids, _a in self._loads.values():
+                    try:
+                        t.wait()
+                    except oi.Error:
+                        pass
+                self._loads = {}
+                self._worker.close()
+                self._worker = None
+        else:
+            for st in self._reqs.values():
+                self._release(st)
+            self._reqs = {}
+            if self._lookup is not None:
+                self._lookup.close()
+                self._lookup = None

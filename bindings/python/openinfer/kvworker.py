@@ -238,8 +238,8 @@ class KVWorker:
     the copy after the writes; a sidecar engine synchronizes the event
     instead, the server cannot wait on it); ``wait_saves()`` at the end of a
     step. Loads: ``load(lease, ids)`` then ``wait_layer(ticket, name)`` per
-    layer (embedded engines report arenas as they land; sidecar loads wait
-    for the whole load)."""
+    layer (every engine reports arenas as they land; a sidecar engine from
+    the server's progress frames)."""
 
     def __init__(self, kv_caches, namespace, *, host=None, socket=None, buffer=None,
                  num_blocks=None, kv_dim="auto", world_size=1, instance_name=None,
@@ -406,8 +406,8 @@ class KVWorker:
         return self.engine.load(lease, block_ids, arena_events=True)
 
     def wait_layer(self, ticket, layer_name, timeout=None):
-        """Waits until the layer's bytes of a load landed (the whole load for
-        a sidecar engine); raises the load's error."""
+        """Waits until the layer's bytes of a load landed; raises the load's
+        error."""
         a = self.arena(layer_name)
         if a is None:
             return

@@ -68,6 +68,10 @@ typedef struct req {
   int pending, err;
   bool short_io;
   uint64_t t0;
+  /* Bumped (release) after the request is filled in, read (acquire) by the
+   * completion thread at each completion: the kernel's ring orders the two,
+   * but a race detector cannot see through it. */
+  _Atomic uint64_t handoff;
   struct req *next_free;
 } req;
 
@@ -552,6 +556,7 @@ static void *completion_main(void *arg) {
     io_uring_cqe_seen(&d->ring, cqe);
     if (tag == STOP_TAG) break;
     req *r = (req *)(uintptr_t)(tag & ~(uint64_t)1);
+    (void)atomic_load_explicit(&r->handoff, memory_order_acquire);
     bool payload = tag & 1;
     uint64_t want = payload ? r->len : SECTOR;
     uint64_t param = 0;
@@ -619,6 +624,7 @@ static void submit_req(oi_disk *d, req *r) {
   r->t0 = oi__now_ns();
   prep(d, w, f->data_fd, r->hdr, SECTOR, e->off, (uint64_t)(uintptr_t)r);
   prep(d, w, f->data_fd, r->buf, r->len, e->off + SECTOR, (uint64_t)(uintptr_t)r | 1);
+  atomic_fetch_add_explicit(&r->handoff, 1, memory_order_release);
   int rc;
   while ((rc = io_uring_submit(&d->ring)) == -EINTR || rc == -EAGAIN) {
   }

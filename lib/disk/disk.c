@@ -64,7 +64,9 @@ typedef struct req {
   uint64_t len; /* bytes of the payload part (rounded) */
   oi_disk_cb cb;
   void *ctx;
-  uint8_t *hdr; /* this slot's 4 KiB header sector */
+  uint8_t *hdr;        /* this slot's 4 KiB header sector */
+  struct iovec iov[2]; /* header and payload of a vectored operation */
+  uint64_t want;       /* bytes the payload-tagged operation moves */
   int pending, err;
   bool short_io;
   uint64_t t0;
@@ -558,7 +560,7 @@ static void *completion_main(void *arg) {
     req *r = (req *)(uintptr_t)(tag & ~(uint64_t)1);
     (void)atomic_load_explicit(&r->handoff, memory_order_acquire);
     bool payload = tag & 1;
-    uint64_t want = payload ? r->len : SECTOR;
+    uint64_t want = payload ? r->want : SECTOR;
     uint64_t param = 0;
     if (payload && r->kind == REQ_WRITE && OI_FAULT(OI_FAULT_DISK_WRITE, &param))
       res = -(param ? (int)param : EIO);
@@ -618,12 +620,29 @@ static void submit_req(oi_disk *d, req *r) {
   entry *e = r->e;
   dfile *f = &d->files[e->file];
   bool w = r->kind == REQ_WRITE;
-  r->pending = 2;
   r->err = 0;
   r->short_io = false;
   r->t0 = oi__now_ns();
-  prep(d, w, f->data_fd, r->hdr, SECTOR, e->off, (uint64_t)(uintptr_t)r);
-  prep(d, w, f->data_fd, r->buf, r->len, e->off + SECTOR, (uint64_t)(uintptr_t)r | 1);
+  if (fixed_index(d, r->buf, r->len) >= 0) {
+    /* a registered payload: two fixed-buffer operations */
+    r->pending = 2;
+    r->want = r->len;
+    prep(d, w, f->data_fd, r->hdr, SECTOR, e->off, (uint64_t)(uintptr_t)r);
+    prep(d, w, f->data_fd, r->buf, r->len, e->off + SECTOR, (uint64_t)(uintptr_t)r | 1);
+  } else {
+    /* otherwise one vectored operation moves the header and the payload */
+    r->pending = 1;
+    r->want = SECTOR + r->len;
+    r->iov[0] = (struct iovec){r->hdr, SECTOR};
+    r->iov[1] = (struct iovec){r->buf, r->len};
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&d->ring);
+    if (!sqe) oi__fatal("disk: submission queue full");
+    if (w)
+      io_uring_prep_writev(sqe, f->data_fd, r->iov, 2, e->off);
+    else
+      io_uring_prep_readv(sqe, f->data_fd, r->iov, 2, e->off);
+    io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)r | 1);
+  }
   atomic_fetch_add_explicit(&r->handoff, 1, memory_order_release);
   int rc;
   while ((rc = io_uring_submit(&d->ring)) == -EINTR || rc == -EAGAIN) {

@@ -102,6 +102,8 @@ struct oi_disk {
   struct iovec *reg; /* registered ranges: [0] is hdr_bufs */
   uint32_t nreg;
   bool reg_ok, closing;
+  bool registering;   /* new operations wait (reads) or are refused (writes) */
+  uint64_t fixed_ops; /* operations whose payload was in a registered range */
   pthread_t thread;
   bool thread_ok;
 };
@@ -625,6 +627,7 @@ static void submit_req(oi_disk *d, req *r) {
   r->t0 = oi__now_ns();
   if (fixed_index(d, r->buf, r->len) >= 0) {
     /* a registered payload: two fixed-buffer operations */
+    d->fixed_ops++;
     r->pending = 2;
     r->want = r->len;
     prep(d, w, f->data_fd, r->hdr, SECTOR, e->off, (uint64_t)(uintptr_t)r);
@@ -655,7 +658,7 @@ static bool is_completion_thread(oi_disk *d) { return tl_completing == d; }
 /* Takes a request slot (under sq_lock); waits when `wait` and the caller is
  * not the completion thread. */
 static req *slot_take(oi_disk *d, bool wait) {
-  while (!d->free_reqs && !d->closing) {
+  while ((!d->free_reqs || d->registering) && !d->closing) {
     if (!wait || is_completion_thread(d)) return NULL;
     pthread_cond_wait(&d->slot_cv, &d->sq_lock);
   }
@@ -889,6 +892,9 @@ void oi__disk_stats_get(oi_disk *d, oi_disk_stats *out) {
   pthread_mutex_lock(&d->lock);
   *out = d->st;
   pthread_mutex_unlock(&d->lock);
+  pthread_mutex_lock(&d->sq_lock);
+  out->fixed_ops = d->fixed_ops;
+  pthread_mutex_unlock(&d->sq_lock);
   oi__hist_read(&d->read_hist, out->read_latency_us, &out->read_latency_sum_us);
 }
 
@@ -899,6 +905,7 @@ oi_status oi__disk_register_buffers(oi_disk *d, const struct iovec *iov, uint32_
   nreg[0] = (struct iovec){d->hdr_bufs, (size_t)d->o.queue_depth * SECTOR};
   if (n) memcpy(nreg + 1, iov, n * sizeof *iov);
   pthread_mutex_lock(&d->sq_lock);
+  d->registering = true; /* no new operation starts meanwhile */
   while (d->inflight)
     pthread_cond_wait(&d->slot_cv, &d->sq_lock);
   if (d->reg_ok) io_uring_unregister_buffers(&d->ring);
@@ -914,6 +921,8 @@ oi_status oi__disk_register_buffers(oi_disk *d, const struct iovec *iov, uint32_
            "registering %u buffers with the ring failed (%s): plain reads "
            "and writes are used",
            n + 1, strerror(-rc));
+  d->registering = false;
+  pthread_cond_broadcast(&d->slot_cv);
   pthread_mutex_unlock(&d->sq_lock);
   return OI_OK;
 }

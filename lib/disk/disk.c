@@ -570,6 +570,8 @@ static void *completion_main(void *arg) {
       res = -(param ? (int)param : EIO);
     if (payload && r->kind == REQ_READ && res > 0 && OI_FAULT(OI_FAULT_DISK_SHORT_READ, NULL))
       res /= 2;
+    if (payload && r->kind == REQ_WRITE && res > 0 && OI_FAULT(OI_FAULT_DISK_SHORT_WRITE, NULL))
+      res /= 2;
     if (res < 0) {
       if (!r->err) r->err = -res;
     } else if ((uint64_t)res != want) {

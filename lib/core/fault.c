@@ -13,13 +13,21 @@
 #ifdef OI_FAULT_INJECTION
 
 static const char *const names[OI_FAULT_POINTS] = {
-    [OI_FAULT_HOST_ALLOC] = "host_alloc",         [OI_FAULT_PINNED_ALLOC] = "pinned_alloc",
-    [OI_FAULT_PIN_REGISTER] = "pin_register",     [OI_FAULT_COPY_FAIL] = "copy_fail",
-    [OI_FAULT_COPY_PARTIAL] = "copy_partial",     [OI_FAULT_COPY_SLOW] = "copy_slow",
-    [OI_FAULT_SOCK_SHORT] = "sock_short",         [OI_FAULT_SOCK_RESET] = "sock_reset",
-    [OI_FAULT_CLOCK_JUMP] = "clock_jump",         [OI_FAULT_DISK_WRITE] = "disk_write",
-    [OI_FAULT_DISK_READ] = "disk_read",           [OI_FAULT_DISK_SHORT_READ] = "disk_short_read",
-    [OI_FAULT_DISK_FALLOCATE] = "disk_fallocate", [OI_FAULT_DISK_READ_SLOW] = "disk_read_slow",
+    [OI_FAULT_HOST_ALLOC] = "host_alloc",
+    [OI_FAULT_PINNED_ALLOC] = "pinned_alloc",
+    [OI_FAULT_PIN_REGISTER] = "pin_register",
+    [OI_FAULT_COPY_FAIL] = "copy_fail",
+    [OI_FAULT_COPY_PARTIAL] = "copy_partial",
+    [OI_FAULT_COPY_SLOW] = "copy_slow",
+    [OI_FAULT_SOCK_SHORT] = "sock_short",
+    [OI_FAULT_SOCK_RESET] = "sock_reset",
+    [OI_FAULT_CLOCK_JUMP] = "clock_jump",
+    [OI_FAULT_DISK_WRITE] = "disk_write",
+    [OI_FAULT_DISK_READ] = "disk_read",
+    [OI_FAULT_DISK_SHORT_READ] = "disk_short_read",
+    [OI_FAULT_DISK_FALLOCATE] = "disk_fallocate",
+    [OI_FAULT_DISK_READ_SLOW] = "disk_read_slow",
+    [OI_FAULT_DISK_SHORT_WRITE] = "disk_short_write",
 };
 
 static oi_status arm_spec(const char *spec,

@@ -28,6 +28,7 @@
  *   disk_write      a disk-tier block write fails with errno `param` (EIO if 0)
  *   disk_read       a disk-tier block read fails with errno `param` (EIO if 0)
  *   disk_short_read a disk-tier block read returns half its payload bytes
+ *   disk_short_write a disk-tier block write reports half its payload bytes
  *   disk_fallocate  preallocating a disk-tier data file fails with errno
  *                   `param` (ENOSPC if 0)
  *   disk_read_slow  the disk tier's completion thread sleeps `param` ms before
@@ -56,6 +57,7 @@ typedef enum oi_fault_point {
   OI_FAULT_DISK_SHORT_READ,
   OI_FAULT_DISK_FALLOCATE,
   OI_FAULT_DISK_READ_SLOW,
+  OI_FAULT_DISK_SHORT_WRITE,
   OI_FAULT_POINTS
 } oi_fault_point;
 

@@ -64,10 +64,16 @@ typedef struct req {
   uint64_t len; /* bytes of the payload part (rounded) */
   oi_disk_cb cb;
   void *ctx;
-  uint8_t *hdr; /* this slot's 4 KiB header sector */
+  uint8_t *hdr;        /* this slot's 4 KiB header sector */
+  struct iovec iov[2]; /* header and payload of a vectored operation */
+  uint64_t want;       /* bytes the payload-tagged operation moves */
   int pending, err;
   bool short_io;
   uint64_t t0;
+  /* Bumped (release) after the request is filled in, read (acquire) by the
+   * completion thread at each completion: the kernel's ring orders the two,
+   * but a race detector cannot see through it. */
+  _Atomic uint64_t handoff;
   struct req *next_free;
 } req;
 
@@ -96,6 +102,8 @@ struct oi_disk {
   struct iovec *reg; /* registered ranges: [0] is hdr_bufs */
   uint32_t nreg;
   bool reg_ok, closing;
+  bool registering;   /* new operations wait (reads) or are refused (writes) */
+  uint64_t fixed_ops; /* operations whose payload was in a registered range */
   pthread_t thread;
   bool thread_ok;
 };
@@ -538,19 +546,6 @@ static void finish_read(oi_disk *d, req *r) {
 
 static _Thread_local oi_disk *tl_completing;
 
-/* A request handed to the kernel by one thread and completed on another: the
- * ring orders them, but ThreadSanitizer cannot see through the kernel, so
- * the handoff is annotated (a release at submit, an acquire at completion). */
-#if defined(__SANITIZE_THREAD__)
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
-#define RING_HANDOFF_RELEASE(p) __tsan_release(p)
-#define RING_HANDOFF_ACQUIRE(p) __tsan_acquire(p)
-#else
-#define RING_HANDOFF_RELEASE(p) ((void)(p))
-#define RING_HANDOFF_ACQUIRE(p) ((void)(p))
-#endif
-
 /* The store whose completion thread this is (NULL on other threads). */
 static void *completion_main(void *arg) {
   oi_disk *d = arg;
@@ -565,15 +560,17 @@ static void *completion_main(void *arg) {
     io_uring_cqe_seen(&d->ring, cqe);
     if (tag == STOP_TAG) break;
     req *r = (req *)(uintptr_t)(tag & ~(uint64_t)1);
-    RING_HANDOFF_ACQUIRE(r);
+    (void)atomic_load_explicit(&r->handoff, memory_order_acquire);
     bool payload = tag & 1;
-    uint64_t want = payload ? r->len : SECTOR;
+    uint64_t want = payload ? r->want : SECTOR;
     uint64_t param = 0;
     if (payload && r->kind == REQ_WRITE && OI_FAULT(OI_FAULT_DISK_WRITE, &param))
       res = -(param ? (int)param : EIO);
     if (payload && r->kind == REQ_READ && OI_FAULT(OI_FAULT_DISK_READ, &param))
       res = -(param ? (int)param : EIO);
     if (payload && r->kind == REQ_READ && res > 0 && OI_FAULT(OI_FAULT_DISK_SHORT_READ, NULL))
+      res /= 2;
+    if (payload && r->kind == REQ_WRITE && res > 0 && OI_FAULT(OI_FAULT_DISK_SHORT_WRITE, NULL))
       res /= 2;
     if (res < 0) {
       if (!r->err) r->err = -res;
@@ -627,13 +624,31 @@ static void submit_req(oi_disk *d, req *r) {
   entry *e = r->e;
   dfile *f = &d->files[e->file];
   bool w = r->kind == REQ_WRITE;
-  r->pending = 2;
   r->err = 0;
   r->short_io = false;
   r->t0 = oi__now_ns();
-  prep(d, w, f->data_fd, r->hdr, SECTOR, e->off, (uint64_t)(uintptr_t)r);
-  prep(d, w, f->data_fd, r->buf, r->len, e->off + SECTOR, (uint64_t)(uintptr_t)r | 1);
-  RING_HANDOFF_RELEASE(r);
+  if (fixed_index(d, r->buf, r->len) >= 0) {
+    /* a registered payload: two fixed-buffer operations */
+    d->fixed_ops++;
+    r->pending = 2;
+    r->want = r->len;
+    prep(d, w, f->data_fd, r->hdr, SECTOR, e->off, (uint64_t)(uintptr_t)r);
+    prep(d, w, f->data_fd, r->buf, r->len, e->off + SECTOR, (uint64_t)(uintptr_t)r | 1);
+  } else {
+    /* otherwise one vectored operation moves the header and the payload */
+    r->pending = 1;
+    r->want = SECTOR + r->len;
+    r->iov[0] = (struct iovec){r->hdr, SECTOR};
+    r->iov[1] = (struct iovec){r->buf, r->len};
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&d->ring);
+    if (!sqe) oi__fatal("disk: submission queue full");
+    if (w)
+      io_uring_prep_writev(sqe, f->data_fd, r->iov, 2, e->off);
+    else
+      io_uring_prep_readv(sqe, f->data_fd, r->iov, 2, e->off);
+    io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)r | 1);
+  }
+  atomic_fetch_add_explicit(&r->handoff, 1, memory_order_release);
   int rc;
   while ((rc = io_uring_submit(&d->ring)) == -EINTR || rc == -EAGAIN) {
   }
@@ -645,7 +660,7 @@ static bool is_completion_thread(oi_disk *d) { return tl_completing == d; }
 /* Takes a request slot (under sq_lock); waits when `wait` and the caller is
  * not the completion thread. */
 static req *slot_take(oi_disk *d, bool wait) {
-  while (!d->free_reqs && !d->closing) {
+  while ((!d->free_reqs || d->registering) && !d->closing) {
     if (!wait || is_completion_thread(d)) return NULL;
     pthread_cond_wait(&d->slot_cv, &d->sq_lock);
   }
@@ -879,6 +894,9 @@ void oi__disk_stats_get(oi_disk *d, oi_disk_stats *out) {
   pthread_mutex_lock(&d->lock);
   *out = d->st;
   pthread_mutex_unlock(&d->lock);
+  pthread_mutex_lock(&d->sq_lock);
+  out->fixed_ops = d->fixed_ops;
+  pthread_mutex_unlock(&d->sq_lock);
   oi__hist_read(&d->read_hist, out->read_latency_us, &out->read_latency_sum_us);
 }
 
@@ -889,6 +907,7 @@ oi_status oi__disk_register_buffers(oi_disk *d, const struct iovec *iov, uint32_
   nreg[0] = (struct iovec){d->hdr_bufs, (size_t)d->o.queue_depth * SECTOR};
   if (n) memcpy(nreg + 1, iov, n * sizeof *iov);
   pthread_mutex_lock(&d->sq_lock);
+  d->registering = true; /* no new operation starts meanwhile */
   while (d->inflight)
     pthread_cond_wait(&d->slot_cv, &d->sq_lock);
   if (d->reg_ok) io_uring_unregister_buffers(&d->ring);
@@ -904,6 +923,8 @@ oi_status oi__disk_register_buffers(oi_disk *d, const struct iovec *iov, uint32_
            "registering %u buffers with the ring failed (%s): plain reads "
            "and writes are used",
            n + 1, strerror(-rc));
+  d->registering = false;
+  pthread_cond_broadcast(&d->slot_cv);
   pthread_mutex_unlock(&d->sq_lock);
   return OI_OK;
 }

@@ -55,6 +55,7 @@ typedef struct oi_disk_stats {
   uint64_t bad_extents_dropped; /* records pointing outside a file or overlapping */
   uint64_t replay_ns;           /* time oi__disk_open spent loading the index */
   uint64_t checkpoints;         /* checkpoints written since open */
+  uint64_t fixed_ops;           /* reads and writes whose payload was in a registered range */
   uint64_t read_latency_us[OI_LATENCY_BUCKETS]; /* oi_latency_hist buckets */
   uint64_t read_latency_sum_us;
 } oi_disk_stats;

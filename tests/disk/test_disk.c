@@ -431,6 +431,7 @@ static void test_registered_buffers(void) {
   char *a = dt_mkdtemp();
   const char *dirs[] = {a};
   oi_disk *d = dt_open(dirs, 1, 4 * MiB, 0);
+  CHECK(dt_stats(d).fixed_ops == 0);
   size_t pool_bytes = 256 * KiB;
   uint8_t *pool = aligned_alloc(4096, pool_bytes);
   REQUIRE(pool);
@@ -459,7 +460,11 @@ static void test_registered_buffers(void) {
     CHECK(dt_check(slot, i, dt_len(i)));
     CHECK_OK(dt_read(d, i)); /* and into a plain buffer */
   }
+  /* 8 writes and 8 reads used the registered range, the plain reads not. */
+  CHECK(dt_stats(d).fixed_ops == 16);
   CHECK_OK(oi__disk_register_buffers(d, NULL, 0));
+  CHECK_OK(dt_read(d, 0));
+  CHECK(dt_stats(d).fixed_ops == 16);
   oi__disk_close(d);
   free(pool);
   dt_rmtree(a);

@@ -14,7 +14,7 @@ static oi_disk *open1(const char *dir, uint64_t cap, uint32_t qd) {
 }
 
 /* A write that fails frees its room, is counted, and is never visible;
- * ENOSPC likewise, with its message. */
+ * ENOSPC and a short write likewise, with their messages. */
 static void test_write_errors(void) {
   char *a = dt_mkdtemp();
   oi_disk *d = open1(a, 10 * 8192, 0);
@@ -35,6 +35,15 @@ static void test_write_errors(void) {
   CHECK_ST(dt_wait_done(&w), OI_ERR_IO);
   CHECK(strstr(w.msg, "No space left"));
   free(p);
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_SHORT_WRITE, 0, 1, 0) == OI_OK);
+  p = dt_payload(3, 4096);
+  oi_disk_key k3 = dt_key(3);
+  dt_wait_init(&w);
+  CHECK_OK(oi__disk_write(d, &k3, p, 4096, dt_cb, &w));
+  CHECK_ST(dt_wait_done(&w), OI_ERR_IO);
+  CHECK(strstr(w.msg, "short write"));
+  CHECK(oi__fault_fired(OI_FAULT_DISK_SHORT_WRITE) == 1 && !dt_has(d, 3));
+  free(p);
 
   /* Thirty failed writes into a store with room for nine more: none of them
    * keeps room, so nine good ones fit afterwards with no eviction. */
@@ -43,7 +52,7 @@ static void test_write_errors(void) {
     CHECK_ST(dt_write_len(d, i, 4096), OI_ERR_IO);
   oi__fault_disarm_all();
   s = dt_stats(d);
-  CHECK(s.spills_failed == 32 && s.bytes_used == 8192 && s.evictions == 0);
+  CHECK(s.spills_failed == 33 && s.bytes_used == 8192 && s.evictions == 0);
   for (uint64_t i = 1; i < 10; i++)
     CHECK_OK(dt_write_len(d, i, 4096));
   s = dt_stats(d);

@@ -73,13 +73,13 @@ typedef struct disk_result {
   uint64_t glm_block_bytes;
   double glm_us[GLM_REPS], glm_p50_us, glm_best_us, glm_bound_us;
   /* replay */
-  uint64_t replay_blocks;   /* entries actually written */
-  uint64_t replay_wanted;   /* --replay-blocks */
-  uint64_t replay_loaded;   /* blocks the store reported after open */
-  double replay_open_s;     /* oi__disk_open, wall */
-  double replay_ns_s;       /* the store's own replay_ns */
+  uint64_t replay_blocks;       /* entries actually written */
+  uint64_t replay_wanted;       /* --replay-blocks */
+  uint64_t replay_loaded;       /* blocks the store reported after open */
+  double replay_open_s;         /* oi__disk_open, wall */
+  double replay_ns_s;           /* the store's own replay_ns */
   double replay_extrapolated_s; /* scaled to replay_wanted when fewer were written */
-  double replay_write_s;    /* writing the records (untimed phase, reported) */
+  double replay_write_s;        /* writing the records (untimed phase, reported) */
 } disk_result;
 
 static int fail_api(const char *what) {
@@ -239,9 +239,18 @@ static void fio_phase(const disk_cfg *cfg, const char *dir, disk_result *r) {
       char rwarg[32], name[32];
       snprintf(rwarg, sizeof rwarg, "--rw=%s", rw[k]);
       snprintf(name, sizeof name, "--name=seq-%s", rw[k]);
-      char *args[] = {"fio",        name,          fname,         size,
-                      "--bs=1M",    rwarg,         "--direct=1",  eng,
-                      "--iodepth=32", "--numjobs=1", "--output-format=json", NULL};
+      char *args[] = {"fio",
+                      name,
+                      fname,
+                      size,
+                      "--bs=1M",
+                      rwarg,
+                      "--direct=1",
+                      eng,
+                      "--iodepth=32",
+                      "--numjobs=1",
+                      "--output-format=json",
+                      NULL};
       fprintf(stderr, "fio: sequential %s, %s, 1 MiB, iodepth 32, O_DIRECT\n", rw[k], engines[e]);
       rc = run_fio(args, out, err);
       if (rc == 127) break;
@@ -267,8 +276,8 @@ static void fio_phase(const disk_cfg *cfg, const char *dir, disk_result *r) {
         char *nl = strchr(msg, '\n');
         if (nl) *nl = '\0';
       }
-      snprintf(r->fio_note, sizeof r->fio_note, "fio with %s failed (exit %d)%s%s", engines[e],
-               rc, msg && *msg ? ": " : "", msg ? msg : "");
+      snprintf(r->fio_note, sizeof r->fio_note, "fio with %s failed (exit %d)%s%s", engines[e], rc,
+               msg && *msg ? ": " : "", msg ? msg : "");
       fprintf(stderr, "openinfer bench disk: %s\n", r->fio_note);
       free(msg);
     }
@@ -409,8 +418,7 @@ static int save_all(oi_offload_engine *e, const oi_block_hash *hs, uint64_t n, u
     size_t k = (size_t)OI_MIN((uint64_t)SAVE_CALL_BLOCKS, n - done);
     for (size_t j = 0; j < k; j++)
       ids[j] = (int64_t)(id0 + done + j);
-    if (oi_offload_engine_save(e, ids, hs + done, k, NULL, NULL) != OI_OK)
-      return fail_api("save");
+    if (oi_offload_engine_save(e, ids, hs + done, k, NULL, NULL) != OI_OK) return fail_api("save");
     done += k;
   }
   return 0;
@@ -691,8 +699,7 @@ static int replay_phase(const disk_cfg *cfg, const char *dir, disk_result *r) {
                 "openinfer bench disk: replay: %llu of %llu blocks loaded (%llu torn, %llu bad "
                 "extents)\n",
                 (unsigned long long)s.blocks, (unsigned long long)n,
-                (unsigned long long)s.torn_records_cut,
-                (unsigned long long)s.bad_extents_dropped);
+                (unsigned long long)s.torn_records_cut, (unsigned long long)s.bad_extents_dropped);
         rc = -1;
       }
       oi__disk_close(d); /* writes a checkpoint of n records (untimed) */
@@ -754,15 +761,15 @@ static void print_table(const disk_cfg *cfg, const disk_result *r, const disk_ve
   printf("  %-46s %6.3f GB/s %10.2fx   %-18s %s\n", "1. spill: first save -> all on disk",
          r->spill_gbps, ratio(r->spill_gbps, r->fio_write_gbps), ">= 0.8x fio write",
          pf(r->fio_ok, v->spill));
-  printf("     (%.2f s; the saves into the pool completed after %.2f s)\n", r->spill_s,
-         r->saved_s);
+  printf("     (%.2f s; the saves into the pool completed after %.2f s)\n", r->spill_s, r->saved_s);
   printf("  %-46s %6.3f GB/s %10.2fx   %-18s %s\n", "2. restore: query(wait) of every block",
          r->restore_gbps, ratio(r->restore_gbps, r->fio_read_gbps), ">= 0.8x fio read",
          pf(r->fio_ok, v->restore));
   printf("     (%.2f s, %u quer%s; every byte verified by a load afterwards)\n", r->restore_s,
          r->restore_queries, r->restore_queries == 1 ? "y" : "ies");
-  printf("  %-46s %8.0f us %10s    <= %.0f us %7s %s\n", "   22 GLM5.2 blocks: query(wait)+load, p50",
-         r->glm_p50_us, "", r->glm_bound_us, "", pf(r->fio_ok, v->glm));
+  printf("  %-46s %8.0f us %10s    <= %.0f us %7s %s\n",
+         "   22 GLM5.2 blocks: query(wait)+load, p50", r->glm_p50_us, "", r->glm_bound_us, "",
+         pf(r->fio_ok, v->glm));
   printf("     (%.1f MB, best of %d %.0f us; bound 1.2 x bytes / fio read + 1 ms)\n",
          (double)GLM_BLOCKS * (double)r->glm_block_bytes / 1e6, GLM_REPS, r->glm_best_us);
   if (r->replay_blocks == r->replay_wanted)
@@ -797,8 +804,8 @@ static void print_json(const disk_cfg *cfg, const disk_result *r, const disk_ver
          (unsigned long long)cfg->block_bytes, (unsigned long long)r->blocks);
   printf(",\"fio\":%s,\"fio_engine\":\"%s\",\"fio_write_gbps\":%.4f,\"fio_read_gbps\":%.4f",
          B(r->fio_ok), r->fio_ok ? r->fio_engine : "", r->fio_write_gbps, r->fio_read_gbps);
-  printf(",\"spill_s\":%.4f,\"spill_gbps\":%.4f,\"spill_ratio\":%.4f,\"saved_s\":%.4f",
-         r->spill_s, r->spill_gbps, ratio(r->spill_gbps, r->fio_write_gbps), r->saved_s);
+  printf(",\"spill_s\":%.4f,\"spill_gbps\":%.4f,\"spill_ratio\":%.4f,\"saved_s\":%.4f", r->spill_s,
+         r->spill_gbps, ratio(r->spill_gbps, r->fio_write_gbps), r->saved_s);
   printf(",\"restore_s\":%.4f,\"restore_gbps\":%.4f,\"restore_ratio\":%.4f"
          ",\"restore_queries\":%u,\"restore_verified\":%s",
          r->restore_s, r->restore_gbps, ratio(r->restore_gbps, r->fio_read_gbps),
@@ -837,33 +844,32 @@ static void print_json(const disk_cfg *cfg, const disk_result *r, const disk_ver
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: openinfer bench disk [--dir DIR] [--bytes SIZE] [--block-bytes SIZE]\n"
-          "                            [--replay-blocks N] [--json]\n"
-          "\n"
-          "Measures the disk tier under a cpu host, beside fio on the same directory:\n"
-          "  0. fio: sequential 1 MiB O_DIRECT writes, then reads, io_uring (libaio when\n"
-          "     io_uring is refused), iodepth 32, on a file of SIZE (no fio: absolute figures)\n"
-          "  1. spill: SIZE of blocks saved through an engine, from the first save until the\n"
-          "     disk tier has written every one; GB/s and the ratio to fio's write\n"
-          "  2. restore: the pool emptied, then a query with OI_QUERY_WAIT_PENDING over every\n"
-          "     hash, until every block is a hit; GB/s and the ratio to fio's read. Then 22\n"
-          "     GLM5.2-shaped blocks (3.45 MB each) from disk: query(wait) + load, against\n"
-          "     1.2 x (bytes / fio read) + 1 ms\n"
-          "  3. index replay: oi__disk_open of a store whose checkpoint and log name N blocks\n"
-          "     (records written directly, over a fallocated data file of N x 8 KiB)\n"
-          "\n"
-          "  --dir DIR           where to measure (default: a fresh 0700 directory under\n"
-          "                      $TMPDIR or /tmp, removed at the end); the bench's files\n"
-          "                      in DIR are removed at the end\n"
-          "  --bytes SIZE        bytes spilled and restored, and fio's file (default 1G)\n"
-          "  --block-bytes SIZE  the engine's block (default 1M; a multiple of 4K)\n"
-          "  --replay-blocks N   index entries of the replay phase (default 1000000)\n"
-          "  --json              one JSON line on stdout instead of the table\n"
-          "\n"
-          "Needs about 2 x SIZE of memory and 2 x SIZE free in DIR. Progress goes to stderr.\n"
-          "Exit status 0 when every phase ran, whether or not the targets were met; 1 when\n"
-          "a phase failed.\n");
+  fprintf(f, "usage: openinfer bench disk [--dir DIR] [--bytes SIZE] [--block-bytes SIZE]\n"
+             "                            [--replay-blocks N] [--json]\n"
+             "\n"
+             "Measures the disk tier under a cpu host, beside fio on the same directory:\n"
+             "  0. fio: sequential 1 MiB O_DIRECT writes, then reads, io_uring (libaio when\n"
+             "     io_uring is refused), iodepth 32, on a file of SIZE (no fio: absolute figures)\n"
+             "  1. spill: SIZE of blocks saved through an engine, from the first save until the\n"
+             "     disk tier has written every one; GB/s and the ratio to fio's write\n"
+             "  2. restore: the pool emptied, then a query with OI_QUERY_WAIT_PENDING over every\n"
+             "     hash, until every block is a hit; GB/s and the ratio to fio's read. Then 22\n"
+             "     GLM5.2-shaped blocks (3.45 MB each) from disk: query(wait) + load, against\n"
+             "     1.2 x (bytes / fio read) + 1 ms\n"
+             "  3. index replay: oi__disk_open of a store whose checkpoint and log name N blocks\n"
+             "     (records written directly, over a fallocated data file of N x 8 KiB)\n"
+             "\n"
+             "  --dir DIR           where to measure (default: a fresh 0700 directory under\n"
+             "                      $TMPDIR or /tmp, removed at the end); the bench's files\n"
+             "                      in DIR are removed at the end\n"
+             "  --bytes SIZE        bytes spilled and restored, and fio's file (default 1G)\n"
+             "  --block-bytes SIZE  the engine's block (default 1M; a multiple of 4K)\n"
+             "  --replay-blocks N   index entries of the replay phase (default 1000000)\n"
+             "  --json              one JSON line on stdout instead of the table\n"
+             "\n"
+             "Needs about 2 x SIZE of memory and 2 x SIZE free in DIR. Progress goes to stderr.\n"
+             "Exit status 0 when every phase ran, whether or not the targets were met; 1 when\n"
+             "a phase failed.\n");
 }
 
 int bench_disk(int argc, char **argv) {
@@ -915,8 +921,7 @@ int bench_disk(int argc, char **argv) {
   bool temp = cfg.dir == NULL;
   if (temp) {
     const char *base = getenv("TMPDIR");
-    snprintf(r.dir, sizeof r.dir, "%s/openinfer-bench-disk-XXXXXX",
-             base && *base ? base : "/tmp");
+    snprintf(r.dir, sizeof r.dir, "%s/openinfer-bench-disk-XXXXXX", base && *base ? base : "/tmp");
     if (!mkdtemp(r.dir)) { /* mkdtemp makes it 0700 */
       perror("openinfer bench disk: mkdtemp");
       return CLI_FAILED;

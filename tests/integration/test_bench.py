@@ -126,5 +126,69 @@ if p.returncode == 0:
     check(r["query_rpc_target_met"] == (r["query_rpc_p50_us"] <= 30 and r["query_rpc_p99_us"] <= 100),
           "rpc verdict agrees with the figures")
 
+# bench disk: small sizes in a directory of the test's own; with fio on PATH
+# its baseline and ratios, without it absolute figures only (still exit 0).
+import os
+import shutil
+import tempfile
+
+p = run("bench", "disk", "--help")
+check(p.returncode == 0 and all(o in p.stdout for o in ("--dir", "--bytes", "--block-bytes", "--replay-blocks", "--json")),
+      "bench disk --help documents its options", p)
+p = run("bench", "disk", "--block-bytes", "1000")
+check(p.returncode == 2 and "--block-bytes" in p.stderr, "bench disk rejects a block that is not 4K-aligned", p)
+
+
+def disk_run(env=None):
+    d = tempfile.mkdtemp(prefix="oi-bench-disk-")
+    try:
+        q = subprocess.run([exe, "bench", "disk", "--dir", os.path.join(d, "b"), "--bytes", "16M",
+                            "--block-bytes", "256K", "--replay-blocks", "70000", "--json"],
+                           capture_output=True, text=True, timeout=250, env=env)
+        left = os.listdir(os.path.join(d, "b")) if os.path.isdir(os.path.join(d, "b")) else []
+        return q, left
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def disk_checks(q, left, with_fio):
+    check(q.returncode == 0, f"bench disk exits 0 (fio {'on' if with_fio else 'off'} PATH)", q)
+    check(left == [], f"bench disk leaves nothing in --dir (found {left!r})")
+    ls = [l for l in q.stdout.splitlines() if l.strip()]
+    check(len(ls) == 1, "bench disk --json prints one line", q)
+    if q.returncode != 0 or len(ls) != 1:
+        return
+    r = json.loads(ls[0])
+    check(r["bench"] == "disk" and r["blocks"] == 64 and r["block_bytes"] == 256 << 10, "disk identity fields")
+    check(r["spill_gbps"] > 0 and r["restore_gbps"] > 0 and r["restore_verified"] is True,
+          "spill and restore measured, restore verified")
+    check(close(r["spill_gbps"], r["bytes"] / r["spill_s"] / 1e9), "spill GB/s = bytes / seconds")
+    ds = r["disk_stats"]
+    check(ds["spills"] == 64 + 22 and ds["promote_failed"] == 0 and ds["checksum_failures"] == 0,
+          f"every block spilled once, none failed ({ds!r})")
+    g = r["restore_22_glm"]
+    check(g["block_bytes"] == 78 * 41984 + 21 * 8448 and 0 < g["best_us"] <= g["p50_us"], f"GLM5.2 restore ({g!r})")
+    rp = r["replay"]
+    check(rp["blocks"] == 70000 and rp["blocks_loaded"] == 70000 and rp["log_records"] == 70000 - 65536
+          and rp["open_s"] > 0, f"replay of 70000 entries, checkpoint and log ({rp!r})")
+    check(r["fio"] is with_fio, f"fio reported {'present' if with_fio else 'absent'} (got {r['fio']!r})")
+    if with_fio:
+        check(r["fio_write_gbps"] > 0 and r["fio_read_gbps"] > 0, "fio figures")
+        check(close(r["spill_ratio"], r["spill_gbps"] / r["fio_write_gbps"]), "spill ratio = spill / fio write")
+        check(close(r["restore_ratio"], r["restore_gbps"] / r["fio_read_gbps"]), "restore ratio = restore / fio read")
+        check(r["pass"]["spill"] == (r["spill_ratio"] >= r["targets"]["spill_ratio"]), "spill verdict agrees")
+        check(r["pass"]["restore_22_glm"] == (g["p50_us"] <= g["bound_us"]), "GLM5.2 verdict agrees")
+    else:
+        check("fio not found" in r.get("fio_note", "") and r["pass"]["spill"] is None, "no fio: said so, not judged")
+
+
+if shutil.which("fio"):
+    disk_checks(*disk_run(), True)
+empty = tempfile.mkdtemp(prefix="oi-no-fio-")
+try:
+    disk_checks(*disk_run(dict(os.environ, PATH=empty)), False)
+finally:
+    shutil.rmtree(empty, ignore_errors=True)
+
 print("test_bench:", "ok" if failures == 0 else f"{failures} failure(s)")
 sys.exit(1 if failures else 0)

@@ -36,6 +36,10 @@ static const benchmark benchmarks[] = {
      "time to first token of the CUDA reference model (Qwen3-4B shape): cold prefill\n"
      "           vs host-tier restore, beside the GPU's matmul rate and bulk H2D",
      bench_ttft},
+    {"disk",
+     "the disk tier under a cpu host: spill and restore bandwidth against fio on the\n"
+     "           same directory, restore latency of 22 GLM5.2 blocks, index replay",
+     bench_disk},
 };
 
 static void bench_usage(FILE *f) {

@@ -32,7 +32,7 @@ void oi__lower_fini(oi_offload_host *h) {
   pthread_mutex_unlock(&h->lower_lock);
   if (destroy) destroy(ctx); /* stops its threads: nothing uses the host after */
   pthread_mutex_lock(&h->lower_lock);
-  h->lower_ctx = NULL;
+  __atomic_store_n(&h->lower_ctx, NULL, __ATOMIC_RELEASE);
   h->lower_destroy = NULL;
   oi__free(h->spill_ring);
   h->spill_ring = NULL;
@@ -48,18 +48,16 @@ oi_status oi__host_attach_lower(oi_offload_host *h, void *ctx, void (*destroy)(v
     pthread_mutex_unlock(&h->lower_lock);
     return oi__fail(OI_ERR_STATE, "a lower tier is attached to this host already");
   }
-  h->lower_ctx = ctx;
   h->lower_destroy = destroy;
+  __atomic_store_n(&h->lower_ctx, ctx, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&h->lower_lock);
   return OI_OK;
 }
 
+/* Every query asks: no lock (set once at attach; cleared only at destroy,
+ * when no engine is left to ask). */
 void *oi__host_lower(const oi_offload_host *h) {
-  oi_offload_host *m = (oi_offload_host *)h;
-  pthread_mutex_lock(&m->lower_lock);
-  void *ctx = m->lower_ctx;
-  pthread_mutex_unlock(&m->lower_lock);
-  return ctx;
+  return __atomic_load_n(&h->lower_ctx, __ATOMIC_ACQUIRE);
 }
 
 /* Lock order: shard -> lower_lock (called with the block's shard lock). */

@@ -1,0 +1,297 @@
+"""openinfer.sglang against the installed SGLang: the backend is built by
+SGLang's own storage factory (its `dynamic` path), registered on SGLang's own
+host KV pool objects (on the CPU) and round-trips pages byte-exact; failures
+come back as False / None / misses."""
+import time
+
+import pytest
+import torch
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+from sglang.srt.mem_cache.storage import StorageBackendFactory
+
+import openinfer as oi
+from openinfer import sglang as oisgl
+
+from conftest import (PAGE, fill_random, host_pool, indices, keys, page_bytes,
+                      storage_config)
+
+LAYOUTS = ["page_first", "page_first_direct", "page_head", "layer_first"]
+
+
+def make(pool, extra=None, **cfg):
+    """What SGLang's cache controller does on attach: the factory builds the
+    backend, then registers the host pool."""
+    config = storage_config(dict({"pool_bytes": 16 << 20}, **(extra or {})), **cfg)
+    backend = StorageBackendFactory.create_backend("dynamic", config, pool)
+    backend.register_mem_pool_host(pool)
+    return backend
+
+
+def test_factory_builds_the_backend():
+    pool = host_pool()
+    b = make(pool)
+    try:
+        assert isinstance(b, oisgl.OpenInferStorage)
+        assert isinstance(b, HiCacheStorage)
+        assert b.mode == "embedded"
+        assert b.namespace.startswith("sglang/tiny-model/mha-h2-d64-L4-p16-bfloat16-page_first")
+        assert b.namespace.endswith("tp0-1")
+        assert b.geom.page_bytes == 2 * 4 * PAGE * 2 * 64 * 2
+        assert [a[0] for a in b.geom.arenas] == ["k", "v"]
+    finally:
+        b.close()
+
+
+def test_factory_refuses_a_bad_mode():
+    config = storage_config({"mode": "nope"})
+    with pytest.raises(ValueError, match="mode"):
+        StorageBackendFactory.create_backend("dynamic", config, None)
+
+
+def test_page_hashes():
+    ks = keys(5)
+    h = oisgl.page_hashes(ks)
+    assert len(h) == 5 * 16
+    for i, k in enumerate(ks):
+        assert h[16 * i:16 * i + 16] == oi.block_key(bytes.fromhex(k))
+    odd = ["not-hex", ks[0].upper(), "x" * 64]
+    h2 = oisgl.page_hashes(odd)
+    assert h2[16:32] == h[:16]        # hex digits in either case
+    assert len(set(h2[i:i + 16] for i in range(0, 48, 16))) == 3
+    assert oisgl.page_hashes([]) == b""
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_v1_round_trip(layout):
+    src = host_pool(layout)
+    fill_random(src, seed=3)
+    ks = keys(6, seed=7)
+    want = [page_bytes(src, p) for p in range(1, 7)]
+    b = make(src)
+    try:
+        # layer_first describes 2 * LAYERS arenas; the page-first layouts 2
+        assert len(b.geom.arenas) == (8 if layout == "layer_first" else 2)
+        assert b.batch_set_v1(ks, indices(range(1, 7))) == [True] * 6
+        src.kv_buffer.zero_()
+        assert b.batch_get_v1(ks, indices(range(9, 15))) == [True] * 6
+        for i, p in enumerate(range(9, 15)):
+            assert page_bytes(src, p) == want[i], "page %d" % i
+        for p in list(range(0, 9)) + [15]:  # nothing else was written
+            assert not any(page_bytes(src, p))
+    finally:
+        b.close()
+
+
+def test_exists_with_a_prefix_partly_present():
+    pool = host_pool()
+    fill_random(pool, seed=5)
+    ks = keys(8, seed=9)
+    b = make(pool)
+    try:
+        assert b.batch_set_v1(ks[:4], indices(range(4))) == [True] * 4
+        assert b.batch_set_v1(ks[5:6], indices([5])) == [True]
+        assert b.batch_exists(ks) == 4
+        assert b.batch_exists(ks[5:]) == 1
+        assert b.batch_exists(ks[4:]) == 0
+        assert b.batch_exists([]) == 0
+        assert b.exists(ks[5]) and b.exists(ks[0])
+        assert not b.exists(ks[4])
+        # a get of the whole run loads the present prefix only
+        want = [page_bytes(pool, p) for p in range(4)]
+        assert b.batch_get_v1(ks, indices(range(8, 16))) == [True] * 4 + [False] * 4
+        assert [page_bytes(pool, p) for p in range(8, 12)] == want
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_copying_calls(layout):
+    """get/set/batch_get/batch_set through the staging block, and their pages
+    are the same bytes as the zero-copy calls' (the flat data page is the
+    block's arenas in order)."""
+    pool = host_pool(layout)
+    fill_random(pool, seed=11)
+    ks = keys(6, seed=13)
+    b = make(pool, {"staging_pages": 2})
+    try:
+        assert b.set(ks[0], pool.get_data_page(0, flat=True))
+        out = b.get(ks[0], pool.get_dummy_flat_data_page())
+        assert out is not None and out.dtype == pool.dtype
+        assert bytes(out.view(torch.uint8).numpy()) == page_bytes(pool, 0)
+        # no target: a new flat tensor of the pool's dtype
+        fresh = b.get(ks[0])
+        assert bytes(fresh.view(torch.uint8).numpy()) == page_bytes(pool, 0)
+        assert b.get(ks[5], pool.get_dummy_flat_data_page()) is None
+
+        # batch_set (5 pages through 2 staging pages) then zero-copy get
+        vals = [pool.get_data_page(p * PAGE, flat=True) for p in range(1, 6)]
+        want = [page_bytes(pool, p) for p in range(1, 6)]
+        assert b.batch_set(ks[1:6], vals) is True
+        assert b.batch_get_v1(ks[1:6], indices(range(10, 15))) == [True] * 5
+        assert [page_bytes(pool, p) for p in range(10, 15)] == want
+
+        # zero-copy set then batch_get (a miss in the middle ends the run)
+        got = b.batch_get(ks[1:6] + keys(1, seed=99) + ks[1:2],
+                          [pool.get_dummy_flat_data_page() for _ in range(7)])
+        assert [bytes(t.view(torch.uint8).numpy()) for t in got[:5]] == want
+        assert got[5:] == [None, None]
+        # a value of the wrong size is refused
+        assert b.set(keys(1, seed=50)[0], torch.zeros(3, dtype=pool.dtype)) is False
+    finally:
+        b.close()
+
+
+def test_pool_full_reports_false():
+    """A host tier full of leased blocks drops new saves: the calls answer
+    False, nothing raises."""
+    pool = host_pool()
+    fill_random(pool, seed=17)
+    b = make(pool, {"pool_bytes": 4 << 20})   # 128 pages of 32 KiB, at most
+    try:
+        held = []
+        stored = 0
+        for r in range(12):
+            ks = keys(16, seed=100 + r)
+            ok = b.batch_set_v1(ks, indices(range(16)))
+            stored += sum(ok)
+            q = b.engine.query(oisgl.page_hashes([k for k, o in zip(ks, ok) if o]))
+            if q.lease is not None:
+                held.append(q)   # the lease pins them: nothing can be evicted
+            if not all(ok):
+                break
+        else:
+            pytest.fail("a 4 MiB tier took %d pages of 32 KiB" % stored)
+        assert 0 < stored <= 128
+        ks = keys(4, seed=500)
+        assert b.batch_set_v1(ks, indices(range(4))) == [False] * 4
+        assert b.batch_set(ks, [pool.get_data_page(0) for _ in ks]) is False
+        assert b.batch_exists(ks) == 0
+        assert b.batch_get_v1(ks, indices(range(4))) == [False] * 4
+        for q in held:
+            q.lease.release()
+        # released, the old blocks can be evicted again: saves succeed
+        assert b.batch_set_v1(ks, indices(range(4))) == [True] * 4
+    finally:
+        b.close()
+
+
+def test_unsupported_layout_is_refused():
+    pool = host_pool()
+    pool.layout = "page_first_kv_split"
+    config = storage_config({})
+    b = StorageBackendFactory.create_backend("dynamic", config, pool)
+    with pytest.raises(ValueError, match="layout 'page_first_kv_split' is not supported"):
+        b.register_mem_pool_host(pool)
+    b.close()
+
+
+def test_calls_before_registration_fail_softly():
+    b = StorageBackendFactory.create_backend("dynamic", storage_config({}), None)
+    ks = keys(2)
+    assert b.batch_exists(ks) == 0
+    assert b.exists(ks[0]) is False
+    assert b.batch_get_v1(ks, indices([0, 1])) == [False, False]
+    assert b.batch_set_v1(ks, indices([0, 1])) == [False, False]
+    assert b.get(ks[0]) is None
+    assert b.set(ks[0], torch.zeros(4)) is False
+    b.close()
+
+
+def test_ranks_and_models_do_not_share_pages():
+    pool = host_pool()
+    fill_random(pool, seed=19)
+    a = make(pool, tp_rank=0, tp_size=2)
+    b = make(pool, tp_rank=1, tp_size=2)
+    try:
+        assert a.namespace != b.namespace
+    finally:
+        a.close()
+        b.close()
+
+
+# ---------------------------------------------------------------- sidecar
+
+
+def sidecar(pool, serve, **extra):
+    return make(pool, dict({"mode": "sidecar", "socket": serve.socket, "staging_pages": 2,
+                            "retry_s": 0.1, "timeout_s": 10}, **extra))
+
+
+def wait_for(fn, secs=15):
+    deadline = time.time() + secs
+    while time.time() < deadline:
+        if fn():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_sidecar_round_trip_between_two_instances(serve, layout):
+    """Two SGLang instances (two host pools, one model and rank) share pages
+    through one server; 5 pages go through 2 staging pages."""
+    src, dst = host_pool(layout), host_pool(layout)
+    fill_random(src, seed=23)
+    ks = keys(5, seed=29)
+    want = [page_bytes(src, p) for p in range(2, 7)]
+    a, b = sidecar(src, serve), sidecar(dst, serve)
+    try:
+        assert a.namespace == b.namespace
+        assert a.batch_set_v1(ks, indices(range(2, 7))) == [True] * 5
+        assert b.batch_exists(ks) == 5
+        assert b.batch_get_v1(ks, indices(range(8, 13))) == [True] * 5
+        assert [page_bytes(dst, p) for p in range(8, 13)] == want
+        assert [any(page_bytes(dst, p)) for p in range(0, 8)] == [False] * 8
+        # the copying calls over the sidecar
+        out = b.get(ks[3], dst.get_dummy_flat_data_page())
+        assert bytes(out.view(torch.uint8).numpy()) == want[3]
+        extra = keys(3, seed=31)
+        assert b.batch_set(extra, [dst.get_data_page(p * PAGE) for p in (8, 9, 10)])
+        assert a.batch_exists(extra) == 3
+    finally:
+        a.close()
+        b.close()
+
+
+def test_sidecar_gone_misses_then_recovers(serve):
+    pool = host_pool()
+    fill_random(pool, seed=37)
+    ks = keys(4, seed=41)
+    b = sidecar(pool, serve)
+    try:
+        assert b.batch_set_v1(ks[:2], indices(range(2))) == [True, True]
+        serve.stop()     # SIGKILL: the server is gone
+        assert b.batch_exists(ks) == 0
+        assert b.exists(ks[0]) is False
+        assert b.batch_get_v1(ks[:2], indices([8, 9])) == [False, False]
+        assert b.batch_set_v1(ks[2:], indices([2, 3])) == [False, False]
+        assert b.get(ks[0], pool.get_dummy_flat_data_page()) is None
+        assert b.set(ks[3], pool.get_data_page(0)) is False
+        serve.start()    # a new server on the same socket: the engine reconnects
+        want = page_bytes(pool, 2)
+        assert wait_for(lambda: b.batch_set_v1(ks[2:3], indices([2])) == [True])
+        assert b.batch_exists(ks[2:3]) == 1
+        assert b.batch_get_v1(ks[2:3], indices([12])) == [True]
+        assert page_bytes(pool, 12) == want
+    finally:
+        b.close()
+
+
+def test_sidecar_absent_at_start(serve):
+    """No server when the pool is registered: the backend still attaches,
+    misses, and connects once a server listens."""
+    pool = host_pool()
+    fill_random(pool, seed=43)
+    serve.stop()
+    ks = keys(2, seed=47)
+    b = sidecar(pool, serve)
+    try:
+        assert b.staged is None
+        assert b.batch_exists(ks) == 0
+        assert b.batch_set_v1(ks, indices([0, 1])) == [False, False]
+        serve.start()
+        assert wait_for(lambda: b.batch_set_v1(ks, indices([0, 1])) == [True, True])
+        assert b.batch_exists(ks) == 2
+    finally:
+        b.close()

@@ -135,6 +135,10 @@ def describe_host_pool(pool):
     isz = buf.element_size()
     if hasattr(pool, "kv_cache_dim") and not hasattr(pool, "head_num"):
         kind = "mla"
+        if type(pool).get_data_page is not _mla_get_data_page() or \
+                getattr(pool, "_layer_shard_enabled", False):
+            raise ValueError("openinfer: host pool %s is a specialised or layer-sharded MLA "
+                             "pool; only MLATokenToKVPoolHost is supported" % name)
         tok = int(pool.kv_cache_dim) * isz
         parts = ("kv",)
         ident = "mla-d%d" % int(pool.kv_cache_dim)
@@ -176,6 +180,11 @@ def describe_host_pool(pool):
 def _mha_get_data_page():
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
     return MHATokenToKVPoolHost.get_data_page
+
+
+def _mla_get_data_page():
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+    return MLATokenToKVPoolHost.get_data_page
 
 
 def _page_ids(host_indices, page_size, n):

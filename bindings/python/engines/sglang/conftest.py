@@ -11,9 +11,11 @@ import time
 import pytest
 import torch
 
-from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+from sglang.srt.mem_cache.device_pool_info import (KVBufferLayout, KVBuffers, MHABufferInfo,
+                                                   MLABufferInfo)
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
 LAYERS, HEADS, DIM, PAGE = 4, 2, 64, 16   # a page: 2 * 4 * 16 * 2 * 64 * 2 = 32 KiB
 PAGES = 16
@@ -40,13 +42,29 @@ def host_pool(layout="page_first", pages=PAGES, dtype=torch.bfloat16):
     return pool
 
 
-def storage_config(extra, tp_rank=0, tp_size=1, model="tiny/model"):
+def mla_host_pool(layout="page_first", pages=PAGES, rank=64, rope=16, dtype=torch.bfloat16):
+    """A real MLATokenToKVPoolHost of the installed SGLang, on the CPU."""
+    tokens = 2 * pages * PAGE
+    bufs = tuple(torch.zeros(tokens, 1, rank + rope, dtype=dtype) for _ in range(LAYERS))
+    info = MLABufferInfo(
+        buffers=bufs, data_ptrs=torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64),
+        layer_indices=tuple(range(LAYERS)), device_layer_num=LAYERS, page_size=PAGE,
+        kv_lora_rank=rank, qk_rope_head_dim=rope, kv_cache_dim=rank + rope, dtype=dtype,
+        device=torch.device("cpu"))
+    pool = MLATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+                                device_capacity_tokens=tokens, start_layer=0, end_layer=LAYERS,
+                                target_layer_num=LAYERS, host_token_capacity=pages * PAGE)
+    pool._device_keepalive = bufs
+    return pool
+
+
+def storage_config(extra, tp_rank=0, tp_size=1, model="tiny/model", mla=False):
     base = {"backend_name": "openinfer", "module_path": "openinfer.sglang",
             "class_name": "OpenInferStorage", "interface_v1": 1}
     base.update(extra)
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
-        attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+        attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
         is_page_first_layout=True, model_name=model, extra_config=base)
 
 

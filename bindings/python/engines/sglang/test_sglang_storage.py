@@ -13,7 +13,7 @@ from sglang.srt.mem_cache.storage import StorageBackendFactory
 import openinfer as oi
 from openinfer import sglang as oisgl
 
-from conftest import (PAGE, fill_random, host_pool, indices, keys, page_bytes,
+from conftest import (PAGE, fill_random, host_pool, indices, keys, mla_host_pool, page_bytes,
                       storage_config)
 
 LAYOUTS = ["page_first", "page_first_direct", "page_head", "layer_first"]
@@ -81,6 +81,37 @@ def test_v1_round_trip(layout):
             assert not any(page_bytes(src, p))
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct", "layer_first"])
+def test_mla_round_trip(layout):
+    """SGLang's MLA host pool: one arena (page-first layouts) or one per
+    layer; the namespace has no TP rank (every rank holds the same KV)."""
+    pool = mla_host_pool(layout)
+    fill_random(pool, seed=53)
+    ks = keys(4, seed=59)
+    want = [page_bytes(pool, p) for p in range(4)]
+    b = make(pool, mla=True, tp_rank=0, tp_size=1)
+    try:
+        assert len(b.geom.arenas) == (4 if layout == "layer_first" else 1)
+        assert "/mla-d80-L4-p16-bfloat16-" + layout in b.namespace
+        assert "tp" not in b.namespace.split("/")[-1]
+        assert b.batch_set_v1(ks, indices(range(4))) == [True] * 4
+        assert b.batch_get_v1(ks, indices(range(8, 12))) == [True] * 4
+        assert [page_bytes(pool, p) for p in range(8, 12)] == want
+        out = b.get(ks[2], pool.get_dummy_flat_data_page())
+        assert bytes(out.view(torch.uint8).numpy()) == want[2]
+    finally:
+        b.close()
+
+
+def test_mla_embedded_with_tp_is_refused():
+    pool = mla_host_pool()
+    config = storage_config({}, mla=True, tp_rank=1, tp_size=2)
+    b = StorageBackendFactory.create_backend("dynamic", config, pool)
+    with pytest.raises(ValueError, match="sidecar"):
+        b.register_mem_pool_host(pool)
+    b.close()
 
 
 def test_exists_with_a_prefix_partly_present():

@@ -278,6 +278,8 @@ class OpenInferStorage(HiCacheStorage):
         return ns
 
     def register_mem_pool_host(self, mem_pool_host):
+        if self.geom is not None:
+            self.close()          # registered again: drop the previous engines
         super().register_mem_pool_host(mem_pool_host)
         self.geom = describe_host_pool(mem_pool_host)
         self.namespace = self._derive_namespace()
@@ -328,6 +330,19 @@ class OpenInferStorage(HiCacheStorage):
             return None
         return self.staged
 
+    def _reset_sidecar(self):
+        """After a timeout (with self._lock held): drop the engine and take a
+        new staging buffer, since the server may still copy into the old one;
+        the next call connects again."""
+        engine, self.staged = self.staged, None
+        if engine is not None:
+            try:
+                engine.close()
+            except oi.Error as e:
+                logger.warning("openinfer: closing the sidecar engine: %s", e)
+        self.staging = _Staging(self.geom, self.staging_pages, shared=True)
+        self._next_connect = 0.0
+
     def _staged_engine(self):
         if self.mode == "embedded":
             return self.staged
@@ -347,7 +362,10 @@ class OpenInferStorage(HiCacheStorage):
                 self.host.close()
                 self.host = None
             if self.staging is not None:
-                self.staging.close()
+                try:
+                    self.staging.close()
+                except BufferError:  # a view still alive: the GC unmaps it
+                    pass
                 self.staging = None
 
     def __del__(self):
@@ -371,9 +389,12 @@ class OpenInferStorage(HiCacheStorage):
             return True
         except oi.TimeoutError:
             logger.error("openinfer: %s did not complete in %s s", what, self.timeout)
-            if self.mode == "embedded" and what.startswith("load"):
-                # the copy writes SGLang's pages: do not return before it ends
-                ticket.wait(None)
+            if self.mode == "embedded":
+                if what.startswith("load"):
+                    # the copy writes SGLang's pages: do not return before it ends
+                    ticket.wait(None)
+            else:
+                self._reset_sidecar()
             return False
         except oi.Error as e:
             logger.warning("openinfer: %s failed: %s", what, e)
@@ -495,7 +516,10 @@ class OpenInferStorage(HiCacheStorage):
 
     def _count(self, keys):
         """The leading run of keys present (one membership query)."""
-        engine = self.engine if self.mode == "embedded" else self._locked_engine()
+        if self.mode == "embedded":
+            engine = self.engine
+        else:  # the lock only to connect: a lookup does not wait for a save
+            engine = self.staged or self._locked_engine()
         if engine is None:
             return 0
         flags = engine.query_membership(page_hashes(keys))

@@ -326,3 +326,30 @@ def test_sidecar_absent_at_start(serve):
         assert b.batch_exists(ks) == 2
     finally:
         b.close()
+
+
+def test_sidecar_hung_times_out_then_recovers(serve):
+    """A server that stops answering (SIGSTOP): the save reports False within
+    about timeout_s, the backend drops its engine and staging buffer, and
+    works again once the server runs (SIGCONT)."""
+    import signal
+    pool = host_pool()
+    fill_random(pool, seed=61)
+    ks = keys(3, seed=67)
+    b = sidecar(pool, serve, timeout_s=0.5, control_deadline_ms=1000)
+    try:
+        assert b.batch_set_v1(ks[:1], indices([0])) == [True]
+        serve.proc.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.time()
+            assert b.batch_set_v1(ks[1:2], indices([1])) == [False]
+            assert b.batch_get_v1(ks[:1], indices([9])) == [False]
+            assert time.time() - t0 < 30
+        finally:
+            serve.proc.send_signal(signal.SIGCONT)
+        want = page_bytes(pool, 2)
+        assert wait_for(lambda: b.batch_set_v1(ks[2:3], indices([2])) == [True])
+        assert b.batch_get_v1(ks[2:3], indices([12])) == [True]
+        assert page_bytes(pool, 12) == want
+    finally:
+        b.close()

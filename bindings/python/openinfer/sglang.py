@@ -336,12 +336,19 @@ class OpenInferStorage(HiCacheStorage):
         the next call connects again."""
         engine, self.staged = self.staged, None
         if engine is not None:
-            try:
-                engine.close()
-            except oi.Error as e:
-                logger.warning("openinfer: closing the sidecar engine: %s", e)
+            # its destroy flushes, which waits for a hung server up to the save
+            # deadline: not on SGLang's thread
+            threading.Thread(target=self._close_quietly, args=(engine,), daemon=True,
+                             name="openinfer-sglang-close").start()
         self.staging = _Staging(self.geom, self.staging_pages, shared=True)
         self._next_connect = 0.0
+
+    @staticmethod
+    def _close_quietly(engine):
+        try:
+            engine.close()
+        except oi.Error as e:
+            logger.warning("openinfer: closing the sidecar engine: %s", e)
 
     def _staged_engine(self):
         if self.mode == "embedded":

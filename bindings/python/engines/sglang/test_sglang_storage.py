@@ -344,7 +344,7 @@ def test_sidecar_hung_times_out_then_recovers(serve):
             t0 = time.time()
             assert b.batch_set_v1(ks[1:2], indices([1])) == [False]
             assert b.batch_get_v1(ks[:1], indices([9])) == [False]
-            assert time.time() - t0 < 30
+            assert time.time() - t0 < 10
         finally:
             serve.proc.send_signal(signal.SIGCONT)
         want = page_bytes(pool, 2)

@@ -44,6 +44,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
 import openinfer as oi
+from openinfer._native import ffi, lib
 
 logger = logging.getLogger(__name__)
 
@@ -65,26 +66,33 @@ OPTIONS = {
 
 
 def page_hashes(keys):
-    """The 16-byte block hashes of SGLang page keys, as one bytes object of
+    """The 16-byte block hashes of SGLang page keys, as one buffer of
     len(keys) * 16 bytes (hash i at [16 i, 16 i + 16)). Keys of 64 hex digits
-    (SGLang's) are mapped in one oi_block_keys_from_bytes call."""
-    if not keys:
+    (SGLang's) are decoded and mapped in one oi_block_keys_from_bytes call,
+    with no Python loop per key."""
+    n = len(keys)
+    if n == 0:
         return b""
-    joined = "".join(keys)
-    if len(joined) == 64 * len(keys) and all(len(k) == 64 for k in keys):
+    packed = None
+    if set(map(len, keys)) == {64}:
         try:
-            packed = bytes.fromhex(joined)
+            packed = bytes.fromhex("".join(keys))
         except ValueError:
             packed = None
-        if packed is not None and len(packed) == 32 * len(keys):
-            return b"".join(oi.block_keys(packed, key_len=32))
-    out = []
+        if packed is not None and len(packed) != 32 * n:  # fromhex skips whitespace
+            packed = None
+    if packed is not None:
+        out = bytearray(16 * n)
+        oi._check(lib.oi_block_keys_from_bytes(ffi.from_buffer(packed), 32, n,
+                                               ffi.cast("oi_block_hash *", ffi.from_buffer(out))))
+        return bytes(out)
+    parts = []
     for k in keys:
         if len(k) == 64 and _HEX.issuperset(k):
-            out.append(oi.block_key(bytes.fromhex(k)))
+            parts.append(oi.block_key(bytes.fromhex(k)))
         else:
-            out.append(oi.block_key(b"\x00" + hashlib.sha256(k.encode()).digest()))
-    return b"".join(out)
+            parts.append(oi.block_key(b"\x00" + hashlib.sha256(k.encode()).digest()))
+    return b"".join(parts)
 
 
 class PoolGeometry:

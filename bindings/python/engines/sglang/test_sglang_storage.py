@@ -2,6 +2,7 @@
 SGLang's own storage factory (its `dynamic` path), registered on SGLang's own
 host KV pool objects (on the CPU) and round-trips pages byte-exact; failures
 come back as False / None / misses."""
+import hashlib
 import time
 
 import pytest
@@ -60,6 +61,11 @@ def test_page_hashes():
     assert h2[16:32] == h[:16]        # hex digits in either case
     assert len(set(h2[i:i + 16] for i in range(0, 48, 16))) == 3
     assert oisgl.page_hashes([]) == b""
+    # 64 characters that are not all hex digits (fromhex would skip the space)
+    spaced = "ab" * 31 + " a"
+    h3 = oisgl.page_hashes(ks[:1] + [spaced])
+    assert h3[:16] == h[:16]
+    assert h3[16:] == oi.block_key(b"\x00" + hashlib.sha256(spaced.encode()).digest())
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

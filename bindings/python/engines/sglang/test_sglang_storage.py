@@ -359,3 +359,59 @@ def test_sidecar_hung_times_out_then_recovers(serve):
         assert page_bytes(pool, 12) == want
     finally:
         b.close()
+
+
+# ------------------------------------------------- SGLang's own controller code
+
+
+def controller(backend, pool, v1):
+    """SGLang's HiCacheController storage methods (the installed version's
+    code: write-back, hit query, prefetch transfer) bound to a stand-in that
+    holds only what they read: the backend, the host pool, the page size."""
+    import queue
+    import types
+    from sglang.srt.managers.cache_controller import HiCacheController
+    c = types.SimpleNamespace(storage_backend=backend, storage_host_pool=pool,
+                              mem_pool_host=pool, page_size=pool.page_size,
+                              prefetch_sync_queue=queue.Queue())
+    for name in ("_page_backup", "_storage_hit_query", "_page_transfer",
+                 "_page_transfer_kv_batch", "_page_get_zero_copy", "_page_set_zero_copy",
+                 "_generic_page_get", "_generic_page_set"):
+        setattr(c, name, types.MethodType(getattr(HiCacheController, name), c))
+    c.page_get_func = c._page_get_zero_copy if v1 else c._generic_page_get
+    c.page_set_func = c._page_set_zero_copy if v1 else c._generic_page_set
+    return c
+
+
+@pytest.mark.parametrize("v1", [True, False], ids=["interface_v1", "generic"])
+def test_sglang_controller_backup_query_prefetch(v1):
+    """Pages written back by SGLang's _page_backup under SGLang's own page
+    keys are found by its _storage_hit_query and brought back by its
+    _page_transfer, byte-exact."""
+    from sglang.srt.managers.cache_controller import PrefetchOperation, StorageOperation
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+    pool = host_pool()
+    fill_random(pool, seed=71)
+    b = make(pool, {"interface_v1": int(v1), "staging_pages": 2})
+    try:
+        c = controller(b, pool, v1)
+        tokens = list(range(1000, 1000 + 5 * PAGE))
+        ks = get_storage_hash_str(tokens, None, page_size=PAGE)
+        assert len(ks) == 5 and all(len(k) == 64 for k in ks)
+        want = [page_bytes(pool, p) for p in range(5)]
+        op = StorageOperation(indices(range(5)), tokens, hash_value=ks)
+        c._page_backup(op)
+        assert op.completed_tokens == 5 * PAGE
+
+        # a request whose prompt goes 2 pages past what was written back
+        pf = PrefetchOperation("req-1", tokens + list(range(7, 7 + 2 * PAGE)))
+        hash_value, hit_tokens = c._storage_hit_query(pf)
+        assert hash_value == ks and hit_tokens == 5 * PAGE
+        pf.hash_value = hash_value
+        pf.host_indices = indices(range(8, 13))
+        assert c._page_transfer(pf) == 5
+        assert [page_bytes(pool, p) for p in range(8, 13)] == want
+        acks = [c.prefetch_sync_queue.get_nowait() for _ in range(c.prefetch_sync_queue.qsize())]
+        assert sum(a.completed_tokens for a in acks) == 5 * PAGE
+    finally:
+        b.close()

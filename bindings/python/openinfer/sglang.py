@@ -269,11 +269,12 @@ class OpenInferStorage(HiCacheStorage):
     # ---------------------------------------------------------------- setup
 
     def _derive_namespace(self):
-        if self.options["namespace"]:
-            return str(self.options["namespace"])
         c = self.storage_config
-        model = (getattr(c, "model_name", None) or "model").replace("/", "-")
-        parts = ["sglang", model, self.geom.ident]
+        if self.options["namespace"]:
+            parts = [str(self.options["namespace"])]
+        else:
+            parts = ["sglang", (getattr(c, "model_name", None) or "model").replace("/", "-")]
+        parts.append(self.geom.ident)
         if not getattr(c, "is_mla_model", False):
             parts.append("tp%d-%d" % (c.tp_rank, c.tp_size))
         if getattr(c, "pp_size", 1) > 1:
@@ -288,15 +289,16 @@ class OpenInferStorage(HiCacheStorage):
     def register_mem_pool_host(self, mem_pool_host):
         if self.geom is not None:
             self.close()          # registered again: drop the previous engines
-        super().register_mem_pool_host(mem_pool_host)
-        self.geom = describe_host_pool(mem_pool_host)
-        self.namespace = self._derive_namespace()
+        geom = describe_host_pool(mem_pool_host)
         c = self.storage_config
         if (self.mode == "embedded" and getattr(c, "is_mla_model", False)
                 and getattr(c, "tp_size", 1) > 1):
             raise ValueError("openinfer: an MLA model with tp_size > 1 needs mode 'sidecar' "
                              "(only rank 0 writes; the other ranks read its pages through "
                              "the shared server)")
+        super().register_mem_pool_host(mem_pool_host)
+        self.geom = geom
+        self.namespace = self._derive_namespace()
         if self.mode == "embedded":
             self.host = oi.OffloadHost(int(self.options["pool_bytes"]))
             self.engine = oi.OffloadEngine(

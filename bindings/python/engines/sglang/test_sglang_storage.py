@@ -245,6 +245,15 @@ def test_ranks_and_models_do_not_share_pages():
     finally:
         a.close()
         b.close()
+    # the namespace option replaces the model part only: ranks stay apart
+    a = make(pool, {"namespace": "tenant-a/m"}, tp_rank=0, tp_size=2)
+    b = make(pool, {"namespace": "tenant-a/m"}, tp_rank=1, tp_size=2)
+    try:
+        assert a.namespace.startswith("tenant-a/m/mha-") and a.namespace.endswith("tp0-2")
+        assert b.namespace.endswith("tp1-2")
+    finally:
+        a.close()
+        b.close()
 
 
 # ---------------------------------------------------------------- sidecar

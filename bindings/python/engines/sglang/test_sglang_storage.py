@@ -1,0 +1,426 @@
+"""openinfer.sglang against the installed SGLang: the backend is built by
+SGLang's own storage factory (its `dynamic` path), registered on SGLang's own
+host KV pool objects (on the CPU) and round-trips pages byte-exact; failures
+come back as False / None / misses."""
+import hashlib
+import time
+
+import pytest
+import torch
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+from sglang.srt.mem_cache.storage import StorageBackendFactory
+
+import openinfer as oi
+from openinfer import sglang as oisgl
+
+from conftest import (PAGE, fill_random, host_pool, indices, keys, mla_host_pool, page_bytes,
+                      storage_config)
+
+LAYOUTS = ["page_first", "page_first_direct", "page_head", "layer_first"]
+
+
+def make(pool, extra=None, **cfg):
+    """What SGLang's cache controller does on attach: the factory builds the
+    backend, then registers the host pool."""
+    config = storage_config(dict({"pool_bytes": 16 << 20}, **(extra or {})), **cfg)
+    backend = StorageBackendFactory.create_backend("dynamic", config, pool)
+    backend.register_mem_pool_host(pool)
+    return backend
+
+
+def test_factory_builds_the_backend():
+    pool = host_pool()
+    b = make(pool)
+    try:
+        assert isinstance(b, oisgl.OpenInferStorage)
+        assert isinstance(b, HiCacheStorage)
+        assert b.mode == "embedded"
+        assert b.namespace.startswith("sglang/tiny-model/mha-h2-d64-L4-p16-bfloat16-page_first")
+        assert b.namespace.endswith("tp0-1")
+        assert b.geom.page_bytes == 2 * 4 * PAGE * 2 * 64 * 2
+        assert [a[0] for a in b.geom.arenas] == ["k", "v"]
+    finally:
+        b.close()
+
+
+def test_factory_refuses_a_bad_mode():
+    config = storage_config({"mode": "nope"})
+    with pytest.raises(ValueError, match="mode"):
+        StorageBackendFactory.create_backend("dynamic", config, None)
+
+
+def test_page_hashes():
+    ks = keys(5)
+    h = oisgl.page_hashes(ks)
+    assert len(h) == 5 * 16
+    for i, k in enumerate(ks):
+        assert h[16 * i:16 * i + 16] == oi.block_key(bytes.fromhex(k))
+    odd = ["not-hex", ks[0].upper(), "x" * 64]
+    h2 = oisgl.page_hashes(odd)
+    assert h2[16:32] == h[:16]        # hex digits in either case
+    assert len(set(h2[i:i + 16] for i in range(0, 48, 16))) == 3
+    assert oisgl.page_hashes([]) == b""
+    # 64 characters that are not all hex digits (fromhex would skip the space)
+    spaced = "ab" * 31 + " a"
+    h3 = oisgl.page_hashes(ks[:1] + [spaced])
+    assert h3[:16] == h[:16]
+    assert h3[16:] == oi.block_key(b"\x00" + hashlib.sha256(spaced.encode()).digest())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_v1_round_trip(layout):
+    src = host_pool(layout)
+    fill_random(src, seed=3)
+    ks = keys(6, seed=7)
+    want = [page_bytes(src, p) for p in range(1, 7)]
+    b = make(src)
+    try:
+        # layer_first describes 2 * LAYERS arenas; the page-first layouts 2
+        assert len(b.geom.arenas) == (8 if layout == "layer_first" else 2)
+        assert b.batch_set_v1(ks, indices(range(1, 7))) == [True] * 6
+        src.kv_buffer.zero_()
+        assert b.batch_get_v1(ks, indices(range(9, 15))) == [True] * 6
+        for i, p in enumerate(range(9, 15)):
+            assert page_bytes(src, p) == want[i], "page %d" % i
+        for p in list(range(0, 9)) + [15]:  # nothing else was written
+            assert not any(page_bytes(src, p))
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct", "layer_first"])
+def test_mla_round_trip(layout):
+    """SGLang's MLA host pool: one arena (page-first layouts) or one per
+    layer; the namespace has no TP rank (every rank holds the same KV)."""
+    pool = mla_host_pool(layout)
+    fill_random(pool, seed=53)
+    ks = keys(4, seed=59)
+    want = [page_bytes(pool, p) for p in range(4)]
+    b = make(pool, mla=True, tp_rank=0, tp_size=1)
+    try:
+        assert len(b.geom.arenas) == (4 if layout == "layer_first" else 1)
+        assert "/mla-d80-L4-p16-bfloat16-" + layout in b.namespace
+        assert "tp" not in b.namespace.split("/")[-1]
+        assert b.batch_set_v1(ks, indices(range(4))) == [True] * 4
+        assert b.batch_get_v1(ks, indices(range(8, 12))) == [True] * 4
+        assert [page_bytes(pool, p) for p in range(8, 12)] == want
+        out = b.get(ks[2], pool.get_dummy_flat_data_page())
+        assert bytes(out.view(torch.uint8).numpy()) == want[2]
+    finally:
+        b.close()
+
+
+def test_mla_embedded_with_tp_is_refused():
+    pool = mla_host_pool()
+    config = storage_config({}, mla=True, tp_rank=1, tp_size=2)
+    b = StorageBackendFactory.create_backend("dynamic", config, pool)
+    with pytest.raises(ValueError, match="sidecar"):
+        b.register_mem_pool_host(pool)
+    b.close()
+
+
+def test_exists_with_a_prefix_partly_present():
+    pool = host_pool()
+    fill_random(pool, seed=5)
+    ks = keys(8, seed=9)
+    b = make(pool)
+    try:
+        assert b.batch_set_v1(ks[:4], indices(range(4))) == [True] * 4
+        assert b.batch_set_v1(ks[5:6], indices([5])) == [True]
+        assert b.batch_exists(ks) == 4
+        assert b.batch_exists(ks[5:]) == 1
+        assert b.batch_exists(ks[4:]) == 0
+        assert b.batch_exists([]) == 0
+        assert b.exists(ks[5]) and b.exists(ks[0])
+        assert not b.exists(ks[4])
+        # a get of the whole run loads the present prefix only
+        want = [page_bytes(pool, p) for p in range(4)]
+        assert b.batch_get_v1(ks, indices(range(8, 16))) == [True] * 4 + [False] * 4
+        assert [page_bytes(pool, p) for p in range(8, 12)] == want
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_copying_calls(layout):
+    """get/set/batch_get/batch_set through the staging block, and their pages
+    are the same bytes as the zero-copy calls' (the flat data page is the
+    block's arenas in order)."""
+    pool = host_pool(layout)
+    fill_random(pool, seed=11)
+    ks = keys(6, seed=13)
+    b = make(pool, {"staging_pages": 2})
+    try:
+        assert b.set(ks[0], pool.get_data_page(0, flat=True))
+        out = b.get(ks[0], pool.get_dummy_flat_data_page())
+        assert out is not None and out.dtype == pool.dtype
+        assert bytes(out.view(torch.uint8).numpy()) == page_bytes(pool, 0)
+        # no target: a new flat tensor of the pool's dtype
+        fresh = b.get(ks[0])
+        assert bytes(fresh.view(torch.uint8).numpy()) == page_bytes(pool, 0)
+        assert b.get(ks[5], pool.get_dummy_flat_data_page()) is None
+
+        # batch_set (5 pages through 2 staging pages) then zero-copy get
+        vals = [pool.get_data_page(p * PAGE, flat=True) for p in range(1, 6)]
+        want = [page_bytes(pool, p) for p in range(1, 6)]
+        assert b.batch_set(ks[1:6], vals) is True
+        assert b.batch_get_v1(ks[1:6], indices(range(10, 15))) == [True] * 5
+        assert [page_bytes(pool, p) for p in range(10, 15)] == want
+
+        # zero-copy set then batch_get (a miss in the middle ends the run)
+        got = b.batch_get(ks[1:6] + keys(1, seed=99) + ks[1:2],
+                          [pool.get_dummy_flat_data_page() for _ in range(7)])
+        assert [bytes(t.view(torch.uint8).numpy()) for t in got[:5]] == want
+        assert got[5:] == [None, None]
+        # a value of the wrong size is refused
+        assert b.set(keys(1, seed=50)[0], torch.zeros(3, dtype=pool.dtype)) is False
+    finally:
+        b.close()
+
+
+def test_pool_full_reports_false():
+    """A host tier full of leased blocks drops new saves: the calls answer
+    False, nothing raises."""
+    pool = host_pool()
+    fill_random(pool, seed=17)
+    b = make(pool, {"pool_bytes": 4 << 20})   # 128 pages of 32 KiB, at most
+    try:
+        held = []
+        stored = 0
+        for r in range(12):
+            ks = keys(16, seed=100 + r)
+            ok = b.batch_set_v1(ks, indices(range(16)))
+            stored += sum(ok)
+            q = b.engine.query(oisgl.page_hashes([k for k, o in zip(ks, ok) if o]))
+            if q.lease is not None:
+                held.append(q)   # the lease pins them: nothing can be evicted
+            if not all(ok):
+                break
+        else:
+            pytest.fail("a 4 MiB tier took %d pages of 32 KiB" % stored)
+        assert 0 < stored <= 128
+        ks = keys(4, seed=500)
+        assert b.batch_set_v1(ks, indices(range(4))) == [False] * 4
+        assert b.batch_set(ks, [pool.get_data_page(0) for _ in ks]) is False
+        assert b.batch_exists(ks) == 0
+        assert b.batch_get_v1(ks, indices(range(4))) == [False] * 4
+        for q in held:
+            q.lease.release()
+        # released, the old blocks can be evicted again: saves succeed
+        assert b.batch_set_v1(ks, indices(range(4))) == [True] * 4
+    finally:
+        b.close()
+
+
+def test_unsupported_layout_is_refused():
+    pool = host_pool()
+    pool.layout = "page_first_kv_split"
+    config = storage_config({})
+    b = StorageBackendFactory.create_backend("dynamic", config, pool)
+    with pytest.raises(ValueError, match="layout 'page_first_kv_split' is not supported"):
+        b.register_mem_pool_host(pool)
+    b.close()
+
+
+def test_calls_before_registration_fail_softly():
+    b = StorageBackendFactory.create_backend("dynamic", storage_config({}), None)
+    ks = keys(2)
+    assert b.batch_exists(ks) == 0
+    assert b.exists(ks[0]) is False
+    assert b.batch_get_v1(ks, indices([0, 1])) == [False, False]
+    assert b.batch_set_v1(ks, indices([0, 1])) == [False, False]
+    assert b.get(ks[0]) is None
+    assert b.set(ks[0], torch.zeros(4)) is False
+    b.close()
+
+
+def test_ranks_and_models_do_not_share_pages():
+    pool = host_pool()
+    fill_random(pool, seed=19)
+    a = make(pool, tp_rank=0, tp_size=2)
+    b = make(pool, tp_rank=1, tp_size=2)
+    try:
+        assert a.namespace != b.namespace
+    finally:
+        a.close()
+        b.close()
+    # the namespace option replaces the model part only: ranks stay apart
+    a = make(pool, {"namespace": "tenant-a/m"}, tp_rank=0, tp_size=2)
+    b = make(pool, {"namespace": "tenant-a/m"}, tp_rank=1, tp_size=2)
+    try:
+        assert a.namespace.startswith("tenant-a/m/mha-") and a.namespace.endswith("tp0-2")
+        assert b.namespace.endswith("tp1-2")
+    finally:
+        a.close()
+        b.close()
+
+
+# ---------------------------------------------------------------- sidecar
+
+
+def sidecar(pool, serve, **extra):
+    return make(pool, dict({"mode": "sidecar", "socket": serve.socket, "staging_pages": 2,
+                            "retry_s": 0.1, "timeout_s": 10}, **extra))
+
+
+def wait_for(fn, secs=15):
+    deadline = time.time() + secs
+    while time.time() < deadline:
+        if fn():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_sidecar_round_trip_between_two_instances(serve, layout):
+    """Two SGLang instances (two host pools, one model and rank) share pages
+    through one server; 5 pages go through 2 staging pages."""
+    src, dst = host_pool(layout), host_pool(layout)
+    fill_random(src, seed=23)
+    ks = keys(5, seed=29)
+    want = [page_bytes(src, p) for p in range(2, 7)]
+    a, b = sidecar(src, serve), sidecar(dst, serve)
+    try:
+        assert a.namespace == b.namespace
+        assert a.batch_set_v1(ks, indices(range(2, 7))) == [True] * 5
+        assert b.batch_exists(ks) == 5
+        assert b.batch_get_v1(ks, indices(range(8, 13))) == [True] * 5
+        assert [page_bytes(dst, p) for p in range(8, 13)] == want
+        assert [any(page_bytes(dst, p)) for p in range(0, 8)] == [False] * 8
+        # the copying calls over the sidecar
+        out = b.get(ks[3], dst.get_dummy_flat_data_page())
+        assert bytes(out.view(torch.uint8).numpy()) == want[3]
+        extra = keys(3, seed=31)
+        assert b.batch_set(extra, [dst.get_data_page(p * PAGE) for p in (8, 9, 10)])
+        assert a.batch_exists(extra) == 3
+    finally:
+        a.close()
+        b.close()
+
+
+def test_sidecar_gone_misses_then_recovers(serve):
+    pool = host_pool()
+    fill_random(pool, seed=37)
+    ks = keys(4, seed=41)
+    b = sidecar(pool, serve)
+    try:
+        assert b.batch_set_v1(ks[:2], indices(range(2))) == [True, True]
+        serve.stop()     # SIGKILL: the server is gone
+        assert b.batch_exists(ks) == 0
+        assert b.exists(ks[0]) is False
+        assert b.batch_get_v1(ks[:2], indices([8, 9])) == [False, False]
+        assert b.batch_set_v1(ks[2:], indices([2, 3])) == [False, False]
+        assert b.get(ks[0], pool.get_dummy_flat_data_page()) is None
+        assert b.set(ks[3], pool.get_data_page(0)) is False
+        serve.start()    # a new server on the same socket: the engine reconnects
+        want = page_bytes(pool, 2)
+        assert wait_for(lambda: b.batch_set_v1(ks[2:3], indices([2])) == [True])
+        assert b.batch_exists(ks[2:3]) == 1
+        assert b.batch_get_v1(ks[2:3], indices([12])) == [True]
+        assert page_bytes(pool, 12) == want
+    finally:
+        b.close()
+
+
+def test_sidecar_absent_at_start(serve):
+    """No server when the pool is registered: the backend still attaches,
+    misses, and connects once a server listens."""
+    pool = host_pool()
+    fill_random(pool, seed=43)
+    serve.stop()
+    ks = keys(2, seed=47)
+    b = sidecar(pool, serve)
+    try:
+        assert b.staged is None
+        assert b.batch_exists(ks) == 0
+        assert b.batch_set_v1(ks, indices([0, 1])) == [False, False]
+        serve.start()
+        assert wait_for(lambda: b.batch_set_v1(ks, indices([0, 1])) == [True, True])
+        assert b.batch_exists(ks) == 2
+    finally:
+        b.close()
+
+
+def test_sidecar_hung_times_out_then_recovers(serve):
+    """A server that stops answering (SIGSTOP): the save reports False within
+    about timeout_s, the backend drops its engine and staging buffer, and
+    works again once the server runs (SIGCONT)."""
+    import signal
+    pool = host_pool()
+    fill_random(pool, seed=61)
+    ks = keys(3, seed=67)
+    b = sidecar(pool, serve, timeout_s=0.5, control_deadline_ms=1000)
+    try:
+        assert b.batch_set_v1(ks[:1], indices([0])) == [True]
+        serve.proc.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.time()
+            assert b.batch_set_v1(ks[1:2], indices([1])) == [False]
+            assert b.batch_get_v1(ks[:1], indices([9])) == [False]
+            assert time.time() - t0 < 10
+        finally:
+            serve.proc.send_signal(signal.SIGCONT)
+        want = page_bytes(pool, 2)
+        assert wait_for(lambda: b.batch_set_v1(ks[2:3], indices([2])) == [True])
+        assert b.batch_get_v1(ks[2:3], indices([12])) == [True]
+        assert page_bytes(pool, 12) == want
+    finally:
+        b.close()
+
+
+# ------------------------------------------------- SGLang's own controller code
+
+
+def controller(backend, pool, v1):
+    """SGLang's HiCacheController storage methods (the installed version's
+    code: write-back, hit query, prefetch transfer) bound to a stand-in that
+    holds only what they read: the backend, the host pool, the page size."""
+    import queue
+    import types
+    from sglang.srt.managers.cache_controller import HiCacheController
+    c = types.SimpleNamespace(storage_backend=backend, storage_host_pool=pool,
+                              mem_pool_host=pool, page_size=pool.page_size,
+                              prefetch_sync_queue=queue.Queue())
+    for name in ("_page_backup", "_storage_hit_query", "_page_transfer",
+                 "_page_transfer_kv_batch", "_page_get_zero_copy", "_page_set_zero_copy",
+                 "_generic_page_get", "_generic_page_set"):
+        setattr(c, name, types.MethodType(getattr(HiCacheController, name), c))
+    c.page_get_func = c._page_get_zero_copy if v1 else c._generic_page_get
+    c.page_set_func = c._page_set_zero_copy if v1 else c._generic_page_set
+    return c
+
+
+@pytest.mark.parametrize("v1", [True, False], ids=["interface_v1", "generic"])
+def test_sglang_controller_backup_query_prefetch(v1):
+    """Pages written back by SGLang's _page_backup under SGLang's own page
+    keys are found by its _storage_hit_query and brought back by its
+    _page_transfer, byte-exact."""
+    from sglang.srt.managers.cache_controller import PrefetchOperation, StorageOperation
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+    pool = host_pool()
+    fill_random(pool, seed=71)
+    b = make(pool, {"interface_v1": int(v1), "staging_pages": 2})
+    try:
+        c = controller(b, pool, v1)
+        tokens = list(range(1000, 1000 + 5 * PAGE))
+        ks = get_storage_hash_str(tokens, None, page_size=PAGE)
+        assert len(ks) == 5 and all(len(k) == 64 for k in ks)
+        want = [page_bytes(pool, p) for p in range(5)]
+        op = StorageOperation(indices(range(5)), tokens, hash_value=ks)
+        c._page_backup(op)
+        assert op.completed_tokens == 5 * PAGE
+
+        # a request whose prompt goes 2 pages past what was written back
+        pf = PrefetchOperation("req-1", tokens + list(range(7, 7 + 2 * PAGE)))
+        hash_value, hit_tokens = c._storage_hit_query(pf)
+        assert hash_value == ks and hit_tokens == 5 * PAGE
+        pf.hash_value = hash_value
+        pf.host_indices = indices(range(8, 13))
+        assert c._page_transfer(pf) == 5
+        assert [page_bytes(pool, p) for p in range(8, 13)] == want
+        acks = [c.prefetch_sync_queue.get_nowait() for _ in range(c.prefetch_sync_queue.qsize())]
+        assert sum(a.completed_tokens for a in acks) == 5 * PAGE
+    finally:
+        b.close()

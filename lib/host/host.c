@@ -289,8 +289,16 @@ static void *maint_main(void *arg) {
   uint64_t low = (uint64_t)((double)h->capacity * h->opts.low_watermark);
   pthread_mutex_lock(&h->maint_lock);
   while (!h->stopping) {
-    uint64_t deadline = oi__now_ns() + MAINT_PERIOD_MS * 1000000ull;
-    struct timespec ts = oi__timespec(deadline);
+    /* The period on the real monotonic clock (the condition variable's),
+     * not the library clock, which a clock_jump fault moves forward: a
+     * deadline read from it would sleep for the jump. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += MAINT_PERIOD_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
     pthread_cond_timedwait(&h->maint_cv, &h->maint_lock, &ts);
     if (h->stopping) break;
     pthread_mutex_unlock(&h->maint_lock);

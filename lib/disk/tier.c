@@ -46,16 +46,21 @@ static uint64_t round_sector(uint64_t n) {
   return (n + OI_DISK_SECTOR - 1) / OI_DISK_SECTOR * OI_DISK_SECTOR;
 }
 
-/* The disk key of (namespace id, hash): the namespace by name (ids are this
- * process's), and its layout's fingerprint. */
-static bool make_key(disk_tier *t, uint32_t ns, const oi_block_hash *hash, oi_disk_key *k,
-                     uint64_t *block_bytes) {
+/* The disk keys of hashes[0..n) in namespace id `ns`: the namespace by name
+ * (ids are this process's) and its layout's fingerprint, looked up once for
+ * the call. @return false when the namespace is unknown. */
+static bool make_keys(disk_tier *t, uint32_t ns, const oi_block_hash *hashes, size_t n,
+                      oi_disk_key *keys, uint64_t *block_bytes) {
   char name[256];
   uint64_t shape;
   if (!oi__host_namespace_info(t->host, ns, name, sizeof name, block_bytes, &shape)) return false;
-  k->ns_fp = XXH3_64bits(name, strlen(name));
-  memcpy(k->hash, hash->bytes, sizeof k->hash);
-  k->layout_fp = shape ^ (*block_bytes * 0x9E3779B97F4A7C15ull);
+  uint64_t ns_fp = XXH3_64bits(name, strlen(name));
+  uint64_t layout_fp = shape ^ (*block_bytes * 0x9E3779B97F4A7C15ull);
+  for (size_t i = 0; i < n; i++) {
+    keys[i].ns_fp = ns_fp;
+    memcpy(keys[i].hash, hashes[i].bytes, sizeof keys[i].hash);
+    keys[i].layout_fp = layout_fp;
+  }
   return true;
 }
 
@@ -90,7 +95,7 @@ static void spill_one(disk_tier *t, const oi_host_spill *s) {
   uint64_t bb;
   bool ok = false;
   spill_op *op = NULL;
-  if (!make_key(t, s->ns, &s->hash, &key, &bb) || !(op = oi__calloc(1, sizeof *op))) goto skip;
+  if (!make_keys(t, s->ns, &s->hash, 1, &key, &bb) || !(op = oi__calloc(1, sizeof *op))) goto skip;
   op->t = t;
   op->s = *s;
   const void *src = s->data;
@@ -212,9 +217,7 @@ size_t oi__disk_tier_promote(disk_tier *t, oi_host_ns ns, const oi_block_hash *h
   uint8_t *present = oi__malloc(n);
   size_t run = 0, started = 0;
   uint64_t bytes = 0;
-  if (!keys || !present) goto out;
-  for (size_t i = 0; i < n; i++)
-    if (!make_key(t, ns.id, &hashes[i], &keys[i], &bytes)) goto out;
+  if (!keys || !present || !make_keys(t, ns.id, hashes, n, keys, &bytes)) goto out;
   oi__disk_contains(t->store, keys, (uint32_t)n, present);
   while (run < n && present[run])
     run++;
@@ -238,18 +241,13 @@ uint64_t oi__disk_tier_membership(disk_tier *t, oi_host_ns ns, const oi_block_ha
   oi_disk_key *keys = oi__malloc(n * sizeof *keys);
   uint8_t *on_disk = oi__malloc(n);
   uint64_t added = 0, bytes;
-  if (keys && on_disk) {
-    bool ok = true;
-    for (size_t i = 0; i < n && ok; i++)
-      ok = make_key(t, ns.id, &hashes[i], &keys[i], &bytes);
-    if (ok) {
-      oi__disk_contains(t->store, keys, (uint32_t)n, on_disk);
-      for (size_t i = 0; i < n; i++)
-        if (on_disk[i] && !present[i]) {
-          present[i] = 1;
-          added++;
-        }
-    }
+  if (keys && on_disk && make_keys(t, ns.id, hashes, n, keys, &bytes)) {
+    oi__disk_contains(t->store, keys, (uint32_t)n, on_disk);
+    for (size_t i = 0; i < n; i++)
+      if (on_disk[i] && !present[i]) {
+        present[i] = 1;
+        added++;
+      }
   }
   oi__free(keys);
   oi__free(on_disk);

@@ -4,15 +4,18 @@ build tree and runs the engine tests of this directory.
 
 usage: run_engines.py ENGINE SOURCE_DIR INCLUDE_DIR LIB_DIR OPENINFER_EXE WORK_DIR [pytest args]
 
-ENGINE is vllm (test_vllm*.py, test_kvworker.py). Unlike run_tests.py this
-never skips: a missing engine, torch, cffi or pytest is a failure (the CI
-stage must not pass silently without its engine)."""
+ENGINE is vllm (test_kvworker.py, test_vllm_connector.py) or sglang (the
+sglang/ folder). Unlike run_tests.py this never skips: a missing engine,
+torch, cffi or pytest is a failure (the CI stage must not pass silently
+without its engine). Ends with the line .ci/run counts: "N passed, N failed,
+N skipped"."""
 import os
 import shutil
 import subprocess
 import sys
 
-FILES = {"vllm": ["test_kvworker.py", "test_vllm_connector.py"]}
+# Each engine's tests, relative to this directory.
+FILES = {"vllm": ["test_kvworker.py", "test_vllm_connector.py"], "sglang": ["sglang"]}
 
 
 def main():
@@ -30,7 +33,8 @@ def main():
     env = dict(os.environ, OPENINFER_INCLUDE_DIR=inc, OPENINFER_LIB_DIR=libdir)
     r = subprocess.run([sys.executable, os.path.join(pkg, "_build.py"), work], env=env)
     if r.returncode != 0:
-        print("building openinfer._native failed")
+        print("FAILED: building openinfer._native with %s" % sys.executable)
+        print("0 passed, 1 failed, 0 skipped")
         return 1
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = work
@@ -57,7 +61,7 @@ def main():
             passed += n - f - s
             failed += f
             skipped += s
-    except (OSError, ValueError, SyntaxError) as e:
+    except (OSError, ValueError, SyntaxError) as e:  # (ET.ParseError is a SyntaxError)
         print("run_engines.py: no pytest report (%s)" % e)
     if rc != 0 and failed == 0:
         failed = 1  # pytest itself failed (collection, no tests, a crash)

@@ -156,6 +156,9 @@ typedef struct oi_exec_stats {
   /* Restores whose load overlapped the forward of the prompt's remaining
    * tokens (OI_MODEL_KV_EVENTS models on CUDA ranks; docs/executor.md). */
   uint64_t restores_overlapped;
+  /* Restores that first waited for a deeper tier (the disk) to bring blocks
+   * back into the host pool (the query answered OI_QUERY_LOADING). */
+  uint64_t restores_waited;
 } oi_exec_stats;
 
 OI_API oi_status oi_executor_options_init(oi_executor_options *o);

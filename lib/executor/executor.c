@@ -620,6 +620,7 @@ OI_API oi_status oi_executor_stats(const oi_executor *x, oi_exec_stats *out) {
   s.saves_submitted = x->c.saves_submitted;
   s.leases_held = x->c.leases_held;
   s.restores_overlapped = x->c.restores_overlapped;
+  s.restores_waited = x->c.restores_waited;
   for (uint32_t i = 0; i < x->nranks; i++) {
     const block_pool *p = &x->ranks[i].pool;
     s.blocks_total += p->n;

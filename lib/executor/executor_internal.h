@@ -44,6 +44,13 @@ typedef struct request {
    * restored blocks, and the forward waits for them (on the device, or the
    * worker on the ticket); settled before the step's results apply. */
   bool overlap;
+  /* The query found blocks a deeper tier (disk) is bringing into the pool
+   * (OI_QUERY_LOADING): the request waits in RESTORING, without a ticket,
+   * and poll_restores queries [restore_first, restore_limit) again each step
+   * until nothing is pending or restore_deadline_ns passes. */
+  bool tier_wait;
+  uint32_t restore_limit;
+  uint64_t restore_query_start_ns;
   /* Restore timing (benchmarks): query call, load submit -> completion seen
    * at a step boundary, commit. */
   uint64_t restore_query_ns, restore_load_start_ns, restore_load_done_ns, restore_commit_ns;
@@ -125,7 +132,7 @@ enum { OVERLAP_OFF = 0, OVERLAP_DEVICE = 1, OVERLAP_HOST = 2 };
 typedef struct exec_counters {
   uint64_t steps, submitted, finished, failed, prefill_tokens, decode_tokens, cached_tokens,
       restored_tokens, restores_started, restores_completed, restores_failed, saves_submitted;
-  uint64_t leases_held, restores_overlapped;
+  uint64_t leases_held, restores_overlapped, restores_waited;
 } exec_counters;
 
 struct oi_executor {

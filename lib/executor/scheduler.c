@@ -312,9 +312,16 @@ static bool abandon_restore(exec_rank *r, request *q) {
 }
 
 /* Polls the restores in flight; each ends committed or degraded. */
+static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit);
+
 static void poll_restores(exec_rank *r) {
   for (request *q = r->running_head; q; q = q->next) {
     if (q->state != OI_REQUEST_RESTORING) continue;
+    if (q->tier_wait) { /* ask again: the deeper tier may have brought the blocks */
+      q->state = OI_REQUEST_RUNNING;
+      start_restore(r, q, q->restore_first, q->restore_limit);
+      continue;
+    }
     oi_status st = oi_ticket_poll(q->load_ticket);
     if (st == OI_PENDING) {
       if (oi__now_ns() >= q->restore_deadline_ns) abandon_restore(r, q);
@@ -351,16 +358,36 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
   oi_query_result qr;
   memset(&qr, 0, sizeof qr);
   qr.struct_size = sizeof qr;
-  uint64_t tq = oi__now_ns();
+  bool again = q->tier_wait;
+  if (!again) q->restore_query_start_ns = oi__now_ns();
+  q->tier_wait = false;
   oi_status st = oi_offload_engine_query(r->engine, req_id, q->hashes + g, limit - g, 0, &qr);
-  q->restore_query_ns = oi__now_ns() - tq;
+  uint64_t now = oi__now_ns();
+  q->restore_query_ns = now - q->restore_query_start_ns;
   if (st != OI_OK) {
     OI_LOG(OI_LOG_INFO, "executor", "request %llu: query failed: %s", (unsigned long long)q->id,
            oi_last_error());
     return false;
   }
+  /* A deeper tier (disk) is promoting blocks right after the hits: wait for
+   * them without blocking the step (poll_restores asks again), up to
+   * restore_timeout_ms from the first query; then what hits is restored.
+   * (A later query answers LOADING only when it started promotions itself;
+   * the ones already under way show as pending.) */
+  if ((qr.state == OI_QUERY_LOADING || again) && qr.pending_blocks) {
+    if (!again) q->restore_deadline_ns = oi__deadline_ns(x->o.restore_timeout_ms);
+    if (now < q->restore_deadline_ns) {
+      if (qr.hit_blocks) oi_offload_engine_release(r->engine, qr.lease);
+      if (!again) x->c.restores_waited++;
+      q->tier_wait = true;
+      q->restore_first = g;
+      q->restore_limit = limit;
+      q->restore_n = 0;
+      q->state = OI_REQUEST_RESTORING;
+      return true;
+    }
+  }
   if (qr.hit_blocks == 0) return false;
-  /* LOADING (a deeper tier) is taken as its current hit count. */
   uint32_t h = (uint32_t)qr.hit_blocks;
   x->c.leases_held++;
   x->c.restores_started++;

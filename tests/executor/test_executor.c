@@ -13,6 +13,7 @@
  *     overlapping the forward of the prompt's remaining tokens.
  * Each test uses its own namespace, so the host tier starts empty for it. */
 #include "exec_testutil.h"
+#include "openinfer/disk.h"
 
 #define PROMPT 26                                      /* 6 full blocks + 2 tokens */
 #define RESTORABLE (((PROMPT - 1) / PAGE) * PAGE)      /* 24 */
@@ -214,6 +215,83 @@ static void test_injected_failures_degrade_to_prefill(void) {
   oi_executor_destroy(x);
 }
 
+static uint64_t spilled(oi_offload_host *h) {
+  oi_host_disk_stats d = {.struct_size = sizeof d};
+  CHECK_OK(oi_offload_host_disk_stats(h, &d));
+  return d.spills + d.spills_skipped + d.spills_failed + d.spill_overflow;
+}
+
+/* Embedded, a host with a disk tier: after the pool evicted everything the
+ * prompt's blocks come back from the disk. The first query answers LOADING
+ * (the disk is promoting them); the request waits without blocking the step,
+ * then restores the whole prefix; same tokens, same KV bytes. */
+static void test_restored_from_disk(void) {
+  char dir[] = "/tmp/oi-exec-disk-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 8ull << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  oi_offload_host *dh = NULL;
+  REQUIRE(oi_offload_host_create(&ho, &dh) == OI_OK);
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  const char *dirs[1] = {dir};
+  d.dirs = dirs;
+  d.num_dirs = 1;
+  d.capacity_bytes = 64ull << 20;
+  CHECK_OK(oi_offload_host_attach_disk(dh, &d));
+  oi_executor_options o;
+  exec_options(&o, OI_OFFLOAD_EMBEDDED);
+  o.namespace_id = "t-disk";
+  o.host = dh;
+  oi_executor *x = NULL;
+  REQUIRE(oi_executor_create(&o, &x) == OI_OK);
+  uint32_t p[PROMPT];
+  make_prompt(p, PROMPT, 9);
+  run_out cold, warm;
+  run_one(x, p, PROMPT, -1, &cold);
+  size_t bytes = 0, bytes2 = 0;
+  uint8_t *cold_kv = kv_snapshot(x, 0, cold.id, KV_FULL_BLOCKS, &bytes);
+  CHECK_OK(oi_executor_flush(x, 10000));
+  /* Every block the pool sealed has had its turn at the disk. */
+  oi_host_stats hs = {.struct_size = sizeof hs};
+  CHECK_OK(oi_offload_host_stats(dh, &hs));
+  for (int i = 0; i < 2000 && spilled(dh) < hs.blocks_sealed; i++)
+    usleep(5000);
+  CHECK(spilled(dh) >= hs.blocks_sealed && hs.blocks_sealed >= RESTORABLE / PAGE);
+  uint64_t n = 0;
+  CHECK_OK(oi_offload_host_evict_all(dh, &n));
+  CHECK_OK(oi_offload_host_stats(dh, &hs));
+  CHECK(hs.blocks_sealed == 0);
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  run_one(x, p, PROMPT, -1, &warm);
+  CHECK(warm.res.restored_tokens == RESTORABLE && warm.res.cached_tokens == 0);
+  CHECK(same_tokens(&cold, &warm));
+  uint8_t *warm_kv = kv_snapshot(x, 0, warm.id, KV_FULL_BLOCKS, &bytes2);
+  CHECK(bytes == bytes2 && !memcmp(cold_kv, warm_kv, bytes));
+  free(warm_kv);
+  free(cold_kv);
+  oi_exec_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_executor_stats(x, &s));
+  CHECK(s.restores_waited == 1 && s.restores_completed == 1 && s.restores_failed == 0);
+  oi_host_disk_stats ds = {.struct_size = sizeof ds};
+  CHECK_OK(oi_offload_host_disk_stats(dh, &ds));
+  CHECK(ds.promotions >= RESTORABLE / PAGE && ds.checksum_failures == 0);
+  CHECK_OK(oi_executor_flush(x, 10000));
+  CHECK_OK(oi_executor_stats(x, &s));
+  CHECK(s.leases_held == 0 && s.blocks_active == 0);
+  oi_executor_destroy(x);
+  oi_offload_host_destroy(dh);
+  static const char *files[] = {"openinfer-disk.data", "openinfer-disk.log", "openinfer-disk.ckpt"};
+  for (size_t i = 0; i < OI_ARRAY_LEN(files); i++) {
+    char f[256];
+    snprintf(f, sizeof f, "%s/%s", dir, files[i]);
+    unlink(f);
+  }
+  rmdir(dir);
+}
+
 static void test_rank1_restores_what_rank0_saved(void) {
   uint32_t p[PROMPT];
   make_prompt(p, PROMPT, 4);
@@ -336,6 +414,7 @@ int main(int argc, char **argv) {
   }
   RUN_TEST(test_parity_cold_restored_gpu_hit_and_no_offload);
   RUN_TEST(test_gpu_hit_and_host_hit_combine);
+  if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_restored_from_disk);
   RUN_TEST(test_injected_failures_degrade_to_prefill);
   RUN_TEST(test_rank1_restores_what_rank0_saved);
   RUN_TEST(test_destroy_with_saves_and_loads_in_flight);

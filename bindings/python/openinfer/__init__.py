@@ -1851,7 +1851,7 @@ _EXEC_STATS = [
     "prefill_tokens", "decode_tokens", "cached_tokens", "restored_tokens", "restores_started",
     "restores_completed", "restores_failed", "saves_submitted", "save_blocks_pending",
     "blocks_total", "blocks_free", "blocks_cached", "blocks_active", "leases_held",
-    "restores_overlapped"]
+    "restores_overlapped", "restores_waited"]
 
 _OFFLOAD = {"none": 0, "embedded": 1, "sidecar": 2}
 

@@ -564,6 +564,7 @@ typedef struct oi_exec_stats {
   uint64_t blocks_active;
   uint64_t leases_held;
   uint64_t restores_overlapped;
+  uint64_t restores_waited;
   ...;
 } oi_exec_stats;
 oi_status oi_executor_options_init(oi_executor_options *o);

@@ -2393,6 +2393,8 @@ pub struct ExecStats {
     pub blocks_active: u64,
     pub leases_held: u64,
     pub restores_overlapped: u64,
+    /// Restores that first waited for the disk tier to bring blocks back.
+    pub restores_waited: u64,
 }
 
 /// A rank's KV arena layout (`oi_kv_layout`).
@@ -2688,6 +2690,7 @@ impl<'a> Executor<'a> {
             blocks_active: s.blocks_active,
             leases_held: s.leases_held,
             restores_overlapped: s.restores_overlapped,
+            restores_waited: s.restores_waited,
         })
     }
 

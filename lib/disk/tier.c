@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "tier.h"
@@ -141,6 +142,18 @@ static void *spiller_main(void *arg) {
     }
   }
   return NULL;
+}
+
+oi_status oi__disk_tier_settle(disk_tier *t, uint32_t timeout_ms) {
+  uint64_t deadline = oi__deadline_ns(timeout_ms);
+  size_t n;
+  while ((n = oi__host_spill_backlog(t->host)) != 0) {
+    if (oi__now_ns() >= deadline)
+      return oi__fail(OI_ERR_TIMEOUT, "disk: %zu blocks still queued for the disk after %u ms", n,
+                      timeout_ms);
+    usleep(1000);
+  }
+  return OI_OK;
 }
 
 /* ---- promotions ---------------------------------------------------------------- */

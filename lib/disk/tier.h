@@ -33,4 +33,10 @@ size_t oi__disk_tier_promote(disk_tier *t, oi_host_ns ns, const oi_block_hash *h
 uint64_t oi__disk_tier_membership(disk_tier *t, oi_host_ns ns, const oi_block_hash *hashes,
                                   size_t n, uint8_t *present);
 
+/* Waits until every block the pool queued for the disk so far has had its
+ * turn (written, or skipped), up to timeout_ms. For tools and tests that
+ * want "what the pool holds is on disk" before they evict it.
+ * @return OI_OK, or OI_ERR_TIMEOUT with the backlog in the message. */
+oi_status oi__disk_tier_settle(disk_tier *t, uint32_t timeout_ms);
+
 #endif

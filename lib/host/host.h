@@ -159,6 +159,9 @@ void oi__host_mark_lower(oi_offload_host *h, host_block *const *blocks, size_t n
 /* Blocks queued for the lower tier that were dropped because the queue was
  * full (their pool copy is the only one). */
 uint64_t oi__host_spill_overflow(const oi_offload_host *h);
+/* Blocks queued for the lower tier or taken and not ended yet: 0 means
+ * every block queued so far has had its turn (written, or skipped). */
+size_t oi__host_spill_backlog(oi_offload_host *h);
 
 /* The name, block bytes and layout fingerprint of namespace `ns_id`; the
  * name is written into name[cap] (truncated). false: no such namespace. */

@@ -179,6 +179,7 @@ struct oi_offload_host {
   spill_entry *spill_ring;
   size_t spill_head, spill_count, spill_cap;
   atomic_uint_fast64_t spill_overflow; /* entries dropped: the ring was full */
+  size_t spill_taken; /* under lower_lock: taken by the lower tier, not ended yet */
 
   host_counters c;
   uint64_t pool_setup_ns;

@@ -36,7 +36,7 @@ void oi__lower_fini(oi_offload_host *h) {
   h->lower_destroy = NULL;
   oi__free(h->spill_ring);
   h->spill_ring = NULL;
-  h->spill_cap = h->spill_count = h->spill_head = 0;
+  h->spill_cap = h->spill_count = h->spill_head = h->spill_taken = 0;
   pthread_mutex_unlock(&h->lower_lock);
   pthread_cond_destroy(&h->lower_cv);
   pthread_mutex_destroy(&h->lower_lock);
@@ -118,8 +118,10 @@ size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max,
     if (k) {
       h->spill_head = (h->spill_head + k) % h->spill_cap;
       h->spill_count -= k;
+      h->spill_taken += k; /* in the backlog until skipped below or ended */
     }
     pthread_mutex_unlock(&h->lower_lock);
+    size_t skipped = 0;
     if (k == 0) return 0; /* nothing queued within timeout_ms (or woken to stop) */
     for (size_t i = 0; i < k; i++) {
       spill_entry *q = &batch[i];
@@ -133,12 +135,20 @@ size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max,
         b->spilling = 1;
       }
       pthread_mutex_unlock(&s->lock);
-      if (!take) continue; /* evicted, reused, or held by the lower tier already */
+      if (!take) { /* evicted, reused, or held by the lower tier already */
+        skipped++;
+        continue;
+      }
       out[got++] = (oi_host_spill){.block = b,
                                    .ns = q->ns,
                                    .hash = q->hash,
                                    .data = oi__block_data(h, b),
                                    .bytes = ns_block_bytes(h, q->ns)};
+    }
+    if (skipped) {
+      pthread_mutex_lock(&h->lower_lock);
+      h->spill_taken -= skipped;
+      pthread_mutex_unlock(&h->lower_lock);
     }
     if (oi__now_ns() >= deadline) break;
   }
@@ -155,6 +165,16 @@ void oi__host_spill_end(oi_offload_host *h, const oi_host_spill *spills, size_t 
     if (oi__block_evictable(b)) oi__lru_insert_ordered_locked(s, b);
     pthread_mutex_unlock(&s->lock);
   }
+  pthread_mutex_lock(&h->lower_lock);
+  h->spill_taken -= n;
+  pthread_mutex_unlock(&h->lower_lock);
+}
+
+size_t oi__host_spill_backlog(oi_offload_host *h) {
+  pthread_mutex_lock(&h->lower_lock);
+  size_t n = h->spill_count + h->spill_taken;
+  pthread_mutex_unlock(&h->lower_lock);
+  return n;
 }
 
 void oi__host_spill_wake(oi_offload_host *h) {

@@ -9,11 +9,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "bench_cuda.h"
 #include "cli.h"
 #include "device/device.h"
+#include "disk/tier.h"
 #include "executor/executor_internal.h"
+#include "openinfer/disk.h"
 #include "openinfer/openinfer.h"
 #include "refmodel/kernels/refmodel_gen.h"
 
@@ -27,6 +31,10 @@ typedef struct size_result {
   double q_ms[MAX_REPS], load_ms[MAX_REPS], commit_ms[MAX_REPS];
   uint32_t restored[MAX_REPS], computed_warm[MAX_REPS];
   bool same_tokens;
+  /* Disk-warm: the same prompts after the pool was emptied too. */
+  double disk_ms[MAX_REPS], disk_q_ms[MAX_REPS], disk_load_ms[MAX_REPS];
+  uint32_t disk_restored[MAX_REPS];
+  bool disk_same;
 } size_result;
 
 static int cmp_d(const void *a, const void *b) {
@@ -79,7 +87,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: openinfer bench ttft [--device N] [--sizes A,B,...] [--reps N] [--chunk N]\n"
           "                            [--mixed N] [--mixed-tokens N] [--miss-reps N]\n"
-          "                            [--layers N] [--vocab N] [--json]\n"
+          "                            [--disk DIR|none] [--layers N] [--vocab N] [--json]\n"
           "\n"
           "The CUDA reference model in the Qwen3-4B shape (36 layers, hidden 2560, 32 query\n"
           "heads, 8 KV heads, head dim 128, MLP 9728, bf16, page 16) behind the executor with\n"
@@ -99,6 +107,9 @@ static void usage(FILE *f) {
           "  --miss-reps the offload-on miss path: per size, N new prompts through this executor\n"
           "             (host tier on, every query misses) and through one with offload NONE,\n"
           "             interleaved: TTFT p50 each and the overhead (default 4, 0 skips it)\n"
+          "  --disk     a disk tier under the pool, in DIR (default: a scratch directory under\n"
+          "             TMPDIR, removed after; 'none' skips it): per size, the same prompts again\n"
+          "             after the pool was emptied too, restored from disk (disk-warm TTFT)\n"
           "  --layers, --vocab   model size (default 36, 32768)\n");
 }
 
@@ -113,6 +124,7 @@ int bench_ttft(int argc, char **argv) {
                                      {"mixed-tokens", required_argument, 0, 'M'},
                                      {"miss-reps", required_argument, 0, 'x'},
                                      {"json", no_argument, 0, 'j'},
+                                     {"disk", required_argument, 0, 'D'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   long device = 0, reps = 3, chunk = 4096, layers = 36, vocab = 32768;
@@ -120,6 +132,7 @@ int bench_ttft(int argc, char **argv) {
   uint32_t sizes[MAX_SIZES] = {1466, 4096, 16384};
   int nsizes = 3;
   bool json = false;
+  const char *disk_arg = NULL;
   optind = 1;
   int c;
   while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -146,6 +159,7 @@ int bench_ttft(int argc, char **argv) {
     case 'M': ok = cli_parse_int(optarg, 17, 1 << 20, &mixed_len); break;
     case 'x': ok = cli_parse_int(optarg, 0, MAX_REPS, &miss_reps); break;
     case 'j': json = true; break;
+    case 'D': disk_arg = optarg; break;
     case 'h': usage(stdout); return CLI_OK;
     default: usage(stderr); return CLI_USAGE;
     }
@@ -259,6 +273,43 @@ int bench_ttft(int argc, char **argv) {
     return CLI_FAILED;
   }
   double pool_s = (double)(oi__now_ns() - t0) / 1e9;
+  /* The disk tier: room for every block the run saves (+ a header each). */
+  char disk_dir[512] = "";
+  bool disk_scratch = false;
+  const char *disk_skip = NULL;
+  uint64_t disk_bytes = host_bytes + host_bytes / 8;
+  if (disk_arg && !strcmp(disk_arg, "none")) {
+    disk_skip = "--disk none";
+  } else {
+    if (disk_arg) {
+      snprintf(disk_dir, sizeof disk_dir, "%s", disk_arg);
+    } else {
+      const char *tmp = getenv("TMPDIR");
+      snprintf(disk_dir, sizeof disk_dir, "%s/openinfer-bench-ttft-XXXXXX",
+               tmp && *tmp ? tmp : "/tmp");
+      disk_scratch = mkdtemp(disk_dir) != NULL;
+      if (!disk_scratch) disk_skip = "could not create a scratch directory";
+    }
+    struct statvfs vfs;
+    if (!disk_skip && statvfs(disk_dir, &vfs) == 0 &&
+        (uint64_t)vfs.f_bavail * vfs.f_frsize < disk_bytes + (1ull << 30))
+      disk_skip = "not enough free space there";
+    if (!disk_skip) {
+      oi_host_disk_options dopt;
+      oi_host_disk_options_init(&dopt);
+      const char *dirs[1] = {disk_dir};
+      dopt.dirs = dirs;
+      dopt.num_dirs = 1;
+      dopt.capacity_bytes = disk_bytes;
+      fprintf(stderr, "bench ttft: disk tier of %.1f GiB in %s...\n",
+              (double)disk_bytes / (1ull << 30), disk_dir);
+      if (oi_offload_host_attach_disk(host, &dopt) != OI_OK) {
+        fprintf(stderr, "openinfer bench ttft: disk tier: %s\n", oi_last_error());
+        disk_skip = "attaching it failed";
+      }
+    }
+    if (disk_skip) fprintf(stderr, "bench ttft: no disk-warm row (%s: %s)\n", disk_dir, disk_skip);
+  }
   oi_executor_options eo;
   oi_executor_options_init(&eo);
   int32_t devs[1] = {(int32_t)device};
@@ -347,6 +398,45 @@ int bench_ttft(int argc, char **argv) {
                 pass ? "warm" : "cold", rep, rr.ttft_ns / 1e6, rr.restored_tokens,
                 rr.computed_tokens);
       }
+    }
+  }
+
+  /* 3b. Disk-warm: per size, the pool emptied too (after every block had
+   * its turn at the disk), then the same prompts: the executor's query finds
+   * them on disk, waits for their promotion into the pool, and loads them. */
+  for (int si = 0; si < nsizes && !failed && !disk_skip; si++) {
+    size_result *sr = &res[si];
+    sr->disk_same = true;
+    oi_executor_flush(x, 60000);
+    oi_status st = oi__disk_tier_settle(oi__disk_tier_of(host), 600000);
+    uint64_t ev = 0;
+    if (st != OI_OK || oi_offload_host_evict_all(host, &ev) != OI_OK ||
+        oi_executor_evict_gpu_cache(x, &ev) != OI_OK) {
+      fprintf(stderr, "openinfer bench ttft: emptying the pool for the disk pass: %s\n",
+              oi_last_error());
+      failed = true;
+      break;
+    }
+    for (int rep = 0; rep < reps; rep++) {
+      gen_prompt(prompt, sizes[si], (uint64_t)sizes[si] * 1000 + rep, (uint32_t)vocab);
+      uint64_t id = 0;
+      oi_request_result rr;
+      if (!run_one(x, prompt, sizes[si], &id, &rr)) {
+        fprintf(stderr, "openinfer bench ttft: disk-warm request of %u tokens: %s\n", sizes[si],
+                oi_last_error());
+        failed = true;
+        break;
+      }
+      oi_exec_restore_timing tm = {0};
+      oi__executor_restore_timing(x, id, &tm);
+      sr->disk_ms[rep] = rr.ttft_ns / 1e6;
+      sr->disk_q_ms[rep] = tm.query_ns / 1e6;
+      sr->disk_load_ms[rep] = tm.load_ns / 1e6;
+      sr->disk_restored[rep] = rr.restored_tokens;
+      uint32_t *ft = &first_cold[((size_t)si * MAX_REPS + rep) * 2];
+      if (memcmp(ft, rr.tokens, 2 * sizeof *ft)) sr->disk_same = false;
+      fprintf(stderr, "  %u tokens, disk #%d: ttft %.2f ms (restored %u, computed %u)\n", sizes[si],
+              rep, rr.ttft_ns / 1e6, rr.restored_tokens, rr.computed_tokens);
     }
   }
 
@@ -497,8 +587,20 @@ int bench_ttft(int argc, char **argv) {
 
   oi_exec_stats xs = {.struct_size = sizeof xs};
   oi_executor_stats(x, &xs);
+  oi_host_disk_stats ds = {.struct_size = sizeof ds};
+  if (!disk_skip) oi_offload_host_disk_stats(host, &ds);
   oi_executor_destroy(x);
   oi_offload_host_destroy(host);
+  if (disk_scratch) { /* the store's three files, then the directory */
+    static const char *const files[] = {"openinfer-disk.data", "openinfer-disk.log",
+                                        "openinfer-disk.ckpt"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+      char f[600];
+      snprintf(f, sizeof f, "%s/%s", disk_dir, files[i]);
+      unlink(f);
+    }
+    rmdir(disk_dir);
+  }
   oi_refmodel_destroy(model);
   oi__dev_close(dev);
   if (failed) return CLI_FAILED;
@@ -578,6 +680,45 @@ int bench_ttft(int argc, char **argv) {
     }
   }
   if (json) printf("]");
+  /* disk-warm rows */
+  if (!disk_skip) {
+    if (json)
+      printf(",\"disk\":{\"spills\":%llu,\"promotions\":%llu,\"promote_failed\":%llu,"
+             "\"checksum_failures\":%llu,\"sizes\":[",
+             (unsigned long long)ds.spills, (unsigned long long)ds.promotions,
+             (unsigned long long)ds.promote_failed, (unsigned long long)ds.checksum_failures);
+    else
+      printf("\nrestored from disk (pool emptied too; one query that waits for the disk, then "
+             "the load):\n%7s %10s %10s %10s %8s %8s %9s %9s %8s\n",
+             "prompt", "cold p50", "host p50", "disk p50", "cold/disk", "query", "load",
+             "read GB/s", "tokens");
+    for (int si = 0; si < nsizes; si++) {
+      size_result *sr = &res[si];
+      double cold = median(sr->cold_ms, R), warm = median(sr->warm_ms, R);
+      double disk = median(sr->disk_ms, R), q = median(sr->disk_q_ms, R);
+      double ld = median(sr->disk_load_ms, R);
+      uint32_t restored = sr->disk_restored[R / 2];
+      double bytes = (double)restored / 16 * block_bytes_all_layers;
+      double gbps = q > 0 ? bytes / (q * 1e6) : 0;
+      if (json)
+        printf("%s{\"tokens\":%u,\"cold_ttft_p50_ms\":%.3f,\"host_warm_ttft_p50_ms\":%.3f,"
+               "\"disk_warm_ttft_p50_ms\":%.3f,\"cold_over_disk\":%.3f,\"query_wait_ms\":%.3f,"
+               "\"load_ms\":%.3f,\"restored_tokens\":%u,\"read_gbps\":%.3f,"
+               "\"tokens_identical\":%s}",
+               si ? "," : "", sr->tokens, cold, warm, disk, disk > 0 ? cold / disk : 0, q, ld,
+               restored, gbps, sr->disk_same ? "true" : "false");
+      else
+        printf("%7u %8.2fms %8.2fms %8.2fms %8.2fx %6.2fms %6.2fms %9.2f %8s\n", sr->tokens, cold,
+               warm, disk, disk > 0 ? cold / disk : 0, q, ld, gbps,
+               sr->disk_same ? "same" : "DIFFER");
+    }
+    if (json)
+      printf("]}");
+    else
+      printf("  (disk: %llu spills, %llu promotions, %llu failed, %llu checksum failures)\n",
+             (unsigned long long)ds.spills, (unsigned long long)ds.promotions,
+             (unsigned long long)ds.promote_failed, (unsigned long long)ds.checksum_failures);
+  }
   /* mixed load */
   if (mixed) {
     bool ok =

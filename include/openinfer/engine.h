@@ -159,8 +159,9 @@ typedef struct oi_query_result {
   oi_lease lease;      /* pins the hit blocks; all-zero when hit_blocks == 0 */
   uint8_t *present;    /* in: optional array of n bytes for OI_QUERY_MEMBERSHIP */
   /* ---- appended; an older caller's struct_size stops before these ---- */
-  uint64_t pending_blocks; /* out: blocks right after the hit prefix whose save is in flight
-                              (membership: positions in flight); not leased */
+  uint64_t pending_blocks; /* out: blocks right after the hit prefix whose save is in flight,
+                              or that sealed behind one in flight (query again: they are
+                              about to hit; membership: positions in flight); not leased */
   uint32_t wait_ms;        /* in: OI_QUERY_WAIT_PENDING's limit; 0 = do not wait */
   uint32_t reserved;
 } oi_query_result;

@@ -39,12 +39,15 @@ struct disk_tier {
 
 disk_tier *oi__disk_tier_of(const oi_offload_host *h) { return oi__host_lower(h); }
 
-static bool direct_ok(const void *p, uint64_t len) {
-  return ((uintptr_t)p % OI_DISK_SECTOR) == 0 && (len % OI_DISK_SECTOR) == 0;
-}
-
 static uint64_t round_sector(uint64_t n) {
   return (n + OI_DISK_SECTOR - 1) / OI_DISK_SECTOR * OI_DISK_SECTOR;
+}
+
+/* Whether a pool slot at `p` of `slot` bytes can take O_DIRECT I/O of a
+ * `len`-byte block itself: aligned, with room for the padding to a whole
+ * sector (the host's sector slots, oi__host_sector_slots). */
+static bool direct_ok(const void *p, uint64_t len, uint64_t slot) {
+  return ((uintptr_t)p % OI_DISK_SECTOR) == 0 && slot >= round_sector(len);
 }
 
 /* The disk keys of hashes[0..n) in namespace id `ns`: the namespace by name
@@ -100,7 +103,13 @@ static void spill_one(disk_tier *t, const oi_host_spill *s) {
   op->t = t;
   op->s = *s;
   const void *src = s->data;
-  if (!direct_ok(s->data, s->bytes)) {
+  uint64_t slot = oi__host_slot_bytes(t->host, s->ns);
+  if (direct_ok(s->data, s->bytes, slot)) {
+    /* The padding goes to disk from the slot's tail: zeros, not whatever an
+     * earlier block left there (the slot is this block's; loads never read
+     * past its bytes). */
+    memset((uint8_t *)s->data + s->bytes, 0, round_sector(s->bytes) - s->bytes);
+  } else {
     op->bounce = oi__aligned_alloc(OI_DISK_SECTOR, round_sector(s->bytes));
     if (!op->bounce) goto skip;
     memset((uint8_t *)op->bounce + s->bytes, 0, round_sector(s->bytes) - s->bytes);
@@ -185,7 +194,7 @@ typedef struct promote_call {
   disk_tier *t;
   oi_host_ns ns;
   const oi_disk_key *keys;
-  uint64_t bytes;
+  uint64_t bytes, slot_bytes;
   size_t started;
 } promote_call;
 
@@ -194,7 +203,7 @@ static void promote_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) 
   disk_tier *t = c->t;
   promote_op *op = oi__calloc(1, sizeof *op);
   void *dst = data;
-  if (op && !direct_ok(data, c->bytes)) {
+  if (op && !direct_ok(data, c->bytes, c->slot_bytes)) {
     op->bounce = oi__aligned_alloc(OI_DISK_SECTOR, round_sector(c->bytes));
     dst = op->bounce;
   }
@@ -237,7 +246,11 @@ size_t oi__disk_tier_promote(disk_tier *t, oi_host_ns ns, const oi_block_hash *h
   if (run == 0) goto out;
   /* Pool slots in flight for the run (blocks the pool got meanwhile are
    * deduplicated), each read into its slot in prefix order. */
-  promote_call c = {.t = t, .ns = ns, .keys = keys, .bytes = bytes};
+  promote_call c = {.t = t,
+                    .ns = ns,
+                    .keys = keys,
+                    .bytes = bytes,
+                    .slot_bytes = oi__host_slot_bytes(t->host, ns.id)};
   oi_host_reserve_sink sink = {.accepted = promote_accepted, .ctx = &c};
   oi_host_reserved r;
   oi__host_reserve(t->host, ns, hashes, run, &sink, &r);
@@ -345,6 +358,7 @@ OI_API oi_status oi_offload_host_attach_disk(oi_offload_host *h, const oi_host_d
     oi__disk_register_buffers(t->store, &iov, 1);
   }
   if ((st = oi__host_attach_lower(h, t, tier_destroy)) != OI_OK) goto fail;
+  oi__host_sector_slots(h); /* block sizes registered from now on need no bounce copy */
   int rc = pthread_create(&t->spiller, NULL, spiller_main, t);
   if (rc != 0) {
     /* Attached without a spiller: stored blocks still promote; log it. */

@@ -322,7 +322,8 @@ oi_status oi__lookup_options_check(const oi_lookup_options *o, const char *what,
 OI_API oi_status oi_offload_host_query(oi_offload_host *h, const oi_lookup_options *o,
                                        const char *req_id, const oi_block_hash *hashes, size_t n,
                                        uint32_t flags, oi_query_result *out) {
-  OI_UNUSED(req_id); /* no deeper tier yet: every answer is final */
+  OI_UNUSED(
+      req_id); /* the answer depends on the hashes alone (a disk promotion is keyed by them) */
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_query: host is NULL");
   oi_lookup_options lo;
   oi_status st = oi__lookup_options_check(o, "host_query", &lo);

@@ -542,7 +542,8 @@ oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id, 
 static oi_status local_query(oi_offload_engine *base, const char *req_id,
                              const oi_block_hash *hashes, size_t n, uint32_t flags,
                              uint8_t *present, uint32_t wait_ms, oi_query_result *out) {
-  OI_UNUSED(req_id); /* no deeper tier yet: every answer is final (READY) */
+  OI_UNUSED(
+      req_id); /* the answer depends on the hashes alone (a disk promotion is keyed by them) */
   local_engine *e = (local_engine *)base;
   oi_host_query_args a = {.instance = base->instance_id,
                           .principal = base->principal,

@@ -152,7 +152,13 @@ void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash 
   *hits = found;
 }
 
-/* The run of blocks in flight in hashes[from..n). */
+/* The run of blocks in flight, or sealed, in hashes[from..n), where `from`
+ * is where a walk of the sealed prefix stopped: a block there that is
+ * sealed now sealed after that walk saw it in flight, and sealed blocks
+ * behind one still in flight are not hits yet either. Both are pending (the
+ * caller asks again), not misses: ending the run at a sealed block would
+ * report 0 pending for a prefix whose next block just finished, and its
+ * caller would stop waiting with blocks about to hit. */
 static uint64_t in_flight_run(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes,
                               size_t from, size_t n) {
   uint64_t run = 0;
@@ -161,7 +167,7 @@ static uint64_t in_flight_run(oi_offload_host *h, oi_host_ns ns, const oi_block_
     index_shard *s = oi__index_shard_of(h, key);
     pthread_mutex_lock(&s->lock);
     host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
-    bool in_flight = b && b->state == BLOCK_IN_FLIGHT;
+    bool in_flight = b && (b->state == BLOCK_IN_FLIGHT || b->state == BLOCK_SEALED);
     pthread_mutex_unlock(&s->lock);
     if (!in_flight) break;
   }

@@ -19,6 +19,8 @@
 /* Slots are carved in multiples of this many bytes (a block of b bytes
  * takes b rounded up). */
 #define OI_SLOT_ALIGN 256
+#define OI_SECTOR_BYTES 4096u /* see oi__host_sector_slots */
+#define OI_SECTOR_SLOT_MIN (64u * 1024u)
 
 /* One slot of the pool (opaque here). */
 typedef struct host_block host_block;
@@ -162,6 +164,14 @@ uint64_t oi__host_spill_overflow(const oi_offload_host *h);
 /* Blocks queued for the lower tier or taken and not ended yet: 0 means
  * every block queued so far has had its turn (written, or skipped). */
 size_t oi__host_spill_backlog(oi_offload_host *h);
+/* Size classes created from now on give blocks of OI_SECTOR_SLOT_MIN bytes
+ * or more slots that start and end on OI_SECTOR_BYTES boundaries (relative
+ * to the pool's base), so a lower tier's O_DIRECT I/O can use the slot
+ * itself, padding included, with no bounce copy. */
+void oi__host_sector_slots(oi_offload_host *h);
+/* The slot bytes of namespace ns_id's blocks (>= its block bytes; the bytes
+ * past the block are the slot's own, unused by loads); 0 when unknown. */
+uint64_t oi__host_slot_bytes(oi_offload_host *h, uint32_t ns_id);
 
 /* The name, block bytes and layout fingerprint of namespace `ns_id`; the
  * name is written into name[cap] (truncated). false: no such namespace. */

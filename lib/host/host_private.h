@@ -138,6 +138,7 @@ struct oi_offload_host {
   uint64_t chunk_bytes;
 
   pthread_mutex_t class_lock; /* creation of size classes */
+  bool sector_slots;          /* under class_lock: see oi__host_sector_slots */
   size_class classes[OI_MAX_SIZE_CLASSES];
   atomic_uint nclasses;
 

@@ -196,6 +196,19 @@ uint64_t oi__host_spill_overflow(const oi_offload_host *h) {
   return atomic_load(&((oi_offload_host *)h)->spill_overflow);
 }
 
+void oi__host_sector_slots(oi_offload_host *h) {
+  pthread_mutex_lock(&h->class_lock);
+  h->sector_slots = true;
+  pthread_mutex_unlock(&h->class_lock);
+}
+
+uint64_t oi__host_slot_bytes(oi_offload_host *h, uint32_t ns_id) {
+  pthread_mutex_lock(&h->ns_lock);
+  uint32_t cls = ns_id >= 1 && ns_id <= h->nns ? h->ns[ns_id - 1].cls : UINT32_MAX;
+  pthread_mutex_unlock(&h->ns_lock);
+  return cls < atomic_load(&h->nclasses) ? h->classes[cls].slot_bytes : 0;
+}
+
 bool oi__host_namespace_info(oi_offload_host *h, uint32_t ns_id, char *name, size_t cap,
                              uint64_t *block_bytes, uint64_t *shape_hash) {
   pthread_mutex_lock(&h->ns_lock);

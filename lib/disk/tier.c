@@ -38,6 +38,8 @@ struct disk_tier {
 
 disk_tier *oi__disk_tier_of(const oi_offload_host *h) { return oi__host_lower(h); }
 
+oi_disk *oi__disk_tier_store(disk_tier *t) { return t ? t->store : NULL; }
+
 static bool direct_ok(const void *p, uint64_t len) {
   return ((uintptr_t)p % OI_DISK_SECTOR) == 0 && (len % OI_DISK_SECTOR) == 0;
 }

@@ -90,8 +90,7 @@ static bool rig_open(rig *r, const char *dir) {
   r->h = host_new();
   oi_status st = attach(r->h, dir, 1 * MiB);
   if (st != OI_OK) {
-    fprintf(stderr, "attach on the full file system: %s: %s\n", oi_status_str(st),
-            oi_last_error());
+    fprintf(stderr, "attach on the full file system: %s: %s\n", oi_status_str(st), oi_last_error());
     oi_offload_host_destroy(r->h);
     return false;
   }
@@ -212,8 +211,7 @@ static void test_full_file_system(const char *mnt) {
   CHECK(s.spills + s.spills_failed + s.spills_skipped >= NBLK);
   evict_pool(&r);
   uint64_t hits = hits_checked(&r); /* served from the disk in this process */
-  fprintf(stderr, "  full: %llu of %d hit in the same process\n", (unsigned long long)hits,
-          NBLK);
+  fprintf(stderr, "  full: %llu of %d hit in the same process\n", (unsigned long long)hits, NBLK);
   CHECK(hits == s.blocks); /* every block the store holds comes back */
   rig_close(&r);
 

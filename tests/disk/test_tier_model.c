@@ -57,10 +57,10 @@ enum {
 enum { K_NEVER, K_SAVED, K_DURABLE, K_CORRUPT };
 
 static uint64_t g_seed;
-static uint64_t g_op;     /* the operation being run (in failure messages) */
-static int g_failed;      /* a model check failed: stop after this operation */
-static uint64_t rng_s;    /* the generator's state */
-static uint64_t g_block;  /* bytes of one block */
+static uint64_t g_op;      /* the operation being run (in failure messages) */
+static int g_failed;       /* a model check failed: stop after this operation */
+static uint64_t rng_s;     /* the generator's state */
+static uint64_t g_block;   /* bytes of one block */
 static uint8_t *g_content; /* UNIVERSE blocks: key k's bytes */
 static uint8_t g_state[UNIVERSE];
 
@@ -541,8 +541,7 @@ static void op_crash(rig *r) {
       done = true;
       continue;
     }
-    MCHECK(k < UNIVERSE && g_state[k] != K_NEVER, "crash child saw key %u on disk, never saved",
-           k);
+    MCHECK(k < UNIVERSE && g_state[k] != K_NEVER, "crash child saw key %u on disk, never saved", k);
     if (k < UNIVERSE && nconf < UNIVERSE) confirmed[nconf++] = k;
   }
   close(fds[0]);
@@ -639,8 +638,8 @@ static uint64_t env_u64(const char *name, uint64_t dflt) {
 static void test_model(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  g_seed = env_u64("OI_MODEL_SEED", mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
-                                          (uint64_t)getpid()));
+  g_seed = env_u64("OI_MODEL_SEED",
+                   mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid()));
   uint64_t ops = env_u64("OI_MODEL_OPS", 100000);
   rng_s = g_seed;
   g_block = (g_seed >> 7) & 1 ? 5000 : 4096; /* 5000: the bounce-buffer path */

@@ -39,6 +39,8 @@ struct disk_tier {
 
 disk_tier *oi__disk_tier_of(const oi_offload_host *h) { return oi__host_lower(h); }
 
+oi_disk *oi__disk_tier_store(disk_tier *t) { return t ? t->store : NULL; }
+
 static uint64_t round_sector(uint64_t n) {
   return (n + OI_DISK_SECTOR - 1) / OI_DISK_SECTOR * OI_DISK_SECTOR;
 }

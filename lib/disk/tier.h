@@ -21,6 +21,10 @@ typedef struct disk_tier disk_tier;
 /* The disk tier attached to `h` (NULL: none). */
 disk_tier *oi__disk_tier_of(const oi_offload_host *h);
 
+/* The block store under `t` (tests peek at what it holds: oi__disk_foreach,
+ * oi__disk_contains). */
+oi_disk *oi__disk_tier_store(disk_tier *t);
+
 /* Starts reading the leading run of hashes[0..n) that the disk holds (and
  * the pool does not) into new pool slots of namespace `ns`, in order: those
  * blocks are in flight in the pool (a query sees them pending) and seal as

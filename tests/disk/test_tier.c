@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "core/fault.h"
+#include "disk/tier.h"
 #include "disk_util.h"
 #include "openinfer/disk.h"
 #include "openinfer/engine.h"
@@ -38,11 +39,12 @@ static uint8_t pattern(uint64_t logical, uint64_t i) {
   return (uint8_t)(x ^ (x >> 29) ^ (x >> 47));
 }
 
-static void rig_open(rig *r, const char *dir, uint64_t block, const char *ns) {
+static void rig_open_sized(rig *r, const char *dir, uint64_t block, const char *ns, uint64_t pool,
+                           uint64_t capacity) {
   memset(r, 0, sizeof *r);
   oi_host_options ho;
   oi_host_options_init(&ho);
-  ho.pool_bytes = 4 * MiB;
+  ho.pool_bytes = pool;
   ho.flags = OI_HOST_NO_PIN;
   REQUIRE(oi_offload_host_create(&ho, &r->h) == OI_OK);
   oi_host_disk_options d;
@@ -50,7 +52,7 @@ static void rig_open(rig *r, const char *dir, uint64_t block, const char *ns) {
   const char *dirs[1] = {dir};
   d.dirs = dirs;
   d.num_dirs = 1;
-  d.capacity_bytes = 32 * MiB;
+  d.capacity_bytes = capacity;
   CHECK_OK(oi_offload_host_attach_disk(r->h, &d));
   r->block = block;
   r->mem = calloc(2 * NB, block);
@@ -67,6 +69,10 @@ static void rig_open(rig *r, const char *dir, uint64_t block, const char *ns) {
   eo.arenas = &r->arena;
   eo.num_arenas = 1;
   REQUIRE(oi_offload_engine_create(r->h, &eo, &r->e) == OI_OK);
+}
+
+static void rig_open(rig *r, const char *dir, uint64_t block, const char *ns) {
+  rig_open_sized(r, dir, block, ns, 4 * MiB, 32 * MiB);
 }
 
 static void rig_close(rig *r) {
@@ -190,6 +196,78 @@ static void round_trip_through_disk(uint64_t block) {
 
 static void test_round_trip_aligned_blocks(void) { round_trip_through_disk(64 * 1024); }
 static void test_round_trip_odd_blocks(void) { round_trip_through_disk(10000); }
+
+static void count_first_nb(void *ctx, const oi_disk_key *key, uint64_t len) {
+  (void)len;
+  uint64_t i;
+  memcpy(&i, key->hash, sizeof i);
+  if (i < NB && key->hash[15] == 0xD1) ++*(uint64_t *)ctx;
+}
+
+/* A lease on blocks promoted from the disk holds their pool copies: a flood
+ * of other saves (the pool evicts everything else) that also fills the disk
+ * past its capacity (it evicts the promoted blocks' disk copies) changes
+ * nothing for a load through the lease, byte-exact. */
+static void test_leases_survive_pool_and_disk_pressure(void) {
+  char *dir = dt_mkdtemp();
+  rig r;
+  /* 16 KiB blocks: a 1 MiB pool holds 64, a 1 MiB disk about 50 */
+  rig_open_sized(&r, dir, 16384, "pressure", 1 * MiB, 1 * MiB);
+  oi_block_hash hs[NB];
+  save_and_spill(&r, hs);
+  evict_pool(&r);
+  oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q));
+  CHECK(q.hit_blocks == NB);
+  oi_lease held = q.lease; /* kept across the flood */
+  /* The flood: 20 rounds of NB other blocks from arena blocks NB.. */
+  int64_t ids[NB];
+  oi_block_hash other[NB];
+  for (uint64_t round = 0; round < 20; round++) {
+    for (int b = 0; b < NB; b++) {
+      uint64_t logical = 1000 + round * NB + (uint64_t)b;
+      ids[b] = NB + b;
+      other[b] = hash_of(logical);
+      for (uint64_t i = 0; i < r.block; i++)
+        r.mem[(uint64_t)(NB + b) * r.block + i] = pattern(logical, i);
+    }
+    oi_ticket *t;
+    CHECK_OK(oi_offload_engine_save(r.e, ids, other, NB, NULL, &t));
+    CHECK_OK(oi_ticket_wait(t, 10000));
+    oi_ticket_release(t);
+  }
+  /* Until the spiller is done: the disk evicted its oldest blocks (the
+   * promoted ones among them). */
+  double t0 = dt_now_s();
+  oi_host_disk_stats s = disk_stats(&r);
+  while (s.evictions < NB && dt_now_s() - t0 < 20) {
+    usleep(5000);
+    s = disk_stats(&r);
+  }
+  CHECK(s.evictions >= NB);
+  uint64_t left = 0; /* of the promoted blocks, still on the disk */
+  oi__disk_foreach(oi__disk_tier_store(oi__disk_tier_of(r.h)), count_first_nb, &left);
+  CHECK(left == 0);
+  oi_host_stats hst = {.struct_size = sizeof hst};
+  CHECK_OK(oi_offload_host_stats(r.h, &hst));
+  CHECK(hst.blocks_leased == NB);
+  /* The load through the held lease. */
+  int64_t dst[NB];
+  for (int b = 0; b < NB; b++)
+    dst[b] = NB + b;
+  memset(r.mem + NB * r.block, 0, NB * r.block);
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_load(r.e, held, dst, NB, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  bool ok = true;
+  for (uint64_t b = 0; b < NB; b++)
+    for (uint64_t i = 0; i < r.block; i++)
+      ok &= r.mem[(NB + b) * r.block + i] == pattern(b, i);
+  CHECK(ok);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
 
 static void test_flipped_bytes_are_never_served(void) {
   char *dir = dt_mkdtemp();
@@ -318,6 +396,7 @@ static void test_faults_degrade(void) {
 int main(void) {
   RUN_TEST(test_round_trip_aligned_blocks);
   RUN_TEST(test_round_trip_odd_blocks);
+  RUN_TEST(test_leases_survive_pool_and_disk_pressure);
   RUN_TEST(test_flipped_bytes_are_never_served);
   RUN_TEST(test_bad_options);
   RUN_TEST(test_faults_degrade);

@@ -14,6 +14,7 @@ int cmd_bench(int argc, char **argv);        /* openinfer-bench (tools/bench/) *
 int cmd_bench_launch(int argc, char **argv); /* openinfer: runs openinfer-bench */
 int cmd_serve(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
+int cmd_info(int argc, char **argv);
 int bench_transfer(int argc, char **argv);
 int bench_rpc(int argc, char **argv);
 int bench_ttft(int argc, char **argv);

@@ -1,4 +1,4 @@
-/* `openinfer`: the command-line front end (demo, bench, serve, stats).
+/* `openinfer`: the command-line front end (demo, bench, serve, stats, info).
  * Subcommands dispatch from a table; unknown ones exit 2. Built on the public
  * (and experimental) API only: the benchmarks, which measure internals, are
  * the uninstalled `openinfer-bench` that `openinfer bench` runs. */
@@ -26,6 +26,8 @@ static const command commands[] = {
      cmd_serve},
     {"stats", "print a running server's figures (pool, blocks, saves, loads, latencies)",
      cmd_stats},
+    {"info", "what this machine offers: GPUs, host and locked memory, RDMA devices (libibverbs)",
+     cmd_info},
 };
 
 static void usage(FILE *f) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """The openinfer command line: help, version, dispatch, exit codes, demo."""
+import os
 import re
 import subprocess
 import sys
@@ -29,6 +30,21 @@ p = run()
 check(p.returncode == 2 and "usage" in p.stderr, "no command exits 2 with usage", p)
 p = run("frobnicate")
 check(p.returncode == 2 and "'frobnicate' is not a command" in p.stderr, "unknown command exits 2", p)
+p = run("info")
+check(p.returncode == 0 and "libopeninfer 0.1.0" in p.stdout and "RDMA devices (libibverbs)" in p.stdout
+      and "locked-memory limit" in p.stdout and "GPUDirect RDMA" in p.stdout, "info", p)
+if not os.path.isdir("/sys/class/infiniband") or not os.listdir("/sys/class/infiniband"):
+    check("RDMA devices (libibverbs): none." in p.stdout, "info says plainly there is no RDMA device", p)
+import json
+p = run("info", "--json")
+try:
+    j = json.loads(p.stdout)
+    check(p.returncode == 0 and j["version"].startswith("0.1.0") and isinstance(j["rdma_devices"], list)
+          and isinstance(j["gpus"], list), "info --json", p)
+except ValueError:
+    check(False, "info --json is JSON", p)
+p = run("info", "extra")
+check(p.returncode == 2 and "unexpected argument" in p.stderr, "info rejects a stray argument", p)
 p = run("demo", "--help")
 check(p.returncode == 0 and "--conversations" in p.stdout and "demo tier" in p.stdout, "demo --help", p)
 p = run("demo", "--ranks", "zero")

@@ -1021,21 +1021,42 @@ static oi_status open_data(dfile *f, uint64_t cap) {
   return OI_OK;
 }
 
-static uint8_t *read_file(int fd, uint64_t *size) {
+/* Reads a checkpoint or log front to back through a buffer of CHUNK bytes
+ * (replay holds one chunk, not the whole file). */
+#define CHUNK ((size_t)1 << 20)
+
+typedef struct chunk_reader {
+  int fd;
+  uint8_t *buf;
+  uint64_t size;     /* the file's size; a read that fails or ends early lowers it */
+  uint64_t at, have; /* buf holds the file's bytes [at, at + have) */
+} chunk_reader;
+
+static bool reader_open(chunk_reader *c, int fd) {
   struct stat sb;
-  if (fstat(fd, &sb) != 0) return NULL;
-  *size = (uint64_t)sb.st_size;
-  uint8_t *b = oi__malloc(*size ? *size : 1);
-  if (!b) return NULL;
-  uint64_t got = 0;
-  while (got < *size) {
-    ssize_t n = pread(fd, b + got, *size - got, (off_t)got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += (uint64_t)n;
+  *c = (chunk_reader){.fd = fd};
+  if (fstat(fd, &sb) != 0) return false;
+  c->size = (uint64_t)sb.st_size;
+  c->buf = oi__malloc(CHUNK);
+  return c->buf != NULL;
+}
+
+/* The n (at most CHUNK) bytes at file offset `off`, or NULL when the file
+ * ends (or cannot be read) before them. */
+static const uint8_t *reader_get(chunk_reader *c, uint64_t off, size_t n) {
+  if (off >= c->at && off - c->at + n <= c->have) return c->buf + (off - c->at);
+  if (off > c->size || n > c->size - off) return NULL;
+  uint64_t want = OI_MIN((uint64_t)CHUNK, c->size - off), got = 0;
+  while (got < want) {
+    ssize_t r = pread(c->fd, c->buf + got, want - got, (off_t)(off + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += (uint64_t)r;
   }
-  *size = got;
-  return b;
+  c->at = off;
+  c->have = got;
+  if (got < want) c->size = off + got;
+  return n <= got ? c->buf : NULL;
 }
 
 /* Applies one ADD (from a checkpoint or a log) to the index being built.
@@ -1086,23 +1107,27 @@ static void load_checkpoint(oi_disk *d, uint32_t fi, uint64_t *gen) {
   *gen = 0;
   int fd = open(f->ckpt_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return;
-  uint64_t size = 0;
-  uint8_t *b = read_file(fd, &size);
-  close(fd);
-  if (!b) return;
-  if (size < OI_DISK_CKPT_HEADER_BYTES || get64(b) != OI_DISK_CKPT_MAGIC ||
-      get32(b + 8) != OI_DISK_VERSION || get64(b + 56) != XXH3_64bits(b, 56)) {
-    if (size) {
+  chunk_reader c;
+  if (!reader_open(&c, fd)) {
+    oi__free(c.buf);
+    close(fd);
+    return;
+  }
+  const uint8_t *b = reader_get(&c, 0, OI_DISK_CKPT_HEADER_BYTES);
+  if (!b || get64(b) != OI_DISK_CKPT_MAGIC || get32(b + 8) != OI_DISK_VERSION ||
+      get64(b + 56) != XXH3_64bits(b, 56)) {
+    if (c.size) {
       d->st.torn_records_cut++;
       OI_LOG(OI_LOG_WARN, "disk", "%s: checkpoint header does not verify; ignored", f->ckpt_path);
     }
-    oi__free(b);
+    oi__free(c.buf);
+    close(fd);
     return;
   }
   uint64_t n = get64(b + 16);
   *gen = get64(b + 24);
   if (get64(b + 40) > d->next_seq) d->next_seq = get64(b + 40);
-  uint64_t room = (size - OI_DISK_CKPT_HEADER_BYTES) / OI_DISK_RECORD_BYTES;
+  uint64_t room = (c.size - OI_DISK_CKPT_HEADER_BYTES) / OI_DISK_RECORD_BYTES;
   if (n != room) {
     d->st.torn_records_cut += n > room ? n - room : room - n;
     OI_LOG(OI_LOG_WARN, "disk", "%s: %llu records announced, %llu present", f->ckpt_path,
@@ -1111,43 +1136,54 @@ static void load_checkpoint(oi_disk *d, uint32_t fi, uint64_t *gen) {
   }
   tab_reserve(d, 2 * (d->count + n)); /* half full: short probes while replaying */
   for (uint64_t i = 0; i < n; i++) {
+    const uint8_t *p =
+        reader_get(&c, OI_DISK_CKPT_HEADER_BYTES + i * OI_DISK_RECORD_BYTES, OI_DISK_RECORD_BYTES);
+    if (!p) { /* the file could not be read to its end: the rest is missing */
+      d->st.torn_records_cut += n - i;
+      OI_LOG(OI_LOG_WARN, "disk", "%s: read ended after %llu of %llu records", f->ckpt_path,
+             (unsigned long long)i, (unsigned long long)n);
+      break;
+    }
     oi_disk_record r;
-    if (!oi__disk_record_decode(b + OI_DISK_CKPT_HEADER_BYTES + i * OI_DISK_RECORD_BYTES, &r) ||
-        r.type != OI_DISK_REC_ADD) {
+    if (!oi__disk_record_decode(p, &r) || r.type != OI_DISK_REC_ADD) {
       d->st.torn_records_cut++;
       continue;
     }
     replay_add(d, fi, &r);
   }
-  oi__free(b);
+  oi__free(c.buf);
+  close(fd);
 }
 
 static oi_status replay_log(oi_disk *d, uint32_t fi, uint64_t ckpt_gen) {
   dfile *f = &d->files[fi];
-  uint64_t size = 0;
-  uint8_t *b = read_file(f->log_fd, &size);
-  if (!b) return oi__fail(OI_ERR_IO, "disk: reading %s: %s", f->log_path, strerror(errno));
+  chunk_reader c;
+  if (!reader_open(&c, f->log_fd)) {
+    oi__free(c.buf);
+    return oi__fail(OI_ERR_IO, "disk: reading %s: %s", f->log_path, strerror(errno));
+  }
   oi_disk_record r;
   uint64_t gen = ckpt_gen;
-  if (size < OI_DISK_RECORD_BYTES || !oi__disk_record_decode(b, &r) ||
-      r.type != OI_DISK_REC_HEADER) {
-    if (size) {
-      d->st.torn_records_cut += (size + OI_DISK_RECORD_BYTES - 1) / OI_DISK_RECORD_BYTES;
+  const uint8_t *b = reader_get(&c, 0, OI_DISK_RECORD_BYTES);
+  if (!b || !oi__disk_record_decode(b, &r) || r.type != OI_DISK_REC_HEADER) {
+    if (c.size) {
+      d->st.torn_records_cut += (c.size + OI_DISK_RECORD_BYTES - 1) / OI_DISK_RECORD_BYTES;
       OI_LOG(OI_LOG_WARN, "disk", "%s: no valid log header; the log (%llu bytes) is discarded",
-             f->log_path, (unsigned long long)size);
+             f->log_path, (unsigned long long)c.size);
     }
-    oi__free(b);
+    oi__free(c.buf);
     return log_reset(f, gen);
   }
   if (r.seq < ckpt_gen) { /* the checkpoint already holds these records */
-    oi__free(b);
+    oi__free(c.buf);
     return log_reset(f, ckpt_gen);
   }
   gen = r.seq;
-  tab_reserve(d, 2 * (d->count + size / OI_DISK_RECORD_BYTES));
+  tab_reserve(d, 2 * (d->count + c.size / OI_DISK_RECORD_BYTES));
   uint64_t good = OI_DISK_RECORD_BYTES, records = 0;
-  while (good + OI_DISK_RECORD_BYTES <= size) {
-    if (!oi__disk_record_decode(b + good, &r) || r.type == OI_DISK_REC_HEADER) break;
+  while (good + OI_DISK_RECORD_BYTES <= c.size) {
+    const uint8_t *p = reader_get(&c, good, OI_DISK_RECORD_BYTES);
+    if (!p || !oi__disk_record_decode(p, &r) || r.type == OI_DISK_REC_HEADER) break;
     if (r.type == OI_DISK_REC_ADD)
       replay_add(d, fi, &r);
     else
@@ -1155,7 +1191,8 @@ static oi_status replay_log(oi_disk *d, uint32_t fi, uint64_t ckpt_gen) {
     good += OI_DISK_RECORD_BYTES;
     records++;
   }
-  oi__free(b);
+  oi__free(c.buf);
+  uint64_t size = c.size;
   if (good < size) {
     uint64_t cut = (size - good + OI_DISK_RECORD_BYTES - 1) / OI_DISK_RECORD_BYTES;
     d->st.torn_records_cut += cut;

@@ -1062,7 +1062,7 @@ static const uint8_t *reader_get(chunk_reader *c, uint64_t off, size_t n) {
 /* Applies one ADD (from a checkpoint or a log) to the index being built.
  * While the index is built, the LRU list holds its entries in the order
  * their records came (build_index puts it in sequence order). */
-static void replay_add(oi_disk *d, uint32_t fi, const oi_disk_record *r) {
+static void replay_add(oi_disk *d, uint32_t fi, const oi_disk_record *r, uint64_t h) {
   dfile *f = &d->files[fi];
   if (r->offset % SECTOR || !r->length || r->length > f->cap || r->offset > f->cap ||
       SECTOR + ROUND_UP(r->length) > f->cap - r->offset) {
@@ -1070,7 +1070,6 @@ static void replay_add(oi_disk *d, uint32_t fi, const oi_disk_record *r) {
     return;
   }
   if (r->seq >= d->next_seq) d->next_seq = r->seq + 1;
-  uint64_t h = key_hash(&r->key);
   entry *old = tab_find_h(d, &r->key, h);
   if (old) {
     if (old->seq >= r->seq) return;
@@ -1092,14 +1091,44 @@ static void replay_add(oi_disk *d, uint32_t fi, const oi_disk_record *r) {
   lru_push(d, e);
 }
 
-static void replay_remove(oi_disk *d, uint32_t fi, const oi_disk_record *r) {
+static void replay_remove(oi_disk *d, uint32_t fi, const oi_disk_record *r, uint64_t h) {
   if (r->seq >= d->next_seq) d->next_seq = r->seq + 1;
-  entry *e = tab_find(d, &r->key);
+  entry *e = tab_find_h(d, &r->key, h);
   if (e && e->file == fi && e->seq < r->seq) {
     tab_unlink(d, e);
     lru_unlink(d, e);
     oi__free(e);
   }
+}
+
+/* Records are applied a batch at a time: each probe of the table is a
+ * cache miss (the table is sized for the whole replay), so a batch's
+ * buckets and their first entries are fetched together before the records
+ * are applied, in order. */
+enum { BATCH = 16 };
+
+typedef struct batch {
+  oi_disk_record r[BATCH];
+  uint64_t h[BATCH];
+  size_t n;
+} batch;
+
+static void batch_apply(oi_disk *d, uint32_t fi, batch *b) {
+  size_t mask = d->tab_cap - 1;
+  for (size_t i = 0; i < b->n; i++) {
+    b->h[i] = key_hash(&b->r[i].key);
+    __builtin_prefetch(&d->tab[b->h[i] & mask]);
+  }
+  for (size_t i = 0; i < b->n; i++) {
+    entry *e = d->tab[b->h[i] & mask];
+    if (e) __builtin_prefetch(&e->h);
+  }
+  for (size_t i = 0; i < b->n; i++)
+    if (b->r[i].type == OI_DISK_REC_ADD)
+      replay_add(d, fi, &b->r[i], b->h[i]);
+    else
+      replay_remove(d, fi, &b->r[i], b->h[i]);
+  b->n = 0;
 }
 
 static void load_checkpoint(oi_disk *d, uint32_t fi, uint64_t *gen) {
@@ -1135,6 +1164,8 @@ static void load_checkpoint(oi_disk *d, uint32_t fi, uint64_t *gen) {
     n = OI_MIN(n, room);
   }
   tab_reserve(d, 2 * (d->count + n)); /* half full: short probes while replaying */
+  batch bt;
+  bt.n = 0;
   for (uint64_t i = 0; i < n; i++) {
     const uint8_t *p =
         reader_get(&c, OI_DISK_CKPT_HEADER_BYTES + i * OI_DISK_RECORD_BYTES, OI_DISK_RECORD_BYTES);
@@ -1144,13 +1175,14 @@ static void load_checkpoint(oi_disk *d, uint32_t fi, uint64_t *gen) {
              (unsigned long long)i, (unsigned long long)n);
       break;
     }
-    oi_disk_record r;
-    if (!oi__disk_record_decode(p, &r) || r.type != OI_DISK_REC_ADD) {
+    oi_disk_record *r = &bt.r[bt.n];
+    if (!oi__disk_record_decode(p, r) || r->type != OI_DISK_REC_ADD) {
       d->st.torn_records_cut++;
       continue;
     }
-    replay_add(d, fi, &r);
+    if (++bt.n == BATCH) batch_apply(d, fi, &bt);
   }
+  batch_apply(d, fi, &bt);
   oi__free(c.buf);
   close(fd);
 }
@@ -1181,16 +1213,17 @@ static oi_status replay_log(oi_disk *d, uint32_t fi, uint64_t ckpt_gen) {
   gen = r.seq;
   tab_reserve(d, 2 * (d->count + c.size / OI_DISK_RECORD_BYTES));
   uint64_t good = OI_DISK_RECORD_BYTES, records = 0;
+  batch bt;
+  bt.n = 0;
   while (good + OI_DISK_RECORD_BYTES <= c.size) {
     const uint8_t *p = reader_get(&c, good, OI_DISK_RECORD_BYTES);
-    if (!p || !oi__disk_record_decode(p, &r) || r.type == OI_DISK_REC_HEADER) break;
-    if (r.type == OI_DISK_REC_ADD)
-      replay_add(d, fi, &r);
-    else
-      replay_remove(d, fi, &r);
+    if (!p || !oi__disk_record_decode(p, &bt.r[bt.n]) || bt.r[bt.n].type == OI_DISK_REC_HEADER)
+      break;
+    if (++bt.n == BATCH) batch_apply(d, fi, &bt);
     good += OI_DISK_RECORD_BYTES;
     records++;
   }
+  batch_apply(d, fi, &bt);
   oi__free(c.buf);
   uint64_t size = c.size;
   if (good < size) {

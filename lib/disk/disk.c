@@ -250,14 +250,15 @@ static entry *tab_find_h(oi_disk *d, const oi_disk_key *k, uint64_t h) {
 static entry *tab_find(oi_disk *d, const oi_disk_key *k) { return tab_find_h(d, k, key_hash(k)); }
 
 /* Grows the table to the first power of two that holds `want` entries at
- * one per bucket (a no-op when it already does). */
-static void tab_reserve(oi_disk *d, size_t want) {
+ * one per bucket (a no-op when it already does); false when there is no
+ * memory for it (the table is unchanged). */
+static bool tab_reserve(oi_disk *d, size_t want) {
   size_t ncap = d->tab_cap;
   while (ncap < want && ncap <= SIZE_MAX / 2 / sizeof(entry *))
     ncap *= 2;
-  if (ncap == d->tab_cap) return;
+  if (ncap == d->tab_cap) return true;
   entry **nt = oi__calloc(ncap, sizeof(entry *));
-  if (!nt) oi__fatal("disk: out of memory for the index");
+  if (!nt) return false;
   for (size_t i = 0; i < d->tab_cap; i++)
     for (entry *x = d->tab[i], *next; x; x = next) {
       next = x->hnext;
@@ -267,10 +268,12 @@ static void tab_reserve(oi_disk *d, size_t want) {
   oi__free(d->tab);
   d->tab = nt;
   d->tab_cap = ncap;
+  return true;
 }
 
 static void tab_insert(oi_disk *d, entry *e) {
-  if (d->count + 1 > d->tab_cap) tab_reserve(d, d->count + 1);
+  if (d->count + 1 > d->tab_cap && !tab_reserve(d, d->count + 1))
+    oi__fatal("disk: out of memory for the index");
   entry **b = &d->tab[e->h & (d->tab_cap - 1)];
   e->hnext = *b;
   *b = e;
@@ -1163,7 +1166,9 @@ static void load_checkpoint(oi_disk *d, uint32_t fi, uint64_t *gen) {
            (unsigned long long)n, (unsigned long long)room);
     n = OI_MIN(n, room);
   }
-  tab_reserve(d, 2 * (d->count + n)); /* half full: short probes while replaying */
+  /* Half full: short probes while replaying. Only a hint: without the
+   * memory, the table grows as entries come. */
+  (void)tab_reserve(d, 2 * (d->count + n));
   batch bt;
   bt.n = 0;
   for (uint64_t i = 0; i < n; i++) {
@@ -1211,7 +1216,7 @@ static oi_status replay_log(oi_disk *d, uint32_t fi, uint64_t ckpt_gen) {
     return log_reset(f, ckpt_gen);
   }
   gen = r.seq;
-  tab_reserve(d, 2 * (d->count + c.size / OI_DISK_RECORD_BYTES));
+  (void)tab_reserve(d, 2 * (d->count + c.size / OI_DISK_RECORD_BYTES)); /* a hint, as above */
   uint64_t good = OI_DISK_RECORD_BYTES, records = 0;
   batch bt;
   bt.n = 0;

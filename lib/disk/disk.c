@@ -241,28 +241,39 @@ static uint64_t entry_bytes(const entry *e) { return SECTOR + ROUND_UP(e->len); 
 
 /* ---- the index (under lock) ---- */
 
-static entry *tab_find(oi_disk *d, const oi_disk_key *k) {
-  uint64_t h = key_hash(k);
+static entry *tab_find_h(oi_disk *d, const oi_disk_key *k, uint64_t h) {
   for (entry *e = d->tab[h & (d->tab_cap - 1)]; e; e = e->hnext)
     if (e->h == h && key_eq(&e->key, k)) return e;
   return NULL;
 }
 
+static entry *tab_find(oi_disk *d, const oi_disk_key *k) { return tab_find_h(d, k, key_hash(k)); }
+
+/* Grows the table to the first power of two that holds `want` entries at
+ * one per bucket (a no-op when it already does); false when there is no
+ * memory for it (the table is unchanged). */
+static bool tab_reserve(oi_disk *d, size_t want) {
+  size_t ncap = d->tab_cap;
+  while (ncap < want && ncap <= SIZE_MAX / 2 / sizeof(entry *))
+    ncap *= 2;
+  if (ncap == d->tab_cap) return true;
+  entry **nt = oi__calloc(ncap, sizeof(entry *));
+  if (!nt) return false;
+  for (size_t i = 0; i < d->tab_cap; i++)
+    for (entry *x = d->tab[i], *next; x; x = next) {
+      next = x->hnext;
+      x->hnext = nt[x->h & (ncap - 1)];
+      nt[x->h & (ncap - 1)] = x;
+    }
+  oi__free(d->tab);
+  d->tab = nt;
+  d->tab_cap = ncap;
+  return true;
+}
+
 static void tab_insert(oi_disk *d, entry *e) {
-  if (d->count + 1 > d->tab_cap) {
-    size_t ncap = d->tab_cap * 2;
-    entry **nt = oi__calloc(ncap, sizeof(entry *));
-    if (!nt) oi__fatal("disk: out of memory for the index");
-    for (size_t i = 0; i < d->tab_cap; i++)
-      for (entry *x = d->tab[i], *next; x; x = next) {
-        next = x->hnext;
-        x->hnext = nt[x->h & (ncap - 1)];
-        nt[x->h & (ncap - 1)] = x;
-      }
-    oi__free(d->tab);
-    d->tab = nt;
-    d->tab_cap = ncap;
-  }
+  if (d->count + 1 > d->tab_cap && !tab_reserve(d, d->count + 1))
+    oi__fatal("disk: out of memory for the index");
   entry **b = &d->tab[e->h & (d->tab_cap - 1)];
   e->hnext = *b;
   *b = e;
@@ -1013,25 +1024,48 @@ static oi_status open_data(dfile *f, uint64_t cap) {
   return OI_OK;
 }
 
-static uint8_t *read_file(int fd, uint64_t *size) {
+/* Reads a checkpoint or log front to back through a buffer of CHUNK bytes
+ * (replay holds one chunk, not the whole file). */
+#define CHUNK ((size_t)1 << 20)
+
+typedef struct chunk_reader {
+  int fd;
+  uint8_t *buf;
+  uint64_t size;     /* the file's size; a read that fails or ends early lowers it */
+  uint64_t at, have; /* buf holds the file's bytes [at, at + have) */
+} chunk_reader;
+
+static bool reader_open(chunk_reader *c, int fd) {
   struct stat sb;
-  if (fstat(fd, &sb) != 0) return NULL;
-  *size = (uint64_t)sb.st_size;
-  uint8_t *b = oi__malloc(*size ? *size : 1);
-  if (!b) return NULL;
-  uint64_t got = 0;
-  while (got < *size) {
-    ssize_t n = pread(fd, b + got, *size - got, (off_t)got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += (uint64_t)n;
-  }
-  *size = got;
-  return b;
+  *c = (chunk_reader){.fd = fd};
+  if (fstat(fd, &sb) != 0) return false;
+  c->size = (uint64_t)sb.st_size;
+  c->buf = oi__malloc(CHUNK);
+  return c->buf != NULL;
 }
 
-/* Applies one ADD (from a checkpoint or a log) to the index being built. */
-static void replay_add(oi_disk *d, uint32_t fi, const oi_disk_record *r) {
+/* The n (at most CHUNK) bytes at file offset `off`, or NULL when the file
+ * ends (or cannot be read) before them. */
+static const uint8_t *reader_get(chunk_reader *c, uint64_t off, size_t n) {
+  if (off >= c->at && off - c->at + n <= c->have) return c->buf + (off - c->at);
+  if (off > c->size || n > c->size - off) return NULL;
+  uint64_t want = OI_MIN((uint64_t)CHUNK, c->size - off), got = 0;
+  while (got < want) {
+    ssize_t r = pread(c->fd, c->buf + got, want - got, (off_t)(off + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += (uint64_t)r;
+  }
+  c->at = off;
+  c->have = got;
+  if (got < want) c->size = off + got;
+  return n <= got ? c->buf : NULL;
+}
+
+/* Applies one ADD (from a checkpoint or a log) to the index being built.
+ * While the index is built, the LRU list holds its entries in the order
+ * their records came (build_index puts it in sequence order). */
+static void replay_add(oi_disk *d, uint32_t fi, const oi_disk_record *r, uint64_t h) {
   dfile *f = &d->files[fi];
   if (r->offset % SECTOR || !r->length || r->length > f->cap || r->offset > f->cap ||
       SECTOR + ROUND_UP(r->length) > f->cap - r->offset) {
@@ -1039,16 +1073,17 @@ static void replay_add(oi_disk *d, uint32_t fi, const oi_disk_record *r) {
     return;
   }
   if (r->seq >= d->next_seq) d->next_seq = r->seq + 1;
-  entry *old = tab_find(d, &r->key);
+  entry *old = tab_find_h(d, &r->key, h);
   if (old) {
     if (old->seq >= r->seq) return;
     tab_unlink(d, old);
+    lru_unlink(d, old);
     oi__free(old);
   }
   entry *e = oi__calloc(1, sizeof *e);
   if (!e) oi__fatal("disk: out of memory replaying the index");
   e->key = r->key;
-  e->h = key_hash(&r->key);
+  e->h = h;
   e->file = fi;
   e->off = r->offset;
   e->len = r->length;
@@ -1056,15 +1091,47 @@ static void replay_add(oi_disk *d, uint32_t fi, const oi_disk_record *r) {
   e->payload_xxh = r->payload_xxh;
   e->state = ST_SEALED;
   tab_insert(d, e);
+  lru_push(d, e);
 }
 
-static void replay_remove(oi_disk *d, uint32_t fi, const oi_disk_record *r) {
+static void replay_remove(oi_disk *d, uint32_t fi, const oi_disk_record *r, uint64_t h) {
   if (r->seq >= d->next_seq) d->next_seq = r->seq + 1;
-  entry *e = tab_find(d, &r->key);
+  entry *e = tab_find_h(d, &r->key, h);
   if (e && e->file == fi && e->seq < r->seq) {
     tab_unlink(d, e);
+    lru_unlink(d, e);
     oi__free(e);
   }
+}
+
+/* Records are applied a batch at a time: each probe of the table is a
+ * cache miss (the table is sized for the whole replay), so a batch's
+ * buckets and their first entries are fetched together before the records
+ * are applied, in order. */
+enum { BATCH = 16 };
+
+typedef struct batch {
+  oi_disk_record r[BATCH];
+  uint64_t h[BATCH];
+  size_t n;
+} batch;
+
+static void batch_apply(oi_disk *d, uint32_t fi, batch *b) {
+  size_t mask = d->tab_cap - 1;
+  for (size_t i = 0; i < b->n; i++) {
+    b->h[i] = key_hash(&b->r[i].key);
+    __builtin_prefetch(&d->tab[b->h[i] & mask]);
+  }
+  for (size_t i = 0; i < b->n; i++) {
+    entry *e = d->tab[b->h[i] & mask];
+    if (e) __builtin_prefetch(&e->h);
+  }
+  for (size_t i = 0; i < b->n; i++)
+    if (b->r[i].type == OI_DISK_REC_ADD)
+      replay_add(d, fi, &b->r[i], b->h[i]);
+    else
+      replay_remove(d, fi, &b->r[i], b->h[i]);
+  b->n = 0;
 }
 
 static void load_checkpoint(oi_disk *d, uint32_t fi, uint64_t *gen) {
@@ -1072,74 +1139,98 @@ static void load_checkpoint(oi_disk *d, uint32_t fi, uint64_t *gen) {
   *gen = 0;
   int fd = open(f->ckpt_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return;
-  uint64_t size = 0;
-  uint8_t *b = read_file(fd, &size);
-  close(fd);
-  if (!b) return;
-  if (size < OI_DISK_CKPT_HEADER_BYTES || get64(b) != OI_DISK_CKPT_MAGIC ||
-      get32(b + 8) != OI_DISK_VERSION || get64(b + 56) != XXH3_64bits(b, 56)) {
-    if (size) {
+  chunk_reader c;
+  if (!reader_open(&c, fd)) {
+    oi__free(c.buf);
+    close(fd);
+    return;
+  }
+  const uint8_t *b = reader_get(&c, 0, OI_DISK_CKPT_HEADER_BYTES);
+  if (!b || get64(b) != OI_DISK_CKPT_MAGIC || get32(b + 8) != OI_DISK_VERSION ||
+      get64(b + 56) != XXH3_64bits(b, 56)) {
+    if (c.size) {
       d->st.torn_records_cut++;
       OI_LOG(OI_LOG_WARN, "disk", "%s: checkpoint header does not verify; ignored", f->ckpt_path);
     }
-    oi__free(b);
+    oi__free(c.buf);
+    close(fd);
     return;
   }
   uint64_t n = get64(b + 16);
   *gen = get64(b + 24);
   if (get64(b + 40) > d->next_seq) d->next_seq = get64(b + 40);
-  uint64_t room = (size - OI_DISK_CKPT_HEADER_BYTES) / OI_DISK_RECORD_BYTES;
+  uint64_t room = (c.size - OI_DISK_CKPT_HEADER_BYTES) / OI_DISK_RECORD_BYTES;
   if (n != room) {
     d->st.torn_records_cut += n > room ? n - room : room - n;
     OI_LOG(OI_LOG_WARN, "disk", "%s: %llu records announced, %llu present", f->ckpt_path,
            (unsigned long long)n, (unsigned long long)room);
     n = OI_MIN(n, room);
   }
+  /* Half full: short probes while replaying. Only a hint: without the
+   * memory, the table grows as entries come. */
+  (void)tab_reserve(d, 2 * (d->count + n));
+  batch bt;
+  bt.n = 0;
   for (uint64_t i = 0; i < n; i++) {
-    oi_disk_record r;
-    if (!oi__disk_record_decode(b + OI_DISK_CKPT_HEADER_BYTES + i * OI_DISK_RECORD_BYTES, &r) ||
-        r.type != OI_DISK_REC_ADD) {
+    const uint8_t *p =
+        reader_get(&c, OI_DISK_CKPT_HEADER_BYTES + i * OI_DISK_RECORD_BYTES, OI_DISK_RECORD_BYTES);
+    if (!p) { /* the file could not be read to its end: the rest is missing */
+      d->st.torn_records_cut += n - i;
+      OI_LOG(OI_LOG_WARN, "disk", "%s: read ended after %llu of %llu records", f->ckpt_path,
+             (unsigned long long)i, (unsigned long long)n);
+      break;
+    }
+    oi_disk_record *r = &bt.r[bt.n];
+    if (!oi__disk_record_decode(p, r) || r->type != OI_DISK_REC_ADD) {
       d->st.torn_records_cut++;
       continue;
     }
-    replay_add(d, fi, &r);
+    if (++bt.n == BATCH) batch_apply(d, fi, &bt);
   }
-  oi__free(b);
+  batch_apply(d, fi, &bt);
+  oi__free(c.buf);
+  close(fd);
 }
 
 static oi_status replay_log(oi_disk *d, uint32_t fi, uint64_t ckpt_gen) {
   dfile *f = &d->files[fi];
-  uint64_t size = 0;
-  uint8_t *b = read_file(f->log_fd, &size);
-  if (!b) return oi__fail(OI_ERR_IO, "disk: reading %s: %s", f->log_path, strerror(errno));
+  chunk_reader c;
+  if (!reader_open(&c, f->log_fd)) {
+    oi__free(c.buf);
+    return oi__fail(OI_ERR_IO, "disk: reading %s: %s", f->log_path, strerror(errno));
+  }
   oi_disk_record r;
   uint64_t gen = ckpt_gen;
-  if (size < OI_DISK_RECORD_BYTES || !oi__disk_record_decode(b, &r) ||
-      r.type != OI_DISK_REC_HEADER) {
-    if (size) {
-      d->st.torn_records_cut += (size + OI_DISK_RECORD_BYTES - 1) / OI_DISK_RECORD_BYTES;
+  const uint8_t *b = reader_get(&c, 0, OI_DISK_RECORD_BYTES);
+  if (!b || !oi__disk_record_decode(b, &r) || r.type != OI_DISK_REC_HEADER) {
+    if (c.size) {
+      d->st.torn_records_cut += (c.size + OI_DISK_RECORD_BYTES - 1) / OI_DISK_RECORD_BYTES;
       OI_LOG(OI_LOG_WARN, "disk", "%s: no valid log header; the log (%llu bytes) is discarded",
-             f->log_path, (unsigned long long)size);
+             f->log_path, (unsigned long long)c.size);
     }
-    oi__free(b);
+    oi__free(c.buf);
     return log_reset(f, gen);
   }
   if (r.seq < ckpt_gen) { /* the checkpoint already holds these records */
-    oi__free(b);
+    oi__free(c.buf);
     return log_reset(f, ckpt_gen);
   }
   gen = r.seq;
+  (void)tab_reserve(d, 2 * (d->count + c.size / OI_DISK_RECORD_BYTES)); /* a hint, as above */
   uint64_t good = OI_DISK_RECORD_BYTES, records = 0;
-  while (good + OI_DISK_RECORD_BYTES <= size) {
-    if (!oi__disk_record_decode(b + good, &r) || r.type == OI_DISK_REC_HEADER) break;
-    if (r.type == OI_DISK_REC_ADD)
-      replay_add(d, fi, &r);
-    else
-      replay_remove(d, fi, &r);
+  batch bt;
+  bt.n = 0;
+  while (good + OI_DISK_RECORD_BYTES <= c.size) {
+    const uint8_t *p = reader_get(&c, good, OI_DISK_RECORD_BYTES);
+    if (!p || !oi__disk_record_decode(p, &bt.r[bt.n]) || bt.r[bt.n].type == OI_DISK_REC_HEADER)
+      break;
+    if (++bt.n == BATCH) batch_apply(d, fi, &bt);
     good += OI_DISK_RECORD_BYTES;
     records++;
   }
-  oi__free(b);
+  batch_apply(d, fi, &bt);
+  oi__free(c.buf);
+  uint64_t size = c.size;
   if (good < size) {
     uint64_t cut = (size - good + OI_DISK_RECORD_BYTES - 1) / OI_DISK_RECORD_BYTES;
     d->st.torn_records_cut += cut;
@@ -1154,48 +1245,82 @@ static oi_status replay_log(oi_disk *d, uint32_t fi, uint64_t ckpt_gen) {
   return OI_OK;
 }
 
-static int cmp_off(const void *a, const void *b) {
-  const entry *x = *(entry *const *)a, *y = *(entry *const *)b;
-  if (x->file != y->file) return x->file < y->file ? -1 : 1;
-  return x->off < y->off ? -1 : x->off > y->off;
-}
-static int cmp_seq(const void *a, const void *b) {
-  const entry *x = *(entry *const *)a, *y = *(entry *const *)b;
-  return x->seq < y->seq ? -1 : x->seq > y->seq;
+/* A sort key and its entry (build_index sorts these, not the entries). */
+typedef struct sortrec {
+  uint64_t key;
+  entry *e;
+} sortrec;
+
+/* Sorts a[0..n) by key, stably: least significant digit first, 11 bits a
+ * pass, as many passes as `max` (the largest key) has digits; a pass whose
+ * digit is the same in every key is skipped. tmp holds n. Returns the
+ * array that holds the result (a or tmp). */
+static sortrec *radix_sort(sortrec *a, sortrec *tmp, size_t n, uint64_t max) {
+  enum { BITS = 11, RADIX = 1 << BITS };
+  size_t *cnt = oi__malloc(RADIX * sizeof *cnt);
+  if (!cnt) oi__fatal("disk: out of memory sorting the index");
+  for (unsigned shift = 0; shift < 64 && (max >> shift); shift += BITS) {
+    memset(cnt, 0, RADIX * sizeof *cnt);
+    for (size_t i = 0; i < n; i++)
+      cnt[(a[i].key >> shift) & (RADIX - 1)]++;
+    if (cnt[(a[0].key >> shift) & (RADIX - 1)] == n) continue;
+    for (size_t b = 0, sum = 0; b < RADIX; b++) {
+      size_t c = cnt[b];
+      cnt[b] = sum;
+      sum += c;
+    }
+    for (size_t i = 0; i < n; i++)
+      tmp[cnt[(a[i].key >> shift) & (RADIX - 1)]++] = a[i];
+    sortrec *t = a;
+    a = tmp;
+    tmp = t;
+  }
+  oi__free(cnt);
+  return a;
 }
 
 /* After replay: drops overlapping extents (the older block of each pair),
- * builds the free lists and the LRU (by sequence, oldest first). */
+ * builds the free lists and puts the LRU (which holds the entries in the
+ * order their records came) in sequence order, oldest first; records that
+ * came in sequence order (a checkpoint is written oldest first, a log
+ * appends newer records) need no sort. */
 static oi_status build_index(oi_disk *d) {
   size_t n = d->count, k = 0;
-  entry **all = oi__malloc((n ? n : 1) * sizeof *all);
-  if (!all) return oi__fail(OI_ERR_OUT_OF_MEMORY, "disk: index of %zu blocks", n);
-  for (size_t i = 0; i < d->tab_cap; i++)
-    for (entry *e = d->tab[i]; e; e = e->hnext)
-      all[k++] = e;
-  qsort(all, n, sizeof *all, cmp_off);
+  sortrec *buf = oi__malloc((n ? 2 * n : 1) * sizeof *buf);
+  if (!buf) return oi__fail(OI_ERR_OUT_OF_MEMORY, "disk: index of %zu blocks", n);
+  /* (file, offset) as one key: every offset is at most its file's size */
+  uint64_t span = 0;
+  for (uint32_t fi = 0; fi < d->nfiles; fi++)
+    span = OI_MAX(span, (d->files[fi].cap >> 12) + 1);
+  bool in_order = true;
+  for (entry *e = d->lru_head; e; e = e->lnext) {
+    if (k && e->seq < buf[k - 1].e->seq) in_order = false;
+    buf[k++] = (sortrec){e->file * span + (e->off >> 12), e};
+  }
+  sortrec *all = n ? radix_sort(buf, buf + n, n, d->nfiles * span - 1) : buf;
   size_t kept = 0;
   for (size_t i = 0; i < n; i++) {
-    entry *e = all[i];
+    entry *e = all[i].e;
     if (kept) {
-      entry *p = all[kept - 1];
+      entry *p = all[kept - 1].e;
       if (p->file == e->file && e->off < p->off + entry_bytes(p)) {
         d->st.bad_extents_dropped++;
         entry *loser = e->seq > p->seq ? p : e;
         tab_unlink(d, loser);
+        lru_unlink(d, loser);
         oi__free(loser);
-        if (loser == p) all[kept - 1] = e;
+        if (loser == p) all[kept - 1].e = e;
         continue;
       }
     }
-    all[kept++] = e;
+    all[kept++].e = e;
   }
   for (uint32_t fi = 0; fi < d->nfiles; fi++)
     d->files[fi].nfree = 0;
   uint64_t cursor = 0;
   uint32_t cur_file = 0;
   for (size_t i = 0; i <= kept; i++) {
-    uint32_t fi = i < kept ? all[i]->file : d->nfiles;
+    uint32_t fi = i < kept ? all[i].e->file : d->nfiles;
     while (cur_file < fi) { /* close the files before this block's */
       if (cursor < d->files[cur_file].cap)
         ext_free(&d->files[cur_file], cursor, d->files[cur_file].cap - cursor);
@@ -1203,16 +1328,26 @@ static oi_status build_index(oi_disk *d) {
       cursor = 0;
     }
     if (i == kept) break;
-    if (all[i]->off > cursor) ext_free(&d->files[fi], cursor, all[i]->off - cursor);
-    cursor = all[i]->off + entry_bytes(all[i]);
+    if (all[i].e->off > cursor) ext_free(&d->files[fi], cursor, all[i].e->off - cursor);
+    cursor = all[i].e->off + entry_bytes(all[i].e);
+    d->st.bytes_used += entry_bytes(all[i].e);
   }
-  qsort(all, kept, sizeof *all, cmp_seq);
-  for (size_t i = 0; i < kept; i++) {
-    lru_push(d, all[i]);
-    d->st.blocks++;
-    d->st.bytes_used += entry_bytes(all[i]);
+  d->st.blocks += kept;
+  if (!in_order && kept) {
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t i = 0; i < kept; i++) {
+      lo = OI_MIN(lo, all[i].e->seq);
+      hi = OI_MAX(hi, all[i].e->seq);
+    }
+    for (size_t i = 0; i < kept; i++)
+      all[i].key = all[i].e->seq - lo;
+    sortrec *other = all == buf ? buf + n : buf;
+    all = radix_sort(all, other, kept, hi - lo);
+    d->lru_head = d->lru_tail = NULL;
+    for (size_t i = 0; i < kept; i++)
+      lru_push(d, all[i].e);
   }
-  oi__free(all);
+  oi__free(buf);
   return OI_OK;
 }
 

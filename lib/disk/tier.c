@@ -185,8 +185,9 @@ static void promote_done(void *ctx, oi_status st) {
   bool ok = st == OI_OK;
   if (ok && op->bounce) memcpy(op->slot, op->bounce, op->bytes);
   if (ok) oi__host_mark_lower(t->host, &op->b, 1); /* not written back again */
-  oi__host_save_end(t->host, op->ns, &op->b, 1, ok, ok ? op->bytes : 0, oi__now_ns() - op->t0);
+  /* Counted before the block seals: a query that sees it sealed sees it counted. */
   atomic_fetch_add(ok ? &t->promotions : &t->promote_failed, 1);
+  oi__host_save_end(t->host, op->ns, &op->b, 1, ok, ok ? op->bytes : 0, oi__now_ns() - op->t0);
   oi__free(op->bounce);
   oi__free(op);
   in_flight_add(t, &t->promotions_in_flight, -1);

@@ -66,7 +66,8 @@ int cmd_info(int argc, char **argv) {
   optind = 1;
   int c;
   while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-    if (c == 'j') json = true;
+    if (c == 'j')
+      json = true;
     else if (c == 'h') {
       usage(stdout);
       return CLI_OK;
@@ -116,16 +117,21 @@ int cmd_info(int argc, char **argv) {
   }
   if (json) {
     printf("],\"host_memory_gib\":%.1f,\"memlock_limit_gib\":", mem_gib);
-    if (ml_unlimited) printf("null");
-    else printf("%.3f", ml_gib);
+    if (ml_unlimited)
+      printf("null");
+    else
+      printf("%.3f", ml_gib);
     printf(",\"nvidia_module\":%s%s%s,\"nvidia_peermem\":%s,\"dmabuf\":%s,\"rdma_devices\":[",
            nv ? "\"" : "", nv ? nv : "null", nv ? "\"" : "", peermem ? "true" : "false",
            dmabuf ? "true" : "false");
   } else {
     printf("\nhost memory: %.1f GiB; locked-memory limit: ", mem_gib);
-    if (ml_unlimited) printf("unlimited\n");
-    else if (geteuid() == 0) printf("%.3f GiB (not enforced: running as root)\n", ml_gib);
-    else printf("%.3f GiB (a pinned pool larger than this fails: raise it, or --no-pin)\n", ml_gib);
+    if (ml_unlimited)
+      printf("unlimited\n");
+    else if (geteuid() == 0)
+      printf("%.3f GiB (not enforced: running as root)\n", ml_gib);
+    else
+      printf("%.3f GiB (a pinned pool larger than this fails: raise it, or --no-pin)\n", ml_gib);
     printf("\nRDMA devices (libibverbs): ");
   }
   int shown = 0;

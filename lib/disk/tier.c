@@ -17,6 +17,7 @@
 #include "tier.h"
 
 #define SPILL_BATCH 32
+#define PROMOTE_WINDOW (16ull << 20) /* bytes of promotion reads in flight at most */
 
 struct disk_tier {
   oi_offload_host *host;
@@ -33,6 +34,11 @@ struct disk_tier {
   pthread_cond_t cv;
   uint32_t spills_in_flight;
   uint32_t promotions_in_flight;
+  /* Promotion reads in prefix order: at most PROMOTE_WINDOW bytes are read
+   * at once (the rest wait here, in order), so a restore's first blocks
+   * arrive first and its loads overlap the reads still to come. */
+  struct promote_op *pq_head, *pq_tail;
+  uint64_t read_bytes_in_flight;
 
   atomic_uint_fast64_t spills, spills_failed, spills_skipped, promotions, promote_failed;
 };
@@ -85,6 +91,8 @@ typedef struct spill_op {
   void *bounce;
 } spill_op;
 
+static void promote_pump(disk_tier *t);
+
 static void spill_done(void *ctx, oi_status st) {
   spill_op *op = ctx;
   disk_tier *t = op->t;
@@ -94,6 +102,7 @@ static void spill_done(void *ctx, oi_status st) {
   oi__free(op->bounce);
   oi__free(op);
   in_flight_add(t, &t->spills_in_flight, -1);
+  promote_pump(t); /* a slot of the store is free: a promotion refused BUSY may go */
 }
 
 static void spill_one(disk_tier *t, const oi_host_spill *s) {
@@ -177,11 +186,56 @@ typedef struct promote_op {
   uint64_t bytes;
   void *bounce;
   uint64_t t0;
+  oi_disk_key key;
+  void *dst;
+  struct promote_op *next; /* in t->pq */
 } promote_op;
 
-static void promote_done(void *ctx, oi_status st) {
-  promote_op *op = ctx;
+static void promote_done(void *ctx, oi_status st);
+static void promote_finish(promote_op *op, oi_status st);
+
+/* Submits queued promotion reads, in order, while the window has room (one
+ * read at least when none is in flight). A read the store cannot take now
+ * (OI_ERR_BUSY from its completion thread) stays first in the queue: the
+ * next completion, a spill's or a promotion's, pumps again. */
+static void promote_pump(disk_tier *t) {
+  for (;;) {
+    pthread_mutex_lock(&t->lock);
+    promote_op *op = t->pq_head;
+    uint64_t len = op ? round_sector(op->bytes) : 0;
+    if (!op || (t->read_bytes_in_flight && t->read_bytes_in_flight + len > PROMOTE_WINDOW)) {
+      pthread_mutex_unlock(&t->lock);
+      return;
+    }
+    t->pq_head = op->next;
+    if (!t->pq_head) t->pq_tail = NULL;
+    t->read_bytes_in_flight += len;
+    pthread_mutex_unlock(&t->lock);
+    oi_status st = oi__disk_read(t->store, &op->key, op->dst, len, promote_done, op);
+    if (st == OI_OK) continue;
+    pthread_mutex_lock(&t->lock);
+    t->read_bytes_in_flight -= len;
+    if (st == OI_ERR_BUSY) { /* back to the front; a completion pumps again */
+      op->next = t->pq_head;
+      t->pq_head = op;
+      if (!t->pq_tail) t->pq_tail = op;
+      pthread_mutex_unlock(&t->lock);
+      return;
+    }
+    pthread_mutex_unlock(&t->lock);
+    op->dst = NULL;         /* never read: its bytes were counted out above */
+    promote_finish(op, st); /* not stored any more, or closed: a miss */
+  }
+}
+
+/* Ends a promotion: the block seals (verified) or its slot goes (a miss). */
+static void promote_finish(promote_op *op, oi_status st) {
   disk_tier *t = op->t;
+  if (op->dst) { /* its read was in flight */
+    pthread_mutex_lock(&t->lock);
+    t->read_bytes_in_flight -= round_sector(op->bytes);
+    pthread_mutex_unlock(&t->lock);
+  }
   bool ok = st == OI_OK;
   if (ok && op->bounce) memcpy(op->slot, op->bounce, op->bytes);
   if (ok) oi__host_mark_lower(t->host, &op->b, 1); /* not written back again */
@@ -191,6 +245,14 @@ static void promote_done(void *ctx, oi_status st) {
   oi__free(op->bounce);
   oi__free(op);
   in_flight_add(t, &t->promotions_in_flight, -1);
+}
+
+/* A promotion read ended (the store's completion thread). */
+static void promote_done(void *ctx, oi_status st) {
+  promote_op *op = ctx;
+  disk_tier *t = op->t;
+  promote_finish(op, st);
+  promote_pump(t);
 }
 
 typedef struct promote_call {
@@ -222,16 +284,18 @@ static void promote_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) 
                      .slot = data,
                      .bytes = c->bytes,
                      .bounce = op->bounce,
-                     .t0 = oi__now_ns()};
+                     .t0 = oi__now_ns(),
+                     .key = c->keys[i],
+                     .dst = dst};
   in_flight_add(t, &t->promotions_in_flight, 1);
-  oi_status st =
-      oi__disk_read(t->store, &c->keys[i], dst, round_sector(c->bytes), promote_done, op);
-  if (st == OI_OK) {
-    c->started++;
-    return;
-  }
-  /* Not queued (evicted from disk since, or closed): the slot goes, a miss. */
-  promote_done(op, st);
+  pthread_mutex_lock(&t->lock);
+  if (t->pq_tail)
+    t->pq_tail->next = op;
+  else
+    t->pq_head = op;
+  t->pq_tail = op;
+  pthread_mutex_unlock(&t->lock);
+  c->started++;
 }
 
 size_t oi__disk_tier_promote(disk_tier *t, oi_host_ns ns, const oi_block_hash *hashes, size_t n) {
@@ -258,6 +322,7 @@ size_t oi__disk_tier_promote(disk_tier *t, oi_host_ns ns, const oi_block_hash *h
   oi_host_reserved r;
   oi__host_reserve(t->host, ns, hashes, run, &sink, &r);
   started = c.started;
+  promote_pump(t); /* the run's reads, in prefix order, a window at a time */
 out:
   oi__free(keys);
   oi__free(present);
@@ -316,6 +381,14 @@ static void tier_destroy(void *ctx) {
   }
   atomic_store(&t->stop, true);
   oi__disk_close(t->store); /* waits for the operations in flight */
+  /* Promotions still queued (never read): their slots go, misses. */
+  while (t->pq_head) {
+    promote_op *op = t->pq_head;
+    t->pq_head = op->next;
+    op->dst = NULL;
+    promote_finish(op, OI_ERR_CLOSED);
+  }
+  t->pq_tail = NULL;
   pthread_cond_destroy(&t->cv);
   pthread_mutex_destroy(&t->lock);
   oi__free(t);

@@ -73,6 +73,7 @@ typedef struct disk_result {
   /* GLM5.2 */
   uint64_t glm_block_bytes;
   double glm_us[GLM_REPS], glm_p50_us, glm_best_us, glm_bound_us;
+  double glm_wait_us[GLM_REPS], glm_wait_p50_us; /* query(wait), then one load */
   /* replay */
   uint64_t replay_blocks;       /* entries actually written */
   uint64_t replay_wanted;       /* --replay-blocks */
@@ -447,6 +448,75 @@ static int query_all(oi_offload_engine *e, const oi_block_hash *hs, uint64_t n, 
   }
 }
 
+/* The 22 GLM5.2 blocks from disk, the simple way: one query that waits for
+ * every promotion, then one load of them all. */
+static oi_status glm_restore_waited(rig *g, const oi_block_hash *hs, const int64_t *dst) {
+  oi_query_result q = {.struct_size = sizeof q, .wait_ms = WAIT_MS};
+  if (oi_offload_engine_query(g->glm, NULL, hs, GLM_BLOCKS, OI_QUERY_WAIT_PENDING, &q) != OI_OK) {
+    fail_api("query (GLM5.2)");
+    return OI_ERR_IO;
+  }
+  if (q.hit_blocks != GLM_BLOCKS) {
+    if (q.hit_blocks) oi_offload_engine_release(g->glm, q.lease);
+    fprintf(stderr, "openinfer bench disk: GLM5.2 restore: %llu of %d blocks hit\n",
+            (unsigned long long)q.hit_blocks, GLM_BLOCKS);
+    return OI_ERR_NOT_FOUND;
+  }
+  oi_ticket *t = NULL;
+  oi_status st = oi_offload_engine_load(g->glm, q.lease, dst, GLM_BLOCKS, NULL, &t);
+  if (st == OI_OK) st = oi_ticket_wait(t, WAIT_MS);
+  oi_ticket_release(t);
+  oi_offload_engine_release(g->glm, q.lease); /* (consumed by the load: unknown is fine) */
+  if (st != OI_OK) fail_api("load (GLM5.2)");
+  return st;
+}
+
+/* Pipelined, as an engine would do it with the public API: the first query
+ * starts every block's read (LOADING); each later query leases the blocks
+ * that sealed since and a load copies them while the disk reads the rest
+ * (the tier reads in prefix order, a window at a time). */
+static oi_status glm_restore_pipelined(rig *g, const oi_block_hash *hs, const int64_t *dst) {
+  oi_ticket *tickets[GLM_BLOCKS];
+  int nt = 0;
+  size_t first = 0;
+  oi_status st = OI_OK;
+  uint64_t deadline = oi__deadline_ns(WAIT_MS);
+  while (first < GLM_BLOCKS && st == OI_OK) {
+    oi_query_result q = {.struct_size = sizeof q};
+    st = oi_offload_engine_query(g->glm, NULL, hs + first, GLM_BLOCKS - first, 0, &q);
+    if (st != OI_OK) {
+      fail_api("query (GLM5.2)");
+      break;
+    }
+    if (q.hit_blocks) {
+      st = oi_offload_engine_load(g->glm, q.lease, dst + first, q.hit_blocks, NULL, &tickets[nt]);
+      if (st != OI_OK) {
+        oi_offload_engine_release(g->glm, q.lease);
+        fail_api("load (GLM5.2)");
+        break;
+      }
+      nt++;
+      first += q.hit_blocks;
+    } else if (q.pending_blocks == 0 || oi__now_ns() >= deadline) {
+      fprintf(stderr, "openinfer bench disk: GLM5.2 restore: %zu of %d blocks hit\n", first,
+              GLM_BLOCKS);
+      st = OI_ERR_NOT_FOUND;
+    } else {
+      struct timespec nap = {.tv_sec = 0, .tv_nsec = 50000}; /* an engine's step would go here */
+      nanosleep(&nap, NULL);
+    }
+  }
+  for (int i = 0; i < nt; i++) {
+    oi_status w = oi_ticket_wait(tickets[i], WAIT_MS);
+    if (w != OI_OK && st == OI_OK) {
+      st = w;
+      fail_api("load (GLM5.2)");
+    }
+    oi_ticket_release(tickets[i]);
+  }
+  return st;
+}
+
 static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result *r) {
   uint64_t n = cfg->bytes / cfg->block_bytes, glm_bytes = 78ull * 41984 + 21ull * 8448;
   r->blocks = n;
@@ -509,8 +579,10 @@ static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result
   }
 
   /* 2b. 22 GLM5.2-shaped blocks: saved, spilled, evicted, then restored
-   * from disk (query with wait + load + wait), GLM_REPS times. */
-  fprintf(stderr, "restore: %d GLM5.2-shaped blocks from disk, %d times\n", GLM_BLOCKS, GLM_REPS);
+   * from disk GLM_REPS times each way, interleaved: pipelined (judged) and
+   * one query that waits, then one load. */
+  fprintf(stderr, "restore: %d GLM5.2-shaped blocks from disk, %d times each way\n", GLM_BLOCKS,
+          GLM_REPS);
   for (int a = 0; a < 99; a++)
     for (int b = 0; b < GLM_BLOCKS; b++)
       fill_block(glm_slice(&g, a, b), g.glm_ad[a].bytes_per_block, (uint64_t)b * 99 + (uint64_t)a);
@@ -527,33 +599,20 @@ static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result
   int64_t glm_dst[GLM_BLOCKS];
   for (int b = 0; b < GLM_BLOCKS; b++)
     glm_dst[b] = GLM_BLOCKS + b;
-  for (int rep = 0; rep < GLM_REPS; rep++) {
+  for (int rep = 0; rep < 2 * GLM_REPS; rep++) {
+    bool pipelined = rep % 2 == 0; /* the two ways, interleaved */
     if (empty_pool(&g) != 0) goto out;
     for (int a = 0; a < 99; a++)
       memset(glm_slice(&g, a, GLM_BLOCKS), 0, GLM_BLOCKS * g.glm_ad[a].bytes_per_block);
     t0 = oi__now_ns();
-    oi_query_result q = {.struct_size = sizeof q, .wait_ms = WAIT_MS};
-    if (oi_offload_engine_query(g.glm, NULL, glm_hs, GLM_BLOCKS, OI_QUERY_WAIT_PENDING, &q) !=
-        OI_OK) {
-      fail_api("query (GLM5.2)");
-      goto out;
-    }
-    if (q.hit_blocks != GLM_BLOCKS) {
-      fprintf(stderr, "openinfer bench disk: GLM5.2 restore: %llu of %d blocks hit\n",
-              (unsigned long long)q.hit_blocks, GLM_BLOCKS);
-      goto out;
-    }
-    t = NULL;
-    oi_status st = oi_offload_engine_load(g.glm, q.lease, glm_dst, GLM_BLOCKS, NULL, &t);
-    if (st == OI_OK) st = oi_ticket_wait(t, WAIT_MS);
+    oi_status st = pipelined ? glm_restore_pipelined(&g, glm_hs, glm_dst)
+                             : glm_restore_waited(&g, glm_hs, glm_dst);
     t1 = oi__now_ns();
-    oi_ticket_release(t);
-    oi_offload_engine_release(g.glm, q.lease);
-    if (st != OI_OK) {
-      fail_api("load (GLM5.2)");
-      goto out;
-    }
-    r->glm_us[rep] = (double)(t1 - t0) / 1e3;
+    if (st != OI_OK) goto out;
+    if (pipelined)
+      r->glm_us[rep / 2] = (double)(t1 - t0) / 1e3;
+    else
+      r->glm_wait_us[rep / 2] = (double)(t1 - t0) / 1e3;
     for (int a = 0; a < 99; a++)
       for (int b = 0; b < GLM_BLOCKS; b++)
         if (!check_block(glm_slice(&g, a, GLM_BLOCKS + b), g.glm_ad[a].bytes_per_block,
@@ -572,6 +631,14 @@ static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result
     }
   r->glm_p50_us = sorted[GLM_REPS / 2];
   r->glm_best_us = sorted[0];
+  memcpy(sorted, r->glm_wait_us, sizeof sorted);
+  for (int i = 1; i < GLM_REPS; i++)
+    for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+      double x = sorted[j];
+      sorted[j] = sorted[j - 1];
+      sorted[j - 1] = x;
+    }
+  r->glm_wait_p50_us = sorted[GLM_REPS / 2];
   if (disk_stats(&g, &r->ds) != 0) goto out;
   rc = 0;
 out:
@@ -773,10 +840,13 @@ static void print_table(const disk_cfg *cfg, const disk_result *r, const disk_ve
          r->restore_gbps, rr, ">= 0.9x fio read", pf(r->fio_ok, v->restore));
   printf("     (%.2f s, %u quer%s; every byte verified by a load afterwards)\n", r->restore_s,
          r->restore_queries, r->restore_queries == 1 ? "y" : "ies");
-  printf("  %-46s %8.0f us %11s   %-18s %s\n", "   22 GLM5.2 blocks: query(wait)+load, p50",
+  printf("  %-46s %8.0f us %11s   %-18s %s\n", "   22 GLM5.2 blocks: pipelined restore, p50",
          r->glm_p50_us, "", bound, pf(r->fio_ok, v->glm));
-  printf("     (%.1f MB, best of %d %.0f us; bound 1.2 x bytes / fio read + 1 ms)\n",
-         (double)GLM_BLOCKS * (double)r->glm_block_bytes / 1e6, GLM_REPS, r->glm_best_us);
+  printf("     (%.1f MB, best of %d %.0f us; bound 1.2 x bytes / fio read + 1 ms; loads of the\n"
+         "      blocks that sealed overlap the reads of the rest. One query that waits for\n"
+         "      every block, then one load: p50 %.0f us)\n",
+         (double)GLM_BLOCKS * (double)r->glm_block_bytes / 1e6, GLM_REPS, r->glm_best_us,
+         r->glm_wait_p50_us);
   if (r->replay_blocks == r->replay_wanted)
     printf("  %-46s %9.3f s  %11s   %-18s %s\n", "3. index replay: oi__disk_open", r->replay_open_s,
            "", "<= 2 s", pf(r->replay_wanted >= REPLAY_TARGET_BLOCKS, v->replay));
@@ -833,10 +903,10 @@ static void print_json(const disk_cfg *cfg, const disk_result *r, const disk_ver
          r->restore_s, r->restore_gbps, ratio(r->restore_gbps, r->fio_read_gbps),
          r->restore_queries, B(r->restore_verified));
   printf(",\"restore_22_glm\":{\"block_bytes\":%llu,\"bytes\":%llu,\"p50_us\":%.1f,\"best_us\":%.1f"
-         ",\"bound_us\":%.1f,\"reps\":%d}",
+         ",\"bound_us\":%.1f,\"reps\":%d,\"waited_p50_us\":%.1f}",
          (unsigned long long)r->glm_block_bytes,
          (unsigned long long)(GLM_BLOCKS * r->glm_block_bytes), r->glm_p50_us, r->glm_best_us,
-         r->glm_bound_us, GLM_REPS);
+         r->glm_bound_us, GLM_REPS, r->glm_wait_p50_us);
   printf(",\"replay\":{\"blocks_wanted\":%llu,\"blocks\":%llu,\"blocks_loaded\":%llu"
          ",\"checkpoint_records\":%llu,\"log_records\":%llu,\"open_s\":%.4f,\"replay_ns_s\":%.4f"
          ",\"scaled_s\":%.4f,\"scaled\":%s,\"write_s\":%.4f}",

@@ -9,8 +9,9 @@
  *  2. restore: the pool emptied (evict_all), then a query that waits for
  *     its promotions (OI_QUERY_WAIT_PENDING) over every hash, timed until
  *     it returns with every block a hit; then 22 GLM5.2-shaped blocks
- *     restored from disk (query with wait + load), against
- *     1.2 x (bytes / fio read) + 1 ms;
+ *     restored from disk, pipelined (loads of sealed blocks overlap the
+ *     reads of the rest), against 1.2 x (bytes / fio read) + 1 ms, and the
+ *     waited way (one query with wait, one load) beside it;
  *  3. index replay: a store directory whose checkpoint and log name
  *     --replay-blocks blocks (records written directly, over a fallocated
  *     data file whose blocks were never written), timed through oi__disk_open.
@@ -948,8 +949,9 @@ static void usage(FILE *f) {
              "     disk tier has written every one; GB/s and the ratio to fio's write\n"
              "  2. restore: the pool emptied, then a query with OI_QUERY_WAIT_PENDING over every\n"
              "     hash, until every block is a hit; GB/s and the ratio to fio's read. Then 22\n"
-             "     GLM5.2-shaped blocks (3.45 MB each) from disk: query(wait) + load, against\n"
-             "     1.2 x (bytes / fio read) + 1 ms\n"
+             "     GLM5.2-shaped blocks (3.45 MB each) from disk, pipelined (the loads of the\n"
+             "     blocks that sealed overlap the reads of the rest), against\n"
+             "     1.2 x (bytes / fio read) + 1 ms; and query(wait) + load beside it\n"
              "  3. index replay: oi__disk_open of a store whose checkpoint and log name N blocks\n"
              "     (records written directly, over a fallocated data file of N x 8 KiB)\n"
              "\n"

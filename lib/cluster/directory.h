@@ -1,0 +1,155 @@
+/* The cluster tier's block directory (docs/cluster.md, "Directory"): which
+ * node holds which block, kept in Redis. Each node publishes the blocks it
+ * holds under keys built from the block's identity (namespace fingerprint,
+ * block hash, layout fingerprint); a node whose query misses asks the
+ * directory for the holders of the rest of a prefix in one round trip.
+ *
+ * Internal (names oi__dir_*). This file includes core only; the module links
+ * hiredis.
+ *
+ * Every function may be called from any thread concurrently, except
+ * oi__dir_close, which must be the last call. Two Redis connections: one for
+ * a background thread (publishes, unpublishes, the node's liveness key,
+ * reconnection), one under a mutex for the synchronous calls (lookups, node
+ * lookups, stale removals). Each Redis round trip is bounded by timeout_ms.
+ *
+ * Degraded: while Redis cannot be reached, synchronous calls fail at once
+ * with OI_ERR_CLOSED (no wait for the timeout) so that a node runs
+ * local-only; publishes keep being queued (bounded); the background thread
+ * reconnects with a backoff of 100 ms doubling to 2 s. Each successful
+ * connect increments the generation (oi__dir_generation): a Redis that
+ * restarted empty no longer knows what this node holds, so the caller
+ * republishes when the generation changes (or from on_reconnect). */
+#ifndef OI_CLUSTER_DIRECTORY_H
+#define OI_CLUSTER_DIRECTORY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/core.h"
+
+#define OI_DIR_NODE_ID_MAX 64u      /* node ids: [A-Za-z0-9._-]{1,64} */
+#define OI_DIR_ADDR_MAX 1024u       /* advertised addresses: printable, no spaces */
+#define OI_DIR_LOOKUP_MAX 65536u    /* keys in one oi__dir_lookup */
+#define OI_DIR_QUEUE_MAX (1u << 20) /* queued publishes and unpublishes */
+#define OI_DIR_BLOCK_TTL_MS 600000u /* block_ttl_ms 0 */
+#define OI_DIR_NODE_TTL_MS 10000u   /* node_ttl_ms 0 */
+#define OI_DIR_TIMEOUT_MS 500u      /* timeout_ms 0 */
+#define OI_DIR_ERROR_TEXT 160u
+
+typedef struct oi_dir oi_dir;
+
+/* A block's identity, as the disk tier's key. */
+typedef struct oi_dir_key {
+  uint64_t ns_fp;
+  uint8_t hash[16];
+  uint64_t layout_fp;
+} oi_dir_key;
+
+/* The node that published an entry, and its incarnation. */
+typedef struct oi_dir_holder {
+  char node_id[OI_DIR_NODE_ID_MAX + 1];
+  uint64_t epoch;
+} oi_dir_holder;
+
+typedef struct oi_dir_options {
+  /* "redis://HOST[:PORT][/DB]" (PORT 6379 when absent, DB 0; an IPv6 HOST in
+   * brackets) or "unix:/PATH[?db=DB]". */
+  const char *url;
+  const char *node_id;   /* [A-Za-z0-9._-]{1,64}, unique in the cluster */
+  uint64_t epoch;        /* the node's incarnation (changes at each start) */
+  uint32_t block_ttl_ms; /* entries expire unless republished (0: 600000) */
+  uint32_t node_ttl_ms;  /* the liveness key's TTL; refreshed every third (0: 10000) */
+  uint32_t timeout_ms;   /* each connect and each Redis round trip (0: 500) */
+  /* Called from the background thread after each successful connect it
+   * makes (not the one inside oi__dir_open), once the generation was
+   * incremented: republish then. May call every function but oi__dir_close;
+   * must not block for long. NULL: none. */
+  void (*on_reconnect)(void *ctx);
+  void *on_reconnect_ctx;
+} oi_dir_options;
+
+typedef struct oi_dir_stats {
+  bool connected;                                 /* false: degraded (local only) */
+  uint64_t generation;                            /* successful connects so far */
+  uint64_t reconnects;                            /* connects after a lost or failed one */
+  uint64_t published;                             /* entries Redis acknowledged (SET) */
+  uint64_t unpublished;                           /* compare-and-deletes that removed our entry */
+  uint64_t unpublish_missed;                      /* ... that found no entry, or another node's */
+  uint64_t stale_removed;                         /* oi__dir_remove_stale that removed an entry */
+  uint64_t lookups;                               /* oi__dir_lookup round trips that answered */
+  uint64_t lookup_keys;                           /* keys asked for by those */
+  uint64_t entries_found;                         /* keys in the leading runs returned */
+  uint64_t parse_failures;                        /* entries whose value did not parse (absent) */
+  uint64_t queue_depth;                           /* queued, not yet sent */
+  uint64_t queue_dropped;                         /* publishes and unpublishes dropped: queue full,
+                                                     or lost with a connection mid-batch */
+  uint64_t errors;                                /* failed connects, round trips and replies */
+  uint64_t lookup_ns_sum;                         /* time in lookups that answered */
+  uint64_t lookup_latency_us[OI_LATENCY_BUCKETS]; /* oi_latency_hist buckets */
+  char last_error[OI_DIR_ERROR_TEXT];             /* "" when none */
+} oi_dir_stats;
+
+void oi__dir_options_init(oi_dir_options *o);
+
+/* Validates the options (OI_ERR_INVALID_ARGUMENT with what is wrong), then
+ * connects with timeout_ms. A Redis that cannot be reached is not an error:
+ * the directory opens degraded (logged) and the background thread keeps
+ * trying. The url and node_id strings are copied. */
+oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out);
+/* Stops the background thread (queued publishes are dropped: entries expire
+ * by their TTL), deletes this node's liveness key if it is still ours (one
+ * round trip, best effort) and frees. Accepts NULL. */
+void oi__dir_close(oi_dir *d);
+
+/* Advertises `addr` (how peers reach this node): the background thread SETs
+ * oi:node:<node_id> = "<epoch> <addr>" with PX node_ttl_ms at once and every
+ * node_ttl_ms / 3. NULL stops the refresh (the key expires). */
+oi_status oi__dir_set_advertise(oi_dir *d, const char *addr);
+/* The live node `node_id`: its address (NUL-terminated, into addr[cap]) and
+ * epoch (may be NULL). @return OI_OK, OI_ERR_NOT_FOUND (no live node),
+ * OI_ERR_CLOSED (degraded, or the round trip failed), OI_ERR_PROTOCOL (the
+ * value does not parse), OI_ERR_INVALID_ARGUMENT (cap too small too). */
+oi_status oi__dir_node_lookup(oi_dir *d, const char *node_id, char *addr, size_t cap,
+                              uint64_t *epoch);
+
+/* Queue entries SET oi:b:<key> "<node_id> <epoch>" PX block_ttl_ms (publish)
+ * or remove them if they are still this node's (unpublish). Never wait for
+ * Redis: the background thread sends the queue in pipelined batches. A full
+ * queue drops what does not fit (counted in queue_dropped; still OI_OK).
+ * @return OI_OK, OI_ERR_INVALID_ARGUMENT. */
+oi_status oi__dir_publish(oi_dir *d, const oi_dir_key *keys, size_t n);
+oi_status oi__dir_unpublish(oi_dir *d, const oi_dir_key *keys, size_t n);
+/* Waits until what was queued before this call was sent and answered.
+ * @return OI_OK, OI_ERR_CLOSED (degraded), OI_ERR_TIMEOUT. */
+oi_status oi__dir_flush(oi_dir *d, uint32_t timeout_ms);
+
+/* One round trip (MGET of the n keys): out[i] is the holder of keys[i] for
+ * the leading run of keys that have an entry; *n_out is that run's length
+ * (the prefix rule: the first key without an entry ends it). An entry whose
+ * value does not parse counts as absent. out holds n entries.
+ * @return OI_OK (also when *n_out is 0), OI_ERR_CLOSED (degraded, or the round
+ * trip failed: *n_out is 0), OI_ERR_INVALID_ARGUMENT (NULL, n 0 or above
+ * OI_DIR_LOOKUP_MAX). */
+oi_status oi__dir_lookup(oi_dir *d, const oi_dir_key *keys, size_t n, oi_dir_holder *out,
+                         size_t *n_out);
+/* Removes the entry of `key` if it still names holder `h` (a reader found it
+ * stale: the holder did not have the block, or is dead). One round trip.
+ * @return OI_OK (removed), OI_ERR_NOT_FOUND (no entry, or another holder's),
+ * OI_ERR_CLOSED, OI_ERR_INVALID_ARGUMENT. */
+oi_status oi__dir_remove_stale(oi_dir *d, const oi_dir_key *key, const oi_dir_holder *h);
+
+/* Successful connects so far (0 while never connected). */
+uint64_t oi__dir_generation(oi_dir *d);
+void oi__dir_stats(oi_dir *d, oi_dir_stats *out);
+
+/* The Redis key of a block: "oi:b:<ns_fp hex16>:<hash hex32>:<layout_fp
+ * hex16>" (lowercase), NUL-terminated. */
+#define OI_DIR_KEY_CHARS 71u
+void oi__dir_key_format(const oi_dir_key *key, char out[OI_DIR_KEY_CHARS + 1]);
+/* Parses an entry's value "<node_id> <epoch>" (len bytes, no NUL needed).
+ * false when it is not exactly that. */
+bool oi__dir_holder_parse(const char *s, size_t len, oi_dir_holder *out);
+
+#endif

@@ -46,6 +46,13 @@ static void serve_usage(FILE *f) {
       "                      written behind and promoted back on a hit, and survive\n"
       "                      a restart (docs/disk.md). With --disk-size\n"
       "  --disk-size SIZE    disk tier capacity, all directories together (e.g. 500G)\n"
+      "  --cluster URL       join a cluster (docs/cluster.md): publish this node's blocks\n"
+      "                      in the Redis directory at URL (redis://HOST:PORT) and fetch\n"
+      "                      what other nodes hold. With --node-id and --cluster-secret\n"
+      "  --node-id ID        this node's id in the cluster ([A-Za-z0-9._-], at most 64)\n"
+      "  --cluster-secret F  file with the cluster's shared secret (16..1024 bytes, mode 0600)\n"
+      "  --listen IP:PORT    where peers connect (default 127.0.0.1:0, a free port)\n"
+      "  --advertise IP:PORT the address peers dial (default: --listen's, bound port)\n"
       "  --hugepages         back the pool with 2 MiB hugepages\n"
       "  --no-pin            pageable pool memory (no pinning)\n"
       "  --device N|cpu      device the pool is mapped for (default cpu)\n"
@@ -150,11 +157,19 @@ int cmd_serve(int argc, char **argv) {
       {"no-metrics", no_argument, NULL, 'n'},
       {"disk", required_argument, NULL, 'D'},
       {"disk-size", required_argument, NULL, 'Z'},
+      {"cluster", required_argument, NULL, 'C'},
+      {"node-id", required_argument, NULL, 'I'},
+      {"cluster-secret", required_argument, NULL, 'K'},
+      {"listen", required_argument, NULL, 'L'},
+      {"advertise", required_argument, NULL, 'A'},
       {NULL, 0, NULL, 0},
   };
   oi_host_options ho;
   oi_host_options_init(&ho);
   ho.pool_bytes = 1ull << 30;
+  oi_host_cluster_options co;
+  oi_host_cluster_options_init(&co);
+  co.listen_addr = "127.0.0.1:0";
   oi_server_options so;
   oi_server_options_init(&so);
   so.log_level = OI_LOG_INFO;
@@ -276,6 +291,11 @@ int cmd_serve(int argc, char **argv) {
         return CLI_USAGE;
       }
       break;
+    case 'C': co.redis_url = optarg; break;
+    case 'I': co.node_id = optarg; break;
+    case 'K': co.secret_file = optarg; break;
+    case 'L': co.listen_addr = optarg; break;
+    case 'A': co.advertise_addr = optarg; break;
     case 'h': serve_usage(stdout); return CLI_OK;
     default: serve_usage(stderr); return CLI_USAGE;
     }
@@ -302,6 +322,17 @@ int cmd_serve(int argc, char **argv) {
     so.disk = &dopts;
   }
 
+  if ((co.node_id || co.secret_file || co.advertise_addr) && !co.redis_url) {
+    fprintf(stderr, "openinfer serve: --node-id, --cluster-secret and --advertise need --cluster\n");
+    free(disk_list);
+    return CLI_USAGE;
+  }
+  if (co.redis_url && (!co.node_id || !co.secret_file)) {
+    fprintf(stderr, "openinfer serve: --cluster needs --node-id and --cluster-secret\n");
+    free(disk_list);
+    return CLI_USAGE;
+  }
+
   progress_state prog = {.tty = isatty(2) == 1, .no_pin = (ho.flags & OI_HOST_NO_PIN) != 0};
   ho.progress = on_progress;
   ho.progress_ctx = &prog;
@@ -321,6 +352,11 @@ int cmd_serve(int argc, char **argv) {
     st = oi_server_create(&so, &srv);
   }
   free(disk_list); /* (the server does not keep the directory names) */
+  if (st == OI_OK && co.redis_url && (st = oi_server_attach_cluster(srv, &co)) != OI_OK) {
+    fprintf(stderr, "openinfer serve: --cluster: %s (%s)\n", oi_last_error(), oi_status_str(st));
+    oi_server_destroy(srv);
+    return CLI_FAILED;
+  }
   if (st != OI_OK) {
     fprintf(stderr, "openinfer serve: %s (%s)\n", oi_last_error(), oi_status_str(st));
     return CLI_FAILED;

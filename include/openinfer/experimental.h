@@ -1,6 +1,7 @@
 /*
  * libopeninfer — experimental API: the reference model, the executor's
- * test-only fault points, and device memory for tools and tests.
+ * test-only fault points, device memory for tools and tests, and the
+ * cluster tier (still growing).
  *
  * Nothing here is part of the stable ABI. The declarations are visible only
  * when OI_EXPERIMENTAL is defined before this header is included (in the
@@ -17,6 +18,7 @@
 #define OPENINFER_EXPERIMENTAL_H
 
 #include "openinfer/common.h"
+#include "openinfer/host.h"
 #include "openinfer/model.h"
 
 #if defined(OI_EXPERIMENTAL)
@@ -106,6 +108,59 @@ OI_API oi_status oi_device_buffer_copy(oi_device_buffer *b, void *dst, const voi
                                        uint64_t bytes);
 /* Frees the buffer. Accepts NULL. */
 OI_API void oi_device_buffer_free(oi_device_buffer *b);
+
+/* ------------------------------------------------------------------------ */
+/* The cluster tier (docs/cluster.md)                                        */
+/* ------------------------------------------------------------------------ */
+
+/* A host joins a cluster of nodes: every block it seals is published in a
+ * Redis directory (namespace + hash + layout -> this node) and withdrawn
+ * when evicted; a query whose prefix runs past the pool and the disk asks
+ * the directory for the rest in one round trip and fetches what other
+ * nodes hold into pool slots (pending, OI_QUERY_LOADING, as a disk
+ * promotion), checking each block's checksum before it seals. Nodes
+ * authenticate each other with a shared secret; a node exposes only its
+ * pool. Without Redis a node serves its own blocks (local-only) and
+ * reconnects in the background. */
+typedef struct oi_host_cluster_options {
+  uint32_t struct_size;
+  uint32_t timeout_ms;        /* a remote fetch (connect, lease, read): 0 = 2000 */
+  const char *redis_url;      /* redis://HOST:PORT[/DB] or unix:/PATH (required) */
+  const char *node_id;        /* this node, unique in the cluster: [A-Za-z0-9._-]{1,64} */
+  const char *listen_addr;    /* "IP:PORT" for peers (IPv4; port 0: a free one) */
+  const char *advertise_addr; /* "IP:PORT" peers dial (NULL: listen_addr's IP, bound port) */
+  const char *secret_file;    /* the cluster's shared secret, 16..1024 bytes; owned by this
+                                 user, not readable by group or others */
+} oi_host_cluster_options;
+
+typedef struct oi_host_cluster_stats {
+  uint32_t struct_size;
+  uint32_t directory_connected; /* Redis answers now */
+  uint64_t published;           /* directory entries written (sealed blocks) */
+  uint64_t unpublished;         /* entries withdrawn (evictions) */
+  uint64_t lookups;             /* directory lookups (queries past the pool and disk) */
+  uint64_t remote_blocks;       /* blocks fetched from peers, verified, sealed here */
+  uint64_t remote_failed;       /* fetches that failed (peer gone, refused, timeout, checksum) */
+  uint64_t stale_removed;       /* directory entries a holder no longer had: removed */
+  uint64_t served_blocks;       /* blocks leased to peers */
+  uint64_t peers_refused;       /* peers that failed authentication */
+  uint64_t bytes_fetched;
+  uint64_t bytes_served;
+  uint16_t port;                /* the peer listener's port */
+  uint16_t reserved[3];
+} oi_host_cluster_stats;
+
+OI_API oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
+/* One per host; after oi_offload_host_create. Namespaces match across
+ * nodes by name and layout. */
+OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
+                                                const oi_host_cluster_options *o);
+OI_API oi_status oi_offload_host_cluster_stats(const oi_offload_host *h,
+                                               oi_host_cluster_stats *out);
+/* The same for a sidecar server's host (`openinfer serve --cluster`):
+ * after oi_server_create, before oi_server_run. */
+struct oi_server;
+OI_API oi_status oi_server_attach_cluster(struct oi_server *s, const oi_host_cluster_options *o);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cluster/tier.h"
 #include "disk/tier.h"
 #include "engine_internal.h"
 #include "host/host.h"
@@ -494,6 +495,16 @@ static oi_status query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_query
     if (sealed + pending < n)
       promoted = oi__disk_tier_promote(disk, ns, hashes + sealed + pending,
                                        n - (size_t)(sealed + pending));
+  }
+  /* Past the pool and the disk: what other nodes hold (the same pending
+   * blocks, LOADING, as a disk promotion). */
+  cluster_tier *cluster = oi__cluster_tier_of(h);
+  if (cluster) {
+    uint64_t sealed, pending;
+    oi__host_prefix_probe(h, ns, hashes, n, &sealed, &pending);
+    if (sealed + pending < n)
+      promoted += oi__cluster_tier_fetch(cluster, ns, hashes + sealed + pending,
+                                         n - (size_t)(sealed + pending));
   }
   if ((a->flags & OI_QUERY_WAIT_PENDING) && a->wait_ms) {
     uint64_t deadline = oi__deadline_ns(a->wait_ms);

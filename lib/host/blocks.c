@@ -110,6 +110,7 @@ void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blo
       b->last_used = now;
       if (oi__block_evictable(b)) oi__lru_push_locked(s, b);
       oi__lower_note_sealed_locked(h, b);
+      oi__watch_note_sealed(h, b);
       pthread_mutex_unlock(&s->lock);
     } else {
       oi__index_remove_locked(s, b); /* never visible: nothing partial is served */

@@ -193,4 +193,26 @@ typedef struct oi_host_pool_info {
 
 void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out);
 
+/* ---- a watcher (lib/cluster, above this layer) ---- */
+
+/* Told of every block that seals (visible to queries from now on) and of
+ * every sealed block the pool evicts. Both run with host locks held, on
+ * the thread that sealed or evicted: they must only note the fact (copy it
+ * into a queue of their own) and return. */
+typedef struct oi_host_watch {
+  void (*sealed)(void *ctx, uint32_t ns, const oi_block_hash *hash);
+  void (*evicted)(void *ctx, uint32_t ns, const oi_block_hash *hash);
+  /* Runs first at the host's destroy (before the lower tier stops), after
+   * the watcher was cleared: it must stop using the host. May be NULL. */
+  void (*destroy)(void *ctx);
+  void *ctx;
+} oi_host_watch;
+
+/* Sets the host's one watcher (copied), or clears it with NULL. @return
+ * OI_ERR_STATE when setting one while another is set. Clearing waits for
+ * calls in progress: after it returns none runs. */
+oi_status oi__host_set_watch(oi_offload_host *h, const oi_host_watch *w);
+/* The watcher's context (NULL: none). */
+void *oi__host_watcher(oi_offload_host *h);
+
 #endif

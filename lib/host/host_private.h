@@ -182,6 +182,12 @@ struct oi_offload_host {
   atomic_uint_fast64_t spill_overflow; /* entries dropped: the ring was full */
   size_t spill_taken; /* under lower_lock: taken by the lower tier, not ended yet */
 
+  /* A watcher (lower.c): read under watch_lock (a reader lock, so the
+   * shards' seal and eviction paths do not serialize on it). */
+  pthread_rwlock_t watch_lock;
+  oi_host_watch watch;
+  atomic_bool watching;
+
   host_counters c;
   uint64_t pool_setup_ns;
   _Atomic(atomic_uint_fast64_t *) ns_resident[OI_NS_PAGES];
@@ -301,6 +307,11 @@ void oi__lower_fini(oi_offload_host *h);
 /* A block just sealed (shard lock held): queued for the lower tier unless
  * it holds the block already. */
 void oi__lower_note_sealed_locked(oi_offload_host *h, const host_block *b);
+/* Tells the watcher, if any, that b sealed / that blocks[0..n) were evicted. */
+void oi__watch_note_sealed(oi_offload_host *h, const host_block *b);
+/* Clears the watcher and runs its destroy (host destroy, first). */
+void oi__watch_fini(oi_offload_host *h);
+void oi__watch_note_evicted(oi_offload_host *h, host_block *const *blocks, size_t n);
 /* Puts an evictable block back on its LRU list in last_used order (a spill
  * that ended is not a use). */
 void oi__lru_insert_ordered_locked(index_shard *s, host_block *b);

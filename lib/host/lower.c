@@ -17,6 +17,8 @@
 #define SPILL_RING_MAX (1u << 22) /* 4M entries, 96 MiB */
 
 void oi__lower_init(oi_offload_host *h) {
+  pthread_rwlock_init(&h->watch_lock, NULL);
+  atomic_store(&h->watching, false);
   pthread_mutex_init(&h->lower_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -40,6 +42,54 @@ void oi__lower_fini(oi_offload_host *h) {
   pthread_mutex_unlock(&h->lower_lock);
   pthread_cond_destroy(&h->lower_cv);
   pthread_mutex_destroy(&h->lower_lock);
+  pthread_rwlock_destroy(&h->watch_lock);
+}
+
+oi_status oi__host_set_watch(oi_offload_host *h, const oi_host_watch *w) {
+  pthread_rwlock_wrlock(&h->watch_lock);
+  if (w && atomic_load(&h->watching)) {
+    pthread_rwlock_unlock(&h->watch_lock);
+    return oi__fail(OI_ERR_STATE, "a watcher is set on this host already");
+  }
+  if (w) h->watch = *w;
+  else memset(&h->watch, 0, sizeof h->watch);
+  atomic_store(&h->watching, w != NULL);
+  pthread_rwlock_unlock(&h->watch_lock);
+  return OI_OK;
+}
+
+void *oi__host_watcher(oi_offload_host *h) {
+  if (!atomic_load(&h->watching)) return NULL;
+  pthread_rwlock_rdlock(&h->watch_lock);
+  void *ctx = atomic_load(&h->watching) ? h->watch.ctx : NULL;
+  pthread_rwlock_unlock(&h->watch_lock);
+  return ctx;
+}
+
+void oi__watch_fini(oi_offload_host *h) {
+  pthread_rwlock_wrlock(&h->watch_lock);
+  oi_host_watch w = h->watch;
+  bool had = atomic_load(&h->watching);
+  memset(&h->watch, 0, sizeof h->watch);
+  atomic_store(&h->watching, false);
+  pthread_rwlock_unlock(&h->watch_lock);
+  if (had && w.destroy) w.destroy(w.ctx);
+}
+
+void oi__watch_note_sealed(oi_offload_host *h, const host_block *b) {
+  if (!atomic_load_explicit(&h->watching, memory_order_relaxed)) return;
+  pthread_rwlock_rdlock(&h->watch_lock);
+  if (h->watch.sealed) h->watch.sealed(h->watch.ctx, b->ns, &b->hash);
+  pthread_rwlock_unlock(&h->watch_lock);
+}
+
+void oi__watch_note_evicted(oi_offload_host *h, host_block *const *blocks, size_t n) {
+  if (!n || !atomic_load_explicit(&h->watching, memory_order_relaxed)) return;
+  pthread_rwlock_rdlock(&h->watch_lock);
+  if (h->watch.evicted)
+    for (size_t i = 0; i < n; i++)
+      h->watch.evicted(h->watch.ctx, blocks[i]->ns, &blocks[i]->hash);
+  pthread_rwlock_unlock(&h->watch_lock);
 }
 
 oi_status oi__host_attach_lower(oi_offload_host *h, void *ctx, void (*destroy)(void *ctx)) {

@@ -396,6 +396,13 @@ static void accept_one(oi_server *s) {
   }
 }
 
+OI_API oi_status oi_server_attach_cluster(oi_server *s, const oi_host_cluster_options *o) {
+  if (!s) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_attach_cluster: server is NULL");
+  if (atomic_load(&s->state) != 0)
+    return oi__fail(OI_ERR_STATE, "server_attach_cluster: the server runs already");
+  return oi_offload_host_attach_cluster(s->host, o);
+}
+
 OI_API oi_status oi_server_run(oi_server *s) {
   if (!s) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_run: server is NULL");
   int expected = 0;

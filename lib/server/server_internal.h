@@ -21,6 +21,7 @@
 #include "device/device.h"
 #include "host/host.h"
 #include "openinfer/engine.h"
+#include "openinfer/experimental.h"
 #include "openinfer/host.h"
 #include "openinfer/server.h"
 #include "proto/wire.h"

@@ -52,7 +52,7 @@ FILE_EXCEPTIONS = {
 # Public headers: the layer each belongs to. A folder may include a public
 # header when it may include that layer (or is it). model.h declares types
 # only (the model interface) and sits with core. experimental.h gathers the
-# experimental API of three layers, which alone include it.
+# experimental API of the layers that implement it, which alone include it.
 PUBLIC_LAYER = {
     "common.h": "core",
     "model.h": "core",
@@ -65,7 +65,7 @@ PUBLIC_LAYER = {
     "executor.h": "executor",
     "openinfer.h": None,  # the umbrella header: not for the library itself
 }
-EXPERIMENTAL_USERS = {"device", "executor", "refmodel"}
+EXPERIMENTAL_USERS = {"device", "executor", "refmodel", "cluster", "server"}
 
 CUDA_HEADER = re.compile(r"^(cuda\w*|cublas\w*|curand\w*|nv\w+|cub/.*|thrust/.*)(\.h|\.cuh)?$")
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^">]+)[">]', re.M)

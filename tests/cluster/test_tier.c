@@ -1,0 +1,298 @@
+/* The cluster tier under hosts, through the public API (cpu backend), with
+ * a private redis-server and the peer transport over TCP on 127.0.0.1:
+ *  - node A saves blocks; they are published; node B's query finds them in
+ *    the directory, fetches them (pending, LOADING; hits with
+ *    OI_QUERY_WAIT_PENDING) and a load is byte-exact; B now holds them too;
+ *  - A evicts its blocks: B's query for others of A's misses and the stale
+ *    entries are removed (B keeps serving what it fetched);
+ *  - a node with another secret (C) is refused by A: its query misses, and
+ *    A keeps serving B;
+ *  - Redis killed: queries degrade to local only (no hang); restarted: a
+ *    new save is published and fetched again;
+ *  - bad options are refused with a message and attach nothing.
+ * Skips (77) when redis-server is not on PATH. */
+#define OI_EXPERIMENTAL
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "cluster_util.h"
+#include "openinfer/openinfer.h"
+
+#define NB 16
+#define BLOCK (64 * 1024)
+
+static int g_port;
+static pid_t g_redis;
+static char g_url[64];
+static char g_dir[256];
+
+typedef struct node {
+  oi_offload_host *h;
+  oi_offload_engine *e;
+  uint8_t *mem;
+  oi_arena_desc arena;
+} node;
+
+static uint8_t pattern(uint64_t logical, uint64_t i) {
+  uint64_t x = (logical + 11) * 0x9E3779B97F4A7C15ull ^ i * 0xBF58476D1CE4E5B9ull;
+  return (uint8_t)(x ^ (x >> 29) ^ (x >> 41));
+}
+
+static oi_block_hash hash_of(uint64_t i) {
+  oi_block_hash h;
+  memset(&h, 0, sizeof h);
+  memcpy(h.bytes, &i, sizeof i);
+  h.bytes[15] = 0xC1;
+  return h;
+}
+
+static void write_secret(const char *name, const char *text) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", g_dir, name);
+  int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+  close(fd);
+}
+
+static oi_status node_open(node *n, const char *id, const char *secret, bool with_cluster) {
+  memset(n, 0, sizeof *n);
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 8ull << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  REQUIRE(oi_offload_host_create(&ho, &n->h) == OI_OK);
+  oi_status st = OI_OK;
+  if (with_cluster) {
+    char sp[512];
+    snprintf(sp, sizeof sp, "%s/%s", g_dir, secret);
+    oi_host_cluster_options co;
+    oi_host_cluster_options_init(&co);
+    co.redis_url = g_url;
+    co.node_id = id;
+    co.listen_addr = "127.0.0.1:0";
+    co.secret_file = sp;
+    co.timeout_ms = 3000;
+    st = oi_offload_host_attach_cluster(n->h, &co);
+  }
+  n->mem = calloc(2 * NB, BLOCK);
+  REQUIRE(n->mem);
+  n->arena = (oi_arena_desc){.name = "kv",
+                             .base = n->mem,
+                             .num_blocks = 2 * NB,
+                             .bytes_per_block = BLOCK,
+                             .block_stride = BLOCK,
+                             .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.namespace_id = "cluster-model";
+  eo.arenas = &n->arena;
+  eo.num_arenas = 1;
+  REQUIRE(oi_offload_engine_create(n->h, &eo, &n->e) == OI_OK);
+  return st;
+}
+
+static void node_close(node *n) {
+  oi_offload_engine_destroy(n->e);
+  oi_offload_host_destroy(n->h);
+  free(n->mem);
+  memset(n, 0, sizeof *n);
+}
+
+static oi_host_cluster_stats cstats(node *n) {
+  oi_host_cluster_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_offload_host_cluster_stats(n->h, &s));
+  return s;
+}
+
+/* Saves blocks [first, first + count) (logical ids) from device blocks 0.. */
+static void save(node *n, uint64_t first, int count) {
+  int64_t ids[NB];
+  oi_block_hash hs[NB];
+  for (int b = 0; b < count; b++) {
+    ids[b] = b;
+    hs[b] = hash_of(first + (uint64_t)b);
+    for (uint64_t i = 0; i < BLOCK; i++)
+      n->mem[(uint64_t)b * BLOCK + i] = pattern(first + (uint64_t)b, i);
+  }
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_save(n->e, ids, hs, (size_t)count, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+}
+
+/* Waits until `n` has published at least `want` entries. */
+static void wait_published(node *n, uint64_t want) {
+  for (int i = 0; i < 500 && cstats(n).published < want; i++)
+    sleep_ms(10);
+  CHECK(cstats(n).published >= want);
+  sleep_ms(50); /* the directory's batch reaches Redis */
+}
+
+/* Queries [first, first + count) with a wait, loads the hits into device
+ * blocks NB.. and checks every byte. @return the hits. */
+static uint64_t fetch_check(node *n, uint64_t first, int count, uint32_t wait_ms) {
+  oi_block_hash hs[NB];
+  for (int b = 0; b < count; b++)
+    hs[b] = hash_of(first + (uint64_t)b);
+  oi_query_result q = {.struct_size = sizeof q, .wait_ms = wait_ms};
+  CHECK_OK(oi_offload_engine_query(n->e, NULL, hs, (size_t)count, OI_QUERY_WAIT_PENDING, &q));
+  if (q.hit_blocks == 0) return 0;
+  int64_t dst[NB];
+  for (int b = 0; b < NB; b++)
+    dst[b] = NB + b;
+  memset(n->mem + NB * BLOCK, 0, NB * BLOCK);
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_load(n->e, q.lease, dst, q.hit_blocks, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  uint64_t bad = 0;
+  for (uint64_t b = 0; b < q.hit_blocks; b++)
+    for (uint64_t i = 0; i < BLOCK; i++)
+      bad += n->mem[(NB + b) * BLOCK + i] != pattern(first + b, i);
+  CHECK(bad == 0);
+  return q.hit_blocks;
+}
+
+static void test_cross_node_round_trip(void) {
+  node a, b;
+  CHECK_OK(node_open(&a, "node-a", "secret", true));
+  CHECK_OK(node_open(&b, "node-b", "secret", true));
+  save(&a, 0, NB);
+  wait_published(&a, NB);
+  uint64_t t0 = oi__now_ns();
+  CHECK(fetch_check(&b, 0, NB, 5000) == NB);
+  fprintf(stderr, "  %d blocks of %d KiB fetched from node-a in %.2f ms\n", NB, BLOCK / 1024,
+          ms_since(t0));
+  oi_host_cluster_stats sb = cstats(&b), sa = cstats(&a);
+  CHECK(sb.remote_blocks == NB && sb.remote_failed == 0 && sb.lookups >= 1);
+  CHECK(sa.served_blocks == NB && sa.bytes_served == (uint64_t)NB * BLOCK);
+  CHECK(sb.directory_connected == 1 && sa.port > 0);
+  /* B holds them now: a second query is local (no new fetch). */
+  CHECK(fetch_check(&b, 0, NB, 5000) == NB);
+  CHECK(cstats(&b).remote_blocks == NB);
+
+  /* A evicts everything: B asks for blocks only A had (never fetched by B):
+   * misses, and their entries are removed as stale. */
+  save(&a, 100, 4);
+  wait_published(&a, NB + 4);
+  uint64_t ev = 0;
+  CHECK_OK(oi_offload_engine_flush(a.e, 10000));
+  CHECK_OK(oi_offload_host_evict_all(a.h, &ev));
+  CHECK(ev >= 4);
+  /* (A's withdrawals may race B's lookup: either way B never gets bytes.) */
+  CHECK(fetch_check(&b, 100, 4, 3000) == 0);
+  CHECK(fetch_check(&b, 0, NB, 3000) == NB); /* what B fetched stays served */
+  node_close(&b);
+  node_close(&a);
+}
+
+static void test_wrong_secret_is_refused(void) {
+  node a, b, c;
+  CHECK_OK(node_open(&a, "node-a2", "secret", true));
+  CHECK_OK(node_open(&b, "node-b2", "secret", true));
+  CHECK_OK(node_open(&c, "node-c2", "other-secret", true));
+  save(&a, 200, 8);
+  wait_published(&a, 8);
+  CHECK(fetch_check(&c, 200, 8, 3000) == 0); /* refused by A: a miss */
+  CHECK(cstats(&c).remote_failed >= 1);
+  CHECK(fetch_check(&b, 200, 8, 5000) == 8); /* A still serves others */
+  CHECK(cstats(&a).peers_refused >= 1);
+  node_close(&c);
+  node_close(&b);
+  node_close(&a);
+}
+
+static void test_redis_down_and_back(void) {
+  node a, b;
+  CHECK_OK(node_open(&a, "node-a3", "secret", true));
+  CHECK_OK(node_open(&b, "node-b3", "secret", true));
+  save(&a, 300, 4);
+  wait_published(&a, 4);
+  redis_stop(g_redis);
+  uint64_t t0 = oi__now_ns();
+  CHECK(fetch_check(&b, 300, 4, 2000) == 0); /* local only: a miss, quickly */
+  CHECK(ms_since(t0) < 2500);
+  g_redis = redis_start(g_port);
+  for (int i = 0; i < 300 && !cstats(&a).directory_connected; i++)
+    sleep_ms(10);
+  for (int i = 0; i < 300 && !cstats(&b).directory_connected; i++)
+    sleep_ms(10);
+  CHECK(cstats(&a).directory_connected && cstats(&b).directory_connected);
+  uint64_t before = cstats(&a).published;
+  save(&a, 400, 4);
+  wait_published(&a, before + 4);
+  CHECK(fetch_check(&b, 400, 4, 5000) == 4);
+  node_close(&b);
+  node_close(&a);
+}
+
+static void test_bad_options(void) {
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 1 << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  oi_offload_host *h = NULL;
+  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
+  oi_host_cluster_options co;
+  oi_host_cluster_options_init(&co);
+  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "required") != NULL);
+  char sp[512];
+  snprintf(sp, sizeof sp, "%s/secret", g_dir);
+  co.redis_url = g_url;
+  co.node_id = "bad node id";
+  co.listen_addr = "127.0.0.1:0";
+  co.secret_file = sp;
+  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
+  co.node_id = "node-x";
+  write_secret("short", "tooshort");
+  char shortp[512];
+  snprintf(shortp, sizeof shortp, "%s/short", g_dir);
+  co.secret_file = shortp;
+  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "bytes") != NULL);
+  char open_p[512];
+  snprintf(open_p, sizeof open_p, "%s/open", g_dir);
+  write_secret("open", "0123456789abcdef0123");
+  REQUIRE(chmod(open_p, 0644) == 0);
+  co.secret_file = open_p;
+  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_PERMISSION);
+  CHECK(strstr(oi_last_error(), "chmod 600") != NULL);
+  co.secret_file = sp;
+  co.listen_addr = "0.0.0.0:0";
+  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "advertise_addr") != NULL);
+  oi_host_cluster_stats s = {.struct_size = sizeof s};
+  CHECK_ST(oi_offload_host_cluster_stats(h, &s), OI_ERR_NOT_FOUND); /* nothing attached */
+  co.listen_addr = "127.0.0.1:0";
+  CHECK_OK(oi_offload_host_attach_cluster(h, &co));
+  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_STATE);
+  oi_offload_host_destroy(h);
+}
+
+int main(void) {
+  if (!on_path("redis-server")) TEST_SKIP("redis-server is not on PATH");
+  signal(SIGPIPE, SIG_IGN);
+  const char *tmp = getenv("TMPDIR");
+  snprintf(g_dir, sizeof g_dir, "%s/oi-cluster-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  REQUIRE(mkdtemp(g_dir));
+  write_secret("secret", "a-cluster-secret-of-32-bytes-000\n");
+  write_secret("other-secret", "another-secret-nobody-else-has-0");
+  g_port = free_port();
+  snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d", g_port);
+  g_redis = redis_start(g_port);
+  RUN_TEST(test_cross_node_round_trip);
+  RUN_TEST(test_wrong_secret_is_refused);
+  RUN_TEST(test_redis_down_and_back);
+  RUN_TEST(test_bad_options);
+  redis_stop(g_redis);
+  static const char *files[] = {"secret", "other-secret", "short", "open"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", g_dir, files[i]);
+    unlink(p);
+  }
+  rmdir(g_dir);
+  TEST_EXIT();
+}

@@ -60,8 +60,11 @@ static void echo(void *ctx, const char *peer_id, const void *req, size_t len, oi
   oi__peer_reply_set(r, req, len);
 }
 
+static int g_reads = OI_PEER_READS_AUTO;
+
 static oi_peer_net *make_net(const char *id, const uint8_t *secret, uint32_t timeout_ms) {
-  oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
+  oi_peer_net_options o = {.reads = g_reads,
+                           .listen_addr = "127.0.0.1:0",
                            .node_id = id,
                            .secret = secret,
                            .secret_len = 32,
@@ -105,6 +108,25 @@ static pid_t spawn_holder(const char *id, uint64_t len, char *addr) {
   close(fds[0]);
   sprintf(addr, "127.0.0.1:%u", port);
   return pid;
+}
+
+/* SIGSTOP, and wait until the process is stopped (the signal is
+ * asynchronous). */
+static void stop_child(pid_t pid) {
+  kill(pid, SIGSTOP);
+  char path[64], buf[512];
+  sprintf(path, "/proc/%d/stat", (int)pid);
+  for (int i = 0; i < 1000; i++) {
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *c = strrchr(buf, ')');
+    if (c && c[1] == ' ' && (c[2] == 'T' || c[2] == 't')) return;
+    struct timespec d = {0, 1000000};
+    nanosleep(&d, NULL);
+  }
 }
 
 static void reap_child(pid_t pid) {
@@ -423,7 +445,7 @@ static void test_holder_stopped_and_killed(void) {
     rs[i] = (oi_peer_read){(uint64_t)i * MiB, MiB, dst + i * MiB};
 
   /* Stopped: a call and a get time out within their timeouts. */
-  kill(pid, SIGSTOP);
+  stop_child(pid);
   void *rep;
   size_t rl;
   uint64_t t0 = oi__now_ns();
@@ -470,6 +492,110 @@ static void test_holder_stopped_and_killed(void) {
   oi__peer_net_destroy(a);
 }
 
+/* One-sided reads (UCX's RMA; emulated over TCP): two nets in this process. */
+static void test_rma_reads(void) {
+  const uint64_t len = 16 * MiB;
+  uint8_t *region = oi__aligned_alloc(4096, len);
+  fill(region, 0, len);
+  g_reads = OI_PEER_READS_RMA;
+  oi_peer_net *h = make_net("rma-holder", SECRET, 5000), *a = make_net("rma-reader", SECRET, 5000);
+  g_reads = OI_PEER_READS_AUTO;
+  CHECK_OK(oi__peer_net_register(h, region, len));
+  CHECK_ST(oi__peer_net_register(h, region, len), OI_ERR_STATE);
+  char addr[64];
+  addr_of(h, addr);
+  oi_peer *p = NULL;
+  CHECK_OK(oi__peer_connect(a, addr, &p));
+  REQUIRE(p);
+  CHECK(oi__peer_region_len(p) == len);
+  uint8_t *dst = calloc(1, len);
+  oi_peer_read rs[64];
+  for (int i = 0; i < 64; i++)
+    rs[i] = (oi_peer_read){(uint64_t)i * (len / 64), len / 64, dst + (uint64_t)i * (len / 64)};
+  CHECK_OK(oi__peer_get(p, rs, 64, 10000));
+  CHECK(first_bad(dst, 0, len) == UINT64_MAX);
+  oi_peer_read out = {len - 1, 2, dst};
+  CHECK_ST(oi__peer_get(p, &out, 1, 0), OI_ERR_INVALID_ARGUMENT);
+  oi_peer_stats st;
+  oi__peer_net_stats(h, &st);
+  CHECK(st.bytes_served == 0); /* nothing went through the holder's own reads */
+  free(dst);
+  oi__peer_close(p);
+  oi__peer_net_destroy(a);
+  oi__peer_net_destroy(h);
+  oi__free(region);
+}
+
+/* A reader process killed while this holder answers its reads: the holder
+ * keeps serving. */
+static void test_reader_killed(void) {
+  const uint64_t len = 64 * MiB;
+  /* The readers are forked before this process has a net (a child of a
+   * process with a UCX context inherits its state); each waits for the
+   * holder's address on a pipe. */
+  enum { R = 3 };
+  pid_t pids[R];
+  int pipes[R][2];
+  for (int i = 0; i < R; i++) {
+    REQUIRE(pipe(pipes[i]) == 0);
+    pids[i] = fork();
+    REQUIRE(pids[i] >= 0);
+    if (pids[i] == 0) {
+      char addr[64] = {0};
+      close(pipes[i][1]);
+      if (read(pipes[i][0], addr, sizeof(addr) - 1) <= 0) _exit(0);
+      oi_peer_net *a = make_net("doomed", SECRET, 5000);
+      oi_peer *p = NULL;
+      if (oi__peer_connect(a, addr, &p)) _exit(2);
+      uint8_t *dst = malloc(len);
+      oi_peer_read rs[64];
+      for (int k = 0; k < 64; k++)
+        rs[k] = (oi_peer_read){(uint64_t)k * MiB, MiB, dst + k * MiB};
+      for (;;)
+        oi__peer_get(p, rs, 64, 5000);
+    }
+    close(pipes[i][0]);
+  }
+  uint8_t *region = oi__aligned_alloc(4096, len);
+  fill(region, 0, len);
+  oi_peer_net *h = make_net("steady", SECRET, 2000);
+  CHECK_OK(oi__peer_net_register(h, region, len));
+  char addr[64];
+  addr_of(h, addr);
+  for (int i = 0; i < R; i++) {
+    CHECK(write(pipes[i][1], addr, strlen(addr)) == (ssize_t)strlen(addr));
+    close(pipes[i][1]);
+    uint64_t t0 = oi__now_ns();
+    oi_peer_stats st;
+    do { /* until it reads */
+      struct timespec d = {0, 5000000};
+      nanosleep(&d, NULL);
+      oi__peer_net_stats(h, &st);
+    } while (st.bytes_served < (uint64_t)(i + 1) * 32 * MiB && secs_since(t0) < 10);
+    struct timespec d = {0, (10 + 20 * i) * 1000000};
+    nanosleep(&d, NULL);
+    kill(pids[i], SIGKILL);
+    waitpid(pids[i], NULL, 0);
+  }
+  oi_peer_net *c = make_net("survivor", SECRET, 5000);
+  oi_peer *p = NULL;
+  CHECK_OK(oi__peer_connect(c, addr, &p));
+  uint8_t *dst = malloc(4 * MiB);
+  oi_peer_read r = {7, 4 * MiB, dst};
+  CHECK_OK(oi__peer_get(p, &r, 1, 5000));
+  CHECK(first_bad(dst, 7, 4 * MiB) == UINT64_MAX);
+  oi_peer_stats st;
+  oi__peer_net_stats(h, &st);
+  fprintf(stderr, "  holder after 3 readers killed: %llu accepted, %llu MiB served\n",
+          (unsigned long long)st.accepted, (unsigned long long)(st.bytes_served / MiB));
+  CHECK(st.accepted == R + 1);
+  free(dst);
+  oi__peer_close(p);
+  oi__peer_net_destroy(c);
+  oi__peer_net_destroy(h);
+  oi__free(region);
+}
+
 typedef struct inflight {
   oi_peer *p;
   int kind;
@@ -499,7 +625,7 @@ static void test_destroy_in_flight(void) {
   oi_peer *p = NULL;
   CHECK_OK(oi__peer_connect(a, addr, &p));
   REQUIRE(p);
-  kill(pid, SIGSTOP);
+  stop_child(pid);
   enum { T = 4 };
   inflight f[T];
   pthread_t th[T];
@@ -529,6 +655,8 @@ int main(void) {
   RUN_TEST(test_options_refused);
   RUN_TEST(test_connect_call);
   RUN_TEST(test_fork_read);
+  RUN_TEST(test_rma_reads);
+  RUN_TEST(test_reader_killed);
   RUN_TEST(test_wrong_secret);
   RUN_TEST(test_garbage);
   RUN_TEST(test_holder_stopped_and_killed);

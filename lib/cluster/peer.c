@@ -704,7 +704,7 @@ static void on_welcome(oi_peer *p, const uint8_t *d, size_t len) {
               (unsigned long long)base, (unsigned long long)rlen, klen);
     return;
   }
-  p->rma = klen && net->read_mode != OI_PEER_READS_AM;
+  p->rma = klen && net->rma_serve;
   if (rlen && p->rma) {
     ucs_status_t s = ucp_ep_rkey_unpack(p->ep, d + WELCOME_FIXED, &p->rkey);
     if (s != UCS_OK) {
@@ -1255,12 +1255,16 @@ static void *progress_main(void *arg) {
       run_op(net, q);
       q = nx;
     }
-    while (ucp_worker_progress(net->worker)) {
+    /* Bounded: a worker that keeps reporting progress (retries toward a
+     * dead peer) must not keep the deadlines from being enforced. */
+    bool busy = false;
+    for (int i = 0; i < 64 && (busy = ucp_worker_progress(net->worker) != 0); i++) {
     }
     flush_outbox(net);
     int wait_ms = scan(net);
     reap(net);
     if (net->nclosing && wait_ms > 1) wait_ms = 1;
+    if (busy) continue;
     ucs_status_t s = ucp_worker_arm(net->worker);
     if (s == UCS_ERR_BUSY) continue;
     if (s != UCS_OK) {
@@ -1390,8 +1394,21 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
     st = oi__fail(OI_ERR_IO, "peer: reading the UCX configuration: %s", ucs_status_string(s));
     goto fail;
   }
+  /* UCX's TCP transport writes a peer's put straight to the address the
+   * peer names (its rendezvous uses it): off (UCX_TCP_PUT_ENABLE=n), so that
+   * over TCP no peer can write into this process; rendezvous then goes by
+   * active messages, about half the throughput on loopback.
+   * OI_PEER_TCP_PUT=1 keeps it on (a trusted network; docs/cluster-peer.md). */
+  const char *tcp_put = getenv("OI_PEER_TCP_PUT");
+  s = tcp_put && strcmp(tcp_put, "1") == 0 ? UCS_OK : ucp_config_modify(cfg, "PUT_ENABLE", "n");
+  if (s != UCS_OK)
+    OI_LOG(OI_LOG_WARN, "peer", "turning UCX_TCP_PUT_ENABLE off failed: %s", ucs_status_string(s));
   ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
-                     .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+                     /* RMA only when reads are one-sided: UCX's software
+                      * RMA (over TCP) answers a get for any address from any
+                      * connected endpoint, authenticated or not. */
+                     .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP |
+                                 (net->rma_serve ? UCP_FEATURE_RMA : 0),
                      .name = "openinfer-peer"};
   s = ucp_init(&up, cfg, &net->ctx);
   ucp_config_release(cfg);

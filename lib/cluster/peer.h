@@ -50,7 +50,9 @@ typedef void (*oi_peer_request_fn)(void *ctx, const char *peer_node_id, const vo
  * bytes come back as an active message (rendezvous into local_dst for large
  * ones). The holder decides (its welcome says whether it serves one-sided
  * reads); AUTO: one-sided when an RDMA device exists (/sys/class/infiniband),
- * or as the environment's OI_PEER_READS=rma|am says. */
+ * or as the environment's OI_PEER_READS=rma|am says. Only a net with
+ * one-sided reads enables UCX's RMA at all: UCX's software RMA answers a
+ * get for any address of the process from any connected endpoint. */
 enum { OI_PEER_READS_AUTO = 0, OI_PEER_READS_RMA = 1, OI_PEER_READS_AM = 2 };
 
 typedef struct oi_peer_net_options {
@@ -61,7 +63,7 @@ typedef struct oi_peer_net_options {
   uint32_t timeout_ms;           /* connect and handshake; calls and gets given 0 (0: 5000) */
   oi_peer_request_fn on_request; /* NULL: every request is answered OI_ERR_UNSUPPORTED */
   void *on_request_ctx;
-  int reads; /* OI_PEER_READS_*: as a holder, what it offers; as a reader, AM refuses RMA */
+  int reads; /* OI_PEER_READS_*: one-sided reads both offered and used, or neither */
 } oi_peer_net_options;
 
 typedef struct oi_peer_stats {

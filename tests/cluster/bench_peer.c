@@ -37,8 +37,11 @@ int main(int argc, char **argv) {
       uint64_t v = i * 0x9e3779b97f4a7c15ull;
       memcpy(region + i, &v, 8);
     }
-    oi_peer_net_options o = {.listen_addr = "127.0.0.1:0", .node_id = "holder", .secret = SECRET,
-                             .secret_len = 32, .reads = reads};
+    oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
+                             .node_id = "holder",
+                             .secret = SECRET,
+                             .secret_len = 32,
+                             .reads = reads};
     oi_peer_net *n;
     REQUIRE(oi__peer_net_create(&o, &n) == OI_OK);
     REQUIRE(oi__peer_net_register(n, region, size) == OI_OK);
@@ -63,8 +66,8 @@ int main(int argc, char **argv) {
   }
   uint16_t ports[2];
   REQUIRE(read(fds[0], ports, sizeof(ports)) == sizeof(ports));
-  oi_peer_net_options o = {.node_id = "reader", .secret = SECRET, .secret_len = 32,
-                           .timeout_ms = 30000, .reads = reads};
+  oi_peer_net_options o = {
+      .node_id = "reader", .secret = SECRET, .secret_len = 32, .timeout_ms = 30000, .reads = reads};
   oi_peer_net *n;
   REQUIRE(oi__peer_net_create(&o, &n) == OI_OK);
   char addr[64];

@@ -323,7 +323,8 @@ int cmd_serve(int argc, char **argv) {
   }
 
   if ((co.node_id || co.secret_file || co.advertise_addr) && !co.redis_url) {
-    fprintf(stderr, "openinfer serve: --node-id, --cluster-secret and --advertise need --cluster\n");
+    fprintf(stderr,
+            "openinfer serve: --node-id, --cluster-secret and --advertise need --cluster\n");
     free(disk_list);
     return CLI_USAGE;
   }

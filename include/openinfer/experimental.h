@@ -146,7 +146,7 @@ typedef struct oi_host_cluster_stats {
   uint64_t peers_refused;       /* peers that failed authentication */
   uint64_t bytes_fetched;
   uint64_t bytes_served;
-  uint16_t port;                /* the peer listener's port */
+  uint16_t port; /* the peer listener's port */
   uint16_t reserved[3];
 } oi_host_cluster_stats;
 

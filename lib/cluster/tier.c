@@ -91,10 +91,8 @@ static int msg_type(const uint8_t *m, size_t len, bool reply) {
   case MSG_LEASE_REPLY: {
     if (!reply || len < LEASE_REPLY_BYTES(0)) break;
     uint32_t m_ = get32(m + HDR_BYTES + 8);
-    if (m_ > OI_CLUSTER_MAX_LEASE || get32(m + HDR_BYTES + 12) != 0 ||
-        len != LEASE_REPLY_BYTES(m_))
-      return oi__fail(OI_ERR_PROTOCOL, "cluster: a lease reply of %u blocks in %zu bytes", m_,
-                      len),
+    if (m_ > OI_CLUSTER_MAX_LEASE || get32(m + HDR_BYTES + 12) != 0 || len != LEASE_REPLY_BYTES(m_))
+      return oi__fail(OI_ERR_PROTOCOL, "cluster: a lease reply of %u blocks in %zu bytes", m_, len),
              0;
     return type;
   }
@@ -169,6 +167,7 @@ struct cluster_tier {
   size_t head, count, cap;
   fetch_job *jobs, *jobs_tail;
   bool stop;
+  atomic_bool republish; /* the directory reconnected: publish everything held */
   pthread_t worker;
   bool worker_started;
 
@@ -178,8 +177,8 @@ struct cluster_tier {
 
   peer_slot peers[MAX_PEERS]; /* the worker's alone */
 
-  atomic_uint_fast64_t published, unpublished, lookups, remote_blocks, remote_failed,
-      stale_removed, served_blocks, bytes_fetched, bytes_served, notes_dropped;
+  atomic_uint_fast64_t published, unpublished, lookups, remote_blocks, remote_failed, stale_removed,
+      served_blocks, bytes_fetched, bytes_served, notes_dropped;
 };
 
 cluster_tier *oi__cluster_tier_of(oi_offload_host *h) { return oi__host_watcher(h); }
@@ -247,6 +246,17 @@ static void on_evicted(void *ctx, uint32_t ns, const oi_block_hash *hash) {
   note_add(ctx, ns, hash, false);
 }
 
+/* The directory connected again (Redis may have restarted empty, and
+ * batches in flight when it was lost are gone): the worker publishes every
+ * block this node holds. */
+static void on_reconnect(void *ctx) {
+  cluster_tier *t = ctx;
+  atomic_store(&t->republish, true);
+  pthread_mutex_lock(&t->lock);
+  pthread_cond_signal(&t->cv);
+  pthread_mutex_unlock(&t->lock);
+}
+
 /* Publishes and withdraws a batch of notes (the worker). */
 static void apply_notes(cluster_tier *t, const note *notes, size_t n) {
   for (size_t i = 0; i < n; i++) {
@@ -284,8 +294,8 @@ static void answer_lease(cluster_tier *t, const uint8_t *m, oi_peer_reply *r) {
   /* Namespaces are enforced here: only blocks of the namespace and layout
    * named, and only the leading run this node holds sealed. */
   if (find_ns(t, ns_fp, layout_fp, &ns, &bb) &&
-      oi__host_lease_prefix(t->host, ns, 0, CLUSTER_PRINCIPAL, 1, hashes, n, &hits, NULL,
-                            &lease) == OI_OK &&
+      oi__host_lease_prefix(t->host, ns, 0, CLUSTER_PRINCIPAL, 1, hashes, n, &hits, NULL, &lease) ==
+          OI_OK &&
       hits > 0) {
     blocks = oi__malloc(hits * sizeof *blocks);
     l = oi__calloc(1, sizeof *l);
@@ -374,8 +384,10 @@ static void on_request(void *ctx, const char *peer_node_id, const void *req, siz
     oi__peer_reply_status(r, OI_ERR_PROTOCOL);
     return;
   }
-  if (type == MSG_LEASE) answer_lease(t, req, r);
-  else answer_release(t, req, r);
+  if (type == MSG_LEASE)
+    answer_lease(t, req, r);
+  else
+    answer_release(t, req, r);
 }
 
 /* Ends the leases peers did not release in time (a reader that died). A
@@ -478,8 +490,8 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
     goto end;
   }
   if (msg_type(reply, rlen, true) != MSG_LEASE_REPLY) {
-    OI_LOG(OI_LOG_WARN, "cluster", "node '%s' answered a lease badly: %s",
-           items[0].holder.node_id, oi_last_error());
+    OI_LOG(OI_LOG_WARN, "cluster", "node '%s' answered a lease badly: %s", items[0].holder.node_id,
+           oi_last_error());
     goto end;
   }
   const uint8_t *rp = reply;
@@ -599,8 +611,10 @@ size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_has
     started = 0;
     goto out;
   }
-  if (t->jobs_tail) t->jobs_tail->next = j;
-  else t->jobs = j;
+  if (t->jobs_tail)
+    t->jobs_tail->next = j;
+  else
+    t->jobs = j;
   t->jobs_tail = j;
   pthread_cond_signal(&t->cv);
   pthread_mutex_unlock(&t->lock);
@@ -619,7 +633,7 @@ static void *worker_main(void *arg) {
   note batch[256];
   for (;;) {
     pthread_mutex_lock(&t->lock);
-    while (!t->stop && t->count == 0 && !t->jobs) {
+    while (!t->stop && t->count == 0 && !t->jobs && !atomic_load(&t->republish)) {
       struct timespec ts = oi__timespec(oi__deadline_ns(100));
       pthread_cond_timedwait(&t->cv, &t->lock, &ts);
       if (t->count == 0 && !t->jobs) break; /* time to look at the leases */
@@ -638,6 +652,10 @@ static void *worker_main(void *arg) {
     }
     bool stop = t->stop;
     pthread_mutex_unlock(&t->lock);
+    if (!stop && atomic_exchange(&t->republish, false)) {
+      size_t n = oi__host_foreach_sealed(t->host, on_sealed, t);
+      OI_LOG(OI_LOG_INFO, "cluster", "directory reconnected: publishing the %zu blocks held", n);
+    }
     if (k) apply_notes(t, batch, k);
     if (j) {
       if (stop)
@@ -696,7 +714,8 @@ static oi_status read_secret(const char *path, uint8_t *buf, size_t cap, size_t 
   ssize_t n = s == OI_OK ? read(fd, buf, cap) : 0;
   close(fd);
   if (s != OI_OK) return s;
-  if (n < 0) return oi__fail(OI_ERR_IO, "host_attach_cluster: reading %s: %s", path, strerror(errno));
+  if (n < 0)
+    return oi__fail(OI_ERR_IO, "host_attach_cluster: reading %s: %s", path, strerror(errno));
   while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
     n--;
   if (n < (ssize_t)OI_PEER_MIN_SECRET || (size_t)n >= cap)
@@ -733,8 +752,7 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
     return oi__fail(OI_ERR_STATE, "host_attach_cluster: the host's pool is not ready");
   uint8_t secret[OI_PEER_MAX_SECRET + 1];
   size_t secret_len = 0;
-  if ((st = read_secret(opts.secret_file, secret, sizeof secret, &secret_len)) != OI_OK)
-    return st;
+  if ((st = read_secret(opts.secret_file, secret, sizeof secret, &secret_len)) != OI_OK) return st;
 
   cluster_tier *t = oi__calloc(1, sizeof *t);
   if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host_attach_cluster: out of memory");
@@ -756,6 +774,8 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   dopt.url = opts.redis_url;
   dopt.node_id = opts.node_id;
   dopt.epoch = oi__now_ns() ^ ((uint64_t)getpid() << 40);
+  dopt.on_reconnect = on_reconnect;
+  dopt.on_reconnect_ctx = t;
   if ((st = oi__dir_open(&dopt, &t->dir)) != OI_OK) goto fail;
 
   oi_peer_net_options popt = {.listen_addr = opts.listen_addr,
@@ -786,15 +806,15 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   if ((st = oi__dir_set_advertise(t->dir, adv)) != OI_OK) goto fail;
   int rc = pthread_create(&t->worker, NULL, worker_main, t);
   if (rc != 0) {
-    st = oi__fail(OI_ERR_INTERNAL, "host_attach_cluster: cannot start its thread: %s",
-                  strerror(rc));
+    st =
+        oi__fail(OI_ERR_INTERNAL, "host_attach_cluster: cannot start its thread: %s", strerror(rc));
     goto fail;
   }
   t->worker_started = true;
   oi_host_watch w = {.sealed = on_sealed, .evicted = on_evicted, .destroy = tier_destroy, .ctx = t};
   if ((st = oi__host_set_watch(h, &w)) != OI_OK) goto fail;
-  OI_LOG(OI_LOG_INFO, "cluster", "node '%s' joined the cluster at %s; peers dial %s",
-         opts.node_id, opts.redis_url, adv);
+  OI_LOG(OI_LOG_INFO, "cluster", "node '%s' joined the cluster at %s; peers dial %s", opts.node_id,
+         opts.redis_url, adv);
   return OI_OK;
 fail:
   memset(secret, 0, sizeof secret);
@@ -805,8 +825,7 @@ fail:
 OI_API oi_status oi_offload_host_cluster_stats(const oi_offload_host *h,
                                                oi_host_cluster_stats *out) {
   if (!h || !out)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_cluster_stats: %s is NULL",
-                    h ? "out" : "host");
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_cluster_stats: %s is NULL", h ? "out" : "host");
   cluster_tier *t = oi__host_watcher((oi_offload_host *)h);
   if (!t) return oi__fail(OI_ERR_NOT_FOUND, "host_cluster_stats: no cluster tier is attached");
   oi_dir_stats ds;

@@ -119,7 +119,7 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
            live);
     return;
   }
-  oi__watch_fini(h);  /* the cluster tier stops using the host first, */
+  oi__watch_fini(h); /* the cluster tier stops using the host first, */
   oi__lower_fini(h); /* then the lower tier */
   if (h->maint_started) {
     pthread_mutex_lock(&h->maint_lock);

@@ -214,5 +214,10 @@ typedef struct oi_host_watch {
 oi_status oi__host_set_watch(oi_offload_host *h, const oi_host_watch *w);
 /* The watcher's context (NULL: none). */
 void *oi__host_watcher(oi_offload_host *h);
+/* Calls fn for every sealed block, one shard at a time under its lock (fn
+ * must only note the block). @return how many. */
+size_t oi__host_foreach_sealed(oi_offload_host *h,
+                               void (*fn)(void *ctx, uint32_t ns, const oi_block_hash *hash),
+                               void *ctx);
 
 #endif

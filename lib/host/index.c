@@ -105,6 +105,27 @@ static void grow_locked(index_shard *s) {
   oi__free(old);
 }
 
+size_t oi__host_foreach_sealed(oi_offload_host *h,
+                               void (*fn)(void *ctx, uint32_t ns, const oi_block_hash *hash),
+                               void *ctx) {
+  size_t n = 0;
+  for (uint32_t i = 0; i < h->nshards; i++) {
+    index_shard *s = &h->shards[i];
+    pthread_mutex_lock(&s->lock);
+    for (size_t k = 0; k < s->nbuckets; k++)
+      for (uint32_t id = s->buckets[k]; id != OI_NIL;) {
+        host_block *b = oi__rec(h, id);
+        if (b->state == BLOCK_SEALED) {
+          fn(ctx, b->ns, &b->hash);
+          n++;
+        }
+        id = b->bucket_next;
+      }
+    pthread_mutex_unlock(&s->lock);
+  }
+  return n;
+}
+
 void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b) {
   if (s->count >= s->nbuckets) grow_locked(s);
   size_t k = key_hash(b->ns, &b->hash) & (s->nbuckets - 1);

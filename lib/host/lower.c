@@ -51,8 +51,10 @@ oi_status oi__host_set_watch(oi_offload_host *h, const oi_host_watch *w) {
     pthread_rwlock_unlock(&h->watch_lock);
     return oi__fail(OI_ERR_STATE, "a watcher is set on this host already");
   }
-  if (w) h->watch = *w;
-  else memset(&h->watch, 0, sizeof h->watch);
+  if (w)
+    h->watch = *w;
+  else
+    memset(&h->watch, 0, sizeof h->watch);
   atomic_store(&h->watching, w != NULL);
   pthread_rwlock_unlock(&h->watch_lock);
   return OI_OK;

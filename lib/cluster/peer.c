@@ -1,4 +1,4 @@
-/* The peer transport: see peer.h and docs/cluster-peer.md.
+/* The peer transport: see peer.h and docs/cluster.md, "Peer transport".
  *
  * One progress thread per net makes every UCX call (the worker is created
  * UCS_THREAD_MODE_SINGLE). Callers build an `op`, queue it under `lock`,
@@ -1398,7 +1398,7 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
    * peer names (its rendezvous uses it): off (UCX_TCP_PUT_ENABLE=n), so that
    * over TCP no peer can write into this process; rendezvous then goes by
    * active messages, about half the throughput on loopback.
-   * OI_PEER_TCP_PUT=1 keeps it on (a trusted network; docs/cluster-peer.md). */
+   * OI_PEER_TCP_PUT=1 keeps it on (a trusted network; docs/cluster.md, "Peer transport"). */
   const char *tcp_put = getenv("OI_PEER_TCP_PUT");
   s = tcp_put && strcmp(tcp_put, "1") == 0 ? UCS_OK : ucp_config_modify(cfg, "PUT_ENABLE", "n");
   if (s != UCS_OK)

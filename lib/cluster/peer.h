@@ -1,4 +1,4 @@
-/* The cluster tier's peer transport (docs/cluster-peer.md): node-to-node
+/* The cluster tier's peer transport (docs/cluster.md, "Peer transport"): node-to-node
  * connections over UCX (RDMA verbs where an HCA exists, TCP otherwise),
  * mutually authenticated with HMAC-SHA256 over a secret the cluster shares;
  * a request/response call over active messages, and one-sided reads (RMA

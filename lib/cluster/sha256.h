@@ -1,5 +1,5 @@
 /* SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for the peer transport's
- * challenge-response authentication (docs/cluster-peer.md). */
+ * challenge-response authentication (docs/cluster.md, "Peer transport"). */
 #ifndef OI_CLUSTER_SHA256_H
 #define OI_CLUSTER_SHA256_H
 

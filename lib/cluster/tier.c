@@ -168,6 +168,8 @@ struct cluster_tier {
   fetch_job *jobs, *jobs_tail;
   bool stop;
   atomic_bool republish; /* the directory reconnected: publish everything held */
+  uint64_t refresh_ns;      /* and every this often (half the entries' TTL) */
+  uint64_t next_refresh_ns; /* the worker's */
   pthread_t worker;
   bool worker_started;
 
@@ -652,9 +654,16 @@ static void *worker_main(void *arg) {
     }
     bool stop = t->stop;
     pthread_mutex_unlock(&t->lock);
-    if (!stop && atomic_exchange(&t->republish, false)) {
+    bool refresh = oi__now_ns() >= t->next_refresh_ns;
+    if (!stop && (atomic_exchange(&t->republish, false) || refresh)) {
+      /* Entries expire unless refreshed, and one entry names one holder:
+       * when the node it names evicts the block, the entry goes although
+       * an earlier holder may still have it. Republishing all we hold
+       * every half TTL keeps the directory true within that time. */
       size_t n = oi__host_foreach_sealed(t->host, on_sealed, t);
-      OI_LOG(OI_LOG_INFO, "cluster", "directory reconnected: publishing the %zu blocks held", n);
+      t->next_refresh_ns = oi__now_ns() + t->refresh_ns;
+      OI_LOG(refresh ? OI_LOG_DEBUG : OI_LOG_INFO, "cluster", "publishing the %zu blocks held%s",
+             n, refresh ? " (refresh)" : " (the directory reconnected)");
     }
     if (k) apply_notes(t, batch, k);
     if (j) {
@@ -776,6 +785,8 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   dopt.epoch = oi__now_ns() ^ ((uint64_t)getpid() << 40);
   dopt.on_reconnect = on_reconnect;
   dopt.on_reconnect_ctx = t;
+  t->refresh_ns = (uint64_t)(dopt.block_ttl_ms ? dopt.block_ttl_ms : 600000) * 1000000ull / 2;
+  t->next_refresh_ns = oi__now_ns() + t->refresh_ns;
   if ((st = oi__dir_open(&dopt, &t->dir)) != OI_OK) goto fail;
 
   oi_peer_net_options popt = {.listen_addr = opts.listen_addr,
@@ -811,6 +822,7 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
     goto fail;
   }
   t->worker_started = true;
+  atomic_store(&t->republish, true); /* blocks sealed before the attach */
   oi_host_watch w = {.sealed = on_sealed, .evicted = on_evicted, .destroy = tier_destroy, .ctx = t};
   if ((st = oi__host_set_watch(h, &w)) != OI_OK) goto fail;
   OI_LOG(OI_LOG_INFO, "cluster", "node '%s' joined the cluster at %s; peers dial %s", opts.node_id,

@@ -194,3 +194,43 @@ out("fuzz_hash_ex", "every", bytes([1, 0, 2 | 8 | 16 * 5, 8, 32]) + bytes(16)
     + xkeys(*[bytes([i]) * (i + 1) for i in range(8)]) + bytes(range(256)))
 out("fuzz_hash_ex", "tail", bytes([7, 2, 0x31, 3, 64]) + b"ab" + bytes(16)
     + xkeys(b"", b"", b"tail") + bytes(range(20)))
+
+
+# ---- cluster messages (docs/cluster.md; every parser runs on every input):
+# node-to-node requests and replies, the peer handshake, directory values ----
+def tier_msg(mtype, body):
+    return struct.pack("<IHH", 0x4C43494F, 1, mtype) + body
+
+
+def peer_msg(body):
+    return struct.pack("<I", 0x5250494F) + body
+
+
+def hello_msg(node_id, version=1):
+    return peer_msg(struct.pack("<HH", version, len(node_id)) + bytes(range(32)) + node_id)
+
+
+def welcome_msg(base, size, rkey):
+    return peer_msg(bytes(range(100, 132)) + struct.pack("<QQII", base, size, len(rkey), 1 if rkey else 0) + rkey)
+
+
+HASHES = b"".join(H(i) for i in range(4))
+out("fuzz_cluster_msg", "lease", tier_msg(1, struct.pack("<QQII", 0x1234, 0x5678, 4, 0) + HASHES))
+out("fuzz_cluster_msg", "lease-one", tier_msg(1, struct.pack("<QQII", 1, 2, 1, 0) + H(9)))
+out("fuzz_cluster_msg", "lease-count-mismatch", tier_msg(1, struct.pack("<QQII", 1, 2, 5, 0) + HASHES))
+out("fuzz_cluster_msg", "release", tier_msg(2, struct.pack("<Q", 42)))
+out("fuzz_cluster_msg", "lease-reply", tier_msg(0x81, struct.pack("<QII", 42, 3, 0) + b"".join(
+    struct.pack("<QQQ", 8192 * i, 8192, 0x9E3779B97F4A7C15 * (i + 1) & (2**64 - 1)) for i in range(3))))
+out("fuzz_cluster_msg", "lease-reply-empty", tier_msg(0x81, struct.pack("<QII", 0, 0, 0)))
+out("fuzz_cluster_msg", "release-reply", tier_msg(0x82, b""))
+out("fuzz_cluster_msg", "hello", hello_msg(b"node-a"))
+out("fuzz_cluster_msg", "hello-long-id", hello_msg(b"n" * 255))
+out("fuzz_cluster_msg", "hello-version2", hello_msg(b"node-b", 2))
+out("fuzz_cluster_msg", "auth", peer_msg(bytes(range(200, 232))))
+out("fuzz_cluster_msg", "welcome-served", welcome_msg(0x7F0000000000, 1 << 30, b""))
+out("fuzz_cluster_msg", "welcome-rma", welcome_msg(0x7F0000000000, 1 << 30, bytes(range(64))))
+out("fuzz_cluster_msg", "welcome-wraps", welcome_msg(2**64 - 4096, 8192, b""))
+out("fuzz_cluster_msg", "holder", b"node-a 1733091234567890")
+out("fuzz_cluster_msg", "holder-bad-id", b"node/a 12")
+out("fuzz_cluster_msg", "liveness", b"1733091234567890 10.0.0.7:7400")
+out("fuzz_cluster_msg", "liveness-v6", b"18446744073709551615 [fe80::1]:7400")

@@ -149,6 +149,19 @@ bool oi__dir_holder_parse(const char *s, size_t len, oi_dir_holder *out) {
   return true;
 }
 
+bool oi__dir_liveness_parse(const char *s, size_t len, uint64_t *epoch, size_t *addr_off,
+                            size_t *addr_len) {
+  if (!s) return false;
+  const char *sp = memchr(s, ' ', len);
+  uint64_t e;
+  size_t alen = sp ? len - (size_t)(sp - s) - 1 : 0;
+  if (!sp || !parse_u64(s, (size_t)(sp - s), &e) || !addr_valid(sp + 1, alen)) return false;
+  *epoch = e;
+  *addr_off = (size_t)(sp - s) + 1;
+  *addr_len = alen;
+  return true;
+}
+
 /* "redis://HOST[:PORT][/DB]" or "unix:/PATH[?db=DB]" into d. */
 static oi_status parse_url(oi_dir *d, const char *url) {
   static const char help[] = "expected redis://HOST[:PORT][/DB] or unix:/PATH[?db=DB]";
@@ -882,10 +895,9 @@ oi_status oi__dir_node_lookup(oi_dir *d, const char *node_id, char *addr, size_t
     st = oi__fail(OI_ERR_PROTOCOL, "oi__dir_node_lookup: directory %s answered GET with %s", d->url,
                   r->type == REDIS_REPLY_ERROR ? r->str : "an unexpected reply");
   } else {
-    const char *sp = memchr(r->str, ' ', r->len);
-    uint64_t e;
-    size_t alen = sp ? r->len - (size_t)(sp - r->str) - 1 : 0;
-    if (!sp || !parse_u64(r->str, (size_t)(sp - r->str), &e) || !addr_valid(sp + 1, alen)) {
+    uint64_t e = 0;
+    size_t aoff = 0, alen = 0;
+    if (!oi__dir_liveness_parse(r->str, r->len, &e, &aoff, &alen)) {
       ADD(parse_failures, 1);
       st = oi__fail(OI_ERR_PROTOCOL,
                     "node '%s' in directory %s: the liveness value is not '<epoch> <address>'",
@@ -896,7 +908,7 @@ oi_status oi__dir_node_lookup(oi_dir *d, const char *node_id, char *addr, size_t
                     "(give it %u)",
                     node_id, alen, cap, OI_DIR_ADDR_MAX + 1);
     } else {
-      memcpy(addr, sp + 1, alen);
+      memcpy(addr, r->str + aoff, alen);
       addr[alen] = '\0';
       if (epoch) *epoch = e;
     }

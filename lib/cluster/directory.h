@@ -151,5 +151,11 @@ void oi__dir_key_format(const oi_dir_key *key, char out[OI_DIR_KEY_CHARS + 1]);
 /* Parses an entry's value "<node_id> <epoch>" (len bytes, no NUL needed).
  * false when it is not exactly that. */
 bool oi__dir_holder_parse(const char *s, size_t len, oi_dir_holder *out);
+/* Parses a node's liveness value "<epoch> <address>" (len bytes, no NUL
+ * needed): on true the address is s[*addr_off..*addr_off + *addr_len),
+ * 1..OI_DIR_ADDR_MAX printable bytes without spaces. false when it is not
+ * exactly that. */
+bool oi__dir_liveness_parse(const char *s, size_t len, uint64_t *epoch, size_t *addr_off,
+                            size_t *addr_len);
 
 #endif

@@ -51,8 +51,8 @@ enum {
 
 #define MAGIC 0x5250494fu /* "OIPR" */
 #define VERSION 1u
-#define NONCE 32u
-#define MAX_RKEY 4096u
+#define NONCE OI_PEER_NONCE
+#define MAX_RKEY OI_PEER_MAX_RKEY
 #define MAX_HANDSHAKES 256u /* inbound connections still authenticating */
 #define HELLO_FIXED (4 + 2 + 2 + NONCE)
 #define WELCOME_FIXED (4 + OI_SHA256_LEN + 8 + 8 + 4 + 4)
@@ -63,6 +63,7 @@ enum {
 #define REP_FIXED 12
 #define IDLE_WAIT_MS 100
 #define SHUTDOWN_MS 5000
+_Static_assert(OI_PEER_MAC_LEN == OI_SHA256_LEN, "the handshake MAC is an HMAC-SHA256");
 
 enum { P_CONNECTING = 1, P_WAIT_HELLO, P_WAIT_AUTH, P_WAIT_WELCOME, P_READY, P_DEAD };
 enum { OP_CONNECT = 1, OP_CALL, OP_GET, OP_CLOSE, OP_REGISTER };
@@ -584,29 +585,32 @@ static void send_hello(oi_peer *p, unsigned am) {
   send_msg(p, am, b, len);
 }
 
-static bool parse_hello(oi_peer *p, const uint8_t *d, size_t len) {
-  if (len < HELLO_FIXED) {
-    peer_fail(p, OI_ERR_PROTOCOL, "short handshake message (%zu bytes)", len);
-    return false;
-  }
-  if (get32(d) != MAGIC) {
-    peer_fail(p, OI_ERR_PROTOCOL, "bad handshake magic 0x%08x", get32(d));
-    return false;
-  }
-  if (get16(d + 4) != VERSION) {
-    peer_fail(p, OI_ERR_VERSION, "peer protocol version %u, this node speaks %u", get16(d + 4),
-              VERSION);
-    return false;
-  }
+oi_status oi__peer_parse_hello(const uint8_t *d, size_t len, uint8_t nonce[OI_PEER_NONCE],
+                               char id[OI_PEER_MAX_NODE_ID + 1], size_t *id_len) {
+  if (len < HELLO_FIXED)
+    return oi__fail(OI_ERR_PROTOCOL, "short handshake message (%zu bytes)", len);
+  if (get32(d) != MAGIC) return oi__fail(OI_ERR_PROTOCOL, "bad handshake magic 0x%08x", get32(d));
+  if (get16(d + 4) != VERSION)
+    return oi__fail(OI_ERR_VERSION, "peer protocol version %u, this node speaks %u", get16(d + 4),
+                    VERSION);
   size_t idl = get16(d + 6);
   if (idl == 0 || idl > OI_PEER_MAX_NODE_ID || len != HELLO_FIXED + idl ||
-      memchr(d + HELLO_FIXED, 0, idl)) {
-    peer_fail(p, OI_ERR_PROTOCOL, "bad node id (length %zu, message %zu bytes)", idl, len);
+      memchr(d + HELLO_FIXED, 0, idl))
+    return oi__fail(OI_ERR_PROTOCOL, "bad node id (length %zu, message %zu bytes)", idl, len);
+  memcpy(nonce, d + 8, NONCE);
+  memcpy(id, d + HELLO_FIXED, idl);
+  id[idl] = 0;
+  *id_len = idl;
+  return OI_OK;
+}
+
+static bool parse_hello(oi_peer *p, const uint8_t *d, size_t len) {
+  size_t idl = 0;
+  oi_status st = oi__peer_parse_hello(d, len, p->nonce_theirs, p->id, &idl);
+  if (st != OI_OK) {
+    peer_fail(p, st, "%s", oi_last_error());
     return false;
   }
-  memcpy(p->nonce_theirs, d + 8, NONCE);
-  memcpy(p->id, d + HELLO_FIXED, idl);
-  p->id[idl] = 0;
   p->id_len = (uint8_t)idl;
   return true;
 }
@@ -639,15 +643,24 @@ static void on_challenge(oi_peer *p, const uint8_t *d, size_t len) {
   send_msg(p, AM_AUTH, b, blen);
 }
 
+oi_status oi__peer_parse_auth(const uint8_t *d, size_t len, const uint8_t **mac) {
+  if (len != 4 + OI_SHA256_LEN || get32(d) != MAGIC)
+    return oi__fail(OI_ERR_PROTOCOL, "bad authentication message (%zu bytes)", len);
+  *mac = d + 4;
+  return OI_OK;
+}
+
 static void on_auth(oi_peer *p, const uint8_t *d, size_t len) {
   oi_peer_net *net = p->net;
   uint8_t want[OI_SHA256_LEN];
-  if (len != 4 + OI_SHA256_LEN || get32(d) != MAGIC) {
-    peer_fail(p, OI_ERR_PROTOCOL, "bad authentication message (%zu bytes)", len);
+  const uint8_t *mac = NULL;
+  oi_status st = oi__peer_parse_auth(d, len, &mac);
+  if (st != OI_OK) {
+    peer_fail(p, st, "%s", oi_last_error());
     return;
   }
   handshake_mac(net, p, true, want);
-  if (!oi__ct_equal(want, d + 4, OI_SHA256_LEN)) {
+  if (!oi__ct_equal(want, mac, OI_SHA256_LEN)) {
     /* Tell it why, then close once that is delivered. */
     uint8_t *b = oi__malloc(4);
     if (b) {
@@ -684,29 +697,48 @@ static op *connect_op_of(oi_peer_net *net, oi_peer *p) {
   return NULL;
 }
 
-static void on_welcome(oi_peer *p, const uint8_t *d, size_t len) {
-  oi_peer_net *net = p->net;
-  uint8_t want[OI_SHA256_LEN];
-  if (len < WELCOME_FIXED || get32(d) != MAGIC) {
-    peer_fail(p, OI_ERR_PROTOCOL, "bad welcome message (%zu bytes)", len);
-    return;
-  }
-  handshake_mac(net, p, false, want);
-  if (!oi__ct_equal(want, d + 4, OI_SHA256_LEN)) {
-    peer_fail(p, OI_ERR_PERMISSION, "node \"%s\" failed to prove the cluster secret", p->id);
-    return;
-  }
+oi_status oi__peer_parse_welcome(const uint8_t *d, size_t len,
+                                 const uint8_t want_mac[OI_PEER_MAC_LEN], oi_peer_welcome *out) {
+  if (len < WELCOME_FIXED || get32(d) != MAGIC)
+    return oi__fail(OI_ERR_PROTOCOL, "bad welcome message (%zu bytes)", len);
+  if (want_mac && !oi__ct_equal(want_mac, d + 4, OI_SHA256_LEN))
+    return oi__fail(OI_ERR_PERMISSION, "the welcome's MAC does not prove the cluster secret");
   uint64_t base = get64(d + 4 + OI_SHA256_LEN), rlen = get64(d + 12 + OI_SHA256_LEN);
   uint32_t klen = get32(d + 20 + OI_SHA256_LEN), flags = get32(d + 24 + OI_SHA256_LEN);
   if (klen > MAX_RKEY || len != WELCOME_FIXED + klen || (flags & ~WELCOME_RMA) ||
-      !(flags & WELCOME_RMA) != !klen || base + rlen < base) {
-    peer_fail(p, OI_ERR_PROTOCOL, "bad region descriptor (base 0x%llx, %llu bytes, key %u)",
-              (unsigned long long)base, (unsigned long long)rlen, klen);
+      !(flags & WELCOME_RMA) != !klen || base + rlen < base)
+    return oi__fail(OI_ERR_PROTOCOL, "bad region descriptor (base 0x%llx, %llu bytes, key %u)",
+                    (unsigned long long)base, (unsigned long long)rlen, klen);
+  *out = (oi_peer_welcome){.mac = d + 4,
+                           .base = base,
+                           .len = rlen,
+                           .rkey = d + WELCOME_FIXED,
+                           .rkey_len = klen,
+                           .flags = flags};
+  return OI_OK;
+}
+
+static void on_welcome(oi_peer *p, const uint8_t *d, size_t len) {
+  oi_peer_net *net = p->net;
+  uint8_t want[OI_SHA256_LEN];
+  oi_peer_welcome w;
+  /* The MAC is checked on a welcome of the right form before its region
+   * descriptor is (a refusal reads as one). */
+  handshake_mac(net, p, false, want);
+  oi_status st = oi__peer_parse_welcome(d, len, want, &w);
+  if (st == OI_ERR_PERMISSION) {
+    peer_fail(p, OI_ERR_PERMISSION, "node \"%s\" failed to prove the cluster secret", p->id);
     return;
   }
+  if (st != OI_OK) {
+    peer_fail(p, st, "%s", oi_last_error());
+    return;
+  }
+  uint64_t base = w.base, rlen = w.len;
+  uint32_t klen = w.rkey_len;
   p->rma = klen && net->rma_serve;
   if (rlen && p->rma) {
-    ucs_status_t s = ucp_ep_rkey_unpack(p->ep, d + WELCOME_FIXED, &p->rkey);
+    ucs_status_t s = ucp_ep_rkey_unpack(p->ep, w.rkey, &p->rkey);
     if (s != UCS_OK) {
       p->rkey = NULL;
       peer_fail(p, OI_ERR_PROTOCOL, "unpacking the region key: %s", ucs_status_string(s));

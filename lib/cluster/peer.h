@@ -25,6 +25,9 @@
 #define OI_PEER_MIN_SECRET 16u       /* bytes of the shared secret, at least */
 #define OI_PEER_MAX_SECRET 1024u     /* and at most */
 #define OI_PEER_MAX_READS (1u << 16) /* reads in one oi__peer_get */
+#define OI_PEER_NONCE 32u            /* bytes of a handshake nonce */
+#define OI_PEER_MAC_LEN 32u          /* bytes of a handshake MAC (HMAC-SHA256) */
+#define OI_PEER_MAX_RKEY 4096u       /* bytes of the region key in a welcome */
 
 typedef struct oi_peer_net oi_peer_net;
 typedef struct oi_peer oi_peer;
@@ -136,5 +139,35 @@ typedef struct oi_peer_read {
  * @return OI_ERR_INVALID_ARGUMENT for a read outside the advertised region
  *         (nothing issued), OI_ERR_TIMEOUT, OI_ERR_IO, OI_ERR_CLOSED. */
 oi_status oi__peer_get(oi_peer *peer, const oi_peer_read *reads, size_t n, uint32_t timeout_ms);
+
+/* The handshake's parsers, as the connection code runs them on what a peer
+ * sent (also for the fuzz target): they only read d[0..len) and fail with a
+ * message (oi_last_error) on anything malformed. */
+
+/* HELLO (from a client) and CHALLENGE (from the server): magic, version,
+ * id length, nonce, id. On OI_OK: the nonce, the id (1..OI_PEER_MAX_NODE_ID
+ * bytes, no NUL, NUL-terminated in id) and its length.
+ * @return OI_ERR_PROTOCOL, OI_ERR_VERSION (another protocol version). */
+oi_status oi__peer_parse_hello(const uint8_t *d, size_t len, uint8_t nonce[OI_PEER_NONCE],
+                               char id[OI_PEER_MAX_NODE_ID + 1], size_t *id_len);
+/* AUTH (from the client): magic, MAC. On OI_OK *mac points at the MAC's
+ * OI_PEER_MAC_LEN bytes in d (the caller compares it).
+ * @return OI_ERR_PROTOCOL. */
+oi_status oi__peer_parse_auth(const uint8_t *d, size_t len, const uint8_t **mac);
+
+/* WELCOME (from the server): magic, MAC, the region's base and length, the
+ * key's length, flags, the key. */
+typedef struct oi_peer_welcome {
+  const uint8_t *mac;  /* OI_PEER_MAC_LEN bytes in d */
+  uint64_t base, len;  /* the region (base + len does not wrap) */
+  const uint8_t *rkey; /* rkey_len bytes in d: the last of the message */
+  uint32_t rkey_len;   /* at most OI_PEER_MAX_RKEY; 0 exactly when flags is 0 */
+  uint32_t flags;      /* 0, or 1: one-sided reads served (the key follows) */
+} oi_peer_welcome;
+/* `want_mac` (NULL: not checked) is compared, in constant time, before the
+ * region descriptor is: a welcome whose MAC differs is OI_ERR_PERMISSION.
+ * @return OI_ERR_PROTOCOL, OI_ERR_PERMISSION. */
+oi_status oi__peer_parse_welcome(const uint8_t *d, size_t len,
+                                 const uint8_t want_mac[OI_PEER_MAC_LEN], oi_peer_welcome *out);
 
 #endif

@@ -110,6 +110,11 @@ oi_status oi__cluster_msg_check(const void *msg, size_t len) {
   return msg_type(msg, len, false) ? OI_OK : OI_ERR_PROTOCOL;
 }
 
+oi_status oi__cluster_reply_check(const void *msg, size_t len) {
+  if (!msg) return oi__fail(OI_ERR_PROTOCOL, "cluster: no reply");
+  return msg_type(msg, len, true) ? OI_OK : OI_ERR_PROTOCOL;
+}
+
 /* ---- the tier ---------------------------------------------------------------------- */
 
 #define NOTE_RING_MAX (1u << 20)

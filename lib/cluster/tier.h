@@ -35,5 +35,11 @@ size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_has
  * node-to-node request as the holder does before acting on it.
  * @return OI_OK, or OI_ERR_PROTOCOL with what is wrong. */
 oi_status oi__cluster_msg_check(const void *msg, size_t len);
+/* Likewise one reply (LEASE_REPLY, RELEASE_REPLY) as the reader does before
+ * reading its fields: a LEASE_REPLY that passes is exactly 24 + 24 * m bytes
+ * for its count m (at most OI_CLUSTER_MAX_LEASE), so the lease id, m and
+ * every block's offset, length and XXH3 lie within len.
+ * @return OI_OK, or OI_ERR_PROTOCOL with what is wrong. */
+oi_status oi__cluster_reply_check(const void *msg, size_t len);
 
 #endif

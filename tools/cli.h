@@ -10,6 +10,7 @@ enum { CLI_OK = 0, CLI_FAILED = 1, CLI_USAGE = 2 };
 
 int cmd_demo(int argc, char **argv);
 int demo_tier(int argc, char **argv);
+int demo_pd(int argc, char **argv);
 int cmd_bench(int argc, char **argv);        /* openinfer-bench (tools/bench/) */
 int cmd_bench_launch(int argc, char **argv); /* openinfer: runs openinfer-bench */
 int cmd_serve(int argc, char **argv);

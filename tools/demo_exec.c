@@ -31,6 +31,7 @@ static void usage(FILE *f) {
       f,
       "usage: openinfer demo [options]\n"
       "       openinfer demo tier [options]   (the host tier alone, at scale; see --help there)\n"
+      "       openinfer demo pd [options]     (prefill/decode across two cluster nodes)\n"
       "\n"
       "Runs the executor with the reference model on multi-turn chats. Between turns the GPU\n"
       "prefix cache is dropped, so each turn restores its prefix from the host tier; a second\n"
@@ -90,6 +91,7 @@ static oi_status make_executor(const exec_demo_opts *o, oi_model_ops *ops, void 
 
 int cmd_demo(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "tier")) return demo_tier(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "pd")) return demo_pd(argc - 1, argv + 1);
   exec_demo_opts o = {.ranks = 2,
                       .conversations = 4,
                       .turns = 4,

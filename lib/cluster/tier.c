@@ -172,7 +172,7 @@ struct cluster_tier {
   size_t head, count, cap;
   fetch_job *jobs, *jobs_tail;
   bool stop;
-  atomic_bool republish; /* the directory reconnected: publish everything held */
+  atomic_bool republish;    /* the directory reconnected: publish everything held */
   uint64_t refresh_ns;      /* and every this often (half the entries' TTL) */
   uint64_t next_refresh_ns; /* the worker's */
   pthread_t worker;
@@ -667,8 +667,8 @@ static void *worker_main(void *arg) {
        * every half TTL keeps the directory true within that time. */
       size_t n = oi__host_foreach_sealed(t->host, on_sealed, t);
       t->next_refresh_ns = oi__now_ns() + t->refresh_ns;
-      OI_LOG(refresh ? OI_LOG_DEBUG : OI_LOG_INFO, "cluster", "publishing the %zu blocks held%s",
-             n, refresh ? " (refresh)" : " (the directory reconnected)");
+      OI_LOG(refresh ? OI_LOG_DEBUG : OI_LOG_INFO, "cluster", "publishing the %zu blocks held%s", n,
+             refresh ? " (refresh)" : " (the directory reconnected)");
     }
     if (k) apply_notes(t, batch, k);
     if (j) {

@@ -59,6 +59,17 @@ check(p.returncode == 0 and "demo OK" in p.stdout and "DIFFERS" not in p.stdout,
 rows = [l.split() for l in p.stdout.splitlines() if re.match(r"\s+\d+\s+[\d.]+ ms", l)]
 check(len(rows) == 3 and all(r[-1] == "same" for r in rows), "one row per turn, outputs the same", p)
 check(len(rows) == 3 and all(int(r[-3]) > 0 for r in rows[1:]), "later turns restore tokens from the host tier", p)
+# Prefill/decode across two cluster nodes (a private redis-server, two
+# `openinfer serve` processes): every prefix restored on the decode node.
+import shutil
+if shutil.which("redis-server"):
+    p = run("demo", "pd", "--prompts", "3", "--prompt-tokens", "200", "--new-tokens", "8")
+    check(p.returncode == 0 and "demo OK" in p.stdout, "demo pd", p)
+    rows = [l.split() for l in p.stdout.splitlines() if re.match(r"\s+\d+\s+[\d.]+ ms", l)]
+    check(len(rows) == 3 and all(r[-1] == "same" and r[-2] == "192/192" for r in rows),
+          "demo pd: one row per prompt, the prefix restored across nodes, outputs the same", p)
+p = run("demo", "pd", "--prompts", "0")
+check(p.returncode == 2 and "--prompts" in p.stderr, "demo pd rejects a bad value", p)
 p = run("demo", "tier", "--help")
 check(p.returncode == 0 and "--ranks" in p.stdout, "demo tier --help", p)
 p = run("demo", "tier", "--device", "cpu", "--ranks", "3", "--conversations", "8", "--turns", "3",

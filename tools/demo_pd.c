@@ -13,13 +13,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <netinet/in.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -114,8 +114,8 @@ static void cleanup(pd_state *s) {
   stop(&s->decode);
   stop(&s->prefill);
   stop(&s->redis);
-  static const char *const files[] = {"secret",  "redis.log", "prefill.log", "decode.log",
-                                      "prefill.sock", "decode.sock"};
+  static const char *const files[] = {"secret",     "redis.log",    "prefill.log",
+                                      "decode.log", "prefill.sock", "decode.sock"};
   for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", s->dir, files[i]);
@@ -244,20 +244,22 @@ int demo_pd(int argc, char **argv) {
   char port_s[16], url[64];
   snprintf(port_s, sizeof port_s, "%d", port);
   snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
-  char *redis_argv[] = {"redis-server", "--port",      port_s, "--bind", "127.0.0.1", "--save",
-                        "",             "--appendonly", "no",   NULL};
+  char *redis_argv[] = {"redis-server", "--port", port_s,         "--bind", "127.0.0.1",
+                        "--save",       "",       "--appendonly", "no",     NULL};
   s.redis = spawn(redis_argv, p_rlog);
   if (!wait_log(p_rlog, "Ready to accept connections", 5000)) {
     fprintf(stderr, "openinfer demo pd: redis-server did not start:\n");
     print_log(p_rlog);
     goto out;
   }
-  char *prefill_argv[] = {self, "serve", "--socket", p_psock, "--pool", "256M", "--no-pin",
-                          "--no-metrics", "--cluster", url, "--node-id", "prefill",
-                          "--cluster-secret", p_secret, "--listen", "127.0.0.1:0", NULL};
-  char *decode_argv[] = {self, "serve", "--socket", p_dsock, "--pool", "256M", "--no-pin",
-                         "--no-metrics", "--cluster", url, "--node-id", "decode",
-                         "--cluster-secret", p_secret, "--listen", "127.0.0.1:0", NULL};
+  char *prefill_argv[] = {self,          "serve",    "--socket",         p_psock,     "--pool",
+                          "256M",        "--no-pin", "--no-metrics",     "--cluster", url,
+                          "--node-id",   "prefill",  "--cluster-secret", p_secret,    "--listen",
+                          "127.0.0.1:0", NULL};
+  char *decode_argv[] = {self,          "serve",    "--socket",         p_dsock,     "--pool",
+                         "256M",        "--no-pin", "--no-metrics",     "--cluster", url,
+                         "--node-id",   "decode",   "--cluster-secret", p_secret,    "--listen",
+                         "127.0.0.1:0", NULL};
   s.prefill = spawn(prefill_argv, p_plog);
   s.decode = spawn(decode_argv, p_dlog);
   if (!wait_log(p_plog, "listening on", 10000) || !wait_log(p_dlog, "listening on", 10000)) {

@@ -40,6 +40,10 @@ static const benchmark benchmarks[] = {
      "the disk tier under a cpu host: spill and restore bandwidth against fio on the\n"
      "           same directory, restore latency of 22 GLM5.2 blocks, index replay",
      bench_disk},
+    {"remote",
+     "the cluster tier between two nodes on this machine: cross-node restore against a\n"
+     "           plain TCP stream, directory lookup latency, the cost per evicted block",
+     bench_remote},
 };
 
 static void bench_usage(FILE *f) {

@@ -3,9 +3,11 @@
  *
  * Threads: the host's watcher callbacks only queue notes (sealed, evicted);
  * one worker thread turns notes into directory publishes and withdrawals,
- * runs fetch jobs (connect, LEASE, read, verify, seal, RELEASE) and ends
- * the leases peers did not release in time. Peer requests are answered on
- * the peer transport's progress thread (short: host locks and checksums).
+ * republishes, and ends the leases peers did not release in time;
+ * FETCHERS threads run fetch jobs (connect, LEASE, read, verify, seal,
+ * RELEASE), FETCH_CHUNK blocks each, sharing the connections to holders.
+ * Peer requests are answered on the peer transport's progress thread
+ * (short: host locks and checksums).
  *
  * Keys: a block is known across nodes by its namespace's name (hashed), its
  * hash and its layout fingerprint, as on disk: namespace ids are this
@@ -151,11 +153,19 @@ typedef struct remote_lease {
   host_block **blocks;
 } remote_lease;
 
+/* A connection to a holder, shared by the fetchers: `users` of them hold it;
+ * a failed one is `dead` (not handed out again) and closed by its last
+ * user (no operation on a peer may be in flight when it closes). */
 typedef struct peer_slot {
   char node_id[OI_DIR_NODE_ID_MAX + 1];
   uint64_t epoch;
   oi_peer *peer;
+  uint32_t users;
+  bool dead;
 } peer_slot;
+
+#define FETCHERS 4    /* threads that run fetch jobs */
+#define FETCH_CHUNK 8 /* blocks per job: several jobs of one run go in parallel */
 
 struct cluster_tier {
   oi_offload_host *host;
@@ -177,12 +187,16 @@ struct cluster_tier {
   uint64_t next_refresh_ns; /* the worker's */
   pthread_t worker;
   bool worker_started;
+  pthread_cond_t jcv; /* a fetch job is queued (under lock) */
+  pthread_t fetchers[FETCHERS];
+  int nfetchers;
 
   pthread_mutex_t lease_lock;
   remote_lease *leases;
   uint64_t next_lease;
 
-  peer_slot peers[MAX_PEERS]; /* the worker's alone */
+  pthread_mutex_t peer_lock;
+  peer_slot peers[MAX_PEERS];
 
   atomic_uint_fast64_t published, unpublished, lookups, remote_blocks, remote_failed, stale_removed,
       served_blocks, bytes_fetched, bytes_served, notes_dropped;
@@ -424,48 +438,76 @@ static void expire_leases(cluster_tier *t, bool all) {
 
 /* ---- reader: fetching ---- */
 
-static oi_peer *peer_for(cluster_tier *t, const oi_dir_holder *h, bool *stale) {
+/* Closes a dead slot's connection once nobody uses it (peer_lock held). */
+static void slot_reap_locked(peer_slot *s) {
+  if (s->peer && s->dead && s->users == 0) {
+    oi__peer_close(s->peer);
+    memset(s, 0, sizeof *s);
+  }
+}
+
+/* A connection to holder `h` (connecting when there is none), held until
+ * peer_put. @return its slot, or -1 (*stale: the holder is gone or is
+ * another incarnation). */
+static int peer_get(cluster_tier *t, const oi_dir_holder *h, bool *stale) {
   *stale = false;
-  for (int i = 0; i < MAX_PEERS; i++)
-    if (t->peers[i].peer && !strcmp(t->peers[i].node_id, h->node_id)) {
-      if (t->peers[i].epoch == h->epoch) return t->peers[i].peer;
-      oi__peer_close(t->peers[i].peer); /* the node restarted since */
-      t->peers[i].peer = NULL;
+  pthread_mutex_lock(&t->peer_lock);
+  for (int i = 0; i < MAX_PEERS; i++) {
+    peer_slot *s = &t->peers[i];
+    if (!s->peer || s->dead || strcmp(s->node_id, h->node_id)) continue;
+    if (s->epoch == h->epoch) {
+      s->users++;
+      pthread_mutex_unlock(&t->peer_lock);
+      return i;
     }
+    s->dead = true; /* the node restarted since */
+    slot_reap_locked(s);
+  }
+  pthread_mutex_unlock(&t->peer_lock);
   char addr[128];
   uint64_t epoch = 0;
   oi_status st = oi__dir_node_lookup(t->dir, h->node_id, addr, sizeof addr, &epoch);
   if (st == OI_ERR_NOT_FOUND || (st == OI_OK && epoch != h->epoch)) {
-    *stale = true; /* the holder is gone, or is another incarnation */
-    return NULL;
+    *stale = true;
+    return -1;
   }
-  if (st != OI_OK) return NULL;
+  if (st != OI_OK) return -1;
   oi_peer *p = NULL;
   if (oi__peer_connect(t->net, addr, &p) != OI_OK) {
     OI_LOG(OI_LOG_INFO, "cluster", "cannot reach node '%s' at %s: %s", h->node_id, addr,
            oi_last_error());
-    return NULL;
+    return -1;
   }
+  pthread_mutex_lock(&t->peer_lock);
   int slot = -1;
   for (int i = 0; i < MAX_PEERS && slot < 0; i++)
     if (!t->peers[i].peer) slot = i;
-  if (slot < 0) { /* full: the oldest goes */
-    oi__peer_close(t->peers[0].peer);
-    memmove(&t->peers[0], &t->peers[1], (MAX_PEERS - 1) * sizeof t->peers[0]);
-    slot = MAX_PEERS - 1;
+  if (slot < 0) { /* full: an idle slot goes */
+    for (int i = 0; i < MAX_PEERS && slot < 0; i++)
+      if (t->peers[i].users == 0) {
+        oi__peer_close(t->peers[i].peer);
+        slot = i;
+      }
   }
+  if (slot < 0) { /* every slot busy: this fetch goes without caching */
+    pthread_mutex_unlock(&t->peer_lock);
+    oi__peer_close(p);
+    return -1;
+  }
+  t->peers[slot] = (peer_slot){.epoch = h->epoch, .peer = p, .users = 1};
   snprintf(t->peers[slot].node_id, sizeof t->peers[slot].node_id, "%s", h->node_id);
-  t->peers[slot].epoch = h->epoch;
-  t->peers[slot].peer = p;
-  return p;
+  pthread_mutex_unlock(&t->peer_lock);
+  return slot;
 }
 
-static void peer_drop(cluster_tier *t, oi_peer *p) {
-  for (int i = 0; i < MAX_PEERS; i++)
-    if (t->peers[i].peer == p) {
-      oi__peer_close(p);
-      t->peers[i].peer = NULL;
-    }
+/* Gives a connection back; `failed`: it is not to be used again. */
+static void peer_put(cluster_tier *t, int slot, bool failed) {
+  pthread_mutex_lock(&t->peer_lock);
+  peer_slot *s = &t->peers[slot];
+  s->users--;
+  if (failed) s->dead = true;
+  slot_reap_locked(s);
+  pthread_mutex_unlock(&t->peer_lock);
 }
 
 /* Fetches items[0..n) (one holder) into their slots; seals what verified. */
@@ -477,11 +519,15 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
   void *reply = NULL;
   size_t rlen = 0, m = 0;
   uint64_t lease_id = 0;
-  bool stale = false;
+  bool stale = false, failed = false;
   oi_peer *p = NULL;
+  int slot = -1;
   if (!ok || !req || !reads || !sums) goto end;
-  p = peer_for(t, &items[0].holder, &stale);
-  if (!p) goto end;
+  slot = peer_get(t, &items[0].holder, &stale);
+  if (slot < 0) {
+    goto end;
+  }
+  p = t->peers[slot].peer; /* stable while we hold the slot */
   put_hdr(req, MSG_LEASE);
   put64(req + HDR_BYTES, items[0].key.ns_fp);
   put64(req + HDR_BYTES + 8, items[0].key.layout_fp);
@@ -493,7 +539,7 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
   if (st != OI_OK) {
     OI_LOG(OI_LOG_INFO, "cluster", "lease from node '%s': %s", items[0].holder.node_id,
            oi_last_error());
-    if (st == OI_ERR_CLOSED || st == OI_ERR_IO) peer_drop(t, p);
+    failed = st == OI_ERR_CLOSED || st == OI_ERR_IO;
     goto end;
   }
   if (msg_type(reply, rlen, true) != MSG_LEASE_REPLY) {
@@ -523,10 +569,10 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
     } else {
       OI_LOG(OI_LOG_INFO, "cluster", "reading %zu blocks from node '%s': %s", m,
              items[0].holder.node_id, oi_last_error());
-      if (st != OI_ERR_INVALID_ARGUMENT) peer_drop(t, p), p = NULL;
+      failed = st != OI_ERR_INVALID_ARGUMENT; /* the connection is dead after a failed read */
     }
   }
-  if (p && lease_id) { /* best effort: the holder's lease expires anyway */
+  if (!failed && lease_id) { /* best effort: the holder's lease expires anyway */
     uint8_t rel[RELEASE_BYTES];
     put_hdr(rel, MSG_RELEASE);
     put64(rel + HDR_BYTES, lease_id);
@@ -537,8 +583,11 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
              oi_last_error());
     oi__free(rr);
   }
-  stale = stale || m < n; /* what the holder did not have: its entries are stale */
+  /* The holder leases the leading run it holds: the first block past it is
+   * not there (its entry is stale); the ones after may be, and just miss. */
+  stale = stale || m < n;
 end:
+  if (slot >= 0) peer_put(t, slot, failed);
   for (size_t i = 0; i < n; i++) {
     bool good = ok && ok[i];
     oi__host_save_end(t->host, j->ns, &items[i].b, 1, good, good ? j->block_bytes : 0, 0);
@@ -547,7 +596,9 @@ end:
       atomic_fetch_add(&t->bytes_fetched, j->block_bytes);
     } else {
       atomic_fetch_add(&t->remote_failed, 1);
-      if (stale && i >= m && oi__dir_remove_stale(t->dir, &items[i].key, &items[i].holder) == OI_OK)
+      bool holder_gone = slot < 0; /* no connection: every entry of it is stale */
+      if (stale && (holder_gone || i == m) &&
+          oi__dir_remove_stale(t->dir, &items[i].key, &items[i].holder) == OI_OK)
         atomic_fetch_add(&t->stale_removed, 1);
     }
   }
@@ -610,22 +661,51 @@ size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_has
   oi__host_reserve(t->host, ns, hashes, run, &sink, &r);
   started = j->n;
   if (started == 0) goto out;
+  /* Jobs of FETCH_CHUNK blocks, in prefix order: the fetchers take them in
+   * parallel, so one chunk's lease, reads and checksums overlap another's. */
+  fetch_job *first = NULL, **tail = &first;
+  for (size_t a = 0; a < j->n; a += FETCH_CHUNK) {
+    size_t k = OI_MIN((size_t)FETCH_CHUNK, j->n - a);
+    fetch_job *cj = oi__malloc(sizeof *cj + k * sizeof cj->items[0]);
+    if (!cj) { /* the rest of the run goes: slots freed, misses */
+      for (size_t i = a; i < j->n; i++)
+        oi__host_save_end(t->host, ns, &j->items[i].b, 1, false, 0, 0);
+      started = a;
+      break;
+    }
+    cj->next = NULL;
+    cj->ns = ns;
+    cj->block_bytes = bb;
+    cj->n = k;
+    memcpy(cj->items, j->items + a, k * sizeof cj->items[0]);
+    *tail = cj;
+    tail = &cj->next;
+  }
   pthread_mutex_lock(&t->lock);
   if (t->stop) { /* stopping: nothing starts now */
     pthread_mutex_unlock(&t->lock);
-    for (size_t i = 0; i < j->n; i++)
-      oi__host_save_end(t->host, ns, &j->items[i].b, 1, false, 0, 0);
+    while (first) {
+      fetch_job *cj = first;
+      first = cj->next;
+      for (size_t i = 0; i < cj->n; i++)
+        oi__host_save_end(t->host, ns, &cj->items[i].b, 1, false, 0, 0);
+      oi__free(cj);
+    }
     started = 0;
     goto out;
   }
-  if (t->jobs_tail)
-    t->jobs_tail->next = j;
-  else
-    t->jobs = j;
-  t->jobs_tail = j;
-  pthread_cond_signal(&t->cv);
+  if (first) {
+    if (t->jobs_tail)
+      t->jobs_tail->next = first;
+    else
+      t->jobs = first;
+    fetch_job *last = first;
+    while (last->next)
+      last = last->next;
+    t->jobs_tail = last;
+    pthread_cond_broadcast(&t->jcv);
+  }
   pthread_mutex_unlock(&t->lock);
-  j = NULL;
 out:
   oi__free(j);
   oi__free(keys);
@@ -640,10 +720,10 @@ static void *worker_main(void *arg) {
   note batch[256];
   for (;;) {
     pthread_mutex_lock(&t->lock);
-    while (!t->stop && t->count == 0 && !t->jobs && !atomic_load(&t->republish)) {
+    while (!t->stop && t->count == 0 && !atomic_load(&t->republish)) {
       struct timespec ts = oi__timespec(oi__deadline_ns(100));
       pthread_cond_timedwait(&t->cv, &t->lock, &ts);
-      if (t->count == 0 && !t->jobs) break; /* time to look at the leases */
+      if (t->count == 0) break; /* time to look at the leases */
     }
     size_t k = OI_MIN(t->count, OI_ARRAY_LEN(batch));
     for (size_t i = 0; i < k; i++)
@@ -651,11 +731,6 @@ static void *worker_main(void *arg) {
     if (k) {
       t->head = (t->head + k) % t->cap;
       t->count -= k;
-    }
-    fetch_job *j = t->jobs;
-    if (j) {
-      t->jobs = j->next;
-      if (!t->jobs) t->jobs_tail = NULL;
     }
     bool stop = t->stop;
     pthread_mutex_unlock(&t->lock);
@@ -671,16 +746,32 @@ static void *worker_main(void *arg) {
              refresh ? " (refresh)" : " (the directory reconnected)");
     }
     if (k) apply_notes(t, batch, k);
-    if (j) {
-      if (stop)
-        for (size_t i = 0; i < j->n; i++)
-          oi__host_save_end(t->host, j->ns, &j->items[i].b, 1, false, 0, 0);
-      else
-        run_job(t, j);
-      oi__free(j);
-    }
     expire_leases(t, false);
-    if (stop && !k && !j) return NULL;
+    if (stop && !k) return NULL;
+  }
+}
+
+/* A fetcher: runs fetch jobs; when stopping, drops what is queued. */
+static void *fetcher_main(void *arg) {
+  cluster_tier *t = arg;
+  for (;;) {
+    pthread_mutex_lock(&t->lock);
+    while (!t->stop && !t->jobs)
+      pthread_cond_wait(&t->jcv, &t->lock);
+    fetch_job *j = t->jobs;
+    if (j) {
+      t->jobs = j->next;
+      if (!t->jobs) t->jobs_tail = NULL;
+    }
+    bool stop = t->stop;
+    pthread_mutex_unlock(&t->lock);
+    if (!j) return NULL; /* stopping, nothing queued */
+    if (stop)
+      for (size_t i = 0; i < j->n; i++)
+        oi__host_save_end(t->host, j->ns, &j->items[i].b, 1, false, 0, 0);
+    else
+      run_job(t, j);
+    oi__free(j);
   }
 }
 
@@ -688,13 +779,15 @@ static void *worker_main(void *arg) {
 
 static void tier_free(cluster_tier *t) {
   if (!t) return;
-  if (t->worker_started) { /* its fetches end within timeout_ms; queued ones are dropped */
-    pthread_mutex_lock(&t->lock);
-    t->stop = true;
-    pthread_cond_broadcast(&t->cv);
-    pthread_mutex_unlock(&t->lock);
-    pthread_join(t->worker, NULL);
-  }
+  /* Fetches in progress end within timeout_ms; queued ones are dropped. */
+  pthread_mutex_lock(&t->lock);
+  t->stop = true;
+  pthread_cond_broadcast(&t->cv);
+  pthread_cond_broadcast(&t->jcv);
+  pthread_mutex_unlock(&t->lock);
+  for (int i = 0; i < t->nfetchers; i++)
+    pthread_join(t->fetchers[i], NULL);
+  if (t->worker_started) pthread_join(t->worker, NULL);
   oi__peer_net_destroy(t->net); /* frees our peers; no request is answered after this */
   for (int i = 0; i < MAX_PEERS; i++)
     t->peers[i].peer = NULL;
@@ -703,6 +796,8 @@ static void tier_free(cluster_tier *t) {
   oi__free(t->ring);
   pthread_mutex_destroy(&t->lock);
   pthread_cond_destroy(&t->cv);
+  pthread_cond_destroy(&t->jcv);
+  pthread_mutex_destroy(&t->peer_lock);
   pthread_mutex_destroy(&t->lease_lock);
   oi__free(t);
 }
@@ -777,6 +872,8 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   snprintf(t->node_id, sizeof t->node_id, "%s", opts.node_id);
   pthread_mutex_init(&t->lock, NULL);
   pthread_mutex_init(&t->lease_lock, NULL);
+  pthread_mutex_init(&t->peer_lock, NULL);
+  pthread_cond_init(&t->jcv, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -827,6 +924,14 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
     goto fail;
   }
   t->worker_started = true;
+  for (int i = 0; i < FETCHERS; i++) {
+    if ((rc = pthread_create(&t->fetchers[i], NULL, fetcher_main, t)) != 0) {
+      st = oi__fail(OI_ERR_INTERNAL, "host_attach_cluster: cannot start its threads: %s",
+                    strerror(rc));
+      goto fail;
+    }
+    t->nfetchers++;
+  }
   atomic_store(&t->republish, true); /* blocks sealed before the attach */
   oi_host_watch w = {.sealed = on_sealed, .evicted = on_evicted, .destroy = tier_destroy, .ctx = t};
   if ((st = oi__host_set_watch(h, &w)) != OI_OK) goto fail;

@@ -416,8 +416,7 @@ int bench_remote(int argc, char **argv) {
            "\"remote_blocks\":%llu,\"remote_failed\":%llu,\"served_blocks\":%llu}\n",
            (unsigned long long)nblocks, (unsigned long long)block, restore_gbps, restore_s,
            plain_gbps, ratio, verified ? "true" : "false", lookup_p50, lookup_p99, lookup_found,
-           evict_with_ns,
-           evict_without_ns, withdraw_ns, (unsigned long long)sb.remote_blocks,
+           evict_with_ns, evict_without_ns, withdraw_ns, (unsigned long long)sb.remote_blocks,
            (unsigned long long)sb.remote_failed, (unsigned long long)sa.served_blocks);
   } else {
     printf("openinfer bench remote — libopeninfer %s; two nodes on 127.0.0.1, a private "
@@ -428,8 +427,8 @@ int bench_remote(int argc, char **argv) {
            (unsigned long long)nblocks, (unsigned long long)block, restore_gbps, restore_s,
            verified ? "verified" : "NOT verified");
     printf("     plain TCP stream, same bytes, same run      %7.3f GB/s\n", plain_gbps);
-    printf("     ratio                                        %7.2fx   target >= 0.8   %s\n",
-           ratio, ratio >= 0.8 && verified ? "PASS" : "MISS");
+    printf("     ratio                                        %7.2fx   target >= 0.8   %s\n", ratio,
+           ratio >= 0.8 && verified ? "PASS" : "MISS");
     printf("  2. directory lookup, 64-block prefix           p50 %.1f us, p99 %.1f us (%d "
            "lookups, %zu of 64 found)\n",
            lookup_p50, lookup_p99, LOOKUPS, lookup_found);

@@ -207,11 +207,8 @@ cluster_tier *oi__cluster_tier_of(oi_offload_host *h) { return oi__host_watcher(
 /* The directory key of each hash of namespace id `ns` (false: unknown). */
 static bool make_keys(cluster_tier *t, uint32_t ns, const oi_block_hash *hashes, size_t n,
                       oi_dir_key *keys, uint64_t *block_bytes) {
-  char name[256];
-  uint64_t shape, bb;
-  if (!oi__host_namespace_info(t->host, ns, name, sizeof name, &bb, &shape)) return false;
-  uint64_t ns_fp = XXH3_64bits(name, strlen(name));
-  uint64_t layout_fp = shape ^ (bb * 0x9E3779B97F4A7C15ull);
+  uint64_t ns_fp, layout_fp, bb;
+  if (!oi__host_namespace_fps(t->host, ns, &ns_fp, &layout_fp, &bb)) return false;
   for (size_t i = 0; i < n; i++) {
     keys[i].ns_fp = ns_fp;
     memcpy(keys[i].hash, hashes[i].bytes, sizeof keys[i].hash);
@@ -226,11 +223,12 @@ static bool find_ns(cluster_tier *t, uint64_t ns_fp, uint64_t layout_fp, oi_host
                     uint64_t *block_bytes) {
   char name[256];
   for (uint32_t id = 1;; id++) {
-    uint64_t shape, bb;
-    if (!oi__host_namespace_info(t->host, id, name, sizeof name, &bb, &shape)) return false;
-    if (XXH3_64bits(name, strlen(name)) != ns_fp) continue;
-    if ((shape ^ (bb * 0x9E3779B97F4A7C15ull)) != layout_fp) continue;
-    if (!oi__host_find_namespace(t->host, name, out)) return false;
+    uint64_t nf, lf, bb;
+    if (!oi__host_namespace_fps(t->host, id, &nf, &lf, &bb)) return false;
+    if (nf != ns_fp || lf != layout_fp) continue;
+    if (!oi__host_namespace_info(t->host, id, name, sizeof name, NULL, NULL) ||
+        !oi__host_find_namespace(t->host, name, out))
+      return false;
     *block_bytes = bb;
     return true;
   }

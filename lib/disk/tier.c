@@ -63,11 +63,8 @@ static bool direct_ok(const void *p, uint64_t len, uint64_t slot) {
  * the call. @return false when the namespace is unknown. */
 static bool make_keys(disk_tier *t, uint32_t ns, const oi_block_hash *hashes, size_t n,
                       oi_disk_key *keys, uint64_t *block_bytes) {
-  char name[256];
-  uint64_t shape;
-  if (!oi__host_namespace_info(t->host, ns, name, sizeof name, block_bytes, &shape)) return false;
-  uint64_t ns_fp = XXH3_64bits(name, strlen(name));
-  uint64_t layout_fp = shape ^ (*block_bytes * 0x9E3779B97F4A7C15ull);
+  uint64_t ns_fp, layout_fp;
+  if (!oi__host_namespace_fps(t->host, ns, &ns_fp, &layout_fp, block_bytes)) return false;
   for (size_t i = 0; i < n; i++) {
     keys[i].ns_fp = ns_fp;
     memcpy(keys[i].hash, hashes[i].bytes, sizeof keys[i].hash);

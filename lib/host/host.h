@@ -193,6 +193,13 @@ typedef struct oi_host_pool_info {
 
 void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out);
 
+/* A namespace's fingerprints across processes and nodes (its id is this
+ * process's own): XXH3 of its name, and of its layout (the shape hash and
+ * the block bytes). The disk and cluster tiers key blocks by them.
+ * @return false when the namespace is unknown. */
+bool oi__host_namespace_fps(oi_offload_host *h, uint32_t ns_id, uint64_t *ns_fp,
+                            uint64_t *layout_fp, uint64_t *block_bytes);
+
 /* ---- a watcher (lib/cluster, above this layer) ---- */
 
 /* Told of every block that seals (visible to queries from now on) and of

@@ -10,6 +10,8 @@
  * its place in LRU order. The ring is bounded: when it is full the oldest
  * entry is dropped (counted: that block's pool copy stays its only one). */
 #include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
 
 #include "host_private.h"
 
@@ -260,6 +262,17 @@ uint64_t oi__host_slot_bytes(oi_offload_host *h, uint32_t ns_id) {
   uint32_t cls = ns_id >= 1 && ns_id <= h->nns ? h->ns[ns_id - 1].cls : UINT32_MAX;
   pthread_mutex_unlock(&h->ns_lock);
   return cls < atomic_load(&h->nclasses) ? h->classes[cls].slot_bytes : 0;
+}
+
+bool oi__host_namespace_fps(oi_offload_host *h, uint32_t ns_id, uint64_t *ns_fp,
+                            uint64_t *layout_fp, uint64_t *block_bytes) {
+  char name[256];
+  uint64_t bb, shape;
+  if (!oi__host_namespace_info(h, ns_id, name, sizeof name, &bb, &shape)) return false;
+  if (ns_fp) *ns_fp = XXH3_64bits(name, strlen(name));
+  if (layout_fp) *layout_fp = shape ^ (bb * 0x9E3779B97F4A7C15ull);
+  if (block_bytes) *block_bytes = bb;
+  return true;
 }
 
 bool oi__host_namespace_info(oi_offload_host *h, uint32_t ns_id, char *name, size_t cap,

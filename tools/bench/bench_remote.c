@@ -29,7 +29,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "cli.h"
 #include "cluster/directory.h"
@@ -357,16 +356,15 @@ int bench_remote(int argc, char **argv) {
     oi_dir_key keys[64];
     oi_dir_holder holders[64];
     oi_host_ns ns;
-    char name[256];
-    uint64_t bb = 0, shape = 0;
+    uint64_t ns_fp = 0, layout_fp = 0;
     if (!oi__host_find_namespace(a.h, "bench-remote", &ns) ||
-        !oi__host_namespace_info(a.h, ns.id, name, sizeof name, &bb, &shape))
+        !oi__host_namespace_fps(a.h, ns.id, &ns_fp, &layout_fp, NULL))
       goto out;
     for (int i = 0; i < 64; i++) {
       oi_block_hash h = rhash((uint64_t)i);
-      keys[i].ns_fp = XXH3_64bits(name, strlen(name));
+      keys[i].ns_fp = ns_fp;
       memcpy(keys[i].hash, h.bytes, 16);
-      keys[i].layout_fp = shape ^ (bb * 0x9E3779B97F4A7C15ull);
+      keys[i].layout_fp = layout_fp;
     }
     size_t found = 0;
     for (int i = 0; i < LOOKUPS; i++) {

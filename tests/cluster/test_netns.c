@@ -456,6 +456,18 @@ static void test_a_fetch_across_nodes(void) {
   save(1, 1, 0, N);
   double ms;
   uint64_t t0 = oi__now_ns();
+  /* Without a wait: the fetch starts, and the sidecar client sees the
+   * blocks pending (OI_QUERY_LOADING) through the wire. */
+  CHECK(wait_published(1, 1, 0, N));
+  oi_block_hash hs[N];
+  for (int b = 0; b < N; b++)
+    hs[b] = tl_hash(1, (uint64_t)b);
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(g_nodes[2].e, NULL, hs, N, 0, &q));
+  CHECK(q.hit_blocks == 0 && q.pending_blocks == N && q.state == OI_QUERY_LOADING);
+  fprintf(stderr, "  node 2 without a wait: %llu hits, %llu pending, state %u\n",
+          (unsigned long long)q.hit_blocks, (unsigned long long)q.pending_blocks, q.state);
+  if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(g_nodes[2].e, q.lease));
   CHECK(query_until(2, 1, 0, N, 10000) == N);
   fprintf(stderr, "  node 2: %d blocks from node 1 in %.1f ms after the save\n", N, ms_since(t0));
   /* node 2 holds them itself now */

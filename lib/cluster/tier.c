@@ -151,6 +151,7 @@ typedef struct remote_lease {
   uint64_t id, deadline_ns, bytes;
   size_t n;
   host_block **blocks;
+  char peer[OI_PEER_MAX_NODE_ID + 1]; /* only this node may release it */
 } remote_lease;
 
 /* A connection to a holder, shared by the fetchers: `users` of them hold it;
@@ -297,7 +298,7 @@ static void lease_end(cluster_tier *t, remote_lease *l, bool ok) {
   oi__free(l);
 }
 
-static void answer_lease(cluster_tier *t, const uint8_t *m, oi_peer_reply *r) {
+static void answer_lease(cluster_tier *t, const char *peer, const uint8_t *m, oi_peer_reply *r) {
   uint64_t ns_fp = get64(m + HDR_BYTES), layout_fp = get64(m + HDR_BYTES + 8);
   uint32_t n = get32(m + HDR_BYTES + 16);
   const uint8_t *hp = m + HDR_BYTES + 24;
@@ -364,6 +365,7 @@ static void answer_lease(cluster_tier *t, const uint8_t *m, oi_peer_reply *r) {
                         .bytes = hits * bb,
                         .n = hits,
                         .blocks = blocks};
+    snprintf(l->peer, sizeof l->peer, "%s", peer);
     pthread_mutex_lock(&t->lease_lock);
     l->next = t->leases;
     t->leases = l;
@@ -375,12 +377,12 @@ static void answer_lease(cluster_tier *t, const uint8_t *m, oi_peer_reply *r) {
   oi__free(out);
 }
 
-static void answer_release(cluster_tier *t, const uint8_t *m, oi_peer_reply *r) {
+static void answer_release(cluster_tier *t, const char *peer, const uint8_t *m, oi_peer_reply *r) {
   uint64_t id = get64(m + HDR_BYTES);
   remote_lease *found = NULL;
   pthread_mutex_lock(&t->lease_lock);
   for (remote_lease **p = &t->leases; *p; p = &(*p)->next)
-    if ((*p)->id == id) {
+    if ((*p)->id == id && !strcmp((*p)->peer, peer)) { /* another node's: not found */
       found = *p;
       *p = found->next;
       break;
@@ -404,9 +406,9 @@ static void on_request(void *ctx, const char *peer_node_id, const void *req, siz
     return;
   }
   if (type == MSG_LEASE)
-    answer_lease(t, req, r);
+    answer_lease(t, peer_node_id, req, r);
   else
-    answer_release(t, req, r);
+    answer_release(t, peer_node_id, req, r);
 }
 
 /* Ends the leases peers did not release in time (a reader that died). A

@@ -49,7 +49,7 @@ static pid_t g_main_pid;
 
 typedef struct node {
   test_server ts;
-  char id[16];
+  char id[32];
   oi_offload_engine *e;
   oi_imported_arena *arena;
   uint8_t *base;

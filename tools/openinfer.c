@@ -20,7 +20,8 @@ static const command commands[] = {
     {"demo", "save KV blocks to the host tier and restore them, verifying every byte", cmd_demo},
     {"bench",
      "benchmarks (build tree only): host (host tier), transfer (GPU copies), rpc (sidecar\n"
-     "           round trip), ttft (time to first token of the reference model)",
+     "           round trip), ttft (time to first token of the reference model), disk (the\n"
+     "           disk tier against fio), remote (the cluster tier between two nodes)",
      cmd_bench_launch},
     {"serve", "run the sidecar server (host pool + client KV arenas over a Unix socket)",
      cmd_serve},

@@ -88,7 +88,7 @@ import tempfile
 import time
 
 p = run("--help")
-check(all(b in p.stdout for b in ("host", "transfer", "rpc", "ttft")), "--help names the four benchmarks", p)
+check(all(b in p.stdout for b in ("host", "transfer", "rpc", "ttft", "disk", "remote")), "--help names every benchmark", p)
 p = run("bench", "rpc", "--help")
 check(p.returncode == 0 and "--json" in p.stdout and "default 20000" in p.stdout,
       "bench rpc --help lists --json and the default of --samples", p)

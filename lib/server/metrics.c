@@ -478,8 +478,9 @@ oi_status oi__metrics_start(oi_server *srv, const char *addr) {
     return oi__fail(OI_ERR_INTERNAL, "metrics endpoint: libmicrohttpd did not start on %s", addr);
   }
   srv->metrics = m;
-  OI_LOG(OI_LOG_INFO, "server", "metrics on http://%s%s%s:%u/metrics (and /healthz)", v6 ? "[" : "",
-         host, v6 ? "]" : "", (unsigned)bound);
+  /* (debug: `openinfer serve` prints its own line; oi_server_metrics_port tells embedders) */
+  OI_LOG(OI_LOG_DEBUG, "server", "metrics on http://%s%s%s:%u/metrics (and /healthz)",
+         v6 ? "[" : "", host, v6 ? "]" : "", (unsigned)bound);
   return OI_OK;
 #endif
 }

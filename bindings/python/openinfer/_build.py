@@ -483,6 +483,35 @@ oi_status oi_device_buffer_alloc(int device, uint64_t bytes, oi_device_buffer **
 void *oi_device_buffer_ptr(const oi_device_buffer *b);
 oi_status oi_device_buffer_copy(oi_device_buffer *b, void *dst, const void *src, uint64_t bytes);
 void oi_device_buffer_free(oi_device_buffer *b);
+typedef struct oi_host_cluster_options {
+  uint32_t struct_size;
+  uint32_t timeout_ms;
+  const char *redis_url;
+  const char *node_id;
+  const char *listen_addr;
+  const char *advertise_addr;
+  const char *secret_file;
+} oi_host_cluster_options;
+typedef struct oi_host_cluster_stats {
+  uint32_t struct_size;
+  uint32_t directory_connected;
+  uint64_t published;
+  uint64_t unpublished;
+  uint64_t lookups;
+  uint64_t remote_blocks;
+  uint64_t remote_failed;
+  uint64_t stale_removed;
+  uint64_t served_blocks;
+  uint64_t peers_refused;
+  uint64_t bytes_fetched;
+  uint64_t bytes_served;
+  uint16_t port;
+  uint16_t reserved[3];
+} oi_host_cluster_stats;
+oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
+oi_status oi_offload_host_attach_cluster(oi_offload_host *h, const oi_host_cluster_options *o);
+oi_status oi_offload_host_cluster_stats(const oi_offload_host *h, oi_host_cluster_stats *out);
+oi_status oi_server_attach_cluster(oi_server *s, const oi_host_cluster_options *o);
 typedef enum oi_offload_mode { OI_OFFLOAD_NONE, OI_OFFLOAD_EMBEDDED, OI_OFFLOAD_SIDECAR, ... } oi_offload_mode;
 typedef enum oi_restore_overlap { OI_RESTORE_OVERLAP_AUTO, OI_RESTORE_OVERLAP_OFF, OI_RESTORE_OVERLAP_HOST, ... } oi_restore_overlap;
 typedef void (*oi_token_fn)(void *ctx, uint64_t request_id, uint32_t token, uint32_t index,

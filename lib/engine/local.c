@@ -62,6 +62,7 @@ typedef struct local_engine {
   /* Layerwise saves (under lock): blocks some of whose arenas arrived. */
   partial *partials[PARTIAL_BUCKETS];
   size_t npartials;
+  size_t partials_ending; /* taken off the list by a sweep, not ended in the host yet */
   /* The sweeper ends records at their deadline even when the engine is not
    * used again (started at the first layerwise save; stopped at destroy). */
   pthread_t sweeper;
@@ -233,10 +234,10 @@ static void partials_sweep(local_engine *e, bool all) {
       }
       *pp = p->next;
       e->npartials--;
+      e->partials_ending++;
       p->next = done;
       done = p;
     }
-  if (done) pthread_cond_broadcast(&e->flush_cv);
   pthread_mutex_unlock(&e->lock);
   for (size_t i = 0; i < nfailed; i++) {
     oi__host_save_end(e->host, e->ns, &failed[i], 1, false, 0, 0);
@@ -258,6 +259,12 @@ static void partials_sweep(local_engine *e, bool all) {
       }
     }
     oi__free(p);
+    /* Counted out only now: a flush that saw the record gone returns once
+     * its slot is sealed or given back, not before. */
+    pthread_mutex_lock(&e->lock);
+    e->partials_ending--;
+    pthread_cond_broadcast(&e->flush_cv);
+    pthread_mutex_unlock(&e->lock);
   }
 }
 
@@ -623,12 +630,12 @@ static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {
   }
   /* Blocks being saved layer by layer: until each sealed or aborted (its
    * last arena landed, or its deadline passed). */
-  while (st == OI_OK && e->npartials) {
+  while (st == OI_OK && (e->npartials || e->partials_ending)) {
     uint64_t now = oi__now_ns(), pd = partials_next_deadline_locked(e);
     if (now >= deadline) {
       st = oi__fail(OI_ERR_TIMEOUT,
                     "flush: %zu block(s) saved layer by layer still incomplete after %u ms",
-                    e->npartials, timeout_ms);
+                    e->npartials + e->partials_ending, timeout_ms);
       break;
     }
     if (pd <= now) { /* expired records end once no copy into them is in flight */

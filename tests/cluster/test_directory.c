@@ -513,6 +513,13 @@ static void test_redis_killed_and_restarted(void) {
   fprintf(stderr, "  Redis restarted: reconnected %.0f ms after it answered\n", ms_since(t0));
   CHECK(atomic_load(&g_reconnected) >= 1);
   CHECK_OK(oi__dir_flush(a, 5000)); /* the 100000 queued while down flow now */
+  oi__dir_stats(a, &st);
+  if (st.queue_dropped) {
+    /* A batch the background thread sent into the dead connection is lost
+     * with it (counted): the caller republishes after a reconnect. */
+    CHECK_OK(oi__dir_publish(a, many, 64));
+    CHECK_OK(oi__dir_flush(a, 5000));
+  }
   CHECK_OK(oi__dir_lookup(a, many, 64, h, &n));
   CHECK(n == 64);
   CHECK_OK(oi__dir_lookup(a, keys, 64, h, &n));

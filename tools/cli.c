@@ -1,10 +1,13 @@
 /* Helpers shared by `openinfer` and `openinfer-bench` (cli.h). */
 #include <errno.h>
 #include <getopt.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "openinfer/openinfer.h"
@@ -84,4 +87,28 @@ uint8_t cli_pattern_byte(uint64_t seed, uint64_t offset) {
   x *= 0x94D049BB133111EBull;
   x ^= x >> 29;
   return (uint8_t)(x >> ((offset & 7) * 8));
+}
+
+bool cli_on_path(const char *prog) {
+  const char *path = getenv("PATH");
+  char buf[4096];
+  for (const char *p = path ? path : ""; *p;) {
+    size_t len = strcspn(p, ":");
+    snprintf(buf, sizeof buf, "%.*s/%s", (int)len, p, prog);
+    if (access(buf, X_OK) == 0) return true;
+    p += len + (p[len] == ':');
+  }
+  return false;
+}
+
+int cli_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
 }

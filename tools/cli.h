@@ -35,6 +35,11 @@ bool cli_parse_int(const char *s, long lo, long hi, long *out);
  * OI_RESTORE_OVERLAP ("0" or "off": OFF; "host": HOST; else AUTO). */
 uint32_t cli_restore_overlap_env(void);
 
+/* Whether an executable `prog` is on PATH. */
+bool cli_on_path(const char *prog);
+/* A TCP port on 127.0.0.1 that was free a moment ago (-1: none). */
+int cli_free_port(void);
+
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t cli_now_ns(void);
 

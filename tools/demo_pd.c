@@ -39,18 +39,6 @@ static void sleep_ms(long ms) {
   }
 }
 
-static bool on_path(const char *prog) {
-  const char *path = getenv("PATH");
-  char buf[4096];
-  for (const char *p = path ? path : ""; *p;) {
-    size_t len = strcspn(p, ":");
-    snprintf(buf, sizeof buf, "%.*s/%s", (int)len, p, prog);
-    if (access(buf, X_OK) == 0) return true;
-    p += len + (p[len] == ':');
-  }
-  return false;
-}
-
 /* Runs argv with stdout and stderr into `log` (a file in the demo's directory). */
 static pid_t spawn(char *const argv[], const char *log) {
   pid_t pid = fork();
@@ -73,18 +61,6 @@ static void stop(pid_t *pid) {
   kill(*pid, SIGKILL);
   waitpid(*pid, NULL, 0);
   *pid = 0;
-}
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
 }
 
 /* Whether a line containing `needle` is in `log` yet, waiting up to ms. */
@@ -188,7 +164,7 @@ int demo_pd(int argc, char **argv) {
     fprintf(stderr, "openinfer demo pd: unexpected argument '%s'\n", argv[optind]);
     return CLI_USAGE;
   }
-  if (!on_path("redis-server")) {
+  if (!cli_on_path("redis-server")) {
     fprintf(stderr, "openinfer demo pd: needs redis-server on PATH (Debian: apt-get install "
                     "redis-server)\n");
     return CLI_FAILED;
@@ -240,7 +216,7 @@ int demo_pd(int argc, char **argv) {
   close(fd);
   if (!wrote) goto out;
 
-  int port = free_port();
+  int port = cli_free_port();
   char port_s[16], url[64];
   snprintf(port_s, sizeof port_s, "%d", port);
   snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);

@@ -234,7 +234,7 @@ int bench_remote(int argc, char **argv) {
     default: remote_usage(stderr); return CLI_USAGE;
     }
   }
-  if (access("/usr/bin/redis-server", X_OK) != 0 && system("command -v redis-server >/dev/null")) {
+  if (!cli_on_path("redis-server")) {
     fprintf(stderr, "openinfer bench remote: needs redis-server (Debian: redis-server)\n");
     return CLI_FAILED;
   }
@@ -253,8 +253,7 @@ int bench_remote(int argc, char **argv) {
   int fd = open(secret, O_WRONLY | O_CREAT | O_EXCL, 0600);
   if (fd < 0 || write(fd, "bench-remote-secret-0123456789ab", 32) != 32) return CLI_FAILED;
   close(fd);
-  int rport = 0, rfd = listen_any(&rport);
-  if (rfd >= 0) close(rfd);
+  int rport = cli_free_port();
   snprintf(url, sizeof url, "redis://127.0.0.1:%d", rport);
   char port_s[16];
   snprintf(port_s, sizeof port_s, "%d", rport);

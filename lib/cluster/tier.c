@@ -278,16 +278,41 @@ static void on_reconnect(void *ctx) {
 }
 
 /* Publishes and withdraws a batch of notes (the worker). */
-static void apply_notes(cluster_tier *t, const note *notes, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    oi_dir_key k;
-    if (!make_keys(t, notes[i].ns, &notes[i].hash, 1, &k, NULL)) continue;
-    if (notes[i].sealed) {
-      if (oi__dir_publish(t->dir, &k, 1) == OI_OK) atomic_fetch_add(&t->published, 1);
-    } else if (oi__dir_unpublish(t->dir, &k, 1) == OI_OK) {
-      atomic_fetch_add(&t->unpublished, 1);
-    }
+/* Runs of notes of one kind go to the directory in one call; a namespace's
+ * fingerprints are looked up once per run of its notes. */
+static void send_keys(cluster_tier *t, bool sealed, const oi_dir_key *keys, size_t n) {
+  if (n == 0) return;
+  if (sealed) {
+    if (oi__dir_publish(t->dir, keys, n) == OI_OK) atomic_fetch_add(&t->published, n);
+  } else if (oi__dir_unpublish(t->dir, keys, n) == OI_OK) {
+    atomic_fetch_add(&t->unpublished, n);
   }
+}
+
+static void apply_notes(cluster_tier *t, const note *notes, size_t n) {
+  oi_dir_key keys[256];
+  size_t nk = 0;
+  bool kind = false;
+  uint32_t ns = 0; /* ns ids start at 1 */
+  uint64_t ns_fp = 0, layout_fp = 0;
+  bool known = false;
+  for (size_t i = 0; i < n; i++) {
+    if (notes[i].ns != ns) {
+      ns = notes[i].ns;
+      known = oi__host_namespace_fps(t->host, ns, &ns_fp, &layout_fp, NULL);
+    }
+    if (!known) continue;
+    if (nk && (notes[i].sealed != kind || nk == OI_ARRAY_LEN(keys))) {
+      send_keys(t, kind, keys, nk);
+      nk = 0;
+    }
+    kind = notes[i].sealed;
+    keys[nk].ns_fp = ns_fp;
+    memcpy(keys[nk].hash, notes[i].hash.bytes, sizeof keys[nk].hash);
+    keys[nk].layout_fp = layout_fp;
+    nk++;
+  }
+  send_keys(t, kind, keys, nk);
 }
 
 /* ---- holder: answering peers ---- */

@@ -174,9 +174,12 @@ static oi_host_disk_stats dstats(rig *r) {
   return s;
 }
 
+static oi_host_disk_stats g_closed; /* the disk stats of the host closed last */
+
 static void rig_close(rig *r) {
   REQUIRE(r->nleases == 0);
   oi_host_disk_stats s = dstats(r);
+  g_closed = s;
   g_n.promotions += s.promotions;
   g_n.checksum_failures += s.checksum_failures;
   oi_offload_engine_destroy(r->e);
@@ -452,8 +455,15 @@ static void check_kept(rig *r, const uint8_t *had, const char *what) {
   uint32_t first = 0;
   for (uint32_t k = 0; k < UNIVERSE; k++)
     if (had[k] && !on[k] && !lost++) first = k;
-  MCHECK(lost == 0, "%s: %llu blocks the pool held are not on the disk (first: key %u)", what,
-         (unsigned long long)lost, first);
+  const oi_host_disk_stats *c = &g_closed;
+  MCHECK(lost == 0,
+         "%s: %llu blocks the pool held are not on the disk (first: key %u; the closed host's "
+         "disk: %llu blocks, %llu spills, %llu failed, %llu skipped, %llu overflow, %llu "
+         "evictions, %llu checksum failures)",
+         what, (unsigned long long)lost, first, (unsigned long long)c->blocks,
+         (unsigned long long)c->spills, (unsigned long long)c->spills_failed,
+         (unsigned long long)c->spills_skipped, (unsigned long long)c->spill_overflow,
+         (unsigned long long)c->evictions, (unsigned long long)c->checksum_failures);
 }
 
 static void op_restart(rig *r) {
@@ -475,7 +485,8 @@ static void crash_child(rig *r, const uint32_t *keys, int n, int wfd) {
   static uint8_t told[UNIVERSE];
   memset(told, 0, sizeof told);
   for (int at = 0, runs = 0; at < n; runs++) {
-    int len = OI_MIN(1 + (int)below(MAX_RUN), n - at);
+    int len = 1 + (int)below(MAX_RUN); /* one draw: OI_MIN evaluates its arguments twice */
+    len = OI_MIN(len, n - at);
     save_keys(r, keys + at, len);
     at += len;
     if (runs % 3 == 2 || at == n) {

@@ -102,7 +102,7 @@ struct oi_disk {
   struct iovec *reg; /* registered ranges: [0] is hdr_bufs */
   uint32_t nreg;
   bool reg_ok, closing;
-  bool registering;   /* new operations wait (reads) or are refused (writes) */
+  bool registering;   /* new operations wait (callbacks: refused) */
   uint64_t fixed_ops; /* operations whose payload was in a registered range */
   pthread_t thread;
   bool thread_ok;
@@ -725,27 +725,31 @@ oi_status oi__disk_write(oi_disk *d, const oi_disk_key *key, const void *payload
                     (unsigned long long)len, (unsigned long long)d->files[0].cap);
   uint64_t xxh = XXH3_64bits(payload, len);
   pthread_mutex_lock(&d->sq_lock);
-  if (d->closing) {
+  /* A slot first (waiting, as a read does: a spill dropped here would leave
+   * the pool's copy its only one, lost at a clean restart), the index after. */
+  req *r = slot_take(d, true);
+  if (!r) {
+    bool closing = d->closing;
     pthread_mutex_unlock(&d->sq_lock);
-    return oi__fail(OI_ERR_CLOSED, "disk_write: the store is closing");
+    if (closing) return oi__fail(OI_ERR_CLOSED, "disk_write: the store is closing");
+    pthread_mutex_lock(&d->lock);
+    d->st.spills_busy++;
+    pthread_mutex_unlock(&d->lock);
+    return oi__fail(OI_ERR_BUSY,
+                    "disk_write: %u operations in flight (queue_depth), called from a "
+                    "callback: spill dropped",
+                    d->o.queue_depth);
   }
   pthread_mutex_lock(&d->lock);
   entry *old = tab_find(d, key);
   if (old) {
     bool sealed = old->state == ST_SEALED;
+    slot_give(d, r);
     pthread_mutex_unlock(&d->lock);
     pthread_mutex_unlock(&d->sq_lock);
     if (!sealed) return oi__fail(OI_ERR_BUSY, "disk_write: the block is being written");
     if (cb) cb(ctx, OI_OK);
     return OI_OK;
-  }
-  req *r = slot_take(d, false);
-  if (!r) {
-    d->st.spills_busy++;
-    pthread_mutex_unlock(&d->lock);
-    pthread_mutex_unlock(&d->sq_lock);
-    return oi__fail(OI_ERR_BUSY, "disk_write: %u operations in flight (queue_depth): spill dropped",
-                    d->o.queue_depth);
   }
   entry *e = oi__calloc(1, sizeof *e);
   uint32_t file = 0;

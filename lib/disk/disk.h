@@ -46,7 +46,7 @@ typedef struct oi_disk_stats {
   uint64_t capacity_bytes;      /* usable data-file bytes, all dirs */
   uint64_t spills_ok;           /* writes that completed */
   uint64_t spills_failed;       /* writes that failed (I/O error, no room) */
-  uint64_t spills_busy;         /* writes refused with OI_ERR_BUSY (queue full) */
+  uint64_t spills_busy;         /* writes refused with OI_ERR_BUSY (queue full, from a callback) */
   uint64_t reads_ok;            /* reads that served a verified block */
   uint64_t reads_failed;        /* reads that ended with an error (checksum failures too) */
   uint64_t checksum_failures;   /* header, payload or key mismatches found at read */
@@ -83,10 +83,12 @@ oi_status oi__disk_register_buffers(oi_disk *d, const struct iovec *iov, uint32_
  * round_up(len, 4096)) under `key`. Allocates room, evicting the least
  * recently used sealed blocks that are neither pinned nor being read.
  * A key already stored is not written again: cb(ctx, OI_OK) runs at once,
- * on the calling thread, before this returns OI_OK.
- * @return OI_OK (queued; cb follows), OI_ERR_BUSY (the queue is full or the
- * key is being written: the spill is dropped), OI_ERR_OUT_OF_MEMORY (no room
- * even after eviction), OI_ERR_INVALID_ARGUMENT, OI_ERR_CLOSED. */
+ * on the calling thread, before this returns OI_OK. Waits for a queue slot
+ * when the queue is full, as a read does.
+ * @return OI_OK (queued; cb follows), OI_ERR_BUSY (the key is being written,
+ * or the queue is full and the caller is a callback, which may not wait:
+ * the spill is dropped), OI_ERR_OUT_OF_MEMORY (no room even after
+ * eviction), OI_ERR_INVALID_ARGUMENT, OI_ERR_CLOSED. */
 oi_status oi__disk_write(oi_disk *d, const oi_disk_key *key, const void *payload, uint64_t len,
                          oi_disk_cb cb, void *ctx);
 /* Reads the block under `key` into `dst` (4 KiB aligned, `cap` bytes, at

@@ -20,7 +20,7 @@
 #define REQUIRE(cond)                                                                              \
   do {                                                                                             \
     if (!(cond)) {                                                                                 \
-      fprintf(stderr, "%s:%d: fake server: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond);     \
+      fprintf(stderr, "%s:%d: fake server: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond);      \
       exit(1);                                                                                     \
     }                                                                                              \
   } while (0)
@@ -36,8 +36,8 @@ typedef struct fs_queued {
 } fs_queued;
 
 typedef struct fs_conn {
-  int fd;        /* -1: free */
-  uint64_t gen;  /* held replies name the connection they were made for */
+  int fd;       /* -1: free */
+  uint64_t gen; /* held replies name the connection they were made for */
 } fs_conn;
 
 typedef struct fs_held {
@@ -190,8 +190,7 @@ static bool default_reply(fake_server *fs, uint64_t caps, uint64_t hits) {
       void *region = NULL;
       oi_arena_handle h;
       REQUIRE(fs->n_arenas < FS_MAX_ARENAS);
-      REQUIRE(fs->dev->ops->mem_alloc(fs->dev, g->arena_size, OI_MEM_SHAREABLE, &region) ==
-              OI_OK);
+      REQUIRE(fs->dev->ops->mem_alloc(fs->dev, g->arena_size, OI_MEM_SHAREABLE, &region) == OI_OK);
       fs->arenas[fs->n_arenas++] = region;
       REQUIRE(fs->dev->ops->mem_export(fs->dev, region, &h) == OI_OK);
       rr->arena_handle.size = OI_WIRE_HANDLE_BYTES;
@@ -261,7 +260,9 @@ static fs_queued take_step(fake_server *fs, uint32_t type) {
 static bool common_step(fake_server *fs, int i, uint64_t req, const fs_queued *q) {
   switch (q->step.action) {
   case FS_SILENT: return true;
-  case FS_RESULT: send_result(fs, i, req, q->step.status, q->message, q->step.delay_ms); return true;
+  case FS_RESULT:
+    send_result(fs, i, req, q->step.status, q->message, q->step.delay_ms);
+    return true;
   case FS_REFUSE:
     send_result(fs, i, 0, q->step.status, q->message, 0);
     conn_close(fs, i);
@@ -539,7 +540,7 @@ bool fs_last(fake_server *fs, uint32_t type, oiwire_Envelope *out) {
 /* Waits (lock held) until `cond` or timeout_ms passed. */
 #define FS_WAIT(cond, timeout_ms)                                                                  \
   ({                                                                                               \
-    uint64_t end_ = oi__now_ns() + (uint64_t)(timeout_ms) * 1000000ull;                            \
+    uint64_t end_ = oi__now_ns() + (uint64_t)(timeout_ms)*1000000ull;                              \
     pthread_mutex_lock(&fs->lock);                                                                 \
     while (!(cond) && oi__now_ns() < end_) {                                                       \
       pthread_mutex_unlock(&fs->lock);                                                             \

@@ -32,12 +32,12 @@
 #define FS_TYPES 18 /* Envelope body tags are below this */
 
 typedef enum fs_action {
-  FS_REPLY = 0, /* the correct reply (edited by `edit`, if set), after delay_ms */
-  FS_SILENT,    /* no reply, ever (the connection stays open) */
-  FS_RESULT,    /* a Result with `status` and `message` instead, after delay_ms */
-  FS_REFUSE,    /* a session-ending Result (request id 0) with status and message, then close */
-  FS_CLOSE,     /* close the connection without a word */
-  FS_GARBAGE,   /* a frame whose payload is not an Envelope */
+  FS_REPLY = 0,   /* the correct reply (edited by `edit`, if set), after delay_ms */
+  FS_SILENT,      /* no reply, ever (the connection stays open) */
+  FS_RESULT,      /* a Result with `status` and `message` instead, after delay_ms */
+  FS_REFUSE,      /* a session-ending Result (request id 0) with status and message, then close */
+  FS_CLOSE,       /* close the connection without a word */
+  FS_GARBAGE,     /* a frame whose payload is not an Envelope */
   FS_COUNTS_ONLY, /* Save with want_counts: SaveCounts, but never the Result */
   FS_OVERSIZE,    /* a length prefix past OI_WIRE_MAX_FRAME */
   FS_TRUNCATED,   /* half a frame, then close */

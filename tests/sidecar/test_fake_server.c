@@ -18,6 +18,9 @@
 #define SLACK_MS 1500  /* a shared 2-core machine; the reader sweeps deadlines every 250 ms */
 
 static fake_server *fs;
+static char child_socket[128]; /* a forked client's: its parent's fake server */
+
+static const char *socket_of(void) { return child_socket[0] ? child_socket : fs_socket(fs); }
 
 static uint64_t ms_since(uint64_t t0) { return (oi__now_ns() - t0) / 1000000ull; }
 
@@ -88,7 +91,7 @@ static oi_status client_connect(client *c, bool owned) {
   options_of(&o, a, c);
   c->e = (oi_offload_engine *)(uintptr_t)1; /* must be reset by the call */
   c->arena = (oi_imported_arena *)(uintptr_t)1;
-  oi_status st = oi_offload_engine_connect(fs_socket(fs), &o, &c->e, owned ? NULL : &c->arena);
+  oi_status st = oi_offload_engine_connect(socket_of(), &o, &c->e, owned ? NULL : &c->arena);
   if (owned) c->arena = NULL;
   return st;
 }
@@ -146,6 +149,14 @@ static void completions_init(completions *c) {
   memset(c, 0, sizeof *c);
   pthread_mutex_init(&c->lock, NULL);
   c->ticket_st = c->done_st = OI_PENDING;
+}
+
+/* A consistent copy of what was reported so far. */
+static completions got(completions *k) {
+  pthread_mutex_lock(&k->lock);
+  completions c = *k;
+  pthread_mutex_unlock(&k->lock);
+  return c;
 }
 
 /* Polls until the ticket completes (up to limit_ms); @return its status. */
@@ -355,8 +366,7 @@ static void test_register_replies(void) {
                        CONTROL_MS - 20, CONTROL_MS + SLACK_MS);
   fs_script(fs, oiwire_Envelope_register_instance_tag, (fs_step){.edit = reply_as_stats_reply});
   expect_connect_fails(false, OI_ERR_PROTOCOL,
-                       "connect: register: the server answered with message type 14", 0,
-                       SLACK_MS);
+                       "connect: register: the server answered with message type 14", 0, SLACK_MS);
   fs_script(fs, oiwire_Envelope_register_instance_tag,
             (fs_step){.action = FS_RESULT,
                       .status = OI_ERR_INVALID_ARGUMENT,
@@ -419,8 +429,8 @@ static void test_async_deadlines(void) {
   CHECK_ST(ticket_end(t, ASYNC_MS + 5000), OI_ERR_TIMEOUT);
   CHECK_ELAPSED(t0, ASYNC_MS - 20, ASYNC_MS + SLACK_MS);
   usleep(300000);
-  CHECK(k.ticket_calls == 1 && k.ticket_st == OI_ERR_TIMEOUT);
-  CHECK(k.done_calls == 1 && k.done_st == OI_ERR_TIMEOUT);
+  CHECK(got(&k).ticket_calls == 1 && got(&k).ticket_st == OI_ERR_TIMEOUT);
+  CHECK(got(&k).done_calls == 1 && got(&k).done_st == OI_ERR_TIMEOUT);
   oi_ticket_release(t);
 
   /* Answered OK, but after the deadline: the late reply is dropped, the
@@ -437,7 +447,7 @@ static void test_async_deadlines(void) {
   CHECK(fs_late_sent(fs) == late + 1);
   usleep(100000);
   CHECK(oi_ticket_poll(t) == OI_ERR_TIMEOUT);
-  CHECK(k.ticket_calls == 1 && k.done_calls == 1 && k.done_st == OI_ERR_TIMEOUT);
+  CHECK(got(&k).ticket_calls == 1 && got(&k).done_calls == 1 && got(&k).done_st == OI_ERR_TIMEOUT);
   oi_ticket_release(t);
   check_usable(&c, 3);
 
@@ -450,7 +460,7 @@ static void test_async_deadlines(void) {
   CHECK_ELAPSED(t0, ASYNC_MS - 20, ASYNC_MS + SLACK_MS);
   CHECK_ST(oi_ticket_arena_wait(t, 0, 0), OI_ERR_TIMEOUT);
   usleep(100000);
-  CHECK(k.ticket_calls == 1 && k.ticket_st == OI_ERR_TIMEOUT);
+  CHECK(got(&k).ticket_calls == 1 && got(&k).ticket_st == OI_ERR_TIMEOUT);
   oi_ticket_release(t);
   completions_init(&k);
   late = fs_late_sent(fs);
@@ -460,7 +470,7 @@ static void test_async_deadlines(void) {
   for (int i = 0; i < 300 && fs_late_sent(fs) == late; i++)
     usleep(10000);
   usleep(100000);
-  CHECK(oi_ticket_poll(t) == OI_ERR_TIMEOUT && k.ticket_calls == 1);
+  CHECK(oi_ticket_poll(t) == OI_ERR_TIMEOUT && got(&k).ticket_calls == 1);
   oi_ticket_release(t);
   check_usable(&c, 1);
 
@@ -474,7 +484,7 @@ static void test_async_deadlines(void) {
   CHECK_ELAPSED(t0, CONTROL_MS - 20, CONTROL_MS + SLACK_MS);
   CHECK(res.accepted == UINT64_MAX && res.deduplicated == UINT64_MAX && res.dropped == UINT64_MAX);
   CHECK_ST(ticket_end(t, ASYNC_MS + 5000), OI_ERR_TIMEOUT);
-  CHECK(k.done_calls == 1 && k.done_st == OI_ERR_TIMEOUT);
+  CHECK(got(&k).done_calls == 1 && got(&k).done_st == OI_ERR_TIMEOUT);
   oi_ticket_release(t);
   /* Counts, but never the Result: the counts are reported, the ticket
    * times out. */
@@ -487,7 +497,7 @@ static void test_async_deadlines(void) {
   CHECK_ELAPSED(t0, 0, CONTROL_MS);
   CHECK(res.accepted == 4 && res.deduplicated == 0 && res.dropped == 0);
   CHECK_ST(ticket_end(t, ASYNC_MS + 5000), OI_ERR_TIMEOUT);
-  CHECK(k.done_calls == 1 && k.done_st == OI_ERR_TIMEOUT);
+  CHECK(got(&k).done_calls == 1 && got(&k).done_st == OI_ERR_TIMEOUT);
   oi_ticket_release(t);
 
   check_usable(&c, 4);
@@ -533,10 +543,8 @@ static void test_async_error_replies(void) {
     }
     CHECK_ELAPSED(t0, 0, ASYNC_MS); /* the reply ended it, not the deadline */
     usleep(50000);
-    pthread_mutex_lock(&k.lock);
-    CHECK(k.ticket_calls == 1 && k.ticket_st == cases[i].want);
-    CHECK(!save || (k.done_calls == 1 && k.done_st == cases[i].want));
-    pthread_mutex_unlock(&k.lock);
+    CHECK(got(&k).ticket_calls == 1 && got(&k).ticket_st == cases[i].want);
+    CHECK(!save || (got(&k).done_calls == 1 && got(&k).done_st == cases[i].want));
     oi_ticket_release(t);
   }
   /* A layerwise save to a server without the capability never leaves. */
@@ -688,19 +696,66 @@ static void fatal_to_pipe(void *ctx, const char *reason) {
   _exit(0);
 }
 
-/* Server-allocated memory: a server that ends the session under a live
- * engine takes the arena with it: the fatal handler runs, with the reason. */
-static void test_closed_under_server_allocated_engine(void) {
-  fs = fs_start();
-  int p[2];
-  REQUIRE(pipe(p) == 0);
+static int child_go = -1;
+
+/* Forks a client child before the fake server starts (a child of a
+ * process with threads must not start threads under TSan), then starts
+ * the fake server; go_child() hands the child its socket path (after the
+ * test scripted the fake). The child's fatal handler writes its reason to
+ * *reason_fd. */
+static pid_t fork_client(int *reason_fd) {
+  int go[2], p[2];
+  REQUIRE(pipe(go) == 0 && pipe(p) == 0);
   pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
+    close(go[1]);
     close(p[0]);
     fatal_pipe = p[1];
-    oi_set_log_level(OI_LOG_OFF);
+    size_t n = 0;
+    for (;;) {
+      ssize_t k = read(go[0], child_socket + n, sizeof child_socket - 1 - n);
+      if (k <= 0) break;
+      n += (size_t)k;
+    }
+    close(go[0]);
+    if (n == 0) _exit(9);
     oi_set_fatal_handler(fatal_to_pipe, NULL);
+    return 0;
+  }
+  close(go[0]);
+  close(p[1]);
+  fs = fs_start();
+  child_go = go[1];
+  *reason_fd = p[0];
+  return child;
+}
+
+static void go_child(void) {
+  const char *path = fs_socket(fs);
+  REQUIRE(write(child_go, path, strlen(path)) == (ssize_t)strlen(path));
+  close(child_go);
+  child_go = -1;
+}
+
+/* Reads what the child's fatal handler wrote (until the child exits). */
+static void read_reason(int fd, char *reason, size_t cap) {
+  size_t n = 0;
+  memset(reason, 0, cap);
+  for (;;) {
+    ssize_t k = read(fd, reason + n, cap - 1 - n);
+    if (k <= 0) break;
+    n += (size_t)k;
+  }
+  close(fd);
+}
+
+/* Server-allocated memory: a server that ends the session under a live
+ * engine takes the arena with it: the fatal handler runs, with the reason. */
+static void test_closed_under_server_allocated_engine(void) {
+  int rfd;
+  pid_t child = fork_client(&rfd);
+  if (child == 0) {
     client c;
     if (client_connect(&c, false) != OI_OK) _exit(2);
     oi_query_result r;
@@ -708,19 +763,13 @@ static void test_closed_under_server_allocated_engine(void) {
     sleep(20); /* the watchdog fires long before */
     _exit(4);
   }
-  close(p[1]);
+  go_child();
   CHECK(fs_wait_seen(fs, oiwire_Envelope_query_tag, 1, 10000));
   usleep(50000);
   uint64_t t0 = oi__now_ns();
   fs_close_all(fs, OI_ERR_INTERNAL, "the fake server stops for the test");
-  char reason[1024] = {0};
-  size_t n = 0;
-  for (;;) {
-    ssize_t k = read(p[0], reason + n, sizeof reason - 1 - n);
-    if (k <= 0) break;
-    n += (size_t)k;
-  }
-  close(p[0]);
+  char reason[1024];
+  read_reason(rfd, reason, sizeof reason);
   int status = 0;
   waitpid(child, &status, 0);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -757,8 +806,9 @@ static void test_closed_under_owned_engine(void) {
   CHECK_ST(ticket_end(tl, 5000), OI_ERR_CLOSED);
   CHECK_ELAPSED(t0, 0, ASYNC_MS); /* not the deadline: the end of the connection */
   usleep(50000);
-  CHECK(ks.ticket_calls == 1 && ks.done_calls == 1 && ks.done_st == OI_ERR_CLOSED);
-  CHECK(kl.ticket_calls == 1 && kl.ticket_st == OI_ERR_CLOSED);
+  CHECK(got(&ks).ticket_calls == 1 && got(&ks).done_calls == 1 &&
+        got(&ks).done_st == OI_ERR_CLOSED);
+  CHECK(got(&kl).ticket_calls == 1 && got(&kl).ticket_st == OI_ERR_CLOSED);
   oi_ticket_release(ts_);
   oi_ticket_release(tl);
 
@@ -1016,18 +1066,11 @@ static void test_load_progress(void) {
  * engine went live first) the fatal handler runs; it never hangs and never
  * returns an engine whose server is gone. In a child, for the fatal case. */
 static void test_closed_after_register(void) {
-  fs = fs_start();
   for (int round = 0; round < 3; round++) {
-    fs_script(fs, oiwire_Envelope_register_instance_tag, (fs_step){.close_after = true});
-    int p[2];
-    REQUIRE(pipe(p) == 0);
+    int rfd;
     uint64_t t0 = oi__now_ns();
-    pid_t child = fork();
-    REQUIRE(child >= 0);
+    pid_t child = fork_client(&rfd);
     if (child == 0) {
-      close(p[0]);
-      fatal_pipe = p[1];
-      oi_set_fatal_handler(fatal_to_pipe, NULL);
       client c;
       oi_status st = client_connect(&c, false);
       if (st == OI_ERR_CLOSED &&
@@ -1037,20 +1080,20 @@ static void test_closed_after_register(void) {
       fprintf(stderr, "connect: %s: %s\n", oi_status_str(st), oi_last_error());
       _exit(11);
     }
-    close(p[1]);
-    char reason[1024] = {0};
-    ssize_t k = read(p[0], reason, sizeof reason - 1);
-    close(p[0]);
+    fs_script(fs, oiwire_Envelope_register_instance_tag, (fs_step){.close_after = true});
+    go_child();
+    char reason[1024];
+    read_reason(rfd, reason, sizeof reason);
     int status = 0;
     waitpid(child, &status, 0);
     CHECK(WIFEXITED(status));
     bool refused = WEXITSTATUS(status) == 10;
-    bool fatal = WEXITSTATUS(status) == 0 && k > 0 && strstr(reason, "died while this process");
+    bool fatal = WEXITSTATUS(status) == 0 && strstr(reason, "died while this process");
     CHECK(refused || fatal);
     CHECK_ELAPSED(t0, 0, SLACK_MS + 1000);
     CHECK(fs_wait_no_connections(fs, 3000));
+    fs_stop(fs);
   }
-  fs_stop(fs);
 }
 
 int main(int argc, char **argv) {

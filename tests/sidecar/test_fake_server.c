@@ -547,6 +547,32 @@ static void test_async_error_replies(void) {
     CHECK(!save || (got(&k).done_calls == 1 && got(&k).done_st == cases[i].want));
     oi_ticket_release(t);
   }
+  /* A save waiting for its counts whose Result (an error) comes first: save
+   * returns at once with the counts unknown, not at the control deadline. */
+  completions_init(&k);
+  fs_script(fs, oiwire_Envelope_save_tag,
+            (fs_step){.action = FS_RESULT,
+                      .status = OI_ERR_OUT_OF_MEMORY,
+                      .message = "save: no host memory"});
+  oi_save_result res = {.struct_size = sizeof res};
+  uint64_t t0 = oi__now_ns();
+  CHECK_OK(save_n(&c, 3, &k, &res, &t));
+  CHECK_ELAPSED(t0, 0, CONTROL_MS - 50);
+  CHECK(res.accepted == UINT64_MAX && res.dropped == UINT64_MAX);
+  CHECK_ST(ticket_end(t, 5000), OI_ERR_OUT_OF_MEMORY);
+  usleep(50000);
+  CHECK(got(&k).done_calls == 1 && got(&k).done_st == OI_ERR_OUT_OF_MEMORY);
+  oi_ticket_release(t);
+  /* A stats call answered with an error. */
+  oi_engine_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  fs_script(fs, oiwire_Envelope_stats_tag,
+            (fs_step){.action = FS_RESULT,
+                      .status = OI_ERR_NOT_FOUND,
+                      .message = "stats: no instance 1 in this session"});
+  CHECK_ST(oi_offload_engine_stats(c.e, &s), OI_ERR_NOT_FOUND);
+  CHECK_ERR("stats: no instance 1 in this session");
   /* A layerwise save to a server without the capability never leaves. */
   client_close(&c);
   fs_set_caps(fs, OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP);

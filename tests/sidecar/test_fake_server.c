@@ -711,6 +711,25 @@ static void test_control_replies(void) {
   fs_stop(fs);
 }
 
+/* Destroy against a server that answers neither the flush nor the
+ * unregister: it waits each one's deadline (flush: the save deadline plus
+ * the control deadline) and no longer, then closes the connection. */
+static void test_destroy_unanswered(void) {
+  fs = fs_start();
+  client c;
+  REQUIRE(client_connect(&c, false) == OI_OK);
+  fs_script(fs, oiwire_Envelope_flush_tag, (fs_step){.action = FS_SILENT});
+  fs_script(fs, oiwire_Envelope_unregister_tag, (fs_step){.action = FS_SILENT});
+  uint64_t t0 = oi__now_ns();
+  client_close(&c);
+  CHECK_ELAPSED(t0, ASYNC_MS + 2 * CONTROL_MS - 20, ASYNC_MS + 2 * CONTROL_MS + SLACK_MS);
+  CHECK(fs_seen(fs, oiwire_Envelope_flush_tag) == 1);
+  CHECK(fs_seen(fs, oiwire_Envelope_unregister_tag) == 1);
+  CHECK(fs_wait_no_connections(fs, 3000));
+  CHECK(fs_client_closes(fs) == 1);
+  fs_stop(fs);
+}
+
 /* ---- the connection ends ----------------------------------------------------------------- */
 
 static int fatal_pipe = -1;
@@ -1133,6 +1152,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_async_deadlines);
   RUN_TEST(test_async_error_replies);
   RUN_TEST(test_control_replies);
+  RUN_TEST(test_destroy_unanswered);
   RUN_TEST(test_closed_under_server_allocated_engine);
   RUN_TEST(test_closed_under_owned_engine);
   RUN_TEST(test_reconnect_replies);

@@ -301,6 +301,15 @@ static void test_hello_replies(void) {
                       .message = "hello: peers of uid 4242 are not served here"});
   expect_connect_fails(false, OI_ERR_PERMISSION, "peers of uid 4242 are not served here", 0,
                        SLACK_MS);
+  /* A Result OI_ERR_CLOSED while the server keeps the session open: the
+   * connect fails with it at once (it waited for an end of stream that
+   * never came). */
+  fs_script(fs, oiwire_Envelope_hello_tag,
+            (fs_step){.action = FS_RESULT,
+                      .status = OI_ERR_CLOSED,
+                      .message = "hello: this server is shutting down"});
+  expect_connect_fails(false, OI_ERR_CLOSED, "hello: this server is shutting down", 0,
+                       CONTROL_MS + SLACK_MS);
   /* A Result OI_PENDING is no final answer. */
   fs_script(fs, oiwire_Envelope_hello_tag,
             (fs_step){.action = FS_RESULT, .status = OI_PENDING, .message = "later"});
@@ -373,6 +382,12 @@ static void test_register_replies(void) {
                       .message = "register: arena 1 overlaps arena 0"});
   expect_connect_fails(false, OI_ERR_INVALID_ARGUMENT, "register: arena 1 overlaps arena 0", 0,
                        SLACK_MS);
+  fs_script(fs, oiwire_Envelope_register_instance_tag,
+            (fs_step){.action = FS_RESULT,
+                      .status = OI_ERR_CLOSED,
+                      .message = "register: the server is shutting down"});
+  expect_connect_fails(false, OI_ERR_CLOSED, "register: the server is shutting down", 0,
+                       CONTROL_MS + SLACK_MS);
   /* Instance 0: nothing was registered, so nothing is unregistered. */
   fs_script(fs, oiwire_Envelope_register_instance_tag, (fs_step){.edit = register_instance_0});
   expect_connect_fails(false, OI_ERR_PROTOCOL, "register reply has instance 0 and a 64-byte handle",

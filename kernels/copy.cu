@@ -70,6 +70,74 @@ __global__ static void batch_copy_kernel(const oi_kcopy_entry *__restrict__ entr
   }
 }
 
+// Small pieces: one warp per entry, so a CTA of OI_KCOPY_THREADS threads has
+// OI_KCOPY_THREADS / 32 entries in flight instead of one, and no barrier
+// between entries. Each lane issues up to UNROLL loads before its stores.
+// Lanes 0-2 read the next entry's three words while the warp copies.
+template <typename W, int UNROLL>
+__device__ static inline void warp_copy_words(const uint8_t *__restrict__ src,
+                                              uint8_t *__restrict__ dst, uint64_t bytes,
+                                              unsigned lane) {
+  uint64_t head = (sizeof(W) - ((uintptr_t)dst & (sizeof(W) - 1))) & (sizeof(W) - 1);
+  if (head > bytes) head = bytes;
+  if (lane < head) dst[lane] = src[lane];
+  src += head;
+  dst += head;
+  bytes -= head;
+  const W *s = reinterpret_cast<const W *>(src);
+  W *d = reinterpret_cast<W *>(dst);
+  uint64_t words = bytes / sizeof(W);
+  for (uint64_t i = lane; i < words; i += 32 * UNROLL) {
+    W v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++)
+      if (i + 32u * u < words) v[u] = s[i + 32u * u];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++)
+      if (i + 32u * u < words) d[i + 32u * u] = v[u];
+  }
+  for (uint64_t k = words * sizeof(W) + lane; k < bytes; k += 32)
+    dst[k] = src[k];
+}
+
+__global__ static void warp_copy_kernel(const oi_kcopy_entry *__restrict__ entries, uint32_t n) {
+  const unsigned lane = threadIdx.x & 31u;
+  const uint32_t per_cta = blockDim.x / 32u;
+  const uint32_t stride = gridDim.x * per_cta;
+  uint32_t e = blockIdx.x * per_cta + threadIdx.x / 32u;
+  const uint64_t *words = reinterpret_cast<const uint64_t *>(entries);
+  unsigned long long f = 0;
+  if (e < n && lane < 3) f = words[(uint64_t)e * 3 + lane];
+  for (; e < n; e += stride) {
+    const uint64_t src = __shfl_sync(0xffffffffu, f, 0);
+    const uint64_t dst = __shfl_sync(0xffffffffu, f, 1);
+    const uint64_t bytes = __shfl_sync(0xffffffffu, f, 2);
+    const uint32_t next = e + stride;
+    if (next < n && lane < 3) f = words[(uint64_t)next * 3 + lane];
+    const uint8_t *s = reinterpret_cast<const uint8_t *>(src);
+    uint8_t *d = reinterpret_cast<uint8_t *>(dst);
+    const uintptr_t mis = (uintptr_t)s ^ (uintptr_t)d;
+    if ((mis & 15) == 0)
+      warp_copy_words<int4, 8>(s, d, bytes, lane);
+    else if ((mis & 7) == 0)
+      warp_copy_words<uint2, 8>(s, d, bytes, lane);
+    else if ((mis & 3) == 0)
+      warp_copy_words<uint32_t, 8>(s, d, bytes, lane);
+    else
+      warp_copy_words<uint8_t, 8>(s, d, bytes, lane);
+  }
+}
+
+extern "C" int oi_kernel_batch_copy_warps(const oi_kcopy_entry *entries, uint32_t n, uint32_t ctas,
+                                          void *stream) {
+  if (n == 0) return (int)cudaSuccess;
+  const uint32_t per_cta = OI_KCOPY_THREADS / 32;
+  if (ctas == 0) ctas = 1;
+  if (ctas > (n + per_cta - 1) / per_cta) ctas = (n + per_cta - 1) / per_cta;
+  warp_copy_kernel<<<ctas, OI_KCOPY_THREADS, 0, (cudaStream_t)stream>>>(entries, n);
+  return (int)cudaGetLastError();
+}
+
 extern "C" int oi_kernel_batch_copy(const oi_kcopy_entry *entries, uint32_t n, uint32_t ctas,
                                     void *stream) {
   if (n == 0) return (int)cudaSuccess;

@@ -27,6 +27,16 @@ typedef struct oi_kcopy_entry {
  * memory or in mapped pinned host memory (it is read one entry ahead). */
 int oi_kernel_batch_copy(const oi_kcopy_entry *entries, uint32_t n, uint32_t ctas, void *stream);
 
+/* Pieces averaging less than this go one warp per entry (entries of at most
+ * OI_KCOPY_WARP_CHUNK bytes): a CTA then has OI_KCOPY_THREADS / 32 pieces in
+ * flight, where the CTA-wide copy has one. */
+#define OI_KCOPY_WARP_BELOW (64u << 10)
+#define OI_KCOPY_WARP_CHUNK (32u << 10)
+
+/* As oi_kernel_batch_copy, one warp per entry. */
+int oi_kernel_batch_copy_warps(const oi_kcopy_entry *entries, uint32_t n, uint32_t ctas,
+                               void *stream);
+
 #ifdef __cplusplus
 }
 #endif

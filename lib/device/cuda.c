@@ -478,21 +478,29 @@ static table_buf *take_table(oi_stream *s, size_t entries) {
  * PCIe one entry ahead (no table copy, so consecutive batches do not
  * serialize on it), and an event after the kernel marks the table reusable. */
 static oi_status copy_by_kernel(oi_stream *s, const oi_copy_desc *descs, size_t n, uint32_t ctas) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++)
+    total += descs[i].bytes;
+  /* Small pieces: one warp each (many in flight per CTA); large ones: the
+   * CTA-wide copy over chunks that share the work evenly. */
+  bool warps = total / n < OI_KCOPY_WARP_BELOW;
+  uint64_t chunk = warps ? OI_KCOPY_WARP_CHUNK : OI_KCOPY_CHUNK;
   size_t entries = 0;
   for (size_t i = 0; i < n; i++)
-    entries += (descs[i].bytes + OI_KCOPY_CHUNK - 1) / OI_KCOPY_CHUNK;
+    entries += (descs[i].bytes + chunk - 1) / chunk;
   if (entries == 0) return OI_OK;
   if (entries > UINT32_MAX) return oi__fail(OI_ERR_INVALID_ARGUMENT, "copy: batch too large");
   table_buf *t = take_table(s, entries);
   if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy: no pinned memory for a descriptor table");
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
-    for (uint64_t off = 0; off < descs[i].bytes; off += OI_KCOPY_CHUNK) {
-      uint64_t len = descs[i].bytes - off < OI_KCOPY_CHUNK ? descs[i].bytes - off : OI_KCOPY_CHUNK;
+    for (uint64_t off = 0; off < descs[i].bytes; off += chunk) {
+      uint64_t len = descs[i].bytes - off < chunk ? descs[i].bytes - off : chunk;
       t->host[k++] = (oi_kcopy_entry){descs[i].src + off, descs[i].dst + off, len};
     }
   cudaError_t err =
-      (cudaError_t)oi_kernel_batch_copy(t->device, (uint32_t)entries, ctas, s->stream);
+      warps ? (cudaError_t)oi_kernel_batch_copy_warps(t->device, (uint32_t)entries, ctas, s->stream)
+            : (cudaError_t)oi_kernel_batch_copy(t->device, (uint32_t)entries, ctas, s->stream);
   if (err == cudaSuccess) err = cudaEventRecord(t->done, s->stream);
   if (err != cudaSuccess) {
     cudaStreamSynchronize(s->stream); /* nothing may still read the table */

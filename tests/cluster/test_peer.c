@@ -18,6 +18,7 @@
 
 #include "cluster/peer.h"
 #include "cluster/sha256.h"
+#include "cluster/ucx.h"
 #include "core/core.h"
 #include "testutil.h"
 
@@ -665,8 +666,51 @@ static void test_destroy_in_flight(void) {
   reap_child(pid);
 }
 
+/* ---- UCX loaded at run time (lib/cluster/ucx.h) ---- */
+
+/* Whether the process has `name` mapped (/proc/self/maps). */
+static bool mapped(const char *name) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  REQUIRE(f);
+  char line[4096];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f))
+    found = strstr(line, name) != NULL;
+  fclose(f);
+  return found;
+}
+
+static void test_ucx_loading(void) {
+  /* Nothing loads UCX before the first net: the library does not link it. */
+  CHECK(!mapped("libucp.so"));
+  CHECK(!mapped("libucs.so"));
+  /* A library that is not there: OI_ERR_UNSUPPORTED, the name and dlerror(). */
+  oi_ucx_api api;
+  CHECK_ST(oi__ucx_open("libucp-absent.so.0", NULL, &api), OI_ERR_UNSUPPORTED);
+  CHECK(strstr(oi_last_error(), "libucp-absent.so.0") != NULL);
+  CHECK(strstr(oi_last_error(), "cannot open shared object file") != NULL);
+  CHECK(api.ucp_init_version == NULL);
+  /* One that loads but lacks the functions (libucs has no ucp_*). */
+  CHECK_ST(oi__ucx_open("libucs.so.0", NULL, &api), OI_ERR_UNSUPPORTED);
+  CHECK(strstr(oi_last_error(), "lacks ucp_") != NULL);
+  CHECK(api.ucs_status_string == NULL);
+  CHECK(!mapped("libucp.so"));
+  /* The real one: every function resolved. */
+  CHECK_ST(oi__ucx_open(OI_UCX_LIBRARY, OI_UCS_LIBRARY, &api), OI_OK);
+  void *const *fns = (void *const *)&api;
+  for (size_t i = 0; i < sizeof(api) / sizeof(void *); i++)
+    CHECK(fns[i] != NULL);
+  CHECK(strcmp(api.ucs_status_string(UCS_ERR_NO_MEMORY), "Out of memory") == 0);
+  CHECK(mapped("libucp.so"));
+  /* And a net works through the table oi__ucx_load fills. */
+  oi_peer_net *n = make_net("loader", SECRET, 2000);
+  CHECK(oi__ucx.ucp_worker_progress != NULL);
+  oi__peer_net_destroy(n);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
+  RUN_TEST(test_ucx_loading);
   RUN_TEST(test_sha256_vectors);
   RUN_TEST(test_options_refused);
   RUN_TEST(test_connect_call);

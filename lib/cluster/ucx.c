@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 oi_ucx_api oi__ucx;
@@ -10,8 +11,37 @@ oi_ucx_api oi__ucx;
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool loaded;
 
+#if defined(__SANITIZE_THREAD__)
+#define OI_UCX_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define OI_UCX_TSAN 1
+#endif
+#endif
+
+/* A ThreadSanitizer build: UCX 1.13 installs its memory hooks from
+ * libucs's constructor, as its environment says (UCX_MEM_EVENTS, read
+ * there and nowhere else), by patching the code of libc's mmap, munmap and
+ * madvise. glibc calls madvise on a thread's stack as the thread ends, after
+ * TSan has dropped the thread's state, and the hook's lock then crashes the
+ * process in TSan's interceptor. In such a build the loader turns the events
+ * off for the UCX it loads, unless the environment already says something
+ * or UCX is loaded already (docs/cluster.md, "Loading UCX"). Normal builds
+ * leave UCX's configuration alone. */
+static void tsan_quiet_ucx(void) {
+#ifdef OI_UCX_TSAN
+  void *already = dlopen(OI_UCS_LIBRARY, RTLD_NOW | RTLD_NOLOAD);
+  if (already) {
+    dlclose(already);
+    return;
+  }
+  setenv("UCX_MEM_EVENTS", "no", 0);
+#endif
+}
+
 oi_status oi__ucx_open(const char *ucp_soname, const char *ucs_soname, oi_ucx_api *api) {
   memset(api, 0, sizeof(*api));
+  tsan_quiet_ucx();
   dlerror();
   /* RTLD_LOCAL: UCX's symbols stay out of the global namespace, so nothing
    * else in the process binds to them by accident. Never dlclose'd (UCX

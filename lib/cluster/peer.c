@@ -328,18 +328,15 @@ static void wake(oi_peer_net *net) {
   OI_UNUSED(w); /* EAGAIN: the counter is already non-zero */
 }
 
-/* Queues `o` and waits until the thread is done with it; then the result is
- * the caller's (the caller still drops its reference). */
-static oi_status submit(oi_peer_net *net, op *o) {
+/* Queues `o` for the thread (false: the net is stopping, nothing queued);
+ * `waiter`: the caller will wait for it (counted, destroy waits for them). */
+static bool enqueue_ex(oi_peer_net *net, op *o, bool waiter) {
   pthread_mutex_lock(&net->lock);
   if (net->stopping) {
     pthread_mutex_unlock(&net->lock);
-    op_unref(o); /* the thread's reference, never taken */
-    o->st = OI_ERR_CLOSED;
-    snprintf(o->err, sizeof(o->err), "peer: the net is shutting down");
-    return OI_ERR_CLOSED;
+    return false;
   }
-  net->waiters++;
+  if (waiter) net->waiters++;
   o->next = NULL;
   if (net->queue_tail)
     net->queue_tail->next = o;
@@ -348,6 +345,20 @@ static oi_status submit(oi_peer_net *net, op *o) {
   net->queue_tail = o;
   pthread_mutex_unlock(&net->lock);
   wake(net);
+  return true;
+}
+
+static bool enqueue(oi_peer_net *net, op *o) { return enqueue_ex(net, o, false); }
+
+/* Queues `o` and waits until the thread is done with it; then the result is
+ * the caller's (the caller still drops its reference). */
+static oi_status submit(oi_peer_net *net, op *o) {
+  if (!enqueue_ex(net, o, true)) {
+    op_unref(o); /* the thread's reference, never taken */
+    o->st = OI_ERR_CLOSED;
+    snprintf(o->err, sizeof(o->err), "peer: the net is shutting down");
+    return OI_ERR_CLOSED;
+  }
   pthread_mutex_lock(&net->lock);
   while (!o->done)
     pthread_cond_wait(&net->cond, &net->lock);
@@ -1626,6 +1637,42 @@ void oi__peer_close(oi_peer *peer) {
 const char *oi__peer_node_id(const oi_peer *peer) { return peer->id; }
 uint64_t oi__peer_region_len(const oi_peer *peer) { return peer->rlen; }
 
+/* A call's op: the request framed for the holder. */
+static op *call_new(oi_peer *peer, const void *req, size_t len, uint32_t timeout_ms) {
+  op *o = op_new(OP_CALL);
+  if (!o) return NULL;
+  o->msg_len = REQ_FIXED + len;
+  o->msg = oi__malloc(o->msg_len);
+  if (!o->msg) {
+    oi__free(o);
+    return NULL;
+  }
+  if (len) memcpy(o->msg + REQ_FIXED, req, len);
+  o->peer = peer;
+  o->deadline = oi__deadline_ns(timeout_ms ? timeout_ms : peer->net->timeout_ms);
+  return o;
+}
+
+oi_status oi__peer_send(oi_peer *peer, const void *req, size_t len, uint32_t timeout_ms) {
+  if (!peer || (len && !req))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: send without a peer or request");
+  if (len > OI_PEER_MAX_MSG)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: a request of %zu bytes (at most %u)", len,
+                    OI_PEER_MAX_MSG);
+  oi_peer_net *net = peer->net;
+  op *o = call_new(peer, req, len, timeout_ms);
+  if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a request of %zu bytes", len);
+  if (!enqueue(net, o)) {
+    op_unref(o); /* the thread's reference, never taken */
+    op_unref(o);
+    return oi__fail(OI_ERR_CLOSED, "peer: the net is shutting down");
+  }
+  /* The caller's reference goes now: the thread ends the op (answer,
+   * failure, timeout, close or destroy) and frees it with its own. */
+  op_unref(o);
+  return OI_OK;
+}
+
 oi_status oi__peer_call(oi_peer *peer, const void *req, size_t len, void **reply, size_t *reply_len,
                         uint32_t timeout_ms) {
   if (!peer || !reply || !reply_len || (len && !req))
@@ -1636,17 +1683,8 @@ oi_status oi__peer_call(oi_peer *peer, const void *req, size_t len, void **reply
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: a request of %zu bytes (at most %u)", len,
                     OI_PEER_MAX_MSG);
   oi_peer_net *net = peer->net;
-  op *o = op_new(OP_CALL);
-  if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory");
-  o->msg_len = REQ_FIXED + len;
-  o->msg = oi__malloc(o->msg_len);
-  if (!o->msg) {
-    oi__free(o);
-    return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: a request of %zu bytes", len);
-  }
-  if (len) memcpy(o->msg + REQ_FIXED, req, len);
-  o->peer = peer;
-  o->deadline = oi__deadline_ns(timeout_ms ? timeout_ms : net->timeout_ms);
+  op *o = call_new(peer, req, len, timeout_ms);
+  if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a request of %zu bytes", len);
   oi_status st = submit(net, o);
   if (st) {
     oi__fail(st, "%s", o->err);

@@ -666,6 +666,49 @@ static void test_destroy_in_flight(void) {
   reap_child(pid);
 }
 
+/* oi__peer_send: requests not waited for arrive and are answered (the
+ * answers dropped), in order with calls; a peer closed and a net destroyed
+ * with sends in flight. */
+static void test_send(void) {
+  oi_peer_net *a = make_net("sender", SECRET, 5000), *b = make_net("receiver", SECRET, 5000);
+  char addr[64];
+  addr_of(b, addr);
+  oi_peer *p = NULL;
+  CHECK_OK(oi__peer_connect(a, addr, &p));
+  REQUIRE(p);
+  CHECK_ST(oi__peer_send(p, "x", OI_PEER_MAX_MSG + 1, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_send(NULL, "x", 1, 0), OI_ERR_INVALID_ARGUMENT);
+  for (int i = 0; i < 100; i++)
+    CHECK_OK(oi__peer_send(p, i % 2 ? "FAIL" : "ping", 4, 0));
+  /* A call after them is answered after them (one connection, in order). */
+  void *rep = NULL;
+  size_t rl = 0;
+  CHECK_OK(oi__peer_call(p, "after", 5, &rep, &rl, 0));
+  oi__free(rep);
+  oi_peer_stats sa, sb;
+  oi__peer_net_stats(b, &sb);
+  CHECK(sb.served == 101);
+  /* The sender counts them as calls, and the refused ones (FAIL) as errors
+   * as its thread ends them (their answers came before the call's). */
+  for (int i = 0; i < 500; i++) {
+    oi__peer_net_stats(a, &sa);
+    if (sa.errors >= 50) break;
+    usleep(10000);
+  }
+  CHECK(sa.calls == 101);
+  CHECK(sa.errors == 50);
+  /* Closed right after sends, then the net destroyed right after more. */
+  for (int i = 0; i < 10; i++)
+    CHECK_OK(oi__peer_send(p, "ping", 4, 0));
+  oi__peer_close(p);
+  oi_peer *q = NULL;
+  CHECK_OK(oi__peer_connect(a, addr, &q));
+  for (int i = 0; i < 10; i++)
+    CHECK_OK(oi__peer_send(q, "ping", 4, 0));
+  oi__peer_net_destroy(a);
+  oi__peer_net_destroy(b);
+}
+
 /* ---- UCX loaded at run time (lib/cluster/ucx.h) ---- */
 
 /* Whether the process has `name` mapped (/proc/self/maps). */
@@ -714,6 +757,7 @@ int main(void) {
   RUN_TEST(test_sha256_vectors);
   RUN_TEST(test_options_refused);
   RUN_TEST(test_connect_call);
+  RUN_TEST(test_send);
   RUN_TEST(test_fork_read);
   RUN_TEST(test_rma_reads);
   RUN_TEST(test_reader_killed);

@@ -1,9 +1,11 @@
 /* The peer transport (lib/cluster/peer.c) over UCX's TCP transport on
- * 127.0.0.1: SHA-256 and HMAC-SHA256 test vectors; connect and mutual
- * authentication; calls; reads from a holder process (fork) byte-exact, many
- * in flight, out-of-region reads refused; wrong secrets refused both ways;
- * junk bytes to the listener; a holder stopped or killed mid-read; a net
- * destroyed with operations in flight. */
+ * 127.0.0.1: UCX loaded at run time (nothing mapped before the first net,
+ * a missing or incomplete libucp refused with its name and dlerror());
+ * SHA-256 and HMAC-SHA256 test vectors; connect and mutual
+ * authentication; calls, and sends not waited for; reads from a holder
+ * process (fork) byte-exact, many in flight, out-of-region reads refused;
+ * wrong secrets refused both ways; junk bytes to the listener; a holder
+ * stopped or killed mid-read; a net destroyed with operations in flight. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>

@@ -26,10 +26,10 @@
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <time.h>
-#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include "cluster/sha256.h"
+#include "cluster/ucx.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the peer messages are little-endian; this build writes them natively"
@@ -328,18 +328,15 @@ static void wake(oi_peer_net *net) {
   OI_UNUSED(w); /* EAGAIN: the counter is already non-zero */
 }
 
-/* Queues `o` and waits until the thread is done with it; then the result is
- * the caller's (the caller still drops its reference). */
-static oi_status submit(oi_peer_net *net, op *o) {
+/* Queues `o` for the thread (false: the net is stopping, nothing queued);
+ * `waiter`: the caller will wait for it (counted, destroy waits for them). */
+static bool enqueue_ex(oi_peer_net *net, op *o, bool waiter) {
   pthread_mutex_lock(&net->lock);
   if (net->stopping) {
     pthread_mutex_unlock(&net->lock);
-    op_unref(o); /* the thread's reference, never taken */
-    o->st = OI_ERR_CLOSED;
-    snprintf(o->err, sizeof(o->err), "peer: the net is shutting down");
-    return OI_ERR_CLOSED;
+    return false;
   }
-  net->waiters++;
+  if (waiter) net->waiters++;
   o->next = NULL;
   if (net->queue_tail)
     net->queue_tail->next = o;
@@ -348,6 +345,20 @@ static oi_status submit(oi_peer_net *net, op *o) {
   net->queue_tail = o;
   pthread_mutex_unlock(&net->lock);
   wake(net);
+  return true;
+}
+
+static bool enqueue(oi_peer_net *net, op *o) { return enqueue_ex(net, o, false); }
+
+/* Queues `o` and waits until the thread is done with it; then the result is
+ * the caller's (the caller still drops its reference). */
+static oi_status submit(oi_peer_net *net, op *o) {
+  if (!enqueue_ex(net, o, true)) {
+    op_unref(o); /* the thread's reference, never taken */
+    o->st = OI_ERR_CLOSED;
+    snprintf(o->err, sizeof(o->err), "peer: the net is shutting down");
+    return OI_ERR_CLOSED;
+  }
   pthread_mutex_lock(&net->lock);
   while (!o->done)
     pthread_cond_wait(&net->cond, &net->lock);
@@ -405,13 +416,13 @@ static void peer_fail(oi_peer *p, oi_status st, const char *fmt, ...) {
 
 static void close_ep(oi_peer_net *net, oi_peer *p) {
   if (p->rkey) {
-    ucp_rkey_destroy(p->rkey);
+    oi__ucx.ucp_rkey_destroy(p->rkey);
     p->rkey = NULL;
   }
   if (!p->ep) return;
   ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = p->flush ? 0 : UCP_EP_CLOSE_FLAG_FORCE};
-  ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &prm);
+  ucs_status_ptr_t r = oi__ucx.ucp_ep_close_nbx(p->ep, &prm);
   p->ep = NULL;
   p->need_close = false;
   if (r == NULL || UCS_PTR_IS_ERR(r)) return;
@@ -420,19 +431,19 @@ static void close_ep(oi_peer_net *net, oi_peer *p) {
     net->closing[net->nclosing++] = r;
   } else {
     /* No room to track it: wait for it here (rare). */
-    while (ucp_request_check_status(r) == UCS_INPROGRESS)
-      ucp_worker_progress(net->worker);
-    ucp_request_free(r);
+    while (oi__ucx.ucp_request_check_status(r) == UCS_INPROGRESS)
+      oi__ucx.ucp_worker_progress(net->worker);
+    oi__ucx.ucp_request_free(r);
   }
 }
 
 static void poll_closing(oi_peer_net *net) {
   size_t j = 0;
   for (size_t i = 0; i < net->nclosing; i++) {
-    if (ucp_request_check_status(net->closing[i]) == UCS_INPROGRESS)
+    if (oi__ucx.ucp_request_check_status(net->closing[i]) == UCS_INPROGRESS)
       net->closing[j++] = net->closing[i];
     else
-      ucp_request_free(net->closing[i]);
+      oi__ucx.ucp_request_free(net->closing[i]);
   }
   net->nclosing = j;
 }
@@ -467,7 +478,7 @@ static void outmsg_free(outmsg *m) {
 static void send_cb(void *request, ucs_status_t status, void *user) {
   OI_UNUSED(status); /* a failed send shows as the ep's error */
   outmsg_free(user);
-  ucp_request_free(request);
+  oi__ucx.ucp_request_free(request);
 }
 
 static void queue_msg(oi_peer *p, unsigned id, const void *hdr, size_t hlen, void *buf, size_t len,
@@ -520,13 +531,13 @@ static void flush_outbox(oi_peer_net *net) {
         .user_data = m,
         .flags = UCP_AM_SEND_FLAG_REPLY | (m->eager ? UCP_AM_SEND_FLAG_EAGER : 0),
     };
-    ucs_status_ptr_t r =
-        ucp_am_send_nbx(p->ep, m->id, m->hlen ? m->hdr : NULL, m->hlen, m->buf, m->len, &prm);
+    ucs_status_ptr_t r = oi__ucx.ucp_am_send_nbx(p->ep, m->id, m->hlen ? m->hdr : NULL, m->hlen,
+                                                 m->buf, m->len, &prm);
     if (r == NULL) {
       outmsg_free(m);
     } else if (UCS_PTR_IS_ERR(r)) {
       outmsg_free(m);
-      peer_fail(p, OI_ERR_IO, "sending: %s", ucs_status_string(UCS_PTR_STATUS(r)));
+      peer_fail(p, OI_ERR_IO, "sending: %s", oi__ucx.ucs_status_string(UCS_PTR_STATUS(r)));
     }
   }
 }
@@ -538,7 +549,7 @@ static void err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
   oi_peer *p = peer_by_ep(arg, ep);
   if (!p) return;
   peer_fail(p, status == UCS_ERR_CANCELED ? OI_ERR_CLOSED : OI_ERR_IO, "connection lost: %s",
-            ucs_status_string(status));
+            oi__ucx.ucs_status_string(status));
 }
 
 /* The handshake's MAC: HMAC-SHA256(secret, label || client nonce || server
@@ -738,10 +749,10 @@ static void on_welcome(oi_peer *p, const uint8_t *d, size_t len) {
   uint32_t klen = w.rkey_len;
   p->rma = klen && net->rma_serve;
   if (rlen && p->rma) {
-    ucs_status_t s = ucp_ep_rkey_unpack(p->ep, w.rkey, &p->rkey);
+    ucs_status_t s = oi__ucx.ucp_ep_rkey_unpack(p->ep, w.rkey, &p->rkey);
     if (s != UCS_OK) {
       p->rkey = NULL;
-      peer_fail(p, OI_ERR_PROTOCOL, "unpacking the region key: %s", ucs_status_string(s));
+      peer_fail(p, OI_ERR_PROTOCOL, "unpacking the region key: %s", oi__ucx.ucs_status_string(s));
       return;
     }
   }
@@ -850,7 +861,7 @@ static void data_cb(void *request, ucs_status_t status, size_t length, void *use
   else if (o->ucx_err == UCS_OK)
     o->ucx_err = status;
   o->pending--;
-  ucp_request_free(request);
+  oi__ucx.ucp_request_free(request);
 }
 
 /* The bytes of one read (reader side). */
@@ -889,7 +900,7 @@ static void on_data(oi_peer *p, const uint8_t *hdr, void *data, size_t len, bool
       .cb.recv_am = data_cb,
       .user_data = o,
   };
-  ucs_status_ptr_t r = ucp_am_recv_data_nbx(net->worker, data, dst, len, &prm);
+  ucs_status_ptr_t r = oi__ucx.ucp_am_recv_data_nbx(net->worker, data, dst, len, &prm);
   if (r == NULL) {
     o->landed++;
   } else if (UCS_PTR_IS_ERR(r)) {
@@ -955,7 +966,7 @@ static void conn_cb(ucp_conn_request_h req, void *arg) {
   oi_peer_net *net = arg;
   ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
   char addr[64] = "?";
-  if (ucp_conn_request_query(req, &attr) == UCS_OK)
+  if (oi__ucx.ucp_conn_request_query(req, &attr) == UCS_OK)
     format_addr((const struct sockaddr *)&attr.client_address, addr, sizeof(addr));
   if (atomic_load_explicit(&net->stop_req, memory_order_relaxed) ||
       net->handshakes >= MAX_HANDSHAKES) {
@@ -963,13 +974,13 @@ static void conn_cb(ucp_conn_request_h req, void *arg) {
     OI_LOG(OI_LOG_WARN, "peer", "refused %s: %s", addr,
            net->handshakes >= MAX_HANDSHAKES ? "too many connections authenticating"
                                              : "shutting down");
-    ucp_listener_reject(net->listener, req);
+    oi__ucx.ucp_listener_reject(net->listener, req);
     return;
   }
   oi_peer *p = oi__calloc(1, sizeof(*p));
   if (!p) {
     STAT_ADD(net, refused, 1);
-    ucp_listener_reject(net->listener, req);
+    oi__ucx.ucp_listener_reject(net->listener, req);
     return;
   }
   p->net = net;
@@ -983,11 +994,11 @@ static void conn_cb(ucp_conn_request_h req, void *arg) {
       .err_mode = UCP_ERR_HANDLING_MODE_PEER,
       .err_handler = {.cb = err_cb, .arg = net},
   };
-  ucs_status_t s = ucp_ep_create(net->worker, &ep, &p->ep);
+  ucs_status_t s = oi__ucx.ucp_ep_create(net->worker, &ep, &p->ep);
   if (s != UCS_OK) {
     STAT_ADD(net, refused, 1);
     OI_LOG(OI_LOG_WARN, "peer", "refused %s: creating its endpoint: %s", addr,
-           ucs_status_string(s));
+           oi__ucx.ucs_status_string(s));
     oi__free(p);
     return;
   }
@@ -1020,10 +1031,10 @@ static void start_connect(oi_peer_net *net, op *o) {
       .err_mode = UCP_ERR_HANDLING_MODE_PEER,
       .err_handler = {.cb = err_cb, .arg = net},
   };
-  ucs_status_t s = ucp_ep_create(net->worker, &ep, &p->ep);
+  ucs_status_t s = oi__ucx.ucp_ep_create(net->worker, &ep, &p->ep);
   if (s != UCS_OK) {
     p->ep = NULL;
-    peer_fail(p, ucs_to_oi(s), "creating an endpoint: %s", ucs_status_string(s));
+    peer_fail(p, ucs_to_oi(s), "creating an endpoint: %s", oi__ucx.ucs_status_string(s));
     return;
   }
   send_hello(p, AM_HELLO);
@@ -1047,7 +1058,7 @@ static void get_cb(void *request, ucs_status_t status, void *user) {
   op *o = user;
   if (status != UCS_OK && o->ucx_err == UCS_OK) o->ucx_err = status;
   o->pending--;
-  ucp_request_free(request);
+  oi__ucx.ucp_request_free(request);
 }
 
 static void start_get(oi_peer_net *net, op *o) {
@@ -1097,8 +1108,8 @@ static void start_get(oi_peer_net *net, op *o) {
   for (size_t i = 0; i < o->n; i++) {
     const oi_peer_read *r = &o->reads[i];
     if (!r->len) continue;
-    ucs_status_ptr_t q =
-        ucp_get_nbx(p->ep, r->local_dst, r->len, p->rbase + r->remote_offset, p->rkey, &prm);
+    ucs_status_ptr_t q = oi__ucx.ucp_get_nbx(p->ep, r->local_dst, r->len,
+                                             p->rbase + r->remote_offset, p->rkey, &prm);
     if (q == NULL) continue;
     if (UCS_PTR_IS_ERR(q)) {
       if (o->ucx_err == UCS_OK) o->ucx_err = UCS_PTR_STATUS(q);
@@ -1146,18 +1157,19 @@ static void run_op(oi_peer_net *net, op *o) {
                                                UCP_MEM_MAP_PARAM_FIELD_LENGTH,
                                  .address = o->base,
                                  .length = o->len};
-      ucs_status_t s = ucp_mem_map(net->ctx, &mp, &net->memh);
-      if (s == UCS_OK) s = ucp_rkey_pack(net->ctx, net->memh, &net->rkey_buf, &net->rkey_len);
+      ucs_status_t s = oi__ucx.ucp_mem_map(net->ctx, &mp, &net->memh);
+      if (s == UCS_OK)
+        s = oi__ucx.ucp_rkey_pack(net->ctx, net->memh, &net->rkey_buf, &net->rkey_len);
       if (s == UCS_OK && net->rkey_len > MAX_RKEY) s = UCS_ERR_EXCEEDS_LIMIT;
       if (s != UCS_OK) {
-        if (net->rkey_buf) ucp_rkey_buffer_release(net->rkey_buf);
-        if (net->memh) ucp_mem_unmap(net->ctx, net->memh);
+        if (net->rkey_buf) oi__ucx.ucp_rkey_buffer_release(net->rkey_buf);
+        if (net->memh) oi__ucx.ucp_mem_unmap(net->ctx, net->memh);
         net->rkey_buf = NULL;
         net->rkey_len = 0;
         net->memh = NULL;
         o->st = ucs_to_oi(s);
         snprintf(o->err, sizeof(o->err), "peer: registering %zu bytes: %s", o->len,
-                 ucs_status_string(s));
+                 oi__ucx.ucs_status_string(s));
       } else {
         net->base = (uint64_t)(uintptr_t)o->base;
         net->len = o->len;
@@ -1196,7 +1208,7 @@ static int scan(oi_peer_net *net) {
         op_ready(o, o->fail_st, NULL);
       } else if (o->ucx_err != UCS_OK) {
         op_ready(o, ucs_to_oi(o->ucx_err), "peer %s: read failed: %s", peer_name(o->peer),
-                 ucs_status_string(o->ucx_err));
+                 oi__ucx.ucs_status_string(o->ucx_err));
       } else {
         STAT_ADD(net, bytes_read, o->bytes);
         op_ready(o, OI_OK, NULL);
@@ -1240,7 +1252,7 @@ static op *take_queue(oi_peer_net *net) {
 
 static void shutdown_all(oi_peer_net *net) {
   if (net->listener) {
-    ucp_listener_destroy(net->listener);
+    oi__ucx.ucp_listener_destroy(net->listener);
     net->listener = NULL;
   }
   for (op *q = take_queue(net); q;) {
@@ -1260,7 +1272,7 @@ static void shutdown_all(oi_peer_net *net) {
   }
   uint64_t end = oi__deadline_ns(SHUTDOWN_MS);
   for (;;) {
-    while (ucp_worker_progress(net->worker)) {
+    while (oi__ucx.ucp_worker_progress(net->worker)) {
     }
     flush_outbox(net);
     for (op *o = net->active; o; o = o->anext)
@@ -1290,17 +1302,17 @@ static void *progress_main(void *arg) {
     /* Bounded: a worker that keeps reporting progress (retries toward a
      * dead peer) must not keep the deadlines from being enforced. */
     bool busy = false;
-    for (int i = 0; i < 64 && (busy = ucp_worker_progress(net->worker) != 0); i++) {
+    for (int i = 0; i < 64 && (busy = oi__ucx.ucp_worker_progress(net->worker) != 0); i++) {
     }
     flush_outbox(net);
     int wait_ms = scan(net);
     reap(net);
     if (net->nclosing && wait_ms > 1) wait_ms = 1;
     if (busy) continue;
-    ucs_status_t s = ucp_worker_arm(net->worker);
+    ucs_status_t s = oi__ucx.ucp_worker_arm(net->worker);
     if (s == UCS_ERR_BUSY) continue;
     if (s != UCS_OK) {
-      OI_LOG(OI_LOG_ERROR, "peer", "arming the worker: %s", ucs_status_string(s));
+      OI_LOG(OI_LOG_ERROR, "peer", "arming the worker: %s", oi__ucx.ucs_status_string(s));
       wait_ms = OI_MIN(wait_ms, 1);
     }
     int n = epoll_wait(net->epfd, evs, OI_ARRAY_LEN(evs), wait_ms);
@@ -1338,11 +1350,11 @@ oi_status oi__peer_reply_set(oi_peer_reply *r, const void *data, size_t len) {
 void oi__peer_reply_status(oi_peer_reply *r, oi_status st) { r->status = st; }
 
 static void net_free(oi_peer_net *net) {
-  if (net->listener) ucp_listener_destroy(net->listener);
-  if (net->rkey_buf) ucp_rkey_buffer_release(net->rkey_buf);
-  if (net->memh) ucp_mem_unmap(net->ctx, net->memh);
-  if (net->worker) ucp_worker_destroy(net->worker);
-  if (net->ctx) ucp_cleanup(net->ctx);
+  if (net->listener) oi__ucx.ucp_listener_destroy(net->listener);
+  if (net->rkey_buf) oi__ucx.ucp_rkey_buffer_release(net->rkey_buf);
+  if (net->memh) oi__ucx.ucp_mem_unmap(net->ctx, net->memh);
+  if (net->worker) oi__ucx.ucp_worker_destroy(net->worker);
+  if (net->ctx) oi__ucx.ucp_cleanup(net->ctx);
   if (net->epfd >= 0) close(net->epfd);
   if (net->wakefd >= 0) close(net->wakefd);
   while (net->peers) {
@@ -1387,6 +1399,9 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
     oi_status st = parse_addr(opts->listen_addr, &sin);
     if (st) return st;
   }
+  /* UCX is loaded here, by the first net (see ucx.h). */
+  oi_status lst = oi__ucx_load();
+  if (lst) return lst;
   oi_peer_net *net = oi__calloc(1, sizeof(*net));
   if (!net) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a net");
   net->efd = net->wakefd = net->epfd = -1;
@@ -1421,9 +1436,10 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
   memcpy(net->secret, opts->secret, opts->secret_len);
 
   ucp_config_t *cfg;
-  ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
+  ucs_status_t s = oi__ucx.ucp_config_read(NULL, NULL, &cfg);
   if (s != UCS_OK) {
-    st = oi__fail(OI_ERR_IO, "peer: reading the UCX configuration: %s", ucs_status_string(s));
+    st = oi__fail(OI_ERR_IO, "peer: reading the UCX configuration: %s",
+                  oi__ucx.ucs_status_string(s));
     goto fail;
   }
   /* UCX's TCP transport writes a peer's put straight to the address the
@@ -1432,9 +1448,11 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
    * active messages, about half the throughput on loopback.
    * OI_PEER_TCP_PUT=1 keeps it on (a trusted network; docs/cluster.md, "Peer transport"). */
   const char *tcp_put = getenv("OI_PEER_TCP_PUT");
-  s = tcp_put && strcmp(tcp_put, "1") == 0 ? UCS_OK : ucp_config_modify(cfg, "PUT_ENABLE", "n");
+  s = tcp_put && strcmp(tcp_put, "1") == 0 ? UCS_OK
+                                           : oi__ucx.ucp_config_modify(cfg, "PUT_ENABLE", "n");
   if (s != UCS_OK)
-    OI_LOG(OI_LOG_WARN, "peer", "turning UCX_TCP_PUT_ENABLE off failed: %s", ucs_status_string(s));
+    OI_LOG(OI_LOG_WARN, "peer", "turning UCX_TCP_PUT_ENABLE off failed: %s",
+           oi__ucx.ucs_status_string(s));
   ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
                      /* RMA only when reads are one-sided: UCX's software
                       * RMA (over TCP) answers a get for any address from any
@@ -1442,19 +1460,19 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
                      .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP |
                                  (net->rma_serve ? UCP_FEATURE_RMA : 0),
                      .name = "openinfer-peer"};
-  s = ucp_init(&up, cfg, &net->ctx);
-  ucp_config_release(cfg);
+  s = oi__ucx.ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &up, cfg, &net->ctx);
+  oi__ucx.ucp_config_release(cfg);
   if (s != UCS_OK) {
     net->ctx = NULL;
-    st = oi__fail(OI_ERR_IO, "peer: initializing UCX: %s", ucs_status_string(s));
+    st = oi__fail(OI_ERR_IO, "peer: initializing UCX: %s", oi__ucx.ucs_status_string(s));
     goto fail;
   }
   ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                             .thread_mode = UCS_THREAD_MODE_SINGLE};
-  s = ucp_worker_create(net->ctx, &wp, &net->worker);
+  s = oi__ucx.ucp_worker_create(net->ctx, &wp, &net->worker);
   if (s != UCS_OK) {
     net->worker = NULL;
-    st = oi__fail(OI_ERR_IO, "peer: creating the UCX worker: %s", ucs_status_string(s));
+    st = oi__fail(OI_ERR_IO, "peer: creating the UCX worker: %s", oi__ucx.ucs_status_string(s));
     goto fail;
   }
   for (unsigned id = AM_HELLO; id < AM_LAST; id++) {
@@ -1467,15 +1485,16 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
         .cb = am_cb,
         .arg = &net->am_args[id],
     };
-    s = ucp_worker_set_am_recv_handler(net->worker, &hp);
+    s = oi__ucx.ucp_worker_set_am_recv_handler(net->worker, &hp);
     if (s != UCS_OK) {
-      st = oi__fail(OI_ERR_IO, "peer: setting the message handlers: %s", ucs_status_string(s));
+      st = oi__fail(OI_ERR_IO, "peer: setting the message handlers: %s",
+                    oi__ucx.ucs_status_string(s));
       goto fail;
     }
   }
-  s = ucp_worker_get_efd(net->worker, &net->efd);
+  s = oi__ucx.ucp_worker_get_efd(net->worker, &net->efd);
   if (s != UCS_OK) {
-    st = oi__fail(OI_ERR_IO, "peer: the worker's event fd: %s", ucs_status_string(s));
+    st = oi__fail(OI_ERR_IO, "peer: the worker's event fd: %s", oi__ucx.ucs_status_string(s));
     goto fail;
   }
   net->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -1497,17 +1516,17 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
         .sockaddr = {.addr = (const struct sockaddr *)&sin, .addrlen = sizeof(sin)},
         .conn_handler = {.cb = conn_cb, .arg = net},
     };
-    s = ucp_listener_create(net->worker, &lp, &net->listener);
+    s = oi__ucx.ucp_listener_create(net->worker, &lp, &net->listener);
     if (s != UCS_OK) {
       net->listener = NULL;
-      st =
-          oi__fail(OI_ERR_IO, "peer: listening on %s: %s", opts->listen_addr, ucs_status_string(s));
+      st = oi__fail(OI_ERR_IO, "peer: listening on %s: %s", opts->listen_addr,
+                    oi__ucx.ucs_status_string(s));
       goto fail;
     }
     ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
-    s = ucp_listener_query(net->listener, &la);
+    s = oi__ucx.ucp_listener_query(net->listener, &la);
     if (s != UCS_OK) {
-      st = oi__fail(OI_ERR_IO, "peer: querying the listener: %s", ucs_status_string(s));
+      st = oi__fail(OI_ERR_IO, "peer: querying the listener: %s", oi__ucx.ucs_status_string(s));
       goto fail;
     }
     if (la.sockaddr.ss_family == AF_INET)
@@ -1618,6 +1637,42 @@ void oi__peer_close(oi_peer *peer) {
 const char *oi__peer_node_id(const oi_peer *peer) { return peer->id; }
 uint64_t oi__peer_region_len(const oi_peer *peer) { return peer->rlen; }
 
+/* A call's op: the request framed for the holder. */
+static op *call_new(oi_peer *peer, const void *req, size_t len, uint32_t timeout_ms) {
+  op *o = op_new(OP_CALL);
+  if (!o) return NULL;
+  o->msg_len = REQ_FIXED + len;
+  o->msg = oi__malloc(o->msg_len);
+  if (!o->msg) {
+    oi__free(o);
+    return NULL;
+  }
+  if (len) memcpy(o->msg + REQ_FIXED, req, len);
+  o->peer = peer;
+  o->deadline = oi__deadline_ns(timeout_ms ? timeout_ms : peer->net->timeout_ms);
+  return o;
+}
+
+oi_status oi__peer_send(oi_peer *peer, const void *req, size_t len, uint32_t timeout_ms) {
+  if (!peer || (len && !req))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: send without a peer or request");
+  if (len > OI_PEER_MAX_MSG)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: a request of %zu bytes (at most %u)", len,
+                    OI_PEER_MAX_MSG);
+  oi_peer_net *net = peer->net;
+  op *o = call_new(peer, req, len, timeout_ms);
+  if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a request of %zu bytes", len);
+  if (!enqueue(net, o)) {
+    op_unref(o); /* the thread's reference, never taken */
+    op_unref(o);
+    return oi__fail(OI_ERR_CLOSED, "peer: the net is shutting down");
+  }
+  /* The caller's reference goes now: the thread ends the op (answer,
+   * failure, timeout, close or destroy) and frees it with its own. */
+  op_unref(o);
+  return OI_OK;
+}
+
 oi_status oi__peer_call(oi_peer *peer, const void *req, size_t len, void **reply, size_t *reply_len,
                         uint32_t timeout_ms) {
   if (!peer || !reply || !reply_len || (len && !req))
@@ -1628,17 +1683,8 @@ oi_status oi__peer_call(oi_peer *peer, const void *req, size_t len, void **reply
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: a request of %zu bytes (at most %u)", len,
                     OI_PEER_MAX_MSG);
   oi_peer_net *net = peer->net;
-  op *o = op_new(OP_CALL);
-  if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory");
-  o->msg_len = REQ_FIXED + len;
-  o->msg = oi__malloc(o->msg_len);
-  if (!o->msg) {
-    oi__free(o);
-    return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: a request of %zu bytes", len);
-  }
-  if (len) memcpy(o->msg + REQ_FIXED, req, len);
-  o->peer = peer;
-  o->deadline = oi__deadline_ns(timeout_ms ? timeout_ms : net->timeout_ms);
+  op *o = call_new(peer, req, len, timeout_ms);
+  if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a request of %zu bytes", len);
   oi_status st = submit(net, o);
   if (st) {
     oi__fail(st, "%s", o->err);

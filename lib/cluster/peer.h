@@ -108,7 +108,7 @@ void oi__peer_net_stats(const oi_peer_net *net, oi_peer_stats *out);
  *         OI_ERR_TIMEOUT, OI_ERR_IO (unreachable, reset), OI_ERR_PROTOCOL. */
 oi_status oi__peer_connect(oi_peer_net *net, const char *addr, oi_peer **out);
 /* Closes the connection and frees `peer` (no operation on it may be in
- * flight). NULL is a no-op. */
+ * flight, but oi__peer_send's). NULL is a no-op. */
 void oi__peer_close(oi_peer *peer);
 /* The node id the peer proved, and the size of the region it exposes. */
 const char *oi__peer_node_id(const oi_peer *peer);
@@ -121,6 +121,14 @@ uint64_t oi__peer_region_len(const oi_peer *peer);
  *         stays usable), OI_ERR_CLOSED / OI_ERR_IO (the connection failed). */
 oi_status oi__peer_call(oi_peer *peer, const void *req, size_t len, void **reply, size_t *reply_len,
                         uint32_t timeout_ms);
+
+/* Sends `req` as oi__peer_call does but does not wait: OI_OK once it is
+ * queued; the answer, or the call's failure or timeout (timeout_ms 0: the
+ * net's), is dropped when it comes (a failure counts in stats.errors). For
+ * requests whose answer nobody needs (a lease's release). The peer may be
+ * closed, and the net destroyed, with such sends still in flight.
+ * @return OI_ERR_INVALID_ARGUMENT, OI_ERR_CLOSED (the net is stopping). */
+oi_status oi__peer_send(oi_peer *peer, const void *req, size_t len, uint32_t timeout_ms);
 
 /* One read: `len` bytes at `remote_offset` in the peer's region into
  * `local_dst`. */

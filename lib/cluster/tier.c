@@ -4,8 +4,9 @@
  * Threads: the host's watcher callbacks only queue notes (sealed, evicted);
  * one worker thread turns notes into directory publishes and withdrawals,
  * republishes, and ends the leases peers did not release in time;
- * FETCHERS threads run fetch jobs (connect, LEASE, read, verify, seal,
- * RELEASE), FETCH_CHUNK blocks each, sharing the connections to holders.
+ * FETCHERS threads run fetch jobs (connect, LEASE, read, verify, RELEASE
+ * sent without waiting for its answer, seal), FETCH_CHUNK blocks each,
+ * sharing the connections to holders.
  * Peer requests are answered on the peer transport's progress thread
  * (short: host locks and checksums).
  *
@@ -597,16 +598,15 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
       failed = st != OI_ERR_INVALID_ARGUMENT; /* the connection is dead after a failed read */
     }
   }
-  if (!failed && lease_id) { /* best effort: the holder's lease expires anyway */
+  if (!failed && lease_id) {
+    /* Best effort, and not waited for: the holder's lease expires anyway,
+     * and its answer says nothing the reader needs. */
     uint8_t rel[RELEASE_BYTES];
     put_hdr(rel, MSG_RELEASE);
     put64(rel + HDR_BYTES, lease_id);
-    void *rr = NULL;
-    size_t rrl = 0;
-    if (oi__peer_call(p, rel, sizeof rel, &rr, &rrl, t->timeout_ms) != OI_OK)
+    if (oi__peer_send(p, rel, sizeof rel, t->timeout_ms) != OI_OK)
       OI_LOG(OI_LOG_DEBUG, "cluster", "release at node '%s': %s", items[0].holder.node_id,
              oi_last_error());
-    oi__free(rr);
   }
   /* The holder leases the leading run it holds: the first block past it is
    * not there (its entry is stale); the ones after may be, and just miss. */

@@ -17,8 +17,10 @@ Three views of the ABI are compared, version node by version node:
 Fails on a symbol exported but not declared (a leak), declared but not
 exported, exported under another node than the script's, a stable function
 in an experimental node (or the reverse), an exported symbol that is not a
-function or carries a hidden version, and a SONAME other than
-libopeninfer.so.0. Prints the count per node.
+function or carries a hidden version, a SONAME other than
+libopeninfer.so.0, and a NEEDED entry for UCX (libucp, libucs, libuct,
+libucm: the cluster tier loads UCX with dlopen, docs/cluster.md "Loading
+UCX"). Prints the count per node.
 
 Exit 0 pass, 1 fail, 77 skip (binutils missing).
 """
@@ -180,6 +182,18 @@ def soname(lib):
     return m.group(1) if m else None
 
 
+def needed(lib):
+    if shutil.which("readelf"):
+        out = run(["readelf", "-d", "-W", lib])
+        return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+    out = run(["objdump", "-p", lib])
+    return re.findall(r"^\s*NEEDED\s+(\S+)", out, flags=re.M)
+
+
+# Libraries the shared object must not depend on at load time.
+NOT_NEEDED = re.compile(r"^libuc[pstm]\.so")
+
+
 def main():
     if len(sys.argv) != 4:
         print(__doc__, file=sys.stderr)
@@ -244,6 +258,9 @@ def main():
     so = soname(lib)
     if so != SONAME:
         errors.append("SONAME is %s, expected %s" % (so, SONAME))
+    for dep in needed(lib):
+        if NOT_NEEDED.match(dep):
+            errors.append("NEEDED %s: UCX is loaded at run time (dlopen), not linked" % dep)
 
     print("%d functions declared with OI_API, %d symbols exported (%s), SONAME %s"
           % (len(decls), len(syms), ", ".join(counts), so))

@@ -1,9 +1,11 @@
 /* The peer transport (lib/cluster/peer.c) over UCX's TCP transport on
- * 127.0.0.1: SHA-256 and HMAC-SHA256 test vectors; connect and mutual
- * authentication; calls; reads from a holder process (fork) byte-exact, many
- * in flight, out-of-region reads refused; wrong secrets refused both ways;
- * junk bytes to the listener; a holder stopped or killed mid-read; a net
- * destroyed with operations in flight. */
+ * 127.0.0.1: UCX loaded at run time (nothing mapped before the first net,
+ * a missing or incomplete libucp refused with its name and dlerror());
+ * SHA-256 and HMAC-SHA256 test vectors; connect and mutual
+ * authentication; calls, and sends not waited for; reads from a holder
+ * process (fork) byte-exact, many in flight, out-of-region reads refused;
+ * wrong secrets refused both ways; junk bytes to the listener; a holder
+ * stopped or killed mid-read; a net destroyed with operations in flight. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -18,6 +20,7 @@
 
 #include "cluster/peer.h"
 #include "cluster/sha256.h"
+#include "cluster/ucx.h"
 #include "core/core.h"
 #include "testutil.h"
 
@@ -665,11 +668,98 @@ static void test_destroy_in_flight(void) {
   reap_child(pid);
 }
 
+/* oi__peer_send: requests not waited for arrive and are answered (the
+ * answers dropped), in order with calls; a peer closed and a net destroyed
+ * with sends in flight. */
+static void test_send(void) {
+  oi_peer_net *a = make_net("sender", SECRET, 5000), *b = make_net("receiver", SECRET, 5000);
+  char addr[64];
+  addr_of(b, addr);
+  oi_peer *p = NULL;
+  CHECK_OK(oi__peer_connect(a, addr, &p));
+  REQUIRE(p);
+  CHECK_ST(oi__peer_send(p, "x", OI_PEER_MAX_MSG + 1, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_send(NULL, "x", 1, 0), OI_ERR_INVALID_ARGUMENT);
+  for (int i = 0; i < 100; i++)
+    CHECK_OK(oi__peer_send(p, i % 2 ? "FAIL" : "ping", 4, 0));
+  /* A call after them is answered after them (one connection, in order). */
+  void *rep = NULL;
+  size_t rl = 0;
+  CHECK_OK(oi__peer_call(p, "after", 5, &rep, &rl, 0));
+  oi__free(rep);
+  oi_peer_stats sa, sb;
+  oi__peer_net_stats(b, &sb);
+  CHECK(sb.served == 101);
+  /* The sender counts them as calls, and the refused ones (FAIL) as errors
+   * as its thread ends them (their answers came before the call's). */
+  for (int i = 0; i < 500; i++) {
+    oi__peer_net_stats(a, &sa);
+    if (sa.errors >= 50) break;
+    usleep(10000);
+  }
+  CHECK(sa.calls == 101);
+  CHECK(sa.errors == 50);
+  /* Closed right after sends, then the net destroyed right after more. */
+  for (int i = 0; i < 10; i++)
+    CHECK_OK(oi__peer_send(p, "ping", 4, 0));
+  oi__peer_close(p);
+  oi_peer *q = NULL;
+  CHECK_OK(oi__peer_connect(a, addr, &q));
+  for (int i = 0; i < 10; i++)
+    CHECK_OK(oi__peer_send(q, "ping", 4, 0));
+  oi__peer_net_destroy(a);
+  oi__peer_net_destroy(b);
+}
+
+/* ---- UCX loaded at run time (lib/cluster/ucx.h) ---- */
+
+/* Whether the process has `name` mapped (/proc/self/maps). */
+static bool mapped(const char *name) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  REQUIRE(f);
+  char line[4096];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f))
+    found = strstr(line, name) != NULL;
+  fclose(f);
+  return found;
+}
+
+static void test_ucx_loading(void) {
+  /* Nothing loads UCX before the first net: the library does not link it. */
+  CHECK(!mapped("libucp.so"));
+  CHECK(!mapped("libucs.so"));
+  /* A library that is not there: OI_ERR_UNSUPPORTED, the name and dlerror(). */
+  oi_ucx_api api;
+  CHECK_ST(oi__ucx_open("libucp-absent.so.0", NULL, &api), OI_ERR_UNSUPPORTED);
+  CHECK(strstr(oi_last_error(), "libucp-absent.so.0") != NULL);
+  CHECK(strstr(oi_last_error(), "cannot open shared object file") != NULL);
+  CHECK(api.ucp_init_version == NULL);
+  /* One that loads but lacks the functions (libucs has no ucp_*). */
+  CHECK_ST(oi__ucx_open("libucs.so.0", NULL, &api), OI_ERR_UNSUPPORTED);
+  CHECK(strstr(oi_last_error(), "lacks ucp_") != NULL);
+  CHECK(api.ucs_status_string == NULL);
+  CHECK(!mapped("libucp.so"));
+  /* The real one: every function resolved. */
+  CHECK_ST(oi__ucx_open(OI_UCX_LIBRARY, OI_UCS_LIBRARY, &api), OI_OK);
+  void *const *fns = (void *const *)&api;
+  for (size_t i = 0; i < sizeof(api) / sizeof(void *); i++)
+    CHECK(fns[i] != NULL);
+  CHECK(strcmp(api.ucs_status_string(UCS_ERR_NO_MEMORY), "Out of memory") == 0);
+  CHECK(mapped("libucp.so"));
+  /* And a net works through the table oi__ucx_load fills. */
+  oi_peer_net *n = make_net("loader", SECRET, 2000);
+  CHECK(oi__ucx.ucp_worker_progress != NULL);
+  oi__peer_net_destroy(n);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
+  RUN_TEST(test_ucx_loading);
   RUN_TEST(test_sha256_vectors);
   RUN_TEST(test_options_refused);
   RUN_TEST(test_connect_call);
+  RUN_TEST(test_send);
   RUN_TEST(test_fork_read);
   RUN_TEST(test_rma_reads);
   RUN_TEST(test_reader_killed);

@@ -55,7 +55,9 @@ typedef struct oi_dir_holder {
 
 typedef struct oi_dir_options {
   /* "redis://HOST[:PORT][/DB]" (PORT 6379 when absent, DB 0; an IPv6 HOST in
-   * brackets) or "unix:/PATH[?db=DB]". */
+   * brackets), "unix:/PATH[?db=DB]", or a Redis Cluster:
+   * "redis+cluster://HOST[:PORT][,HOST[:PORT]...]" (up to 16 addresses of
+   * its nodes, tried in order to read the slot map; database 0). */
   const char *url;
   const char *node_id;   /* [A-Za-z0-9._-]{1,64}, unique in the cluster */
   uint64_t epoch;        /* the node's incarnation (changes at each start) */
@@ -87,6 +89,7 @@ typedef struct oi_dir_stats {
                                                      or lost with a connection mid-batch */
   uint64_t errors;                                /* failed connects, round trips and replies */
   uint64_t lookup_ns_sum;                         /* time in lookups that answered */
+  uint64_t redirects;                             /* MOVED and ASK replies followed (cluster) */
   uint64_t lookup_latency_us[OI_LATENCY_BUCKETS]; /* oi_latency_hist buckets */
   char last_error[OI_DIR_ERROR_TEXT];             /* "" when none */
 } oi_dir_stats;
@@ -157,5 +160,12 @@ bool oi__dir_holder_parse(const char *s, size_t len, oi_dir_holder *out);
  * exactly that. */
 bool oi__dir_liveness_parse(const char *s, size_t len, uint64_t *epoch, size_t *addr_off,
                             size_t *addr_len);
+
+/* Redis Cluster's key slots: CRC-16/XMODEM of the key, or of its hash tag
+ * (the bytes between the first '{' and the next '}', when not empty), mod
+ * OI_DIR_SLOTS. */
+#define OI_DIR_SLOTS 16384u
+uint16_t oi__dir_crc16(const char *s, size_t len);
+uint16_t oi__dir_key_slot(const char *key, size_t len);
 
 #endif

@@ -901,7 +901,6 @@ typedef struct bg_ctx {
   const qent *batch;
   char ttl[16];
   size_t answered;
-  bool eval; /* NOSCRIPT was answered: EVAL from now on in this batch */
 } bg_ctx;
 
 static const char *bg_key(oi_dir *d, void *ctx, size_t i, char buf[OI_DIR_KEY_CHARS + 24]) {
@@ -916,7 +915,7 @@ static void bg_append(oi_dir *d, void *ctx, size_t i, redisContext *c) {
   oi__dir_key_format(&b->batch[i].key, key);
   if (b->batch[i].op == Q_PUBLISH)
     redisAppendCommand(c, "SET %s %s PX %s", key, d->self_val, b->ttl);
-  else if (d->sha[0] && !b->eval)
+  else if (d->sha[0])
     redisAppendCommand(c, "EVALSHA %s 1 %s %s", d->sha, key, d->self_val);
   else
     redisAppendCommand(c, "EVAL %s 1 %s %s", CAS_DEL, key, d->self_val);
@@ -930,8 +929,8 @@ static int bg_reply(oi_dir *d, void *ctx, size_t i, redisReply *r) {
     else if (r)
       note_error(d, "publish: %s%s", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply",
                  r->type == REDIS_REPLY_ERROR ? cluster_hint(d, r->str) : "");
-  } else if (r && is_err(r, "NOSCRIPT") && !b->eval) {
-    b->eval = true; /* the script cache was flushed (or this master never had it) */
+  } else if (r && is_err(r, "NOSCRIPT")) {
+    d->sha[0] = '\0'; /* a script cache was flushed (or this master never had it): EVAL */
     return R_RETRY;
   } else if (r && r->type == REDIS_REPLY_INTEGER && r->integer == 1) {
     ADD(unpublished, 1);
@@ -1008,8 +1007,8 @@ static int side_one(oi_dir *d, side *s, one_ctx *o, char *err, size_t cap) {
   return rc;
 }
 
-/* Refreshes the liveness key (or PINGs every master when nothing is
- * advertised). */
+/* Refreshes the liveness key and (cluster, or nothing advertised) PINGs
+ * every master. */
 static bool bg_beat(oi_dir *d, const char *adv) {
   char err[128];
   if (adv) {
@@ -1027,8 +1026,11 @@ static bool bg_beat(oi_dir *d, const char *adv) {
       note_error(d, "refreshing the node key: %s",
                  o.r->type == REDIS_REPLY_ERROR ? o.r->str : "unexpected reply");
     if (o.r) freeReplyObject(o.r);
-    return true; /* an error reply is Redis answering: the connection is fine */
+    /* an error reply is Redis answering: the connection is fine */
+    if (!d->cluster) return true;
   }
+  /* A cluster: every master must answer, so that one that went down
+   * degrades the directory here rather than at each lookup. */
   for (size_t k = 0; k < d->bs.n_nodes; k++) {
     rnode *n = &d->bs.nodes[k];
     if (!n->c) n->c = dir_connect(d, n->host, n->port, err, sizeof err);

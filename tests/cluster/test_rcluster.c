@@ -41,6 +41,26 @@ static void cmd_ok(int m, const char *fmt, const char *a, const char *b) {
   freeReplyObject(r);
 }
 
+/* A free port whose cluster bus port (+10000) is free too. */
+static int free_cluster_port(void) {
+  for (int tries = 0; tries < 1000; tries++) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int port = 20000 + (int)(oi__now_ns() / 1000 % 30000);
+    a.sin_port = htons((uint16_t)port);
+    bool ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (!ok) continue;
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_port = htons((uint16_t)(port + 10000));
+    ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  fprintf(stderr, "no free port pair for a cluster node\n");
+  exit(1);
+}
+
 static pid_t cluster_start(int m) {
   char port[16], conf[128];
   snprintf(port, sizeof port, "%d", g_port[m]);
@@ -100,7 +120,7 @@ static void cluster_create(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/oi-rcluster-XXXXXX");
   REQUIRE(mkdtemp(g_dir));
   for (int m = 0; m < MASTERS; m++) {
-    g_port[m] = free_port();
+    g_port[m] = free_cluster_port();
     g_pid[m] = cluster_start(m);
   }
   int lo = 0;
@@ -124,8 +144,8 @@ static void cluster_create(void) {
     cmd_ok(0, "CLUSTER MEET %s %s", "127.0.0.1", p);
   }
   wait_state_ok();
-  snprintf(g_url, sizeof g_url, "redis+cluster://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
-           g_port[0], g_port[1], g_port[2]);
+  snprintf(g_url, sizeof g_url, "redis+cluster://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", g_port[0],
+           g_port[1], g_port[2]);
 }
 
 static void cluster_destroy(void) {
@@ -489,8 +509,7 @@ static void test_migration(void) {
 
 static void test_seed_fallback(void) {
   char url[128];
-  snprintf(url, sizeof url, "redis+cluster://127.0.0.1:%d,127.0.0.1:%d", free_port(),
-           g_port[1]);
+  snprintf(url, sizeof url, "redis+cluster://127.0.0.1:%d,127.0.0.1:%d", free_port(), g_port[1]);
   oi_dir *d = open_node("seeds", 1, url);
   oi_dir_stats st;
   oi__dir_stats(d, &st);
@@ -557,6 +576,28 @@ static void test_master_killed(void) {
   CHECK(!sb.connected);
   oi__dir_stats(b, &sb);
   CHECK(!sb.connected && sb.errors >= 1);
+
+  /* the other masters mark it failed: cluster_state:fail, every command
+   * answered CLUSTERDOWN; a directory opened now opens degraded */
+  t0 = oi__now_ns();
+  while (state_ok(0) && ms_since(t0) < 15000)
+    sleep_ms(50);
+  CHECK(!state_ok(0));
+  {
+    redisReply *r = cmd(0, "GET %s", "x");
+    CHECK(r->type == REDIS_REPLY_ERROR && strncmp(r->str, "CLUSTERDOWN", 11) == 0);
+    freeReplyObject(r);
+    char url[64];
+    snprintf(url, sizeof url, "redis+cluster://127.0.0.1:%d", g_port[0]);
+    oi_dir *c = open_node("late", 1, url);
+    oi_dir_stats sc;
+    oi__dir_stats(c, &sc);
+    CHECK(!sc.connected && sc.generation == 0 && strstr(sc.last_error, "not ok"));
+    t0 = oi__now_ns();
+    CHECK_ST(oi__dir_lookup(c, keys, N, h, &n), OI_ERR_CLOSED);
+    CHECK(ms_since(t0) < 50);
+    oi__dir_close(c);
+  }
 
   /* restarted empty with its cluster config: the cluster heals, both nodes
    * reconnect (new generation), a republishes, lookups answer again */

@@ -481,8 +481,10 @@ static int node_index(side *s, const char *host, int port) {
 /* Reads the slot map with CLUSTER SLOTS on `c` (connected to `host`, which
  * stands for an empty address in the reply). Masters that still serve a
  * slot keep their connection; the others are closed and forgotten. */
-static bool side_load_map(oi_dir *d, side *s, redisContext *c, const char *host, char *err,
+static bool side_load_map(oi_dir *d, side *s, redisContext *c, const char *via, char *err,
                           size_t cap) {
+  char host[256]; /* `via` may be a node's, which the table's growth moves */
+  snprintf(host, sizeof host, "%s", via);
   redisReply *r = redisCommand(c, "CLUSTER SLOTS");
   if (!r) {
     errf(err, cap, "CLUSTER SLOTS: %.100s", c->errstr);
@@ -1393,7 +1395,9 @@ enum { F_ABSENT, F_FOUND, F_BAD, F_ERROR };
 static int look_reply(oi_dir *d, void *ctx, size_t i, redisReply *r) {
   look_ctx *l = ctx;
   uint8_t f = F_ABSENT;
-  if (!r || r->type == REDIS_REPLY_ERROR) {
+  if (r && is_err(r, "WRONGTYPE")) {
+    f = F_ABSENT; /* a key of another type: absent, as MGET answers */
+  } else if (!r || r->type == REDIS_REPLY_ERROR) {
     f = F_ERROR;
     if (!l->err[0]) snprintf(l->err, sizeof l->err, "%s", r ? r->str : "redirected too often");
   } else if (r->type == REDIS_REPLY_STRING) {

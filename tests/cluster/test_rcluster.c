@@ -413,6 +413,32 @@ static void test_cas(void) {
   oi__dir_close(b);
 }
 
+static void test_garbage(void) {
+  oi_dir *a = open_node("g", 3, NULL);
+  oi_dir_key keys[3];
+  for (uint32_t i = 0; i < 3; i++)
+    keys[i] = key_of(550, i);
+  CHECK_OK(oi__dir_publish(a, keys, 3));
+  CHECK_OK(oi__dir_flush(a, 2000));
+  char s[OI_DIR_KEY_CHARS + 1];
+  oi__dir_key_format(&keys[1], s);
+  int m = g_owner[slot_of(&keys[1])];
+  freeReplyObject(cmd(m, "SET %s %s", s, "not a holder value"));
+  oi_dir_holder h[3];
+  size_t n = 0;
+  CHECK_OK(oi__dir_lookup(a, keys, 3, h, &n));
+  CHECK(n == 1);
+  freeReplyObject(cmd(m, "DEL %s", s));
+  freeReplyObject(cmd(m, "RPUSH %s x", s)); /* a key of another type: absent */
+  CHECK_OK(oi__dir_lookup(a, keys, 3, h, &n));
+  CHECK(n == 1);
+  oi_dir_stats st;
+  oi__dir_stats(a, &st);
+  CHECK(st.parse_failures == 1 && st.errors == 0);
+  freeReplyObject(cmd(m, "DEL %s", s));
+  oi__dir_close(a);
+}
+
 /* Keys of the directory's form in one slot. */
 static void keys_in_slot(uint16_t slot, oi_dir_key *out, size_t n) {
   size_t got = 0;
@@ -633,6 +659,7 @@ int main(void) {
   RUN_TEST(test_slots_server);
   RUN_TEST(test_round_trip);
   RUN_TEST(test_cas);
+  RUN_TEST(test_garbage);
   RUN_TEST(test_migration);
   RUN_TEST(test_seed_fallback);
   RUN_TEST(test_master_killed);

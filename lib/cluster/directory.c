@@ -1009,8 +1009,8 @@ static int side_one(oi_dir *d, side *s, one_ctx *o, char *err, size_t cap) {
   return rc;
 }
 
-/* Refreshes the liveness key and (cluster, or nothing advertised) PINGs
- * every master. */
+/* Refreshes the liveness key and, with nothing advertised, PINGs; a cluster
+ * checks every master's CLUSTER INFO. */
 static bool bg_beat(oi_dir *d, const char *adv) {
   char err[128];
   if (adv) {
@@ -1031,19 +1031,26 @@ static bool bg_beat(oi_dir *d, const char *adv) {
     /* an error reply is Redis answering: the connection is fine */
     if (!d->cluster) return true;
   }
-  /* A cluster: every master must answer, so that one that went down
+  /* A cluster: every master must answer, and say the cluster is ok, so
+   * that a master that went down, or a cluster that stopped serving,
    * degrades the directory here rather than at each lookup. */
   for (size_t k = 0; k < d->bs.n_nodes; k++) {
     rnode *n = &d->bs.nodes[k];
     if (!n->c) n->c = dir_connect(d, n->host, n->port, err, sizeof err);
-    redisReply *r = n->c ? redisCommand(n->c, "PING") : NULL;
+    redisReply *r = n->c ? redisCommand(n->c, d->cluster ? "CLUSTER INFO" : "PING") : NULL;
     if (!r) {
-      note_error(d, "PING %s:%d: %s", n->host, n->port, n->c ? n->c->errstr : err);
+      note_error(d, "%s %s:%d: %s", d->cluster ? "CLUSTER INFO" : "PING", n->host, n->port,
+                 n->c ? n->c->errstr : err);
       return false;
     }
-    if (!reply_ok(r))
+    bool down =
+        d->cluster && (r->type != REDIS_REPLY_STRING || !strstr(r->str, "cluster_state:ok"));
+    if (down)
+      note_error(d, "%s:%d: the cluster is not ok (cluster_state is not ok)", n->host, n->port);
+    else if (!reply_ok(r))
       note_error(d, "PING: %s", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
     freeReplyObject(r);
+    if (down) return false;
   }
   return true;
 }

@@ -5,8 +5,9 @@
  * server's own CLUSTER KEYSLOT; publish and look up a prefix whose keys land
  * on all three masters; compare-and-delete between nodes on each master;
  * liveness; a slot migrated under running nodes (ASK while it moves, MOVED
- * after); one master killed (lookups fail fast, degraded) and restarted
- * (recovered). Skips (77) when redis-server is not on PATH. */
+ * after); one master stopped (lookups fail within the timeout) and
+ * continued; one master killed (lookups fail fast, degraded, CLUSTERDOWN)
+ * and restarted (recovered). Skips (77) when redis-server is not on PATH. */
 #include <dirent.h>
 #include <sys/stat.h>
 
@@ -72,7 +73,7 @@ static pid_t cluster_start(int m) {
     freopen("/dev/null", "w", stdout);
     execlp("redis-server", "redis-server", "--port", port, "--save", "", "--appendonly", "no",
            "--bind", "127.0.0.1", "--daemonize", "no", "--dir", g_dir, "--cluster-enabled", "yes",
-           "--cluster-config-file", conf, "--cluster-node-timeout", "1000", (char *)NULL);
+           "--cluster-config-file", conf, "--cluster-node-timeout", "2000", (char *)NULL);
     _exit(127);
   }
   for (int i = 0; i < 500; i++) {
@@ -560,6 +561,46 @@ static void test_seed_fallback(void) {
   oi__dir_close(d);
 }
 
+/* A master that stops answering (SIGSTOP): no hang past the timeout. */
+static void test_master_stopped(void) {
+  oi_dir *a = open_node("stop-a", 4, NULL);
+  enum { N = 64 };
+  oi_dir_key keys[N];
+  for (uint32_t i = 0; i < N; i++)
+    keys[i] = key_of(650, i);
+  CHECK_OK(oi__dir_publish(a, keys, N));
+  CHECK_OK(oi__dir_flush(a, 2000));
+  oi_dir_holder h[N];
+  size_t n = 0;
+  CHECK_OK(oi__dir_lookup(a, keys, N, h, &n));
+  CHECK(n == N);
+  uint64_t gen = oi__dir_generation(a);
+
+  const int victim = 2;
+  kill(g_pid[victim], SIGSTOP); /* well under the node timeout: no failover state */
+  uint64_t t0 = oi__now_ns();
+  CHECK_ST(oi__dir_lookup(a, keys, N, h, &n), OI_ERR_CLOSED);
+  double first = ms_since(t0);
+  CHECK(first < 300 + 500); /* timeout_ms, and slack for a loaded machine */
+  t0 = oi__now_ns();
+  CHECK_ST(oi__dir_lookup(a, keys, N, h, &n), OI_ERR_CLOSED);
+  double second = ms_since(t0);
+  CHECK(second < 50);
+  fprintf(stderr, "  master stopped: first lookup %.1f ms, the next %.2f ms\n", first, second);
+  kill(g_pid[victim], SIGCONT);
+  wait_state_ok();
+  oi_status st = OI_ERR_CLOSED;
+  t0 = oi__now_ns();
+  while (st != OI_OK && ms_since(t0) < 10000) {
+    st = oi__dir_lookup(a, keys, N, h, &n);
+    if (st != OI_OK) sleep_ms(20);
+  }
+  CHECK_OK(st);
+  CHECK(n == N); /* nothing was lost: the master only paused */
+  (void)gen;
+  oi__dir_close(a);
+}
+
 static void test_master_killed(void) {
   oi_dir *a = open_node("kill-a", 9, NULL), *b = open_node("kill-b", 1, NULL);
   enum { N = 64 };
@@ -662,6 +703,7 @@ int main(void) {
   RUN_TEST(test_garbage);
   RUN_TEST(test_migration);
   RUN_TEST(test_seed_fallback);
+  RUN_TEST(test_master_stopped);
   RUN_TEST(test_master_killed);
   cluster_destroy();
   TEST_EXIT();

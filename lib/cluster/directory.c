@@ -589,6 +589,21 @@ static bool load_script(oi_dir *d, redisContext *c, char *err, size_t cap) {
   return true;
 }
 
+/* Whether node n's CLUSTER INFO says cluster_state:ok (why not in err). */
+static bool cluster_ok(rnode *n, char *err, size_t cap) {
+  redisReply *r = redisCommand(n->c, "CLUSTER INFO");
+  bool ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+  if (!r)
+    errf(err, cap, "CLUSTER INFO at %.60s:%d: %.60s", n->host, n->port, n->c->errstr);
+  else if (r->type == REDIS_REPLY_ERROR)
+    errf(err, cap, "CLUSTER INFO at %.60s:%d: %.60s (not a Redis Cluster?)", n->host, n->port,
+         r->str);
+  else if (!ok)
+    errf(err, cap, "%.60s:%d: the cluster is not ok (cluster_state is not ok)", n->host, n->port);
+  if (r) freeReplyObject(r);
+  return ok;
+}
+
 /* Opens the side: a single instance's connection, or (cluster) the slot map
  * read from the first address of the url or of the masters known before
  * that answers with cluster_state:ok, then a connection to every master.
@@ -637,21 +652,12 @@ static bool side_open(oi_dir *d, side *s, bool script, char *err, size_t cap) {
   for (size_t i = 0; i < n_cand && !mapped; i++) {
     redisContext *c = dir_connect(d, cand[i].host, cand[i].port, err, cap);
     if (!c) continue;
-    redisReply *r = redisCommand(c, "CLUSTER INFO");
-    if (!r || r->type != REDIS_REPLY_STRING || !strstr(r->str, "cluster_state:ok")) {
-      if (!r)
-        errf(err, cap, "CLUSTER INFO at %.60s:%d: %.60s", cand[i].host, cand[i].port, c->errstr);
-      else if (r->type == REDIS_REPLY_ERROR)
-        errf(err, cap, "CLUSTER INFO at %.60s:%d: %.60s (not a Redis Cluster?)", cand[i].host,
-             cand[i].port, r->str);
-      else
-        errf(err, cap, "%.60s:%d: the cluster is not ok (cluster_state is not ok)", cand[i].host,
-             cand[i].port);
-      if (r) freeReplyObject(r);
+    rnode probe = {.port = cand[i].port, .c = c};
+    memcpy(probe.host, cand[i].host, sizeof probe.host);
+    if (!cluster_ok(&probe, err, cap)) {
       redisFree(c);
       continue;
     }
-    freeReplyObject(r);
     mapped = side_load_map(d, s, c, cand[i].host, err, cap);
     if (mapped) { /* keep the connection when it is a master's */
       int idx = -1;
@@ -671,10 +677,14 @@ static bool side_open(oi_dir *d, side *s, bool script, char *err, size_t cap) {
     errf(err, cap, "CLUSTER SLOTS: no slot is served");
     return false;
   }
+  /* Every master must say the cluster is ok, as the background beat
+   * checks: masters that disagree for a while (a master back from a
+   * failure) would otherwise make the directory connect and degrade in
+   * turn, each connect a new generation. */
   for (size_t k = 0; k < s->n_nodes; k++) {
     rnode *n = &s->nodes[k];
     if (!n->c) n->c = dir_connect(d, n->host, n->port, err, cap);
-    if (!n->c || (script && !load_script(d, n->c, err, cap))) {
+    if (!n->c || !cluster_ok(n, err, cap) || (script && !load_script(d, n->c, err, cap))) {
       side_drop(s);
       return false;
     }

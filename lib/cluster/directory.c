@@ -1,11 +1,17 @@
 /* The cluster tier's block directory in Redis: see directory.h and
  * docs/cluster.md.
  *
+ * Connections come in two sides (`side`): the background thread's `bs` and
+ * the synchronous calls' `ss`. A side holds one node for a single instance,
+ * or a Redis Cluster's masters and its slot map; side_exec runs a round of
+ * commands over a side, each to the master of its key's slot, pipelined,
+ * following redirections.
+ *
  * Locks: `lock` guards the queue, the advertised address, the thread's
- * wake-up flags and last_error; `sync_lock` guards the synchronous
- * connection and its argument buffers. sync_lock may be held while taking
- * lock, never the reverse. The background connection `bg` and the script's
- * sha are the background thread's alone (and oi__dir_open's before it starts,
+ * wake-up flags and last_error; `sync_lock` guards the synchronous side
+ * and its argument buffers. sync_lock may be held while taking lock, never
+ * the reverse. The background side `bs` and the script's sha are the
+ * background thread's alone (and oi__dir_open's before it starts,
  * oi__dir_close's after it ended). Counters are relaxed atomics.
  *
  * hiredis writes with write(2): a peer that went away raises SIGPIPE. Every

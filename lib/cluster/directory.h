@@ -8,10 +8,17 @@
  * hiredis.
  *
  * Every function may be called from any thread concurrently, except
- * oi__dir_close, which must be the last call. Two Redis connections: one for
- * a background thread (publishes, unpublishes, the node's liveness key,
- * reconnection), one under a mutex for the synchronous calls (lookups, node
- * lookups, stale removals). Each Redis round trip is bounded by timeout_ms.
+ * oi__dir_close, which must be the last call. Two Redis connections (on a
+ * Redis Cluster, two per master): one for a background thread (publishes,
+ * unpublishes, the node's liveness key, reconnection), one under a mutex for
+ * the synchronous calls (lookups, node lookups, stale removals). Each Redis
+ * round trip is bounded by timeout_ms.
+ *
+ * Redis Cluster (a redis+cluster:// url): each command goes to the master
+ * of its key's slot, pipelined per master with every master's commands
+ * written before a reply is read; MOVED, ASK and TRYAGAIN are followed. A
+ * master that cannot be reached, or a cluster that is not ok, degrades the
+ * whole directory as a single instance down does.
  *
  * Degraded: while Redis cannot be reached, synchronous calls fail at once
  * with OI_ERR_CLOSED (no wait for the timeout) so that a node runs
@@ -128,7 +135,8 @@ oi_status oi__dir_unpublish(oi_dir *d, const oi_dir_key *keys, size_t n);
  * @return OI_OK, OI_ERR_CLOSED (degraded), OI_ERR_TIMEOUT. */
 oi_status oi__dir_flush(oi_dir *d, uint32_t timeout_ms);
 
-/* One round trip (MGET of the n keys): out[i] is the holder of keys[i] for
+/* One round trip (MGET of the n keys; on a Redis Cluster, a GET per key,
+ * pipelined to their masters): out[i] is the holder of keys[i] for
  * the leading run of keys that have an entry; *n_out is that run's length
  * (the prefix rule: the first key without an entry ends it). An entry whose
  * value does not parse counts as absent. out holds n entries.

@@ -28,6 +28,7 @@ static const char *const names[OI_FAULT_POINTS] = {
     [OI_FAULT_DISK_FALLOCATE] = "disk_fallocate",
     [OI_FAULT_DISK_READ_SLOW] = "disk_read_slow",
     [OI_FAULT_DISK_SHORT_WRITE] = "disk_short_write",
+    [OI_FAULT_DISK_WRITE_SLOW] = "disk_write_slow",
 };
 
 static oi_status arm_spec(const char *spec,

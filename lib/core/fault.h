@@ -33,6 +33,8 @@
  *                   `param` (ENOSPC if 0)
  *   disk_read_slow  the disk tier's completion thread sleeps `param` ms before
  *                   it ends a block read (the read holds its block meanwhile)
+ *   disk_write_slow likewise before it ends a block write (its queue slot is
+ *                   held meanwhile, so spills back up)
  */
 #ifndef OI_CORE_FAULT_H
 #define OI_CORE_FAULT_H
@@ -58,6 +60,7 @@ typedef enum oi_fault_point {
   OI_FAULT_DISK_FALLOCATE,
   OI_FAULT_DISK_READ_SLOW,
   OI_FAULT_DISK_SHORT_WRITE,
+  OI_FAULT_DISK_WRITE_SLOW,
   OI_FAULT_POINTS
 } oi_fault_point;
 

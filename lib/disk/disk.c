@@ -589,7 +589,8 @@ static void *completion_main(void *arg) {
       r->short_io = true;
     }
     if (--r->pending) continue;
-    if (r->kind == REQ_READ && OI_FAULT(OI_FAULT_DISK_READ_SLOW, &param)) {
+    if ((r->kind == REQ_READ && OI_FAULT(OI_FAULT_DISK_READ_SLOW, &param)) ||
+        (r->kind == REQ_WRITE && OI_FAULT(OI_FAULT_DISK_WRITE_SLOW, &param))) {
       struct timespec ts = {(time_t)(param / 1000), (long)(param % 1000) * 1000000L};
       nanosleep(&ts, NULL);
     }

@@ -163,17 +163,40 @@ static int cmp_i64(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static oi_status check_distinct(const char *what, const int64_t *ids, size_t n) {
+static oi_status twice(const char *what, int64_t id) {
+  return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: destination block id %lld appears twice", what,
+                  (long long)id);
+}
+
+/* ids[0..n) are in range (check_ids): a bitmap of the arena's blocks finds a
+ * repeat in one pass when it is small against the call (a sort otherwise). */
+static oi_status check_distinct(const oi_offload_engine *e, const char *what, const int64_t *ids,
+                                size_t n) {
   if (n < 2) return OI_OK;
+  uint64_t words = (e->layout.num_blocks + 63) / 64;
+  if (words <= 64 || words <= (uint64_t)n) {
+    uint64_t stack_bits[64], *bits = words <= 64 ? stack_bits : oi__calloc(words, 8);
+    if (!bits) return oi__fail(OI_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    if (bits == stack_bits) memset(stack_bits, 0, sizeof stack_bits);
+    oi_status st = OI_OK;
+    for (size_t i = 0; i < n; i++) {
+      uint64_t b = (uint64_t)ids[i], m = 1ull << (b & 63);
+      if (bits[b >> 6] & m) {
+        st = twice(what, ids[i]);
+        break;
+      }
+      bits[b >> 6] |= m;
+    }
+    if (bits != stack_bits) oi__free(bits);
+    return st;
+  }
   int64_t stack[256], *sorted = n <= 256 ? stack : oi__malloc(n * sizeof *sorted);
   if (!sorted) return oi__fail(OI_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   memcpy(sorted, ids, n * sizeof *sorted);
   qsort(sorted, n, sizeof *sorted, cmp_i64);
   oi_status st = OI_OK;
   for (size_t i = 1; i < n && st == OI_OK; i++)
-    if (sorted[i] == sorted[i - 1])
-      st = oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: destination block id %lld appears twice", what,
-                    (long long)sorted[i]);
+    if (sorted[i] == sorted[i - 1]) st = twice(what, sorted[i]);
   if (sorted != stack) oi__free(sorted);
   return st;
 }
@@ -208,7 +231,7 @@ OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *blo
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "save: arenas %u..%u are outside the layout's %u arenas", so.arena_first,
                     so.arena_first + so.arena_count - 1, e->layout.num_arenas);
-  if (so.arena_count && (st = check_distinct("save", block_ids, n)) != OI_OK) return st;
+  if (so.arena_count && (st = check_distinct(e, "save", block_ids, n)) != OI_OK) return st;
   return e->ops->save(e, block_ids, hashes, n, &so, ticket_out);
 }
 
@@ -262,7 +285,7 @@ OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
   if (n == 0) return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: no blocks (n = 0)");
   if (!dst_block_ids) return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: dst_block_ids is NULL");
   oi_status st = check_ids(e, "load", dst_block_ids, n);
-  if (st == OI_OK) st = check_distinct("load", dst_block_ids, n);
+  if (st == OI_OK) st = check_distinct(e, "load", dst_block_ids, n);
   if (st != OI_OK) return st;
   oi_load_options lo;
   oi_load_options_init(&lo);

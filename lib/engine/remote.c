@@ -1477,13 +1477,18 @@ fail : {
   pthread_mutex_unlock(&e->lock);
   if (st == OI_ERR_CLOSED && e->reader_started) {
     /* The server closed the session (EPIPE on our send): its reason, if it
-     * sent one, arrives before the end of stream. */
-    pthread_join(e->reader, NULL);
-    e->reader_started = false;
-    if (e->conn_status) {
+     * sent one, arrives before the end of stream. Wait for that end up to
+     * the control deadline, not for good: OI_ERR_CLOSED may also be a
+     * reply's status on a connection that stays open (free_engine cuts it). */
+    struct timespec ts = abs_timespec(oi__deadline_ns(e->control_ms));
+    pthread_mutex_lock(&e->lock);
+    while (e->state != CONN_DEAD && pthread_cond_timedwait(&e->cv, &e->lock, &ts) != ETIMEDOUT) {
+    }
+    if (e->state == CONN_DEAD && e->conn_status) {
       st = e->conn_status;
       snprintf(msg, sizeof msg, "connect: the server refused the session: %.400s", e->conn_msg);
     }
+    pthread_mutex_unlock(&e->lock);
   }
   free_engine(e);
   return oi__fail(st, "%s", msg);

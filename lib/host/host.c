@@ -119,8 +119,10 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
            live);
     return;
   }
-  oi__watch_fini(h); /* the cluster tier stops using the host first, */
-  oi__lower_fini(h); /* then the lower tier */
+  oi__watch_fini(h); /* the cluster tier stops using the host first; */
+  /* the maintenance thread next: its watermark eviction would drop blocks
+   * still queued for the lower tier while that tier drains its queue (a
+   * clean shutdown writes every one of them); */
   if (h->maint_started) {
     pthread_mutex_lock(&h->maint_lock);
     h->stopping = true;
@@ -128,6 +130,7 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
     pthread_mutex_unlock(&h->maint_lock);
     pthread_join(h->maint_thread, NULL);
   }
+  oi__lower_fini(h); /* then the lower tier */
   oi__lease_fini(h);
   oi__index_fini(h);
   oi__pool_fini(h);

@@ -577,6 +577,45 @@ static void test_bad_loads_are_refused_before_any_copy(void) {
     etu_zero_block(&L, dst[i]);
 }
 
+/* A repeated destination is refused, and named, by both ways of looking for
+ * it: a bitmap of the arena's blocks (a call large against the arena) and a
+ * sort (a few ids in a large arena). Nothing is loaded either way. */
+static void test_repeated_destinations_are_named(void) {
+  enum { BIG = 1000000, MANY = 20000 };
+  oi_arena_desc a = arena("big", 0, BIG, 16, 16);
+  oi_engine_options o;
+  opts_for(&o, &a, 1, "v-repeat");
+  oi_host_options ho;
+  REQUIRE(oi_host_options_init(&ho) == OI_OK);
+  ho.pool_bytes = 4u << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  oi_offload_host *h2 = NULL;
+  REQUIRE(oi_offload_host_create(&ho, &h2) == OI_OK);
+  oi_offload_engine *e = NULL;
+  REQUIRE(oi_offload_engine_create(h2, &o, &e) == OI_OK);
+  oi_host_stats before = etu_host_stats(h2);
+  int64_t few[4] = {BIG - 1, 5, BIG - 1, 7}; /* a sort: 4 ids, 15,625 bitmap words */
+  oi_lease none;
+  memset(&none, 0, sizeof none);
+  CHECK_FAILS(oi_offload_engine_load(e, none, few, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "block id 999999 appears twice") != NULL);
+  int64_t *many = malloc(MANY * sizeof *many); /* a bitmap: more ids than words */
+  REQUIRE(many);
+  for (int64_t i = 0; i < MANY; i++)
+    many[i] = (i * 7919) % BIG;
+  many[MANY - 1] = many[MANY / 2];
+  CHECK_FAILS(oi_offload_engine_load(e, none, many, MANY, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  char want[64];
+  snprintf(want, sizeof want, "block id %lld appears twice", (long long)many[MANY / 2]);
+  CHECK(strstr(oi_last_error(), want) != NULL);
+  free(many);
+  oi_host_stats after = etu_host_stats(h2);
+  CHECK(after.loads_completed == before.loads_completed &&
+        after.loads_failed == before.loads_failed && after.bytes_loaded == before.bytes_loaded);
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h2);
+}
+
 static void test_other_entry_points_refuse_null(void) {
   take_baseline();
   CHECK_FAILS(oi_offload_engine_flush(NULL, 0), OI_ERR_INVALID_ARGUMENT);
@@ -654,6 +693,7 @@ int main(void) {
   RUN_TEST(test_bad_saves_are_refused_and_save_nothing);
   RUN_TEST(test_bad_queries_are_refused);
   RUN_TEST(test_bad_loads_are_refused_before_any_copy);
+  RUN_TEST(test_repeated_destinations_are_named);
   RUN_TEST(test_other_entry_points_refuse_null);
   RUN_TEST(test_destroying_a_host_with_live_engines_is_refused);
   RUN_TEST(test_saved_data_survives_all_refusals);

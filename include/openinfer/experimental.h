@@ -125,7 +125,8 @@ OI_API void oi_device_buffer_free(oi_device_buffer *b);
 typedef struct oi_host_cluster_options {
   uint32_t struct_size;
   uint32_t timeout_ms;        /* a remote fetch (connect, lease, read): 0 = 2000 */
-  const char *redis_url;      /* redis://HOST:PORT[/DB] or unix:/PATH (required) */
+  const char *redis_url;      /* redis://HOST:PORT[/DB], unix:/PATH or a Redis Cluster,
+                                 redis+cluster://HOST:PORT[,HOST:PORT...] (required) */
   const char *node_id;        /* this node, unique in the cluster: [A-Za-z0-9._-]{1,64} */
   const char *listen_addr;    /* "IP:PORT" for peers (IPv4; port 0: a free one) */
   const char *advertise_addr; /* "IP:PORT" peers dial (NULL: listen_addr's IP, bound port) */

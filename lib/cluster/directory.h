@@ -8,10 +8,17 @@
  * hiredis.
  *
  * Every function may be called from any thread concurrently, except
- * oi__dir_close, which must be the last call. Two Redis connections: one for
- * a background thread (publishes, unpublishes, the node's liveness key,
- * reconnection), one under a mutex for the synchronous calls (lookups, node
- * lookups, stale removals). Each Redis round trip is bounded by timeout_ms.
+ * oi__dir_close, which must be the last call. Two Redis connections (on a
+ * Redis Cluster, two per master): one for a background thread (publishes,
+ * unpublishes, the node's liveness key, reconnection), one under a mutex for
+ * the synchronous calls (lookups, node lookups, stale removals). Each Redis
+ * round trip is bounded by timeout_ms.
+ *
+ * Redis Cluster (a redis+cluster:// url): each command goes to the master
+ * of its key's slot, pipelined per master with every master's commands
+ * written before a reply is read; MOVED, ASK and TRYAGAIN are followed. A
+ * master that cannot be reached, or a cluster that is not ok, degrades the
+ * whole directory as a single instance down does.
  *
  * Degraded: while Redis cannot be reached, synchronous calls fail at once
  * with OI_ERR_CLOSED (no wait for the timeout) so that a node runs
@@ -55,7 +62,9 @@ typedef struct oi_dir_holder {
 
 typedef struct oi_dir_options {
   /* "redis://HOST[:PORT][/DB]" (PORT 6379 when absent, DB 0; an IPv6 HOST in
-   * brackets) or "unix:/PATH[?db=DB]". */
+   * brackets), "unix:/PATH[?db=DB]", or a Redis Cluster:
+   * "redis+cluster://HOST[:PORT][,HOST[:PORT]...]" (up to 16 addresses of
+   * its nodes, tried in order to read the slot map; database 0). */
   const char *url;
   const char *node_id;   /* [A-Za-z0-9._-]{1,64}, unique in the cluster */
   uint64_t epoch;        /* the node's incarnation (changes at each start) */
@@ -87,6 +96,7 @@ typedef struct oi_dir_stats {
                                                      or lost with a connection mid-batch */
   uint64_t errors;                                /* failed connects, round trips and replies */
   uint64_t lookup_ns_sum;                         /* time in lookups that answered */
+  uint64_t redirects;                             /* MOVED and ASK replies followed (cluster) */
   uint64_t lookup_latency_us[OI_LATENCY_BUCKETS]; /* oi_latency_hist buckets */
   char last_error[OI_DIR_ERROR_TEXT];             /* "" when none */
 } oi_dir_stats;
@@ -125,7 +135,8 @@ oi_status oi__dir_unpublish(oi_dir *d, const oi_dir_key *keys, size_t n);
  * @return OI_OK, OI_ERR_CLOSED (degraded), OI_ERR_TIMEOUT. */
 oi_status oi__dir_flush(oi_dir *d, uint32_t timeout_ms);
 
-/* One round trip (MGET of the n keys): out[i] is the holder of keys[i] for
+/* One round trip (MGET of the n keys; on a Redis Cluster, a GET per key,
+ * pipelined to their masters): out[i] is the holder of keys[i] for
  * the leading run of keys that have an entry; *n_out is that run's length
  * (the prefix rule: the first key without an entry ends it). An entry whose
  * value does not parse counts as absent. out holds n entries.
@@ -157,5 +168,12 @@ bool oi__dir_holder_parse(const char *s, size_t len, oi_dir_holder *out);
  * exactly that. */
 bool oi__dir_liveness_parse(const char *s, size_t len, uint64_t *epoch, size_t *addr_off,
                             size_t *addr_len);
+
+/* Redis Cluster's key slots: CRC-16/XMODEM of the key, or of its hash tag
+ * (the bytes between the first '{' and the next '}', when not empty), mod
+ * OI_DIR_SLOTS. */
+#define OI_DIR_SLOTS 16384u
+uint16_t oi__dir_crc16(const char *s, size_t len);
+uint16_t oi__dir_key_slot(const char *key, size_t len);
 
 #endif

@@ -190,7 +190,8 @@ static double plain_stream_gbps(uint64_t bytes) {
 }
 
 static void remote_usage(FILE *f) {
-  fprintf(f, "usage: openinfer bench remote [--bytes SIZE] [--block-bytes SIZE] [--json]\n"
+  fprintf(f, "usage: openinfer bench remote [--bytes SIZE] [--block-bytes SIZE] [--redis URL]\n"
+             "                             [--json]\n"
              "\n"
              "The cluster tier between two nodes on this machine (a private redis-server, two\n"
              "cpu hosts joined to it, the peer transport over TCP on 127.0.0.1):\n"
@@ -199,20 +200,24 @@ static void remote_usage(FILE *f) {
              "  2. directory lookup of a 64-block prefix: p50, p99\n"
              "  3. per evicted block: evict_all with the cluster attached against without,\n"
              "     and the directory's withdrawal in Redis\n"
-             "Needs redis-server on PATH.\n"
+             "Needs redis-server on PATH, unless --redis names a directory to use.\n"
              "\n"
              "  --bytes SIZE        bytes restored across nodes (default 256M)\n"
-             "  --block-bytes SIZE  the block (default 1M)\n");
+             "  --block-bytes SIZE  the block (default 1M)\n"
+             "  --redis URL         an existing directory instead of a private redis-server:\n"
+             "                      redis://HOST:PORT, or a Redis Cluster as\n"
+             "                      redis+cluster://HOST:PORT[,HOST:PORT...] (entries are\n"
+             "                      written there and expire by their TTL)\n");
 }
 
 int bench_remote(int argc, char **argv) {
-  static const struct option lo[] = {{"bytes", required_argument, 0, 'b'},
-                                     {"block-bytes", required_argument, 0, 'k'},
-                                     {"json", no_argument, 0, 'j'},
-                                     {"help", no_argument, 0, 'h'},
-                                     {0, 0, 0, 0}};
+  static const struct option lo[] = {
+      {"bytes", required_argument, 0, 'b'}, {"block-bytes", required_argument, 0, 'k'},
+      {"json", no_argument, 0, 'j'},        {"redis", required_argument, 0, 'r'},
+      {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
   uint64_t bytes = 256ull << 20, block = 1ull << 20;
   bool json = false;
+  const char *given_url = NULL;
   optind = 1;
   int c;
   while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -230,11 +235,18 @@ int bench_remote(int argc, char **argv) {
       }
       break;
     case 'j': json = true; break;
+    case 'r':
+      if (strlen(optarg) >= 256) {
+        cli_bad_value("openinfer bench remote", lo, c, optarg);
+        return CLI_USAGE;
+      }
+      given_url = optarg;
+      break;
     case 'h': remote_usage(stdout); return CLI_OK;
     default: remote_usage(stderr); return CLI_USAGE;
     }
   }
-  if (!cli_on_path("redis-server")) {
+  if (!given_url && !cli_on_path("redis-server")) {
     fprintf(stderr, "openinfer bench remote: needs redis-server (Debian: redis-server)\n");
     return CLI_FAILED;
   }
@@ -244,7 +256,7 @@ int bench_remote(int argc, char **argv) {
   bytes = nblocks * block;
   uint64_t pool = bytes + bytes / 4 + (64ull << 20);
 
-  char dir[256], secret[300], rlog[300], url[64];
+  char dir[256], secret[300], rlog[300], url[256];
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/openinfer-bench-remote-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir)) return CLI_FAILED;
@@ -255,10 +267,12 @@ int bench_remote(int argc, char **argv) {
   close(fd);
   int rport = cli_free_port();
   snprintf(url, sizeof url, "redis://127.0.0.1:%d", rport);
+  if (given_url) snprintf(url, sizeof url, "%s", given_url);
   char port_s[16];
   snprintf(port_s, sizeof port_s, "%d", rport);
-  pid_t redis = fork();
-  if (redis == 0) {
+  pid_t redis = given_url ? 0 : fork();
+  if (redis < 0) return CLI_FAILED;
+  if (redis == 0 && !given_url) {
     int lf = open(rlog, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (lf >= 0) {
       dup2(lf, 1);
@@ -268,7 +282,7 @@ int bench_remote(int argc, char **argv) {
            "--appendonly", "no", (char *)NULL);
     _exit(127);
   }
-  nap_ms(300);
+  if (!given_url) nap_ms(300);
   int rc = CLI_FAILED;
   rnode a = {0}, b = {0}, plain = {0};
   oi_dir *d = NULL;
@@ -416,9 +430,9 @@ int bench_remote(int argc, char **argv) {
            evict_with_ns, evict_without_ns, withdraw_ns, (unsigned long long)sb.remote_blocks,
            (unsigned long long)sb.remote_failed, (unsigned long long)sa.served_blocks);
   } else {
-    printf("openinfer bench remote — libopeninfer %s; two nodes on 127.0.0.1, a private "
-           "redis-server\n\n",
-           oi_version_string());
+    printf("openinfer bench remote — libopeninfer %s; two nodes on 127.0.0.1, %s%s\n\n",
+           oi_version_string(), given_url ? "the directory at " : "a private redis-server",
+           given_url ? given_url : "");
     printf("  1. restore across nodes, %llu blocks of %llu B  %7.3f GB/s  (%.2f s; every byte "
            "%s)\n",
            (unsigned long long)nblocks, (unsigned long long)block, restore_gbps, restore_s,
@@ -445,8 +459,10 @@ out:
   node_close(&plain);
   node_close(&b);
   node_close(&a);
-  kill(redis, SIGKILL);
-  waitpid(redis, NULL, 0);
+  if (redis > 0) {
+    kill(redis, SIGKILL);
+    waitpid(redis, NULL, 0);
+  }
   unlink(secret);
   unlink(rlog);
   rmdir(dir);

@@ -82,7 +82,13 @@ void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *ha
     nb->ns = ns.id;
     nb->state = BLOCK_IN_FLIGHT;
     nb->spilling = nb->lower = 0;
-    oi__index_insert_locked(h, s, nb);
+    if (!oi__index_insert_locked(h, s, nb)) { /* the index could not grow */
+      pthread_mutex_unlock(&s->lock);
+      nb->state = BLOCK_FREE;
+      oi__pool_free(h, nb);
+      dropped++;
+      continue;
+    }
     pthread_mutex_unlock(&s->lock);
     k++;
     sink->accepted(sink->ctx, i, nb, oi__block_data(h, nb));
@@ -103,7 +109,7 @@ void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blo
   uint64_t now = oi__now_ns();
   for (size_t i = 0; i < n; i++) {
     host_block *b = blocks[i];
-    index_shard *s = &h->shards[b->shard];
+    index_shard *s = oi__block_shard(h, b);
     pthread_mutex_lock(&s->lock);
     if (ok) {
       b->state = BLOCK_SEALED;
@@ -220,7 +226,7 @@ oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t inst
     if (st != OI_OK) {
       pin_tally undo = {0, 0};
       for (size_t i = 0; i < found; i++) {
-        index_shard *s = &h->shards[pinned[i]->shard];
+        index_shard *s = oi__block_shard(h, pinned[i]);
         pthread_mutex_lock(&s->lock);
         oi__block_unpin_locked(s, pinned[i], &undo);
         pthread_mutex_unlock(&s->lock);
@@ -260,7 +266,7 @@ void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, 
   if (n) oi__hist_record(&h->c.load_latency, latency_ns);
   for (size_t i = 0; i < n; i++) {
     host_block *b = blocks[i];
-    index_shard *s = &h->shards[b->shard];
+    index_shard *s = oi__block_shard(h, b);
     pthread_mutex_lock(&s->lock);
     oi__block_pinned_update(h, true, b->pins || b->loading > 1);
     if (--b->loading == 0) {

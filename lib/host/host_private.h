@@ -28,22 +28,22 @@ typedef enum block_state {
  * slot. OI_NIL names none. */
 #define OI_NIL UINT32_MAX
 
-/* One host block slot. While indexed, (ns, hash) names it in shard `shard`.
- * It is on its shard's LRU list iff oi__block_evictable. Its
- * bytes are computed from its id (oi__block_data). */
+/* One host block slot, 48 bytes. While indexed, (ns, hash) names it in the
+ * shard oi__block_shard picks. It is on its shard's LRU list iff
+ * oi__block_evictable. Its bytes are computed from its id (oi__block_data),
+ * its size class from its chunk (oi__block_cls). The bit fields share one
+ * word: they change only under the block's shard lock (or while the block is
+ * free, owned by whoever holds it). */
 struct host_block {
   oi_block_hash hash;
   uint32_t ns;
-  uint8_t state;
-  uint8_t cls;
-  uint16_t shard;
-  uint8_t spilling;     /* a lower tier is copying its bytes (not evictable) */
-  uint8_t lower;        /* a lower tier holds a copy (a spill or a promotion) */
-  uint32_t pins;        /* leases naming it */
-  uint32_t loading;     /* loads reading it */
-  uint32_t id;          /* this record's id */
-  uint32_t bucket_next; /* ids, OI_NIL for none */
-  uint32_t lru_prev, lru_next;
+  uint32_t pins;               /* leases naming it */
+  uint32_t loading : 24;       /* loads reading it */
+  uint32_t state : 2;          /* block_state */
+  uint32_t spilling : 1;       /* a lower tier is copying its bytes (not evictable) */
+  uint32_t lower : 1;          /* a lower tier holds a copy (a spill or a promotion) */
+  uint32_t id;                 /* this record's id */
+  uint32_t lru_prev, lru_next; /* ids, OI_NIL for none; a free slot's next free in lru_next */
   uint64_t last_used;
 };
 
@@ -62,10 +62,17 @@ typedef struct spill_entry {
   oi_block_hash hash;
 } spill_entry;
 
+/* A shard's index is an open-addressing table (Robin Hood linear probing,
+ * backward-shift deletion) of 8-byte entries: the low 32 bits of the key (the
+ * tag) above a record id. A slot's home is the tag scaled to the table size,
+ * so the table reorganizes itself from the tags alone, and a lookup (a miss
+ * too) reads one run of entries, usually one cache line, before any record. */
+#define OI_INDEX_EMPTY UINT64_MAX
+
 typedef struct index_shard {
   pthread_mutex_t lock;
-  uint32_t *buckets; /* record ids, OI_NIL for empty */
-  size_t nbuckets, count;
+  uint64_t *slots; /* (tag << 32) | id; OI_INDEX_EMPTY for none */
+  uint32_t nslots, count;
   struct oi_offload_host *host;
   uint32_t lru_head[OI_MAX_SIZE_CLASSES], lru_tail[OI_MAX_SIZE_CLASSES];
 } __attribute__((aligned(64))) index_shard;
@@ -74,7 +81,7 @@ typedef struct size_class {
   pthread_mutex_t lock;
   uint64_t block_bytes;
   uint64_t slot_bytes;
-  uint32_t free_head; /* free slots' ids, chained through bucket_next (they are in no index) */
+  uint32_t free_head; /* free slots' ids, chained through lru_next (they are in no index) */
   size_t nfree;
   atomic_uint_fast64_t slots;    /* carved slots */
   atomic_uint_fast64_t resident; /* in flight or sealed */
@@ -198,9 +205,14 @@ struct oi_offload_host {
 static inline host_block *oi__rec(const oi_offload_host *h, uint32_t id) {
   return h->chunks[id >> h->slot_bits].records + (id & ((1u << h->slot_bits) - 1));
 }
+/* A block's size class: its chunk's (stable while the block is allocated). */
+static inline uint32_t oi__block_cls(const oi_offload_host *h, const host_block *b) {
+  return (uint32_t)h->chunks[b->id >> h->slot_bits].cls;
+}
 static inline uint8_t *oi__block_data(const oi_offload_host *h, const host_block *b) {
   return (uint8_t *)h->pool.host + (uint64_t)(b->id >> h->slot_bits) * h->chunk_bytes +
-         (uint64_t)(b->id & ((1u << h->slot_bits) - 1)) * h->classes[b->cls].slot_bytes;
+         (uint64_t)(b->id & ((1u << h->slot_bits) - 1)) *
+             h->classes[oi__block_cls(h, b)].slot_bytes;
 }
 
 /* Adds `d` (may be negative, two's complement) to namespace `ns`'s resident
@@ -256,6 +268,11 @@ static inline uint64_t oi__index_key(uint32_t ns, const oi_block_hash *h) {
 static inline index_shard *oi__index_shard_of(oi_offload_host *h, uint64_t key) {
   return &h->shards[(key >> 48) & (h->nshards - 1)];
 }
+/* The shard holding an indexed block (from its name, which does not change
+ * while it is indexed). */
+static inline index_shard *oi__block_shard(oi_offload_host *h, const host_block *b) {
+  return oi__index_shard_of(h, oi__index_key(b->ns, &b->hash));
+}
 index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash);
 host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_hash *hash);
 /* As oi__index_find_locked, given key = oi__index_key(ns, hash). */
@@ -263,7 +280,9 @@ host_block *oi__index_find_key_locked(index_shard *s, uint64_t key, uint32_t ns,
                                       const oi_block_hash *hash);
 /* Prefetches what looking up `hashes` will touch (a hint; takes no lock). */
 void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n);
-void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b);
+/* Indexes b (its ns and hash set). false: the table is full and could not
+ * grow (out of memory); b is not indexed. */
+bool oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b);
 void oi__index_remove_locked(index_shard *s, host_block *b);
 void oi__lru_push_locked(index_shard *s, host_block *b); /* most recent end */
 void oi__lru_remove_locked(index_shard *s, host_block *b);

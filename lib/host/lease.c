@@ -27,7 +27,7 @@ static void unpin_blocks(oi_offload_host *h, host_block **blocks, size_t n) {
   pin_tally t = {0, 0};
   for (size_t i = 0; i < n; i++) {
     host_block *b = blocks[i];
-    index_shard *s = &h->shards[b->shard];
+    index_shard *s = oi__block_shard(h, b);
     pthread_mutex_lock(&s->lock);
     oi__block_unpin_locked(s, b, &t);
     pthread_mutex_unlock(&s->lock);
@@ -156,7 +156,7 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
   }
   for (size_t i = 0; i < n; i++) {
     host_block *b = l->blocks[i];
-    index_shard *s = &h->shards[b->shard];
+    index_shard *s = oi__block_shard(h, b);
     pthread_mutex_lock(&s->lock);
     oi__block_pinned_update(h, b->pins || b->loading, true);
     if (b->loading++ == 0) atomic_fetch_add(&h->c.blocks_loading, 1);

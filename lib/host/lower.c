@@ -213,7 +213,7 @@ size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max,
 void oi__host_spill_end(oi_offload_host *h, const oi_host_spill *spills, size_t n, const bool *ok) {
   for (size_t i = 0; i < n; i++) {
     host_block *b = spills[i].block;
-    index_shard *s = &h->shards[b->shard];
+    index_shard *s = oi__block_shard(h, b);
     pthread_mutex_lock(&s->lock);
     b->spilling = 0;
     if (ok[i]) b->lower = 1;
@@ -240,7 +240,7 @@ void oi__host_spill_wake(oi_offload_host *h) {
 
 void oi__host_mark_lower(oi_offload_host *h, host_block *const *blocks, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    index_shard *s = &h->shards[blocks[i]->shard];
+    index_shard *s = oi__block_shard(h, blocks[i]);
     pthread_mutex_lock(&s->lock);
     blocks[i]->lower = 1;
     pthread_mutex_unlock(&s->lock);

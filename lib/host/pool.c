@@ -95,7 +95,7 @@ oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t 
 }
 
 static inline void push_free_locked(size_class *c, host_block *b) {
-  b->bucket_next = c->free_head;
+  b->lru_next = c->free_head;
   c->free_head = b->id;
   c->nfree++;
 }
@@ -103,8 +103,8 @@ static inline void push_free_locked(size_class *c, host_block *b) {
 static inline host_block *pop_free_locked(oi_offload_host *h, size_class *c) {
   if (c->free_head == OI_NIL) return NULL;
   host_block *b = oi__rec(h, c->free_head);
-  c->free_head = b->bucket_next;
-  b->bucket_next = OI_NIL;
+  c->free_head = b->lru_next;
+  b->lru_next = OI_NIL;
   c->nfree--;
   return b;
 }
@@ -133,9 +133,8 @@ static bool carve_chunk(oi_offload_host *h, uint32_t cls) {
     return false;
   }
   for (uint32_t i = 0; i < nslots; i++) {
-    recs[i].cls = (uint8_t)cls;
     recs[i].id = (idx << h->slot_bits) | i;
-    recs[i].bucket_next = recs[i].lru_prev = recs[i].lru_next = OI_NIL;
+    recs[i].lru_prev = recs[i].lru_next = OI_NIL;
   }
   ch->cls = (int)cls;
   ch->nslots = nslots;
@@ -161,16 +160,16 @@ static bool reclaim_free_chunk(oi_offload_host *h, uint32_t for_cls) {
     size_class *c = &h->classes[ch->cls];
     pthread_mutex_lock(&c->lock);
     size_t in_chunk = 0;
-    for (uint32_t id = c->free_head; id != OI_NIL; id = oi__rec(h, id)->bucket_next)
+    for (uint32_t id = c->free_head; id != OI_NIL; id = oi__rec(h, id)->lru_next)
       in_chunk += (id >> h->slot_bits) == i;
     if (in_chunk == ch->nslots) {
       uint32_t *link = &c->free_head;
       while (*link != OI_NIL) {
         host_block *b = oi__rec(h, *link);
         if ((*link >> h->slot_bits) == i)
-          *link = b->bucket_next;
+          *link = b->lru_next;
         else
-          link = &b->bucket_next;
+          link = &b->lru_next;
       }
       c->nfree -= in_chunk;
       atomic_fetch_sub(&c->slots, ch->nslots);
@@ -214,10 +213,10 @@ host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls) {
 
 void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n) {
   for (size_t i = 0; i < n;) {
-    size_class *c = &h->classes[blocks[i]->cls];
+    size_class *c = &h->classes[oi__block_cls(h, blocks[i])];
     pthread_mutex_lock(&c->lock);
     size_t k = 0;
-    for (; i < n && &h->classes[blocks[i]->cls] == c; i++, k++) {
+    for (; i < n && &h->classes[oi__block_cls(h, blocks[i])] == c; i++, k++) {
       host_block *b = blocks[i];
       b->state = BLOCK_FREE;
       b->pins = b->loading = 0;

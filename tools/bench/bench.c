@@ -147,7 +147,7 @@ static void print_table(const bench_host_result *r, const verdicts *v, int cpus)
          ">= 10 M", pf(v->lookups));
   printf("  %-44s %9.1f B    %-14s %s\n", "index bytes / resident block", r->overhead_per_block,
          "<= 64 B", pf(v->overhead));
-  printf("    = (%zu B host_block x %s carved slots + %s buckets x %zu B) / %s blocks\n",
+  printf("    = (%zu B host_block x %s carved slots + %s table slots x %zu B) / %s blocks\n",
          r->record_bytes, grouped(r->slots_carved, a, sizeof a), grouped(r->buckets, b, sizeof b),
          r->bucket_bytes, grouped(r->index_blocks, c, sizeof c));
   printf("    (%u shards; free slots are chained through their records)\n\n", r->shards);

@@ -171,8 +171,8 @@ static int index_lookups(oi_offload_host *h, uint32_t ns, uint64_t n, uint64_t d
 }
 
 /* Memory the index costs: one host_block record per carved slot, plus the
- * bucket arrays of every shard (free slots are chained through their records:
- * the free list costs nothing more). */
+ * open-addressing tables of every shard (free slots are chained through their
+ * records: the free list costs nothing more). */
 static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_result *r) {
   uint64_t slots = 0, buckets = 0;
   uint32_t ncls = atomic_load(&h->nclasses);
@@ -183,16 +183,16 @@ static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_res
   }
   for (uint32_t i = 0; i < h->nshards; i++) {
     pthread_mutex_lock(&h->shards[i].lock);
-    buckets += h->shards[i].nbuckets;
+    buckets += h->shards[i].nslots;
     pthread_mutex_unlock(&h->shards[i].lock);
   }
   r->slots_carved = slots;
   r->buckets = buckets;
   r->shards = h->nshards;
   r->record_bytes = sizeof(host_block);
-  r->bucket_bytes = sizeof *h->shards[0].buckets;
+  r->bucket_bytes = sizeof *h->shards[0].slots;
   r->overhead_per_block =
-      (double)(slots * sizeof(host_block) + buckets * sizeof *h->shards[0].buckets) /
+      (double)(slots * sizeof(host_block) + buckets * sizeof *h->shards[0].slots) /
       (double)resident;
 }
 

@@ -141,17 +141,18 @@ void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blo
 void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                          uint8_t *present, uint64_t *hits, uint64_t *pending) {
   uint64_t found = 0, in_flight = 0;
-  oi__index_prefetch(h, ns.id, hashes, n);
-  for (size_t i = 0; i < n; i++) {
-    uint64_t key = oi__index_key(ns.id, &hashes[i]);
-    index_shard *s = oi__index_shard_of(h, key);
-    pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
-    bool hit = b && b->state == BLOCK_SEALED;
-    in_flight += b && b->state == BLOCK_IN_FLIGHT;
-    pthread_mutex_unlock(&s->lock);
-    present[i] = hit;
-    found += hit;
+  for (size_t at = 0; at < n; at += OI_BATCH) {
+    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
+    index_batch q;
+    oi__index_batch_lock(h, &q, ns.id, hashes + at, k);
+    for (size_t i = 0; i < k; i++) {
+      host_block *b = q.found[i];
+      bool hit = b && b->state == BLOCK_SEALED;
+      in_flight += b && b->state == BLOCK_IN_FLIGHT;
+      present[at + i] = hit;
+      found += hit;
+    }
+    oi__index_batch_unlock(h, &q);
   }
   if (pending) *pending = in_flight;
   atomic_fetch_add(&h->c.query_hit_blocks, found);
@@ -159,42 +160,63 @@ void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash 
   *hits = found;
 }
 
-/* The run of blocks in flight, or sealed, in hashes[from..n), where `from`
- * is where a walk of the sealed prefix stopped: a block there that is
- * sealed now sealed after that walk saw it in flight, and sealed blocks
- * behind one still in flight are not hits yet either. Both are pending (the
- * caller asks again), not misses: ending the run at a sealed block would
- * report 0 pending for a prefix whose next block just finished, and its
- * caller would stop waiting with blocks about to hit. */
-static uint64_t in_flight_run(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes,
-                              size_t from, size_t n) {
-  uint64_t run = 0;
-  for (size_t i = from; i < n; i++, run++) {
-    uint64_t key = oi__index_key(ns.id, &hashes[i]);
-    index_shard *s = oi__index_shard_of(h, key);
-    pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
-    bool in_flight = b && (b->state == BLOCK_IN_FLIGHT || b->state == BLOCK_SEALED);
-    pthread_mutex_unlock(&s->lock);
-    if (!in_flight) break;
+/* Walks the longest sealed prefix of hashes[0..n) and, with `pending`, the
+ * run of blocks in flight, or sealed, right after it: a block there that is
+ * sealed now sealed after the walk saw the one before it in flight, and
+ * sealed blocks behind one still in flight are not hits yet either. Both are
+ * pending (the caller asks again), not misses: ending the run at a sealed
+ * block would report 0 pending for a prefix whose next block just finished,
+ * and its caller would stop waiting with blocks about to hit.
+ *
+ * A batch of shards at a time (the first hash alone: a miss costs one
+ * lookup). With `pinned`, pins the prefix into pinned[] (tallied in *t). */
+static void prefix_walk(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n,
+                        host_block **pinned, pin_tally *t, uint64_t *sealed, uint64_t *pending) {
+  size_t found = 0, run = 0;
+  bool in_run = false, done = false;
+  for (size_t at = 0; at < n && !done;) {
+    size_t k = OI_MIN(at == 0 ? (size_t)1 : (size_t)OI_BATCH, n - at), i = 0;
+    index_batch q;
+    oi__index_batch_lock(h, &q, ns, hashes + at, k);
+    if (!in_run) {
+      while (i < k && q.found[i] && q.found[i]->state == BLOCK_SEALED)
+        i++;
+      if (pinned) {
+        /* The LRU neighbours a pin unlinks from, all at once. */
+        for (size_t j = 0; j < i; j++) {
+          host_block *b = q.found[j];
+          if (!oi__block_evictable(b)) continue;
+          if (b->lru_prev != OI_NIL) __builtin_prefetch(oi__rec(h, b->lru_prev), 1);
+          if (b->lru_next != OI_NIL) __builtin_prefetch(oi__rec(h, b->lru_next), 1);
+        }
+        for (size_t j = 0; j < i; j++) {
+          oi__block_pin_locked(oi__index_batch_shard(h, &q, j), q.found[j], t);
+          pinned[found + j] = q.found[j];
+        }
+      }
+      found += i;
+      if (i < k) {
+        in_run = true;
+        done = !pending;
+      }
+    }
+    for (; in_run && !done && i < k; i++) {
+      host_block *b = q.found[i];
+      if (b && (b->state == BLOCK_IN_FLIGHT || b->state == BLOCK_SEALED))
+        run++;
+      else
+        done = true;
+    }
+    oi__index_batch_unlock(h, &q);
+    at += k;
   }
-  return run;
+  *sealed = found;
+  if (pending) *pending = run;
 }
 
 void oi__host_prefix_probe(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                            uint64_t *sealed, uint64_t *pending) {
-  size_t found = 0;
-  for (; found < n; found++) {
-    uint64_t key = oi__index_key(ns.id, &hashes[found]);
-    index_shard *s = oi__index_shard_of(h, key);
-    pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[found]);
-    bool hit = b && b->state == BLOCK_SEALED;
-    pthread_mutex_unlock(&s->lock);
-    if (!hit) break;
-  }
-  *sealed = found;
-  *pending = in_flight_run(h, ns, hashes, found, n);
+  prefix_walk(h, ns.id, hashes, n, NULL, NULL, sealed, pending);
 }
 
 oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t instance,
@@ -204,34 +226,16 @@ oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t inst
   *hits = 0;
   if (pending) *pending = 0;
   if (n == 0) return OI_OK;
-  host_block *stack[64], **pinned = n <= 64 ? stack : oi__malloc(n * sizeof *pinned);
+  host_block *stack[OI_BATCH], **pinned = n <= OI_BATCH ? stack : oi__malloc(n * sizeof *pinned);
   if (!pinned) return oi__fail(OI_ERR_OUT_OF_MEMORY, "query: out of memory");
-  oi__index_prefetch(h, ns.id, hashes, n);
-  size_t found = 0;
+  uint64_t found, run = 0;
   pin_tally tally = {0, 0};
-  for (; found < n; found++) {
-    uint64_t key = oi__index_key(ns.id, &hashes[found]);
-    index_shard *s = oi__index_shard_of(h, key);
-    pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[found]);
-    bool hit = b && b->state == BLOCK_SEALED;
-    if (hit) oi__block_pin_locked(s, b, &tally);
-    pthread_mutex_unlock(&s->lock);
-    if (!hit) break;
-    pinned[found] = b;
-  }
+  prefix_walk(h, ns.id, hashes, n, pinned, &tally, &found, pending ? &run : NULL);
   oi__pin_tally_apply(h, &tally);
   if (found > 0) {
     oi_status st = oi__lease_create(h, instance, ns.id, principal, shares, pinned, found, lease);
     if (st != OI_OK) {
-      pin_tally undo = {0, 0};
-      for (size_t i = 0; i < found; i++) {
-        index_shard *s = oi__block_shard(h, pinned[i]);
-        pthread_mutex_lock(&s->lock);
-        oi__block_unpin_locked(s, pinned[i], &undo);
-        pthread_mutex_unlock(&s->lock);
-      }
-      oi__pin_tally_apply(h, &undo);
+      oi__blocks_unpin(h, pinned, found);
       if (pinned != stack) oi__free(pinned);
       return st;
     }
@@ -240,7 +244,7 @@ oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t inst
   atomic_fetch_add(&h->c.query_hit_blocks, found);
   atomic_fetch_add(&h->c.query_miss_blocks, n - found);
   *hits = found;
-  if (pending) *pending = in_flight_run(h, ns, hashes, found, n);
+  if (pending) *pending = run;
   return OI_OK;
 }
 
@@ -264,20 +268,25 @@ oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_princip
 void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, bool ok,
                        uint64_t bytes, uint64_t latency_ns) {
   if (n) oi__hist_record(&h->c.load_latency, latency_ns);
-  for (size_t i = 0; i < n; i++) {
-    host_block *b = blocks[i];
-    index_shard *s = oi__block_shard(h, b);
-    pthread_mutex_lock(&s->lock);
-    oi__block_pinned_update(h, true, b->pins || b->loading > 1);
-    if (--b->loading == 0) {
-      atomic_fetch_sub(&h->c.blocks_loading, 1);
-      if (oi__block_evictable(b)) {
-        b->last_used = oi__now_ns();
-        oi__lru_push_locked(s, b);
+  uint64_t now = oi__now_ns(), unloaded = 0;
+  for (size_t at = 0; at < n; at += OI_BATCH) { /* each shard locked once per batch */
+    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
+    shard_set set;
+    oi__blocks_lock(h, &set, blocks + at, k);
+    for (size_t i = at; i < at + k; i++) {
+      host_block *b = blocks[i];
+      oi__block_pinned_update(h, true, b->pins || b->loading > 1);
+      if (--b->loading == 0) {
+        unloaded++;
+        if (oi__block_evictable(b)) {
+          b->last_used = now;
+          oi__lru_push_locked(oi__block_shard(h, b), b);
+        }
       }
     }
-    pthread_mutex_unlock(&s->lock);
+    oi__shard_set_unlock(h, &set);
   }
+  if (unloaded) atomic_fetch_sub(&h->c.blocks_loading, unloaded);
   if (ok) {
     atomic_fetch_add(&h->c.loads_completed, 1);
     atomic_fetch_add(&h->c.blocks_loaded, n);

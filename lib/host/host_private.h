@@ -109,8 +109,14 @@ typedef struct lease_rec {
   uint64_t principal; /* ...by this principal only */
   uint64_t expires_ns;
   size_t n;
-  host_block **blocks;
+  host_block **blocks; /* `inline_blocks` up to OI_LEASE_INLINE blocks */
+  host_block *inline_blocks[];
 } lease_rec;
+
+/* Leases of up to this many blocks hold them in their record, and records
+ * are kept for reuse (up to OI_LEASE_SPARE): a query allocates nothing. */
+#define OI_LEASE_INLINE 64
+#define OI_LEASE_SPARE 256
 
 typedef struct host_counters {
   atomic_uint_fast64_t blocks_in_flight, blocks_sealed, blocks_leased, blocks_loading;
@@ -159,6 +165,8 @@ struct oi_offload_host {
   pthread_mutex_t lease_lock;
   lease_rec **lease_buckets;
   size_t lease_nbuckets, lease_count;
+  lease_rec *lease_spare; /* records of OI_LEASE_INLINE blocks for reuse, under lease_lock */
+  size_t lease_nspare;
   uint64_t next_lease_id;
   uint64_t lease_tag_state;
 
@@ -280,6 +288,51 @@ host_block *oi__index_find_key_locked(index_shard *s, uint64_t key, uint32_t ns,
                                       const oi_block_hash *hash);
 /* Prefetches what looking up `hashes` will touch (a hint; takes no lock). */
 void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n);
+/* ---- batches: per call, not per block, locking ----
+ * A batch of up to OI_BATCH hashes (or blocks) takes each shard it touches
+ * once, in ascending shard order (so batches never deadlock one another;
+ * nothing else holds two shard locks), after prefetching the table lines
+ * and the locks of all of them; lookups then overlap their misses: every
+ * table run is read first, the candidate records are prefetched, then
+ * checked. Lock order is unchanged: lease table -> shards -> lower tier,
+ * watcher. */
+#define OI_BATCH 64
+
+typedef struct shard_set {
+  uint32_t n;
+  uint32_t ids[OI_BATCH]; /* distinct shard indexes, ascending */
+} shard_set;
+
+/* Locks the distinct shards of shard[0..n) (n <= OI_BATCH), each once. */
+void oi__shard_set_lock(oi_offload_host *h, shard_set *set, const uint32_t *shard, size_t n);
+void oi__shard_set_unlock(oi_offload_host *h, shard_set *set);
+
+typedef struct index_batch {
+  size_t n;
+  uint32_t ns;
+  const oi_block_hash *hashes;
+  shard_set locked;
+  uint64_t key[OI_BATCH];
+  uint32_t shard[OI_BATCH];
+  host_block *found[OI_BATCH]; /* NULL: not indexed */
+} index_batch;
+
+/* Looks up hashes[0..n) (n <= OI_BATCH) of namespace ns and returns with
+ * their shards locked (q->found valid until oi__index_batch_unlock). */
+void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
+                          const oi_block_hash *hashes, size_t n);
+static inline void oi__index_batch_unlock(oi_offload_host *h, index_batch *q) {
+  oi__shard_set_unlock(h, &q->locked);
+}
+static inline index_shard *oi__index_batch_shard(oi_offload_host *h, const index_batch *q,
+                                                 size_t i) {
+  return &h->shards[q->shard[i]];
+}
+/* Locks the shards of blocks[0..n) (n <= OI_BATCH, indexed blocks). */
+void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *blocks, size_t n);
+/* Unpins blocks[0..n), any n, a batch of shards at a time. */
+void oi__blocks_unpin(oi_offload_host *h, host_block *const *blocks, size_t n);
+
 /* Indexes b (its ns and hash set). false: the table is full and could not
  * grow (out of memory); b is not indexed. */
 bool oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b);

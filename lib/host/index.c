@@ -195,6 +195,111 @@ void oi__index_remove_locked(index_shard *s, host_block *b) {
   s->count--;
 }
 
+/* ---- batches ---- */
+
+void oi__shard_set_lock(oi_offload_host *h, shard_set *set, const uint32_t *shard, size_t n) {
+  uint32_t k = 0;
+  if (h->nshards <= 64) { /* the usual case: a bit mask sorts them */
+    uint64_t mask = 0;
+    for (size_t i = 0; i < n; i++)
+      mask |= 1ull << shard[i];
+    for (; mask; mask &= mask - 1)
+      set->ids[k++] = (uint32_t)__builtin_ctzll(mask);
+  } else {
+    for (size_t i = 0; i < n; i++) { /* insertion, without duplicates */
+      uint32_t v = shard[i], j = k;
+      while (j > 0 && set->ids[j - 1] > v)
+        j--;
+      if (j > 0 && set->ids[j - 1] == v) continue;
+      memmove(&set->ids[j + 1], &set->ids[j], (k - j) * sizeof set->ids[0]);
+      set->ids[j] = v;
+      k++;
+    }
+  }
+  set->n = k;
+  for (uint32_t i = 0; i < k; i++)
+    pthread_mutex_lock(&h->shards[set->ids[i]].lock);
+}
+
+void oi__shard_set_unlock(oi_offload_host *h, shard_set *set) {
+  for (uint32_t i = set->n; i-- > 0;)
+    pthread_mutex_unlock(&h->shards[set->ids[i]].lock);
+  set->n = 0;
+}
+
+/* The first entry of s's table with tag `tag` (its id), or OI_NIL. */
+static uint32_t first_with_tag(const index_shard *s, uint32_t tag) {
+  uint32_t n = s->nslots, pos = home_of(tag, n);
+  const uint64_t *t = s->slots;
+  for (uint32_t d = 0;; d++) {
+    uint64_t e = t[pos];
+    if (e == OI_INDEX_EMPTY) return OI_NIL;
+    if (entry_tag(e) == tag) return entry_id(e);
+    if (dist_of(e, pos, n) < d) return OI_NIL;
+    if (++pos == n) pos = 0;
+  }
+}
+
+void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
+                          const oi_block_hash *hashes, size_t n) {
+  q->n = n;
+  q->ns = ns;
+  q->hashes = hashes;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t k = key_hash(ns, &hashes[i]);
+    uint32_t si = (uint32_t)(k >> 48) & (h->nshards - 1);
+    index_shard *s = &h->shards[si];
+    q->key[i] = k;
+    q->shard[i] = si;
+    /* A hint before the lock (see oi__index_prefetch). */
+    uint64_t *slots = __atomic_load_n(&s->slots, __ATOMIC_RELAXED);
+    uint32_t nslots = __atomic_load_n(&s->nslots, __ATOMIC_RELAXED);
+    __builtin_prefetch(&s->lock, 1);
+    __builtin_prefetch(&slots[home_of((uint32_t)k, nslots)]);
+  }
+  oi__shard_set_lock(h, &q->locked, q->shard, n);
+  /* Every table run first (their misses overlap), the candidates' records
+   * prefetched, then checked. */
+  uint32_t cand[OI_BATCH];
+  for (size_t i = 0; i < n; i++) {
+    cand[i] = first_with_tag(&h->shards[q->shard[i]], (uint32_t)q->key[i]);
+    if (cand[i] != OI_NIL) __builtin_prefetch(oi__rec(h, cand[i]), 1);
+  }
+  for (size_t i = 0; i < n; i++) {
+    host_block *b = NULL;
+    if (cand[i] != OI_NIL) {
+      b = oi__rec(h, cand[i]);
+      if (b->ns != ns || memcmp(b->hash.bytes, hashes[i].bytes, sizeof b->hash.bytes) != 0)
+        b = oi__index_find_key_locked(&h->shards[q->shard[i]], q->key[i], ns, &hashes[i]);
+    }
+    q->found[i] = b;
+  }
+}
+
+void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *blocks, size_t n) {
+  uint32_t shard[OI_BATCH];
+  for (size_t i = 0; i < n; i++) {
+    shard[i] = (uint32_t)(oi__block_shard(h, blocks[i]) - h->shards);
+    __builtin_prefetch(&h->shards[shard[i]].lock, 1);
+  }
+  oi__shard_set_lock(h, set, shard, n);
+}
+
+void oi__blocks_unpin(oi_offload_host *h, host_block *const *blocks, size_t n) {
+  pin_tally t = {0, 0};
+  for (size_t at = 0; at < n; at += OI_BATCH) {
+    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
+    shard_set set;
+    oi__blocks_lock(h, &set, blocks + at, k);
+    for (size_t i = 0; i < k; i++) {
+      host_block *b = blocks[at + i];
+      oi__block_unpin_locked(oi__block_shard(h, b), b, &t);
+    }
+    oi__shard_set_unlock(h, &set);
+  }
+  oi__pin_tally_apply(h, &t);
+}
+
 void oi__lru_push_locked(index_shard *s, host_block *b) {
   int c = (int)oi__block_cls(s->host, b);
   b->lru_prev = OI_NIL;

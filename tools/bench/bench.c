@@ -143,8 +143,10 @@ static void print_table(const bench_host_result *r, const verdicts *v, int cpus)
          grouped(r->index_blocks, a, sizeof a), (unsigned long long)r->index_block_bytes, r->fill_s,
          r->fill_blocks_per_s / 1e6);
   printf("  %-44s %11s    %-14s\n", "", "measured", "target");
-  printf("  %-44s %9.2f M    %-14s %s\n", "lookups / s, one thread", r->lookups_per_s / 1e6,
-         ">= 10 M", pf(v->lookups));
+  printf("  %-44s %9.2f M    %-14s %s\n", "lookups / s, one thread, batches of 64",
+         r->lookups_per_s / 1e6, ">= 10 M", pf(v->lookups));
+  printf("  %-44s %9.2f M    (diagnostic)\n", "lookups / s, one thread, one at a time",
+         r->lookups_single_per_s / 1e6);
   printf("  %-44s %9.1f B    %-14s %s\n", "index bytes / resident block", r->overhead_per_block,
          "<= 64 B", pf(v->overhead));
   printf("    = (%zu B host_block x %s carved slots + %s table slots x %zu B) / %s blocks\n",
@@ -209,13 +211,15 @@ static void print_json(const bench_host_result *r, const verdicts *v, int cpus, 
          oi_version_string(), cpus, quick ? "true" : "false");
   printf(",\"index_blocks\":%llu,\"index_block_bytes\":%llu,\"index_fill_s\":%.4f"
          ",\"index_fill_blocks_per_s\":%.1f,\"index_lookups\":%llu,\"index_lookups_per_s\":%.1f"
+         ",\"index_lookups_single_per_s\":%.1f"
          ",\"index_lookup_threads\":1,\"index_overhead_bytes_per_block\":%.3f"
          ",\"index_record_bytes\":%zu,\"index_slots_carved\":%llu,\"index_buckets\":%llu"
          ",\"index_bucket_bytes\":%zu,\"index_shards\":%u",
          (unsigned long long)r->index_blocks, (unsigned long long)r->index_block_bytes, r->fill_s,
          r->fill_blocks_per_s, (unsigned long long)r->lookups, r->lookups_per_s,
-         r->overhead_per_block, r->record_bytes, (unsigned long long)r->slots_carved,
-         (unsigned long long)r->buckets, r->bucket_bytes, r->shards);
+         r->lookups_single_per_s, r->overhead_per_block, r->record_bytes,
+         (unsigned long long)r->slots_carved, (unsigned long long)r->buckets, r->bucket_bytes,
+         r->shards);
   printf(",\"query_blocks\":%u,\"query_samples\":%u", r->query_blocks, r->query_samples);
   json_lat("query_hit_run", r->query_hit_run);
   json_lat("query_hit_scattered", r->query_hit_scattered);

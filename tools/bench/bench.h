@@ -30,8 +30,9 @@ typedef struct bench_host_result {
   uint64_t index_block_bytes;
   double fill_s;
   double fill_blocks_per_s;
-  double lookups_per_s; /* one thread */
-  uint64_t lookups;     /* performed while measuring */
+  double lookups_per_s;        /* one thread, in batches of 64 (as queries look up) */
+  double lookups_single_per_s; /* one thread, one hash and one lock at a time */
+  uint64_t lookups;            /* performed while measuring */
   uint64_t slots_carved;
   uint64_t buckets; /* over every shard */
   uint32_t shards;

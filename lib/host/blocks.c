@@ -23,106 +23,174 @@ uint8_t *oi__host_block_data(const oi_offload_host *h, const host_block *b) {
 
 /* ---- saves ---- */
 
-void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
-                      const oi_host_reserve_sink *sink, oi_host_reserved *out) {
-  /* Free slots for the whole call in one lock acquisition; eviction only
-   * when the free list runs dry. (Without memory for the batch, slots come
-   * one at a time.) */
-  host_block **spare = oi__malloc(n * sizeof *spare);
-  size_t nspare = spare ? oi__pool_alloc_batch(h, ns.cls, n, spare) : 0, used = 0;
-  uint64_t dedup = 0, dropped = 0;
-  size_t k = 0;
-  oi__index_prefetch(h, ns.id, hashes, n);
-  for (size_t i = 0; i < n; i++) {
-    uint64_t key = oi__index_key(ns.id, &hashes[i]);
-    index_shard *s = oi__index_shard_of(h, key);
-    pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
+typedef struct reserve_tally {
+  size_t accepted;
+  uint64_t dedup, dropped;
+} reserve_tally;
+
+enum { OUT_NONE, OUT_ACCEPTED, OUT_IN_FLIGHT };
+
+/* Reserves hashes[idx[0..m)] (m <= OI_BATCH) under one lock per shard, with
+ * the slots spare[*used..nspare). The hashes left without a slot go to
+ * rest[*nrest...]. The sink hears of each outcome after the locks are
+ * dropped. */
+static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes,
+                          const size_t *idx, size_t m, host_block **spare, size_t nspare,
+                          size_t *used, const oi_host_reserve_sink *sink, reserve_tally *t,
+                          size_t *rest, size_t *nrest) {
+  oi_block_hash hh[OI_BATCH];
+  uint8_t out[OI_BATCH];
+  host_block *made[OI_BATCH], *unused[OI_BATCH];
+  size_t nunused = 0;
+  bool inserted = false;
+  uint64_t now = 0;
+  if (m == 0) return;
+  for (size_t j = 0; j < m; j++)
+    hh[j] = hashes[idx[j]];
+  index_batch q;
+  oi__index_batch_lock(h, &q, ns.id, hh, m);
+  for (size_t j = 0; j < m; j++) {
+    index_shard *s = oi__index_batch_shard(h, &q, j);
+    host_block *b = q.found[j];
+    /* The same hash twice in one call: the first one's slot. */
+    if (!b && inserted) b = oi__index_find_key_locked(s, q.key[j], ns.id, &hh[j]);
+    out[j] = OUT_NONE;
     if (b) {
-      bool in_flight = b->state == BLOCK_IN_FLIGHT;
       if (oi__block_evictable(b)) {
         oi__lru_remove_locked(s, b); /* a re-save is a use: move to the recent end */
-        b->last_used = oi__now_ns();
+        b->last_used = now ? now : (now = oi__now_ns());
         oi__lru_push_locked(s, b);
       }
-      pthread_mutex_unlock(&s->lock);
-      dedup++;
-      if (in_flight && sink->in_flight) sink->in_flight(sink->ctx, i);
+      t->dedup++;
+      if (b->state == BLOCK_IN_FLIGHT) out[j] = OUT_IN_FLIGHT;
       continue;
     }
-    if (spare && used == nspare && nspare < n) {
-      /* The free list ran dry: evict for the rest of the call at once (no
-       * shard lock may be held while evicting). */
-      pthread_mutex_unlock(&s->lock);
-      nspare += oi__index_evict_batch(h, (int)ns.cls, n - i, spare + nspare);
-      pthread_mutex_lock(&s->lock);
-      if (oi__index_find_locked(s, ns.id, &hashes[i])) { /* raced with another saver */
-        pthread_mutex_unlock(&s->lock);
-        dedup++;
-        continue;
-      }
+    if (*used == nspare) {
+      rest[(*nrest)++] = idx[j];
+      continue;
     }
-    host_block *nb = used < nspare ? spare[used++] : NULL;
-    if (!nb) {
-      pthread_mutex_unlock(&s->lock);
-      nb = oi__pool_alloc(h, ns.cls); /* may evict: no shard lock held */
-      if (!nb) {
-        dropped++;
-        continue;
-      }
-      pthread_mutex_lock(&s->lock);
-      if (oi__index_find_locked(s, ns.id, &hashes[i])) { /* raced with another saver */
-        pthread_mutex_unlock(&s->lock);
-        oi__pool_free(h, nb);
-        dedup++;
-        continue;
-      }
-    }
-    nb->hash = hashes[i];
+    host_block *nb = spare[(*used)++];
+    nb->hash = hh[j];
     nb->ns = ns.id;
     nb->state = BLOCK_IN_FLIGHT;
     nb->spilling = nb->lower = 0;
     if (!oi__index_insert_locked(h, s, nb)) { /* the index could not grow */
-      pthread_mutex_unlock(&s->lock);
       nb->state = BLOCK_FREE;
-      oi__pool_free(h, nb);
-      dropped++;
+      unused[nunused++] = nb;
+      t->dropped++;
       continue;
     }
-    pthread_mutex_unlock(&s->lock);
-    k++;
-    sink->accepted(sink->ctx, i, nb, oi__block_data(h, nb));
+    inserted = true;
+    made[j] = nb;
+    out[j] = OUT_ACCEPTED;
+    t->accepted++;
   }
-  if (used < nspare) oi__pool_free_batch(h, spare + used, nspare - used);
-  oi__free(spare);
-  atomic_fetch_add(&h->c.blocks_in_flight, k);
-  oi__ns_resident_add(h, ns.id, k);
+  oi__index_batch_unlock(h, &q);
+  if (nunused) oi__pool_free_batch(h, unused, nunused);
+  for (size_t j = 0; j < m; j++) {
+    if (out[j] == OUT_ACCEPTED)
+      sink->accepted(sink->ctx, idx[j], made[j], oi__block_data(h, made[j]));
+    else if (out[j] == OUT_IN_FLIGHT && sink->in_flight)
+      sink->in_flight(sink->ctx, idx[j]);
+  }
+}
+
+/* One hash the batches found no slot for: a slot from the pool (which may
+ * evict one block; no shard lock held), then the index. */
+static void reserve_one(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t i,
+                        const oi_host_reserve_sink *sink, reserve_tally *t) {
+  host_block *nb = oi__pool_alloc(h, ns.cls);
+  if (!nb) {
+    t->dropped++;
+    return;
+  }
+  uint64_t key = oi__index_key(ns.id, &hashes[i]);
+  index_shard *s = oi__index_shard_of(h, key);
+  pthread_mutex_lock(&s->lock);
+  if (oi__index_find_key_locked(s, key, ns.id, &hashes[i])) { /* raced with another saver */
+    pthread_mutex_unlock(&s->lock);
+    oi__pool_free(h, nb);
+    t->dedup++;
+    return;
+  }
+  nb->hash = hashes[i];
+  nb->ns = ns.id;
+  nb->state = BLOCK_IN_FLIGHT;
+  nb->spilling = nb->lower = 0;
+  if (!oi__index_insert_locked(h, s, nb)) {
+    pthread_mutex_unlock(&s->lock);
+    nb->state = BLOCK_FREE;
+    oi__pool_free(h, nb);
+    t->dropped++;
+    return;
+  }
+  pthread_mutex_unlock(&s->lock);
+  t->accepted++;
+  sink->accepted(sink->ctx, i, nb, oi__block_data(h, nb));
+}
+
+void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+                      const oi_host_reserve_sink *sink, oi_host_reserved *out) {
+  reserve_tally t = {0, 0, 0};
+  /* OI_BATCH hashes at a time: their free slots in one size class lock,
+   * their index entries under one lock per shard; eviction only when the
+   * free list runs dry, for the slice's remaining hashes at once (no shard
+   * lock is held while evicting). Nothing is allocated. */
+  for (size_t at = 0; at < n; at += OI_BATCH) {
+    size_t m = OI_MIN((size_t)OI_BATCH, n - at);
+    host_block *spare[OI_BATCH];
+    size_t idx[OI_BATCH], rest[OI_BATCH], nrest = 0, used = 0;
+    for (size_t j = 0; j < m; j++)
+      idx[j] = at + j;
+    size_t nspare = oi__pool_alloc_batch(h, ns.cls, m, spare);
+    reserve_batch(h, ns, hashes, idx, m, spare, nspare, &used, sink, &t, rest, &nrest);
+    if (nrest) { /* the free list ran dry */
+      size_t nidx = nrest;
+      memcpy(idx, rest, nrest * sizeof *idx);
+      nrest = 0;
+      /* Unused slots go back first: what remains to evict is for the rest. */
+      if (used < nspare) oi__pool_free_batch(h, spare + used, nspare - used);
+      used = 0;
+      nspare = oi__index_evict_batch(h, (int)ns.cls, nidx, spare);
+      reserve_batch(h, ns, hashes, idx, nidx, spare, nspare, &used, sink, &t, rest, &nrest);
+      for (size_t j = 0; j < nrest; j++)
+        reserve_one(h, ns, hashes, rest[j], sink, &t);
+    }
+    if (used < nspare) oi__pool_free_batch(h, spare + used, nspare - used);
+  }
+  atomic_fetch_add(&h->c.blocks_in_flight, t.accepted);
+  oi__ns_resident_add(h, ns.id, t.accepted);
   atomic_fetch_add(&h->c.saves_submitted, n);
-  atomic_fetch_add(&h->c.saves_deduplicated, dedup);
-  atomic_fetch_add(&h->c.saves_dropped, dropped);
-  *out = (oi_host_reserved){.accepted = k, .deduplicated = dedup, .dropped = dropped};
+  atomic_fetch_add(&h->c.saves_deduplicated, t.dedup);
+  atomic_fetch_add(&h->c.saves_dropped, t.dropped);
+  *out = (oi_host_reserved){.accepted = t.accepted, .deduplicated = t.dedup, .dropped = t.dropped};
 }
 
 void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
                        bool ok, uint64_t bytes, uint64_t latency_ns) {
   if (n) oi__hist_record(&h->c.save_latency, latency_ns);
   uint64_t now = oi__now_ns();
-  for (size_t i = 0; i < n; i++) {
-    host_block *b = blocks[i];
-    index_shard *s = oi__block_shard(h, b);
-    pthread_mutex_lock(&s->lock);
-    if (ok) {
-      b->state = BLOCK_SEALED;
-      b->last_used = now;
-      if (oi__block_evictable(b)) oi__lru_push_locked(s, b);
-      oi__lower_note_sealed_locked(h, b);
-      oi__watch_note_sealed(h, b);
-      pthread_mutex_unlock(&s->lock);
-    } else {
-      oi__index_remove_locked(s, b); /* never visible: nothing partial is served */
-      pthread_mutex_unlock(&s->lock);
-      oi__pool_free(h, b);
+  for (size_t at = 0; at < n; at += OI_BATCH) { /* each shard locked once per batch */
+    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
+    shard_set set;
+    oi__blocks_lock(h, &set, blocks + at, k);
+    for (size_t i = at; i < at + k; i++) {
+      host_block *b = blocks[i];
+      index_shard *s = oi__block_shard(h, b);
+      if (ok) {
+        b->state = BLOCK_SEALED;
+        b->last_used = now;
+        if (oi__block_evictable(b)) oi__lru_push_locked(s, b);
+      } else {
+        oi__index_remove_locked(s, b); /* never visible: nothing partial is served */
+      }
     }
+    if (ok) { /* told under the shard locks, as each block seals */
+      oi__lower_note_sealed_locked(h, blocks + at, k);
+      oi__watch_note_sealed(h, blocks + at, k);
+    }
+    oi__shard_set_unlock(h, &set);
+    if (!ok) oi__pool_free_batch(h, (host_block **)blocks + at, k);
   }
   if (!ok) oi__ns_resident_add(h, ns.id, (uint64_t)0 - n);
   atomic_fetch_sub(&h->c.blocks_in_flight, n);

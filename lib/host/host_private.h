@@ -376,11 +376,11 @@ void oi__host_notify_sealed(oi_offload_host *h);
 void oi__lower_init(oi_offload_host *h);
 /* Stops and destroys the lower tier (first thing at host destroy). */
 void oi__lower_fini(oi_offload_host *h);
-/* A block just sealed (shard lock held): queued for the lower tier unless
- * it holds the block already. */
-void oi__lower_note_sealed_locked(oi_offload_host *h, const host_block *b);
-/* Tells the watcher, if any, that b sealed / that blocks[0..n) were evicted. */
-void oi__watch_note_sealed(oi_offload_host *h, const host_block *b);
+/* Blocks just sealed (their shard locks held): queued for the lower tier
+ * unless it holds them already. */
+void oi__lower_note_sealed_locked(oi_offload_host *h, host_block *const *blocks, size_t n);
+/* Tells the watcher, if any, that blocks[0..n) sealed / were evicted. */
+void oi__watch_note_sealed(oi_offload_host *h, host_block *const *blocks, size_t n);
 /* Clears the watcher and runs its destroy (host destroy, first). */
 void oi__watch_fini(oi_offload_host *h);
 void oi__watch_note_evicted(oi_offload_host *h, host_block *const *blocks, size_t n);

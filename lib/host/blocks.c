@@ -297,7 +297,7 @@ oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t inst
   host_block *stack[OI_BATCH], **pinned = n <= OI_BATCH ? stack : oi__malloc(n * sizeof *pinned);
   if (!pinned) return oi__fail(OI_ERR_OUT_OF_MEMORY, "query: out of memory");
   uint64_t found, run = 0;
-  pin_tally tally = {0, 0};
+  pin_tally tally = {0, 0, 0};
   prefix_walk(h, ns.id, hashes, n, pinned, &tally, &found, pending ? &run : NULL);
   oi__pin_tally_apply(h, &tally);
   if (found > 0) {

@@ -344,6 +344,7 @@ void oi__lru_remove_locked(index_shard *s, host_block *b);
  * counters change are tallied and applied once per batch. */
 typedef struct pin_tally {
   int64_t leased, pinned;
+  uint64_t now; /* an unpin's use time, read once per batch (0: not yet) */
 } pin_tally;
 void oi__block_pin_locked(index_shard *s, host_block *b, pin_tally *t);
 void oi__block_unpin_locked(index_shard *s, host_block *b, pin_tally *t);

@@ -286,7 +286,7 @@ void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *bloc
 }
 
 void oi__blocks_unpin(oi_offload_host *h, host_block *const *blocks, size_t n) {
-  pin_tally t = {0, 0};
+  pin_tally t = {0, 0, 0};
   for (size_t at = 0; at < n; at += OI_BATCH) {
     size_t k = OI_MIN((size_t)OI_BATCH, n - at);
     shard_set set;
@@ -359,7 +359,7 @@ void oi__block_unpin_locked(index_shard *s, host_block *b, pin_tally *t) {
   t->leased -= --b->pins == 0;
   t->pinned -= !(b->pins || b->loading);
   if (evictable(b)) {
-    b->last_used = oi__now_ns();
+    b->last_used = t->now ? t->now : (t->now = oi__now_ns());
     oi__lru_push_locked(s, b);
   }
 }

@@ -38,22 +38,29 @@ static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash
                           const size_t *idx, size_t m, host_block **spare, size_t nspare,
                           size_t *used, const oi_host_reserve_sink *sink, reserve_tally *t,
                           size_t *rest, size_t *nrest) {
-  oi_block_hash hh[OI_BATCH];
+  oi_block_hash copy[OI_BATCH];
+  const oi_block_hash *hh = hashes + idx[0];
   uint8_t out[OI_BATCH];
   host_block *made[OI_BATCH], *unused[OI_BATCH];
   size_t nunused = 0;
-  bool inserted = false;
-  uint64_t now = 0;
+  uint64_t now = 0, inserted[8] = {0}; /* a filter of the keys this batch inserted */
   if (m == 0) return;
-  for (size_t j = 0; j < m; j++)
-    hh[j] = hashes[idx[j]];
+  for (size_t j = *used; j < nspare && j < *used + m; j++) /* the records this batch fills */
+    __builtin_prefetch(spare[j], 1);
+  if (idx[m - 1] - idx[0] != m - 1) { /* not a contiguous run of hashes */
+    for (size_t j = 0; j < m; j++)
+      copy[j] = hashes[idx[j]];
+    hh = copy;
+  }
   index_batch q;
   oi__index_batch_lock(h, &q, ns.id, hh, m);
   for (size_t j = 0; j < m; j++) {
     index_shard *s = oi__index_batch_shard(h, &q, j);
     host_block *b = q.found[j];
     /* The same hash twice in one call: the first one's slot. */
-    if (!b && inserted) b = oi__index_find_key_locked(s, q.key[j], ns.id, &hh[j]);
+    uint32_t bit = (uint32_t)(q.key[j] >> 20) & 511;
+    if (!b && (inserted[bit / 64] >> (bit % 64) & 1))
+      b = oi__index_find_key_locked(s, q.key[j], ns.id, &hh[j]);
     out[j] = OUT_NONE;
     if (b) {
       if (oi__block_evictable(b)) {
@@ -80,7 +87,7 @@ static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash
       t->dropped++;
       continue;
     }
-    inserted = true;
+    inserted[bit / 64] |= 1ull << (bit % 64);
     made[j] = nb;
     out[j] = OUT_ACCEPTED;
     t->accepted++;

@@ -81,16 +81,24 @@ typedef struct size_class {
   pthread_mutex_t lock;
   uint64_t block_bytes;
   uint64_t slot_bytes;
-  uint32_t free_head; /* free slots' ids, chained through lru_next (they are in no index) */
+  uint32_t
+      free_chunks; /* chunks of this class with a free slot, chained by next_free (OI_NIL: none) */
   size_t nfree;
   atomic_uint_fast64_t slots;    /* carved slots */
   atomic_uint_fast64_t resident; /* in flight or sealed */
 } size_class;
 
+/* A carved chunk's free slots are bits (1: free), so taking a batch of
+ * slots reads no record: 1 bit per slot. */
 typedef struct pool_chunk {
   int cls; /* -1: not carved */
   uint32_t nslots;
   host_block *records;
+  uint64_t *free_bits;
+  uint32_t nfree;
+  uint32_t word_hint; /* no free slot below this word */
+  uint32_t next_free; /* the class's next chunk with a free slot (OI_NIL: none) */
+  bool on_free_list;
 } pool_chunk;
 
 typedef struct ns_entry {

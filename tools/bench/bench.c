@@ -149,10 +149,11 @@ static void print_table(const bench_host_result *r, const verdicts *v, int cpus)
          r->lookups_single_per_s / 1e6);
   printf("  %-44s %9.1f B    %-14s %s\n", "index bytes / resident block", r->overhead_per_block,
          "<= 64 B", pf(v->overhead));
-  printf("    = (%zu B host_block x %s carved slots + %s table slots x %zu B) / %s blocks\n",
-         r->record_bytes, grouped(r->slots_carved, a, sizeof a), grouped(r->buckets, b, sizeof b),
-         r->bucket_bytes, grouped(r->index_blocks, c, sizeof c));
-  printf("    (%u shards; free slots are chained through their records)\n\n", r->shards);
+  printf(
+      "    = (%zu B host_block + 1 bit x %s carved slots + %s table slots x %zu B) / %s blocks\n",
+      r->record_bytes, grouped(r->slots_carved, a, sizeof a), grouped(r->buckets, b, sizeof b),
+      r->bucket_bytes, grouped(r->index_blocks, c, sizeof c));
+  printf("    (%u shards; a free slot is a bit of its chunk's free map)\n\n", r->shards);
 
   printf("2. query of %u hashes, in process, %s queries each\n", r->query_blocks,
          grouped(r->query_samples, a, sizeof a));

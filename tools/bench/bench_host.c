@@ -193,9 +193,8 @@ static int index_lookups(oi_offload_host *h, uint32_t ns, uint64_t n, uint64_t d
   return 0;
 }
 
-/* Memory the index costs: one host_block record per carved slot, plus the
- * open-addressing tables of every shard (free slots are chained through their
- * records: the free list costs nothing more). */
+/* Memory the index costs: one host_block record and one free-slot bit per
+ * carved slot, plus the open-addressing tables of every shard. */
 static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_result *r) {
   uint64_t slots = 0, buckets = 0;
   uint32_t ncls = atomic_load(&h->nclasses);
@@ -214,9 +213,9 @@ static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_res
   r->shards = h->nshards;
   r->record_bytes = sizeof(host_block);
   r->bucket_bytes = sizeof *h->shards[0].slots;
-  r->overhead_per_block =
-      (double)(slots * sizeof(host_block) + buckets * sizeof *h->shards[0].slots) /
-      (double)resident;
+  r->overhead_per_block = (double)(slots * sizeof(host_block) + (slots + 7) / 8 +
+                                   buckets * sizeof *h->shards[0].slots) /
+                          (double)resident;
 }
 
 typedef enum { Q_HIT_RUN, Q_HIT_SCATTERED, Q_MISS, Q_MEMBERSHIP_MISS } query_kind;

@@ -172,6 +172,8 @@ static void print_table(const bench_host_result *r, const verdicts *v, int cpus)
   printf("  %-44s %11s %11s   %-14s\n", "", "p50", "p99", "target");
   lat_row("engine idle at each call (flush in between)", r->save_idle, "p50 <= 5 us", v->save_idle);
   lat_row("calls back to back", r->save_burst, "p50 <= 5 us", v->save_burst);
+  printf("  %-44s %8.2f us %8.2f us   (diagnostic)\n", "the host tier's part (reserve 64 slots)",
+         r->save_reserve.p50_us, r->save_reserve.p99_us);
   printf("\n");
 
   printf("4. batch of %s: %u blocks x %u arenas x %s, best of 3\n",
@@ -230,6 +232,7 @@ static void print_json(const bench_host_result *r, const verdicts *v, int cpus, 
          r->save_call_blocks, (unsigned long long)r->save_block_bytes, r->save_samples);
   json_lat("save_enqueue_idle", r->save_idle);
   json_lat("save_enqueue_burst", r->save_burst);
+  json_lat("save_host_reserve", r->save_reserve);
   printf(",\"batch_bytes\":%llu,\"batch_blocks\":%u,\"batch_arenas\":%u"
          ",\"batch_arena_block_bytes\":%llu,\"batch_save_gbps\":%.4f,\"batch_load_gbps\":%.4f"
          ",\"memcpy_to_host_gbps\":%.4f,\"memcpy_from_host_gbps\":%.4f"

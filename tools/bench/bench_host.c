@@ -339,6 +339,46 @@ out:
 
 /* ---- 3: save enqueue ------------------------------------------------------ */
 
+typedef struct reserve_sink_ctx {
+  host_block *blocks[CALL_BLOCKS];
+  size_t n;
+} reserve_sink_ctx;
+
+static void reserve_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) {
+  (void)i;
+  (void)data;
+  reserve_sink_ctx *c = ctx;
+  c->blocks[c->n++] = b;
+}
+
+/* The host tier's part of a save call alone: oi__host_reserve of 64 fresh
+ * hashes, timed; the slots are sealed (untimed) and the pool emptied as the
+ * engine phase does. */
+static int save_reserve(oi_offload_host *h, oi_offload_engine *e, uint32_t samples, uint64_t *next,
+                        uint64_t *ns, bench_latency *out) {
+  (void)e;
+  oi_host_ns hns;
+  if (!oi__host_find_namespace(h, "bench-save", &hns)) return fail_msg("save: no namespace (bug)");
+  const uint32_t per_round = (uint32_t)(SAVE_POOL_BYTES / SAVE_BLOCK_BYTES / CALL_BLOCKS);
+  oi_block_hash hashes[CALL_BLOCKS];
+  for (uint32_t i = 0; i < samples; i++) {
+    for (uint32_t j = 0; j < CALL_BLOCKS; j++)
+      hashes[j] = make_hash(STREAM_SAVE, (*next)++);
+    reserve_sink_ctx c = {.n = 0};
+    oi_host_reserve_sink sink = {.accepted = reserve_accepted, .ctx = &c};
+    oi_host_reserved res;
+    uint64_t t0 = oi__now_ns();
+    oi__host_reserve(h, hns, hashes, CALL_BLOCKS, &sink, &res);
+    ns[i] = oi__now_ns() - t0;
+    if (res.accepted != CALL_BLOCKS) return fail_msg("save: reserve dropped blocks");
+    oi__host_save_end(h, hns, c.blocks, c.n, true, 0, 0);
+    if ((i + 1) % per_round == 0 && oi_offload_host_evict_all(h, NULL) != OI_OK)
+      return fail_api("evict");
+  }
+  *out = latency_of(ns, samples);
+  return 0;
+}
+
 static int phase_save(const bench_host_config *cfg, bench_host_result *r) {
   const uint32_t per_round = (uint32_t)(SAVE_POOL_BYTES / SAVE_BLOCK_BYTES / CALL_BLOCKS);
   const uint32_t rounds = cfg->quick ? 2 : 10;
@@ -402,7 +442,10 @@ static int phase_save(const bench_host_config *cfg, bench_host_result *r) {
     fail_api("host stats");
     goto out;
   }
-  if (hs.saves_completed != next || hs.saves_dropped || hs.saves_deduplicated || hs.saves_failed) {
+  uint64_t engine_saves = next;
+  if (save_reserve(h, e, rounds * per_round, &next, ns, &r->save_reserve) != 0) goto out;
+  if (hs.saves_completed != engine_saves || hs.saves_dropped || hs.saves_deduplicated ||
+      hs.saves_failed) {
     /* A dropped block costs less than a saved one: the figures would flatter. */
     fprintf(stderr,
             "openinfer bench host: save enqueue: %llu of %llu blocks sealed (%llu dropped, %llu "

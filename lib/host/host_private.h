@@ -2,10 +2,11 @@
  * host.h): the pool carved into size classes, the sharded index with
  * per-shard LRU lists, leases, counters.
  *
- * Lock order: lease table -> shard; chunk table -> size class (no shard lock
- * is held while allocating). A shard lock
+ * Lock order: lease table -> shard (a batch holds several, taken in
+ * ascending shard order) -> lower tier queue, watcher; chunk table -> size
+ * class (no shard lock is held while allocating). A shard lock
  * protects the index entries, states, pins and LRU links of the blocks it
- * holds; a size class lock protects its free list. */
+ * holds; a size class lock protects the free maps of its chunks. */
 #ifndef OI_HOST_PRIVATE_H
 #define OI_HOST_PRIVATE_H
 

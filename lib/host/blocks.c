@@ -23,100 +23,181 @@ uint8_t *oi__host_block_data(const oi_offload_host *h, const host_block *b) {
 
 /* ---- saves ---- */
 
-void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
-                      const oi_host_reserve_sink *sink, oi_host_reserved *out) {
-  /* Free slots for the whole call in one lock acquisition; eviction only
-   * when the free list runs dry. (Without memory for the batch, slots come
-   * one at a time.) */
-  host_block **spare = oi__malloc(n * sizeof *spare);
-  size_t nspare = spare ? oi__pool_alloc_batch(h, ns.cls, n, spare) : 0, used = 0;
-  uint64_t dedup = 0, dropped = 0;
-  size_t k = 0;
-  oi__index_prefetch(h, ns.id, hashes, n);
-  for (size_t i = 0; i < n; i++) {
-    uint64_t key = oi__index_key(ns.id, &hashes[i]);
-    index_shard *s = oi__index_shard_of(h, key);
-    pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
+typedef struct reserve_tally {
+  size_t accepted;
+  uint64_t dedup, dropped;
+} reserve_tally;
+
+enum { OUT_NONE, OUT_ACCEPTED, OUT_IN_FLIGHT };
+
+/* Reserves hashes[idx[0..m)] (m <= OI_BATCH) under one lock per shard, with
+ * the slots spare[*used..nspare). The hashes left without a slot go to
+ * rest[*nrest...]. The sink hears of each outcome after the locks are
+ * dropped. */
+static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes,
+                          const size_t *idx, size_t m, host_block **spare, size_t nspare,
+                          size_t *used, const oi_host_reserve_sink *sink, reserve_tally *t,
+                          size_t *rest, size_t *nrest) {
+  oi_block_hash copy[OI_BATCH];
+  const oi_block_hash *hh = hashes + idx[0];
+  uint8_t out[OI_BATCH];
+  host_block *made[OI_BATCH], *unused[OI_BATCH];
+  size_t nunused = 0;
+  uint64_t now = 0, inserted[8] = {0}; /* a filter of the keys this batch inserted */
+  if (m == 0) return;
+  for (size_t j = *used; j < nspare && j < *used + m; j++) /* the records this batch fills */
+    __builtin_prefetch(spare[j], 1);
+  if (idx[m - 1] - idx[0] != m - 1) { /* not a contiguous run of hashes */
+    for (size_t j = 0; j < m; j++)
+      copy[j] = hashes[idx[j]];
+    hh = copy;
+  }
+  index_batch q;
+  oi__index_batch_lock(h, &q, ns.id, hh, m);
+  for (size_t j = 0; j < m; j++) {
+    index_shard *s = oi__index_batch_shard(h, &q, j);
+    host_block *b = q.found[j];
+    /* The same hash twice in one call: the first one's slot. */
+    uint32_t bit = (uint32_t)(q.key[j] >> 20) & 511;
+    if (!b && (inserted[bit / 64] >> (bit % 64) & 1))
+      b = oi__index_find_key_locked(s, q.key[j], ns.id, &hh[j]);
+    out[j] = OUT_NONE;
     if (b) {
-      bool in_flight = b->state == BLOCK_IN_FLIGHT;
       if (oi__block_evictable(b)) {
         oi__lru_remove_locked(s, b); /* a re-save is a use: move to the recent end */
-        b->last_used = oi__now_ns();
+        b->last_used = now ? now : (now = oi__now_ns());
         oi__lru_push_locked(s, b);
       }
-      pthread_mutex_unlock(&s->lock);
-      dedup++;
-      if (in_flight && sink->in_flight) sink->in_flight(sink->ctx, i);
+      t->dedup++;
+      if (b->state == BLOCK_IN_FLIGHT) out[j] = OUT_IN_FLIGHT;
       continue;
     }
-    if (spare && used == nspare && nspare < n) {
-      /* The free list ran dry: evict for the rest of the call at once (no
-       * shard lock may be held while evicting). */
-      pthread_mutex_unlock(&s->lock);
-      nspare += oi__index_evict_batch(h, (int)ns.cls, n - i, spare + nspare);
-      pthread_mutex_lock(&s->lock);
-      if (oi__index_find_locked(s, ns.id, &hashes[i])) { /* raced with another saver */
-        pthread_mutex_unlock(&s->lock);
-        dedup++;
-        continue;
-      }
+    if (*used == nspare) {
+      rest[(*nrest)++] = idx[j];
+      continue;
     }
-    host_block *nb = used < nspare ? spare[used++] : NULL;
-    if (!nb) {
-      pthread_mutex_unlock(&s->lock);
-      nb = oi__pool_alloc(h, ns.cls); /* may evict: no shard lock held */
-      if (!nb) {
-        dropped++;
-        continue;
-      }
-      pthread_mutex_lock(&s->lock);
-      if (oi__index_find_locked(s, ns.id, &hashes[i])) { /* raced with another saver */
-        pthread_mutex_unlock(&s->lock);
-        oi__pool_free(h, nb);
-        dedup++;
-        continue;
-      }
-    }
-    nb->hash = hashes[i];
+    host_block *nb = spare[(*used)++];
+    nb->hash = hh[j];
     nb->ns = ns.id;
     nb->state = BLOCK_IN_FLIGHT;
     nb->spilling = nb->lower = 0;
-    oi__index_insert_locked(h, s, nb);
-    pthread_mutex_unlock(&s->lock);
-    k++;
-    sink->accepted(sink->ctx, i, nb, oi__block_data(h, nb));
+    if (!oi__index_insert_locked(h, s, nb)) { /* the index could not grow */
+      nb->state = BLOCK_FREE;
+      unused[nunused++] = nb;
+      t->dropped++;
+      continue;
+    }
+    inserted[bit / 64] |= 1ull << (bit % 64);
+    made[j] = nb;
+    out[j] = OUT_ACCEPTED;
+    t->accepted++;
   }
-  if (used < nspare) oi__pool_free_batch(h, spare + used, nspare - used);
-  oi__free(spare);
-  atomic_fetch_add(&h->c.blocks_in_flight, k);
-  oi__ns_resident_add(h, ns.id, k);
+  oi__index_batch_unlock(h, &q);
+  if (nunused) oi__pool_free_batch(h, unused, nunused);
+  for (size_t j = 0; j < m; j++) {
+    if (out[j] == OUT_ACCEPTED)
+      sink->accepted(sink->ctx, idx[j], made[j], oi__block_data(h, made[j]));
+    else if (out[j] == OUT_IN_FLIGHT && sink->in_flight)
+      sink->in_flight(sink->ctx, idx[j]);
+  }
+}
+
+/* One hash the batches found no slot for: a slot from the pool (which may
+ * evict one block; no shard lock held), then the index. */
+static void reserve_one(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t i,
+                        const oi_host_reserve_sink *sink, reserve_tally *t) {
+  host_block *nb = oi__pool_alloc(h, ns.cls);
+  if (!nb) {
+    t->dropped++;
+    return;
+  }
+  uint64_t key = oi__index_key(ns.id, &hashes[i]);
+  index_shard *s = oi__index_shard_of(h, key);
+  pthread_mutex_lock(&s->lock);
+  if (oi__index_find_key_locked(s, key, ns.id, &hashes[i])) { /* raced with another saver */
+    pthread_mutex_unlock(&s->lock);
+    oi__pool_free(h, nb);
+    t->dedup++;
+    return;
+  }
+  nb->hash = hashes[i];
+  nb->ns = ns.id;
+  nb->state = BLOCK_IN_FLIGHT;
+  nb->spilling = nb->lower = 0;
+  if (!oi__index_insert_locked(h, s, nb)) {
+    pthread_mutex_unlock(&s->lock);
+    nb->state = BLOCK_FREE;
+    oi__pool_free(h, nb);
+    t->dropped++;
+    return;
+  }
+  pthread_mutex_unlock(&s->lock);
+  t->accepted++;
+  sink->accepted(sink->ctx, i, nb, oi__block_data(h, nb));
+}
+
+void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+                      const oi_host_reserve_sink *sink, oi_host_reserved *out) {
+  reserve_tally t = {0, 0, 0};
+  /* OI_BATCH hashes at a time: their free slots in one size class lock,
+   * their index entries under one lock per shard; eviction only when the
+   * free list runs dry, for the slice's remaining hashes at once (no shard
+   * lock is held while evicting). Nothing is allocated. */
+  for (size_t at = 0; at < n; at += OI_BATCH) {
+    size_t m = OI_MIN((size_t)OI_BATCH, n - at);
+    host_block *spare[OI_BATCH];
+    size_t idx[OI_BATCH], rest[OI_BATCH], nrest = 0, used = 0;
+    for (size_t j = 0; j < m; j++)
+      idx[j] = at + j;
+    size_t nspare = oi__pool_alloc_batch(h, ns.cls, m, spare);
+    reserve_batch(h, ns, hashes, idx, m, spare, nspare, &used, sink, &t, rest, &nrest);
+    if (nrest) { /* the free list ran dry */
+      size_t nidx = nrest;
+      memcpy(idx, rest, nrest * sizeof *idx);
+      nrest = 0;
+      /* Unused slots go back first: what remains to evict is for the rest. */
+      if (used < nspare) oi__pool_free_batch(h, spare + used, nspare - used);
+      used = 0;
+      nspare = oi__index_evict_batch(h, (int)ns.cls, nidx, spare);
+      reserve_batch(h, ns, hashes, idx, nidx, spare, nspare, &used, sink, &t, rest, &nrest);
+      for (size_t j = 0; j < nrest; j++)
+        reserve_one(h, ns, hashes, rest[j], sink, &t);
+    }
+    if (used < nspare) oi__pool_free_batch(h, spare + used, nspare - used);
+  }
+  atomic_fetch_add(&h->c.blocks_in_flight, t.accepted);
+  oi__ns_resident_add(h, ns.id, t.accepted);
   atomic_fetch_add(&h->c.saves_submitted, n);
-  atomic_fetch_add(&h->c.saves_deduplicated, dedup);
-  atomic_fetch_add(&h->c.saves_dropped, dropped);
-  *out = (oi_host_reserved){.accepted = k, .deduplicated = dedup, .dropped = dropped};
+  atomic_fetch_add(&h->c.saves_deduplicated, t.dedup);
+  atomic_fetch_add(&h->c.saves_dropped, t.dropped);
+  *out = (oi_host_reserved){.accepted = t.accepted, .deduplicated = t.dedup, .dropped = t.dropped};
 }
 
 void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
                        bool ok, uint64_t bytes, uint64_t latency_ns) {
   if (n) oi__hist_record(&h->c.save_latency, latency_ns);
   uint64_t now = oi__now_ns();
-  for (size_t i = 0; i < n; i++) {
-    host_block *b = blocks[i];
-    index_shard *s = &h->shards[b->shard];
-    pthread_mutex_lock(&s->lock);
-    if (ok) {
-      b->state = BLOCK_SEALED;
-      b->last_used = now;
-      if (oi__block_evictable(b)) oi__lru_push_locked(s, b);
-      oi__lower_note_sealed_locked(h, b);
-      oi__watch_note_sealed(h, b);
-      pthread_mutex_unlock(&s->lock);
-    } else {
-      oi__index_remove_locked(s, b); /* never visible: nothing partial is served */
-      pthread_mutex_unlock(&s->lock);
-      oi__pool_free(h, b);
+  for (size_t at = 0; at < n; at += OI_BATCH) { /* each shard locked once per batch */
+    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
+    shard_set set;
+    oi__blocks_lock(h, &set, blocks + at, k);
+    for (size_t i = at; i < at + k; i++) {
+      host_block *b = blocks[i];
+      index_shard *s = oi__block_shard(h, b);
+      if (ok) {
+        b->state = BLOCK_SEALED;
+        b->last_used = now;
+        if (oi__block_evictable(b)) oi__lru_push_locked(s, b);
+      } else {
+        oi__index_remove_locked(s, b); /* never visible: nothing partial is served */
+      }
     }
+    if (ok) { /* told under the shard locks, as each block seals */
+      oi__lower_note_sealed_locked(h, blocks + at, k);
+      oi__watch_note_sealed(h, blocks + at, k);
+    }
+    oi__shard_set_unlock(h, &set);
+    if (!ok) oi__pool_free_batch(h, (host_block **)blocks + at, k);
   }
   if (!ok) oi__ns_resident_add(h, ns.id, (uint64_t)0 - n);
   atomic_fetch_sub(&h->c.blocks_in_flight, n);
@@ -135,17 +216,18 @@ void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blo
 void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                          uint8_t *present, uint64_t *hits, uint64_t *pending) {
   uint64_t found = 0, in_flight = 0;
-  oi__index_prefetch(h, ns.id, hashes, n);
-  for (size_t i = 0; i < n; i++) {
-    uint64_t key = oi__index_key(ns.id, &hashes[i]);
-    index_shard *s = oi__index_shard_of(h, key);
-    pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
-    bool hit = b && b->state == BLOCK_SEALED;
-    in_flight += b && b->state == BLOCK_IN_FLIGHT;
-    pthread_mutex_unlock(&s->lock);
-    present[i] = hit;
-    found += hit;
+  for (size_t at = 0; at < n; at += OI_BATCH) {
+    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
+    index_batch q;
+    oi__index_batch_lock(h, &q, ns.id, hashes + at, k);
+    for (size_t i = 0; i < k; i++) {
+      host_block *b = q.found[i];
+      bool hit = b && b->state == BLOCK_SEALED;
+      in_flight += b && b->state == BLOCK_IN_FLIGHT;
+      present[at + i] = hit;
+      found += hit;
+    }
+    oi__index_batch_unlock(h, &q);
   }
   if (pending) *pending = in_flight;
   atomic_fetch_add(&h->c.query_hit_blocks, found);
@@ -153,42 +235,63 @@ void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash 
   *hits = found;
 }
 
-/* The run of blocks in flight, or sealed, in hashes[from..n), where `from`
- * is where a walk of the sealed prefix stopped: a block there that is
- * sealed now sealed after that walk saw it in flight, and sealed blocks
- * behind one still in flight are not hits yet either. Both are pending (the
- * caller asks again), not misses: ending the run at a sealed block would
- * report 0 pending for a prefix whose next block just finished, and its
- * caller would stop waiting with blocks about to hit. */
-static uint64_t in_flight_run(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes,
-                              size_t from, size_t n) {
-  uint64_t run = 0;
-  for (size_t i = from; i < n; i++, run++) {
-    uint64_t key = oi__index_key(ns.id, &hashes[i]);
-    index_shard *s = oi__index_shard_of(h, key);
-    pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
-    bool in_flight = b && (b->state == BLOCK_IN_FLIGHT || b->state == BLOCK_SEALED);
-    pthread_mutex_unlock(&s->lock);
-    if (!in_flight) break;
+/* Walks the longest sealed prefix of hashes[0..n) and, with `pending`, the
+ * run of blocks in flight, or sealed, right after it: a block there that is
+ * sealed now sealed after the walk saw the one before it in flight, and
+ * sealed blocks behind one still in flight are not hits yet either. Both are
+ * pending (the caller asks again), not misses: ending the run at a sealed
+ * block would report 0 pending for a prefix whose next block just finished,
+ * and its caller would stop waiting with blocks about to hit.
+ *
+ * A batch of shards at a time (the first hash alone: a miss costs one
+ * lookup). With `pinned`, pins the prefix into pinned[] (tallied in *t). */
+static void prefix_walk(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n,
+                        host_block **pinned, pin_tally *t, uint64_t *sealed, uint64_t *pending) {
+  size_t found = 0, run = 0;
+  bool in_run = false, done = false;
+  for (size_t at = 0; at < n && !done;) {
+    size_t k = OI_MIN(at == 0 ? (size_t)1 : (size_t)OI_BATCH, n - at), i = 0;
+    index_batch q;
+    oi__index_batch_lock(h, &q, ns, hashes + at, k);
+    if (!in_run) {
+      while (i < k && q.found[i] && q.found[i]->state == BLOCK_SEALED)
+        i++;
+      if (pinned) {
+        /* The LRU neighbours a pin unlinks from, all at once. */
+        for (size_t j = 0; j < i; j++) {
+          host_block *b = q.found[j];
+          if (!oi__block_evictable(b)) continue;
+          if (b->lru_prev != OI_NIL) __builtin_prefetch(oi__rec(h, b->lru_prev), 1);
+          if (b->lru_next != OI_NIL) __builtin_prefetch(oi__rec(h, b->lru_next), 1);
+        }
+        for (size_t j = 0; j < i; j++) {
+          oi__block_pin_locked(oi__index_batch_shard(h, &q, j), q.found[j], t);
+          pinned[found + j] = q.found[j];
+        }
+      }
+      found += i;
+      if (i < k) {
+        in_run = true;
+        done = !pending;
+      }
+    }
+    for (; in_run && !done && i < k; i++) {
+      host_block *b = q.found[i];
+      if (b && (b->state == BLOCK_IN_FLIGHT || b->state == BLOCK_SEALED))
+        run++;
+      else
+        done = true;
+    }
+    oi__index_batch_unlock(h, &q);
+    at += k;
   }
-  return run;
+  *sealed = found;
+  if (pending) *pending = run;
 }
 
 void oi__host_prefix_probe(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                            uint64_t *sealed, uint64_t *pending) {
-  size_t found = 0;
-  for (; found < n; found++) {
-    uint64_t key = oi__index_key(ns.id, &hashes[found]);
-    index_shard *s = oi__index_shard_of(h, key);
-    pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[found]);
-    bool hit = b && b->state == BLOCK_SEALED;
-    pthread_mutex_unlock(&s->lock);
-    if (!hit) break;
-  }
-  *sealed = found;
-  *pending = in_flight_run(h, ns, hashes, found, n);
+  prefix_walk(h, ns.id, hashes, n, NULL, NULL, sealed, pending);
 }
 
 oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t instance,
@@ -198,34 +301,16 @@ oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t inst
   *hits = 0;
   if (pending) *pending = 0;
   if (n == 0) return OI_OK;
-  host_block *stack[64], **pinned = n <= 64 ? stack : oi__malloc(n * sizeof *pinned);
+  host_block *stack[OI_BATCH], **pinned = n <= OI_BATCH ? stack : oi__malloc(n * sizeof *pinned);
   if (!pinned) return oi__fail(OI_ERR_OUT_OF_MEMORY, "query: out of memory");
-  oi__index_prefetch(h, ns.id, hashes, n);
-  size_t found = 0;
-  pin_tally tally = {0, 0};
-  for (; found < n; found++) {
-    uint64_t key = oi__index_key(ns.id, &hashes[found]);
-    index_shard *s = oi__index_shard_of(h, key);
-    pthread_mutex_lock(&s->lock);
-    host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[found]);
-    bool hit = b && b->state == BLOCK_SEALED;
-    if (hit) oi__block_pin_locked(s, b, &tally);
-    pthread_mutex_unlock(&s->lock);
-    if (!hit) break;
-    pinned[found] = b;
-  }
+  uint64_t found, run = 0;
+  pin_tally tally = {0, 0, 0};
+  prefix_walk(h, ns.id, hashes, n, pinned, &tally, &found, pending ? &run : NULL);
   oi__pin_tally_apply(h, &tally);
   if (found > 0) {
     oi_status st = oi__lease_create(h, instance, ns.id, principal, shares, pinned, found, lease);
     if (st != OI_OK) {
-      pin_tally undo = {0, 0};
-      for (size_t i = 0; i < found; i++) {
-        index_shard *s = &h->shards[pinned[i]->shard];
-        pthread_mutex_lock(&s->lock);
-        oi__block_unpin_locked(s, pinned[i], &undo);
-        pthread_mutex_unlock(&s->lock);
-      }
-      oi__pin_tally_apply(h, &undo);
+      oi__blocks_unpin(h, pinned, found);
       if (pinned != stack) oi__free(pinned);
       return st;
     }
@@ -234,7 +319,7 @@ oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t inst
   atomic_fetch_add(&h->c.query_hit_blocks, found);
   atomic_fetch_add(&h->c.query_miss_blocks, n - found);
   *hits = found;
-  if (pending) *pending = in_flight_run(h, ns, hashes, found, n);
+  if (pending) *pending = run;
   return OI_OK;
 }
 
@@ -258,20 +343,25 @@ oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_princip
 void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, bool ok,
                        uint64_t bytes, uint64_t latency_ns) {
   if (n) oi__hist_record(&h->c.load_latency, latency_ns);
-  for (size_t i = 0; i < n; i++) {
-    host_block *b = blocks[i];
-    index_shard *s = &h->shards[b->shard];
-    pthread_mutex_lock(&s->lock);
-    oi__block_pinned_update(h, true, b->pins || b->loading > 1);
-    if (--b->loading == 0) {
-      atomic_fetch_sub(&h->c.blocks_loading, 1);
-      if (oi__block_evictable(b)) {
-        b->last_used = oi__now_ns();
-        oi__lru_push_locked(s, b);
+  uint64_t now = oi__now_ns(), unloaded = 0;
+  for (size_t at = 0; at < n; at += OI_BATCH) { /* each shard locked once per batch */
+    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
+    shard_set set;
+    oi__blocks_lock(h, &set, blocks + at, k);
+    for (size_t i = at; i < at + k; i++) {
+      host_block *b = blocks[i];
+      oi__block_pinned_update(h, true, b->pins || b->loading > 1);
+      if (--b->loading == 0) {
+        unloaded++;
+        if (oi__block_evictable(b)) {
+          b->last_used = now;
+          oi__lru_push_locked(oi__block_shard(h, b), b);
+        }
       }
     }
-    pthread_mutex_unlock(&s->lock);
+    oi__shard_set_unlock(h, &set);
   }
+  if (unloaded) atomic_fetch_sub(&h->c.blocks_loading, unloaded);
   if (ok) {
     atomic_fetch_add(&h->c.loads_completed, 1);
     atomic_fetch_add(&h->c.blocks_loaded, n);

@@ -2,10 +2,11 @@
  * host.h): the pool carved into size classes, the sharded index with
  * per-shard LRU lists, leases, counters.
  *
- * Lock order: lease table -> shard; chunk table -> size class (no shard lock
- * is held while allocating). A shard lock
+ * Lock order: lease table -> shard (a batch holds several, taken in
+ * ascending shard order) -> lower tier queue, watcher; chunk table -> size
+ * class (no shard lock is held while allocating). A shard lock
  * protects the index entries, states, pins and LRU links of the blocks it
- * holds; a size class lock protects its free list. */
+ * holds; a size class lock protects the free maps of its chunks. */
 #ifndef OI_HOST_PRIVATE_H
 #define OI_HOST_PRIVATE_H
 
@@ -28,22 +29,22 @@ typedef enum block_state {
  * slot. OI_NIL names none. */
 #define OI_NIL UINT32_MAX
 
-/* One host block slot. While indexed, (ns, hash) names it in shard `shard`.
- * It is on its shard's LRU list iff oi__block_evictable. Its
- * bytes are computed from its id (oi__block_data). */
+/* One host block slot, 48 bytes. While indexed, (ns, hash) names it in the
+ * shard oi__block_shard picks. It is on its shard's LRU list iff
+ * oi__block_evictable. Its bytes are computed from its id (oi__block_data),
+ * its size class from its chunk (oi__block_cls). The bit fields share one
+ * word: they change only under the block's shard lock (or while the block is
+ * free, owned by whoever holds it). */
 struct host_block {
   oi_block_hash hash;
   uint32_t ns;
-  uint8_t state;
-  uint8_t cls;
-  uint16_t shard;
-  uint8_t spilling;     /* a lower tier is copying its bytes (not evictable) */
-  uint8_t lower;        /* a lower tier holds a copy (a spill or a promotion) */
-  uint32_t pins;        /* leases naming it */
-  uint32_t loading;     /* loads reading it */
-  uint32_t id;          /* this record's id */
-  uint32_t bucket_next; /* ids, OI_NIL for none */
-  uint32_t lru_prev, lru_next;
+  uint32_t pins;               /* leases naming it */
+  uint32_t loading : 24;       /* loads reading it */
+  uint32_t state : 2;          /* block_state */
+  uint32_t spilling : 1;       /* a lower tier is copying its bytes (not evictable) */
+  uint32_t lower : 1;          /* a lower tier holds a copy (a spill or a promotion) */
+  uint32_t id;                 /* this record's id */
+  uint32_t lru_prev, lru_next; /* ids, OI_NIL for none; a free slot's next free in lru_next */
   uint64_t last_used;
 };
 
@@ -62,10 +63,17 @@ typedef struct spill_entry {
   oi_block_hash hash;
 } spill_entry;
 
+/* A shard's index is an open-addressing table (Robin Hood linear probing,
+ * backward-shift deletion) of 8-byte entries: the low 32 bits of the key (the
+ * tag) above a record id. A slot's home is the tag scaled to the table size,
+ * so the table reorganizes itself from the tags alone, and a lookup (a miss
+ * too) reads one run of entries, usually one cache line, before any record. */
+#define OI_INDEX_EMPTY UINT64_MAX
+
 typedef struct index_shard {
   pthread_mutex_t lock;
-  uint32_t *buckets; /* record ids, OI_NIL for empty */
-  size_t nbuckets, count;
+  uint64_t *slots; /* (tag << 32) | id; OI_INDEX_EMPTY for none */
+  uint32_t nslots, count;
   struct oi_offload_host *host;
   uint32_t lru_head[OI_MAX_SIZE_CLASSES], lru_tail[OI_MAX_SIZE_CLASSES];
 } __attribute__((aligned(64))) index_shard;
@@ -74,16 +82,24 @@ typedef struct size_class {
   pthread_mutex_t lock;
   uint64_t block_bytes;
   uint64_t slot_bytes;
-  uint32_t free_head; /* free slots' ids, chained through bucket_next (they are in no index) */
+  uint32_t
+      free_chunks; /* chunks of this class with a free slot, chained by next_free (OI_NIL: none) */
   size_t nfree;
   atomic_uint_fast64_t slots;    /* carved slots */
   atomic_uint_fast64_t resident; /* in flight or sealed */
 } size_class;
 
+/* A carved chunk's free slots are bits (1: free), so taking a batch of
+ * slots reads no record: 1 bit per slot. */
 typedef struct pool_chunk {
   int cls; /* -1: not carved */
   uint32_t nslots;
   host_block *records;
+  uint64_t *free_bits;
+  uint32_t nfree;
+  uint32_t word_hint; /* no free slot below this word */
+  uint32_t next_free; /* the class's next chunk with a free slot (OI_NIL: none) */
+  bool on_free_list;
 } pool_chunk;
 
 typedef struct ns_entry {
@@ -102,8 +118,14 @@ typedef struct lease_rec {
   uint64_t principal; /* ...by this principal only */
   uint64_t expires_ns;
   size_t n;
-  host_block **blocks;
+  host_block **blocks; /* `inline_blocks` up to OI_LEASE_INLINE blocks */
+  host_block *inline_blocks[];
 } lease_rec;
+
+/* Leases of up to this many blocks hold them in their record, and records
+ * are kept for reuse (up to OI_LEASE_SPARE): a query allocates nothing. */
+#define OI_LEASE_INLINE 64
+#define OI_LEASE_SPARE 256
 
 typedef struct host_counters {
   atomic_uint_fast64_t blocks_in_flight, blocks_sealed, blocks_leased, blocks_loading;
@@ -152,6 +174,8 @@ struct oi_offload_host {
   pthread_mutex_t lease_lock;
   lease_rec **lease_buckets;
   size_t lease_nbuckets, lease_count;
+  lease_rec *lease_spare; /* records of OI_LEASE_INLINE blocks for reuse, under lease_lock */
+  size_t lease_nspare;
   uint64_t next_lease_id;
   uint64_t lease_tag_state;
 
@@ -198,9 +222,14 @@ struct oi_offload_host {
 static inline host_block *oi__rec(const oi_offload_host *h, uint32_t id) {
   return h->chunks[id >> h->slot_bits].records + (id & ((1u << h->slot_bits) - 1));
 }
+/* A block's size class: its chunk's (stable while the block is allocated). */
+static inline uint32_t oi__block_cls(const oi_offload_host *h, const host_block *b) {
+  return (uint32_t)h->chunks[b->id >> h->slot_bits].cls;
+}
 static inline uint8_t *oi__block_data(const oi_offload_host *h, const host_block *b) {
   return (uint8_t *)h->pool.host + (uint64_t)(b->id >> h->slot_bits) * h->chunk_bytes +
-         (uint64_t)(b->id & ((1u << h->slot_bits) - 1)) * h->classes[b->cls].slot_bytes;
+         (uint64_t)(b->id & ((1u << h->slot_bits) - 1)) *
+             h->classes[oi__block_cls(h, b)].slot_bytes;
 }
 
 /* Adds `d` (may be negative, two's complement) to namespace `ns`'s resident
@@ -256,6 +285,11 @@ static inline uint64_t oi__index_key(uint32_t ns, const oi_block_hash *h) {
 static inline index_shard *oi__index_shard_of(oi_offload_host *h, uint64_t key) {
   return &h->shards[(key >> 48) & (h->nshards - 1)];
 }
+/* The shard holding an indexed block (from its name, which does not change
+ * while it is indexed). */
+static inline index_shard *oi__block_shard(oi_offload_host *h, const host_block *b) {
+  return oi__index_shard_of(h, oi__index_key(b->ns, &b->hash));
+}
 index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash);
 host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_hash *hash);
 /* As oi__index_find_locked, given key = oi__index_key(ns, hash). */
@@ -263,7 +297,54 @@ host_block *oi__index_find_key_locked(index_shard *s, uint64_t key, uint32_t ns,
                                       const oi_block_hash *hash);
 /* Prefetches what looking up `hashes` will touch (a hint; takes no lock). */
 void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n);
-void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b);
+/* ---- batches: per call, not per block, locking ----
+ * A batch of up to OI_BATCH hashes (or blocks) takes each shard it touches
+ * once, in ascending shard order (so batches never deadlock one another;
+ * nothing else holds two shard locks), after prefetching the table lines
+ * and the locks of all of them; lookups then overlap their misses: every
+ * table run is read first, the candidate records are prefetched, then
+ * checked. Lock order is unchanged: lease table -> shards -> lower tier,
+ * watcher. */
+#define OI_BATCH 64
+
+typedef struct shard_set {
+  uint32_t n;
+  uint32_t ids[OI_BATCH]; /* distinct shard indexes, ascending */
+} shard_set;
+
+/* Locks the distinct shards of shard[0..n) (n <= OI_BATCH), each once. */
+void oi__shard_set_lock(oi_offload_host *h, shard_set *set, const uint32_t *shard, size_t n);
+void oi__shard_set_unlock(oi_offload_host *h, shard_set *set);
+
+typedef struct index_batch {
+  size_t n;
+  uint32_t ns;
+  const oi_block_hash *hashes;
+  shard_set locked;
+  uint64_t key[OI_BATCH];
+  uint32_t shard[OI_BATCH];
+  host_block *found[OI_BATCH]; /* NULL: not indexed */
+} index_batch;
+
+/* Looks up hashes[0..n) (n <= OI_BATCH) of namespace ns and returns with
+ * their shards locked (q->found valid until oi__index_batch_unlock). */
+void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
+                          const oi_block_hash *hashes, size_t n);
+static inline void oi__index_batch_unlock(oi_offload_host *h, index_batch *q) {
+  oi__shard_set_unlock(h, &q->locked);
+}
+static inline index_shard *oi__index_batch_shard(oi_offload_host *h, const index_batch *q,
+                                                 size_t i) {
+  return &h->shards[q->shard[i]];
+}
+/* Locks the shards of blocks[0..n) (n <= OI_BATCH, indexed blocks). */
+void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *blocks, size_t n);
+/* Unpins blocks[0..n), any n, a batch of shards at a time. */
+void oi__blocks_unpin(oi_offload_host *h, host_block *const *blocks, size_t n);
+
+/* Indexes b (its ns and hash set). false: the table is full and could not
+ * grow (out of memory); b is not indexed. */
+bool oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b);
 void oi__index_remove_locked(index_shard *s, host_block *b);
 void oi__lru_push_locked(index_shard *s, host_block *b); /* most recent end */
 void oi__lru_remove_locked(index_shard *s, host_block *b);
@@ -272,6 +353,7 @@ void oi__lru_remove_locked(index_shard *s, host_block *b);
  * counters change are tallied and applied once per batch. */
 typedef struct pin_tally {
   int64_t leased, pinned;
+  uint64_t now; /* an unpin's use time, read once per batch (0: not yet) */
 } pin_tally;
 void oi__block_pin_locked(index_shard *s, host_block *b, pin_tally *t);
 void oi__block_unpin_locked(index_shard *s, host_block *b, pin_tally *t);
@@ -304,11 +386,11 @@ void oi__host_notify_sealed(oi_offload_host *h);
 void oi__lower_init(oi_offload_host *h);
 /* Stops and destroys the lower tier (first thing at host destroy). */
 void oi__lower_fini(oi_offload_host *h);
-/* A block just sealed (shard lock held): queued for the lower tier unless
- * it holds the block already. */
-void oi__lower_note_sealed_locked(oi_offload_host *h, const host_block *b);
-/* Tells the watcher, if any, that b sealed / that blocks[0..n) were evicted. */
-void oi__watch_note_sealed(oi_offload_host *h, const host_block *b);
+/* Blocks just sealed (their shard locks held): queued for the lower tier
+ * unless it holds them already. */
+void oi__lower_note_sealed_locked(oi_offload_host *h, host_block *const *blocks, size_t n);
+/* Tells the watcher, if any, that blocks[0..n) sealed / were evicted. */
+void oi__watch_note_sealed(oi_offload_host *h, host_block *const *blocks, size_t n);
 /* Clears the watcher and runs its destroy (host destroy, first). */
 void oi__watch_fini(oi_offload_host *h);
 void oi__watch_note_evicted(oi_offload_host *h, host_block *const *blocks, size_t n);

@@ -1,18 +1,34 @@
-/* The sharded index: (namespace id, 16-byte hash) -> host block, chained
- * buckets per shard, one lock per shard (no global lock), and per shard and
- * size class an LRU list of the blocks that may be evicted. */
+/* The sharded index: (namespace id, 16-byte hash) -> host block, one
+ * open-addressing table per shard (host_private.h), one lock per shard (no
+ * global lock), and per shard and size class an LRU list of the blocks that
+ * may be evicted. */
 #include <string.h>
 
 #include "host_private.h"
 
-#define INITIAL_BUCKETS 256
+#define INITIAL_SLOTS 256
+/* Grown by half when more than 7/8 full: between 7/12 and 7/8 full at any
+ * size, so the table costs 8 / (7/12) <= 13.8 bytes per indexed block. */
+#define MAX_LOAD_NUM 7
+#define MAX_LOAD_DEN 8
 
 #define key_hash oi__index_key
 
-static uint32_t *alloc_buckets(size_t nb) {
-  uint32_t *b = oi__malloc(nb * sizeof *b);
-  if (b) memset(b, 0xFF, nb * sizeof *b); /* OI_NIL */
-  return b;
+static inline uint32_t entry_tag(uint64_t e) { return (uint32_t)(e >> 32); }
+static inline uint32_t entry_id(uint64_t e) { return (uint32_t)e; }
+static inline uint32_t home_of(uint32_t tag, uint32_t n) {
+  return (uint32_t)(((uint64_t)tag * n) >> 32);
+}
+/* How far slot `pos` is past the home of the entry it holds. */
+static inline uint32_t dist_of(uint64_t e, uint32_t pos, uint32_t n) {
+  uint32_t home = home_of(entry_tag(e), n);
+  return pos >= home ? pos - home : pos + n - home;
+}
+
+static uint64_t *alloc_slots(uint32_t n) {
+  uint64_t *t = oi__malloc((size_t)n * sizeof *t);
+  if (t) memset(t, 0xFF, (size_t)n * sizeof *t); /* OI_INDEX_EMPTY */
+  return t;
 }
 
 oi_status oi__index_init(oi_offload_host *h) {
@@ -26,9 +42,9 @@ oi_status oi__index_init(oi_offload_host *h) {
     s->host = h;
     for (int c = 0; c < OI_MAX_SIZE_CLASSES; c++)
       s->lru_head[c] = s->lru_tail[c] = OI_NIL;
-    s->nbuckets = INITIAL_BUCKETS;
-    s->buckets = alloc_buckets(s->nbuckets);
-    if (!s->buckets) {
+    s->nslots = INITIAL_SLOTS;
+    s->slots = alloc_slots(s->nslots);
+    if (!s->slots) {
       h->nshards = i + 1;
       oi__index_fini(h);
       return oi__fail(OI_ERR_OUT_OF_MEMORY, "host: out of memory for the index");
@@ -40,7 +56,7 @@ oi_status oi__index_init(oi_offload_host *h) {
 void oi__index_fini(oi_offload_host *h) {
   if (!h->shards) return;
   for (uint32_t i = 0; i < h->nshards; i++) {
-    oi__free(h->shards[i].buckets);
+    oi__free(h->shards[i].slots);
     pthread_mutex_destroy(&h->shards[i].lock);
   }
   oi__free(h->shards);
@@ -51,20 +67,20 @@ index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_has
   return oi__index_shard_of(h, key_hash(ns, hash));
 }
 
-/* Lookups of a batch are dominated by dependent cache misses (the shard,
- * the bucket head, the record). Prefetching the bucket heads and shard locks
- * of a whole batch first overlaps those misses before the locked walk. A
- * hint only: the shard's table pointer and size are read with relaxed atomics
- * without the lock, and a prefetch of a stale address is harmless (prefetches
- * never fault). */
+/* Lookups of a batch are dominated by cache misses (the shard, the table
+ * line, the record). Prefetching the table lines and shard locks of a whole
+ * batch first overlaps those misses before the locked walk. A hint only: the
+ * shard's table pointer and size are read with relaxed atomics without the
+ * lock, and a prefetch of a stale address is harmless (prefetches never
+ * fault). */
 void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n) {
   for (size_t i = 0; i < n; i++) {
     uint64_t k = key_hash(ns, &hashes[i]);
     index_shard *s = oi__index_shard_of(h, k);
-    uint32_t *buckets = __atomic_load_n(&s->buckets, __ATOMIC_RELAXED);
-    size_t nb = __atomic_load_n(&s->nbuckets, __ATOMIC_RELAXED);
+    uint64_t *slots = __atomic_load_n(&s->slots, __ATOMIC_RELAXED);
+    uint32_t nslots = __atomic_load_n(&s->nslots, __ATOMIC_RELAXED);
     __builtin_prefetch(&s->lock, 1);
-    __builtin_prefetch(&buckets[k & (nb - 1)]);
+    __builtin_prefetch(&slots[home_of((uint32_t)k, nslots)]);
   }
 }
 
@@ -75,34 +91,55 @@ host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_ha
 host_block *oi__index_find_key_locked(index_shard *s, uint64_t key, uint32_t ns,
                                       const oi_block_hash *hash) {
   oi_offload_host *h = s->host;
-  uint32_t id = s->buckets[key & (s->nbuckets - 1)];
-  while (id != OI_NIL) {
-    host_block *b = oi__rec(h, id);
-    if (b->ns == ns && memcmp(b->hash.bytes, hash->bytes, sizeof hash->bytes) == 0) return b;
-    id = b->bucket_next;
+  uint32_t tag = (uint32_t)key, n = s->nslots, pos = home_of(tag, n);
+  const uint64_t *t = s->slots;
+  for (uint32_t d = 0;; d++) {
+    uint64_t e = t[pos];
+    if (e == OI_INDEX_EMPTY) return NULL;
+    if (entry_tag(e) == tag) {
+      host_block *b = oi__rec(h, entry_id(e));
+      if (b->ns == ns && memcmp(b->hash.bytes, hash->bytes, sizeof hash->bytes) == 0) return b;
+    } else if (dist_of(e, pos, n) < d) {
+      return NULL; /* Robin Hood: ours would have displaced this one */
+    }
+    if (++pos == n) pos = 0;
   }
-  return NULL;
 }
 
-static void grow_locked(index_shard *s) {
-  oi_offload_host *h = s->host;
-  size_t nb = s->nbuckets * 2;
-  uint32_t *buckets = alloc_buckets(nb);
-  if (!buckets) return; /* stay at the current size: longer chains, still correct */
-  for (size_t i = 0; i < s->nbuckets; i++) {
-    for (uint32_t id = s->buckets[i], next; id != OI_NIL; id = next) {
-      host_block *b = oi__rec(h, id);
-      next = b->bucket_next;
-      size_t k = key_hash(b->ns, &b->hash) & (nb - 1);
-      b->bucket_next = buckets[k];
-      buckets[k] = id;
+/* Places entry e (Robin Hood) in a table with a free slot. */
+static void place(uint64_t *t, uint32_t n, uint64_t e) {
+  uint32_t pos = home_of(entry_tag(e), n), d = 0;
+  for (;;) {
+    uint64_t cur = t[pos];
+    if (cur == OI_INDEX_EMPTY) {
+      t[pos] = e;
+      return;
     }
+    uint32_t cd = dist_of(cur, pos, n);
+    if (cd < d) { /* the richer entry moves on */
+      t[pos] = e;
+      e = cur;
+      d = cd;
+    }
+    if (++pos == n) pos = 0;
+    d++;
   }
-  uint32_t *old = s->buckets;
+}
+
+static bool grow_locked(index_shard *s) {
+  uint64_t n64 = (uint64_t)s->nslots + s->nslots / 2;
+  if (n64 > UINT32_MAX) return false;
+  uint32_t n = (uint32_t)n64;
+  uint64_t *t = alloc_slots(n);
+  if (!t) return false;
+  for (uint32_t i = 0; i < s->nslots; i++)
+    if (s->slots[i] != OI_INDEX_EMPTY) place(t, n, s->slots[i]); /* tags only: no record read */
+  uint64_t *old = s->slots;
   /* Relaxed atomic stores: oi__index_prefetch reads these without the lock. */
-  __atomic_store_n(&s->buckets, buckets, __ATOMIC_RELAXED);
-  __atomic_store_n(&s->nbuckets, nb, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->slots, t, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->nslots, n, __ATOMIC_RELAXED);
   oi__free(old);
+  return true;
 }
 
 size_t oi__host_foreach_sealed(oi_offload_host *h,
@@ -112,43 +149,159 @@ size_t oi__host_foreach_sealed(oi_offload_host *h,
   for (uint32_t i = 0; i < h->nshards; i++) {
     index_shard *s = &h->shards[i];
     pthread_mutex_lock(&s->lock);
-    for (size_t k = 0; k < s->nbuckets; k++)
-      for (uint32_t id = s->buckets[k]; id != OI_NIL;) {
-        host_block *b = oi__rec(h, id);
-        if (b->state == BLOCK_SEALED) {
-          fn(ctx, b->ns, &b->hash);
-          n++;
-        }
-        id = b->bucket_next;
+    for (uint32_t k = 0; k < s->nslots; k++) {
+      if (s->slots[k] == OI_INDEX_EMPTY) continue;
+      host_block *b = oi__rec(h, entry_id(s->slots[k]));
+      if (b->state == BLOCK_SEALED) {
+        fn(ctx, b->ns, &b->hash);
+        n++;
       }
+    }
     pthread_mutex_unlock(&s->lock);
   }
   return n;
 }
 
-void oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b) {
-  if (s->count >= s->nbuckets) grow_locked(s);
-  size_t k = key_hash(b->ns, &b->hash) & (s->nbuckets - 1);
-  b->bucket_next = s->buckets[k];
-  s->buckets[k] = b->id;
-  b->shard = (uint16_t)(s - h->shards);
+bool oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b) {
+  (void)h;
+  if ((uint64_t)(s->count + 1) * MAX_LOAD_DEN > (uint64_t)s->nslots * MAX_LOAD_NUM &&
+      !grow_locked(s) && s->count + 2 > s->nslots)
+    return false; /* full (one slot always stays empty: lookups end) */
+  place(s->slots, s->nslots, (uint64_t)(uint32_t)key_hash(b->ns, &b->hash) << 32 | b->id);
   s->count++;
+  return true;
 }
 
 void oi__index_remove_locked(index_shard *s, host_block *b) {
-  oi_offload_host *h = s->host;
-  uint32_t *link = &s->buckets[key_hash(b->ns, &b->hash) & (s->nbuckets - 1)];
-  while (*link != OI_NIL && *link != b->id)
-    link = &oi__rec(h, *link)->bucket_next;
-  if (*link != OI_NIL) {
-    *link = b->bucket_next;
-    s->count--;
+  uint64_t *t = s->slots;
+  uint32_t n = s->nslots, tag = (uint32_t)key_hash(b->ns, &b->hash);
+  uint64_t want = (uint64_t)tag << 32 | b->id;
+  uint32_t pos = home_of(tag, n);
+  for (uint32_t d = 0;; d++) {
+    uint64_t e = t[pos];
+    if (e == want) break;
+    if (e == OI_INDEX_EMPTY || (entry_tag(e) != tag && dist_of(e, pos, n) < d)) return;
+    if (++pos == n) pos = 0;
   }
-  b->bucket_next = OI_NIL;
+  /* Backward shift: the entries behind move one slot nearer their homes. */
+  for (;;) {
+    uint32_t next = pos + 1 == n ? 0 : pos + 1;
+    uint64_t e = t[next];
+    if (e == OI_INDEX_EMPTY || dist_of(e, next, n) == 0) break;
+    t[pos] = e;
+    pos = next;
+  }
+  t[pos] = OI_INDEX_EMPTY;
+  s->count--;
+}
+
+/* ---- batches ---- */
+
+void oi__shard_set_lock(oi_offload_host *h, shard_set *set, const uint32_t *shard, size_t n) {
+  uint32_t k = 0;
+  if (h->nshards <= 64) { /* the usual case: a bit mask sorts them */
+    uint64_t mask = 0;
+    for (size_t i = 0; i < n; i++)
+      mask |= 1ull << shard[i];
+    for (; mask; mask &= mask - 1)
+      set->ids[k++] = (uint32_t)__builtin_ctzll(mask);
+  } else {
+    for (size_t i = 0; i < n; i++) { /* insertion, without duplicates */
+      uint32_t v = shard[i], j = k;
+      while (j > 0 && set->ids[j - 1] > v)
+        j--;
+      if (j > 0 && set->ids[j - 1] == v) continue;
+      memmove(&set->ids[j + 1], &set->ids[j], (k - j) * sizeof set->ids[0]);
+      set->ids[j] = v;
+      k++;
+    }
+  }
+  set->n = k;
+  for (uint32_t i = 0; i < k; i++)
+    pthread_mutex_lock(&h->shards[set->ids[i]].lock);
+}
+
+void oi__shard_set_unlock(oi_offload_host *h, shard_set *set) {
+  for (uint32_t i = set->n; i-- > 0;)
+    pthread_mutex_unlock(&h->shards[set->ids[i]].lock);
+  set->n = 0;
+}
+
+/* The first entry of s's table with tag `tag` (its id), or OI_NIL. */
+static uint32_t first_with_tag(const index_shard *s, uint32_t tag) {
+  uint32_t n = s->nslots, pos = home_of(tag, n);
+  const uint64_t *t = s->slots;
+  for (uint32_t d = 0;; d++) {
+    uint64_t e = t[pos];
+    if (e == OI_INDEX_EMPTY) return OI_NIL;
+    if (entry_tag(e) == tag) return entry_id(e);
+    if (dist_of(e, pos, n) < d) return OI_NIL;
+    if (++pos == n) pos = 0;
+  }
+}
+
+void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
+                          const oi_block_hash *hashes, size_t n) {
+  q->n = n;
+  q->ns = ns;
+  q->hashes = hashes;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t k = key_hash(ns, &hashes[i]);
+    uint32_t si = (uint32_t)(k >> 48) & (h->nshards - 1);
+    index_shard *s = &h->shards[si];
+    q->key[i] = k;
+    q->shard[i] = si;
+    /* A hint before the lock (see oi__index_prefetch). */
+    uint64_t *slots = __atomic_load_n(&s->slots, __ATOMIC_RELAXED);
+    uint32_t nslots = __atomic_load_n(&s->nslots, __ATOMIC_RELAXED);
+    __builtin_prefetch(&s->lock, 1);
+    __builtin_prefetch(&slots[home_of((uint32_t)k, nslots)]);
+  }
+  oi__shard_set_lock(h, &q->locked, q->shard, n);
+  /* Every table run first (their misses overlap), the candidates' records
+   * prefetched, then checked. */
+  uint32_t cand[OI_BATCH];
+  for (size_t i = 0; i < n; i++) {
+    cand[i] = first_with_tag(&h->shards[q->shard[i]], (uint32_t)q->key[i]);
+    if (cand[i] != OI_NIL) __builtin_prefetch(oi__rec(h, cand[i]), 1);
+  }
+  for (size_t i = 0; i < n; i++) {
+    host_block *b = NULL;
+    if (cand[i] != OI_NIL) {
+      b = oi__rec(h, cand[i]);
+      if (b->ns != ns || memcmp(b->hash.bytes, hashes[i].bytes, sizeof b->hash.bytes) != 0)
+        b = oi__index_find_key_locked(&h->shards[q->shard[i]], q->key[i], ns, &hashes[i]);
+    }
+    q->found[i] = b;
+  }
+}
+
+void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *blocks, size_t n) {
+  uint32_t shard[OI_BATCH];
+  for (size_t i = 0; i < n; i++) {
+    shard[i] = (uint32_t)(oi__block_shard(h, blocks[i]) - h->shards);
+    __builtin_prefetch(&h->shards[shard[i]].lock, 1);
+  }
+  oi__shard_set_lock(h, set, shard, n);
+}
+
+void oi__blocks_unpin(oi_offload_host *h, host_block *const *blocks, size_t n) {
+  pin_tally t = {0, 0, 0};
+  for (size_t at = 0; at < n; at += OI_BATCH) {
+    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
+    shard_set set;
+    oi__blocks_lock(h, &set, blocks + at, k);
+    for (size_t i = 0; i < k; i++) {
+      host_block *b = blocks[at + i];
+      oi__block_unpin_locked(oi__block_shard(h, b), b, &t);
+    }
+    oi__shard_set_unlock(h, &set);
+  }
+  oi__pin_tally_apply(h, &t);
 }
 
 void oi__lru_push_locked(index_shard *s, host_block *b) {
-  int c = b->cls;
+  int c = (int)oi__block_cls(s->host, b);
   b->lru_prev = OI_NIL;
   b->lru_next = s->lru_head[c];
   if (s->lru_head[c] != OI_NIL) oi__rec(s->host, s->lru_head[c])->lru_prev = b->id;
@@ -158,7 +311,7 @@ void oi__lru_push_locked(index_shard *s, host_block *b) {
 
 void oi__lru_remove_locked(index_shard *s, host_block *b) {
   oi_offload_host *h = s->host;
-  int c = b->cls;
+  int c = (int)oi__block_cls(s->host, b);
   if (b->lru_prev != OI_NIL)
     oi__rec(h, b->lru_prev)->lru_next = b->lru_next;
   else if (s->lru_head[c] == b->id)
@@ -179,7 +332,7 @@ void oi__lru_remove_locked(index_shard *s, host_block *b) {
 
 void oi__lru_insert_ordered_locked(index_shard *s, host_block *b) {
   oi_offload_host *h = s->host;
-  int c = b->cls;
+  int c = (int)oi__block_cls(s->host, b);
   uint32_t cur = s->lru_tail[c];
   for (int i = 0; cur != OI_NIL && oi__rec(h, cur)->last_used < b->last_used; i++) {
     if (i == LRU_ORDERED_WALK) return oi__lru_push_locked(s, b); /* far from the tail */
@@ -206,7 +359,7 @@ void oi__block_unpin_locked(index_shard *s, host_block *b, pin_tally *t) {
   t->leased -= --b->pins == 0;
   t->pinned -= !(b->pins || b->loading);
   if (evictable(b)) {
-    b->last_used = oi__now_ns();
+    b->last_used = t->now ? t->now : (t->now = oi__now_ns());
     oi__lru_push_locked(s, b);
   }
 }

@@ -24,20 +24,27 @@ oi_status oi__lease_init(oi_offload_host *h) {
 }
 
 static void unpin_blocks(oi_offload_host *h, host_block **blocks, size_t n) {
-  pin_tally t = {0, 0};
-  for (size_t i = 0; i < n; i++) {
-    host_block *b = blocks[i];
-    index_shard *s = &h->shards[b->shard];
-    pthread_mutex_lock(&s->lock);
-    oi__block_unpin_locked(s, b, &t);
-    pthread_mutex_unlock(&s->lock);
-  }
-  oi__pin_tally_apply(h, &t);
+  oi__blocks_unpin(h, blocks, n);
 }
 
-static void free_lease(lease_rec *l) {
-  oi__free(l->blocks);
+static void free_lease_mem(lease_rec *l) {
+  if (l->blocks != l->inline_blocks) oi__free(l->blocks);
   oi__free(l);
+}
+
+/* A record done with: kept for reuse when it is of the inline size. */
+static void free_lease(oi_offload_host *h, lease_rec *l) {
+  if (l->blocks == l->inline_blocks) {
+    pthread_mutex_lock(&h->lease_lock);
+    if (h->lease_nspare < OI_LEASE_SPARE) {
+      l->next = h->lease_spare;
+      h->lease_spare = l;
+      h->lease_nspare++;
+      l = NULL;
+    }
+    pthread_mutex_unlock(&h->lease_lock);
+  }
+  if (l) free_lease_mem(l);
 }
 
 void oi__lease_fini(oi_offload_host *h) {
@@ -45,8 +52,13 @@ void oi__lease_fini(oi_offload_host *h) {
   for (size_t i = 0; i < h->lease_nbuckets; i++)
     for (lease_rec *l = h->lease_buckets[i], *next; l; l = next) {
       next = l->next;
-      free_lease(l);
+      free_lease_mem(l);
     }
+  for (lease_rec *l = h->lease_spare, *next; l; l = next) {
+    next = l->next;
+    free_lease_mem(l);
+  }
+  h->lease_spare = NULL;
   oi__free(h->lease_buckets);
   h->lease_buckets = NULL;
   pthread_mutex_destroy(&h->lease_lock);
@@ -63,22 +75,33 @@ static uint64_t next_tag_locked(oi_offload_host *h) {
 
 oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, uint64_t principal,
                            uint32_t shares, host_block **blocks, size_t n, oi_lease *out) {
-  lease_rec *l = oi__calloc(1, sizeof *l);
-  host_block **copy = oi__malloc(n * sizeof *copy);
-  if (!l || !copy) {
-    oi__free(l);
-    oi__free(copy);
-    return oi__fail(OI_ERR_OUT_OF_MEMORY, "query: out of memory for a lease");
+  uint64_t expires = oi__now_ns() + (uint64_t)h->opts.lease_ttl_ms * 1000000ull;
+  lease_rec *l = NULL;
+  bool small = n <= OI_LEASE_INLINE;
+  pthread_mutex_lock(&h->lease_lock);
+  if (small && h->lease_spare) { /* a spare record: no allocation, one lock */
+    l = h->lease_spare;
+    h->lease_spare = l->next;
+    h->lease_nspare--;
+    l->blocks = l->inline_blocks;
+  } else {
+    pthread_mutex_unlock(&h->lease_lock);
+    l = oi__malloc(sizeof *l + (small ? OI_LEASE_INLINE * sizeof l->inline_blocks[0] : 0));
+    host_block **copy = l && !small ? oi__malloc(n * sizeof *copy) : NULL;
+    if (!l || (!small && !copy)) {
+      oi__free(l);
+      return oi__fail(OI_ERR_OUT_OF_MEMORY, "query: out of memory for a lease");
+    }
+    l->blocks = small ? l->inline_blocks : copy;
+    pthread_mutex_lock(&h->lease_lock);
   }
-  memcpy(copy, blocks, n * sizeof *copy);
-  l->blocks = copy;
+  memcpy(l->blocks, blocks, n * sizeof *blocks);
   l->n = n;
   l->instance = instance;
   l->ns = ns;
   l->principal = principal;
   l->shares_left = shares;
-  l->expires_ns = oi__now_ns() + (uint64_t)h->opts.lease_ttl_ms * 1000000ull;
-  pthread_mutex_lock(&h->lease_lock);
+  l->expires_ns = expires;
   l->id = h->next_lease_id++;
   l->tag = next_tag_locked(h);
   size_t k = l->id & (h->lease_nbuckets - 1);
@@ -141,7 +164,7 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
     pthread_mutex_unlock(&h->lease_lock);
     atomic_fetch_add(&h->c.leases_expired, 1);
     unpin_blocks(h, l->blocks, l->n);
-    free_lease(l);
+    free_lease(h, l);
     return oi__fail(OI_ERR_LEASE_EXPIRED, "load: lease expired after %u ms", h->opts.lease_ttl_ms);
   }
   oi_status st = check_owner_locked(l, ns, principal, "load");
@@ -154,22 +177,27 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: %zu destination blocks for a lease of %zu", n,
                     l->n);
   }
-  for (size_t i = 0; i < n; i++) {
-    host_block *b = l->blocks[i];
-    index_shard *s = &h->shards[b->shard];
-    pthread_mutex_lock(&s->lock);
-    oi__block_pinned_update(h, b->pins || b->loading, true);
-    if (b->loading++ == 0) atomic_fetch_add(&h->c.blocks_loading, 1);
-    pthread_mutex_unlock(&s->lock);
-    out[i] = b;
+  uint64_t loading = 0;
+  for (size_t at = 0; at < n; at += OI_BATCH) { /* each shard locked once per batch */
+    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
+    shard_set set;
+    oi__blocks_lock(h, &set, l->blocks + at, k);
+    for (size_t i = at; i < at + k; i++) {
+      host_block *b = l->blocks[i];
+      oi__block_pinned_update(h, b->pins || b->loading, true);
+      loading += b->loading++ == 0;
+      out[i] = b;
+    }
+    oi__shard_set_unlock(h, &set);
   }
+  if (loading) atomic_fetch_add(&h->c.blocks_loading, loading);
   bool last = --l->shares_left == 0;
   if (last) unlink_locked(h, link);
   pthread_mutex_unlock(&h->lease_lock);
   if (last) {
     atomic_fetch_add(&h->c.leases_released, 1);
     unpin_blocks(h, l->blocks, l->n);
-    free_lease(l);
+    free_lease(h, l);
   }
   return OI_OK;
 }
@@ -191,7 +219,7 @@ oi_status oi__lease_release(oi_offload_host *h, uint32_t ns, uint64_t principal,
   pthread_mutex_unlock(&h->lease_lock);
   atomic_fetch_add(&h->c.leases_released, 1);
   unpin_blocks(h, l->blocks, l->n);
-  free_lease(l);
+  free_lease(h, l);
   return OI_OK;
 }
 
@@ -220,7 +248,7 @@ static void drop_matching(oi_offload_host *h, bool by_instance, uint32_t instanc
     dropped = l->next;
     atomic_fetch_add(counter, 1);
     unpin_blocks(h, l->blocks, l->n);
-    free_lease(l);
+    free_lease(h, l);
   }
 }
 

@@ -80,10 +80,12 @@ void oi__watch_fini(oi_offload_host *h) {
   if (had && w.destroy) w.destroy(w.ctx);
 }
 
-void oi__watch_note_sealed(oi_offload_host *h, const host_block *b) {
-  if (!atomic_load_explicit(&h->watching, memory_order_relaxed)) return;
+void oi__watch_note_sealed(oi_offload_host *h, host_block *const *blocks, size_t n) {
+  if (!n || !atomic_load_explicit(&h->watching, memory_order_relaxed)) return;
   pthread_rwlock_rdlock(&h->watch_lock);
-  if (h->watch.sealed) h->watch.sealed(h->watch.ctx, b->ns, &b->hash);
+  if (h->watch.sealed)
+    for (size_t i = 0; i < n; i++)
+      h->watch.sealed(h->watch.ctx, blocks[i]->ns, &blocks[i]->hash);
   pthread_rwlock_unlock(&h->watch_lock);
 }
 
@@ -114,36 +116,41 @@ void *oi__host_lower(const oi_offload_host *h) {
   return __atomic_load_n(&h->lower_ctx, __ATOMIC_ACQUIRE);
 }
 
-/* Lock order: shard -> lower_lock (called with the block's shard lock). */
-void oi__lower_note_sealed_locked(oi_offload_host *h, const host_block *b) {
-  if (b->lower) return;
+/* Lock order: shard -> lower_lock (called with the blocks' shard locks). */
+void oi__lower_note_sealed_locked(oi_offload_host *h, host_block *const *blocks, size_t n) {
+  /* Without a lower tier (attached once, before its blocks matter), no lock. */
+  if (!__atomic_load_n(&h->lower_ctx, __ATOMIC_ACQUIRE)) return;
   pthread_mutex_lock(&h->lower_lock);
   if (!h->lower_ctx) {
     pthread_mutex_unlock(&h->lower_lock);
     return;
   }
-  if (h->spill_count == h->spill_cap) {
-    size_t cap = h->spill_cap ? h->spill_cap * 2 : SPILL_RING_MIN;
-    spill_entry *r = cap <= SPILL_RING_MAX ? oi__malloc(cap * sizeof *r) : NULL;
-    if (r) { /* unwrap the ring into the new array */
-      for (size_t i = 0; i < h->spill_count; i++)
-        r[i] = h->spill_ring[(h->spill_head + i) % h->spill_cap];
-      oi__free(h->spill_ring);
-      h->spill_ring = r;
-      h->spill_cap = cap;
-      h->spill_head = 0;
-    } else { /* full: the oldest entry goes */
-      h->spill_head = (h->spill_head + 1) % h->spill_cap;
-      h->spill_count--;
+  for (size_t i = 0; i < n; i++) {
+    const host_block *b = blocks[i];
+    if (b->lower) continue;
+    if (h->spill_count == h->spill_cap) {
+      size_t cap = h->spill_cap ? h->spill_cap * 2 : SPILL_RING_MIN;
+      spill_entry *r = cap <= SPILL_RING_MAX ? oi__malloc(cap * sizeof *r) : NULL;
+      if (r) { /* unwrap the ring into the new array */
+        for (size_t j = 0; j < h->spill_count; j++)
+          r[j] = h->spill_ring[(h->spill_head + j) % h->spill_cap];
+        oi__free(h->spill_ring);
+        h->spill_ring = r;
+        h->spill_cap = cap;
+        h->spill_head = 0;
+      } else { /* full: the oldest entry goes */
+        h->spill_head = (h->spill_head + 1) % h->spill_cap;
+        h->spill_count--;
+        atomic_fetch_add(&h->spill_overflow, 1);
+      }
+    }
+    if (h->spill_cap) {
+      h->spill_ring[(h->spill_head + h->spill_count) % h->spill_cap] =
+          (spill_entry){.id = b->id, .ns = b->ns, .hash = b->hash};
+      if (h->spill_count++ == 0) pthread_cond_signal(&h->lower_cv);
+    } else {
       atomic_fetch_add(&h->spill_overflow, 1);
     }
-  }
-  if (h->spill_cap) {
-    h->spill_ring[(h->spill_head + h->spill_count) % h->spill_cap] =
-        (spill_entry){.id = b->id, .ns = b->ns, .hash = b->hash};
-    if (h->spill_count++ == 0) pthread_cond_signal(&h->lower_cv);
-  } else {
-    atomic_fetch_add(&h->spill_overflow, 1);
   }
   pthread_mutex_unlock(&h->lower_lock);
 }
@@ -213,7 +220,7 @@ size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max,
 void oi__host_spill_end(oi_offload_host *h, const oi_host_spill *spills, size_t n, const bool *ok) {
   for (size_t i = 0; i < n; i++) {
     host_block *b = spills[i].block;
-    index_shard *s = &h->shards[b->shard];
+    index_shard *s = oi__block_shard(h, b);
     pthread_mutex_lock(&s->lock);
     b->spilling = 0;
     if (ok[i]) b->lower = 1;
@@ -240,7 +247,7 @@ void oi__host_spill_wake(oi_offload_host *h) {
 
 void oi__host_mark_lower(oi_offload_host *h, host_block *const *blocks, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    index_shard *s = &h->shards[blocks[i]->shard];
+    index_shard *s = oi__block_shard(h, blocks[i]);
     pthread_mutex_lock(&s->lock);
     blocks[i]->lower = 1;
     pthread_mutex_unlock(&s->lock);

@@ -43,15 +43,17 @@ oi_status oi__pool_init(oi_offload_host *h) {
   pthread_mutex_init(&h->class_lock, NULL);
   for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++) {
     pthread_mutex_init(&h->classes[i].lock, NULL);
-    h->classes[i].free_head = OI_NIL;
+    h->classes[i].free_chunks = OI_NIL;
   }
   return OI_OK;
 }
 
 void oi__pool_fini(oi_offload_host *h) {
   if (!h->chunks) return;
-  for (uint32_t i = 0; i < h->nchunks; i++)
+  for (uint32_t i = 0; i < h->nchunks; i++) {
     oi__free(h->chunks[i].records);
+    oi__free(h->chunks[i].free_bits);
+  }
   oi__free(h->chunks);
   h->chunks = NULL;
   for (int i = 0; i < OI_MAX_SIZE_CLASSES; i++)
@@ -94,19 +96,47 @@ oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t 
   return OI_OK;
 }
 
-static inline void push_free_locked(size_class *c, host_block *b) {
-  b->bucket_next = c->free_head;
-  c->free_head = b->id;
+/* Marks slot `id` free (class lock held). */
+static inline void push_free_locked(oi_offload_host *h, size_class *c, uint32_t id) {
+  uint32_t ci = id >> h->slot_bits, slot = id & ((1u << h->slot_bits) - 1);
+  pool_chunk *ch = &h->chunks[ci];
+  ch->free_bits[slot / 64] |= 1ull << (slot % 64);
+  if (slot / 64 < ch->word_hint) ch->word_hint = slot / 64;
+  ch->nfree++;
   c->nfree++;
+  if (!ch->on_free_list) {
+    ch->on_free_list = true;
+    ch->next_free = c->free_chunks;
+    c->free_chunks = ci;
+  }
 }
 
-static inline host_block *pop_free_locked(oi_offload_host *h, size_class *c) {
-  if (c->free_head == OI_NIL) return NULL;
-  host_block *b = oi__rec(h, c->free_head);
-  c->free_head = b->bucket_next;
-  b->bucket_next = OI_NIL;
-  c->nfree--;
-  return b;
+/* Takes up to `want` free slots (class lock held), lowest addresses of the
+ * first chunk with free slots first; reads no record. */
+static size_t pop_free_locked(oi_offload_host *h, size_class *c, size_t want, host_block **out) {
+  size_t got = 0;
+  while (got < want && c->free_chunks != OI_NIL) {
+    uint32_t ci = c->free_chunks;
+    pool_chunk *ch = &h->chunks[ci];
+    uint32_t words = (ch->nslots + 63) / 64;
+    for (uint32_t w = ch->word_hint; w < words && got < want && ch->nfree; w++) {
+      ch->word_hint = w;
+      for (uint64_t bits = ch->free_bits[w]; bits && got < want; bits &= bits - 1) {
+        uint32_t slot = w * 64 + (uint32_t)__builtin_ctzll(bits);
+        ch->free_bits[w] &= ~(1ull << (slot % 64));
+        ch->nfree--;
+        c->nfree--;
+        out[got++] = ch->records + slot;
+      }
+    }
+    if (ch->nfree == 0) { /* full: off the list until a slot is freed */
+      c->free_chunks = ch->next_free;
+      ch->on_free_list = false;
+      ch->next_free = OI_NIL;
+      ch->word_hint = words; /* a free lowers it to its word */
+    }
+  }
+  return got;
 }
 
 /* Carves one uncarved chunk for class `cls`. */
@@ -126,23 +156,35 @@ static bool carve_chunk(oi_offload_host *h, uint32_t cls) {
   pool_chunk *ch = &h->chunks[idx];
   uint64_t nslots64 = h->chunk_bytes / c->slot_bytes;
   if (nslots64 > (1ull << h->slot_bits)) nslots64 = 1ull << h->slot_bits;
-  uint32_t nslots = (uint32_t)nslots64;
+  uint32_t nslots = (uint32_t)nslots64, words = (nslots + 63) / 64;
   host_block *recs = oi__calloc(nslots, sizeof *recs);
-  if (!recs) {
+  uint64_t *bits = oi__calloc(words, sizeof *bits);
+  if (!recs || !bits) {
+    oi__free(recs);
+    oi__free(bits);
     pthread_mutex_unlock(&h->chunk_lock);
     return false;
   }
   for (uint32_t i = 0; i < nslots; i++) {
-    recs[i].cls = (uint8_t)cls;
     recs[i].id = (idx << h->slot_bits) | i;
-    recs[i].bucket_next = recs[i].lru_prev = recs[i].lru_next = OI_NIL;
+    recs[i].lru_prev = recs[i].lru_next = OI_NIL;
   }
   ch->cls = (int)cls;
   ch->nslots = nslots;
   ch->records = recs;
+  ch->free_bits = bits;
+  ch->nfree = 0;
+  ch->word_hint = 0;
+  ch->on_free_list = false;
+  ch->next_free = OI_NIL;
   pthread_mutex_lock(&c->lock);
-  for (uint32_t i = nslots; i-- > 0;)
-    push_free_locked(c, &recs[i]); /* low addresses first */
+  for (uint32_t w = 0; w < words; w++)
+    bits[w] = w + 1 < words || nslots % 64 == 0 ? UINT64_MAX : (1ull << (nslots % 64)) - 1;
+  ch->nfree = nslots;
+  c->nfree += nslots;
+  ch->on_free_list = true;
+  ch->next_free = c->free_chunks;
+  c->free_chunks = idx;
   atomic_fetch_add(&c->slots, nslots);
   pthread_mutex_unlock(&c->lock);
   pthread_mutex_unlock(&h->chunk_lock);
@@ -151,7 +193,7 @@ static bool carve_chunk(oi_offload_host *h, uint32_t cls) {
 
 /* Returns to the uncarved pool one chunk of another size class whose slots
  * are all free, so a block size that arrives later is not starved by chunks
- * an earlier size no longer uses. Rare: walks that class's free list. */
+ * an earlier size no longer uses. */
 static bool reclaim_free_chunk(oi_offload_host *h, uint32_t for_cls) {
   bool done = false;
   pthread_mutex_lock(&h->chunk_lock);
@@ -160,27 +202,24 @@ static bool reclaim_free_chunk(oi_offload_host *h, uint32_t for_cls) {
     if (ch->cls < 0 || (uint32_t)ch->cls == for_cls) continue;
     size_class *c = &h->classes[ch->cls];
     pthread_mutex_lock(&c->lock);
-    size_t in_chunk = 0;
-    for (uint32_t id = c->free_head; id != OI_NIL; id = oi__rec(h, id)->bucket_next)
-      in_chunk += (id >> h->slot_bits) == i;
-    if (in_chunk == ch->nslots) {
-      uint32_t *link = &c->free_head;
-      while (*link != OI_NIL) {
-        host_block *b = oi__rec(h, *link);
-        if ((*link >> h->slot_bits) == i)
-          *link = b->bucket_next;
-        else
-          link = &b->bucket_next;
-      }
-      c->nfree -= in_chunk;
+    if (ch->nfree == ch->nslots) {
+      uint32_t *link = &c->free_chunks; /* it is on its class's list: every slot is free */
+      while (*link != OI_NIL && *link != i)
+        link = &h->chunks[*link].next_free;
+      if (*link == i) *link = ch->next_free;
+      c->nfree -= ch->nfree;
       atomic_fetch_sub(&c->slots, ch->nslots);
       done = true;
     }
     pthread_mutex_unlock(&c->lock);
     if (done) {
       oi__free(ch->records);
+      oi__free(ch->free_bits);
       ch->records = NULL;
-      ch->nslots = 0;
+      ch->free_bits = NULL;
+      ch->nslots = ch->nfree = 0;
+      ch->on_free_list = false;
+      ch->next_free = OI_NIL;
       ch->cls = -1;
     }
   }
@@ -194,8 +233,7 @@ size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_
   if (OI_FAULT(OI_FAULT_HOST_ALLOC, NULL)) return 0;
   for (;;) {
     pthread_mutex_lock(&c->lock);
-    while (got < want && c->free_head != OI_NIL)
-      out[got++] = pop_free_locked(h, c);
+    got += pop_free_locked(h, c, want - got, out + got);
     pthread_mutex_unlock(&c->lock);
     if (got == want) break;
     if (!carve_chunk(h, cls) && !(reclaim_free_chunk(h, cls) && carve_chunk(h, cls))) break;
@@ -214,15 +252,15 @@ host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls) {
 
 void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n) {
   for (size_t i = 0; i < n;) {
-    size_class *c = &h->classes[blocks[i]->cls];
+    size_class *c = &h->classes[oi__block_cls(h, blocks[i])];
     pthread_mutex_lock(&c->lock);
     size_t k = 0;
-    for (; i < n && &h->classes[blocks[i]->cls] == c; i++, k++) {
+    for (; i < n && &h->classes[oi__block_cls(h, blocks[i])] == c; i++, k++) {
       host_block *b = blocks[i];
       b->state = BLOCK_FREE;
       b->pins = b->loading = 0;
       b->spilling = b->lower = 0;
-      push_free_locked(c, b);
+      push_free_locked(h, c, b->id);
     }
     pthread_mutex_unlock(&c->lock);
     atomic_fetch_sub(&c->resident, k);

@@ -30,14 +30,15 @@ typedef struct bench_host_result {
   uint64_t index_block_bytes;
   double fill_s;
   double fill_blocks_per_s;
-  double lookups_per_s; /* one thread */
-  uint64_t lookups;     /* performed while measuring */
+  double lookups_per_s;        /* one thread, in batches of 64 (as queries look up) */
+  double lookups_single_per_s; /* one thread, one hash and one lock at a time */
+  uint64_t lookups;            /* performed while measuring */
   uint64_t slots_carved;
   uint64_t buckets; /* over every shard */
   uint32_t shards;
   size_t record_bytes;       /* sizeof(host_block) */
-  size_t bucket_bytes;       /* bytes of one bucket head */
-  double overhead_per_block; /* (records + buckets) / resident blocks */
+  size_t bucket_bytes;       /* bytes of one table slot */
+  double overhead_per_block; /* (records + free bits + table slots) / resident blocks */
   /* 2. query */
   uint32_t query_blocks;
   uint32_t query_samples;
@@ -51,6 +52,9 @@ typedef struct bench_host_result {
   uint32_t save_samples;
   bench_latency save_idle;  /* a flush between calls: the engine is idle at each call */
   bench_latency save_burst; /* calls back to back */
+  /* Diagnostic: the host tier's part of a call, oi__host_reserve of 64
+   * fresh hashes (slots and index entries), without the copy pipeline. */
+  bench_latency save_reserve;
   /* 4. batch */
   uint64_t batch_bytes;
   uint32_t batch_blocks;

@@ -147,7 +147,31 @@ static int index_lookups(oi_offload_host *h, uint32_t ns, uint64_t n, uint64_t d
   rng g = {.s = 12345};
   for (uint32_t i = 0; i < LOOKUP_TABLE; i++)
     tab[i] = make_hash(STREAM_INDEX, rng_below(&g, n));
+  /* As queries look up: batches of CALL_BLOCKS hashes, each shard locked
+   * once per batch, the misses of a batch overlapped. */
   uint64_t found = 0, done = 0, t0 = oi__now_ns(), t;
+  do {
+    for (uint32_t k = 0; k < 4096; k += CALL_BLOCKS) {
+      index_batch q;
+      oi__index_batch_lock(h, &q, ns, &tab[(done + k) & (LOOKUP_TABLE - 1)], CALL_BLOCKS);
+      for (uint32_t j = 0; j < CALL_BLOCKS; j++)
+        found += q.found[j] != NULL;
+      oi__index_batch_unlock(h, &q);
+    }
+    done += 4096;
+    t = oi__now_ns();
+  } while (t - t0 < duration_ns);
+  if (found != done) {
+    oi__free(tab);
+    fprintf(stderr, "openinfer bench host: index lookups: %llu of %llu resident hashes not found\n",
+            (unsigned long long)(done - found), (unsigned long long)done);
+    return -1;
+  }
+  r->lookups = done;
+  r->lookups_per_s = (double)done / ((double)(t - t0) / 1e9);
+  /* One hash at a time, a lock each (a diagnostic: the misses do not overlap). */
+  found = done = 0;
+  t0 = oi__now_ns();
   do {
     for (uint32_t k = 0; k < 4096; k++) {
       const oi_block_hash *hh = &tab[(done + k) & (LOOKUP_TABLE - 1)];
@@ -158,21 +182,19 @@ static int index_lookups(oi_offload_host *h, uint32_t ns, uint64_t n, uint64_t d
     }
     done += 4096;
     t = oi__now_ns();
-  } while (t - t0 < duration_ns);
+  } while (t - t0 < duration_ns / 2);
   oi__free(tab);
   if (found != done) {
     fprintf(stderr, "openinfer bench host: index lookups: %llu of %llu resident hashes not found\n",
             (unsigned long long)(done - found), (unsigned long long)done);
     return -1;
   }
-  r->lookups = done;
-  r->lookups_per_s = (double)done / ((double)(t - t0) / 1e9);
+  r->lookups_single_per_s = (double)done / ((double)(t - t0) / 1e9);
   return 0;
 }
 
-/* Memory the index costs: one host_block record per carved slot, plus the
- * bucket arrays of every shard (free slots are chained through their records:
- * the free list costs nothing more). */
+/* Memory the index costs: one host_block record and one free-slot bit per
+ * carved slot, plus the open-addressing tables of every shard. */
 static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_result *r) {
   uint64_t slots = 0, buckets = 0;
   uint32_t ncls = atomic_load(&h->nclasses);
@@ -183,17 +205,17 @@ static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_res
   }
   for (uint32_t i = 0; i < h->nshards; i++) {
     pthread_mutex_lock(&h->shards[i].lock);
-    buckets += h->shards[i].nbuckets;
+    buckets += h->shards[i].nslots;
     pthread_mutex_unlock(&h->shards[i].lock);
   }
   r->slots_carved = slots;
   r->buckets = buckets;
   r->shards = h->nshards;
   r->record_bytes = sizeof(host_block);
-  r->bucket_bytes = sizeof *h->shards[0].buckets;
-  r->overhead_per_block =
-      (double)(slots * sizeof(host_block) + buckets * sizeof *h->shards[0].buckets) /
-      (double)resident;
+  r->bucket_bytes = sizeof *h->shards[0].slots;
+  r->overhead_per_block = (double)(slots * sizeof(host_block) + (slots + 7) / 8 +
+                                   buckets * sizeof *h->shards[0].slots) /
+                          (double)resident;
 }
 
 typedef enum { Q_HIT_RUN, Q_HIT_SCATTERED, Q_MISS, Q_MEMBERSHIP_MISS } query_kind;
@@ -317,6 +339,46 @@ out:
 
 /* ---- 3: save enqueue ------------------------------------------------------ */
 
+typedef struct reserve_sink_ctx {
+  host_block *blocks[CALL_BLOCKS];
+  size_t n;
+} reserve_sink_ctx;
+
+static void reserve_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) {
+  (void)i;
+  (void)data;
+  reserve_sink_ctx *c = ctx;
+  c->blocks[c->n++] = b;
+}
+
+/* The host tier's part of a save call alone: oi__host_reserve of 64 fresh
+ * hashes, timed; the slots are sealed (untimed) and the pool emptied as the
+ * engine phase does. */
+static int save_reserve(oi_offload_host *h, oi_offload_engine *e, uint32_t samples, uint64_t *next,
+                        uint64_t *ns, bench_latency *out) {
+  (void)e;
+  oi_host_ns hns;
+  if (!oi__host_find_namespace(h, "bench-save", &hns)) return fail_msg("save: no namespace (bug)");
+  const uint32_t per_round = (uint32_t)(SAVE_POOL_BYTES / SAVE_BLOCK_BYTES / CALL_BLOCKS);
+  oi_block_hash hashes[CALL_BLOCKS];
+  for (uint32_t i = 0; i < samples; i++) {
+    for (uint32_t j = 0; j < CALL_BLOCKS; j++)
+      hashes[j] = make_hash(STREAM_SAVE, (*next)++);
+    reserve_sink_ctx c = {.n = 0};
+    oi_host_reserve_sink sink = {.accepted = reserve_accepted, .ctx = &c};
+    oi_host_reserved res;
+    uint64_t t0 = oi__now_ns();
+    oi__host_reserve(h, hns, hashes, CALL_BLOCKS, &sink, &res);
+    ns[i] = oi__now_ns() - t0;
+    if (res.accepted != CALL_BLOCKS) return fail_msg("save: reserve dropped blocks");
+    oi__host_save_end(h, hns, c.blocks, c.n, true, 0, 0);
+    if ((i + 1) % per_round == 0 && oi_offload_host_evict_all(h, NULL) != OI_OK)
+      return fail_api("evict");
+  }
+  *out = latency_of(ns, samples);
+  return 0;
+}
+
 static int phase_save(const bench_host_config *cfg, bench_host_result *r) {
   const uint32_t per_round = (uint32_t)(SAVE_POOL_BYTES / SAVE_BLOCK_BYTES / CALL_BLOCKS);
   const uint32_t rounds = cfg->quick ? 2 : 10;
@@ -380,7 +442,10 @@ static int phase_save(const bench_host_config *cfg, bench_host_result *r) {
     fail_api("host stats");
     goto out;
   }
-  if (hs.saves_completed != next || hs.saves_dropped || hs.saves_deduplicated || hs.saves_failed) {
+  uint64_t engine_saves = next;
+  if (save_reserve(h, e, rounds * per_round, &next, ns, &r->save_reserve) != 0) goto out;
+  if (hs.saves_completed != engine_saves || hs.saves_dropped || hs.saves_deduplicated ||
+      hs.saves_failed) {
     /* A dropped block costs less than a saved one: the figures would flatter. */
     fprintf(stderr,
             "openinfer bench host: save enqueue: %llu of %llu blocks sealed (%llu dropped, %llu "

@@ -276,9 +276,16 @@ static inline uint64_t oi__index_key(uint32_t ns, const oi_block_hash *h) {
   uint64_t a, b;
   memcpy(&a, h->bytes, 8);
   memcpy(&b, h->bytes + 8, 8);
-  uint64_t x = a ^ (b * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)ns * 0xC2B2AE3D27D4EB4Full);
+  /* The first word is mixed before the second joins it: hashes whose two
+   * words are related (a = b * c + k, as some engines' names are) must not
+   * cancel into a handful of keys (one pattern of that kind once put 32,768
+   * blocks in a few buckets and took a minute to save). */
+  uint64_t x = a ^ ((uint64_t)ns * 0xC2B2AE3D27D4EB4Full);
   x ^= x >> 33;
   x *= 0xFF51AFD7ED558CCDull;
+  x ^= x >> 33;
+  x ^= b;
+  x *= 0xC4CEB9FE1A85EC53ull;
   x ^= x >> 33;
   return x;
 }

@@ -14,7 +14,7 @@
 #define POOL_BYTES (64u << 20)
 #define SHARD 5ull
 
-/* The inverse of oi__index_key's final mix, so a test can pick a key. */
+/* The inverse of a multiplication by an odd constant mod 2^64. */
 static uint64_t inv_mul(uint64_t a) {
   uint64_t x = a; /* Newton: each step doubles the correct low bits */
   for (int i = 0; i < 6; i++)
@@ -23,18 +23,48 @@ static uint64_t inv_mul(uint64_t a) {
 }
 
 /* A name (in namespace ns) whose index key is `key`; `salt` picks one of the
- * many names with that key. */
+ * many names with that key. oi__index_key run backwards: the second word
+ * is chosen, the first follows. */
 static oi_block_hash name_with_key(uint32_t ns, uint64_t key, uint64_t salt) {
   uint64_t x = key;
   x ^= x >> 33;
+  x *= inv_mul(0xC4CEB9FE1A85EC53ull);
+  uint64_t b = salt * 0x9E3779B97F4A7C15ull + 1;
+  x ^= b;
+  x ^= x >> 33;
   x *= inv_mul(0xFF51AFD7ED558CCDull);
   x ^= x >> 33;
-  uint64_t b = salt * 0x9E3779B97F4A7C15ull + 1;
-  uint64_t a = x ^ (b * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)ns * 0xC2B2AE3D27D4EB4Full);
+  uint64_t a = x ^ ((uint64_t)ns * 0xC2B2AE3D27D4EB4Full);
   oi_block_hash h;
   memcpy(h.bytes, &a, 8);
   memcpy(h.bytes + 8, &b, 8);
   return h;
+}
+
+/* Names whose two words are related (a = b * c + 1) spread over distinct
+ * keys: such a pattern once cancelled into a handful of keys. */
+static int cmp_u64(const void *p, const void *q) {
+  uint64_t x = *(const uint64_t *)p, y = *(const uint64_t *)q;
+  return (x > y) - (x < y);
+}
+
+static void test_related_words_spread(void) {
+  enum { N = 32768 };
+  uint64_t *keys = malloc(N * sizeof *keys);
+  REQUIRE(keys);
+  for (uint64_t i = 0; i < N; i++) {
+    oi_block_hash h;
+    uint64_t a = i * 0x9E3779B97F4A7C15ull + 1;
+    memcpy(h.bytes, &a, 8);
+    memcpy(h.bytes + 8, &i, 8);
+    keys[i] = oi__index_key(1, &h);
+  }
+  qsort(keys, N, sizeof *keys, cmp_u64);
+  size_t distinct = 1;
+  for (size_t i = 1; i < N; i++)
+    distinct += keys[i] != keys[i - 1];
+  CHECK(distinct == N);
+  free(keys);
 }
 
 static uint64_t rng_state = 0x1D3A5EEDull;
@@ -180,6 +210,7 @@ static void test_crafted_runs(void) {
 }
 
 int main(void) {
+  RUN_TEST(test_related_words_spread);
   RUN_TEST(test_crafted_runs);
   TEST_EXIT();
 }

@@ -103,7 +103,8 @@ static void test_arenas_over_the_limit(void) {
   CHECK(a.bad == OI_ERR_INVALID_ARGUMENT && strstr(a.bad_msg, "more than 4096 arenas"));
   out.n_arenas = n - 1;
   CHECK_OK(round_trip(&env, &out, &back, &a));
-  CHECK(a.bad == OI_OK && a.n_arenas == OI_WIRE_MAX_ARENAS && a.arenas[n - 2].bytes_per_block == 64);
+  CHECK(a.bad == OI_OK && a.n_arenas == OI_WIRE_MAX_ARENAS &&
+        a.arenas[n - 2].bytes_per_block == 64);
   oi__wire_arrays_free(&a);
   free(ad);
 }

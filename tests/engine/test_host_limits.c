@@ -4,6 +4,10 @@
  * block size past the size classes one host serves. And leases still held
  * (a host-level lookup's, which no engine owns) when the host is destroyed:
  * freed with it (the sanitizer builds check nothing leaks). */
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "testutil.h"
 
 static uint8_t arena_mem[1 << 20];

@@ -42,6 +42,8 @@
  *                   submit time (OI_ERR_IO), with the same cleanup
  *   session_start   the server cannot start a client's session (its thread):
  *                   the connection is refused with OI_ERR_INTERNAL
+ *   lease_alloc     creating a query's lease finds no memory (the query fails
+ *                   with OI_ERR_OUT_OF_MEMORY after its blocks were pinned)
  */
 #ifndef OI_CORE_FAULT_H
 #define OI_CORE_FAULT_H
@@ -71,6 +73,7 @@ typedef enum oi_fault_point {
   OI_FAULT_COPY_SUBMIT,
   OI_FAULT_COMPLETION_SUBMIT,
   OI_FAULT_SESSION_START,
+  OI_FAULT_LEASE_ALLOC,
   OI_FAULT_POINTS
 } oi_fault_point;
 

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "core/fault.h"
 #include "host_private.h"
 
 #define LEASE_BUCKETS 1024
@@ -63,8 +64,9 @@ static uint64_t next_tag_locked(oi_offload_host *h) {
 
 oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, uint64_t principal,
                            uint32_t shares, host_block **blocks, size_t n, oi_lease *out) {
-  lease_rec *l = oi__calloc(1, sizeof *l);
-  host_block **copy = oi__malloc(n * sizeof *copy);
+  bool injected = OI_FAULT(OI_FAULT_LEASE_ALLOC, NULL);
+  lease_rec *l = injected ? NULL : oi__calloc(1, sizeof *l);
+  host_block **copy = injected ? NULL : oi__malloc(n * sizeof *copy);
   if (!l || !copy) {
     oi__free(l);
     oi__free(copy);

@@ -282,6 +282,34 @@ static void test_lease_with_a_live_id_and_another_tag_is_refused(void) {
   rig_close(&r);
 }
 
+/* Creating a query's lease fails after its blocks were pinned
+ * (lease_alloc): the query fails, every pin is undone (the blocks are
+ * evictable again), and the next query leases them. */
+static void test_a_lease_that_cannot_be_created_undoes_its_pins(void) {
+  rig r;
+  rig_open(&r, 8, 4096, 8, 0, 0, 0, 0);
+  CHECK_OK(rig_save(&r, 80, 4));
+  oi_block_hash hs[4];
+  for (int i = 0; i < 4; i++)
+    hs[i] = fu_hash(80 + (uint64_t)i);
+  oi_query_result q = {.struct_size = sizeof q};
+  REQUIRE(oi__fault_arm(OI_FAULT_LEASE_ALLOC, 0, 1, 0) == OI_OK);
+  CHECK_ST(oi_offload_engine_query(r.e, NULL, hs, 4, 0, &q), OI_ERR_OUT_OF_MEMORY);
+  CHECK(strstr(oi_last_error(), "lease"));
+  CHECK(oi__fault_fired(OI_FAULT_LEASE_ALLOC) == 1);
+  oi_host_stats s = rig_stats(&r);
+  CHECK(s.blocks_pinned == 0 && s.blocks_leased == 0 && s.leases_active == 0);
+  CHECK(s.blocks_sealed == 4);
+  rig_check_quiet(&r);
+  oi_lease l;
+  CHECK(rig_query(&r, 80, 4, &l) == 4); /* the next query leases them */
+  CHECK_OK(oi_offload_engine_release(r.e, l));
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(r.h, &evicted));
+  CHECK(evicted == 4); /* no pin left behind */
+  rig_close(&r);
+}
+
 int main(void) {
   REQUIRE_FAULTS();
   RUN_TEST(test_save_copy_submit_fails_on_the_first_group);
@@ -295,5 +323,6 @@ int main(void) {
   RUN_TEST(test_layer_save_completion_submit_fails);
   RUN_TEST(test_flush_times_out_on_a_duplicate_another_engine_saves);
   RUN_TEST(test_lease_with_a_live_id_and_another_tag_is_refused);
+  RUN_TEST(test_a_lease_that_cannot_be_created_undoes_its_pins);
   TEST_EXIT();
 }

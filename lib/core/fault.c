@@ -33,6 +33,7 @@ static const char *const names[OI_FAULT_POINTS] = {
     [OI_FAULT_COMPLETION_SUBMIT] = "completion_submit",
     [OI_FAULT_SESSION_START] = "session_start",
     [OI_FAULT_LEASE_ALLOC] = "lease_alloc",
+    [OI_FAULT_RESERVE_GAP] = "reserve_gap",
 };
 
 static oi_status arm_spec(const char *spec,

@@ -44,6 +44,9 @@
  *                   the connection is refused with OI_ERR_INTERNAL
  *   lease_alloc     creating a query's lease finds no memory (the query fails
  *                   with OI_ERR_OUT_OF_MEMORY after its blocks were pinned)
+ *   reserve_gap     a save that must evict for a slot sleeps `param` ms with
+ *                   its shard unlocked (another saver may insert the same
+ *                   hash meanwhile)
  */
 #ifndef OI_CORE_FAULT_H
 #define OI_CORE_FAULT_H
@@ -74,6 +77,7 @@ typedef enum oi_fault_point {
   OI_FAULT_COMPLETION_SUBMIT,
   OI_FAULT_SESSION_START,
   OI_FAULT_LEASE_ALLOC,
+  OI_FAULT_RESERVE_GAP,
   OI_FAULT_POINTS
 } oi_fault_point;
 

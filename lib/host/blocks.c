@@ -3,7 +3,9 @@
  * marks of a load, instance ids. Each takes the shard locks it needs, keeps
  * the LRU lists and pins right and updates the host's counters. */
 #include <string.h>
+#include <unistd.h>
 
+#include "core/fault.h"
 #include "host_private.h"
 
 uint32_t oi__host_instance_add(oi_offload_host *h) {
@@ -54,11 +56,15 @@ void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *ha
       /* The free list ran dry: evict for the rest of the call at once (no
        * shard lock may be held while evicting). */
       pthread_mutex_unlock(&s->lock);
+      uint64_t gap_ms = 0;
+      if (OI_FAULT(OI_FAULT_RESERVE_GAP, &gap_ms)) usleep((useconds_t)(gap_ms * 1000));
       nspare += oi__index_evict_batch(h, (int)ns.cls, n - i, spare + nspare);
       pthread_mutex_lock(&s->lock);
-      if (oi__index_find_locked(s, ns.id, &hashes[i])) { /* raced with another saver */
+      if ((b = oi__index_find_locked(s, ns.id, &hashes[i]))) { /* raced with another saver */
+        bool in_flight = b->state == BLOCK_IN_FLIGHT;
         pthread_mutex_unlock(&s->lock);
         dedup++;
+        if (in_flight && sink->in_flight) sink->in_flight(sink->ctx, i);
         continue;
       }
     }
@@ -71,10 +77,12 @@ void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *ha
         continue;
       }
       pthread_mutex_lock(&s->lock);
-      if (oi__index_find_locked(s, ns.id, &hashes[i])) { /* raced with another saver */
+      if ((b = oi__index_find_locked(s, ns.id, &hashes[i]))) { /* raced with another saver */
+        bool in_flight = b->state == BLOCK_IN_FLIGHT;
         pthread_mutex_unlock(&s->lock);
         oi__pool_free(h, nb);
         dedup++;
+        if (in_flight && sink->in_flight) sink->in_flight(sink->ctx, i);
         continue;
       }
     }

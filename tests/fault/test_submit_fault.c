@@ -6,6 +6,8 @@
  * is consumed and its blocks unpinned; the engine keeps working. Also: a
  * flush that times out on a duplicate another engine is still saving, and a
  * lease whose id matches a live one but whose tag does not. */
+#include <pthread.h>
+
 #include "fault_util.h"
 
 static atomic_int on_done_calls;
@@ -310,6 +312,82 @@ static void test_a_lease_that_cannot_be_created_undoes_its_pins(void) {
   rig_close(&r);
 }
 
+/* Another saver inserts the same hash while this save, evicting for a slot,
+ * has its shard unlocked (reserve_gap holds it there 300 ms): this save
+ * counts the block deduplicated, and since the other engine's copy is still
+ * running (copy_slow), its flush waits for it like for any duplicate in
+ * flight: a short flush times out, a long one returns once it sealed. */
+typedef struct racer {
+  oi_offload_engine *e;
+  oi_block_hash h;
+  oi_save_result res;
+  oi_status st;
+} racer;
+
+static void *racer_main(void *arg) {
+  racer *r = arg;
+  int64_t id = 7;
+  oi_save_options so;
+  oi_save_options_init(&so);
+  r->res.struct_size = sizeof r->res;
+  so.result = &r->res;
+  oi_ticket *t = NULL;
+  r->st = oi_offload_engine_save(r->e, &id, &r->h, 1, &so, &t);
+  if (r->st == OI_OK) {
+    r->st = oi_ticket_wait(t, 60000);
+    oi_ticket_release(t);
+  }
+  return NULL;
+}
+
+static void test_another_saver_inserts_the_same_hash_in_between(void) {
+  rig r;
+  rig_open(&r, 8, 4096, 8, 0, 0, 0, 0);
+  CHECK_OK(rig_save(&r, 1000, 8)); /* the pool is full: the next saves evict */
+  uint8_t *arena_b = calloc(8, 4096);
+  REQUIRE(arena_b);
+  oi_arena_desc ad = {.name = "kv",
+                      .base = arena_b,
+                      .num_blocks = 8,
+                      .bytes_per_block = 4096,
+                      .block_stride = 4096,
+                      .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.namespace_id = "fault";
+  eo.arenas = &ad;
+  eo.num_arenas = 1;
+  oi_offload_engine *b;
+  REQUIRE(oi_offload_engine_create(r.h, &eo, &b) == OI_OK);
+  racer a = {.e = r.e, .h = fu_hash(2000)};
+  fu_fill(&r, 7, 2000);
+  REQUIRE(oi__fault_arm(OI_FAULT_RESERVE_GAP, 0, 1, 300) == OI_OK);
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, racer_main, &a) == 0);
+  for (int i = 0; i < 5000 && oi__fault_fired(OI_FAULT_RESERVE_GAP) == 0; i++)
+    usleep(1000);
+  REQUIRE(oi__fault_fired(OI_FAULT_RESERVE_GAP) == 1); /* A is in its gap */
+  REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 800) == OI_OK);
+  int64_t id = 0;
+  oi_block_hash hb = fu_hash(2000);
+  oi_ticket *tb;
+  CHECK_OK(oi_offload_engine_save(b, &id, &hb, 1, NULL, &tb)); /* B inserts it, copies slowly */
+  pthread_join(th, NULL);
+  CHECK_OK(a.st);
+  CHECK(a.res.deduplicated == 1 && a.res.accepted == 0); /* A found B's block after its gap */
+  CHECK(oi_ticket_poll(tb) == OI_PENDING);
+  CHECK_ST(oi_offload_engine_flush(r.e, 50), OI_ERR_TIMEOUT); /* A waits for B's copy */
+  CHECK(strstr(oi_last_error(), "another engine"));
+  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  CHECK(oi_ticket_poll(tb) == OI_OK);
+  oi_ticket_release(tb);
+  CHECK(rig_visible(&r, 2000, 1) == 1);
+  oi_offload_engine_destroy(b);
+  free(arena_b);
+  rig_check_quiet(&r);
+  rig_close(&r);
+}
+
 int main(void) {
   REQUIRE_FAULTS();
   RUN_TEST(test_save_copy_submit_fails_on_the_first_group);
@@ -324,5 +402,6 @@ int main(void) {
   RUN_TEST(test_flush_times_out_on_a_duplicate_another_engine_saves);
   RUN_TEST(test_lease_with_a_live_id_and_another_tag_is_refused);
   RUN_TEST(test_a_lease_that_cannot_be_created_undoes_its_pins);
+  RUN_TEST(test_another_saver_inserts_the_same_hash_in_between);
   TEST_EXIT();
 }

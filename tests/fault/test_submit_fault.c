@@ -246,8 +246,9 @@ static void test_flush_times_out_on_a_duplicate_another_engine_saves(void) {
   CHECK_ST(oi_offload_engine_flush(b, 50), OI_ERR_TIMEOUT);
   CHECK(strstr(oi_last_error(), "deduplicated") && strstr(oi_last_error(), "another engine"));
   CHECK_OK(oi_offload_engine_flush(b, 60000)); /* still noted: waits for A's seal */
-  CHECK(oi_ticket_poll(ta) == OI_OK);
-  CHECK(rig_stats(&r).blocks_sealed == 4);
+  oi_host_stats hs4 = rig_stats(&r);
+  CHECK(hs4.blocks_sealed == 4 && hs4.blocks_in_flight == 0);
+  CHECK_OK(oi_ticket_wait(ta, 60000));
   oi_ticket_release(ta);
   oi_offload_engine_destroy(b);
   free(arena_b);
@@ -379,9 +380,10 @@ static void test_another_saver_inserts_the_same_hash_in_between(void) {
   CHECK_ST(oi_offload_engine_flush(r.e, 50), OI_ERR_TIMEOUT); /* A waits for B's copy */
   CHECK(strstr(oi_last_error(), "another engine"));
   CHECK_OK(oi_offload_engine_flush(r.e, 60000));
-  CHECK(oi_ticket_poll(tb) == OI_OK);
+  CHECK(rig_visible(&r, 2000, 1) == 1); /* sealed when the flush returned */
+  CHECK(rig_stats(&r).blocks_in_flight == 0);
+  CHECK_OK(oi_ticket_wait(tb, 60000));
   oi_ticket_release(tb);
-  CHECK(rig_visible(&r, 2000, 1) == 1);
   oi_offload_engine_destroy(b);
   free(arena_b);
   rig_check_quiet(&r);

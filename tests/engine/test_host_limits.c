@@ -8,15 +8,19 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "testutil.h"
 
 static uint8_t arena_mem[1 << 20];
+
+static float host_high_watermark; /* 0: the default */
 
 static oi_offload_host *host_new(uint64_t pool, uint64_t chunk) {
   oi_host_options ho;
   REQUIRE(oi_host_options_init(&ho) == OI_OK);
   ho.pool_bytes = pool;
   ho.chunk_bytes = chunk;
+  if (host_high_watermark > 0) ho.high_watermark = ho.low_watermark = host_high_watermark;
   oi_offload_host *h = NULL;
   REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
   return h;
@@ -159,10 +163,61 @@ static void test_leases_held_when_the_host_is_destroyed(void) {
   oi_offload_host_destroy(h);
 }
 
+/* One block size holds every chunk of the pool (background eviction off):
+ * a save of another size finds no chunk and evicts only within its own
+ * size, so it is dropped and counted at once, never waits, and the first
+ * size's blocks stay; once a whole chunk is free again (evict_all), the
+ * second size gets it. (This pins down a limit, not a promise: the first
+ * size's blocks are evictable, yet the second size gets nothing until a
+ * whole chunk frees; docs/guarantees.md, Gaps.) */
+static void test_another_block_size_while_one_fills_the_pool(void) {
+  host_high_watermark = 1.0f;
+  oi_offload_host *h = host_new(256 << 10, 64 << 10); /* 4 chunks of 16 4-KiB slots */
+  host_high_watermark = 0;
+  oi_offload_engine *a, *b;
+  CHECK_OK(engine_new(h, "fills", 1, 4096, &a));
+  int64_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (uint64_t k = 0; k < 64; k += 8) {
+    oi_block_hash hs[8];
+    for (int i = 0; i < 8; i++)
+      hs[i] = hash_of(5000 + k + (uint64_t)i);
+    oi_ticket *t;
+    CHECK_OK(oi_offload_engine_save(a, ids, hs, 8, NULL, &t));
+    CHECK_OK(oi_ticket_wait(t, 10000));
+    oi_ticket_release(t);
+  }
+  oi_host_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_offload_host_stats(h, &s));
+  CHECK(s.blocks_sealed == 64 && s.free_bytes == 0);
+  CHECK_OK(engine_new(h, "other-size", 1, 8192, &b));
+  oi_save_result res = {.struct_size = sizeof res};
+  oi_save_options so;
+  oi_save_options_init(&so);
+  so.result = &res;
+  oi_block_hash hb = hash_of(6000);
+  oi_ticket *t;
+  uint64_t t0 = oi__now_ns();
+  CHECK_OK(oi_offload_engine_save(b, ids, &hb, 1, &so, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  CHECK(oi__now_ns() - t0 < 2000000000ull); /* never waits for room */
+  CHECK(res.dropped == 1 && res.accepted == 0);
+  CHECK_OK(oi_offload_host_stats(h, &s));
+  CHECK(s.saves_dropped == 1 && s.blocks_sealed == 64 && s.evictions == 0);
+  uint64_t ev = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &ev));
+  CHECK(ev == 64);
+  CHECK(save_and_hit(b, 6000));
+  oi_offload_engine_destroy(b);
+  oi_offload_engine_destroy(a);
+  oi_offload_host_destroy(h);
+}
+
 int main(void) {
   RUN_TEST(test_same_block_size_another_shape_is_refused);
   RUN_TEST(test_a_block_larger_than_a_chunk_is_refused);
   RUN_TEST(test_block_sizes_past_the_size_classes_are_refused);
   RUN_TEST(test_leases_held_when_the_host_is_destroyed);
+  RUN_TEST(test_another_block_size_while_one_fills_the_pool);
   TEST_EXIT();
 }

@@ -29,6 +29,11 @@ static const char *const names[OI_FAULT_POINTS] = {
     [OI_FAULT_DISK_READ_SLOW] = "disk_read_slow",
     [OI_FAULT_DISK_SHORT_WRITE] = "disk_short_write",
     [OI_FAULT_DISK_WRITE_SLOW] = "disk_write_slow",
+    [OI_FAULT_COPY_SUBMIT] = "copy_submit",
+    [OI_FAULT_COMPLETION_SUBMIT] = "completion_submit",
+    [OI_FAULT_SESSION_START] = "session_start",
+    [OI_FAULT_LEASE_ALLOC] = "lease_alloc",
+    [OI_FAULT_RESERVE_GAP] = "reserve_gap",
 };
 
 static oi_status arm_spec(const char *spec,

@@ -35,6 +35,18 @@
  *                   it ends a block read (the read holds its block meanwhile)
  *   disk_write_slow likewise before it ends a block write (its queue slot is
  *                   held meanwhile, so spills back up)
+ *   copy_submit     queuing a group of copies on a stream fails at submit time
+ *                   (OI_ERR_IO): the call fails, what was queued drains, and
+ *                   the job ends failed (its slots aborted, its lease consumed)
+ *   completion_submit queuing a job's completion after its copies fails at
+ *                   submit time (OI_ERR_IO), with the same cleanup
+ *   session_start   the server cannot start a client's session (its thread):
+ *                   the connection is refused with OI_ERR_INTERNAL
+ *   lease_alloc     creating a query's lease finds no memory (the query fails
+ *                   with OI_ERR_OUT_OF_MEMORY after its blocks were pinned)
+ *   reserve_gap     a save that must evict for a slot sleeps `param` ms with
+ *                   its shard unlocked (another saver may insert the same
+ *                   hash meanwhile)
  */
 #ifndef OI_CORE_FAULT_H
 #define OI_CORE_FAULT_H
@@ -61,6 +73,11 @@ typedef enum oi_fault_point {
   OI_FAULT_DISK_READ_SLOW,
   OI_FAULT_DISK_SHORT_WRITE,
   OI_FAULT_DISK_WRITE_SLOW,
+  OI_FAULT_COPY_SUBMIT,
+  OI_FAULT_COMPLETION_SUBMIT,
+  OI_FAULT_SESSION_START,
+  OI_FAULT_LEASE_ALLOC,
+  OI_FAULT_RESERVE_GAP,
   OI_FAULT_POINTS
 } oi_fault_point;
 

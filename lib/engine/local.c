@@ -655,11 +655,13 @@ static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {
   pthread_mutex_unlock(&e->lock);
   size_t waited = 0;
   for (; st == OI_OK && waited < nforeign; waited++)
-    if (!oi__host_wait_not_in_flight(e->host, e->ns, &foreign[waited], deadline))
+    if (!oi__host_wait_not_in_flight(e->host, e->ns, &foreign[waited], deadline)) {
       st = oi__fail(OI_ERR_TIMEOUT,
                     "flush: a block this engine deduplicated is still in flight (saved by another "
                     "engine) after %u ms",
                     timeout_ms);
+      break; /* this one too stays noted */
+    }
   /* Whatever was not waited for stays noted for the next flush. */
   for (size_t i = waited; i < nforeign; i++)
     note_foreign(e, &foreign[i]);

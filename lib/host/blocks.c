@@ -3,7 +3,9 @@
  * marks of a load, instance ids. Each takes the shard locks it needs, keeps
  * the LRU lists and pins right and updates the host's counters. */
 #include <string.h>
+#include <unistd.h>
 
+#include "core/fault.h"
 #include "host_private.h"
 
 uint32_t oi__host_instance_add(oi_offload_host *h) {
@@ -114,10 +116,13 @@ static void reserve_one(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *
   uint64_t key = oi__index_key(ns.id, &hashes[i]);
   index_shard *s = oi__index_shard_of(h, key);
   pthread_mutex_lock(&s->lock);
-  if (oi__index_find_key_locked(s, key, ns.id, &hashes[i])) { /* raced with another saver */
+  host_block *b = oi__index_find_key_locked(s, key, ns.id, &hashes[i]);
+  if (b) { /* raced with another saver: its copy may still be in flight (a flush waits) */
+    bool in_flight = b->state == BLOCK_IN_FLIGHT;
     pthread_mutex_unlock(&s->lock);
     oi__pool_free(h, nb);
     t->dedup++;
+    if (in_flight && sink->in_flight) sink->in_flight(sink->ctx, i);
     return;
   }
   nb->hash = hashes[i];
@@ -158,6 +163,8 @@ void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *ha
       /* Unused slots go back first: what remains to evict is for the rest. */
       if (used < nspare) oi__pool_free_batch(h, spare + used, nspare - used);
       used = 0;
+      uint64_t gap_ms = 0; /* (tests: another saver may insert these hashes meanwhile) */
+      if (OI_FAULT(OI_FAULT_RESERVE_GAP, &gap_ms)) usleep((useconds_t)(gap_ms * 1000));
       nspare = oi__index_evict_batch(h, (int)ns.cls, nidx, spare);
       reserve_batch(h, ns, hashes, idx, nidx, spare, nspare, &used, sink, &t, rest, &nrest);
       for (size_t j = 0; j < nrest; j++)

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "core/fault.h"
 #include "host_private.h"
 
 #define LEASE_BUCKETS 1024
@@ -78,6 +79,8 @@ oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, u
   uint64_t expires = oi__now_ns() + (uint64_t)h->opts.lease_ttl_ms * 1000000ull;
   lease_rec *l = NULL;
   bool small = n <= OI_LEASE_INLINE;
+  if (OI_FAULT(OI_FAULT_LEASE_ALLOC, NULL)) /* (tests: the query's undo path) */
+    return oi__fail(OI_ERR_OUT_OF_MEMORY, "query: out of memory for a lease");
   pthread_mutex_lock(&h->lease_lock);
   if (small && h->lease_spare) { /* a spare record: no allocation, one lock */
     l = h->lease_spare;
@@ -117,15 +120,24 @@ oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, u
   return OI_OK;
 }
 
-/* Finds and unlinks nothing; returns the link to the lease or NULL. */
-static lease_rec **find_locked(oi_offload_host *h, oi_lease lease) {
+/* Finds and unlinks nothing; returns the link to the lease or NULL, having
+ * set the error: unknown, or (the id of a live lease with another tag) stale
+ * or forged. The live lease is left as it was. */
+static lease_rec **find_locked(oi_offload_host *h, oi_lease lease, const char *what) {
   uint64_t id, tag;
   memcpy(&id, lease.bytes, 8);
   memcpy(&tag, lease.bytes + 8, 8);
-  if (id == 0) return NULL;
   lease_rec **link = &h->lease_buckets[id & (h->lease_nbuckets - 1)];
-  for (; *link; link = &(*link)->next)
-    if ((*link)->id == id) return (*link)->tag == tag ? link : NULL;
+  for (; id && *link; link = &(*link)->next)
+    if ((*link)->id == id) {
+      if ((*link)->tag == tag) return link;
+      oi__fail(OI_ERR_LEASE_EXPIRED,
+               "%s: lease refused (its tag does not match the live lease of that id: stale or "
+               "forged)",
+               what);
+      return NULL;
+    }
+  oi__fail(OI_ERR_LEASE_EXPIRED, "%s: lease unknown (released, fully consumed or expired)", what);
   return NULL;
 }
 
@@ -152,11 +164,10 @@ static oi_status check_owner_locked(const lease_rec *l, uint32_t ns, uint64_t pr
 oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease,
                             size_t n, host_block **out) {
   pthread_mutex_lock(&h->lease_lock);
-  lease_rec **link = find_locked(h, lease);
+  lease_rec **link = find_locked(h, lease, "load");
   if (!link) {
     pthread_mutex_unlock(&h->lease_lock);
-    return oi__fail(OI_ERR_LEASE_EXPIRED,
-                    "load: lease unknown (released, fully consumed or expired)");
+    return OI_ERR_LEASE_EXPIRED;
   }
   lease_rec *l = *link;
   if (oi__now_ns() >= l->expires_ns) {
@@ -204,11 +215,10 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
 
 oi_status oi__lease_release(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease) {
   pthread_mutex_lock(&h->lease_lock);
-  lease_rec **link = find_locked(h, lease);
+  lease_rec **link = find_locked(h, lease, "release");
   if (!link) {
     pthread_mutex_unlock(&h->lease_lock);
-    return oi__fail(OI_ERR_LEASE_EXPIRED,
-                    "release: lease unknown (released, fully consumed or expired)");
+    return OI_ERR_LEASE_EXPIRED;
   }
   oi_status st = check_owner_locked(*link, ns, principal, "release");
   if (st != OI_OK) {

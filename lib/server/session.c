@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/fault.h"
 #include "engine/engine_internal.h"
 #include "server_internal.h"
 
@@ -895,7 +896,9 @@ oi_status oi__session_start(oi_server *srv, int fd, pid_t pid, uid_t uid, gid_t 
   s->next = srv->sessions;
   srv->sessions = s;
   srv->num_sessions++;
-  int rc = pthread_create(&s->thread, NULL, session_main, s);
+  int rc = OI_FAULT(OI_FAULT_SESSION_START, NULL)
+               ? EAGAIN
+               : pthread_create(&s->thread, NULL, session_main, s);
   if (rc != 0) {
     srv->sessions = s->next;
     srv->num_sessions--;

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/fault.h"
 #include "transfer.h"
 
 struct oi_xfer_job {
@@ -230,7 +231,10 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
                        .cta_limit = x->cfg.cta_limit,
                        .host_mapped = x->cfg.host_mapped,
                        .staging_bytes = x->cfg.staging_bytes};
-  st = x->dev->ops->stream_copy(s, dir, descs, nd, &cp);
+  if (OI_FAULT(OI_FAULT_COPY_SUBMIT, NULL))
+    st = oi__fail(OI_ERR_IO, "queuing copies failed (injected fault)");
+  else
+    st = x->dev->ops->stream_copy(s, dir, descs, nd, &cp);
   oi__free(descs);
   return st;
 }
@@ -333,7 +337,10 @@ static oi_status queue_completion(oi_xfer_job *job) {
   x->outstanding = job;
   pthread_cond_signal(&x->cv); /* the done thread re-arms its timer */
   pthread_mutex_unlock(&x->lock);
-  st = x->dev->ops->stream_call(s, job_arrived, job);
+  if (OI_FAULT(OI_FAULT_COMPLETION_SUBMIT, NULL))
+    st = oi__fail(OI_ERR_IO, "queuing a completion failed (injected fault)");
+  else
+    st = x->dev->ops->stream_call(s, job_arrived, job);
   if (st != OI_OK) {
     pthread_mutex_lock(&x->lock);
     outstanding_remove_locked(x, job);

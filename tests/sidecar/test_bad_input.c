@@ -208,6 +208,38 @@ static void test_requests(void) {
   send_env(&c, 16, oiwire_Envelope_save_tag, save_body(mine, many, OI_WIRE_MAX_BLOCKS + 1, 0, 16));
   free(many);
   expect_error(&c, 16, OI_ERR_INVALID_ARGUMENT, "more than 65536", "too many ids");
+  /* more hashes than one query may carry, and more arenas than one layout */
+  {
+    oi_block_hash *hs = calloc(OI_WIRE_MAX_BLOCKS + 1, sizeof *hs);
+    REQUIRE(hs);
+    static oiwire_Envelope env;
+    memset(&env, 0, sizeof env);
+    env.request_id = 97;
+    env.which_body = oiwire_Envelope_query_tag;
+    env.body.query.instance_id = mine;
+    oi_wire_out out = {.hashes = hs, .n_hashes = OI_WIRE_MAX_BLOCKS + 1};
+    REQUIRE(wc_send(&c, &env, &out));
+    free(hs);
+    expect_error(&c, 97, OI_ERR_INVALID_ARGUMENT, "more than 65536 hashes", "too many hashes");
+    oi_arena_desc *ad = calloc(OI_WIRE_MAX_ARENAS + 1, sizeof *ad);
+    REQUIRE(ad);
+    for (size_t i = 0; i <= OI_WIRE_MAX_ARENAS; i++)
+      ad[i] = (oi_arena_desc){
+          .name = "a", .num_blocks = 1, .bytes_per_block = 64, .block_stride = 64, .segments = 1};
+    memset(&env, 0, sizeof env);
+    env.request_id = 98;
+    env.which_body = oiwire_Envelope_register_instance_tag;
+    snprintf(env.body.register_instance.namespace_id,
+             sizeof env.body.register_instance.namespace_id, "too-many-arenas");
+    env.body.register_instance.device = OI_DEVICE_CPU;
+    env.body.register_instance.world_size = 1;
+    env.body.register_instance.arena_size = 1 << 20;
+    oi_wire_out ao = {.arenas = ad, .n_arenas = OI_WIRE_MAX_ARENAS + 1};
+    REQUIRE(wc_send(&c, &env, &ao));
+    free(ad);
+    expect_error(&c, 98, OI_ERR_INVALID_ARGUMENT, "more than 4096 arenas", "too many arenas");
+    still_served(&c, "requests over the limits");
+  }
   /* unknown and foreign instances */
   send_env(&c, 17, oiwire_Envelope_save_tag, save_body(4000000, ids, 1, 1, 16));
   expect_error(&c, 17, OI_ERR_NOT_FOUND, "not registered", "unknown instance");

@@ -274,7 +274,14 @@ static void test_restored_from_disk(void) {
   free(cold_kv);
   oi_exec_stats s = {.struct_size = sizeof s};
   CHECK_OK(oi_executor_stats(x, &s));
-  CHECK(s.restores_waited == 1 && s.restores_completed == 1 && s.restores_failed == 0);
+  /* Waited once, as a rule; but when the disk's reads all end before the
+   * query that started them counts what is pending (its thread descheduled
+   * on a loaded machine: seen 1 run in 60, two at a time), the query finds
+   * every block promoted and the restore goes without a wait. */
+  if (s.restores_waited != 1)
+    fprintf(stderr, "  restores: waited %llu (the promotions ended before the query returned)\n",
+            (unsigned long long)s.restores_waited);
+  CHECK(s.restores_waited <= 1 && s.restores_completed == 1 && s.restores_failed == 0);
   oi_host_disk_stats ds = {.struct_size = sizeof ds};
   CHECK_OK(oi_offload_host_disk_stats(dh, &ds));
   CHECK(ds.promotions >= RESTORABLE / PAGE && ds.checksum_failures == 0);

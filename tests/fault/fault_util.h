@@ -182,4 +182,65 @@ static void rig_check_quiet(rig *r) {
   CHECK(s.block_bytes_resident == s.blocks_sealed * r->bytes);
 }
 
+/* Layer-by-layer saves: a host and an engine over three arenas (a layer
+ * each) of 8 blocks of 4 KiB. */
+enum { FU_LAYERS = 3, FU_LAYER_BLOCKS = 8, FU_LAYER_BYTES = 4096 };
+
+typedef struct layer_rig {
+  oi_offload_host *h;
+  oi_offload_engine *e;
+  uint8_t *mem;
+  oi_arena_desc ad[FU_LAYERS];
+} layer_rig;
+
+static void fu_layer_rig_open(layer_rig *r, const char *ns) {
+  memset(r, 0, sizeof *r);
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 16 << 20;
+  REQUIRE(oi_offload_host_create(&ho, &r->h) == OI_OK);
+  r->mem = calloc(FU_LAYERS, FU_LAYER_BLOCKS * FU_LAYER_BYTES);
+  REQUIRE(r->mem);
+  static const char *names[FU_LAYERS] = {"l0", "l1", "l2"};
+  for (uint32_t a = 0; a < FU_LAYERS; a++)
+    r->ad[a] = (oi_arena_desc){.name = names[a],
+                               .base = r->mem + (uint64_t)a * FU_LAYER_BLOCKS * FU_LAYER_BYTES,
+                               .num_blocks = FU_LAYER_BLOCKS,
+                               .bytes_per_block = FU_LAYER_BYTES,
+                               .block_stride = FU_LAYER_BYTES,
+                               .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.namespace_id = ns;
+  eo.arenas = r->ad;
+  eo.num_arenas = FU_LAYERS;
+  REQUIRE(oi_offload_engine_create(r->h, &eo, &r->e) == OI_OK);
+}
+
+static void fu_layer_rig_close(layer_rig *r) {
+  oi_offload_engine_destroy(r->e);
+  oi_offload_host_destroy(r->h);
+  free(r->mem);
+}
+
+/* After a layer-by-layer save of hs[0..2) that one layer failed: a flush
+ * ends, neither block hits, the engine counts two failed saves and none
+ * pending; whole saves of the same hashes then work and hit. */
+static void fu_layer_save_aborted(layer_rig *r, const int64_t *ids, const oi_block_hash *hs) {
+  CHECK_OK(oi_offload_engine_flush(r->e, 10000));
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, 2, 0, &q));
+  CHECK(q.hit_blocks == 0);
+  oi_engine_stats es = {.struct_size = sizeof es};
+  CHECK_OK(oi_offload_engine_stats(r->e, &es));
+  CHECK(es.saves_failed == 2 && es.saves_completed == 0 && es.saves_pending == 0);
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(r->e, ids, hs, 2, NULL, &t)); /* whole blocks, again */
+  CHECK_OK(oi_ticket_wait(t, 60000));
+  oi_ticket_release(t);
+  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, 2, 0, &q));
+  CHECK(q.hit_blocks == 2);
+  CHECK_OK(oi_offload_engine_release(r->e, q.lease));
+}
+
 #endif

@@ -129,71 +129,34 @@ static void test_layered_load_completion_submit_fails(void) {
  * the blocks are aborted at once, the last layer skips them, a flush ends,
  * and whole saves of the same hashes work. */
 static void layer_save_fails_at_submit(oi_fault_point point) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 16 << 20;
-  oi_offload_host *h;
-  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
-  enum { ARENAS = 3, BLOCKS = 8, BYTES = 4096 };
-  uint8_t *mem = calloc(ARENAS, BLOCKS * BYTES);
-  REQUIRE(mem);
-  oi_arena_desc ad[ARENAS];
-  const char *names[ARENAS] = {"l0", "l1", "l2"};
-  for (uint32_t a = 0; a < ARENAS; a++)
-    ad[a] = (oi_arena_desc){.name = names[a],
-                            .base = mem + (uint64_t)a * BLOCKS * BYTES,
-                            .num_blocks = BLOCKS,
-                            .bytes_per_block = BYTES,
-                            .block_stride = BYTES,
-                            .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "layer-submit";
-  eo.arenas = ad;
-  eo.num_arenas = ARENAS;
-  oi_offload_engine *e;
-  REQUIRE(oi_offload_engine_create(h, &eo, &e) == OI_OK);
+  layer_rig r;
+  fu_layer_rig_open(&r, "layer-submit");
   int64_t ids[2] = {0, 1};
   oi_block_hash hs[2] = {fu_hash(900), fu_hash(901)};
   oi_save_options so;
   oi_save_options_init(&so);
   so.arena_count = 1;
-  for (uint32_t a = 0; a < ARENAS; a++) {
+  for (uint32_t a = 0; a < FU_LAYERS; a++) {
     so.arena_first = a;
     oi_ticket *t = NULL;
     if (a == 1) {
       REQUIRE(oi__fault_arm(point, 0, 1, 0) == OI_OK);
-      CHECK_ST(oi_offload_engine_save(e, ids, hs, 2, &so, &t), OI_ERR_IO);
+      CHECK_ST(oi_offload_engine_save(r.e, ids, hs, 2, &so, &t), OI_ERR_IO);
       CHECK(t == NULL);
       CHECK(oi__fault_fired(point) == 1);
       oi__fault_disarm_all();
     } else {
-      CHECK_OK(oi_offload_engine_save(e, ids, hs, 2, &so, &t));
+      CHECK_OK(oi_offload_engine_save(r.e, ids, hs, 2, &so, &t));
       CHECK_OK(oi_ticket_wait(t, 60000));
       oi_ticket_release(t);
     }
     oi_host_stats s = {.struct_size = sizeof s};
-    CHECK_OK(oi_offload_host_stats(h, &s));
+    CHECK_OK(oi_offload_host_stats(r.h, &s));
     CHECK(s.blocks_in_flight == (a == 0 ? 2u : 0u)); /* aborted as soon as a layer failed */
     CHECK(s.blocks_sealed == 0);
   }
-  CHECK_OK(oi_offload_engine_flush(e, 10000));
-  oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
-  CHECK(q.hit_blocks == 0);
-  oi_engine_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_offload_engine_stats(e, &es));
-  CHECK(es.saves_failed == 2 && es.saves_completed == 0 && es.saves_pending == 0);
-  oi_ticket *t;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, 2, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
-  CHECK(q.hit_blocks == 2);
-  CHECK_OK(oi_offload_engine_release(e, q.lease));
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
-  free(mem);
+  fu_layer_save_aborted(&r, ids, hs);
+  fu_layer_rig_close(&r);
 }
 
 static void test_layer_save_copy_submit_fails(void) {

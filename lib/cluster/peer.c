@@ -1637,31 +1637,37 @@ void oi__peer_close(oi_peer *peer) {
 const char *oi__peer_node_id(const oi_peer *peer) { return peer->id; }
 uint64_t oi__peer_region_len(const oi_peer *peer) { return peer->rlen; }
 
-/* A call's op: the request framed for the holder. */
-static op *call_new(oi_peer *peer, const void *req, size_t len, uint32_t timeout_ms) {
+/* A call's op: the request (at most OI_PEER_MAX_MSG bytes) framed for the
+ * holder. */
+static oi_status call_new(oi_peer *peer, const void *req, size_t len, uint32_t timeout_ms,
+                          op **out) {
+  if (len > OI_PEER_MAX_MSG)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: a request of %zu bytes (at most %u)", len,
+                    OI_PEER_MAX_MSG);
   op *o = op_new(OP_CALL);
-  if (!o) return NULL;
-  o->msg_len = REQ_FIXED + len;
-  o->msg = oi__malloc(o->msg_len);
-  if (!o->msg) {
-    oi__free(o);
-    return NULL;
+  if (o) {
+    o->msg_len = REQ_FIXED + len;
+    o->msg = oi__malloc(o->msg_len);
+    if (!o->msg) {
+      oi__free(o);
+      o = NULL;
+    }
   }
+  if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a request of %zu bytes", len);
   if (len) memcpy(o->msg + REQ_FIXED, req, len);
   o->peer = peer;
   o->deadline = oi__deadline_ns(timeout_ms ? timeout_ms : peer->net->timeout_ms);
-  return o;
+  *out = o;
+  return OI_OK;
 }
 
 oi_status oi__peer_send(oi_peer *peer, const void *req, size_t len, uint32_t timeout_ms) {
   if (!peer || (len && !req))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: send without a peer or request");
-  if (len > OI_PEER_MAX_MSG)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: a request of %zu bytes (at most %u)", len,
-                    OI_PEER_MAX_MSG);
   oi_peer_net *net = peer->net;
-  op *o = call_new(peer, req, len, timeout_ms);
-  if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a request of %zu bytes", len);
+  op *o = NULL;
+  oi_status st = call_new(peer, req, len, timeout_ms, &o);
+  if (st != OI_OK) return st;
   if (!enqueue(net, o)) {
     op_unref(o); /* the thread's reference, never taken */
     op_unref(o);
@@ -1679,13 +1685,11 @@ oi_status oi__peer_call(oi_peer *peer, const void *req, size_t len, void **reply
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: call without a peer, request or reply");
   *reply = NULL;
   *reply_len = 0;
-  if (len > OI_PEER_MAX_MSG)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: a request of %zu bytes (at most %u)", len,
-                    OI_PEER_MAX_MSG);
   oi_peer_net *net = peer->net;
-  op *o = call_new(peer, req, len, timeout_ms);
-  if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a request of %zu bytes", len);
-  oi_status st = submit(net, o);
+  op *o = NULL;
+  oi_status st = call_new(peer, req, len, timeout_ms, &o);
+  if (st != OI_OK) return st;
+  st = submit(net, o);
   if (st) {
     oi__fail(st, "%s", o->err);
   } else {

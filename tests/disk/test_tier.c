@@ -39,27 +39,24 @@ static uint8_t pattern(uint64_t logical, uint64_t i) {
   return (uint8_t)(x ^ (x >> 29) ^ (x >> 47));
 }
 
-static void rig_open_sized(rig *r, const char *dir, uint64_t block, const char *ns, uint64_t pool,
-                           uint64_t capacity) {
+/* A host made from `ho` (OI_HOST_NO_PIN added) with the disk of `d` on
+ * `dir`, and an engine in namespace `ns` over `arena_blocks` blocks of
+ * `block` bytes. */
+static void rig_open_with(rig *r, const char *dir, uint64_t block, const char *ns,
+                          oi_host_options *ho, oi_host_disk_options *d, uint64_t arena_blocks) {
   memset(r, 0, sizeof *r);
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = pool;
-  ho.flags = OI_HOST_NO_PIN;
-  REQUIRE(oi_offload_host_create(&ho, &r->h) == OI_OK);
-  oi_host_disk_options d;
-  oi_host_disk_options_init(&d);
+  ho->flags |= OI_HOST_NO_PIN;
+  REQUIRE(oi_offload_host_create(ho, &r->h) == OI_OK);
   const char *dirs[1] = {dir};
-  d.dirs = dirs;
-  d.num_dirs = 1;
-  d.capacity_bytes = capacity;
-  CHECK_OK(oi_offload_host_attach_disk(r->h, &d));
+  d->dirs = dirs;
+  d->num_dirs = 1;
+  CHECK_OK(oi_offload_host_attach_disk(r->h, d));
   r->block = block;
-  r->mem = calloc(2 * NB, block);
+  r->mem = calloc(arena_blocks, block);
   REQUIRE(r->mem);
   r->arena = (oi_arena_desc){.name = "kv",
                              .base = r->mem,
-                             .num_blocks = 2 * NB,
+                             .num_blocks = arena_blocks,
                              .bytes_per_block = block,
                              .block_stride = block,
                              .segments = 1};
@@ -69,6 +66,17 @@ static void rig_open_sized(rig *r, const char *dir, uint64_t block, const char *
   eo.arenas = &r->arena;
   eo.num_arenas = 1;
   REQUIRE(oi_offload_engine_create(r->h, &eo, &r->e) == OI_OK);
+}
+
+static void rig_open_sized(rig *r, const char *dir, uint64_t block, const char *ns, uint64_t pool,
+                           uint64_t capacity) {
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = pool;
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  d.capacity_bytes = capacity;
+  rig_open_with(r, dir, block, ns, &ho, &d, 2 * NB);
 }
 
 static void rig_open(rig *r, const char *dir, uint64_t block, const char *ns) {
@@ -414,60 +422,36 @@ static void test_shutdown_writes_every_queued_block(void) {
   oi_host_options ho;
   oi_host_options_init(&ho);
   ho.pool_bytes = 4 * MiB;
-  ho.flags = OI_HOST_NO_PIN;
   ho.high_watermark = 0.01f; /* every sealed block above 1% of the pool may go */
   ho.low_watermark = 0.0f;
-  oi_offload_host *h = NULL;
-  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
-  const char *dirs[1] = {dir};
-  d.dirs = dirs;
-  d.num_dirs = 1;
   d.capacity_bytes = 16 * MiB;
   d.queue_depth = 1;
-  CHECK_OK(oi_offload_host_attach_disk(h, &d));
-  uint8_t *mem = calloc(N, BLOCK);
-  REQUIRE(mem);
-  oi_arena_desc arena = {.name = "kv",
-                         .base = mem,
-                         .num_blocks = N,
-                         .bytes_per_block = BLOCK,
-                         .block_stride = BLOCK,
-                         .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "drain";
-  eo.arenas = &arena;
-  eo.num_arenas = 1;
-  oi_offload_engine *e = NULL;
-  REQUIRE(oi_offload_engine_create(h, &eo, &e) == OI_OK);
+  rig r;
+  rig_open_with(&r, dir, BLOCK, "drain", &ho, &d, N);
   oi_block_hash hs[N];
   int64_t ids[N];
   for (int b = 0; b < N; b++) {
     ids[b] = b;
     hs[b] = hash_of(5000 + (uint64_t)b);
     for (uint64_t i = 0; i < BLOCK; i++)
-      mem[(uint64_t)b * BLOCK + i] = pattern((uint64_t)b, i);
+      r.mem[(uint64_t)b * BLOCK + i] = pattern((uint64_t)b, i);
   }
   REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE_SLOW, 0, 0, 10) == OI_OK); /* 10 ms a write */
   oi_ticket *t;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, N, NULL, &t));
+  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, N, NULL, &t));
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, N, 0, &q)); /* pins all N */
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, 0, &q)); /* pins all N */
   CHECK(q.hit_blocks == N);
-  usleep(100 * 1000); /* the maintenance thread runs (it can evict none) */
-  oi_host_disk_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_offload_host_disk_stats(h, &s));
-  CHECK(s.spills < N / 2);      /* most are still queued */
-  oi_offload_engine_destroy(e); /* drops the lease */
-  oi_offload_host_destroy(h);   /* drains the queue: N × 10 ms */
+  usleep(100 * 1000);                   /* the maintenance thread runs (it can evict none) */
+  CHECK(disk_stats(&r).spills < N / 2); /* most are still queued */
+  rig_close(&r); /* the engine's destroy drops the lease; the host's drains: N x 10 ms */
   oi__fault_disarm(OI_FAULT_DISK_WRITE_SLOW);
 
   /* A restart: every block is on the disk, and promotes byte-exact. */
-  rig r;
   rig_open(&r, dir, BLOCK, "drain");
   CHECK(disk_stats(&r).blocks == N);
   for (int at = 0; at < N; at += NB) {
@@ -480,7 +464,6 @@ static void test_shutdown_writes_every_queued_block(void) {
     if (pq.hit_blocks) CHECK_OK(oi_offload_engine_release(r.e, pq.lease));
   }
   rig_close(&r);
-  free(mem);
   dt_rmtree(dir);
 }
 

@@ -98,6 +98,25 @@ static void rig_open(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_bloc
   REQUIRE(oi_offload_engine_create(r->h, &eo, &r->e) == OI_OK);
 }
 
+/* Another engine of the rig's namespace and shape (default options) over
+ * `mem`, which holds r->blocks blocks of r->bytes. */
+static oi_offload_engine *fu_rig_engine(rig *r, uint8_t *mem) {
+  oi_arena_desc ad = {.name = "kv",
+                      .base = mem,
+                      .num_blocks = r->blocks,
+                      .bytes_per_block = r->bytes,
+                      .block_stride = r->bytes,
+                      .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.namespace_id = "fault";
+  eo.arenas = &ad;
+  eo.num_arenas = 1;
+  oi_offload_engine *e = NULL;
+  REQUIRE(oi_offload_engine_create(r->h, &eo, &e) == OI_OK);
+  return e;
+}
+
 static void rig_close(rig *r) {
   oi__fault_disarm_all();
   oi_offload_engine_destroy(r->e);

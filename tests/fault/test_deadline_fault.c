@@ -67,19 +67,8 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 300) == OI_OK);
   CHECK_ST(rig_save(&r, 0, 4), OI_ERR_TIMEOUT); /* 4 slots held by the late copy */
   /* A second engine (its own streams, no deadline) saves meanwhile. */
-  oi_arena_desc ad = {.name = "kv",
-                      .base = r.arena,
-                      .num_blocks = r.blocks,
-                      .bytes_per_block = r.bytes,
-                      .block_stride = r.bytes,
-                      .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "fault";
-  eo.arenas = &ad;
-  eo.num_arenas = 1;
   oi_offload_engine *late = r.e;
-  REQUIRE(oi_offload_engine_create(r.h, &eo, &r.e) == OI_OK);
+  r.e = fu_rig_engine(&r, r.arena);
   /* 8 new blocks into a pool with 4 free slots: 4 land, 4 are dropped. */
   int64_t ids[8];
   oi_block_hash hs[8];

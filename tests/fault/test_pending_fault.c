@@ -23,19 +23,7 @@ static void test_embedded_pending_and_wait(void) {
   /* A second engine of the namespace, over its own memory. */
   uint8_t *arena2 = calloc(32, 4096);
   REQUIRE(arena2);
-  oi_arena_desc ad = {.name = "kv",
-                      .base = arena2,
-                      .num_blocks = 32,
-                      .bytes_per_block = 4096,
-                      .block_stride = 4096,
-                      .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "fault";
-  eo.arenas = &ad;
-  eo.num_arenas = 1;
-  oi_offload_engine *e2 = NULL;
-  REQUIRE(oi_offload_engine_create(r.h, &eo, &e2) == OI_OK);
+  oi_offload_engine *e2 = fu_rig_engine(&r, arena2);
   rig peek = r; /* fu_check on the second arena */
   peek.arena = arena2;
 

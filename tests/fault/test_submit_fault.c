@@ -174,19 +174,7 @@ static void test_flush_times_out_on_a_duplicate_another_engine_saves(void) {
   rig_open(&r, 8, 4096, 16, 0, 0, 0, 0);
   uint8_t *arena_b = calloc(8, 4096);
   REQUIRE(arena_b);
-  oi_arena_desc ad = {.name = "kv",
-                      .base = arena_b,
-                      .num_blocks = 8,
-                      .bytes_per_block = 4096,
-                      .block_stride = 4096,
-                      .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "fault"; /* rig_open's namespace and shape */
-  eo.arenas = &ad;
-  eo.num_arenas = 1;
-  oi_offload_engine *b;
-  REQUIRE(oi_offload_engine_create(r.h, &eo, &b) == OI_OK);
+  oi_offload_engine *b = fu_rig_engine(&r, arena_b); /* rig_open's namespace and shape */
   int64_t ids[4] = {0, 1, 2, 3};
   oi_block_hash hs[4];
   for (int i = 0; i < 4; i++) {
@@ -310,19 +298,7 @@ static void test_another_saver_inserts_the_same_hash_in_between(void) {
   CHECK_OK(rig_save(&r, 1000, 8)); /* the pool is full: the next saves evict */
   uint8_t *arena_b = calloc(8, 4096);
   REQUIRE(arena_b);
-  oi_arena_desc ad = {.name = "kv",
-                      .base = arena_b,
-                      .num_blocks = 8,
-                      .bytes_per_block = 4096,
-                      .block_stride = 4096,
-                      .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "fault";
-  eo.arenas = &ad;
-  eo.num_arenas = 1;
-  oi_offload_engine *b;
-  REQUIRE(oi_offload_engine_create(r.h, &eo, &b) == OI_OK);
+  oi_offload_engine *b = fu_rig_engine(&r, arena_b); /* rig_open's namespace and shape */
   racer a = {.e = r.e, .h = fu_hash(2000)};
   fu_fill(&r, 7, 2000);
   REQUIRE(oi__fault_arm(OI_FAULT_RESERVE_GAP, 0, 1, 300) == OI_OK);

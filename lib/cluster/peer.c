@@ -63,10 +63,11 @@ enum {
 #define REP_FIXED 12
 #define IDLE_WAIT_MS 100
 #define SHUTDOWN_MS 5000
+#define OI_PEER_TCP_SEG "256k" /* UCX TCP segment size (see oi__peer_net_create) */
 _Static_assert(OI_PEER_MAC_LEN == OI_SHA256_LEN, "the handshake MAC is an HMAC-SHA256");
 
 enum { P_CONNECTING = 1, P_WAIT_HELLO, P_WAIT_AUTH, P_WAIT_WELCOME, P_READY, P_DEAD };
-enum { OP_CONNECT = 1, OP_CALL, OP_GET, OP_CLOSE, OP_REGISTER };
+enum { OP_CONNECT = 1, OP_CALL, OP_GET, OP_CLOSE, OP_REGISTER, OP_ANSWER };
 
 typedef struct op op;
 
@@ -86,7 +87,8 @@ struct oi_peer {
   uint64_t rbase, rlen;
   ucp_rkey_h rkey;
   uint64_t next_call, next_get;
-  bool rma; /* reads with ucp_get_nbx (else AM_READ) */
+  uint64_t serial; /* unique in the net: a deferred answer finds its connection by it */
+  bool rma;        /* reads with ucp_get_nbx (else AM_READ) */
   struct oi_peer *next;
 };
 
@@ -94,6 +96,18 @@ struct oi_peer_reply {
   void *data;
   size_t len;
   oi_status status;
+  oi_peer_ticket *deferred; /* set by oi__peer_defer: on_req sends nothing */
+};
+
+/* A request answered later (oi__peer_defer): its connection, by pointer and
+ * serial (the connection may be gone and its memory reused by then), and
+ * the call id its answer carries. */
+struct oi_peer_ticket {
+  oi_peer_net *net;
+  oi_peer *peer;
+  uint64_t serial;
+  uint8_t call_id[8];
+  oi_peer_reply reply;
 };
 
 struct op {
@@ -129,6 +143,9 @@ struct op {
   /* register */
   void *base;
   size_t len;
+  /* answer: msg (the framed reply) goes to the connection `peer` if it is
+   * still the one with this serial */
+  uint64_t serial;
 };
 
 /* A message to send once the worker's progress returns (never from inside
@@ -185,6 +202,7 @@ struct oi_peer_net {
 
   /* The thread's. */
   oi_peer *peers;
+  uint64_t next_serial;
   op *active;
   uint32_t handshakes;
   outmsg *out_head, *out_tail;
@@ -777,10 +795,14 @@ static void on_req(oi_peer *p, const uint8_t *d, size_t len) {
     return;
   }
   oi_peer_reply r = {.status = OI_OK};
+  oi_peer_ticket ctx = {.net = net, .peer = p, .serial = p->serial};
+  memcpy(ctx.call_id, d, 8);
+  r.deferred = &ctx; /* the ticket oi__peer_defer copies */
   if (net->on_request)
     net->on_request(net->on_request_ctx, p->id, d + REQ_FIXED, len - REQ_FIXED, &r);
   else
     r.status = OI_ERR_UNSUPPORTED;
+  if (r.deferred != &ctx) return; /* answered later, by oi__peer_answer */
   if (r.status != OI_OK) {
     oi__free(r.data);
     r.data = NULL;
@@ -1003,6 +1025,7 @@ static void conn_cb(ucp_conn_request_h req, void *arg) {
     return;
   }
   net->handshakes++;
+  p->serial = ++net->next_serial;
   p->next = net->peers;
   net->peers = p;
 }
@@ -1019,6 +1042,7 @@ static void start_connect(oi_peer_net *net, op *o) {
   p->outbound = true;
   p->state = P_CONNECTING;
   format_addr((const struct sockaddr *)&o->sin, p->addr, sizeof(p->addr));
+  p->serial = ++net->next_serial;
   p->next = net->peers;
   net->peers = p;
   o->peer = p;
@@ -1135,6 +1159,19 @@ static void run_op(oi_peer_net *net, op *o) {
     active_add(net, o);
     start_get(net, o);
     break;
+  case OP_ANSWER: {
+    oi_peer *p = net->peers;
+    while (p && !(p == o->peer && p->serial == o->serial))
+      p = p->next;
+    if (p && p->state == P_READY) { /* else the connection is gone: dropped */
+      STAT_ADD(net, served, 1);
+      uint8_t *b = o->msg;
+      o->msg = NULL;
+      send_msg(p, AM_REP, b, o->msg_len);
+    }
+    op_unref(o); /* nobody waits for it */
+    break;
+  }
   case OP_CLOSE: {
     oi_peer *p = o->peer;
     if (p->state != P_DEAD) peer_fail(p, OI_ERR_CLOSED, "closed by this node");
@@ -1349,6 +1386,43 @@ oi_status oi__peer_reply_set(oi_peer_reply *r, const void *data, size_t len) {
 
 void oi__peer_reply_status(oi_peer_reply *r, oi_status st) { r->status = st; }
 
+oi_peer_ticket *oi__peer_defer(oi_peer_reply *r) {
+  if (!r || !r->deferred) return NULL;
+  oi_peer_ticket *t = oi__malloc(sizeof *t);
+  if (!t) return NULL; /* answered now, as if not deferred */
+  *t = *r->deferred;
+  t->reply = (oi_peer_reply){.status = OI_OK};
+  r->deferred = t;
+  return t;
+}
+
+oi_peer_reply *oi__peer_ticket_reply(oi_peer_ticket *t) { return t ? &t->reply : NULL; }
+
+void oi__peer_answer(oi_peer_ticket *t) {
+  if (!t) return;
+  oi_peer_net *net = t->net;
+  oi_peer_reply *r = &t->reply;
+  size_t len = r->status == OI_OK ? r->len : 0;
+  op *o = op_new(OP_ANSWER);
+  uint8_t *b = o ? oi__malloc(REP_FIXED + len) : NULL;
+  if (!b) { /* the caller's call times out: as if the answer were lost */
+    OI_LOG(OI_LOG_WARN, "peer", "no memory for an answer of %zu bytes: dropped", len);
+    oi__free(o);
+  } else {
+    memcpy(b, t->call_id, 8);
+    put32(b + 8, (uint32_t)(int32_t)r->status);
+    if (len) memcpy(b + REP_FIXED, r->data, len);
+    o->msg = b;
+    o->msg_len = REP_FIXED + len;
+    o->peer = t->peer;
+    o->serial = t->serial;
+    if (!enqueue(net, o)) op_unref(o); /* stopping: the thread's reference, never taken */
+    op_unref(o);
+  }
+  oi__free(r->data);
+  oi__free(t);
+}
+
 static void net_free(oi_peer_net *net) {
   if (net->listener) oi__ucx.ucp_listener_destroy(net->listener);
   if (net->rkey_buf) oi__ucx.ucp_rkey_buffer_release(net->rkey_buf);
@@ -1453,6 +1527,22 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
   if (s != UCS_OK)
     OI_LOG(OI_LOG_WARN, "peer", "turning UCX_TCP_PUT_ENABLE off failed: %s",
            oi__ucx.ucs_status_string(s));
+  /* UCX's TCP transport moves a message in segments of TX_SEG_SIZE bytes
+   * (8 KiB by default), each its own send and receive on the progress
+   * threads: served reads of 1 MiB moved 0.80 of a plain TCP stream on the
+   * H200 machine, 1.06 with 256 KiB segments (docs/cluster.md, "Cross-node
+   * restore throughput"). Each connection keeps a receive buffer of
+   * RX_SEG_SIZE. The environment's UCX_TCP_TX_SEG_SIZE / UCX_TCP_RX_SEG_SIZE
+   * win. */
+  static const char *const seg_keys[][2] = {{"UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE"},
+                                            {"UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE"}};
+  for (size_t i = 0; i < OI_ARRAY_LEN(seg_keys); i++) {
+    if (getenv(seg_keys[i][0])) continue;
+    s = oi__ucx.ucp_config_modify(cfg, seg_keys[i][1], OI_PEER_TCP_SEG);
+    if (s != UCS_OK)
+      OI_LOG(OI_LOG_WARN, "peer", "setting %s to %s failed: %s", seg_keys[i][0], OI_PEER_TCP_SEG,
+             oi__ucx.ucs_status_string(s));
+  }
   ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
                      /* RMA only when reads are one-sided: UCX's software
                       * RMA (over TCP) answers a get for any address from any

@@ -40,6 +40,22 @@ typedef struct oi_peer_reply oi_peer_reply;
 oi_status oi__peer_reply_set(oi_peer_reply *r, const void *data, size_t len);
 void oi__peer_reply_status(oi_peer_reply *r, oi_status st);
 
+/* An answer given later, from any thread, so that on_request need not do
+ * slow work on the progress thread (which moves every byte of the net).
+ * Inside on_request, oi__peer_defer(r) takes the request over: nothing is
+ * sent when on_request returns. Fill oi__peer_ticket_reply(ticket) with
+ * oi__peer_reply_set / oi__peer_reply_status, then oi__peer_answer(ticket)
+ * sends it (and frees the ticket). An answer whose connection has gone
+ * since, or whose net is stopping, is dropped (the caller's call times out
+ * or ends with the connection). Every ticket must be answered before
+ * oi__peer_net_destroy.
+ * @return NULL when out of memory: then r is answered when on_request
+ *         returns, as if not deferred. */
+typedef struct oi_peer_ticket oi_peer_ticket;
+oi_peer_ticket *oi__peer_defer(oi_peer_reply *r);
+oi_peer_reply *oi__peer_ticket_reply(oi_peer_ticket *t);
+void oi__peer_answer(oi_peer_ticket *t);
+
 /* A request from an authenticated peer (node id `peer_node_id`), on the
  * progress thread. The reply goes back when it returns. */
 typedef void (*oi_peer_request_fn)(void *ctx, const char *peer_node_id, const void *req, size_t len,

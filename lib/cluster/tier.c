@@ -5,10 +5,12 @@
  * one worker thread turns notes into directory publishes and withdrawals,
  * republishes, and ends the leases peers did not release in time;
  * FETCHERS threads run fetch jobs (connect, LEASE, read, verify, RELEASE
- * sent without waiting for its answer, seal), FETCH_CHUNK blocks each,
+ * sent without waiting for its answer, seal), about FETCH_JOB_BYTES each,
  * sharing the connections to holders.
- * Peer requests are answered on the peer transport's progress thread
- * (short: host locks and checksums).
+ * SERVERS threads answer peers' LEASEs (pins, and a checksum of every block
+ * leased), so that the peer transport's progress thread, which moves every
+ * byte this node serves, never waits for them; RELEASEs are answered on the
+ * progress thread (a lock and a list).
  *
  * Keys: a block is known across nodes by its namespace's name (hashed), its
  * hash and its layout fingerprint, as on disk: namespace ids are this
@@ -166,8 +168,25 @@ typedef struct peer_slot {
   bool dead;
 } peer_slot;
 
-#define FETCHERS 4    /* threads that run fetch jobs */
-#define FETCH_CHUNK 8 /* blocks per job: several jobs of one run go in parallel */
+#define FETCHERS 4 /* threads that run fetch jobs */
+/* Bytes of blocks per fetch job (at least one block, at most a LEASE's):
+ * several jobs of one run go in parallel, and a job of small blocks is not
+ * one round trip per few KiB. */
+#define FETCH_JOB_BYTES (8u << 20)
+#define SERVERS 4 /* threads that answer LEASEs */
+/* LEASEs queued for them, at most: past it the progress thread answers
+ * (and so reads no more requests meanwhile): a flood of LEASEs costs
+ * bounded memory. */
+#define SERVE_QUEUE_MAX 256
+
+/* A LEASE to answer on a server thread. */
+typedef struct serve_job {
+  struct serve_job *next;
+  oi_peer_ticket *ticket;
+  char peer[OI_PEER_MAX_NODE_ID + 1];
+  size_t len;
+  uint8_t msg[];
+} serve_job;
 
 struct cluster_tier {
   oi_offload_host *host;
@@ -192,6 +211,14 @@ struct cluster_tier {
   pthread_cond_t jcv; /* a fetch job is queued (under lock) */
   pthread_t fetchers[FETCHERS];
   int nfetchers;
+
+  pthread_mutex_t slock; /* sq, sstop */
+  pthread_cond_t scv;
+  serve_job *sq, *sq_tail;
+  size_t sq_len;
+  bool sstop; /* stopping: LEASEs are answered on the progress thread again */
+  pthread_t servers[SERVERS];
+  int nservers;
 
   pthread_mutex_t lease_lock;
   remote_lease *leases;
@@ -421,6 +448,33 @@ static void answer_release(cluster_tier *t, const char *peer, const uint8_t *m, 
     oi__peer_reply_status(r, OI_ERR_OUT_OF_MEMORY);
 }
 
+/* Hands a LEASE to the server threads (false: answer it here). */
+static bool serve_later(cluster_tier *t, const char *peer, const void *req, size_t len,
+                        oi_peer_reply *r) {
+  serve_job *sj = oi__malloc(sizeof *sj + len);
+  if (!sj) return false;
+  bool queued = false;
+  pthread_mutex_lock(&t->slock);
+  if (!t->sstop && t->nservers > 0 && t->sq_len < SERVE_QUEUE_MAX &&
+      (sj->ticket = oi__peer_defer(r)) != NULL) {
+    sj->next = NULL;
+    snprintf(sj->peer, sizeof sj->peer, "%s", peer);
+    sj->len = len;
+    memcpy(sj->msg, req, len);
+    if (t->sq_tail)
+      t->sq_tail->next = sj;
+    else
+      t->sq = sj;
+    t->sq_tail = sj;
+    t->sq_len++;
+    pthread_cond_signal(&t->scv);
+    queued = true;
+  }
+  pthread_mutex_unlock(&t->slock);
+  if (!queued) oi__free(sj);
+  return queued;
+}
+
 static void on_request(void *ctx, const char *peer_node_id, const void *req, size_t len,
                        oi_peer_reply *r) {
   cluster_tier *t = ctx;
@@ -431,10 +485,37 @@ static void on_request(void *ctx, const char *peer_node_id, const void *req, siz
     oi__peer_reply_status(r, OI_ERR_PROTOCOL);
     return;
   }
-  if (type == MSG_LEASE)
-    answer_lease(t, peer_node_id, req, r);
-  else
+  if (type == MSG_LEASE) {
+    if (!serve_later(t, peer_node_id, req, len, r)) answer_lease(t, peer_node_id, req, r);
+  } else {
     answer_release(t, peer_node_id, req, r);
+  }
+}
+
+/* A server: answers queued LEASEs; when stopping, refuses what is queued. */
+static void *server_main(void *arg) {
+  cluster_tier *t = arg;
+  for (;;) {
+    pthread_mutex_lock(&t->slock);
+    while (!t->sstop && !t->sq)
+      pthread_cond_wait(&t->scv, &t->slock);
+    serve_job *sj = t->sq;
+    if (sj) {
+      t->sq = sj->next;
+      if (!t->sq) t->sq_tail = NULL;
+      t->sq_len--;
+    }
+    bool stop = t->sstop;
+    pthread_mutex_unlock(&t->slock);
+    if (!sj) return NULL; /* stopping, nothing queued */
+    oi_peer_reply *r = oi__peer_ticket_reply(sj->ticket);
+    if (stop)
+      oi__peer_reply_status(r, OI_ERR_CLOSED);
+    else
+      answer_lease(t, sj->peer, sj->msg, r);
+    oi__peer_answer(sj->ticket);
+    oi__free(sj);
+  }
 }
 
 /* Ends the leases peers did not release in time (a reader that died). A
@@ -686,11 +767,12 @@ size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_has
   oi__host_reserve(t->host, ns, hashes, run, &sink, &r);
   started = j->n;
   if (started == 0) goto out;
-  /* Jobs of FETCH_CHUNK blocks, in prefix order: the fetchers take them in
-   * parallel, so one chunk's lease, reads and checksums overlap another's. */
+  /* Jobs of about FETCH_JOB_BYTES, in prefix order: the fetchers take them
+   * in parallel, so one job's lease, reads and checksums overlap another's. */
+  size_t chunk = (size_t)OI_MAX(1u, OI_MIN(FETCH_JOB_BYTES / bb, OI_CLUSTER_MAX_LEASE));
   fetch_job *first = NULL, **tail = &first;
-  for (size_t a = 0; a < j->n; a += FETCH_CHUNK) {
-    size_t k = OI_MIN((size_t)FETCH_CHUNK, j->n - a);
+  for (size_t a = 0; a < j->n; a += chunk) {
+    size_t k = OI_MIN(chunk, j->n - a);
     fetch_job *cj = oi__malloc(sizeof *cj + k * sizeof cj->items[0]);
     if (!cj) { /* the rest of the run goes: slots freed, misses */
       for (size_t i = a; i < j->n; i++)
@@ -813,6 +895,14 @@ static void tier_free(cluster_tier *t) {
   for (int i = 0; i < t->nfetchers; i++)
     pthread_join(t->fetchers[i], NULL);
   if (t->worker_started) pthread_join(t->worker, NULL);
+  /* Every deferred LEASE is answered (refused) before the net goes; LEASEs
+   * that come meanwhile are answered on the progress thread. */
+  pthread_mutex_lock(&t->slock);
+  t->sstop = true;
+  pthread_cond_broadcast(&t->scv);
+  pthread_mutex_unlock(&t->slock);
+  for (int i = 0; i < t->nservers; i++)
+    pthread_join(t->servers[i], NULL);
   oi__peer_net_destroy(t->net); /* frees our peers; no request is answered after this */
   for (int i = 0; i < MAX_PEERS; i++)
     t->peers[i].peer = NULL;
@@ -824,6 +914,8 @@ static void tier_free(cluster_tier *t) {
   pthread_cond_destroy(&t->jcv);
   pthread_mutex_destroy(&t->peer_lock);
   pthread_mutex_destroy(&t->lease_lock);
+  pthread_mutex_destroy(&t->slock);
+  pthread_cond_destroy(&t->scv);
   oi__free(t);
 }
 
@@ -898,6 +990,8 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   pthread_mutex_init(&t->lock, NULL);
   pthread_mutex_init(&t->lease_lock, NULL);
   pthread_mutex_init(&t->peer_lock, NULL);
+  pthread_mutex_init(&t->slock, NULL);
+  pthread_cond_init(&t->scv, NULL);
   pthread_cond_init(&t->jcv, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -915,6 +1009,15 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   t->refresh_ns = (uint64_t)(dopt.block_ttl_ms ? dopt.block_ttl_ms : 600000) * 1000000ull / 2;
   t->next_refresh_ns = oi__now_ns() + t->refresh_ns;
   if ((st = oi__dir_open(&dopt, &t->dir)) != OI_OK) goto fail;
+  int rc;
+  for (int i = 0; i < SERVERS; i++) { /* before the net: it may be asked at once */
+    if ((rc = pthread_create(&t->servers[i], NULL, server_main, t)) != 0) {
+      st = oi__fail(OI_ERR_INTERNAL, "host_attach_cluster: cannot start its threads: %s",
+                    strerror(rc));
+      goto fail;
+    }
+    t->nservers++;
+  }
 
   oi_peer_net_options popt = {.listen_addr = opts.listen_addr,
                               .node_id = opts.node_id,
@@ -942,7 +1045,7 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
     snprintf(adv, sizeof adv, "%.*s:%u", iplen, opts.listen_addr, oi__peer_net_port(t->net));
   }
   if ((st = oi__dir_set_advertise(t->dir, adv)) != OI_OK) goto fail;
-  int rc = pthread_create(&t->worker, NULL, worker_main, t);
+  rc = pthread_create(&t->worker, NULL, worker_main, t);
   if (rc != 0) {
     st =
         oi__fail(OI_ERR_INTERNAL, "host_attach_cluster: cannot start its thread: %s", strerror(rc));

@@ -2,7 +2,8 @@
  * 127.0.0.1: UCX loaded at run time (nothing mapped before the first net,
  * a missing or incomplete libucp refused with its name and dlerror());
  * SHA-256 and HMAC-SHA256 test vectors; connect and mutual
- * authentication; calls, and sends not waited for; reads from a holder
+ * authentication; calls, sends not waited for, and answers given later
+ * (in another order, after the caller gave up, after its connection went); reads from a holder
  * process (fork) byte-exact, many in flight, out-of-region reads refused;
  * wrong secrets refused both ways; junk bytes to the listener; a holder
  * stopped or killed mid-read; a net destroyed with operations in flight. */
@@ -711,6 +712,162 @@ static void test_send(void) {
   oi__peer_net_destroy(b);
 }
 
+/* ---- answers given later (oi__peer_defer) ---- */
+
+/* Requests deferred by defer_all, in arrival order. */
+static struct {
+  pthread_mutex_t lock;
+  oi_peer_ticket *tickets[16];
+  char req[16][16];
+  size_t n;
+} g_later = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void defer_all(void *ctx, const char *peer_id, const void *req, size_t len,
+                      oi_peer_reply *r) {
+  OI_UNUSED(ctx);
+  OI_UNUSED(peer_id);
+  pthread_mutex_lock(&g_later.lock);
+  if (len < sizeof g_later.req[0] && g_later.n < OI_ARRAY_LEN(g_later.tickets)) {
+    oi_peer_ticket *t = oi__peer_defer(r);
+    REQUIRE(t);
+    memcpy(g_later.req[g_later.n], req, len);
+    g_later.req[g_later.n][len] = 0;
+    g_later.tickets[g_later.n++] = t;
+  } else {
+    oi__peer_reply_status(r, OI_ERR_BUSY); /* answered now */
+  }
+  pthread_mutex_unlock(&g_later.lock);
+}
+
+/* Waits until `n` requests are deferred. */
+static void wait_deferred(size_t n) {
+  for (int i = 0; i < 2000; i++) {
+    pthread_mutex_lock(&g_later.lock);
+    size_t have = g_later.n;
+    pthread_mutex_unlock(&g_later.lock);
+    if (have >= n) return;
+    usleep(1000);
+  }
+  REQUIRE(!"requests not deferred in time");
+}
+
+/* Answers deferred request i: its own bytes back, or NOT_FOUND for "FAIL". */
+static void answer_deferred(size_t i) {
+  pthread_mutex_lock(&g_later.lock);
+  oi_peer_ticket *t = g_later.tickets[i];
+  char req[16];
+  memcpy(req, g_later.req[i], sizeof req);
+  g_later.tickets[i] = NULL;
+  pthread_mutex_unlock(&g_later.lock);
+  REQUIRE(t);
+  oi_peer_reply *r = oi__peer_ticket_reply(t);
+  if (!strcmp(req, "FAIL"))
+    oi__peer_reply_status(r, OI_ERR_NOT_FOUND);
+  else
+    CHECK_OK(oi__peer_reply_set(r, req, strlen(req)));
+  oi__peer_answer(t);
+}
+
+typedef struct later_call {
+  oi_peer *p;
+  const char *req;
+  uint32_t timeout_ms;
+  oi_status st;
+  char reply[16];
+} later_call;
+
+static void *later_call_main(void *arg) {
+  later_call *c = arg;
+  void *rep = NULL;
+  size_t rl = 0;
+  c->st = oi__peer_call(c->p, c->req, strlen(c->req), &rep, &rl, c->timeout_ms);
+  if (c->st == OI_OK && rl < sizeof c->reply) memcpy(c->reply, rep, rl);
+  oi__free(rep);
+  return NULL;
+}
+
+static void test_deferred_answers(void) {
+  oi_peer_net_options o = {.reads = g_reads,
+                           .listen_addr = "127.0.0.1:0",
+                           .node_id = "later",
+                           .secret = SECRET,
+                           .secret_len = 32,
+                           .timeout_ms = 5000,
+                           .on_request = defer_all};
+  oi_peer_net *h = NULL;
+  CHECK_OK(oi__peer_net_create(&o, &h));
+  oi_peer_net *a = make_net("asker", SECRET, 5000);
+  char addr[64];
+  addr_of(h, addr);
+  oi_peer *p = NULL;
+  CHECK_OK(oi__peer_connect(a, addr, &p));
+  /* Three calls in flight on one connection, answered in another order
+   * than asked, each by its own bytes or status. */
+  later_call c[3] = {{p, "first", 0, 0, {0}}, {p, "FAIL", 0, 0, {0}}, {p, "third", 0, 0, {0}}};
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) {
+    REQUIRE(pthread_create(&th[i], NULL, later_call_main, &c[i]) == 0);
+    wait_deferred((size_t)i + 1); /* so that request i is deferred i-th */
+  }
+  usleep(50000);
+  for (int i = 0; i < 3; i++) /* nothing was answered when on_request returned */
+    CHECK(c[i].reply[0] == 0);
+  answer_deferred(2);
+  answer_deferred(0);
+  answer_deferred(1);
+  for (int i = 0; i < 3; i++)
+    pthread_join(th[i], NULL);
+  CHECK_OK(c[0].st);
+  CHECK(strcmp(c[0].reply, "first") == 0);
+  CHECK_ST(c[1].st, OI_ERR_NOT_FOUND);
+  CHECK_OK(c[2].st);
+  CHECK(strcmp(c[2].reply, "third") == 0);
+  oi_peer_stats sh;
+  oi__peer_net_stats(h, &sh);
+  CHECK(sh.served == 3);
+  /* An answer after the caller gave up (its call timed out) is dropped
+   * there; the connection stays usable. */
+  later_call late = {p, "late", 100, 0, {0}};
+  later_call_main(&late);
+  CHECK_ST(late.st, OI_ERR_TIMEOUT);
+  wait_deferred(4);
+  answer_deferred(3);
+  later_call next = {p, "next", 0, 0, {0}};
+  REQUIRE(pthread_create(&th[0], NULL, later_call_main, &next) == 0);
+  wait_deferred(5);
+  answer_deferred(4);
+  pthread_join(th[0], NULL);
+  CHECK_OK(next.st);
+  CHECK(strcmp(next.reply, "next") == 0);
+  /* An answer whose connection has gone (the asker's net destroyed) is
+   * dropped: nothing sent, nothing crashes; the holder serves others. */
+  later_call gone = {p, "gone", 200, 0, {0}};
+  later_call_main(&gone);
+  CHECK_ST(gone.st, OI_ERR_TIMEOUT);
+  wait_deferred(6);
+  oi__peer_net_destroy(a); /* frees p */
+  usleep(300000); /* the holder sees the connection end (a closed ep: at once on loopback) */
+  oi__peer_net_stats(h, &sh);
+  uint64_t served = sh.served;
+  answer_deferred(5);
+  usleep(50000);
+  oi__peer_net_stats(h, &sh);
+  CHECK(sh.served == served);
+  oi_peer_net *b = make_net("asker-2", SECRET, 5000);
+  oi_peer *q = NULL;
+  CHECK_OK(oi__peer_connect(b, addr, &q));
+  later_call again = {q, "again", 0, 0, {0}};
+  REQUIRE(pthread_create(&th[0], NULL, later_call_main, &again) == 0);
+  wait_deferred(7);
+  answer_deferred(6);
+  pthread_join(th[0], NULL);
+  CHECK_OK(again.st);
+  CHECK(strcmp(again.reply, "again") == 0);
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(h);
+  g_later.n = 0;
+}
+
 /* ---- UCX loaded at run time (lib/cluster/ucx.h) ---- */
 
 /* Whether the process has `name` mapped (/proc/self/maps). */
@@ -760,6 +917,7 @@ int main(void) {
   RUN_TEST(test_options_refused);
   RUN_TEST(test_connect_call);
   RUN_TEST(test_send);
+  RUN_TEST(test_deferred_answers);
   RUN_TEST(test_fork_read);
   RUN_TEST(test_rma_reads);
   RUN_TEST(test_reader_killed);

@@ -190,5 +190,41 @@ try:
 finally:
     shutil.rmtree(empty, ignore_errors=True)
 
+# bench remote: 16 MiB across two nodes, every byte verified; between two
+# network namespaces where this test may make them (root and ip), and in
+# this process with --loopback. Its figures are not judged here (a shared
+# 2-core machine); that they are consistent is.
+def remote_run(*extra):
+    q = subprocess.run([exe, "bench", "remote", "--bytes", "16M", "--json", *extra],
+                       capture_output=True, text=True, timeout=120)
+    ls = [l for l in q.stdout.splitlines() if l.strip()]
+    r = {}
+    try:
+        r = json.loads(ls[-1]) if ls else {}
+    except ValueError as e:
+        check(False, f"bench remote stdout is JSON ({e})", q)
+    return q, r
+
+
+if shutil.which("redis-server"):
+    p = run("bench", "remote", "--help")
+    check(p.returncode == 0 and all(o in p.stdout for o in ("--bytes", "--loopback", "--redis", "--json")),
+          "bench remote --help documents its options", p)
+    can_ns = os.geteuid() == 0 and shutil.which("ip") is not None
+    for extra in ([], ["--loopback"]):
+        q, r = remote_run(*extra)
+        what = "bench remote " + (" ".join(extra) or "(namespaces where possible)")
+        check(q.returncode == 0 and r.get("verified") is True, f"{what}: exits 0, every byte verified", q)
+        if not r:
+            continue
+        check(r["blocks"] == 16 and r["remote_blocks"] == 16, f"{what}: 16 blocks fetched", q)
+        check(r["restore_gbps"] > 0 and r["plain_stream_gbps"] > 0 and r["plain_stream_cached_gbps"] > 0,
+              f"{what}: figures", q)
+        check(close(r["ratio"], r["restore_gbps"] / r["plain_stream_gbps"]), f"{what}: ratio = restore / stream", q)
+        check(r["netns"] == (can_ns and not extra), f"{what}: namespaces used exactly when possible", q)
+    if can_ns:
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        check("oibench" not in left, f"bench remote removes its namespaces (left: {left!r})")
+
 print("test_bench:", "ok" if failures == 0 else f"{failures} failure(s)")
 sys.exit(1 if failures else 0)

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -32,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench_remote_ns.h"
 #include "cli.h"
 #include "cluster/directory.h"
 #include "core/core.h"
@@ -201,20 +203,24 @@ static double plain_stream_gbps(const uint8_t *src, uint8_t *dst, uint64_t bytes
 
 static void remote_usage(FILE *f) {
   fprintf(f, "usage: openinfer bench remote [--bytes SIZE] [--block-bytes SIZE] [--redis URL]\n"
-             "                             [--json]\n"
+             "                             [--loopback] [--json]\n"
              "\n"
-             "The cluster tier between two nodes on this machine (a private redis-server, two\n"
-             "cpu hosts joined to it, the peer transport over TCP on 127.0.0.1):\n"
+             "The cluster tier between two nodes on this machine (a private redis-server,\n"
+             "cpu pools, the peer transport over TCP):\n"
              "  1. cross-node restore: node B queries --bytes of blocks node A holds; GB/s\n"
              "     against a plain TCP stream of the same bytes from A's memory into as\n"
-             "     much memory, in the same run (>= 0.8); and the loopback's ceiling\n"
+             "     much memory, in the same run (>= 0.8); and the link's ceiling\n"
              "  2. directory lookup of a 64-block prefix: p50, p99\n"
              "  3. per evicted block: evict_all with the cluster attached against without,\n"
              "     and the directory's withdrawal in Redis\n"
+             "Part 1 runs between two network namespaces (one openinfer serve in each, a\n"
+             "veth pair between them) where this process may make them (root, ip); else,\n"
+             "and with --loopback or --redis, between two nodes in this process.\n"
              "Needs redis-server on PATH, unless --redis names a directory to use.\n"
              "\n"
              "  --bytes SIZE        bytes restored across nodes (default 256M)\n"
              "  --block-bytes SIZE  the block (default 1M)\n"
+             "  --loopback          part 1 in this process on 127.0.0.1, not in namespaces\n"
              "  --redis URL         an existing directory instead of a private redis-server:\n"
              "                      redis://HOST:PORT, or a Redis Cluster as\n"
              "                      redis+cluster://HOST:PORT[,HOST:PORT...] (entries are\n"
@@ -222,12 +228,15 @@ static void remote_usage(FILE *f) {
 }
 
 int bench_remote(int argc, char **argv) {
-  static const struct option lo[] = {
-      {"bytes", required_argument, 0, 'b'}, {"block-bytes", required_argument, 0, 'k'},
-      {"json", no_argument, 0, 'j'},        {"redis", required_argument, 0, 'r'},
-      {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+  static const struct option lo[] = {{"bytes", required_argument, 0, 'b'},
+                                     {"block-bytes", required_argument, 0, 'k'},
+                                     {"json", no_argument, 0, 'j'},
+                                     {"redis", required_argument, 0, 'r'},
+                                     {"loopback", no_argument, 0, 'l'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
   uint64_t bytes = 256ull << 20, block = 1ull << 20;
-  bool json = false;
+  bool json = false, loopback = false;
   const char *given_url = NULL;
   optind = 1;
   int c;
@@ -246,6 +255,7 @@ int bench_remote(int argc, char **argv) {
       }
       break;
     case 'j': json = true; break;
+    case 'l': loopback = true; break;
     case 'r':
       if (strlen(optarg) >= 256) {
         cli_bad_value("openinfer bench remote", lo, c, optarg);
@@ -294,6 +304,25 @@ int bench_remote(int argc, char **argv) {
     _exit(127);
   }
   if (!given_url) nap_ms(300);
+  /* Part 1 between two network namespaces where this process may make
+   * them (root, ip, openinfer beside this benchmark), else in-process. */
+  char self[PATH_MAX] = "", exe[PATH_MAX + 16] = "", ns_why[320] = "";
+  ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (sl > 0) {
+    self[sl] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    snprintf(exe, sizeof exe, "%s/openinfer", self);
+  }
+  bool netns = false;
+  if (loopback)
+    snprintf(ns_why, sizeof ns_why, "--loopback");
+  else if (given_url)
+    snprintf(ns_why, sizeof ns_why, "--redis names the directory");
+  else
+    netns = remote_ns_possible(exe, ns_why, sizeof ns_why);
+  remote_ns_result nsr;
+  memset(&nsr, 0, sizeof nsr);
   int rc = CLI_FAILED;
   rnode a = {0}, b = {0}, plain = {0};
   oi_dir *d = NULL;
@@ -322,8 +351,39 @@ int bench_remote(int argc, char **argv) {
   nap_ms(200);
 
   /* 1. restore across nodes */
-  fprintf(stderr, "bench remote: restore of %.0f MiB across nodes...\n", (double)bytes / (1 << 20));
-  {
+  fprintf(stderr, "bench remote: restore of %.0f MiB across nodes%s...\n",
+          (double)bytes / (1 << 20), netns ? " in two network namespaces" : "");
+  if (netns) {
+    oi_host_ns hns;
+    remote_ns_params np = {.openinfer = exe,
+                           .dir = dir,
+                           .secret = secret,
+                           .namespace_id = "bench-remote",
+                           .block = block,
+                           .nblocks = nblocks,
+                           .pool = pool,
+                           .hash = rhash};
+    if (!oi__host_find_namespace(a.h, "bench-remote", &hns) ||
+        !oi__host_namespace_fps(a.h, hns.id, &np.ns_fp, &np.layout_fp, NULL))
+      goto out;
+    if (remote_ns_restore(&np, &nsr) != 0) {
+      if (nsr.used) {
+        fprintf(stderr, "openinfer bench remote: between network namespaces: %s\n", nsr.why);
+        goto out;
+      }
+      /* (a container without CAP_NET_ADMIN, say): the in-process nodes */
+      snprintf(ns_why, sizeof ns_why, "%s", nsr.why);
+      netns = false;
+      fprintf(stderr, "bench remote: %s; on 127.0.0.1 instead\n", ns_why);
+    } else {
+      restore_gbps = nsr.restore_gbps;
+      restore_s = nsr.restore_s;
+      plain_gbps = nsr.plain_gbps;
+      plain_hot_gbps = nsr.plain_hot_gbps;
+      verified = nsr.verified;
+    }
+  }
+  if (!netns) {
     oi_block_hash *hs = malloc(nblocks * sizeof *hs);
     int64_t *dst = malloc(nblocks * sizeof *dst);
     if (!hs || !dst) goto out;
@@ -448,16 +508,22 @@ int bench_remote(int argc, char **argv) {
            "\"lookup64_p50_us\":%.2f,\"lookup64_p99_us\":%.2f,\"lookup64_found\":%zu,"
            "\"evict_ns_per_block_cluster\":%.1f,"
            "\"evict_ns_per_block_plain\":%.1f,\"withdraw_queue_ns_per_block\":%.1f,"
-           "\"remote_blocks\":%llu,\"remote_failed\":%llu,\"served_blocks\":%llu}\n",
+           "\"remote_blocks\":%llu,\"remote_failed\":%llu,\"served_blocks\":%llu,"
+           "\"netns\":%s}\n",
            (unsigned long long)nblocks, (unsigned long long)block, restore_gbps, restore_s,
            plain_gbps, plain_hot_gbps, ratio, verified ? "true" : "false", lookup_p50, lookup_p99,
            lookup_found, evict_with_ns, evict_without_ns, withdraw_ns,
-           (unsigned long long)sb.remote_blocks, (unsigned long long)sb.remote_failed,
-           (unsigned long long)sa.served_blocks);
+           (unsigned long long)(netns ? nsr.fetched : sb.remote_blocks),
+           (unsigned long long)sb.remote_failed, (unsigned long long)sa.served_blocks,
+           netns ? "true" : "false");
   } else {
-    printf("openinfer bench remote — libopeninfer %s; two nodes on 127.0.0.1, %s%s\n\n",
-           oi_version_string(), given_url ? "the directory at " : "a private redis-server",
-           given_url ? given_url : "");
+    printf("openinfer bench remote — libopeninfer %s; %s%s\n", oi_version_string(),
+           given_url ? "the directory at " : "a private redis-server", given_url ? given_url : "");
+    if (netns)
+      printf("part 1: two openinfer serve, each in its own network namespace (a veth pair);\n"
+             "parts 2 and 3: two nodes in this process on 127.0.0.1\n\n");
+    else
+      printf("two nodes in this process on 127.0.0.1 (not namespaces: %s)\n\n", ns_why);
     printf("  1. restore across nodes, %llu blocks of %llu B  %7.3f GB/s  (%.2f s; every byte "
            "%s)\n",
            (unsigned long long)nblocks, (unsigned long long)block, restore_gbps, restore_s,
@@ -465,7 +531,7 @@ int bench_remote(int argc, char **argv) {
     printf("     plain TCP stream, same bytes, same run      %7.3f GB/s  (A's memory into as much "
            "at B; median of 3)\n",
            plain_gbps);
-    printf("     (one 1 MiB buffer into one 1 MiB buffer      %7.3f GB/s: the loopback's "
+    printf("     (one 1 MiB buffer into one 1 MiB buffer      %7.3f GB/s: the link's "
            "ceiling)\n",
            plain_hot_gbps);
     printf("     ratio                                        %7.2fx   target >= 0.8   %s\n", ratio,
@@ -476,9 +542,12 @@ int bench_remote(int argc, char **argv) {
     printf("  3. per evicted block: evict_all %.0f ns with the cluster, %.0f ns without;\n"
            "     the withdrawals queued after %.0f ns per block\n",
            evict_with_ns, evict_without_ns, withdraw_ns);
-    printf("\nnode B: %llu blocks fetched, %llu failed; node A: %llu blocks served\n",
-           (unsigned long long)sb.remote_blocks, (unsigned long long)sb.remote_failed,
-           (unsigned long long)sa.served_blocks);
+    if (netns)
+      printf("\nnode B (its namespace): %llu blocks fetched\n", (unsigned long long)nsr.fetched);
+    else
+      printf("\nnode B: %llu blocks fetched, %llu failed; node A: %llu blocks served\n",
+             (unsigned long long)sb.remote_blocks, (unsigned long long)sb.remote_failed,
+             (unsigned long long)sa.served_blocks);
   }
   rc = verified ? CLI_OK : CLI_FAILED;
   goto out;

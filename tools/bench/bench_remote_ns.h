@@ -1,0 +1,36 @@
+/* `openinfer bench remote`, part 1 between two network namespaces: the
+ * cross-node restore with one `openinfer serve --cluster` in each of two
+ * namespaces joined by a veth pair (redis-server in the first), against a
+ * plain TCP stream between the same namespaces. Needs root and ip. */
+#ifndef OI_TOOLS_BENCH_REMOTE_NS_H
+#define OI_TOOLS_BENCH_REMOTE_NS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "openinfer/openinfer.h"
+
+typedef struct remote_ns_params {
+  const char *openinfer;    /* the openinfer executable (its serve) */
+  const char *dir;          /* scratch directory: sockets, logs */
+  const char *secret;       /* the cluster secret's file */
+  const char *namespace_id; /* the engines' namespace */
+  uint64_t block, nblocks, pool;
+  uint64_t ns_fp, layout_fp; /* the directory keys' (from an in-process node of that shape) */
+  oi_block_hash (*hash)(uint64_t i);
+} remote_ns_params;
+
+typedef struct remote_ns_result {
+  bool used;     /* the namespaces were made */
+  bool verified; /* every byte restored matched */
+  uint64_t fetched;
+  double restore_gbps, restore_s, plain_gbps, plain_hot_gbps;
+  char why[300]; /* when it failed */
+} remote_ns_result;
+
+/* Whether this process can run part 1 between namespaces (why not, if not). */
+bool remote_ns_possible(const char *openinfer, char *why, size_t cap);
+/* @return 0, or -1 with r->why. */
+int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r);
+
+#endif

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
@@ -19,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <net/if.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -423,8 +423,9 @@ int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
   snprintf(log[2], sizeof log[2], "%s/redis-ns.log", p->dir);
   char port_s[16];
   snprintf(port_s, sizeof port_s, "%d", REDIS_PORT);
-  const char *redis_args[] = {"redis-server", "--port", port_s, "--bind", addr[0], "--save", "",
-                              "--appendonly", "no", "--protected-mode", "no", NULL};
+  const char *redis_args[] = {"redis-server", "--port",           port_s, "--bind",
+                              addr[0],        "--save",           "",     "--appendonly",
+                              "no",           "--protected-mode", "no",   NULL};
   if ((g_rig.pids[0] = spawn_in(0, redis_args, log[2])) < 0 ||
       !wait_ready(g_rig.pids[0], log[2], "Ready to accept connections", r->why, sizeof r->why))
     goto out;
@@ -434,9 +435,24 @@ int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
     snprintf(log[i], sizeof log[i], "%s/node-%c.log", p->dir, 'a' + i);
     snprintf(sock[i], sizeof sock[i], "%s/node-%c.sock", p->dir, 'a' + i);
     snprintf(listen[i], sizeof listen[i], "%s:0", addr[i]);
-    const char *args[] = {p->openinfer, "serve", "--socket", sock[i], "--pool", pool_s,
-                          "--no-pin", "--no-metrics", "--log-level", "info", "--cluster", url,
-                          "--node-id", id, "--cluster-secret", p->secret, "--listen", listen[i],
+    const char *args[] = {p->openinfer,
+                          "serve",
+                          "--socket",
+                          sock[i],
+                          "--pool",
+                          pool_s,
+                          "--no-pin",
+                          "--no-metrics",
+                          "--log-level",
+                          "info",
+                          "--cluster",
+                          url,
+                          "--node-id",
+                          id,
+                          "--cluster-secret",
+                          p->secret,
+                          "--listen",
+                          listen[i],
                           NULL};
     if ((g_rig.pids[1 + i] = spawn_in(i, args, log[i])) < 0 ||
         !wait_ready(g_rig.pids[1 + i], log[i], "openinfer serve: listening on", r->why,

@@ -10,36 +10,51 @@
 
 #include "kernels.h"
 
+// Copies `bytes` from src to dst with the threads [0, nthreads) of a group
+// (a CTA, or a warp), `tid` being this thread's index in it: byte heads up
+// to the destination's alignment (the source agrees modulo sizeof(W)), then
+// words, each thread issuing up to UNROLL loads before its stores (guarded,
+// so a piece's last round keeps its loads in flight too), then byte tails.
 template <typename W, int UNROLL>
 __device__ static inline void copy_words(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst,
-                                         uint64_t bytes) {
-  // Align the destination (and so the source, which agrees modulo sizeof(W)).
+                                         uint64_t bytes, unsigned tid, unsigned nthreads) {
   uint64_t head = (sizeof(W) - ((uintptr_t)dst & (sizeof(W) - 1))) & (sizeof(W) - 1);
   if (head > bytes) head = bytes;
-  for (uint64_t i = threadIdx.x; i < head; i += blockDim.x)
+  for (uint64_t i = tid; i < head; i += nthreads)
     dst[i] = src[i];
   src += head;
   dst += head;
   bytes -= head;
   const W *s = reinterpret_cast<const W *>(src);
   W *d = reinterpret_cast<W *>(dst);
-  uint64_t words = bytes / sizeof(W);
-  uint64_t step = (uint64_t)blockDim.x * UNROLL;
-  uint64_t i = threadIdx.x;
-  for (; i + (UNROLL - 1) * blockDim.x < words; i += step) {
+  const uint64_t words = bytes / sizeof(W);
+  for (uint64_t i = tid; i < words; i += (uint64_t)nthreads * UNROLL) {
     W v[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; u++)
-      v[u] = s[i + (uint64_t)u * blockDim.x];
+      if (i + (uint64_t)u * nthreads < words) v[u] = s[i + (uint64_t)u * nthreads];
 #pragma unroll
     for (int u = 0; u < UNROLL; u++)
-      d[i + (uint64_t)u * blockDim.x] = v[u];
+      if (i + (uint64_t)u * nthreads < words) d[i + (uint64_t)u * nthreads] = v[u];
   }
-  for (; i < words; i += blockDim.x)
-    d[i] = s[i];
-  uint64_t tail_start = words * sizeof(W);
-  for (uint64_t k = tail_start + threadIdx.x; k < bytes; k += blockDim.x)
+  for (uint64_t k = words * sizeof(W) + tid; k < bytes; k += nthreads)
     dst[k] = src[k];
+}
+
+// The widest words both addresses allow: 16 bytes when src and dst agree
+// modulo 16, else 8, 4 or 1.
+template <int UNROLL>
+__device__ static inline void copy_piece(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst,
+                                         uint64_t bytes, unsigned tid, unsigned nthreads) {
+  const uintptr_t mis = (uintptr_t)src ^ (uintptr_t)dst;
+  if ((mis & 15) == 0)
+    copy_words<int4, UNROLL>(src, dst, bytes, tid, nthreads);
+  else if ((mis & 7) == 0)
+    copy_words<uint2, UNROLL>(src, dst, bytes, tid, nthreads);
+  else if ((mis & 3) == 0)
+    copy_words<uint32_t, UNROLL>(src, dst, bytes, tid, nthreads);
+  else
+    copy_words<uint8_t, UNROLL>(src, dst, bytes, tid, nthreads);
 }
 
 __global__ static void batch_copy_kernel(const oi_kcopy_entry *__restrict__ entries, uint32_t n) {
@@ -56,50 +71,15 @@ __global__ static void batch_copy_kernel(const oi_kcopy_entry *__restrict__ entr
     }
     __syncthreads();
     const oi_kcopy_entry ent = cur;
-    const uint8_t *src = reinterpret_cast<const uint8_t *>(ent.src);
-    uint8_t *dst = reinterpret_cast<uint8_t *>(ent.dst);
-    uintptr_t mis = (uintptr_t)src ^ (uintptr_t)dst;
-    if ((mis & 15) == 0)
-      copy_words<int4, 4>(src, dst, ent.bytes);
-    else if ((mis & 7) == 0)
-      copy_words<uint2, 4>(src, dst, ent.bytes);
-    else if ((mis & 3) == 0)
-      copy_words<uint32_t, 4>(src, dst, ent.bytes);
-    else
-      copy_words<uint8_t, 4>(src, dst, ent.bytes);
+    copy_piece<4>(reinterpret_cast<const uint8_t *>(ent.src), reinterpret_cast<uint8_t *>(ent.dst),
+                  ent.bytes, threadIdx.x, blockDim.x);
   }
 }
 
 // Small pieces: one warp per entry, so a CTA of OI_KCOPY_THREADS threads has
 // OI_KCOPY_THREADS / 32 entries in flight instead of one, and no barrier
-// between entries. Each lane issues up to UNROLL loads before its stores.
-// Lanes 0-2 read the next entry's three words while the warp copies.
-template <typename W, int UNROLL>
-__device__ static inline void warp_copy_words(const uint8_t *__restrict__ src,
-                                              uint8_t *__restrict__ dst, uint64_t bytes,
-                                              unsigned lane) {
-  uint64_t head = (sizeof(W) - ((uintptr_t)dst & (sizeof(W) - 1))) & (sizeof(W) - 1);
-  if (head > bytes) head = bytes;
-  if (lane < head) dst[lane] = src[lane];
-  src += head;
-  dst += head;
-  bytes -= head;
-  const W *s = reinterpret_cast<const W *>(src);
-  W *d = reinterpret_cast<W *>(dst);
-  uint64_t words = bytes / sizeof(W);
-  for (uint64_t i = lane; i < words; i += 32 * UNROLL) {
-    W v[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; u++)
-      if (i + 32u * u < words) v[u] = s[i + 32u * u];
-#pragma unroll
-    for (int u = 0; u < UNROLL; u++)
-      if (i + 32u * u < words) d[i + 32u * u] = v[u];
-  }
-  for (uint64_t k = words * sizeof(W) + lane; k < bytes; k += 32)
-    dst[k] = src[k];
-}
-
+// between entries. Lanes 0-2 read the next entry's three words while the
+// warp copies.
 __global__ static void warp_copy_kernel(const oi_kcopy_entry *__restrict__ entries, uint32_t n) {
   const unsigned lane = threadIdx.x & 31u;
   const uint32_t per_cta = blockDim.x / 32u;
@@ -114,17 +94,8 @@ __global__ static void warp_copy_kernel(const oi_kcopy_entry *__restrict__ entri
     const uint64_t bytes = __shfl_sync(0xffffffffu, f, 2);
     const uint32_t next = e + stride;
     if (next < n && lane < 3) f = words[(uint64_t)next * 3 + lane];
-    const uint8_t *s = reinterpret_cast<const uint8_t *>(src);
-    uint8_t *d = reinterpret_cast<uint8_t *>(dst);
-    const uintptr_t mis = (uintptr_t)s ^ (uintptr_t)d;
-    if ((mis & 15) == 0)
-      warp_copy_words<int4, 8>(s, d, bytes, lane);
-    else if ((mis & 7) == 0)
-      warp_copy_words<uint2, 8>(s, d, bytes, lane);
-    else if ((mis & 3) == 0)
-      warp_copy_words<uint32_t, 8>(s, d, bytes, lane);
-    else
-      warp_copy_words<uint8_t, 8>(s, d, bytes, lane);
+    copy_piece<8>(reinterpret_cast<const uint8_t *>(src), reinterpret_cast<uint8_t *>(dst), bytes,
+                  lane, 32u);
   }
 }
 

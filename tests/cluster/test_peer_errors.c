@@ -1,0 +1,315 @@
+/* The peer transport's refusals (lib/cluster/peer.c): handshake messages
+ * that are malformed field by field (the parsers the connection code runs
+ * on what a peer sent), addresses that are not IPv4 IP:PORT, calls, sends,
+ * gets and registrations with bad arguments, a listener on an address this
+ * host does not have, a net with no request handler, a handler whose reply
+ * is too large, and reads forced to active messages by OI_PEER_READS. The
+ * wire layout is spelled out here (docs/cluster.md, "Peer transport"): a
+ * change to it must change this test. */
+#include <stdlib.h>
+
+#include "cluster/peer.h"
+#include "cluster/ucx.h"
+#include "core/core.h"
+#include "testutil.h"
+
+static const uint8_t SECRET[] = "cluster secret: thirty-two bytes";
+
+/* The handshake's layout (peer.c): "OIPR", version 1. */
+#define MAGIC 0x5250494fu
+#define HELLO_FIXED (4 + 2 + 2 + OI_PEER_NONCE)
+#define WELCOME_FIXED (4 + OI_PEER_MAC_LEN + 8 + 8 + 4 + 4)
+
+static void put16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static size_t make_hello(uint8_t *b, uint16_t version, const char *id, uint16_t idl) {
+  put32(b, MAGIC);
+  put16(b + 4, version);
+  put16(b + 6, idl);
+  memset(b + 8, 0x11, OI_PEER_NONCE);
+  memcpy(b + HELLO_FIXED, id, strlen(id));
+  return HELLO_FIXED + strlen(id);
+}
+
+static void test_hello_refused(void) {
+  uint8_t b[HELLO_FIXED + 300], nonce[OI_PEER_NONCE];
+  char id[OI_PEER_MAX_NODE_ID + 1];
+  size_t idl = 0;
+  size_t n = make_hello(b, 1, "node-a", 6);
+  REQUIRE(oi__peer_parse_hello(b, n, nonce, id, &idl) == OI_OK);
+  CHECK(idl == 6 && strcmp(id, "node-a") == 0 && nonce[0] == 0x11);
+
+  CHECK_ST(oi__peer_parse_hello(b, HELLO_FIXED - 1, nonce, id, &idl), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "short"));
+  b[0] ^= 1;
+  CHECK_ST(oi__peer_parse_hello(b, n, nonce, id, &idl), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "magic"));
+  n = make_hello(b, 2, "node-a", 6);
+  CHECK_ST(oi__peer_parse_hello(b, n, nonce, id, &idl), OI_ERR_VERSION);
+  CHECK(strstr(oi_last_error(), "version 2"));
+  /* The id: empty, longer than the limit, a length the message does not
+   * match, a NUL inside. */
+  n = make_hello(b, 1, "", 0);
+  CHECK_ST(oi__peer_parse_hello(b, n, nonce, id, &idl), OI_ERR_PROTOCOL);
+  char longid[OI_PEER_MAX_NODE_ID + 2];
+  memset(longid, 'x', sizeof longid - 1);
+  longid[sizeof longid - 1] = '\0';
+  n = make_hello(b, 1, longid, (uint16_t)strlen(longid));
+  CHECK_ST(oi__peer_parse_hello(b, n, nonce, id, &idl), OI_ERR_PROTOCOL);
+  n = make_hello(b, 1, "node-a", 7);
+  CHECK_ST(oi__peer_parse_hello(b, n, nonce, id, &idl), OI_ERR_PROTOCOL);
+  n = make_hello(b, 1, "node-a", 6);
+  b[HELLO_FIXED + 2] = 0;
+  CHECK_ST(oi__peer_parse_hello(b, n, nonce, id, &idl), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "bad node id"));
+  CHECK(idl == 6 && strcmp(id, "node-a") == 0); /* refusals wrote nothing */
+}
+
+static void test_auth_refused(void) {
+  uint8_t b[4 + OI_PEER_MAC_LEN + 1];
+  put32(b, MAGIC);
+  memset(b + 4, 0x22, OI_PEER_MAC_LEN + 1);
+  const uint8_t *mac = NULL;
+  REQUIRE(oi__peer_parse_auth(b, 4 + OI_PEER_MAC_LEN, &mac) == OI_OK);
+  CHECK(mac == b + 4);
+  mac = NULL;
+  CHECK_ST(oi__peer_parse_auth(b, 4 + OI_PEER_MAC_LEN + 1, &mac), OI_ERR_PROTOCOL);
+  CHECK_ST(oi__peer_parse_auth(b, 4 + OI_PEER_MAC_LEN - 1, &mac), OI_ERR_PROTOCOL);
+  b[3] ^= 0x80;
+  CHECK_ST(oi__peer_parse_auth(b, 4 + OI_PEER_MAC_LEN, &mac), OI_ERR_PROTOCOL);
+  CHECK(mac == NULL && strstr(oi_last_error(), "bad authentication message"));
+}
+
+static size_t make_welcome(uint8_t *b, uint64_t base, uint64_t len, uint32_t klen, uint32_t flags) {
+  put32(b, MAGIC);
+  memset(b + 4, 0x33, OI_PEER_MAC_LEN);
+  put64(b + 4 + OI_PEER_MAC_LEN, base);
+  put64(b + 12 + OI_PEER_MAC_LEN, len);
+  put32(b + 20 + OI_PEER_MAC_LEN, klen);
+  put32(b + 24 + OI_PEER_MAC_LEN, flags);
+  memset(b + WELCOME_FIXED, 0x44, klen);
+  return WELCOME_FIXED + klen;
+}
+
+static void test_welcome_refused(void) {
+  static uint8_t b[WELCOME_FIXED + OI_PEER_MAX_RKEY + 8];
+  uint8_t mac[OI_PEER_MAC_LEN], other[OI_PEER_MAC_LEN];
+  memset(mac, 0x33, sizeof mac);
+  memset(other, 0x34, sizeof other);
+  oi_peer_welcome w;
+  size_t n = make_welcome(b, 4096, 1 << 20, 16, 1);
+  REQUIRE(oi__peer_parse_welcome(b, n, mac, &w) == OI_OK);
+  CHECK(w.base == 4096 && w.len == 1 << 20 && w.rkey_len == 16 && w.flags == 1);
+  CHECK_OK(oi__peer_parse_welcome(b, n, NULL, &w)); /* MAC not checked */
+  n = make_welcome(b, 4096, 1 << 20, 0, 0);
+  CHECK_OK(oi__peer_parse_welcome(b, n, mac, &w)); /* no one-sided reads, no key */
+
+  memset(&w, 0x5a, sizeof w);
+  CHECK_ST(oi__peer_parse_welcome(b, WELCOME_FIXED - 1, mac, &w), OI_ERR_PROTOCOL);
+  CHECK_ST(oi__peer_parse_welcome(b, n, other, &w), OI_ERR_PERMISSION);
+  CHECK(strstr(oi_last_error(), "does not prove the cluster secret"));
+  const struct {
+    uint64_t base, len;
+    uint32_t klen, flags;
+    int extra; /* bytes beyond the key */
+  } bad[] = {
+      {0, 4096, OI_PEER_MAX_RKEY + 1, 1, 0}, /* key over the limit */
+      {0, 4096, 16, 1, 1},                   /* the length does not match the key's */
+      {0, 4096, 0, 2, 0},                    /* an unknown flag */
+      {0, 4096, 16, 0, 0},                   /* a key without one-sided reads */
+      {0, 4096, 0, 1, 0},                    /* one-sided reads without a key */
+      {UINT64_MAX - 10, 4096, 0, 0, 0},      /* a region that wraps */
+  };
+  for (size_t i = 0; i < OI_ARRAY_LEN(bad); i++) {
+    n = make_welcome(b, bad[i].base, bad[i].len, bad[i].klen, bad[i].flags) + (size_t)bad[i].extra;
+    memset(&w, 0x5a, sizeof w);
+    oi_status st = oi__peer_parse_welcome(b, n, mac, &w);
+    if (st != OI_ERR_PROTOCOL || !strstr(oi_last_error(), "bad region descriptor") ||
+        ((uint8_t *)&w)[0] != 0x5a) {
+      fprintf(stderr, "welcome case %zu: %s (%s)\n", i, oi_status_str(st), oi_last_error());
+      CHECK(false);
+    }
+  }
+}
+
+static void answer(void *ctx, const char *peer_id, const void *req, size_t len, oi_peer_reply *r) {
+  OI_UNUSED(ctx);
+  OI_UNUSED(peer_id);
+  if (len >= 3 && memcmp(req, "BIG", 3) == 0) {
+    /* Too large to send: refused, and the handler answers an error. */
+    static uint8_t big[OI_PEER_MAX_MSG + 1];
+    if (oi__peer_reply_set(r, big, sizeof big) == OI_ERR_INVALID_ARGUMENT)
+      oi__peer_reply_status(r, OI_ERR_OUT_OF_MEMORY);
+    return;
+  }
+  oi__peer_reply_set(r, req, len);
+}
+
+static oi_peer_net *make_net(const char *id, oi_peer_request_fn fn, int reads) {
+  oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
+                           .node_id = id,
+                           .secret = SECRET,
+                           .secret_len = 32,
+                           .timeout_ms = 5000,
+                           .on_request = fn,
+                           .reads = reads};
+  oi_peer_net *n = NULL;
+  oi_status st = oi__peer_net_create(&o, &n);
+  if (st) fprintf(stderr, "net %s: %s\n", id, oi_last_error());
+  REQUIRE(st == OI_OK && n);
+  return n;
+}
+
+static void test_addresses_and_arguments(void) {
+  oi_peer_net *a = make_net("node-a", answer, OI_PEER_READS_AUTO);
+  oi_peer *p = (oi_peer *)1;
+  const char *bad[] = {"127.0.0.1",    ":80",    "127.0.0.1:",   "127.0.0.1:99999", "localhost:80",
+                       "127.0.0.1:8x", "::1:80", "1.2.3.4.5:80", "300.1.1.1:80",    "127.0.0.1:-1"};
+  for (size_t i = 0; i < OI_ARRAY_LEN(bad); i++) {
+    oi_status st = oi__peer_connect(a, bad[i], &p);
+    if (st != OI_ERR_INVALID_ARGUMENT || !strstr(oi_last_error(), "IP:PORT")) {
+      fprintf(stderr, "address '%s': %s (%s)\n", bad[i], oi_status_str(st), oi_last_error());
+      CHECK(false);
+    }
+  }
+  CHECK_ST(oi__peer_connect(a, NULL, &p), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_connect(NULL, "127.0.0.1:1", &p), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_connect(a, "127.0.0.1:1", NULL), OI_ERR_INVALID_ARGUMENT);
+
+  /* Registrations: empty, then twice. */
+  static uint8_t region[8192];
+  CHECK_ST(oi__peer_net_register(a, NULL, 4096), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_net_register(a, region, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_net_register(NULL, region, 4096), OI_ERR_INVALID_ARGUMENT);
+  CHECK_OK(oi__peer_net_register(a, region, sizeof region));
+  CHECK_ST(oi__peer_net_register(a, region, sizeof region), OI_ERR_STATE);
+
+  /* Calls, sends and gets without what they need. */
+  void *rep = NULL;
+  size_t rl = 0;
+  CHECK_ST(oi__peer_call(NULL, "x", 1, &rep, &rl, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_send(NULL, "x", 1, 0), OI_ERR_INVALID_ARGUMENT);
+  oi_peer_net *b = make_net("node-b", answer, OI_PEER_READS_AUTO);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", oi__peer_net_port(a));
+  p = NULL;
+  REQUIRE(oi__peer_connect(b, addr, &p) == OI_OK && p);
+  CHECK(oi__peer_region_len(p) == sizeof region);
+  CHECK_ST(oi__peer_call(p, NULL, 4, &rep, &rl, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_call(p, "x", 1, NULL, &rl, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_call(p, "x", 1, &rep, NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_send(p, NULL, 4, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_send(p, "x", OI_PEER_MAX_MSG + 1, 0), OI_ERR_INVALID_ARGUMENT);
+  uint8_t dst[64];
+  oi_peer_read r = {.remote_offset = 0, .len = sizeof dst, .local_dst = dst};
+  CHECK_ST(oi__peer_get(NULL, &r, 1, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_get(p, NULL, 1, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_get(p, &r, (size_t)OI_PEER_MAX_READS + 1, 0), OI_ERR_INVALID_ARGUMENT);
+  oi_peer_read nodst = {.remote_offset = 0, .len = 8, .local_dst = NULL};
+  CHECK_ST(oi__peer_get(p, &nodst, 1, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "no destination"));
+  CHECK_OK(oi__peer_get(p, &r, 0, 0)); /* nothing to read */
+
+  /* A reply too large for the wire: the handler's error reaches the
+   * caller; the connection still answers. */
+  CHECK_ST(oi__peer_call(p, "BIG", 3, &rep, &rl, 0), OI_ERR_OUT_OF_MEMORY);
+  CHECK_OK(oi__peer_call(p, "ok", 2, &rep, &rl, 0));
+  CHECK(rl == 2 && memcmp(rep, "ok", 2) == 0);
+  oi__free(rep);
+  oi__peer_close(p);
+  oi__peer_close(NULL);
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+  oi__peer_net_destroy(NULL);
+}
+
+static void test_no_handler(void) {
+  /* A net without on_request answers every call OI_ERR_UNSUPPORTED. */
+  oi_peer_net *a = make_net("node-a", NULL, OI_PEER_READS_AUTO);
+  oi_peer_net *b = make_net("node-b", answer, OI_PEER_READS_AUTO);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", oi__peer_net_port(a));
+  oi_peer *p = NULL;
+  REQUIRE(oi__peer_connect(b, addr, &p) == OI_OK);
+  void *rep = (void *)1;
+  size_t rl = 7;
+  CHECK_ST(oi__peer_call(p, "hello", 5, &rep, &rl, 0), OI_ERR_UNSUPPORTED);
+  CHECK(strstr(oi_last_error(), "node-a"));
+  oi_peer_stats s;
+  oi__peer_net_stats(a, &s);
+  CHECK(s.served == 1);
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+}
+
+static void test_listen_refused(void) {
+  /* An address of no interface here (TEST-NET-1): the listener fails. */
+  oi_peer_net_options o = {
+      .listen_addr = "192.0.2.1:0", .node_id = "x", .secret = SECRET, .secret_len = 32};
+  oi_peer_net *n = (oi_peer_net *)1;
+  oi_status st = oi__peer_net_create(&o, &n);
+  CHECK(st == OI_ERR_IO);
+  CHECK(strstr(oi_last_error(), "192.0.2.1"));
+  /* A node id over the limit; a secret over the limit. */
+  char longid[OI_PEER_MAX_NODE_ID + 2];
+  memset(longid, 'n', sizeof longid - 1);
+  longid[sizeof longid - 1] = '\0';
+  o.listen_addr = "127.0.0.1:0";
+  o.node_id = longid;
+  CHECK_ST(oi__peer_net_create(&o, &n), OI_ERR_INVALID_ARGUMENT);
+  o.node_id = "x";
+  o.secret_len = OI_PEER_MAX_SECRET + 1;
+  CHECK_ST(oi__peer_net_create(&o, &n), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__peer_net_create(NULL, &n), OI_ERR_INVALID_ARGUMENT);
+}
+
+static void test_reads_by_environment(void) {
+  /* OI_PEER_READS=am: the holder serves reads itself, byte-exact. */
+  setenv("OI_PEER_READS", "am", 1);
+  oi_peer_net *a = make_net("node-a", answer, OI_PEER_READS_AUTO);
+  oi_peer_net *b = make_net("node-b", answer, OI_PEER_READS_AUTO);
+  unsetenv("OI_PEER_READS");
+  static uint8_t region[1 << 16];
+  for (size_t i = 0; i < sizeof region; i++)
+    region[i] = (uint8_t)(i * 7 + 3);
+  CHECK_OK(oi__peer_net_register(a, region, sizeof region));
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", oi__peer_net_port(a));
+  oi_peer *p = NULL;
+  REQUIRE(oi__peer_connect(b, addr, &p) == OI_OK);
+  uint8_t dst[3][1000];
+  memset(dst, 0, sizeof dst);
+  oi_peer_read r[3] = {
+      {0, 1000, dst[0]}, {5000, 1000, dst[1]}, {sizeof region - 1000, 1000, dst[2]}};
+  CHECK_OK(oi__peer_get(p, r, 3, 0));
+  for (int k = 0; k < 3; k++)
+    CHECK(memcmp(dst[k], region + r[k].remote_offset, 1000) == 0);
+  /* Past the region: refused before anything is issued. */
+  oi_peer_read past = {sizeof region - 10, 11, dst[0]};
+  CHECK_ST(oi__peer_get(p, &past, 1, 0), OI_ERR_INVALID_ARGUMENT);
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+}
+
+int main(void) {
+  RUN_TEST(test_hello_refused);
+  RUN_TEST(test_auth_refused);
+  RUN_TEST(test_welcome_refused);
+  if (oi__ucx_load() != OI_OK) TEST_SKIP("UCX is not installed");
+  RUN_TEST(test_addresses_and_arguments);
+  RUN_TEST(test_no_handler);
+  RUN_TEST(test_listen_refused);
+  RUN_TEST(test_reads_by_environment);
+  TEST_EXIT();
+}

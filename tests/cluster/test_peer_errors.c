@@ -3,12 +3,14 @@
  * on what a peer sent), addresses that are not IPv4 IP:PORT, calls, sends,
  * gets and registrations with bad arguments, a listener on an address this
  * host does not have, a net with no request handler, a handler whose reply
- * is too large, and reads forced to active messages by OI_PEER_READS. The
+ * is too large, and reads forced to active messages by OI_PEER_READS; and
+ * the cluster tier's LEASE and RELEASE messages malformed field by field. The
  * wire layout is spelled out here (docs/cluster.md, "Peer transport"): a
  * change to it must change this test. */
 #include <stdlib.h>
 
 #include "cluster/peer.h"
+#include "cluster/tier.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
 #include "testutil.h"
@@ -141,6 +143,78 @@ static void test_welcome_refused(void) {
       CHECK(false);
     }
   }
+}
+
+/* The cluster tier's node-to-node messages (LEASE, RELEASE and their
+ * replies; "OICL", version 1): each check the holder and the reader run
+ * on what a peer sent. */
+#define CL_MAGIC 0x4c43494fu
+#define CL_HDR 8u
+#define CL_LEASE(n) (CL_HDR + 24u + 16u * (size_t)(n))
+#define CL_LEASE_REPLY(m) (CL_HDR + 16u + 24u * (size_t)(m))
+
+static size_t cl_msg(uint8_t *b, uint16_t version, uint16_t type, uint32_t count, uint32_t pad,
+                     size_t len) {
+  memset(b, 0, len);
+  put32(b, CL_MAGIC);
+  put16(b + 4, version);
+  put16(b + 6, type);
+  if (type == 1 && len >= CL_HDR + 24) { /* LEASE: ns, layout, n, pad */
+    put32(b + CL_HDR + 16, count);
+    put32(b + CL_HDR + 20, pad);
+  } else if (type == 0x81 && len >= CL_HDR + 16) { /* LEASE_REPLY: lease, m, pad */
+    put32(b + CL_HDR + 8, count);
+    put32(b + CL_HDR + 12, pad);
+  }
+  return len;
+}
+
+static void test_cluster_messages_refused(void) {
+  static uint8_t b[CL_LEASE(OI_CLUSTER_MAX_LEASE + 1) + 64];
+  /* Well formed: each type where it belongs. */
+  CHECK_OK(oi__cluster_msg_check(b, cl_msg(b, 1, 1, 3, 0, CL_LEASE(3))));
+  CHECK_OK(oi__cluster_msg_check(b, cl_msg(b, 1, 2, 0, 0, CL_HDR + 8)));
+  CHECK_OK(oi__cluster_reply_check(b, cl_msg(b, 1, 0x81, 2, 0, CL_LEASE_REPLY(2))));
+  CHECK_OK(oi__cluster_reply_check(b, cl_msg(b, 1, 0x82, 0, 0, CL_HDR)));
+  CHECK_OK(oi__cluster_reply_check(b, cl_msg(b, 1, 0x81, 0, 0, CL_LEASE_REPLY(0))));
+
+  CHECK_ST(oi__cluster_msg_check(NULL, 8), OI_ERR_PROTOCOL);
+  CHECK_ST(oi__cluster_reply_check(NULL, 8), OI_ERR_PROTOCOL);
+  CHECK_ST(oi__cluster_msg_check(b, CL_HDR - 1), OI_ERR_PROTOCOL);
+  const struct {
+    uint16_t version, type;
+    uint32_t count, pad;
+    size_t len;
+    bool reply;
+    const char *why;
+  } bad[] = {
+      {2, 1, 3, 0, CL_LEASE(3), false, "version 2"},
+      {1, 1, 0, 0, CL_LEASE(0), false, "LEASE of 0"},
+      {1, 1, OI_CLUSTER_MAX_LEASE + 1, 0, CL_LEASE(OI_CLUSTER_MAX_LEASE + 1), false, "LEASE of"},
+      {1, 1, 3, 1, CL_LEASE(3), false, "LEASE of 3"},     /* padding not zero */
+      {1, 1, 3, 0, CL_LEASE(3) + 1, false, "LEASE of 3"}, /* a byte more */
+      {1, 1, 3, 0, CL_HDR + 10, false, "unexpected message type 1"},
+      {1, 2, 0, 0, CL_HDR + 9, false, "unexpected message type 2"},
+      {1, 0x81, 2, 0, CL_LEASE_REPLY(2), false, "unexpected message type 129"}, /* a reply */
+      {1, 1, 3, 0, CL_LEASE(3), true, "unexpected message type 1"},             /* a request */
+      {1, 0x81, OI_CLUSTER_MAX_LEASE + 1, 0, CL_LEASE_REPLY(0), true, "lease reply of"},
+      {1, 0x81, 2, 7, CL_LEASE_REPLY(2), true, "lease reply of 2"},
+      {1, 0x81, 2, 0, CL_LEASE_REPLY(3), true, "lease reply of 2"},
+      {1, 0x82, 0, 0, CL_HDR + 1, true, "unexpected message type 130"},
+      {1, 9, 0, 0, CL_HDR, true, "unexpected message type 9"},
+  };
+  for (size_t i = 0; i < OI_ARRAY_LEN(bad); i++) {
+    size_t n = cl_msg(b, bad[i].version, bad[i].type, bad[i].count, bad[i].pad, bad[i].len);
+    oi_status st = bad[i].reply ? oi__cluster_reply_check(b, n) : oi__cluster_msg_check(b, n);
+    if (st != OI_ERR_PROTOCOL || !strstr(oi_last_error(), bad[i].why)) {
+      fprintf(stderr, "message case %zu: %s (%s)\n", i, oi_status_str(st), oi_last_error());
+      CHECK(false);
+    }
+  }
+  cl_msg(b, 1, 1, 3, 0, CL_LEASE(3));
+  b[1] ^= 0xff;
+  CHECK_ST(oi__cluster_msg_check(b, CL_LEASE(3)), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "bad magic"));
 }
 
 static void answer(void *ctx, const char *peer_id, const void *req, size_t len, oi_peer_reply *r) {
@@ -306,6 +380,7 @@ int main(void) {
   RUN_TEST(test_hello_refused);
   RUN_TEST(test_auth_refused);
   RUN_TEST(test_welcome_refused);
+  RUN_TEST(test_cluster_messages_refused);
   if (oi__ucx_load() != OI_OK) TEST_SKIP("UCX is not installed");
   RUN_TEST(test_addresses_and_arguments);
   RUN_TEST(test_no_handler);

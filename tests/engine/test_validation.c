@@ -261,6 +261,18 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   CHECK(strstr(oi_last_error(), "staging_bytes"));
   x = o, x.staging_bytes = (4ull << 30) + 1;
   REFUSED(&x, "staging_bytes above 4 GiB");
+  char long_ns[258];
+  memset(long_ns, 'n', sizeof long_ns - 1);
+  long_ns[sizeof long_ns - 1] = '\0';
+  x = o, x.namespace_id = long_ns;
+  REFUSED(&x, "namespace_id of 257 bytes");
+  CHECK(strstr(oi_last_error(), "longer than 255 bytes"));
+  x = o, x.device = -2;
+  REFUSED(&x, "device -2");
+  CHECK(strstr(oi_last_error(), "not an ordinal"));
+  x = o, x.num_arenas = 4097; /* the most is 4096 (lib/engine/layout.h) */
+  REFUSED(&x, "4097 arenas");
+  CHECK(strstr(oi_last_error(), "at most"));
 
   oi_arena_desc b[2];
 #define VARIANT(stmt, what)                                                                        \
@@ -288,6 +300,11 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   VARIANT(b[1].base = mem + 8 * 4096 - 1, "arenas overlap by one byte");
   VARIANT(b[1].base = NULL, "NULL base without arena_base");
   VARIANT(b[0].base = mem + (64 << 10) + 4096, "arena 0 inside arena 1");
+  VARIANT(b[1].name = "", "empty name");
+  VARIANT((b[0].num_blocks = b[1].num_blocks = UINT64_MAX / 4096 + 2),
+          "num_blocks x block_stride past the address space");
+  VARIANT(b[1].base = (uint8_t *)(UINTPTR_MAX - 4096),
+          "an arena whose end wraps the address space");
 #undef VARIANT
 
   /* Interleaved layouts: a gap-interleave that is off by one byte overlaps. */
@@ -399,6 +416,12 @@ static void test_segment_offsets_are_validated(void) {
   x = o, x.segment_offsets = cross;
   REFUSED(&x, "a layer's V half inside another layer's K half");
   CHECK(strstr(oi_last_error(), "arenas 'L0' and 'L1' overlap"));
+  oi_arena_desc huge[2];
+  memcpy(huge, a, sizeof huge);
+  huge[0].num_blocks = huge[1].num_blocks = UINT64_MAX / 4096 + 2;
+  x = o, x.arenas = huge;
+  REFUSED(&x, "a segment run past the address space");
+  CHECK(strstr(oi_last_error(), "spans more than the address space"));
   uint64_t same[4] = {0, 0, 0, 8 * 4096};
   x = o, x.segment_offsets = same;
   REFUSED(&x, "two segments at one offset");
@@ -616,6 +639,43 @@ static void test_repeated_destinations_are_named(void) {
   oi_offload_host_destroy(h2);
 }
 
+/* Host lookups (no layout): their options and arguments. */
+static void test_bad_host_lookups_are_refused(void) {
+  take_baseline();
+  oi_lookup_options lo;
+  CHECK_FAILS(oi_lookup_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
+  REQUIRE(oi_lookup_options_init(&lo) == OI_OK);
+  oi_query_result q;
+  memset(&q, 0, sizeof q);
+  q.struct_size = sizeof q;
+  char long_name[258];
+  memset(long_name, 'c', sizeof long_name - 1);
+  long_name[sizeof long_name - 1] = '\0';
+  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "namespace_id is empty"));
+  lo.namespace_id = long_name;
+  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "longer than 255 bytes"));
+  lo.namespace_id = "v";
+  lo.world_size = 0;
+  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  lo.world_size = 1;
+  lo.control_deadline_ms = 0;
+  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "control_deadline_ms is 0"));
+  lo.control_deadline_ms = 1000;
+  lo.client_name = long_name;
+  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "client_name is longer than 255 bytes"));
+  lo.client_name = NULL;
+  CHECK_FAILS(oi_offload_host_query(host, NULL, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_offload_host_query(NULL, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_offload_host_release(NULL, "v", q.lease), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_offload_host_release(host, "", q.lease), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_offload_host_release(host, NULL, q.lease), OI_ERR_INVALID_ARGUMENT);
+  UNCHANGED();
+}
+
 static void test_other_entry_points_refuse_null(void) {
   take_baseline();
   CHECK_FAILS(oi_offload_engine_flush(NULL, 0), OI_ERR_INVALID_ARGUMENT);
@@ -692,6 +752,7 @@ int main(void) {
   RUN_TEST(test_segment_offsets_are_validated);
   RUN_TEST(test_bad_saves_are_refused_and_save_nothing);
   RUN_TEST(test_bad_queries_are_refused);
+  RUN_TEST(test_bad_host_lookups_are_refused);
   RUN_TEST(test_bad_loads_are_refused_before_any_copy);
   RUN_TEST(test_repeated_destinations_are_named);
   RUN_TEST(test_other_entry_points_refuse_null);

@@ -130,6 +130,39 @@ static void test_host_create_refuses_bad_options(void) {
   z.struct_size = 0;
   CHECK_FAILS(oi_offload_host_create(&z, &h), OI_ERR_INVALID_ARGUMENT);
   CHECK(h == NULL);
+  /* Each option past its bounds, with the field named. */
+  const struct {
+    float low, high;
+    uint32_t flags, ttl, shards;
+    uint64_t chunk;
+    const char *why;
+  } bad[] = {
+      {0.9f, 0.5f, 0, 1000, 0, 0, "watermarks"},  /* low above high */
+      {-0.1f, 0.5f, 0, 1000, 0, 0, "watermarks"}, /* negative */
+      {0.5f, 1.5f, 0, 1000, 0, 0, "watermarks"},  /* above 1 */
+      {0.5f, 0.9f, 1u << 7, 1000, 0, 0, "unknown flags"},
+      {0.5f, 0.9f, 0, 0, 0, 0, "lease_ttl_ms is 0"},
+      {0.5f, 0.9f, 0, 1000, 3, 0, "index_shards 3"},
+      {0.5f, 0.9f, 0, 1000, 0, 8ull << 20, "chunk_bytes"}, /* over the 4 MiB pool */
+      {0.5f, 0.9f, 0, 1000, 0, 100, "chunk_bytes"},        /* under a slot */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    z = o;
+    z.low_watermark = bad[i].low;
+    z.high_watermark = bad[i].high;
+    z.flags = bad[i].flags;
+    z.lease_ttl_ms = bad[i].ttl;
+    if (bad[i].shards) z.index_shards = bad[i].shards;
+    z.chunk_bytes = bad[i].chunk;
+    h = NULL;
+    oi_status st = oi_offload_host_create(&z, &h);
+    if (st != OI_ERR_INVALID_ARGUMENT || h != NULL || !strstr(oi_last_error(), bad[i].why)) {
+      fprintf(stderr, "  host option case %zu: %s (%s)\n", i, oi_status_str(st), oi_last_error());
+      oi_test_failures++;
+    }
+    oi_offload_host_destroy(h);
+  }
+  h = NULL;
   /* A newer caller's bigger struct: fine when the unknown tail is zero,
    * OI_ERR_UNSUPPORTED when it asks for something this library lacks. */
   struct {
@@ -536,6 +569,49 @@ static void test_bad_saves_are_refused_and_save_nothing(void) {
   CHECK(etu_membership(eng, fresh, 2, present) == 0);
 }
 
+/* The cpu backend has no device events: a save that asks to wait for one
+ * (whole blocks, or a layer's arenas) is refused at submit and leaves
+ * nothing visible; the layerwise one's blocks are failed, so their later
+ * layers skip them and a flush returns; the same blocks save afterwards.
+ * (A host and engine of its own: the other tests count this engine's
+ * saves.) */
+static void test_save_wait_event_is_unsupported_on_cpu(void) {
+  etu_layout L2;
+  etu_layout_simple(&L2, 3, 8, 2048);
+  oi_offload_host *h2 = etu_host_create(16 << 20);
+  oi_offload_engine *e2 = etu_engine_create(h2, &L2, "valid-events", 1);
+  oi_block_hash fresh[2] = {etu_hash(600, 0), etu_hash(600, 1)};
+  int64_t ids[2] = {6, 7};
+  etu_fill_block(&L2, 6, 600, SEED);
+  etu_fill_block(&L2, 7, 601, SEED);
+  int fake_event = 0;
+  for (int layer = 0; layer < 2; layer++) {
+    oi_save_options so;
+    CHECK_OK(oi_save_options_init(&so));
+    so.wait_event = &fake_event;
+    if (layer) so.arena_count = 1; /* arena 0 only: a layerwise save */
+    oi_ticket *t = (oi_ticket *)1;
+    CHECK_FAILS(oi_offload_engine_save(e2, ids, fresh, 2, &so, &t), OI_ERR_UNSUPPORTED);
+    CHECK(t == NULL);
+    CHECK(strstr(oi_last_error(), "no device events") != NULL);
+    if (layer) { /* the other layers arrive: the failed blocks skip them */
+      so.wait_event = NULL;
+      so.arena_first = 1;
+      so.arena_count = 2;
+      CHECK_OK(oi_offload_engine_save(e2, ids, fresh, 2, &so, NULL));
+    }
+    CHECK_OK(oi_offload_engine_flush(e2, 5000));
+    uint8_t present[2] = {7, 7};
+    CHECK(etu_membership(e2, fresh, 2, present) == 0);
+  }
+  CHECK_OK(etu_save_wait(e2, ids, fresh, 2));
+  uint8_t present[2] = {0, 0};
+  CHECK(etu_membership(e2, fresh, 2, present) == 2);
+  oi_offload_engine_destroy(e2);
+  oi_offload_host_destroy(h2);
+  etu_layout_free(&L2);
+}
+
 static void test_bad_queries_are_refused(void) {
   take_baseline();
   oi_query_result q;
@@ -751,6 +827,7 @@ int main(void) {
   RUN_TEST(test_legal_edge_layouts_are_accepted);
   RUN_TEST(test_segment_offsets_are_validated);
   RUN_TEST(test_bad_saves_are_refused_and_save_nothing);
+  RUN_TEST(test_save_wait_event_is_unsupported_on_cpu);
   RUN_TEST(test_bad_queries_are_refused);
   RUN_TEST(test_bad_host_lookups_are_refused);
   RUN_TEST(test_bad_loads_are_refused_before_any_copy);

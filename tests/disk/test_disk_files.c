@@ -160,8 +160,57 @@ static void test_files_that_are_not_files(void) {
   dt_rmtree(dir);
 }
 
+/* Calls with what they need missing: refused, the store unchanged. */
+static void test_bad_arguments(void) {
+  oi_disk *d = (oi_disk *)1;
+  CHECK_ST(oi__disk_open(NULL, &d), OI_ERR_INVALID_ARGUMENT);
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir, NULL};
+  oi_disk_options o = {.dirs = dirs, .num_dirs = 0, .capacity_bytes = 1 * MiB};
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_INVALID_ARGUMENT); /* no directories */
+  CHECK_ST(oi__disk_open(&o, NULL), OI_ERR_INVALID_ARGUMENT);
+  o.num_dirs = 2;
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_INVALID_ARGUMENT); /* a NULL directory */
+  CHECK(d == NULL);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK_OK(dt_write(d, 1));
+  oi_disk_key k = dt_key(1), absent = dt_key(99);
+  uint8_t *buf = dt_payload(1, 8192);
+  dt_wait w;
+  CHECK_ST(oi__disk_write(NULL, &k, buf, 100, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_write(d, NULL, buf, 100, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_write(d, &absent, NULL, 100, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_write(d, &absent, buf, 0, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_write(d, &absent, buf + 1, 100, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "not 4 KiB aligned"));
+  CHECK_ST(oi__disk_write(d, &absent, buf, 2 * MiB, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "does not fit"));
+  CHECK_ST(oi__disk_read(NULL, &k, buf, 8192, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_read(d, NULL, buf, 8192, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_read(d, &k, NULL, 8192, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_read(d, &k, buf + 8, 8192, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_register_buffers(NULL, NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_register_buffers(d, NULL, 1), OI_ERR_INVALID_ARGUMENT);
+  /* Blocks that are not there, and an unpin without a pin. */
+  uint64_t len = 7;
+  CHECK_ST(oi__disk_length(d, &absent, &len), OI_ERR_NOT_FOUND);
+  CHECK(len == 7);
+  CHECK_ST(oi__disk_pin(d, &absent), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi__disk_unpin(d, &absent), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi__disk_unpin(d, &k), OI_ERR_STATE);
+  CHECK_ST(oi__disk_remove(d, &absent), OI_ERR_NOT_FOUND);
+  /* Unchanged: the block reads back, nothing else was stored. */
+  CHECK(dt_stats(d).blocks == 1);
+  CHECK_OK(dt_read(d, 1));
+  free(buf);
+  oi__disk_close(d);
+  oi__disk_close(NULL);
+  dt_rmtree(dir);
+}
+
 int main(void) {
   RUN_TEST(test_checkpoint_damage);
   RUN_TEST(test_files_that_are_not_files);
+  RUN_TEST(test_bad_arguments);
   TEST_EXIT();
 }

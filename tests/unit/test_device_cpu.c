@@ -1,10 +1,12 @@
 /* The cpu device backend's bad inputs and failures: allocations it cannot
  * make, pointers it does not own, handles and arena fds it must refuse,
- * device events it does not have, and the leaks it frees at close. Each
+ * device events it does not have, the leaks it frees at close, and shared
+ * memory a dead process left. Each
  * case checks the status and that nothing changed or leaked. */
 #include <fcntl.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -192,6 +194,14 @@ static void test_streams_and_pinned(void) {
   CHECK_ST(d->ops->pinned_alloc(d, 4096, OI_PIN_NO_PIN, -1, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK(pin.host == NULL);
   d->ops->pinned_free(d, NULL);
+  /* Bound to NUMA node 0 (best effort: where the kernel refuses mbind the
+   * pool is left unbound, with a warning); either way the memory works. */
+  CHECK_OK(d->ops->pinned_alloc(d, 1 << 20, OI_PIN_NO_PIN, 0, &pin));
+  REQUIRE(pin.host && pin.bytes >= (1 << 20));
+  memset(pin.host, 0x6b, 1 << 20);
+  CHECK(((uint8_t *)pin.host)[(1 << 20) - 1] == 0x6b);
+  d->ops->pinned_free(d, &pin);
+  CHECK(pin.host == NULL);
 
   oi_stream *s = NULL;
   REQUIRE(d->ops->stream_create(d, 0, &s) == OI_OK);
@@ -264,6 +274,54 @@ static void test_device_buffers(void) {
   oi_device_buffer_free(NULL);
 }
 
+/* Shared memory a dead process left (a server reaps a client's): removed
+ * by that process's id only. */
+static void test_orphan_arenas_removed(void) {
+  CHECK(oi__cpu_remove_orphan_arenas(0) == 0);
+  CHECK(oi__cpu_remove_orphan_arenas(-5) == 0);
+  oi_dev *d = open_cpu();
+  void *mine = NULL;
+  REQUIRE(d->ops->mem_alloc(d, 4096, OI_MEM_SHAREABLE, &mine) == OI_OK);
+  oi_arena_handle own;
+  REQUIRE(d->ops->mem_export(d, mine, &own) == OI_OK);
+  CHECK(oi__cpu_remove_orphan_arenas((int)getpid()) == 0); /* never this process's own */
+  int pp[2];
+  REQUIRE(pipe(pp) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) { /* two shared arenas, left behind */
+    oi_dev *cd = NULL;
+    void *a = NULL, *b = NULL;
+    oi_arena_handle h[2];
+    if (oi__dev_open(OI_DEVICE_CPU, &cd) != OI_OK ||
+        cd->ops->mem_alloc(cd, 4096, OI_MEM_SHAREABLE, &a) != OI_OK ||
+        cd->ops->mem_alloc(cd, 8192, OI_MEM_SHAREABLE, &b) != OI_OK ||
+        cd->ops->mem_export(cd, a, &h[0]) != OI_OK || cd->ops->mem_export(cd, b, &h[1]) != OI_OK)
+      _exit(2);
+    _exit(write(pp[1], h, sizeof h) == (ssize_t)sizeof h ? 0 : 3);
+  }
+  close(pp[1]);
+  oi_arena_handle left[2];
+  CHECK(read(pp[0], left, sizeof left) == (ssize_t)sizeof left);
+  close(pp[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  oi_imported_arena *imp = NULL;
+  CHECK_OK(oi_imported_arena_open(&left[1], 8192, OI_DEVICE_CPU, &imp)); /* still there */
+  oi_imported_arena_close(imp);
+  CHECK(oi__cpu_remove_orphan_arenas((int)pid) == 2);
+  imp = NULL;
+  CHECK_ST(oi_imported_arena_open(&left[0], 4096, OI_DEVICE_CPU, &imp), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_imported_arena_open(&left[1], 8192, OI_DEVICE_CPU, &imp), OI_ERR_NOT_FOUND);
+  CHECK(oi__cpu_remove_orphan_arenas((int)pid) == 0);
+  /* This process's own arena was not touched. */
+  CHECK_OK(oi_imported_arena_open(&own, 4096, OI_DEVICE_CPU, &imp));
+  oi_imported_arena_close(imp);
+  d->ops->mem_free(d, mine);
+  oi__dev_close(d);
+}
+
 int main(void) {
   RUN_TEST(test_alloc_refusals);
   RUN_TEST(test_import_refusals);
@@ -271,5 +329,6 @@ int main(void) {
   RUN_TEST(test_streams_and_pinned);
   RUN_TEST(test_close_frees_leaks);
   RUN_TEST(test_device_buffers);
+  RUN_TEST(test_orphan_arenas_removed);
   TEST_EXIT();
 }

@@ -535,6 +535,44 @@ static void event_backed_arenas_follow_their_events(void) {
   CHECK(atomic_load(&arena_ev_destroyed) == 3);
 }
 
+/* (j) A layered load followed by callbacks (the cpu way): an arena's wait
+ * times out while it is still moving, returns once it landed (also when a
+ * later arena landed first), an arena's failure is final for it and every
+ * later one, and a ticket without per-arena progress answers for the whole
+ * load. */
+static void callback_arenas_time_out_land_and_fail_in_order(void) {
+  oi_ticket *t = oi__ticket_new();
+  REQUIRE(t != NULL);
+  CHECK_ST(oi_ticket_arena_poll(t, 0), OI_PENDING); /* no progress yet: the whole ticket */
+  oi__ticket_arena_progress(t, 4);
+  uint64_t t0 = oi__now_ns();
+  CHECK_ST(oi_ticket_arena_wait(t, 1, 20), OI_ERR_TIMEOUT);
+  CHECK(elapsed_ms(t0) >= 19);
+  CHECK_ST(oi_ticket_arena_wait(t, 4, 20), OI_ERR_INVALID_ARGUMENT);
+  oi__ticket_arena_landed(t, 1, OI_OK); /* out of order: arena 0 still moving */
+  oi__ticket_arena_landed(t, 0, OI_OK);
+  CHECK_OK(oi_ticket_arena_wait(t, 0, 20));
+  CHECK_OK(oi_ticket_arena_poll(t, 1));
+  oi__ticket_arena_landed(t, 9, OI_OK); /* past the load: ignored */
+  oi__ticket_arena_landed(t, 2, OI_ERR_IO);
+  oi__ticket_arena_landed(t, 3, OI_OK); /* after a failure: still failed */
+  CHECK_OK(oi_ticket_arena_poll(t, 1));
+  CHECK_ST(oi_ticket_arena_wait(t, 2, 20), OI_ERR_IO);
+  CHECK_ST(oi_ticket_arena_poll(t, 3), OI_ERR_IO);
+  oi__ticket_complete(t, OI_ERR_IO);
+  CHECK_ST(oi_ticket_arena_wait(t, 0, 20), OI_ERR_IO); /* the load failed: final for all */
+  oi_ticket_release(t);
+
+  /* Without per-arena progress: the ticket's own state, done or not. */
+  t = oi__ticket_new();
+  REQUIRE(t != NULL);
+  CHECK_ST(oi_ticket_arena_wait(t, 7, 10), OI_ERR_TIMEOUT);
+  oi__ticket_complete(t, OI_OK);
+  CHECK_OK(oi_ticket_arena_poll(t, 7));
+  CHECK_OK(oi_ticket_arena_wait(t, 7, 10));
+  oi_ticket_release(t);
+}
+
 int main(void) {
 #if defined(OI_ALLOC_LIBC) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   TEST_SKIP("allocator=libc without a sanitizer: no way to see whether a ticket was freed");
@@ -557,5 +595,6 @@ int main(void) {
   RUN_TEST(plain_ticket_has_no_cuda_event);
   RUN_TEST(attached_event_is_destroyed_with_the_last_reference);
   RUN_TEST(event_backed_arenas_follow_their_events);
+  RUN_TEST(callback_arenas_time_out_land_and_fail_in_order);
   TEST_EXIT();
 }

@@ -211,6 +211,12 @@ static void *fk_conn(void *arg) {
     pthread_mutex_lock(&fk.lock);
     fk_answer(kept, argv, out, sizeof out);
     pthread_mutex_unlock(&fk.lock);
+    if (!strncmp(out, "DELAY ", 6)) { /* "DELAY <ms> <reply>": answered late */
+      char *sp = strchr(out + 6, ' ');
+      struct timespec ts = {0, atol(out + 6) * 1000000L};
+      nanosleep(&ts, NULL);
+      memmove(out, sp + 1, strlen(sp + 1) + 1);
+    }
     if (!strcmp(out, "CLOSE") || !write_all(fd, out, strlen(out))) break;
   }
   shutdown(fd, SHUT_RDWR);
@@ -525,11 +531,59 @@ static void test_cluster_replies(void) {
   oi__dir_close(d);
 }
 
+/* The publish queue: a flush that outlasts its timeout, a flush while
+ * degraded, and a queue past its limit (entries dropped and counted). */
+static void test_queue_limits(void) {
+  fk_clear();
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", fk.port);
+  oi_dir *d = open_dir(url, 0);
+  REQUIRE(stats_of(d).connected);
+  oi_dir_key k = key_of(1);
+  fk_override("SET", "oi:b:", "DELAY 150 +OK\r\n", 1);
+  CHECK_OK(oi__dir_publish(d, &k, 1));
+  CHECK_ST(oi__dir_flush(d, 50), OI_ERR_TIMEOUT);
+  CHECK(strstr(oi_last_error(), "not sent within 50 ms"));
+  CHECK_OK(oi__dir_flush(d, 3000)); /* it is answered, late */
+  CHECK(stats_of(d).published == 1);
+  oi__dir_close(d);
+
+  /* Nobody listens: degraded. A flush says so; the queue keeps at most
+   * OI_DIR_QUEUE_MAX entries and counts the rest dropped. */
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  REQUIRE(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 &&
+          getsockname(lfd, (struct sockaddr *)&a, &len) == 0);
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", ntohs(a.sin_port));
+  close(lfd); /* a port just freed: connections are refused */
+  d = open_dir(url, 0);
+  CHECK(!stats_of(d).connected);
+  CHECK_ST(oi__dir_flush(d, 100), OI_ERR_CLOSED);
+  enum { CHUNK = 65536 };
+  oi_dir_key *keys = malloc(CHUNK * sizeof *keys);
+  REQUIRE(keys);
+  for (uint32_t i = 0; i < CHUNK; i++)
+    keys[i] = key_of(i);
+  for (uint32_t r = 0; r < OI_DIR_QUEUE_MAX / CHUNK + 1; r++)
+    CHECK_OK(oi__dir_publish(d, keys, CHUNK));
+  oi_dir_stats s = stats_of(d);
+  CHECK(s.queue_dropped == CHUNK);
+  CHECK(s.queue_depth == OI_DIR_QUEUE_MAX);
+  CHECK_ST(oi__dir_flush(d, 100), OI_ERR_CLOSED);
+  CHECK_ST(oi__dir_publish(NULL, keys, 1), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__dir_publish(d, NULL, 1), OI_ERR_INVALID_ARGUMENT);
+  CHECK_OK(oi__dir_publish(d, NULL, 0));
+  CHECK_ST(oi__dir_flush(NULL, 10), OI_ERR_INVALID_ARGUMENT);
+  free(keys);
+  oi__dir_close(d);
+}
+
 int main(void) {
   fk_start(false);
   RUN_TEST(test_select);
   RUN_TEST(test_script_load);
   RUN_TEST(test_error_replies);
+  RUN_TEST(test_queue_limits);
   RUN_TEST(test_not_a_cluster);
   RUN_TEST(test_cluster_replies);
   fk_stop();

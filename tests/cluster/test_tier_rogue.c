@@ -354,6 +354,59 @@ static void test_rogue_holder(void) {
   free(g_region);
 }
 
+/* ---- attach: secret files, an advertised address ---- */
+
+static void test_secret_files_and_advertise(void) {
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 1 << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  oi_offload_host *h = NULL;
+  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
+  oi_host_cluster_options co;
+  CHECK_ST(oi_host_cluster_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
+  oi_host_cluster_options_init(&co);
+  co.redis_url = g_url;
+  co.node_id = "secret-test";
+  co.listen_addr = "127.0.0.1:0";
+  char p[600];
+  /* Missing; a directory; a symbolic link to a good secret. */
+  snprintf(p, sizeof p, "%s/missing", g_dir);
+  co.secret_file = p;
+  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_NOT_FOUND);
+  CHECK(strstr(oi_last_error(), "missing"));
+  snprintf(p, sizeof p, "%s/adir", g_dir);
+  REQUIRE(mkdir(p, 0700) == 0);
+  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_PERMISSION);
+  CHECK(strstr(oi_last_error(), "not a regular file"));
+  rmdir(p);
+  snprintf(p, sizeof p, "%s/link", g_dir);
+  REQUIRE(symlink(g_secret_path, p) == 0);
+  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_PERMISSION);
+  unlink(p);
+  CHECK_ST(oi_offload_host_attach_cluster(NULL, &co), OI_ERR_INVALID_ARGUMENT);
+  oi_host_cluster_stats cs = {.struct_size = sizeof cs};
+  CHECK_ST(oi_offload_host_cluster_stats(NULL, &cs), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_offload_host_cluster_stats(h, NULL), OI_ERR_INVALID_ARGUMENT);
+  /* An address to advertise instead of the listener's: it is what peers
+   * find in the directory. */
+  co.secret_file = g_secret_path;
+  co.advertise_addr = "10.1.2.3:4567";
+  CHECK_OK(oi_offload_host_attach_cluster(h, &co));
+  redisContext *c = raw(g_port);
+  REQUIRE(c);
+  bool seen = false;
+  for (int i = 0; i < 300 && !seen; i++) {
+    redisReply *r = redisCommand(c, "GET oi:node:secret-test");
+    seen = r && r->type == REDIS_REPLY_STRING && strstr(r->str, " 10.1.2.3:4567");
+    if (r) freeReplyObject(r);
+    if (!seen) sleep_ms(10);
+  }
+  CHECK(seen);
+  redisFree(c);
+  oi_offload_host_destroy(h);
+}
+
 int main(void) {
   if (!on_path("redis-server")) TEST_SKIP("redis-server is not on PATH");
   if (oi__ucx_load() != OI_OK) TEST_SKIP("UCX is not installed");
@@ -370,6 +423,7 @@ int main(void) {
   g_redis = redis_start(g_port);
   RUN_TEST(test_holder_refuses_bad_requests);
   RUN_TEST(test_rogue_holder);
+  RUN_TEST(test_secret_files_and_advertise);
   redis_stop(g_redis);
   unlink(g_secret_path);
   rmdir(g_dir);

@@ -578,6 +578,118 @@ static void test_queue_limits(void) {
   oi__dir_close(d);
 }
 
+/* Redirections and lost connections on a "cluster" of one fake master:
+ * a MOVED that names no host (the same host), a MOVED back to the same
+ * node forever (given up after the rounds), a map reload that fails
+ * after a MOVED, a slot no master serves, a master whose CLUSTER INFO turns
+ * not ok, and the synchronous side's connection closed under a GET and an
+ * EVAL (degraded, OI_ERR_CLOSED). */
+static void test_cluster_redirects(void) {
+  fk_clear();
+  snprintf(url, sizeof url, "redis+cluster://127.0.0.1:%d", fk.port);
+  oi_dir *d = open_dir(url, 0);
+  REQUIRE(stats_of(d).connected);
+  oi_dir_key k[2] = {key_of(1), key_of(2)};
+  oi_dir_holder h[2];
+  size_t n = 9;
+  CHECK_OK(oi__dir_publish(d, k, 2));
+  CHECK_OK(oi__dir_flush(d, 3000));
+  /* MOVED to ":PORT": the same host; followed (and the map reloaded). */
+  char moved[64];
+  snprintf(moved, sizeof moved, "-MOVED 100 :%d\r\n", fk.port);
+  fk_override("GET", "oi:b:", moved, 1);
+  uint64_t redirects = stats_of(d).redirects;
+  CHECK_OK(oi__dir_lookup(d, k, 2, h, &n));
+  CHECK(n == 2 && stats_of(d).redirects > redirects);
+  /* ... and the map reload after it fails: noted, the lookup answered. */
+  fk_override("GET", "oi:b:", moved, 1);
+  fk_override("CLUSTER SLOTS", "", "-ERR busy\r\n", 1);
+  CHECK_OK(oi__dir_lookup(d, k, 2, h, &n));
+  CHECK(n == 2);
+  CHECK(error_soon(d, "reloading the slot map"));
+  /* MOVED forever: given up after the rounds, the lookup fails. */
+  snprintf(moved, sizeof moved, "-MOVED 100 127.0.0.1:%d\r\n", fk.port);
+  fk_override("GET", "oi:b:", moved, -1);
+  CHECK(oi__dir_lookup(d, k, 2, h, &n) != OI_OK);
+  CHECK(n == 0 && strstr(oi_last_error(), "redirected too often"));
+  fk_clear();
+  oi__dir_close(d);
+
+  /* A map with slots no master serves: a key there cannot be asked. */
+  fk_override("CLUSTER SLOTS", "", "", -1);
+  char slots[256];
+  snprintf(slots, sizeof slots,
+           "*1\r\n*3\r\n:0\r\n:1\r\n*3\r\n$9\r\n127.0.0.1\r\n:%d\r\n$2\r\nid\r\n", fk.port);
+  fk_clear();
+  fk_override("CLUSTER SLOTS", "", slots, -1);
+  d = open_dir(url, 0);
+  REQUIRE(stats_of(d).connected);
+  CHECK(oi__dir_lookup(d, k, 2, h, &n) != OI_OK);
+  CHECK(n == 0);
+  CHECK(error_soon(d, "no master serves slot"));
+  oi__dir_close(d);
+
+  /* The beat finds the cluster not ok: degraded. */
+  fk_clear();
+  d = open_dir(url, 300);
+  REQUIRE(stats_of(d).connected);
+  fk_override("CLUSTER INFO", "", "$20\r\ncluster_state:fail\r\n\r\n", -1);
+  CHECK(error_soon(d, "the cluster is not ok"));
+  oi__dir_close(d);
+
+  /* The synchronous side's connection closes under a GET, then an EVAL. */
+  fk_clear();
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", fk.port);
+  d = open_dir(url, 0);
+  REQUIRE(stats_of(d).connected);
+  char addr[64];
+  uint64_t epoch = 0;
+  CHECK_ST(oi__dir_node_lookup(NULL, "x", addr, sizeof addr, &epoch), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__dir_node_lookup(d, "x", NULL, 0, &epoch), OI_ERR_INVALID_ARGUMENT);
+  fk_override("GET", "oi:node:", "CLOSE", 1);
+  CHECK_ST(oi__dir_node_lookup(d, "nodeB", addr, sizeof addr, &epoch), OI_ERR_CLOSED);
+  CHECK(strstr(oi_last_error(), "GET"));
+  oi__dir_close(d);
+  d = open_dir(url, 0);
+  REQUIRE(stats_of(d).connected);
+  oi_dir_holder me = {.epoch = 7};
+  snprintf(me.node_id, sizeof me.node_id, "nodeA");
+  fk_override("EVAL", "", "CLOSE", 1);
+  CHECK_ST(oi__dir_remove_stale(d, &k[0], &me), OI_ERR_CLOSED);
+  CHECK(strstr(oi_last_error(), "EVAL"));
+  /* Degraded now (until the background reconnects): refused at once. */
+  if (!stats_of(d).connected) {
+    CHECK_ST(oi__dir_remove_stale(d, &k[0], &me), OI_ERR_CLOSED);
+    CHECK_ST(oi__dir_node_lookup(d, "nodeB", addr, sizeof addr, &epoch), OI_ERR_CLOSED);
+  }
+  oi__dir_close(d);
+}
+
+/* URLs that parse (an IPv6 host in brackets) and that do not (a unix
+ * socket path too long, trailing bytes). */
+static void test_more_urls(void) {
+  oi_dir_options o;
+  oi__dir_options_init(&o);
+  o.node_id = "u";
+  o.timeout_ms = 100;
+  oi_dir *d = NULL;
+  o.url = "redis://[::1]:1";
+  CHECK_OK(oi__dir_open(&o, &d)); /* parsed; nobody there: degraded */
+  CHECK(d && !stats_of(d).connected);
+  oi__dir_close(d);
+  d = NULL;
+  char longpath[200] = "unix:/";
+  memset(longpath + 6, 'p', 150);
+  longpath[156] = '\0';
+  o.url = longpath;
+  CHECK_ST(oi__dir_open(&o, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "longer than"));
+  o.url = "redis://127.0.0.1:6379,127.0.0.1:6380"; /* a list: cluster urls only */
+  CHECK_ST(oi__dir_open(&o, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "unexpected"));
+  CHECK(d == NULL);
+}
+
 int main(void) {
   fk_start(false);
   RUN_TEST(test_select);
@@ -586,6 +698,8 @@ int main(void) {
   RUN_TEST(test_queue_limits);
   RUN_TEST(test_not_a_cluster);
   RUN_TEST(test_cluster_replies);
+  RUN_TEST(test_cluster_redirects);
+  RUN_TEST(test_more_urls);
   fk_stop();
   fk_start(true);
   RUN_TEST(test_unix_socket_with_db);

@@ -7,7 +7,10 @@
  * the cluster tier's LEASE and RELEASE messages malformed field by field. The
  * wire layout is spelled out here (docs/cluster.md, "Peer transport"): a
  * change to it must change this test. */
+#include <netinet/in.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "cluster/peer.h"
 #include "cluster/tier.h"
@@ -376,6 +379,186 @@ static void test_reads_by_environment(void) {
   oi__peer_net_destroy(a);
 }
 
+/* ---- a raw UCX client that breaks the protocol before authenticating ---- */
+
+typedef struct raw_client {
+  ucp_context_h ctx;
+  ucp_worker_h w;
+  ucp_ep_h ep;
+  atomic_int failed; /* the server dropped the connection */
+} raw_client;
+
+static void raw_err(void *arg, ucp_ep_h ep, ucs_status_t st) {
+  OI_UNUSED(ep);
+  OI_UNUSED(st);
+  atomic_store(&((raw_client *)arg)->failed, 1);
+}
+
+static ucs_status_t raw_drop(void *arg, const void *header, size_t header_length, void *data,
+                             size_t length, const ucp_am_recv_param_t *param) {
+  OI_UNUSED(arg);
+  OI_UNUSED(header);
+  OI_UNUSED(header_length);
+  OI_UNUSED(data);
+  OI_UNUSED(length);
+  OI_UNUSED(param);
+  return UCS_OK;
+}
+
+static void raw_progress(raw_client *r, unsigned ms) {
+  uint64_t end = oi__now_ns() + (uint64_t)ms * 1000000ull;
+  while (oi__now_ns() < end) {
+    oi__ucx.ucp_worker_progress(r->w);
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void raw_open(raw_client *r, uint16_t port) {
+  memset(r, 0, sizeof *r);
+  ucp_config_t *cfg = NULL;
+  REQUIRE(oi__ucx.ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
+  ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+  REQUIRE(oi__ucx.ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &up, cfg, &r->ctx) == UCS_OK);
+  oi__ucx.ucp_config_release(cfg);
+  ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                            .thread_mode = UCS_THREAD_MODE_SINGLE};
+  REQUIRE(oi__ucx.ucp_worker_create(r->ctx, &wp, &r->w) == UCS_OK);
+  for (unsigned id = 1; id < 16; id++) { /* whatever the server answers: dropped */
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB,
+                                 .id = id,
+                                 .flags = UCP_AM_FLAG_WHOLE_MSG,
+                                 .cb = raw_drop};
+    REQUIRE(oi__ucx.ucp_worker_set_am_recv_handler(r->w, &hp) == UCS_OK);
+  }
+  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ucp_ep_params_t ep = {
+      .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+      .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+      .sockaddr = {.addr = (const struct sockaddr *)&sin, .addrlen = sizeof sin},
+      .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+      .err_handler = {.cb = raw_err, .arg = r},
+  };
+  REQUIRE(oi__ucx.ucp_ep_create(r->w, &ep, &r->ep) == UCS_OK);
+  raw_progress(r, 50);
+}
+
+/* Sends one active message (the receiver learns the ep: REPLY flag). */
+static void raw_send(raw_client *r, unsigned id, const void *hdr, size_t hl, const void *d,
+                     size_t len) {
+  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                            .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
+  ucs_status_ptr_t q = oi__ucx.ucp_am_send_nbx(r->ep, id, hdr, hl, d, len, &rp);
+  if (UCS_PTR_IS_PTR(q)) {
+    for (int i = 0; i < 2000 && oi__ucx.ucp_request_check_status(q) == UCS_INPROGRESS; i++)
+      raw_progress(r, 1);
+    oi__ucx.ucp_request_free(q);
+  }
+}
+
+static void raw_close(raw_client *r) {
+  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                            .flags = UCP_EP_CLOSE_FLAG_FORCE};
+  ucs_status_ptr_t q = oi__ucx.ucp_ep_close_nbx(r->ep, &rp);
+  if (UCS_PTR_IS_PTR(q)) {
+    for (int i = 0; i < 2000 && oi__ucx.ucp_request_check_status(q) == UCS_INPROGRESS; i++)
+      raw_progress(r, 1);
+    oi__ucx.ucp_request_free(q);
+  }
+  oi__ucx.ucp_worker_destroy(r->w);
+  oi__ucx.ucp_cleanup(r->ctx);
+}
+
+/* Waits up to 3 s for the server's `refused` count to reach `want`. */
+static bool refused_soon(oi_peer_net *n, uint64_t want) {
+  for (int i = 0; i < 300; i++) {
+    oi_peer_stats s;
+    oi__peer_net_stats(n, &s);
+    if (s.refused >= want) return true;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  return false;
+}
+
+static void test_raw_client_breaks_the_protocol(void) {
+  oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
+                           .node_id = "server",
+                           .secret = SECRET,
+                           .secret_len = 32,
+                           .timeout_ms = 300,
+                           .on_request = answer};
+  oi_peer_net *srv = NULL;
+  REQUIRE(oi__peer_net_create(&o, &srv) == OI_OK);
+  uint16_t port = oi__peer_net_port(srv);
+  uint8_t hello[HELLO_FIXED + 16];
+  size_t hl = make_hello(hello, 1, "raw", 3);
+  const struct {
+    unsigned id;
+    bool header;
+    bool bad_hello;
+    const char *what;
+  } cases[] = {
+      {6 /* AM_REQ */, false, false, "a request before any handshake (out of turn)"},
+      {3 /* AM_AUTH */, false, false, "an AUTH before the HELLO (out of turn)"},
+      {1 /* AM_HELLO */, true, false, "a HELLO with a header (unexpected form)"},
+      {1 /* AM_HELLO */, false, true, "a HELLO of another protocol version"},
+      {0, false, false, "nothing at all (no handshake within the timeout)"},
+      {100, false, false, "a HELLO, then an AUTH a byte short"},
+      {101, false, false, "a HELLO, then an AUTH whose MAC proves no secret"},
+  };
+  uint64_t want = 0;
+  for (size_t i = 0; i < OI_ARRAY_LEN(cases); i++) {
+    raw_client r;
+    raw_open(&r, port);
+    if (cases[i].bad_hello) {
+      uint8_t b[HELLO_FIXED + 16];
+      size_t n = make_hello(b, 2, "raw", 3);
+      raw_send(&r, 1, NULL, 0, b, n);
+    } else if (cases[i].id >= 100) { /* a good HELLO, then a bad AUTH */
+      raw_send(&r, 1, NULL, 0, hello, hl);
+      raw_progress(&r, 30); /* (the server's CHALLENGE) */
+      uint8_t auth[4 + OI_PEER_MAC_LEN];
+      put32(auth, MAGIC);
+      memset(auth + 4, 0, OI_PEER_MAC_LEN);
+      raw_send(&r, 3, NULL, 0, auth, cases[i].id == 100 ? sizeof auth - 1 : sizeof auth);
+    } else if (cases[i].id) {
+      uint64_t h = 7;
+      raw_send(&r, cases[i].id, cases[i].header ? &h : NULL, cases[i].header ? sizeof h : 0, hello,
+               hl);
+    }
+    want++;
+    bool refused = refused_soon(srv, want);
+    raw_progress(&r, 20);
+    raw_close(&r);
+    if (!refused) {
+      fprintf(stderr, "the server did not drop %s\n", cases[i].what);
+      CHECK(false);
+    }
+  }
+  oi_peer_stats s;
+  oi__peer_net_stats(srv, &s);
+  CHECK(s.bad_messages >= 3); /* the out-of-turn and malformed forms */
+  CHECK(s.accepted == 0);
+  /* And it still serves a real peer. */
+  oi_peer_net *cl = make_net("client", answer, OI_PEER_READS_AUTO);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+  oi_peer *p = NULL;
+  CHECK_OK(oi__peer_connect(cl, addr, &p));
+  void *rep = NULL;
+  size_t rl = 0;
+  CHECK_OK(oi__peer_call(p, "still", 5, &rep, &rl, 0));
+  CHECK(rl == 5);
+  oi__free(rep);
+  oi__peer_net_destroy(cl);
+  oi__peer_net_destroy(srv);
+}
+
 int main(void) {
   RUN_TEST(test_hello_refused);
   RUN_TEST(test_auth_refused);
@@ -386,5 +569,6 @@ int main(void) {
   RUN_TEST(test_no_handler);
   RUN_TEST(test_listen_refused);
   RUN_TEST(test_reads_by_environment);
+  RUN_TEST(test_raw_client_breaks_the_protocol);
   TEST_EXIT();
 }

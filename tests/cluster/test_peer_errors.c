@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "cluster/peer.h"
+#include "cluster/sha256.h"
 #include "cluster/tier.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
@@ -386,6 +387,10 @@ typedef struct raw_client {
   ucp_worker_h w;
   ucp_ep_h ep;
   atomic_int failed; /* the server dropped the connection */
+  unsigned last_id;  /* the last message the server sent, and its bytes */
+  uint8_t last[256];
+  size_t last_len, last_hlen;
+  uint8_t last_hdr[16];
 } raw_client;
 
 static void raw_err(void *arg, ucp_ep_h ep, ucs_status_t st) {
@@ -394,14 +399,23 @@ static void raw_err(void *arg, ucp_ep_h ep, ucs_status_t st) {
   atomic_store(&((raw_client *)arg)->failed, 1);
 }
 
+typedef struct raw_arg {
+  raw_client *r;
+  unsigned id;
+} raw_arg;
+static raw_arg raw_args[16];
+
 static ucs_status_t raw_drop(void *arg, const void *header, size_t header_length, void *data,
                              size_t length, const ucp_am_recv_param_t *param) {
-  OI_UNUSED(arg);
-  OI_UNUSED(header);
-  OI_UNUSED(header_length);
-  OI_UNUSED(data);
-  OI_UNUSED(length);
   OI_UNUSED(param);
+  raw_arg *a = arg;
+  if (a && a->r) { /* kept for the test to read */
+    a->r->last_id = a->id;
+    a->r->last_len = length;
+    a->r->last_hlen = header_length;
+    if (data) memcpy(a->r->last, data, OI_MIN(length, sizeof a->r->last));
+    if (header) memcpy(a->r->last_hdr, header, OI_MIN(header_length, sizeof a->r->last_hdr));
+  }
   return UCS_OK;
 }
 
@@ -425,12 +439,14 @@ static void raw_open(raw_client *r, uint16_t port) {
                             .thread_mode = UCS_THREAD_MODE_SINGLE};
   REQUIRE(oi__ucx.ucp_worker_create(r->ctx, &wp, &r->w) == UCS_OK);
   for (unsigned id = 1; id < 16; id++) { /* whatever the server answers: dropped */
-    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                                               UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                                               UCP_AM_HANDLER_PARAM_FIELD_CB,
-                                 .id = id,
-                                 .flags = UCP_AM_FLAG_WHOLE_MSG,
-                                 .cb = raw_drop};
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = id,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = raw_drop,
+        .arg = &raw_args[id]};
+    raw_args[id] = (raw_arg){r, id};
     REQUIRE(oi__ucx.ucp_worker_set_am_recv_handler(r->w, &hp) == UCS_OK);
   }
   struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -559,6 +575,108 @@ static void test_raw_client_breaks_the_protocol(void) {
   oi__peer_net_destroy(srv);
 }
 
+/* Waits up to 2 s for the server's message `id`. */
+static bool raw_wait(raw_client *r, unsigned id) {
+  for (int i = 0; i < 200 && r->last_id != id; i++)
+    raw_progress(r, 10);
+  return r->last_id == id;
+}
+
+/* A raw client that authenticates properly (the handshake's MAC computed
+ * here), then misbehaves: a request too short, a read message of the wrong
+ * length, a read outside the region, a reply sent the wrong way. */
+static void test_raw_client_after_authenticating(void) {
+  static uint8_t region[8192];
+  oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
+                           .node_id = "server",
+                           .secret = SECRET,
+                           .secret_len = 32,
+                           .timeout_ms = 2000,
+                           .on_request = answer,
+                           .reads = OI_PEER_READS_AM};
+  oi_peer_net *srv = NULL;
+  REQUIRE(oi__peer_net_create(&o, &srv) == OI_OK);
+  REQUIRE(oi__peer_net_register(srv, region, sizeof region) == OI_OK);
+  uint16_t port = oi__peer_net_port(srv);
+  enum { GOOD, SHORT_REQ, BAD_READ_LEN, READ_OUTSIDE, WRONG_WAY, NCASES };
+  for (int c = 0; c < NCASES; c++) {
+    raw_client r;
+    raw_open(&r, port);
+    uint8_t hello[HELLO_FIXED + 16];
+    size_t hl = make_hello(hello, 1, "raw", 3); /* nonce: 32 x 0x11 */
+    raw_send(&r, 1, NULL, 0, hello, hl);
+    REQUIRE(raw_wait(&r, 2)); /* CHALLENGE: the server's nonce and id */
+    REQUIRE(r.last_len == HELLO_FIXED + 6 && memcmp(r.last + HELLO_FIXED, "server", 6) == 0);
+    uint8_t ns[OI_PEER_NONCE], nc[OI_PEER_NONCE];
+    memcpy(ns, r.last + 8, OI_PEER_NONCE);
+    memset(nc, 0x11, sizeof nc);
+    static const char label[] = "openinfer peer v1 client";
+    uint8_t lc = 3, ls = 6;
+    oi_hmac_sha256 h;
+    oi__hmac_sha256_init(&h, SECRET, 32);
+    oi__hmac_sha256_update(&h, label, sizeof label);
+    oi__hmac_sha256_update(&h, nc, OI_PEER_NONCE);
+    oi__hmac_sha256_update(&h, ns, OI_PEER_NONCE);
+    oi__hmac_sha256_update(&h, &lc, 1);
+    oi__hmac_sha256_update(&h, "raw", 3);
+    oi__hmac_sha256_update(&h, &ls, 1);
+    oi__hmac_sha256_update(&h, "server", 6);
+    uint8_t auth[4 + OI_PEER_MAC_LEN];
+    put32(auth, MAGIC);
+    oi__hmac_sha256_final(&h, auth + 4);
+    raw_send(&r, 3, NULL, 0, auth, sizeof auth);
+    REQUIRE(raw_wait(&r, 4)); /* WELCOME: authenticated */
+    oi_peer_stats s0;
+    oi__peer_net_stats(srv, &s0);
+    uint8_t msg[64];
+    memset(msg, 0, sizeof msg);
+    bool dropped = false;
+    switch (c) {
+    case GOOD: /* a request: answered (echoed), the connection kept */
+      put64(msg, 77);
+      memcpy(msg + 8, "ping", 4);
+      raw_send(&r, 6, NULL, 0, msg, 12);
+      CHECK(raw_wait(&r, 7) && r.last_len == 12 + 4 && memcmp(r.last + 12, "ping", 4) == 0);
+      break;
+    case SHORT_REQ:
+      raw_send(&r, 6, NULL, 0, msg, 4);
+      dropped = true;
+      break;
+    case BAD_READ_LEN:
+      raw_send(&r, 8, NULL, 0, msg, 31);
+      dropped = true;
+      break;
+    case READ_OUTSIDE: /* answered with a refusal, counted, the connection kept */
+      put64(msg, 5);
+      put64(msg + 16, sizeof region - 4);
+      put64(msg + 24, 8);
+      raw_send(&r, 8, NULL, 0, msg, 32);
+      CHECK(raw_wait(&r, 9) && r.last_hlen == 16 && r.last_len == 0);
+      CHECK((int32_t)(r.last_hdr[12] | r.last_hdr[13] << 8 | r.last_hdr[14] << 16 |
+                      (uint32_t)r.last_hdr[15] << 24) == OI_ERR_INVALID_ARGUMENT);
+      break;
+    case WRONG_WAY: /* a reply from the side that does not call */
+      raw_send(&r, 7, NULL, 0, msg, 12);
+      dropped = true;
+      break;
+    }
+    for (int i = 0; i < 200 && dropped && !atomic_load(&r.failed); i++)
+      raw_progress(&r, 10);
+    if (atomic_load(&r.failed) != (int)dropped) {
+      fprintf(stderr, "case %d: the connection was %s\n", c, dropped ? "kept" : "dropped");
+      CHECK(false);
+    }
+    oi_peer_stats s1;
+    oi__peer_net_stats(srv, &s1);
+    if (c == READ_OUTSIDE || c == WRONG_WAY) CHECK(s1.bad_messages > s0.bad_messages);
+    raw_close(&r);
+  }
+  oi_peer_stats s;
+  oi__peer_net_stats(srv, &s);
+  CHECK(s.accepted == NCASES);
+  oi__peer_net_destroy(srv);
+}
+
 int main(void) {
   RUN_TEST(test_hello_refused);
   RUN_TEST(test_auth_refused);
@@ -570,5 +688,6 @@ int main(void) {
   RUN_TEST(test_listen_refused);
   RUN_TEST(test_reads_by_environment);
   RUN_TEST(test_raw_client_breaks_the_protocol);
+  RUN_TEST(test_raw_client_after_authenticating);
   TEST_EXIT();
 }

@@ -52,15 +52,28 @@ static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
 static oi_status arm_now(oi_fault_point point, uint64_t after_n, uint64_t count, uint64_t param);
 
+/* arm_spec's dry run: every item parses and names a point. */
+static oi_status arm_check(oi_fault_point point, uint64_t after_n, uint64_t count, uint64_t param) {
+  OI_UNUSED(point);
+  OI_UNUSED(after_n);
+  OI_UNUSED(count);
+  OI_UNUSED(param);
+  return OI_OK;
+}
+
 /* Runs once, at the first hit or arming. No logging here: the logger reads
  * the clock, and the clock is a fault point. */
 static void read_env(void) {
   const char *spec = getenv("OI_FAULTS");
   if (!spec || !*spec) return;
-  if (arm_spec(spec, arm_now) != OI_OK)
+  /* The whole spec is checked before any item is armed: one that is
+   * ignored arms nothing. */
+  if (arm_spec(spec, arm_check) != OI_OK) {
     fprintf(stderr, "openinfer: OI_FAULTS='%s' ignored: %s\n", spec, oi_last_error());
-  else
-    fprintf(stderr, "openinfer: fault injection armed from OI_FAULTS='%s'\n", spec);
+    return;
+  }
+  arm_spec(spec, arm_now);
+  fprintf(stderr, "openinfer: fault injection armed from OI_FAULTS='%s'\n", spec);
 }
 
 bool oi__fault_available(void) { return true; }

@@ -323,6 +323,7 @@ static void test_bad_options(void) {
   REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
+  oi_host_disk_stats s0 = {.struct_size = sizeof s0};
   CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT); /* no dirs */
   CHECK(strstr(oi_last_error(), "directories") != NULL);
   char *dir = dt_mkdtemp();
@@ -330,8 +331,20 @@ static void test_bad_options(void) {
   d.dirs = dirs;
   d.num_dirs = 1;
   CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT); /* no capacity */
-  REQUIRE(chmod(dir, 0777) == 0);
+  const char *empty[2] = {dir, ""}, *null_dir[2] = {dir, NULL};
   d.capacity_bytes = 8 * MiB;
+  d.num_dirs = 2;
+  d.dirs = empty;
+  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "dirs[1] is empty") != NULL);
+  d.dirs = null_dir;
+  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "dirs[1] is empty") != NULL);
+  d.dirs = dirs;
+  d.num_dirs = 1;
+  CHECK_ST(oi_host_disk_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_offload_host_disk_stats(NULL, &s0), OI_ERR_INVALID_ARGUMENT);
+  REQUIRE(chmod(dir, 0777) == 0);
   CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_PERMISSION); /* world-writable */
   oi_host_disk_stats s = {.struct_size = sizeof s};
   CHECK_ST(oi_offload_host_disk_stats(h, &s), OI_ERR_NOT_FOUND);

@@ -130,6 +130,39 @@ static void test_host_create_refuses_bad_options(void) {
   z.struct_size = 0;
   CHECK_FAILS(oi_offload_host_create(&z, &h), OI_ERR_INVALID_ARGUMENT);
   CHECK(h == NULL);
+  /* Each option past its bounds, with the field named. */
+  const struct {
+    float low, high;
+    uint32_t flags, ttl, shards;
+    uint64_t chunk;
+    const char *why;
+  } bad[] = {
+      {0.9f, 0.5f, 0, 1000, 0, 0, "watermarks"},  /* low above high */
+      {-0.1f, 0.5f, 0, 1000, 0, 0, "watermarks"}, /* negative */
+      {0.5f, 1.5f, 0, 1000, 0, 0, "watermarks"},  /* above 1 */
+      {0.5f, 0.9f, 1u << 7, 1000, 0, 0, "unknown flags"},
+      {0.5f, 0.9f, 0, 0, 0, 0, "lease_ttl_ms is 0"},
+      {0.5f, 0.9f, 0, 1000, 3, 0, "index_shards 3"},
+      {0.5f, 0.9f, 0, 1000, 0, 8ull << 20, "chunk_bytes"}, /* over the 4 MiB pool */
+      {0.5f, 0.9f, 0, 1000, 0, 100, "chunk_bytes"},        /* under a slot */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    z = o;
+    z.low_watermark = bad[i].low;
+    z.high_watermark = bad[i].high;
+    z.flags = bad[i].flags;
+    z.lease_ttl_ms = bad[i].ttl;
+    if (bad[i].shards) z.index_shards = bad[i].shards;
+    z.chunk_bytes = bad[i].chunk;
+    h = NULL;
+    oi_status st = oi_offload_host_create(&z, &h);
+    if (st != OI_ERR_INVALID_ARGUMENT || h != NULL || !strstr(oi_last_error(), bad[i].why)) {
+      fprintf(stderr, "  host option case %zu: %s (%s)\n", i, oi_status_str(st), oi_last_error());
+      oi_test_failures++;
+    }
+    oi_offload_host_destroy(h);
+  }
+  h = NULL;
   /* A newer caller's bigger struct: fine when the unknown tail is zero,
    * OI_ERR_UNSUPPORTED when it asks for something this library lacks. */
   struct {
@@ -261,6 +294,18 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   CHECK(strstr(oi_last_error(), "staging_bytes"));
   x = o, x.staging_bytes = (4ull << 30) + 1;
   REFUSED(&x, "staging_bytes above 4 GiB");
+  char long_ns[258];
+  memset(long_ns, 'n', sizeof long_ns - 1);
+  long_ns[sizeof long_ns - 1] = '\0';
+  x = o, x.namespace_id = long_ns;
+  REFUSED(&x, "namespace_id of 257 bytes");
+  CHECK(strstr(oi_last_error(), "longer than 255 bytes"));
+  x = o, x.device = -2;
+  REFUSED(&x, "device -2");
+  CHECK(strstr(oi_last_error(), "not an ordinal"));
+  x = o, x.num_arenas = 4097; /* the most is 4096 (lib/engine/layout.h) */
+  REFUSED(&x, "4097 arenas");
+  CHECK(strstr(oi_last_error(), "at most"));
 
   oi_arena_desc b[2];
 #define VARIANT(stmt, what)                                                                        \
@@ -288,6 +333,11 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   VARIANT(b[1].base = mem + 8 * 4096 - 1, "arenas overlap by one byte");
   VARIANT(b[1].base = NULL, "NULL base without arena_base");
   VARIANT(b[0].base = mem + (64 << 10) + 4096, "arena 0 inside arena 1");
+  VARIANT(b[1].name = "", "empty name");
+  VARIANT((b[0].num_blocks = b[1].num_blocks = UINT64_MAX / 4096 + 2),
+          "num_blocks x block_stride past the address space");
+  VARIANT(b[1].base = (uint8_t *)(UINTPTR_MAX - 4096),
+          "an arena whose end wraps the address space");
 #undef VARIANT
 
   /* Interleaved layouts: a gap-interleave that is off by one byte overlaps. */
@@ -399,6 +449,12 @@ static void test_segment_offsets_are_validated(void) {
   x = o, x.segment_offsets = cross;
   REFUSED(&x, "a layer's V half inside another layer's K half");
   CHECK(strstr(oi_last_error(), "arenas 'L0' and 'L1' overlap"));
+  oi_arena_desc huge[2];
+  memcpy(huge, a, sizeof huge);
+  huge[0].num_blocks = huge[1].num_blocks = UINT64_MAX / 4096 + 2;
+  x = o, x.arenas = huge;
+  REFUSED(&x, "a segment run past the address space");
+  CHECK(strstr(oi_last_error(), "spans more than the address space"));
   uint64_t same[4] = {0, 0, 0, 8 * 4096};
   x = o, x.segment_offsets = same;
   REFUSED(&x, "two segments at one offset");
@@ -513,6 +569,49 @@ static void test_bad_saves_are_refused_and_save_nothing(void) {
   CHECK(etu_membership(eng, fresh, 2, present) == 0);
 }
 
+/* The cpu backend has no device events: a save that asks to wait for one
+ * (whole blocks, or a layer's arenas) is refused at submit and leaves
+ * nothing visible; the layerwise one's blocks are failed, so their later
+ * layers skip them and a flush returns; the same blocks save afterwards.
+ * (A host and engine of its own: the other tests count this engine's
+ * saves.) */
+static void test_save_wait_event_is_unsupported_on_cpu(void) {
+  etu_layout L2;
+  etu_layout_simple(&L2, 3, 8, 2048);
+  oi_offload_host *h2 = etu_host_create(16 << 20);
+  oi_offload_engine *e2 = etu_engine_create(h2, &L2, "valid-events", 1);
+  oi_block_hash fresh[2] = {etu_hash(600, 0), etu_hash(600, 1)};
+  int64_t ids[2] = {6, 7};
+  etu_fill_block(&L2, 6, 600, SEED);
+  etu_fill_block(&L2, 7, 601, SEED);
+  int fake_event = 0;
+  for (int layer = 0; layer < 2; layer++) {
+    oi_save_options so;
+    CHECK_OK(oi_save_options_init(&so));
+    so.wait_event = &fake_event;
+    if (layer) so.arena_count = 1; /* arena 0 only: a layerwise save */
+    oi_ticket *t = (oi_ticket *)1;
+    CHECK_FAILS(oi_offload_engine_save(e2, ids, fresh, 2, &so, &t), OI_ERR_UNSUPPORTED);
+    CHECK(t == NULL);
+    CHECK(strstr(oi_last_error(), "no device events") != NULL);
+    if (layer) { /* the other layers arrive: the failed blocks skip them */
+      so.wait_event = NULL;
+      so.arena_first = 1;
+      so.arena_count = 2;
+      CHECK_OK(oi_offload_engine_save(e2, ids, fresh, 2, &so, NULL));
+    }
+    CHECK_OK(oi_offload_engine_flush(e2, 5000));
+    uint8_t present[2] = {7, 7};
+    CHECK(etu_membership(e2, fresh, 2, present) == 0);
+  }
+  CHECK_OK(etu_save_wait(e2, ids, fresh, 2));
+  uint8_t present[2] = {0, 0};
+  CHECK(etu_membership(e2, fresh, 2, present) == 2);
+  oi_offload_engine_destroy(e2);
+  oi_offload_host_destroy(h2);
+  etu_layout_free(&L2);
+}
+
 static void test_bad_queries_are_refused(void) {
   take_baseline();
   oi_query_result q;
@@ -616,6 +715,43 @@ static void test_repeated_destinations_are_named(void) {
   oi_offload_host_destroy(h2);
 }
 
+/* Host lookups (no layout): their options and arguments. */
+static void test_bad_host_lookups_are_refused(void) {
+  take_baseline();
+  oi_lookup_options lo;
+  CHECK_FAILS(oi_lookup_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
+  REQUIRE(oi_lookup_options_init(&lo) == OI_OK);
+  oi_query_result q;
+  memset(&q, 0, sizeof q);
+  q.struct_size = sizeof q;
+  char long_name[258];
+  memset(long_name, 'c', sizeof long_name - 1);
+  long_name[sizeof long_name - 1] = '\0';
+  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "namespace_id is empty"));
+  lo.namespace_id = long_name;
+  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "longer than 255 bytes"));
+  lo.namespace_id = "v";
+  lo.world_size = 0;
+  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  lo.world_size = 1;
+  lo.control_deadline_ms = 0;
+  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "control_deadline_ms is 0"));
+  lo.control_deadline_ms = 1000;
+  lo.client_name = long_name;
+  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "client_name is longer than 255 bytes"));
+  lo.client_name = NULL;
+  CHECK_FAILS(oi_offload_host_query(host, NULL, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_offload_host_query(NULL, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_offload_host_release(NULL, "v", q.lease), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_offload_host_release(host, "", q.lease), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_offload_host_release(host, NULL, q.lease), OI_ERR_INVALID_ARGUMENT);
+  UNCHANGED();
+}
+
 static void test_other_entry_points_refuse_null(void) {
   take_baseline();
   CHECK_FAILS(oi_offload_engine_flush(NULL, 0), OI_ERR_INVALID_ARGUMENT);
@@ -691,7 +827,9 @@ int main(void) {
   RUN_TEST(test_legal_edge_layouts_are_accepted);
   RUN_TEST(test_segment_offsets_are_validated);
   RUN_TEST(test_bad_saves_are_refused_and_save_nothing);
+  RUN_TEST(test_save_wait_event_is_unsupported_on_cpu);
   RUN_TEST(test_bad_queries_are_refused);
+  RUN_TEST(test_bad_host_lookups_are_refused);
   RUN_TEST(test_bad_loads_are_refused_before_any_copy);
   RUN_TEST(test_repeated_destinations_are_named);
   RUN_TEST(test_other_entry_points_refuse_null);

@@ -469,6 +469,110 @@ static void attached_event_is_destroyed_with_the_last_reference(void) {
   CHECK(!ticket_is_allocated(t));
 }
 
+/* (i) A layered load whose arenas are followed by device events (CUDA's
+ * way, here with fake events and a fake query): poll and wait ask the
+ * event, an arena past the load is refused, a wait times out while the
+ * event is pending, the ticket's failure is final for every arena, and the
+ * ticket frees every event with itself. */
+static int arena_ev[3];
+static atomic_int arena_ev_state[3]; /* what the fake query answers per event */
+static atomic_int arena_ev_destroyed;
+static oi_status query_fake_arena_event(void *ev) {
+  for (int i = 0; i < 3; i++)
+    if (ev == &arena_ev[i]) return (oi_status)atomic_load(&arena_ev_state[i]);
+  return OI_ERR_INTERNAL;
+}
+static void destroy_fake_arena_event(void *ev) {
+  for (int i = 0; i < 3; i++)
+    if (ev == &arena_ev[i]) atomic_fetch_add(&arena_ev_destroyed, 1);
+}
+static void *land_arena_1_later(void *arg) {
+  OI_UNUSED(arg);
+  sleep_ms(30);
+  atomic_store(&arena_ev_state[1], OI_OK);
+  return NULL;
+}
+
+static void event_backed_arenas_follow_their_events(void) {
+  oi_ticket *t = oi__ticket_new();
+  REQUIRE(t != NULL);
+  void **evs = oi__calloc(3, sizeof *evs);
+  REQUIRE(evs != NULL);
+  for (int i = 0; i < 3; i++) {
+    evs[i] = &arena_ev[i];
+    atomic_store(&arena_ev_state[i], OI_PENDING);
+  }
+  atomic_store(&arena_ev_destroyed, 0);
+  oi__ticket_set_arena_events(t, evs, 3, destroy_fake_arena_event);
+  oi__ticket_set_arena_query(t, query_fake_arena_event);
+  CHECK(oi_ticket_arena_event(t, 2) == &arena_ev[2]);
+  CHECK(oi_ticket_arena_event(t, 3) == NULL);
+
+  atomic_store(&arena_ev_state[0], OI_OK);
+  CHECK_OK(oi_ticket_arena_poll(t, 0));
+  CHECK_ST(oi_ticket_arena_poll(t, 1), OI_PENDING);
+  CHECK_ST(oi_ticket_arena_poll(t, 3), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_ticket_arena_wait(t, 3, 10), OI_ERR_INVALID_ARGUMENT);
+  /* Pending past the deadline: a timeout after about the time asked. */
+  uint64_t t0 = oi__now_ns();
+  CHECK_ST(oi_ticket_arena_wait(t, 2, 20), OI_ERR_TIMEOUT);
+  CHECK(elapsed_ms(t0) >= 19);
+  /* Its event ends while waiting: the wait returns OK. */
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, land_arena_1_later, NULL) == 0);
+  CHECK_OK(oi_ticket_arena_wait(t, 1, 5000));
+  pthread_join(th, NULL);
+  /* The device's error for an arena is that arena's answer. */
+  atomic_store(&arena_ev_state[2], OI_ERR_CUDA);
+  CHECK_ST(oi_ticket_arena_poll(t, 2), OI_ERR_CUDA);
+  CHECK_ST(oi_ticket_arena_wait(t, 2, 10), OI_ERR_CUDA);
+  /* The ticket failed: every arena reports it, whatever its event says. */
+  oi__ticket_complete(t, OI_ERR_TIMEOUT);
+  CHECK_ST(oi_ticket_arena_poll(t, 0), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_ticket_arena_wait(t, 1, 10), OI_ERR_TIMEOUT);
+  CHECK(atomic_load(&arena_ev_destroyed) == 0);
+  oi_ticket_release(t);
+  CHECK(atomic_load(&arena_ev_destroyed) == 3);
+}
+
+/* (j) A layered load followed by callbacks (the cpu way): an arena's wait
+ * times out while it is still moving, returns once it landed (also when a
+ * later arena landed first), an arena's failure is final for it and every
+ * later one, and a ticket without per-arena progress answers for the whole
+ * load. */
+static void callback_arenas_time_out_land_and_fail_in_order(void) {
+  oi_ticket *t = oi__ticket_new();
+  REQUIRE(t != NULL);
+  CHECK_ST(oi_ticket_arena_poll(t, 0), OI_PENDING); /* no progress yet: the whole ticket */
+  oi__ticket_arena_progress(t, 4);
+  uint64_t t0 = oi__now_ns();
+  CHECK_ST(oi_ticket_arena_wait(t, 1, 20), OI_ERR_TIMEOUT);
+  CHECK(elapsed_ms(t0) >= 19);
+  CHECK_ST(oi_ticket_arena_wait(t, 4, 20), OI_ERR_INVALID_ARGUMENT);
+  oi__ticket_arena_landed(t, 1, OI_OK); /* out of order: arena 0 still moving */
+  oi__ticket_arena_landed(t, 0, OI_OK);
+  CHECK_OK(oi_ticket_arena_wait(t, 0, 20));
+  CHECK_OK(oi_ticket_arena_poll(t, 1));
+  oi__ticket_arena_landed(t, 9, OI_OK); /* past the load: ignored */
+  oi__ticket_arena_landed(t, 2, OI_ERR_IO);
+  oi__ticket_arena_landed(t, 3, OI_OK); /* after a failure: still failed */
+  CHECK_OK(oi_ticket_arena_poll(t, 1));
+  CHECK_ST(oi_ticket_arena_wait(t, 2, 20), OI_ERR_IO);
+  CHECK_ST(oi_ticket_arena_poll(t, 3), OI_ERR_IO);
+  oi__ticket_complete(t, OI_ERR_IO);
+  CHECK_ST(oi_ticket_arena_wait(t, 0, 20), OI_ERR_IO); /* the load failed: final for all */
+  oi_ticket_release(t);
+
+  /* Without per-arena progress: the ticket's own state, done or not. */
+  t = oi__ticket_new();
+  REQUIRE(t != NULL);
+  CHECK_ST(oi_ticket_arena_wait(t, 7, 10), OI_ERR_TIMEOUT);
+  oi__ticket_complete(t, OI_OK);
+  CHECK_OK(oi_ticket_arena_poll(t, 7));
+  CHECK_OK(oi_ticket_arena_wait(t, 7, 10));
+  oi_ticket_release(t);
+}
+
 int main(void) {
 #if defined(OI_ALLOC_LIBC) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   TEST_SKIP("allocator=libc without a sanitizer: no way to see whether a ticket was freed");
@@ -490,5 +594,7 @@ int main(void) {
   RUN_TEST(null_tickets_are_rejected);
   RUN_TEST(plain_ticket_has_no_cuda_event);
   RUN_TEST(attached_event_is_destroyed_with_the_last_reference);
+  RUN_TEST(event_backed_arenas_follow_their_events);
+  RUN_TEST(callback_arenas_time_out_land_and_fail_in_order);
   TEST_EXIT();
 }

@@ -1,0 +1,216 @@
+/* The disk store's files when something is wrong with them at open: a
+ * checkpoint whose header does not verify, one cut short, one with more
+ * bytes than its records, one with a damaged record; a data or log file
+ * that is a symbolic link or a directory; a data file larger than its
+ * share. Blocks that survive read back byte-exact; what was lost is counted
+ * (torn_records_cut), never served. Also an explicit sync. */
+#include "disk_util.h"
+
+#define NB 12u
+
+static uint8_t *slurp_file(const char *path, size_t *n) {
+  int fd = open(path, O_RDONLY);
+  REQUIRE(fd >= 0);
+  struct stat sb;
+  REQUIRE(fstat(fd, &sb) == 0);
+  *n = (size_t)sb.st_size;
+  uint8_t *b = malloc(*n + 1);
+  REQUIRE(b && pread(fd, b, *n, 0) == (ssize_t)*n);
+  close(fd);
+  return b;
+}
+
+static void spit_file(const char *path, const uint8_t *b, size_t n) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(fd >= 0 && write(fd, b, n) == (ssize_t)n);
+  close(fd);
+}
+
+static void write_blocks(oi_disk *d) {
+  for (uint64_t i = 0; i < NB; i++)
+    CHECK_OK(dt_write(d, i));
+}
+
+/* A store of NB blocks, closed: everything is in the checkpoint, the log
+ * holds its header only. */
+static char *store_with_checkpoint(void) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  oi_disk *d = dt_open(dirs, 1, 4 * MiB, 0);
+  write_blocks(d);
+  CHECK_OK(oi__disk_sync(d));
+  CHECK_OK(oi__disk_checkpoint(d));
+  oi__disk_close(d);
+  return dir;
+}
+
+/* Reopens dir: blocks in the index, records cut; every block the index
+ * names reads back byte-exact, every other one is absent. */
+static void reopen_check(const char *dir, uint64_t want_blocks, uint64_t want_cut) {
+  const char *dirs[] = {dir};
+  oi_disk *d = dt_open(dirs, 1, 4 * MiB, 0);
+  oi_disk_stats s = dt_stats(d);
+  if (s.blocks != want_blocks || s.torn_records_cut != want_cut) {
+    fprintf(stderr, "blocks %llu (want %llu), cut %llu (want %llu)\n", (unsigned long long)s.blocks,
+            (unsigned long long)want_blocks, (unsigned long long)s.torn_records_cut,
+            (unsigned long long)want_cut);
+    CHECK(false);
+  }
+  uint64_t present = 0;
+  for (uint64_t i = 0; i < NB; i++) {
+    if (dt_has(d, i)) {
+      present++;
+      CHECK_OK(dt_read(d, i));
+    } else {
+      CHECK_ST(dt_read(d, i), OI_ERR_NOT_FOUND);
+    }
+  }
+  CHECK(present == want_blocks);
+  oi__disk_close(d);
+}
+
+static void test_checkpoint_damage(void) {
+  /* Intact: every block back, nothing cut. */
+  char *dir = store_with_checkpoint();
+  char *ckpt = dt_path(dir, "openinfer-disk.ckpt");
+  size_t n = 0;
+  uint8_t *orig = slurp_file(ckpt, &n);
+  REQUIRE(n == OI_DISK_CKPT_HEADER_BYTES + NB * OI_DISK_RECORD_BYTES);
+  reopen_check(dir, NB, 0);
+
+  /* The header's checksum fails: the checkpoint is ignored (one cut). */
+  uint8_t *b = malloc(n);
+  REQUIRE(b);
+  memcpy(b, orig, n);
+  b[20] ^= 0x40; /* inside the record count */
+  spit_file(ckpt, b, n);
+  reopen_check(dir, 0, 1);
+
+  /* Cut inside the fourth record: three records present of NB announced. */
+  spit_file(ckpt, orig, OI_DISK_CKPT_HEADER_BYTES + 3 * OI_DISK_RECORD_BYTES + 17);
+  reopen_check(dir, 3, NB - 3);
+
+  /* Two records' worth of bytes past the last: NB read, the excess cut. */
+  uint8_t *big = calloc(1, n + 2 * OI_DISK_RECORD_BYTES);
+  REQUIRE(big);
+  memcpy(big, orig, n);
+  spit_file(ckpt, big, n + 2 * OI_DISK_RECORD_BYTES);
+  reopen_check(dir, NB, 2);
+
+  /* One record's bytes damaged: that block is dropped, the others stay. */
+  memcpy(b, orig, n);
+  b[OI_DISK_CKPT_HEADER_BYTES + 5 * OI_DISK_RECORD_BYTES + 30] ^= 0x01;
+  spit_file(ckpt, b, n);
+  reopen_check(dir, NB - 1, 1);
+
+  free(big);
+  free(b);
+  free(orig);
+  free(ckpt);
+  dt_rmtree(dir);
+}
+
+static void test_files_that_are_not_files(void) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  oi_disk_options o = {.dirs = dirs, .num_dirs = 1, .capacity_bytes = 1 * MiB};
+  oi_disk *d = NULL;
+  char *data = dt_path(dir, "openinfer-disk.data"), *log = dt_path(dir, "openinfer-disk.log");
+  char *elsewhere = dt_path(dir, "elsewhere");
+  int fd = open(elsewhere, O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+
+  /* A symbolic link in place of the data file, then of the log. */
+  REQUIRE(symlink(elsewhere, data) == 0);
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_PERMISSION);
+  CHECK(d == NULL && strstr(oi_last_error(), "openinfer-disk.data"));
+  unlink(data);
+  REQUIRE(symlink(elsewhere, log) == 0);
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_PERMISSION);
+  CHECK(d == NULL && strstr(oi_last_error(), "openinfer-disk.log"));
+  unlink(log);
+  struct stat sb;
+  CHECK(stat(elsewhere, &sb) == 0 && sb.st_size == 0); /* never written through a link */
+
+  /* A directory in place of the data file. */
+  unlink(data);
+  REQUIRE(mkdir(data, 0700) == 0);
+  CHECK(oi__disk_open(&o, &d) != OI_OK);
+  CHECK(d == NULL && strstr(oi_last_error(), "openinfer-disk.data"));
+  rmdir(data);
+
+  /* A data file larger than the directory's share: cut to the share at
+   * open, and the store works. */
+  fd = open(data, O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0 && ftruncate(fd, 8 * MiB) == 0);
+  close(fd);
+  CHECK_OK(oi__disk_open(&o, &d));
+  REQUIRE(d);
+  CHECK(stat(data, &sb) == 0 && (uint64_t)sb.st_size <= 1 * MiB);
+  CHECK_OK(dt_write(d, 1));
+  CHECK_OK(dt_read(d, 1));
+  CHECK_OK(oi__disk_sync(d));
+  oi__disk_close(d);
+
+  unlink(elsewhere);
+  free(elsewhere);
+  free(data);
+  free(log);
+  dt_rmtree(dir);
+}
+
+/* Calls with what they need missing: refused, the store unchanged. */
+static void test_bad_arguments(void) {
+  oi_disk *d = (oi_disk *)1;
+  CHECK_ST(oi__disk_open(NULL, &d), OI_ERR_INVALID_ARGUMENT);
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir, NULL};
+  oi_disk_options o = {.dirs = dirs, .num_dirs = 0, .capacity_bytes = 1 * MiB};
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_INVALID_ARGUMENT); /* no directories */
+  CHECK_ST(oi__disk_open(&o, NULL), OI_ERR_INVALID_ARGUMENT);
+  o.num_dirs = 2;
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_INVALID_ARGUMENT); /* a NULL directory */
+  CHECK(d == NULL);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK_OK(dt_write(d, 1));
+  oi_disk_key k = dt_key(1), absent = dt_key(99);
+  uint8_t *buf = dt_payload(1, 8192);
+  dt_wait w;
+  CHECK_ST(oi__disk_write(NULL, &k, buf, 100, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_write(d, NULL, buf, 100, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_write(d, &absent, NULL, 100, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_write(d, &absent, buf, 0, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_write(d, &absent, buf + 1, 100, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "not 4 KiB aligned"));
+  CHECK_ST(oi__disk_write(d, &absent, buf, 2 * MiB, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "does not fit"));
+  CHECK_ST(oi__disk_read(NULL, &k, buf, 8192, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_read(d, NULL, buf, 8192, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_read(d, &k, NULL, 8192, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_read(d, &k, buf + 8, 8192, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_register_buffers(NULL, NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__disk_register_buffers(d, NULL, 1), OI_ERR_INVALID_ARGUMENT);
+  /* Blocks that are not there, and an unpin without a pin. */
+  uint64_t len = 7;
+  CHECK_ST(oi__disk_length(d, &absent, &len), OI_ERR_NOT_FOUND);
+  CHECK(len == 7);
+  CHECK_ST(oi__disk_pin(d, &absent), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi__disk_unpin(d, &absent), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi__disk_unpin(d, &k), OI_ERR_STATE);
+  CHECK_ST(oi__disk_remove(d, &absent), OI_ERR_NOT_FOUND);
+  /* Unchanged: the block reads back, nothing else was stored. */
+  CHECK(dt_stats(d).blocks == 1);
+  CHECK_OK(dt_read(d, 1));
+  free(buf);
+  oi__disk_close(d);
+  oi__disk_close(NULL);
+  dt_rmtree(dir);
+}
+
+int main(void) {
+  RUN_TEST(test_checkpoint_damage);
+  RUN_TEST(test_files_that_are_not_files);
+  RUN_TEST(test_bad_arguments);
+  TEST_EXIT();
+}

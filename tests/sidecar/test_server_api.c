@@ -138,7 +138,8 @@ static void test_create_refuses_bad_options(void) {
     oi_status want_st = want[i].st;
     const char *want_msg = want[i].msg;
     if (i == 8) want_st = st == OI_OK ? OI_ERR_INVALID_ARGUMENT : st; /* the device's own error */
-    if (i == 15 && !root) want_st = OI_ERR_PERMISSION, want_msg = "no permission to create a socket in /";
+    if (i == 15 && !root)
+      want_st = OI_ERR_PERMISSION, want_msg = "no permission to create a socket in /";
     if (st != want_st || s != NULL || !strstr(oi_last_error(), want_msg)) {
       fprintf(stderr, "case %zu: %s '%s', expected %s '%s'\n", i, oi_status_str(st),
               oi_last_error(), oi_status_str(want_st), want_msg);

@@ -350,6 +350,78 @@ static void test_requests(void) {
   send_env(&c, 29, oiwire_Envelope_save_tag, save_body(mine, ids, 1, 1, 16));
   expect_error(&c, 29, OI_ERR_NOT_FOUND, "not registered", "save after unregister");
 
+  /* a load with more block ids than one request may carry */
+  {
+    wire_client d;
+    hello_client(&d);
+    uint32_t inst = wc_register(&d, "bad-input-load", NULL, NULL);
+    CHECK(inst != 0);
+    int64_t *many = calloc(OI_WIRE_MAX_BLOCKS + 1, sizeof *many);
+    REQUIRE(many);
+    b = pbw_new();
+    pbw_uint(b, 1, inst);
+    pbw_bytes(b, 2, lease, 16);
+    pbw_ids(b, 3, many, OI_WIRE_MAX_BLOCKS + 1);
+    free(many);
+    send_env(&d, 31, oiwire_Envelope_load_tag, b);
+    expect_error(&d, 31, OI_ERR_INVALID_ARGUMENT, "load: more than 65536 block ids",
+                 "load with too many ids");
+    /* an engine-owned device arena sent with a file descriptor: a device
+     * arena travels as an IPC handle */
+    b = pbw_new();
+    pbw_bytes(b, 1, "owned-dev", 9);
+    pbw_uint(b, 3, pbw_zigzag(0)); /* device 0 */
+    pbw_uint(b, 4, 1);
+    pbw_uint(b, 5, 4096);
+    arena = pbw_new();
+    pbw_bytes(arena, 1, "a", 1);
+    pbw_uint(arena, 3, 4);
+    pbw_uint(arena, 4, 1024);
+    pbw_uint(arena, 5, 1024);
+    pbw_uint(arena, 6, 1);
+    pbw_bytes(b, 6, arena->b, arena->n);
+    free(arena);
+    uint8_t handle[OI_WIRE_HANDLE_BYTES] = {1};
+    pbw_uint(b, oiwire_Register_client_owned_tag, 1);
+    pbw_bytes(b, oiwire_Register_client_handle_tag, handle, sizeof handle);
+    pbw *env = pbw_envelope(32, oiwire_Envelope_register_instance_tag, b);
+    uint8_t *frame = malloc(env->n + 4);
+    REQUIRE(frame);
+    frame[0] = (uint8_t)env->n;
+    frame[1] = (uint8_t)(env->n >> 8);
+    frame[2] = (uint8_t)(env->n >> 16);
+    frame[3] = (uint8_t)(env->n >> 24);
+    memcpy(frame + 4, env->b, env->n);
+    int pfd[2];
+    REQUIRE(pipe(pfd) == 0);
+    CHECK_OK(oi__wire_send_fd(d.fd, frame, env->n + 4, pfd[0]));
+    free(frame);
+    free(env);
+    free(b);
+    expect_error(&d, 32, OI_ERR_INVALID_ARGUMENT, "travels as an IPC handle, not a file descriptor",
+                 "device arena with a descriptor");
+    still_served(&d, "load and register refused");
+    /* a descriptor on a frame over the size limit: the session is dropped
+     * and the descriptor closed by the server (the pipe's read end, passed,
+     * is its last reader once ours is closed: writing fails) */
+    uint32_t big = OI_WIRE_MAX_FRAME + 1;
+    uint8_t bh[4] = {(uint8_t)big, (uint8_t)(big >> 8), (uint8_t)(big >> 16), (uint8_t)(big >> 24)};
+    CHECK_OK(oi__wire_send_fd(d.fd, bh, sizeof bh, pfd[0]));
+    close(pfd[0]);
+    expect_error(&d, 0, OI_ERR_PROTOCOL, "exceeds", "oversized frame with a descriptor");
+    dropped(&d, "oversized frame with a descriptor");
+    wc_close(&d);
+    signal(SIGPIPE, SIG_IGN);
+    bool reader_gone = false;
+    for (int i = 0; i < 500 && !reader_gone; i++) {
+      reader_gone = write(pfd[1], "x", 1) < 0 && errno == EPIPE;
+      if (!reader_gone) usleep(10000);
+    }
+    CHECK(reader_gone);
+    close(pfd[1]);
+    good_client_works("descriptors with bad frames");
+  }
+
   /* a string longer than its bound does not decode: the session is dropped */
   b = pbw_new();
   char longns[300];

@@ -400,6 +400,36 @@ static void test_requests(void) {
     free(b);
     expect_error(&d, 32, OI_ERR_INVALID_ARGUMENT, "travels as an IPC handle, not a file descriptor",
                  "device arena with a descriptor");
+    /* an engine-owned device arena with a short handle, or an offset past
+     * any arena; a Hello of another protocol version */
+    for (int k = 0; k < 2; k++) {
+      b = pbw_new();
+      pbw_bytes(b, oiwire_Register_namespace_id_tag, "owned-dev", 9);
+      pbw_uint(b, oiwire_Register_device_tag, pbw_zigzag(0));
+      pbw_uint(b, oiwire_Register_world_size_tag, 1);
+      pbw_uint(b, oiwire_Register_arena_size_tag, 4096);
+      arena = pbw_new();
+      pbw_bytes(arena, 1, "a", 1);
+      pbw_uint(arena, 3, 4);
+      pbw_uint(arena, 4, 1024);
+      pbw_uint(arena, 5, 1024);
+      pbw_uint(arena, 6, 1);
+      pbw_bytes(b, oiwire_Register_arenas_tag, arena->b, arena->n);
+      free(arena);
+      pbw_uint(b, oiwire_Register_client_owned_tag, 1);
+      pbw_bytes(b, oiwire_Register_client_handle_tag, handle, k == 0 ? 10 : sizeof handle);
+      if (k == 1) pbw_uint(b, oiwire_Register_client_offset_tag, 1ull << 49);
+      send_env(&d, 33 + (uint64_t)k, oiwire_Envelope_register_instance_tag, b);
+      expect_error(&d, 33 + (uint64_t)k, OI_ERR_INVALID_ARGUMENT,
+                   k == 0 ? "needs its 64-byte IPC handle (got 10 bytes)"
+                          : "client_offset 562949953421312 is too large",
+                   k == 0 ? "short device handle" : "offset past any arena");
+    }
+    b = pbw_new();
+    pbw_uint(b, oiwire_Hello_protocol_version_tag, 2);
+    send_env(&d, 35, oiwire_Envelope_hello_tag, b);
+    expect_error(&d, 35, OI_ERR_VERSION, "protocol version 2 is not supported (server speaks 1)",
+                 "hello of protocol 2");
     still_served(&d, "load and register refused");
     /* a descriptor on a frame over the size limit: the session is dropped
      * and the descriptor closed by the server (the pipe's read end, passed,

@@ -383,6 +383,69 @@ static oi_status bad_bind(void *ctx, uint32_t rank, const oi_kv_layout *kv) {
   return model_ops.bind(ctx, rank, kv);
 }
 
+/* The same prompt submitted twice in one step, both restoring from the host
+ * tier: the first restore to commit names the blocks in the prefix cache,
+ * the second replaces its own copies with them (same bytes); both complete
+ * with the cold run's tokens and nothing stays held. */
+static void test_two_restores_of_one_prompt(void) {
+  uint32_t p[PROMPT];
+  make_prompt(p, PROMPT, 31);
+  oi_executor *x = make_executor(1, mode, "t-two-restores");
+  run_out cold, a, b;
+  run_one(x, p, PROMPT, -1, &cold);
+  CHECK_OK(oi_executor_flush(x, 10000));
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  uint64_t ia = submit(x, p, PROMPT, -1), ib = submit(x, p, PROMPT, -1);
+  CHECK_OK(oi_executor_run_until_idle(x));
+  collect(x, ia, &a);
+  collect(x, ib, &b);
+  CHECK(same_tokens(&cold, &a) && same_tokens(&cold, &b));
+  CHECK(a.res.restored_tokens == RESTORABLE && b.res.restored_tokens == RESTORABLE);
+  /* Both tables name the same cached blocks for the prompt. */
+  int64_t ta[KV_FULL_BLOCKS + 1], tb[KV_FULL_BLOCKS + 1];
+  size_t na = 0, nb = 0;
+  CHECK_OK(oi_executor_request_blocks(x, ia, ta, KV_FULL_BLOCKS + 1, &na));
+  CHECK_OK(oi_executor_request_blocks(x, ib, tb, KV_FULL_BLOCKS + 1, &nb));
+  CHECK(na == nb && !memcmp(ta, tb, RESTORABLE / PAGE * sizeof ta[0]));
+  check_quiet(x);
+  oi_executor_destroy(x);
+}
+
+/* Admission is first come, first served: a request that does not fit waits
+ * and holds none of the cached blocks it probed meanwhile; it runs once the
+ * earlier one finishes, with its GPU prefix hit. */
+static void test_a_waiting_request_holds_no_blocks(void) {
+  oi_executor_options o;
+  exec_options(&o, OI_OFFLOAD_NONE);
+  o.gpu_blocks = 16;
+  oi_executor *x = NULL;
+  REQUIRE(oi_executor_create(&o, &x) == OI_OK);
+  uint32_t c[40];
+  make_prompt(c, 40, 41);
+  run_out cold_c;
+  run_one(x, c, 40, -1, &cold_c); /* C alone first: its tokens */
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  /* A: C's first 26 tokens (11 blocks with its 16 new tokens). */
+  uint64_t ia = submit(x, c, PROMPT, -1);
+  CHECK_OK(oi_executor_step(x, NULL)); /* A's prompt in one chunk: 6 blocks cached */
+  /* C needs 14 blocks; 6 are A's cached prefix, 5 are free: it waits. */
+  uint64_t ic = submit(x, c, 40, -1);
+  CHECK_OK(oi_executor_step(x, NULL));
+  oi_request_result rc = {.struct_size = sizeof rc};
+  CHECK_OK(oi_executor_result(x, ic, &rc));
+  CHECK(rc.state == OI_REQUEST_WAITING);
+  oi_exec_stats es = {.struct_size = sizeof es};
+  CHECK_OK(oi_executor_stats(x, &es));
+  CHECK(es.blocks_active == 11 && es.blocks_free + es.blocks_cached == 5); /* A's only */
+  CHECK_OK(oi_executor_run_until_idle(x));
+  run_out a, cc;
+  collect(x, ia, &a);
+  collect(x, ic, &cc);
+  CHECK(same_tokens(&cold_c, &cc));
+  CHECK(cc.res.cached_tokens >= 6 * PAGE); /* A's prompt blocks, at least */
+  oi_executor_destroy(x);
+}
+
 static void test_bad_options_are_refused(void) {
   static const struct {
     const char *msg;
@@ -603,6 +666,8 @@ int main(int argc, char **argv) {
   RUN_TEST(test_destroy_with_saves_and_loads_in_flight);
   RUN_TEST(test_bad_input_is_refused);
   RUN_TEST(test_bad_options_are_refused);
+  RUN_TEST(test_two_restores_of_one_prompt);
+  if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_a_waiting_request_holds_no_blocks);
   if (mode == OI_OFFLOAD_SIDECAR) server_stop(&server);
   oi_offload_host_destroy(host);
   oi_refmodel_destroy(model_ctx);

@@ -14,7 +14,9 @@
  *     nothing reaches the host tier; the next run of the prompt saves them,
  *     and after that it restores, byte-identical;
  *   - a flush shorter than a slow save (copy_slow) times out naming the
- *     rank, and the next flush returns once the save landed. */
+ *     rank, and the next flush returns once the save landed;
+ *   - a restore abandoned while its load copies: prefilled, and destroy
+ *     waits for the copy before it frees the arena. */
 #include "fault_util.h"
 #include "openinfer/executor.h"
 
@@ -214,6 +216,30 @@ static void test_release_saves_that_fail_or_lag(void) {
   CHECK(s.restores_completed == before.restores_completed + 1);
   CHECK(s.restored_tokens == before.restored_tokens + 24);
   oi_executor_destroy(x);
+
+  /* A restore abandoned at restore_timeout_ms (its load sleeps 2 s): the
+   * prompt is prefilled, and the executor destroyed while the load still
+   * copies into its blocks waits for the copy before the arena goes (ASan
+   * sees any write after the free). */
+  o.restore_timeout_ms = 100;
+  REQUIRE(oi_executor_create(&o, &x) == OI_OK); /* a new host: saved again first */
+  run(x, p, again);
+  CHECK(!memcmp(cold, again, sizeof cold));
+  CHECK_OK(oi_executor_flush(x, 10000));
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  before = stats(x);
+  REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 2000) == OI_OK);
+  uint64_t t0 = oi__now_ns();
+  run(x, p, warm);
+  CHECK(!memcmp(cold, warm, sizeof cold));
+  s = stats(x);
+  CHECK(s.restores_failed == before.restores_failed + 1);
+  CHECK(s.prefill_tokens == before.prefill_tokens + PROMPT);
+  bool copying = oi__now_ns() - t0 < 1500000000ull;
+  if (copying) CHECK(s.blocks_active == 6); /* the abandoned load's blocks */
+  oi_executor_destroy(x);
+  if (copying) CHECK(oi__now_ns() - t0 >= 2000000000ull); /* destroy waited for the copy */
+  oi__fault_disarm_all();
   oi_refmodel_destroy(ref_ctx);
 }
 

@@ -212,6 +212,28 @@ static void test_server_metrics_details(void) {
   CHECK(
       strstr(body, "openinfer_namespace_resident_blocks{namespace=\"we\\\"ird\\\\ns\\nname\"} 0") !=
       NULL);
+  /* 80 more namespaces: the exposition outgrows the renderer's first
+   * 16 KiB buffer, and every namespace is in it. */
+  for (int i = 0; i < 80; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "metrics-ns-%02d", i);
+    oi_engine_options e2 = eo;
+    e2.namespace_id = name;
+    oi_offload_engine *x2 = NULL;
+    oi_imported_arena *a2 = NULL;
+    CHECK_OK(oi_offload_engine_connect(sock, &e2, &x2, &a2));
+    oi_imported_arena_close(a2);
+    oi_offload_engine_destroy(x2);
+  }
+  CHECK(http_get(port, "/metrics", body, sizeof body) == 200);
+  CHECK(strlen(body) > 16384);
+  for (int i = 0; i < 80; i++) {
+    char line[96];
+    snprintf(line, sizeof line,
+             "openinfer_namespace_resident_blocks{namespace=\"metrics-ns-%02d\"} 0\n", i);
+    CHECK(strstr(body, line) != NULL);
+  }
+  CHECK(strstr(body, "openinfer_instances_cleaned_up_total") != NULL); /* the last metric */
   /* The pool's device, the listed one and the instance's: all the cpu. */
   CHECK(http_get(port, "/healthz", body, sizeof body) == 200);
   CHECK(strstr(body, "3 device(s) answer") != NULL);

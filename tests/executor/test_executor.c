@@ -434,6 +434,10 @@ static void test_a_waiting_request_holds_no_blocks(void) {
   oi_request_result rc = {.struct_size = sizeof rc};
   CHECK_OK(oi_executor_result(x, ic, &rc));
   CHECK(rc.state == OI_REQUEST_WAITING);
+  int64_t held[16];
+  size_t nheld = 99;
+  CHECK_OK(oi_executor_request_blocks(x, ic, held, 16, &nheld));
+  CHECK(nheld == 0); /* a waiting request's table is empty */
   oi_exec_stats es = {.struct_size = sizeof es};
   CHECK_OK(oi_executor_stats(x, &es));
   CHECK(es.blocks_active == 11 && es.blocks_free + es.blocks_cached == 5); /* A's only */
@@ -571,6 +575,10 @@ static void test_bad_input_is_refused(void) {
   r.struct_size = 0;
   CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT);
   oi_request_init(&r);
+  r.prompt_len = 4; /* a length and no prompt */
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "the prompt is empty"));
+  r.prompt_len = 0;
   r.prompt = big;
   CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT); /* empty */
   r.prompt_len = GPU_BLOCKS * PAGE + 1;

@@ -260,8 +260,12 @@ static void test_server_metrics_details(void) {
   s2.metrics_addr = "::1:80";
   CHECK_ST(oi_server_create(&s2, &other), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "write an IPv6 address in brackets"));
-  s2.metrics_addr = "127.0.0.1:";
-  CHECK_ST(oi_server_create(&s2, &other), OI_ERR_INVALID_ARGUMENT);
+  static const char *const bad_addrs[] = {"127.0.0.1:", "127.0.0.1:12a", "127.0.0.1:-1", "[::1]:"};
+  for (size_t i = 0; i < sizeof bad_addrs / sizeof bad_addrs[0]; i++) {
+    s2.metrics_addr = bad_addrs[i];
+    CHECK_ST(oi_server_create(&s2, &other), OI_ERR_INVALID_ARGUMENT);
+    CHECK(other == NULL && strstr(oi_last_error(), bad_addrs[i]));
+  }
   s2.metrics_addr = "[::1]:0"; /* IPv6 loopback: served where the host has it */
   st = oi_server_create(&s2, &other);
   CHECK(st == OI_OK || st == OI_ERR_IO);

@@ -158,7 +158,9 @@ static void test_requests(void) {
 
   wire_client c;
   REQUIRE(wc_connect(&c, ts.socket));
-  /* before Hello */
+  /* before Hello: an empty frame is still an unknown type, not a Hello miss */
+  CHECK(wc_send_payload(&c, NULL, 0));
+  expect_error(&c, 0, OI_ERR_UNSUPPORTED, "unknown message type", "empty frame before hello");
   pbw *b = pbw_new();
   pbw_uint(b, 1, 0);
   send_env(&c, 41, oiwire_Envelope_stats_tag, b);
@@ -402,10 +404,10 @@ static void test_requests(void) {
                  "device arena with a descriptor");
     /* an engine-owned device arena with a short handle, or an offset past
      * any arena; a Hello of another protocol version */
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 4; k++) {
       b = pbw_new();
       pbw_bytes(b, oiwire_Register_namespace_id_tag, "owned-dev", 9);
-      pbw_uint(b, oiwire_Register_device_tag, pbw_zigzag(0));
+      pbw_uint(b, oiwire_Register_device_tag, pbw_zigzag(k >= 2 ? OI_DEVICE_CPU : 0));
       pbw_uint(b, oiwire_Register_world_size_tag, 1);
       pbw_uint(b, oiwire_Register_arena_size_tag, 4096);
       arena = pbw_new();
@@ -416,14 +418,18 @@ static void test_requests(void) {
       pbw_uint(arena, 6, 1);
       pbw_bytes(b, oiwire_Register_arenas_tag, arena->b, arena->n);
       free(arena);
-      pbw_uint(b, oiwire_Register_client_owned_tag, 1);
-      pbw_bytes(b, oiwire_Register_client_handle_tag, handle, k == 0 ? 10 : sizeof handle);
-      if (k == 1) pbw_uint(b, oiwire_Register_client_offset_tag, 1ull << 49);
-      send_env(&d, 33 + (uint64_t)k, oiwire_Envelope_register_instance_tag, b);
-      expect_error(&d, 33 + (uint64_t)k, OI_ERR_INVALID_ARGUMENT,
-                   k == 0 ? "needs its 64-byte IPC handle (got 10 bytes)"
-                          : "client_offset 562949953421312 is too large",
-                   k == 0 ? "short device handle" : "offset past any arena");
+      if (k != 3) pbw_uint(b, oiwire_Register_client_owned_tag, 1);
+      if (k < 2)
+        pbw_bytes(b, oiwire_Register_client_handle_tag, handle, k == 0 ? 10 : sizeof handle);
+      if (k >= 1) pbw_uint(b, oiwire_Register_client_offset_tag, k == 1 ? 1ull << 49 : 4096);
+      static const char *const why[4] = {"needs its 64-byte IPC handle (got 10 bytes)",
+                                         "client_offset 562949953421312 is too large",
+                                         "mapped from offset 0", "are for engine-owned memory"};
+      static const char *const what[4] = {"short device handle", "offset past any arena",
+                                          "an owned cpu arena at an offset",
+                                          "an offset without client_owned"};
+      send_env(&d, 40 + (uint64_t)k, oiwire_Envelope_register_instance_tag, b);
+      expect_error(&d, 40 + (uint64_t)k, OI_ERR_INVALID_ARGUMENT, why[k], what[k]);
     }
     b = pbw_new();
     pbw_uint(b, oiwire_Hello_protocol_version_tag, 2);

@@ -1189,6 +1189,16 @@ static void test_stats_fetch_replies(void) {
   CHECK_OK(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0));
   CHECK(ss.sessions == 4 && hs.capacity_bytes == 12345 && hs.save_latency_us[2] == 9);
   CHECK(ss.disk_attached == 0 && !strcmp(ss.socket_path, fs_socket(fs)));
+  /* Timeout 0 (the default, 10 s) and UINT32_MAX (none) work the same. */
+  fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = stats_with_host});
+  CHECK_OK(oi_server_stats_fetch(fs_socket(fs), 0, &ss, &hs, NULL, 0));
+  fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = stats_with_host});
+  CHECK_OK(oi_server_stats_fetch(fs_socket(fs), UINT32_MAX, &ss, &hs, NULL, 0));
+  CHECK(hs.capacity_bytes == 12345);
+  /* A Result OK is no HelloReply. */
+  fs_script(fs, oiwire_Envelope_hello_tag, (fs_step){.action = FS_RESULT, .status = OI_OK});
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
+  CHECK_ERR("hello: the server answered with message type");
   /* The Hello answered with another message, or an error. */
   fs_script(fs, oiwire_Envelope_hello_tag, (fs_step){.edit = reply_as_query_reply});
   CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);

@@ -268,6 +268,32 @@ static void test_socket_files(void) {
   oi_server_destroy(s);
   CHECK(lstat(longp, &sb) != 0);
 
+  /* No path: $XDG_RUNTIME_DIR/openinfer.sock (a directory too long for
+   * it: refused). */
+  const char *saved = getenv("XDG_RUNTIME_DIR");
+  char *keep = saved ? strdup(saved) : NULL;
+  setenv("XDG_RUNTIME_DIR", dir, 1);
+  server_opts(&so, NULL);
+  REQUIRE(oi_server_create(&so, &s) == OI_OK);
+  char def[128];
+  snprintf(def, sizeof def, "%s/openinfer.sock", dir);
+  CHECK(!strcmp(oi_server_socket_path(s), def) && lstat(def, &sb) == 0 && S_ISSOCK(sb.st_mode));
+  oi_server_destroy(s);
+  CHECK(lstat(def, &sb) != 0);
+  char longdir[120];
+  memset(longdir, 'd', sizeof longdir);
+  longdir[0] = '/';
+  longdir[sizeof longdir - 1] = '\0';
+  setenv("XDG_RUNTIME_DIR", longdir, 1);
+  s = (oi_server *)&s;
+  CHECK_ST(oi_server_create(&so, &s), OI_ERR_INVALID_ARGUMENT);
+  CHECK(s == NULL && strstr(oi_last_error(), "default socket path is too long"));
+  if (keep)
+    setenv("XDG_RUNTIME_DIR", keep, 1);
+  else
+    unsetenv("XDG_RUNTIME_DIR");
+  free(keep);
+
   /* A relative path (no directory part): the working directory. */
   char cwd[4096];
   REQUIRE(getcwd(cwd, sizeof cwd));

@@ -432,6 +432,38 @@ static void test_decode_edge_cases(void) {
   reg[n++] = 0x80; /* a varint that never ends */
   CHECK_ST(oi__wire_decode(reg, n, &back, &a), OI_ERR_PROTOCOL);
   CHECK(strstr(oi_last_error(), "malformed message (6 bytes)"));
+  /* A Result's message: none is empty, a long one is cut to the field. */
+  oi__wire_set_result(&env, 9, OI_ERR_IO, NULL);
+  CHECK(env.request_id == 9 && env.body.result.status == OI_ERR_IO &&
+        env.body.result.message[0] == '\0');
+  char longmsg[2000];
+  memset(longmsg, 'm', sizeof longmsg - 1);
+  longmsg[sizeof longmsg - 1] = '\0';
+  oi__wire_set_result(&env, 9, OI_ERR_IO, longmsg);
+  CHECK(strlen(env.body.result.message) == sizeof env.body.result.message - 1);
+  /* Arenas with segment offsets: each arena takes its own; given fewer
+   * than the segments need, the encoder never reads past them (the last
+   * arena gets none). */
+  oi_arena_desc ad[2] = {
+      {.name = "k", .num_blocks = 2, .bytes_per_block = 64, .block_stride = 256, .segments = 2},
+      {.name = "v", .num_blocks = 2, .bytes_per_block = 64, .block_stride = 256, .segments = 2}};
+  uint64_t offs[3] = {0, 128, 64};
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_register_instance_tag;
+  oi_wire_out ao = {.arenas = ad, .n_arenas = 2, .segment_offsets = offs, .n_segment_offsets = 3};
+  uint8_t *fr = NULL;
+  size_t fl = 0;
+  CHECK_OK(oi__wire_encode(&env, &ao, &fr, &fl));
+  CHECK_OK(oi__wire_decode(fr + 4, fl - 4, &back, &a));
+  CHECK(a.n_arenas == 2 && a.arenas[0].segment_offsets_count == 2 &&
+        a.arenas[0].segment_offsets[1] == 128);
+  CHECK(a.arenas[1].segment_offsets_count == 1 && a.arenas[1].segment_offsets[0] == 64);
+  oi__free(fr);
+  ao.n_segment_offsets = 2; /* none left for the second arena */
+  CHECK_OK(oi__wire_encode(&env, &ao, &fr, &fl));
+  CHECK_OK(oi__wire_decode(fr + 4, fl - 4, &back, &a));
+  CHECK(a.arenas[0].segment_offsets_count == 2 && a.arenas[1].segment_offsets_count == 0);
+  oi__free(fr);
   oi__wire_arrays_free(&a);
   oi__wire_arrays_free(NULL);
 }

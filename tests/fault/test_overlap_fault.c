@@ -15,6 +15,7 @@
  *     and after that it restores, byte-identical;
  *   - a flush shorter than a slow save (copy_slow) times out naming the
  *     rank, and the next flush returns once the save landed;
+ *   - a restore whose host query fails (lease_alloc): prefilled;
  *   - a restore abandoned while its load copies: prefilled, and destroy
  *     waits for the copy before it frees the arena. */
 #include "fault_util.h"
@@ -206,6 +207,21 @@ static void test_release_saves_that_fail_or_lag(void) {
   CHECK_OK(oi_executor_flush(x, UINT32_MAX)); /* no deadline: returns once they landed */
   oi__fault_disarm_all();
   CHECK(stats(x).save_blocks_pending == 0);
+
+  /* The host query of a restore fails (its lease finds no memory): the
+   * prompt is prefilled, nothing leased. */
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  before = stats(x);
+  REQUIRE(oi__fault_arm(OI_FAULT_LEASE_ALLOC, 0, 1, 0) == OI_OK);
+  uint32_t refused[MAX_NEW];
+  run(x, p, refused);
+  CHECK(oi__fault_fired(OI_FAULT_LEASE_ALLOC) == 1);
+  oi__fault_disarm_all();
+  CHECK(!memcmp(cold, refused, sizeof cold));
+  s = stats(x);
+  CHECK(s.restores_started == before.restores_started && s.leases_held == 0);
+  CHECK(s.prefill_tokens == before.prefill_tokens + PROMPT);
+  CHECK_OK(oi_executor_flush(x, 10000));
 
   /* The saved prompt restores, byte-identical. */
   CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));

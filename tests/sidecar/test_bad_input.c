@@ -436,6 +436,55 @@ static void test_requests(void) {
     send_env(&d, 35, oiwire_Envelope_hello_tag, b);
     expect_error(&d, 35, OI_ERR_VERSION, "protocol version 2 is not supported (server speaks 1)",
                  "hello of protocol 2");
+    /* requests naming no instance, an unknown one, or with bad flags or
+     * leases: each its error, the session stays */
+    uint8_t h16[16];
+    memset(h16, 0x33, sizeof h16);
+    b = pbw_new(); /* instance 0 and no namespace: no lookup */
+    pbw_bytes(b, oiwire_Query_hashes_tag, h16, 16);
+    send_env(&d, 50, oiwire_Envelope_query_tag, b);
+    expect_error(&d, 50, OI_ERR_NOT_FOUND, "query: instance 0 is not registered", "query of 0");
+    for (int lk = 0; lk < 2; lk++) { /* membership with a wait: refused (engine, lookup) */
+      b = pbw_new();
+      if (!lk) pbw_uint(b, oiwire_Query_instance_id_tag, inst);
+      pbw_bytes(b, oiwire_Query_hashes_tag, h16, 16);
+      pbw_uint(b, oiwire_Query_flags_tag, OI_QUERY_MEMBERSHIP | OI_QUERY_WAIT_PENDING);
+      if (lk) pbw_bytes(b, oiwire_Query_namespace_id_tag, "bad-input-load", 14);
+      send_env(&d, 51 + (uint64_t)lk, oiwire_Envelope_query_tag, b);
+      expect_error(&d, 51 + (uint64_t)lk, OI_ERR_INVALID_ARGUMENT,
+                   "applies to prefix queries, not membership", "membership with a wait");
+    }
+    b = pbw_new(); /* membership of no hashes: an empty answer */
+    pbw_uint(b, oiwire_Query_instance_id_tag, inst);
+    pbw_uint(b, oiwire_Query_flags_tag, OI_QUERY_MEMBERSHIP);
+    send_env(&d, 53, oiwire_Envelope_query_tag, b);
+    CHECK(wc_recv(&d, 5000) == OI_OK && d.env.request_id == 53 &&
+          d.env.which_body == oiwire_Envelope_query_reply_tag &&
+          d.env.body.query_reply.hit_blocks == 0 && d.arrays.n_present == 0);
+    b = pbw_new();
+    pbw_uint(b, oiwire_Load_instance_id_tag, 4000000);
+    pbw_bytes(b, oiwire_Load_lease_tag, lease, 16);
+    pbw_ids(b, oiwire_Load_dst_block_ids_tag, ids, 1);
+    send_env(&d, 54, oiwire_Envelope_load_tag, b);
+    expect_error(&d, 54, OI_ERR_NOT_FOUND, "load: instance 4000000", "load of an unknown instance");
+    b = pbw_new();
+    pbw_uint(b, oiwire_Release_instance_id_tag, inst);
+    pbw_bytes(b, oiwire_Release_lease_tag, "short", 5);
+    send_env(&d, 55, oiwire_Envelope_release_tag, b);
+    expect_error(&d, 55, OI_ERR_INVALID_ARGUMENT, "release: lease is 5 bytes", "short release");
+    b = pbw_new();
+    pbw_uint(b, oiwire_Release_instance_id_tag, inst);
+    pbw_bytes(b, oiwire_Release_lease_tag, lease, 16);
+    send_env(&d, 56, oiwire_Envelope_release_tag, b);
+    expect_error(&d, 56, OI_ERR_LEASE_EXPIRED, NULL, "release of an unknown lease");
+    b = pbw_new();
+    pbw_uint(b, oiwire_Stats_instance_id_tag, 4000000);
+    send_env(&d, 57, oiwire_Envelope_stats_tag, b);
+    expect_error(&d, 57, OI_ERR_NOT_FOUND, "stats: instance 4000000",
+                 "stats of an unknown instance");
+    b = pbw_new(); /* unregister of instance 0: nothing to do */
+    send_env(&d, 58, oiwire_Envelope_unregister_tag, b);
+    expect_error(&d, 58, OI_OK, NULL, "unregister of 0");
     still_served(&d, "load and register refused");
     /* a descriptor on a frame over the size limit: the session is dropped
      * and the descriptor closed by the server (the pipe's read end, passed,

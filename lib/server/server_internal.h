@@ -60,6 +60,7 @@ typedef struct aux_job {
   uint32_t timeout_ms;
   oi_ticket *ticket; /* AUX_LOAD_PROGRESS: the load's observer reference */
   uint32_t n_arenas; /* AUX_LOAD_PROGRESS: the layout's arenas */
+  size_t n_blocks;   /* AUX_LOAD_PROGRESS: the load's blocks (for its failure's message) */
 } aux_job;
 
 /* A session's worker thread and its queue (started at the first job). Jobs

@@ -82,6 +82,30 @@ void oi__send_refusal(int fd, oi_status st, const char *msg) {
   oi__free(frame);
 }
 
+/* What a save's or load's status means once its ticket failed in the
+ * server (the copy's own message is on the server's thread that ran it:
+ * its log has it). */
+static const char *async_cause(oi_status st) {
+  switch (st) {
+  case OI_ERR_IO: return "a copy between the arena and the host pool failed";
+  case OI_ERR_TIMEOUT: return "its copies missed the server's deadline";
+  default: return "";
+  }
+}
+
+/* The Result of a failed save or load: what, how many blocks, which
+ * instance, the status and its cause. */
+static void reply_async_failure(srv_session *s, uint64_t req, oi_status st, const char *what,
+                                size_t n, uint32_t instance) {
+  const char *cause = async_cause(st);
+  if (!strcmp(what, "load")) /* (the engine logs failed saves) */
+    OI_LOG_I(OI_LOG_WARN, "server", instance, "session=%llu load of %zu blocks failed: %s",
+             (unsigned long long)s->id, n, oi_status_str(st));
+  reply_fmt(s, req, st, "%s of %zu blocks failed in the server (instance %u): %s%s%s%s", what, n,
+            instance, oi_status_str(st), cause[0] ? " (" : "", cause,
+            cause[0] ? "; the server's log has the details)" : "");
+}
+
 /* ---- instances ----------------------------------------------------------------- */
 
 /* The principal (host/host.h) of a session's leases: its peer's uid, so that
@@ -181,7 +205,7 @@ static void run_load_progress(srv_session *s, aux_job *job, bool stopping) {
     if (st == OI_OK)
       reply_result(s, job->request_id, OI_OK, "");
     else
-      reply_fmt(s, job->request_id, st, "load failed: %s", oi_status_str(st));
+      reply_async_failure(s, job->request_id, st, "load", job->n_blocks, job->inst->id);
   }
   oi_ticket_release(t);
 }
@@ -432,6 +456,8 @@ typedef struct ticket_reply {
   srv_session *s;
   uint64_t request_id;
   const char *what;
+  size_t n;
+  uint32_t instance;
 } ticket_reply;
 
 static void on_ticket_done(void *ctx, oi_ticket *t, oi_status st) {
@@ -440,15 +466,17 @@ static void on_ticket_done(void *ctx, oi_ticket *t, oi_status st) {
   if (st == OI_OK)
     reply_result(p->s, p->request_id, OI_OK, "");
   else
-    reply_fmt(p->s, p->request_id, st, "%s failed: %s", p->what, oi_status_str(st));
+    reply_async_failure(p->s, p->request_id, st, p->what, p->n, p->instance);
   oi__free(p);
 }
 
-/* Replies when `t` completes, then drops the observer reference. */
-static void reply_on_completion(srv_session *s, uint64_t req, oi_ticket *t, const char *what) {
+/* Replies when `t` (a save or load of n blocks on `inst`) completes, then
+ * drops the observer reference. */
+static void reply_on_completion(srv_session *s, uint64_t req, oi_ticket *t, const char *what,
+                                size_t n, const srv_instance *inst) {
   ticket_reply *p = oi__malloc(sizeof *p);
   if (p) {
-    *p = (ticket_reply){.s = s, .request_id = req, .what = what};
+    *p = (ticket_reply){.s = s, .request_id = req, .what = what, .n = n, .instance = inst->id};
     if (oi_ticket_set_callback(t, on_ticket_done, p) == OI_OK) {
       oi_ticket_release(t);
       return;
@@ -456,7 +484,10 @@ static void reply_on_completion(srv_session *s, uint64_t req, oi_ticket *t, cons
     oi__free(p);
   }
   oi_status st = oi_ticket_wait(t, UINT32_MAX);
-  reply_result(s, req, st, st == OI_OK ? "" : oi_status_str(st));
+  if (st == OI_OK)
+    reply_result(s, req, OI_OK, "");
+  else
+    reply_async_failure(s, req, st, what, n, inst->id);
   oi_ticket_release(t);
 }
 
@@ -486,7 +517,7 @@ static void handle_save(srv_session *s, uint64_t req, const oiwire_Save *m) {
     env.body.save_counts.dropped = counts.dropped;
     session_send(s, &env, NULL);
   }
-  reply_on_completion(s, req, t, "save");
+  reply_on_completion(s, req, t, "save", a->n_ids, inst);
 }
 
 /* A lookup (Query with instance 0 and a namespace): no instance, the lease
@@ -568,7 +599,8 @@ static void handle_load(srv_session *s, uint64_t req, const oiwire_Load *m) {
   oi_ticket *t = NULL;
   oi_status st = oi_offload_engine_load(inst->engine, lease, a->ids, a->n_ids, &lo, &t);
   if (st != OI_OK) return reply_failure(s, req, st);
-  if (!(m->flags & OI_LOAD_ARENA_EVENTS)) return reply_on_completion(s, req, t, "load");
+  if (!(m->flags & OI_LOAD_ARENA_EVENTS))
+    return reply_on_completion(s, req, t, "load", a->n_ids, inst);
   /* Layered: the progress worker reports each arena, then the Result. */
   aux_job *job = oi__calloc(1, sizeof *job);
   if (job) {
@@ -577,12 +609,13 @@ static void handle_load(srv_session *s, uint64_t req, const oiwire_Load *m) {
     job->inst = inst;
     job->ticket = t;
     job->n_arenas = inst->engine->layout.num_arenas;
+    job->n_blocks = a->n_ids;
     atomic_fetch_add(&inst->refs, 1);
     if (worker_enqueue(&s->progress, job) == OI_OK) return;
     instance_put(inst);
     oi__free(job);
   }
-  reply_on_completion(s, req, t, "load"); /* no progress frames: the Result alone */
+  reply_on_completion(s, req, t, "load", a->n_ids, inst); /* no progress frames: the Result alone */
 }
 
 static void handle_release(srv_session *s, uint64_t req, const oiwire_Release *m) {

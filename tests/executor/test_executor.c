@@ -13,6 +13,7 @@
  *     overlapping the forward of the prompt's remaining tokens.
  * Each test uses its own namespace, so the host tier starts empty for it. */
 #include "exec_testutil.h"
+#include "executor/executor_internal.h"
 #include "openinfer/disk.h"
 
 #define PROMPT 26                                      /* 6 full blocks + 2 tokens */
@@ -367,6 +368,185 @@ static void test_destroy_with_saves_and_loads_in_flight(void) {
   }
 }
 
+/* Models that misdescribe themselves or fail to bind (bad_model_mode). */
+static int bad_model_mode;
+static oi_status bad_describe(void *ctx, oi_model_desc *out) {
+  oi_status st = model_ops.describe(ctx, out);
+  if (bad_model_mode == 1) return oi__fail(OI_ERR_INTERNAL, "describe failed (test model)");
+  if (bad_model_mode == 2) out->head_dim = 0;
+  if (bad_model_mode == 3) out->head_dim = 1u << 22; /* 2^24+ bytes a token */
+  return st;
+}
+static oi_status bad_bind(void *ctx, uint32_t rank, const oi_kv_layout *kv) {
+  if (bad_model_mode == 4 && rank == 1)
+    return oi__fail(OI_ERR_INTERNAL, "bind failed (test model)");
+  return model_ops.bind(ctx, rank, kv);
+}
+
+/* The same prompt submitted twice in one step, both restoring from the host
+ * tier: the first restore to commit names the blocks in the prefix cache,
+ * the second replaces its own copies with them (same bytes); both complete
+ * with the cold run's tokens and nothing stays held. */
+static void test_two_restores_of_one_prompt(void) {
+  uint32_t p[PROMPT];
+  make_prompt(p, PROMPT, 31);
+  oi_executor *x = make_executor(1, mode, "t-two-restores");
+  run_out cold, a, b;
+  run_one(x, p, PROMPT, -1, &cold);
+  CHECK_OK(oi_executor_flush(x, 10000));
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  uint64_t ia = submit(x, p, PROMPT, -1), ib = submit(x, p, PROMPT, -1);
+  CHECK_OK(oi_executor_run_until_idle(x));
+  collect(x, ia, &a);
+  collect(x, ib, &b);
+  CHECK(same_tokens(&cold, &a) && same_tokens(&cold, &b));
+  CHECK(a.res.restored_tokens == RESTORABLE && b.res.restored_tokens == RESTORABLE);
+  /* Both tables name the same cached blocks for the prompt. */
+  int64_t ta[KV_FULL_BLOCKS + 1], tb[KV_FULL_BLOCKS + 1];
+  size_t na = 0, nb = 0;
+  CHECK_OK(oi_executor_request_blocks(x, ia, ta, KV_FULL_BLOCKS + 1, &na));
+  CHECK_OK(oi_executor_request_blocks(x, ib, tb, KV_FULL_BLOCKS + 1, &nb));
+  CHECK(na == nb && !memcmp(ta, tb, RESTORABLE / PAGE * sizeof ta[0]));
+  check_quiet(x);
+  oi_executor_destroy(x);
+}
+
+/* Admission is first come, first served: a request that does not fit waits
+ * and holds none of the cached blocks it probed meanwhile; it runs once the
+ * earlier one finishes, with its GPU prefix hit. */
+static void test_a_waiting_request_holds_no_blocks(void) {
+  oi_executor_options o;
+  exec_options(&o, OI_OFFLOAD_NONE);
+  o.gpu_blocks = 16;
+  oi_executor *x = NULL;
+  REQUIRE(oi_executor_create(&o, &x) == OI_OK);
+  uint32_t c[40];
+  make_prompt(c, 40, 41);
+  run_out cold_c;
+  run_one(x, c, 40, -1, &cold_c); /* C alone first: its tokens */
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  /* A: C's first 26 tokens (11 blocks with its 16 new tokens). */
+  uint64_t ia = submit(x, c, PROMPT, -1);
+  CHECK_OK(oi_executor_step(x, NULL)); /* A's prompt in one chunk: 6 blocks cached */
+  /* C needs 14 blocks; 6 are A's cached prefix, 5 are free: it waits. */
+  uint64_t ic = submit(x, c, 40, -1);
+  CHECK_OK(oi_executor_step(x, NULL));
+  oi_request_result rc = {.struct_size = sizeof rc};
+  CHECK_OK(oi_executor_result(x, ic, &rc));
+  CHECK(rc.state == OI_REQUEST_WAITING);
+  int64_t held[16];
+  size_t nheld = 99;
+  CHECK_OK(oi_executor_request_blocks(x, ic, held, 16, &nheld));
+  CHECK(nheld == 0); /* a waiting request's table is empty */
+  oi_exec_stats es = {.struct_size = sizeof es};
+  CHECK_OK(oi_executor_stats(x, &es));
+  CHECK(es.blocks_active == 11 && es.blocks_free + es.blocks_cached == 5); /* A's only */
+  CHECK_OK(oi_executor_run_until_idle(x));
+  run_out a, cc;
+  collect(x, ia, &a);
+  collect(x, ic, &cc);
+  CHECK(same_tokens(&cold_c, &cc));
+  CHECK(cc.res.cached_tokens >= 6 * PAGE); /* A's prompt blocks, at least */
+  oi_executor_destroy(x);
+}
+
+static void test_bad_options_are_refused(void) {
+  static const struct {
+    const char *msg;
+  } want[] = {
+      {"struct_size 0 is too small"},
+      {"ranks 0 (1..1024)"},
+      {"ranks 1025"},
+      {"page_size 0"},
+      {"gpu_blocks 1 (at least 2)"},
+      {"offload 3 is not an oi_offload_mode"},
+      {"it needs prefix_cache = 1"},
+      {"max_batch_tokens and max_batch_seqs"},
+      {"max_batch_tokens and max_batch_seqs"},
+      {"a host is for EMBEDDED offload"},
+      {"restore_overlap 3 is not an oi_restore_overlap"},
+      {"devices[1] = -2"},
+      {"model ops (describe, bind, forward) are required"},
+      {"executor_create model: struct_size 0"},
+      {"describe failed (test model)"},
+      {"the model describes an empty KV layout"},
+      {"the KV arena size overflows"},
+      {"executor host: struct_size 0"},
+      {"rank 1: bind failed (test model)"},
+  };
+  int32_t devices[2] = {-1, -2};
+  oi_host_options bad_ho = {.struct_size = 0};
+  for (size_t i = 0; i < OI_ARRAY_LEN(want); i++) {
+    oi_executor_options o;
+    exec_options(&o, OI_OFFLOAD_NONE);
+    oi_model_ops ops = model_ops;
+    ops.describe = bad_describe;
+    ops.bind = bad_bind;
+    o.model = &ops;
+    o.ranks = 2;
+    bad_model_mode = 0;
+    switch (i) {
+    case 0: o.struct_size = 0; break;
+    case 1: o.ranks = 0; break;
+    case 2: o.ranks = 1025; break;
+    case 3: o.page_size = 0; break;
+    case 4: o.gpu_blocks = 1; break;
+    case 5: o.offload = 3; break;
+    case 6: o.offload = OI_OFFLOAD_EMBEDDED, o.prefix_cache = 0; break;
+    case 7: o.max_batch_tokens = 0; break;
+    case 8: o.max_batch_seqs = 0; break;
+    case 9: o.offload = OI_OFFLOAD_SIDECAR, o.host = host ? host : (oi_offload_host *)&o; break;
+    case 10: o.restore_overlap = 3; break;
+    case 11: o.devices = devices; break;
+    case 12: ops.forward = NULL; break;
+    case 13: ops.struct_size = 0; break;
+    case 14: bad_model_mode = 1; break;
+    case 15: bad_model_mode = 2; break;
+    case 16: bad_model_mode = 3; break;
+    case 17: o.offload = OI_OFFLOAD_EMBEDDED, o.host_options = &bad_ho; break;
+    case 18: bad_model_mode = 4; break; /* rank 0 was set up: destroyed again */
+    }
+    oi_executor *x = (oi_executor *)&o;
+    oi_status st = oi_executor_create(&o, &x);
+    if (st != OI_ERR_INVALID_ARGUMENT && !(i == 14 || i == 18)) CHECK(0);
+    if (st == OI_OK || x != NULL || !strstr(oi_last_error(), want[i].msg)) {
+      fprintf(stderr, "case %zu: %s '%s', expected '%s'\n", i, oi_status_str(st), oi_last_error(),
+              want[i].msg);
+      CHECK(0);
+    }
+  }
+  bad_model_mode = 0;
+  /* restore_overlap OFF, stated: no restore overlaps (embedded). */
+  if (mode == OI_OFFLOAD_EMBEDDED) {
+    oi_executor_options o;
+    exec_options(&o, OI_OFFLOAD_EMBEDDED);
+    o.host = host;
+    o.namespace_id = "t-overlap-off";
+    o.restore_overlap = OI_RESTORE_OVERLAP_OFF;
+    oi_executor *x = NULL;
+    REQUIRE(oi_executor_create(&o, &x) == OI_OK);
+    uint32_t a[PROMPT];
+    make_prompt(a, PROMPT, 77);
+    run_out cold, warm;
+    run_one(x, a, PROMPT, -1, &cold);
+    CHECK_OK(oi_executor_flush(x, 10000));
+    CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+    run_one(x, a, PROMPT, -1, &warm);
+    CHECK(same_tokens(&cold, &warm) && warm.res.restored_tokens == RESTORABLE);
+    /* The restore's timing (the benchmarks read it): a query and a load. */
+    oi_exec_restore_timing tm = {0};
+    CHECK_OK(oi__executor_restore_timing(x, warm.id, &tm));
+    CHECK(tm.query_ns > 0 && tm.load_ns > 0);
+    CHECK_OK(oi__executor_restore_timing(x, cold.id, &tm));
+    CHECK(tm.load_ns == 0); /* nothing was loaded */
+    CHECK_ST(oi__executor_restore_timing(x, 424242, &tm), OI_ERR_NOT_FOUND);
+    oi_exec_stats es = {.struct_size = sizeof es};
+    CHECK_OK(oi_executor_stats(x, &es));
+    CHECK(es.restores_overlapped == 0 && es.restores_completed == 1);
+    oi_executor_destroy(x);
+  }
+}
+
 static void test_bad_input_is_refused(void) {
   oi_executor_options o;
   exec_options(&o, OI_OFFLOAD_EMBEDDED);
@@ -377,23 +557,90 @@ static void test_bad_input_is_refused(void) {
   exec_options(&o, OI_OFFLOAD_NONE);
   o.model = NULL;
   CHECK_ST(oi_executor_create(&o, &x), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_create(NULL, &x), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_create(&o, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_request_init(NULL), OI_ERR_INVALID_ARGUMENT);
   x = make_executor(1, OI_OFFLOAD_NONE, "t-bad");
   uint32_t big[GPU_BLOCKS * PAGE + 1] = {0};
   oi_request r;
   oi_request_init(&r);
-  uint64_t id = 0;
+  uint64_t id = 7;
+  CHECK_ST(oi_executor_submit(NULL, &r, &id), OI_ERR_INVALID_ARGUMENT);
+  CHECK(id == 0 && strstr(oi_last_error(), "executor is NULL"));
+  CHECK_ST(oi_executor_submit(x, NULL, &id), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "request is NULL"));
+  CHECK_ST(oi_executor_submit(x, &r, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "request_id is NULL"));
+  r.struct_size = 0;
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT);
+  oi_request_init(&r);
+  r.prompt_len = 4; /* a length and no prompt */
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "the prompt is empty"));
+  r.prompt_len = 0;
   r.prompt = big;
   CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT); /* empty */
   r.prompt_len = GPU_BLOCKS * PAGE + 1;
   CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT); /* more blocks than a rank */
+  CHECK(strstr(oi_last_error(), "KV blocks; a rank has 64"));
   r.prompt_len = 4;
   big[2] = 100000;
   CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT); /* token out of vocab */
+  CHECK(strstr(oi_last_error(), "prompt token 100000 at 2"));
   big[2] = 0;
   r.rank = 3;
   CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "rank 3 (the executor has 1)"));
+  r.rank = -2;
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT);
+  r.rank = -1;
+  r.max_new_tokens = 0;
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "max_new_tokens is 0"));
+  r.max_new_tokens = 4094; /* 4 + 4094 - 1 positions: one past the model's 4096 */
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "exceeds the model's 4096 positions"));
+  r.max_new_tokens = 4;
+  r.salt_len = 4;
+  CHECK_ST(oi_executor_submit(x, &r, &id), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "salt is NULL"));
+  CHECK(id == 0);
+  /* The other entry points' arguments. */
   oi_request_result res = {.struct_size = sizeof res};
   CHECK_ST(oi_executor_result(x, 999, &res), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_executor_result(NULL, 1, &res), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_result(x, 1, NULL), OI_ERR_INVALID_ARGUMENT);
+  uint32_t finished = 5;
+  CHECK_ST(oi_executor_step(NULL, &finished), OI_ERR_INVALID_ARGUMENT);
+  CHECK(finished == 0);
+  CHECK_ST(oi_executor_run_until_idle(NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_flush(NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  uint64_t evicted = 5;
+  CHECK_ST(oi_executor_evict_gpu_cache(NULL, &evicted), OI_ERR_INVALID_ARGUMENT);
+  CHECK(evicted == 0);
+  oi_exec_stats es = {.struct_size = sizeof es};
+  CHECK_ST(oi_executor_stats(NULL, &es), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_stats(x, NULL), OI_ERR_INVALID_ARGUMENT);
+  oi_kv_layout kv = {.struct_size = sizeof kv};
+  CHECK_ST(oi_executor_kv_layout(NULL, 0, &kv), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_kv_layout(x, 0, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_kv_layout(x, 1, &kv), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "rank 1 (the executor has 1)"));
+  int64_t blocks[4];
+  size_t nb = 0;
+  CHECK_ST(oi_executor_request_blocks(x, 1, blocks, 4, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_request_blocks(x, 1, NULL, 4, &nb), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_request_blocks(x, 999, blocks, 4, &nb), OI_ERR_NOT_FOUND);
+  /* A salted request runs (its blocks hash apart from the unsalted ones). */
+  r.salt = "tenant";
+  r.salt_len = 6;
+  CHECK_OK(oi_executor_submit(x, &r, &id));
+  CHECK_OK(oi_executor_run_until_idle(x));
+  CHECK_OK(oi_executor_result(x, id, &res));
+  CHECK(res.state == OI_REQUEST_FINISHED && res.n_tokens == 4);
+  CHECK_OK(oi_executor_request_blocks(x, id, blocks, 0, &nb)); /* the count alone */
+  CHECK(nb == 2);
   oi_executor_destroy(x);
   oi_executor_destroy(NULL);
 }
@@ -426,6 +673,9 @@ int main(int argc, char **argv) {
   RUN_TEST(test_rank1_restores_what_rank0_saved);
   RUN_TEST(test_destroy_with_saves_and_loads_in_flight);
   RUN_TEST(test_bad_input_is_refused);
+  RUN_TEST(test_bad_options_are_refused);
+  RUN_TEST(test_two_restores_of_one_prompt);
+  if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_a_waiting_request_holds_no_blocks);
   if (mode == OI_OFFLOAD_SIDECAR) server_stop(&server);
   oi_offload_host_destroy(host);
   oi_refmodel_destroy(model_ctx);

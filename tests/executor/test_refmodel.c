@@ -2,6 +2,9 @@
  * allocates: deterministic, and batch-invariant (a sequence's KV bytes and
  * logits are identical alone or batched with others, and whether its prompt
  * is prefilled in one chunk, several chunks, or token by token). */
+#include <math.h>
+
+#include "refmodel/kernels/refmodel_gen.h"
 #include "testutil.h"
 
 #define OI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -209,6 +212,199 @@ static void test_deterministic_across_instances_and_seeds(void) {
   CHECK_ST(oi_refmodel_create(&ro, &o2, &c2), OI_ERR_INVALID_ARGUMENT);
 }
 
+/* Bad options are refused at create with a message naming what is wrong,
+ * and nothing is returned. */
+static void test_bad_options_are_refused(void) {
+  oi_model_ops o2 = {.struct_size = sizeof o2};
+  void *c2 = (void *)&o2;
+  CHECK_ST(oi_refmodel_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_refmodel_create(NULL, NULL, &c2), OI_ERR_INVALID_ARGUMENT);
+  CHECK(c2 == NULL && strstr(oi_last_error(), "ops_out is NULL"));
+  CHECK_ST(oi_refmodel_create(NULL, &o2, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "ctx_out is NULL"));
+  /* NULL options: the defaults. */
+  CHECK_OK(oi_refmodel_create(NULL, &o2, &c2));
+  REQUIRE(c2);
+  oi_model_desc d2 = {.struct_size = sizeof d2};
+  CHECK_OK(o2.describe(c2, &d2));
+  CHECK(d2.num_layers == 2 && d2.vocab_size == 512 && d2.max_positions == 4096 &&
+        d2.dtype_bytes == 4 && d2.flags == 0);
+  /* describe into a struct too small: refused. */
+  oi_model_desc tiny = {.struct_size = 2};
+  CHECK_ST(o2.describe(c2, &tiny), OI_ERR_INVALID_ARGUMENT);
+  oi_refmodel_destroy(c2);
+
+  /* One bad field at a time: the status and a word of the message. */
+  static const struct {
+    oi_status st;
+    const char *msg;
+  } want[] = {
+      {OI_ERR_INVALID_ARGUMENT, "struct_size 0 is too small"},
+      {OI_ERR_INVALID_ARGUMENT, "a size is 0"},
+      {OI_ERR_INVALID_ARGUMENT, "a size is 0"},
+      {OI_ERR_INVALID_ARGUMENT, "does not divide"},
+      {OI_ERR_INVALID_ARGUMENT, "head_dim 15 is odd"},
+      {OI_ERR_INVALID_ARGUMENT, "out of range"},
+      {OI_ERR_INVALID_ARGUMENT, "out of range"},
+      {OI_ERR_INVALID_ARGUMENT, "rope_theta or rms_eps"},
+      {OI_ERR_INVALID_ARGUMENT, "rope_theta or rms_eps"},
+      {OI_ERR_INVALID_ARGUMENT, "rope_theta or rms_eps"},
+      {OI_ERR_INVALID_ARGUMENT, "device -2"},
+      {OI_ERR_UNSUPPORTED, "no CUDA backend"},
+      {OI_ERR_INVALID_ARGUMENT, "ops_out->struct_size"},
+  };
+  for (size_t i = 0; i < OI_ARRAY_LEN(want); i++) {
+#ifdef OI_HAVE_CUDA
+    if (i == 11) continue; /* a CUDA build makes the CUDA model (gpu/test_refmodel_cuda) */
+#endif
+    oi_refmodel_options ro;
+    oi_refmodel_options_init(&ro);
+    oi_model_ops o3 = {.struct_size = sizeof o3};
+    switch (i) {
+    case 0: ro.struct_size = 0; break;
+    case 1: ro.hidden = 0; break;
+    case 2: ro.max_positions = 0; break;
+    case 3: ro.num_q_heads = 6, ro.num_kv_heads = 4; break;
+    case 4: ro.head_dim = 15; break;
+    case 5: ro.hidden = 65537; break;
+    case 6: ro.vocab_size = (1u << 22) + 1; break;
+    case 7: ro.rope_theta = 1.0f; break;
+    case 8: ro.rms_eps = 0.0f; break;
+    case 9: ro.rms_eps = NAN; break;
+    case 10: ro.device = -2; break;
+    case 11: ro.device = 0; break;
+    case 12: o3.struct_size = 0; break;
+    }
+    c2 = (void *)&o2;
+    oi_status st = oi_refmodel_create(&ro, &o3, &c2);
+    if (st != want[i].st || !strstr(oi_last_error(), want[i].msg) || c2 != NULL) {
+      fprintf(stderr, "case %zu: %s '%s', expected %s '%s'\n", i, oi_status_str(st),
+              oi_last_error(), oi_status_str(want[i].st), want[i].msg);
+      CHECK(0);
+    }
+    if (st == OI_OK) oi_refmodel_destroy(c2);
+  }
+}
+
+/* A layout that does not fit the model, a rank out of range and a forward
+ * with bad sequences are refused with a message; the bound ranks keep
+ * working and their KV is not touched by a refused row. */
+static void test_bad_bind_and_forward_are_refused(void) {
+  arena a;
+  arena_init(&a, 0);
+  oi_kv_layout kv = a.kv;
+  CHECK_ST(ops.bind(ctx, 0, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "layout is NULL"));
+  CHECK_ST(ops.bind(ctx, 1024, &kv), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "rank 1024 (at most 1024)"));
+  kv.struct_size = 3;
+  CHECK_ST(ops.bind(ctx, 1, &kv), OI_ERR_INVALID_ARGUMENT);
+  kv = a.kv;
+  kv.num_layers = 3;
+  CHECK_ST(ops.bind(ctx, 1, &kv), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "does not fit the model (3 layers"));
+  kv = a.kv;
+  kv.base = NULL;
+  CHECK_ST(ops.bind(ctx, 1, &kv), OI_ERR_INVALID_ARGUMENT);
+  kv = a.kv;
+  kv.page_size = 0;
+  CHECK_ST(ops.bind(ctx, 1, &kv), OI_ERR_INVALID_ARGUMENT);
+  kv = a.kv;
+  kv.token_stride = a.kv.token_stride - 4; /* one float short */
+  CHECK_ST(ops.bind(ctx, 1, &kv), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "token stride"));
+  ops.unbind(ctx, 1024); /* out of range: nothing to do */
+  ops.unbind(ctx, 5);    /* never bound: nothing to do */
+
+  /* Forward: no batch, sequences missing, an unbound rank. */
+  CHECK_ST(ops.forward(ctx, NULL), OI_ERR_INVALID_ARGUMENT);
+  oi_model_batch b = {.struct_size = sizeof b, .rank = 0, .n_seqs = 1, .seqs = NULL};
+  CHECK_ST(ops.forward(ctx, &b), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "batch is NULL"));
+  uint32_t tokens[PAGE + 1] = {1, 2, 3, 4, 5};
+  int64_t table[2] = {3, 4};
+  oi_model_seq s = {.request_id = 9,
+                    .tokens = tokens,
+                    .n_tokens = 1,
+                    .block_table = table,
+                    .n_blocks = 2,
+                    .want_token = 1};
+  b.seqs = &s;
+  b.rank = 7;
+  CHECK_ST(ops.forward(ctx, &b), OI_ERR_STATE);
+  CHECK(strstr(oi_last_error(), "rank 7 is not bound"));
+  b.rank = 1024;
+  CHECK_ST(ops.forward(ctx, &b), OI_ERR_STATE);
+  b.rank = 0;
+  /* Rows that cannot run; none writes a byte of KV. */
+  uint8_t *before = malloc(a.kv.bytes);
+  REQUIRE(before);
+  memcpy(before, a.mem, a.kv.bytes);
+  s.tokens = NULL;
+  CHECK_ST(ops.forward(ctx, &b), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "sequence 0 has no tokens"));
+  s.tokens = tokens;
+  tokens[0] = VOCAB;
+  CHECK_ST(ops.forward(ctx, &b), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "token 512 is not below vocab_size 512"));
+  tokens[0] = 1;
+  s.position = 4096;
+  CHECK_ST(ops.forward(ctx, &b), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "position 4096 is not below max_positions 4096"));
+  s.position = 2 * PAGE; /* past the 2-block table */
+  CHECK_ST(ops.forward(ctx, &b), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "request 9 position 8 has no block (block table of 2)"));
+  s.position = PAGE;
+  table[0] = -1; /* every block up to the row's is checked */
+  CHECK_ST(ops.forward(ctx, &b), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "block id -1 out of range (64 blocks)"));
+  table[0] = BLOCKS;
+  CHECK_ST(ops.forward(ctx, &b), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "block id 64 out of range"));
+  CHECK(!memcmp(before, a.mem, a.kv.bytes));
+  /* The rank still works: a good row writes its slot and samples. */
+  table[0] = 3;
+  s.position = 0;
+  s.n_tokens = PAGE + 1;
+  CHECK_OK(ops.forward(ctx, &b));
+  CHECK(s.next_token < VOCAB);
+  CHECK(memcmp(before, a.mem, a.kv.bytes) != 0);
+  free(before);
+  arena_fini(&a, 0);
+}
+
+/* The CUDA model's weight generator (refmodel_gen.h), which the GPU tests
+ * also run on the host to recompute the model: bf16 conversion rounds to
+ * nearest even and is exact on bf16 values; weights are uniform in
+ * [-scale, scale), a function of (seed, tensor, index) alone. */
+static void test_cuda_weight_generator_on_the_host(void) {
+  CHECK(oi_rm_f2bf(1.0f) == 0x3F80 && oi_rm_bf2f(0x3F80) == 1.0f);
+  CHECK(oi_rm_f2bf(-2.0f) == 0xC000 && oi_rm_bf2f(0xC000) == -2.0f);
+  /* 1 + 2^-8 is halfway between 1 and 1 + 2^-7: to the even one (1). */
+  CHECK(oi_rm_f2bf(1.0f + 1.0f / 256) == 0x3F80);
+  /* 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: up. */
+  CHECK(oi_rm_f2bf(1.0f + 3.0f / 256) == 0x3F82);
+  /* Just over halfway rounds up; just under, down. */
+  CHECK(oi_rm_f2bf(1.0f + 1.0f / 256 + 1.0f / 65536) == 0x3F81);
+  CHECK(oi_rm_f2bf(1.0f + 1.0f / 256 - 1.0f / 65536) == 0x3F80);
+  for (uint32_t b = 0; b < 0x7F80; b += 37) /* finite positive bf16 values round-trip */
+    CHECK(oi_rm_f2bf(oi_rm_bf2f((uint16_t)b)) == b);
+  CHECK(oi_rm_mix64(0) == 0 && oi_rm_mix64(1) != oi_rm_mix64(2));
+  float lo = 1.0f, hi = -1.0f;
+  double sum = 0;
+  for (uint64_t i = 0; i < 100000; i++) {
+    float u = oi_rm_uniform(7, 3, i, 0.5f);
+    CHECK(u >= -0.5f && u < 0.5f);
+    lo = u < lo ? u : lo;
+    hi = u > hi ? u : hi;
+    sum += u;
+  }
+  CHECK(lo < -0.49f && hi > 0.49f && sum / 100000 > -0.01 && sum / 100000 < 0.01);
+  CHECK(oi_rm_uniform(7, 3, 12345, 1.0f) == oi_rm_uniform(7, 3, 12345, 1.0f));
+  CHECK(oi_rm_uniform(7, 3, 12345, 1.0f) != oi_rm_uniform(8, 3, 12345, 1.0f));
+  CHECK(oi_rm_uniform(7, 3, 12345, 1.0f) != oi_rm_uniform(7, 4, 12345, 1.0f));
+}
+
 int main(void) {
   oi_refmodel_options ro;
   oi_refmodel_options_init(&ro);
@@ -221,6 +417,9 @@ int main(void) {
   RUN_TEST(test_chunking_does_not_change_kv_or_logits);
   RUN_TEST(test_batching_does_not_change_a_sequence);
   RUN_TEST(test_deterministic_across_instances_and_seeds);
+  RUN_TEST(test_bad_options_are_refused);
+  RUN_TEST(test_bad_bind_and_forward_are_refused);
+  RUN_TEST(test_cuda_weight_generator_on_the_host);
   oi_refmodel_destroy(ctx);
   TEST_EXIT();
 }

@@ -78,9 +78,10 @@ static void test_server_copy_failures_reach_the_client(void) {
 
   /* A save whose copy fails in the server: an error, nothing visible. */
   CHECK_ST(save_wait(e, src, hs, 2), OI_ERR_IO);
-  /* (the server's Result says what failed and how; the copy's own message
-   * stays in the server's log) */
-  CHECK(log_has("save failed: save failed", "OI_ERR_IO"));
+  /* (the server's Result says what failed, on which instance and why; the
+   * copy's own message stays in the server's log) */
+  CHECK(log_has("save failed: save of 2 blocks failed in the server (instance ",
+                "OI_ERR_IO (a copy between the arena and the host pool failed"));
   CHECK(ts_log_contains(&ts, "save of 2 blocks failed: OI_ERR_IO"));
   CHECK_OK(oi_offload_engine_flush(e, 10000));
   oi_query_result q = {.struct_size = sizeof q};
@@ -96,7 +97,9 @@ static void test_server_copy_failures_reach_the_client(void) {
   /* A load whose copy fails midway in the server: an error with the
    * server's message; the lease is consumed, the blocks stay. */
   CHECK_ST(load_wait(e, q.lease, dst, 2), OI_ERR_IO);
-  CHECK(log_has("load failed: load failed", "OI_ERR_IO"));
+  CHECK(log_has("load failed: load of 2 blocks failed in the server (instance ",
+                "OI_ERR_IO (a copy between the arena and the host pool failed"));
+  CHECK(ts_log_contains(&ts, "load of 2 blocks failed: OI_ERR_IO"));
   CHECK_ST(oi_offload_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
   CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
   REQUIRE(q.hit_blocks == 2);
@@ -161,6 +164,52 @@ static void test_a_session_that_cannot_start_is_refused(void) {
   CHECK(ts_stop(&t2));
 }
 
+/* A layered load (OI_LOAD_ARENA_EVENTS) whose copies fail in the server:
+ * the ticket and every arena's wait fail with the server's status, and the
+ * Result says what failed; the server keeps serving. */
+static void test_a_layered_load_failure_reaches_the_client(void) {
+  static test_server t3; /* registered for the exit-time cleanup: not on the stack */
+  ts_init(&t3, ts.exe);
+  setenv("OI_FAULTS", "copy_fail:1:0", 1); /* the save's copy passes, every later one fails */
+  REQUIRE(ts_start(&t3, NULL));
+  unsetenv("OI_FAULTS");
+  oi_arena_desc a[TL_ARENAS];
+  oi_engine_options o;
+  tl_options(&o, a, "layered-fault");
+  oi_offload_engine *e = NULL;
+  oi_imported_arena *arena = NULL;
+  CHECK_OK(oi_offload_engine_connect(t3.socket, &o, &e, &arena));
+  REQUIRE(e && arena);
+  uint8_t *base = oi_imported_arena_ptr(arena);
+  int64_t src[2] = {0, 1}, dst[2] = {10, 11};
+  oi_block_hash hs[2] = {tl_hash(92, 0), tl_hash(92, 1)};
+  for (int b = 0; b < 2; b++)
+    tl_fill(base, a, src[b], (uint64_t)b);
+  CHECK_OK(save_wait(e, src, hs, 2));
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  REQUIRE(q.hit_blocks == 2);
+  oi_load_options lo;
+  oi_load_options_init(&lo);
+  lo.flags = OI_LOAD_ARENA_EVENTS;
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, 2, &lo, &t));
+  CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_IO);
+  for (uint32_t ar = 0; ar < TL_ARENAS; ar++)
+    CHECK_ST(oi_ticket_arena_wait(t, ar, 10000), OI_ERR_IO);
+  oi_ticket_release(t);
+  CHECK(log_has("load of 2 blocks failed in the server (instance ", "OI_ERR_IO"));
+  CHECK(ts_log_contains(&t3, "load of 2 blocks failed: OI_ERR_IO"));
+  CHECK(tl_is_zero(base, a, dst[0]) && tl_is_zero(base, a, dst[1])); /* no copy landed */
+  /* The server keeps serving: the blocks are still there. */
+  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  CHECK(q.hit_blocks == 2);
+  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  oi_imported_arena_close(arena);
+  oi_offload_engine_destroy(e);
+  CHECK(ts_stop(&t3));
+}
+
 int main(int argc, char **argv) {
   REQUIRE_FAULTS();
   if (argc < 2) TEST_SKIP("usage: test_server_fault OPENINFER_EXE");
@@ -173,5 +222,6 @@ int main(int argc, char **argv) {
   RUN_TEST(test_server_copy_failures_reach_the_client);
   CHECK(ts_stop(&ts));
   RUN_TEST(test_a_session_that_cannot_start_is_refused);
+  RUN_TEST(test_a_layered_load_failure_reaches_the_client);
   TEST_EXIT();
 }

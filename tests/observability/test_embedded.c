@@ -11,12 +11,14 @@
  *    errors, a missing server, every field, an old caller's smaller structs
  *    (and the namespaces' stride). */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "core/core.h"
+#include "openinfer/disk.h"
 #include "testutil.h"
 
 /* ---- a plain HTTP/1.0 client --------------------------------------------------- */
@@ -117,6 +119,180 @@ static void test_server_health(void) {
   so.metrics_addr = "127.0.0.1:99999";
   CHECK_ST(oi_server_create(&so, &srv), OI_ERR_INVALID_ARGUMENT);
   CHECK(oi_server_metrics_port(NULL) == 0);
+}
+
+/* An HTTP request of any method and path; the status code. */
+static int http_req(uint16_t port, const char *method, const char *path, const char *extra,
+                    char *body, size_t cap) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  char req[512];
+  int n =
+      snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s\r\n", method, path, extra);
+  REQUIRE(write(fd, req, (size_t)n) == n);
+  static char resp[1 << 20];
+  size_t len = 0;
+  ssize_t r;
+  while ((r = read(fd, resp + len, sizeof resp - 1 - len)) > 0)
+    len += (size_t)r;
+  close(fd);
+  resp[len] = '\0';
+  int code = 0;
+  if (sscanf(resp, "HTTP/1.%*d %d", &code) != 1) return -2;
+  const char *b = strstr(resp, "\r\n\r\n");
+  snprintf(body, cap, "%s", b ? b + 4 : "");
+  return code;
+}
+
+/* The endpoint of a server with a disk tier, an arena device list and a
+ * namespace whose name needs escaping: the disk figures and the escaped
+ * label appear; /healthz counts the devices it asked; other methods and
+ * paths are refused; the port in use and malformed addresses are refused
+ * at create. */
+static void test_server_metrics_details(void) {
+  char dir[] = "/tmp/oi-obs-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  char sock[128], disk_dir[128];
+  snprintf(sock, sizeof sock, "%s/s", dir);
+  snprintf(disk_dir, sizeof disk_dir, "%s/disk", dir);
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 16 << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  const char *dirs[1] = {disk_dir};
+  oi_host_disk_options dopt = {
+      .struct_size = sizeof dopt, .num_dirs = 1, .dirs = dirs, .capacity_bytes = 8 << 20};
+  int32_t cpu = OI_DEVICE_CPU;
+  oi_server_options so;
+  oi_server_options_init(&so);
+  so.socket_path = sock;
+  so.host = &ho;
+  so.disk = &dopt;
+  so.devices = &cpu;
+  so.num_devices = 1;
+  so.metrics_addr = ":0"; /* no host: 127.0.0.1 */
+  oi_server *srv;
+  oi_status st = oi_server_create(&so, &srv);
+  if (st == OI_ERR_UNSUPPORTED) { /* no libmicrohttpd, or no disk tier in this build */
+    fprintf(stderr, "skipped: %s\n", oi_last_error());
+    rmdir(dir);
+    return;
+  }
+  REQUIRE(st == OI_OK);
+  uint16_t port = oi_server_metrics_port(srv);
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, run_server, srv) == 0);
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  oi_arena_desc ad = {
+      .name = "kv", .num_blocks = 4, .bytes_per_block = 256, .block_stride = 256, .segments = 1};
+  eo.namespace_id = "we\"ird\\ns\nname";
+  eo.arenas = &ad;
+  eo.num_arenas = 1;
+  oi_offload_engine *e = NULL;
+  oi_imported_arena *ia = NULL;
+  st = OI_ERR_NOT_FOUND;
+  for (int i = 0; i < 500 && st == OI_ERR_NOT_FOUND; i++) {
+    st = oi_offload_engine_connect(sock, &eo, &e, &ia);
+    if (st == OI_ERR_NOT_FOUND) usleep(10000);
+  }
+  REQUIRE(st == OI_OK);
+  static char body[1 << 20];
+  CHECK(http_get(port, "/metrics", body, sizeof body) == 200);
+  char want[128];
+  snprintf(want, sizeof want, "openinfer_disk_capacity_bytes %u\n", 8u << 20);
+  CHECK(strstr(body, want) != NULL);
+  CHECK(strstr(body, "openinfer_disk_read_duration_seconds_count 0") != NULL);
+  CHECK(
+      strstr(body, "openinfer_namespace_resident_blocks{namespace=\"we\\\"ird\\\\ns\\nname\"} 0") !=
+      NULL);
+  /* 80 more namespaces: the exposition outgrows the renderer's first
+   * 16 KiB buffer, and every namespace is in it. */
+  for (int i = 0; i < 80; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "metrics-ns-%02d", i);
+    oi_engine_options e2 = eo;
+    e2.namespace_id = name;
+    oi_offload_engine *x2 = NULL;
+    oi_imported_arena *a2 = NULL;
+    CHECK_OK(oi_offload_engine_connect(sock, &e2, &x2, &a2));
+    oi_imported_arena_close(a2);
+    oi_offload_engine_destroy(x2);
+  }
+  CHECK(http_get(port, "/metrics", body, sizeof body) == 200);
+  CHECK(strlen(body) > 16384);
+  for (int i = 0; i < 80; i++) {
+    char line[96];
+    snprintf(line, sizeof line,
+             "openinfer_namespace_resident_blocks{namespace=\"metrics-ns-%02d\"} 0\n", i);
+    CHECK(strstr(body, line) != NULL);
+  }
+  CHECK(strstr(body, "openinfer_instances_cleaned_up_total") != NULL); /* the last metric */
+  /* The pool's device, the listed one and the instance's: all the cpu. */
+  CHECK(http_get(port, "/healthz", body, sizeof body) == 200);
+  CHECK(strstr(body, "3 device(s) answer") != NULL);
+  CHECK(http_req(port, "POST", "/metrics", "Content-Length: 3\r\n\r\nabc", body, sizeof body) ==
+        405);
+  CHECK(strstr(body, "only GET and HEAD") != NULL);
+  CHECK(http_req(port, "HEAD", "/healthz", "", body, sizeof body) == 200);
+  CHECK(http_req(port, "GET", "/nope", "", body, sizeof body) == 404);
+  CHECK(strstr(body, "try /metrics") != NULL);
+
+  /* The port in use: BUSY at create; malformed addresses refused. */
+  char addr[32];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)port);
+  char sock2[128];
+  snprintf(sock2, sizeof sock2, "%s/s2", dir);
+  oi_server_options s2;
+  oi_server_options_init(&s2);
+  s2.socket_path = sock2;
+  s2.host = &ho;
+  s2.metrics_addr = addr;
+  oi_server *other = NULL;
+  CHECK_ST(oi_server_create(&s2, &other), OI_ERR_BUSY);
+  CHECK(other == NULL && strstr(oi_last_error(), "cannot listen on"));
+  s2.metrics_addr = "::1:80";
+  CHECK_ST(oi_server_create(&s2, &other), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "write an IPv6 address in brackets"));
+  static const char *const bad_addrs[] = {"127.0.0.1:", "127.0.0.1:12a", "127.0.0.1:-1", "[::1]:"};
+  for (size_t i = 0; i < sizeof bad_addrs / sizeof bad_addrs[0]; i++) {
+    s2.metrics_addr = bad_addrs[i];
+    CHECK_ST(oi_server_create(&s2, &other), OI_ERR_INVALID_ARGUMENT);
+    CHECK(other == NULL && strstr(oi_last_error(), bad_addrs[i]));
+  }
+  s2.metrics_addr = "[::1]:0"; /* IPv6 loopback: served where the host has it */
+  st = oi_server_create(&s2, &other);
+  CHECK(st == OI_OK || st == OI_ERR_IO);
+  if (st == OI_OK) {
+    CHECK(oi_server_metrics_port(other) != 0);
+    oi_server_destroy(other);
+  }
+
+  oi_imported_arena_close(ia);
+  oi_offload_engine_destroy(e);
+  oi_server_stop(srv);
+  pthread_join(th, NULL);
+  oi_server_destroy(srv);
+  /* The disk tier's directory and files. */
+  DIR *d = opendir(disk_dir);
+  if (d) {
+    struct dirent *de;
+    char p[512];
+    while ((de = readdir(d)))
+      if (de->d_name[0] != '.') {
+        snprintf(p, sizeof p, "%s/%s", disk_dir, de->d_name);
+        unlink(p);
+      }
+    closedir(d);
+  }
+  rmdir(disk_dir);
+  CHECK(rmdir(dir) == 0);
 }
 
 /* ---- oi_server_stats_fetch ------------------------------------------------------- */
@@ -358,6 +534,7 @@ int main(void) {
   RUN_TEST(test_histogram_buckets);
   RUN_TEST(test_embedded_stats);
   RUN_TEST(test_server_health);
+  RUN_TEST(test_server_metrics_details);
   RUN_TEST(test_server_stats_fetch);
   TEST_EXIT();
 }

@@ -158,7 +158,9 @@ static void test_requests(void) {
 
   wire_client c;
   REQUIRE(wc_connect(&c, ts.socket));
-  /* before Hello */
+  /* before Hello: an empty frame is still an unknown type, not a Hello miss */
+  CHECK(wc_send_payload(&c, NULL, 0));
+  expect_error(&c, 0, OI_ERR_UNSUPPORTED, "unknown message type", "empty frame before hello");
   pbw *b = pbw_new();
   pbw_uint(b, 1, 0);
   send_env(&c, 41, oiwire_Envelope_stats_tag, b);
@@ -349,6 +351,161 @@ static void test_requests(void) {
   expect_error(&c, 28, OI_OK, NULL, "unregister");
   send_env(&c, 29, oiwire_Envelope_save_tag, save_body(mine, ids, 1, 1, 16));
   expect_error(&c, 29, OI_ERR_NOT_FOUND, "not registered", "save after unregister");
+
+  /* a load with more block ids than one request may carry */
+  {
+    wire_client d;
+    hello_client(&d);
+    uint32_t inst = wc_register(&d, "bad-input-load", NULL, NULL);
+    CHECK(inst != 0);
+    int64_t *many = calloc(OI_WIRE_MAX_BLOCKS + 1, sizeof *many);
+    REQUIRE(many);
+    b = pbw_new();
+    pbw_uint(b, 1, inst);
+    pbw_bytes(b, 2, lease, 16);
+    pbw_ids(b, 3, many, OI_WIRE_MAX_BLOCKS + 1);
+    free(many);
+    send_env(&d, 31, oiwire_Envelope_load_tag, b);
+    expect_error(&d, 31, OI_ERR_INVALID_ARGUMENT, "load: more than 65536 block ids",
+                 "load with too many ids");
+    /* an engine-owned device arena sent with a file descriptor: a device
+     * arena travels as an IPC handle */
+    b = pbw_new();
+    pbw_bytes(b, 1, "owned-dev", 9);
+    pbw_uint(b, 3, pbw_zigzag(0)); /* device 0 */
+    pbw_uint(b, 4, 1);
+    pbw_uint(b, 5, 4096);
+    arena = pbw_new();
+    pbw_bytes(arena, 1, "a", 1);
+    pbw_uint(arena, 3, 4);
+    pbw_uint(arena, 4, 1024);
+    pbw_uint(arena, 5, 1024);
+    pbw_uint(arena, 6, 1);
+    pbw_bytes(b, 6, arena->b, arena->n);
+    free(arena);
+    uint8_t handle[OI_WIRE_HANDLE_BYTES] = {1};
+    pbw_uint(b, oiwire_Register_client_owned_tag, 1);
+    pbw_bytes(b, oiwire_Register_client_handle_tag, handle, sizeof handle);
+    pbw *env = pbw_envelope(32, oiwire_Envelope_register_instance_tag, b);
+    uint8_t *frame = malloc(env->n + 4);
+    REQUIRE(frame);
+    frame[0] = (uint8_t)env->n;
+    frame[1] = (uint8_t)(env->n >> 8);
+    frame[2] = (uint8_t)(env->n >> 16);
+    frame[3] = (uint8_t)(env->n >> 24);
+    memcpy(frame + 4, env->b, env->n);
+    int pfd[2];
+    REQUIRE(pipe(pfd) == 0);
+    CHECK_OK(oi__wire_send_fd(d.fd, frame, env->n + 4, pfd[0]));
+    free(frame);
+    free(env);
+    free(b);
+    expect_error(&d, 32, OI_ERR_INVALID_ARGUMENT, "travels as an IPC handle, not a file descriptor",
+                 "device arena with a descriptor");
+    /* an engine-owned device arena with a short handle, or an offset past
+     * any arena; a Hello of another protocol version */
+    for (int k = 0; k < 4; k++) {
+      b = pbw_new();
+      pbw_bytes(b, oiwire_Register_namespace_id_tag, "owned-dev", 9);
+      pbw_uint(b, oiwire_Register_device_tag, pbw_zigzag(k >= 2 ? OI_DEVICE_CPU : 0));
+      pbw_uint(b, oiwire_Register_world_size_tag, 1);
+      pbw_uint(b, oiwire_Register_arena_size_tag, 4096);
+      arena = pbw_new();
+      pbw_bytes(arena, 1, "a", 1);
+      pbw_uint(arena, 3, 4);
+      pbw_uint(arena, 4, 1024);
+      pbw_uint(arena, 5, 1024);
+      pbw_uint(arena, 6, 1);
+      pbw_bytes(b, oiwire_Register_arenas_tag, arena->b, arena->n);
+      free(arena);
+      if (k != 3) pbw_uint(b, oiwire_Register_client_owned_tag, 1);
+      if (k < 2)
+        pbw_bytes(b, oiwire_Register_client_handle_tag, handle, k == 0 ? 10 : sizeof handle);
+      if (k >= 1) pbw_uint(b, oiwire_Register_client_offset_tag, k == 1 ? 1ull << 49 : 4096);
+      static const char *const why[4] = {"needs its 64-byte IPC handle (got 10 bytes)",
+                                         "client_offset 562949953421312 is too large",
+                                         "mapped from offset 0", "are for engine-owned memory"};
+      static const char *const what[4] = {"short device handle", "offset past any arena",
+                                          "an owned cpu arena at an offset",
+                                          "an offset without client_owned"};
+      send_env(&d, 40 + (uint64_t)k, oiwire_Envelope_register_instance_tag, b);
+      expect_error(&d, 40 + (uint64_t)k, OI_ERR_INVALID_ARGUMENT, why[k], what[k]);
+    }
+    b = pbw_new();
+    pbw_uint(b, oiwire_Hello_protocol_version_tag, 2);
+    send_env(&d, 35, oiwire_Envelope_hello_tag, b);
+    expect_error(&d, 35, OI_ERR_VERSION, "protocol version 2 is not supported (server speaks 1)",
+                 "hello of protocol 2");
+    /* requests naming no instance, an unknown one, or with bad flags or
+     * leases: each its error, the session stays */
+    uint8_t h16[16];
+    memset(h16, 0x33, sizeof h16);
+    b = pbw_new(); /* instance 0 and no namespace: no lookup */
+    pbw_bytes(b, oiwire_Query_hashes_tag, h16, 16);
+    send_env(&d, 50, oiwire_Envelope_query_tag, b);
+    expect_error(&d, 50, OI_ERR_NOT_FOUND, "query: instance 0 is not registered", "query of 0");
+    for (int lk = 0; lk < 2; lk++) { /* membership with a wait: refused (engine, lookup) */
+      b = pbw_new();
+      if (!lk) pbw_uint(b, oiwire_Query_instance_id_tag, inst);
+      pbw_bytes(b, oiwire_Query_hashes_tag, h16, 16);
+      pbw_uint(b, oiwire_Query_flags_tag, OI_QUERY_MEMBERSHIP | OI_QUERY_WAIT_PENDING);
+      if (lk) pbw_bytes(b, oiwire_Query_namespace_id_tag, "bad-input-load", 14);
+      send_env(&d, 51 + (uint64_t)lk, oiwire_Envelope_query_tag, b);
+      expect_error(&d, 51 + (uint64_t)lk, OI_ERR_INVALID_ARGUMENT,
+                   "applies to prefix queries, not membership", "membership with a wait");
+    }
+    b = pbw_new(); /* membership of no hashes: an empty answer */
+    pbw_uint(b, oiwire_Query_instance_id_tag, inst);
+    pbw_uint(b, oiwire_Query_flags_tag, OI_QUERY_MEMBERSHIP);
+    send_env(&d, 53, oiwire_Envelope_query_tag, b);
+    CHECK(wc_recv(&d, 5000) == OI_OK && d.env.request_id == 53 &&
+          d.env.which_body == oiwire_Envelope_query_reply_tag &&
+          d.env.body.query_reply.hit_blocks == 0 && d.arrays.n_present == 0);
+    b = pbw_new();
+    pbw_uint(b, oiwire_Load_instance_id_tag, 4000000);
+    pbw_bytes(b, oiwire_Load_lease_tag, lease, 16);
+    pbw_ids(b, oiwire_Load_dst_block_ids_tag, ids, 1);
+    send_env(&d, 54, oiwire_Envelope_load_tag, b);
+    expect_error(&d, 54, OI_ERR_NOT_FOUND, "load: instance 4000000", "load of an unknown instance");
+    b = pbw_new();
+    pbw_uint(b, oiwire_Release_instance_id_tag, inst);
+    pbw_bytes(b, oiwire_Release_lease_tag, "short", 5);
+    send_env(&d, 55, oiwire_Envelope_release_tag, b);
+    expect_error(&d, 55, OI_ERR_INVALID_ARGUMENT, "release: lease is 5 bytes", "short release");
+    b = pbw_new();
+    pbw_uint(b, oiwire_Release_instance_id_tag, inst);
+    pbw_bytes(b, oiwire_Release_lease_tag, lease, 16);
+    send_env(&d, 56, oiwire_Envelope_release_tag, b);
+    expect_error(&d, 56, OI_ERR_LEASE_EXPIRED, NULL, "release of an unknown lease");
+    b = pbw_new();
+    pbw_uint(b, oiwire_Stats_instance_id_tag, 4000000);
+    send_env(&d, 57, oiwire_Envelope_stats_tag, b);
+    expect_error(&d, 57, OI_ERR_NOT_FOUND, "stats: instance 4000000",
+                 "stats of an unknown instance");
+    b = pbw_new(); /* unregister of instance 0: nothing to do */
+    send_env(&d, 58, oiwire_Envelope_unregister_tag, b);
+    expect_error(&d, 58, OI_OK, NULL, "unregister of 0");
+    still_served(&d, "load and register refused");
+    /* a descriptor on a frame over the size limit: the session is dropped
+     * and the descriptor closed by the server (the pipe's read end, passed,
+     * is its last reader once ours is closed: writing fails) */
+    uint32_t big = OI_WIRE_MAX_FRAME + 1;
+    uint8_t bh[4] = {(uint8_t)big, (uint8_t)(big >> 8), (uint8_t)(big >> 16), (uint8_t)(big >> 24)};
+    CHECK_OK(oi__wire_send_fd(d.fd, bh, sizeof bh, pfd[0]));
+    close(pfd[0]);
+    expect_error(&d, 0, OI_ERR_PROTOCOL, "exceeds", "oversized frame with a descriptor");
+    dropped(&d, "oversized frame with a descriptor");
+    wc_close(&d);
+    signal(SIGPIPE, SIG_IGN);
+    bool reader_gone = false;
+    for (int i = 0; i < 500 && !reader_gone; i++) {
+      reader_gone = write(pfd[1], "x", 1) < 0 && errno == EPIPE;
+      if (!reader_gone) usleep(10000);
+    }
+    CHECK(reader_gone);
+    close(pfd[1]);
+    good_client_works("descriptors with bad frames");
+  }
 
   /* a string longer than its bound does not decode: the session is dropped */
   b = pbw_new();

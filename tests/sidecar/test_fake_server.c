@@ -1156,6 +1156,95 @@ static void test_closed_after_register(void) {
   }
 }
 
+/* ---- oi_server_stats_fetch ------------------------------------------------------------- */
+
+static void stats_with_host(fs_reply *r) {
+  r->env.body.stats_reply.has_host = true;
+  r->env.body.stats_reply.host.capacity_bytes = 12345;
+  r->env.body.stats_reply.host.save_latency_us_count = 3;
+  r->env.body.stats_reply.host.save_latency_us[2] = 9;
+  r->env.body.stats_reply.sessions = 4;
+}
+
+/* The stats tool's client (lib/server/stats_fetch.c) against each bad
+ * answer: the status and a message naming it, never figures made up. */
+static void test_stats_fetch_replies(void) {
+  fs = fs_start();
+  oi_server_stats ss = {.struct_size = sizeof ss};
+  oi_host_stats hs = {.struct_size = sizeof hs};
+  /* Bad output structs: refused before anything is sent. */
+  oi_host_stats small = {.struct_size = 2};
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &small, NULL, 0),
+           OI_ERR_INVALID_ARGUMENT);
+  CHECK_ERR("host struct_size 2 is too small");
+  oi_namespace_stats ns[1] = {{.struct_size = 3}};
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, NULL, ns, 1), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ERR("namespaces[0].struct_size 3 is too small");
+  CHECK(fs_seen(fs, FS_ACCEPT) == 0);
+  /* A server without host figures (an older one). */
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_VERSION);
+  CHECK_ERR("the server sent no host figures");
+  /* With them: the figures as sent. */
+  fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = stats_with_host});
+  CHECK_OK(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0));
+  CHECK(ss.sessions == 4 && hs.capacity_bytes == 12345 && hs.save_latency_us[2] == 9);
+  CHECK(ss.disk_attached == 0 && !strcmp(ss.socket_path, fs_socket(fs)));
+  /* Timeout 0 (the default, 10 s) and UINT32_MAX (none) work the same. */
+  fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = stats_with_host});
+  CHECK_OK(oi_server_stats_fetch(fs_socket(fs), 0, &ss, &hs, NULL, 0));
+  fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = stats_with_host});
+  CHECK_OK(oi_server_stats_fetch(fs_socket(fs), UINT32_MAX, &ss, &hs, NULL, 0));
+  CHECK(hs.capacity_bytes == 12345);
+  /* A Result OK is no HelloReply. */
+  fs_script(fs, oiwire_Envelope_hello_tag, (fs_step){.action = FS_RESULT, .status = OI_OK});
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
+  CHECK_ERR("hello: the server answered with message type");
+  /* The Hello answered with another message, or an error. */
+  fs_script(fs, oiwire_Envelope_hello_tag, (fs_step){.edit = reply_as_query_reply});
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
+  CHECK_ERR("hello: the server answered with message type 8");
+  fs_script(fs, oiwire_Envelope_hello_tag,
+            (fs_step){.action = FS_RESULT, .status = OI_ERR_PERMISSION, .message = "go away"});
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PERMISSION);
+  CHECK_ERR("go away");
+  /* The Stats answered with another message, or an error. */
+  fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = reply_as_query_reply});
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
+  CHECK_ERR("stats: the server answered with message type 8");
+  fs_script(fs, oiwire_Envelope_stats_tag,
+            (fs_step){.action = FS_RESULT, .status = OI_ERR_INTERNAL, .message = "stats broke"});
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_INTERNAL);
+  CHECK_ERR("stats broke");
+  /* No answer: the caller's timeout, not a hang. */
+  fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.action = FS_SILENT});
+  uint64_t t0 = oi__now_ns();
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 200, &ss, &hs, NULL, 0), OI_ERR_IO);
+  CHECK_ELAPSED(t0, 180, 200 + SLACK_MS);
+  CHECK_ERR("recv: ");
+  /* Bytes that are no Envelope. */
+  fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.action = FS_GARBAGE});
+  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
+  CHECK_ERR("malformed message");
+  /* No socket path: the default one (nothing listens there). */
+  const char *saved = getenv("XDG_RUNTIME_DIR");
+  char *keep = saved ? strdup(saved) : NULL;
+  setenv("XDG_RUNTIME_DIR", "/tmp/oi-no-such-dir", 1);
+  CHECK_ST(oi_server_stats_fetch(NULL, 1000, &ss, &hs, NULL, 0), OI_ERR_NOT_FOUND);
+  CHECK_ERR("/tmp/oi-no-such-dir/openinfer.sock");
+  char longdir[120];
+  memset(longdir, 'd', sizeof longdir);
+  longdir[0] = '/';
+  longdir[sizeof longdir - 1] = '\0';
+  setenv("XDG_RUNTIME_DIR", longdir, 1);
+  CHECK_ST(oi_server_stats_fetch(NULL, 1000, &ss, &hs, NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  if (keep)
+    setenv("XDG_RUNTIME_DIR", keep, 1);
+  else
+    unsetenv("XDG_RUNTIME_DIR");
+  free(keep);
+  fs_stop(fs);
+}
+
 int main(int argc, char **argv) {
   (void)argc;
   (void)argv;
@@ -1174,5 +1263,6 @@ int main(int argc, char **argv) {
   RUN_TEST(test_lookup_client);
   RUN_TEST(test_load_progress);
   RUN_TEST(test_closed_after_register);
+  RUN_TEST(test_stats_fetch_replies);
   TEST_EXIT();
 }

@@ -167,6 +167,19 @@ static void test_round_trip_byte_exact(void) {
   CHECK(ts_stop(&ts));
 }
 
+/* Mappings of the process `pid` whose line names `what`. */
+static int server_maps(pid_t pid, const char *what) {
+  char path[64], line[512];
+  snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, what) != NULL;
+  fclose(f);
+  return n;
+}
+
 static void test_bad_memory_is_refused(void) {
   REQUIRE(ts_start(&ts, NULL));
   uint64_t total;
@@ -275,6 +288,31 @@ static void test_bad_memory_is_refused(void) {
     close(pfd[1]);
     REQUIRE(wc_recv(&c, 5000) == OI_OK);
     CHECK(c.env.request_id == 99 && wc_status(&c) == OI_ERR_INVALID_ARGUMENT);
+  }
+  /* An engine-owned arena whose engine the server cannot create (its
+   * namespace serves the same block size in another shape): refused with
+   * the host's reason, and the server unmaps the client's memory. */
+  {
+    oi_arena_desc a1[TL_ARENAS];
+    oi_engine_options o1;
+    tl_options(&o1, a1, "owned-shape");
+    oi_offload_engine *first = NULL;
+    oi_imported_arena *fa = NULL;
+    CHECK_OK(oi_offload_engine_connect(ts.socket, &o1, &first, &fa));
+    CHECK(server_maps(ts.pid, "memfd:oi-test-arena") == 0);
+    owned_options(&o, a, "owned-shape", &good);
+    o.num_arenas = 1;
+    a[0] = (oi_arena_desc){.name = "flat",
+                           .num_blocks = TL_BLOCKS,
+                           .bytes_per_block = 256 * 2 + 384 + 96, /* the same block size */
+                           .block_stride = 1024,
+                           .segments = 1};
+    CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+    CHECK(e == NULL && strstr(oi_last_error(), "another shape"));
+    CHECK(server_maps(ts.pid, "memfd:oi-test-arena") == 0);
+    oi_imported_arena_close(fa);
+    oi_offload_engine_destroy(first);
+    tl_arenas(a, &total);
   }
   oiwire_StatsReply sr;
   CHECK(wc_server_stats(&c, &sr)); /* the session lives on */

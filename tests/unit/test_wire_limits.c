@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -198,6 +199,275 @@ static void test_send_and_recv_errors(void) {
   oi__free(buf);
 }
 
+/* Descriptors passed with a frame: one is kept; more in one message are
+ * closed and counted; more than the receiver has room for are cut by the
+ * kernel and counted too. Passing one to a closed peer is CLOSED. */
+static void send_fds(int sock, const void *bytes, size_t n, const int *fds, int nfds) {
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(8 * sizeof(int))];
+  } ctl;
+  memset(&ctl, 0, sizeof ctl);
+  struct iovec iov = {.iov_base = (void *)bytes, .iov_len = n};
+  struct msghdr m = {.msg_iov = &iov,
+                     .msg_iovlen = 1,
+                     .msg_control = ctl.buf,
+                     .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
+  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+  memcpy(CMSG_DATA(c), fds, (size_t)nfds * sizeof(int));
+  REQUIRE(sendmsg(sock, &m, 0) == (ssize_t)n);
+}
+
+static bool fd_open(int fd) { return fcntl(fd, F_GETFD) >= 0; }
+
+static void test_descriptors_with_a_frame(void) {
+  uint8_t msg[8] = {4, 0, 0, 0, 9, 8, 7, 6};
+  int sv[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  int p[2];
+  REQUIRE(pipe(p) == 0);
+  uint8_t *buf = NULL;
+  size_t cap = 0, len = 0;
+  int got = -2, extra = -2;
+  /* One descriptor (oi__wire_send_fd): kept. */
+  CHECK_OK(oi__wire_send_fd(sv[0], msg, sizeof msg, p[0]));
+  CHECK_OK(oi__wire_recv_fd(sv[1], 1024, &buf, &cap, &len, &got, &extra));
+  CHECK(len == 4 && buf[0] == 9 && got >= 0 && extra == 0);
+  CHECK(got != p[0] && fd_open(got));
+  close(got);
+  /* A frame without one: -1, nothing extra. */
+  CHECK_OK(oi__wire_send(sv[0], msg, sizeof msg));
+  CHECK_OK(oi__wire_recv_fd(sv[1], 1024, &buf, &cap, &len, &got, &extra));
+  CHECK(got == -1 && extra == 0);
+  /* Three in one message: the first kept, two closed and counted. */
+  int three[3] = {p[0], p[1], p[0]};
+  send_fds(sv[0], msg, sizeof msg, three, 3);
+  CHECK_OK(oi__wire_recv_fd(sv[1], 1024, &buf, &cap, &len, &got, &extra));
+  CHECK(got >= 0 && extra == 2 && len == 4 && buf[3] == 6);
+  close(got);
+  /* Eight: the receiver has room for four; the kernel cuts the rest
+   * (MSG_CTRUNC), which counts as one more. */
+  int eight[8];
+  for (int i = 0; i < 8; i++)
+    eight[i] = p[i % 2];
+  send_fds(sv[0], msg, sizeof msg, eight, 8);
+  CHECK_OK(oi__wire_recv_fd(sv[1], 1024, &buf, &cap, &len, &got, &extra));
+  CHECK(got >= 0 && extra == 4); /* 3 closed + the truncation */
+  close(got);
+  /* Descriptors on a frame over the limit: PROTOCOL, the one taken is the
+   * caller's to close. */
+  uint8_t big[4] = {0, 0, 1, 0}; /* 65536 bytes announced */
+  CHECK_OK(oi__wire_send_fd(sv[0], big, sizeof big, p[1]));
+  CHECK_ST(oi__wire_recv_fd(sv[1], 1024, &buf, &cap, &len, &got, &extra), OI_ERR_PROTOCOL);
+  CHECK(got >= 0);
+  close(got);
+  /* Nothing to send: nothing sent, no descriptor passed. */
+  CHECK_OK(oi__wire_send_fd(sv[0], msg, 0, p[1]));
+  /* The peer gone: CLOSED. */
+  close(sv[1]);
+  CHECK_ST(oi__wire_send_fd(sv[0], msg, sizeof msg, p[1]), OI_ERR_CLOSED);
+  close(sv[0]);
+  close(p[0]);
+  close(p[1]);
+  oi__free(buf);
+}
+
+/* The default socket path, and connect's errors by cause. */
+static void test_socket_paths_and_connect_errors(void) {
+  char out[108], want[64];
+  const char *saved = getenv("XDG_RUNTIME_DIR");
+  char *keep = saved ? strdup(saved) : NULL;
+  setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+  CHECK_OK(oi__wire_default_socket_path(out, sizeof out));
+  CHECK(!strcmp(out, "/run/user/4242/openinfer.sock"));
+  snprintf(want, sizeof want, "/tmp/openinfer-%u.sock", (unsigned)getuid());
+  setenv("XDG_RUNTIME_DIR", "relative/dir", 1); /* not absolute: ignored */
+  CHECK_OK(oi__wire_default_socket_path(out, sizeof out));
+  CHECK(!strcmp(out, want));
+  unsetenv("XDG_RUNTIME_DIR");
+  CHECK_OK(oi__wire_default_socket_path(out, sizeof out));
+  CHECK(!strcmp(out, want));
+  CHECK_ST(oi__wire_default_socket_path(out, 8), OI_ERR_INVALID_ARGUMENT);
+  char longdir[120];
+  memset(longdir, 'd', sizeof longdir);
+  longdir[0] = '/';
+  longdir[sizeof longdir - 1] = '\0';
+  setenv("XDG_RUNTIME_DIR", longdir, 1);
+  char roomy[256];
+  CHECK_ST(oi__wire_default_socket_path(roomy, sizeof roomy), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "too long"));
+  if (keep)
+    setenv("XDG_RUNTIME_DIR", keep, 1);
+  else
+    unsetenv("XDG_RUNTIME_DIR");
+  free(keep);
+
+  int fd = 7;
+  CHECK_ST(oi__wire_connect(longdir, &fd), OI_ERR_INVALID_ARGUMENT);
+  CHECK(fd == -1 && strstr(oi_last_error(), "is longer than 107 bytes"));
+  char dir[] = "/tmp/oi-wire-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  char path[128];
+  snprintf(path, sizeof path, "%s/none.sock", dir);
+  CHECK_ST(oi__wire_connect(path, &fd), OI_ERR_NOT_FOUND); /* nothing there */
+  CHECK(strstr(oi_last_error(), "no openinfer server listens"));
+  /* A socket file nobody listens on (stale): NOT_FOUND too. */
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  REQUIRE(s >= 0 && bind(s, (struct sockaddr *)&sa, sizeof sa) == 0);
+  CHECK_ST(oi__wire_connect(path, &fd), OI_ERR_NOT_FOUND);
+  CHECK(strstr(oi_last_error(), "Connection refused"));
+  close(s);
+  unlink(path);
+  /* A path through a regular file: another error, OI_ERR_IO. */
+  char file[128], through[160];
+  snprintf(file, sizeof file, "%s/file", dir);
+  snprintf(through, sizeof through, "%s/x.sock", file);
+  FILE *f = fopen(file, "w");
+  REQUIRE(f);
+  fclose(f);
+  CHECK_ST(oi__wire_connect(through, &fd), OI_ERR_IO);
+  CHECK(fd == -1 && strstr(oi_last_error(), "Not a directory"));
+  unlink(file);
+  CHECK(rmdir(dir) == 0);
+}
+
+/* Decoding: a second body replaces the first (protobuf's oneof rule) and
+ * its arrays start empty; an empty membership run adds nothing; a nested
+ * message that does not decode is PROTOCOL. */
+static void test_decode_edge_cases(void) {
+  static oiwire_Envelope env, back;
+  oi_wire_arrays a;
+  memset(&a, 0, sizeof a);
+  oi_block_hash hs[3];
+  memset(hs, 0x11, sizeof hs);
+  int64_t ids[3] = {1, 2, 3};
+  uint8_t *f1 = NULL, *f2 = NULL;
+  size_t l1 = 0, l2 = 0;
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_save_tag;
+  oi_wire_out sv = {.ids = ids, .n_ids = 3, .hashes = hs, .n_hashes = 3};
+  CHECK_OK(oi__wire_encode(&env, &sv, &f1, &l1));
+  memset(&env, 0, sizeof env);
+  env.request_id = 5;
+  env.which_body = oiwire_Envelope_query_tag;
+  oi_wire_out qv = {.hashes = hs, .n_hashes = 1};
+  CHECK_OK(oi__wire_encode(&env, &qv, &f2, &l2));
+  uint8_t both[1024];
+  REQUIRE(l1 + l2 - 8 <= sizeof both);
+  memcpy(both, f1 + 4, l1 - 4);
+  memcpy(both + l1 - 4, f2 + 4, l2 - 4);
+  CHECK_OK(oi__wire_decode(both, l1 + l2 - 8, &back, &a));
+  CHECK(back.which_body == oiwire_Envelope_query_tag && back.request_id == 5);
+  CHECK(a.n_hashes == 1 && a.n_ids == 0 && a.bad == OI_OK);
+  /* The same with a bad first body: its mark does not outlive it. */
+  uint8_t bad_first[64] = {0};
+  size_t n = 0;
+  bad_first[n++] = (oiwire_Envelope_query_tag << 3) | 2; /* the body */
+  bad_first[n++] = 4;
+  bad_first[n++] = (oiwire_Query_hashes_tag << 3) | 2; /* a 2-byte hash */
+  bad_first[n++] = 2;
+  bad_first[n++] = 0xAA;
+  bad_first[n++] = 0xBB;
+  memcpy(bad_first + n, f2 + 4, l2 - 4);
+  CHECK_OK(oi__wire_decode(bad_first, 6, &back, &a));
+  CHECK(a.bad == OI_ERR_INVALID_ARGUMENT && strstr(a.bad_msg, "hash 0 is 2 bytes (16 expected)"));
+  CHECK_OK(oi__wire_decode(bad_first, n + l2 - 4, &back, &a));
+  CHECK(a.bad == OI_OK && a.n_hashes == 1);
+  oi__free(f1);
+  oi__free(f2);
+  /* QueryReply.present of 0 bytes, then of 2. */
+  uint8_t qr[16];
+  n = 0;
+  qr[n++] = (oiwire_Envelope_query_reply_tag << 3) | 2;
+  qr[n++] = 0; /* length, set below */
+  size_t body = n;
+  const uint32_t present_field = oiwire_QueryReply_present_tag;
+  qr[n++] = (uint8_t)(present_field << 3 | 2);
+  qr[n++] = 0;
+  qr[n++] = (uint8_t)(present_field << 3 | 2);
+  qr[n++] = 2;
+  qr[n++] = 1;
+  qr[n++] = 0;
+  qr[body - 1] = (uint8_t)(n - body);
+  CHECK_OK(oi__wire_decode(qr, n, &back, &a));
+  CHECK(back.which_body == oiwire_Envelope_query_reply_tag && a.n_present == 2);
+  CHECK(a.present[0] == 1 && a.present[1] == 0 && a.bad == OI_OK);
+  /* Two bad hashes: the first one is named. */
+  uint8_t two_bad[16];
+  n = 0;
+  two_bad[n++] = (oiwire_Envelope_query_tag << 3) | 2;
+  two_bad[n++] = 7;
+  two_bad[n++] = (oiwire_Query_hashes_tag << 3) | 2;
+  two_bad[n++] = 1;
+  two_bad[n++] = 0xAA;
+  two_bad[n++] = (oiwire_Query_hashes_tag << 3) | 2;
+  two_bad[n++] = 2;
+  two_bad[n++] = 0xBB;
+  two_bad[n++] = 0xCC;
+  CHECK_OK(oi__wire_decode(two_bad, n, &back, &a));
+  CHECK(a.bad == OI_ERR_INVALID_ARGUMENT && strstr(a.bad_msg, "hash 0 is 1 bytes"));
+  /* Packed block ids that end inside a varint: PROTOCOL. */
+  uint8_t ids_cut[8];
+  n = 0;
+  ids_cut[n++] = (oiwire_Envelope_load_tag << 3) | 2;
+  ids_cut[n++] = 4;
+  ids_cut[n++] = (oiwire_Load_dst_block_ids_tag << 3) | 2;
+  ids_cut[n++] = 2;
+  ids_cut[n++] = 0x02; /* id 1 */
+  ids_cut[n++] = 0x80; /* a varint cut by the field's end */
+  CHECK_ST(oi__wire_decode(ids_cut, n, &back, &a), OI_ERR_PROTOCOL);
+  /* A Register whose arena does not decode (a truncated varint). */
+  uint8_t reg[8];
+  n = 0;
+  reg[n++] = (oiwire_Envelope_register_instance_tag << 3) | 2;
+  reg[n++] = 4;
+  reg[n++] = (oiwire_Register_arenas_tag << 3) | 2;
+  reg[n++] = 2;
+  reg[n++] = (oiwire_Arena_num_blocks_tag << 3) | 0;
+  reg[n++] = 0x80; /* a varint that never ends */
+  CHECK_ST(oi__wire_decode(reg, n, &back, &a), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "malformed message (6 bytes)"));
+  /* A Result's message: none is empty, a long one is cut to the field. */
+  oi__wire_set_result(&env, 9, OI_ERR_IO, NULL);
+  CHECK(env.request_id == 9 && env.body.result.status == OI_ERR_IO &&
+        env.body.result.message[0] == '\0');
+  char longmsg[2000];
+  memset(longmsg, 'm', sizeof longmsg - 1);
+  longmsg[sizeof longmsg - 1] = '\0';
+  oi__wire_set_result(&env, 9, OI_ERR_IO, longmsg);
+  CHECK(strlen(env.body.result.message) == sizeof env.body.result.message - 1);
+  /* Arenas with segment offsets: each arena takes its own; given fewer
+   * than the segments need, the encoder never reads past them (the last
+   * arena gets none). */
+  oi_arena_desc ad[2] = {
+      {.name = "k", .num_blocks = 2, .bytes_per_block = 64, .block_stride = 256, .segments = 2},
+      {.name = "v", .num_blocks = 2, .bytes_per_block = 64, .block_stride = 256, .segments = 2}};
+  uint64_t offs[3] = {0, 128, 64};
+  memset(&env, 0, sizeof env);
+  env.which_body = oiwire_Envelope_register_instance_tag;
+  oi_wire_out ao = {.arenas = ad, .n_arenas = 2, .segment_offsets = offs, .n_segment_offsets = 3};
+  uint8_t *fr = NULL;
+  size_t fl = 0;
+  CHECK_OK(oi__wire_encode(&env, &ao, &fr, &fl));
+  CHECK_OK(oi__wire_decode(fr + 4, fl - 4, &back, &a));
+  CHECK(a.n_arenas == 2 && a.arenas[0].segment_offsets_count == 2 &&
+        a.arenas[0].segment_offsets[1] == 128);
+  CHECK(a.arenas[1].segment_offsets_count == 1 && a.arenas[1].segment_offsets[0] == 64);
+  oi__free(fr);
+  ao.n_segment_offsets = 2; /* none left for the second arena */
+  CHECK_OK(oi__wire_encode(&env, &ao, &fr, &fl));
+  CHECK_OK(oi__wire_decode(fr + 4, fl - 4, &back, &a));
+  CHECK(a.arenas[0].segment_offsets_count == 2 && a.arenas[1].segment_offsets_count == 0);
+  oi__free(fr);
+  oi__wire_arrays_free(&a);
+  oi__wire_arrays_free(NULL);
+}
+
 int main(void) {
   RUN_TEST(test_hashes_and_ids_over_the_limit);
   RUN_TEST(test_membership_bytes_over_the_limit);
@@ -205,5 +475,8 @@ int main(void) {
   RUN_TEST(test_namespaces_over_the_limit);
   RUN_TEST(test_the_encoder_refuses_an_oversized_frame);
   RUN_TEST(test_send_and_recv_errors);
+  RUN_TEST(test_descriptors_with_a_frame);
+  RUN_TEST(test_socket_paths_and_connect_errors);
+  RUN_TEST(test_decode_edge_cases);
   TEST_EXIT();
 }

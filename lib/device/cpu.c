@@ -76,9 +76,10 @@ static oi_status cpu_mem_alloc(oi_dev *d, size_t bytes, uint32_t flags, void **o
     fd = shm_open(a->shm_name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
       int e = errno;
-      oi__free(a);
-      return oi__fail(OI_ERR_IO, "cpu mem_alloc: shm_open(%s) failed: %s", a->shm_name,
-                      strerror(e));
+      oi_status st =
+          oi__fail(OI_ERR_IO, "cpu mem_alloc: shm_open(%s) failed: %s", a->shm_name, strerror(e));
+      oi__free(a); /* after the message, which names it */
+      return st;
     }
     if (ftruncate(fd, (off_t)bytes) != 0) {
       int e = errno;

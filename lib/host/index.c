@@ -26,8 +26,8 @@ static inline uint32_t dist_of(uint64_t e, uint32_t pos, uint32_t n) {
 }
 
 static uint64_t *alloc_slots(uint32_t n) {
-  uint64_t *t = oi__malloc((size_t)n * sizeof *t);
-  if (t) memset(t, 0xFF, (size_t)n * sizeof *t); /* OI_INDEX_EMPTY */
+  uint64_t *t = oi__calloc_table((size_t)n * sizeof *t); /* huge pages when large */
+  if (t) memset(t, 0xFF, (size_t)n * sizeof *t);         /* OI_INDEX_EMPTY */
   return t;
 }
 

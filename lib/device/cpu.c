@@ -484,8 +484,12 @@ static oi_status stream_push(oi_stream *s, stream_item *it) {
     s->head = it;
   s->tail = it;
   s->submitted++;
-  if (s->idle) pthread_cond_signal(&s->cv);
+  bool wake = s->idle;
+  s->idle = false; /* one wake-up per sleep */
   pthread_mutex_unlock(&s->lock);
+  /* Signalled after the unlock: the worker does not wake only to wait for
+   * the lock this thread still holds. The stream outlives every push. */
+  if (wake) pthread_cond_signal(&s->cv);
   return OI_OK;
 }
 

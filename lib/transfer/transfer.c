@@ -172,10 +172,18 @@ typedef struct expired_cb {
 } expired_cb;
 
 static void expire_jobs_locked(oi_xfer *x, uint64_t now, uint64_t *next_deadline) {
+  /* A job that joins later has a deadline at least now + its direction's
+   * deadline_ms: sleeping no longer than that, the thread never needs a
+   * wake-up to arm its timer for a new job (an idle pipeline wakes once
+   * per deadline_ms). */
+  uint64_t floor = UINT64_MAX; /* deadline_ms 0: that direction's jobs have none */
+  for (int d = 0; d < 2; d++)
+    if (x->cfg.deadline_ms[d])
+      floor = OI_MIN(floor, now + (uint64_t)x->cfg.deadline_ms[d] * 1000000ull);
   for (;;) {
     expired_cb fire[32];
     size_t nfire = 0;
-    *next_deadline = UINT64_MAX;
+    *next_deadline = floor;
     for (int d = 0; d < 2; d++)
       for (oi_xfer_job *j = x->out_head[d]; j; j = j->out_next) {
         if (j->expired) continue; /* reported already; its copy has not landed yet */

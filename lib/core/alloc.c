@@ -50,11 +50,12 @@ void oi__free(void *p) { mi_free(p); }
 
 void *oi__calloc_table(size_t bytes) {
   if (bytes < TABLE_HUGE) return oi__calloc(1, bytes ? bytes : 1);
-  size_t rounded = (bytes + TABLE_HUGE - 1) & ~(size_t)(TABLE_HUGE - 1);
-  void *p = oi__aligned_alloc(TABLE_HUGE, rounded);
+  void *p = oi__aligned_alloc(TABLE_HUGE, bytes);
   if (!p) return NULL;
 #ifdef MADV_HUGEPAGE
-  madvise(p, rounded, MADV_HUGEPAGE); /* a hint: failure leaves small pages */
+  /* Only the huge pages the array fills: a partly used one at its end would
+   * be resident whole. A hint: where it fails, small pages. */
+  madvise(p, bytes & ~(size_t)(TABLE_HUGE - 1), MADV_HUGEPAGE);
 #endif
   memset(p, 0, bytes);
   return p;

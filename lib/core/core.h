@@ -48,10 +48,11 @@ void *oi__realloc(void *p, size_t bytes);
 void *oi__aligned_alloc(size_t alignment, size_t bytes);
 char *oi__strdup(const char *s);
 void oi__free(void *p);
-/* A zeroed array of at least 2 MiB for tables read at random (index tables,
- * block records): aligned to 2 MiB and advised for transparent huge pages,
- * so a lookup does not pay a page walk per line. Smaller sizes: oi__calloc.
- * Freed with oi__free. */
+/* A zeroed array for tables read at random (index tables, block records):
+ * from 2 MiB, aligned to 2 MiB and its whole 2 MiB pages advised for
+ * transparent huge pages, so a lookup does not pay a page walk per line (a
+ * partly filled last page stays small pages: no memory is resident beyond
+ * the array). Smaller sizes: oi__calloc. Freed with oi__free. */
 void *oi__calloc_table(size_t bytes);
 /* Grows the array *buf (capacity *cap elements of `elem` bytes) to hold at
  * least `need` elements, doubling, but never past `max` elements (false when

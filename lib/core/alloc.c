@@ -43,6 +43,24 @@ char *oi__strdup(const char *s) { return s ? mi_strdup(s) : NULL; }
 void oi__free(void *p) { mi_free(p); }
 #endif
 
+#include <string.h>
+#include <sys/mman.h>
+
+#define TABLE_HUGE (2u << 20)
+
+void *oi__calloc_table(size_t bytes) {
+  if (bytes < TABLE_HUGE) return oi__calloc(1, bytes ? bytes : 1);
+  void *p = oi__aligned_alloc(TABLE_HUGE, bytes);
+  if (!p) return NULL;
+#ifdef MADV_HUGEPAGE
+  /* Only the huge pages the array fills: a partly used one at its end would
+   * be resident whole. A hint: where it fails, small pages. */
+  madvise(p, bytes & ~(size_t)(TABLE_HUGE - 1), MADV_HUGEPAGE);
+#endif
+  memset(p, 0, bytes);
+  return p;
+}
+
 bool oi__grow(void **buf, size_t *cap, size_t need, size_t elem, size_t max) {
   if (need <= *cap) return true;
   if (need > max) return false;

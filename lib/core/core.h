@@ -48,6 +48,12 @@ void *oi__realloc(void *p, size_t bytes);
 void *oi__aligned_alloc(size_t alignment, size_t bytes);
 char *oi__strdup(const char *s);
 void oi__free(void *p);
+/* A zeroed array for tables read at random (index tables, block records):
+ * from 2 MiB, aligned to 2 MiB and its whole 2 MiB pages advised for
+ * transparent huge pages, so a lookup does not pay a page walk per line (a
+ * partly filled last page stays small pages: no memory is resident beyond
+ * the array). Smaller sizes: oi__calloc. Freed with oi__free. */
+void *oi__calloc_table(size_t bytes);
 /* Grows the array *buf (capacity *cap elements of `elem` bytes) to hold at
  * least `need` elements, doubling, but never past `max` elements (false when
  * `need` exceeds it). On failure *buf and *cap are unchanged. */

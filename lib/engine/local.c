@@ -54,7 +54,10 @@ typedef struct local_engine {
 
   pthread_mutex_t lock;
   pthread_cond_t flush_cv; /* a save operation finished */
-  uint64_t save_ops_submitted, save_ops_done;
+  /* Save operations: submitted counts up before the operation's job can
+   * complete (an atomic: a save call takes no engine lock), done under lock. */
+  atomic_uint_fast64_t save_ops_submitted;
+  uint64_t save_ops_done;
   /* Hashes this engine's saves deduplicated against blocks another engine
    * still had in flight: a flush also waits for those to seal. */
   oi_block_hash *foreign;
@@ -379,7 +382,7 @@ static oi_status local_save_layers(local_engine *e, const int64_t *ids, const oi
   pthread_mutex_lock(&e->lock);
   for (size_t i = 0; i < n; i++)
     if (!partial_find(e, &hashes[i])) pos[nfresh++] = i;
-  e->save_ops_submitted++;
+  atomic_fetch_add(&e->save_ops_submitted, 1);
   pthread_mutex_unlock(&e->lock);
   if (nfresh) {
     for (size_t k = 0; k < nfresh; k++) {
@@ -448,9 +451,7 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids,
   if (!job) return oi__fail(OI_ERR_OUT_OF_MEMORY, "save: out of memory");
   oi_ticket *t = oi__xfer_job_ticket(job);
   oi__xfer_job_on_done(job, opt->on_done, opt->on_done_ctx);
-  pthread_mutex_lock(&e->lock);
-  e->save_ops_submitted++;
-  pthread_mutex_unlock(&e->lock);
+  atomic_fetch_add(&e->save_ops_submitted, 1);
 
   oi__xfer_job_wait_event(job, opt->wait_event);
   save_call c = {
@@ -611,7 +612,7 @@ static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {
   uint64_t deadline = oi__deadline_ns(timeout_ms);
   struct timespec ts = oi__timespec(deadline);
   pthread_mutex_lock(&e->lock);
-  uint64_t target = e->save_ops_submitted;
+  uint64_t target = atomic_load(&e->save_ops_submitted);
   /* Take the in-flight duplicates noted so far; they are waited for below. */
   oi_block_hash *foreign = e->foreign;
   size_t nforeign = e->nforeign;
@@ -690,7 +691,7 @@ static oi_status local_stats(const oi_offload_engine *base, oi_engine_stats *out
   s.query_hit_blocks = atomic_load(&e->c.query_hit_blocks);
   s.query_miss_blocks = atomic_load(&e->c.query_miss_blocks);
   pthread_mutex_lock(&e->lock);
-  s.saves_pending = e->save_ops_submitted - e->save_ops_done;
+  s.saves_pending = atomic_load(&e->save_ops_submitted) - e->save_ops_done;
   pthread_mutex_unlock(&e->lock);
   s.loads_submitted = atomic_load(&e->c.loads_submitted);
   s.namespace_blocks_resident = oi__host_ns_resident(e->host, e->ns);

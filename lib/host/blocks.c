@@ -48,7 +48,7 @@ static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash
   uint64_t now = 0, inserted[8] = {0}; /* a filter of the keys this batch inserted */
   if (m == 0) return;
   for (size_t j = *used; j < nspare && j < *used + m; j++) /* the records this batch fills */
-    __builtin_prefetch(spare[j], 1);
+    oi__rec_prefetch(spare[j]);
   if (idx[m - 1] - idx[0] != m - 1) { /* not a contiguous run of hashes */
     for (size_t j = 0; j < m; j++)
       copy[j] = hashes[idx[j]];
@@ -263,14 +263,7 @@ static void prefix_walk(oi_offload_host *h, uint32_t ns, const oi_block_hash *ha
     if (!in_run) {
       while (i < k && q.found[i] && q.found[i]->state == BLOCK_SEALED)
         i++;
-      if (pinned) {
-        /* The LRU neighbours a pin unlinks from, all at once. */
-        for (size_t j = 0; j < i; j++) {
-          host_block *b = q.found[j];
-          if (!oi__block_evictable(b)) continue;
-          if (b->lru_prev != OI_NIL) __builtin_prefetch(oi__rec(h, b->lru_prev), 1);
-          if (b->lru_next != OI_NIL) __builtin_prefetch(oi__rec(h, b->lru_next), 1);
-        }
+      if (pinned) { /* a pin leaves the block on its LRU list: no neighbour is touched */
         for (size_t j = 0; j < i; j++) {
           oi__block_pin_locked(oi__index_batch_shard(h, &q, j), q.found[j], t);
           pinned[found + j] = q.found[j];
@@ -361,8 +354,10 @@ void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, 
       if (--b->loading == 0) {
         unloaded++;
         if (oi__block_evictable(b)) {
+          index_shard *s = oi__block_shard(h, b);
           b->last_used = now;
-          oi__lru_push_locked(oi__block_shard(h, b), b);
+          oi__lru_remove_locked(s, b); /* still listed where it was pinned */
+          oi__lru_push_locked(s, b);
         }
       }
     }

@@ -30,11 +30,14 @@ typedef enum block_state {
 #define OI_NIL UINT32_MAX
 
 /* One host block slot, 48 bytes. While indexed, (ns, hash) names it in the
- * shard oi__block_shard picks. It is on its shard's LRU list iff
- * oi__block_evictable. Its bytes are computed from its id (oi__block_data),
- * its size class from its chunk (oi__block_cls). The bit fields share one
- * word: they change only under the block's shard lock (or while the block is
- * free, owned by whoever holds it). */
+ * shard oi__block_shard picks. Every oi__block_evictable block is on its
+ * shard's LRU list; so may be a pinned or loading one (a pin leaves the block
+ * where it is; eviction unlinks what it meets at the tail that is not
+ * evictable, and the unpin or load end that makes a block evictable moves it
+ * to the recent end). Spilling and in-flight blocks never are. Its bytes are computed from its id
+ * (oi__block_data), its size class from its chunk (oi__block_cls). The bit fields share one word:
+ * they change only under the block's shard lock (or while the block is free, owned by whoever holds
+ * it). */
 struct host_block {
   oi_block_hash hash;
   uint32_t ns;
@@ -48,7 +51,7 @@ struct host_block {
   uint64_t last_used;
 };
 
-/* Whether a block may be evicted (and is on its shard's LRU list). */
+/* Whether a block may be evicted (then it is on its shard's LRU list). */
 static inline bool oi__block_evictable(const host_block *b) {
   return b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0 && !b->spilling;
 }
@@ -221,6 +224,12 @@ struct oi_offload_host {
  * while any of its slots is allocated. */
 static inline host_block *oi__rec(const oi_offload_host *h, uint32_t id) {
   return h->chunks[id >> h->slot_bits].records + (id & ((1u << h->slot_bits) - 1));
+}
+/* Prefetches a record for writing: both of its lines (a 48-byte record
+ * crosses a line boundary at every other slot). */
+static inline void oi__rec_prefetch(const host_block *b) {
+  __builtin_prefetch(b, 1);
+  __builtin_prefetch((const char *)b + sizeof *b - 1, 1);
 }
 /* A block's size class: its chunk's (stable while the block is allocated). */
 static inline uint32_t oi__block_cls(const oi_offload_host *h, const host_block *b) {

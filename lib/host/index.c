@@ -26,8 +26,8 @@ static inline uint32_t dist_of(uint64_t e, uint32_t pos, uint32_t n) {
 }
 
 static uint64_t *alloc_slots(uint32_t n) {
-  uint64_t *t = oi__malloc((size_t)n * sizeof *t);
-  if (t) memset(t, 0xFF, (size_t)n * sizeof *t); /* OI_INDEX_EMPTY */
+  uint64_t *t = oi__calloc_table((size_t)n * sizeof *t); /* huge pages when large */
+  if (t) memset(t, 0xFF, (size_t)n * sizeof *t);         /* OI_INDEX_EMPTY */
   return t;
 }
 
@@ -263,7 +263,7 @@ void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
   uint32_t cand[OI_BATCH];
   for (size_t i = 0; i < n; i++) {
     cand[i] = first_with_tag(&h->shards[q->shard[i]], (uint32_t)q->key[i]);
-    if (cand[i] != OI_NIL) __builtin_prefetch(oi__rec(h, cand[i]), 1);
+    if (cand[i] != OI_NIL) oi__rec_prefetch(oi__rec(h, cand[i]));
   }
   for (size_t i = 0; i < n; i++) {
     host_block *b = NULL;
@@ -349,8 +349,12 @@ void oi__lru_insert_ordered_locked(index_shard *s, host_block *b) {
   after->lru_next = b->id;
 }
 
+/* A pin leaves the block where it is on its LRU list: unlinking it would
+ * touch two neighbour records at random addresses per hit (a query's largest
+ * cost). Eviction unlinks the pinned blocks it meets at a list's tail, and
+ * the unpin that makes a block evictable again moves it to the recent end. */
 void oi__block_pin_locked(index_shard *s, host_block *b, pin_tally *t) {
-  if (evictable(b)) oi__lru_remove_locked(s, b);
+  (void)s;
   t->pinned += !(b->pins || b->loading);
   t->leased += b->pins++ == 0;
 }
@@ -360,6 +364,7 @@ void oi__block_unpin_locked(index_shard *s, host_block *b, pin_tally *t) {
   t->pinned -= !(b->pins || b->loading);
   if (evictable(b)) {
     b->last_used = t->now ? t->now : (t->now = oi__now_ns());
+    oi__lru_remove_locked(s, b); /* still listed where it was pinned */
     oi__lru_push_locked(s, b);
   }
 }
@@ -380,7 +385,7 @@ void oi__pin_tally_apply(oi_offload_host *h, const pin_tally *t) {
 
 size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_block **out) {
   uint32_t nclasses = atomic_load(&h->nclasses);
-  size_t got = 0;
+  size_t got = 0, unlisted = 0;
   int misses = 0;
   while (got < want && misses < 4) {
     index_shard *best = NULL;
@@ -402,20 +407,24 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
       pthread_mutex_unlock(&s->lock);
     }
     if (!best) break;
-    size_t before = got;
+    size_t before = got, skipped = unlisted;
     pthread_mutex_lock(&best->lock);
-    for (int r = 0; r < EVICT_RUN && got < want; r++) {
+    for (int r = 0; r < EVICT_RUN && got < want;) {
       if (best->lru_tail[best_cls] == OI_NIL) break;
       host_block *t = oi__rec(h, best->lru_tail[best_cls]);
-      if (!evictable(t)) break;
       oi__lru_remove_locked(best, t);
+      if (!evictable(t)) { /* pinned or loading (a pin leaves it listed): its unpin relists it */
+        unlisted++;
+        continue;
+      }
+      r++;
       oi__index_remove_locked(best, t);
       t->state = BLOCK_FREE;
       oi__ns_resident_add(h, t->ns, (uint64_t)-1);
       out[got++] = t;
     }
     pthread_mutex_unlock(&best->lock);
-    if (got == before) misses++; /* raced with a pin: look again */
+    if (got == before && unlisted == skipped) misses++; /* raced with a pin: look again */
   }
   if (got) {
     atomic_fetch_sub(&h->c.blocks_sealed, got);

@@ -192,7 +192,7 @@ size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max,
       host_block *b = oi__index_find_key_locked(s, key, q->ns, &q->hash);
       bool take = b && b->id == q->id && b->state == BLOCK_SEALED && !b->lower && !b->spilling;
       if (take) {
-        if (oi__block_evictable(b)) oi__lru_remove_locked(s, b);
+        oi__lru_remove_locked(s, b); /* listed if evictable, or pinned where it was */
         b->spilling = 1;
       }
       pthread_mutex_unlock(&s->lock);

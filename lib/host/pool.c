@@ -157,7 +157,7 @@ static bool carve_chunk(oi_offload_host *h, uint32_t cls) {
   uint64_t nslots64 = h->chunk_bytes / c->slot_bytes;
   if (nslots64 > (1ull << h->slot_bits)) nslots64 = 1ull << h->slot_bits;
   uint32_t nslots = (uint32_t)nslots64, words = (nslots + 63) / 64;
-  host_block *recs = oi__calloc(nslots, sizeof *recs);
+  host_block *recs = oi__calloc_table((size_t)nslots * sizeof *recs);
   uint64_t *bits = oi__calloc(words, sizeof *bits);
   if (!recs || !bits) {
     oi__free(recs);

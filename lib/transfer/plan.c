@@ -1,14 +1,14 @@
 #include "plan.h"
 
-oi_status oi__plan_build(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
-                         size_t n, oi_copy_dir dir, oi_copy_desc **descs, size_t *n_descs) {
-  size_t pieces_per_block = 0;
+static size_t pieces_per_block(const oi_layout *l) {
+  size_t p = 0;
   for (uint32_t a = 0; a < l->num_arenas; a++)
-    pieces_per_block += l->arenas[a].segments;
-  oi_copy_desc *d = oi__malloc(n * pieces_per_block * sizeof *d + 1);
-  if (!d)
-    return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy plan: out of memory for %zu pieces",
-                    n * pieces_per_block);
+    p += l->arenas[a].segments;
+  return p;
+}
+
+static size_t plan(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks, size_t n,
+                   oi_copy_dir dir, oi_copy_desc *d) {
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     const uint8_t *host = host_blocks[i];
@@ -27,7 +27,24 @@ oi_status oi__plan_build(const oi_layout *l, const int64_t *ids, uint8_t *const 
       }
     }
   }
+  return k;
+}
+
+bool oi__plan_build_into(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
+                         size_t n, oi_copy_dir dir, oi_copy_desc *descs, size_t cap,
+                         size_t *n_descs) {
+  size_t ppb = pieces_per_block(l);
+  if (ppb && n > cap / ppb) return false;
+  *n_descs = plan(l, ids, host_blocks, n, dir, descs);
+  return true;
+}
+
+oi_status oi__plan_build(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
+                         size_t n, oi_copy_dir dir, oi_copy_desc **descs, size_t *n_descs) {
+  size_t ppb = pieces_per_block(l);
+  oi_copy_desc *d = oi__malloc(n * ppb * sizeof *d + 1);
+  if (!d) return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy plan: out of memory for %zu pieces", n * ppb);
+  *n_descs = plan(l, ids, host_blocks, n, dir, d);
   *descs = d;
-  *n_descs = k;
   return OI_OK;
 }

@@ -57,7 +57,15 @@ struct oi_xfer {
   pthread_mutex_t lock;
   pthread_cond_t cv; /* a job arrived, a deadline was armed, or stop */
   oi_xfer_job *head, *tail;
-  oi_xfer_job *outstanding; /* queued jobs whose copies have not landed */
+  /* Queued jobs whose copies have not landed, per direction, oldest first:
+   * every job of a direction has the same deadline_ms and its deadline is
+   * taken under the lock as it joins, so each list is in deadline order and
+   * expiry looks only at its front. */
+  oi_xfer_job *out_head[2], *out_tail[2];
+  /* While the completion thread sleeps (asleep), when it wakes by itself:
+   * a new job wakes it only when its deadline is earlier. */
+  bool asleep;
+  uint64_t asleep_until; /* UINT64_MAX: until signalled */
   bool stopping;
 };
 
@@ -140,13 +148,17 @@ static void complete_job(oi_xfer_job *job) {
 }
 
 static void outstanding_remove_locked(oi_xfer *x, oi_xfer_job *job) {
+  int d = job->dir;
   if (job->out_prev)
     job->out_prev->out_next = job->out_next;
-  else if (x->outstanding == job)
-    x->outstanding = job->out_next;
+  else if (x->out_head[d] == job)
+    x->out_head[d] = job->out_next;
   else
     return; /* not on the list */
-  if (job->out_next) job->out_next->out_prev = job->out_prev;
+  if (job->out_next)
+    job->out_next->out_prev = job->out_prev;
+  else
+    x->out_tail[d] = job->out_prev;
   job->out_prev = job->out_next = NULL;
 }
 
@@ -160,23 +172,33 @@ typedef struct expired_cb {
 } expired_cb;
 
 static void expire_jobs_locked(oi_xfer *x, uint64_t now, uint64_t *next_deadline) {
+  /* A job that joins later has a deadline at least now + its direction's
+   * deadline_ms: sleeping no longer than that, the thread never needs a
+   * wake-up to arm its timer for a new job (an idle pipeline wakes once
+   * per deadline_ms). */
+  uint64_t floor = UINT64_MAX; /* deadline_ms 0: that direction's jobs have none */
+  for (int d = 0; d < 2; d++)
+    if (x->cfg.deadline_ms[d])
+      floor = OI_MIN(floor, now + (uint64_t)x->cfg.deadline_ms[d] * 1000000ull);
   for (;;) {
     expired_cb fire[32];
     size_t nfire = 0;
-    *next_deadline = UINT64_MAX;
-    for (oi_xfer_job *j = x->outstanding; j; j = j->out_next) {
-      if (j->expired) continue;
-      if (j->deadline_ns > now || nfire == OI_ARRAY_LEN(fire)) {
-        *next_deadline = OI_MIN(*next_deadline, j->deadline_ns);
-        continue;
+    *next_deadline = floor;
+    for (int d = 0; d < 2; d++)
+      for (oi_xfer_job *j = x->out_head[d]; j; j = j->out_next) {
+        if (j->expired) continue; /* reported already; its copy has not landed yet */
+        if (j->deadline_ns > now || nfire == OI_ARRAY_LEN(fire)) {
+          /* In deadline order: the rest of this list is not due before it. */
+          *next_deadline = OI_MIN(*next_deadline, j->deadline_ns);
+          break;
+        }
+        j->expired = true;
+        fire[nfire++] = (expired_cb){j->ticket, j->on_done, j->on_done_ctx};
+        j->ticket = NULL;
+        j->on_done = NULL;
+        OI_LOG_I(OI_LOG_WARN, "engine", log_id(x), "%s of %zu blocks missed its %u ms deadline",
+                 j->dir == OI_COPY_H2D ? "load" : "save", j->n, x->cfg.deadline_ms[j->dir]);
       }
-      j->expired = true;
-      fire[nfire++] = (expired_cb){j->ticket, j->on_done, j->on_done_ctx};
-      j->ticket = NULL;
-      j->on_done = NULL;
-      OI_LOG_I(OI_LOG_WARN, "engine", log_id(x), "%s of %zu blocks missed its %u ms deadline",
-               j->dir == OI_COPY_H2D ? "load" : "save", j->n, x->cfg.deadline_ms[j->dir]);
-    }
     if (nfire == 0) return;
     pthread_mutex_unlock(&x->lock); /* callbacks run without the lock */
     for (size_t i = 0; i < nfire; i++) {
@@ -194,12 +216,15 @@ static void *done_main(void *arg) {
     uint64_t next_deadline;
     expire_jobs_locked(x, oi__now_ns(), &next_deadline);
     if (!x->head && !x->stopping) {
+      x->asleep = true;
+      x->asleep_until = next_deadline;
       if (next_deadline == UINT64_MAX) {
         pthread_cond_wait(&x->cv, &x->lock);
       } else {
         struct timespec ts = oi__timespec(next_deadline);
         pthread_cond_timedwait(&x->cv, &x->lock, &ts);
       }
+      x->asleep = false;
       continue;
     }
     oi_xfer_job *job = x->head;
@@ -217,16 +242,22 @@ static void *done_main(void *arg) {
 
 /* ---- queueing ---------------------------------------------------------------- */
 
+#define PLAN_STACK 128
+
 /* Queues the copies of n pairs (device ids[i] <-> host[i]) of the arenas of
  * `l` (the pipeline's layout, or a view of some of its arenas) on `s`. */
 static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, oi_stream *s,
                                  oi_copy_dir dir, const int64_t *ids, uint8_t *const *host,
                                  size_t n) {
   if (n == 0) return OI_OK;
-  oi_copy_desc *descs = NULL;
+  /* A call's plan of up to PLAN_STACK pieces is built on the stack (the
+   * stream copies the descriptors it keeps). */
+  oi_copy_desc stack[PLAN_STACK], *descs = stack;
   size_t nd = 0;
-  oi_status st = oi__plan_build(l, ids, host, n, dir, &descs, &nd);
-  if (st != OI_OK) return st;
+  oi_status st = OI_OK;
+  if (!oi__plan_build_into(l, ids, host, n, dir, stack, PLAN_STACK, &nd) &&
+      (st = oi__plan_build(l, ids, host, n, dir, &descs, &nd)) != OI_OK)
+    return st;
   oi_copy_params cp = {.mode = mode,
                        .cta_limit = x->cfg.cta_limit,
                        .host_mapped = x->cfg.host_mapped,
@@ -235,7 +266,7 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
     st = oi__fail(OI_ERR_IO, "queuing copies failed (injected fault)");
   else
     st = x->dev->ops->stream_copy(s, dir, descs, nd, &cp);
-  oi__free(descs);
+  if (descs != stack) oi__free(descs);
   return st;
 }
 
@@ -330,12 +361,19 @@ static oi_status queue_completion(oi_xfer_job *job) {
   }
   if (st != OI_OK) return st;
   uint32_t ms = x->cfg.deadline_ms[job->dir];
-  job->deadline_ns = oi__deadline_ns(ms ? ms : UINT32_MAX);
+  int d = job->dir;
   pthread_mutex_lock(&x->lock);
-  job->out_next = x->outstanding;
-  if (x->outstanding) x->outstanding->out_prev = job;
-  x->outstanding = job;
-  pthread_cond_signal(&x->cv); /* the done thread re-arms its timer */
+  job->deadline_ns = oi__deadline_ns(ms ? ms : UINT32_MAX); /* under the lock: in list order */
+  job->out_prev = x->out_tail[d];
+  job->out_next = NULL;
+  if (x->out_tail[d])
+    x->out_tail[d]->out_next = job;
+  else
+    x->out_head[d] = job;
+  x->out_tail[d] = job;
+  /* The done thread re-arms its timer, only when it sleeps past this
+   * deadline (awake, it looks at the lists before sleeping again). */
+  if (x->asleep && job->deadline_ns < x->asleep_until) pthread_cond_signal(&x->cv);
   pthread_mutex_unlock(&x->lock);
   if (OI_FAULT(OI_FAULT_COMPLETION_SUBMIT, NULL))
     st = oi__fail(OI_ERR_IO, "queuing a completion failed (injected fault)");

@@ -167,6 +167,60 @@ static void test_leased_blocks_survive_eviction_pressure(void) {
   oi_offload_host_destroy(h);
 }
 
+/* A pin leaves its block on the LRU list (index.c): eviction unlinks the
+ * pinned blocks it meets at the tail and evicts the least recently used
+ * blocks behind them, exactly; the release that unpins them makes them the
+ * most recently used. */
+static void test_pinned_blocks_at_the_lru_tail_are_skipped_in_order(void) {
+  oi_offload_host *h = small_host();
+  oi_offload_engine *e = etu_engine_create(h, &L, "pinned-tail", 1);
+  oi_block_hash A[K], B[4], C[4];
+  for (int i = 0; i < K; i++) {
+    A[i] = etu_hash(16, (uint64_t)i);
+    save_one(e, A[i], 16000 + (uint64_t)i, i % SRC_SLOTS);
+  }
+  oi_query_result lease; /* the four oldest, pinned at the tail */
+  CHECK_OK(etu_query(e, NULL, A, 4, &lease));
+  CHECK(lease.hit_blocks == 4);
+  int64_t src[4] = {0, 1, 2, 3};
+  for (int j = 0; j < 4; j++) {
+    B[j] = etu_hash(17, (uint64_t)j);
+    C[j] = etu_hash(18, (uint64_t)j);
+    etu_fill_block(&L, src[j], 17000 + (uint64_t)j, SEED);
+  }
+  CHECK_OK(etu_save_wait(e, src, B, 4));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  oi_host_stats s = etu_host_stats(h);
+  CHECK(s.saves_dropped == 0);
+  CHECK(s.evictions == 4);
+  CHECK(etu_accounting_ok(&s));
+  CHECK_OK(oi_offload_engine_release(e, lease.lease)); /* A0..A3: now the most recent */
+  for (int j = 0; j < 4; j++)
+    etu_fill_block(&L, src[j], 18000 + (uint64_t)j, SEED);
+  CHECK_OK(etu_save_wait(e, src, C, 4));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  uint8_t present[K];
+  CHECK(etu_membership(e, A, K, present) == K - 8);
+  for (int i = 0; i < K; i++) {
+    bool want = i < 4 || i >= 12; /* A4..A7 went for B, A8..A11 for C */
+    if (present[i] != want) {
+      fprintf(stderr, "  A%d: present %d, expected %d\n", i, present[i], want);
+      oi_test_failures++;
+    }
+  }
+  uint8_t p4[4];
+  CHECK(etu_membership(e, B, 4, p4) == 4);
+  CHECK(etu_membership(e, C, 4, p4) == 4);
+  for (int i = 0; i < 4; i++)
+    CHECK(load_and_check(e, A[i], 16000 + (uint64_t)i, SRC_SLOTS + i, "pinned at the tail"));
+  s = etu_host_stats(h);
+  CHECK(s.evictions == 8);
+  CHECK(s.saves_dropped == 0);
+  CHECK(etu_accounting_ok(&s));
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+}
+
 typedef struct done_flag {
   atomic_int calls;
   atomic_int st;
@@ -566,6 +620,7 @@ int main(void) {
   etu_layout_simple(&L, 2, NB, BLOCK_BYTES / 2);
   RUN_TEST(test_a_full_pool_evicts_least_recently_used_blocks);
   RUN_TEST(test_leased_blocks_survive_eviction_pressure);
+  RUN_TEST(test_pinned_blocks_at_the_lru_tail_are_skipped_in_order);
   RUN_TEST(test_saves_without_memory_are_dropped_and_counted);
   RUN_TEST(test_in_flight_and_loading_blocks_survive_eviction);
   RUN_TEST(test_pool_accounting_and_evict_all);

@@ -87,6 +87,23 @@ static void calloc_returns_zeroed_mimalloc_memory(void) {
   }
 }
 
+/* Tables read at random: zeroed at every size, aligned to 2 MiB from 2 MiB
+ * (their whole huge pages advised), freed with oi__free; memory dirtied and
+ * freed comes back zeroed. */
+static void calloc_table_is_zeroed_and_aligned_when_large(void) {
+  const size_t sizes[] = {1, 4096, (2u << 20) - 8, 2u << 20, (3u << 20) + 24, 12u << 20};
+  for (int round = 0; round < 2; round++)
+    for (size_t i = 0; i < OI_ARRAY_LEN(sizes); i++) {
+      unsigned char *p = oi__calloc_table(sizes[i]);
+      REQUIRE(p != NULL);
+      CHECK(all_zero(p, sizes[i]));
+      if (sizes[i] >= (2u << 20)) CHECK(((uintptr_t)p & ((2u << 20) - 1)) == 0);
+      CHECK(USABLE_SIZE(p) >= sizes[i]);
+      memset(p, 0xA5, sizes[i]); /* the next round must get zeroes again */
+      oi__free(p);
+    }
+}
+
 static void calloc_overflow_fails(void) { CHECK(oi__calloc(SIZE_MAX / 2, 4) == NULL); }
 
 static void aligned_alloc_is_aligned_mimalloc_memory(void) {
@@ -197,6 +214,7 @@ int main(void) {
   RUN_TEST(mimalloc_ownership_check_can_say_no);
   RUN_TEST(malloc_returns_mimalloc_memory);
   RUN_TEST(calloc_returns_zeroed_mimalloc_memory);
+  RUN_TEST(calloc_table_is_zeroed_and_aligned_when_large);
   RUN_TEST(calloc_overflow_fails);
   RUN_TEST(aligned_alloc_is_aligned_mimalloc_memory);
   RUN_TEST(realloc_keeps_contents);

@@ -141,7 +141,7 @@ static oi_status cpu_mem_copy(oi_dev *d, void *dst, const void *src, size_t byte
   OI_UNUSED(d);
   if (bytes && (!dst || !src))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "cpu mem_copy: NULL pointer");
-  memmove(dst, src, bytes);
+  if (bytes) memmove(dst, src, bytes); /* (memmove of NULL is undefined even for 0 bytes) */
   return OI_OK;
 }
 

@@ -16,6 +16,7 @@
  *    ask no lease (the first two are removed as stale).
  * Skips (77) when redis-server is not on PATH. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 #include <xxhash.h>
@@ -228,6 +229,8 @@ enum { R_ERROR, R_GARBAGE, R_TOO_MANY, R_OTHER_SIZE, R_OUTSIDE, R_BAD_SUM, R_GOO
 static int g_mode;
 static uint8_t *g_region; /* NB blocks, block i holding pattern(i) */
 static atomic_int g_leases;
+static uint8_t g_lease_req[CL_LEASE(NB)]; /* the first LEASE a reader sent (real ids) */
+static size_t g_lease_len;
 
 static void rogue_answer(void *ctx, const char *peer, const void *req, size_t len,
                          oi_peer_reply *r) {
@@ -240,7 +243,10 @@ static void rogue_answer(void *ctx, const char *peer, const void *req, size_t le
     oi__peer_reply_set(r, out, sizeof out);
     return;
   }
-  atomic_fetch_add(&g_leases, 1);
+  if (atomic_fetch_add(&g_leases, 1) == 0 && len <= sizeof g_lease_req) {
+    memcpy(g_lease_req, req, len);
+    g_lease_len = len;
+  }
   uint32_t n = get32(m + CL_HDR + 16);
   if (g_mode == R_ERROR) {
     oi__peer_reply_status(r, OI_ERR_NOT_FOUND);
@@ -392,6 +398,79 @@ static void test_rogue_holder(void) {
   free(g_region);
 }
 
+/* ---- a flood of LEASEs ---- */
+
+typedef struct flooder {
+  oi_peer *p;
+  int calls, valid, closed;
+} flooder;
+
+static void *flood_main(void *arg) {
+  flooder *f = arg;
+  uint32_t n = get32(g_lease_req + CL_HDR + 16);
+  for (int i = 0; i < f->calls; i++) {
+    void *rep = NULL;
+    size_t rl = 0;
+    oi_status st = oi__peer_call(f->p, g_lease_req, g_lease_len, &rep, &rl, 0);
+    if (st == OI_OK && rl == CL_LEASE_REPLY(n) && get32((uint8_t *)rep + CL_HDR + 8) == n)
+      f->valid++;
+    else if (st == OI_ERR_CLOSED || st == OI_ERR_IO)
+      f->closed++;
+    oi__free(rep);
+  }
+  return NULL;
+}
+
+/* A holder flooded with LEASEs (the LEASE a real reader sent, its blocks
+ * all there): thousands sent without waiting and calls from four threads
+ * meanwhile, more than its server threads' queue holds. Every call gets a
+ * full, valid lease (its blocks counted served); and destroyed with LEASEs queued and leases
+ * outstanding, it ends cleanly, its calls ending OI_ERR_CLOSED or answered. */
+static void test_lease_flood(void) {
+  REQUIRE(g_lease_len >= CL_LEASE(1)); /* test_rogue_holder captured one */
+  node a;
+  node_open(&a, "flooded");
+  save(&a, NB);
+  oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
+                           .node_id = "flooder",
+                           .secret = (const uint8_t *)SECRET_TEXT,
+                           .secret_len = strlen(SECRET_TEXT),
+                           .timeout_ms = 10000};
+  oi_peer_net *net = NULL;
+  REQUIRE(oi__peer_net_create(&o, &net) == OI_OK);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", cstats(&a).port);
+  oi_peer *p = NULL;
+  REQUIRE(oi__peer_connect(net, addr, &p) == OI_OK);
+  for (int round = 0; round < 2; round++) {
+    flooder f[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+      f[i] = (flooder){.p = p, .calls = 50};
+      REQUIRE(pthread_create(&th[i], NULL, flood_main, &f[i]) == 0);
+    }
+    for (int i = 0; i < 2000; i++)
+      CHECK_OK(oi__peer_send(p, g_lease_req, g_lease_len, 0));
+    if (round == 1) {
+      /* Destroyed under the flood: LEASEs queued for its servers are
+       * refused, the ones still coming answered on the progress thread. */
+      node_close(&a);
+    }
+    for (int i = 0; i < 4; i++) {
+      pthread_join(th[i], NULL);
+      if (round == 0) {
+        CHECK(f[i].valid == f[i].calls);
+      } else if (f[i].valid + f[i].closed != f[i].calls) {
+        fprintf(stderr, "flooder %d: %d valid, %d closed of %d\n", i, f[i].valid, f[i].closed,
+                f[i].calls);
+        CHECK(false);
+      }
+    }
+    if (round == 0) CHECK(cstats(&a).served_blocks >= 200u * get32(g_lease_req + CL_HDR + 16));
+  }
+  oi__peer_net_destroy(net);
+}
+
 /* ---- attach: secret files, an advertised address ---- */
 
 static void test_secret_files_and_advertise(void) {
@@ -461,6 +540,7 @@ int main(void) {
   g_redis = redis_start(g_port);
   RUN_TEST(test_holder_refuses_bad_requests);
   RUN_TEST(test_rogue_holder);
+  RUN_TEST(test_lease_flood);
   RUN_TEST(test_secret_files_and_advertise);
   redis_stop(g_redis);
   unlink(g_secret_path);

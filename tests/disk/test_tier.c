@@ -359,6 +359,61 @@ static void test_bad_options(void) {
   dt_rmtree(dir);
 }
 
+/* Blocks larger than the disk's data file (256 KiB blocks, a disk of
+ * 128 KiB): every spill is refused and counted skipped, nothing is on the
+ * disk, the pool still serves the blocks byte-exact, and once they are
+ * evicted from the pool they are misses (never a partial block). */
+static void test_blocks_larger_than_the_disk(void) {
+  char *dir = dt_mkdtemp();
+  rig r;
+  const uint64_t block = 256 * KiB;
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 8 * MiB;
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  d.capacity_bytes = 128 * KiB;
+  rig_open_with(&r, dir, block, "too-big", &ho, &d, 2 * NB);
+  enum { N = 8 };
+  int64_t ids[N];
+  oi_block_hash hs[NB];
+  for (int b = 0; b < N; b++) {
+    ids[b] = b;
+    hs[b] = hash_of((uint64_t)b);
+    for (uint64_t i = 0; i < block; i++)
+      r.mem[(uint64_t)b * block + i] = pattern((uint64_t)b, i);
+  }
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, N, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  double t0 = dt_now_s();
+  while (disk_stats(&r).spills_skipped < N && dt_now_s() - t0 < 10)
+    usleep(5000);
+  oi_host_disk_stats s = disk_stats(&r);
+  CHECK(s.spills_skipped == N && s.spills == 0 && s.blocks == 0);
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, 0, &q));
+  CHECK(q.hit_blocks == N);
+  int64_t dst[N];
+  for (int b = 0; b < N; b++)
+    dst[b] = NB + b;
+  CHECK_OK(oi_offload_engine_load(r.e, q.lease, dst, N, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  bool ok = true;
+  for (uint64_t b = 0; b < N; b++)
+    for (uint64_t i = 0; i < block; i++)
+      ok &= r.mem[(NB + b) * block + i] == pattern(b, i);
+  CHECK(ok);
+  evict_pool(&r);
+  oi_query_result q2 = {.struct_size = sizeof q2, .wait_ms = 2000};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, OI_QUERY_WAIT_PENDING, &q2));
+  CHECK(q2.hit_blocks == 0);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
 /* Fault injection (a -Dfault_injection=true build; skipped otherwise):
  * failed disk writes drop the spill and the pool keeps serving; failed and
  * short disk reads are misses, never wrong bytes, and the prefix ends at the
@@ -500,6 +555,7 @@ int main(void) {
   RUN_TEST(test_leases_survive_pool_and_disk_pressure);
   RUN_TEST(test_flipped_bytes_are_never_served);
   RUN_TEST(test_bad_options);
+  RUN_TEST(test_blocks_larger_than_the_disk);
   RUN_TEST(test_faults_degrade);
   RUN_TEST(test_shutdown_writes_every_queued_block);
   TEST_EXIT();

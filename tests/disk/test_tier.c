@@ -549,6 +549,72 @@ static void test_shutdown_writes_every_queued_block(void) {
   dt_rmtree(dir);
 }
 
+/* A shutdown whose drain outlives its limit (60 s; the clock_jump fault
+ * moves the library's clock 1 s at every reading, slow writes through a
+ * queue of depth 1 keep 200 blocks queued): the host's destroy returns in
+ * well under the real drain time, the blocks still queued are given back
+ * unwritten, and after a restart exactly the blocks the disk holds promote,
+ * each byte-exact; the others miss. */
+static void test_shutdown_drain_past_its_limit(void) {
+  if (!oi__fault_available()) {
+    fprintf(stderr, "  (no fault injection in this build: skipped)\n");
+    return;
+  }
+  enum { N = 200, BLOCK = 4096 };
+  char *dir = dt_mkdtemp();
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 4 * MiB;
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  d.capacity_bytes = 16 * MiB;
+  d.queue_depth = 1;
+  rig r;
+  rig_open_with(&r, dir, BLOCK, "cut", &ho, &d, N);
+  int64_t ids[N];
+  oi_block_hash hs[N];
+  for (int b = 0; b < N; b++) {
+    ids[b] = b;
+    hs[b] = hash_of(7000 + (uint64_t)b);
+    for (uint64_t i = 0; i < BLOCK; i++)
+      r.mem[(uint64_t)b * BLOCK + i] = pattern((uint64_t)b, i);
+  }
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE_SLOW, 0, 0, 20) == OI_OK); /* 20 ms a write: 4 s */
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, N, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  REQUIRE(oi__fault_arm(OI_FAULT_CLOCK_JUMP, 0, 0, 1000) == OI_OK);
+  double t0 = dt_now_s();
+  rig_close(&r);
+  double took = dt_now_s() - t0;
+  oi__fault_disarm_all();
+  CHECK(took < 2.0);
+
+  rig_open(&r, dir, BLOCK, "cut");
+  uint64_t on_disk = disk_stats(&r).blocks, hits = 0;
+  CHECK(on_disk < N);
+  uint8_t *dst = r.mem + (uint64_t)NB * BLOCK;
+  for (int b = 0; b < N; b++) {
+    oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
+    CHECK_OK(oi_offload_engine_query(r.e, NULL, &hs[b], 1, OI_QUERY_WAIT_PENDING, &q));
+    if (!q.hit_blocks) continue;
+    hits++;
+    int64_t id = NB;
+    memset(dst, 0, BLOCK);
+    CHECK_OK(oi_offload_engine_load(r.e, q.lease, &id, 1, NULL, &t));
+    CHECK_OK(oi_ticket_wait(t, 10000));
+    oi_ticket_release(t);
+    bool ok = true;
+    for (uint64_t i = 0; i < BLOCK; i++)
+      ok &= dst[i] == pattern((uint64_t)b, i);
+    CHECK(ok);
+  }
+  CHECK(hits == on_disk);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
 int main(void) {
   RUN_TEST(test_round_trip_aligned_blocks);
   RUN_TEST(test_round_trip_odd_blocks);
@@ -558,5 +624,6 @@ int main(void) {
   RUN_TEST(test_blocks_larger_than_the_disk);
   RUN_TEST(test_faults_degrade);
   RUN_TEST(test_shutdown_writes_every_queued_block);
+  RUN_TEST(test_shutdown_drain_past_its_limit);
   TEST_EXIT();
 }

@@ -3,7 +3,8 @@
  * handshake correctly (its MACs computed here from the shared secret) and
  * then answers the reader's calls and reads the way each case tells it: a
  * reply too short or too long, a reply status out of range or with bytes, a
- * reply with a header, a reply for another call, a DATA message for a read
+ * reply with a header, a reply for another call, the same reply twice, a
+ * DATA message for a read
  * that does not exist, with the wrong length, a bad status, twice, for an
  * unknown get, for an empty read, a message out of turn, a CHALLENGE of
  * another version, a WELCOME whose region does not parse, a REFUSE, and a
@@ -88,6 +89,7 @@ enum {
   R_HEADER,
   R_ERROR,      /* a valid refusal: the call fails, the connection stays */
   R_OTHER_CALL, /* a reply for no call (dropped), then the right one */
+  R_TWICE,      /* the right reply twice: the second dropped */
   R_CHALLENGE,  /* a handshake message out of turn */
   R_REQUEST,    /* a request to the side that calls */
   R_CLOSE,
@@ -289,6 +291,7 @@ static void fake_req(fake *f, const msg *m, int mode) {
     fake_send(f, AM_REP, NULL, 0, o, sizeof o);
     break; /* then the right one */
   }
+  case R_TWICE: fake_send(f, AM_REP, NULL, 0, b, len); break; /* then again */
   case R_CHALLENGE: fake_send(f, AM_CHALLENGE, NULL, 0, b, len); return;
   case R_REQUEST: fake_send(f, AM_REQ, NULL, 0, b, len); return;
   case R_CLOSE: fake_close_ep(f); return;
@@ -577,6 +580,7 @@ static void test_replies_answered_badly(void) {
       {R_HEADER, OI_ERR_PROTOCOL, OI_ERR_PROTOCOL, "unexpected message form", false},
       {R_ERROR, OI_ERR_NOT_FOUND, OI_ERR_NOT_FOUND, "answered OI_ERR_NOT_FOUND", true},
       {R_OTHER_CALL, OI_OK, OI_OK, "", true},
+      {R_TWICE, OI_OK, OI_OK, "", true},
       {R_CHALLENGE, OI_ERR_PROTOCOL, OI_ERR_PROTOCOL, "message 2 out of turn", false},
       {R_REQUEST, OI_ERR_PROTOCOL, OI_ERR_PROTOCOL, "message 6 out of turn", false},
       {R_CLOSE, OI_ERR_IO, OI_ERR_CLOSED, "", false},

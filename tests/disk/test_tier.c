@@ -414,6 +414,66 @@ static void test_blocks_larger_than_the_disk(void) {
   dt_rmtree(dir);
 }
 
+/* Promotions through a store queue of depth 1: reads pumped from the
+ * completion thread find the queue full and wait their turn (first in
+ * line); every block promotes and loads byte-exact. */
+static void test_promotions_through_a_queue_of_one(void) {
+  char *dir = dt_mkdtemp();
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 4 * MiB;
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  d.capacity_bytes = 32 * MiB;
+  d.queue_depth = 1;
+  rig r;
+  rig_open_with(&r, dir, 16384, "queue-one", &ho, &d, 2 * NB);
+  oi_block_hash hs[NB];
+  save_and_spill(&r, hs);
+  evict_pool(&r);
+  CHECK(query_load_check(&r, hs) == NB);
+  oi_host_disk_stats s = disk_stats(&r);
+  CHECK(s.promotions == NB && s.promote_failed == 0);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
+/* The host destroyed while promotions are in flight and queued: 24 blocks
+ * of 1 MiB, more than the 16 MiB promotion window, behind slow reads
+ * (disk_read_slow): the destroy ends them, nothing leaks, and after a
+ * restart every block is still on the disk and hits byte-exact. */
+static void test_destroy_with_promotions_queued(void) {
+  if (!oi__fault_available()) {
+    fprintf(stderr, "  (no fault injection in this build: skipped)\n");
+    return;
+  }
+  char *dir = dt_mkdtemp();
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 32 * MiB;
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  d.capacity_bytes = 64 * MiB;
+  rig r;
+  rig_open_with(&r, dir, 1 * MiB, "queued", &ho, &d, 2 * NB);
+  oi_block_hash hs[NB];
+  save_and_spill(&r, hs);
+  evict_pool(&r);
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ_SLOW, 0, 0, 30) == OI_OK); /* 30 ms a read */
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, 0, &q)); /* starts NB promotions */
+  CHECK(q.hit_blocks + q.pending_blocks == NB);
+  if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(r.e, q.lease));
+  CHECK(disk_stats(&r).promotions < NB);
+  rig_close(&r);
+  oi__fault_disarm_all();
+  rig_open_with(&r, dir, 1 * MiB, "queued", &ho, &d, 2 * NB);
+  CHECK(disk_stats(&r).blocks == NB);
+  CHECK(query_load_check(&r, hs) == NB);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
 /* Fault injection (a -Dfault_injection=true build; skipped otherwise):
  * failed disk writes drop the spill and the pool keeps serving; failed and
  * short disk reads are misses, never wrong bytes, and the prefix ends at the
@@ -551,7 +611,8 @@ static void test_shutdown_writes_every_queued_block(void) {
 
 /* A shutdown whose drain outlives its limit (60 s; the clock_jump fault
  * moves the library's clock 1 s at every reading, slow writes through a
- * queue of depth 1 keep 200 blocks queued): the host's destroy returns in
+ * queue of depth 1 keep 200 blocks queued; a 50 ms settle times out
+ * first): the host's destroy returns in
  * well under the real drain time, the blocks still queued are given back
  * unwritten, and after a restart exactly the blocks the disk holds promote,
  * each byte-exact; the others miss. */
@@ -584,6 +645,9 @@ static void test_shutdown_drain_past_its_limit(void) {
   CHECK_OK(oi_offload_engine_save(r.e, ids, hs, N, NULL, &t));
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
+  /* Waiting 50 ms for the queue to empty: a timeout, naming what is left. */
+  CHECK_ST(oi__disk_tier_settle(oi__disk_tier_of(r.h), 50), OI_ERR_TIMEOUT);
+  CHECK(strstr(oi_last_error(), "still queued for the disk") != NULL);
   REQUIRE(oi__fault_arm(OI_FAULT_CLOCK_JUMP, 0, 0, 1000) == OI_OK);
   double t0 = dt_now_s();
   rig_close(&r);
@@ -622,6 +686,8 @@ int main(void) {
   RUN_TEST(test_flipped_bytes_are_never_served);
   RUN_TEST(test_bad_options);
   RUN_TEST(test_blocks_larger_than_the_disk);
+  RUN_TEST(test_promotions_through_a_queue_of_one);
+  RUN_TEST(test_destroy_with_promotions_queued);
   RUN_TEST(test_faults_degrade);
   RUN_TEST(test_shutdown_writes_every_queued_block);
   RUN_TEST(test_shutdown_drain_past_its_limit);

@@ -712,101 +712,6 @@ static void *call_main(void *arg) {
   return NULL;
 }
 
-typedef struct getter {
-  oi_peer *p;
-  oi_status st;
-  uint8_t dst[2][100];
-} getter;
-
-static void *get_main(void *arg) {
-  getter *g = arg;
-  oi_peer_read r[2] = {{0, 100, g->dst[0]}, {1000, 100, g->dst[1]}};
-  g->st = oi__peer_get(g->p, r, 2, 0);
-  return NULL;
-}
-
-/* A call and a get in flight on one connection, each answered after the
- * other was issued, in either order: each reply finds its own op past the
- * other one, both byte-exact. */
-static void test_call_and_get_interleaved(void) {
-  fake *f = fake_start();
-  oi_peer_net *rd = make_net("reader", echo, NULL, 3000);
-  char addr[64];
-  addr_of(f->port, addr, sizeof addr);
-  atomic_store(&f->mode, X_INTERLEAVE);
-  for (int order = 0; order < 2; order++) {
-    oi_peer *p = NULL;
-    REQUIRE(oi__peer_connect(rd, addr, &p) == OI_OK);
-    getter g = {.p = p};
-    pthread_t th;
-    void *rep = NULL;
-    size_t rl = 0;
-    oi_status cst;
-    struct timespec ts = {0, 50000000};
-    if (order == 0) { /* the get first, then the call */
-      REQUIRE(pthread_create(&th, NULL, get_main, &g) == 0);
-      nanosleep(&ts, NULL);
-      cst = oi__peer_call(p, "crossed", 7, &rep, &rl, 0);
-      pthread_join(th, NULL);
-    } else { /* the call first (in a thread), then the get */
-      caller c = {.p = p, .q = "crossed"};
-      REQUIRE(pthread_create(&th, NULL, call_main, &c) == 0);
-      nanosleep(&ts, NULL);
-      get_main(&g);
-      pthread_join(th, NULL);
-      cst = c.st;
-      rl = c.rl;
-      rep = oi__malloc(32);
-      memcpy(rep, c.rep, sizeof c.rep);
-    }
-    CHECK_OK(cst);
-    CHECK(rl == 7 && memcmp(rep, "crossed", 7) == 0);
-    oi__free(rep);
-    CHECK_OK(g.st);
-    for (int k = 0; k < 100; k++)
-      if (g.dst[0][k] != region_byte((uint64_t)k) ||
-          g.dst[1][k] != region_byte(1000u + (uint64_t)k)) {
-        CHECK(false);
-        break;
-      }
-    oi__peer_close(p);
-  }
-  oi__peer_net_destroy(rd);
-  fake_stop(f);
-}
-
-/* A holder that offers one-sided reads (a region key of zeros) and answers
- * none: the reader's get times out, nothing lands in its buffer, and the
- * connection is closed. (UCX warns of the read it cannot deliver to the
- * fake, which has no RMA: UCX_LOG_LEVEL=error in main.) */
-static void test_junk_region_key(void) {
-  fake *f = fake_start();
-  oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
-                           .node_id = "reader",
-                           .secret = SECRET,
-                           .secret_len = 32,
-                           .timeout_ms = 5000,
-                           .reads = OI_PEER_READS_RMA};
-  oi_peer_net *rd = NULL;
-  REQUIRE(oi__peer_net_create(&o, &rd) == OI_OK);
-  char addr[64];
-  addr_of(f->port, addr, sizeof addr);
-  atomic_store(&f->mode, H_JUNK_KEY);
-  oi_peer *p = NULL;
-  REQUIRE(oi__peer_connect(rd, addr, &p) == OI_OK);
-  CHECK(oi__peer_region_len(p) == REGION);
-  uint8_t dst[100];
-  memset(dst, 0xee, sizeof dst);
-  oi_peer_read r = {0, 100, dst};
-  CHECK_ST(oi__peer_get(p, &r, 1, 300), OI_ERR_TIMEOUT);
-  CHECK(strstr(oi_last_error(), "connection closed"));
-  CHECK(dst[0] == 0xee && dst[99] == 0xee);
-  CHECK(dead(p));
-  oi__peer_close(p);
-  oi__peer_net_destroy(rd);
-  fake_stop(f);
-}
-
 /* ---- deferred answers ---- */
 
 typedef struct deferrer {
@@ -841,6 +746,123 @@ static oi_peer_ticket *take_ticket(deferrer *d, int i, char *req) {
   memcpy(req, d->req[i], sizeof d->req[0]);
   pthread_mutex_unlock(&d->lock);
   return t;
+}
+
+typedef struct getter {
+  oi_peer *p;
+  oi_status st;
+  uint8_t dst[2][100];
+} getter;
+
+static void *get_main(void *arg) {
+  getter *g = arg;
+  oi_peer_read r[2] = {{0, 100, g->dst[0]}, {1000, 100, g->dst[1]}};
+  g->st = oi__peer_get(g->p, r, 2, 0);
+  return NULL;
+}
+
+/* A call and a get in flight on one connection, each answered after the
+ * other was issued, in either order, while a call to another holder (which
+ * defers its answer) is in flight between them: each reply finds its own op
+ * past the others, all byte-exact. */
+static void test_call_and_get_interleaved(void) {
+  fake *f = fake_start();
+  oi_peer_net *rd = make_net("reader", echo, NULL, 5000);
+  deferrer d = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+  oi_peer_net *h = make_net("holder", defer_all, &d, 5000);
+  char addr[64], haddr[64];
+  addr_of(f->port, addr, sizeof addr);
+  addr_of(oi__peer_net_port(h), haddr, sizeof haddr);
+  oi_peer *hp = NULL;
+  REQUIRE(oi__peer_connect(rd, haddr, &hp) == OI_OK);
+  atomic_store(&f->mode, X_INTERLEAVE);
+  for (int order = 0; order < 2; order++) {
+    oi_peer *p = NULL;
+    REQUIRE(oi__peer_connect(rd, addr, &p) == OI_OK);
+    getter g = {.p = p};
+    pthread_t th, hth;
+    caller hc = {.p = hp, .q = "elsewhere"};
+    void *rep = NULL;
+    size_t rl = 0;
+    oi_status cst;
+    struct timespec ts = {0, 50000000};
+    char hreq[16];
+    if (order == 0) { /* the get first, then the call */
+      REQUIRE(pthread_create(&th, NULL, get_main, &g) == 0);
+      nanosleep(&ts, NULL);
+      REQUIRE(pthread_create(&hth, NULL, call_main, &hc) == 0);
+      oi_peer_ticket *ht = take_ticket(&d, order, hreq);
+      cst = oi__peer_call(p, "crossed", 7, &rep, &rl, 0);
+      pthread_join(th, NULL);
+      oi__peer_reply_set(oi__peer_ticket_reply(ht), "there", 5);
+      oi__peer_answer(ht);
+      pthread_join(hth, NULL);
+    } else { /* the call first (in a thread), then the get */
+      caller c = {.p = p, .q = "crossed"};
+      REQUIRE(pthread_create(&th, NULL, call_main, &c) == 0);
+      nanosleep(&ts, NULL);
+      REQUIRE(pthread_create(&hth, NULL, call_main, &hc) == 0);
+      oi_peer_ticket *ht = take_ticket(&d, order, hreq);
+      get_main(&g);
+      pthread_join(th, NULL);
+      oi__peer_reply_set(oi__peer_ticket_reply(ht), "there", 5);
+      oi__peer_answer(ht);
+      pthread_join(hth, NULL);
+      cst = c.st;
+      rl = c.rl;
+      rep = oi__malloc(32);
+      memcpy(rep, c.rep, sizeof c.rep);
+    }
+    CHECK_OK(cst);
+    CHECK(rl == 7 && memcmp(rep, "crossed", 7) == 0);
+    CHECK(hc.st == OI_OK && hc.rl == 5 && memcmp(hc.rep, "there", 5) == 0);
+    CHECK(memcmp(hreq, "elsewhere", 9) == 0);
+    oi__free(rep);
+    CHECK_OK(g.st);
+    for (int k = 0; k < 100; k++)
+      if (g.dst[0][k] != region_byte((uint64_t)k) ||
+          g.dst[1][k] != region_byte(1000u + (uint64_t)k)) {
+        CHECK(false);
+        break;
+      }
+    oi__peer_close(p);
+  }
+  oi__peer_close(hp);
+  oi__peer_net_destroy(rd);
+  oi__peer_net_destroy(h);
+  fake_stop(f);
+}
+
+/* A holder that offers one-sided reads (a region key of zeros) and answers
+ * none: the reader's get times out, nothing lands in its buffer, and the
+ * connection is closed. (UCX warns of the read it cannot deliver to the
+ * fake, which has no RMA: UCX_LOG_LEVEL=error in main.) */
+static void test_junk_region_key(void) {
+  fake *f = fake_start();
+  oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
+                           .node_id = "reader",
+                           .secret = SECRET,
+                           .secret_len = 32,
+                           .timeout_ms = 5000,
+                           .reads = OI_PEER_READS_RMA};
+  oi_peer_net *rd = NULL;
+  REQUIRE(oi__peer_net_create(&o, &rd) == OI_OK);
+  char addr[64];
+  addr_of(f->port, addr, sizeof addr);
+  atomic_store(&f->mode, H_JUNK_KEY);
+  oi_peer *p = NULL;
+  REQUIRE(oi__peer_connect(rd, addr, &p) == OI_OK);
+  CHECK(oi__peer_region_len(p) == REGION);
+  uint8_t dst[100];
+  memset(dst, 0xee, sizeof dst);
+  oi_peer_read r = {0, 100, dst};
+  CHECK_ST(oi__peer_get(p, &r, 1, 300), OI_ERR_TIMEOUT);
+  CHECK(strstr(oi_last_error(), "connection closed"));
+  CHECK(dst[0] == 0xee && dst[99] == 0xee);
+  CHECK(dead(p));
+  oi__peer_close(p);
+  oi__peer_net_destroy(rd);
+  fake_stop(f);
 }
 
 static void test_deferred_answers(void) {

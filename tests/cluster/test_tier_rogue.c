@@ -16,6 +16,7 @@
  *    ask no lease (the first two are removed as stale).
  * Skips (77) when redis-server is not on PATH. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 #include <xxhash.h>
@@ -228,6 +229,8 @@ enum { R_ERROR, R_GARBAGE, R_TOO_MANY, R_OTHER_SIZE, R_OUTSIDE, R_BAD_SUM, R_GOO
 static int g_mode;
 static uint8_t *g_region; /* NB blocks, block i holding pattern(i) */
 static atomic_int g_leases;
+static uint8_t g_lease_req[CL_LEASE(NB)]; /* the first LEASE a reader sent (real ids) */
+static size_t g_lease_len;
 
 static void rogue_answer(void *ctx, const char *peer, const void *req, size_t len,
                          oi_peer_reply *r) {
@@ -240,7 +243,10 @@ static void rogue_answer(void *ctx, const char *peer, const void *req, size_t le
     oi__peer_reply_set(r, out, sizeof out);
     return;
   }
-  atomic_fetch_add(&g_leases, 1);
+  if (atomic_fetch_add(&g_leases, 1) == 0 && len <= sizeof g_lease_req) {
+    memcpy(g_lease_req, req, len);
+    g_lease_len = len;
+  }
   uint32_t n = get32(m + CL_HDR + 16);
   if (g_mode == R_ERROR) {
     oi__peer_reply_status(r, OI_ERR_NOT_FOUND);
@@ -384,12 +390,175 @@ static void test_rogue_holder(void) {
   }
   g_mode = R_GOOD;
   CHECK(fetch_check(&b) == NB);
+  /* (the fetcher counts a block just after it seals it, which ends the
+   * query's wait: the count may come a moment later) */
+  for (int i = 0; i < 200 && cstats(&b).remote_blocks < NB; i++)
+    sleep_ms(10);
   CHECK(cstats(&b).remote_blocks == NB);
   node_close(&b);
   oi__peer_net_destroy(rogue);
   freeReplyObject(keys);
   redisFree(c);
   free(g_region);
+}
+
+/* ---- a flood of LEASEs ---- */
+
+typedef struct flooder {
+  oi_peer *p;
+  int calls, valid, closed;
+} flooder;
+
+static void *flood_main(void *arg) {
+  flooder *f = arg;
+  uint32_t n = get32(g_lease_req + CL_HDR + 16);
+  for (int i = 0; i < f->calls; i++) {
+    void *rep = NULL;
+    size_t rl = 0;
+    oi_status st = oi__peer_call(f->p, g_lease_req, g_lease_len, &rep, &rl, 0);
+    if (st == OI_OK && rl == CL_LEASE_REPLY(n) && get32((uint8_t *)rep + CL_HDR + 8) == n)
+      f->valid++;
+    else if (st == OI_ERR_CLOSED || st == OI_ERR_IO)
+      f->closed++;
+    oi__free(rep);
+  }
+  return NULL;
+}
+
+/* A holder flooded with LEASEs (the LEASE a real reader sent, its blocks
+ * all there): thousands sent without waiting and calls from four threads
+ * meanwhile, more than its server threads' queue holds. Every call gets a
+ * full, valid lease (its blocks counted served); and destroyed with LEASEs queued and leases
+ * outstanding, it ends cleanly, its calls ending OI_ERR_CLOSED or answered. */
+static void test_lease_flood(void) {
+  REQUIRE(g_lease_len >= CL_LEASE(1)); /* test_rogue_holder captured one */
+  node a;
+  node_open(&a, "flooded");
+  save(&a, NB);
+  oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
+                           .node_id = "flooder",
+                           .secret = (const uint8_t *)SECRET_TEXT,
+                           .secret_len = strlen(SECRET_TEXT),
+                           .timeout_ms = 10000};
+  oi_peer_net *net = NULL;
+  REQUIRE(oi__peer_net_create(&o, &net) == OI_OK);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", cstats(&a).port);
+  oi_peer *p = NULL;
+  REQUIRE(oi__peer_connect(net, addr, &p) == OI_OK);
+  for (int round = 0; round < 2; round++) {
+    flooder f[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+      f[i] = (flooder){.p = p, .calls = 50};
+      REQUIRE(pthread_create(&th[i], NULL, flood_main, &f[i]) == 0);
+    }
+    for (int i = 0; i < 2000; i++)
+      CHECK_OK(oi__peer_send(p, g_lease_req, g_lease_len, 0));
+    if (round == 1) {
+      /* Destroyed under the flood: LEASEs queued for its servers are
+       * refused, the ones still coming answered on the progress thread. */
+      node_close(&a);
+    }
+    for (int i = 0; i < 4; i++) {
+      pthread_join(th[i], NULL);
+      if (round == 0) {
+        CHECK(f[i].valid == f[i].calls);
+      } else if (f[i].valid + f[i].closed != f[i].calls) {
+        fprintf(stderr, "flooder %d: %d valid, %d closed of %d\n", i, f[i].valid, f[i].closed,
+                f[i].calls);
+        CHECK(false);
+      }
+    }
+    if (round == 0) CHECK(cstats(&a).served_blocks >= 200u * get32(g_lease_req + CL_HDR + 16));
+  }
+  oi__peer_net_destroy(net);
+}
+
+/* ---- notes: publishes and withdrawals in batches ---- */
+
+/* 300 blocks of 4 KiB saved in one call and evicted at once: the worker
+ * sends their keys to the directory in runs of at most 256, a run ending
+ * where sealed notes give way to evictions. Every block is published and
+ * withdrawn (300 withdrawals), and Redis ends with none of their entries. */
+static void test_notes_in_batches(void) {
+  enum { N = 300, B = 4096 };
+  redisContext *c = raw(g_port);
+  REQUIRE(c);
+  redisReply *r = redisCommand(c, "DBSIZE");
+  REQUIRE(r && r->type == REDIS_REPLY_INTEGER);
+  long long before = r->integer;
+  freeReplyObject(r);
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 4ull << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  oi_offload_host *h;
+  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
+  oi_host_cluster_options co;
+  oi_host_cluster_options_init(&co);
+  co.redis_url = g_url;
+  co.node_id = "batcher";
+  co.listen_addr = "127.0.0.1:0";
+  co.secret_file = g_secret_path;
+  co.timeout_ms = 2000;
+  REQUIRE(oi_offload_host_attach_cluster(h, &co) == OI_OK);
+  uint8_t *mem = calloc(N, B);
+  REQUIRE(mem);
+  oi_arena_desc ad = {.name = "kv",
+                      .base = mem,
+                      .num_blocks = N,
+                      .bytes_per_block = B,
+                      .block_stride = B,
+                      .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.namespace_id = "batches";
+  eo.arenas = &ad;
+  eo.num_arenas = 1;
+  oi_offload_engine *e;
+  REQUIRE(oi_offload_engine_create(h, &eo, &e) == OI_OK);
+  int64_t ids[N];
+  oi_block_hash hs[N];
+  for (int i = 0; i < N; i++) {
+    ids[i] = i;
+    hs[i] = hash_of(100000 + (uint64_t)i);
+    memset(mem + (size_t)i * B, i & 0xff, B);
+  }
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(e, ids, hs, N, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  uint64_t ev = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &ev));
+  CHECK(ev == N);
+  oi_host_cluster_stats st = {.struct_size = sizeof st};
+  for (int i = 0; i < 500; i++) {
+    CHECK_OK(oi_offload_host_cluster_stats(h, &st));
+    if (st.published >= N && st.unpublished == N) break;
+    sleep_ms(10);
+  }
+  /* (published may count a block twice: the directory's first connection
+   * republishes what the pool holds) */
+  if (st.published < N || st.unpublished != N)
+    fprintf(stderr, "published %llu, unpublished %llu\n", (unsigned long long)st.published,
+            (unsigned long long)st.unpublished);
+  CHECK(st.published >= N && st.unpublished == N);
+  long long after = -1;
+  for (int i = 0; i < 300 && after != before + 1; i++) { /* + this node's liveness key */
+    r = redisCommand(c, "DBSIZE");
+    after = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r) freeReplyObject(r);
+    if (after != before + 1) sleep_ms(10);
+  }
+  if (after != before + 1) {
+    fprintf(stderr, "redis holds %lld keys, %lld before\n", after, before);
+    CHECK(false);
+  }
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  free(mem);
+  redisFree(c);
 }
 
 /* ---- attach: secret files, an advertised address ---- */
@@ -461,6 +630,8 @@ int main(void) {
   g_redis = redis_start(g_port);
   RUN_TEST(test_holder_refuses_bad_requests);
   RUN_TEST(test_rogue_holder);
+  RUN_TEST(test_lease_flood);
+  RUN_TEST(test_notes_in_batches);
   RUN_TEST(test_secret_files_and_advertise);
   redis_stop(g_redis);
   unlink(g_secret_path);

@@ -305,6 +305,63 @@ static void test_torn_log(void) {
   dt_rmtree(a);
 }
 
+/* A crash after removals: the log (kept as it was before the close, the
+ * checkpoint dropped) holds ADDs, REMOVEs and an ADD of a removed key again.
+ * Replayed, the removed block is gone, the re-added one is back with its
+ * new bytes, the others read back; each block's room is right (a new block
+ * fits). And a crash between a checkpoint and the reset of its log: the
+ * older log (its generation below the checkpoint's) is not replayed over
+ * the checkpoint, and is started afresh. */
+static void test_log_replays_removals(void) {
+  char *a = dt_mkdtemp();
+  const char *dirs[] = {a};
+  char *log = dt_path(a, "openinfer-disk.log"), *ckpt = dt_path(a, "openinfer-disk.ckpt");
+  oi_disk *d = dt_open(dirs, 1, 1 * MiB, 0);
+  for (uint64_t i = 0; i < 6; i++)
+    CHECK_OK(dt_write_len(d, i, 3000));
+  oi_disk_key k2 = dt_key(2), k4 = dt_key(4);
+  CHECK_OK(oi__disk_remove(d, &k2));
+  CHECK_OK(oi__disk_remove(d, &k4));
+  CHECK_OK(dt_write_len(d, 2, 5000)); /* key 2 again, another length */
+  size_t n = 0;
+  uint8_t *saved = slurp(log, &n);
+  CHECK(n == 10 * OI_DISK_RECORD_BYTES); /* header, 6 ADDs, 2 REMOVEs, an ADD */
+  oi__disk_close(d);
+  spit(log, saved, n);
+  unlink(ckpt);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.blocks == 5 && s.torn_records_cut == 0 && s.bad_extents_dropped == 0);
+  CHECK(!dt_has(d, 4) && dt_has(d, 2));
+  CHECK_OK(dt_read_len(d, 2, 5000));
+  for (uint64_t i = 0; i < 6; i++)
+    if (i != 2 && i != 4) CHECK_OK(dt_read_len(d, i, 3000));
+  CHECK_OK(dt_write_len(d, 7, 3000)); /* in the room key 4 left */
+  CHECK_OK(dt_read_len(d, 7, 3000));
+  oi__disk_close(d);
+
+  /* The checkpoint written, the log not yet reset: the old log is put back. */
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK_OK(oi__disk_remove(d, &k2));
+  free(saved);
+  saved = slurp(log, &n);
+  CHECK(n > OI_DISK_RECORD_BYTES); /* it holds the REMOVE of key 2 */
+  CHECK_OK(oi__disk_checkpoint(d));
+  CHECK(file_size(log) == (off_t)OI_DISK_RECORD_BYTES); /* reset: a header only */
+  oi__disk_close(d);
+  spit(log, saved, n);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  s = dt_stats(d);
+  CHECK(s.blocks == 5 && !dt_has(d, 2) && dt_has(d, 7));
+  CHECK(file_size(log) == (off_t)OI_DISK_RECORD_BYTES);
+  CHECK_OK(dt_read_len(d, 7, 3000));
+  oi__disk_close(d);
+  free(saved);
+  free(log);
+  free(ckpt);
+  dt_rmtree(a);
+}
+
 /* Capacity: 10 blocks of 8 KiB. LRU eviction, pinned blocks skipped. */
 static void test_capacity_lru(void) {
   char *a = dt_mkdtemp();
@@ -476,6 +533,7 @@ int main(void) {
   RUN_TEST(test_reopen);
   RUN_TEST(test_flipped_byte);
   RUN_TEST(test_torn_log);
+  RUN_TEST(test_log_replays_removals);
   RUN_TEST(test_capacity_lru);
   RUN_TEST(test_dir_permissions);
   RUN_TEST(test_registered_buffers);

@@ -86,6 +86,17 @@ static void test_checkpoint_damage(void) {
   spit_file(ckpt, b, n);
   reopen_check(dir, 0, 1);
 
+  /* A checkpoint of another format version, or with another magic: ignored
+   * (not read as this version's), one cut. */
+  memcpy(b, orig, n);
+  b[8] ^= 0x02; /* the version */
+  spit_file(ckpt, b, n);
+  reopen_check(dir, 0, 1);
+  memcpy(b, orig, n);
+  b[0] ^= 0x01; /* the magic */
+  spit_file(ckpt, b, n);
+  reopen_check(dir, 0, 1);
+
   /* Cut inside the fourth record: three records present of NB announced. */
   spit_file(ckpt, orig, OI_DISK_CKPT_HEADER_BYTES + 3 * OI_DISK_RECORD_BYTES + 17);
   reopen_check(dir, 3, NB - 3);
@@ -161,6 +172,54 @@ static void test_files_that_are_not_files(void) {
 }
 
 /* Calls with what they need missing: refused, the store unchanged. */
+/* The log and checkpoint record's fields, each checked before the record
+ * is used: magic, type (1..3), the padding after it, the checksum. */
+static void test_record_fields(void) {
+  oi_disk_record r = {.type = OI_DISK_REC_ADD,
+                      .key = dt_key(7),
+                      .seq = 42,
+                      .offset = 8192,
+                      .length = 3000,
+                      .payload_xxh = 0x1234},
+                 out;
+  uint8_t b[OI_DISK_RECORD_BYTES], c[OI_DISK_RECORD_BYTES];
+  oi__disk_record_encode(&r, b);
+  memset(&out, 0, sizeof out);
+  REQUIRE(oi__disk_record_decode(b, &out));
+  CHECK(out.type == OI_DISK_REC_ADD && out.seq == 42 && out.offset == 8192 && out.length == 3000 &&
+        out.payload_xxh == 0x1234 && !memcmp(&out.key, &r.key, sizeof r.key));
+  const struct {
+    size_t at;
+    uint8_t value;
+    const char *what;
+  } bad[] = {{0, 0x00, "magic"},     {4, 0, "type 0"},          {4, 4, "type 4"},
+             {5, 1, "padding 5"},    {6, 1, "padding 6"},       {7, 0x80, "padding 7"},
+             {72, 0x00, "checksum"}, {40, 43, "seq (checksum)"}};
+  for (size_t i = 0; i < OI_ARRAY_LEN(bad); i++) {
+    memcpy(c, b, sizeof b);
+    if (c[bad[i].at] == bad[i].value)
+      c[bad[i].at] ^= 0xff;
+    else
+      c[bad[i].at] = bad[i].value;
+    memset(&out, 0x5a, sizeof out);
+    if (oi__disk_record_decode(c, &out) || ((uint8_t *)&out)[0] != 0x5a) {
+      fprintf(stderr, "record with a bad %s decoded\n", bad[i].what);
+      CHECK(false);
+    }
+  }
+}
+
+/* Removes the store's files in dir (the directory stays). */
+static void unlink_store(const char *dir) {
+  static const char *names[] = {"openinfer-disk.data", "openinfer-disk.log", "openinfer-disk.ckpt",
+                                "openinfer-disk.ckpt.tmp"};
+  for (size_t i = 0; i < OI_ARRAY_LEN(names); i++) {
+    char *p = dt_path(dir, names[i]);
+    unlink(p);
+    free(p);
+  }
+}
+
 static void test_bad_arguments(void) {
   oi_disk *d = (oi_disk *)1;
   CHECK_ST(oi__disk_open(NULL, &d), OI_ERR_INVALID_ARGUMENT);
@@ -172,6 +231,17 @@ static void test_bad_arguments(void) {
   o.num_dirs = 2;
   CHECK_ST(oi__disk_open(&o, &d), OI_ERR_INVALID_ARGUMENT); /* a NULL directory */
   CHECK(d == NULL);
+  o.dirs = NULL;
+  o.num_dirs = 1;
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_INVALID_ARGUMENT); /* no directory array */
+  /* A queue deeper than 4096 is cut to 4096: the store works. */
+  o.dirs = dirs;
+  o.queue_depth = 100000;
+  REQUIRE(oi__disk_open(&o, &d) == OI_OK);
+  CHECK_OK(dt_write(d, 3));
+  CHECK_OK(dt_read(d, 3));
+  oi__disk_close(d);
+  unlink_store(dir);
   d = dt_open(dirs, 1, 1 * MiB, 0);
   CHECK_OK(dt_write(d, 1));
   oi_disk_key k = dt_key(1), absent = dt_key(99);
@@ -184,6 +254,9 @@ static void test_bad_arguments(void) {
   CHECK_ST(oi__disk_write(d, &absent, buf + 1, 100, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "not 4 KiB aligned"));
   CHECK_ST(oi__disk_write(d, &absent, buf, 2 * MiB, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "does not fit"));
+  /* A length whose block (with its header sector) passes 32 bits. */
+  CHECK_ST(oi__disk_write(d, &absent, buf, UINT32_MAX, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "does not fit"));
   CHECK_ST(oi__disk_read(NULL, &k, buf, 8192, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi__disk_read(d, NULL, buf, 8192, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
@@ -211,6 +284,7 @@ static void test_bad_arguments(void) {
 int main(void) {
   RUN_TEST(test_checkpoint_damage);
   RUN_TEST(test_files_that_are_not_files);
+  RUN_TEST(test_record_fields);
   RUN_TEST(test_bad_arguments);
   TEST_EXIT();
 }

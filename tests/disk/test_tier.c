@@ -359,6 +359,121 @@ static void test_bad_options(void) {
   dt_rmtree(dir);
 }
 
+/* Blocks larger than the disk's data file (256 KiB blocks, a disk of
+ * 128 KiB): every spill is refused and counted skipped, nothing is on the
+ * disk, the pool still serves the blocks byte-exact, and once they are
+ * evicted from the pool they are misses (never a partial block). */
+static void test_blocks_larger_than_the_disk(void) {
+  char *dir = dt_mkdtemp();
+  rig r;
+  const uint64_t block = 256 * KiB;
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 8 * MiB;
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  d.capacity_bytes = 128 * KiB;
+  rig_open_with(&r, dir, block, "too-big", &ho, &d, 2 * NB);
+  enum { N = 8 };
+  int64_t ids[N];
+  oi_block_hash hs[NB];
+  for (int b = 0; b < N; b++) {
+    ids[b] = b;
+    hs[b] = hash_of((uint64_t)b);
+    for (uint64_t i = 0; i < block; i++)
+      r.mem[(uint64_t)b * block + i] = pattern((uint64_t)b, i);
+  }
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, N, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  double t0 = dt_now_s();
+  while (disk_stats(&r).spills_skipped < N && dt_now_s() - t0 < 10)
+    usleep(5000);
+  oi_host_disk_stats s = disk_stats(&r);
+  CHECK(s.spills_skipped == N && s.spills == 0 && s.blocks == 0);
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, 0, &q));
+  CHECK(q.hit_blocks == N);
+  int64_t dst[N];
+  for (int b = 0; b < N; b++)
+    dst[b] = NB + b;
+  CHECK_OK(oi_offload_engine_load(r.e, q.lease, dst, N, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  bool ok = true;
+  for (uint64_t b = 0; b < N; b++)
+    for (uint64_t i = 0; i < block; i++)
+      ok &= r.mem[(NB + b) * block + i] == pattern(b, i);
+  CHECK(ok);
+  evict_pool(&r);
+  oi_query_result q2 = {.struct_size = sizeof q2, .wait_ms = 2000};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, OI_QUERY_WAIT_PENDING, &q2));
+  CHECK(q2.hit_blocks == 0);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
+/* Promotions through a store queue of depth 1: reads pumped from the
+ * completion thread find the queue full and wait their turn (first in
+ * line); every block promotes and loads byte-exact. */
+static void test_promotions_through_a_queue_of_one(void) {
+  char *dir = dt_mkdtemp();
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 4 * MiB;
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  d.capacity_bytes = 32 * MiB;
+  d.queue_depth = 1;
+  rig r;
+  rig_open_with(&r, dir, 16384, "queue-one", &ho, &d, 2 * NB);
+  oi_block_hash hs[NB];
+  save_and_spill(&r, hs);
+  evict_pool(&r);
+  CHECK(query_load_check(&r, hs) == NB);
+  oi_host_disk_stats s = disk_stats(&r);
+  CHECK(s.promotions == NB && s.promote_failed == 0);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
+/* The host destroyed while promotions are in flight and queued: 24 blocks
+ * of 1 MiB, more than the 16 MiB promotion window, behind slow reads
+ * (disk_read_slow): the destroy ends them, nothing leaks, and after a
+ * restart every block is still on the disk and hits byte-exact. */
+static void test_destroy_with_promotions_queued(void) {
+  if (!oi__fault_available()) {
+    fprintf(stderr, "  (no fault injection in this build: skipped)\n");
+    return;
+  }
+  char *dir = dt_mkdtemp();
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 32 * MiB;
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  d.capacity_bytes = 64 * MiB;
+  rig r;
+  rig_open_with(&r, dir, 1 * MiB, "queued", &ho, &d, 2 * NB);
+  oi_block_hash hs[NB];
+  save_and_spill(&r, hs);
+  evict_pool(&r);
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ_SLOW, 0, 0, 30) == OI_OK); /* 30 ms a read */
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, 0, &q)); /* starts NB promotions */
+  CHECK(q.hit_blocks + q.pending_blocks == NB);
+  if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(r.e, q.lease));
+  CHECK(disk_stats(&r).promotions < NB);
+  rig_close(&r);
+  oi__fault_disarm_all();
+  rig_open_with(&r, dir, 1 * MiB, "queued", &ho, &d, 2 * NB);
+  CHECK(disk_stats(&r).blocks == NB);
+  CHECK(query_load_check(&r, hs) == NB);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
 /* Fault injection (a -Dfault_injection=true build; skipped otherwise):
  * failed disk writes drop the spill and the pool keeps serving; failed and
  * short disk reads are misses, never wrong bytes, and the prefix ends at the
@@ -494,13 +609,87 @@ static void test_shutdown_writes_every_queued_block(void) {
   dt_rmtree(dir);
 }
 
+/* A shutdown whose drain outlives its limit (60 s; the clock_jump fault
+ * moves the library's clock 1 s at every reading, slow writes through a
+ * queue of depth 1 keep 200 blocks queued; a 50 ms settle times out
+ * first): the host's destroy returns in
+ * well under the real drain time, the blocks still queued are given back
+ * unwritten, and after a restart exactly the blocks the disk holds promote,
+ * each byte-exact; the others miss. */
+static void test_shutdown_drain_past_its_limit(void) {
+  if (!oi__fault_available()) {
+    fprintf(stderr, "  (no fault injection in this build: skipped)\n");
+    return;
+  }
+  enum { N = 200, BLOCK = 4096 };
+  char *dir = dt_mkdtemp();
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 4 * MiB;
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  d.capacity_bytes = 16 * MiB;
+  d.queue_depth = 1;
+  rig r;
+  rig_open_with(&r, dir, BLOCK, "cut", &ho, &d, N);
+  int64_t ids[N];
+  oi_block_hash hs[N];
+  for (int b = 0; b < N; b++) {
+    ids[b] = b;
+    hs[b] = hash_of(7000 + (uint64_t)b);
+    for (uint64_t i = 0; i < BLOCK; i++)
+      r.mem[(uint64_t)b * BLOCK + i] = pattern((uint64_t)b, i);
+  }
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE_SLOW, 0, 0, 20) == OI_OK); /* 20 ms a write: 4 s */
+  oi_ticket *t;
+  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, N, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  /* Waiting 50 ms for the queue to empty: a timeout, naming what is left. */
+  CHECK_ST(oi__disk_tier_settle(oi__disk_tier_of(r.h), 50), OI_ERR_TIMEOUT);
+  CHECK(strstr(oi_last_error(), "still queued for the disk") != NULL);
+  REQUIRE(oi__fault_arm(OI_FAULT_CLOCK_JUMP, 0, 0, 1000) == OI_OK);
+  double t0 = dt_now_s();
+  rig_close(&r);
+  double took = dt_now_s() - t0;
+  oi__fault_disarm_all();
+  CHECK(took < 2.0);
+
+  rig_open(&r, dir, BLOCK, "cut");
+  uint64_t on_disk = disk_stats(&r).blocks, hits = 0;
+  CHECK(on_disk < N);
+  uint8_t *dst = r.mem + (uint64_t)NB * BLOCK;
+  for (int b = 0; b < N; b++) {
+    oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
+    CHECK_OK(oi_offload_engine_query(r.e, NULL, &hs[b], 1, OI_QUERY_WAIT_PENDING, &q));
+    if (!q.hit_blocks) continue;
+    hits++;
+    int64_t id = NB;
+    memset(dst, 0, BLOCK);
+    CHECK_OK(oi_offload_engine_load(r.e, q.lease, &id, 1, NULL, &t));
+    CHECK_OK(oi_ticket_wait(t, 10000));
+    oi_ticket_release(t);
+    bool ok = true;
+    for (uint64_t i = 0; i < BLOCK; i++)
+      ok &= dst[i] == pattern((uint64_t)b, i);
+    CHECK(ok);
+  }
+  CHECK(hits == on_disk);
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
 int main(void) {
   RUN_TEST(test_round_trip_aligned_blocks);
   RUN_TEST(test_round_trip_odd_blocks);
   RUN_TEST(test_leases_survive_pool_and_disk_pressure);
   RUN_TEST(test_flipped_bytes_are_never_served);
   RUN_TEST(test_bad_options);
+  RUN_TEST(test_blocks_larger_than_the_disk);
+  RUN_TEST(test_promotions_through_a_queue_of_one);
+  RUN_TEST(test_destroy_with_promotions_queued);
   RUN_TEST(test_faults_degrade);
   RUN_TEST(test_shutdown_writes_every_queued_block);
+  RUN_TEST(test_shutdown_drain_past_its_limit);
   TEST_EXIT();
 }

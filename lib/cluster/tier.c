@@ -696,11 +696,12 @@ end:
   if (slot >= 0) peer_put(t, slot, failed);
   for (size_t i = 0; i < n; i++) {
     bool good = ok && ok[i];
-    oi__host_save_end(t->host, j->ns, &items[i].b, 1, good, good ? j->block_bytes : 0, 0);
-    if (good) {
+    if (good) { /* counted before the seal, which may end a query's wait */
       atomic_fetch_add(&t->remote_blocks, 1);
       atomic_fetch_add(&t->bytes_fetched, j->block_bytes);
-    } else {
+    }
+    oi__host_save_end(t->host, j->ns, &items[i].b, 1, good, good ? j->block_bytes : 0, 0);
+    if (!good) {
       atomic_fetch_add(&t->remote_failed, 1);
       bool holder_gone = slot < 0; /* no connection: every entry of it is stale */
       if (stale && (holder_gone || i == m) &&

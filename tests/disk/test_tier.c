@@ -145,11 +145,19 @@ static uint64_t query_load_check(rig *r, const oi_block_hash *hs) {
   return q.hit_blocks;
 }
 
+/* Empties the pool. Promotions a query started may still be reading when
+ * it returned (its prefix ended at a failed read, the others go on): they
+ * land first (10 s at most), so they neither stay behind as hits nor take
+ * a fault armed for the next query's reads. */
 static void evict_pool(rig *r) {
   CHECK_OK(oi_offload_engine_flush(r->e, 10000));
+  oi_host_stats hs = {.struct_size = sizeof hs};
+  double t0 = dt_now_s();
+  while (oi_offload_host_stats(r->h, &hs) == OI_OK && hs.blocks_in_flight && dt_now_s() - t0 < 10)
+    usleep(2000);
+  CHECK(hs.blocks_in_flight == 0);
   uint64_t n = 0;
   CHECK_OK(oi_offload_host_evict_all(r->h, &n));
-  oi_host_stats hs = {.struct_size = sizeof hs};
   CHECK_OK(oi_offload_host_stats(r->h, &hs));
   CHECK(hs.blocks_sealed == 0);
 }

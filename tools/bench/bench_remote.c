@@ -15,19 +15,14 @@
  * Nodes A and B live in one process (two pools, two peer nets); the plain
  * stream is between two threads of the same process over 127.0.0.1, so
  * both move bytes through the kernel's loopback the same way. */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -58,19 +53,6 @@ static void nap_ms(long ms) {
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return (x > y) - (x < y);
-}
-
-static int listen_any(int *port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 4) != 0 ||
-      getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  *port = ntohs(a.sin_port);
-  return fd;
 }
 
 static oi_block_hash rhash(uint64_t i) {
@@ -140,65 +122,6 @@ static int save_all(rnode *n, uint64_t first, uint64_t count) {
     if (st != OI_OK) return -1;
   }
   return 0;
-}
-
-/* The plain stream: `bytes` from one thread to another over 127.0.0.1. */
-typedef struct stream_arg {
-  int port;
-  const uint8_t *src; /* bytes to send; NULL: one 1 MiB buffer over and over */
-  uint64_t bytes;
-  int rc;
-} stream_arg;
-
-static void *stream_sender(void *p) {
-  stream_arg *a = p;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_port = htons((uint16_t)a->port),
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  static char buf[1 << 20];
-  a->rc = -1;
-  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
-    uint64_t left = a->bytes;
-    while (left) {
-      const void *from = a->src ? (const void *)(a->src + (a->bytes - left)) : (const void *)buf;
-      ssize_t w = send(fd, from, left < sizeof buf ? left : sizeof buf, 0);
-      if (w <= 0) break;
-      left -= (uint64_t)w;
-    }
-    a->rc = left ? -1 : 0;
-  }
-  if (fd >= 0) close(fd);
-  return NULL;
-}
-
-/* A plain TCP stream between two threads over 127.0.0.1: `bytes` from
- * `src` into `dst` (each send and recv at most 1 MiB), as a restore moves
- * blocks from one node's memory into another's; with src and dst NULL, one
- * 1 MiB buffer sent over and over into one 1 MiB buffer (both stay in the
- * CPU's cache: the loopback's own ceiling). GB/s, 0 on failure. */
-static double plain_stream_gbps(const uint8_t *src, uint8_t *dst, uint64_t bytes) {
-  int port = 0, lfd = listen_any(&port);
-  if (lfd < 0) return 0;
-  stream_arg a = {.port = port, .src = src, .bytes = bytes};
-  pthread_t th;
-  uint64_t t0 = oi__now_ns();
-  pthread_create(&th, NULL, stream_sender, &a);
-  int cfd = accept(lfd, NULL, NULL);
-  uint64_t got = 0;
-  uint8_t *ring = dst ? NULL : malloc(1 << 20);
-  while (cfd >= 0 && (dst || ring) && got < bytes) {
-    size_t want = bytes - got < (1u << 20) ? (size_t)(bytes - got) : (1u << 20);
-    ssize_t r = recv(cfd, dst ? dst + got : ring, want, 0);
-    if (r <= 0) break;
-    got += (uint64_t)r;
-  }
-  uint64_t t1 = oi__now_ns();
-  pthread_join(th, NULL);
-  free(ring);
-  if (cfd >= 0) close(cfd);
-  close(lfd);
-  return got == bytes && a.rc == 0 ? (double)bytes / (double)(t1 - t0) : 0;
 }
 
 static void remote_usage(FILE *f) {
@@ -424,19 +347,10 @@ int bench_remote(int argc, char **argv) {
     free(hs);
     free(dst);
     fprintf(stderr, "bench remote: plain TCP stream of the same bytes...\n");
-    /* The baseline moves the same bytes from node A's memory into memory
-     * of the same size at B (touched first, as B's pool is), three times,
-     * the median; and, for reference, the cache-resident ceiling. */
-    uint8_t *land = malloc(bytes);
-    if (!land) goto out;
-    memset(land, 0, bytes);
-    double runs[3];
-    for (int i = 0; i < 3; i++)
-      runs[i] = plain_stream_gbps(a.mem, land, bytes);
-    plain_gbps = OI_MAX(OI_MIN(runs[0], runs[1]), OI_MIN(OI_MAX(runs[0], runs[1]), runs[2]));
-    if (memcmp(land, a.mem, bytes) != 0) plain_gbps = 0; /* not the same bytes: no baseline */
-    free(land);
-    plain_hot_gbps = plain_stream_gbps(NULL, NULL, bytes);
+    /* The same bytes from node A's memory into as much memory, two threads
+     * of this process over 127.0.0.1 (as the nodes' bytes go). */
+    if (remote_stream_baseline(-1, -1, "127.0.0.1", a.mem, bytes, &plain_gbps, &plain_hot_gbps))
+      goto out;
   }
 
   /* 2. lookups of a 64-block prefix */

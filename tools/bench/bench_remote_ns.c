@@ -196,7 +196,14 @@ static void *in_ns_main(void *p) {
   return NULL;
 }
 
+/* Runs fn(arg) on a thread inside namespace i (i < 0: on this thread, in
+ * its own namespace). */
 static bool run_in(int i, void *(*fn)(void *), void *arg, void **ret) {
+  if (i < 0) {
+    void *r = fn(arg);
+    if (ret) *ret = r;
+    return true;
+  }
   in_ns a = {.ns = i, .fn = fn, .arg = arg};
   pthread_t th;
   if (pthread_create(&th, NULL, in_ns_main, &a) != 0) return false;
@@ -235,6 +242,7 @@ static bool links_running(void) {
 /* ---- the plain stream between the namespaces ---- */
 
 typedef struct stream {
+  int send_ns, recv_ns; /* -1: this process's namespace */
   const char *to_addr;
   int port;
   const uint8_t *src; /* NULL: one cached 1 MiB buffer over and over */
@@ -281,15 +289,22 @@ static void *send_here(void *p) {
 }
 
 static void *send_main(void *p) {
-  run_in(0, send_here, p, NULL);
+  run_in(((stream *)p)->send_ns, send_here, p, NULL);
   return NULL;
 }
 
-/* `bytes` from src (a thread in namespace A) into dst (this thread, the
- * socket made in namespace B); src and dst NULL: one 1 MiB buffer each. */
-static double stream_gbps(const char *b_addr, const uint8_t *src, uint8_t *dst, uint64_t bytes) {
-  stream s = {.to_addr = b_addr, .src = src, .bytes = bytes, .listen_fd = -1};
-  if (!run_in(1, listen_here, &s, NULL) || s.listen_fd < 0) return 0;
+/* `bytes` from src (a thread in namespace send_ns) into dst (this thread,
+ * the socket made in namespace recv_ns, listening on to_addr); src and dst
+ * NULL: one 1 MiB buffer each. GB/s, 0 on failure. */
+static double stream_gbps(int send_ns, int recv_ns, const char *to_addr, const uint8_t *src,
+                          uint8_t *dst, uint64_t bytes) {
+  stream s = {.send_ns = send_ns,
+              .recv_ns = recv_ns,
+              .to_addr = to_addr,
+              .src = src,
+              .bytes = bytes,
+              .listen_fd = -1};
+  if (!run_in(recv_ns, listen_here, &s, NULL) || s.listen_fd < 0) return 0;
   pthread_t th;
   uint64_t t0 = oi__now_ns();
   if (pthread_create(&th, NULL, send_main, &s) != 0) {
@@ -311,6 +326,22 @@ static double stream_gbps(const char *b_addr, const uint8_t *src, uint8_t *dst, 
   if (cfd >= 0) close(cfd);
   close(s.listen_fd);
   return got == bytes && s.rc == 0 ? (double)bytes / (double)(t1 - t0) : 0;
+}
+
+int remote_stream_baseline(int send_ns, int recv_ns, const char *to_addr, const uint8_t *src,
+                           uint64_t bytes, double *gbps, double *cached_gbps) {
+  *gbps = *cached_gbps = 0;
+  uint8_t *land = malloc(bytes);
+  if (!land) return -1;
+  memset(land, 0, bytes); /* touched first, as a pool is */
+  double runs[3];
+  for (int i = 0; i < 3; i++)
+    runs[i] = stream_gbps(send_ns, recv_ns, to_addr, src, land, bytes);
+  *gbps = OI_MAX(OI_MIN(runs[0], runs[1]), OI_MIN(OI_MAX(runs[0], runs[1]), runs[2]));
+  if (memcmp(land, src, bytes) != 0) *gbps = 0; /* not the same bytes: no baseline */
+  free(land);
+  *cached_gbps = stream_gbps(send_ns, recv_ns, to_addr, NULL, NULL, bytes);
+  return 0;
 }
 
 /* ---- the directory, seen from namespace A ---- */
@@ -407,7 +438,6 @@ int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
   uint64_t bytes = p->nblocks * p->block;
   oi_offload_engine *e[2] = {NULL, NULL};
   oi_imported_arena *ar[2] = {NULL, NULL};
-  uint8_t *land = NULL;
   int rc = -1;
   if (!rig_up(addr)) {
     snprintf(r->why, sizeof r->why, "making the network namespaces failed");
@@ -525,20 +555,11 @@ int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
     done += n;
   }
   r->verified = ok && memcmp(mem[0], mem[1], bytes) == 0;
-  /* The baseline: the same bytes from A's memory into as much memory, a
-   * thread in each namespace; the median of three; and the cached ceiling. */
-  land = malloc(bytes);
-  if (!land) goto out;
-  memset(land, 0, bytes);
-  double runs[3];
-  for (int i = 0; i < 3; i++)
-    runs[i] = stream_gbps(addr[1], mem[0], land, bytes);
-  r->plain_gbps = OI_MAX(OI_MIN(runs[0], runs[1]), OI_MIN(OI_MAX(runs[0], runs[1]), runs[2]));
-  if (memcmp(land, mem[0], bytes) != 0) r->plain_gbps = 0;
-  r->plain_hot_gbps = stream_gbps(addr[1], NULL, NULL, bytes);
+  /* The baseline, a thread in each namespace. */
+  if (remote_stream_baseline(0, 1, addr[1], mem[0], bytes, &r->plain_gbps, &r->plain_hot_gbps))
+    goto out;
   rc = 0;
 out:
-  free(land);
   for (int i = 0; i < 2; i++) { /* the mapping first, then the engine (as it expects) */
     if (ar[i]) oi_imported_arena_close(ar[i]);
     if (e[i]) oi_offload_engine_destroy(e[i]);

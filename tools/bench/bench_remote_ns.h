@@ -33,4 +33,13 @@ bool remote_ns_possible(const char *openinfer, char *why, size_t cap);
 /* @return 0, or -1 with r->why. */
 int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r);
 
+/* The plain TCP stream baseline: `bytes` from src, sent by a thread in
+ * namespace send_ns, into as much memory (touched first) received in
+ * namespace recv_ns on to_addr (-1: this process's namespace, e.g. with
+ * "127.0.0.1"), the median of three runs, 0 unless the bytes arrived
+ * intact; and the cached ceiling (one 1 MiB buffer sent over and over into
+ * another). GB/s. @return -1 when out of memory. */
+int remote_stream_baseline(int send_ns, int recv_ns, const char *to_addr, const uint8_t *src,
+                           uint64_t bytes, double *gbps, double *cached_gbps);
+
 #endif

@@ -17,6 +17,7 @@
 #include "cluster/tier.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
+#include "le_bytes.h"
 #include "testutil.h"
 
 static const uint8_t SECRET[] = "cluster secret: thirty-two bytes";
@@ -25,19 +26,6 @@ static const uint8_t SECRET[] = "cluster secret: thirty-two bytes";
 #define MAGIC 0x5250494fu
 #define HELLO_FIXED (4 + 2 + 2 + OI_PEER_NONCE)
 #define WELCOME_FIXED (4 + OI_PEER_MAC_LEN + 8 + 8 + 4 + 4)
-
-static void put16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
 
 static size_t make_hello(uint8_t *b, uint16_t version, const char *id, uint16_t idl) {
   put32(b, MAGIC);

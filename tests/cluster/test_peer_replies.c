@@ -24,6 +24,7 @@
 #include "cluster/sha256.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
+#include "le_bytes.h"
 #include "testutil.h"
 
 static const uint8_t SECRET[] = "cluster secret: thirty-two bytes";
@@ -45,23 +46,6 @@ enum {
   AM_READ,
   AM_DATA
 };
-
-static void put16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 static uint8_t region_byte(uint64_t off) { return (uint8_t)(off * 13 + 5); }
 

@@ -24,6 +24,7 @@
 #include "cluster/peer.h"
 #include "cluster/ucx.h"
 #include "cluster_util.h"
+#include "le_bytes.h"
 #include "openinfer/openinfer.h"
 
 #define NB 8
@@ -146,21 +147,6 @@ static uint64_t fetch_check(node *n) {
 #define CL_LEASE(n) (CL_HDR + 24u + 16u * (size_t)(n))
 #define CL_LEASE_REPLY(m) (CL_HDR + 16u + 24u * (size_t)(m))
 
-static void put16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
-}
 static void put_hdr(uint8_t *p, uint16_t type) {
   put32(p, CL_MAGIC);
   put16(p + 4, 1);

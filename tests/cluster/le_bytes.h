@@ -20,8 +20,6 @@ static inline void put64(uint8_t *p, uint64_t v) {
 static inline uint32_t get32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
-static inline uint64_t get64(const uint8_t *p) {
-  return get32(p) | (uint64_t)get32(p + 4) << 32;
-}
+static inline uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 #endif

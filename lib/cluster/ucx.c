@@ -3,10 +3,21 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 oi_ucx_api oi__ucx;
+
+/* Each function of the table: its name and where its pointer goes. */
+static const struct {
+  const char *name;
+  size_t offset;
+} ucx_symbols[] = {
+#define OI_UCX_SYMBOL(name) {#name, offsetof(oi_ucx_api, name)},
+    OI_UCX_FUNCS(OI_UCX_SYMBOL)
+#undef OI_UCX_SYMBOL
+};
 
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool loaded;
@@ -54,29 +65,28 @@ oi_status oi__ucx_open(const char *ucp_soname, const char *ucs_soname, oi_ucx_ap
                     "install UCX (Debian: libucx0)",
                     ucp_soname, e ? e : "no dlerror");
   }
+  /* ucs_* live in libucs, a dependency of libucp (dlsym on libucp's handle
+   * searches its dependencies); libucs is opened by name only where that
+   * fails. */
   void *ucs = NULL;
-#define OI_UCX_RESOLVE(name)                                                                       \
-  do {                                                                                             \
-    dlerror();                                                                                     \
-    void *sym = dlsym(ucp, #name);                                                                 \
-    /* ucs_* live in libucs, a dependency of libucp (dlsym on libucp's handle                      \
-     * searches its dependencies); opened by name only where that fails. */                        \
-    if (!sym && strncmp(#name, "ucs_", 4) == 0 && ucs_soname) {                                    \
-      if (!ucs) ucs = dlopen(ucs_soname, RTLD_NOW | RTLD_LOCAL);                                   \
-      if (ucs) sym = dlsym(ucs, #name);                                                            \
-    }                                                                                              \
-    if (!sym) {                                                                                    \
-      const char *e = dlerror();                                                                   \
-      memset(api, 0, sizeof(*api));                                                                \
-      return oi__fail(OI_ERR_UNSUPPORTED,                                                          \
-                      "cluster: %s was loaded but lacks %s (%s); the peer transport needs UCX "    \
-                      "1.13 or later",                                                             \
-                      ucp_soname, #name, e ? e : "no dlerror");                                    \
-    }                                                                                              \
-    memcpy(&api->name, &sym, sizeof(sym));                                                         \
-  } while (0);
-  OI_UCX_FUNCS(OI_UCX_RESOLVE)
-#undef OI_UCX_RESOLVE
+  for (size_t i = 0; i < OI_ARRAY_LEN(ucx_symbols); i++) {
+    const char *name = ucx_symbols[i].name;
+    dlerror();
+    void *sym = dlsym(ucp, name);
+    if (!sym && strncmp(name, "ucs_", 4) == 0 && ucs_soname) {
+      if (!ucs) ucs = dlopen(ucs_soname, RTLD_NOW | RTLD_LOCAL);
+      if (ucs) sym = dlsym(ucs, name);
+    }
+    if (!sym) {
+      const char *e = dlerror();
+      memset(api, 0, sizeof(*api));
+      return oi__fail(OI_ERR_UNSUPPORTED,
+                      "cluster: %s was loaded but lacks %s (%s); the peer transport needs UCX "
+                      "1.13 or later",
+                      ucp_soname, name, e ? e : "no dlerror");
+    }
+    memcpy((char *)api + ucx_symbols[i].offset, &sym, sizeof(sym));
+  }
   return OI_OK;
 }
 

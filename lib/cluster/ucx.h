@@ -59,7 +59,9 @@ typedef struct oi_ucx_api {
 
 /* The table, filled by the first successful oi__ucx_load and never changed
  * afterwards: read it only after oi__ucx_load returned OI_OK (in this thread,
- * or in one that thread started or handed work to). */
+ * or in one that thread started or handed work to). A test may put stand-ins
+ * into it after loading and before its first net is created (no thread reads
+ * it then): tests/cluster/test_peer_ucx_fail.c makes UCX calls fail that way. */
 extern oi_ucx_api oi__ucx;
 
 /* Loads UCX once per process (later calls return the first outcome; a

@@ -1,0 +1,481 @@
+/* The peer transport when UCX calls fail (lib/cluster/peer.c). The test
+ * puts stand-ins into the table of UCX functions (oi__ucx, lib/cluster/ucx.h)
+ * once, before its first net; each forwards to UCX unless the test has
+ * armed it (`fail`, a mask), and then returns the status UCX gives for such
+ * a failure. Covered: every step of creating a net (configuration read and
+ * modified, init, worker, message handlers, event fd, listener query), an
+ * endpoint that cannot be created (either side), a send that fails, a
+ * worker that cannot be armed, a region that cannot be registered (mapped,
+ * its key packed, a key too large), a region key that does not unpack,
+ * one-sided and served reads that fail. Each ends with the status and the
+ * message the transport documents, and the net works afterwards. */
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "cluster/peer.h"
+#include "cluster/ucx.h"
+#include "core/core.h"
+#include "testutil.h"
+
+static const uint8_t SECRET[] = "cluster secret: thirty-two bytes";
+
+/* The active message id of a request (peer.c's wire layout). */
+#define AM_REQ 6u
+#define AM_AUTH 3u
+
+enum {
+  F_CONFIG_READ = 1 << 0,
+  F_CONFIG_MODIFY = 1 << 1,
+  F_INIT = 1 << 2,
+  F_WORKER = 1 << 3,
+  F_HANDLER = 1 << 4, /* the handler of AM_AUTH (after two were set) */
+  F_EFD = 1 << 5,
+  F_LISTENER_QUERY = 1 << 6,
+  F_CONNECT_EP = 1 << 7, /* an outbound endpoint: `fail_status` */
+  F_ACCEPT_EP = 1 << 8,  /* an endpoint for a connection request */
+  F_CONN_QUERY = 1 << 9,
+  F_SEND_REQ = 1 << 10,
+  F_ARM = 1 << 11,
+  F_ARM_BUSY = 1 << 12,
+  F_RKEY_UNPACK = 1 << 13,
+  F_MEM_MAP = 1 << 14,
+  F_RKEY_PACK = 1 << 15,
+  F_RKEY_BIG = 1 << 16,
+  F_GET = 1 << 17,
+  F_RECV_DATA = 1 << 18,
+};
+
+static oi_ucx_api real;
+static atomic_uint fail;
+static _Atomic ucs_status_t fail_status;
+static atomic_uint arm_calls, recv_data_calls;
+static void (*data_release)(ucp_worker_h, void *); /* ucp_am_data_release */
+
+static bool armed(unsigned f) { return (atomic_load(&fail) & f) != 0; }
+
+static ucs_status_t st_config_read(const char *prefix, const char *file, ucp_config_t **cfg) {
+  if (armed(F_CONFIG_READ)) return UCS_ERR_NO_MEMORY;
+  return real.ucp_config_read(prefix, file, cfg);
+}
+
+static ucs_status_t st_config_modify(ucp_config_t *cfg, const char *name, const char *value) {
+  if (armed(F_CONFIG_MODIFY)) return UCS_ERR_NO_ELEM;
+  return real.ucp_config_modify(cfg, name, value);
+}
+
+static ucs_status_t st_init_version(unsigned major, unsigned minor, const ucp_params_t *params,
+                                    const ucp_config_t *cfg, ucp_context_h *ctx) {
+  if (armed(F_INIT)) return UCS_ERR_UNSUPPORTED;
+  return real.ucp_init_version(major, minor, params, cfg, ctx);
+}
+
+static ucs_status_t st_worker_create(ucp_context_h ctx, const ucp_worker_params_t *p,
+                                     ucp_worker_h *w) {
+  if (armed(F_WORKER)) return UCS_ERR_NO_RESOURCE;
+  return real.ucp_worker_create(ctx, p, w);
+}
+
+static ucs_status_t st_set_handler(ucp_worker_h w, const ucp_am_handler_param_t *p) {
+  if (armed(F_HANDLER) && p->id == AM_AUTH) return UCS_ERR_INVALID_PARAM;
+  return real.ucp_worker_set_am_recv_handler(w, p);
+}
+
+static ucs_status_t st_get_efd(ucp_worker_h w, int *fd) {
+  if (armed(F_EFD)) return UCS_ERR_IO_ERROR;
+  return real.ucp_worker_get_efd(w, fd);
+}
+
+static ucs_status_t st_listener_query(ucp_listener_h l, ucp_listener_attr_t *a) {
+  if (armed(F_LISTENER_QUERY)) return UCS_ERR_UNSUPPORTED;
+  return real.ucp_listener_query(l, a);
+}
+
+static ucs_status_t st_ep_create(ucp_worker_h w, const ucp_ep_params_t *p, ucp_ep_h *ep) {
+  bool inbound = (p->field_mask & UCP_EP_PARAM_FIELD_CONN_REQUEST) != 0;
+  if (!inbound && armed(F_CONNECT_EP)) return atomic_load(&fail_status);
+  if (inbound && armed(F_ACCEPT_EP)) return UCS_ERR_NO_RESOURCE;
+  return real.ucp_ep_create(w, p, ep);
+}
+
+static ucs_status_t st_conn_query(ucp_conn_request_h r, ucp_conn_request_attr_t *a) {
+  if (armed(F_CONN_QUERY)) return UCS_ERR_UNSUPPORTED;
+  return real.ucp_conn_request_query(r, a);
+}
+
+static ucs_status_ptr_t st_am_send(ucp_ep_h ep, unsigned id, const void *hdr, size_t hlen,
+                                   const void *buf, size_t len, const ucp_request_param_t *p) {
+  if (armed(F_SEND_REQ) && id == AM_REQ) return UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET);
+  return real.ucp_am_send_nbx(ep, id, hdr, hlen, buf, len, p);
+}
+
+static ucs_status_t st_worker_arm(ucp_worker_h w) {
+  if (armed(F_ARM | F_ARM_BUSY)) {
+    atomic_fetch_add(&arm_calls, 1);
+    return armed(F_ARM) ? UCS_ERR_IO_ERROR : UCS_ERR_BUSY;
+  }
+  return real.ucp_worker_arm(w);
+}
+
+static ucs_status_t st_rkey_unpack(ucp_ep_h ep, const void *buf, ucp_rkey_h *rkey) {
+  if (armed(F_RKEY_UNPACK)) return UCS_ERR_INVALID_PARAM;
+  return real.ucp_ep_rkey_unpack(ep, buf, rkey);
+}
+
+static ucs_status_t st_mem_map(ucp_context_h ctx, const ucp_mem_map_params_t *p, ucp_mem_h *m) {
+  if (armed(F_MEM_MAP)) return UCS_ERR_NO_MEMORY;
+  return real.ucp_mem_map(ctx, p, m);
+}
+
+static ucs_status_t st_rkey_pack(ucp_context_h ctx, ucp_mem_h m, void **buf, size_t *len) {
+  if (armed(F_RKEY_PACK)) return UCS_ERR_UNSUPPORTED;
+  ucs_status_t s = real.ucp_rkey_pack(ctx, m, buf, len);
+  if (s == UCS_OK && armed(F_RKEY_BIG)) *len = OI_PEER_MAX_RKEY + 1;
+  return s;
+}
+
+static ucs_status_ptr_t st_get(ucp_ep_h ep, void *buf, size_t n, uint64_t raddr, ucp_rkey_h rkey,
+                               const ucp_request_param_t *p) {
+  if (armed(F_GET)) return UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
+  return real.ucp_get_nbx(ep, buf, n, raddr, rkey, p);
+}
+
+static ucs_status_ptr_t st_recv_data(ucp_worker_h w, void *desc, void *buf, size_t n,
+                                     const ucp_request_param_t *p) {
+  atomic_fetch_add(&recv_data_calls, 1);
+  if (armed(F_RECV_DATA)) {
+    data_release(w, desc); /* the bytes are dropped, as after a failed receive */
+    return UCS_STATUS_PTR(UCS_ERR_IO_ERROR);
+  }
+  return real.ucp_am_recv_data_nbx(w, desc, buf, n, p);
+}
+
+static void install(void) {
+  REQUIRE(oi__ucx_load() == OI_OK);
+  real = oi__ucx;
+  void *ucp = dlopen(OI_UCX_LIBRARY, RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(ucp);
+  void *rel = dlsym(ucp, "ucp_am_data_release");
+  REQUIRE(rel);
+  memcpy(&data_release, &rel, sizeof rel);
+  /* No net exists yet: nothing reads the table while it changes. */
+  oi__ucx.ucp_config_read = st_config_read;
+  oi__ucx.ucp_config_modify = st_config_modify;
+  oi__ucx.ucp_init_version = st_init_version;
+  oi__ucx.ucp_worker_create = st_worker_create;
+  oi__ucx.ucp_worker_set_am_recv_handler = st_set_handler;
+  oi__ucx.ucp_worker_get_efd = st_get_efd;
+  oi__ucx.ucp_listener_query = st_listener_query;
+  oi__ucx.ucp_ep_create = st_ep_create;
+  oi__ucx.ucp_conn_request_query = st_conn_query;
+  oi__ucx.ucp_am_send_nbx = st_am_send;
+  oi__ucx.ucp_worker_arm = st_worker_arm;
+  oi__ucx.ucp_ep_rkey_unpack = st_rkey_unpack;
+  oi__ucx.ucp_mem_map = st_mem_map;
+  oi__ucx.ucp_rkey_pack = st_rkey_pack;
+  oi__ucx.ucp_get_nbx = st_get;
+  oi__ucx.ucp_am_recv_data_nbx = st_recv_data;
+}
+
+static void echo(void *ctx, const char *peer_id, const void *req, size_t len, oi_peer_reply *r) {
+  OI_UNUSED(ctx);
+  OI_UNUSED(peer_id);
+  oi__peer_reply_set(r, req, len);
+}
+
+static oi_peer_net_options opts_of(const char *id, int reads, uint32_t timeout_ms) {
+  return (oi_peer_net_options){.listen_addr = "127.0.0.1:0",
+                               .node_id = id,
+                               .secret = SECRET,
+                               .secret_len = 32,
+                               .timeout_ms = timeout_ms,
+                               .on_request = echo,
+                               .reads = reads};
+}
+
+static oi_peer_net *make_net(const char *id, int reads, uint32_t timeout_ms) {
+  oi_peer_net_options o = opts_of(id, reads, timeout_ms);
+  oi_peer_net *n = NULL;
+  oi_status st = oi__peer_net_create(&o, &n);
+  if (st) fprintf(stderr, "net %s: %s\n", id, oi_last_error());
+  REQUIRE(st == OI_OK && n);
+  return n;
+}
+
+static oi_peer *connect_to(oi_peer_net *from, oi_peer_net *to) {
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", oi__peer_net_port(to));
+  oi_peer *p = NULL;
+  oi_status st = oi__peer_connect(from, addr, &p);
+  if (st) fprintf(stderr, "connect: %s\n", oi_last_error());
+  REQUIRE(st == OI_OK && p);
+  return p;
+}
+
+/* A call that must be echoed. */
+static bool echoed(oi_peer *p, const char *what) {
+  void *rep = NULL;
+  size_t rl = 0;
+  oi_status st = oi__peer_call(p, what, strlen(what), &rep, &rl, 0);
+  bool ok = st == OI_OK && rl == strlen(what) && memcmp(rep, what, rl) == 0;
+  if (!ok) fprintf(stderr, "call '%s': %s (%s)\n", what, oi_status_str(st), oi_last_error());
+  oi__free(rep);
+  return ok;
+}
+
+static oi_peer_stats stats_of(oi_peer_net *n) {
+  oi_peer_stats s;
+  oi__peer_net_stats(n, &s);
+  return s;
+}
+
+static void test_create_fails(void) {
+  const struct {
+    unsigned f;
+    ucs_status_t st; /* the one the stand-in returns */
+    const char *why;
+  } cases[] = {
+      {F_CONFIG_READ, UCS_ERR_NO_MEMORY, "reading the UCX configuration"},
+      {F_INIT, UCS_ERR_UNSUPPORTED, "initializing UCX"},
+      {F_WORKER, UCS_ERR_NO_RESOURCE, "creating the UCX worker"},
+      {F_HANDLER, UCS_ERR_INVALID_PARAM, "setting the message handlers"},
+      {F_EFD, UCS_ERR_IO_ERROR, "the worker's event fd"},
+      {F_LISTENER_QUERY, UCS_ERR_UNSUPPORTED, "querying the listener"},
+  };
+  for (size_t i = 0; i < OI_ARRAY_LEN(cases); i++) {
+    atomic_store(&fail, cases[i].f);
+    oi_peer_net_options o = opts_of("node-a", OI_PEER_READS_AM, 1000);
+    oi_peer_net *n = (oi_peer_net *)1;
+    oi_status st = oi__peer_net_create(&o, &n);
+    atomic_store(&fail, 0);
+    const char *e = oi_last_error();
+    if (st != OI_ERR_IO || n != NULL || !strstr(e, cases[i].why) ||
+        !strstr(e, real.ucs_status_string(cases[i].st))) {
+      fprintf(stderr, "case %zu: %s (%s)\n", i, oi_status_str(st), e);
+      CHECK(false);
+    }
+  }
+  /* Nothing was left behind: a net is made and answers. */
+  oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
+  oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 2000);
+  CHECK(echoed(connect_to(b, a), "after"));
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+}
+
+static void test_config_modify_fails(void) {
+  /* UCX refuses every setting (TCP put off, segment sizes): a warning each,
+   * and a net that works with UCX's defaults. With the environment's
+   * segment size and OI_PEER_TCP_PUT=1 nothing is asked of UCX for those. */
+  atomic_store(&fail, F_CONFIG_MODIFY);
+  oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
+  setenv("UCX_TCP_TX_SEG_SIZE", "64k", 1);
+  setenv("OI_PEER_TCP_PUT", "1", 1);
+  oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 2000);
+  unsetenv("UCX_TCP_TX_SEG_SIZE");
+  unsetenv("OI_PEER_TCP_PUT");
+  atomic_store(&fail, 0);
+  oi_peer *p = connect_to(b, a);
+  CHECK(echoed(p, "defaults"));
+  static uint8_t region[1 << 16], dst[1 << 16];
+  for (size_t i = 0; i < sizeof region; i++)
+    region[i] = (uint8_t)(i * 13 + 1);
+  CHECK_OK(oi__peer_net_register(a, region, sizeof region));
+  oi__peer_close(p);
+  p = connect_to(b, a);
+  oi_peer_read r = {.remote_offset = 0, .len = sizeof dst, .local_dst = dst};
+  CHECK_OK(oi__peer_get(p, &r, 1, 0));
+  CHECK(memcmp(dst, region, sizeof dst) == 0);
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+}
+
+static void test_endpoint_fails(void) {
+  oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
+  oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 300);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", oi__peer_net_port(a));
+  /* Outbound: UCX's status, mapped. */
+  const struct {
+    ucs_status_t ucs;
+    oi_status want;
+  } cases[] = {{UCS_ERR_NO_MEMORY, OI_ERR_OUT_OF_MEMORY},
+               {UCS_ERR_TIMED_OUT, OI_ERR_TIMEOUT},
+               {UCS_ERR_CANCELED, OI_ERR_CLOSED},
+               {UCS_ERR_UNREACHABLE, OI_ERR_IO}};
+  for (size_t i = 0; i < OI_ARRAY_LEN(cases); i++) {
+    atomic_store(&fail_status, cases[i].ucs);
+    atomic_store(&fail, F_CONNECT_EP);
+    oi_peer *p = (oi_peer *)1;
+    oi_status st = oi__peer_connect(b, addr, &p);
+    atomic_store(&fail, 0);
+    const char *e = oi_last_error();
+    if (st != cases[i].want || p != NULL || !strstr(e, "creating an endpoint") ||
+        !strstr(e, real.ucs_status_string(cases[i].ucs)) || !strstr(e, addr)) {
+      fprintf(stderr, "case %zu: %s (%s)\n", i, oi_status_str(st), e);
+      CHECK(false);
+    }
+  }
+  CHECK(stats_of(b).connect_fails == OI_ARRAY_LEN(cases));
+  CHECK(stats_of(a).accepted == 0);
+  /* Inbound, and the client's address unknown: the holder refuses the
+   * connection request; the reader's handshake times out. */
+  atomic_store(&fail, F_ACCEPT_EP | F_CONN_QUERY);
+  oi_peer *p = (oi_peer *)1;
+  uint64_t t0 = oi__now_ns();
+  oi_status st = oi__peer_connect(b, addr, &p);
+  double ms = (double)(oi__now_ns() - t0) / 1e6;
+  atomic_store(&fail, 0);
+  CHECK(st != OI_OK && p == NULL);
+  CHECK(ms < 3000);
+  CHECK(stats_of(a).refused == 1 && stats_of(a).accepted == 0);
+  /* The address unknown alone refuses nothing. */
+  atomic_store(&fail, F_CONN_QUERY);
+  p = connect_to(b, a);
+  atomic_store(&fail, 0);
+  CHECK(echoed(p, "accepted"));
+  CHECK(stats_of(a).accepted == 1);
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+}
+
+static void test_send_fails(void) {
+  /* The request's send fails: the call fails OI_ERR_IO naming UCX's
+   * reason, the connection is dead, a new one works. */
+  oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
+  oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 2000);
+  oi_peer *p = connect_to(b, a);
+  CHECK(echoed(p, "before"));
+  atomic_store(&fail, F_SEND_REQ);
+  void *rep = NULL;
+  size_t rl = 0;
+  CHECK_ST(oi__peer_call(p, "lost", 4, &rep, &rl, 0), OI_ERR_IO);
+  CHECK(strstr(oi_last_error(), "sending") &&
+        strstr(oi_last_error(), real.ucs_status_string(UCS_ERR_CONNECTION_RESET)));
+  CHECK(rep == NULL && rl == 0);
+  atomic_store(&fail, 0);
+  CHECK_ST(oi__peer_call(p, "after", 5, &rep, &rl, 0), OI_ERR_CLOSED);
+  CHECK(strstr(oi_last_error(), "closed"));
+  CHECK(stats_of(b).errors >= 1);
+  oi__peer_close(p);
+  CHECK(echoed(connect_to(b, a), "new"));
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+}
+
+static void test_arm_fails(void) {
+  /* The worker cannot be armed (an error, or busy every time): the progress
+   * thread logs it and polls; calls are answered all the same. */
+  const unsigned modes[] = {F_ARM, F_ARM_BUSY};
+  for (size_t m = 0; m < OI_ARRAY_LEN(modes); m++) {
+    oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
+    oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 2000);
+    oi_peer *p = connect_to(b, a);
+    atomic_store(&arm_calls, 0);
+    atomic_store(&fail, modes[m]);
+    for (int i = 0; i < 10; i++) {
+      char msg[16];
+      snprintf(msg, sizeof msg, "call %d", i);
+      CHECK(echoed(p, msg));
+    }
+    atomic_store(&fail, 0);
+    CHECK(atomic_load(&arm_calls) > 0);
+    oi__peer_net_destroy(b);
+    oi__peer_net_destroy(a);
+  }
+}
+
+static void test_region_fails(void) {
+  oi_peer_net *a = make_net("node-a", OI_PEER_READS_RMA, 2000);
+  oi_peer_net *b = make_net("node-b", OI_PEER_READS_RMA, 2000);
+  static uint8_t region[1 << 16];
+  for (size_t i = 0; i < sizeof region; i++)
+    region[i] = (uint8_t)(i * 5 + 7);
+  /* Registering: mapping fails, packing the key fails, a key too large. */
+  const struct {
+    unsigned f;
+    oi_status want;
+    ucs_status_t ucs;
+  } cases[] = {{F_MEM_MAP, OI_ERR_OUT_OF_MEMORY, UCS_ERR_NO_MEMORY},
+               {F_RKEY_PACK, OI_ERR_IO, UCS_ERR_UNSUPPORTED},
+               {F_RKEY_BIG, OI_ERR_IO, UCS_ERR_EXCEEDS_LIMIT}};
+  for (size_t i = 0; i < OI_ARRAY_LEN(cases); i++) {
+    atomic_store(&fail, cases[i].f);
+    oi_status st = oi__peer_net_register(a, region, sizeof region);
+    atomic_store(&fail, 0);
+    const char *e = oi_last_error();
+    if (st != cases[i].want || !strstr(e, "registering 65536 bytes") ||
+        !strstr(e, real.ucs_status_string(cases[i].ucs))) {
+      fprintf(stderr, "case %zu: %s (%s)\n", i, oi_status_str(st), e);
+      CHECK(false);
+    }
+  }
+  /* Nothing stayed registered: now it is. */
+  CHECK_OK(oi__peer_net_register(a, region, sizeof region));
+  /* The holder's key does not unpack at the reader: the connect fails. */
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", oi__peer_net_port(a));
+  atomic_store(&fail, F_RKEY_UNPACK);
+  oi_peer *p = (oi_peer *)1;
+  CHECK_ST(oi__peer_connect(b, addr, &p), OI_ERR_PROTOCOL);
+  atomic_store(&fail, 0);
+  CHECK(p == NULL && strstr(oi_last_error(), "unpacking the region key"));
+  /* One-sided reads that UCX refuses to issue: the get fails with UCX's
+   * status, mapped; the connection still reads afterwards. */
+  p = connect_to(b, a);
+  static uint8_t dst[2][4096];
+  oi_peer_read r[2] = {{0, 4096, dst[0]}, {8192, 4096, dst[1]}};
+  atomic_store(&fail, F_GET);
+  CHECK_ST(oi__peer_get(p, r, 2, 0), OI_ERR_OUT_OF_MEMORY);
+  atomic_store(&fail, 0);
+  CHECK(strstr(oi_last_error(), "read failed") &&
+        strstr(oi_last_error(), real.ucs_status_string(UCS_ERR_NO_MEMORY)));
+  CHECK_OK(oi__peer_get(p, r, 2, 0));
+  CHECK(memcmp(dst[0], region, 4096) == 0 && memcmp(dst[1], region + 8192, 4096) == 0);
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+}
+
+static void test_served_read_fails(void) {
+  /* A served read large enough to come by rendezvous, whose receive UCX
+   * refuses: the get fails OI_ERR_IO; the next one lands byte-exact. */
+  oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
+  oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 2000);
+  enum { LEN = 4 << 20 };
+  uint8_t *region = malloc(LEN), *dst = malloc(LEN);
+  REQUIRE(region && dst);
+  for (size_t i = 0; i < LEN; i++)
+    region[i] = (uint8_t)(i * 11 + 3);
+  CHECK_OK(oi__peer_net_register(a, region, LEN));
+  oi_peer *p = connect_to(b, a);
+  oi_peer_read r = {.remote_offset = 0, .len = LEN, .local_dst = dst};
+  atomic_store(&recv_data_calls, 0);
+  atomic_store(&fail, F_RECV_DATA);
+  oi_status st = oi__peer_get(p, &r, 1, 0);
+  atomic_store(&fail, 0);
+  REQUIRE(atomic_load(&recv_data_calls) > 0); /* it came by rendezvous */
+  CHECK_ST(st, OI_ERR_IO);
+  CHECK(strstr(oi_last_error(), "read failed") &&
+        strstr(oi_last_error(), real.ucs_status_string(UCS_ERR_IO_ERROR)));
+  memset(dst, 0, LEN);
+  CHECK_OK(oi__peer_get(p, &r, 1, 0));
+  CHECK(memcmp(dst, region, LEN) == 0);
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+  free(region);
+  free(dst);
+}
+
+int main(void) {
+  if (oi__ucx_load() != OI_OK) TEST_SKIP("UCX is not installed");
+  install();
+  RUN_TEST(test_create_fails);
+  RUN_TEST(test_config_modify_fails);
+  RUN_TEST(test_endpoint_fails);
+  RUN_TEST(test_send_fails);
+  RUN_TEST(test_arm_fails);
+  RUN_TEST(test_region_fails);
+  RUN_TEST(test_served_read_fails);
+  TEST_EXIT();
+}

@@ -40,6 +40,7 @@ static struct fake {
   pthread_mutex_t lock;
   int conns[FK_CONNS];
   pthread_t threads[FK_CONNS];
+  atomic_bool ended[FK_CONNS]; /* its thread returned: the slot is reused */
   int n_conns;
   char keys[FK_KEYS][96], vals[FK_KEYS][256];
   int n_keys;
@@ -177,10 +178,11 @@ static void fk_answer(int argc, char argv[][300], char *out, size_t cap) {
   }
 }
 
-/* One connection: RESP arrays of bulk strings in, replies out. "CLOSE" as
- * a reply closes the connection. */
+/* One connection (slot k): RESP arrays of bulk strings in, replies out.
+ * "CLOSE" as a reply closes the connection. */
 static void *fk_conn(void *arg) {
-  int fd = (int)(intptr_t)arg;
+  int k = (int)(intptr_t)arg;
+  int fd = fk.conns[k];
   static __thread char argv[40][300];
   char line[512], out[8192];
   while (!atomic_load(&fk.stop)) {
@@ -220,6 +222,7 @@ static void *fk_conn(void *arg) {
     if (!strcmp(out, "CLOSE") || !write_all(fd, out, strlen(out))) break;
   }
   shutdown(fd, SHUT_RDWR);
+  atomic_store(&fk.ended[k], true);
   return NULL;
 }
 
@@ -229,14 +232,22 @@ static void *fk_accept(void *arg) {
     int c = accept(fk.lfd, NULL, NULL);
     if (c < 0) continue;
     pthread_mutex_lock(&fk.lock);
-    if (atomic_load(&fk.stop) || fk.n_conns == FK_CONNS) {
+    int k = -1;
+    for (int i = 0; i < fk.n_conns && k < 0 && !atomic_load(&fk.stop); i++)
+      if (atomic_load(&fk.ended[i])) { /* a connection that ended: its slot */
+        pthread_join(fk.threads[i], NULL);
+        close(fk.conns[i]);
+        atomic_store(&fk.ended[i], false);
+        k = i;
+      }
+    if (k < 0 && fk.n_conns < FK_CONNS && !atomic_load(&fk.stop)) k = fk.n_conns++;
+    if (k < 0) {
       pthread_mutex_unlock(&fk.lock);
       close(c);
       continue;
     }
-    int k = fk.n_conns++;
     fk.conns[k] = c;
-    pthread_create(&fk.threads[k], NULL, fk_conn, (void *)(intptr_t)c);
+    pthread_create(&fk.threads[k], NULL, fk_conn, (void *)(intptr_t)k);
     pthread_mutex_unlock(&fk.lock);
   }
   return NULL;
@@ -693,6 +704,359 @@ static void test_more_urls(void) {
   CHECK(d == NULL);
 }
 
+/* Replies of the wrong kind to a single instance: SELECT answered with an
+ * integer or not at all, a script digest of the wrong length, a publish
+ * answered with an integer or an error that is (ASK) or is not a sign of a
+ * cluster, NOSCRIPT, the node key's SET and PING answered with an integer,
+ * PING unanswered, a node lookup and a stale removal answered oddly. */
+static void test_odd_replies(void) {
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d/7", fk.port);
+  const struct {
+    const char *reply, *why;
+  } selects[] = {{":1\r\n", "SELECT 7: unexpected reply"}, {"CLOSE", "SELECT 7: "}};
+  for (size_t i = 0; i < OI_ARRAY_LEN(selects); i++) {
+    fk_clear();
+    fk_override("SELECT", "", selects[i].reply, -1);
+    oi_dir *d = open_dir(url, 0);
+    oi_dir_stats s = stats_of(d);
+    if (s.connected || !strstr(s.last_error, selects[i].why)) {
+      fprintf(stderr, "SELECT case %zu: connected %d, '%s'\n", i, s.connected, s.last_error);
+      CHECK(false);
+    }
+    oi__dir_close(d);
+  }
+
+  /* A digest that is not 40 characters: not used, the script goes whole. */
+  fk_clear();
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", fk.port);
+  fk_override("SCRIPT LOAD", "", "$3\r\nabc\r\n", -1);
+  oi_dir *d = open_dir(url, 300);
+  REQUIRE(stats_of(d).connected);
+  oi_dir_key k[2] = {key_of(1), key_of(2)};
+  CHECK_OK(oi__dir_publish(d, k, 1));
+  CHECK_OK(oi__dir_unpublish(d, k, 1));
+  CHECK_OK(oi__dir_flush(d, 3000));
+  CHECK(fk_saw("EVAL ") && !fk_saw("EVALSHA") && stats_of(d).unpublished == 1);
+  oi__dir_close(d);
+
+  fk_clear();
+  d = open_dir(url, 300);
+  REQUIRE(stats_of(d).connected);
+  const struct {
+    const char *reply, *why;
+    bool hint;
+  } publishes[] = {{":1\r\n", "publish: unexpected reply", false},
+                   {"-ASK 12 127.0.0.1:1\r\n", "publish: ASK 12", true},
+                   {"-ERR odd\r\n", "publish: ERR odd", false}};
+  for (size_t i = 0; i < OI_ARRAY_LEN(publishes); i++) {
+    fk_override("SET", "oi:b:", publishes[i].reply, 1);
+    CHECK_OK(oi__dir_publish(d, k, 1));
+    CHECK_OK(oi__dir_flush(d, 3000));
+    oi_dir_stats s = stats_of(d);
+    if (s.published != 0 || !strstr(s.last_error, publishes[i].why) ||
+        publishes[i].hint != (strstr(s.last_error, "redis+cluster://") != NULL)) {
+      fprintf(stderr, "publish case %zu: published %llu, '%s'\n", i,
+              (unsigned long long)s.published, s.last_error);
+      CHECK(false);
+    }
+  }
+  /* The script cache was flushed (NOSCRIPT): the script goes whole, and
+   * the entry is removed. */
+  CHECK_OK(oi__dir_publish(d, k, 1));
+  CHECK_OK(oi__dir_flush(d, 3000));
+  fk_override("EVALSHA", "", "-NOSCRIPT No matching script. Please use EVAL.\r\n", 1);
+  CHECK_OK(oi__dir_unpublish(d, k, 1));
+  CHECK_OK(oi__dir_flush(d, 3000));
+  CHECK(fk_saw("EVALSHA ") && fk_saw("EVAL oi:b:") == false && stats_of(d).unpublished == 1);
+  oi_dir_holder h[2];
+  size_t n = 9;
+  CHECK_OK(oi__dir_lookup(d, k, 1, h, &n));
+  CHECK(n == 0);
+
+  /* A node's liveness key answered with an error; a stale removal answered
+   * with a status. */
+  char addr[64];
+  fk_override("GET", "oi:node:", "-ERR no such thing\r\n", 1);
+  CHECK_ST(oi__dir_node_lookup(d, "nodeB", addr, sizeof addr, NULL), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "answered GET with ERR no such thing"));
+  oi_dir_holder me = {.epoch = 7};
+  snprintf(me.node_id, sizeof me.node_id, "nodeA");
+  fk_override("EVAL", "", "+OK\r\n", 1);
+  CHECK_ST(oi__dir_remove_stale(d, &k[1], &me), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "answered EVAL with an unexpected reply"));
+
+  /* The beat: PING answered with an integer (noted, still connected), the
+   * node key's SET answered with one, then PING unanswered (degraded). */
+  fk_override("PING", "", ":1\r\n", -1);
+  CHECK(error_soon(d, "PING: unexpected reply"));
+  CHECK(stats_of(d).connected);
+  fk_clear();
+  CHECK_OK(oi__dir_set_advertise(d, "127.0.0.1:9"));
+  fk_override("SET", "oi:node:", ":1\r\n", -1);
+  CHECK(error_soon(d, "refreshing the node key: unexpected reply"));
+  CHECK(stats_of(d).connected);
+  CHECK_OK(oi__dir_set_advertise(d, NULL));
+  fk_clear();
+  uint64_t reconnects = stats_of(d).reconnects;
+  fk_override("PING", "", "CLOSE", 1);
+  char why[64];
+  snprintf(why, sizeof why, "PING 127.0.0.1:%d", fk.port);
+  CHECK(error_soon(d, why));
+  /* the connection was lost, and made again */
+  for (int i = 0; i < 300 && stats_of(d).reconnects == reconnects; i++)
+    sleep_ms(10);
+  CHECK(stats_of(d).reconnects == reconnects + 1 && stats_of(d).connected);
+  oi__dir_close(d);
+}
+
+/* CLUSTER SLOTS and CLUSTER INFO that a cluster seed answers badly, field
+ * by field, and a master the map names that does not answer. */
+static void test_bad_slot_maps(void) {
+  snprintf(url, sizeof url, "redis+cluster://127.0.0.1:%d", fk.port);
+  int dead = 0;
+  {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+            getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    dead = ntohs(a.sin_port);
+    close(fd); /* nobody listens there */
+  }
+  char valid[128], deadmap[128];
+  snprintf(valid, sizeof valid, "*3\r\n:0\r\n:100\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n", fk.port);
+  snprintf(deadmap, sizeof deadmap, "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n",
+           dead);
+  char then_bad[256], deadwhy[64];
+  snprintf(then_bad, sizeof then_bad, "*2\r\n%s*1\r\n:5\r\n", valid);
+  snprintf(deadwhy, sizeof deadwhy, "connect 127.0.0.1:%d", dead);
+  const char *shape = "not [start, end, [host, port, ...]]";
+  const struct {
+    const char *cmd, *reply, *why;
+  } cases[] = {
+      {"CLUSTER INFO", "CLOSE", "CLUSTER INFO at 127.0.0.1"},
+      {"CLUSTER SLOTS", "CLOSE", "CLUSTER SLOTS: "},
+      {"CLUSTER SLOTS", "+OK\r\n", "CLUSTER SLOTS: unexpected reply"},
+      {"CLUSTER SLOTS", "*1\r\n*2\r\n:0\r\n:1\r\n", shape},
+      {"CLUSTER SLOTS", "*1\r\n*3\r\n$1\r\na\r\n:1\r\n*2\r\n$1\r\nh\r\n:1\r\n", shape},
+      {"CLUSTER SLOTS", "*1\r\n*3\r\n:0\r\n$1\r\nb\r\n*2\r\n$1\r\nh\r\n:1\r\n", shape},
+      {"CLUSTER SLOTS", "*1\r\n*3\r\n:0\r\n:1\r\n:5\r\n", shape},
+      {"CLUSTER SLOTS", "*1\r\n*3\r\n:0\r\n:1\r\n*1\r\n$1\r\nh\r\n", shape},
+      {"CLUSTER SLOTS", "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n:7\r\n:1\r\n", shape},
+      {"CLUSTER SLOTS", "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\nh\r\n$1\r\n1\r\n", shape},
+      {"CLUSTER SLOTS", "*1\r\n*3\r\n:-1\r\n:1\r\n*2\r\n$1\r\nh\r\n:1\r\n", "out of bounds"},
+      {"CLUSTER SLOTS", "*1\r\n*3\r\n:5\r\n:4\r\n*2\r\n$1\r\nh\r\n:1\r\n", "out of bounds"},
+      {"CLUSTER SLOTS", "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\nh\r\n:0\r\n", "out of bounds"},
+      {"CLUSTER SLOTS", "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\nh\r\n:70000\r\n", "out of bounds"},
+      {"CLUSTER SLOTS", then_bad, shape}, /* a good entry, then a bad one */
+      {"CLUSTER SLOTS", deadmap, deadwhy},
+  };
+  for (size_t i = 0; i < OI_ARRAY_LEN(cases); i++) {
+    fk_clear();
+    fk_override(cases[i].cmd, "", cases[i].reply, -1);
+    oi_dir *d = open_dir(url, 0);
+    oi_dir_stats s = stats_of(d);
+    if (s.connected || !strstr(s.last_error, cases[i].why)) {
+      fprintf(stderr, "case %zu: connected %d, last error '%s'\n", i, s.connected, s.last_error);
+      CHECK(false);
+    }
+    oi__dir_close(d);
+  }
+}
+
+/* Two masters that are one fake (127.0.0.1 and 127.1 name the same
+ * address, and the directory tells masters apart by their names): the map
+ * read, a master with no host in it (the seed's), the map shrunk to one
+ * master after a MOVED (the other's connection closed); redirections that
+ * do not parse, one to a master that does not answer, an ASK whose ASKING
+ * is not answered; a publish, a node lookup and a stale removal redirected
+ * forever; a beat whose CLUSTER INFO is an error. */
+static void test_cluster_masters(void) {
+  fk_clear();
+  snprintf(url, sizeof url, "redis+cluster://127.0.0.1:%d", fk.port);
+  char two[320], one[160];
+  snprintf(two, sizeof two,
+           "*3\r\n*3\r\n:0\r\n:8191\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n"
+           "*3\r\n:8192\r\n:12000\r\n*2\r\n$5\r\n127.1\r\n:%d\r\n"
+           "*3\r\n:12001\r\n:16383\r\n*2\r\n$0\r\n\r\n:%d\r\n",
+           fk.port, fk.port, fk.port);
+  snprintf(one, sizeof one, "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$5\r\n127.1\r\n:%d\r\n", fk.port);
+  fk_override("CLUSTER SLOTS", "", two, 1);
+  fk_override("CLUSTER SLOTS", "", one, -1);
+  oi_dir *d = open_dir(url, 0);
+  REQUIRE(stats_of(d).connected);
+  enum { N = 32 };
+  oi_dir_key k[N];
+  oi_dir_holder h[N];
+  for (uint32_t i = 0; i < N; i++)
+    k[i] = key_of(i);
+  size_t n = 0;
+  CHECK_OK(oi__dir_publish(d, k, N));
+  CHECK_OK(oi__dir_flush(d, 3000));
+  CHECK(stats_of(d).published == N);
+  CHECK_OK(oi__dir_lookup(d, k, N, h, &n));
+  CHECK(n == N);
+  /* A MOVED: the map is read again, one master now. */
+  char moved[64];
+  snprintf(moved, sizeof moved, "-MOVED 100 127.1:%d\r\n", fk.port);
+  fk_override("GET", "oi:b:", moved, 1);
+  uint64_t redirects = stats_of(d).redirects;
+  CHECK_OK(oi__dir_lookup(d, k, N, h, &n));
+  CHECK(n == N && stats_of(d).redirects == redirects + 1);
+  CHECK(stats_of(d).connected);
+  oi__dir_close(d);
+
+  /* Redirections that do not parse: the lookup fails, degraded. */
+  char longhost[400];
+  snprintf(longhost, sizeof longhost, "-MOVED 100 %0300d:1\r\n", 7);
+  const char *bad[] = {"-MOVED 99999 127.0.0.1:1\r\n",
+                       "-MOVED x 127.0.0.1:1\r\n",
+                       "-MOVED 100 127.0.0.1\r\n",
+                       "-MOVED 100 127.0.0.1:x\r\n",
+                       "-MOVED 100 127.0.0.1:0\r\n",
+                       "-MOVED 100 127.0.0.1:70000\r\n",
+                       longhost};
+  for (size_t i = 0; i < OI_ARRAY_LEN(bad); i++) {
+    fk_clear();
+    oi_dir *e = open_dir(url, 0);
+    REQUIRE(stats_of(e).connected);
+    fk_override("GET", "oi:b:", bad[i], 1);
+    oi_status st = oi__dir_lookup(e, k, 2, h, &n);
+    if (st != OI_ERR_CLOSED || n != 0 || !error_soon(e, "redirection that does not parse")) {
+      fprintf(stderr, "redirection %zu: %s (%s)\n", i, oi_status_str(st), oi_last_error());
+      CHECK(false);
+    }
+    oi__dir_close(e);
+  }
+
+  /* A MOVED to a master nobody answers for; an ASK whose ASKING goes
+   * unanswered: the connection is lost, the lookup fails. */
+  fk_clear();
+  d = open_dir(url, 0);
+  REQUIRE(stats_of(d).connected);
+  snprintf(moved, sizeof moved, "-MOVED 100 127.0.0.1:1\r\n");
+  fk_override("GET", "oi:b:", moved, 1);
+  CHECK_ST(oi__dir_lookup(d, k, 2, h, &n), OI_ERR_CLOSED);
+  CHECK(n == 0 && strstr(oi_last_error(), "connect 127.0.0.1:1"));
+  oi__dir_close(d);
+  fk_clear();
+  d = open_dir(url, 0);
+  REQUIRE(stats_of(d).connected);
+  snprintf(moved, sizeof moved, "-ASK 100 127.0.0.1:%d\r\n", fk.port);
+  fk_override("GET", "oi:b:", moved, 1);
+  fk_override("ASKING", "", "CLOSE", 1);
+  CHECK_ST(oi__dir_lookup(d, k, 2, h, &n), OI_ERR_CLOSED);
+  CHECK(n == 0 && strstr(oi_last_error(), "GET"));
+  oi__dir_close(d);
+
+  /* Redirected forever: a node lookup, a stale removal, a publish. */
+  fk_clear();
+  d = open_dir(url, 0);
+  REQUIRE(stats_of(d).connected);
+  snprintf(moved, sizeof moved, "-MOVED 100 127.0.0.1:%d\r\n", fk.port);
+  fk_override("GET", "oi:node:", moved, -1);
+  char addr[64];
+  CHECK_ST(oi__dir_node_lookup(d, "nodeB", addr, sizeof addr, NULL), OI_ERR_CLOSED);
+  CHECK(strstr(oi_last_error(), "redirected too often"));
+  fk_override("EVAL", "", moved, -1);
+  oi_dir_holder me = {.epoch = 7};
+  snprintf(me.node_id, sizeof me.node_id, "nodeA");
+  CHECK_ST(oi__dir_remove_stale(d, &k[0], &me), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "answered EVAL with redirected too often"));
+  fk_override("SET", "oi:b:", moved, -1);
+  CHECK_OK(oi__dir_publish(d, k, 1));
+  CHECK_OK(oi__dir_flush(d, 3000));
+  CHECK(stats_of(d).published == 0);
+  CHECK(error_soon(d, "still redirected after"));
+  oi__dir_close(d);
+
+  /* The beat's CLUSTER INFO answered with an error: not ok, degraded. */
+  fk_clear();
+  d = open_dir(url, 300);
+  REQUIRE(stats_of(d).connected);
+  uint64_t reconnects = stats_of(d).reconnects;
+  fk_override("CLUSTER INFO", "", "-ERR busy\r\n", 1);
+  CHECK(error_soon(d, "the cluster is not ok"));
+  for (int i = 0; i < 300 && stats_of(d).reconnects == reconnects; i++)
+    sleep_ms(10);
+  CHECK(stats_of(d).reconnects == reconnects + 1); /* and made again */
+  oi__dir_close(d);
+}
+
+/* URLs refused field by field; calls with what they need missing. */
+static void test_urls_and_arguments(void) {
+  char longhost[300] = "redis://";
+  memset(longhost + 8, 'h', 280);
+  longhost[288] = '\0';
+  const struct {
+    const char *url, *why;
+  } cases[] = {
+      {"unix:/", "must be absolute"},
+      {"unix:/tmp/r.sock?dbx=1", "?db=N"},
+      {"unix:/tmp/r.sock?db=1000001", "?db=N"},
+      {"redis+cluster://127.0.0.1:1/1", "database 0 only"},
+      {"redis+cluster://127.0.0.1:1,", "no host"},
+      {"redis+cluster://a@127.0.0.1:1", "credentials"},
+      {"redis://127.0.0.1:1/1000001", "not a database number"},
+      {longhost, "an overlong host"},
+  };
+  for (size_t i = 0; i < OI_ARRAY_LEN(cases); i++) {
+    oi_dir_options o;
+    oi__dir_options_init(&o);
+    o.url = cases[i].url;
+    o.node_id = "u";
+    oi_dir *d = (oi_dir *)1;
+    oi_status st = oi__dir_open(&o, &d);
+    if (st != OI_ERR_INVALID_ARGUMENT || d || !strstr(oi_last_error(), cases[i].why)) {
+      fprintf(stderr, "url '%.40s': %s (%s)\n", cases[i].url, oi_status_str(st), oi_last_error());
+      CHECK(false);
+    }
+  }
+  /* URLs that parse: a cluster with "/" or "/0" after its addresses, a
+   * database left empty. Nobody listens on port 1: degraded. */
+  const char *good[] = {"redis+cluster://127.0.0.1:1/", "redis+cluster://127.0.0.1:1/0",
+                        "redis://127.0.0.1:1/"};
+  for (size_t i = 0; i < OI_ARRAY_LEN(good); i++) {
+    oi_dir_options o;
+    oi__dir_options_init(&o);
+    o.url = good[i];
+    o.node_id = "u";
+    o.timeout_ms = 100;
+    oi_dir *d = NULL;
+    CHECK_OK(oi__dir_open(&o, &d));
+    CHECK(d && !stats_of(d).connected);
+    oi__dir_close(d);
+  }
+  /* The parsers refuse what is no entry and no liveness value. */
+  oi_dir_holder h;
+  CHECK(!oi__dir_holder_parse(NULL, 4, &h));
+  uint64_t e = 0;
+  size_t off = 0, len = 0;
+  CHECK(!oi__dir_liveness_parse(NULL, 4, &e, &off, &len));
+  CHECK(!oi__dir_liveness_parse("12", 2, &e, &off, &len));
+  CHECK(!oi__dir_liveness_parse("x2 127.0.0.1:1", 14, &e, &off, &len));
+  CHECK(!oi__dir_liveness_parse("12 ", 3, &e, &off, &len));
+  CHECK(oi__dir_liveness_parse("12 127.0.0.1:1", 14, &e, &off, &len));
+  CHECK(e == 12 && off == 3 && len == 11);
+  /* Calls without what they need; observing nothing. */
+  fk_clear();
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", fk.port);
+  oi_dir *d = open_dir(url, 0);
+  oi_dir_key k = key_of(1);
+  oi_dir_holder out[1];
+  CHECK_ST(oi__dir_lookup(d, &k, 1, out, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__dir_set_advertise(NULL, "127.0.0.1:1"), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__dir_remove_stale(d, &k, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK(oi__dir_generation(NULL) == 0 && oi__dir_generation(d) == 1);
+  oi_dir_stats s;
+  memset(&s, 0x5a, sizeof s);
+  oi__dir_stats(NULL, &s);
+  CHECK(!s.connected && s.generation == 0 && s.last_error[0] == '\0');
+  oi__dir_stats(d, NULL);
+  oi__dir_options_init(NULL);
+  oi__dir_close(d);
+}
+
 int main(void) {
   fk_start(false);
   RUN_TEST(test_select);
@@ -703,6 +1067,10 @@ int main(void) {
   RUN_TEST(test_cluster_replies);
   RUN_TEST(test_cluster_redirects);
   RUN_TEST(test_more_urls);
+  RUN_TEST(test_odd_replies);
+  RUN_TEST(test_bad_slot_maps);
+  RUN_TEST(test_cluster_masters);
+  RUN_TEST(test_urls_and_arguments);
   fk_stop();
   fk_start(true);
   RUN_TEST(test_unix_socket_with_db);

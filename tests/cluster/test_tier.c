@@ -268,6 +268,53 @@ static void test_bad_options(void) {
   co.listen_addr = "0.0.0.0:0";
   CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "advertise_addr") != NULL);
+  /* Each required option missing alone; a struct_size no init wrote. */
+  oi_host_cluster_options good = co;
+  good.listen_addr = "127.0.0.1:0";
+  for (int i = 0; i < 4; i++) {
+    oi_host_cluster_options c = good;
+    const char **field[] = {&c.redis_url, &c.node_id, &c.listen_addr, &c.secret_file};
+    *field[i] = NULL;
+    CHECK_ST(oi_offload_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(oi_last_error(), "required") != NULL);
+  }
+  oi_host_cluster_options c = good;
+  c.struct_size = 2;
+  CHECK_ST(oi_offload_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "struct_size") != NULL);
+  /* A secret over the limit (a CRLF ending is no part of a secret: one of
+   * exactly the limit is taken below); a listen address with no port; an
+   * address to advertise that is none. Each after the directory (and for
+   * the last two the servers) started: all of it goes again. */
+  enum { SECRET_MAX = 1024 }; /* the longest secret (docs/cluster.md) */
+  static char big[SECRET_MAX + 3];
+  memset(big, 's', SECRET_MAX + 1);
+  write_secret("long", big);
+  char longp[512];
+  snprintf(longp, sizeof longp, "%s/long", g_dir);
+  c = good;
+  c.secret_file = longp;
+  CHECK_ST(oi_offload_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "bytes") != NULL);
+  c = good;
+  c.listen_addr = "127.0.0.1";
+  CHECK_ST(oi_offload_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "IP:PORT") != NULL);
+  c = good;
+  c.advertise_addr = "has space:1";
+  CHECK_ST(oi_offload_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "advertised address") != NULL);
+  oi_host_cluster_stats none = {.struct_size = sizeof none};
+  CHECK_ST(oi_offload_host_cluster_stats(h, &none), OI_ERR_NOT_FOUND);
+  big[SECRET_MAX] = '\r';
+  big[SECRET_MAX + 1] = '\n';
+  write_secret("long", big);
+  c = good;
+  c.secret_file = longp;
+  CHECK_OK(oi_offload_host_attach_cluster(h, &c));
+  oi_offload_host_destroy(h);
+  h = NULL;
+  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
   oi_host_cluster_stats s = {.struct_size = sizeof s};
   CHECK_ST(oi_offload_host_cluster_stats(h, &s), OI_ERR_NOT_FOUND); /* nothing attached */
   co.listen_addr = "127.0.0.1:0";
@@ -292,7 +339,7 @@ int main(void) {
   RUN_TEST(test_redis_down_and_back);
   RUN_TEST(test_bad_options);
   redis_stop(g_redis);
-  static const char *files[] = {"secret", "other-secret", "short", "open"};
+  static const char *files[] = {"secret", "other-secret", "short", "open", "long"};
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", g_dir, files[i]);

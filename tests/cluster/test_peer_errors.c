@@ -240,8 +240,18 @@ static oi_peer_net *make_net(const char *id, oi_peer_request_fn fn, int reads) {
 static void test_addresses_and_arguments(void) {
   oi_peer_net *a = make_net("node-a", answer, OI_PEER_READS_AUTO);
   oi_peer *p = (oi_peer *)1;
-  const char *bad[] = {"127.0.0.1",    ":80",    "127.0.0.1:",   "127.0.0.1:99999", "localhost:80",
-                       "127.0.0.1:8x", "::1:80", "1.2.3.4.5:80", "300.1.1.1:80",    "127.0.0.1:-1"};
+  const char *bad[] = {"127.0.0.1",
+                       ":80",
+                       "127.0.0.1:",
+                       "127.0.0.1:99999",
+                       "localhost:80",
+                       "127.0.0.1:8x",
+                       "::1:80",
+                       "1.2.3.4.5:80",
+                       "300.1.1.1:80",
+                       "127.0.0.1:-1",
+                       "1234567890.1234567:80",
+                       "127.0.0.1:99999999999999999999999"};
   for (size_t i = 0; i < OI_ARRAY_LEN(bad); i++) {
     oi_status st = oi__peer_connect(a, bad[i], &p);
     if (st != OI_ERR_INVALID_ARGUMENT || !strstr(oi_last_error(), "IP:PORT")) {
@@ -338,6 +348,42 @@ static void test_listen_refused(void) {
   o.secret_len = OI_PEER_MAX_SECRET + 1;
   CHECK_ST(oi__peer_net_create(&o, &n), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi__peer_net_create(NULL, &n), OI_ERR_INVALID_ARGUMENT);
+  /* No node id; no secret. */
+  o.secret_len = 32;
+  o.node_id = NULL;
+  CHECK_ST(oi__peer_net_create(&o, &n), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "node id of 0 bytes"));
+  o.node_id = "x";
+  o.secret = NULL;
+  CHECK_ST(oi__peer_net_create(&o, &n), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "a secret of 0 bytes"));
+  /* No net: port 0, stats all zero. */
+  CHECK(oi__peer_net_port(NULL) == 0);
+  oi_peer_stats s;
+  memset(&s, 0x5a, sizeof s);
+  oi__peer_net_stats(NULL, &s);
+  CHECK(s.accepted == 0 && s.calls == 0 && s.bytes_served == 0);
+}
+
+static void test_no_listener(void) {
+  /* A net without a listen address: port 0, nobody can dial it, and it
+   * dials out, calls and destroys cleanly. */
+  oi_peer_net_options o = {.node_id = "dialer", .secret = SECRET, .secret_len = 32};
+  oi_peer_net *d = NULL;
+  REQUIRE(oi__peer_net_create(&o, &d) == OI_OK && d);
+  CHECK(oi__peer_net_port(d) == 0);
+  oi_peer_net *a = make_net("node-a", answer, OI_PEER_READS_AUTO);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", oi__peer_net_port(a));
+  oi_peer *p = NULL;
+  REQUIRE(oi__peer_connect(d, addr, &p) == OI_OK && p);
+  void *rep = NULL;
+  size_t rl = 0;
+  CHECK_OK(oi__peer_call(p, "hi", 2, &rep, &rl, 0));
+  CHECK(rl == 2 && memcmp(rep, "hi", 2) == 0);
+  oi__free(rep);
+  oi__peer_net_destroy(d);
+  oi__peer_net_destroy(a);
 }
 
 static void test_reads_by_environment(void) {
@@ -674,6 +720,7 @@ int main(void) {
   RUN_TEST(test_addresses_and_arguments);
   RUN_TEST(test_no_handler);
   RUN_TEST(test_listen_refused);
+  RUN_TEST(test_no_listener);
   RUN_TEST(test_reads_by_environment);
   RUN_TEST(test_raw_client_breaks_the_protocol);
   RUN_TEST(test_raw_client_after_authenticating);

@@ -9,6 +9,7 @@
  * its key packed, a key too large), a region key that does not unpack,
  * one-sided and served reads that fail. Each ends with the status and the
  * message the transport documents, and the net works afterwards. */
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -45,6 +46,8 @@ enum {
   F_RKEY_BIG = 1 << 16,
   F_GET = 1 << 17,
   F_RECV_DATA = 1 << 18,
+  F_LISTENER_V6 = 1 << 19,   /* the listener reports its address as IPv6 */
+  F_LISTENER_UNIX = 1 << 20, /* ... as neither IPv4 nor IPv6 */
 };
 
 static oi_ucx_api real;
@@ -88,7 +91,20 @@ static ucs_status_t st_get_efd(ucp_worker_h w, int *fd) {
 
 static ucs_status_t st_listener_query(ucp_listener_h l, ucp_listener_attr_t *a) {
   if (armed(F_LISTENER_QUERY)) return UCS_ERR_UNSUPPORTED;
-  return real.ucp_listener_query(l, a);
+  ucs_status_t st = real.ucp_listener_query(l, a);
+  if (st == UCS_OK && armed(F_LISTENER_V6 | F_LISTENER_UNIX)) {
+    uint16_t port = ((struct sockaddr_in *)&a->sockaddr)->sin_port;
+    memset(&a->sockaddr, 0, sizeof a->sockaddr);
+    if (armed(F_LISTENER_V6)) {
+      struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&a->sockaddr;
+      s6->sin6_family = AF_INET6;
+      s6->sin6_port = port;
+      s6->sin6_addr = in6addr_loopback;
+    } else {
+      a->sockaddr.ss_family = AF_UNIX;
+    }
+  }
+  return st;
 }
 
 /* Each net's listener, by worker: a failed accept releases its request. */
@@ -476,7 +492,75 @@ static void test_region_fails(void) {
         strstr(oi_last_error(), real.ucs_status_string(UCS_ERR_NO_MEMORY)));
   CHECK_OK(oi__peer_get(p, r, 2, 0));
   CHECK(memcmp(dst[0], region, 4096) == 0 && memcmp(dst[1], region + 8192, 4096) == 0);
+  /* An empty read among one-sided ones: nothing asked of UCX for it (with
+   * gets refused, a get of empty reads alone succeeds). */
+  oi_peer_read empty[2] = {{4096, 0, NULL}, {0, 0, NULL}};
+  atomic_store(&fail, F_GET);
+  CHECK_OK(oi__peer_get(p, empty, 2, 0));
+  atomic_store(&fail, 0);
+  /* A reader without one-sided reads (OI_PEER_READS_AM) of a holder that
+   * offers them: it asks the holder, which serves them, byte-exact, and
+   * refused one-sided gets do not matter. */
+  oi_peer_net *c = make_net("node-c", OI_PEER_READS_AM, 2000);
+  oi_peer *q = connect_to(c, a);
+  memset(dst, 0, sizeof dst);
+  atomic_store(&fail, F_GET);
+  CHECK_OK(oi__peer_get(q, r, 2, 0));
+  atomic_store(&fail, 0);
+  CHECK(memcmp(dst[0], region, 4096) == 0 && memcmp(dst[1], region + 8192, 4096) == 0);
+  CHECK(stats_of(a).bytes_served == 8192);
+  oi__peer_net_destroy(c);
   oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+}
+
+static void test_reads_by_environment(void) {
+  /* OI_PEER_READS=rma makes an AUTO net read one-sided (refused gets fail
+   * its reads); an unknown value leaves AUTO (no RDMA device here: served
+   * reads, which refused gets do not touch). */
+  static uint8_t region[1 << 14];
+  for (size_t i = 0; i < sizeof region; i++)
+    region[i] = (uint8_t)(i * 3 + 1);
+  const char *modes[] = {"rma", "bogus"};
+  for (size_t m = 0; m < OI_ARRAY_LEN(modes); m++) {
+    setenv("OI_PEER_READS", modes[m], 1);
+    oi_peer_net *a = make_net("node-a", OI_PEER_READS_AUTO, 2000);
+    oi_peer_net *b = make_net("node-b", OI_PEER_READS_AUTO, 2000);
+    unsetenv("OI_PEER_READS");
+    CHECK_OK(oi__peer_net_register(a, region, sizeof region));
+    oi_peer *p = connect_to(b, a);
+    static uint8_t dst[1 << 14];
+    memset(dst, 0, sizeof dst);
+    oi_peer_read r = {.remote_offset = 0, .len = sizeof dst, .local_dst = dst};
+    atomic_store(&fail, F_GET);
+    oi_status st = oi__peer_get(p, &r, 1, 0);
+    atomic_store(&fail, 0);
+    if (m == 0) {
+      CHECK_ST(st, OI_ERR_OUT_OF_MEMORY);
+      CHECK(stats_of(a).bytes_served == 0);
+    } else {
+      CHECK_OK(st);
+      CHECK(memcmp(dst, region, sizeof dst) == 0 && stats_of(a).bytes_served == sizeof dst);
+    }
+    oi__peer_net_destroy(b);
+    oi__peer_net_destroy(a);
+  }
+}
+
+static void test_listener_address_family(void) {
+  /* The listener reports its address as IPv6: the port is read from it;
+   * as another family: port 0 (unknown), and the net still serves. */
+  atomic_store(&fail, F_LISTENER_V6);
+  oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
+  atomic_store(&fail, F_LISTENER_UNIX);
+  oi_peer_net *u = make_net("node-u", OI_PEER_READS_AM, 2000);
+  atomic_store(&fail, 0);
+  CHECK(oi__peer_net_port(a) != 0);
+  CHECK(oi__peer_net_port(u) == 0);
+  oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 2000);
+  CHECK(echoed(connect_to(b, a), "v6"));
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(u);
   oi__peer_net_destroy(a);
 }
 
@@ -525,5 +609,7 @@ int main(void) {
   RUN_TEST(test_arm_fails);
   RUN_TEST(test_region_fails);
   RUN_TEST(test_served_read_fails);
+  RUN_TEST(test_reads_by_environment);
+  RUN_TEST(test_listener_address_family);
   TEST_EXIT();
 }

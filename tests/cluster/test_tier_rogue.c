@@ -24,6 +24,7 @@
 #include "cluster/peer.h"
 #include "cluster/ucx.h"
 #include "cluster_util.h"
+#include "host/host.h"
 #include "le_bytes.h"
 #include "openinfer/openinfer.h"
 
@@ -206,6 +207,67 @@ static void test_holder_refuses_bad_requests(void) {
   CHECK(fetch_check(&b) == NB);
   CHECK(cstats(&a).served_blocks == NB);
   node_close(&b);
+  node_close(&a);
+}
+
+/* A lease given to one node is released by that node only: a RELEASE of
+ * its id from another node is answered and changes nothing. */
+static void test_release_only_by_its_reader(void) {
+  node a;
+  node_open(&a, "holder-r");
+  save(&a, NB);
+  uint64_t ns_fp = 0, layout_fp = 0, bb = 0;
+  REQUIRE(oi__host_namespace_fps(a.h, 1, &ns_fp, &layout_fp, &bb) && bb == BLOCK);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", cstats(&a).port);
+  oi_peer_net *nets[2] = {NULL, NULL};
+  oi_peer *peers[2] = {NULL, NULL};
+  const char *ids[2] = {"asker", "other"};
+  for (int i = 0; i < 2; i++) {
+    oi_peer_net_options o = {.node_id = ids[i],
+                             .secret = (const uint8_t *)SECRET_TEXT,
+                             .secret_len = strlen(SECRET_TEXT),
+                             .timeout_ms = 3000};
+    REQUIRE(oi__peer_net_create(&o, &nets[i]) == OI_OK);
+    REQUIRE(oi__peer_connect(nets[i], addr, &peers[i]) == OI_OK);
+  }
+  uint8_t req[CL_LEASE(NB)];
+  put_hdr(req, 1);
+  put64(req + CL_HDR, ns_fp);
+  put64(req + CL_HDR + 8, layout_fp);
+  put32(req + CL_HDR + 16, NB);
+  put32(req + CL_HDR + 20, 0);
+  for (int i = 0; i < NB; i++) {
+    oi_block_hash h = hash_of((uint64_t)i);
+    memcpy(req + CL_HDR + 24 + 16 * i, h.bytes, 16);
+  }
+  void *rep = NULL;
+  size_t rl = 0;
+  REQUIRE(oi__peer_call(peers[0], req, sizeof req, &rep, &rl, 0) == OI_OK);
+  REQUIRE(rl == CL_LEASE_REPLY(NB) && get32((uint8_t *)rep + CL_HDR + 8) == NB);
+  uint64_t lease = get64((uint8_t *)rep + CL_HDR);
+  oi__free(rep);
+  CHECK(lease != 0 && cstats(&a).served_blocks == NB);
+  oi_host_stats hs = {.struct_size = sizeof hs};
+  CHECK_OK(oi_offload_host_stats(a.h, &hs));
+  CHECK(hs.blocks_pinned == NB);
+  uint8_t rel[CL_HDR + 8];
+  put_hdr(rel, 2);
+  put64(rel + CL_HDR, lease);
+  /* The other node: answered, the blocks stay pinned. */
+  REQUIRE(oi__peer_call(peers[1], rel, sizeof rel, &rep, &rl, 0) == OI_OK);
+  CHECK(rl == CL_HDR);
+  oi__free(rep);
+  CHECK_OK(oi_offload_host_stats(a.h, &hs));
+  CHECK(hs.blocks_pinned == NB);
+  /* The reader it was given to: released. */
+  REQUIRE(oi__peer_call(peers[0], rel, sizeof rel, &rep, &rl, 0) == OI_OK);
+  CHECK(rl == CL_HDR);
+  oi__free(rep);
+  CHECK_OK(oi_offload_host_stats(a.h, &hs));
+  CHECK(hs.blocks_pinned == 0);
+  oi__peer_net_destroy(nets[1]);
+  oi__peer_net_destroy(nets[0]);
   node_close(&a);
 }
 
@@ -615,6 +677,7 @@ int main(void) {
   snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d", g_port);
   g_redis = redis_start(g_port);
   RUN_TEST(test_holder_refuses_bad_requests);
+  RUN_TEST(test_release_only_by_its_reader);
   RUN_TEST(test_rogue_holder);
   RUN_TEST(test_lease_flood);
   RUN_TEST(test_notes_in_batches);

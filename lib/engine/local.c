@@ -583,10 +583,14 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   local_engine *e = (local_engine *)base;
   uint32_t flags = (ticket_out ? OI_XFER_JOB_TICKET : 0) |
                    ((opt->flags & OI_LOAD_ARENA_EVENTS) ? OI_XFER_JOB_LAYERED : 0);
-  oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_H2D, n, flags, n * sizeof(host_block *));
+  /* The job's user area: the blocks (for the load's end), then their bytes'
+   * addresses (for the plan). */
+  oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_H2D, n, flags,
+                                      n * (sizeof(host_block *) + sizeof(uint8_t *)));
   if (!job) return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory");
   host_block **blocks = oi__xfer_job_user(job);
-  oi_status st = oi__host_load_begin(e->host, e->ns, base->principal, lease, n, blocks);
+  uint8_t **data = (uint8_t **)(blocks + n);
+  oi_status st = oi__host_load_begin(e->host, e->ns, base->principal, lease, n, blocks, data);
   if (st != OI_OK) {
     oi__xfer_job_free(job);
     if (st == OI_ERR_LEASE_EXPIRED || st == OI_ERR_PERMISSION)
@@ -595,8 +599,7 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   }
   atomic_fetch_add(&e->c.loads_submitted, 1);
   oi_ticket *t = oi__xfer_job_ticket(job);
-  for (size_t i = 0; i < n; i++)
-    oi__xfer_add(job, ids[i], oi__host_block_data(e->host, blocks[i]));
+  oi__xfer_add_many(job, ids, data, n);
   st = oi__xfer_submit(job, "load"); /* a failure ends the loading marks, counts the failure */
   if (ticket_out) *ticket_out = st == OI_OK ? t : NULL;
   return st;

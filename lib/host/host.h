@@ -115,9 +115,10 @@ oi_status oi__host_release(oi_offload_host *h, oi_host_ns ns, oi_host_principal 
 
 /* Takes one share of `lease` for a load of n blocks by a caller of
  * namespace `ns` and `principal`: marks them loading (not evictable) and
- * writes them to out[0..n). */
+ * writes them to out[0..n), and (data not NULL) their bytes' addresses to
+ * data[0..n) (read while each record is at hand: a copy plan needs them). */
 oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
-                              oi_lease lease, size_t n, host_block **out);
+                              oi_lease lease, size_t n, host_block **out, uint8_t **data);
 /* Ends a load begun with oi__host_load_begin (drops the loading marks). */
 void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, bool ok,
                        uint64_t bytes, uint64_t latency_ns);

@@ -162,7 +162,7 @@ static oi_status check_owner_locked(const lease_rec *l, uint32_t ns, uint64_t pr
 }
 
 oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease,
-                            size_t n, host_block **out) {
+                            size_t n, host_block **out, uint8_t **data) {
   pthread_mutex_lock(&h->lease_lock);
   lease_rec **link = find_locked(h, lease, "load");
   if (!link) {
@@ -188,7 +188,12 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: %zu destination blocks for a lease of %zu", n,
                     l->n);
   }
+  /* The last share's pins turn into loading marks in the same pass (one
+   * visit per block: the block stays held throughout, never evictable in
+   * between); an earlier share adds marks and leaves the pins. */
+  bool last = --l->shares_left == 0;
   uint64_t loading = 0;
+  pin_tally t = {0, 0, 0};
   for (size_t at = 0; at < n; at += OI_BATCH) { /* each shard locked once per batch */
     size_t k = OI_MIN((size_t)OI_BATCH, n - at);
     shard_set set;
@@ -197,17 +202,18 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
       host_block *b = l->blocks[i];
       oi__block_pinned_update(h, b->pins || b->loading, true);
       loading += b->loading++ == 0;
+      if (last) t.leased -= --b->pins == 0; /* still held: loading */
       out[i] = b;
+      if (data) data[i] = oi__block_data(h, b);
     }
     oi__shard_set_unlock(h, &set);
   }
   if (loading) atomic_fetch_add(&h->c.blocks_loading, loading);
-  bool last = --l->shares_left == 0;
   if (last) unlink_locked(h, link);
   pthread_mutex_unlock(&h->lease_lock);
   if (last) {
+    oi__pin_tally_apply(h, &t);
     atomic_fetch_add(&h->c.leases_released, 1);
-    unpin_blocks(h, l->blocks, l->n);
     free_lease(h, l);
   }
   return OI_OK;

@@ -413,8 +413,12 @@ oi_xfer_job *oi__xfer_job_new(oi_xfer *x, oi_copy_dir dir, size_t cap, uint32_t 
   size_t head = (sizeof(oi_xfer_job) + 15) & ~(size_t)15;
   size_t user_off = head + cap * (sizeof(int64_t) + sizeof(uint8_t *));
   user_off = (user_off + 15) & ~(size_t)15;
-  oi_xfer_job *job = oi__calloc(1, user_off + user_bytes);
+  /* Zeroed: the head and the owner's part; the piece arrays are written
+   * before they are read (a large call's would cost a pass of their own). */
+  oi_xfer_job *job = oi__malloc(user_off + user_bytes);
   if (!job) return NULL;
+  memset(job, 0, head);
+  memset((char *)job + user_off, 0, user_bytes);
   if (flags & OI_XFER_JOB_TICKET) {
     job->ticket = oi__ticket_new();
     if (!job->ticket) {
@@ -476,6 +480,21 @@ void oi__xfer_add(oi_xfer_job *job, int64_t id, uint8_t *host) {
   job->host[job->n] = host;
   job->n++;
   if (job->n - job->queued >= job->group && !layered(job)) queue_group(job);
+}
+
+void oi__xfer_add_many(oi_xfer_job *job, const int64_t *ids, uint8_t *const *host, size_t n) {
+  bool whole = layered(job); /* queued at submit, arena by arena */
+  while (n) {
+    size_t room = whole ? n : job->group - OI_MIN(job->group, job->n - job->queued);
+    size_t k = OI_MIN(n, OI_MAX(room, (size_t)1));
+    memcpy(job->ids + job->n, ids, k * sizeof *ids);
+    memcpy(job->host + job->n, host, k * sizeof *host);
+    job->n += k;
+    ids += k;
+    host += k;
+    n -= k;
+    if (!whole && job->n - job->queued >= job->group) queue_group(job);
+  }
 }
 
 oi_status oi__xfer_submit(oi_xfer_job *job, const char *what) {

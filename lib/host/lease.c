@@ -11,6 +11,7 @@
 #include "host_private.h"
 
 #define LEASE_BUCKETS 1024
+#define LOAD_READY_RUN 1024 /* blocks (a multiple of OI_BATCH) */
 
 oi_status oi__lease_init(oi_offload_host *h) {
   pthread_mutex_init(&h->lease_lock, NULL);
@@ -162,7 +163,7 @@ static oi_status check_owner_locked(const lease_rec *l, uint32_t ns, uint64_t pr
 }
 
 oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease,
-                            size_t n, host_block **out, uint8_t **data) {
+                            size_t n, host_block **out, const oi_host_load_sink *sink) {
   pthread_mutex_lock(&h->lease_lock);
   lease_rec **link = find_locked(h, lease, "load");
   if (!link) {
@@ -190,8 +191,11 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
   }
   /* The last share's pins turn into loading marks in the same pass (one
    * visit per block: the block stays held throughout, never evictable in
-   * between); an earlier share adds marks and leaves the pins. */
+   * between); an earlier share adds marks and leaves the pins. The sink
+   * hears of each run of LOAD_READY_RUN blocks marked (their copies can
+   * start while the rest are marked). */
   bool last = --l->shares_left == 0;
+  uint8_t **data = sink ? sink->data : NULL;
   uint64_t loading = 0;
   pin_tally t = {0, 0, 0};
   for (size_t at = 0; at < n; at += OI_BATCH) { /* each shard locked once per batch */
@@ -207,6 +211,8 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
       if (data) data[i] = oi__block_data(h, b);
     }
     oi__shard_set_unlock(h, &set);
+    if (sink && sink->ready && (at + k == n || (at + k) % LOAD_READY_RUN == 0))
+      sink->ready(sink->ctx, at + k);
   }
   if (loading) atomic_fetch_add(&h->c.blocks_loading, loading);
   if (last) unlink_locked(h, link);

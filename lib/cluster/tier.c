@@ -373,7 +373,7 @@ static void answer_lease(cluster_tier *t, const char *peer, const uint8_t *m, oi
     blocks = oi__malloc(hits * sizeof *blocks);
     l = oi__calloc(1, sizeof *l);
     if (!blocks || !l ||
-        oi__host_load_begin(t->host, ns, CLUSTER_PRINCIPAL, lease, hits, blocks) != OI_OK) {
+        oi__host_load_begin(t->host, ns, CLUSTER_PRINCIPAL, lease, hits, blocks, NULL) != OI_OK) {
       oi__host_release(t->host, ns, CLUSTER_PRINCIPAL, lease);
       oi__free(blocks);
       oi__free(l);

@@ -370,7 +370,7 @@ struct oi_stream {
   pthread_mutex_t lock;
   pthread_mutex_t copy_lock; /* one stream_copy at a time: tables and DMA arrays are shared */
   oi_status pending;         /* first enqueue error since the last stream_call */
-  table_buf *tables;         /* every table of this stream, in use or not */
+  table_buf *tables;         /* every table of this stream, least recently taken first */
   /* DMA argument arrays, reused (the batch API reads them during the call) */
   void **dma_dst;
   const void **dma_src;
@@ -449,9 +449,27 @@ static void note_error(oi_stream *s, oi_status st) {
 
 /* A table of at least `entries` whose last kernel finished (the stream's
  * caller is its only user, so no lock is needed), or a new one. */
+/* Moves t (unlinked by the caller, or new) to the end of s's tables. */
+static table_buf *table_to_end(oi_stream *s, table_buf *t) {
+  table_buf **end = &s->tables;
+  while (*end)
+    end = &(*end)->next;
+  t->next = NULL;
+  *end = t;
+  return t;
+}
+
+/* A table of at least `entries` that no queued kernel still reads. Tables
+ * are taken in order and their kernels run in the stream's order, so the
+ * search stops at the first one still in use (one query per call when the
+ * oldest is free, not one per table ever made). */
 static table_buf *take_table(oi_stream *s, size_t entries) {
-  for (table_buf *t = s->tables; t; t = t->next)
-    if (t->cap >= entries && cudaEventQuery(t->done) == cudaSuccess) return t;
+  for (table_buf **link = &s->tables, *t; (t = *link) != NULL; link = &t->next) {
+    if (cudaEventQuery(t->done) != cudaSuccess) break;
+    if (t->cap < entries) continue;
+    *link = t->next;
+    return table_to_end(s, t);
+  }
   cudaGetLastError(); /* cudaErrorNotReady from the queries is not an error */
   table_buf *t = oi__calloc(1, sizeof *t);
   if (!t) return NULL;
@@ -468,9 +486,7 @@ static table_buf *take_table(oi_stream *s, size_t entries) {
     return NULL;
   }
   t->cap = cap;
-  t->next = s->tables;
-  s->tables = t;
-  return t;
+  return table_to_end(s, t);
 }
 
 /* Kernel path: split pieces into entries, write the table into mapped pinned

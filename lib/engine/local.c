@@ -578,15 +578,35 @@ static oi_status local_query(oi_offload_engine *base, const char *req_id,
   return oi__struct_out(out, &r, sizeof r, "query");
 }
 
+/* A load as the host marks its blocks: each run marked joins the job (whose
+ * groups start copying as they fill). */
+typedef struct load_call {
+  oi_xfer_job *job;
+  const int64_t *ids;
+  uint8_t **data;
+  size_t added;
+} load_call;
+
+static void load_ready(void *ctx, size_t done) {
+  load_call *c = ctx;
+  oi__xfer_add_many(c->job, c->ids + c->added, c->data + c->added, done - c->added);
+  c->added = done;
+}
+
 static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64_t *ids, size_t n,
                             const oi_load_options *opt, oi_ticket **ticket_out) {
   local_engine *e = (local_engine *)base;
   uint32_t flags = (ticket_out ? OI_XFER_JOB_TICKET : 0) |
                    ((opt->flags & OI_LOAD_ARENA_EVENTS) ? OI_XFER_JOB_LAYERED : 0);
-  oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_H2D, n, flags, n * sizeof(host_block *));
+  /* The job's user area: the blocks (for the load's end), then their bytes'
+   * addresses (for the plan). */
+  oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_H2D, n, flags,
+                                      n * (sizeof(host_block *) + sizeof(uint8_t *)));
   if (!job) return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory");
   host_block **blocks = oi__xfer_job_user(job);
-  oi_status st = oi__host_load_begin(e->host, e->ns, base->principal, lease, n, blocks);
+  load_call c = {.job = job, .ids = ids, .data = (uint8_t **)(blocks + n)};
+  oi_host_load_sink sink = {.data = c.data, .ready = load_ready, .ctx = &c};
+  oi_status st = oi__host_load_begin(e->host, e->ns, base->principal, lease, n, blocks, &sink);
   if (st != OI_OK) {
     oi__xfer_job_free(job);
     if (st == OI_ERR_LEASE_EXPIRED || st == OI_ERR_PERMISSION)
@@ -595,8 +615,6 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   }
   atomic_fetch_add(&e->c.loads_submitted, 1);
   oi_ticket *t = oi__xfer_job_ticket(job);
-  for (size_t i = 0; i < n; i++)
-    oi__xfer_add(job, ids[i], oi__host_block_data(e->host, blocks[i]));
   st = oi__xfer_submit(job, "load"); /* a failure ends the loading marks, counts the failure */
   if (ticket_out) *ticket_out = st == OI_OK ? t : NULL;
   return st;

@@ -331,8 +331,9 @@ oi_status oi__host_release(oi_offload_host *h, oi_host_ns ns, oi_host_principal 
 /* ---- loads ---- */
 
 oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
-                              oi_lease lease, size_t n, host_block **out) {
-  oi_status st = oi__lease_consume(h, ns.id, principal, lease, n, out);
+                              oi_lease lease, size_t n, host_block **out,
+                              const oi_host_load_sink *sink) {
+  oi_status st = oi__lease_consume(h, ns.id, principal, lease, n, out, sink);
   if (st == OI_OK)
     atomic_fetch_add(&h->c.loads_submitted, 1);
   else if (st == OI_ERR_LEASE_EXPIRED || st == OI_ERR_PERMISSION)

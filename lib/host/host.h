@@ -113,11 +113,23 @@ oi_status oi__host_release(oi_offload_host *h, oi_host_ns ns, oi_host_principal 
 
 /* ---- loads ---- */
 
+/* Where oi__host_load_begin reports its progress (a load's copies can start
+ * while later blocks are still being marked). */
+typedef struct oi_host_load_sink {
+  uint8_t **data; /* receives each block's bytes' address (read with its record) */
+  /* Blocks [0, done) are marked loading and their addresses written. Runs
+   * under the host's lease lock: it must not call into the host. May be NULL. */
+  void (*ready)(void *ctx, size_t done);
+  void *ctx;
+} oi_host_load_sink;
+
 /* Takes one share of `lease` for a load of n blocks by a caller of
  * namespace `ns` and `principal`: marks them loading (not evictable) and
- * writes them to out[0..n). */
+ * writes them to out[0..n); with a sink, their addresses to sink->data as
+ * it goes, telling sink->ready every few hundred blocks and at the end. */
 oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
-                              oi_lease lease, size_t n, host_block **out);
+                              oi_lease lease, size_t n, host_block **out,
+                              const oi_host_load_sink *sink);
 /* Ends a load begun with oi__host_load_begin (drops the loading marks). */
 void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, bool ok,
                        uint64_t bytes, uint64_t latency_ns);

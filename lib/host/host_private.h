@@ -389,7 +389,7 @@ oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, u
 /* Consumes one share of `lease` for a load of n blocks on `instance`; marks
  * the blocks loading and copies them to out (n entries). */
 oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease,
-                            size_t n, host_block **out);
+                            size_t n, host_block **out, const oi_host_load_sink *sink);
 oi_status oi__lease_release(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease);
 void oi__lease_drop_instance(oi_offload_host *h, uint32_t instance);
 void oi__lease_expire(oi_offload_host *h, uint64_t now_ns);

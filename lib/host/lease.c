@@ -11,6 +11,7 @@
 #include "host_private.h"
 
 #define LEASE_BUCKETS 1024
+#define LOAD_READY_RUN 1024 /* blocks (a multiple of OI_BATCH) */
 
 oi_status oi__lease_init(oi_offload_host *h) {
   pthread_mutex_init(&h->lease_lock, NULL);
@@ -161,8 +162,66 @@ static oi_status check_owner_locked(const lease_rec *l, uint32_t ns, uint64_t pr
   return OI_OK;
 }
 
+/* Marking a load's blocks: what the run tallies. */
+typedef struct mark_tally {
+  bool last;      /* the lease's last share: its pins become the marks */
+  uint8_t **data; /* the blocks' addresses go here (or NULL) */
+  uint64_t loading;
+  pin_tally t;
+} mark_tally;
+
+static inline void mark_one(oi_offload_host *h, host_block *b, host_block **out, uint8_t **data,
+                            mark_tally *m) {
+  oi__block_pinned_update(h, b->pins || b->loading, true);
+  m->loading += b->loading++ == 0;
+  if (m->last) m->t.leased -= --b->pins == 0; /* still held: loading */
+  *out = b;
+  if (data) *data = oi__block_data(h, b);
+}
+
+/* Marks blocks[0..k) (k <= LOAD_READY_RUN) loading. With at most 64
+ * shards (the default), the run's blocks are sorted by shard (a counting
+ * sort) and each shard is locked once for all of its blocks, not once per
+ * OI_BATCH of them; otherwise batches of OI_BATCH as elsewhere. */
+static void mark_run(oi_offload_host *h, host_block *const *blocks, size_t k, host_block **out,
+                     uint8_t **data, mark_tally *m) {
+  if (h->nshards > 64) {
+    for (size_t at = 0; at < k; at += OI_BATCH) {
+      size_t j = OI_MIN((size_t)OI_BATCH, k - at);
+      shard_set set;
+      oi__blocks_lock(h, &set, blocks + at, j);
+      for (size_t i = at; i < at + j; i++)
+        mark_one(h, blocks[i], out + i, data ? data + i : NULL, m);
+      oi__shard_set_unlock(h, &set);
+    }
+    return;
+  }
+  uint8_t shard[LOAD_READY_RUN];
+  uint16_t order[LOAD_READY_RUN], start[65] = {0};
+  for (size_t i = 0; i < k; i++) {
+    if (i + 8 < k) __builtin_prefetch(blocks[i + 8], 1);
+    shard[i] = (uint8_t)(oi__block_shard(h, blocks[i]) - h->shards);
+    start[shard[i] + 1]++;
+  }
+  for (int s = 0; s < 64; s++)
+    start[s + 1] += start[s];
+  uint16_t fill[64];
+  memcpy(fill, start, sizeof fill);
+  for (size_t i = 0; i < k; i++)
+    order[fill[shard[i]]++] = (uint16_t)i;
+  for (int s = 0; s < 64; s++) {
+    if (start[s] == start[s + 1]) continue;
+    pthread_mutex_lock(&h->shards[s].lock);
+    for (uint16_t j = start[s]; j < start[s + 1]; j++) {
+      size_t i = order[j];
+      mark_one(h, blocks[i], out + i, data ? data + i : NULL, m);
+    }
+    pthread_mutex_unlock(&h->shards[s].lock);
+  }
+}
+
 oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease,
-                            size_t n, host_block **out) {
+                            size_t n, host_block **out, const oi_host_load_sink *sink) {
   pthread_mutex_lock(&h->lease_lock);
   lease_rec **link = find_locked(h, lease, "load");
   if (!link) {
@@ -188,26 +247,24 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: %zu destination blocks for a lease of %zu", n,
                     l->n);
   }
-  uint64_t loading = 0;
-  for (size_t at = 0; at < n; at += OI_BATCH) { /* each shard locked once per batch */
-    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
-    shard_set set;
-    oi__blocks_lock(h, &set, l->blocks + at, k);
-    for (size_t i = at; i < at + k; i++) {
-      host_block *b = l->blocks[i];
-      oi__block_pinned_update(h, b->pins || b->loading, true);
-      loading += b->loading++ == 0;
-      out[i] = b;
-    }
-    oi__shard_set_unlock(h, &set);
-  }
-  if (loading) atomic_fetch_add(&h->c.blocks_loading, loading);
+  /* The last share's pins turn into loading marks in the same pass (one
+   * visit per block: the block stays held throughout, never evictable in
+   * between); an earlier share adds marks and leaves the pins. The sink
+   * hears of each run of LOAD_READY_RUN blocks marked (their copies can
+   * start while the rest are marked). */
   bool last = --l->shares_left == 0;
+  mark_tally m = {.last = last, .data = sink ? sink->data : NULL};
+  for (size_t at = 0; at < n; at += LOAD_READY_RUN) {
+    size_t k = OI_MIN((size_t)LOAD_READY_RUN, n - at);
+    mark_run(h, l->blocks + at, k, out + at, m.data ? m.data + at : NULL, &m);
+    if (sink && sink->ready) sink->ready(sink->ctx, at + k);
+  }
+  if (m.loading) atomic_fetch_add(&h->c.blocks_loading, m.loading);
   if (last) unlink_locked(h, link);
   pthread_mutex_unlock(&h->lease_lock);
   if (last) {
+    oi__pin_tally_apply(h, &m.t);
     atomic_fetch_add(&h->c.leases_released, 1);
-    unpin_blocks(h, l->blocks, l->n);
     free_lease(h, l);
   }
   return OI_OK;

@@ -30,6 +30,8 @@ static size_t plan(const oi_layout *l, const int64_t *ids, uint8_t *const *host_
   return k;
 }
 
+size_t oi__plan_pieces(const oi_layout *l, size_t n) { return n * pieces_per_block(l); }
+
 bool oi__plan_build_into(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
                          size_t n, oi_copy_dir dir, oi_copy_desc *descs, size_t cap,
                          size_t *n_descs) {

@@ -37,6 +37,8 @@ typedef struct oi_layout {
  * *descs is allocated with oi__malloc; the caller frees it. */
 /* The same into descs[0..cap) when n blocks fit there (n x the layout's
  * pieces per block <= cap): true, with *n_descs set; false otherwise. */
+/* The most pieces n blocks of `l` make (before merging). */
+size_t oi__plan_pieces(const oi_layout *l, size_t n);
 bool oi__plan_build_into(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
                          size_t n, oi_copy_dir dir, oi_copy_desc *descs, size_t cap,
                          size_t *n_descs);

@@ -67,6 +67,14 @@ struct oi_xfer {
   bool asleep;
   uint64_t asleep_until; /* UINT64_MAX: until signalled */
   bool stopping;
+  /* Per direction, a plan buffer kept between calls (grown, never shrunk):
+   * a large call's groups are planned into it rather than into memory
+   * allocated and freed per group (which the allocator may hand back to
+   * the system and fault in again each time). Taken with a trylock: a
+   * second thread queuing the same direction at once allocates. */
+  pthread_mutex_t plan_lock[2];
+  oi_copy_desc *plan_buf[2];
+  size_t plan_cap[2];
 };
 
 static uint32_t log_id(const oi_xfer *x) { return x->cfg.log_id ? *x->cfg.log_id : 0; }
@@ -255,9 +263,26 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
   oi_copy_desc stack[PLAN_STACK], *descs = stack;
   size_t nd = 0;
   oi_status st = OI_OK;
-  if (!oi__plan_build_into(l, ids, host, n, dir, stack, PLAN_STACK, &nd) &&
-      (st = oi__plan_build(l, ids, host, n, dir, &descs, &nd)) != OI_OK)
-    return st;
+  bool kept = false; /* descs is x->plan_buf[dir], plan_lock[dir] held */
+  if (!oi__plan_build_into(l, ids, host, n, dir, stack, PLAN_STACK, &nd)) {
+    size_t need = oi__plan_pieces(l, n);
+    if (pthread_mutex_trylock(&x->plan_lock[dir]) == 0) {
+      if (x->plan_cap[dir] < need) {
+        oi_copy_desc *b = oi__malloc(need * sizeof *b);
+        if (b) {
+          oi__free(x->plan_buf[dir]);
+          x->plan_buf[dir] = b;
+          x->plan_cap[dir] = need;
+        }
+      }
+      kept = oi__plan_build_into(l, ids, host, n, dir, x->plan_buf[dir], x->plan_cap[dir], &nd);
+      if (kept)
+        descs = x->plan_buf[dir];
+      else
+        pthread_mutex_unlock(&x->plan_lock[dir]);
+    }
+    if (!kept && (st = oi__plan_build(l, ids, host, n, dir, &descs, &nd)) != OI_OK) return st;
+  }
   oi_copy_params cp = {.mode = mode,
                        .cta_limit = x->cfg.cta_limit,
                        .host_mapped = x->cfg.host_mapped,
@@ -266,7 +291,10 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
     st = oi__fail(OI_ERR_IO, "queuing copies failed (injected fault)");
   else
     st = x->dev->ops->stream_copy(s, dir, descs, nd, &cp);
-  if (descs != stack) oi__free(descs);
+  if (kept)
+    pthread_mutex_unlock(&x->plan_lock[dir]);
+  else if (descs != stack)
+    oi__free(descs);
   return st;
 }
 
@@ -413,8 +441,12 @@ oi_xfer_job *oi__xfer_job_new(oi_xfer *x, oi_copy_dir dir, size_t cap, uint32_t 
   size_t head = (sizeof(oi_xfer_job) + 15) & ~(size_t)15;
   size_t user_off = head + cap * (sizeof(int64_t) + sizeof(uint8_t *));
   user_off = (user_off + 15) & ~(size_t)15;
-  oi_xfer_job *job = oi__calloc(1, user_off + user_bytes);
+  /* Zeroed: the head and the owner's part; the piece arrays are written
+   * before they are read (a large call's would cost a pass of their own). */
+  oi_xfer_job *job = oi__malloc(user_off + user_bytes);
   if (!job) return NULL;
+  memset(job, 0, head);
+  memset((char *)job + user_off, 0, user_bytes);
   if (flags & OI_XFER_JOB_TICKET) {
     job->ticket = oi__ticket_new();
     if (!job->ticket) {
@@ -478,6 +510,21 @@ void oi__xfer_add(oi_xfer_job *job, int64_t id, uint8_t *host) {
   if (job->n - job->queued >= job->group && !layered(job)) queue_group(job);
 }
 
+void oi__xfer_add_many(oi_xfer_job *job, const int64_t *ids, uint8_t *const *host, size_t n) {
+  bool whole = layered(job); /* queued at submit, arena by arena */
+  while (n) {
+    size_t room = whole ? n : job->group - OI_MIN(job->group, job->n - job->queued);
+    size_t k = OI_MIN(n, OI_MAX(room, (size_t)1));
+    memcpy(job->ids + job->n, ids, k * sizeof *ids);
+    memcpy(job->host + job->n, host, k * sizeof *host);
+    job->n += k;
+    ids += k;
+    host += k;
+    n -= k;
+    if (!whole && job->n - job->queued >= job->group) queue_group(job);
+  }
+}
+
 oi_status oi__xfer_submit(oi_xfer_job *job, const char *what) {
   oi_ticket *t = job->ticket;
   oi_status st = job->queue_st;
@@ -507,6 +554,8 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
   if (!x) return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
   x->cfg = *c;
   pthread_mutex_init(&x->lock, NULL);
+  for (int d = 0; d < 2; d++)
+    pthread_mutex_init(&x->plan_lock[d], NULL);
   pthread_condattr_t ca; /* deadlines are CLOCK_MONOTONIC (oi__deadline_ns) */
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -553,5 +602,9 @@ void oi__xfer_destroy(oi_xfer *x) {
   oi__dev_close(x->dev);
   pthread_cond_destroy(&x->cv);
   pthread_mutex_destroy(&x->lock);
+  for (int d = 0; d < 2; d++) {
+    pthread_mutex_destroy(&x->plan_lock[d]);
+    oi__free(x->plan_buf[d]);
+  }
   oi__free(x);
 }

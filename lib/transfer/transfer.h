@@ -126,6 +126,8 @@ void oi__xfer_job_wait_event(oi_xfer_job *job, void *event);
  * is queued whenever enough have gathered. After a failure to queue, pieces
  * are still recorded but not queued: the job fails at submit. */
 void oi__xfer_add(oi_xfer_job *job, int64_t id, uint8_t *host);
+/* oi__xfer_add of ids[i] <-> host[i] for i in [0, n), a group at a time. */
+void oi__xfer_add_many(oi_xfer_job *job, const int64_t *ids, uint8_t *const *host, size_t n);
 /* Queues what remains and the job's completion; a job with no pieces
  * completes now. On failure the queued copies are waited for, the job
  * completes with the error (done runs; on_done does not), its ticket is

@@ -1,11 +1,39 @@
 /* The sidecar engine: every operation is a request over the server's Unix
  * socket (lib/proto framing), executed by the server on memory it owns.
  *
- * One connection (session) per engine. Requests carry ids; a reader thread
- * receives the replies, which may come out of order, and completes the
- * waiting call or the operation's ticket. The reader is also the watchdog:
- * if the connection breaks while the engine is live, the server that owns
- * the memory this process maps is gone, and the fatal handler runs.
+ * One connection (session) per engine. Requests carry ids; replies may come
+ * out of order and complete the waiting call or the operation's ticket.
+ * The reader thread is the watchdog: if the connection breaks while the
+ * engine is live, the server that owns the memory this process maps is
+ * gone, and the fatal handler runs.
+ *
+ * The read side (who reads the socket). Frames are read through one
+ * buffer (oi_wire_reader: one recv takes every frame the socket holds), by
+ * exactly one thread at a time: the one that holds the read side
+ * (`reading`, taken and released under e->lock; the buffer, e->env and
+ * e->arrays are its). A call waiting for its reply takes the read side
+ * itself when no one holds it (lead: poll, recv, deliver), so its reply
+ * needs no other thread's wake-up; other replies it reads are delivered
+ * as the reader would deliver them: a call's to its waiter (done under the
+ * lock, cv broadcast), an asynchronous operation's final reply taken out of
+ * the table and handed to the reader (`handed`, in arrival order; the
+ * reader completes it, so on_done and tickets complete on the reader
+ * thread as always), LoadProgress and SaveCounts in place. Calls that find
+ * the read side taken wait on cv (`waiting`) and take it when it is
+ * released, so a leader that gives up at its deadline leaves the reading to
+ * the next waiter. The reader thread takes the read side only when the
+ * socket has something and no one holds it; while a caller leads it polls
+ * for the end of the stream only (POLLRDHUP, `watching`: replies wake only
+ * the leader), and a leader that lets go while asynchronous operations are
+ * outstanding, or hands one over, wakes it (`kick_fd`). Deadline sweeps run
+ * on the reader every 250 ms, whoever reads. A leader that meets the end of
+ * the stream, or bytes that are not a frame, does not handle it: it sets
+ * `read_failed` (with why), lets go and wakes the reader, which takes the
+ * read side and runs connection_lost (fatal handler, or degrade and
+ * reconnect) exactly as when it met the end itself; no call leads while
+ * `read_failed` is set or the connection is not usable. The reader keeps the
+ * read side through connection_lost and the reconnect, and releases it
+ * with an empty buffer for the new connection.
  *
  * Engine-owned memory (arena_base set at connect): the arena is ours and the
  * server only maps it, so a dead server costs only the cache. The reader
@@ -62,20 +90,25 @@ typedef struct counts_wait {
  *
  * Ownership (the rule every path below follows):
  *  - A record in the table (inserted under e->lock) belongs to the table.
- *    Exactly one thread takes it out, under e->lock: the reader (its reply
- *    arrived: deliver), the reader's deadline sweep (expire), the reader when
- *    the connection ends (connection_lost), or the submitter itself, looking
+ *    Exactly one thread takes it out, under e->lock: the holder of the read
+ *    side (its reply arrived: deliver; a leader hands an asynchronous one to
+ *    the reader, which owns it from then), the reader's deadline sweep
+ *    (expire), the reader when the connection ends (connection_lost), or
+ *    the submitter itself, looking
  *    it up BY ID (pending_take_locked), never by pointer, after a failed send
  *    or an expired call. Whoever takes it owns it from then on.
  *  - Once the submitter has released e->lock after inserting, it never reads
- *    an asynchronous record again: the reader may already have taken and
- *    freed it. It keeps the request id (copied under the lock) instead, and
- *    gets the record back only if pending_take_locked still finds that id.
+ *    an asynchronous record again: the reader (or a leader, for the
+ *    reader) may already have taken it, and the reader freed it. It keeps the request id (copied
+ * under the lock) instead, and gets the record back only if pending_take_locked still finds that
+ * id.
  *  - An asynchronous record is completed and freed (finish_async) only by the
- *    thread that took it out of the table, outside the lock. Ids are never
+ *    reader thread, outside the lock: the one that took it out of the table,
+ *    or the one a leader handed it to. Ids are never
  *    reused, so a late reply or a late lookup cannot reach another record.
  *  - A PEND_CALL's owner is always its waiter (the record is on its stack);
- *    the reader writes into it only under e->lock while it is in the table,
+ *    the holder of the read side (the reader, or a leader: possibly the
+ *    waiter itself) writes into it only under e->lock while it is in the table,
  *    and marks it done as it takes it out; the waiter reads it after seeing
  *    done, or after taking it back by id. */
 typedef struct pending {

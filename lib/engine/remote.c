@@ -822,6 +822,7 @@ static void *reader_main(void *arg) {
   for (;;) {
     why[0] = '\0';
     read_connection(e, why, sizeof why); /* (returns holding the read side) */
+    finish_handed(e); /* replies that came before the end complete first */
     if (!connection_lost(e, why)) return NULL;
     if (!reconnect_loop(e)) return NULL;
     oi__wire_reader_reset(&e->rd); /* the new connection's bytes start afresh */

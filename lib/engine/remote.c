@@ -758,6 +758,10 @@ static void read_connection(remote_engine *e, char *why, size_t cap) {
     if (rc <= 0 || !pfd[0].revents) continue;
     bool ended = pfd[0].revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL);
     pthread_mutex_lock(&e->lock);
+    if (e->read_failed) { /* a leader met the end already: the loop's top takes over */
+      pthread_mutex_unlock(&e->lock);
+      continue;
+    }
     if (e->reading && !ended) { /* a leader reads it */
       pthread_mutex_unlock(&e->lock);
       continue;
@@ -822,6 +826,9 @@ static void *reader_main(void *arg) {
   for (;;) {
     why[0] = '\0';
     read_connection(e, why, sizeof why); /* (returns holding the read side) */
+    pthread_mutex_lock(&e->lock);
+    e->read_failed = false; /* (handled here, whoever met the end first) */
+    pthread_mutex_unlock(&e->lock);
     finish_handed(e); /* replies that came before the end complete first */
     if (!connection_lost(e, why)) return NULL;
     if (!reconnect_loop(e)) return NULL;

@@ -1,11 +1,39 @@
 /* The sidecar engine: every operation is a request over the server's Unix
  * socket (lib/proto framing), executed by the server on memory it owns.
  *
- * One connection (session) per engine. Requests carry ids; a reader thread
- * receives the replies, which may come out of order, and completes the
- * waiting call or the operation's ticket. The reader is also the watchdog:
- * if the connection breaks while the engine is live, the server that owns
- * the memory this process maps is gone, and the fatal handler runs.
+ * One connection (session) per engine. Requests carry ids; replies may come
+ * out of order and complete the waiting call or the operation's ticket.
+ * The reader thread is the watchdog: if the connection breaks while the
+ * engine is live, the server that owns the memory this process maps is
+ * gone, and the fatal handler runs.
+ *
+ * The read side (who reads the socket). Frames are read through one
+ * buffer (oi_wire_reader: one recv takes every frame the socket holds), by
+ * exactly one thread at a time: the one that holds the read side
+ * (`reading`, taken and released under e->lock; the buffer, e->env and
+ * e->arrays are its). A call waiting for its reply takes the read side
+ * itself when no one holds it (lead: poll, recv, deliver), so its reply
+ * needs no other thread's wake-up; other replies it reads are delivered
+ * as the reader would deliver them: a call's to its waiter (done under the
+ * lock, cv broadcast), an asynchronous operation's final reply taken out of
+ * the table and handed to the reader (`handed`, in arrival order; the
+ * reader completes it, so on_done and tickets complete on the reader
+ * thread as always), LoadProgress and SaveCounts in place. Calls that find
+ * the read side taken wait on cv (`waiting`) and take it when it is
+ * released, so a leader that gives up at its deadline leaves the reading to
+ * the next waiter. The reader thread takes the read side only when the
+ * socket has something and no one holds it; while a caller leads it polls
+ * for the end of the stream only (POLLRDHUP, `watching`: replies wake only
+ * the leader), and a leader that lets go while asynchronous operations are
+ * outstanding, or hands one over, wakes it (`kick_fd`). Deadline sweeps run
+ * on the reader every 250 ms, whoever reads. A leader that meets the end of
+ * the stream, or bytes that are not a frame, does not handle it: it sets
+ * `read_failed` (with why), lets go and wakes the reader, which takes the
+ * read side and runs connection_lost (fatal handler, or degrade and
+ * reconnect) exactly as when it met the end itself; no call leads while
+ * `read_failed` is set or the connection is not usable. The reader keeps the
+ * read side through connection_lost and the reconnect, and releases it
+ * with an empty buffer for the new connection.
  *
  * Engine-owned memory (arena_base set at connect): the arena is ours and the
  * server only maps it, so a dead server costs only the cache. The reader
@@ -27,6 +55,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,20 +90,25 @@ typedef struct counts_wait {
  *
  * Ownership (the rule every path below follows):
  *  - A record in the table (inserted under e->lock) belongs to the table.
- *    Exactly one thread takes it out, under e->lock: the reader (its reply
- *    arrived: deliver), the reader's deadline sweep (expire), the reader when
- *    the connection ends (connection_lost), or the submitter itself, looking
+ *    Exactly one thread takes it out, under e->lock: the holder of the read
+ *    side (its reply arrived: deliver; a leader hands an asynchronous one to
+ *    the reader, which owns it from then), the reader's deadline sweep
+ *    (expire), the reader when the connection ends (connection_lost), or
+ *    the submitter itself, looking
  *    it up BY ID (pending_take_locked), never by pointer, after a failed send
  *    or an expired call. Whoever takes it owns it from then on.
  *  - Once the submitter has released e->lock after inserting, it never reads
- *    an asynchronous record again: the reader may already have taken and
- *    freed it. It keeps the request id (copied under the lock) instead, and
- *    gets the record back only if pending_take_locked still finds that id.
+ *    an asynchronous record again: the reader (or a leader, for the
+ *    reader) may already have taken it, and the reader freed it. It keeps the request id (copied
+ * under the lock) instead, and gets the record back only if pending_take_locked still finds that
+ * id.
  *  - An asynchronous record is completed and freed (finish_async) only by the
- *    thread that took it out of the table, outside the lock. Ids are never
+ *    reader thread, outside the lock: the one that took it out of the table,
+ *    or the one a leader handed it to. Ids are never
  *    reused, so a late reply or a late lookup cannot reach another record.
  *  - A PEND_CALL's owner is always its waiter (the record is on its stack);
- *    the reader writes into it only under e->lock while it is in the table,
+ *    the holder of the read side (the reader, or a leader: possibly the
+ *    waiter itself) writes into it only under e->lock while it is in the table,
  *    and marks it done as it takes it out; the waiter reads it after seeing
  *    done, or after taking it back by id. */
 typedef struct pending {
@@ -95,6 +129,7 @@ typedef struct pending {
   oi_save_done_fn on_done;
   void *on_done_ctx;
   counts_wait *counts; /* PEND_SAVE: the submitter's, while it waits (see counts_wait) */
+  oi_status result;    /* handed to the reader (see `handed`): how it ends */
 } pending;
 
 typedef struct remote_engine {
@@ -118,9 +153,23 @@ typedef struct remote_engine {
 
   pthread_t reader;
   bool reader_started;
-  uint8_t *frame;
+  uint8_t *frame; /* the reconnect's handshake (reader thread) */
   size_t frame_cap;
-  oi_wire_arrays arrays;
+  /* The read side: whoever holds it (`reading`) reads and decodes frames
+   * with these. Under `lock`: */
+  bool reading;        /* the read side is held... */
+  bool reading_caller; /* ...by a calling thread (the leader), not the reader */
+  uint32_t waiting;    /* threads waiting on cv for the read side to be released */
+  uint32_t n_async;    /* asynchronous records in the table */
+  bool read_failed;    /* a leader met the connection's end: the reader takes over */
+  char read_why[256];  /* ...and why */
+  bool watching;       /* the reader polls for the end of the stream, not for data */
+  bool kicked;         /* a wake of the reader (kick_fd) is pending */
+  pending *handed;     /* asynchronous replies a leader read: the reader completes them */
+  pending **handed_tail;
+  int kick_fd;           /* eventfd in the reader's poll */
+  oi_wire_reader rd;     /* the connection's buffered read side (its holder's) */
+  oi_wire_arrays arrays; /* (the holder's, and the reconnect's) */
   oiwire_Envelope env;
 
   pthread_mutex_t teardown_lock;
@@ -151,6 +200,7 @@ static const engine_ops remote_ops;
 
 static void pending_insert_locked(remote_engine *e, pending *p) {
   p->id = ++e->next_id;
+  if (p->kind != PEND_CALL) e->n_async++;
   pending **b = &e->buckets[p->id % PENDING_BUCKETS];
   p->hnext = *b;
   *b = p;
@@ -178,6 +228,7 @@ static void pending_unlink_locked(remote_engine *e, pending *p) {
   else
     e->tail = p->prev;
   p->prev = p->next = p->hnext = NULL;
+  if (p->kind != PEND_CALL) e->n_async--;
 }
 
 /* Ends a save's wait for its counts (they will not come now). */
@@ -203,6 +254,49 @@ static void finish_async(pending *p, oi_status st) {
   if (p->on_done) p->on_done(p->on_done_ctx, st);
   if (p->ticket) oi__ticket_complete(p->ticket, st);
   oi__free(p);
+}
+
+/* ---- the read side (see the header comment) ----------------------------------------- */
+
+/* Wakes the reader out of its poll (lock held). */
+static void kick_locked(remote_engine *e) {
+  if (e->kicked || e->kick_fd < 0) return;
+  e->kicked = true;
+  uint64_t one = 1;
+  ssize_t w = write(e->kick_fd, &one, sizeof one);
+  OI_UNUSED(w);
+}
+
+/* Releases the read side (lock held): the reader is woken if it has work
+ * no caller will do (completions handed to it; asynchronous replies to
+ * read while it only watches), and the threads waiting for the read side
+ * are told. */
+static void release_read_side_locked(remote_engine *e) {
+  e->reading = false;
+  e->reading_caller = false;
+  if (e->read_failed || e->handed || (e->n_async && e->watching)) kick_locked(e);
+  if (e->waiting) pthread_cond_broadcast(&e->cv);
+}
+
+/* Completes the asynchronous operations a leader handed over (reader
+ * thread, lock not held), in the order their replies arrived. */
+static void finish_handed(remote_engine *e) {
+  pthread_mutex_lock(&e->lock);
+  pending *list = e->handed;
+  e->handed = NULL;
+  e->handed_tail = &e->handed;
+  pthread_mutex_unlock(&e->lock);
+  for (pending *p = list, *next; p; p = next) {
+    next = p->next;
+    finish_async(p, p->result);
+  }
+}
+
+static void init_read_side(remote_engine *e) {
+  oi__wire_reader_init(&e->rd);
+  e->handed = NULL;
+  e->handed_tail = &e->handed;
+  e->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 }
 
 /* ---- sending ----------------------------------------------------------------------- */
@@ -291,6 +385,9 @@ static oi_status send_pending(remote_engine *e, oiwire_Envelope *env, const oi_w
     return closed_error(e, what);
   }
   pending_insert_locked(e, p);
+  /* A reader that only watches the stream must read this one's reply
+   * (unless a leader holds the read side: it wakes the reader as it lets go). */
+  if (p->kind != PEND_CALL && e->watching && !e->reading) kick_locked(e);
   uint64_t id = p->id; /* p may be freed by the reader once the lock is released */
   uint64_t gen = e->gen;
   if (env->which_body != oiwire_Envelope_register_instance_tag) set_instance_locked(e, env);
@@ -309,9 +406,71 @@ static oi_status send_pending(remote_engine *e, oiwire_Envelope *env, const oi_w
   return OI_OK;
 }
 
+static oi_status serve_frames(remote_engine *e, bool on_reader);
+
+/* Whether a waiting call may take the read side now (lock held). */
+static bool may_lead_locked(const remote_engine *e) {
+  return !e->reading && !e->read_failed &&
+         (e->state == CONN_CONNECTING || e->state == CONN_LIVE || e->state == CONN_RETIRED);
+}
+
+/* The calling thread holds the read side (taken under the lock, which is
+ * held on entry and on return) and reads until p's reply is delivered, the
+ * deadline passes (false) or the connection fails (the reader is told and
+ * takes over: it fails every waiter). Other replies it reads are delivered
+ * as the reader would: calls' to their waiters, asynchronous completions
+ * handed to the reader, which runs them. */
+static bool lead(remote_engine *e, pending *p, uint64_t deadline) {
+  e->reading = true;
+  e->reading_caller = true;
+  pthread_mutex_unlock(&e->lock);
+  bool in_time = true;
+  char why[256] = "";
+  for (;;) {
+    oi_status st = serve_frames(e, false);
+    if (st != OI_OK) {
+      snprintf(why, sizeof why, "%s", oi_last_error());
+      break;
+    }
+    pthread_mutex_lock(&e->lock);
+    bool done = p->done;
+    pthread_mutex_unlock(&e->lock);
+    if (done) break;
+    int wait_ms = -1;
+    if (deadline != UINT64_MAX) {
+      uint64_t now = oi__now_ns();
+      if (now >= deadline) {
+        in_time = false;
+        break;
+      }
+      wait_ms = (int)OI_MIN((deadline - now + 999999u) / 1000000u, 3600000u);
+    }
+    struct pollfd pfd = {.fd = e->fd, .events = POLLIN};
+    int rc = poll(&pfd, 1, wait_ms);
+    if (rc < 0 && errno != EINTR) {
+      snprintf(why, sizeof why, "poll: %s", strerror(errno));
+      break;
+    }
+    if (rc <= 0) continue;
+    st = oi__wire_reader_fill(&e->rd, e->fd, OI_WIRE_MAX_FRAME, false, true);
+    if (st != OI_OK && st != OI_PENDING) {
+      snprintf(why, sizeof why, "%s", oi_last_error());
+      break;
+    }
+  }
+  pthread_mutex_lock(&e->lock);
+  if (why[0]) {
+    e->read_failed = true;
+    snprintf(e->read_why, sizeof e->read_why, "%s", why);
+  }
+  release_read_side_locked(e);
+  return in_time;
+}
+
 /* Sends `env` and waits up to timeout_ms (UINT32_MAX: for as long as the
  * connection lives) for its reply, which lands in p->reply. A Result with an
- * error becomes this call's status and message. */
+ * error becomes this call's status and message. While no other thread
+ * reads the connection, the caller reads its reply itself (lead). */
 static oi_status call(remote_engine *e, oiwire_Envelope *env, const oi_wire_out *out, pending *p,
                       uint32_t timeout_ms, const char *what) {
   p->kind = PEND_CALL;
@@ -324,9 +483,18 @@ static oi_status call(remote_engine *e, oiwire_Envelope *env, const oi_wire_out 
   struct timespec ts = abs_timespec(deadline);
   pthread_mutex_lock(&e->lock);
   while (!p->done) {
-    if (deadline == UINT64_MAX) {
-      pthread_cond_wait(&e->cv, &e->lock);
-    } else if (pthread_cond_timedwait(&e->cv, &e->lock, &ts) == ETIMEDOUT && !p->done) {
+    bool in_time = true;
+    if (may_lead_locked(e)) {
+      in_time = lead(e, p, deadline);
+    } else {
+      e->waiting++;
+      if (deadline == UINT64_MAX)
+        pthread_cond_wait(&e->cv, &e->lock);
+      else if (pthread_cond_timedwait(&e->cv, &e->lock, &ts) == ETIMEDOUT)
+        in_time = false;
+      e->waiting--;
+    }
+    if (!in_time && !p->done) {
       pending_take_locked(e, id); /* still ours (not done): a late reply is dropped */
       pthread_mutex_unlock(&e->lock);
       return oi__fail(OI_ERR_TIMEOUT, "%s: no reply from the openinfer server within %u ms", what,
@@ -345,8 +513,10 @@ static oi_status unexpected_reply(const pending *p, const char *what) {
 
 /* ---- the reader (and watchdog) ---------------------------------------------------- */
 
-/* Delivers one reply. Lock not held. */
-static void deliver(remote_engine *e, const oiwire_Envelope *env) {
+/* Delivers one reply. Lock not held. An asynchronous operation's final
+ * reply is completed here on the reader thread; a leader (on_reader false)
+ * hands it to the reader instead, so on_done runs where it always did. */
+static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader) {
   bool is_result = env->which_body == oiwire_Envelope_result_tag;
   oi_status st = is_result ? env->body.result.status : OI_OK;
   if (is_result && st == OI_PENDING) st = OI_ERR_PROTOCOL; /* a reply is final */
@@ -414,7 +584,17 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env) {
     OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "%s failed: %s",
              p->kind == PEND_SAVE ? "save" : "load", env->body.result.message);
   }
-  finish_async(p, st);
+  if (on_reader) {
+    finish_async(p, st);
+    return;
+  }
+  p->result = st;
+  p->next = NULL;
+  pthread_mutex_lock(&e->lock);
+  *e->handed_tail = p;
+  e->handed_tail = &p->next;
+  kick_locked(e);
+  pthread_mutex_unlock(&e->lock);
 }
 
 /* Completes every asynchronous operation whose deadline passed. */
@@ -450,6 +630,7 @@ static bool connection_lost(remote_engine *e, const char *why) {
   pending *list = e->head;
   e->head = e->tail = NULL;
   memset(e->buckets, 0, sizeof e->buckets);
+  e->n_async = 0;
   for (pending *p = list; p; p = p->next) {
     counts_abandon_locked(e, p);
     if (p->kind == PEND_CALL) {
@@ -490,29 +671,17 @@ static bool connection_lost(remote_engine *e, const char *why) {
 
 static oi_status reconnect(remote_engine *e);
 
-/* Reads replies until the connection ends; `why` says how. */
-static void read_connection(remote_engine *e, char *why, size_t cap) {
-  uint64_t next_expiry = oi__now_ns() + 250000000ull;
+/* Serves every whole frame buffered on the read side (its holder only).
+ * @return OI_OK when it needs more bytes; an error (with its message) when
+ * the stream is not a frame or not an Envelope: the connection is unusable. */
+static oi_status serve_frames(remote_engine *e, bool on_reader) {
   for (;;) {
-    struct pollfd pfd = {.fd = e->fd, .events = POLLIN};
-    int rc = poll(&pfd, 1, 250);
-    if (rc < 0 && errno != EINTR) {
-      snprintf(why, cap, "poll: %s", strerror(errno));
-      return;
-    }
-    uint64_t now = oi__now_ns();
-    if (now >= next_expiry) {
-      expire(e, now);
-      next_expiry = now + 250000000ull;
-    }
-    if (rc <= 0) continue;
+    const uint8_t *frame = NULL;
     size_t len = 0;
-    oi_status st = oi__wire_recv(e->fd, OI_WIRE_MAX_FRAME, &e->frame, &e->frame_cap, &len);
-    if (st == OI_OK) st = oi__wire_decode(e->frame, len, &e->env, &e->arrays);
-    if (st != OI_OK) {
-      snprintf(why, cap, "%s", oi_last_error());
-      return;
-    }
+    oi_status st = oi__wire_reader_next(&e->rd, OI_WIRE_MAX_FRAME, &frame, &len, NULL, NULL);
+    if (st == OI_PENDING) return OI_OK;
+    if (st == OI_OK) st = oi__wire_decode(frame, len, &e->env, &e->arrays);
+    if (st != OI_OK) return st;
     if (e->env.request_id == 0 && e->env.which_body == oiwire_Envelope_result_tag) {
       /* The server ends the session and says why; the end of stream follows. */
       pthread_mutex_lock(&e->lock);
@@ -524,7 +693,100 @@ static void read_connection(remote_engine *e, char *why, size_t cap) {
              e->env.body.result.message);
       continue;
     }
-    deliver(e, &e->env);
+    deliver(e, &e->env, on_reader);
+  }
+}
+
+/* Takes the read side for the reader (lock held), waiting for a leader to
+ * let go of it. */
+static void reader_take_locked(remote_engine *e) {
+  while (e->reading) {
+    e->waiting++;
+    pthread_cond_wait(&e->cv, &e->lock);
+    e->waiting--;
+  }
+  e->reading = true;
+}
+
+/* Reads replies until the connection ends; `why` says how. Returns holding
+ * the read side (the caller handles the end, then reconnects or stops). */
+static void read_connection(remote_engine *e, char *why, size_t cap) {
+  uint64_t next_expiry = oi__now_ns() + 250000000ull;
+  for (;;) {
+    finish_handed(e);
+    pthread_mutex_lock(&e->lock);
+    e->kicked = false;
+    if (e->read_failed) { /* a leader met the end: take over */
+      reader_take_locked(e);
+      e->read_failed = false;
+      snprintf(why, cap, "%s", e->read_why);
+      pthread_mutex_unlock(&e->lock);
+      finish_handed(e);
+      return;
+    }
+    /* While a caller leads, only watch for the end of the stream: its
+     * replies wake no one but the leader. */
+    bool watch = e->reading;
+    e->watching = watch;
+    bool handed = e->handed != NULL;
+    pthread_mutex_unlock(&e->lock);
+    if (handed) continue;
+    struct pollfd pfd[2] = {{.fd = e->fd, .events = watch ? POLLRDHUP : POLLIN},
+                            {.fd = e->kick_fd, .events = POLLIN}};
+    int rc = poll(pfd, 2, 250);
+    int poll_errno = errno;
+    pthread_mutex_lock(&e->lock);
+    e->watching = false;
+    pthread_mutex_unlock(&e->lock);
+    if (rc < 0 && poll_errno != EINTR) {
+      snprintf(why, cap, "poll: %s", strerror(poll_errno));
+      pthread_mutex_lock(&e->lock);
+      reader_take_locked(e);
+      pthread_mutex_unlock(&e->lock);
+      return;
+    }
+    if (rc > 0 && (pfd[1].revents & POLLIN)) {
+      uint64_t v;
+      ssize_t r = read(e->kick_fd, &v, sizeof v);
+      OI_UNUSED(r);
+    }
+    uint64_t now = oi__now_ns();
+    if (now >= next_expiry) {
+      expire(e, now);
+      next_expiry = now + 250000000ull;
+    }
+    if (rc <= 0 || !pfd[0].revents) continue;
+    bool ended = pfd[0].revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL);
+    pthread_mutex_lock(&e->lock);
+    if (e->read_failed) { /* a leader met the end already: the loop's top takes over */
+      pthread_mutex_unlock(&e->lock);
+      continue;
+    }
+    if (e->reading && !ended) { /* a leader reads it */
+      pthread_mutex_unlock(&e->lock);
+      continue;
+    }
+    if (e->reading) { /* the stream ended under a leader: it will see it too */
+      uint64_t until = oi__now_ns() + 250000000ull;
+      struct timespec ts = abs_timespec(until);
+      e->waiting++;
+      while (e->reading && pthread_cond_timedwait(&e->cv, &e->lock, &ts) != ETIMEDOUT) {
+      }
+      e->waiting--;
+      pthread_mutex_unlock(&e->lock);
+      continue;
+    }
+    e->reading = true;
+    pthread_mutex_unlock(&e->lock);
+    oi_status st = oi__wire_reader_fill(&e->rd, e->fd, OI_WIRE_MAX_FRAME, false, true);
+    if (st == OI_OK) st = serve_frames(e, true);
+    if (st != OI_OK && st != OI_PENDING) {
+      snprintf(why, cap, "%s", oi_last_error());
+      return; /* (holding the read side) */
+    }
+    pthread_mutex_lock(&e->lock);
+    release_read_side_locked(e);
+    pthread_mutex_unlock(&e->lock);
   }
 }
 
@@ -563,9 +825,17 @@ static void *reader_main(void *arg) {
   char why[256];
   for (;;) {
     why[0] = '\0';
-    read_connection(e, why, sizeof why);
+    read_connection(e, why, sizeof why); /* (returns holding the read side) */
+    pthread_mutex_lock(&e->lock);
+    e->read_failed = false; /* (handled here, whoever met the end first) */
+    pthread_mutex_unlock(&e->lock);
+    finish_handed(e); /* replies that came before the end complete first */
     if (!connection_lost(e, why)) return NULL;
     if (!reconnect_loop(e)) return NULL;
+    oi__wire_reader_reset(&e->rd); /* the new connection's bytes start afresh */
+    pthread_mutex_lock(&e->lock);
+    release_read_side_locked(e);
+    pthread_mutex_unlock(&e->lock);
   }
 }
 
@@ -927,6 +1197,7 @@ static void free_engine(remote_engine *e) {
     bool dead = e->state == CONN_DEAD;
     e->stop = true; /* a degraded engine's reader stops reconnecting */
     if (e->connecting_fd >= 0) shutdown(e->connecting_fd, SHUT_RDWR);
+    kick_locked(e);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->lock);
     /* A connection the server ended: let the reader read to its end (the
@@ -947,6 +1218,8 @@ static void free_engine(remote_engine *e) {
   oi__free(e->reg_arenas);
   oi__free(e->reg_segment_offsets);
   oi__wire_arrays_free(&e->arrays);
+  oi__wire_reader_free(&e->rd);
+  if (e->kick_fd >= 0) close(e->kick_fd);
   oi__free(e->frame);
   oi__free(e->socket_path);
   pthread_mutex_destroy(&e->teardown_lock);
@@ -1384,12 +1657,14 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&e->write_lock, NULL);
   pthread_mutex_init(&e->teardown_lock, NULL);
+  init_read_side(e);
   /* Validate the whole layout before talking to the server; the real base
    * is known after the import (or is the caller's, engine-owned). */
   void *owned_base = opts.arena_base;
   opts.arena_base = NULL;
   opts.arena_size = arena_size;
   if ((st = oi__engine_init_unmapped(&e->base, &opts, "connect")) != OI_OK) {
+    if (e->kick_fd >= 0) close(e->kick_fd);
     pthread_mutex_destroy(&e->teardown_lock);
     pthread_mutex_destroy(&e->write_lock);
     pthread_cond_destroy(&e->cv);
@@ -1409,6 +1684,10 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
     st = prepare_owned(e, &opts);
     opts.arena_base = NULL;
     if (st != OI_OK) goto fail;
+  }
+  if (e->kick_fd < 0) {
+    st = oi__fail(OI_ERR_INTERNAL, "connect: eventfd: %s", strerror(errno));
+    goto fail;
   }
   if ((st = oi__wire_connect(socket_path, &e->fd)) != OI_OK) goto fail;
   int rc = pthread_create(&e->reader, NULL, reader_main, e);
@@ -1539,12 +1818,17 @@ OI_API oi_status oi_offload_client_connect(const char *socket_path, const oi_loo
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&e->write_lock, NULL);
   pthread_mutex_init(&e->teardown_lock, NULL);
+  init_read_side(e);
   e->control_ms = lo.control_deadline_ms;
   e->base.namespace_id = oi__strdup(lo.namespace_id);
   e->base.instance_name = oi__strdup(lo.client_name ? lo.client_name : "lookup client");
   e->socket_path = oi__strdup(socket_path);
   if (!e->base.namespace_id || !e->base.instance_name || !e->socket_path) {
     st = oi__fail(OI_ERR_OUT_OF_MEMORY, "client_connect: out of memory");
+    goto fail;
+  }
+  if (e->kick_fd < 0) {
+    st = oi__fail(OI_ERR_INTERNAL, "client_connect: eventfd: %s", strerror(errno));
     goto fail;
   }
   if ((st = oi__wire_connect(socket_path, &e->fd)) != OI_OK) goto fail;

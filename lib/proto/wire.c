@@ -497,6 +497,150 @@ oi_status oi__wire_recv_fd(int fd, uint32_t max, uint8_t **buf, size_t *cap, siz
   return recv_frame(fd, max, buf, cap, len, fd_out, extra);
 }
 
+/* ---- the buffered reader ------------------------------------------------------ */
+
+#define READER_MIN_CAP (64u << 10)
+#define READER_KEEP_CAP (1u << 20) /* a larger buffer is freed once empty */
+
+void oi__wire_reader_init(oi_wire_reader *r) {
+  memset(r, 0, sizeof *r);
+  r->fd = -1;
+}
+
+void oi__wire_reader_reset(oi_wire_reader *r) {
+  r->start = r->end = 0;
+  if (r->fd >= 0) close(r->fd);
+  r->fd = -1;
+  r->fd_extra = 0;
+  r->fd_pending = false;
+}
+
+void oi__wire_reader_free(oi_wire_reader *r) {
+  oi__wire_reader_reset(r);
+  oi__free(r->buf);
+  r->buf = NULL;
+  r->cap = 0;
+}
+
+static uint32_t le32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+oi_status oi__wire_reader_next(oi_wire_reader *r, uint32_t max, const uint8_t **payload,
+                               size_t *len, int *fd_out, int *extra) {
+  if (fd_out) {
+    *fd_out = -1;
+    *extra = 0;
+  }
+  size_t have = r->end - r->start;
+  if (have < 4) return OI_PENDING;
+  uint32_t n = 0;
+  oi_status st = oi__wire_frame_length(r->buf + r->start, max, &n);
+  if (st != OI_OK) return st;
+  if (have - 4 < n) return OI_PENDING;
+  size_t first = r->start, past = r->start + 4 + (size_t)n;
+  *payload = r->buf + first + 4;
+  *len = n;
+  r->start = past;
+  if (r->fd_pending && r->fd_at < past) { /* (fd_at >= first: earlier frames took theirs) */
+    if (fd_out) {
+      *fd_out = r->fd;
+      *extra = r->fd_extra;
+    } else if (r->fd >= 0) {
+      close(r->fd);
+    }
+    r->fd = -1;
+    r->fd_extra = 0;
+    r->fd_pending = false;
+  }
+  return OI_OK;
+}
+
+/* Room for the next recv: the rest of a frame whose length is known fits
+ * whole (up to max + 4 bytes), else at least a few KiB. */
+static oi_status reader_room(oi_wire_reader *r, uint32_t max) {
+  size_t have = r->end - r->start;
+  if (have == 0) {
+    r->start = r->end = 0;
+    if (r->cap > READER_KEEP_CAP) { /* large frames do not pin memory */
+      oi__free(r->buf);
+      r->buf = NULL;
+      r->cap = 0;
+    }
+  }
+  size_t need = READER_MIN_CAP;
+  if (have >= 4) {
+    uint32_t n = le32(r->buf + r->start);
+    if (n <= max && (size_t)n + 4 > need) need = (size_t)n + 4;
+  }
+  if (r->cap - r->start >= need && r->end < r->cap) return OI_OK;
+  if (r->start > 0) { /* move the unread bytes to the front */
+    memmove(r->buf, r->buf + r->start, have);
+    if (r->fd_pending) r->fd_at -= r->start;
+    r->start = 0;
+    r->end = have;
+  }
+  if (r->cap < need) {
+    uint8_t *p = oi__realloc(r->buf, need);
+    if (!p) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a %zu-byte frame", need - 4);
+    r->buf = p;
+    r->cap = need;
+  }
+  return OI_OK;
+}
+
+oi_status oi__wire_reader_fill(oi_wire_reader *r, int fd, uint32_t max, bool want_fds,
+                               bool nonblock) {
+  oi_status st = reader_room(r, max);
+  if (st != OI_OK) return st;
+  int flags = nonblock ? MSG_DONTWAIT : 0;
+  for (;;) {
+    ssize_t got;
+    if (want_fds) {
+      union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+      } ctl;
+      struct iovec iov = {.iov_base = r->buf + r->end, .iov_len = r->cap - r->end};
+      struct msghdr m = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+      got = recvmsg(fd, &m, flags | MSG_CMSG_CLOEXEC);
+      if (got > 0 && (m.msg_controllen > 0 || (m.msg_flags & MSG_CTRUNC))) {
+        int one = -1, more = 0;
+        take_fds(&m, &one, &more);
+        if (one >= 0 || more) {
+          if (r->fd_pending) { /* one frame's descriptors at a time: close the newcomers */
+            if (one >= 0) close(one);
+            r->fd_extra += more + (one >= 0);
+          } else {
+            r->fd_pending = true;
+            r->fd = one;
+            r->fd_extra = more;
+            r->fd_at = r->end + (size_t)got - 1;
+          }
+        }
+      }
+    } else {
+      got = recv(fd, r->buf + r->end, r->cap - r->end, flags);
+    }
+    if (got > 0) {
+      r->end += (size_t)got;
+      return OI_OK;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return OI_PENDING;
+    if (got < 0 && errno != ECONNRESET) return oi__fail(OI_ERR_IO, "recv: %s", strerror(errno));
+    /* The end of the stream (or a reset). */
+    size_t have = r->end - r->start;
+    if (have == 0) return oi__fail(OI_ERR_CLOSED, "the peer closed the connection");
+    if (have < 4) return oi__fail(OI_ERR_PROTOCOL, "the stream ended inside a frame header");
+    return oi__fail(OI_ERR_PROTOCOL, "the stream ended inside a frame (%zu of %u bytes)", have - 4,
+                    le32(r->buf + r->start));
+  }
+}
+
 /* ---- sockets ---------------------------------------------------------------- */
 
 oi_status oi__wire_default_socket_path(char *out, size_t cap) {

@@ -115,6 +115,42 @@ oi_status oi__wire_recv(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t
 oi_status oi__wire_recv_fd(int fd, uint32_t max, uint8_t **buf, size_t *cap, size_t *len,
                            int *fd_out, int *extra);
 
+/* A connection's buffered read side: one recv takes whatever the socket
+ * holds (several frames, or part of one) and frames are handed out whole
+ * from the buffer, so a frame costs one call instead of a length read and
+ * a body read. Used by one thread at a time. */
+typedef struct oi_wire_reader {
+  uint8_t *buf;
+  size_t cap, start, end; /* the unread bytes are buf[start, end) */
+  /* Descriptors (SCM_RIGHTS, oi__wire_reader_fill with want_fds): the kernel
+   * ends a recvmsg with the bytes that carried them, so they belong to the
+   * frame holding the last byte of that call (at buf[fd_at]). */
+  bool fd_pending;
+  int fd, fd_extra;
+  size_t fd_at;
+} oi_wire_reader;
+
+void oi__wire_reader_init(oi_wire_reader *r);
+/* Drops the buffered bytes and a pending descriptor (keeps the buffer). */
+void oi__wire_reader_reset(oi_wire_reader *r);
+void oi__wire_reader_free(oi_wire_reader *r);
+
+/* The next whole frame already buffered: OI_OK with its payload (valid until
+ * the next call on `r`), OI_PENDING when more bytes are needed, or
+ * OI_ERR_PROTOCOL (with a message) for a frame longer than `max`. With
+ * fd_out, the descriptor that came with this frame (-1 if none; the caller
+ * owns it) and the count of others closed, as oi__wire_recv_fd. */
+oi_status oi__wire_reader_next(oi_wire_reader *r, uint32_t max, const uint8_t **payload,
+                               size_t *len, int *fd_out, int *extra);
+
+/* One recv (recvmsg taking descriptors with want_fds) of what the socket
+ * holds, blocking or not. @return OI_OK (bytes arrived), OI_PENDING (none
+ * yet, non-blocking), OI_ERR_CLOSED at the end of the stream at a frame
+ * boundary, OI_ERR_PROTOCOL when it ends inside a frame, OI_ERR_IO, or
+ * OI_ERR_OUT_OF_MEMORY; the messages are oi__wire_recv's. */
+oi_status oi__wire_reader_fill(oi_wire_reader *r, int fd, uint32_t max, bool want_fds,
+                               bool nonblock);
+
 /* The default socket path: $XDG_RUNTIME_DIR/openinfer.sock, or
  * /tmp/openinfer-$UID.sock without it. */
 oi_status oi__wire_default_socket_path(char *out, size_t cap);

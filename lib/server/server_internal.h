@@ -99,8 +99,7 @@ struct srv_session {
   srv_worker aux;      /* flush, unregister */
   srv_worker progress; /* layered loads (per-arena LoadProgress, then the Result) */
 
-  uint8_t *frame;
-  size_t frame_cap;
+  oi_wire_reader rd; /* the session thread's buffered read side */
   oi_wire_arrays arrays;
   int recv_fd;      /* a descriptor that came with the current frame (SCM_RIGHTS), or -1 */
   int recv_extra;   /* more descriptors came with it (closed) */

@@ -856,9 +856,15 @@ static void *session_main(void *arg) {
   srv_session *s = arg;
   oi_server *srv = s->server;
   for (;;) {
+    /* One recvmsg takes what the socket holds; frames already buffered
+     * are served without one. */
+    const uint8_t *frame = NULL;
     size_t len = 0;
-    oi_status st = oi__wire_recv_fd(s->fd, OI_WIRE_MAX_FRAME, &s->frame, &s->frame_cap, &len,
-                                    &s->recv_fd, &s->recv_extra);
+    oi_status st;
+    while ((st = oi__wire_reader_next(&s->rd, OI_WIRE_MAX_FRAME, &frame, &len, &s->recv_fd,
+                                      &s->recv_extra)) == OI_PENDING)
+      if ((st = oi__wire_reader_fill(&s->rd, s->fd, OI_WIRE_MAX_FRAME, true, false)) != OI_OK)
+        break;
     if (s->recv_fd >= 0 && st != OI_OK) {
       close(s->recv_fd);
       s->recv_fd = -1;
@@ -878,7 +884,7 @@ static void *session_main(void *arg) {
       reply_fmt(s, 0, st, "session closed: %s", oi_last_error());
       break;
     }
-    st = oi__wire_decode(s->frame, len, &s->env, &s->arrays);
+    st = oi__wire_decode(frame, len, &s->env, &s->arrays);
     if (st != OI_OK) {
       OI_LOG(OI_LOG_WARN, "server", "session=%llu dropped: %s", (unsigned long long)s->id,
              oi_last_error());
@@ -889,12 +895,6 @@ static void *session_main(void *arg) {
     if (s->recv_fd >= 0) { /* the register that came with it mapped it, or none wanted it */
       close(s->recv_fd);
       s->recv_fd = -1;
-    }
-    /* Large frames do not pin memory for the rest of a long session. */
-    if (s->frame_cap > (1u << 20)) {
-      oi__free(s->frame);
-      s->frame = NULL;
-      s->frame_cap = 0;
     }
   }
   session_end(s);
@@ -917,6 +917,7 @@ oi_status oi__session_start(oi_server *srv, int fd, pid_t pid, uid_t uid, gid_t 
   s->peer_uid = uid;
   s->peer_gid = gid;
   s->recv_fd = -1;
+  oi__wire_reader_init(&s->rd);
   s->start_ns = oi__now_ns();
   pthread_mutex_init(&s->write_lock, NULL);
   worker_init(&s->aux, s, "oi-session-aux");
@@ -955,7 +956,7 @@ void oi__session_reap(srv_session *s) {
   close(s->fd);
   if (s->recv_fd >= 0) close(s->recv_fd);
   oi__wire_arrays_free(&s->arrays);
-  oi__free(s->frame);
+  oi__wire_reader_free(&s->rd);
   oi__free(s->present);
   worker_destroy(&s->aux);
   worker_destroy(&s->progress);

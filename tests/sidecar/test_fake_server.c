@@ -918,6 +918,178 @@ static void test_closed_under_owned_engine(void) {
   fs_stop(fs);
 }
 
+/* ---- the read side: a waiting caller reads the replies (lib/engine/remote.c) ------------ */
+
+/* A query of 4 hashes whose deadline is the control deadline plus wait_ms,
+ * run on its own thread: its status, hits, last error and end time. */
+typedef struct query_job {
+  client *c;
+  uint32_t wait_ms;
+  uint64_t t0;
+  pthread_t thread;
+  oi_status st;
+  uint64_t hits, ended_ms;
+  char error[512];
+} query_job;
+
+static oi_status query_wait(client *c, uint32_t wait_ms, oi_query_result *r) {
+  oi_block_hash h[4];
+  for (size_t i = 0; i < 4; i++)
+    h[i] = tl_hash(24, i);
+  memset(r, 0, sizeof *r);
+  r->struct_size = sizeof *r;
+  r->wait_ms = wait_ms;
+  return oi_offload_engine_query(c->e, NULL, h, 4, wait_ms ? OI_QUERY_WAIT_PENDING : 0, r);
+}
+
+static void *query_job_main(void *arg) {
+  query_job *j = arg;
+  oi_query_result r;
+  j->st = query_wait(j->c, j->wait_ms, &r);
+  j->ended_ms = ms_since(j->t0);
+  j->hits = r.hit_blocks;
+  snprintf(j->error, sizeof j->error, "%s", oi_last_error());
+  return NULL;
+}
+
+static void query_job_start(query_job *j, client *c, uint32_t wait_ms, uint64_t t0) {
+  memset(j, 0, sizeof *j);
+  j->c = c;
+  j->wait_ms = wait_ms;
+  j->t0 = t0;
+  REQUIRE(pthread_create(&j->thread, NULL, query_job_main, j) == 0);
+}
+
+/* on_done's thread and time. */
+typedef struct done_where {
+  pthread_mutex_t lock;
+  int calls;
+  oi_status st;
+  pthread_t thread;
+  uint64_t t0, at_ms;
+} done_where;
+
+static void on_done_where(void *ctx, oi_status st) {
+  done_where *d = ctx;
+  pthread_mutex_lock(&d->lock);
+  d->calls++;
+  d->st = st;
+  d->thread = pthread_self();
+  d->at_ms = ms_since(d->t0);
+  pthread_mutex_unlock(&d->lock);
+}
+
+/* One caller waits (and so reads the connection) while others call: their
+ * replies, which it reads, reach them at once; when it gives up at its
+ * deadline another waiter reads on; an asynchronous completion it reads
+ * still runs on the reader thread, not on the caller's; and when the
+ * connection ends under it, every waiter is told at once (the reader
+ * handles the end: the engine-owned one degrades and reconnects). */
+static void test_caller_reads_replies(void) {
+  fs = fs_start();
+  client c;
+  REQUIRE(client_connect(&c, true) == OI_OK);
+  fs_set_hits(fs, 3);
+
+  /* A waits 800 ms for its reply (1 hit); B's reply (3 hits) comes at once
+   * and A, the one reading, hands it over: B does not wait for A's. */
+  uint32_t seen = fs_seen(fs, oiwire_Envelope_query_tag);
+  fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.delay_ms = 800, .edit = query_1_hit});
+  uint64_t t0 = oi__now_ns();
+  query_job a;
+  query_job_start(&a, &c, 2000, t0);
+  REQUIRE(fs_wait_seen(fs, oiwire_Envelope_query_tag, seen + 1, 5000));
+  usleep(20000); /* A is in its wait */
+  oi_query_result r;
+  uint64_t tb = oi__now_ns();
+  CHECK_OK(query_wait(&c, 0, &r));
+  CHECK(r.hit_blocks == 3);
+  CHECK_ELAPSED(tb, 0, 700); /* before A's reply (800 ms after A began) */
+  pthread_join(a.thread, NULL);
+  CHECK_ST(a.st, OI_OK);
+  CHECK(a.hits == 1);
+  CHECK(a.ended_ms >= 800 - 20);
+
+  /* A's reply never comes: it gives up at its deadline (300 ms) while B
+   * (deadline 2.3 s) still waits for a reply due at about 700 ms; B reads
+   * on and gets it. */
+  seen = fs_seen(fs, oiwire_Envelope_query_tag);
+  fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.action = FS_SILENT});
+  fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.delay_ms = 650, .edit = query_1_hit});
+  t0 = oi__now_ns();
+  query_job_start(&a, &c, 0, t0);
+  REQUIRE(fs_wait_seen(fs, oiwire_Envelope_query_tag, seen + 1, 5000));
+  query_job b;
+  query_job_start(&b, &c, 2000, t0);
+  pthread_join(a.thread, NULL);
+  pthread_join(b.thread, NULL);
+  CHECK_ST(a.st, OI_ERR_TIMEOUT);
+  CHECK(strstr(a.error, "query: no reply from the openinfer server within 300 ms") != NULL);
+  CHECK(a.ended_ms >= CONTROL_MS - 20 && a.ended_ms < CONTROL_MS + SLACK_MS);
+  CHECK_ST(b.st, OI_OK);
+  CHECK(b.hits == 1);
+  CHECK(b.ended_ms >= 650 && b.ended_ms < 2000); /* its reply, not its deadline */
+
+  /* A save's Result (at 200 ms) arrives while the main thread waits for a
+   * query reply (at 600 ms): the save completes then, on another thread. */
+  done_where d;
+  memset(&d, 0, sizeof d);
+  pthread_mutex_init(&d.lock, NULL);
+  fs_script(fs, oiwire_Envelope_save_tag, (fs_step){.delay_ms = 200});
+  fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.delay_ms = 600});
+  int64_t ids[2] = {0, 1};
+  oi_block_hash h[2] = {tl_hash(25, 0), tl_hash(25, 1)};
+  oi_save_options so;
+  oi_save_options_init(&so);
+  so.on_done = on_done_where;
+  so.on_done_ctx = &d;
+  d.t0 = oi__now_ns();
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_save(c.e, ids, h, 2, &so, &t));
+  CHECK_OK(query_wait(&c, 1000, &r));
+  uint64_t query_ms = ms_since(d.t0);
+  CHECK(query_ms >= 600 - 20);
+  CHECK_ST(ticket_end(t, 5000), OI_OK);
+  oi_ticket_release(t);
+  pthread_mutex_lock(&d.lock);
+  CHECK(d.calls == 1 && d.st == OI_OK);
+  CHECK(!pthread_equal(d.thread, pthread_self()));
+  CHECK(d.at_ms >= 200 - 20 && d.at_ms + 100 < query_ms);
+  pthread_mutex_unlock(&d.lock);
+
+  /* The connection ends while A waits (deadline 2.3 s) and B follows:
+   * both are told at once; the engine degrades, reconnects and works. */
+  seen = fs_seen(fs, oiwire_Envelope_query_tag);
+  fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.action = FS_SILENT});
+  fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.action = FS_SILENT});
+  t0 = oi__now_ns();
+  query_job_start(&a, &c, 2000, t0);
+  REQUIRE(fs_wait_seen(fs, oiwire_Envelope_query_tag, seen + 1, 5000));
+  query_job_start(&b, &c, 2000, t0);
+  REQUIRE(fs_wait_seen(fs, oiwire_Envelope_query_tag, seen + 2, 5000));
+  fs_close_all(fs, OI_ERR_INTERNAL, "the fake server restarts");
+  pthread_join(a.thread, NULL);
+  pthread_join(b.thread, NULL);
+  for (query_job *j = &a; j; j = j == &a ? &b : NULL) {
+    CHECK_ST(j->st, OI_ERR_INTERNAL);
+    CHECK(strstr(j->error, "the connection to the openinfer server ended") != NULL);
+    CHECK(strstr(j->error, "the fake server restarts") != NULL);
+    CHECK(j->ended_ms < 1500);
+  }
+  oi_engine_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  for (int i = 0; i < 500; i++) {
+    CHECK_OK(oi_offload_engine_stats(c.e, &s));
+    if (s.connection == OI_CONNECTION_CONNECTED) break;
+    usleep(10000);
+  }
+  CHECK(s.connection == OI_CONNECTION_CONNECTED && s.reconnects == 1);
+  check_usable(&c, 2);
+  client_close(&c);
+  fs_stop(fs);
+}
+
 /* Log lines, to see why a reconnect failed. */
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char log_text[1 << 16];
@@ -1264,5 +1436,6 @@ int main(int argc, char **argv) {
   RUN_TEST(test_load_progress);
   RUN_TEST(test_closed_after_register);
   RUN_TEST(test_stats_fetch_replies);
+  RUN_TEST(test_caller_reads_replies);
   TEST_EXIT();
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -468,6 +469,128 @@ static void test_decode_edge_cases(void) {
   oi__wire_arrays_free(NULL);
 }
 
+/* The buffered read side: frames that arrive together come out of one
+ * recv one by one; a frame split over several sends is handed out whole
+ * once complete; a frame larger than the buffer grows it; a descriptor
+ * belongs to the frame whose first byte carried it, even when an earlier
+ * frame's bytes share the recv; an oversized length, a stream ending
+ * inside a frame or a header, and a clean end say so as oi__wire_recv. */
+static void test_buffered_reader(void) {
+  int sv[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  oi_wire_reader r;
+  oi__wire_reader_init(&r);
+  const uint8_t *pl = NULL;
+  size_t len = 0;
+  int got = -2, extra = -2;
+  CHECK_ST(oi__wire_reader_next(&r, 1024, &pl, &len, NULL, NULL), OI_PENDING);
+  CHECK_ST(oi__wire_reader_fill(&r, sv[1], 1024, false, true), OI_PENDING); /* nothing yet */
+  /* Three frames in one send: one recv, three frames, then PENDING. */
+  uint8_t three[] = {1, 0, 0, 0, 0xA1, 2, 0, 0, 0, 0xB1, 0xB2, 0, 0, 0, 0};
+  CHECK_OK(oi__wire_send(sv[0], three, sizeof three));
+  CHECK_OK(oi__wire_reader_fill(&r, sv[1], 1024, false, false));
+  CHECK(r.end - r.start == sizeof three);
+  CHECK_OK(oi__wire_reader_next(&r, 1024, &pl, &len, NULL, NULL));
+  CHECK(len == 1 && pl[0] == 0xA1);
+  CHECK_OK(oi__wire_reader_next(&r, 1024, &pl, &len, NULL, NULL));
+  CHECK(len == 2 && pl[0] == 0xB1 && pl[1] == 0xB2);
+  CHECK_OK(oi__wire_reader_next(&r, 1024, &pl, &len, NULL, NULL));
+  CHECK(len == 0);
+  CHECK_ST(oi__wire_reader_next(&r, 1024, &pl, &len, NULL, NULL), OI_PENDING);
+  /* A frame in three pieces (header split too): whole only at the end. */
+  uint8_t f[7] = {3, 0, 0, 0, 7, 8, 9};
+  CHECK_OK(oi__wire_send(sv[0], f, 2));
+  CHECK_OK(oi__wire_reader_fill(&r, sv[1], 1024, false, false));
+  CHECK_ST(oi__wire_reader_next(&r, 1024, &pl, &len, NULL, NULL), OI_PENDING);
+  CHECK_OK(oi__wire_send(sv[0], f + 2, 3));
+  CHECK_OK(oi__wire_reader_fill(&r, sv[1], 1024, false, false));
+  CHECK_ST(oi__wire_reader_next(&r, 1024, &pl, &len, NULL, NULL), OI_PENDING);
+  CHECK_OK(oi__wire_send(sv[0], f + 5, 2));
+  CHECK_OK(oi__wire_reader_fill(&r, sv[1], 1024, false, false));
+  CHECK_OK(oi__wire_reader_next(&r, 1024, &pl, &len, NULL, NULL));
+  CHECK(len == 3 && pl[0] == 7 && pl[2] == 9);
+  /* A frame of 200 KiB (over the 64 KiB buffer), written from a thread
+   * side by side: read whole, byte-exact. */
+  size_t big_n = 200u << 10;
+  uint8_t *big = malloc(big_n + 4);
+  REQUIRE(big);
+  big[0] = (uint8_t)big_n;
+  big[1] = (uint8_t)(big_n >> 8);
+  big[2] = (uint8_t)(big_n >> 16);
+  big[3] = 0;
+  for (size_t i = 0; i < big_n; i++)
+    big[4 + i] = (uint8_t)(i * 7);
+  int one = 1 << 20;
+  setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &one, sizeof one);
+  setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &one, sizeof one);
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    _exit(oi__wire_send(sv[0], big, big_n + 4) == OI_OK ? 0 : 1);
+  }
+  oi_status st;
+  while ((st = oi__wire_reader_next(&r, OI_WIRE_MAX_FRAME, &pl, &len, NULL, NULL)) == OI_PENDING)
+    REQUIRE(oi__wire_reader_fill(&r, sv[1], OI_WIRE_MAX_FRAME, false, false) == OI_OK);
+  CHECK_OK(st);
+  CHECK(len == big_n && memcmp(pl, big + 4, big_n) == 0);
+  CHECK(r.cap >= big_n + 4);
+  int wst = 0;
+  REQUIRE(waitpid(child, &wst, 0) == child);
+  CHECK(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+  free(big);
+  /* Descriptors: a plain frame, then one whose first byte carries one,
+   * read together (want_fds): the first frame has none, the second has it. */
+  int p[2];
+  REQUIRE(pipe(p) == 0);
+  uint8_t plain[5] = {1, 0, 0, 0, 0x11}, withfd[6] = {2, 0, 0, 0, 0x22, 0x23};
+  CHECK_OK(oi__wire_send(sv[0], plain, sizeof plain));
+  CHECK_OK(oi__wire_send_fd(sv[0], withfd, sizeof withfd, p[0]));
+  while (r.end - r.start < sizeof plain + sizeof withfd)
+    REQUIRE(oi__wire_reader_fill(&r, sv[1], 1024, true, false) == OI_OK);
+  CHECK_OK(oi__wire_reader_next(&r, 1024, &pl, &len, &got, &extra));
+  CHECK(len == 1 && pl[0] == 0x11 && got == -1 && extra == 0);
+  CHECK_OK(oi__wire_reader_next(&r, 1024, &pl, &len, &got, &extra));
+  CHECK(len == 2 && pl[0] == 0x22 && got >= 0 && got != p[0] && extra == 0 && fd_open(got));
+  if (got >= 0) close(got);
+  /* A descriptor left pending when the reader is reset is closed. */
+  CHECK_OK(oi__wire_send_fd(sv[0], plain, 1, p[1])); /* only the first header byte */
+  CHECK_OK(oi__wire_reader_fill(&r, sv[1], 1024, true, false));
+  CHECK(r.fd_pending && r.fd >= 0);
+  int pending_fd = r.fd;
+  oi__wire_reader_reset(&r);
+  CHECK(!r.fd_pending && r.fd == -1 && !fd_open(pending_fd));
+  close(p[0]);
+  close(p[1]);
+  /* An oversized length: PROTOCOL from the prefix. */
+  uint8_t over[4] = {0, 8, 0, 0}; /* 2048 */
+  CHECK_OK(oi__wire_send(sv[0], over, sizeof over));
+  CHECK_OK(oi__wire_reader_fill(&r, sv[1], 1024, false, false));
+  CHECK_ST(oi__wire_reader_next(&r, 1024, &pl, &len, NULL, NULL), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "exceeds the 1024-byte limit"));
+  oi__wire_reader_reset(&r);
+  /* The stream ends inside a frame, inside a header, at a boundary. */
+  CHECK_OK(oi__wire_send(sv[0], f, 5));
+  shutdown(sv[0], SHUT_WR);
+  CHECK_OK(oi__wire_reader_fill(&r, sv[1], 1024, false, false));
+  CHECK_ST(oi__wire_reader_fill(&r, sv[1], 1024, false, false), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "the stream ended inside a frame (1 of 3 bytes)"));
+  oi__wire_reader_reset(&r);
+  close(sv[0]);
+  close(sv[1]);
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  CHECK_OK(oi__wire_send(sv[0], f, 2));
+  close(sv[0]);
+  CHECK_OK(oi__wire_reader_fill(&r, sv[1], 1024, false, false));
+  CHECK_ST(oi__wire_reader_fill(&r, sv[1], 1024, false, false), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "inside a frame header"));
+  oi__wire_reader_reset(&r);
+  CHECK_ST(oi__wire_reader_fill(&r, sv[1], 1024, false, false), OI_ERR_CLOSED);
+  CHECK(strstr(oi_last_error(), "the peer closed the connection"));
+  close(sv[1]);
+  CHECK_ST(oi__wire_reader_fill(&r, -1, 1024, false, false), OI_ERR_IO);
+  oi__wire_reader_free(&r);
+}
+
 int main(void) {
   RUN_TEST(test_hashes_and_ids_over_the_limit);
   RUN_TEST(test_membership_bytes_over_the_limit);
@@ -476,6 +599,7 @@ int main(void) {
   RUN_TEST(test_the_encoder_refuses_an_oversized_frame);
   RUN_TEST(test_send_and_recv_errors);
   RUN_TEST(test_descriptors_with_a_frame);
+  RUN_TEST(test_buffered_reader);
   RUN_TEST(test_socket_paths_and_connect_errors);
   RUN_TEST(test_decode_edge_cases);
   TEST_EXIT();

@@ -96,8 +96,8 @@ uint32_t oi__xfer_resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir di
     }
   if (l->block_bytes / pieces >= OI_AUTO_DMA_PIECE_BYTES) return OI_XFER_DMA;
   if (l->block_bytes >= OI_AUTO_STAGE_BLOCK_BYTES) return OI_XFER_STAGED;
-  if (dir == OI_COPY_D2H && l->block_bytes / pieces >= OI_AUTO_SAVE_KERNEL_PIECE_BYTES)
-    return OI_XFER_DMA;
+  if (l->block_bytes / pieces >= OI_AUTO_SMALL_PIECE_BYTES)
+    return dir == OI_COPY_D2H ? OI_XFER_DMA : OI_XFER_STAGED;
   return OI_XFER_KERNEL;
 }
 

@@ -281,10 +281,84 @@ static void test_bad_arguments(void) {
   dt_rmtree(dir);
 }
 
+/* A checkpoint that cannot be written: its temporary file's name taken by a
+ * directory (the create fails), then its own name taken by a directory that
+ * is not empty (the rename fails). Each checkpoint fails OI_ERR_IO naming the
+ * file; the log, never reset, still holds every record, so after the close
+ * (whose checkpoint fails as well) and a reopen all NB blocks read back
+ * byte-exact. */
+static void test_checkpoint_cannot_be_written(void) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  char *tmp = dt_path(dir, "openinfer-disk.ckpt.tmp"), *ckpt = dt_path(dir, "openinfer-disk.ckpt");
+  char *inside = dt_path(ckpt, "x");
+  oi_disk *d = dt_open(dirs, 1, 4 * MiB, 0);
+  write_blocks(d);
+
+  REQUIRE(mkdir(tmp, 0700) == 0);
+  CHECK_ST(oi__disk_checkpoint(d), OI_ERR_IO);
+  CHECK(strstr(oi_last_error(), "create") && strstr(oi_last_error(), "openinfer-disk.ckpt.tmp"));
+  REQUIRE(rmdir(tmp) == 0);
+
+  unlink(ckpt);
+  REQUIRE(mkdir(ckpt, 0700) == 0);
+  int fd = open(inside, O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+  CHECK_ST(oi__disk_checkpoint(d), OI_ERR_IO);
+  CHECK(strstr(oi_last_error(), "rename to") && strstr(oi_last_error(), "openinfer-disk.ckpt"));
+  /* The store still serves and takes blocks. */
+  for (uint64_t i = 0; i < NB; i++)
+    CHECK_OK(dt_read(d, i));
+  oi__disk_close(d); /* its checkpoint fails too (logged) */
+  unlink(inside);
+  REQUIRE(rmdir(ckpt) == 0);
+  unlink(tmp);
+  reopen_check(dir, NB, 0);
+
+  free(inside);
+  free(tmp);
+  free(ckpt);
+  dt_rmtree(dir);
+}
+
+/* Directories that cannot be used: a path through a regular file (stat
+ * fails with ENOTDIR) and one whose parent is missing (mkdir fails): open
+ * refused OI_ERR_IO naming the directory, nothing created. */
+static void test_directories_that_cannot_be_made(void) {
+  char *dir = dt_mkdtemp();
+  char *file = dt_path(dir, "plain");
+  int fd = open(file, O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+  char *through = dt_path(file, "sub");
+  char *missing = dt_path(dir, "missing/sub");
+  oi_disk *d = NULL;
+  const char *dirs1[] = {through};
+  oi_disk_options o = {.dirs = dirs1, .num_dirs = 1, .capacity_bytes = 1 * MiB};
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_IO);
+  CHECK(d == NULL && strstr(oi_last_error(), "stat") && strstr(oi_last_error(), through) &&
+        strstr(oi_last_error(), "Not a directory"));
+  const char *dirs2[] = {missing};
+  o.dirs = dirs2;
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_IO);
+  CHECK(d == NULL && strstr(oi_last_error(), "cannot create the directory") &&
+        strstr(oi_last_error(), missing));
+  struct stat sb;
+  CHECK(stat(missing, &sb) != 0 && errno == ENOENT);
+  unlink(file);
+  free(file);
+  free(through);
+  free(missing);
+  dt_rmtree(dir);
+}
+
 int main(void) {
   RUN_TEST(test_checkpoint_damage);
   RUN_TEST(test_files_that_are_not_files);
   RUN_TEST(test_record_fields);
   RUN_TEST(test_bad_arguments);
+  RUN_TEST(test_checkpoint_cannot_be_written);
+  RUN_TEST(test_directories_that_cannot_be_made);
   TEST_EXIT();
 }

@@ -251,6 +251,99 @@ static void test_queue_full(void) {
   dt_rmtree(a);
 }
 
+static uint64_t file_size(const char *dir, const char *name) {
+  char *p = dt_path(dir, name);
+  struct stat sb;
+  REQUIRE(stat(p, &sb) == 0);
+  free(p);
+  return (uint64_t)sb.st_size;
+}
+
+/* Reopens dir: `want` blocks, nothing cut or dropped, keys [0, want) byte-exact. */
+static void reopen_holds(const char *dir, uint64_t want) {
+  const char *dirs[] = {dir};
+  oi_disk *d = dt_open(dirs, 1, 4 * MiB, 0);
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.blocks == want && s.torn_records_cut == 0 && s.bad_extents_dropped == 0);
+  for (uint64_t i = 0; i < want; i++)
+    CHECK_OK(dt_read(d, i));
+  oi__disk_close(d);
+}
+
+/* An append to the log that fails (EIO) or writes part of its record: the
+ * block is still written and served, the torn record is cut off the log,
+ * and a checkpoint is taken at once (the log no longer names every block):
+ * after it the log is its header alone, and a reopen finds every block. */
+static void test_log_append_fails(void) {
+  char *a = dt_mkdtemp();
+  const char *dirs[] = {a};
+  oi_disk *d = dt_open(dirs, 1, 4 * MiB, 0);
+  for (uint64_t i = 0; i < 3; i++)
+    CHECK_OK(dt_write(d, i));
+  CHECK(file_size(a, "openinfer-disk.log") == 4 * OI_DISK_RECORD_BYTES);
+  uint64_t ckpts = dt_stats(d).checkpoints;
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_LOG_WRITE, 0, 1, 0) == OI_OK);
+  CHECK_OK(dt_write(d, 3));
+  CHECK(oi__fault_fired(OI_FAULT_DISK_LOG_WRITE) == 1);
+  CHECK(dt_has(d, 3));
+  CHECK(dt_stats(d).checkpoints == ckpts + 1);
+  CHECK(file_size(a, "openinfer-disk.log") == OI_DISK_RECORD_BYTES);
+  /* 30 bytes of the record land: cut back to whole records, then the
+   * checkpoint. */
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_LOG_WRITE, 0, 1, 30) == OI_OK);
+  CHECK_OK(dt_write(d, 4));
+  CHECK(oi__fault_fired(OI_FAULT_DISK_LOG_WRITE) == 1);
+  CHECK(dt_stats(d).checkpoints == ckpts + 2);
+  CHECK(file_size(a, "openinfer-disk.log") == OI_DISK_RECORD_BYTES);
+  CHECK_OK(dt_write(d, 5)); /* appended as usual again */
+  CHECK(file_size(a, "openinfer-disk.log") == 2 * OI_DISK_RECORD_BYTES);
+  for (uint64_t i = 0; i < 6; i++)
+    CHECK_OK(dt_read(d, i));
+  oi__disk_close(d);
+  oi__fault_disarm_all();
+  reopen_holds(a, 6);
+  dt_rmtree(a);
+}
+
+/* Each fsync and fdatasync of the store failing (disk_sync): an explicit
+ * sync, and a checkpoint at each of its four steps (the data file, the new
+ * checkpoint, the directory, the log's reset). Each call fails OI_ERR_IO
+ * naming what failed; the store keeps serving, and after the fault a
+ * checkpoint succeeds and a reopen finds every block byte-exact. */
+static void test_sync_fails(void) {
+  char *a = dt_mkdtemp();
+  const char *dirs[] = {a};
+  oi_disk *d = dt_open(dirs, 1, 4 * MiB, 0);
+  for (uint64_t i = 0; i < 4; i++)
+    CHECK_OK(dt_write(d, i));
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_SYNC, 0, 1, 0) == OI_OK);
+  CHECK_ST(oi__disk_sync(d), OI_ERR_IO);
+  CHECK(strstr(oi_last_error(), "disk_sync") && strstr(oi_last_error(), a) &&
+        strstr(oi_last_error(), "Input/output error"));
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_SYNC, 1, 1, ENOSPC) == OI_OK); /* the log's */
+  CHECK_ST(oi__disk_sync(d), OI_ERR_IO);
+  CHECK(strstr(oi_last_error(), "No space left"));
+  const char *step[] = {"fdatasync", "openinfer-disk.ckpt.tmp", "fsync", "resetting"};
+  for (uint64_t k = 0; k < 4; k++) {
+    REQUIRE(oi__fault_arm(OI_FAULT_DISK_SYNC, k, 1, 0) == OI_OK);
+    CHECK_ST(oi__disk_checkpoint(d), OI_ERR_IO);
+    CHECK(oi__fault_fired(OI_FAULT_DISK_SYNC) == 1);
+    if (!strstr(oi_last_error(), step[k])) {
+      fprintf(stderr, "step %llu: %s\n", (unsigned long long)k, oi_last_error());
+      CHECK(false);
+    }
+    CHECK_OK(dt_read(d, k));
+  }
+  oi__fault_disarm_all();
+  CHECK_OK(oi__disk_sync(d));
+  CHECK_OK(oi__disk_checkpoint(d));
+  CHECK(file_size(a, "openinfer-disk.log") == OI_DISK_RECORD_BYTES);
+  CHECK_OK(dt_write(d, 4));
+  oi__disk_close(d);
+  reopen_holds(a, 5);
+  dt_rmtree(a);
+}
+
 int main(void) {
   if (!oi__fault_available()) TEST_SKIP("built without -Dfault_injection=true");
   unsetenv("OI_FAULTS");
@@ -261,5 +354,7 @@ int main(void) {
   RUN_TEST(test_no_room_at_open);
   RUN_TEST(test_reads_hold_their_blocks);
   RUN_TEST(test_queue_full);
+  RUN_TEST(test_log_append_fails);
+  RUN_TEST(test_sync_fails);
   TEST_EXIT();
 }

@@ -313,6 +313,8 @@ static void lru_push(oi_disk *d, entry *e) { /* most recently used end */
 
 /* ---- the logs (under lock) ---- */
 
+static oi_status log_reset(dfile *f, uint64_t gen);
+
 /* pwrite to a log; the disk_log_write fault writes `param` bytes of it
  * (0: none, EIO). */
 static ssize_t log_pwrite(int fd, const void *b, size_t n, off_t off) {
@@ -329,6 +331,11 @@ static ssize_t log_pwrite(int fd, const void *b, size_t n, off_t off) {
 
 static void log_append(oi_disk *d, uint32_t file, const oi_disk_record *r) {
   dfile *f = &d->files[file];
+  if (f->log_size == 0 && log_reset(f, f->log_gen) != OI_OK) { /* its header did not land */
+    OI_LOG(OI_LOG_WARN, "disk", "%s", oi_last_error());
+    d->ckpt_due = true;
+    return;
+  }
   uint8_t b[OI_DISK_RECORD_BYTES];
   oi__disk_record_encode(r, b);
   ssize_t n = log_pwrite(f->log_fd, b, sizeof b, (off_t)f->log_size);
@@ -406,12 +413,20 @@ static oi_status log_reset(dfile *f, uint64_t gen) {
   uint8_t b[OI_DISK_RECORD_BYTES];
   oi_disk_record r = {.type = OI_DISK_REC_HEADER, .seq = gen};
   oi__disk_record_encode(&r, b);
-  if (ftruncate(f->log_fd, 0) != 0 || log_pwrite(f->log_fd, b, sizeof b, 0) != (ssize_t)sizeof b ||
-      sync_file(f->log_fd, true) != 0)
+  if (ftruncate(f->log_fd, 0) != 0)
     return oi__fail(OI_ERR_IO, "disk: resetting %s: %s", f->log_path, strerror(errno));
+  /* Emptied, the file is of generation `gen` whatever fails next: appends
+   * follow what it holds (log_append writes a header that did not land). */
   f->log_gen = gen;
-  f->log_size = sizeof b;
+  f->log_size = 0;
   f->log_records = 0;
+  ssize_t w = log_pwrite(f->log_fd, b, sizeof b, 0);
+  if (w != (ssize_t)sizeof b)
+    return oi__fail(OI_ERR_IO, "disk: resetting %s: %s", f->log_path,
+                    w < 0 ? strerror(errno) : "short write");
+  f->log_size = sizeof b;
+  if (sync_file(f->log_fd, true) != 0)
+    return oi__fail(OI_ERR_IO, "disk: resetting %s: %s", f->log_path, strerror(errno));
   return OI_OK;
 }
 
@@ -446,6 +461,7 @@ static oi_status checkpoint_file(oi_disk *d, uint32_t fi) {
       oi__disk_record_encode(&r, buf + OI_DISK_CKPT_HEADER_BYTES + i++ * OI_DISK_RECORD_BYTES);
     }
   oi_status st = OI_OK;
+  bool renamed = false;
   int fd = open(f->ckpt_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     st = oi__fail(OI_ERR_IO, "disk: create %s: %s", f->ckpt_tmp, strerror(errno));
@@ -455,12 +471,20 @@ static oi_status checkpoint_file(oi_disk *d, uint32_t fi) {
     close(fd);
     if (st == OI_OK && rename(f->ckpt_tmp, f->ckpt_path) != 0)
       st = oi__fail(OI_ERR_IO, "disk: rename to %s: %s", f->ckpt_path, strerror(errno));
+    else if (st == OI_OK)
+      renamed = true;
     if (st == OI_OK) st = fsync_dir(f->dir);
   }
   oi__free(buf);
   /* A crash from here until the reset leaves a log of the old generation,
-   * which the next open skips: the checkpoint holds its records. */
-  if (st == OI_OK) st = log_reset(f, gen);
+   * which the next open skips: the checkpoint holds its records. Once
+   * renamed, the checkpoint is the one the next open reads even when its
+   * directory's fsync failed: the log starts its generation, or the records
+   * appended from now on would be skipped as older than it. */
+  if (renamed) {
+    oi_status rs = log_reset(f, gen);
+    if (st == OI_OK) st = rs;
+  }
   return st;
 }
 

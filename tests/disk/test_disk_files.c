@@ -353,6 +353,149 @@ static void test_directories_that_cannot_be_made(void) {
   dt_rmtree(dir);
 }
 
+/* Writes a log to dir: a HEADER of generation gen, then the records. */
+static void put_log(const char *dir, uint64_t gen, const oi_disk_record *recs, size_t n) {
+  uint8_t *b = calloc(n + 1, OI_DISK_RECORD_BYTES);
+  REQUIRE(b);
+  oi_disk_record h = {.type = OI_DISK_REC_HEADER, .seq = gen};
+  oi__disk_record_encode(&h, b);
+  for (size_t i = 0; i < n; i++)
+    oi__disk_record_encode(&recs[i], b + (i + 1) * OI_DISK_RECORD_BYTES);
+  char *log = dt_path(dir, "openinfer-disk.log");
+  spit_file(log, b, (n + 1) * OI_DISK_RECORD_BYTES);
+  free(log);
+  free(b);
+}
+
+static oi_disk_record add_rec(uint64_t key, uint64_t seq, uint64_t off, uint64_t len) {
+  return (oi_disk_record){
+      .type = OI_DISK_REC_ADD, .key = dt_key(key), .seq = seq, .offset = off, .length = len};
+}
+
+static oi_disk_record remove_rec(uint64_t key, uint64_t seq) {
+  return (oi_disk_record){.type = OI_DISK_REC_REMOVE, .key = dt_key(key), .seq = seq};
+}
+
+/* A fresh store's files in dir, then its checkpoint removed. */
+static char *empty_store(uint64_t cap) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  oi__disk_close(dt_open(dirs, 1, cap, 0));
+  char *ckpt = dt_path(dir, "openinfer-disk.ckpt");
+  unlink(ckpt);
+  free(ckpt);
+  return dir;
+}
+
+/* Logs whose records cannot all be true, written by hand: extents that are
+ * not sector aligned, empty, longer than the file, past its end, or whose
+ * header and payload pass it (each dropped and counted); a key added twice
+ * (the later sequence wins, whatever the order), a removal older than the
+ * block it names and one of an absent key (no effect); a second HEADER
+ * (replay stops there: it and the record after it are cut, and the log is
+ * cut back to the records before it). Blocks whose records survive but
+ * whose bytes were never written fail their header check when read:
+ * OI_ERR_IO and dropped, never served. */
+static void test_crafted_log(void) {
+  const uint64_t cap = 1 * MiB;
+  char *dir = empty_store(cap);
+  const char *dirs[] = {dir};
+  oi_disk_record recs[] = {
+      add_rec(1, 1, 4097, 100),               /* not sector aligned */
+      add_rec(2, 2, 0, 0),                    /* empty */
+      add_rec(3, 3, 0, cap + 1),              /* longer than the file */
+      add_rec(4, 4, cap + 4096, 100),         /* past the end */
+      add_rec(5, 5, cap - 4096, 100),         /* its header fits, its payload not */
+      add_rec(6, 10, 0, 100),                 /* kept */
+      add_rec(6, 9, 8192, 100),               /* older than the one before: ignored */
+      add_rec(7, 20, 16384, 100),             /* replaced by the next */
+      add_rec(7, 21, 24576, 100),             /* kept */
+      remove_rec(6, 8),                       /* older than key 6's block: no effect */
+      remove_rec(99, 30),                     /* nothing to remove */
+      {.type = OI_DISK_REC_HEADER, .seq = 7}, /* a header inside the log: the end */
+      add_rec(8, 40, 32768, 100),
+  };
+  put_log(dir, 7, recs, OI_ARRAY_LEN(recs));
+  oi_disk *d = dt_open(dirs, 1, cap, 0);
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.blocks == 2 && s.bad_extents_dropped == 5 && s.torn_records_cut == 2);
+  CHECK(s.bytes_used == 2 * 8192);
+  CHECK(dt_has(d, 6) && dt_has(d, 7) && !dt_has(d, 8) && !dt_has(d, 1) && !dt_has(d, 5));
+  char *log = dt_path(dir, "openinfer-disk.log");
+  struct stat sb;
+  CHECK(stat(log, &sb) == 0 && sb.st_size == 12 * OI_DISK_RECORD_BYTES);
+  uint64_t len = 0;
+  oi_disk_key k6 = dt_key(6);
+  CHECK_OK(oi__disk_length(d, &k6, &len));
+  CHECK(len == 100);
+  /* Never written: the reads fail their header check and drop the blocks. */
+  CHECK_ST(dt_read_len(d, 6, 100), OI_ERR_IO);
+  CHECK_ST(dt_read_len(d, 7, 100), OI_ERR_IO);
+  s = dt_stats(d);
+  CHECK(s.blocks == 0 && s.checksum_failures == 2 && !dt_has(d, 6) && !dt_has(d, 7));
+  /* The store takes new blocks over them. */
+  for (uint64_t i = 20; i < 24; i++)
+    CHECK_OK(dt_write(d, i));
+  for (uint64_t i = 20; i < 24; i++)
+    CHECK_OK(dt_read(d, i));
+  oi__disk_close(d);
+  free(log);
+  dt_rmtree(dir);
+}
+
+/* Two directories: a removal in the second directory's log of a key whose
+ * block the first holds removes nothing. */
+static void test_crafted_logs_of_two_directories(void) {
+  char *a = empty_store(1 * MiB), *b = empty_store(1 * MiB);
+  const char *dirs[] = {a, b};
+  oi_disk_record ra[] = {add_rec(6, 10, 0, 100)}, rb[] = {remove_rec(6, 50)};
+  put_log(a, 3, ra, 1);
+  put_log(b, 3, rb, 1);
+  oi_disk *d = dt_open(dirs, 2, 2 * MiB, 0);
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.blocks == 1 && s.bad_extents_dropped == 0 && s.torn_records_cut == 0 && dt_has(d, 6));
+  oi__disk_close(d);
+  dt_rmtree(a);
+  dt_rmtree(b);
+}
+
+/* Checkpoints and logs too short for their header, empty, or with a record
+ * a checkpoint cannot hold (a REMOVE). */
+static void test_short_and_odd_files(void) {
+  char *dir = store_with_checkpoint();
+  char *ckpt = dt_path(dir, "openinfer-disk.ckpt"), *log = dt_path(dir, "openinfer-disk.log");
+  size_t n = 0;
+  uint8_t *orig = slurp_file(ckpt, &n);
+  /* 10 bytes: no header, ignored and counted. */
+  spit_file(ckpt, orig, 10);
+  reopen_check(dir, 0, 1);
+  /* Empty: nothing to count. */
+  spit_file(ckpt, orig, 0);
+  reopen_check(dir, 0, 0);
+  /* The third record a REMOVE: that record cut, the other NB - 1 kept. */
+  uint8_t *b = malloc(n);
+  REQUIRE(b);
+  memcpy(b, orig, n);
+  oi_disk_record r;
+  REQUIRE(oi__disk_record_decode(b + OI_DISK_CKPT_HEADER_BYTES + 2 * OI_DISK_RECORD_BYTES, &r));
+  r.type = OI_DISK_REC_REMOVE;
+  oi__disk_record_encode(&r, b + OI_DISK_CKPT_HEADER_BYTES + 2 * OI_DISK_RECORD_BYTES);
+  spit_file(ckpt, b, n);
+  reopen_check(dir, NB - 1, 1);
+  /* The checkpoint intact, the log 10 bytes of garbage: discarded (one
+   * record's worth cut), every block kept; the log is started afresh. */
+  spit_file(ckpt, orig, n);
+  spit_file(log, (const uint8_t *)"0123456789", 10);
+  reopen_check(dir, NB, 1);
+  struct stat sb;
+  CHECK(stat(log, &sb) == 0 && sb.st_size == OI_DISK_RECORD_BYTES);
+  free(b);
+  free(orig);
+  free(ckpt);
+  free(log);
+  dt_rmtree(dir);
+}
+
 int main(void) {
   RUN_TEST(test_checkpoint_damage);
   RUN_TEST(test_files_that_are_not_files);
@@ -360,5 +503,8 @@ int main(void) {
   RUN_TEST(test_bad_arguments);
   RUN_TEST(test_checkpoint_cannot_be_written);
   RUN_TEST(test_directories_that_cannot_be_made);
+  RUN_TEST(test_crafted_log);
+  RUN_TEST(test_crafted_logs_of_two_directories);
+  RUN_TEST(test_short_and_odd_files);
   TEST_EXIT();
 }

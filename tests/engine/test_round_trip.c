@@ -674,6 +674,56 @@ static void test_destroying_an_engine_finishes_its_saves_and_loads(void) {
   etu_layout_free(&L2);
 }
 
+/* A host index of 1024 shards (more than the 64 a bit mask sorts, so a
+ * call's shards are sorted one by one, duplicates skipped): 200 blocks
+ * saved in one call with 8 hashes given twice, queried, leased and loaded
+ * byte-exact in one call, evicted in one call. */
+static void test_more_than_64_index_shards(void) {
+  enum { K = 200, NB = 2 * K + 16 };
+  etu_layout L;
+  etu_layout_simple(&L, 2, NB, 1024);
+  oi_host_options o;
+  REQUIRE(oi_host_options_init(&o) == OI_OK);
+  o.pool_bytes = 16 << 20;
+  o.device = OI_DEVICE_CPU;
+  o.index_shards = 1024;
+  oi_offload_host *h = NULL;
+  REQUIRE(oi_offload_host_create(&o, &h) == OI_OK);
+  oi_offload_engine *e = etu_engine_create(h, &L, "shards", 1);
+  static int64_t src[K + 8], dst[K];
+  static oi_block_hash hs[K + 8];
+  for (uint64_t j = 0; j < K; j++) {
+    src[j] = (int64_t)j;
+    dst[j] = (int64_t)(K + j);
+    hs[j] = etu_hash(1024, j);
+    etu_fill_block(&L, src[j], j, SEED);
+  }
+  for (uint64_t j = 0; j < 8; j++) { /* the same hashes again, from the same blocks */
+    src[K + j] = (int64_t)(j * 7);
+    hs[K + j] = hs[j * 7];
+  }
+  CHECK_OK(etu_save_wait(e, src, hs, K + 8));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  oi_host_stats st = etu_host_stats(h);
+  CHECK(st.blocks_sealed == K && st.saves_completed == K && st.saves_deduplicated == 8);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, "req", hs, K, &q));
+  CHECK(q.state == OI_QUERY_READY && q.hit_blocks == K);
+  CHECK_OK(etu_load_wait(e, q.lease, dst, K));
+  bool all = true;
+  for (uint64_t j = 0; j < K; j++)
+    all &= etu_block_matches(&L, dst[j], j, SEED, "1024 shards");
+  CHECK(all);
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == K);
+  CHECK_OK(etu_query(e, "req", hs, K, &q));
+  CHECK(q.hit_blocks == 0 && etu_lease_is_zero(q.lease));
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
 int main(void) {
   RUN_TEST(test_round_trip_four_arenas);
   RUN_TEST(test_round_trip_99_arenas_of_two_sizes);
@@ -688,5 +738,6 @@ int main(void) {
   RUN_TEST(test_fire_and_forget_save_calls_on_done_once_and_flush_covers_it);
   RUN_TEST(test_queries_see_only_complete_blocks_while_saves_land);
   RUN_TEST(test_destroying_an_engine_finishes_its_saves_and_loads);
+  RUN_TEST(test_more_than_64_index_shards);
   TEST_EXIT();
 }

@@ -375,6 +375,11 @@ static oi_status bad_describe(void *ctx, oi_model_desc *out) {
   if (bad_model_mode == 1) return oi__fail(OI_ERR_INTERNAL, "describe failed (test model)");
   if (bad_model_mode == 2) out->head_dim = 0;
   if (bad_model_mode == 3) out->head_dim = 1u << 22; /* 2^24+ bytes a token */
+  if (bad_model_mode == 5) out->num_layers = 0;
+  if (bad_model_mode == 6) out->num_kv_heads = 0;
+  if (bad_model_mode == 7) out->dtype_bytes = 0;
+  if (bad_model_mode == 8) out->vocab_size = 0;
+  if (bad_model_mode == 9) out->num_layers = 4097;
   return st;
 }
 static oi_status bad_bind(void *ctx, uint32_t rank, const oi_kv_layout *kv) {
@@ -473,6 +478,13 @@ static void test_bad_options_are_refused(void) {
       {"the KV arena size overflows"},
       {"executor host: struct_size 0"},
       {"rank 1: bind failed (test model)"},
+      {"model ops (describe, bind, forward) are required"},
+      {"model ops (describe, bind, forward) are required"},
+      {"the model describes an empty KV layout"},
+      {"the model describes an empty KV layout"},
+      {"the model describes an empty KV layout"},
+      {"the model describes an empty KV layout"},
+      {"the model describes an empty KV layout"},
   };
   int32_t devices[2] = {-1, -2};
   oi_host_options bad_ho = {.struct_size = 0};
@@ -505,6 +517,13 @@ static void test_bad_options_are_refused(void) {
     case 16: bad_model_mode = 3; break;
     case 17: o.offload = OI_OFFLOAD_EMBEDDED, o.host_options = &bad_ho; break;
     case 18: bad_model_mode = 4; break; /* rank 0 was set up: destroyed again */
+    case 19: ops.describe = NULL; break;
+    case 20: ops.bind = NULL; break;
+    case 21: bad_model_mode = 5; break; /* no layers */
+    case 22: bad_model_mode = 6; break; /* no KV heads */
+    case 23: bad_model_mode = 7; break; /* 0-byte elements */
+    case 24: bad_model_mode = 8; break; /* no vocabulary */
+    case 25: bad_model_mode = 9; break; /* 4097 layers */
     }
     oi_executor *x = (oi_executor *)&o;
     oi_status st = oi_executor_create(&o, &x);

@@ -196,6 +196,23 @@ static void test_send_and_recv_errors(void) {
   close(sv[0]);
   CHECK_ST(oi__wire_recv(sv[1], 1024, &buf, &cap, &len), OI_ERR_CLOSED);
   close(sv[1]);
+  /* The peer closed with bytes it never read (the kernel resets the
+   * connection: ECONNRESET): CLOSED, not an I/O error; sends after it too. */
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  CHECK_OK(oi__wire_send(sv[1], msg, sizeof msg));
+  close(sv[0]);
+  CHECK_ST(oi__wire_recv(sv[1], 1024, &buf, &cap, &len), OI_ERR_CLOSED);
+  CHECK(strstr(oi_last_error(), "closed the connection"));
+  CHECK_ST(oi__wire_send(sv[1], msg, sizeof msg), OI_ERR_CLOSED);
+  close(sv[1]);
+  /* A stream socket never connected (ENOTCONN): CLOSED, with and without
+   * a descriptor to pass. */
+  int lone = socket(AF_UNIX, SOCK_STREAM, 0);
+  REQUIRE(lone >= 0);
+  CHECK_ST(oi__wire_send(lone, msg, sizeof msg), OI_ERR_CLOSED);
+  CHECK(strstr(oi_last_error(), "the peer closed the connection"));
+  CHECK_ST(oi__wire_send_fd(lone, msg, sizeof msg, 0), OI_ERR_CLOSED);
+  close(lone);
   oi__free(buf);
 }
 

@@ -496,6 +496,58 @@ static void test_short_and_odd_files(void) {
   dt_rmtree(dir);
 }
 
+/* The store's files replaced by a FIFO, or owned by another user (root
+ * only): open refused OI_ERR_PERMISSION naming the file, each of the data
+ * file and the log; a NULL first directory; a log whose first record is an
+ * ADD (no header): discarded and counted, the store opens empty. */
+static void test_files_of_the_wrong_kind_or_owner(void) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  oi_disk_options o = {.dirs = dirs, .num_dirs = 1, .capacity_bytes = 1 * MiB};
+  oi_disk *d = NULL;
+  static const char *const names[] = {"openinfer-disk.data", "openinfer-disk.log"};
+  for (size_t k = 0; k < 2; k++) {
+    char *p = dt_path(dir, names[k]);
+    REQUIRE(mkfifo(p, 0600) == 0);
+    CHECK_ST(oi__disk_open(&o, &d), OI_ERR_PERMISSION);
+    CHECK(d == NULL && strstr(oi_last_error(), "is not a regular file this user owns") &&
+          strstr(oi_last_error(), names[k]));
+    unlink(p);
+    if (geteuid() == 0) {
+      int fd = open(p, O_CREAT | O_RDWR, 0600);
+      REQUIRE(fd >= 0);
+      close(fd);
+      REQUIRE(chown(p, 12345, 12345) == 0);
+      CHECK_ST(oi__disk_open(&o, &d), OI_ERR_PERMISSION);
+      CHECK(d == NULL && strstr(oi_last_error(), names[k]));
+      unlink(p);
+    }
+    free(p);
+  }
+  const char *null_first[] = {NULL};
+  o.dirs = null_first;
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK(d == NULL && strstr(oi_last_error(), "NULL directory"));
+  o.dirs = dirs;
+  /* A log that starts with an ADD. */
+  oi__disk_close(dt_open(dirs, 1, 1 * MiB, 0));
+  char *ckpt = dt_path(dir, "openinfer-disk.ckpt"), *log = dt_path(dir, "openinfer-disk.log");
+  unlink(ckpt);
+  oi_disk_record r = add_rec(1, 5, 0, 100);
+  uint8_t b[2 * OI_DISK_RECORD_BYTES];
+  oi__disk_record_encode(&r, b);
+  r = add_rec(2, 6, 8192, 100);
+  oi__disk_record_encode(&r, b + OI_DISK_RECORD_BYTES);
+  spit_file(log, b, sizeof b);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.blocks == 0 && s.torn_records_cut == 2 && !dt_has(d, 1) && !dt_has(d, 2));
+  oi__disk_close(d);
+  free(ckpt);
+  free(log);
+  dt_rmtree(dir);
+}
+
 int main(void) {
   RUN_TEST(test_checkpoint_damage);
   RUN_TEST(test_files_that_are_not_files);
@@ -506,5 +558,6 @@ int main(void) {
   RUN_TEST(test_crafted_log);
   RUN_TEST(test_crafted_logs_of_two_directories);
   RUN_TEST(test_short_and_odd_files);
+  RUN_TEST(test_files_of_the_wrong_kind_or_owner);
   TEST_EXIT();
 }

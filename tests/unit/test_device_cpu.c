@@ -135,6 +135,19 @@ static void test_fd_arena_refusals(void) {
   CHECK(strstr(oi_last_error(), "not a memfd"));
   close(pp[0]);
   close(pp[1]);
+  /* A regular file of a disk file system (no seals at all: F_GET_SEALS
+   * fails). */
+  char file_tmpl[] = "/var/tmp/oi-test-arena-XXXXXX";
+  int file = mkstemp(file_tmpl);
+  if (file >= 0) {
+    unlink(file_tmpl);
+    REQUIRE(ftruncate(file, 4096) == 0);
+    if (fcntl(file, F_GET_SEALS) < 0) {
+      CHECK_ST(oi__fd_arena_check(file, 4096, "t"), OI_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(oi_last_error(), "not a memfd that accepts seals"));
+    }
+    close(file);
+  }
   /* A memfd that takes no seals. */
   int plain = memfd_create("oi-test-plain", MFD_CLOEXEC);
   REQUIRE(plain >= 0 && ftruncate(plain, 4096) == 0);

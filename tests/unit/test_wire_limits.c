@@ -274,6 +274,16 @@ static void test_descriptors_with_a_frame(void) {
   CHECK_OK(oi__wire_recv_fd(sv[1], 1024, &buf, &cap, &len, &got, &extra));
   CHECK(got >= 0 && extra == 4); /* 3 closed + the truncation */
   close(got);
+  /* A receiver with SO_PASSCRED: the credentials message comes first and
+   * is skipped; it fills the room, so the kernel cuts the descriptor
+   * (counted). The frame arrives whole. */
+  int one = 1, zero = 0;
+  REQUIRE(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) == 0);
+  CHECK_OK(oi__wire_send_fd(sv[0], msg, sizeof msg, p[0]));
+  CHECK_OK(oi__wire_recv_fd(sv[1], 1024, &buf, &cap, &len, &got, &extra));
+  CHECK(len == 4 && buf[0] == 9 && buf[3] == 6);
+  CHECK(got == -1 && extra == 1);
+  REQUIRE(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &zero, sizeof zero) == 0);
   /* Descriptors on a frame over the limit: PROTOCOL, the one taken is the
    * caller's to close. */
   uint8_t big[4] = {0, 0, 1, 0}; /* 65536 bytes announced */

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 
 #include "engine_testutil.h"
+#include "host/host.h"
 
 #define SEED 0x0123456789ull
 
@@ -724,6 +725,85 @@ static void test_more_than_64_index_shards(void) {
   etu_layout_free(&L);
 }
 
+/* The host's watcher (the cluster tier's hook): told of every block sealed
+ * and evicted, with its namespace and hash; a second watcher refused while
+ * one is set; one without an eviction hook hears only seals; cleared, it
+ * hears nothing; its destroy hook runs once, at the host's destroy. */
+typedef struct watch_log {
+  int sealed, evicted, destroyed;
+  uint32_t ns;
+  bool hashes_ok;
+  const oi_block_hash *want;
+  size_t n_want;
+} watch_log;
+
+static bool known_hash(const watch_log *w, const oi_block_hash *h) {
+  for (size_t i = 0; i < w->n_want; i++)
+    if (!memcmp(w->want[i].bytes, h->bytes, sizeof h->bytes)) return true;
+  return false;
+}
+static void watch_sealed(void *ctx, uint32_t ns, const oi_block_hash *h) {
+  watch_log *w = ctx;
+  w->sealed++;
+  w->hashes_ok &= ns == w->ns && known_hash(w, h);
+}
+static void watch_evicted(void *ctx, uint32_t ns, const oi_block_hash *h) {
+  watch_log *w = ctx;
+  w->evicted++;
+  w->hashes_ok &= ns == w->ns && known_hash(w, h);
+}
+static void watch_destroyed(void *ctx) { ((watch_log *)ctx)->destroyed++; }
+
+static void test_host_watcher(void) {
+  etu_layout L;
+  etu_layout_simple(&L, 2, 16, 2048);
+  oi_offload_host *h = etu_host_create(8 << 20);
+  oi_offload_engine *e = etu_engine_create(h, &L, "watched", 1);
+  oi_host_ns ns;
+  REQUIRE(oi__host_find_namespace(h, "watched", &ns));
+  oi_block_hash hs[12];
+  int64_t ids[12];
+  for (int j = 0; j < 12; j++) {
+    hs[j] = etu_hash(77, (uint64_t)j);
+    ids[j] = j;
+  }
+  watch_log w = {.ns = ns.id, .hashes_ok = true, .want = hs, .n_want = 12};
+  CHECK(oi__host_watcher(h) == NULL);
+  oi_host_watch hw = {.sealed = watch_sealed, .evicted = watch_evicted, .ctx = &w};
+  CHECK_OK(oi__host_set_watch(h, &hw));
+  CHECK(oi__host_watcher(h) == &w);
+  CHECK_ST(oi__host_set_watch(h, &hw), OI_ERR_STATE);
+  CHECK(strstr(oi_last_error(), "a watcher is set on this host already"));
+  CHECK_OK(etu_save_wait(e, ids, hs, 4));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == 4 && w.sealed == 4 && w.evicted == 4 && w.hashes_ok);
+  /* Seals only. */
+  CHECK_OK(oi__host_set_watch(h, NULL));
+  CHECK(oi__host_watcher(h) == NULL);
+  hw.evicted = NULL;
+  CHECK_OK(oi__host_set_watch(h, &hw));
+  CHECK_OK(etu_save_wait(e, ids + 4, hs + 4, 4));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == 4 && w.sealed == 8 && w.evicted == 4 && w.hashes_ok);
+  /* Cleared: nothing heard. */
+  CHECK_OK(oi__host_set_watch(h, NULL));
+  CHECK_OK(etu_save_wait(e, ids + 8, hs + 8, 4));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK(w.sealed == 8);
+  /* The destroy hook: once, when the host goes (not at a clear). */
+  hw.evicted = watch_evicted;
+  hw.destroy = watch_destroyed;
+  CHECK_OK(oi__host_set_watch(h, &hw));
+  CHECK(w.destroyed == 0);
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  CHECK(w.destroyed == 1 && w.hashes_ok);
+  etu_layout_free(&L);
+}
+
 int main(void) {
   RUN_TEST(test_round_trip_four_arenas);
   RUN_TEST(test_round_trip_99_arenas_of_two_sizes);
@@ -739,5 +819,6 @@ int main(void) {
   RUN_TEST(test_queries_see_only_complete_blocks_while_saves_land);
   RUN_TEST(test_destroying_an_engine_finishes_its_saves_and_loads);
   RUN_TEST(test_more_than_64_index_shards);
+  RUN_TEST(test_host_watcher);
   TEST_EXIT();
 }

@@ -804,6 +804,69 @@ static void test_host_watcher(void) {
   etu_layout_free(&L);
 }
 
+/* A lower tier (the disk tier's hooks) that takes its spills late: 5000
+ * blocks sealed while it takes none queue past the queue's first 4096
+ * entries and none is lost (nothing counted as overflow); taken 64 at a
+ * time they are exactly the 5000 saved, each with its block size; ended,
+ * they are held below and still evictable. A second lower tier is refused;
+ * the first one's destroy hook runs once, at the host's destroy. */
+static int lower_destroyed;
+static void lower_destroy(void *ctx) {
+  (void)ctx;
+  lower_destroyed++;
+}
+
+static void test_a_lower_tier_that_takes_its_spills_late(void) {
+  enum { N = 5000, CALL = 500 };
+  etu_layout L;
+  etu_layout_simple(&L, 1, N, 1024);
+  oi_offload_host *h = etu_host_create_wm(16 << 20, 0, 0, 1.0f, 0.9f);
+  int ctx = 0;
+  lower_destroyed = 0;
+  CHECK_OK(oi__host_attach_lower(h, &ctx, lower_destroy));
+  CHECK_ST(oi__host_attach_lower(h, &ctx, lower_destroy), OI_ERR_STATE);
+  CHECK(strstr(oi_last_error(), "a lower tier is attached to this host already"));
+  CHECK(oi__host_lower(h) == &ctx);
+  oi_offload_engine *e = etu_engine_create(h, &L, "below", 1);
+  static oi_block_hash hs[N];
+  static int64_t ids[N];
+  static bool seen[N], ok[64];
+  for (int j = 0; j < N; j++) {
+    hs[j] = etu_hash(4242, (uint64_t)j);
+    ids[j] = j;
+    seen[j] = false;
+  }
+  for (int j = 0; j < N; j += CALL)
+    CHECK_OK(etu_save_wait(e, ids + j, hs + j, CALL));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK(oi__host_spill_backlog(h) == N && oi__host_spill_overflow(h) == 0);
+  oi_host_spill sp[64];
+  size_t taken = 0, got;
+  bool all_ok = true;
+  while ((got = oi__host_spill_take(h, sp, 64, 0)) > 0) {
+    for (size_t i = 0; i < got; i++) {
+      int at = -1;
+      for (int k = 0; k < N && at < 0; k++)
+        if (!memcmp(hs[k].bytes, sp[i].hash.bytes, sizeof hs[k].bytes)) at = k;
+      all_ok &= at >= 0 && !seen[at] && sp[i].bytes == L.block_bytes && sp[i].data != NULL;
+      if (at >= 0) seen[at] = true;
+      ok[i] = true;
+    }
+    oi__host_spill_end(h, sp, got, ok);
+    taken += got;
+  }
+  CHECK(taken == N && all_ok);
+  CHECK(oi__host_spill_backlog(h) == 0 && oi__host_spill_overflow(h) == 0);
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == N);
+  oi_offload_engine_destroy(e);
+  CHECK(lower_destroyed == 0);
+  oi_offload_host_destroy(h);
+  CHECK(lower_destroyed == 1);
+  etu_layout_free(&L);
+}
+
 int main(void) {
   RUN_TEST(test_round_trip_four_arenas);
   RUN_TEST(test_round_trip_99_arenas_of_two_sizes);
@@ -820,5 +883,6 @@ int main(void) {
   RUN_TEST(test_destroying_an_engine_finishes_its_saves_and_loads);
   RUN_TEST(test_more_than_64_index_shards);
   RUN_TEST(test_host_watcher);
+  RUN_TEST(test_a_lower_tier_that_takes_its_spills_late);
   TEST_EXIT();
 }

@@ -4,6 +4,8 @@
  * that is a symbolic link or a directory; a data file larger than its
  * share. Blocks that survive read back byte-exact; what was lost is counted
  * (torn_records_cut), never served. Also an explicit sync. */
+#include <xxhash.h>
+
 #include "disk_util.h"
 
 #define NB 12u
@@ -586,6 +588,74 @@ static void test_buffers_the_ring_refuses(void) {
   dt_rmtree(dir);
 }
 
+/* An index that names the wrong bytes (a log written by hand over real
+ * blocks): a key pointed at another block's extent, a length, checksum or
+ * sequence that is not its header's, an extent that starts inside a
+ * payload (no header there), a header of another format version (its own
+ * checksum good). Each read fails its header check: OI_ERR_IO, the block
+ * dropped and counted (what landed in the destination is not a result). */
+static void test_an_index_that_names_the_wrong_bytes(void) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  oi_disk *d = dt_open(dirs, 1, 1 * MiB, 0);
+  for (uint64_t i = 0; i < 7; i++)
+    CHECK_OK(dt_write_len(d, i, 3000));
+  char *log = dt_path(dir, "openinfer-disk.log"), *data = dt_path(dir, "openinfer-disk.data");
+  size_t n = 0;
+  uint8_t *lb = slurp_file(log, &n);
+  REQUIRE(n == 8 * OI_DISK_RECORD_BYTES);
+  oi_disk_record rec[7];
+  for (int i = 0; i < 7; i++) {
+    REQUIRE(oi__disk_record_decode(lb + (size_t)(i + 1) * OI_DISK_RECORD_BYTES, &rec[i]));
+    REQUIRE(rec[i].offset == (uint64_t)i * 8192 && rec[i].length == 3000);
+  }
+  oi__disk_close(d);
+  char *ckpt = dt_path(dir, "openinfer-disk.ckpt");
+  unlink(ckpt);
+  /* Block 6's header: format version 2, its checksum made good again. */
+  int fd = open(data, O_RDWR);
+  REQUIRE(fd >= 0);
+  uint8_t h[80];
+  REQUIRE(pread(fd, h, sizeof h, 6 * 8192) == (ssize_t)sizeof h);
+  h[8] = 2;
+  uint64_t sum = XXH3_64bits(h, 72);
+  memcpy(h + 72, &sum, 8); /* little-endian, as the store writes it */
+  REQUIRE(pwrite(fd, h, sizeof h, 6 * 8192) == (ssize_t)sizeof h);
+  close(fd);
+  oi_disk_record bad[6] = {rec[0], rec[1], rec[2], rec[3], rec[4], rec[6]};
+  bad[0].key = dt_key(10); /* key 10 at block 0's extent */
+  bad[1].length = 2999;    /* a length its header does not say */
+  bad[2].payload_xxh ^= 1; /* nor its checksum */
+  bad[3].seq += 1000;      /* nor its sequence */
+  bad[4].offset += 4096;   /* inside block 4's payload: no header */
+  put_log(dir, 9, bad, 6); /* (block 5 left out: block 4's extent overlaps it now) */
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.blocks == 6 && s.bad_extents_dropped == 0 && s.torn_records_cut == 0);
+  static const uint64_t keys[6] = {10, 1, 2, 3, 4, 6};
+  uint8_t *buf = aligned_alloc(4096, 8192);
+  REQUIRE(buf);
+  for (int i = 0; i < 6; i++) {
+    memset(buf, 0xEE, 8192);
+    oi_disk_key k = dt_key(keys[i]);
+    dt_wait w;
+    dt_wait_init(&w);
+    CHECK_OK(oi__disk_read(d, &k, buf, 8192, dt_cb, &w));
+    CHECK_ST(dt_wait_done(&w), OI_ERR_IO);
+    CHECK(strstr(w.msg, "does not verify") && strstr(w.msg, "the block is dropped"));
+    CHECK(!dt_has(d, keys[i]));
+  }
+  free(buf);
+  s = dt_stats(d);
+  CHECK(s.blocks == 0 && s.checksum_failures == 6 && s.reads_failed == 6 && s.reads_ok == 0);
+  oi__disk_close(d);
+  free(lb);
+  free(ckpt);
+  free(log);
+  free(data);
+  dt_rmtree(dir);
+}
+
 int main(void) {
   RUN_TEST(test_checkpoint_damage);
   RUN_TEST(test_files_that_are_not_files);
@@ -598,5 +668,6 @@ int main(void) {
   RUN_TEST(test_short_and_odd_files);
   RUN_TEST(test_files_of_the_wrong_kind_or_owner);
   RUN_TEST(test_buffers_the_ring_refuses);
+  RUN_TEST(test_an_index_that_names_the_wrong_bytes);
   TEST_EXIT();
 }

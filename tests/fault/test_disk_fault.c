@@ -368,14 +368,14 @@ static void spit(const char *dir, const char *name, const uint8_t *b, size_t n) 
 
 /* A checkpoint that fails after its file was renamed into place (the
  * directory's fsync fails, the log's reset fails to sync, or to write its
- * header), then a block written
+ * header, and the next append's header write as well), then a block written
  * and synced, then a crash (the log and checkpoint as they were after the
  * sync, the close's checkpoint undone): the synced block is found after
  * the reopen, with the blocks before it. (Before the fix the log kept the
  * old generation, or its old length after a reset, and the block was lost:
  * the log was discarded as older than the checkpoint, or cut at a hole.) */
 static void test_crash_after_a_failed_checkpoint(void) {
-  for (uint64_t step = 2; step < 5; step++) {
+  for (uint64_t step = 2; step < 6; step++) {
     char *a = dt_mkdtemp();
     const char *dirs[] = {a};
     oi_disk *d = dt_open(dirs, 1, 4 * MiB, 0);
@@ -383,12 +383,14 @@ static void test_crash_after_a_failed_checkpoint(void) {
       CHECK_OK(dt_write(d, i));
     if (step < 4)
       REQUIRE(oi__fault_arm(OI_FAULT_DISK_SYNC, step, 1, 0) == OI_OK);
-    else
-      REQUIRE(oi__fault_arm(OI_FAULT_DISK_LOG_WRITE, 0, 1, 0) == OI_OK);
+    else /* step 5: the next append's header write fails too (a checkpoint follows) */
+      REQUIRE(oi__fault_arm(OI_FAULT_DISK_LOG_WRITE, 0, step == 4 ? 1 : 2, 0) == OI_OK);
     CHECK_ST(oi__disk_checkpoint(d), OI_ERR_IO);
     CHECK(strstr(oi_last_error(), step == 2 ? "fsync" : "resetting"));
-    oi__fault_disarm_all();
+    uint64_t ckpts = dt_stats(d).checkpoints;
     CHECK_OK(dt_write(d, 4));
+    CHECK(dt_stats(d).checkpoints == ckpts + (step == 5));
+    oi__fault_disarm_all();
     CHECK_OK(oi__disk_sync(d));
     size_t nlog, nckpt;
     uint8_t *log = slurp(a, "openinfer-disk.log", &nlog);

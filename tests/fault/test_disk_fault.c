@@ -463,6 +463,39 @@ static void test_no_fallocate_and_an_unsyncable_log(void) {
   dt_rmtree(a);
 }
 
+/* Buffers registered while a read is in flight (disk_read_slow 300 ms):
+ * the registration waits for the read to end (no new operation starts
+ * meanwhile), then reads and writes go on, byte-exact. */
+static void test_register_while_a_read_is_in_flight(void) {
+  char *a = dt_mkdtemp();
+  const char *dirs[] = {a};
+  oi_disk *d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK_OK(dt_write_len(d, 0, 5000));
+  uint8_t *buf = aligned_alloc(4096, 8192);
+  REQUIRE(buf);
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ_SLOW, 0, 1, 300) == OI_OK);
+  oi_disk_key k = dt_key(0);
+  dt_wait w;
+  dt_wait_init(&w);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  CHECK_OK(oi__disk_read(d, &k, buf, 8192, dt_cb, &w));
+  CHECK_OK(oi__disk_register_buffers(d, NULL, 0));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+  CHECK(ms >= 290);
+  CHECK_OK(dt_wait_done(&w));
+  CHECK(dt_check(buf, 0, 5000));
+  CHECK(oi__fault_fired(OI_FAULT_DISK_READ_SLOW) == 1);
+  oi__fault_disarm_all();
+  CHECK_OK(dt_write_len(d, 1, 7000));
+  CHECK_OK(dt_read_len(d, 1, 7000));
+  CHECK_OK(dt_read_len(d, 0, 5000));
+  free(buf);
+  oi__disk_close(d);
+  dt_rmtree(a);
+}
+
 int main(void) {
   if (!oi__fault_available()) TEST_SKIP("built without -Dfault_injection=true");
   unsetenv("OI_FAULTS");
@@ -477,5 +510,6 @@ int main(void) {
   RUN_TEST(test_sync_fails);
   RUN_TEST(test_crash_after_a_failed_checkpoint);
   RUN_TEST(test_no_fallocate_and_an_unsyncable_log);
+  RUN_TEST(test_register_while_a_read_is_in_flight);
   TEST_EXIT();
 }

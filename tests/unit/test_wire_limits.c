@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/fault.h"
 #include "proto/wire.h"
 #include "testutil.h"
 
@@ -205,6 +206,26 @@ static void test_send_and_recv_errors(void) {
   CHECK(strstr(oi_last_error(), "closed the connection"));
   CHECK_ST(oi__wire_send(sv[1], msg, sizeof msg), OI_ERR_CLOSED);
   close(sv[1]);
+  /* Injected faults (fault-injection builds): sends of one byte at a time
+   * (sock_short with no size) still deliver the frame whole; a reset after
+   * more bytes than the frame has sends it whole, then fails CLOSED. */
+  if (oi__fault_available()) {
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    REQUIRE(oi__fault_arm(OI_FAULT_SOCK_SHORT, 0, 1, 0) == OI_OK);
+    CHECK_OK(oi__wire_send(sv[0], msg, sizeof msg));
+    CHECK(oi__fault_fired(OI_FAULT_SOCK_SHORT) == 1);
+    CHECK_OK(oi__wire_recv(sv[1], 1024, &buf, &cap, &len));
+    CHECK(len == 4 && buf[0] == 1 && buf[3] == 4);
+    REQUIRE(oi__fault_arm(OI_FAULT_SOCK_RESET, 0, 1, 1000) == OI_OK);
+    CHECK_ST(oi__wire_send(sv[0], msg, sizeof msg), OI_ERR_CLOSED);
+    CHECK(strstr(oi_last_error(), "connection reset (injected fault)"));
+    CHECK_OK(oi__wire_recv(sv[1], 1024, &buf, &cap, &len));
+    CHECK(len == 4 && buf[3] == 4);
+    CHECK_ST(oi__wire_recv(sv[1], 1024, &buf, &cap, &len), OI_ERR_CLOSED);
+    oi__fault_disarm_all();
+    close(sv[0]);
+    close(sv[1]);
+  }
   /* A stream socket never connected (ENOTCONN): CLOSED, with and without
    * a descriptor to pass. */
   int lone = socket(AF_UNIX, SOCK_STREAM, 0);

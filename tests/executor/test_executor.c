@@ -380,6 +380,7 @@ static oi_status bad_describe(void *ctx, oi_model_desc *out) {
   if (bad_model_mode == 7) out->dtype_bytes = 0;
   if (bad_model_mode == 8) out->vocab_size = 0;
   if (bad_model_mode == 9) out->num_layers = 4097;
+  if (bad_model_mode == 10) out->model_id = NULL;
   return st;
 }
 static oi_status bad_bind(void *ctx, uint32_t rank, const oi_kv_layout *kv) {
@@ -664,6 +665,43 @@ static void test_bad_input_is_refused(void) {
   oi_executor_destroy(NULL);
 }
 
+/* The host namespace an executor saves in when none is named (NULL or
+ * empty): "oi-executor/" and the model's id, or "unnamed-model" for a
+ * model that gives none. */
+static bool host_has_namespace(const char *name) {
+  oi_host_stats hs = {.struct_size = sizeof hs};
+  REQUIRE(oi_offload_host_stats(host, &hs) == OI_OK);
+  for (uint32_t i = 0; i < hs.namespaces; i++) {
+    oi_namespace_stats ns = {.struct_size = sizeof ns};
+    if (oi_offload_host_namespace_stats(host, i, &ns) == OI_OK && !strcmp(ns.name, name))
+      return true;
+  }
+  return false;
+}
+
+static void test_default_namespaces(void) {
+  oi_model_desc d = {.struct_size = sizeof d};
+  REQUIRE(model_ops.describe(model_ctx, &d) == OI_OK && d.model_id);
+  char want[300];
+  snprintf(want, sizeof want, "oi-executor/%s", d.model_id);
+  oi_executor *x = make_executor(1, OI_OFFLOAD_EMBEDDED, "");
+  CHECK(host_has_namespace(want));
+  oi_executor_destroy(x);
+  CHECK(!host_has_namespace("oi-executor/unnamed-model"));
+  oi_executor_options o;
+  exec_options(&o, OI_OFFLOAD_EMBEDDED);
+  o.host = host;
+  oi_model_ops ops = model_ops;
+  ops.describe = bad_describe;
+  o.model = &ops;
+  bad_model_mode = 10;
+  x = NULL;
+  CHECK_OK(oi_executor_create(&o, &x));
+  bad_model_mode = 0;
+  CHECK(host_has_namespace("oi-executor/unnamed-model"));
+  oi_executor_destroy(x);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s embedded | sidecar OPENINFER_EXE\n", argv[0]);
@@ -695,6 +733,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_bad_options_are_refused);
   RUN_TEST(test_two_restores_of_one_prompt);
   if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_a_waiting_request_holds_no_blocks);
+  if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_default_namespaces);
   if (mode == OI_OFFLOAD_SIDECAR) server_stop(&server);
   oi_offload_host_destroy(host);
   oi_refmodel_destroy(model_ctx);

@@ -34,6 +34,8 @@ static const char *const names[OI_FAULT_POINTS] = {
     [OI_FAULT_SESSION_START] = "session_start",
     [OI_FAULT_LEASE_ALLOC] = "lease_alloc",
     [OI_FAULT_RESERVE_GAP] = "reserve_gap",
+    [OI_FAULT_DISK_SYNC] = "disk_sync",
+    [OI_FAULT_DISK_LOG_WRITE] = "disk_log_write",
 };
 
 static oi_status arm_spec(const char *spec,

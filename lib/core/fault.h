@@ -47,6 +47,11 @@
  *   reserve_gap     a save that must evict for a slot sleeps `param` ms with
  *                   its shard unlocked (another saver may insert the same
  *                   hash meanwhile)
+ *   disk_sync       an fsync or fdatasync of the disk tier's files (data, log,
+ *                   checkpoint, directory) fails with errno `param` (EIO if 0)
+ *   disk_log_write  a write to the disk tier's log (a record appended, or the
+ *                   header of a log started afresh) writes `param` bytes of
+ *                   it (0: none, it fails with EIO)
  */
 #ifndef OI_CORE_FAULT_H
 #define OI_CORE_FAULT_H
@@ -78,6 +83,8 @@ typedef enum oi_fault_point {
   OI_FAULT_SESSION_START,
   OI_FAULT_LEASE_ALLOC,
   OI_FAULT_RESERVE_GAP,
+  OI_FAULT_DISK_SYNC,
+  OI_FAULT_DISK_LOG_WRITE,
   OI_FAULT_POINTS
 } oi_fault_point;
 

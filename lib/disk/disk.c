@@ -313,11 +313,32 @@ static void lru_push(oi_disk *d, entry *e) { /* most recently used end */
 
 /* ---- the logs (under lock) ---- */
 
+static oi_status log_reset(dfile *f, uint64_t gen);
+
+/* pwrite to a log; the disk_log_write fault writes `param` bytes of it
+ * (0: none, EIO). */
+static ssize_t log_pwrite(int fd, const void *b, size_t n, off_t off) {
+  uint64_t cut = 0;
+  if (OI_FAULT(OI_FAULT_DISK_LOG_WRITE, &cut)) {
+    if (!cut) {
+      errno = EIO;
+      return -1;
+    }
+    n = OI_MIN((size_t)cut, n);
+  }
+  return pwrite(fd, b, n, off);
+}
+
 static void log_append(oi_disk *d, uint32_t file, const oi_disk_record *r) {
   dfile *f = &d->files[file];
+  if (f->log_size == 0 && log_reset(f, f->log_gen) != OI_OK) { /* its header did not land */
+    OI_LOG(OI_LOG_WARN, "disk", "%s", oi_last_error());
+    d->ckpt_due = true;
+    return;
+  }
   uint8_t b[OI_DISK_RECORD_BYTES];
   oi__disk_record_encode(r, b);
-  ssize_t n = pwrite(f->log_fd, b, sizeof b, (off_t)f->log_size);
+  ssize_t n = log_pwrite(f->log_fd, b, sizeof b, (off_t)f->log_size);
   if (n != (ssize_t)sizeof b) {
     /* The block stays served until a restart; the next checkpoint records it. */
     OI_LOG(OI_LOG_WARN, "disk", "appending to %s failed: %s", f->log_path,
@@ -355,10 +376,21 @@ static void entry_drop(oi_disk *d, entry *e, bool log) {
 
 /* ---- checkpoints (under lock) ---- */
 
+/* fdatasync (data_only) or fsync of one of the store's files; the
+ * disk_sync fault fails it with its errno. */
+static int sync_file(int fd, bool data_only) {
+  uint64_t err = 0;
+  if (OI_FAULT(OI_FAULT_DISK_SYNC, &err)) {
+    errno = err ? (int)err : EIO;
+    return -1;
+  }
+  return data_only ? fdatasync(fd) : fsync(fd);
+}
+
 static oi_status fsync_dir(const char *dir) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return oi__fail(OI_ERR_IO, "disk: open %s: %s", dir, strerror(errno));
-  int rc = fsync(fd);
+  int rc = sync_file(fd, false);
   close(fd);
   return rc ? oi__fail(OI_ERR_IO, "disk: fsync %s: %s", dir, strerror(errno)) : OI_OK;
 }
@@ -381,19 +413,27 @@ static oi_status log_reset(dfile *f, uint64_t gen) {
   uint8_t b[OI_DISK_RECORD_BYTES];
   oi_disk_record r = {.type = OI_DISK_REC_HEADER, .seq = gen};
   oi__disk_record_encode(&r, b);
-  if (ftruncate(f->log_fd, 0) != 0 || write_all(f->log_fd, b, sizeof b, 0) != OI_OK ||
-      fdatasync(f->log_fd) != 0)
+  if (ftruncate(f->log_fd, 0) != 0)
     return oi__fail(OI_ERR_IO, "disk: resetting %s: %s", f->log_path, strerror(errno));
+  /* Emptied, the file is of generation `gen` whatever fails next: appends
+   * follow what it holds (log_append writes a header that did not land). */
   f->log_gen = gen;
-  f->log_size = sizeof b;
+  f->log_size = 0;
   f->log_records = 0;
+  ssize_t w = log_pwrite(f->log_fd, b, sizeof b, 0);
+  if (w != (ssize_t)sizeof b)
+    return oi__fail(OI_ERR_IO, "disk: resetting %s: %s", f->log_path,
+                    w < 0 ? strerror(errno) : "short write");
+  f->log_size = sizeof b;
+  if (sync_file(f->log_fd, true) != 0)
+    return oi__fail(OI_ERR_IO, "disk: resetting %s: %s", f->log_path, strerror(errno));
   return OI_OK;
 }
 
 static oi_status checkpoint_file(oi_disk *d, uint32_t fi) {
   dfile *f = &d->files[fi];
   /* The blocks the checkpoint names are durable before it is. */
-  if (fdatasync(f->data_fd) != 0)
+  if (sync_file(f->data_fd, true) != 0)
     return oi__fail(OI_ERR_IO, "disk: fdatasync %s: %s", f->data_path, strerror(errno));
   size_t n = 0;
   for (entry *e = d->lru_head; e; e = e->lnext)
@@ -421,21 +461,30 @@ static oi_status checkpoint_file(oi_disk *d, uint32_t fi) {
       oi__disk_record_encode(&r, buf + OI_DISK_CKPT_HEADER_BYTES + i++ * OI_DISK_RECORD_BYTES);
     }
   oi_status st = OI_OK;
+  bool renamed = false;
   int fd = open(f->ckpt_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     st = oi__fail(OI_ERR_IO, "disk: create %s: %s", f->ckpt_tmp, strerror(errno));
   } else {
-    if (write_all(fd, buf, bytes, 0) != OI_OK || fsync(fd) != 0)
+    if (write_all(fd, buf, bytes, 0) != OI_OK || sync_file(fd, false) != 0)
       st = oi__fail(OI_ERR_IO, "disk: write %s: %s", f->ckpt_tmp, strerror(errno));
     close(fd);
     if (st == OI_OK && rename(f->ckpt_tmp, f->ckpt_path) != 0)
       st = oi__fail(OI_ERR_IO, "disk: rename to %s: %s", f->ckpt_path, strerror(errno));
+    else if (st == OI_OK)
+      renamed = true;
     if (st == OI_OK) st = fsync_dir(f->dir);
   }
   oi__free(buf);
   /* A crash from here until the reset leaves a log of the old generation,
-   * which the next open skips: the checkpoint holds its records. */
-  if (st == OI_OK) st = log_reset(f, gen);
+   * which the next open skips: the checkpoint holds its records. Once
+   * renamed, the checkpoint is the one the next open reads even when its
+   * directory's fsync failed: the log starts its generation, or the records
+   * appended from now on would be skipped as older than it. */
+  if (renamed) {
+    oi_status rs = log_reset(f, gen);
+    if (st == OI_OK) st = rs;
+  }
   return st;
 }
 
@@ -885,7 +934,7 @@ oi_status oi__disk_sync(oi_disk *d) {
   oi_status st = OI_OK;
   pthread_mutex_lock(&d->lock);
   for (uint32_t i = 0; i < d->nfiles; i++)
-    if (fdatasync(d->files[i].data_fd) != 0 || fdatasync(d->files[i].log_fd) != 0)
+    if (sync_file(d->files[i].data_fd, true) != 0 || sync_file(d->files[i].log_fd, true) != 0)
       st = oi__fail(OI_ERR_IO, "disk_sync: %s: %s", d->files[i].dir, strerror(errno));
   pthread_mutex_unlock(&d->lock);
   return st;
@@ -1241,7 +1290,7 @@ static oi_status replay_log(oi_disk *d, uint32_t fi, uint64_t ckpt_gen) {
     d->st.torn_records_cut += cut;
     OI_LOG(OI_LOG_WARN, "disk", "%s: torn or garbled tail cut (%llu bytes after record %llu)",
            f->log_path, (unsigned long long)(size - good), (unsigned long long)records);
-    if (ftruncate(f->log_fd, (off_t)good) != 0 || fdatasync(f->log_fd) != 0)
+    if (ftruncate(f->log_fd, (off_t)good) != 0 || sync_file(f->log_fd, true) != 0)
       return oi__fail(OI_ERR_IO, "disk: truncating %s: %s", f->log_path, strerror(errno));
   }
   f->log_gen = gen;

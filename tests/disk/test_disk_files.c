@@ -4,6 +4,8 @@
  * that is a symbolic link or a directory; a data file larger than its
  * share. Blocks that survive read back byte-exact; what was lost is counted
  * (torn_records_cut), never served. Also an explicit sync. */
+#include <xxhash.h>
+
 #include "disk_util.h"
 
 #define NB 12u
@@ -281,10 +283,391 @@ static void test_bad_arguments(void) {
   dt_rmtree(dir);
 }
 
+/* A checkpoint that cannot be written: its temporary file's name taken by a
+ * directory (the create fails), then its own name taken by a directory that
+ * is not empty (the rename fails). Each checkpoint fails OI_ERR_IO naming the
+ * file; the log, never reset, still holds every record, so after the close
+ * (whose checkpoint fails as well) and a reopen all NB blocks read back
+ * byte-exact. */
+static void test_checkpoint_cannot_be_written(void) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  char *tmp = dt_path(dir, "openinfer-disk.ckpt.tmp"), *ckpt = dt_path(dir, "openinfer-disk.ckpt");
+  char *inside = dt_path(ckpt, "x");
+  oi_disk *d = dt_open(dirs, 1, 4 * MiB, 0);
+  write_blocks(d);
+
+  REQUIRE(mkdir(tmp, 0700) == 0);
+  CHECK_ST(oi__disk_checkpoint(d), OI_ERR_IO);
+  CHECK(strstr(oi_last_error(), "create") && strstr(oi_last_error(), "openinfer-disk.ckpt.tmp"));
+  REQUIRE(rmdir(tmp) == 0);
+
+  unlink(ckpt);
+  REQUIRE(mkdir(ckpt, 0700) == 0);
+  int fd = open(inside, O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+  CHECK_ST(oi__disk_checkpoint(d), OI_ERR_IO);
+  CHECK(strstr(oi_last_error(), "rename to") && strstr(oi_last_error(), "openinfer-disk.ckpt"));
+  /* The store still serves and takes blocks. */
+  for (uint64_t i = 0; i < NB; i++)
+    CHECK_OK(dt_read(d, i));
+  oi__disk_close(d); /* its checkpoint fails too (logged) */
+  unlink(inside);
+  REQUIRE(rmdir(ckpt) == 0);
+  unlink(tmp);
+  reopen_check(dir, NB, 0);
+
+  free(inside);
+  free(tmp);
+  free(ckpt);
+  dt_rmtree(dir);
+}
+
+/* Directories that cannot be used: a path through a regular file (stat
+ * fails with ENOTDIR) and one whose parent is missing (mkdir fails): open
+ * refused OI_ERR_IO naming the directory, nothing created. */
+static void test_directories_that_cannot_be_made(void) {
+  char *dir = dt_mkdtemp();
+  char *file = dt_path(dir, "plain");
+  int fd = open(file, O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+  char *through = dt_path(file, "sub");
+  char *missing = dt_path(dir, "missing/sub");
+  oi_disk *d = NULL;
+  const char *dirs1[] = {through};
+  oi_disk_options o = {.dirs = dirs1, .num_dirs = 1, .capacity_bytes = 1 * MiB};
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_IO);
+  CHECK(d == NULL && strstr(oi_last_error(), "stat") && strstr(oi_last_error(), through) &&
+        strstr(oi_last_error(), "Not a directory"));
+  const char *dirs2[] = {missing};
+  o.dirs = dirs2;
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_IO);
+  CHECK(d == NULL && strstr(oi_last_error(), "cannot create the directory") &&
+        strstr(oi_last_error(), missing));
+  struct stat sb;
+  CHECK(stat(missing, &sb) != 0 && errno == ENOENT);
+  unlink(file);
+  free(file);
+  free(through);
+  free(missing);
+  dt_rmtree(dir);
+}
+
+/* Writes a log to dir: a HEADER of generation gen, then the records. */
+static void put_log(const char *dir, uint64_t gen, const oi_disk_record *recs, size_t n) {
+  uint8_t *b = calloc(n + 1, OI_DISK_RECORD_BYTES);
+  REQUIRE(b);
+  oi_disk_record h = {.type = OI_DISK_REC_HEADER, .seq = gen};
+  oi__disk_record_encode(&h, b);
+  for (size_t i = 0; i < n; i++)
+    oi__disk_record_encode(&recs[i], b + (i + 1) * OI_DISK_RECORD_BYTES);
+  char *log = dt_path(dir, "openinfer-disk.log");
+  spit_file(log, b, (n + 1) * OI_DISK_RECORD_BYTES);
+  free(log);
+  free(b);
+}
+
+static oi_disk_record add_rec(uint64_t key, uint64_t seq, uint64_t off, uint64_t len) {
+  return (oi_disk_record){
+      .type = OI_DISK_REC_ADD, .key = dt_key(key), .seq = seq, .offset = off, .length = len};
+}
+
+static oi_disk_record remove_rec(uint64_t key, uint64_t seq) {
+  return (oi_disk_record){.type = OI_DISK_REC_REMOVE, .key = dt_key(key), .seq = seq};
+}
+
+/* A fresh store's files in dir, then its checkpoint removed. */
+static char *empty_store(uint64_t cap) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  oi__disk_close(dt_open(dirs, 1, cap, 0));
+  char *ckpt = dt_path(dir, "openinfer-disk.ckpt");
+  unlink(ckpt);
+  free(ckpt);
+  return dir;
+}
+
+/* Logs whose records cannot all be true, written by hand: extents that are
+ * not sector aligned, empty, longer than the file, past its end, or whose
+ * header and payload pass it (each dropped and counted); a key added twice
+ * (the later sequence wins, whatever the order), a removal older than the
+ * block it names and one of an absent key (no effect); a second HEADER
+ * (replay stops there: it and the record after it are cut, and the log is
+ * cut back to the records before it). Blocks whose records survive but
+ * whose bytes were never written fail their header check when read:
+ * OI_ERR_IO and dropped, never served. */
+static void test_crafted_log(void) {
+  const uint64_t cap = 1 * MiB;
+  char *dir = empty_store(cap);
+  const char *dirs[] = {dir};
+  oi_disk_record recs[] = {
+      add_rec(1, 1, 4097, 100),               /* not sector aligned */
+      add_rec(2, 2, 0, 0),                    /* empty */
+      add_rec(3, 3, 0, cap + 1),              /* longer than the file */
+      add_rec(4, 4, cap + 4096, 100),         /* past the end */
+      add_rec(5, 5, cap - 4096, 100),         /* its header fits, its payload not */
+      add_rec(6, 10, 0, 100),                 /* kept */
+      add_rec(6, 9, 8192, 100),               /* older than the one before: ignored */
+      add_rec(7, 20, 16384, 100),             /* replaced by the next */
+      add_rec(7, 21, 24576, 100),             /* kept */
+      remove_rec(6, 8),                       /* older than key 6's block: no effect */
+      remove_rec(99, 30),                     /* nothing to remove */
+      {.type = OI_DISK_REC_HEADER, .seq = 7}, /* a header inside the log: the end */
+      add_rec(8, 40, 32768, 100),
+  };
+  put_log(dir, 7, recs, OI_ARRAY_LEN(recs));
+  oi_disk *d = dt_open(dirs, 1, cap, 0);
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.blocks == 2 && s.bad_extents_dropped == 5 && s.torn_records_cut == 2);
+  CHECK(s.bytes_used == 2 * 8192);
+  CHECK(dt_has(d, 6) && dt_has(d, 7) && !dt_has(d, 8) && !dt_has(d, 1) && !dt_has(d, 5));
+  char *log = dt_path(dir, "openinfer-disk.log");
+  struct stat sb;
+  CHECK(stat(log, &sb) == 0 && sb.st_size == 12 * OI_DISK_RECORD_BYTES);
+  uint64_t len = 0;
+  oi_disk_key k6 = dt_key(6);
+  CHECK_OK(oi__disk_length(d, &k6, &len));
+  CHECK(len == 100);
+  /* Never written: the reads fail their header check and drop the blocks. */
+  CHECK_ST(dt_read_len(d, 6, 100), OI_ERR_IO);
+  CHECK_ST(dt_read_len(d, 7, 100), OI_ERR_IO);
+  s = dt_stats(d);
+  CHECK(s.blocks == 0 && s.checksum_failures == 2 && !dt_has(d, 6) && !dt_has(d, 7));
+  /* The store takes new blocks over them. */
+  for (uint64_t i = 20; i < 24; i++)
+    CHECK_OK(dt_write(d, i));
+  for (uint64_t i = 20; i < 24; i++)
+    CHECK_OK(dt_read(d, i));
+  oi__disk_close(d);
+  free(log);
+  dt_rmtree(dir);
+}
+
+/* Two directories: a removal in the second directory's log of a key whose
+ * block the first holds removes nothing. */
+static void test_crafted_logs_of_two_directories(void) {
+  char *a = empty_store(1 * MiB), *b = empty_store(1 * MiB);
+  const char *dirs[] = {a, b};
+  oi_disk_record ra[] = {add_rec(6, 10, 0, 100)}, rb[] = {remove_rec(6, 50)};
+  put_log(a, 3, ra, 1);
+  put_log(b, 3, rb, 1);
+  oi_disk *d = dt_open(dirs, 2, 2 * MiB, 0);
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.blocks == 1 && s.bad_extents_dropped == 0 && s.torn_records_cut == 0 && dt_has(d, 6));
+  oi__disk_close(d);
+  dt_rmtree(a);
+  dt_rmtree(b);
+}
+
+/* Checkpoints and logs too short for their header, empty, or with a record
+ * a checkpoint cannot hold (a REMOVE). */
+static void test_short_and_odd_files(void) {
+  char *dir = store_with_checkpoint();
+  char *ckpt = dt_path(dir, "openinfer-disk.ckpt"), *log = dt_path(dir, "openinfer-disk.log");
+  size_t n = 0;
+  uint8_t *orig = slurp_file(ckpt, &n);
+  /* 10 bytes: no header, ignored and counted. */
+  spit_file(ckpt, orig, 10);
+  reopen_check(dir, 0, 1);
+  /* Empty: nothing to count. */
+  spit_file(ckpt, orig, 0);
+  reopen_check(dir, 0, 0);
+  /* The third record a REMOVE: that record cut, the other NB - 1 kept. */
+  uint8_t *b = malloc(n);
+  REQUIRE(b);
+  memcpy(b, orig, n);
+  oi_disk_record r;
+  REQUIRE(oi__disk_record_decode(b + OI_DISK_CKPT_HEADER_BYTES + 2 * OI_DISK_RECORD_BYTES, &r));
+  r.type = OI_DISK_REC_REMOVE;
+  oi__disk_record_encode(&r, b + OI_DISK_CKPT_HEADER_BYTES + 2 * OI_DISK_RECORD_BYTES);
+  spit_file(ckpt, b, n);
+  reopen_check(dir, NB - 1, 1);
+  /* The checkpoint intact, the log 10 bytes of garbage: discarded (one
+   * record's worth cut), every block kept; the log is started afresh. */
+  spit_file(ckpt, orig, n);
+  spit_file(log, (const uint8_t *)"0123456789", 10);
+  reopen_check(dir, NB, 1);
+  struct stat sb;
+  CHECK(stat(log, &sb) == 0 && sb.st_size == OI_DISK_RECORD_BYTES);
+  free(b);
+  free(orig);
+  free(ckpt);
+  free(log);
+  dt_rmtree(dir);
+}
+
+/* The store's files replaced by a FIFO, or owned by another user (root
+ * only): open refused OI_ERR_PERMISSION naming the file, each of the data
+ * file and the log; a NULL first directory; a log whose first record is an
+ * ADD (no header): discarded and counted, the store opens empty. */
+static void test_files_of_the_wrong_kind_or_owner(void) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  oi_disk_options o = {.dirs = dirs, .num_dirs = 1, .capacity_bytes = 1 * MiB};
+  oi_disk *d = NULL;
+  static const char *const names[] = {"openinfer-disk.data", "openinfer-disk.log"};
+  for (size_t k = 0; k < 2; k++) {
+    char *p = dt_path(dir, names[k]);
+    REQUIRE(mkfifo(p, 0600) == 0);
+    CHECK_ST(oi__disk_open(&o, &d), OI_ERR_PERMISSION);
+    CHECK(d == NULL && strstr(oi_last_error(), "is not a regular file this user owns") &&
+          strstr(oi_last_error(), names[k]));
+    unlink(p);
+    if (geteuid() == 0) {
+      int fd = open(p, O_CREAT | O_RDWR, 0600);
+      REQUIRE(fd >= 0);
+      close(fd);
+      REQUIRE(chown(p, 12345, 12345) == 0);
+      CHECK_ST(oi__disk_open(&o, &d), OI_ERR_PERMISSION);
+      CHECK(d == NULL && strstr(oi_last_error(), names[k]));
+      unlink(p);
+    }
+    free(p);
+  }
+  const char *null_first[] = {NULL};
+  o.dirs = null_first;
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK(d == NULL && strstr(oi_last_error(), "NULL directory"));
+  o.dirs = dirs;
+  /* A log that starts with an ADD. */
+  oi__disk_close(dt_open(dirs, 1, 1 * MiB, 0));
+  char *ckpt = dt_path(dir, "openinfer-disk.ckpt"), *log = dt_path(dir, "openinfer-disk.log");
+  unlink(ckpt);
+  oi_disk_record r = add_rec(1, 5, 0, 100);
+  uint8_t b[2 * OI_DISK_RECORD_BYTES];
+  oi__disk_record_encode(&r, b);
+  r = add_rec(2, 6, 8192, 100);
+  oi__disk_record_encode(&r, b + OI_DISK_RECORD_BYTES);
+  spit_file(log, b, sizeof b);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.blocks == 0 && s.torn_records_cut == 2 && !dt_has(d, 1) && !dt_has(d, 2));
+  oi__disk_close(d);
+  free(ckpt);
+  free(log);
+  dt_rmtree(dir);
+}
+
+/* Writes key i from buf (its payload of len bytes) and waits. */
+static oi_status write_from(oi_disk *d, uint64_t i, uint8_t *buf, uint64_t len) {
+  uint8_t *p = dt_payload(i, len);
+  memcpy(buf, p, (len + 4095) & ~4095ull);
+  free(p);
+  oi_disk_key k = dt_key(i);
+  dt_wait w;
+  dt_wait_init(&w);
+  oi_status st = oi__disk_write(d, &k, buf, len, dt_cb, &w);
+  return st == OI_OK ? dt_wait_done(&w) : st;
+}
+
+/* Buffers the ring refuses to register (one of them has no address): the
+ * registration is dropped as a whole, not an error, and I/O from the good
+ * buffer goes by plain reads and writes (no fixed-buffer operation); once
+ * the good buffer is registered alone, its writes use it. Every block reads
+ * back byte-exact either way. */
+static void test_buffers_the_ring_refuses(void) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  oi_disk *d = dt_open(dirs, 1, 1 * MiB, 0);
+  uint8_t *buf = aligned_alloc(4096, 16384);
+  REQUIRE(buf);
+  struct iovec bad[2] = {{buf, 16384}, {NULL, 4096}};
+  CHECK_OK(oi__disk_register_buffers(d, bad, 2));
+  CHECK_OK(write_from(d, 1, buf, 5000));
+  CHECK(dt_stats(d).fixed_ops == 0);
+  CHECK_OK(dt_read_len(d, 1, 5000));
+  CHECK_OK(oi__disk_register_buffers(d, bad, 1));
+  CHECK_OK(write_from(d, 2, buf, 9000));
+  CHECK(dt_stats(d).fixed_ops > 0);
+  CHECK_OK(dt_read_len(d, 2, 9000));
+  CHECK_OK(dt_read_len(d, 1, 5000));
+  oi__disk_close(d);
+  free(buf);
+  dt_rmtree(dir);
+}
+
+/* An index that names the wrong bytes (a log written by hand over real
+ * blocks): a key pointed at another block's extent, a length, checksum or
+ * sequence that is not its header's, an extent that starts inside a
+ * payload (no header there), a header of another format version (its own
+ * checksum good). Each read fails its header check: OI_ERR_IO, the block
+ * dropped and counted (what landed in the destination is not a result). */
+static void test_an_index_that_names_the_wrong_bytes(void) {
+  char *dir = dt_mkdtemp();
+  const char *dirs[] = {dir};
+  oi_disk *d = dt_open(dirs, 1, 1 * MiB, 0);
+  for (uint64_t i = 0; i < 7; i++)
+    CHECK_OK(dt_write_len(d, i, 3000));
+  char *log = dt_path(dir, "openinfer-disk.log"), *data = dt_path(dir, "openinfer-disk.data");
+  size_t n = 0;
+  uint8_t *lb = slurp_file(log, &n);
+  REQUIRE(n == 8 * OI_DISK_RECORD_BYTES);
+  oi_disk_record rec[7];
+  for (int i = 0; i < 7; i++) {
+    REQUIRE(oi__disk_record_decode(lb + (size_t)(i + 1) * OI_DISK_RECORD_BYTES, &rec[i]));
+    REQUIRE(rec[i].offset == (uint64_t)i * 8192 && rec[i].length == 3000);
+  }
+  oi__disk_close(d);
+  char *ckpt = dt_path(dir, "openinfer-disk.ckpt");
+  unlink(ckpt);
+  /* Block 6's header: format version 2, its checksum made good again. */
+  int fd = open(data, O_RDWR);
+  REQUIRE(fd >= 0);
+  uint8_t h[80];
+  REQUIRE(pread(fd, h, sizeof h, 6 * 8192) == (ssize_t)sizeof h);
+  h[8] = 2;
+  uint64_t sum = XXH3_64bits(h, 72);
+  memcpy(h + 72, &sum, 8); /* little-endian, as the store writes it */
+  REQUIRE(pwrite(fd, h, sizeof h, 6 * 8192) == (ssize_t)sizeof h);
+  close(fd);
+  oi_disk_record bad[6] = {rec[0], rec[1], rec[2], rec[3], rec[4], rec[6]};
+  bad[0].key = dt_key(10); /* key 10 at block 0's extent */
+  bad[1].length = 2999;    /* a length its header does not say */
+  bad[2].payload_xxh ^= 1; /* nor its checksum */
+  bad[3].seq += 1000;      /* nor its sequence */
+  bad[4].offset += 4096;   /* inside block 4's payload: no header */
+  put_log(dir, 9, bad, 6); /* (block 5 left out: block 4's extent overlaps it now) */
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  oi_disk_stats s = dt_stats(d);
+  CHECK(s.blocks == 6 && s.bad_extents_dropped == 0 && s.torn_records_cut == 0);
+  static const uint64_t keys[6] = {10, 1, 2, 3, 4, 6};
+  uint8_t *buf = aligned_alloc(4096, 8192);
+  REQUIRE(buf);
+  for (int i = 0; i < 6; i++) {
+    memset(buf, 0xEE, 8192);
+    oi_disk_key k = dt_key(keys[i]);
+    dt_wait w;
+    dt_wait_init(&w);
+    CHECK_OK(oi__disk_read(d, &k, buf, 8192, dt_cb, &w));
+    CHECK_ST(dt_wait_done(&w), OI_ERR_IO);
+    CHECK(strstr(w.msg, "does not verify") && strstr(w.msg, "the block is dropped"));
+    CHECK(!dt_has(d, keys[i]));
+  }
+  free(buf);
+  s = dt_stats(d);
+  CHECK(s.blocks == 0 && s.checksum_failures == 6 && s.reads_failed == 6 && s.reads_ok == 0);
+  oi__disk_close(d);
+  free(lb);
+  free(ckpt);
+  free(log);
+  free(data);
+  dt_rmtree(dir);
+}
+
 int main(void) {
   RUN_TEST(test_checkpoint_damage);
   RUN_TEST(test_files_that_are_not_files);
   RUN_TEST(test_record_fields);
   RUN_TEST(test_bad_arguments);
+  RUN_TEST(test_checkpoint_cannot_be_written);
+  RUN_TEST(test_directories_that_cannot_be_made);
+  RUN_TEST(test_crafted_log);
+  RUN_TEST(test_crafted_logs_of_two_directories);
+  RUN_TEST(test_short_and_odd_files);
+  RUN_TEST(test_files_of_the_wrong_kind_or_owner);
+  RUN_TEST(test_buffers_the_ring_refuses);
+  RUN_TEST(test_an_index_that_names_the_wrong_bytes);
   TEST_EXIT();
 }

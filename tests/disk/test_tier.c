@@ -334,6 +334,15 @@ static void test_bad_options(void) {
   oi_host_disk_stats s0 = {.struct_size = sizeof s0};
   CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT); /* no dirs */
   CHECK(strstr(oi_last_error(), "directories") != NULL);
+  d.num_dirs = 1; /* a count, but no array */
+  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "no directories (dirs, num_dirs)") != NULL);
+  d.num_dirs = 0;
+  CHECK_ST(oi_offload_host_attach_disk(h, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "host_attach_disk: options pointer is NULL") != NULL);
+  oi_host_disk_options zero = {.struct_size = 0};
+  CHECK_ST(oi_offload_host_attach_disk(h, &zero), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "struct_size 0 is too small") != NULL);
   char *dir = dt_mkdtemp();
   const char *dirs[1] = {dir};
   d.dirs = dirs;

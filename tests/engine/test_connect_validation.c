@@ -68,6 +68,22 @@ static void test_bad_options(void) {
   b.num_blocks = UINT64_MAX / 4096 + 2;
   x = o, x.arenas = &b;
   REFUSED(&x, "spans more than the address space");
+  /* Past the address space by its offset, by its segment stride, or by a
+   * segment offset (separate regions). */
+  b = a;
+  b.offset = UINT64_MAX - 4096;
+  x = o, x.arenas = &b;
+  REFUSED(&x, "spans more than the address space");
+  b = a;
+  b.segments = 3;
+  b.segment_stride = UINT64_MAX / 2;
+  x = o, x.arenas = &b;
+  REFUSED(&x, "spans more than the address space");
+  b = a;
+  b.segments = 2;
+  uint64_t seg_offsets[2] = {0, UINT64_MAX - 100};
+  x = o, x.arenas = &b, x.segment_offsets = seg_offsets, x.num_segment_offsets = 2;
+  REFUSED(&x, "spans more than the address space");
   x = o, x.instance_name = long_name;
   REFUSED(&x, "instance_name is longer than 255 bytes");
   x = o, x.control_deadline_ms = 0;

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 
 #include "engine_testutil.h"
+#include "host/host.h"
 
 #define SEED 0x0123456789ull
 
@@ -674,6 +675,198 @@ static void test_destroying_an_engine_finishes_its_saves_and_loads(void) {
   etu_layout_free(&L2);
 }
 
+/* A host index of 1024 shards (more than the 64 a bit mask sorts, so a
+ * call's shards are sorted one by one, duplicates skipped): 200 blocks
+ * saved in one call with 8 hashes given twice, queried, leased and loaded
+ * byte-exact in one call, evicted in one call. */
+static void test_more_than_64_index_shards(void) {
+  enum { K = 200, NB = 2 * K + 16 };
+  etu_layout L;
+  etu_layout_simple(&L, 2, NB, 1024);
+  oi_host_options o;
+  REQUIRE(oi_host_options_init(&o) == OI_OK);
+  o.pool_bytes = 16 << 20;
+  o.device = OI_DEVICE_CPU;
+  o.index_shards = 1024;
+  oi_offload_host *h = NULL;
+  REQUIRE(oi_offload_host_create(&o, &h) == OI_OK);
+  oi_offload_engine *e = etu_engine_create(h, &L, "shards", 1);
+  static int64_t src[K + 8], dst[K];
+  static oi_block_hash hs[K + 8];
+  for (uint64_t j = 0; j < K; j++) {
+    src[j] = (int64_t)j;
+    dst[j] = (int64_t)(K + j);
+    hs[j] = etu_hash(1024, j);
+    etu_fill_block(&L, src[j], j, SEED);
+  }
+  for (uint64_t j = 0; j < 8; j++) { /* the same hashes again, from the same blocks */
+    src[K + j] = (int64_t)(j * 7);
+    hs[K + j] = hs[j * 7];
+  }
+  CHECK_OK(etu_save_wait(e, src, hs, K + 8));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  oi_host_stats st = etu_host_stats(h);
+  CHECK(st.blocks_sealed == K && st.saves_completed == K && st.saves_deduplicated == 8);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, "req", hs, K, &q));
+  CHECK(q.state == OI_QUERY_READY && q.hit_blocks == K);
+  CHECK_OK(etu_load_wait(e, q.lease, dst, K));
+  bool all = true;
+  for (uint64_t j = 0; j < K; j++)
+    all &= etu_block_matches(&L, dst[j], j, SEED, "1024 shards");
+  CHECK(all);
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == K);
+  CHECK_OK(etu_query(e, "req", hs, K, &q));
+  CHECK(q.hit_blocks == 0 && etu_lease_is_zero(q.lease));
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
+/* The host's watcher (the cluster tier's hook): told of every block sealed
+ * and evicted, with its namespace and hash; a second watcher refused while
+ * one is set; one without an eviction hook hears only seals; cleared, it
+ * hears nothing; its destroy hook runs once, at the host's destroy. */
+typedef struct watch_log {
+  int sealed, evicted, destroyed;
+  uint32_t ns;
+  bool hashes_ok;
+  const oi_block_hash *want;
+  size_t n_want;
+} watch_log;
+
+static bool known_hash(const watch_log *w, const oi_block_hash *h) {
+  for (size_t i = 0; i < w->n_want; i++)
+    if (!memcmp(w->want[i].bytes, h->bytes, sizeof h->bytes)) return true;
+  return false;
+}
+static void watch_sealed(void *ctx, uint32_t ns, const oi_block_hash *h) {
+  watch_log *w = ctx;
+  w->sealed++;
+  w->hashes_ok &= ns == w->ns && known_hash(w, h);
+}
+static void watch_evicted(void *ctx, uint32_t ns, const oi_block_hash *h) {
+  watch_log *w = ctx;
+  w->evicted++;
+  w->hashes_ok &= ns == w->ns && known_hash(w, h);
+}
+static void watch_destroyed(void *ctx) { ((watch_log *)ctx)->destroyed++; }
+
+static void test_host_watcher(void) {
+  etu_layout L;
+  etu_layout_simple(&L, 2, 16, 2048);
+  oi_offload_host *h = etu_host_create(8 << 20);
+  oi_offload_engine *e = etu_engine_create(h, &L, "watched", 1);
+  oi_host_ns ns;
+  REQUIRE(oi__host_find_namespace(h, "watched", &ns));
+  oi_block_hash hs[12];
+  int64_t ids[12];
+  for (int j = 0; j < 12; j++) {
+    hs[j] = etu_hash(77, (uint64_t)j);
+    ids[j] = j;
+  }
+  watch_log w = {.ns = ns.id, .hashes_ok = true, .want = hs, .n_want = 12};
+  CHECK(oi__host_watcher(h) == NULL);
+  oi_host_watch hw = {.sealed = watch_sealed, .evicted = watch_evicted, .ctx = &w};
+  CHECK_OK(oi__host_set_watch(h, &hw));
+  CHECK(oi__host_watcher(h) == &w);
+  CHECK_ST(oi__host_set_watch(h, &hw), OI_ERR_STATE);
+  CHECK(strstr(oi_last_error(), "a watcher is set on this host already"));
+  CHECK_OK(etu_save_wait(e, ids, hs, 4));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == 4 && w.sealed == 4 && w.evicted == 4 && w.hashes_ok);
+  /* Seals only. */
+  CHECK_OK(oi__host_set_watch(h, NULL));
+  CHECK(oi__host_watcher(h) == NULL);
+  hw.evicted = NULL;
+  CHECK_OK(oi__host_set_watch(h, &hw));
+  CHECK_OK(etu_save_wait(e, ids + 4, hs + 4, 4));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == 4 && w.sealed == 8 && w.evicted == 4 && w.hashes_ok);
+  /* Cleared: nothing heard. */
+  CHECK_OK(oi__host_set_watch(h, NULL));
+  CHECK_OK(etu_save_wait(e, ids + 8, hs + 8, 4));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK(w.sealed == 8);
+  /* The destroy hook: once, when the host goes (not at a clear). */
+  hw.evicted = watch_evicted;
+  hw.destroy = watch_destroyed;
+  CHECK_OK(oi__host_set_watch(h, &hw));
+  CHECK(w.destroyed == 0);
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  CHECK(w.destroyed == 1 && w.hashes_ok);
+  etu_layout_free(&L);
+}
+
+/* A lower tier (the disk tier's hooks) that takes its spills late: 5000
+ * blocks sealed while it takes none queue past the queue's first 4096
+ * entries and none is lost (nothing counted as overflow); taken 64 at a
+ * time they are exactly the 5000 saved, each with its block size; ended,
+ * they are held below and still evictable. A second lower tier is refused;
+ * the first one's destroy hook runs once, at the host's destroy. */
+static int lower_destroyed;
+static void lower_destroy(void *ctx) {
+  (void)ctx;
+  lower_destroyed++;
+}
+
+static void test_a_lower_tier_that_takes_its_spills_late(void) {
+  enum { N = 5000, CALL = 500 };
+  etu_layout L;
+  etu_layout_simple(&L, 1, N, 1024);
+  oi_offload_host *h = etu_host_create_wm(16 << 20, 0, 0, 1.0f, 0.9f);
+  int ctx = 0;
+  lower_destroyed = 0;
+  CHECK_OK(oi__host_attach_lower(h, &ctx, lower_destroy));
+  CHECK_ST(oi__host_attach_lower(h, &ctx, lower_destroy), OI_ERR_STATE);
+  CHECK(strstr(oi_last_error(), "a lower tier is attached to this host already"));
+  CHECK(oi__host_lower(h) == &ctx);
+  oi_offload_engine *e = etu_engine_create(h, &L, "below", 1);
+  static oi_block_hash hs[N];
+  static int64_t ids[N];
+  static bool seen[N], ok[64];
+  for (int j = 0; j < N; j++) {
+    hs[j] = etu_hash(4242, (uint64_t)j);
+    ids[j] = j;
+    seen[j] = false;
+  }
+  for (int j = 0; j < N; j += CALL)
+    CHECK_OK(etu_save_wait(e, ids + j, hs + j, CALL));
+  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK(oi__host_spill_backlog(h) == N && oi__host_spill_overflow(h) == 0);
+  oi_host_spill sp[64];
+  size_t taken = 0, got;
+  bool all_ok = true;
+  while ((got = oi__host_spill_take(h, sp, 64, 0)) > 0) {
+    for (size_t i = 0; i < got; i++) {
+      int at = -1;
+      for (int k = 0; k < N && at < 0; k++)
+        if (!memcmp(hs[k].bytes, sp[i].hash.bytes, sizeof hs[k].bytes)) at = k;
+      all_ok &= at >= 0 && !seen[at] && sp[i].bytes == L.block_bytes && sp[i].data != NULL;
+      if (at >= 0) seen[at] = true;
+      ok[i] = true;
+    }
+    oi__host_spill_end(h, sp, got, ok);
+    taken += got;
+  }
+  CHECK(taken == N && all_ok);
+  CHECK(oi__host_spill_backlog(h) == 0 && oi__host_spill_overflow(h) == 0);
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == N);
+  oi_offload_engine_destroy(e);
+  CHECK(lower_destroyed == 0);
+  oi_offload_host_destroy(h);
+  CHECK(lower_destroyed == 1);
+  etu_layout_free(&L);
+}
+
 int main(void) {
   RUN_TEST(test_round_trip_four_arenas);
   RUN_TEST(test_round_trip_99_arenas_of_two_sizes);
@@ -688,5 +881,8 @@ int main(void) {
   RUN_TEST(test_fire_and_forget_save_calls_on_done_once_and_flush_covers_it);
   RUN_TEST(test_queries_see_only_complete_blocks_while_saves_land);
   RUN_TEST(test_destroying_an_engine_finishes_its_saves_and_loads);
+  RUN_TEST(test_more_than_64_index_shards);
+  RUN_TEST(test_host_watcher);
+  RUN_TEST(test_a_lower_tier_that_takes_its_spills_late);
   TEST_EXIT();
 }

@@ -143,8 +143,9 @@ static void test_host_create_refuses_bad_options(void) {
       {0.5f, 0.9f, 1u << 7, 1000, 0, 0, "unknown flags"},
       {0.5f, 0.9f, 0, 0, 0, 0, "lease_ttl_ms is 0"},
       {0.5f, 0.9f, 0, 1000, 3, 0, "index_shards 3"},
-      {0.5f, 0.9f, 0, 1000, 0, 8ull << 20, "chunk_bytes"}, /* over the 4 MiB pool */
-      {0.5f, 0.9f, 0, 1000, 0, 100, "chunk_bytes"},        /* under a slot */
+      {0.5f, 0.9f, 0, 1000, 131072, 0, "index_shards 131072"}, /* a power of two past 65536 */
+      {0.5f, 0.9f, 0, 1000, 0, 8ull << 20, "chunk_bytes"},     /* over the 4 MiB pool */
+      {0.5f, 0.9f, 0, 1000, 0, 100, "chunk_bytes"},            /* under a slot */
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     z = o;

@@ -375,6 +375,12 @@ static oi_status bad_describe(void *ctx, oi_model_desc *out) {
   if (bad_model_mode == 1) return oi__fail(OI_ERR_INTERNAL, "describe failed (test model)");
   if (bad_model_mode == 2) out->head_dim = 0;
   if (bad_model_mode == 3) out->head_dim = 1u << 22; /* 2^24+ bytes a token */
+  if (bad_model_mode == 5) out->num_layers = 0;
+  if (bad_model_mode == 6) out->num_kv_heads = 0;
+  if (bad_model_mode == 7) out->dtype_bytes = 0;
+  if (bad_model_mode == 8) out->vocab_size = 0;
+  if (bad_model_mode == 9) out->num_layers = 4097;
+  if (bad_model_mode == 10) out->model_id = NULL;
   return st;
 }
 static oi_status bad_bind(void *ctx, uint32_t rank, const oi_kv_layout *kv) {
@@ -473,6 +479,13 @@ static void test_bad_options_are_refused(void) {
       {"the KV arena size overflows"},
       {"executor host: struct_size 0"},
       {"rank 1: bind failed (test model)"},
+      {"model ops (describe, bind, forward) are required"},
+      {"model ops (describe, bind, forward) are required"},
+      {"the model describes an empty KV layout"},
+      {"the model describes an empty KV layout"},
+      {"the model describes an empty KV layout"},
+      {"the model describes an empty KV layout"},
+      {"the model describes an empty KV layout"},
   };
   int32_t devices[2] = {-1, -2};
   oi_host_options bad_ho = {.struct_size = 0};
@@ -505,6 +518,13 @@ static void test_bad_options_are_refused(void) {
     case 16: bad_model_mode = 3; break;
     case 17: o.offload = OI_OFFLOAD_EMBEDDED, o.host_options = &bad_ho; break;
     case 18: bad_model_mode = 4; break; /* rank 0 was set up: destroyed again */
+    case 19: ops.describe = NULL; break;
+    case 20: ops.bind = NULL; break;
+    case 21: bad_model_mode = 5; break; /* no layers */
+    case 22: bad_model_mode = 6; break; /* no KV heads */
+    case 23: bad_model_mode = 7; break; /* 0-byte elements */
+    case 24: bad_model_mode = 8; break; /* no vocabulary */
+    case 25: bad_model_mode = 9; break; /* 4097 layers */
     }
     oi_executor *x = (oi_executor *)&o;
     oi_status st = oi_executor_create(&o, &x);
@@ -645,6 +665,43 @@ static void test_bad_input_is_refused(void) {
   oi_executor_destroy(NULL);
 }
 
+/* The host namespace an executor saves in when none is named (NULL or
+ * empty): "oi-executor/" and the model's id, or "unnamed-model" for a
+ * model that gives none. */
+static bool host_has_namespace(const char *name) {
+  oi_host_stats hs = {.struct_size = sizeof hs};
+  REQUIRE(oi_offload_host_stats(host, &hs) == OI_OK);
+  for (uint32_t i = 0; i < hs.namespaces; i++) {
+    oi_namespace_stats ns = {.struct_size = sizeof ns};
+    if (oi_offload_host_namespace_stats(host, i, &ns) == OI_OK && !strcmp(ns.name, name))
+      return true;
+  }
+  return false;
+}
+
+static void test_default_namespaces(void) {
+  oi_model_desc d = {.struct_size = sizeof d};
+  REQUIRE(model_ops.describe(model_ctx, &d) == OI_OK && d.model_id);
+  char want[300];
+  snprintf(want, sizeof want, "oi-executor/%s", d.model_id);
+  oi_executor *x = make_executor(1, OI_OFFLOAD_EMBEDDED, "");
+  CHECK(host_has_namespace(want));
+  oi_executor_destroy(x);
+  CHECK(!host_has_namespace("oi-executor/unnamed-model"));
+  oi_executor_options o;
+  exec_options(&o, OI_OFFLOAD_EMBEDDED);
+  o.host = host;
+  oi_model_ops ops = model_ops;
+  ops.describe = bad_describe;
+  o.model = &ops;
+  bad_model_mode = 10;
+  x = NULL;
+  CHECK_OK(oi_executor_create(&o, &x));
+  bad_model_mode = 0;
+  CHECK(host_has_namespace("oi-executor/unnamed-model"));
+  oi_executor_destroy(x);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s embedded | sidecar OPENINFER_EXE\n", argv[0]);
@@ -676,6 +733,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_bad_options_are_refused);
   RUN_TEST(test_two_restores_of_one_prompt);
   if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_a_waiting_request_holds_no_blocks);
+  if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_default_namespaces);
   if (mode == OI_OFFLOAD_SIDECAR) server_stop(&server);
   oi_offload_host_destroy(host);
   oi_refmodel_destroy(model_ctx);

@@ -168,29 +168,33 @@ static void test_layer_save_completion_submit_fails(void) {
 
 /* Engine B deduplicates against blocks engine A is still saving (its copy
  * slowed): B's flush waits for them, and with a short timeout says so; a
- * later flush (the duplicates stay noted) ends once A's save sealed. */
-static void test_flush_times_out_on_a_duplicate_another_engine_saves(void) {
+ * later flush (the duplicates stay noted) ends once A's save sealed. With
+ * 4 blocks, and with 100 (B's list of noted duplicates grows past its
+ * first 64 entries, none forgotten). */
+static void flush_waits_for_duplicates(int n) {
   rig r;
-  rig_open(&r, 8, 4096, 16, 0, 0, 0, 0);
-  uint8_t *arena_b = calloc(8, 4096);
+  rig_open(&r, (uint64_t)n, 4096, (uint64_t)n + 16, 0, 0, 0, 0);
+  uint8_t *arena_b = calloc((size_t)n, 4096);
   REQUIRE(arena_b);
   oi_offload_engine *b = fu_rig_engine(&r, arena_b); /* rig_open's namespace and shape */
-  int64_t ids[4] = {0, 1, 2, 3};
-  oi_block_hash hs[4];
-  for (int i = 0; i < 4; i++) {
+  int64_t ids[100];
+  oi_block_hash hs[100];
+  REQUIRE(n <= 100);
+  for (int i = 0; i < n; i++) {
+    ids[i] = i;
     hs[i] = fu_hash(40 + (uint64_t)i);
     fu_fill(&r, i, 40 + (uint64_t)i);
   }
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 600) == OI_OK);
   oi_ticket *ta;
-  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, 4, NULL, &ta));
+  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, (size_t)n, NULL, &ta));
   oi_save_result res = {.struct_size = sizeof res};
   oi_save_options so;
   oi_save_options_init(&so);
   so.result = &res;
   oi_ticket *tb;
-  CHECK_OK(oi_offload_engine_save(b, ids, hs, 4, &so, &tb));
-  CHECK(res.deduplicated == 4 && res.accepted == 0);
+  CHECK_OK(oi_offload_engine_save(b, ids, hs, (size_t)n, &so, &tb));
+  CHECK(res.deduplicated == (uint64_t)n && res.accepted == 0);
   CHECK_OK(oi_ticket_wait(tb, 1000)); /* nothing of B's own to copy */
   oi_ticket_release(tb);
   CHECK(oi_ticket_poll(ta) == OI_PENDING);
@@ -198,13 +202,18 @@ static void test_flush_times_out_on_a_duplicate_another_engine_saves(void) {
   CHECK(strstr(oi_last_error(), "deduplicated") && strstr(oi_last_error(), "another engine"));
   CHECK_OK(oi_offload_engine_flush(b, 60000)); /* still noted: waits for A's seal */
   oi_host_stats hs4 = rig_stats(&r);
-  CHECK(hs4.blocks_sealed == 4 && hs4.blocks_in_flight == 0);
+  CHECK(hs4.blocks_sealed == (uint64_t)n && hs4.blocks_in_flight == 0);
   CHECK_OK(oi_ticket_wait(ta, 60000));
   oi_ticket_release(ta);
   oi_offload_engine_destroy(b);
   free(arena_b);
   rig_check_quiet(&r);
   rig_close(&r);
+}
+
+static void test_flush_times_out_on_a_duplicate_another_engine_saves(void) {
+  flush_waits_for_duplicates(4);
+  flush_waits_for_duplicates(100);
 }
 
 /* A lease whose id is a live lease's but whose tag is not (a stale lease

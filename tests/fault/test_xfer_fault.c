@@ -235,11 +235,70 @@ static void test_jobs_without_tickets(void) {
   rig_close(&r);
 }
 
+/* A layer-by-layer save whose layers are all queued at once behind a slow
+ * copy, every copy failing: each layer's ticket fails OI_ERR_IO, the
+ * blocks (failed by the first layer, failed again by the later ones) are
+ * never visible, a flush returns, and the same blocks then save and load
+ * byte-exact. */
+static void test_every_layer_of_a_layered_save_fails(void) {
+  layer_rig r;
+  xl_open(&r, OI_COPY_AUTO, 0);
+  enum { N = 4 };
+  int64_t src[N], dst[N];
+  oi_block_hash hs[N];
+  for (int b = 0; b < N; b++) {
+    src[b] = b;
+    dst[b] = N + b;
+    hs[b] = fu_hash(700 + (uint64_t)b);
+    xl_fill(&r, src[b], 700 + (uint64_t)b);
+  }
+  REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 300) == OI_OK);
+  REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 0, 0, 0) == OI_OK);
+  oi_save_options so;
+  oi_save_options_init(&so);
+  so.arena_count = 1;
+  oi_ticket *t[FU_LAYERS];
+  for (uint32_t a = 0; a < FU_LAYERS; a++) {
+    so.arena_first = a;
+    CHECK_OK(oi_offload_engine_save(r.e, src, hs, N, &so, &t[a]));
+  }
+  for (uint32_t a = 0; a < FU_LAYERS; a++) {
+    CHECK_ST(oi_ticket_wait(t[a], 60000), OI_ERR_IO);
+    oi_ticket_release(t[a]);
+  }
+  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  oi__fault_disarm_all();
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, 0, &q));
+  CHECK(q.hit_blocks == 0);
+  oi_host_stats hs_ = {.struct_size = sizeof hs_};
+  CHECK_OK(oi_offload_host_stats(r.h, &hs_));
+  CHECK(hs_.blocks_in_flight == 0 && hs_.blocks_sealed == 0);
+  for (uint32_t a = 0; a < FU_LAYERS; a++) {
+    so.arena_first = a;
+    oi_ticket *tt;
+    CHECK_OK(oi_offload_engine_save(r.e, src, hs, N, &so, &tt));
+    CHECK_OK(oi_ticket_wait(tt, 60000));
+    oi_ticket_release(tt);
+  }
+  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, 0, &q));
+  REQUIRE(q.hit_blocks == N);
+  oi_ticket *lt;
+  CHECK_OK(oi_offload_engine_load(r.e, q.lease, dst, N, NULL, &lt));
+  CHECK_OK(oi_ticket_wait(lt, 60000));
+  oi_ticket_release(lt);
+  for (int b = 0; b < N; b++)
+    CHECK(xl_check(&r, dst[b], 700 + (uint64_t)b));
+  fu_layer_rig_close(&r);
+}
+
 int main(void) {
   REQUIRE_FAULTS();
   RUN_TEST(test_many_jobs_miss_their_deadlines_at_once);
   RUN_TEST(test_layered_load_every_copy_fails);
   RUN_TEST(test_staged_layer_saves_in_small_groups);
   RUN_TEST(test_jobs_without_tickets);
+  RUN_TEST(test_every_layer_of_a_layered_save_fails);
   TEST_EXIT();
 }

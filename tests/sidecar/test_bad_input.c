@@ -477,6 +477,10 @@ static void test_requests(void) {
     pbw_bytes(b, oiwire_Release_lease_tag, lease, 16);
     send_env(&d, 56, oiwire_Envelope_release_tag, b);
     expect_error(&d, 56, OI_ERR_LEASE_EXPIRED, NULL, "release of an unknown lease");
+    b = pbw_new(); /* instance 0 and no namespace: no lookup release either */
+    pbw_bytes(b, oiwire_Release_lease_tag, lease, 16);
+    send_env(&d, 59, oiwire_Envelope_release_tag, b);
+    expect_error(&d, 59, OI_ERR_NOT_FOUND, "release: instance 0 is not registered", "release of 0");
     b = pbw_new();
     pbw_uint(b, oiwire_Stats_instance_id_tag, 4000000);
     send_env(&d, 57, oiwire_Envelope_stats_tag, b);

@@ -1417,6 +1417,72 @@ static void test_stats_fetch_replies(void) {
   fs_stop(fs);
 }
 
+/* Requests the client refuses before anything is sent: a save and a query
+ * of one block more than a request carries, a query whose req_id is
+ * 256 bytes. Each OI_ERR_INVALID_ARGUMENT naming the limit, the fake saw
+ * none of them, and the client keeps working. A membership query of no
+ * hashes is answered (0 hits); an error Result without a message reads as
+ * its status's name. */
+static void test_requests_refused_before_sending(void) {
+  fs = fs_start();
+  client c;
+  REQUIRE(client_connect(&c, false) == OI_OK);
+  const size_t n = OI_WIRE_MAX_BLOCKS + 1;
+  int64_t *ids = calloc(n, sizeof *ids);
+  oi_block_hash *h = calloc(n, sizeof *h);
+  REQUIRE(ids && h);
+  for (size_t i = 0; i < n; i++) {
+    ids[i] = (int64_t)(i % 8);
+    h[i] = tl_hash(25, i);
+  }
+  uint32_t saves = fs_seen(fs, oiwire_Envelope_save_tag),
+           queries = fs_seen(fs, oiwire_Envelope_query_tag);
+  oi_ticket *t = (oi_ticket *)(uintptr_t)1;
+  CHECK_ST(oi_offload_engine_save(c.e, ids, h, n, NULL, &t), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ERR("save: 65537 blocks (a sidecar request carries at most 65536)");
+  CHECK(t == NULL);
+  oi_lease lease;
+  memset(lease.bytes, 0xAB, sizeof lease.bytes);
+  oi_query_result r;
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  CHECK_ST(oi_offload_engine_query(c.e, NULL, h, n, 0, &r), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ERR("query: 65537 blocks");
+  char long_id[257];
+  memset(long_id, 'r', 256);
+  long_id[256] = '\0';
+  CHECK_ST(oi_offload_engine_query(c.e, long_id, h, 4, 0, &r), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ERR("req_id is longer than 255 bytes");
+  CHECK(fs_seen(fs, oiwire_Envelope_save_tag) == saves);
+  CHECK(fs_seen(fs, oiwire_Envelope_query_tag) == queries);
+  /* 255 bytes is fine; so is a membership query of nothing. */
+  long_id[255] = '\0';
+  fs_set_hits(fs, 2);
+  CHECK_OK(oi_offload_engine_query(c.e, long_id, h, 4, 0, &r));
+  CHECK(r.hit_blocks == 2);
+  CHECK_OK(oi_offload_engine_release(c.e, r.lease));
+  oiwire_Envelope last;
+  CHECK(fs_last(fs, oiwire_Envelope_query_tag, &last) && strlen(last.body.query.req_id) == 255);
+  uint8_t present[1] = {7};
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.present = present;
+  CHECK_OK(oi_offload_engine_query(c.e, NULL, h, 0, OI_QUERY_MEMBERSHIP, &r));
+  CHECK(r.hit_blocks == 0 && present[0] == 7);
+  fs_set_hits(fs, 0);
+  /* An error without a message: its status's name stands in. */
+  fs_script(fs, oiwire_Envelope_release_tag,
+            (fs_step){.action = FS_RESULT, .status = OI_ERR_INTERNAL, .message = ""});
+  CHECK_ST(oi_offload_engine_release(c.e, lease), OI_ERR_INTERNAL);
+  CHECK_ERR("OI_ERR_INTERNAL");
+  check_usable(&c, 3);
+  free(ids);
+  free(h);
+  client_close(&c);
+  CHECK(fs_wait_no_connections(fs, 3000));
+  fs_stop(fs);
+}
+
 int main(int argc, char **argv) {
   (void)argc;
   (void)argv;
@@ -1437,5 +1503,6 @@ int main(int argc, char **argv) {
   RUN_TEST(test_closed_after_register);
   RUN_TEST(test_stats_fetch_replies);
   RUN_TEST(test_caller_reads_replies);
+  RUN_TEST(test_requests_refused_before_sending);
   TEST_EXIT();
 }

@@ -9,6 +9,7 @@
  * free); an arena on a device the server does not serve. */
 #include <pthread.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 
 #include "sidecar_util.h"
 
@@ -253,6 +254,36 @@ static void test_socket_files(void) {
   oi_server_destroy(s);
   struct stat sb;
   CHECK(lstat(owner, &sb) != 0); /* its own owner file removed with it */
+
+  /* Stale sockets whose owner file names this process, holds no number, or
+   * names a process that has exited (and left no arenas): replaced, nothing
+   * removed or reported of an owner, and the server serves. */
+  pid_t dead = fork();
+  REQUIRE(dead >= 0);
+  if (dead == 0) _exit(0);
+  REQUIRE(waitpid(dead, NULL, 0) == dead);
+  for (int k = 0; k < 3; k++) {
+    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    close(fd);
+    f = fopen(owner, "w");
+    REQUIRE(f);
+    if (k == 0) fprintf(f, "%d\n", (int)getpid());
+    if (k == 1) fprintf(f, "not a pid\n");
+    if (k == 2) fprintf(f, "%d\n", (int)dead);
+    fclose(f);
+    log_clear();
+    s = NULL;
+    REQUIRE(oi_server_create(&so, &s) == OI_OK);
+    CHECK(log_has("replacing the stale socket"));
+    CHECK(!log_has("still exists") && !log_has("left behind"));
+    REQUIRE(pthread_create(&th, NULL, run_thread, s) == 0);
+    CHECK(served(path));
+    oi_server_stop(s);
+    pthread_join(th, NULL);
+    oi_server_destroy(s);
+    CHECK(lstat(owner, &sb) != 0);
+  }
 
   /* 100 bytes: "<path>.<pid>.tmp" does not fit in sun_path. */
   char longp[108];

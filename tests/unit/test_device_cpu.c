@@ -135,6 +135,19 @@ static void test_fd_arena_refusals(void) {
   CHECK(strstr(oi_last_error(), "not a memfd"));
   close(pp[0]);
   close(pp[1]);
+  /* A regular file of a disk file system (no seals at all: F_GET_SEALS
+   * fails). */
+  char file_tmpl[] = "/var/tmp/oi-test-arena-XXXXXX";
+  int file = mkstemp(file_tmpl);
+  if (file >= 0) {
+    unlink(file_tmpl);
+    REQUIRE(ftruncate(file, 4096) == 0);
+    if (fcntl(file, F_GET_SEALS) < 0) {
+      CHECK_ST(oi__fd_arena_check(file, 4096, "t"), OI_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(oi_last_error(), "not a memfd that accepts seals"));
+    }
+    close(file);
+  }
   /* A memfd that takes no seals. */
   int plain = memfd_create("oi-test-plain", MFD_CLOEXEC);
   REQUIRE(plain >= 0 && ftruncate(plain, 4096) == 0);
@@ -161,6 +174,26 @@ static void test_fd_arena_refusals(void) {
   REQUIRE(priv != MAP_FAILED);
   CHECK_ST(oi__fd_arena_check_mapping(fd, priv, 8192, "t"), OI_ERR_INVALID_ARGUMENT);
   munmap(priv, 8192);
+  /* Nor is a read-only shared mapping, one from offset 4096, a range past
+   * the mapping's end, or a shared mapping of another memfd. */
+  void *ro_map = mmap(NULL, 8192, PROT_READ, MAP_SHARED, fd, 0);
+  REQUIRE(ro_map != MAP_FAILED);
+  CHECK_ST(oi__fd_arena_check_mapping(fd, ro_map, 8192, "t"), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "is not a read-write MAP_SHARED mapping of arena_fd"));
+  munmap(ro_map, 8192);
+  void *off_map = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 4096);
+  REQUIRE(off_map != MAP_FAILED);
+  CHECK_ST(oi__fd_arena_check_mapping(fd, off_map, 4096, "t"), OI_ERR_INVALID_ARGUMENT);
+  munmap(off_map, 4096);
+  CHECK_ST(oi__fd_arena_check_mapping(fd, p, 3 * 8192, "t"), OI_ERR_INVALID_ARGUMENT);
+  int other = memfd_create("oi-test-other", MFD_CLOEXEC);
+  REQUIRE(other >= 0 && ftruncate(other, 8192) == 0);
+  void *other_map = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, other, 0);
+  REQUIRE(other_map != MAP_FAILED);
+  CHECK_ST(oi__fd_arena_check_mapping(fd, other_map, 8192, "t"), OI_ERR_INVALID_ARGUMENT);
+  munmap(other_map, 8192);
+  close(other);
+  CHECK_OK(oi__fd_arena_check_mapping(fd, p, 8192, "t")); /* the good one still passes */
   oi__fd_arena_unmap(p, mapped);
   oi__fd_arena_unmap(NULL, 0);
   /* Sealed against writes: the server could not write KV into it. */

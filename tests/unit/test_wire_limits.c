@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/fault.h"
 #include "proto/wire.h"
 #include "testutil.h"
 
@@ -197,6 +198,43 @@ static void test_send_and_recv_errors(void) {
   close(sv[0]);
   CHECK_ST(oi__wire_recv(sv[1], 1024, &buf, &cap, &len), OI_ERR_CLOSED);
   close(sv[1]);
+  /* The peer closed with bytes it never read (the kernel resets the
+   * connection: ECONNRESET): CLOSED, not an I/O error; sends after it too. */
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  CHECK_OK(oi__wire_send(sv[1], msg, sizeof msg));
+  close(sv[0]);
+  CHECK_ST(oi__wire_recv(sv[1], 1024, &buf, &cap, &len), OI_ERR_CLOSED);
+  CHECK(strstr(oi_last_error(), "closed the connection"));
+  CHECK_ST(oi__wire_send(sv[1], msg, sizeof msg), OI_ERR_CLOSED);
+  close(sv[1]);
+  /* Injected faults (fault-injection builds): sends of one byte at a time
+   * (sock_short with no size) still deliver the frame whole; a reset after
+   * more bytes than the frame has sends it whole, then fails CLOSED. */
+  if (oi__fault_available()) {
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    REQUIRE(oi__fault_arm(OI_FAULT_SOCK_SHORT, 0, 1, 0) == OI_OK);
+    CHECK_OK(oi__wire_send(sv[0], msg, sizeof msg));
+    CHECK(oi__fault_fired(OI_FAULT_SOCK_SHORT) == 1);
+    CHECK_OK(oi__wire_recv(sv[1], 1024, &buf, &cap, &len));
+    CHECK(len == 4 && buf[0] == 1 && buf[3] == 4);
+    REQUIRE(oi__fault_arm(OI_FAULT_SOCK_RESET, 0, 1, 1000) == OI_OK);
+    CHECK_ST(oi__wire_send(sv[0], msg, sizeof msg), OI_ERR_CLOSED);
+    CHECK(strstr(oi_last_error(), "connection reset (injected fault)"));
+    CHECK_OK(oi__wire_recv(sv[1], 1024, &buf, &cap, &len));
+    CHECK(len == 4 && buf[3] == 4);
+    CHECK_ST(oi__wire_recv(sv[1], 1024, &buf, &cap, &len), OI_ERR_CLOSED);
+    oi__fault_disarm_all();
+    close(sv[0]);
+    close(sv[1]);
+  }
+  /* A stream socket never connected (ENOTCONN): CLOSED, with and without
+   * a descriptor to pass. */
+  int lone = socket(AF_UNIX, SOCK_STREAM, 0);
+  REQUIRE(lone >= 0);
+  CHECK_ST(oi__wire_send(lone, msg, sizeof msg), OI_ERR_CLOSED);
+  CHECK(strstr(oi_last_error(), "the peer closed the connection"));
+  CHECK_ST(oi__wire_send_fd(lone, msg, sizeof msg, 0), OI_ERR_CLOSED);
+  close(lone);
   oi__free(buf);
 }
 
@@ -258,6 +296,16 @@ static void test_descriptors_with_a_frame(void) {
   CHECK_OK(oi__wire_recv_fd(sv[1], 1024, &buf, &cap, &len, &got, &extra));
   CHECK(got >= 0 && extra == 4); /* 3 closed + the truncation */
   close(got);
+  /* A receiver with SO_PASSCRED: the credentials message comes first and
+   * is skipped; it fills the room, so the kernel cuts the descriptor
+   * (counted). The frame arrives whole. */
+  int one = 1, zero = 0;
+  REQUIRE(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) == 0);
+  CHECK_OK(oi__wire_send_fd(sv[0], msg, sizeof msg, p[0]));
+  CHECK_OK(oi__wire_recv_fd(sv[1], 1024, &buf, &cap, &len, &got, &extra));
+  CHECK(len == 4 && buf[0] == 9 && buf[3] == 6);
+  CHECK(got == -1 && extra == 1);
+  REQUIRE(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &zero, sizeof zero) == 0);
   /* Descriptors on a frame over the limit: PROTOCOL, the one taken is the
    * caller's to close. */
   uint8_t big[4] = {0, 0, 1, 0}; /* 65536 bytes announced */

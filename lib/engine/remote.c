@@ -408,6 +408,13 @@ static oi_status send_pending(remote_engine *e, oiwire_Envelope *env, const oi_w
 
 static oi_status serve_frames(remote_engine *e, bool on_reader);
 
+/* A leader polls the socket without sleeping for up to this long before it
+ * sleeps in poll: a reply usually comes within tens of microseconds, and
+ * waking from a sleep costs the caller a scheduling round trip (measured
+ * on the H200 host in docs/benchmarks.md, "the sidecar round trip"). The
+ * cost is the caller's own thread, busy for at most this long per wait. */
+#define LEAD_SPIN_NS 20000u
+
 /* Whether a waiting call may take the read side now (lock held). */
 static bool may_lead_locked(const remote_engine *e) {
   return !e->reading && !e->read_failed &&
@@ -446,7 +453,11 @@ static bool lead(remote_engine *e, pending *p, uint64_t deadline) {
       wait_ms = (int)OI_MIN((deadline - now + 999999u) / 1000000u, 3600000u);
     }
     struct pollfd pfd = {.fd = e->fd, .events = POLLIN};
-    int rc = poll(&pfd, 1, wait_ms);
+    uint64_t spin_until = oi__now_ns() + LEAD_SPIN_NS;
+    int rc;
+    while ((rc = poll(&pfd, 1, 0)) == 0 && oi__now_ns() < spin_until) {
+    }
+    if (rc == 0) rc = poll(&pfd, 1, wait_ms);
     if (rc < 0 && errno != EINTR) {
       snprintf(why, sizeof why, "poll: %s", strerror(errno));
       break;

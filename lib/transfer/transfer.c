@@ -70,8 +70,9 @@ struct oi_xfer {
   /* Per direction, a plan buffer kept between calls (grown, never shrunk):
    * a large call's groups are planned into it rather than into memory
    * allocated and freed per group (which the allocator may hand back to
-   * the system and fault in again each time). Taken with a trylock: a
-   * second thread queuing the same direction at once allocates. */
+   * the system and fault in again each time). Held while the plan is
+   * queued: two threads queuing one direction take turns, as they do on
+   * the stream itself. */
   pthread_mutex_t plan_lock[2];
   oi_copy_desc *plan_buf[2];
   size_t plan_cap[2];
@@ -266,22 +267,20 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
   bool kept = false; /* descs is x->plan_buf[dir], plan_lock[dir] held */
   if (!oi__plan_build_into(l, ids, host, n, dir, stack, PLAN_STACK, &nd)) {
     size_t need = oi__plan_pieces(l, n);
-    if (pthread_mutex_trylock(&x->plan_lock[dir]) == 0) {
-      if (x->plan_cap[dir] < need) {
-        oi_copy_desc *b = oi__malloc(need * sizeof *b);
-        if (b) {
-          oi__free(x->plan_buf[dir]);
-          x->plan_buf[dir] = b;
-          x->plan_cap[dir] = need;
-        }
-      }
-      kept = oi__plan_build_into(l, ids, host, n, dir, x->plan_buf[dir], x->plan_cap[dir], &nd);
-      if (kept)
-        descs = x->plan_buf[dir];
-      else
+    pthread_mutex_lock(&x->plan_lock[dir]);
+    if (x->plan_cap[dir] < need) {
+      oi_copy_desc *b = oi__malloc(need * sizeof *b);
+      if (!b) {
         pthread_mutex_unlock(&x->plan_lock[dir]);
+        return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy plan: out of memory for %zu pieces", need);
+      }
+      oi__free(x->plan_buf[dir]);
+      x->plan_buf[dir] = b;
+      x->plan_cap[dir] = need;
     }
-    if (!kept && (st = oi__plan_build(l, ids, host, n, dir, &descs, &nd)) != OI_OK) return st;
+    oi__plan_build_into(l, ids, host, n, dir, x->plan_buf[dir], x->plan_cap[dir], &nd);
+    descs = x->plan_buf[dir];
+    kept = true;
   }
   oi_copy_params cp = {.mode = mode,
                        .cta_limit = x->cfg.cta_limit,
@@ -291,10 +290,7 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
     st = oi__fail(OI_ERR_IO, "queuing copies failed (injected fault)");
   else
     st = x->dev->ops->stream_copy(s, dir, descs, nd, &cp);
-  if (kept)
-    pthread_mutex_unlock(&x->plan_lock[dir]);
-  else if (descs != stack)
-    oi__free(descs);
+  if (kept) pthread_mutex_unlock(&x->plan_lock[dir]);
   return st;
 }
 

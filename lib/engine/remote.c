@@ -94,23 +94,23 @@ typedef struct counts_wait {
  *    side (its reply arrived: deliver; a leader hands an asynchronous one to
  *    the reader, which owns it from then), the reader's deadline sweep
  *    (expire), the reader when the connection ends (connection_lost), or
- *    the submitter itself, looking
- *    it up BY ID (pending_take_locked), never by pointer, after a failed send
- *    or an expired call. Whoever takes it owns it from then on.
+ *    the submitter itself, looking it up BY ID (pending_take_locked), never
+ *    by pointer, after a failed send or an expired call. Whoever takes it
+ *    owns it from then on.
  *  - Once the submitter has released e->lock after inserting, it never reads
  *    an asynchronous record again: the reader (or a leader, for the
- *    reader) may already have taken it, and the reader freed it. It keeps the request id (copied
- * under the lock) instead, and gets the record back only if pending_take_locked still finds that
- * id.
+ *    reader) may already have taken it, and the reader freed it. It keeps
+ *    the request id (copied under the lock) instead, and gets the record
+ *    back only if pending_take_locked still finds that id.
  *  - An asynchronous record is completed and freed (finish_async) only by the
- *    reader thread, outside the lock: the one that took it out of the table,
- *    or the one a leader handed it to. Ids are never
- *    reused, so a late reply or a late lookup cannot reach another record.
+ *    reader thread, outside the lock: the one that took it out of the
+ *    table, or the one a leader handed it to. Ids are never reused, so a
+ *    late reply or a late lookup cannot reach another record.
  *  - A PEND_CALL's owner is always its waiter (the record is on its stack);
  *    the holder of the read side (the reader, or a leader: possibly the
- *    waiter itself) writes into it only under e->lock while it is in the table,
- *    and marks it done as it takes it out; the waiter reads it after seeing
- *    done, or after taking it back by id. */
+ *    waiter itself) writes into it only under e->lock while it is in the
+ *    table, and marks it done as it takes it out; the waiter reads it
+ *    after seeing done, or after taking it back by id. */
 typedef struct pending {
   struct pending *prev, *next; /* in submission order */
   struct pending *hnext;       /* hash chain */

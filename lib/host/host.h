@@ -126,7 +126,7 @@ typedef struct oi_host_load_sink {
 /* Takes one share of `lease` for a load of n blocks by a caller of
  * namespace `ns` and `principal`: marks them loading (not evictable) and
  * writes them to out[0..n); with a sink, their addresses to sink->data as
- * it goes, telling sink->ready every few hundred blocks and at the end. */
+ * it goes, telling sink->ready after every 1,024 blocks and at the end. */
 oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
                               oi_lease lease, size_t n, host_block **out,
                               const oi_host_load_sink *sink);

@@ -164,8 +164,7 @@ static oi_status check_owner_locked(const lease_rec *l, uint32_t ns, uint64_t pr
 
 /* Marking a load's blocks: what the run tallies. */
 typedef struct mark_tally {
-  bool last;      /* the lease's last share: its pins become the marks */
-  uint8_t **data; /* the blocks' addresses go here (or NULL) */
+  bool last; /* the lease's last share: its pins become the marks */
   uint64_t loading;
   pin_tally t;
 } mark_tally;
@@ -253,10 +252,11 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
    * hears of each run of LOAD_READY_RUN blocks marked (their copies can
    * start while the rest are marked). */
   bool last = --l->shares_left == 0;
-  mark_tally m = {.last = last, .data = sink ? sink->data : NULL};
+  mark_tally m = {.last = last};
+  uint8_t **data = sink ? sink->data : NULL;
   for (size_t at = 0; at < n; at += LOAD_READY_RUN) {
     size_t k = OI_MIN((size_t)LOAD_READY_RUN, n - at);
-    mark_run(h, l->blocks + at, k, out + at, m.data ? m.data + at : NULL, &m);
+    mark_run(h, l->blocks + at, k, out + at, data ? data + at : NULL, &m);
     if (sink && sink->ready) sink->ready(sink->ctx, at + k);
   }
   if (m.loading) atomic_fetch_add(&h->c.blocks_loading, m.loading);

@@ -96,9 +96,10 @@ uint32_t oi__xfer_resolve_mode(const oi_layout *l, uint32_t mode, oi_copy_dir di
       end = start + l->arenas[a].bytes_per_block;
     }
   if (l->block_bytes / pieces >= OI_AUTO_DMA_PIECE_BYTES) return OI_XFER_DMA;
-  if (l->block_bytes >= OI_AUTO_STAGE_BLOCK_BYTES) return OI_XFER_STAGED;
-  if (l->block_bytes / pieces >= OI_AUTO_SMALL_PIECE_BYTES)
-    return dir == OI_COPY_D2H ? OI_XFER_DMA : OI_XFER_STAGED;
+  if (l->block_bytes >= OI_AUTO_STAGE_BLOCK_BYTES ||
+      l->block_bytes / pieces >= OI_AUTO_SMALL_PIECE_BYTES)
+    return OI_XFER_STAGED;
+  OI_UNUSED(dir); /* the same choice both ways today; the interface keeps the direction */
   return OI_XFER_KERNEL;
 }
 

@@ -24,12 +24,14 @@
 /* Otherwise, host blocks at least this large are staged: the copy engines
  * move whole host blocks at the bulk rate through device staging slots and a
  * short kernel gathers or scatters the pieces. Smaller blocks whose pieces
- * are at least OI_AUTO_SMALL_PIECE_BYTES: loads are staged too (pages-42k
- * on the H200: 0.82-0.86 of bulk staged, 0.77-0.81 by the copy kernel,
- * five runs), saves go to the copy engines piece by piece (they cost the
- * model nothing). Smaller pieces: both use the copy kernel (4 KiB pieces:
- * 0.07 of bulk piece by piece, 0.34 by the kernel on the H200; the kernel
- * takes SMs from the model, but a save path that slow backs up). */
+ * are at least OI_AUTO_SMALL_PIECE_BYTES are staged too, both ways
+ * (pages-42k on the H200, six runs: saves 0.89-0.93 of bulk staged against
+ * 0.79-0.87 piece by piece on the copy engines; loads 0.82-0.90 against
+ * 0.77-0.85 by the copy kernel; staging's kernels cost the model a few
+ * percent, as for the model shapes). Smaller pieces: the copy kernel both
+ * ways (4 KiB pieces: 0.07 of bulk piece by piece, 0.34 by the kernel on
+ * the H200; the kernel takes SMs from the model, but a save path that slow
+ * backs up). */
 #define OI_AUTO_STAGE_BLOCK_BYTES (256ull << 10)
 #define OI_AUTO_SMALL_PIECE_BYTES (16ull << 10)
 

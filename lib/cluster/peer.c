@@ -1326,9 +1326,15 @@ static void shutdown_all(oi_peer_net *net) {
            net->active ? "operations" : "endpoint closes", SHUTDOWN_MS);
 }
 
+/* A worker that cannot be armed is polled every millisecond; its error is
+ * logged at the first failure and then at most once a second, with how
+ * many there were (one line a loop would be a thousand a second). */
+#define ARM_LOG_EVERY_NS 1000000000ull
+
 static void *progress_main(void *arg) {
   oi_peer_net *net = arg;
   struct epoll_event evs[4];
+  uint64_t arm_logged_ns = 0, arm_failures = 0;
   for (;;) {
     if (atomic_load_explicit(&net->stop_req, memory_order_acquire)) break;
     for (op *q = take_queue(net); q;) {
@@ -1349,7 +1355,15 @@ static void *progress_main(void *arg) {
     ucs_status_t s = oi__ucx.ucp_worker_arm(net->worker);
     if (s == UCS_ERR_BUSY) continue;
     if (s != UCS_OK) {
-      OI_LOG(OI_LOG_ERROR, "peer", "arming the worker: %s", oi__ucx.ucs_status_string(s));
+      uint64_t now = oi__now_ns();
+      arm_failures++;
+      if (arm_logged_ns == 0 || now - arm_logged_ns >= ARM_LOG_EVERY_NS) {
+        OI_LOG(OI_LOG_ERROR, "peer",
+               "arming the worker: %s (%llu time(s) since the last report; polling every 1 ms)",
+               oi__ucx.ucs_status_string(s), (unsigned long long)arm_failures);
+        arm_logged_ns = now;
+        arm_failures = 0;
+      }
       wait_ms = OI_MIN(wait_ms, 1);
     }
     int n = epoll_wait(net->epfd, evs, OI_ARRAY_LEN(evs), wait_ms);

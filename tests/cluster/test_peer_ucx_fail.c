@@ -423,26 +423,50 @@ static void test_send_fails(void) {
   oi__peer_net_destroy(a);
 }
 
+static atomic_uint arm_lines;
+
+static void count_arm_lines(void *ctx, oi_log_level level, const char *line) {
+  (void)ctx;
+  (void)level;
+  if (strstr(line, "arming the worker")) atomic_fetch_add(&arm_lines, 1);
+}
+
 static void test_arm_fails(void) {
   /* The worker cannot be armed (an error, or busy every time): the progress
-   * thread logs it and polls; calls are answered all the same. */
+   * thread polls; calls are answered all the same. An error is logged at
+   * its first failure and then at most once a second, not once a loop. */
   const unsigned modes[] = {F_ARM, F_ARM_BUSY};
+  oi_set_log_handler(count_arm_lines, NULL);
   for (size_t m = 0; m < OI_ARRAY_LEN(modes); m++) {
     oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
     oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 2000);
     oi_peer *p = connect_to(b, a);
     atomic_store(&arm_calls, 0);
+    atomic_store(&arm_lines, 0);
     atomic_store(&fail, modes[m]);
+    uint64_t t0 = oi__now_ns();
     for (int i = 0; i < 10; i++) {
       char msg[16];
       snprintf(msg, sizeof msg, "call %d", i);
       CHECK(echoed(p, msg));
     }
+    while (oi__now_ns() - t0 < 300000000ull) { /* a few hundred failed arms */
+      struct timespec ts = {0, 10000000};
+      nanosleep(&ts, NULL);
+    }
     atomic_store(&fail, 0);
-    CHECK(atomic_load(&arm_calls) > 0);
+    uint64_t secs = (oi__now_ns() - t0) / 1000000000ull;
+    CHECK(atomic_load(&arm_calls) > 20);
+    if (modes[m] == F_ARM) { /* one line at first, then one a second at most (each net) */
+      CHECK(atomic_load(&arm_lines) >= 1);
+      CHECK(atomic_load(&arm_lines) <= 2 * (secs + 2));
+    } else {
+      CHECK(atomic_load(&arm_lines) == 0); /* busy is not an error */
+    }
     oi__peer_net_destroy(b);
     oi__peer_net_destroy(a);
   }
+  oi_set_log_handler(NULL, NULL);
 }
 
 static void test_region_fails(void) {

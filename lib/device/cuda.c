@@ -447,8 +447,6 @@ static void note_error(oi_stream *s, oi_status st) {
   pthread_mutex_unlock(&s->lock);
 }
 
-/* A table of at least `entries` whose last kernel finished (the stream's
- * caller is its only user, so no lock is needed), or a new one. */
 /* Moves t (unlinked by the caller, or new) to the end of s's tables. */
 static table_buf *table_to_end(oi_stream *s, table_buf *t) {
   table_buf **end = &s->tables;
@@ -459,10 +457,11 @@ static table_buf *table_to_end(oi_stream *s, table_buf *t) {
   return t;
 }
 
-/* A table of at least `entries` that no queued kernel still reads. Tables
- * are taken in order and their kernels run in the stream's order, so the
- * search stops at the first one still in use (one query per call when the
- * oldest is free, not one per table ever made). */
+/* A table of at least `entries` that no queued kernel still reads, or a new
+ * one (the stream's caller is its only user: no lock). Tables are taken in
+ * order and their kernels run in the stream's order, so the search stops at
+ * the first one still in use (one query per call when the oldest is free,
+ * not one per table ever made). */
 static table_buf *take_table(oi_stream *s, size_t entries) {
   for (table_buf **link = &s->tables, *t; (t = *link) != NULL; link = &t->next) {
     if (cudaEventQuery(t->done) != cudaSuccess) break;

@@ -32,16 +32,16 @@ typedef struct oi_layout {
   uint64_t shape_hash;  /* fingerprint of (segments, bytes_per_block) per arena */
 } oi_layout;
 
-/* Builds the descriptors moving block ids[i] <-> host_blocks[i] for every
- * arena and segment, in direction `dir` (D2H: device is the source).
- * *descs is allocated with oi__malloc; the caller frees it. */
-/* The same into descs[0..cap) when n blocks fit there (n x the layout's
- * pieces per block <= cap): true, with *n_descs set; false otherwise. */
 /* The most pieces n blocks of `l` make (before merging). */
 size_t oi__plan_pieces(const oi_layout *l, size_t n);
+/* Builds the descriptors moving block ids[i] <-> host_blocks[i] for every
+ * arena and segment, in direction `dir` (D2H: device is the source), into
+ * descs[0..cap) when n blocks fit there (oi__plan_pieces(l, n) <= cap):
+ * true, with *n_descs set; false otherwise. */
 bool oi__plan_build_into(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
                          size_t n, oi_copy_dir dir, oi_copy_desc *descs, size_t cap,
                          size_t *n_descs);
+/* The same into *descs, allocated with oi__malloc (the caller frees it). */
 oi_status oi__plan_build(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
                          size_t n, oi_copy_dir dir, oi_copy_desc **descs, size_t *n_descs);
 

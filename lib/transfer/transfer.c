@@ -500,13 +500,6 @@ static bool layered(const oi_xfer_job *job) {
   return (job->flags & OI_XFER_JOB_LAYERED) && job->dir == OI_COPY_H2D && job->ticket;
 }
 
-void oi__xfer_add(oi_xfer_job *job, int64_t id, uint8_t *host) {
-  job->ids[job->n] = id;
-  job->host[job->n] = host;
-  job->n++;
-  if (job->n - job->queued >= job->group && !layered(job)) queue_group(job);
-}
-
 void oi__xfer_add_many(oi_xfer_job *job, const int64_t *ids, uint8_t *const *host, size_t n) {
   bool whole = layered(job); /* queued at submit, arena by arena */
   while (n) {
@@ -520,6 +513,10 @@ void oi__xfer_add_many(oi_xfer_job *job, const int64_t *ids, uint8_t *const *hos
     n -= k;
     if (!whole && job->n - job->queued >= job->group) queue_group(job);
   }
+}
+
+void oi__xfer_add(oi_xfer_job *job, int64_t id, uint8_t *host) {
+  oi__xfer_add_many(job, &id, &host, 1);
 }
 
 oi_status oi__xfer_submit(oi_xfer_job *job, const char *what) {

@@ -37,6 +37,7 @@ static const shape shapes[] = {
     {"pages-4k", 1, {1, 0}, {4 << 10, 0}, false, 65536, false},
     {"pages-42k", 1, {1, 0}, {42 << 10, 0}, false, 8192, false},
 };
+#define NSHAPES (sizeof shapes / sizeof shapes[0])
 
 typedef struct bench_env {
   oi_dev *dev;
@@ -250,23 +251,30 @@ static double raw_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, bool bulk
   return median(v, reps);
 }
 
-static double engine_save_gbps(bench_env *env, setup *s, int m) {
-  double v[16];
+/* Save of every block + wait; GB/s, and the median time of the save call
+ * alone in us (the CPU's part: reserving, planning, queuing). */
+static double engine_save_gbps(bench_env *env, setup *s, int m, double *call_us) {
+  double v[16], call[16];
   for (int r = -1; r < env->reps; r++) {
     oi_offload_host_evict_all(s->host, NULL);
     fresh_hashes(s);
     oi_ticket *t = NULL;
     uint64_t t0 = oi__now_ns();
-    if (oi_offload_engine_save(s->eng[m], s->ids, s->hashes, s->sh->blocks, NULL, &t) != OI_OK ||
-        oi_ticket_wait(t, 60000) != OI_OK) {
+    oi_status st = oi_offload_engine_save(s->eng[m], s->ids, s->hashes, s->sh->blocks, NULL, &t);
+    uint64_t t_call = oi__now_ns();
+    if (st != OI_OK || oi_ticket_wait(t, 60000) != OI_OK) {
       fprintf(stderr, "bench: save failed: %s\n", oi_last_error());
       oi_ticket_release(t);
       return 0;
     }
     uint64_t dt = oi__now_ns() - t0;
     oi_ticket_release(t);
-    if (r >= 0) v[r] = (double)s->total / (double)dt;
+    if (r >= 0) {
+      v[r] = (double)s->total / (double)dt;
+      call[r] = (double)(t_call - t0) / 1e3;
+    }
   }
+  *call_us = median(call, env->reps);
   return median(v, env->reps);
 }
 
@@ -350,14 +358,16 @@ static void *save_loop(void *arg) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: openinfer bench transfer [--device N] [--reps N] [--quick] [--bandwidth-only] "
-          "[--json]\n"
+          "usage: openinfer bench transfer [--device N] [--reps N] [--quick] [--shape NAME]...\n"
+          "                                [--bandwidth-only] [--json]\n"
           "\n"
           "Measures save/load bandwidth of real KV layouts through the engine API against the\n"
           "bulk pinned memcpy ceiling and a per-piece cudaMemcpyAsync loop, the restore latency\n"
           "of 22 GLM5.2-shaped blocks, and compute interference. Needs a GPU.\n"
           "\n"
           "  --quick           the three model shapes only\n"
+          "  --shape NAME      this shape only (repeatable): glm5.2, qwen3-4b, vllm-qwen3-4b,\n"
+          "                    pages-4k, pages-42k\n"
           "  --bandwidth-only  skip the restore-latency and interference sections\n"
           "  OI_STAGING_MB, OI_SUBMIT_GROUP_MB (environment): staging size and submit groups\n"
           "                    (set as oi_engine_options.staging_bytes, submit_group_bytes)\n");
@@ -365,16 +375,15 @@ static void usage(FILE *f) {
 
 int bench_transfer(int argc, char **argv) {
   bench_env env = {.device = 0, .reps = 5};
-  static const struct option longopts[] = {{"device", required_argument, 0, 'd'},
-                                           {"reps", required_argument, 0, 'r'},
-                                           {"quick", no_argument, 0, 'q'},
-                                           {"bandwidth-only", no_argument, 0, 'b'},
-                                           {"json", no_argument, 0, 'j'},
-                                           {"help", no_argument, 0, 'h'},
-                                           {0, 0, 0, 0}};
+  static const struct option longopts[] = {
+      {"device", required_argument, 0, 'd'}, {"reps", required_argument, 0, 'r'},
+      {"quick", no_argument, 0, 'q'},        {"bandwidth-only", no_argument, 0, 'b'},
+      {"shape", required_argument, 0, 's'},  {"json", no_argument, 0, 'j'},
+      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
   optind = 1;
   int c;
   long v;
+  bool only[NSHAPES] = {false}, any_only = false;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
     case 'd':
@@ -386,6 +395,18 @@ int bench_transfer(int argc, char **argv) {
       env.reps = (int)v;
       break;
     case 'q': env.quick = true; break;
+    case 's': {
+      size_t i = 0;
+      while (i < NSHAPES && strcmp(shapes[i].name, optarg) != 0)
+        i++;
+      if (i == NSHAPES) {
+        fprintf(stderr, "openinfer bench transfer: no shape '%s' (--help lists them)\n", optarg);
+        return CLI_USAGE;
+      }
+      only[i] = true;
+      any_only = true;
+      break;
+    }
     case 'b': env.bandwidth_only = true; break;
     case 'j': env.json = true; break;
     case 'h': usage(stdout); return CLI_OK;
@@ -413,8 +434,10 @@ int bench_transfer(int argc, char **argv) {
   int rc = CLI_OK;
   double glm_bulk_h2d = 0;
   setup glm = {0};
-  size_t nshapes = env.quick ? 3 : sizeof shapes / sizeof shapes[0];
+  size_t nshapes = env.quick ? 3 : NSHAPES;
+  bool first = true;
   for (size_t si = 0; si < nshapes; si++) {
+    if (any_only && !only[si]) continue;
     setup s;
     if (!setup_shape(&env, &shapes[si], &s)) {
       fprintf(stderr, "bench: setting up %s failed: %s\n", shapes[si].name, oi_last_error());
@@ -436,10 +459,10 @@ int bench_transfer(int argc, char **argv) {
     double piece_h2d = raw_copy_gbps(&env, &s, OI_COPY_H2D, false, scratch.host);
     env.dev->ops->mem_fill_pattern(env.dev, s.region, s.region_bytes, 3);
     env.dev->ops->pinned_free(env.dev, &scratch);
-    double save[NMODES], load[NMODES], submit[NMODES];
+    double save[NMODES], load[NMODES], submit[NMODES], save_call[NMODES];
     bool verified = true;
     for (int m = 0; m < NMODES; m++) {
-      save[m] = engine_save_gbps(&env, &s, m);
+      save[m] = engine_save_gbps(&env, &s, m, &save_call[m]);
       load[m] = engine_load_gbps(&env, &s, m, s.sh->blocks, NULL, &submit[m]);
       verified = verified && verify_round_trip(&env, &s);
     }
@@ -449,12 +472,15 @@ int bench_transfer(int argc, char **argv) {
           out,
           "%s{\"shape\":\"%s\",\"arenas\":%u,\"blocks\":%llu,\"block_bytes\":%llu,\"bytes\":%llu,"
           "\"bulk_d2h\":%.2f,\"bulk_h2d\":%.2f,\"piecewise_d2h\":%.2f,\"piecewise_h2d\":%.2f,",
-          si ? "," : "", s.sh->name, s.narenas, (unsigned long long)s.sh->blocks,
+          first ? "" : ",", s.sh->name, s.narenas, (unsigned long long)s.sh->blocks,
           (unsigned long long)s.block_bytes, (unsigned long long)s.total, bulk_d2h, bulk_h2d,
           piece_d2h, piece_h2d);
       for (int m = 0; m < NMODES; m++)
-        fprintf(out, "\"save_%s\":%.2f,\"load_%s\":%.2f,\"load_submit_us_%s\":%.1f,", mode_names[m],
-                save[m], mode_names[m], load[m], mode_names[m], submit[m]);
+        fprintf(out,
+                "\"save_%s\":%.2f,\"load_%s\":%.2f,\"save_submit_us_%s\":%.1f,"
+                "\"load_submit_us_%s\":%.1f,",
+                mode_names[m], save[m], mode_names[m], load[m], mode_names[m], save_call[m],
+                mode_names[m], submit[m]);
       fprintf(out, "\"verified\":%s}", verified ? "true" : "false");
     } else {
       fprintf(out, "%s: %u arenas, %llu blocks of %llu B (%.0f MiB)%s\n", s.sh->name, s.narenas,
@@ -467,12 +493,13 @@ int bench_transfer(int argc, char **argv) {
               piece_h2d, piece_d2h / bulk_d2h, piece_h2d / bulk_h2d);
       for (int m = 0; m < NMODES; m++)
         fprintf(out,
-                "  engine %-19s %8.2f %8.2f %10.2f %10.2f   (%.1fx / %.1fx per-piece; load call "
-                "%.0f us)\n",
+                "  engine %-19s %8.2f %8.2f %10.2f %10.2f   (%.1fx / %.1fx per-piece; calls: "
+                "save %.0f us, load %.0f us)\n",
                 mode_names[m], save[m], load[m], save[m] / bulk_d2h, load[m] / bulk_h2d,
-                save[m] / piece_d2h, load[m] / piece_h2d, submit[m]);
+                save[m] / piece_d2h, load[m] / piece_h2d, save_call[m], submit[m]);
       fprintf(out, "\n");
     }
+    first = false;
     if (si == 0) {
       glm = s;
       glm_bulk_h2d = bulk_h2d;

@@ -168,10 +168,16 @@ typedef struct save_call {
   size_t k;
 } save_call;
 
-static void save_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) {
+static void save_accepted(void *ctx, const size_t *idx, host_block *const *blocks,
+                          uint8_t *const *data, size_t k) {
   save_call *c = ctx;
-  c->blocks[c->k++] = b;
-  oi__xfer_add(c->job, c->ids[i], data);
+  int64_t ids[OI_BATCH];
+  for (size_t j = 0; j < k; j++) {
+    c->blocks[c->k + j] = blocks[j];
+    ids[j] = c->ids[idx[j]];
+  }
+  c->k += k;
+  oi__xfer_add_many(c->job, ids, data, k);
 }
 
 static void save_in_flight(void *ctx, size_t i) {
@@ -456,7 +462,8 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids,
   oi__xfer_job_wait_event(job, opt->wait_event);
   save_call c = {
       .e = e, .job = job, .blocks = oi__xfer_job_user(job), .ids = ids, .hashes = hashes};
-  oi_host_reserve_sink sink = {.accepted = save_accepted, .in_flight = save_in_flight, .ctx = &c};
+  oi_host_reserve_sink sink = {
+      .accepted_many = save_accepted, .in_flight = save_in_flight, .ctx = &c};
   oi_host_reserved r;
   oi__host_reserve(e->host, e->ns, hashes, n, &sink, &r);
   atomic_fetch_add(&e->c.saves_submitted, n);

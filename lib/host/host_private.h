@@ -320,8 +320,7 @@ void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *ha
  * and the locks of all of them; lookups then overlap their misses: every
  * table run is read first, the candidate records are prefetched, then
  * checked. Lock order is unchanged: lease table -> shards -> lower tier,
- * watcher. */
-#define OI_BATCH 64
+ * watcher. OI_BATCH is in host.h (a reserve sink hears of a batch at once). */
 
 typedef struct shard_set {
   uint32_t n;

@@ -7,26 +7,48 @@ static size_t pieces_per_block(const oi_layout *l) {
   return p;
 }
 
+/* The piece being built is kept in locals and stored when the next one does
+ * not continue it: stores to d[] could alias ids[] and the layout for the
+ * compiler, which would reload them for every piece otherwise. */
 static size_t plan(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks, size_t n,
                    oi_copy_dir dir, oi_copy_desc *d) {
+  const bool d2h = dir == OI_COPY_D2H;
+  const uint32_t narenas = l->num_arenas;
+  const oi_arena_rt *arenas = l->arenas;
   size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    const uint8_t *host = host_blocks[i];
-    for (uint32_t a = 0; a < l->num_arenas; a++) {
-      const oi_arena_rt *ar = &l->arenas[a];
-      uintptr_t dev = ar->base + (uint64_t)ids[i] * ar->block_stride;
-      uintptr_t hst = (uintptr_t)host + ar->host_offset;
-      for (uint32_t s = 0; s < ar->segments; s++) {
-        uintptr_t dv = dev + ar->seg_off[s], hs = hst + s * ar->bytes_per_block;
-        uintptr_t src = dir == OI_COPY_D2H ? dv : hs, dst = dir == OI_COPY_D2H ? hs : dv;
-        if (k > 0 && d[k - 1].src + d[k - 1].bytes == src && d[k - 1].dst + d[k - 1].bytes == dst) {
-          d[k - 1].bytes += ar->bytes_per_block; /* contiguous on both sides: one piece */
-        } else {
-          d[k++] = (oi_copy_desc){.src = src, .dst = dst, .bytes = ar->bytes_per_block};
-        }
+  uintptr_t src = 0, dst = 0, bytes = 0; /* the piece being built (bytes 0: none) */
+#define PIECE(dv, hs, len)                                                                         \
+  do {                                                                                             \
+    uintptr_t s_ = d2h ? (dv) : (hs), t_ = d2h ? (hs) : (dv);                                      \
+    if (bytes && src + bytes == s_ && dst + bytes == t_) {                                         \
+      bytes += (len); /* contiguous on both sides: one piece */                                    \
+    } else {                                                                                       \
+      if (bytes) d[k++] = (oi_copy_desc){.src = src, .dst = dst, .bytes = bytes};                  \
+      src = s_;                                                                                    \
+      dst = t_;                                                                                    \
+      bytes = (len);                                                                               \
+    }                                                                                              \
+  } while (0)
+  if (narenas == 1 && arenas[0].segments == 1) { /* one piece a block: the common case */
+    const uintptr_t base = arenas[0].base + arenas[0].seg_off[0];
+    const uint64_t stride = arenas[0].block_stride, bpb = arenas[0].bytes_per_block;
+    const uint64_t hoff = arenas[0].host_offset;
+    for (size_t i = 0; i < n; i++)
+      PIECE(base + (uint64_t)ids[i] * stride, (uintptr_t)host_blocks[i] + hoff, bpb);
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      const uintptr_t host = (uintptr_t)host_blocks[i];
+      for (uint32_t a = 0; a < narenas; a++) {
+        const oi_arena_rt *ar = &arenas[a];
+        uintptr_t dev = ar->base + (uint64_t)ids[i] * ar->block_stride;
+        uintptr_t hst = host + ar->host_offset;
+        for (uint32_t s = 0; s < ar->segments; s++)
+          PIECE(dev + ar->seg_off[s], hst + s * ar->bytes_per_block, ar->bytes_per_block);
       }
     }
   }
+#undef PIECE
+  if (bytes) d[k++] = (oi_copy_desc){.src = src, .dst = dst, .bytes = bytes};
   return k;
 }
 

@@ -235,10 +235,16 @@ static inline void oi__rec_prefetch(const host_block *b) {
 static inline uint32_t oi__block_cls(const oi_offload_host *h, const host_block *b) {
   return (uint32_t)h->chunks[b->id >> h->slot_bits].cls;
 }
-static inline uint8_t *oi__block_data(const oi_offload_host *h, const host_block *b) {
+/* As oi__block_data, with the slot size of b's class known (the blocks of
+ * one namespace share it). */
+static inline uint8_t *oi__block_data_sized(const oi_offload_host *h, const host_block *b,
+                                            uint64_t slot_bytes) {
   return (uint8_t *)h->pool.host + (uint64_t)(b->id >> h->slot_bits) * h->chunk_bytes +
-         (uint64_t)(b->id & ((1u << h->slot_bits) - 1)) *
-             h->classes[oi__block_cls(h, b)].slot_bytes;
+         (uint64_t)(b->id & ((1u << h->slot_bits) - 1)) * slot_bytes;
+}
+
+static inline uint8_t *oi__block_data(const oi_offload_host *h, const host_block *b) {
+  return oi__block_data_sized(h, b, h->classes[oi__block_cls(h, b)].slot_bytes);
 }
 
 /* Adds `d` (may be negative, two's complement) to namespace `ns`'s resident

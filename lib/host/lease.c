@@ -164,7 +164,8 @@ static oi_status check_owner_locked(const lease_rec *l, uint32_t ns, uint64_t pr
 
 /* Marking a load's blocks: what the run tallies. */
 typedef struct mark_tally {
-  bool last; /* the lease's last share: its pins become the marks */
+  bool last;           /* the lease's last share: its pins become the marks */
+  uint64_t slot_bytes; /* of the lease's blocks (one namespace: one size class) */
   uint64_t loading;
   pin_tally t;
 } mark_tally;
@@ -175,16 +176,21 @@ static inline void mark_one(oi_offload_host *h, host_block *b, host_block **out,
   m->loading += b->loading++ == 0;
   if (m->last) m->t.leased -= --b->pins == 0; /* still held: loading */
   *out = b;
-  if (data) *data = oi__block_data(h, b);
+  if (data) *data = oi__block_data_sized(h, b, m->slot_bytes);
 }
 
-/* Marks blocks[0..k) (k <= LOAD_READY_RUN) loading. With at most 64
- * shards (the default), the run's blocks are sorted by shard (a counting
- * sort) and each shard is locked once for all of its blocks, not once per
- * OI_BATCH of them; otherwise batches of OI_BATCH as elsewhere. */
+/* Blocks marked under one taking of every shard lock (see mark_run). */
+#define MARK_ALL_RUN 512
+
+/* Marks blocks[0..k) (k <= LOAD_READY_RUN) loading, in order. A run of
+ * MARK_ALL_RUN blocks or more, with at most a quarter as many shards (64 by
+ * default: nearly every shard holds some of them), takes every shard's lock
+ * in ascending order for MARK_ALL_RUN blocks at a time: no block's shard is
+ * computed (a hash of its name) and no block sorted, and each lock is held
+ * a few microseconds. Otherwise batches of OI_BATCH as elsewhere. */
 static void mark_run(oi_offload_host *h, host_block *const *blocks, size_t k, host_block **out,
                      uint8_t **data, mark_tally *m) {
-  if (h->nshards > 64) {
+  if (k < MARK_ALL_RUN || (size_t)h->nshards * 4 > MARK_ALL_RUN) {
     for (size_t at = 0; at < k; at += OI_BATCH) {
       size_t j = OI_MIN((size_t)OI_BATCH, k - at);
       shard_set set;
@@ -195,27 +201,18 @@ static void mark_run(oi_offload_host *h, host_block *const *blocks, size_t k, ho
     }
     return;
   }
-  uint8_t shard[LOAD_READY_RUN];
-  uint16_t order[LOAD_READY_RUN], start[65] = {0};
-  for (size_t i = 0; i < k; i++) {
-    if (i + 8 < k) __builtin_prefetch(blocks[i + 8], 1);
-    shard[i] = (uint8_t)(oi__block_shard(h, blocks[i]) - h->shards);
-    start[shard[i] + 1]++;
-  }
-  for (int s = 0; s < 64; s++)
-    start[s + 1] += start[s];
-  uint16_t fill[64];
-  memcpy(fill, start, sizeof fill);
-  for (size_t i = 0; i < k; i++)
-    order[fill[shard[i]]++] = (uint16_t)i;
-  for (int s = 0; s < 64; s++) {
-    if (start[s] == start[s + 1]) continue;
-    pthread_mutex_lock(&h->shards[s].lock);
-    for (uint16_t j = start[s]; j < start[s + 1]; j++) {
-      size_t i = order[j];
+  for (size_t at = 0; at < k; at += MARK_ALL_RUN) {
+    size_t end = OI_MIN(k, at + MARK_ALL_RUN);
+    for (size_t i = at; i < OI_MIN(end, at + 8); i++)
+      __builtin_prefetch(blocks[i], 1);
+    for (uint32_t s = 0; s < h->nshards; s++)
+      pthread_mutex_lock(&h->shards[s].lock);
+    for (size_t i = at; i < end; i++) {
+      if (i + 8 < end) __builtin_prefetch(blocks[i + 8], 1);
       mark_one(h, blocks[i], out + i, data ? data + i : NULL, m);
     }
-    pthread_mutex_unlock(&h->shards[s].lock);
+    for (uint32_t s = h->nshards; s-- > 0;)
+      pthread_mutex_unlock(&h->shards[s].lock);
   }
 }
 
@@ -252,7 +249,8 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
    * hears of each run of LOAD_READY_RUN blocks marked (their copies can
    * start while the rest are marked). */
   bool last = --l->shares_left == 0;
-  mark_tally m = {.last = last};
+  mark_tally m = {.last = last,
+                  .slot_bytes = n ? h->classes[oi__block_cls(h, l->blocks[0])].slot_bytes : 0};
   uint8_t **data = sink ? sink->data : NULL;
   for (size_t at = 0; at < n; at += LOAD_READY_RUN) {
     size_t k = OI_MIN((size_t)LOAD_READY_RUN, n - at);

@@ -438,12 +438,12 @@ oi_xfer_job *oi__xfer_job_new(oi_xfer *x, oi_copy_dir dir, size_t cap, uint32_t 
   size_t head = (sizeof(oi_xfer_job) + 15) & ~(size_t)15;
   size_t user_off = head + cap * (sizeof(int64_t) + sizeof(uint8_t *));
   user_off = (user_off + 15) & ~(size_t)15;
-  /* Zeroed: the head and the owner's part; the piece arrays are written
-   * before they are read (a large call's would cost a pass of their own). */
+  /* Zeroed: the head only; the piece arrays and the owner's part are
+   * written before they are read (clearing a large call's would cost a pass
+   * of their own). */
   oi_xfer_job *job = oi__malloc(user_off + user_bytes);
   if (!job) return NULL;
   memset(job, 0, head);
-  memset((char *)job + user_off, 0, user_bytes);
   if (flags & OI_XFER_JOB_TICKET) {
     job->ticket = oi__ticket_new();
     if (!job->ticket) {

@@ -105,8 +105,9 @@ enum {
 };
 
 /* A job of at most `cap` pieces pairs in direction `dir`, with `user_bytes`
- * of zeroed space for its owner (oi__xfer_job_user). NULL when out of
- * memory. */
+ * of space for its owner (oi__xfer_job_user), not zeroed: the owner writes
+ * what it reads back (a load of 65,536 blocks would clear 1 MiB for
+ * nothing). NULL when out of memory. */
 oi_xfer_job *oi__xfer_job_new(oi_xfer *x, oi_copy_dir dir, size_t cap, uint32_t flags,
                               size_t user_bytes);
 void *oi__xfer_job_user(oi_xfer_job *job);

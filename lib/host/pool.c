@@ -121,13 +121,16 @@ static size_t pop_free_locked(oi_offload_host *h, size_class *c, size_t want, ho
     uint32_t words = (ch->nslots + 63) / 64;
     for (uint32_t w = ch->word_hint; w < words && got < want && ch->nfree; w++) {
       ch->word_hint = w;
-      for (uint64_t bits = ch->free_bits[w]; bits && got < want; bits &= bits - 1) {
-        uint32_t slot = w * 64 + (uint32_t)__builtin_ctzll(bits);
-        ch->free_bits[w] &= ~(1ull << (slot % 64));
-        ch->nfree--;
-        c->nfree--;
-        out[got++] = ch->records + slot;
-      }
+      /* A word at a time, in locals: the counters and the bits are written
+       * back once per word, not once per slot. */
+      uint64_t bits = ch->free_bits[w];
+      host_block *recs = ch->records + (size_t)w * 64;
+      size_t took = got;
+      for (; bits && got < want; bits &= bits - 1)
+        out[got++] = recs + __builtin_ctzll(bits);
+      ch->free_bits[w] = bits;
+      ch->nfree -= (uint32_t)(got - took);
+      c->nfree -= got - took;
     }
     if (ch->nfree == 0) { /* full: off the list until a slot is freed */
       c->free_chunks = ch->next_free;

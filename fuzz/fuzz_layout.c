@@ -36,6 +36,20 @@ static void check_slices(const oi_layout *l, uintptr_t lo, size_t span, uint8_t 
   }
 }
 
+/* The plan of n blocks in direction dir, into an array of exactly
+ * oi__plan_pieces(l, n) descriptors (one fewer must be refused). */
+static oi_copy_desc *plan_of(const oi_layout *l, const int64_t *ids, uint8_t *const *host, size_t n,
+                             oi_copy_dir dir, size_t *nd) {
+  size_t cap = oi__plan_pieces(l, n);
+  oi_copy_desc *d = malloc((cap ? cap : 1) * sizeof *d);
+  FZ_ASSERT(d, "out of memory");
+  FZ_ASSERT(!cap || !oi__plan_build_into(l, ids, host, n, dir, d, cap - 1, nd),
+            "a plan of %zu pieces fit in %zu", cap, cap - 1);
+  FZ_ASSERT(oi__plan_build_into(l, ids, host, n, dir, d, cap, nd), "no plan in %zu pieces", cap);
+  FZ_ASSERT(*nd <= cap, "%zu pieces planned into %zu", *nd, cap);
+  return d;
+}
+
 /* Saves blocks 0 and last to host blocks and loads them back into each
  * other's place through copy plans, as the cpu stream would. */
 static void check_plan(const oi_layout *l, uint8_t *buf, size_t size) {
@@ -45,10 +59,8 @@ static void check_plan(const oi_layout *l, uint8_t *buf, size_t size) {
   FZ_ASSERT(host[0] && host[1], "out of memory");
   for (size_t i = 0; i < size; i++)
     buf[i] = (uint8_t)(i * 131 + 7);
-  oi_copy_desc *d = NULL;
   size_t nd = 0;
-  FZ_ASSERT(oi__plan_build(l, ids, host, n, OI_COPY_D2H, &d, &nd) == OI_OK, "plan: %s",
-            oi_last_error());
+  oi_copy_desc *d = plan_of(l, ids, host, n, OI_COPY_D2H, &nd);
   uint64_t moved = 0;
   for (size_t i = 0; i < nd; i++) {
     memcpy((void *)d[i].dst, (const void *)d[i].src, d[i].bytes);
@@ -56,14 +68,13 @@ static void check_plan(const oi_layout *l, uint8_t *buf, size_t size) {
   }
   FZ_ASSERT(moved == n * l->block_bytes, "a save plan moves %llu bytes for %zu blocks of %llu",
             (unsigned long long)moved, n, (unsigned long long)l->block_bytes);
-  oi__free(d);
+  free(d);
   /* Load them back swapped: block 0's bytes into the last block and back. */
   int64_t swapped[2] = {ids[n - 1], ids[0]};
-  FZ_ASSERT(oi__plan_build(l, swapped, host, n, OI_COPY_H2D, &d, &nd) == OI_OK, "plan: %s",
-            oi_last_error());
+  d = plan_of(l, swapped, host, n, OI_COPY_H2D, &nd);
   for (size_t i = 0; i < nd; i++)
     memcpy((void *)d[i].dst, (const void *)d[i].src, d[i].bytes);
-  oi__free(d);
+  free(d);
   /* The host block is each arena's segments in order: check them in place. */
   for (uint32_t a = 0; a < l->num_arenas; a++) {
     const oi_arena_rt *r = &l->arenas[a];

@@ -1198,14 +1198,10 @@ oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
   snprintf(d->self_val, sizeof d->self_val, "%s %" PRIu64, d->node_id, d->o.epoch);
   snprintf(d->node_key, sizeof d->node_key, "oi:node:%s", d->node_id);
 
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_mutex_init(&d->lock, NULL);
   pthread_mutex_init(&d->sync_lock, NULL);
-  pthread_cond_init(&d->cv, &ca);
-  pthread_cond_init(&d->done_cv, &ca);
-  pthread_condattr_destroy(&ca);
+  oi__cond_init_monotonic(&d->cv);
+  oi__cond_init_monotonic(&d->done_cv);
 
   sigpipe_guard g;
   sigpipe_block(&g);

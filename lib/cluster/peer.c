@@ -1494,11 +1494,7 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
   if (!net) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a net");
   net->efd = net->wakefd = net->epfd = -1;
   pthread_mutex_init(&net->lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&net->cond, &ca);
-  pthread_condattr_destroy(&ca);
+  oi__cond_init_monotonic(&net->cond);
   net->node_id = oi__strdup(opts->node_id);
   net->id_len = (uint8_t)idl;
   net->secret = oi__malloc(opts->secret_len);

@@ -994,11 +994,7 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   pthread_mutex_init(&t->slock, NULL);
   pthread_cond_init(&t->scv, NULL);
   pthread_cond_init(&t->jcv, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&t->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  oi__cond_init_monotonic(&t->cv);
 
   oi_dir_options dopt;
   oi__dir_options_init(&dopt);

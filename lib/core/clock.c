@@ -1,3 +1,4 @@
+#include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -36,4 +37,12 @@ void oi__hist_read(const oi_latency_hist *h, uint64_t buckets[OI_LATENCY_BUCKETS
   for (uint32_t i = 0; i < OI_LATENCY_BUCKETS; i++)
     buckets[i] = atomic_load_explicit((_Atomic uint64_t *)&h->buckets[i], memory_order_relaxed);
   *sum_us = atomic_load_explicit((_Atomic uint64_t *)&h->sum_us, memory_order_relaxed);
+}
+
+void oi__cond_init_monotonic(pthread_cond_t *cv) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(cv, &ca);
+  pthread_condattr_destroy(&ca);
 }

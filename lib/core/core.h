@@ -4,6 +4,7 @@
 #ifndef OI_CORE_H
 #define OI_CORE_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -90,6 +91,9 @@ uint32_t oi__ms_until(uint64_t deadline_ns);
 /* `deadline_ns` (monotonic) as the timespec of a pthread_cond_timedwait on
  * a condition variable that uses CLOCK_MONOTONIC. */
 struct timespec oi__timespec(uint64_t deadline_ns);
+/* Initialises `cv` to use CLOCK_MONOTONIC: its timed
+ * waits take oi__timespec deadlines. */
+void oi__cond_init_monotonic(pthread_cond_t *cv);
 
 /* Options structs ("struct_size" pattern). Copies the caller's struct `src`
  * (whose first field is uint32_t struct_size) into `dst` of the library's

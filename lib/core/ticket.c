@@ -37,11 +37,7 @@ struct oi_ticket {
 oi_ticket *oi__ticket_new(void) {
   oi_ticket *t = oi__calloc(1, sizeof *t);
   if (!t) return NULL;
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(&t->done_cv, &attr);
-  pthread_condattr_destroy(&attr);
+  oi__cond_init_monotonic(&t->done_cv);
   pthread_mutex_init(&t->lock, NULL);
   atomic_init(&t->refs, 2);
   t->status = OI_PENDING;

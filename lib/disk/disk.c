@@ -513,6 +513,17 @@ static void req_release(oi_disk *d, req *r) {
   pthread_mutex_unlock(&d->sq_lock);
 }
 
+/* The end of a finished request (d->lock held, dropped here): a checkpoint
+ * when one is due, then the request's slot back and its callback. */
+static void end_req(oi_disk *d, req *r, oi_status st) {
+  if (d->ckpt_due && !d->closing) checkpoint_all(d);
+  pthread_mutex_unlock(&d->lock);
+  oi_disk_cb cb = r->cb;
+  void *ctx = r->ctx;
+  req_release(d, r);
+  if (cb) cb(ctx, st);
+}
+
 static bool transient(int err) { return err == EAGAIN || err == EINTR || err == ECANCELED; }
 
 static void finish_write(oi_disk *d, req *r) {
@@ -546,12 +557,7 @@ static void finish_write(oi_disk *d, req *r) {
     ext_free(&d->files[e->file], e->off, entry_bytes(e));
     oi__free(e);
   }
-  if (d->ckpt_due && !d->closing) checkpoint_all(d);
-  pthread_mutex_unlock(&d->lock);
-  oi_disk_cb cb = r->cb;
-  void *ctx = r->ctx;
-  req_release(d, r);
-  if (cb) cb(ctx, st);
+  end_req(d, r, st);
 }
 
 static void finish_read(oi_disk *d, req *r) {
@@ -596,12 +602,7 @@ static void finish_read(oi_disk *d, req *r) {
     ext_free(&d->files[e->file], e->off, entry_bytes(e));
     oi__free(e);
   }
-  if (d->ckpt_due && !d->closing) checkpoint_all(d);
-  pthread_mutex_unlock(&d->lock);
-  oi_disk_cb cb = r->cb;
-  void *ctx = r->ctx;
-  req_release(d, r);
-  if (cb) cb(ctx, st);
+  end_req(d, r, st);
 }
 
 static _Thread_local oi_disk *tl_completing;

@@ -764,12 +764,8 @@ oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o
   if (!e) return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
   e->base.ops = &local_ops;
   pthread_mutex_init(&e->lock, NULL);
-  pthread_condattr_t ca; /* deadlines are CLOCK_MONOTONIC (oi__deadline_ns) */
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&e->flush_cv, &ca);
-  pthread_cond_init(&e->sweep_cv, &ca);
-  pthread_condattr_destroy(&ca);
+  oi__cond_init_monotonic(&e->flush_cv);
+  oi__cond_init_monotonic(&e->sweep_cv);
   oi_status st = oi__engine_init_common(&e->base, o, "register");
   if (st != OI_OK) goto fail;
   if ((st = oi__host_bind_namespace(h, e->base.namespace_id, e->base.layout.block_bytes,

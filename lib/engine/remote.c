@@ -292,7 +292,12 @@ static void finish_handed(remote_engine *e) {
   }
 }
 
-static void init_read_side(remote_engine *e) {
+/* The connection's locks, its condition variable and its read side. */
+static void init_sync(remote_engine *e) {
+  pthread_mutex_init(&e->lock, NULL);
+  oi__cond_init_monotonic(&e->cv);
+  pthread_mutex_init(&e->write_lock, NULL);
+  pthread_mutex_init(&e->teardown_lock, NULL);
   oi__wire_reader_init(&e->rd);
   e->handed = NULL;
   e->handed_tail = &e->handed;
@@ -1660,15 +1665,7 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
   e->owned = owned;
   e->arena_size = arena_size;
   e->state = CONN_CONNECTING;
-  pthread_mutex_init(&e->lock, NULL);
-  pthread_condattr_t ca; /* deadlines are CLOCK_MONOTONIC (oi__deadline_ns) */
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&e->cv, &ca);
-  pthread_condattr_destroy(&ca);
-  pthread_mutex_init(&e->write_lock, NULL);
-  pthread_mutex_init(&e->teardown_lock, NULL);
-  init_read_side(e);
+  init_sync(e);
   /* Validate the whole layout before talking to the server; the real base
    * is known after the import (or is the caller's, engine-owned). */
   void *owned_base = opts.arena_base;
@@ -1821,15 +1818,7 @@ OI_API oi_status oi_offload_client_connect(const char *socket_path, const oi_loo
   e->owned_fd = -1;
   e->connecting_fd = -1;
   e->state = CONN_RETIRED; /* never armed: the connection may end without harm */
-  pthread_mutex_init(&e->lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&e->cv, &ca);
-  pthread_condattr_destroy(&ca);
-  pthread_mutex_init(&e->write_lock, NULL);
-  pthread_mutex_init(&e->teardown_lock, NULL);
-  init_read_side(e);
+  init_sync(e);
   e->control_ms = lo.control_deadline_ms;
   e->base.namespace_id = oi__strdup(lo.namespace_id);
   e->base.instance_name = oi__strdup(lo.client_name ? lo.client_name : "lookup client");

@@ -66,12 +66,8 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
   oi__lower_init(h);
   pthread_mutex_init(&h->maint_lock, NULL);
   pthread_mutex_init(&h->seal_lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&h->maint_cv, &ca);
-  pthread_cond_init(&h->seal_cv, &ca);
-  pthread_condattr_destroy(&ca);
+  oi__cond_init_monotonic(&h->maint_cv);
+  oi__cond_init_monotonic(&h->seal_cv);
 
   if ((st = oi__dev_open(opts.device, &h->dev)) != OI_OK) goto fail;
   uint32_t pin_flags = ((opts.flags & OI_HOST_HUGEPAGES) ? OI_PIN_HUGEPAGES : 0) |

@@ -22,11 +22,7 @@ void oi__lower_init(oi_offload_host *h) {
   pthread_rwlock_init(&h->watch_lock, NULL);
   atomic_store(&h->watching, false);
   pthread_mutex_init(&h->lower_lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&h->lower_cv, &ca);
-  pthread_condattr_destroy(&ca);
+  oi__cond_init_monotonic(&h->lower_cv);
 }
 
 void oi__lower_fini(oi_offload_host *h) {

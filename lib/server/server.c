@@ -114,6 +114,19 @@ static void clean_dead_owner(const char *path) {
            n, n == 1 ? "" : "s", pid);
 }
 
+/* What is at `path` already: nothing, or a socket nobody listens on (then
+ * *stale is set, when stale is not NULL); anything else is refused. */
+static oi_status check_existing(const char *path, bool *stale) {
+  struct stat st;
+  if (lstat(path, &st) != 0) return OI_OK;
+  if (!S_ISSOCK(st.st_mode))
+    return oi__fail(OI_ERR_STATE, "server: %s exists and is not a socket (not removing it)", path);
+  if (socket_is_live(path))
+    return oi__fail(OI_ERR_BUSY, "server: another server listens on %s", path);
+  if (stale) *stale = true;
+  return OI_OK;
+}
+
 /* Checks everything about the socket path that can be checked without
  * binding it, so a bad path fails before the pool is set up. */
 static oi_status check_socket_path(const char *path) {
@@ -143,14 +156,7 @@ static oi_status check_socket_path(const char *path) {
                     "server: cannot listen on %s: no permission to create a "
                     "socket in %s",
                     path, dir);
-  if (lstat(path, &st) == 0) {
-    if (!S_ISSOCK(st.st_mode))
-      return oi__fail(OI_ERR_STATE, "server: %s exists and is not a socket (not removing it)",
-                      path);
-    if (socket_is_live(path))
-      return oi__fail(OI_ERR_BUSY, "server: another server listens on %s", path);
-  }
-  return OI_OK;
+  return check_existing(path, NULL);
 }
 
 /* Binds and listens on `path` with mode `mode`. The socket is bound under a
@@ -162,13 +168,10 @@ static oi_status listen_on(oi_server *s, const char *path, uint32_t mode) {
   if (strlen(path) >= sizeof sa.sun_path)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "server: socket path '%s' is longer than %zu bytes",
                     path, sizeof sa.sun_path - 1);
-  struct stat st;
-  if (lstat(path, &st) == 0) {
-    if (!S_ISSOCK(st.st_mode))
-      return oi__fail(OI_ERR_STATE, "server: %s exists and is not a socket (not removing it)",
-                      path);
-    if (socket_is_live(path))
-      return oi__fail(OI_ERR_BUSY, "server: another server listens on %s", path);
+  bool stale = false;
+  oi_status rc = check_existing(path, &stale);
+  if (rc != OI_OK) return rc;
+  if (stale) {
     OI_LOG(OI_LOG_INFO, "server", "replacing the stale socket %s", path);
     clean_dead_owner(path);
   }
@@ -204,6 +207,7 @@ static oi_status listen_on(oi_server *s, const char *path, uint32_t mode) {
     close(fd);
     return oi__fail(OI_ERR_IO, "server: listen %s: %s", path, strerror(e));
   }
+  struct stat st;
   if (lstat(path, &st) == 0) {
     s->sock_dev = st.st_dev;
     s->sock_ino = st.st_ino;

@@ -71,13 +71,3 @@ bool oi__plan_build_into(const oi_layout *l, const int64_t *ids, uint8_t *const 
   *n_descs = plan(l, ids, host_blocks, n, dir, descs);
   return true;
 }
-
-oi_status oi__plan_build(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
-                         size_t n, oi_copy_dir dir, oi_copy_desc **descs, size_t *n_descs) {
-  size_t ppb = pieces_per_block(l);
-  oi_copy_desc *d = oi__malloc(n * ppb * sizeof *d + 1);
-  if (!d) return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy plan: out of memory for %zu pieces", n * ppb);
-  *n_descs = plan(l, ids, host_blocks, n, dir, d);
-  *descs = d;
-  return OI_OK;
-}

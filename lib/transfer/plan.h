@@ -41,8 +41,5 @@ size_t oi__plan_pieces(const oi_layout *l, size_t n);
 bool oi__plan_build_into(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
                          size_t n, oi_copy_dir dir, oi_copy_desc *descs, size_t cap,
                          size_t *n_descs);
-/* The same into *descs, allocated with oi__malloc (the caller frees it). */
-oi_status oi__plan_build(const oi_layout *l, const int64_t *ids, uint8_t *const *host_blocks,
-                         size_t n, oi_copy_dir dir, oi_copy_desc **descs, size_t *n_descs);
 
 #endif

@@ -550,11 +550,7 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
   pthread_mutex_init(&x->lock, NULL);
   for (int d = 0; d < 2; d++)
     pthread_mutex_init(&x->plan_lock[d], NULL);
-  pthread_condattr_t ca; /* deadlines are CLOCK_MONOTONIC (oi__deadline_ns) */
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&x->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  oi__cond_init_monotonic(&x->cv);
   for (int d = 0; d < 2; d++) {
     x->mode[d] = oi__xfer_resolve_mode(c->layout, c->copy_mode, (oi_copy_dir)d);
     uint64_t bytes = c->group_bytes              ? c->group_bytes

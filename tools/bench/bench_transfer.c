@@ -1,8 +1,8 @@
 /* `openinfer bench transfer`: save and load bandwidth of real KV layouts
- * through the public engine API, against the bulk pinned memcpy ceiling and
- * the naive per-piece cudaMemcpyAsync loop measured in the same run; restore
- * latency of a 22-block prefix; and the slowdown copies cause to a
- * compute-bound kernel stream. */
+ * through the public engine API, against the bulk pinned memcpy ceiling,
+ * the naive per-piece cudaMemcpyAsync loop and the device layer's copy
+ * paths alone, measured in the same run; restore latency of a 22-block
+ * prefix; and the slowdown copies cause to a compute-bound kernel stream. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "device/device.h"
 #include "openinfer/openinfer.h"
+#include "transfer/transfer.h"
 
 typedef struct shape {
   const char *name;
@@ -205,6 +206,31 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
   return true;
 }
 
+/* The shape's pieces (block x arena x segment, in block order) between the
+ * arenas and a host copy laid out as the engine's slots are: each block's
+ * bytes contiguous, blocks one after another from `host`. n pieces. */
+static bench_piece *shape_pieces(const setup *s, oi_copy_dir dir, uint8_t *host, size_t *n) {
+  uint32_t segs = s->sh->kv_halves ? 2 : 1;
+  *n = (size_t)s->sh->blocks * s->narenas * segs;
+  bench_piece *d = calloc(*n, sizeof *d);
+  if (!d) return NULL;
+  size_t k = 0;
+  for (uint64_t b = 0; b < s->sh->blocks; b++) {
+    uint64_t hoff = b * s->block_bytes;
+    for (uint32_t a = 0; a < s->narenas; a++)
+      for (uint32_t g = 0; g < segs; g++) {
+        uintptr_t dv = (uintptr_t)s->arenas[a].base +
+                       (uint64_t)s->ids[b] * s->arenas[a].block_stride +
+                       (s->sh->kv_halves ? s->seg_offsets[2 * a + g] : 0);
+        uintptr_t hs = (uintptr_t)host + hoff;
+        hoff += s->arenas[a].bytes_per_block;
+        d[k++] = dir == OI_COPY_D2H ? (bench_piece){dv, hs, s->arenas[a].bytes_per_block}
+                                    : (bench_piece){hs, dv, s->arenas[a].bytes_per_block};
+      }
+  }
+  return d;
+}
+
 /* Raw device-layer copies: the bulk ceiling (one piece) and the naive loop
  * (one cudaMemcpyAsync per block x arena). Returns GB/s (median). */
 static double raw_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, bool bulk, uint8_t *host) {
@@ -213,32 +239,15 @@ static double raw_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, bool bulk
     bench_cuda_stream_destroy(st);
     return 0;
   }
-  uint32_t segs = s->sh->kv_halves ? 2 : 1;
-  size_t n = bulk ? 1 : (size_t)s->sh->blocks * s->narenas * segs;
-  bench_piece *d = calloc(n, sizeof *d);
+  size_t n = 1;
+  bench_piece *d = bulk ? calloc(1, sizeof *d) : shape_pieces(s, dir, host, &n);
   if (!d) {
     bench_cuda_stream_destroy(st);
     return 0;
   }
-  if (bulk) {
+  if (bulk)
     d[0] = dir == OI_COPY_D2H ? (bench_piece){(uintptr_t)s->region, (uintptr_t)host, s->total}
                               : (bench_piece){(uintptr_t)host, (uintptr_t)s->region, s->total};
-  } else {
-    size_t k = 0;
-    for (uint64_t b = 0; b < s->sh->blocks; b++) {
-      uint64_t hoff = b * s->block_bytes;
-      for (uint32_t a = 0; a < s->narenas; a++)
-        for (uint32_t g = 0; g < segs; g++) {
-          uintptr_t dv = (uintptr_t)s->arenas[a].base +
-                         (uint64_t)s->ids[b] * s->arenas[a].block_stride +
-                         (s->sh->kv_halves ? s->seg_offsets[2 * a + g] : 0);
-          uintptr_t hs = (uintptr_t)host + hoff;
-          hoff += s->arenas[a].bytes_per_block;
-          d[k++] = dir == OI_COPY_D2H ? (bench_piece){dv, hs, s->arenas[a].bytes_per_block}
-                                      : (bench_piece){hs, dv, s->arenas[a].bytes_per_block};
-        }
-    }
-  }
   double v[16];
   int reps = env->reps;
   for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
@@ -249,6 +258,49 @@ static double raw_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, bool bulk
   free(d);
   bench_cuda_stream_destroy(st);
   return median(v, reps);
+}
+
+/* The device layer alone (no engine, no host tier): the shape's pieces
+ * handed to one of its streams in mode `mode`, in groups of about
+ * OI_KERNEL_GROUP_BYTES as the engine's pipeline hands them, then a wait
+ * for the stream. What the copy path can do with the bytes where they are,
+ * against which the engine's figures show the cost of its CPU side.
+ * Returns GB/s (median); 0 when it could not run. */
+static double layer_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, uint32_t mode,
+                              uint8_t *host) {
+  size_t n = 0;
+  bench_piece *d = shape_pieces(s, dir, host, &n);
+  oi_stream *st = NULL;
+  if (!d || env->dev->ops->stream_create(env->dev, dir == OI_COPY_H2D, &st) != OI_OK) {
+    free(d);
+    return 0;
+  }
+  oi_copy_desc *descs = calloc(n, sizeof *descs);
+  if (!descs) {
+    env->dev->ops->stream_destroy(st);
+    free(d);
+    return 0;
+  }
+  for (size_t i = 0; i < n; i++)
+    descs[i] = (oi_copy_desc){.src = d[i].src, .dst = d[i].dst, .bytes = d[i].bytes};
+  free(d);
+  size_t group = (size_t)(OI_KERNEL_GROUP_BYTES / (s->total / n)) + 1;
+  oi_copy_params p = {.mode = mode, .host_mapped = true};
+  double v[16];
+  int reps = env->reps;
+  bool ok = true;
+  for (int r = -1; r < reps && ok; r++) { /* r = -1: warm-up */
+    uint64_t t0 = oi__now_ns();
+    for (size_t at = 0; at < n && ok; at += group)
+      ok = env->dev->ops->stream_copy(st, dir, descs + at, n - at < group ? n - at : group, &p) ==
+           OI_OK;
+    ok = env->dev->ops->stream_sync(st) == OI_OK && ok;
+    if (r >= 0) v[r] = (double)s->total / (double)(oi__now_ns() - t0);
+  }
+  if (!ok) fprintf(stderr, "bench: device-layer copy failed: %s\n", oi_last_error());
+  free(descs);
+  env->dev->ops->stream_destroy(st);
+  return ok ? median(v, reps) : 0;
 }
 
 /* Save of every block + wait; GB/s, and the median time of the save call
@@ -357,20 +409,20 @@ static void *save_loop(void *arg) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: openinfer bench transfer [--device N] [--reps N] [--quick] [--shape NAME]...\n"
-          "                                [--bandwidth-only] [--json]\n"
-          "\n"
-          "Measures save/load bandwidth of real KV layouts through the engine API against the\n"
-          "bulk pinned memcpy ceiling and a per-piece cudaMemcpyAsync loop, the restore latency\n"
-          "of 22 GLM5.2-shaped blocks, and compute interference. Needs a GPU.\n"
-          "\n"
-          "  --quick           the three model shapes only\n"
-          "  --shape NAME      this shape only (repeatable): glm5.2, qwen3-4b, vllm-qwen3-4b,\n"
-          "                    pages-4k, pages-42k\n"
-          "  --bandwidth-only  skip the restore-latency and interference sections\n"
-          "  OI_STAGING_MB, OI_SUBMIT_GROUP_MB (environment): staging size and submit groups\n"
-          "                    (set as oi_engine_options.staging_bytes, submit_group_bytes)\n");
+  fprintf(f, "usage: openinfer bench transfer [--device N] [--reps N] [--quick] [--shape NAME]...\n"
+             "                                [--bandwidth-only] [--json]\n"
+             "\n"
+             "Measures save/load bandwidth of real KV layouts through the engine API against the\n"
+             "bulk pinned memcpy ceiling, a per-piece cudaMemcpyAsync loop and the device layer's\n"
+             "copy paths alone (no engine, no host tier), the restore latency\n"
+             "of 22 GLM5.2-shaped blocks, and compute interference. Needs a GPU.\n"
+             "\n"
+             "  --quick           the three model shapes only\n"
+             "  --shape NAME      this shape only (repeatable): glm5.2, qwen3-4b, vllm-qwen3-4b,\n"
+             "                    pages-4k, pages-42k\n"
+             "  --bandwidth-only  skip the restore-latency and interference sections\n"
+             "  OI_STAGING_MB, OI_SUBMIT_GROUP_MB (environment): staging size and submit groups\n"
+             "                    (set as oi_engine_options.staging_bytes, submit_group_bytes)\n");
 }
 
 int bench_transfer(int argc, char **argv) {
@@ -457,6 +509,10 @@ int bench_transfer(int argc, char **argv) {
                                    3); /* bulk H2D overwrote it */
     double piece_d2h = raw_copy_gbps(&env, &s, OI_COPY_D2H, false, scratch.host);
     double piece_h2d = raw_copy_gbps(&env, &s, OI_COPY_H2D, false, scratch.host);
+    double layer_kernel_d2h = layer_copy_gbps(&env, &s, OI_COPY_D2H, OI_XFER_KERNEL, scratch.host);
+    double layer_kernel_h2d = layer_copy_gbps(&env, &s, OI_COPY_H2D, OI_XFER_KERNEL, scratch.host);
+    double layer_staged_d2h = layer_copy_gbps(&env, &s, OI_COPY_D2H, OI_XFER_STAGED, scratch.host);
+    double layer_staged_h2d = layer_copy_gbps(&env, &s, OI_COPY_H2D, OI_XFER_STAGED, scratch.host);
     env.dev->ops->mem_fill_pattern(env.dev, s.region, s.region_bytes, 3);
     env.dev->ops->pinned_free(env.dev, &scratch);
     double save[NMODES], load[NMODES], submit[NMODES], save_call[NMODES];
@@ -471,10 +527,13 @@ int bench_transfer(int argc, char **argv) {
       fprintf(
           out,
           "%s{\"shape\":\"%s\",\"arenas\":%u,\"blocks\":%llu,\"block_bytes\":%llu,\"bytes\":%llu,"
-          "\"bulk_d2h\":%.2f,\"bulk_h2d\":%.2f,\"piecewise_d2h\":%.2f,\"piecewise_h2d\":%.2f,",
+          "\"bulk_d2h\":%.2f,\"bulk_h2d\":%.2f,\"piecewise_d2h\":%.2f,\"piecewise_h2d\":%.2f,"
+          "\"layer_kernel_d2h\":%.2f,\"layer_kernel_h2d\":%.2f,\"layer_staged_d2h\":%.2f,"
+          "\"layer_staged_h2d\":%.2f,",
           first ? "" : ",", s.sh->name, s.narenas, (unsigned long long)s.sh->blocks,
           (unsigned long long)s.block_bytes, (unsigned long long)s.total, bulk_d2h, bulk_h2d,
-          piece_d2h, piece_h2d);
+          piece_d2h, piece_h2d, layer_kernel_d2h, layer_kernel_h2d, layer_staged_d2h,
+          layer_staged_h2d);
       for (int m = 0; m < NMODES; m++)
         fprintf(out,
                 "\"save_%s\":%.2f,\"load_%s\":%.2f,\"save_submit_us_%s\":%.1f,"
@@ -491,6 +550,12 @@ int bench_transfer(int argc, char **argv) {
               "1.00", "1.00");
       fprintf(out, "  %-26s %8.2f %8.2f %10.2f %10.2f\n", "per-piece cudaMemcpyAsync", piece_d2h,
               piece_h2d, piece_d2h / bulk_d2h, piece_h2d / bulk_h2d);
+      fprintf(out, "  %-26s %8.2f %8.2f %10.2f %10.2f\n", "device layer alone, kernel",
+              layer_kernel_d2h, layer_kernel_h2d, layer_kernel_d2h / bulk_d2h,
+              layer_kernel_h2d / bulk_h2d);
+      fprintf(out, "  %-26s %8.2f %8.2f %10.2f %10.2f\n", "device layer alone, staged",
+              layer_staged_d2h, layer_staged_h2d, layer_staged_d2h / bulk_d2h,
+              layer_staged_h2d / bulk_h2d);
       for (int m = 0; m < NMODES; m++)
         fprintf(out,
                 "  engine %-19s %8.2f %8.2f %10.2f %10.2f   (%.1fx / %.1fx per-piece; calls: "

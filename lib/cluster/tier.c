@@ -734,10 +734,12 @@ typedef struct reserve_ctx {
   const oi_dir_holder *holders;
 } reserve_ctx;
 
-static void reserve_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) {
+static void reserve_accepted(void *ctx, const size_t *idx, host_block *const *blocks,
+                             uint8_t *const *data, size_t k) {
   reserve_ctx *c = ctx;
-  fetch_item *it = &c->job->items[c->job->n++];
-  *it = (fetch_item){.b = b, .data = data, .key = c->keys[i], .holder = c->holders[i]};
+  for (size_t j = 0; j < k; j++)
+    c->job->items[c->job->n++] = (fetch_item){
+        .b = blocks[j], .data = data[j], .key = c->keys[idx[j]], .holder = c->holders[idx[j]]};
 }
 
 size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_hash *hashes,

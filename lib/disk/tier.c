@@ -259,8 +259,7 @@ typedef struct promote_call {
   size_t started;
 } promote_call;
 
-static void promote_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) {
-  promote_call *c = ctx;
+static void promote_one(promote_call *c, size_t i, host_block *b, uint8_t *data) {
   disk_tier *t = c->t;
   promote_op *op = oi__calloc(1, sizeof *op);
   void *dst = data;
@@ -292,6 +291,12 @@ static void promote_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) 
   t->pq_tail = op;
   pthread_mutex_unlock(&t->lock);
   c->started++;
+}
+
+static void promote_accepted(void *ctx, const size_t *idx, host_block *const *blocks,
+                             uint8_t *const *data, size_t k) {
+  for (size_t j = 0; j < k; j++)
+    promote_one(ctx, idx[j], blocks[j], data[j]);
 }
 
 size_t oi__disk_tier_promote(disk_tier *t, oi_host_ns ns, const oi_block_hash *hashes, size_t n) {

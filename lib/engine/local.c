@@ -340,21 +340,24 @@ typedef struct layer_call {
   const int64_t *ids;
 } layer_call;
 
-static void layer_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) {
+static void layer_accepted(void *ctx, const size_t *idx, host_block *const *blocks,
+                           uint8_t *const *data, size_t k) {
   layer_call *c = ctx;
-  size_t at = c->pos[i];
-  pthread_mutex_lock(&c->e->lock);
-  partial *p = partial_add(c->e, &c->hashes[at], c->ids[at], PARTIAL_ACTIVE);
-  if (p) {
-    p->b = b;
-    p->data = data;
+  for (size_t j = 0; j < k; j++) {
+    size_t at = c->pos[idx[j]];
+    pthread_mutex_lock(&c->e->lock);
+    partial *p = partial_add(c->e, &c->hashes[at], c->ids[at], PARTIAL_ACTIVE);
+    if (p) {
+      p->b = blocks[j];
+      p->data = data[j];
+    }
+    pthread_mutex_unlock(&c->e->lock);
+    if (!p) { /* no memory for the record: the slot is aborted at once */
+      oi__host_save_end(c->e->host, c->e->ns, &blocks[j], 1, false, 0, 0);
+      atomic_fetch_add(&c->e->c.saves_failed, 1);
+    }
+    c->made[idx[j]] = p;
   }
-  pthread_mutex_unlock(&c->e->lock);
-  if (!p) { /* no memory for the record: the slot is aborted at once */
-    oi__host_save_end(c->e->host, c->e->ns, &b, 1, false, 0, 0);
-    atomic_fetch_add(&c->e->c.saves_failed, 1);
-  }
-  c->made[i] = p;
 }
 
 static void layer_in_flight(void *ctx, size_t i) {
@@ -462,8 +465,7 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids,
   oi__xfer_job_wait_event(job, opt->wait_event);
   save_call c = {
       .e = e, .job = job, .blocks = oi__xfer_job_user(job), .ids = ids, .hashes = hashes};
-  oi_host_reserve_sink sink = {
-      .accepted_many = save_accepted, .in_flight = save_in_flight, .ctx = &c};
+  oi_host_reserve_sink sink = {.accepted = save_accepted, .in_flight = save_in_flight, .ctx = &c};
   oi_host_reserved r;
   oi__host_reserve(e->host, e->ns, hashes, n, &sink, &r);
   atomic_fetch_add(&e->c.saves_submitted, n);

@@ -100,18 +100,14 @@ static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash
   uint8_t *acc_data[OI_BATCH];
   for (size_t j = 0; j < m; j++) {
     if (out[j] == OUT_ACCEPTED) {
-      if (sink->accepted_many) {
-        acc_idx[k] = idx[j];
-        made[k] = made[j]; /* k <= j: compacted in place */
-        acc_data[k++] = oi__block_data(h, made[j]);
-      } else {
-        sink->accepted(sink->ctx, idx[j], made[j], oi__block_data(h, made[j]));
-      }
+      acc_idx[k] = idx[j];
+      made[k] = made[j]; /* k <= j: compacted in place */
+      acc_data[k++] = oi__block_data(h, made[j]);
     } else if (out[j] == OUT_IN_FLIGHT && sink->in_flight) {
       sink->in_flight(sink->ctx, idx[j]);
     }
   }
-  if (k) sink->accepted_many(sink->ctx, acc_idx, made, acc_data, k);
+  if (k) sink->accepted(sink->ctx, acc_idx, made, acc_data, k);
 }
 
 /* One hash the batches found no slot for: a slot from the pool (which may
@@ -149,10 +145,7 @@ static void reserve_one(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *
   pthread_mutex_unlock(&s->lock);
   t->accepted++;
   uint8_t *data = oi__block_data(h, nb);
-  if (sink->accepted_many)
-    sink->accepted_many(sink->ctx, &i, &nb, &data, 1);
-  else
-    sink->accepted(sink->ctx, i, nb, data);
+  sink->accepted(sink->ctx, &i, &nb, &data, 1);
 }
 
 void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,

@@ -55,14 +55,11 @@ uint64_t oi__host_ns_resident(const oi_offload_host *h, oi_host_ns ns);
 /* Where oi__host_reserve hands each outcome, as it goes (no host lock is
  * held during a call). */
 typedef struct oi_host_reserve_sink {
-  /* A slot in flight now holds hashes[i]; its bytes start at `data`. */
-  void (*accepted)(void *ctx, size_t i, host_block *b, uint8_t *data);
-  /* When set, called instead of `accepted`, once per batch of up to
-   * OI_BATCH outcomes in the order of the hashes: hashes[idx[j]] holds
-   * blocks[j], whose bytes start at data[j] (a save's hot path: one append
-   * to its job per batch, not one per block). */
-  void (*accepted_many)(void *ctx, const size_t *idx, host_block *const *blocks,
-                        uint8_t *const *data, size_t k);
+  /* Slots in flight now hold hashes[idx[j]] for j < k (k <= OI_BATCH, in
+   * the order of the hashes): blocks[j], whose bytes start at data[j]. Told
+   * a batch at a time (a save appends a batch to its job at once). */
+  void (*accepted)(void *ctx, const size_t *idx, host_block *const *blocks, uint8_t *const *data,
+                   size_t k);
   /* hashes[i] deduplicated against a block still in flight (another save):
    * a flush should wait for it. May be NULL. */
   void (*in_flight)(void *ctx, size_t i);

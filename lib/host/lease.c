@@ -249,8 +249,8 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
    * hears of each run of LOAD_READY_RUN blocks marked (their copies can
    * start while the rest are marked). */
   bool last = --l->shares_left == 0;
-  mark_tally m = {.last = last,
-                  .slot_bytes = n ? h->classes[oi__block_cls(h, l->blocks[0])].slot_bytes : 0};
+  mark_tally m = {.last = last, /* (a lease holds at least one block) */
+                  .slot_bytes = h->classes[oi__block_cls(h, l->blocks[0])].slot_bytes};
   uint8_t **data = sink ? sink->data : NULL;
   for (size_t at = 0; at < n; at += LOAD_READY_RUN) {
     size_t k = OI_MIN((size_t)LOAD_READY_RUN, n - at);

@@ -79,9 +79,11 @@ typedef struct sink_ctx {
   host_block **blocks; /* by position in the call */
 } sink_ctx;
 
-static void on_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) {
+static void on_accepted(void *ctx, const size_t *idx, host_block *const *blocks,
+                        uint8_t *const *data, size_t k) {
   (void)data;
-  ((sink_ctx *)ctx)->blocks[i] = b;
+  for (size_t j = 0; j < k; j++)
+    ((sink_ctx *)ctx)->blocks[idx[j]] = blocks[j];
 }
 
 enum { N_TAG_HI = 300, N_TAG_LO = 300, N_SAME_KEY = 50, N_RANDOM = 3000 };

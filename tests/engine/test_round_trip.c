@@ -675,12 +675,62 @@ static void test_destroying_an_engine_finishes_its_saves_and_loads(void) {
   etu_layout_free(&L2);
 }
 
+/* Loads of 1,100 blocks with the default 64 shards: each run of 1,024 is
+ * marked 512 at a time under every shard's lock, the last 76 a batch at a
+ * time. The lease has two shares (world size 2): the first load adds its
+ * marks and leaves the pins, the second turns the pins into its marks.
+ * Every byte comes back both times, and once both loads ended nothing is
+ * leased or pinned and every block can be evicted. */
+static void test_large_loads_mark_under_every_shard_lock(void) {
+  enum { K = 1100, NB = 3 * K };
+  etu_layout L;
+  etu_layout_simple(&L, 1, NB, 512);
+  oi_host_options o;
+  REQUIRE(oi_host_options_init(&o) == OI_OK);
+  o.pool_bytes = 8 << 20;
+  o.device = OI_DEVICE_CPU;
+  oi_offload_host *h = NULL;
+  REQUIRE(oi_offload_host_create(&o, &h) == OI_OK);
+  oi_offload_engine *e = etu_engine_create(h, &L, "large", 2);
+  static int64_t src[K], dst[2][K];
+  static oi_block_hash hs[K];
+  for (uint64_t j = 0; j < K; j++) {
+    src[j] = (int64_t)j;
+    dst[0][j] = (int64_t)(K + j);
+    dst[1][j] = (int64_t)(2 * K + j);
+    hs[j] = etu_hash(77, j);
+    etu_fill_block(&L, src[j], j, SEED);
+  }
+  CHECK_OK(etu_save_wait(e, src, hs, K));
+  oi_query_result q = {.struct_size = sizeof q};
+  CHECK_OK(oi_offload_engine_query(e, "req", hs, K, 0, &q));
+  CHECK(q.hit_blocks == K);
+  for (int share = 0; share < 2; share++) {
+    CHECK_OK(etu_load_wait(e, q.lease, dst[share], K));
+    bool all = true;
+    for (uint64_t j = 0; j < K; j++)
+      all &= etu_block_matches(&L, dst[share][j], j, SEED, "large load");
+    CHECK(all);
+    oi_host_stats st = etu_host_stats(h);
+    CHECK(st.blocks_leased == (share == 0 ? K : 0));
+  }
+  oi_host_stats st = etu_host_stats(h);
+  CHECK(st.blocks_pinned == 0);
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == K);
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
 /* A host index of 1024 shards (more than the 64 a bit mask sorts, so a
- * call's shards are sorted one by one, duplicates skipped): 200 blocks
- * saved in one call with 8 hashes given twice, queried, leased and loaded
- * byte-exact in one call, evicted in one call. */
+ * call's shards are sorted one by one, duplicates skipped; more than a load
+ * of 512 blocks takes all at once, so its blocks are marked a batch at a
+ * time): 600 blocks saved in one call with 8 hashes given twice, queried,
+ * leased and loaded byte-exact in one call, evicted in one call. */
 static void test_more_than_64_index_shards(void) {
-  enum { K = 200, NB = 2 * K + 16 };
+  enum { K = 600, NB = 2 * K + 16 };
   etu_layout L;
   etu_layout_simple(&L, 2, NB, 1024);
   oi_host_options o;
@@ -882,6 +932,7 @@ int main(void) {
   RUN_TEST(test_queries_see_only_complete_blocks_while_saves_land);
   RUN_TEST(test_destroying_an_engine_finishes_its_saves_and_loads);
   RUN_TEST(test_more_than_64_index_shards);
+  RUN_TEST(test_large_loads_mark_under_every_shard_lock);
   RUN_TEST(test_host_watcher);
   RUN_TEST(test_a_lower_tier_that_takes_its_spills_late);
   TEST_EXIT();

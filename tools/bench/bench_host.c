@@ -344,11 +344,13 @@ typedef struct reserve_sink_ctx {
   size_t n;
 } reserve_sink_ctx;
 
-static void reserve_accepted(void *ctx, size_t i, host_block *b, uint8_t *data) {
-  (void)i;
+static void reserve_accepted(void *ctx, const size_t *idx, host_block *const *blocks,
+                             uint8_t *const *data, size_t k) {
+  (void)idx;
   (void)data;
   reserve_sink_ctx *c = ctx;
-  c->blocks[c->n++] = b;
+  for (size_t j = 0; j < k; j++)
+    c->blocks[c->n++] = blocks[j];
 }
 
 /* The host tier's part of a save call alone: oi__host_reserve of 64 fresh

@@ -3,13 +3,33 @@
 #ifndef OI_TESTUTIL_H
 #define OI_TESTUTIL_H
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "openinfer/openinfer.h"
 
 static int oi_test_failures;
+
+/* Removes a test's scratch directory of plain files (names starting with
+ * '.' are left, as are subdirectories: rmdir then fails). @return rmdir's
+ * result (0: gone). */
+static inline int tu_remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *de;
+    char p[1024];
+    while ((de = readdir(d)))
+      if (de->d_name[0] != '.') {
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+      }
+    closedir(d);
+  }
+  return rmdir(dir);
+}
 
 #define CHECK(cond)                                                                                \
   do {                                                                                             \

@@ -688,18 +688,7 @@ done:
     fprintf(stderr, "server logs kept in %s\n", g_dir);
     TEST_EXIT();
   }
-  DIR *d = opendir(g_dir);
-  if (d) {
-    struct dirent *de;
-    char p[512];
-    while ((de = readdir(d)))
-      if (de->d_name[0] != '.') {
-        snprintf(p, sizeof p, "%s/%s", g_dir, de->d_name);
-        unlink(p);
-      }
-    closedir(d);
-  }
-  rmdir(g_dir);
+  tu_remove_dir(g_dir);
   fprintf(stderr, "total %.1f s\n", ms_since(t0) / 1000);
   TEST_EXIT();
 }

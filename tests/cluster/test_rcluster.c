@@ -170,18 +170,7 @@ static void cluster_create(void) {
 static void cluster_destroy(void) {
   for (int m = 0; m < MASTERS; m++)
     if (g_pid[m] > 0) redis_stop(g_pid[m]);
-  DIR *dir = opendir(g_dir);
-  if (dir) {
-    struct dirent *e;
-    char path[512];
-    while ((e = readdir(dir)))
-      if (e->d_name[0] != '.') {
-        snprintf(path, sizeof path, "%s/%s", g_dir, e->d_name);
-        unlink(path);
-      }
-    closedir(dir);
-  }
-  rmdir(g_dir);
+  tu_remove_dir(g_dir);
 }
 
 static oi_dir_key key_of(uint64_t ns, uint32_t i) {

@@ -30,6 +30,8 @@
 
 #define NB 8
 #define BLOCK (64 * 1024)
+#define HASH_TAG 0xC7
+#include "node_rig.h"
 #define SECRET_TEXT "a-cluster-secret-of-32-bytes-000"
 
 static int g_port;
@@ -38,33 +40,7 @@ static char g_url[64];
 static char g_dir[256];
 static char g_secret_path[512];
 
-typedef struct node {
-  oi_offload_host *h;
-  oi_offload_engine *e;
-  uint8_t *mem;
-  oi_arena_desc arena;
-} node;
-
-static uint8_t pattern(uint64_t logical, uint64_t i) {
-  uint64_t x = (logical + 11) * 0x9E3779B97F4A7C15ull ^ i * 0xBF58476D1CE4E5B9ull;
-  return (uint8_t)(x ^ (x >> 29) ^ (x >> 41));
-}
-
-static oi_block_hash hash_of(uint64_t i) {
-  oi_block_hash h;
-  memset(&h, 0, sizeof h);
-  memcpy(h.bytes, &i, sizeof i);
-  h.bytes[15] = 0xC7;
-  return h;
-}
-
 static void node_open(node *n, const char *id) {
-  memset(n, 0, sizeof *n);
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 8ull << 20;
-  ho.flags = OI_HOST_NO_PIN;
-  REQUIRE(oi_offload_host_create(&ho, &n->h) == OI_OK);
   oi_host_cluster_options co;
   oi_host_cluster_options_init(&co);
   co.redis_url = g_url;
@@ -72,74 +48,7 @@ static void node_open(node *n, const char *id) {
   co.listen_addr = "127.0.0.1:0";
   co.secret_file = g_secret_path;
   co.timeout_ms = 2000;
-  REQUIRE(oi_offload_host_attach_cluster(n->h, &co) == OI_OK);
-  n->mem = calloc(2 * NB, BLOCK);
-  REQUIRE(n->mem);
-  n->arena = (oi_arena_desc){.name = "kv",
-                             .base = n->mem,
-                             .num_blocks = 2 * NB,
-                             .bytes_per_block = BLOCK,
-                             .block_stride = BLOCK,
-                             .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "rogue-model";
-  eo.arenas = &n->arena;
-  eo.num_arenas = 1;
-  REQUIRE(oi_offload_engine_create(n->h, &eo, &n->e) == OI_OK);
-}
-
-static void node_close(node *n) {
-  oi_offload_engine_destroy(n->e);
-  oi_offload_host_destroy(n->h);
-  free(n->mem);
-  memset(n, 0, sizeof *n);
-}
-
-static oi_host_cluster_stats cstats(node *n) {
-  oi_host_cluster_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_offload_host_cluster_stats(n->h, &s));
-  return s;
-}
-
-static void save(node *n, int count) {
-  int64_t ids[NB];
-  oi_block_hash hs[NB];
-  for (int b = 0; b < count; b++) {
-    ids[b] = b;
-    hs[b] = hash_of((uint64_t)b);
-    for (uint64_t i = 0; i < BLOCK; i++)
-      n->mem[(uint64_t)b * BLOCK + i] = pattern((uint64_t)b, i);
-  }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(n->e, ids, hs, (size_t)count, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
-}
-
-/* Queries the NB blocks (waiting for fetches), loads the hits and checks
- * every byte. @return the hits. */
-static uint64_t fetch_check(node *n) {
-  oi_block_hash hs[NB];
-  for (int b = 0; b < NB; b++)
-    hs[b] = hash_of((uint64_t)b);
-  oi_query_result q = {.struct_size = sizeof q, .wait_ms = 4000};
-  CHECK_OK(oi_offload_engine_query(n->e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q));
-  if (q.hit_blocks == 0) return 0;
-  int64_t dst[NB];
-  for (int b = 0; b < NB; b++)
-    dst[b] = NB + b;
-  memset(n->mem + NB * BLOCK, 0, NB * BLOCK);
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_load(n->e, q.lease, dst, q.hit_blocks, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
-  uint64_t bad = 0;
-  for (uint64_t b = 0; b < q.hit_blocks; b++)
-    for (uint64_t i = 0; i < BLOCK; i++)
-      bad += n->mem[(NB + b) * BLOCK + i] != pattern(b, i);
-  CHECK(bad == 0);
-  return q.hit_blocks;
+  REQUIRE(rig_open(n, "rogue-model", &co) == OI_OK);
 }
 
 /* ---- the wire (lib/cluster/tier.c): "OICL", version 1 ---- */
@@ -159,7 +68,7 @@ static void put_hdr(uint8_t *p, uint16_t type) {
 static void test_holder_refuses_bad_requests(void) {
   node a;
   node_open(&a, "holder-a");
-  save(&a, NB);
+  save(&a, 0, NB);
   oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
                            .node_id = "asker",
                            .secret = (const uint8_t *)SECRET_TEXT,
@@ -204,7 +113,7 @@ static void test_holder_refuses_bad_requests(void) {
   for (int i = 0; i < 300 && cstats(&a).published < NB; i++)
     sleep_ms(10);
   sleep_ms(50);
-  CHECK(fetch_check(&b) == NB);
+  CHECK(fetch_check(&b, 0, NB, 4000) == NB);
   CHECK(cstats(&a).served_blocks == NB);
   node_close(&b);
   node_close(&a);
@@ -215,7 +124,7 @@ static void test_holder_refuses_bad_requests(void) {
 static void test_release_only_by_its_reader(void) {
   node a;
   node_open(&a, "holder-r");
-  save(&a, NB);
+  save(&a, 0, NB);
   uint64_t ns_fp = 0, layout_fp = 0, bb = 0;
   REQUIRE(oi__host_namespace_fps(a.h, 1, &ns_fp, &layout_fp, &bb) && bb == BLOCK);
   char addr[64];
@@ -333,7 +242,7 @@ static void test_rogue_holder(void) {
    * then goes: its entries are rewritten to name the rogue. */
   node a;
   node_open(&a, "origin");
-  save(&a, NB);
+  save(&a, 0, NB);
   for (int i = 0; i < 300 && cstats(&a).published < NB; i++)
     sleep_ms(10);
   sleep_ms(100);
@@ -384,7 +293,7 @@ static void test_rogue_holder(void) {
     g_mode = modes[k].mode;
     int before = atomic_load(&g_leases);
     uint64_t failed = cstats(&b).remote_failed;
-    uint64_t hits = fetch_check(&b);
+    uint64_t hits = fetch_check(&b, 0, NB, 4000);
     if (hits != 0 || atomic_load(&g_leases) == before || cstats(&b).remote_failed <= failed) {
       fprintf(stderr, "a rogue answering with %s: %llu hits, %d leases asked\n", modes[k].what,
               (unsigned long long)hits, atomic_load(&g_leases) - before);
@@ -411,7 +320,7 @@ static void test_rogue_holder(void) {
       freeReplyObject(r);
     }
     int before = atomic_load(&g_leases);
-    CHECK(fetch_check(&b) == 0);
+    CHECK(fetch_check(&b, 0, NB, 4000) == 0);
     CHECK(atomic_load(&g_leases) == before);
     /* (the fetcher removes stale entries right after it ends the slots the
      * query waits for: allow it a moment) */
@@ -437,7 +346,7 @@ static void test_rogue_holder(void) {
     freeReplyObject(r);
   }
   g_mode = R_GOOD;
-  CHECK(fetch_check(&b) == NB);
+  CHECK(fetch_check(&b, 0, NB, 4000) == NB);
   /* (the fetcher counts a block just after it seals it, which ends the
    * query's wait: the count may come a moment later) */
   for (int i = 0; i < 200 && cstats(&b).remote_blocks < NB; i++)
@@ -482,7 +391,7 @@ static void test_lease_flood(void) {
   REQUIRE(g_lease_len >= CL_LEASE(1)); /* test_rogue_holder captured one */
   node a;
   node_open(&a, "flooded");
-  save(&a, NB);
+  save(&a, 0, NB);
   oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
                            .node_id = "flooder",
                            .secret = (const uint8_t *)SECRET_TEXT,

@@ -33,18 +33,7 @@ static inline char *dt_mkdtemp(void) {
 
 /* Removes a scratch directory and the files in it (one level). */
 static inline void dt_rmtree(char *dir) {
-  DIR *dp = opendir(dir);
-  if (dp) {
-    struct dirent *de;
-    while ((de = readdir(dp))) {
-      if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-      char p[1024];
-      snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-      unlink(p);
-    }
-    closedir(dp);
-  }
-  rmdir(dir);
+  tu_remove_dir(dir);
   free(dir);
 }
 
@@ -192,6 +181,33 @@ static inline char *dt_path(const char *dir, const char *name) {
   REQUIRE(p);
   sprintf(p, "%s/%s", dir, name);
   return p;
+}
+
+/* A whole file's bytes (malloc'ed, one spare byte after them) and their
+ * count in *n. */
+static inline uint8_t *dt_slurp(const char *path, size_t *n) {
+  int fd = open(path, O_RDONLY);
+  REQUIRE(fd >= 0);
+  struct stat sb;
+  REQUIRE(fstat(fd, &sb) == 0);
+  *n = (size_t)sb.st_size;
+  uint8_t *b = malloc(*n + 1);
+  REQUIRE(b && pread(fd, b, *n, 0) == (ssize_t)*n);
+  close(fd);
+  return b;
+}
+
+/* Makes `path` hold exactly b[0..n). */
+static inline void dt_spit(const char *path, const uint8_t *b, size_t n) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(fd >= 0 && write(fd, b, n) == (ssize_t)n);
+  close(fd);
+}
+
+/* The size of `path`, -1 when it is not there. */
+static inline off_t dt_file_size(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 ? sb.st_size : -1;
 }
 
 #endif

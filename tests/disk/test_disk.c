@@ -170,29 +170,6 @@ static void test_flipped_byte(void) {
   dt_rmtree(a);
 }
 
-static uint8_t *slurp(const char *path, size_t *n) {
-  int fd = open(path, O_RDONLY);
-  REQUIRE(fd >= 0);
-  struct stat sb;
-  REQUIRE(fstat(fd, &sb) == 0);
-  *n = (size_t)sb.st_size;
-  uint8_t *b = malloc(*n + 1);
-  REQUIRE(b && pread(fd, b, *n, 0) == (ssize_t)*n);
-  close(fd);
-  return b;
-}
-
-static void spit(const char *path, const uint8_t *b, size_t n) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  REQUIRE(fd >= 0 && write(fd, b, n) == (ssize_t)n);
-  close(fd);
-}
-
-static off_t file_size(const char *path) {
-  struct stat sb;
-  return stat(path, &sb) == 0 ? sb.st_size : -1;
-}
-
 /* A crash leaves the log (the checkpoint is written at close): the test
  * keeps the log as it was before the close and drops the checkpoint. */
 static void test_torn_log(void) {
@@ -203,7 +180,7 @@ static void test_torn_log(void) {
   for (uint64_t i = 0; i < 10; i++)
     CHECK_OK(dt_write_len(d, i, 3000));
   size_t n = 0;
-  uint8_t *saved = slurp(log, &n);
+  uint8_t *saved = dt_slurp(log, &n);
   CHECK(n == 11 * OI_DISK_RECORD_BYTES); /* the header and ten ADDs */
   oi__disk_close(d);
 
@@ -212,13 +189,13 @@ static void test_torn_log(void) {
   REQUIRE(b);
   memcpy(b, saved, n);
   memset(b + n, 0x5a, 40);
-  spit(log, b, n + 40);
+  dt_spit(log, b, n + 40);
   unlink(ckpt);
   d = dt_open(dirs, 1, 1 * MiB, 0);
   oi_disk_stats s = dt_stats(d);
   CHECK(s.blocks == 10);
   CHECK(s.torn_records_cut == 1);
-  CHECK(file_size(log) == (off_t)n);
+  CHECK(dt_file_size(log) == (off_t)n);
   for (uint64_t i = 0; i < 10; i++)
     CHECK_OK(dt_read_len(d, i, 3000));
   oi__disk_close(d);
@@ -228,13 +205,13 @@ static void test_torn_log(void) {
   memcpy(b, saved, n);
   b[n - 30] ^= 1;
   memcpy(b + n, saved + n - OI_DISK_RECORD_BYTES, OI_DISK_RECORD_BYTES);
-  spit(log, b, n + OI_DISK_RECORD_BYTES);
+  dt_spit(log, b, n + OI_DISK_RECORD_BYTES);
   unlink(ckpt);
   d = dt_open(dirs, 1, 1 * MiB, 0);
   s = dt_stats(d);
   CHECK(s.blocks == 9);
   CHECK(s.torn_records_cut == 2);
-  CHECK(file_size(log) == (off_t)(n - OI_DISK_RECORD_BYTES));
+  CHECK(dt_file_size(log) == (off_t)(n - OI_DISK_RECORD_BYTES));
   CHECK(!dt_has(d, 9));
   for (uint64_t i = 0; i < 9; i++)
     CHECK_OK(dt_read_len(d, i, 3000));
@@ -252,7 +229,7 @@ static void test_torn_log(void) {
                       .length = 3000,
                       .payload_xxh = 1};
   oi__disk_record_encode(&r, b + n); /* the payload would run past the end */
-  spit(log, b, n + OI_DISK_RECORD_BYTES);
+  dt_spit(log, b, n + OI_DISK_RECORD_BYTES);
   unlink(ckpt);
   d = dt_open(dirs, 1, 1 * MiB, 0);
   s = dt_stats(d);
@@ -268,7 +245,7 @@ static void test_torn_log(void) {
   r.offset = 6 * 8192; /* exactly block 6's place, but older than it */
   r.seq = 1;
   oi__disk_record_encode(&r, b + n + OI_DISK_RECORD_BYTES);
-  spit(log, b, n + 2 * OI_DISK_RECORD_BYTES);
+  dt_spit(log, b, n + 2 * OI_DISK_RECORD_BYTES);
   unlink(ckpt);
   d = dt_open(dirs, 1, 1 * MiB, 0);
   s = dt_stats(d);
@@ -287,11 +264,11 @@ static void test_torn_log(void) {
   CHECK_OK(oi__disk_checkpoint(d));
   CHECK_OK(dt_write_len(d, 60, 3000));
   free(saved);
-  saved = slurp(log, &n);
+  saved = dt_slurp(log, &n);
   CHECK(n == 2 * OI_DISK_RECORD_BYTES); /* the header and the ADD of 60 */
   oi__disk_close(d);                    /* its checkpoint holds 60 */
   saved[3] ^= 0xff;
-  spit(log, saved, n);
+  dt_spit(log, saved, n);
   d = dt_open(dirs, 1, 1 * MiB, 0);
   CHECK(dt_stats(d).torn_records_cut == 2);
   CHECK(dt_stats(d).blocks == blocks_before + 1 && dt_has(d, 60));
@@ -324,10 +301,10 @@ static void test_log_replays_removals(void) {
   CHECK_OK(oi__disk_remove(d, &k4));
   CHECK_OK(dt_write_len(d, 2, 5000)); /* key 2 again, another length */
   size_t n = 0;
-  uint8_t *saved = slurp(log, &n);
+  uint8_t *saved = dt_slurp(log, &n);
   CHECK(n == 10 * OI_DISK_RECORD_BYTES); /* header, 6 ADDs, 2 REMOVEs, an ADD */
   oi__disk_close(d);
-  spit(log, saved, n);
+  dt_spit(log, saved, n);
   unlink(ckpt);
   d = dt_open(dirs, 1, 1 * MiB, 0);
   oi_disk_stats s = dt_stats(d);
@@ -344,16 +321,16 @@ static void test_log_replays_removals(void) {
   d = dt_open(dirs, 1, 1 * MiB, 0);
   CHECK_OK(oi__disk_remove(d, &k2));
   free(saved);
-  saved = slurp(log, &n);
+  saved = dt_slurp(log, &n);
   CHECK(n > OI_DISK_RECORD_BYTES); /* it holds the REMOVE of key 2 */
   CHECK_OK(oi__disk_checkpoint(d));
-  CHECK(file_size(log) == (off_t)OI_DISK_RECORD_BYTES); /* reset: a header only */
+  CHECK(dt_file_size(log) == (off_t)OI_DISK_RECORD_BYTES); /* reset: a header only */
   oi__disk_close(d);
-  spit(log, saved, n);
+  dt_spit(log, saved, n);
   d = dt_open(dirs, 1, 1 * MiB, 0);
   s = dt_stats(d);
   CHECK(s.blocks == 5 && !dt_has(d, 2) && dt_has(d, 7));
-  CHECK(file_size(log) == (off_t)OI_DISK_RECORD_BYTES);
+  CHECK(dt_file_size(log) == (off_t)OI_DISK_RECORD_BYTES);
   CHECK_OK(dt_read_len(d, 7, 3000));
   oi__disk_close(d);
   free(saved);

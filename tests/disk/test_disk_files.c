@@ -10,24 +10,6 @@
 
 #define NB 12u
 
-static uint8_t *slurp_file(const char *path, size_t *n) {
-  int fd = open(path, O_RDONLY);
-  REQUIRE(fd >= 0);
-  struct stat sb;
-  REQUIRE(fstat(fd, &sb) == 0);
-  *n = (size_t)sb.st_size;
-  uint8_t *b = malloc(*n + 1);
-  REQUIRE(b && pread(fd, b, *n, 0) == (ssize_t)*n);
-  close(fd);
-  return b;
-}
-
-static void spit_file(const char *path, const uint8_t *b, size_t n) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  REQUIRE(fd >= 0 && write(fd, b, n) == (ssize_t)n);
-  close(fd);
-}
-
 static void write_blocks(oi_disk *d) {
   for (uint64_t i = 0; i < NB; i++)
     CHECK_OK(dt_write(d, i));
@@ -76,7 +58,7 @@ static void test_checkpoint_damage(void) {
   char *dir = store_with_checkpoint();
   char *ckpt = dt_path(dir, "openinfer-disk.ckpt");
   size_t n = 0;
-  uint8_t *orig = slurp_file(ckpt, &n);
+  uint8_t *orig = dt_slurp(ckpt, &n);
   REQUIRE(n == OI_DISK_CKPT_HEADER_BYTES + NB * OI_DISK_RECORD_BYTES);
   reopen_check(dir, NB, 0);
 
@@ -85,35 +67,35 @@ static void test_checkpoint_damage(void) {
   REQUIRE(b);
   memcpy(b, orig, n);
   b[20] ^= 0x40; /* inside the record count */
-  spit_file(ckpt, b, n);
+  dt_spit(ckpt, b, n);
   reopen_check(dir, 0, 1);
 
   /* A checkpoint of another format version, or with another magic: ignored
    * (not read as this version's), one cut. */
   memcpy(b, orig, n);
   b[8] ^= 0x02; /* the version */
-  spit_file(ckpt, b, n);
+  dt_spit(ckpt, b, n);
   reopen_check(dir, 0, 1);
   memcpy(b, orig, n);
   b[0] ^= 0x01; /* the magic */
-  spit_file(ckpt, b, n);
+  dt_spit(ckpt, b, n);
   reopen_check(dir, 0, 1);
 
   /* Cut inside the fourth record: three records present of NB announced. */
-  spit_file(ckpt, orig, OI_DISK_CKPT_HEADER_BYTES + 3 * OI_DISK_RECORD_BYTES + 17);
+  dt_spit(ckpt, orig, OI_DISK_CKPT_HEADER_BYTES + 3 * OI_DISK_RECORD_BYTES + 17);
   reopen_check(dir, 3, NB - 3);
 
   /* Two records' worth of bytes past the last: NB read, the excess cut. */
   uint8_t *big = calloc(1, n + 2 * OI_DISK_RECORD_BYTES);
   REQUIRE(big);
   memcpy(big, orig, n);
-  spit_file(ckpt, big, n + 2 * OI_DISK_RECORD_BYTES);
+  dt_spit(ckpt, big, n + 2 * OI_DISK_RECORD_BYTES);
   reopen_check(dir, NB, 2);
 
   /* One record's bytes damaged: that block is dropped, the others stay. */
   memcpy(b, orig, n);
   b[OI_DISK_CKPT_HEADER_BYTES + 5 * OI_DISK_RECORD_BYTES + 30] ^= 0x01;
-  spit_file(ckpt, b, n);
+  dt_spit(ckpt, b, n);
   reopen_check(dir, NB - 1, 1);
 
   free(big);
@@ -364,7 +346,7 @@ static void put_log(const char *dir, uint64_t gen, const oi_disk_record *recs, s
   for (size_t i = 0; i < n; i++)
     oi__disk_record_encode(&recs[i], b + (i + 1) * OI_DISK_RECORD_BYTES);
   char *log = dt_path(dir, "openinfer-disk.log");
-  spit_file(log, b, (n + 1) * OI_DISK_RECORD_BYTES);
+  dt_spit(log, b, (n + 1) * OI_DISK_RECORD_BYTES);
   free(log);
   free(b);
 }
@@ -467,12 +449,12 @@ static void test_short_and_odd_files(void) {
   char *dir = store_with_checkpoint();
   char *ckpt = dt_path(dir, "openinfer-disk.ckpt"), *log = dt_path(dir, "openinfer-disk.log");
   size_t n = 0;
-  uint8_t *orig = slurp_file(ckpt, &n);
+  uint8_t *orig = dt_slurp(ckpt, &n);
   /* 10 bytes: no header, ignored and counted. */
-  spit_file(ckpt, orig, 10);
+  dt_spit(ckpt, orig, 10);
   reopen_check(dir, 0, 1);
   /* Empty: nothing to count. */
-  spit_file(ckpt, orig, 0);
+  dt_spit(ckpt, orig, 0);
   reopen_check(dir, 0, 0);
   /* The third record a REMOVE: that record cut, the other NB - 1 kept. */
   uint8_t *b = malloc(n);
@@ -482,12 +464,12 @@ static void test_short_and_odd_files(void) {
   REQUIRE(oi__disk_record_decode(b + OI_DISK_CKPT_HEADER_BYTES + 2 * OI_DISK_RECORD_BYTES, &r));
   r.type = OI_DISK_REC_REMOVE;
   oi__disk_record_encode(&r, b + OI_DISK_CKPT_HEADER_BYTES + 2 * OI_DISK_RECORD_BYTES);
-  spit_file(ckpt, b, n);
+  dt_spit(ckpt, b, n);
   reopen_check(dir, NB - 1, 1);
   /* The checkpoint intact, the log 10 bytes of garbage: discarded (one
    * record's worth cut), every block kept; the log is started afresh. */
-  spit_file(ckpt, orig, n);
-  spit_file(log, (const uint8_t *)"0123456789", 10);
+  dt_spit(ckpt, orig, n);
+  dt_spit(log, (const uint8_t *)"0123456789", 10);
   reopen_check(dir, NB, 1);
   struct stat sb;
   CHECK(stat(log, &sb) == 0 && sb.st_size == OI_DISK_RECORD_BYTES);
@@ -540,7 +522,7 @@ static void test_files_of_the_wrong_kind_or_owner(void) {
   oi__disk_record_encode(&r, b);
   r = add_rec(2, 6, 8192, 100);
   oi__disk_record_encode(&r, b + OI_DISK_RECORD_BYTES);
-  spit_file(log, b, sizeof b);
+  dt_spit(log, b, sizeof b);
   d = dt_open(dirs, 1, 1 * MiB, 0);
   oi_disk_stats s = dt_stats(d);
   CHECK(s.blocks == 0 && s.torn_records_cut == 2 && !dt_has(d, 1) && !dt_has(d, 2));
@@ -602,7 +584,7 @@ static void test_an_index_that_names_the_wrong_bytes(void) {
     CHECK_OK(dt_write_len(d, i, 3000));
   char *log = dt_path(dir, "openinfer-disk.log"), *data = dt_path(dir, "openinfer-disk.data");
   size_t n = 0;
-  uint8_t *lb = slurp_file(log, &n);
+  uint8_t *lb = dt_slurp(log, &n);
   REQUIRE(n == 8 * OI_DISK_RECORD_BYTES);
   oi_disk_record rec[7];
   for (int i = 0; i < 7; i++) {

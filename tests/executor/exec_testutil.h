@@ -207,18 +207,7 @@ static void server_stop(test_server *ts) {
       ts->pid = 0;
     }
   }
-  DIR *d = opendir(ts->dir);
-  if (d) {
-    struct dirent *de;
-    char p[512];
-    while ((de = readdir(d)))
-      if (de->d_name[0] != '.') {
-        snprintf(p, sizeof p, "%s/%s", ts->dir, de->d_name);
-        unlink(p);
-      }
-    closedir(d);
-  }
-  rmdir(ts->dir);
+  tu_remove_dir(ts->dir);
 }
 
 #endif

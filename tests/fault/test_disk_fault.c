@@ -253,10 +253,10 @@ static void test_queue_full(void) {
 
 static uint64_t file_size(const char *dir, const char *name) {
   char *p = dt_path(dir, name);
-  struct stat sb;
-  REQUIRE(stat(p, &sb) == 0);
+  off_t n = dt_file_size(p);
+  REQUIRE(n >= 0);
   free(p);
-  return (uint64_t)sb.st_size;
+  return (uint64_t)n;
 }
 
 /* Reopens dir: `want` blocks, nothing cut or dropped, keys [0, want) byte-exact. */
@@ -346,23 +346,14 @@ static void test_sync_fails(void) {
 
 static uint8_t *slurp(const char *dir, const char *name, size_t *n) {
   char *p = dt_path(dir, name);
-  int fd = open(p, O_RDONLY);
-  REQUIRE(fd >= 0);
-  struct stat sb;
-  REQUIRE(fstat(fd, &sb) == 0);
-  *n = (size_t)sb.st_size;
-  uint8_t *b = malloc(*n + 1);
-  REQUIRE(b && pread(fd, b, *n, 0) == (ssize_t)*n);
-  close(fd);
+  uint8_t *b = dt_slurp(p, n);
   free(p);
   return b;
 }
 
 static void spit(const char *dir, const char *name, const uint8_t *b, size_t n) {
   char *p = dt_path(dir, name);
-  int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  REQUIRE(fd >= 0 && write(fd, b, n) == (ssize_t)n);
-  close(fd);
+  dt_spit(p, b, n);
   free(p);
 }
 

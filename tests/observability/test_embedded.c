@@ -280,18 +280,7 @@ static void test_server_metrics_details(void) {
   pthread_join(th, NULL);
   oi_server_destroy(srv);
   /* The disk tier's directory and files. */
-  DIR *d = opendir(disk_dir);
-  if (d) {
-    struct dirent *de;
-    char p[512];
-    while ((de = readdir(d)))
-      if (de->d_name[0] != '.') {
-        snprintf(p, sizeof p, "%s/%s", disk_dir, de->d_name);
-        unlink(p);
-      }
-    closedir(d);
-  }
-  rmdir(disk_dir);
+  tu_remove_dir(disk_dir);
   CHECK(rmdir(dir) == 0);
 }
 

@@ -212,18 +212,7 @@ static void ts_kill(test_server *ts) {
 
 static void ts_cleanup(test_server *ts) {
   if (ts->pid) ts_kill(ts);
-  DIR *d = opendir(ts->dir);
-  if (d) {
-    struct dirent *de;
-    char p[512];
-    while ((de = readdir(d)))
-      if (de->d_name[0] != '.') {
-        snprintf(p, sizeof p, "%s/%s", ts->dir, de->d_name);
-        unlink(p);
-      }
-    closedir(d);
-  }
-  rmdir(ts->dir);
+  tu_remove_dir(ts->dir);
 }
 
 /* Shared-memory objects the server `pid` created (cpu arenas are named

@@ -1,0 +1,120 @@
+/* A node of the cluster tier's tests, through the public API (cpu backend):
+ * a host of 8 MiB (unpinned), joined to a cluster when asked, with an
+ * engine over one arena of 2 * NB blocks of BLOCK bytes; blocks 0..NB are
+ * where saves come from, NB..2*NB where loads land. Block `logical` is named
+ * hash_of(logical) (its last byte HASH_TAG, so that two suites' names never
+ * meet) and holds pattern(logical, i) at byte i.
+ *
+ * The including file defines NB, BLOCK and HASH_TAG first. */
+#ifndef OI_TEST_NODE_RIG_H
+#define OI_TEST_NODE_RIG_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "openinfer/openinfer.h"
+#include "testutil.h"
+
+typedef struct node {
+  oi_offload_host *h;
+  oi_offload_engine *e;
+  uint8_t *mem;
+  oi_arena_desc arena;
+} node;
+
+static inline uint8_t pattern(uint64_t logical, uint64_t i) {
+  uint64_t x = (logical + 11) * 0x9E3779B97F4A7C15ull ^ i * 0xBF58476D1CE4E5B9ull;
+  return (uint8_t)(x ^ (x >> 29) ^ (x >> 41));
+}
+
+static inline oi_block_hash hash_of(uint64_t i) {
+  oi_block_hash h;
+  memset(&h, 0, sizeof h);
+  memcpy(h.bytes, &i, sizeof i);
+  h.bytes[15] = HASH_TAG;
+  return h;
+}
+
+/* Opens a node whose engine serves namespace `ns`; `co` (NULL: none) is
+ * attached first. @return the attach's status (the node opens either way). */
+static inline oi_status rig_open(node *n, const char *ns, const oi_host_cluster_options *co) {
+  memset(n, 0, sizeof *n);
+  oi_host_options ho;
+  oi_host_options_init(&ho);
+  ho.pool_bytes = 8ull << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  REQUIRE(oi_offload_host_create(&ho, &n->h) == OI_OK);
+  oi_status st = co ? oi_offload_host_attach_cluster(n->h, co) : OI_OK;
+  n->mem = calloc(2 * NB, BLOCK);
+  REQUIRE(n->mem);
+  n->arena = (oi_arena_desc){.name = "kv",
+                             .base = n->mem,
+                             .num_blocks = 2 * NB,
+                             .bytes_per_block = BLOCK,
+                             .block_stride = BLOCK,
+                             .segments = 1};
+  oi_engine_options eo;
+  oi_engine_options_init(&eo);
+  eo.namespace_id = ns;
+  eo.arenas = &n->arena;
+  eo.num_arenas = 1;
+  REQUIRE(oi_offload_engine_create(n->h, &eo, &n->e) == OI_OK);
+  return st;
+}
+
+static inline void node_close(node *n) {
+  oi_offload_engine_destroy(n->e);
+  oi_offload_host_destroy(n->h);
+  free(n->mem);
+  memset(n, 0, sizeof *n);
+}
+
+static inline oi_host_cluster_stats cstats(node *n) {
+  oi_host_cluster_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_offload_host_cluster_stats(n->h, &s));
+  return s;
+}
+
+/* Saves blocks [first, first + count) (logical ids) from device blocks 0..
+ * and waits for the save. */
+static inline void save(node *n, uint64_t first, int count) {
+  int64_t ids[NB];
+  oi_block_hash hs[NB];
+  for (int b = 0; b < count; b++) {
+    ids[b] = b;
+    hs[b] = hash_of(first + (uint64_t)b);
+    for (uint64_t i = 0; i < BLOCK; i++)
+      n->mem[(uint64_t)b * BLOCK + i] = pattern(first + (uint64_t)b, i);
+  }
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_save(n->e, ids, hs, (size_t)count, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+}
+
+/* Queries [first, first + count) with a wait of wait_ms for fetches, loads
+ * the hits into device blocks NB.. and checks every byte. @return the hits. */
+static inline uint64_t fetch_check(node *n, uint64_t first, int count, uint32_t wait_ms) {
+  oi_block_hash hs[NB];
+  for (int b = 0; b < count; b++)
+    hs[b] = hash_of(first + (uint64_t)b);
+  oi_query_result q = {.struct_size = sizeof q, .wait_ms = wait_ms};
+  CHECK_OK(oi_offload_engine_query(n->e, NULL, hs, (size_t)count, OI_QUERY_WAIT_PENDING, &q));
+  if (q.hit_blocks == 0) return 0;
+  int64_t dst[NB];
+  for (int b = 0; b < NB; b++)
+    dst[b] = NB + b;
+  memset(n->mem + NB * BLOCK, 0, NB * BLOCK);
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_load(n->e, q.lease, dst, q.hit_blocks, NULL, &t));
+  CHECK_OK(oi_ticket_wait(t, 10000));
+  oi_ticket_release(t);
+  uint64_t bad = 0;
+  for (uint64_t b = 0; b < q.hit_blocks; b++)
+    for (uint64_t i = 0; i < BLOCK; i++)
+      bad += n->mem[(NB + b) * BLOCK + i] != pattern(first + b, i);
+  CHECK(bad == 0);
+  return q.hit_blocks;
+}
+
+#endif

@@ -28,7 +28,9 @@ static inline char *dt_mkdtemp(void) {
   snprintf(tmpl, sizeof tmpl, "%s/oi-disk-XXXXXX", base && *base ? base : "/tmp");
   char *p = mkdtemp(tmpl);
   REQUIRE(p);
-  return strdup(p);
+  char *dir = strdup(p);
+  REQUIRE(dir);
+  return dir;
 }
 
 /* Removes a scratch directory and the files in it (one level). */

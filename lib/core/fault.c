@@ -36,6 +36,7 @@ static const char *const names[OI_FAULT_POINTS] = {
     [OI_FAULT_RESERVE_GAP] = "reserve_gap",
     [OI_FAULT_DISK_SYNC] = "disk_sync",
     [OI_FAULT_DISK_LOG_WRITE] = "disk_log_write",
+    [OI_FAULT_LOAD_MARK_GAP] = "load_mark_gap",
 };
 
 static oi_status arm_spec(const char *spec,

@@ -85,6 +85,7 @@ typedef enum oi_fault_point {
   OI_FAULT_RESERVE_GAP,
   OI_FAULT_DISK_SYNC,
   OI_FAULT_DISK_LOG_WRITE,
+  OI_FAULT_LOAD_MARK_GAP,
   OI_FAULT_POINTS
 } oi_fault_point;
 

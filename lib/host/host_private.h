@@ -117,6 +117,7 @@ typedef struct lease_rec {
   uint64_t id, tag;
   uint32_t instance; /* the creator (0: none): its removal drops the lease */
   uint32_t shares_left;
+  uint32_t markers;   /* shares marking its blocks now (outside the lease lock) */
   uint32_t ns;        /* redeemable in this namespace... */
   uint64_t principal; /* ...by this principal only */
   uint64_t expires_ns;
@@ -175,6 +176,7 @@ struct oi_offload_host {
   uint32_t nns, ns_cap;
 
   pthread_mutex_t lease_lock;
+  pthread_cond_t lease_cv; /* a lease's last marker finished */
   lease_rec **lease_buckets;
   size_t lease_nbuckets, lease_count;
   lease_rec *lease_spare; /* records of OI_LEASE_INLINE blocks for reuse, under lease_lock */

@@ -6,6 +6,7 @@
  * recognised as unknown rather than matched to a newer one. */
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include "core/fault.h"
 #include "host_private.h"
@@ -15,6 +16,7 @@
 
 oi_status oi__lease_init(oi_offload_host *h) {
   pthread_mutex_init(&h->lease_lock, NULL);
+  pthread_cond_init(&h->lease_cv, NULL);
   h->lease_nbuckets = LEASE_BUCKETS;
   h->lease_buckets = oi__calloc(h->lease_nbuckets, sizeof *h->lease_buckets);
   if (!h->lease_buckets) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host: out of memory for leases");
@@ -27,6 +29,14 @@ oi_status oi__lease_init(oi_offload_host *h) {
 
 static void unpin_blocks(oi_offload_host *h, host_block **blocks, size_t n) {
   oi__blocks_unpin(h, blocks, n);
+}
+
+/* Waits (lease lock held) until no share of `l`, unlinked, is still marking
+ * its blocks: a marker reads l->blocks, and its marks must land while the
+ * lease's pins still hold the blocks (then they hold them themselves). */
+static void wait_markers_locked(oi_offload_host *h, lease_rec *l) {
+  while (l->markers)
+    pthread_cond_wait(&h->lease_cv, &h->lease_lock);
 }
 
 static void free_lease_mem(lease_rec *l) {
@@ -64,6 +74,7 @@ void oi__lease_fini(oi_offload_host *h) {
   oi__free(h->lease_buckets);
   h->lease_buckets = NULL;
   pthread_mutex_destroy(&h->lease_lock);
+  pthread_cond_destroy(&h->lease_cv);
 }
 
 static uint64_t next_tag_locked(oi_offload_host *h) {
@@ -105,6 +116,7 @@ oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, u
   l->ns = ns;
   l->principal = principal;
   l->shares_left = shares;
+  l->markers = 0;
   l->expires_ns = expires;
   l->id = h->next_lease_id++;
   l->tag = next_tag_locked(h);
@@ -227,6 +239,7 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
   lease_rec *l = *link;
   if (oi__now_ns() >= l->expires_ns) {
     unlink_locked(h, link);
+    wait_markers_locked(h, l);
     pthread_mutex_unlock(&h->lease_lock);
     atomic_fetch_add(&h->c.leases_expired, 1);
     unpin_blocks(h, l->blocks, l->n);
@@ -245,10 +258,17 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
   }
   /* The last share's pins turn into loading marks in the same pass (one
    * visit per block: the block stays held throughout, never evictable in
-   * between); an earlier share adds marks and leaves the pins. The sink
-   * hears of each run of LOAD_READY_RUN blocks marked (their copies can
-   * start while the rest are marked). */
+   * between); an earlier share adds marks and leaves the pins. The marking
+   * runs outside the lease lock (it takes shard locks, and the sink queues
+   * copies), counted in l->markers: whoever unlinks the lease (its last
+   * share, a release, an expiry) waits for the markers before it unpins
+   * or frees it. The last share unlinks it first, so no share starts
+   * after it. The sink hears of each run of LOAD_READY_RUN blocks marked
+   * (their copies can start while the rest are marked). */
   bool last = --l->shares_left == 0;
+  if (last) unlink_locked(h, link);
+  l->markers++;
+  pthread_mutex_unlock(&h->lease_lock);
   mark_tally m = {.last = last, /* (a lease holds at least one block) */
                   .slot_bytes = h->classes[oi__block_cls(h, l->blocks[0])].slot_bytes};
   uint8_t **data = sink ? sink->data : NULL;
@@ -256,9 +276,13 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
     size_t k = OI_MIN((size_t)LOAD_READY_RUN, n - at);
     mark_run(h, l->blocks + at, k, out + at, data ? data + at : NULL, &m);
     if (sink && sink->ready) sink->ready(sink->ctx, at + k);
+    uint64_t gap_ms = 0; /* (tests: a release, an expiry or the last share meets a marker) */
+    if (OI_FAULT(OI_FAULT_LOAD_MARK_GAP, &gap_ms)) usleep((useconds_t)(gap_ms * 1000));
   }
   if (m.loading) atomic_fetch_add(&h->c.blocks_loading, m.loading);
-  if (last) unlink_locked(h, link);
+  pthread_mutex_lock(&h->lease_lock);
+  if (--l->markers == 0) pthread_cond_broadcast(&h->lease_cv);
+  if (last) wait_markers_locked(h, l); /* earlier shares still marking */
   pthread_mutex_unlock(&h->lease_lock);
   if (last) {
     oi__pin_tally_apply(h, &m.t);
@@ -281,6 +305,7 @@ oi_status oi__lease_release(oi_offload_host *h, uint32_t ns, uint64_t principal,
     return st;
   }
   lease_rec *l = unlink_locked(h, link);
+  wait_markers_locked(h, l);
   pthread_mutex_unlock(&h->lease_lock);
   atomic_fetch_add(&h->c.leases_released, 1);
   unpin_blocks(h, l->blocks, l->n);
@@ -307,6 +332,8 @@ static void drop_matching(oi_offload_host *h, bool by_instance, uint32_t instanc
       }
     }
   }
+  for (lease_rec *l = dropped; l; l = l->next)
+    wait_markers_locked(h, l);
   pthread_mutex_unlock(&h->lease_lock);
   while (dropped) {
     lease_rec *l = dropped;

@@ -724,6 +724,95 @@ static void test_large_loads_mark_under_every_shard_lock(void) {
   etu_layout_free(&L);
 }
 
+/* Shares of one lease marked at once, outside the lease lock, while a
+ * release races them: three threads load the same 1,100-block lease (four
+ * shares) into their own blocks as a fourth releases it. Each load either
+ * finds the lease (every byte comes back) or does not (OI_ERR_LEASE_EXPIRED,
+ * nothing written); the release always finds it (a share is left); after
+ * all, nothing is leased, pinned or loading and every block can be evicted.
+ * Twenty rounds. */
+enum { RACE_K = 1100, RACE_LOADERS = 3 };
+typedef struct race_ctx {
+  oi_offload_engine *e;
+  etu_layout *L;
+  oi_lease lease;
+  pthread_barrier_t *go;
+  int who; /* a loader's index, or RACE_LOADERS: the releaser */
+  oi_status st;
+} race_ctx;
+
+static void *race_main(void *arg) {
+  race_ctx *c = arg;
+  static _Thread_local int64_t dst[RACE_K];
+  pthread_barrier_wait(c->go);
+  if (c->who == RACE_LOADERS) {
+    c->st = oi_offload_engine_release(c->e, c->lease);
+    return NULL;
+  }
+  for (uint64_t j = 0; j < RACE_K; j++)
+    dst[j] = (int64_t)((uint64_t)(c->who + 1) * RACE_K + j);
+  c->st = etu_load_wait(c->e, c->lease, dst, RACE_K);
+  if (c->st == OI_OK) {
+    bool all = true;
+    for (uint64_t j = 0; j < RACE_K; j++)
+      all &= etu_block_matches(c->L, dst[j], j, SEED, "raced load");
+    if (!all) c->st = OI_ERR_INTERNAL;
+  }
+  return NULL;
+}
+
+static void test_shares_mark_at_once_while_a_release_races_them(void) {
+  etu_layout L;
+  etu_layout_simple(&L, 1, (RACE_LOADERS + 1) * RACE_K, 512);
+  oi_host_options o;
+  REQUIRE(oi_host_options_init(&o) == OI_OK);
+  o.pool_bytes = 8 << 20;
+  o.device = OI_DEVICE_CPU;
+  oi_offload_host *h = NULL;
+  REQUIRE(oi_offload_host_create(&o, &h) == OI_OK);
+  oi_offload_engine *e = etu_engine_create(h, &L, "race", RACE_LOADERS + 1);
+  static int64_t src[RACE_K];
+  static oi_block_hash hs[RACE_K];
+  for (uint64_t j = 0; j < RACE_K; j++) {
+    src[j] = (int64_t)j;
+    hs[j] = etu_hash(78, j);
+    etu_fill_block(&L, src[j], j, SEED);
+  }
+  CHECK_OK(etu_save_wait(e, src, hs, RACE_K));
+  int loaded = 0, refused = 0;
+  for (int round = 0; round < 20; round++) {
+    oi_query_result q = {.struct_size = sizeof q};
+    CHECK_OK(oi_offload_engine_query(e, "req", hs, RACE_K, 0, &q));
+    REQUIRE(q.hit_blocks == RACE_K);
+    pthread_barrier_t go;
+    REQUIRE(pthread_barrier_init(&go, NULL, RACE_LOADERS + 1) == 0);
+    race_ctx c[RACE_LOADERS + 1];
+    pthread_t th[RACE_LOADERS + 1];
+    for (int t = 0; t <= RACE_LOADERS; t++) {
+      c[t] = (race_ctx){.e = e, .L = &L, .lease = q.lease, .go = &go, .who = t};
+      REQUIRE(pthread_create(&th[t], NULL, race_main, &c[t]) == 0);
+    }
+    for (int t = 0; t <= RACE_LOADERS; t++)
+      pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&go);
+    CHECK_OK(c[RACE_LOADERS].st);
+    for (int t = 0; t < RACE_LOADERS; t++) {
+      CHECK(c[t].st == OI_OK || c[t].st == OI_ERR_LEASE_EXPIRED);
+      loaded += c[t].st == OI_OK;
+      refused += c[t].st == OI_ERR_LEASE_EXPIRED;
+    }
+    oi_host_stats st = etu_host_stats(h);
+    CHECK(st.blocks_leased == 0 && st.blocks_pinned == 0 && st.blocks_loading == 0);
+  }
+  CHECK(loaded + refused == 20 * RACE_LOADERS);
+  uint64_t evicted = 0;
+  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK(evicted == RACE_K);
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
 /* A host index of 1024 shards (more than the 64 a bit mask sorts, so a
  * call's shards are sorted one by one, duplicates skipped; more than a load
  * of 512 blocks takes all at once, so its blocks are marked a batch at a
@@ -933,6 +1022,7 @@ int main(void) {
   RUN_TEST(test_destroying_an_engine_finishes_its_saves_and_loads);
   RUN_TEST(test_more_than_64_index_shards);
   RUN_TEST(test_large_loads_mark_under_every_shard_lock);
+  RUN_TEST(test_shares_mark_at_once_while_a_release_races_them);
   RUN_TEST(test_host_watcher);
   RUN_TEST(test_a_lower_tier_that_takes_its_spills_late);
   TEST_EXIT();

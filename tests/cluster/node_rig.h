@@ -35,16 +35,30 @@ static inline oi_block_hash hash_of(uint64_t i) {
   return h;
 }
 
-/* Opens a node whose engine serves namespace `ns`; `co` (NULL: none) is
- * attached first. @return the attach's status (the node opens either way). */
-static inline oi_status rig_open(node *n, const char *ns, const oi_host_cluster_options *co) {
+/* Opens a node whose engine serves namespace `ns`. With a `redis_url`, the
+ * host first joins that cluster as node `id` (listening on 127.0.0.1, any
+ * port) with the secret in `secret_file` and peer calls of `timeout_ms`;
+ * NULL: no cluster. @return the attach's status (the node opens either
+ * way). */
+static inline oi_status rig_open(node *n, const char *ns, const char *redis_url, const char *id,
+                                 const char *secret_file, uint32_t timeout_ms) {
   memset(n, 0, sizeof *n);
   oi_host_options ho;
   oi_host_options_init(&ho);
   ho.pool_bytes = 8ull << 20;
   ho.flags = OI_HOST_NO_PIN;
   REQUIRE(oi_offload_host_create(&ho, &n->h) == OI_OK);
-  oi_status st = co ? oi_offload_host_attach_cluster(n->h, co) : OI_OK;
+  oi_status st = OI_OK;
+  if (redis_url) {
+    oi_host_cluster_options co;
+    oi_host_cluster_options_init(&co);
+    co.redis_url = redis_url;
+    co.node_id = id;
+    co.listen_addr = "127.0.0.1:0";
+    co.secret_file = secret_file;
+    co.timeout_ms = timeout_ms;
+    st = oi_offload_host_attach_cluster(n->h, &co);
+  }
   n->mem = calloc(2 * NB, BLOCK);
   REQUIRE(n->mem);
   n->arena = (oi_arena_desc){.name = "kv",

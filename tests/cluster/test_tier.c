@@ -39,14 +39,7 @@ static void write_secret(const char *name, const char *text) {
 static oi_status node_open(node *n, const char *id, const char *secret, bool with_cluster) {
   char sp[512];
   snprintf(sp, sizeof sp, "%s/%s", g_dir, secret);
-  oi_host_cluster_options co;
-  oi_host_cluster_options_init(&co);
-  co.redis_url = g_url;
-  co.node_id = id;
-  co.listen_addr = "127.0.0.1:0";
-  co.secret_file = sp;
-  co.timeout_ms = 3000;
-  return rig_open(n, "cluster-model", with_cluster ? &co : NULL);
+  return rig_open(n, "cluster-model", with_cluster ? g_url : NULL, id, sp, 3000);
 }
 
 /* Waits until `n` has published at least `want` entries. */

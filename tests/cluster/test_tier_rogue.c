@@ -41,14 +41,7 @@ static char g_dir[256];
 static char g_secret_path[512];
 
 static void node_open(node *n, const char *id) {
-  oi_host_cluster_options co;
-  oi_host_cluster_options_init(&co);
-  co.redis_url = g_url;
-  co.node_id = id;
-  co.listen_addr = "127.0.0.1:0";
-  co.secret_file = g_secret_path;
-  co.timeout_ms = 2000;
-  REQUIRE(rig_open(n, "rogue-model", &co) == OI_OK);
+  REQUIRE(rig_open(n, "rogue-model", g_url, id, g_secret_path, 2000) == OI_OK);
 }
 
 /* ---- the wire (lib/cluster/tier.c): "OICL", version 1 ---- */

@@ -685,12 +685,7 @@ static void test_large_loads_mark_under_every_shard_lock(void) {
   enum { K = 1100, NB = 3 * K };
   etu_layout L;
   etu_layout_simple(&L, 1, NB, 512);
-  oi_host_options o;
-  REQUIRE(oi_host_options_init(&o) == OI_OK);
-  o.pool_bytes = 8 << 20;
-  o.device = OI_DEVICE_CPU;
-  oi_offload_host *h = NULL;
-  REQUIRE(oi_offload_host_create(&o, &h) == OI_OK);
+  oi_offload_host *h = etu_host_create(8 << 20);
   oi_offload_engine *e = etu_engine_create(h, &L, "large", 2);
   static int64_t src[K], dst[2][K];
   static oi_block_hash hs[K];
@@ -764,12 +759,7 @@ static void *race_main(void *arg) {
 static void test_shares_mark_at_once_while_a_release_races_them(void) {
   etu_layout L;
   etu_layout_simple(&L, 1, (RACE_LOADERS + 1) * RACE_K, 512);
-  oi_host_options o;
-  REQUIRE(oi_host_options_init(&o) == OI_OK);
-  o.pool_bytes = 8 << 20;
-  o.device = OI_DEVICE_CPU;
-  oi_offload_host *h = NULL;
-  REQUIRE(oi_offload_host_create(&o, &h) == OI_OK);
+  oi_offload_host *h = etu_host_create(8 << 20);
   oi_offload_engine *e = etu_engine_create(h, &L, "race", RACE_LOADERS + 1);
   static int64_t src[RACE_K];
   static oi_block_hash hs[RACE_K];

@@ -30,21 +30,27 @@ typedef struct reserve_tally {
   uint64_t dedup, dropped;
 } reserve_tally;
 
-enum { OUT_NONE, OUT_ACCEPTED, OUT_IN_FLIGHT };
+/* The outcomes of reserved batches, for the sink once no shard lock is held
+ * (a run of OI_ALL_SHARDS_RUN hashes at most). */
+typedef struct reserve_out {
+  size_t nacc, nfl, nunused;
+  size_t acc_idx[OI_ALL_SHARDS_RUN];
+  host_block *made[OI_ALL_SHARDS_RUN];
+  uint8_t *data[OI_ALL_SHARDS_RUN];
+  size_t fl_idx[OI_ALL_SHARDS_RUN]; /* found in flight */
+  host_block *unused[OI_ALL_SHARDS_RUN];
+} reserve_out;
 
-/* Reserves hashes[idx[0..m)] (m <= OI_BATCH) under one lock per shard, with
- * the slots spare[*used..nspare). The hashes left without a slot go to
- * rest[*nrest...]. The sink hears of each outcome after the locks are
- * dropped. */
+/* Reserves hashes[idx[0..m)] (m <= OI_BATCH) with the slots
+ * spare[*used..nspare): under one lock per shard, or (all_locked) under
+ * every shard's lock, held by the caller. The hashes left without a slot go
+ * to rest[*nrest...]; the outcomes to o, for reserve_report. */
 static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes,
                           const size_t *idx, size_t m, host_block **spare, size_t nspare,
-                          size_t *used, const oi_host_reserve_sink *sink, reserve_tally *t,
-                          size_t *rest, size_t *nrest) {
+                          size_t *used, bool all_locked, reserve_tally *t, size_t *rest,
+                          size_t *nrest, reserve_out *o) {
   oi_block_hash copy[OI_BATCH];
   const oi_block_hash *hh = hashes + idx[0];
-  uint8_t out[OI_BATCH];
-  host_block *made[OI_BATCH], *unused[OI_BATCH];
-  size_t nunused = 0;
   uint64_t now = 0, inserted[8] = {0}; /* a filter of the keys this batch inserted */
   if (m == 0) return;
   for (size_t j = *used; j < nspare && j < *used + m; j++) /* the records this batch fills */
@@ -55,7 +61,10 @@ static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash
     hh = copy;
   }
   index_batch q;
-  oi__index_batch_lock(h, &q, ns.id, hh, m);
+  if (all_locked)
+    oi__index_batch_find_all_locked(h, &q, ns.id, hh, m);
+  else
+    oi__index_batch_lock(h, &q, ns.id, hh, m);
   for (size_t j = 0; j < m; j++) {
     index_shard *s = oi__index_batch_shard(h, &q, j);
     host_block *b = q.found[j];
@@ -63,7 +72,6 @@ static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash
     uint32_t bit = (uint32_t)(q.key[j] >> 20) & 511;
     if (!b && (inserted[bit / 64] >> (bit % 64) & 1))
       b = oi__index_find_key_locked(s, q.key[j], ns.id, &hh[j]);
-    out[j] = OUT_NONE;
     if (b) {
       if (oi__block_evictable(b)) {
         oi__lru_remove_locked(s, b); /* a re-save is a use: move to the recent end */
@@ -71,7 +79,7 @@ static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash
         oi__lru_push_locked(s, b);
       }
       t->dedup++;
-      if (b->state == BLOCK_IN_FLIGHT) out[j] = OUT_IN_FLIGHT;
+      if (b->state == BLOCK_IN_FLIGHT) o->fl_idx[o->nfl++] = idx[j];
       continue;
     }
     if (*used == nspare) {
@@ -85,29 +93,31 @@ static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash
     nb->spilling = nb->lower = 0;
     if (!oi__index_insert_locked(h, s, nb)) { /* the index could not grow */
       nb->state = BLOCK_FREE;
-      unused[nunused++] = nb;
+      o->unused[o->nunused++] = nb;
       t->dropped++;
       continue;
     }
     inserted[bit / 64] |= 1ull << (bit % 64);
-    made[j] = nb;
-    out[j] = OUT_ACCEPTED;
+    o->acc_idx[o->nacc] = idx[j];
+    o->made[o->nacc++] = nb;
     t->accepted++;
   }
-  oi__index_batch_unlock(h, &q);
-  if (nunused) oi__pool_free_batch(h, unused, nunused);
-  size_t acc_idx[OI_BATCH], k = 0;
-  uint8_t *acc_data[OI_BATCH];
-  for (size_t j = 0; j < m; j++) {
-    if (out[j] == OUT_ACCEPTED) {
-      acc_idx[k] = idx[j];
-      made[k] = made[j]; /* k <= j: compacted in place */
-      acc_data[k++] = oi__block_data(h, made[j]);
-    } else if (out[j] == OUT_IN_FLIGHT && sink->in_flight) {
-      sink->in_flight(sink->ctx, idx[j]);
-    }
-  }
-  if (k) sink->accepted(sink->ctx, acc_idx, made, acc_data, k);
+  if (!all_locked) oi__index_batch_unlock(h, &q);
+}
+
+/* Tells the sink what reserve_batch found (no shard lock held), OI_BATCH
+ * blocks at a time, and empties o. */
+static void reserve_report(oi_offload_host *h, const oi_host_reserve_sink *sink, reserve_out *o) {
+  if (o->nunused) oi__pool_free_batch(h, o->unused, o->nunused);
+  for (size_t j = 0; j < o->nacc; j++)
+    o->data[j] = oi__block_data(h, o->made[j]);
+  for (size_t at = 0; at < o->nacc; at += OI_BATCH)
+    sink->accepted(sink->ctx, o->acc_idx + at, o->made + at, o->data + at,
+                   OI_MIN((size_t)OI_BATCH, o->nacc - at));
+  if (sink->in_flight)
+    for (size_t j = 0; j < o->nfl; j++)
+      sink->in_flight(sink->ctx, o->fl_idx[j]);
+  o->nacc = o->nfl = o->nunused = 0;
 }
 
 /* One hash the batches found no slot for: a slot from the pool (which may
@@ -151,30 +161,45 @@ static void reserve_one(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *
 void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                       const oi_host_reserve_sink *sink, oi_host_reserved *out) {
   reserve_tally t = {0, 0, 0};
-  /* OI_BATCH hashes at a time: their free slots in one size class lock,
-   * their index entries under one lock per shard; eviction only when the
-   * free list runs dry, for the slice's remaining hashes at once (no shard
-   * lock is held while evicting). Nothing is allocated. */
-  for (size_t at = 0; at < n; at += OI_BATCH) {
-    size_t m = OI_MIN((size_t)OI_BATCH, n - at);
-    host_block *spare[OI_BATCH];
-    size_t idx[OI_BATCH], rest[OI_BATCH], nrest = 0, used = 0;
+  reserve_out o;
+  o.nacc = o.nfl = o.nunused = 0;
+  /* A run of hashes at a time: their free slots taken under one size class
+   * lock, their index entries made under one lock per shard (OI_BATCH hashes
+   * a run) or, for a call of OI_ALL_SHARDS_RUN hashes or more and at most a
+   * quarter as many shards, under every shard's lock taken once per run of
+   * OI_ALL_SHARDS_RUN (as oi__blocks_runs). Eviction only when the free
+   * list runs dry, for the run's remaining hashes at once, with no shard
+   * lock held. Nothing is allocated. */
+  bool all = n >= OI_ALL_SHARDS_RUN && (size_t)h->nshards * 4 <= OI_ALL_SHARDS_RUN;
+  size_t run = all ? OI_ALL_SHARDS_RUN : OI_BATCH;
+  for (size_t at = 0; at < n; at += run) {
+    size_t m = OI_MIN(run, n - at);
+    host_block *spare[OI_ALL_SHARDS_RUN];
+    size_t idx[OI_ALL_SHARDS_RUN], rest[OI_ALL_SHARDS_RUN], nrest = 0, used = 0;
     for (size_t j = 0; j < m; j++)
       idx[j] = at + j;
     size_t nspare = oi__pool_alloc_batch(h, ns.cls, m, spare);
-    reserve_batch(h, ns, hashes, idx, m, spare, nspare, &used, sink, &t, rest, &nrest);
+    if (all) oi__shards_lock_all(h);
+    for (size_t b = 0; b < m; b += OI_BATCH)
+      reserve_batch(h, ns, hashes, idx + b, OI_MIN((size_t)OI_BATCH, m - b), spare, nspare, &used,
+                    all, &t, rest, &nrest, &o);
+    if (all) oi__shards_unlock_all(h);
+    reserve_report(h, sink, &o);
     if (nrest) { /* the free list ran dry */
-      size_t nidx = nrest;
+      size_t nidx = nrest, nleft = 0;
       memcpy(idx, rest, nrest * sizeof *idx);
-      nrest = 0;
       /* Unused slots go back first: what remains to evict is for the rest. */
       if (used < nspare) oi__pool_free_batch(h, spare + used, nspare - used);
       used = 0;
       uint64_t gap_ms = 0; /* (tests: another saver may insert these hashes meanwhile) */
       if (OI_FAULT(OI_FAULT_RESERVE_GAP, &gap_ms)) usleep((useconds_t)(gap_ms * 1000));
       nspare = oi__index_evict_batch(h, (int)ns.cls, nidx, spare);
-      reserve_batch(h, ns, hashes, idx, nidx, spare, nspare, &used, sink, &t, rest, &nrest);
-      for (size_t j = 0; j < nrest; j++)
+      for (size_t b = 0; b < nidx; b += OI_BATCH) {
+        reserve_batch(h, ns, hashes, idx + b, OI_MIN((size_t)OI_BATCH, nidx - b), spare, nspare,
+                      &used, false, &t, rest, &nleft, &o);
+        reserve_report(h, sink, &o);
+      }
+      for (size_t j = 0; j < nleft; j++)
         reserve_one(h, ns, hashes, rest[j], sink, &t);
     }
     if (used < nspare) oi__pool_free_batch(h, spare + used, nspare - used);
@@ -187,33 +212,46 @@ void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *ha
   *out = (oi_host_reserved){.accepted = t.accepted, .deduplicated = t.dedup, .dropped = t.dropped};
 }
 
+/* Seals (ok) or unindexes blocks[from..to), their shards locked. */
+typedef struct save_end_ctx {
+  bool ok;
+  uint64_t now;
+} save_end_ctx;
+
+static void save_end_some(oi_offload_host *h, void *ctx, host_block *const *blocks, size_t from,
+                          size_t to) {
+  save_end_ctx *c = ctx;
+  for (size_t i = from; i < to; i++) {
+    if (i + OI_RUN_PREFETCH < to) __builtin_prefetch(blocks[i + OI_RUN_PREFETCH], 1);
+    host_block *b = blocks[i];
+    index_shard *s = oi__block_shard(h, b);
+    if (c->ok) {
+      b->state = BLOCK_SEALED;
+      b->last_used = c->now;
+      if (oi__block_evictable(b)) oi__lru_push_locked(s, b);
+    } else {
+      oi__index_remove_locked(s, b); /* never visible: nothing partial is served */
+    }
+  }
+  if (c->ok) { /* told under the shard locks, as each block seals */
+    oi__lower_note_sealed_locked(h, blocks + from, to - from);
+    oi__watch_note_sealed(h, blocks + from, to - from);
+  }
+}
+
 void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
                        bool ok, uint64_t bytes, uint64_t latency_ns) {
   if (n) oi__hist_record(&h->c.save_latency, latency_ns);
-  uint64_t now = oi__now_ns();
-  for (size_t at = 0; at < n; at += OI_BATCH) { /* each shard locked once per batch */
-    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
-    shard_set set;
-    oi__blocks_lock(h, &set, blocks + at, k);
-    for (size_t i = at; i < at + k; i++) {
-      host_block *b = blocks[i];
-      index_shard *s = oi__block_shard(h, b);
-      if (ok) {
-        b->state = BLOCK_SEALED;
-        b->last_used = now;
-        if (oi__block_evictable(b)) oi__lru_push_locked(s, b);
-      } else {
-        oi__index_remove_locked(s, b); /* never visible: nothing partial is served */
-      }
-    }
-    if (ok) { /* told under the shard locks, as each block seals */
-      oi__lower_note_sealed_locked(h, blocks + at, k);
-      oi__watch_note_sealed(h, blocks + at, k);
-    }
-    oi__shard_set_unlock(h, &set);
-    if (!ok) oi__pool_free_batch(h, (host_block **)blocks + at, k);
+  save_end_ctx c = {.ok = ok, .now = oi__now_ns()};
+  /* Every shard at once only while sealing takes no other lock (a lower
+   * tier's queue, the watcher's). */
+  bool all_ok = !__atomic_load_n(&h->lower_ctx, __ATOMIC_ACQUIRE) &&
+                !atomic_load_explicit(&h->watching, memory_order_relaxed);
+  oi__blocks_runs(h, blocks, n, all_ok, save_end_some, &c);
+  if (!ok) {
+    oi__pool_free_batch(h, (host_block **)blocks, n);
+    oi__ns_resident_add(h, ns.id, (uint64_t)0 - n);
   }
-  if (!ok) oi__ns_resident_add(h, ns.id, (uint64_t)0 - n);
   atomic_fetch_sub(&h->c.blocks_in_flight, n);
   if (ok) {
     atomic_fetch_add(&h->c.blocks_sealed, n);
@@ -348,30 +386,37 @@ oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_princip
   return st;
 }
 
+/* Ends the loading marks of blocks[from..to), their shards locked. */
+typedef struct load_end_ctx {
+  uint64_t now, unloaded, unpinned;
+} load_end_ctx;
+
+static void load_end_some(oi_offload_host *h, void *ctx, host_block *const *blocks, size_t from,
+                          size_t to) {
+  load_end_ctx *c = ctx;
+  for (size_t i = from; i < to; i++) {
+    if (i + OI_RUN_PREFETCH < to) __builtin_prefetch(blocks[i + OI_RUN_PREFETCH], 1);
+    host_block *b = blocks[i];
+    c->unpinned += !(b->pins || b->loading > 1); /* one atomic per call, not per block */
+    if (--b->loading == 0) {
+      c->unloaded++;
+      if (oi__block_evictable(b)) {
+        index_shard *s = oi__block_shard(h, b);
+        b->last_used = c->now;
+        oi__lru_remove_locked(s, b); /* still listed where it was pinned */
+        oi__lru_push_locked(s, b);
+      }
+    }
+  }
+}
+
 void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, bool ok,
                        uint64_t bytes, uint64_t latency_ns) {
   if (n) oi__hist_record(&h->c.load_latency, latency_ns);
-  uint64_t now = oi__now_ns(), unloaded = 0;
-  for (size_t at = 0; at < n; at += OI_BATCH) { /* each shard locked once per batch */
-    size_t k = OI_MIN((size_t)OI_BATCH, n - at);
-    shard_set set;
-    oi__blocks_lock(h, &set, blocks + at, k);
-    for (size_t i = at; i < at + k; i++) {
-      host_block *b = blocks[i];
-      oi__block_pinned_update(h, true, b->pins || b->loading > 1);
-      if (--b->loading == 0) {
-        unloaded++;
-        if (oi__block_evictable(b)) {
-          index_shard *s = oi__block_shard(h, b);
-          b->last_used = now;
-          oi__lru_remove_locked(s, b); /* still listed where it was pinned */
-          oi__lru_push_locked(s, b);
-        }
-      }
-    }
-    oi__shard_set_unlock(h, &set);
-  }
-  if (unloaded) atomic_fetch_sub(&h->c.blocks_loading, unloaded);
+  load_end_ctx c = {.now = oi__now_ns()};
+  oi__blocks_runs(h, blocks, n, true, load_end_some, &c);
+  if (c.unloaded) atomic_fetch_sub(&h->c.blocks_loading, c.unloaded);
+  if (c.unpinned) atomic_fetch_sub_explicit(&h->c.blocks_pinned, c.unpinned, memory_order_relaxed);
   if (ok) {
     atomic_fetch_add(&h->c.loads_completed, 1);
     atomic_fetch_add(&h->c.blocks_loaded, n);

@@ -353,6 +353,13 @@ typedef struct index_batch {
  * their shards locked (q->found valid until oi__index_batch_unlock). */
 void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
                           const oi_block_hash *hashes, size_t n);
+/* As oi__index_batch_lock, with every shard's lock held by the caller
+ * (oi__shards_lock_all); locks nothing. */
+void oi__index_batch_find_all_locked(oi_offload_host *h, index_batch *q, uint32_t ns,
+                                     const oi_block_hash *hashes, size_t n);
+/* Every shard's lock, in ascending order; released in descending order. */
+void oi__shards_lock_all(oi_offload_host *h);
+void oi__shards_unlock_all(oi_offload_host *h);
 static inline void oi__index_batch_unlock(oi_offload_host *h, index_batch *q) {
   oi__shard_set_unlock(h, &q->locked);
 }
@@ -362,6 +369,24 @@ static inline index_shard *oi__index_batch_shard(oi_offload_host *h, const index
 }
 /* Locks the shards of blocks[0..n) (n <= OI_BATCH, indexed blocks). */
 void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *blocks, size_t n);
+/* Runs of blocks a caller handles under one taking of every shard lock
+ * (oi__blocks_runs), and how far ahead such a walk prefetches records. */
+#define OI_ALL_SHARDS_RUN 512
+#define OI_RUN_PREFETCH 8
+/* Handles blocks[from..to) with the shard locks of those blocks held. */
+typedef void (*oi_blocks_run_fn)(oi_offload_host *h, void *ctx, host_block *const *blocks,
+                                 size_t from, size_t to);
+/* Calls fn over blocks[0..n) (indexed blocks), run after run. With all_ok,
+ * n >= OI_ALL_SHARDS_RUN and at most a quarter as many shards (64 by
+ * default: nearly every shard holds some of the blocks), each run of
+ * OI_ALL_SHARDS_RUN blocks is handled with every shard's lock taken in
+ * ascending order: no block's shard is computed (a hash of its name) and no
+ * set sorted, and each lock is held a few microseconds (fn should prefetch
+ * OI_RUN_PREFETCH records ahead; the first ones are). Otherwise runs of
+ * OI_BATCH blocks under their shards' locks. The caller passes all_ok false
+ * when fn takes another lock (ThreadSanitizer keeps at most 64 held). */
+void oi__blocks_runs(oi_offload_host *h, host_block *const *blocks, size_t n, bool all_ok,
+                     oi_blocks_run_fn fn, void *ctx);
 /* Unpins blocks[0..n), any n, a batch of shards at a time. */
 void oi__blocks_unpin(oi_offload_host *h, host_block *const *blocks, size_t n);
 

@@ -240,11 +240,13 @@ static uint32_t first_with_tag(const index_shard *s, uint32_t tag) {
   }
 }
 
-void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
-                          const oi_block_hash *hashes, size_t n) {
+/* The keys and shards of a batch, their table lines and locks prefetched. */
+static void batch_keys(oi_offload_host *h, index_batch *q, uint32_t ns, const oi_block_hash *hashes,
+                       size_t n) {
   q->n = n;
   q->ns = ns;
   q->hashes = hashes;
+  q->locked.n = 0;
   for (size_t i = 0; i < n; i++) {
     uint64_t k = key_hash(ns, &hashes[i]);
     uint32_t si = (uint32_t)(k >> 48) & (h->nshards - 1);
@@ -257,23 +259,48 @@ void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
     __builtin_prefetch(&s->lock, 1);
     __builtin_prefetch(&slots[home_of((uint32_t)k, nslots)]);
   }
-  oi__shard_set_lock(h, &q->locked, q->shard, n);
-  /* Every table run first (their misses overlap), the candidates' records
-   * prefetched, then checked. */
+}
+
+/* The batch's lookups, its shards locked: every table run first (their
+ * misses overlap), the candidates' records prefetched, then checked. */
+static void batch_find(oi_offload_host *h, index_batch *q) {
   uint32_t cand[OI_BATCH];
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < q->n; i++) {
     cand[i] = first_with_tag(&h->shards[q->shard[i]], (uint32_t)q->key[i]);
     if (cand[i] != OI_NIL) oi__rec_prefetch(oi__rec(h, cand[i]));
   }
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < q->n; i++) {
     host_block *b = NULL;
     if (cand[i] != OI_NIL) {
       b = oi__rec(h, cand[i]);
-      if (b->ns != ns || memcmp(b->hash.bytes, hashes[i].bytes, sizeof b->hash.bytes) != 0)
-        b = oi__index_find_key_locked(&h->shards[q->shard[i]], q->key[i], ns, &hashes[i]);
+      if (b->ns != q->ns || memcmp(b->hash.bytes, q->hashes[i].bytes, sizeof b->hash.bytes) != 0)
+        b = oi__index_find_key_locked(&h->shards[q->shard[i]], q->key[i], q->ns, &q->hashes[i]);
     }
     q->found[i] = b;
   }
+}
+
+void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
+                          const oi_block_hash *hashes, size_t n) {
+  batch_keys(h, q, ns, hashes, n);
+  oi__shard_set_lock(h, &q->locked, q->shard, n);
+  batch_find(h, q);
+}
+
+void oi__index_batch_find_all_locked(oi_offload_host *h, index_batch *q, uint32_t ns,
+                                     const oi_block_hash *hashes, size_t n) {
+  batch_keys(h, q, ns, hashes, n);
+  batch_find(h, q);
+}
+
+void oi__shards_lock_all(oi_offload_host *h) {
+  for (uint32_t s = 0; s < h->nshards; s++)
+    pthread_mutex_lock(&h->shards[s].lock);
+}
+
+void oi__shards_unlock_all(oi_offload_host *h) {
+  for (uint32_t s = h->nshards; s-- > 0;)
+    pthread_mutex_unlock(&h->shards[s].lock);
 }
 
 void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *blocks, size_t n) {
@@ -283,6 +310,28 @@ void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *bloc
     __builtin_prefetch(&h->shards[shard[i]].lock, 1);
   }
   oi__shard_set_lock(h, set, shard, n);
+}
+
+void oi__blocks_runs(oi_offload_host *h, host_block *const *blocks, size_t n, bool all_ok,
+                     oi_blocks_run_fn fn, void *ctx) {
+  if (!all_ok || n < OI_ALL_SHARDS_RUN || (size_t)h->nshards * 4 > OI_ALL_SHARDS_RUN) {
+    for (size_t at = 0; at < n; at += OI_BATCH) {
+      size_t k = OI_MIN((size_t)OI_BATCH, n - at);
+      shard_set set;
+      oi__blocks_lock(h, &set, blocks + at, k);
+      fn(h, ctx, blocks, at, at + k);
+      oi__shard_set_unlock(h, &set);
+    }
+    return;
+  }
+  for (size_t at = 0; at < n; at += OI_ALL_SHARDS_RUN) {
+    size_t end = OI_MIN(n, at + OI_ALL_SHARDS_RUN);
+    for (size_t i = at; i < OI_MIN(end, at + OI_RUN_PREFETCH); i++)
+      __builtin_prefetch(blocks[i], 1);
+    oi__shards_lock_all(h);
+    fn(h, ctx, blocks, at, end);
+    oi__shards_unlock_all(h);
+  }
 }
 
 void oi__blocks_unpin(oi_offload_host *h, host_block *const *blocks, size_t n) {

@@ -191,41 +191,28 @@ static inline void mark_one(oi_offload_host *h, host_block *b, host_block **out,
   if (data) *data = oi__block_data_sized(h, b, m->slot_bytes);
 }
 
-/* Blocks marked under one taking of every shard lock (see mark_run). */
-#define MARK_ALL_RUN 512
+/* Marks blocks[0..k) (k <= LOAD_READY_RUN) loading, in order: a run of
+ * oi__blocks_runs (every shard locked once per OI_ALL_SHARDS_RUN blocks for
+ * a large load). */
+typedef struct mark_run_ctx {
+  host_block **out;
+  uint8_t **data;
+  mark_tally *m;
+} mark_run_ctx;
 
-/* Marks blocks[0..k) (k <= LOAD_READY_RUN) loading, in order. A run of
- * MARK_ALL_RUN blocks or more, with at most a quarter as many shards (64 by
- * default: nearly every shard holds some of them), takes every shard's lock
- * in ascending order for MARK_ALL_RUN blocks at a time: no block's shard is
- * computed (a hash of its name) and no block sorted, and each lock is held
- * a few microseconds. Otherwise batches of OI_BATCH as elsewhere. */
+static void mark_some(oi_offload_host *h, void *ctx, host_block *const *blocks, size_t from,
+                      size_t to) {
+  mark_run_ctx *c = ctx;
+  for (size_t i = from; i < to; i++) {
+    if (i + OI_RUN_PREFETCH < to) __builtin_prefetch(blocks[i + OI_RUN_PREFETCH], 1);
+    mark_one(h, blocks[i], c->out + i, c->data ? c->data + i : NULL, c->m);
+  }
+}
+
 static void mark_run(oi_offload_host *h, host_block *const *blocks, size_t k, host_block **out,
                      uint8_t **data, mark_tally *m) {
-  if (k < MARK_ALL_RUN || (size_t)h->nshards * 4 > MARK_ALL_RUN) {
-    for (size_t at = 0; at < k; at += OI_BATCH) {
-      size_t j = OI_MIN((size_t)OI_BATCH, k - at);
-      shard_set set;
-      oi__blocks_lock(h, &set, blocks + at, j);
-      for (size_t i = at; i < at + j; i++)
-        mark_one(h, blocks[i], out + i, data ? data + i : NULL, m);
-      oi__shard_set_unlock(h, &set);
-    }
-    return;
-  }
-  for (size_t at = 0; at < k; at += MARK_ALL_RUN) {
-    size_t end = OI_MIN(k, at + MARK_ALL_RUN);
-    for (size_t i = at; i < OI_MIN(end, at + 8); i++)
-      __builtin_prefetch(blocks[i], 1);
-    for (uint32_t s = 0; s < h->nshards; s++)
-      pthread_mutex_lock(&h->shards[s].lock);
-    for (size_t i = at; i < end; i++) {
-      if (i + 8 < end) __builtin_prefetch(blocks[i + 8], 1);
-      mark_one(h, blocks[i], out + i, data ? data + i : NULL, m);
-    }
-    for (uint32_t s = h->nshards; s-- > 0;)
-      pthread_mutex_unlock(&h->shards[s].lock);
-  }
+  mark_run_ctx c = {out, data, m};
+  oi__blocks_runs(h, blocks, k, true, mark_some, &c);
 }
 
 oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease,

@@ -719,6 +719,97 @@ static void test_large_loads_mark_under_every_shard_lock(void) {
   etu_layout_free(&L);
 }
 
+/* Saves of 512 hashes or more reserve their slots under every shard's lock,
+ * taken once per run of 512, and seal the same way. A 1 MiB pool of 512-byte
+ * blocks (background eviction off): 1,100 new hashes; then 550 of them again
+ * beside 600 new ones, 50 of those named twice in the call, more than 64
+ * places apart (each count exact); then 1,000 more, which take the free
+ * slots and evict the rest in runs of up to 512. Every count is exact and
+ * every byte of the last call comes back. */
+static void test_large_saves_reserve_under_every_shard_lock(void) {
+  enum { NB = 4000 };
+  etu_layout L;
+  etu_layout_simple(&L, 1, NB, 512);
+  oi_offload_host *h = etu_host_create_wm(1 << 20, 0, 0, 1.0f, 1.0f);
+  oi_offload_engine *e = etu_engine_create(h, &L, "big", 1);
+  for (int64_t j = 0; j < NB; j++)
+    etu_fill_block(&L, j, (uint64_t)j, SEED);
+  static int64_t ids[1200], dst[1200];
+  static oi_block_hash hs[1200];
+  static uint8_t present[1200];
+  oi_save_result r = {.struct_size = sizeof r};
+  oi_save_options so;
+  oi_save_options_init(&so);
+  so.result = &r;
+  size_t n = 0;
+#define PUT(j) (ids[n] = (int64_t)(j), hs[n++] = etu_hash(91, (uint64_t)(j)))
+  for (int j = 0; j < 1100; j++)
+    PUT(j);
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_save(e, ids, hs, n, &so, &t));
+  CHECK_OK(etu_ticket_finish(t));
+  CHECK(r.accepted == 1100 && r.deduplicated == 0 && r.dropped == 0);
+  /* Again: 550 held, 550 new, 50 of the new named a second time. */
+  n = 0;
+  for (int j = 550; j < 1100; j++)
+    PUT(j);
+  for (int j = 2000; j < 2550; j++)
+    PUT(j);
+  for (int j = 2000; j < 2050; j++)
+    PUT(j);
+  CHECK_OK(oi_offload_engine_save(e, ids, hs, n, &so, &t));
+  CHECK_OK(etu_ticket_finish(t));
+  CHECK(r.accepted == 550 && r.deduplicated == 600 && r.dropped == 0);
+  oi_host_stats st = etu_host_stats(h);
+  CHECK(st.blocks_sealed == 1650 && st.evictions == 0);
+  uint64_t free_slots = st.capacity_bytes / 512 - st.blocks_sealed;
+  CHECK(free_slots < 1000); /* the next call must evict */
+  /* 1,000 more: the free slots, then the least recently used blocks. */
+  n = 0;
+  for (int j = 3000; j < 4000; j++)
+    PUT(j);
+  CHECK_OK(oi_offload_engine_save(e, ids, hs, n, &so, &t));
+  CHECK_OK(etu_ticket_finish(t));
+  CHECK(r.accepted == 1000 && r.deduplicated == 0 && r.dropped == 0);
+  st = etu_host_stats(h);
+  uint64_t evicted = 1000 - free_slots;
+  CHECK(st.evictions == evicted && st.blocks_sealed == 2650 - evicted);
+  /* Eviction is least recently used per shard (approximately overall):
+   * of the 1,650 older blocks, exactly the evicted number are gone. */
+  n = 0;
+  for (int j = 0; j < 1100; j++)
+    PUT(j);
+  int64_t held = etu_membership(e, hs, n, present);
+  n = 0;
+  for (int j = 2000; j < 2550; j++)
+    PUT(j);
+  held += etu_membership(e, hs, n, present);
+  CHECK(held == (int64_t)(1650 - evicted));
+  /* The last 1,000 come back byte for byte into blocks wiped first. */
+  n = 0;
+  for (int j = 3000; j < 4000; j++)
+    PUT(j);
+#undef PUT
+  oi_query_result q;
+  CHECK_OK(etu_query(e, "big", hs, n, &q));
+  CHECK(q.hit_blocks == 1000);
+  for (size_t i = 0; i < n; i++) {
+    dst[i] = ids[i] - 3000; /* blocks 0..999, wiped */
+    etu_zero_block(&L, dst[i]);
+  }
+  CHECK_OK(etu_load_wait(e, q.lease, dst, n));
+  bool all = true;
+  for (size_t i = 0; i < n; i++)
+    all &= etu_block_matches(&L, dst[i], (uint64_t)ids[i], SEED, "large save");
+  CHECK(all);
+  st = etu_host_stats(h);
+  CHECK(st.blocks_pinned == 0 && st.blocks_leased == 0 && st.blocks_in_flight == 0);
+  CHECK(etu_accounting_ok(&st));
+  oi_offload_engine_destroy(e);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&L);
+}
+
 /* Shares of one lease marked at once, outside the lease lock, while a
  * release races them: three threads load the same 1,100-block lease (four
  * shares) into their own blocks as a fourth releases it. Each load either
@@ -1012,6 +1103,7 @@ int main(void) {
   RUN_TEST(test_destroying_an_engine_finishes_its_saves_and_loads);
   RUN_TEST(test_more_than_64_index_shards);
   RUN_TEST(test_large_loads_mark_under_every_shard_lock);
+  RUN_TEST(test_large_saves_reserve_under_every_shard_lock);
   RUN_TEST(test_shares_mark_at_once_while_a_release_races_them);
   RUN_TEST(test_host_watcher);
   RUN_TEST(test_a_lower_tier_that_takes_its_spills_late);

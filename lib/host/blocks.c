@@ -91,7 +91,7 @@ static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash
     nb->ns = ns.id;
     nb->state = BLOCK_IN_FLIGHT;
     nb->spilling = nb->lower = 0;
-    if (!oi__index_insert_locked(h, s, nb)) { /* the index could not grow */
+    if (!oi__index_insert_locked(h, s, nb, q.key[j])) { /* the index could not grow */
       nb->state = BLOCK_FREE;
       o->unused[o->nunused++] = nb;
       t->dropped++;
@@ -145,7 +145,7 @@ static void reserve_one(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *
   nb->ns = ns.id;
   nb->state = BLOCK_IN_FLIGHT;
   nb->spilling = nb->lower = 0;
-  if (!oi__index_insert_locked(h, s, nb)) {
+  if (!oi__index_insert_locked(h, s, nb, key)) {
     pthread_mutex_unlock(&s->lock);
     nb->state = BLOCK_FREE;
     oi__pool_free(h, nb);

@@ -390,9 +390,10 @@ void oi__blocks_runs(oi_offload_host *h, host_block *const *blocks, size_t n, bo
 /* Unpins blocks[0..n), any n, a batch of shards at a time. */
 void oi__blocks_unpin(oi_offload_host *h, host_block *const *blocks, size_t n);
 
-/* Indexes b (its ns and hash set). false: the table is full and could not
- * grow (out of memory); b is not indexed. */
-bool oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b);
+/* Indexes b (its ns and hash set; key = oi__index_key of them, which the
+ * caller computed to find s). false: the table is full and could not grow
+ * (out of memory); b is not indexed. */
+bool oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b, uint64_t key);
 void oi__index_remove_locked(index_shard *s, host_block *b);
 void oi__lru_push_locked(index_shard *s, host_block *b); /* most recent end */
 void oi__lru_remove_locked(index_shard *s, host_block *b);

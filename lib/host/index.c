@@ -162,12 +162,12 @@ size_t oi__host_foreach_sealed(oi_offload_host *h,
   return n;
 }
 
-bool oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b) {
+bool oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b, uint64_t key) {
   (void)h;
   if ((uint64_t)(s->count + 1) * MAX_LOAD_DEN > (uint64_t)s->nslots * MAX_LOAD_NUM &&
       !grow_locked(s) && s->count + 2 > s->nslots)
     return false; /* full (one slot always stays empty: lookups end) */
-  place(s->slots, s->nslots, (uint64_t)(uint32_t)key_hash(b->ns, &b->hash) << 32 | b->id);
+  place(s->slots, s->nslots, (uint64_t)(uint32_t)key << 32 | b->id);
   s->count++;
   return true;
 }

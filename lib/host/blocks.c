@@ -165,12 +165,11 @@ void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *ha
   o.nacc = o.nfl = o.nunused = 0;
   /* A run of hashes at a time: their free slots taken under one size class
    * lock, their index entries made under one lock per shard (OI_BATCH hashes
-   * a run) or, for a call of OI_ALL_SHARDS_RUN hashes or more and at most a
-   * quarter as many shards, under every shard's lock taken once per run of
-   * OI_ALL_SHARDS_RUN (as oi__blocks_runs). Eviction only when the free
-   * list runs dry, for the run's remaining hashes at once, with no shard
-   * lock held. Nothing is allocated. */
-  bool all = n >= OI_ALL_SHARDS_RUN && (size_t)h->nshards * 4 <= OI_ALL_SHARDS_RUN;
+   * a run) or, when oi__all_shards_for the call, under every shard's lock
+   * taken once per run of OI_ALL_SHARDS_RUN (as oi__blocks_runs). Eviction
+   * only when the free list runs dry, for the run's remaining hashes at
+   * once, with no shard lock held. Nothing is allocated. */
+  bool all = oi__all_shards_for(h, n);
   size_t run = all ? OI_ALL_SHARDS_RUN : OI_BATCH;
   for (size_t at = 0; at < n; at += run) {
     size_t m = OI_MIN(run, n - at);

@@ -373,18 +373,21 @@ void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *bloc
  * (oi__blocks_runs), and how far ahead such a walk prefetches records. */
 #define OI_ALL_SHARDS_RUN 512
 #define OI_RUN_PREFETCH 8
+/* Whether a call over n blocks (or hashes) takes every shard's lock once per
+ * run of OI_ALL_SHARDS_RUN: n at least that, with at most a quarter as many
+ * shards (64 by default: nearly every shard holds some of such a run). */
+static inline bool oi__all_shards_for(const oi_offload_host *h, size_t n) {
+  return n >= OI_ALL_SHARDS_RUN && (size_t)h->nshards * 4 <= OI_ALL_SHARDS_RUN;
+}
 /* Handles blocks[from..to) with the shard locks of those blocks held. */
 typedef void (*oi_blocks_run_fn)(oi_offload_host *h, void *ctx, host_block *const *blocks,
                                  size_t from, size_t to);
-/* Calls fn over blocks[0..n) (indexed blocks), run after run. With all_ok,
- * n >= OI_ALL_SHARDS_RUN and at most a quarter as many shards (64 by
- * default: nearly every shard holds some of the blocks), each run of
- * OI_ALL_SHARDS_RUN blocks is handled with every shard's lock taken in
- * ascending order: no block's shard is computed (a hash of its name) and no
- * set sorted, and each lock is held a few microseconds (fn should prefetch
- * OI_RUN_PREFETCH records ahead; the first ones are). Otherwise runs of
- * OI_BATCH blocks under their shards' locks. The caller passes all_ok false
- * when fn takes another lock (ThreadSanitizer keeps at most 64 held). */
+/* Calls fn over blocks[0..n) (indexed blocks), run after run. With all_ok
+ * and oi__all_shards_for(h, n), each run of OI_ALL_SHARDS_RUN blocks is handled with every shard's
+ * lock taken in ascending order: no block's shard is computed (a hash of its name) and no set
+ * sorted, and each lock is held a few microseconds (fn should prefetch OI_RUN_PREFETCH records
+ * ahead; the first ones are). Otherwise runs of OI_BATCH blocks under their shards' locks. The
+ * caller passes all_ok false when fn takes another lock (ThreadSanitizer keeps at most 64 held). */
 void oi__blocks_runs(oi_offload_host *h, host_block *const *blocks, size_t n, bool all_ok,
                      oi_blocks_run_fn fn, void *ctx);
 /* Unpins blocks[0..n), any n, a batch of shards at a time. */

@@ -314,7 +314,7 @@ void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *bloc
 
 void oi__blocks_runs(oi_offload_host *h, host_block *const *blocks, size_t n, bool all_ok,
                      oi_blocks_run_fn fn, void *ctx) {
-  if (!all_ok || n < OI_ALL_SHARDS_RUN || (size_t)h->nshards * 4 > OI_ALL_SHARDS_RUN) {
+  if (!all_ok || !oi__all_shards_for(h, n)) {
     for (size_t at = 0; at < n; at += OI_BATCH) {
       size_t k = OI_MIN((size_t)OI_BATCH, n - at);
       shard_set set;

@@ -33,11 +33,17 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 /* Every fallible function returns an oi_status. OI_OK is 0, OI_PENDING is 1,
- * errors are negative. Values never change once released. */
+ * errors are negative. Values never change once released. A ticket's poll
+ * answers OI_PENDING or OI_FENCING (2) while it is not final. */
 typedef int32_t oi_status;
 enum {
   OI_OK = 0,
   OI_PENDING = 1,
+  /* Not final (oi_ticket_poll, oi_ticket_arena_poll): a load missed its
+   * deadline and has failed, but a copy into its destination blocks may
+   * still land, so they stay the library's until the ticket completes
+   * (then with OI_ERR_DEADLINE). */
+  OI_FENCING = 2,
   OI_ERR_INVALID_ARGUMENT = -1,
   OI_ERR_NOT_FOUND = -2,
   OI_ERR_OUT_OF_MEMORY = -3,
@@ -54,6 +60,9 @@ enum {
   OI_ERR_INTERNAL = -14,
   OI_ERR_NO_DEVICE = -15,
   OI_ERR_BUSY = -16,
+  /* A load missed its deadline; final only once no copy can still land in
+   * its destination (then the blocks are the caller's again). */
+  OI_ERR_DEADLINE = -17,
 };
 
 /* Static name of a status ("OI_ERR_TIMEOUT"); "OI_ERR_UNKNOWN" for values
@@ -168,10 +177,17 @@ typedef struct oi_ticket oi_ticket;
  * or from oi_ticket_set_callback itself when the ticket already completed. */
 typedef void (*oi_ticket_fn)(void *ctx, oi_ticket *t, oi_status st);
 
-/* @return OI_PENDING while the operation runs, then OI_OK or its error. */
+/* @return OI_PENDING while the operation runs, then OI_OK or its error.
+ * A load past its deadline whose copies may still land answers OI_FENCING
+ * (not final: its destination blocks are not the caller's yet) until they
+ * are fenced; then it completes with OI_ERR_DEADLINE. */
 OI_API oi_status oi_ticket_poll(oi_ticket *t);
 /* Waits up to timeout_ms (UINT32_MAX = forever). @return the final status,
- * or OI_ERR_TIMEOUT, which leaves the ticket pending and usable. */
+ * or OI_ERR_TIMEOUT, which leaves the ticket pending and usable: when the
+ * wait ran out, and at once when the operation missed its own deadline but
+ * is not final yet (poll answers OI_FENCING), so no wait outlasts the
+ * operation's deadline. A load's destination blocks are the caller's again
+ * only once the ticket is final: no byte lands in them after that. */
 OI_API oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms);
 /* An eventfd that becomes readable when the ticket completes (and stays
  * readable). Owned by the ticket: do not close it. -1 on failure. */
@@ -203,7 +219,9 @@ OI_API void *oi_ticket_arena_event(oi_ticket *t, uint32_t arena);
  * from an older server) waits for the whole ticket, whatever `arena`; with per-arena
  * progress, an arena past the layout's count is OI_ERR_INVALID_ARGUMENT.
  * oi_ticket_arena_poll answers the same without blocking (OI_PENDING while
- * the arena is still moving). */
+ * the arena is still moving). While the load is fencing (past its deadline,
+ * copies may still land) every arena's poll answers OI_FENCING and its wait
+ * OI_ERR_TIMEOUT at once, as oi_ticket_poll / oi_ticket_wait do. */
 OI_API oi_status oi_ticket_arena_wait(oi_ticket *t, uint32_t arena, uint32_t timeout_ms);
 OI_API oi_status oi_ticket_arena_poll(oi_ticket *t, uint32_t arena);
 /* Registers the completion callback (at most one per ticket).

@@ -118,6 +118,11 @@ void oi__ticket_unref(oi_ticket *t);
  * reference), wakes waiters, signals the eventfd, runs the callback, and drops
  * one producer reference. */
 void oi__ticket_complete(oi_ticket *t, oi_status st);
+/* The operation missed its deadline while copies into its destination may
+ * still land: poll answers OI_FENCING and waits return OI_ERR_TIMEOUT at
+ * once until the producer completes the ticket (with OI_ERR_DEADLINE) once
+ * they are fenced. Wakes waiters; a no-op on a completed ticket. */
+void oi__ticket_fence(oi_ticket *t);
 /* Attaches a backend event the ticket owns; `destroy` runs when the ticket is
  * freed. */
 void oi__ticket_set_cuda_event(oi_ticket *t, void *event, void (*destroy)(void *event));

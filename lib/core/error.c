@@ -10,6 +10,7 @@ OI_API const char *oi_status_str(oi_status st) {
   switch (st) {
   case OI_OK: return "OI_OK";
   case OI_PENDING: return "OI_PENDING";
+  case OI_FENCING: return "OI_FENCING";
   case OI_ERR_INVALID_ARGUMENT: return "OI_ERR_INVALID_ARGUMENT";
   case OI_ERR_NOT_FOUND: return "OI_ERR_NOT_FOUND";
   case OI_ERR_OUT_OF_MEMORY: return "OI_ERR_OUT_OF_MEMORY";
@@ -26,6 +27,7 @@ OI_API const char *oi_status_str(oi_status st) {
   case OI_ERR_INTERNAL: return "OI_ERR_INTERNAL";
   case OI_ERR_NO_DEVICE: return "OI_ERR_NO_DEVICE";
   case OI_ERR_BUSY: return "OI_ERR_BUSY";
+  case OI_ERR_DEADLINE: return "OI_ERR_DEADLINE";
   default: return "OI_ERR_UNKNOWN";
   }
 }

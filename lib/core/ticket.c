@@ -15,6 +15,7 @@ struct oi_ticket {
   pthread_cond_t done_cv;
   atomic_int refs;
   bool done;
+  bool fencing; /* past its deadline, copies may still land (oi__ticket_fence) */
   bool callback_set;
   oi_status status;
   int event_fd;
@@ -86,6 +87,23 @@ void oi__ticket_complete(oi_ticket *t, oi_status st) {
   oi__ticket_unref(t);
 }
 
+void oi__ticket_fence(oi_ticket *t) {
+  pthread_mutex_lock(&t->lock);
+  if (!t->done) {
+    t->fencing = true;
+    pthread_cond_broadcast(&t->done_cv);
+  }
+  pthread_mutex_unlock(&t->lock);
+}
+
+/* What a wait that meets a fencing ticket returns, at once. */
+static oi_status fencing_timeout(const char *what) {
+  return oi__fail(OI_ERR_TIMEOUT,
+                  "%s: the load missed its deadline and copies into its destination may still "
+                  "land (OI_FENCING): its blocks stay the library's until the ticket completes",
+                  what);
+}
+
 void oi__ticket_set_cuda_event(oi_ticket *t, void *event, void (*destroy)(void *event)) {
   t->cuda_event = event;
   t->cuda_event_destroy = destroy;
@@ -108,12 +126,13 @@ void oi__ticket_set_arena_query(oi_ticket *t, oi_status (*query)(void *event)) {
  * final for every wait; else the arena's event says. */
 static oi_status arena_by_event(oi_ticket *t, uint32_t arena) {
   pthread_mutex_lock(&t->lock);
-  bool done = t->done;
+  bool done = t->done, fencing = t->fencing;
   oi_status st = t->status;
   void *ev = t->arena_events[arena];
   oi_status (*query)(void *) = t->arena_query;
   pthread_mutex_unlock(&t->lock);
   if (done) return st;
+  if (fencing) return OI_FENCING;
   return query(ev); /* OI_OK, OI_PENDING, or the device's error (its message set) */
 }
 
@@ -153,6 +172,7 @@ void oi__ticket_arena_landed(oi_ticket *t, uint32_t arena, oi_status st) {
  * one) is final for every later wait. */
 static oi_status arena_state_locked(const oi_ticket *t, uint32_t arena) {
   if (t->done && t->status != OI_OK) return t->status;
+  if (!t->done && t->fencing) return OI_FENCING;
   if (t->arena_failed <= arena) return t->arena_status;
   if (t->arenas_landed > arena || t->done) return OI_OK;
   return OI_PENDING;
@@ -170,7 +190,7 @@ OI_API oi_status oi_ticket_arena_poll(oi_ticket *t, uint32_t arena) {
   pthread_mutex_lock(&t->lock);
   oi_status st;
   if (t->n_arenas == 0) {
-    st = t->done ? t->status : OI_PENDING; /* no per-arena progress: the whole ticket */
+    st = t->done ? t->status : t->fencing ? OI_FENCING : OI_PENDING; /* the whole ticket */
   } else if (arena >= t->n_arenas) {
     st = oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_arena_poll: arena %u of a %u-arena load", arena,
                   t->n_arenas);
@@ -191,6 +211,7 @@ OI_API oi_status oi_ticket_arena_wait(oi_ticket *t, uint32_t arena, uint32_t tim
     uint64_t end = oi__deadline_ns(timeout_ms);
     for (;;) {
       oi_status st = arena_by_event(t, arena);
+      if (st == OI_FENCING) return fencing_timeout("ticket_arena_wait");
       if (st != OI_PENDING) return st;
       if (oi__now_ns() >= end)
         return oi__fail(OI_ERR_TIMEOUT, "ticket_arena_wait: arena %u not in place after %u ms",
@@ -222,13 +243,14 @@ OI_API oi_status oi_ticket_arena_wait(oi_ticket *t, uint32_t arena, uint32_t tim
     }
   }
   pthread_mutex_unlock(&t->lock);
+  if (st == OI_FENCING) return fencing_timeout("ticket_arena_wait");
   return st;
 }
 
 OI_API oi_status oi_ticket_poll(oi_ticket *t) {
   if (!t) return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_poll: ticket is NULL");
   pthread_mutex_lock(&t->lock);
-  oi_status st = t->done ? t->status : OI_PENDING;
+  oi_status st = t->done ? t->status : t->fencing ? OI_FENCING : OI_PENDING;
   pthread_mutex_unlock(&t->lock);
   return st;
 }
@@ -240,6 +262,10 @@ OI_API oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms) {
                         .tv_nsec = (long)(deadline % 1000000000ull)};
   pthread_mutex_lock(&t->lock);
   while (!t->done) {
+    if (t->fencing) {
+      pthread_mutex_unlock(&t->lock);
+      return fencing_timeout("ticket_wait");
+    }
     if (deadline == UINT64_MAX) {
       pthread_cond_wait(&t->done_cv, &t->lock);
     } else if (pthread_cond_timedwait(&t->done_cv, &t->lock, &ts) == ETIMEDOUT && !t->done) {

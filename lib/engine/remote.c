@@ -535,7 +535,7 @@ static oi_status unexpected_reply(const pending *p, const char *what) {
 static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader) {
   bool is_result = env->which_body == oiwire_Envelope_result_tag;
   oi_status st = is_result ? env->body.result.status : OI_OK;
-  if (is_result && st == OI_PENDING) st = OI_ERR_PROTOCOL; /* a reply is final */
+  if (is_result && st > 0) st = OI_ERR_PROTOCOL; /* a reply is final */
   pthread_mutex_lock(&e->lock);
   if (env->which_body == oiwire_Envelope_load_progress_tag) {
     /* Not final: a layered load's first arenas_done arenas are in place. */

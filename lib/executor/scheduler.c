@@ -323,7 +323,7 @@ static void poll_restores(exec_rank *r) {
       continue;
     }
     oi_status st = oi_ticket_poll(q->load_ticket);
-    if (st == OI_PENDING) {
+    if (st > 0) { /* OI_PENDING, or OI_FENCING: copies may still land */
       if (oi__now_ns() >= q->restore_deadline_ns) abandon_restore(r, q);
       continue;
     }
@@ -331,7 +331,7 @@ static void poll_restores(exec_rank *r) {
   }
   for (orphan_load **link = &r->orphans; *link;) {
     orphan_load *o = *link;
-    if (oi_ticket_poll(o->ticket) == OI_PENDING) {
+    if (oi_ticket_poll(o->ticket) > 0) { /* not final: copies may still land */
       link = &o->next;
       continue;
     }
@@ -576,7 +576,7 @@ static bool settle_overlap(exec_rank *r, request *q) {
  * write its blocks, which the request is about to release. The orphans take
  * a reference of their own on them until the copy ends. */
 static void drop_overlap(exec_rank *r, request *q) {
-  if (oi_ticket_poll(q->load_ticket) == OI_PENDING) {
+  if (oi_ticket_poll(q->load_ticket) > 0) { /* not final */
     orphan_load *o = orphan_restore(r, q);
     if (o)
       for (uint32_t i = 0; i < o->n; i++)

@@ -24,7 +24,11 @@ struct oi_xfer_job {
   /* Deadline bookkeeping (the pipeline's lock): a job is outstanding from the
    * moment its completion is queued until its copies land. */
   uint64_t deadline_ns;
-  bool expired; /* the caller was told OI_ERR_TIMEOUT; the copy may still run */
+  /* Past its deadline; the copy may still run. A save's caller was told
+   * OI_ERR_TIMEOUT then (its late copy only reads the device memory, and
+   * what it read is discarded); a load's ticket is fencing and completes
+   * with OI_ERR_DEADLINE only when its copies end (complete_job). */
+  bool expired;
   struct oi_xfer_job *out_prev, *out_next;
   int64_t *ids;   /* cap entries */
   uint8_t **host; /* cap entries */
@@ -140,9 +144,11 @@ static uint64_t job_block_bytes(const oi_xfer_job *job) {
 
 static void complete_job(oi_xfer_job *job) {
   oi_xfer *x = job->x;
-  /* A job whose deadline passed was already reported as OI_ERR_TIMEOUT (its
-   * ticket and on_done fired then): what it copied is not trusted. */
-  if (job->expired) job->status = OI_ERR_TIMEOUT;
+  /* A job whose deadline passed failed, whatever its copies did: what it
+   * copied is not trusted. A save was reported then (its ticket and on_done
+   * fired with OI_ERR_TIMEOUT); a load's ticket ends now that nothing more
+   * can land in its destination. */
+  if (job->expired) job->status = job->dir == OI_COPY_H2D ? OI_ERR_DEADLINE : OI_ERR_TIMEOUT;
   oi_xfer_result r = {.dir = job->dir,
                       .status = job->status,
                       .n = job->n,
@@ -172,9 +178,12 @@ static void outstanding_remove_locked(oi_xfer *x, oi_xfer_job *job) {
   job->out_prev = job->out_next = NULL;
 }
 
-/* Deadlines: a job whose copies have not landed by its deadline is reported
- * to the caller as OI_ERR_TIMEOUT now; its memory stays held (the owner's
- * slots, marks) until the copy really ends. */
+/* Deadlines: a job whose copies have not landed by its deadline has failed.
+ * A save is reported to the caller as OI_ERR_TIMEOUT now; a load's ticket
+ * turns fencing (oi__ticket_fence: its destination is not the caller's
+ * until the copies end, when complete_job ends it with OI_ERR_DEADLINE).
+ * Either way the job's memory stays held (the owner's slots, marks) until
+ * the copy really ends. */
 typedef struct expired_cb {
   oi_ticket *ticket;
   oi_xfer_notify_fn on_done;
@@ -203,9 +212,13 @@ static void expire_jobs_locked(oi_xfer *x, uint64_t now, uint64_t *next_deadline
           break;
         }
         j->expired = true;
-        fire[nfire++] = (expired_cb){j->ticket, j->on_done, j->on_done_ctx};
-        j->ticket = NULL;
-        j->on_done = NULL;
+        if (j->dir == OI_COPY_H2D) {
+          if (j->ticket) oi__ticket_fence(j->ticket); /* (a ticket's own lock: cheap) */
+        } else {
+          fire[nfire++] = (expired_cb){j->ticket, j->on_done, j->on_done_ctx};
+          j->ticket = NULL;
+          j->on_done = NULL;
+        }
         OI_LOG_I(OI_LOG_WARN, "engine", log_id(x), "%s of %zu blocks missed its %u ms deadline",
                  j->dir == OI_COPY_H2D ? "load" : "save", j->n, x->cfg.deadline_ms[j->dir]);
       }

@@ -1,6 +1,7 @@
 /* Deadline hits are errors: copies slowed by the copy_slow fault outlive
- * their deadlines; the save and the load report OI_ERR_TIMEOUT (ticket and
- * on_done), the late save is never visible, the late load's lease is spent,
+ * their deadlines; the save reports OI_ERR_TIMEOUT (ticket and on_done) and
+ * is never visible; the load's ticket is fencing until its copy ended, then
+ * OI_ERR_DEADLINE, and no byte lands after that; its lease is spent,
  * and a flush shorter than the slow copy times out. Nothing is freed under
  * the copies that are still running: slots and loading blocks stay held
  * until they end (a reused slot would show up as wrong bytes below). */
@@ -38,23 +39,54 @@ static void test_save_and_load_deadlines(void) {
   CHECK(rig_visible(&r, 0, 4) == 0); /* the late save is discarded */
   rig_check_quiet(&r);
 
-  /* A load past its deadline. */
+  /* A load past its deadline: its ticket is fencing (not final) while the
+   * slow copy may still land, and ends with OI_ERR_DEADLINE only once it
+   * did; the destination blocks are the caller's from then on. */
   oi__fault_disarm_all();
   CHECK_OK(rig_save(&r, 10, 4));
   oi_lease l;
   CHECK(rig_query(&r, 10, 4, &l) == 4);
+  oi_engine_stats es0;
+  es0.struct_size = sizeof es0;
+  CHECK_OK(oi_offload_engine_stats(r.e, &es0));
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 300) == OI_OK);
-  CHECK_ST(rig_load(&r, l, 8, 4), OI_ERR_TIMEOUT);
+  int64_t lids[4] = {8, 9, 10, 11};
+  t = NULL;
+  t0 = oi__now_ns();
+  CHECK_OK(oi_offload_engine_load(r.e, l, lids, 4, NULL, &t));
+  CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_TIMEOUT); /* at the deadline, not the copy's end */
+  CHECK(oi__now_ns() - t0 < 250000000ull);
+  CHECK(strstr(oi_last_error(), "OI_FENCING") != NULL);
+  CHECK(oi_ticket_poll(t) == OI_FENCING);
+  CHECK(oi_ticket_arena_poll(t, 0) == OI_FENCING);
+  CHECK_ST(oi_ticket_arena_wait(t, 0, 60000), OI_ERR_TIMEOUT);
   CHECK(rig_stats(&r).blocks_loading == 4); /* held until the copy ends */
   uint64_t evicted = 99;
   CHECK_OK(oi_offload_host_evict_all(r.h, &evicted));
   CHECK(evicted == 0);                                   /* loading blocks are not evictable */
   CHECK_ST(rig_load(&r, l, 8, 4), OI_ERR_LEASE_EXPIRED); /* spent */
+  for (int i = 0; i < 500 && oi_ticket_poll(t) == OI_FENCING; i++)
+    usleep(2000);
+  CHECK(oi_ticket_poll(t) == OI_ERR_DEADLINE);
+  CHECK(oi__now_ns() - t0 >= 295000000ull); /* not before the copy ended */
+  CHECK_ST(oi_ticket_wait(t, 0), OI_ERR_DEADLINE);
+  oi_ticket_release(t);
+  for (int i = 0; i < 4; i++)
+    CHECK(fu_check(&r, 8 + i, 10 + (uint64_t)i)); /* it did land, before the end */
+  /* The caller's again: what it writes into the blocks now stays. */
+  for (int i = 0; i < 4; i++)
+    fu_fill(&r, 8 + i, 500 + (uint64_t)i);
+  usleep(400000);
+  for (int i = 0; i < 4; i++)
+    CHECK(fu_check(&r, 8 + i, 500 + (uint64_t)i));
+  oi_engine_stats es1;
+  es1.struct_size = sizeof es1;
+  CHECK_OK(oi_offload_engine_stats(r.e, &es1));
+  CHECK(es1.loads_failed == es0.loads_failed + 1); /* failed, never completed */
+  CHECK(es1.loads_completed == es0.loads_completed);
   for (int i = 0; i < 500 && rig_stats(&r).blocks_loading; i++)
     usleep(10000);
   rig_check_quiet(&r);
-  for (int i = 0; i < 4; i++)
-    CHECK(fu_check(&r, 8 + i, 10 + (uint64_t)i)); /* it did land */
   rig_close(&r);
 }
 

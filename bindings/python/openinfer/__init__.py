@@ -89,12 +89,13 @@ VersionError = _err("VersionError", lib.OI_ERR_VERSION, "Peers speak incompatibl
 InternalError = _err("InternalError", lib.OI_ERR_INTERNAL, "A bug in libopeninfer.")
 NoDeviceError = _err("NoDeviceError", lib.OI_ERR_NO_DEVICE, "The device ordinal does not exist.")
 BusyError = _err("BusyError", lib.OI_ERR_BUSY, "The object is in use.")
+DeadlineError = _err("DeadlineError", lib.OI_ERR_DEADLINE, "A load missed its deadline; no copy can still land in its destination.")
 UnknownError = _err("UnknownError", None, "A status this binding does not know.")
 
 _BY_STATUS = {c.status: c for c in (
     InvalidArgumentError, NotFoundError, OutOfMemoryError, TimeoutError, CudaError, IOError,
     ProtocolError, StateError, LeaseExpiredError, ClosedError, UnsupportedError,
-    PermissionError, VersionError, InternalError, NoDeviceError, BusyError)}
+    PermissionError, VersionError, InternalError, NoDeviceError, BusyError, DeadlineError)}
 
 
 def status_name(st):
@@ -613,22 +614,38 @@ class Ticket(_Handle):
         self._ptr = ptr
 
     def poll(self):
+        """False while not final (pending, or fencing), True on success;
+        raises the operation's error."""
         st = lib.oi_ticket_poll(self._p())
-        if st == lib.OI_PENDING:
+        if st > 0:
             return False
         _check(st)
         return True
 
     def wait(self, timeout=None):
-        """Waits up to `timeout` seconds (None: forever)."""
+        """Waits up to `timeout` seconds (None: forever). Raises
+        ``TimeoutError`` (the ticket stays pending) when the wait runs out,
+        and at once when a load missed its deadline while its copies may
+        still land (``fencing``); ``DeadlineError`` once such a load is
+        final."""
         _check(lib.oi_ticket_wait(self._p(), _timeout_ms(timeout)))
 
     def status(self):
-        """The raw status: OI_PENDING (1), OI_OK (0) or a negative error."""
+        """The raw status: OI_PENDING (1) or OI_FENCING (2) while not final,
+        then OI_OK (0) or a negative error."""
         return lib.oi_ticket_poll(self._p())
 
     def done(self):
-        return self.status() != lib.OI_PENDING
+        """True once final: for a load, no byte can land in its destination
+        any more."""
+        return self.status() <= 0
+
+    @property
+    def fencing(self):
+        """True while a load that missed its deadline may still have copies
+        landing in its destination blocks (OI_FENCING): they are not the
+        caller's until ``done()``; the load has failed either way."""
+        return self.status() == lib.OI_FENCING
 
     def fileno(self):
         fd = lib.oi_ticket_fd(self._p())
@@ -679,7 +696,7 @@ class Ticket(_Handle):
         if arena < 0:
             raise InvalidArgumentError("arena %d is negative" % arena)
         st = lib.oi_ticket_arena_poll(self._p(), arena)
-        if st == lib.OI_PENDING:
+        if st > 0:  # pending, or fencing
             return False
         _check(st)
         return True

@@ -113,6 +113,9 @@ pub enum ErrorCode {
     Internal,
     NoDevice,
     Busy,
+    /// A load missed its deadline; final only once no copy can still land
+    /// in its destination.
+    Deadline,
     /// A code this binding does not know.
     Unknown(i32),
 }
@@ -136,6 +139,7 @@ impl ErrorCode {
             sys::OI_ERR_INTERNAL => ErrorCode::Internal,
             sys::OI_ERR_NO_DEVICE => ErrorCode::NoDevice,
             sys::OI_ERR_BUSY => ErrorCode::Busy,
+            sys::OI_ERR_DEADLINE => ErrorCode::Deadline,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -1774,17 +1778,26 @@ impl<'e> Ticket<'e> {
         self.save_result
     }
 
-    /// `Ok(false)` while pending, `Ok(true)` on success, or the operation's error.
+    /// `Ok(false)` while not final (pending, or [`fencing`](Self::fencing)),
+    /// `Ok(true)` on success, or the operation's error.
     pub fn poll(&self) -> Result<bool> {
         let st = unsafe { sys::oi_ticket_poll(self.raw.as_ptr()) };
-        if st == sys::OI_PENDING {
+        if st > 0 {
             return Ok(false);
         }
         check(st).map(|_| true)
     }
 
+    /// True while a load that missed its deadline may still have copies
+    /// landing in its destination blocks (`OI_FENCING`): they are not the
+    /// caller's until the ticket completes (with `Deadline`).
+    pub fn fencing(&self) -> bool {
+        unsafe { sys::oi_ticket_poll(self.raw.as_ptr()) == sys::OI_FENCING }
+    }
+
     /// Waits up to `timeout` (None: forever). A `Timeout` error leaves the
-    /// ticket pending and usable.
+    /// ticket pending and usable; it comes at once while the ticket is
+    /// [`fencing`](Self::fencing), so no wait outlasts a load's deadline.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         check(unsafe { sys::oi_ticket_wait(self.raw.as_ptr(), timeout_ms(timeout)) }).map(|_| ())
     }
@@ -1858,7 +1871,7 @@ impl<'e> Ticket<'e> {
     /// the error.
     pub fn arena_poll(&self, arena: u32) -> Result<bool> {
         let st = unsafe { sys::oi_ticket_arena_poll(self.raw.as_ptr(), arena) };
-        if st == sys::OI_PENDING {
+        if st > 0 {
             return Ok(false);
         }
         check(st).map(|_| true)

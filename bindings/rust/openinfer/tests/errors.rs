@@ -21,6 +21,7 @@ fn every_status_maps_to_its_code() {
         (-14, ErrorCode::Internal),
         (-15, ErrorCode::NoDevice),
         (-16, ErrorCode::Busy),
+        (-17, ErrorCode::Deadline),
     ];
     for (st, code) in all {
         let e = Error::new(st, "why");

@@ -278,6 +278,15 @@ OI_API oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms) {
   return st;
 }
 
+oi_status oi__ticket_wait_final(oi_ticket *t) {
+  pthread_mutex_lock(&t->lock);
+  while (!t->done)
+    pthread_cond_wait(&t->done_cv, &t->lock);
+  oi_status st = t->status;
+  pthread_mutex_unlock(&t->lock);
+  return st;
+}
+
 OI_API int oi_ticket_fd(oi_ticket *t) {
   if (!t) {
     oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_fd: ticket is NULL");

@@ -582,7 +582,7 @@ static void drop_overlap(exec_rank *r, request *q) {
       for (uint32_t i = 0; i < o->n; i++)
         oi__block_pool_ref(&r->pool, (int32_t)o->ids[i]);
     else
-      oi_ticket_wait(q->load_ticket, UINT32_MAX); /* out of memory: the copy ends first */
+      oi__ticket_wait_final(q->load_ticket); /* out of memory: the copy ends first */
   }
   oi_ticket_release(q->load_ticket);
   q->load_ticket = NULL;

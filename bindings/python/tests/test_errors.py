@@ -14,6 +14,7 @@ ALL = {
     -8: oi.StateError, -9: oi.LeaseExpiredError, -10: oi.ClosedError,
     -11: oi.UnsupportedError, -12: oi.PermissionError, -13: oi.VersionError,
     -14: oi.InternalError, -15: oi.NoDeviceError, -16: oi.BusyError,
+    -17: oi.DeadlineError,
 }
 
 

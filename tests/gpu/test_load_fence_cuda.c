@@ -67,8 +67,7 @@ static void run(uint32_t mode, bool layered) {
   CHECK_OK(oi_ticket_wait(t, 60000));
   oi_ticket_release(t);
   CHECK_OK(oi_offload_engine_flush(e, 60000));
-  oi_query_result q;
-  oi_query_result_init(&q);
+  oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_offload_engine_query(e, "r", hs, half, 0, &q));
   CHECK(q.hit_blocks == half);
 

@@ -53,6 +53,7 @@ logger = logging.getLogger("openinfer.vllm")
 
 __all__ = ["OpenInferConnector", "OpenInferConnectorMetadata", "parse_size"]
 
+
 def parse_size(v):
     """Bytes from an int or a string such as "512M", "4G" (powers of 1024);
     ValueError (openinfer._config.ConfigError) when it is not a size > 0."""

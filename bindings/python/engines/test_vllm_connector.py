@@ -19,6 +19,7 @@ back); a sidecar restart in engine-owned mode degrades (misses, dropped
 saves) and recovers (hits again)."""
 import gc
 import os
+import re
 import time
 
 import pytest
@@ -59,10 +60,12 @@ LAYER_NAMES = ["model.layers.%d.self_attn.attn" % i for i in range(LAYERS)]
 # ----------------------------------------------------------------------------- set-up
 
 
-def vllm_config(extra, load_async=False, policy="recompute"):
-    extra = dict(extra, load_async=load_async)
+def vllm_config(extra, load_async=False, policy="recompute", **model_kw):
+    """A VllmConfig of the tiny model; model_kw: more ModelConfig arguments
+    (revision, hf_overrides, ...)."""
+    extra = dict({"load_async": load_async}, **extra)
     model = ModelConfig(model=TINY, tokenizer=TINY, skip_tokenizer_init=True, dtype="bfloat16",
-                        max_model_len=1024, seed=0)
+                        max_model_len=1024, seed=0, **model_kw)
     cfg = VllmConfig(
         model_config=model,
         cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
@@ -94,8 +97,8 @@ class Engine:
     """vLLM's scheduler and one worker, each with its own OpenInferConnector
     (the scheduler's made by vLLM itself), and a stand-in model."""
 
-    def __init__(self, extra, load_async=False, policy="recompute", shared_kv=False):
-        self.cfg = vllm_config(extra, load_async, policy)
+    def __init__(self, extra, load_async=False, policy="recompute", shared_kv=False, **model_kw):
+        self.cfg = vllm_config(extra, load_async, policy, **model_kw)
         self.kvc = kv_cache_config()
         self._ctx = set_current_vllm_config(self.cfg)
         self._ctx.__enter__()
@@ -414,6 +417,7 @@ def test_options_and_layouts():
     o = _Options.from_config({"pool_size": "2G", "load_async": "true", "copy_mode": "dma",
                               "socket": "/x.sock"})
     assert (o.pool_size, o.load_async, o.copy_mode, o.socket) == (2 << 30, True, 2, "/x.sock")
+    assert (o.lookup_deadline_ms, o.probe_interval_ms) == (50, 100)
     assert _Options.from_config({"mode": "embedded", "socket": "/x.sock"}).socket is None
     for bad in ({"pool_sise": "1G"}, {"mode": "remote"}, {"mode": "sidecar"},
                 {"copy_mode": "fast"}):
@@ -424,11 +428,16 @@ def test_options_and_layouts():
                            kv_cache_config())
 
     from openinfer.vllm import _default_namespace
-    ns = _default_namespace(vllm_config({}))
-    assert ns.startswith("vllm/" + TINY) and ns.endswith("/bfloat16/kv-auto/bs16"), ns
+    ns, ident = _default_namespace(vllm_config({}))
+    assert re.fullmatch(r"vllm/tiny-model/bfloat16/kv-auto/bs16/[0-9a-f]{24}", ns), ns
+    fields = dict(ident)
+    assert (fields["model"], fields["dtype"], fields["kv_cache_dtype"], fields["block_size"],
+            fields["tensor_parallel_size"], fields["pipeline_parallel_size"]) == \
+        (TINY, "bfloat16", "auto", BS, 1, 1)
     long_cfg = vllm_config({})
     long_cfg.model_config.model = "m" * 400
-    assert len(_default_namespace(long_cfg)) <= 255
+    long_ns, _ = _default_namespace(long_cfg)
+    assert len(long_ns.encode()) <= 255 and long_ns != ns
 
     kvc = kv_cache_config()
     page = kvc.kv_cache_groups[0].kv_cache_spec.page_size_bytes
@@ -446,3 +455,99 @@ def test_options_and_layouts():
             assert [r.ptr for r in lay.regions] == \
                 [kv[n].data_ptr() for n in LAYER_NAMES]
             c.shutdown()
+
+
+# ----------------------------------------------------------------------------- namespaces
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+@pytest.mark.parametrize("change", ["revision", "hf_overrides"])
+def test_namespace_follows_the_model_identity(change, mode, request):
+    """The derived namespace changes with the model's revision and its
+    hf_overrides: blocks saved under one config are never found under the
+    other (0 hits), while the identical config finds them again."""
+    other = {"revision": {"revision": "other-revision"},
+             "hf_overrides": {"hf_overrides": {"rope_theta": 5000}}}[change]
+    # a prompt of this test alone (the embedded pool outlives a test)
+    base = 1000 + 100 * ["revision", "hf_overrides"].index(change) + \
+        50 * ["embedded", "sidecar"].index(mode)
+    prompt = list(range(base, base + 5 * BS + 3))
+    if mode == "embedded":
+        extra, kw = {"pool_size": "64M"}, {}
+    else:
+        extra, kw = {"socket": request.getfixturevalue("serve").socket}, {"shared_kv": True}
+
+    a = Engine(extra, **kw)
+    try:
+        ns_a = a.scheduler.connector._namespace
+        assert a.worker._namespace == ns_a  # scheduler and worker agree
+        a.add("a", prompt)
+        a.run()
+        assert a.worker.worker.stats()["saves_completed"] >= 5
+    finally:
+        a.close()
+
+    b = Engine(extra, **kw, **other)
+    try:
+        ns_b = b.scheduler.connector._namespace
+        assert b.worker._namespace == ns_b
+        assert ns_b != ns_a and ns_b.rsplit("/", 1)[0] == ns_a.rsplit("/", 1)[0]
+        b.add("b", prompt)
+        outs = b.run()
+        assert first_load(outs)[1] is None  # 0 cross hits
+        assert b.worker.worker.stats()["blocks_loaded"] == 0
+        assert sum(so.num_scheduled_tokens.get("b", 0) for so, _ in outs) >= len(prompt)
+    finally:
+        b.close()
+
+    c = Engine(extra, **kw)  # the same config as a: the same namespace, hits
+    try:
+        assert c.scheduler.connector._namespace == ns_a
+        c.add("c", prompt)
+        so, meta = first_load(c.run())
+        assert meta is not None, "the identical config found nothing"
+        ld = check_loaded(c, "c", meta)
+        assert len(ld.block_ids) == 5
+        assert c.worker.worker.stats()["blocks_loaded"] == 5
+    finally:
+        c.close()
+
+
+# ----------------------------------------------------------------------------- bad options
+
+BAD_OPTIONS = [
+    ({"pool_size": "-1G"}, "pool_size", "'-1G'"),
+    ({"pool_size": "lots"}, "pool_size", "'lots'"),
+    ({"pool_size": 0}, "pool_size", "is 0;"),
+    ({"lease_ttl_ms": -5}, "lease_ttl_ms", "is -5;"),
+    ({"lease_ttl_ms": "abc"}, "lease_ttl_ms", "'abc'"),
+    ({"wait_pending_ms": "x"}, "wait_pending_ms", "'x'"),
+    ({"load_async": "maybe"}, "load_async", "'maybe'"),
+    ({"namespace": ""}, "namespace", "is '';"),
+    ({"lookup_deadline_ms": 0}, "lookup_deadline_ms", "is 0;"),
+    ({"pool_sise": "1G"}, "pool_sise", "unknown option"),
+]
+
+
+@pytest.mark.parametrize("extra,key,shown", BAD_OPTIONS,
+                         ids=["%s=%r" % next(iter(b[0].items())) for b in BAD_OPTIONS])
+def test_a_bad_option_fails_when_the_connector_is_made(extra, key, shown):
+    """Each bad value fails in both roles as vLLM makes the connector (its
+    Scheduler; the worker's KV transfer group), with an error that names the
+    key and the value."""
+    from openinfer._config import ConfigError
+    cfg = vllm_config(extra)
+    kvc = kv_cache_config()
+    with set_current_vllm_config(cfg):
+        with pytest.raises(ConfigError) as ei:
+            Scheduler(vllm_config=cfg, kv_cache_config=kvc,
+                      structured_output_manager=StructuredOutputManager(cfg), block_size=BS,
+                      log_stats=True)
+        msg = str(ei.value)
+        assert "'%s'" % key in msg and shown in msg, msg
+        assert ei.value.key == key
+        assert ("allowed:" in msg) != (shown == "unknown option"), msg
+        with pytest.raises(ConfigError) as ei:
+            kts.ensure_kv_transfer_initialized(cfg, kvc)
+        assert str(ei.value) == msg
+        assert kts._KV_CONNECTOR_AGENT is None

@@ -35,6 +35,7 @@ pool is registered, with a ValueError that names it.
 """
 
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -44,6 +45,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
 import openinfer as oi
+from openinfer import _config
 from openinfer._native import ffi, lib
 
 logger = logging.getLogger(__name__)
@@ -52,17 +54,9 @@ __all__ = ["OpenInferStorage", "page_hashes", "describe_host_pool", "PoolGeometr
 
 _HEX = frozenset("0123456789abcdefABCDEF")
 
-#: extra_config keys this backend reads (SGLang's own keys pass through).
-OPTIONS = {
-    "mode": "embedded",            # or "sidecar"
-    "pool_bytes": 1 << 30,         # embedded: the host tier's size
-    "socket": None,                # sidecar: the server's socket (None: default)
-    "namespace": None,             # replaces the derived namespace
-    "staging_pages": 16,           # pages of the staging buffer
-    "timeout_s": 60.0,             # wait for a save or a load
-    "retry_s": 5.0,                # sidecar: least time between connect attempts
-    "control_deadline_ms": None,   # sidecar: OffloadEngine's control deadline
-}
+#: extra_config keys this backend reads and their defaults (the types, ranges
+#: and meanings: openinfer._config.SGLANG_KEYS; SGLang's own keys pass through).
+OPTIONS = {k.name: k.default for k in _config.SGLANG_KEYS}
 
 
 def page_hashes(keys):
@@ -203,6 +197,27 @@ def _page_ids(host_indices, page_size, n):
     return (t.to(torch.int64) // page_size).contiguous()
 
 
+def _server_args():
+    """SGLang's published server arguments, or None (not published: the
+    backend was built outside a running server, as in the tests)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+        return get_server_args()
+    except Exception:  # noqa: BLE001 -- any failure: nothing published
+        return None
+
+
+def _plain(v):
+    """A server argument as JSON-able data (dtypes and enums by name)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return str(v).replace("torch.", "")
+
+
 class _Staging:
     """A buffer of `pages` pages laid out page after page (each page its
     arenas' bytes back to back: SGLang's flat data page) and the arenas that
@@ -243,18 +258,15 @@ class OpenInferStorage(HiCacheStorage):
 
     def __init__(self, storage_config, kwargs=None):
         self.storage_config = storage_config
-        extra = dict(getattr(storage_config, "extra_config", None) or {})
-        unknown = [k for k in extra if k not in OPTIONS and k not in _SGLANG_KEYS]
-        if unknown:
-            logger.warning("openinfer: unknown extra_config keys ignored: %s", unknown)
-        self.options = {k: extra.get(k, v) for k, v in OPTIONS.items()}
+        extra = getattr(storage_config, "extra_config", None)
+        # a bad or unknown key fails here, naming the key, the value and what
+        # is allowed (openinfer._config.SGLANG_KEYS)
+        self.options = _config.parse(_config.SGLANG_KEYS, extra,
+                                     "openinfer.sglang: extra_config",
+                                     ignore=_config.SGLANG_OWN_KEYS)
         self.mode = self.options["mode"]
-        if self.mode not in ("embedded", "sidecar"):
-            raise ValueError("openinfer: mode must be 'embedded' or 'sidecar', not %r" % self.mode)
-        self.timeout = float(self.options["timeout_s"])
-        self.staging_pages = int(self.options["staging_pages"])
-        if self.staging_pages < 1:
-            raise ValueError("openinfer: staging_pages must be at least 1")
+        self.timeout = self.options["timeout_s"]
+        self.staging_pages = self.options["staging_pages"]
         self.geom = None
         self.namespace = None
         self.host = None
@@ -268,21 +280,58 @@ class OpenInferStorage(HiCacheStorage):
 
     # ---------------------------------------------------------------- setup
 
-    def _derive_namespace(self):
+    def _identity(self):
+        """What determines the bytes of a page, as (name, value) pairs: the
+        model path as SGLang gives it, what the server's arguments say of the
+        model when SGLang has published them (revision, dtype, KV cache
+        dtype, quantization, config overrides), the pool's geometry (MHA or
+        MLA, heads, head size or latent width, layers, page size, dtype,
+        layout) and the shard (TP, PP and CP rank and size)."""
         c = self.storage_config
-        if self.options["namespace"]:
-            parts = [str(self.options["namespace"])]
-        else:
-            parts = ["sglang", (getattr(c, "model_name", None) or "model").replace("/", "-")]
-        parts.append(self.geom.ident)
+        ident = [("model", getattr(c, "model_name", None))]
+        args = _server_args()
+        for k in ("revision", "dtype", "kv_cache_dtype", "quantization",
+                  "json_model_override_args"):
+            ident.append((k, None if args is None else _plain(getattr(args, k, None))))
+        ident.append(("pool", self.geom.ident))
+        ident.extend(self._shard())
+        return ident
+
+    def _shard(self):
+        """The shard's (name, value) pairs; an MLA model leaves out the TP
+        rank (every rank holds the same KV)."""
+        c = self.storage_config
+        out = []
         if not getattr(c, "is_mla_model", False):
-            parts.append("tp%d-%d" % (c.tp_rank, c.tp_size))
+            out.append(("tp", "%d-%d" % (c.tp_rank, c.tp_size)))
         if getattr(c, "pp_size", 1) > 1:
-            parts.append("pp%d-%d" % (c.pp_rank, c.pp_size))
+            out.append(("pp", "%d-%d" % (c.pp_rank, c.pp_size)))
         if getattr(c, "attn_cp_size", 1) > 1:
-            parts.append("cp%d-%d" % (c.attn_cp_rank, c.attn_cp_size))
-        ns = "/".join(parts)
-        if len(ns) > 200:  # the library takes at most 255 bytes
+            out.append(("cp", "%d-%d" % (c.attn_cp_rank, c.attn_cp_size)))
+        return out
+
+    def _derive_namespace(self):
+        """sglang/BASE-DIGEST/POOL/tpRANK-SIZE[/ppRANK-SIZE][/cpRANK-SIZE]:
+        BASE is the model path's last part (readable only), DIGEST the first
+        16 hex digits of the sha256 of the whole identity (_identity), so two
+        model paths that read alike (acme/llama-3-8b, acme-llama/3-8b) never
+        share a namespace. The namespace option replaces sglang/BASE-DIGEST;
+        the pool and shard parts are still appended. A result longer than
+        255 bytes (a long namespace option) is replaced by sglang/ and the
+        sha256 of it."""
+        shard = ["%s%s" % kv for kv in self._shard()]
+        if self.options["namespace"] is not None:
+            head = self.options["namespace"]
+        else:
+            ident = self._identity()
+            digest = hashlib.sha256(json.dumps(ident, separators=(",", ":"), default=str)
+                                    .encode()).hexdigest()[:16]
+            model = str(getattr(self.storage_config, "model_name", None) or "model")
+            base = model.rstrip("/").rsplit("/", 1)[-1] or "model"
+            base = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in base)[:64]
+            head = "sglang/%s-%s" % (base, digest)
+        ns = "/".join([head, self.geom.ident] + shard)
+        if len(ns.encode()) > _config.NAMESPACE_MAX_BYTES:
             ns = "sglang/" + hashlib.sha256(ns.encode()).hexdigest()
         return ns
 
@@ -300,7 +349,7 @@ class OpenInferStorage(HiCacheStorage):
         self.geom = geom
         self.namespace = self._derive_namespace()
         if self.mode == "embedded":
-            self.host = oi.OffloadHost(int(self.options["pool_bytes"]))
+            self.host = oi.OffloadHost(self.options["pool_bytes"])
             self.engine = oi.OffloadEngine(
                 self.host, self.namespace,
                 [oi.Arena(n, self.geom.num_pages, b, offset=off) for n, off, b in self.geom.arenas],
@@ -313,9 +362,11 @@ class OpenInferStorage(HiCacheStorage):
             self._views = self.geom.views()
             with self._lock:
                 self._connect(log_failure=True)
-        logger.info("openinfer: %s storage, namespace %s, %d pages of %d bytes (%s)",
-                    self.mode, self.namespace, self.geom.num_pages, self.geom.page_bytes,
-                    self.geom.layout)
+        logger.info("openinfer: %s storage, namespace %s (%s), %d pages of %d bytes (%s)",
+                    self.mode, self.namespace,
+                    "the namespace option" if self.options["namespace"] is not None else
+                    "derived from " + ", ".join("%s=%r" % kv for kv in self._identity()),
+                    self.geom.num_pages, self.geom.page_bytes, self.geom.layout)
 
     def _connect(self, log_failure=False):
         """Sidecar: (re)connects; with self._lock held. Returns the engine or None."""
@@ -324,10 +375,10 @@ class OpenInferStorage(HiCacheStorage):
         now = time.monotonic()
         if now < self._next_connect:
             return None
-        self._next_connect = now + float(self.options["retry_s"])
+        self._next_connect = now + self.options["retry_s"]
         kw = {}
         if self.options["control_deadline_ms"] is not None:
-            kw["control_deadline_ms"] = int(self.options["control_deadline_ms"])
+            kw["control_deadline_ms"] = self.options["control_deadline_ms"]
         try:
             self.staged, _ = oi.OffloadEngine.connect(
                 self.options["socket"], self.namespace, self.staging.arenas,
@@ -646,8 +697,3 @@ class OpenInferStorage(HiCacheStorage):
         or while the sidecar is unreachable)."""
         e = self.engine if self.mode == "embedded" else self.staged
         return e.stats() if e is not None else None
-
-
-#: SGLang's own extra_config keys (not warned about).
-_SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1", "allocator",
-                "enable_metadata_cache", "metadata_ttl", "file_storage_path"}

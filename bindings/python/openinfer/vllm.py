@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 
 import openinfer as oi
+from openinfer import _config
 from openinfer.kvworker import KVWorker
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -52,23 +53,18 @@ logger = logging.getLogger("openinfer.vllm")
 
 __all__ = ["OpenInferConnector", "OpenInferConnectorMetadata", "parse_size"]
 
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
 
 def parse_size(v):
-    """Bytes from an int or a string such as "512M", "4G" (powers of 1024)."""
-    if isinstance(v, int):
-        return v
-    s = str(v).strip().upper().rstrip("B").rstrip("I")
-    num, unit = (s[:-1], s[-1]) if s and s[-1] in _SUFFIX else (s, "")
-    return int(float(num) * _SUFFIX[unit])
-
-
-_COPY_MODES = {"auto": 0, "kernel": 1, "dma": 2, "staged": 3}
+    """Bytes from an int or a string such as "512M", "4G" (powers of 1024);
+    ValueError (openinfer._config.ConfigError) when it is not a size > 0."""
+    return _config.parse_size(v)
 
 
 @dataclass
 class _Options:
+    """kv_connector_extra_config, checked (openinfer._config.VLLM_KEYS has
+    every key's type, range, default and meaning; docs/vllm.md the table)."""
+    mode: str = None
     socket: str = None
     namespace: str = None
     pool_size: int = 1 << 30
@@ -81,35 +77,20 @@ class _Options:
     load_deadline_ms: int = None
     copy_mode: int = None
     lookup_retry_s: float = 1.0
+    lookup_deadline_ms: int = 50
+    probe_interval_ms: int = 100
 
     @classmethod
     def from_config(cls, extra):
-        extra = dict(extra or {})
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(extra) - known - {"mode"})
-        if unknown:
-            raise ValueError("openinfer.vllm: unknown kv_connector_extra_config keys %s "
-                             "(docs/vllm.md lists the options)" % unknown)
-        o = cls()
-        mode = extra.get("mode")
-        for k, v in extra.items():
-            if k == "mode":
-                continue
-            if k == "pool_size":
-                v = parse_size(v)
-            elif k == "copy_mode" and v is not None:
-                if str(v).lower() not in _COPY_MODES:
-                    raise ValueError("openinfer.vllm: copy_mode %r is not one of %s"
-                                     % (v, sorted(_COPY_MODES)))
-                v = _COPY_MODES[str(v).lower()]
-            elif k in ("load_async", "pin") and isinstance(v, str):
-                v = v.lower() in ("1", "true", "yes", "on")
-            setattr(o, k, v)
-        if mode not in (None, "embedded", "sidecar"):
-            raise ValueError("openinfer.vllm: mode %r is neither 'embedded' nor 'sidecar'" % mode)
-        if mode == "sidecar" and not o.socket:
-            raise ValueError("openinfer.vllm: mode 'sidecar' needs 'socket'")
-        if mode == "embedded":
+        """The options of a kv_connector_extra_config; a bad key or value
+        raises ConfigError (a ValueError) naming it and what is allowed."""
+        where = "openinfer.vllm: kv_connector_extra_config"
+        o = cls(**_config.parse(_config.VLLM_KEYS, extra, where))
+        if o.mode == "sidecar" and not o.socket:
+            raise _config.ConfigError("%s: option 'mode' is 'sidecar' but 'socket' is not set "
+                                      "(the sidecar's socket is required)" % where,
+                                      "mode", "sidecar")
+        if o.mode == "embedded":
             o.socket = None
         return o
 
@@ -173,17 +154,78 @@ def _embedded_host(opts, device):
         return h
 
 
-def _default_namespace(vllm_config):
+def _canonical(v):
+    """A value of the namespace identity as JSON-able data that is equal
+    exactly when the values are: dicts with sorted keys, a torch dtype or an
+    enum by name, a callable (hf_overrides may be one) by its qualified name."""
+    if isinstance(v, dict):
+        return {str(k): _canonical(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(v, (list, tuple)):
+        return [_canonical(x) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if callable(v) and hasattr(v, "__qualname__"):
+        return "callable:%s.%s" % (getattr(v, "__module__", "?"), v.__qualname__)
+    if hasattr(v, "to_dict"):  # a quantization config object
+        return _canonical(v.to_dict())
+    return str(v).replace("torch.", "")
+
+
+def _namespace_identity(vllm_config):
+    """The fields that determine the KV bytes of a block, as (name, value)
+    pairs in a fixed order (docs/vllm.md, "The default namespace").
+
+    vLLM's own ModelConfig.compute_hash is not used: it leaves out
+    hf_overrides (which can change the KV, e.g. rope_theta) and covers fields
+    that do not change it (max_model_len, max_logprobs, generation_config,
+    sleep mode, ...), so engines that could share would not. The tokenizer is
+    left out too: a block is keyed by its token ids (vLLM's block hashes), and
+    the KV of given token ids does not depend on the tokenizer that made them.
+    The parallel rank is not here: TP and PP are refused for now; with them
+    each rank's namespace gets its rank appended."""
     mc = vllm_config.model_config
     cc = vllm_config.cache_config
-    dtype = str(getattr(mc, "dtype", "")).replace("torch.", "")
-    kvd = getattr(cc, "cache_dtype", "auto")
-    ns = "vllm/%s/%s/kv-%s/bs%d" % (getattr(mc, "model", "model"), dtype, kvd, cc.block_size)
-    if len(ns.encode()) > 255:  # the library's bound: keep the tail, name the whole by a digest
-        import hashlib
-        digest = hashlib.sha256(ns.encode()).hexdigest()[:16]
-        ns = "vllm/" + digest + "/" + ns.encode()[-200:].decode("utf-8", "ignore")
-    return ns
+    pc = vllm_config.parallel_config
+    fields = [
+        ("model", getattr(mc, "model", None)),
+        ("model_weights", getattr(mc, "model_weights", None) or None),
+        ("revision", getattr(mc, "revision", None)),
+        ("code_revision", getattr(mc, "code_revision", None)),
+        ("hf_config_path", getattr(mc, "hf_config_path", None)),
+        ("dtype", getattr(mc, "dtype", None)),
+        ("quantization", getattr(mc, "quantization", None)),
+        ("quantization_config", getattr(mc, "quantization_config", None)),
+        ("hf_overrides", getattr(mc, "hf_overrides", None) or None),
+        ("model_class_overrides", getattr(mc, "model_class_overrides", None) or None),
+        ("disable_sliding_window", getattr(mc, "disable_sliding_window", False)),
+        ("kv_cache_dtype", getattr(cc, "cache_dtype", "auto")),
+        ("kv_cache_dtype_skip_layers", getattr(cc, "kv_cache_dtype_skip_layers", None) or None),
+        ("block_size", cc.block_size),
+        ("kv_cache_layout", getattr(cc, "kv_cache_layout", None)),
+        ("tensor_parallel_size", getattr(pc, "tensor_parallel_size", 1)),
+        ("pipeline_parallel_size", getattr(pc, "pipeline_parallel_size", 1)),
+        ("prefill_context_parallel_size", getattr(pc, "prefill_context_parallel_size", 1)),
+        ("decode_context_parallel_size", getattr(pc, "decode_context_parallel_size", 1)),
+    ]
+    return [(k, _canonical(v)) for k, v in fields]
+
+
+def _default_namespace(vllm_config):
+    """vllm/<model basename>/<dtype>/kv-<kv cache dtype>/bs<block size>/<digest>:
+    a readable prefix and the first 24 hex digits of the sha256 of the whole
+    identity (_namespace_identity), at most 255 bytes. Returns (namespace,
+    identity)."""
+    import hashlib
+    import json
+    ident = _namespace_identity(vllm_config)
+    f = dict(ident)
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":"))
+                            .encode()).hexdigest()[:24]
+    base = str(f["model"] or "model").rstrip("/").rsplit("/", 1)[-1] or "model"
+    base = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[:64]
+    ns = "vllm/%s/%s/kv-%s/bs%d/%s" % (base, str(f["dtype"])[:16], str(f["kv_cache_dtype"])[:16],
+                                       f["block_size"], digest)
+    return ns, ident
 
 
 def _keys(block_hashes):
@@ -239,7 +281,15 @@ class OpenInferConnector(KVConnectorBase_V1):
             raise NotImplementedError("openinfer.vllm: tensor or pipeline parallelism is not "
                                       "supported yet (one rank: TP = PP = 1)")
         self._block_size = vllm_config.cache_config.block_size
-        self._namespace = self._opts.namespace or _default_namespace(vllm_config)
+        if self._opts.namespace is not None:
+            self._namespace = self._opts.namespace
+            logger.info("openinfer.vllm: %s connector, namespace %r (kv_connector_extra_config)",
+                        role.name.lower(), self._namespace)
+        else:
+            self._namespace, ident = _default_namespace(vllm_config)
+            logger.info("openinfer.vllm: %s connector, namespace %r derived from %s",
+                        role.name.lower(), self._namespace,
+                        ", ".join("%s=%r" % kv for kv in ident))
         if role == KVConnectorRole.SCHEDULER:
             self._reqs = {}
             self._lookup = None

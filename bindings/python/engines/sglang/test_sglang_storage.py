@@ -3,6 +3,7 @@ SGLang's own storage factory (its `dynamic` path), registered on SGLang's own
 host KV pool objects (on the CPU) and round-trips pages byte-exact; failures
 come back as False / None / misses."""
 import hashlib
+import re
 import time
 
 import pytest
@@ -14,8 +15,8 @@ from sglang.srt.mem_cache.storage import StorageBackendFactory
 import openinfer as oi
 from openinfer import sglang as oisgl
 
-from conftest import (PAGE, fill_random, host_pool, indices, keys, mla_host_pool, page_bytes,
-                      storage_config)
+from conftest import (PAGE, PAGES, fill_random, host_pool, indices, keys, mla_host_pool,
+                      page_bytes, storage_config)
 
 LAYOUTS = ["page_first", "page_first_direct", "page_head", "layer_first"]
 
@@ -36,8 +37,8 @@ def test_factory_builds_the_backend():
         assert isinstance(b, oisgl.OpenInferStorage)
         assert isinstance(b, HiCacheStorage)
         assert b.mode == "embedded"
-        assert b.namespace.startswith("sglang/tiny-model/mha-h2-d64-L4-p16-bfloat16-page_first")
-        assert b.namespace.endswith("tp0-1")
+        assert re.fullmatch(r"sglang/model-[0-9a-f]{16}/mha-h2-d64-L4-p16-bfloat16-page_first/"
+                            r"tp0-1", b.namespace), b.namespace
         assert b.geom.page_bytes == 2 * 4 * PAGE * 2 * 64 * 2
         assert [a[0] for a in b.geom.arenas] == ["k", "v"]
     finally:
@@ -46,8 +47,53 @@ def test_factory_builds_the_backend():
 
 def test_factory_refuses_a_bad_mode():
     config = storage_config({"mode": "nope"})
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match="'mode' is 'nope'"):
         StorageBackendFactory.create_backend("dynamic", config, None)
+
+
+BAD_OPTIONS = [
+    ({"pool_bytes": "-1G"}, "pool_bytes", "'-1G'"),
+    ({"pool_bytes": "lots"}, "pool_bytes", "'lots'"),
+    ({"pool_bytes": 0}, "pool_bytes", "is 0;"),
+    ({"staging_pages": 0}, "staging_pages", "is 0;"),
+    ({"staging_pages": "many"}, "staging_pages", "'many'"),
+    ({"timeout_s": -1}, "timeout_s", "is -1;"),
+    ({"timeout_s": "abc"}, "timeout_s", "'abc'"),
+    ({"control_deadline_ms": -5}, "control_deadline_ms", "is -5;"),
+    ({"probe_interval_ms": "x"}, "probe_interval_ms", "'x'"),
+    ({"namespace": ""}, "namespace", "is '';"),
+    ({"pool_size": "1G"}, "pool_size", "unknown option"),
+]
+
+
+@pytest.mark.parametrize("extra,key,shown", BAD_OPTIONS,
+                         ids=["%s=%r" % next(iter(b[0].items())) for b in BAD_OPTIONS])
+def test_a_bad_option_fails_when_the_factory_builds_the_backend(extra, key, shown):
+    """Each bad value fails in SGLang's storage factory, before any pool is
+    registered, with an error that names the key and the value; SGLang's
+    own keys of the same extra_config are accepted."""
+    from openinfer._config import ConfigError
+    with pytest.raises(ConfigError) as ei:
+        StorageBackendFactory.create_backend("dynamic", storage_config(extra), None)
+    msg = str(ei.value)
+    assert "'%s'" % key in msg and shown in msg, msg
+    assert ei.value.key == key
+    assert ("allowed:" in msg) != (shown == "unknown option"), msg
+
+
+def test_good_options_parse():
+    b = StorageBackendFactory.create_backend("dynamic", storage_config(
+        {"pool_bytes": "32M", "staging_pages": "4", "timeout_s": "2.5", "retry_s": 0,
+         "control_deadline_ms": "1500", "lookup_deadline_ms": 20, "probe_interval_ms": "250",
+         "mode": "SIDECAR", "enable_metadata_cache": True, "file_storage_path": "/tmp"}), None)
+    try:
+        o = b.options
+        assert (o["pool_bytes"], o["staging_pages"], o["timeout_s"], o["retry_s"],
+                o["control_deadline_ms"], o["lookup_deadline_ms"], o["probe_interval_ms"],
+                o["mode"]) == (32 << 20, 4, 2.5, 0.0, 1500, 20, 250, "sidecar")
+        assert (b.mode, b.staging_pages, b.timeout) == ("sidecar", 4, 2.5)
+    finally:
+        b.close()
 
 
 def test_page_hashes():
@@ -257,6 +303,33 @@ def test_ranks_and_models_do_not_share_pages():
 
 
 # ---------------------------------------------------------------- sidecar
+
+
+def test_model_names_that_read_alike_do_not_share_pages(serve):
+    """acme/llama-3-8b and acme-llama/3-8b: different namespaces, and pages
+    saved under one are not found under the other through a shared server;
+    a second instance of the same model finds them."""
+    src, dst, dst2 = host_pool(), host_pool(), host_pool()
+    fill_random(src, seed=41)
+    ks = keys(5, seed=43)
+    want = [page_bytes(src, p) for p in range(0, 5)]
+    extra = {"mode": "sidecar", "socket": serve.socket, "staging_pages": 2, "timeout_s": 10}
+    a = make(src, extra, model="acme/llama-3-8b")
+    b = make(dst, extra, model="acme-llama/3-8b")
+    c = make(dst2, extra, model="acme/llama-3-8b")
+    try:
+        assert a.namespace != b.namespace and a.namespace == c.namespace
+        assert a.batch_set_v1(ks, indices(range(0, 5))) == [True] * 5
+        assert b.batch_exists(ks) == 0 and not b.exists(ks[0])
+        assert b.batch_get_v1(ks, indices(range(8, 13))) == [False] * 5
+        assert [any(page_bytes(dst, p)) for p in range(0, PAGES)] == [False] * PAGES
+        assert c.batch_exists(ks) == 5
+        assert c.batch_get_v1(ks, indices(range(8, 13))) == [True] * 5
+        assert [page_bytes(dst2, p) for p in range(8, 13)] == want
+    finally:
+        a.close()
+        b.close()
+        c.close()
 
 
 def sidecar(pool, serve, **extra):

@@ -446,3 +446,84 @@ def test_options_and_layouts():
             assert [r.ptr for r in lay.regions] == \
                 [kv[n].data_ptr() for n in LAYER_NAMES]
             c.shutdown()
+
+
+def _big_kv(monkeypatch):
+    """Heads large enough that a load of 40 blocks (80 MiB) takes far
+    longer than a 1 ms load deadline: the deadline passes while its copies
+    still run (the load is fencing), without fault injection."""
+    import sys
+    mod = sys.modules[__name__]
+    monkeypatch.setattr(mod, "KV_HEADS", 32)
+    monkeypatch.setattr(mod, "HEAD", 256)
+
+
+LONG_PROMPT = list(range(300, 300 + 40 * BS + 3))  # 40 full blocks and a tail
+
+
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+def test_a_load_past_its_deadline_is_reported_only_once_fenced(load_async, monkeypatch):
+    """Embedded, load_deadline_ms 1: the load of 40 blocks misses its
+    deadline while its copies still run. Its blocks are neither reported
+    finished nor failed while it is fencing (async: the request stays
+    WAITING_FOR_REMOTE_KVS with its blocks; sync: the step itself waits for
+    the fence); then they are reported failed (invalid_block_ids), vLLM
+    recomputes them, and the bytes the stand-in model writes there never
+    change afterwards (every byte, after a pause)."""
+    _big_kv(monkeypatch)
+    eng = Engine({"pool_size": "256M", "namespace": "t/fence-%s" % load_async,
+                  "load_deadline_ms": 1}, load_async)
+    try:
+        eng.add("a", LONG_PROMPT)
+        eng.run()
+        assert eng.scheduler.reset_prefix_cache()
+        for t in eng.kv.values():
+            t.zero_()
+        # b's recomputed KV differs from what the tier holds: a late copy
+        # landing after the recompute would show in the final check
+        monkeypatch.setattr(Engine, "value", staticmethod(
+            lambda token, pos, layer: ((token * 31 + pos * 7 + layer * 13 + 5) % 251) - 125))
+        eng.add("b", LONG_PROMPT)
+        conn = eng.worker
+        load, reported, seen_fencing, deadline = None, None, False, time.time() + 60
+        while eng.scheduler.has_unfinished_requests():
+            assert time.time() < deadline
+            so, kvo = eng.step()
+            if so.kv_connector_metadata.loads:
+                (load,) = so.kv_connector_metadata.loads
+            st = conn.stats()
+            got = bool(kvo and (kvo.invalid_block_ids or kvo.finished_recving))
+            if st["loads_fencing"]:
+                seen_fencing = True
+                assert st["blocks_fencing"] == len(load.block_ids)
+                assert not got, "reported while its copies may still land"
+                req = eng.scheduler.requests["b"]
+                assert req.status.name == "WAITING_FOR_REMOTE_KVS"
+                assert eng.scheduler.kv_cache_manager.get_block_ids("b")[0][:len(
+                    load.block_ids)] == load.block_ids
+            if got and reported is None:
+                reported = kvo
+                assert st["loads_in_flight"] == 0  # final when reported
+            if not so.total_num_scheduled_tokens:
+                time.sleep(0.001)
+        assert load is not None and len(load.block_ids) == 40
+        assert reported is not None and reported.invalid_block_ids == set(load.block_ids)
+        if load_async:
+            assert seen_fencing, "the load never showed as fencing"
+            assert reported.finished_recving == {"b"}
+        st = conn.stats()
+        assert (st["loads_submitted"], st["loads_completed"], st["loads_failed"],
+                st["blocks_failed"], st["blocks_fencing"]) == (1, 0, 1, 40, 0), st
+        assert st["worker"]["loads_fenced"] == 1 and st["worker"]["loads_completed"] == 0
+        # recomputed into its blocks; nothing lands there any more
+        ids = eng.block_table["b"][:40]
+        for i, b in enumerate(ids):
+            for layer in range(LAYERS):
+                assert torch.equal(eng.kv[LAYER_NAMES[layer]][b],
+                                   eng.expected_block("b", i, layer)), (i, layer)
+        snap = {n: t.clone() for n, t in eng.kv.items()}
+        time.sleep(0.5)
+        for n, t in eng.kv.items():
+            assert torch.equal(t.view(torch.int16), snap[n].view(torch.int16)), n
+    finally:
+        eng.close()

@@ -136,6 +136,8 @@ class _Loading:
 
 # the library's deadline thread reports a missed deadline a little late
 _DEADLINE_SLACK_S = 0.05
+# a sync load past its deadline: the least time the step waits for its fence
+_FENCE_WAIT_MIN_S = 1.0
 
 
 @dataclass
@@ -538,7 +540,9 @@ class OpenInferConnector(KVConnectorBase_V1):
         by this very step's forward and, reported failed, recomputed by vLLM
         into the same block ids: while one of its copies may still land
         (fencing), no outcome may be reported and the step may not go on.
-        Waits for the fence at most another load deadline; the load is then
+        Waits for the fence at most another load deadline (at least
+        _FENCE_WAIT_MIN_S: the copies of a load given a short deadline end
+        soon after it); the load is then
         reported failed (vLLM recomputes its blocks). A fence that does not
         come then (a server that hangs with our memory mapped) leaves no
         safe way on for this step: the step fails (RuntimeError) rather than
@@ -546,7 +550,7 @@ class OpenInferConnector(KVConnectorBase_V1):
         this (docs/vllm.md)."""
         w = self._worker
         t0 = time.monotonic()
-        res = w.settle_load(ld.ticket, w.load_deadline_s)
+        res = w.settle_load(ld.ticket, max(w.load_deadline_s, _FENCE_WAIT_MIN_S))
         if res is None:
             logger.error("openinfer.vllm: load of %d blocks of %s: still not fenced %.1f s "
                          "after its deadline (the tier does not answer); failing the step so "

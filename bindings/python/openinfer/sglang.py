@@ -419,7 +419,7 @@ class OpenInferStorage(HiCacheStorage):
         load = what.startswith("load")
         try:
             ticket.wait(self.timeout)
-            self._count("loads_completed" if load else "saves_completed")
+            self._tally("loads_completed" if load else "saves_completed")
             return True
         except oi.TimeoutError:
             fencing = ticket.fencing
@@ -429,30 +429,30 @@ class OpenInferStorage(HiCacheStorage):
                              "(they write SGLang's host pages)", what,
                              "past its deadline" if fencing else "not done", self.timeout)
                 if fencing:
-                    self._count("loads_fenced")
+                    self._tally("loads_fenced")
                 while not wait_final(ticket, 1.0):
                     if ticket.fencing and not fencing:
                         fencing = True
-                        self._count("loads_fenced")
+                        self._tally("loads_fenced")
             elif self.mode != "embedded":
                 logger.error("openinfer: %s did not complete in %s s: dropping the sidecar "
                              "engine and its staging buffer", what, self.timeout)
                 if load and fencing:
-                    self._count("loads_fenced")
+                    self._tally("loads_fenced")
                 self._reset_sidecar()
             else:
                 logger.error("openinfer: %s did not complete in %s s", what, self.timeout)
-            self._count("loads_failed" if load else
+            self._tally("loads_failed" if load else
                         ("saves_failed" if ticket.done() else "saves_dropped"))
             return False
         except oi.Error as e:
             logger.warning("openinfer: %s failed: %s", what, e)
             if isinstance(e, oi.DeadlineError):
-                self._count("loads_fenced")
-            self._count("loads_failed" if load else "saves_failed")
+                self._tally("loads_fenced")
+            self._tally("loads_failed" if load else "saves_failed")
             return False
 
-    def _count(self, key, n=1):
+    def _tally(self, key, n=1):
         with self._counts_lock:
             self._counts[key] += n
 
@@ -462,12 +462,12 @@ class OpenInferStorage(HiCacheStorage):
 
     def _save(self, engine, ids, hashes, n, what):
         """Saves n blocks and answers, key by key, whether each is stored."""
-        self._count("saves_submitted")
+        self._tally("saves_submitted")
         try:
             t = engine.save(ids, hashes)
         except oi.Error as e:
             logger.warning("openinfer: %s refused: %s", what, e)
-            self._count("saves_failed")
+            self._tally("saves_failed")
             return [False] * n
         if not self._wait(t, what):
             return [False] * n
@@ -483,18 +483,18 @@ class OpenInferStorage(HiCacheStorage):
         h = q.hit_blocks
         if h == 0:
             return 0
-        self._count("loads_submitted")
+        self._tally("loads_submitted")
         try:
             t = engine.load(q.lease, ids[:h])
         except oi.Error as e:
             logger.warning("openinfer: %s refused: %s", what, e)
-            self._count("loads_refused")
-            self._count("loads_failed")
+            self._tally("loads_refused")
+            self._tally("loads_failed")
             return 0
         if self._wait(t, what):
-            self._count("pages_loaded", h)
+            self._tally("pages_loaded", h)
             return h
-        self._count("pages_failed", h)
+        self._tally("pages_failed", h)
         return 0
 
     def _safe(self, what, fn, fail):

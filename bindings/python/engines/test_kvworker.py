@@ -187,3 +187,51 @@ def test_a_step_naming_a_block_twice_saves_it_once():
         assert w.wait_saves(10) == []
         assert w.query(hs[:1]).hit_blocks == 1
         w.close()
+
+
+def test_a_load_past_its_deadline_is_held_until_fenced():
+    """A load whose 1 ms deadline passes while its copies (160 MiB) still
+    run: settle_load says nothing (None) while it is fencing, the counters
+    hold its 20 blocks as fencing, then it ends failed (DeadlineError),
+    counted failed and fenced, never completed; bytes written into its
+    blocks after that never change (every byte checked)."""
+    layers, nb, n, elems = 4, 24, 20, 1 << 20  # 2 MiB of bf16 per layer and block
+    raw = torch.zeros(layers * nb * elems, dtype=torch.bfloat16)
+    pages = raw.view(layers, nb, elems)
+    kv = {"layer.%d" % i: pages[i] for i in range(layers)}
+    with oi.OffloadHost(256 << 20) as host:
+        w = KVWorker(kv, "eng/kvworker/fence", host=host, num_blocks=nb, kv_dim=None,
+                     load_deadline_ms=1)
+        pages[:, :n] = torch.arange(n, dtype=torch.bfloat16).view(1, n, 1) + 1
+        hs = hashes(n, 7000)
+        w.begin_step(list(range(n)), hs)
+        w.finish_step()
+        assert w.wait_saves(60) == []
+        q = w.query(hs)
+        assert q.hit_blocks == n
+        raw.zero_()
+        t = w.load(q.lease, list(range(n)))
+        seen_fencing = seen_counted = False
+        deadline = time.monotonic() + 60
+        while True:
+            r = w.settle_load(t, 0)
+            if r is not None:
+                break
+            c = w.counters()
+            assert c["loads_in_flight"] == 1 and c["loads_completed"] == 0
+            assert c["loads_failed"] == 0  # not reported before it is final
+            if t.fencing:
+                seen_fencing = True
+                seen_counted |= (c["blocks_fencing"], c["loads_fencing"]) == (n, 1)
+            assert time.monotonic() < deadline
+        assert seen_fencing and seen_counted, "the load never showed as fencing"
+        assert isinstance(r, oi.DeadlineError), r
+        c = w.counters()
+        assert (c["loads_submitted"], c["loads_completed"], c["loads_failed"],
+                c["loads_fenced"], c["loads_in_flight"], c["blocks_fencing"]) == (1, 0, 1, 1, 0, 0)
+        # the blocks are the caller's again: nothing lands in them any more
+        pages[:, :n] = -3
+        snap = raw.clone()
+        time.sleep(0.5)
+        assert torch.equal(raw.view(torch.int16), snap.view(torch.int16))
+        w.close()

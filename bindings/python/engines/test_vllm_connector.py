@@ -551,3 +551,220 @@ def test_a_bad_option_fails_when_the_connector_is_made(extra, key, shown):
             kts.ensure_kv_transfer_initialized(cfg, kvc)
         assert str(ei.value) == msg
         assert kts._KV_CONNECTOR_AGENT is None
+
+
+def _big_kv(monkeypatch):
+    """Heads large enough that a load of 40 blocks (80 MiB) takes far
+    longer than a 1 ms load deadline: the deadline passes while its copies
+    still run (the load is fencing), without fault injection."""
+    import sys
+    mod = sys.modules[__name__]
+    monkeypatch.setattr(mod, "KV_HEADS", 32)
+    monkeypatch.setattr(mod, "HEAD", 256)
+
+
+LONG_PROMPT = list(range(300, 300 + 40 * BS + 3))  # 40 full blocks and a tail
+
+
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+def test_a_load_past_its_deadline_is_reported_only_once_fenced(load_async, monkeypatch):
+    """Embedded, load_deadline_ms 1: the load of 40 blocks misses its
+    deadline while its copies still run. Its blocks are neither reported
+    finished nor failed while it is fencing (async: the request stays
+    WAITING_FOR_REMOTE_KVS with its blocks; sync: the step itself waits for
+    the fence); then they are reported failed (invalid_block_ids), vLLM
+    recomputes them, and the bytes the stand-in model writes there never
+    change afterwards (every byte, after a pause)."""
+    _big_kv(monkeypatch)
+    eng = Engine({"pool_size": "256M", "namespace": "t/fence-%s" % load_async,
+                  "load_deadline_ms": 1}, load_async)
+    try:
+        eng.add("a", LONG_PROMPT)
+        eng.run()
+        assert eng.scheduler.reset_prefix_cache()
+        for t in eng.kv.values():
+            t.zero_()
+        # b's recomputed KV differs from what the tier holds: a late copy
+        # landing after the recompute would show in the final check
+        monkeypatch.setattr(Engine, "value", staticmethod(
+            lambda token, pos, layer: ((token * 31 + pos * 7 + layer * 13 + 5) % 251) - 125))
+        eng.add("b", LONG_PROMPT)
+        conn = eng.worker
+        load, reported, seen_fencing, deadline = None, None, False, time.time() + 60
+        while eng.scheduler.has_unfinished_requests():
+            assert time.time() < deadline
+            so, kvo = eng.step()
+            if so.kv_connector_metadata.loads:
+                (load,) = so.kv_connector_metadata.loads
+            st = conn.stats()
+            got = bool(kvo and (kvo.invalid_block_ids or kvo.finished_recving))
+            if st["loads_fencing"]:
+                seen_fencing = True
+                assert st["blocks_fencing"] == len(load.block_ids)
+                assert not got, "reported while its copies may still land"
+                req = eng.scheduler.requests["b"]
+                assert req.status.name == "WAITING_FOR_REMOTE_KVS"
+                assert eng.scheduler.kv_cache_manager.get_block_ids("b")[0][:len(
+                    load.block_ids)] == load.block_ids
+            if got and reported is None:
+                reported = kvo
+                assert st["loads_in_flight"] == 0  # final when reported
+            if not so.total_num_scheduled_tokens:
+                time.sleep(0.001)
+        assert load is not None and len(load.block_ids) == 40
+        assert reported is not None and reported.invalid_block_ids == set(load.block_ids)
+        if load_async:
+            assert seen_fencing, "the load never showed as fencing"
+            assert reported.finished_recving == {"b"}
+        st = conn.stats()
+        assert (st["loads_submitted"], st["loads_completed"], st["loads_failed"],
+                st["blocks_failed"], st["blocks_fencing"]) == (1, 0, 1, 40, 0), st
+        assert st["worker"]["loads_fenced"] == 1 and st["worker"]["loads_completed"] == 0
+        # recomputed into its blocks; nothing lands there any more
+        ids = eng.block_table["b"][:40]
+        for i, b in enumerate(ids):
+            for layer in range(LAYERS):
+                assert torch.equal(eng.kv[LAYER_NAMES[layer]][b],
+                                   eng.expected_block("b", i, layer)), (i, layer)
+        snap = {n: t.clone() for n, t in eng.kv.items()}
+        time.sleep(0.5)
+        for n, t in eng.kv.items():
+            assert torch.equal(t.view(torch.int16), snap[n].view(torch.int16)), n
+    finally:
+        eng.close()
+
+
+def _sidecar_fences(serve):
+    """Whether this build's sidecar client keeps a load whose server stopped
+    answering fencing (not final) past its deadline, as docs/guarantees.md
+    specifies (lib/engine/remote.c): probed, not assumed."""
+    import signal
+    from openinfer.kvworker import KVWorker, shared_kv_tensors
+    buf, (t,) = shared_kv_tensors([(4, 4096)], torch.uint8)
+    w = KVWorker({"l": t}, "t/fence-probe", socket=serve.socket, buffer=buf, kv_dim=None,
+                 load_deadline_ms=200)
+    try:
+        t.fill_(1)
+        hs = oi.hash_blocks_buffer(list(range(BS)), BS)
+        w.begin_step([0], hs)
+        w.finish_step()
+        assert w.wait_saves(10) == []
+        q = w.query(hs)
+        assert q.hit_blocks == 1
+        os.kill(serve.proc.pid, signal.SIGSTOP)
+        try:
+            tk = w.load(q.lease, [1])
+            time.sleep(0.6)
+            fences = not tk.done()
+        finally:
+            os.kill(serve.proc.pid, signal.SIGCONT)
+        w.settle_load(tk, 10)
+        return fences
+    finally:
+        w.close()
+
+
+def test_a_stopped_server_holds_the_blocks_until_fenced(serve, monkeypatch):
+    """Sidecar, load_deadline_ms 300, async: the server is stopped (SIGSTOP)
+    as the worker starts a load. Past the deadline the load is fencing: the
+    connector reports nothing and vLLM keeps the request waiting with its
+    blocks; after SIGCONT the server answers, the load is final, reported,
+    vLLM recomputes into its blocks, and their bytes never change after."""
+    import signal
+    if not _sidecar_fences(serve):
+        pytest.skip("this build's sidecar client ends a late load at its deadline instead of "
+                    "fencing it (needs the sidecar load fence of lib/engine/remote.c)")
+    eng = Engine({"socket": serve.socket, "namespace": "t/stop-fence", "load_deadline_ms": 300},
+                 load_async=True, shared_kv=True)
+    stopped = []
+    try:
+        eng.add("a", PROMPT)
+        eng.run()
+        assert eng.scheduler.reset_prefix_cache()
+        for t in eng.kv.values():
+            t.zero_()
+        conn = eng.worker
+        orig = conn.start_load_kv
+
+        def stop_then_load(*a, **kw):  # the server stops as the load is sent
+            if conn._get_connector_metadata().loads and not stopped:
+                os.kill(serve.proc.pid, signal.SIGSTOP)
+                stopped.append(time.monotonic())
+            return orig(*a, **kw)
+        conn.start_load_kv = stop_then_load
+        # b's recomputed KV differs from the tier's: a late copy would show
+        monkeypatch.setattr(Engine, "value", staticmethod(
+            lambda token, pos, layer: ((token * 31 + pos * 7 + layer * 13 + 5) % 251) - 125))
+        eng.add("b", PROMPT)
+        load, reported, held, deadline = None, None, False, time.time() + 60
+        while eng.scheduler.has_unfinished_requests():
+            assert time.time() < deadline
+            so, kvo = eng.step()
+            if so.kv_connector_metadata.loads:
+                (load,) = so.kv_connector_metadata.loads
+            got = bool(kvo and (kvo.invalid_block_ids or kvo.finished_recving))
+            if stopped and serve.proc is not None and len(stopped) == 1:
+                if time.monotonic() - stopped[0] < 1.5:
+                    assert not got, "reported while the stopped server may still copy"
+                    st = conn.stats()
+                    if st["loads_fencing"]:
+                        held = True
+                        assert eng.scheduler.requests["b"].status.name == \
+                            "WAITING_FOR_REMOTE_KVS"
+                else:
+                    os.kill(serve.proc.pid, signal.SIGCONT)
+                    stopped.append(time.monotonic())
+            if got and reported is None:
+                reported = kvo
+            time.sleep(0.005)
+        assert held, "the load never showed as fencing while the server was stopped"
+        assert reported is not None
+        st = conn.stats()
+        assert st["loads_in_flight"] == 0 and st["blocks_fencing"] == 0
+        assert st["loads_completed"] + st["loads_failed"] == st["loads_submitted"] == 1
+        ids = eng.block_table["b"][:5]
+        for i, b in enumerate(ids):
+            for layer in range(LAYERS):
+                assert torch.equal(eng.kv[LAYER_NAMES[layer]][b],
+                                   eng.expected_block("b", i, layer)), (i, layer)
+        snap = {n: t.clone() for n, t in eng.kv.items()}
+        time.sleep(0.5)
+        for n, t in eng.kv.items():
+            assert torch.equal(t.view(torch.int16), snap[n].view(torch.int16)), n
+    finally:
+        if serve.proc is not None:
+            os.kill(serve.proc.pid, signal.SIGCONT)
+        eng.close()
+
+
+def test_a_stopped_server_does_not_hold_wait_for_save(serve):
+    """Sidecar with the server stopped (SIGSTOP): a step's wait_for_save
+    returns within the save deadline (300 ms), the unfinished saves dropped
+    and counted, never waited for again."""
+    import signal
+    eng = Engine({"socket": serve.socket, "namespace": "t/stop-save", "save_deadline_ms": 300,
+                  "control_deadline_ms": 200}, shared_kv=True)
+    try:
+        eng.add("a", PROMPT)
+        conn = eng.worker
+        orig = conn.wait_for_save
+        took = []
+
+        def timed():
+            t0 = time.monotonic()
+            try:
+                return orig()
+            finally:
+                took.append(time.monotonic() - t0)
+        conn.wait_for_save = timed
+        os.kill(serve.proc.pid, signal.SIGSTOP)
+        try:
+            so, _ = eng.step()
+            assert so.kv_connector_metadata.save_ids, "the step saved nothing"
+        finally:
+            os.kill(serve.proc.pid, signal.SIGCONT)
+        assert took and took[0] < 0.3 + 0.25, took
+        st = conn.stats()
+        assert st["saves_dropped"] + st["saves_failed"] >= 1, st
+    finally:
+        eng.close()

@@ -22,11 +22,49 @@ logical shape, with any strides whose per-block part is dense:
 Layers whose tensors are the same memory (vLLM's KV sharing) are registered
 once. Torch is imported lazily: only the calls that touch tensors need it.
 """
+import logging
 import threading
+import time
 
 import openinfer as oi
 
-__all__ = ["KVLayout", "KVWorker", "shared_kv_tensors"]
+__all__ = ["KVLayout", "KVWorker", "shared_kv_tensors", "DEFAULT_DEADLINE_MS"]
+
+logger = logging.getLogger("openinfer.kvworker")
+
+# The library's default save and load deadlines (include/openinfer/engine.h):
+# a wait that names no timeout waits at most this long.
+DEFAULT_DEADLINE_MS = 120000
+
+# Engines, tensors and tickets that close() could not end (a load that may
+# still land in the tensors): kept alive for the life of the process, so
+# that no late copy writes into memory given back to the allocator.
+_abandoned = []
+
+
+def wait_final(ticket, timeout):
+    """Waits up to `timeout` seconds until the ticket is final (``done()``:
+    for a load, no byte can land any more), also through a fence (a load
+    past its deadline whose copies may still land; ``Ticket.wait`` returns
+    at once then). True once final, False when the time ran out."""
+    end = time.monotonic() + max(0.0, timeout)
+    while True:
+        if ticket.done():
+            return True
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        if not ticket.fencing:
+            try:
+                ticket.wait(left)
+                return True
+            except oi.TimeoutError:
+                if ticket.done():
+                    return True
+                continue  # ran out, or turned fencing: the loop decides
+            except oi.Error:
+                return True
+        time.sleep(min(left, 0.001))
 
 
 def _address_of(shared):
@@ -252,6 +290,14 @@ class KVWorker:
         self._tensors = dict(kv_caches)  # keeps the memory alive as long as the engine
         self._lock = threading.Lock()
         self._saves = []  # (ticket, event) of saves not yet waited for
+        self._dropped = []  # tickets of saves a wait gave up on: closed once final
+        self._loads = {}  # id(ticket) -> (ticket, blocks) of loads not yet settled
+        self._counts = dict(loads_submitted=0, loads_refused=0, loads_completed=0,
+                            loads_failed=0, loads_fenced=0, saves_submitted=0,
+                            saves_completed=0, saves_failed=0, saves_dropped=0)
+        self._fenced = set()  # id(ticket) of loads seen fencing
+        self.save_deadline_s = (save_deadline_ms or DEFAULT_DEADLINE_MS) / 1000.0
+        self.load_deadline_s = (load_deadline_ms or DEFAULT_DEADLINE_MS) / 1000.0
         self._layers_saved = set()  # arenas saved since the last wait_saves
         self._save_batch = None
         kw = dict(world_size=world_size, instance_name=instance_name,
@@ -358,6 +404,7 @@ class KVWorker:
         with self._lock:
             self._saves.append((t, ev))
             self._layers_saved.update(range(first, first + count))
+            self._counts["saves_submitted"] += 1
         return t
 
     def finish_step(self):
@@ -382,36 +429,131 @@ class KVWorker:
         return out
 
     def wait_saves(self, timeout=None):
-        """Waits for every save made so far; returns the errors (a list of
-        openinfer.Error). A failed or dropped save is a cache miss later,
-        never wrong bytes."""
+        """Waits for every save made so far, all together at most `timeout`
+        seconds (None: the save deadline); returns the errors (a list of
+        openinfer.Error). A save still running when the time runs out is
+        dropped: counted (``saves_dropped``), its ticket kept and closed once
+        final, never waited for again. A failed or dropped save is a cache
+        miss later, never wrong bytes (a save seals its blocks only once
+        every copy landed)."""
+        if timeout is None:
+            timeout = self.save_deadline_s
+        end = time.monotonic() + max(0.0, timeout)
         with self._lock:
             saves, self._saves = self._saves, []
         errors = []
         for t, _ev in saves:
             try:
-                t.wait(timeout)
+                t.wait(max(0.0, end - time.monotonic()))
+            except oi.TimeoutError as e:
+                if not t.done():  # still running: dropped, closed later
+                    with self._lock:
+                        self._counts["saves_dropped"] += 1
+                        self._dropped.append(t)
+                    errors.append(e)
+                    continue
+                errors.append(e)
+                self._count("saves_failed")
             except oi.Error as e:
                 errors.append(e)
-            finally:
-                t.close()
+                self._count("saves_failed")
+            else:
+                self._count("saves_completed")
+            t.close()
+        self._reap_dropped()
         return errors
+
+    def _count(self, key, n=1):
+        with self._lock:
+            self._counts[key] += n
+
+    def _reap_dropped(self):
+        with self._lock:
+            dropped, self._dropped = self._dropped, []
+        keep = []
+        for t in dropped:
+            if t.done():
+                t.close()
+            else:
+                keep.append(t)
+        with self._lock:
+            self._dropped.extend(keep)
 
     # ---------------------------------------------------------------- loads
 
     def load(self, lease, block_ids):
         """Loads the leased blocks into block_ids, arena by arena; returns the
         Ticket (raises at once when the engine refuses: a degraded sidecar
-        engine raises ClosedError)."""
-        return self.engine.load(lease, block_ids, arena_events=True)
+        engine raises ClosedError; counted as refused and failed).
+
+        The blocks are not the caller's again until the load is settled
+        (``settle_load`` returned something other than None): a load past
+        its deadline may still land (``ticket.fencing``)."""
+        n = len(block_ids)
+        self._count("loads_submitted")
+        try:
+            t = self.engine.load(lease, block_ids, arena_events=True)
+        except oi.Error:
+            with self._lock:
+                self._counts["loads_refused"] += 1
+                self._counts["loads_failed"] += 1
+            raise
+        with self._lock:
+            self._loads[id(t)] = (t, n)
+        return t
 
     def wait_layer(self, ticket, layer_name, timeout=None):
         """Waits until the layer's bytes of a load landed; raises the load's
-        error."""
+        error (``TimeoutError``: not landed yet, or fencing -- the load is
+        not final, its blocks are not the caller's)."""
         a = self.arena(layer_name)
         if a is None:
             return
         ticket.arena_wait(a, timeout)
+
+    def settle_load(self, ticket, timeout=0):
+        """Waits up to `timeout` seconds (through a fence: see wait_final)
+        for a load to be final. Returns None while it is not (pending or
+        fencing: keep it, its blocks may still be written), else True (every
+        byte landed) or the load's error (it failed; no byte can land any
+        more); either way the ticket is then closed and counted."""
+        if not wait_final(ticket, timeout):
+            if ticket.fencing:
+                with self._lock:
+                    if id(ticket) not in self._fenced:
+                        self._fenced.add(id(ticket))
+                        self._counts["loads_fenced"] += 1
+            return None
+        try:
+            ticket.wait(0)
+            out = True
+        except oi.Error as e:
+            out = e
+        with self._lock:
+            self._loads.pop(id(ticket), None)
+            if isinstance(out, oi.DeadlineError) and id(ticket) not in self._fenced:
+                self._counts["loads_fenced"] += 1  # fenced between two looks
+            self._fenced.discard(id(ticket))
+            self._counts["loads_completed" if out is True else "loads_failed"] += 1
+        ticket.close()
+        return out
+
+    def counters(self):
+        """This worker's own counts: loads submitted / refused (at submit) /
+        completed / failed (refused ones included) / fenced (went past their
+        deadline while copies could still land; failed once final, never
+        completed), loads in flight, and of those the loads and blocks still
+        fencing; saves submitted / completed / failed / dropped (still
+        running when a wait gave up on them)."""
+        with self._lock:
+            out = dict(self._counts)
+            loads = list(self._loads.values())
+            out["saves_dropped_running"] = len(self._dropped)
+        out["loads_in_flight"] = len(loads)
+        fencing = [n for t, n in loads if t.fencing]
+        out["loads_fencing"] = len(fencing)
+        out["blocks_fencing"] = sum(fencing)
+        return out
 
     # ---------------------------------------------------------------- misc
 
@@ -421,12 +563,34 @@ class KVWorker:
     def stats(self):
         return self.engine.stats()
 
-    def close(self):
+    def close(self, timeout=None):
+        """Waits for the saves (at most the save deadline) and for every load
+        to be final (at most `timeout` seconds, None: the load deadline),
+        then closes the engine. A load still not final then (a hung server
+        holds it) may yet land in the tensors: the engine, the tensors and
+        the tickets are kept alive for the life of the process (logged)
+        instead of being freed under it."""
         try:
             self.wait_saves()
         except oi.ClosedError:
             pass
-        self.engine.close()
+        if timeout is None:
+            timeout = self.load_deadline_s
+        end = time.monotonic() + max(0.0, timeout)
+        with self._lock:
+            loads = list(self._loads.values())
+        stuck = [(t, n) for t, n in loads
+                 if self.settle_load(t, max(0.0, end - time.monotonic())) is None]
+        self._reap_dropped()
+        if stuck:
+            logger.warning("openinfer: close: %d load(s) of %d blocks still not final after "
+                           "%.1f s (the tier does not answer): keeping the engine and its KV "
+                           "memory alive, not closing it", len(stuck),
+                           sum(n for _, n in stuck), timeout)
+            _abandoned.append((self.engine, self._tensors, getattr(self, "_buffer", None),
+                               stuck, list(self._dropped)))
+        else:
+            self.engine.close()
         self._tensors = {}
 
     def __enter__(self):

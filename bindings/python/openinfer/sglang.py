@@ -47,6 +47,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 import openinfer as oi
 from openinfer import _config
 from openinfer._native import ffi, lib
+from openinfer.kvworker import wait_final
 
 logger = logging.getLogger(__name__)
 
@@ -277,6 +278,11 @@ class OpenInferStorage(HiCacheStorage):
         self._lock = threading.Lock()     # the staging buffer and (re)connects
         self._next_connect = 0.0
         self.mem_pool_host = None
+        self._counts_lock = threading.Lock()
+        self._counts = dict(loads_submitted=0, loads_refused=0, loads_completed=0,
+                            loads_failed=0, loads_fenced=0, pages_loaded=0, pages_failed=0,
+                            saves_submitted=0, saves_completed=0, saves_failed=0,
+                            saves_dropped=0)
 
     # ---------------------------------------------------------------- setup
 
@@ -451,22 +457,55 @@ class OpenInferStorage(HiCacheStorage):
         return True
 
     def _wait(self, ticket, what):
-        """Waits for a ticket; False (logged) when it failed or timed out."""
+        """Waits for a ticket; False (logged) when it failed or timed out.
+
+        Never returns while a load may still land in SGLang's host pages:
+        embedded, a load writes the pool's pages themselves, and SGLang frees
+        the pages of a failed get at once, so a load that missed its deadline
+        (fencing) is waited for until no copy can land (its copies end: the
+        fence of an embedded engine is bounded by the copy itself). Sidecar,
+        a load writes the staging buffer only: on a timeout the engine and
+        the staging buffer are dropped (a late copy lands in the old one,
+        which nothing reads), so failing at once is safe."""
+        load = what.startswith("load")
         try:
             ticket.wait(self.timeout)
+            self._tally("loads_completed" if load else "saves_completed")
             return True
         except oi.TimeoutError:
-            logger.error("openinfer: %s did not complete in %s s", what, self.timeout)
-            if self.mode == "embedded":
-                if what.startswith("load"):
-                    # the copy writes SGLang's pages: do not return before it ends
-                    ticket.wait(None)
-            else:
+            fencing = ticket.fencing
+            if self.mode == "embedded" and load and not ticket.done():
+                # the copy writes SGLang's pages: do not return before it ends
+                logger.error("openinfer: %s: %s after %s s; waiting until its copies end "
+                             "(they write SGLang's host pages)", what,
+                             "past its deadline" if fencing else "not done", self.timeout)
+                if fencing:
+                    self._tally("loads_fenced")
+                while not wait_final(ticket, 1.0):
+                    if ticket.fencing and not fencing:
+                        fencing = True
+                        self._tally("loads_fenced")
+            elif self.mode != "embedded":
+                logger.error("openinfer: %s did not complete in %s s: dropping the sidecar "
+                             "engine and its staging buffer", what, self.timeout)
+                if load and fencing:
+                    self._tally("loads_fenced")
                 self._reset_sidecar()
+            else:
+                logger.error("openinfer: %s did not complete in %s s", what, self.timeout)
+            self._tally("loads_failed" if load else
+                        ("saves_failed" if ticket.done() else "saves_dropped"))
             return False
         except oi.Error as e:
             logger.warning("openinfer: %s failed: %s", what, e)
+            if isinstance(e, oi.DeadlineError):
+                self._tally("loads_fenced")
+            self._tally("loads_failed" if load else "saves_failed")
             return False
+
+    def _tally(self, key, n=1):
+        with self._counts_lock:
+            self._counts[key] += n
 
     def _present(self, engine, hashes):
         flags = engine.query_membership(hashes)
@@ -474,10 +513,12 @@ class OpenInferStorage(HiCacheStorage):
 
     def _save(self, engine, ids, hashes, n, what):
         """Saves n blocks and answers, key by key, whether each is stored."""
+        self._tally("saves_submitted")
         try:
             t = engine.save(ids, hashes)
         except oi.Error as e:
             logger.warning("openinfer: %s refused: %s", what, e)
+            self._tally("saves_failed")
             return [False] * n
         if not self._wait(t, what):
             return [False] * n
@@ -493,12 +534,19 @@ class OpenInferStorage(HiCacheStorage):
         h = q.hit_blocks
         if h == 0:
             return 0
+        self._tally("loads_submitted")
         try:
             t = engine.load(q.lease, ids[:h])
         except oi.Error as e:
             logger.warning("openinfer: %s refused: %s", what, e)
+            self._tally("loads_refused")
+            self._tally("loads_failed")
             return 0
-        return h if self._wait(t, what) else 0
+        if self._wait(t, what):
+            self._tally("pages_loaded", h)
+            return h
+        self._tally("pages_failed", h)
+        return 0
 
     def _safe(self, what, fn, fail):
         try:
@@ -697,3 +745,13 @@ class OpenInferStorage(HiCacheStorage):
         or while the sidecar is unreachable)."""
         e = self.engine if self.mode == "embedded" else self.staged
         return e.stats() if e is not None else None
+
+    def counters(self):
+        """What this backend reported to SGLang: loads submitted / refused
+        (at submit) / completed / failed (refused and fenced ones included)
+        / fenced (missed their deadline while copies could still land;
+        failed, never completed), pages loaded / failed; saves submitted /
+        completed / failed / dropped (not done when the wait gave up)."""
+        with self._counts_lock:
+            return dict(self._counts)
+

@@ -107,6 +107,21 @@ class _Load:
 
 
 @dataclass
+class _Loading:
+    """A worker's load not yet reported to vLLM."""
+    ticket: object
+    block_ids: list
+    is_async: bool
+    started: float  # time.monotonic() at submission
+
+
+# the library's deadline thread reports a missed deadline a little late
+_DEADLINE_SLACK_S = 0.05
+# a sync load past its deadline: the least time the step waits for its fence
+_FENCE_WAIT_MIN_S = 1.0
+
+
+@dataclass
 class OpenInferConnectorMetadata(KVConnectorMetadata):
     """What the scheduler tells the workers for one step: the loads to start
     and, per request, the full blocks computed this step to save."""
@@ -310,9 +325,12 @@ class OpenInferConnector(KVConnectorBase_V1):
         else:
             self._worker = None
             self._num_blocks = kv_cache_config.num_blocks if kv_cache_config else None
-            self._loads = {}  # req_id -> (ticket, block ids, is_async)
+            self._loads = {}  # req_id -> _Loading (not yet reported to vLLM)
             self._failed_blocks = set()
             self._finished_recving = set()
+            self._counts = dict(loads_submitted=0, loads_refused=0, loads_completed=0,
+                                loads_failed=0, blocks_failed=0, saves_dropped=0,
+                                saves_failed=0)
 
     # ================================================================ scheduler
 
@@ -524,8 +542,13 @@ class OpenInferConnector(KVConnectorBase_V1):
                          oi.BlockHashes(connector_metadata.save_hashes))
 
     def _fail_load(self, req_id, block_ids, is_async, err):
-        logger.warning("openinfer.vllm: loading %d blocks of %s failed (%s): vLLM recomputes "
+        """Reports a load failed to vLLM (its blocks through
+        get_block_ids_with_load_errors, an async one also as received), only
+        ever once no byte of it can land any more."""
+        logger.warning("openinfer.vllm: load of %d blocks of %s failed (%s): vLLM recomputes "
                        "them", len(block_ids), req_id, err)
+        self._counts["loads_failed"] += 1
+        self._counts["blocks_failed"] += len(block_ids)
         self._failed_blocks.update(block_ids)
         if is_async:  # reported as received, its blocks as failed: vLLM recomputes them
             self._finished_recving.add(req_id)
@@ -534,41 +557,96 @@ class OpenInferConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         w = self._worker
         for ld in meta.loads:
+            self._counts["loads_submitted"] += 1
             if w is None or not ld.lease:
+                self._counts["loads_refused"] += 1
                 self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "no lease")
                 continue
             try:
                 t = w.load(ld.lease, ld.block_ids)
-            except oi.Error as e:
-                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, e)
+            except oi.Error as e:  # refused at submit: nothing was started
+                self._counts["loads_refused"] += 1
+                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "load refused: %s" % e)
                 continue
-            self._loads[ld.req_id] = (t, ld.block_ids, ld.is_async)
+            self._loads[ld.req_id] = _Loading(t, ld.block_ids, ld.is_async, time.monotonic())
+
+    def _settled(self, req_id, ld, result):
+        """A load became final (result True or its error): report it."""
+        del self._loads[req_id]
+        if result is True:
+            self._counts["loads_completed"] += 1
+            if ld.is_async:
+                self._finished_recving.add(req_id)
+        else:
+            self._fail_load(req_id, ld.block_ids, ld.is_async, "load: %s" % (result,))
+
+    def _sync_limit(self, ld):
+        """When a sync load's wait gives up: its deadline (plus the deadline
+        thread's slack), counted from its submission."""
+        return ld.started + self._worker.load_deadline_s + _DEADLINE_SLACK_S
+
+    def _fence_sync(self, req_id, ld):
+        """A sync load that did not land by its deadline. Its blocks are read
+        by this very step's forward and, reported failed, recomputed by vLLM
+        into the same block ids: while one of its copies may still land
+        (fencing), no outcome may be reported and the step may not go on.
+        Waits for the fence at most another load deadline (at least
+        _FENCE_WAIT_MIN_S: the copies of a load given a short deadline end
+        soon after it); the load is then
+        reported failed (vLLM recomputes its blocks). A fence that does not
+        come then (a server that hangs with our memory mapped) leaves no
+        safe way on for this step: the step fails (RuntimeError) rather than
+        let vLLM reuse blocks a late copy could overwrite. load_async avoids
+        this (docs/vllm.md)."""
+        w = self._worker
+        t0 = time.monotonic()
+        res = w.settle_load(ld.ticket, max(w.load_deadline_s, _FENCE_WAIT_MIN_S))
+        if res is None:
+            logger.error("openinfer.vllm: load of %d blocks of %s: still not fenced %.1f s "
+                         "after its deadline (the tier does not answer); failing the step so "
+                         "that vLLM cannot reuse blocks a late copy may overwrite",
+                         len(ld.block_ids), req_id, time.monotonic() - t0)
+            raise RuntimeError("openinfer.vllm: a sync load of %d blocks of %s may still land "
+                               "after its deadline (the tier does not answer); its blocks "
+                               "cannot be given back to vLLM safely" % (len(ld.block_ids),
+                                                                       req_id))
+        if res is not True:
+            logger.warning("openinfer.vllm: load of %s missed its deadline; fenced after "
+                           "%.3f s more", req_id, time.monotonic() - t0)
+        self._settled(req_id, ld, res)
 
     def wait_for_layer_load(self, layer_name):
         w = self._worker
         if w is None:
             return
-        for req_id, (t, ids, is_async) in list(self._loads.items()):
-            if is_async:
+        for req_id, ld in list(self._loads.items()):
+            if ld.is_async:
                 continue
             try:
-                w.wait_layer(t, layer_name)
-            except oi.Error as e:
-                del self._loads[req_id]
-                t.close()
-                self._fail_load(req_id, ids, False, e)
+                w.wait_layer(ld.ticket, layer_name,
+                             max(0.0, self._sync_limit(ld) - time.monotonic()))
+            except oi.TimeoutError:
+                if ld.ticket.done():  # final after all: settle it
+                    self._settled(req_id, ld, w.settle_load(ld.ticket, 0))
+                else:  # past its deadline, maybe fencing
+                    self._fence_sync(req_id, ld)
+            except oi.Error:  # failed and final (a load error is final): report it
+                res = w.settle_load(ld.ticket, 0)
+                if res is None:
+                    self._fence_sync(req_id, ld)
+                else:
+                    self._settled(req_id, ld, res)
 
     def _finish_sync_loads(self):
-        for req_id, (t, ids, is_async) in list(self._loads.items()):
-            if is_async:
+        w = self._worker
+        for req_id, ld in list(self._loads.items()):
+            if ld.is_async:
                 continue
-            del self._loads[req_id]
-            try:
-                t.wait()
-            except oi.Error as e:
-                self._fail_load(req_id, ids, False, e)
-            finally:
-                t.close()
+            res = w.settle_load(ld.ticket, max(0.0, self._sync_limit(ld) - time.monotonic()))
+            if res is None:
+                self._fence_sync(req_id, ld)
+            else:
+                self._settled(req_id, ld, res)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         w = self._worker
@@ -583,29 +661,38 @@ class OpenInferConnector(KVConnectorBase_V1):
         w = self._worker
         if w is None:
             return
-        # every sync load of the step has landed before its blocks are read again
+        # every sync load of the step is final before its blocks are read again
         self._finish_sync_loads()
         try:
             w.finish_step()
         except oi.Error as e:
-            logger.warning("openinfer.vllm: saving the step's blocks failed: %s", e)
+            logger.warning("openinfer.vllm: save of the step's blocks could not start: %s", e)
+        # at most the save deadline: a save still running then is dropped
+        # (a later miss), its ticket closed once final
+        before = w.counters()
         errors = w.wait_saves()
+        after = w.counters()
+        dropped = after["saves_dropped"] - before["saves_dropped"]
+        failed = after["saves_failed"] - before["saves_failed"]
+        self._counts["saves_dropped"] += dropped
+        self._counts["saves_failed"] += failed
         if errors:
-            logger.warning("openinfer.vllm: %d save call(s) of this step failed (%s): the "
-                           "blocks stay uncached", len(errors), errors[0])
+            logger.warning("openinfer.vllm: save: %d of this step's save calls failed, %d "
+                           "dropped unfinished after the %.0f ms save deadline (%s): the blocks "
+                           "stay uncached", failed, dropped, w.save_deadline_s * 1000,
+                           errors[0])
 
     def get_finished(self, finished_req_ids):
-        for req_id, (t, ids, is_async) in list(self._loads.items()):
-            if not is_async or not t.done():
+        w = self._worker
+        for req_id, ld in list(self._loads.items()):
+            if not ld.is_async:
                 continue
-            del self._loads[req_id]
-            try:
-                t.wait(0)
-                self._finished_recving.add(req_id)
-            except oi.Error as e:
-                self._fail_load(req_id, ids, True, e)
-            finally:
-                t.close()
+            # never reported before it is final: a load past its deadline
+            # may still land in its blocks (fencing); vLLM keeps them (the
+            # request stays WAITING_FOR_REMOTE_KVS) until it is reported
+            res = w.settle_load(ld.ticket, 0)
+            if res is not None:
+                self._settled(req_id, ld, res)
         recving, self._finished_recving = self._finished_recving, set()
         return None, (recving or None)
 
@@ -617,6 +704,29 @@ class OpenInferConnector(KVConnectorBase_V1):
         return KVConnectorTransferResults(finished_sending=set(),
                                           finished_recving=set(recving or ()))
 
+    def stats(self):
+        """Worker side: what this connector reported to vLLM -- loads
+        submitted / refused at submit / completed / failed (refused and
+        fenced late loads included; a fenced load is never completed),
+        blocks reported failed, loads in flight (not reported yet) and of
+        them the loads and blocks held fencing; saves dropped (unfinished at
+        the save deadline) and failed -- with the KVWorker's own counts
+        (``worker``) and the engine's (``engine``)."""
+        out = dict(self._counts)
+        loading = list(self._loads.values())
+        out["loads_in_flight"] = len(loading)
+        fencing = [ld for ld in loading if ld.ticket.fencing]
+        out["loads_fencing"] = len(fencing)
+        out["blocks_fencing"] = sum(len(ld.block_ids) for ld in fencing)
+        w = self._worker
+        if w is not None:
+            out["worker"] = w.counters()
+            try:
+                out["engine"] = w.stats()
+            except oi.Error:
+                out["engine"] = None
+        return out
+
     def get_block_ids_with_load_errors(self):
         out, self._failed_blocks = self._failed_blocks, set()
         return out
@@ -624,13 +734,11 @@ class OpenInferConnector(KVConnectorBase_V1):
     def shutdown(self):
         if self._role == KVConnectorRole.WORKER:
             if self._worker is not None:
-                for t, _ids, _a in self._loads.values():
-                    try:
-                        t.wait()
-                    except oi.Error:
-                        pass
+                # bounded: the loads have their deadline and one more for the
+                # fence; one still not final (a hung server) keeps the engine
+                # and the KV memory alive rather than freeing them under it
                 self._loads = {}
-                self._worker.close()
+                self._worker.close(timeout=self._worker.load_deadline_s)
                 self._worker = None
         else:
             for st in self._reqs.values():

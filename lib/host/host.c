@@ -1,5 +1,6 @@
 /* oi_offload_host: creation, namespaces, statistics, eviction and the
- * maintenance thread (lease expiry, watermark eviction). */
+ * maintenance thread (lease expiry, size-class rebalancing, watermark
+ * eviction). */
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
@@ -303,6 +304,7 @@ static void *maint_main(void *arg) {
     if (h->stopping) break;
     pthread_mutex_unlock(&h->maint_lock);
     oi__lease_expire(h, oi__now_ns());
+    if (atomic_load(&h->rebalance_want) || h->drain.chunk != OI_NIL) oi__rebalance_run(h);
     if (h->opts.high_watermark < 1.0f && resident_bytes(h) > high) {
       uint64_t n = evict_until(h, low);
       OI_LOG(OI_LOG_DEBUG, "host", "background eviction: %llu blocks", (unsigned long long)n);

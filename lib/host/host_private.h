@@ -4,9 +4,12 @@
  *
  * Lock order: lease table -> shard (a batch holds several, taken in
  * ascending shard order) -> lower tier queue, watcher; chunk table -> size
- * class (no shard lock is held while allocating). A shard lock
+ * class (no shard lock is held while allocating, and no size class lock
+ * while a shard lock is taken: the rebalancer (rebalance.c) holds one shard
+ * lock at a time, then frees what it evicted). A shard lock
  * protects the index entries, states, pins and LRU links of the blocks it
- * holds; a size class lock protects the free maps of its chunks. */
+ * holds; a size class lock protects the free maps of its chunks and their
+ * draining and fill marks. */
 #ifndef OI_HOST_PRIVATE_H
 #define OI_HOST_PRIVATE_H
 
@@ -103,6 +106,11 @@ typedef struct pool_chunk {
   uint32_t word_hint; /* no free slot below this word */
   uint32_t next_free; /* the class's next chunk with a free slot (OI_NIL: none) */
   bool on_free_list;
+  /* Being emptied for another class (rebalance.c): off its class's free
+   * list, its freed slots are not counted in the class's nfree and no slot
+   * of it is handed out, until it moves or the drain is cancelled. */
+  atomic_bool draining; /* read without the lock by eviction (index.c) */
+  uint64_t filled_seq;  /* h->fill_seq when a slot of it was last handed out */
 } pool_chunk;
 
 typedef struct ns_entry {
@@ -167,6 +175,17 @@ struct oi_offload_host {
   bool sector_slots;          /* under class_lock: see oi__host_sector_slots */
   size_class classes[OI_MAX_SIZE_CLASSES];
   atomic_uint nclasses;
+  atomic_uint_fast64_t fill_seq; /* ordinal of slot hand-outs, for pool_chunk.filled_seq */
+
+  /* The rebalancer (rebalance.c): classes that found no free slot and no
+   * uncarved chunk (a bit each), and the chunk it drains across passes of
+   * the maintenance thread (that thread's own state). */
+  atomic_uint rebalance_want;
+  struct {
+    uint32_t chunk; /* OI_NIL: none */
+    uint32_t from, to, passes;
+  } drain;
+  atomic_uint_fast64_t chunks_moved;
 
   index_shard *shards;
   uint32_t nshards;
@@ -284,6 +303,36 @@ host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls);
 size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_block **out);
 void oi__pool_free(oi_offload_host *h, host_block *b);
 void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n);
+/* Whether class `cls` has no free slot and no uncarved chunk is left. */
+bool oi__pool_starved(oi_offload_host *h, uint32_t cls);
+/* Up to `max` carved chunks of classes other than `cls`, not draining, the
+ * least recently filled first (their class in from[]). Returns how many. */
+size_t oi__pool_victims(oi_offload_host *h, uint32_t cls, uint32_t *chunks, uint32_t *from,
+                        size_t max);
+/* Marks chunk `ci` of class `cls` draining: no slot of it is handed out
+ * from now on. false: it is no longer of that class, or drains already. */
+bool oi__pool_drain_begin(oi_offload_host *h, uint32_t ci, uint32_t cls);
+/* Ends a drain that did not move its chunk: its free slots serve its class again. */
+void oi__pool_drain_cancel(oi_offload_host *h, uint32_t ci);
+/* Moves draining chunk `ci` to class `to` if every slot of it is free: its
+ * record table and free map rebuilt for the new slot size. false: some slot
+ * is still taken (it stays draining), or the new tables could not be
+ * allocated (it is left uncarved, for any class). */
+bool oi__pool_drain_finish(oi_offload_host *h, uint32_t ci, uint32_t to);
+/* A class found no free slot and no chunk to carve (a save's reserve): asks
+ * the maintenance thread to move a chunk to it; takes no lock, never waits.
+ * A lone class has no one to take from. */
+static inline void oi__pool_rebalance_request(oi_offload_host *h, uint32_t cls) {
+  unsigned bit = 1u << cls;
+  if (atomic_load_explicit(&h->nclasses, memory_order_relaxed) < 2 ||
+      (atomic_load_explicit(&h->rebalance_want, memory_order_relaxed) & bit))
+    return;
+  if (!(atomic_fetch_or(&h->rebalance_want, bit) & bit)) pthread_cond_signal(&h->maint_cv);
+}
+
+/* ---- rebalance.c ---- */
+/* One pass of the size-class rebalancer (the maintenance thread's). */
+void oi__rebalance_run(oi_offload_host *h);
 
 /* ---- index (index.c) ---- */
 oi_status oi__index_init(oi_offload_host *h);
@@ -415,6 +464,25 @@ void oi__pin_tally_apply(oi_offload_host *h, const pin_tally *t);
  * counted resident in its class: pass it to oi__pool_free or reuse it), or NULL. */
 host_block *oi__index_evict_one(oi_offload_host *h, int cls);
 size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_block **out);
+/* What the index holds of chunks[0..n) (n <= 8), each shard read under its
+ * lock, one at a time: per chunk, its indexed blocks, how many of them may
+ * not be evicted (in flight, pinned, leased, loading, spilling) and the
+ * newest use among them. */
+typedef struct chunk_census {
+  uint32_t indexed, blocked;
+  uint64_t newest;
+} chunk_census;
+void oi__index_chunk_census(oi_offload_host *h, const uint32_t *chunks, size_t n,
+                            chunk_census *out);
+/* Evicts every evictable indexed block of chunk `ci`, one shard lock at a
+ * time, and frees them (counted as evictions, the watcher told). Sets
+ * *blocked when it met a block that may not be evicted (left as it is).
+ * Returns how many it evicted. */
+size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *blocked);
+/* The oldest use at the LRU tails of each size class, oldest[0..
+ * OI_MAX_SIZE_CLASSES) (UINT64_MAX: none listed). A pinned block may still
+ * be listed at a tail: an approximation. */
+void oi__index_oldest(oi_offload_host *h, uint64_t *oldest);
 
 /* ---- leases (lease.c) ---- */
 oi_status oi__lease_init(oi_offload_host *h);

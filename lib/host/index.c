@@ -434,7 +434,8 @@ void oi__pin_tally_apply(oi_offload_host *h, const pin_tally *t) {
 
 size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_block **out) {
   uint32_t nclasses = atomic_load(&h->nclasses);
-  size_t got = 0, unlisted = 0;
+  size_t got = 0, unlisted = 0, nback = 0;
+  host_block *back[EVICT_RUN]; /* slots of draining chunks: freed, not reused */
   int misses = 0;
   while (got < want && misses < 4) {
     index_shard *best = NULL;
@@ -470,9 +471,23 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
       oi__index_remove_locked(best, t);
       t->state = BLOCK_FREE;
       oi__ns_resident_add(h, t->ns, (uint64_t)-1);
-      out[got++] = t;
+      /* A slot of a chunk the rebalancer empties goes back to it, so a
+       * busy class does not refill the chunk it gives away. */
+      if (cls >= 0 &&
+          atomic_load_explicit(&h->chunks[t->id >> h->slot_bits].draining, memory_order_relaxed))
+        back[nback++] = t;
+      else
+        out[got++] = t;
     }
     pthread_mutex_unlock(&best->lock);
+    if (nback) {
+      atomic_fetch_sub(&h->c.blocks_sealed, nback);
+      atomic_fetch_add(&h->c.evictions, nback);
+      oi__watch_note_evicted(h, back, nback);
+      oi__pool_free_batch(h, back, nback);
+      unlisted += nback; /* progress: not a miss */
+      nback = 0;
+    }
     if (got == before && unlisted == skipped) misses++; /* raced with a pin: look again */
   }
   if (got) {
@@ -481,6 +496,90 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
     oi__watch_note_evicted(h, out, got); /* the records keep ns and hash until freed */
   }
   return got;
+}
+
+/* ---- what the rebalancer asks of the index (rebalance.c) ---- */
+
+void oi__index_chunk_census(oi_offload_host *h, const uint32_t *chunks, size_t n,
+                            chunk_census *out) {
+  for (size_t k = 0; k < n; k++)
+    out[k] = (chunk_census){0, 0, 0};
+  for (uint32_t i = 0; i < h->nshards; i++) {
+    index_shard *s = &h->shards[i];
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t p = 0; p < s->nslots; p++) {
+      uint64_t e = s->slots[p];
+      if (e == OI_INDEX_EMPTY) continue;
+      uint32_t ci = entry_id(e) >> h->slot_bits;
+      for (size_t k = 0; k < n; k++) {
+        if (chunks[k] != ci) continue;
+        const host_block *b = oi__rec(h, entry_id(e)); /* indexed here: stable under the lock */
+        out[k].indexed++;
+        out[k].blocked += !evictable(b);
+        if (b->last_used > out[k].newest) out[k].newest = b->last_used;
+        break;
+      }
+    }
+    pthread_mutex_unlock(&s->lock);
+  }
+}
+
+size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *blocked) {
+  size_t total = 0;
+  host_block *batch[OI_BATCH];
+  for (uint32_t i = 0; i < h->nshards; i++) {
+    index_shard *s = &h->shards[i];
+    size_t got = 0;
+    bool more = true;
+    /* An eviction shifts the entries after it back: the walk starts over
+     * after each batch, until a walk finds nothing more to take. */
+    while (more) {
+      more = false;
+      pthread_mutex_lock(&s->lock);
+      for (uint32_t p = 0; p < s->nslots && got < OI_BATCH; p++) {
+        uint64_t e = s->slots[p];
+        if (e == OI_INDEX_EMPTY || entry_id(e) >> h->slot_bits != ci) continue;
+        host_block *b = oi__rec(h, entry_id(e));
+        if (!evictable(b)) { /* in flight, pinned, leased, loading or spilling: untouched */
+          *blocked = true;
+          continue;
+        }
+        oi__lru_remove_locked(s, b);
+        oi__index_remove_locked(s, b);
+        b->state = BLOCK_FREE;
+        oi__ns_resident_add(h, b->ns, (uint64_t)-1);
+        batch[got++] = b;
+        p--; /* the next entry may have shifted into this slot */
+      }
+      pthread_mutex_unlock(&s->lock);
+      if (got) {
+        atomic_fetch_sub(&h->c.blocks_sealed, got);
+        atomic_fetch_add(&h->c.evictions, got);
+        oi__watch_note_evicted(h, batch, got);
+        oi__pool_free_batch(h, batch, got);
+        total += got;
+        more = got == OI_BATCH;
+        got = 0;
+      }
+    }
+  }
+  return total;
+}
+
+void oi__index_oldest(oi_offload_host *h, uint64_t *oldest) {
+  uint32_t n = atomic_load(&h->nclasses);
+  for (uint32_t c = 0; c < OI_MAX_SIZE_CLASSES; c++)
+    oldest[c] = UINT64_MAX;
+  for (uint32_t i = 0; i < h->nshards; i++) {
+    index_shard *s = &h->shards[i];
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t c = 0; c < n; c++)
+      if (s->lru_tail[c] != OI_NIL) {
+        uint64_t t = oi__rec(h, s->lru_tail[c])->last_used;
+        if (t < oldest[c]) oldest[c] = t;
+      }
+    pthread_mutex_unlock(&s->lock);
+  }
 }
 
 host_block *oi__index_evict_one(oi_offload_host *h, int cls) {

@@ -3,12 +3,15 @@
  * block size but another shape; a block larger than the pool's chunks; a
  * block size past the size classes one host serves. And leases still held
  * (a host-level lookup's, which no engine owns) when the host is destroyed:
- * freed with it (the sanitizer builds check nothing leaks). */
+ * freed with it (the sanitizer builds check nothing leaks). And block sizes
+ * sharing a pool that one of them filled: chunks move between their size
+ * classes, never one with a leased block. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/core.h"
+#include "engine_testutil.h"
 #include "testutil.h"
 
 static uint8_t arena_mem[1 << 20];
@@ -163,54 +166,209 @@ static void test_leases_held_when_the_host_is_destroyed(void) {
   oi_offload_host_destroy(h);
 }
 
-/* One block size holds every chunk of the pool (background eviction off):
- * a save of another size finds no chunk and evicts only within its own
- * size, so it is dropped and counted at once, never waits, and the first
- * size's blocks stay; once a whole chunk is free again (evict_all), the
- * second size gets it. (This pins down a limit, not a promise: the first
- * size's blocks are evictable, yet the second size gets nothing until a
- * whole chunk frees; docs/guarantees.md, Gaps.) */
-static void test_another_block_size_while_one_fills_the_pool(void) {
-  host_high_watermark = 1.0f;
-  oi_offload_host *h = host_new(256 << 10, 64 << 10); /* 4 chunks of 16 4-KiB slots */
-  host_high_watermark = 0;
-  oi_offload_engine *a, *b;
-  CHECK_OK(engine_new(h, "fills", 1, 4096, &a));
-  int64_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-  for (uint64_t k = 0; k < 64; k += 8) {
-    oi_block_hash hs[8];
-    for (int i = 0; i < 8; i++)
-      hs[i] = hash_of(5000 + k + (uint64_t)i);
-    oi_ticket *t;
-    CHECK_OK(oi_offload_engine_save(a, ids, hs, 8, NULL, &t));
-    CHECK_OK(oi_ticket_wait(t, 10000));
-    oi_ticket_release(t);
+/* ---- block sizes sharing one pool: the size-class rebalancer ---- */
+
+/* Saves content keys first.. first+n-1 of `space` from blocks 0..n-1 of L
+ * (n <= 8) and returns how many the host accepted (the deduplicated ones
+ * too with `dedup`). */
+static uint64_t save_keys_as(oi_offload_engine *e, const etu_layout *L, uint64_t space,
+                             uint64_t first, size_t n, bool dedup) {
+  int64_t ids[8];
+  oi_block_hash hs[8];
+  REQUIRE(n <= 8 && n <= L->num_blocks);
+  for (size_t i = 0; i < n; i++) {
+    ids[i] = (int64_t)i;
+    etu_fill_block(L, (int64_t)i, first + i, space);
+    hs[i] = etu_hash(space, first + i);
   }
-  oi_host_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_offload_host_stats(h, &s));
-  CHECK(s.blocks_sealed == 64 && s.free_bytes == 0);
-  CHECK_OK(engine_new(h, "other-size", 1, 8192, &b));
   oi_save_result res = {.struct_size = sizeof res};
   oi_save_options so;
   oi_save_options_init(&so);
   so.result = &res;
-  oi_block_hash hb = hash_of(6000);
-  oi_ticket *t;
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_offload_engine_save(e, ids, hs, n, &so, &t));
+  CHECK_OK(etu_ticket_finish(t));
+  CHECK(res.accepted + res.dropped + res.deduplicated == n);
+  return res.accepted + (dedup ? res.deduplicated : 0);
+}
+
+static uint64_t save_keys(oi_offload_engine *e, const etu_layout *L, uint64_t space, uint64_t first,
+                          size_t n) {
+  return save_keys_as(e, L, space, first, n, false);
+}
+
+/* Whether content key k of `space` hits; a hit is loaded into block 7 of L
+ * and must be byte-exact (checked here). */
+static bool hits_exact(oi_offload_engine *e, const etu_layout *L, uint64_t space, uint64_t k) {
+  oi_block_hash hs = etu_hash(space, k);
+  oi_query_result q;
+  CHECK_OK(etu_query(e, NULL, &hs, 1, &q));
+  if (q.hit_blocks == 0) return false;
+  int64_t dst = 7;
+  etu_zero_block(L, dst);
+  CHECK_OK(etu_load_wait(e, q.lease, &dst, 1));
+  CHECK(etu_block_matches(L, dst, k, space, "reloaded"));
+  return true;
+}
+
+/* Saves key k of `space` again and again (the first saves may be dropped
+ * while the maintenance thread moves a chunk) until the host holds it, for
+ * up to 5 s. Returns the saves that were dropped. */
+static int save_until_accepted(oi_offload_engine *e, const etu_layout *L, uint64_t space,
+                               uint64_t k) {
+  int dropped = 0;
+  for (double end = etu_now_s() + 5; etu_now_s() < end; dropped++) {
+    if (save_keys_as(e, L, space, k, 1, true) == 1) return dropped;
+    etu_sleep_ms(2);
+  }
+  CHECK(!"a save of the second block size was never accepted");
+  return dropped;
+}
+
+/* One block size holds every chunk of the pool (background eviction off).
+ * A save of another size finds no room: it is dropped and counted at once
+ * and never waits, and asks the maintenance thread for a chunk; the thread
+ * empties the chunk of the first size that was filled least recently
+ * (evicting its 16 blocks) and carves it for the second size, whose next
+ * save is accepted. The other 48 blocks of the first size stay, byte-exact.
+ * (Before the rebalancer, the second size got nothing until evict_all.) */
+static void test_another_block_size_while_one_fills_the_pool(void) {
+  oi_offload_host *h = etu_host_create_wm(256 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 4 x 16 4-KiB */
+  etu_layout La, Lb;
+  etu_layout_simple(&La, 1, 8, 4096);
+  etu_layout_simple(&Lb, 1, 8, 8192);
+  oi_offload_engine *a = etu_engine_create(h, &La, "fills", 1);
+  for (uint64_t k = 0; k < 64; k += 8)
+    CHECK(save_keys(a, &La, 1, k, 8) == 8);
+  oi_host_stats s = etu_host_stats(h);
+  CHECK(s.blocks_sealed == 64 && s.free_bytes == 0);
+  oi_offload_engine *b = etu_engine_create(h, &Lb, "other-size", 1);
   uint64_t t0 = oi__now_ns();
-  CHECK_OK(oi_offload_engine_save(b, ids, &hb, 1, &so, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  uint64_t first = save_keys(b, &Lb, 2, 0, 1);
   CHECK(oi__now_ns() - t0 < 2000000000ull); /* never waits for room */
-  CHECK(res.dropped == 1 && res.accepted == 0);
-  CHECK_OK(oi_offload_host_stats(h, &s));
-  CHECK(s.saves_dropped == 1 && s.blocks_sealed == 64 && s.evictions == 0);
-  uint64_t ev = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &ev));
-  CHECK(ev == 64);
-  CHECK(save_and_hit(b, 6000));
+  s = etu_host_stats(h);
+  CHECK(s.saves_dropped >= 1 - first); /* the first save is dropped unless a chunk moved already */
+  save_until_accepted(b, &Lb, 2, 0);
+  CHECK(hits_exact(b, &Lb, 2, 0));
+  s = etu_host_stats(h);
+  CHECK(s.evictions == 16 && s.blocks_sealed == 49 && etu_accounting_ok(&s));
+  /* the chunk filled first went (keys 0..15); the rest of the first size stays */
+  int kept = 0, gone = 0;
+  for (uint64_t k = 0; k < 64; k++) {
+    bool hit = hits_exact(a, &La, 1, k);
+    kept += hit;
+    gone += !hit && k < 16;
+  }
+  CHECK(kept == 48 && gone == 16);
+  /* the second size fills the chunk it got: 8 blocks of 8 KiB */
+  CHECK(save_keys(b, &Lb, 2, 1, 7) == 7);
+  for (uint64_t k = 0; k < 8; k++)
+    CHECK(hits_exact(b, &Lb, 2, k));
   oi_offload_engine_destroy(b);
   oi_offload_engine_destroy(a);
   oi_offload_host_destroy(h);
+  etu_layout_free(&La);
+  etu_layout_free(&Lb);
+}
+
+/* Two namespaces of different block sizes (4 KiB and 8 KiB) alternate saves
+ * of new blocks into one pool of 8 chunks that the first filled alone
+ * (background eviction off): the chunks are shared out between them as they
+ * go. Each keeps a share (neither drops everything, both hit at the end),
+ * and every block that hits loads back byte-exact. */
+static void test_two_block_sizes_alternate_in_one_pool(void) {
+  oi_offload_host *h = etu_host_create_wm(512 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 8 chunks */
+  etu_layout La, Lb;
+  etu_layout_simple(&La, 1, 8, 4096);
+  etu_layout_simple(&Lb, 1, 8, 8192);
+  oi_offload_engine *a = etu_engine_create(h, &La, "small", 1);
+  oi_offload_engine *b = etu_engine_create(h, &Lb, "large", 1);
+  uint64_t ka = 0, kb = 0, acc_a = 0, acc_b = 0, late_a = 0, late_b = 0;
+  for (; ka < 128; ka += 8) /* 128 blocks of 4 KiB: every chunk */
+    CHECK(save_keys(a, &La, 1, ka, 8) == 8);
+  CHECK(etu_host_stats(h).free_bytes == 0);
+  enum { ROUNDS = 48 };
+  for (int r = 0; r < ROUNDS; r++) {
+    uint64_t na = save_keys(a, &La, 1, ka, 8), nb = save_keys(b, &Lb, 2, kb, 8);
+    acc_a += na;
+    acc_b += nb;
+    if (r >= ROUNDS / 2) { /* the second half: after the shares settled */
+      late_a += na;
+      late_b += nb;
+    }
+    ka += 8;
+    kb += 8;
+    etu_sleep_ms(1);
+  }
+  fprintf(stderr,
+          "  accepted of %d each: 4 KiB %" PRIu64 " (%" PRIu64 " late), 8 KiB %" PRIu64 " (%" PRIu64
+          " late)\n",
+          ROUNDS * 8, acc_a, late_a, acc_b, late_b);
+  CHECK(late_a > 0 && late_b > 0); /* neither drops everything */
+  etu_sleep_ms(100);               /* a move the last saves asked for is over */
+  int hit_a = 0, hit_b = 0;
+  for (uint64_t k = 0; k < ka; k++)
+    hit_a += hits_exact(a, &La, 1, k);
+  for (uint64_t k = 0; k < kb; k++)
+    hit_b += hits_exact(b, &Lb, 2, k);
+  oi_host_stats s = etu_host_stats(h);
+  fprintf(stderr, "  resident: 4 KiB %d, 8 KiB %d; evictions %" PRIu64 "\n", hit_a, hit_b,
+          s.evictions);
+  CHECK(hit_a > 0 && hit_b > 0);
+  CHECK(s.blocks_sealed == (uint64_t)(hit_a + hit_b) && etu_accounting_ok(&s));
+  /* no chunk holds both sizes: the resident bytes fit the carved chunks */
+  CHECK((uint64_t)hit_a * 4096 + (uint64_t)hit_b * 8192 <= s.used_bytes);
+  oi_offload_engine_destroy(b);
+  oi_offload_engine_destroy(a);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&La);
+  etu_layout_free(&Lb);
+}
+
+/* A chunk with a leased block is never taken. Two chunks of 16 blocks of
+ * 4 KiB, a lease on a block of each: a save of 8 KiB is dropped and no
+ * chunk moves (nothing is evicted, the leased blocks still load). With the
+ * second chunk's lease released, the second chunk moves; the first, whose
+ * block is still leased, stays whole, and that lease still loads its block
+ * byte-exact. */
+static void test_a_chunk_with_a_leased_block_is_not_taken(void) {
+  oi_offload_host *h = etu_host_create_wm(128 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 2 chunks */
+  etu_layout La, Lb;
+  etu_layout_simple(&La, 1, 8, 4096);
+  etu_layout_simple(&Lb, 1, 8, 8192);
+  oi_offload_engine *a = etu_engine_create(h, &La, "leased", 1);
+  for (uint64_t k = 0; k < 32; k += 8) /* keys 0..15 in one chunk, 16..31 in the other */
+    CHECK(save_keys(a, &La, 1, k, 8) == 8);
+  oi_block_hash h0 = etu_hash(1, 0), h16 = etu_hash(1, 16);
+  oi_query_result q0, q16;
+  CHECK_OK(etu_query(a, NULL, &h0, 1, &q0));
+  CHECK_OK(etu_query(a, NULL, &h16, 1, &q16));
+  CHECK(q0.hit_blocks == 1 && q16.hit_blocks == 1);
+  oi_offload_engine *b = etu_engine_create(h, &Lb, "wants-room", 1);
+  CHECK(save_keys(b, &Lb, 2, 0, 1) == 0);
+  etu_sleep_ms(200); /* ten passes of the maintenance thread */
+  CHECK(save_keys(b, &Lb, 2, 0, 1) == 0);
+  etu_sleep_ms(100);
+  oi_host_stats s = etu_host_stats(h);
+  CHECK(s.evictions == 0 && s.blocks_sealed == 32 && s.blocks_leased == 2);
+  for (uint64_t k = 1; k < 32; k++)
+    if (k != 16) CHECK(hits_exact(a, &La, 1, k));
+  CHECK_OK(oi_offload_engine_release(a, q16.lease));
+  save_until_accepted(b, &Lb, 2, 0);
+  CHECK(hits_exact(b, &Lb, 2, 0));
+  s = etu_host_stats(h);
+  CHECK(s.evictions == 16 && s.blocks_leased == 1);
+  for (uint64_t k = 1; k < 32; k++)
+    CHECK(hits_exact(a, &La, 1, k) == (k < 16));
+  int64_t dst = 7; /* the lease held throughout loads its block */
+  etu_zero_block(&La, dst);
+  CHECK_OK(etu_load_wait(a, q0.lease, &dst, 1));
+  CHECK(etu_block_matches(&La, dst, 0, 1, "held lease"));
+  oi_offload_engine_destroy(b);
+  oi_offload_engine_destroy(a);
+  oi_offload_host_destroy(h);
+  etu_layout_free(&La);
+  etu_layout_free(&Lb);
 }
 
 int main(void) {
@@ -219,5 +377,7 @@ int main(void) {
   RUN_TEST(test_block_sizes_past_the_size_classes_are_refused);
   RUN_TEST(test_leases_held_when_the_host_is_destroyed);
   RUN_TEST(test_another_block_size_while_one_fills_the_pool);
+  RUN_TEST(test_two_block_sizes_alternate_in_one_pool);
+  RUN_TEST(test_a_chunk_with_a_leased_block_is_not_taken);
   TEST_EXIT();
 }

@@ -1,0 +1,121 @@
+/* The size-class rebalancer: moves a chunk of the pool from one block size
+ * to another that has no room left, as memcached's slab rebalancer moves
+ * pages between slab classes.
+ *
+ * A save whose class finds no free slot and no chunk to carve asks for it
+ * (oi__pool_rebalance_request: a bit and a signal, no lock, no wait) and
+ * goes on as before: it evicts within its own class, or drops and counts.
+ * The maintenance thread then, for each class that asked:
+ *
+ *  1. still starved? (a free slot or an uncarved chunk may have come since);
+ *  2. candidates: the chunks of other classes that were filled least
+ *     recently (oi__pool_victims), and what the index holds of them
+ *     (oi__index_chunk_census): a chunk with a block that may not be evicted
+ *     (in flight, pinned, leased, loading, spilling) is skipped;
+ *  3. a class gives a chunk when the asking class has no block it could
+ *     evict, or keeps its blocks for less than 4/5 of the time the giver
+ *     keeps its own (the ages of their LRU tails, as memcached's automover
+ *     compares them): the shares move until the classes keep their blocks
+ *     about as long, a global LRU at the grain of a chunk, and the margin
+ *     keeps a chunk from going back and forth. Of the candidates of the
+ *     class with the oldest tail, the chunk whose newest block is oldest;
+ *  4. drain it: marked draining (no slot of it is handed out again, and a
+ *     slot of it that eviction takes goes back to it), its evictable blocks
+ *     evicted, one shard lock at a time; once every slot is free it is
+ *     carved again for the asking class. A block met that may not be
+ *     evicted cancels the drain (the chunk serves its class again); a slot
+ *     still held by a save that reserved it before the drain began is
+ *     waited for over the next passes (DRAIN_PASSES), then the drain is
+ *     cancelled.
+ *
+ * Why here and not in the save's reserve: the drain walks every shard's
+ * table and evicts up to a chunk of blocks, work that grows with the pool,
+ * not with the save; and it may have to wait for slots other saves hold.
+ * A save stays O(its hashes) and never waits: the ones that find no room
+ * drop (counted), and the saves after the move find the chunk. */
+#include "host_private.h"
+
+/* Chunks looked at per request. */
+#define VICTIMS 8
+/* Passes of the maintenance thread a drain waits for held slots. */
+#define DRAIN_PASSES 16
+
+static void drain_end(oi_offload_host *h, bool cancel) {
+  if (cancel) oi__pool_drain_cancel(h, h->drain.chunk);
+  h->drain.chunk = OI_NIL;
+}
+
+/* Evicts what it can of the draining chunk and moves it if it is empty.
+ * Returns whether the drain is over (moved or cancelled). */
+static bool drain_step(oi_offload_host *h) {
+  bool blocked = false;
+  size_t n = oi__index_evict_chunk(h, h->drain.chunk, &blocked);
+  if (blocked) { /* a block that may not be evicted: this chunk stays */
+    OI_LOG(OI_LOG_DEBUG, "host", "rebalance: chunk %u keeps a held block (%zu evicted); skipped",
+           h->drain.chunk, n);
+    drain_end(h, true);
+    return true;
+  }
+  if (oi__pool_drain_finish(h, h->drain.chunk, h->drain.to)) {
+    atomic_fetch_add(&h->chunks_moved, 1);
+    OI_LOG(OI_LOG_DEBUG, "host", "rebalance: chunk %u moved from %llu-byte to %llu-byte blocks",
+           h->drain.chunk, (unsigned long long)h->classes[h->drain.from].block_bytes,
+           (unsigned long long)h->classes[h->drain.to].block_bytes);
+    drain_end(h, false);
+    return true;
+  }
+  if (++h->drain.passes >= DRAIN_PASSES) {
+    drain_end(h, true);
+    return true;
+  }
+  return false;
+}
+
+/* Picks a chunk for class `to` and drains it. */
+static void rebalance_for(oi_offload_host *h, uint32_t to) {
+  if (!oi__pool_starved(h, to)) return;
+  uint32_t chunks[VICTIMS], from[VICTIMS];
+  size_t n = oi__pool_victims(h, to, chunks, from, VICTIMS);
+  if (n == 0) return;
+  chunk_census census[VICTIMS];
+  oi__index_chunk_census(h, chunks, n, census);
+  uint64_t oldest[OI_MAX_SIZE_CLASSES], now = oi__now_ns();
+  oi__index_oldest(h, oldest);
+  /* Ages of the oldest evictable blocks (0: none listed). */
+  uint64_t own = oldest[to] == UINT64_MAX ? 0 : now - OI_MIN(now, oldest[to]);
+  size_t best = n;
+  uint64_t best_age = 0;
+  for (size_t k = 0; k < n; k++) {
+    if (census[k].blocked) continue; /* a block that may not be evicted: never this chunk */
+    uint64_t age = oldest[from[k]] == UINT64_MAX ? 0 : now - OI_MIN(now, oldest[from[k]]);
+    /* The asking class keeps its blocks for less than 4/5 of the time the
+     * other keeps its own (or has none it could evict): memory goes to it. */
+    bool gives = oldest[to] == UINT64_MAX ? true : own * 5 < age * 4;
+    if (!gives) continue;
+    if (best == n || age > best_age ||
+        (age == best_age && census[k].newest < census[best].newest)) {
+      best = k;
+      best_age = age;
+    }
+  }
+  if (best == n) return;
+  if (!oi__pool_drain_begin(h, chunks[best], from[best])) return;
+  h->drain.chunk = chunks[best];
+  h->drain.from = from[best];
+  h->drain.to = to;
+  h->drain.passes = 0;
+  drain_step(h);
+}
+
+void oi__rebalance_run(oi_offload_host *h) {
+  if (h->drain.chunk != OI_NIL && !drain_step(h)) return; /* still waiting for held slots */
+  unsigned want = atomic_exchange(&h->rebalance_want, 0);
+  for (uint32_t cls = 0; want; cls++, want >>= 1) {
+    if (!(want & 1)) continue;
+    rebalance_for(h, cls);
+    if (h->drain.chunk != OI_NIL) { /* the rest ask again after this one */
+      if (want >> 1) atomic_fetch_or(&h->rebalance_want, (want >> 1) << (cls + 1));
+      return;
+    }
+  }
+}

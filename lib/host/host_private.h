@@ -464,21 +464,26 @@ void oi__pin_tally_apply(oi_offload_host *h, const pin_tally *t);
  * counted resident in its class: pass it to oi__pool_free or reuse it), or NULL. */
 host_block *oi__index_evict_one(oi_offload_host *h, int cls);
 size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_block **out);
+/* Whether an indexed block is held: pinned (leased), loading or spilling.
+ * A rebalance never takes a chunk with a held block (an in-flight block it
+ * waits for: it seals, or is dropped, soon). */
+static inline bool oi__block_held(const host_block *b) {
+  return b->pins || b->loading || b->spilling;
+}
 /* What the index holds of chunks[0..n) (n <= 8), each shard read under its
- * lock, one at a time: per chunk, its indexed blocks, how many of them may
- * not be evicted (in flight, pinned, leased, loading, spilling) and the
- * newest use among them. */
+ * lock, one at a time: per chunk, its indexed blocks, how many of them are
+ * held (oi__block_held) and the newest use among them. */
 typedef struct chunk_census {
-  uint32_t indexed, blocked;
+  uint32_t indexed, held;
   uint64_t newest;
 } chunk_census;
 void oi__index_chunk_census(oi_offload_host *h, const uint32_t *chunks, size_t n,
                             chunk_census *out);
 /* Evicts every evictable indexed block of chunk `ci`, one shard lock at a
- * time, and frees them (counted as evictions, the watcher told). Sets
- * *blocked when it met a block that may not be evicted (left as it is).
- * Returns how many it evicted. */
-size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *blocked);
+ * time, and frees them (counted as evictions, the watcher told); blocks in
+ * flight are left as they are. Sets *held when it met a held block
+ * (oi__block_held; left as it is). Returns how many it evicted. */
+size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *held);
 /* The oldest use at the LRU tails of each size class, oldest[0..
  * OI_MAX_SIZE_CLASSES) (UINT64_MAX: none listed). A pinned block may still
  * be listed at a tail: an approximation. */

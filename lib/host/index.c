@@ -515,7 +515,7 @@ void oi__index_chunk_census(oi_offload_host *h, const uint32_t *chunks, size_t n
         if (chunks[k] != ci) continue;
         const host_block *b = oi__rec(h, entry_id(e)); /* indexed here: stable under the lock */
         out[k].indexed++;
-        out[k].blocked += !evictable(b);
+        out[k].held += b->state == BLOCK_SEALED && oi__block_held(b);
         if (b->last_used > out[k].newest) out[k].newest = b->last_used;
         break;
       }
@@ -524,7 +524,7 @@ void oi__index_chunk_census(oi_offload_host *h, const uint32_t *chunks, size_t n
   }
 }
 
-size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *blocked) {
+size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *held) {
   size_t total = 0;
   host_block *batch[OI_BATCH];
   for (uint32_t i = 0; i < h->nshards; i++) {
@@ -541,7 +541,7 @@ size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *blocked) {
         if (e == OI_INDEX_EMPTY || entry_id(e) >> h->slot_bits != ci) continue;
         host_block *b = oi__rec(h, entry_id(e));
         if (!evictable(b)) { /* in flight, pinned, leased, loading or spilling: untouched */
-          *blocked = true;
+          if (b->state == BLOCK_SEALED && oi__block_held(b)) *held = true;
           continue;
         }
         oi__lru_remove_locked(s, b);

@@ -10,8 +10,8 @@
  *  1. still starved? (a free slot or an uncarved chunk may have come since);
  *  2. candidates: the chunks of other classes that were filled least
  *     recently (oi__pool_victims), and what the index holds of them
- *     (oi__index_chunk_census): a chunk with a block that may not be evicted
- *     (in flight, pinned, leased, loading, spilling) is skipped;
+ *     (oi__index_chunk_census): a chunk with a held block (pinned, leased,
+ *     loading, spilling) is skipped;
  *  3. a class gives a chunk when the asking class has no block it could
  *     evict, or keeps its blocks for less than 4/5 of the time the giver
  *     keeps its own (the ages of their LRU tails, as memcached's automover
@@ -22,11 +22,13 @@
  *  4. drain it: marked draining (no slot of it is handed out again, and a
  *     slot of it that eviction takes goes back to it), its evictable blocks
  *     evicted, one shard lock at a time; once every slot is free it is
- *     carved again for the asking class. A block met that may not be
- *     evicted cancels the drain (the chunk serves its class again); a slot
- *     still held by a save that reserved it before the drain began is
- *     waited for over the next passes (DRAIN_PASSES), then the drain is
- *     cancelled.
+ *     carved again for the asking class. A held block met cancels the
+ *     drain (the chunk serves its class again); a block in flight, or a
+ *     slot a save reserved before the drain began, is waited for over the
+ *     next passes (it seals and is evicted then, or is dropped), for up to
+ *     DRAIN_PASSES passes, then the drain is cancelled. A block in flight
+ *     is never touched: a busy class always has some, scattered over its
+ *     chunks by eviction, so skipping such chunks would starve the other.
  *
  * Why here and not in the save's reserve: the drain walks every shard's
  * table and evicts up to a chunk of blocks, work that grows with the pool,
@@ -48,9 +50,9 @@ static void drain_end(oi_offload_host *h, bool cancel) {
 /* Evicts what it can of the draining chunk and moves it if it is empty.
  * Returns whether the drain is over (moved or cancelled). */
 static bool drain_step(oi_offload_host *h) {
-  bool blocked = false;
-  size_t n = oi__index_evict_chunk(h, h->drain.chunk, &blocked);
-  if (blocked) { /* a block that may not be evicted: this chunk stays */
+  bool held = false;
+  size_t n = oi__index_evict_chunk(h, h->drain.chunk, &held);
+  if (held) { /* a pinned, leased, loading or spilling block: this chunk stays */
     OI_LOG(OI_LOG_DEBUG, "host", "rebalance: chunk %u keeps a held block (%zu evicted); skipped",
            h->drain.chunk, n);
     drain_end(h, true);
@@ -86,7 +88,7 @@ static void rebalance_for(oi_offload_host *h, uint32_t to) {
   size_t best = n;
   uint64_t best_age = 0;
   for (size_t k = 0; k < n; k++) {
-    if (census[k].blocked) continue; /* a block that may not be evicted: never this chunk */
+    if (census[k].held) continue; /* never a chunk with a held block */
     uint64_t age = oldest[from[k]] == UINT64_MAX ? 0 : now - OI_MIN(now, oldest[from[k]]);
     /* The asking class keeps its blocks for less than 4/5 of the time the
      * other keeps its own (or has none it could evict): memory goes to it. */

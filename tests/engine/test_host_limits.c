@@ -325,6 +325,60 @@ static void test_two_block_sizes_alternate_in_one_pool(void) {
   etu_layout_free(&Lb);
 }
 
+/* One namespace's saver in test_two_block_sizes_save_at_once. */
+typedef struct sizer {
+  oi_offload_host *h;
+  const char *ns;
+  uint64_t block_bytes, space, accepted, hits;
+} sizer;
+
+static void *sizer_main(void *arg) {
+  sizer *z = arg;
+  etu_layout L;
+  etu_layout_simple(&L, 1, 8, z->block_bytes);
+  oi_offload_engine *e = etu_engine_create(z->h, &L, z->ns, 1);
+  for (uint64_t k = 0; k < 8 * 150; k += 8) {
+    z->accepted += save_keys(e, &L, z->space, k, 8);
+    if (k >= 16) /* recent blocks, a chunk may be moving under them: byte-exact or a miss */
+      for (uint64_t j = k - 16; j < k - 12; j++)
+        z->hits += hits_exact(e, &L, z->space, j);
+    etu_sleep_ms(1); /* a server's pace, not a loop's: the maintenance thread gets its turns */
+  }
+  oi_offload_engine_destroy(e);
+  etu_layout_free(&L);
+  return NULL;
+}
+
+/* Two namespaces of 4 KiB and 8 KiB blocks save, query and load at once,
+ * each on its own thread, into a pool of 8 chunks that the first filled
+ * (background eviction off), while the maintenance thread moves chunks
+ * between them: each gets
+ * saves accepted and hits, every hit is byte-exact (ThreadSanitizer runs
+ * this suite). */
+static void test_two_block_sizes_save_at_once(void) {
+  oi_offload_host *h = etu_host_create_wm(512 << 10, 64 << 10, 0, 1.0f, 1.0f);
+  etu_layout L;
+  etu_layout_simple(&L, 1, 8, 4096);
+  oi_offload_engine *fill = etu_engine_create(h, &L, "small", 1);
+  for (uint64_t k = 0; k < 128; k += 8) /* the small size holds every chunk first */
+    CHECK(save_keys(fill, &L, 3, k, 8) == 8);
+  oi_offload_engine_destroy(fill);
+  etu_layout_free(&L);
+  sizer z[2] = {{h, "small", 4096, 1, 0, 0}, {h, "large", 8192, 2, 0, 0}};
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    REQUIRE(pthread_create(&t[i], NULL, sizer_main, &z[i]) == 0);
+  for (int i = 0; i < 2; i++)
+    pthread_join(t[i], NULL);
+  fprintf(stderr,
+          "  accepted 4 KiB %" PRIu64 ", 8 KiB %" PRIu64 "; hits %" PRIu64 ", %" PRIu64 "\n",
+          z[0].accepted, z[1].accepted, z[0].hits, z[1].hits);
+  CHECK(z[0].accepted > 0 && z[1].accepted > 0 && z[0].hits > 0 && z[1].hits > 0);
+  oi_host_stats s = etu_host_stats(h);
+  CHECK(s.blocks_in_flight == 0 && s.blocks_leased == 0 && etu_accounting_ok(&s));
+  oi_offload_host_destroy(h);
+}
+
 /* A chunk with a leased block is never taken. Two chunks of 16 blocks of
  * 4 KiB, a lease on a block of each: a save of 8 KiB is dropped and no
  * chunk moves (nothing is evicted, the leased blocks still load). With the
@@ -379,5 +433,6 @@ int main(void) {
   RUN_TEST(test_another_block_size_while_one_fills_the_pool);
   RUN_TEST(test_two_block_sizes_alternate_in_one_pool);
   RUN_TEST(test_a_chunk_with_a_leased_block_is_not_taken);
+  RUN_TEST(test_two_block_sizes_save_at_once);
   TEST_EXIT();
 }

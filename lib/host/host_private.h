@@ -185,7 +185,7 @@ struct oi_offload_host {
     uint32_t chunk; /* OI_NIL: none */
     uint32_t from, to, passes;
   } drain;
-  atomic_uint_fast64_t chunks_moved;
+  atomic_uint_fast64_t chunks_moved; /* for the debug log */
 
   index_shard *shards;
   uint32_t nshards;
@@ -305,9 +305,10 @@ void oi__pool_free(oi_offload_host *h, host_block *b);
 void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n);
 /* Whether class `cls` has no free slot and no uncarved chunk is left. */
 bool oi__pool_starved(oi_offload_host *h, uint32_t cls);
-/* Up to `max` carved chunks of classes other than `cls`, not draining, the
- * least recently filled first (their class in from[]). Returns how many. */
-size_t oi__pool_victims(oi_offload_host *h, uint32_t cls, uint32_t *chunks, uint32_t *from,
+/* Up to `max` (at most 8) carved chunks of the classes in the bit mask
+ * `classes`, not draining, the least recently filled first (their class in
+ * from[]). Returns how many. */
+size_t oi__pool_victims(oi_offload_host *h, unsigned classes, uint32_t *chunks, uint32_t *from,
                         size_t max);
 /* Marks chunk `ci` of class `cls` draining: no slot of it is handed out
  * from now on. false: it is no longer of that class, or drains already. */

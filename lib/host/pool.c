@@ -264,7 +264,7 @@ bool oi__pool_starved(oi_offload_host *h, uint32_t cls) {
   return dry;
 }
 
-size_t oi__pool_victims(oi_offload_host *h, uint32_t cls, uint32_t *chunks, uint32_t *from,
+size_t oi__pool_victims(oi_offload_host *h, unsigned classes, uint32_t *chunks, uint32_t *from,
                         size_t max) {
   uint64_t seq[8];
   size_t n = 0;
@@ -272,7 +272,7 @@ size_t oi__pool_victims(oi_offload_host *h, uint32_t cls, uint32_t *chunks, uint
   uint32_t ncls = atomic_load(&h->nclasses);
   pthread_mutex_lock(&h->chunk_lock); /* classes of carved chunks are stable under it */
   for (uint32_t k = 0; k < ncls; k++) {
-    if (k == cls) continue;
+    if (!(classes >> k & 1)) continue;
     size_class *c = &h->classes[k];
     pthread_mutex_lock(&c->lock);
     for (uint32_t i = 0; i < h->nchunks; i++) {

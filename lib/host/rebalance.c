@@ -39,7 +39,8 @@
 
 /* Chunks looked at per request. */
 #define VICTIMS 8
-/* Passes of the maintenance thread a drain waits for held slots. */
+/* Passes of the maintenance thread a drain waits for its blocks in flight
+ * and the slots saves took before it began. */
 #define DRAIN_PASSES 16
 
 static void drain_end(oi_offload_host *h, bool cancel) {
@@ -59,10 +60,12 @@ static bool drain_step(oi_offload_host *h) {
     return true;
   }
   if (oi__pool_drain_finish(h, h->drain.chunk, h->drain.to)) {
-    atomic_fetch_add(&h->chunks_moved, 1);
-    OI_LOG(OI_LOG_DEBUG, "host", "rebalance: chunk %u moved from %llu-byte to %llu-byte blocks",
+    uint64_t moved = atomic_fetch_add(&h->chunks_moved, 1) + 1;
+    OI_LOG(OI_LOG_DEBUG, "host",
+           "rebalance: chunk %u moved from %llu-byte to %llu-byte blocks (%zu evicted; %llu moved "
+           "in all)",
            h->drain.chunk, (unsigned long long)h->classes[h->drain.from].block_bytes,
-           (unsigned long long)h->classes[h->drain.to].block_bytes);
+           (unsigned long long)h->classes[h->drain.to].block_bytes, n, (unsigned long long)moved);
     drain_end(h, false);
     return true;
   }
@@ -73,27 +76,38 @@ static bool drain_step(oi_offload_host *h) {
   return false;
 }
 
-/* Picks a chunk for class `to` and drains it. */
+/* The age of a class's oldest listed block (0: none listed). */
+static uint64_t tail_age(uint64_t oldest, uint64_t now) {
+  return oldest == UINT64_MAX ? 0 : now - OI_MIN(now, oldest);
+}
+
+/* Picks a chunk for class `to` and drains it. The classes that would give
+ * are found from their LRU tails alone (a lock of each shard, briefly), so
+ * a request that no class answers costs no walk of the index. */
 static void rebalance_for(oi_offload_host *h, uint32_t to) {
   if (!oi__pool_starved(h, to)) return;
+  uint64_t oldest[OI_MAX_SIZE_CLASSES], now = oi__now_ns();
+  oi__index_oldest(h, oldest);
+  uint32_t ncls = atomic_load(&h->nclasses);
+  uint64_t own = tail_age(oldest[to], now);
+  unsigned givers = 0;
+  for (uint32_t k = 0; k < ncls; k++) {
+    /* The asking class keeps its blocks for less than 4/5 of the time the
+     * other keeps its own (or has none it could evict): memory goes to it. */
+    if (k != to && (oldest[to] == UINT64_MAX || own * 5 < tail_age(oldest[k], now) * 4))
+      givers |= 1u << k;
+  }
+  if (!givers) return;
   uint32_t chunks[VICTIMS], from[VICTIMS];
-  size_t n = oi__pool_victims(h, to, chunks, from, VICTIMS);
+  size_t n = oi__pool_victims(h, givers, chunks, from, VICTIMS);
   if (n == 0) return;
   chunk_census census[VICTIMS];
   oi__index_chunk_census(h, chunks, n, census);
-  uint64_t oldest[OI_MAX_SIZE_CLASSES], now = oi__now_ns();
-  oi__index_oldest(h, oldest);
-  /* Ages of the oldest evictable blocks (0: none listed). */
-  uint64_t own = oldest[to] == UINT64_MAX ? 0 : now - OI_MIN(now, oldest[to]);
   size_t best = n;
   uint64_t best_age = 0;
   for (size_t k = 0; k < n; k++) {
     if (census[k].held) continue; /* never a chunk with a held block */
-    uint64_t age = oldest[from[k]] == UINT64_MAX ? 0 : now - OI_MIN(now, oldest[from[k]]);
-    /* The asking class keeps its blocks for less than 4/5 of the time the
-     * other keeps its own (or has none it could evict): memory goes to it. */
-    bool gives = oldest[to] == UINT64_MAX ? true : own * 5 < age * 4;
-    if (!gives) continue;
+    uint64_t age = tail_age(oldest[from[k]], now);
     if (best == n || age > best_age ||
         (age == best_age && census[k].newest < census[best].newest)) {
       best = k;
@@ -110,7 +124,7 @@ static void rebalance_for(oi_offload_host *h, uint32_t to) {
 }
 
 void oi__rebalance_run(oi_offload_host *h) {
-  if (h->drain.chunk != OI_NIL && !drain_step(h)) return; /* still waiting for held slots */
+  if (h->drain.chunk != OI_NIL && !drain_step(h)) return; /* still waiting for blocks in flight */
   unsigned want = atomic_exchange(&h->rebalance_want, 0);
   for (uint32_t cls = 0; want; cls++, want >>= 1) {
     if (!(want & 1)) continue;

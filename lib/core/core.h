@@ -123,6 +123,10 @@ void oi__ticket_complete(oi_ticket *t, oi_status st);
  * once until the producer completes the ticket (with OI_ERR_DEADLINE) once
  * they are fenced. Wakes waiters; a no-op on a completed ticket. */
 void oi__ticket_fence(oi_ticket *t);
+/* Waits until the ticket completes, through a fence (oi_ticket_wait returns
+ * at once on a fencing ticket): for a producer that must not act before no
+ * copy can land (the server's reply to a load). @return its status. */
+oi_status oi__ticket_wait_final(oi_ticket *t);
 /* Attaches a backend event the ticket owns; `destroy` runs when the ticket is
  * freed. */
 void oi__ticket_set_cuda_event(oi_ticket *t, void *event, void (*destroy)(void *event));

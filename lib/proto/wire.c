@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -678,4 +679,25 @@ oi_status oi__wire_connect(const char *path, int *fd_out) {
   }
   *fd_out = fd;
   return OI_OK;
+}
+
+int oi__wire_peer_pid(int fd) {
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof cred) return 0;
+  return (int)cred.pid;
+}
+
+bool oi__wire_peer_gone(int pid) {
+  if (pid <= 0) return false;
+  if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return true;
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return errno == ENOENT;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *paren = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+  return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }

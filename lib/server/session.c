@@ -201,7 +201,7 @@ static void run_load_progress(srv_session *s, aux_job *job, bool stopping) {
     a++;
     if (a < job->n_arenas) send_load_progress(s, job->request_id, a);
   }
-  oi_status st = oi_ticket_wait(t, UINT32_MAX);
+  oi_status st = oi__ticket_wait_final(t); /* through a fence: the Result comes after the copies */
   if (!stopping) {
     if (st == OI_OK)
       reply_result(s, job->request_id, OI_OK, "");
@@ -484,7 +484,7 @@ static void reply_on_completion(srv_session *s, uint64_t req, oi_ticket *t, cons
     }
     oi__free(p);
   }
-  oi_status st = oi_ticket_wait(t, UINT32_MAX);
+  oi_status st = oi__ticket_wait_final(t); /* a fenced load: its Result only once fenced */
   if (st == OI_OK)
     reply_result(s, req, OI_OK, "");
   else

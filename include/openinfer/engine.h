@@ -222,7 +222,9 @@ typedef enum oi_connection_state {
   OI_CONNECTION_CONNECTED = 1, /* a sidecar engine registered with a live server */
   OI_CONNECTION_DEGRADED = 2,  /* engine-owned sidecar engine whose server went away: queries
                                   miss, saves drop, loads fail with OI_ERR_CLOSED; it reconnects
-                                  in the background */
+                                  in the background. Also any sidecar engine whose server is
+                                  marked unresponsive (the circuit breaker, docs/api.md) until
+                                  it answers a probe */
 } oi_connection_state;
 
 OI_API oi_status oi_engine_options_init(oi_engine_options *o);

@@ -424,9 +424,10 @@ static void trip(remote_engine *e, const char *op, const char *why) {
     e->next_probe_ns = 0; /* the first probe goes at once */
     kick_locked(e);
   }
+  uint32_t instance = e->base.instance_id; /* (a reconnect changes it) */
   pthread_mutex_unlock(&e->lock);
   if (first)
-    OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+    OI_LOG_I(OI_LOG_WARN, "engine", instance,
              "%s: %s: the openinfer server at %s is marked unresponsive; queries miss, saves "
              "drop and loads are refused until it answers a probe (every %u ms)",
              op, why, e->socket_path, e->probe_ms);
@@ -609,7 +610,8 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader
     uint32_t k = env->body.load_progress.arenas_done;
     for (pending *q = e->buckets[env->request_id % PENDING_BUCKETS]; q; q = q->hnext)
       if (q->id == env->request_id && q->kind == PEND_LOAD && q->ticket) {
-        if (k > 0 && !q->fenced) oi__ticket_arena_landed(q->ticket, k - 1, OI_OK); /* (beyond n: ignored) */
+        if (k > 0 && !q->fenced)
+          oi__ticket_arena_landed(q->ticket, k - 1, OI_OK); /* (beyond n: ignored) */
         break;
       }
     pthread_mutex_unlock(&e->lock);
@@ -639,10 +641,11 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader
   if (p->kind == PEND_PROBE) { /* the server answers: the breaker closes */
     if (e->probe_id == p->id) e->probe_id = 0;
     bool was = atomic_exchange(&e->unresponsive, false);
+    uint32_t instance = e->base.instance_id;
     pthread_mutex_unlock(&e->lock);
     oi__free(p);
     if (was)
-      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+      OI_LOG_I(OI_LOG_WARN, "engine", instance,
                "the openinfer server at %s answered a probe: it is used again", e->socket_path);
     return;
   }
@@ -716,7 +719,8 @@ static void expire(remote_engine *e, uint64_t now) {
   for (;;) {
     pthread_mutex_lock(&e->lock);
     pending *p = e->head;
-    while (p && (p->kind == PEND_CALL || p->kind == PEND_PROBE || p->fenced || p->deadline_ns > now))
+    while (p &&
+           (p->kind == PEND_CALL || p->kind == PEND_PROBE || p->fenced || p->deadline_ns > now))
       p = p->next;
     if (!p) {
       pthread_mutex_unlock(&e->lock);
@@ -1302,13 +1306,14 @@ static oi_status query_call(remote_engine *e, uint32_t instance, const char *nam
   uint64_t limit = (uint64_t)(scheduler ? e->lookup_ms : e->control_ms) + wait_ms;
   char what[80];
   snprintf(what, sizeof what, "%s of %zu hashes",
-           instance == 0 ? "lookup" : (flags & OI_QUERY_MEMBERSHIP) ? "membership query" : "query",
+           instance == 0                   ? "lookup"
+           : (flags & OI_QUERY_MEMBERSHIP) ? "membership query"
+                                           : "query",
            n);
-  if ((st = call(e, &env, &wo, &p, limit >= UINT32_MAX ? UINT32_MAX - 1 : (uint32_t)limit,
-                 what)) != OI_OK) {
+  if ((st = call(e, &env, &wo, &p, limit >= UINT32_MAX ? UINT32_MAX - 1 : (uint32_t)limit, what)) !=
+      OI_OK) {
     /* (No reply in time: this one says so; the breaker opened, the next miss.) */
-    if (st == OI_ERR_CLOSED && e->owned)
-      return query_miss(e, n, flags, present, out);
+    if (st == OI_ERR_CLOSED && e->owned) return query_miss(e, n, flags, present, out);
     return st;
   }
   if (p.reply.which_body != oiwire_Envelope_query_reply_tag) return unexpected_reply(&p, "query");
@@ -1377,7 +1382,7 @@ static oi_status remote_flush(oi_offload_engine *base, uint32_t timeout_ms) {
   pending p;
   memset(&p, 0, sizeof p);
   if (degraded(e)) return OI_OK; /* every save was completed when the server went away */
-  if (breaker_open(e)) /* at once: saves in flight end at their deadline */
+  if (breaker_open(e))           /* at once: saves in flight end at their deadline */
     return oi__fail(OI_ERR_TIMEOUT,
                     "flush: the openinfer server at %s is unresponsive (probed every %u ms): saves "
                     "in flight end at their deadline",
@@ -1406,9 +1411,8 @@ static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *o
   s.loads_completed = atomic_load(&e->loads_completed); /* the caller's view, not the server's */
   s.loads_failed = atomic_load(&e->loads_failed);
   bool unanswered = breaker_open(e);
-  oi_status st = unanswered || degraded(e)
-                     ? OI_ERR_CLOSED
-                     : call(e, &env, NULL, &p, e->control_ms, "engine_stats");
+  oi_status st = unanswered || degraded(e) ? OI_ERR_CLOSED
+                                           : call(e, &env, NULL, &p, e->control_ms, "engine_stats");
   if (st == OI_ERR_TIMEOUT) unanswered = true;
   pthread_mutex_lock(&e->lock);
   s.reconnects = e->reconnects;

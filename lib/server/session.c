@@ -89,7 +89,8 @@ static const char *async_cause(oi_status st) {
   switch (st) {
   case OI_ERR_IO: return "a copy between the arena and the host pool failed";
   case OI_ERR_TIMEOUT: return "its copies missed the server's deadline";
-  case OI_ERR_DEADLINE: return "its copies missed the server's deadline (they ended before this answer)";
+  case OI_ERR_DEADLINE:
+    return "its copies missed the server's deadline (they ended before this answer)";
   default: return "";
   }
 }

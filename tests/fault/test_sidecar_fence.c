@@ -304,7 +304,8 @@ static void breaker_in_mode(bool owned) {
   }
   double p50, p95;
   percentiles(v, 100, &p50, &p95);
-  fprintf(stderr, "%s: hung server: first query %.1f ms; the next 100: median %.4f ms, p95 %.4f ms\n",
+  fprintf(stderr,
+          "%s: hung server: first query %.1f ms; the next 100: median %.4f ms, p95 %.4f ms\n",
           owned ? "engine-owned" : "server-allocated", first, p50, p95);
   CHECK(p95 <= 1.0);
   /* Saves drop (counted), loads are refused, flush returns at once. */
@@ -348,8 +349,8 @@ static void breaker_in_mode(bool owned) {
     if (!hit) usleep(1000);
   }
   double recovery = ms_since(r0);
-  fprintf(stderr, "%s: hits again %.1f ms after SIGCONT\n", owned ? "engine-owned" : "server-allocated",
-          recovery);
+  fprintf(stderr, "%s: hits again %.1f ms after SIGCONT\n",
+          owned ? "engine-owned" : "server-allocated", recovery);
   CHECK(hit && recovery < 1000);
   CHECK(log_count(&live_lines) == live0 + 1);
   sc_close(&s);
@@ -394,8 +395,9 @@ static void test_breaker_lookup_client(void) {
   }
   double p50, p95;
   percentiles(v, 100, &p50, &p95);
-  fprintf(stderr, "lookup client: hung server: first query %.1f ms; the next 100: median %.4f ms, "
-                  "p95 %.4f ms\n",
+  fprintf(stderr,
+          "lookup client: hung server: first query %.1f ms; the next 100: median %.4f ms, "
+          "p95 %.4f ms\n",
           first, p50, p95);
   CHECK(p95 <= 1.0);
   REQUIRE(kill(ts.pid, SIGCONT) == 0);

@@ -13,6 +13,7 @@ static const struct {
 } all_statuses[] = {
     STATUS(OI_OK),
     STATUS(OI_PENDING),
+    STATUS(OI_FENCING),
     STATUS(OI_ERR_INVALID_ARGUMENT),
     STATUS(OI_ERR_NOT_FOUND),
     STATUS(OI_ERR_OUT_OF_MEMORY),
@@ -29,11 +30,12 @@ static const struct {
     STATUS(OI_ERR_INTERNAL),
     STATUS(OI_ERR_NO_DEVICE),
     STATUS(OI_ERR_BUSY),
+    STATUS(OI_ERR_DEADLINE),
 };
 
 static void every_status_code_has_its_own_name(void) {
-  /* The enum is dense from OI_ERR_BUSY to OI_PENDING: the table covers it. */
-  CHECK(OI_ARRAY_LEN(all_statuses) == (size_t)(OI_PENDING - OI_ERR_BUSY + 1));
+  /* The enum is dense from OI_ERR_DEADLINE to OI_FENCING: the table covers it. */
+  CHECK(OI_ARRAY_LEN(all_statuses) == (size_t)(OI_FENCING - OI_ERR_DEADLINE + 1));
   for (size_t i = 0; i < OI_ARRAY_LEN(all_statuses); i++) {
     const char *name = oi_status_str(all_statuses[i].st);
     REQUIRE(name != NULL);
@@ -49,7 +51,7 @@ static void every_status_code_has_its_own_name(void) {
 }
 
 static void unknown_status_values_are_named_unknown(void) {
-  const oi_status unknown[] = {2, 3, 100, OI_ERR_BUSY - 1, -100, INT32_MAX, INT32_MIN};
+  const oi_status unknown[] = {3, 4, 100, OI_ERR_DEADLINE - 1, -100, INT32_MAX, INT32_MIN};
   for (size_t i = 0; i < OI_ARRAY_LEN(unknown); i++) {
     const char *name = oi_status_str(unknown[i]);
     REQUIRE(name != NULL);

@@ -7,8 +7,10 @@
  *    ticket ends, with OI_ERR_DEADLINE; bytes written into the destination
  *    afterwards never change (every byte checked); loads_failed counts it,
  *    loads_completed does not;
- *  - engine-owned: a stopped server SIGKILLed under a fenced load: the
- *    ticket ends once the process is gone (a zombie, not yet reaped);
+ *  - a stopped server SIGKILLed under a fenced load: the ticket ends once
+ *    the process is gone (a zombie, not yet reaped); engine-owned, the
+ *    engine degrades; server-allocated, the fatal handler runs, the load
+ *    already ended;
  *  - the breaker: a stopped server costs the first membership query its
  *    lookup deadline, the next 100 return a miss in well under 1 ms each
  *    (95th percentile), saves drop and are counted, loads are refused,
@@ -255,6 +257,70 @@ static void test_fence_ends_when_the_server_is_gone(void) {
   ts_cleanup(&ts);
 }
 
+/* Server-allocated: the stopped server SIGKILLed under a fenced load: the
+ * fatal handler runs (the arena's memory is gone), and by then the load has
+ * ended (the server is gone: nothing can land). In a child process. */
+static oi_ticket *child_ticket;
+static void fatal_in_child(void *ctx, const char *reason) {
+  (void)ctx;
+  (void)reason;
+  _exit(oi_ticket_poll(child_ticket) == OI_ERR_DEADLINE ? 42 : 43);
+}
+
+static int fenced_child(const test_server *ts, int fd) {
+  signal(SIGPIPE, SIG_IGN);
+  oi_set_fatal_handler(fatal_in_child, NULL);
+  sc_engine s;
+  sc_connect(&s, ts, false, "fence-fatal");
+  oi_block_hash hs[4];
+  sc_save(&s, 75, 4, hs);
+  oi_query_result q = {.struct_size = sizeof q};
+  if (oi_offload_engine_query(s.e, NULL, hs, 4, 0, &q) != OI_OK || q.hit_blocks != 4) return 2;
+  int64_t dst[4] = {20, 21, 22, 23};
+  if (oi_offload_engine_load(s.e, q.lease, dst, 4, NULL, &child_ticket) != OI_OK) return 3;
+  char c = 'L';
+  if (write(fd, &c, 1) != 1) return 4; /* the parent stops the server */
+  if (wait_not(child_ticket, OI_PENDING, LOAD_DEADLINE_MS + SLACK_MS) != OI_FENCING) return 5;
+  c = 'F';
+  if (write(fd, &c, 1) != 1) return 4; /* the parent kills it */
+  sleep(20);
+  return 6; /* the watchdog never ran */
+}
+
+static void test_fenced_load_then_fatal_when_server_allocated(void) {
+  static test_server ts;
+  ts_init(&ts, exe);
+  char faults[64];
+  snprintf(faults, sizeof faults, "copy_slow:0:0:%d", COPY_SLOW_MS);
+  setenv("OI_FAULTS", faults, 1);
+  REQUIRE(ts_start(&ts, NULL));
+  unsetenv("OI_FAULTS");
+  int p[2];
+  REQUIRE(pipe(p) == 0);
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    close(p[0]);
+    _exit(fenced_child(&ts, p[1]));
+  }
+  close(p[1]);
+  char c = 0;
+  CHECK(read(p[0], &c, 1) == 1 && c == 'L');
+  usleep(50000);
+  stop_server(ts.pid);
+  CHECK(read(p[0], &c, 1) == 1 && c == 'F');
+  pid_t pid = ts.pid;
+  kill(pid, SIGKILL);
+  int status = 0;
+  CHECK(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 42);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 42)
+    fprintf(stderr, "the client's status is 0x%x\n", status);
+  close(p[0]);
+  ts_kill(&ts);
+  ts_cleanup(&ts);
+}
+
 /* ---- the breaker -------------------------------------------------------------------------- */
 
 static int cmp_double(const void *a, const void *b) {
@@ -452,6 +518,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_fence_server_allocated);
   RUN_TEST(test_fence_engine_owned);
   RUN_TEST(test_fence_ends_when_the_server_is_gone);
+  RUN_TEST(test_fenced_load_then_fatal_when_server_allocated);
   RUN_TEST(test_breaker_server_allocated);
   RUN_TEST(test_breaker_engine_owned);
   RUN_TEST(test_breaker_lookup_client);

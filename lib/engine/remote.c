@@ -879,10 +879,18 @@ static bool connection_lost(remote_engine *e, const char *why) {
              e->socket_path, e->conn_msg);
     return true;
   }
-  if (was == CONN_LIVE)
+  if (was == CONN_LIVE) {
+    /* A dying server closes its sockets a moment before it is a zombie:
+     * give its loads up to 1 s to see it gone, so the handler finds them
+     * ended. */
+    for (int i = 0; i < 1000 && have_orphans(e); i++) {
+      usleep(1000);
+      sweep_orphans(e, oi__now_ns());
+    }
     oi__fatal("openinfer: the sidecar server at %s died while this process maps the KV arena it "
               "owns (%s); the arena's memory is gone and there is no reconnect",
               e->socket_path, e->conn_msg);
+  }
   return false;
 }
 

@@ -175,7 +175,7 @@ static void fence_in_mode(bool owned) {
   CHECK(ms_since(t0) >= LOAD_DEADLINE_MS - 20);
   uint64_t w0 = oi__now_ns();
   CHECK_ST(oi_ticket_wait(t, 10000), OI_ERR_TIMEOUT);
-  CHECK(ms_since(w0) < 100);
+  CHECK(ms_since(w0) < 1000); /* at once (generous: a slow machine) */
   CHECK(strstr(oi_last_error(), "OI_FENCING") != NULL);
   usleep(COPY_SLOW_MS * 1000 * 2); /* stopped well past the copy's own length */
   CHECK_ST(oi_ticket_poll(t), OI_FENCING);

@@ -133,10 +133,11 @@ typedef struct pending {
   counts_wait *counts; /* PEND_SAVE: the submitter's, while it waits (see counts_wait) */
   oi_status result;    /* handed to the reader (see `handed`): how it ends */
   uint32_t n_blocks;   /* for the logs */
-  /* PEND_LOAD: its deadline passed while the server may still copy into its
-   * destination: the ticket is fencing (OI_FENCING) and completes with
-   * OI_ERR_DEADLINE when the server answers or is gone (the load fence). */
-  bool fenced;
+  /* PEND_LOAD: its deadline passed (`late`) or its connection ended while
+   * the server may still copy into its destination: the ticket is fencing
+   * (OI_FENCING, `fenced`) and completes when the server answers or is gone
+   * (the load fence), with OI_ERR_DEADLINE if it was late. */
+  bool fenced, late;
   int server_pid; /* an orphan (its connection ended unanswered): the server it waits on */
 } pending;
 
@@ -275,7 +276,7 @@ static pending *pending_take_locked(remote_engine *e, uint64_t id) {
  * fenced load ends with OI_ERR_DEADLINE whatever the server answered. */
 static void finish_async(remote_engine *e, pending *p, oi_status st) {
   if (p->kind == PEND_LOAD) {
-    if (p->fenced) st = OI_ERR_DEADLINE;
+    if (p->late) st = OI_ERR_DEADLINE;
     atomic_fetch_add(st == OI_OK ? &e->loads_completed : &e->loads_failed, 1);
   }
   if (p->on_done) p->on_done(p->on_done_ctx, st);
@@ -649,7 +650,7 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader
                "the openinfer server at %s answered a probe: it is used again", e->socket_path);
     return;
   }
-  bool fenced = p->fenced;
+  bool late = p->late;
   if (p->kind == PEND_CALL) {
     p->reply = *env;
     p->status = st;
@@ -677,7 +678,7 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader
              "%s: the server answered with message type %u", p->kind == PEND_SAVE ? "save" : "load",
              env->which_body);
     st = OI_ERR_PROTOCOL;
-  } else if (fenced) {
+  } else if (late) {
     OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
              "load request %llu of %u blocks: the server answered after its deadline (%s): no "
              "copy can land now; it ends with OI_ERR_DEADLINE",
@@ -703,7 +704,7 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader
  * OI_FENCING, its record stays until the fence (the server's answer, or the
  * server gone). */
 static void fence_locked(remote_engine *e, pending *p) {
-  p->fenced = true;
+  p->fenced = p->late = true;
   if (p->ticket) oi__ticket_fence(p->ticket);
   OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
            "load request %llu of %u blocks missed its deadline (%u ms): fencing; its destination "
@@ -719,8 +720,7 @@ static void expire(remote_engine *e, uint64_t now) {
   for (;;) {
     pthread_mutex_lock(&e->lock);
     pending *p = e->head;
-    while (p &&
-           (p->kind == PEND_CALL || p->kind == PEND_PROBE || p->fenced || p->deadline_ns > now))
+    while (p && (p->kind == PEND_CALL || p->kind == PEND_PROBE || p->late || p->deadline_ns > now))
       p = p->next;
     if (!p) {
       pthread_mutex_unlock(&e->lock);
@@ -754,7 +754,7 @@ static void sweep_orphans(remote_engine *e, uint64_t now) {
   pending *done = NULL;
   for (pending **l = &e->orphans; *l;) {
     pending *p = *l;
-    if (!p->fenced && p->deadline_ns <= now) fence_locked(e, p);
+    if (!p->late && p->deadline_ns <= now) fence_locked(e, p);
     if (p->server_pid <= 0 || oi__wire_peer_gone(p->server_pid)) {
       *l = p->next;
       p->next = done;
@@ -850,6 +850,10 @@ static bool connection_lost(remote_engine *e, const char *why) {
   for (pending *p = list, *next; p; p = next) {
     next = p->next;
     if (p->kind == PEND_LOAD) {
+      /* It can no longer be answered: fencing now (waits return at once),
+       * final once the server is gone. */
+      p->fenced = true;
+      if (p->ticket) oi__ticket_fence(p->ticket);
       p->server_pid = e->server_pid;
       p->next = e->orphans;
       e->orphans = p;
@@ -881,9 +885,9 @@ static bool connection_lost(remote_engine *e, const char *why) {
   }
   if (was == CONN_LIVE) {
     /* A dying server closes its sockets a moment before it is a zombie:
-     * give its loads up to 1 s to see it gone, so the handler finds them
-     * ended. */
-    for (int i = 0; i < 1000 && have_orphans(e); i++) {
+     * give its loads up to 500 ms to see it gone, so the handler finds
+     * them ended. */
+    for (int i = 0; i < 500 && have_orphans(e); i++) {
       usleep(1000);
       sweep_orphans(e, oi__now_ns());
     }

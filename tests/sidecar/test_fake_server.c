@@ -913,9 +913,11 @@ static void test_closed_under_owned_engine(void) {
   CHECK_ST(ticket_end(ts_, 5000), OI_ERR_CLOSED);
   CHECK_ELAPSED(t0, 0, ASYNC_MS); /* not the deadline: the end of the connection */
   /* The load is not final: its server (this process) still runs and may
-   * still copy into its blocks; past its deadline it is fencing. */
-  CHECK(oi_ticket_poll(tl) == OI_PENDING);
-  CHECK_ST(ticket_end(tl, ASYNC_MS + 5000), OI_FENCING);
+   * still copy into its blocks. It can no longer be answered: fencing at
+   * once (a wait returns at once). */
+  CHECK_ST(ticket_end(tl, 5000), OI_FENCING);
+  CHECK_ELAPSED(t0, 0, ASYNC_MS);
+  CHECK_ST(oi_ticket_wait(tl, 60000), OI_ERR_TIMEOUT);
   usleep(50000);
   CHECK(got(&ks).ticket_calls == 1 && got(&ks).done_calls == 1 &&
         got(&ks).done_st == OI_ERR_CLOSED);

@@ -887,13 +887,20 @@ static bool connection_lost(remote_engine *e, const char *why) {
     /* A dying server closes its sockets a moment before it is a zombie:
      * give its loads up to 500 ms to see it gone, so the handler finds
      * them ended. */
-    for (int i = 0; i < 500 && have_orphans(e); i++) {
+    bool stop = false;
+    for (int i = 0; i < 500 && !stop && have_orphans(e); i++) {
       usleep(1000);
       sweep_orphans(e, oi__now_ns());
+      pthread_mutex_lock(&e->lock);
+      stop = e->stop;
+      pthread_mutex_unlock(&e->lock);
     }
-    oi__fatal("openinfer: the sidecar server at %s died while this process maps the KV arena it "
-              "owns (%s); the arena's memory is gone and there is no reconnect",
-              e->socket_path, e->conn_msg);
+    /* Teardown began meanwhile: it runs only once the caller closed the
+     * arena's mapping, so nothing maps the lost memory now. */
+    if (!stop)
+      oi__fatal("openinfer: the sidecar server at %s died while this process maps the KV arena "
+                "it owns (%s); the arena's memory is gone and there is no reconnect",
+                e->socket_path, e->conn_msg);
   }
   return false;
 }

@@ -807,17 +807,33 @@ static void probe_tick(remote_engine *e, uint64_t now) {
   if (!p) return;
   p->kind = PEND_PROBE;
   p->deadline_ns = UINT64_MAX;
+  pthread_mutex_lock(&e->lock);
+  pending_insert_locked(e, p);
+  uint64_t id = p->id, gen = e->gen;
+  pthread_mutex_unlock(&e->lock);
   oiwire_Envelope env;
   memset(&env, 0, sizeof env); /* no body: every server answers at once */
-  bool taken;
-  uint64_t id;
-  if (send_pending(e, &env, NULL, p, "probe", &taken, &id) != OI_OK) {
-    if (!taken) oi__free(p);
-    return;
+  env.request_id = id;
+  uint8_t *frame = NULL;
+  size_t len = 0;
+  /* The reader never blocks on an unresponsive server: a sender that holds
+   * the write side, or a socket without room, skips this probe. */
+  oi_status st = oi__wire_encode(&env, NULL, &frame, &len);
+  if (st == OI_OK && pthread_mutex_trylock(&e->write_lock) == 0) {
+    st = e->gen != gen ? OI_ERR_CLOSED : oi__wire_try_send(e->fd, frame, len);
+    if (st == OI_ERR_IO) shutdown(e->fd, SHUT_RDWR); /* a partial frame */
+    pthread_mutex_unlock(&e->write_lock);
+  } else if (st == OI_OK) {
+    st = OI_PENDING;
   }
+  oi__free(frame);
   pthread_mutex_lock(&e->lock);
-  if (atomic_load(&e->unresponsive)) e->probe_id = id; /* (else answered already) */
+  if (st != OI_OK)
+    oi__free(pending_take_locked(e, id)); /* (NULL if the connection's end took it) */
+  else if (atomic_load(&e->unresponsive))
+    e->probe_id = id; /* (else answered already) */
   pthread_mutex_unlock(&e->lock);
+  oi_clear_error();
 }
 
 /* The connection ended: fail everything waiting; if the engine is live,

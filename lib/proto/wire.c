@@ -372,6 +372,20 @@ oi_status oi__wire_send(int fd, const void *buf, size_t len) {
   return OI_OK;
 }
 
+oi_status oi__wire_try_send(int fd, const void *buf, size_t len) {
+  ssize_t w;
+  do
+    w = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (w < 0 && errno == EINTR);
+  if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return OI_PENDING;
+  if (w < 0 && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN))
+    return oi__fail(OI_ERR_CLOSED, "send: the peer closed the connection");
+  if (w < 0) return oi__fail(OI_ERR_IO, "send: %s", strerror(errno));
+  if ((size_t)w != len)
+    return oi__fail(OI_ERR_IO, "send: %zd of a %zu-byte frame (no room for the rest)", w, len);
+  return OI_OK;
+}
+
 oi_status oi__wire_send_fd(int fd, const void *buf, size_t len, int pass_fd) {
   if (len == 0) return OI_OK;
   union {

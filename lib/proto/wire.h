@@ -159,6 +159,12 @@ oi_status oi__wire_default_socket_path(char *out, size_t cap);
  * PERMISSION when the socket file refuses us. */
 oi_status oi__wire_connect(const char *path, int *fd_out);
 
+/* Sends a whole frame without blocking: OI_OK, OI_PENDING when the socket
+ * has no room for any of it (nothing was sent), OI_ERR_CLOSED when the peer
+ * closed; a frame that went out in part leaves the stream unusable
+ * (OI_ERR_IO; the caller shuts it). */
+oi_status oi__wire_try_send(int fd, const void *buf, size_t len);
+
 /* The process at the other end of a connected Unix socket (SO_PEERCRED);
  * 0 when the kernel does not say (another pid namespace). */
 int oi__wire_peer_pid(int fd);

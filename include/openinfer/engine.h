@@ -73,6 +73,12 @@ typedef struct oi_engine_options {
    * keeps arena_fd. -1 (the default) otherwise; oi_offload_engine_create
    * refuses any other value. */
   int32_t arena_fd;
+  /* ---- appended (the sidecar's circuit breaker); older callers stop before these ---- */
+  uint32_t lookup_deadline_ms; /* sidecar: membership queries (OI_QUERY_MEMBERSHIP), the
+                                  scheduler's path; default 50; not 0 */
+  uint32_t probe_interval_ms;  /* sidecar: while the server is marked unresponsive, a probe
+                                  is sent this often; default 100; not 0 (docs/api.md
+                                  "The circuit breaker") */
 } oi_engine_options;
 
 /* Completion callback of a save: the caller's signal that the device blocks
@@ -176,8 +182,11 @@ typedef struct oi_engine_stats {
   uint64_t saves_deduplicated;
   uint64_t saves_dropped;
   uint64_t saves_failed;
-  uint64_t loads_completed; /* operations */
-  uint64_t loads_failed;
+  uint64_t loads_completed; /* operations; sidecar: the caller's view (loads whose ticket
+                               completed OI_OK), counted by this process, not the server */
+  uint64_t loads_failed;    /* sidecar: the caller's view too: every load it was told failed,
+                               refused at submit (degraded, unresponsive) or completed with an
+                               error, a fenced late load (OI_ERR_DEADLINE) included */
   uint64_t blocks_loaded;
   uint64_t bytes_saved;
   uint64_t bytes_loaded;
@@ -213,7 +222,9 @@ typedef enum oi_connection_state {
   OI_CONNECTION_CONNECTED = 1, /* a sidecar engine registered with a live server */
   OI_CONNECTION_DEGRADED = 2,  /* engine-owned sidecar engine whose server went away: queries
                                   miss, saves drop, loads fail with OI_ERR_CLOSED; it reconnects
-                                  in the background */
+                                  in the background. Also any sidecar engine whose server is
+                                  marked unresponsive (the circuit breaker, docs/api.md) until
+                                  it answers a probe */
 } oi_connection_state;
 
 OI_API oi_status oi_engine_options_init(oi_engine_options *o);
@@ -313,6 +324,9 @@ typedef struct oi_lookup_options {
   uint32_t world_size;          /* consumers of each lease (loads it takes); default 1 */
   uint32_t control_deadline_ms; /* sidecar: connect, query, release; default 30000 */
   const char *client_name;      /* sidecar: for the server's logs; optional */
+  /* ---- appended (the sidecar's circuit breaker); older callers stop before these ---- */
+  uint32_t lookup_deadline_ms; /* sidecar: each query's deadline; default 50; not 0 */
+  uint32_t probe_interval_ms;  /* sidecar: probe period while unresponsive; default 100; not 0 */
 } oi_lookup_options;
 
 OI_API oi_status oi_lookup_options_init(oi_lookup_options *o);

@@ -96,6 +96,15 @@ void oi__ticket_fence(oi_ticket *t) {
   pthread_mutex_unlock(&t->lock);
 }
 
+oi_status oi__ticket_wait_final(oi_ticket *t) {
+  pthread_mutex_lock(&t->lock);
+  while (!t->done)
+    pthread_cond_wait(&t->done_cv, &t->lock);
+  oi_status st = t->status;
+  pthread_mutex_unlock(&t->lock);
+  return st;
+}
+
 /* What a wait that meets a fencing ticket returns, at once. */
 static oi_status fencing_timeout(const char *what) {
   return oi__fail(OI_ERR_TIMEOUT,
@@ -273,15 +282,6 @@ OI_API oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms) {
       return oi__fail(OI_ERR_TIMEOUT, "ticket_wait: not complete after %u ms", timeout_ms);
     }
   }
-  oi_status st = t->status;
-  pthread_mutex_unlock(&t->lock);
-  return st;
-}
-
-oi_status oi__ticket_wait_final(oi_ticket *t) {
-  pthread_mutex_lock(&t->lock);
-  while (!t->done)
-    pthread_cond_wait(&t->done_cv, &t->lock);
   oi_status st = t->status;
   pthread_mutex_unlock(&t->lock);
   return st;

@@ -21,6 +21,8 @@ OI_API oi_status oi_engine_options_init(oi_engine_options *o) {
   o->copy_mode = OI_COPY_AUTO;
   o->control_deadline_ms = 30000;
   o->arena_fd = -1;
+  o->lookup_deadline_ms = 50;
+  o->probe_interval_ms = 100;
   return OI_OK;
 }
 
@@ -55,6 +57,10 @@ oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *
                     opts.copy_mode);
   if (opts.device < -1)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: device %d is not an ordinal", what, opts.device);
+  if (opts.lookup_deadline_ms == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: lookup_deadline_ms is 0", what);
+  if (opts.probe_interval_ms == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: probe_interval_ms is 0", what);
   if (opts.submit_group_bytes && opts.submit_group_bytes < OI_MIN_SUBMIT_GROUP_BYTES)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "%s: submit_group_bytes %llu is below 64 KiB (0: the copy mode's default)",
@@ -320,6 +326,8 @@ OI_API oi_status oi_lookup_options_init(oi_lookup_options *o) {
   o->struct_size = sizeof *o;
   o->world_size = 1;
   o->control_deadline_ms = 30000;
+  o->lookup_deadline_ms = 50;
+  o->probe_interval_ms = 100;
   return OI_OK;
 }
 
@@ -337,6 +345,10 @@ oi_status oi__lookup_options_check(const oi_lookup_options *o, const char *what,
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: world_size is 0 (leases need a consumer)", what);
   if (lo->control_deadline_ms == 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: control_deadline_ms is 0", what);
+  if (lo->lookup_deadline_ms == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: lookup_deadline_ms is 0", what);
+  if (lo->probe_interval_ms == 0)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: probe_interval_ms is 0", what);
   if (lo->client_name && strlen(lo->client_name) > 255)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: client_name is longer than 255 bytes", what);
   return OI_OK;

@@ -74,7 +74,9 @@ typedef enum conn_state {
   CONN_DEGRADED,   /* engine-owned: the connection ended while live; the reader reconnects */
 } conn_state;
 
-typedef enum pending_kind { PEND_CALL, PEND_SAVE, PEND_LOAD } pending_kind;
+/* PEND_PROBE: the breaker's health probe (an Envelope with no body; every
+ * server answers it at once, without touching the pool). */
+typedef enum pending_kind { PEND_CALL, PEND_SAVE, PEND_LOAD, PEND_PROBE } pending_kind;
 
 /* A save's counts (SaveCounts), awaited by the submitter on its stack. It is
  * touched only under e->lock, and only while the save's record names it:
@@ -130,6 +132,13 @@ typedef struct pending {
   void *on_done_ctx;
   counts_wait *counts; /* PEND_SAVE: the submitter's, while it waits (see counts_wait) */
   oi_status result;    /* handed to the reader (see `handed`): how it ends */
+  uint32_t n_blocks;   /* for the logs */
+  /* PEND_LOAD: its deadline passed (`late`) or its connection ended while
+   * the server may still copy into its destination: the ticket is fencing
+   * (OI_FENCING, `fenced`) and completes when the server answers or is gone
+   * (the load fence), with OI_ERR_DEADLINE if it was late. */
+  bool fenced, late;
+  int server_pid; /* an orphan (its connection ended unanswered): the server it waits on */
 } pending;
 
 typedef struct remote_engine {
@@ -192,6 +201,20 @@ typedef struct remote_engine {
   int connecting_fd; /* the reader's reconnect attempt (teardown shuts it) */
   uint32_t reconnects;
   atomic_uint_fast64_t disconnected_saves, disconnected_misses;
+  /* The load fence. Under `lock`: */
+  int server_pid;   /* the server of this connection (SO_PEERCRED; 0: unknown) */
+  pending *orphans; /* loads whose connection ended unanswered: they complete when
+                       their server is gone (a list through `next`) */
+  /* The caller's view of its loads (oi_engine_stats): */
+  atomic_uint_fast64_t loads_completed, loads_failed;
+  /* The circuit breaker (docs/api.md): open while the server is marked
+   * unresponsive. `unresponsive` is read without the lock by the calls'
+   * fast path; set and cleared under `lock`. */
+  uint32_t lookup_ms, probe_ms;
+  atomic_bool unresponsive;
+  uint64_t probe_id;      /* the probe in flight (0: none), under `lock` */
+  bool unregistered;      /* teardown: the server answered the unregister (its copies ended) */
+  uint64_t next_probe_ns; /* when the reader sends the next one */
 } remote_engine;
 
 static const engine_ops remote_ops;
@@ -249,8 +272,13 @@ static pending *pending_take_locked(remote_engine *e, uint64_t id) {
   return NULL;
 }
 
-/* Completes an asynchronous operation (lock not held) and frees it. */
-static void finish_async(pending *p, oi_status st) {
+/* Completes an asynchronous operation (lock not held) and frees it. A
+ * fenced load ends with OI_ERR_DEADLINE whatever the server answered. */
+static void finish_async(remote_engine *e, pending *p, oi_status st) {
+  if (p->kind == PEND_LOAD) {
+    if (p->late) st = OI_ERR_DEADLINE;
+    atomic_fetch_add(st == OI_OK ? &e->loads_completed : &e->loads_failed, 1);
+  }
   if (p->on_done) p->on_done(p->on_done_ctx, st);
   if (p->ticket) oi__ticket_complete(p->ticket, st);
   oi__free(p);
@@ -288,7 +316,7 @@ static void finish_handed(remote_engine *e) {
   pthread_mutex_unlock(&e->lock);
   for (pending *p = list, *next; p; p = next) {
     next = p->next;
-    finish_async(p, p->result);
+    finish_async(e, p, p->result);
   }
 }
 
@@ -373,6 +401,44 @@ static oi_status closed_error(remote_engine *e, const char *what) {
 static struct timespec abs_timespec(uint64_t deadline_ns) {
   return (struct timespec){.tv_sec = (time_t)(deadline_ns / 1000000000ull),
                            .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+}
+
+/* ---- the circuit breaker ------------------------------------------------------------
+ * A deadline miss (a call without a reply in time, an asynchronous operation
+ * past its deadline) opens it at once: queries miss, saves drop, loads are
+ * refused, flush returns, all without a round trip, until the server answers
+ * a probe (the reader sends one every probe_ms). A dead connection is the
+ * watchdog's (fatal, or degrade and reconnect). */
+
+static bool breaker_open(remote_engine *e) {
+  return atomic_load_explicit(&e->unresponsive, memory_order_acquire);
+}
+
+/* `op` (what failed, e.g. "query of 12 hashes") missed its deadline (`why`):
+ * the server is marked unresponsive. Logged once per opening. */
+static void trip(remote_engine *e, const char *op, const char *why) {
+  pthread_mutex_lock(&e->lock);
+  bool armed = (e->state == CONN_LIVE || e->state == CONN_RETIRED) && !e->stop;
+  bool first = armed && !atomic_load(&e->unresponsive);
+  if (first) {
+    atomic_store(&e->unresponsive, true);
+    e->next_probe_ns = 0; /* the first probe goes at once */
+    kick_locked(e);
+  }
+  uint32_t instance = e->base.instance_id; /* (a reconnect changes it) */
+  pthread_mutex_unlock(&e->lock);
+  if (first)
+    OI_LOG_I(OI_LOG_WARN, "engine", instance,
+             "%s: %s: the openinfer server at %s is marked unresponsive; queries miss, saves "
+             "drop and loads are refused until it answers a probe (every %u ms)",
+             op, why, e->socket_path, e->probe_ms);
+}
+
+static oi_status unresponsive_error(remote_engine *e, const char *what) {
+  return oi__fail(OI_ERR_CLOSED,
+                  "%s: the openinfer server at %s is unresponsive (it missed a deadline; it is "
+                  "probed every %u ms and used again once it answers): nothing was done",
+                  what, e->socket_path, e->probe_ms);
 }
 
 /* Registers `p` as pending and sends `env` with p's request id (also
@@ -513,6 +579,9 @@ static oi_status call(remote_engine *e, oiwire_Envelope *env, const oi_wire_out 
     if (!in_time && !p->done) {
       pending_take_locked(e, id); /* still ours (not done): a late reply is dropped */
       pthread_mutex_unlock(&e->lock);
+      char why[64];
+      snprintf(why, sizeof why, "no reply within %u ms", timeout_ms);
+      trip(e, what, why);
       return oi__fail(OI_ERR_TIMEOUT, "%s: no reply from the openinfer server within %u ms", what,
                       timeout_ms);
     }
@@ -542,7 +611,8 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader
     uint32_t k = env->body.load_progress.arenas_done;
     for (pending *q = e->buckets[env->request_id % PENDING_BUCKETS]; q; q = q->hnext)
       if (q->id == env->request_id && q->kind == PEND_LOAD && q->ticket) {
-        if (k > 0) oi__ticket_arena_landed(q->ticket, k - 1, OI_OK); /* (beyond n: ignored) */
+        if (k > 0 && !q->fenced)
+          oi__ticket_arena_landed(q->ticket, k - 1, OI_OK); /* (beyond n: ignored) */
         break;
       }
     pthread_mutex_unlock(&e->lock);
@@ -569,6 +639,18 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader
              "reply to request %llu arrived late (dropped)", (unsigned long long)env->request_id);
     return;
   }
+  if (p->kind == PEND_PROBE) { /* the server answers: the breaker closes */
+    if (e->probe_id == p->id) e->probe_id = 0;
+    bool was = atomic_exchange(&e->unresponsive, false);
+    uint32_t instance = e->base.instance_id;
+    pthread_mutex_unlock(&e->lock);
+    oi__free(p);
+    if (was)
+      OI_LOG_I(OI_LOG_WARN, "engine", instance,
+               "the openinfer server at %s answered a probe: it is used again", e->socket_path);
+    return;
+  }
+  bool late = p->late;
   if (p->kind == PEND_CALL) {
     p->reply = *env;
     p->status = st;
@@ -596,12 +678,17 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader
              "%s: the server answered with message type %u", p->kind == PEND_SAVE ? "save" : "load",
              env->which_body);
     st = OI_ERR_PROTOCOL;
+  } else if (late) {
+    OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+             "load request %llu of %u blocks: the server answered after its deadline (%s): no "
+             "copy can land now; it ends with OI_ERR_DEADLINE",
+             (unsigned long long)p->id, p->n_blocks, oi_status_str(st));
   } else if (st != OI_OK) {
     OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "%s failed: %s",
              p->kind == PEND_SAVE ? "save" : "load", env->body.result.message);
   }
   if (on_reader) {
-    finish_async(p, st);
+    finish_async(e, p, st);
     return;
   }
   p->result = st;
@@ -613,24 +700,140 @@ static void deliver(remote_engine *e, const oiwire_Envelope *env, bool on_reader
   pthread_mutex_unlock(&e->lock);
 }
 
-/* Completes every asynchronous operation whose deadline passed. */
+/* Fences a load whose deadline passed (lock held): its ticket answers
+ * OI_FENCING, its record stays until the fence (the server's answer, or the
+ * server gone). */
+static void fence_locked(remote_engine *e, pending *p) {
+  p->fenced = p->late = true;
+  if (p->ticket) oi__ticket_fence(p->ticket);
+  OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+           "load request %llu of %u blocks missed its deadline (%u ms): fencing; its destination "
+           "blocks stay the library's until the server answers or is gone, then the ticket ends "
+           "with OI_ERR_DEADLINE",
+           (unsigned long long)p->id, p->n_blocks, e->base.opts.load_deadline_ms);
+}
+
+/* Every asynchronous operation whose deadline passed: a save completes with
+ * OI_ERR_TIMEOUT (a late copy only reads the engine's memory), a load is
+ * fenced. Either opens the breaker. */
 static void expire(remote_engine *e, uint64_t now) {
   for (;;) {
     pthread_mutex_lock(&e->lock);
     pending *p = e->head;
-    while (p && (p->kind == PEND_CALL || p->deadline_ns > now))
+    while (p && (p->kind == PEND_CALL || p->kind == PEND_PROBE || p->late || p->deadline_ns > now))
       p = p->next;
-    if (p) {
-      pending_unlink_locked(e, p);
-      counts_abandon_locked(e, p);
+    if (!p) {
+      pthread_mutex_unlock(&e->lock);
+      return;
     }
+    char op[64], why[64];
+    snprintf(op, sizeof op, "%s of %u blocks", p->kind == PEND_SAVE ? "save" : "load", p->n_blocks);
+    snprintf(why, sizeof why, "no reply within %u ms",
+             p->kind == PEND_SAVE ? e->base.opts.save_deadline_ms : e->base.opts.load_deadline_ms);
+    if (p->kind == PEND_LOAD) {
+      fence_locked(e, p);
+      pthread_mutex_unlock(&e->lock);
+      trip(e, op, why);
+      continue;
+    }
+    pending_unlink_locked(e, p);
+    counts_abandon_locked(e, p);
     pthread_mutex_unlock(&e->lock);
-    if (!p) return;
     OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
-             "%s request %llu: no reply before its deadline",
-             p->kind == PEND_SAVE ? "save" : "load", (unsigned long long)p->id);
-    finish_async(p, OI_ERR_TIMEOUT);
+             "save request %llu: no reply before its deadline", (unsigned long long)p->id);
+    trip(e, op, why);
+    finish_async(e, p, OI_ERR_TIMEOUT);
   }
+}
+
+/* Loads whose connection ended unanswered: each is fenced at its deadline
+ * and completes once its server is gone (no longer exists, or a zombie):
+ * only then can no copy land. Reader thread. */
+static void sweep_orphans(remote_engine *e, uint64_t now) {
+  pthread_mutex_lock(&e->lock);
+  pending *done = NULL;
+  for (pending **l = &e->orphans; *l;) {
+    pending *p = *l;
+    if (!p->late && p->deadline_ns <= now) fence_locked(e, p);
+    if (p->server_pid <= 0 || oi__wire_peer_gone(p->server_pid)) {
+      *l = p->next;
+      p->next = done;
+      done = p;
+    } else {
+      l = &p->next;
+    }
+  }
+  pthread_mutex_unlock(&e->lock);
+  for (pending *p = done, *next; p; p = next) {
+    next = p->next;
+    if (p->server_pid > 0)
+      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+               "load request %llu of %u blocks: its server (pid %d) is gone, no copy can land: it "
+               "ends unanswered",
+               (unsigned long long)p->id, p->n_blocks, p->server_pid);
+    else
+      OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+               "load request %llu of %u blocks: its connection ended unanswered and the server's "
+               "pid is unknown (another pid namespace): it ends now",
+               (unsigned long long)p->id, p->n_blocks);
+    finish_async(e, p, OI_ERR_CLOSED);
+  }
+}
+
+static bool have_orphans(remote_engine *e) {
+  pthread_mutex_lock(&e->lock);
+  bool any = e->orphans != NULL;
+  pthread_mutex_unlock(&e->lock);
+  return any;
+}
+
+/* The breaker's probe (reader thread): while it is open, one every
+ * probe_ms; an unanswered one is dropped when the next goes. */
+static void probe_tick(remote_engine *e, uint64_t now) {
+  if (!breaker_open(e)) return;
+  pthread_mutex_lock(&e->lock);
+  bool due = atomic_load(&e->unresponsive) && now >= e->next_probe_ns && !e->stop &&
+             (e->state == CONN_LIVE || e->state == CONN_RETIRED);
+  pending *stale = NULL;
+  if (due) {
+    if (e->probe_id) stale = pending_take_locked(e, e->probe_id);
+    e->probe_id = 0;
+    e->next_probe_ns = now + (uint64_t)e->probe_ms * 1000000u;
+  }
+  pthread_mutex_unlock(&e->lock);
+  oi__free(stale);
+  if (!due) return;
+  pending *p = oi__calloc(1, sizeof *p);
+  if (!p) return;
+  p->kind = PEND_PROBE;
+  p->deadline_ns = UINT64_MAX;
+  pthread_mutex_lock(&e->lock);
+  pending_insert_locked(e, p);
+  uint64_t id = p->id, gen = e->gen;
+  pthread_mutex_unlock(&e->lock);
+  oiwire_Envelope env;
+  memset(&env, 0, sizeof env); /* no body: every server answers at once */
+  env.request_id = id;
+  uint8_t *frame = NULL;
+  size_t len = 0;
+  /* The reader never blocks on an unresponsive server: a sender that holds
+   * the write side, or a socket without room, skips this probe. */
+  oi_status st = oi__wire_encode(&env, NULL, &frame, &len);
+  if (st == OI_OK && pthread_mutex_trylock(&e->write_lock) == 0) {
+    st = e->gen != gen ? OI_ERR_CLOSED : oi__wire_try_send(e->fd, frame, len);
+    if (st == OI_ERR_IO) shutdown(e->fd, SHUT_RDWR); /* a partial frame */
+    pthread_mutex_unlock(&e->write_lock);
+  } else if (st == OI_OK) {
+    st = OI_PENDING;
+  }
+  oi__free(frame);
+  pthread_mutex_lock(&e->lock);
+  if (st != OI_OK)
+    oi__free(pending_take_locked(e, id)); /* (NULL if the connection's end took it) */
+  else if (atomic_load(&e->unresponsive))
+    e->probe_id = id; /* (else answered already) */
+  pthread_mutex_unlock(&e->lock);
+  oi_clear_error();
 }
 
 /* The connection ended: fail everything waiting; if the engine is live,
@@ -657,20 +860,38 @@ static bool connection_lost(remote_engine *e, const char *why) {
     }
   }
   pthread_cond_broadcast(&e->cv);
-  /* Calls belong to their waiters; detach the asynchronous ones. */
-  pending *async = NULL;
+  /* Calls belong to their waiters; detach the asynchronous ones. A load's
+   * copies may still run in the server: it waits for the server's end. */
+  pending *async = NULL, *probes = NULL;
   for (pending *p = list, *next; p; p = next) {
     next = p->next;
-    if (p->kind != PEND_CALL) {
+    if (p->kind == PEND_LOAD) {
+      /* It can no longer be answered: fencing now (waits return at once),
+       * final once the server is gone. */
+      p->fenced = true;
+      if (p->ticket) oi__ticket_fence(p->ticket);
+      p->server_pid = e->server_pid;
+      p->next = e->orphans;
+      e->orphans = p;
+    } else if (p->kind == PEND_PROBE) {
+      p->next = probes;
+      probes = p;
+    } else if (p->kind != PEND_CALL) {
       p->next = async;
       async = p;
     }
   }
+  e->probe_id = 0;
   pthread_mutex_unlock(&e->lock);
+  for (pending *p = probes, *next; p; p = next) {
+    next = p->next;
+    oi__free(p);
+  }
   for (pending *p = async, *next; p; p = next) {
     next = p->next;
-    finish_async(p, OI_ERR_CLOSED);
+    finish_async(e, p, OI_ERR_CLOSED);
   }
+  sweep_orphans(e, oi__now_ns());
   if (degrade) {
     OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
              "the openinfer server at %s went away (%s): the engine owns its memory, so it "
@@ -678,10 +899,25 @@ static bool connection_lost(remote_engine *e, const char *why) {
              e->socket_path, e->conn_msg);
     return true;
   }
-  if (was == CONN_LIVE)
-    oi__fatal("openinfer: the sidecar server at %s died while this process maps the KV arena it "
-              "owns (%s); the arena's memory is gone and there is no reconnect",
-              e->socket_path, e->conn_msg);
+  if (was == CONN_LIVE) {
+    /* A dying server closes its sockets a moment before it is a zombie:
+     * give its loads up to 500 ms to see it gone, so the handler finds
+     * them ended. */
+    bool stop = false;
+    for (int i = 0; i < 500 && !stop && have_orphans(e); i++) {
+      usleep(1000);
+      sweep_orphans(e, oi__now_ns());
+      pthread_mutex_lock(&e->lock);
+      stop = e->stop;
+      pthread_mutex_unlock(&e->lock);
+    }
+    /* Teardown began meanwhile: it runs only once the caller closed the
+     * arena's mapping, so nothing maps the lost memory now. */
+    if (!stop)
+      oi__fatal("openinfer: the sidecar server at %s died while this process maps the KV arena "
+                "it owns (%s); the arena's memory is gone and there is no reconnect",
+                e->socket_path, e->conn_msg);
+  }
   return false;
 }
 
@@ -749,7 +985,14 @@ static void read_connection(remote_engine *e, char *why, size_t cap) {
     if (handed) continue;
     struct pollfd pfd[2] = {{.fd = e->fd, .events = watch ? POLLRDHUP : POLLIN},
                             {.fd = e->kick_fd, .events = POLLIN}};
-    int rc = poll(pfd, 2, 250);
+    int timeout_ms = 250;
+    if (breaker_open(e)) { /* wake for the next probe */
+      pthread_mutex_lock(&e->lock);
+      uint64_t at = e->next_probe_ns, now = oi__now_ns();
+      pthread_mutex_unlock(&e->lock);
+      timeout_ms = at <= now ? 0 : (int)OI_MIN((at - now + 999999u) / 1000000u, 250u);
+    }
+    int rc = poll(pfd, 2, timeout_ms);
     int poll_errno = errno;
     pthread_mutex_lock(&e->lock);
     e->watching = false;
@@ -769,8 +1012,10 @@ static void read_connection(remote_engine *e, char *why, size_t cap) {
     uint64_t now = oi__now_ns();
     if (now >= next_expiry) {
       expire(e, now);
+      sweep_orphans(e, now);
       next_expiry = now + 250000000ull;
     }
+    probe_tick(e, now);
     if (rc <= 0 || !pfd[0].revents) continue;
     bool ended = pfd[0].revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL);
     pthread_mutex_lock(&e->lock);
@@ -813,12 +1058,17 @@ static bool reconnect_loop(remote_engine *e) {
   uint64_t attempts = 0;
   for (;;) {
     uint64_t deadline = oi__deadline_ns(backoff_ms);
-    struct timespec ts = abs_timespec(deadline);
-    pthread_mutex_lock(&e->lock);
-    while (!e->stop && pthread_cond_timedwait(&e->cv, &e->lock, &ts) != ETIMEDOUT) {
+    bool stop = false;
+    for (uint64_t now = oi__now_ns(); !stop && now < deadline; now = oi__now_ns()) {
+      /* (waking every 250 ms for the loads of the lost connection) */
+      struct timespec ts = abs_timespec(OI_MIN(deadline, now + 250000000ull));
+      pthread_mutex_lock(&e->lock);
+      while (!e->stop && pthread_cond_timedwait(&e->cv, &e->lock, &ts) != ETIMEDOUT) {
+      }
+      stop = e->stop;
+      pthread_mutex_unlock(&e->lock);
+      sweep_orphans(e, oi__now_ns());
     }
-    bool stop = e->stop;
-    pthread_mutex_unlock(&e->lock);
     if (stop) return false;
     attempts++;
     oi_status st = reconnect(e);
@@ -846,7 +1096,21 @@ static void *reader_main(void *arg) {
     e->read_failed = false; /* (handled here, whoever met the end first) */
     pthread_mutex_unlock(&e->lock);
     finish_handed(e); /* replies that came before the end complete first */
-    if (!connection_lost(e, why)) return NULL;
+    if (!connection_lost(e, why)) {
+      /* No reconnect: the loads of the lost connection still wait for
+       * their server's end (or teardown: free_engine settles them). */
+      while (have_orphans(e)) {
+        struct timespec ts = abs_timespec(oi__deadline_ns(250));
+        pthread_mutex_lock(&e->lock);
+        bool stop = e->stop;
+        if (!stop) pthread_cond_timedwait(&e->cv, &e->lock, &ts);
+        stop = e->stop;
+        pthread_mutex_unlock(&e->lock);
+        if (stop) break;
+        sweep_orphans(e, oi__now_ns());
+      }
+      return NULL;
+    }
     if (!reconnect_loop(e)) return NULL;
     oi__wire_reader_reset(&e->rd); /* the new connection's bytes start afresh */
     pthread_mutex_lock(&e->lock);
@@ -888,6 +1152,7 @@ static oi_status submit_async(remote_engine *e, pending_kind kind, oiwire_Envelo
   p->on_done = on_done;
   p->on_done_ctx = on_done_ctx;
   p->counts = counts;
+  p->n_blocks = (uint32_t)out->n_ids;
   p->deadline_ns = deadline_ms ? oi__deadline_ns(deadline_ms) : UINT64_MAX;
   bool taken;
   uint64_t id;
@@ -946,7 +1211,7 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
   env.body.save.arena_first = opt->arena_first;
   env.body.save.arena_count = opt->arena_count;
   oi_wire_out out = {.ids = ids, .n_ids = n, .hashes = hashes, .n_hashes = n};
-  if (degraded(e)) return drop_save(e, n, opt, ticket_out);
+  if (breaker_open(e) || degraded(e)) return drop_save(e, n, opt, ticket_out);
   if (!opt->result) {
     st = submit_async(e, PEND_SAVE, &env, &out, base->opts.save_deadline_ms, opt->on_done,
                       opt->on_done_ctx, NULL, 0, ticket_out, "save");
@@ -964,15 +1229,23 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
   if (st != OI_OK) return st; /* (the record never left our hands: w is unreferenced) */
   uint64_t deadline = oi__deadline_ns(e->control_ms);
   struct timespec ts = abs_timespec(deadline);
+  bool late = false;
   pthread_mutex_lock(&e->lock);
   while (!w.done)
     if (pthread_cond_timedwait(&e->cv, &e->lock, &ts) == ETIMEDOUT && !w.done) {
       /* Unlink w from the record, if the record is still in the table. */
       for (pending *q = e->head; q; q = q->next)
         if (q->counts == &w) q->counts = NULL;
+      late = true;
       break;
     }
   pthread_mutex_unlock(&e->lock);
+  if (late) {
+    char op[64], why[64];
+    snprintf(op, sizeof op, "save of %zu blocks", n);
+    snprintf(why, sizeof why, "no counts within %u ms", e->control_ms);
+    trip(e, op, why);
+  }
   if (w.received) {
     opt->result->accepted = w.accepted;
     opt->result->deduplicated = w.deduplicated;
@@ -983,9 +1256,9 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
   return OI_OK;
 }
 
-static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int64_t *ids, size_t n,
+static oi_status load_submit(remote_engine *e, oi_lease lease, const int64_t *ids, size_t n,
                              const oi_load_options *opt, oi_ticket **ticket_out) {
-  remote_engine *e = (remote_engine *)base;
+  oi_offload_engine *base = &e->base;
   oi_status st = check_count("load", n);
   if (st != OI_OK) return st;
   oiwire_Envelope env;
@@ -994,6 +1267,7 @@ static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int6
   env.body.load.lease.size = OI_WIRE_LEASE_BYTES;
   memcpy(env.body.load.lease.bytes, lease.bytes, OI_WIRE_LEASE_BYTES);
   oi_wire_out out = {.ids = ids, .n_ids = n};
+  if (breaker_open(e)) return unresponsive_error(e, "load");
   if (degraded(e))
     return oi__fail(OI_ERR_CLOSED,
                     "load: no openinfer server is connected (the one that issued the lease went "
@@ -1007,6 +1281,16 @@ static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int6
   }
   return submit_async(e, PEND_LOAD, &env, &out, base->opts.load_deadline_ms, NULL, NULL, NULL,
                       progress, ticket_out, "load");
+}
+
+/* Every load the caller is told failed counts in loads_failed: refused
+ * here, or (finish_async) completed with an error. */
+static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int64_t *ids, size_t n,
+                             const oi_load_options *opt, oi_ticket **ticket_out) {
+  remote_engine *e = (remote_engine *)base;
+  oi_status st = load_submit(e, lease, ids, n, opt, ticket_out);
+  if (st != OI_OK) atomic_fetch_add(&e->loads_failed, 1);
+  return st;
 }
 
 /* Engine-owned and no server: everything misses. */
@@ -1050,11 +1334,20 @@ static oi_status query_call(remote_engine *e, uint32_t instance, const char *nam
     p.present = present;
     p.present_n = n;
   }
-  if (degraded(e)) return query_miss(e, n, flags, present, out);
-  /* A waiting query is answered up to wait_ms later than another. */
-  uint64_t limit = (uint64_t)e->control_ms + wait_ms;
-  if ((st = call(e, &env, &wo, &p, limit >= UINT32_MAX ? UINT32_MAX - 1 : (uint32_t)limit,
-                 "query")) != OI_OK) {
+  if (breaker_open(e) || degraded(e)) return query_miss(e, n, flags, present, out);
+  /* The scheduler's path (a lookup, a membership query) has its own short
+   * deadline. A waiting query is answered up to wait_ms later than another. */
+  bool scheduler = instance == 0 || (flags & OI_QUERY_MEMBERSHIP);
+  uint64_t limit = (uint64_t)(scheduler ? e->lookup_ms : e->control_ms) + wait_ms;
+  char what[80];
+  snprintf(what, sizeof what, "%s of %zu hashes",
+           instance == 0                   ? "lookup"
+           : (flags & OI_QUERY_MEMBERSHIP) ? "membership query"
+                                           : "query",
+           n);
+  if ((st = call(e, &env, &wo, &p, limit >= UINT32_MAX ? UINT32_MAX - 1 : (uint32_t)limit, what)) !=
+      OI_OK) {
+    /* (No reply in time: this one says so; the breaker opened, the next miss.) */
     if (st == OI_ERR_CLOSED && e->owned) return query_miss(e, n, flags, present, out);
     return st;
   }
@@ -1099,6 +1392,7 @@ static oi_status release_call(remote_engine *e, uint32_t instance, const char *n
   memcpy(env.body.release.lease.bytes, lease.bytes, OI_WIRE_LEASE_BYTES);
   pending p;
   memset(&p, 0, sizeof p);
+  if (breaker_open(e)) return unresponsive_error(e, "release");
   oi_status st = degraded(e) ? OI_ERR_CLOSED : call(e, &env, NULL, &p, e->control_ms, "release");
   if (st == OI_ERR_CLOSED && e->owned)
     return oi__fail(OI_ERR_LEASE_EXPIRED,
@@ -1123,6 +1417,11 @@ static oi_status remote_flush(oi_offload_engine *base, uint32_t timeout_ms) {
   pending p;
   memset(&p, 0, sizeof p);
   if (degraded(e)) return OI_OK; /* every save was completed when the server went away */
+  if (breaker_open(e))           /* at once: saves in flight end at their deadline */
+    return oi__fail(OI_ERR_TIMEOUT,
+                    "flush: the openinfer server at %s is unresponsive (probed every %u ms): saves "
+                    "in flight end at their deadline",
+                    e->socket_path, e->probe_ms);
   oi_status st = call(e, &env, NULL, &p, wait >= UINT32_MAX ? UINT32_MAX : (uint32_t)wait, "flush");
   if (st == OI_ERR_CLOSED && e->owned) {
     oi_clear_error();
@@ -1144,8 +1443,12 @@ static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *o
   s.latency_buckets = OI_LATENCY_BUCKETS;
   s.disconnected_saves = atomic_load(&e->disconnected_saves);
   s.disconnected_query_misses = atomic_load(&e->disconnected_misses);
-  oi_status st =
-      degraded(e) ? OI_ERR_CLOSED : call(e, &env, NULL, &p, e->control_ms, "engine_stats");
+  s.loads_completed = atomic_load(&e->loads_completed); /* the caller's view, not the server's */
+  s.loads_failed = atomic_load(&e->loads_failed);
+  bool unanswered = breaker_open(e);
+  oi_status st = unanswered || degraded(e) ? OI_ERR_CLOSED
+                                           : call(e, &env, NULL, &p, e->control_ms, "engine_stats");
+  if (st == OI_ERR_TIMEOUT) unanswered = true;
   pthread_mutex_lock(&e->lock);
   s.reconnects = e->reconnects;
   bool live = e->state == CONN_LIVE;
@@ -1153,8 +1456,8 @@ static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *o
   s.connection = live ? OI_CONNECTION_CONNECTED : OI_CONNECTION_DEGRADED;
   s.instance_id = live ? e->base.instance_id : 0;
   pthread_mutex_unlock(&e->lock);
-  if (st == OI_ERR_CLOSED && e->owned) {
-    /* No server: this side's figures only (the server's went with it). */
+  if (unanswered || (st == OI_ERR_CLOSED && e->owned)) {
+    /* No server, or it does not answer: this side's figures only. */
     oi_clear_error();
     s.connection = OI_CONNECTION_DEGRADED;
     s.server_epoch = 0;
@@ -1175,8 +1478,6 @@ static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *o
   s.saves_deduplicated = r->saves_deduplicated;
   s.saves_dropped = r->saves_dropped;
   s.saves_failed = r->saves_failed;
-  s.loads_completed = r->loads_completed;
-  s.loads_failed = r->loads_failed;
   s.blocks_loaded = r->blocks_loaded;
   s.bytes_saved = r->bytes_saved;
   s.bytes_loaded = r->bytes_loaded;
@@ -1205,6 +1506,35 @@ static oi_status send_unregister(remote_engine *e) {
   return call(e, &env, NULL, &p, e->control_ms, "unregister");
 }
 
+/* Teardown, the reader joined: loads whose connection ended unanswered.
+ * One whose server is gone or answered the unregister (the server's engine
+ * drained its copies first) completes; otherwise copies may still land
+ * and nothing will tell: it stays fencing for good (its destination stays
+ * the library's), and the error log says so. */
+static void settle_orphans(remote_engine *e) {
+  pending *list = e->orphans;
+  e->orphans = NULL;
+  for (pending *p = list, *next; p; p = next) {
+    next = p->next;
+    if ((e->unregistered && p->server_pid == e->server_pid) || p->server_pid <= 0 ||
+        oi__wire_peer_gone(p->server_pid)) {
+      finish_async(e, p, OI_ERR_CLOSED);
+      continue;
+    }
+    OI_LOG_I(OI_LOG_ERROR, "engine", e->base.instance_id,
+             "destroy: load request %llu of %u blocks is unanswered and its server (pid %d) still "
+             "runs: it stays fencing (OI_FENCING) for good; do not reuse its destination blocks "
+             "while that server lives",
+             (unsigned long long)p->id, p->n_blocks, p->server_pid);
+    atomic_fetch_add(&e->loads_failed, 1);
+    if (p->ticket) {
+      oi__ticket_fence(p->ticket);
+      oi__ticket_unref(p->ticket); /* the producer's reference, never completed */
+    }
+    oi__free(p);
+  }
+}
+
 /* Closes the connection and frees the engine. The watchdog must be retired
  * (or never armed). */
 static void free_engine(remote_engine *e) {
@@ -1225,6 +1555,7 @@ static void free_engine(remote_engine *e) {
     }
     pthread_join(e->reader, NULL);
   }
+  settle_orphans(e);
   if (e->fd >= 0) close(e->fd);
   if (e->owned_fd >= 0) close(e->owned_fd);
   if (e->reg_names)
@@ -1259,11 +1590,17 @@ static void teardown(remote_engine *e) {
     uint32_t flush_ms = e->base.opts.save_deadline_ms ? e->base.opts.save_deadline_ms : UINT32_MAX;
     if (remote_flush(&e->base, flush_ms) != OI_OK)
       OI_LOG_I(OI_LOG_WARN, "engine", id, "destroy: %s", oi_last_error());
-    if (send_unregister(e) != OI_OK)
+    if (breaker_open(e))
+      OI_LOG_I(OI_LOG_WARN, "engine", id,
+               "destroy: the server is unresponsive: not unregistered (the server frees the arena "
+               "when the session closes)");
+    else if (send_unregister(e) != OI_OK)
       OI_LOG_I(OI_LOG_WARN, "engine", id,
                "destroy: %s (the server frees the arena when the "
                "session closes)",
                oi_last_error());
+    else
+      e->unregistered = true; /* (its engine drained its copies before the answer) */
   }
   OI_LOG_I(OI_LOG_INFO, "engine", id, "disconnected from %s", e->socket_path);
   free_engine(e);
@@ -1527,6 +1864,9 @@ static oi_status reconnect(remote_engine *e) {
   e->base.instance_id = id;
   e->server_epoch = epoch;
   e->server_caps = caps;
+  e->server_pid = oi__wire_peer_pid(fd);
+  atomic_store(&e->unresponsive, false); /* a server that registered us answers */
+  e->probe_id = 0;
   e->state = CONN_LIVE;
   e->conn_msg[0] = '\0';
   e->conn_status = 0;
@@ -1681,6 +2021,8 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
     return st;
   }
   e->control_ms = opts.control_deadline_ms;
+  e->lookup_ms = opts.lookup_deadline_ms;
+  e->probe_ms = opts.probe_interval_ms;
   e->socket_path = oi__strdup(socket_path);
   if (!e->socket_path) {
     st = oi__fail(OI_ERR_OUT_OF_MEMORY, "connect: out of memory");
@@ -1698,6 +2040,7 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
     goto fail;
   }
   if ((st = oi__wire_connect(socket_path, &e->fd)) != OI_OK) goto fail;
+  e->server_pid = oi__wire_peer_pid(e->fd);
   int rc = pthread_create(&e->reader, NULL, reader_main, e);
   if (rc != 0) {
     st = oi__fail(OI_ERR_INTERNAL, "connect: cannot start the reader thread: %s", strerror(rc));
@@ -1820,6 +2163,8 @@ OI_API oi_status oi_offload_client_connect(const char *socket_path, const oi_loo
   e->state = CONN_RETIRED; /* never armed: the connection may end without harm */
   init_sync(e);
   e->control_ms = lo.control_deadline_ms;
+  e->lookup_ms = lo.lookup_deadline_ms;
+  e->probe_ms = lo.probe_interval_ms;
   e->base.namespace_id = oi__strdup(lo.namespace_id);
   e->base.instance_name = oi__strdup(lo.client_name ? lo.client_name : "lookup client");
   e->socket_path = oi__strdup(socket_path);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,6 +372,20 @@ oi_status oi__wire_send(int fd, const void *buf, size_t len) {
   return OI_OK;
 }
 
+oi_status oi__wire_try_send(int fd, const void *buf, size_t len) {
+  ssize_t w;
+  do
+    w = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (w < 0 && errno == EINTR);
+  if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return OI_PENDING;
+  if (w < 0 && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN))
+    return oi__fail(OI_ERR_CLOSED, "send: the peer closed the connection");
+  if (w < 0) return oi__fail(OI_ERR_IO, "send: %s", strerror(errno));
+  if ((size_t)w != len)
+    return oi__fail(OI_ERR_IO, "send: %zd of a %zu-byte frame (no room for the rest)", w, len);
+  return OI_OK;
+}
+
 oi_status oi__wire_send_fd(int fd, const void *buf, size_t len, int pass_fd) {
   if (len == 0) return OI_OK;
   union {
@@ -678,4 +693,25 @@ oi_status oi__wire_connect(const char *path, int *fd_out) {
   }
   *fd_out = fd;
   return OI_OK;
+}
+
+int oi__wire_peer_pid(int fd) {
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof cred) return 0;
+  return (int)cred.pid;
+}
+
+bool oi__wire_peer_gone(int pid) {
+  if (pid <= 0) return false;
+  if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return true;
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return errno == ENOENT;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *paren = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+  return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }

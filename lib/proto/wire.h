@@ -159,6 +159,21 @@ oi_status oi__wire_default_socket_path(char *out, size_t cap);
  * PERMISSION when the socket file refuses us. */
 oi_status oi__wire_connect(const char *path, int *fd_out);
 
+/* Sends a whole frame without blocking: OI_OK, OI_PENDING when the socket
+ * has no room for any of it (nothing was sent), OI_ERR_CLOSED when the peer
+ * closed; a frame that went out in part leaves the stream unusable
+ * (OI_ERR_IO; the caller shuts it). */
+oi_status oi__wire_try_send(int fd, const void *buf, size_t len);
+
+/* The process at the other end of a connected Unix socket (SO_PEERCRED);
+ * 0 when the kernel does not say (another pid namespace). */
+int oi__wire_peer_pid(int fd);
+
+/* Whether process `pid` (from oi__wire_peer_pid) no longer runs: it does not
+ * exist, or it is a zombie (it has exited; its parent has not reaped it).
+ * A process that ended can no longer write into memory it had mapped. */
+bool oi__wire_peer_gone(int pid);
+
 /* Fills a Result body (status + message, truncated to fit). */
 void oi__wire_set_result(oiwire_Envelope *env, uint64_t request_id, oi_status st,
                          const char *message);

@@ -232,6 +232,31 @@ static int shm_objects_of(pid_t pid) {
 
 /* ---- a test layout ------------------------------------------------------------------------ */
 
+/* ---- engine-owned cpu memory -------------------------------------------------- */
+
+typedef struct owned_mem {
+  int fd;
+  uint8_t *base;
+  uint64_t size;
+} owned_mem;
+
+/* A memfd of `size` bytes, sealed against shrinking (unless `seal` is false),
+ * mapped shared. */
+static void om_alloc(owned_mem *m, uint64_t size, bool seal) {
+  m->size = size;
+  m->fd = memfd_create("oi-test-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  REQUIRE(m->fd >= 0);
+  REQUIRE(ftruncate(m->fd, (off_t)size) == 0);
+  if (seal) REQUIRE(fcntl(m->fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
+  m->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+  REQUIRE(m->base != MAP_FAILED);
+}
+
+static void om_free(owned_mem *m) {
+  munmap(m->base, m->size);
+  close(m->fd);
+}
+
 #define TL_BLOCKS 32
 #define TL_ARENAS 3
 

@@ -60,6 +60,7 @@ static void test_disk_survives_a_restart(void) {
   CHECK(strstr(out, "\"blocks\": 8,") != NULL);
   oi_lookup_options lo;
   oi_lookup_options_init(&lo);
+  lo.lookup_deadline_ms = 10000; /* (not the breaker's test: slow machines) */
   lo.namespace_id = "disk-ns";
   oi_offload_client *c;
   CHECK_OK(oi_offload_client_connect(ts.socket, &lo, &c));

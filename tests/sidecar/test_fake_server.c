@@ -15,6 +15,7 @@
 
 #define CONTROL_MS 300 /* control_deadline_ms of every engine here */
 #define ASYNC_MS 400   /* save_deadline_ms and load_deadline_ms */
+#define LOOKUP_MS 150  /* lookup_deadline_ms: membership queries, the lookup client's */
 #define SLACK_MS 1500  /* a shared 2-core machine; the reader sweeps deadlines every 250 ms */
 
 static fake_server *fs;
@@ -58,6 +59,7 @@ typedef struct client {
 static void options_of(oi_engine_options *o, oi_arena_desc a[TL_ARENAS], client *c) {
   tl_options(o, a, "fake");
   o->control_deadline_ms = CONTROL_MS;
+  o->lookup_deadline_ms = LOOKUP_MS;
   o->save_deadline_ms = ASYNC_MS;
   o->load_deadline_ms = ASYNC_MS;
   if (!c->owned) return;
@@ -215,7 +217,23 @@ static oi_status query_n(client *c, size_t n, uint32_t flags, uint8_t *present,
 }
 
 /* The client still works: a query answered with `hits` hits of 4. */
+/* After a deadline miss the breaker is open until the server answers a
+ * probe (the fake server answers at once): waits until the engine is
+ * connected and used again. */
+static void await_live(client *c) {
+  oi_engine_stats s;
+  for (int i = 0; i < 400; i++) {
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    if (oi_offload_engine_stats(c->e, &s) == OI_OK && s.connection == OI_CONNECTION_CONNECTED)
+      return;
+    usleep(5000);
+  }
+  CHECK(!"the breaker did not close within 2 s");
+}
+
 static void check_usable(client *c, uint64_t hits) {
+  await_live(c);
   fs_set_hits(fs, hits);
   oi_query_result r;
   CHECK_OK(query_n(c, 4, 0, NULL, &r));
@@ -471,21 +489,27 @@ static void test_async_deadlines(void) {
   fs_script(fs, oiwire_Envelope_load_tag, (fs_step){.action = FS_SILENT});
   t0 = oi__now_ns();
   CHECK_OK(load_n(&c, 3, &k, &t));
-  CHECK_ST(ticket_end(t, ASYNC_MS + 5000), OI_ERR_TIMEOUT);
+  /* Past its deadline the load is fencing, not final: the server may still
+   * copy into its blocks. Unanswered, it stays so while the server lives
+   * (here: until teardown, after the unregister is answered). */
+  CHECK_ST(ticket_end(t, ASYNC_MS + 5000), OI_FENCING);
   CHECK_ELAPSED(t0, ASYNC_MS - 20, ASYNC_MS + SLACK_MS);
   CHECK_ST(oi_ticket_arena_wait(t, 0, 0), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_TIMEOUT); /* at once */
   usleep(100000);
-  CHECK(got(&k).ticket_calls == 1 && got(&k).ticket_st == OI_ERR_TIMEOUT);
-  oi_ticket_release(t);
+  CHECK(got(&k).ticket_calls == 0 && oi_ticket_poll(t) == OI_FENCING);
+  oi_ticket *unanswered = t;
+  await_live(&c);
+  /* Answered late: fenced until the answer, then OI_ERR_DEADLINE (never OK). */
   completions_init(&k);
   late = fs_late_sent(fs);
   fs_script(fs, oiwire_Envelope_load_tag, (fs_step){.delay_ms = ASYNC_MS + 600});
   CHECK_OK(load_n(&c, 3, &k, &t));
-  CHECK_ST(ticket_end(t, ASYNC_MS + 5000), OI_ERR_TIMEOUT);
+  CHECK_ST(ticket_end(t, ASYNC_MS + 5000), OI_FENCING);
   for (int i = 0; i < 300 && fs_late_sent(fs) == late; i++)
     usleep(10000);
-  usleep(100000);
-  CHECK(oi_ticket_poll(t) == OI_ERR_TIMEOUT && got(&k).ticket_calls == 1);
+  CHECK_ST(ticket_end(t, 5000), OI_ERR_DEADLINE);
+  CHECK(got(&k).ticket_calls == 1 && got(&k).ticket_st == OI_ERR_DEADLINE);
   oi_ticket_release(t);
   check_usable(&c, 1);
 
@@ -501,6 +525,7 @@ static void test_async_deadlines(void) {
   CHECK_ST(ticket_end(t, ASYNC_MS + 5000), OI_ERR_TIMEOUT);
   CHECK(got(&k).done_calls == 1 && got(&k).done_st == OI_ERR_TIMEOUT);
   oi_ticket_release(t);
+  await_live(&c);
   /* Counts, but never the Result: the counts are reported, the ticket
    * times out. */
   completions_init(&k);
@@ -519,6 +544,10 @@ static void test_async_deadlines(void) {
   client_close(&c);
   CHECK(fs_seen(fs, oiwire_Envelope_unregister_tag) == 1);
   CHECK(fs_wait_no_connections(fs, 3000));
+  /* The unanswered load: the server answered the unregister (its copies
+   * ended before), so it ends now, with OI_ERR_DEADLINE. */
+  CHECK_ST(oi_ticket_poll(unanswered), OI_ERR_DEADLINE);
+  oi_ticket_release(unanswered);
   fs_stop(fs);
 }
 
@@ -622,7 +651,13 @@ static void test_control_replies(void) {
   uint64_t t0 = oi__now_ns();
   CHECK_ST(query_n(&c, 4, 0, NULL, &r), OI_ERR_TIMEOUT);
   CHECK_ELAPSED(t0, CONTROL_MS - 20, CONTROL_MS + SLACK_MS);
-  CHECK_ERR("query: no reply from the openinfer server within 300 ms");
+  CHECK_ERR("query of 4 hashes: no reply from the openinfer server within 300 ms");
+  /* The breaker is open: the next query misses at once, unsent... */
+  t0 = oi__now_ns();
+  CHECK_OK(query_n(&c, 4, 0, NULL, &r));
+  CHECK(r.hit_blocks == 0);
+  CHECK_ELAPSED(t0, 0, SLACK_MS);
+  await_live(&c); /* ...until the server answers a probe */
   fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.action = FS_SILENT});
   oi_block_hash hw[2] = {tl_hash(24, 0), tl_hash(24, 1)};
   memset(&r, 0, sizeof r);
@@ -631,7 +666,8 @@ static void test_control_replies(void) {
   t0 = oi__now_ns();
   CHECK_ST(oi_offload_engine_query(c.e, NULL, hw, 2, OI_QUERY_WAIT_PENDING, &r), OI_ERR_TIMEOUT);
   CHECK_ELAPSED(t0, CONTROL_MS + 400 - 20, CONTROL_MS + 400 + SLACK_MS);
-  CHECK_ERR("query: no reply from the openinfer server within 700 ms");
+  CHECK_ERR("query of 2 hashes: no reply from the openinfer server within 700 ms");
+  await_live(&c);
 
   /* A late reply (1 hit) is dropped: the next query gets its own (3 hits). */
   uint32_t late = fs_late_sent(fs);
@@ -642,6 +678,13 @@ static void test_control_replies(void) {
     usleep(10000);
   CHECK(fs_late_sent(fs) == late + 1);
   check_usable(&c, 3);
+  /* A membership query (the scheduler's path) has the short lookup deadline. */
+  fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.action = FS_SILENT});
+  t0 = oi__now_ns();
+  CHECK_ST(query_n(&c, 4, OI_QUERY_MEMBERSHIP, present, &r), OI_ERR_TIMEOUT);
+  CHECK_ELAPSED(t0, LOOKUP_MS - 20, LOOKUP_MS + SLACK_MS);
+  CHECK_ERR("membership query of 4 hashes: no reply from the openinfer server within");
+  await_live(&c);
 
   /* Bad replies. */
   fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.edit = query_lease_8});
@@ -688,6 +731,7 @@ static void test_control_replies(void) {
   CHECK_ST(oi_offload_engine_release(c.e, lease), OI_ERR_TIMEOUT);
   CHECK_ELAPSED(t0, CONTROL_MS - 20, CONTROL_MS + SLACK_MS);
   CHECK_ERR("release: no reply from the openinfer server within 300 ms");
+  await_live(&c);
   fs_script(fs, oiwire_Envelope_release_tag,
             (fs_step){.action = FS_RESULT,
                       .status = OI_ERR_LEASE_EXPIRED,
@@ -699,6 +743,7 @@ static void test_control_replies(void) {
   CHECK_ST(oi_offload_engine_flush(c.e, 100), OI_ERR_TIMEOUT);
   CHECK_ELAPSED(t0, 100 + CONTROL_MS - 20, 100 + CONTROL_MS + SLACK_MS);
   CHECK_ERR("flush: no reply from the openinfer server within 400 ms");
+  await_live(&c);
   fs_script(fs, oiwire_Envelope_flush_tag,
             (fs_step){.action = FS_RESULT,
                       .status = OI_ERR_TIMEOUT,
@@ -710,9 +755,12 @@ static void test_control_replies(void) {
   s.struct_size = sizeof s;
   fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.action = FS_SILENT});
   t0 = oi__now_ns();
-  CHECK_ST(oi_offload_engine_stats(c.e, &s), OI_ERR_TIMEOUT);
+  /* Unanswered stats: this side's figures, the engine not connected (the
+   * breaker opened). */
+  CHECK_OK(oi_offload_engine_stats(c.e, &s));
   CHECK_ELAPSED(t0, CONTROL_MS - 20, CONTROL_MS + SLACK_MS);
-  CHECK_ERR("engine_stats: no reply from the openinfer server within 300 ms");
+  CHECK(s.connection == OI_CONNECTION_DEGRADED);
+  await_live(&c);
   fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = reply_as_query_reply});
   CHECK_ST(oi_offload_engine_stats(c.e, &s), OI_ERR_PROTOCOL);
   CHECK_ERR("engine_stats: the server answered with message type 8");
@@ -863,14 +911,19 @@ static void test_closed_under_owned_engine(void) {
   uint64_t t0 = oi__now_ns();
   fs_close_all(fs, OI_ERR_INTERNAL, "the fake server restarts");
   CHECK_ST(ticket_end(ts_, 5000), OI_ERR_CLOSED);
-  CHECK_ST(ticket_end(tl, 5000), OI_ERR_CLOSED);
   CHECK_ELAPSED(t0, 0, ASYNC_MS); /* not the deadline: the end of the connection */
+  /* The load is not final: its server (this process) still runs and may
+   * still copy into its blocks. It can no longer be answered: fencing at
+   * once (a wait returns at once). */
+  CHECK_ST(ticket_end(tl, 5000), OI_FENCING);
+  CHECK_ELAPSED(t0, 0, ASYNC_MS);
+  CHECK_ST(oi_ticket_wait(tl, 60000), OI_ERR_TIMEOUT);
   usleep(50000);
   CHECK(got(&ks).ticket_calls == 1 && got(&ks).done_calls == 1 &&
         got(&ks).done_st == OI_ERR_CLOSED);
-  CHECK(got(&kl).ticket_calls == 1 && got(&kl).ticket_st == OI_ERR_CLOSED);
+  CHECK(got(&kl).ticket_calls == 0 && oi_ticket_poll(tl) == OI_FENCING);
   oi_ticket_release(ts_);
-  oi_ticket_release(tl);
+  oi_ticket *fenced = tl;
 
   /* Degraded: queries miss, saves drop, loads and releases fail clearly. */
   oi_engine_stats s;
@@ -914,7 +967,11 @@ static void test_closed_under_owned_engine(void) {
   CHECK(s.instance_id == 2); /* registered again */
   CHECK(fs_fds_received(fs) == 2);
   check_usable(&c, 2);
+  CHECK(oi_ticket_poll(fenced) == OI_FENCING); /* the reconnect did not end it */
   client_close(&c);
+  /* The same server (pid) answered the unregister: it ends, fenced. */
+  CHECK_ST(oi_ticket_poll(fenced), OI_ERR_DEADLINE);
+  oi_ticket_release(fenced);
   fs_stop(fs);
 }
 
@@ -1024,7 +1081,8 @@ static void test_caller_reads_replies(void) {
   pthread_join(a.thread, NULL);
   pthread_join(b.thread, NULL);
   CHECK_ST(a.st, OI_ERR_TIMEOUT);
-  CHECK(strstr(a.error, "query: no reply from the openinfer server within 300 ms") != NULL);
+  CHECK(strstr(a.error, "query of 4 hashes: no reply from the openinfer server within 300 ms") !=
+        NULL);
   CHECK(a.ended_ms >= CONTROL_MS - 20 && a.ended_ms < CONTROL_MS + SLACK_MS);
   CHECK_ST(b.st, OI_OK);
   CHECK(b.hits == 1);
@@ -1208,7 +1266,7 @@ static void test_lookup_client(void) {
   t0 = oi__now_ns();
   CHECK_ST(oi_offload_client_query(lc, NULL, h, 4, 0, &r), OI_ERR_CLOSED);
   CHECK_ELAPSED(t0, 0, 100);
-  CHECK_ERR("query: the connection to the openinfer server is closed");
+  CHECK_ERR("lookup of 4 hashes: the connection to the openinfer server is closed");
   CHECK_ERR("the fake server shuts down");
   oi_lease lease;
   memset(lease.bytes, 0xAB, sizeof lease.bytes);
@@ -1268,11 +1326,12 @@ static void test_load_progress(void) {
   REQUIRE(t != NULL);
   CHECK_OK(oi_ticket_arena_wait(t, 0, 2000));
   CHECK_ST(oi_ticket_arena_poll(t, 1), OI_PENDING);
-  CHECK_ST(ticket_end(t, ASYNC_MS + 5000), OI_ERR_TIMEOUT);
+  CHECK_ST(ticket_end(t, ASYNC_MS + 5000), OI_FENCING); /* unanswered: fencing */
   CHECK_ELAPSED(t0, ASYNC_MS - 20, ASYNC_MS + SLACK_MS);
-  CHECK_ST(oi_ticket_arena_poll(t, 0), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_ticket_arena_poll(t, 0), OI_FENCING);
   CHECK_ST(oi_ticket_arena_wait(t, 2, 0), OI_ERR_TIMEOUT);
   oi_ticket_release(t);
+  await_live(&c);
   fs_script(fs, oiwire_Envelope_load_tag,
             (fs_step){.action = FS_RESULT,
                       .status = OI_ERR_IO,

@@ -52,6 +52,7 @@ static oi_status load_wait(eng *g, oi_lease l, const int64_t *dst, size_t n) {
 static oi_offload_client *client_open(const char *ns, uint32_t world) {
   oi_lookup_options lo;
   CHECK_OK(oi_lookup_options_init(&lo));
+  lo.lookup_deadline_ms = 10000; /* (not the breaker's test: slow machines) */
   lo.namespace_id = ns;
   lo.world_size = world;
   lo.client_name = "scheduler";
@@ -105,6 +106,7 @@ __attribute__((unused)) static int nobody_release(oi_lease lease) {
     if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(20);
     oi_lookup_options lo;
     oi_lookup_options_init(&lo);
+    lo.lookup_deadline_ms = 10000; /* (not the breaker's test: slow machines) */
     lo.namespace_id = NS;
     oi_offload_client *c = NULL;
     if (oi_offload_client_connect(ts.socket, &lo, &c) != OI_OK) {
@@ -227,6 +229,7 @@ static void test_lookup_client_leases_for_other_sessions(void) {
 static void test_client_errors(void) {
   oi_lookup_options lo;
   oi_lookup_options_init(&lo);
+  lo.lookup_deadline_ms = 10000; /* (not the breaker's test: slow machines) */
   oi_offload_client *c = (oi_offload_client *)1;
   CHECK_ST(oi_offload_client_connect(ts.socket, &lo, &c), OI_ERR_INVALID_ARGUMENT); /* no ns */
   CHECK(c == NULL);

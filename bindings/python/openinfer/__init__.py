@@ -918,7 +918,8 @@ class OffloadHost(_Handle):
         lib.oi_offload_host_destroy(p)
 
 
-def _lookup_options(namespace, world_size, control_deadline_ms, client_name):
+def _lookup_options(namespace, world_size, control_deadline_ms, client_name,
+                    lookup_deadline_ms=None, probe_interval_ms=None):
     """(oi_lookup_options *, keep) for a lookup."""
     if not isinstance(namespace, str) or not namespace:
         raise InvalidArgumentError("namespace: need a non-empty str")
@@ -930,6 +931,10 @@ def _lookup_options(namespace, world_size, control_deadline_ms, client_name):
     o.world_size = world_size
     if control_deadline_ms is not None:
         o.control_deadline_ms = control_deadline_ms
+    if lookup_deadline_ms is not None:
+        o.lookup_deadline_ms = lookup_deadline_ms
+    if probe_interval_ms is not None:
+        o.probe_interval_ms = probe_interval_ms
     if client_name is not None:
         cn = ffi.new("char[]", client_name.encode())
         keep.append(cn)
@@ -962,15 +967,19 @@ class LookupClient(_Handle):
     released by any engine of the namespace connected with the same user id.
     ``close()`` (or the end of a ``with``) closes the session, and the server
     drops the leases it created. A dead server is not fatal: calls raise
-    ClosedError."""
+    ClosedError. A query waits at most ``lookup_deadline_ms`` (default 50);
+    one that gets no reply in time raises TimeoutError and marks the server
+    unresponsive: later queries miss at once (no hits) until it answers a
+    probe, sent every ``probe_interval_ms`` (default 100)."""
 
     _what = "lookup client"
 
     def __init__(self, socket_path, namespace, *, world_size=1, control_deadline_ms=None,
-                 client_name=None):
+                 client_name=None, lookup_deadline_ms=None, probe_interval_ms=None):
         super().__init__()
         self.namespace = namespace
-        o, keep = _lookup_options(namespace, world_size, control_deadline_ms, client_name)
+        o, keep = _lookup_options(namespace, world_size, control_deadline_ms, client_name,
+                                  lookup_deadline_ms, probe_interval_ms)
         out = ffi.new("oi_offload_client **")
         sock = str(socket_path).encode() if socket_path else ffi.NULL
         _check(lib.oi_offload_client_connect(sock, o, out))
@@ -1318,7 +1327,8 @@ class OffloadEngine(_Handle):
     def __init__(self, host, namespace, arenas, *, buffer=None, buffer_size=None,
                  device=DEVICE_CPU, instance_name=None, world_size=1, save_deadline_ms=None,
                  load_deadline_ms=None, control_deadline_ms=None, copy_mode=None,
-                 segment_offsets=None, arena_fd=None, _connect=None):
+                 segment_offsets=None, arena_fd=None, lookup_deadline_ms=None,
+                 probe_interval_ms=None, _connect=None):
         super().__init__()
         self._keep = []
         self._host = host
@@ -1327,7 +1337,9 @@ class OffloadEngine(_Handle):
         self.device = device
         o = self._options(namespace, self.arenas, buffer, buffer_size, device, instance_name,
                           world_size, save_deadline_ms, load_deadline_ms, control_deadline_ms,
-                          copy_mode, segment_offsets, arena_fd, sidecar=_connect is not None)
+                          copy_mode, segment_offsets, arena_fd, sidecar=_connect is not None,
+                          lookup_deadline_ms=lookup_deadline_ms,
+                          probe_interval_ms=probe_interval_ms)
         out = ffi.new("oi_offload_engine **")
         try:
             if _connect is None:
@@ -1351,7 +1363,8 @@ class OffloadEngine(_Handle):
 
     def _options(self, namespace, arenas, buffer, buffer_size, device, instance_name, world_size,
                  save_deadline_ms, load_deadline_ms, control_deadline_ms, copy_mode,
-                 segment_offsets, arena_fd, sidecar):
+                 segment_offsets, arena_fd, sidecar, lookup_deadline_ms=None,
+                 probe_interval_ms=None):
         keep = self._keep
         o = ffi.new("oi_engine_options *")
         _check(lib.oi_engine_options_init(o))
@@ -1405,6 +1418,8 @@ class OffloadEngine(_Handle):
         for field, v in (("save_deadline_ms", save_deadline_ms),
                          ("load_deadline_ms", load_deadline_ms),
                          ("control_deadline_ms", control_deadline_ms),
+                         ("lookup_deadline_ms", lookup_deadline_ms),
+                         ("probe_interval_ms", probe_interval_ms),
                          ("copy_mode", copy_mode)):
             if v is not None:
                 setattr(o, field, v)

@@ -250,6 +250,8 @@ typedef struct oi_engine_options {
   const uint64_t *segment_offsets;
   uint32_t num_segment_offsets;
   int32_t arena_fd;
+  uint32_t lookup_deadline_ms;
+  uint32_t probe_interval_ms;
   ...;
 } oi_engine_options;
 typedef void (*oi_save_done_fn)(void *ctx, oi_status st);
@@ -347,6 +349,8 @@ typedef struct oi_lookup_options {
   uint32_t world_size;
   uint32_t control_deadline_ms;
   const char *client_name;
+  uint32_t lookup_deadline_ms;
+  uint32_t probe_interval_ms;
   ...;
 } oi_lookup_options;
 oi_status oi_lookup_options_init(oi_lookup_options *o);

@@ -253,3 +253,22 @@ def test_lookup_client_against_embedded_server():
     client.close()
     with pytest.raises(oi.Error):
         oi.LookupClient(sock, "py/x")
+
+
+def test_breaker_options_pass_through():
+    d = tempfile.mkdtemp(prefix="oi-py-")
+    sock = os.path.join(d, "oi.sock")
+    with oi.Server(sock, 32 << 20) as s:
+        s.start()
+        with oi.LookupClient(sock, "py/breaker", lookup_deadline_ms=5000,
+                             probe_interval_ms=20) as client:
+            res = client.query(hashes(1, 2))
+            assert res.hit_blocks == 0
+        for field in ("lookup_deadline_ms", "probe_interval_ms"):
+            with pytest.raises(oi.InvalidArgumentError) as ei:
+                oi.LookupClient(sock, "py/breaker", **{field: 0})
+            assert field + " is 0" in str(ei.value)
+            with pytest.raises(oi.InvalidArgumentError) as ei:
+                oi.OffloadEngine.connect(sock, "py/breaker", [oi.Arena("kv", 4, 64)],
+                                         **{field: 0})
+            assert field + " is 0" in str(ei.value)

@@ -582,11 +582,31 @@ pub struct LookupOptions {
     pub control_deadline_ms: Option<u32>,
     /// Sidecar: a name for the server's logs.
     pub client_name: Option<String>,
+    /// Sidecar: each query's deadline (None: 50 ms); a miss marks the server
+    /// unresponsive and later queries miss at once until it answers a probe.
+    pub lookup_deadline_ms: Option<u32>,
+    /// Sidecar: the probe period while the server is unresponsive (None: 100 ms).
+    pub probe_interval_ms: Option<u32>,
 }
 
 impl LookupOptions {
     pub fn new(namespace: &str) -> LookupOptions {
-        LookupOptions { namespace: namespace.to_string(), world_size: 1, control_deadline_ms: None, client_name: None }
+        LookupOptions {
+            namespace: namespace.to_string(),
+            world_size: 1,
+            control_deadline_ms: None,
+            client_name: None,
+            lookup_deadline_ms: None,
+            probe_interval_ms: None,
+        }
+    }
+    pub fn lookup_deadline_ms(mut self, ms: u32) -> LookupOptions {
+        self.lookup_deadline_ms = Some(ms);
+        self
+    }
+    pub fn probe_interval_ms(mut self, ms: u32) -> LookupOptions {
+        self.probe_interval_ms = Some(ms);
+        self
     }
     pub fn world_size(mut self, n: u32) -> LookupOptions {
         self.world_size = n;
@@ -613,6 +633,12 @@ impl LookupOptions {
         o.world_size = self.world_size;
         if let Some(ms) = self.control_deadline_ms {
             o.control_deadline_ms = ms;
+        }
+        if let Some(ms) = self.lookup_deadline_ms {
+            o.lookup_deadline_ms = ms;
+        }
+        if let Some(ms) = self.probe_interval_ms {
+            o.probe_interval_ms = ms;
         }
         o.client_name = name.as_ref().map_or(ptr::null(), |s| s.as_ptr());
         Ok(RawLookupOptions { o, _ns: ns, _name: name })
@@ -851,6 +877,10 @@ pub struct EngineOptions {
     pub save_deadline_ms: Option<u32>,
     pub load_deadline_ms: Option<u32>,
     pub control_deadline_ms: Option<u32>,
+    /// Sidecar: membership queries' deadline (None: 50 ms).
+    pub lookup_deadline_ms: Option<u32>,
+    /// Sidecar: the probe period while the server is unresponsive (None: 100 ms).
+    pub probe_interval_ms: Option<u32>,
     /// Where each arena's segments start (`oi_engine_options.segment_offsets`):
     /// arena by arena, each arena's `segments` entries, relative to the
     /// arena's offset. None: the descriptors' `segment_stride` rule.
@@ -868,6 +898,8 @@ impl EngineOptions {
             save_deadline_ms: None,
             load_deadline_ms: None,
             control_deadline_ms: None,
+            lookup_deadline_ms: None,
+            probe_interval_ms: None,
             segment_offsets: None,
         }
     }
@@ -962,6 +994,12 @@ impl EngineOptions {
         }
         if let Some(v) = self.control_deadline_ms {
             o.control_deadline_ms = v;
+        }
+        if let Some(v) = self.lookup_deadline_ms {
+            o.lookup_deadline_ms = v;
+        }
+        if let Some(v) = self.probe_interval_ms {
+            o.probe_interval_ms = v;
         }
         let offsets = self.segment_offsets.clone();
         if let Some(offs) = &offsets {

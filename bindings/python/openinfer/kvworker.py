@@ -282,7 +282,7 @@ class KVWorker:
     def __init__(self, kv_caches, namespace, *, host=None, socket=None, buffer=None,
                  num_blocks=None, kv_dim="auto", world_size=1, instance_name=None,
                  save_deadline_ms=None, load_deadline_ms=None, control_deadline_ms=None,
-                 copy_mode=None):
+                 copy_mode=None, lookup_deadline_ms=None, probe_interval_ms=None):
         self.layout = KVLayout.from_tensors(kv_caches, num_blocks, kv_dim)
         self.namespace = namespace
         self.device = self.layout.device
@@ -302,7 +302,8 @@ class KVWorker:
         self._save_batch = None
         kw = dict(world_size=world_size, instance_name=instance_name,
                   save_deadline_ms=save_deadline_ms, load_deadline_ms=load_deadline_ms,
-                  control_deadline_ms=control_deadline_ms, copy_mode=copy_mode)
+                  control_deadline_ms=control_deadline_ms, copy_mode=copy_mode,
+                  lookup_deadline_ms=lookup_deadline_ms, probe_interval_ms=probe_interval_ms)
         kw = {k: v for k, v in kw.items() if v is not None}
         if socket is None:
             if host is None:

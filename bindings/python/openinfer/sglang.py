@@ -383,8 +383,9 @@ class OpenInferStorage(HiCacheStorage):
             return None
         self._next_connect = now + self.options["retry_s"]
         kw = {}
-        if self.options["control_deadline_ms"] is not None:
-            kw["control_deadline_ms"] = self.options["control_deadline_ms"]
+        for k in ("control_deadline_ms", "lookup_deadline_ms", "probe_interval_ms"):
+            if self.options[k] is not None:
+                kw[k] = self.options[k]
         try:
             self.staged, _ = oi.OffloadEngine.connect(
                 self.options["socket"], self.namespace, self.staging.arenas,

@@ -353,6 +353,8 @@ class OpenInferConnector(KVConnectorBase_V1):
                 try:
                     self._lookup = oi.LookupClient(o.socket, self._namespace,
                                                    control_deadline_ms=o.control_deadline_ms,
+                                                   lookup_deadline_ms=o.lookup_deadline_ms,
+                                                   probe_interval_ms=o.probe_interval_ms,
                                                    client_name="vllm-scheduler")
                 except oi.Error as e:
                     self._lookup_failed_at = time.monotonic()
@@ -509,6 +511,9 @@ class OpenInferConnector(KVConnectorBase_V1):
         kw = dict(world_size=1, instance_name="vllm-worker",
                   control_deadline_ms=o.control_deadline_ms, save_deadline_ms=o.save_deadline_ms,
                   load_deadline_ms=o.load_deadline_ms, copy_mode=o.copy_mode)
+        if o.socket is not None:  # the sidecar client's: its breaker and its scheduler-path calls
+            kw.update(lookup_deadline_ms=o.lookup_deadline_ms,
+                      probe_interval_ms=o.probe_interval_ms)
         if o.socket is None:
             dev = next(iter(tensors.values())).device
             host = _embedded_host(o, oi.DEVICE_CPU if dev.type == "cpu" else (dev.index or 0))

@@ -634,36 +634,6 @@ def test_a_load_past_its_deadline_is_reported_only_once_fenced(load_async, monke
         eng.close()
 
 
-def _sidecar_fences(serve):
-    """Whether this build's sidecar client keeps a load whose server stopped
-    answering fencing (not final) past its deadline, as docs/guarantees.md
-    specifies (lib/engine/remote.c): probed, not assumed."""
-    import signal
-    from openinfer.kvworker import KVWorker, shared_kv_tensors
-    buf, (t,) = shared_kv_tensors([(4, 4096)], torch.uint8)
-    w = KVWorker({"l": t}, "t/fence-probe", socket=serve.socket, buffer=buf, kv_dim=None,
-                 load_deadline_ms=200)
-    try:
-        t.fill_(1)
-        hs = oi.hash_blocks_buffer(list(range(BS)), BS)
-        w.begin_step([0], hs)
-        w.finish_step()
-        assert w.wait_saves(10) == []
-        q = w.query(hs)
-        assert q.hit_blocks == 1
-        os.kill(serve.proc.pid, signal.SIGSTOP)
-        try:
-            tk = w.load(q.lease, [1])
-            time.sleep(0.6)
-            fences = not tk.done()
-        finally:
-            os.kill(serve.proc.pid, signal.SIGCONT)
-        w.settle_load(tk, 10)
-        return fences
-    finally:
-        w.close()
-
-
 def test_a_stopped_server_holds_the_blocks_until_fenced(serve, monkeypatch):
     """Sidecar, load_deadline_ms 300, async: the server is stopped (SIGSTOP)
     as the worker starts a load. Past the deadline the load is fencing: the
@@ -671,9 +641,6 @@ def test_a_stopped_server_holds_the_blocks_until_fenced(serve, monkeypatch):
     blocks; after SIGCONT the server answers, the load is final, reported,
     vLLM recomputes into its blocks, and their bytes never change after."""
     import signal
-    if not _sidecar_fences(serve):
-        pytest.skip("this build's sidecar client ends a late load at its deadline instead of "
-                    "fencing it (needs the sidecar load fence of lib/engine/remote.c)")
     eng = Engine({"socket": serve.socket, "namespace": "t/stop-fence", "load_deadline_ms": 300},
                  load_async=True, shared_kv=True)
     stopped = []

@@ -716,7 +716,8 @@ class OpenInferConnector(KVConnectorBase_V1):
         blocks reported failed, loads in flight (not reported yet) and of
         them the loads and blocks held fencing; saves dropped (unfinished at
         the save deadline) and failed -- with the KVWorker's own counts
-        (``worker``) and the engine's (``engine``)."""
+        (``worker``). Asks nothing of the tier (never blocks on a hung
+        server); the engine's own figures are ``worker.stats()``."""
         out = dict(self._counts)
         loading = list(self._loads.values())
         out["loads_in_flight"] = len(loading)
@@ -726,10 +727,6 @@ class OpenInferConnector(KVConnectorBase_V1):
         w = self._worker
         if w is not None:
             out["worker"] = w.counters()
-            try:
-                out["engine"] = w.stats()
-            except oi.Error:
-                out["engine"] = None
         return out
 
     def get_block_ids_with_load_errors(self):

@@ -478,7 +478,7 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
   if (got) {
     atomic_fetch_sub(&h->c.blocks_sealed, got);
     atomic_fetch_add(&h->c.evictions, got);
-    oi__watch_note_evicted(h, out, got); /* the records keep ns and hash until freed */
+    oi__tier_note_evicted(h, out, got); /* the records keep ns and hash until freed */
   }
   return got;
 }

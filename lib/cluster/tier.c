@@ -1,7 +1,7 @@
 /* The cluster tier under a host (tier.h): publishing sealed blocks in the
  * directory, fetching blocks other nodes hold, and answering their fetches.
  *
- * Threads: the host's watcher callbacks only queue notes (sealed, evicted);
+ * Threads: the tier's sealed and evicted ops only queue notes;
  * one worker thread turns notes into directory publishes and withdrawals,
  * republishes, and ends the leases peers did not release in time;
  * FETCHERS threads run fetch jobs (connect, LEASE, read, verify, RELEASE
@@ -254,7 +254,7 @@ static bool find_ns(cluster_tier *t, uint64_t ns_fp, uint64_t layout_fp, oi_host
   }
 }
 
-/* ---- watcher: notes ---- */
+/* ---- notes: seals and evictions ---- */
 
 static void note_add(cluster_tier *t, uint32_t ns, const oi_block_hash *hash, bool sealed) {
   pthread_mutex_lock(&t->lock);

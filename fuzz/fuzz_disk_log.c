@@ -32,8 +32,8 @@ static char dir[256], data_path[300], log_path[300], ckpt_path[300];
 static uint8_t golden_data[CAP];
 static uint8_t payload[GOLDEN + 1][4096] __attribute__((aligned(4096)));
 
-static oi_disk_key key_of(uint32_t i) {
-  oi_disk_key k = {.ns_fp = 7, .layout_fp = 9};
+static oi_tier_key key_of(uint32_t i) {
+  oi_tier_key k = {.ns_fp = 7, .layout_fp = 9};
   memset(k.hash, (int)(0x30 + i), sizeof k.hash);
   return k;
 }
@@ -131,13 +131,13 @@ static void init(void) {
   oi_disk *d = open_store();
   for (uint32_t i = 0; i < GOLDEN; i++) {
     waiter w = WAITER;
-    oi_disk_key k = key_of(i);
+    oi_tier_key k = key_of(i);
     FZ_ASSERT(wait_op(oi__disk_write(d, &k, payload[i], LEN, on_done, &w), &w) == OI_OK,
               "golden write: %s", oi_last_error());
   }
   static uint8_t log1[4096], log2[4096], ckpt[4096];
   size_t n1 = slurp(log_path, log1, sizeof log1);
-  oi_disk_key k1 = key_of(1);
+  oi_tier_key k1 = key_of(1);
   FZ_ASSERT(oi__disk_remove(d, &k1) == OI_OK, "remove");
   size_t n2 = slurp(log_path, log2, sizeof log2);
   oi__disk_close(d);
@@ -163,12 +163,12 @@ static void fixup(uint8_t *b, size_t n, size_t start) {
 }
 
 typedef struct listing {
-  oi_disk_key keys[64];
+  oi_tier_key keys[64];
   uint64_t lens[64];
   uint32_t n;
 } listing;
 
-static void list_one(void *ctx, const oi_disk_key *key, uint64_t len) {
+static void list_one(void *ctx, const oi_tier_key *key, uint64_t len) {
   listing *l = ctx;
   if (l->n < 64) {
     l->keys[l->n] = *key;
@@ -176,9 +176,9 @@ static void list_one(void *ctx, const oi_disk_key *key, uint64_t len) {
   }
 }
 
-static int golden_index(const oi_disk_key *k) {
+static int golden_index(const oi_tier_key *k) {
   for (uint32_t i = 0; i <= GOLDEN; i++) {
-    oi_disk_key g = key_of(i);
+    oi_tier_key g = key_of(i);
     if (!memcmp(&g, k, sizeof g)) return (int)i;
   }
   return -1;
@@ -244,7 +244,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   read_all(d, &l, served);
   /* A new block goes into free room only: everything served before still is. */
   waiter w = WAITER;
-  oi_disk_key k = key_of(GOLDEN);
+  oi_tier_key k = key_of(GOLDEN);
   oi_status st = wait_op(oi__disk_write(d, &k, payload[GOLDEN], LEN, on_done, &w), &w);
   FZ_ASSERT(st == OI_OK, "a write after replay failed: %s", oi_last_error());
   for (uint32_t i = 0; i < l.n; i++) {

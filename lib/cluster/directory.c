@@ -42,7 +42,7 @@ static const char CAS_DEL[] =
 enum { Q_PUBLISH = 1, Q_UNPUBLISH = 2 };
 
 typedef struct qent {
-  oi_dir_key key;
+  oi_tier_key key;
   uint8_t op;
 } qent;
 
@@ -167,7 +167,7 @@ static bool parse_u64(const char *s, size_t len, uint64_t *out) {
   return true;
 }
 
-void oi__dir_key_format(const oi_dir_key *key, char out[OI_DIR_KEY_CHARS + 1]) {
+void oi__dir_key_format(const oi_tier_key *key, char out[OI_DIR_KEY_CHARS + 1]) {
   static const char hex[] = "0123456789abcdef";
   char *p = out;
   memcpy(p, "oi:b:", 5);
@@ -1285,7 +1285,7 @@ oi_status oi__dir_set_advertise(oi_dir *d, const char *addr) {
   return OI_OK;
 }
 
-static oi_status enqueue(oi_dir *d, const oi_dir_key *keys, size_t n, uint8_t op,
+static oi_status enqueue(oi_dir *d, const oi_tier_key *keys, size_t n, uint8_t op,
                          const char *what) {
   if (!d || (!keys && n))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: d and keys must not be NULL", what);
@@ -1311,11 +1311,11 @@ static oi_status enqueue(oi_dir *d, const oi_dir_key *keys, size_t n, uint8_t op
   return OI_OK;
 }
 
-oi_status oi__dir_publish(oi_dir *d, const oi_dir_key *keys, size_t n) {
+oi_status oi__dir_publish(oi_dir *d, const oi_tier_key *keys, size_t n) {
   return enqueue(d, keys, n, Q_PUBLISH, "oi__dir_publish");
 }
 
-oi_status oi__dir_unpublish(oi_dir *d, const oi_dir_key *keys, size_t n) {
+oi_status oi__dir_unpublish(oi_dir *d, const oi_tier_key *keys, size_t n) {
   return enqueue(d, keys, n, Q_UNPUBLISH, "oi__dir_unpublish");
 }
 
@@ -1426,7 +1426,7 @@ static int look_reply(oi_dir *d, void *ctx, size_t i, redisReply *r) {
   return R_DONE;
 }
 
-oi_status oi__dir_lookup(oi_dir *d, const oi_dir_key *keys, size_t n, oi_dir_holder *out,
+oi_status oi__dir_lookup(oi_dir *d, const oi_tier_key *keys, size_t n, oi_dir_holder *out,
                          size_t *n_out) {
   if (n_out) *n_out = 0;
   if (!d || !keys || !out || !n_out)
@@ -1592,7 +1592,7 @@ out:
   return st;
 }
 
-oi_status oi__dir_remove_stale(oi_dir *d, const oi_dir_key *key, const oi_dir_holder *h) {
+oi_status oi__dir_remove_stale(oi_dir *d, const oi_tier_key *key, const oi_dir_holder *h) {
   if (!d || !key || !h)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "oi__dir_remove_stale: d, key and h must not be NULL");
   if (!node_id_valid(h->node_id, strnlen(h->node_id, sizeof h->node_id)))

@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "core/core.h"
+#include "host/tier.h"
 
 #define OI_DIR_NODE_ID_MAX 64u      /* node ids: [A-Za-z0-9._-]{1,64} */
 #define OI_DIR_ADDR_MAX 1024u       /* advertised addresses: printable, no spaces */
@@ -47,12 +48,7 @@
 
 typedef struct oi_dir oi_dir;
 
-/* A block's identity, as the disk tier's key. */
-typedef struct oi_dir_key {
-  uint64_t ns_fp;
-  uint8_t hash[16];
-  uint64_t layout_fp;
-} oi_dir_key;
+/* A block's identity is the tiers' key (host/tier.h). */
 
 /* The node that published an entry, and its incarnation. */
 typedef struct oi_dir_holder {
@@ -129,8 +125,8 @@ oi_status oi__dir_node_lookup(oi_dir *d, const char *node_id, char *addr, size_t
  * Redis: the background thread sends the queue in pipelined batches. A full
  * queue drops what does not fit (counted in queue_dropped; still OI_OK).
  * @return OI_OK, OI_ERR_INVALID_ARGUMENT. */
-oi_status oi__dir_publish(oi_dir *d, const oi_dir_key *keys, size_t n);
-oi_status oi__dir_unpublish(oi_dir *d, const oi_dir_key *keys, size_t n);
+oi_status oi__dir_publish(oi_dir *d, const oi_tier_key *keys, size_t n);
+oi_status oi__dir_unpublish(oi_dir *d, const oi_tier_key *keys, size_t n);
 /* Waits until what was queued before this call was sent and answered.
  * @return OI_OK, OI_ERR_CLOSED (degraded), OI_ERR_TIMEOUT. */
 oi_status oi__dir_flush(oi_dir *d, uint32_t timeout_ms);
@@ -143,13 +139,13 @@ oi_status oi__dir_flush(oi_dir *d, uint32_t timeout_ms);
  * @return OI_OK (also when *n_out is 0), OI_ERR_CLOSED (degraded, or the round
  * trip failed: *n_out is 0), OI_ERR_INVALID_ARGUMENT (NULL, n 0 or above
  * OI_DIR_LOOKUP_MAX). */
-oi_status oi__dir_lookup(oi_dir *d, const oi_dir_key *keys, size_t n, oi_dir_holder *out,
+oi_status oi__dir_lookup(oi_dir *d, const oi_tier_key *keys, size_t n, oi_dir_holder *out,
                          size_t *n_out);
 /* Removes the entry of `key` if it still names holder `h` (a reader found it
  * stale: the holder did not have the block, or is dead). One round trip.
  * @return OI_OK (removed), OI_ERR_NOT_FOUND (no entry, or another holder's),
  * OI_ERR_CLOSED, OI_ERR_INVALID_ARGUMENT. */
-oi_status oi__dir_remove_stale(oi_dir *d, const oi_dir_key *key, const oi_dir_holder *h);
+oi_status oi__dir_remove_stale(oi_dir *d, const oi_tier_key *key, const oi_dir_holder *h);
 
 /* Successful connects so far (0 while never connected). */
 uint64_t oi__dir_generation(oi_dir *d);
@@ -158,7 +154,7 @@ void oi__dir_stats(oi_dir *d, oi_dir_stats *out);
 /* The Redis key of a block: "oi:b:<ns_fp hex16>:<hash hex32>:<layout_fp
  * hex16>" (lowercase), NUL-terminated. */
 #define OI_DIR_KEY_CHARS 71u
-void oi__dir_key_format(const oi_dir_key *key, char out[OI_DIR_KEY_CHARS + 1]);
+void oi__dir_key_format(const oi_tier_key *key, char out[OI_DIR_KEY_CHARS + 1]);
 /* Parses an entry's value "<node_id> <epoch>" (len bytes, no NUL needed).
  * false when it is not exactly that. */
 bool oi__dir_holder_parse(const char *s, size_t len, oi_dir_holder *out);

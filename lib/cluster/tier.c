@@ -1,7 +1,7 @@
 /* The cluster tier under a host (tier.h): publishing sealed blocks in the
  * directory, fetching blocks other nodes hold, and answering their fetches.
  *
- * Threads: the host's watcher callbacks only queue notes (sealed, evicted);
+ * Threads: the tier's sealed and evicted ops only queue notes;
  * one worker thread turns notes into directory publishes and withdrawals,
  * republishes, and ends the leases peers did not release in time;
  * FETCHERS threads run fetch jobs (connect, LEASE, read, verify, RELEASE
@@ -136,7 +136,7 @@ typedef struct note {
 typedef struct fetch_item {
   host_block *b;
   uint8_t *data;
-  oi_dir_key key;
+  oi_tier_key key;
   oi_dir_holder holder;
 } fetch_item;
 
@@ -190,6 +190,7 @@ typedef struct serve_job {
 
 struct cluster_tier {
   oi_offload_host *host;
+  oi_tier *link; /* in the host's chain */
   oi_dir *dir;
   oi_peer_net *net;
   char node_id[OI_DIR_NODE_ID_MAX + 1];
@@ -231,20 +232,10 @@ struct cluster_tier {
       served_blocks, bytes_fetched, bytes_served, notes_dropped;
 };
 
-cluster_tier *oi__cluster_tier_of(oi_offload_host *h) { return oi__host_watcher(h); }
+static const oi_tier_ops cluster_tier_ops;
 
-/* The directory key of each hash of namespace id `ns` (false: unknown). */
-static bool make_keys(cluster_tier *t, uint32_t ns, const oi_block_hash *hashes, size_t n,
-                      oi_dir_key *keys, uint64_t *block_bytes) {
-  uint64_t ns_fp, layout_fp, bb;
-  if (!oi__host_namespace_fps(t->host, ns, &ns_fp, &layout_fp, &bb)) return false;
-  for (size_t i = 0; i < n; i++) {
-    keys[i].ns_fp = ns_fp;
-    memcpy(keys[i].hash, hashes[i].bytes, sizeof keys[i].hash);
-    keys[i].layout_fp = layout_fp;
-  }
-  if (block_bytes) *block_bytes = bb;
-  return true;
+cluster_tier *oi__cluster_tier_of(oi_offload_host *h) {
+  return oi__host_tier_find(h, &cluster_tier_ops);
 }
 
 /* The local namespace whose name and layout have these fingerprints. */
@@ -263,7 +254,7 @@ static bool find_ns(cluster_tier *t, uint64_t ns_fp, uint64_t layout_fp, oi_host
   }
 }
 
-/* ---- watcher: notes ---- */
+/* ---- notes: seals and evictions ---- */
 
 static void note_add(cluster_tier *t, uint32_t ns, const oi_block_hash *hash, bool sealed) {
   pthread_mutex_lock(&t->lock);
@@ -308,7 +299,7 @@ static void on_reconnect(void *ctx) {
 /* Publishes and withdraws a batch of notes (the worker). */
 /* Runs of notes of one kind go to the directory in one call; a namespace's
  * fingerprints are looked up once per run of its notes. */
-static void send_keys(cluster_tier *t, bool sealed, const oi_dir_key *keys, size_t n) {
+static void send_keys(cluster_tier *t, bool sealed, const oi_tier_key *keys, size_t n) {
   if (n == 0) return;
   if (sealed) {
     if (oi__dir_publish(t->dir, keys, n) == OI_OK) atomic_fetch_add(&t->published, n);
@@ -318,7 +309,7 @@ static void send_keys(cluster_tier *t, bool sealed, const oi_dir_key *keys, size
 }
 
 static void apply_notes(cluster_tier *t, const note *notes, size_t n) {
-  oi_dir_key keys[256];
+  oi_tier_key keys[256];
   size_t nk = 0;
   bool kind = false;
   uint32_t ns = 0; /* ns ids start at 1 */
@@ -700,7 +691,7 @@ end:
       atomic_fetch_add(&t->remote_blocks, 1);
       atomic_fetch_add(&t->bytes_fetched, j->block_bytes);
     }
-    oi__host_save_end(t->host, j->ns, &items[i].b, 1, good, good ? j->block_bytes : 0, 0);
+    oi__tier_promote_end(t->link, j->ns, items[i].b, good, good ? j->block_bytes : 0, 0);
     if (!good) {
       atomic_fetch_add(&t->remote_failed, 1);
       bool holder_gone = slot < 0; /* no connection: every entry of it is stale */
@@ -728,30 +719,15 @@ static void run_job(cluster_tier *t, fetch_job *j) {
   }
 }
 
-typedef struct reserve_ctx {
-  fetch_job *job;
-  const oi_dir_key *keys;
-  const oi_dir_holder *holders;
-} reserve_ctx;
-
-static void reserve_accepted(void *ctx, const size_t *idx, host_block *const *blocks,
-                             uint8_t *const *data, size_t k) {
-  reserve_ctx *c = ctx;
-  for (size_t j = 0; j < k; j++)
-    c->job->items[c->job->n++] = (fetch_item){
-        .b = blocks[j], .data = data[j], .key = c->keys[idx[j]], .holder = c->holders[idx[j]]};
-}
-
-size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_hash *hashes,
-                              size_t n) {
-  if (!t || n == 0) return 0;
+/* The tier's lookup: who holds the leading run of keys (one directory round
+ * trip); *claim: their holders, for promote. */
+static size_t tier_lookup(void *self, const oi_tier_key *keys, size_t n, void **claim) {
+  cluster_tier *t = self;
+  if (n == 0) return 0;
   n = OI_MIN(n, (size_t)OI_CLUSTER_MAX_LEASE);
-  oi_dir_key *keys = oi__malloc(n * sizeof *keys);
   oi_dir_holder *holders = oi__malloc(n * sizeof *holders);
-  fetch_job *j = NULL;
-  size_t run = 0, started = 0;
-  uint64_t bb = 0;
-  if (!keys || !holders || !make_keys(t, ns.id, hashes, n, keys, &bb)) goto out;
+  size_t run = 0;
+  if (!holders) return 0;
   atomic_fetch_add(&t->lookups, 1);
   if (oi__dir_lookup(t->dir, keys, n, holders, &run) != OI_OK) run = 0; /* degraded: local only */
   for (size_t i = 0; i < run; i++)
@@ -759,17 +735,36 @@ size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_has
       run = i;
       break;
     }
-  if (run == 0) goto out;
-  j = oi__calloc(1, sizeof *j + run * sizeof j->items[0]);
-  if (!j) goto out;
+  if (run == 0) {
+    oi__free(holders);
+    return 0;
+  }
+  *claim = holders;
+  return run;
+}
+
+/* The tier's promote: fetch jobs for the slots, from their holders. */
+static size_t tier_promote(void *self, void *claim, oi_host_ns ns, uint64_t bb,
+                           const oi_tier_key *keys, const oi_tier_slot *slots, size_t k) {
+  cluster_tier *t = self;
+  oi_dir_holder *holders = claim;
+  fetch_job *j = NULL;
+  size_t started = 0;
+  if (k == 0) goto out;
+  j = oi__calloc(1, sizeof *j + k * sizeof j->items[0]);
+  if (!j) { /* the slots go: misses */
+    for (size_t i = 0; i < k; i++)
+      oi__tier_promote_end(t->link, ns, slots[i].block, false, 0, 0);
+    goto out;
+  }
   j->ns = ns;
   j->block_bytes = bb;
-  reserve_ctx c = {.job = j, .keys = keys, .holders = holders};
-  oi_host_reserve_sink sink = {.accepted = reserve_accepted, .ctx = &c};
-  oi_host_reserved r;
-  oi__host_reserve(t->host, ns, hashes, run, &sink, &r);
+  for (size_t i = 0; i < k; i++)
+    j->items[j->n++] = (fetch_item){.b = slots[i].block,
+                                    .data = slots[i].data,
+                                    .key = keys[slots[i].idx],
+                                    .holder = holders[slots[i].idx]};
   started = j->n;
-  if (started == 0) goto out;
   /* Jobs of about FETCH_JOB_BYTES, in prefix order: the fetchers take them
    * in parallel, so one job's lease, reads and checksums overlap another's. */
   size_t chunk = (size_t)OI_MAX(1u, OI_MIN(FETCH_JOB_BYTES / bb, OI_CLUSTER_MAX_LEASE));
@@ -779,7 +774,7 @@ size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_has
     fetch_job *cj = oi__malloc(sizeof *cj + k * sizeof cj->items[0]);
     if (!cj) { /* the rest of the run goes: slots freed, misses */
       for (size_t i = a; i < j->n; i++)
-        oi__host_save_end(t->host, ns, &j->items[i].b, 1, false, 0, 0);
+        oi__tier_promote_end(t->link, ns, j->items[i].b, false, 0, 0);
       started = a;
       break;
     }
@@ -798,7 +793,7 @@ size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_has
       fetch_job *cj = first;
       first = cj->next;
       for (size_t i = 0; i < cj->n; i++)
-        oi__host_save_end(t->host, ns, &cj->items[i].b, 1, false, 0, 0);
+        oi__tier_promote_end(t->link, ns, cj->items[i].b, false, 0, 0);
       oi__free(cj);
     }
     started = 0;
@@ -818,7 +813,6 @@ size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_has
   pthread_mutex_unlock(&t->lock);
 out:
   oi__free(j);
-  oi__free(keys);
   oi__free(holders);
   return started;
 }
@@ -878,7 +872,7 @@ static void *fetcher_main(void *arg) {
     if (!j) return NULL; /* stopping, nothing queued */
     if (stop)
       for (size_t i = 0; i < j->n; i++)
-        oi__host_save_end(t->host, j->ns, &j->items[i].b, 1, false, 0, 0);
+        oi__tier_promote_end(t->link, j->ns, j->items[i].b, false, 0, 0);
     else
       run_job(t, j);
     oi__free(j);
@@ -922,7 +916,7 @@ static void tier_free(cluster_tier *t) {
   oi__free(t);
 }
 
-static void tier_destroy(void *ctx) { tier_free(ctx); }
+static void tier_destroy(void *self) { tier_free(self); }
 
 /* Reads the cluster's secret: a regular file of this user, private. */
 static oi_status read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len) {
@@ -973,7 +967,7 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "host_attach_cluster: redis_url, node_id, listen_addr and secret_file are "
                     "required");
-  if (oi__host_watcher(h))
+  if (oi__cluster_tier_of(h))
     return oi__fail(OI_ERR_STATE, "host_attach_cluster: a cluster tier is attached already");
   oi_host_pool_info pool;
   oi__host_pool_info(h, &pool);
@@ -1060,8 +1054,7 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
     t->nfetchers++;
   }
   atomic_store(&t->republish, true); /* blocks sealed before the attach */
-  oi_host_watch w = {.sealed = on_sealed, .evicted = on_evicted, .destroy = tier_destroy, .ctx = t};
-  if ((st = oi__host_set_watch(h, &w)) != OI_OK) goto fail;
+  if ((st = oi__host_tier_attach(h, &cluster_tier_ops, t, &t->link)) != OI_OK) goto fail;
   OI_LOG(OI_LOG_INFO, "cluster", "node '%s' joined the cluster at %s; peers dial %s", opts.node_id,
          opts.redis_url, adv);
   return OI_OK;
@@ -1071,30 +1064,48 @@ fail:
   return st;
 }
 
-OI_API oi_status oi_offload_host_cluster_stats(const oi_offload_host *h,
-                                               oi_host_cluster_stats *out) {
-  if (!h || !out)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_cluster_stats: %s is NULL", h ? "out" : "host");
-  cluster_tier *t = oi__host_watcher((oi_offload_host *)h);
-  if (!t) return oi__fail(OI_ERR_NOT_FOUND, "host_cluster_stats: no cluster tier is attached");
+/* The tier's stats: *out is an oi_host_cluster_stats. */
+static oi_status tier_stats(void *self, void *out) {
+  cluster_tier *t = self;
   oi_dir_stats ds;
   oi__dir_stats(t->dir, &ds);
   oi_peer_stats ps;
   oi__peer_net_stats(t->net, &ps);
+  oi_host_cluster_stats *s = out;
+  memset(s, 0, sizeof *s);
+  s->struct_size = sizeof *s;
+  s->directory_connected = ds.connected;
+  s->published = atomic_load(&t->published);
+  s->unpublished = atomic_load(&t->unpublished);
+  s->lookups = atomic_load(&t->lookups);
+  s->remote_blocks = atomic_load(&t->remote_blocks);
+  s->remote_failed = atomic_load(&t->remote_failed);
+  s->stale_removed = atomic_load(&t->stale_removed);
+  s->served_blocks = atomic_load(&t->served_blocks);
+  s->peers_refused = ps.refused;
+  s->bytes_fetched = atomic_load(&t->bytes_fetched);
+  s->bytes_served = atomic_load(&t->bytes_served);
+  s->port = oi__peer_net_port(t->net);
+  return OI_OK;
+}
+
+/* Past the pool and the disk; it publishes what the pool seals and
+ * withdraws what it evicts. */
+static const oi_tier_ops cluster_tier_ops = {.name = "cluster",
+                                             .rank = 20,
+                                             .lookup = tier_lookup,
+                                             .promote = tier_promote,
+                                             .sealed = on_sealed,
+                                             .evicted = on_evicted,
+                                             .stats = tier_stats,
+                                             .destroy = tier_destroy};
+
+OI_API oi_status oi_offload_host_cluster_stats(const oi_offload_host *h,
+                                               oi_host_cluster_stats *out) {
+  if (!h || !out)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_cluster_stats: %s is NULL", h ? "out" : "host");
   oi_host_cluster_stats s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  s.directory_connected = ds.connected;
-  s.published = atomic_load(&t->published);
-  s.unpublished = atomic_load(&t->unpublished);
-  s.lookups = atomic_load(&t->lookups);
-  s.remote_blocks = atomic_load(&t->remote_blocks);
-  s.remote_failed = atomic_load(&t->remote_failed);
-  s.stale_removed = atomic_load(&t->stale_removed);
-  s.served_blocks = atomic_load(&t->served_blocks);
-  s.peers_refused = ps.refused;
-  s.bytes_fetched = atomic_load(&t->bytes_fetched);
-  s.bytes_served = atomic_load(&t->bytes_served);
-  s.port = oi__peer_net_port(t->net);
+  oi_status st = oi__host_tier_stats(h, &cluster_tier_ops, &s, "host_cluster_stats");
+  if (st != OI_OK) return st;
   return oi__struct_out(out, &s, sizeof s, "host_cluster_stats");
 }

@@ -1,9 +1,11 @@
-/* The cluster tier under a host (tier.c), as the engine sees it: every
- * block the host seals is published in the directory (directory.h) and
- * withdrawn when evicted; a query that reaches past the pool (and the disk)
- * asks the directory who holds the rest of its prefix and fetches those
- * blocks from their holders over the peer transport (peer.h) into new pool
- * slots, which seal only once each block's checksum verified.
+/* The cluster tier under a host (tier.c), an implementation of the host's
+ * tier interface (host/tier.h), past the disk: every block the host seals
+ * is published in the directory (directory.h) and withdrawn when evicted; a
+ * query that reaches past the pool (and the disk) asks the directory who
+ * holds the rest of its prefix (the tier's lookup) and fetches those blocks
+ * from their holders over the peer transport (peer.h) into the pool slots
+ * the host reserved (its promote), which seal only once each block's
+ * checksum verified.
  *
  * Node to node, a holder answers two requests (little-endian, docs/cluster.md):
  * LEASE (a namespace by fingerprints, up to OI_CLUSTER_MAX_LEASE hashes) ->
@@ -13,7 +15,7 @@
 #ifndef OI_CLUSTER_TIER_H
 #define OI_CLUSTER_TIER_H
 
-#include "host/host.h"
+#include "host/tier.h"
 
 #define OI_CLUSTER_MAX_LEASE 1024u /* hashes in one LEASE */
 
@@ -21,15 +23,6 @@ typedef struct cluster_tier cluster_tier;
 
 /* The cluster tier attached to `h` (NULL: none). */
 cluster_tier *oi__cluster_tier_of(oi_offload_host *h);
-
-/* Looks up who holds the leading run of hashes[0..n) (one directory round
- * trip) and starts fetching it from its holders into new pool slots of
- * namespace `ns`: those blocks are in flight in the pool now (a query sees
- * them pending) and seal as they verify; a block that cannot be fetched is
- * dropped (a miss) and its stale directory entry removed.
- * @return how many blocks are being fetched. */
-size_t oi__cluster_tier_fetch(cluster_tier *t, oi_host_ns ns, const oi_block_hash *hashes,
-                              size_t n);
 
 /* Message parsing, for the fuzz target and the tests: validates one
  * node-to-node request as the holder does before acting on it.

@@ -47,7 +47,7 @@ typedef struct dfile {
 } dfile;
 
 typedef struct entry {
-  oi_disk_key key;
+  oi_tier_key key;
   uint64_t h;
   uint32_t file;
   uint8_t state;
@@ -123,20 +123,20 @@ static uint32_t get32(const uint8_t *p) {
   return v;
 }
 
-static void key_put(uint8_t *p, const oi_disk_key *k) {
+static void key_put(uint8_t *p, const oi_tier_key *k) {
   put64(p, k->ns_fp);
   memcpy(p + 8, k->hash, 16);
   put64(p + 24, k->layout_fp);
 }
-static void key_get(const uint8_t *p, oi_disk_key *k) {
+static void key_get(const uint8_t *p, oi_tier_key *k) {
   k->ns_fp = get64(p);
   memcpy(k->hash, p + 8, 16);
   k->layout_fp = get64(p + 24);
 }
-static bool key_eq(const oi_disk_key *a, const oi_disk_key *b) {
+static bool key_eq(const oi_tier_key *a, const oi_tier_key *b) {
   return a->ns_fp == b->ns_fp && a->layout_fp == b->layout_fp && !memcmp(a->hash, b->hash, 16);
 }
-static uint64_t key_hash(const oi_disk_key *k) {
+static uint64_t key_hash(const oi_tier_key *k) {
   uint8_t b[32];
   key_put(b, k);
   return XXH3_64bits(b, sizeof b);
@@ -184,7 +184,7 @@ static void header_encode(uint8_t *h, const entry *e) {
 static bool header_matches(const uint8_t *h, const entry *e) {
   if (get64(h) != OI_DISK_BLOCK_MAGIC || get32(h + 8) != OI_DISK_VERSION) return false;
   if (get64(h + 72) != XXH3_64bits(h, 72)) return false;
-  oi_disk_key k;
+  oi_tier_key k;
   key_get(h + 16, &k);
   return key_eq(&k, &e->key) && get64(h + 48) == e->len && get64(h + 56) == e->payload_xxh &&
          get64(h + 64) == e->seq;
@@ -241,13 +241,13 @@ static uint64_t entry_bytes(const entry *e) { return SECTOR + ROUND_UP(e->len); 
 
 /* ---- the index (under lock) ---- */
 
-static entry *tab_find_h(oi_disk *d, const oi_disk_key *k, uint64_t h) {
+static entry *tab_find_h(oi_disk *d, const oi_tier_key *k, uint64_t h) {
   for (entry *e = d->tab[h & (d->tab_cap - 1)]; e; e = e->hnext)
     if (e->h == h && key_eq(&e->key, k)) return e;
   return NULL;
 }
 
-static entry *tab_find(oi_disk *d, const oi_disk_key *k) { return tab_find_h(d, k, key_hash(k)); }
+static entry *tab_find(oi_disk *d, const oi_tier_key *k) { return tab_find_h(d, k, key_hash(k)); }
 
 /* Grows the table to the first power of two that holds `want` entries at
  * one per bucket (a no-op when it already does); false when there is no
@@ -762,7 +762,7 @@ static bool room_for(oi_disk *d, uint64_t bytes, uint32_t *file, uint64_t *off) 
 
 static bool aligned(const void *p) { return ((uintptr_t)p & (SECTOR - 1)) == 0; }
 
-oi_status oi__disk_write(oi_disk *d, const oi_disk_key *key, const void *payload, uint64_t len,
+oi_status oi__disk_write(oi_disk *d, const oi_tier_key *key, const void *payload, uint64_t len,
                          oi_disk_cb cb, void *ctx) {
   if (!d || !key || !payload || !len)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_write: NULL argument or empty payload");
@@ -837,7 +837,7 @@ oi_status oi__disk_write(oi_disk *d, const oi_disk_key *key, const void *payload
   return OI_OK;
 }
 
-oi_status oi__disk_read(oi_disk *d, const oi_disk_key *key, void *dst, uint64_t cap, oi_disk_cb cb,
+oi_status oi__disk_read(oi_disk *d, const oi_tier_key *key, void *dst, uint64_t cap, oi_disk_cb cb,
                         void *ctx) {
   if (!d || !key || !dst) return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_read: NULL argument");
   if (!aligned(dst))
@@ -879,7 +879,7 @@ oi_status oi__disk_read(oi_disk *d, const oi_disk_key *key, void *dst, uint64_t 
   return OI_OK;
 }
 
-void oi__disk_contains(oi_disk *d, const oi_disk_key *keys, uint32_t n, uint8_t *present) {
+void oi__disk_contains(oi_disk *d, const oi_tier_key *keys, uint32_t n, uint8_t *present) {
   pthread_mutex_lock(&d->lock);
   for (uint32_t i = 0; i < n; i++) {
     entry *e = tab_find(d, &keys[i]);
@@ -888,12 +888,12 @@ void oi__disk_contains(oi_disk *d, const oi_disk_key *keys, uint32_t n, uint8_t 
   pthread_mutex_unlock(&d->lock);
 }
 
-static entry *find_sealed(oi_disk *d, const oi_disk_key *key) {
+static entry *find_sealed(oi_disk *d, const oi_tier_key *key) {
   entry *e = tab_find(d, key);
   return e && e->state == ST_SEALED ? e : NULL;
 }
 
-oi_status oi__disk_length(oi_disk *d, const oi_disk_key *key, uint64_t *len) {
+oi_status oi__disk_length(oi_disk *d, const oi_tier_key *key, uint64_t *len) {
   pthread_mutex_lock(&d->lock);
   entry *e = find_sealed(d, key);
   if (e) *len = e->len;
@@ -901,7 +901,7 @@ oi_status oi__disk_length(oi_disk *d, const oi_disk_key *key, uint64_t *len) {
   return e ? OI_OK : oi__fail(OI_ERR_NOT_FOUND, "disk_length: no such block");
 }
 
-oi_status oi__disk_pin(oi_disk *d, const oi_disk_key *key) {
+oi_status oi__disk_pin(oi_disk *d, const oi_tier_key *key) {
   pthread_mutex_lock(&d->lock);
   entry *e = find_sealed(d, key);
   if (e) e->pins++;
@@ -909,7 +909,7 @@ oi_status oi__disk_pin(oi_disk *d, const oi_disk_key *key) {
   return e ? OI_OK : oi__fail(OI_ERR_NOT_FOUND, "disk_pin: no such block");
 }
 
-oi_status oi__disk_unpin(oi_disk *d, const oi_disk_key *key) {
+oi_status oi__disk_unpin(oi_disk *d, const oi_tier_key *key) {
   pthread_mutex_lock(&d->lock);
   entry *e = find_sealed(d, key);
   oi_status st = OI_OK;
@@ -923,7 +923,7 @@ oi_status oi__disk_unpin(oi_disk *d, const oi_disk_key *key) {
   return st;
 }
 
-oi_status oi__disk_remove(oi_disk *d, const oi_disk_key *key) {
+oi_status oi__disk_remove(oi_disk *d, const oi_tier_key *key) {
   pthread_mutex_lock(&d->lock);
   entry *e = tab_find(d, key);
   if (e) entry_drop(d, e, true); /* a block being written: dropped at its completion */
@@ -948,7 +948,7 @@ oi_status oi__disk_checkpoint(oi_disk *d) {
   return st;
 }
 
-void oi__disk_foreach(oi_disk *d, void (*fn)(void *ctx, const oi_disk_key *key, uint64_t len),
+void oi__disk_foreach(oi_disk *d, void (*fn)(void *ctx, const oi_tier_key *key, uint64_t len),
                       void *ctx) {
   pthread_mutex_lock(&d->lock);
   for (entry *e = d->lru_head; e; e = e->lnext)

@@ -2,8 +2,9 @@
  * data files, one per directory, written and read through io_uring, with an
  * in-memory index persisted as an append-only log plus periodic checkpoints.
  *
- * Internal (names oi__disk_*): the host tier spills evicted blocks here and
- * promotes them back on a hit. This layer includes core only.
+ * Internal (names oi__disk_*): the disk tier (tier.c) spills sealed blocks
+ * here and promotes them back on a hit. It includes core, and the host's
+ * tier.h for the key every tier shares (oi_tier_key).
  *
  * Asynchronous calls (oi__disk_write, oi__disk_read) return OI_OK when the
  * operation was queued, and then call cb(ctx, status) exactly once, from the
@@ -18,6 +19,7 @@
 #include <sys/uio.h>
 
 #include "core/core.h"
+#include "host/tier.h"
 
 #define OI_DISK_SECTOR 4096u
 
@@ -31,12 +33,8 @@ typedef struct oi_disk_options {
   uint32_t checkpoint_every; /* log records between checkpoints (0: 65536) */
 } oi_disk_options;
 
-/* A block's identity: namespace fingerprint, block hash, layout fingerprint. */
-typedef struct oi_disk_key {
-  uint64_t ns_fp;
-  uint8_t hash[16];
-  uint64_t layout_fp;
-} oi_disk_key;
+/* A block's identity is the tiers' key (host/tier.h): namespace
+ * fingerprint, block hash, layout fingerprint. */
 
 typedef void (*oi_disk_cb)(void *ctx, oi_status st);
 
@@ -89,7 +87,7 @@ oi_status oi__disk_register_buffers(oi_disk *d, const struct iovec *iov, uint32_
  * or the queue is full and the caller is a callback, which may not wait:
  * the spill is dropped), OI_ERR_OUT_OF_MEMORY (no room even after
  * eviction), OI_ERR_INVALID_ARGUMENT, OI_ERR_CLOSED. */
-oi_status oi__disk_write(oi_disk *d, const oi_disk_key *key, const void *payload, uint64_t len,
+oi_status oi__disk_write(oi_disk *d, const oi_tier_key *key, const void *payload, uint64_t len,
                          oi_disk_cb cb, void *ctx);
 /* Reads the block under `key` into `dst` (4 KiB aligned, `cap` bytes, at
  * least round_up(length, 4096)); waits for a queue slot when the queue is
@@ -98,19 +96,19 @@ oi_status oi__disk_write(oi_disk *d, const oi_disk_key *key, const void *payload
  * with OI_ERR_IO.
  * @return OI_OK (queued), OI_ERR_NOT_FOUND, OI_ERR_INVALID_ARGUMENT (cap too
  * small, misaligned), OI_ERR_CLOSED. */
-oi_status oi__disk_read(oi_disk *d, const oi_disk_key *key, void *dst, uint64_t cap, oi_disk_cb cb,
+oi_status oi__disk_read(oi_disk *d, const oi_tier_key *key, void *dst, uint64_t cap, oi_disk_cb cb,
                         void *ctx);
 /* present[i] = 1 when keys[i] is stored (sealed), else 0. */
-void oi__disk_contains(oi_disk *d, const oi_disk_key *keys, uint32_t n, uint8_t *present);
+void oi__disk_contains(oi_disk *d, const oi_tier_key *keys, uint32_t n, uint8_t *present);
 /* The payload length of a stored block. @return OI_ERR_NOT_FOUND. */
-oi_status oi__disk_length(oi_disk *d, const oi_disk_key *key, uint64_t *len);
+oi_status oi__disk_length(oi_disk *d, const oi_tier_key *key, uint64_t *len);
 /* A pinned block is never evicted (pins count). @return OI_ERR_NOT_FOUND;
  * unpin of an unpinned block: OI_ERR_STATE. */
-oi_status oi__disk_pin(oi_disk *d, const oi_disk_key *key);
-oi_status oi__disk_unpin(oi_disk *d, const oi_disk_key *key);
+oi_status oi__disk_pin(oi_disk *d, const oi_tier_key *key);
+oi_status oi__disk_unpin(oi_disk *d, const oi_tier_key *key);
 /* Forgets the block; its room is reused once no read touches it.
  * @return OI_ERR_NOT_FOUND. */
-oi_status oi__disk_remove(oi_disk *d, const oi_disk_key *key);
+oi_status oi__disk_remove(oi_disk *d, const oi_tier_key *key);
 /* Makes the data written and the log records appended so far durable
  * (fdatasync of every file). */
 oi_status oi__disk_sync(oi_disk *d);
@@ -119,7 +117,7 @@ oi_status oi__disk_checkpoint(oi_disk *d);
 void oi__disk_stats_get(oi_disk *d, oi_disk_stats *out);
 /* Calls fn for every stored (sealed) block, least recently used first,
  * under the store's lock: fn must not call into the store. */
-void oi__disk_foreach(oi_disk *d, void (*fn)(void *ctx, const oi_disk_key *key, uint64_t len),
+void oi__disk_foreach(oi_disk *d, void (*fn)(void *ctx, const oi_tier_key *key, uint64_t len),
                       void *ctx);
 
 /* ---- the on-disk formats (docs/disk.md), shared with the fuzz target ---- */
@@ -136,7 +134,7 @@ enum { OI_DISK_REC_HEADER = 1, OI_DISK_REC_ADD = 2, OI_DISK_REC_REMOVE = 3 };
 /* One log or checkpoint record, decoded. */
 typedef struct oi_disk_record {
   uint32_t type;
-  oi_disk_key key;
+  oi_tier_key key;
   uint64_t seq;    /* block sequence number (HEADER: the log's generation) */
   uint64_t offset; /* ADD: the header sector's byte offset in the data file */
   uint64_t length; /* ADD: payload bytes */

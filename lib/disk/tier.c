@@ -20,6 +20,7 @@
 
 struct disk_tier {
   oi_offload_host *host;
+  oi_tier *link; /* in the host's chain */
   oi_disk *store;
   uint32_t queue_depth;
 
@@ -42,7 +43,11 @@ struct disk_tier {
   atomic_uint_fast64_t spills, spills_failed, spills_skipped, promotions, promote_failed;
 };
 
-disk_tier *oi__disk_tier_of(const oi_offload_host *h) { return oi__host_lower(h); }
+static const oi_tier_ops disk_tier_ops;
+
+disk_tier *oi__disk_tier_of(const oi_offload_host *h) {
+  return oi__host_tier_find(h, &disk_tier_ops);
+}
 
 oi_disk *oi__disk_tier_store(disk_tier *t) { return t ? t->store : NULL; }
 
@@ -55,21 +60,6 @@ static uint64_t round_sector(uint64_t n) {
  * sector (the host's sector slots, oi__host_sector_slots). */
 static bool direct_ok(const void *p, uint64_t len, uint64_t slot) {
   return ((uintptr_t)p % OI_DISK_SECTOR) == 0 && slot >= round_sector(len);
-}
-
-/* The disk keys of hashes[0..n) in namespace id `ns`: the namespace by name
- * (ids are this process's) and its layout's fingerprint, looked up once for
- * the call. @return false when the namespace is unknown. */
-static bool make_keys(disk_tier *t, uint32_t ns, const oi_block_hash *hashes, size_t n,
-                      oi_disk_key *keys, uint64_t *block_bytes) {
-  uint64_t ns_fp, layout_fp;
-  if (!oi__host_namespace_fps(t->host, ns, &ns_fp, &layout_fp, block_bytes)) return false;
-  for (size_t i = 0; i < n; i++) {
-    keys[i].ns_fp = ns_fp;
-    memcpy(keys[i].hash, hashes[i].bytes, sizeof keys[i].hash);
-    keys[i].layout_fp = layout_fp;
-  }
-  return true;
 }
 
 static void in_flight_add(disk_tier *t, uint32_t *counter, int d) {
@@ -102,11 +92,13 @@ static void spill_done(void *ctx, oi_status st) {
 }
 
 static void spill_one(disk_tier *t, const oi_host_spill *s) {
-  oi_disk_key key;
+  oi_tier_key key;
   uint64_t bb;
   bool ok = false;
   spill_op *op = NULL;
-  if (!make_keys(t, s->ns, &s->hash, 1, &key, &bb) || !(op = oi__calloc(1, sizeof *op))) goto skip;
+  if (!oi__tier_make_keys(t->host, s->ns, &s->hash, 1, &key, &bb) ||
+      !(op = oi__calloc(1, sizeof *op)))
+    goto skip;
   op->t = t;
   op->s = *s;
   const void *src = s->data;
@@ -182,7 +174,7 @@ typedef struct promote_op {
   uint64_t bytes;
   void *bounce;
   uint64_t t0;
-  oi_disk_key key;
+  oi_tier_key key;
   void *dst;
   struct promote_op *next; /* in t->pq */
 } promote_op;
@@ -234,10 +226,10 @@ static void promote_finish(promote_op *op, oi_status st) {
   }
   bool ok = st == OI_OK;
   if (ok && op->bounce) memcpy(op->slot, op->bounce, op->bytes);
-  if (ok) oi__host_mark_lower(t->host, &op->b, 1); /* not written back again */
   /* Counted before the block seals: a query that sees it sealed sees it counted. */
   atomic_fetch_add(ok ? &t->promotions : &t->promote_failed, 1);
-  oi__host_save_end(t->host, op->ns, &op->b, 1, ok, ok ? op->bytes : 0, oi__now_ns() - op->t0);
+  /* The disk holds it: not written back again. */
+  oi__tier_promote_end(t->link, op->ns, op->b, ok, ok ? op->bytes : 0, oi__now_ns() - op->t0);
   oi__free(op->bounce);
   oi__free(op);
   in_flight_add(t, &t->promotions_in_flight, -1);
@@ -254,7 +246,7 @@ static void promote_done(void *ctx, oi_status st) {
 typedef struct promote_call {
   disk_tier *t;
   oi_host_ns ns;
-  const oi_disk_key *keys;
+  const oi_tier_key *keys;
   uint64_t bytes, slot_bytes;
   size_t started;
 } promote_call;
@@ -269,7 +261,7 @@ static void promote_one(promote_call *c, size_t i, host_block *b, uint8_t *data)
   }
   if (!op || !dst) {
     if (op) oi__free(op);
-    oi__host_save_end(t->host, c->ns, &b, 1, false, 0, 0);
+    oi__tier_promote_end(t->link, c->ns, b, false, 0, 0);
     atomic_fetch_add(&t->promote_failed, 1);
     return;
   }
@@ -293,50 +285,46 @@ static void promote_one(promote_call *c, size_t i, host_block *b, uint8_t *data)
   c->started++;
 }
 
-static void promote_accepted(void *ctx, const size_t *idx, host_block *const *blocks,
-                             uint8_t *const *data, size_t k) {
-  for (size_t j = 0; j < k; j++)
-    promote_one(ctx, idx[j], blocks[j], data[j]);
-}
-
-size_t oi__disk_tier_promote(disk_tier *t, oi_host_ns ns, const oi_block_hash *hashes, size_t n) {
-  if (!t || n == 0 || atomic_load(&t->stop)) return 0;
+/* The tier's lookup: the leading run of keys the store holds. */
+static size_t tier_lookup(void *self, const oi_tier_key *keys, size_t n, void **claim) {
+  disk_tier *t = self;
   enum { MAX_RUN = 4096 };
+  OI_UNUSED(claim);
+  if (n == 0 || atomic_load(&t->stop)) return 0;
   n = OI_MIN(n, (size_t)MAX_RUN);
-  oi_disk_key *keys = oi__malloc(n * sizeof *keys);
   uint8_t *present = oi__malloc(n);
-  size_t run = 0, started = 0;
-  uint64_t bytes = 0;
-  if (!keys || !present || !make_keys(t, ns.id, hashes, n, keys, &bytes)) goto out;
+  size_t run = 0;
+  if (!present) return 0;
   oi__disk_contains(t->store, keys, (uint32_t)n, present);
   while (run < n && present[run])
     run++;
-  if (run == 0) goto out;
-  /* Pool slots in flight for the run (blocks the pool got meanwhile are
-   * deduplicated), each read into its slot in prefix order. */
+  oi__free(present);
+  return run;
+}
+
+/* The tier's promote: each slot's read queued in prefix order, then read a
+ * window at a time. */
+static size_t tier_promote(void *self, void *claim, oi_host_ns ns, uint64_t block_bytes,
+                           const oi_tier_key *keys, const oi_tier_slot *slots, size_t k) {
+  disk_tier *t = self;
+  OI_UNUSED(claim);
   promote_call c = {.t = t,
                     .ns = ns,
                     .keys = keys,
-                    .bytes = bytes,
+                    .bytes = block_bytes,
                     .slot_bytes = oi__host_slot_bytes(t->host, ns.id)};
-  oi_host_reserve_sink sink = {.accepted = promote_accepted, .ctx = &c};
-  oi_host_reserved r;
-  oi__host_reserve(t->host, ns, hashes, run, &sink, &r);
-  started = c.started;
-  promote_pump(t); /* the run's reads, in prefix order, a window at a time */
-out:
-  oi__free(keys);
-  oi__free(present);
-  return started;
+  for (size_t j = 0; j < k; j++)
+    promote_one(&c, slots[j].idx, slots[j].block, slots[j].data);
+  promote_pump(t);
+  return c.started;
 }
 
-uint64_t oi__disk_tier_membership(disk_tier *t, oi_host_ns ns, const oi_block_hash *hashes,
-                                  size_t n, uint8_t *present) {
-  if (!t || n == 0) return 0;
-  oi_disk_key *keys = oi__malloc(n * sizeof *keys);
-  uint8_t *on_disk = oi__malloc(n);
-  uint64_t added = 0, bytes;
-  if (keys && on_disk && make_keys(t, ns.id, hashes, n, keys, &bytes)) {
+/* The tier's membership: present[i] |= whether the store holds keys[i]. */
+static uint64_t tier_contains(void *self, const oi_tier_key *keys, size_t n, uint8_t *present) {
+  disk_tier *t = self;
+  uint8_t *on_disk = n ? oi__malloc(n) : NULL;
+  uint64_t added = 0;
+  if (on_disk) {
     oi__disk_contains(t->store, keys, (uint32_t)n, on_disk);
     for (size_t i = 0; i < n; i++)
       if (on_disk[i] && !present[i]) {
@@ -344,7 +332,6 @@ uint64_t oi__disk_tier_membership(disk_tier *t, oi_host_ns ns, const oi_block_ha
         added++;
       }
   }
-  oi__free(keys);
   oi__free(on_disk);
   return added;
 }
@@ -357,8 +344,8 @@ uint64_t oi__disk_tier_membership(disk_tier *t, oi_host_ns ns, const oi_block_ha
 /* The host's destroy calls this first: the spiller writes the blocks still
  * queued (a restart finds them), then stops; every operation is waited for
  * (their callbacks end their holds on pool slots); the store closes. */
-static void tier_destroy(void *ctx) {
-  disk_tier *t = ctx;
+static void tier_destroy(void *self) {
+  disk_tier *t = self;
   atomic_store(&t->draining, true);
   oi__host_spill_wake(t->host);
   if (t->spiller_started) {
@@ -415,7 +402,7 @@ OI_API oi_status oi_offload_host_attach_disk(oi_offload_host *h, const oi_host_d
       return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: dirs[%u] is empty", i);
   if (opts.capacity_bytes == 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: capacity_bytes is 0");
-  if (oi__host_lower(h))
+  if (oi__disk_tier_of(h))
     return oi__fail(OI_ERR_STATE, "host_attach_disk: a disk tier is attached to this host already");
   disk_tier *t = oi__calloc(1, sizeof *t);
   if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host_attach_disk: out of memory");
@@ -434,7 +421,7 @@ OI_API oi_status oi_offload_host_attach_disk(oi_offload_host *h, const oi_host_d
     struct iovec iov = {.iov_base = pool.base, .iov_len = pool.bytes};
     oi__disk_register_buffers(t->store, &iov, 1);
   }
-  if ((st = oi__host_attach_lower(h, t, tier_destroy)) != OI_OK) goto fail;
+  if ((st = oi__host_tier_attach(h, &disk_tier_ops, t, &t->link)) != OI_OK) goto fail;
   oi__host_sector_slots(h); /* block sizes registered from now on need no bounce copy */
   int rc = pthread_create(&t->spiller, NULL, spiller_main, t);
   if (rc != 0) {
@@ -461,31 +448,48 @@ fail:
   return st;
 }
 
+/* The tier's stats: *out is an oi_host_disk_stats. */
+static oi_status tier_stats(void *self, void *out) {
+  disk_tier *t = self;
+  oi_disk_stats ds;
+  oi__disk_stats_get(t->store, &ds);
+  oi_host_disk_stats *s = out;
+  memset(s, 0, sizeof *s);
+  s->struct_size = sizeof *s;
+  s->latency_buckets = OI_LATENCY_BUCKETS;
+  s->blocks = ds.blocks;
+  s->bytes_used = ds.bytes_used;
+  s->capacity_bytes = ds.capacity_bytes;
+  s->spills = atomic_load(&t->spills);
+  s->spills_failed = atomic_load(&t->spills_failed);
+  s->spills_skipped = atomic_load(&t->spills_skipped);
+  s->spill_overflow = oi__host_spill_overflow(t->host);
+  s->promotions = atomic_load(&t->promotions);
+  s->promote_failed = atomic_load(&t->promote_failed);
+  s->checksum_failures = ds.checksum_failures;
+  s->evictions = ds.evictions;
+  s->torn_records_cut = ds.torn_records_cut + ds.bad_extents_dropped;
+  s->replay_ns = ds.replay_ns;
+  memcpy(s->read_latency_us, ds.read_latency_us, sizeof s->read_latency_us);
+  s->read_latency_sum_us = ds.read_latency_sum_us;
+  return OI_OK;
+}
+
+/* Nearest the pool; it takes the pool's spills. */
+static const oi_tier_ops disk_tier_ops = {.name = "disk",
+                                          .rank = 10,
+                                          .flags = OI_TIER_SPILLS,
+                                          .contains = tier_contains,
+                                          .lookup = tier_lookup,
+                                          .promote = tier_promote,
+                                          .stats = tier_stats,
+                                          .destroy = tier_destroy};
+
 OI_API oi_status oi_offload_host_disk_stats(const oi_offload_host *h, oi_host_disk_stats *out) {
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_disk_stats: host is NULL");
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_disk_stats: out is NULL");
-  disk_tier *t = oi__disk_tier_of(h);
-  if (!t) return oi__fail(OI_ERR_NOT_FOUND, "host_disk_stats: no disk tier is attached");
-  oi_disk_stats ds;
-  oi__disk_stats_get(t->store, &ds);
   oi_host_disk_stats s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  s.latency_buckets = OI_LATENCY_BUCKETS;
-  s.blocks = ds.blocks;
-  s.bytes_used = ds.bytes_used;
-  s.capacity_bytes = ds.capacity_bytes;
-  s.spills = atomic_load(&t->spills);
-  s.spills_failed = atomic_load(&t->spills_failed);
-  s.spills_skipped = atomic_load(&t->spills_skipped);
-  s.spill_overflow = oi__host_spill_overflow(h);
-  s.promotions = atomic_load(&t->promotions);
-  s.promote_failed = atomic_load(&t->promote_failed);
-  s.checksum_failures = ds.checksum_failures;
-  s.evictions = ds.evictions;
-  s.torn_records_cut = ds.torn_records_cut + ds.bad_extents_dropped;
-  s.replay_ns = ds.replay_ns;
-  memcpy(s.read_latency_us, ds.read_latency_us, sizeof s.read_latency_us);
-  s.read_latency_sum_us = ds.read_latency_sum_us;
+  oi_status st = oi__host_tier_stats(h, &disk_tier_ops, &s, "host_disk_stats");
+  if (st != OI_OK) return st;
   return oi__struct_out(out, &s, sizeof s, "host_disk_stats");
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "engine/engine_internal.h"
+#include "engine/query.h"
 
 /* Bounds of the tuning fields of oi_engine_options (docs/api.md). */
 #define OI_MIN_SUBMIT_GROUP_BYTES (64ull << 10)
@@ -241,9 +242,8 @@ OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *blo
   return e->ops->save(e, block_ids, hashes, n, &so, ticket_out);
 }
 
-oi_status oi__engine_check_query(const char *what, const oi_block_hash *hashes, size_t n,
-                                 uint32_t flags, const oi_query_result *out, uint8_t **present,
-                                 uint32_t *wait_ms) {
+oi_status oi__query_check(const char *what, const oi_block_hash *hashes, size_t n, uint32_t flags,
+                          const oi_query_result *out, uint8_t **present, uint32_t *wait_ms) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
   if (out->struct_size < offsetof(oi_query_result, present))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: out->struct_size %u is too small", what,
@@ -272,13 +272,27 @@ oi_status oi__engine_check_query(const char *what, const oi_block_hash *hashes, 
   return OI_OK;
 }
 
+oi_status oi__query_result_out(const oi_host_query_args *a, const oi_host_answer *ans,
+                               oi_query_result *out, const char *what) {
+  oi_query_result r;
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.state = ans->loading ? OI_QUERY_LOADING : OI_QUERY_READY;
+  r.hit_blocks = ans->hit_blocks;
+  r.pending_blocks = ans->pending_blocks;
+  r.lease = ans->lease;
+  r.present = a->present;
+  r.wait_ms = a->wait_ms;
+  return oi__struct_out(out, &r, sizeof r, what);
+}
+
 OI_API oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_id,
                                          const oi_block_hash *hashes, size_t n, uint32_t flags,
                                          oi_query_result *out) {
   if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: engine is NULL");
   uint8_t *present;
   uint32_t wait_ms;
-  oi_status st = oi__engine_check_query("query", hashes, n, flags, out, &present, &wait_ms);
+  oi_status st = oi__query_check("query", hashes, n, flags, out, &present, &wait_ms);
   if (st != OI_OK) return st;
   return e->ops->query(e, req_id, hashes, n, flags, present, wait_ms, out);
 }
@@ -363,13 +377,13 @@ OI_API oi_status oi_offload_host_query(oi_offload_host *h, const oi_lookup_optio
   oi_lookup_options lo;
   oi_status st = oi__lookup_options_check(o, "host_query", &lo);
   if (st != OI_OK) return st;
-  oi_host_query_args a = {.shares = lo.world_size, .flags = flags};
-  if ((st = oi__engine_check_query("host_query", hashes, n, flags, out, &a.present, &a.wait_ms)) !=
-      OI_OK)
+  oi_host_query_args a = {.shares = lo.world_size,
+                          .membership = (flags & OI_QUERY_MEMBERSHIP) != 0};
+  if ((st = oi__query_check("host_query", hashes, n, flags, out, &a.present, &a.wait_ms)) != OI_OK)
     return st;
-  oi_query_result r;
-  if ((st = oi__host_query(h, lo.namespace_id, &a, hashes, n, &r)) != OI_OK) return st;
-  return oi__struct_out(out, &r, sizeof r, "host_query");
+  oi_host_answer ans;
+  if ((st = oi__host_query(h, lo.namespace_id, &a, hashes, n, &ans)) != OI_OK) return st;
+  return oi__query_result_out(&a, &ans, out, "host_query");
 }
 
 OI_API oi_status oi_offload_host_release(oi_offload_host *h, const char *namespace_id,

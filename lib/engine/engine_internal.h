@@ -36,33 +36,10 @@ struct oi_offload_engine {
   uint64_t principal;
 };
 
-/* Checks a query's flags, result struct and membership array (shared by
- * engines and lookups). *present and *wait_ms receive what the caller's
- * result carries. */
-oi_status oi__engine_check_query(const char *what, const oi_block_hash *hashes, size_t n,
-                                 uint32_t flags, const oi_query_result *out, uint8_t **present,
-                                 uint32_t *wait_ms);
 /* Checks lookup options into *lo (defaults for the fields the caller's
  * struct_size does not reach). */
 oi_status oi__lookup_options_check(const oi_lookup_options *o, const char *what,
                                    oi_lookup_options *lo);
-
-/* A query over a host, for a local engine, oi_offload_host_query and the
- * server's lookups: the lease is created by `instance` (0: none) for
- * `principal`. Fills *r (struct_size = sizeof *r). */
-typedef struct oi_host_query_args {
-  uint32_t instance;
-  uint64_t principal;
-  uint32_t shares;
-  uint32_t flags;
-  uint8_t *present;
-  uint32_t wait_ms;
-} oi_host_query_args;
-oi_status oi__host_query(oi_offload_host *h, const char *namespace_id, const oi_host_query_args *a,
-                         const oi_block_hash *hashes, size_t n, oi_query_result *r);
-/* Releases a lease of `namespace_id` held for `principal`. */
-oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id, uint64_t principal,
-                                  oi_lease lease);
 
 /* Fills the common part (options copy, layout) of a new engine. */
 oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o,

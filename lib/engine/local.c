@@ -11,8 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cluster/tier.h"
-#include "disk/tier.h"
+#include "engine/query.h"
 #include "engine_internal.h"
 #include "host/host.h"
 #include "transfer/transfer.h"
@@ -484,89 +483,6 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids,
   return st;
 }
 
-/* A query of namespace `ns`. With a disk tier, the blocks the disk holds
- * right after the pool's prefix (sealed, then in flight) start coming back
- * into the pool first: they are in flight there now (pending), and the
- * answer says LOADING while they are. With OI_QUERY_WAIT_PENDING, it then
- * waits (no pins held) until no block right after the sealed prefix is in
- * flight or wait_ms passes, and leases the prefix. Membership counts a
- * block the disk holds as present. */
-static oi_status query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_query_args *a,
-                          const oi_block_hash *hashes, size_t n, oi_query_result *r) {
-  memset(r, 0, sizeof *r);
-  r->struct_size = sizeof *r;
-  r->state = OI_QUERY_READY;
-  r->present = a->present;
-  r->wait_ms = a->wait_ms;
-  disk_tier *disk = oi__disk_tier_of(h);
-  if (a->flags & OI_QUERY_MEMBERSHIP) {
-    oi__host_membership(h, ns, hashes, n, a->present, &r->hit_blocks, &r->pending_blocks);
-    if (disk && r->hit_blocks < n)
-      r->hit_blocks += oi__disk_tier_membership(disk, ns, hashes, n, a->present);
-    return OI_OK;
-  }
-  size_t promoted = 0;
-  if (disk) {
-    uint64_t sealed, pending;
-    oi__host_prefix_probe(h, ns, hashes, n, &sealed, &pending);
-    if (sealed + pending < n)
-      promoted = oi__disk_tier_promote(disk, ns, hashes + sealed + pending,
-                                       n - (size_t)(sealed + pending));
-  }
-  /* Past the pool and the disk: what other nodes hold (the same pending
-   * blocks, LOADING, as a disk promotion). */
-  cluster_tier *cluster = oi__cluster_tier_of(h);
-  if (cluster) {
-    uint64_t sealed, pending;
-    oi__host_prefix_probe(h, ns, hashes, n, &sealed, &pending);
-    if (sealed + pending < n)
-      promoted += oi__cluster_tier_fetch(cluster, ns, hashes + sealed + pending,
-                                         n - (size_t)(sealed + pending));
-  }
-  if ((a->flags & OI_QUERY_WAIT_PENDING) && a->wait_ms) {
-    uint64_t deadline = oi__deadline_ns(a->wait_ms);
-    for (;;) {
-      uint64_t sealed, pending;
-      oi__host_prefix_probe(h, ns, hashes, n, &sealed, &pending);
-      if (pending == 0 || oi__now_ns() >= deadline) break;
-      bool sealed_all = true;
-      for (uint64_t i = sealed; i < sealed + pending && sealed_all; i++)
-        sealed_all = oi__host_wait_not_in_flight(h, ns, &hashes[i], deadline);
-      if (!sealed_all) break; /* wait_ms passed: what is still in flight stays pending */
-    }
-  }
-  oi_status st = oi__host_lease_prefix(h, ns, a->instance, a->principal, a->shares, hashes, n,
-                                       &r->hit_blocks, &r->pending_blocks, &r->lease);
-  if (st == OI_OK && promoted && r->pending_blocks) r->state = OI_QUERY_LOADING;
-  return st;
-}
-
-oi_status oi__host_query(oi_offload_host *h, const char *namespace_id, const oi_host_query_args *a,
-                         const oi_block_hash *hashes, size_t n, oi_query_result *r) {
-  oi_host_ns ns;
-  if (!oi__host_find_namespace(h, namespace_id, &ns)) {
-    /* Nothing was ever saved there: every block misses. */
-    memset(r, 0, sizeof *r);
-    r->struct_size = sizeof *r;
-    r->state = OI_QUERY_READY;
-    r->present = a->present;
-    r->wait_ms = a->wait_ms;
-    if ((a->flags & OI_QUERY_MEMBERSHIP) && n) memset(a->present, 0, n);
-    return OI_OK;
-  }
-  return query_ns(h, ns, a, hashes, n, r);
-}
-
-oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id, uint64_t principal,
-                                  oi_lease lease) {
-  oi_host_ns ns;
-  if (!oi__host_find_namespace(h, namespace_id, &ns))
-    return oi__fail(OI_ERR_LEASE_EXPIRED,
-                    "release: lease unknown (namespace '%s' holds nothing on this host)",
-                    namespace_id);
-  return oi__host_release(h, ns, principal, lease);
-}
-
 static oi_status local_query(oi_offload_engine *base, const char *req_id,
                              const oi_block_hash *hashes, size_t n, uint32_t flags,
                              uint8_t *present, uint32_t wait_ms, oi_query_result *out) {
@@ -576,15 +492,15 @@ static oi_status local_query(oi_offload_engine *base, const char *req_id,
   oi_host_query_args a = {.instance = base->instance_id,
                           .principal = base->principal,
                           .shares = base->opts.world_size,
-                          .flags = flags,
+                          .membership = (flags & OI_QUERY_MEMBERSHIP) != 0,
                           .present = present,
                           .wait_ms = wait_ms};
-  oi_query_result r;
-  oi_status st = query_ns(e->host, e->ns, &a, hashes, n, &r);
+  oi_host_answer ans;
+  oi_status st = oi__host_query_ns(e->host, e->ns, &a, hashes, n, &ans);
   if (st != OI_OK) return st;
-  atomic_fetch_add(&e->c.query_hit_blocks, r.hit_blocks);
-  atomic_fetch_add(&e->c.query_miss_blocks, n - r.hit_blocks);
-  return oi__struct_out(out, &r, sizeof r, "query");
+  atomic_fetch_add(&e->c.query_hit_blocks, ans.hit_blocks);
+  atomic_fetch_add(&e->c.query_miss_blocks, n - ans.hit_blocks);
+  return oi__query_result_out(&a, &ans, out, "query");
 }
 
 /* A load as the host marks its blocks: each run marked joins the job (whose

@@ -61,6 +61,7 @@
 #include <unistd.h>
 
 #include "device/device.h"
+#include "engine/query.h"
 #include "engine_internal.h"
 #include "proto/wire.h"
 
@@ -2205,7 +2206,7 @@ OI_API oi_status oi_offload_client_query(oi_offload_client *c, const char *req_i
   if (!c) return oi__fail(OI_ERR_INVALID_ARGUMENT, "client_query: client is NULL");
   uint8_t *present;
   uint32_t wait_ms;
-  oi_status st = oi__engine_check_query("client_query", hashes, n, flags, out, &present, &wait_ms);
+  oi_status st = oi__query_check("client_query", hashes, n, flags, out, &present, &wait_ms);
   if (st != OI_OK) return st;
   return query_call(c->e, 0, c->e->base.namespace_id, c->world_size, req_id, hashes, n, flags,
                     present, wait_ms, out);

@@ -233,8 +233,8 @@ static void save_end_some(oi_offload_host *h, void *ctx, host_block *const *bloc
     }
   }
   if (c->ok) { /* told under the shard locks, as each block seals */
-    oi__lower_note_sealed_locked(h, blocks + from, to - from);
-    oi__watch_note_sealed(h, blocks + from, to - from);
+    oi__spill_note_sealed_locked(h, blocks + from, to - from);
+    oi__tier_note_sealed(h, blocks + from, to - from);
   }
 }
 
@@ -242,10 +242,10 @@ void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blo
                        bool ok, uint64_t bytes, uint64_t latency_ns) {
   if (n) oi__hist_record(&h->c.save_latency, latency_ns);
   save_end_ctx c = {.ok = ok, .now = oi__now_ns()};
-  /* Every shard at once only while sealing takes no other lock (a lower
-   * tier's queue, the watcher's). */
-  bool all_ok = !__atomic_load_n(&h->lower_ctx, __ATOMIC_ACQUIRE) &&
-                !atomic_load_explicit(&h->watching, memory_order_relaxed);
+  /* Every shard at once only while sealing takes no other lock (the spill
+   * queue's, the tiers' notify lock). */
+  bool all_ok = !atomic_load_explicit(&h->spill_tier, memory_order_acquire) &&
+                !atomic_load_explicit(&h->notifying, memory_order_relaxed);
   oi__blocks_runs(h, blocks, n, all_ok, save_end_some, &c);
   if (!ok) {
     oi__pool_free_batch(h, (host_block **)blocks, n);

@@ -64,7 +64,7 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
   h->opts = opts;
   h->capacity = opts.pool_bytes;
   pthread_mutex_init(&h->ns_lock, NULL);
-  oi__lower_init(h);
+  oi__tier_init(h);
   pthread_mutex_init(&h->maint_lock, NULL);
   pthread_mutex_init(&h->seal_lock, NULL);
   oi__cond_init_monotonic(&h->maint_cv);
@@ -116,9 +116,9 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
            live);
     return;
   }
-  oi__watch_fini(h); /* the cluster tier stops using the host first; */
+  oi__tier_fini_upper(h); /* the tiers that take no spills stop using the host first; */
   /* the maintenance thread next: its watermark eviction would drop blocks
-   * still queued for the lower tier while that tier drains its queue (a
+   * still queued for the spilling tier while that tier drains its queue (a
    * clean shutdown writes every one of them); */
   if (h->maint_started) {
     pthread_mutex_lock(&h->maint_lock);
@@ -127,7 +127,7 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
     pthread_mutex_unlock(&h->maint_lock);
     pthread_join(h->maint_thread, NULL);
   }
-  oi__lower_fini(h); /* then the lower tier */
+  oi__tier_fini(h); /* then the one that takes spills */
   oi__lease_fini(h);
   oi__index_fini(h);
   oi__pool_fini(h);

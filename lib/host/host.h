@@ -143,59 +143,6 @@ void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, 
 /* Where a block's bytes live in the pool. */
 uint8_t *oi__host_block_data(const oi_offload_host *h, const host_block *b);
 
-/* ---- a lower tier (lib/disk, above this layer) ---- */
-
-/* Attaches a lower tier to `h` (one per host): from now on every block
- * that seals is queued for it (oi__host_spill_take), and `destroy(ctx)`
- * runs first at the host's destroy (it must stop using the host). @return
- * OI_ERR_STATE when one is attached already. */
-oi_status oi__host_attach_lower(oi_offload_host *h, void *ctx, void (*destroy)(void *ctx));
-/* The attached lower tier's context (NULL: none). */
-void *oi__host_lower(const oi_offload_host *h);
-
-/* A sealed block handed to the lower tier: held (not evictable, its bytes
- * stable) until oi__host_spill_end. */
-typedef struct oi_host_spill {
-  host_block *block;
-  uint32_t ns; /* namespace id (oi_host_ns.id) */
-  oi_block_hash hash;
-  const uint8_t *data;
-  uint64_t bytes; /* the namespace's block bytes */
-} oi_host_spill;
-
-/* Takes up to `max` queued blocks, oldest seal first, waiting up to
- * timeout_ms for the first (0: no wait). Blocks evicted or already held by
- * the lower tier since they were queued are skipped. */
-size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max, uint32_t timeout_ms);
-/* Ends spills: ok[i], the lower tier holds spills[i]'s block now. The
- * blocks become evictable again at their place in LRU order (a spill is
- * not a use). */
-void oi__host_spill_end(oi_offload_host *h, const oi_host_spill *spills, size_t n, const bool *ok);
-/* Wakes oi__host_spill_take waiters (the lower tier is stopping). */
-void oi__host_spill_wake(oi_offload_host *h);
-/* In-flight blocks whose bytes come from the lower tier (a promotion): once
- * sealed they are not queued for it again. */
-void oi__host_mark_lower(oi_offload_host *h, host_block *const *blocks, size_t n);
-/* Blocks queued for the lower tier that were dropped because the queue was
- * full (their pool copy is the only one). */
-uint64_t oi__host_spill_overflow(const oi_offload_host *h);
-/* Blocks queued for the lower tier or taken and not ended yet: 0 means
- * every block queued so far has had its turn (written, or skipped). */
-size_t oi__host_spill_backlog(oi_offload_host *h);
-/* Size classes created from now on give blocks of OI_SECTOR_SLOT_MIN bytes
- * or more slots that start and end on OI_SECTOR_BYTES boundaries (relative
- * to the pool's base), so a lower tier's O_DIRECT I/O can use the slot
- * itself, padding included, with no bounce copy. */
-void oi__host_sector_slots(oi_offload_host *h);
-/* The slot bytes of namespace ns_id's blocks (>= its block bytes; the bytes
- * past the block are the slot's own, unused by loads); 0 when unknown. */
-uint64_t oi__host_slot_bytes(oi_offload_host *h, uint32_t ns_id);
-
-/* The name, block bytes and layout fingerprint of namespace `ns_id`; the
- * name is written into name[cap] (truncated). false: no such namespace. */
-bool oi__host_namespace_info(oi_offload_host *h, uint32_t ns_id, char *name, size_t cap,
-                             uint64_t *block_bytes, uint64_t *shape_hash);
-
 /* ---- the pool ---- */
 
 typedef struct oi_host_pool_info {
@@ -211,38 +158,43 @@ typedef struct oi_host_pool_info {
 
 void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out);
 
-/* A namespace's fingerprints across processes and nodes (its id is this
- * process's own): XXH3 of its name, and of its layout (the shape hash and
- * the block bytes). The disk and cluster tiers key blocks by them.
- * @return false when the namespace is unknown. */
-bool oi__host_namespace_fps(oi_offload_host *h, uint32_t ns_id, uint64_t *ns_fp,
-                            uint64_t *layout_fp, uint64_t *block_bytes);
+/* ---- queries over the tier chain (query.c) ---- */
 
-/* ---- a watcher (lib/cluster, above this layer) ---- */
+/* A query of a host (a local engine's, oi_offload_host_query's, the
+ * server's lookups): the lease is created by `instance` (0: none) for
+ * `principal` with `shares` consumers. */
+typedef struct oi_host_query_args {
+  uint32_t instance;
+  oi_host_principal principal;
+  uint32_t shares;
+  bool membership;  /* present[i] for each hash, no lease (else the prefix) */
+  uint8_t *present; /* n bytes, for a membership query */
+  uint32_t wait_ms; /* a prefix query waits up to this long for the blocks in flight after
+                     * its sealed prefix (0: no wait) */
+} oi_host_query_args;
 
-/* Told of every block that seals (visible to queries from now on) and of
- * every sealed block the pool evicts. Both run with host locks held, on
- * the thread that sealed or evicted: they must only note the fact (copy it
- * into a queue of their own) and return. */
-typedef struct oi_host_watch {
-  void (*sealed)(void *ctx, uint32_t ns, const oi_block_hash *hash);
-  void (*evicted)(void *ctx, uint32_t ns, const oi_block_hash *hash);
-  /* Runs first at the host's destroy (before the lower tier stops), after
-   * the watcher was cleared: it must stop using the host. May be NULL. */
-  void (*destroy)(void *ctx);
-  void *ctx;
-} oi_host_watch;
+typedef struct oi_host_answer {
+  uint64_t hit_blocks;     /* the prefix leased (membership: the hashes present) */
+  uint64_t pending_blocks; /* in flight right after the prefix (membership: anywhere) */
+  oi_lease lease;          /* when hit_blocks > 0 (prefix queries) */
+  bool loading;            /* a tier is promoting blocks of the pending run */
+} oi_host_answer;
 
-/* Sets the host's one watcher (copied), or clears it with NULL. @return
- * OI_ERR_STATE when setting one while another is set. Clearing waits for
- * calls in progress: after it returns none runs. */
-oi_status oi__host_set_watch(oi_offload_host *h, const oi_host_watch *w);
-/* The watcher's context (NULL: none). */
-void *oi__host_watcher(oi_offload_host *h);
-/* Calls fn for every sealed block, one shard at a time under its lock (fn
- * must only note the block). @return how many. */
-size_t oi__host_foreach_sealed(oi_offload_host *h,
-                               void (*fn)(void *ctx, uint32_t ns, const oi_block_hash *hash),
-                               void *ctx);
+/* A query of namespace `ns`. Past the pool's sealed prefix and its run in
+ * flight, each tier of the chain in order promotes the leading run it
+ * holds of the rest (the pool probed once): those blocks are in flight in
+ * the pool now (pending), and `loading` says so. With wait_ms, it then
+ * waits (no pins held) until no block right after the sealed prefix is in
+ * flight or wait_ms passes, and leases the prefix. A membership query
+ * counts a block a tier holds (those with `contains`) as present. */
+oi_status oi__host_query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_query_args *a,
+                            const oi_block_hash *hashes, size_t n, oi_host_answer *out);
+/* As oi__host_query_ns by the namespace's name (one never bound misses
+ * every block). */
+oi_status oi__host_query(oi_offload_host *h, const char *namespace_id, const oi_host_query_args *a,
+                         const oi_block_hash *hashes, size_t n, oi_host_answer *out);
+/* Releases a lease of `namespace_id` held for `principal`. */
+oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id,
+                                  oi_host_principal principal, oi_lease lease);
 
 #endif

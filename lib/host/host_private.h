@@ -3,10 +3,10 @@
  * per-shard LRU lists, leases, counters.
  *
  * Lock order: lease table -> shard (a batch holds several, taken in
- * ascending shard order) -> lower tier queue, watcher; chunk table -> size
- * class (no shard lock is held while allocating, and no size class lock
- * while a shard lock is taken: the rebalancer (rebalance.c) holds one shard
- * lock at a time, then frees what it evicted). A shard lock
+ * ascending shard order) -> the spill queue, the tiers' notify lock; chunk
+ * table -> size class (no shard lock is held while allocating, and no size
+ * class lock while a shard lock is taken: the rebalancer (rebalance.c) holds
+ * one shard lock at a time, then frees what it evicted). A shard lock
  * protects the index entries, states, pins and LRU links of the blocks it
  * holds; a size class lock protects the free maps of its chunks and their
  * draining and fill marks. */
@@ -19,6 +19,7 @@
 
 #include "device/device.h"
 #include "host/host.h"
+#include "host/tier.h"
 
 #define OI_MAX_SIZE_CLASSES 8
 
@@ -47,8 +48,8 @@ struct host_block {
   uint32_t pins;               /* leases naming it */
   uint32_t loading : 24;       /* loads reading it */
   uint32_t state : 2;          /* block_state */
-  uint32_t spilling : 1;       /* a lower tier is copying its bytes (not evictable) */
-  uint32_t lower : 1;          /* a lower tier holds a copy (a spill or a promotion) */
+  uint32_t spilling : 1;       /* the spilling tier is copying its bytes (not evictable) */
+  uint32_t lower : 1;          /* the spilling tier holds a copy (a spill or a promotion) */
   uint32_t id;                 /* this record's id */
   uint32_t lru_prev, lru_next; /* ids, OI_NIL for none; a free slot's next free in lru_next */
   uint64_t last_used;
@@ -61,7 +62,7 @@ static inline bool oi__block_evictable(const host_block *b) {
 
 struct oi_offload_host;
 
-/* A sealed block waiting for the lower tier: the record id it had and its
+/* A sealed block waiting for the spilling tier: the record id it had and its
  * name (the id is checked against the index when taken: it may be reused). */
 typedef struct spill_entry {
   uint32_t id;
@@ -218,23 +219,28 @@ struct oi_offload_host {
   pthread_cond_t maint_cv;
   bool stopping;
 
-  /* A lower tier (lower.c): its context and destructor, and the ring of
+  /* The tier chain (tier.c): snapshots of its links in rank order,
+   * published whole (a query reads the current one without a lock; a
+   * snapshot replaced stays allocated until the host's destroy), under
+   * tier_lock. tier_notify_lock (a reader lock: the shards' seal and
+   * eviction paths do not serialize on it) guards the links' `notify`;
+   * `notifying`: some link is told of seals or evictions. */
+  pthread_mutex_t tier_lock;
+  _Atomic(struct tier_chain *) chain; /* NULL: no tier (the query's one branch) */
+  struct tier_chain *chains_old;      /* replaced snapshots, freed at destroy */
+  oi_tier *tier_links;                /* every link ever attached, freed at destroy */
+  pthread_rwlock_t tier_notify_lock;
+  atomic_bool notifying;
+  /* The spill queue (spill.c): the tier that takes spills, and the ring of
    * sealed blocks it has not copied yet (oldest seal first), under
-   * lower_lock. */
-  pthread_mutex_t lower_lock;
-  pthread_cond_t lower_cv; /* the ring got entries, or the tier stops */
-  void *lower_ctx;
-  void (*lower_destroy)(void *ctx);
+   * spill_lock. */
+  _Atomic(oi_tier *) spill_tier;
+  pthread_mutex_t spill_lock;
+  pthread_cond_t spill_cv; /* the ring got entries, or the tier stops */
   spill_entry *spill_ring;
   size_t spill_head, spill_count, spill_cap;
   atomic_uint_fast64_t spill_overflow; /* entries dropped: the ring was full */
-  size_t spill_taken; /* under lower_lock: taken by the lower tier, not ended yet */
-
-  /* A watcher (lower.c): read under watch_lock (a reader lock, so the
-   * shards' seal and eviction paths do not serialize on it). */
-  pthread_rwlock_t watch_lock;
-  oi_host_watch watch;
-  atomic_bool watching;
+  size_t spill_taken; /* under spill_lock: taken by the spilling tier, not ended yet */
 
   host_counters c;
   uint64_t pool_setup_ns;
@@ -377,8 +383,8 @@ void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *ha
  * nothing else holds two shard locks), after prefetching the table lines
  * and the locks of all of them; lookups then overlap their misses: every
  * table run is read first, the candidate records are prefetched, then
- * checked. Lock order is unchanged: lease table -> shards -> lower tier,
- * watcher. OI_BATCH is in host.h (a reserve sink hears of a batch at once). */
+ * checked. Lock order is unchanged: lease table -> shards -> spill queue,
+ * tier notifications. OI_BATCH is in host.h (a reserve sink hears of a batch at once). */
 
 typedef struct shard_set {
   uint32_t n;
@@ -508,18 +514,40 @@ void oi__lease_expire(oi_offload_host *h, uint64_t now_ns);
 /* Wakes flushes waiting for in-flight blocks to seal or drop. */
 void oi__host_notify_sealed(oi_offload_host *h);
 
-/* ---- lower.c ---- */
-void oi__lower_init(oi_offload_host *h);
-/* Stops and destroys the lower tier (first thing at host destroy). */
-void oi__lower_fini(oi_offload_host *h);
-/* Blocks just sealed (their shard locks held): queued for the lower tier
- * unless it holds them already. */
-void oi__lower_note_sealed_locked(oi_offload_host *h, host_block *const *blocks, size_t n);
-/* Tells the watcher, if any, that blocks[0..n) sealed / were evicted. */
-void oi__watch_note_sealed(oi_offload_host *h, host_block *const *blocks, size_t n);
-/* Clears the watcher and runs its destroy (host destroy, first). */
-void oi__watch_fini(oi_offload_host *h);
-void oi__watch_note_evicted(oi_offload_host *h, host_block *const *blocks, size_t n);
+/* ---- tier.c ---- */
+/* A link of the chain. */
+struct oi_tier {
+  oi_offload_host *host;
+  const oi_tier_ops *ops;
+  void *self;
+  bool notify; /* told of seals and evictions (under tier_notify_lock) */
+  bool destroyed;
+  oi_tier *next_link; /* in tier_links */
+};
+/* A snapshot of the chain: its links in rank order. */
+typedef struct tier_chain {
+  struct tier_chain *older; /* in chains_old */
+  size_t n;
+  oi_tier *links[];
+} tier_chain;
+void oi__tier_init(oi_offload_host *h);
+/* Stops telling the tiers of seals and evictions (waits for calls in
+ * progress), then destroys the tiers that do not take spills, farthest
+ * first (host destroy, first thing). */
+void oi__tier_fini_upper(oi_offload_host *h);
+/* Destroys the tier that takes spills (it drains its queue), then frees the
+ * chain (host destroy, after the maintenance thread stopped). */
+void oi__tier_fini(oi_offload_host *h);
+/* Tells the listening tiers that blocks[0..n) sealed / were evicted. */
+void oi__tier_note_sealed(oi_offload_host *h, host_block *const *blocks, size_t n);
+void oi__tier_note_evicted(oi_offload_host *h, host_block *const *blocks, size_t n);
+
+/* ---- spill.c ---- */
+void oi__spill_init(oi_offload_host *h);
+void oi__spill_fini(oi_offload_host *h);
+/* Blocks just sealed (their shard locks held): queued for the spilling
+ * tier unless it holds them already. */
+void oi__spill_note_sealed_locked(oi_offload_host *h, host_block *const *blocks, size_t n);
 /* Puts an evictable block back on its LRU list in last_used order (a spill
  * that ended is not a use). */
 void oi__lru_insert_ordered_locked(index_shard *s, host_block *b);

@@ -483,7 +483,7 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
     if (nback) {
       atomic_fetch_sub(&h->c.blocks_sealed, nback);
       atomic_fetch_add(&h->c.evictions, nback);
-      oi__watch_note_evicted(h, back, nback);
+      oi__tier_note_evicted(h, back, nback);
       oi__pool_free_batch(h, back, nback);
       unlisted += nback; /* progress: not a miss */
       nback = 0;
@@ -493,7 +493,7 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
   if (got) {
     atomic_fetch_sub(&h->c.blocks_sealed, got);
     atomic_fetch_add(&h->c.evictions, got);
-    oi__watch_note_evicted(h, out, got); /* the records keep ns and hash until freed */
+    oi__tier_note_evicted(h, out, got); /* the records keep ns and hash until freed */
   }
   return got;
 }
@@ -555,7 +555,7 @@ size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *held) {
       if (got) {
         atomic_fetch_sub(&h->c.blocks_sealed, got);
         atomic_fetch_add(&h->c.evictions, got);
-        oi__watch_note_evicted(h, batch, got);
+        oi__tier_note_evicted(h, batch, got);
         oi__pool_free_batch(h, batch, got);
         total += got;
         more = got == OI_BATCH;

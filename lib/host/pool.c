@@ -85,7 +85,7 @@ oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t 
     return oi__fail(OI_ERR_UNSUPPORTED, "register: the host already serves %d block sizes",
                     OI_MAX_SIZE_CLASSES);
   }
-  /* A lower tier doing O_DIRECT I/O asked for 4 KiB slots: given to blocks
+  /* A tier doing O_DIRECT I/O asked for 4 KiB slots: given to blocks
    * of 64 KiB or more, where the rounding costs at most 1/16 of a slot. */
   if (h->sector_slots && block_bytes >= OI_SECTOR_SLOT_MIN)
     slot = (block_bytes + OI_SECTOR_BYTES - 1) & ~(uint64_t)(OI_SECTOR_BYTES - 1);

@@ -18,7 +18,8 @@
 #include <unistd.h>
 
 #include "core/fault.h"
-#include "engine/engine_internal.h"
+#include "engine/engine_internal.h" /* the engine's principal and layout */
+#include "engine/query.h"
 #include "server_internal.h"
 
 #define CONTROL_SEND_TIMEOUT_S 30
@@ -530,13 +531,17 @@ static oi_status lookup_query(srv_session *s, const oiwire_Query *m, size_t n,
   oi_host_query_args qa = {.instance = s->lookup_instance,
                            .principal = session_principal(s),
                            .shares = m->world_size ? m->world_size : 1,
-                           .flags = m->flags,
+                           .membership = (m->flags & OI_QUERY_MEMBERSHIP) != 0,
                            .present = qr->present,
                            .wait_ms = (m->flags & OI_QUERY_WAIT_PENDING) ? m->wait_ms : 0};
   oi_status st =
-      oi__engine_check_query("query", s->arrays.hashes, n, m->flags, qr, &qa.present, &qa.wait_ms);
+      oi__query_check("query", s->arrays.hashes, n, m->flags, qr, &qa.present, &qa.wait_ms);
   if (st != OI_OK) return st;
-  return oi__host_query(s->server->host, m->namespace_id, &qa, s->arrays.hashes, n, qr);
+  oi_host_answer ans;
+  if ((st = oi__host_query(s->server->host, m->namespace_id, &qa, s->arrays.hashes, n, &ans)) !=
+      OI_OK)
+    return st;
+  return oi__query_result_out(&qa, &ans, qr, "query");
 }
 
 static void handle_query(srv_session *s, uint64_t req, const oiwire_Query *m) {

@@ -7,6 +7,10 @@ Reads every C, CUDA and header file of lib/, kernels/ and tools/ and fails on:
   - an `#include "x/..."` in lib/<dir> that names a folder <dir> may not
     include (the table ALLOWED below, which docs/architecture.md draws), or a
     public header (include/openinfer/) of a layer <dir> may not use;
+  - an include of a tier implementation (TIERS: the folders behind the
+    host's tier interface, lib/host/tier.h) from any other folder of lib/:
+    the host drives the tiers through the interface, so neither the host,
+    the engine, the server nor another tier names one;
   - a kernel folder (kernels/, lib/refmodel/kernels/) that includes anything
     above itself;
   - a CUDA header (<cuda*.h>, <cublas*.h>, <cub/...>, <nv*.h>) in a file
@@ -33,14 +37,19 @@ ALLOWED = {
     "transfer": {"core", "hash", "device", "host"},
     "disk": {"core", "hash", "device", "host", "transfer"},
     "cluster": {"core", "hash", "host", "proto"},
-    "engine": {"core", "hash", "device", "host", "transfer", "disk", "cluster", "proto"},
+    "engine": {"core", "hash", "device", "host", "transfer", "proto"},
     "proto": {"core"},
-    "server": {"core", "hash", "device", "host", "transfer", "disk", "cluster", "engine", "proto"},
+    "server": {"core", "hash", "device", "host", "transfer", "engine", "proto"},
     "executor": {"core", "hash", "device", "host", "engine"},
     "refmodel": {"core", "device", "refmodel/kernels"},
     "refmodel/kernels": set(),
     "kernels": set(),
 }
+
+# The tier implementations: each implements lib/host/tier.h and is attached
+# through its public attach call. No other folder of lib/ includes one (not
+# the host, the engine, the server, nor another tier); tools/bench/ may.
+TIERS = {"disk", "cluster"}
 
 # Arrows allowed for named files only (folder, included folder) -> files.
 # The remote engine is the protocol's client: it alone of lib/engine speaks
@@ -117,6 +126,9 @@ def main():
     root = sys.argv[1]
     graph = "--graph" in sys.argv[2:]
     errors = []
+    for folder, allowed in sorted(ALLOWED.items()):
+        if allowed & TIERS:
+            errors.append("ALLOWED lets %s include the tier(s) %s" % (folder, sorted(allowed & TIERS)))
     edges = {}
     known = set(ALLOWED)
     for rel, path in files(root):
@@ -164,6 +176,10 @@ def main():
             if target not in known:
                 continue  # a generated or third-party path
             edges.setdefault(folder, set()).add(target)
+            if target in TIERS:
+                errors.append("%s includes \"%s\": %s is a tier implementation, reached only "
+                              "through the host's tier interface (host/tier.h)" % (rel, inc, target))
+                continue
             if target in ALLOWED.get(folder, set()):
                 if rel not in FILE_EXCEPTIONS.get((folder, target), {rel}):
                     errors.append("%s includes \"%s\": %s -> %s is allowed only for %s"

@@ -43,8 +43,8 @@ static long long raw_int(const char *cmd, const char *key) {
   return v;
 }
 
-static oi_dir_key key_of(uint64_t ns, uint32_t i) {
-  oi_dir_key k = {.ns_fp = ns, .layout_fp = 0xabcdef0123456789ull};
+static oi_tier_key key_of(uint64_t ns, uint32_t i) {
+  oi_tier_key k = {.ns_fp = ns, .layout_fp = 0xabcdef0123456789ull};
   for (int b = 0; b < 16; b++)
     k.hash[b] = (uint8_t)(i * 31 + b);
   memcpy(k.hash, &i, sizeof i);
@@ -67,7 +67,7 @@ static oi_dir *open_node(const char *id, uint64_t epoch, uint32_t block_ttl, uin
 /* ---- tests ---- */
 
 static void test_formats(void) {
-  oi_dir_key k = {.ns_fp = 0x0123456789abcdefull, .layout_fp = 0xfedcba9876543210ull};
+  oi_tier_key k = {.ns_fp = 0x0123456789abcdefull, .layout_fp = 0xfedcba9876543210ull};
   for (int i = 0; i < 16; i++)
     k.hash[i] = (uint8_t)(0x10 * i + i);
   char s[OI_DIR_KEY_CHARS + 1];
@@ -136,7 +136,7 @@ static void test_bad_options(void) {
 
 static void test_bad_calls(void) {
   oi_dir *d = open_node("calls", 1, 0, 0);
-  oi_dir_key k = key_of(1, 1);
+  oi_tier_key k = key_of(1, 1);
   oi_dir_holder h[2];
   size_t n = 9;
   CHECK_ST(oi__dir_lookup(d, NULL, 1, h, &n), OI_ERR_INVALID_ARGUMENT);
@@ -163,7 +163,7 @@ static void test_bad_calls(void) {
 static void test_round_trip(void) {
   oi_dir *a = open_node("node-a", 7, 0, 0);
   CHECK(oi__dir_generation(a) == 1);
-  oi_dir_key keys[10];
+  oi_tier_key keys[10];
   for (uint32_t i = 0; i < 10; i++)
     keys[i] = key_of(100, i);
   CHECK_OK(oi__dir_publish(a, keys, 5));
@@ -197,7 +197,7 @@ static void test_round_trip(void) {
 
 static void test_two_nodes(void) {
   oi_dir *a = open_node("a", 1, 0, 0), *b = open_node("b", 2, 0, 0);
-  oi_dir_key k = key_of(200, 1), k2 = key_of(200, 2);
+  oi_tier_key k = key_of(200, 1), k2 = key_of(200, 2);
   CHECK_OK(oi__dir_publish(a, &k, 1));
   CHECK_OK(oi__dir_flush(a, 2000));
   CHECK_OK(oi__dir_publish(b, &k, 1)); /* b now holds it too: the entry names b */
@@ -243,7 +243,7 @@ static void test_two_nodes(void) {
 
 static void test_remove_stale(void) {
   oi_dir *a = open_node("holder", 5, 0, 0), *r = open_node("reader", 1, 0, 0);
-  oi_dir_key k = key_of(300, 1);
+  oi_tier_key k = key_of(300, 1);
   CHECK_OK(oi__dir_publish(a, &k, 1));
   CHECK_OK(oi__dir_flush(a, 2000));
   oi_dir_holder h;
@@ -268,7 +268,7 @@ static void test_remove_stale(void) {
 
 static void test_ttl(void) {
   oi_dir *a = open_node("short", 1, 300, 0);
-  oi_dir_key keys[4];
+  oi_tier_key keys[4];
   for (uint32_t i = 0; i < 4; i++)
     keys[i] = key_of(400, i);
   CHECK_OK(oi__dir_publish(a, keys, 4));
@@ -325,7 +325,7 @@ static void test_liveness(void) {
 
 static void test_garbage(void) {
   oi_dir *a = open_node("g", 3, 0, 0);
-  oi_dir_key keys[3];
+  oi_tier_key keys[3];
   for (uint32_t i = 0; i < 3; i++)
     keys[i] = key_of(500, i);
   CHECK_OK(oi__dir_publish(a, keys, 3));
@@ -361,7 +361,7 @@ static int cmp_u64(const void *x, const void *y) {
 static void test_latency(void) {
   oi_dir *a = open_node("lat", 1, 0, 0);
   enum { BLOCKS = 64, ROUNDS = 500 };
-  oi_dir_key keys[BLOCKS];
+  oi_tier_key keys[BLOCKS];
   for (uint32_t i = 0; i < BLOCKS; i++)
     keys[i] = key_of(600, i);
   CHECK_OK(oi__dir_publish(a, keys, BLOCKS));
@@ -398,7 +398,7 @@ typedef struct worker {
 
 static void *hammer(void *arg) {
   worker *w = arg;
-  oi_dir_key keys[16];
+  oi_tier_key keys[16];
   oi_dir_holder h[16];
   for (uint32_t round = 0; !atomic_load(w->stop); round++) {
     for (uint32_t i = 0; i < 16; i++)
@@ -470,7 +470,7 @@ static void test_redis_killed_and_restarted(void) {
   atomic_store(&g_reconnected, 0);
   oi_dir *a = open_cb(g_url);
   CHECK(oi__dir_generation(a) == 1);
-  oi_dir_key keys[64];
+  oi_tier_key keys[64];
   for (uint32_t i = 0; i < 64; i++)
     keys[i] = key_of(800, i);
   CHECK_OK(oi__dir_publish(a, keys, 64));
@@ -494,7 +494,7 @@ static void test_redis_killed_and_restarted(void) {
   CHECK(worst < 2000);
   char addr[64];
   CHECK_ST(oi__dir_node_lookup(a, "survivor", addr, sizeof addr, NULL), OI_ERR_CLOSED);
-  static oi_dir_key many[100000];
+  static oi_tier_key many[100000];
   for (uint32_t i = 0; i < 100000; i++)
     many[i] = key_of(801, i);
   uint64_t t0 = oi__now_ns();
@@ -546,7 +546,7 @@ static void test_open_degraded(void) {
   oi_dir_stats st;
   oi__dir_stats(a, &st);
   CHECK(!st.connected && st.generation == 0);
-  oi_dir_key k = key_of(900, 1);
+  oi_tier_key k = key_of(900, 1);
   oi_dir_holder h;
   size_t n = 0;
   t0 = oi__now_ns();

@@ -296,8 +296,8 @@ static void fk_stop(void) {
 
 /* ---- helpers ----------------------------------------------------------------- */
 
-static oi_dir_key key_of(uint32_t i) {
-  oi_dir_key k = {.ns_fp = 0x1122334455667788ull, .layout_fp = 0xabcdef0123456789ull};
+static oi_tier_key key_of(uint32_t i) {
+  oi_tier_key k = {.ns_fp = 0x1122334455667788ull, .layout_fp = 0xabcdef0123456789ull};
   memcpy(k.hash, &i, sizeof i);
   return k;
 }
@@ -352,7 +352,7 @@ static void test_select(void) {
   CHECK(strstr(s.last_error, "SELECT 7") && strstr(s.last_error, "out of range"));
   size_t n = 9;
   oi_dir_holder h[1];
-  oi_dir_key k = key_of(1);
+  oi_tier_key k = key_of(1);
   CHECK_ST(oi__dir_lookup(d, &k, 1, h, &n), OI_ERR_CLOSED);
   CHECK(n == 0);
   oi__dir_close(d);
@@ -366,7 +366,7 @@ static void test_unix_socket_with_db(void) {
   oi_dir *d = open_dir(url, 0);
   CHECK(stats_of(d).connected);
   CHECK(fk_saw("SELECT 3\n"));
-  oi_dir_key k[2] = {key_of(1), key_of(2)};
+  oi_tier_key k[2] = {key_of(1), key_of(2)};
   CHECK_OK(oi__dir_publish(d, k, 1));
   CHECK_OK(oi__dir_flush(d, 3000));
   oi_dir_holder h[2];
@@ -384,7 +384,7 @@ static void test_script_load(void) {
   fk_override("SCRIPT LOAD", "", "-NOPERM scripts are not allowed\r\n", -1);
   oi_dir *d = open_dir(url, 0);
   CHECK(stats_of(d).connected);
-  oi_dir_key k = key_of(1);
+  oi_tier_key k = key_of(1);
   CHECK_OK(oi__dir_publish(d, &k, 1));
   CHECK_OK(oi__dir_unpublish(d, &k, 1));
   CHECK_OK(oi__dir_flush(d, 3000));
@@ -405,7 +405,7 @@ static void test_error_replies(void) {
   snprintf(url, sizeof url, "redis://127.0.0.1:%d", fk.port);
   oi_dir *d = open_dir(url, 300);
   REQUIRE(stats_of(d).connected);
-  oi_dir_key k[3] = {key_of(1), key_of(2), key_of(3)};
+  oi_tier_key k[3] = {key_of(1), key_of(2), key_of(3)};
   oi_dir_holder h[3];
   size_t n = 9;
 
@@ -512,7 +512,7 @@ static void test_cluster_replies(void) {
   snprintf(url, sizeof url, "redis+cluster://127.0.0.1:%d", fk.port);
   oi_dir *d = open_dir(url, 0);
   REQUIRE(stats_of(d).connected);
-  oi_dir_key k[3] = {key_of(1), key_of(2), key_of(3)};
+  oi_tier_key k[3] = {key_of(1), key_of(2), key_of(3)};
   oi_dir_holder h[3];
   size_t n = 0;
   CHECK_OK(oi__dir_publish(d, k, 3));
@@ -557,7 +557,7 @@ static void test_queue_limits(void) {
   snprintf(url, sizeof url, "redis://127.0.0.1:%d", fk.port);
   oi_dir *d = open_dir(url, 0);
   REQUIRE(stats_of(d).connected);
-  oi_dir_key k = key_of(1);
+  oi_tier_key k = key_of(1);
   fk_override("SET", "oi:b:", "DELAY 150 +OK\r\n", 1);
   CHECK_OK(oi__dir_publish(d, &k, 1));
   CHECK_ST(oi__dir_flush(d, 50), OI_ERR_TIMEOUT);
@@ -579,7 +579,7 @@ static void test_queue_limits(void) {
   CHECK(!stats_of(d).connected);
   CHECK_ST(oi__dir_flush(d, 100), OI_ERR_CLOSED);
   enum { CHUNK = 65536 };
-  oi_dir_key *keys = malloc(CHUNK * sizeof *keys);
+  oi_tier_key *keys = malloc(CHUNK * sizeof *keys);
   REQUIRE(keys);
   for (uint32_t i = 0; i < CHUNK; i++)
     keys[i] = key_of(i);
@@ -608,7 +608,7 @@ static void test_cluster_redirects(void) {
   snprintf(url, sizeof url, "redis+cluster://127.0.0.1:%d", fk.port);
   oi_dir *d = open_dir(url, 0);
   REQUIRE(stats_of(d).connected);
-  oi_dir_key k[2] = {key_of(1), key_of(2)};
+  oi_tier_key k[2] = {key_of(1), key_of(2)};
   oi_dir_holder h[2];
   size_t n = 9;
   CHECK_OK(oi__dir_publish(d, k, 2));
@@ -743,7 +743,7 @@ static void test_odd_replies(void) {
   fk_override("SCRIPT LOAD", "", "$3\r\nabc\r\n", -1);
   oi_dir *d = open_dir(url, 300);
   REQUIRE(stats_of(d).connected);
-  oi_dir_key k[2] = {key_of(1), key_of(2)};
+  oi_tier_key k[2] = {key_of(1), key_of(2)};
   CHECK_OK(oi__dir_publish(d, k, 1));
   CHECK_OK(oi__dir_unpublish(d, k, 1));
   CHECK_OK(oi__dir_flush(d, 3000));
@@ -885,7 +885,7 @@ static void test_cluster_masters(void) {
   oi_dir *d = open_dir(url, 0);
   REQUIRE(stats_of(d).connected);
   enum { N = 32 };
-  oi_dir_key k[N];
+  oi_tier_key k[N];
   oi_dir_holder h[N];
   for (uint32_t i = 0; i < N; i++)
     k[i] = key_of(i);
@@ -1041,7 +1041,7 @@ static void test_urls_and_arguments(void) {
   fk_clear();
   snprintf(url, sizeof url, "redis://127.0.0.1:%d", fk.port);
   oi_dir *d = open_dir(url, 0);
-  oi_dir_key k = key_of(1);
+  oi_tier_key k = key_of(1);
   oi_dir_holder out[1];
   CHECK_ST(oi__dir_lookup(d, &k, 1, out, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi__dir_set_advertise(NULL, "127.0.0.1:1"), OI_ERR_INVALID_ARGUMENT);

@@ -173,15 +173,15 @@ static void cluster_destroy(void) {
   tu_remove_dir(g_dir);
 }
 
-static oi_dir_key key_of(uint64_t ns, uint32_t i) {
-  oi_dir_key k = {.ns_fp = ns, .layout_fp = 0x0123456789abcdefull};
+static oi_tier_key key_of(uint64_t ns, uint32_t i) {
+  oi_tier_key k = {.ns_fp = ns, .layout_fp = 0x0123456789abcdefull};
   for (int b = 0; b < 16; b++)
     k.hash[b] = (uint8_t)(i * 7 + b);
   memcpy(k.hash, &i, sizeof i);
   return k;
 }
 
-static uint16_t slot_of(const oi_dir_key *k) {
+static uint16_t slot_of(const oi_tier_key *k) {
   char s[OI_DIR_KEY_CHARS + 1];
   oi__dir_key_format(k, s);
   return oi__dir_key_slot(s, strlen(s));
@@ -201,7 +201,7 @@ static oi_dir *open_node(const char *id, uint64_t epoch, const char *url) {
 }
 
 /* GET of a raw key at master m; "" when absent. */
-static void raw_get(int m, const oi_dir_key *k, char *out, size_t cap) {
+static void raw_get(int m, const oi_tier_key *k, char *out, size_t cap) {
   char s[OI_DIR_KEY_CHARS + 1];
   oi__dir_key_format(k, s);
   redisReply *r = cmd(m, "GET %s", s);
@@ -210,7 +210,7 @@ static void raw_get(int m, const oi_dir_key *k, char *out, size_t cap) {
 }
 
 /* The same on a slot being imported by m (ASKING first). */
-static void raw_get_asking(int m, const oi_dir_key *k, char *out, size_t cap) {
+static void raw_get_asking(int m, const oi_tier_key *k, char *out, size_t cap) {
   char s[OI_DIR_KEY_CHARS + 1];
   oi__dir_key_format(k, s);
   redisContext *c = raw(g_port[m]);
@@ -246,7 +246,7 @@ static void test_slots_server(void) {
   redisContext *c = raw(g_port[0]);
   REQUIRE(c);
   for (uint32_t i = 0; i < 300; i++) {
-    oi_dir_key k = key_of(i * 0x9e3779b97f4a7c15ull, i);
+    oi_tier_key k = key_of(i * 0x9e3779b97f4a7c15ull, i);
     char s[OI_DIR_KEY_CHARS + 1];
     oi__dir_key_format(&k, s);
     redisReply *r = redisCommand(c, "CLUSTER KEYSLOT %s", s);
@@ -295,7 +295,7 @@ static void test_round_trip(void) {
   oi_dir *a = open_node("node-a", 7, NULL);
   CHECK(oi__dir_generation(a) == 1);
   enum { N = 64 };
-  oi_dir_key keys[N];
+  oi_tier_key keys[N];
   int per_master[MASTERS] = {0};
   for (uint32_t i = 0; i < N; i++) {
     keys[i] = key_of(100, i);
@@ -355,10 +355,10 @@ static void test_round_trip(void) {
 static void test_cas(void) {
   oi_dir *a = open_node("a", 1, NULL), *b = open_node("b", 2, NULL);
   /* one key per master */
-  oi_dir_key k[MASTERS];
+  oi_tier_key k[MASTERS];
   bool have[MASTERS] = {false};
   for (uint32_t i = 0, got = 0; got < MASTERS; i++) {
-    oi_dir_key c = key_of(200, i);
+    oi_tier_key c = key_of(200, i);
     int m = g_owner[slot_of(&c)];
     if (!have[m]) {
       have[m] = true;
@@ -423,7 +423,7 @@ static void test_cas(void) {
 
 static void test_garbage(void) {
   oi_dir *a = open_node("g", 3, NULL);
-  oi_dir_key keys[3];
+  oi_tier_key keys[3];
   for (uint32_t i = 0; i < 3; i++)
     keys[i] = key_of(550, i);
   CHECK_OK(oi__dir_publish(a, keys, 3));
@@ -448,15 +448,15 @@ static void test_garbage(void) {
 }
 
 /* Keys of the directory's form in one slot. */
-static void keys_in_slot(uint16_t slot, oi_dir_key *out, size_t n) {
+static void keys_in_slot(uint16_t slot, oi_tier_key *out, size_t n) {
   size_t got = 0;
   for (uint32_t i = 0; got < n; i++) {
-    oi_dir_key k = key_of(500, i);
+    oi_tier_key k = key_of(500, i);
     if (slot_of(&k) == slot) out[got++] = k;
   }
 }
 
-static void migrate_key(int from, int to, const oi_dir_key *k) {
+static void migrate_key(int from, int to, const oi_tier_key *k) {
   char s[OI_DIR_KEY_CHARS + 1], port[16];
   oi__dir_key_format(k, s);
   snprintf(port, sizeof port, "%d", g_port[to]);
@@ -472,7 +472,7 @@ static void test_migration(void) {
   const int from = 0, to = 2;
   REQUIRE(g_owner[slot] == from);
   enum { K = 5 };
-  oi_dir_key k[K];
+  oi_tier_key k[K];
   keys_in_slot(slot, k, K);
   CHECK_OK(oi__dir_publish(a, k, 3)); /* k[3], k[4] come later */
   CHECK_OK(oi__dir_flush(a, 2000));
@@ -548,7 +548,7 @@ static void test_seed_fallback(void) {
   oi_dir_stats st;
   oi__dir_stats(d, &st);
   CHECK(st.connected && st.generation == 1);
-  oi_dir_key k = key_of(600, 1);
+  oi_tier_key k = key_of(600, 1);
   CHECK_OK(oi__dir_publish(d, &k, 1));
   CHECK_OK(oi__dir_flush(d, 2000));
   oi_dir_holder h;
@@ -560,7 +560,7 @@ static void test_seed_fallback(void) {
   /* a plain url naming one master of the cluster: refused with a hint */
   snprintf(url, sizeof url, "redis://127.0.0.1:%d", g_port[0]);
   d = open_node("plain", 1, url);
-  oi_dir_key keys[16];
+  oi_tier_key keys[16];
   for (uint32_t i = 0; i < 16; i++)
     keys[i] = key_of(601, i);
   CHECK_ST(oi__dir_lookup(d, keys, 16, &h, &n), OI_ERR_PROTOCOL);
@@ -572,7 +572,7 @@ static void test_seed_fallback(void) {
 static void test_master_stopped(void) {
   oi_dir *a = open_node("stop-a", 4, NULL);
   enum { N = 64 };
-  oi_dir_key keys[N];
+  oi_tier_key keys[N];
   for (uint32_t i = 0; i < N; i++)
     keys[i] = key_of(650, i);
   CHECK_OK(oi__dir_publish(a, keys, N));
@@ -609,7 +609,7 @@ static void test_master_stopped(void) {
 static void test_master_killed(void) {
   oi_dir *a = open_node("kill-a", 9, NULL), *b = open_node("kill-b", 1, NULL);
   enum { N = 64 };
-  oi_dir_key keys[N];
+  oi_tier_key keys[N];
   for (uint32_t i = 0; i < N; i++)
     keys[i] = key_of(700, i);
   CHECK_OK(oi__dir_publish(a, keys, N));

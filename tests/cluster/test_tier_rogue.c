@@ -25,6 +25,7 @@
 #include "cluster/ucx.h"
 #include "cluster_util.h"
 #include "host/host.h"
+#include "host/tier.h"
 #include "le_bytes.h"
 #include "openinfer/openinfer.h"
 

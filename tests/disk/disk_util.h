@@ -39,8 +39,8 @@ static inline void dt_rmtree(char *dir) {
   free(dir);
 }
 
-static inline oi_disk_key dt_key(uint64_t i) {
-  oi_disk_key k = {.ns_fp = 0x5eed0000u + (i % 3), .layout_fp = 0xabcdef};
+static inline oi_tier_key dt_key(uint64_t i) {
+  oi_tier_key k = {.ns_fp = 0x5eed0000u + (i % 3), .layout_fp = 0xabcdef};
   for (int b = 0; b < 16; b++)
     k.hash[b] = (uint8_t)(i >> (8 * (b % 8))) ^ (uint8_t)(b * 29);
   return k;
@@ -123,7 +123,7 @@ static inline oi_status dt_wait_done(dt_wait *w) {
 /* Writes key i (its own payload of dt_len(i) or `len` bytes) and waits. */
 static inline oi_status dt_write_len(oi_disk *d, uint64_t i, uint64_t len) {
   uint8_t *p = dt_payload(i, len);
-  oi_disk_key k = dt_key(i);
+  oi_tier_key k = dt_key(i);
   dt_wait w;
   dt_wait_init(&w);
   oi_status st = oi__disk_write(d, &k, p, len, dt_cb, &w);
@@ -140,7 +140,7 @@ static inline oi_status dt_read_len(oi_disk *d, uint64_t i, uint64_t len) {
   uint8_t *p = aligned_alloc(4096, cap);
   REQUIRE(p);
   memset(p, 0xEE, cap);
-  oi_disk_key k = dt_key(i);
+  oi_tier_key k = dt_key(i);
   dt_wait w;
   dt_wait_init(&w);
   oi_status st = oi__disk_read(d, &k, p, cap, dt_cb, &w);
@@ -155,7 +155,7 @@ static inline oi_status dt_read_len(oi_disk *d, uint64_t i, uint64_t len) {
 static inline oi_status dt_read(oi_disk *d, uint64_t i) { return dt_read_len(d, i, dt_len(i)); }
 
 static inline int dt_has(oi_disk *d, uint64_t i) {
-  oi_disk_key k = dt_key(i);
+  oi_tier_key k = dt_key(i);
   uint8_t present = 9;
   oi__disk_contains(d, &k, 1, &present);
   return present;

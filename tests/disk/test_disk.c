@@ -33,7 +33,7 @@ static void test_roundtrip(void) {
   CHECK(hist == NBLOCKS);
 
   /* contains, length, absent keys */
-  oi_disk_key keys[3] = {dt_key(3), dt_key(1000), dt_key(NBLOCKS - 1)};
+  oi_tier_key keys[3] = {dt_key(3), dt_key(1000), dt_key(NBLOCKS - 1)};
   uint8_t present[3] = {7, 7, 7};
   oi__disk_contains(d, keys, 3, present);
   CHECK(present[0] == 1 && present[1] == 0 && present[2] == 1);
@@ -50,7 +50,7 @@ static void test_roundtrip(void) {
   /* Arguments: a misaligned payload or destination, a destination too small. */
   uint8_t *buf = aligned_alloc(4096, 3 * 4096);
   REQUIRE(buf);
-  oi_disk_key k8 = dt_key(8); /* 40000 bytes: 10 sectors */
+  oi_tier_key k8 = dt_key(8); /* 40000 bytes: 10 sectors */
   CHECK_ST(oi__disk_write(d, &k8, buf + 8, 100, dt_cb, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi__disk_read(d, &k8, buf + 8, 4096, dt_cb, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi__disk_read(d, &k8, buf, 3 * 4096, dt_cb, NULL), OI_ERR_INVALID_ARGUMENT);
@@ -86,7 +86,7 @@ static void test_reopen(void) {
   for (uint64_t i = 0; i < NBLOCKS; i++)
     CHECK_OK(dt_write(d, i));
   for (uint64_t i = 0; i < NBLOCKS; i += 4) {
-    oi_disk_key k = dt_key(i);
+    oi_tier_key k = dt_key(i);
     CHECK_OK(oi__disk_remove(d, &k));
   }
   CHECK(dt_stats(d).checkpoints > 0);
@@ -296,7 +296,7 @@ static void test_log_replays_removals(void) {
   oi_disk *d = dt_open(dirs, 1, 1 * MiB, 0);
   for (uint64_t i = 0; i < 6; i++)
     CHECK_OK(dt_write_len(d, i, 3000));
-  oi_disk_key k2 = dt_key(2), k4 = dt_key(4);
+  oi_tier_key k2 = dt_key(2), k4 = dt_key(4);
   CHECK_OK(oi__disk_remove(d, &k2));
   CHECK_OK(oi__disk_remove(d, &k4));
   CHECK_OK(dt_write_len(d, 2, 5000)); /* key 2 again, another length */
@@ -347,7 +347,7 @@ static void test_capacity_lru(void) {
   for (uint64_t i = 0; i < 10; i++)
     CHECK_OK(dt_write_len(d, i, 4096));
   CHECK(dt_stats(d).bytes_used == 10 * 8192);
-  oi_disk_key k0 = dt_key(0), k5 = dt_key(5);
+  oi_tier_key k0 = dt_key(0), k5 = dt_key(5);
   CHECK_OK(oi__disk_pin(d, &k0));
   CHECK_OK(dt_read_len(d, 1, 4096));   /* 1 becomes the most recently used */
   CHECK_OK(dt_write_len(d, 10, 4096)); /* evicts 2 (0 pinned, 1 used) */
@@ -369,7 +369,7 @@ static void test_capacity_lru(void) {
   uint64_t live[16], nlive = 0;
   for (uint64_t i = 0; i < 13; i++)
     if (dt_has(d, i)) {
-      oi_disk_key k = dt_key(i);
+      oi_tier_key k = dt_key(i);
       CHECK_OK(oi__disk_pin(d, &k));
       live[nlive++] = i;
     }
@@ -378,12 +378,12 @@ static void test_capacity_lru(void) {
   CHECK(dt_stats(d).spills_failed == failed + 1);
   CHECK(!dt_has(d, 20));
   for (uint64_t j = 0; j < nlive; j++) {
-    oi_disk_key k = dt_key(live[j]);
+    oi_tier_key k = dt_key(live[j]);
     CHECK_OK(oi__disk_unpin(d, &k));
     CHECK_OK(dt_read_len(d, live[j], live[j] == 12 ? 8000 : 4096));
   }
   CHECK_ST(oi__disk_unpin(d, &k5), OI_ERR_NOT_FOUND); /* evicted */
-  oi_disk_key k1 = dt_key(1);
+  oi_tier_key k1 = dt_key(1);
   CHECK_ST(oi__disk_unpin(d, &k1), OI_ERR_STATE);
   /* 0 is still pinned once: many writes later it is still there. */
   for (uint64_t i = 30; i < 60; i++)
@@ -477,7 +477,7 @@ static void test_registered_buffers(void) {
     memset(slot, 0, 32 * KiB);
     for (uint64_t j = 0; j < len; j++)
       slot[j] = dt_byte(i, j);
-    oi_disk_key k = dt_key(i);
+    oi_tier_key k = dt_key(i);
     dt_wait w;
     dt_wait_init(&w);
     CHECK_OK(oi__disk_write(d, &k, slot, len, dt_cb, &w));
@@ -486,7 +486,7 @@ static void test_registered_buffers(void) {
   memset(pool, 0xEE, pool_bytes);
   for (uint64_t i = 0; i < 8; i++) {
     uint8_t *slot = pool + (7 - i) * 32 * KiB;
-    oi_disk_key k = dt_key(i);
+    oi_tier_key k = dt_key(i);
     dt_wait w;
     dt_wait_init(&w);
     CHECK_OK(oi__disk_read(d, &k, slot, 32 * KiB, dt_cb, &w));

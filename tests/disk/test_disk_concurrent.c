@@ -29,7 +29,7 @@ static void *work(void *arg) {
      * so that no other thread removes a block it pinned: a pinned block
      * must then survive every eviction until it is unpinned. */
     if (what >= 8) i = i - i % THREADS + w->id;
-    oi_disk_key k = dt_key(i);
+    oi_tier_key k = dt_key(i);
     if (what < 4) {
       oi_status st = dt_write(w->d, i);
       if (st == OI_OK)
@@ -77,10 +77,10 @@ static void *work(void *arg) {
 static uint64_t g_checked;
 static oi_disk *g_d;
 
-static void check_one(void *ctx, const oi_disk_key *key, uint64_t len) {
+static void check_one(void *ctx, const oi_tier_key *key, uint64_t len) {
   uint64_t *keys = ctx;
   for (uint64_t i = 0; i < KEYS; i++) {
-    oi_disk_key k = dt_key(i);
+    oi_tier_key k = dt_key(i);
     if (!memcmp(&k, key, sizeof k)) {
       keys[g_checked++] = i;
       if (len != dt_len(i)) keys[KEYS] = 1;

@@ -228,7 +228,7 @@ static void test_bad_arguments(void) {
   unlink_store(dir);
   d = dt_open(dirs, 1, 1 * MiB, 0);
   CHECK_OK(dt_write(d, 1));
-  oi_disk_key k = dt_key(1), absent = dt_key(99);
+  oi_tier_key k = dt_key(1), absent = dt_key(99);
   uint8_t *buf = dt_payload(1, 8192);
   dt_wait w;
   CHECK_ST(oi__disk_write(NULL, &k, buf, 100, dt_cb, &w), OI_ERR_INVALID_ARGUMENT);
@@ -409,7 +409,7 @@ static void test_crafted_log(void) {
   struct stat sb;
   CHECK(stat(log, &sb) == 0 && sb.st_size == 12 * OI_DISK_RECORD_BYTES);
   uint64_t len = 0;
-  oi_disk_key k6 = dt_key(6);
+  oi_tier_key k6 = dt_key(6);
   CHECK_OK(oi__disk_length(d, &k6, &len));
   CHECK(len == 100);
   /* Never written: the reads fail their header check and drop the blocks. */
@@ -537,7 +537,7 @@ static oi_status write_from(oi_disk *d, uint64_t i, uint8_t *buf, uint64_t len) 
   uint8_t *p = dt_payload(i, len);
   memcpy(buf, p, (len + 4095) & ~4095ull);
   free(p);
-  oi_disk_key k = dt_key(i);
+  oi_tier_key k = dt_key(i);
   dt_wait w;
   dt_wait_init(&w);
   oi_status st = oi__disk_write(d, &k, buf, len, dt_cb, &w);
@@ -619,7 +619,7 @@ static void test_an_index_that_names_the_wrong_bytes(void) {
   REQUIRE(buf);
   for (int i = 0; i < 6; i++) {
     memset(buf, 0xEE, 8192);
-    oi_disk_key k = dt_key(keys[i]);
+    oi_tier_key k = dt_key(keys[i]);
     dt_wait w;
     dt_wait_init(&w);
     CHECK_OK(oi__disk_read(d, &k, buf, 8192, dt_cb, &w));

@@ -213,7 +213,7 @@ static void round_trip_through_disk(uint64_t block) {
 static void test_round_trip_aligned_blocks(void) { round_trip_through_disk(64 * 1024); }
 static void test_round_trip_odd_blocks(void) { round_trip_through_disk(10000); }
 
-static void count_first_nb(void *ctx, const oi_disk_key *key, uint64_t len) {
+static void count_first_nb(void *ctx, const oi_tier_key *key, uint64_t len) {
   (void)len;
   uint64_t i;
   memcpy(&i, key->hash, sizeof i);

@@ -188,7 +188,7 @@ static void rig_close(rig *r) {
   r->h = NULL;
 }
 
-static void on_disk_fn(void *ctx, const oi_disk_key *key, uint64_t len) {
+static void on_disk_fn(void *ctx, const oi_tier_key *key, uint64_t len) {
   uint8_t *on = ctx;
   int64_t k = key_of(key->hash);
   if (k < 0 || len != g_block) {

@@ -6,6 +6,7 @@
 
 #include "engine_testutil.h"
 #include "host/host.h"
+#include "host/tier.h"
 
 #define SEED 0x0123456789ull
 
@@ -945,10 +946,11 @@ static void test_more_than_64_index_shards(void) {
   etu_layout_free(&L);
 }
 
-/* The host's watcher (the cluster tier's hook): told of every block sealed
- * and evicted, with its namespace and hash; a second watcher refused while
- * one is set; one without an eviction hook hears only seals; cleared, it
- * hears nothing; its destroy hook runs once, at the host's destroy. */
+/* A tier that listens (as the cluster tier does): told of every block
+ * sealed and evicted, with its namespace and hash; a second tier of the same
+ * ops refused while one is attached; one without an eviction hook hears
+ * only seals; detached, it hears nothing; its destroy hook runs once, at the
+ * host's destroy. */
 typedef struct watch_log {
   int sealed, evicted, destroyed;
   uint32_t ns;
@@ -988,35 +990,39 @@ static void test_host_watcher(void) {
     ids[j] = j;
   }
   watch_log w = {.ns = ns.id, .hashes_ok = true, .want = hs, .n_want = 12};
-  CHECK(oi__host_watcher(h) == NULL);
-  oi_host_watch hw = {.sealed = watch_sealed, .evicted = watch_evicted, .ctx = &w};
-  CHECK_OK(oi__host_set_watch(h, &hw));
-  CHECK(oi__host_watcher(h) == &w);
-  CHECK_ST(oi__host_set_watch(h, &hw), OI_ERR_STATE);
-  CHECK(strstr(oi_last_error(), "a watcher is set on this host already"));
+  static const oi_tier_ops both = {
+      .name = "watch", .sealed = watch_sealed, .evicted = watch_evicted};
+  static const oi_tier_ops seals = {.name = "watch", .sealed = watch_sealed};
+  static const oi_tier_ops with_destroy = {.name = "watch",
+                                           .sealed = watch_sealed,
+                                           .evicted = watch_evicted,
+                                           .destroy = watch_destroyed};
+  CHECK(oi__host_tier_find(h, &both) == NULL);
+  oi_tier *link = NULL;
+  CHECK_OK(oi__host_tier_attach(h, &both, &w, &link));
+  CHECK(oi__host_tier_find(h, &both) == &w);
+  CHECK_ST(oi__host_tier_attach(h, &both, &w, NULL), OI_ERR_STATE);
+  CHECK(strstr(oi_last_error(), "a watch tier is attached to this host already"));
   CHECK_OK(etu_save_wait(e, ids, hs, 4));
   CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
   uint64_t evicted = 0;
   CHECK_OK(oi_offload_host_evict_all(h, &evicted));
   CHECK(evicted == 4 && w.sealed == 4 && w.evicted == 4 && w.hashes_ok);
   /* Seals only. */
-  CHECK_OK(oi__host_set_watch(h, NULL));
-  CHECK(oi__host_watcher(h) == NULL);
-  hw.evicted = NULL;
-  CHECK_OK(oi__host_set_watch(h, &hw));
+  oi__host_tier_detach(h, link);
+  CHECK(oi__host_tier_find(h, &both) == NULL);
+  CHECK_OK(oi__host_tier_attach(h, &seals, &w, &link));
   CHECK_OK(etu_save_wait(e, ids + 4, hs + 4, 4));
   CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
   CHECK_OK(oi_offload_host_evict_all(h, &evicted));
   CHECK(evicted == 4 && w.sealed == 8 && w.evicted == 4 && w.hashes_ok);
-  /* Cleared: nothing heard. */
-  CHECK_OK(oi__host_set_watch(h, NULL));
+  /* Detached: nothing heard. */
+  oi__host_tier_detach(h, link);
   CHECK_OK(etu_save_wait(e, ids + 8, hs + 8, 4));
   CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
   CHECK(w.sealed == 8);
   /* The destroy hook: once, when the host goes (not at a clear). */
-  hw.evicted = watch_evicted;
-  hw.destroy = watch_destroyed;
-  CHECK_OK(oi__host_set_watch(h, &hw));
+  CHECK_OK(oi__host_tier_attach(h, &with_destroy, &w, NULL));
   CHECK(w.destroyed == 0);
   oi_offload_engine_destroy(e);
   oi_offload_host_destroy(h);
@@ -1024,17 +1030,22 @@ static void test_host_watcher(void) {
   etu_layout_free(&L);
 }
 
-/* A lower tier (the disk tier's hooks) that takes its spills late: 5000
+/* A tier that takes spills (as the disk tier does) and takes them late: 5000
  * blocks sealed while it takes none queue past the queue's first 4096
  * entries and none is lost (nothing counted as overflow); taken 64 at a
  * time they are exactly the 5000 saved, each with its block size; ended,
- * they are held below and still evictable. A second lower tier is refused;
+ * they are held below and still evictable. A second tier that takes spills
+ * is refused;
  * the first one's destroy hook runs once, at the host's destroy. */
 static int lower_destroyed;
 static void lower_destroy(void *ctx) {
   (void)ctx;
   lower_destroyed++;
 }
+static const oi_tier_ops lower_ops = {
+    .name = "lower", .flags = OI_TIER_SPILLS, .destroy = lower_destroy};
+static const oi_tier_ops lower_ops2 = {
+    .name = "lower2", .flags = OI_TIER_SPILLS, .destroy = lower_destroy};
 
 static void test_a_lower_tier_that_takes_its_spills_late(void) {
   enum { N = 5000, CALL = 500 };
@@ -1043,10 +1054,11 @@ static void test_a_lower_tier_that_takes_its_spills_late(void) {
   oi_offload_host *h = etu_host_create_wm(16 << 20, 0, 0, 1.0f, 0.9f);
   int ctx = 0;
   lower_destroyed = 0;
-  CHECK_OK(oi__host_attach_lower(h, &ctx, lower_destroy));
-  CHECK_ST(oi__host_attach_lower(h, &ctx, lower_destroy), OI_ERR_STATE);
-  CHECK(strstr(oi_last_error(), "a lower tier is attached to this host already"));
-  CHECK(oi__host_lower(h) == &ctx);
+  CHECK_OK(oi__host_tier_attach(h, &lower_ops, &ctx, NULL));
+  CHECK_ST(oi__host_tier_attach(h, &lower_ops2, &ctx, NULL), OI_ERR_STATE);
+  CHECK(
+      strstr(oi_last_error(), "a tier that takes spills (lower) is attached to this host already"));
+  CHECK(oi__host_tier_find(h, &lower_ops) == &ctx);
   oi_offload_engine *e = etu_engine_create(h, &L, "below", 1);
   static oi_block_hash hs[N];
   static int64_t ids[N];

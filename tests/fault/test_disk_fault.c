@@ -30,7 +30,7 @@ static void test_write_errors(void) {
 
   REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE, 0, 1, ENOSPC) == OI_OK);
   uint8_t *p = dt_payload(2, 4096);
-  oi_disk_key k2 = dt_key(2);
+  oi_tier_key k2 = dt_key(2);
   dt_wait w;
   dt_wait_init(&w);
   CHECK_OK(oi__disk_write(d, &k2, p, 4096, dt_cb, &w));
@@ -39,7 +39,7 @@ static void test_write_errors(void) {
   free(p);
   REQUIRE(oi__fault_arm(OI_FAULT_DISK_SHORT_WRITE, 0, 1, 0) == OI_OK);
   p = dt_payload(3, 4096);
-  oi_disk_key k3 = dt_key(3);
+  oi_tier_key k3 = dt_key(3);
   dt_wait_init(&w);
   CHECK_OK(oi__disk_write(d, &k3, p, 4096, dt_cb, &w));
   CHECK_ST(dt_wait_done(&w), OI_ERR_IO);
@@ -119,7 +119,7 @@ static void test_reads_hold_their_blocks(void) {
     CHECK_OK(dt_write_len(d, i, 4096));
   uint8_t *buf = aligned_alloc(4096, 4096);
   REQUIRE(buf);
-  oi_disk_key k0 = dt_key(0);
+  oi_tier_key k0 = dt_key(0);
 
   /* 0 is the least recently used: being read, 1 goes instead. */
   REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ_SLOW, 0, 1, 1000) == OI_OK);
@@ -128,7 +128,7 @@ static void test_reads_hold_their_blocks(void) {
   memset(buf, 0xEE, 4096);
   CHECK_OK(oi__disk_read(d, &k0, buf, 4096, dt_cb, &r));
   uint8_t *p4 = dt_payload(4, 4096);
-  oi_disk_key k4 = dt_key(4);
+  oi_tier_key k4 = dt_key(4);
   dt_wait w;
   dt_wait_init(&w);
   CHECK_OK(oi__disk_write(d, &k4, p4, 4096, dt_cb, &w));
@@ -149,7 +149,7 @@ static void test_reads_hold_their_blocks(void) {
   CHECK_OK(oi__disk_remove(d, &k0));
   CHECK(!dt_has(d, 0));
   uint8_t *p5 = dt_payload(5, 4096);
-  oi_disk_key k5 = dt_key(5);
+  oi_tier_key k5 = dt_key(5);
   dt_wait_init(&w);
   CHECK_OK(oi__disk_write(d, &k5, p5, 4096, dt_cb, &w));
   CHECK(!dt_wait_finished(&r));
@@ -185,7 +185,7 @@ typedef struct cb_writes {
 
 static void writes_from_callback(void *ctx, oi_status st) {
   cb_writes *c = ctx;
-  oi_disk_key k8 = dt_key(8), k9 = dt_key(9);
+  oi_tier_key k8 = dt_key(8), k9 = dt_key(9);
   c->st8 = oi__disk_write(c->d, &k8, c->p8, dt_len(8), dt_cb, &c->w8);
   c->st9 = oi__disk_write(c->d, &k9, c->p9, dt_len(9), NULL, NULL);
   dt_cb(&c->read, st);
@@ -209,7 +209,7 @@ static void test_queue_full(void) {
   REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ_SLOW, 0, 2, 300) == OI_OK);
   uint8_t *b0 = aligned_alloc(4096, 8192), *b1 = aligned_alloc(4096, 8192);
   REQUIRE(b0 && b1);
-  oi_disk_key k0 = dt_key(0), k1 = dt_key(1);
+  oi_tier_key k0 = dt_key(0), k1 = dt_key(1);
   dt_wait r0, r1;
   dt_wait_init(&r0);
   dt_wait_init(&r1);
@@ -465,7 +465,7 @@ static void test_register_while_a_read_is_in_flight(void) {
   uint8_t *buf = aligned_alloc(4096, 8192);
   REQUIRE(buf);
   REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ_SLOW, 0, 1, 300) == OI_OK);
-  oi_disk_key k = dt_key(0);
+  oi_tier_key k = dt_key(0);
   dt_wait w;
   dt_wait_init(&w);
   struct timespec t0, t1;

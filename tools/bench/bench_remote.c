@@ -363,7 +363,7 @@ int bench_remote(int argc, char **argv) {
     if (oi__dir_open(&dopt, &d) != OI_OK) goto api_fail;
     /* The keys the nodes published: the namespace's name and layout
      * fingerprints, as the tier makes them (docs/cluster.md). */
-    oi_dir_key keys[64];
+    oi_tier_key keys[64];
     oi_dir_holder holders[64];
     oi_host_ns ns;
     uint64_t ns_fp = 0, layout_fp = 0;

@@ -369,7 +369,7 @@ static void *wait_published_here(void *arg) {
     snprintf(w->why, sizeof w->why, "the directory in namespace A: %s", oi_last_error());
     return NULL;
   }
-  static oi_dir_key keys[MAX_QUERY];
+  static oi_tier_key keys[MAX_QUERY];
   static oi_dir_holder holders[MAX_QUERY];
   for (int tries = 0; tries < 1000 && !w->all; tries++) {
     w->all = true;
@@ -377,7 +377,7 @@ static void *wait_published_here(void *arg) {
       size_t n = (size_t)(p->nblocks - first < MAX_QUERY ? p->nblocks - first : MAX_QUERY), got;
       for (size_t i = 0; i < n; i++) {
         oi_block_hash h = p->hash(first + i);
-        keys[i] = (oi_dir_key){.ns_fp = p->ns_fp, .layout_fp = p->layout_fp};
+        keys[i] = (oi_tier_key){.ns_fp = p->ns_fp, .layout_fp = p->layout_fp};
         memcpy(keys[i].hash, h.bytes, 16);
       }
       w->all = oi__dir_lookup(d, keys, n, holders, &got) == OI_OK && got == n;

@@ -1,0 +1,21 @@
+/* The public query's contract beside the host's query (host/host.h): the
+ * checks of its flags and result struct, and the result it fills, shared by
+ * the engines, oi_offload_host_query and the server's lookups. */
+#ifndef OI_ENGINE_QUERY_H
+#define OI_ENGINE_QUERY_H
+
+#include "host/host.h"
+#include "openinfer/engine.h"
+
+/* Checks a query's flags, result struct and membership array. *present and
+ * *wait_ms receive what the caller's result carries (wait_ms: 0 unless
+ * OI_QUERY_WAIT_PENDING). */
+oi_status oi__query_check(const char *what, const oi_block_hash *hashes, size_t n, uint32_t flags,
+                          const oi_query_result *out, uint8_t **present, uint32_t *wait_ms);
+
+/* The host's answer to a query of `a` as the caller's result (as much of
+ * it as out->struct_size holds). */
+oi_status oi__query_result_out(const oi_host_query_args *a, const oi_host_answer *ans,
+                               oi_query_result *out, const char *what);
+
+#endif

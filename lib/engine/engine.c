@@ -146,7 +146,7 @@ OI_API oi_status oi_offload_engine_connect(const char *socket_path, const oi_eng
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: out is NULL");
   if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: options is NULL");
   /* arena_out is optional with engine-owned memory (arena_base set): checked
-   * once the options are read (remote.c). */
+   * once the options are read (remote_connect.c). */
   return oi__remote_engine_connect(socket_path, o, out, arena_out);
 }
 

@@ -64,7 +64,7 @@ oi_status oi__engine_validate_unmapped(const oi_engine_options *o, const char *w
 oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o,
                                   oi_offload_engine **out);
 
-/* The sidecar engine (remote.c): requests over the server's socket. */
+/* The sidecar engine (remote_*.c): requests over the server's socket. */
 oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_options *o,
                                     oi_offload_engine **out, oi_imported_arena **arena_out);
 

@@ -10,7 +10,7 @@
  * answer with an error and keep the session. Anything else malformed fails
  * the decode: that is garbage, and the session ends.
  *
- * Used by the server (lib/server) and the remote engine (lib/engine/remote.c)
+ * Used by the server (lib/server) and the remote engine (lib/engine/remote_*.c)
  * and by nothing below them. */
 #ifndef OI_PROTO_WIRE_H
 #define OI_PROTO_WIRE_H

@@ -1,7 +1,7 @@
 /* A scriptable fake `openinfer serve` for the client's error paths: a thread
  * of the test process that listens on a Unix socket in a private temporary
  * directory and speaks the real wire protocol (lib/proto: 4-byte length,
- * one Envelope), so lib/engine/remote.c is driven through the public API
+ * one Envelope), so lib/engine/remote_*.c is driven through the public API
  * exactly as against the real server.
  *
  * Every request is answered with the correct reply (a HelloReply of

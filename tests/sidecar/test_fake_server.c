@@ -1,4 +1,4 @@
-/* Every reply check and deadline of the sidecar client (lib/engine/remote.c),
+/* Every reply check and deadline of the sidecar client (lib/engine/remote_*.c),
  * driven through the public API against a scripted fake server
  * (fake_server.h) that speaks the real wire protocol: no reply, a late
  * reply, a wrong protocol version, a bad register reply, a lease of the
@@ -975,7 +975,7 @@ static void test_closed_under_owned_engine(void) {
   fs_stop(fs);
 }
 
-/* ---- the read side: a waiting caller reads the replies (lib/engine/remote.c) ------------ */
+/* ---- the read side: a waiting caller reads the replies (lib/engine/remote_*.c) ------------ */
 
 /* A query of 4 hashes whose deadline is the control deadline plus wait_ms,
  * run on its own thread: its status, hits, last error and end time. */

@@ -20,13 +20,11 @@
 
 #include "cluster/directory.h"
 #include "cluster/peer.h"
+#include "cluster/peer_wire.h"
 #include "cluster/tier.h"
 #include "fuzz_util.h"
 
 #define TIER_MAGIC 0x4c43494fu
-#define PEER_MAGIC 0x5250494fu
-#define HELLO_FIXED (8 + OI_PEER_NONCE)
-#define WELCOME_FIXED (4 + OI_PEER_MAC_LEN + 24)
 
 static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t le32(const uint8_t *p) { return le16(p) | (uint32_t)le16(p + 2) << 16; }
@@ -112,12 +110,13 @@ static void hello(const uint8_t *d, size_t len) {
     refused(st, "hello");
     return;
   }
-  FZ_ASSERT(len >= HELLO_FIXED && le32(d) == PEER_MAGIC && le16(d + 4) == 1, "hello header");
+  FZ_ASSERT(len >= OI_PEER_HELLO_FIXED && le32(d) == OI_PEER_MAGIC && le16(d + 4) == 1,
+            "hello header");
   FZ_ASSERT(id_len >= 1 && id_len <= OI_PEER_MAX_NODE_ID, "a node id of %zu bytes", id_len);
-  FZ_ASSERT(id_len == le16(d + 6) && len == HELLO_FIXED + id_len,
+  FZ_ASSERT(id_len == le16(d + 6) && len == OI_PEER_HELLO_FIXED + id_len,
             "a node id of %zu bytes in a hello of %zu", id_len, len);
   FZ_ASSERT(strlen(id) == id_len, "the node id holds a NUL or is not terminated");
-  FZ_ASSERT(!memcmp(id, d + HELLO_FIXED, id_len), "the node id is not the message's");
+  FZ_ASSERT(!memcmp(id, d + OI_PEER_HELLO_FIXED, id_len), "the node id is not the message's");
   FZ_ASSERT(!memcmp(nonce, d + 8, OI_PEER_NONCE), "the nonce is not the message's");
 }
 
@@ -129,7 +128,7 @@ static void auth(const uint8_t *d, size_t len) {
     refused(st, "auth");
     return;
   }
-  FZ_ASSERT(len == 4 + OI_PEER_MAC_LEN && le32(d) == PEER_MAGIC && mac == d + 4,
+  FZ_ASSERT(len == 4 + OI_PEER_MAC_LEN && le32(d) == OI_PEER_MAGIC && mac == d + 4,
             "auth of %zu bytes", len);
   uint64_t acc = 0;
   for (size_t i = 0; i < OI_PEER_MAC_LEN; i++)
@@ -151,11 +150,11 @@ static oi_status welcome(const uint8_t *d, size_t len, const uint8_t *want) {
     refused(st, "welcome");
     return st;
   }
-  FZ_ASSERT(len >= WELCOME_FIXED && le32(d) == PEER_MAGIC, "welcome of %zu bytes", len);
+  FZ_ASSERT(len >= OI_PEER_WELCOME_FIXED && le32(d) == OI_PEER_MAGIC, "welcome of %zu bytes", len);
   FZ_ASSERT(w.mac == d + 4, "the MAC is not the message's");
   FZ_ASSERT(!want || !memcmp(want, w.mac, OI_PEER_MAC_LEN), "a welcome with another MAC passed");
-  FZ_ASSERT(w.rkey_len <= OI_PEER_MAX_RKEY && len == WELCOME_FIXED + (size_t)w.rkey_len &&
-                w.rkey == d + WELCOME_FIXED,
+  FZ_ASSERT(w.rkey_len <= OI_PEER_MAX_RKEY && len == OI_PEER_WELCOME_FIXED + (size_t)w.rkey_len &&
+                w.rkey == d + OI_PEER_WELCOME_FIXED,
             "a key of %u bytes in a welcome of %zu", w.rkey_len, len);
   FZ_ASSERT(w.flags <= 1 && (w.flags == 1) == (w.rkey_len > 0), "flags %u with a key of %u bytes",
             w.flags, w.rkey_len);
@@ -246,8 +245,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FZ_ASSERT(welcome(m, size, mac) == plain, "its own MAC changes the welcome's verdict");
     mac[size % OI_PEER_MAC_LEN] ^= 1;
     oi_status other = welcome(m, size, mac);
-    FZ_ASSERT(other == (size >= WELCOME_FIXED && le32(m) == PEER_MAGIC ? OI_ERR_PERMISSION
-                                                                       : OI_ERR_PROTOCOL),
+    FZ_ASSERT(other == (size >= OI_PEER_WELCOME_FIXED && le32(m) == OI_PEER_MAGIC
+                            ? OI_ERR_PERMISSION
+                            : OI_ERR_PROTOCOL),
               "a welcome with another MAC: %s", oi_status_str(other));
   }
   holder((const char *)m, size);

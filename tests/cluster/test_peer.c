@@ -1,4 +1,4 @@
-/* The peer transport (lib/cluster/peer.c) over UCX's TCP transport on
+/* The peer transport (lib/cluster/peer*.c) over UCX's TCP transport on
  * 127.0.0.1: UCX loaded at run time (nothing mapped before the first net,
  * a missing or incomplete libucp refused with its name and dlerror());
  * SHA-256 and HMAC-SHA256 test vectors; connect and mutual

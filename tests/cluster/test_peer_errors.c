@@ -1,4 +1,4 @@
-/* The peer transport's refusals (lib/cluster/peer.c): handshake messages
+/* The peer transport's refusals (lib/cluster/peer*.c): handshake messages
  * that are malformed field by field (the parsers the connection code runs
  * on what a peer sent), addresses that are not IPv4 IP:PORT, calls, sends,
  * gets and registrations with bad arguments, a listener on an address this
@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "cluster/peer.h"
+#include "cluster/peer_wire.h"
 #include "cluster/sha256.h"
 #include "cluster/tier.h"
 #include "cluster/ucx.h"
@@ -22,29 +23,24 @@
 
 static const uint8_t SECRET[] = "cluster secret: thirty-two bytes";
 
-/* The handshake's layout (peer.c): "OIPR", version 1. */
-#define MAGIC 0x5250494fu
-#define HELLO_FIXED (4 + 2 + 2 + OI_PEER_NONCE)
-#define WELCOME_FIXED (4 + OI_PEER_MAC_LEN + 8 + 8 + 4 + 4)
-
 static size_t make_hello(uint8_t *b, uint16_t version, const char *id, uint16_t idl) {
-  put32(b, MAGIC);
+  put32(b, OI_PEER_MAGIC);
   put16(b + 4, version);
   put16(b + 6, idl);
   memset(b + 8, 0x11, OI_PEER_NONCE);
-  memcpy(b + HELLO_FIXED, id, strlen(id));
-  return HELLO_FIXED + strlen(id);
+  memcpy(b + OI_PEER_HELLO_FIXED, id, strlen(id));
+  return OI_PEER_HELLO_FIXED + strlen(id);
 }
 
 static void test_hello_refused(void) {
-  uint8_t b[HELLO_FIXED + 300], nonce[OI_PEER_NONCE];
+  uint8_t b[OI_PEER_HELLO_FIXED + 300], nonce[OI_PEER_NONCE];
   char id[OI_PEER_MAX_NODE_ID + 1];
   size_t idl = 0;
   size_t n = make_hello(b, 1, "node-a", 6);
   REQUIRE(oi__peer_parse_hello(b, n, nonce, id, &idl) == OI_OK);
   CHECK(idl == 6 && strcmp(id, "node-a") == 0 && nonce[0] == 0x11);
 
-  CHECK_ST(oi__peer_parse_hello(b, HELLO_FIXED - 1, nonce, id, &idl), OI_ERR_PROTOCOL);
+  CHECK_ST(oi__peer_parse_hello(b, OI_PEER_HELLO_FIXED - 1, nonce, id, &idl), OI_ERR_PROTOCOL);
   CHECK(strstr(oi_last_error(), "short"));
   b[0] ^= 1;
   CHECK_ST(oi__peer_parse_hello(b, n, nonce, id, &idl), OI_ERR_PROTOCOL);
@@ -64,7 +60,7 @@ static void test_hello_refused(void) {
   n = make_hello(b, 1, "node-a", 7);
   CHECK_ST(oi__peer_parse_hello(b, n, nonce, id, &idl), OI_ERR_PROTOCOL);
   n = make_hello(b, 1, "node-a", 6);
-  b[HELLO_FIXED + 2] = 0;
+  b[OI_PEER_HELLO_FIXED + 2] = 0;
   CHECK_ST(oi__peer_parse_hello(b, n, nonce, id, &idl), OI_ERR_PROTOCOL);
   CHECK(strstr(oi_last_error(), "bad node id"));
   CHECK(idl == 6 && strcmp(id, "node-a") == 0); /* refusals wrote nothing */
@@ -72,7 +68,7 @@ static void test_hello_refused(void) {
 
 static void test_auth_refused(void) {
   uint8_t b[4 + OI_PEER_MAC_LEN + 1];
-  put32(b, MAGIC);
+  put32(b, OI_PEER_MAGIC);
   memset(b + 4, 0x22, OI_PEER_MAC_LEN + 1);
   const uint8_t *mac = NULL;
   REQUIRE(oi__peer_parse_auth(b, 4 + OI_PEER_MAC_LEN, &mac) == OI_OK);
@@ -86,18 +82,18 @@ static void test_auth_refused(void) {
 }
 
 static size_t make_welcome(uint8_t *b, uint64_t base, uint64_t len, uint32_t klen, uint32_t flags) {
-  put32(b, MAGIC);
+  put32(b, OI_PEER_MAGIC);
   memset(b + 4, 0x33, OI_PEER_MAC_LEN);
   put64(b + 4 + OI_PEER_MAC_LEN, base);
   put64(b + 12 + OI_PEER_MAC_LEN, len);
   put32(b + 20 + OI_PEER_MAC_LEN, klen);
   put32(b + 24 + OI_PEER_MAC_LEN, flags);
-  memset(b + WELCOME_FIXED, 0x44, klen);
-  return WELCOME_FIXED + klen;
+  memset(b + OI_PEER_WELCOME_FIXED, 0x44, klen);
+  return OI_PEER_WELCOME_FIXED + klen;
 }
 
 static void test_welcome_refused(void) {
-  static uint8_t b[WELCOME_FIXED + OI_PEER_MAX_RKEY + 8];
+  static uint8_t b[OI_PEER_WELCOME_FIXED + OI_PEER_MAX_RKEY + 8];
   uint8_t mac[OI_PEER_MAC_LEN], other[OI_PEER_MAC_LEN];
   memset(mac, 0x33, sizeof mac);
   memset(other, 0x34, sizeof other);
@@ -110,7 +106,7 @@ static void test_welcome_refused(void) {
   CHECK_OK(oi__peer_parse_welcome(b, n, mac, &w)); /* no one-sided reads, no key */
 
   memset(&w, 0x5a, sizeof w);
-  CHECK_ST(oi__peer_parse_welcome(b, WELCOME_FIXED - 1, mac, &w), OI_ERR_PROTOCOL);
+  CHECK_ST(oi__peer_parse_welcome(b, OI_PEER_WELCOME_FIXED - 1, mac, &w), OI_ERR_PROTOCOL);
   CHECK_ST(oi__peer_parse_welcome(b, n, other, &w), OI_ERR_PERMISSION);
   CHECK(strstr(oi_last_error(), "does not prove the cluster secret"));
   const struct {
@@ -545,7 +541,7 @@ static void test_raw_client_breaks_the_protocol(void) {
   oi_peer_net *srv = NULL;
   REQUIRE(oi__peer_net_create(&o, &srv) == OI_OK);
   uint16_t port = oi__peer_net_port(srv);
-  uint8_t hello[HELLO_FIXED + 16];
+  uint8_t hello[OI_PEER_HELLO_FIXED + 16];
   size_t hl = make_hello(hello, 1, "raw", 3);
   const struct {
     unsigned id;
@@ -553,10 +549,10 @@ static void test_raw_client_breaks_the_protocol(void) {
     bool bad_hello;
     const char *what;
   } cases[] = {
-      {6 /* AM_REQ */, false, false, "a request before any handshake (out of turn)"},
-      {3 /* AM_AUTH */, false, false, "an AUTH before the HELLO (out of turn)"},
-      {1 /* AM_HELLO */, true, false, "a HELLO with a header (unexpected form)"},
-      {1 /* AM_HELLO */, false, true, "a HELLO of another protocol version"},
+      {OI_PEER_AM_REQ, false, false, "a request before any handshake (out of turn)"},
+      {OI_PEER_AM_AUTH, false, false, "an AUTH before the HELLO (out of turn)"},
+      {OI_PEER_AM_HELLO, true, false, "a HELLO with a header (unexpected form)"},
+      {OI_PEER_AM_HELLO, false, true, "a HELLO of another protocol version"},
       {0, false, false, "nothing at all (no handshake within the timeout)"},
       {100, false, false, "a HELLO, then an AUTH a byte short"},
       {101, false, false, "a HELLO, then an AUTH whose MAC proves no secret"},
@@ -566,14 +562,14 @@ static void test_raw_client_breaks_the_protocol(void) {
     raw_client r;
     raw_open(&r, port);
     if (cases[i].bad_hello) {
-      uint8_t b[HELLO_FIXED + 16];
+      uint8_t b[OI_PEER_HELLO_FIXED + 16];
       size_t n = make_hello(b, 2, "raw", 3);
       raw_send(&r, 1, NULL, 0, b, n);
     } else if (cases[i].id >= 100) { /* a good HELLO, then a bad AUTH */
       raw_send(&r, 1, NULL, 0, hello, hl);
       raw_progress(&r, 30); /* (the server's CHALLENGE) */
       uint8_t auth[4 + OI_PEER_MAC_LEN];
-      put32(auth, MAGIC);
+      put32(auth, OI_PEER_MAGIC);
       memset(auth + 4, 0, OI_PEER_MAC_LEN);
       raw_send(&r, 3, NULL, 0, auth, cases[i].id == 100 ? sizeof auth - 1 : sizeof auth);
     } else if (cases[i].id) {
@@ -636,11 +632,12 @@ static void test_raw_client_after_authenticating(void) {
   for (int c = 0; c < NCASES; c++) {
     raw_client r;
     raw_open(&r, port);
-    uint8_t hello[HELLO_FIXED + 16];
+    uint8_t hello[OI_PEER_HELLO_FIXED + 16];
     size_t hl = make_hello(hello, 1, "raw", 3); /* nonce: 32 x 0x11 */
     raw_send(&r, 1, NULL, 0, hello, hl);
     REQUIRE(raw_wait(&r, 2)); /* CHALLENGE: the server's nonce and id */
-    REQUIRE(r.last_len == HELLO_FIXED + 6 && memcmp(r.last + HELLO_FIXED, "server", 6) == 0);
+    REQUIRE(r.last_len == OI_PEER_HELLO_FIXED + 6 &&
+            memcmp(r.last + OI_PEER_HELLO_FIXED, "server", 6) == 0);
     uint8_t ns[OI_PEER_NONCE], nc[OI_PEER_NONCE];
     memcpy(ns, r.last + 8, OI_PEER_NONCE);
     memset(nc, 0x11, sizeof nc);
@@ -656,7 +653,7 @@ static void test_raw_client_after_authenticating(void) {
     oi__hmac_sha256_update(&h, &ls, 1);
     oi__hmac_sha256_update(&h, "server", 6);
     uint8_t auth[4 + OI_PEER_MAC_LEN];
-    put32(auth, MAGIC);
+    put32(auth, OI_PEER_MAGIC);
     oi__hmac_sha256_final(&h, auth + 4);
     raw_send(&r, 3, NULL, 0, auth, sizeof auth);
     REQUIRE(raw_wait(&r, 4)); /* WELCOME: authenticated */

@@ -1,4 +1,4 @@
-/* The reader's side of the peer transport (lib/cluster/peer.c) against a
+/* The reader's side of the peer transport (lib/cluster/peer*.c) against a
  * fake holder: a raw UCX server in a thread of this test that speaks the
  * handshake correctly (its MACs computed here from the shared secret) and
  * then answers the reader's calls and reads the way each case tells it: a
@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "cluster/peer.h"
+#include "cluster/peer_wire.h"
 #include "cluster/sha256.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
@@ -29,23 +30,7 @@
 
 static const uint8_t SECRET[] = "cluster secret: thirty-two bytes";
 
-#define MAGIC 0x5250494fu
-#define HELLO_FIXED (4 + 2 + 2 + OI_PEER_NONCE)
-#define WELCOME_FIXED (4 + OI_PEER_MAC_LEN + 8 + 8 + 4 + 4)
-#define REP_FIXED 12
-#define DATA_HDR 16
 #define REGION 8192u
-enum {
-  AM_HELLO = 1,
-  AM_CHALLENGE,
-  AM_AUTH,
-  AM_WELCOME,
-  AM_REFUSE,
-  AM_REQ,
-  AM_REP,
-  AM_READ,
-  AM_DATA
-};
 
 static uint8_t region_byte(uint64_t off) { return (uint8_t)(off * 13 + 5); }
 
@@ -195,8 +180,8 @@ static void fake_mac(const fake *f, uint8_t out[OI_PEER_MAC_LEN]) {
 }
 
 static void fake_welcome(fake *f, int mode) {
-  uint8_t b[WELCOME_FIXED + 16];
-  put32(b, MAGIC);
+  uint8_t b[OI_PEER_WELCOME_FIXED + 16];
+  put32(b, OI_PEER_MAGIC);
   fake_mac(f, b + 4);
   if (mode == H_WELCOME_BAD_MAC) b[4] ^= 1;
   put64(b + 4 + OI_PEER_MAC_LEN, 0);
@@ -204,14 +189,14 @@ static void fake_welcome(fake *f, int mode) {
   uint32_t klen = mode == H_JUNK_KEY ? 16 : 0;
   put32(b + 20 + OI_PEER_MAC_LEN, klen);
   put32(b + 24 + OI_PEER_MAC_LEN, mode == H_WELCOME_BAD_REGION ? 2 : klen ? 1 : 0);
-  memset(b + WELCOME_FIXED, 0, klen);
-  fake_send(f, AM_WELCOME, NULL, 0, b, WELCOME_FIXED + klen);
+  memset(b + OI_PEER_WELCOME_FIXED, 0, klen);
+  fake_send(f, OI_PEER_AM_WELCOME, NULL, 0, b, OI_PEER_WELCOME_FIXED + klen);
 }
 
 static void fake_hello(fake *f, const msg *m, int mode) {
   memcpy(f->nc, m->d + 8, OI_PEER_NONCE);
-  f->cidl = (uint8_t)(m->len - HELLO_FIXED);
-  memcpy(f->cid, m->d + HELLO_FIXED, f->cidl);
+  f->cidl = (uint8_t)(m->len - OI_PEER_HELLO_FIXED);
+  memcpy(f->cid, m->d + OI_PEER_HELLO_FIXED, f->cidl);
   if (mode == H_CLOSE_AT_HELLO) {
     fake_close_ep(f);
     return;
@@ -221,14 +206,14 @@ static void fake_hello(fake *f, const msg *m, int mode) {
     fake_welcome(f, GOOD);
     return;
   }
-  uint8_t b[HELLO_FIXED + 4];
-  put32(b, MAGIC);
+  uint8_t b[OI_PEER_HELLO_FIXED + 4];
+  put32(b, OI_PEER_MAGIC);
   put16(b + 4, mode == H_CHALLENGE_V2 ? 2 : 1);
   put16(b + 6, 4);
   memset(f->ns, 0x5c, OI_PEER_NONCE);
   memcpy(b + 8, f->ns, OI_PEER_NONCE);
-  memcpy(b + HELLO_FIXED, "fake", 4);
-  fake_send(f, AM_CHALLENGE, NULL, 0, b, sizeof b);
+  memcpy(b + OI_PEER_HELLO_FIXED, "fake", 4);
+  fake_send(f, OI_PEER_AM_CHALLENGE, NULL, 0, b, sizeof b);
 }
 
 static void fake_auth(fake *f, int mode) {
@@ -236,60 +221,62 @@ static void fake_auth(fake *f, int mode) {
     fake_close_ep(f);
   } else if (mode == H_REFUSE) {
     uint8_t b[4];
-    put32(b, MAGIC);
-    fake_send(f, AM_REFUSE, NULL, 0, b, 4);
+    put32(b, OI_PEER_MAGIC);
+    fake_send(f, OI_PEER_AM_REFUSE, NULL, 0, b, 4);
   } else {
     fake_welcome(f, mode);
   }
 }
 
 static void fake_req(fake *f, const msg *m, int mode) {
-  static uint8_t big[REP_FIXED + OI_PEER_MAX_MSG + 1];
-  uint8_t b[REP_FIXED + 256];
+  static uint8_t big[OI_PEER_REP_FIXED + OI_PEER_MAX_MSG + 1];
+  uint8_t b[OI_PEER_REP_FIXED + 256];
   size_t pl = m->len - 8; /* the payload, echoed */
   memcpy(b, m->d, 8);     /* the call id */
   put32(b + 8, 0);
-  memcpy(b + REP_FIXED, m->d + 8, OI_MIN(pl, 256));
-  size_t len = REP_FIXED + OI_MIN(pl, 256);
+  memcpy(b + OI_PEER_REP_FIXED, m->d + 8, OI_MIN(pl, 256));
+  size_t len = OI_PEER_REP_FIXED + OI_MIN(pl, 256);
   if (f->first_req_done) mode = GOOD;
   f->first_req_done = true;
   switch (mode) {
-  case R_SHORT: len = REP_FIXED - 1; break;
+  case R_SHORT: len = OI_PEER_REP_FIXED - 1; break;
   case R_LONG:
-    memcpy(big, b, REP_FIXED);
-    fake_send(f, AM_REP, NULL, 0, big, sizeof big);
+    memcpy(big, b, OI_PEER_REP_FIXED);
+    fake_send(f, OI_PEER_AM_REP, NULL, 0, big, sizeof big);
     return;
   case R_STATUS_POSITIVE: put32(b + 8, 3); break;
-  case R_STATUS_UNKNOWN: put32(b + 8, (uint32_t)(int32_t)(OI_ERR_BUSY - 1)), len = REP_FIXED; break;
+  case R_STATUS_UNKNOWN:
+    put32(b + 8, (uint32_t)(int32_t)(OI_ERR_BUSY - 1)), len = OI_PEER_REP_FIXED;
+    break;
   case R_ERROR_WITH_BYTES: put32(b + 8, (uint32_t)(int32_t)OI_ERR_NOT_FOUND); break;
-  case R_ERROR: put32(b + 8, (uint32_t)(int32_t)OI_ERR_NOT_FOUND), len = REP_FIXED; break;
+  case R_ERROR: put32(b + 8, (uint32_t)(int32_t)OI_ERR_NOT_FOUND), len = OI_PEER_REP_FIXED; break;
   case R_HEADER: {
     uint64_t h = 1;
-    fake_send(f, AM_REP, &h, sizeof h, b, len);
+    fake_send(f, OI_PEER_AM_REP, &h, sizeof h, b, len);
     return;
   }
   case R_OTHER_CALL: {
-    uint8_t o[REP_FIXED];
+    uint8_t o[OI_PEER_REP_FIXED];
     put64(o, get64(m->d) + 1000);
     put32(o + 8, 0);
-    fake_send(f, AM_REP, NULL, 0, o, sizeof o);
+    fake_send(f, OI_PEER_AM_REP, NULL, 0, o, sizeof o);
     break; /* then the right one */
   }
-  case R_TWICE: fake_send(f, AM_REP, NULL, 0, b, len); break; /* then again */
-  case R_CHALLENGE: fake_send(f, AM_CHALLENGE, NULL, 0, b, len); return;
-  case R_REQUEST: fake_send(f, AM_REQ, NULL, 0, b, len); return;
+  case R_TWICE: fake_send(f, OI_PEER_AM_REP, NULL, 0, b, len); break; /* then again */
+  case R_CHALLENGE: fake_send(f, OI_PEER_AM_CHALLENGE, NULL, 0, b, len); return;
+  case R_REQUEST: fake_send(f, OI_PEER_AM_REQ, NULL, 0, b, len); return;
   case R_CLOSE: fake_close_ep(f); return;
   default: break;
   }
-  fake_send(f, AM_REP, NULL, 0, b, len);
+  fake_send(f, OI_PEER_AM_REP, NULL, 0, b, len);
 }
 
 static void fake_data(fake *f, uint64_t get, uint32_t idx, int32_t st, const void *d, size_t len) {
-  uint8_t h[DATA_HDR];
+  uint8_t h[OI_PEER_DATA_HDR];
   put64(h, get);
   put32(h + 8, idx);
   put32(h + 12, (uint32_t)st);
-  fake_send(f, AM_DATA, h, DATA_HDR, d, len);
+  fake_send(f, OI_PEER_AM_DATA, h, OI_PEER_DATA_HDR, d, len);
 }
 
 static void fake_read(fake *f, const msg *m, int mode) {
@@ -314,7 +301,7 @@ static void fake_read(fake *f, const msg *m, int mode) {
   case D_SHORT_HEADER: {
     uint8_t h[8];
     put64(h, get);
-    fake_send(f, AM_DATA, h, sizeof h, d, n);
+    fake_send(f, OI_PEER_AM_DATA, h, sizeof h, d, n);
     return;
   }
   case D_CLOSE: fake_close_ep(f); return;
@@ -329,10 +316,10 @@ static void fake_read(fake *f, const msg *m, int mode) {
 static void fake_hold(fake *f, const msg *m) {
   if (f->nheld < (int)OI_ARRAY_LEN(f->held)) f->held[f->nheld++] = *m;
   if (f->nheld < 3) return;
-  bool req_first = f->held[0].id == AM_REQ;
+  bool req_first = f->held[0].id == OI_PEER_AM_REQ;
   for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < f->nheld; i++) {
-      bool is_req = f->held[i].id == AM_REQ;
+      bool is_req = f->held[i].id == OI_PEER_AM_REQ;
       if (is_req != (pass == (req_first ? 1 : 0))) continue;
       if (is_req)
         fake_req(f, &f->held[i], GOOD);
@@ -371,15 +358,15 @@ static void *fake_main(void *arg) {
     for (int i = 0; i < nin; i++) {
       busy = 1;
       switch (in[i].id) {
-      case AM_HELLO: fake_hello(f, &in[i], mode); break;
-      case AM_AUTH: fake_auth(f, mode); break;
-      case AM_REQ:
-      case AM_READ:
+      case OI_PEER_AM_HELLO: fake_hello(f, &in[i], mode); break;
+      case OI_PEER_AM_AUTH: fake_auth(f, mode); break;
+      case OI_PEER_AM_REQ:
+      case OI_PEER_AM_READ:
         if (mode == X_INTERLEAVE) {
           fake_hold(f, &in[i]);
           break;
         }
-        if (in[i].id == AM_REQ)
+        if (in[i].id == OI_PEER_AM_REQ)
           fake_req(f, &in[i], mode);
         else
           fake_read(f, &in[i], mode);

@@ -1,4 +1,4 @@
-/* The peer transport when UCX calls fail (lib/cluster/peer.c). The test
+/* The peer transport when UCX calls fail (lib/cluster/peer*.c). The test
  * puts stand-ins into the table of UCX functions (oi__ucx, lib/cluster/ucx.h)
  * once, before its first net; each forwards to UCX unless the test has
  * armed it (`fail`, a mask), and then returns the status UCX gives for such
@@ -22,22 +22,19 @@
 #include <time.h>
 
 #include "cluster/peer.h"
+#include "cluster/peer_wire.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
 #include "testutil.h"
 
 static const uint8_t SECRET[] = "cluster secret: thirty-two bytes";
 
-/* The active message id of a request (peer.c's wire layout). */
-#define AM_REQ 6u
-#define AM_AUTH 3u
-
 enum {
   F_CONFIG_READ = 1 << 0,
   F_CONFIG_MODIFY = 1 << 1,
   F_INIT = 1 << 2,
   F_WORKER = 1 << 3,
-  F_HANDLER = 1 << 4, /* the handler of AM_AUTH (after two were set) */
+  F_HANDLER = 1 << 4, /* the handler of OI_PEER_AM_AUTH (after two were set) */
   F_EFD = 1 << 5,
   F_LISTENER_QUERY = 1 << 6,
   F_CONNECT_EP = 1 << 7, /* an outbound endpoint: `fail_status` */
@@ -85,7 +82,7 @@ static ucs_status_t st_worker_create(ucp_context_h ctx, const ucp_worker_params_
 }
 
 static ucs_status_t st_set_handler(ucp_worker_h w, const ucp_am_handler_param_t *p) {
-  if (armed(F_HANDLER) && p->id == AM_AUTH) return UCS_ERR_INVALID_PARAM;
+  if (armed(F_HANDLER) && p->id == OI_PEER_AM_AUTH) return UCS_ERR_INVALID_PARAM;
   return real.ucp_worker_set_am_recv_handler(w, p);
 }
 
@@ -125,7 +122,7 @@ static ucs_status_t st_conn_query(ucp_conn_request_h r, ucp_conn_request_attr_t 
 
 static ucs_status_ptr_t st_am_send(ucp_ep_h ep, unsigned id, const void *hdr, size_t hlen,
                                    const void *buf, size_t len, const ucp_request_param_t *p) {
-  if (armed(F_SEND_REQ) && id == AM_REQ) return UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET);
+  if (armed(F_SEND_REQ) && id == OI_PEER_AM_REQ) return UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET);
   return real.ucp_am_send_nbx(ep, id, hdr, hlen, buf, len, p);
 }
 

@@ -4,7 +4,8 @@
  * the engine's query never reaches the internal calls below. */
 #include "disk/tier.h"
 
-#define UNBUILT(fn) oi__fail(OI_ERR_UNSUPPORTED, fn ": built without the disk tier (-Ddisk=disabled)")
+#define UNBUILT(fn)                                                                                \
+  oi__fail(OI_ERR_UNSUPPORTED, fn ": built without the disk tier (-Ddisk=disabled)")
 
 OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o) {
   OI_UNUSED(o);

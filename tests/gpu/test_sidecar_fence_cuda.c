@@ -53,7 +53,8 @@ static bool destination_stays(uint64_t seed) {
 
 /* One late load: the server stopped as it is sent; `kill_it` SIGKILLs the
  * stopped server, else SIGCONT after a second. */
-static void late_load(oi_offload_engine *e, test_server *ts, const oi_block_hash *hs, bool kill_it) {
+static void late_load(oi_offload_engine *e, test_server *ts, const oi_block_hash *hs,
+                      bool kill_it) {
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_offload_engine_query(e, NULL, hs, HALF, 0, &q));
   REQUIRE(q.hit_blocks == HALF);

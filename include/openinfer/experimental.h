@@ -28,7 +28,17 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------------ */
-/* The reference model                                                       */
+/* Errors of companion libraries                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Records `msg` (copied; NULL: empty) as the calling thread's last error,
+ * what oi_last_error() returns, and returns `st`: for code outside
+ * libopeninfer.so that implements its interfaces (a model's oi_model_ops,
+ * libopeninfer-refmodel.so) and reports through its one error pattern. */
+OI_API oi_status oi_set_last_error(oi_status st, const char *msg);
+
+/* ------------------------------------------------------------------------ */
+/* The reference model (libopeninfer-refmodel.so, not libopeninfer.so)      */
 /* ------------------------------------------------------------------------ */
 
 /* A small decoder-only transformer with deterministic pseudo-random weights:

@@ -49,3 +49,7 @@ oi_status oi__fail(oi_status st, const char *fmt, ...) {
   va_end(ap);
   return st;
 }
+
+OI_API oi_status oi_set_last_error(oi_status st, const char *msg) {
+  return oi__fail(st, "%s", msg ? msg : "");
+}

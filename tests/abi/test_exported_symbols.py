@@ -2,7 +2,12 @@
 """The shared library exports exactly the functions the public headers
 declare, each under the version node the version script names for it.
 
-    test_exported_symbols.py INCLUDE_DIR LIBOPENINFER_SO VERSION_SCRIPT
+    test_exported_symbols.py INCLUDE_DIR LIBOPENINFER_SO VERSION_SCRIPT [LIB_SO VERSION_SCRIPT]...
+
+Every further pair is a companion library that exports some of the
+declared functions (libopeninfer-refmodel.so: oi_refmodel_*): the
+functions its script lists are checked against it, the others against
+libopeninfer.so, and every declared function is in exactly one script.
 
 Three views of the ABI are compared, version node by version node:
   - the headers: every function declared with OI_API in
@@ -194,45 +199,20 @@ def needed(lib):
 NOT_NEEDED = re.compile(r"^libuc[pstm]\.so")
 
 
-def main():
-    if len(sys.argv) != 4:
-        print(__doc__, file=sys.stderr)
-        return 2
-    include_dir, lib, script = sys.argv[1:4]
-    if not shutil.which("nm") or not (shutil.which("readelf") or shutil.which("objdump")):
-        print("SKIP: binutils (nm, readelf/objdump) not found", file=sys.stderr)
-        return 77
-
-    decls = declared_functions(include_dir)
-    nodes = version_script(script)
+def check_library(lib, decls, nodes, errors, main):
+    """The shared library `lib` against the functions its version script
+    `nodes` lists (of `decls`); returns its per-node counts."""
     syms = exported_symbols(lib)
     node_of = {n: node for node, names in nodes.items() for n in names}
-    errors = []
-
-    # Headers against the version script.
-    for name, (path, experimental) in sorted(decls.items()):
-        node = node_of.get(name)
-        hdr = os.path.relpath(path, include_dir)
-        if node is None:
-            errors.append("unlisted: %s (declared in %s) is in no node of %s"
-                          % (name, hdr, os.path.basename(script)))
-        elif experimental and not EXPERIMENTAL_NODE.match(node):
-            errors.append("%s is experimental (%s) but listed in the stable node %s"
-                          % (name, hdr, node))
-        elif not experimental and not STABLE_NODE.match(node):
-            errors.append("%s is stable (%s) but listed in the experimental node %s"
-                          % (name, hdr, node))
-    for name in sorted(set(node_of) - set(decls)):
-        errors.append("stale: %s is listed in %s but declared in no header" % (name, node_of[name]))
-
-    # The shared library against both.
-    for s in sorted(set(syms) - set(decls)):
-        errors.append("leak: %s is exported (nm type %s) but not declared with OI_API in the "
-                      "public headers" % (s, syms[s][0]))
-    for s in sorted(set(decls) - set(syms)):
-        errors.append("missing: %s is declared in %s but not exported"
-                      % (s, os.path.relpath(decls[s][0], include_dir)))
-    for s in sorted(set(syms) & set(decls)):
+    mine = {n: d for n, d in decls.items() if n in node_of}
+    name = os.path.basename(lib)
+    for s in sorted(set(syms) - set(mine)):
+        errors.append("leak: %s exports %s (nm type %s), which its version script does not list "
+                      "or no public header declares with OI_API" % (name, s, syms[s][0]))
+    for s in sorted(set(mine) - set(syms)):
+        errors.append("missing: %s is declared in %s but %s does not export it"
+                      % (s, os.path.basename(mine[s][0]), name))
+    for s in sorted(set(syms) & set(mine)):
         typ, version, default = syms[s]
         if typ not in FUNCTION_TYPES:
             errors.append("%s is exported as nm type %s, not as a function" % (s, typ))
@@ -247,29 +227,75 @@ def main():
     counts = []
     for node in sorted(nodes):
         if node not in vd:
-            errors.append("version node %s is not defined" % node)
+            errors.append("%s: version node %s is not defined" % (name, node))
         exported = {s for s, (_t, v, _d) in syms.items() if v == node}
         for s in sorted(exported - nodes[node]):
             errors.append("%s: %s is exported under it but not listed" % (node, s))
         for s in sorted(nodes[node] - exported):
-            errors.append("%s: %s is listed but not exported under it" % (node, s))
+            errors.append("%s: %s is listed but not exported under it by %s" % (node, s, name))
         counts.append("%s %d" % (node, len(exported)))
 
     so = soname(lib)
-    if so != SONAME:
+    if main and so != SONAME:
         errors.append("SONAME is %s, expected %s" % (so, SONAME))
     for dep in needed(lib):
         if NOT_NEEDED.match(dep):
-            errors.append("NEEDED %s: UCX is loaded at run time (dlopen), not linked" % dep)
+            errors.append("%s: NEEDED %s: UCX is loaded at run time (dlopen), not linked"
+                          % (name, dep))
+    print("%s: %d symbols exported (%s), SONAME %s" % (name, len(syms), ", ".join(counts), so))
+    return node_of
 
-    print("%d functions declared with OI_API, %d symbols exported (%s), SONAME %s"
-          % (len(decls), len(syms), ", ".join(counts), so))
+
+def main():
+    if len(sys.argv) < 4 or len(sys.argv) % 2 != 0:
+        print(__doc__, file=sys.stderr)
+        return 2
+    include_dir = sys.argv[1]
+    pairs = [(sys.argv[i], sys.argv[i + 1]) for i in range(2, len(sys.argv), 2)]
+    if not shutil.which("nm") or not (shutil.which("readelf") or shutil.which("objdump")):
+        print("SKIP: binutils (nm, readelf/objdump) not found", file=sys.stderr)
+        return 77
+
+    decls = declared_functions(include_dir)
+    scripts = [(lib, script, version_script(script)) for lib, script in pairs]
+    errors = []
+
+    # Headers against the version scripts: each declared function in one
+    # node of one script, stable or experimental as its header is.
+    node_of, script_of = {}, {}
+    for _lib, script, nodes in scripts:
+        for node, names in nodes.items():
+            for n in names:
+                if n in node_of:
+                    errors.append("%s is listed in both %s and %s"
+                                  % (n, os.path.basename(script_of[n]), os.path.basename(script)))
+                node_of[n], script_of[n] = node, script
+    for name, (path, experimental) in sorted(decls.items()):
+        node = node_of.get(name)
+        hdr = os.path.relpath(path, include_dir)
+        if node is None:
+            errors.append("unlisted: %s (declared in %s) is in no node of %s"
+                          % (name, hdr, ", ".join(os.path.basename(s) for _l, s in pairs)))
+        elif experimental and not EXPERIMENTAL_NODE.match(node):
+            errors.append("%s is experimental (%s) but listed in the stable node %s"
+                          % (name, hdr, node))
+        elif not experimental and not STABLE_NODE.match(node):
+            errors.append("%s is stable (%s) but listed in the experimental node %s"
+                          % (name, hdr, node))
+    for name in sorted(set(node_of) - set(decls)):
+        errors.append("stale: %s is listed in %s but declared in no header" % (name, node_of[name]))
+
+    # Each shared library against its script.
+    for i, (lib, _script, nodes) in enumerate(scripts):
+        check_library(lib, decls, nodes, errors, main=(i == 0))
+
+    print("%d functions declared with OI_API" % len(decls))
     if errors:
         for e in errors:
             print("FAIL: " + e, file=sys.stderr)
         return 1
     for s in sorted(decls):
-        print("ok   %s@@%s" % (s, node_of[s]))
+        print("ok   %s@@%s (%s)" % (s, node_of[s], os.path.basename(script_of[s])))
     return 0
 
 

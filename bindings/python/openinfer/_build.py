@@ -484,6 +484,7 @@ typedef struct oi_refmodel_options {
 oi_status oi_refmodel_options_init(oi_refmodel_options *o);
 oi_status oi_refmodel_create(const oi_refmodel_options *o, oi_model_ops *ops_out, void **ctx_out);
 void oi_refmodel_destroy(void *ctx);
+oi_status oi_set_last_error(oi_status st, const char *msg);
 typedef struct oi_device_buffer oi_device_buffer;
 oi_status oi_device_buffer_alloc(int device, uint64_t bytes, oi_device_buffer **out);
 void *oi_device_buffer_ptr(const oi_device_buffer *b);
@@ -699,7 +700,9 @@ ffibuilder.set_source(
     include_dirs=_inc,
     library_dirs=_libdirs,
     runtime_library_dirs=_rpath,
-    libraries=["openinfer"],
+    # (the reference model, oi_refmodel_*, is libopeninfer-refmodel.so, installed
+    # beside libopeninfer.so)
+    libraries=["openinfer", "openinfer-refmodel"],
     # The declarations above are checked by the compiler: any mismatch with
     # the headers is an error. (cffi's own generated code is not -Wextra
     # clean, so only the warnings that catch a wrong declaration are errors.)

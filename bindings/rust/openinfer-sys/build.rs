@@ -1,4 +1,5 @@
-//! Links libopeninfer.so: from LIBOPENINFER_DIR (a build tree's lib/ or an
+//! Links libopeninfer.so (and libopeninfer-refmodel.so beside it: the
+//! reference model): from LIBOPENINFER_DIR (a build tree's lib/ or an
 //! install prefix's lib/), else from pkg-config openinfer (PKG_CONFIG_PATH
 //! naming a custom prefix's lib/pkgconfig), else the linker's default paths.
 //!
@@ -42,4 +43,6 @@ fn main() {
         println!("cargo:libdir={}", dir);
     }
     println!("cargo:rustc-link-lib=dylib=openinfer");
+    // The reference model (oi_refmodel_*): its own library beside it.
+    println!("cargo:rustc-link-lib=dylib=openinfer-refmodel");
 }

@@ -3,6 +3,7 @@ SGLang's own storage factory (its `dynamic` path), registered on SGLang's own
 host KV pool objects (on the CPU) and round-trips pages byte-exact; failures
 come back as False / None / misses."""
 import hashlib
+import pathlib
 import re
 import time
 
@@ -332,6 +333,57 @@ def test_model_names_that_read_alike_do_not_share_pages(serve):
         c.close()
 
 
+def published(model, **args):
+    """Publishes a real sglang ServerArgs for the tiny model (SGLang's own
+    runtime context, as its server does at start) with ARGS."""
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+    runtime_context.publish(ServerArgs(model_path=model, device="cpu", **args),
+                            role="scheduler")
+
+
+TINY_MODEL = str(pathlib.Path(__file__).resolve().parent.parent / "tiny-model")
+
+
+@pytest.mark.parametrize("change", [{"revision": "r2"},
+                                    {"json_model_override_args": '{"rope_theta": 5000}'},
+                                    {"quantization": "fp8"}],
+                         ids=["revision", "override", "quantization"])
+def test_a_model_identity_change_shares_no_pages(serve, change):
+    """SGLang's published server arguments are in the namespace: pages saved
+    at revision r1 through a shared server are found by a second instance of
+    the same arguments, and by none whose revision, config override or
+    quantization differs (0 of 5 hits, its pages untouched)."""
+    from sglang.srt import runtime_context
+    src, same, other = host_pool(), host_pool(), host_pool()
+    fill_random(src, seed=71)
+    ks = keys(5, seed=73)
+    want = [page_bytes(src, p) for p in range(0, 5)]
+    extra = {"mode": "sidecar", "socket": serve.socket, "staging_pages": 2, "timeout_s": 10}
+    made = []
+    try:
+        published(TINY_MODEL, revision="r1")
+        a = make(src, extra, model=TINY_MODEL)
+        made.append(a)
+        c = make(same, extra, model=TINY_MODEL)
+        made.append(c)
+        published(TINY_MODEL, **dict({"revision": "r1"}, **change))
+        b = make(other, extra, model=TINY_MODEL)
+        made.append(b)
+        assert a.namespace == c.namespace and a.namespace != b.namespace
+        assert a.batch_set_v1(ks, indices(range(0, 5))) == [True] * 5
+        assert b.batch_exists(ks) == 0
+        assert b.batch_get_v1(ks, indices(range(8, 13))) == [False] * 5
+        assert [any(page_bytes(other, p)) for p in range(0, PAGES)] == [False] * PAGES
+        assert c.batch_exists(ks) == 5
+        assert c.batch_get_v1(ks, indices(range(8, 13))) == [True] * 5
+        assert [page_bytes(same, p) for p in range(8, 13)] == want
+    finally:
+        for x in made:
+            x.close()
+        runtime_context.reset_context()
+
+
 def sidecar(pool, serve, **extra):
     return make(pool, dict({"mode": "sidecar", "socket": serve.socket, "staging_pages": 2,
                             "retry_s": 0.1, "timeout_s": 10}, **extra))
@@ -431,10 +483,15 @@ def test_sidecar_hung_times_out_then_recovers(serve):
         try:
             t0 = time.time()
             assert b.batch_set_v1(ks[1:2], indices([1])) == [False]
+            before = page_bytes(pool, 9)
             assert b.batch_get_v1(ks[:1], indices([9])) == [False]
             assert time.time() - t0 < 10
         finally:
             serve.proc.send_signal(signal.SIGCONT)
+        # SGLang owns page 9 again once the get said False: the server, which
+        # finishes the stopped load after SIGCONT, never writes into it
+        time.sleep(1.0)
+        assert page_bytes(pool, 9) == before
         want = page_bytes(pool, 2)
         assert wait_for(lambda: b.batch_set_v1(ks[2:3], indices([2])) == [True])
         assert b.batch_get_v1(ks[2:3], indices([12])) == [True]

@@ -14,244 +14,26 @@
  *
  * Keys: a block is known across nodes by its namespace's name (hashed), its
  * hash and its layout fingerprint, as on disk: namespace ids are this
- * process's own. */
+ * process's own.
+ *
+ * Files (tier_internal.h): this one attaches, destroys and reports the
+ * tier, and queues and publishes the notes; tier_msg.c checks the
+ * messages, tier_serve.c answers peers, tier_fetch.c fetches. */
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
-#include "cluster/directory.h"
-#include "cluster/peer.h"
-#include "cluster/tier.h"
+#include "cluster/tier_internal.h"
 #include "openinfer/experimental.h"
-
-/* ---- node-to-node messages -------------------------------------------------------- */
-
-#define MSG_MAGIC 0x4c43494fu /* "OICL" */
-#define MSG_VERSION 1u
-enum { MSG_LEASE = 1, MSG_RELEASE = 2, MSG_LEASE_REPLY = 0x81, MSG_RELEASE_REPLY = 0x82 };
-#define HDR_BYTES 8u
-#define LEASE_BYTES(n) (HDR_BYTES + 24u + 16u * (size_t)(n))
-#define LEASE_REPLY_BYTES(m) (HDR_BYTES + 16u + 24u * (size_t)(m))
-#define RELEASE_BYTES (HDR_BYTES + 8u)
-
-static void put16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
-}
-static void put_hdr(uint8_t *p, uint16_t type) {
-  put32(p, MSG_MAGIC);
-  put16(p + 4, MSG_VERSION);
-  put16(p + 6, type);
-}
-
-/* The type of a well-formed message of `len` bytes, or 0 (with a message). */
-static int msg_type(const uint8_t *m, size_t len, bool reply) {
-  if (len < HDR_BYTES) return oi__fail(OI_ERR_PROTOCOL, "cluster: a message of %zu bytes", len), 0;
-  if (get32(m) != MSG_MAGIC) return oi__fail(OI_ERR_PROTOCOL, "cluster: bad magic"), 0;
-  if (get16(m + 4) != MSG_VERSION)
-    return oi__fail(OI_ERR_PROTOCOL, "cluster: version %u (this node speaks %u)", get16(m + 4),
-                    MSG_VERSION),
-           0;
-  int type = get16(m + 6);
-  switch (type) {
-  case MSG_LEASE: {
-    if (reply || len < LEASE_BYTES(0)) break;
-    uint32_t n = get32(m + HDR_BYTES + 16);
-    if (n == 0 || n > OI_CLUSTER_MAX_LEASE || get32(m + HDR_BYTES + 20) != 0 ||
-        len != LEASE_BYTES(n))
-      return oi__fail(OI_ERR_PROTOCOL, "cluster: a LEASE of %u hashes in %zu bytes", n, len), 0;
-    return type;
-  }
-  case MSG_RELEASE:
-    if (reply || len != RELEASE_BYTES) break;
-    return type;
-  case MSG_LEASE_REPLY: {
-    if (!reply || len < LEASE_REPLY_BYTES(0)) break;
-    uint32_t m_ = get32(m + HDR_BYTES + 8);
-    if (m_ > OI_CLUSTER_MAX_LEASE || get32(m + HDR_BYTES + 12) != 0 || len != LEASE_REPLY_BYTES(m_))
-      return oi__fail(OI_ERR_PROTOCOL, "cluster: a lease reply of %u blocks in %zu bytes", m_, len),
-             0;
-    return type;
-  }
-  case MSG_RELEASE_REPLY:
-    if (!reply || len != HDR_BYTES) break;
-    return type;
-  default: break;
-  }
-  return oi__fail(OI_ERR_PROTOCOL, "cluster: unexpected message type %d of %zu bytes", type, len),
-         0;
-}
-
-oi_status oi__cluster_msg_check(const void *msg, size_t len) {
-  if (!msg) return oi__fail(OI_ERR_PROTOCOL, "cluster: no message");
-  return msg_type(msg, len, false) ? OI_OK : OI_ERR_PROTOCOL;
-}
-
-oi_status oi__cluster_reply_check(const void *msg, size_t len) {
-  if (!msg) return oi__fail(OI_ERR_PROTOCOL, "cluster: no reply");
-  return msg_type(msg, len, true) ? OI_OK : OI_ERR_PROTOCOL;
-}
-
-/* ---- the tier ---------------------------------------------------------------------- */
-
-#define NOTE_RING_MAX (1u << 20)
-#define MAX_PEERS 64
-#define CLUSTER_PRINCIPAL ((oi_host_principal)1 << 63 | 0x434cu) /* never a uid */
-
-typedef struct note {
-  uint32_t ns;
-  bool sealed; /* else evicted */
-  oi_block_hash hash;
-} note;
-
-/* A block being fetched: its pool slot, in flight. */
-typedef struct fetch_item {
-  host_block *b;
-  uint8_t *data;
-  oi_tier_key key;
-  oi_dir_holder holder;
-} fetch_item;
-
-typedef struct fetch_job {
-  struct fetch_job *next;
-  oi_host_ns ns;
-  uint64_t block_bytes;
-  size_t n;
-  fetch_item items[];
-} fetch_job;
-
-/* Blocks this node leased to a peer, until RELEASE or expiry. */
-typedef struct remote_lease {
-  struct remote_lease *next;
-  uint64_t id, deadline_ns, bytes;
-  size_t n;
-  host_block **blocks;
-  char peer[OI_PEER_MAX_NODE_ID + 1]; /* only this node may release it */
-} remote_lease;
-
-/* A connection to a holder, shared by the fetchers: `users` of them hold it;
- * a failed one is `dead` (not handed out again) and closed by its last
- * user (no operation on a peer may be in flight when it closes). */
-typedef struct peer_slot {
-  char node_id[OI_DIR_NODE_ID_MAX + 1];
-  uint64_t epoch;
-  oi_peer *peer;
-  uint32_t users;
-  bool dead;
-} peer_slot;
-
-#define FETCHERS 4 /* threads that run fetch jobs */
-/* Bytes of blocks per fetch job (at least one block, at most a LEASE's):
- * several jobs of one run go in parallel, and a job of small blocks is not
- * one round trip per few KiB. */
-#define FETCH_JOB_BYTES (8u << 20)
-#define SERVERS 4 /* threads that answer LEASEs */
-/* LEASEs queued for them, at most: past it the progress thread answers
- * (and so reads no more requests meanwhile): a flood of LEASEs costs
- * bounded memory. */
-#define SERVE_QUEUE_MAX 256
-
-/* A LEASE to answer on a server thread. */
-typedef struct serve_job {
-  struct serve_job *next;
-  oi_peer_ticket *ticket;
-  char peer[OI_PEER_MAX_NODE_ID + 1];
-  size_t len;
-  uint8_t msg[];
-} serve_job;
-
-struct cluster_tier {
-  oi_offload_host *host;
-  oi_tier *link; /* in the host's chain */
-  oi_dir *dir;
-  oi_peer_net *net;
-  char node_id[OI_DIR_NODE_ID_MAX + 1];
-  uint32_t timeout_ms;
-  uint8_t *pool_base;
-  uint64_t pool_bytes;
-
-  pthread_mutex_t lock; /* notes, jobs, stop */
-  pthread_cond_t cv;
-  note *ring;
-  size_t head, count, cap;
-  fetch_job *jobs, *jobs_tail;
-  bool stop;
-  atomic_bool republish;    /* the directory reconnected: publish everything held */
-  uint64_t refresh_ns;      /* and every this often (half the entries' TTL) */
-  uint64_t next_refresh_ns; /* the worker's */
-  pthread_t worker;
-  bool worker_started;
-  pthread_cond_t jcv; /* a fetch job is queued (under lock) */
-  pthread_t fetchers[FETCHERS];
-  int nfetchers;
-
-  pthread_mutex_t slock; /* sq, sstop */
-  pthread_cond_t scv;
-  serve_job *sq, *sq_tail;
-  size_t sq_len;
-  bool sstop; /* stopping: LEASEs are answered on the progress thread again */
-  pthread_t servers[SERVERS];
-  int nservers;
-
-  pthread_mutex_t lease_lock;
-  remote_lease *leases;
-  uint64_t next_lease;
-
-  pthread_mutex_t peer_lock;
-  peer_slot peers[MAX_PEERS];
-
-  atomic_uint_fast64_t published, unpublished, lookups, remote_blocks, remote_failed, stale_removed,
-      served_blocks, bytes_fetched, bytes_served, notes_dropped;
-};
 
 static const oi_tier_ops cluster_tier_ops;
 
 cluster_tier *oi__cluster_tier_of(oi_offload_host *h) {
   return oi__host_tier_find(h, &cluster_tier_ops);
-}
-
-/* The local namespace whose name and layout have these fingerprints. */
-static bool find_ns(cluster_tier *t, uint64_t ns_fp, uint64_t layout_fp, oi_host_ns *out,
-                    uint64_t *block_bytes) {
-  char name[256];
-  for (uint32_t id = 1;; id++) {
-    uint64_t nf, lf, bb;
-    if (!oi__host_namespace_fps(t->host, id, &nf, &lf, &bb)) return false;
-    if (nf != ns_fp || lf != layout_fp) continue;
-    if (!oi__host_namespace_info(t->host, id, name, sizeof name, NULL, NULL) ||
-        !oi__host_find_namespace(t->host, name, out))
-      return false;
-    *block_bytes = bb;
-    return true;
-  }
 }
 
 /* ---- notes: seals and evictions ---- */
@@ -334,489 +116,6 @@ static void apply_notes(cluster_tier *t, const note *notes, size_t n) {
   send_keys(t, kind, keys, nk);
 }
 
-/* ---- holder: answering peers ---- */
-
-static void lease_end(cluster_tier *t, remote_lease *l, bool ok) {
-  oi__host_load_end(t->host, l->blocks, l->n, ok, ok ? l->bytes : 0, 0);
-  oi__free(l->blocks);
-  oi__free(l);
-}
-
-static void answer_lease(cluster_tier *t, const char *peer, const uint8_t *m, oi_peer_reply *r) {
-  uint64_t ns_fp = get64(m + HDR_BYTES), layout_fp = get64(m + HDR_BYTES + 8);
-  uint32_t n = get32(m + HDR_BYTES + 16);
-  const uint8_t *hp = m + HDR_BYTES + 24;
-  oi_block_hash hashes[OI_CLUSTER_MAX_LEASE];
-  for (uint32_t i = 0; i < n; i++)
-    memcpy(hashes[i].bytes, hp + 16 * (size_t)i, 16);
-  oi_host_ns ns;
-  uint64_t bb = 0, hits = 0;
-  oi_lease lease;
-  host_block **blocks = NULL;
-  remote_lease *l = NULL;
-  uint8_t *out = NULL;
-  /* Namespaces are enforced here: only blocks of the namespace and layout
-   * named, and only the leading run this node holds sealed. */
-  if (find_ns(t, ns_fp, layout_fp, &ns, &bb) &&
-      oi__host_lease_prefix(t->host, ns, 0, CLUSTER_PRINCIPAL, 1, hashes, n, &hits, NULL, &lease) ==
-          OI_OK &&
-      hits > 0) {
-    blocks = oi__malloc(hits * sizeof *blocks);
-    l = oi__calloc(1, sizeof *l);
-    if (!blocks || !l ||
-        oi__host_load_begin(t->host, ns, CLUSTER_PRINCIPAL, lease, hits, blocks, NULL) != OI_OK) {
-      oi__host_release(t->host, ns, CLUSTER_PRINCIPAL, lease);
-      oi__free(blocks);
-      oi__free(l);
-      blocks = NULL;
-      l = NULL;
-      hits = 0;
-    }
-  } else {
-    hits = 0;
-  }
-  size_t len = LEASE_REPLY_BYTES(hits);
-  out = oi__malloc(len);
-  if (!out) {
-    if (l) {
-      l->blocks = blocks;
-      l->n = hits;
-      lease_end(t, l, false);
-    }
-    oi__peer_reply_status(r, OI_ERR_OUT_OF_MEMORY);
-    return;
-  }
-  put_hdr(out, MSG_LEASE_REPLY);
-  uint64_t id = 0;
-  if (l) {
-    pthread_mutex_lock(&t->lease_lock);
-    id = ++t->next_lease;
-    pthread_mutex_unlock(&t->lease_lock);
-  }
-  put64(out + HDR_BYTES, id);
-  put32(out + HDR_BYTES + 8, (uint32_t)hits);
-  put32(out + HDR_BYTES + 12, 0);
-  for (uint64_t i = 0; i < hits; i++) {
-    uint8_t *data = oi__host_block_data(t->host, blocks[i]);
-    uint8_t *e = out + LEASE_REPLY_BYTES(i);
-    put64(e, (uint64_t)(data - t->pool_base));
-    put64(e + 8, bb);
-    put64(e + 16, XXH3_64bits(data, bb));
-  }
-  if (l) {
-    *l = (remote_lease){.id = id,
-                        .deadline_ns = oi__deadline_ns(4 * t->timeout_ms),
-                        .bytes = hits * bb,
-                        .n = hits,
-                        .blocks = blocks};
-    snprintf(l->peer, sizeof l->peer, "%s", peer);
-    pthread_mutex_lock(&t->lease_lock);
-    l->next = t->leases;
-    t->leases = l;
-    pthread_mutex_unlock(&t->lease_lock);
-    atomic_fetch_add(&t->served_blocks, hits);
-    atomic_fetch_add(&t->bytes_served, hits * bb);
-  }
-  if (oi__peer_reply_set(r, out, len) != OI_OK) oi__peer_reply_status(r, OI_ERR_OUT_OF_MEMORY);
-  oi__free(out);
-}
-
-static void answer_release(cluster_tier *t, const char *peer, const uint8_t *m, oi_peer_reply *r) {
-  uint64_t id = get64(m + HDR_BYTES);
-  remote_lease *found = NULL;
-  pthread_mutex_lock(&t->lease_lock);
-  for (remote_lease **p = &t->leases; *p; p = &(*p)->next)
-    if ((*p)->id == id && !strcmp((*p)->peer, peer)) { /* another node's: not found */
-      found = *p;
-      *p = found->next;
-      break;
-    }
-  pthread_mutex_unlock(&t->lease_lock);
-  if (found) lease_end(t, found, true);
-  uint8_t out[HDR_BYTES];
-  put_hdr(out, MSG_RELEASE_REPLY);
-  if (oi__peer_reply_set(r, out, sizeof out) != OI_OK)
-    oi__peer_reply_status(r, OI_ERR_OUT_OF_MEMORY);
-}
-
-/* Hands a LEASE to the server threads (false: answer it here). */
-static bool serve_later(cluster_tier *t, const char *peer, const void *req, size_t len,
-                        oi_peer_reply *r) {
-  serve_job *sj = oi__malloc(sizeof *sj + len);
-  if (!sj) return false;
-  bool queued = false;
-  pthread_mutex_lock(&t->slock);
-  if (!t->sstop && t->nservers > 0 && t->sq_len < SERVE_QUEUE_MAX &&
-      (sj->ticket = oi__peer_defer(r)) != NULL) {
-    sj->next = NULL;
-    snprintf(sj->peer, sizeof sj->peer, "%s", peer);
-    sj->len = len;
-    memcpy(sj->msg, req, len);
-    if (t->sq_tail)
-      t->sq_tail->next = sj;
-    else
-      t->sq = sj;
-    t->sq_tail = sj;
-    t->sq_len++;
-    pthread_cond_signal(&t->scv);
-    queued = true;
-  }
-  pthread_mutex_unlock(&t->slock);
-  if (!queued) oi__free(sj);
-  return queued;
-}
-
-static void on_request(void *ctx, const char *peer_node_id, const void *req, size_t len,
-                       oi_peer_reply *r) {
-  cluster_tier *t = ctx;
-  int type = msg_type(req, len, false);
-  if (!type) {
-    OI_LOG(OI_LOG_WARN, "cluster", "refusing a request from node '%s': %s", peer_node_id,
-           oi_last_error());
-    oi__peer_reply_status(r, OI_ERR_PROTOCOL);
-    return;
-  }
-  if (type == MSG_LEASE) {
-    if (!serve_later(t, peer_node_id, req, len, r)) answer_lease(t, peer_node_id, req, r);
-  } else {
-    answer_release(t, peer_node_id, req, r);
-  }
-}
-
-/* A server: answers queued LEASEs; when stopping, refuses what is queued. */
-static void *server_main(void *arg) {
-  cluster_tier *t = arg;
-  for (;;) {
-    pthread_mutex_lock(&t->slock);
-    while (!t->sstop && !t->sq)
-      pthread_cond_wait(&t->scv, &t->slock);
-    serve_job *sj = t->sq;
-    if (sj) {
-      t->sq = sj->next;
-      if (!t->sq) t->sq_tail = NULL;
-      t->sq_len--;
-    }
-    bool stop = t->sstop;
-    pthread_mutex_unlock(&t->slock);
-    if (!sj) return NULL; /* stopping, nothing queued */
-    oi_peer_reply *r = oi__peer_ticket_reply(sj->ticket);
-    if (stop)
-      oi__peer_reply_status(r, OI_ERR_CLOSED);
-    else
-      answer_lease(t, sj->peer, sj->msg, r);
-    oi__peer_answer(sj->ticket);
-    oi__free(sj);
-  }
-}
-
-/* Ends the leases peers did not release in time (a reader that died). A
- * late read of such a block may see its slot reused: the reader's checksum
- * catches that, and it is a miss there. */
-static void expire_leases(cluster_tier *t, bool all) {
-  uint64_t now = oi__now_ns();
-  remote_lease *done = NULL;
-  pthread_mutex_lock(&t->lease_lock);
-  for (remote_lease **p = &t->leases; *p;) {
-    remote_lease *l = *p;
-    if (all || l->deadline_ns <= now) {
-      *p = l->next;
-      l->next = done;
-      done = l;
-    } else {
-      p = &l->next;
-    }
-  }
-  pthread_mutex_unlock(&t->lease_lock);
-  while (done) {
-    remote_lease *l = done;
-    done = l->next;
-    lease_end(t, l, false);
-  }
-}
-
-/* ---- reader: fetching ---- */
-
-/* Closes a dead slot's connection once nobody uses it (peer_lock held). */
-static void slot_reap_locked(peer_slot *s) {
-  if (s->peer && s->dead && s->users == 0) {
-    oi__peer_close(s->peer);
-    memset(s, 0, sizeof *s);
-  }
-}
-
-/* A connection to holder `h` (connecting when there is none), held until
- * peer_put. @return its slot, or -1 (*stale: the holder is gone or is
- * another incarnation). */
-static int peer_get(cluster_tier *t, const oi_dir_holder *h, bool *stale) {
-  *stale = false;
-  pthread_mutex_lock(&t->peer_lock);
-  for (int i = 0; i < MAX_PEERS; i++) {
-    peer_slot *s = &t->peers[i];
-    if (!s->peer || s->dead || strcmp(s->node_id, h->node_id)) continue;
-    if (s->epoch == h->epoch) {
-      s->users++;
-      pthread_mutex_unlock(&t->peer_lock);
-      return i;
-    }
-    s->dead = true; /* the node restarted since */
-    slot_reap_locked(s);
-  }
-  pthread_mutex_unlock(&t->peer_lock);
-  char addr[128];
-  uint64_t epoch = 0;
-  oi_status st = oi__dir_node_lookup(t->dir, h->node_id, addr, sizeof addr, &epoch);
-  if (st == OI_ERR_NOT_FOUND || (st == OI_OK && epoch != h->epoch)) {
-    *stale = true;
-    return -1;
-  }
-  if (st != OI_OK) return -1;
-  oi_peer *p = NULL;
-  if (oi__peer_connect(t->net, addr, &p) != OI_OK) {
-    OI_LOG(OI_LOG_INFO, "cluster", "cannot reach node '%s' at %s: %s", h->node_id, addr,
-           oi_last_error());
-    return -1;
-  }
-  pthread_mutex_lock(&t->peer_lock);
-  int slot = -1;
-  for (int i = 0; i < MAX_PEERS && slot < 0; i++)
-    if (!t->peers[i].peer) slot = i;
-  if (slot < 0) { /* full: an idle slot goes */
-    for (int i = 0; i < MAX_PEERS && slot < 0; i++)
-      if (t->peers[i].users == 0) {
-        oi__peer_close(t->peers[i].peer);
-        slot = i;
-      }
-  }
-  if (slot < 0) { /* every slot busy: this fetch goes without caching */
-    pthread_mutex_unlock(&t->peer_lock);
-    oi__peer_close(p);
-    return -1;
-  }
-  t->peers[slot] = (peer_slot){.epoch = h->epoch, .peer = p, .users = 1};
-  snprintf(t->peers[slot].node_id, sizeof t->peers[slot].node_id, "%s", h->node_id);
-  pthread_mutex_unlock(&t->peer_lock);
-  return slot;
-}
-
-/* Gives a connection back; `failed`: it is not to be used again. */
-static void peer_put(cluster_tier *t, int slot, bool failed) {
-  pthread_mutex_lock(&t->peer_lock);
-  peer_slot *s = &t->peers[slot];
-  s->users--;
-  if (failed) s->dead = true;
-  slot_reap_locked(s);
-  pthread_mutex_unlock(&t->peer_lock);
-}
-
-/* Fetches items[0..n) (one holder) into their slots; seals what verified. */
-static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t n) {
-  bool *ok = oi__calloc(n, sizeof *ok);
-  uint8_t *req = oi__malloc(LEASE_BYTES(n));
-  oi_peer_read *reads = oi__malloc(n * sizeof *reads);
-  uint64_t *sums = oi__malloc(n * sizeof *sums);
-  void *reply = NULL;
-  size_t rlen = 0, m = 0;
-  uint64_t lease_id = 0;
-  bool stale = false, failed = false;
-  oi_peer *p = NULL;
-  int slot = -1;
-  if (!ok || !req || !reads || !sums) goto end;
-  slot = peer_get(t, &items[0].holder, &stale);
-  if (slot < 0) {
-    goto end;
-  }
-  p = t->peers[slot].peer; /* stable while we hold the slot */
-  put_hdr(req, MSG_LEASE);
-  put64(req + HDR_BYTES, items[0].key.ns_fp);
-  put64(req + HDR_BYTES + 8, items[0].key.layout_fp);
-  put32(req + HDR_BYTES + 16, (uint32_t)n);
-  put32(req + HDR_BYTES + 20, 0);
-  for (size_t i = 0; i < n; i++)
-    memcpy(req + HDR_BYTES + 24 + 16 * i, items[i].key.hash, 16);
-  oi_status st = oi__peer_call(p, req, LEASE_BYTES(n), &reply, &rlen, t->timeout_ms);
-  if (st != OI_OK) {
-    OI_LOG(OI_LOG_INFO, "cluster", "lease from node '%s': %s", items[0].holder.node_id,
-           oi_last_error());
-    failed = st == OI_ERR_CLOSED || st == OI_ERR_IO;
-    goto end;
-  }
-  if (msg_type(reply, rlen, true) != MSG_LEASE_REPLY) {
-    OI_LOG(OI_LOG_WARN, "cluster", "node '%s' answered a lease badly: %s", items[0].holder.node_id,
-           oi_last_error());
-    goto end;
-  }
-  const uint8_t *rp = reply;
-  lease_id = get64(rp + HDR_BYTES);
-  m = get32(rp + HDR_BYTES + 8);
-  if (m > n) m = 0; /* more than asked for: not believed */
-  for (size_t i = 0; i < m; i++) {
-    const uint8_t *e = rp + LEASE_REPLY_BYTES(i);
-    uint64_t len = get64(e + 8);
-    if (len != j->block_bytes) { /* another layout after all: none of it */
-      m = i;
-      break;
-    }
-    reads[i] = (oi_peer_read){.remote_offset = get64(e), .len = len, .local_dst = items[i].data};
-    sums[i] = get64(e + 16);
-  }
-  if (m) {
-    st = oi__peer_get(p, reads, m, t->timeout_ms);
-    if (st == OI_OK) {
-      for (size_t i = 0; i < m; i++)
-        ok[i] = XXH3_64bits(items[i].data, j->block_bytes) == sums[i];
-    } else {
-      OI_LOG(OI_LOG_INFO, "cluster", "reading %zu blocks from node '%s': %s", m,
-             items[0].holder.node_id, oi_last_error());
-      failed = st != OI_ERR_INVALID_ARGUMENT; /* the connection is dead after a failed read */
-    }
-  }
-  if (!failed && lease_id) {
-    /* Best effort, and not waited for: the holder's lease expires anyway,
-     * and its answer says nothing the reader needs. */
-    uint8_t rel[RELEASE_BYTES];
-    put_hdr(rel, MSG_RELEASE);
-    put64(rel + HDR_BYTES, lease_id);
-    if (oi__peer_send(p, rel, sizeof rel, t->timeout_ms) != OI_OK)
-      OI_LOG(OI_LOG_DEBUG, "cluster", "release at node '%s': %s", items[0].holder.node_id,
-             oi_last_error());
-  }
-  /* The holder leases the leading run it holds: the first block past it is
-   * not there (its entry is stale); the ones after may be, and just miss. */
-  stale = stale || m < n;
-end:
-  if (slot >= 0) peer_put(t, slot, failed);
-  for (size_t i = 0; i < n; i++) {
-    bool good = ok && ok[i];
-    if (good) { /* counted before the seal, which may end a query's wait */
-      atomic_fetch_add(&t->remote_blocks, 1);
-      atomic_fetch_add(&t->bytes_fetched, j->block_bytes);
-    }
-    oi__tier_promote_end(t->link, j->ns, items[i].b, good, good ? j->block_bytes : 0, 0);
-    if (!good) {
-      atomic_fetch_add(&t->remote_failed, 1);
-      bool holder_gone = slot < 0; /* no connection: every entry of it is stale */
-      if (stale && (holder_gone || i == m) &&
-          oi__dir_remove_stale(t->dir, &items[i].key, &items[i].holder) == OI_OK)
-        atomic_fetch_add(&t->stale_removed, 1);
-    }
-  }
-  oi__free(ok);
-  oi__free(req);
-  oi__free(reads);
-  oi__free(sums);
-  oi__free(reply);
-}
-
-static void run_job(cluster_tier *t, fetch_job *j) {
-  /* Runs of one holder, in prefix order. */
-  for (size_t a = 0; a < j->n;) {
-    size_t b = a + 1;
-    while (b < j->n && !strcmp(j->items[b].holder.node_id, j->items[a].holder.node_id) &&
-           j->items[b].holder.epoch == j->items[a].holder.epoch)
-      b++;
-    fetch_from(t, j, j->items + a, b - a);
-    a = b;
-  }
-}
-
-/* The tier's lookup: who holds the leading run of keys (one directory round
- * trip); *claim: their holders, for promote. */
-static size_t tier_lookup(void *self, const oi_tier_key *keys, size_t n, void **claim) {
-  cluster_tier *t = self;
-  if (n == 0) return 0;
-  n = OI_MIN(n, (size_t)OI_CLUSTER_MAX_LEASE);
-  oi_dir_holder *holders = oi__malloc(n * sizeof *holders);
-  size_t run = 0;
-  if (!holders) return 0;
-  atomic_fetch_add(&t->lookups, 1);
-  if (oi__dir_lookup(t->dir, keys, n, holders, &run) != OI_OK) run = 0; /* degraded: local only */
-  for (size_t i = 0; i < run; i++)
-    if (!strcmp(holders[i].node_id, t->node_id)) { /* ours, yet not here: gone since */
-      run = i;
-      break;
-    }
-  if (run == 0) {
-    oi__free(holders);
-    return 0;
-  }
-  *claim = holders;
-  return run;
-}
-
-/* The tier's promote: fetch jobs for the slots, from their holders. */
-static size_t tier_promote(void *self, void *claim, oi_host_ns ns, uint64_t bb,
-                           const oi_tier_key *keys, const oi_tier_slot *slots, size_t k) {
-  cluster_tier *t = self;
-  oi_dir_holder *holders = claim;
-  fetch_job *j = NULL;
-  size_t started = 0;
-  if (k == 0) goto out;
-  j = oi__calloc(1, sizeof *j + k * sizeof j->items[0]);
-  if (!j) { /* the slots go: misses */
-    for (size_t i = 0; i < k; i++)
-      oi__tier_promote_end(t->link, ns, slots[i].block, false, 0, 0);
-    goto out;
-  }
-  j->ns = ns;
-  j->block_bytes = bb;
-  for (size_t i = 0; i < k; i++)
-    j->items[j->n++] = (fetch_item){.b = slots[i].block,
-                                    .data = slots[i].data,
-                                    .key = keys[slots[i].idx],
-                                    .holder = holders[slots[i].idx]};
-  started = j->n;
-  /* Jobs of about FETCH_JOB_BYTES, in prefix order: the fetchers take them
-   * in parallel, so one job's lease, reads and checksums overlap another's. */
-  size_t chunk = (size_t)OI_MAX(1u, OI_MIN(FETCH_JOB_BYTES / bb, OI_CLUSTER_MAX_LEASE));
-  fetch_job *first = NULL, **tail = &first;
-  for (size_t a = 0; a < j->n; a += chunk) {
-    size_t k = OI_MIN(chunk, j->n - a);
-    fetch_job *cj = oi__malloc(sizeof *cj + k * sizeof cj->items[0]);
-    if (!cj) { /* the rest of the run goes: slots freed, misses */
-      for (size_t i = a; i < j->n; i++)
-        oi__tier_promote_end(t->link, ns, j->items[i].b, false, 0, 0);
-      started = a;
-      break;
-    }
-    cj->next = NULL;
-    cj->ns = ns;
-    cj->block_bytes = bb;
-    cj->n = k;
-    memcpy(cj->items, j->items + a, k * sizeof cj->items[0]);
-    *tail = cj;
-    tail = &cj->next;
-  }
-  pthread_mutex_lock(&t->lock);
-  if (t->stop) { /* stopping: nothing starts now */
-    pthread_mutex_unlock(&t->lock);
-    while (first) {
-      fetch_job *cj = first;
-      first = cj->next;
-      for (size_t i = 0; i < cj->n; i++)
-        oi__tier_promote_end(t->link, ns, cj->items[i].b, false, 0, 0);
-      oi__free(cj);
-    }
-    started = 0;
-    goto out;
-  }
-  if (first) {
-    if (t->jobs_tail)
-      t->jobs_tail->next = first;
-    else
-      t->jobs = first;
-    fetch_job *last = first;
-    while (last->next)
-      last = last->next;
-    t->jobs_tail = last;
-    pthread_cond_broadcast(&t->jcv);
-  }
-  pthread_mutex_unlock(&t->lock);
-out:
-  oi__free(j);
-  oi__free(holders);
-  return started;
-}
-
 /* ---- the worker ---- */
 
 static void *worker_main(void *arg) {
@@ -850,32 +149,8 @@ static void *worker_main(void *arg) {
              refresh ? " (refresh)" : " (the directory reconnected)");
     }
     if (k) apply_notes(t, batch, k);
-    expire_leases(t, false);
+    oi__cluster_expire_leases(t, false);
     if (stop && !k) return NULL;
-  }
-}
-
-/* A fetcher: runs fetch jobs; when stopping, drops what is queued. */
-static void *fetcher_main(void *arg) {
-  cluster_tier *t = arg;
-  for (;;) {
-    pthread_mutex_lock(&t->lock);
-    while (!t->stop && !t->jobs)
-      pthread_cond_wait(&t->jcv, &t->lock);
-    fetch_job *j = t->jobs;
-    if (j) {
-      t->jobs = j->next;
-      if (!t->jobs) t->jobs_tail = NULL;
-    }
-    bool stop = t->stop;
-    pthread_mutex_unlock(&t->lock);
-    if (!j) return NULL; /* stopping, nothing queued */
-    if (stop)
-      for (size_t i = 0; i < j->n; i++)
-        oi__tier_promote_end(t->link, j->ns, j->items[i].b, false, 0, 0);
-    else
-      run_job(t, j);
-    oi__free(j);
   }
 }
 
@@ -903,7 +178,7 @@ static void tier_free(cluster_tier *t) {
   oi__peer_net_destroy(t->net); /* frees our peers; no request is answered after this */
   for (int i = 0; i < MAX_PEERS; i++)
     t->peers[i].peer = NULL;
-  expire_leases(t, true);
+  oi__cluster_expire_leases(t, true);
   oi__dir_close(t->dir);
   oi__free(t->ring);
   pthread_mutex_destroy(&t->lock);
@@ -1004,7 +279,7 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   if ((st = oi__dir_open(&dopt, &t->dir)) != OI_OK) goto fail;
   int rc;
   for (int i = 0; i < SERVERS; i++) { /* before the net: it may be asked at once */
-    if ((rc = pthread_create(&t->servers[i], NULL, server_main, t)) != 0) {
+    if ((rc = pthread_create(&t->servers[i], NULL, oi__cluster_server_main, t)) != 0) {
       st = oi__fail(OI_ERR_INTERNAL, "host_attach_cluster: cannot start its threads: %s",
                     strerror(rc));
       goto fail;
@@ -1017,7 +292,7 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
                               .secret = secret,
                               .secret_len = secret_len,
                               .timeout_ms = t->timeout_ms,
-                              .on_request = on_request,
+                              .on_request = oi__cluster_on_request,
                               .on_request_ctx = t};
   st = oi__peer_net_create(&popt, &t->net);
   memset(secret, 0, sizeof secret);
@@ -1046,7 +321,7 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   }
   t->worker_started = true;
   for (int i = 0; i < FETCHERS; i++) {
-    if ((rc = pthread_create(&t->fetchers[i], NULL, fetcher_main, t)) != 0) {
+    if ((rc = pthread_create(&t->fetchers[i], NULL, oi__cluster_fetcher_main, t)) != 0) {
       st = oi__fail(OI_ERR_INTERNAL, "host_attach_cluster: cannot start its threads: %s",
                     strerror(rc));
       goto fail;
@@ -1093,8 +368,8 @@ static oi_status tier_stats(void *self, void *out) {
  * withdraws what it evicts. */
 static const oi_tier_ops cluster_tier_ops = {.name = "cluster",
                                              .rank = 20,
-                                             .lookup = tier_lookup,
-                                             .promote = tier_promote,
+                                             .lookup = oi__cluster_tier_lookup,
+                                             .promote = oi__cluster_tier_promote,
                                              .sealed = on_sealed,
                                              .evicted = on_evicted,
                                              .stats = tier_stats,

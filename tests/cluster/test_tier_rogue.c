@@ -45,7 +45,7 @@ static void node_open(node *n, const char *id) {
   REQUIRE(rig_open(n, "rogue-model", g_url, id, g_secret_path, 2000) == OI_OK);
 }
 
-/* ---- the wire (lib/cluster/tier.c): "OICL", version 1 ---- */
+/* ---- the wire (lib/cluster/tier_internal.h): "OICL", version 1 ---- */
 #define CL_MAGIC 0x4c43494fu
 #define CL_HDR 8u
 #define CL_LEASE(n) (CL_HDR + 24u + 16u * (size_t)(n))

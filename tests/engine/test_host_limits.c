@@ -19,13 +19,10 @@ static uint8_t arena_mem[1 << 20];
 static float host_high_watermark; /* 0: the default */
 
 static oi_offload_host *host_new(uint64_t pool, uint64_t chunk) {
-  oi_host_options ho;
-  REQUIRE(oi_host_options_init(&ho) == OI_OK);
-  ho.pool_bytes = pool;
+  oi_host_options ho = tr_host_options(pool);
   ho.chunk_bytes = chunk;
   if (host_high_watermark > 0) ho.high_watermark = ho.low_watermark = host_high_watermark;
-  oi_offload_host *h = NULL;
-  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
+  oi_offload_host *h = tr_host_new(&ho);
   return h;
 }
 
@@ -36,37 +33,19 @@ static oi_status engine_new(oi_offload_host *h, const char *ns, uint32_t na, uin
   static const char *names[4] = {"k", "v", "x", "y"};
   REQUIRE(na <= 4 && na * 8 * bytes <= sizeof arena_mem);
   for (uint32_t a = 0; a < na; a++)
-    ad[a] = (oi_arena_desc){.name = names[a],
-                            .base = arena_mem + (uint64_t)a * 8 * bytes,
-                            .num_blocks = 8,
-                            .bytes_per_block = bytes,
-                            .block_stride = bytes,
-                            .segments = 1};
-  oi_engine_options eo;
-  REQUIRE(oi_engine_options_init(&eo) == OI_OK);
-  eo.namespace_id = ns;
-  eo.arenas = ad;
-  eo.num_arenas = na;
+    ad[a] = tr_arena(names[a], arena_mem + (uint64_t)a * 8 * bytes, 8, bytes);
+  oi_engine_options eo = tr_engine_options(ns, ad, na);
   *e = NULL;
   return oi_offload_engine_create(h, &eo, e);
 }
 
-static oi_block_hash hash_of(uint64_t k) {
-  oi_block_hash hs;
-  memset(&hs, 0, sizeof hs);
-  memcpy(hs.bytes, &k, sizeof k);
-  hs.bytes[15] = 0x11;
-  return hs;
-}
+static oi_block_hash hash_of(uint64_t k) { return tr_hash(k, 15, 0x11); }
 
 /* Saves block 0 under hash k, waits, and says whether a query hits it. */
 static bool save_and_hit(oi_offload_engine *e, uint64_t k) {
   int64_t id = 0;
   oi_block_hash hs = hash_of(k);
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, &id, &hs, 1, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, &id, &hs, 1, 10000));
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_offload_engine_query(e, NULL, &hs, 1, 0, &q));
   if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(e, q.lease));

@@ -110,10 +110,7 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
     hs[i] = fu_hash(100 + (uint64_t)i);
     fu_fill(&r, 8 + i, 100 + (uint64_t)i);
   }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, 8, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r.e, ids, hs, 8, 60000));
   CHECK_OK(oi_offload_engine_flush(r.e, 60000));
   oi_host_stats s = rig_stats(&r);
   CHECK(s.saves_dropped == 4 && s.blocks_sealed == 4);

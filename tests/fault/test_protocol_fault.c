@@ -195,17 +195,13 @@ static int client_session(int fd, bool check) {
 static void test_real_client_killed_at_every_step(void) {
   for (int k = 1; k <= 6; k++) {
     int p[2];
-    REQUIRE(pipe(p) == 0);
-    pid_t child = fork();
-    REQUIRE(child >= 0);
+    pid_t child = tr_fork_pipe(p);
     if (child == 0) {
-      close(p[0]);
       int rc = client_session(p[1], false);
       if (rc) _exit(rc);
       for (;;)
         pause();
     }
-    close(p[1]);
     char c;
     int got = 0;
     while (got < k && read(p[0], &c, 1) == 1)

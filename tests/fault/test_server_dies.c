@@ -100,14 +100,10 @@ static void test_server_killed_after_each_step(void) {
   for (int k = 1; k <= 5; k++) {
     REQUIRE(ts_start(&ts, NULL));
     int p[2];
-    REQUIRE(pipe(p) == 0);
-    pid_t child = fork();
-    REQUIRE(child >= 0);
+    pid_t child = tr_fork_pipe(p);
     if (child == 0) {
-      close(p[0]);
       _exit(client(p[1]));
     }
-    close(p[1]);
     char c;
     int got = 0;
     while (got < k && read(p[0], &c, 1) == 1)

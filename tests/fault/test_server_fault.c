@@ -65,12 +65,9 @@ static oi_status load_wait(oi_offload_engine *e, oi_lease l, const int64_t *dst,
 static void test_server_copy_failures_reach_the_client(void) {
   oi_arena_desc a[TL_ARENAS];
   oi_engine_options o;
-  tl_options(&o, a, "server-fault");
   oi_offload_engine *e;
   oi_imported_arena *arena;
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
-  REQUIRE(e && arena);
-  uint8_t *base = oi_imported_arena_ptr(arena);
+  uint8_t *base = tl_connect(ts.socket, "server-fault", a, &o, &e, &arena);
   int64_t src[2] = {0, 1}, dst[2] = {10, 11};
   oi_block_hash hs[2] = {tl_hash(90, 0), tl_hash(90, 1)};
   for (int b = 0; b < 2; b++)
@@ -175,12 +172,9 @@ static void test_a_layered_load_failure_reaches_the_client(void) {
   unsetenv("OI_FAULTS");
   oi_arena_desc a[TL_ARENAS];
   oi_engine_options o;
-  tl_options(&o, a, "layered-fault");
-  oi_offload_engine *e = NULL;
-  oi_imported_arena *arena = NULL;
-  CHECK_OK(oi_offload_engine_connect(t3.socket, &o, &e, &arena));
-  REQUIRE(e && arena);
-  uint8_t *base = oi_imported_arena_ptr(arena);
+  oi_offload_engine *e;
+  oi_imported_arena *arena;
+  uint8_t *base = tl_connect(t3.socket, "layered-fault", a, &o, &e, &arena);
   int64_t src[2] = {0, 1}, dst[2] = {10, 11};
   oi_block_hash hs[2] = {tl_hash(92, 0), tl_hash(92, 1)};
   for (int b = 0; b < 2; b++)

@@ -127,10 +127,7 @@ static void sc_save(sc_engine *s, uint32_t salt, size_t n, oi_block_hash *hs) {
     hs[i] = tl_hash(salt, i);
     tl_fill(s->base, s->a, src[i], i);
   }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(s->e, src, hs, n, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(s->e, src, hs, n, 60000));
 }
 
 static oi_status wait_not(oi_ticket *t, oi_status not_this, uint32_t limit_ms) {
@@ -296,14 +293,10 @@ static void test_fenced_load_then_fatal_when_server_allocated(void) {
   REQUIRE(ts_start(&ts, NULL));
   unsetenv("OI_FAULTS");
   int p[2];
-  REQUIRE(pipe(p) == 0);
-  pid_t child = fork();
-  REQUIRE(child >= 0);
+  pid_t child = tr_fork_pipe(p);
   if (child == 0) {
-    close(p[0]);
     _exit(fenced_child(&ts, p[1]));
   }
-  close(p[1]);
   char c = 0;
   CHECK(read(p[0], &c, 1) == 1 && c == 'L');
   usleep(50000);

@@ -54,9 +54,7 @@ static void save_fails_at_submit(oi_fault_point point, uint64_t after) {
   CHECK_OK(oi_offload_engine_stats(r.e, &es));
   CHECK(es.saves_failed == 12 && es.saves_pending == 0);
   /* The engine keeps working: the same hashes save and load byte-exact. */
-  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, 12, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r.e, ids, hs, 12, 60000));
   oi_lease l;
   CHECK(rig_query(&r, 100, 12, &l) == 12);
   memset(r.arena, 0, r.blocks * r.bytes);

@@ -49,17 +49,12 @@ int main(int argc, char **argv) {
   }
   /* The arena is device memory the server allocated: write it from here. */
   CHECK_OK(dev->ops->mem_copy(dev, oi_imported_arena_ptr(arena), mirror, total));
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, SAVED, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 30000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, ids, hs, SAVED, 30000));
   CHECK_OK(oi_offload_engine_flush(e, 30000));
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_offload_engine_query(e, "gpu", hs, SAVED, 0, &q));
   CHECK(q.hit_blocks == SAVED);
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, SAVED, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 30000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, q.lease, dst, SAVED, 30000));
   memset(mirror, 0, total);
   CHECK_OK(dev->ops->mem_copy(dev, mirror, oi_imported_arena_ptr(arena), total));
   int bad = 0;

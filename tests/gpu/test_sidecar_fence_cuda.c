@@ -113,11 +113,7 @@ int main(int argc, char **argv) {
                             .bytes_per_block = ARENA_BLOCK_BYTES,
                             .block_stride = ARENA_BLOCK_BYTES,
                             .segments = 1};
-  oi_engine_options o;
-  oi_engine_options_init(&o);
-  o.namespace_id = "gpu-fence";
-  o.arenas = ad;
-  o.num_arenas = ARENAS;
+  oi_engine_options o = tr_engine_options("gpu-fence", ad, ARENAS);
   o.device = 0;
   o.arena_base = region;
   o.arena_size = ARENAS * ARENA_BYTES;
@@ -129,14 +125,9 @@ int main(int argc, char **argv) {
   oi_block_hash hs[HALF];
   for (uint64_t b = 0; b < HALF; b++) {
     ids[b] = (int64_t)b;
-    memset(&hs[b], 0, sizeof hs[b]);
-    memcpy(hs[b].bytes, &b, sizeof b);
-    hs[b].bytes[15] = 0x3c;
+    hs[b] = tr_hash(b, 15, 0x3c);
   }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, HALF, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, ids, hs, HALF, 60000));
   CHECK_OK(oi_offload_engine_flush(e, 60000));
 
   late_load(e, &ts, hs, false);

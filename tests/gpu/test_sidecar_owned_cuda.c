@@ -48,9 +48,7 @@ static int round_trip(oi_offload_engine *e, oi_dev *dev, uint8_t *arena, const o
   }
   CHECK_OK(dev->ops->mem_copy(dev, arena, mirror, total));
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, SAVED, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 30000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, ids, hs, SAVED, 30000));
   CHECK_OK(oi_offload_engine_flush(e, 30000));
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_offload_engine_query(e, NULL, hs, SAVED, 0, &q));

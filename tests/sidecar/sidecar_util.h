@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "proto/wire.h"
+#include "rig.h"
 #include "testutil.h"
 
 /* Each test uses some of these helpers. */
@@ -49,14 +50,7 @@ static void ts_dump_log(const test_server *ts) {
 }
 
 static bool ts_log_contains(const test_server *ts, const char *needle) {
-  FILE *f = fopen(ts->log, "r");
-  if (!f) return false;
-  char line[1024];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f))
-    found = strstr(line, needle) != NULL;
-  fclose(f);
-  return found;
+  return tr_file_contains(ts->log, needle);
 }
 
 static test_server *ts_registered[4];
@@ -298,6 +292,19 @@ static void tl_options(oi_engine_options *o, oi_arena_desc a[TL_ARENAS], const c
   o->num_arenas = TL_ARENAS;
   o->arenas = a;
   o->arena_size = 0; /* computed */
+}
+
+/* Connects a client of the test layout in namespace `ns` to the server at
+ * `socket` (options in *o over a): the connect CHECKed, the engine and the
+ * imported arena REQUIREd. @return the arena's mapping. */
+static uint8_t *tl_connect(const char *socket, const char *ns, oi_arena_desc a[TL_ARENAS],
+                           oi_engine_options *o, oi_offload_engine **e, oi_imported_arena **arena) {
+  tl_options(o, a, ns);
+  *e = NULL;
+  *arena = NULL;
+  CHECK_OK(oi_offload_engine_connect(socket, o, e, arena));
+  REQUIRE(*e && *arena);
+  return oi_imported_arena_ptr(*arena);
 }
 
 static uint8_t tl_byte(uint64_t logical, uint32_t arena, uint32_t seg, uint64_t i) {

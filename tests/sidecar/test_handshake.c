@@ -68,9 +68,7 @@ static void test_bad_deadline_is_refused(void) {
   oi_server_options so;
   oi_server_options_init(&so);
   CHECK(so.handshake_timeout_ms == 10000);
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 1 << 20;
+  oi_host_options ho = tr_host_options(1 << 20);
   so.host = &ho;
   so.handshake_timeout_ms = 0;
   char path[160];

@@ -221,12 +221,9 @@ static void test_bad_memory_is_refused(void) {
   o.arena_size = total - 1; /* the layout reaches past arena_size */
   CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   /* An embedded engine takes no arena_fd. */
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 8 << 20;
+  oi_host_options ho = tr_host_options(8 << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_offload_host *h = NULL;
-  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
+  oi_offload_host *h = tr_host_new(&ho);
   owned_options(&o, a, "owned-bad", &good);
   CHECK_ST(oi_offload_engine_create(h, &o, &e), OI_ERR_INVALID_ARGUMENT);
   oi_offload_host_destroy(h);

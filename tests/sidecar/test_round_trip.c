@@ -42,10 +42,7 @@ static int second_client(const char *socket) {
   int64_t dst[N_SAVED];
   for (int i = 0; i < N_SAVED; i++)
     dst[i] = N_SAVED - 1 - i; /* reversed */
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, N_SAVED, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, qr.lease, dst, N_SAVED, 10000));
   for (int i = 0; i < N_SAVED; i++)
     CHECK(tl_check(base, a, dst[i], (uint64_t)i));
   CHECK(tl_is_zero(base, a, N_SAVED));
@@ -105,9 +102,7 @@ static void test_round_trip_two_processes(void) {
   int64_t dst[N_SAVED];
   for (int i = 0; i < N_SAVED; i++)
     dst[i] = 16 + i;
-  CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, N_SAVED, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, qr.lease, dst, N_SAVED, 10000));
   for (int i = 0; i < N_SAVED; i++)
     CHECK(tl_check(base, a, dst[i], (uint64_t)i));
   CHECK(tl_is_zero(base, a, 24)); /* not loaded: untouched */
@@ -167,11 +162,9 @@ static void test_round_trip_two_processes(void) {
 static void test_engine_destroyed_before_its_arena(void) {
   oi_arena_desc a[TL_ARENAS];
   oi_engine_options o;
-  tl_options(&o, a, NS);
   oi_offload_engine *e;
   oi_imported_arena *arena;
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
-  REQUIRE(e && arena);
+  tl_connect(ts.socket, NS, a, &o, &e, &arena);
   wire_client wc;
   REQUIRE(wc_connect(&wc, ts.socket) && wc_hello(&wc, NULL));
   oiwire_StatsReply sr;
@@ -268,9 +261,7 @@ static void test_vllm_kv_halves_round_trip(void) {
   memset(base, 0, 4 * KV_HALF);
   CHECK_OK(oi_offload_engine_query(e, "vllm", hs, N, 0, &qr));
   CHECK(qr.hit_blocks == N);
-  CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, N, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, qr.lease, dst, N, 10000));
   bool same = true;
   for (int i = 0; i < N; i++)
     for (uint32_t l = 0; l < 2; l++)

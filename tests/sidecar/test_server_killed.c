@@ -56,14 +56,10 @@ static int run(bool clean, int sig) {
   unlink(marker);
   REQUIRE(ts_start(&ts, NULL));
   int p[2];
-  REQUIRE(pipe(p) == 0);
-  pid_t child = fork();
-  REQUIRE(child >= 0);
+  pid_t child = tr_fork_pipe(p);
   if (child == 0) {
-    close(p[0]);
     client(p[1], clean);
   }
-  close(p[1]);
   char c;
   CHECK(read(p[0], &c, 1) == 1);
   close(p[0]);

@@ -41,6 +41,12 @@ static oi_status engine_new(oi_offload_host *h, const char *ns, uint32_t na, uin
 
 static oi_block_hash hash_of(uint64_t k) { return tr_hash(k, 15, 0x11); }
 
+/* Two layouts of one arena of 8 blocks: 4 KiB and 8 KiB blocks. */
+static void two_block_sizes(etu_layout *La, etu_layout *Lb) {
+  etu_layout_simple(La, 1, 8, 4096);
+  etu_layout_simple(Lb, 1, 8, 8192);
+}
+
 /* Saves block 0 under hash k, waits, and says whether a query hits it. */
 static bool save_and_hit(oi_offload_engine *e, uint64_t k) {
   int64_t id = 0;
@@ -214,8 +220,7 @@ static int save_until_accepted(oi_offload_engine *e, const etu_layout *L, uint64
 static void test_another_block_size_while_one_fills_the_pool(void) {
   oi_offload_host *h = etu_host_create_wm(256 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 4 x 16 4-KiB */
   etu_layout La, Lb;
-  etu_layout_simple(&La, 1, 8, 4096);
-  etu_layout_simple(&Lb, 1, 8, 8192);
+  two_block_sizes(&La, &Lb);
   oi_offload_engine *a = etu_engine_create(h, &La, "fills", 1);
   for (uint64_t k = 0; k < 64; k += 8)
     CHECK(save_keys(a, &La, 1, k, 8) == 8);
@@ -258,8 +263,7 @@ static void test_another_block_size_while_one_fills_the_pool(void) {
 static void test_two_block_sizes_alternate_in_one_pool(void) {
   oi_offload_host *h = etu_host_create_wm(512 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 8 chunks */
   etu_layout La, Lb;
-  etu_layout_simple(&La, 1, 8, 4096);
-  etu_layout_simple(&Lb, 1, 8, 8192);
+  two_block_sizes(&La, &Lb);
   oi_offload_engine *a = etu_engine_create(h, &La, "small", 1);
   oi_offload_engine *b = etu_engine_create(h, &Lb, "large", 1);
   uint64_t ka = 0, kb = 0, acc_a = 0, acc_b = 0, late_a = 0, late_b = 0;
@@ -367,8 +371,7 @@ static void test_two_block_sizes_save_at_once(void) {
 static void test_a_chunk_with_a_leased_block_is_not_taken(void) {
   oi_offload_host *h = etu_host_create_wm(128 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 2 chunks */
   etu_layout La, Lb;
-  etu_layout_simple(&La, 1, 8, 4096);
-  etu_layout_simple(&Lb, 1, 8, 8192);
+  two_block_sizes(&La, &Lb);
   oi_offload_engine *a = etu_engine_create(h, &La, "leased", 1);
   for (uint64_t k = 0; k < 32; k += 8) /* keys 0..15 in one chunk, 16..31 in the other */
     CHECK(save_keys(a, &La, 1, k, 8) == 8);

@@ -139,6 +139,17 @@ static uint64_t rig_visible(rig *r, uint64_t first, size_t n) {
   return q.hit_blocks;
 }
 
+/* rig_open (default deadlines and TTL), then logical blocks first..first+n-1
+ * saved and queried, both CHECKed. @return the query's lease. */
+static oi_lease rig_open_leased(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_blocks,
+                                uint32_t world, uint64_t first, size_t n) {
+  rig_open(r, blocks, bytes, pool_blocks, world, 0, 0, 0);
+  CHECK_OK(rig_save(r, first, n));
+  oi_lease l;
+  CHECK(rig_query(r, first, n, &l) == n);
+  return l;
+}
+
 /* Loads a lease of n blocks into device blocks dst0..dst0+n-1 and waits. */
 static oi_status rig_load(rig *r, oi_lease lease, int64_t dst0, size_t n) {
   int64_t ids[RIG_MAX_BLOCKS];

@@ -10,10 +10,7 @@
 
 static void failing_load_consumes_the_lease(oi_fault_point point) {
   rig r;
-  rig_open(&r, 16, 4096, 32, 0, 0, 0, 0);
-  CHECK_OK(rig_save(&r, 0, 6));
-  oi_lease l;
-  CHECK(rig_query(&r, 0, 6, &l) == 6);
+  oi_lease l = rig_open_leased(&r, 16, 4096, 32, 0, 0, 6);
   REQUIRE(oi__fault_arm(point, 0, 1, 0) == OI_OK);
   CHECK_ST(rig_load(&r, l, 8, 6), OI_ERR_IO);
   CHECK(oi__fault_fired(point) == 1);
@@ -40,10 +37,7 @@ static void test_load_copy_fails_midway(void) {
 
 static void test_two_shares_one_fails(void) {
   rig r;
-  rig_open(&r, 16, 4096, 32, 2, 0, 0, 0);
-  CHECK_OK(rig_save(&r, 50, 4));
-  oi_lease l;
-  CHECK(rig_query(&r, 50, 4, &l) == 4);
+  oi_lease l = rig_open_leased(&r, 16, 4096, 32, 2, 50, 4);
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 0, 1, 0) == OI_OK);
   CHECK_ST(rig_load(&r, l, 4, 4), OI_ERR_IO); /* share 1: failed, consumed */
   CHECK_OK(rig_load(&r, l, 8, 4));            /* share 2 */
@@ -106,10 +100,7 @@ static void test_a_release_and_the_last_share_wait_for_a_share_still_marking(voi
   enum { N = 1100 };
   for (int round = 0; round < 2; round++) {
     rig r;
-    rig_open(&r, 3 * N, 512, N + 8, 2, 0, 0, 0);
-    CHECK_OK(rig_save(&r, 0, N));
-    oi_lease l;
-    CHECK(rig_query(&r, 0, N, &l) == N);
+    oi_lease l = rig_open_leased(&r, 3 * N, 512, N + 8, 2, 0, N);
     REQUIRE(oi__fault_arm(OI_FAULT_LOAD_MARK_GAP, 0, 1, 300) == OI_OK);
     marker m = {.r = &r, .l = l, .dst0 = N, .n = N};
     pthread_t th;
@@ -234,15 +225,11 @@ static bool tl_check_arena(const uint8_t *base, const oi_arena_desc *a, uint32_t
 }
 
 static void test_sidecar_arena_waits_report_progress(void) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  oi_offload_engine *e;
-  oi_imported_arena *arena;
+  TL_CLIENT(a, o, e, arena);
   uint8_t *base = tl_connect(ts.socket, "layered", a, &o, &e, &arena);
-  int64_t src[2] = {0, 1}, dst[2] = {20, 21};
-  oi_block_hash hs[2] = {tl_hash(70, 0), tl_hash(70, 1)};
-  for (int b = 0; b < 2; b++)
-    tl_fill(base, a, src[b], (uint64_t)b);
+  int64_t src[2], dst[2] = {20, 21};
+  oi_block_hash hs[2];
+  tl_fill_n(base, a, 70, src, hs, 2);
   oi_ticket *t;
   CHECK_OK(tr_save(e, src, hs, 2, 60000));
   oi_query_result q = {.struct_size = sizeof q};

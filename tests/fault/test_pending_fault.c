@@ -99,10 +99,7 @@ static test_server ts;
 
 /* The server's copies sleep 1 s each: a save stays in flight. */
 static void test_sidecar_pending_and_wait(void) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  oi_offload_engine *e;
-  oi_imported_arena *arena;
+  TL_CLIENT(a, o, e, arena);
   uint8_t *base = tl_connect(ts.socket, "pending", a, &o, &e, &arena);
   int64_t ids[4] = {0, 1, 2, 3};
   oi_block_hash hs[5];
@@ -137,10 +134,7 @@ static void test_sidecar_pending_and_wait(void) {
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
   /* A worker session loads the lookup's lease byte-exact. */
-  oi_arena_desc a2[TL_ARENAS];
-  oi_engine_options o2;
-  oi_offload_engine *w;
-  oi_imported_arena *warena;
+  TL_CLIENT(a2, o2, w, warena);
   uint8_t *wbase = tl_connect(ts.socket, "pending", a2, &o2, &w, &warena);
   int64_t dst[4] = {10, 11, 12, 13};
   CHECK_OK(tr_load(w, q.lease, dst, 4, 10000));

@@ -153,11 +153,8 @@ static void test_raw_client_dies_at_every_step(void) {
 /* A real client: steps 0.. of connect, save, flush, query, load, release,
  * unregister; writes one byte to `fd` after each step. */
 static int client_session(int fd, bool check) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "steps-real");
-  oi_offload_engine *e;
-  oi_imported_arena *arena;
   if (oi_offload_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) return 2;
   STEP(fd);
   uint8_t *base = oi_imported_arena_ptr(arena);

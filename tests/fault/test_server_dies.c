@@ -31,11 +31,8 @@ static void fatal_exit(void *ctx, const char *reason) {
 static int client(int fd) {
   signal(SIGPIPE, SIG_IGN);
   oi_set_fatal_handler(fatal_exit, NULL);
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "dies");
-  oi_offload_engine *e;
-  oi_imported_arena *arena;
   if (oi_offload_engine_connect(ts.socket, &o, &e, &arena) != OI_OK)
     return 2; /* not connected yet */
   STEP(fd);

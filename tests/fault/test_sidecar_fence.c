@@ -27,23 +27,16 @@
 
 static const char *exe;
 
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int unresponsive_lines, live_lines, fence_lines;
 static void log_handler(void *ctx, oi_log_level level, const char *line) {
   (void)ctx;
   (void)level;
-  pthread_mutex_lock(&log_lock);
+  pthread_mutex_lock(&ts_log_lock);
   if (strstr(line, "is marked unresponsive")) unresponsive_lines++;
   if (strstr(line, "answered a probe")) live_lines++;
   if (strstr(line, "missed its deadline") && strstr(line, "fencing")) fence_lines++;
-  pthread_mutex_unlock(&log_lock);
+  pthread_mutex_unlock(&ts_log_lock);
   fprintf(stderr, "%s\n", line);
-}
-static int log_count(int *which) {
-  pthread_mutex_lock(&log_lock);
-  int n = *which;
-  pthread_mutex_unlock(&log_lock);
-  return n;
 }
 
 static void fatal_fail(void *ctx, const char *reason) {
@@ -176,7 +169,7 @@ static void fence_in_mode(bool owned) {
   CHECK(strstr(oi_last_error(), "OI_FENCING") != NULL);
   usleep(COPY_SLOW_MS * 1000 * 2); /* stopped well past the copy's own length */
   CHECK_ST(oi_ticket_poll(t), OI_FENCING);
-  CHECK(log_count(&fence_lines) >= 1);
+  CHECK(ts_log_count(&fence_lines) >= 1);
   /* The breaker opened with the miss: a load is refused, counted failed. */
   oi_ticket *t2 = NULL;
   CHECK_ST(oi_offload_engine_load(s.e, q.lease, dst, 4, NULL, &t2), OI_ERR_CLOSED);
@@ -341,7 +334,7 @@ static void breaker_in_mode(bool owned) {
   CHECK_OK(oi_offload_engine_query(s.e, NULL, hs, 4, OI_QUERY_MEMBERSHIP, &q));
   REQUIRE(q.hit_blocks == 4);
   oi_engine_stats s0 = sc_stats(&s);
-  int lines0 = log_count(&unresponsive_lines);
+  int lines0 = ts_log_count(&unresponsive_lines);
 
   stop_server(ts.pid);
   /* The first membership query waits its lookup deadline (50 ms). */
@@ -394,10 +387,10 @@ static void breaker_in_mode(bool owned) {
   CHECK(s1.disconnected_query_misses == s0.disconnected_query_misses + 400);
   CHECK(s1.disconnected_saves == s0.disconnected_saves + 2);
   CHECK(s1.loads_failed == s0.loads_failed + 1);
-  CHECK(log_count(&unresponsive_lines) == lines0 + 1); /* once per opening */
+  CHECK(ts_log_count(&unresponsive_lines) == lines0 + 1); /* once per opening */
 
   /* SIGCONT: a probe is answered and the engine hits again within 1 s. */
-  int live0 = log_count(&live_lines);
+  int live0 = ts_log_count(&live_lines);
   REQUIRE(kill(ts.pid, SIGCONT) == 0);
   uint64_t r0 = oi__now_ns();
   bool hit = false;
@@ -411,7 +404,7 @@ static void breaker_in_mode(bool owned) {
   fprintf(stderr, "%s: hits again %.1f ms after SIGCONT\n",
           owned ? "engine-owned" : "server-allocated", recovery);
   CHECK(hit && recovery < 1000);
-  CHECK(log_count(&live_lines) == live0 + 1);
+  CHECK(ts_log_count(&live_lines) == live0 + 1);
   sc_close(&s);
   CHECK(ts_stop(&ts));
   ts_cleanup(&ts);

@@ -6,29 +6,16 @@
 #include "../sidecar/sidecar_util.h"
 #include "device/device.h"
 
-static void fatal_is_a_failure(void *ctx, const char *reason) {
-  (void)ctx;
-  fprintf(stderr, "unexpected fatal handler call: %s\n", reason);
-  _exit(3);
-}
-
 int main(int argc, char **argv) {
-  int n = 0;
-  oi_device_count(&n);
-  if (n == 0) TEST_SKIP("no CUDA device");
-  REQUIRE(argc >= 2);
-  oi_set_fatal_handler(fatal_is_a_failure, NULL);
   test_server ts;
-  ts_init(&ts, argv[1]);
   const char *extra[] = {"--device", "0", "--arena-devices", "0", NULL};
-  REQUIRE(ts_start(&ts, extra));
+  if (!ts_gpu_open(&ts, argc, argv, extra)) TEST_SKIP("no CUDA device");
 
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "gpu-sidecar");
   o.device = 0;
-  oi_offload_engine *e = NULL;
-  oi_imported_arena *arena = NULL;
+  e = NULL;
+  arena = NULL;
   CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
   REQUIRE(e && arena);
   uint64_t total = 0;

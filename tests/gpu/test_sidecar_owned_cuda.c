@@ -9,12 +9,6 @@
 #include "../sidecar/sidecar_util.h"
 #include "device/device.h"
 
-static void fatal_is_a_failure(void *ctx, const char *reason) {
-  (void)ctx;
-  fprintf(stderr, "unexpected fatal handler call: %s\n", reason);
-  _exit(3);
-}
-
 #define LEAD 4096 /* the arena starts this far into its allocation */
 
 static oi_status stats_of(oi_offload_engine *e, oi_engine_stats *s) {
@@ -69,15 +63,9 @@ static int round_trip(oi_offload_engine *e, oi_dev *dev, uint8_t *arena, const o
 }
 
 int main(int argc, char **argv) {
-  int n = 0;
-  oi_device_count(&n);
-  if (n == 0) TEST_SKIP("no CUDA device");
-  REQUIRE(argc >= 2);
-  oi_set_fatal_handler(fatal_is_a_failure, NULL);
   test_server ts;
-  ts_init(&ts, argv[1]);
   const char *extra[] = {"--device", "0", "--arena-devices", "0", NULL};
-  REQUIRE(ts_start(&ts, extra));
+  if (!ts_gpu_open(&ts, argc, argv, extra)) TEST_SKIP("no CUDA device");
 
   oi_arena_desc a[TL_ARENAS];
   uint64_t total = 0;

@@ -11,12 +11,9 @@ enum { KILL_AFTER_REGISTER, KILL_WITH_SAVES_IN_FLIGHT };
 
 /* The doomed client: registers, maybe saves, says "ready", waits to die. */
 static void doomed_client(int mode, int ready_fd) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, NS);
   o.instance_name = "doomed";
-  oi_offload_engine *e;
-  oi_imported_arena *arena;
   if (oi_offload_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) _exit(2);
   uint8_t *base = oi_imported_arena_ptr(arena);
   if (mode == KILL_WITH_SAVES_IN_FLIGHT) {
@@ -79,10 +76,7 @@ static void test_client_killed(void) {
   wc_close(&wc);
 
   /* Another client restores what the dead one saved. */
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  oi_offload_engine *e;
-  oi_imported_arena *arena;
+  TL_CLIENT(a, o, e, arena);
   uint8_t *base = tl_connect(ts.socket, NS, a, &o, &e, &arena);
   oi_block_hash hashes[8];
   int64_t dst[8];

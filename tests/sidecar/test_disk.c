@@ -17,19 +17,12 @@ static void test_disk_survives_a_restart(void) {
   const char *extra[] = {"--disk", disk, "--disk-size", "32M", NULL};
   REQUIRE(ts_start(&ts, extra));
   CHECK(ts_log_contains(&ts, "disk tier attached"));
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  oi_offload_engine *e;
-  oi_imported_arena *arena;
+  TL_CLIENT(a, o, e, arena);
   uint8_t *base = tl_connect(ts.socket, "disk-ns", a, &o, &e, &arena);
   enum { N = 8 };
   int64_t ids[N];
   oi_block_hash hs[N];
-  for (int i = 0; i < N; i++) {
-    ids[i] = i;
-    hs[i] = tl_hash(90, (uint64_t)i);
-    tl_fill(base, a, ids[i], (uint64_t)i);
-  }
+  tl_fill_n(base, a, 90, ids, hs, N);
   CHECK_OK(tr_save(e, ids, hs, N, 10000));
   CHECK_OK(oi_offload_engine_flush(e, 10000));
   uint64_t epoch1;

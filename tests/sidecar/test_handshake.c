@@ -41,11 +41,10 @@ static void test_silent_connections_are_cut_and_slots_come_back(void) {
    * moment after the close): a real client gets in. */
   oiwire_StatsReply sr;
   CHECK(WAIT_FOR_STATS(&hello, sr, sr.sessions == 1));
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "handshake");
-  oi_offload_engine *e = NULL;
-  oi_imported_arena *arena = NULL;
+  e = NULL;
+  arena = NULL;
   CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
   /* The session that said Hello is still served long after the deadline. */
   usleep(800000);

@@ -11,25 +11,16 @@
 static const char *NS = "round-trip-ns";
 #define N_SAVED 8
 
-static void fatal_is_a_failure(void *ctx, const char *reason) {
-  (void)ctx;
-  fprintf(stderr, "unexpected fatal handler call: %s\n", reason);
-  _exit(3);
-}
-
 static void on_save_done(void *ctx, oi_status st) {
   if (st == OI_OK) atomic_fetch_add((atomic_int *)ctx, 1);
 }
 
 /* The second process: restores logical blocks 0..N_SAVED-1 into ids 0.. */
 static int second_client(const char *socket) {
-  oi_set_fatal_handler(fatal_is_a_failure, NULL);
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  oi_set_fatal_handler(ts_fatal_is_a_failure, NULL);
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, NS);
   o.instance_name = "second";
-  oi_offload_engine *e;
-  oi_imported_arena *arena;
   CHECK_OK(oi_offload_engine_connect(socket, &o, &e, &arena));
   if (oi_test_failures) return 1;
   uint8_t *base = oi_imported_arena_ptr(arena);
@@ -76,11 +67,7 @@ static void test_round_trip_two_processes(void) {
 
   int64_t ids[N_SAVED];
   oi_block_hash hashes[N_SAVED];
-  for (int i = 0; i < N_SAVED; i++) {
-    ids[i] = i;
-    hashes[i] = tl_hash(1, (uint64_t)i);
-    tl_fill(base, a, ids[i], (uint64_t)i);
-  }
+  tl_fill_n(base, a, 1, ids, hashes, N_SAVED);
   atomic_int done = 0;
   oi_save_options so;
   oi_save_options_init(&so);
@@ -160,10 +147,7 @@ static void test_round_trip_two_processes(void) {
 }
 
 static void test_engine_destroyed_before_its_arena(void) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  oi_offload_engine *e;
-  oi_imported_arena *arena;
+  TL_CLIENT(a, o, e, arena);
   tl_connect(ts.socket, NS, a, &o, &e, &arena);
   wire_client wc;
   REQUIRE(wc_connect(&wc, ts.socket) && wc_hello(&wc, NULL));
@@ -281,11 +265,8 @@ static void test_vllm_kv_halves_round_trip(void) {
 }
 
 static void test_connect_refuses_bad_options(void) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, NS);
-  oi_offload_engine *e;
-  oi_imported_arena *arena;
   CHECK_ST(oi_offload_engine_connect(ts.socket, &o, NULL, &arena), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi_offload_engine_connect(ts.socket, NULL, &e, &arena), OI_ERR_INVALID_ARGUMENT);
   o.arena_base = (void *)4096;
@@ -311,7 +292,7 @@ static void test_connect_refuses_bad_options(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2) TEST_SKIP("usage: test_round_trip OPENINFER_EXE");
-  oi_set_fatal_handler(fatal_is_a_failure, NULL);
+  oi_set_fatal_handler(ts_fatal_is_a_failure, NULL);
   ts_init(&ts, argv[1]);
   REQUIRE(pipe(go_pipe) == 0);
   /* Fork the second client before this process has threads. */

@@ -1,5 +1,6 @@
 /* `openinfer stats`: asks a running `openinfer serve` for its figures
- * (oi_server_stats_fetch) and prints a summary, or JSON. */
+ * (oi_server_stats_fetch, and oi_server_cluster_stats_fetch for its
+ * cluster tier) and prints a summary, or JSON. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,8 @@ static void stats_usage(FILE *f) {
   fprintf(f, "usage: openinfer stats [options]\n"
              "\n"
              "Prints the figures of a running sidecar server (openinfer serve): pool use, blocks\n"
-             "by state, saves, loads, queries, leases, latencies, namespaces.\n"
+             "by state, saves, loads, queries, leases, latencies, namespaces, and its disk and\n"
+             "cluster tiers.\n"
              "\n"
              "options:\n"
              "  --socket PATH   the server's socket (default $XDG_RUNTIME_DIR/openinfer.sock,\n"
@@ -95,8 +97,38 @@ static void json_array(const char *name, const uint64_t *v, uint32_t n) {
 
 #define J(name, v) printf("    \"%s\": %llu,\n", name, (unsigned long long)(v))
 
+/* GB/s of `bytes` moved in `ns` (0 when no time was spent). */
+static double gbps(uint64_t bytes, uint64_t ns) { return ns ? (double)bytes / (double)ns : 0.0; }
+
+static void print_json_cluster(const oi_host_cluster_stats *c) {
+  printf("  \"cluster\": {\n");
+  J("directory_connected", c->directory_connected);
+  J("port", c->port);
+  J("fetches", c->fetches);
+  J("fetched_blocks", c->remote_blocks);
+  J("fetched_bytes", c->bytes_fetched);
+  J("fetch_ns", c->fetch_ns);
+  printf("    \"fetch_gbps\": %.3f,\n", gbps(c->bytes_fetched, c->fetch_ns));
+  J("fetch_failed_blocks", c->remote_failed);
+  J("lookups", c->lookups);
+  J("stale_removed", c->stale_removed);
+  J("served_blocks", c->served_blocks);
+  J("served_bytes", c->bytes_served);
+  J("holders_up", c->holders_up);
+  J("holders_down", c->holders_down);
+  J("holders_marked_down", c->holders_marked_down);
+  J("directory_published", c->published);
+  J("directory_withdrawn", c->unpublished);
+  J("directory_errors", c->directory_errors);
+  J("directory_dropped", c->directory_dropped);
+  J("directory_rejected", c->directory_rejected);
+  J("handshakes_refused", c->peers_refused);
+  printf("    \"handshakes_failed\": %llu\n  },\n", (unsigned long long)c->handshakes_failed);
+}
+
 static void print_json(const char *socket, const oi_server_stats *r, const oi_host_stats *h,
-                       const oi_namespace_stats *ns, uint32_t n_ns) {
+                       const oi_namespace_stats *ns, uint32_t n_ns,
+                       const oi_host_cluster_stats *c) {
   printf("{\n  \"socket\": ");
   json_string(socket);
   printf(",\n  \"server_version\": ");
@@ -168,6 +200,7 @@ static void print_json(const char *socket, const oi_server_stats *r, const oi_ho
     printf(",\n    \"read_latency_sum_us\": %llu\n  },\n",
            (unsigned long long)d->read_latency_sum_us);
   }
+  if (c) print_json_cluster(c);
   printf("  \"namespaces\": [");
   for (size_t i = 0; i < n_ns; i++) {
     printf("%s\n    {\"name\": ", i ? "," : "");
@@ -179,7 +212,8 @@ static void print_json(const char *socket, const oi_server_stats *r, const oi_ho
 }
 
 static void print_summary(const char *socket, const oi_server_stats *r, const oi_host_stats *h,
-                          const oi_namespace_stats *ns, uint32_t n_ns) {
+                          const oi_namespace_stats *ns, uint32_t n_ns,
+                          const oi_host_cluster_stats *c) {
   char b1[32], b2[32], b3[32], b4[32];
   printf("openinfer server on %s: %s, epoch %016llx, up %.0f s\n", socket, r->server_version,
          (unsigned long long)r->epoch, (double)r->uptime_ns / 1e9);
@@ -235,6 +269,30 @@ static void print_summary(const char *socket, const oi_server_stats *r, const oi
   } else {
     printf("%-14s none\n", "disk:");
   }
+  if (c) {
+    human_bytes(b1, sizeof b1, c->bytes_fetched);
+    human_bytes(b2, sizeof b2, c->bytes_served);
+    printf("%-14s directory %s, peer port %u; %llu holders up, %llu down (%llu times down)\n",
+           "cluster:", c->directory_connected ? "connected" : "NOT connected (local only)",
+           (unsigned)c->port, (unsigned long long)c->holders_up,
+           (unsigned long long)c->holders_down, (unsigned long long)c->holders_marked_down);
+    printf("%-14s %llu blocks (%s) in %llu fetches, %.2f GB/s; %llu blocks failed; %llu "
+           "lookups, %llu stale entries removed\n",
+           "  fetched:", (unsigned long long)c->remote_blocks, b1, (unsigned long long)c->fetches,
+           gbps(c->bytes_fetched, c->fetch_ns), (unsigned long long)c->remote_failed,
+           (unsigned long long)c->lookups, (unsigned long long)c->stale_removed);
+    printf("%-14s %llu blocks (%s) to peers; handshakes: %llu refused (inbound), %llu failed "
+           "(outbound)\n",
+           "  served:", (unsigned long long)c->served_blocks, b2,
+           (unsigned long long)c->peers_refused, (unsigned long long)c->handshakes_failed);
+    printf("%-14s %llu published, %llu withdrawn, %llu lost, %llu errors, %llu entries "
+           "rejected\n",
+           "  directory:", (unsigned long long)c->published, (unsigned long long)c->unpublished,
+           (unsigned long long)c->directory_dropped, (unsigned long long)c->directory_errors,
+           (unsigned long long)c->directory_rejected);
+  } else {
+    printf("%-14s none\n", "cluster:");
+  }
   printf("namespaces:    %u\n", (unsigned)h->namespaces);
   for (size_t i = 0; i < n_ns; i++) {
     human_bytes(b1, sizeof b1, ns[i].blocks_resident * ns[i].block_bytes);
@@ -280,13 +338,17 @@ int cmd_stats(int argc, char **argv) {
   const char *where = st == OI_OK ? r.socket_path : socket ? socket : "the default socket";
   int rc = CLI_OK;
   uint32_t n_ns = r.namespaces < MAX_NS ? r.namespaces : MAX_NS;
+  /* The cluster tier's figures, when the server has one (a second
+   * exchange: they are experimental). */
+  oi_host_cluster_stats cs = {.struct_size = sizeof cs};
+  bool cluster = st == OI_OK && oi_server_cluster_stats_fetch(r.socket_path, 10000, &cs) == OI_OK;
   if (st != OI_OK) {
     fprintf(stderr, "openinfer stats: %s: %s (%s)\n", where, oi_last_error(), oi_status_str(st));
     rc = CLI_FAILED;
   } else if (json) {
-    print_json(where, &r, &h, ns, n_ns);
+    print_json(where, &r, &h, ns, n_ns, cluster ? &cs : NULL);
   } else {
-    print_summary(where, &r, &h, ns, n_ns);
+    print_summary(where, &r, &h, ns, n_ns, cluster ? &cs : NULL);
   }
   free(ns);
   return rc;

@@ -159,6 +159,17 @@ typedef struct oi_host_cluster_stats {
   uint64_t bytes_served;
   uint16_t port; /* the peer listener's port */
   uint16_t reserved[3];
+  /* ---- appended (operators: docs/cluster.md, "Figures"); an older caller's
+   * struct_size stops before these ---- */
+  uint64_t fetches;             /* fetch operations (a LEASE and its reads, one holder each) */
+  uint64_t fetch_ns;            /* time with a fetch in flight: bytes_fetched / fetch_ns, GB/s */
+  uint32_t holders_up;          /* holders this node has a connection to now */
+  uint32_t holders_down;        /* holders down now: they did not answer, probed until they do */
+  uint64_t holders_marked_down; /* times a holder went down */
+  uint64_t directory_errors;    /* failed connects, round trips and replies to Redis */
+  uint64_t directory_dropped;   /* publishes and withdrawals lost (queue full, connection lost) */
+  uint64_t directory_rejected;  /* directory entries a lookup ignored (malformed) */
+  uint64_t handshakes_failed;   /* connections to peers that did not authenticate */
 } oi_host_cluster_stats;
 
 OI_API oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
@@ -174,6 +185,14 @@ OI_API oi_status oi_offload_host_cluster_stats(const oi_offload_host *h,
  * after oi_server_create, before oi_server_run. */
 struct oi_server;
 OI_API oi_status oi_server_attach_cluster(struct oi_server *s, const oi_host_cluster_options *o);
+/* A running server's cluster figures (client side), as
+ * oi_offload_host_cluster_stats reports them there, over a connection of
+ * its own as oi_server_stats_fetch (same socket_path and timeout_ms).
+ * @return OI_ERR_NOT_FOUND when nothing listens at the path or the server
+ * has no cluster tier (oi_last_error() says which), and the errors of
+ * oi_server_stats_fetch. */
+OI_API oi_status oi_server_cluster_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+                                               oi_host_cluster_stats *out);
 
 #ifdef __cplusplus
 }

@@ -419,6 +419,15 @@ void oi__peer_close(oi_peer *peer) {
   oi__peer_op_unref(o);
 }
 
+void oi__peer_abort(oi_peer *peer) {
+  if (!peer) return;
+  op *o = oi__peer_op_new(OP_ABORT);
+  if (!o) oi__fatal("peer: no memory to end a connection");
+  o->peer = peer;
+  oi__peer_submit(peer->net, o);
+  oi__peer_op_unref(o);
+}
+
 const char *oi__peer_node_id(const oi_peer *peer) { return peer->id; }
 uint64_t oi__peer_region_len(const oi_peer *peer) { return peer->rlen; }
 

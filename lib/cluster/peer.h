@@ -126,6 +126,11 @@ oi_status oi__peer_connect(oi_peer_net *net, const char *addr, oi_peer **out);
 /* Closes the connection and frees `peer` (no operation on it may be in
  * flight, but oi__peer_send's). NULL is a no-op. */
 void oi__peer_close(oi_peer *peer);
+/* Ends the connection now, from any thread, with operations on it in
+ * flight: they end with OI_ERR_CLOSED (a get once no transfer can still
+ * write into its local_dst), and every later one fails. The peer is still
+ * to be oi__peer_close'd. For a reader that learned the holder is gone. */
+void oi__peer_abort(oi_peer *peer);
 /* The node id the peer proved, and the size of the region it exposes. */
 const char *oi__peer_node_id(const oi_peer *peer);
 uint64_t oi__peer_region_len(const oi_peer *peer);

@@ -269,6 +269,14 @@ static void run_op(oi_peer_net *net, op *o) {
     oi__peer_op_done(net, o);
     break;
   }
+  case OP_ABORT: { /* ended now; closed and freed by oi__peer_close */
+    oi_peer *p = o->peer;
+    if (p->state != P_DEAD) oi__peer_fail(p, OI_ERR_CLOSED, "abandoned by this node");
+    if (p->ep) oi__peer_close_ep(net, p);
+    o->st = OI_OK;
+    oi__peer_op_done(net, o);
+    break;
+  }
   case OP_REGISTER: {
     if (net->len) {
       o->st = OI_ERR_STATE;

@@ -83,11 +83,11 @@ static void on_reconnect(void *ctx) {
  * fingerprints are looked up once per run of its notes. */
 static void send_keys(cluster_tier *t, bool sealed, const oi_tier_key *keys, size_t n) {
   if (n == 0) return;
-  if (sealed) {
-    if (oi__dir_publish(t->dir, keys, n) == OI_OK) atomic_fetch_add(&t->published, n);
-  } else if (oi__dir_unpublish(t->dir, keys, n) == OI_OK) {
-    atomic_fetch_add(&t->unpublished, n);
-  }
+  oi_status st = sealed ? oi__dir_publish(t->dir, keys, n) : oi__dir_unpublish(t->dir, keys, n);
+  if (st != OI_OK)
+    atomic_fetch_add(&t->publish_failures, n); /* the entries expire by their TTL */
+  else
+    atomic_fetch_add(sealed ? &t->published : &t->unpublished, n);
 }
 
 static void apply_notes(cluster_tier *t, const note *notes, size_t n) {
@@ -163,9 +163,11 @@ static void tier_free(cluster_tier *t) {
   t->stop = true;
   pthread_cond_broadcast(&t->cv);
   pthread_cond_broadcast(&t->jcv);
+  pthread_cond_broadcast(&t->pcv);
   pthread_mutex_unlock(&t->lock);
   for (int i = 0; i < t->nfetchers; i++)
     pthread_join(t->fetchers[i], NULL);
+  if (t->prober_started) pthread_join(t->prober, NULL);
   if (t->worker_started) pthread_join(t->worker, NULL);
   /* Every deferred LEASE is answered (refused) before the net goes; LEASEs
    * that come meanwhile are answered on the progress thread. */
@@ -185,6 +187,8 @@ static void tier_free(cluster_tier *t) {
   pthread_cond_destroy(&t->cv);
   pthread_cond_destroy(&t->jcv);
   pthread_mutex_destroy(&t->peer_lock);
+  pthread_mutex_destroy(&t->busy_lock);
+  pthread_cond_destroy(&t->pcv);
   pthread_mutex_destroy(&t->lease_lock);
   pthread_mutex_destroy(&t->slock);
   pthread_cond_destroy(&t->scv);
@@ -262,6 +266,8 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   pthread_mutex_init(&t->lock, NULL);
   pthread_mutex_init(&t->lease_lock, NULL);
   pthread_mutex_init(&t->peer_lock, NULL);
+  pthread_mutex_init(&t->busy_lock, NULL);
+  oi__cond_init_monotonic(&t->pcv);
   pthread_mutex_init(&t->slock, NULL);
   pthread_cond_init(&t->scv, NULL);
   pthread_cond_init(&t->jcv, NULL);
@@ -328,6 +334,12 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
     }
     t->nfetchers++;
   }
+  if ((rc = pthread_create(&t->prober, NULL, oi__cluster_prober_main, t)) != 0) {
+    st = oi__fail(OI_ERR_INTERNAL, "host_attach_cluster: cannot start its threads: %s",
+                  strerror(rc));
+    goto fail;
+  }
+  t->prober_started = true;
   atomic_store(&t->republish, true); /* blocks sealed before the attach */
   if ((st = oi__host_tier_attach(h, &cluster_tier_ops, t, &t->link)) != OI_OK) goto fail;
   OI_LOG(OI_LOG_INFO, "cluster", "node '%s' joined the cluster at %s; peers dial %s", opts.node_id,
@@ -361,6 +373,17 @@ static oi_status tier_stats(void *self, void *out) {
   s->bytes_fetched = atomic_load(&t->bytes_fetched);
   s->bytes_served = atomic_load(&t->bytes_served);
   s->port = oi__peer_net_port(t->net);
+  s->fetches = atomic_load(&t->fetches);
+  s->fetch_ns = atomic_load(&t->fetch_ns);
+  uint64_t up = 0, down = 0;
+  oi__cluster_holder_counts(t, &up, &down);
+  s->holders_up = (uint32_t)up;
+  s->holders_down = (uint32_t)down;
+  s->holders_marked_down = atomic_load(&t->holders_marked_down);
+  s->directory_errors = ds.errors;
+  s->directory_dropped = ds.queue_dropped + atomic_load(&t->publish_failures);
+  s->directory_rejected = ds.parse_failures;
+  s->handshakes_failed = ps.connect_fails;
   return OI_OK;
 }
 

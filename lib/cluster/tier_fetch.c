@@ -20,11 +20,99 @@ static void slot_reap_locked(peer_slot *s) {
   }
 }
 
+/* ---- holders down ---- */
+
+/* The record of holder `h` in t->down, or NULL (peer_lock held). */
+static down_holder *down_find_locked(cluster_tier *t, const char *node_id) {
+  for (int i = 0; i < MAX_DOWN; i++)
+    if (t->down[i].node_id[0] && !strcmp(t->down[i].node_id, node_id)) return &t->down[i];
+  return NULL;
+}
+
+/* Whether holder `h` (this incarnation) is down (peer_lock held). */
+static bool is_down_locked(cluster_tier *t, const oi_dir_holder *h) {
+  down_holder *d = down_find_locked(t, h->node_id);
+  return d && d->epoch == h->epoch;
+}
+
+static bool is_down(cluster_tier *t, const oi_dir_holder *h) {
+  if (atomic_load(&t->ndown) == 0) return false;
+  pthread_mutex_lock(&t->peer_lock);
+  bool down = is_down_locked(t, h);
+  pthread_mutex_unlock(&t->peer_lock);
+  return down;
+}
+
+/* Holder `h` failed (`st`, what it did): down for every fetch of it, in
+ * flight or to come, until a probe reaches it; its connections end now, so
+ * that the fetches waiting on them end at once. */
+static void peer_put(cluster_tier *t, int slot, bool failed);
+
+static void mark_down(cluster_tier *t, const oi_dir_holder *h, oi_status st) {
+  int ended[MAX_PEERS];
+  int nended = 0;
+  bool fresh = false;
+  pthread_mutex_lock(&t->peer_lock);
+  down_holder *d = down_find_locked(t, h->node_id);
+  if (!d)
+    for (int i = 0; i < MAX_DOWN && !d; i++)
+      if (!t->down[i].node_id[0]) d = &t->down[i];
+  if (d && !(d->node_id[0] && d->epoch == h->epoch)) {
+    if (!d->node_id[0]) atomic_fetch_add(&t->ndown, 1);
+    snprintf(d->node_id, sizeof d->node_id, "%s", h->node_id);
+    d->epoch = h->epoch;
+    d->probe_ms = PROBE_MS;
+    d->next_probe_ns = oi__now_ns() + (uint64_t)PROBE_MS * 1000000u;
+    fresh = true;
+  }
+  /* Every connection to it ends (other fetchers' too: held here meanwhile,
+   * so that none is freed under the abort): calls and reads in flight on
+   * it end now rather than at their own timeouts. */
+  for (int i = 0; i < MAX_PEERS; i++) {
+    peer_slot *s = &t->peers[i];
+    if (!s->peer || strcmp(s->node_id, h->node_id) || s->epoch != h->epoch) continue;
+    s->dead = true;
+    s->users++;
+    ended[nended++] = i;
+  }
+  pthread_mutex_unlock(&t->peer_lock);
+  if (fresh) {
+    atomic_fetch_add(&t->holders_marked_down, 1);
+    OI_LOG(OI_LOG_WARN, "cluster",
+           "node '%s' does not answer (%s): down, its blocks miss until it answers again",
+           h->node_id, oi_status_str(st));
+    pthread_mutex_lock(&t->lock);
+    pthread_cond_signal(&t->pcv);
+    pthread_mutex_unlock(&t->lock);
+  }
+  for (int i = 0; i < nended; i++) {
+    oi__peer_abort(t->peers[ended[i]].peer);
+    peer_put(t, ended[i], true);
+  }
+}
+
+/* Holder `h` answered: up again. */
+static void mark_up(cluster_tier *t, const oi_dir_holder *h) {
+  if (atomic_load(&t->ndown) == 0) return;
+  pthread_mutex_lock(&t->peer_lock);
+  down_holder *d = down_find_locked(t, h->node_id);
+  bool was = d != NULL;
+  if (d) {
+    memset(d, 0, sizeof *d);
+    atomic_fetch_sub(&t->ndown, 1);
+  }
+  pthread_mutex_unlock(&t->peer_lock);
+  if (was) OI_LOG(OI_LOG_INFO, "cluster", "node '%s' answers again", h->node_id);
+}
+
 /* A connection to holder `h` (connecting when there is none), held until
- * peer_put. @return its slot, or -1 (*stale: the holder is gone or is
- * another incarnation). */
-static int peer_get(cluster_tier *t, const oi_dir_holder *h, bool *stale) {
+ * peer_put. @return its slot, or -1 with *why: OI_OK when the holder is not
+ * to blame (the directory did not answer, every slot busy; or *stale: the
+ * holder is gone or is another incarnation), else how connecting to it
+ * failed. */
+static int peer_get(cluster_tier *t, const oi_dir_holder *h, bool *stale, oi_status *why) {
   *stale = false;
+  *why = OI_OK;
   pthread_mutex_lock(&t->peer_lock);
   for (int i = 0; i < MAX_PEERS; i++) {
     peer_slot *s = &t->peers[i];
@@ -47,9 +135,10 @@ static int peer_get(cluster_tier *t, const oi_dir_holder *h, bool *stale) {
   }
   if (st != OI_OK) return -1;
   oi_peer *p = NULL;
-  if (oi__peer_connect(t->net, addr, &p) != OI_OK) {
+  if ((st = oi__peer_connect(t->net, addr, &p)) != OI_OK) {
     OI_LOG(OI_LOG_INFO, "cluster", "cannot reach node '%s' at %s: %s", h->node_id, addr,
            oi_last_error());
+    *why = st;
     return -1;
   }
   pthread_mutex_lock(&t->peer_lock);
@@ -84,6 +173,93 @@ static void peer_put(cluster_tier *t, int slot, bool failed) {
   pthread_mutex_unlock(&t->peer_lock);
 }
 
+void oi__cluster_holder_counts(cluster_tier *t, uint64_t *up, uint64_t *down) {
+  *up = *down = 0;
+  pthread_mutex_lock(&t->peer_lock);
+  for (int i = 0; i < MAX_PEERS; i++) {
+    const peer_slot *s = &t->peers[i];
+    if (!s->peer || s->dead) continue;
+    bool seen = false; /* one holder, one count */
+    for (int j = 0; j < i && !seen; j++)
+      seen = t->peers[j].peer && !t->peers[j].dead && !strcmp(t->peers[j].node_id, s->node_id);
+    *up += !seen;
+  }
+  for (int i = 0; i < MAX_DOWN; i++)
+    *down += t->down[i].node_id[0] != 0;
+  pthread_mutex_unlock(&t->peer_lock);
+}
+
+/* The prober: a connect to each down holder whose time came (PROBE_MS
+ * after it went down, then backing off to PROBE_MAX_MS); one that authenticates is up (its
+ * connection stays for the fetches), one the directory no longer names (it left, or restarted: its
+ * entries are stale) is forgotten. */
+void *oi__cluster_prober_main(void *arg) {
+  cluster_tier *t = arg;
+  for (;;) {
+    pthread_mutex_lock(&t->lock);
+    if (!t->stop) {
+      struct timespec ts =
+          oi__timespec(oi__deadline_ns(atomic_load(&t->ndown) ? PROBE_MS / 5 : 1000));
+      pthread_cond_timedwait(&t->pcv, &t->lock, &ts);
+    }
+    bool stop = t->stop;
+    pthread_mutex_unlock(&t->lock);
+    if (stop) return NULL;
+    if (atomic_load(&t->ndown) == 0) continue;
+    oi_dir_holder due[MAX_DOWN];
+    size_t n = 0;
+    uint64_t now = oi__now_ns();
+    pthread_mutex_lock(&t->peer_lock);
+    for (int i = 0; i < MAX_DOWN; i++)
+      if (t->down[i].node_id[0] && t->down[i].next_probe_ns <= now) {
+        snprintf(due[n].node_id, sizeof due[n].node_id, "%s", t->down[i].node_id);
+        due[n++].epoch = t->down[i].epoch;
+      }
+    pthread_mutex_unlock(&t->peer_lock);
+    for (size_t i = 0; i < n; i++) {
+      bool stale = false;
+      oi_status why = OI_OK;
+      int slot = peer_get(t, &due[i], &stale, &why);
+      if (slot >= 0) {
+        peer_put(t, slot, false);
+        mark_up(t, &due[i]);
+        continue;
+      }
+      if (stale) { /* gone or restarted: its entries fail as stale, at once */
+        mark_up(t, &due[i]);
+        continue;
+      }
+      pthread_mutex_lock(&t->peer_lock);
+      down_holder *d = down_find_locked(t, due[i].node_id);
+      if (d && d->epoch == due[i].epoch) {
+        d->probe_ms = OI_MIN(2 * d->probe_ms, (uint32_t)PROBE_MAX_MS);
+        d->next_probe_ns = oi__now_ns() + (uint64_t)d->probe_ms * 1000000u;
+      }
+      pthread_mutex_unlock(&t->peer_lock);
+    }
+  }
+}
+
+/* A holder fails a fetch (it is down from now on) on these. */
+static bool holder_failure(oi_status st) {
+  return st == OI_ERR_TIMEOUT || st == OI_ERR_CLOSED || st == OI_ERR_IO ||
+         st == OI_ERR_PERMISSION || st == OI_ERR_PROTOCOL || st == OI_ERR_VERSION;
+}
+
+/* Fetches going on: their busy time (some fetch in flight) over the bytes
+ * is the rate the stats report. */
+static void busy_begin(cluster_tier *t) {
+  pthread_mutex_lock(&t->busy_lock);
+  if (t->busy++ == 0) t->busy_since_ns = oi__now_ns();
+  pthread_mutex_unlock(&t->busy_lock);
+}
+
+static void busy_end(cluster_tier *t) {
+  pthread_mutex_lock(&t->busy_lock);
+  if (--t->busy == 0) atomic_fetch_add(&t->fetch_ns, oi__now_ns() - t->busy_since_ns);
+  pthread_mutex_unlock(&t->busy_lock);
+}
+
 /* Fetches items[0..n) (one holder) into their slots; seals what verified. */
 static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t n) {
   bool *ok = oi__calloc(n, sizeof *ok);
@@ -93,14 +269,17 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
   void *reply = NULL;
   size_t rlen = 0, m = 0;
   uint64_t lease_id = 0;
-  bool stale = false, failed = false;
+  bool stale = false, failed = false, busy = false;
+  oi_status down = OI_OK; /* a holder failure: it is down */
   oi_peer *p = NULL;
   int slot = -1;
   if (!ok || !req || !reads || !sums) goto end;
-  slot = peer_get(t, &items[0].holder, &stale);
-  if (slot < 0) {
-    goto end;
-  }
+  if (is_down(t, &items[0].holder)) goto end; /* queued before it went down: misses now */
+  busy_begin(t);
+  busy = true;
+  atomic_fetch_add(&t->fetches, 1);
+  slot = peer_get(t, &items[0].holder, &stale, &down);
+  if (slot < 0) goto end;
   p = t->peers[slot].peer; /* stable while we hold the slot */
   put_hdr(req, MSG_LEASE);
   put64(req + HDR_BYTES, items[0].key.ns_fp);
@@ -114,6 +293,7 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
     OI_LOG(OI_LOG_INFO, "cluster", "lease from node '%s': %s", items[0].holder.node_id,
            oi_last_error());
     failed = st == OI_ERR_CLOSED || st == OI_ERR_IO;
+    if (st == OI_ERR_TIMEOUT || failed) down = st;
     goto end;
   }
   if (oi__cluster_msg_type(reply, rlen, true) != MSG_LEASE_REPLY) {
@@ -144,6 +324,7 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
       OI_LOG(OI_LOG_INFO, "cluster", "reading %zu blocks from node '%s': %s", m,
              items[0].holder.node_id, oi_last_error());
       failed = st != OI_ERR_INVALID_ARGUMENT; /* the connection is dead after a failed read */
+      if (holder_failure(st)) down = st;
     }
   }
   if (!failed && lease_id) {
@@ -160,7 +341,11 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
    * not there (its entry is stale); the ones after may be, and just miss. */
   stale = stale || m < n;
 end:
+  /* The first failure marks the holder down: the other fetches of it in
+   * flight end now, the queued ones and later queries miss at once. */
+  if (down != OI_OK && holder_failure(down)) mark_down(t, &items[0].holder, down);
   if (slot >= 0) peer_put(t, slot, failed);
+  if (busy) busy_end(t);
   for (size_t i = 0; i < n; i++) {
     bool good = ok && ok[i];
     if (good) { /* counted before the seal, which may end a query's wait */
@@ -211,6 +396,17 @@ size_t oi__cluster_tier_lookup(void *self, const oi_tier_key *keys, size_t n, vo
       run = i;
       break;
     }
+  if (run && atomic_load(&t->ndown)) { /* a down holder's blocks miss now, not in a deadline */
+    pthread_mutex_lock(&t->peer_lock);
+    for (size_t i = 0; i < run; i++)
+      if ((i == 0 || strcmp(holders[i].node_id, holders[i - 1].node_id) ||
+           holders[i].epoch != holders[i - 1].epoch) &&
+          is_down_locked(t, &holders[i])) {
+        run = i;
+        break;
+      }
+    pthread_mutex_unlock(&t->peer_lock);
+  }
   if (run == 0) {
     oi__free(holders);
     return 0;

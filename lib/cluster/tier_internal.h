@@ -106,6 +106,25 @@ typedef struct peer_slot {
   bool dead;
 } peer_slot;
 
+/* A holder that did not answer (a connect, a LEASE or a read timed out,
+ * was refused or lost its connection): down, by node id and incarnation,
+ * until a probe connects to it again. Its blocks miss at once meanwhile
+ * (the lookup's run stops before them, and fetches of them queued or in
+ * flight end). */
+typedef struct down_holder {
+  char node_id[OI_DIR_NODE_ID_MAX + 1]; /* "": a free record */
+  uint64_t epoch;
+  uint64_t next_probe_ns;
+  uint32_t probe_ms; /* the wait before the next probe, doubled by each that fails */
+} down_holder;
+
+#define MAX_DOWN 64
+/* A down holder is probed (connected to) PROBE_MS after it went down, then
+ * at intervals doubling to PROBE_MAX_MS (a node that refuses us is not
+ * asked twice a second forever). */
+#define PROBE_MS 500
+#define PROBE_MAX_MS 5000
+
 #define FETCHERS 4 /* threads that run fetch jobs */
 /* Bytes of blocks per fetch job (at least one block, at most a LEASE's):
  * several jobs of one run go in parallel, and a job of small blocks is not
@@ -163,11 +182,20 @@ struct cluster_tier {
   remote_lease *leases;
   uint64_t next_lease;
 
-  pthread_mutex_t peer_lock;
+  pthread_mutex_t peer_lock; /* peers, down */
   peer_slot peers[MAX_PEERS];
+  down_holder down[MAX_DOWN];
+  atomic_uint ndown;  /* records in use in down: 0, the lookup does not look */
+  pthread_cond_t pcv; /* the prober: a holder went down, or stopping (under lock) */
+  pthread_t prober;
+  bool prober_started;
+  pthread_mutex_t busy_lock; /* busy, busy_since_ns: fetches in flight, since */
+  uint32_t busy;
+  uint64_t busy_since_ns;
 
   atomic_uint_fast64_t published, unpublished, lookups, remote_blocks, remote_failed, stale_removed,
-      served_blocks, bytes_fetched, bytes_served, notes_dropped;
+      served_blocks, bytes_fetched, bytes_served, notes_dropped, fetches, fetch_ns,
+      holders_marked_down, publish_failures;
 };
 
 /* tier_serve.c: the holder. Answers a peer's request (the peer transport's
@@ -184,5 +212,10 @@ size_t oi__cluster_tier_lookup(void *self, const oi_tier_key *keys, size_t n, vo
 size_t oi__cluster_tier_promote(void *self, void *claim, oi_host_ns ns, uint64_t bb,
                                 const oi_tier_key *keys, const oi_tier_slot *slots, size_t k);
 void *oi__cluster_fetcher_main(void *arg);
+/* The prober thread: connects to down holders (PROBE_MS, backing off) until they
+ * answer (then they are up again). */
+void *oi__cluster_prober_main(void *arg);
+/* Holders with a connection in use now, and holders down. */
+void oi__cluster_holder_counts(cluster_tier *t, uint64_t *up, uint64_t *down);
 
 #endif

@@ -205,9 +205,11 @@ void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *ha
   }
   atomic_fetch_add(&h->c.blocks_in_flight, t.accepted);
   oi__ns_resident_add(h, ns.id, t.accepted);
-  atomic_fetch_add(&h->c.saves_submitted, n);
-  atomic_fetch_add(&h->c.saves_deduplicated, t.dedup);
-  atomic_fetch_add(&h->c.saves_dropped, t.dropped);
+  if (!sink->promotion) { /* a tier's promotion is no save */
+    atomic_fetch_add(&h->c.saves_submitted, n);
+    atomic_fetch_add(&h->c.saves_deduplicated, t.dedup);
+    atomic_fetch_add(&h->c.saves_dropped, t.dropped);
+  }
   *out = (oi_host_reserved){.accepted = t.accepted, .deduplicated = t.dedup, .dropped = t.dropped};
 }
 
@@ -238,9 +240,9 @@ static void save_end_some(oi_offload_host *h, void *ctx, host_block *const *bloc
   }
 }
 
-void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
-                       bool ok, uint64_t bytes, uint64_t latency_ns) {
-  if (n) oi__hist_record(&h->c.save_latency, latency_ns);
+static void slots_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
+                      bool ok, bool save, uint64_t bytes, uint64_t latency_ns) {
+  if (n && save) oi__hist_record(&h->c.save_latency, latency_ns);
   save_end_ctx c = {.ok = ok, .now = oi__now_ns()};
   /* Every shard at once only while sealing takes no other lock (the spill
    * queue's, the tiers' notify lock). */
@@ -252,14 +254,24 @@ void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blo
     oi__ns_resident_add(h, ns.id, (uint64_t)0 - n);
   }
   atomic_fetch_sub(&h->c.blocks_in_flight, n);
-  if (ok) {
-    atomic_fetch_add(&h->c.blocks_sealed, n);
+  if (ok) atomic_fetch_add(&h->c.blocks_sealed, n);
+  if (save && ok) {
     atomic_fetch_add(&h->c.saves_completed, n);
     atomic_fetch_add(&h->c.bytes_saved, bytes);
-  } else {
+  } else if (save) {
     atomic_fetch_add(&h->c.saves_failed, n);
   }
   oi__host_notify_sealed(h);
+}
+
+void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
+                       bool ok, uint64_t bytes, uint64_t latency_ns) {
+  slots_end(h, ns, blocks, n, ok, true, bytes, latency_ns);
+}
+
+void oi__host_promote_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
+                          bool ok) {
+  slots_end(h, ns, blocks, n, ok, false, 0, 0);
 }
 
 /* ---- queries ---- */

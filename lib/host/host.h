@@ -64,6 +64,10 @@ typedef struct oi_host_reserve_sink {
    * a flush should wait for it. May be NULL. */
   void (*in_flight)(void *ctx, size_t i);
   void *ctx;
+  /* Slots for a tier's promotion (tier.h), not a save: not counted among
+   * the saves (submitted, deduplicated, dropped); they end with
+   * oi__host_promote_end. */
+  bool promotion;
 } oi_host_reserve_sink;
 
 typedef struct oi_host_reserved {
@@ -84,6 +88,10 @@ void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *ha
  * waiting in oi__host_wait_not_in_flight. */
 void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
                        bool ok, uint64_t bytes, uint64_t latency_ns);
+/* oi__host_save_end for slots a promotion reserved: sealed blocks count as
+ * sealed, not as saves (completed, failed, bytes saved, save latency). */
+void oi__host_promote_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
+                          bool ok);
 /* Waits until (ns, hash) is no longer in flight (sealed, or dropped), or the
  * deadline passes. @return true when it is no longer in flight. */
 bool oi__host_wait_not_in_flight(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hash,

@@ -40,7 +40,7 @@ static size_t walk(oi_offload_host *h, const tier_chain *c, oi_host_ns ns,
     /* Pool slots in flight for the run (blocks the pool got meanwhile are
      * deduplicated), filled by the tier in prefix order. */
     promote_slots ps = {.slots = slots};
-    oi_host_reserve_sink sink = {.accepted = slots_accepted, .ctx = &ps};
+    oi_host_reserve_sink sink = {.accepted = slots_accepted, .ctx = &ps, .promotion = true};
     oi_host_reserved r;
     oi__host_reserve(h, ns, hashes + pos, run, &sink, &r);
     promoted += t->ops->promote(t->self, claim, ns, block_bytes, k, ps.slots, ps.k);

@@ -177,7 +177,9 @@ void oi__tier_promote_end(oi_tier *t, oi_host_ns ns, host_block *block, bool ok,
     block->lower = 1;
     pthread_mutex_unlock(&s->lock);
   }
-  oi__host_save_end(h, ns, &block, 1, ok, bytes, latency_ns);
+  (void)bytes; /* the tier counts its own (a promotion is no save) */
+  (void)latency_ns;
+  oi__host_promote_end(h, ns, &block, 1, ok);
 }
 
 /* ---- keys ---- */

@@ -110,7 +110,9 @@ oi_status oi__host_tier_stats(const oi_offload_host *h, const oi_tier_ops *ops, 
 
 /* Ends a promotion's slot: ok, the block seals (visible to queries; a
  * tier that takes spills holds it, so it is not queued for it); otherwise
- * its slot goes. `bytes` and `latency_ns` feed the host's save statistics. */
+ * its slot goes. A promotion is no save: the host counts the block sealed,
+ * not among its saves; the tier counts `bytes` and `latency_ns` in its own
+ * statistics (the host ignores them). */
 void oi__tier_promote_end(oi_tier *t, oi_host_ns ns, host_block *block, bool ok, uint64_t bytes,
                           uint64_t latency_ns);
 

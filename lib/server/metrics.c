@@ -243,6 +243,63 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
     histogram(&b, "openinfer_disk_read_duration_seconds", "Disk reads of one block.",
               ds.read_latency_us, ds.read_latency_sum_us);
   }
+  /* The cluster tier, when one is attached. */
+  oi_host_cluster_stats cs;
+  memset(&cs, 0, sizeof cs);
+  cs.struct_size = sizeof cs;
+  if (host && oi_offload_host_cluster_stats(host, &cs) == OI_OK) {
+    metric(&b, "openinfer_cluster_directory_connected", "gauge",
+           "1 while the cluster's directory (Redis) answers; 0: local only.",
+           cs.directory_connected);
+    metric(&b, "openinfer_cluster_fetches_total", "counter",
+           "Fetch operations from holders (a lease and its reads, one holder each).", cs.fetches);
+    metric(&b, "openinfer_cluster_fetched_blocks_total", "counter",
+           "Blocks fetched from other nodes, verified and sealed here.", cs.remote_blocks);
+    metric(&b, "openinfer_cluster_fetched_bytes_total", "counter",
+           "Bytes of the blocks fetched from other nodes.", cs.bytes_fetched);
+    put(&b,
+        "# HELP openinfer_cluster_fetch_seconds_total Time with a fetch in flight "
+        "(fetched bytes over it: the fetch rate).\n"
+        "# TYPE openinfer_cluster_fetch_seconds_total counter\n"
+        "openinfer_cluster_fetch_seconds_total %.6f\n",
+        (double)cs.fetch_ns / 1e9);
+    metric(&b, "openinfer_cluster_fetch_failed_blocks_total", "counter",
+           "Blocks whose fetch failed (holder down or gone, refused, timeout, checksum): misses.",
+           cs.remote_failed);
+    metric(&b, "openinfer_cluster_lookups_total", "counter",
+           "Directory lookups (queries past the pool and the disk).", cs.lookups);
+    metric(&b, "openinfer_cluster_stale_entries_removed_total", "counter",
+           "Directory entries whose holder no longer had the block: removed.", cs.stale_removed);
+    metric(&b, "openinfer_cluster_served_blocks_total", "counter", "Blocks leased to other nodes.",
+           cs.served_blocks);
+    metric(&b, "openinfer_cluster_served_bytes_total", "counter",
+           "Bytes of blocks other nodes read from this one.", cs.bytes_served);
+    header(&b, "openinfer_cluster_holders", "gauge",
+           "Holders this node has a connection to (up) and holders that did not answer, probed "
+           "until they do (down).");
+    put(&b, "openinfer_cluster_holders{state=\"up\"} %llu\n", (unsigned long long)cs.holders_up);
+    put(&b, "openinfer_cluster_holders{state=\"down\"} %llu\n",
+        (unsigned long long)cs.holders_down);
+    metric(&b, "openinfer_cluster_holders_marked_down_total", "counter",
+           "Times a holder went down (its blocks miss at once until it answers).",
+           cs.holders_marked_down);
+    metric(&b, "openinfer_cluster_directory_published_total", "counter",
+           "Directory entries written (sealed blocks).", cs.published);
+    metric(&b, "openinfer_cluster_directory_withdrawn_total", "counter",
+           "Directory entries withdrawn (evicted blocks).", cs.unpublished);
+    metric(&b, "openinfer_cluster_directory_dropped_total", "counter",
+           "Publishes and withdrawals lost (queue full, connection lost): they expire by TTL.",
+           cs.directory_dropped);
+    metric(&b, "openinfer_cluster_directory_errors_total", "counter",
+           "Failed connects, round trips and replies to the directory.", cs.directory_errors);
+    metric(&b, "openinfer_cluster_directory_rejected_entries_total", "counter",
+           "Directory entries a lookup ignored (malformed).", cs.directory_rejected);
+    metric(&b, "openinfer_cluster_handshakes_refused_total", "counter",
+           "Inbound peer connections refused (failed or abandoned authentication).",
+           cs.peers_refused);
+    metric(&b, "openinfer_cluster_handshakes_failed_total", "counter",
+           "Outbound peer connections that did not authenticate.", cs.handshakes_failed);
+  }
   oi_clear_error();
   /* The server. */
   pthread_mutex_lock(&srv->lock);

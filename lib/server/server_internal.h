@@ -162,6 +162,8 @@ oi_status oi__request_check(const oiwire_Envelope *env, const oi_wire_arrays *a,
                             size_t cap);
 /* Copies oi_host_stats into its wire form. */
 void oi__wire_host_stats(const oi_host_stats *hs, oiwire_HostStats *w);
+/* Copies oi_host_cluster_stats into its wire form. */
+void oi__wire_cluster_stats(const oi_host_cluster_stats *cs, oiwire_ClusterStats *w);
 
 /* metrics.c: the HTTP endpoint (/metrics in the Prometheus text format,
  * /healthz), served by libmicrohttpd on its own thread. `addr` is

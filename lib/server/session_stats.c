@@ -1,6 +1,6 @@
 /* A session's Stats request (session_internal.h): an instance's engine
  * statistics, the server's, the host pool's and its namespaces', and the
- * disk tier's. */
+ * disk and cluster tiers'. */
 #include <stdio.h>
 #include <string.h>
 
@@ -43,6 +43,30 @@ void oi__wire_host_stats(const oi_host_stats *hs, oiwire_HostStats *w) {
   w->load_latency_us_count = OI_LATENCY_BUCKETS;
   memcpy(w->load_latency_us, hs->load_latency_us, sizeof w->load_latency_us);
   w->load_latency_sum_us = hs->load_latency_sum_us;
+}
+
+void oi__wire_cluster_stats(const oi_host_cluster_stats *cs, oiwire_ClusterStats *w) {
+  w->directory_connected = cs->directory_connected != 0;
+  w->published = cs->published;
+  w->unpublished = cs->unpublished;
+  w->lookups = cs->lookups;
+  w->remote_blocks = cs->remote_blocks;
+  w->remote_failed = cs->remote_failed;
+  w->stale_removed = cs->stale_removed;
+  w->served_blocks = cs->served_blocks;
+  w->peers_refused = cs->peers_refused;
+  w->bytes_fetched = cs->bytes_fetched;
+  w->bytes_served = cs->bytes_served;
+  w->port = cs->port;
+  w->fetches = cs->fetches;
+  w->fetch_ns = cs->fetch_ns;
+  w->holders_up = cs->holders_up;
+  w->holders_down = cs->holders_down;
+  w->holders_marked_down = cs->holders_marked_down;
+  w->directory_errors = cs->directory_errors;
+  w->directory_dropped = cs->directory_dropped;
+  w->directory_rejected = cs->directory_rejected;
+  w->handshakes_failed = cs->handshakes_failed;
 }
 
 void oi__session_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
@@ -120,6 +144,13 @@ void oi__session_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
     w->read_latency_us_count = OI_LATENCY_BUCKETS;
     memcpy(w->read_latency_us, ds.read_latency_us, sizeof w->read_latency_us);
     w->read_latency_sum_us = ds.read_latency_sum_us;
+  }
+  oi_host_cluster_stats cs;
+  memset(&cs, 0, sizeof cs);
+  cs.struct_size = sizeof cs;
+  if (oi_offload_host_cluster_stats(srv->host, &cs) == OI_OK) {
+    r->has_cluster = true;
+    oi__wire_cluster_stats(&cs, &r->cluster);
   }
   oi_clear_error();
   if (oi_offload_host_stats(srv->host, &hs) == OI_OK) {

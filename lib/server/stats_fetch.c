@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "openinfer/experimental.h"
 #include "openinfer/server.h"
 #include "proto/wire.h"
 
@@ -73,9 +74,37 @@ static void host_from_wire(oi_host_stats *h, const oiwire_HostStats *w) {
   h->load_latency_sum_us = w->load_latency_sum_us;
 }
 
-OI_API oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout_ms,
-                                       oi_server_stats *out, oi_host_stats *host,
-                                       oi_namespace_stats *namespaces, uint32_t cap) {
+static void cluster_from_wire(oi_host_cluster_stats *c, const oiwire_ClusterStats *w) {
+  memset(c, 0, sizeof *c);
+  c->struct_size = sizeof *c;
+  c->directory_connected = w->directory_connected;
+  c->published = w->published;
+  c->unpublished = w->unpublished;
+  c->lookups = w->lookups;
+  c->remote_blocks = w->remote_blocks;
+  c->remote_failed = w->remote_failed;
+  c->stale_removed = w->stale_removed;
+  c->served_blocks = w->served_blocks;
+  c->peers_refused = w->peers_refused;
+  c->bytes_fetched = w->bytes_fetched;
+  c->bytes_served = w->bytes_served;
+  c->port = (uint16_t)w->port;
+  c->fetches = w->fetches;
+  c->fetch_ns = w->fetch_ns;
+  c->holders_up = w->holders_up;
+  c->holders_down = w->holders_down;
+  c->holders_marked_down = w->holders_marked_down;
+  c->directory_errors = w->directory_errors;
+  c->directory_dropped = w->directory_dropped;
+  c->directory_rejected = w->directory_rejected;
+  c->handshakes_failed = w->handshakes_failed;
+}
+
+/* oi_server_stats_fetch, and with `cluster` (NULL: not wanted) the
+ * server's cluster tier: OI_ERR_NOT_FOUND when it has none. */
+static oi_status stats_fetch(const char *socket_path, uint32_t timeout_ms, oi_server_stats *out,
+                             oi_host_stats *host, oi_namespace_stats *namespaces, uint32_t cap,
+                             oi_host_cluster_stats *cluster) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_stats_fetch: out is NULL");
   uint32_t stride = 0;
   if (cap) {
@@ -174,6 +203,11 @@ OI_API oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout
       so.disk.read_latency_sum_us = w->read_latency_sum_us;
     }
     oi__struct_out(out, &so, sizeof so, "server_stats_fetch");
+    if (cluster && r->has_cluster) {
+      oi_host_cluster_stats cs;
+      cluster_from_wire(&cs, &r->cluster);
+      oi__struct_out(cluster, &cs, sizeof cs, "server_cluster_stats_fetch");
+    }
     if (host) {
       oi_host_stats hs;
       host_from_wire(&hs, &r->host);
@@ -192,7 +226,28 @@ OI_API oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout
       oi__struct_out(dst, &ns, sizeof ns, "server_stats_fetch namespaces");
     }
   }
+  if (st == OI_OK && cluster && !env.body.stats_reply.has_cluster)
+    st = oi__fail(OI_ERR_NOT_FOUND,
+                  "server_cluster_stats_fetch: the server has no cluster tier (or is older)");
   oi__wire_arrays_free(&arrays);
   oi__free(buf);
   return st;
+}
+
+OI_API oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+                                       oi_server_stats *out, oi_host_stats *host,
+                                       oi_namespace_stats *namespaces, uint32_t cap) {
+  return stats_fetch(socket_path, timeout_ms, out, host, namespaces, cap, NULL);
+}
+
+OI_API oi_status oi_server_cluster_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+                                               oi_host_cluster_stats *out) {
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_cluster_stats_fetch: out is NULL");
+  oi_host_cluster_stats cs;
+  memset(&cs, 0, sizeof cs);
+  cs.struct_size = sizeof cs;
+  oi_status st = oi__struct_out(out, &cs, sizeof cs, "server_cluster_stats_fetch");
+  if (st != OI_OK) return st;
+  oi_server_stats so = {.struct_size = sizeof so};
+  return stats_fetch(socket_path, timeout_ms, &so, NULL, NULL, 0, out);
 }

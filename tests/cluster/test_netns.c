@@ -6,6 +6,8 @@
  * network namespaces do not separate).
  *  (a) node 1 saves; node 2's query (OI_QUERY_WAIT_PENDING) fetches every
  *      block from node 1, byte-exact;
+ *      its figures (oi_server_cluster_stats_fetch, `openinfer stats`, its
+ *      --json and /metrics) count the fetch, not as saves;
  *  (b) node 3 gets them too (from node 1 or 2);
  *  (f) a node with another secret gets misses; the others keep serving;
  *  (e) a holder's link down: fetches from it miss within the deadline (no
@@ -290,10 +292,27 @@ static bool node_start(int k, const char *secret) {
       dup2(fd, 1);
       close(fd);
     }
-    const char *args[] = {g_exe,       "serve",    "--socket",    ts->socket, "--pool",
-                          "64M",       "--no-pin", "--log-level", "info",     "--no-metrics",
-                          "--cluster", url,        "--node-id",   n->id,      "--cluster-secret",
-                          secret,      "--listen", listen,        NULL};
+    /* Node 2 serves /metrics (on its namespace's loopback): test_a2. */
+    const char *args[] = {g_exe,
+                          "serve",
+                          "--socket",
+                          ts->socket,
+                          "--pool",
+                          "64M",
+                          "--no-pin",
+                          "--log-level",
+                          "info",
+                          "--cluster",
+                          url,
+                          "--node-id",
+                          n->id,
+                          "--cluster-secret",
+                          secret,
+                          "--listen",
+                          listen,
+                          k == 2 ? "--metrics-addr" : "--no-metrics",
+                          k == 2 ? "127.0.0.1:0" : NULL,
+                          NULL};
     if (!g_netns) {
       execv(g_exe, (char *const *)args);
       _exit(127);
@@ -466,6 +485,108 @@ static void test_a_fetch_across_nodes(void) {
   fprintf(stderr, "  node 2: %d blocks from node 1 in %.1f ms after the save\n", N, ms_since(t0));
   /* node 2 holds them itself now */
   CHECK(query_once(2, 1, 0, N, 0, &ms) == N);
+}
+
+/* GET /metrics from node k's endpoint (127.0.0.1 in its namespace) into
+ * out (NUL-terminated). @return false when it could not be had. */
+static bool scrape(int k, char *out, size_t cap) {
+  const char *at = NULL;
+  FILE *f = fopen(g_nodes[k].ts.log, "r");
+  char line[512];
+  unsigned port = 0;
+  while (f && fgets(line, sizeof line, f))
+    if ((at = strstr(line, "metrics on http://127.0.0.1:"))) port = (unsigned)atoi(at + 28);
+  if (f) fclose(f);
+  if (!port) return false;
+  int p[2];
+  REQUIRE(pipe(p) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(p[0]);
+    enter_netns(node_ns(k));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) _exit(1);
+    const char *req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) _exit(1);
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0)
+      if (write(p[1], buf, (size_t)n) != n) _exit(1);
+    _exit(0);
+  }
+  close(p[1]);
+  size_t len = 0;
+  ssize_t n;
+  while (len + 1 < cap && (n = read(p[0], out + len, cap - 1 - len)) > 0)
+    len += (size_t)n;
+  out[len] = 0;
+  close(p[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 && len > 0;
+}
+
+/* The value of metric `name` (a line "name value") in a scrape, or -1. */
+static double metric_value(const char *text, const char *name) {
+  size_t len = strlen(name);
+  for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+    if (!strncmp(l, name, len) && l[len] == ' ') return atof(l + len + 1);
+  return -1;
+}
+
+/* Node 2 fetched N blocks from node 1 in (a): its figures say so, through
+ * the sidecar protocol (oi_server_cluster_stats_fetch, `openinfer stats`
+ * and its --json) and /metrics; its saves are not counted up by them. */
+static void test_a2_stats_of_a_fetch(void) {
+  oi_host_cluster_stats c = {.struct_size = sizeof c};
+  CHECK_OK(oi_server_cluster_stats_fetch(g_nodes[2].ts.socket, 10000, &c));
+  CHECK(c.remote_blocks == N && c.fetches >= 1 && c.bytes_fetched > 0 && c.bytes_fetched % N == 0 &&
+        c.fetch_ns > 0);
+  CHECK(c.directory_connected == 1 && c.holders_up >= 1 && c.holders_down == 0 && c.lookups >= 1);
+  oi_host_cluster_stats c1 = {.struct_size = sizeof c1};
+  CHECK_OK(oi_server_cluster_stats_fetch(g_nodes[1].ts.socket, 10000, &c1));
+  CHECK(c1.served_blocks >= N && c1.bytes_served >= c.bytes_fetched && c1.published >= N);
+  fprintf(stderr,
+          "  node 2: %llu blocks, %llu bytes in %llu fetches (%.2f GB/s); node 1 served %llu\n",
+          (unsigned long long)c.remote_blocks, (unsigned long long)c.bytes_fetched,
+          (unsigned long long)c.fetches, (double)c.bytes_fetched / (double)c.fetch_ns,
+          (unsigned long long)c1.served_blocks);
+  oi_server_stats ss = {.struct_size = sizeof ss};
+  oi_host_stats hs = {.struct_size = sizeof hs};
+  CHECK_OK(oi_server_stats_fetch(g_nodes[2].ts.socket, 10000, &ss, &hs, NULL, 0));
+  CHECK(hs.saves_submitted == 0 && hs.saves_completed == 0 && hs.bytes_saved == 0);
+  CHECK(hs.blocks_sealed >= N);
+  /* `openinfer stats`, both forms. */
+  char cmd[512], out[16384];
+  for (int json = 0; json < 2; json++) {
+    snprintf(cmd, sizeof cmd, "%s stats --socket %s%s", g_exe, g_nodes[2].ts.socket,
+             json ? " --json" : "");
+    FILE *p = popen(cmd, "r");
+    REQUIRE(p);
+    size_t len = fread(out, 1, sizeof out - 1, p);
+    out[len] = 0;
+    CHECK(pclose(p) == 0);
+    char want[64];
+    if (json)
+      snprintf(want, sizeof want, "\"fetched_blocks\": %d,", N);
+    else
+      snprintf(want, sizeof want, "%-14s %d blocks", "  fetched:", N);
+    CHECK(strstr(out, want) != NULL);
+    CHECK(strstr(out, json ? "\"saves_submitted\": 0," : "saves:         0 blocks submitted"));
+    if (!strstr(out, want)) fprintf(stderr, "%s", out);
+  }
+  static char text[1 << 17];
+  CHECK(scrape(2, text, sizeof text));
+  CHECK(metric_value(text, "openinfer_cluster_fetched_blocks_total") == N);
+  CHECK(metric_value(text, "openinfer_cluster_fetched_bytes_total") == (double)c.bytes_fetched);
+  CHECK(metric_value(text, "openinfer_cluster_fetches_total") >= 1);
+  CHECK(metric_value(text, "openinfer_cluster_fetch_seconds_total") > 0);
+  CHECK(strstr(text, "openinfer_cluster_holders{state=\"down\"} 0") != NULL);
+  CHECK(metric_value(text, "openinfer_save_blocks_submitted_total") == 0);
 }
 
 static void test_b_third_node(void) {
@@ -661,6 +782,7 @@ int main(int argc, char **argv) {
   }
   fprintf(stderr, "  set up in %.0f ms\n", ms_since(t0));
   RUN_TEST(test_a_fetch_across_nodes);
+  RUN_TEST(test_a2_stats_of_a_fetch);
   RUN_TEST(test_b_third_node);
   if (getenv("OI_NETNS_QUICK")) goto done; /* by hand: (a) and (b) only */
   RUN_TEST(test_f_wrong_secret);

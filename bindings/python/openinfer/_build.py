@@ -514,11 +514,22 @@ typedef struct oi_host_cluster_stats {
   uint64_t bytes_served;
   uint16_t port;
   uint16_t reserved[3];
+  uint64_t fetches;
+  uint64_t fetch_ns;
+  uint32_t holders_up;
+  uint32_t holders_down;
+  uint64_t holders_marked_down;
+  uint64_t directory_errors;
+  uint64_t directory_dropped;
+  uint64_t directory_rejected;
+  uint64_t handshakes_failed;
 } oi_host_cluster_stats;
 oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
 oi_status oi_offload_host_attach_cluster(oi_offload_host *h, const oi_host_cluster_options *o);
 oi_status oi_offload_host_cluster_stats(const oi_offload_host *h, oi_host_cluster_stats *out);
 oi_status oi_server_attach_cluster(oi_server *s, const oi_host_cluster_options *o);
+oi_status oi_server_cluster_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+                                        oi_host_cluster_stats *out);
 typedef enum oi_offload_mode { OI_OFFLOAD_NONE, OI_OFFLOAD_EMBEDDED, OI_OFFLOAD_SIDECAR, ... } oi_offload_mode;
 typedef enum oi_restore_overlap { OI_RESTORE_OVERLAP_AUTO, OI_RESTORE_OVERLAP_OFF, OI_RESTORE_OVERLAP_HOST, ... } oi_restore_overlap;
 typedef void (*oi_token_fn)(void *ctx, uint64_t request_id, uint32_t token, uint32_t index,

@@ -1,5 +1,5 @@
 /* `openinfer stats`: asks a running `openinfer serve` for its figures
- * (oi_server_stats_fetch, and oi_server_cluster_stats_fetch for its
+ * (oi_server_fetch_stats, and oi_server_cluster_stats_fetch for its
  * cluster tier) and prints a summary, or JSON. */
 #include <getopt.h>
 #include <stdio.h>
@@ -127,7 +127,7 @@ static void print_json_cluster(const oi_host_cluster_stats *c) {
 }
 
 static void print_json(const char *socket, const oi_server_stats *r, const oi_host_stats *h,
-                       const oi_namespace_stats *ns, uint32_t n_ns,
+                       const oi_host_namespace_stats *ns, uint32_t n_ns,
                        const oi_host_cluster_stats *c) {
   printf("{\n  \"socket\": ");
   json_string(socket);
@@ -212,7 +212,7 @@ static void print_json(const char *socket, const oi_server_stats *r, const oi_ho
 }
 
 static void print_summary(const char *socket, const oi_server_stats *r, const oi_host_stats *h,
-                          const oi_namespace_stats *ns, uint32_t n_ns,
+                          const oi_host_namespace_stats *ns, uint32_t n_ns,
                           const oi_host_cluster_stats *c) {
   char b1[32], b2[32], b3[32], b4[32];
   printf("openinfer server on %s: %s, epoch %016llx, up %.0f s\n", socket, r->server_version,
@@ -326,7 +326,7 @@ int cmd_stats(int argc, char **argv) {
   }
   /* Every namespace the server lists (at most OI_WIRE's 4096 per reply). */
   enum { MAX_NS = 4096 };
-  oi_namespace_stats *ns = calloc(MAX_NS, sizeof *ns);
+  oi_host_namespace_stats *ns = calloc(MAX_NS, sizeof *ns);
   if (!ns) {
     fprintf(stderr, "openinfer stats: out of memory\n");
     return CLI_FAILED;
@@ -334,7 +334,7 @@ int cmd_stats(int argc, char **argv) {
   ns[0].struct_size = sizeof *ns;
   oi_server_stats r = {.struct_size = sizeof r};
   oi_host_stats h = {.struct_size = sizeof h};
-  oi_status st = oi_server_stats_fetch(socket, 10000, &r, &h, ns, MAX_NS);
+  oi_status st = oi_server_fetch_stats(socket, 10000, &r, &h, ns, MAX_NS);
   const char *where = st == OI_OK ? r.socket_path : socket ? socket : "the default socket";
   int rc = CLI_OK;
   uint32_t n_ns = r.namespaces < MAX_NS ? r.namespaces : MAX_NS;

@@ -173,24 +173,22 @@ typedef struct oi_host_cluster_stats {
 } oi_host_cluster_stats;
 
 OI_API oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
-/* One per host; after oi_offload_host_create. Namespaces match across
+/* One per host; after oi_host_create. Namespaces match across
  * nodes by name and layout. UCX is loaded here (dlopen of libucp.so.0), not
  * when the library loads: OI_ERR_UNSUPPORTED, with oi_last_error() naming
  * the library and the loader's message, when it cannot be. */
-OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
-                                                const oi_host_cluster_options *o);
-OI_API oi_status oi_offload_host_cluster_stats(const oi_offload_host *h,
-                                               oi_host_cluster_stats *out);
+OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_options *o);
+OI_API oi_status oi_host_get_cluster_stats(const oi_host *h, oi_host_cluster_stats *out);
 /* The same for a sidecar server's host (`openinfer serve --cluster`):
  * after oi_server_create, before oi_server_run. */
 struct oi_server;
 OI_API oi_status oi_server_attach_cluster(struct oi_server *s, const oi_host_cluster_options *o);
 /* A running server's cluster figures (client side), as
- * oi_offload_host_cluster_stats reports them there, over a connection of
- * its own as oi_server_stats_fetch (same socket_path and timeout_ms).
+ * oi_host_get_cluster_stats reports them there, over a connection of
+ * its own as oi_server_fetch_stats (same socket_path and timeout_ms).
  * @return OI_ERR_NOT_FOUND when nothing listens at the path or the server
  * has no cluster tier (oi_last_error() says which), and the errors of
- * oi_server_stats_fetch. */
+ * oi_server_fetch_stats. */
 OI_API oi_status oi_server_cluster_stats_fetch(const char *socket_path, uint32_t timeout_ms,
                                                oi_host_cluster_stats *out);
 

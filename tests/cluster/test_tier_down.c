@@ -41,8 +41,8 @@ static uint8_t pattern(uint64_t logical, uint64_t i) {
 }
 
 typedef struct node {
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
   uint8_t *mem;
   oi_arena_desc arena;
 } node;
@@ -59,7 +59,7 @@ static void node_open(node *n, const char *id, uint64_t pool, uint64_t arena_blo
   co.listen_addr = "127.0.0.1:0";
   co.secret_file = g_secret;
   co.timeout_ms = TIMEOUT_MS;
-  oi_status st = oi_offload_host_attach_cluster(n->h, &co);
+  oi_status st = oi_host_attach_cluster(n->h, &co);
   if (st != OI_OK) fprintf(stderr, "attach %s: %s\n", id, oi_last_error());
   REQUIRE(st == OI_OK);
   n->mem = calloc(arena_blocks, BLOCK);
@@ -70,15 +70,15 @@ static void node_open(node *n, const char *id, uint64_t pool, uint64_t arena_blo
 }
 
 static void node_close(node *n) {
-  oi_offload_engine_destroy(n->e);
-  oi_offload_host_destroy(n->h);
+  oi_engine_destroy(n->e);
+  oi_host_destroy(n->h);
   free(n->mem);
   memset(n, 0, sizeof *n);
 }
 
 static oi_host_cluster_stats cstats(node *n) {
   oi_host_cluster_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_offload_host_cluster_stats(n->h, &s));
+  CHECK_OK(oi_host_get_cluster_stats(n->h, &s));
   return s;
 }
 
@@ -186,9 +186,9 @@ static oi_query_result query(node *r, uint64_t first, size_t n, uint32_t wait_ms
   for (size_t i = 0; i < n; i++)
     hs[i] = hash_of(first + i);
   oi_query_result q = {.struct_size = sizeof q, .wait_ms = wait_ms};
-  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, n, wait_ms ? OI_QUERY_WAIT_PENDING : 0, &q));
+  CHECK_OK(oi_engine_query(r->e, NULL, hs, n, wait_ms ? OI_QUERY_WAIT_PENDING : 0, &q));
   free(hs);
-  if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(r->e, q.lease));
+  if (q.hit_blocks) CHECK_OK(oi_engine_release(r->e, q.lease));
   return q;
 }
 

@@ -28,7 +28,7 @@ oi_status oi__peer_ucs_to_oi(ucs_status_t s) {
   }
 }
 
-static oi_status parse_addr(const char *addr, struct sockaddr_in *sin) {
+oi_status oi__peer_parse_addr(const char *addr, struct sockaddr_in *sin) {
   if (!addr) return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: no address");
   const char *colon = strrchr(addr, ':');
   char ip[INET_ADDRSTRLEN];
@@ -169,7 +169,7 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
                     opts->secret ? opts->secret_len : 0, OI_PEER_MIN_SECRET, OI_PEER_MAX_SECRET);
   struct sockaddr_in sin;
   if (opts->listen_addr) {
-    oi_status st = parse_addr(opts->listen_addr, &sin);
+    oi_status st = oi__peer_parse_addr(opts->listen_addr, &sin);
     if (st) return st;
   }
   /* UCX is loaded here, by the first net (see ucx.h). */
@@ -396,7 +396,7 @@ oi_status oi__peer_connect(oi_peer_net *net, const char *addr, oi_peer **out) {
   *out = NULL;
   op *o = oi__peer_op_new(OP_CONNECT);
   if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory");
-  oi_status st = parse_addr(addr, &o->sin);
+  oi_status st = oi__peer_parse_addr(addr, &o->sin);
   if (st) {
     oi__free(o);
     return st;

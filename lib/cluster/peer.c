@@ -222,6 +222,16 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
   if (s != UCS_OK)
     OI_LOG(OI_LOG_WARN, "peer", "turning UCX_TCP_PUT_ENABLE off failed: %s",
            oi__ucx.ucs_status_string(s));
+  /* The listener binds with SO_REUSEADDR (UCX_TCP_CM_REUSEADDR): a node
+   * restarted after a crash or a stop listens again at once, not after the
+   * connections it left in TIME_WAIT are gone (about 60 s). The
+   * environment's UCX_TCP_CM_REUSEADDR wins. */
+  if (!getenv("UCX_TCP_CM_REUSEADDR")) {
+    s = oi__ucx.ucp_config_modify(cfg, "CM_REUSEADDR", "y");
+    if (s != UCS_OK)
+      OI_LOG(OI_LOG_WARN, "peer", "turning UCX_TCP_CM_REUSEADDR on failed: %s",
+             oi__ucx.ucs_status_string(s));
+  }
   /* UCX's TCP transport moves a message in segments of TX_SEG_SIZE bytes
    * (8 KiB by default), each its own send and receive on the progress
    * threads: served reads of 1 MiB moved 0.80 of a plain TCP stream on the

@@ -51,8 +51,8 @@ static int run_serve(const char *const *args, char *out, size_t cap) {
     }
     char sock[128];
     snprintf(sock, sizeof sock, "%s/oi.sock", g_dir);
-    const char *argv[40] = {g_exe,    "serve",    "--socket",     sock,
-                            "--pool", "64M",      "--no-pin",     "--no-metrics"};
+    const char *argv[40] = {g_exe,    "serve", "--socket", sock,
+                            "--pool", "64M",   "--no-pin", "--no-metrics"};
     int n = 8;
     for (int i = 0; args[i] && n < 39; i++)
       argv[n++] = args[i];
@@ -88,8 +88,8 @@ static void expect_refused(const char *what, const char *const *args, const char
   bool ok = rc == 2 && strstr(out, msg) && !strstr(out, "pool ready") &&
             !strstr(out, "openinfer serve: listening on");
   if (!ok) {
-    fprintf(stderr, "%s: exit %d, expected 2 with \"%s\" and no pool; stderr:\n%s\n", what, rc,
-            msg, out);
+    fprintf(stderr, "%s: exit %d, expected 2 with \"%s\" and no pool; stderr:\n%s\n", what, rc, msg,
+            out);
     oi_test_failures++;
   }
 }
@@ -107,7 +107,7 @@ static void test_serve_refusals(void) {
     expect_refused("--listen without --cluster", a, "need --cluster");
   }
   {
-    const char *a[] = {"--cluster", URL,        "--node-id", "a",       "--cluster-secret",
+    const char *a[] = {"--cluster", URL,        "--node-id",     "a",           "--cluster-secret",
                        g_secret,    "--listen", "10.1.2.3:7470", "--advertise", "127.0.0.1:7470",
                        NULL};
     expect_refused("loopback advertised", a, "is a loopback address but the node listens");
@@ -118,9 +118,9 @@ static void test_serve_refusals(void) {
     expect_refused("0.0.0.0 without --advertise", a, "0.0.0.0 needs an advertise_addr");
   }
   {
-    const char *a[] = {"--cluster", URL,        "--node-id",    "a",           "--cluster-secret",
-                       g_secret,    "--listen", "0.0.0.0:7470", "--advertise", "10.1.2.3:0",
-                       NULL};
+    const char *a[] = {"--cluster",        URL,          "--node-id", "a",
+                       "--cluster-secret", g_secret,     "--listen",  "0.0.0.0:7470",
+                       "--advertise",      "10.1.2.3:0", NULL};
     expect_refused("advertised port 0", a, "is not an address peers can dial");
   }
   {
@@ -129,7 +129,7 @@ static void test_serve_refusals(void) {
     expect_refused("listen not IPv4", a, "listen_addr");
   }
   {
-    const char *a[] = {"--cluster", URL,        "--node-id",         "a", "--cluster-secret",
+    const char *a[] = {"--cluster",   URL,        "--node-id",   "a", "--cluster-secret",
                        g_open_secret, "--listen", "127.0.0.1:0", NULL};
     expect_refused("secret readable by others", a, "chmod 600");
   }

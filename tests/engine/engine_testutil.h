@@ -303,9 +303,9 @@ static inline bool etu_lease_is_zero(oi_lease l) {
 
 /* high_watermark 0: the default (background eviction above 95%); 1.0 turns
  * background eviction off, so only saves that need room evict. */
-static ETU_UNUSED oi_offload_host *etu_host_create_wm(uint64_t pool_bytes, uint64_t chunk_bytes,
-                                                      uint32_t lease_ttl_ms, float high_watermark,
-                                                      float low_watermark) {
+static ETU_UNUSED oi_host *etu_host_create_wm(uint64_t pool_bytes, uint64_t chunk_bytes,
+                                              uint32_t lease_ttl_ms, float high_watermark,
+                                              float low_watermark) {
   oi_host_options o;
   REQUIRE(oi_host_options_init(&o) == OI_OK);
   o.pool_bytes = pool_bytes;
@@ -316,8 +316,8 @@ static ETU_UNUSED oi_offload_host *etu_host_create_wm(uint64_t pool_bytes, uint6
     o.high_watermark = high_watermark;
     o.low_watermark = low_watermark;
   }
-  oi_offload_host *h = NULL;
-  oi_status st = oi_offload_host_create(&o, &h);
+  oi_host *h = NULL;
+  oi_status st = oi_host_create(&o, &h);
   if (st != OI_OK)
     fprintf(stderr, "host_create(pool %" PRIu64 ", chunk %" PRIu64 "): %s: %s\n", pool_bytes,
             chunk_bytes, oi_status_str(st), oi_last_error());
@@ -325,12 +325,12 @@ static ETU_UNUSED oi_offload_host *etu_host_create_wm(uint64_t pool_bytes, uint6
   return h;
 }
 
-static ETU_UNUSED oi_offload_host *etu_host_create_opts(uint64_t pool_bytes, uint64_t chunk_bytes,
-                                                        uint32_t lease_ttl_ms) {
+static ETU_UNUSED oi_host *etu_host_create_opts(uint64_t pool_bytes, uint64_t chunk_bytes,
+                                                uint32_t lease_ttl_ms) {
   return etu_host_create_wm(pool_bytes, chunk_bytes, lease_ttl_ms, 0, 0);
 }
 
-static ETU_UNUSED oi_offload_host *etu_host_create(uint64_t pool_bytes) {
+static ETU_UNUSED oi_host *etu_host_create(uint64_t pool_bytes) {
   return etu_host_create_opts(pool_bytes, 0, 0);
 }
 
@@ -366,14 +366,13 @@ static ETU_UNUSED void etu_engine_opts(const etu_layout *L, const char *ns, uint
   }
 }
 
-static ETU_UNUSED oi_offload_engine *etu_engine_create_mode(oi_offload_host *h, const etu_layout *L,
-                                                            const char *ns, uint32_t world_size,
-                                                            bool use_offsets) {
+static ETU_UNUSED oi_engine *etu_engine_create_mode(oi_host *h, const etu_layout *L, const char *ns,
+                                                    uint32_t world_size, bool use_offsets) {
   static __thread oi_arena_desc arenas[ETU_MAX_ARENAS];
   oi_engine_options o;
   etu_engine_opts(L, ns, world_size, use_offsets, &o, arenas);
-  oi_offload_engine *e = NULL;
-  oi_status st = oi_offload_engine_create(h, &o, &e);
+  oi_engine *e = NULL;
+  oi_status st = oi_engine_create(h, &o, &e);
   if (st != OI_OK)
     fprintf(stderr, "engine_create(ns %s, %u arenas): %s: %s\n", ns, L->num_arenas,
             oi_status_str(st), oi_last_error());
@@ -381,26 +380,26 @@ static ETU_UNUSED oi_offload_engine *etu_engine_create_mode(oi_offload_host *h, 
   return e;
 }
 
-static ETU_UNUSED oi_offload_engine *etu_engine_create(oi_offload_host *h, const etu_layout *L,
-                                                       const char *ns, uint32_t world_size) {
+static ETU_UNUSED oi_engine *etu_engine_create(oi_host *h, const etu_layout *L, const char *ns,
+                                               uint32_t world_size) {
   return etu_engine_create_mode(h, L, ns, world_size, false);
 }
 
-static ETU_UNUSED oi_host_stats etu_host_stats(const oi_offload_host *h) {
+static ETU_UNUSED oi_host_stats etu_host_stats(const oi_host *h) {
   oi_host_stats s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  oi_status st = oi_offload_host_stats(h, &s);
+  oi_status st = oi_host_get_stats(h, &s);
   if (st != OI_OK) fprintf(stderr, "host_stats: %s: %s\n", oi_status_str(st), oi_last_error());
   REQUIRE(st == OI_OK);
   return s;
 }
 
-static ETU_UNUSED oi_engine_stats etu_engine_stats(const oi_offload_engine *e) {
+static ETU_UNUSED oi_engine_stats etu_engine_stats(const oi_engine *e) {
   oi_engine_stats s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  oi_status st = oi_offload_engine_stats(e, &s);
+  oi_status st = oi_engine_get_stats(e, &s);
   if (st != OI_OK) fprintf(stderr, "engine_stats: %s: %s\n", oi_status_str(st), oi_last_error());
   REQUIRE(st == OI_OK);
   return s;
@@ -423,10 +422,10 @@ static ETU_UNUSED oi_status etu_ticket_finish(oi_ticket *t) {
 }
 
 /* save + wait. @return the save call's error, or else the ticket's status. */
-static ETU_UNUSED oi_status etu_save_wait(oi_offload_engine *e, const int64_t *ids,
+static ETU_UNUSED oi_status etu_save_wait(oi_engine *e, const int64_t *ids,
                                           const oi_block_hash *hashes, size_t n) {
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_save(e, ids, hashes, n, NULL, &t);
+  oi_status st = oi_engine_save(e, ids, hashes, n, NULL, &t);
   if (st != OI_OK) {
     oi_ticket_release(t);
     return st;
@@ -435,10 +434,10 @@ static ETU_UNUSED oi_status etu_save_wait(oi_offload_engine *e, const int64_t *i
 }
 
 /* load + wait. */
-static ETU_UNUSED oi_status etu_load_wait(oi_offload_engine *e, oi_lease lease, const int64_t *dst,
+static ETU_UNUSED oi_status etu_load_wait(oi_engine *e, oi_lease lease, const int64_t *dst,
                                           size_t n) {
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_load(e, lease, dst, n, NULL, &t);
+  oi_status st = oi_engine_load(e, lease, dst, n, NULL, &t);
   if (st != OI_OK) {
     oi_ticket_release(t);
     return st;
@@ -447,22 +446,22 @@ static ETU_UNUSED oi_status etu_load_wait(oi_offload_engine *e, oi_lease lease, 
 }
 
 /* A prefix query with a fresh result struct. */
-static ETU_UNUSED oi_status etu_query(oi_offload_engine *e, const char *req_id,
-                                      const oi_block_hash *hashes, size_t n, oi_query_result *out) {
+static ETU_UNUSED oi_status etu_query(oi_engine *e, const char *req_id, const oi_block_hash *hashes,
+                                      size_t n, oi_query_result *out) {
   memset(out, 0, sizeof *out);
   out->struct_size = sizeof *out;
   out->present = NULL;
-  return oi_offload_engine_query(e, req_id, hashes, n, 0, out);
+  return oi_engine_query(e, req_id, hashes, n, 0, out);
 }
 
 /* Membership query: present[i] = 0/1. @return the number present, or -1 on error. */
-static ETU_UNUSED int64_t etu_membership(oi_offload_engine *e, const oi_block_hash *hashes,
-                                         size_t n, uint8_t *present) {
+static ETU_UNUSED int64_t etu_membership(oi_engine *e, const oi_block_hash *hashes, size_t n,
+                                         uint8_t *present) {
   oi_query_result r;
   memset(&r, 0, sizeof r);
   r.struct_size = sizeof r;
   r.present = present;
-  oi_status st = oi_offload_engine_query(e, NULL, hashes, n, OI_QUERY_MEMBERSHIP, &r);
+  oi_status st = oi_engine_query(e, NULL, hashes, n, OI_QUERY_MEMBERSHIP, &r);
   if (st != OI_OK) {
     fprintf(stderr, "membership query: %s: %s\n", oi_status_str(st), oi_last_error());
     return -1;

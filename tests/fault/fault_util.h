@@ -24,8 +24,8 @@
   } while (0)
 
 typedef struct rig {
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
   uint8_t *arena;
   uint64_t blocks, bytes; /* device blocks, bytes per block */
 } rig;
@@ -77,7 +77,7 @@ static void rig_open(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_bloc
   ho.pool_bytes = ((pool_blocks + 3) / 4) * ho.chunk_bytes;
   ho.high_watermark = 1.0f;
   if (lease_ttl_ms) ho.lease_ttl_ms = lease_ttl_ms;
-  REQUIRE(oi_offload_host_create(&ho, &r->h) == OI_OK);
+  REQUIRE(oi_host_create(&ho, &r->h) == OI_OK);
   r->arena = calloc(blocks, bytes);
   REQUIRE(r->arena);
   oi_arena_desc ad = {.name = "kv",
@@ -95,12 +95,12 @@ static void rig_open(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_bloc
   if (save_deadline_ms) eo.save_deadline_ms = save_deadline_ms;
   if (load_deadline_ms) eo.load_deadline_ms = load_deadline_ms;
   eo.submit_group_bytes = rig_submit_group_bytes;
-  REQUIRE(oi_offload_engine_create(r->h, &eo, &r->e) == OI_OK);
+  REQUIRE(oi_engine_create(r->h, &eo, &r->e) == OI_OK);
 }
 
 /* Another engine of the rig's namespace and shape (default options) over
  * `mem`, which holds r->blocks blocks of r->bytes. */
-static oi_offload_engine *fu_rig_engine(rig *r, uint8_t *mem) {
+static oi_engine *fu_rig_engine(rig *r, uint8_t *mem) {
   oi_arena_desc ad = {.name = "kv",
                       .base = mem,
                       .num_blocks = r->blocks,
@@ -112,15 +112,15 @@ static oi_offload_engine *fu_rig_engine(rig *r, uint8_t *mem) {
   eo.namespace_id = "fault";
   eo.arenas = &ad;
   eo.num_arenas = 1;
-  oi_offload_engine *e = NULL;
-  REQUIRE(oi_offload_engine_create(r->h, &eo, &e) == OI_OK);
+  oi_engine *e = NULL;
+  REQUIRE(oi_engine_create(r->h, &eo, &e) == OI_OK);
   return e;
 }
 
 static void rig_close(rig *r) {
   oi__fault_disarm_all();
-  oi_offload_engine_destroy(r->e);
-  oi_offload_host_destroy(r->h);
+  oi_engine_destroy(r->e);
+  oi_host_destroy(r->h);
   free(r->arena);
   memset(r, 0, sizeof *r);
 }
@@ -140,7 +140,7 @@ static oi_status rig_save(rig *r, uint64_t first, size_t n) {
     fu_fill(r, (int64_t)i, first + i);
   }
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_save(r->e, ids, hs, n, NULL, &t);
+  oi_status st = oi_engine_save(r->e, ids, hs, n, NULL, &t);
   if (st != OI_OK) return st;
   st = oi_ticket_wait(t, 60000);
   oi_ticket_release(t);
@@ -156,7 +156,7 @@ static uint64_t rig_query(rig *r, uint64_t first, size_t n, oi_lease *lease) {
   oi_query_result q;
   memset(&q, 0, sizeof q);
   q.struct_size = sizeof q;
-  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, n, 0, &q));
+  CHECK_OK(oi_engine_query(r->e, NULL, hs, n, 0, &q));
   if (lease) *lease = q.lease;
   return q.hit_blocks;
 }
@@ -172,7 +172,7 @@ static uint64_t rig_visible(rig *r, uint64_t first, size_t n) {
   memset(&q, 0, sizeof q);
   q.struct_size = sizeof q;
   q.present = present;
-  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q));
+  CHECK_OK(oi_engine_query(r->e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q));
   return q.hit_blocks;
 }
 
@@ -183,7 +183,7 @@ static oi_status rig_load(rig *r, oi_lease lease, int64_t dst0, size_t n) {
   for (size_t i = 0; i < n; i++)
     ids[i] = dst0 + (int64_t)i;
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_load(r->e, lease, ids, n, NULL, &t);
+  oi_status st = oi_engine_load(r->e, lease, ids, n, NULL, &t);
   if (st != OI_OK) return st;
   st = oi_ticket_wait(t, 60000);
   oi_ticket_release(t);
@@ -194,7 +194,7 @@ static oi_host_stats rig_stats(rig *r) {
   oi_host_stats s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  CHECK_OK(oi_offload_host_stats(r->h, &s));
+  CHECK_OK(oi_host_get_stats(r->h, &s));
   return s;
 }
 
@@ -212,8 +212,8 @@ static void rig_check_quiet(rig *r) {
 enum { FU_LAYERS = 3, FU_LAYER_BLOCKS = 8, FU_LAYER_BYTES = 4096 };
 
 typedef struct layer_rig {
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
   uint8_t *mem;
   oi_arena_desc ad[FU_LAYERS];
 } layer_rig;
@@ -223,7 +223,7 @@ static void fu_layer_rig_open(layer_rig *r, const char *ns) {
   oi_host_options ho;
   oi_host_options_init(&ho);
   ho.pool_bytes = 16 << 20;
-  REQUIRE(oi_offload_host_create(&ho, &r->h) == OI_OK);
+  REQUIRE(oi_host_create(&ho, &r->h) == OI_OK);
   r->mem = calloc(FU_LAYERS, FU_LAYER_BLOCKS * FU_LAYER_BYTES);
   REQUIRE(r->mem);
   static const char *names[FU_LAYERS] = {"l0", "l1", "l2"};
@@ -239,12 +239,12 @@ static void fu_layer_rig_open(layer_rig *r, const char *ns) {
   eo.namespace_id = ns;
   eo.arenas = r->ad;
   eo.num_arenas = FU_LAYERS;
-  REQUIRE(oi_offload_engine_create(r->h, &eo, &r->e) == OI_OK);
+  REQUIRE(oi_engine_create(r->h, &eo, &r->e) == OI_OK);
 }
 
 static void fu_layer_rig_close(layer_rig *r) {
-  oi_offload_engine_destroy(r->e);
-  oi_offload_host_destroy(r->h);
+  oi_engine_destroy(r->e);
+  oi_host_destroy(r->h);
   free(r->mem);
 }
 
@@ -252,20 +252,20 @@ static void fu_layer_rig_close(layer_rig *r) {
  * ends, neither block hits, the engine counts two failed saves and none
  * pending; whole saves of the same hashes then work and hit. */
 static void fu_layer_save_aborted(layer_rig *r, const int64_t *ids, const oi_block_hash *hs) {
-  CHECK_OK(oi_offload_engine_flush(r->e, 10000));
+  CHECK_OK(oi_engine_flush(r->e, 10000));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, 2, 0, &q));
+  CHECK_OK(oi_engine_query(r->e, NULL, hs, 2, 0, &q));
   CHECK(q.hit_blocks == 0);
   oi_engine_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_offload_engine_stats(r->e, &es));
+  CHECK_OK(oi_engine_get_stats(r->e, &es));
   CHECK(es.saves_failed == 2 && es.saves_completed == 0 && es.saves_pending == 0);
   oi_ticket *t;
-  CHECK_OK(oi_offload_engine_save(r->e, ids, hs, 2, NULL, &t)); /* whole blocks, again */
+  CHECK_OK(oi_engine_save(r->e, ids, hs, 2, NULL, &t)); /* whole blocks, again */
   CHECK_OK(oi_ticket_wait(t, 60000));
   oi_ticket_release(t);
-  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, 2, 0, &q));
+  CHECK_OK(oi_engine_query(r->e, NULL, hs, 2, 0, &q));
   CHECK(q.hit_blocks == 2);
-  CHECK_OK(oi_offload_engine_release(r->e, q.lease));
+  CHECK_OK(oi_engine_release(r->e, q.lease));
 }
 
 #endif

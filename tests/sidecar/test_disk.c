@@ -20,9 +20,9 @@ static void test_disk_survives_a_restart(void) {
   oi_arena_desc a[TL_ARENAS];
   oi_engine_options o;
   tl_options(&o, a, "disk-ns");
-  oi_offload_engine *e;
+  oi_engine *e;
   oi_imported_arena *arena;
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
+  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
   REQUIRE(e && arena);
   uint8_t *base = oi_imported_arena_ptr(arena);
   enum { N = 8 };
@@ -34,16 +34,16 @@ static void test_disk_survives_a_restart(void) {
     tl_fill(base, a, ids[i], (uint64_t)i);
   }
   oi_ticket *t;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, N, NULL, &t));
+  CHECK_OK(oi_engine_save(e, ids, hs, N, NULL, &t));
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
-  CHECK_OK(oi_offload_engine_flush(e, 10000));
+  CHECK_OK(oi_engine_flush(e, 10000));
   uint64_t epoch1;
   oi_engine_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK_OK(oi_engine_get_stats(e, &es));
   epoch1 = es.server_epoch;
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   CHECK(ts_stop(&ts)); /* clean: what is still queued is written first */
 
   REQUIRE(ts_start(&ts, extra));
@@ -62,30 +62,30 @@ static void test_disk_survives_a_restart(void) {
   oi_lookup_options_init(&lo);
   lo.lookup_deadline_ms = 10000; /* (not the breaker's test: slow machines) */
   lo.namespace_id = "disk-ns";
-  oi_offload_client *c;
-  CHECK_OK(oi_offload_client_connect(ts.socket, &lo, &c));
+  oi_lookup *c;
+  CHECK_OK(oi_lookup_connect(ts.socket, &lo, &c));
   /* The namespace is bound once an engine of it registers: a worker first. */
   oi_arena_desc a2[TL_ARENAS];
   oi_engine_options o2;
   tl_options(&o2, a2, "disk-ns");
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o2, &e, &arena));
+  CHECK_OK(oi_engine_connect(ts.socket, &o2, &e, &arena));
   base = oi_imported_arena_ptr(arena);
-  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK_OK(oi_engine_get_stats(e, &es));
   CHECK(es.server_epoch != epoch1);
   oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
-  CHECK_OK(oi_offload_client_query(c, NULL, hs, N, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_lookup_query(c, NULL, hs, N, OI_QUERY_WAIT_PENDING, &q));
   CHECK(q.hit_blocks == N);
   int64_t dst[N];
   for (int i = 0; i < N; i++)
     dst[i] = 16 + i;
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, N, NULL, &t));
+  CHECK_OK(oi_engine_load(e, q.lease, dst, N, NULL, &t));
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
   for (int i = 0; i < N; i++)
     CHECK(tl_check(base, a2, dst[i], (uint64_t)i));
-  oi_offload_client_destroy(c);
+  oi_lookup_destroy(c);
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   CHECK(ts_stop(&ts));
 }
 

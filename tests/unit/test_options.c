@@ -291,8 +291,8 @@ static void public_structs_below_the_floor_are_refused(void) {
   CHECK_OK(oi_host_options_init(&ho));
   ho.pool_bytes = 4u << 20;
   ho.flags = OI_HOST_NO_PIN;
-  oi_offload_host *h = NULL;
-  REQUIRE(oi_offload_host_create(&ho, &h) == OI_OK);
+  oi_host *h = NULL;
+  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
   oi_lookup_options lo;
   CHECK_OK(oi_lookup_options_init(&lo));
   lo.namespace_id = "floors";
@@ -301,18 +301,18 @@ static void public_structs_below_the_floor_are_refused(void) {
   oi_query_result q;
   memset(&q, 0, sizeof q);
   q.struct_size = sizeof q;
-  CHECK_OK(oi_offload_host_query(h, &lo, NULL, &hash, 1, 0, &q));
+  CHECK_OK(oi_host_query(h, &lo, NULL, &hash, 1, 0, &q));
   CHECK(q.hit_blocks == 0);
   lo.struct_size = (uint32_t)offsetof(oi_lookup_options, lookup_deadline_ms);
-  CHECK_ST(oi_offload_host_query(h, &lo, NULL, &hash, 1, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_query(h, &lo, NULL, &hash, 1, 0, &q), OI_ERR_INVALID_ARGUMENT);
   oi_host_stats hs;
   memset(&hs, 0, sizeof hs);
   hs.struct_size = (uint32_t)offsetof(oi_host_stats, save_latency_us);
-  CHECK_ST(oi_offload_host_stats(h, &hs), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_get_stats(h, &hs), OI_ERR_INVALID_ARGUMENT);
   hs.struct_size = sizeof hs;
-  CHECK_OK(oi_offload_host_stats(h, &hs));
+  CHECK_OK(oi_host_get_stats(h, &hs));
   CHECK(hs.capacity_bytes > 0);
-  oi_offload_host_destroy(h);
+  oi_host_destroy(h);
   oi_clear_error();
 }
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "rig.h"
 #include "testutil.h"
 
 static inline bool on_path(const char *prog) {

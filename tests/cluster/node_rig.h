@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "openinfer/openinfer.h"
+#include "rig.h"
 #include "testutil.h"
 
 typedef struct node {
@@ -43,11 +44,9 @@ static inline oi_block_hash hash_of(uint64_t i) {
 static inline oi_status rig_open(node *n, const char *ns, const char *redis_url, const char *id,
                                  const char *secret_file, uint32_t timeout_ms) {
   memset(n, 0, sizeof *n);
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 8ull << 20;
+  oi_host_options ho = tr_host_options(8ull << 20);
   ho.flags = OI_HOST_NO_PIN;
-  REQUIRE(oi_host_create(&ho, &n->h) == OI_OK);
+  n->h = tr_host_new(&ho);
   oi_status st = OI_OK;
   if (redis_url) {
     oi_host_cluster_options co;
@@ -61,18 +60,9 @@ static inline oi_status rig_open(node *n, const char *ns, const char *redis_url,
   }
   n->mem = calloc(2 * NB, BLOCK);
   REQUIRE(n->mem);
-  n->arena = (oi_arena_desc){.name = "kv",
-                             .base = n->mem,
-                             .num_blocks = 2 * NB,
-                             .bytes_per_block = BLOCK,
-                             .block_stride = BLOCK,
-                             .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = ns;
-  eo.arenas = &n->arena;
-  eo.num_arenas = 1;
-  REQUIRE(oi_engine_create(n->h, &eo, &n->e) == OI_OK);
+  n->arena = tr_arena("kv", n->mem, 2 * NB, BLOCK);
+  oi_engine_options eo = tr_engine_options(ns, &n->arena, 1);
+  n->e = tr_engine_new(n->h, &eo);
   return st;
 }
 
@@ -100,10 +90,7 @@ static inline void save(node *n, uint64_t first, int count) {
     for (uint64_t i = 0; i < BLOCK; i++)
       n->mem[(uint64_t)b * BLOCK + i] = pattern(first + (uint64_t)b, i);
   }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(n->e, ids, hs, (size_t)count, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(n->e, ids, hs, (size_t)count, 10000));
 }
 
 /* Queries [first, first + count) with a wait of wait_ms for fetches, loads
@@ -119,10 +106,7 @@ static inline uint64_t fetch_check(node *n, uint64_t first, int count, uint32_t 
   for (int b = 0; b < NB; b++)
     dst[b] = NB + b;
   memset(n->mem + NB * BLOCK, 0, NB * BLOCK);
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_load(n->e, q.lease, dst, q.hit_blocks, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(n->e, q.lease, dst, q.hit_blocks, 10000));
   uint64_t bad = 0;
   for (uint64_t b = 0; b < q.hit_blocks; b++)
     for (uint64_t i = 0; i < BLOCK; i++)

@@ -365,10 +365,7 @@ static void save(int k, uint32_t salt, uint64_t first, int count) {
     hs[b] = tl_hash(salt, first + (uint64_t)b);
     tl_fill(n->base, n->a, b, salt * 1000003ull + first + (uint64_t)b);
   }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(n->e, ids, hs, (size_t)count, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(n->e, ids, hs, (size_t)count, 10000));
   CHECK_OK(oi_engine_flush(n->e, 10000));
 }
 
@@ -393,10 +390,7 @@ static uint64_t query_once(int k, uint32_t salt, uint64_t first, int count, uint
     dst[b] = N + (int64_t)b;
     tl_fill(n->base, n->a, dst[b], 0xdeadull); /* not any block's bytes */
   }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_load(n->e, q.lease, dst, q.hit_blocks, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(n->e, q.lease, dst, q.hit_blocks, 10000));
   for (uint64_t b = 0; b < q.hit_blocks; b++)
     CHECK(tl_check(n->base, n->a, dst[b], salt * 1000003ull + first + b));
   return q.hit_blocks;

@@ -23,6 +23,7 @@
 #include "cluster/sha256.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
+#include "rig.h"
 #include "testutil.h"
 
 #define MiB (1024ull * 1024)
@@ -91,11 +92,8 @@ static void addr_of(oi_peer_net *n, char *buf) {
  * with the pattern; returns its pid and writes its address. */
 static pid_t spawn_holder(const char *id, uint64_t len, char *addr) {
   int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
+  pid_t pid = tr_fork_pipe(fds);
   if (pid == 0) {
-    close(fds[0]);
     uint8_t *region = oi__aligned_alloc(4096, len);
     if (!region) _exit(2);
     fill(region, 0, len);
@@ -107,7 +105,6 @@ static pid_t spawn_holder(const char *id, uint64_t len, char *addr) {
     for (;;)
       pause();
   }
-  close(fds[1]);
   uint16_t port = 0;
   REQUIRE(read(fds[0], &port, sizeof(port)) == sizeof(port));
   close(fds[0]);
@@ -872,14 +869,8 @@ static void test_deferred_answers(void) {
 
 /* Whether the process has `name` mapped (/proc/self/maps). */
 static bool mapped(const char *name) {
-  FILE *f = fopen("/proc/self/maps", "r");
-  REQUIRE(f);
-  char line[4096];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f))
-    found = strstr(line, name) != NULL;
-  fclose(f);
-  return found;
+  REQUIRE(access("/proc/self/maps", R_OK) == 0);
+  return tr_file_contains("/proc/self/maps", name);
 }
 
 static void test_ucx_loading(void) {

@@ -130,12 +130,9 @@ static void test_redis_down_and_back(void) {
 }
 
 static void test_bad_options(void) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 1 << 20;
+  oi_host_options ho = tr_host_options(1 << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   oi_host_cluster_options co;
   oi_host_cluster_options_init(&co);
   CHECK_ST(oi_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
@@ -211,7 +208,7 @@ static void test_bad_options(void) {
   CHECK_OK(oi_host_attach_cluster(h, &c));
   oi_host_destroy(h);
   h = NULL;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  h = tr_host_new(&ho);
   oi_host_cluster_stats s = {.struct_size = sizeof s};
   CHECK_ST(oi_host_get_cluster_stats(h, &s), OI_ERR_NOT_FOUND); /* nothing attached */
   co.listen_addr = "127.0.0.1:0";

@@ -440,12 +440,9 @@ static void test_notes_in_batches(void) {
   REQUIRE(r && r->type == REDIS_REPLY_INTEGER);
   long long before = r->integer;
   freeReplyObject(r);
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 4ull << 20;
+  oi_host_options ho = tr_host_options(4ull << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_host *h;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   oi_host_cluster_options co;
   oi_host_cluster_options_init(&co);
   co.redis_url = g_url;
@@ -456,19 +453,9 @@ static void test_notes_in_batches(void) {
   REQUIRE(oi_host_attach_cluster(h, &co) == OI_OK);
   uint8_t *mem = calloc(N, B);
   REQUIRE(mem);
-  oi_arena_desc ad = {.name = "kv",
-                      .base = mem,
-                      .num_blocks = N,
-                      .bytes_per_block = B,
-                      .block_stride = B,
-                      .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "batches";
-  eo.arenas = &ad;
-  eo.num_arenas = 1;
-  oi_engine *e;
-  REQUIRE(oi_engine_create(h, &eo, &e) == OI_OK);
+  oi_arena_desc ad = tr_arena("kv", mem, N, B);
+  oi_engine_options eo = tr_engine_options("batches", &ad, 1);
+  oi_engine *e = tr_engine_new(h, &eo);
   int64_t ids[N];
   oi_block_hash hs[N];
   for (int i = 0; i < N; i++) {
@@ -476,10 +463,7 @@ static void test_notes_in_batches(void) {
     hs[i] = hash_of(100000 + (uint64_t)i);
     memset(mem + (size_t)i * B, i & 0xff, B);
   }
-  oi_ticket *t;
-  CHECK_OK(oi_engine_save(e, ids, hs, N, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, ids, hs, N, 10000));
   uint64_t ev = 0;
   CHECK_OK(oi_host_evict_all(h, &ev));
   CHECK(ev == N);
@@ -515,12 +499,9 @@ static void test_notes_in_batches(void) {
 /* ---- attach: secret files, an advertised address ---- */
 
 static void test_secret_files_and_advertise(void) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 1 << 20;
+  oi_host_options ho = tr_host_options(1 << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   oi_host_cluster_options co;
   CHECK_ST(oi_host_cluster_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
   oi_host_cluster_options_init(&co);

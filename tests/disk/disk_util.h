@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "disk/disk.h"
+#include "rig.h"
 #include "testutil.h"
 
 #define KiB 1024ull

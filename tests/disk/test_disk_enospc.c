@@ -36,13 +36,7 @@ static uint8_t byte_of(uint64_t b, uint64_t i) {
   return (uint8_t)(x ^ (x >> 31));
 }
 
-static oi_block_hash hash_of(uint64_t b) {
-  oi_block_hash h;
-  memset(&h, 0, sizeof h);
-  memcpy(h.bytes, &b, sizeof b);
-  h.bytes[15] = 0xE5;
-  return h;
-}
+static oi_block_hash hash_of(uint64_t b) { return tr_hash(b, 15, 0xE5); }
 
 typedef struct rig {
   oi_host *h;
@@ -52,12 +46,9 @@ typedef struct rig {
 } rig;
 
 static oi_host *host_new(void) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 1 * MiB;
+  oi_host_options ho = tr_host_options(1 * MiB);
   ho.flags = OI_HOST_NO_PIN;
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   return h;
 }
 
@@ -72,18 +63,9 @@ static oi_status attach(oi_host *h, const char *dir, uint64_t cap) {
 }
 
 static void engine_new(rig *r) {
-  r->arena = (oi_arena_desc){.name = "kv",
-                             .base = r->mem,
-                             .num_blocks = ARENA,
-                             .bytes_per_block = BLOCK,
-                             .block_stride = BLOCK,
-                             .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "enospc";
-  eo.arenas = &r->arena;
-  eo.num_arenas = 1;
-  REQUIRE(oi_engine_create(r->h, &eo, &r->e) == OI_OK);
+  r->arena = tr_arena("kv", r->mem, ARENA, BLOCK);
+  oi_engine_options eo = tr_engine_options("enospc", &r->arena, 1);
+  r->e = tr_engine_new(r->h, &eo);
 }
 
 static bool rig_open(rig *r, const char *dir) {
@@ -120,10 +102,7 @@ static void save_all(rig *r) {
       r->mem[b * BLOCK + i] = byte_of(b, i);
   }
   oi_host_disk_stats s0 = dstats(r);
-  oi_ticket *t;
-  CHECK_OK(oi_engine_save(r->e, ids, hs, NBLK, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r->e, ids, hs, NBLK, 10000));
   double t0 = now_s();
   for (;;) {
     oi_host_disk_stats s = dstats(r);
@@ -146,10 +125,7 @@ static uint64_t hits_checked(rig *r) {
     hits++;
     int64_t dst = LOAD_AT;
     memset(r->mem + (uint64_t)LOAD_AT * BLOCK, 0, BLOCK);
-    oi_ticket *t;
-    CHECK_OK(oi_engine_load(r->e, q.lease, &dst, 1, NULL, &t));
-    CHECK_OK(oi_ticket_wait(t, 10000));
-    oi_ticket_release(t);
+    CHECK_OK(tr_load(r->e, q.lease, &dst, 1, 10000));
     bool ok = true;
     for (uint64_t i = 0; i < BLOCK; i++)
       ok &= r->mem[(uint64_t)LOAD_AT * BLOCK + i] == byte_of(b, i);

@@ -54,25 +54,14 @@ static void rig_open_with(rig *r, const char *dir, uint64_t block, const char *n
   r->block = block;
   r->mem = calloc(arena_blocks, block);
   REQUIRE(r->mem);
-  r->arena = (oi_arena_desc){.name = "kv",
-                             .base = r->mem,
-                             .num_blocks = arena_blocks,
-                             .bytes_per_block = block,
-                             .block_stride = block,
-                             .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = ns;
-  eo.arenas = &r->arena;
-  eo.num_arenas = 1;
-  REQUIRE(oi_engine_create(r->h, &eo, &r->e) == OI_OK);
+  r->arena = tr_arena("kv", r->mem, arena_blocks, block);
+  oi_engine_options eo = tr_engine_options(ns, &r->arena, 1);
+  r->e = tr_engine_new(r->h, &eo);
 }
 
 static void rig_open_sized(rig *r, const char *dir, uint64_t block, const char *ns, uint64_t pool,
                            uint64_t capacity) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = pool;
+  oi_host_options ho = tr_host_options(pool);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   d.capacity_bytes = capacity;
@@ -95,13 +84,7 @@ static oi_host_disk_stats disk_stats(rig *r) {
   return s;
 }
 
-static oi_block_hash hash_of(uint64_t i) {
-  oi_block_hash hh;
-  memset(&hh, 0, sizeof hh);
-  memcpy(hh.bytes, &i, sizeof i);
-  hh.bytes[15] = 0xD1;
-  return hh;
-}
+static oi_block_hash hash_of(uint64_t i) { return tr_hash(i, 15, 0xD1); }
 
 /* Saves NB blocks and waits until the disk holds them all. */
 static void save_and_spill(rig *r, oi_block_hash *hs) {
@@ -112,10 +95,7 @@ static void save_and_spill(rig *r, oi_block_hash *hs) {
     for (uint64_t i = 0; i < r->block; i++)
       r->mem[(uint64_t)b * r->block + i] = pattern((uint64_t)b, i);
   }
-  oi_ticket *t;
-  CHECK_OK(oi_engine_save(r->e, ids, hs, NB, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r->e, ids, hs, NB, 10000));
   double t0 = dt_now_s();
   while (disk_stats(r).spills < NB && dt_now_s() - t0 < 10)
     usleep(5000);
@@ -133,10 +113,7 @@ static uint64_t query_load_check(rig *r, const oi_block_hash *hs) {
   for (int b = 0; b < NB; b++)
     dst[b] = NB + b;
   memset(r->mem + NB * r->block, 0, NB * r->block);
-  oi_ticket *t;
-  CHECK_OK(oi_engine_load(r->e, q.lease, dst, q.hit_blocks, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(r->e, q.lease, dst, q.hit_blocks, 10000));
   bool ok = true;
   for (uint64_t b = 0; b < q.hit_blocks; b++)
     for (uint64_t i = 0; i < r->block; i++)
@@ -247,10 +224,7 @@ static void test_leases_survive_pool_and_disk_pressure(void) {
       for (uint64_t i = 0; i < r.block; i++)
         r.mem[(uint64_t)(NB + b) * r.block + i] = pattern(logical, i);
     }
-    oi_ticket *t;
-    CHECK_OK(oi_engine_save(r.e, ids, other, NB, NULL, &t));
-    CHECK_OK(oi_ticket_wait(t, 10000));
-    oi_ticket_release(t);
+    CHECK_OK(tr_save(r.e, ids, other, NB, 10000));
     /* Written before the next round can evict them from the pool (a block
      * evicted while still queued is never written: on a loaded machine the
      * flood then fell short of filling the disk). */
@@ -276,10 +250,7 @@ static void test_leases_survive_pool_and_disk_pressure(void) {
   for (int b = 0; b < NB; b++)
     dst[b] = NB + b;
   memset(r.mem + NB * r.block, 0, NB * r.block);
-  oi_ticket *t;
-  CHECK_OK(oi_engine_load(r.e, held, dst, NB, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(r.e, held, dst, NB, 10000));
   bool ok = true;
   for (uint64_t b = 0; b < NB; b++)
     for (uint64_t i = 0; i < r.block; i++)
@@ -323,12 +294,9 @@ static void test_flipped_bytes_are_never_served(void) {
 }
 
 static void test_bad_options(void) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 1 * MiB;
+  oi_host_options ho = tr_host_options(1 * MiB);
   ho.flags = OI_HOST_NO_PIN;
-  oi_host *h;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   oi_host_disk_stats s0 = {.struct_size = sizeof s0};
@@ -384,9 +352,7 @@ static void test_blocks_larger_than_the_disk(void) {
   char *dir = dt_mkdtemp();
   rig r;
   const uint64_t block = 256 * KiB;
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 8 * MiB;
+  oi_host_options ho = tr_host_options(8 * MiB);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   d.capacity_bytes = 128 * KiB;
@@ -400,10 +366,7 @@ static void test_blocks_larger_than_the_disk(void) {
     for (uint64_t i = 0; i < block; i++)
       r.mem[(uint64_t)b * block + i] = pattern((uint64_t)b, i);
   }
-  oi_ticket *t;
-  CHECK_OK(oi_engine_save(r.e, ids, hs, N, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r.e, ids, hs, N, 10000));
   double t0 = dt_now_s();
   while (disk_stats(&r).spills_skipped < N && dt_now_s() - t0 < 10)
     usleep(5000);
@@ -415,9 +378,7 @@ static void test_blocks_larger_than_the_disk(void) {
   int64_t dst[N];
   for (int b = 0; b < N; b++)
     dst[b] = NB + b;
-  CHECK_OK(oi_engine_load(r.e, q.lease, dst, N, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(r.e, q.lease, dst, N, 10000));
   bool ok = true;
   for (uint64_t b = 0; b < N; b++)
     for (uint64_t i = 0; i < block; i++)
@@ -436,9 +397,7 @@ static void test_blocks_larger_than_the_disk(void) {
  * line); every block promotes and loads byte-exact. */
 static void test_promotions_through_a_queue_of_one(void) {
   char *dir = dt_mkdtemp();
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 4 * MiB;
+  oi_host_options ho = tr_host_options(4 * MiB);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   d.capacity_bytes = 32 * MiB;
@@ -465,9 +424,7 @@ static void test_destroy_with_promotions_queued(void) {
     return;
   }
   char *dir = dt_mkdtemp();
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 32 * MiB;
+  oi_host_options ho = tr_host_options(32 * MiB);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   d.capacity_bytes = 64 * MiB;
@@ -512,10 +469,7 @@ static void test_faults_degrade(void) {
     for (uint64_t i = 0; i < r.block; i++)
       r.mem[(uint64_t)b * r.block + i] = pattern((uint64_t)b, i);
   }
-  oi_ticket *t;
-  CHECK_OK(oi_engine_save(r.e, ids, hs, NB, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r.e, ids, hs, NB, 10000));
   double t0 = dt_now_s();
   while (disk_stats(&r).spills_failed < NB && dt_now_s() - t0 < 10)
     usleep(5000);
@@ -564,9 +518,7 @@ static void test_shutdown_writes_every_queued_block(void) {
   }
   enum { N = 160, BLOCK = 4096 };
   char *dir = NULL;
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 4 * MiB;
+  oi_host_options ho = tr_host_options(4 * MiB);
   ho.high_watermark = 0.01f; /* every sealed block above 1% of the pool may go */
   ho.low_watermark = 0.0f;
   oi_host_disk_options d;
@@ -592,10 +544,7 @@ static void test_shutdown_writes_every_queued_block(void) {
         r.mem[(uint64_t)b * BLOCK + i] = pattern((uint64_t)b, i);
     }
     REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE_SLOW, 0, 0, 10) == OI_OK); /* 10 ms a write */
-    oi_ticket *t;
-    CHECK_OK(oi_engine_save(r.e, ids, hs, N, NULL, &t));
-    CHECK_OK(oi_ticket_wait(t, 10000));
-    oi_ticket_release(t);
+    CHECK_OK(tr_save(r.e, ids, hs, N, 10000));
     CHECK_OK(oi_engine_query(r.e, NULL, hs, N, 0, &q)); /* pins all N */
     if (q.hit_blocks == N) break;
     fprintf(stderr, "  (%llu of %d blocks evicted before the query pinned them: again)\n",
@@ -640,9 +589,7 @@ static void test_shutdown_drain_past_its_limit(void) {
   }
   enum { N = 200, BLOCK = 4096 };
   char *dir = dt_mkdtemp();
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 4 * MiB;
+  oi_host_options ho = tr_host_options(4 * MiB);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   d.capacity_bytes = 16 * MiB;
@@ -658,10 +605,7 @@ static void test_shutdown_drain_past_its_limit(void) {
       r.mem[(uint64_t)b * BLOCK + i] = pattern((uint64_t)b, i);
   }
   REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE_SLOW, 0, 0, 20) == OI_OK); /* 20 ms a write: 4 s */
-  oi_ticket *t;
-  CHECK_OK(oi_engine_save(r.e, ids, hs, N, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r.e, ids, hs, N, 10000));
   /* Waiting 50 ms for the queue to empty: a timeout, naming what is left. */
   CHECK_ST(oi__disk_tier_settle(oi__disk_tier_of(r.h), 50), OI_ERR_TIMEOUT);
   CHECK(strstr(oi_last_error(), "still queued for the disk") != NULL);
@@ -683,9 +627,7 @@ static void test_shutdown_drain_past_its_limit(void) {
     hits++;
     int64_t id = NB;
     memset(dst, 0, BLOCK);
-    CHECK_OK(oi_engine_load(r.e, q.lease, &id, 1, NULL, &t));
-    CHECK_OK(oi_ticket_wait(t, 10000));
-    oi_ticket_release(t);
+    CHECK_OK(tr_load(r.e, q.lease, &id, 1, 10000));
     bool ok = true;
     for (uint64_t i = 0; i < BLOCK; i++)
       ok &= dst[i] == pattern((uint64_t)b, i);

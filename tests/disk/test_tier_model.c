@@ -141,11 +141,9 @@ static struct {
 } g_n;
 
 static void rig_open(rig *r) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = POOL_BLOCKS * g_block;
+  oi_host_options ho = tr_host_options(POOL_BLOCKS * g_block);
   ho.flags = OI_HOST_NO_PIN;
-  REQUIRE(oi_host_create(&ho, &r->h) == OI_OK);
+  r->h = tr_host_new(&ho);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   const char *dirs[1] = {r->dir};
@@ -153,18 +151,9 @@ static void rig_open(rig *r) {
   d.num_dirs = 1;
   d.capacity_bytes = DISK_CAPACITY;
   REQUIRE(oi_host_attach_disk(r->h, &d) == OI_OK);
-  r->arena = (oi_arena_desc){.name = "kv",
-                             .base = r->mem,
-                             .num_blocks = ARENA,
-                             .bytes_per_block = g_block,
-                             .block_stride = g_block,
-                             .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = NS_NAME;
-  eo.arenas = &r->arena;
-  eo.num_arenas = 1;
-  REQUIRE(oi_engine_create(r->h, &eo, &r->e) == OI_OK);
+  r->arena = tr_arena("kv", r->mem, ARENA, g_block);
+  oi_engine_options eo = tr_engine_options(NS_NAME, &r->arena, 1);
+  r->e = tr_engine_new(r->h, &eo);
   r->nleases = 0;
 }
 

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "openinfer/openinfer.h"
+#include "rig.h"
 #include "testutil.h"
 
 #define ETU_MAX_ARENAS 128
@@ -306,9 +307,7 @@ static inline bool etu_lease_is_zero(oi_lease l) {
 static ETU_UNUSED oi_host *etu_host_create_wm(uint64_t pool_bytes, uint64_t chunk_bytes,
                                               uint32_t lease_ttl_ms, float high_watermark,
                                               float low_watermark) {
-  oi_host_options o;
-  REQUIRE(oi_host_options_init(&o) == OI_OK);
-  o.pool_bytes = pool_bytes;
+  oi_host_options o = tr_host_options(pool_bytes);
   o.device = OI_DEVICE_CPU;
   o.chunk_bytes = chunk_bytes;
   if (lease_ttl_ms) o.lease_ttl_ms = lease_ttl_ms;
@@ -316,13 +315,7 @@ static ETU_UNUSED oi_host *etu_host_create_wm(uint64_t pool_bytes, uint64_t chun
     o.high_watermark = high_watermark;
     o.low_watermark = low_watermark;
   }
-  oi_host *h = NULL;
-  oi_status st = oi_host_create(&o, &h);
-  if (st != OI_OK)
-    fprintf(stderr, "host_create(pool %" PRIu64 ", chunk %" PRIu64 "): %s: %s\n", pool_bytes,
-            chunk_bytes, oi_status_str(st), oi_last_error());
-  REQUIRE(st == OI_OK && h);
-  return h;
+  return tr_host_new(&o);
 }
 
 static ETU_UNUSED oi_host *etu_host_create_opts(uint64_t pool_bytes, uint64_t chunk_bytes,
@@ -371,13 +364,7 @@ static ETU_UNUSED oi_engine *etu_engine_create_mode(oi_host *h, const etu_layout
   static __thread oi_arena_desc arenas[ETU_MAX_ARENAS];
   oi_engine_options o;
   etu_engine_opts(L, ns, world_size, use_offsets, &o, arenas);
-  oi_engine *e = NULL;
-  oi_status st = oi_engine_create(h, &o, &e);
-  if (st != OI_OK)
-    fprintf(stderr, "engine_create(ns %s, %u arenas): %s: %s\n", ns, L->num_arenas,
-            oi_status_str(st), oi_last_error());
-  REQUIRE(st == OI_OK && e);
-  return e;
+  return tr_engine_new(h, &o);
 }
 
 static ETU_UNUSED oi_engine *etu_engine_create(oi_host *h, const etu_layout *L, const char *ns,
@@ -385,25 +372,8 @@ static ETU_UNUSED oi_engine *etu_engine_create(oi_host *h, const etu_layout *L, 
   return etu_engine_create_mode(h, L, ns, world_size, false);
 }
 
-static ETU_UNUSED oi_host_stats etu_host_stats(const oi_host *h) {
-  oi_host_stats s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  oi_status st = oi_host_get_stats(h, &s);
-  if (st != OI_OK) fprintf(stderr, "host_stats: %s: %s\n", oi_status_str(st), oi_last_error());
-  REQUIRE(st == OI_OK);
-  return s;
-}
-
-static ETU_UNUSED oi_engine_stats etu_engine_stats(const oi_engine *e) {
-  oi_engine_stats s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  oi_status st = oi_engine_get_stats(e, &s);
-  if (st != OI_OK) fprintf(stderr, "engine_stats: %s: %s\n", oi_status_str(st), oi_last_error());
-  REQUIRE(st == OI_OK);
-  return s;
-}
+#define etu_host_stats tr_host_stats
+#define etu_engine_stats tr_engine_stats
 
 /* @return true when used + free == capacity (printing the numbers otherwise). */
 static ETU_UNUSED bool etu_accounting_ok(const oi_host_stats *s) {
@@ -416,52 +386,32 @@ static ETU_UNUSED bool etu_accounting_ok(const oi_host_stats *s) {
 /* Waits for a ticket (forever), releases it, returns its final status. */
 static ETU_UNUSED oi_status etu_ticket_finish(oi_ticket *t) {
   if (!t) return OI_ERR_INTERNAL;
-  oi_status st = oi_ticket_wait(t, UINT32_MAX);
-  oi_ticket_release(t);
-  return st;
+  return tr_wait(t, UINT32_MAX);
 }
 
 /* save + wait. @return the save call's error, or else the ticket's status. */
 static ETU_UNUSED oi_status etu_save_wait(oi_engine *e, const int64_t *ids,
                                           const oi_block_hash *hashes, size_t n) {
-  oi_ticket *t = NULL;
-  oi_status st = oi_engine_save(e, ids, hashes, n, NULL, &t);
-  if (st != OI_OK) {
-    oi_ticket_release(t);
-    return st;
-  }
-  return etu_ticket_finish(t);
+  return tr_save(e, ids, hashes, n, UINT32_MAX);
 }
 
 /* load + wait. */
 static ETU_UNUSED oi_status etu_load_wait(oi_engine *e, oi_lease lease, const int64_t *dst,
                                           size_t n) {
-  oi_ticket *t = NULL;
-  oi_status st = oi_engine_load(e, lease, dst, n, NULL, &t);
-  if (st != OI_OK) {
-    oi_ticket_release(t);
-    return st;
-  }
-  return etu_ticket_finish(t);
+  return tr_load(e, lease, dst, n, UINT32_MAX);
 }
 
 /* A prefix query with a fresh result struct. */
 static ETU_UNUSED oi_status etu_query(oi_engine *e, const char *req_id, const oi_block_hash *hashes,
                                       size_t n, oi_query_result *out) {
-  memset(out, 0, sizeof *out);
-  out->struct_size = sizeof *out;
-  out->present = NULL;
-  return oi_engine_query(e, req_id, hashes, n, 0, out);
+  return tr_query(e, req_id, hashes, n, 0, NULL, out);
 }
 
 /* Membership query: present[i] = 0/1. @return the number present, or -1 on error. */
 static ETU_UNUSED int64_t etu_membership(oi_engine *e, const oi_block_hash *hashes, size_t n,
                                          uint8_t *present) {
   oi_query_result r;
-  memset(&r, 0, sizeof r);
-  r.struct_size = sizeof r;
-  r.present = present;
-  oi_status st = oi_engine_query(e, NULL, hashes, n, OI_QUERY_MEMBERSHIP, &r);
+  oi_status st = tr_query(e, NULL, hashes, n, OI_QUERY_MEMBERSHIP, present, &r);
   if (st != OI_OK) {
     fprintf(stderr, "membership query: %s: %s\n", oi_status_str(st), oi_last_error());
     return -1;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "host/host_private.h"
+#include "rig.h"
 #include "testutil.h"
 
 #define BLOCK_BYTES 256u
@@ -141,12 +142,9 @@ static void save_some(oi_host *h, oi_host_ns ns, const size_t *idx, size_t n, in
 }
 
 static void test_crafted_runs(void) {
-  oi_host_options o;
-  oi_host_options_init(&o);
-  o.pool_bytes = POOL_BYTES;
+  oi_host_options o = tr_host_options(POOL_BYTES);
   o.high_watermark = o.low_watermark = 1.0f; /* evictions only when asked */
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&o, &h) == OI_OK);
+  oi_host *h = tr_host_new(&o);
   REQUIRE(h->nshards > SHARD);
   oi_host_ns ns;
   REQUIRE(oi__host_bind_namespace(h, "index", BLOCK_BYTES, 0, &ns) == OI_OK);

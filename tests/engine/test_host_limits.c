@@ -19,13 +19,10 @@ static uint8_t arena_mem[1 << 20];
 static float host_high_watermark; /* 0: the default */
 
 static oi_host *host_new(uint64_t pool, uint64_t chunk) {
-  oi_host_options ho;
-  REQUIRE(oi_host_options_init(&ho) == OI_OK);
-  ho.pool_bytes = pool;
+  oi_host_options ho = tr_host_options(pool);
   ho.chunk_bytes = chunk;
   if (host_high_watermark > 0) ho.high_watermark = ho.low_watermark = host_high_watermark;
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   return h;
 }
 
@@ -36,37 +33,25 @@ static oi_status engine_new(oi_host *h, const char *ns, uint32_t na, uint64_t by
   static const char *names[4] = {"k", "v", "x", "y"};
   REQUIRE(na <= 4 && na * 8 * bytes <= sizeof arena_mem);
   for (uint32_t a = 0; a < na; a++)
-    ad[a] = (oi_arena_desc){.name = names[a],
-                            .base = arena_mem + (uint64_t)a * 8 * bytes,
-                            .num_blocks = 8,
-                            .bytes_per_block = bytes,
-                            .block_stride = bytes,
-                            .segments = 1};
-  oi_engine_options eo;
-  REQUIRE(oi_engine_options_init(&eo) == OI_OK);
-  eo.namespace_id = ns;
-  eo.arenas = ad;
-  eo.num_arenas = na;
+    ad[a] = tr_arena(names[a], arena_mem + (uint64_t)a * 8 * bytes, 8, bytes);
+  oi_engine_options eo = tr_engine_options(ns, ad, na);
   *e = NULL;
   return oi_engine_create(h, &eo, e);
 }
 
-static oi_block_hash hash_of(uint64_t k) {
-  oi_block_hash hs;
-  memset(&hs, 0, sizeof hs);
-  memcpy(hs.bytes, &k, sizeof k);
-  hs.bytes[15] = 0x11;
-  return hs;
+static oi_block_hash hash_of(uint64_t k) { return tr_hash(k, 15, 0x11); }
+
+/* Two layouts of one arena of 8 blocks: 4 KiB and 8 KiB blocks. */
+static void two_block_sizes(etu_layout *La, etu_layout *Lb) {
+  etu_layout_simple(La, 1, 8, 4096);
+  etu_layout_simple(Lb, 1, 8, 8192);
 }
 
 /* Saves block 0 under hash k, waits, and says whether a query hits it. */
 static bool save_and_hit(oi_engine *e, uint64_t k) {
   int64_t id = 0;
   oi_block_hash hs = hash_of(k);
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(e, &id, &hs, 1, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, &id, &hs, 1, 10000));
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_engine_query(e, NULL, &hs, 1, 0, &q));
   if (q.hit_blocks) CHECK_OK(oi_engine_release(e, q.lease));
@@ -234,8 +219,7 @@ static int save_until_accepted(oi_engine *e, const etu_layout *L, uint64_t space
 static void test_another_block_size_while_one_fills_the_pool(void) {
   oi_host *h = etu_host_create_wm(256 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 4 x 16 4-KiB */
   etu_layout La, Lb;
-  etu_layout_simple(&La, 1, 8, 4096);
-  etu_layout_simple(&Lb, 1, 8, 8192);
+  two_block_sizes(&La, &Lb);
   oi_engine *a = etu_engine_create(h, &La, "fills", 1);
   for (uint64_t k = 0; k < 64; k += 8)
     CHECK(save_keys(a, &La, 1, k, 8) == 8);
@@ -278,8 +262,7 @@ static void test_another_block_size_while_one_fills_the_pool(void) {
 static void test_two_block_sizes_alternate_in_one_pool(void) {
   oi_host *h = etu_host_create_wm(512 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 8 chunks */
   etu_layout La, Lb;
-  etu_layout_simple(&La, 1, 8, 4096);
-  etu_layout_simple(&Lb, 1, 8, 8192);
+  two_block_sizes(&La, &Lb);
   oi_engine *a = etu_engine_create(h, &La, "small", 1);
   oi_engine *b = etu_engine_create(h, &Lb, "large", 1);
   uint64_t ka = 0, kb = 0, acc_a = 0, acc_b = 0, late_a = 0, late_b = 0;
@@ -387,8 +370,7 @@ static void test_two_block_sizes_save_at_once(void) {
 static void test_a_chunk_with_a_leased_block_is_not_taken(void) {
   oi_host *h = etu_host_create_wm(128 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 2 chunks */
   etu_layout La, Lb;
-  etu_layout_simple(&La, 1, 8, 4096);
-  etu_layout_simple(&Lb, 1, 8, 8192);
+  two_block_sizes(&La, &Lb);
   oi_engine *a = etu_engine_create(h, &La, "leased", 1);
   for (uint64_t k = 0; k < 32; k += 8) /* keys 0..15 in one chunk, 16..31 in the other */
     CHECK(save_keys(a, &La, 1, k, 8) == 8);

@@ -904,13 +904,10 @@ static void test_more_than_64_index_shards(void) {
   enum { K = 600, NB = 2 * K + 16 };
   etu_layout L;
   etu_layout_simple(&L, 2, NB, 1024);
-  oi_host_options o;
-  REQUIRE(oi_host_options_init(&o) == OI_OK);
-  o.pool_bytes = 16 << 20;
+  oi_host_options o = tr_host_options(16 << 20);
   o.device = OI_DEVICE_CPU;
   o.index_shards = 1024;
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&o, &h) == OI_OK);
+  oi_host *h = tr_host_new(&o);
   oi_engine *e = etu_engine_create(h, &L, "shards", 1);
   static int64_t src[K + 8], dst[K];
   static oi_block_hash hs[K + 8];

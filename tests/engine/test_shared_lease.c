@@ -29,6 +29,16 @@ static void hashes(uint64_t space, oi_block_hash *hs, int n) {
     hs[i] = etu_hash(space, (uint64_t)i);
 }
 
+/* n hashes of a fresh space, the first `saved` of them saved by e.
+ * @return the space. */
+static uint64_t hashes_saved(oi_engine *e, const etu_layout *lay, oi_block_hash *hs, int n,
+                             int saved) {
+  uint64_t space = next_space++;
+  hashes(space, hs, n);
+  fill_save(e, lay, space, hs, saved);
+  return space;
+}
+
 static oi_lookup_options lookup_opts(const char *ns, uint32_t world) {
   oi_lookup_options o;
   REQUIRE(oi_lookup_options_init(&o) == OI_OK);
@@ -55,10 +65,8 @@ static void test_scheduler_queries_workers_load(void) {
   etu_layout L3;
   etu_layout_clone_shape(&L3, &L);
   oi_engine *w2 = etu_engine_create(h, &L3, "shared", 2);
-  uint64_t space = next_space++;
   oi_block_hash hs[6];
-  hashes(space, hs, 6);
-  fill_save(sched, &L, space, hs, 4);
+  uint64_t space = hashes_saved(sched, &L, hs, 6, 4);
   oi_query_result q;
   CHECK_OK(etu_query(sched, "r1", hs, 6, &q));
   CHECK(q.hit_blocks == 4);
@@ -90,10 +98,8 @@ static void test_wrong_namespace_forged_and_expired_are_refused(void) {
   oi_host *h = etu_host_create_opts(8u << 20, 0, 300); /* TTL 300 ms */
   oi_engine *a = etu_engine_create(h, &L, "ns-a", 1);
   oi_engine *b = etu_engine_create(h, &L2, "ns-b", 1);
-  uint64_t space = next_space++;
   oi_block_hash hs[3];
-  hashes(space, hs, 3);
-  fill_save(a, &L, space, hs, 3);
+  uint64_t space = hashes_saved(a, &L, hs, 3, 3);
   oi_query_result q;
   CHECK_OK(etu_query(a, NULL, hs, 3, &q));
   CHECK(q.hit_blocks == 3);
@@ -202,24 +208,20 @@ static void test_host_lookup_without_a_layout(void) {
     etu_zero_block(&L2, i);
 }
 
-/* Query flags and the appended result fields: an older result struct (up to
- * `present`) still works; WAIT_PENDING needs wait_ms in the struct and is
- * not for membership; with nothing in flight it answers at once. */
+/* Query flags and the result struct: one smaller than its 0.1 layout is
+ * refused (nothing written); WAIT_PENDING is not for membership; with
+ * nothing in flight it answers at once. */
 static void test_query_flags_and_old_structs(void) {
   oi_host *h = etu_host_create(8u << 20);
   oi_engine *e = etu_engine_create(h, &L, "flags", 1);
-  uint64_t space = next_space++;
   oi_block_hash hs[4];
-  hashes(space, hs, 4);
-  fill_save(e, &L, space, hs, 2);
+  (void)hashes_saved(e, &L, hs, 4, 2);
   oi_query_result q;
   memset(&q, 0xEE, sizeof q);
-  q.struct_size = (uint32_t)offsetof(oi_query_result, pending_blocks);
+  q.struct_size = (uint32_t)offsetof(oi_query_result, reserved);
   q.present = NULL;
-  CHECK_OK(oi_engine_query(e, NULL, hs, 4, 0, &q));
-  CHECK(q.hit_blocks == 2);
-  CHECK(q.pending_blocks == 0xEEEEEEEEEEEEEEEEull); /* past the caller's struct: untouched */
-  CHECK_OK(oi_engine_release(e, q.lease));
+  CHECK_FAILS(oi_engine_query(e, NULL, hs, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK(q.hit_blocks == 0xEEEEEEEEEEEEEEEEull); /* refused: nothing written */
   CHECK_FAILS(oi_engine_query(e, NULL, hs, 4, OI_QUERY_WAIT_PENDING, &q), OI_ERR_INVALID_ARGUMENT);
   memset(&q, 0, sizeof q);
   q.struct_size = sizeof q;

@@ -685,14 +685,10 @@ static void test_repeated_destinations_are_named(void) {
   oi_arena_desc a = arena("big", 0, BIG, 16, 16);
   oi_engine_options o;
   opts_for(&o, &a, 1, "v-repeat");
-  oi_host_options ho;
-  REQUIRE(oi_host_options_init(&ho) == OI_OK);
-  ho.pool_bytes = 4u << 20;
+  oi_host_options ho = tr_host_options(4u << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_host *h2 = NULL;
-  REQUIRE(oi_host_create(&ho, &h2) == OI_OK);
-  oi_engine *e = NULL;
-  REQUIRE(oi_engine_create(h2, &o, &e) == OI_OK);
+  oi_host *h2 = tr_host_new(&ho);
+  oi_engine *e = tr_engine_new(h2, &o);
   oi_host_stats before = etu_host_stats(h2);
   int64_t few[4] = {BIG - 1, 5, BIG - 1, 7}; /* a sort: 4 ids, 15,625 bitmap words */
   oi_lease none;

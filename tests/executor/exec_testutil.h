@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "rig.h"
 #include "testutil.h"
 
 #define OI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -134,16 +135,7 @@ typedef struct test_server {
   char dir[64], socket[128], log[128];
 } test_server;
 
-static bool log_contains(const char *path, const char *needle) {
-  FILE *f = fopen(path, "r");
-  if (!f) return false;
-  char line[1024];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f))
-    found = strstr(line, needle) != NULL;
-  fclose(f);
-  return found;
-}
+#define log_contains tr_file_contains
 
 static void server_dump_log(const test_server *ts) {
   FILE *f = fopen(ts->log, "r");

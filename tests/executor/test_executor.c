@@ -230,12 +230,9 @@ static uint64_t spilled(oi_host *h) {
 static void test_restored_from_disk(void) {
   char dir[] = "/tmp/oi-exec-disk-XXXXXX";
   REQUIRE(mkdtemp(dir));
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 8ull << 20;
+  oi_host_options ho = tr_host_options(8ull << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_host *dh = NULL;
-  REQUIRE(oi_host_create(&ho, &dh) == OI_OK);
+  oi_host *dh = tr_host_new(&ho);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   const char *dirs[1] = {dir};
@@ -710,11 +707,9 @@ int main(int argc, char **argv) {
   model_init();
   if (!strcmp(argv[1], "embedded")) {
     mode = OI_OFFLOAD_EMBEDDED;
-    oi_host_options ho;
-    oi_host_options_init(&ho);
-    ho.pool_bytes = 32ull << 20;
+    oi_host_options ho = tr_host_options(32ull << 20);
     ho.flags = OI_HOST_NO_PIN;
-    REQUIRE(oi_host_create(&ho, &host) == OI_OK);
+    host = tr_host_new(&ho);
   } else {
     mode = OI_OFFLOAD_SIDECAR;
     if (argc < 3) TEST_SKIP("sidecar mode needs the openinfer executable");

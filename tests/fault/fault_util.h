@@ -9,6 +9,7 @@
 
 #include "core/core.h"
 #include "core/fault.h"
+#include "rig.h"
 #include "testutil.h"
 
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -52,13 +53,7 @@ static bool fu_check(const rig *r, int64_t id, uint64_t logical) {
   return true;
 }
 
-static oi_block_hash fu_hash(uint64_t logical) {
-  oi_block_hash h;
-  memset(&h, 0, sizeof h);
-  memcpy(h.bytes, &logical, sizeof logical);
-  h.bytes[12] = 0xFA;
-  return h;
-}
+static oi_block_hash fu_hash(uint64_t logical) { return tr_hash(logical, 12, 0xFA); }
 
 /* oi_engine_options.submit_group_bytes of the next rig_open (0: default). */
 static uint64_t rig_submit_group_bytes;
@@ -71,50 +66,28 @@ static void rig_open(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_bloc
   r->blocks = blocks;
   r->bytes = bytes;
   uint64_t slot = (bytes + 255) & ~255ull;
-  oi_host_options ho;
-  oi_host_options_init(&ho);
+  oi_host_options ho = tr_host_options(0);
   ho.chunk_bytes = slot * 4;
   ho.pool_bytes = ((pool_blocks + 3) / 4) * ho.chunk_bytes;
   ho.high_watermark = 1.0f;
   if (lease_ttl_ms) ho.lease_ttl_ms = lease_ttl_ms;
-  REQUIRE(oi_host_create(&ho, &r->h) == OI_OK);
+  r->h = tr_host_new(&ho);
   r->arena = calloc(blocks, bytes);
   REQUIRE(r->arena);
-  oi_arena_desc ad = {.name = "kv",
-                      .base = r->arena,
-                      .num_blocks = blocks,
-                      .bytes_per_block = bytes,
-                      .block_stride = bytes,
-                      .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "fault";
-  eo.arenas = &ad;
-  eo.num_arenas = 1;
+  oi_arena_desc ad = tr_arena("kv", r->arena, blocks, bytes);
+  oi_engine_options eo = tr_engine_options("fault", &ad, 1);
   if (world) eo.world_size = world;
   if (save_deadline_ms) eo.save_deadline_ms = save_deadline_ms;
   if (load_deadline_ms) eo.load_deadline_ms = load_deadline_ms;
   eo.submit_group_bytes = rig_submit_group_bytes;
-  REQUIRE(oi_engine_create(r->h, &eo, &r->e) == OI_OK);
+  r->e = tr_engine_new(r->h, &eo);
 }
 
 /* Another engine of the rig's namespace and shape (default options) over
  * `mem`, which holds r->blocks blocks of r->bytes. */
 static oi_engine *fu_rig_engine(rig *r, uint8_t *mem) {
-  oi_arena_desc ad = {.name = "kv",
-                      .base = mem,
-                      .num_blocks = r->blocks,
-                      .bytes_per_block = r->bytes,
-                      .block_stride = r->bytes,
-                      .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "fault";
-  eo.arenas = &ad;
-  eo.num_arenas = 1;
-  oi_engine *e = NULL;
-  REQUIRE(oi_engine_create(r->h, &eo, &e) == OI_OK);
-  return e;
+  oi_arena_desc ad = tr_arena("kv", mem, r->blocks, r->bytes);
+  return tr_engine(r->h, "fault", &ad, 1);
 }
 
 static void rig_close(rig *r) {
@@ -139,12 +112,7 @@ static oi_status rig_save(rig *r, uint64_t first, size_t n) {
     hs[i] = fu_hash(first + i);
     fu_fill(r, (int64_t)i, first + i);
   }
-  oi_ticket *t = NULL;
-  oi_status st = oi_engine_save(r->e, ids, hs, n, NULL, &t);
-  if (st != OI_OK) return st;
-  st = oi_ticket_wait(t, 60000);
-  oi_ticket_release(t);
-  return st;
+  return tr_save(r->e, ids, hs, n, 60000);
 }
 
 /* Hits (prefix) for logical first..first+n-1; the lease in *lease. */
@@ -154,9 +122,7 @@ static uint64_t rig_query(rig *r, uint64_t first, size_t n, oi_lease *lease) {
   for (size_t i = 0; i < n; i++)
     hs[i] = fu_hash(first + i);
   oi_query_result q;
-  memset(&q, 0, sizeof q);
-  q.struct_size = sizeof q;
-  CHECK_OK(oi_engine_query(r->e, NULL, hs, n, 0, &q));
+  CHECK_OK(tr_query(r->e, NULL, hs, n, 0, NULL, &q));
   if (lease) *lease = q.lease;
   return q.hit_blocks;
 }
@@ -169,11 +135,19 @@ static uint64_t rig_visible(rig *r, uint64_t first, size_t n) {
   for (size_t i = 0; i < n; i++)
     hs[i] = fu_hash(first + i);
   oi_query_result q;
-  memset(&q, 0, sizeof q);
-  q.struct_size = sizeof q;
-  q.present = present;
-  CHECK_OK(oi_engine_query(r->e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q));
+  CHECK_OK(tr_query(r->e, NULL, hs, n, OI_QUERY_MEMBERSHIP, present, &q));
   return q.hit_blocks;
+}
+
+/* rig_open (default deadlines and TTL), then logical blocks first..first+n-1
+ * saved and queried, both CHECKed. @return the query's lease. */
+static oi_lease rig_open_leased(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_blocks,
+                                uint32_t world, uint64_t first, size_t n) {
+  rig_open(r, blocks, bytes, pool_blocks, world, 0, 0, 0);
+  CHECK_OK(rig_save(r, first, n));
+  oi_lease l;
+  CHECK(rig_query(r, first, n, &l) == n);
+  return l;
 }
 
 /* Loads a lease of n blocks into device blocks dst0..dst0+n-1 and waits. */
@@ -182,21 +156,10 @@ static oi_status rig_load(rig *r, oi_lease lease, int64_t dst0, size_t n) {
   REQUIRE(n <= RIG_MAX_BLOCKS);
   for (size_t i = 0; i < n; i++)
     ids[i] = dst0 + (int64_t)i;
-  oi_ticket *t = NULL;
-  oi_status st = oi_engine_load(r->e, lease, ids, n, NULL, &t);
-  if (st != OI_OK) return st;
-  st = oi_ticket_wait(t, 60000);
-  oi_ticket_release(t);
-  return st;
+  return tr_load(r->e, lease, ids, n, 60000);
 }
 
-static oi_host_stats rig_stats(rig *r) {
-  oi_host_stats s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  CHECK_OK(oi_host_get_stats(r->h, &s));
-  return s;
-}
+static oi_host_stats rig_stats(rig *r) { return tr_host_stats(r->h); }
 
 /* The pool's accounting is whole and nothing is half-done. */
 static void rig_check_quiet(rig *r) {
@@ -218,28 +181,20 @@ typedef struct layer_rig {
   oi_arena_desc ad[FU_LAYERS];
 } layer_rig;
 
+/* A host of 16 MiB and FU_LAYERS arenas of `blocks` blocks of FU_LAYER_BYTES;
+ * @return the options of the engine over them, for the caller to adjust. */
+static oi_engine_options fu_layer_rig_begin(layer_rig *r, const char *ns, uint64_t blocks) {
+  r->h = tr_host(16 << 20);
+  r->mem = calloc(FU_LAYERS, blocks * FU_LAYER_BYTES);
+  REQUIRE(r->mem);
+  tr_layers(r->ad, FU_LAYERS, tr_layer_names, r->mem, blocks, FU_LAYER_BYTES);
+  return tr_engine_options(ns, r->ad, FU_LAYERS);
+}
+
 static void fu_layer_rig_open(layer_rig *r, const char *ns) {
   memset(r, 0, sizeof *r);
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 16 << 20;
-  REQUIRE(oi_host_create(&ho, &r->h) == OI_OK);
-  r->mem = calloc(FU_LAYERS, FU_LAYER_BLOCKS * FU_LAYER_BYTES);
-  REQUIRE(r->mem);
-  static const char *names[FU_LAYERS] = {"l0", "l1", "l2"};
-  for (uint32_t a = 0; a < FU_LAYERS; a++)
-    r->ad[a] = (oi_arena_desc){.name = names[a],
-                               .base = r->mem + (uint64_t)a * FU_LAYER_BLOCKS * FU_LAYER_BYTES,
-                               .num_blocks = FU_LAYER_BLOCKS,
-                               .bytes_per_block = FU_LAYER_BYTES,
-                               .block_stride = FU_LAYER_BYTES,
-                               .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = ns;
-  eo.arenas = r->ad;
-  eo.num_arenas = FU_LAYERS;
-  REQUIRE(oi_engine_create(r->h, &eo, &r->e) == OI_OK);
+  oi_engine_options eo = fu_layer_rig_begin(r, ns, FU_LAYER_BLOCKS);
+  r->e = tr_engine_new(r->h, &eo);
 }
 
 static void fu_layer_rig_close(layer_rig *r) {
@@ -253,17 +208,13 @@ static void fu_layer_rig_close(layer_rig *r) {
  * pending; whole saves of the same hashes then work and hit. */
 static void fu_layer_save_aborted(layer_rig *r, const int64_t *ids, const oi_block_hash *hs) {
   CHECK_OK(oi_engine_flush(r->e, 10000));
-  oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_engine_query(r->e, NULL, hs, 2, 0, &q));
+  oi_query_result q;
+  CHECK_OK(tr_query(r->e, NULL, hs, 2, 0, NULL, &q));
   CHECK(q.hit_blocks == 0);
-  oi_engine_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_engine_get_stats(r->e, &es));
+  oi_engine_stats es = tr_engine_stats(r->e);
   CHECK(es.saves_failed == 2 && es.saves_completed == 0 && es.saves_pending == 0);
-  oi_ticket *t;
-  CHECK_OK(oi_engine_save(r->e, ids, hs, 2, NULL, &t)); /* whole blocks, again */
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
-  CHECK_OK(oi_engine_query(r->e, NULL, hs, 2, 0, &q));
+  CHECK_OK(tr_save(r->e, ids, hs, 2, 60000)); /* whole blocks, again */
+  CHECK_OK(tr_query(r->e, NULL, hs, 2, 0, NULL, &q));
   CHECK(q.hit_blocks == 2);
   CHECK_OK(oi_engine_release(r->e, q.lease));
 }

@@ -110,10 +110,7 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
     hs[i] = fu_hash(100 + (uint64_t)i);
     fu_fill(&r, 8 + i, 100 + (uint64_t)i);
   }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(r.e, ids, hs, 8, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r.e, ids, hs, 8, 60000));
   CHECK_OK(oi_engine_flush(r.e, 60000));
   oi_host_stats s = rig_stats(&r);
   CHECK(s.saves_dropped == 4 && s.blocks_sealed == 4);
@@ -139,10 +136,7 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
  * is freed right after destroy returns (ASan reports a copy into it). */
 static void test_destroy_waits_for_live_copies(void) {
   rig r;
-  rig_open(&r, 16, 4096, 32, 0, 0, 0, 0);
-  CHECK_OK(rig_save(&r, 0, 4));
-  oi_lease l;
-  CHECK(rig_query(&r, 0, 4, &l) == 4);
+  oi_lease l = rig_open_leased(&r, 16, 4096, 32, 0, 0, 4);
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 0, 100) == OI_OK);
   int64_t ids[4] = {8, 9, 10, 11};
   CHECK_OK(oi_engine_load(r.e, l, ids, 4, NULL, NULL));

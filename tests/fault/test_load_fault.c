@@ -10,10 +10,7 @@
 
 static void failing_load_consumes_the_lease(oi_fault_point point) {
   rig r;
-  rig_open(&r, 16, 4096, 32, 0, 0, 0, 0);
-  CHECK_OK(rig_save(&r, 0, 6));
-  oi_lease l;
-  CHECK(rig_query(&r, 0, 6, &l) == 6);
+  oi_lease l = rig_open_leased(&r, 16, 4096, 32, 0, 0, 6);
   REQUIRE(oi__fault_arm(point, 0, 1, 0) == OI_OK);
   CHECK_ST(rig_load(&r, l, 8, 6), OI_ERR_IO);
   CHECK(oi__fault_fired(point) == 1);
@@ -40,10 +37,7 @@ static void test_load_copy_fails_midway(void) {
 
 static void test_two_shares_one_fails(void) {
   rig r;
-  rig_open(&r, 16, 4096, 32, 2, 0, 0, 0);
-  CHECK_OK(rig_save(&r, 50, 4));
-  oi_lease l;
-  CHECK(rig_query(&r, 50, 4, &l) == 4);
+  oi_lease l = rig_open_leased(&r, 16, 4096, 32, 2, 50, 4);
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 0, 1, 0) == OI_OK);
   CHECK_ST(rig_load(&r, l, 4, 4), OI_ERR_IO); /* share 1: failed, consumed */
   CHECK_OK(rig_load(&r, l, 8, 4));            /* share 2 */
@@ -106,10 +100,7 @@ static void test_a_release_and_the_last_share_wait_for_a_share_still_marking(voi
   enum { N = 1100 };
   for (int round = 0; round < 2; round++) {
     rig r;
-    rig_open(&r, 3 * N, 512, N + 8, 2, 0, 0, 0);
-    CHECK_OK(rig_save(&r, 0, N));
-    oi_lease l;
-    CHECK(rig_query(&r, 0, N, &l) == N);
+    oi_lease l = rig_open_leased(&r, 3 * N, 512, N + 8, 2, 0, N);
     REQUIRE(oi__fault_arm(OI_FAULT_LOAD_MARK_GAP, 0, 1, 300) == OI_OK);
     marker m = {.r = &r, .l = l, .dst0 = N, .n = N};
     pthread_t th;
@@ -156,29 +147,16 @@ static uint8_t aw_byte(uint32_t a, uint64_t logical, uint64_t i) {
 }
 
 static void test_arena_waits_report_progress_and_a_failure_fails_every_later_wait(void) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 16 << 20;
-  oi_host *h;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host_options ho = tr_host_options(16 << 20);
+  oi_host *h = tr_host_new(&ho);
   uint8_t *mem = calloc(AW_ARENAS, AW_BLOCKS * AW_BYTES);
   REQUIRE(mem);
   oi_arena_desc ad[AW_ARENAS];
   const char *names[AW_ARENAS] = {"l0", "l1", "l2", "l3"};
   for (uint32_t a = 0; a < AW_ARENAS; a++)
-    ad[a] = (oi_arena_desc){.name = names[a],
-                            .base = mem + (uint64_t)a * AW_BLOCKS * AW_BYTES,
-                            .num_blocks = AW_BLOCKS,
-                            .bytes_per_block = AW_BYTES,
-                            .block_stride = AW_BYTES,
-                            .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "arena-wait";
-  eo.arenas = ad;
-  eo.num_arenas = AW_ARENAS;
-  oi_engine *e;
-  REQUIRE(oi_engine_create(h, &eo, &e) == OI_OK);
+    ad[a] = tr_arena(names[a], mem + (uint64_t)a * AW_BLOCKS * AW_BYTES, AW_BLOCKS, AW_BYTES);
+  oi_engine_options eo = tr_engine_options("arena-wait", ad, AW_ARENAS);
+  oi_engine *e = tr_engine_new(h, &eo);
   int64_t src[2] = {0, 1}, dst[2] = {6, 7};
   oi_block_hash hs[2] = {fu_hash(900), fu_hash(901)};
   for (uint32_t a = 0; a < AW_ARENAS; a++)
@@ -186,9 +164,7 @@ static void test_arena_waits_report_progress_and_a_failure_fails_every_later_wai
       for (uint64_t i = 0; i < AW_BYTES; i++)
         ((uint8_t *)ad[a].base)[(uint64_t)src[b] * AW_BYTES + i] = aw_byte(a, (uint64_t)b, i);
   oi_ticket *t;
-  CHECK_OK(oi_engine_save(e, src, hs, 2, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, src, hs, 2, 60000));
   oi_load_options lo;
   oi_load_options_init(&lo);
   lo.flags = OI_LOAD_ARENA_EVENTS;
@@ -249,22 +225,13 @@ static bool tl_check_arena(const uint8_t *base, const oi_arena_desc *a, uint32_t
 }
 
 static void test_sidecar_arena_waits_report_progress(void) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  tl_options(&o, a, "layered");
-  oi_engine *e;
-  oi_imported_arena *arena;
-  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
-  REQUIRE(e && arena);
-  uint8_t *base = oi_imported_arena_ptr(arena);
-  int64_t src[2] = {0, 1}, dst[2] = {20, 21};
-  oi_block_hash hs[2] = {tl_hash(70, 0), tl_hash(70, 1)};
-  for (int b = 0; b < 2; b++)
-    tl_fill(base, a, src[b], (uint64_t)b);
+  TL_CLIENT(a, o, e, arena);
+  uint8_t *base = tl_connect(ts.socket, "layered", a, &o, &e, &arena);
+  int64_t src[2], dst[2] = {20, 21};
+  oi_block_hash hs[2];
+  tl_fill_n(base, a, 70, src, hs, 2);
   oi_ticket *t;
-  CHECK_OK(oi_engine_save(e, src, hs, 2, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, src, hs, 2, 60000));
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));
   REQUIRE(q.hit_blocks == 2);

@@ -76,10 +76,7 @@ static void test_embedded_pending_and_wait(void) {
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
   int64_t dst[8] = {20, 21, 22, 23, 24, 25, 26, 27};
-  oi_ticket *lt = NULL;
-  CHECK_OK(oi_engine_load(e2, q.lease, dst, 8, NULL, &lt));
-  CHECK_OK(oi_ticket_wait(lt, 10000));
-  oi_ticket_release(lt);
+  CHECK_OK(tr_load(e2, q.lease, dst, 8, 10000));
   for (int i = 0; i < 8; i++)
     CHECK(fu_check(&peek, dst[i], (uint64_t)i));
   /* A failed save leaves nothing pending and a waiting query returns. */
@@ -102,14 +99,8 @@ static test_server ts;
 
 /* The server's copies sleep 1 s each: a save stays in flight. */
 static void test_sidecar_pending_and_wait(void) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  tl_options(&o, a, "pending");
-  oi_engine *e;
-  oi_imported_arena *arena;
-  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
-  REQUIRE(e && arena);
-  uint8_t *base = oi_imported_arena_ptr(arena);
+  TL_CLIENT(a, o, e, arena);
+  uint8_t *base = tl_connect(ts.socket, "pending", a, &o, &e, &arena);
   int64_t ids[4] = {0, 1, 2, 3};
   oi_block_hash hs[5];
   for (int i = 0; i < 5; i++)
@@ -143,18 +134,10 @@ static void test_sidecar_pending_and_wait(void) {
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
   /* A worker session loads the lookup's lease byte-exact. */
-  oi_arena_desc a2[TL_ARENAS];
-  oi_engine_options o2;
-  tl_options(&o2, a2, "pending");
-  oi_engine *w;
-  oi_imported_arena *warena;
-  CHECK_OK(oi_engine_connect(ts.socket, &o2, &w, &warena));
-  REQUIRE(w && warena);
-  uint8_t *wbase = oi_imported_arena_ptr(warena);
+  TL_CLIENT(a2, o2, w, warena);
+  uint8_t *wbase = tl_connect(ts.socket, "pending", a2, &o2, &w, &warena);
   int64_t dst[4] = {10, 11, 12, 13};
-  CHECK_OK(oi_engine_load(w, q.lease, dst, 4, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(w, q.lease, dst, 4, 10000));
   for (int i = 0; i < 4; i++)
     CHECK(tl_check(wbase, a2, dst[i], (uint64_t)i));
   /* The engine's own query carries pending_blocks and wait_ms too. */

@@ -153,11 +153,8 @@ static void test_raw_client_dies_at_every_step(void) {
 /* A real client: steps 0.. of connect, save, flush, query, load, release,
  * unregister; writes one byte to `fd` after each step. */
 static int client_session(int fd, bool check) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "steps-real");
-  oi_engine *e;
-  oi_imported_arena *arena;
   if (oi_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) return 2;
   STEP(fd);
   uint8_t *base = oi_imported_arena_ptr(arena);
@@ -195,17 +192,13 @@ static int client_session(int fd, bool check) {
 static void test_real_client_killed_at_every_step(void) {
   for (int k = 1; k <= 6; k++) {
     int p[2];
-    REQUIRE(pipe(p) == 0);
-    pid_t child = fork();
-    REQUIRE(child >= 0);
+    pid_t child = tr_fork_pipe(p);
     if (child == 0) {
-      close(p[0]);
       int rc = client_session(p[1], false);
       if (rc) _exit(rc);
       for (;;)
         pause();
     }
-    close(p[1]);
     char c;
     int got = 0;
     while (got < k && read(p[0], &c, 1) == 1)

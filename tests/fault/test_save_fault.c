@@ -48,9 +48,7 @@ static void failing_copy_leaves_nothing(oi_fault_point point) {
   oi__fault_disarm_all();
   for (int i = 4; i < 8; i++)
     fu_fill(&r, 8 + i, 200 + (uint64_t)i); /* (the load above overwrote them) */
-  CHECK_OK(oi_engine_save(r.e, ids + 4, hs + 4, 4, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r.e, ids + 4, hs + 4, 4, 60000));
   CHECK(rig_query(&r, 204, 4, &l) == 4);
   memset(r.arena, 0, r.blocks * r.bytes);
   CHECK_OK(rig_load(&r, l, 0, 4));
@@ -100,9 +98,7 @@ static void test_no_host_slot(void) {
 
 /* The pool cannot be mapped or pinned: host creation fails cleanly. */
 static void test_pool_setup_fails(void) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 1 << 20;
+  oi_host_options ho = tr_host_options(1 << 20);
   oi_host *h = NULL;
   REQUIRE(oi__fault_arm(OI_FAULT_PINNED_ALLOC, 0, 1, 0) == OI_OK);
   CHECK_ST(oi_host_create(&ho, &h), OI_ERR_OUT_OF_MEMORY);

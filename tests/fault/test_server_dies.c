@@ -31,11 +31,8 @@ static void fatal_exit(void *ctx, const char *reason) {
 static int client(int fd) {
   signal(SIGPIPE, SIG_IGN);
   oi_set_fatal_handler(fatal_exit, NULL);
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "dies");
-  oi_engine *e;
-  oi_imported_arena *arena;
   if (oi_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) return 2; /* not connected yet */
   STEP(fd);
   uint8_t *base = oi_imported_arena_ptr(arena);
@@ -99,14 +96,10 @@ static void test_server_killed_after_each_step(void) {
   for (int k = 1; k <= 5; k++) {
     REQUIRE(ts_start(&ts, NULL));
     int p[2];
-    REQUIRE(pipe(p) == 0);
-    pid_t child = fork();
-    REQUIRE(child >= 0);
+    pid_t child = tr_fork_pipe(p);
     if (child == 0) {
-      close(p[0]);
       _exit(client(p[1]));
     }
-    close(p[1]);
     char c;
     int got = 0;
     while (got < k && read(p[0], &c, 1) == 1)

@@ -39,21 +39,11 @@ static bool log_has(const char *a, const char *b) {
 }
 
 static oi_status save_wait(oi_engine *e, const int64_t *src, const oi_block_hash *hs, size_t n) {
-  oi_ticket *t = NULL;
-  oi_status st = oi_engine_save(e, src, hs, n, NULL, &t);
-  if (st != OI_OK) return st;
-  st = oi_ticket_wait(t, 60000);
-  oi_ticket_release(t);
-  return st;
+  return tr_save(e, src, hs, n, 60000);
 }
 
 static oi_status load_wait(oi_engine *e, oi_lease l, const int64_t *dst, size_t n) {
-  oi_ticket *t = NULL;
-  oi_status st = oi_engine_load(e, l, dst, n, NULL, &t);
-  if (st != OI_OK) return st;
-  st = oi_ticket_wait(t, 60000);
-  oi_ticket_release(t);
-  return st;
+  return tr_load(e, l, dst, n, 60000);
 }
 
 /* The server's copies, in order: 0 the first save (copy_fail), 1 the second
@@ -62,18 +52,11 @@ static oi_status load_wait(oi_engine *e, oi_lease l, const int64_t *dst, size_t 
 #define SERVER_FAULTS "copy_fail:0:1,copy_partial:1:1,copy_slow:4:1:1500"
 
 static void test_server_copy_failures_reach_the_client(void) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  tl_options(&o, a, "server-fault");
-  oi_engine *e;
-  oi_imported_arena *arena;
-  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
-  REQUIRE(e && arena);
-  uint8_t *base = oi_imported_arena_ptr(arena);
-  int64_t src[2] = {0, 1}, dst[2] = {10, 11};
-  oi_block_hash hs[2] = {tl_hash(90, 0), tl_hash(90, 1)};
-  for (int b = 0; b < 2; b++)
-    tl_fill(base, a, src[b], (uint64_t)b);
+  TL_CLIENT(a, o, e, arena);
+  uint8_t *base = tl_connect(ts.socket, "server-fault", a, &o, &e, &arena);
+  int64_t src[2], dst[2] = {10, 11};
+  oi_block_hash hs[2];
+  tl_fill_n(base, a, 90, src, hs, 2);
 
   /* A save whose copy fails in the server: an error, nothing visible. */
   CHECK_ST(save_wait(e, src, hs, 2), OI_ERR_IO);
@@ -144,11 +127,10 @@ static void test_a_session_that_cannot_start_is_refused(void) {
   setenv("OI_FAULTS", "session_start:0:1", 1);
   REQUIRE(ts_start(&t2, NULL));
   unsetenv("OI_FAULTS");
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "session-fault");
-  oi_engine *e = NULL;
-  oi_imported_arena *arena = NULL;
+  e = NULL;
+  arena = NULL;
   CHECK_ST(oi_engine_connect(t2.socket, &o, &e, &arena), OI_ERR_INTERNAL);
   CHECK(strstr(oi_last_error(), "cannot start a session"));
   CHECK(e == NULL && arena == NULL);
@@ -172,18 +154,11 @@ static void test_a_layered_load_failure_reaches_the_client(void) {
   setenv("OI_FAULTS", "copy_fail:1:0", 1); /* the save's copy passes, every later one fails */
   REQUIRE(ts_start(&t3, NULL));
   unsetenv("OI_FAULTS");
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  tl_options(&o, a, "layered-fault");
-  oi_engine *e = NULL;
-  oi_imported_arena *arena = NULL;
-  CHECK_OK(oi_engine_connect(t3.socket, &o, &e, &arena));
-  REQUIRE(e && arena);
-  uint8_t *base = oi_imported_arena_ptr(arena);
-  int64_t src[2] = {0, 1}, dst[2] = {10, 11};
-  oi_block_hash hs[2] = {tl_hash(92, 0), tl_hash(92, 1)};
-  for (int b = 0; b < 2; b++)
-    tl_fill(base, a, src[b], (uint64_t)b);
+  TL_CLIENT(a, o, e, arena);
+  uint8_t *base = tl_connect(t3.socket, "layered-fault", a, &o, &e, &arena);
+  int64_t src[2], dst[2] = {10, 11};
+  oi_block_hash hs[2];
+  tl_fill_n(base, a, 92, src, hs, 2);
   CHECK_OK(save_wait(e, src, hs, 2));
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));

@@ -27,23 +27,16 @@
 
 static const char *exe;
 
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int unresponsive_lines, live_lines, fence_lines;
 static void log_handler(void *ctx, oi_log_level level, const char *line) {
   (void)ctx;
   (void)level;
-  pthread_mutex_lock(&log_lock);
+  pthread_mutex_lock(&ts_log_lock);
   if (strstr(line, "is marked unresponsive")) unresponsive_lines++;
   if (strstr(line, "answered a probe")) live_lines++;
   if (strstr(line, "missed its deadline") && strstr(line, "fencing")) fence_lines++;
-  pthread_mutex_unlock(&log_lock);
+  pthread_mutex_unlock(&ts_log_lock);
   fprintf(stderr, "%s\n", line);
-}
-static int log_count(int *which) {
-  pthread_mutex_lock(&log_lock);
-  int n = *which;
-  pthread_mutex_unlock(&log_lock);
-  return n;
 }
 
 static void fatal_fail(void *ctx, const char *reason) {
@@ -127,10 +120,7 @@ static void sc_save(sc_engine *s, uint32_t salt, size_t n, oi_block_hash *hs) {
     hs[i] = tl_hash(salt, i);
     tl_fill(s->base, s->a, src[i], i);
   }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(s->e, src, hs, n, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(s->e, src, hs, n, 60000));
 }
 
 static oi_status wait_not(oi_ticket *t, oi_status not_this, uint32_t limit_ms) {
@@ -179,7 +169,7 @@ static void fence_in_mode(bool owned) {
   CHECK(strstr(oi_last_error(), "OI_FENCING") != NULL);
   usleep(COPY_SLOW_MS * 1000 * 2); /* stopped well past the copy's own length */
   CHECK_ST(oi_ticket_poll(t), OI_FENCING);
-  CHECK(log_count(&fence_lines) >= 1);
+  CHECK(ts_log_count(&fence_lines) >= 1);
   /* The breaker opened with the miss: a load is refused, counted failed. */
   oi_ticket *t2 = NULL;
   CHECK_ST(oi_engine_load(s.e, q.lease, dst, 4, NULL, &t2), OI_ERR_CLOSED);
@@ -296,14 +286,10 @@ static void test_fenced_load_then_fatal_when_server_allocated(void) {
   REQUIRE(ts_start(&ts, NULL));
   unsetenv("OI_FAULTS");
   int p[2];
-  REQUIRE(pipe(p) == 0);
-  pid_t child = fork();
-  REQUIRE(child >= 0);
+  pid_t child = tr_fork_pipe(p);
   if (child == 0) {
-    close(p[0]);
     _exit(fenced_child(&ts, p[1]));
   }
-  close(p[1]);
   char c = 0;
   CHECK(read(p[0], &c, 1) == 1 && c == 'L');
   usleep(50000);
@@ -348,7 +334,7 @@ static void breaker_in_mode(bool owned) {
   CHECK_OK(oi_engine_query(s.e, NULL, hs, 4, OI_QUERY_MEMBERSHIP, &q));
   REQUIRE(q.hit_blocks == 4);
   oi_engine_stats s0 = sc_stats(&s);
-  int lines0 = log_count(&unresponsive_lines);
+  int lines0 = ts_log_count(&unresponsive_lines);
 
   stop_server(ts.pid);
   /* The first membership query waits its lookup deadline (50 ms). */
@@ -401,10 +387,10 @@ static void breaker_in_mode(bool owned) {
   CHECK(s1.disconnected_query_misses == s0.disconnected_query_misses + 400);
   CHECK(s1.disconnected_saves == s0.disconnected_saves + 2);
   CHECK(s1.loads_failed == s0.loads_failed + 1);
-  CHECK(log_count(&unresponsive_lines) == lines0 + 1); /* once per opening */
+  CHECK(ts_log_count(&unresponsive_lines) == lines0 + 1); /* once per opening */
 
   /* SIGCONT: a probe is answered and the engine hits again within 1 s. */
-  int live0 = log_count(&live_lines);
+  int live0 = ts_log_count(&live_lines);
   REQUIRE(kill(ts.pid, SIGCONT) == 0);
   uint64_t r0 = oi__now_ns();
   bool hit = false;
@@ -417,7 +403,7 @@ static void breaker_in_mode(bool owned) {
   fprintf(stderr, "%s: hits again %.1f ms after SIGCONT\n",
           owned ? "engine-owned" : "server-allocated", recovery);
   CHECK(hit && recovery < 1000);
-  CHECK(log_count(&live_lines) == live0 + 1);
+  CHECK(ts_log_count(&live_lines) == live0 + 1);
   sc_close(&s);
   CHECK(ts_stop(&ts));
   ts_cleanup(&ts);

@@ -54,9 +54,7 @@ static void save_fails_at_submit(oi_fault_point point, uint64_t after) {
   CHECK_OK(oi_engine_get_stats(r.e, &es));
   CHECK(es.saves_failed == 12 && es.saves_pending == 0);
   /* The engine keeps working: the same hashes save and load byte-exact. */
-  CHECK_OK(oi_engine_save(r.e, ids, hs, 12, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r.e, ids, hs, 12, 60000));
   oi_lease l;
   CHECK(rig_query(&r, 100, 12, &l) == 12);
   memset(r.arena, 0, r.blocks * r.bytes);
@@ -81,10 +79,7 @@ static void test_save_completion_submit_fails(void) {
  * loading, the blocks stay and load again under a new lease. */
 static void load_fails_at_submit(oi_fault_point point, uint32_t flags) {
   rig r;
-  rig_open(&r, 16, 4096, 16, 0, 0, 0, 0);
-  CHECK_OK(rig_save(&r, 300, 4));
-  oi_lease l;
-  CHECK(rig_query(&r, 300, 4, &l) == 4);
+  oi_lease l = rig_open_leased(&r, 16, 4096, 16, 0, 300, 4);
   CHECK(rig_stats(&r).blocks_leased == 4);
   memset(r.arena, 0, r.blocks * r.bytes);
   int64_t ids[4] = {8, 9, 10, 11};
@@ -221,10 +216,7 @@ static void test_flush_times_out_on_a_duplicate_another_engine_saves(void) {
  * message saying so; the live lease is untouched and still loads. */
 static void test_lease_with_a_live_id_and_another_tag_is_refused(void) {
   rig r;
-  rig_open(&r, 8, 4096, 8, 0, 0, 0, 0);
-  CHECK_OK(rig_save(&r, 60, 2));
-  oi_lease l;
-  CHECK(rig_query(&r, 60, 2, &l) == 2);
+  oi_lease l = rig_open_leased(&r, 8, 4096, 8, 0, 60, 2);
   oi_lease bad = l;
   bad.bytes[8] ^= 0x01; /* the tag's first byte */
   int64_t ids[2] = {4, 5};

@@ -68,28 +68,10 @@ static void test_many_jobs_miss_their_deadlines_at_once(void) {
  * as given. */
 static void xl_open(layer_rig *r, uint32_t copy_mode, uint64_t group_bytes) {
   memset(r, 0, sizeof *r);
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 16 << 20;
-  REQUIRE(oi_host_create(&ho, &r->h) == OI_OK);
-  r->mem = calloc(FU_LAYERS, XL_BLOCKS * FU_LAYER_BYTES);
-  REQUIRE(r->mem);
-  static const char *names[FU_LAYERS] = {"l0", "l1", "l2"};
-  for (uint32_t a = 0; a < FU_LAYERS; a++)
-    r->ad[a] = (oi_arena_desc){.name = names[a],
-                               .base = r->mem + (uint64_t)a * XL_BLOCKS * FU_LAYER_BYTES,
-                               .num_blocks = XL_BLOCKS,
-                               .bytes_per_block = FU_LAYER_BYTES,
-                               .block_stride = FU_LAYER_BYTES,
-                               .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "xfer-fault";
-  eo.arenas = r->ad;
-  eo.num_arenas = FU_LAYERS;
+  oi_engine_options eo = fu_layer_rig_begin(r, "xfer-fault", XL_BLOCKS);
   eo.copy_mode = copy_mode;
   eo.submit_group_bytes = group_bytes;
-  REQUIRE(oi_engine_create(r->h, &eo, &r->e) == OI_OK);
+  r->e = tr_engine_new(r->h, &eo);
 }
 
 static uint8_t xl_byte(uint32_t a, uint64_t logical, uint64_t i) {
@@ -123,9 +105,7 @@ static void test_layered_load_every_copy_fails(void) {
     xl_fill(&r, src[b], 800 + (uint64_t)b);
   }
   oi_ticket *t;
-  CHECK_OK(oi_engine_save(r.e, src, hs, 4, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r.e, src, hs, 4, 60000));
   oi_load_options lo;
   oi_load_options_init(&lo);
   lo.flags = OI_LOAD_ARENA_EVENTS;
@@ -284,10 +264,7 @@ static void test_every_layer_of_a_layered_save_fails(void) {
   CHECK_OK(oi_engine_flush(r.e, 60000));
   CHECK_OK(oi_engine_query(r.e, NULL, hs, N, 0, &q));
   REQUIRE(q.hit_blocks == N);
-  oi_ticket *lt;
-  CHECK_OK(oi_engine_load(r.e, q.lease, dst, N, NULL, &lt));
-  CHECK_OK(oi_ticket_wait(lt, 60000));
-  oi_ticket_release(lt);
+  CHECK_OK(tr_load(r.e, q.lease, dst, N, 60000));
   for (int b = 0; b < N; b++)
     CHECK(xl_check(&r, dst[b], 700 + (uint64_t)b));
   fu_layer_rig_close(&r);

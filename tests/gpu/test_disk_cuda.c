@@ -11,6 +11,7 @@
 
 #include "device/device.h"
 #include "openinfer/disk.h"
+#include "rig.h"
 #include "testutil.h"
 
 #define NB 64ull
@@ -65,7 +66,7 @@ static void rig_open(rig *r, const char *dir, uint8_t *region) {
   ho.device = 0; /* pinned pool */
   ho.pool_bytes = 64ull << 20;
   ho.chunk_bytes = 16ull << 20;
-  REQUIRE(oi_host_create(&ho, &r->h) == OI_OK);
+  r->h = tr_host_new(&ho);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   const char *dirs[1] = {dir};
@@ -73,12 +74,7 @@ static void rig_open(rig *r, const char *dir, uint8_t *region) {
   d.num_dirs = 1;
   d.capacity_bytes = 64ull << 20;
   REQUIRE(oi_host_attach_disk(r->h, &d) == OI_OK);
-  oi_arena_desc ad = {.name = "kv",
-                      .offset = 0,
-                      .num_blocks = 2 * NB,
-                      .bytes_per_block = BLOCK,
-                      .block_stride = BLOCK,
-                      .segments = 1};
+  oi_arena_desc ad = tr_arena("kv", NULL, 2 * NB, BLOCK);
   oi_engine_options eo;
   oi_engine_options_init(&eo);
   eo.device = 0;
@@ -87,7 +83,7 @@ static void rig_open(rig *r, const char *dir, uint8_t *region) {
   eo.num_arenas = 1;
   eo.arena_base = region;
   eo.arena_size = REGION;
-  REQUIRE(oi_engine_create(r->h, &eo, &r->e) == OI_OK);
+  r->e = tr_engine_new(r->h, &eo);
 }
 
 static void rig_close(rig *r) {
@@ -156,9 +152,7 @@ static void test_disk_round_trip_on_cuda(void) {
   oi_block_hash hs[NB];
   int64_t ids[NB];
   for (uint64_t b = 0; b < NB; b++) {
-    memset(&hs[b], 0, sizeof hs[b]);
-    memcpy(hs[b].bytes, &b, sizeof b);
-    hs[b].bytes[15] = 0xD5;
+    hs[b] = tr_hash(b, 15, 0xD5);
     ids[b] = (int64_t)b;
   }
   char *dir = make_dir();
@@ -166,10 +160,7 @@ static void test_disk_round_trip_on_cuda(void) {
   rig_open(&r, dir, region);
 
   /* Save from device memory; the disk tier writes every block behind. */
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(r.e, ids, hs, NB, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(r.e, ids, hs, NB, 60000));
   CHECK_OK(oi_engine_flush(r.e, 60000));
   double t0 = now_s();
   while (disk_stats(&r).spills < NB && now_s() - t0 < 60)

@@ -8,6 +8,7 @@
  * ticket carries a CUDA event, and a save waits on the caller's event.
  * Skips (77) without a GPU. */
 #include "device/device.h"
+#include "rig.h"
 #include "testutil.h"
 
 static oi_dev *dev;
@@ -56,13 +57,10 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
       }
   REQUIRE(dev->ops->mem_copy(dev, region, host, lc->region_bytes) == OI_OK);
 
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 256ull << 20;
+  oi_host_options ho = tr_host_options(256ull << 20);
   ho.chunk_bytes = 32ull << 20;
   ho.device = 0;
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   oi_arena_desc *ad = calloc(lc->narenas, sizeof *ad);
   char(*names)[16] = calloc(lc->narenas, sizeof *names);
   REQUIRE(ad && names);
@@ -97,8 +95,7 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
     eo.segment_offsets = offs;
     eo.num_segment_offsets = 2 * lc->narenas;
   }
-  oi_engine *e = NULL;
-  REQUIRE(oi_engine_create(h, &eo, &e) == OI_OK);
+  oi_engine *e = tr_engine_new(h, &eo);
 
   int64_t *ids = calloc(half, sizeof *ids), *dst = calloc(half, sizeof *dst);
   oi_block_hash *hs = calloc(half, sizeof *hs);

@@ -7,6 +7,7 @@
  * (OI_LOAD_ARENA_EVENTS) loads, in the kernel and DMA copy modes. Skips
  * (77) without a GPU. */
 #include "device/device.h"
+#include "rig.h"
 #include "testutil.h"
 
 #define ARENAS 4
@@ -24,13 +25,10 @@ static void run(uint32_t mode, bool layered) {
     REQUIRE(dev->ops->mem_fill_pattern(dev, region + a * arena_bytes, half * ARENA_BLOCK_BYTES,
                                        7 + a) == OI_OK);
 
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = (half * ARENAS * ARENA_BLOCK_BYTES) + (64ull << 20);
+  oi_host_options ho = tr_host_options((half * ARENAS * ARENA_BLOCK_BYTES) + (64ull << 20));
   ho.chunk_bytes = 64ull << 20;
   ho.device = 0;
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   oi_arena_desc ad[ARENAS];
   static const char *names[ARENAS] = {"l0", "l1", "l2", "l3"};
   for (uint32_t a = 0; a < ARENAS; a++)
@@ -50,8 +48,7 @@ static void run(uint32_t mode, bool layered) {
   eo.arena_size = region_bytes;
   eo.copy_mode = mode;
   eo.load_deadline_ms = 2;
-  oi_engine *e = NULL;
-  REQUIRE(oi_engine_create(h, &eo, &e) == OI_OK);
+  oi_engine *e = tr_engine_new(h, &eo);
 
   int64_t ids[BLOCKS / 2], dst[BLOCKS / 2];
   oi_block_hash hs[BLOCKS / 2];
@@ -63,9 +60,7 @@ static void run(uint32_t mode, bool layered) {
     hs[b].bytes[15] = (uint8_t)(mode * 2 + layered);
   }
   oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(e, ids, hs, half, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, ids, hs, half, 60000));
   CHECK_OK(oi_engine_flush(e, 60000));
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_engine_query(e, "r", hs, half, 0, &q));

@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include "device/device.h"
+#include "rig.h"
 #include "testutil.h"
 
 enum { BLOCKS_PER_RANK = 16, ARENAS = 4, BPB = 256 << 10 };
@@ -103,8 +104,7 @@ int main(void) {
   ho.device = 0;
   ho.pool_bytes = (uint64_t)nranks * BLOCKS_PER_RANK * ARENAS * BPB * 2;
   ho.chunk_bytes = 16ull << 20;
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   rank *ranks = calloc((size_t)nranks, sizeof *ranks);
   REQUIRE(ranks);
   for (int i = 0; i < nranks; i++) {
@@ -120,12 +120,7 @@ int main(void) {
     char names[ARENAS][8];
     for (int a = 0; a < ARENAS; a++) {
       snprintf(names[a], sizeof names[a], "L%d", a);
-      ad[a] = (oi_arena_desc){.name = names[a],
-                              .base = r->arena + (uint64_t)a * r->nblocks * BPB,
-                              .num_blocks = r->nblocks,
-                              .bytes_per_block = BPB,
-                              .block_stride = BPB,
-                              .segments = 1};
+      ad[a] = tr_arena(names[a], r->arena + (uint64_t)a * r->nblocks * BPB, r->nblocks, BPB);
     }
     oi_engine_options eo;
     oi_engine_options_init(&eo);
@@ -133,7 +128,7 @@ int main(void) {
     eo.namespace_id = "shared-model";
     eo.arenas = ad;
     eo.num_arenas = ARENAS;
-    REQUIRE(oi_engine_create(h, &eo, &r->e) == OI_OK);
+    r->e = tr_engine_new(h, &eo);
   }
   pthread_t th[64];
   for (int i = 0; i < nranks; i++)

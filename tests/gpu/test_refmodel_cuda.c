@@ -13,6 +13,7 @@
 
 #include "device/device.h"
 #include "refmodel/kernels/refmodel_gen.h"
+#include "rig.h"
 #include "testutil.h"
 
 #define L_ 2
@@ -334,9 +335,7 @@ static int fault_hook(void *c, uint32_t rank, uint64_t id, uint32_t fault) {
 }
 
 static void test_executor_parity(void) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 512ull << 20;
+  oi_host_options ho = tr_host_options(512ull << 20);
   ho.device = 0;
   oi_executor_options o;
   oi_executor_options_init(&o);

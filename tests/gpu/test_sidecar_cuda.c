@@ -6,29 +6,16 @@
 #include "../sidecar/sidecar_util.h"
 #include "device/device.h"
 
-static void fatal_is_a_failure(void *ctx, const char *reason) {
-  (void)ctx;
-  fprintf(stderr, "unexpected fatal handler call: %s\n", reason);
-  _exit(3);
-}
-
 int main(int argc, char **argv) {
-  int n = 0;
-  oi_device_count(&n);
-  if (n == 0) TEST_SKIP("no CUDA device");
-  REQUIRE(argc >= 2);
-  oi_set_fatal_handler(fatal_is_a_failure, NULL);
   test_server ts;
-  ts_init(&ts, argv[1]);
   const char *extra[] = {"--device", "0", "--arena-devices", "0", NULL};
-  REQUIRE(ts_start(&ts, extra));
+  if (!ts_gpu_open(&ts, argc, argv, extra)) TEST_SKIP("no CUDA device");
 
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "gpu-sidecar");
   o.device = 0;
-  oi_engine *e = NULL;
-  oi_imported_arena *arena = NULL;
+  e = NULL;
+  arena = NULL;
   CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
   REQUIRE(e && arena);
   uint64_t total = 0;
@@ -49,17 +36,12 @@ int main(int argc, char **argv) {
   }
   /* The arena is device memory the server allocated: write it from here. */
   CHECK_OK(dev->ops->mem_copy(dev, oi_imported_arena_ptr(arena), mirror, total));
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(e, ids, hs, SAVED, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 30000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, ids, hs, SAVED, 30000));
   CHECK_OK(oi_engine_flush(e, 30000));
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_engine_query(e, "gpu", hs, SAVED, 0, &q));
   CHECK(q.hit_blocks == SAVED);
-  CHECK_OK(oi_engine_load(e, q.lease, dst, SAVED, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 30000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, q.lease, dst, SAVED, 30000));
   memset(mirror, 0, total);
   CHECK_OK(dev->ops->mem_copy(dev, mirror, oi_imported_arena_ptr(arena), total));
   int bad = 0;

@@ -20,12 +20,6 @@ static oi_dev *dev;
 static uint8_t *region;
 static uint8_t *want, *got;
 
-static void fatal_is_a_failure(void *ctx, const char *reason) {
-  (void)ctx;
-  fprintf(stderr, "unexpected fatal handler call: %s\n", reason);
-  _exit(3);
-}
-
 static oi_status stats_of(oi_engine *e, oi_engine_stats *s) {
   memset(s, 0, sizeof *s);
   s->struct_size = sizeof *s;
@@ -86,15 +80,9 @@ static void late_load(oi_engine *e, test_server *ts, const oi_block_hash *hs, bo
 }
 
 int main(int argc, char **argv) {
-  int n = 0;
-  oi_device_count(&n);
-  if (n == 0) TEST_SKIP("no CUDA device");
-  REQUIRE(argc >= 2);
-  oi_set_fatal_handler(fatal_is_a_failure, NULL);
   test_server ts;
-  ts_init(&ts, argv[1]);
   const char *extra[] = {"--device", "0", "--arena-devices", "0", "--pool", "1280M", NULL};
-  REQUIRE(ts_start(&ts, extra));
+  if (!ts_gpu_open(&ts, argc, argv, extra)) TEST_SKIP("no CUDA device");
   REQUIRE(oi__dev_open(0, &dev) == OI_OK);
   REQUIRE(dev->ops->mem_alloc(dev, ARENAS * ARENA_BYTES, 0, (void **)&region) == OI_OK);
   want = malloc(HALF_BYTES);
@@ -112,11 +100,7 @@ int main(int argc, char **argv) {
                             .bytes_per_block = ARENA_BLOCK_BYTES,
                             .block_stride = ARENA_BLOCK_BYTES,
                             .segments = 1};
-  oi_engine_options o;
-  oi_engine_options_init(&o);
-  o.namespace_id = "gpu-fence";
-  o.arenas = ad;
-  o.num_arenas = ARENAS;
+  oi_engine_options o = tr_engine_options("gpu-fence", ad, ARENAS);
   o.device = 0;
   o.arena_base = region;
   o.arena_size = ARENAS * ARENA_BYTES;
@@ -128,14 +112,9 @@ int main(int argc, char **argv) {
   oi_block_hash hs[HALF];
   for (uint64_t b = 0; b < HALF; b++) {
     ids[b] = (int64_t)b;
-    memset(&hs[b], 0, sizeof hs[b]);
-    memcpy(hs[b].bytes, &b, sizeof b);
-    hs[b].bytes[15] = 0x3c;
+    hs[b] = tr_hash(b, 15, 0x3c);
   }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(e, ids, hs, HALF, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, ids, hs, HALF, 60000));
   CHECK_OK(oi_engine_flush(e, 60000));
 
   late_load(e, &ts, hs, false);

@@ -9,12 +9,6 @@
 #include "../sidecar/sidecar_util.h"
 #include "device/device.h"
 
-static void fatal_is_a_failure(void *ctx, const char *reason) {
-  (void)ctx;
-  fprintf(stderr, "unexpected fatal handler call: %s\n", reason);
-  _exit(3);
-}
-
 #define LEAD 4096 /* the arena starts this far into its allocation */
 
 static oi_status stats_of(oi_engine *e, oi_engine_stats *s) {
@@ -48,9 +42,7 @@ static int round_trip(oi_engine *e, oi_dev *dev, uint8_t *arena, const oi_arena_
   }
   CHECK_OK(dev->ops->mem_copy(dev, arena, mirror, total));
   oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(e, ids, hs, SAVED, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 30000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, ids, hs, SAVED, 30000));
   CHECK_OK(oi_engine_flush(e, 30000));
   oi_query_result q = {.struct_size = sizeof q};
   CHECK_OK(oi_engine_query(e, NULL, hs, SAVED, 0, &q));
@@ -71,15 +63,9 @@ static int round_trip(oi_engine *e, oi_dev *dev, uint8_t *arena, const oi_arena_
 }
 
 int main(int argc, char **argv) {
-  int n = 0;
-  oi_device_count(&n);
-  if (n == 0) TEST_SKIP("no CUDA device");
-  REQUIRE(argc >= 2);
-  oi_set_fatal_handler(fatal_is_a_failure, NULL);
   test_server ts;
-  ts_init(&ts, argv[1]);
   const char *extra[] = {"--device", "0", "--arena-devices", "0", NULL};
-  REQUIRE(ts_start(&ts, extra));
+  if (!ts_gpu_open(&ts, argc, argv, extra)) TEST_SKIP("no CUDA device");
 
   oi_arena_desc a[TL_ARENAS];
   uint64_t total = 0;

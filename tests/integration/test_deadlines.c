@@ -5,6 +5,7 @@
  * deadline make the copy outlive it. */
 #include <stdatomic.h>
 
+#include "rig.h"
 #include "testutil.h"
 
 enum { BLOCKS = 64, BLOCK_BYTES = 4 << 20 }; /* 256 MiB: tens of ms to copy */
@@ -16,30 +17,17 @@ static void on_done(void *ctx, oi_status st) {
 }
 
 static void test_a_copy_past_its_deadline_is_an_error_and_never_visible(void) {
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = (uint64_t)(BLOCKS + 8) * BLOCK_BYTES;
+  oi_host_options ho = tr_host_options((uint64_t)(BLOCKS + 8) * BLOCK_BYTES);
   ho.chunk_bytes = 4 * (uint64_t)BLOCK_BYTES;
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   uint8_t *arena = malloc((size_t)BLOCKS * BLOCK_BYTES);
   REQUIRE(arena);
   memset(arena, 0x5a, (size_t)BLOCKS * BLOCK_BYTES);
-  oi_arena_desc ad = {.name = "kv",
-                      .base = arena,
-                      .num_blocks = BLOCKS,
-                      .bytes_per_block = BLOCK_BYTES,
-                      .block_stride = BLOCK_BYTES,
-                      .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "deadlines";
-  eo.arenas = &ad;
-  eo.num_arenas = 1;
+  oi_arena_desc ad = tr_arena("kv", arena, BLOCKS, BLOCK_BYTES);
+  oi_engine_options eo = tr_engine_options("deadlines", &ad, 1);
   eo.save_deadline_ms = 1;
   eo.load_deadline_ms = 1;
-  oi_engine *e = NULL;
-  REQUIRE(oi_engine_create(h, &eo, &e) == OI_OK);
+  oi_engine *e = tr_engine_new(h, &eo);
   int64_t ids[BLOCKS];
   oi_block_hash hs[BLOCKS];
   memset(hs, 0, sizeof hs);
@@ -70,10 +58,8 @@ static void test_a_copy_past_its_deadline_is_an_error_and_never_visible(void) {
 
   /* A load past its deadline: saved with a generous deadline, loaded with 1 ms. */
   eo.save_deadline_ms = 60000;
-  REQUIRE(oi_engine_create(h, &eo, &e) == OI_OK);
-  CHECK_OK(oi_engine_save(e, ids, hs, BLOCKS, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 60000));
-  oi_ticket_release(t);
+  e = tr_engine_new(h, &eo);
+  CHECK_OK(tr_save(e, ids, hs, BLOCKS, 60000));
   CHECK_OK(oi_engine_query(e, NULL, hs, BLOCKS, 0, &q));
   CHECK(q.hit_blocks == BLOCKS);
   CHECK_OK(oi_engine_load(e, q.lease, ids, BLOCKS, NULL, &t));

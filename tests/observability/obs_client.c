@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rig.h"
 #include "testutil.h"
 
 #define BLOCKS 64
@@ -23,12 +24,7 @@ int main(int argc, char **argv) {
   const char *socket = argv[1], *ns = argv[2];
   size_t n = strtoul(argv[3], NULL, 10), m = strtoul(argv[4], NULL, 10);
   REQUIRE(n > 0 && n + m <= BLOCKS);
-  oi_arena_desc a = {.name = "kv",
-                     .offset = 0,
-                     .num_blocks = BLOCKS,
-                     .bytes_per_block = BLOCK_BYTES,
-                     .block_stride = BLOCK_BYTES,
-                     .segments = 1};
+  oi_arena_desc a = tr_arena("kv", NULL, BLOCKS, BLOCK_BYTES);
   oi_engine_options o;
   oi_engine_options_init(&o);
   o.namespace_id = ns;
@@ -51,10 +47,7 @@ int main(int argc, char **argv) {
     snprintf((char *)hashes[i].bytes, sizeof hashes[i].bytes, "%s%zu", ns, i);
     hashes[i].bytes[15] = (uint8_t)i;
   }
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_save(e, ids, hashes, n, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 30000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, ids, hashes, n, 30000));
   CHECK_OK(oi_engine_flush(e, 30000));
 
   /* n hits, then m misses (hashes n..n+m-1 were never saved). */
@@ -64,9 +57,7 @@ int main(int argc, char **argv) {
   int64_t dst[BLOCKS];
   for (size_t i = 0; i < n; i++)
     dst[i] = (int64_t)(BLOCKS - 1 - i);
-  CHECK_OK(oi_engine_load(e, qr.lease, dst, n, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 30000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, qr.lease, dst, n, 30000));
   for (size_t i = 0; i < n; i++)
     CHECK(memcmp(kv + (size_t)dst[i] * BLOCK_BYTES, kv + i * BLOCK_BYTES, BLOCK_BYTES) == 0);
 

@@ -19,6 +19,7 @@
 
 #include "core/core.h"
 #include "openinfer/disk.h"
+#include "rig.h"
 #include "testutil.h"
 
 /* ---- a plain HTTP/1.0 client --------------------------------------------------- */
@@ -59,9 +60,7 @@ static void test_server_health(void) {
   REQUIRE(mkdtemp(dir));
   char sock[128];
   snprintf(sock, sizeof sock, "%s/s", dir);
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 16 << 20;
+  oi_host_options ho = tr_host_options(16 << 20);
   ho.flags = OI_HOST_NO_PIN;
   oi_server_options so;
   oi_server_options_init(&so);
@@ -161,9 +160,7 @@ static void test_server_metrics_details(void) {
   char sock[128], disk_dir[128];
   snprintf(sock, sizeof sock, "%s/s", dir);
   snprintf(disk_dir, sizeof disk_dir, "%s/disk", dir);
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 16 << 20;
+  oi_host_options ho = tr_host_options(16 << 20);
   ho.flags = OI_HOST_NO_PIN;
   const char *dirs[1] = {disk_dir};
   oi_host_disk_options dopt = {
@@ -300,9 +297,7 @@ static void test_server_stats_fetch(void) {
   CHECK_ST(oi_server_fetch_stats(sock, 0, &bad, NULL, NULL, 0), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi_server_fetch_stats(none, 0, &ss, NULL, NULL, 0), OI_ERR_NOT_FOUND);
 
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 16 << 20;
+  oi_host_options ho = tr_host_options(16 << 20);
   ho.flags = OI_HOST_NO_PIN;
   oi_server_options so;
   oi_server_options_init(&so);
@@ -399,33 +394,20 @@ static void test_embedded_stats(void) {
   oi_set_log_handler(capture, NULL);
   oi_set_log_level(OI_LOG_INFO);
   progress_log prog = {0};
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 4 << 20;
+  oi_host_options ho = tr_host_options(4 << 20);
   ho.flags = OI_HOST_NO_PIN;
   ho.progress = on_progress;
   ho.progress_ctx = &prog;
-  oi_host *h;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   CHECK(prog.calls >= 2 && prog.first_done == 0 && prog.last_done == prog.total &&
         prog.total == 4 << 20);
 
   static uint8_t kv[NB * BB];
   for (size_t i = 0; i < sizeof kv; i++)
     kv[i] = (uint8_t)i;
-  oi_arena_desc a = {.name = "kv",
-                     .base = kv,
-                     .num_blocks = NB,
-                     .bytes_per_block = BB,
-                     .block_stride = BB,
-                     .segments = 1};
-  oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  eo.namespace_id = "ns-a";
-  eo.arenas = &a;
-  eo.num_arenas = 1;
-  oi_engine *e;
-  REQUIRE(oi_engine_create(h, &eo, &e) == OI_OK);
+  oi_arena_desc a = tr_arena("kv", kv, NB, BB);
+  oi_engine_options eo = tr_engine_options("ns-a", &a, 1);
+  oi_engine *e = tr_engine_new(h, &eo);
 
   int64_t ids[NB];
   oi_block_hash hs[NB];
@@ -434,10 +416,7 @@ static void test_embedded_stats(void) {
     memset(&hs[i], 0, sizeof hs[i]);
     hs[i].bytes[0] = (uint8_t)(i + 1);
   }
-  oi_ticket *t;
-  CHECK_OK(oi_engine_save(e, ids, hs, 8, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_save(e, ids, hs, 8, 10000));
   oi_query_result qr = {.struct_size = sizeof qr};
   CHECK_OK(oi_engine_query(e, NULL, hs, 10, 0, &qr));
   CHECK(qr.hit_blocks == 8);
@@ -455,9 +434,7 @@ static void test_embedded_stats(void) {
   CHECK(nsave == 1);
 
   int64_t dst[8] = {8, 9, 10, 11, 12, 13, 14, 15};
-  CHECK_OK(oi_engine_load(e, qr.lease, dst, 8, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, qr.lease, dst, 8, 10000));
   CHECK(memcmp(kv + 8 * BB, kv, 8 * BB) == 0);
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
@@ -476,13 +453,15 @@ static void test_embedded_stats(void) {
   CHECK(!strcmp(ns.name, "ns-a") && ns.blocks_resident == 8 && ns.block_bytes == BB);
   CHECK_ST(oi_host_get_namespace_stats(h, 1, &ns), OI_ERR_NOT_FOUND);
 
-  /* An old caller: its struct ends before the appended fields, which stay
-   * untouched. */
+  /* A struct smaller than the 0.1 layout (a caller built before the fields
+   * were put in their place) is refused, and nothing is written. */
   oi_host_stats old;
   memset(&old, 0xab, sizeof old);
-  old.struct_size = (uint32_t)offsetof(oi_host_stats, loads_submitted);
-  CHECK_OK(oi_host_get_stats(h, &old));
-  CHECK(old.saves_completed == 8 && old.loads_submitted == 0xababababababababull);
+  old.struct_size = (uint32_t)offsetof(oi_host_stats, latency_buckets);
+  CHECK_ST(oi_host_get_stats(h, &old), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "rebuild") != NULL);
+  CHECK(old.saves_completed == 0xababababababababull);
+  oi_clear_error();
   oi_engine_stats es;
   memset(&es, 0, sizeof es);
   es.struct_size = sizeof es;

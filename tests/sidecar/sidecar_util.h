@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -22,10 +23,27 @@
 #include <unistd.h>
 
 #include "proto/wire.h"
+#include "rig.h"
 #include "testutil.h"
 
 /* Each test uses some of these helpers. */
 #pragma GCC diagnostic ignored "-Wunused-function"
+
+/* A fatal handler for tests in which the connection must never be lost. */
+static void ts_fatal_is_a_failure(void *ctx, const char *reason) {
+  (void)ctx;
+  fprintf(stderr, "unexpected fatal handler call: %s\n", reason);
+  _exit(3);
+}
+
+/* Counters that a test's log handler bumps under ts_log_lock. */
+static pthread_mutex_t ts_log_lock __attribute__((unused)) = PTHREAD_MUTEX_INITIALIZER;
+static int ts_log_count(int *which) {
+  pthread_mutex_lock(&ts_log_lock);
+  int n = *which;
+  pthread_mutex_unlock(&ts_log_lock);
+  return n;
+}
 
 /* ---- the server process ---------------------------------------------------------------- */
 
@@ -49,14 +67,7 @@ static void ts_dump_log(const test_server *ts) {
 }
 
 static bool ts_log_contains(const test_server *ts, const char *needle) {
-  FILE *f = fopen(ts->log, "r");
-  if (!f) return false;
-  char line[1024];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f))
-    found = strstr(line, needle) != NULL;
-  fclose(f);
-  return found;
+  return tr_file_contains(ts->log, needle);
 }
 
 static test_server *ts_registered[4];
@@ -136,6 +147,20 @@ static bool ts_start(test_server *ts, const char *const *extra) {
   fprintf(stderr, "the server did not get ready in 10 s\n");
   ts_dump_log(ts);
   return false;
+}
+
+/* The start of a GPU sidecar test: @return false without a CUDA device (the
+ * caller skips); otherwise a lost connection is made a failure and the
+ * server (argv[1]) is started with `extra`, both REQUIREd. */
+static bool ts_gpu_open(test_server *ts, int argc, char **argv, const char *const *extra) {
+  int n = 0;
+  oi_device_count(&n);
+  if (n == 0) return false;
+  REQUIRE(argc >= 2);
+  oi_set_fatal_handler(ts_fatal_is_a_failure, NULL);
+  ts_init(ts, argv[1]);
+  REQUIRE(ts_start(ts, extra));
+  return true;
 }
 
 /* Waits for the server to exit (after a signal); @return its wait status. */
@@ -300,6 +325,26 @@ static void tl_options(oi_engine_options *o, oi_arena_desc a[TL_ARENAS], const c
   o->arena_size = 0; /* computed */
 }
 
+/* Declares a test-layout client's arenas, options, engine and imported arena. */
+#define TL_CLIENT(a, o, e, arena)                                                                  \
+  oi_arena_desc a[TL_ARENAS];                                                                      \
+  oi_engine_options o;                                                                             \
+  oi_engine *e;                                                                                    \
+  oi_imported_arena *arena
+
+/* Connects a client of the test layout in namespace `ns` to the server at
+ * `socket` (options in *o over a): the connect CHECKed, the engine and the
+ * imported arena REQUIREd. @return the arena's mapping. */
+static uint8_t *tl_connect(const char *socket, const char *ns, oi_arena_desc a[TL_ARENAS],
+                           oi_engine_options *o, oi_engine **e, oi_imported_arena **arena) {
+  tl_options(o, a, ns);
+  *e = NULL;
+  *arena = NULL;
+  CHECK_OK(oi_engine_connect(socket, o, e, arena));
+  REQUIRE(*e && *arena);
+  return oi_imported_arena_ptr(*arena);
+}
+
 static uint8_t tl_byte(uint64_t logical, uint32_t arena, uint32_t seg, uint64_t i) {
   uint64_t x = (logical + 1) * 0x9E3779B97F4A7C15ull ^ (arena + 1) * 0xBF58476D1CE4E5B9ull ^
                (seg + 1) * 0x94D049BB133111EBull ^ i * 0x2545F4914F6CDD1Dull;
@@ -352,6 +397,17 @@ static oi_block_hash tl_hash(uint32_t salt, uint64_t logical) {
   memcpy(h.bytes + 8, &logical, sizeof logical);
   h.bytes[4] = 0xA5;
   return h;
+}
+
+/* Device blocks 0..n-1 take logical blocks 0..n-1 (hashes of `salt`): ids,
+ * hashes and patterns. */
+static void tl_fill_n(uint8_t *base, const oi_arena_desc *a, uint32_t salt, int64_t *ids,
+                      oi_block_hash *hs, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    ids[i] = (int64_t)i;
+    hs[i] = tl_hash(salt, (uint64_t)i);
+    tl_fill(base, a, ids[i], (uint64_t)i);
+  }
 }
 
 /* ---- a raw wire client --------------------------------------------------------------------- */

@@ -11,6 +11,17 @@ static oi_imported_arena *good_arena;
 static oi_arena_desc good_layout[TL_ARENAS];
 static uint64_t good_round; /* logical blocks used so far */
 
+/* An Arena message: "a", 4 blocks of 1024 bytes, stride 1024, one segment. */
+static pbw *one_arena(void) {
+  pbw *arena = pbw_new();
+  pbw_bytes(arena, 1, "a", 1);
+  pbw_uint(arena, 3, 4);
+  pbw_uint(arena, 4, 1024);
+  pbw_uint(arena, 5, 1024);
+  pbw_uint(arena, 6, 1);
+  return arena;
+}
+
 /* The good client saves a fresh block and restores it elsewhere. */
 static void good_client_works(const char *after) {
   uint8_t *base = oi_imported_arena_ptr(good_arena);
@@ -375,12 +386,7 @@ static void test_requests(void) {
     pbw_uint(b, 3, pbw_zigzag(0)); /* device 0 */
     pbw_uint(b, 4, 1);
     pbw_uint(b, 5, 4096);
-    arena = pbw_new();
-    pbw_bytes(arena, 1, "a", 1);
-    pbw_uint(arena, 3, 4);
-    pbw_uint(arena, 4, 1024);
-    pbw_uint(arena, 5, 1024);
-    pbw_uint(arena, 6, 1);
+    arena = one_arena();
     pbw_bytes(b, 6, arena->b, arena->n);
     free(arena);
     uint8_t handle[OI_WIRE_HANDLE_BYTES] = {1};
@@ -410,12 +416,7 @@ static void test_requests(void) {
       pbw_uint(b, oiwire_Register_device_tag, pbw_zigzag(k >= 2 ? OI_DEVICE_CPU : 0));
       pbw_uint(b, oiwire_Register_world_size_tag, 1);
       pbw_uint(b, oiwire_Register_arena_size_tag, 4096);
-      arena = pbw_new();
-      pbw_bytes(arena, 1, "a", 1);
-      pbw_uint(arena, 3, 4);
-      pbw_uint(arena, 4, 1024);
-      pbw_uint(arena, 5, 1024);
-      pbw_uint(arena, 6, 1);
+      arena = one_arena();
       pbw_bytes(b, oiwire_Register_arenas_tag, arena->b, arena->n);
       free(arena);
       if (k != 3) pbw_uint(b, oiwire_Register_client_owned_tag, 1);

@@ -11,12 +11,9 @@ enum { KILL_AFTER_REGISTER, KILL_WITH_SAVES_IN_FLIGHT };
 
 /* The doomed client: registers, maybe saves, says "ready", waits to die. */
 static void doomed_client(int mode, int ready_fd) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, NS);
   o.instance_name = "doomed";
-  oi_engine *e;
-  oi_imported_arena *arena;
   if (oi_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) _exit(2);
   uint8_t *base = oi_imported_arena_ptr(arena);
   if (mode == KILL_WITH_SAVES_IN_FLIGHT) {
@@ -43,14 +40,10 @@ static void doomed_client(int mode, int ready_fd) {
 
 static void kill_client(int mode) {
   int p[2];
-  REQUIRE(pipe(p) == 0);
-  pid_t child = fork();
-  REQUIRE(child >= 0);
+  pid_t child = tr_fork_pipe(p);
   if (child == 0) {
-    close(p[0]);
     doomed_client(mode, p[1]);
   }
-  close(p[1]);
   char c;
   CHECK(read(p[0], &c, 1) == 1);
   close(p[0]);
@@ -83,14 +76,8 @@ static void test_client_killed(void) {
   wc_close(&wc);
 
   /* Another client restores what the dead one saved. */
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  tl_options(&o, a, NS);
-  oi_engine *e;
-  oi_imported_arena *arena;
-  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
-  REQUIRE(e && arena);
-  uint8_t *base = oi_imported_arena_ptr(arena);
+  TL_CLIENT(a, o, e, arena);
+  uint8_t *base = tl_connect(ts.socket, NS, a, &o, &e, &arena);
   oi_block_hash hashes[8];
   int64_t dst[8];
   for (int i = 0; i < 8; i++) {
@@ -100,10 +87,7 @@ static void test_client_killed(void) {
   oi_query_result qr = {.struct_size = sizeof qr};
   CHECK_OK(oi_engine_query(e, NULL, hashes, 8, 0, &qr));
   CHECK(qr.hit_blocks == 8);
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_load(e, qr.lease, dst, 8, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, qr.lease, dst, 8, 10000));
   for (int i = 0; i < 8; i++)
     CHECK(tl_check(base, a, dst[i], (uint64_t)i));
   oi_imported_arena_close(arena);

@@ -56,13 +56,7 @@ static uint8_t pat(uint64_t logical, uint64_t i) {
   return (uint8_t)(x ^ (x >> 11));
 }
 
-static oi_block_hash lhash(uint64_t logical) {
-  oi_block_hash h;
-  memset(&h, 0, sizeof h);
-  memcpy(h.bytes, &logical, sizeof logical);
-  h.bytes[15] = 0xC7;
-  return h;
-}
+static oi_block_hash lhash(uint64_t logical) { return tr_hash(logical, 15, 0xC7); }
 
 /* The fatal handler runs on the reader thread once the connection is lost
  * with the arena mapped. It must not return (the library aborts then): it
@@ -164,12 +158,7 @@ static int client_main(const char *socket, uint64_t seed) {
   uint64_t rng = seed | 1;
   if (oi__fault_available() && rng_next(&rng) % 3 == 0) /* a reset in the middle of a send */
     oi__fault_arm(OI_FAULT_SOCK_RESET, 4 + rng_next(&rng) % 200, 1, 1 + rng_next(&rng) % 64);
-  oi_arena_desc a = {.name = "kv",
-                     .offset = 0,
-                     .num_blocks = NBLOCKS,
-                     .bytes_per_block = BLOCK,
-                     .block_stride = BLOCK,
-                     .segments = 1};
+  oi_arena_desc a = tr_arena("kv", NULL, NBLOCKS, BLOCK);
   oi_engine_options o;
   oi_engine_options_init(&o);
   char ns[32];

@@ -17,26 +17,13 @@ static void test_disk_survives_a_restart(void) {
   const char *extra[] = {"--disk", disk, "--disk-size", "32M", NULL};
   REQUIRE(ts_start(&ts, extra));
   CHECK(ts_log_contains(&ts, "disk tier attached"));
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  tl_options(&o, a, "disk-ns");
-  oi_engine *e;
-  oi_imported_arena *arena;
-  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
-  REQUIRE(e && arena);
-  uint8_t *base = oi_imported_arena_ptr(arena);
+  TL_CLIENT(a, o, e, arena);
+  uint8_t *base = tl_connect(ts.socket, "disk-ns", a, &o, &e, &arena);
   enum { N = 8 };
   int64_t ids[N];
   oi_block_hash hs[N];
-  for (int i = 0; i < N; i++) {
-    ids[i] = i;
-    hs[i] = tl_hash(90, (uint64_t)i);
-    tl_fill(base, a, ids[i], (uint64_t)i);
-  }
-  oi_ticket *t;
-  CHECK_OK(oi_engine_save(e, ids, hs, N, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  tl_fill_n(base, a, 90, ids, hs, N);
+  CHECK_OK(tr_save(e, ids, hs, N, 10000));
   CHECK_OK(oi_engine_flush(e, 10000));
   uint64_t epoch1;
   oi_engine_stats es = {.struct_size = sizeof es};
@@ -78,9 +65,7 @@ static void test_disk_survives_a_restart(void) {
   int64_t dst[N];
   for (int i = 0; i < N; i++)
     dst[i] = 16 + i;
-  CHECK_OK(oi_engine_load(e, q.lease, dst, N, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, q.lease, dst, N, 10000));
   for (int i = 0; i < N; i++)
     CHECK(tl_check(base, a2, dst[i], (uint64_t)i));
   oi_lookup_destroy(c);

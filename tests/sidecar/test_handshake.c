@@ -41,11 +41,10 @@ static void test_silent_connections_are_cut_and_slots_come_back(void) {
    * moment after the close): a real client gets in. */
   oiwire_StatsReply sr;
   CHECK(WAIT_FOR_STATS(&hello, sr, sr.sessions == 1));
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "handshake");
-  oi_engine *e = NULL;
-  oi_imported_arena *arena = NULL;
+  e = NULL;
+  arena = NULL;
   CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
   /* The session that said Hello is still served long after the deadline. */
   usleep(800000);
@@ -68,9 +67,7 @@ static void test_bad_deadline_is_refused(void) {
   oi_server_options so;
   oi_server_options_init(&so);
   CHECK(so.handshake_timeout_ms == 10000);
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 1 << 20;
+  oi_host_options ho = tr_host_options(1 << 20);
   so.host = &ho;
   so.handshake_timeout_ms = 0;
   char path[160];

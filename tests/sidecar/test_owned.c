@@ -28,22 +28,15 @@ static void fatal_fail(void *ctx, const char *reason) {
   _exit(3);
 }
 
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int reconnect_lines, degrade_lines;
 static void log_capture(void *ctx, oi_log_level level, const char *line) {
   (void)ctx;
   (void)level;
-  pthread_mutex_lock(&log_lock);
+  pthread_mutex_lock(&ts_log_lock);
   if (strstr(line, "reconnected to")) reconnect_lines++;
   if (strstr(line, "went away")) degrade_lines++;
-  pthread_mutex_unlock(&log_lock);
+  pthread_mutex_unlock(&ts_log_lock);
   fprintf(stderr, "%s\n", line);
-}
-static int log_count(int *which) {
-  pthread_mutex_lock(&log_lock);
-  int n = *which;
-  pthread_mutex_unlock(&log_lock);
-  return n;
 }
 
 static void owned_options(oi_engine_options *o, oi_arena_desc a[TL_ARENAS], const char *ns,
@@ -221,12 +214,9 @@ static void test_bad_memory_is_refused(void) {
   o.arena_size = total - 1; /* the layout reaches past arena_size */
   CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   /* An embedded engine takes no arena_fd. */
-  oi_host_options ho;
-  oi_host_options_init(&ho);
-  ho.pool_bytes = 8 << 20;
+  oi_host_options ho = tr_host_options(8 << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_host *h = NULL;
-  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_host *h = tr_host_new(&ho);
   owned_options(&o, a, "owned-bad", &good);
   CHECK_ST(oi_engine_create(h, &o, &e), OI_ERR_INVALID_ARGUMENT);
   oi_host_destroy(h);
@@ -279,11 +269,10 @@ static void test_bad_memory_is_refused(void) {
    * namespace serves the same block size in another shape): refused with
    * the host's reason, and the server unmaps the client's memory. */
   {
-    oi_arena_desc a1[TL_ARENAS];
-    oi_engine_options o1;
+    TL_CLIENT(a1, o1, first, fa);
     tl_options(&o1, a1, "owned-shape");
-    oi_engine *first = NULL;
-    oi_imported_arena *fa = NULL;
+    first = NULL;
+    fa = NULL;
     CHECK_OK(oi_engine_connect(ts.socket, &o1, &first, &fa));
     CHECK(server_maps(ts.pid, "memfd:oi-test-arena") == 0);
     owned_options(&o, a, "owned-shape", &good);
@@ -399,9 +388,9 @@ static void test_server_killed_degrade_and_reconnect(void) {
   ts_kill(&ts); /* SIGKILL under the running worker */
   CHECK(wait_connection(e, OI_CONNECTION_DEGRADED, &s));
   CHECK(s.server_epoch == 0);
-  for (int i = 0; i < 200 && log_count(&degrade_lines) < 1; i++) /* logged after the state */
+  for (int i = 0; i < 200 && ts_log_count(&degrade_lines) < 1; i++) /* logged after the state */
     usleep(10000);
-  CHECK(log_count(&degrade_lines) >= 1);
+  CHECK(ts_log_count(&degrade_lines) >= 1);
   /* Degraded: queries miss, saves drop, loads fail, release: expired. */
   oi_query_result miss = {.struct_size = sizeof miss};
   CHECK_OK(oi_engine_query(e, NULL, h, 4, 0, &miss));
@@ -441,9 +430,9 @@ static void test_server_killed_degrade_and_reconnect(void) {
   CHECK(wait_connection(e, OI_CONNECTION_CONNECTED, &s));
   CHECK(s.reconnects == 1);
   CHECK(s.server_epoch != 0 && s.server_epoch != epoch1);
-  for (int i = 0; i < 200 && log_count(&reconnect_lines) < 1; i++)
+  for (int i = 0; i < 200 && ts_log_count(&reconnect_lines) < 1; i++)
     usleep(10000);
-  CHECK(log_count(&reconnect_lines) >= 1);
+  CHECK(ts_log_count(&reconnect_lines) >= 1);
   usleep(200000); /* the worker runs against the new server */
   atomic_store(&w.stop, true);
   pthread_join(th, NULL);

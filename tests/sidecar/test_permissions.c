@@ -35,11 +35,8 @@ static int as_nobody(bool hello_only) {
         _exit(oi_last_error()[0] && strstr(oi_last_error(), "ermission") ? 11 : 21);
       _exit(wc_hello(&c, NULL) ? 0 : 10);
     }
-    oi_arena_desc a[TL_ARENAS];
-    oi_engine_options o;
+    TL_CLIENT(a, o, e, arena);
     tl_options(&o, a, "perm");
-    oi_engine *e;
-    oi_imported_arena *arena;
     oi_status st = oi_engine_connect(ts.socket, &o, &e, &arena);
     if (st == OI_ERR_PERMISSION && strstr(oi_last_error(), "not allowed")) _exit(10);
     if (st == OI_ERR_PERMISSION) _exit(11);

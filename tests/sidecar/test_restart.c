@@ -16,11 +16,8 @@ static uint64_t epoch_now(void) {
 }
 
 static bool client_round_trip(uint64_t expect_hits) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "restart");
-  oi_engine *e;
-  oi_imported_arena *arena;
   if (oi_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) return false;
   int64_t id = 1;
   oi_block_hash h = tl_hash(11, 1);

@@ -11,25 +11,16 @@
 static const char *NS = "round-trip-ns";
 #define N_SAVED 8
 
-static void fatal_is_a_failure(void *ctx, const char *reason) {
-  (void)ctx;
-  fprintf(stderr, "unexpected fatal handler call: %s\n", reason);
-  _exit(3);
-}
-
 static void on_save_done(void *ctx, oi_status st) {
   if (st == OI_OK) atomic_fetch_add((atomic_int *)ctx, 1);
 }
 
 /* The second process: restores logical blocks 0..N_SAVED-1 into ids 0.. */
 static int second_client(const char *socket) {
-  oi_set_fatal_handler(fatal_is_a_failure, NULL);
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  oi_set_fatal_handler(ts_fatal_is_a_failure, NULL);
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, NS);
   o.instance_name = "second";
-  oi_engine *e;
-  oi_imported_arena *arena;
   CHECK_OK(oi_engine_connect(socket, &o, &e, &arena));
   if (oi_test_failures) return 1;
   uint8_t *base = oi_imported_arena_ptr(arena);
@@ -42,10 +33,7 @@ static int second_client(const char *socket) {
   int64_t dst[N_SAVED];
   for (int i = 0; i < N_SAVED; i++)
     dst[i] = N_SAVED - 1 - i; /* reversed */
-  oi_ticket *t = NULL;
-  CHECK_OK(oi_engine_load(e, qr.lease, dst, N_SAVED, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, qr.lease, dst, N_SAVED, 10000));
   for (int i = 0; i < N_SAVED; i++)
     CHECK(tl_check(base, a, dst[i], (uint64_t)i));
   CHECK(tl_is_zero(base, a, N_SAVED));
@@ -79,11 +67,7 @@ static void test_round_trip_two_processes(void) {
 
   int64_t ids[N_SAVED];
   oi_block_hash hashes[N_SAVED];
-  for (int i = 0; i < N_SAVED; i++) {
-    ids[i] = i;
-    hashes[i] = tl_hash(1, (uint64_t)i);
-    tl_fill(base, a, ids[i], (uint64_t)i);
-  }
+  tl_fill_n(base, a, 1, ids, hashes, N_SAVED);
   atomic_int done = 0;
   oi_save_options so;
   oi_save_options_init(&so);
@@ -104,9 +88,7 @@ static void test_round_trip_two_processes(void) {
   int64_t dst[N_SAVED];
   for (int i = 0; i < N_SAVED; i++)
     dst[i] = 16 + i;
-  CHECK_OK(oi_engine_load(e, qr.lease, dst, N_SAVED, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, qr.lease, dst, N_SAVED, 10000));
   for (int i = 0; i < N_SAVED; i++)
     CHECK(tl_check(base, a, dst[i], (uint64_t)i));
   CHECK(tl_is_zero(base, a, 24)); /* not loaded: untouched */
@@ -164,13 +146,8 @@ static void test_round_trip_two_processes(void) {
 }
 
 static void test_engine_destroyed_before_its_arena(void) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
-  tl_options(&o, a, NS);
-  oi_engine *e;
-  oi_imported_arena *arena;
-  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
-  REQUIRE(e && arena);
+  TL_CLIENT(a, o, e, arena);
+  tl_connect(ts.socket, NS, a, &o, &e, &arena);
   wire_client wc;
   REQUIRE(wc_connect(&wc, ts.socket) && wc_hello(&wc, NULL));
   oiwire_StatsReply sr;
@@ -267,9 +244,7 @@ static void test_vllm_kv_halves_round_trip(void) {
   memset(base, 0, 4 * KV_HALF);
   CHECK_OK(oi_engine_query(e, "vllm", hs, N, 0, &qr));
   CHECK(qr.hit_blocks == N);
-  CHECK_OK(oi_engine_load(e, qr.lease, dst, N, NULL, &t));
-  CHECK_OK(oi_ticket_wait(t, 10000));
-  oi_ticket_release(t);
+  CHECK_OK(tr_load(e, qr.lease, dst, N, 10000));
   bool same = true;
   for (int i = 0; i < N; i++)
     for (uint32_t l = 0; l < 2; l++)
@@ -289,11 +264,8 @@ static void test_vllm_kv_halves_round_trip(void) {
 }
 
 static void test_connect_refuses_bad_options(void) {
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, NS);
-  oi_engine *e;
-  oi_imported_arena *arena;
   CHECK_ST(oi_engine_connect(ts.socket, &o, NULL, &arena), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi_engine_connect(ts.socket, NULL, &e, &arena), OI_ERR_INVALID_ARGUMENT);
   o.arena_base = (void *)4096;
@@ -319,7 +291,7 @@ static void test_connect_refuses_bad_options(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2) TEST_SKIP("usage: test_round_trip OPENINFER_EXE");
-  oi_set_fatal_handler(fatal_is_a_failure, NULL);
+  oi_set_fatal_handler(ts_fatal_is_a_failure, NULL);
   ts_init(&ts, argv[1]);
   REQUIRE(pipe(go_pipe) == 0);
   /* Fork the second client before this process has threads. */

@@ -32,11 +32,8 @@ static bool marker_says(const char *needle) {
 /* clean: shut down cleanly, then say so and live on for a while. */
 static void client(int ready_fd, bool clean) {
   oi_set_fatal_handler(fatal_marker, NULL);
-  oi_arena_desc a[TL_ARENAS];
-  oi_engine_options o;
+  TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "watchdog");
-  oi_engine *e;
-  oi_imported_arena *arena;
   if (oi_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) _exit(2);
   int64_t id = 0;
   oi_block_hash h = tl_hash(5, 0);
@@ -56,14 +53,10 @@ static int run(bool clean, int sig) {
   unlink(marker);
   REQUIRE(ts_start(&ts, NULL));
   int p[2];
-  REQUIRE(pipe(p) == 0);
-  pid_t child = fork();
-  REQUIRE(child >= 0);
+  pid_t child = tr_fork_pipe(p);
   if (child == 0) {
-    close(p[0]);
     client(p[1], clean);
   }
-  close(p[1]);
   char c;
   CHECK(read(p[0], &c, 1) == 1);
   close(p[0]);

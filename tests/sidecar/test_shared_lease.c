@@ -13,12 +13,6 @@ static test_server ts;
 static const char *NS = "shared-ns";
 #define N 6
 
-static void fatal_is_a_failure(void *ctx, const char *reason) {
-  (void)ctx;
-  fprintf(stderr, "unexpected fatal handler call: %s\n", reason);
-  _exit(3);
-}
-
 typedef struct eng {
   oi_engine *e;
   oi_imported_arena *arena;
@@ -251,7 +245,7 @@ static void test_client_errors(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2) TEST_SKIP("usage: test_shared_lease OPENINFER_EXE");
-  oi_set_fatal_handler(fatal_is_a_failure, NULL);
+  oi_set_fatal_handler(ts_fatal_is_a_failure, NULL);
   ts_init(&ts, argv[1]);
   chmod(ts.dir, 0755); /* another uid must reach the socket */
   const char *extra[] = {"--socket-mode", "0666", "--allow-uid", "65534", NULL};

@@ -1243,6 +1243,9 @@ static void test_lookup_client(void) {
   oi_lookup_options_init(&lo);
   lo.namespace_id = "fake";
   lo.control_deadline_ms = 5000;
+  /* replies, closes and garbage here, not deadlines: a loaded machine may
+   * take longer than the default 50 ms to deliver them */
+  lo.lookup_deadline_ms = 5000;
   oi_lookup *lc = NULL;
   fs_script(fs, oiwire_Envelope_hello_tag,
             (fs_step){.action = FS_REFUSE, .status = OI_ERR_BUSY, .message = "full up"});

@@ -390,15 +390,13 @@ static void test_embedded_stats(void) {
   for (size_t i = 0; i < sizeof kv; i++)
     kv[i] = (uint8_t)i;
   oi_arena_desc a = tr_arena("kv", kv, NB, BB);
-  oi_engine_options eo = tr_engine_options("ns-a", &a, 1);
-  oi_engine *e = tr_engine_new(h, &eo);
+  oi_engine *e = tr_engine(h, "ns-a", &a, 1);
 
   int64_t ids[NB];
   oi_block_hash hs[NB];
   for (int i = 0; i < NB; i++) {
     ids[i] = i;
-    memset(&hs[i], 0, sizeof hs[i]);
-    hs[i].bytes[0] = (uint8_t)(i + 1);
+    hs[i] = tr_hash(0, 0, (uint8_t)(i + 1)); /* zeros but byte 0 */
   }
   CHECK_OK(tr_save(e, ids, hs, 8, 10000));
   oi_query_result qr = {.struct_size = sizeof qr};

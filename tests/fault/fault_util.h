@@ -14,6 +14,14 @@
 
 #pragma GCC diagnostic ignored "-Wunused-function"
 
+/* A child's step of the protocol is done: tells the parent on fd (best
+ * effort: it may have stopped listening). */
+#define STEP(fd)                                                                                   \
+  do {                                                                                             \
+    if ((fd) >= 0 && write((fd), "s", 1) != 1) {                                                   \
+    }                                                                                              \
+  } while (0)
+
 /* Skips without fault injection; reads OI_FAULTS now (none set: nothing
  * armed), so a later setenv for a child server never arms this process. */
 #define REQUIRE_FAULTS()                                                                           \

@@ -541,6 +541,20 @@ static uint32_t wc_register(wire_client *c, const char *ns, oi_arena_handle *han
     ok_;                                                                                           \
   })
 
+/* The server at ts went back to no instance, no arena bytes and no shared
+ * memory object, and serves: a new client's session is then its only one
+ * (all CHECKed). */
+static void check_server_clean(const test_server *ts) {
+  wire_client c;
+  oiwire_StatsReply sr;
+  memset(&sr, 0, sizeof sr);
+  REQUIRE(wc_connect(&c, ts->socket) && wc_hello(&c, NULL));
+  CHECK(WAIT_FOR_STATS(&c, sr, sr.instances == 0 && sr.sessions == 1));
+  CHECK(sr.arena_bytes == 0);
+  CHECK(shm_objects_of(ts->pid) == 0);
+  wc_close(&c);
+}
+
 /* ---- hand-made protobuf, for frames the encoder would never produce ------------------- */
 
 typedef struct pbw {

@@ -53,6 +53,11 @@ static void serve_usage(FILE *f) {
       "                      --cluster-secret\n"
       "  --node-id ID        this node's id in the cluster ([A-Za-z0-9._-], at most 64)\n"
       "  --cluster-secret F  file with the cluster's shared secret (16..1024 bytes, mode 0600)\n"
+      "  --cluster-name NAME the cluster's name: its directory keys start oi:NAME: (default\n"
+      "                      oi:); clusters that share a Redis need different names\n"
+      "  --redis-auth-file F Redis AUTH: a file (mode 0600) of lines user=NAME (optional)\n"
+      "                      and password=SECRET (default: OI_REDIS_USER and\n"
+      "                      OI_REDIS_PASSWORD from the environment, if set)\n"
       "  --listen IP:PORT    where peers connect (default 127.0.0.1:0, a free port)\n"
       "  --advertise IP:PORT the address peers dial (default: --listen's, bound port)\n"
       "  --hugepages         back the pool with 2 MiB hugepages\n"
@@ -162,6 +167,8 @@ int cmd_serve(int argc, char **argv) {
       {"cluster", required_argument, NULL, 'C'},
       {"node-id", required_argument, NULL, 'I'},
       {"cluster-secret", required_argument, NULL, 'K'},
+      {"cluster-name", required_argument, NULL, 'G'},
+      {"redis-auth-file", required_argument, NULL, 'U'},
       {"listen", required_argument, NULL, 'L'},
       {"advertise", required_argument, NULL, 'A'},
       {NULL, 0, NULL, 0},
@@ -296,6 +303,8 @@ int cmd_serve(int argc, char **argv) {
     case 'C': co.redis_url = optarg; break;
     case 'I': co.node_id = optarg; break;
     case 'K': co.secret_file = optarg; break;
+    case 'G': co.cluster_name = optarg; break;
+    case 'U': co.redis_auth_file = optarg; break;
     case 'L': co.listen_addr = optarg; break;
     case 'A': co.advertise_addr = optarg; break;
     case 'h': serve_usage(stdout); return CLI_OK;
@@ -324,9 +333,11 @@ int cmd_serve(int argc, char **argv) {
     so.disk = &dopts;
   }
 
-  if ((co.node_id || co.secret_file || co.advertise_addr) && !co.redis_url) {
-    fprintf(stderr,
-            "openinfer serve: --node-id, --cluster-secret and --advertise need --cluster\n");
+  if ((co.node_id || co.secret_file || co.advertise_addr || co.cluster_name ||
+       co.redis_auth_file) &&
+      !co.redis_url) {
+    fprintf(stderr, "openinfer serve: --node-id, --cluster-secret, --cluster-name, "
+                    "--redis-auth-file and --advertise need --cluster\n");
     free(disk_list);
     return CLI_USAGE;
   }

@@ -251,6 +251,11 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   uint8_t secret[OI_PEER_MAX_SECRET + 1];
   size_t secret_len = 0;
   if ((st = read_secret(opts.secret_file, secret, sizeof secret, &secret_len)) != OI_OK) return st;
+  char redis_user[OI_DIR_USER_MAX + 1], redis_password[OI_DIR_PASSWORD_MAX + 1];
+  if ((st = oi__dir_auth_load(opts.redis_auth_file, redis_user, redis_password)) != OI_OK) {
+    memset(secret, 0, sizeof secret);
+    return st;
+  }
 
   cluster_tier *t = oi__calloc(1, sizeof *t);
   if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host_attach_cluster: out of memory");
@@ -271,12 +276,19 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   oi__dir_options_init(&dopt);
   dopt.url = opts.redis_url;
   dopt.node_id = opts.node_id;
+  dopt.secret = secret;
+  dopt.secret_len = secret_len;
+  dopt.cluster_name = opts.cluster_name;
+  dopt.user = redis_user;
+  dopt.password = redis_password;
   dopt.epoch = oi__now_ns() ^ ((uint64_t)getpid() << 40);
   dopt.on_reconnect = on_reconnect;
   dopt.on_reconnect_ctx = t;
   t->refresh_ns = (uint64_t)(dopt.block_ttl_ms ? dopt.block_ttl_ms : 600000) * 1000000ull / 2;
   t->next_refresh_ns = oi__now_ns() + t->refresh_ns;
-  if ((st = oi__dir_open(&dopt, &t->dir)) != OI_OK) goto fail;
+  st = oi__dir_open(&dopt, &t->dir);
+  memset(redis_password, 0, sizeof redis_password);
+  if (st != OI_OK) goto fail;
   int rc;
   for (int i = 0; i < SERVERS; i++) { /* before the net: it may be asked at once */
     if ((rc = pthread_create(&t->servers[i], NULL, oi__cluster_server_main, t)) != 0) {
@@ -335,6 +347,7 @@ OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
   return OI_OK;
 fail:
   memset(secret, 0, sizeof secret);
+  memset(redis_password, 0, sizeof redis_password);
   tier_free(t);
   return st;
 }

@@ -4,6 +4,11 @@
  * block hash, layout fingerprint); a node whose query misses asks the
  * directory for the holders of the rest of a prefix in one round trip.
  *
+ * Every value written (block entries, node records) carries a MAC under the
+ * cluster secret over its key and fields (docs/cluster.md, "Keys and
+ * values"); a reader believes no other value: one that does not parse,
+ * fails its MAC or expired is absent and counted (rejected_entries).
+ *
  * Internal (names oi__dir_*). This file includes core only; the module links
  * hiredis.
  *

@@ -161,12 +161,12 @@ static void test_raw_writer(void) {
   char made_up[256], other_secret[256], expired[256], wrong_tag[256];
   snprintf(made_up, sizeof made_up, "node-b 3 %s 0123456789abcdef0123456789abcdef", future);
   dir_entry(OTHER, key, "node-b", 3, 600000, other_secret, sizeof other_secret);
-  dir_sign(SECRET, DIR_TAG_BLOCK, key, "node-b 3", wall_ms() - OI_DIR_CLOCK_SKEW_MS - 5000,
-           expired, sizeof expired);
-  dir_sign(SECRET, DIR_TAG_NODE, key, "node-b 3", wall_ms() + 600000, wrong_tag,
-           sizeof wrong_tag);
+  dir_sign(SECRET, DIR_TAG_BLOCK, key, "node-b 3", wall_ms() - OI_DIR_CLOCK_SKEW_MS - 5000, expired,
+           sizeof expired);
+  dir_sign(SECRET, DIR_TAG_NODE, key, "node-b 3", wall_ms() + 600000, wrong_tag, sizeof wrong_tag);
   const char *forged[] = {"node-b 3", /* the format before MACs */
-                          made_up, other_secret, expired, wrong_tag, good_v /* below: on key2 */};
+                          made_up,    other_secret, expired,
+                          wrong_tag,  good_v /* below: on key2 */};
   for (size_t i = 0; i < OI_ARRAY_LEN(forged); i++) {
     bool copied = forged[i] == good_v; /* a good record copied to another key */
     raw_set(copied ? key2 : key, forged[i]);

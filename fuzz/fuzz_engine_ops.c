@@ -114,11 +114,11 @@ static void check_arena(const model *m, const uint8_t *arena) {
               (unsigned long long)i, arena[i], m->expect[i]);
 }
 
-static void check_stats(const model *m, oi_offload_host *h) {
+static void check_stats(const model *m, oi_host *h) {
   oi_host_stats s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  FZ_ASSERT(oi_offload_host_stats(h, &s) == OI_OK, "stats");
+  FZ_ASSERT(oi_host_get_stats(h, &s) == OI_OK, "stats");
   FZ_ASSERT(s.blocks_in_flight == 0 && s.blocks_loading == 0, "in flight %llu, loading %llu",
             (unsigned long long)s.blocks_in_flight, (unsigned long long)s.blocks_loading);
   FZ_ASSERT(s.used_bytes + s.free_bytes == s.capacity_bytes, "used + free != capacity");
@@ -178,8 +178,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ho.index_shards = 1u << (cfg >> 5 & 3);
   ho.high_watermark = 1.0f; /* no background eviction: the model decides */
   ho.lease_ttl_ms = 3600000;
-  oi_offload_host *h = NULL;
-  FZ_ASSERT(oi_offload_host_create(&ho, &h) == OI_OK, "host_create: %s", oi_last_error());
+  oi_host *h = NULL;
+  FZ_ASSERT(oi_host_create(&ho, &h) == OI_OK, "host_create: %s", oi_last_error());
   uint8_t *arena = calloc(1, m.sh->size);
   m.expect = calloc(1, m.sh->size);
   FZ_ASSERT(arena && m.expect, "out of memory");
@@ -191,8 +191,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   eo.arenas = m.sh->a;
   eo.arena_base = arena;
   eo.arena_size = m.sh->size;
-  oi_offload_engine *e = NULL;
-  FZ_ASSERT(oi_offload_engine_create(h, &eo, &e) == OI_OK, "engine_create: %s", oi_last_error());
+  oi_engine *e = NULL;
+  FZ_ASSERT(oi_engine_create(h, &eo, &e) == OI_OK, "engine_create: %s", oi_last_error());
 
   for (int op = 0; op < MAX_OPS && !fz_done(&f); op++) {
     uint8_t code = fz_u8(&f);
@@ -212,7 +212,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         m.dev[ids[i]] = keys[i];
       }
       oi_ticket *t = NULL;
-      oi_status st = oi_offload_engine_save(e, ids, hs, n, NULL, &t);
+      oi_status st = oi_engine_save(e, ids, hs, n, NULL, &t);
       FZ_ASSERT(st == OI_OK, "save: %s", oi_last_error());
       FZ_ASSERT(wait_ticket(t) == OI_OK, "save ticket");
       for (size_t i = 0; i < n; i++)
@@ -232,13 +232,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       for (int i = 0; i < LEASES && slot < 0; i++)
         if (!m.leases[i].live) slot = i;
       if (slot < 0) { /* keep the model's slots: release one first */
-        FZ_ASSERT(oi_offload_engine_release(e, m.leases[0].lease) == OI_OK, "release: %s",
-                  oi_last_error());
+        FZ_ASSERT(oi_engine_release(e, m.leases[0].lease) == OI_OK, "release: %s", oi_last_error());
         unpin(&m, &m.leases[0]);
         slot = 0;
       }
-      FZ_ASSERT(oi_offload_engine_query(e, NULL, hs, n, 0, &q) == OI_OK, "query: %s",
-                oi_last_error());
+      FZ_ASSERT(oi_engine_query(e, NULL, hs, n, 0, &q) == OI_OK, "query: %s", oi_last_error());
       size_t expect = 0;
       while (expect < n && (m.present[keys[expect]] || m.pins[keys[expect]]))
         expect++;
@@ -275,8 +273,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       memset(&q, 0, sizeof q);
       q.struct_size = sizeof q;
       q.present = present;
-      FZ_ASSERT(oi_offload_engine_query(e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q) == OI_OK,
-                "membership");
+      FZ_ASSERT(oi_engine_query(e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q) == OI_OK, "membership");
       for (size_t i = 0; i < n; i++) {
         if (m.exact)
           FZ_ASSERT(present[i] == m.present[keys[i]], "key %d present %u", keys[i], present[i]);
@@ -298,24 +295,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       oi_ticket *t = NULL;
       if (how % 8 == 1 && n > 1) { /* a duplicate destination: refused, lease intact */
         dst[1] = dst[0];
-        FZ_ASSERT(oi_offload_engine_load(e, l->lease, dst, n, NULL, &t) == OI_ERR_INVALID_ARGUMENT,
-                  "dup");
+        FZ_ASSERT(oi_engine_load(e, l->lease, dst, n, NULL, &t) == OI_ERR_INVALID_ARGUMENT, "dup");
         break;
       }
       if (how % 8 == 2) { /* out of range */
         dst[0] = (how & 0x80) ? -1 : BLOCKS;
-        FZ_ASSERT(oi_offload_engine_load(e, l->lease, dst, n, NULL, &t) == OI_ERR_INVALID_ARGUMENT,
+        FZ_ASSERT(oi_engine_load(e, l->lease, dst, n, NULL, &t) == OI_ERR_INVALID_ARGUMENT,
                   "range");
         break;
       }
       if (how % 8 == 3 && l->live && n < BLOCKS) { /* a count that differs from the lease */
         dst[n] = (int64_t)((start + n * 3) % BLOCKS);
-        FZ_ASSERT(oi_offload_engine_load(e, l->lease, dst, n + 1, NULL, &t) ==
-                      OI_ERR_INVALID_ARGUMENT,
+        FZ_ASSERT(oi_engine_load(e, l->lease, dst, n + 1, NULL, &t) == OI_ERR_INVALID_ARGUMENT,
                   "count mismatch: %s", oi_last_error());
         break;
       }
-      oi_status st = oi_offload_engine_load(e, l->lease, dst, n, NULL, &t);
+      oi_status st = oi_engine_load(e, l->lease, dst, n, NULL, &t);
       if (!l->live) {
         FZ_ASSERT(st == OI_ERR_LEASE_EXPIRED, "a spent lease loaded: %s", oi_status_str(st));
         break;
@@ -331,15 +326,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 4: { /* release */
       model_lease *l = &m.leases[fz_u8(&f) % LEASES];
-      oi_status st = oi_offload_engine_release(e, l->lease);
+      oi_status st = oi_engine_release(e, l->lease);
       FZ_ASSERT(st == (l->live ? OI_OK : OI_ERR_LEASE_EXPIRED), "release: %s", oi_status_str(st));
       if (l->live) unpin(&m, l);
       break;
     }
-    case 5: FZ_ASSERT(oi_offload_engine_flush(e, 60000) == OI_OK, "flush"); break;
+    case 5: FZ_ASSERT(oi_engine_flush(e, 60000) == OI_OK, "flush"); break;
     case 6: { /* evict everything evictable */
       uint64_t n = 0, expect = 0;
-      FZ_ASSERT(oi_offload_host_evict_all(h, &n) == OI_OK, "evict_all");
+      FZ_ASSERT(oi_host_evict_all(h, &n) == OI_OK, "evict_all");
       for (int k = 0; k < KEYS; k++)
         if (m.present[k] && !m.pins[k]) {
           expect++;
@@ -356,8 +351,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 7: { /* a save with a block id out of range changes nothing */
       int64_t id = (fz_u8(&f) & 1) ? -1 - (int64_t)fz_u8(&f) : BLOCKS + (int64_t)fz_u8(&f);
       oi_block_hash hs = key_hash(fz_u8(&f) % KEYS);
-      FZ_ASSERT(oi_offload_engine_save(e, &id, &hs, 1, NULL, NULL) == OI_ERR_INVALID_ARGUMENT,
-                "bad id");
+      FZ_ASSERT(oi_engine_save(e, &id, &hs, 1, NULL, NULL) == OI_ERR_INVALID_ARGUMENT, "bad id");
       break;
     }
     case 8: { /* a forged lease */
@@ -369,16 +363,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       for (int i = 0; i < LEASES; i++)
         real |= m.leases[i].live && !memcmp(&fl, &m.leases[i].lease, sizeof fl);
       if (real) break;
-      FZ_ASSERT(oi_offload_engine_load(e, fl, &dst, 1, NULL, NULL) == OI_ERR_LEASE_EXPIRED,
-                "forged lease");
+      FZ_ASSERT(oi_engine_load(e, fl, &dst, 1, NULL, NULL) == OI_ERR_LEASE_EXPIRED, "forged lease");
       break;
     }
     }
     check_arena(&m, arena);
     check_stats(&m, h);
   }
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   free(arena);
   free(m.expect);
   oi_clear_error();

@@ -36,9 +36,9 @@ static TR_UNUSED oi_host_options tr_host_options(uint64_t pool_bytes) {
 }
 
 /* Creates a host (REQUIREs success, printing the error otherwise). */
-static TR_UNUSED oi_offload_host *tr_host_new(const oi_host_options *o) {
-  oi_offload_host *h = NULL;
-  oi_status st = oi_offload_host_create(o, &h);
+static TR_UNUSED oi_host *tr_host_new(const oi_host_options *o) {
+  oi_host *h = NULL;
+  oi_status st = oi_host_create(o, &h);
   if (st != OI_OK)
     fprintf(stderr, "host_create(pool %" PRIu64 ", chunk %" PRIu64 "): %s: %s\n", o->pool_bytes,
             o->chunk_bytes, oi_status_str(st), oi_last_error());
@@ -47,22 +47,21 @@ static TR_UNUSED oi_offload_host *tr_host_new(const oi_host_options *o) {
 }
 
 /* A host with default options but the pool. */
-static TR_UNUSED oi_offload_host *tr_host(uint64_t pool_bytes) {
+static TR_UNUSED oi_host *tr_host(uint64_t pool_bytes) {
   oi_host_options o = tr_host_options(pool_bytes);
   return tr_host_new(&o);
 }
 
 /* Attaches a disk tier in one directory of `capacity_bytes` (0: default).
  * @return the attach call's status. */
-static TR_UNUSED oi_status tr_attach_disk(oi_offload_host *h, const char *dir,
-                                          uint64_t capacity_bytes) {
+static TR_UNUSED oi_status tr_attach_disk(oi_host *h, const char *dir, uint64_t capacity_bytes) {
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   const char *dirs[1] = {dir};
   d.dirs = dirs;
   d.num_dirs = 1;
   if (capacity_bytes) d.capacity_bytes = capacity_bytes;
-  return oi_offload_host_attach_disk(h, &d);
+  return oi_host_attach_disk(h, &d);
 }
 
 /* tr_host_stats(h), tr_engine_stats(e): a fresh stats struct filled by the
@@ -77,8 +76,8 @@ static TR_UNUSED oi_status tr_attach_disk(oi_offload_host *h, const char *dir,
     REQUIRE(st == OI_OK);                                                                          \
     return s;                                                                                      \
   }
-TR_STATS_FN(tr_host_stats, oi_host_stats, oi_offload_host, oi_offload_host_stats)
-TR_STATS_FN(tr_engine_stats, oi_engine_stats, oi_offload_engine, oi_offload_engine_stats)
+TR_STATS_FN(tr_host_stats, oi_host_stats, oi_host, oi_host_get_stats)
+TR_STATS_FN(tr_engine_stats, oi_engine_stats, oi_engine, oi_engine_get_stats)
 
 /* ---- arenas ----------------------------------------------------------------------------- */
 
@@ -122,9 +121,9 @@ static TR_UNUSED oi_engine_options tr_engine_options(const char *ns, const oi_ar
 }
 
 /* Creates an embedded engine (REQUIREs success, printing the error otherwise). */
-static TR_UNUSED oi_offload_engine *tr_engine_new(oi_offload_host *h, const oi_engine_options *o) {
-  oi_offload_engine *e = NULL;
-  oi_status st = oi_offload_engine_create(h, o, &e);
+static TR_UNUSED oi_engine *tr_engine_new(oi_host *h, const oi_engine_options *o) {
+  oi_engine *e = NULL;
+  oi_status st = oi_engine_create(h, o, &e);
   if (st != OI_OK)
     fprintf(stderr, "engine_create(ns %s, %u arenas): %s: %s\n", o->namespace_id, o->num_arenas,
             oi_status_str(st), oi_last_error());
@@ -133,8 +132,8 @@ static TR_UNUSED oi_offload_engine *tr_engine_new(oi_offload_host *h, const oi_e
 }
 
 /* An engine of namespace `ns` over the arenas, with default options. */
-static TR_UNUSED oi_offload_engine *tr_engine(oi_offload_host *h, const char *ns,
-                                              const oi_arena_desc *ad, uint32_t n) {
+static TR_UNUSED oi_engine *tr_engine(oi_host *h, const char *ns, const oi_arena_desc *ad,
+                                      uint32_t n) {
   oi_engine_options o = tr_engine_options(ns, ad, n);
   return tr_engine_new(h, &o);
 }
@@ -170,30 +169,30 @@ static TR_UNUSED oi_status tr_then_wait(oi_status call, oi_ticket *t, uint32_t m
 }
 
 /* save + wait up to `ms`. */
-static TR_UNUSED oi_status tr_save(oi_offload_engine *e, const int64_t *ids,
-                                   const oi_block_hash *hs, size_t n, uint32_t ms) {
+static TR_UNUSED oi_status tr_save(oi_engine *e, const int64_t *ids, const oi_block_hash *hs,
+                                   size_t n, uint32_t ms) {
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_save(e, ids, hs, n, NULL, &t);
+  oi_status st = oi_engine_save(e, ids, hs, n, NULL, &t);
   return tr_then_wait(st, t, ms);
 }
 
 /* load + wait up to `ms`. */
-static TR_UNUSED oi_status tr_load(oi_offload_engine *e, oi_lease lease, const int64_t *ids,
-                                   size_t n, uint32_t ms) {
+static TR_UNUSED oi_status tr_load(oi_engine *e, oi_lease lease, const int64_t *ids, size_t n,
+                                   uint32_t ms) {
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_load(e, lease, ids, n, NULL, &t);
+  oi_status st = oi_engine_load(e, lease, ids, n, NULL, &t);
   return tr_then_wait(st, t, ms);
 }
 
 /* A query (flags 0: prefix, with a lease) into a fresh result (present as
  * given, for membership). @return the call's status. */
-static TR_UNUSED oi_status tr_query(oi_offload_engine *e, const char *req, const oi_block_hash *hs,
+static TR_UNUSED oi_status tr_query(oi_engine *e, const char *req, const oi_block_hash *hs,
                                     size_t n, uint32_t flags, uint8_t *present,
                                     oi_query_result *out) {
   memset(out, 0, sizeof *out);
   out->struct_size = sizeof *out;
   out->present = present;
-  return oi_offload_engine_query(e, req, hs, n, flags, out);
+  return oi_engine_query(e, req, hs, n, flags, out);
 }
 
 /* ---- processes and files ---------------------------------------------------------------- */

@@ -29,7 +29,7 @@ typedef struct request {
 typedef struct rank_ctx {
   int rank;
   const demo_opts *o;
-  oi_offload_engine *engine;
+  oi_engine *engine;
   oi_device_buffer *buf; /* the arena: device memory */
   uint8_t *arena;        /* its base: layers x arena_blocks x block_bytes */
   uint8_t *staging;      /* host copy of one block's slices */
@@ -127,11 +127,11 @@ static void *rank_main(void *arg) {
     /* Admission: restore the cached prefix from the host tier. */
     uint64_t t0 = cli_now_ns();
     oi_query_result qr = {.struct_size = sizeof qr};
-    oi_status st = oi_offload_engine_query(r->engine, "demo", hashes, nh, 0, &qr);
+    oi_status st = oi_engine_query(r->engine, "demo", hashes, nh, 0, &qr);
     size_t hit = st == OI_OK ? (size_t)qr.hit_blocks : 0;
     if (hit > 0) {
       oi_ticket *t = NULL;
-      st = oi_offload_engine_load(r->engine, qr.lease, ids, hit, NULL, &t);
+      st = oi_engine_load(r->engine, qr.lease, ids, hit, NULL, &t);
       if (st == OI_OK) st = oi_ticket_wait(t, 120000);
       oi_ticket_release(t);
       uint64_t dt = cli_now_ns() - t0;
@@ -167,7 +167,7 @@ static void *rank_main(void *arg) {
     /* Release: save every full block (the host deduplicates what it has). */
     if (nh > 0) {
       oi_ticket *t = NULL;
-      st = oi_offload_engine_save(r->engine, ids, hashes, nh, NULL, &t);
+      st = oi_engine_save(r->engine, ids, hashes, nh, NULL, &t);
       /* The arena is a ring reused by later requests: wait before reusing. */
       if (st == OI_OK) st = oi_ticket_wait(t, 120000);
       oi_ticket_release(t);
@@ -300,8 +300,8 @@ int demo_tier(int argc, char **argv) {
   ho.device = (int32_t)o.device;
   /* Chunks must hold a block; several per pool keep the carving fine-grained. */
   ho.chunk_bytes = host_block * 4 > o.pool_bytes ? o.pool_bytes : host_block * 4;
-  oi_offload_host *host = NULL;
-  oi_status st = oi_offload_host_create(&ho, &host);
+  oi_host *host = NULL;
+  oi_status st = oi_host_create(&ho, &host);
   if (st != OI_OK) {
     fprintf(stderr, "openinfer demo: host: %s\n", oi_last_error());
     return CLI_FAILED;
@@ -361,7 +361,7 @@ int demo_tier(int argc, char **argv) {
     eo.instance_name = iname;
     eo.arenas = arenas;
     eo.num_arenas = (uint32_t)o.layers;
-    if (oi_offload_engine_create(host, &eo, &rc_->engine) != OI_OK) {
+    if (oi_engine_create(host, &eo, &rc_->engine) != OI_OK) {
       fprintf(stderr, "openinfer demo: rank %ld engine: %s\n", r, oi_last_error());
       goto cleanup;
     }
@@ -387,11 +387,11 @@ int demo_tier(int argc, char **argv) {
     pthread_join(threads[r], NULL);
   uint64_t wall = cli_now_ns() - t0;
   for (long r = 0; r < o.ranks; r++)
-    oi_offload_engine_flush(ranks[r].engine, 120000);
+    oi_engine_flush(ranks[r].engine, 120000);
 
   /* Report. */
   oi_host_stats hs = {.struct_size = sizeof hs};
-  oi_offload_host_stats(host, &hs);
+  oi_host_get_stats(host, &hs);
   uint64_t hit = 0, prompt = 0, bad = 0, errors = 0, lbytes = 0, lns = 0;
   size_t nrest = 0;
   uint64_t *lat = calloc(nreq + 1, sizeof *lat);
@@ -443,13 +443,13 @@ cleanup:
   if (ranks)
     for (long r = 0; r < o.ranks; r++) {
       rank_ctx *x = &ranks[r];
-      oi_offload_engine_destroy(x->engine);
+      oi_engine_destroy(x->engine);
       oi_device_buffer_free(x->buf);
       free(x->reqs);
       free(x->restore_ns);
       free(x->staging);
     }
-  oi_offload_host_destroy(host);
+  oi_host_destroy(host);
   free(ranks);
   free(all);
   free(threads);

@@ -67,7 +67,7 @@ static uint32_t token_of(uint64_t a, uint64_t b, uint32_t vocab) {
 }
 
 static oi_status make_executor(const exec_demo_opts *o, oi_model_ops *ops, void *model,
-                               uint32_t offload, oi_offload_host *host, oi_executor **out) {
+                               uint32_t offload, oi_host *host, oi_executor **out) {
   oi_executor_options eo;
   oi_executor_options_init(&eo);
   int32_t devs[64];
@@ -223,7 +223,7 @@ int cmd_demo(int argc, char **argv) {
   ro.max_positions = (uint32_t)(max_len > 4096 ? max_len : 4096);
   oi_model_ops ops = {.struct_size = sizeof ops}, ops_cold = {.struct_size = sizeof ops_cold};
   void *model = NULL, *model_cold = NULL;
-  oi_offload_host *host = NULL;
+  oi_host *host = NULL;
   oi_executor *warm = NULL, *cold = NULL;
   uint32_t **conv = NULL;
   size_t *conv_len = NULL;
@@ -248,7 +248,7 @@ int cmd_demo(int argc, char **argv) {
       ho.flags = OI_HOST_NO_PIN;
     }
     ho.pool_bytes = pool_bytes;
-    if (oi_offload_host_create(&ho, &host) != OI_OK) goto fail;
+    if (oi_host_create(&ho, &host) != OI_OK) goto fail;
   }
   if (make_executor(&o, &ops, model, sidecar ? OI_OFFLOAD_SIDECAR : OI_OFFLOAD_EMBEDDED, host,
                     &warm) != OI_OK ||
@@ -315,8 +315,8 @@ int cmd_demo(int argc, char **argv) {
           oi_executor_submit(warm, &r, &idw) != OI_OK || oi_executor_run_until_idle(warm) != OI_OK)
         goto fail;
       oi_request_result rc_ = {.struct_size = sizeof rc_}, rw = {.struct_size = sizeof rw};
-      if (oi_executor_result(cold, idc, &rc_) != OI_OK ||
-          oi_executor_result(warm, idw, &rw) != OI_OK)
+      if (oi_executor_get_result(cold, idc, &rc_) != OI_OK ||
+          oi_executor_get_result(warm, idw, &rw) != OI_OK)
         goto fail;
       if (rw.state != OI_REQUEST_FINISHED || rc_.state != OI_REQUEST_FINISHED) {
         fprintf(stderr, "openinfer demo: a request failed: %s\n",
@@ -342,8 +342,8 @@ int cmd_demo(int argc, char **argv) {
            tw > 0 ? tc / tw : 0, (unsigned long long)cached, (unsigned long long)restored,
            (unsigned long long)computed, same ? "same" : "DIFFERS");
   }
-  oi_exec_stats xs = {.struct_size = sizeof xs};
-  oi_executor_stats(warm, &xs);
+  oi_executor_stats xs = {.struct_size = sizeof xs};
+  oi_executor_get_stats(warm, &xs);
   printf("\n(TTFT p50 over the chats of each turn; 'output' compares the warm completion with the "
          "cold one)\n");
   printf("executor: %llu restores (%llu failed), %llu tokens restored, %llu prefilled, %llu blocks "
@@ -354,7 +354,7 @@ int cmd_demo(int argc, char **argv) {
          (unsigned long long)xs.saves_submitted);
   if (host) {
     oi_host_stats hs = {.struct_size = sizeof hs};
-    oi_offload_host_stats(host, &hs);
+    oi_host_get_stats(host, &hs);
     printf("host tier: %llu blocks saved, %llu deduplicated, %llu hits, %.1f MiB loaded, %.1f MiB "
            "of %.1f MiB "
            "holding blocks\n",
@@ -378,7 +378,7 @@ fail:
 done:
   oi_executor_destroy(warm);
   oi_executor_destroy(cold);
-  oi_offload_host_destroy(host);
+  oi_host_destroy(host);
   oi_refmodel_destroy(model);
   oi_refmodel_destroy(model_cold);
   if (conv)

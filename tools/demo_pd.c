@@ -297,7 +297,8 @@ int demo_pd(int argc, char **argv) {
         oi_executor_submit(xc, &r, &idc) != OI_OK || oi_executor_run_until_idle(xc) != OI_OK)
       goto fail;
     oi_request_result rd = {.struct_size = sizeof rd}, rcold = {.struct_size = sizeof rcold};
-    if (oi_executor_result(xd, idd, &rd) != OI_OK || oi_executor_result(xc, idc, &rcold) != OI_OK)
+    if (oi_executor_get_result(xd, idd, &rd) != OI_OK ||
+        oi_executor_get_result(xc, idc, &rcold) != OI_OK)
       goto fail;
     bool eq = rd.state == OI_REQUEST_FINISHED && rcold.state == OI_REQUEST_FINISHED &&
               rd.n_tokens == rcold.n_tokens &&
@@ -309,8 +310,8 @@ int demo_pd(int argc, char **argv) {
     printf("%6ld %11.2f ms %11.2f ms %8.1fx %5u/%-4u %9s\n", i, t_d, t_c, t_d > 0 ? t_c / t_d : 0,
            rd.restored_tokens, want, eq ? "same" : "DIFFERS");
   }
-  oi_exec_stats st = {.struct_size = sizeof st};
-  oi_executor_stats(xd, &st);
+  oi_executor_stats st = {.struct_size = sizeof st};
+  oi_executor_get_stats(xd, &st);
   printf("\ndecode node: %llu restores, %llu waited for blocks fetched from the prefill node, "
          "%llu failed\n",
          (unsigned long long)st.restores_completed, (unsigned long long)st.restores_waited,

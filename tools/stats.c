@@ -1,5 +1,5 @@
 /* `openinfer stats`: asks a running `openinfer serve` for its figures
- * (oi_server_stats_fetch) and prints a summary, or JSON. */
+ * (oi_server_fetch_stats) and prints a summary, or JSON. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,7 +96,7 @@ static void json_array(const char *name, const uint64_t *v, uint32_t n) {
 #define J(name, v) printf("    \"%s\": %llu,\n", name, (unsigned long long)(v))
 
 static void print_json(const char *socket, const oi_server_stats *r, const oi_host_stats *h,
-                       const oi_namespace_stats *ns, uint32_t n_ns) {
+                       const oi_host_namespace_stats *ns, uint32_t n_ns) {
   printf("{\n  \"socket\": ");
   json_string(socket);
   printf(",\n  \"server_version\": ");
@@ -179,7 +179,7 @@ static void print_json(const char *socket, const oi_server_stats *r, const oi_ho
 }
 
 static void print_summary(const char *socket, const oi_server_stats *r, const oi_host_stats *h,
-                          const oi_namespace_stats *ns, uint32_t n_ns) {
+                          const oi_host_namespace_stats *ns, uint32_t n_ns) {
   char b1[32], b2[32], b3[32], b4[32];
   printf("openinfer server on %s: %s, epoch %016llx, up %.0f s\n", socket, r->server_version,
          (unsigned long long)r->epoch, (double)r->uptime_ns / 1e9);
@@ -268,7 +268,7 @@ int cmd_stats(int argc, char **argv) {
   }
   /* Every namespace the server lists (at most OI_WIRE's 4096 per reply). */
   enum { MAX_NS = 4096 };
-  oi_namespace_stats *ns = calloc(MAX_NS, sizeof *ns);
+  oi_host_namespace_stats *ns = calloc(MAX_NS, sizeof *ns);
   if (!ns) {
     fprintf(stderr, "openinfer stats: out of memory\n");
     return CLI_FAILED;
@@ -276,7 +276,7 @@ int cmd_stats(int argc, char **argv) {
   ns[0].struct_size = sizeof *ns;
   oi_server_stats r = {.struct_size = sizeof r};
   oi_host_stats h = {.struct_size = sizeof h};
-  oi_status st = oi_server_stats_fetch(socket, 10000, &r, &h, ns, MAX_NS);
+  oi_status st = oi_server_fetch_stats(socket, 10000, &r, &h, ns, MAX_NS);
   const char *where = st == OI_OK ? r.socket_path : socket ? socket : "the default socket";
   int rc = CLI_OK;
   uint32_t n_ns = r.namespaces < MAX_NS ? r.namespaces : MAX_NS;

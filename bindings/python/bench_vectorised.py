@@ -80,7 +80,7 @@ def legacy_membership(engine, hashes):
     r.struct_size = ffi.sizeof("oi_query_result")
     present = ffi.new("uint8_t[]", max(n, 1))
     r.present = present
-    st = lib.oi_offload_engine_query(engine._p(), ffi.NULL, hs, n, lib.OI_QUERY_MEMBERSHIP, r)
+    st = lib.oi_engine_query(engine._p(), ffi.NULL, hs, n, lib.OI_QUERY_MEMBERSHIP, r)
     if st < 0:
         raise oi.Error("query failed", st)
     return [bool(present[i]) for i in range(n)]

@@ -54,9 +54,9 @@ OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o);
  * an earlier run (blocks saved under the same namespace and layout are
  * hits again). OI_ERR_PERMISSION for a directory another user owns or
  * others may write; OI_ERR_STATE when one is attached already. */
-OI_API oi_status oi_offload_host_attach_disk(oi_offload_host *h, const oi_host_disk_options *o);
+OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o);
 /* OI_ERR_NOT_FOUND when no disk tier is attached. */
-OI_API oi_status oi_offload_host_disk_stats(const oi_offload_host *h, oi_host_disk_stats *out);
+OI_API oi_status oi_host_get_disk_stats(const oi_host *h, oi_host_disk_stats *out);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-typedef struct oi_offload_engine oi_offload_engine;
+typedef struct oi_engine oi_engine;
 
 /* oi_engine_options.copy_mode (docs/api.md: how AUTO chooses) */
 typedef enum oi_copy_mode {
@@ -65,12 +65,12 @@ typedef struct oi_engine_options {
   const uint64_t *segment_offsets;
   uint32_t num_segment_offsets; /* must equal the sum of every arena's segments */
   /* ---- appended (engine-owned sidecar arenas) ---- */
-  /* oi_offload_engine_connect with arena_base set (engine-owned memory), cpu
+  /* oi_engine_connect with arena_base set (engine-owned memory), cpu
    * backend: a memfd (memfd_create with MFD_ALLOW_SEALING, sealed with
    * F_SEAL_SHRINK) whose MAP_SHARED mapping from offset 0 is
    * [arena_base, arena_base + arena_size). Sent to the server over the
    * socket (SCM_RIGHTS); the library keeps its own duplicate, the caller
-   * keeps arena_fd. -1 (the default) otherwise; oi_offload_engine_create
+   * keeps arena_fd. -1 (the default) otherwise; oi_engine_create
    * refuses any other value. */
   int32_t arena_fd;
   /* ---- appended (the sidecar's circuit breaker); older callers stop before these ---- */
@@ -218,7 +218,7 @@ typedef struct oi_engine_stats {
 
 /* oi_engine_stats.connection */
 typedef enum oi_connection_state {
-  OI_CONNECTION_EMBEDDED = 0,  /* an embedded engine (oi_offload_engine_create) */
+  OI_CONNECTION_EMBEDDED = 0,  /* an embedded engine (oi_engine_create) */
   OI_CONNECTION_CONNECTED = 1, /* a sidecar engine registered with a live server */
   OI_CONNECTION_DEGRADED = 2,  /* engine-owned sidecar engine whose server went away: queries
                                   miss, saves drop, loads fail with OI_ERR_CLOSED; it reconnects
@@ -234,8 +234,7 @@ OI_API oi_status oi_load_options_init(oi_load_options *o);
 /* Registers a layout with an embedded host. Validates every arena (see
  * docs/api.md "Layouts"). The namespace is bound to its first layout's block
  * shape; a layout with another shape in the same namespace is refused. */
-OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_options *o,
-                                          oi_offload_engine **out);
+OI_API oi_status oi_engine_create(oi_host *h, const oi_engine_options *o, oi_engine **out);
 
 /* Sidecar mode: connects to the `openinfer serve` server listening on
  * `socket_path` (NULL: $XDG_RUNTIME_DIR/openinfer.sock, or
@@ -251,7 +250,7 @@ OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_op
  * handler runs (oi_set_fatal_handler; the default aborts), because the memory
  * the arena maps is gone. There is no reconnect. Teardown order: stop using
  * the arena, oi_imported_arena_close(*arena_out), then
- * oi_offload_engine_destroy(engine). Destroying the engine first is allowed:
+ * oi_engine_destroy(engine). Destroying the engine first is allowed:
  * the engine is then finished (flush, unregister) inside the later
  * oi_imported_arena_close, so the server never frees memory this process
  * still maps.
@@ -268,15 +267,15 @@ OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_op
  * OI_ERR_LEASE_EXPIRED, flush succeeds; a background thread reconnects when a
  * server listens again on the socket, registers the layout and memory again
  * (a new epoch: oi_engine_stats.server_epoch; old leases are invalid) and
- * logs it. Free the memory only after oi_offload_engine_destroy returns.
+ * logs it. Free the memory only after oi_engine_destroy returns.
  *
  * save's wait_event is not supported (OI_ERR_UNSUPPORTED): synchronize the
  * event before saving. At most 65536 blocks per request. */
-OI_API oi_status oi_offload_engine_connect(const char *socket_path, const oi_engine_options *o,
-                                           oi_offload_engine **out, oi_imported_arena **arena_out);
+OI_API oi_status oi_engine_connect(const char *socket_path, const oi_engine_options *o,
+                                   oi_engine **out, oi_imported_arena **arena_out);
 
 /* Flushes saves, releases this instance's leases, unregisters. Accepts NULL. */
-OI_API void oi_offload_engine_destroy(oi_offload_engine *e);
+OI_API void oi_engine_destroy(oi_engine *e);
 
 /* Saves blocks block_ids[i] under hashes[i], asynchronously. Hashes already
  * sealed or in flight are skipped (deduplicated); blocks that get no memory
@@ -285,35 +284,32 @@ OI_API void oi_offload_engine_destroy(oi_offload_engine *e);
  * on the engine's completion thread, or on the calling thread before this
  * returns when nothing needed copying (every block deduplicated or dropped)
  * or the copies could not be queued; it must not block. */
-OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *block_ids,
-                                        const oi_block_hash *hashes, size_t n,
-                                        const oi_save_options *opt, oi_ticket **ticket_out);
+OI_API oi_status oi_engine_save(oi_engine *e, const int64_t *block_ids, const oi_block_hash *hashes,
+                                size_t n, const oi_save_options *opt, oi_ticket **ticket_out);
 
 /* Counts the leading run of hashes sealed in this namespace and pins them
  * under a new lease (when the run is not empty). req_id may be NULL. */
-OI_API oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_id,
-                                         const oi_block_hash *hashes, size_t n, uint32_t flags,
-                                         oi_query_result *out);
+OI_API oi_status oi_engine_query(oi_engine *e, const char *req_id, const oi_block_hash *hashes,
+                                 size_t n, uint32_t flags, oi_query_result *out);
 
 /* Copies the i-th leased block into dst_block_ids[i] of every arena; n must
  * equal the lease's block count. Consumes one lease share whether the load
  * succeeds or fails. The lease may come from any engine or lookup of this
  * engine's namespace (sidecar: of the same user); another namespace's is
  * OI_ERR_PERMISSION. */
-OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
-                                        const int64_t *dst_block_ids, size_t n,
-                                        const oi_load_options *opt, oi_ticket **ticket_out);
+OI_API oi_status oi_engine_load(oi_engine *e, oi_lease lease, const int64_t *dst_block_ids,
+                                size_t n, const oi_load_options *opt, oi_ticket **ticket_out);
 
 /* Drops a lease and its pins (any lease of this engine's namespace).
  * @return OI_ERR_LEASE_EXPIRED when the lease is unknown (already released,
  * consumed or expired), OI_ERR_PERMISSION for another namespace's. */
-OI_API oi_status oi_offload_engine_release(oi_offload_engine *e, oi_lease lease);
+OI_API oi_status oi_engine_release(oi_engine *e, oi_lease lease);
 
 /* Waits until every save submitted before this call is sealed or dropped.
  * @return OI_ERR_TIMEOUT after timeout_ms (UINT32_MAX: forever). */
-OI_API oi_status oi_offload_engine_flush(oi_offload_engine *e, uint32_t timeout_ms);
+OI_API oi_status oi_engine_flush(oi_engine *e, uint32_t timeout_ms);
 
-OI_API oi_status oi_offload_engine_stats(const oi_offload_engine *e, oi_engine_stats *out);
+OI_API oi_status oi_engine_get_stats(const oi_engine *e, oi_engine_stats *out);
 
 /* ---- lookups without a layout (a scheduler that holds no KV memory) ---- */
 
@@ -332,34 +328,32 @@ typedef struct oi_lookup_options {
 OI_API oi_status oi_lookup_options_init(oi_lookup_options *o);
 
 /* Embedded: queries namespace o->namespace_id of `h` as
- * oi_offload_engine_query does, with no engine. A namespace no engine has
+ * oi_engine_query does, with no engine. A namespace no engine has
  * registered yet holds nothing: every block misses. The lease belongs to no
  * engine: any engine of the namespace may load (o->world_size shares) or
  * release it until it is consumed, released or expires. */
-OI_API oi_status oi_offload_host_query(oi_offload_host *h, const oi_lookup_options *o,
-                                       const char *req_id, const oi_block_hash *hashes, size_t n,
-                                       uint32_t flags, oi_query_result *out);
+OI_API oi_status oi_host_query(oi_host *h, const oi_lookup_options *o, const char *req_id,
+                               const oi_block_hash *hashes, size_t n, uint32_t flags,
+                               oi_query_result *out);
 
 /* Embedded: drops a lease of namespace `namespace_id` (as
- * oi_offload_engine_release). */
-OI_API oi_status oi_offload_host_release(oi_offload_host *h, const char *namespace_id,
-                                         oi_lease lease);
+ * oi_engine_release). */
+OI_API oi_status oi_host_release(oi_host *h, const char *namespace_id, oi_lease lease);
 
 /* Sidecar: a connection that only looks up (query, release): it registers
  * no layout and maps no arena, so a dying server is never fatal to it (its
  * calls fail with OI_ERR_CLOSED). Leases it gets may be loaded or released
  * by any engine of the namespace connected with the same user id, and are
  * dropped when the client is destroyed or disconnected. */
-typedef struct oi_offload_client oi_offload_client;
+typedef struct oi_lookup oi_lookup;
 
-OI_API oi_status oi_offload_client_connect(const char *socket_path, const oi_lookup_options *o,
-                                           oi_offload_client **out);
-OI_API oi_status oi_offload_client_query(oi_offload_client *c, const char *req_id,
-                                         const oi_block_hash *hashes, size_t n, uint32_t flags,
-                                         oi_query_result *out);
-OI_API oi_status oi_offload_client_release(oi_offload_client *c, oi_lease lease);
+OI_API oi_status oi_lookup_connect(const char *socket_path, const oi_lookup_options *o,
+                                   oi_lookup **out);
+OI_API oi_status oi_lookup_query(oi_lookup *c, const char *req_id, const oi_block_hash *hashes,
+                                 size_t n, uint32_t flags, oi_query_result *out);
+OI_API oi_status oi_lookup_release(oi_lookup *c, oi_lease lease);
 /* Closes the connection (the server drops the client's leases). Accepts NULL. */
-OI_API void oi_offload_client_destroy(oi_offload_client *c);
+OI_API void oi_lookup_destroy(oi_lookup *c);
 
 #ifdef __cplusplus
 }

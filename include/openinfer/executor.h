@@ -74,7 +74,7 @@ typedef struct oi_executor_options {
   uint32_t offload;       /* oi_offload_mode; default NONE */
   /* EMBEDDED: the host tier to share (not owned; must outlive the executor),
    * or NULL to create one from host_options (NULL: a 64 MiB unpinned pool). */
-  oi_offload_host *host;
+  oi_host *host;
   const oi_host_options *host_options;
   const char *socket_path;   /* SIDECAR: the server's socket (NULL: its default path) */
   const char *namespace_id;  /* NULL: "oi-executor/" + the model's model_id */
@@ -132,7 +132,7 @@ typedef struct oi_request_result {
 } oi_request_result;
 
 /* Totals over every rank. */
-typedef struct oi_exec_stats {
+typedef struct oi_executor_stats {
   uint32_t struct_size;
   uint32_t ranks;
   uint64_t steps;
@@ -159,7 +159,7 @@ typedef struct oi_exec_stats {
   /* Restores that first waited for a deeper tier (the disk) to bring blocks
    * back into the host pool (the query answered OI_QUERY_LOADING). */
   uint64_t restores_waited;
-} oi_exec_stats;
+} oi_executor_stats;
 
 OI_API oi_status oi_executor_options_init(oi_executor_options *o);
 OI_API oi_status oi_request_init(oi_request *r);
@@ -185,7 +185,8 @@ OI_API oi_status oi_executor_step(oi_executor *x, uint32_t *finished);
 OI_API oi_status oi_executor_run_until_idle(oi_executor *x);
 
 /* The state and output of a request (see oi_request_result). */
-OI_API oi_status oi_executor_result(oi_executor *x, uint64_t request_id, oi_request_result *out);
+OI_API oi_status oi_executor_get_result(oi_executor *x, uint64_t request_id,
+                                        oi_request_result *out);
 
 /* Waits (up to timeout_ms, UINT32_MAX forever) until every save submitted so
  * far landed in the host tier, and returns their GPU blocks to the pool. */
@@ -197,11 +198,11 @@ OI_API oi_status oi_executor_flush(oi_executor *x, uint32_t timeout_ms);
  * @param evicted optional: receives the number of blocks dropped. */
 OI_API oi_status oi_executor_evict_gpu_cache(oi_executor *x, uint64_t *evicted);
 
-OI_API oi_status oi_executor_stats(const oi_executor *x, oi_exec_stats *out);
+OI_API oi_status oi_executor_get_stats(const oi_executor *x, oi_executor_stats *out);
 
 /* Rank `rank`'s KV arena layout (the same the model was bound with), for
  * inspection and tests. */
-OI_API oi_status oi_executor_kv_layout(const oi_executor *x, uint32_t rank, oi_kv_layout *out);
+OI_API oi_status oi_executor_get_kv_layout(const oi_executor *x, uint32_t rank, oi_kv_layout *out);
 
 /* The block table of a request (its blocks in position order, as of now or
  * of its finish). Writes min(count, cap) ids; *n receives the count. */

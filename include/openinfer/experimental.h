@@ -167,14 +167,12 @@ typedef struct oi_host_cluster_stats {
 } oi_host_cluster_stats;
 
 OI_API oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
-/* One per host; after oi_offload_host_create. Namespaces match across
+/* One per host; after oi_host_create. Namespaces match across
  * nodes by name and layout. UCX is loaded here (dlopen of libucp.so.0), not
  * when the library loads: OI_ERR_UNSUPPORTED, with oi_last_error() naming
  * the library and the loader's message, when it cannot be. */
-OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
-                                                const oi_host_cluster_options *o);
-OI_API oi_status oi_offload_host_cluster_stats(const oi_offload_host *h,
-                                               oi_host_cluster_stats *out);
+OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_options *o);
+OI_API oi_status oi_host_get_cluster_stats(const oi_host *h, oi_host_cluster_stats *out);
 /* The same for a sidecar server's host (`openinfer serve --cluster`):
  * after oi_server_create, before oi_server_run. */
 struct oi_server;

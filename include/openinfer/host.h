@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-typedef struct oi_offload_host oi_offload_host;
+typedef struct oi_host oi_host;
 
 /* oi_host_options.flags */
 enum {
@@ -76,7 +76,7 @@ typedef struct oi_host_stats {
   uint64_t blocks_loaded;   /* blocks copied host -> device */
   uint64_t blocks_pinned;   /* sealed blocks a lease or a load holds (not evictable) */
   uint64_t pool_setup_ns;   /* time to map, touch and pin the pool at create */
-  uint32_t namespaces;      /* namespaces bound (see oi_offload_host_namespace_stats) */
+  uint32_t namespaces;      /* namespaces bound (see oi_host_get_namespace_stats) */
   uint32_t latency_buckets; /* OI_LATENCY_BUCKETS */
   /* Save latency: from the save call to every accepted block sealed (or the
    * operation failed), per save operation that copied at least one block. */
@@ -88,37 +88,37 @@ typedef struct oi_host_stats {
   uint64_t load_latency_sum_us;
 } oi_host_stats;
 
-/* Output struct of oi_offload_host_namespace_stats: set struct_size first. */
-typedef struct oi_namespace_stats {
+/* Output struct of oi_host_get_namespace_stats: set struct_size first. */
+typedef struct oi_host_namespace_stats {
   uint32_t struct_size;
   uint32_t index;           /* as asked */
   char name[256];           /* NUL-terminated; truncated past 255 bytes */
   uint64_t block_bytes;     /* bytes of one block of this namespace */
   uint64_t blocks_resident; /* blocks in flight or sealed in this namespace */
-} oi_namespace_stats;
+} oi_host_namespace_stats;
 
 /* Fills defaults. @return OI_ERR_INVALID_ARGUMENT on NULL. */
 OI_API oi_status oi_host_options_init(oi_host_options *o);
 
 /* Maps and pins the pool (may take seconds for large pools; progress goes to
  * oi_host_options.progress, or is logged at INFO). */
-OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_host **out);
+OI_API oi_status oi_host_create(const oi_host_options *o, oi_host **out);
 
 /* Frees the pool. Accepts NULL. Every engine must be destroyed first:
  * destroying a host with live engines is refused (logged, nothing freed). */
-OI_API void oi_offload_host_destroy(oi_offload_host *h);
+OI_API void oi_host_destroy(oi_host *h);
 
-OI_API oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *out);
+OI_API oi_status oi_host_get_stats(const oi_host *h, oi_host_stats *out);
 
 /* The namespace number `index`, in [0, oi_host_stats.namespaces): namespaces
  * are numbered in the order they were first registered and never go away.
  * @return OI_ERR_NOT_FOUND past the last one. */
-OI_API oi_status oi_offload_host_namespace_stats(const oi_offload_host *h, uint32_t index,
-                                                 oi_namespace_stats *out);
+OI_API oi_status oi_host_get_namespace_stats(const oi_host *h, uint32_t index,
+                                             oi_host_namespace_stats *out);
 
 /* Evicts every block that no lease, load or save holds.
  * @param evicted_blocks optional: receives the count. */
-OI_API oi_status oi_offload_host_evict_all(oi_offload_host *h, uint64_t *evicted_blocks);
+OI_API oi_status oi_host_evict_all(oi_host *h, uint64_t *evicted_blocks);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,7 @@
  * registers a layout, allocates that client's KV arena on the client's
  * device, exports it (CUDA IPC handle, or a shared-memory object on the cpu
  * backend) and performs the client's saves and loads on memory it owns.
- * Clients connect with oi_offload_engine_connect over a Unix stream socket.
+ * Clients connect with oi_engine_connect over a Unix stream socket.
  * See docs/server.md for the protocol, the security model and the failure
  * policy.
  *
@@ -98,7 +98,7 @@ OI_API uint16_t oi_server_metrics_port(const oi_server *s);
 /* A running server's figures (client side)                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Output struct of oi_server_stats_fetch: set struct_size first. */
+/* Output struct of oi_server_fetch_stats: set struct_size first. */
 typedef struct oi_server_stats {
   uint32_t struct_size;
   uint32_t namespaces;           /* namespaces the server listed */
@@ -117,11 +117,11 @@ typedef struct oi_server_stats {
 } oi_server_stats;
 
 /* Asks the server listening on `socket_path` (NULL: the default path, as in
- * oi_offload_engine_connect) for its figures, over a connection of its own
+ * oi_engine_connect) for its figures, over a connection of its own
  * (no instance is registered), and fills:
  *   - *out (required; struct_size set first);
  *   - *host (optional, NULL: not wanted): the server's host tier, as
- *     oi_offload_host_stats would report it there;
+ *     oi_host_get_stats would report it there;
  *   - namespaces[0 .. min(cap, out->namespaces)) (optional, cap 0: not
  *     wanted): the array's stride is namespaces[0].struct_size, which every
  *     entry must carry.
@@ -130,9 +130,9 @@ typedef struct oi_server_stats {
  * OI_ERR_PERMISSION when the socket refuses this user, OI_ERR_IO (a reply
  * later than timeout_ms included), OI_ERR_CLOSED or OI_ERR_PROTOCOL when the
  * exchange fails. */
-OI_API oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+OI_API oi_status oi_server_fetch_stats(const char *socket_path, uint32_t timeout_ms,
                                        oi_server_stats *out, oi_host_stats *host,
-                                       oi_namespace_stats *namespaces, uint32_t cap);
+                                       oi_host_namespace_stats *namespaces, uint32_t cap);
 
 /* Removes the socket file, frees the pool. Must not race oi_server_run:
  * stop it and let run return first. Accepts NULL. */

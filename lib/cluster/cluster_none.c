@@ -14,21 +14,19 @@ OI_API oi_status oi_host_cluster_options_init(oi_host_cluster_options *o) {
   return UNBUILT("oi_host_cluster_options_init");
 }
 
-OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
-                                                const oi_host_cluster_options *o) {
+OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_options *o) {
   OI_UNUSED(h);
   OI_UNUSED(o);
-  return UNBUILT("oi_offload_host_attach_cluster");
+  return UNBUILT("oi_host_attach_cluster");
 }
 
-OI_API oi_status oi_offload_host_cluster_stats(const oi_offload_host *h,
-                                               oi_host_cluster_stats *out) {
+OI_API oi_status oi_host_get_cluster_stats(const oi_host *h, oi_host_cluster_stats *out) {
   OI_UNUSED(h);
   OI_UNUSED(out);
-  return UNBUILT("oi_offload_host_cluster_stats");
+  return UNBUILT("oi_host_get_cluster_stats");
 }
 
-cluster_tier *oi__cluster_tier_of(oi_offload_host *h) {
+cluster_tier *oi__cluster_tier_of(oi_host *h) {
   OI_UNUSED(h);
   return NULL;
 }

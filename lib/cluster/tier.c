@@ -32,9 +32,7 @@
 
 static const oi_tier_ops cluster_tier_ops;
 
-cluster_tier *oi__cluster_tier_of(oi_offload_host *h) {
-  return oi__host_tier_find(h, &cluster_tier_ops);
-}
+cluster_tier *oi__cluster_tier_of(oi_host *h) { return oi__host_tier_find(h, &cluster_tier_ops); }
 
 /* ---- notes: seals and evictions ---- */
 
@@ -231,8 +229,7 @@ OI_API oi_status oi_host_cluster_options_init(oi_host_cluster_options *o) {
   return OI_OK;
 }
 
-OI_API oi_status oi_offload_host_attach_cluster(oi_offload_host *h,
-                                                const oi_host_cluster_options *o) {
+OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_options *o) {
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_cluster: host is NULL");
   oi_host_cluster_options opts;
   oi_host_cluster_options_init(&opts);
@@ -388,8 +385,7 @@ static const oi_tier_ops cluster_tier_ops = {.name = "cluster",
                                              .stats = tier_stats,
                                              .destroy = tier_destroy};
 
-OI_API oi_status oi_offload_host_cluster_stats(const oi_offload_host *h,
-                                               oi_host_cluster_stats *out) {
+OI_API oi_status oi_host_get_cluster_stats(const oi_host *h, oi_host_cluster_stats *out) {
   if (!h || !out)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_cluster_stats: %s is NULL", h ? "out" : "host");
   oi_host_cluster_stats s;

@@ -22,7 +22,7 @@
 typedef struct cluster_tier cluster_tier;
 
 /* The cluster tier attached to `h` (NULL: none). */
-cluster_tier *oi__cluster_tier_of(oi_offload_host *h);
+cluster_tier *oi__cluster_tier_of(oi_host *h);
 
 /* Message parsing, for the fuzz target and the tests: validates one
  * node-to-node request as the holder does before acting on it.

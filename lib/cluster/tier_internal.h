@@ -127,7 +127,7 @@ typedef struct serve_job {
 } serve_job;
 
 struct cluster_tier {
-  oi_offload_host *host;
+  oi_host *host;
   oi_tier *link; /* in the host's chain */
   oi_dir *dir;
   oi_peer_net *net;

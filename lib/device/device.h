@@ -138,7 +138,7 @@ oi_status oi__dev_open(int ordinal, oi_dev **out);
 void oi__dev_close(oi_dev *d);
 
 /* Lets the owner of an imported arena (the remote engine that returned it
- * from oi_offload_engine_connect) learn that the caller closed it: `fn(ctx)`
+ * from oi_engine_connect) learn that the caller closed it: `fn(ctx)`
  * runs inside oi_imported_arena_close, after the memory is unmapped, so the
  * owner may then unregister (and let the server free the memory). */
 void oi__imported_arena_on_close(oi_imported_arena *a, void (*fn)(void *ctx), void *ctx);

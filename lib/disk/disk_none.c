@@ -12,19 +12,19 @@ OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o) {
   return UNBUILT("oi_host_disk_options_init");
 }
 
-OI_API oi_status oi_offload_host_attach_disk(oi_offload_host *h, const oi_host_disk_options *o) {
+OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o) {
   OI_UNUSED(h);
   OI_UNUSED(o);
-  return UNBUILT("oi_offload_host_attach_disk");
+  return UNBUILT("oi_host_attach_disk");
 }
 
-OI_API oi_status oi_offload_host_disk_stats(const oi_offload_host *h, oi_host_disk_stats *out) {
+OI_API oi_status oi_host_get_disk_stats(const oi_host *h, oi_host_disk_stats *out) {
   OI_UNUSED(h);
   OI_UNUSED(out);
-  return UNBUILT("oi_offload_host_disk_stats");
+  return UNBUILT("oi_host_get_disk_stats");
 }
 
-disk_tier *oi__disk_tier_of(const oi_offload_host *h) {
+disk_tier *oi__disk_tier_of(const oi_host *h) {
   OI_UNUSED(h);
   return NULL;
 }

@@ -19,7 +19,7 @@
 #define PROMOTE_WINDOW (16ull << 20) /* bytes of promotion reads in flight at most */
 
 struct disk_tier {
-  oi_offload_host *host;
+  oi_host *host;
   oi_tier *link; /* in the host's chain */
   oi_disk *store;
   uint32_t queue_depth;
@@ -45,9 +45,7 @@ struct disk_tier {
 
 static const oi_tier_ops disk_tier_ops;
 
-disk_tier *oi__disk_tier_of(const oi_offload_host *h) {
-  return oi__host_tier_find(h, &disk_tier_ops);
-}
+disk_tier *oi__disk_tier_of(const oi_host *h) { return oi__host_tier_find(h, &disk_tier_ops); }
 
 oi_disk *oi__disk_tier_store(disk_tier *t) { return t ? t->store : NULL; }
 
@@ -389,7 +387,7 @@ OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o) {
   return OI_OK;
 }
 
-OI_API oi_status oi_offload_host_attach_disk(oi_offload_host *h, const oi_host_disk_options *o) {
+OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o) {
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: host is NULL");
   oi_host_disk_options opts;
   oi_host_disk_options_init(&opts);
@@ -485,7 +483,7 @@ static const oi_tier_ops disk_tier_ops = {.name = "disk",
                                           .stats = tier_stats,
                                           .destroy = tier_destroy};
 
-OI_API oi_status oi_offload_host_disk_stats(const oi_offload_host *h, oi_host_disk_stats *out) {
+OI_API oi_status oi_host_get_disk_stats(const oi_host *h, oi_host_disk_stats *out) {
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_disk_stats: host is NULL");
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_disk_stats: out is NULL");
   oi_host_disk_stats s;

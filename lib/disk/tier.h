@@ -21,7 +21,7 @@
 typedef struct disk_tier disk_tier;
 
 /* The disk tier attached to `h` (NULL: none). */
-disk_tier *oi__disk_tier_of(const oi_offload_host *h);
+disk_tier *oi__disk_tier_of(const oi_host *h);
 
 /* The block store under `t` (tests peek at what it holds: oi__disk_foreach,
  * oi__disk_contains). */

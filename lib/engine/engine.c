@@ -41,8 +41,7 @@ OI_API oi_status oi_load_options_init(oi_load_options *o) {
   return OI_OK;
 }
 
-oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o,
-                                 const char *what) {
+oi_status oi__engine_init_common(oi_engine *e, const oi_engine_options *o, const char *what) {
   oi_engine_options opts;
   oi_engine_options_init(&opts);
   oi_status st = oi__struct_in(&opts, sizeof opts, o, what);
@@ -87,15 +86,14 @@ oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *
   return OI_OK;
 }
 
-void oi__engine_fini_common(oi_offload_engine *e) {
+void oi__engine_fini_common(oi_engine *e) {
   oi__layout_free(&e->layout);
   oi__free(e->namespace_id);
   oi__free(e->instance_name);
   e->namespace_id = e->instance_name = NULL;
 }
 
-oi_status oi__engine_init_unmapped(oi_offload_engine *e, const oi_engine_options *o,
-                                   const char *what) {
+oi_status oi__engine_init_unmapped(oi_engine *e, const oi_engine_options *o, const char *what) {
   oi_engine_options opts = *o; /* (struct_size: the caller's copy is current) */
   opts.arena_base = (void *)OI_ENGINE_STANDIN_BASE;
   oi_status st = oi__engine_init_common(e, &opts, what);
@@ -107,22 +105,21 @@ oi_status oi__engine_init_unmapped(oi_offload_engine *e, const oi_engine_options
   return OI_OK;
 }
 
-void oi__engine_rebase(oi_offload_engine *e, void *base, uint64_t size) {
+void oi__engine_rebase(oi_engine *e, void *base, uint64_t size) {
   for (uint32_t i = 0; i < e->layout.num_arenas; i++)
     e->layout.arenas[i].base = e->layout.arenas[i].base - OI_ENGINE_STANDIN_BASE + (uintptr_t)base;
   e->opts.arena_size = size;
 }
 
 oi_status oi__engine_validate_unmapped(const oi_engine_options *o, const char *what) {
-  oi_offload_engine probe;
+  oi_engine probe;
   memset(&probe, 0, sizeof probe);
   oi_status st = oi__engine_init_unmapped(&probe, o, what);
   if (st == OI_OK) oi__engine_fini_common(&probe);
   return st;
 }
 
-OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_options *o,
-                                          oi_offload_engine **out) {
+OI_API oi_status oi_engine_create(oi_host *h, const oi_engine_options *o, oi_engine **out) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: out is NULL");
   *out = NULL;
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: host is NULL");
@@ -133,14 +130,14 @@ OI_API oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_op
   if (st != OI_OK) return st;
   if (opts.arena_fd != -1)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "register: arena_fd %d is for oi_offload_engine_connect (an engine-owned "
+                    "register: arena_fd %d is for oi_engine_connect (an engine-owned "
                     "sidecar arena); an embedded engine takes -1",
                     opts.arena_fd);
   return oi__local_engine_create(h, o, out);
 }
 
-OI_API oi_status oi_offload_engine_connect(const char *socket_path, const oi_engine_options *o,
-                                           oi_offload_engine **out, oi_imported_arena **arena_out) {
+OI_API oi_status oi_engine_connect(const char *socket_path, const oi_engine_options *o,
+                                   oi_engine **out, oi_imported_arena **arena_out) {
   if (out) *out = NULL;
   if (arena_out) *arena_out = NULL;
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "connect: out is NULL");
@@ -150,12 +147,11 @@ OI_API oi_status oi_offload_engine_connect(const char *socket_path, const oi_eng
   return oi__remote_engine_connect(socket_path, o, out, arena_out);
 }
 
-OI_API void oi_offload_engine_destroy(oi_offload_engine *e) {
+OI_API void oi_engine_destroy(oi_engine *e) {
   if (e) e->ops->destroy(e);
 }
 
-static oi_status check_ids(const oi_offload_engine *e, const char *what, const int64_t *ids,
-                           size_t n) {
+static oi_status check_ids(const oi_engine *e, const char *what, const int64_t *ids, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (ids[i] < 0 || (uint64_t)ids[i] >= e->layout.num_blocks)
       return oi__fail(
@@ -177,7 +173,7 @@ static oi_status twice(const char *what, int64_t id) {
 
 /* ids[0..n) are in range (check_ids): a bitmap of the arena's blocks finds a
  * repeat in one pass when it is small against the call (a sort otherwise). */
-static oi_status check_distinct(const oi_offload_engine *e, const char *what, const int64_t *ids,
+static oi_status check_distinct(const oi_engine *e, const char *what, const int64_t *ids,
                                 size_t n) {
   if (n < 2) return OI_OK;
   uint64_t words = (e->layout.num_blocks + 63) / 64;
@@ -208,9 +204,8 @@ static oi_status check_distinct(const oi_offload_engine *e, const char *what, co
   return st;
 }
 
-OI_API oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *block_ids,
-                                        const oi_block_hash *hashes, size_t n,
-                                        const oi_save_options *opt, oi_ticket **ticket_out) {
+OI_API oi_status oi_engine_save(oi_engine *e, const int64_t *block_ids, const oi_block_hash *hashes,
+                                size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
   if (ticket_out) *ticket_out = NULL;
   if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: engine is NULL");
   if (n == 0) return oi__fail(OI_ERR_INVALID_ARGUMENT, "save: no blocks (n = 0)");
@@ -286,9 +281,8 @@ oi_status oi__query_result_out(const oi_host_query_args *a, const oi_host_answer
   return oi__struct_out(out, &r, sizeof r, what);
 }
 
-OI_API oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_id,
-                                         const oi_block_hash *hashes, size_t n, uint32_t flags,
-                                         oi_query_result *out) {
+OI_API oi_status oi_engine_query(oi_engine *e, const char *req_id, const oi_block_hash *hashes,
+                                 size_t n, uint32_t flags, oi_query_result *out) {
   if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "query: engine is NULL");
   uint8_t *present;
   uint32_t wait_ms;
@@ -297,9 +291,8 @@ OI_API oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_i
   return e->ops->query(e, req_id, hashes, n, flags, present, wait_ms, out);
 }
 
-OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
-                                        const int64_t *dst_block_ids, size_t n,
-                                        const oi_load_options *opt, oi_ticket **ticket_out) {
+OI_API oi_status oi_engine_load(oi_engine *e, oi_lease lease, const int64_t *dst_block_ids,
+                                size_t n, const oi_load_options *opt, oi_ticket **ticket_out) {
   if (ticket_out) *ticket_out = NULL;
   if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: engine is NULL");
   if (n == 0) return oi__fail(OI_ERR_INVALID_ARGUMENT, "load: no blocks (n = 0)");
@@ -316,17 +309,17 @@ OI_API oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
   return e->ops->load(e, lease, dst_block_ids, n, &lo, ticket_out);
 }
 
-OI_API oi_status oi_offload_engine_release(oi_offload_engine *e, oi_lease lease) {
+OI_API oi_status oi_engine_release(oi_engine *e, oi_lease lease) {
   if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "release: engine is NULL");
   return e->ops->release(e, lease);
 }
 
-OI_API oi_status oi_offload_engine_flush(oi_offload_engine *e, uint32_t timeout_ms) {
+OI_API oi_status oi_engine_flush(oi_engine *e, uint32_t timeout_ms) {
   if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "flush: engine is NULL");
   return e->ops->flush(e, timeout_ms);
 }
 
-OI_API oi_status oi_offload_engine_stats(const oi_offload_engine *e, oi_engine_stats *out) {
+OI_API oi_status oi_engine_get_stats(const oi_engine *e, oi_engine_stats *out) {
   if (!e) return oi__fail(OI_ERR_INVALID_ARGUMENT, "engine_stats: engine is NULL");
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "engine_stats: out is NULL");
   return e->ops->stats(e, out);
@@ -368,9 +361,9 @@ oi_status oi__lookup_options_check(const oi_lookup_options *o, const char *what,
   return OI_OK;
 }
 
-OI_API oi_status oi_offload_host_query(oi_offload_host *h, const oi_lookup_options *o,
-                                       const char *req_id, const oi_block_hash *hashes, size_t n,
-                                       uint32_t flags, oi_query_result *out) {
+OI_API oi_status oi_host_query(oi_host *h, const oi_lookup_options *o, const char *req_id,
+                               const oi_block_hash *hashes, size_t n, uint32_t flags,
+                               oi_query_result *out) {
   OI_UNUSED(
       req_id); /* the answer depends on the hashes alone (a disk promotion is keyed by them) */
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_query: host is NULL");
@@ -386,8 +379,7 @@ OI_API oi_status oi_offload_host_query(oi_offload_host *h, const oi_lookup_optio
   return oi__query_result_out(&a, &ans, out, "host_query");
 }
 
-OI_API oi_status oi_offload_host_release(oi_offload_host *h, const char *namespace_id,
-                                         oi_lease lease) {
+OI_API oi_status oi_host_release(oi_host *h, const char *namespace_id, oi_lease lease) {
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_release: host is NULL");
   if (!namespace_id || !namespace_id[0])
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_release: namespace_id is empty");

@@ -8,23 +8,22 @@
 #include "openinfer/engine.h"
 
 typedef struct engine_ops {
-  oi_status (*save)(oi_offload_engine *e, const int64_t *ids, const oi_block_hash *hashes, size_t n,
+  oi_status (*save)(oi_engine *e, const int64_t *ids, const oi_block_hash *hashes, size_t n,
                     const oi_save_options *opt, oi_ticket **ticket_out);
   /* `present`: out->present when the caller's result has the field, else NULL
    * (never NULL for a membership query of n > 0 blocks). */
   /* wait_ms: OI_QUERY_WAIT_PENDING's limit (0 when the flag is not set). */
-  oi_status (*query)(oi_offload_engine *e, const char *req_id, const oi_block_hash *hashes,
-                     size_t n, uint32_t flags, uint8_t *present, uint32_t wait_ms,
-                     oi_query_result *out);
-  oi_status (*load)(oi_offload_engine *e, oi_lease lease, const int64_t *ids, size_t n,
+  oi_status (*query)(oi_engine *e, const char *req_id, const oi_block_hash *hashes, size_t n,
+                     uint32_t flags, uint8_t *present, uint32_t wait_ms, oi_query_result *out);
+  oi_status (*load)(oi_engine *e, oi_lease lease, const int64_t *ids, size_t n,
                     const oi_load_options *opt, oi_ticket **ticket_out);
-  oi_status (*release)(oi_offload_engine *e, oi_lease lease);
-  oi_status (*flush)(oi_offload_engine *e, uint32_t timeout_ms);
-  oi_status (*stats)(const oi_offload_engine *e, oi_engine_stats *out);
-  void (*destroy)(oi_offload_engine *e);
+  oi_status (*release)(oi_engine *e, oi_lease lease);
+  oi_status (*flush)(oi_engine *e, uint32_t timeout_ms);
+  oi_status (*stats)(const oi_engine *e, oi_engine_stats *out);
+  void (*destroy)(oi_engine *e);
 } engine_ops;
 
-struct oi_offload_engine {
+struct oi_engine {
   const engine_ops *ops;
   oi_engine_options opts; /* namespace_id / instance_name / arenas point into owned copies */
   char *namespace_id;
@@ -42,9 +41,8 @@ oi_status oi__lookup_options_check(const oi_lookup_options *o, const char *what,
                                    oi_lookup_options *lo);
 
 /* Fills the common part (options copy, layout) of a new engine. */
-oi_status oi__engine_init_common(oi_offload_engine *e, const oi_engine_options *o,
-                                 const char *what);
-void oi__engine_fini_common(oi_offload_engine *e);
+oi_status oi__engine_init_common(oi_engine *e, const oi_engine_options *o, const char *what);
+void oi__engine_fini_common(oi_engine *e);
 
 /* Layouts given by offset into an arena that is not mapped yet (a sidecar's
  * arena, allocated by the server): every layout rule is checked against a
@@ -53,19 +51,17 @@ void oi__engine_fini_common(oi_offload_engine *e);
 /* As oi__engine_init_common for options whose arena_base is NULL and whose
  * arenas are given by offset within arena_size; the layout sits at the
  * stand-in base until oi__engine_rebase. */
-oi_status oi__engine_init_unmapped(oi_offload_engine *e, const oi_engine_options *o,
-                                   const char *what);
+oi_status oi__engine_init_unmapped(oi_engine *e, const oi_engine_options *o, const char *what);
 /* Moves the layout of an engine made by oi__engine_init_unmapped onto the
  * mapped arena [base, base + size). */
-void oi__engine_rebase(oi_offload_engine *e, void *base, uint64_t size);
+void oi__engine_rebase(oi_engine *e, void *base, uint64_t size);
 /* Checks what oi__engine_init_unmapped would, keeping nothing. */
 oi_status oi__engine_validate_unmapped(const oi_engine_options *o, const char *what);
 
-oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o,
-                                  oi_offload_engine **out);
+oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_engine **out);
 
 /* The sidecar engine (remote_*.c): requests over the server's socket. */
 oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_options *o,
-                                    oi_offload_engine **out, oi_imported_arena **arena_out);
+                                    oi_engine **out, oi_imported_arena **arena_out);
 
 #endif

@@ -46,8 +46,8 @@ typedef struct partial {
 } partial;
 
 typedef struct local_engine {
-  oi_offload_engine base;
-  oi_offload_host *host;
+  oi_engine base;
+  oi_host *host;
   oi_host_ns ns;
   oi_xfer *xfer;
 
@@ -449,9 +449,8 @@ static oi_status local_save_layers(local_engine *e, const int64_t *ids, const oi
   return st;
 }
 
-static oi_status local_save(oi_offload_engine *base, const int64_t *ids,
-                            const oi_block_hash *hashes, size_t n, const oi_save_options *opt,
-                            oi_ticket **ticket_out) {
+static oi_status local_save(oi_engine *base, const int64_t *ids, const oi_block_hash *hashes,
+                            size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
   local_engine *e = (local_engine *)base;
   if (opt->arena_count) return local_save_layers(e, ids, hashes, n, opt, ticket_out);
   oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_D2H, n, ticket_out ? OI_XFER_JOB_TICKET : 0,
@@ -483,9 +482,9 @@ static oi_status local_save(oi_offload_engine *base, const int64_t *ids,
   return st;
 }
 
-static oi_status local_query(oi_offload_engine *base, const char *req_id,
-                             const oi_block_hash *hashes, size_t n, uint32_t flags,
-                             uint8_t *present, uint32_t wait_ms, oi_query_result *out) {
+static oi_status local_query(oi_engine *base, const char *req_id, const oi_block_hash *hashes,
+                             size_t n, uint32_t flags, uint8_t *present, uint32_t wait_ms,
+                             oi_query_result *out) {
   OI_UNUSED(
       req_id); /* the answer depends on the hashes alone (a disk promotion is keyed by them) */
   local_engine *e = (local_engine *)base;
@@ -518,7 +517,7 @@ static void load_ready(void *ctx, size_t done) {
   c->added = done;
 }
 
-static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64_t *ids, size_t n,
+static oi_status local_load(oi_engine *base, oi_lease lease, const int64_t *ids, size_t n,
                             const oi_load_options *opt, oi_ticket **ticket_out) {
   local_engine *e = (local_engine *)base;
   uint32_t flags = (ticket_out ? OI_XFER_JOB_TICKET : 0) |
@@ -545,12 +544,12 @@ static oi_status local_load(oi_offload_engine *base, oi_lease lease, const int64
   return st;
 }
 
-static oi_status local_release(oi_offload_engine *base, oi_lease lease) {
+static oi_status local_release(oi_engine *base, oi_lease lease) {
   local_engine *e = (local_engine *)base;
   return oi__host_release(e->host, e->ns, base->principal, lease);
 }
 
-static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {
+static oi_status local_flush(oi_engine *base, uint32_t timeout_ms) {
   local_engine *e = (local_engine *)base;
   uint64_t deadline = oi__deadline_ns(timeout_ms);
   struct timespec ts = oi__timespec(deadline);
@@ -613,7 +612,7 @@ static oi_status local_flush(oi_offload_engine *base, uint32_t timeout_ms) {
   return st;
 }
 
-static oi_status local_stats(const oi_offload_engine *base, oi_engine_stats *out) {
+static oi_status local_stats(const oi_engine *base, oi_engine_stats *out) {
   local_engine *e = (local_engine *)base;
   oi_engine_stats s;
   memset(&s, 0, sizeof s);
@@ -647,7 +646,7 @@ static oi_status local_stats(const oi_offload_engine *base, oi_engine_stats *out
 /* Teardown: finish queued saves and loads (the pipeline drains and runs
  * their completions), drop this instance's leases, then unregister from the
  * host. */
-static void local_destroy(oi_offload_engine *base) {
+static void local_destroy(oi_engine *base) {
   local_engine *e = (local_engine *)base;
   pthread_mutex_lock(&e->lock);
   bool sweeper = e->sweeper_started;
@@ -676,8 +675,7 @@ static const engine_ops local_ops = {
     .destroy = local_destroy,
 };
 
-oi_status oi__local_engine_create(oi_offload_host *h, const oi_engine_options *o,
-                                  oi_offload_engine **out) {
+oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_engine **out) {
   local_engine *e = oi__calloc(1, sizeof *e);
   if (!e) return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
   e->base.ops = &local_ops;

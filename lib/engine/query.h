@@ -1,6 +1,6 @@
 /* The public query's contract beside the host's query (host/host.h): the
  * checks of its flags and result struct, and the result it fills, shared by
- * the engines, oi_offload_host_query and the server's lookups. */
+ * the engines, oi_host_query and the server's lookups. */
 #ifndef OI_ENGINE_QUERY_H
 #define OI_ENGINE_QUERY_H
 

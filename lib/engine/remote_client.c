@@ -1,4 +1,4 @@
-/* The lookup client (oi_offload_client_*): a sidecar session that
+/* The lookup client (oi_lookup_*): a sidecar session that
  * registers nothing. The invariants: remote_internal.h. */
 
 #include <errno.h>
@@ -20,13 +20,13 @@
  * arena, whose connection is never live in the watchdog's sense (nothing it
  * maps can go away), so a lost server fails its calls with OI_ERR_CLOSED. */
 
-struct oi_offload_client {
+struct oi_lookup {
   remote_engine *e;
   uint32_t world_size;
 };
 
-OI_API oi_status oi_offload_client_connect(const char *socket_path, const oi_lookup_options *o,
-                                           oi_offload_client **out) {
+OI_API oi_status oi_lookup_connect(const char *socket_path, const oi_lookup_options *o,
+                                   oi_lookup **out) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "client_connect: out is NULL");
   *out = NULL;
   oi_lookup_options lo;
@@ -37,7 +37,7 @@ OI_API oi_status oi_offload_client_connect(const char *socket_path, const oi_loo
     if ((st = oi__wire_default_socket_path(def, sizeof def)) != OI_OK) return st;
     socket_path = def;
   }
-  oi_offload_client *c = oi__calloc(1, sizeof *c);
+  oi_lookup *c = oi__calloc(1, sizeof *c);
   remote_engine *e = oi__calloc(1, sizeof *e);
   if (!c || !e) {
     oi__free(c);
@@ -89,9 +89,8 @@ fail : {
 }
 }
 
-OI_API oi_status oi_offload_client_query(oi_offload_client *c, const char *req_id,
-                                         const oi_block_hash *hashes, size_t n, uint32_t flags,
-                                         oi_query_result *out) {
+OI_API oi_status oi_lookup_query(oi_lookup *c, const char *req_id, const oi_block_hash *hashes,
+                                 size_t n, uint32_t flags, oi_query_result *out) {
   if (!c) return oi__fail(OI_ERR_INVALID_ARGUMENT, "client_query: client is NULL");
   uint8_t *present;
   uint32_t wait_ms;
@@ -101,12 +100,12 @@ OI_API oi_status oi_offload_client_query(oi_offload_client *c, const char *req_i
                                flags, present, wait_ms, out);
 }
 
-OI_API oi_status oi_offload_client_release(oi_offload_client *c, oi_lease lease) {
+OI_API oi_status oi_lookup_release(oi_lookup *c, oi_lease lease) {
   if (!c) return oi__fail(OI_ERR_INVALID_ARGUMENT, "client_release: client is NULL");
   return oi__remote_release_call(c->e, 0, c->e->base.namespace_id, lease);
 }
 
-OI_API void oi_offload_client_destroy(oi_offload_client *c) {
+OI_API void oi_lookup_destroy(oi_lookup *c) {
   if (!c) return;
   oi__remote_free_engine(c->e);
   oi__free(c);

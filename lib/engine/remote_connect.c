@@ -321,7 +321,7 @@ static oi_status keep_layout(remote_engine *e, const oi_engine_options *o) {
 }
 
 oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_options *o,
-                                    oi_offload_engine **out, oi_imported_arena **arena_out) {
+                                    oi_engine **out, oi_imported_arena **arena_out) {
   oi_engine_options opts;
   oi_engine_options_init(&opts);
   oi_status st = oi__struct_in(&opts, sizeof opts, o, "connect");

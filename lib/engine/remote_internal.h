@@ -140,7 +140,7 @@ typedef struct pending {
 } pending;
 
 typedef struct remote_engine {
-  oi_offload_engine base;
+  oi_engine base;
   char *socket_path;
   int fd;
   uint64_t server_epoch;

@@ -87,9 +87,8 @@ static oi_status drop_save(remote_engine *e, size_t n, const oi_save_options *op
   return OI_OK;
 }
 
-static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
-                             const oi_block_hash *hashes, size_t n, const oi_save_options *opt,
-                             oi_ticket **ticket_out) {
+static oi_status remote_save(oi_engine *base, const int64_t *ids, const oi_block_hash *hashes,
+                             size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
   remote_engine *e = (remote_engine *)base;
   oi_status st = check_count("save", n);
   if (st != OI_OK) return st;
@@ -154,7 +153,7 @@ static oi_status remote_save(oi_offload_engine *base, const int64_t *ids,
 
 static oi_status load_submit(remote_engine *e, oi_lease lease, const int64_t *ids, size_t n,
                              const oi_load_options *opt, oi_ticket **ticket_out) {
-  oi_offload_engine *base = &e->base;
+  oi_engine *base = &e->base;
   oi_status st = check_count("load", n);
   if (st != OI_OK) return st;
   oiwire_Envelope env;
@@ -181,7 +180,7 @@ static oi_status load_submit(remote_engine *e, oi_lease lease, const int64_t *id
 
 /* Every load the caller is told failed counts in loads_failed: refused
  * here, or (oi__remote_finish_async) completed with an error. */
-static oi_status remote_load(oi_offload_engine *base, oi_lease lease, const int64_t *ids, size_t n,
+static oi_status remote_load(oi_engine *base, oi_lease lease, const int64_t *ids, size_t n,
                              const oi_load_options *opt, oi_ticket **ticket_out) {
   remote_engine *e = (remote_engine *)base;
   oi_status st = load_submit(e, lease, ids, n, opt, ticket_out);
@@ -271,9 +270,9 @@ oi_status oi__remote_query_call(remote_engine *e, uint32_t instance, const char 
   return oi__struct_out(out, &r, sizeof r, "query");
 }
 
-static oi_status remote_query(oi_offload_engine *base, const char *req_id,
-                              const oi_block_hash *hashes, size_t n, uint32_t flags,
-                              uint8_t *present, uint32_t wait_ms, oi_query_result *out) {
+static oi_status remote_query(oi_engine *base, const char *req_id, const oi_block_hash *hashes,
+                              size_t n, uint32_t flags, uint8_t *present, uint32_t wait_ms,
+                              oi_query_result *out) {
   return oi__remote_query_call((remote_engine *)base, base->instance_id, NULL, 0, req_id, hashes, n,
                                flags, present, wait_ms, out);
 }
@@ -302,11 +301,11 @@ oi_status oi__remote_release_call(remote_engine *e, uint32_t instance, const cha
   return st;
 }
 
-static oi_status remote_release(oi_offload_engine *base, oi_lease lease) {
+static oi_status remote_release(oi_engine *base, oi_lease lease) {
   return oi__remote_release_call((remote_engine *)base, base->instance_id, NULL, lease);
 }
 
-static oi_status remote_flush(oi_offload_engine *base, uint32_t timeout_ms) {
+static oi_status remote_flush(oi_engine *base, uint32_t timeout_ms) {
   remote_engine *e = (remote_engine *)base;
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
@@ -332,7 +331,7 @@ static oi_status remote_flush(oi_offload_engine *base, uint32_t timeout_ms) {
   return st;
 }
 
-static oi_status remote_stats(const oi_offload_engine *cbase, oi_engine_stats *out) {
+static oi_status remote_stats(const oi_engine *cbase, oi_engine_stats *out) {
   remote_engine *e = (remote_engine *)cbase;
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
@@ -519,7 +518,7 @@ void oi__remote_on_arena_closed(void *ctx) {
   if (go) teardown(e);
 }
 
-static void remote_destroy(oi_offload_engine *base) {
+static void remote_destroy(oi_engine *base) {
   remote_engine *e = (remote_engine *)base;
   pthread_mutex_lock(&e->teardown_lock);
   e->destroy_requested = true;

@@ -163,7 +163,7 @@ OI_API void oi_executor_destroy(oi_executor *x) {
   /* 5. unregister */
   for (uint32_t i = 0; i < x->nranks; i++) {
     exec_rank *r = &x->ranks[i];
-    oi_offload_engine_destroy(r->engine);
+    oi_engine_destroy(r->engine);
     r->engine = NULL;
     oi__exec_collect_saves(r); /* records of saves that reported during the destroy */
   }
@@ -191,7 +191,7 @@ OI_API void oi_executor_destroy(oi_executor *x) {
     oi__free(r->kv_events);
     oi__free(r->host_waits);
   }
-  if (x->owns_host) oi_offload_host_destroy(x->host);
+  if (x->owns_host) oi_host_destroy(x->host);
   if (x->by_id) {
     for (uint32_t b = 0; b <= x->by_id_mask; b++)
       for (request *q = x->by_id[b]; q;) {
@@ -311,13 +311,13 @@ static oi_status rank_init(oi_executor *x, exec_rank *r) {
   engine_options_for(x, r, &eo, arenas, names, instance);
   if (x->o.offload == OI_OFFLOAD_SIDECAR) {
     /* The server allocates the arena: register before any KV exists. */
-    st = oi_offload_engine_connect(x->o.socket_path, &eo, &r->engine, &r->import);
+    st = oi_engine_connect(x->o.socket_path, &eo, &r->engine, &r->import);
     if (st == OI_OK) r->arena = oi_imported_arena_ptr(r->import);
   } else {
     st = r->dev->ops->mem_alloc(r->dev, r->kv.bytes, 0, &r->arena);
     if (st == OI_OK && x->o.offload == OI_OFFLOAD_EMBEDDED) {
       eo.arena_base = r->arena;
-      st = oi_offload_engine_create(x->host, &eo, &r->engine);
+      st = oi_engine_create(x->host, &eo, &r->engine);
     }
   }
   oi__free(arenas);
@@ -412,7 +412,7 @@ OI_API oi_status oi_executor_create(const oi_executor_options *opts, oi_executor
       if (o.host_options &&
           (st = oi__struct_in(&ho, sizeof ho, o.host_options, "executor host")) != OI_OK)
         goto fail_early;
-      if ((st = oi_offload_host_create(&ho, &x->host)) != OI_OK) goto fail_early;
+      if ((st = oi_host_create(&ho, &x->host)) != OI_OK) goto fail_early;
       x->owns_host = true;
     }
   }
@@ -550,7 +550,8 @@ OI_API oi_status oi_executor_run_until_idle(oi_executor *x) {
   return OI_OK;
 }
 
-OI_API oi_status oi_executor_result(oi_executor *x, uint64_t request_id, oi_request_result *out) {
+OI_API oi_status oi_executor_get_result(oi_executor *x, uint64_t request_id,
+                                        oi_request_result *out) {
   if (!x || !out)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "result: %s is NULL", x ? "out" : "executor");
   request *q = oi__exec_find(x, request_id);
@@ -599,10 +600,10 @@ OI_API oi_status oi_executor_evict_gpu_cache(oi_executor *x, uint64_t *evicted) 
   return OI_OK;
 }
 
-OI_API oi_status oi_executor_stats(const oi_executor *x, oi_exec_stats *out) {
+OI_API oi_status oi_executor_get_stats(const oi_executor *x, oi_executor_stats *out) {
   if (!x || !out)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "executor_stats: %s is NULL", x ? "out" : "executor");
-  oi_exec_stats s;
+  oi_executor_stats s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
   s.ranks = x->nranks;
@@ -633,7 +634,7 @@ OI_API oi_status oi_executor_stats(const oi_executor *x, oi_exec_stats *out) {
   return oi__struct_out(out, &s, sizeof s, "executor_stats");
 }
 
-OI_API oi_status oi_executor_kv_layout(const oi_executor *x, uint32_t rank, oi_kv_layout *out) {
+OI_API oi_status oi_executor_get_kv_layout(const oi_executor *x, uint32_t rank, oi_kv_layout *out) {
   if (!x || !out)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "kv_layout: %s is NULL", x ? "out" : "executor");
   if (rank >= x->nranks)

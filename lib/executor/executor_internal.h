@@ -89,7 +89,7 @@ typedef struct exec_rank {
   bool model_bound;
   bool save_lock_init;
   bool leak_arena; /* a copy may still touch it: never free */
-  oi_offload_engine *engine;
+  oi_engine *engine;
   block_pool pool;
 
   request *waiting_head, *waiting_tail;
@@ -141,7 +141,7 @@ struct oi_executor {
   void *model_ctx_for_worker; /* o.model_ctx */
   oi_model_desc desc;
   char *namespace_id;
-  oi_offload_host *host;
+  oi_host *host;
   bool owns_host;
   exec_rank *ranks;
   uint32_t nranks;

@@ -41,11 +41,12 @@ OI_API oi_status oi_executor_run_until_idle(oi_executor *x) {
   return UNBUILT("oi_executor_run_until_idle");
 }
 
-OI_API oi_status oi_executor_result(oi_executor *x, uint64_t request_id, oi_request_result *out) {
+OI_API oi_status oi_executor_get_result(oi_executor *x, uint64_t request_id,
+                                        oi_request_result *out) {
   OI_UNUSED(x);
   OI_UNUSED(request_id);
   OI_UNUSED(out);
-  return UNBUILT("oi_executor_result");
+  return UNBUILT("oi_executor_get_result");
 }
 
 OI_API oi_status oi_executor_flush(oi_executor *x, uint32_t timeout_ms) {
@@ -60,17 +61,17 @@ OI_API oi_status oi_executor_evict_gpu_cache(oi_executor *x, uint64_t *evicted) 
   return UNBUILT("oi_executor_evict_gpu_cache");
 }
 
-OI_API oi_status oi_executor_stats(const oi_executor *x, oi_exec_stats *out) {
+OI_API oi_status oi_executor_get_stats(const oi_executor *x, oi_executor_stats *out) {
   OI_UNUSED(x);
   OI_UNUSED(out);
-  return UNBUILT("oi_executor_stats");
+  return UNBUILT("oi_executor_get_stats");
 }
 
-OI_API oi_status oi_executor_kv_layout(const oi_executor *x, uint32_t rank, oi_kv_layout *out) {
+OI_API oi_status oi_executor_get_kv_layout(const oi_executor *x, uint32_t rank, oi_kv_layout *out) {
   OI_UNUSED(x);
   OI_UNUSED(rank);
   OI_UNUSED(out);
-  return UNBUILT("oi_executor_kv_layout");
+  return UNBUILT("oi_executor_get_kv_layout");
 }
 
 OI_API oi_status oi_executor_request_blocks(const oi_executor *x, uint64_t request_id, int64_t *out,

@@ -153,7 +153,7 @@ static void release_save(exec_rank *r, request *q) {
   pthread_mutex_unlock(&r->save_lock);
   /* On OI_OK, on_done runs exactly once (maybe inside this call); on an
    * error it never runs and the pins are ours to drop. */
-  oi_status st = oi_offload_engine_save(r->engine, rec->ids, hashes, n, &so, NULL);
+  oi_status st = oi_engine_save(r->engine, rec->ids, hashes, n, &so, NULL);
   if (st != OI_OK) {
     OI_LOG(OI_LOG_WARN, "executor", "rank %u request %llu: save of %u blocks failed: %s", r->index,
            (unsigned long long)q->id, n, oi_last_error());
@@ -361,7 +361,7 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
   bool again = q->tier_wait;
   if (!again) q->restore_query_start_ns = oi__now_ns();
   q->tier_wait = false;
-  oi_status st = oi_offload_engine_query(r->engine, req_id, q->hashes + g, limit - g, 0, &qr);
+  oi_status st = oi_engine_query(r->engine, req_id, q->hashes + g, limit - g, 0, &qr);
   uint64_t now = oi__now_ns();
   q->restore_query_ns = now - q->restore_query_start_ns;
   if (st != OI_OK) {
@@ -377,7 +377,7 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
   if ((qr.state == OI_QUERY_LOADING || again) && qr.pending_blocks) {
     if (!again) q->restore_deadline_ns = oi__deadline_ns(x->o.restore_timeout_ms);
     if (now < q->restore_deadline_ns) {
-      if (qr.hit_blocks) oi_offload_engine_release(r->engine, qr.lease);
+      if (qr.hit_blocks) oi_engine_release(r->engine, qr.lease);
       if (!again) x->c.restores_waited++;
       q->tier_wait = true;
       q->restore_first = g;
@@ -394,7 +394,7 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
   q->restore_first = g;
   q->restore_n = h;
   const char *why = NULL;
-  if (fault(x, r, q, OI_FAULT_LEASE_EXPIRED)) oi_offload_engine_release(r->engine, qr.lease);
+  if (fault(x, r, q, OI_FAULT_LEASE_EXPIRED)) oi_engine_release(r->engine, qr.lease);
   if (fault(x, r, q, OI_FAULT_NO_FREE_BLOCKS)) why = "no free blocks (injected)";
   /* Every block of the request was reserved before the query. */
   oi_load_options lo;
@@ -404,7 +404,7 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
   if (!why && fault(x, r, q, OI_FAULT_LOAD_SUBMIT)) why = "load refused (injected)";
   if (!why) {
     q->restore_load_start_ns = oi__now_ns();
-    st = oi_offload_engine_load(r->engine, qr.lease, q->blocks + g, h, &lo, &q->load_ticket);
+    st = oi_engine_load(r->engine, qr.lease, q->blocks + g, h, &lo, &q->load_ticket);
     if (st == OI_OK) {
       x->c.leases_held--; /* the load consumed our share */
       q->state = OI_REQUEST_RESTORING;
@@ -428,7 +428,7 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
     why = oi_last_error();
   }
   /* The lease may still pin the blocks: release it (unknown is fine). */
-  oi_offload_engine_release(r->engine, qr.lease);
+  oi_engine_release(r->engine, qr.lease);
   x->c.leases_held--;
   degrade_restore(r, q, why);
   return false;

@@ -8,20 +8,18 @@
 #include "core/fault.h"
 #include "host_private.h"
 
-uint32_t oi__host_instance_add(oi_offload_host *h) {
+uint32_t oi__host_instance_add(oi_host *h) {
   uint32_t id = atomic_fetch_add(&h->next_instance, 1) + 1;
   atomic_fetch_add(&h->live_engines, 1);
   return id;
 }
 
-void oi__host_instance_remove(oi_offload_host *h, uint32_t instance) {
+void oi__host_instance_remove(oi_host *h, uint32_t instance) {
   oi__lease_drop_instance(h, instance);
   atomic_fetch_sub(&h->live_engines, 1);
 }
 
-uint8_t *oi__host_block_data(const oi_offload_host *h, const host_block *b) {
-  return oi__block_data(h, b);
-}
+uint8_t *oi__host_block_data(const oi_host *h, const host_block *b) { return oi__block_data(h, b); }
 
 /* ---- saves ---- */
 
@@ -45,10 +43,10 @@ typedef struct reserve_out {
  * spare[*used..nspare): under one lock per shard, or (all_locked) under
  * every shard's lock, held by the caller. The hashes left without a slot go
  * to rest[*nrest...]; the outcomes to o, for reserve_report. */
-static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes,
-                          const size_t *idx, size_t m, host_block **spare, size_t nspare,
-                          size_t *used, bool all_locked, reserve_tally *t, size_t *rest,
-                          size_t *nrest, reserve_out *o) {
+static void reserve_batch(oi_host *h, oi_host_ns ns, const oi_block_hash *hashes, const size_t *idx,
+                          size_t m, host_block **spare, size_t nspare, size_t *used,
+                          bool all_locked, reserve_tally *t, size_t *rest, size_t *nrest,
+                          reserve_out *o) {
   oi_block_hash copy[OI_BATCH];
   const oi_block_hash *hh = hashes + idx[0];
   uint64_t now = 0, inserted[8] = {0}; /* a filter of the keys this batch inserted */
@@ -107,7 +105,7 @@ static void reserve_batch(oi_offload_host *h, oi_host_ns ns, const oi_block_hash
 
 /* Tells the sink what reserve_batch found (no shard lock held), OI_BATCH
  * blocks at a time, and empties o. */
-static void reserve_report(oi_offload_host *h, const oi_host_reserve_sink *sink, reserve_out *o) {
+static void reserve_report(oi_host *h, const oi_host_reserve_sink *sink, reserve_out *o) {
   if (o->nunused) oi__pool_free_batch(h, o->unused, o->nunused);
   for (size_t j = 0; j < o->nacc; j++)
     o->data[j] = oi__block_data(h, o->made[j]);
@@ -122,7 +120,7 @@ static void reserve_report(oi_offload_host *h, const oi_host_reserve_sink *sink,
 
 /* One hash the batches found no slot for: a slot from the pool (which may
  * evict one block; no shard lock held), then the index. */
-static void reserve_one(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t i,
+static void reserve_one(oi_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t i,
                         const oi_host_reserve_sink *sink, reserve_tally *t) {
   host_block *nb = oi__pool_alloc(h, ns.cls);
   if (!nb) {
@@ -158,7 +156,7 @@ static void reserve_one(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *
   sink->accepted(sink->ctx, &i, &nb, &data, 1);
 }
 
-void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+void oi__host_reserve(oi_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                       const oi_host_reserve_sink *sink, oi_host_reserved *out) {
   reserve_tally t = {0, 0, 0};
   reserve_out o;
@@ -217,7 +215,7 @@ typedef struct save_end_ctx {
   uint64_t now;
 } save_end_ctx;
 
-static void save_end_some(oi_offload_host *h, void *ctx, host_block *const *blocks, size_t from,
+static void save_end_some(oi_host *h, void *ctx, host_block *const *blocks, size_t from,
                           size_t to) {
   save_end_ctx *c = ctx;
   for (size_t i = from; i < to; i++) {
@@ -238,8 +236,8 @@ static void save_end_some(oi_offload_host *h, void *ctx, host_block *const *bloc
   }
 }
 
-void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
-                       bool ok, uint64_t bytes, uint64_t latency_ns) {
+void oi__host_save_end(oi_host *h, oi_host_ns ns, host_block *const *blocks, size_t n, bool ok,
+                       uint64_t bytes, uint64_t latency_ns) {
   if (n) oi__hist_record(&h->c.save_latency, latency_ns);
   save_end_ctx c = {.ok = ok, .now = oi__now_ns()};
   /* Every shard at once only while sealing takes no other lock (the spill
@@ -264,7 +262,7 @@ void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blo
 
 /* ---- queries ---- */
 
-void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+void oi__host_membership(oi_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                          uint8_t *present, uint64_t *hits, uint64_t *pending) {
   uint64_t found = 0, in_flight = 0;
   for (size_t at = 0; at < n; at += OI_BATCH) {
@@ -296,7 +294,7 @@ void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash 
  *
  * A batch of shards at a time (the first hash alone: a miss costs one
  * lookup). With `pinned`, pins the prefix into pinned[] (tallied in *t). */
-static void prefix_walk(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n,
+static void prefix_walk(oi_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n,
                         host_block **pinned, pin_tally *t, uint64_t *sealed, uint64_t *pending) {
   size_t found = 0, run = 0;
   bool in_run = false, done = false;
@@ -333,12 +331,12 @@ static void prefix_walk(oi_offload_host *h, uint32_t ns, const oi_block_hash *ha
   if (pending) *pending = run;
 }
 
-void oi__host_prefix_probe(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+void oi__host_prefix_probe(oi_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                            uint64_t *sealed, uint64_t *pending) {
   prefix_walk(h, ns.id, hashes, n, NULL, NULL, sealed, pending);
 }
 
-oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t instance,
+oi_status oi__host_lease_prefix(oi_host *h, oi_host_ns ns, uint32_t instance,
                                 oi_host_principal principal, uint32_t shares,
                                 const oi_block_hash *hashes, size_t n, uint64_t *hits,
                                 uint64_t *pending, oi_lease *lease) {
@@ -367,14 +365,13 @@ oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t inst
   return OI_OK;
 }
 
-oi_status oi__host_release(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
-                           oi_lease lease) {
+oi_status oi__host_release(oi_host *h, oi_host_ns ns, oi_host_principal principal, oi_lease lease) {
   return oi__lease_release(h, ns.id, principal, lease);
 }
 
 /* ---- loads ---- */
 
-oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
+oi_status oi__host_load_begin(oi_host *h, oi_host_ns ns, oi_host_principal principal,
                               oi_lease lease, size_t n, host_block **out,
                               const oi_host_load_sink *sink) {
   oi_status st = oi__lease_consume(h, ns.id, principal, lease, n, out, sink);
@@ -390,7 +387,7 @@ typedef struct load_end_ctx {
   uint64_t now, unloaded, unpinned;
 } load_end_ctx;
 
-static void load_end_some(oi_offload_host *h, void *ctx, host_block *const *blocks, size_t from,
+static void load_end_some(oi_host *h, void *ctx, host_block *const *blocks, size_t from,
                           size_t to) {
   load_end_ctx *c = ctx;
   for (size_t i = from; i < to; i++) {
@@ -409,8 +406,8 @@ static void load_end_some(oi_offload_host *h, void *ctx, host_block *const *bloc
   }
 }
 
-void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, bool ok,
-                       uint64_t bytes, uint64_t latency_ns) {
+void oi__host_load_end(oi_host *h, host_block *const *blocks, size_t n, bool ok, uint64_t bytes,
+                       uint64_t latency_ns) {
   if (n) oi__hist_record(&h->c.load_latency, latency_ns);
   load_end_ctx c = {.now = oi__now_ns()};
   oi__blocks_runs(h, blocks, n, true, load_end_some, &c);

@@ -1,4 +1,4 @@
-/* oi_offload_host: creation, namespaces, statistics, eviction and the
+/* oi_host: creation, namespaces, statistics, eviction and the
  * maintenance thread (lease expiry, size-class rebalancing, watermark
  * eviction). */
 #include <errno.h>
@@ -27,7 +27,7 @@ OI_API oi_status oi_host_options_init(oi_host_options *o) {
 
 static void *maint_main(void *arg);
 
-static uint64_t resident_bytes(const oi_offload_host *h) {
+static uint64_t resident_bytes(const oi_host *h) {
   uint64_t r = 0;
   uint32_t n = atomic_load(&h->nclasses);
   for (uint32_t i = 0; i < n; i++)
@@ -35,7 +35,7 @@ static uint64_t resident_bytes(const oi_offload_host *h) {
   return r;
 }
 
-OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_host **out) {
+OI_API oi_status oi_host_create(const oi_host_options *o, oi_host **out) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_create: out is NULL");
   *out = NULL;
   oi_host_options opts;
@@ -59,7 +59,7 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
   if (opts.lease_ttl_ms == 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_create: lease_ttl_ms is 0");
 
-  oi_offload_host *h = oi__calloc(1, sizeof *h);
+  oi_host *h = oi__calloc(1, sizeof *h);
   if (!h) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host_create: out of memory");
   h->opts = opts;
   h->capacity = opts.pool_bytes;
@@ -103,11 +103,11 @@ OI_API oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_hos
   *out = h;
   return OI_OK;
 fail:
-  oi_offload_host_destroy(h);
+  oi_host_destroy(h);
   return st;
 }
 
-OI_API void oi_offload_host_destroy(oi_offload_host *h) {
+OI_API void oi_host_destroy(oi_host *h) {
   if (!h) return;
   int live = atomic_load(&h->live_engines);
   if (live > 0) {
@@ -148,7 +148,7 @@ OI_API void oi_offload_host_destroy(oi_offload_host *h) {
   oi__free(h);
 }
 
-bool oi__host_find_namespace(oi_offload_host *h, const char *name, oi_host_ns *out) {
+bool oi__host_find_namespace(oi_host *h, const char *name, oi_host_ns *out) {
   bool found = false;
   pthread_mutex_lock(&h->ns_lock);
   for (uint32_t i = 0; i < h->nns && !found; i++)
@@ -160,7 +160,7 @@ bool oi__host_find_namespace(oi_offload_host *h, const char *name, oi_host_ns *o
   return found;
 }
 
-oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t block_bytes,
+oi_status oi__host_bind_namespace(oi_host *h, const char *name, uint64_t block_bytes,
                                   uint64_t shape_hash, oi_host_ns *out) {
   pthread_mutex_lock(&h->ns_lock);
   for (uint32_t i = 0; i < h->nns; i++) {
@@ -219,13 +219,13 @@ oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t
   return OI_OK;
 }
 
-void oi__host_notify_sealed(oi_offload_host *h) {
+void oi__host_notify_sealed(oi_host *h) {
   pthread_mutex_lock(&h->seal_lock);
   if (h->seal_waiters) pthread_cond_broadcast(&h->seal_cv);
   pthread_mutex_unlock(&h->seal_lock);
 }
 
-bool oi__host_wait_not_in_flight(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hash,
+bool oi__host_wait_not_in_flight(oi_host *h, oi_host_ns ns, const oi_block_hash *hash,
                                  uint64_t deadline_ns) {
   index_shard *s = oi__index_shard(h, ns.id, hash);
   struct timespec ts = oi__timespec(deadline_ns);
@@ -247,7 +247,7 @@ bool oi__host_wait_not_in_flight(oi_offload_host *h, oi_host_ns ns, const oi_blo
   return settled;
 }
 
-static uint64_t evict_until(oi_offload_host *h, uint64_t target_bytes) {
+static uint64_t evict_until(oi_host *h, uint64_t target_bytes) {
   uint64_t n = 0;
   int empty_passes = 0;
   host_block *batch[64];
@@ -277,7 +277,7 @@ static uint64_t evict_until(oi_offload_host *h, uint64_t target_bytes) {
   return n;
 }
 
-OI_API oi_status oi_offload_host_evict_all(oi_offload_host *h, uint64_t *evicted_blocks) {
+OI_API oi_status oi_host_evict_all(oi_host *h, uint64_t *evicted_blocks) {
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_evict_all: host is NULL");
   uint64_t n = evict_until(h, 0);
   if (evicted_blocks) *evicted_blocks = n;
@@ -285,7 +285,7 @@ OI_API oi_status oi_offload_host_evict_all(oi_offload_host *h, uint64_t *evicted
 }
 
 static void *maint_main(void *arg) {
-  oi_offload_host *h = arg;
+  oi_host *h = arg;
   uint64_t high = (uint64_t)((double)h->capacity * h->opts.high_watermark);
   uint64_t low = (uint64_t)((double)h->capacity * h->opts.low_watermark);
   pthread_mutex_lock(&h->maint_lock);
@@ -315,12 +315,12 @@ static void *maint_main(void *arg) {
   return NULL;
 }
 
-OI_API oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *out) {
+OI_API oi_status oi_host_get_stats(const oi_host *h, oi_host_stats *out) {
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_stats: host is NULL");
   oi_host_stats s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  oi_offload_host *mh = (oi_offload_host *)h; /* locks only; the host is not modified */
+  oi_host *mh = (oi_host *)h; /* locks only; the host is not modified */
   uint32_t ncls = atomic_load(&h->nclasses);
   s.size_classes = ncls;
   s.capacity_bytes = h->capacity;
@@ -375,11 +375,11 @@ OI_API oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *
   return oi__struct_out(out, &s, sizeof s, "host_stats");
 }
 
-uint64_t oi__host_ns_resident(const oi_offload_host *h, oi_host_ns ns) {
+uint64_t oi__host_ns_resident(const oi_host *h, oi_host_ns ns) {
   return oi__ns_resident_get(h, ns.id);
 }
 
-void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out) {
+void oi__host_pool_info(const oi_host *h, oi_host_pool_info *out) {
   *out =
       (oi_host_pool_info){.capacity_bytes = h->capacity,
                           .device = h->dev ? h->dev->ordinal : OI_DEVICE_CPU,
@@ -391,22 +391,22 @@ void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out) {
                           .slot_align = OI_SLOT_ALIGN};
 }
 
-uint64_t oi__ns_resident_get(const oi_offload_host *h, uint32_t ns) {
+uint64_t oi__ns_resident_get(const oi_host *h, uint32_t ns) {
   uint32_t i = ns - 1;
   if (ns == 0 || i >= OI_NS_COUNTED) return 0;
-  atomic_uint_fast64_t *page = atomic_load_explicit(
-      &((oi_offload_host *)h)->ns_resident[i / OI_NS_PAGE], memory_order_acquire);
+  atomic_uint_fast64_t *page =
+      atomic_load_explicit(&((oi_host *)h)->ns_resident[i / OI_NS_PAGE], memory_order_acquire);
   return page ? atomic_load_explicit(&page[i % OI_NS_PAGE], memory_order_relaxed) : 0;
 }
 
-OI_API oi_status oi_offload_host_namespace_stats(const oi_offload_host *h, uint32_t index,
-                                                 oi_namespace_stats *out) {
+OI_API oi_status oi_host_get_namespace_stats(const oi_host *h, uint32_t index,
+                                             oi_host_namespace_stats *out) {
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_namespace_stats: host is NULL");
-  oi_namespace_stats s;
+  oi_host_namespace_stats s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
   s.index = index;
-  oi_offload_host *mh = (oi_offload_host *)h; /* locks only */
+  oi_host *mh = (oi_host *)h; /* locks only */
   pthread_mutex_lock(&mh->ns_lock);
   if (index >= h->nns) {
     uint32_t n = h->nns;

@@ -35,17 +35,17 @@ typedef struct oi_host_ns {
 
 /* A new instance id (never 0) for an engine registering on `h`; the host
  * counts it live until oi__host_instance_remove. */
-uint32_t oi__host_instance_add(oi_offload_host *h);
+uint32_t oi__host_instance_add(oi_host *h);
 /* Drops the instance's leases and its live mark. */
-void oi__host_instance_remove(oi_offload_host *h, uint32_t instance);
+void oi__host_instance_remove(oi_host *h, uint32_t instance);
 /* Binds `name` to blocks of `block_bytes` and a layout shape (a namespace
  * keeps the first layout bound to it). Messages start with "register". */
-oi_status oi__host_bind_namespace(oi_offload_host *h, const char *name, uint64_t block_bytes,
+oi_status oi__host_bind_namespace(oi_host *h, const char *name, uint64_t block_bytes,
                                   uint64_t shape_hash, oi_host_ns *out);
 /* The namespace bound to `name`, if any (nothing is bound). */
-bool oi__host_find_namespace(oi_offload_host *h, const char *name, oi_host_ns *out);
+bool oi__host_find_namespace(oi_host *h, const char *name, oi_host_ns *out);
 /* Blocks of namespace `ns` in flight or sealed. */
-uint64_t oi__host_ns_resident(const oi_offload_host *h, oi_host_ns ns);
+uint64_t oi__host_ns_resident(const oi_host *h, oi_host_ns ns);
 
 /* ---- saves ---- */
 
@@ -76,17 +76,17 @@ typedef struct oi_host_reserved {
  * hold yet, evicting least recently used blocks when the free slots run out.
  * A re-saved sealed block counts as a use. In-flight slots are invisible to
  * queries until sealed. */
-void oi__host_reserve(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+void oi__host_reserve(oi_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                       const oi_host_reserve_sink *sink, oi_host_reserved *out);
 /* Ends reserved slots: ok, they are sealed (visible, evictable); otherwise
  * they are removed and freed (nothing partial is ever served). `bytes` and
  * `latency_ns` feed the statistics (latency only when n > 0). Wakes flushes
  * waiting in oi__host_wait_not_in_flight. */
-void oi__host_save_end(oi_offload_host *h, oi_host_ns ns, host_block *const *blocks, size_t n,
-                       bool ok, uint64_t bytes, uint64_t latency_ns);
+void oi__host_save_end(oi_host *h, oi_host_ns ns, host_block *const *blocks, size_t n, bool ok,
+                       uint64_t bytes, uint64_t latency_ns);
 /* Waits until (ns, hash) is no longer in flight (sealed, or dropped), or the
  * deadline passes. @return true when it is no longer in flight. */
-bool oi__host_wait_not_in_flight(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hash,
+bool oi__host_wait_not_in_flight(oi_host *h, oi_host_ns ns, const oi_block_hash *hash,
                                  uint64_t deadline_ns);
 
 /* ---- queries ---- */
@@ -97,25 +97,24 @@ typedef uint64_t oi_host_principal;
 
 /* present[i] = whether hashes[i] is sealed; *hits counts them, *pending
  * (optional) the positions still in flight. No pins. */
-void oi__host_membership(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+void oi__host_membership(oi_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                          uint8_t *present, uint64_t *hits, uint64_t *pending);
 /* The longest sealed prefix of `hashes` and the run of blocks in flight
  * right after it, without pins or counters. */
-void oi__host_prefix_probe(oi_offload_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
+void oi__host_prefix_probe(oi_host *h, oi_host_ns ns, const oi_block_hash *hashes, size_t n,
                            uint64_t *sealed, uint64_t *pending);
 /* Pins the longest sealed prefix of `hashes` under a lease created by
  * `instance` (0: none; the lease then lives until consumed, released or
  * expired) for `principal`, with `shares` consumers (*lease untouched when
  * *hits is 0). *pending (optional): the run of blocks in flight right after
  * the prefix. On failure nothing stays pinned and nothing is counted. */
-oi_status oi__host_lease_prefix(oi_offload_host *h, oi_host_ns ns, uint32_t instance,
+oi_status oi__host_lease_prefix(oi_host *h, oi_host_ns ns, uint32_t instance,
                                 oi_host_principal principal, uint32_t shares,
                                 const oi_block_hash *hashes, size_t n, uint64_t *hits,
                                 uint64_t *pending, oi_lease *lease);
 /* Drops a lease of namespace `ns` held for `principal` (PERMISSION when it
  * is another namespace's or another principal's). */
-oi_status oi__host_release(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
-                           oi_lease lease);
+oi_status oi__host_release(oi_host *h, oi_host_ns ns, oi_host_principal principal, oi_lease lease);
 
 /* ---- loads ---- */
 
@@ -133,15 +132,15 @@ typedef struct oi_host_load_sink {
  * namespace `ns` and `principal`: marks them loading (not evictable) and
  * writes them to out[0..n); with a sink, their addresses to sink->data as
  * it goes, telling sink->ready after every 1,024 blocks and at the end. */
-oi_status oi__host_load_begin(oi_offload_host *h, oi_host_ns ns, oi_host_principal principal,
+oi_status oi__host_load_begin(oi_host *h, oi_host_ns ns, oi_host_principal principal,
                               oi_lease lease, size_t n, host_block **out,
                               const oi_host_load_sink *sink);
 /* Ends a load begun with oi__host_load_begin (drops the loading marks). */
-void oi__host_load_end(oi_offload_host *h, host_block *const *blocks, size_t n, bool ok,
-                       uint64_t bytes, uint64_t latency_ns);
+void oi__host_load_end(oi_host *h, host_block *const *blocks, size_t n, bool ok, uint64_t bytes,
+                       uint64_t latency_ns);
 
 /* Where a block's bytes live in the pool. */
-uint8_t *oi__host_block_data(const oi_offload_host *h, const host_block *b);
+uint8_t *oi__host_block_data(const oi_host *h, const host_block *b);
 
 /* ---- the pool ---- */
 
@@ -156,11 +155,11 @@ typedef struct oi_host_pool_info {
   uint64_t slot_align; /* every slot starts at a multiple of this from base */
 } oi_host_pool_info;
 
-void oi__host_pool_info(const oi_offload_host *h, oi_host_pool_info *out);
+void oi__host_pool_info(const oi_host *h, oi_host_pool_info *out);
 
 /* ---- queries over the tier chain (query.c) ---- */
 
-/* A query of a host (a local engine's, oi_offload_host_query's, the
+/* A query of a host (a local engine's, oi_host_query's, the
  * server's lookups): the lease is created by `instance` (0: none) for
  * `principal` with `shares` consumers. */
 typedef struct oi_host_query_args {
@@ -187,14 +186,14 @@ typedef struct oi_host_answer {
  * waits (no pins held) until no block right after the sealed prefix is in
  * flight or wait_ms passes, and leases the prefix. A membership query
  * counts a block a tier holds (those with `contains`) as present. */
-oi_status oi__host_query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_query_args *a,
+oi_status oi__host_query_ns(oi_host *h, oi_host_ns ns, const oi_host_query_args *a,
                             const oi_block_hash *hashes, size_t n, oi_host_answer *out);
 /* As oi__host_query_ns by the namespace's name (one never bound misses
  * every block). */
-oi_status oi__host_query(oi_offload_host *h, const char *namespace_id, const oi_host_query_args *a,
+oi_status oi__host_query(oi_host *h, const char *namespace_id, const oi_host_query_args *a,
                          const oi_block_hash *hashes, size_t n, oi_host_answer *out);
 /* Releases a lease of `namespace_id` held for `principal`. */
-oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id,
-                                  oi_host_principal principal, oi_lease lease);
+oi_status oi__host_lookup_release(oi_host *h, const char *namespace_id, oi_host_principal principal,
+                                  oi_lease lease);
 
 #endif

@@ -60,7 +60,7 @@ static inline bool oi__block_evictable(const host_block *b) {
   return b->state == BLOCK_SEALED && b->pins == 0 && b->loading == 0 && !b->spilling;
 }
 
-struct oi_offload_host;
+struct oi_host;
 
 /* A sealed block waiting for the spilling tier: the record id it had and its
  * name (the id is checked against the index when taken: it may be reused). */
@@ -81,7 +81,7 @@ typedef struct index_shard {
   pthread_mutex_t lock;
   uint64_t *slots; /* (tag << 32) | id; OI_INDEX_EMPTY for none */
   uint32_t nslots, count;
-  struct oi_offload_host *host;
+  struct oi_host *host;
   uint32_t lru_head[OI_MAX_SIZE_CLASSES], lru_tail[OI_MAX_SIZE_CLASSES];
 } __attribute__((aligned(64))) index_shard;
 
@@ -159,7 +159,7 @@ typedef struct host_counters {
 #define OI_NS_PAGES 256
 #define OI_NS_COUNTED (OI_NS_PAGE * OI_NS_PAGES)
 
-struct oi_offload_host {
+struct oi_host {
   atomic_uint evicters; /* threads inside evict_until (host.c) */
   oi_host_options opts;
   oi_dev *dev;
@@ -249,7 +249,7 @@ struct oi_offload_host {
 
 /* The record named by id (not OI_NIL). Its chunk's record table is stable
  * while any of its slots is allocated. */
-static inline host_block *oi__rec(const oi_offload_host *h, uint32_t id) {
+static inline host_block *oi__rec(const oi_host *h, uint32_t id) {
   return h->chunks[id >> h->slot_bits].records + (id & ((1u << h->slot_bits) - 1));
 }
 /* Prefetches a record for writing: both of its lines (a 48-byte record
@@ -259,35 +259,35 @@ static inline void oi__rec_prefetch(const host_block *b) {
   __builtin_prefetch((const char *)b + sizeof *b - 1, 1);
 }
 /* A block's size class: its chunk's (stable while the block is allocated). */
-static inline uint32_t oi__block_cls(const oi_offload_host *h, const host_block *b) {
+static inline uint32_t oi__block_cls(const oi_host *h, const host_block *b) {
   return (uint32_t)h->chunks[b->id >> h->slot_bits].cls;
 }
 /* As oi__block_data, with the slot size of b's class known (the blocks of
  * one namespace share it). */
-static inline uint8_t *oi__block_data_sized(const oi_offload_host *h, const host_block *b,
+static inline uint8_t *oi__block_data_sized(const oi_host *h, const host_block *b,
                                             uint64_t slot_bytes) {
   return (uint8_t *)h->pool.host + (uint64_t)(b->id >> h->slot_bits) * h->chunk_bytes +
          (uint64_t)(b->id & ((1u << h->slot_bits) - 1)) * slot_bytes;
 }
 
-static inline uint8_t *oi__block_data(const oi_offload_host *h, const host_block *b) {
+static inline uint8_t *oi__block_data(const oi_host *h, const host_block *b) {
   return oi__block_data_sized(h, b, h->classes[oi__block_cls(h, b)].slot_bytes);
 }
 
 /* Adds `d` (may be negative, two's complement) to namespace `ns`'s resident
  * blocks. `ns` is a namespace id (1-based). */
-static inline void oi__ns_resident_add(oi_offload_host *h, uint32_t ns, uint64_t d) {
+static inline void oi__ns_resident_add(oi_host *h, uint32_t ns, uint64_t d) {
   uint32_t i = ns - 1;
   if (ns == 0 || i >= OI_NS_COUNTED) return;
   atomic_uint_fast64_t *page =
       atomic_load_explicit(&h->ns_resident[i / OI_NS_PAGE], memory_order_acquire);
   if (page) atomic_fetch_add_explicit(&page[i % OI_NS_PAGE], d, memory_order_relaxed);
 }
-uint64_t oi__ns_resident_get(const oi_offload_host *h, uint32_t ns);
+uint64_t oi__ns_resident_get(const oi_host *h, uint32_t ns);
 
 /* blocks_pinned bookkeeping: call under the block's shard lock, with the
  * block's pins/loading counts before (was) and after (now) a change. */
-static inline void oi__block_pinned_update(oi_offload_host *h, bool was, bool now) {
+static inline void oi__block_pinned_update(oi_host *h, bool was, bool now) {
   if (was != now) {
     if (now)
       atomic_fetch_add_explicit(&h->c.blocks_pinned, 1, memory_order_relaxed);
@@ -297,39 +297,38 @@ static inline void oi__block_pinned_update(oi_offload_host *h, bool was, bool no
 }
 
 /* ---- pool (pool.c) ---- */
-oi_status oi__pool_init(oi_offload_host *h);
-void oi__pool_fini(oi_offload_host *h);
+oi_status oi__pool_init(oi_host *h);
+void oi__pool_fini(oi_host *h);
 /* Size class for a block size, created on first use. */
-oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t *cls);
+oi_status oi__pool_class_for(oi_host *h, uint64_t block_bytes, uint32_t *cls);
 /* A free slot of class `cls`: from the free list, a newly carved chunk, or by
  * evicting the least recently used unpinned block. NULL when none. */
-host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls);
+host_block *oi__pool_alloc(oi_host *h, uint32_t cls);
 /* Up to `want` free slots of class `cls` (free list, then new chunks; never
  * evicts), in one lock acquisition. Returns how many were taken. */
-size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_block **out);
-void oi__pool_free(oi_offload_host *h, host_block *b);
-void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n);
+size_t oi__pool_alloc_batch(oi_host *h, uint32_t cls, size_t want, host_block **out);
+void oi__pool_free(oi_host *h, host_block *b);
+void oi__pool_free_batch(oi_host *h, host_block **blocks, size_t n);
 /* Whether class `cls` has no free slot and no uncarved chunk is left. */
-bool oi__pool_starved(oi_offload_host *h, uint32_t cls);
+bool oi__pool_starved(oi_host *h, uint32_t cls);
 /* Up to `max` (at most 8) carved chunks of the classes in the bit mask
  * `classes`, not draining, the least recently filled first (their class in
  * from[]). Returns how many. */
-size_t oi__pool_victims(oi_offload_host *h, unsigned classes, uint32_t *chunks, uint32_t *from,
-                        size_t max);
+size_t oi__pool_victims(oi_host *h, unsigned classes, uint32_t *chunks, uint32_t *from, size_t max);
 /* Marks chunk `ci` of class `cls` draining: no slot of it is handed out
  * from now on. false: it is no longer of that class, or drains already. */
-bool oi__pool_drain_begin(oi_offload_host *h, uint32_t ci, uint32_t cls);
+bool oi__pool_drain_begin(oi_host *h, uint32_t ci, uint32_t cls);
 /* Ends a drain that did not move its chunk: its free slots serve its class again. */
-void oi__pool_drain_cancel(oi_offload_host *h, uint32_t ci);
+void oi__pool_drain_cancel(oi_host *h, uint32_t ci);
 /* Moves draining chunk `ci` to class `to` if every slot of it is free: its
  * record table and free map rebuilt for the new slot size. false: some slot
  * is still taken (it stays draining), or the new tables could not be
  * allocated (it is left uncarved, for any class). */
-bool oi__pool_drain_finish(oi_offload_host *h, uint32_t ci, uint32_t to);
+bool oi__pool_drain_finish(oi_host *h, uint32_t ci, uint32_t to);
 /* A class found no free slot and no chunk to carve (a save's reserve): asks
  * the maintenance thread to move a chunk to it; takes no lock, never waits.
  * A lone class has no one to take from. */
-static inline void oi__pool_rebalance_request(oi_offload_host *h, uint32_t cls) {
+static inline void oi__pool_rebalance_request(oi_host *h, uint32_t cls) {
   unsigned bit = 1u << cls;
   if (atomic_load_explicit(&h->nclasses, memory_order_relaxed) < 2 ||
       (atomic_load_explicit(&h->rebalance_want, memory_order_relaxed) & bit))
@@ -339,11 +338,11 @@ static inline void oi__pool_rebalance_request(oi_offload_host *h, uint32_t cls) 
 
 /* ---- rebalance.c ---- */
 /* One pass of the size-class rebalancer (the maintenance thread's). */
-void oi__rebalance_run(oi_offload_host *h);
+void oi__rebalance_run(oi_host *h);
 
 /* ---- index (index.c) ---- */
-oi_status oi__index_init(oi_offload_host *h);
-void oi__index_fini(oi_offload_host *h);
+oi_status oi__index_init(oi_host *h);
+void oi__index_fini(oi_host *h);
 /* The index's hash of a key: picks the shard (high bits) and the bucket (low bits). */
 static inline uint64_t oi__index_key(uint32_t ns, const oi_block_hash *h) {
   uint64_t a, b;
@@ -362,21 +361,21 @@ static inline uint64_t oi__index_key(uint32_t ns, const oi_block_hash *h) {
   x ^= x >> 33;
   return x;
 }
-static inline index_shard *oi__index_shard_of(oi_offload_host *h, uint64_t key) {
+static inline index_shard *oi__index_shard_of(oi_host *h, uint64_t key) {
   return &h->shards[(key >> 48) & (h->nshards - 1)];
 }
 /* The shard holding an indexed block (from its name, which does not change
  * while it is indexed). */
-static inline index_shard *oi__block_shard(oi_offload_host *h, const host_block *b) {
+static inline index_shard *oi__block_shard(oi_host *h, const host_block *b) {
   return oi__index_shard_of(h, oi__index_key(b->ns, &b->hash));
 }
-index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash);
+index_shard *oi__index_shard(oi_host *h, uint32_t ns, const oi_block_hash *hash);
 host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_hash *hash);
 /* As oi__index_find_locked, given key = oi__index_key(ns, hash). */
 host_block *oi__index_find_key_locked(index_shard *s, uint64_t key, uint32_t ns,
                                       const oi_block_hash *hash);
 /* Prefetches what looking up `hashes` will touch (a hint; takes no lock). */
-void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n);
+void oi__index_prefetch(oi_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n);
 /* ---- batches: per call, not per block, locking ----
  * A batch of up to OI_BATCH hashes (or blocks) takes each shard it touches
  * once, in ascending shard order (so batches never deadlock one another;
@@ -392,8 +391,8 @@ typedef struct shard_set {
 } shard_set;
 
 /* Locks the distinct shards of shard[0..n) (n <= OI_BATCH), each once. */
-void oi__shard_set_lock(oi_offload_host *h, shard_set *set, const uint32_t *shard, size_t n);
-void oi__shard_set_unlock(oi_offload_host *h, shard_set *set);
+void oi__shard_set_lock(oi_host *h, shard_set *set, const uint32_t *shard, size_t n);
+void oi__shard_set_unlock(oi_host *h, shard_set *set);
 
 typedef struct index_batch {
   size_t n;
@@ -407,24 +406,23 @@ typedef struct index_batch {
 
 /* Looks up hashes[0..n) (n <= OI_BATCH) of namespace ns and returns with
  * their shards locked (q->found valid until oi__index_batch_unlock). */
-void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
-                          const oi_block_hash *hashes, size_t n);
+void oi__index_batch_lock(oi_host *h, index_batch *q, uint32_t ns, const oi_block_hash *hashes,
+                          size_t n);
 /* As oi__index_batch_lock, with every shard's lock held by the caller
  * (oi__shards_lock_all); locks nothing. */
-void oi__index_batch_find_all_locked(oi_offload_host *h, index_batch *q, uint32_t ns,
+void oi__index_batch_find_all_locked(oi_host *h, index_batch *q, uint32_t ns,
                                      const oi_block_hash *hashes, size_t n);
 /* Every shard's lock, in ascending order; released in descending order. */
-void oi__shards_lock_all(oi_offload_host *h);
-void oi__shards_unlock_all(oi_offload_host *h);
-static inline void oi__index_batch_unlock(oi_offload_host *h, index_batch *q) {
+void oi__shards_lock_all(oi_host *h);
+void oi__shards_unlock_all(oi_host *h);
+static inline void oi__index_batch_unlock(oi_host *h, index_batch *q) {
   oi__shard_set_unlock(h, &q->locked);
 }
-static inline index_shard *oi__index_batch_shard(oi_offload_host *h, const index_batch *q,
-                                                 size_t i) {
+static inline index_shard *oi__index_batch_shard(oi_host *h, const index_batch *q, size_t i) {
   return &h->shards[q->shard[i]];
 }
 /* Locks the shards of blocks[0..n) (n <= OI_BATCH, indexed blocks). */
-void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *blocks, size_t n);
+void oi__blocks_lock(oi_host *h, shard_set *set, host_block *const *blocks, size_t n);
 /* Runs of blocks a caller handles under one taking of every shard lock
  * (oi__blocks_runs), and how far ahead such a walk prefetches records. */
 #define OI_ALL_SHARDS_RUN 512
@@ -432,27 +430,27 @@ void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *bloc
 /* Whether a call over n blocks (or hashes) takes every shard's lock once per
  * run of OI_ALL_SHARDS_RUN: n at least that, with at most a quarter as many
  * shards (64 by default: nearly every shard holds some of such a run). */
-static inline bool oi__all_shards_for(const oi_offload_host *h, size_t n) {
+static inline bool oi__all_shards_for(const oi_host *h, size_t n) {
   return n >= OI_ALL_SHARDS_RUN && (size_t)h->nshards * 4 <= OI_ALL_SHARDS_RUN;
 }
 /* Handles blocks[from..to) with the shard locks of those blocks held. */
-typedef void (*oi_blocks_run_fn)(oi_offload_host *h, void *ctx, host_block *const *blocks,
-                                 size_t from, size_t to);
+typedef void (*oi_blocks_run_fn)(oi_host *h, void *ctx, host_block *const *blocks, size_t from,
+                                 size_t to);
 /* Calls fn over blocks[0..n) (indexed blocks), run after run. With all_ok
  * and oi__all_shards_for(h, n), each run of OI_ALL_SHARDS_RUN blocks is handled with every shard's
  * lock taken in ascending order: no block's shard is computed (a hash of its name) and no set
  * sorted, and each lock is held a few microseconds (fn should prefetch OI_RUN_PREFETCH records
  * ahead; the first ones are). Otherwise runs of OI_BATCH blocks under their shards' locks. The
  * caller passes all_ok false when fn takes another lock (ThreadSanitizer keeps at most 64 held). */
-void oi__blocks_runs(oi_offload_host *h, host_block *const *blocks, size_t n, bool all_ok,
+void oi__blocks_runs(oi_host *h, host_block *const *blocks, size_t n, bool all_ok,
                      oi_blocks_run_fn fn, void *ctx);
 /* Unpins blocks[0..n), any n, a batch of shards at a time. */
-void oi__blocks_unpin(oi_offload_host *h, host_block *const *blocks, size_t n);
+void oi__blocks_unpin(oi_host *h, host_block *const *blocks, size_t n);
 
 /* Indexes b (its ns and hash set; key = oi__index_key of them, which the
  * caller computed to find s). false: the table is full and could not grow
  * (out of memory); b is not indexed. */
-bool oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b, uint64_t key);
+bool oi__index_insert_locked(oi_host *h, index_shard *s, host_block *b, uint64_t key);
 void oi__index_remove_locked(index_shard *s, host_block *b);
 void oi__lru_push_locked(index_shard *s, host_block *b); /* most recent end */
 void oi__lru_remove_locked(index_shard *s, host_block *b);
@@ -465,12 +463,12 @@ typedef struct pin_tally {
 } pin_tally;
 void oi__block_pin_locked(index_shard *s, host_block *b, pin_tally *t);
 void oi__block_unpin_locked(index_shard *s, host_block *b, pin_tally *t);
-void oi__pin_tally_apply(oi_offload_host *h, const pin_tally *t);
+void oi__pin_tally_apply(oi_host *h, const pin_tally *t);
 /* Evicts the least recently used evictable block of class `cls` (any class
  * when cls < 0) and returns it (removed from the index, state FREE, still
  * counted resident in its class: pass it to oi__pool_free or reuse it), or NULL. */
-host_block *oi__index_evict_one(oi_offload_host *h, int cls);
-size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_block **out);
+host_block *oi__index_evict_one(oi_host *h, int cls);
+size_t oi__index_evict_batch(oi_host *h, int cls, size_t want, host_block **out);
 /* Whether an indexed block is held: pinned (leased), loading or spilling.
  * A rebalance never takes a chunk with a held block (an in-flight block it
  * waits for: it seals, or is dropped, soon). */
@@ -484,40 +482,39 @@ typedef struct chunk_census {
   uint32_t indexed, held;
   uint64_t newest;
 } chunk_census;
-void oi__index_chunk_census(oi_offload_host *h, const uint32_t *chunks, size_t n,
-                            chunk_census *out);
+void oi__index_chunk_census(oi_host *h, const uint32_t *chunks, size_t n, chunk_census *out);
 /* Evicts every evictable indexed block of chunk `ci`, one shard lock at a
  * time, and frees them (counted as evictions, the watcher told); blocks in
  * flight are left as they are. Sets *held when it met a held block
  * (oi__block_held; left as it is). Returns how many it evicted. */
-size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *held);
+size_t oi__index_evict_chunk(oi_host *h, uint32_t ci, bool *held);
 /* The oldest use at the LRU tails of each size class, oldest[0..
  * OI_MAX_SIZE_CLASSES) (UINT64_MAX: none listed). A pinned block may still
  * be listed at a tail: an approximation. */
-void oi__index_oldest(oi_offload_host *h, uint64_t *oldest);
+void oi__index_oldest(oi_host *h, uint64_t *oldest);
 
 /* ---- leases (lease.c) ---- */
-oi_status oi__lease_init(oi_offload_host *h);
-void oi__lease_fini(oi_offload_host *h);
+oi_status oi__lease_init(oi_host *h);
+void oi__lease_fini(oi_host *h);
 /* Creates a lease over blocks the caller already pinned. */
-oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, uint64_t principal,
+oi_status oi__lease_create(oi_host *h, uint32_t instance, uint32_t ns, uint64_t principal,
                            uint32_t shares, host_block **blocks, size_t n, oi_lease *out);
 /* Consumes one share of `lease` for a load of n blocks on `instance`; marks
  * the blocks loading and copies them to out (n entries). */
-oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease,
-                            size_t n, host_block **out, const oi_host_load_sink *sink);
-oi_status oi__lease_release(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease);
-void oi__lease_drop_instance(oi_offload_host *h, uint32_t instance);
-void oi__lease_expire(oi_offload_host *h, uint64_t now_ns);
+oi_status oi__lease_consume(oi_host *h, uint32_t ns, uint64_t principal, oi_lease lease, size_t n,
+                            host_block **out, const oi_host_load_sink *sink);
+oi_status oi__lease_release(oi_host *h, uint32_t ns, uint64_t principal, oi_lease lease);
+void oi__lease_drop_instance(oi_host *h, uint32_t instance);
+void oi__lease_expire(oi_host *h, uint64_t now_ns);
 
 /* ---- host.c ---- */
 /* Wakes flushes waiting for in-flight blocks to seal or drop. */
-void oi__host_notify_sealed(oi_offload_host *h);
+void oi__host_notify_sealed(oi_host *h);
 
 /* ---- tier.c ---- */
 /* A link of the chain. */
 struct oi_tier {
-  oi_offload_host *host;
+  oi_host *host;
   const oi_tier_ops *ops;
   void *self;
   bool notify; /* told of seals and evictions (under tier_notify_lock) */
@@ -530,24 +527,24 @@ typedef struct tier_chain {
   size_t n;
   oi_tier *links[];
 } tier_chain;
-void oi__tier_init(oi_offload_host *h);
+void oi__tier_init(oi_host *h);
 /* Stops telling the tiers of seals and evictions (waits for calls in
  * progress), then destroys the tiers that do not take spills, farthest
  * first (host destroy, first thing). */
-void oi__tier_fini_upper(oi_offload_host *h);
+void oi__tier_fini_upper(oi_host *h);
 /* Destroys the tier that takes spills (it drains its queue), then frees the
  * chain (host destroy, after the maintenance thread stopped). */
-void oi__tier_fini(oi_offload_host *h);
+void oi__tier_fini(oi_host *h);
 /* Tells the listening tiers that blocks[0..n) sealed / were evicted. */
-void oi__tier_note_sealed(oi_offload_host *h, host_block *const *blocks, size_t n);
-void oi__tier_note_evicted(oi_offload_host *h, host_block *const *blocks, size_t n);
+void oi__tier_note_sealed(oi_host *h, host_block *const *blocks, size_t n);
+void oi__tier_note_evicted(oi_host *h, host_block *const *blocks, size_t n);
 
 /* ---- spill.c ---- */
-void oi__spill_init(oi_offload_host *h);
-void oi__spill_fini(oi_offload_host *h);
+void oi__spill_init(oi_host *h);
+void oi__spill_fini(oi_host *h);
 /* Blocks just sealed (their shard locks held): queued for the spilling
  * tier unless it holds them already. */
-void oi__spill_note_sealed_locked(oi_offload_host *h, host_block *const *blocks, size_t n);
+void oi__spill_note_sealed_locked(oi_host *h, host_block *const *blocks, size_t n);
 /* Puts an evictable block back on its LRU list in last_used order (a spill
  * that ended is not a use). */
 void oi__lru_insert_ordered_locked(index_shard *s, host_block *b);

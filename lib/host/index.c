@@ -31,7 +31,7 @@ static uint64_t *alloc_slots(uint32_t n) {
   return t;
 }
 
-oi_status oi__index_init(oi_offload_host *h) {
+oi_status oi__index_init(oi_host *h) {
   h->nshards = h->opts.index_shards;
   h->shards = oi__aligned_alloc(64, h->nshards * sizeof *h->shards);
   if (!h->shards) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host: out of memory for the index");
@@ -53,7 +53,7 @@ oi_status oi__index_init(oi_offload_host *h) {
   return OI_OK;
 }
 
-void oi__index_fini(oi_offload_host *h) {
+void oi__index_fini(oi_host *h) {
   if (!h->shards) return;
   for (uint32_t i = 0; i < h->nshards; i++) {
     oi__free(h->shards[i].slots);
@@ -63,7 +63,7 @@ void oi__index_fini(oi_offload_host *h) {
   h->shards = NULL;
 }
 
-index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_hash *hash) {
+index_shard *oi__index_shard(oi_host *h, uint32_t ns, const oi_block_hash *hash) {
   return oi__index_shard_of(h, key_hash(ns, hash));
 }
 
@@ -73,7 +73,7 @@ index_shard *oi__index_shard(oi_offload_host *h, uint32_t ns, const oi_block_has
  * shard's table pointer and size are read with relaxed atomics without the
  * lock, and a prefetch of a stale address is harmless (prefetches never
  * fault). */
-void oi__index_prefetch(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n) {
+void oi__index_prefetch(oi_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n) {
   for (size_t i = 0; i < n; i++) {
     uint64_t k = key_hash(ns, &hashes[i]);
     index_shard *s = oi__index_shard_of(h, k);
@@ -90,7 +90,7 @@ host_block *oi__index_find_locked(index_shard *s, uint32_t ns, const oi_block_ha
 
 host_block *oi__index_find_key_locked(index_shard *s, uint64_t key, uint32_t ns,
                                       const oi_block_hash *hash) {
-  oi_offload_host *h = s->host;
+  oi_host *h = s->host;
   uint32_t tag = (uint32_t)key, n = s->nslots, pos = home_of(tag, n);
   const uint64_t *t = s->slots;
   for (uint32_t d = 0;; d++) {
@@ -142,7 +142,7 @@ static bool grow_locked(index_shard *s) {
   return true;
 }
 
-size_t oi__host_foreach_sealed(oi_offload_host *h,
+size_t oi__host_foreach_sealed(oi_host *h,
                                void (*fn)(void *ctx, uint32_t ns, const oi_block_hash *hash),
                                void *ctx) {
   size_t n = 0;
@@ -162,7 +162,7 @@ size_t oi__host_foreach_sealed(oi_offload_host *h,
   return n;
 }
 
-bool oi__index_insert_locked(oi_offload_host *h, index_shard *s, host_block *b, uint64_t key) {
+bool oi__index_insert_locked(oi_host *h, index_shard *s, host_block *b, uint64_t key) {
   (void)h;
   if ((uint64_t)(s->count + 1) * MAX_LOAD_DEN > (uint64_t)s->nslots * MAX_LOAD_NUM &&
       !grow_locked(s) && s->count + 2 > s->nslots)
@@ -197,7 +197,7 @@ void oi__index_remove_locked(index_shard *s, host_block *b) {
 
 /* ---- batches ---- */
 
-void oi__shard_set_lock(oi_offload_host *h, shard_set *set, const uint32_t *shard, size_t n) {
+void oi__shard_set_lock(oi_host *h, shard_set *set, const uint32_t *shard, size_t n) {
   uint32_t k = 0;
   if (h->nshards <= 64) { /* the usual case: a bit mask sorts them */
     uint64_t mask = 0;
@@ -221,7 +221,7 @@ void oi__shard_set_lock(oi_offload_host *h, shard_set *set, const uint32_t *shar
     pthread_mutex_lock(&h->shards[set->ids[i]].lock);
 }
 
-void oi__shard_set_unlock(oi_offload_host *h, shard_set *set) {
+void oi__shard_set_unlock(oi_host *h, shard_set *set) {
   for (uint32_t i = set->n; i-- > 0;)
     pthread_mutex_unlock(&h->shards[set->ids[i]].lock);
   set->n = 0;
@@ -241,7 +241,7 @@ static uint32_t first_with_tag(const index_shard *s, uint32_t tag) {
 }
 
 /* The keys and shards of a batch, their table lines and locks prefetched. */
-static void batch_keys(oi_offload_host *h, index_batch *q, uint32_t ns, const oi_block_hash *hashes,
+static void batch_keys(oi_host *h, index_batch *q, uint32_t ns, const oi_block_hash *hashes,
                        size_t n) {
   q->n = n;
   q->ns = ns;
@@ -263,7 +263,7 @@ static void batch_keys(oi_offload_host *h, index_batch *q, uint32_t ns, const oi
 
 /* The batch's lookups, its shards locked: every table run first (their
  * misses overlap), the candidates' records prefetched, then checked. */
-static void batch_find(oi_offload_host *h, index_batch *q) {
+static void batch_find(oi_host *h, index_batch *q) {
   uint32_t cand[OI_BATCH];
   for (size_t i = 0; i < q->n; i++) {
     cand[i] = first_with_tag(&h->shards[q->shard[i]], (uint32_t)q->key[i]);
@@ -280,30 +280,30 @@ static void batch_find(oi_offload_host *h, index_batch *q) {
   }
 }
 
-void oi__index_batch_lock(oi_offload_host *h, index_batch *q, uint32_t ns,
-                          const oi_block_hash *hashes, size_t n) {
+void oi__index_batch_lock(oi_host *h, index_batch *q, uint32_t ns, const oi_block_hash *hashes,
+                          size_t n) {
   batch_keys(h, q, ns, hashes, n);
   oi__shard_set_lock(h, &q->locked, q->shard, n);
   batch_find(h, q);
 }
 
-void oi__index_batch_find_all_locked(oi_offload_host *h, index_batch *q, uint32_t ns,
+void oi__index_batch_find_all_locked(oi_host *h, index_batch *q, uint32_t ns,
                                      const oi_block_hash *hashes, size_t n) {
   batch_keys(h, q, ns, hashes, n);
   batch_find(h, q);
 }
 
-void oi__shards_lock_all(oi_offload_host *h) {
+void oi__shards_lock_all(oi_host *h) {
   for (uint32_t s = 0; s < h->nshards; s++)
     pthread_mutex_lock(&h->shards[s].lock);
 }
 
-void oi__shards_unlock_all(oi_offload_host *h) {
+void oi__shards_unlock_all(oi_host *h) {
   for (uint32_t s = h->nshards; s-- > 0;)
     pthread_mutex_unlock(&h->shards[s].lock);
 }
 
-void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *blocks, size_t n) {
+void oi__blocks_lock(oi_host *h, shard_set *set, host_block *const *blocks, size_t n) {
   uint32_t shard[OI_BATCH];
   for (size_t i = 0; i < n; i++) {
     shard[i] = (uint32_t)(oi__block_shard(h, blocks[i]) - h->shards);
@@ -312,7 +312,7 @@ void oi__blocks_lock(oi_offload_host *h, shard_set *set, host_block *const *bloc
   oi__shard_set_lock(h, set, shard, n);
 }
 
-void oi__blocks_runs(oi_offload_host *h, host_block *const *blocks, size_t n, bool all_ok,
+void oi__blocks_runs(oi_host *h, host_block *const *blocks, size_t n, bool all_ok,
                      oi_blocks_run_fn fn, void *ctx) {
   if (!all_ok || !oi__all_shards_for(h, n)) {
     for (size_t at = 0; at < n; at += OI_BATCH) {
@@ -334,7 +334,7 @@ void oi__blocks_runs(oi_offload_host *h, host_block *const *blocks, size_t n, bo
   }
 }
 
-void oi__blocks_unpin(oi_offload_host *h, host_block *const *blocks, size_t n) {
+void oi__blocks_unpin(oi_host *h, host_block *const *blocks, size_t n) {
   pin_tally t = {0, 0, 0};
   for (size_t at = 0; at < n; at += OI_BATCH) {
     size_t k = OI_MIN((size_t)OI_BATCH, n - at);
@@ -359,7 +359,7 @@ void oi__lru_push_locked(index_shard *s, host_block *b) {
 }
 
 void oi__lru_remove_locked(index_shard *s, host_block *b) {
-  oi_offload_host *h = s->host;
+  oi_host *h = s->host;
   int c = (int)oi__block_cls(s->host, b);
   if (b->lru_prev != OI_NIL)
     oi__rec(h, b->lru_prev)->lru_next = b->lru_next;
@@ -380,7 +380,7 @@ void oi__lru_remove_locked(index_shard *s, host_block *b) {
 #define LRU_ORDERED_WALK 64
 
 void oi__lru_insert_ordered_locked(index_shard *s, host_block *b) {
-  oi_offload_host *h = s->host;
+  oi_host *h = s->host;
   int c = (int)oi__block_cls(s->host, b);
   uint32_t cur = s->lru_tail[c];
   for (int i = 0; cur != OI_NIL && oi__rec(h, cur)->last_used < b->last_used; i++) {
@@ -418,7 +418,7 @@ void oi__block_unpin_locked(index_shard *s, host_block *b, pin_tally *t) {
   }
 }
 
-void oi__pin_tally_apply(oi_offload_host *h, const pin_tally *t) {
+void oi__pin_tally_apply(oi_host *h, const pin_tally *t) {
   /* One atomic per counter per batch, not per block (two's complement adds). */
   if (t->leased)
     atomic_fetch_add_explicit(&h->c.blocks_leased, (uint64_t)t->leased, memory_order_relaxed);
@@ -432,7 +432,7 @@ void oi__pin_tally_apply(oi_offload_host *h, const pin_tally *t) {
  * approximately global LRU, without scanning every shard per block. */
 #define EVICT_RUN 16
 
-size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_block **out) {
+size_t oi__index_evict_batch(oi_host *h, int cls, size_t want, host_block **out) {
   uint32_t nclasses = atomic_load(&h->nclasses);
   size_t got = 0, unlisted = 0, nback = 0;
   host_block *back[EVICT_RUN]; /* slots of draining chunks: freed, not reused */
@@ -500,8 +500,7 @@ size_t oi__index_evict_batch(oi_offload_host *h, int cls, size_t want, host_bloc
 
 /* ---- what the rebalancer asks of the index (rebalance.c) ---- */
 
-void oi__index_chunk_census(oi_offload_host *h, const uint32_t *chunks, size_t n,
-                            chunk_census *out) {
+void oi__index_chunk_census(oi_host *h, const uint32_t *chunks, size_t n, chunk_census *out) {
   for (size_t k = 0; k < n; k++)
     out[k] = (chunk_census){0, 0, 0};
   for (uint32_t i = 0; i < h->nshards; i++) {
@@ -524,7 +523,7 @@ void oi__index_chunk_census(oi_offload_host *h, const uint32_t *chunks, size_t n
   }
 }
 
-size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *held) {
+size_t oi__index_evict_chunk(oi_host *h, uint32_t ci, bool *held) {
   size_t total = 0;
   host_block *batch[OI_BATCH];
   for (uint32_t i = 0; i < h->nshards; i++) {
@@ -566,7 +565,7 @@ size_t oi__index_evict_chunk(oi_offload_host *h, uint32_t ci, bool *held) {
   return total;
 }
 
-void oi__index_oldest(oi_offload_host *h, uint64_t *oldest) {
+void oi__index_oldest(oi_host *h, uint64_t *oldest) {
   uint32_t n = atomic_load(&h->nclasses);
   for (uint32_t c = 0; c < OI_MAX_SIZE_CLASSES; c++)
     oldest[c] = UINT64_MAX;
@@ -582,7 +581,7 @@ void oi__index_oldest(oi_offload_host *h, uint64_t *oldest) {
   }
 }
 
-host_block *oi__index_evict_one(oi_offload_host *h, int cls) {
+host_block *oi__index_evict_one(oi_host *h, int cls) {
   host_block *b = NULL;
   return oi__index_evict_batch(h, cls, 1, &b) ? b : NULL;
 }

@@ -14,7 +14,7 @@
 #define LEASE_BUCKETS 1024
 #define LOAD_READY_RUN 1024 /* blocks (a multiple of OI_BATCH) */
 
-oi_status oi__lease_init(oi_offload_host *h) {
+oi_status oi__lease_init(oi_host *h) {
   pthread_mutex_init(&h->lease_lock, NULL);
   pthread_cond_init(&h->lease_cv, NULL);
   h->lease_nbuckets = LEASE_BUCKETS;
@@ -27,14 +27,14 @@ oi_status oi__lease_init(oi_offload_host *h) {
   return OI_OK;
 }
 
-static void unpin_blocks(oi_offload_host *h, host_block **blocks, size_t n) {
+static void unpin_blocks(oi_host *h, host_block **blocks, size_t n) {
   oi__blocks_unpin(h, blocks, n);
 }
 
 /* Waits (lease lock held) until no share of `l`, unlinked, is still marking
  * its blocks: a marker reads l->blocks, and its marks must land while the
  * lease's pins still hold the blocks (then they hold them themselves). */
-static void wait_markers_locked(oi_offload_host *h, lease_rec *l) {
+static void wait_markers_locked(oi_host *h, lease_rec *l) {
   while (l->markers)
     pthread_cond_wait(&h->lease_cv, &h->lease_lock);
 }
@@ -45,7 +45,7 @@ static void free_lease_mem(lease_rec *l) {
 }
 
 /* A record done with: kept for reuse when it is of the inline size. */
-static void free_lease(oi_offload_host *h, lease_rec *l) {
+static void free_lease(oi_host *h, lease_rec *l) {
   if (l->blocks == l->inline_blocks) {
     pthread_mutex_lock(&h->lease_lock);
     if (h->lease_nspare < OI_LEASE_SPARE) {
@@ -59,7 +59,7 @@ static void free_lease(oi_offload_host *h, lease_rec *l) {
   if (l) free_lease_mem(l);
 }
 
-void oi__lease_fini(oi_offload_host *h) {
+void oi__lease_fini(oi_host *h) {
   if (!h->lease_buckets) return;
   for (size_t i = 0; i < h->lease_nbuckets; i++)
     for (lease_rec *l = h->lease_buckets[i], *next; l; l = next) {
@@ -77,7 +77,7 @@ void oi__lease_fini(oi_offload_host *h) {
   pthread_cond_destroy(&h->lease_cv);
 }
 
-static uint64_t next_tag_locked(oi_offload_host *h) {
+static uint64_t next_tag_locked(oi_host *h) {
   uint64_t x = h->lease_tag_state; /* xorshift64* */
   x ^= x >> 12;
   x ^= x << 25;
@@ -86,7 +86,7 @@ static uint64_t next_tag_locked(oi_offload_host *h) {
   return x * 0x2545F4914F6CDD1Dull;
 }
 
-oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, uint64_t principal,
+oi_status oi__lease_create(oi_host *h, uint32_t instance, uint32_t ns, uint64_t principal,
                            uint32_t shares, host_block **blocks, size_t n, oi_lease *out) {
   uint64_t expires = oi__now_ns() + (uint64_t)h->opts.lease_ttl_ms * 1000000ull;
   lease_rec *l = NULL;
@@ -136,7 +136,7 @@ oi_status oi__lease_create(oi_offload_host *h, uint32_t instance, uint32_t ns, u
 /* Finds and unlinks nothing; returns the link to the lease or NULL, having
  * set the error: unknown, or (the id of a live lease with another tag) stale
  * or forged. The live lease is left as it was. */
-static lease_rec **find_locked(oi_offload_host *h, oi_lease lease, const char *what) {
+static lease_rec **find_locked(oi_host *h, oi_lease lease, const char *what) {
   uint64_t id, tag;
   memcpy(&id, lease.bytes, 8);
   memcpy(&tag, lease.bytes + 8, 8);
@@ -154,7 +154,7 @@ static lease_rec **find_locked(oi_offload_host *h, oi_lease lease, const char *w
   return NULL;
 }
 
-static lease_rec *unlink_locked(oi_offload_host *h, lease_rec **link) {
+static lease_rec *unlink_locked(oi_host *h, lease_rec **link) {
   lease_rec *l = *link;
   *link = l->next;
   h->lease_count--;
@@ -182,7 +182,7 @@ typedef struct mark_tally {
   pin_tally t;
 } mark_tally;
 
-static inline void mark_one(oi_offload_host *h, host_block *b, host_block **out, uint8_t **data,
+static inline void mark_one(oi_host *h, host_block *b, host_block **out, uint8_t **data,
                             mark_tally *m) {
   oi__block_pinned_update(h, b->pins || b->loading, true);
   m->loading += b->loading++ == 0;
@@ -200,8 +200,7 @@ typedef struct mark_run_ctx {
   mark_tally *m;
 } mark_run_ctx;
 
-static void mark_some(oi_offload_host *h, void *ctx, host_block *const *blocks, size_t from,
-                      size_t to) {
+static void mark_some(oi_host *h, void *ctx, host_block *const *blocks, size_t from, size_t to) {
   mark_run_ctx *c = ctx;
   for (size_t i = from; i < to; i++) {
     if (i + OI_RUN_PREFETCH < to) __builtin_prefetch(blocks[i + OI_RUN_PREFETCH], 1);
@@ -209,14 +208,14 @@ static void mark_some(oi_offload_host *h, void *ctx, host_block *const *blocks, 
   }
 }
 
-static void mark_run(oi_offload_host *h, host_block *const *blocks, size_t k, host_block **out,
+static void mark_run(oi_host *h, host_block *const *blocks, size_t k, host_block **out,
                      uint8_t **data, mark_tally *m) {
   mark_run_ctx c = {out, data, m};
   oi__blocks_runs(h, blocks, k, true, mark_some, &c);
 }
 
-oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease,
-                            size_t n, host_block **out, const oi_host_load_sink *sink) {
+oi_status oi__lease_consume(oi_host *h, uint32_t ns, uint64_t principal, oi_lease lease, size_t n,
+                            host_block **out, const oi_host_load_sink *sink) {
   pthread_mutex_lock(&h->lease_lock);
   lease_rec **link = find_locked(h, lease, "load");
   if (!link) {
@@ -279,7 +278,7 @@ oi_status oi__lease_consume(oi_offload_host *h, uint32_t ns, uint64_t principal,
   return OI_OK;
 }
 
-oi_status oi__lease_release(oi_offload_host *h, uint32_t ns, uint64_t principal, oi_lease lease) {
+oi_status oi__lease_release(oi_host *h, uint32_t ns, uint64_t principal, oi_lease lease) {
   pthread_mutex_lock(&h->lease_lock);
   lease_rec **link = find_locked(h, lease, "release");
   if (!link) {
@@ -301,7 +300,7 @@ oi_status oi__lease_release(oi_offload_host *h, uint32_t ns, uint64_t principal,
 }
 
 /* Unlinks every lease matching `pred` under the lock, then unpins outside. */
-static void drop_matching(oi_offload_host *h, bool by_instance, uint32_t instance, uint64_t now,
+static void drop_matching(oi_host *h, bool by_instance, uint32_t instance, uint64_t now,
                           atomic_uint_fast64_t *counter) {
   lease_rec *dropped = NULL;
   pthread_mutex_lock(&h->lease_lock);
@@ -331,11 +330,11 @@ static void drop_matching(oi_offload_host *h, bool by_instance, uint32_t instanc
   }
 }
 
-void oi__lease_drop_instance(oi_offload_host *h, uint32_t instance) {
+void oi__lease_drop_instance(oi_host *h, uint32_t instance) {
   if (instance == 0) return; /* leases without a creating instance */
   drop_matching(h, true, instance, 0, &h->c.leases_released);
 }
 
-void oi__lease_expire(oi_offload_host *h, uint64_t now_ns) {
+void oi__lease_expire(oi_host *h, uint64_t now_ns) {
   drop_matching(h, false, 0, now_ns, &h->c.leases_expired);
 }

@@ -19,7 +19,7 @@ static uint64_t auto_chunk_bytes(uint64_t pool) {
   return c;
 }
 
-oi_status oi__pool_init(oi_offload_host *h) {
+oi_status oi__pool_init(oi_host *h) {
   h->chunk_bytes = h->opts.chunk_bytes ? h->opts.chunk_bytes : auto_chunk_bytes(h->capacity);
   if (h->chunk_bytes > h->capacity || h->chunk_bytes < OI_SLOT_ALIGN)
     return oi__fail(
@@ -51,7 +51,7 @@ oi_status oi__pool_init(oi_offload_host *h) {
   return OI_OK;
 }
 
-void oi__pool_fini(oi_offload_host *h) {
+void oi__pool_fini(oi_host *h) {
   if (!h->chunks) return;
   for (uint32_t i = 0; i < h->nchunks; i++) {
     oi__free(h->chunks[i].records);
@@ -65,7 +65,7 @@ void oi__pool_fini(oi_offload_host *h) {
   pthread_mutex_destroy(&h->chunk_lock);
 }
 
-oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t *cls) {
+oi_status oi__pool_class_for(oi_host *h, uint64_t block_bytes, uint32_t *cls) {
   uint64_t slot = (block_bytes + OI_SLOT_ALIGN - 1) & ~(uint64_t)(OI_SLOT_ALIGN - 1);
   if (slot > h->chunk_bytes)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
@@ -101,7 +101,7 @@ oi_status oi__pool_class_for(oi_offload_host *h, uint64_t block_bytes, uint32_t 
 
 /* Marks slot `id` free (class lock held). A draining chunk's slot stays
  * out of the class's count and list. */
-static inline void push_free_locked(oi_offload_host *h, size_class *c, uint32_t id) {
+static inline void push_free_locked(oi_host *h, size_class *c, uint32_t id) {
   uint32_t ci = id >> h->slot_bits, slot = id & ((1u << h->slot_bits) - 1);
   pool_chunk *ch = &h->chunks[ci];
   ch->free_bits[slot / 64] |= 1ull << (slot % 64);
@@ -118,7 +118,7 @@ static inline void push_free_locked(oi_offload_host *h, size_class *c, uint32_t 
 
 /* Takes up to `want` free slots (class lock held), lowest addresses of the
  * first chunk with free slots first; reads no record. */
-static size_t pop_free_locked(oi_offload_host *h, size_class *c, size_t want, host_block **out,
+static size_t pop_free_locked(oi_host *h, size_class *c, size_t want, host_block **out,
                               uint64_t seq) {
   size_t got = 0;
   while (got < want && c->free_chunks != OI_NIL) {
@@ -150,7 +150,7 @@ static size_t pop_free_locked(oi_offload_host *h, size_class *c, size_t want, ho
 }
 
 /* Carves uncarved chunk `idx` for class `cls` (chunk lock held). */
-static bool carve_at_locked(oi_offload_host *h, uint32_t idx, uint32_t cls) {
+static bool carve_at_locked(oi_host *h, uint32_t idx, uint32_t cls) {
   size_class *c = &h->classes[cls];
   pool_chunk *ch = &h->chunks[idx];
   uint64_t nslots64 = h->chunk_bytes / c->slot_bytes;
@@ -191,7 +191,7 @@ static bool carve_at_locked(oi_offload_host *h, uint32_t idx, uint32_t cls) {
 }
 
 /* Carves one uncarved chunk for class `cls`. */
-static bool carve_chunk(oi_offload_host *h, uint32_t cls) {
+static bool carve_chunk(oi_host *h, uint32_t cls) {
   bool done = false;
   pthread_mutex_lock(&h->chunk_lock);
   for (uint32_t i = 0; i < h->nchunks; i++)
@@ -205,7 +205,7 @@ static bool carve_chunk(oi_offload_host *h, uint32_t cls) {
 
 /* Takes wholly free chunk `ci` out of its class (chunk and class locks
  * held), counters included. */
-static void unlink_free_chunk_locked(oi_offload_host *h, size_class *c, uint32_t ci) {
+static void unlink_free_chunk_locked(oi_host *h, size_class *c, uint32_t ci) {
   pool_chunk *ch = &h->chunks[ci];
   uint32_t *link = &c->free_chunks; /* on its class's list unless draining */
   while (*link != OI_NIL && *link != ci)
@@ -231,7 +231,7 @@ static void uncarve_locked(pool_chunk *ch) {
 /* Returns to the uncarved pool one chunk of another size class whose slots
  * are all free, so a block size that arrives later is not starved by chunks
  * an earlier size no longer uses. */
-static bool reclaim_free_chunk(oi_offload_host *h, uint32_t for_cls) {
+static bool reclaim_free_chunk(oi_host *h, uint32_t for_cls) {
   bool done = false;
   pthread_mutex_lock(&h->chunk_lock);
   for (uint32_t i = 0; i < h->nchunks && !done; i++) {
@@ -251,7 +251,7 @@ static bool reclaim_free_chunk(oi_offload_host *h, uint32_t for_cls) {
   return done;
 }
 
-bool oi__pool_starved(oi_offload_host *h, uint32_t cls) {
+bool oi__pool_starved(oi_host *h, uint32_t cls) {
   size_class *c = &h->classes[cls];
   pthread_mutex_lock(&c->lock);
   bool dry = c->free_chunks == OI_NIL;
@@ -264,7 +264,7 @@ bool oi__pool_starved(oi_offload_host *h, uint32_t cls) {
   return dry;
 }
 
-size_t oi__pool_victims(oi_offload_host *h, unsigned classes, uint32_t *chunks, uint32_t *from,
+size_t oi__pool_victims(oi_host *h, unsigned classes, uint32_t *chunks, uint32_t *from,
                         size_t max) {
   uint64_t seq[8];
   size_t n = 0;
@@ -300,7 +300,7 @@ size_t oi__pool_victims(oi_offload_host *h, unsigned classes, uint32_t *chunks, 
   return n;
 }
 
-bool oi__pool_drain_begin(oi_offload_host *h, uint32_t ci, uint32_t cls) {
+bool oi__pool_drain_begin(oi_host *h, uint32_t ci, uint32_t cls) {
   size_class *c = &h->classes[cls];
   pool_chunk *ch = &h->chunks[ci];
   bool ok = false;
@@ -324,7 +324,7 @@ bool oi__pool_drain_begin(oi_offload_host *h, uint32_t ci, uint32_t cls) {
   return ok;
 }
 
-void oi__pool_drain_cancel(oi_offload_host *h, uint32_t ci) {
+void oi__pool_drain_cancel(oi_host *h, uint32_t ci) {
   pool_chunk *ch = &h->chunks[ci];
   pthread_mutex_lock(&h->chunk_lock);
   if (ch->cls >= 0 && ch->draining) {
@@ -343,7 +343,7 @@ void oi__pool_drain_cancel(oi_offload_host *h, uint32_t ci) {
   pthread_mutex_unlock(&h->chunk_lock);
 }
 
-bool oi__pool_drain_finish(oi_offload_host *h, uint32_t ci, uint32_t to) {
+bool oi__pool_drain_finish(oi_host *h, uint32_t ci, uint32_t to) {
   pool_chunk *ch = &h->chunks[ci];
   bool moved = false;
   pthread_mutex_lock(&h->chunk_lock);
@@ -364,7 +364,7 @@ bool oi__pool_drain_finish(oi_offload_host *h, uint32_t ci, uint32_t to) {
   return moved;
 }
 
-size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_block **out) {
+size_t oi__pool_alloc_batch(oi_host *h, uint32_t cls, size_t want, host_block **out) {
   size_class *c = &h->classes[cls];
   size_t got = 0;
   if (OI_FAULT(OI_FAULT_HOST_ALLOC, NULL)) return 0;
@@ -383,7 +383,7 @@ size_t oi__pool_alloc_batch(oi_offload_host *h, uint32_t cls, size_t want, host_
   return got;
 }
 
-host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls) {
+host_block *oi__pool_alloc(oi_host *h, uint32_t cls) {
   host_block *b = NULL;
   if (OI_FAULT(OI_FAULT_HOST_ALLOC, NULL)) return NULL;
   if (oi__pool_alloc_batch(h, cls, 1, &b) == 1) return b;
@@ -391,7 +391,7 @@ host_block *oi__pool_alloc(oi_offload_host *h, uint32_t cls) {
   return oi__index_evict_one(h, (int)cls);
 }
 
-void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n) {
+void oi__pool_free_batch(oi_host *h, host_block **blocks, size_t n) {
   for (size_t i = 0; i < n;) {
     size_class *c = &h->classes[oi__block_cls(h, blocks[i])];
     pthread_mutex_lock(&c->lock);
@@ -408,4 +408,4 @@ void oi__pool_free_batch(oi_offload_host *h, host_block **blocks, size_t n) {
   }
 }
 
-void oi__pool_free(oi_offload_host *h, host_block *b) { oi__pool_free_batch(h, &b, 1); }
+void oi__pool_free(oi_host *h, host_block *b) { oi__pool_free_batch(h, &b, 1); }

@@ -22,8 +22,8 @@ static void slots_accepted(void *ctx, const size_t *idx, host_block *const *bloc
  * in flight): each tier promotes the leading run it holds of what is left,
  * and the next one starts past that run. @return the blocks being
  * promoted; *end: the position past the last run. */
-static size_t walk(oi_offload_host *h, const tier_chain *c, oi_host_ns ns,
-                   const oi_block_hash *hashes, size_t n, size_t pos, size_t *end) {
+static size_t walk(oi_host *h, const tier_chain *c, oi_host_ns ns, const oi_block_hash *hashes,
+                   size_t n, size_t pos, size_t *end) {
   size_t promoted = 0, from = pos; /* keys[i] is the key of hashes[from + i] */
   uint64_t block_bytes = 0;
   oi_tier_key *keys = oi__malloc((n - from) * sizeof *keys);
@@ -54,9 +54,8 @@ out:
 }
 
 /* Membership: the pool's, then each tier's that answers it. */
-static void membership(oi_offload_host *h, const tier_chain *c, oi_host_ns ns,
-                       const oi_host_query_args *a, const oi_block_hash *hashes, size_t n,
-                       oi_host_answer *r) {
+static void membership(oi_host *h, const tier_chain *c, oi_host_ns ns, const oi_host_query_args *a,
+                       const oi_block_hash *hashes, size_t n, oi_host_answer *r) {
   oi__host_membership(h, ns, hashes, n, a->present, &r->hit_blocks, &r->pending_blocks);
   if (!c || r->hit_blocks >= n) return;
   oi_tier_key *keys = oi__malloc(n * sizeof *keys);
@@ -67,7 +66,7 @@ static void membership(oi_offload_host *h, const tier_chain *c, oi_host_ns ns,
   oi__free(keys);
 }
 
-oi_status oi__host_query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_query_args *a,
+oi_status oi__host_query_ns(oi_host *h, oi_host_ns ns, const oi_host_query_args *a,
                             const oi_block_hash *hashes, size_t n, oi_host_answer *r) {
   memset(r, 0, sizeof *r);
   const tier_chain *c = atomic_load_explicit(&h->chain, memory_order_acquire);
@@ -103,7 +102,7 @@ oi_status oi__host_query_ns(oi_offload_host *h, oi_host_ns ns, const oi_host_que
   return st;
 }
 
-oi_status oi__host_query(oi_offload_host *h, const char *namespace_id, const oi_host_query_args *a,
+oi_status oi__host_query(oi_host *h, const char *namespace_id, const oi_host_query_args *a,
                          const oi_block_hash *hashes, size_t n, oi_host_answer *r) {
   oi_host_ns ns;
   if (!oi__host_find_namespace(h, namespace_id, &ns)) {
@@ -115,8 +114,8 @@ oi_status oi__host_query(oi_offload_host *h, const char *namespace_id, const oi_
   return oi__host_query_ns(h, ns, a, hashes, n, r);
 }
 
-oi_status oi__host_lookup_release(oi_offload_host *h, const char *namespace_id,
-                                  oi_host_principal principal, oi_lease lease) {
+oi_status oi__host_lookup_release(oi_host *h, const char *namespace_id, oi_host_principal principal,
+                                  oi_lease lease) {
   oi_host_ns ns;
   if (!oi__host_find_namespace(h, namespace_id, &ns))
     return oi__fail(OI_ERR_LEASE_EXPIRED,

@@ -43,14 +43,14 @@
  * and the slots saves took before it began. */
 #define DRAIN_PASSES 16
 
-static void drain_end(oi_offload_host *h, bool cancel) {
+static void drain_end(oi_host *h, bool cancel) {
   if (cancel) oi__pool_drain_cancel(h, h->drain.chunk);
   h->drain.chunk = OI_NIL;
 }
 
 /* Evicts what it can of the draining chunk and moves it if it is empty.
  * Returns whether the drain is over (moved or cancelled). */
-static bool drain_step(oi_offload_host *h) {
+static bool drain_step(oi_host *h) {
   bool held = false;
   size_t n = oi__index_evict_chunk(h, h->drain.chunk, &held);
   if (held) { /* a pinned, leased, loading or spilling block: this chunk stays */
@@ -84,7 +84,7 @@ static uint64_t tail_age(uint64_t oldest, uint64_t now) {
 /* Picks a chunk for class `to` and drains it. The classes that would give
  * are found from their LRU tails alone (a lock of each shard, briefly), so
  * a request that no class answers costs no walk of the index. */
-static void rebalance_for(oi_offload_host *h, uint32_t to) {
+static void rebalance_for(oi_host *h, uint32_t to) {
   if (!oi__pool_starved(h, to)) return;
   uint64_t oldest[OI_MAX_SIZE_CLASSES], now = oi__now_ns();
   oi__index_oldest(h, oldest);
@@ -123,7 +123,7 @@ static void rebalance_for(oi_offload_host *h, uint32_t to) {
   drain_step(h);
 }
 
-void oi__rebalance_run(oi_offload_host *h) {
+void oi__rebalance_run(oi_host *h) {
   if (h->drain.chunk != OI_NIL && !drain_step(h)) return; /* still waiting for blocks in flight */
   unsigned want = atomic_exchange(&h->rebalance_want, 0);
   for (uint32_t cls = 0; want; cls++, want >>= 1) {

@@ -16,12 +16,12 @@
 #define SPILL_RING_MIN 4096
 #define SPILL_RING_MAX (1u << 22) /* 4M entries, 96 MiB */
 
-void oi__spill_init(oi_offload_host *h) {
+void oi__spill_init(oi_host *h) {
   pthread_mutex_init(&h->spill_lock, NULL);
   oi__cond_init_monotonic(&h->spill_cv);
 }
 
-void oi__spill_fini(oi_offload_host *h) {
+void oi__spill_fini(oi_host *h) {
   pthread_mutex_lock(&h->spill_lock);
   oi__free(h->spill_ring);
   h->spill_ring = NULL;
@@ -32,7 +32,7 @@ void oi__spill_fini(oi_offload_host *h) {
 }
 
 /* Lock order: shard -> spill_lock (called with the blocks' shard locks). */
-void oi__spill_note_sealed_locked(oi_offload_host *h, host_block *const *blocks, size_t n) {
+void oi__spill_note_sealed_locked(oi_host *h, host_block *const *blocks, size_t n) {
   /* Without a spilling tier (attached once, before its blocks matter), no lock. */
   if (!atomic_load_explicit(&h->spill_tier, memory_order_acquire)) return;
   pthread_mutex_lock(&h->spill_lock);
@@ -70,15 +70,14 @@ void oi__spill_note_sealed_locked(oi_offload_host *h, host_block *const *blocks,
   pthread_mutex_unlock(&h->spill_lock);
 }
 
-static uint64_t ns_block_bytes(oi_offload_host *h, uint32_t ns) {
+static uint64_t ns_block_bytes(oi_host *h, uint32_t ns) {
   pthread_mutex_lock(&h->ns_lock);
   uint64_t bytes = ns >= 1 && ns <= h->nns ? h->ns[ns - 1].block_bytes : 0;
   pthread_mutex_unlock(&h->ns_lock);
   return bytes;
 }
 
-size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max,
-                           uint32_t timeout_ms) {
+size_t oi__host_spill_take(oi_host *h, oi_host_spill *out, size_t max, uint32_t timeout_ms) {
   spill_entry batch[64];
   size_t got = 0;
   uint64_t deadline = oi__deadline_ns(timeout_ms);
@@ -132,7 +131,7 @@ size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max,
   return got;
 }
 
-void oi__host_spill_end(oi_offload_host *h, const oi_host_spill *spills, size_t n, const bool *ok) {
+void oi__host_spill_end(oi_host *h, const oi_host_spill *spills, size_t n, const bool *ok) {
   for (size_t i = 0; i < n; i++) {
     host_block *b = spills[i].block;
     index_shard *s = oi__block_shard(h, b);
@@ -147,30 +146,30 @@ void oi__host_spill_end(oi_offload_host *h, const oi_host_spill *spills, size_t 
   pthread_mutex_unlock(&h->spill_lock);
 }
 
-size_t oi__host_spill_backlog(oi_offload_host *h) {
+size_t oi__host_spill_backlog(oi_host *h) {
   pthread_mutex_lock(&h->spill_lock);
   size_t n = h->spill_count + h->spill_taken;
   pthread_mutex_unlock(&h->spill_lock);
   return n;
 }
 
-void oi__host_spill_wake(oi_offload_host *h) {
+void oi__host_spill_wake(oi_host *h) {
   pthread_mutex_lock(&h->spill_lock);
   pthread_cond_broadcast(&h->spill_cv);
   pthread_mutex_unlock(&h->spill_lock);
 }
 
-uint64_t oi__host_spill_overflow(const oi_offload_host *h) {
-  return atomic_load(&((oi_offload_host *)h)->spill_overflow);
+uint64_t oi__host_spill_overflow(const oi_host *h) {
+  return atomic_load(&((oi_host *)h)->spill_overflow);
 }
 
-void oi__host_sector_slots(oi_offload_host *h) {
+void oi__host_sector_slots(oi_host *h) {
   pthread_mutex_lock(&h->class_lock);
   h->sector_slots = true;
   pthread_mutex_unlock(&h->class_lock);
 }
 
-uint64_t oi__host_slot_bytes(oi_offload_host *h, uint32_t ns_id) {
+uint64_t oi__host_slot_bytes(oi_host *h, uint32_t ns_id) {
   pthread_mutex_lock(&h->ns_lock);
   uint32_t cls = ns_id >= 1 && ns_id <= h->nns ? h->ns[ns_id - 1].cls : UINT32_MAX;
   pthread_mutex_unlock(&h->ns_lock);

@@ -10,7 +10,7 @@
 
 #define TIER_MAX 8 /* tiers in one chain */
 
-void oi__tier_init(oi_offload_host *h) {
+void oi__tier_init(oi_host *h) {
   pthread_mutex_init(&h->tier_lock, NULL);
   pthread_rwlock_init(&h->tier_notify_lock, NULL);
   atomic_store(&h->chain, NULL);
@@ -24,7 +24,7 @@ static bool listens(const oi_tier *t) { return t->ops->sealed || t->ops->evicted
 /* Publishes `links` (k of them, in rank order) as the chain; the snapshot
  * it replaces is kept until the host's destroy (a query may read it).
  * tier_lock held. */
-static oi_status publish_locked(oi_offload_host *h, oi_tier *const *links, size_t k) {
+static oi_status publish_locked(oi_host *h, oi_tier *const *links, size_t k) {
   tier_chain *c = NULL;
   if (k) {
     c = oi__malloc(sizeof *c + k * sizeof c->links[0]);
@@ -41,8 +41,7 @@ static oi_status publish_locked(oi_offload_host *h, oi_tier *const *links, size_
   return OI_OK;
 }
 
-oi_status oi__host_tier_attach(oi_offload_host *h, const oi_tier_ops *ops, void *self,
-                               oi_tier **out) {
+oi_status oi__host_tier_attach(oi_host *h, const oi_tier_ops *ops, void *self, oi_tier **out) {
   pthread_mutex_lock(&h->tier_lock);
   tier_chain *c = atomic_load_explicit(&h->chain, memory_order_relaxed);
   size_t n = c ? c->n : 0;
@@ -101,14 +100,14 @@ static bool any_listens(const tier_chain *c) {
 }
 
 /* Stops telling `t` of seals and evictions; waits for calls in progress. */
-static void mute(oi_offload_host *h, oi_tier *t) {
+static void mute(oi_host *h, oi_tier *t) {
   pthread_rwlock_wrlock(&h->tier_notify_lock);
   t->notify = false;
   atomic_store(&h->notifying, any_listens(atomic_load(&h->chain)));
   pthread_rwlock_unlock(&h->tier_notify_lock);
 }
 
-void oi__host_tier_detach(oi_offload_host *h, oi_tier *t) {
+void oi__host_tier_detach(oi_host *h, oi_tier *t) {
   pthread_mutex_lock(&h->tier_lock);
   tier_chain *c = atomic_load_explicit(&h->chain, memory_order_relaxed);
   oi_tier *links[TIER_MAX];
@@ -126,14 +125,14 @@ void oi__host_tier_detach(oi_offload_host *h, oi_tier *t) {
   pthread_mutex_unlock(&h->tier_lock);
 }
 
-void *oi__host_tier_find(const oi_offload_host *h, const oi_tier_ops *ops) {
-  const tier_chain *c = atomic_load_explicit(&((oi_offload_host *)h)->chain, memory_order_acquire);
+void *oi__host_tier_find(const oi_host *h, const oi_tier_ops *ops) {
+  const tier_chain *c = atomic_load_explicit(&((oi_host *)h)->chain, memory_order_acquire);
   for (size_t i = 0; c && i < c->n; i++)
     if (c->links[i]->ops == ops) return c->links[i]->self;
   return NULL;
 }
 
-oi_status oi__host_tier_stats(const oi_offload_host *h, const oi_tier_ops *ops, void *out,
+oi_status oi__host_tier_stats(const oi_host *h, const oi_tier_ops *ops, void *out,
                               const char *what) {
   void *self = oi__host_tier_find(h, ops);
   if (!self) return oi__fail(OI_ERR_NOT_FOUND, "%s: no %s tier is attached", what, ops->name);
@@ -144,7 +143,7 @@ oi_status oi__host_tier_stats(const oi_offload_host *h, const oi_tier_ops *ops, 
 
 /* ---- notifications ---- */
 
-static void note(oi_offload_host *h, host_block *const *blocks, size_t n, bool sealed) {
+static void note(oi_host *h, host_block *const *blocks, size_t n, bool sealed) {
   if (!n || !atomic_load_explicit(&h->notifying, memory_order_relaxed)) return;
   pthread_rwlock_rdlock(&h->tier_notify_lock);
   const tier_chain *c = atomic_load_explicit(&h->chain, memory_order_acquire);
@@ -158,11 +157,11 @@ static void note(oi_offload_host *h, host_block *const *blocks, size_t n, bool s
   pthread_rwlock_unlock(&h->tier_notify_lock);
 }
 
-void oi__tier_note_sealed(oi_offload_host *h, host_block *const *blocks, size_t n) {
+void oi__tier_note_sealed(oi_host *h, host_block *const *blocks, size_t n) {
   note(h, blocks, n, true);
 }
 
-void oi__tier_note_evicted(oi_offload_host *h, host_block *const *blocks, size_t n) {
+void oi__tier_note_evicted(oi_host *h, host_block *const *blocks, size_t n) {
   note(h, blocks, n, false);
 }
 
@@ -170,7 +169,7 @@ void oi__tier_note_evicted(oi_offload_host *h, host_block *const *blocks, size_t
 
 void oi__tier_promote_end(oi_tier *t, oi_host_ns ns, host_block *block, bool ok, uint64_t bytes,
                           uint64_t latency_ns) {
-  oi_offload_host *h = t->host;
+  oi_host *h = t->host;
   if (ok && (t->ops->flags & OI_TIER_SPILLS)) { /* it holds the block: not written back again */
     index_shard *s = oi__block_shard(h, block);
     pthread_mutex_lock(&s->lock);
@@ -182,7 +181,7 @@ void oi__tier_promote_end(oi_tier *t, oi_host_ns ns, host_block *block, bool ok,
 
 /* ---- keys ---- */
 
-bool oi__tier_make_keys(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n,
+bool oi__tier_make_keys(oi_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n,
                         oi_tier_key *keys, uint64_t *block_bytes) {
   uint64_t ns_fp, layout_fp;
   if (!oi__host_namespace_fps(h, ns, &ns_fp, &layout_fp, block_bytes)) return false;
@@ -194,8 +193,8 @@ bool oi__tier_make_keys(oi_offload_host *h, uint32_t ns, const oi_block_hash *ha
   return true;
 }
 
-bool oi__host_namespace_fps(oi_offload_host *h, uint32_t ns_id, uint64_t *ns_fp,
-                            uint64_t *layout_fp, uint64_t *block_bytes) {
+bool oi__host_namespace_fps(oi_host *h, uint32_t ns_id, uint64_t *ns_fp, uint64_t *layout_fp,
+                            uint64_t *block_bytes) {
   char name[256];
   uint64_t bb, shape;
   if (!oi__host_namespace_info(h, ns_id, name, sizeof name, &bb, &shape)) return false;
@@ -205,7 +204,7 @@ bool oi__host_namespace_fps(oi_offload_host *h, uint32_t ns_id, uint64_t *ns_fp,
   return true;
 }
 
-bool oi__host_namespace_info(oi_offload_host *h, uint32_t ns_id, char *name, size_t cap,
+bool oi__host_namespace_info(oi_host *h, uint32_t ns_id, char *name, size_t cap,
                              uint64_t *block_bytes, uint64_t *shape_hash) {
   pthread_mutex_lock(&h->ns_lock);
   bool ok = ns_id >= 1 && ns_id <= h->nns;
@@ -222,7 +221,7 @@ bool oi__host_namespace_info(oi_offload_host *h, uint32_t ns_id, char *name, siz
 /* ---- destroy ---- */
 
 /* Destroys the chain's tiers that do (not) take spills, farthest first. */
-static void destroy_tiers(oi_offload_host *h, bool spilling) {
+static void destroy_tiers(oi_host *h, bool spilling) {
   pthread_mutex_lock(&h->tier_lock);
   tier_chain *c = atomic_load(&h->chain);
   size_t n = c ? c->n : 0;
@@ -241,7 +240,7 @@ static void destroy_tiers(oi_offload_host *h, bool spilling) {
   }
 }
 
-void oi__tier_fini_upper(oi_offload_host *h) {
+void oi__tier_fini_upper(oi_host *h) {
   pthread_rwlock_wrlock(&h->tier_notify_lock);
   const tier_chain *c = atomic_load(&h->chain);
   for (size_t i = 0; c && i < c->n; i++)
@@ -251,7 +250,7 @@ void oi__tier_fini_upper(oi_offload_host *h) {
   destroy_tiers(h, false);
 }
 
-void oi__tier_fini(oi_offload_host *h) {
+void oi__tier_fini(oi_host *h) {
   destroy_tiers(h, false); /* none left unless oi__tier_fini_upper was skipped */
   destroy_tiers(h, true);
   oi__spill_fini(h);

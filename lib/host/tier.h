@@ -95,17 +95,16 @@ typedef struct oi_tier_ops {
  * From now on queries walk it and it hears of seals and evictions. @return
  * OI_ERR_STATE when a tier of the same ops, or a second tier that takes
  * spills, is attached already; OI_ERR_OUT_OF_MEMORY. */
-oi_status oi__host_tier_attach(oi_offload_host *h, const oi_tier_ops *ops, void *self,
-                               oi_tier **out);
+oi_status oi__host_tier_attach(oi_host *h, const oi_tier_ops *ops, void *self, oi_tier **out);
 /* Unlinks a tier without destroying it (tests): from its return on it hears
  * of no seal or eviction; a query already walking may still call it, so the
  * caller keeps it alive until no query can be in progress. */
-void oi__host_tier_detach(oi_offload_host *h, oi_tier *t);
+void oi__host_tier_detach(oi_host *h, oi_tier *t);
 /* The `self` of the tier of `ops` attached to `h` (NULL: none). */
-void *oi__host_tier_find(const oi_offload_host *h, const oi_tier_ops *ops);
+void *oi__host_tier_find(const oi_host *h, const oi_tier_ops *ops);
 /* The tier of `ops`'s statistics into *out through its stats op. @return
  * OI_ERR_NOT_FOUND ("<what>: no <name> tier is attached") when none is. */
-oi_status oi__host_tier_stats(const oi_offload_host *h, const oi_tier_ops *ops, void *out,
+oi_status oi__host_tier_stats(const oi_host *h, const oi_tier_ops *ops, void *out,
                               const char *what);
 
 /* Ends a promotion's slot: ok, the block seals (visible to queries; a
@@ -117,21 +116,21 @@ void oi__tier_promote_end(oi_tier *t, oi_host_ns ns, host_block *block, bool ok,
 /* The keys of hashes[0..n) in namespace id `ns` (its fingerprints looked
  * up once), and its block bytes (optional). @return false when the
  * namespace is unknown. */
-bool oi__tier_make_keys(oi_offload_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n,
+bool oi__tier_make_keys(oi_host *h, uint32_t ns, const oi_block_hash *hashes, size_t n,
                         oi_tier_key *keys, uint64_t *block_bytes);
 
 /* A namespace's fingerprints across processes and nodes (its id is this
  * process's own): XXH3 of its name, and of its layout (the shape hash and
  * the block bytes). @return false when the namespace is unknown. */
-bool oi__host_namespace_fps(oi_offload_host *h, uint32_t ns_id, uint64_t *ns_fp,
-                            uint64_t *layout_fp, uint64_t *block_bytes);
+bool oi__host_namespace_fps(oi_host *h, uint32_t ns_id, uint64_t *ns_fp, uint64_t *layout_fp,
+                            uint64_t *block_bytes);
 /* The name, block bytes and layout fingerprint of namespace `ns_id`; the
  * name is written into name[cap] (truncated). false: no such namespace. */
-bool oi__host_namespace_info(oi_offload_host *h, uint32_t ns_id, char *name, size_t cap,
+bool oi__host_namespace_info(oi_host *h, uint32_t ns_id, char *name, size_t cap,
                              uint64_t *block_bytes, uint64_t *shape_hash);
 /* Calls fn for every sealed block, one shard at a time under its lock (fn
  * must only note the block). @return how many. */
-size_t oi__host_foreach_sealed(oi_offload_host *h,
+size_t oi__host_foreach_sealed(oi_host *h,
                                void (*fn)(void *ctx, uint32_t ns, const oi_block_hash *hash),
                                void *ctx);
 
@@ -150,26 +149,26 @@ typedef struct oi_host_spill {
 /* Takes up to `max` queued blocks, oldest seal first, waiting up to
  * timeout_ms for the first (0: no wait). Blocks evicted or already held by
  * the spilling tier since they were queued are skipped. */
-size_t oi__host_spill_take(oi_offload_host *h, oi_host_spill *out, size_t max, uint32_t timeout_ms);
+size_t oi__host_spill_take(oi_host *h, oi_host_spill *out, size_t max, uint32_t timeout_ms);
 /* Ends spills: ok[i], the spilling tier holds spills[i]'s block now. The
  * blocks become evictable again at their place in LRU order (a spill is
  * not a use). */
-void oi__host_spill_end(oi_offload_host *h, const oi_host_spill *spills, size_t n, const bool *ok);
+void oi__host_spill_end(oi_host *h, const oi_host_spill *spills, size_t n, const bool *ok);
 /* Wakes oi__host_spill_take waiters (the spilling tier is stopping). */
-void oi__host_spill_wake(oi_offload_host *h);
+void oi__host_spill_wake(oi_host *h);
 /* Blocks queued for the spilling tier that were dropped because the queue
  * was full (their pool copy is the only one). */
-uint64_t oi__host_spill_overflow(const oi_offload_host *h);
+uint64_t oi__host_spill_overflow(const oi_host *h);
 /* Blocks queued for the spilling tier or taken and not ended yet: 0 means
  * every block queued so far has had its turn (written, or skipped). */
-size_t oi__host_spill_backlog(oi_offload_host *h);
+size_t oi__host_spill_backlog(oi_host *h);
 /* Size classes created from now on give blocks of OI_SECTOR_SLOT_MIN bytes
  * or more slots that start and end on OI_SECTOR_BYTES boundaries (relative
  * to the pool's base), so a tier's O_DIRECT I/O can use the slot itself,
  * padding included, with no bounce copy. */
-void oi__host_sector_slots(oi_offload_host *h);
+void oi__host_sector_slots(oi_host *h);
 /* The slot bytes of namespace ns_id's blocks (>= its block bytes; the bytes
  * past the block are the slot's own, unused by loads); 0 when unknown. */
-uint64_t oi__host_slot_bytes(oi_offload_host *h, uint32_t ns_id);
+uint64_t oi__host_slot_bytes(oi_host *h, uint32_t ns_id);
 
 #endif

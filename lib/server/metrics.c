@@ -117,12 +117,11 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
     b.cap = 16384;
     if (!(b.p = malloc(b.cap))) return false;
   }
-  oi_offload_host *host =
-      __atomic_load_n(&srv->host, __ATOMIC_ACQUIRE); /* NULL while it is set up */
+  oi_host *host = __atomic_load_n(&srv->host, __ATOMIC_ACQUIRE); /* NULL while it is set up */
   oi_host_stats hs;
   memset(&hs, 0, sizeof hs);
   hs.struct_size = sizeof hs;
-  if (host) oi_offload_host_stats(host, &hs);
+  if (host) oi_host_get_stats(host, &hs);
 
   header(&b, "openinfer_info", "gauge", "Library version and server epoch (always 1).");
   put(&b, "openinfer_info{version=\"");
@@ -200,10 +199,10 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
   header(&b, "openinfer_namespace_resident_blocks", "gauge",
          "Blocks in flight or sealed, per namespace.");
   for (uint32_t i = 0; i < hs.namespaces; i++) {
-    oi_namespace_stats ns;
+    oi_host_namespace_stats ns;
     memset(&ns, 0, sizeof ns);
     ns.struct_size = sizeof ns;
-    if (oi_offload_host_namespace_stats(host, i, &ns) != OI_OK) break;
+    if (oi_host_get_namespace_stats(host, i, &ns) != OI_OK) break;
     put(&b, "openinfer_namespace_resident_blocks{namespace=\"");
     put_label_value(&b, ns.name);
     put(&b, "\"} %llu\n", (unsigned long long)ns.blocks_resident);
@@ -221,7 +220,7 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
   oi_host_disk_stats ds;
   memset(&ds, 0, sizeof ds);
   ds.struct_size = sizeof ds;
-  if (host && oi_offload_host_disk_stats(host, &ds) == OI_OK) {
+  if (host && oi_host_get_disk_stats(host, &ds) == OI_OK) {
     metric(&b, "openinfer_disk_blocks", "gauge", "Blocks the disk tier holds.", ds.blocks);
     metric(&b, "openinfer_disk_used_bytes", "gauge",
            "Disk bytes the stored blocks take (headers and padding included).", ds.bytes_used);
@@ -290,7 +289,7 @@ bool oi__server_healthy(oi_server *srv, char *why, size_t cap) {
              atomic_load(&srv->state) == 0 ? "not started" : "stopping or stopped");
     return false;
   }
-  const oi_offload_host *h = __atomic_load_n(&srv->host, __ATOMIC_ACQUIRE);
+  const oi_host *h = __atomic_load_n(&srv->host, __ATOMIC_ACQUIRE);
   oi_host_pool_info pool = {0};
   if (h) oi__host_pool_info(h, &pool);
   if (!pool.ready) {

@@ -292,10 +292,10 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
   if ((st = check_socket_path(s->socket_path)) != OI_OK) goto fail;
   if (opts.metrics_addr && (st = oi__metrics_start(s, opts.metrics_addr)) != OI_OK) goto fail;
   s->opts.metrics_addr = NULL; /* the caller's string: not kept */
-  oi_offload_host *host = NULL;
-  if ((st = oi_offload_host_create(&s->host_opts, &host)) != OI_OK) goto fail;
+  oi_host *host = NULL;
+  if ((st = oi_host_create(&s->host_opts, &host)) != OI_OK) goto fail;
   __atomic_store_n(&s->host, host, __ATOMIC_RELEASE); /* the endpoint's thread reads it */
-  if (opts.disk && (st = oi_offload_host_attach_disk(host, opts.disk)) != OI_OK) goto fail;
+  if (opts.disk && (st = oi_host_attach_disk(host, opts.disk)) != OI_OK) goto fail;
   s->opts.disk = NULL; /* the caller's: not kept */
   if ((st = listen_on(s, s->socket_path, opts.socket_mode)) != OI_OK) goto fail;
   /* DEBUG: oi_server_create's caller reports it (oi_server_socket_path,
@@ -404,7 +404,7 @@ OI_API oi_status oi_server_attach_cluster(oi_server *s, const oi_host_cluster_op
   if (!s) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_attach_cluster: server is NULL");
   if (atomic_load(&s->state) != 0)
     return oi__fail(OI_ERR_STATE, "server_attach_cluster: the server runs already");
-  return oi_offload_host_attach_cluster(s->host, o);
+  return oi_host_attach_cluster(s->host, o);
 }
 
 OI_API oi_status oi_server_run(oi_server *s) {
@@ -469,7 +469,7 @@ OI_API void oi_server_destroy(oi_server *s) {
     }
     close(s->listen_fd);
   }
-  oi_offload_host_destroy(s->host);
+  oi_host_destroy(s->host);
   if (s->wake_fds[0] >= 0) close(s->wake_fds[0]);
   if (s->wake_fds[1] >= 0) close(s->wake_fds[1]);
   pthread_cond_destroy(&s->sessions_cv);

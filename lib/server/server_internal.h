@@ -33,7 +33,7 @@ typedef struct srv_instance {
   atomic_int refs;
   uint32_t id;
   oi_server *server;
-  oi_offload_engine *engine;
+  oi_engine *engine;
   oi_dev *dev; /* the device the arena lives on */
   void *arena;
   uint64_t arena_bytes;
@@ -113,7 +113,7 @@ struct oi_server {
   uint32_t *allowed_uids, *allowed_gids;
   int32_t *devices;
   oi_host_options host_opts;
-  oi_offload_host *host;
+  oi_host *host;
   uint64_t epoch;
 
   int listen_fd;

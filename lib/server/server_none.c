@@ -2,7 +2,7 @@
  * metrics.c) when the library is configured with -Dserver=disabled: the
  * public functions exist and refuse with OI_ERR_UNSUPPORTED, naming the
  * option; the accessors of a server answer as for NULL. The client's
- * oi_server_stats_fetch (stats_fetch.c) stays: it asks a sidecar that
+ * oi_server_fetch_stats (stats_fetch.c) stays: it asks a sidecar that
  * another build runs. */
 #include "core/core.h"
 #include "openinfer/experimental.h"

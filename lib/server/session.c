@@ -116,7 +116,7 @@ void oi__session_instance_put(srv_instance *inst) {
   oi_server *srv = inst->server;
   /* The engine drains its copies (they read and write the arena) before
    * the arena goes. */
-  oi_offload_engine_destroy(inst->engine);
+  oi_engine_destroy(inst->engine);
   if (!inst->owned)
     inst->dev->ops->mem_free(inst->dev, inst->arena);
   else if (inst->dev->ordinal == OI_DEVICE_CPU)
@@ -222,7 +222,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&w->lock);
     if (job->kind == AUX_FLUSH) {
       if (!stopping) {
-        oi_status st = oi_offload_engine_flush(job->inst->engine, job->timeout_ms);
+        oi_status st = oi_engine_flush(job->inst->engine, job->timeout_ms);
         if (st == OI_OK)
           oi__session_reply(s, job->request_id, OI_OK, "");
         else

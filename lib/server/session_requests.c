@@ -102,12 +102,12 @@ void oi__session_register(srv_session *s, uint64_t req, const oiwire_Register *r
     goto fail;
   }
   eo.arena_base = region;
-  if ((st = oi_offload_engine_create(srv->host, &eo, &inst->engine)) != OI_OK) goto fail;
+  if ((st = oi_engine_create(srv->host, &eo, &inst->engine)) != OI_OK) goto fail;
   inst->engine->principal = oi__session_principal(s); /* before the client learns its id */
   oi__free(descs);
   descs = NULL;
   oi_engine_stats es = {.struct_size = sizeof es};
-  oi_offload_engine_stats(inst->engine, &es); /* (cannot fail on a local engine) */
+  oi_engine_get_stats(inst->engine, &es); /* (cannot fail on a local engine) */
   atomic_init(&inst->refs, 1);
   inst->id = es.instance_id;
   inst->server = srv;
@@ -210,7 +210,7 @@ void oi__session_save(srv_session *s, uint64_t req, const oiwire_Save *m) {
   so.result = m->want_counts ? &counts : NULL;
   so.arena_first = m->arena_first; /* a layerwise save; validated by the engine */
   so.arena_count = m->arena_count;
-  st = oi_offload_engine_save(inst->engine, a->ids, a->hashes, a->n_ids, &so, &t);
+  st = oi_engine_save(inst->engine, a->ids, a->hashes, a->n_ids, &so, &t);
   if (st != OI_OK) return oi__session_reply_failure(s, req, st);
   if (m->want_counts) { /* before the final Result, which the ticket's callback sends */
     oiwire_Envelope env;
@@ -266,8 +266,8 @@ void oi__session_query(srv_session *s, uint64_t req, const oiwire_Query *m) {
   }
   /* (A WAIT_PENDING query holds this session's requests for up to wait_ms.) */
   oi_status st = is_lookup ? lookup_query(s, m, n, &qr)
-                           : oi_offload_engine_query(inst->engine, m->req_id[0] ? m->req_id : NULL,
-                                                     a->hashes, n, m->flags, &qr);
+                           : oi_engine_query(inst->engine, m->req_id[0] ? m->req_id : NULL,
+                                             a->hashes, n, m->flags, &qr);
   if (st != OI_OK) return oi__session_reply_failure(s, req, st);
   oiwire_Envelope env;
   memset(&env, 0, sizeof env);
@@ -306,7 +306,7 @@ void oi__session_load(srv_session *s, uint64_t req, const oiwire_Load *m) {
   oi_load_options_init(&lo);
   lo.flags = m->flags; /* validated by the engine */
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_load(inst->engine, lease, a->ids, a->n_ids, &lo, &t);
+  oi_status st = oi_engine_load(inst->engine, lease, a->ids, a->n_ids, &lo, &t);
   if (st != OI_OK) return oi__session_reply_failure(s, req, st);
   if (!(m->flags & OI_LOAD_ARENA_EVENTS))
     return reply_on_completion(s, req, t, "load", a->n_ids, inst);
@@ -335,7 +335,7 @@ void oi__session_release(srv_session *s, uint64_t req, const oiwire_Release *m) 
   if (!lease_from_wire(s, req, "release", m->lease.bytes, m->lease.size, &lease)) return;
   oi_status st = is_lookup ? oi__host_lookup_release(s->server->host, m->namespace_id,
                                                      oi__session_principal(s), lease)
-                           : oi_offload_engine_release(inst->engine, lease);
+                           : oi_engine_release(inst->engine, lease);
   if (st != OI_OK) return oi__session_reply_failure(s, req, st);
   oi__session_reply(s, req, OI_OK, "");
 }

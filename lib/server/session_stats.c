@@ -58,7 +58,7 @@ void oi__session_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
     oi_engine_stats es;
     memset(&es, 0, sizeof es);
     es.struct_size = sizeof es;
-    oi_status st = oi_offload_engine_stats(inst->engine, &es);
+    oi_status st = oi_engine_get_stats(inst->engine, &es);
     if (st != OI_OK) return oi__session_reply_failure(s, req, st);
     r->instance_id = es.instance_id;
     r->block_bytes = es.block_bytes;
@@ -101,7 +101,7 @@ void oi__session_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
   oi_host_disk_stats ds;
   memset(&ds, 0, sizeof ds);
   ds.struct_size = sizeof ds;
-  if (oi_offload_host_disk_stats(srv->host, &ds) == OI_OK) {
+  if (oi_host_get_disk_stats(srv->host, &ds) == OI_OK) {
     oiwire_DiskStats *w = &r->disk;
     r->has_disk = true;
     w->blocks = ds.blocks;
@@ -122,7 +122,7 @@ void oi__session_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
     w->read_latency_sum_us = ds.read_latency_sum_us;
   }
   oi_clear_error();
-  if (oi_offload_host_stats(srv->host, &hs) == OI_OK) {
+  if (oi_host_get_stats(srv->host, &hs) == OI_OK) {
     r->host_blocks_sealed = hs.blocks_sealed;
     r->host_capacity_bytes = hs.capacity_bytes;
     r->has_host = true;
@@ -131,10 +131,10 @@ void oi__session_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
     if (n && (nss = oi__calloc(n, sizeof *nss))) {
       size_t k = 0;
       for (uint32_t i = 0; i < n; i++) {
-        oi_namespace_stats ns;
+        oi_host_namespace_stats ns;
         memset(&ns, 0, sizeof ns);
         ns.struct_size = sizeof ns;
-        if (oi_offload_host_namespace_stats(srv->host, i, &ns) != OI_OK) break;
+        if (oi_host_get_namespace_stats(srv->host, i, &ns) != OI_OK) break;
         snprintf(nss[k].name, sizeof nss[k].name, "%s", ns.name);
         nss[k].block_bytes = ns.block_bytes;
         nss[k].blocks_resident = ns.blocks_resident;

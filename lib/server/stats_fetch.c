@@ -1,4 +1,4 @@
-/* oi_server_stats_fetch: a running server's figures, for tools and
+/* oi_server_fetch_stats: a running server's figures, for tools and
  * dashboards that must not speak the wire protocol themselves. One
  * connection, Hello then Stats (no instance is registered), one reply each. */
 #include <stdio.h>
@@ -73,9 +73,9 @@ static void host_from_wire(oi_host_stats *h, const oiwire_HostStats *w) {
   h->load_latency_sum_us = w->load_latency_sum_us;
 }
 
-OI_API oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+OI_API oi_status oi_server_fetch_stats(const char *socket_path, uint32_t timeout_ms,
                                        oi_server_stats *out, oi_host_stats *host,
-                                       oi_namespace_stats *namespaces, uint32_t cap) {
+                                       oi_host_namespace_stats *namespaces, uint32_t cap) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_stats_fetch: out is NULL");
   uint32_t stride = 0;
   if (cap) {
@@ -180,14 +180,15 @@ OI_API oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout
       oi__struct_out(host, &hs, sizeof hs, "server_stats_fetch host");
     }
     for (uint32_t i = 0; i < cap && i < so.namespaces; i++) {
-      oi_namespace_stats ns;
+      oi_host_namespace_stats ns;
       memset(&ns, 0, sizeof ns);
       ns.struct_size = sizeof ns;
       ns.index = i;
       snprintf(ns.name, sizeof ns.name, "%s", arrays.namespaces[i].name);
       ns.block_bytes = arrays.namespaces[i].block_bytes;
       ns.blocks_resident = arrays.namespaces[i].blocks_resident;
-      oi_namespace_stats *dst = (oi_namespace_stats *)((uint8_t *)namespaces + (size_t)i * stride);
+      oi_host_namespace_stats *dst =
+          (oi_host_namespace_stats *)((uint8_t *)namespaces + (size_t)i * stride);
       dst->struct_size = stride;
       oi__struct_out(dst, &ns, sizeof ns, "server_stats_fetch namespaces");
     }

@@ -2,7 +2,7 @@
  * server, executor), through the shared library as a caller sees it. In a
  * build where a part is disabled, each of its public functions still exists
  * and returns OI_ERR_UNSUPPORTED with oi_last_error() naming the function
- * and the build option ("oi_offload_host_attach_disk: built without the
+ * and the build option ("oi_host_attach_disk: built without the
  * disk tier (-Ddisk=disabled)"); the accessors answer as for NULL. In a
  * build where it is enabled, the same calls do not answer UNSUPPORTED. The
  * host and its embedded engine work either way (the round-trip test).
@@ -38,38 +38,37 @@ static void check(const char *fn, oi_status st, int built, const char *option) {
   printf("ok   %s: %s\n", fn, msg);
 }
 
-static oi_offload_host *make_host(void) {
+static oi_host *make_host(void) {
   oi_host_options o;
   oi_host_options_init(&o);
   o.pool_bytes = 8u << 20;
   o.device = -1;
-  oi_offload_host *h = NULL;
-  if (oi_offload_host_create(&o, &h) != OI_OK) {
-    printf("FAIL: oi_offload_host_create: %s\n", oi_last_error());
+  oi_host *h = NULL;
+  if (oi_host_create(&o, &h) != OI_OK) {
+    printf("FAIL: oi_host_create: %s\n", oi_last_error());
     failures++;
   }
   return h;
 }
 
-static void disk(oi_offload_host *h) {
+static void disk(oi_host *h) {
   const char *opt = "(-Ddisk=disabled)";
   oi_host_disk_options o;
   memset(&o, 0, sizeof o);
   check("oi_host_disk_options_init", oi_host_disk_options_init(&o), HAVE_DISK, opt);
-  if (!HAVE_DISK) check("oi_offload_host_attach_disk", oi_offload_host_attach_disk(h, &o), 0, opt);
+  if (!HAVE_DISK) check("oi_host_attach_disk", oi_host_attach_disk(h, &o), 0, opt);
   oi_host_disk_stats s = {.struct_size = sizeof s};
-  check("oi_offload_host_disk_stats", oi_offload_host_disk_stats(h, &s), HAVE_DISK, opt);
+  check("oi_host_get_disk_stats", oi_host_get_disk_stats(h, &s), HAVE_DISK, opt);
 }
 
-static void cluster(oi_offload_host *h) {
+static void cluster(oi_host *h) {
   const char *opt = "(-Dcluster=disabled)";
   oi_host_cluster_options o;
   memset(&o, 0, sizeof o);
   check("oi_host_cluster_options_init", oi_host_cluster_options_init(&o), HAVE_CLUSTER, opt);
-  if (!HAVE_CLUSTER)
-    check("oi_offload_host_attach_cluster", oi_offload_host_attach_cluster(h, &o), 0, opt);
+  if (!HAVE_CLUSTER) check("oi_host_attach_cluster", oi_host_attach_cluster(h, &o), 0, opt);
   oi_host_cluster_stats s = {.struct_size = sizeof s};
-  check("oi_offload_host_cluster_stats", oi_offload_host_cluster_stats(h, &s), HAVE_CLUSTER, opt);
+  check("oi_host_get_cluster_stats", oi_host_get_cluster_stats(h, &s), HAVE_CLUSTER, opt);
 }
 
 static void server(void) {
@@ -114,16 +113,16 @@ static void executor(void) {
   uint32_t finished = 0;
   size_t n = 0;
   oi_request_result res;
-  oi_exec_stats stats;
+  oi_executor_stats stats;
   oi_kv_layout kv;
   check("oi_executor_submit", oi_executor_submit(NULL, &r, &id), 0, opt);
   check("oi_executor_step", oi_executor_step(NULL, &finished), 0, opt);
   check("oi_executor_run_until_idle", oi_executor_run_until_idle(NULL), 0, opt);
-  check("oi_executor_result", oi_executor_result(NULL, 1, &res), 0, opt);
+  check("oi_executor_get_result", oi_executor_get_result(NULL, 1, &res), 0, opt);
   check("oi_executor_flush", oi_executor_flush(NULL, 0), 0, opt);
   check("oi_executor_evict_gpu_cache", oi_executor_evict_gpu_cache(NULL, &id), 0, opt);
-  check("oi_executor_stats", oi_executor_stats(NULL, &stats), 0, opt);
-  check("oi_executor_kv_layout", oi_executor_kv_layout(NULL, 0, &kv), 0, opt);
+  check("oi_executor_get_stats", oi_executor_get_stats(NULL, &stats), 0, opt);
+  check("oi_executor_get_kv_layout", oi_executor_get_kv_layout(NULL, 0, &kv), 0, opt);
   check("oi_executor_request_blocks", oi_executor_request_blocks(NULL, 1, NULL, 0, &n), 0, opt);
   oi_executor_destroy(NULL);
 }
@@ -131,11 +130,11 @@ static void executor(void) {
 int main(void) {
   printf("parts built: disk %d, cluster %d, server %d, executor %d\n", HAVE_DISK, HAVE_CLUSTER,
          HAVE_SERVER, HAVE_EXECUTOR);
-  oi_offload_host *h = make_host();
+  oi_host *h = make_host();
   if (h) {
     disk(h);
     cluster(h);
-    oi_offload_host_destroy(h);
+    oi_host_destroy(h);
   }
   server();
   executor();

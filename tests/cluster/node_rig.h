@@ -17,8 +17,8 @@
 #include "testutil.h"
 
 typedef struct node {
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
   uint8_t *mem;
   oi_arena_desc arena;
 } node;
@@ -56,7 +56,7 @@ static inline oi_status rig_open(node *n, const char *ns, const char *redis_url,
     co.listen_addr = "127.0.0.1:0";
     co.secret_file = secret_file;
     co.timeout_ms = timeout_ms;
-    st = oi_offload_host_attach_cluster(n->h, &co);
+    st = oi_host_attach_cluster(n->h, &co);
   }
   n->mem = calloc(2 * NB, BLOCK);
   REQUIRE(n->mem);
@@ -67,15 +67,15 @@ static inline oi_status rig_open(node *n, const char *ns, const char *redis_url,
 }
 
 static inline void node_close(node *n) {
-  oi_offload_engine_destroy(n->e);
-  oi_offload_host_destroy(n->h);
+  oi_engine_destroy(n->e);
+  oi_host_destroy(n->h);
   free(n->mem);
   memset(n, 0, sizeof *n);
 }
 
 static inline oi_host_cluster_stats cstats(node *n) {
   oi_host_cluster_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_offload_host_cluster_stats(n->h, &s));
+  CHECK_OK(oi_host_get_cluster_stats(n->h, &s));
   return s;
 }
 
@@ -100,7 +100,7 @@ static inline uint64_t fetch_check(node *n, uint64_t first, int count, uint32_t 
   for (int b = 0; b < count; b++)
     hs[b] = hash_of(first + (uint64_t)b);
   oi_query_result q = {.struct_size = sizeof q, .wait_ms = wait_ms};
-  CHECK_OK(oi_offload_engine_query(n->e, NULL, hs, (size_t)count, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_engine_query(n->e, NULL, hs, (size_t)count, OI_QUERY_WAIT_PENDING, &q));
   if (q.hit_blocks == 0) return 0;
   int64_t dst[NB];
   for (int b = 0; b < NB; b++)

@@ -50,7 +50,7 @@ static pid_t g_main_pid;
 typedef struct node {
   test_server ts;
   char id[32];
-  oi_offload_engine *e;
+  oi_engine *e;
   oi_imported_arena *arena;
   uint8_t *base;
   oi_arena_desc a[TL_ARENAS];
@@ -339,14 +339,14 @@ static void engine_open(int k) {
   node *n = &g_nodes[k];
   oi_engine_options o;
   tl_options(&o, n->a, NS);
-  REQUIRE(oi_offload_engine_connect(n->ts.socket, &o, &n->e, &n->arena) == OI_OK);
+  REQUIRE(oi_engine_connect(n->ts.socket, &o, &n->e, &n->arena) == OI_OK);
   n->base = oi_imported_arena_ptr(n->arena);
 }
 
 static void engine_close(int k) {
   node *n = &g_nodes[k];
   if (n->arena) oi_imported_arena_close(n->arena);
-  if (n->e) oi_offload_engine_destroy(n->e);
+  if (n->e) oi_engine_destroy(n->e);
   n->arena = NULL;
   n->e = NULL;
   n->base = NULL;
@@ -366,7 +366,7 @@ static void save(int k, uint32_t salt, uint64_t first, int count) {
     tl_fill(n->base, n->a, b, salt * 1000003ull + first + (uint64_t)b);
   }
   CHECK_OK(tr_save(n->e, ids, hs, (size_t)count, 10000));
-  CHECK_OK(oi_offload_engine_flush(n->e, 10000));
+  CHECK_OK(oi_engine_flush(n->e, 10000));
 }
 
 /* One query on node k with OI_QUERY_WAIT_PENDING; the hits are loaded into
@@ -380,8 +380,8 @@ static uint64_t query_once(int k, uint32_t salt, uint64_t first, int count, uint
     hs[b] = tl_hash(salt, first + (uint64_t)b);
   oi_query_result q = {.struct_size = sizeof q, .wait_ms = wait_ms};
   uint64_t t0 = oi__now_ns();
-  oi_status st = oi_offload_engine_query(n->e, NULL, hs, (size_t)count,
-                                         wait_ms ? OI_QUERY_WAIT_PENDING : 0, &q);
+  oi_status st =
+      oi_engine_query(n->e, NULL, hs, (size_t)count, wait_ms ? OI_QUERY_WAIT_PENDING : 0, &q);
   if (ms) *ms = ms_since(t0);
   CHECK_OK(st);
   if (st != OI_OK || q.hit_blocks == 0) return 0;
@@ -457,11 +457,11 @@ static void test_a_fetch_across_nodes(void) {
   for (int b = 0; b < N; b++)
     hs[b] = tl_hash(1, (uint64_t)b);
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(g_nodes[2].e, NULL, hs, N, 0, &q));
+  CHECK_OK(oi_engine_query(g_nodes[2].e, NULL, hs, N, 0, &q));
   CHECK(q.hit_blocks == 0 && q.pending_blocks == N && q.state == OI_QUERY_LOADING);
   fprintf(stderr, "  node 2 without a wait: %llu hits, %llu pending, state %u\n",
           (unsigned long long)q.hit_blocks, (unsigned long long)q.pending_blocks, q.state);
-  if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(g_nodes[2].e, q.lease));
+  if (q.hit_blocks) CHECK_OK(oi_engine_release(g_nodes[2].e, q.lease));
   CHECK(query_until(2, 1, 0, N, 10000) == N);
   fprintf(stderr, "  node 2: %d blocks from node 1 in %.1f ms after the save\n", N, ms_since(t0));
   /* node 2 holds them itself now */

@@ -75,8 +75,8 @@ static void test_cross_node_round_trip(void) {
   save(&a, 100, 4);
   wait_published(&a, NB + 4);
   uint64_t ev = 0;
-  CHECK_OK(oi_offload_engine_flush(a.e, 10000));
-  CHECK_OK(oi_offload_host_evict_all(a.h, &ev));
+  CHECK_OK(oi_engine_flush(a.e, 10000));
+  CHECK_OK(oi_host_evict_all(a.h, &ev));
   CHECK(ev >= 4);
   /* (A's withdrawals may race B's lookup: either way B never gets bytes.) */
   CHECK(fetch_check(&b, 100, 4, 3000) == 0);
@@ -152,10 +152,10 @@ static void test_redis_down_and_back(void) {
 static void test_bad_options(void) {
   oi_host_options ho = tr_host_options(1 << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   oi_host_cluster_options co;
   oi_host_cluster_options_init(&co);
-  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "required") != NULL);
   char sp[512];
   snprintf(sp, sizeof sp, "%s/secret", g_dir);
@@ -163,24 +163,24 @@ static void test_bad_options(void) {
   co.node_id = "bad node id";
   co.listen_addr = "127.0.0.1:0";
   co.secret_file = sp;
-  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
   co.node_id = "node-x";
   write_secret("short", "tooshort");
   char shortp[512];
   snprintf(shortp, sizeof shortp, "%s/short", g_dir);
   co.secret_file = shortp;
-  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "bytes") != NULL);
   char open_p[512];
   snprintf(open_p, sizeof open_p, "%s/open", g_dir);
   write_secret("open", "0123456789abcdef0123");
   REQUIRE(chmod(open_p, 0644) == 0);
   co.secret_file = open_p;
-  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_PERMISSION);
+  CHECK_ST(oi_host_attach_cluster(h, &co), OI_ERR_PERMISSION);
   CHECK(strstr(oi_last_error(), "chmod 600") != NULL);
   co.secret_file = sp;
   co.listen_addr = "0.0.0.0:0";
-  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_cluster(h, &co), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "advertise_addr") != NULL);
   /* Each required option missing alone; a struct_size no init wrote. */
   oi_host_cluster_options good = co;
@@ -189,12 +189,12 @@ static void test_bad_options(void) {
     oi_host_cluster_options c = good;
     const char **field[] = {&c.redis_url, &c.node_id, &c.listen_addr, &c.secret_file};
     *field[i] = NULL;
-    CHECK_ST(oi_offload_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
+    CHECK_ST(oi_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
     CHECK(strstr(oi_last_error(), "required") != NULL);
   }
   oi_host_cluster_options c = good;
   c.struct_size = 2;
-  CHECK_ST(oi_offload_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "struct_size") != NULL);
   /* A secret over the limit (a CRLF ending is no part of a secret: one of
    * exactly the limit is taken below); a listen address with no port; an
@@ -208,33 +208,33 @@ static void test_bad_options(void) {
   snprintf(longp, sizeof longp, "%s/long", g_dir);
   c = good;
   c.secret_file = longp;
-  CHECK_ST(oi_offload_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "bytes") != NULL);
   c = good;
   c.listen_addr = "127.0.0.1";
-  CHECK_ST(oi_offload_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "IP:PORT") != NULL);
   c = good;
   c.advertise_addr = "has space:1";
-  CHECK_ST(oi_offload_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "advertised address") != NULL);
   oi_host_cluster_stats none = {.struct_size = sizeof none};
-  CHECK_ST(oi_offload_host_cluster_stats(h, &none), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_host_get_cluster_stats(h, &none), OI_ERR_NOT_FOUND);
   big[SECRET_MAX] = '\r';
   big[SECRET_MAX + 1] = '\n';
   write_secret("long", big);
   c = good;
   c.secret_file = longp;
-  CHECK_OK(oi_offload_host_attach_cluster(h, &c));
-  oi_offload_host_destroy(h);
+  CHECK_OK(oi_host_attach_cluster(h, &c));
+  oi_host_destroy(h);
   h = NULL;
   h = tr_host_new(&ho);
   oi_host_cluster_stats s = {.struct_size = sizeof s};
-  CHECK_ST(oi_offload_host_cluster_stats(h, &s), OI_ERR_NOT_FOUND); /* nothing attached */
+  CHECK_ST(oi_host_get_cluster_stats(h, &s), OI_ERR_NOT_FOUND); /* nothing attached */
   co.listen_addr = "127.0.0.1:0";
-  CHECK_OK(oi_offload_host_attach_cluster(h, &co));
-  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_STATE);
-  oi_offload_host_destroy(h);
+  CHECK_OK(oi_host_attach_cluster(h, &co));
+  CHECK_ST(oi_host_attach_cluster(h, &co), OI_ERR_STATE);
+  oi_host_destroy(h);
 }
 
 int main(void) {

@@ -152,7 +152,7 @@ static void test_release_only_by_its_reader(void) {
   oi__free(rep);
   CHECK(lease != 0 && cstats(&a).served_blocks == NB);
   oi_host_stats hs = {.struct_size = sizeof hs};
-  CHECK_OK(oi_offload_host_stats(a.h, &hs));
+  CHECK_OK(oi_host_get_stats(a.h, &hs));
   CHECK(hs.blocks_pinned == NB);
   uint8_t rel[CL_HDR + 8];
   put_hdr(rel, 2);
@@ -161,13 +161,13 @@ static void test_release_only_by_its_reader(void) {
   REQUIRE(oi__peer_call(peers[1], rel, sizeof rel, &rep, &rl, 0) == OI_OK);
   CHECK(rl == CL_HDR);
   oi__free(rep);
-  CHECK_OK(oi_offload_host_stats(a.h, &hs));
+  CHECK_OK(oi_host_get_stats(a.h, &hs));
   CHECK(hs.blocks_pinned == NB);
   /* The reader it was given to: released. */
   REQUIRE(oi__peer_call(peers[0], rel, sizeof rel, &rep, &rl, 0) == OI_OK);
   CHECK(rl == CL_HDR);
   oi__free(rep);
-  CHECK_OK(oi_offload_host_stats(a.h, &hs));
+  CHECK_OK(oi_host_get_stats(a.h, &hs));
   CHECK(hs.blocks_pinned == 0);
   oi__peer_net_destroy(nets[1]);
   oi__peer_net_destroy(nets[0]);
@@ -448,7 +448,7 @@ static void test_notes_in_batches(void) {
   freeReplyObject(r);
   oi_host_options ho = tr_host_options(4ull << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   oi_host_cluster_options co;
   oi_host_cluster_options_init(&co);
   co.redis_url = g_url;
@@ -456,12 +456,12 @@ static void test_notes_in_batches(void) {
   co.listen_addr = "127.0.0.1:0";
   co.secret_file = g_secret_path;
   co.timeout_ms = 2000;
-  REQUIRE(oi_offload_host_attach_cluster(h, &co) == OI_OK);
+  REQUIRE(oi_host_attach_cluster(h, &co) == OI_OK);
   uint8_t *mem = calloc(N, B);
   REQUIRE(mem);
   oi_arena_desc ad = tr_arena("kv", mem, N, B);
   oi_engine_options eo = tr_engine_options("batches", &ad, 1);
-  oi_offload_engine *e = tr_engine_new(h, &eo);
+  oi_engine *e = tr_engine_new(h, &eo);
   int64_t ids[N];
   oi_block_hash hs[N];
   for (int i = 0; i < N; i++) {
@@ -471,11 +471,11 @@ static void test_notes_in_batches(void) {
   }
   CHECK_OK(tr_save(e, ids, hs, N, 10000));
   uint64_t ev = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &ev));
+  CHECK_OK(oi_host_evict_all(h, &ev));
   CHECK(ev == N);
   oi_host_cluster_stats st = {.struct_size = sizeof st};
   for (int i = 0; i < 500; i++) {
-    CHECK_OK(oi_offload_host_cluster_stats(h, &st));
+    CHECK_OK(oi_host_get_cluster_stats(h, &st));
     if (st.published >= N && st.unpublished == N) break;
     sleep_ms(10);
   }
@@ -496,8 +496,8 @@ static void test_notes_in_batches(void) {
     fprintf(stderr, "redis holds %lld keys, %lld before\n", after, before);
     CHECK(false);
   }
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   free(mem);
   redisFree(c);
 }
@@ -507,7 +507,7 @@ static void test_notes_in_batches(void) {
 static void test_secret_files_and_advertise(void) {
   oi_host_options ho = tr_host_options(1 << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   oi_host_cluster_options co;
   CHECK_ST(oi_host_cluster_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
   oi_host_cluster_options_init(&co);
@@ -518,26 +518,26 @@ static void test_secret_files_and_advertise(void) {
   /* Missing; a directory; a symbolic link to a good secret. */
   snprintf(p, sizeof p, "%s/missing", g_dir);
   co.secret_file = p;
-  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_host_attach_cluster(h, &co), OI_ERR_NOT_FOUND);
   CHECK(strstr(oi_last_error(), "missing"));
   snprintf(p, sizeof p, "%s/adir", g_dir);
   REQUIRE(mkdir(p, 0700) == 0);
-  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_PERMISSION);
+  CHECK_ST(oi_host_attach_cluster(h, &co), OI_ERR_PERMISSION);
   CHECK(strstr(oi_last_error(), "not a regular file"));
   rmdir(p);
   snprintf(p, sizeof p, "%s/link", g_dir);
   REQUIRE(symlink(g_secret_path, p) == 0);
-  CHECK_ST(oi_offload_host_attach_cluster(h, &co), OI_ERR_PERMISSION);
+  CHECK_ST(oi_host_attach_cluster(h, &co), OI_ERR_PERMISSION);
   unlink(p);
-  CHECK_ST(oi_offload_host_attach_cluster(NULL, &co), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_cluster(NULL, &co), OI_ERR_INVALID_ARGUMENT);
   oi_host_cluster_stats cs = {.struct_size = sizeof cs};
-  CHECK_ST(oi_offload_host_cluster_stats(NULL, &cs), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_offload_host_cluster_stats(h, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_get_cluster_stats(NULL, &cs), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_get_cluster_stats(h, NULL), OI_ERR_INVALID_ARGUMENT);
   /* An address to advertise instead of the listener's: it is what peers
    * find in the directory. */
   co.secret_file = g_secret_path;
   co.advertise_addr = "10.1.2.3:4567";
-  CHECK_OK(oi_offload_host_attach_cluster(h, &co));
+  CHECK_OK(oi_host_attach_cluster(h, &co));
   redisContext *c = raw(g_port);
   REQUIRE(c);
   bool seen = false;
@@ -549,7 +549,7 @@ static void test_secret_files_and_advertise(void) {
   }
   CHECK(seen);
   redisFree(c);
-  oi_offload_host_destroy(h);
+  oi_host_destroy(h);
 }
 
 int main(void) {

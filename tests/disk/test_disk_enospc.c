@@ -39,27 +39,27 @@ static uint8_t byte_of(uint64_t b, uint64_t i) {
 static oi_block_hash hash_of(uint64_t b) { return tr_hash(b, 15, 0xE5); }
 
 typedef struct rig {
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
   uint8_t *mem;
   oi_arena_desc arena;
 } rig;
 
-static oi_offload_host *host_new(void) {
+static oi_host *host_new(void) {
   oi_host_options ho = tr_host_options(1 * MiB);
   ho.flags = OI_HOST_NO_PIN;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   return h;
 }
 
-static oi_status attach(oi_offload_host *h, const char *dir, uint64_t cap) {
+static oi_status attach(oi_host *h, const char *dir, uint64_t cap) {
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   const char *dirs[1] = {dir};
   d.dirs = dirs;
   d.num_dirs = 1;
   d.capacity_bytes = cap;
-  return oi_offload_host_attach_disk(h, &d);
+  return oi_host_attach_disk(h, &d);
 }
 
 static void engine_new(rig *r) {
@@ -73,7 +73,7 @@ static bool rig_open(rig *r, const char *dir) {
   oi_status st = attach(r->h, dir, 1 * MiB);
   if (st != OI_OK) {
     fprintf(stderr, "attach on the full file system: %s: %s\n", oi_status_str(st), oi_last_error());
-    oi_offload_host_destroy(r->h);
+    oi_host_destroy(r->h);
     return false;
   }
   engine_new(r);
@@ -81,13 +81,13 @@ static bool rig_open(rig *r, const char *dir) {
 }
 
 static void rig_close(rig *r) {
-  oi_offload_engine_destroy(r->e);
-  oi_offload_host_destroy(r->h);
+  oi_engine_destroy(r->e);
+  oi_host_destroy(r->h);
 }
 
 static oi_host_disk_stats dstats(rig *r) {
   oi_host_disk_stats s = {.struct_size = sizeof s};
-  REQUIRE(oi_offload_host_disk_stats(r->h, &s) == OI_OK);
+  REQUIRE(oi_host_get_disk_stats(r->h, &s) == OI_OK);
   return s;
 }
 
@@ -120,7 +120,7 @@ static uint64_t hits_checked(rig *r) {
   for (uint64_t b = 0; b < NBLK; b++) {
     oi_block_hash h = hash_of(b);
     oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
-    CHECK_OK(oi_offload_engine_query(r->e, NULL, &h, 1, OI_QUERY_WAIT_PENDING, &q));
+    CHECK_OK(oi_engine_query(r->e, NULL, &h, 1, OI_QUERY_WAIT_PENDING, &q));
     if (!q.hit_blocks) continue;
     hits++;
     int64_t dst = LOAD_AT;
@@ -137,7 +137,7 @@ static uint64_t hits_checked(rig *r) {
 
 static void evict_pool(rig *r) {
   uint64_t n = 0;
-  CHECK_OK(oi_offload_host_evict_all(r->h, &n));
+  CHECK_OK(oi_host_evict_all(r->h, &n));
 }
 
 /* Fills the file system with `path`. @return the bytes written. */
@@ -163,12 +163,12 @@ static void test_full_file_system(const char *mnt) {
   char *filler = dt_path(mnt, "filler");
 
   /* (a) more than the file system holds: refused, nothing attached */
-  oi_offload_host *h = host_new();
+  oi_host *h = host_new();
   CHECK_ST(attach(h, dir, 64 * MiB), OI_ERR_OUT_OF_MEMORY);
   CHECK(strstr(oi_last_error(), dir) != NULL);
   oi_host_disk_stats s = {.struct_size = sizeof s};
-  CHECK_ST(oi_offload_host_disk_stats(h, &s), OI_ERR_NOT_FOUND);
-  oi_offload_host_destroy(h);
+  CHECK_ST(oi_host_get_disk_stats(h, &s), OI_ERR_NOT_FOUND);
+  oi_host_destroy(h);
 
   /* (b) a capacity that fits; then the rest of the file system is taken */
   rig r = {.mem = calloc(ARENA, BLOCK)};

@@ -27,8 +27,8 @@ static double dt_now_s(void) {
 }
 
 typedef struct rig {
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
   uint8_t *mem;
   uint64_t block;
   oi_arena_desc arena;
@@ -46,11 +46,11 @@ static void rig_open_with(rig *r, const char *dir, uint64_t block, const char *n
                           oi_host_options *ho, oi_host_disk_options *d, uint64_t arena_blocks) {
   memset(r, 0, sizeof *r);
   ho->flags |= OI_HOST_NO_PIN;
-  REQUIRE(oi_offload_host_create(ho, &r->h) == OI_OK);
+  REQUIRE(oi_host_create(ho, &r->h) == OI_OK);
   const char *dirs[1] = {dir};
   d->dirs = dirs;
   d->num_dirs = 1;
-  CHECK_OK(oi_offload_host_attach_disk(r->h, d));
+  CHECK_OK(oi_host_attach_disk(r->h, d));
   r->block = block;
   r->mem = calloc(arena_blocks, block);
   REQUIRE(r->mem);
@@ -73,14 +73,14 @@ static void rig_open(rig *r, const char *dir, uint64_t block, const char *ns) {
 }
 
 static void rig_close(rig *r) {
-  oi_offload_engine_destroy(r->e);
-  oi_offload_host_destroy(r->h);
+  oi_engine_destroy(r->e);
+  oi_host_destroy(r->h);
   free(r->mem);
 }
 
 static oi_host_disk_stats disk_stats(rig *r) {
   oi_host_disk_stats s = {.struct_size = sizeof s};
-  REQUIRE(oi_offload_host_disk_stats(r->h, &s) == OI_OK);
+  REQUIRE(oi_host_get_disk_stats(r->h, &s) == OI_OK);
   return s;
 }
 
@@ -107,7 +107,7 @@ static void save_and_spill(rig *r, oi_block_hash *hs) {
  * checks each loaded block's bytes. @return the hits. */
 static uint64_t query_load_check(rig *r, const oi_block_hash *hs) {
   oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
-  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_engine_query(r->e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q));
   if (q.hit_blocks == 0) return 0;
   int64_t dst[NB];
   for (int b = 0; b < NB; b++)
@@ -127,15 +127,15 @@ static uint64_t query_load_check(rig *r, const oi_block_hash *hs) {
  * land first (10 s at most), so they neither stay behind as hits nor take
  * a fault armed for the next query's reads. */
 static void evict_pool(rig *r) {
-  CHECK_OK(oi_offload_engine_flush(r->e, 10000));
+  CHECK_OK(oi_engine_flush(r->e, 10000));
   oi_host_stats hs = {.struct_size = sizeof hs};
   double t0 = dt_now_s();
-  while (oi_offload_host_stats(r->h, &hs) == OI_OK && hs.blocks_in_flight && dt_now_s() - t0 < 10)
+  while (oi_host_get_stats(r->h, &hs) == OI_OK && hs.blocks_in_flight && dt_now_s() - t0 < 10)
     usleep(2000);
   CHECK(hs.blocks_in_flight == 0);
   uint64_t n = 0;
-  CHECK_OK(oi_offload_host_evict_all(r->h, &n));
-  CHECK_OK(oi_offload_host_stats(r->h, &hs));
+  CHECK_OK(oi_host_evict_all(r->h, &n));
+  CHECK_OK(oi_host_get_stats(r->h, &hs));
   CHECK(hs.blocks_sealed == 0);
 }
 
@@ -149,17 +149,17 @@ static void round_trip_through_disk(uint64_t block) {
   /* Membership counts the disk's blocks; no promotion. */
   uint8_t present[NB];
   oi_query_result q = {.struct_size = sizeof q, .present = present};
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, OI_QUERY_MEMBERSHIP, &q));
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, NB, OI_QUERY_MEMBERSHIP, &q));
   CHECK(q.hit_blocks == NB);
   /* A plain query: nothing sealed in the pool yet; the disk's blocks come
    * back (pending, LOADING). */
   q = (oi_query_result){.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, 0, &q));
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, NB, 0, &q));
   /* (reads end in any order; a block that sealed behind one still in
    * flight counts as pending) */
   CHECK(q.hit_blocks + q.pending_blocks == NB);
   if (q.pending_blocks) CHECK(q.state == OI_QUERY_LOADING);
-  if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(r.e, q.lease));
+  if (q.hit_blocks) CHECK_OK(oi_engine_release(r.e, q.lease));
   /* That one query started every block's promotion. */
   double t0 = dt_now_s();
   while (disk_stats(&r).promotions < NB && dt_now_s() - t0 < 10)
@@ -181,7 +181,7 @@ static void round_trip_through_disk(uint64_t block) {
   rig_close(&r);
   rig_open(&r, dir, block + 4096, "tier");
   oi_query_result q2 = {.struct_size = sizeof q2, .wait_ms = 2000};
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q2));
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q2));
   CHECK(q2.hit_blocks == 0 && q2.pending_blocks == 0);
   rig_close(&r);
   dt_rmtree(dir);
@@ -210,7 +210,7 @@ static void test_leases_survive_pool_and_disk_pressure(void) {
   save_and_spill(&r, hs);
   evict_pool(&r);
   oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q));
   CHECK(q.hit_blocks == NB);
   oi_lease held = q.lease; /* kept across the flood */
   /* The flood: 20 rounds of NB other blocks from arena blocks NB.. */
@@ -243,7 +243,7 @@ static void test_leases_survive_pool_and_disk_pressure(void) {
   oi__disk_foreach(oi__disk_tier_store(oi__disk_tier_of(r.h)), count_first_nb, &left);
   CHECK(left == 0);
   oi_host_stats hst = {.struct_size = sizeof hst};
-  CHECK_OK(oi_offload_host_stats(r.h, &hst));
+  CHECK_OK(oi_host_get_stats(r.h, &hst));
   CHECK(hst.blocks_leased == NB);
   /* The load through the held lease. */
   int64_t dst[NB];
@@ -296,51 +296,51 @@ static void test_flipped_bytes_are_never_served(void) {
 static void test_bad_options(void) {
   oi_host_options ho = tr_host_options(1 * MiB);
   ho.flags = OI_HOST_NO_PIN;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   oi_host_disk_stats s0 = {.struct_size = sizeof s0};
-  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT); /* no dirs */
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT); /* no dirs */
   CHECK(strstr(oi_last_error(), "directories") != NULL);
   d.num_dirs = 1; /* a count, but no array */
-  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "no directories (dirs, num_dirs)") != NULL);
   d.num_dirs = 0;
-  CHECK_ST(oi_offload_host_attach_disk(h, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_disk(h, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "host_attach_disk: options pointer is NULL") != NULL);
   oi_host_disk_options zero = {.struct_size = 0};
-  CHECK_ST(oi_offload_host_attach_disk(h, &zero), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_disk(h, &zero), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "struct_size 0 is too small") != NULL);
   char *dir = dt_mkdtemp();
   const char *dirs[1] = {dir};
   d.dirs = dirs;
   d.num_dirs = 1;
-  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT); /* no capacity */
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT); /* no capacity */
   const char *empty[2] = {dir, ""}, *null_dir[2] = {dir, NULL};
   d.capacity_bytes = 8 * MiB;
   d.num_dirs = 2;
   d.dirs = empty;
-  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "dirs[1] is empty") != NULL);
   d.dirs = null_dir;
-  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "dirs[1] is empty") != NULL);
   d.dirs = dirs;
   d.num_dirs = 1;
   CHECK_ST(oi_host_disk_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_offload_host_disk_stats(NULL, &s0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_get_disk_stats(NULL, &s0), OI_ERR_INVALID_ARGUMENT);
   REQUIRE(chmod(dir, 0777) == 0);
-  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_PERMISSION); /* world-writable */
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_PERMISSION); /* world-writable */
   oi_host_disk_stats s = {.struct_size = sizeof s};
-  CHECK_ST(oi_offload_host_disk_stats(h, &s), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_host_get_disk_stats(h, &s), OI_ERR_NOT_FOUND);
   REQUIRE(chmod(dir, 0700) == 0);
-  CHECK_OK(oi_offload_host_attach_disk(h, &d));
-  CHECK_ST(oi_offload_host_attach_disk(h, &d), OI_ERR_STATE); /* one per host */
-  CHECK_OK(oi_offload_host_disk_stats(h, &s));
+  CHECK_OK(oi_host_attach_disk(h, &d));
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_STATE); /* one per host */
+  CHECK_OK(oi_host_get_disk_stats(h, &s));
   CHECK(s.capacity_bytes > 0 && s.blocks == 0);
-  CHECK_ST(oi_offload_host_attach_disk(NULL, &d), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_offload_host_disk_stats(h, NULL), OI_ERR_INVALID_ARGUMENT);
-  oi_offload_host_destroy(h);
+  CHECK_ST(oi_host_attach_disk(NULL, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_host_get_disk_stats(h, NULL), OI_ERR_INVALID_ARGUMENT);
+  oi_host_destroy(h);
   dt_rmtree(dir);
 }
 
@@ -373,7 +373,7 @@ static void test_blocks_larger_than_the_disk(void) {
   oi_host_disk_stats s = disk_stats(&r);
   CHECK(s.spills_skipped == N && s.spills == 0 && s.blocks == 0);
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, 0, &q));
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, N, 0, &q));
   CHECK(q.hit_blocks == N);
   int64_t dst[N];
   for (int b = 0; b < N; b++)
@@ -386,7 +386,7 @@ static void test_blocks_larger_than_the_disk(void) {
   CHECK(ok);
   evict_pool(&r);
   oi_query_result q2 = {.struct_size = sizeof q2, .wait_ms = 2000};
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, OI_QUERY_WAIT_PENDING, &q2));
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, N, OI_QUERY_WAIT_PENDING, &q2));
   CHECK(q2.hit_blocks == 0);
   rig_close(&r);
   dt_rmtree(dir);
@@ -435,9 +435,9 @@ static void test_destroy_with_promotions_queued(void) {
   evict_pool(&r);
   REQUIRE(oi__fault_arm(OI_FAULT_DISK_READ_SLOW, 0, 0, 30) == OI_OK); /* 30 ms a read */
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, 0, &q)); /* starts NB promotions */
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, NB, 0, &q)); /* starts NB promotions */
   CHECK(q.hit_blocks + q.pending_blocks == NB);
-  if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(r.e, q.lease));
+  if (q.hit_blocks) CHECK_OK(oi_engine_release(r.e, q.lease));
   CHECK(disk_stats(&r).promotions < NB);
   rig_close(&r);
   oi__fault_disarm_all();
@@ -480,9 +480,9 @@ static void test_faults_degrade(void) {
   for (int b = 0; b < NB; b++)
     hs[b] = hash_of(1000 + (uint64_t)b);
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, NB, 0, &q));
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, NB, 0, &q));
   CHECK(q.hit_blocks == NB);
-  CHECK_OK(oi_offload_engine_release(r.e, q.lease));
+  CHECK_OK(oi_engine_release(r.e, q.lease));
   rig_close(&r);
 
   /* Written for real now; then reads fail (EIO once, then a short read). */
@@ -545,11 +545,11 @@ static void test_shutdown_writes_every_queued_block(void) {
     }
     REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE_SLOW, 0, 0, 10) == OI_OK); /* 10 ms a write */
     CHECK_OK(tr_save(r.e, ids, hs, N, 10000));
-    CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, 0, &q)); /* pins all N */
+    CHECK_OK(oi_engine_query(r.e, NULL, hs, N, 0, &q)); /* pins all N */
     if (q.hit_blocks == N) break;
     fprintf(stderr, "  (%llu of %d blocks evicted before the query pinned them: again)\n",
             (unsigned long long)(N - q.hit_blocks), N);
-    if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(r.e, q.lease));
+    if (q.hit_blocks) CHECK_OK(oi_engine_release(r.e, q.lease));
     oi__fault_disarm(OI_FAULT_DISK_WRITE_SLOW);
     rig_close(&r);
     dt_rmtree(dir);
@@ -567,9 +567,9 @@ static void test_shutdown_writes_every_queued_block(void) {
     for (int b = 0; b < NB; b++)
       part[b] = hash_of(5000 + (uint64_t)((at + b) % N));
     oi_query_result pq = {.struct_size = sizeof pq, .wait_ms = 10000};
-    CHECK_OK(oi_offload_engine_query(r.e, NULL, part, NB, OI_QUERY_WAIT_PENDING, &pq));
+    CHECK_OK(oi_engine_query(r.e, NULL, part, NB, OI_QUERY_WAIT_PENDING, &pq));
     CHECK(pq.hit_blocks == NB);
-    if (pq.hit_blocks) CHECK_OK(oi_offload_engine_release(r.e, pq.lease));
+    if (pq.hit_blocks) CHECK_OK(oi_engine_release(r.e, pq.lease));
   }
   rig_close(&r);
   dt_rmtree(dir);
@@ -622,7 +622,7 @@ static void test_shutdown_drain_past_its_limit(void) {
   uint8_t *dst = r.mem + (uint64_t)NB * BLOCK;
   for (int b = 0; b < N; b++) {
     oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
-    CHECK_OK(oi_offload_engine_query(r.e, NULL, &hs[b], 1, OI_QUERY_WAIT_PENDING, &q));
+    CHECK_OK(oi_engine_query(r.e, NULL, &hs[b], 1, OI_QUERY_WAIT_PENDING, &q));
     if (!q.hit_blocks) continue;
     hits++;
     int64_t id = NB;

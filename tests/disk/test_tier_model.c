@@ -127,8 +127,8 @@ typedef struct rig {
   char *dir;
   uint8_t *mem;
   oi_arena_desc arena;
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
   held leases[MAX_LEASES];
   int nleases;
 } rig;
@@ -150,7 +150,7 @@ static void rig_open(rig *r) {
   d.dirs = dirs;
   d.num_dirs = 1;
   d.capacity_bytes = DISK_CAPACITY;
-  REQUIRE(oi_offload_host_attach_disk(r->h, &d) == OI_OK);
+  REQUIRE(oi_host_attach_disk(r->h, &d) == OI_OK);
   r->arena = tr_arena("kv", r->mem, ARENA, g_block);
   oi_engine_options eo = tr_engine_options(NS_NAME, &r->arena, 1);
   r->e = tr_engine_new(r->h, &eo);
@@ -159,7 +159,7 @@ static void rig_open(rig *r) {
 
 static oi_host_disk_stats dstats(rig *r) {
   oi_host_disk_stats s = {.struct_size = sizeof s};
-  REQUIRE(oi_offload_host_disk_stats(r->h, &s) == OI_OK);
+  REQUIRE(oi_host_get_disk_stats(r->h, &s) == OI_OK);
   return s;
 }
 
@@ -171,8 +171,8 @@ static void rig_close(rig *r) {
   g_closed = s;
   g_n.promotions += s.promotions;
   g_n.checksum_failures += s.checksum_failures;
-  oi_offload_engine_destroy(r->e);
-  oi_offload_host_destroy(r->h);
+  oi_engine_destroy(r->e);
+  oi_host_destroy(r->h);
   r->e = NULL;
   r->h = NULL;
 }
@@ -188,7 +188,7 @@ static void on_disk_fn(void *ctx, const oi_tier_key *key, uint64_t len) {
 }
 
 /* on[k] = whether the store lists key k (on[UNIVERSE]: a foreign block). */
-static void list_disk(oi_offload_host *h, uint8_t *on) {
+static void list_disk(oi_host *h, uint8_t *on) {
   memset(on, 0, UNIVERSE + 1);
   oi_disk *d = oi__disk_tier_store(oi__disk_tier_of(h));
   REQUIRE(d);
@@ -239,7 +239,7 @@ static void save_keys(rig *r, const uint32_t *keys, int n) {
     memcpy(r->mem + (uint64_t)(STAGE + i) * g_block, content(keys[i]), g_block);
   }
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_save(r->e, ids, hs, (size_t)n, NULL, &t);
+  oi_status st = oi_engine_save(r->e, ids, hs, (size_t)n, NULL, &t);
   MCHECK(st == OI_OK, "save: %s", oi_status_str(st));
   if (st != OI_OK) return;
   st = oi_ticket_wait(t, WAIT_MS);
@@ -256,7 +256,7 @@ static void load_check(rig *r, oi_lease lease, const uint32_t *keys, uint64_t hi
     dst[i] = LOADS + (int64_t)i;
   memset(r->mem + LOADS * g_block, 0xA5, MAX_QUERY * g_block);
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_load(r->e, lease, dst, hits, NULL, &t);
+  oi_status st = oi_engine_load(r->e, lease, dst, hits, NULL, &t);
   MCHECK(st == OI_OK, "load of %llu blocks: %s", (unsigned long long)hits, oi_status_str(st));
   if (st != OI_OK) return;
   st = oi_ticket_wait(t, WAIT_MS);
@@ -275,7 +275,7 @@ static uint64_t query_once(rig *r, const uint32_t *keys, int n, oi_query_result 
   for (int i = 0; i < n; i++)
     hs[i] = hash_of(keys[i]);
   *q = (oi_query_result){.struct_size = sizeof *q, .wait_ms = WAIT_MS};
-  oi_status st = oi_offload_engine_query(r->e, NULL, hs, (size_t)n, OI_QUERY_WAIT_PENDING, q);
+  oi_status st = oi_engine_query(r->e, NULL, hs, (size_t)n, OI_QUERY_WAIT_PENDING, q);
   MCHECK(st == OI_OK, "query: %s", oi_status_str(st));
   if (st != OI_OK) return 0;
   MCHECK(q->hit_blocks <= (uint64_t)n, "query: %llu hits of %d", (unsigned long long)q->hit_blocks,
@@ -364,7 +364,7 @@ static void op_membership(rig *r) {
     hs[i] = hash_of(keys[i]);
   memset(present, 7, sizeof present);
   oi_query_result q = {.struct_size = sizeof q, .present = present};
-  oi_status st = oi_offload_engine_query(r->e, NULL, hs, (size_t)n, OI_QUERY_MEMBERSHIP, &q);
+  oi_status st = oi_engine_query(r->e, NULL, hs, (size_t)n, OI_QUERY_MEMBERSHIP, &q);
   MCHECK(st == OI_OK, "membership: %s", oi_status_str(st));
   uint64_t count = 0;
   for (int i = 0; i < n; i++) {
@@ -408,7 +408,7 @@ static void load_all_held(rig *r) {
 
 static void op_evict(rig *r) {
   uint64_t n = 0;
-  oi_status st = oi_offload_host_evict_all(r->h, &n);
+  oi_status st = oi_host_evict_all(r->h, &n);
   MCHECK(st == OI_OK, "evict_all: %s", oi_status_str(st));
   g_n.evicts++;
 }
@@ -430,7 +430,7 @@ static void held_before_close(rig *r, uint8_t *had) {
     for (uint32_t i = 0; i < n; i++)
       hs[i] = hash_of(s + i);
     oi_query_result q = {.struct_size = sizeof q, .present = present};
-    MCHECK(oi_offload_engine_query(r->e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q) == OI_OK,
+    MCHECK(oi_engine_query(r->e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q) == OI_OK,
            "membership before close");
     for (uint32_t i = 0; i < n; i++)
       had[s + i] = present[i] && g_state[s + i] == K_SAVED;

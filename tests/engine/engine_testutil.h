@@ -304,9 +304,9 @@ static inline bool etu_lease_is_zero(oi_lease l) {
 
 /* high_watermark 0: the default (background eviction above 95%); 1.0 turns
  * background eviction off, so only saves that need room evict. */
-static ETU_UNUSED oi_offload_host *etu_host_create_wm(uint64_t pool_bytes, uint64_t chunk_bytes,
-                                                      uint32_t lease_ttl_ms, float high_watermark,
-                                                      float low_watermark) {
+static ETU_UNUSED oi_host *etu_host_create_wm(uint64_t pool_bytes, uint64_t chunk_bytes,
+                                              uint32_t lease_ttl_ms, float high_watermark,
+                                              float low_watermark) {
   oi_host_options o = tr_host_options(pool_bytes);
   o.device = OI_DEVICE_CPU;
   o.chunk_bytes = chunk_bytes;
@@ -318,12 +318,12 @@ static ETU_UNUSED oi_offload_host *etu_host_create_wm(uint64_t pool_bytes, uint6
   return tr_host_new(&o);
 }
 
-static ETU_UNUSED oi_offload_host *etu_host_create_opts(uint64_t pool_bytes, uint64_t chunk_bytes,
-                                                        uint32_t lease_ttl_ms) {
+static ETU_UNUSED oi_host *etu_host_create_opts(uint64_t pool_bytes, uint64_t chunk_bytes,
+                                                uint32_t lease_ttl_ms) {
   return etu_host_create_wm(pool_bytes, chunk_bytes, lease_ttl_ms, 0, 0);
 }
 
-static ETU_UNUSED oi_offload_host *etu_host_create(uint64_t pool_bytes) {
+static ETU_UNUSED oi_host *etu_host_create(uint64_t pool_bytes) {
   return etu_host_create_opts(pool_bytes, 0, 0);
 }
 
@@ -359,17 +359,16 @@ static ETU_UNUSED void etu_engine_opts(const etu_layout *L, const char *ns, uint
   }
 }
 
-static ETU_UNUSED oi_offload_engine *etu_engine_create_mode(oi_offload_host *h, const etu_layout *L,
-                                                            const char *ns, uint32_t world_size,
-                                                            bool use_offsets) {
+static ETU_UNUSED oi_engine *etu_engine_create_mode(oi_host *h, const etu_layout *L, const char *ns,
+                                                    uint32_t world_size, bool use_offsets) {
   static __thread oi_arena_desc arenas[ETU_MAX_ARENAS];
   oi_engine_options o;
   etu_engine_opts(L, ns, world_size, use_offsets, &o, arenas);
   return tr_engine_new(h, &o);
 }
 
-static ETU_UNUSED oi_offload_engine *etu_engine_create(oi_offload_host *h, const etu_layout *L,
-                                                       const char *ns, uint32_t world_size) {
+static ETU_UNUSED oi_engine *etu_engine_create(oi_host *h, const etu_layout *L, const char *ns,
+                                               uint32_t world_size) {
   return etu_engine_create_mode(h, L, ns, world_size, false);
 }
 
@@ -391,26 +390,26 @@ static ETU_UNUSED oi_status etu_ticket_finish(oi_ticket *t) {
 }
 
 /* save + wait. @return the save call's error, or else the ticket's status. */
-static ETU_UNUSED oi_status etu_save_wait(oi_offload_engine *e, const int64_t *ids,
+static ETU_UNUSED oi_status etu_save_wait(oi_engine *e, const int64_t *ids,
                                           const oi_block_hash *hashes, size_t n) {
   return tr_save(e, ids, hashes, n, UINT32_MAX);
 }
 
 /* load + wait. */
-static ETU_UNUSED oi_status etu_load_wait(oi_offload_engine *e, oi_lease lease, const int64_t *dst,
+static ETU_UNUSED oi_status etu_load_wait(oi_engine *e, oi_lease lease, const int64_t *dst,
                                           size_t n) {
   return tr_load(e, lease, dst, n, UINT32_MAX);
 }
 
 /* A prefix query with a fresh result struct. */
-static ETU_UNUSED oi_status etu_query(oi_offload_engine *e, const char *req_id,
-                                      const oi_block_hash *hashes, size_t n, oi_query_result *out) {
+static ETU_UNUSED oi_status etu_query(oi_engine *e, const char *req_id, const oi_block_hash *hashes,
+                                      size_t n, oi_query_result *out) {
   return tr_query(e, req_id, hashes, n, 0, NULL, out);
 }
 
 /* Membership query: present[i] = 0/1. @return the number present, or -1 on error. */
-static ETU_UNUSED int64_t etu_membership(oi_offload_engine *e, const oi_block_hash *hashes,
-                                         size_t n, uint8_t *present) {
+static ETU_UNUSED int64_t etu_membership(oi_engine *e, const oi_block_hash *hashes, size_t n,
+                                         uint8_t *present) {
   oi_query_result r;
   oi_status st = tr_query(e, NULL, hashes, n, OI_QUERY_MEMBERSHIP, present, &r);
   if (st != OI_OK) {

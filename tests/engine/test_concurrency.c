@@ -13,9 +13,9 @@
 #define UNIVERSE 1024
 #define SEED 0xC0C0ull
 
-static oi_offload_host *host;
+static oi_host *host;
 static etu_layout shape;
-static oi_offload_engine *eng[RANKS];
+static oi_engine *eng[RANKS];
 static etu_layout mem[RANKS];
 static pthread_barrier_t barrier;
 static double stress_seconds = 3;
@@ -40,7 +40,7 @@ static void *cross_rank_main(void *arg) {
   }
   int fails = 0;
   if (etu_save_wait(eng[r], ids, private_set[r], PER_RANK) != OI_OK) fails++;
-  if (oi_offload_engine_flush(eng[r], UINT32_MAX) != OI_OK) fails++;
+  if (oi_engine_flush(eng[r], UINT32_MAX) != OI_OK) fails++;
   pthread_barrier_wait(&barrier);
   /* Restore two other ranks' blocks. */
   const int others[2] = {(r + 1) % RANKS, (r + 3) % RANKS};
@@ -153,15 +153,15 @@ static void *stress_main(void *arg) {
         hs[i] = etu_hash(1000 + (uint64_t)r, private_next++ % 64); /* bounded: no eviction */
         etu_fill_block(L, 8 + i, key_of(&hs[i]), SEED);
       }
-      oi_status st = oi_offload_engine_save(eng[r], ids, hs, (size_t)n, NULL, NULL);
+      oi_status st = oi_engine_save(eng[r], ids, hs, (size_t)n, NULL, NULL);
       if (st != OI_OK) RFAIL(r, "save: %s", oi_status_str(st));
-      st = oi_offload_engine_flush(eng[r], UINT32_MAX);
+      st = oi_engine_flush(eng[r], UINT32_MAX);
       if (st != OI_OK) RFAIL(r, "flush: %s", oi_status_str(st));
       oi_query_result q;
       st = etu_query(eng[r], NULL, hs, (size_t)n, &q);
       if (st != OI_OK || q.hit_blocks != (uint64_t)n) {
         RFAIL(r, "after flush %" PRIu64 " of %d just-saved blocks visible", q.hit_blocks, n);
-        if (q.hit_blocks) oi_offload_engine_release(eng[r], q.lease);
+        if (q.hit_blocks) oi_engine_release(eng[r], q.lease);
       } else {
         load_and_verify(r, q.lease, hs, q.hit_blocks, &rng);
       }
@@ -181,7 +181,7 @@ static void *stress_main(void *arg) {
         if (rng_next(&rng) % 4) {
           load_and_verify(r, q.lease, hs, q.hit_blocks, &rng);
         } else {
-          st = oi_offload_engine_release(eng[r], q.lease);
+          st = oi_engine_release(eng[r], q.lease);
           if (st != OI_OK) RFAIL(r, "release: %s", oi_status_str(st));
         }
       }
@@ -222,7 +222,7 @@ static void test_eight_ranks_save_query_and_load_concurrently(void) {
   CHECK(fails == 0);
   CHECK(verified > 0);
   for (int r = 0; r < RANKS; r++)
-    CHECK_OK(oi_offload_engine_flush(eng[r], UINT32_MAX));
+    CHECK_OK(oi_engine_flush(eng[r], UINT32_MAX));
   oi_host_stats s = etu_host_stats(host);
   CHECK(s.evictions == 0); /* precondition of the flush-visibility check */
   CHECK(s.saves_dropped == 0 && s.saves_failed == 0 && s.loads_failed == 0);
@@ -237,9 +237,9 @@ static void test_flush_covers_a_hash_another_rank_has_in_flight(void) {
   etu_layout big_a, big_b;
   etu_layout_simple(&big_a, 2, 32, 512 << 10); /* 1 MiB blocks */
   etu_layout_clone_shape(&big_b, &big_a);
-  oi_offload_host *h = etu_host_create(256 << 20);
-  oi_offload_engine *a = etu_engine_create(h, &big_a, "inflight", 1);
-  oi_offload_engine *b = etu_engine_create(h, &big_b, "inflight", 1);
+  oi_host *h = etu_host_create(256 << 20);
+  oi_engine *a = etu_engine_create(h, &big_a, "inflight", 1);
+  oi_engine *b = etu_engine_create(h, &big_b, "inflight", 1);
   int misses = 0, dedup_in_flight = 0;
   for (int round = 0; round < 4; round++) {
     oi_block_hash hs[32];
@@ -251,13 +251,13 @@ static void test_flush_covers_a_hash_another_rank_has_in_flight(void) {
       etu_fill_block(&big_b, i, key_of(&hs[i]), SEED);
     }
     oi_ticket *ta = NULL;
-    CHECK_OK(oi_offload_engine_save(a, ids, hs, 32, NULL, &ta));
+    CHECK_OK(oi_engine_save(a, ids, hs, 32, NULL, &ta));
     /* b offers the last one while a's copy is (very likely) still running. */
     uint64_t dedup0 = etu_engine_stats(b).saves_deduplicated;
-    CHECK_OK(oi_offload_engine_save(b, &ids[31], &hs[31], 1, NULL, NULL));
+    CHECK_OK(oi_engine_save(b, &ids[31], &hs[31], 1, NULL, NULL));
     bool was_dedup = etu_engine_stats(b).saves_deduplicated > dedup0;
     bool a_pending = oi_ticket_poll(ta) == OI_PENDING;
-    CHECK_OK(oi_offload_engine_flush(b, UINT32_MAX));
+    CHECK_OK(oi_engine_flush(b, UINT32_MAX));
     oi_query_result q;
     CHECK_OK(etu_query(b, NULL, &hs[31], 1, &q));
     if (was_dedup && a_pending) dedup_in_flight++;
@@ -270,13 +270,13 @@ static void test_flush_covers_a_hash_another_rank_has_in_flight(void) {
       CHECK(etu_block_matches(&big_b, 0, key_of(&hs[31]), SEED, "after dedup flush"));
     }
     CHECK_OK(etu_ticket_finish(ta));
-    CHECK_OK(oi_offload_engine_flush(a, UINT32_MAX));
+    CHECK_OK(oi_engine_flush(a, UINT32_MAX));
   }
   fprintf(stderr, "  (%d of 4 rounds deduplicated against an in-flight save)\n", dedup_in_flight);
   CHECK(misses == 0);
-  oi_offload_engine_destroy(a);
-  oi_offload_engine_destroy(b);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(a);
+  oi_engine_destroy(b);
+  oi_host_destroy(h);
   etu_layout_free(&big_a);
   etu_layout_free(&big_b);
 }
@@ -287,8 +287,8 @@ static void test_loads_are_not_stuck_behind_queued_saves(void) {
   enum { BLOCKS = 64 };
   etu_layout L;
   etu_layout_simple(&L, 2, BLOCKS, 512 << 10); /* 1 MiB blocks */
-  oi_offload_host *h = etu_host_create(320ull << 20);
-  oi_offload_engine *e = etu_engine_create(h, &L, "priority", 1);
+  oi_host *h = etu_host_create(320ull << 20);
+  oi_engine *e = etu_engine_create(h, &L, "priority", 1);
   oi_block_hash p = etu_hash(400, 0);
   int64_t zero = 0;
   etu_fill_block(&L, 0, key_of(&p), SEED);
@@ -307,14 +307,14 @@ static void test_loads_are_not_stuck_behind_queued_saves(void) {
       int64_t src = 1 + i % (BLOCKS - 1);
       oi_block_hash hs = etu_hash(401 + (uint64_t)attempt, (uint64_t)i);
       oi_ticket *t = NULL;
-      CHECK_OK(oi_offload_engine_save(e, &src, &hs, 1, NULL, &t));
+      CHECK_OK(oi_engine_save(e, &src, &hs, 1, NULL, &t));
       oi_ticket_release(last);
       last = t;
     }
     uint64_t in_flight_before = etu_host_stats(h).blocks_in_flight;
     double t0 = etu_now_s();
     oi_ticket *lt = NULL;
-    CHECK_OK(oi_offload_engine_load(e, q.lease, &zero, 1, NULL, &lt));
+    CHECK_OK(oi_engine_load(e, q.lease, &zero, 1, NULL, &lt));
     CHECK_OK(etu_ticket_finish(lt));
     double load_s = etu_now_s() - t0;
     oi_host_stats s = etu_host_stats(h);
@@ -322,7 +322,7 @@ static void test_loads_are_not_stuck_behind_queued_saves(void) {
     CHECK(etu_block_matches(&L, 0, key_of(&p), SEED, "priority load"));
     CHECK_OK(etu_ticket_finish(last));
     double drain_s = etu_now_s() - t0;
-    CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+    CHECK_OK(oi_engine_flush(e, UINT32_MAX));
     fprintf(stderr,
             "  %d saves queued (%" PRIu64 " blocks in flight at load): load took %.1f ms, "
             "still %" PRIu64 " in flight when it finished; queue drained after %.1f ms\n",
@@ -335,8 +335,8 @@ static void test_loads_are_not_stuck_behind_queued_saves(void) {
   }
   if (!conclusive)
     fprintf(stderr, "  note: could not keep a save queue long enough; inconclusive\n");
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&L);
 }
 
@@ -366,10 +366,10 @@ int main(void) {
   RUN_TEST(test_any_rank_restores_what_another_rank_saved);
   RUN_TEST(test_eight_ranks_save_query_and_load_concurrently);
   for (int r = 0; r < RANKS; r++) {
-    oi_offload_engine_destroy(eng[r]);
+    oi_engine_destroy(eng[r]);
     etu_layout_free(&mem[r]);
   }
-  oi_offload_host_destroy(host);
+  oi_host_destroy(host);
   etu_layout_free(&shape);
   pthread_barrier_destroy(&barrier);
   RUN_TEST(test_flush_covers_a_hash_another_rank_has_in_flight);

@@ -1,4 +1,4 @@
-/* oi_offload_engine_connect and oi_offload_client_connect refuse bad
+/* oi_engine_connect and oi_lookup_connect refuse bad
  * options before they talk to any server: too many arenas, an arena with
  * an absolute base, a layout past the address space, names over 255 bytes, control_deadline_ms 0,
  * an arena_size no address holds, an arena whose end wraps, arena_fd for device memory, a device
@@ -32,10 +32,10 @@ static void opts_for(oi_engine_options *o, oi_arena_desc *a) {
  * comes back. */
 static void refused(const char *sock, const oi_engine_options *o, bool with_arena, oi_status want,
                     const char *why, int line) {
-  oi_offload_engine *e = (oi_offload_engine *)1;
+  oi_engine *e = (oi_engine *)1;
   oi_imported_arena *a = (oi_imported_arena *)1;
   oi_clear_error();
-  oi_status st = oi_offload_engine_connect(sock, o, &e, with_arena ? &a : NULL);
+  oi_status st = oi_engine_connect(sock, o, &e, with_arena ? &a : NULL);
   if (st != want || e != NULL || (with_arena && a != NULL) || !strstr(oi_last_error(), why)) {
     fprintf(stderr, "  line %d: connect returned %s (want %s), message \"%s\" (want \"%s\")\n",
             line, oi_status_str(st), oi_status_str(want), oi_last_error(), why);
@@ -101,8 +101,8 @@ static void test_bad_options(void) {
   int count = 0;
   CHECK_OK(oi_device_count(&count));
   x = o, x.arena_base = mem, x.arena_size = sizeof mem, x.device = count + 2;
-  oi_offload_engine *e = (oi_offload_engine *)1;
-  CHECK(oi_offload_engine_connect(g_sock, &x, &e, NULL) != OI_OK);
+  oi_engine *e = (oi_engine *)1;
+  CHECK(oi_engine_connect(g_sock, &x, &e, NULL) != OI_OK);
   CHECK(e == NULL && strlen(oi_last_error()) > 0);
   /* A socket path longer than a unix socket's. */
   char long_path[200];
@@ -116,31 +116,31 @@ static void test_no_server(void) {
   oi_engine_options o;
   oi_arena_desc a;
   opts_for(&o, &a);
-  oi_offload_engine *e = (oi_offload_engine *)1;
+  oi_engine *e = (oi_engine *)1;
   oi_imported_arena *ar = (oi_imported_arena *)1;
-  oi_status st = oi_offload_engine_connect(g_sock, &o, &e, &ar);
+  oi_status st = oi_engine_connect(g_sock, &o, &e, &ar);
   CHECK(st != OI_OK && e == NULL && ar == NULL);
   CHECK(strstr(oi_last_error(), g_sock) != NULL);
   /* NULL: the default path ($XDG_RUNTIME_DIR/openinfer.sock), where no
    * server listens either. */
-  e = (oi_offload_engine *)1;
-  CHECK(oi_offload_engine_connect(NULL, &o, &e, &ar) != OI_OK);
+  e = (oi_engine *)1;
+  CHECK(oi_engine_connect(NULL, &o, &e, &ar) != OI_OK);
   CHECK(e == NULL && strstr(oi_last_error(), "openinfer.sock") != NULL);
 
   /* A lookup client: its options first, then no server. */
   oi_lookup_options lo;
   REQUIRE(oi_lookup_options_init(&lo) == OI_OK);
-  oi_offload_client *c = (oi_offload_client *)1;
-  CHECK_ST(oi_offload_client_connect(g_sock, &lo, NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_offload_client_connect(g_sock, &lo, &c), OI_ERR_INVALID_ARGUMENT); /* no namespace */
+  oi_lookup *c = (oi_lookup *)1;
+  CHECK_ST(oi_lookup_connect(g_sock, &lo, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_lookup_connect(g_sock, &lo, &c), OI_ERR_INVALID_ARGUMENT); /* no namespace */
   CHECK(c == NULL);
   lo.namespace_id = "connect-validation";
   lo.control_deadline_ms = 0;
-  CHECK_ST(oi_offload_client_connect(g_sock, &lo, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_lookup_connect(g_sock, &lo, &c), OI_ERR_INVALID_ARGUMENT);
   lo.control_deadline_ms = 1000;
-  CHECK(oi_offload_client_connect(g_sock, &lo, &c) != OI_OK);
+  CHECK(oi_lookup_connect(g_sock, &lo, &c) != OI_OK);
   CHECK(c == NULL);
-  CHECK(oi_offload_client_connect(NULL, &lo, &c) != OI_OK);
+  CHECK(oi_lookup_connect(NULL, &lo, &c) != OI_OK);
   CHECK(c == NULL && strstr(oi_last_error(), "openinfer.sock") != NULL);
 }
 

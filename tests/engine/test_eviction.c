@@ -20,14 +20,14 @@ static etu_layout L;
 
 /* Saves hash hs from source slot (i % SRC_SLOTS) with content key `key`, one
  * block, and waits (so the save order is the LRU order). */
-static void save_one(oi_offload_engine *e, oi_block_hash hs, uint64_t key, int64_t slot) {
+static void save_one(oi_engine *e, oi_block_hash hs, uint64_t key, int64_t slot) {
   etu_fill_block(&L, slot, key, SEED);
   CHECK_OK(etu_save_wait(e, &slot, &hs, 1));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
 }
 
 /* Queries one hash; when present, loads it into `dst` and checks its bytes. */
-static bool load_and_check(oi_offload_engine *e, oi_block_hash hs, uint64_t key, int64_t dst,
+static bool load_and_check(oi_engine *e, oi_block_hash hs, uint64_t key, int64_t dst,
                            const char *what) {
   oi_query_result q;
   CHECK_OK(etu_query(e, NULL, &hs, 1, &q));
@@ -39,8 +39,8 @@ static bool load_and_check(oi_offload_engine *e, oi_block_hash hs, uint64_t key,
 
 /* Background eviction off (high watermark 1.0): only saves evict, so which
  * blocks survive is exact. */
-static oi_offload_host *small_host(void) {
-  oi_offload_host *h = etu_host_create_wm(POOL_BYTES, CHUNK_BYTES, 0, 1.0f, 1.0f);
+static oi_host *small_host(void) {
+  oi_host *h = etu_host_create_wm(POOL_BYTES, CHUNK_BYTES, 0, 1.0f, 1.0f);
   oi_host_stats s = etu_host_stats(h);
   CHECK(s.capacity_bytes == POOL_BYTES);
   CHECK(s.used_bytes == 0);
@@ -50,8 +50,8 @@ static oi_offload_host *small_host(void) {
 }
 
 static void test_a_full_pool_evicts_least_recently_used_blocks(void) {
-  oi_offload_host *h = small_host();
-  oi_offload_engine *e = etu_engine_create(h, &L, "lru", 1);
+  oi_host *h = small_host();
+  oi_engine *e = etu_engine_create(h, &L, "lru", 1);
   REQUIRE(L.block_bytes == BLOCK_BYTES);
   enum { NA = K, NBB = K / 2, TOTAL = NA + NBB };
   oi_block_hash A[NA], B[NBB];
@@ -69,7 +69,7 @@ static void test_a_full_pool_evicts_least_recently_used_blocks(void) {
   oi_query_result q;
   CHECK_OK(etu_query(e, NULL, &A[0], 1, &q));
   CHECK(q.hit_blocks == 1);
-  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  CHECK_OK(oi_engine_release(e, q.lease));
   for (int i = 0; i < NBB; i++) {
     B[i] = etu_hash(2, (uint64_t)i);
     save_one(e, B[i], 2000 + (uint64_t)i, (NA + i) % SRC_SLOTS);
@@ -111,13 +111,13 @@ static void test_a_full_pool_evicts_least_recently_used_blocks(void) {
   /* Survivors, old and new, hold their own bytes (no slot was reused under them). */
   for (int i = 0; i < TOTAL; i++)
     if (present[i]) CHECK(load_and_check(e, order[i], keys[i], SRC_SLOTS + (i % 16), "survivor"));
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
 }
 
 static void test_leased_blocks_survive_eviction_pressure(void) {
-  oi_offload_host *h = small_host();
-  oi_offload_engine *e = etu_engine_create(h, &L, "pressure", 1);
+  oi_host *h = small_host();
+  oi_engine *e = etu_engine_create(h, &L, "pressure", 1);
   oi_block_hash A[4];
   int64_t ids[4] = {0, 1, 2, 3};
   for (int i = 0; i < 4; i++) {
@@ -125,7 +125,7 @@ static void test_leased_blocks_survive_eviction_pressure(void) {
     etu_fill_block(&L, i, 3000 + (uint64_t)i, SEED);
   }
   CHECK_OK(etu_save_wait(e, ids, A, 4));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   oi_query_result lease;
   CHECK_OK(etu_query(e, NULL, A, 4, &lease));
   CHECK(lease.hit_blocks == 4);
@@ -140,7 +140,7 @@ static void test_leased_blocks_survive_eviction_pressure(void) {
       etu_fill_block(&L, src[j], 4000 + (uint64_t)i, SEED);
     }
     CHECK_OK(etu_save_wait(e, src, &C[4 * b], 4));
-    CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+    CHECK_OK(oi_engine_flush(e, UINT32_MAX));
     oi_host_stats s = etu_host_stats(h);
     CHECK(etu_accounting_ok(&s));
     CHECK(s.blocks_leased == 4);
@@ -163,8 +163,8 @@ static void test_leased_blocks_survive_eviction_pressure(void) {
   CHECK_OK(etu_load_wait(e, lease.lease, dst2, 4));
   for (int j = 0; j < 4; j++)
     CHECK(etu_block_matches(&L, dst2[j], 3000 + (uint64_t)j, SEED, "leased"));
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
 }
 
 /* A pin leaves its block on the LRU list (index.c): eviction unlinks the
@@ -172,8 +172,8 @@ static void test_leased_blocks_survive_eviction_pressure(void) {
  * blocks behind them, exactly; the release that unpins them makes them the
  * most recently used. */
 static void test_pinned_blocks_at_the_lru_tail_are_skipped_in_order(void) {
-  oi_offload_host *h = small_host();
-  oi_offload_engine *e = etu_engine_create(h, &L, "pinned-tail", 1);
+  oi_host *h = small_host();
+  oi_engine *e = etu_engine_create(h, &L, "pinned-tail", 1);
   oi_block_hash A[K], B[4], C[4];
   for (int i = 0; i < K; i++) {
     A[i] = etu_hash(16, (uint64_t)i);
@@ -189,16 +189,16 @@ static void test_pinned_blocks_at_the_lru_tail_are_skipped_in_order(void) {
     etu_fill_block(&L, src[j], 17000 + (uint64_t)j, SEED);
   }
   CHECK_OK(etu_save_wait(e, src, B, 4));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   oi_host_stats s = etu_host_stats(h);
   CHECK(s.saves_dropped == 0);
   CHECK(s.evictions == 4);
   CHECK(etu_accounting_ok(&s));
-  CHECK_OK(oi_offload_engine_release(e, lease.lease)); /* A0..A3: now the most recent */
+  CHECK_OK(oi_engine_release(e, lease.lease)); /* A0..A3: now the most recent */
   for (int j = 0; j < 4; j++)
     etu_fill_block(&L, src[j], 18000 + (uint64_t)j, SEED);
   CHECK_OK(etu_save_wait(e, src, C, 4));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   uint8_t present[K];
   CHECK(etu_membership(e, A, K, present) == K - 8);
   for (int i = 0; i < K; i++) {
@@ -217,8 +217,8 @@ static void test_pinned_blocks_at_the_lru_tail_are_skipped_in_order(void) {
   CHECK(s.evictions == 8);
   CHECK(s.saves_dropped == 0);
   CHECK(etu_accounting_ok(&s));
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
 }
 
 typedef struct done_flag {
@@ -233,8 +233,8 @@ static void on_done(void *ctx, oi_status st) {
 }
 
 static void test_saves_without_memory_are_dropped_and_counted(void) {
-  oi_offload_host *h = small_host();
-  oi_offload_engine *e = etu_engine_create(h, &L, "dropped", 1);
+  oi_host *h = small_host();
+  oi_engine *e = etu_engine_create(h, &L, "dropped", 1);
   enum { MAXH = 8 * K };
   oi_block_hash hs[MAXH];
   uint64_t keys[MAXH];
@@ -266,10 +266,10 @@ static void test_saves_without_memory_are_dropped_and_counted(void) {
       nh++;
     }
     oi_ticket *t = NULL;
-    CHECK_OK(oi_offload_engine_save(e, src, &hs[nh - K], K, NULL, &t));
+    CHECK_OK(oi_engine_save(e, src, &hs[nh - K], K, NULL, &t));
     CHECK(oi_ticket_wait(t, 10000) == OI_OK); /* never blocks forever */
     oi_ticket_release(t);
-    CHECK_OK(oi_offload_engine_flush(e, 10000));
+    CHECK_OK(oi_engine_flush(e, 10000));
     oi_host_stats s = etu_host_stats(h);
     CHECK(etu_accounting_ok(&s));
     if (s.saves_dropped > dropped0) break;
@@ -289,7 +289,7 @@ static void test_saves_without_memory_are_dropped_and_counted(void) {
   CHECK(s.blocks_leased == (uint64_t)nleases);
   CHECK(s.leases_active == (uint64_t)nleases);
   uint64_t evicted = 77;
-  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK_OK(oi_host_evict_all(h, &evicted));
   CHECK(evicted == 0);
 
   /* Now a save gets no memory: dropped, counted, OK, fast, invisible. */
@@ -307,11 +307,11 @@ static void test_saves_without_memory_are_dropped_and_counted(void) {
     so.on_done_ctx = &df;
     oi_ticket *t = NULL;
     double t0 = etu_now_s();
-    CHECK_OK(oi_offload_engine_save(e, src, nh4, 4, &so, &t));
+    CHECK_OK(oi_engine_save(e, src, nh4, 4, &so, &t));
     CHECK(oi_ticket_wait(t, 10000) == OI_OK);
     oi_ticket_release(t);
     CHECK(etu_now_s() - t0 < 5.0);
-    CHECK_OK(oi_offload_engine_flush(e, 10000));
+    CHECK_OK(oi_engine_flush(e, 10000));
     for (int i = 0; i < 500 && atomic_load(&df.calls) == 0; i++)
       etu_sleep_ms(10);
     CHECK(atomic_load(&df.calls) == 1 && atomic_load(&df.st) == OI_OK);
@@ -350,15 +350,15 @@ static void test_saves_without_memory_are_dropped_and_counted(void) {
   }
   oi_host_stats before = etu_host_stats(h);
   CHECK_OK(etu_save_wait(e, src, more, 4));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   oi_host_stats after = etu_host_stats(h);
   CHECK(after.saves_completed == before.saves_completed + 4);
   CHECK(after.saves_dropped == before.saves_dropped);
   for (int j = 0; j < 4; j++)
     CHECK(load_and_check(e, more[j], 7000 + (uint64_t)j, 56 + j, "after unpin"));
   CHECK(etu_accounting_ok(&after));
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
 }
 
 /* Blocks being saved or loaded are pinned: evict_all and a flood of new saves
@@ -368,9 +368,9 @@ static void test_saves_without_memory_are_dropped_and_counted(void) {
 static void test_in_flight_and_loading_blocks_survive_eviction(void) {
   enum { Q = 48 };
   etu_layout BL;
-  etu_layout_simple(&BL, 2, 40, 512 << 10);                                  /* 1 MiB blocks */
-  oi_offload_host *h = etu_host_create_wm(64 << 20, 4 << 20, 0, 1.0f, 1.0f); /* 64 slots */
-  oi_offload_engine *e = etu_engine_create(h, &BL, "pinned", 1);
+  etu_layout_simple(&BL, 2, 40, 512 << 10);                          /* 1 MiB blocks */
+  oi_host *h = etu_host_create_wm(64 << 20, 4 << 20, 0, 1.0f, 1.0f); /* 64 slots */
+  oi_engine *e = etu_engine_create(h, &BL, "pinned", 1);
   oi_block_hash flood[16];
   int64_t dst[8], fids[16];
   for (int i = 0; i < 8; i++) {
@@ -390,15 +390,15 @@ static void test_in_flight_and_loading_blocks_survive_eviction(void) {
     for (int i = 0; i < Q; i++) {
       int64_t src = i % 8;
       hs[i] = etu_hash(8 + (uint64_t)round, (uint64_t)i);
-      CHECK_OK(oi_offload_engine_save(e, &src, &hs[i], 1, NULL, &t[i]));
+      CHECK_OK(oi_engine_save(e, &src, &hs[i], 1, NULL, &t[i]));
     }
     uint64_t ev = 0;
-    CHECK_OK(oi_offload_host_evict_all(h, &ev));
+    CHECK_OK(oi_host_evict_all(h, &ev));
     for (int i = 0; i < Q; i++)
       pending[i] = oi_ticket_poll(t[i]) == OI_PENDING;
     for (int i = 0; i < Q; i++)
       CHECK_OK(etu_ticket_finish(t[i]));
-    CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+    CHECK_OK(oi_engine_flush(e, UINT32_MAX));
     uint8_t present[Q];
     int64_t n_present = etu_membership(e, hs, Q, present);
     CHECK(n_present + (int64_t)ev == Q); /* evicted by evict_all (then sealed), or kept */
@@ -421,13 +421,13 @@ static void test_in_flight_and_loading_blocks_survive_eviction(void) {
     CHECK(q.hit_blocks == (uint64_t)np);
     if (np > 0 && q.hit_blocks == (uint64_t)np) {
       oi_ticket *lt = NULL, *ft = NULL;
-      CHECK_OK(oi_offload_engine_load(e, q.lease, dst, (size_t)np, NULL, &lt));
-      CHECK_OK(oi_offload_host_evict_all(h, &ev));
+      CHECK_OK(oi_engine_load(e, q.lease, dst, (size_t)np, NULL, &lt));
+      CHECK_OK(oi_host_evict_all(h, &ev));
       oi_block_hash fl[16];
       for (int i = 0; i < 16; i++)
         fl[i] = etu_hash(20 + (uint64_t)round, (uint64_t)i);
       memcpy(flood, fl, sizeof flood);
-      CHECK_OK(oi_offload_engine_save(e, fids, flood, 16, NULL, &ft));
+      CHECK_OK(oi_engine_save(e, fids, flood, 16, NULL, &ft));
       CHECK_OK(etu_ticket_finish(lt));
       CHECK_OK(etu_ticket_finish(ft));
       for (int i = 0; i < np; i++)
@@ -435,8 +435,8 @@ static void test_in_flight_and_loading_blocks_survive_eviction(void) {
       for (int i = 0; i < np; i++)
         etu_zero_block(&BL, dst[i]);
     }
-    CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
-    CHECK_OK(oi_offload_host_evict_all(h, &ev));
+    CHECK_OK(oi_engine_flush(e, UINT32_MAX));
+    CHECK_OK(oi_host_evict_all(h, &ev));
     oi_host_stats s = etu_host_stats(h);
     CHECK(s.blocks_sealed == 0);
     CHECK(etu_accounting_ok(&s));
@@ -444,14 +444,14 @@ static void test_in_flight_and_loading_blocks_survive_eviction(void) {
   fprintf(stderr, "  (%d of %d saves were still in flight when evict_all returned)\n", conclusive,
           5 * Q);
   CHECK(conclusive > 0);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&BL);
 }
 
 static void test_pool_accounting_and_evict_all(void) {
-  oi_offload_host *h = small_host();
-  oi_offload_engine *e = etu_engine_create(h, &L, "acct", 1);
+  oi_host *h = small_host();
+  oi_engine *e = etu_engine_create(h, &L, "acct", 1);
   oi_block_hash hs[6];
   int64_t ids[6] = {0, 1, 2, 3, 4, 5};
   for (int i = 0; i < 6; i++) {
@@ -459,7 +459,7 @@ static void test_pool_accounting_and_evict_all(void) {
     etu_fill_block(&L, i, 10000 + (uint64_t)i, SEED);
   }
   CHECK_OK(etu_save_wait(e, ids, hs, 6));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   oi_host_stats s = etu_host_stats(h);
   CHECK(etu_accounting_ok(&s));
   CHECK(s.size_classes == 1);
@@ -475,15 +475,15 @@ static void test_pool_accounting_and_evict_all(void) {
   oi_query_result q;
   CHECK_OK(etu_query(e, NULL, hs, 2, &q));
   uint64_t ev = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &ev));
+  CHECK_OK(oi_host_evict_all(h, &ev));
   CHECK(ev == 4);
   s = etu_host_stats(h);
   CHECK(s.blocks_sealed == 2 && s.blocks_leased == 2);
   CHECK(s.evictions == 4);
   CHECK(s.block_bytes_resident == 2ull * BLOCK_BYTES);
   CHECK(etu_accounting_ok(&s));
-  CHECK_OK(oi_offload_engine_release(e, q.lease));
-  CHECK_OK(oi_offload_host_evict_all(h, NULL)); /* count is optional */
+  CHECK_OK(oi_engine_release(e, q.lease));
+  CHECK_OK(oi_host_evict_all(h, NULL)); /* count is optional */
   s = etu_host_stats(h);
   CHECK(s.blocks_sealed == 0 && s.blocks_leased == 0 && s.block_bytes_resident == 0);
   CHECK(s.evictions == 6);
@@ -495,23 +495,23 @@ static void test_pool_accounting_and_evict_all(void) {
   } big;
   memset(&big, 0xEE, sizeof big);
   big.s.struct_size = (uint32_t)offsetof(oi_host_stats, used_bytes);
-  CHECK_OK(oi_offload_host_stats(h, &big.s));
+  CHECK_OK(oi_host_get_stats(h, &big.s));
   CHECK(big.s.capacity_bytes == POOL_BYTES);
   uint8_t *tail = (uint8_t *)&big.s + offsetof(oi_host_stats, used_bytes);
   bool untouched = true;
   for (size_t i = 0; i < sizeof big - offsetof(oi_host_stats, used_bytes); i++)
     untouched &= tail[i] == 0xEE;
   CHECK(untouched);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
 }
 
 static void test_two_block_sizes_share_one_pool(void) {
-  oi_offload_host *h = etu_host_create_opts(4 << 20, 256 << 10, 0);
+  oi_host *h = etu_host_create_opts(4 << 20, 256 << 10, 0);
   etu_layout S;
   etu_layout_simple(&S, 2, NB, 4096); /* 8 KiB blocks */
-  oi_offload_engine *big = etu_engine_create(h, &L, "size-64k", 1);
-  oi_offload_engine *small = etu_engine_create(h, &S, "size-8k", 1);
+  oi_engine *big = etu_engine_create(h, &L, "size-64k", 1);
+  oi_engine *small = etu_engine_create(h, &S, "size-8k", 1);
   oi_block_hash hb[4], hsm[4];
   int64_t ids[4] = {0, 1, 2, 3}, dst[4] = {60, 61, 62, 63};
   for (int i = 0; i < 4; i++) {
@@ -522,8 +522,8 @@ static void test_two_block_sizes_share_one_pool(void) {
   }
   CHECK_OK(etu_save_wait(big, ids, hb, 4));
   CHECK_OK(etu_save_wait(small, ids, hsm, 4));
-  CHECK_OK(oi_offload_engine_flush(big, UINT32_MAX));
-  CHECK_OK(oi_offload_engine_flush(small, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(big, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(small, UINT32_MAX));
   oi_host_stats s = etu_host_stats(h);
   CHECK(s.size_classes == 2);
   CHECK(s.blocks_sealed == 8);
@@ -541,17 +541,17 @@ static void test_two_block_sizes_share_one_pool(void) {
     CHECK(etu_block_matches(&S, dst[i], 12000 + (uint64_t)i, SEED, "8 KiB class"));
     etu_zero_block(&L, dst[i]);
   }
-  oi_offload_engine_destroy(big);
-  oi_offload_engine_destroy(small);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(big);
+  oi_engine_destroy(small);
+  oi_host_destroy(h);
   etu_layout_free(&S);
 }
 
 /* With the default watermarks, a pool filled past 95% is brought back to
  * 90% in the background, least recently used blocks first. */
 static void test_background_eviction_restores_the_low_watermark(void) {
-  oi_offload_host *h = etu_host_create_opts(POOL_BYTES, CHUNK_BYTES, 0);
-  oi_offload_engine *e = etu_engine_create(h, &L, "background", 1);
+  oi_host *h = etu_host_create_opts(POOL_BYTES, CHUNK_BYTES, 0);
+  oi_engine *e = etu_engine_create(h, &L, "background", 1);
   oi_block_hash hs[K];
   for (int i = 0; i < K; i++) {
     hs[i] = etu_hash(15, (uint64_t)i);
@@ -570,25 +570,25 @@ static void test_background_eviction_restores_the_low_watermark(void) {
   CHECK(present[0] == 0 && present[1] == 0); /* the two oldest went */
   for (int i = 2; i < K; i++)
     CHECK(present[i] == 1);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
 }
 
 /* Chunks carved for one block size must not starve another forever: once the
  * first size's blocks are evicted (here: evict_all empties the pool), a save
  * of another block size gets memory. */
 static void test_an_emptied_pool_serves_a_new_block_size(void) {
-  oi_offload_host *h = small_host();
+  oi_host *h = small_host();
   etu_layout S;
   etu_layout_simple(&S, 2, NB, 4096); /* 8 KiB blocks */
-  oi_offload_engine *big = etu_engine_create(h, &L, "first-size", 1);
+  oi_engine *big = etu_engine_create(h, &L, "first-size", 1);
   for (int i = 0; i < 2 * K; i++)
     save_one(big, etu_hash(13, (uint64_t)i), 13000 + (uint64_t)i, i % SRC_SLOTS);
   uint64_t ev = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &ev));
+  CHECK_OK(oi_host_evict_all(h, &ev));
   oi_host_stats s = etu_host_stats(h);
   CHECK(s.blocks_sealed == 0);
-  oi_offload_engine *small = etu_engine_create(h, &S, "second-size", 1);
+  oi_engine *small = etu_engine_create(h, &S, "second-size", 1);
   oi_block_hash hs[4];
   int64_t ids[4] = {0, 1, 2, 3}, dst[4] = {60, 61, 62, 63};
   for (int i = 0; i < 4; i++) {
@@ -596,7 +596,7 @@ static void test_an_emptied_pool_serves_a_new_block_size(void) {
     etu_fill_block(&S, i, 14000 + (uint64_t)i, SEED);
   }
   CHECK_OK(etu_save_wait(small, ids, hs, 4));
-  CHECK_OK(oi_offload_engine_flush(small, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(small, UINT32_MAX));
   oi_host_stats s2 = etu_host_stats(h);
   CHECK(s2.saves_dropped == s.saves_dropped);
   CHECK(s2.saves_completed == s.saves_completed + 4);
@@ -608,11 +608,11 @@ static void test_an_emptied_pool_serves_a_new_block_size(void) {
     for (int i = 0; i < 4; i++)
       CHECK(etu_block_matches(&S, dst[i], 14000 + (uint64_t)i, SEED, "second size"));
   } else if (q.hit_blocks) {
-    oi_offload_engine_release(small, q.lease);
+    oi_engine_release(small, q.lease);
   }
-  oi_offload_engine_destroy(small);
-  oi_offload_engine_destroy(big);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(small);
+  oi_engine_destroy(big);
+  oi_host_destroy(h);
   etu_layout_free(&S);
 }
 

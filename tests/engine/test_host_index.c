@@ -94,7 +94,7 @@ static oi_block_hash names[N_NAMES];
 static bool model[N_NAMES];
 
 /* Every name is found exactly when the model says so. */
-static void check_model(oi_offload_host *h, oi_host_ns ns, const char *when) {
+static void check_model(oi_host *h, oi_host_ns ns, const char *when) {
   static uint8_t present[N_NAMES];
   uint64_t hits = 0, want = 0;
   oi__host_membership(h, ns, names, N_NAMES, present, &hits, NULL);
@@ -111,8 +111,7 @@ static void check_model(oi_offload_host *h, oi_host_ns ns, const char *when) {
 
 /* Reserves the absent names of positions idx[0..n) and seals them, except
  * those `abort_pct` percent (chosen at random) which are aborted. */
-static void save_some(oi_offload_host *h, oi_host_ns ns, const size_t *idx, size_t n,
-                      int abort_pct) {
+static void save_some(oi_host *h, oi_host_ns ns, const size_t *idx, size_t n, int abort_pct) {
   oi_block_hash *hs = malloc(n * sizeof *hs);
   host_block **bs = calloc(n, sizeof *bs);
   host_block **ok = malloc(n * sizeof *ok), **bad = malloc(n * sizeof *bad);
@@ -145,7 +144,7 @@ static void save_some(oi_offload_host *h, oi_host_ns ns, const size_t *idx, size
 static void test_crafted_runs(void) {
   oi_host_options o = tr_host_options(POOL_BYTES);
   o.high_watermark = o.low_watermark = 1.0f; /* evictions only when asked */
-  oi_offload_host *h = tr_host_new(&o);
+  oi_host *h = tr_host_new(&o);
   REQUIRE(h->nshards > SHARD);
   oi_host_ns ns;
   REQUIRE(oi__host_bind_namespace(h, "index", BLOCK_BYTES, 0, &ns) == OI_OK);
@@ -202,11 +201,11 @@ static void test_crafted_runs(void) {
   /* The table grew past its first size with the runs in it. */
   CHECK(h->shards[SHARD].nslots > 256);
   uint64_t n = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &n));
+  CHECK_OK(oi_host_evict_all(h, &n));
   memset(model, 0, sizeof model);
   check_model(h, ns, "after evict_all");
   CHECK(h->shards[SHARD].count == 0);
-  oi_offload_host_destroy(h);
+  oi_host_destroy(h);
 }
 
 int main(void) {

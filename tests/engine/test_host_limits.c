@@ -18,17 +18,17 @@ static uint8_t arena_mem[1 << 20];
 
 static float host_high_watermark; /* 0: the default */
 
-static oi_offload_host *host_new(uint64_t pool, uint64_t chunk) {
+static oi_host *host_new(uint64_t pool, uint64_t chunk) {
   oi_host_options ho = tr_host_options(pool);
   ho.chunk_bytes = chunk;
   if (host_high_watermark > 0) ho.high_watermark = ho.low_watermark = host_high_watermark;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   return h;
 }
 
 /* An engine over `na` arenas of `bytes` per block (8 blocks each) in ns. */
-static oi_status engine_new(oi_offload_host *h, const char *ns, uint32_t na, uint64_t bytes,
-                            oi_offload_engine **e) {
+static oi_status engine_new(oi_host *h, const char *ns, uint32_t na, uint64_t bytes,
+                            oi_engine **e) {
   oi_arena_desc ad[4];
   static const char *names[4] = {"k", "v", "x", "y"};
   REQUIRE(na <= 4 && na * 8 * bytes <= sizeof arena_mem);
@@ -36,7 +36,7 @@ static oi_status engine_new(oi_offload_host *h, const char *ns, uint32_t na, uin
     ad[a] = tr_arena(names[a], arena_mem + (uint64_t)a * 8 * bytes, 8, bytes);
   oi_engine_options eo = tr_engine_options(ns, ad, na);
   *e = NULL;
-  return oi_offload_engine_create(h, &eo, e);
+  return oi_engine_create(h, &eo, e);
 }
 
 static oi_block_hash hash_of(uint64_t k) { return tr_hash(k, 15, 0x11); }
@@ -48,19 +48,19 @@ static void two_block_sizes(etu_layout *La, etu_layout *Lb) {
 }
 
 /* Saves block 0 under hash k, waits, and says whether a query hits it. */
-static bool save_and_hit(oi_offload_engine *e, uint64_t k) {
+static bool save_and_hit(oi_engine *e, uint64_t k) {
   int64_t id = 0;
   oi_block_hash hs = hash_of(k);
   CHECK_OK(tr_save(e, &id, &hs, 1, 10000));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, &hs, 1, 0, &q));
-  if (q.hit_blocks) CHECK_OK(oi_offload_engine_release(e, q.lease));
+  CHECK_OK(oi_engine_query(e, NULL, &hs, 1, 0, &q));
+  if (q.hit_blocks) CHECK_OK(oi_engine_release(e, q.lease));
   return q.hit_blocks == 1;
 }
 
 static void test_same_block_size_another_shape_is_refused(void) {
-  oi_offload_host *h = host_new(4 << 20, 0);
-  oi_offload_engine *one, *other = (oi_offload_engine *)h;
+  oi_host *h = host_new(4 << 20, 0);
+  oi_engine *one, *other = (oi_engine *)h;
   CHECK_OK(engine_new(h, "shape", 1, 8192, &one)); /* one arena of 8 KiB */
   CHECK(save_and_hit(one, 1));
   /* two arenas of 4 KiB: 8 KiB blocks too, but another layout */
@@ -74,81 +74,81 @@ static void test_same_block_size_another_shape_is_refused(void) {
   CHECK_OK(engine_new(h, "shape", 1, 8192, &other));
   oi_block_hash hs = hash_of(1);
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(other, NULL, &hs, 1, 0, &q));
+  CHECK_OK(oi_engine_query(other, NULL, &hs, 1, 0, &q));
   CHECK(q.hit_blocks == 1); /* it sees the first engine's block */
-  CHECK_OK(oi_offload_engine_release(other, q.lease));
-  oi_offload_engine_destroy(other);
+  CHECK_OK(oi_engine_release(other, q.lease));
+  oi_engine_destroy(other);
   CHECK_OK(engine_new(h, "shape-2", 2, 4096, &other));
   CHECK(save_and_hit(other, 2));
-  oi_offload_engine_destroy(other);
-  oi_offload_engine_destroy(one);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(other);
+  oi_engine_destroy(one);
+  oi_host_destroy(h);
 }
 
 static void test_a_block_larger_than_a_chunk_is_refused(void) {
-  oi_offload_host *h = host_new(4 << 20, 64 << 10); /* 64 KiB chunks */
-  oi_offload_engine *e = (oi_offload_engine *)h;
+  oi_host *h = host_new(4 << 20, 64 << 10); /* 64 KiB chunks */
+  oi_engine *e = (oi_engine *)h;
   CHECK_ST(engine_new(h, "big", 1, (64 << 10) + 256, &e), OI_ERR_INVALID_ARGUMENT);
   CHECK(e == NULL);
   CHECK(strstr(oi_last_error(), "does not fit") && strstr(oi_last_error(), "chunk_bytes"));
   /* exactly a chunk fits */
   CHECK_OK(engine_new(h, "big", 1, 64 << 10, &e));
   CHECK(save_and_hit(e, 3));
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
 }
 
 static void test_block_sizes_past_the_size_classes_are_refused(void) {
-  oi_offload_host *h = host_new(8 << 20, 0);
-  oi_offload_engine *e[8];
+  oi_host *h = host_new(8 << 20, 0);
+  oi_engine *e[8];
   char ns[16];
   for (int i = 0; i < 8; i++) { /* 8 sizes: 1 KiB .. 8 KiB */
     snprintf(ns, sizeof ns, "size-%d", i);
     CHECK_OK(engine_new(h, ns, 1, 1024u * (uint32_t)(i + 1), &e[i]));
   }
-  oi_offload_engine *ninth = (oi_offload_engine *)h;
+  oi_engine *ninth = (oi_engine *)h;
   CHECK_ST(engine_new(h, "size-8", 1, 9 * 1024, &ninth), OI_ERR_UNSUPPORTED);
   CHECK(ninth == NULL);
   CHECK(strstr(oi_last_error(), "already serves 8 block sizes"));
   oi_host_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_offload_host_stats(h, &s));
+  CHECK_OK(oi_host_get_stats(h, &s));
   CHECK(s.size_classes == 8);
   /* a new namespace of a size already served is fine, and every class works */
   CHECK_OK(engine_new(h, "size-8", 1, 2048, &ninth));
   for (int i = 0; i < 8; i++)
     CHECK(save_and_hit(e[i], 100 + (uint64_t)i));
   CHECK(save_and_hit(ninth, 200));
-  oi_offload_engine_destroy(ninth);
+  oi_engine_destroy(ninth);
   for (int i = 0; i < 8; i++)
-    oi_offload_engine_destroy(e[i]);
-  oi_offload_host_destroy(h);
+    oi_engine_destroy(e[i]);
+  oi_host_destroy(h);
 }
 
 static void test_leases_held_when_the_host_is_destroyed(void) {
-  oi_offload_host *h = host_new(4 << 20, 0);
-  oi_offload_engine *e;
+  oi_host *h = host_new(4 << 20, 0);
+  oi_engine *e;
   CHECK_OK(engine_new(h, "held", 1, 4096, &e));
   CHECK(save_and_hit(e, 7));
   oi_block_hash hs = hash_of(7);
   /* an engine's own lease: dropped when the engine goes */
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, &hs, 1, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, &hs, 1, 0, &q));
   CHECK(q.hit_blocks == 1);
   /* a lookup's lease (no instance): outlives every engine */
   oi_lookup_options lo;
   REQUIRE(oi_lookup_options_init(&lo) == OI_OK);
   lo.namespace_id = "held";
   oi_query_result lq = {.struct_size = sizeof lq};
-  CHECK_OK(oi_offload_host_query(h, &lo, "req", &hs, 1, 0, &lq));
+  CHECK_OK(oi_host_query(h, &lo, "req", &hs, 1, 0, &lq));
   CHECK(lq.hit_blocks == 1);
   oi_host_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_offload_host_stats(h, &s));
+  CHECK_OK(oi_host_get_stats(h, &s));
   CHECK(s.leases_active == 2 && s.blocks_leased == 1);
-  oi_offload_engine_destroy(e);
-  CHECK_OK(oi_offload_host_stats(h, &s));
+  oi_engine_destroy(e);
+  CHECK_OK(oi_host_get_stats(h, &s));
   CHECK(s.leases_active == 1 && s.blocks_leased == 1 && s.blocks_pinned == 1);
   /* the host goes with the lease still held: freed, no complaint */
-  oi_offload_host_destroy(h);
+  oi_host_destroy(h);
 }
 
 /* ---- block sizes sharing one pool: the size-class rebalancer ---- */
@@ -156,8 +156,8 @@ static void test_leases_held_when_the_host_is_destroyed(void) {
 /* Saves content keys first.. first+n-1 of `space` from blocks 0..n-1 of L
  * (n <= 8) and returns how many the host accepted (the deduplicated ones
  * too with `dedup`). */
-static uint64_t save_keys_as(oi_offload_engine *e, const etu_layout *L, uint64_t space,
-                             uint64_t first, size_t n, bool dedup) {
+static uint64_t save_keys_as(oi_engine *e, const etu_layout *L, uint64_t space, uint64_t first,
+                             size_t n, bool dedup) {
   int64_t ids[8];
   oi_block_hash hs[8];
   REQUIRE(n <= 8 && n <= L->num_blocks);
@@ -171,20 +171,20 @@ static uint64_t save_keys_as(oi_offload_engine *e, const etu_layout *L, uint64_t
   oi_save_options_init(&so);
   so.result = &res;
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, n, &so, &t));
+  CHECK_OK(oi_engine_save(e, ids, hs, n, &so, &t));
   CHECK_OK(etu_ticket_finish(t));
   CHECK(res.accepted + res.dropped + res.deduplicated == n);
   return res.accepted + (dedup ? res.deduplicated : 0);
 }
 
-static uint64_t save_keys(oi_offload_engine *e, const etu_layout *L, uint64_t space, uint64_t first,
+static uint64_t save_keys(oi_engine *e, const etu_layout *L, uint64_t space, uint64_t first,
                           size_t n) {
   return save_keys_as(e, L, space, first, n, false);
 }
 
 /* Whether content key k of `space` hits; a hit is loaded into block 7 of L
  * and must be byte-exact (checked here). */
-static bool hits_exact(oi_offload_engine *e, const etu_layout *L, uint64_t space, uint64_t k) {
+static bool hits_exact(oi_engine *e, const etu_layout *L, uint64_t space, uint64_t k) {
   oi_block_hash hs = etu_hash(space, k);
   oi_query_result q;
   CHECK_OK(etu_query(e, NULL, &hs, 1, &q));
@@ -199,8 +199,7 @@ static bool hits_exact(oi_offload_engine *e, const etu_layout *L, uint64_t space
 /* Saves key k of `space` again and again (the first saves may be dropped
  * while the maintenance thread moves a chunk) until the host holds it, for
  * up to 5 s. Returns the saves that were dropped. */
-static int save_until_accepted(oi_offload_engine *e, const etu_layout *L, uint64_t space,
-                               uint64_t k) {
+static int save_until_accepted(oi_engine *e, const etu_layout *L, uint64_t space, uint64_t k) {
   int dropped = 0;
   for (double end = etu_now_s() + 5; etu_now_s() < end; dropped++) {
     if (save_keys_as(e, L, space, k, 1, true) == 1) return dropped;
@@ -218,15 +217,15 @@ static int save_until_accepted(oi_offload_engine *e, const etu_layout *L, uint64
  * save is accepted. The other 48 blocks of the first size stay, byte-exact.
  * (Before the rebalancer, the second size got nothing until evict_all.) */
 static void test_another_block_size_while_one_fills_the_pool(void) {
-  oi_offload_host *h = etu_host_create_wm(256 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 4 x 16 4-KiB */
+  oi_host *h = etu_host_create_wm(256 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 4 x 16 4-KiB */
   etu_layout La, Lb;
   two_block_sizes(&La, &Lb);
-  oi_offload_engine *a = etu_engine_create(h, &La, "fills", 1);
+  oi_engine *a = etu_engine_create(h, &La, "fills", 1);
   for (uint64_t k = 0; k < 64; k += 8)
     CHECK(save_keys(a, &La, 1, k, 8) == 8);
   oi_host_stats s = etu_host_stats(h);
   CHECK(s.blocks_sealed == 64 && s.free_bytes == 0);
-  oi_offload_engine *b = etu_engine_create(h, &Lb, "other-size", 1);
+  oi_engine *b = etu_engine_create(h, &Lb, "other-size", 1);
   uint64_t t0 = oi__now_ns();
   uint64_t first = save_keys(b, &Lb, 2, 0, 1);
   CHECK(oi__now_ns() - t0 < 2000000000ull); /* never waits for room */
@@ -248,9 +247,9 @@ static void test_another_block_size_while_one_fills_the_pool(void) {
   CHECK(save_keys(b, &Lb, 2, 1, 7) == 7);
   for (uint64_t k = 0; k < 8; k++)
     CHECK(hits_exact(b, &Lb, 2, k));
-  oi_offload_engine_destroy(b);
-  oi_offload_engine_destroy(a);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(b);
+  oi_engine_destroy(a);
+  oi_host_destroy(h);
   etu_layout_free(&La);
   etu_layout_free(&Lb);
 }
@@ -261,11 +260,11 @@ static void test_another_block_size_while_one_fills_the_pool(void) {
  * go. Each keeps a share (neither drops everything, both hit at the end),
  * and every block that hits loads back byte-exact. */
 static void test_two_block_sizes_alternate_in_one_pool(void) {
-  oi_offload_host *h = etu_host_create_wm(512 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 8 chunks */
+  oi_host *h = etu_host_create_wm(512 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 8 chunks */
   etu_layout La, Lb;
   two_block_sizes(&La, &Lb);
-  oi_offload_engine *a = etu_engine_create(h, &La, "small", 1);
-  oi_offload_engine *b = etu_engine_create(h, &Lb, "large", 1);
+  oi_engine *a = etu_engine_create(h, &La, "small", 1);
+  oi_engine *b = etu_engine_create(h, &Lb, "large", 1);
   uint64_t ka = 0, kb = 0, acc_a = 0, acc_b = 0, late_a = 0, late_b = 0;
   for (; ka < 128; ka += 8) /* 128 blocks of 4 KiB: every chunk */
     CHECK(save_keys(a, &La, 1, ka, 8) == 8);
@@ -301,16 +300,16 @@ static void test_two_block_sizes_alternate_in_one_pool(void) {
   CHECK(s.blocks_sealed == (uint64_t)(hit_a + hit_b) && etu_accounting_ok(&s));
   /* no chunk holds both sizes: the resident bytes fit the carved chunks */
   CHECK((uint64_t)hit_a * 4096 + (uint64_t)hit_b * 8192 <= s.used_bytes);
-  oi_offload_engine_destroy(b);
-  oi_offload_engine_destroy(a);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(b);
+  oi_engine_destroy(a);
+  oi_host_destroy(h);
   etu_layout_free(&La);
   etu_layout_free(&Lb);
 }
 
 /* One namespace's saver in test_two_block_sizes_save_at_once. */
 typedef struct sizer {
-  oi_offload_host *h;
+  oi_host *h;
   const char *ns;
   uint64_t block_bytes, space, accepted, hits;
 } sizer;
@@ -319,7 +318,7 @@ static void *sizer_main(void *arg) {
   sizer *z = arg;
   etu_layout L;
   etu_layout_simple(&L, 1, 8, z->block_bytes);
-  oi_offload_engine *e = etu_engine_create(z->h, &L, z->ns, 1);
+  oi_engine *e = etu_engine_create(z->h, &L, z->ns, 1);
   for (uint64_t k = 0; k < 8 * 150; k += 8) {
     z->accepted += save_keys(e, &L, z->space, k, 8);
     if (k >= 16) /* recent blocks, a chunk may be moving under them: byte-exact or a miss */
@@ -327,7 +326,7 @@ static void *sizer_main(void *arg) {
         z->hits += hits_exact(e, &L, z->space, j);
     etu_sleep_ms(1); /* a server's pace, not a loop's: the maintenance thread gets its turns */
   }
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   etu_layout_free(&L);
   return NULL;
 }
@@ -339,13 +338,13 @@ static void *sizer_main(void *arg) {
  * saves accepted and hits, every hit is byte-exact (ThreadSanitizer runs
  * this suite). */
 static void test_two_block_sizes_save_at_once(void) {
-  oi_offload_host *h = etu_host_create_wm(512 << 10, 64 << 10, 0, 1.0f, 1.0f);
+  oi_host *h = etu_host_create_wm(512 << 10, 64 << 10, 0, 1.0f, 1.0f);
   etu_layout L;
   etu_layout_simple(&L, 1, 8, 4096);
-  oi_offload_engine *fill = etu_engine_create(h, &L, "small", 1);
+  oi_engine *fill = etu_engine_create(h, &L, "small", 1);
   for (uint64_t k = 0; k < 128; k += 8) /* the small size holds every chunk first */
     CHECK(save_keys(fill, &L, 3, k, 8) == 8);
-  oi_offload_engine_destroy(fill);
+  oi_engine_destroy(fill);
   etu_layout_free(&L);
   sizer z[2] = {{h, "small", 4096, 1, 0, 0}, {h, "large", 8192, 2, 0, 0}};
   pthread_t t[2];
@@ -359,7 +358,7 @@ static void test_two_block_sizes_save_at_once(void) {
   CHECK(z[0].accepted > 0 && z[1].accepted > 0 && z[0].hits > 0 && z[1].hits > 0);
   oi_host_stats s = etu_host_stats(h);
   CHECK(s.blocks_in_flight == 0 && s.blocks_leased == 0 && etu_accounting_ok(&s));
-  oi_offload_host_destroy(h);
+  oi_host_destroy(h);
 }
 
 /* A chunk with a leased block is never taken. Two chunks of 16 blocks of
@@ -369,10 +368,10 @@ static void test_two_block_sizes_save_at_once(void) {
  * block is still leased, stays whole, and that lease still loads its block
  * byte-exact. */
 static void test_a_chunk_with_a_leased_block_is_not_taken(void) {
-  oi_offload_host *h = etu_host_create_wm(128 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 2 chunks */
+  oi_host *h = etu_host_create_wm(128 << 10, 64 << 10, 0, 1.0f, 1.0f); /* 2 chunks */
   etu_layout La, Lb;
   two_block_sizes(&La, &Lb);
-  oi_offload_engine *a = etu_engine_create(h, &La, "leased", 1);
+  oi_engine *a = etu_engine_create(h, &La, "leased", 1);
   for (uint64_t k = 0; k < 32; k += 8) /* keys 0..15 in one chunk, 16..31 in the other */
     CHECK(save_keys(a, &La, 1, k, 8) == 8);
   oi_block_hash h0 = etu_hash(1, 0), h16 = etu_hash(1, 16);
@@ -380,7 +379,7 @@ static void test_a_chunk_with_a_leased_block_is_not_taken(void) {
   CHECK_OK(etu_query(a, NULL, &h0, 1, &q0));
   CHECK_OK(etu_query(a, NULL, &h16, 1, &q16));
   CHECK(q0.hit_blocks == 1 && q16.hit_blocks == 1);
-  oi_offload_engine *b = etu_engine_create(h, &Lb, "wants-room", 1);
+  oi_engine *b = etu_engine_create(h, &Lb, "wants-room", 1);
   CHECK(save_keys(b, &Lb, 2, 0, 1) == 0);
   etu_sleep_ms(200); /* ten passes of the maintenance thread */
   CHECK(save_keys(b, &Lb, 2, 0, 1) == 0);
@@ -389,7 +388,7 @@ static void test_a_chunk_with_a_leased_block_is_not_taken(void) {
   CHECK(s.evictions == 0 && s.blocks_sealed == 32 && s.blocks_leased == 2);
   for (uint64_t k = 1; k < 32; k++)
     if (k != 16) CHECK(hits_exact(a, &La, 1, k));
-  CHECK_OK(oi_offload_engine_release(a, q16.lease));
+  CHECK_OK(oi_engine_release(a, q16.lease));
   save_until_accepted(b, &Lb, 2, 0);
   CHECK(hits_exact(b, &Lb, 2, 0));
   s = etu_host_stats(h);
@@ -400,9 +399,9 @@ static void test_a_chunk_with_a_leased_block_is_not_taken(void) {
   etu_zero_block(&La, dst);
   CHECK_OK(etu_load_wait(a, q0.lease, &dst, 1));
   CHECK(etu_block_matches(&La, dst, 0, 1, "held lease"));
-  oi_offload_engine_destroy(b);
-  oi_offload_engine_destroy(a);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(b);
+  oi_engine_destroy(a);
+  oi_host_destroy(h);
   etu_layout_free(&La);
   etu_layout_free(&Lb);
 }

@@ -7,14 +7,13 @@
 #define SEED 0xFEEDull
 #define NB 32
 
-static oi_offload_host *host;
+static oi_host *host;
 static etu_layout L;
 static uint64_t next_space = 1000;
 
 /* Saves hashes hs[i] for i where mask bit i is set, from block i (content
  * key = space * 64 + i), then flushes. */
-static void save_mask(oi_offload_engine *e, uint64_t space, const oi_block_hash *hs, int n,
-                      unsigned mask) {
+static void save_mask(oi_engine *e, uint64_t space, const oi_block_hash *hs, int n, unsigned mask) {
   int64_t ids[32];
   oi_block_hash sel[32];
   int m = 0;
@@ -26,13 +25,13 @@ static void save_mask(oi_offload_engine *e, uint64_t space, const oi_block_hash 
       m++;
     }
   CHECK_OK(etu_save_wait(e, ids, sel, (size_t)m));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
 }
 
 static uint64_t leases_active(void) { return etu_host_stats(host).leases_active; }
 
 static void test_partial_prefix_hits_the_leading_run(void) {
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", 1);
   uint64_t space = next_space++;
   oi_block_hash hs[5];
   for (int i = 0; i < 5; i++)
@@ -59,11 +58,11 @@ static void test_partial_prefix_hits_the_leading_run(void) {
   CHECK(after.leases_released == before.leases_released + 1);
   for (int i = 0; i < 3; i++)
     etu_zero_block(&L, dst[i]);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 static void test_a_gap_breaks_the_prefix(void) {
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", 1);
   uint64_t space = next_space++;
   oi_block_hash hs[5];
   for (int i = 0; i < 5; i++)
@@ -73,16 +72,16 @@ static void test_a_gap_breaks_the_prefix(void) {
   CHECK_OK(etu_query(e, NULL, hs, 5, &q));
   CHECK(q.hit_blocks == 2);
   CHECK(!etu_lease_is_zero(q.lease));
-  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  CHECK_OK(oi_engine_release(e, q.lease));
   /* Starting after the gap, the rest is a prefix of its own. */
   CHECK_OK(etu_query(e, NULL, hs + 3, 2, &q));
   CHECK(q.hit_blocks == 2);
-  CHECK_OK(oi_offload_engine_release(e, q.lease));
-  oi_offload_engine_destroy(e);
+  CHECK_OK(oi_engine_release(e, q.lease));
+  oi_engine_destroy(e);
 }
 
 static void test_first_block_missing_means_no_hit_and_no_lease(void) {
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", 1);
   uint64_t space = next_space++;
   oi_block_hash hs[5];
   for (int i = 0; i < 5; i++)
@@ -96,27 +95,27 @@ static void test_first_block_missing_means_no_hit_and_no_lease(void) {
   CHECK(q.state == OI_QUERY_READY);
   CHECK(etu_lease_is_zero(q.lease));
   CHECK(leases_active() == active);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 static void test_empty_query_hits_nothing_and_makes_no_lease(void) {
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", 1);
   oi_block_hash hs[1] = {etu_hash(next_space++, 0)};
   uint64_t active = leases_active();
   oi_query_result q;
   memset(&q, 0xCD, sizeof q);
   q.struct_size = sizeof q;
   q.present = NULL;
-  CHECK_OK(oi_offload_engine_query(e, "empty", hs, 0, 0, &q));
+  CHECK_OK(oi_engine_query(e, "empty", hs, 0, 0, &q));
   CHECK(q.hit_blocks == 0);
   CHECK(q.state == OI_QUERY_READY);
   CHECK(etu_lease_is_zero(q.lease));
   CHECK(leases_active() == active);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 static void test_membership_reports_each_position(void) {
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", 1);
   uint64_t space = next_space++;
   oi_block_hash hs[7];
   for (int i = 0; i < 7; i++)
@@ -130,7 +129,7 @@ static void test_membership_reports_each_position(void) {
   memset(&q, 0, sizeof q);
   q.struct_size = sizeof q;
   q.present = present;
-  CHECK_OK(oi_offload_engine_query(e, "m", hs, 7, OI_QUERY_MEMBERSHIP, &q));
+  CHECK_OK(oi_engine_query(e, "m", hs, 7, OI_QUERY_MEMBERSHIP, &q));
   CHECK(q.hit_blocks == 3);
   CHECK(etu_lease_is_zero(q.lease));
   const uint8_t want[7] = {0, 0, 1, 0, 1, 0, 1};
@@ -140,11 +139,11 @@ static void test_membership_reports_each_position(void) {
   /* The same hashes as a prefix query: nothing, since position 0 is missing. */
   CHECK_OK(etu_query(e, "m", hs, 7, &q));
   CHECK(q.hit_blocks == 0);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 static void test_a_miss_does_not_poison_a_later_hit_for_the_same_req_id(void) {
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", 1);
   uint64_t space = next_space++;
   oi_block_hash hs[4];
   for (int i = 0; i < 4; i++)
@@ -165,12 +164,12 @@ static void test_a_miss_does_not_poison_a_later_hit_for_the_same_req_id(void) {
     CHECK(etu_block_matches(&L, dst[i], space * 64 + (uint64_t)i, SEED, "after miss"));
   for (int i = 0; i < 4; i++)
     etu_zero_block(&L, dst[i]);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 static void test_a_lease_serves_exactly_world_size_loads(void) {
   enum { W = 3 };
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", W);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", W);
   uint64_t space = next_space++;
   oi_block_hash hs[3];
   for (int i = 0; i < 3; i++)
@@ -192,7 +191,7 @@ static void test_a_lease_serves_exactly_world_size_loads(void) {
   int64_t extra[3] = {25, 26, 24};
   oi_ticket *t = NULL;
   oi_clear_error();
-  oi_status st = oi_offload_engine_load(e, q.lease, extra, 3, NULL, &t);
+  oi_status st = oi_engine_load(e, q.lease, extra, 3, NULL, &t);
   if (st == OI_OK)
     st = etu_ticket_finish(t); /* an implementation may report through the ticket */
   else
@@ -200,19 +199,19 @@ static void test_a_lease_serves_exactly_world_size_loads(void) {
   CHECK(st == OI_ERR_LEASE_EXPIRED);
   for (int i = 0; i < 3; i++)
     CHECK(etu_block_is_zero(&L, extra[i]));
-  CHECK_FAILS(oi_offload_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_FAILS(oi_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
   oi_host_stats after = etu_host_stats(host);
   CHECK(after.blocks_leased == before.blocks_leased);
   for (int i = 10; i < 19; i++)
     etu_zero_block(&L, i);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 static void test_a_lease_is_shared_in_its_namespace(void) {
   etu_layout L2;
   etu_layout_clone_shape(&L2, &L);
-  oi_offload_engine *a = etu_engine_create(host, &L, "prefix", 1);
-  oi_offload_engine *b = etu_engine_create(host, &L2, "prefix", 1);
+  oi_engine *a = etu_engine_create(host, &L, "prefix", 1);
+  oi_engine *b = etu_engine_create(host, &L2, "prefix", 1);
   uint64_t space = next_space++;
   oi_block_hash hs[2];
   for (int i = 0; i < 2; i++)
@@ -227,21 +226,21 @@ static void test_a_lease_is_shared_in_its_namespace(void) {
   CHECK(etu_block_matches(&L2, 20, space * 64, SEED, "other rank loads a's lease"));
   CHECK(etu_block_matches(&L2, 21, space * 64 + 1, SEED, "other rank loads a's lease"));
   /* The share is gone for everyone, the querying instance included. */
-  CHECK_FAILS(oi_offload_engine_load(a, q.lease, dst, 2, NULL, NULL), OI_ERR_LEASE_EXPIRED);
+  CHECK_FAILS(oi_engine_load(a, q.lease, dst, 2, NULL, NULL), OI_ERR_LEASE_EXPIRED);
   CHECK(etu_block_is_zero(&L, 20) && etu_block_is_zero(&L, 21));
   /* b may release a lease a took. */
   CHECK_OK(etu_query(a, NULL, hs, 2, &q));
-  CHECK_OK(oi_offload_engine_release(b, q.lease));
-  CHECK_FAILS(oi_offload_engine_release(a, q.lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_OK(oi_engine_release(b, q.lease));
+  CHECK_FAILS(oi_engine_release(a, q.lease), OI_ERR_LEASE_EXPIRED);
   etu_zero_block(&L2, 20);
   etu_zero_block(&L2, 21);
-  oi_offload_engine_destroy(a);
-  oi_offload_engine_destroy(b);
+  oi_engine_destroy(a);
+  oi_engine_destroy(b);
   etu_layout_free(&L2);
 }
 
 static void test_released_and_unknown_leases_fail_with_lease_expired(void) {
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 2);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", 2);
   uint64_t space = next_space++;
   oi_block_hash hs[2];
   for (int i = 0; i < 2; i++)
@@ -251,41 +250,41 @@ static void test_released_and_unknown_leases_fail_with_lease_expired(void) {
   oi_query_result q;
   CHECK_OK(etu_query(e, NULL, hs, 2, &q));
   CHECK(etu_host_stats(host).blocks_leased == before.blocks_leased + 2);
-  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  CHECK_OK(oi_engine_release(e, q.lease));
   oi_host_stats after = etu_host_stats(host);
   CHECK(after.leases_active == before.leases_active);
   CHECK(after.blocks_leased == before.blocks_leased);
   CHECK(after.leases_released == before.leases_released + 1);
-  CHECK_FAILS(oi_offload_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_FAILS(oi_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
   int64_t dst[2] = {20, 21};
-  CHECK_FAILS(oi_offload_engine_load(e, q.lease, dst, 2, NULL, NULL), OI_ERR_LEASE_EXPIRED);
+  CHECK_FAILS(oi_engine_load(e, q.lease, dst, 2, NULL, NULL), OI_ERR_LEASE_EXPIRED);
   CHECK(etu_block_is_zero(&L, 20) && etu_block_is_zero(&L, 21));
   /* A partly consumed lease can still be released, once. */
   CHECK_OK(etu_query(e, NULL, hs, 2, &q));
   CHECK_OK(etu_load_wait(e, q.lease, dst, 2));
-  CHECK_OK(oi_offload_engine_release(e, q.lease));
-  CHECK_FAILS(oi_offload_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_OK(oi_engine_release(e, q.lease));
+  CHECK_FAILS(oi_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
   etu_zero_block(&L, 20);
   etu_zero_block(&L, 21);
   /* A lease nobody issued. */
   oi_lease forged;
   for (int i = 0; i < 16; i++)
     forged.bytes[i] = (uint8_t)(0x5A + 7 * i);
-  CHECK_FAILS(oi_offload_engine_load(e, forged, dst, 2, NULL, NULL), OI_ERR_LEASE_EXPIRED);
-  CHECK_FAILS(oi_offload_engine_release(e, forged), OI_ERR_LEASE_EXPIRED);
+  CHECK_FAILS(oi_engine_load(e, forged, dst, 2, NULL, NULL), OI_ERR_LEASE_EXPIRED);
+  CHECK_FAILS(oi_engine_release(e, forged), OI_ERR_LEASE_EXPIRED);
   /* The all-zero "no lease" is refused too (either code is a clear answer). */
   oi_lease none;
   memset(&none, 0, sizeof none);
   oi_clear_error();
-  oi_status st = oi_offload_engine_load(e, none, dst, 2, NULL, NULL);
+  oi_status st = oi_engine_load(e, none, dst, 2, NULL, NULL);
   CHECK(st == OI_ERR_LEASE_EXPIRED || st == OI_ERR_INVALID_ARGUMENT);
   CHECK(strlen(oi_last_error()) > 0);
   CHECK(etu_block_is_zero(&L, 20) && etu_block_is_zero(&L, 21));
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 static void test_count_mismatch_is_rejected_before_any_copy(void) {
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", 1);
   uint64_t space = next_space++;
   oi_block_hash hs[3];
   for (int i = 0; i < 3; i++)
@@ -298,8 +297,8 @@ static void test_count_mismatch_is_rejected_before_any_copy(void) {
   int64_t dst[4] = {20, 21, 22, 23};
   for (int i = 0; i < 4; i++)
     etu_fill_block(&L, dst[i], 999, SEED);
-  CHECK_FAILS(oi_offload_engine_load(e, q.lease, dst, 2, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_load(e, q.lease, dst, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(e, q.lease, dst, 2, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(e, q.lease, dst, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
   for (int i = 0; i < 4; i++)
     CHECK(etu_block_matches(&L, dst[i], 999, SEED, "untouched"));
   /* The share was not consumed by the rejected calls. */
@@ -309,11 +308,11 @@ static void test_count_mismatch_is_rejected_before_any_copy(void) {
   CHECK(etu_block_matches(&L, 23, 999, SEED, "not a destination"));
   for (int i = 0; i < 4; i++)
     etu_zero_block(&L, dst[i]);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 static void test_leased_blocks_are_pinned_until_released(void) {
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 1);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", 1);
   uint64_t space = next_space++;
   oi_block_hash hs[3];
   for (int i = 0; i < 3; i++)
@@ -322,7 +321,7 @@ static void test_leased_blocks_are_pinned_until_released(void) {
   oi_query_result q;
   CHECK_OK(etu_query(e, NULL, hs, 3, &q));
   uint64_t evicted = 12345;
-  CHECK_OK(oi_offload_host_evict_all(host, &evicted));
+  CHECK_OK(oi_host_evict_all(host, &evicted));
   oi_host_stats s = etu_host_stats(host);
   CHECK(s.blocks_sealed == 3 && s.blocks_leased == 3);
   uint8_t present[3];
@@ -331,18 +330,18 @@ static void test_leased_blocks_are_pinned_until_released(void) {
   CHECK_OK(etu_load_wait(e, q.lease, dst, 3));
   for (int i = 0; i < 3; i++)
     CHECK(etu_block_matches(&L, dst[i], space * 64 + (uint64_t)i, SEED, "pinned"));
-  CHECK_OK(oi_offload_host_evict_all(host, &evicted));
+  CHECK_OK(oi_host_evict_all(host, &evicted));
   CHECK(evicted == 3);
   CHECK(etu_host_stats(host).blocks_sealed == 0);
   CHECK(etu_membership(e, hs, 3, present) == 0);
   for (int i = 0; i < 3; i++)
     etu_zero_block(&L, dst[i]);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 static void test_ttl_expiry_frees_the_pins(void) {
-  oi_offload_host *h = etu_host_create_opts(16 << 20, 0, 100);
-  oi_offload_engine *e = etu_engine_create(h, &L, "ttl", 1);
+  oi_host *h = etu_host_create_opts(16 << 20, 0, 100);
+  oi_engine *e = etu_engine_create(h, &L, "ttl", 1);
   uint64_t space = next_space++;
   oi_block_hash hs[3];
   int64_t ids[3] = {0, 1, 2};
@@ -351,7 +350,7 @@ static void test_ttl_expiry_frees_the_pins(void) {
     etu_fill_block(&L, i, space * 64 + (uint64_t)i, SEED);
   }
   CHECK_OK(etu_save_wait(e, ids, hs, 3));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
 
   /* Within the TTL a lease works. */
   oi_query_result q;
@@ -366,13 +365,13 @@ static void test_ttl_expiry_frees_the_pins(void) {
   CHECK_OK(etu_query(e, NULL, hs, 3, &q));
   CHECK(q.hit_blocks == 3);
   uint64_t evicted = 99;
-  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK_OK(oi_host_evict_all(h, &evicted));
   CHECK(evicted == 0); /* pinned */
   double t0 = etu_now_s();
   evicted = 0;
   while (etu_now_s() - t0 < 5.0) {
     etu_sleep_ms(50);
-    CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+    CHECK_OK(oi_host_evict_all(h, &evicted));
     if (evicted) break;
   }
   double waited = etu_now_s() - t0;
@@ -383,29 +382,29 @@ static void test_ttl_expiry_frees_the_pins(void) {
   CHECK(s.leases_active == 0);
   CHECK(s.blocks_leased == 0);
   CHECK(s.blocks_sealed == 0);
-  CHECK_FAILS(oi_offload_engine_load(e, q.lease, dst, 3, NULL, NULL), OI_ERR_LEASE_EXPIRED);
+  CHECK_FAILS(oi_engine_load(e, q.lease, dst, 3, NULL, NULL), OI_ERR_LEASE_EXPIRED);
   for (int i = 0; i < 3; i++)
     CHECK(etu_block_is_zero(&L, dst[i]));
-  CHECK_FAILS(oi_offload_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_FAILS(oi_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
 
   /* An expired lease whose blocks were never evicted also fails to load. */
   CHECK_OK(etu_save_wait(e, ids, hs, 3));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   CHECK_OK(etu_query(e, NULL, hs, 3, &q));
   CHECK(q.hit_blocks == 3);
   etu_sleep_ms(400);
-  CHECK_FAILS(oi_offload_engine_load(e, q.lease, dst, 3, NULL, NULL), OI_ERR_LEASE_EXPIRED);
+  CHECK_FAILS(oi_engine_load(e, q.lease, dst, 3, NULL, NULL), OI_ERR_LEASE_EXPIRED);
   for (int i = 0; i < 3; i++)
     CHECK(etu_block_is_zero(&L, dst[i]));
   s = etu_host_stats(h);
   CHECK(s.leases_expired == 2);
   CHECK(s.leases_active == 0);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
 }
 
 static void test_destroying_an_engine_releases_its_leases(void) {
-  oi_offload_engine *e = etu_engine_create(host, &L, "prefix", 4);
+  oi_engine *e = etu_engine_create(host, &L, "prefix", 4);
   uint64_t space = next_space++;
   oi_block_hash hs[2];
   for (int i = 0; i < 2; i++)
@@ -416,10 +415,10 @@ static void test_destroying_an_engine_releases_its_leases(void) {
   CHECK_OK(etu_query(e, NULL, hs, 2, &q));
   CHECK_OK(etu_query(e, NULL, hs, 1, &q));
   CHECK(leases_active() == active + 2);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   CHECK(leases_active() == active);
   uint64_t evicted = 0;
-  CHECK_OK(oi_offload_host_evict_all(host, &evicted));
+  CHECK_OK(oi_host_evict_all(host, &evicted));
   CHECK(etu_host_stats(host).blocks_leased == 0);
   CHECK(etu_host_stats(host).blocks_sealed == 0);
 }
@@ -441,7 +440,7 @@ int main(void) {
   RUN_TEST(test_leased_blocks_are_pinned_until_released);
   RUN_TEST(test_ttl_expiry_frees_the_pins);
   RUN_TEST(test_destroying_an_engine_releases_its_leases);
-  oi_offload_host_destroy(host);
+  oi_host_destroy(host);
   etu_layout_free(&L);
   TEST_EXIT();
 }

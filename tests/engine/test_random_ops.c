@@ -18,7 +18,7 @@
 #define WORLD 2      /* lease shares */
 #define SEED 0xA11CEull
 
-static oi_offload_host *host;
+static oi_host *host;
 static etu_layout shape;
 static oi_block_hash universe[UNIVERSE];
 static uint64_t universe_key[UNIVERSE];
@@ -44,7 +44,7 @@ typedef struct pending_op {
 typedef struct worker {
   int id;
   etu_layout L;
-  oi_offload_engine *e;
+  oi_engine *e;
   uint64_t rng;
   held_lease leases[MAX_LEASES];
   int nleases;
@@ -92,7 +92,7 @@ static void finish_op(worker *w, int i) {
 /* Makes block b safe to write: no pending op reads or writes it. */
 static void claim_block(worker *w, int64_t b) {
   if (w->ff_dirty[b]) {
-    WCHECK(w, oi_offload_engine_flush(w->e, UINT32_MAX) == OI_OK);
+    WCHECK(w, oi_engine_flush(w->e, UINT32_MAX) == OI_OK);
     memset(w->ff_dirty, 0, sizeof w->ff_dirty);
   }
   for (int i = w->npending - 1; i >= 0; i--) {
@@ -132,12 +132,12 @@ static void op_save(worker *w) {
   int mode = rnd_below(w, 10);
   if (w->npending == 16) finish_op(w, 0);
   if (mode < 2) { /* fire and forget */
-    WCHECK(w, oi_offload_engine_save(w->e, ids, hs, (size_t)n, NULL, NULL) == OI_OK);
+    WCHECK(w, oi_engine_save(w->e, ids, hs, (size_t)n, NULL, NULL) == OI_OK);
     for (int j = 0; j < n; j++)
       w->ff_dirty[ids[j]] = true;
   } else {
     oi_ticket *t = NULL;
-    oi_status st = oi_offload_engine_save(w->e, ids, hs, (size_t)n, NULL, &t);
+    oi_status st = oi_engine_save(w->e, ids, hs, (size_t)n, NULL, &t);
     WCHECK(w, st == OI_OK && t);
     if (st != OI_OK) return;
     if (mode < 5) {
@@ -173,7 +173,7 @@ static void op_query(worker *w) {
     return;
   }
   if (w->nleases == MAX_LEASES) {
-    WCHECK(w, oi_offload_engine_release(w->e, w->leases[0].lease) == OI_OK);
+    WCHECK(w, oi_engine_release(w->e, w->leases[0].lease) == OI_OK);
     drop_lease(w, 0);
     w->releases++;
   }
@@ -204,7 +204,7 @@ static void op_load(worker *w) {
     claim_block(w, dst[j]);
   if (w->npending == 16) finish_op(w, 0);
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_load(w->e, l->lease, dst, (size_t)l->n, NULL, &t);
+  oi_status st = oi_engine_load(w->e, l->lease, dst, (size_t)l->n, NULL, &t);
   WCHECK(w, st == OI_OK); /* a live lease always loads */
   if (st == OI_OK) {
     w->loads_ok++;
@@ -235,10 +235,10 @@ static void op_load(worker *w) {
       /* Its last share is spent (wait for that load first). */
       for (int i = w->npending - 1; i >= 0; i--)
         if (w->pending[i].is_load) finish_op(w, i);
-      WCHECK(w, oi_offload_engine_release(w->e, gone) == OI_ERR_LEASE_EXPIRED);
+      WCHECK(w, oi_engine_release(w->e, gone) == OI_ERR_LEASE_EXPIRED);
       int64_t d = rnd_below(w, NB);
       claim_block(w, d);
-      WCHECK(w, oi_offload_engine_load(w->e, gone, &d, 1, NULL, NULL) == OI_ERR_LEASE_EXPIRED);
+      WCHECK(w, oi_engine_load(w->e, gone, &d, 1, NULL, NULL) == OI_ERR_LEASE_EXPIRED);
       w->refused_loads++; /* counted in loads_failed */
     }
   }
@@ -247,7 +247,7 @@ static void op_load(worker *w) {
 static void op_release(worker *w) {
   if (w->nleases == 0) return;
   int li = rnd_below(w, w->nleases);
-  WCHECK(w, oi_offload_engine_release(w->e, w->leases[li].lease) == OI_OK);
+  WCHECK(w, oi_engine_release(w->e, w->leases[li].lease) == OI_OK);
   drop_lease(w, li);
   w->releases++;
 }
@@ -278,12 +278,12 @@ static void *worker_main(void *arg) {
     else if (r < 880)
       op_release(w);
     else if (r < 930) {
-      WCHECK(w, oi_offload_engine_flush(w->e, UINT32_MAX) == OI_OK);
+      WCHECK(w, oi_engine_flush(w->e, UINT32_MAX) == OI_OK);
       memset(w->ff_dirty, 0, sizeof w->ff_dirty);
       w->flushes++;
     } else if (r < 931 && rnd_below(w, 10) == 0) { /* evict_all: 1 op in 10^4 */
       uint64_t ev = 0;
-      WCHECK(w, oi_offload_host_evict_all(host, &ev) == OI_OK);
+      WCHECK(w, oi_host_evict_all(host, &ev) == OI_OK);
       w->evicts++;
     } else {
       op_stats(w);
@@ -292,10 +292,10 @@ static void *worker_main(void *arg) {
   while (w->npending)
     finish_op(w, w->npending - 1);
   while (w->nleases) {
-    WCHECK(w, oi_offload_engine_release(w->e, w->leases[0].lease) == OI_OK);
+    WCHECK(w, oi_engine_release(w->e, w->leases[0].lease) == OI_OK);
     drop_lease(w, 0);
   }
-  WCHECK(w, oi_offload_engine_flush(w->e, UINT32_MAX) == OI_OK);
+  WCHECK(w, oi_engine_flush(w->e, UINT32_MAX) == OI_OK);
   return NULL;
 }
 
@@ -303,8 +303,8 @@ static void *worker_main(void *arg) {
  * new block at a time and leases it (so it cannot be evicted) until a save
  * is dropped: every slot is then leased. A slot or chunk leaked by earlier operations shows up as a
  * smaller number than a fresh host with the same options gives. */
-static uint64_t pool_capacity_in_blocks(oi_offload_host *h, oi_offload_engine *e,
-                                        const etu_layout *L, uint64_t space) {
+static uint64_t pool_capacity_in_blocks(oi_host *h, oi_engine *e, const etu_layout *L,
+                                        uint64_t space) {
   static oi_lease leases[4096];
   uint64_t n = 0;
   for (uint64_t tries = 0;; tries++) {
@@ -320,14 +320,12 @@ static uint64_t pool_capacity_in_blocks(oi_offload_host *h, oi_offload_engine *e
     if (q.hit_blocks == 1) leases[n++] = q.lease; /* else: evicted in the background first */
   }
   for (uint64_t i = 0; i < n; i++)
-    CHECK_OK(oi_offload_engine_release(e, leases[i]));
-  CHECK_OK(oi_offload_host_evict_all(h, NULL));
+    CHECK_OK(oi_engine_release(e, leases[i]));
+  CHECK_OK(oi_host_evict_all(h, NULL));
   return n;
 }
 
-static oi_offload_host *random_ops_host(void) {
-  return etu_host_create_opts(512 << 10, 128 << 10, 0);
-}
+static oi_host *random_ops_host(void) { return etu_host_create_opts(512 << 10, 128 << 10, 0); }
 
 static void test_random_operations_match_the_reference_model(void) {
   /* Block: 2 x 1024 (split K/V) + 700 + 300 = 3048 bytes (3072-byte slots);
@@ -420,7 +418,7 @@ static void test_random_operations_match_the_reference_model(void) {
 
   /* Nothing pinned or leaked: evict_all empties the pool. */
   uint64_t ev = 0;
-  CHECK_OK(oi_offload_host_evict_all(host, &ev));
+  CHECK_OK(oi_host_evict_all(host, &ev));
   s = etu_host_stats(host);
   CHECK(s.blocks_sealed == 0);
   CHECK(s.block_bytes_resident == 0);
@@ -430,17 +428,17 @@ static void test_random_operations_match_the_reference_model(void) {
 
   /* No slot or chunk leaked: the pool holds as many blocks as a fresh one. */
   {
-    oi_offload_host *fresh = random_ops_host();
+    oi_host *fresh = random_ops_host();
     etu_layout FL;
     etu_layout_clone_shape(&FL, &shape);
-    oi_offload_engine *fe = etu_engine_create(fresh, &FL, "random", WORLD);
+    oi_engine *fe = etu_engine_create(fresh, &FL, "random", WORLD);
     uint64_t want = pool_capacity_in_blocks(fresh, fe, &FL, 0xF00D);
     uint64_t got = pool_capacity_in_blocks(host, ws[0].e, &ws[0].L, 0xF00D);
     fprintf(stderr, "  pool capacity after the run: %" PRIu64 " blocks (fresh host: %" PRIu64 ")\n",
             got, want);
     CHECK(got == want && want > 100);
-    oi_offload_engine_destroy(fe);
-    oi_offload_host_destroy(fresh);
+    oi_engine_destroy(fe);
+    oi_host_destroy(fresh);
     etu_layout_free(&FL);
   }
 
@@ -454,14 +452,14 @@ static void test_random_operations_match_the_reference_model(void) {
   CHECK(q.hit_blocks == 1);
   etu_zero_block(&ws[1].L, dst);
   CHECK_OK(etu_load_wait(ws[1].e, q.lease, &dst, 1));
-  CHECK_OK(oi_offload_engine_release(ws[1].e, q.lease)); /* world_size 2: one share left */
+  CHECK_OK(oi_engine_release(ws[1].e, q.lease)); /* world_size 2: one share left */
   CHECK(etu_block_matches(&ws[1].L, dst, universe_key[0], SEED, "after the run"));
 
   for (int t = 0; t < THREADS; t++) {
-    oi_offload_engine_destroy(ws[t].e);
+    oi_engine_destroy(ws[t].e);
     etu_layout_free(&ws[t].L);
   }
-  oi_offload_host_destroy(host);
+  oi_host_destroy(host);
   etu_layout_free(&shape);
 }
 

@@ -23,8 +23,8 @@ static void round_trip(etu_layout *L, const char *what, bool use_offsets) {
   const uint64_t nb = L->num_blocks, k = nb - 2;
   const uint64_t space = etu_mix((uint64_t)(uintptr_t)what) ^ (use_offsets ? 1 : 0);
   const int failures_before = oi_test_failures;
-  oi_offload_host *h = etu_host_create(pool_for(L));
-  oi_offload_engine *e = etu_engine_create_mode(h, L, "rt", 1, use_offsets);
+  oi_host *h = etu_host_create(pool_for(L));
+  oi_engine *e = etu_engine_create_mode(h, L, "rt", 1, use_offsets);
 
   oi_engine_stats es = etu_engine_stats(e);
   CHECK(es.block_bytes == L->block_bytes);
@@ -41,9 +41,9 @@ static void round_trip(etu_layout *L, const char *what, bool use_offsets) {
     etu_fill_block(L, src[j], j, SEED);
   }
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, src, hs, k, NULL, &t));
+  CHECK_OK(oi_engine_save(e, src, hs, k, NULL, &t));
   REQUIRE(t);
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   CHECK_OK(etu_ticket_finish(t));
 
   oi_host_stats hst = etu_host_stats(h);
@@ -89,8 +89,8 @@ static void round_trip(etu_layout *L, const char *what, bool use_offsets) {
   if (oi_test_failures != failures_before)
     fprintf(stderr, "  (layout: %s, %s)\n", what, use_offsets ? "offsets" : "bases");
 
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
 }
 
 static void both_modes(etu_layout *L, const char *what) {
@@ -177,8 +177,8 @@ static void test_round_trip_vllm_kv_halves(void) {
 static void test_arena_waits_on_the_cpu_backend(void) {
   etu_layout L;
   etu_layout_kv_halves(&L, 4, 16, 8192, false);
-  oi_offload_host *h = etu_host_create(64 << 20);
-  oi_offload_engine *e = etu_engine_create(h, &L, "arena-wait", 1);
+  oi_host *h = etu_host_create(64 << 20);
+  oi_engine *e = etu_engine_create(h, &L, "arena-wait", 1);
   enum { N = 8 };
   int64_t src[N], dst[N];
   oi_block_hash hs[N];
@@ -189,7 +189,7 @@ static void test_arena_waits_on_the_cpu_backend(void) {
     etu_fill_block(&L, src[i], (uint64_t)i, SEED);
   }
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, src, hs, N, NULL, &t));
+  CHECK_OK(oi_engine_save(e, src, hs, N, NULL, &t));
   CHECK_OK(oi_ticket_arena_wait(t, 7, 10000)); /* no per-arena progress: the whole save */
   CHECK_OK(oi_ticket_poll(t));
   oi_ticket_release(t);
@@ -202,7 +202,7 @@ static void test_arena_waits_on_the_cpu_backend(void) {
     oi_load_options lo;
     CHECK_OK(oi_load_options_init(&lo));
     lo.flags = OI_LOAD_ARENA_EVENTS;
-    CHECK_OK(oi_offload_engine_load(e, q.lease, dst, N, &lo, &t));
+    CHECK_OK(oi_engine_load(e, q.lease, dst, N, &lo, &t));
     REQUIRE(t);
     CHECK(oi_ticket_arena_event(t, 0) == NULL); /* cpu: no CUDA events */
     for (uint32_t a = 0; a < L.num_arenas; a++) {
@@ -224,29 +224,29 @@ static void test_arena_waits_on_the_cpu_backend(void) {
   }
   CHECK_ST(oi_ticket_arena_wait(NULL, 0, 0), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi_ticket_arena_poll(NULL, 0), OI_ERR_INVALID_ARGUMENT);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&L);
 }
 
-static oi_status save_layers(oi_offload_engine *e, const int64_t *ids, const oi_block_hash *hs,
-                             size_t n, uint32_t first, uint32_t count) {
+static oi_status save_layers(oi_engine *e, const int64_t *ids, const oi_block_hash *hs, size_t n,
+                             uint32_t first, uint32_t count) {
   oi_save_options so;
   REQUIRE(oi_save_options_init(&so) == OI_OK);
   so.arena_first = first;
   so.arena_count = count;
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_save(e, ids, hs, n, &so, &t);
+  oi_status st = oi_engine_save(e, ids, hs, n, &so, &t);
   if (st != OI_OK) return st;
   st = oi_ticket_wait(t, 10000);
   oi_ticket_release(t);
   return st;
 }
 
-static uint64_t visible(oi_offload_engine *e, const oi_block_hash *hs, size_t n) {
+static uint64_t visible(oi_engine *e, const oi_block_hash *hs, size_t n) {
   uint8_t present[64];
   oi_query_result q = {.struct_size = sizeof q, .present = present};
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q));
+  CHECK_OK(oi_engine_query(e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q));
   return q.hit_blocks;
 }
 
@@ -258,13 +258,13 @@ static uint64_t visible(oi_offload_engine *e, const oi_block_hash *hs, size_t n)
 static void test_layerwise_save(void) {
   etu_layout L;
   etu_layout_kv_halves(&L, 4, 16, 2048, false);
-  oi_offload_host *h = etu_host_create(64 << 20);
+  oi_host *h = etu_host_create(64 << 20);
   oi_engine_options o;
   static oi_arena_desc arenas[ETU_MAX_ARENAS];
   etu_engine_opts(&L, "layerwise", 1, false, &o, arenas);
   o.save_deadline_ms = 300;
-  oi_offload_engine *e = NULL;
-  CHECK_OK(oi_offload_engine_create(h, &o, &e));
+  oi_engine *e = NULL;
+  CHECK_OK(oi_engine_create(h, &o, &e));
   REQUIRE(e);
   enum { N = 6 };
   int64_t src[N], dst[N];
@@ -301,14 +301,14 @@ static void test_layerwise_save(void) {
   CHECK_OK(save_layers(e, dst, hs, N, 0, 1));
   CHECK_OK(save_layers(e, dst, hs, N, 1, 3));
   CHECK(etu_host_stats(h).blocks_in_flight == 0);
-  CHECK_OK(oi_offload_engine_flush(e, 5000));
+  CHECK_OK(oi_engine_flush(e, 5000));
 
   /* Layers that never all arrive: aborted at the deadline; the flush waits. */
   oi_block_hash hs2[2] = {etu_hash(5152, 0), etu_hash(5152, 1)};
   CHECK_OK(save_layers(e, src, hs2, 2, 0, 2));
   CHECK(etu_host_stats(h).blocks_in_flight == 2);
-  CHECK_ST(oi_offload_engine_flush(e, 10), OI_ERR_TIMEOUT);
-  CHECK_OK(oi_offload_engine_flush(e, 5000));
+  CHECK_ST(oi_engine_flush(e, 10), OI_ERR_TIMEOUT);
+  CHECK_OK(oi_engine_flush(e, 5000));
   hst = etu_host_stats(h);
   CHECK(hst.blocks_in_flight == 0);
   CHECK(visible(e, hs2, 2) == 0);
@@ -333,18 +333,18 @@ static void test_layerwise_save(void) {
   CHECK_OK(oi_save_options_init(&so));
   so.arena_first = 3;
   so.arena_count = 2;
-  CHECK_ST(oi_offload_engine_save(e, src, hs, N, &so, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_save(e, src, hs, N, &so, NULL), OI_ERR_INVALID_ARGUMENT);
   so.arena_first = 4;
   so.arena_count = 1;
-  CHECK_ST(oi_offload_engine_save(e, src, hs, N, &so, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_save(e, src, hs, N, &so, NULL), OI_ERR_INVALID_ARGUMENT);
   so.arena_first = 1;
   so.arena_count = 0;
-  CHECK_ST(oi_offload_engine_save(e, src, hs, N, &so, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_save(e, src, hs, N, &so, NULL), OI_ERR_INVALID_ARGUMENT);
   int64_t twice[2] = {3, 3};
   so.arena_count = 1;
-  CHECK_ST(oi_offload_engine_save(e, twice, hs, 2, &so, NULL), OI_ERR_INVALID_ARGUMENT);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  CHECK_ST(oi_engine_save(e, twice, hs, 2, &so, NULL), OI_ERR_INVALID_ARGUMENT);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&L);
 }
 
@@ -359,8 +359,8 @@ static void test_round_trip_uneven_arena_sizes(void) {
 static void test_resaving_sealed_or_in_flight_hashes_is_deduplicated(void) {
   etu_layout L;
   etu_layout_simple(&L, 2, 16, 2048);
-  oi_offload_host *h = etu_host_create(64 << 20);
-  oi_offload_engine *e = etu_engine_create(h, &L, "dedup", 1);
+  oi_host *h = etu_host_create(64 << 20);
+  oi_engine *e = etu_engine_create(h, &L, "dedup", 1);
   int64_t ids[4] = {0, 1, 2, 3}, other[4] = {4, 5, 6, 7}, dst[4] = {12, 13, 14, 15};
   oi_block_hash hs[4];
   for (int j = 0; j < 4; j++) {
@@ -369,16 +369,16 @@ static void test_resaving_sealed_or_in_flight_hashes_is_deduplicated(void) {
     etu_fill_block(&L, other[j], 100 + (uint64_t)j, SEED); /* different bytes, same hashes */
   }
   CHECK_OK(etu_save_wait(e, ids, hs, 4));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   oi_host_stats before = etu_host_stats(h);
   oi_query_result q;
   CHECK_OK(etu_query(e, NULL, hs, 4, &q));
   CHECK(q.hit_blocks == 4);
-  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  CHECK_OK(oi_engine_release(e, q.lease));
 
   /* Sealed: the second save is deduplicated; its ticket still completes OK. */
   CHECK_OK(etu_save_wait(e, other, hs, 4));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   oi_host_stats after = etu_host_stats(h);
   CHECK(after.saves_deduplicated == before.saves_deduplicated + 4);
   CHECK(after.saves_completed == before.saves_completed);
@@ -402,11 +402,11 @@ static void test_resaving_sealed_or_in_flight_hashes_is_deduplicated(void) {
   }
   before = etu_host_stats(h);
   oi_ticket *t1 = NULL, *t2 = NULL;
-  CHECK_OK(oi_offload_engine_save(e, ids2, fresh, 4, NULL, &t1));
-  CHECK_OK(oi_offload_engine_save(e, ids2, fresh, 4, NULL, &t2));
+  CHECK_OK(oi_engine_save(e, ids2, fresh, 4, NULL, &t1));
+  CHECK_OK(oi_engine_save(e, ids2, fresh, 4, NULL, &t2));
   CHECK_OK(etu_ticket_finish(t1));
   CHECK_OK(etu_ticket_finish(t2));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   after = etu_host_stats(h);
   CHECK(after.saves_completed == before.saves_completed + 4);
   CHECK(after.saves_deduplicated == before.saves_deduplicated + 4);
@@ -417,15 +417,15 @@ static void test_resaving_sealed_or_in_flight_hashes_is_deduplicated(void) {
   int64_t tw_ids[2] = {0, 1};
   before = etu_host_stats(h);
   CHECK_OK(etu_save_wait(e, tw_ids, twice, 2));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   after = etu_host_stats(h);
   CHECK(after.blocks_sealed == before.blocks_sealed + 1);
   CHECK(after.saves_completed == before.saves_completed + 1);
   CHECK(after.saves_deduplicated == before.saves_deduplicated + 1);
   CHECK(etu_accounting_ok(&after));
 
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&L);
 }
 
@@ -433,9 +433,9 @@ static void test_namespaces_are_isolated(void) {
   etu_layout LA, LB;
   etu_layout_simple(&LA, 2, 8, 4096);
   etu_layout_clone_shape(&LB, &LA);
-  oi_offload_host *h = etu_host_create(64 << 20);
-  oi_offload_engine *a = etu_engine_create(h, &LA, "ns-A", 1);
-  oi_offload_engine *b = etu_engine_create(h, &LB, "ns-B", 1);
+  oi_host *h = etu_host_create(64 << 20);
+  oi_engine *a = etu_engine_create(h, &LA, "ns-A", 1);
+  oi_engine *b = etu_engine_create(h, &LB, "ns-B", 1);
   int64_t ids[3] = {0, 1, 2}, dst[3] = {5, 6, 7};
   oi_block_hash hs[3];
   for (int j = 0; j < 3; j++) {
@@ -444,7 +444,7 @@ static void test_namespaces_are_isolated(void) {
     etu_fill_block(&LB, ids[j], 20 + (uint64_t)j, SEED);
   }
   CHECK_OK(etu_save_wait(a, ids, hs, 3));
-  CHECK_OK(oi_offload_engine_flush(a, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(a, UINT32_MAX));
 
   oi_query_result q;
   CHECK_OK(etu_query(b, NULL, hs, 3, &q));
@@ -457,7 +457,7 @@ static void test_namespaces_are_isolated(void) {
   /* The same hashes under B are new blocks there (not deduplicated against A). */
   oi_host_stats before = etu_host_stats(h);
   CHECK_OK(etu_save_wait(b, ids, hs, 3));
-  CHECK_OK(oi_offload_engine_flush(b, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(b, UINT32_MAX));
   oi_host_stats after = etu_host_stats(h);
   CHECK(after.saves_completed == before.saves_completed + 3);
   CHECK(after.saves_deduplicated == before.saves_deduplicated);
@@ -479,21 +479,21 @@ static void test_namespaces_are_isolated(void) {
   static oi_arena_desc arenas[ETU_MAX_ARENAS];
   oi_engine_options o;
   etu_engine_opts(&LC, "ns-A", 1, false, &o, arenas);
-  oi_offload_engine *c = NULL;
-  CHECK_FAILS(oi_offload_engine_create(h, &o, &c), OI_ERR_INVALID_ARGUMENT);
+  oi_engine *c = NULL;
+  CHECK_FAILS(oi_engine_create(h, &o, &c), OI_ERR_INVALID_ARGUMENT);
   CHECK(c == NULL);
   CHECK_OK(etu_query(a, NULL, hs, 3, &q));
   CHECK(q.hit_blocks == 3);
-  CHECK_OK(oi_offload_engine_release(a, q.lease));
+  CHECK_OK(oi_engine_release(a, q.lease));
   /* ... while the same shape in a third namespace is fine. */
   o.namespace_id = "ns-C";
-  CHECK_OK(oi_offload_engine_create(h, &o, &c));
+  CHECK_OK(oi_engine_create(h, &o, &c));
   CHECK(c != NULL);
-  oi_offload_engine_destroy(c);
+  oi_engine_destroy(c);
 
-  oi_offload_engine_destroy(a);
-  oi_offload_engine_destroy(b);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(a);
+  oi_engine_destroy(b);
+  oi_host_destroy(h);
   etu_layout_free(&LA);
   etu_layout_free(&LB);
   etu_layout_free(&LC);
@@ -513,8 +513,8 @@ static void count_done(void *ctx, oi_status st) {
 static void test_fire_and_forget_save_calls_on_done_once_and_flush_covers_it(void) {
   etu_layout L;
   etu_layout_simple(&L, 3, 8, 1024);
-  oi_offload_host *h = etu_host_create(64 << 20);
-  oi_offload_engine *e = etu_engine_create(h, &L, "fnf", 1);
+  oi_host *h = etu_host_create(64 << 20);
+  oi_engine *e = etu_engine_create(h, &L, "fnf", 1);
   int64_t ids[4] = {0, 1, 2, 3}, dst[4] = {7, 6, 5, 4};
   oi_block_hash hs[4];
   for (int j = 0; j < 4; j++) {
@@ -526,8 +526,8 @@ static void test_fire_and_forget_save_calls_on_done_once_and_flush_covers_it(voi
   CHECK_OK(oi_save_options_init(&so));
   so.on_done = count_done;
   so.on_done_ctx = &dc;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, 4, &so, NULL));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_save(e, ids, hs, 4, &so, NULL));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   for (int i = 0; i < 1000 && atomic_load(&dc.calls) == 0; i++)
     etu_sleep_ms(10);
   etu_sleep_ms(20);
@@ -544,16 +544,16 @@ static void test_fire_and_forget_save_calls_on_done_once_and_flush_covers_it(voi
   /* A save that is entirely deduplicated still calls on_done, with OI_OK. */
   done_counter dc2 = {0, 12345};
   so.on_done_ctx = &dc2;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, 4, &so, NULL));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_save(e, ids, hs, 4, &so, NULL));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   for (int i = 0; i < 1000 && atomic_load(&dc2.calls) == 0; i++)
     etu_sleep_ms(10);
   etu_sleep_ms(20);
   CHECK(atomic_load(&dc2.calls) == 1);
   CHECK(atomic_load(&dc2.last_status) == OI_OK);
 
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&L);
 }
 
@@ -564,8 +564,8 @@ static void test_queries_see_only_complete_blocks_while_saves_land(void) {
   etu_layout L;
   const uint64_t bpb[4] = {64 << 10, 32 << 10, 4097, 64 << 10};
   etu_layout_packed(&L, 4, NB, bpb, 64);
-  oi_offload_host *h = etu_host_create(256ull << 20);
-  oi_offload_engine *e = etu_engine_create(h, &L, "vis", 1);
+  oi_host *h = etu_host_create(256ull << 20);
+  oi_engine *e = etu_engine_create(h, &L, "vis", 1);
   int64_t src[K], dst[K];
   for (int j = 0; j < K; j++) {
     src[j] = j;
@@ -583,7 +583,7 @@ static void test_queries_see_only_complete_blocks_while_saves_land(void) {
     oi_ticket *last = NULL;
     for (int j = 0; j < K; j++) {
       oi_ticket *t = NULL;
-      CHECK_OK(oi_offload_engine_save(e, &src[j], &rh[j], 1, NULL, &t));
+      CHECK_OK(oi_engine_save(e, &src[j], &rh[j], 1, NULL, &t));
       if (j == K - 1)
         last = t;
       else
@@ -608,16 +608,16 @@ static void test_queries_see_only_complete_blocks_while_saves_land(void) {
       if (done) break;
     }
     CHECK_OK(etu_ticket_finish(last));
-    CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+    CHECK_OK(oi_engine_flush(e, UINT32_MAX));
     oi_query_result q;
     CHECK_OK(etu_query(e, NULL, rh, K, &q));
     CHECK(q.hit_blocks == K); /* after flush: all visible */
-    CHECK_OK(oi_offload_engine_release(e, q.lease));
+    CHECK_OK(oi_engine_release(e, q.lease));
   }
   CHECK(ok);
   fprintf(stderr, "  (%d queries, %d loads while saving)\n", rounds, loads);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&L);
 }
 
@@ -627,8 +627,8 @@ static void test_destroying_an_engine_finishes_its_saves_and_loads(void) {
   etu_layout L, L2;
   etu_layout_simple(&L, 2, 32, 512 << 10); /* 1 MiB blocks */
   etu_layout_clone_shape(&L2, &L);
-  oi_offload_host *h = etu_host_create(256ull << 20);
-  oi_offload_engine *e = etu_engine_create(h, &L, "teardown", 1);
+  oi_host *h = etu_host_create(256ull << 20);
+  oi_engine *e = etu_engine_create(h, &L, "teardown", 1);
   int64_t pids[8], pdst[8], sids[16];
   oi_block_hash ph[8], sh[16];
   for (int i = 0; i < 8; i++) {
@@ -647,9 +647,9 @@ static void test_destroying_an_engine_finishes_its_saves_and_loads(void) {
     etu_fill_block(&L, i, 700 + (uint64_t)i, SEED);
   }
   oi_ticket *ts = NULL, *tl = NULL;
-  CHECK_OK(oi_offload_engine_save(e, sids, sh, 16, NULL, &ts));
-  CHECK_OK(oi_offload_engine_load(e, q.lease, pdst, 8, NULL, &tl));
-  oi_offload_engine_destroy(e);
+  CHECK_OK(oi_engine_save(e, sids, sh, 16, NULL, &ts));
+  CHECK_OK(oi_engine_load(e, q.lease, pdst, 8, NULL, &tl));
+  oi_engine_destroy(e);
   /* Both finished before destroy returned. */
   CHECK(oi_ticket_poll(ts) == OI_OK);
   CHECK(oi_ticket_poll(tl) == OI_OK);
@@ -661,7 +661,7 @@ static void test_destroying_an_engine_finishes_its_saves_and_loads(void) {
   CHECK(s.blocks_in_flight == 0 && s.blocks_loading == 0 && s.leases_active == 0);
   CHECK(s.blocks_sealed == 24);
   /* Another rank restores what the destroyed one saved on its way out. */
-  oi_offload_engine *e2 = etu_engine_create(h, &L2, "teardown", 1);
+  oi_engine *e2 = etu_engine_create(h, &L2, "teardown", 1);
   CHECK_OK(etu_query(e2, NULL, sh, 16, &q));
   CHECK(q.hit_blocks == 16);
   int64_t dst[16];
@@ -670,8 +670,8 @@ static void test_destroying_an_engine_finishes_its_saves_and_loads(void) {
   CHECK_OK(etu_load_wait(e2, q.lease, dst, 16));
   for (int i = 0; i < 16; i++)
     CHECK(etu_block_matches(&L2, dst[i], 700 + (uint64_t)i, SEED, "saved at teardown"));
-  oi_offload_engine_destroy(e2);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e2);
+  oi_host_destroy(h);
   etu_layout_free(&L);
   etu_layout_free(&L2);
 }
@@ -686,8 +686,8 @@ static void test_large_loads_mark_under_every_shard_lock(void) {
   enum { K = 1100, NB = 3 * K };
   etu_layout L;
   etu_layout_simple(&L, 1, NB, 512);
-  oi_offload_host *h = etu_host_create(8 << 20);
-  oi_offload_engine *e = etu_engine_create(h, &L, "large", 2);
+  oi_host *h = etu_host_create(8 << 20);
+  oi_engine *e = etu_engine_create(h, &L, "large", 2);
   static int64_t src[K], dst[2][K];
   static oi_block_hash hs[K];
   for (uint64_t j = 0; j < K; j++) {
@@ -699,7 +699,7 @@ static void test_large_loads_mark_under_every_shard_lock(void) {
   }
   CHECK_OK(etu_save_wait(e, src, hs, K));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, "req", hs, K, 0, &q));
+  CHECK_OK(oi_engine_query(e, "req", hs, K, 0, &q));
   CHECK(q.hit_blocks == K);
   for (int share = 0; share < 2; share++) {
     CHECK_OK(etu_load_wait(e, q.lease, dst[share], K));
@@ -713,10 +713,10 @@ static void test_large_loads_mark_under_every_shard_lock(void) {
   oi_host_stats st = etu_host_stats(h);
   CHECK(st.blocks_pinned == 0);
   uint64_t evicted = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK_OK(oi_host_evict_all(h, &evicted));
   CHECK(evicted == K);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&L);
 }
 
@@ -731,8 +731,8 @@ static void test_large_saves_reserve_under_every_shard_lock(void) {
   enum { NB = 4000 };
   etu_layout L;
   etu_layout_simple(&L, 1, NB, 512);
-  oi_offload_host *h = etu_host_create_wm(1 << 20, 0, 0, 1.0f, 1.0f);
-  oi_offload_engine *e = etu_engine_create(h, &L, "big", 1);
+  oi_host *h = etu_host_create_wm(1 << 20, 0, 0, 1.0f, 1.0f);
+  oi_engine *e = etu_engine_create(h, &L, "big", 1);
   for (int64_t j = 0; j < NB; j++)
     etu_fill_block(&L, j, (uint64_t)j, SEED);
   static int64_t ids[1200], dst[1200];
@@ -747,7 +747,7 @@ static void test_large_saves_reserve_under_every_shard_lock(void) {
   for (int j = 0; j < 1100; j++)
     PUT(j);
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, n, &so, &t));
+  CHECK_OK(oi_engine_save(e, ids, hs, n, &so, &t));
   CHECK_OK(etu_ticket_finish(t));
   CHECK(r.accepted == 1100 && r.deduplicated == 0 && r.dropped == 0);
   /* Again: 550 held, 550 new, 50 of the new named a second time. */
@@ -758,7 +758,7 @@ static void test_large_saves_reserve_under_every_shard_lock(void) {
     PUT(j);
   for (int j = 2000; j < 2050; j++)
     PUT(j);
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, n, &so, &t));
+  CHECK_OK(oi_engine_save(e, ids, hs, n, &so, &t));
   CHECK_OK(etu_ticket_finish(t));
   CHECK(r.accepted == 550 && r.deduplicated == 600 && r.dropped == 0);
   oi_host_stats st = etu_host_stats(h);
@@ -769,7 +769,7 @@ static void test_large_saves_reserve_under_every_shard_lock(void) {
   n = 0;
   for (int j = 3000; j < 4000; j++)
     PUT(j);
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, n, &so, &t));
+  CHECK_OK(oi_engine_save(e, ids, hs, n, &so, &t));
   CHECK_OK(etu_ticket_finish(t));
   CHECK(r.accepted == 1000 && r.deduplicated == 0 && r.dropped == 0);
   st = etu_host_stats(h);
@@ -806,8 +806,8 @@ static void test_large_saves_reserve_under_every_shard_lock(void) {
   st = etu_host_stats(h);
   CHECK(st.blocks_pinned == 0 && st.blocks_leased == 0 && st.blocks_in_flight == 0);
   CHECK(etu_accounting_ok(&st));
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&L);
 }
 
@@ -820,7 +820,7 @@ static void test_large_saves_reserve_under_every_shard_lock(void) {
  * Twenty rounds. */
 enum { RACE_K = 1100, RACE_LOADERS = 3 };
 typedef struct race_ctx {
-  oi_offload_engine *e;
+  oi_engine *e;
   etu_layout *L;
   oi_lease lease;
   pthread_barrier_t *go;
@@ -833,7 +833,7 @@ static void *race_main(void *arg) {
   static _Thread_local int64_t dst[RACE_K];
   pthread_barrier_wait(c->go);
   if (c->who == RACE_LOADERS) {
-    c->st = oi_offload_engine_release(c->e, c->lease);
+    c->st = oi_engine_release(c->e, c->lease);
     return NULL;
   }
   for (uint64_t j = 0; j < RACE_K; j++)
@@ -851,8 +851,8 @@ static void *race_main(void *arg) {
 static void test_shares_mark_at_once_while_a_release_races_them(void) {
   etu_layout L;
   etu_layout_simple(&L, 1, (RACE_LOADERS + 1) * RACE_K, 512);
-  oi_offload_host *h = etu_host_create(8 << 20);
-  oi_offload_engine *e = etu_engine_create(h, &L, "race", RACE_LOADERS + 1);
+  oi_host *h = etu_host_create(8 << 20);
+  oi_engine *e = etu_engine_create(h, &L, "race", RACE_LOADERS + 1);
   static int64_t src[RACE_K];
   static oi_block_hash hs[RACE_K];
   for (uint64_t j = 0; j < RACE_K; j++) {
@@ -864,7 +864,7 @@ static void test_shares_mark_at_once_while_a_release_races_them(void) {
   int loaded = 0, refused = 0;
   for (int round = 0; round < 20; round++) {
     oi_query_result q = {.struct_size = sizeof q};
-    CHECK_OK(oi_offload_engine_query(e, "req", hs, RACE_K, 0, &q));
+    CHECK_OK(oi_engine_query(e, "req", hs, RACE_K, 0, &q));
     REQUIRE(q.hit_blocks == RACE_K);
     pthread_barrier_t go;
     REQUIRE(pthread_barrier_init(&go, NULL, RACE_LOADERS + 1) == 0);
@@ -888,10 +888,10 @@ static void test_shares_mark_at_once_while_a_release_races_them(void) {
   }
   CHECK(loaded + refused == 20 * RACE_LOADERS);
   uint64_t evicted = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK_OK(oi_host_evict_all(h, &evicted));
   CHECK(evicted == RACE_K);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&L);
 }
 
@@ -907,8 +907,8 @@ static void test_more_than_64_index_shards(void) {
   oi_host_options o = tr_host_options(16 << 20);
   o.device = OI_DEVICE_CPU;
   o.index_shards = 1024;
-  oi_offload_host *h = tr_host_new(&o);
-  oi_offload_engine *e = etu_engine_create(h, &L, "shards", 1);
+  oi_host *h = tr_host_new(&o);
+  oi_engine *e = etu_engine_create(h, &L, "shards", 1);
   static int64_t src[K + 8], dst[K];
   static oi_block_hash hs[K + 8];
   for (uint64_t j = 0; j < K; j++) {
@@ -922,7 +922,7 @@ static void test_more_than_64_index_shards(void) {
     hs[K + j] = hs[j * 7];
   }
   CHECK_OK(etu_save_wait(e, src, hs, K + 8));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   oi_host_stats st = etu_host_stats(h);
   CHECK(st.blocks_sealed == K && st.saves_completed == K && st.saves_deduplicated == 8);
   oi_query_result q;
@@ -934,12 +934,12 @@ static void test_more_than_64_index_shards(void) {
     all &= etu_block_matches(&L, dst[j], j, SEED, "1024 shards");
   CHECK(all);
   uint64_t evicted = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK_OK(oi_host_evict_all(h, &evicted));
   CHECK(evicted == K);
   CHECK_OK(etu_query(e, "req", hs, K, &q));
   CHECK(q.hit_blocks == 0 && etu_lease_is_zero(q.lease));
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   etu_layout_free(&L);
 }
 
@@ -976,8 +976,8 @@ static void watch_destroyed(void *ctx) { ((watch_log *)ctx)->destroyed++; }
 static void test_host_watcher(void) {
   etu_layout L;
   etu_layout_simple(&L, 2, 16, 2048);
-  oi_offload_host *h = etu_host_create(8 << 20);
-  oi_offload_engine *e = etu_engine_create(h, &L, "watched", 1);
+  oi_host *h = etu_host_create(8 << 20);
+  oi_engine *e = etu_engine_create(h, &L, "watched", 1);
   oi_host_ns ns;
   REQUIRE(oi__host_find_namespace(h, "watched", &ns));
   oi_block_hash hs[12];
@@ -1001,28 +1001,28 @@ static void test_host_watcher(void) {
   CHECK_ST(oi__host_tier_attach(h, &both, &w, NULL), OI_ERR_STATE);
   CHECK(strstr(oi_last_error(), "a watch tier is attached to this host already"));
   CHECK_OK(etu_save_wait(e, ids, hs, 4));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   uint64_t evicted = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK_OK(oi_host_evict_all(h, &evicted));
   CHECK(evicted == 4 && w.sealed == 4 && w.evicted == 4 && w.hashes_ok);
   /* Seals only. */
   oi__host_tier_detach(h, link);
   CHECK(oi__host_tier_find(h, &both) == NULL);
   CHECK_OK(oi__host_tier_attach(h, &seals, &w, &link));
   CHECK_OK(etu_save_wait(e, ids + 4, hs + 4, 4));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
-  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_host_evict_all(h, &evicted));
   CHECK(evicted == 4 && w.sealed == 8 && w.evicted == 4 && w.hashes_ok);
   /* Detached: nothing heard. */
   oi__host_tier_detach(h, link);
   CHECK_OK(etu_save_wait(e, ids + 8, hs + 8, 4));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   CHECK(w.sealed == 8);
   /* The destroy hook: once, when the host goes (not at a clear). */
   CHECK_OK(oi__host_tier_attach(h, &with_destroy, &w, NULL));
   CHECK(w.destroyed == 0);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   CHECK(w.destroyed == 1 && w.hashes_ok);
   etu_layout_free(&L);
 }
@@ -1048,7 +1048,7 @@ static void test_a_lower_tier_that_takes_its_spills_late(void) {
   enum { N = 5000, CALL = 500 };
   etu_layout L;
   etu_layout_simple(&L, 1, N, 1024);
-  oi_offload_host *h = etu_host_create_wm(16 << 20, 0, 0, 1.0f, 0.9f);
+  oi_host *h = etu_host_create_wm(16 << 20, 0, 0, 1.0f, 0.9f);
   int ctx = 0;
   lower_destroyed = 0;
   CHECK_OK(oi__host_tier_attach(h, &lower_ops, &ctx, NULL));
@@ -1056,7 +1056,7 @@ static void test_a_lower_tier_that_takes_its_spills_late(void) {
   CHECK(
       strstr(oi_last_error(), "a tier that takes spills (lower) is attached to this host already"));
   CHECK(oi__host_tier_find(h, &lower_ops) == &ctx);
-  oi_offload_engine *e = etu_engine_create(h, &L, "below", 1);
+  oi_engine *e = etu_engine_create(h, &L, "below", 1);
   static oi_block_hash hs[N];
   static int64_t ids[N];
   static bool seen[N], ok[64];
@@ -1067,7 +1067,7 @@ static void test_a_lower_tier_that_takes_its_spills_late(void) {
   }
   for (int j = 0; j < N; j += CALL)
     CHECK_OK(etu_save_wait(e, ids + j, hs + j, CALL));
-  CHECK_OK(oi_offload_engine_flush(e, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(e, UINT32_MAX));
   CHECK(oi__host_spill_backlog(h) == N && oi__host_spill_overflow(h) == 0);
   oi_host_spill sp[64];
   size_t taken = 0, got;
@@ -1087,11 +1087,11 @@ static void test_a_lower_tier_that_takes_its_spills_late(void) {
   CHECK(taken == N && all_ok);
   CHECK(oi__host_spill_backlog(h) == 0 && oi__host_spill_overflow(h) == 0);
   uint64_t evicted = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK_OK(oi_host_evict_all(h, &evicted));
   CHECK(evicted == N);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   CHECK(lower_destroyed == 0);
-  oi_offload_host_destroy(h);
+  oi_host_destroy(h);
   CHECK(lower_destroyed == 1);
   etu_layout_free(&L);
 }

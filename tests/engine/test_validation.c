@@ -10,8 +10,8 @@
 #define SEED 0x7A11Dull
 #define NB 16
 
-static oi_offload_host *host;
-static oi_offload_engine *eng;
+static oi_host *host;
+static oi_engine *eng;
 static etu_layout L;
 static oi_block_hash saved[4];
 static oi_host_stats baseline;
@@ -120,15 +120,15 @@ static void test_host_create_refuses_bad_options(void) {
   oi_host_options o;
   CHECK_OK(oi_host_options_init(&o));
   o.device = OI_DEVICE_CPU;
-  oi_offload_host *h = NULL;
-  CHECK_FAILS(oi_offload_host_create(&o, &h), OI_ERR_INVALID_ARGUMENT); /* pool_bytes unset */
+  oi_host *h = NULL;
+  CHECK_FAILS(oi_host_create(&o, &h), OI_ERR_INVALID_ARGUMENT); /* pool_bytes unset */
   CHECK(h == NULL);
   o.pool_bytes = 4 << 20;
-  CHECK_FAILS(oi_offload_host_create(NULL, &h), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_host_create(&o, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_create(NULL, &h), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_create(&o, NULL), OI_ERR_INVALID_ARGUMENT);
   oi_host_options z = o;
   z.struct_size = 0;
-  CHECK_FAILS(oi_offload_host_create(&z, &h), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_create(&z, &h), OI_ERR_INVALID_ARGUMENT);
   CHECK(h == NULL);
   /* Each option past its bounds, with the field named. */
   const struct {
@@ -156,12 +156,12 @@ static void test_host_create_refuses_bad_options(void) {
     if (bad[i].shards) z.index_shards = bad[i].shards;
     z.chunk_bytes = bad[i].chunk;
     h = NULL;
-    oi_status st = oi_offload_host_create(&z, &h);
+    oi_status st = oi_host_create(&z, &h);
     if (st != OI_ERR_INVALID_ARGUMENT || h != NULL || !strstr(oi_last_error(), bad[i].why)) {
       fprintf(stderr, "  host option case %zu: %s (%s)\n", i, oi_status_str(st), oi_last_error());
       oi_test_failures++;
     }
-    oi_offload_host_destroy(h);
+    oi_host_destroy(h);
   }
   h = NULL;
   /* A newer caller's bigger struct: fine when the unknown tail is zero,
@@ -174,13 +174,13 @@ static void test_host_create_refuses_bad_options(void) {
   big.o = o;
   big.o.struct_size = sizeof big;
   big.newer_field = 1;
-  CHECK_FAILS(oi_offload_host_create(&big.o, &h), OI_ERR_UNSUPPORTED);
+  CHECK_FAILS(oi_host_create(&big.o, &h), OI_ERR_UNSUPPORTED);
   CHECK(h == NULL);
   big.newer_field = 0;
-  CHECK_OK(oi_offload_host_create(&big.o, &h));
+  CHECK_OK(oi_host_create(&big.o, &h));
   CHECK(h != NULL);
-  oi_offload_host_destroy(h);
-  oi_offload_host_destroy(NULL);
+  oi_host_destroy(h);
+  oi_host_destroy(NULL);
 }
 
 /* ---- layouts --------------------------------------------------------------- */
@@ -209,15 +209,15 @@ static oi_arena_desc arena(const char *name, uint64_t off, uint64_t nb, uint64_t
 }
 
 static void refused(const oi_engine_options *o, oi_status want, const char *what, int line) {
-  oi_offload_engine *e = NULL;
+  oi_engine *e = NULL;
   oi_clear_error();
-  oi_status st = oi_offload_engine_create(host, o, &e);
+  oi_status st = oi_engine_create(host, o, &e);
   if (st != want || e != NULL || strlen(oi_last_error()) == 0) {
     fprintf(stderr, "  line %d (%s): create returned %s (want %s), engine %p, message \"%s\"\n",
             line, what, oi_status_str(st), oi_status_str(want), (void *)e, oi_last_error());
     oi_test_failures++;
   }
-  if (e) oi_offload_engine_destroy(e);
+  if (e) oi_engine_destroy(e);
   expect_unchanged(line);
 }
 #define REFUSED(o, what) refused(o, OI_ERR_INVALID_ARGUMENT, what, __LINE__)
@@ -226,14 +226,14 @@ static void accepted(oi_engine_options *o, const char *what, int line) {
   char ns[32];
   snprintf(ns, sizeof ns, "v-ok-%d", ns_counter++);
   o->namespace_id = ns;
-  oi_offload_engine *e = NULL;
-  oi_status st = oi_offload_engine_create(host, o, &e);
+  oi_engine *e = NULL;
+  oi_status st = oi_engine_create(host, o, &e);
   if (st != OI_OK || !e) {
     fprintf(stderr, "  line %d (%s): valid layout refused: %s: %s\n", line, what, oi_status_str(st),
             oi_last_error());
     oi_test_failures++;
   }
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 #define ACCEPTED(o, what) accepted(o, what, __LINE__)
 
@@ -247,10 +247,10 @@ static void test_a_pool_larger_than_memory_is_refused_at_once(void) {
     o.device = OI_DEVICE_CPU;
     o.pool_bytes = 10240ull << 30; /* 10 TiB */
     if (no_pin) o.flags |= OI_HOST_NO_PIN;
-    oi_offload_host *h = NULL;
+    oi_host *h = NULL;
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
-    CHECK_FAILS(oi_offload_host_create(&o, &h), OI_ERR_OUT_OF_MEMORY);
+    CHECK_FAILS(oi_host_create(&o, &h), OI_ERR_OUT_OF_MEMORY);
     CHECK(h == NULL);
     CHECK(strstr(oi_last_error(), "10240.00 GiB asked for") != NULL);
     CHECK(strstr(oi_last_error(), "GiB of memory is available") != NULL);
@@ -268,10 +268,10 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   a[0] = arena("k", 0, 8, 4096, 4096);
   a[1] = arena("v", 64 << 10, 8, 4096, 4096);
   opts_for(&o, a, 2, ns);
-  oi_offload_engine *e = NULL;
-  CHECK_FAILS(oi_offload_engine_create(NULL, &o, &e), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_create(host, NULL, &e), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_create(host, &o, NULL), OI_ERR_INVALID_ARGUMENT);
+  oi_engine *e = NULL;
+  CHECK_FAILS(oi_engine_create(NULL, &o, &e), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_create(host, NULL, &e), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_create(host, &o, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK(e == NULL);
 
   oi_engine_options x = o;
@@ -393,26 +393,26 @@ static void test_bad_layouts_are_refused_and_bind_nothing(void) {
   a[0] = arena("only", 0, 8, 777, 777);
   opts_for(&x, a, 1, ns);
   e = NULL;
-  CHECK_OK(oi_offload_engine_create(host, &x, &e));
-  oi_offload_engine_destroy(e);
+  CHECK_OK(oi_engine_create(host, &x, &e));
+  oi_engine_destroy(e);
   /* The tuning fields' edges are accepted. */
   x.submit_group_bytes = 64 << 10;
   x.staging_bytes = 4ull << 30;
   e = NULL;
-  CHECK_OK(oi_offload_engine_create(host, &x, &e));
-  oi_offload_engine_destroy(e);
+  CHECK_OK(oi_engine_create(host, &x, &e));
+  oi_engine_destroy(e);
   x.submit_group_bytes = UINT64_MAX;
   x.staging_bytes = 4 << 20;
   e = NULL;
-  CHECK_OK(oi_offload_engine_create(host, &x, &e));
-  oi_offload_engine_destroy(e);
+  CHECK_OK(oi_engine_create(host, &x, &e));
+  oi_engine_destroy(e);
   x.submit_group_bytes = x.staging_bytes = 0;
   for (uint32_t m = OI_COPY_AUTO; m <= OI_COPY_STAGED;
        m++) { /* every mode is accepted (cpu: memcpy) */
     x.copy_mode = m;
     e = NULL;
-    CHECK_OK(oi_offload_engine_create(host, &x, &e));
-    oi_offload_engine_destroy(e);
+    CHECK_OK(oi_engine_create(host, &x, &e));
+    oi_engine_destroy(e);
   }
 }
 
@@ -526,11 +526,11 @@ static void test_legal_edge_layouts_are_accepted(void) {
   a[0] = arena("x", 0, 8, 1000, 4000);
   a[1] = arena("y", 1000, 8, 500, 2000);
   opts_for(&o, a, 2, "v-note");
-  oi_offload_engine *e = NULL;
-  if (oi_offload_engine_create(host, &o, &e) != OI_OK)
+  oi_engine *e = NULL;
+  if (oi_engine_create(host, &o, &e) != OI_OK)
     fprintf(stderr, "  note: arenas with different strides and disjoint bytes are refused (%s)\n",
             oi_last_error());
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   /* Offset mode, exactly filling arena_size; arenas adjacent. */
   a[0] = arena("k", 0, 8, 4096, 4096);
   a[1] = arena("v", 0, 8, 4096, 4096);
@@ -549,21 +549,21 @@ static void test_bad_saves_are_refused_and_save_nothing(void) {
   oi_block_hash fresh[2] = {etu_hash(500, 0), etu_hash(500, 1)};
   int64_t ids[2] = {4, 5};
   oi_ticket *t = NULL;
-  CHECK_FAILS(oi_offload_engine_save(eng, ids, fresh, 0, NULL, &t), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_save(eng, NULL, fresh, 2, NULL, &t), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_save(eng, ids, NULL, 2, NULL, &t), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_save(NULL, ids, fresh, 2, NULL, &t), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_save(eng, ids, fresh, 0, NULL, &t), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_save(eng, NULL, fresh, 2, NULL, &t), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_save(eng, ids, NULL, 2, NULL, &t), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_save(NULL, ids, fresh, 2, NULL, &t), OI_ERR_INVALID_ARGUMENT);
   const int64_t bad_ids[] = {-1, NB, NB + 1000, INT64_MIN, INT64_MAX};
   for (size_t i = 0; i < sizeof bad_ids / sizeof bad_ids[0]; i++) {
     int64_t mixed[2] = {4, bad_ids[i]}; /* a valid id first: it must not be saved either */
-    CHECK_FAILS(oi_offload_engine_save(eng, mixed, fresh, 2, NULL, &t), OI_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(oi_engine_save(eng, mixed, fresh, 2, NULL, &t), OI_ERR_INVALID_ARGUMENT);
   }
   oi_save_options so;
   CHECK_OK(oi_save_options_init(&so));
   so.struct_size = 0;
-  CHECK_FAILS(oi_offload_engine_save(eng, ids, fresh, 2, &so, &t), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_save(eng, ids, fresh, 2, &so, &t), OI_ERR_INVALID_ARGUMENT);
   CHECK(t == NULL);
-  CHECK_OK(oi_offload_engine_flush(eng, UINT32_MAX));
+  CHECK_OK(oi_engine_flush(eng, UINT32_MAX));
   CHECK(etu_engine_stats(eng).saves_submitted == 4);
   UNCHANGED();
   uint8_t present[2] = {7, 7};
@@ -579,8 +579,8 @@ static void test_bad_saves_are_refused_and_save_nothing(void) {
 static void test_save_wait_event_is_unsupported_on_cpu(void) {
   etu_layout L2;
   etu_layout_simple(&L2, 3, 8, 2048);
-  oi_offload_host *h2 = etu_host_create(16 << 20);
-  oi_offload_engine *e2 = etu_engine_create(h2, &L2, "valid-events", 1);
+  oi_host *h2 = etu_host_create(16 << 20);
+  oi_engine *e2 = etu_engine_create(h2, &L2, "valid-events", 1);
   oi_block_hash fresh[2] = {etu_hash(600, 0), etu_hash(600, 1)};
   int64_t ids[2] = {6, 7};
   etu_fill_block(&L2, 6, 600, SEED);
@@ -592,24 +592,24 @@ static void test_save_wait_event_is_unsupported_on_cpu(void) {
     so.wait_event = &fake_event;
     if (layer) so.arena_count = 1; /* arena 0 only: a layerwise save */
     oi_ticket *t = (oi_ticket *)1;
-    CHECK_FAILS(oi_offload_engine_save(e2, ids, fresh, 2, &so, &t), OI_ERR_UNSUPPORTED);
+    CHECK_FAILS(oi_engine_save(e2, ids, fresh, 2, &so, &t), OI_ERR_UNSUPPORTED);
     CHECK(t == NULL);
     CHECK(strstr(oi_last_error(), "no device events") != NULL);
     if (layer) { /* the other layers arrive: the failed blocks skip them */
       so.wait_event = NULL;
       so.arena_first = 1;
       so.arena_count = 2;
-      CHECK_OK(oi_offload_engine_save(e2, ids, fresh, 2, &so, NULL));
+      CHECK_OK(oi_engine_save(e2, ids, fresh, 2, &so, NULL));
     }
-    CHECK_OK(oi_offload_engine_flush(e2, 5000));
+    CHECK_OK(oi_engine_flush(e2, 5000));
     uint8_t present[2] = {7, 7};
     CHECK(etu_membership(e2, fresh, 2, present) == 0);
   }
   CHECK_OK(etu_save_wait(e2, ids, fresh, 2));
   uint8_t present[2] = {0, 0};
   CHECK(etu_membership(e2, fresh, 2, present) == 2);
-  oi_offload_engine_destroy(e2);
-  oi_offload_host_destroy(h2);
+  oi_engine_destroy(e2);
+  oi_host_destroy(h2);
   etu_layout_free(&L2);
 }
 
@@ -618,14 +618,14 @@ static void test_bad_queries_are_refused(void) {
   oi_query_result q;
   memset(&q, 0, sizeof q);
   q.struct_size = sizeof q;
-  CHECK_FAILS(oi_offload_engine_query(NULL, NULL, saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_query(eng, NULL, saved, 4, 0, NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_query(eng, NULL, NULL, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_query(NULL, NULL, saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_query(eng, NULL, saved, 4, 0, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_query(eng, NULL, NULL, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
   q.struct_size = 0;
-  CHECK_FAILS(oi_offload_engine_query(eng, NULL, saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_query(eng, NULL, saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
   q.struct_size = sizeof q;
   q.present = NULL;
-  CHECK_FAILS(oi_offload_engine_query(eng, NULL, saved, 4, OI_QUERY_MEMBERSHIP, &q),
+  CHECK_FAILS(oi_engine_query(eng, NULL, saved, 4, OI_QUERY_MEMBERSHIP, &q),
               OI_ERR_INVALID_ARGUMENT);
   UNCHANGED();
 }
@@ -637,36 +637,36 @@ static void test_bad_loads_are_refused_before_any_copy(void) {
   take_baseline();
   int64_t dst[4] = {12, 13, 14, 15};
   int64_t dup[4] = {12, 13, 12, 15};
-  CHECK_FAILS(oi_offload_engine_load(eng, q.lease, dup, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(eng, q.lease, dup, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
   UNCHANGED();
   const int64_t bad_ids[] = {-1, NB, INT64_MIN, INT64_MAX};
   for (size_t i = 0; i < sizeof bad_ids / sizeof bad_ids[0]; i++) {
     int64_t d[4] = {12, 13, 14, bad_ids[i]};
-    CHECK_FAILS(oi_offload_engine_load(eng, q.lease, d, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(oi_engine_load(eng, q.lease, d, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
     UNCHANGED();
   }
-  CHECK_FAILS(oi_offload_engine_load(eng, q.lease, NULL, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_load(eng, q.lease, dst, 0, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_load(eng, q.lease, dst, 3, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(eng, q.lease, NULL, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(eng, q.lease, dst, 0, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(eng, q.lease, dst, 3, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
   int64_t five[5] = {12, 13, 14, 15, 11};
-  CHECK_FAILS(oi_offload_engine_load(eng, q.lease, five, 5, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(eng, q.lease, five, 5, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
   oi_load_options lo;
   CHECK_OK(oi_load_options_init(&lo));
   lo.struct_size = 0;
-  CHECK_FAILS(oi_offload_engine_load(eng, q.lease, dst, 4, &lo, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(eng, q.lease, dst, 4, &lo, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK_OK(oi_load_options_init(&lo));
   lo.flags = 1u << 7; /* not a load flag */
-  CHECK_FAILS(oi_offload_engine_load(eng, q.lease, dst, 4, &lo, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(eng, q.lease, dst, 4, &lo, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "unknown flags") != NULL);
-  CHECK_FAILS(oi_offload_engine_load(NULL, q.lease, dst, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_release(NULL, q.lease), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(NULL, q.lease, dst, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_release(NULL, q.lease), OI_ERR_INVALID_ARGUMENT);
   UNCHANGED();
   /* None of the refusals consumed the lease's only share. A layered load
    * on the cpu backend is a plain load: same bytes, no arena events. */
   CHECK_OK(oi_load_options_init(&lo));
   lo.flags = OI_LOAD_ARENA_EVENTS;
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_load(eng, q.lease, dst, 4, &lo, &t));
+  CHECK_OK(oi_engine_load(eng, q.lease, dst, 4, &lo, &t));
   CHECK(t && oi_ticket_arena_event(t, 0) == NULL);
   CHECK(oi_ticket_arena_event(NULL, 0) == NULL);
   CHECK_OK(oi_ticket_wait(t, 10000));
@@ -687,20 +687,20 @@ static void test_repeated_destinations_are_named(void) {
   opts_for(&o, &a, 1, "v-repeat");
   oi_host_options ho = tr_host_options(4u << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_offload_host *h2 = tr_host_new(&ho);
-  oi_offload_engine *e = tr_engine_new(h2, &o);
+  oi_host *h2 = tr_host_new(&ho);
+  oi_engine *e = tr_engine_new(h2, &o);
   oi_host_stats before = etu_host_stats(h2);
   int64_t few[4] = {BIG - 1, 5, BIG - 1, 7}; /* a sort: 4 ids, 15,625 bitmap words */
   oi_lease none;
   memset(&none, 0, sizeof none);
-  CHECK_FAILS(oi_offload_engine_load(e, none, few, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(e, none, few, 4, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "block id 999999 appears twice") != NULL);
   int64_t *many = malloc(MANY * sizeof *many); /* a bitmap: more ids than words */
   REQUIRE(many);
   for (int64_t i = 0; i < MANY; i++)
     many[i] = (i * 7919) % BIG;
   many[MANY - 1] = many[MANY / 2];
-  CHECK_FAILS(oi_offload_engine_load(e, none, many, MANY, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_load(e, none, many, MANY, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
   char want[64];
   snprintf(want, sizeof want, "block id %lld appears twice", (long long)many[MANY / 2]);
   CHECK(strstr(oi_last_error(), want) != NULL);
@@ -708,8 +708,8 @@ static void test_repeated_destinations_are_named(void) {
   oi_host_stats after = etu_host_stats(h2);
   CHECK(after.loads_completed == before.loads_completed &&
         after.loads_failed == before.loads_failed && after.bytes_loaded == before.bytes_loaded);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h2);
+  oi_engine_destroy(e);
+  oi_host_destroy(h2);
 }
 
 /* Host lookups (no layout): their options and arguments. */
@@ -724,57 +724,56 @@ static void test_bad_host_lookups_are_refused(void) {
   char long_name[258];
   memset(long_name, 'c', sizeof long_name - 1);
   long_name[sizeof long_name - 1] = '\0';
-  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "namespace_id is empty"));
   lo.namespace_id = long_name;
-  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "longer than 255 bytes"));
   lo.namespace_id = "v";
   lo.world_size = 0;
-  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
   lo.world_size = 1;
   lo.control_deadline_ms = 0;
-  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "control_deadline_ms is 0"));
   lo.control_deadline_ms = 1000;
   lo.client_name = long_name;
-  CHECK_FAILS(oi_offload_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_query(host, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "client_name is longer than 255 bytes"));
   lo.client_name = NULL;
-  CHECK_FAILS(oi_offload_host_query(host, NULL, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_host_query(NULL, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_host_release(NULL, "v", q.lease), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_host_release(host, "", q.lease), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_host_release(host, NULL, q.lease), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_query(host, NULL, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_query(NULL, &lo, "r", saved, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_release(NULL, "v", q.lease), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_release(host, "", q.lease), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_release(host, NULL, q.lease), OI_ERR_INVALID_ARGUMENT);
   UNCHANGED();
 }
 
 static void test_other_entry_points_refuse_null(void) {
   take_baseline();
-  CHECK_FAILS(oi_offload_engine_flush(NULL, 0), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_engine_stats(eng, NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(
-      oi_offload_engine_stats(NULL, &(oi_engine_stats){.struct_size = sizeof(oi_engine_stats)}),
-      OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_flush(NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_get_stats(eng, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_engine_get_stats(NULL, &(oi_engine_stats){.struct_size = sizeof(oi_engine_stats)}),
+              OI_ERR_INVALID_ARGUMENT);
   oi_engine_stats es;
   memset(&es, 0, sizeof es);
-  CHECK_FAILS(oi_offload_engine_stats(eng, &es), OI_ERR_INVALID_ARGUMENT); /* struct_size 0 */
+  CHECK_FAILS(oi_engine_get_stats(eng, &es), OI_ERR_INVALID_ARGUMENT); /* struct_size 0 */
   oi_host_stats hs;
   memset(&hs, 0, sizeof hs);
-  CHECK_FAILS(oi_offload_host_stats(host, &hs), OI_ERR_INVALID_ARGUMENT);
-  CHECK_FAILS(oi_offload_host_stats(host, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_get_stats(host, &hs), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_get_stats(host, NULL), OI_ERR_INVALID_ARGUMENT);
   hs.struct_size = sizeof hs;
-  CHECK_FAILS(oi_offload_host_stats(NULL, &hs), OI_ERR_INVALID_ARGUMENT);
+  CHECK_FAILS(oi_host_get_stats(NULL, &hs), OI_ERR_INVALID_ARGUMENT);
   uint64_t n = 0;
-  CHECK_FAILS(oi_offload_host_evict_all(NULL, &n), OI_ERR_INVALID_ARGUMENT);
-  oi_offload_engine_destroy(NULL);
+  CHECK_FAILS(oi_host_evict_all(NULL, &n), OI_ERR_INVALID_ARGUMENT);
+  oi_engine_destroy(NULL);
   UNCHANGED();
 }
 
 static void test_destroying_a_host_with_live_engines_is_refused(void) {
   /* Refused (logged), nothing freed: the engine keeps working. */
   oi_set_log_level(OI_LOG_OFF);
-  oi_offload_host_destroy(host);
+  oi_host_destroy(host);
   oi_set_log_level(OI_LOG_WARN);
   oi_query_result q;
   CHECK_OK(etu_query(eng, NULL, saved, 4, &q));
@@ -815,7 +814,7 @@ int main(void) {
     etu_fill_block(&L, i, (uint64_t)i, SEED);
   }
   REQUIRE(etu_save_wait(eng, ids, saved, 4) == OI_OK);
-  REQUIRE(oi_offload_engine_flush(eng, UINT32_MAX) == OI_OK);
+  REQUIRE(oi_engine_flush(eng, UINT32_MAX) == OI_OK);
 
   RUN_TEST(test_options_init_fills_documented_defaults);
   RUN_TEST(test_host_create_refuses_bad_options);
@@ -833,8 +832,8 @@ int main(void) {
   RUN_TEST(test_destroying_a_host_with_live_engines_is_refused);
   RUN_TEST(test_saved_data_survives_all_refusals);
 
-  oi_offload_engine_destroy(eng);
-  oi_offload_host_destroy(host);
+  oi_engine_destroy(eng);
+  oi_host_destroy(host);
   etu_layout_free(&L);
   free(region_copy);
   free(mem);

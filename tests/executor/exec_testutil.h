@@ -85,7 +85,7 @@ static void collect(oi_executor *x, uint64_t id, run_out *out) {
   memset(out, 0, sizeof *out);
   out->id = id;
   out->res.struct_size = sizeof out->res;
-  CHECK_OK(oi_executor_result(x, id, &out->res));
+  CHECK_OK(oi_executor_get_result(x, id, &out->res));
   CHECK(out->res.state == OI_REQUEST_FINISHED);
   CHECK(out->res.n_tokens == MAX_NEW);
   out->n_tokens = out->res.n_tokens;
@@ -111,7 +111,7 @@ static bool same_tokens(const run_out *a, const run_out *b) {
 static uint8_t *kv_snapshot(oi_executor *x, uint32_t rank, uint64_t id, size_t n_blocks,
                             size_t *bytes) {
   oi_kv_layout kv = {.struct_size = sizeof kv};
-  REQUIRE(oi_executor_kv_layout(x, rank, &kv) == OI_OK);
+  REQUIRE(oi_executor_get_kv_layout(x, rank, &kv) == OI_OK);
   int64_t ids[GPU_BLOCKS];
   size_t n = 0;
   REQUIRE(oi_executor_request_blocks(x, id, ids, GPU_BLOCKS, &n) == OI_OK);

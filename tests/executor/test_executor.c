@@ -21,7 +21,7 @@
 #define KV_FULL_BLOCKS ((PROMPT + MAX_NEW - 1) / PAGE) /* 10 */
 
 static uint32_t mode;
-static oi_offload_host *host; /* embedded: shared by every executor of a test */
+static oi_host *host; /* embedded: shared by every executor of a test */
 static test_server server;
 
 static oi_executor *make_executor(uint32_t ranks, uint32_t offload, const char *ns) {
@@ -47,12 +47,12 @@ static bool overlap_host(void) {
 }
 
 static void check_no_leases(oi_executor *x) {
-  oi_exec_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_executor_stats(x, &s));
+  oi_executor_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_executor_get_stats(x, &s));
   CHECK(s.leases_held == 0);
   if (host) {
     oi_host_stats hs = {.struct_size = sizeof hs};
-    CHECK_OK(oi_offload_host_stats(host, &hs));
+    CHECK_OK(oi_host_get_stats(host, &hs));
     CHECK(hs.leases_active == 0);
     CHECK(hs.blocks_leased == 0 && hs.blocks_loading == 0);
   }
@@ -61,8 +61,8 @@ static void check_no_leases(oi_executor *x) {
 /* After a flush: no page pinned by a save, nothing held by a request. */
 static void check_quiet(oi_executor *x) {
   CHECK_OK(oi_executor_flush(x, 10000));
-  oi_exec_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_executor_stats(x, &s));
+  oi_executor_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_executor_get_stats(x, &s));
   CHECK(s.save_blocks_pending == 0);
   CHECK(s.blocks_active == 0);
   CHECK(s.blocks_free + s.blocks_cached == s.blocks_total);
@@ -98,8 +98,8 @@ static void test_parity_cold_restored_gpu_hit_and_no_offload(void) {
   CHECK(warm.res.cached_tokens == 0);
   CHECK(warm.res.computed_tokens == PROMPT - RESTORABLE);
   CHECK(same_tokens(&cold, &warm));
-  oi_exec_stats ws = {.struct_size = sizeof ws};
-  CHECK_OK(oi_executor_stats(x, &ws));
+  oi_executor_stats ws = {.struct_size = sizeof ws};
+  CHECK_OK(oi_executor_get_stats(x, &ws));
   CHECK(ws.restores_overlapped == (overlap_host() ? 1u : 0u)); /* the cpu model has no events */
   uint8_t *warm_kv = kv_snapshot(x, 0, warm.id, KV_FULL_BLOCKS, &bytes2);
   CHECK(bytes == bytes2 && !memcmp(cold_kv, warm_kv, bytes)); /* restored + recomputed KV */
@@ -188,8 +188,9 @@ static void test_injected_failures_degrade_to_prefill(void) {
     plan.fault = faults[i];
     plan.fired = 0;
     CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
-    oi_exec_stats before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
-    CHECK_OK(oi_executor_stats(x, &before));
+    oi_executor_stats before = {.struct_size = sizeof before},
+                      after = {.struct_size = sizeof after};
+    CHECK_OK(oi_executor_get_stats(x, &before));
     run_out r;
     run_one(x, p, PROMPT, -1, &r);
     int failures = oi_test_failures;
@@ -197,7 +198,7 @@ static void test_injected_failures_degrade_to_prefill(void) {
     CHECK(same_tokens(&cold, &r));
     CHECK(r.res.restored_tokens == 0 && r.res.cached_tokens == 0);
     CHECK(r.res.computed_tokens == PROMPT);
-    CHECK_OK(oi_executor_stats(x, &after));
+    CHECK_OK(oi_executor_get_stats(x, &after));
     if (faults[i] != OI_FAULT_QUERY) CHECK(after.restores_failed == before.restores_failed + 1);
     /* Overlapped, the failed load's forward ran and was discarded. */
     if (overlap_host() && faults[i] == OI_FAULT_LOAD_COMPLETE)
@@ -216,9 +217,9 @@ static void test_injected_failures_degrade_to_prefill(void) {
   oi_executor_destroy(x);
 }
 
-static uint64_t spilled(oi_offload_host *h) {
+static uint64_t spilled(oi_host *h) {
   oi_host_disk_stats d = {.struct_size = sizeof d};
-  CHECK_OK(oi_offload_host_disk_stats(h, &d));
+  CHECK_OK(oi_host_get_disk_stats(h, &d));
   return d.spills + d.spills_skipped + d.spills_failed + d.spill_overflow;
 }
 
@@ -231,14 +232,14 @@ static void test_restored_from_disk(void) {
   REQUIRE(mkdtemp(dir));
   oi_host_options ho = tr_host_options(8ull << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_offload_host *dh = tr_host_new(&ho);
+  oi_host *dh = tr_host_new(&ho);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   const char *dirs[1] = {dir};
   d.dirs = dirs;
   d.num_dirs = 1;
   d.capacity_bytes = 64ull << 20;
-  CHECK_OK(oi_offload_host_attach_disk(dh, &d));
+  CHECK_OK(oi_host_attach_disk(dh, &d));
   oi_executor_options o;
   exec_options(&o, OI_OFFLOAD_EMBEDDED);
   o.namespace_id = "t-disk";
@@ -254,13 +255,13 @@ static void test_restored_from_disk(void) {
   CHECK_OK(oi_executor_flush(x, 10000));
   /* Every block the pool sealed has had its turn at the disk. */
   oi_host_stats hs = {.struct_size = sizeof hs};
-  CHECK_OK(oi_offload_host_stats(dh, &hs));
+  CHECK_OK(oi_host_get_stats(dh, &hs));
   for (int i = 0; i < 2000 && spilled(dh) < hs.blocks_sealed; i++)
     usleep(5000);
   CHECK(spilled(dh) >= hs.blocks_sealed && hs.blocks_sealed >= RESTORABLE / PAGE);
   uint64_t n = 0;
-  CHECK_OK(oi_offload_host_evict_all(dh, &n));
-  CHECK_OK(oi_offload_host_stats(dh, &hs));
+  CHECK_OK(oi_host_evict_all(dh, &n));
+  CHECK_OK(oi_host_get_stats(dh, &hs));
   CHECK(hs.blocks_sealed == 0);
   CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
   run_one(x, p, PROMPT, -1, &warm);
@@ -270,8 +271,8 @@ static void test_restored_from_disk(void) {
   CHECK(bytes == bytes2 && !memcmp(cold_kv, warm_kv, bytes));
   free(warm_kv);
   free(cold_kv);
-  oi_exec_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_executor_stats(x, &s));
+  oi_executor_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_executor_get_stats(x, &s));
   /* Waited once, as a rule; but when the disk's reads all end before the
    * query that started them counts what is pending (its thread descheduled
    * on a loaded machine: seen 1 run in 60, two at a time), the query finds
@@ -281,13 +282,13 @@ static void test_restored_from_disk(void) {
             (unsigned long long)s.restores_waited);
   CHECK(s.restores_waited <= 1 && s.restores_completed == 1 && s.restores_failed == 0);
   oi_host_disk_stats ds = {.struct_size = sizeof ds};
-  CHECK_OK(oi_offload_host_disk_stats(dh, &ds));
+  CHECK_OK(oi_host_get_disk_stats(dh, &ds));
   CHECK(ds.promotions >= RESTORABLE / PAGE && ds.checksum_failures == 0);
   CHECK_OK(oi_executor_flush(x, 10000));
-  CHECK_OK(oi_executor_stats(x, &s));
+  CHECK_OK(oi_executor_get_stats(x, &s));
   CHECK(s.leases_held == 0 && s.blocks_active == 0);
   oi_executor_destroy(x);
-  oi_offload_host_destroy(dh);
+  oi_host_destroy(dh);
   static const char *files[] = {"openinfer-disk.data", "openinfer-disk.log", "openinfer-disk.ckpt"};
   for (size_t i = 0; i < OI_ARRAY_LEN(files); i++) {
     char f[256];
@@ -359,7 +360,7 @@ static void test_destroy_with_saves_and_loads_in_flight(void) {
     oi_executor_destroy(x);
     if (host) {
       oi_host_stats hs = {.struct_size = sizeof hs};
-      CHECK_OK(oi_offload_host_stats(host, &hs));
+      CHECK_OK(oi_host_get_stats(host, &hs));
       CHECK(hs.leases_active == 0 && hs.blocks_in_flight == 0 && hs.blocks_loading == 0);
     }
   }
@@ -435,14 +436,14 @@ static void test_a_waiting_request_holds_no_blocks(void) {
   uint64_t ic = submit(x, c, 40, -1);
   CHECK_OK(oi_executor_step(x, NULL));
   oi_request_result rc = {.struct_size = sizeof rc};
-  CHECK_OK(oi_executor_result(x, ic, &rc));
+  CHECK_OK(oi_executor_get_result(x, ic, &rc));
   CHECK(rc.state == OI_REQUEST_WAITING);
   int64_t held[16];
   size_t nheld = 99;
   CHECK_OK(oi_executor_request_blocks(x, ic, held, 16, &nheld));
   CHECK(nheld == 0); /* a waiting request's table is empty */
-  oi_exec_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_executor_stats(x, &es));
+  oi_executor_stats es = {.struct_size = sizeof es};
+  CHECK_OK(oi_executor_get_stats(x, &es));
   CHECK(es.blocks_active == 11 && es.blocks_free + es.blocks_cached == 5); /* A's only */
   CHECK_OK(oi_executor_run_until_idle(x));
   run_out a, cc;
@@ -505,7 +506,7 @@ static void test_bad_options_are_refused(void) {
     case 6: o.offload = OI_OFFLOAD_EMBEDDED, o.prefix_cache = 0; break;
     case 7: o.max_batch_tokens = 0; break;
     case 8: o.max_batch_seqs = 0; break;
-    case 9: o.offload = OI_OFFLOAD_SIDECAR, o.host = host ? host : (oi_offload_host *)&o; break;
+    case 9: o.offload = OI_OFFLOAD_SIDECAR, o.host = host ? host : (oi_host *)&o; break;
     case 10: o.restore_overlap = 3; break;
     case 11: o.devices = devices; break;
     case 12: ops.forward = NULL; break;
@@ -557,8 +558,8 @@ static void test_bad_options_are_refused(void) {
     CHECK_OK(oi__executor_restore_timing(x, cold.id, &tm));
     CHECK(tm.load_ns == 0); /* nothing was loaded */
     CHECK_ST(oi__executor_restore_timing(x, 424242, &tm), OI_ERR_NOT_FOUND);
-    oi_exec_stats es = {.struct_size = sizeof es};
-    CHECK_OK(oi_executor_stats(x, &es));
+    oi_executor_stats es = {.struct_size = sizeof es};
+    CHECK_OK(oi_executor_get_stats(x, &es));
     CHECK(es.restores_overlapped == 0 && es.restores_completed == 1);
     oi_executor_destroy(x);
   }
@@ -625,9 +626,9 @@ static void test_bad_input_is_refused(void) {
   CHECK(id == 0);
   /* The other entry points' arguments. */
   oi_request_result res = {.struct_size = sizeof res};
-  CHECK_ST(oi_executor_result(x, 999, &res), OI_ERR_NOT_FOUND);
-  CHECK_ST(oi_executor_result(NULL, 1, &res), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_executor_result(x, 1, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_get_result(x, 999, &res), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_executor_get_result(NULL, 1, &res), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_get_result(x, 1, NULL), OI_ERR_INVALID_ARGUMENT);
   uint32_t finished = 5;
   CHECK_ST(oi_executor_step(NULL, &finished), OI_ERR_INVALID_ARGUMENT);
   CHECK(finished == 0);
@@ -636,13 +637,13 @@ static void test_bad_input_is_refused(void) {
   uint64_t evicted = 5;
   CHECK_ST(oi_executor_evict_gpu_cache(NULL, &evicted), OI_ERR_INVALID_ARGUMENT);
   CHECK(evicted == 0);
-  oi_exec_stats es = {.struct_size = sizeof es};
-  CHECK_ST(oi_executor_stats(NULL, &es), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_executor_stats(x, NULL), OI_ERR_INVALID_ARGUMENT);
+  oi_executor_stats es = {.struct_size = sizeof es};
+  CHECK_ST(oi_executor_get_stats(NULL, &es), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_get_stats(x, NULL), OI_ERR_INVALID_ARGUMENT);
   oi_kv_layout kv = {.struct_size = sizeof kv};
-  CHECK_ST(oi_executor_kv_layout(NULL, 0, &kv), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_executor_kv_layout(x, 0, NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_executor_kv_layout(x, 1, &kv), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_get_kv_layout(NULL, 0, &kv), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_get_kv_layout(x, 0, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_executor_get_kv_layout(x, 1, &kv), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "rank 1 (the executor has 1)"));
   int64_t blocks[4];
   size_t nb = 0;
@@ -654,7 +655,7 @@ static void test_bad_input_is_refused(void) {
   r.salt_len = 6;
   CHECK_OK(oi_executor_submit(x, &r, &id));
   CHECK_OK(oi_executor_run_until_idle(x));
-  CHECK_OK(oi_executor_result(x, id, &res));
+  CHECK_OK(oi_executor_get_result(x, id, &res));
   CHECK(res.state == OI_REQUEST_FINISHED && res.n_tokens == 4);
   CHECK_OK(oi_executor_request_blocks(x, id, blocks, 0, &nb)); /* the count alone */
   CHECK(nb == 2);
@@ -667,11 +668,10 @@ static void test_bad_input_is_refused(void) {
  * model that gives none. */
 static bool host_has_namespace(const char *name) {
   oi_host_stats hs = {.struct_size = sizeof hs};
-  REQUIRE(oi_offload_host_stats(host, &hs) == OI_OK);
+  REQUIRE(oi_host_get_stats(host, &hs) == OI_OK);
   for (uint32_t i = 0; i < hs.namespaces; i++) {
-    oi_namespace_stats ns = {.struct_size = sizeof ns};
-    if (oi_offload_host_namespace_stats(host, i, &ns) == OI_OK && !strcmp(ns.name, name))
-      return true;
+    oi_host_namespace_stats ns = {.struct_size = sizeof ns};
+    if (oi_host_get_namespace_stats(host, i, &ns) == OI_OK && !strcmp(ns.name, name)) return true;
   }
   return false;
 }
@@ -730,7 +730,7 @@ int main(int argc, char **argv) {
   if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_a_waiting_request_holds_no_blocks);
   if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_default_namespaces);
   if (mode == OI_OFFLOAD_SIDECAR) server_stop(&server);
-  oi_offload_host_destroy(host);
+  oi_host_destroy(host);
   oi_refmodel_destroy(model_ctx);
   TEST_EXIT();
 }

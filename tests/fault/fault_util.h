@@ -25,8 +25,8 @@
   } while (0)
 
 typedef struct rig {
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
   uint8_t *arena;
   uint64_t blocks, bytes; /* device blocks, bytes per block */
 } rig;
@@ -85,15 +85,15 @@ static void rig_open(rig *r, uint64_t blocks, uint64_t bytes, uint64_t pool_bloc
 
 /* Another engine of the rig's namespace and shape (default options) over
  * `mem`, which holds r->blocks blocks of r->bytes. */
-static oi_offload_engine *fu_rig_engine(rig *r, uint8_t *mem) {
+static oi_engine *fu_rig_engine(rig *r, uint8_t *mem) {
   oi_arena_desc ad = tr_arena("kv", mem, r->blocks, r->bytes);
   return tr_engine(r->h, "fault", &ad, 1);
 }
 
 static void rig_close(rig *r) {
   oi__fault_disarm_all();
-  oi_offload_engine_destroy(r->e);
-  oi_offload_host_destroy(r->h);
+  oi_engine_destroy(r->e);
+  oi_host_destroy(r->h);
   free(r->arena);
   memset(r, 0, sizeof *r);
 }
@@ -175,8 +175,8 @@ static void rig_check_quiet(rig *r) {
 enum { FU_LAYERS = 3, FU_LAYER_BLOCKS = 8, FU_LAYER_BYTES = 4096 };
 
 typedef struct layer_rig {
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
   uint8_t *mem;
   oi_arena_desc ad[FU_LAYERS];
 } layer_rig;
@@ -198,8 +198,8 @@ static void fu_layer_rig_open(layer_rig *r, const char *ns) {
 }
 
 static void fu_layer_rig_close(layer_rig *r) {
-  oi_offload_engine_destroy(r->e);
-  oi_offload_host_destroy(r->h);
+  oi_engine_destroy(r->e);
+  oi_host_destroy(r->h);
   free(r->mem);
 }
 
@@ -207,7 +207,7 @@ static void fu_layer_rig_close(layer_rig *r) {
  * ends, neither block hits, the engine counts two failed saves and none
  * pending; whole saves of the same hashes then work and hit. */
 static void fu_layer_save_aborted(layer_rig *r, const int64_t *ids, const oi_block_hash *hs) {
-  CHECK_OK(oi_offload_engine_flush(r->e, 10000));
+  CHECK_OK(oi_engine_flush(r->e, 10000));
   oi_query_result q;
   CHECK_OK(tr_query(r->e, NULL, hs, 2, 0, NULL, &q));
   CHECK(q.hit_blocks == 0);
@@ -216,7 +216,7 @@ static void fu_layer_save_aborted(layer_rig *r, const int64_t *ids, const oi_blo
   CHECK_OK(tr_save(r->e, ids, hs, 2, 60000)); /* whole blocks, again */
   CHECK_OK(tr_query(r->e, NULL, hs, 2, 0, NULL, &q));
   CHECK(q.hit_blocks == 2);
-  CHECK_OK(oi_offload_engine_release(r->e, q.lease));
+  CHECK_OK(oi_engine_release(r->e, q.lease));
 }
 
 #endif

@@ -28,14 +28,14 @@ static void test_save_and_load_deadlines(void) {
   so.on_done = on_done;
   oi_ticket *t = NULL;
   uint64_t t0 = oi__now_ns();
-  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, 4, &so, &t));
+  CHECK_OK(oi_engine_save(r.e, ids, hs, 4, &so, &t));
   CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_TIMEOUT);
   CHECK(oi__now_ns() - t0 < 250000000ull); /* told before the copy ended */
   oi_ticket_release(t);
   CHECK(atomic_load(&done_st) == OI_ERR_TIMEOUT);
-  CHECK(rig_stats(&r).blocks_in_flight == 4); /* the slots stay held under the copy */
-  CHECK_ST(oi_offload_engine_flush(r.e, 20), OI_ERR_TIMEOUT); /* shorter than the copy */
-  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  CHECK(rig_stats(&r).blocks_in_flight == 4);         /* the slots stay held under the copy */
+  CHECK_ST(oi_engine_flush(r.e, 20), OI_ERR_TIMEOUT); /* shorter than the copy */
+  CHECK_OK(oi_engine_flush(r.e, 60000));
   CHECK(rig_visible(&r, 0, 4) == 0); /* the late save is discarded */
   rig_check_quiet(&r);
 
@@ -48,12 +48,12 @@ static void test_save_and_load_deadlines(void) {
   CHECK(rig_query(&r, 10, 4, &l) == 4);
   oi_engine_stats es0;
   es0.struct_size = sizeof es0;
-  CHECK_OK(oi_offload_engine_stats(r.e, &es0));
+  CHECK_OK(oi_engine_get_stats(r.e, &es0));
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 300) == OI_OK);
   int64_t lids[4] = {8, 9, 10, 11};
   t = NULL;
   t0 = oi__now_ns();
-  CHECK_OK(oi_offload_engine_load(r.e, l, lids, 4, NULL, &t));
+  CHECK_OK(oi_engine_load(r.e, l, lids, 4, NULL, &t));
   CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_TIMEOUT); /* at the deadline, not the copy's end */
   CHECK(oi__now_ns() - t0 < 250000000ull);
   CHECK(strstr(oi_last_error(), "OI_FENCING") != NULL);
@@ -62,7 +62,7 @@ static void test_save_and_load_deadlines(void) {
   CHECK_ST(oi_ticket_arena_wait(t, 0, 60000), OI_ERR_TIMEOUT);
   CHECK(rig_stats(&r).blocks_loading == 4); /* held until the copy ends */
   uint64_t evicted = 99;
-  CHECK_OK(oi_offload_host_evict_all(r.h, &evicted));
+  CHECK_OK(oi_host_evict_all(r.h, &evicted));
   CHECK(evicted == 0);                                   /* loading blocks are not evictable */
   CHECK_ST(rig_load(&r, l, 8, 4), OI_ERR_LEASE_EXPIRED); /* spent */
   for (int i = 0; i < 500 && oi_ticket_poll(t) == OI_FENCING; i++)
@@ -81,7 +81,7 @@ static void test_save_and_load_deadlines(void) {
     CHECK(fu_check(&r, 8 + i, 500 + (uint64_t)i));
   oi_engine_stats es1;
   es1.struct_size = sizeof es1;
-  CHECK_OK(oi_offload_engine_stats(r.e, &es1));
+  CHECK_OK(oi_engine_get_stats(r.e, &es1));
   CHECK(es1.loads_failed == es0.loads_failed + 2); /* the late load and the spent lease's */
   CHECK(es1.loads_submitted == es0.loads_submitted + 1);
   CHECK(es1.loads_completed == es0.loads_completed); /* the late load never completed */
@@ -100,7 +100,7 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 300) == OI_OK);
   CHECK_ST(rig_save(&r, 0, 4), OI_ERR_TIMEOUT); /* 4 slots held by the late copy */
   /* A second engine (its own streams, no deadline) saves meanwhile. */
-  oi_offload_engine *late = r.e;
+  oi_engine *late = r.e;
   r.e = fu_rig_engine(&r, r.arena);
   /* 8 new blocks into a pool with 4 free slots: 4 land, 4 are dropped. */
   int64_t ids[8];
@@ -111,7 +111,7 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
     fu_fill(&r, 8 + i, 100 + (uint64_t)i);
   }
   CHECK_OK(tr_save(r.e, ids, hs, 8, 60000));
-  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  CHECK_OK(oi_engine_flush(r.e, 60000));
   oi_host_stats s = rig_stats(&r);
   CHECK(s.saves_dropped == 4 && s.blocks_sealed == 4);
   if (s.saves_dropped != 4 || s.blocks_sealed != 4)
@@ -125,8 +125,8 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
   CHECK_OK(rig_load(&r, l, 0, 4));
   for (int i = 0; i < 4; i++)
     CHECK(fu_check(&r, i, 100 + (uint64_t)i));
-  CHECK_OK(oi_offload_engine_flush(late, 60000)); /* the late copy lands, and is discarded */
-  oi_offload_engine_destroy(late);
+  CHECK_OK(oi_engine_flush(late, 60000)); /* the late copy lands, and is discarded */
+  oi_engine_destroy(late);
   CHECK(rig_visible(&r, 0, 4) == 0 && rig_visible(&r, 100, 4) == 4);
   rig_check_quiet(&r);
   rig_close(&r);
@@ -139,20 +139,20 @@ static void test_destroy_waits_for_live_copies(void) {
   oi_lease l = rig_open_leased(&r, 16, 4096, 32, 0, 0, 4);
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 0, 100) == OI_OK);
   int64_t ids[4] = {8, 9, 10, 11};
-  CHECK_OK(oi_offload_engine_load(r.e, l, ids, 4, NULL, NULL));
+  CHECK_OK(oi_engine_load(r.e, l, ids, 4, NULL, NULL));
   for (int i = 0; i < 4; i++)
     fu_fill(&r, 12 + i, 40 + (uint64_t)i);
   int64_t sids[4] = {12, 13, 14, 15};
   oi_block_hash hs[4];
   for (int i = 0; i < 4; i++)
     hs[i] = fu_hash(40 + (uint64_t)i);
-  CHECK_OK(oi_offload_engine_save(r.e, sids, hs, 4, NULL, NULL));
-  oi_offload_engine_destroy(r.e); /* the copies are still sleeping */
+  CHECK_OK(oi_engine_save(r.e, sids, hs, 4, NULL, NULL));
+  oi_engine_destroy(r.e); /* the copies are still sleeping */
   r.e = NULL;
   free(r.arena); /* a copy still running would now touch freed memory */
   r.arena = NULL;
   oi__fault_disarm_all();
-  oi_offload_host_destroy(r.h);
+  oi_host_destroy(r.h);
 }
 
 int main(void) {

@@ -15,7 +15,7 @@ static void failing_load_consumes_the_lease(oi_fault_point point) {
   CHECK_ST(rig_load(&r, l, 8, 6), OI_ERR_IO);
   CHECK(oi__fault_fired(point) == 1);
   CHECK_ST(rig_load(&r, l, 8, 6), OI_ERR_LEASE_EXPIRED); /* consumed */
-  CHECK_ST(oi_offload_engine_release(r.e, l), OI_ERR_LEASE_EXPIRED);
+  CHECK_ST(oi_engine_release(r.e, l), OI_ERR_LEASE_EXPIRED);
   oi_host_stats s = rig_stats(&r);
   CHECK(s.loads_failed >= 1 && s.loads_completed == 0);
   CHECK(s.blocks_leased == 0 && s.leases_active == 0 && s.blocks_sealed == 6);
@@ -68,9 +68,9 @@ static void test_clock_jump_expires_leases(void) {
     usleep(10000);
   }
   CHECK(s.leases_active == 0 && s.leases_expired == 2 && s.blocks_leased == 0);
-  CHECK_ST(oi_offload_engine_release(r.e, idle), OI_ERR_LEASE_EXPIRED);
+  CHECK_ST(oi_engine_release(r.e, idle), OI_ERR_LEASE_EXPIRED);
   uint64_t evicted = 0;
-  CHECK_OK(oi_offload_host_evict_all(r.h, &evicted)); /* unpinned: evictable again */
+  CHECK_OK(oi_host_evict_all(r.h, &evicted)); /* unpinned: evictable again */
   CHECK(evicted == 4);
   rig_check_quiet(&r);
   rig_close(&r);
@@ -110,7 +110,7 @@ static void test_a_release_and_the_last_share_wait_for_a_share_still_marking(voi
     REQUIRE(oi__fault_fired(OI_FAULT_LOAD_MARK_GAP) == 1); /* paused after its first run */
     uint64_t t0 = oi__now_ns();
     if (round == 0)
-      CHECK_OK(oi_offload_engine_release(r.e, l));
+      CHECK_OK(oi_engine_release(r.e, l));
     else
       CHECK_OK(rig_load(&r, l, 2 * N, N)); /* the last share */
     double waited_ms = (double)(oi__now_ns() - t0) / 1e6;
@@ -127,7 +127,7 @@ static void test_a_release_and_the_last_share_wait_for_a_share_still_marking(voi
           s.blocks_loading == 0);
     rig_check_quiet(&r);
     uint64_t evicted = 0;
-    CHECK_OK(oi_offload_host_evict_all(r.h, &evicted));
+    CHECK_OK(oi_host_evict_all(r.h, &evicted));
     CHECK(evicted == N);
     rig_close(&r);
   }
@@ -148,7 +148,7 @@ static uint8_t aw_byte(uint32_t a, uint64_t logical, uint64_t i) {
 
 static void test_arena_waits_report_progress_and_a_failure_fails_every_later_wait(void) {
   oi_host_options ho = tr_host_options(16 << 20);
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   uint8_t *mem = calloc(AW_ARENAS, AW_BLOCKS * AW_BYTES);
   REQUIRE(mem);
   oi_arena_desc ad[AW_ARENAS];
@@ -156,7 +156,7 @@ static void test_arena_waits_report_progress_and_a_failure_fails_every_later_wai
   for (uint32_t a = 0; a < AW_ARENAS; a++)
     ad[a] = tr_arena(names[a], mem + (uint64_t)a * AW_BLOCKS * AW_BYTES, AW_BLOCKS, AW_BYTES);
   oi_engine_options eo = tr_engine_options("arena-wait", ad, AW_ARENAS);
-  oi_offload_engine *e = tr_engine_new(h, &eo);
+  oi_engine *e = tr_engine_new(h, &eo);
   int64_t src[2] = {0, 1}, dst[2] = {6, 7};
   oi_block_hash hs[2] = {fu_hash(900), fu_hash(901)};
   for (uint32_t a = 0; a < AW_ARENAS; a++)
@@ -170,11 +170,11 @@ static void test_arena_waits_report_progress_and_a_failure_fails_every_later_wai
   lo.flags = OI_LOAD_ARENA_EVENTS;
   for (int fail = 0; fail < 2; fail++) {
     oi_query_result q = {.struct_size = sizeof q};
-    CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+    CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));
     REQUIRE(q.hit_blocks == 2);
     REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 0, 150) == OI_OK);         /* each arena: 150 ms */
     if (fail) REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 2, 1, 0) == OI_OK); /* arena 2 */
-    CHECK_OK(oi_offload_engine_load(e, q.lease, dst, 2, &lo, &t));
+    CHECK_OK(oi_engine_load(e, q.lease, dst, 2, &lo, &t));
     REQUIRE(t);
     for (uint32_t a = 0; a < 2; a++) {
       CHECK_OK(oi_ticket_arena_wait(t, a, 60000));
@@ -202,8 +202,8 @@ static void test_arena_waits_report_progress_and_a_failure_fails_every_later_wai
     oi_ticket_release(t);
     oi__fault_disarm_all();
   }
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   free(mem);
 }
 
@@ -233,12 +233,12 @@ static void test_sidecar_arena_waits_report_progress(void) {
   oi_ticket *t;
   CHECK_OK(tr_save(e, src, hs, 2, 60000));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));
   REQUIRE(q.hit_blocks == 2);
   oi_load_options lo;
   oi_load_options_init(&lo);
   lo.flags = OI_LOAD_ARENA_EVENTS;
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, 2, &lo, &t));
+  CHECK_OK(oi_engine_load(e, q.lease, dst, 2, &lo, &t));
   REQUIRE(t);
   CHECK(oi_ticket_arena_event(t, 0) == NULL); /* events live in the server's process */
   for (uint32_t ar = 0; ar + 1 < TL_ARENAS; ar++) {
@@ -255,14 +255,14 @@ static void test_sidecar_arena_waits_report_progress(void) {
     CHECK(tl_check(base, a, dst[b], (uint64_t)b));
   oi_ticket_release(t);
   /* Without the flag: no per-arena progress, an arena wait waits for all. */
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));
   REQUIRE(q.hit_blocks == 2);
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, 2, NULL, &t));
+  CHECK_OK(oi_engine_load(e, q.lease, dst, 2, NULL, &t));
   CHECK_OK(oi_ticket_arena_wait(t, 0, 60000));
   CHECK(oi_ticket_poll(t) == OI_OK);
   oi_ticket_release(t);
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 int main(int argc, char **argv) {

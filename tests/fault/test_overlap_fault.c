@@ -34,9 +34,9 @@ static oi_status failing_forward(void *ctx, const oi_model_batch *b) {
   return ref_ops.forward(ctx, b);
 }
 
-static oi_exec_stats stats(oi_executor *x) {
-  oi_exec_stats s = {.struct_size = sizeof s};
-  CHECK_OK(oi_executor_stats(x, &s));
+static oi_executor_stats stats(oi_executor *x) {
+  oi_executor_stats s = {.struct_size = sizeof s};
+  CHECK_OK(oi_executor_get_stats(x, &s));
   return s;
 }
 
@@ -50,7 +50,7 @@ static void run(oi_executor *x, const uint32_t *p, uint32_t *tokens) {
   CHECK_OK(oi_executor_submit(x, &r, &id));
   CHECK_OK(oi_executor_run_until_idle(x));
   oi_request_result rr = {.struct_size = sizeof rr};
-  CHECK_OK(oi_executor_result(x, id, &rr));
+  CHECK_OK(oi_executor_get_result(x, id, &rr));
   CHECK(rr.state == OI_REQUEST_FINISHED && rr.n_tokens == MAX_NEW);
   if (rr.n_tokens == MAX_NEW) memcpy(tokens, rr.tokens, sizeof(uint32_t) * MAX_NEW);
 }
@@ -80,7 +80,7 @@ static void test_overlapped_restore_with_its_load_still_copying(void) {
   run(x, p, cold);
   CHECK_OK(oi_executor_flush(x, 10000));
   CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
-  oi_exec_stats before = stats(x);
+  oi_executor_stats before = stats(x);
 
   /* The next copy (the restore's load) sleeps 300 ms; the forward fails. */
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 300) == OI_OK);
@@ -95,9 +95,9 @@ static void test_overlapped_restore_with_its_load_still_copying(void) {
   CHECK(oi_executor_step(x, NULL) == OI_ERR_IO);
   atomic_store(&fail_forward, 0);
   oi_request_result rr = {.struct_size = sizeof rr};
-  CHECK_OK(oi_executor_result(x, id, &rr));
+  CHECK_OK(oi_executor_get_result(x, id, &rr));
   CHECK(rr.state == OI_REQUEST_FAILED);
-  oi_exec_stats s = stats(x);
+  oi_executor_stats s = stats(x);
   CHECK(s.restores_overlapped == before.restores_overlapped + 1);
   CHECK(s.restores_failed == before.restores_failed + 1);
   /* The load is still copying into the 6 restore blocks: the failed request
@@ -169,7 +169,7 @@ static void test_release_saves_that_fail_or_lag(void) {
   run(x, p, cold);
   CHECK(oi__fault_fired(OI_FAULT_COPY_SUBMIT) == 1);
   oi__fault_disarm_all();
-  oi_exec_stats s = stats(x);
+  oi_executor_stats s = stats(x);
   CHECK(s.saves_submitted == 0);
   CHECK(s.save_blocks_pending == 0 && s.blocks_active == 0); /* unpinned at once */
   CHECK(s.blocks_cached > 0 && s.blocks_free + s.blocks_cached == s.blocks_total);
@@ -178,7 +178,7 @@ static void test_release_saves_that_fail_or_lag(void) {
   /* Nothing reached the host tier: evicted from the GPU cache, the prompt
    * is computed again (and saved this time). */
   CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
-  oi_exec_stats before = stats(x);
+  oi_executor_stats before = stats(x);
   run(x, p, again);
   CHECK(!memcmp(cold, again, sizeof cold));
   s = stats(x);

@@ -23,7 +23,7 @@ static void test_embedded_pending_and_wait(void) {
   /* A second engine of the namespace, over its own memory. */
   uint8_t *arena2 = calloc(32, 4096);
   REQUIRE(arena2);
-  oi_offload_engine *e2 = fu_rig_engine(&r, arena2);
+  oi_engine *e2 = fu_rig_engine(&r, arena2);
   rig peek = r; /* fu_check on the second arena */
   peek.arena = arena2;
 
@@ -36,20 +36,20 @@ static void test_embedded_pending_and_wait(void) {
     fu_fill(&r, ids[i], 4 + (uint64_t)i);
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 1500) == OI_OK);
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(r.e, ids, &hs[4], 4, NULL, &t)); /* 4..7 in flight */
+  CHECK_OK(oi_engine_save(r.e, ids, &hs[4], 4, NULL, &t)); /* 4..7 in flight */
 
   /* No flag: pending blocks are a miss, reported, not leased. */
   double t0 = now_s();
   oi_query_result q = fresh(0, NULL);
-  CHECK_OK(oi_offload_engine_query(e2, NULL, hs, 10, 0, &q));
+  CHECK_OK(oi_engine_query(e2, NULL, hs, 10, 0, &q));
   CHECK(q.hit_blocks == 4 && q.pending_blocks == 4);
   oi_host_stats hs0 = rig_stats(&r);
   CHECK(hs0.blocks_in_flight == 4 && hs0.blocks_leased == 4);
-  CHECK_OK(oi_offload_engine_release(e2, q.lease));
+  CHECK_OK(oi_engine_release(e2, q.lease));
   /* Membership counts the positions in flight. */
   uint8_t present[10];
   q = fresh(0, present);
-  CHECK_OK(oi_offload_engine_query(e2, NULL, hs, 10, OI_QUERY_MEMBERSHIP, &q));
+  CHECK_OK(oi_engine_query(e2, NULL, hs, 10, OI_QUERY_MEMBERSHIP, &q));
   CHECK(q.hit_blocks == 4 && q.pending_blocks == 4 && present[3] == 1 && present[4] == 0);
   /* A lookup without a layout sees the same. */
   oi_lookup_options lo;
@@ -57,20 +57,20 @@ static void test_embedded_pending_and_wait(void) {
   lo.lookup_deadline_ms = 10000; /* (not the breaker's test: slow machines) */
   lo.namespace_id = "fault";
   q = fresh(0, NULL);
-  CHECK_OK(oi_offload_host_query(r.h, &lo, NULL, hs, 10, 0, &q));
+  CHECK_OK(oi_host_query(r.h, &lo, NULL, hs, 10, 0, &q));
   CHECK(q.hit_blocks == 4 && q.pending_blocks == 4);
-  CHECK_OK(oi_offload_host_release(r.h, "fault", q.lease));
+  CHECK_OK(oi_host_release(r.h, "fault", q.lease));
   /* A short wait runs out: still pending. */
   q = fresh(50, NULL);
   double tw = now_s();
-  CHECK_OK(oi_offload_engine_query(e2, NULL, hs, 10, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_engine_query(e2, NULL, hs, 10, OI_QUERY_WAIT_PENDING, &q));
   CHECK(now_s() - tw >= 0.045);
   CHECK(q.hit_blocks == 4 && q.pending_blocks == 4);
-  CHECK_OK(oi_offload_engine_release(e2, q.lease));
+  CHECK_OK(oi_engine_release(e2, q.lease));
   CHECK(now_s() - t0 < 1.2); /* all of the above ran while the save was in flight */
   /* A long wait ends when the save seals: the blocks are hits now. */
   q = fresh(10000, NULL);
-  CHECK_OK(oi_offload_engine_query(e2, NULL, hs, 10, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_engine_query(e2, NULL, hs, 10, OI_QUERY_WAIT_PENDING, &q));
   CHECK(q.hit_blocks == 8 && q.pending_blocks == 0);
   CHECK(now_s() - t0 < 5.0);
   CHECK_OK(oi_ticket_wait(t, 10000));
@@ -83,14 +83,14 @@ static void test_embedded_pending_and_wait(void) {
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 0, 1, 0) == OI_OK);
   int64_t id9 = 9;
   fu_fill(&r, 9, 8);
-  CHECK_OK(oi_offload_engine_save(r.e, &id9, &hs[8], 1, NULL, &t));
+  CHECK_OK(oi_engine_save(r.e, &id9, &hs[8], 1, NULL, &t));
   CHECK(oi_ticket_wait(t, 10000) != OI_OK);
   oi_ticket_release(t);
   q = fresh(2000, NULL);
-  CHECK_OK(oi_offload_engine_query(e2, NULL, hs, 10, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_engine_query(e2, NULL, hs, 10, OI_QUERY_WAIT_PENDING, &q));
   CHECK(q.hit_blocks == 8 && q.pending_blocks == 0);
-  CHECK_OK(oi_offload_engine_release(e2, q.lease));
-  oi_offload_engine_destroy(e2);
+  CHECK_OK(oi_engine_release(e2, q.lease));
+  oi_engine_destroy(e2);
   free(arena2);
   rig_close(&r);
 }
@@ -113,7 +113,7 @@ static void test_sidecar_pending_and_wait(void) {
   so.result = &sr;
   oi_ticket *t = NULL;
   double t0 = now_s();
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, 4, &so, &t));
+  CHECK_OK(oi_engine_save(e, ids, hs, 4, &so, &t));
   CHECK(sr.accepted == 4 && sr.deduplicated == 0 && sr.dropped == 0);
   CHECK(now_s() - t0 < 0.8); /* the counts came before the copy ended */
 
@@ -121,15 +121,15 @@ static void test_sidecar_pending_and_wait(void) {
   oi_lookup_options_init(&lo);
   lo.lookup_deadline_ms = 10000; /* (not the breaker's test: slow machines) */
   lo.namespace_id = "pending";
-  oi_offload_client *c = NULL;
-  CHECK_OK(oi_offload_client_connect(ts.socket, &lo, &c));
+  oi_lookup *c = NULL;
+  CHECK_OK(oi_lookup_connect(ts.socket, &lo, &c));
   REQUIRE(c);
   oi_query_result q = fresh(0, NULL);
-  CHECK_OK(oi_offload_client_query(c, NULL, hs, 5, 0, &q));
+  CHECK_OK(oi_lookup_query(c, NULL, hs, 5, 0, &q));
   CHECK(q.hit_blocks == 0 && q.pending_blocks == 4);
   CHECK(now_s() - t0 < 0.9); /* answered while the save was in flight */
   q = fresh(10000, NULL);
-  CHECK_OK(oi_offload_client_query(c, NULL, hs, 5, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_lookup_query(c, NULL, hs, 5, OI_QUERY_WAIT_PENDING, &q));
   CHECK(q.hit_blocks == 4 && q.pending_blocks == 0);
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
@@ -145,23 +145,23 @@ static void test_sidecar_pending_and_wait(void) {
   int64_t id4 = 4;
   /* (with the result, save returns once the server reserved the block, so
    * the other session's query comes after it) */
-  CHECK_OK(oi_offload_engine_save(e, &id4, &hs[4], 1, &so, &t));
+  CHECK_OK(oi_engine_save(e, &id4, &hs[4], 1, &so, &t));
   CHECK(sr.accepted == 1);
   q = fresh(0, NULL);
-  CHECK_OK(oi_offload_engine_query(w, NULL, hs, 5, 0, &q));
+  CHECK_OK(oi_engine_query(w, NULL, hs, 5, 0, &q));
   CHECK(q.hit_blocks == 4 && q.pending_blocks == 1);
-  CHECK_OK(oi_offload_engine_release(w, q.lease));
+  CHECK_OK(oi_engine_release(w, q.lease));
   q = fresh(10000, NULL);
-  CHECK_OK(oi_offload_engine_query(w, NULL, hs, 5, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_engine_query(w, NULL, hs, 5, OI_QUERY_WAIT_PENDING, &q));
   CHECK(q.hit_blocks == 5 && q.pending_blocks == 0);
-  CHECK_OK(oi_offload_engine_release(w, q.lease));
+  CHECK_OK(oi_engine_release(w, q.lease));
   CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
-  oi_offload_client_destroy(c);
+  oi_lookup_destroy(c);
   oi_imported_arena_close(warena);
-  oi_offload_engine_destroy(w);
+  oi_engine_destroy(w);
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 int main(int argc, char **argv) {

@@ -155,7 +155,7 @@ static void test_raw_client_dies_at_every_step(void) {
 static int client_session(int fd, bool check) {
   TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "steps-real");
-  if (oi_offload_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) return 2;
+  if (oi_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) return 2;
   STEP(fd);
   uint8_t *base = oi_imported_arena_ptr(arena);
   int64_t ids[8], dst[8];
@@ -167,16 +167,16 @@ static int client_session(int fd, bool check) {
     tl_fill(base, a, i, (uint64_t)i);
   }
   oi_ticket *t = NULL;
-  if (oi_offload_engine_save(e, ids, hs, 8, NULL, &t) != OI_OK) return 4;
+  if (oi_engine_save(e, ids, hs, 8, NULL, &t) != OI_OK) return 4;
   STEP(fd);
   if (oi_ticket_wait(t, 30000) != OI_OK) return 5;
   oi_ticket_release(t);
-  if (oi_offload_engine_flush(e, 30000) != OI_OK) return 6;
+  if (oi_engine_flush(e, 30000) != OI_OK) return 6;
   STEP(fd);
   oi_query_result q = {.struct_size = sizeof q};
-  if (oi_offload_engine_query(e, NULL, hs, 8, 0, &q) != OI_OK || q.hit_blocks != 8) return 7;
+  if (oi_engine_query(e, NULL, hs, 8, 0, &q) != OI_OK || q.hit_blocks != 8) return 7;
   STEP(fd);
-  if (oi_offload_engine_load(e, q.lease, dst, 8, NULL, &t) != OI_OK) return 8;
+  if (oi_engine_load(e, q.lease, dst, 8, NULL, &t) != OI_OK) return 8;
   STEP(fd);
   if (oi_ticket_wait(t, 30000) != OI_OK) return 9;
   oi_ticket_release(t);
@@ -185,7 +185,7 @@ static int client_session(int fd, bool check) {
       if (!tl_check(base, a, dst[i], (uint64_t)i)) return 10;
   STEP(fd);
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   return 0;
 }
 

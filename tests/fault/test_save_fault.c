@@ -27,12 +27,12 @@ static void failing_copy_leaves_nothing(oi_fault_point point) {
   oi_save_options_init(&so);
   so.on_done = on_done;
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, 8, &so, &t));
+  CHECK_OK(oi_engine_save(r.e, ids, hs, 8, &so, &t));
   CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_IO);
   oi_ticket_release(t);
   CHECK(atomic_load(&done_st) == OI_ERR_IO);
   CHECK(oi__fault_fired(point) == 1);
-  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  CHECK_OK(oi_engine_flush(r.e, 60000));
   CHECK(rig_visible(&r, 204, 4) == 0); /* nothing partial is served */
   CHECK(rig_visible(&r, 100, 4) == 4); /* what was sealed stays */
   oi_host_stats s = rig_stats(&r);
@@ -99,16 +99,16 @@ static void test_no_host_slot(void) {
 /* The pool cannot be mapped or pinned: host creation fails cleanly. */
 static void test_pool_setup_fails(void) {
   oi_host_options ho = tr_host_options(1 << 20);
-  oi_offload_host *h = NULL;
+  oi_host *h = NULL;
   REQUIRE(oi__fault_arm(OI_FAULT_PINNED_ALLOC, 0, 1, 0) == OI_OK);
-  CHECK_ST(oi_offload_host_create(&ho, &h), OI_ERR_OUT_OF_MEMORY);
+  CHECK_ST(oi_host_create(&ho, &h), OI_ERR_OUT_OF_MEMORY);
   CHECK(h == NULL);
   REQUIRE(oi__fault_arm(OI_FAULT_PIN_REGISTER, 0, 1, 0) == OI_OK);
-  CHECK_ST(oi_offload_host_create(&ho, &h), OI_ERR_OUT_OF_MEMORY);
+  CHECK_ST(oi_host_create(&ho, &h), OI_ERR_OUT_OF_MEMORY);
   CHECK(h == NULL && strstr(oi_last_error(), "injected"));
   oi__fault_disarm_all();
-  CHECK_OK(oi_offload_host_create(&ho, &h));
-  oi_offload_host_destroy(h);
+  CHECK_OK(oi_host_create(&ho, &h));
+  oi_host_destroy(h);
 }
 
 /* A layerwise save whose second layer fails: that call's ticket reports the
@@ -128,12 +128,12 @@ static void test_a_failed_layer_aborts_the_whole_block(void) {
     if (a == 1) REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 0, 1, 0) == OI_OK);
     so.arena_first = a;
     oi_ticket *t;
-    CHECK_OK(oi_offload_engine_save(r.e, ids, hs, 2, &so, &t));
+    CHECK_OK(oi_engine_save(r.e, ids, hs, 2, &so, &t));
     CHECK_ST(oi_ticket_wait(t, 60000), want[a]);
     oi_ticket_release(t);
     oi__fault_disarm_all();
     oi_host_stats s = {.struct_size = sizeof s};
-    CHECK_OK(oi_offload_host_stats(r.h, &s));
+    CHECK_OK(oi_host_get_stats(r.h, &s));
     CHECK(s.blocks_in_flight == (a == 0 ? 2u : 0u)); /* freed as soon as the layer failed */
     CHECK(s.blocks_sealed == 0);
   }

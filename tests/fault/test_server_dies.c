@@ -33,8 +33,7 @@ static int client(int fd) {
   oi_set_fatal_handler(fatal_exit, NULL);
   TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "dies");
-  if (oi_offload_engine_connect(ts.socket, &o, &e, &arena) != OI_OK)
-    return 2; /* not connected yet */
+  if (oi_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) return 2; /* not connected yet */
   STEP(fd);
   uint8_t *base = oi_imported_arena_ptr(arena);
   int64_t ids[4] = {0, 1, 2, 3}, dst[4] = {20, 21, 22, 23};
@@ -44,16 +43,16 @@ static int client(int fd) {
     tl_fill(base, a, i, (uint64_t)i);
   }
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_save(e, ids, hs, 4, NULL, &t);
+  oi_status st = oi_engine_save(e, ids, hs, 4, NULL, &t);
   if (st == OI_OK) st = oi_ticket_wait(t, 30000), oi_ticket_release(t);
   STEP(fd);
-  if (st == OI_OK) st = oi_offload_engine_flush(e, 30000);
+  if (st == OI_OK) st = oi_engine_flush(e, 30000);
   STEP(fd);
   oi_query_result q = {.struct_size = sizeof q};
-  if (st == OI_OK) st = oi_offload_engine_query(e, NULL, hs, 4, 0, &q);
+  if (st == OI_OK) st = oi_engine_query(e, NULL, hs, 4, 0, &q);
   STEP(fd);
   if (st == OI_OK && q.hit_blocks == 4) {
-    st = oi_offload_engine_load(e, q.lease, dst, 4, NULL, &t);
+    st = oi_engine_load(e, q.lease, dst, 4, NULL, &t);
     if (st == OI_OK) {
       st = oi_ticket_wait(t, 30000);
       oi_ticket_release(t);

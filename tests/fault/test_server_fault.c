@@ -38,12 +38,11 @@ static bool log_has(const char *a, const char *b) {
   return ok;
 }
 
-static oi_status save_wait(oi_offload_engine *e, const int64_t *src, const oi_block_hash *hs,
-                           size_t n) {
+static oi_status save_wait(oi_engine *e, const int64_t *src, const oi_block_hash *hs, size_t n) {
   return tr_save(e, src, hs, n, 60000);
 }
 
-static oi_status load_wait(oi_offload_engine *e, oi_lease l, const int64_t *dst, size_t n) {
+static oi_status load_wait(oi_engine *e, oi_lease l, const int64_t *dst, size_t n) {
   return tr_load(e, l, dst, n, 60000);
 }
 
@@ -66,15 +65,15 @@ static void test_server_copy_failures_reach_the_client(void) {
   CHECK(log_has("save failed: save of 2 blocks failed in the server (instance ",
                 "OI_ERR_IO (a copy between the arena and the host pool failed"));
   CHECK(ts_log_contains(&ts, "save of 2 blocks failed: OI_ERR_IO"));
-  CHECK_OK(oi_offload_engine_flush(e, 10000));
+  CHECK_OK(oi_engine_flush(e, 10000));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));
   CHECK(q.hit_blocks == 0);
   CHECK(ts_log_contains(&ts, "fault injection armed from OI_FAULTS"));
 
   /* The server keeps serving: the same save succeeds. */
   CHECK_OK(save_wait(e, src, hs, 2));
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));
   REQUIRE(q.hit_blocks == 2);
 
   /* A load whose copy fails midway in the server: an error with the
@@ -83,8 +82,8 @@ static void test_server_copy_failures_reach_the_client(void) {
   CHECK(log_has("load failed: load of 2 blocks failed in the server (instance ",
                 "OI_ERR_IO (a copy between the arena and the host pool failed"));
   CHECK(ts_log_contains(&ts, "load of 2 blocks failed: OI_ERR_IO"));
-  CHECK_ST(oi_offload_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  CHECK_ST(oi_engine_release(e, q.lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));
   REQUIRE(q.hit_blocks == 2);
   CHECK_OK(load_wait(e, q.lease, dst, 2));
   for (int b = 0; b < 2; b++)
@@ -95,29 +94,29 @@ static void test_server_copy_failures_reach_the_client(void) {
   tl_fill(base, a, 2, 7);
   int64_t src3[1] = {2};
   oi_ticket *t;
-  CHECK_OK(oi_offload_engine_save(e, src3, h3, 1, NULL, &t));
-  CHECK_ST(oi_offload_engine_flush(e, 100), OI_ERR_TIMEOUT);
+  CHECK_OK(oi_engine_save(e, src3, h3, 1, NULL, &t));
+  CHECK_ST(oi_engine_flush(e, 100), OI_ERR_TIMEOUT);
   CHECK(strstr(oi_last_error(), "flush") && strstr(oi_last_error(), "in flight"));
   CHECK_OK(oi_ticket_wait(t, 60000));
   oi_ticket_release(t);
-  CHECK_OK(oi_offload_engine_flush(e, 10000));
+  CHECK_OK(oi_engine_flush(e, 10000));
 
   /* --max-sessions 1: a second client is refused, saying why. */
-  oi_offload_engine *e2 = NULL;
+  oi_engine *e2 = NULL;
   oi_imported_arena *arena2 = NULL;
   oi_arena_desc a2[TL_ARENAS];
   oi_engine_options o2;
   tl_options(&o2, a2, "server-fault");
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o2, &e2, &arena2), OI_ERR_BUSY);
+  CHECK_ST(oi_engine_connect(ts.socket, &o2, &e2, &arena2), OI_ERR_BUSY);
   CHECK(strstr(oi_last_error(), "session limit"));
   CHECK(e2 == NULL && arena2 == NULL);
   CHECK(ts_log_contains(&ts, "sessions already"));
   /* ... and the first one is still served. */
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));
   CHECK(q.hit_blocks == 2);
-  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  CHECK_OK(oi_engine_release(e, q.lease));
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 /* A server that cannot start a session refuses that connection with
@@ -132,17 +131,17 @@ static void test_a_session_that_cannot_start_is_refused(void) {
   tl_options(&o, a, "session-fault");
   e = NULL;
   arena = NULL;
-  CHECK_ST(oi_offload_engine_connect(t2.socket, &o, &e, &arena), OI_ERR_INTERNAL);
+  CHECK_ST(oi_engine_connect(t2.socket, &o, &e, &arena), OI_ERR_INTERNAL);
   CHECK(strstr(oi_last_error(), "cannot start a session"));
   CHECK(e == NULL && arena == NULL);
-  CHECK_OK(oi_offload_engine_connect(t2.socket, &o, &e, &arena));
+  CHECK_OK(oi_engine_connect(t2.socket, &o, &e, &arena));
   REQUIRE(e && arena);
   oi_query_result q = {.struct_size = sizeof q};
   oi_block_hash h = tl_hash(91, 0);
-  CHECK_OK(oi_offload_engine_query(e, NULL, &h, 1, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, &h, 1, 0, &q));
   CHECK(q.hit_blocks == 0);
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   CHECK(ts_stop(&t2));
 }
 
@@ -162,13 +161,13 @@ static void test_a_layered_load_failure_reaches_the_client(void) {
   tl_fill_n(base, a, 92, src, hs, 2);
   CHECK_OK(save_wait(e, src, hs, 2));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));
   REQUIRE(q.hit_blocks == 2);
   oi_load_options lo;
   oi_load_options_init(&lo);
   lo.flags = OI_LOAD_ARENA_EVENTS;
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, 2, &lo, &t));
+  CHECK_OK(oi_engine_load(e, q.lease, dst, 2, &lo, &t));
   CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_IO);
   for (uint32_t ar = 0; ar < TL_ARENAS; ar++)
     CHECK_ST(oi_ticket_arena_wait(t, ar, 10000), OI_ERR_IO);
@@ -177,11 +176,11 @@ static void test_a_layered_load_failure_reaches_the_client(void) {
   CHECK(ts_log_contains(&t3, "load of 2 blocks failed: OI_ERR_IO"));
   CHECK(tl_is_zero(base, a, dst[0]) && tl_is_zero(base, a, dst[1])); /* no copy landed */
   /* The server keeps serving: the blocks are still there. */
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 2, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, hs, 2, 0, &q));
   CHECK(q.hit_blocks == 2);
-  CHECK_OK(oi_offload_engine_release(e, q.lease));
+  CHECK_OK(oi_engine_release(e, q.lease));
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   CHECK(ts_stop(&t3));
 }
 

@@ -69,7 +69,7 @@ static void stop_server(pid_t pid) {
 
 typedef struct sc_engine {
   bool owned;
-  oi_offload_engine *e;
+  oi_engine *e;
   oi_imported_arena *arena;
   owned_mem m;
   uint8_t *base;
@@ -90,17 +90,17 @@ static void sc_connect(sc_engine *s, const test_server *ts, bool owned, const ch
     o.arena_base = s->m.base;
     o.arena_size = s->m.size;
     o.arena_fd = s->m.fd;
-    REQUIRE(oi_offload_engine_connect(ts->socket, &o, &s->e, NULL) == OI_OK);
+    REQUIRE(oi_engine_connect(ts->socket, &o, &s->e, NULL) == OI_OK);
     s->base = s->m.base;
   } else {
-    REQUIRE(oi_offload_engine_connect(ts->socket, &o, &s->e, &s->arena) == OI_OK);
+    REQUIRE(oi_engine_connect(ts->socket, &o, &s->e, &s->arena) == OI_OK);
     s->base = oi_imported_arena_ptr(s->arena);
   }
 }
 
 static void sc_close(sc_engine *s) {
   if (s->arena) oi_imported_arena_close(s->arena);
-  oi_offload_engine_destroy(s->e);
+  oi_engine_destroy(s->e);
   if (s->owned) om_free(&s->m);
 }
 
@@ -108,7 +108,7 @@ static oi_engine_stats sc_stats(sc_engine *s) {
   oi_engine_stats st;
   memset(&st, 0, sizeof st);
   st.struct_size = sizeof st;
-  CHECK_OK(oi_offload_engine_stats(s->e, &st));
+  CHECK_OK(oi_engine_get_stats(s->e, &st));
   return st;
 }
 
@@ -146,7 +146,7 @@ static void fence_in_mode(bool owned) {
   oi_block_hash hs[4];
   sc_save(&s, 70, 4, hs);
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(s.e, NULL, hs, 4, 0, &q));
+  CHECK_OK(oi_engine_query(s.e, NULL, hs, 4, 0, &q));
   REQUIRE(q.hit_blocks == 4);
   oi_engine_stats s0 = sc_stats(&s);
 
@@ -155,7 +155,7 @@ static void fence_in_mode(bool owned) {
     tl_fill(s.base, s.a, dst[i], 50 + (uint64_t)i); /* what the engine had there */
   oi_ticket *t = NULL;
   uint64_t t0 = oi__now_ns();
-  CHECK_OK(oi_offload_engine_load(s.e, q.lease, dst, 4, NULL, &t));
+  CHECK_OK(oi_engine_load(s.e, q.lease, dst, 4, NULL, &t));
   REQUIRE(t != NULL);
   usleep(50000); /* the server took it; its copy sleeps */
   stop_server(ts.pid);
@@ -172,7 +172,7 @@ static void fence_in_mode(bool owned) {
   CHECK(ts_log_count(&fence_lines) >= 1);
   /* The breaker opened with the miss: a load is refused, counted failed. */
   oi_ticket *t2 = NULL;
-  CHECK_ST(oi_offload_engine_load(s.e, q.lease, dst, 4, NULL, &t2), OI_ERR_CLOSED);
+  CHECK_ST(oi_engine_load(s.e, q.lease, dst, 4, NULL, &t2), OI_ERR_CLOSED);
   CHECK(strstr(oi_last_error(), "unresponsive") != NULL);
   CHECK(t2 == NULL);
 
@@ -220,11 +220,11 @@ static void test_fence_ends_when_the_server_is_gone(void) {
   oi_block_hash hs[4];
   sc_save(&s, 71, 4, hs);
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(s.e, NULL, hs, 4, 0, &q));
+  CHECK_OK(oi_engine_query(s.e, NULL, hs, 4, 0, &q));
   REQUIRE(q.hit_blocks == 4);
   int64_t dst[4] = {20, 21, 22, 23};
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_load(s.e, q.lease, dst, 4, NULL, &t));
+  CHECK_OK(oi_engine_load(s.e, q.lease, dst, 4, NULL, &t));
   usleep(50000);
   pid_t pid = ts.pid;
   stop_server(pid);
@@ -265,9 +265,9 @@ static int fenced_child(const test_server *ts, int fd) {
   oi_block_hash hs[4];
   sc_save(&s, 75, 4, hs);
   oi_query_result q = {.struct_size = sizeof q};
-  if (oi_offload_engine_query(s.e, NULL, hs, 4, 0, &q) != OI_OK || q.hit_blocks != 4) return 2;
+  if (oi_engine_query(s.e, NULL, hs, 4, 0, &q) != OI_OK || q.hit_blocks != 4) return 2;
   int64_t dst[4] = {20, 21, 22, 23};
-  if (oi_offload_engine_load(s.e, q.lease, dst, 4, NULL, &child_ticket) != OI_OK) return 3;
+  if (oi_engine_load(s.e, q.lease, dst, 4, NULL, &child_ticket) != OI_OK) return 3;
   char c = 'L';
   if (write(fd, &c, 1) != 1) return 4; /* the parent stops the server */
   if (wait_not(child_ticket, OI_PENDING, LOAD_DEADLINE_MS + SLACK_MS) != OI_FENCING) return 5;
@@ -331,7 +331,7 @@ static void breaker_in_mode(bool owned) {
   sc_save(&s, 72, 4, hs);
   uint8_t present[4];
   oi_query_result q = {.struct_size = sizeof q, .present = present};
-  CHECK_OK(oi_offload_engine_query(s.e, NULL, hs, 4, OI_QUERY_MEMBERSHIP, &q));
+  CHECK_OK(oi_engine_query(s.e, NULL, hs, 4, OI_QUERY_MEMBERSHIP, &q));
   REQUIRE(q.hit_blocks == 4);
   oi_engine_stats s0 = sc_stats(&s);
   int lines0 = ts_log_count(&unresponsive_lines);
@@ -340,7 +340,7 @@ static void breaker_in_mode(bool owned) {
   /* The first membership query waits its lookup deadline (50 ms). */
   uint64_t t0 = oi__now_ns();
   q.present = present;
-  CHECK_ST(oi_offload_engine_query(s.e, NULL, hs, 4, OI_QUERY_MEMBERSHIP, &q), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_engine_query(s.e, NULL, hs, 4, OI_QUERY_MEMBERSHIP, &q), OI_ERR_TIMEOUT);
   double first = ms_since(t0);
   CHECK(first >= 45 && first < 50 + SLACK_MS);
   CHECK(strstr(oi_last_error(), "membership query of 4 hashes: no reply") != NULL);
@@ -350,7 +350,7 @@ static void breaker_in_mode(bool owned) {
     memset(present, 0xEE, sizeof present);
     q.present = present;
     uint64_t c0 = oi__now_ns();
-    CHECK_OK(oi_offload_engine_query(s.e, NULL, hs, 4, OI_QUERY_MEMBERSHIP, &q));
+    CHECK_OK(oi_engine_query(s.e, NULL, hs, 4, OI_QUERY_MEMBERSHIP, &q));
     v[i] = ms_since(c0);
     CHECK(q.hit_blocks == 0 && present[0] == 0 && present[3] == 0);
   }
@@ -369,7 +369,7 @@ static void breaker_in_mode(bool owned) {
   so.result = &res;
   oi_ticket *t = NULL;
   uint64_t c0 = oi__now_ns();
-  CHECK_OK(oi_offload_engine_save(s.e, src, h2, 2, &so, &t));
+  CHECK_OK(oi_engine_save(s.e, src, h2, 2, &so, &t));
   CHECK(ms_since(c0) < 50);
   CHECK(res.dropped == 2 && res.accepted == 0);
   CHECK_OK(oi_ticket_wait(t, 0));
@@ -378,9 +378,9 @@ static void breaker_in_mode(bool owned) {
   memset(lease.bytes, 0xAB, sizeof lease.bytes);
   int64_t dst[2] = {20, 21};
   c0 = oi__now_ns();
-  CHECK_ST(oi_offload_engine_load(s.e, lease, dst, 2, NULL, &t), OI_ERR_CLOSED);
+  CHECK_ST(oi_engine_load(s.e, lease, dst, 2, NULL, &t), OI_ERR_CLOSED);
   CHECK(strstr(oi_last_error(), "unresponsive") != NULL);
-  CHECK_ST(oi_offload_engine_flush(s.e, 60000), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_engine_flush(s.e, 60000), OI_ERR_TIMEOUT);
   CHECK(ms_since(c0) < 50);
   oi_engine_stats s1 = sc_stats(&s); /* no round trip either */
   CHECK(s1.connection == OI_CONNECTION_DEGRADED);
@@ -396,8 +396,7 @@ static void breaker_in_mode(bool owned) {
   bool hit = false;
   while (!hit && ms_since(r0) < 1000 + SLACK_MS) {
     q.present = present;
-    hit = oi_offload_engine_query(s.e, NULL, hs, 4, OI_QUERY_MEMBERSHIP, &q) == OI_OK &&
-          q.hit_blocks == 4;
+    hit = oi_engine_query(s.e, NULL, hs, 4, OI_QUERY_MEMBERSHIP, &q) == OI_OK && q.hit_blocks == 4;
     if (!hit) usleep(1000);
   }
   double recovery = ms_since(r0);
@@ -425,23 +424,23 @@ static void test_breaker_lookup_client(void) {
   oi_lookup_options_init(&lo);
   CHECK(lo.lookup_deadline_ms == 50 && lo.probe_interval_ms == 100);
   lo.namespace_id = "breaker-lookup";
-  oi_offload_client *c = NULL;
-  REQUIRE(oi_offload_client_connect(ts.socket, &lo, &c) == OI_OK);
+  oi_lookup *c = NULL;
+  REQUIRE(oi_lookup_connect(ts.socket, &lo, &c) == OI_OK);
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_client_query(c, NULL, hs, 4, 0, &q));
+  CHECK_OK(oi_lookup_query(c, NULL, hs, 4, 0, &q));
   CHECK(q.hit_blocks == 4);
-  CHECK_OK(oi_offload_client_release(c, q.lease));
+  CHECK_OK(oi_lookup_release(c, q.lease));
 
   stop_server(ts.pid);
   uint64_t t0 = oi__now_ns();
-  CHECK_ST(oi_offload_client_query(c, NULL, hs, 4, 0, &q), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_lookup_query(c, NULL, hs, 4, 0, &q), OI_ERR_TIMEOUT);
   double first = ms_since(t0);
   CHECK(first >= 45 && first < 50 + SLACK_MS);
   CHECK(strstr(oi_last_error(), "lookup of 4 hashes: no reply") != NULL);
   double v[100];
   for (int i = 0; i < 100; i++) {
     uint64_t c0 = oi__now_ns();
-    CHECK_OK(oi_offload_client_query(c, NULL, hs, 4, 0, &q));
+    CHECK_OK(oi_lookup_query(c, NULL, hs, 4, 0, &q));
     v[i] = ms_since(c0);
     CHECK(q.hit_blocks == 0);
   }
@@ -456,14 +455,14 @@ static void test_breaker_lookup_client(void) {
   uint64_t r0 = oi__now_ns();
   bool hit = false;
   while (!hit && ms_since(r0) < 1000 + SLACK_MS) {
-    hit = oi_offload_client_query(c, NULL, hs, 4, 0, &q) == OI_OK && q.hit_blocks == 4;
+    hit = oi_lookup_query(c, NULL, hs, 4, 0, &q) == OI_OK && q.hit_blocks == 4;
     if (!hit) usleep(1000);
   }
   double recovery = ms_since(r0);
   fprintf(stderr, "lookup client: hits again %.1f ms after SIGCONT\n", recovery);
   CHECK(hit && recovery < 1000);
-  if (hit) CHECK_OK(oi_offload_client_release(c, q.lease));
-  oi_offload_client_destroy(c);
+  if (hit) CHECK_OK(oi_lookup_release(c, q.lease));
+  oi_lookup_destroy(c);
   sc_close(&s);
   CHECK(ts_stop(&ts));
   ts_cleanup(&ts);
@@ -475,21 +474,21 @@ static void test_breaker_options(void) {
   oi_lookup_options_init(&lo);
   lo.namespace_id = "x";
   lo.lookup_deadline_ms = 0;
-  oi_offload_client *c = NULL;
-  CHECK_ST(oi_offload_client_connect("/nonexistent/oi.sock", &lo, &c), OI_ERR_INVALID_ARGUMENT);
+  oi_lookup *c = NULL;
+  CHECK_ST(oi_lookup_connect("/nonexistent/oi.sock", &lo, &c), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "lookup_deadline_ms is 0") != NULL);
   lo.lookup_deadline_ms = 50;
   lo.probe_interval_ms = 0;
-  CHECK_ST(oi_offload_client_connect("/nonexistent/oi.sock", &lo, &c), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_lookup_connect("/nonexistent/oi.sock", &lo, &c), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "probe_interval_ms is 0") != NULL);
   oi_arena_desc a[TL_ARENAS];
   oi_engine_options o;
   tl_options(&o, a, "x");
   CHECK(o.lookup_deadline_ms == 50 && o.probe_interval_ms == 100);
   o.probe_interval_ms = 0;
-  oi_offload_engine *e = NULL;
+  oi_engine *e = NULL;
   oi_imported_arena *ar = NULL;
-  CHECK_ST(oi_offload_engine_connect("/nonexistent/oi.sock", &o, &e, &ar), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect("/nonexistent/oi.sock", &o, &e, &ar), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "probe_interval_ms is 0") != NULL);
 }
 

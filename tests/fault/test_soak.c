@@ -72,13 +72,13 @@ static void client_main(uint64_t seed) {
       rng_next(&rng) % 4 == 0) /* a quarter reset themselves at some point */
     oi__fault_arm(OI_FAULT_SOCK_RESET, 20 + rng_next(&rng) % 400, 1, rng_next(&rng) % 16);
   oi_arena_desc a[RANKS][TL_ARENAS];
-  oi_offload_engine *e[RANKS];
+  oi_engine *e[RANKS];
   oi_imported_arena *ar[RANKS];
   uint8_t *base[RANKS];
   for (int r = 0; r < RANKS; r++) {
     oi_engine_options o;
     tl_options(&o, a[r], "soak");
-    if (oi_offload_engine_connect(ts.socket, &o, &e[r], &ar[r]) != OI_OK) _exit(2);
+    if (oi_engine_connect(ts.socket, &o, &e[r], &ar[r]) != OI_OK) _exit(2);
     base[r] = oi_imported_arena_ptr(ar[r]);
   }
   uint64_t bb = layout_block_bytes(a[0]);
@@ -100,7 +100,7 @@ static void client_main(uint64_t seed) {
         tl_fill(base[r], a[r], ids[i], logical);
       }
       oi_ticket *t = NULL;
-      if (oi_offload_engine_save(e[r], ids, hs, n, NULL, &t) == OI_OK) {
+      if (oi_engine_save(e[r], ids, hs, n, NULL, &t) == OI_OK) {
         if (oi_ticket_wait(t, 30000) != OI_OK) atomic_fetch_add(&sh->errors, 1);
         oi_ticket_release(t);
       } else {
@@ -117,14 +117,14 @@ static void client_main(uint64_t seed) {
       }
       oi_query_result q = {.struct_size = sizeof q};
       atomic_fetch_add(&sh->queries, 1);
-      if (oi_offload_engine_query(e[r], NULL, hs, n, 0, &q) != OI_OK) {
+      if (oi_engine_query(e[r], NULL, hs, n, 0, &q) != OI_OK) {
         atomic_fetch_add(&sh->errors, 1);
         continue;
       }
       if (q.hit_blocks == 0) continue;
       atomic_fetch_add(&sh->hits, q.hit_blocks);
       if (rng_next(&rng) % 8 == 0) { /* sometimes just let it go */
-        oi_offload_engine_release(e[r], q.lease);
+        oi_engine_release(e[r], q.lease);
         continue;
       }
       int64_t dst[8];
@@ -132,7 +132,7 @@ static void client_main(uint64_t seed) {
       for (size_t i = 0; i < q.hit_blocks; i++)
         dst[i] = (int64_t)((start + i * 5) % TL_BLOCKS);
       oi_ticket *t = NULL;
-      if (oi_offload_engine_load(e[r], q.lease, dst, q.hit_blocks, NULL, &t) != OI_OK) {
+      if (oi_engine_load(e[r], q.lease, dst, q.hit_blocks, NULL, &t) != OI_OK) {
         atomic_fetch_add(&sh->errors, 1);
         continue;
       }
@@ -155,7 +155,7 @@ static void client_main(uint64_t seed) {
         }
       }
     } else {
-      if (oi_offload_engine_flush(e[r], 30000) != OI_OK) atomic_fetch_add(&sh->errors, 1);
+      if (oi_engine_flush(e[r], 30000) != OI_OK) atomic_fetch_add(&sh->errors, 1);
     }
   }
 }

@@ -37,21 +37,21 @@ static void save_fails_at_submit(oi_fault_point point, uint64_t after) {
   so.on_done = on_done;
   oi_ticket *t = (oi_ticket *)&r; /* not NULL: the call must clear it */
   REQUIRE(oi__fault_arm(point, after, 1, 0) == OI_OK);
-  CHECK_ST(oi_offload_engine_save(r.e, ids, hs, 12, &so, &t), OI_ERR_IO);
+  CHECK_ST(oi_engine_save(r.e, ids, hs, 12, &so, &t), OI_ERR_IO);
   CHECK(t == NULL);
   CHECK(strstr(oi_last_error(), "save") && strstr(oi_last_error(), "injected"));
   CHECK(oi__fault_fired(point) == 1);
   oi__fault_disarm_all();
   CHECK(atomic_load(&on_done_calls) == 0);
   /* Nothing partial: not even the groups queued before the failure. */
-  CHECK_OK(oi_offload_engine_flush(r.e, 10000));
+  CHECK_OK(oi_engine_flush(r.e, 10000));
   CHECK(rig_visible(&r, 100, 12) == 0);
   CHECK(rig_visible(&r, 500, 2) == 2);
   oi_host_stats s = rig_stats(&r);
   CHECK(s.saves_failed == 12 && s.blocks_sealed == 2 && s.blocks_in_flight == 0);
   rig_check_quiet(&r);
   oi_engine_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_offload_engine_stats(r.e, &es));
+  CHECK_OK(oi_engine_get_stats(r.e, &es));
   CHECK(es.saves_failed == 12 && es.saves_pending == 0);
   /* The engine keeps working: the same hashes save and load byte-exact. */
   CHECK_OK(tr_save(r.e, ids, hs, 12, 60000));
@@ -88,7 +88,7 @@ static void load_fails_at_submit(oi_fault_point point, uint32_t flags) {
   lo.flags = flags;
   oi_ticket *t = (oi_ticket *)&r;
   REQUIRE(oi__fault_arm(point, 0, 1, 0) == OI_OK);
-  CHECK_ST(oi_offload_engine_load(r.e, l, ids, 4, &lo, &t), OI_ERR_IO);
+  CHECK_ST(oi_engine_load(r.e, l, ids, 4, &lo, &t), OI_ERR_IO);
   CHECK(t == NULL);
   CHECK(strstr(oi_last_error(), "load") && strstr(oi_last_error(), "injected"));
   CHECK(oi__fault_fired(point) == 1);
@@ -98,9 +98,9 @@ static void load_fails_at_submit(oi_fault_point point, uint32_t flags) {
   CHECK(s.leases_active == 0 && s.blocks_sealed == 4);
   rig_check_quiet(&r);
   oi_engine_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_offload_engine_stats(r.e, &es));
+  CHECK_OK(oi_engine_get_stats(r.e, &es));
   CHECK(es.loads_failed == 1 && es.loads_completed == 0);
-  CHECK_ST(oi_offload_engine_release(r.e, l), OI_ERR_LEASE_EXPIRED); /* consumed */
+  CHECK_ST(oi_engine_release(r.e, l), OI_ERR_LEASE_EXPIRED); /* consumed */
   CHECK(rig_query(&r, 300, 4, &l) == 4);
   CHECK_OK(rig_load(&r, l, 8, 4));
   for (int i = 0; i < 4; i++)
@@ -136,17 +136,17 @@ static void layer_save_fails_at_submit(oi_fault_point point) {
     oi_ticket *t = NULL;
     if (a == 1) {
       REQUIRE(oi__fault_arm(point, 0, 1, 0) == OI_OK);
-      CHECK_ST(oi_offload_engine_save(r.e, ids, hs, 2, &so, &t), OI_ERR_IO);
+      CHECK_ST(oi_engine_save(r.e, ids, hs, 2, &so, &t), OI_ERR_IO);
       CHECK(t == NULL);
       CHECK(oi__fault_fired(point) == 1);
       oi__fault_disarm_all();
     } else {
-      CHECK_OK(oi_offload_engine_save(r.e, ids, hs, 2, &so, &t));
+      CHECK_OK(oi_engine_save(r.e, ids, hs, 2, &so, &t));
       CHECK_OK(oi_ticket_wait(t, 60000));
       oi_ticket_release(t);
     }
     oi_host_stats s = {.struct_size = sizeof s};
-    CHECK_OK(oi_offload_host_stats(r.h, &s));
+    CHECK_OK(oi_host_get_stats(r.h, &s));
     CHECK(s.blocks_in_flight == (a == 0 ? 2u : 0u)); /* aborted as soon as a layer failed */
     CHECK(s.blocks_sealed == 0);
   }
@@ -171,7 +171,7 @@ static void flush_waits_for_duplicates(int n) {
   rig_open(&r, (uint64_t)n, 4096, (uint64_t)n + 16, 0, 0, 0, 0);
   uint8_t *arena_b = calloc((size_t)n, 4096);
   REQUIRE(arena_b);
-  oi_offload_engine *b = fu_rig_engine(&r, arena_b); /* rig_open's namespace and shape */
+  oi_engine *b = fu_rig_engine(&r, arena_b); /* rig_open's namespace and shape */
   int64_t ids[100];
   oi_block_hash hs[100];
   REQUIRE(n <= 100);
@@ -182,25 +182,25 @@ static void flush_waits_for_duplicates(int n) {
   }
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 600) == OI_OK);
   oi_ticket *ta;
-  CHECK_OK(oi_offload_engine_save(r.e, ids, hs, (size_t)n, NULL, &ta));
+  CHECK_OK(oi_engine_save(r.e, ids, hs, (size_t)n, NULL, &ta));
   oi_save_result res = {.struct_size = sizeof res};
   oi_save_options so;
   oi_save_options_init(&so);
   so.result = &res;
   oi_ticket *tb;
-  CHECK_OK(oi_offload_engine_save(b, ids, hs, (size_t)n, &so, &tb));
+  CHECK_OK(oi_engine_save(b, ids, hs, (size_t)n, &so, &tb));
   CHECK(res.deduplicated == (uint64_t)n && res.accepted == 0);
   CHECK_OK(oi_ticket_wait(tb, 1000)); /* nothing of B's own to copy */
   oi_ticket_release(tb);
   CHECK(oi_ticket_poll(ta) == OI_PENDING);
-  CHECK_ST(oi_offload_engine_flush(b, 50), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_engine_flush(b, 50), OI_ERR_TIMEOUT);
   CHECK(strstr(oi_last_error(), "deduplicated") && strstr(oi_last_error(), "another engine"));
-  CHECK_OK(oi_offload_engine_flush(b, 60000)); /* still noted: waits for A's seal */
+  CHECK_OK(oi_engine_flush(b, 60000)); /* still noted: waits for A's seal */
   oi_host_stats hs4 = rig_stats(&r);
   CHECK(hs4.blocks_sealed == (uint64_t)n && hs4.blocks_in_flight == 0);
   CHECK_OK(oi_ticket_wait(ta, 60000));
   oi_ticket_release(ta);
-  oi_offload_engine_destroy(b);
+  oi_engine_destroy(b);
   free(arena_b);
   rig_check_quiet(&r);
   rig_close(&r);
@@ -220,13 +220,13 @@ static void test_lease_with_a_live_id_and_another_tag_is_refused(void) {
   oi_lease bad = l;
   bad.bytes[8] ^= 0x01; /* the tag's first byte */
   int64_t ids[2] = {4, 5};
-  CHECK_ST(oi_offload_engine_load(r.e, bad, ids, 2, NULL, NULL), OI_ERR_LEASE_EXPIRED);
+  CHECK_ST(oi_engine_load(r.e, bad, ids, 2, NULL, NULL), OI_ERR_LEASE_EXPIRED);
   CHECK(strstr(oi_last_error(), "tag does not match"));
-  CHECK_ST(oi_offload_engine_release(r.e, bad), OI_ERR_LEASE_EXPIRED);
+  CHECK_ST(oi_engine_release(r.e, bad), OI_ERR_LEASE_EXPIRED);
   CHECK(strstr(oi_last_error(), "release") && strstr(oi_last_error(), "stale or forged"));
   oi_lease unknown = l;
   unknown.bytes[0] ^= 0x40; /* another id */
-  CHECK_ST(oi_offload_engine_release(r.e, unknown), OI_ERR_LEASE_EXPIRED);
+  CHECK_ST(oi_engine_release(r.e, unknown), OI_ERR_LEASE_EXPIRED);
   CHECK(strstr(oi_last_error(), "lease unknown"));
   oi_host_stats s = rig_stats(&r);
   CHECK(s.leases_active == 1 && s.blocks_leased == 2);
@@ -249,7 +249,7 @@ static void test_a_lease_that_cannot_be_created_undoes_its_pins(void) {
     hs[i] = fu_hash(80 + (uint64_t)i);
   oi_query_result q = {.struct_size = sizeof q};
   REQUIRE(oi__fault_arm(OI_FAULT_LEASE_ALLOC, 0, 1, 0) == OI_OK);
-  CHECK_ST(oi_offload_engine_query(r.e, NULL, hs, 4, 0, &q), OI_ERR_OUT_OF_MEMORY);
+  CHECK_ST(oi_engine_query(r.e, NULL, hs, 4, 0, &q), OI_ERR_OUT_OF_MEMORY);
   CHECK(strstr(oi_last_error(), "lease"));
   CHECK(oi__fault_fired(OI_FAULT_LEASE_ALLOC) == 1);
   oi_host_stats s = rig_stats(&r);
@@ -258,9 +258,9 @@ static void test_a_lease_that_cannot_be_created_undoes_its_pins(void) {
   rig_check_quiet(&r);
   oi_lease l;
   CHECK(rig_query(&r, 80, 4, &l) == 4); /* the next query leases them */
-  CHECK_OK(oi_offload_engine_release(r.e, l));
+  CHECK_OK(oi_engine_release(r.e, l));
   uint64_t evicted = 0;
-  CHECK_OK(oi_offload_host_evict_all(r.h, &evicted));
+  CHECK_OK(oi_host_evict_all(r.h, &evicted));
   CHECK(evicted == 4); /* no pin left behind */
   rig_close(&r);
 }
@@ -271,7 +271,7 @@ static void test_a_lease_that_cannot_be_created_undoes_its_pins(void) {
  * running (copy_slow), its flush waits for it like for any duplicate in
  * flight: a short flush times out, a long one returns once it sealed. */
 typedef struct racer {
-  oi_offload_engine *e;
+  oi_engine *e;
   oi_block_hash h;
   oi_save_result res;
   oi_status st;
@@ -285,7 +285,7 @@ static void *racer_main(void *arg) {
   r->res.struct_size = sizeof r->res;
   so.result = &r->res;
   oi_ticket *t = NULL;
-  r->st = oi_offload_engine_save(r->e, &id, &r->h, 1, &so, &t);
+  r->st = oi_engine_save(r->e, &id, &r->h, 1, &so, &t);
   if (r->st == OI_OK) {
     r->st = oi_ticket_wait(t, 60000);
     oi_ticket_release(t);
@@ -299,7 +299,7 @@ static void test_another_saver_inserts_the_same_hash_in_between(void) {
   CHECK_OK(rig_save(&r, 1000, 8)); /* the pool is full: the next saves evict */
   uint8_t *arena_b = calloc(8, 4096);
   REQUIRE(arena_b);
-  oi_offload_engine *b = fu_rig_engine(&r, arena_b); /* rig_open's namespace and shape */
+  oi_engine *b = fu_rig_engine(&r, arena_b); /* rig_open's namespace and shape */
   racer a = {.e = r.e, .h = fu_hash(2000)};
   fu_fill(&r, 7, 2000);
   REQUIRE(oi__fault_arm(OI_FAULT_RESERVE_GAP, 0, 1, 300) == OI_OK);
@@ -312,19 +312,19 @@ static void test_another_saver_inserts_the_same_hash_in_between(void) {
   int64_t id = 0;
   oi_block_hash hb = fu_hash(2000);
   oi_ticket *tb;
-  CHECK_OK(oi_offload_engine_save(b, &id, &hb, 1, NULL, &tb)); /* B inserts it, copies slowly */
+  CHECK_OK(oi_engine_save(b, &id, &hb, 1, NULL, &tb)); /* B inserts it, copies slowly */
   pthread_join(th, NULL);
   CHECK_OK(a.st);
   CHECK(a.res.deduplicated == 1 && a.res.accepted == 0); /* A found B's block after its gap */
   CHECK(oi_ticket_poll(tb) == OI_PENDING);
-  CHECK_ST(oi_offload_engine_flush(r.e, 50), OI_ERR_TIMEOUT); /* A waits for B's copy */
+  CHECK_ST(oi_engine_flush(r.e, 50), OI_ERR_TIMEOUT); /* A waits for B's copy */
   CHECK(strstr(oi_last_error(), "another engine"));
-  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  CHECK_OK(oi_engine_flush(r.e, 60000));
   CHECK(rig_visible(&r, 2000, 1) == 1); /* sealed when the flush returned */
   CHECK(rig_stats(&r).blocks_in_flight == 0);
   CHECK_OK(oi_ticket_wait(tb, 60000));
   oi_ticket_release(tb);
-  oi_offload_engine_destroy(b);
+  oi_engine_destroy(b);
   free(arena_b);
   rig_check_quiet(&r);
   rig_close(&r);

@@ -40,8 +40,8 @@ static void test_many_jobs_miss_their_deadlines_at_once(void) {
     oi_block_hash h = fu_hash(5000 + (uint64_t)i);
     fu_fill(&r, i, 5000 + (uint64_t)i);
     t[i] = NULL;
-    CHECK_OK(oi_offload_engine_save(r.e, &id, &h, 1, i == MANY ? NULL : &so,
-                                    i % 2 || i == MANY ? &t[i] : NULL));
+    CHECK_OK(
+        oi_engine_save(r.e, &id, &h, 1, i == MANY ? NULL : &so, i % 2 || i == MANY ? &t[i] : NULL));
   }
   for (int i = 1; i < MANY; i += 2) {
     CHECK_ST(oi_ticket_wait(t[i], 60000), OI_ERR_TIMEOUT);
@@ -53,7 +53,7 @@ static void test_many_jobs_miss_their_deadlines_at_once(void) {
   CHECK_OK(oi_ticket_wait(t[MANY], 60000));
   oi_ticket_release(t[MANY]);
   CHECK(oi__fault_fired(OI_FAULT_CLOCK_JUMP) == 1);
-  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  CHECK_OK(oi_engine_flush(r.e, 60000));
   CHECK(rig_visible(&r, 5000, MANY) == 0); /* late saves are discarded */
   oi_lease l;
   REQUIRE(rig_query(&r, 5000 + MANY, 1, &l) == 1);
@@ -110,19 +110,19 @@ static void test_layered_load_every_copy_fails(void) {
   oi_load_options_init(&lo);
   lo.flags = OI_LOAD_ARENA_EVENTS;
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, 4, 0, &q));
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, 4, 0, &q));
   REQUIRE(q.hit_blocks == 4);
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 0, 0, 0) == OI_OK);
-  CHECK_OK(oi_offload_engine_load(r.e, q.lease, dst, 4, &lo, &t));
+  CHECK_OK(oi_engine_load(r.e, q.lease, dst, 4, &lo, &t));
   for (uint32_t a = 0; a < FU_LAYERS; a++)
     CHECK_ST(oi_ticket_arena_wait(t, a, 60000), OI_ERR_IO);
   CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_IO);
   oi_ticket_release(t);
   oi__fault_disarm_all();
-  CHECK_ST(oi_offload_engine_load(r.e, q.lease, dst, 4, &lo, &t), OI_ERR_LEASE_EXPIRED);
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, 4, 0, &q));
+  CHECK_ST(oi_engine_load(r.e, q.lease, dst, 4, &lo, &t), OI_ERR_LEASE_EXPIRED);
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, 4, 0, &q));
   REQUIRE(q.hit_blocks == 4);
-  CHECK_OK(oi_offload_engine_load(r.e, q.lease, dst, 4, &lo, &t));
+  CHECK_OK(oi_engine_load(r.e, q.lease, dst, 4, &lo, &t));
   CHECK_OK(oi_ticket_wait(t, 60000));
   oi_ticket_release(t);
   for (int b = 0; b < 4; b++)
@@ -152,22 +152,22 @@ static void test_staged_layer_saves_in_small_groups(void) {
   for (uint32_t a = 0; a < FU_LAYERS; a++) {
     so.arena_first = a;
     oi_ticket *t;
-    CHECK_OK(oi_offload_engine_save(r.e, src, hs, N, &so, &t));
+    CHECK_OK(oi_engine_save(r.e, src, hs, N, &so, &t));
     CHECK_OK(oi_ticket_wait(t, 60000));
     oi_ticket_release(t);
   }
-  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  CHECK_OK(oi_engine_flush(r.e, 60000));
   for (int layered = 0; layered < 2; layered++) {
     oi_load_options lo;
     oi_load_options_init(&lo);
     lo.flags = layered ? OI_LOAD_ARENA_EVENTS : 0;
     oi_query_result q = {.struct_size = sizeof q};
-    CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, 0, &q));
+    CHECK_OK(oi_engine_query(r.e, NULL, hs, N, 0, &q));
     REQUIRE(q.hit_blocks == N);
     for (uint32_t a = 0; a < FU_LAYERS; a++)
       memset((uint8_t *)r.ad[a].base + (uint64_t)N * FU_LAYER_BYTES, 0, N * FU_LAYER_BYTES);
     oi_ticket *t;
-    CHECK_OK(oi_offload_engine_load(r.e, q.lease, dst, N, &lo, &t));
+    CHECK_OK(oi_engine_load(r.e, q.lease, dst, N, &lo, &t));
     if (layered)
       for (uint32_t a = 0; a < FU_LAYERS; a++)
         CHECK_OK(oi_ticket_arena_wait(t, a, 60000));
@@ -193,9 +193,9 @@ static void test_jobs_without_tickets(void) {
     fu_fill(&r, i, 6000 + (uint64_t)i);
   }
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SUBMIT, 0, 1, 0) == OI_OK);
-  CHECK_ST(oi_offload_engine_save(r.e, ids, hs, 4, NULL, NULL), OI_ERR_IO);
+  CHECK_ST(oi_engine_save(r.e, ids, hs, 4, NULL, NULL), OI_ERR_IO);
   oi__fault_disarm_all();
-  CHECK_OK(oi_offload_engine_flush(r.e, 10000));
+  CHECK_OK(oi_engine_flush(r.e, 10000));
   CHECK(rig_visible(&r, 6000, 4) == 0);
   rig_check_quiet(&r);
   CHECK_OK(rig_save(&r, 6000, 4));
@@ -206,7 +206,7 @@ static void test_jobs_without_tickets(void) {
   oi_load_options_init(&lo);
   lo.flags = OI_LOAD_ARENA_EVENTS;
   int64_t dst[4] = {8, 9, 10, 11};
-  CHECK_OK(oi_offload_engine_load(r.e, l, dst, 4, &lo, NULL));
+  CHECK_OK(oi_engine_load(r.e, l, dst, 4, &lo, NULL));
   for (int i = 0; i < 1000 && rig_stats(&r).blocks_loading; i++)
     usleep(1000);
   rig_check_quiet(&r);
@@ -240,29 +240,29 @@ static void test_every_layer_of_a_layered_save_fails(void) {
   oi_ticket *t[FU_LAYERS];
   for (uint32_t a = 0; a < FU_LAYERS; a++) {
     so.arena_first = a;
-    CHECK_OK(oi_offload_engine_save(r.e, src, hs, N, &so, &t[a]));
+    CHECK_OK(oi_engine_save(r.e, src, hs, N, &so, &t[a]));
   }
   for (uint32_t a = 0; a < FU_LAYERS; a++) {
     CHECK_ST(oi_ticket_wait(t[a], 60000), OI_ERR_IO);
     oi_ticket_release(t[a]);
   }
-  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  CHECK_OK(oi_engine_flush(r.e, 60000));
   oi__fault_disarm_all();
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, 0, &q));
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, N, 0, &q));
   CHECK(q.hit_blocks == 0);
   oi_host_stats hs_ = {.struct_size = sizeof hs_};
-  CHECK_OK(oi_offload_host_stats(r.h, &hs_));
+  CHECK_OK(oi_host_get_stats(r.h, &hs_));
   CHECK(hs_.blocks_in_flight == 0 && hs_.blocks_sealed == 0);
   for (uint32_t a = 0; a < FU_LAYERS; a++) {
     so.arena_first = a;
     oi_ticket *tt;
-    CHECK_OK(oi_offload_engine_save(r.e, src, hs, N, &so, &tt));
+    CHECK_OK(oi_engine_save(r.e, src, hs, N, &so, &tt));
     CHECK_OK(oi_ticket_wait(tt, 60000));
     oi_ticket_release(tt);
   }
-  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
-  CHECK_OK(oi_offload_engine_query(r.e, NULL, hs, N, 0, &q));
+  CHECK_OK(oi_engine_flush(r.e, 60000));
+  CHECK_OK(oi_engine_query(r.e, NULL, hs, N, 0, &q));
   REQUIRE(q.hit_blocks == N);
   CHECK_OK(tr_load(r.e, q.lease, dst, N, 60000));
   for (int b = 0; b < N; b++)

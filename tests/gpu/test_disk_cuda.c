@@ -56,8 +56,8 @@ static void remove_dir(char *dir) {
 }
 
 typedef struct rig {
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
 } rig;
 
 static void rig_open(rig *r, const char *dir, uint8_t *region) {
@@ -73,7 +73,7 @@ static void rig_open(rig *r, const char *dir, uint8_t *region) {
   d.dirs = dirs;
   d.num_dirs = 1;
   d.capacity_bytes = 64ull << 20;
-  REQUIRE(oi_offload_host_attach_disk(r->h, &d) == OI_OK);
+  REQUIRE(oi_host_attach_disk(r->h, &d) == OI_OK);
   oi_arena_desc ad = tr_arena("kv", NULL, 2 * NB, BLOCK);
   oi_engine_options eo;
   oi_engine_options_init(&eo);
@@ -87,14 +87,14 @@ static void rig_open(rig *r, const char *dir, uint8_t *region) {
 }
 
 static void rig_close(rig *r) {
-  oi_offload_engine_destroy(r->e);
-  oi_offload_host_destroy(r->h); /* writes what is still queued, closes the store */
+  oi_engine_destroy(r->e);
+  oi_host_destroy(r->h); /* writes what is still queued, closes the store */
   memset(r, 0, sizeof *r);
 }
 
 static oi_host_disk_stats disk_stats(rig *r) {
   oi_host_disk_stats s = {.struct_size = sizeof s};
-  REQUIRE(oi_offload_host_disk_stats(r->h, &s) == OI_OK);
+  REQUIRE(oi_host_get_disk_stats(r->h, &s) == OI_OK);
   return s;
 }
 
@@ -106,25 +106,25 @@ static void restore_and_check(rig *r, uint8_t *region, uint8_t *host, const oi_b
   memset(host + NB * BLOCK, 0, NB * BLOCK);
   REQUIRE(dev->ops->mem_copy(dev, region + NB * BLOCK, host + NB * BLOCK, NB * BLOCK) == OI_OK);
   oi_host_stats hst = {.struct_size = sizeof hst};
-  CHECK_OK(oi_offload_host_stats(r->h, &hst));
+  CHECK_OK(oi_host_get_stats(r->h, &hst));
   CHECK(hst.blocks_sealed == 0); /* nothing in the pool: every hit comes from disk */
   uint64_t promoted0 = disk_stats(r).promotions;
   oi_query_result q = {.struct_size = sizeof q, .wait_ms = 60000};
-  CHECK_OK(oi_offload_engine_query(r->e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_engine_query(r->e, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q));
   CHECK(q.hit_blocks == NB);
   CHECK(disk_stats(r).promotions - promoted0 == NB);
   if (q.hit_blocks != NB) {
-    if (q.hit_blocks) oi_offload_engine_release(r->e, q.lease);
+    if (q.hit_blocks) oi_engine_release(r->e, q.lease);
     return;
   }
   int64_t dst[NB];
   for (uint64_t b = 0; b < NB; b++)
     dst[b] = (int64_t)(2 * NB - 1 - b); /* reversed: a shifted or swapped block fails */
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_load(r->e, q.lease, dst, NB, NULL, &t));
+  CHECK_OK(oi_engine_load(r->e, q.lease, dst, NB, NULL, &t));
   CHECK_OK(oi_ticket_wait(t, 60000));
   oi_ticket_release(t); /* (the load consumed the lease's only share) */
-  CHECK_ST(oi_offload_engine_release(r->e, q.lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_ST(oi_engine_release(r->e, q.lease), OI_ERR_LEASE_EXPIRED);
   REQUIRE(dev->ops->mem_copy(dev, host, region, REGION) == OI_OK);
   uint64_t bad = 0, src_bad = 0;
   for (uint64_t b = 0; b < NB; b++)
@@ -161,7 +161,7 @@ static void test_disk_round_trip_on_cuda(void) {
 
   /* Save from device memory; the disk tier writes every block behind. */
   CHECK_OK(tr_save(r.e, ids, hs, NB, 60000));
-  CHECK_OK(oi_offload_engine_flush(r.e, 60000));
+  CHECK_OK(oi_engine_flush(r.e, 60000));
   double t0 = now_s();
   while (disk_stats(&r).spills < NB && now_s() - t0 < 60)
     usleep(2000);
@@ -171,7 +171,7 @@ static void test_disk_round_trip_on_cuda(void) {
 
   /* Empty the pool: the blocks now live on disk only. */
   uint64_t evicted = 0;
-  CHECK_OK(oi_offload_host_evict_all(r.h, &evicted));
+  CHECK_OK(oi_host_evict_all(r.h, &evicted));
   CHECK(evicted == NB);
   restore_and_check(&r, region, host, hs, "promoted after evict_all");
   /* Promoted blocks are not written again. */

@@ -60,7 +60,7 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
   oi_host_options ho = tr_host_options(256ull << 20);
   ho.chunk_bytes = 32ull << 20;
   ho.device = 0;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   oi_arena_desc *ad = calloc(lc->narenas, sizeof *ad);
   char(*names)[16] = calloc(lc->narenas, sizeof *names);
   REQUIRE(ad && names);
@@ -95,7 +95,7 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
     eo.segment_offsets = offs;
     eo.num_segment_offsets = 2 * lc->narenas;
   }
-  oi_offload_engine *e = tr_engine_new(h, &eo);
+  oi_engine *e = tr_engine_new(h, &eo);
 
   int64_t *ids = calloc(half, sizeof *ids), *dst = calloc(half, sizeof *dst);
   oi_block_hash *hs = calloc(half, sizeof *hs);
@@ -115,17 +115,17 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
   oi_save_options_init(&so);
   so.wait_event = kv_written;
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, ids, hs, half, &so, &t));
+  CHECK_OK(oi_engine_save(e, ids, hs, half, &so, &t));
   CHECK_OK(oi_ticket_wait(t, 60000));
   oi_ticket_release(t);
-  CHECK_OK(oi_offload_engine_flush(e, 60000));
+  CHECK_OK(oi_engine_flush(e, 60000));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, "r", hs, half, 0, &q));
+  CHECK_OK(oi_engine_query(e, "r", hs, half, 0, &q));
   CHECK(q.hit_blocks == half);
   oi_load_options lo;
   oi_load_options_init(&lo);
   if (layered) lo.flags = OI_LOAD_ARENA_EVENTS;
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, half, &lo, &t));
+  CHECK_OK(oi_engine_load(e, q.lease, dst, half, &lo, &t));
   CHECK(oi_ticket_cuda_event(t) != NULL);
   /* Layered: one event per arena (the model waits on each), none past them. */
   uint32_t events = 0;
@@ -169,8 +169,8 @@ static void run_case(const layout_case *lc, uint32_t mode, uint32_t ctas, uint32
           layered ? " layered" : "", bad || untouched_bad ? "MISMATCH" : "bytes match");
   dev->ops->event_destroy(kv_written);
   dev->ops->stream_destroy(compute);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   dev->ops->mem_free(dev, region);
   free(host);
   free(ad);

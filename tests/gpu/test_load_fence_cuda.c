@@ -28,7 +28,7 @@ static void run(uint32_t mode, bool layered) {
   oi_host_options ho = tr_host_options((half * ARENAS * ARENA_BLOCK_BYTES) + (64ull << 20));
   ho.chunk_bytes = 64ull << 20;
   ho.device = 0;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   oi_arena_desc ad[ARENAS];
   static const char *names[ARENAS] = {"l0", "l1", "l2", "l3"};
   for (uint32_t a = 0; a < ARENAS; a++)
@@ -48,7 +48,7 @@ static void run(uint32_t mode, bool layered) {
   eo.arena_size = region_bytes;
   eo.copy_mode = mode;
   eo.load_deadline_ms = 2;
-  oi_offload_engine *e = tr_engine_new(h, &eo);
+  oi_engine *e = tr_engine_new(h, &eo);
 
   int64_t ids[BLOCKS / 2], dst[BLOCKS / 2];
   oi_block_hash hs[BLOCKS / 2];
@@ -61,9 +61,9 @@ static void run(uint32_t mode, bool layered) {
   }
   oi_ticket *t = NULL;
   CHECK_OK(tr_save(e, ids, hs, half, 60000));
-  CHECK_OK(oi_offload_engine_flush(e, 60000));
+  CHECK_OK(oi_engine_flush(e, 60000));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, "r", hs, half, 0, &q));
+  CHECK_OK(oi_engine_query(e, "r", hs, half, 0, &q));
   CHECK(q.hit_blocks == half);
 
   oi_load_options lo;
@@ -71,7 +71,7 @@ static void run(uint32_t mode, bool layered) {
   if (layered) lo.flags = OI_LOAD_ARENA_EVENTS;
   uint64_t t0 = oi__now_ns();
   t = NULL;
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, half, &lo, &t));
+  CHECK_OK(oi_engine_load(e, q.lease, dst, half, &lo, &t));
   CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_TIMEOUT); /* at the deadline */
   uint64_t told_ns = oi__now_ns() - t0;
   oi_status polled = oi_ticket_poll(t);
@@ -117,7 +117,7 @@ static void run(uint32_t mode, bool layered) {
   }
   oi_engine_stats es;
   es.struct_size = sizeof es;
-  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK_OK(oi_engine_get_stats(e, &es));
   CHECK(es.loads_failed == 1 && es.loads_completed == 0);
   fprintf(stderr, "  mode %u%s: told after %.2f ms, final after %.2f ms (1 GiB)\n", mode,
           layered ? " layered" : "", told_ns / 1e6, final_ns / 1e6);
@@ -125,8 +125,8 @@ static void run(uint32_t mode, bool layered) {
   free(src);
   free(got);
   free(later);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   dev->ops->mem_free(dev, region);
 }
 

@@ -16,7 +16,7 @@ typedef struct rank {
   oi_dev *dev;
   uint8_t *arena; /* ARENAS x (nranks*BLOCKS_PER_RANK + BLOCKS_PER_RANK) blocks */
   uint64_t nblocks;
-  oi_offload_engine *e;
+  oi_engine *e;
   uint64_t bad;
   oi_status err;
   uint64_t bytes_loaded, load_ns;
@@ -48,10 +48,10 @@ static void *save_main(void *arg) {
                                     seed_of(r->id, i, a));
   }
   oi_ticket *t = NULL;
-  r->err = oi_offload_engine_save(r->e, ids, hs, BLOCKS_PER_RANK, NULL, &t);
+  r->err = oi_engine_save(r->e, ids, hs, BLOCKS_PER_RANK, NULL, &t);
   if (r->err == OI_OK) r->err = oi_ticket_wait(t, 60000);
   oi_ticket_release(t);
-  if (r->err == OI_OK) r->err = oi_offload_engine_flush(r->e, 60000);
+  if (r->err == OI_OK) r->err = oi_engine_flush(r->e, 60000);
   return NULL;
 }
 
@@ -66,14 +66,14 @@ static void *restore_main(void *arg) {
       dst[i] = (int64_t)(BLOCKS_PER_RANK + owner * BLOCKS_PER_RANK + (BLOCKS_PER_RANK - 1 - i));
     }
     oi_query_result q = {.struct_size = sizeof q};
-    r->err = oi_offload_engine_query(r->e, "pairs", hs, BLOCKS_PER_RANK, 0, &q);
+    r->err = oi_engine_query(r->e, "pairs", hs, BLOCKS_PER_RANK, 0, &q);
     if (r->err != OI_OK || q.hit_blocks != BLOCKS_PER_RANK) {
       if (r->err == OI_OK) r->err = OI_ERR_NOT_FOUND;
       break;
     }
     oi_ticket *t = NULL;
     uint64_t t0 = oi__now_ns();
-    r->err = oi_offload_engine_load(r->e, q.lease, dst, BLOCKS_PER_RANK, NULL, &t);
+    r->err = oi_engine_load(r->e, q.lease, dst, BLOCKS_PER_RANK, NULL, &t);
     if (r->err == OI_OK) r->err = oi_ticket_wait(t, 60000);
     r->load_ns += oi__now_ns() - t0;
     r->bytes_loaded += (uint64_t)BLOCKS_PER_RANK * ARENAS * BPB;
@@ -104,7 +104,7 @@ int main(void) {
   ho.device = 0;
   ho.pool_bytes = (uint64_t)nranks * BLOCKS_PER_RANK * ARENAS * BPB * 2;
   ho.chunk_bytes = 16ull << 20;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   rank *ranks = calloc((size_t)nranks, sizeof *ranks);
   REQUIRE(ranks);
   for (int i = 0; i < nranks; i++) {
@@ -152,11 +152,11 @@ int main(void) {
           "aggregate restores\n",
           nranks, ndev, nranks, nranks, (unsigned long long)bad, (double)bytes / (double)wall);
   for (int i = 0; i < nranks; i++) {
-    oi_offload_engine_destroy(ranks[i].e);
+    oi_engine_destroy(ranks[i].e);
     ranks[i].dev->ops->mem_free(ranks[i].dev, ranks[i].arena);
     oi__dev_close(ranks[i].dev);
   }
-  oi_offload_host_destroy(h);
+  oi_host_destroy(h);
   free(ranks);
   fprintf(stderr, "%-60s %s\n", "test_any_rank_restores_what_any_rank_saved",
           oi_test_failures ? "FAILED" : "ok");

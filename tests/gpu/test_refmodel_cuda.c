@@ -354,13 +354,13 @@ static void test_executor_parity(void) {
   const uint32_t N = 2300, GEN = 64, NB = (N - 1) / PAGE;
   uint32_t *p = prompt(N, 3), *p2 = prompt(700, 4);
   oi_kv_layout kv = {.struct_size = sizeof kv};
-  CHECK_OK(oi_executor_kv_layout(x, 0, &kv));
+  CHECK_OK(oi_executor_get_kv_layout(x, 0, &kv));
 
   uint64_t cold = submit(x, p, N, GEN);
   submit(x, p2, 700, 20); /* shares the batches */
   CHECK_OK(oi_executor_run_until_idle(x));
   oi_request_result rc = {.struct_size = sizeof rc};
-  CHECK_OK(oi_executor_result(x, cold, &rc));
+  CHECK_OK(oi_executor_get_result(x, cold, &rc));
   CHECK(rc.state == OI_REQUEST_FINISHED && rc.n_tokens == GEN);
   uint32_t *tok_cold = malloc(GEN * 4);
   memcpy(tok_cold, rc.tokens, GEN * 4);
@@ -373,7 +373,7 @@ static void test_executor_parity(void) {
   uint64_t hit = submit(x, p, N, GEN);
   CHECK_OK(oi_executor_run_until_idle(x));
   oi_request_result rh = {.struct_size = sizeof rh};
-  CHECK_OK(oi_executor_result(x, hit, &rh));
+  CHECK_OK(oi_executor_get_result(x, hit, &rh));
   CHECK(rh.cached_tokens == NB * PAGE);
   CHECK(rh.n_tokens == GEN && !memcmp(rh.tokens, tok_cold, GEN * 4));
   CHECK_OK(oi_executor_flush(x, 30000));
@@ -384,12 +384,12 @@ static void test_executor_parity(void) {
   uint32_t *p3 = prompt(500, 5);
   submit(x, p3, 500, 8); /* its prefill shares the overlapped step */
   CHECK_OK(oi_executor_run_until_idle(x));
-  oi_exec_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_executor_stats(x, &es));
+  oi_executor_stats es = {.struct_size = sizeof es};
+  CHECK_OK(oi_executor_get_stats(x, &es));
   /* The CUDA model waits per layer: the restore overlapped its forward. */
   CHECK(es.restores_overlapped == 1 && es.restores_completed == 1);
   oi_request_result rr = {.struct_size = sizeof rr};
-  CHECK_OK(oi_executor_result(x, rest, &rr));
+  CHECK_OK(oi_executor_get_result(x, rest, &rr));
   CHECK(rr.restored_tokens == NB * PAGE);
   CHECK(rr.n_tokens == GEN && !memcmp(rr.tokens, tok_cold, GEN * 4));
   CHECK_OK(oi_executor_request_blocks(x, rest, ids, 200, &nb));
@@ -404,9 +404,9 @@ static void test_executor_parity(void) {
   uint64_t failed = submit(x, p, N, GEN);
   CHECK_OK(oi_executor_run_until_idle(x));
   oi_request_result rf = {.struct_size = sizeof rf};
-  CHECK_OK(oi_executor_result(x, failed, &rf));
-  oi_exec_stats es2 = {.struct_size = sizeof es2};
-  CHECK_OK(oi_executor_stats(x, &es2));
+  CHECK_OK(oi_executor_get_result(x, failed, &rf));
+  oi_executor_stats es2 = {.struct_size = sizeof es2};
+  CHECK_OK(oi_executor_get_stats(x, &es2));
   CHECK(es2.restores_overlapped == 2 && es2.restores_failed == es.restores_failed + 1);
   CHECK(rf.restored_tokens == 0 && rf.computed_tokens == N);
   CHECK(rf.n_tokens == GEN && !memcmp(rf.tokens, tok_cold, GEN * 4));

@@ -16,7 +16,7 @@ int main(int argc, char **argv) {
   o.device = 0;
   e = NULL;
   arena = NULL;
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
+  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
   REQUIRE(e && arena);
   uint64_t total = 0;
   tl_arenas(a, &total);
@@ -37,9 +37,9 @@ int main(int argc, char **argv) {
   /* The arena is device memory the server allocated: write it from here. */
   CHECK_OK(dev->ops->mem_copy(dev, oi_imported_arena_ptr(arena), mirror, total));
   CHECK_OK(tr_save(e, ids, hs, SAVED, 30000));
-  CHECK_OK(oi_offload_engine_flush(e, 30000));
+  CHECK_OK(oi_engine_flush(e, 30000));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, "gpu", hs, SAVED, 0, &q));
+  CHECK_OK(oi_engine_query(e, "gpu", hs, SAVED, 0, &q));
   CHECK(q.hit_blocks == SAVED);
   CHECK_OK(tr_load(e, q.lease, dst, SAVED, 30000));
   memset(mirror, 0, total);
@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
           bad ? "MISMATCH" : "bytes match");
   /* Drop order: close the mapping, then the engine flushes and unregisters. */
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   oi__dev_close(dev);
   free(mirror);
   CHECK(ts_stop(&ts));

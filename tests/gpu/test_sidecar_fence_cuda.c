@@ -20,10 +20,10 @@ static oi_dev *dev;
 static uint8_t *region;
 static uint8_t *want, *got;
 
-static oi_status stats_of(oi_offload_engine *e, oi_engine_stats *s) {
+static oi_status stats_of(oi_engine *e, oi_engine_stats *s) {
   memset(s, 0, sizeof *s);
   s->struct_size = sizeof *s;
-  return oi_offload_engine_stats(e, s);
+  return oi_engine_get_stats(e, s);
 }
 
 /* The destination half of every arena now holds what `seed` filled, and
@@ -47,17 +47,16 @@ static bool destination_stays(uint64_t seed) {
 
 /* One late load: the server stopped as it is sent; `kill_it` SIGKILLs the
  * stopped server, else SIGCONT after a second. */
-static void late_load(oi_offload_engine *e, test_server *ts, const oi_block_hash *hs,
-                      bool kill_it) {
+static void late_load(oi_engine *e, test_server *ts, const oi_block_hash *hs, bool kill_it) {
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, HALF, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, hs, HALF, 0, &q));
   REQUIRE(q.hit_blocks == HALF);
   int64_t dst[HALF];
   for (int64_t b = 0; b < HALF; b++)
     dst[b] = HALF + b;
   oi_ticket *t = NULL;
   uint64_t t0 = oi__now_ns();
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, HALF, NULL, &t));
+  CHECK_OK(oi_engine_load(e, q.lease, dst, HALF, NULL, &t));
   kill(ts->pid, SIGSTOP);
   CHECK_ST(oi_ticket_wait(t, 60000), OI_ERR_TIMEOUT); /* at the deadline */
   double told_ms = (oi__now_ns() - t0) / 1e6;
@@ -106,8 +105,8 @@ int main(int argc, char **argv) {
   o.arena_base = region;
   o.arena_size = ARENAS * ARENA_BYTES;
   o.load_deadline_ms = 100;
-  oi_offload_engine *e = NULL;
-  REQUIRE(oi_offload_engine_connect(ts.socket, &o, &e, NULL) == OI_OK);
+  oi_engine *e = NULL;
+  REQUIRE(oi_engine_connect(ts.socket, &o, &e, NULL) == OI_OK);
 
   int64_t ids[HALF];
   oi_block_hash hs[HALF];
@@ -116,7 +115,7 @@ int main(int argc, char **argv) {
     hs[b] = tr_hash(b, 15, 0x3c);
   }
   CHECK_OK(tr_save(e, ids, hs, HALF, 60000));
-  CHECK_OK(oi_offload_engine_flush(e, 60000));
+  CHECK_OK(oi_engine_flush(e, 60000));
 
   late_load(e, &ts, hs, false);
   oi_engine_stats s;
@@ -127,7 +126,7 @@ int main(int argc, char **argv) {
   CHECK(s.loads_failed == 1 && s.loads_completed == 0);
   late_load(e, &ts, hs, true);
 
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   dev->ops->mem_free(dev, region);
   free(want);
   free(got);

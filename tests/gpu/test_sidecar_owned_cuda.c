@@ -11,13 +11,13 @@
 
 #define LEAD 4096 /* the arena starts this far into its allocation */
 
-static oi_status stats_of(oi_offload_engine *e, oi_engine_stats *s) {
+static oi_status stats_of(oi_engine *e, oi_engine_stats *s) {
   memset(s, 0, sizeof *s);
   s->struct_size = sizeof *s;
-  return oi_offload_engine_stats(e, s);
+  return oi_engine_get_stats(e, s);
 }
 
-static bool wait_connection(oi_offload_engine *e, uint32_t state, oi_engine_stats *s) {
+static bool wait_connection(oi_engine *e, uint32_t state, oi_engine_stats *s) {
   for (int i = 0; i < 3000; i++) {
     if (stats_of(e, s) == OI_OK && s->connection == state) return true;
     usleep(10000);
@@ -27,7 +27,7 @@ static bool wait_connection(oi_offload_engine *e, uint32_t state, oi_engine_stat
 
 /* Writes 8 logical blocks from `first` into ids 0..7, saves, queries, loads
  * into ids 31..24 and compares every byte of the arena. */
-static int round_trip(oi_offload_engine *e, oi_dev *dev, uint8_t *arena, const oi_arena_desc *a,
+static int round_trip(oi_engine *e, oi_dev *dev, uint8_t *arena, const oi_arena_desc *a,
                       uint64_t total, uint32_t salt, uint64_t first) {
   enum { SAVED = 8 };
   uint8_t *mirror = calloc(1, total);
@@ -43,12 +43,12 @@ static int round_trip(oi_offload_engine *e, oi_dev *dev, uint8_t *arena, const o
   CHECK_OK(dev->ops->mem_copy(dev, arena, mirror, total));
   oi_ticket *t = NULL;
   CHECK_OK(tr_save(e, ids, hs, SAVED, 30000));
-  CHECK_OK(oi_offload_engine_flush(e, 30000));
+  CHECK_OK(oi_engine_flush(e, 30000));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, SAVED, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, hs, SAVED, 0, &q));
   CHECK(q.hit_blocks == SAVED);
   t = NULL;
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, SAVED, NULL, &t));
+  CHECK_OK(oi_engine_load(e, q.lease, dst, SAVED, NULL, &t));
   if (t) CHECK_OK(oi_ticket_wait(t, 30000));
   oi_ticket_release(t);
   memset(mirror, 0, total);
@@ -81,22 +81,22 @@ int main(int argc, char **argv) {
   o.device = 0;
   o.arena_base = arena;
   o.arena_size = total;
-  oi_offload_engine *e = NULL;
+  oi_engine *e = NULL;
   /* Refused: a range past the allocation's end; an arena_fd on cuda. */
   o.arena_size = total + 1;
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   o.arena_size = total;
   o.arena_fd = 0;
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   o.arena_fd = -1;
   /* Host memory is not device memory. */
   static uint8_t host_arena[1 << 16];
   o.arena_base = host_arena;
-  CHECK(oi_offload_engine_connect(ts.socket, &o, &e, NULL) != OI_OK);
+  CHECK(oi_engine_connect(ts.socket, &o, &e, NULL) != OI_OK);
   o.arena_base = arena;
 
   oi_imported_arena *none = NULL;
-  REQUIRE(oi_offload_engine_connect(ts.socket, &o, &e, &none) == OI_OK);
+  REQUIRE(oi_engine_connect(ts.socket, &o, &e, &none) == OI_OK);
   CHECK(none == NULL);
   int bad = round_trip(e, dev, arena, a, total, 7, 0);
   CHECK(bad == 0);
@@ -109,11 +109,11 @@ int main(int argc, char **argv) {
   CHECK(wait_connection(e, OI_CONNECTION_DEGRADED, &s));
   oi_block_hash h = tl_hash(7, 0);
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, &h, 1, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, &h, 1, 0, &q));
   CHECK(q.hit_blocks == 0);
   int64_t id = 0;
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, &id, &h, 1, NULL, &t));
+  CHECK_OK(oi_engine_save(e, &id, &h, 1, NULL, &t));
   CHECK(t && oi_ticket_poll(t) == OI_OK);
   oi_ticket_release(t);
 
@@ -124,7 +124,7 @@ int main(int argc, char **argv) {
   CHECK(bad2 == 0);
   fprintf(stderr, "  engine-owned cudaMalloc arena over CUDA IPC: %s before and after a restart\n",
           bad || bad2 ? "MISMATCH" : "bytes match");
-  oi_offload_engine_destroy(e); /* the server unmaps, then the memory may go */
+  oi_engine_destroy(e); /* the server unmaps, then the memory may go */
   CHECK(ts_stop(&ts));
   dev->ops->mem_free(dev, alloc);
   oi__dev_close(dev);

@@ -1,5 +1,5 @@
 /* A sidecar client for the observability test: connects to SOCKET with
- * oi_offload_engine_connect, saves N blocks under NAMESPACE, flushes, queries
+ * oi_engine_connect, saves N blocks under NAMESPACE, flushes, queries
  * those N plus M unknown hashes (N hits, M misses), loads the hits, queries
  * and releases once more, and checks its own engine stats (the appended
  * fields come over the wire). Prints one line "client ok instance=I" and
@@ -32,9 +32,9 @@ int main(int argc, char **argv) {
   o.device = OI_DEVICE_CPU;
   o.arenas = &a;
   o.num_arenas = 1;
-  oi_offload_engine *e;
+  oi_engine *e;
   oi_imported_arena *arena;
-  REQUIRE(oi_offload_engine_connect(socket, &o, &e, &arena) == OI_OK);
+  REQUIRE(oi_engine_connect(socket, &o, &e, &arena) == OI_OK);
   uint8_t *kv = oi_imported_arena_ptr(arena);
   for (size_t i = 0; i < BLOCKS * BLOCK_BYTES; i++)
     kv[i] = (uint8_t)(i * 7 + 3);
@@ -48,11 +48,11 @@ int main(int argc, char **argv) {
     hashes[i].bytes[15] = (uint8_t)i;
   }
   CHECK_OK(tr_save(e, ids, hashes, n, 30000));
-  CHECK_OK(oi_offload_engine_flush(e, 30000));
+  CHECK_OK(oi_engine_flush(e, 30000));
 
   /* n hits, then m misses (hashes n..n+m-1 were never saved). */
   oi_query_result qr = {.struct_size = sizeof qr};
-  CHECK_OK(oi_offload_engine_query(e, "obs", hashes, n + m, 0, &qr));
+  CHECK_OK(oi_engine_query(e, "obs", hashes, n + m, 0, &qr));
   CHECK(qr.hit_blocks == n);
   int64_t dst[BLOCKS];
   for (size_t i = 0; i < n; i++)
@@ -63,14 +63,14 @@ int main(int argc, char **argv) {
 
   /* A lease released explicitly. */
   oi_query_result q2 = {.struct_size = sizeof q2};
-  CHECK_OK(oi_offload_engine_query(e, "obs2", hashes, 1, 0, &q2));
+  CHECK_OK(oi_engine_query(e, "obs2", hashes, 1, 0, &q2));
   CHECK(q2.hit_blocks == 1);
-  CHECK_OK(oi_offload_engine_release(e, q2.lease));
+  CHECK_OK(oi_engine_release(e, q2.lease));
 
   oi_engine_stats s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  CHECK_OK(oi_offload_engine_stats(e, &s));
+  CHECK_OK(oi_engine_get_stats(e, &s));
   CHECK(s.saves_submitted == n && s.saves_completed == n);
   CHECK(s.loads_submitted == 1 && s.loads_completed == 1 && s.blocks_loaded == n);
   CHECK(s.query_hit_blocks == n + 1 && s.query_miss_blocks == m);
@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
   uint32_t instance = s.instance_id;
 
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   if (oi_test_failures) return 1;
   printf("client ok instance=%u\n", instance);
   return 0;

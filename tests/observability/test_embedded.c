@@ -7,7 +7,7 @@
  *    old caller's smaller struct_size;
  *  - the host's progress hook;
  *  - log lines carry instance=N for engine events;
- *  - oi_server_stats_fetch against a live server with one client: argument
+ *  - oi_server_fetch_stats against a live server with one client: argument
  *    errors, a missing server, every field, an old caller's smaller structs
  *    (and the namespaces' stride). */
 #include <arpa/inet.h>
@@ -192,11 +192,11 @@ static void test_server_metrics_details(void) {
   eo.namespace_id = "we\"ird\\ns\nname";
   eo.arenas = &ad;
   eo.num_arenas = 1;
-  oi_offload_engine *e = NULL;
+  oi_engine *e = NULL;
   oi_imported_arena *ia = NULL;
   st = OI_ERR_NOT_FOUND;
   for (int i = 0; i < 500 && st == OI_ERR_NOT_FOUND; i++) {
-    st = oi_offload_engine_connect(sock, &eo, &e, &ia);
+    st = oi_engine_connect(sock, &eo, &e, &ia);
     if (st == OI_ERR_NOT_FOUND) usleep(10000);
   }
   REQUIRE(st == OI_OK);
@@ -216,11 +216,11 @@ static void test_server_metrics_details(void) {
     snprintf(name, sizeof name, "metrics-ns-%02d", i);
     oi_engine_options e2 = eo;
     e2.namespace_id = name;
-    oi_offload_engine *x2 = NULL;
+    oi_engine *x2 = NULL;
     oi_imported_arena *a2 = NULL;
-    CHECK_OK(oi_offload_engine_connect(sock, &e2, &x2, &a2));
+    CHECK_OK(oi_engine_connect(sock, &e2, &x2, &a2));
     oi_imported_arena_close(a2);
-    oi_offload_engine_destroy(x2);
+    oi_engine_destroy(x2);
   }
   CHECK(http_get(port, "/metrics", body, sizeof body) == 200);
   CHECK(strlen(body) > 16384);
@@ -272,7 +272,7 @@ static void test_server_metrics_details(void) {
   }
 
   oi_imported_arena_close(ia);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   oi_server_stop(srv);
   pthread_join(th, NULL);
   oi_server_destroy(srv);
@@ -281,7 +281,7 @@ static void test_server_metrics_details(void) {
   CHECK(rmdir(dir) == 0);
 }
 
-/* ---- oi_server_stats_fetch ------------------------------------------------------- */
+/* ---- oi_server_fetch_stats ------------------------------------------------------- */
 
 static void test_server_stats_fetch(void) {
   char dir[] = "/tmp/oi-obs-XXXXXX";
@@ -291,11 +291,11 @@ static void test_server_stats_fetch(void) {
   snprintf(none, sizeof none, "%s/nothing", dir);
   oi_server_stats ss = {.struct_size = sizeof ss};
   oi_host_stats hs = {.struct_size = sizeof hs};
-  CHECK_ST(oi_server_stats_fetch(sock, 0, NULL, NULL, NULL, 0), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_server_stats_fetch(sock, 0, &ss, NULL, NULL, 4), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_server_fetch_stats(sock, 0, NULL, NULL, NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_server_fetch_stats(sock, 0, &ss, NULL, NULL, 4), OI_ERR_INVALID_ARGUMENT);
   oi_server_stats bad = {.struct_size = 0};
-  CHECK_ST(oi_server_stats_fetch(sock, 0, &bad, NULL, NULL, 0), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_server_stats_fetch(none, 0, &ss, NULL, NULL, 0), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_server_fetch_stats(sock, 0, &bad, NULL, NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_server_fetch_stats(none, 0, &ss, NULL, NULL, 0), OI_ERR_NOT_FOUND);
 
   oi_host_options ho = tr_host_options(16 << 20);
   ho.flags = OI_HOST_NO_PIN;
@@ -315,19 +315,19 @@ static void test_server_stats_fetch(void) {
   eo.namespace_id = "fetch-ns";
   eo.arenas = &ad;
   eo.num_arenas = 1;
-  oi_offload_engine *e = NULL;
+  oi_engine *e = NULL;
   oi_imported_arena *ia = NULL;
   oi_status st = OI_ERR_NOT_FOUND;
   for (int i = 0; i < 500 && st == OI_ERR_NOT_FOUND; i++) {
-    st = oi_offload_engine_connect(sock, &eo, &e, &ia);
+    st = oi_engine_connect(sock, &eo, &e, &ia);
     if (st == OI_ERR_NOT_FOUND) usleep(10000);
   }
   REQUIRE(st == OI_OK);
 
-  oi_namespace_stats ns[2];
+  oi_host_namespace_stats ns[2];
   memset(ns, 0, sizeof ns);
   ns[0].struct_size = sizeof ns[0];
-  CHECK_OK(oi_server_stats_fetch(sock, 5000, &ss, &hs, ns, 2));
+  CHECK_OK(oi_server_fetch_stats(sock, 5000, &ss, &hs, ns, 2));
   CHECK(ss.struct_size == sizeof ss);
   CHECK(ss.epoch == oi_server_epoch(srv));
   CHECK(strcmp(ss.server_version, oi_version_string()) == 0);
@@ -348,13 +348,13 @@ static void test_server_stats_fetch(void) {
     uint32_t struct_size, index;
     char name[256];
   } old_ns[1] = {{.struct_size = sizeof old_ns[0]}};
-  CHECK_OK(oi_server_stats_fetch(sock, 5000, (oi_server_stats *)&old, NULL,
-                                 (oi_namespace_stats *)old_ns, 1));
+  CHECK_OK(oi_server_fetch_stats(sock, 5000, (oi_server_stats *)&old, NULL,
+                                 (oi_host_namespace_stats *)old_ns, 1));
   CHECK(old.struct_size == sizeof old && old.namespaces == 1);
   CHECK(old_ns[0].struct_size == sizeof old_ns[0] && strcmp(old_ns[0].name, "fetch-ns") == 0);
 
   oi_imported_arena_close(ia);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   oi_server_stop(srv);
   pthread_join(th, NULL);
   oi_server_destroy(srv);
@@ -398,7 +398,7 @@ static void test_embedded_stats(void) {
   ho.flags = OI_HOST_NO_PIN;
   ho.progress = on_progress;
   ho.progress_ctx = &prog;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   CHECK(prog.calls >= 2 && prog.first_done == 0 && prog.last_done == prog.total &&
         prog.total == 4 << 20);
 
@@ -407,7 +407,7 @@ static void test_embedded_stats(void) {
     kv[i] = (uint8_t)i;
   oi_arena_desc a = tr_arena("kv", kv, NB, BB);
   oi_engine_options eo = tr_engine_options("ns-a", &a, 1);
-  oi_offload_engine *e = tr_engine_new(h, &eo);
+  oi_engine *e = tr_engine_new(h, &eo);
 
   int64_t ids[NB];
   oi_block_hash hs[NB];
@@ -418,13 +418,13 @@ static void test_embedded_stats(void) {
   }
   CHECK_OK(tr_save(e, ids, hs, 8, 10000));
   oi_query_result qr = {.struct_size = sizeof qr};
-  CHECK_OK(oi_offload_engine_query(e, NULL, hs, 10, 0, &qr));
+  CHECK_OK(oi_engine_query(e, NULL, hs, 10, 0, &qr));
   CHECK(qr.hit_blocks == 8);
 
   oi_host_stats s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  CHECK_OK(oi_offload_host_stats(h, &s));
+  CHECK_OK(oi_host_get_stats(h, &s));
   CHECK(s.blocks_pinned == 8 && s.blocks_leased == 8);
   CHECK(s.namespaces == 1 && s.latency_buckets == OI_LATENCY_BUCKETS);
   CHECK(s.pool_setup_ns > 0);
@@ -438,7 +438,7 @@ static void test_embedded_stats(void) {
   CHECK(memcmp(kv + 8 * BB, kv, 8 * BB) == 0);
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  CHECK_OK(oi_offload_host_stats(h, &s));
+  CHECK_OK(oi_host_get_stats(h, &s));
   CHECK(s.blocks_pinned == 0 && s.blocks_loading == 0 && s.blocks_leased == 0);
   CHECK(s.loads_submitted == 1 && s.loads_completed == 1 && s.blocks_loaded == 8);
   uint64_t nload = 0;
@@ -446,37 +446,37 @@ static void test_embedded_stats(void) {
     nload += s.load_latency_us[i];
   CHECK(nload == 1);
 
-  oi_namespace_stats ns;
+  oi_host_namespace_stats ns;
   memset(&ns, 0, sizeof ns);
   ns.struct_size = sizeof ns;
-  CHECK_OK(oi_offload_host_namespace_stats(h, 0, &ns));
+  CHECK_OK(oi_host_get_namespace_stats(h, 0, &ns));
   CHECK(!strcmp(ns.name, "ns-a") && ns.blocks_resident == 8 && ns.block_bytes == BB);
-  CHECK_ST(oi_offload_host_namespace_stats(h, 1, &ns), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_host_get_namespace_stats(h, 1, &ns), OI_ERR_NOT_FOUND);
 
   /* An old caller: its struct ends before the appended fields, which stay
    * untouched. */
   oi_host_stats old;
   memset(&old, 0xab, sizeof old);
   old.struct_size = (uint32_t)offsetof(oi_host_stats, loads_submitted);
-  CHECK_OK(oi_offload_host_stats(h, &old));
+  CHECK_OK(oi_host_get_stats(h, &old));
   CHECK(old.saves_completed == 8 && old.loads_submitted == 0xababababababababull);
   oi_engine_stats es;
   memset(&es, 0, sizeof es);
   es.struct_size = sizeof es;
-  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK_OK(oi_engine_get_stats(e, &es));
   CHECK(es.loads_submitted == 1 && es.namespace_blocks_resident == 8);
   CHECK(es.save_latency_sum_us == s.save_latency_sum_us);
 
   /* Evicting drops the namespace's resident count. */
   uint64_t evicted = 0;
-  CHECK_OK(oi_offload_host_evict_all(h, &evicted));
+  CHECK_OK(oi_host_evict_all(h, &evicted));
   CHECK(evicted == 8);
-  CHECK_OK(oi_offload_host_namespace_stats(h, 0, &ns));
+  CHECK_OK(oi_host_get_namespace_stats(h, 0, &ns));
   CHECK(ns.blocks_resident == 0);
 
   uint32_t inst = es.instance_id;
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   oi_set_log_handler(NULL, NULL);
   oi_set_log_level(OI_LOG_WARN);
   char want[64];

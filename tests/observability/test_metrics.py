@@ -5,7 +5,7 @@
 
 Starts `openinfer serve --metrics-addr 127.0.0.1:0` on a private socket,
 scrapes /metrics over HTTP, parses the Prometheus text format strictly,
-runs a client process (oi_offload_engine_connect: save, query, load,
+runs a client process (oi_engine_connect: save, query, load,
 release) and checks that the counters, gauges and histograms moved by what
 the client did; checks /healthz, `openinfer stats` (summary and --json),
 the logfmt log lines, and a clean stop. Exit 0 pass, 1 fail, 77 skip.

@@ -329,18 +329,18 @@ static void tl_options(oi_engine_options *o, oi_arena_desc a[TL_ARENAS], const c
 #define TL_CLIENT(a, o, e, arena)                                                                  \
   oi_arena_desc a[TL_ARENAS];                                                                      \
   oi_engine_options o;                                                                             \
-  oi_offload_engine *e;                                                                            \
+  oi_engine *e;                                                                                    \
   oi_imported_arena *arena
 
 /* Connects a client of the test layout in namespace `ns` to the server at
  * `socket` (options in *o over a): the connect CHECKed, the engine and the
  * imported arena REQUIREd. @return the arena's mapping. */
 static uint8_t *tl_connect(const char *socket, const char *ns, oi_arena_desc a[TL_ARENAS],
-                           oi_engine_options *o, oi_offload_engine **e, oi_imported_arena **arena) {
+                           oi_engine_options *o, oi_engine **e, oi_imported_arena **arena) {
   tl_options(o, a, ns);
   *e = NULL;
   *arena = NULL;
-  CHECK_OK(oi_offload_engine_connect(socket, o, e, arena));
+  CHECK_OK(oi_engine_connect(socket, o, e, arena));
   REQUIRE(*e && *arena);
   return oi_imported_arena_ptr(*arena);
 }

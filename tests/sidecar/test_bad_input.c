@@ -6,7 +6,7 @@
 #include "sidecar_util.h"
 
 static test_server ts;
-static oi_offload_engine *good;
+static oi_engine *good;
 static oi_imported_arena *good_arena;
 static oi_arena_desc good_layout[TL_ARENAS];
 static uint64_t good_round; /* logical blocks used so far */
@@ -30,14 +30,14 @@ static void good_client_works(const char *after) {
   oi_block_hash h = tl_hash(7, logical);
   tl_fill(base, good_layout, src, logical);
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_save(good, &src, &h, 1, NULL, &t);
+  oi_status st = oi_engine_save(good, &src, &h, 1, NULL, &t);
   if (st == OI_OK) st = oi_ticket_wait(t, 10000);
   oi_ticket_release(t);
   oi_query_result qr = {.struct_size = sizeof qr};
-  if (st == OI_OK) st = oi_offload_engine_query(good, NULL, &h, 1, 0, &qr);
+  if (st == OI_OK) st = oi_engine_query(good, NULL, &h, 1, 0, &qr);
   if (st == OI_OK && qr.hit_blocks != 1) st = OI_ERR_NOT_FOUND;
   t = NULL;
-  if (st == OI_OK) st = oi_offload_engine_load(good, qr.lease, &dst, 1, NULL, &t);
+  if (st == OI_OK) st = oi_engine_load(good, qr.lease, &dst, 1, NULL, &t);
   if (st == OI_OK) st = oi_ticket_wait(t, 10000);
   oi_ticket_release(t);
   if (st != OI_OK || !tl_check(base, good_layout, dst, logical)) {
@@ -164,7 +164,7 @@ static void test_frames(void) {
 
 static void test_requests(void) {
   oi_engine_stats gs = {.struct_size = sizeof gs};
-  CHECK_OK(oi_offload_engine_stats(good, &gs));
+  CHECK_OK(oi_engine_get_stats(good, &gs));
   uint32_t other = gs.instance_id;
 
   wire_client c;
@@ -539,14 +539,14 @@ int main(int argc, char **argv) {
   REQUIRE(ts_start(&ts, NULL));
   oi_engine_options o;
   tl_options(&o, good_layout, "bad-input");
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &good, &good_arena));
+  CHECK_OK(oi_engine_connect(ts.socket, &o, &good, &good_arena));
   REQUIRE(good && good_arena);
   good_client_works("start");
   RUN_TEST(test_frames);
   RUN_TEST(test_requests);
   RUN_TEST(test_server_state_after_abuse);
   oi_imported_arena_close(good_arena);
-  oi_offload_engine_destroy(good);
+  oi_engine_destroy(good);
   CHECK(ts_stop(&ts));
   if (oi_test_failures) ts_dump_log(&ts);
   ts_cleanup(&ts);

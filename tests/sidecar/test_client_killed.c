@@ -14,7 +14,7 @@ static void doomed_client(int mode, int ready_fd) {
   TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, NS);
   o.instance_name = "doomed";
-  if (oi_offload_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) _exit(2);
+  if (oi_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) _exit(2);
   uint8_t *base = oi_imported_arena_ptr(arena);
   if (mode == KILL_WITH_SAVES_IN_FLIGHT) {
     int64_t ids[TL_BLOCKS];
@@ -25,12 +25,12 @@ static void doomed_client(int mode, int ready_fd) {
       tl_fill(base, a, i, (uint64_t)i);
     }
     /* 8 sealed for sure, then a stream of saves still going when we die */
-    if (oi_offload_engine_save(e, ids, hashes, 8, NULL, NULL) != OI_OK) _exit(3);
-    if (oi_offload_engine_flush(e, 10000) != OI_OK) _exit(4);
+    if (oi_engine_save(e, ids, hashes, 8, NULL, NULL) != OI_OK) _exit(3);
+    if (oi_engine_flush(e, 10000) != OI_OK) _exit(4);
     for (int round = 0; round < 50; round++) {
       for (int i = 8; i < TL_BLOCKS; i++)
         hashes[i] = tl_hash(100 + (uint32_t)round, (uint64_t)i);
-      oi_offload_engine_save(e, ids + 8, hashes + 8, TL_BLOCKS - 8, NULL, NULL);
+      oi_engine_save(e, ids + 8, hashes + 8, TL_BLOCKS - 8, NULL, NULL);
     }
   }
   if (write(ready_fd, "r", 1) != 1) _exit(5);
@@ -85,13 +85,13 @@ static void test_client_killed(void) {
     dst[i] = 31 - i;
   }
   oi_query_result qr = {.struct_size = sizeof qr};
-  CHECK_OK(oi_offload_engine_query(e, NULL, hashes, 8, 0, &qr));
+  CHECK_OK(oi_engine_query(e, NULL, hashes, 8, 0, &qr));
   CHECK(qr.hit_blocks == 8);
   CHECK_OK(tr_load(e, qr.lease, dst, 8, 10000));
   for (int i = 0; i < 8; i++)
     CHECK(tl_check(base, a, dst[i], (uint64_t)i));
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 int main(int argc, char **argv) {

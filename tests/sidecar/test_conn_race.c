@@ -45,7 +45,7 @@ static uint64_t rng_next(uint64_t *s) {
 
 /* ---- the client process ------------------------------------------------------------------ */
 
-static oi_offload_engine *ce;
+static oi_engine *ce;
 static uint8_t *cbase;
 static atomic_bool c_stop, c_fatal;
 static atomic_uint_fast64_t c_mismatches;
@@ -94,7 +94,7 @@ static void *worker(void *arg) {
           cbase[(uint64_t)ids[i] * BLOCK + b] = pat(logical, b);
       }
       oi_ticket *t = NULL;
-      if (oi_offload_engine_save(ce, ids, hs, n, NULL, &t) == OI_OK) {
+      if (oi_engine_save(ce, ids, hs, n, NULL, &t) == OI_OK) {
         if (oi_ticket_wait(t, 5000) != OI_OK) quiet = true;
         oi_ticket_release(t);
       }
@@ -110,18 +110,18 @@ static void *worker(void *arg) {
       uint8_t present[24];
       oi_query_result q = {.struct_size = sizeof q, .present = present};
       uint32_t flags = rng_next(&rng) % 4 == 0 ? OI_QUERY_MEMBERSHIP : 0;
-      if (oi_offload_engine_query(ce, NULL, hs, n, flags, &q) != OI_OK || q.hit_blocks == 0 ||
+      if (oi_engine_query(ce, NULL, hs, n, flags, &q) != OI_OK || q.hit_blocks == 0 ||
           (flags & OI_QUERY_MEMBERSHIP))
         continue;
       if (rng_next(&rng) % 6 == 0) {
-        oi_offload_engine_release(ce, q.lease);
+        oi_engine_release(ce, q.lease);
         continue;
       }
       int64_t dst[24];
       for (size_t i = 0; i < q.hit_blocks; i++)
         dst[i] = first + 24 + (int64_t)i;
       oi_ticket *t = NULL;
-      if (oi_offload_engine_load(ce, q.lease, dst, q.hit_blocks, NULL, &t) != OI_OK) continue;
+      if (oi_engine_load(ce, q.lease, dst, q.hit_blocks, NULL, &t) != OI_OK) continue;
       oi_status st = oi_ticket_wait(t, 5000);
       oi_ticket_release(t);
       if (st != OI_OK) {
@@ -138,14 +138,14 @@ static void *worker(void *arg) {
             break;
           }
     } else if (op < 12) {
-      oi_offload_engine_flush(ce, (uint32_t)(rng_next(&rng) % 300));
+      oi_engine_flush(ce, (uint32_t)(rng_next(&rng) % 300));
     } else if (op < 14) {
       oi_engine_stats s = {.struct_size = sizeof s};
-      oi_offload_engine_stats(ce, &s);
+      oi_engine_get_stats(ce, &s);
     } else { /* a save nobody waits for: the reader alone completes it */
       int64_t id = first + (int64_t)(rng_next(&rng) % 24);
       oi_block_hash h = lhash((uint64_t)w * 1000 + 500 + rng_next(&rng) % 64);
-      oi_offload_engine_save(ce, &id, &h, 1, NULL, NULL);
+      oi_engine_save(ce, &id, &h, 1, NULL, NULL);
     }
   }
   return NULL;
@@ -172,7 +172,7 @@ static int client_main(const char *socket, uint64_t seed) {
   o.load_deadline_ms = 150;
   o.control_deadline_ms = 200; /* ...and calls, whose replies then arrive late */
   oi_imported_arena *ar = NULL;
-  if (oi_offload_engine_connect(socket, &o, &ce, &ar) != OI_OK) return 3;
+  if (oi_engine_connect(socket, &o, &ce, &ar) != OI_OK) return 3;
   cbase = oi_imported_arena_ptr(ar);
   pthread_t th[WORKERS];
   for (int i = 0; i < WORKERS; i++)
@@ -186,7 +186,7 @@ static int client_main(const char *socket, uint64_t seed) {
     /* Cut while live: the handler is parked on the reader thread; exit for it. */
     _exit(atomic_load(&c_mismatches) ? 4 : 42);
   }
-  oi_offload_engine_destroy(ce);
+  oi_engine_destroy(ce);
   oi_imported_arena_close(ar);
   return atomic_load(&c_mismatches) ? 4 : 0;
 }

@@ -24,13 +24,13 @@ static void test_disk_survives_a_restart(void) {
   oi_block_hash hs[N];
   tl_fill_n(base, a, 90, ids, hs, N);
   CHECK_OK(tr_save(e, ids, hs, N, 10000));
-  CHECK_OK(oi_offload_engine_flush(e, 10000));
+  CHECK_OK(oi_engine_flush(e, 10000));
   uint64_t epoch1;
   oi_engine_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK_OK(oi_engine_get_stats(e, &es));
   epoch1 = es.server_epoch;
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   CHECK(ts_stop(&ts)); /* clean: what is still queued is written first */
 
   REQUIRE(ts_start(&ts, extra));
@@ -49,18 +49,18 @@ static void test_disk_survives_a_restart(void) {
   oi_lookup_options_init(&lo);
   lo.lookup_deadline_ms = 10000; /* (not the breaker's test: slow machines) */
   lo.namespace_id = "disk-ns";
-  oi_offload_client *c;
-  CHECK_OK(oi_offload_client_connect(ts.socket, &lo, &c));
+  oi_lookup *c;
+  CHECK_OK(oi_lookup_connect(ts.socket, &lo, &c));
   /* The namespace is bound once an engine of it registers: a worker first. */
   oi_arena_desc a2[TL_ARENAS];
   oi_engine_options o2;
   tl_options(&o2, a2, "disk-ns");
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o2, &e, &arena));
+  CHECK_OK(oi_engine_connect(ts.socket, &o2, &e, &arena));
   base = oi_imported_arena_ptr(arena);
-  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK_OK(oi_engine_get_stats(e, &es));
   CHECK(es.server_epoch != epoch1);
   oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
-  CHECK_OK(oi_offload_client_query(c, NULL, hs, N, OI_QUERY_WAIT_PENDING, &q));
+  CHECK_OK(oi_lookup_query(c, NULL, hs, N, OI_QUERY_WAIT_PENDING, &q));
   CHECK(q.hit_blocks == N);
   int64_t dst[N];
   for (int i = 0; i < N; i++)
@@ -68,9 +68,9 @@ static void test_disk_survives_a_restart(void) {
   CHECK_OK(tr_load(e, q.lease, dst, N, 10000));
   for (int i = 0; i < N; i++)
     CHECK(tl_check(base, a2, dst[i], (uint64_t)i));
-  oi_offload_client_destroy(c);
+  oi_lookup_destroy(c);
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   CHECK(ts_stop(&ts));
 }
 

@@ -48,7 +48,7 @@ static uint64_t ms_since(uint64_t t0) { return (oi__now_ns() - t0) / 1000000ull;
 /* ---- clients ------------------------------------------------------------------------------ */
 
 typedef struct client {
-  oi_offload_engine *e;
+  oi_engine *e;
   oi_imported_arena *arena;
   bool owned;
   uint8_t *base; /* engine-owned: a sealed memfd, mapped */
@@ -91,16 +91,16 @@ static oi_status client_connect(client *c, bool owned) {
   oi_arena_desc a[TL_ARENAS];
   oi_engine_options o;
   options_of(&o, a, c);
-  c->e = (oi_offload_engine *)(uintptr_t)1; /* must be reset by the call */
+  c->e = (oi_engine *)(uintptr_t)1; /* must be reset by the call */
   c->arena = (oi_imported_arena *)(uintptr_t)1;
-  oi_status st = oi_offload_engine_connect(socket_of(), &o, &c->e, owned ? NULL : &c->arena);
+  oi_status st = oi_engine_connect(socket_of(), &o, &c->e, owned ? NULL : &c->arena);
   if (owned) c->arena = NULL;
   return st;
 }
 
 static void client_close(client *c) {
   if (c->arena) oi_imported_arena_close(c->arena);
-  if (c->e) oi_offload_engine_destroy(c->e);
+  if (c->e) oi_engine_destroy(c->e);
   c->e = NULL;
   c->arena = NULL;
   client_memory_free(c);
@@ -186,7 +186,7 @@ static oi_status save_n(client *c, size_t n, completions *k, oi_save_result *res
   so.on_done_ctx = k;
   so.result = result;
   *t = NULL;
-  oi_status st = oi_offload_engine_save(c->e, ids, h, n, &so, t);
+  oi_status st = oi_engine_save(c->e, ids, h, n, &so, t);
   if (st == OI_OK && *t) REQUIRE(oi_ticket_set_callback(*t, on_ticket, k) == OI_OK);
   return st;
 }
@@ -199,7 +199,7 @@ static oi_status load_n(client *c, size_t n, completions *k, oi_ticket **t) {
   oi_lease lease;
   memset(lease.bytes, 0xAB, sizeof lease.bytes);
   *t = NULL;
-  oi_status st = oi_offload_engine_load(c->e, lease, ids, n, NULL, t);
+  oi_status st = oi_engine_load(c->e, lease, ids, n, NULL, t);
   if (st == OI_OK && *t) REQUIRE(oi_ticket_set_callback(*t, on_ticket, k) == OI_OK);
   return st;
 }
@@ -213,7 +213,7 @@ static oi_status query_n(client *c, size_t n, uint32_t flags, uint8_t *present,
   memset(r, 0, sizeof *r);
   r->struct_size = sizeof *r;
   r->present = present;
-  return oi_offload_engine_query(c->e, NULL, h, n, flags, r);
+  return oi_engine_query(c->e, NULL, h, n, flags, r);
 }
 
 /* The client still works: a query answered with `hits` hits of 4. */
@@ -225,8 +225,7 @@ static void await_live(client *c) {
   for (int i = 0; i < 400; i++) {
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
-    if (oi_offload_engine_stats(c->e, &s) == OI_OK && s.connection == OI_CONNECTION_CONNECTED)
-      return;
+    if (oi_engine_get_stats(c->e, &s) == OI_OK && s.connection == OI_CONNECTION_CONNECTED) return;
     usleep(5000);
   }
   CHECK(!"the breaker did not close within 2 s");
@@ -285,10 +284,9 @@ static void test_nothing_listens(void) {
   oi_arena_desc a[TL_ARENAS];
   oi_engine_options o;
   options_of(&o, a, &c);
-  oi_offload_engine *e = NULL;
+  oi_engine *e = NULL;
   oi_imported_arena *ar = NULL;
-  CHECK_ST(oi_offload_engine_connect("/tmp/oi-no-such-dir/none.sock", &o, &e, &ar),
-           OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_engine_connect("/tmp/oi-no-such-dir/none.sock", &o, &e, &ar), OI_ERR_NOT_FOUND);
   CHECK_ERR("no openinfer server listens on /tmp/oi-no-such-dir/none.sock");
   CHECK(e == NULL && ar == NULL);
 }
@@ -615,7 +613,7 @@ static void test_async_error_replies(void) {
             (fs_step){.action = FS_RESULT,
                       .status = OI_ERR_NOT_FOUND,
                       .message = "stats: no instance 1 in this session"});
-  CHECK_ST(oi_offload_engine_stats(c.e, &s), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_engine_get_stats(c.e, &s), OI_ERR_NOT_FOUND);
   CHECK_ERR("stats: no instance 1 in this session");
   /* A layerwise save to a server without the capability never leaves. */
   client_close(&c);
@@ -629,7 +627,7 @@ static void test_async_error_replies(void) {
   so.arena_first = 0;
   so.arena_count = 1;
   oi_ticket *lt = NULL;
-  CHECK_ST(oi_offload_engine_save(c.e, &id, &h, 1, &so, &lt), OI_ERR_UNSUPPORTED);
+  CHECK_ST(oi_engine_save(c.e, &id, &h, 1, &so, &lt), OI_ERR_UNSUPPORTED);
   CHECK_ERR("this server does not support layerwise saves");
   CHECK(lt == NULL);
   usleep(50000);
@@ -664,7 +662,7 @@ static void test_control_replies(void) {
   r.struct_size = sizeof r;
   r.wait_ms = 400;
   t0 = oi__now_ns();
-  CHECK_ST(oi_offload_engine_query(c.e, NULL, hw, 2, OI_QUERY_WAIT_PENDING, &r), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_engine_query(c.e, NULL, hw, 2, OI_QUERY_WAIT_PENDING, &r), OI_ERR_TIMEOUT);
   CHECK_ELAPSED(t0, CONTROL_MS + 400 - 20, CONTROL_MS + 400 + SLACK_MS);
   CHECK_ERR("query of 2 hashes: no reply from the openinfer server within 700 ms");
   await_live(&c);
@@ -728,7 +726,7 @@ static void test_control_replies(void) {
   memset(lease.bytes, 0xAB, sizeof lease.bytes);
   fs_script(fs, oiwire_Envelope_release_tag, (fs_step){.action = FS_SILENT});
   t0 = oi__now_ns();
-  CHECK_ST(oi_offload_engine_release(c.e, lease), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_engine_release(c.e, lease), OI_ERR_TIMEOUT);
   CHECK_ELAPSED(t0, CONTROL_MS - 20, CONTROL_MS + SLACK_MS);
   CHECK_ERR("release: no reply from the openinfer server within 300 ms");
   await_live(&c);
@@ -736,11 +734,11 @@ static void test_control_replies(void) {
             (fs_step){.action = FS_RESULT,
                       .status = OI_ERR_LEASE_EXPIRED,
                       .message = "release: the lease expired"});
-  CHECK_ST(oi_offload_engine_release(c.e, lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_ST(oi_engine_release(c.e, lease), OI_ERR_LEASE_EXPIRED);
   CHECK_ERR("release: the lease expired");
   fs_script(fs, oiwire_Envelope_flush_tag, (fs_step){.action = FS_SILENT});
   t0 = oi__now_ns();
-  CHECK_ST(oi_offload_engine_flush(c.e, 100), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_engine_flush(c.e, 100), OI_ERR_TIMEOUT);
   CHECK_ELAPSED(t0, 100 + CONTROL_MS - 20, 100 + CONTROL_MS + SLACK_MS);
   CHECK_ERR("flush: no reply from the openinfer server within 400 ms");
   await_live(&c);
@@ -748,7 +746,7 @@ static void test_control_replies(void) {
             (fs_step){.action = FS_RESULT,
                       .status = OI_ERR_TIMEOUT,
                       .message = "flush: 3 saves still in flight after 100 ms"});
-  CHECK_ST(oi_offload_engine_flush(c.e, 100), OI_ERR_TIMEOUT);
+  CHECK_ST(oi_engine_flush(c.e, 100), OI_ERR_TIMEOUT);
   CHECK_ERR("3 saves still in flight");
   oi_engine_stats s;
   memset(&s, 0, sizeof s);
@@ -757,14 +755,14 @@ static void test_control_replies(void) {
   t0 = oi__now_ns();
   /* Unanswered stats: this side's figures, the engine not connected (the
    * breaker opened). */
-  CHECK_OK(oi_offload_engine_stats(c.e, &s));
+  CHECK_OK(oi_engine_get_stats(c.e, &s));
   CHECK_ELAPSED(t0, CONTROL_MS - 20, CONTROL_MS + SLACK_MS);
   CHECK(s.connection == OI_CONNECTION_DEGRADED);
   await_live(&c);
   fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = reply_as_query_reply});
-  CHECK_ST(oi_offload_engine_stats(c.e, &s), OI_ERR_PROTOCOL);
+  CHECK_ST(oi_engine_get_stats(c.e, &s), OI_ERR_PROTOCOL);
   CHECK_ERR("engine_stats: the server answered with message type 8");
-  CHECK_OK(oi_offload_engine_stats(c.e, &s));
+  CHECK_OK(oi_engine_get_stats(c.e, &s));
   CHECK(s.connection == OI_CONNECTION_CONNECTED && s.server_epoch == 0xFA4E000000000001ull);
 
   check_usable(&c, 4);
@@ -929,7 +927,7 @@ static void test_closed_under_owned_engine(void) {
   oi_engine_stats s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  CHECK_OK(oi_offload_engine_stats(c.e, &s));
+  CHECK_OK(oi_engine_get_stats(c.e, &s));
   CHECK(s.connection == OI_CONNECTION_DEGRADED && s.reconnects == 0 && s.server_epoch == 0);
   oi_query_result r;
   fs_set_hits(fs, 4);
@@ -947,19 +945,19 @@ static void test_closed_under_owned_engine(void) {
   CHECK(tl == NULL);
   oi_lease lease;
   memset(lease.bytes, 0xAB, sizeof lease.bytes);
-  CHECK_ST(oi_offload_engine_release(c.e, lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_ST(oi_engine_release(c.e, lease), OI_ERR_LEASE_EXPIRED);
   CHECK_ERR("the server that issued this lease went away");
-  CHECK_OK(oi_offload_engine_flush(c.e, 100));
+  CHECK_OK(oi_engine_flush(c.e, 100));
 
   /* The reconnect attempts were refused; now let one through. */
   CHECK(fs_wait_seen(fs, oiwire_Envelope_hello_tag, 1 + 3, 10000));
-  CHECK_OK(oi_offload_engine_stats(c.e, &s));
+  CHECK_OK(oi_engine_get_stats(c.e, &s));
   CHECK(s.connection == OI_CONNECTION_DEGRADED && s.reconnects == 0);
   fs_clear_script(fs, oiwire_Envelope_hello_tag);
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
   for (int i = 0; i < 500; i++) { /* the next attempt comes within 2 s */
-    CHECK_OK(oi_offload_engine_stats(c.e, &s));
+    CHECK_OK(oi_engine_get_stats(c.e, &s));
     if (s.connection == OI_CONNECTION_CONNECTED) break;
     usleep(10000);
   }
@@ -996,7 +994,7 @@ static oi_status query_wait(client *c, uint32_t wait_ms, oi_query_result *r) {
   memset(r, 0, sizeof *r);
   r->struct_size = sizeof *r;
   r->wait_ms = wait_ms;
-  return oi_offload_engine_query(c->e, NULL, h, 4, wait_ms ? OI_QUERY_WAIT_PENDING : 0, r);
+  return oi_engine_query(c->e, NULL, h, 4, wait_ms ? OI_QUERY_WAIT_PENDING : 0, r);
 }
 
 static void *query_job_main(void *arg) {
@@ -1103,7 +1101,7 @@ static void test_caller_reads_replies(void) {
   so.on_done_ctx = &d;
   d.t0 = oi__now_ns();
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(c.e, ids, h, 2, &so, &t));
+  CHECK_OK(oi_engine_save(c.e, ids, h, 2, &so, &t));
   CHECK_OK(query_wait(&c, 1000, &r));
   uint64_t query_ms = ms_since(d.t0);
   CHECK(query_ms >= 600 - 20);
@@ -1138,7 +1136,7 @@ static void test_caller_reads_replies(void) {
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
   for (int i = 0; i < 500; i++) {
-    CHECK_OK(oi_offload_engine_stats(c.e, &s));
+    CHECK_OK(oi_engine_get_stats(c.e, &s));
     if (s.connection == OI_CONNECTION_CONNECTED) break;
     usleep(10000);
   }
@@ -1203,7 +1201,7 @@ static void test_reconnect_replies(void) {
   uint64_t t0 = oi__now_ns();
   bool degraded_seen = false;
   for (int i = 0; i < 2000; i++) { /* 20 s: backoff 100, 200, 400, 800, 1600 ms + the silence */
-    CHECK_OK(oi_offload_engine_stats(c.e, &s));
+    CHECK_OK(oi_engine_get_stats(c.e, &s));
     if (s.connection == OI_CONNECTION_DEGRADED) degraded_seen = true;
     if (s.connection == OI_CONNECTION_CONNECTED && degraded_seen) break;
     CHECK(s.reconnects == 0);
@@ -1234,13 +1232,13 @@ static void test_lookup_client(void) {
   oi_lookup_options_init(&lo);
   lo.namespace_id = "fake";
   lo.control_deadline_ms = 5000;
-  oi_offload_client *lc = NULL;
+  oi_lookup *lc = NULL;
   fs_script(fs, oiwire_Envelope_hello_tag,
             (fs_step){.action = FS_REFUSE, .status = OI_ERR_BUSY, .message = "full up"});
-  CHECK_ST(oi_offload_client_connect(fs_socket(fs), &lo, &lc), OI_ERR_BUSY);
+  CHECK_ST(oi_lookup_connect(fs_socket(fs), &lo, &lc), OI_ERR_BUSY);
   CHECK_ERR("full up");
   CHECK(lc == NULL);
-  CHECK_OK(oi_offload_client_connect(fs_socket(fs), &lo, &lc));
+  CHECK_OK(oi_lookup_connect(fs_socket(fs), &lo, &lc));
   REQUIRE(lc != NULL);
   oi_block_hash h[4];
   for (int i = 0; i < 4; i++)
@@ -1249,7 +1247,7 @@ static void test_lookup_client(void) {
   memset(&r, 0, sizeof r);
   r.struct_size = sizeof r;
   fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.edit = query_5_hits});
-  CHECK_ST(oi_offload_client_query(lc, NULL, h, 4, 0, &r), OI_ERR_PROTOCOL);
+  CHECK_ST(oi_lookup_query(lc, NULL, h, 4, 0, &r), OI_ERR_PROTOCOL);
   CHECK_ERR("reported 5 hits and 0 pending for 4 hashes");
   /* A query in flight when the server ends the session: the waiter is
    * woken with the server's reason, long before its 5 s deadline. */
@@ -1258,49 +1256,49 @@ static void test_lookup_client(void) {
                       .status = OI_ERR_INTERNAL,
                       .message = "the fake server shuts down"});
   uint64_t t0 = oi__now_ns();
-  CHECK_ST(oi_offload_client_query(lc, NULL, h, 4, 0, &r), OI_ERR_INTERNAL);
+  CHECK_ST(oi_lookup_query(lc, NULL, h, 4, 0, &r), OI_ERR_INTERNAL);
   CHECK_ELAPSED(t0, 0, 1000);
   CHECK_ERR("the connection to the openinfer server ended");
   CHECK_ERR("the fake server shuts down");
   /* Later calls fail at once, saying why. */
   t0 = oi__now_ns();
-  CHECK_ST(oi_offload_client_query(lc, NULL, h, 4, 0, &r), OI_ERR_CLOSED);
+  CHECK_ST(oi_lookup_query(lc, NULL, h, 4, 0, &r), OI_ERR_CLOSED);
   CHECK_ELAPSED(t0, 0, 100);
   CHECK_ERR("lookup of 4 hashes: the connection to the openinfer server is closed");
   CHECK_ERR("the fake server shuts down");
   oi_lease lease;
   memset(lease.bytes, 0xAB, sizeof lease.bytes);
-  CHECK_ST(oi_offload_client_release(lc, lease), OI_ERR_CLOSED);
+  CHECK_ST(oi_lookup_release(lc, lease), OI_ERR_CLOSED);
   CHECK_ERR("release: the connection to the openinfer server is closed");
-  oi_offload_client_destroy(lc);
+  oi_lookup_destroy(lc);
 
   /* Garbage from the server ends the connection too; the decode error is the reason. */
   lc = NULL;
-  CHECK_OK(oi_offload_client_connect(fs_socket(fs), &lo, &lc));
+  CHECK_OK(oi_lookup_connect(fs_socket(fs), &lo, &lc));
   REQUIRE(lc != NULL);
   fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.action = FS_GARBAGE});
   t0 = oi__now_ns();
-  CHECK_ST(oi_offload_client_query(lc, NULL, h, 4, 0, &r), OI_ERR_CLOSED);
+  CHECK_ST(oi_lookup_query(lc, NULL, h, 4, 0, &r), OI_ERR_CLOSED);
   CHECK_ELAPSED(t0, 0, 1000);
   CHECK_ERR("the connection to the openinfer server ended");
-  CHECK_ST(oi_offload_client_query(lc, NULL, h, 4, 0, &r), OI_ERR_CLOSED);
+  CHECK_ST(oi_lookup_query(lc, NULL, h, 4, 0, &r), OI_ERR_CLOSED);
   CHECK_ERR("the connection to the openinfer server is closed");
-  oi_offload_client_destroy(lc);
+  oi_lookup_destroy(lc);
 
   /* A frame longer than the limit, and a stream that ends inside a frame. */
   fs_action bad[] = {FS_OVERSIZE, FS_TRUNCATED};
   const char *why[] = {"exceeds", "inside a frame"};
   for (int i = 0; i < 2; i++) {
     lc = NULL;
-    CHECK_OK(oi_offload_client_connect(fs_socket(fs), &lo, &lc));
+    CHECK_OK(oi_lookup_connect(fs_socket(fs), &lo, &lc));
     REQUIRE(lc != NULL);
     fs_script(fs, oiwire_Envelope_query_tag, (fs_step){.action = bad[i]});
     t0 = oi__now_ns();
-    CHECK_ST(oi_offload_client_query(lc, NULL, h, 4, 0, &r), OI_ERR_CLOSED);
+    CHECK_ST(oi_lookup_query(lc, NULL, h, 4, 0, &r), OI_ERR_CLOSED);
     CHECK_ELAPSED(t0, 0, 1000);
     CHECK_ERR("the connection to the openinfer server ended");
     CHECK_ERR(why[i]);
-    oi_offload_client_destroy(lc);
+    oi_lookup_destroy(lc);
   }
   CHECK(fs_wait_no_connections(fs, 3000));
   fs_stop(fs);
@@ -1322,7 +1320,7 @@ static void test_load_progress(void) {
   oi_ticket *t = NULL;
   fs_script(fs, oiwire_Envelope_load_tag, (fs_step){.action = FS_SILENT, .progress = 1});
   uint64_t t0 = oi__now_ns();
-  CHECK_OK(oi_offload_engine_load(c.e, lease, ids, 2, &lo, &t));
+  CHECK_OK(oi_engine_load(c.e, lease, ids, 2, &lo, &t));
   REQUIRE(t != NULL);
   CHECK_OK(oi_ticket_arena_wait(t, 0, 2000));
   CHECK_ST(oi_ticket_arena_poll(t, 1), OI_PENDING);
@@ -1337,13 +1335,13 @@ static void test_load_progress(void) {
                       .status = OI_ERR_IO,
                       .message = "load: copy failed at arena 2",
                       .progress = 2});
-  CHECK_OK(oi_offload_engine_load(c.e, lease, ids, 2, &lo, &t));
+  CHECK_OK(oi_engine_load(c.e, lease, ids, 2, &lo, &t));
   CHECK_ST(ticket_end(t, 5000), OI_ERR_IO);
   CHECK_ST(oi_ticket_arena_poll(t, 0), OI_ERR_IO);
   CHECK_ST(oi_ticket_arena_poll(t, 2), OI_ERR_IO);
   oi_ticket_release(t);
   fs_script(fs, oiwire_Envelope_load_tag, (fs_step){.progress = TL_ARENAS + 5});
-  CHECK_OK(oi_offload_engine_load(c.e, lease, ids, 2, &lo, &t));
+  CHECK_OK(oi_engine_load(c.e, lease, ids, 2, &lo, &t));
   CHECK_ST(ticket_end(t, 5000), OI_OK);
   CHECK_OK(oi_ticket_arena_poll(t, TL_ARENAS - 1));
   oi_ticket_release(t);
@@ -1387,7 +1385,7 @@ static void test_closed_after_register(void) {
   }
 }
 
-/* ---- oi_server_stats_fetch ------------------------------------------------------------- */
+/* ---- oi_server_fetch_stats ------------------------------------------------------------- */
 
 static void stats_with_host(fs_reply *r) {
   r->env.body.stats_reply.has_host = true;
@@ -1405,69 +1403,69 @@ static void test_stats_fetch_replies(void) {
   oi_host_stats hs = {.struct_size = sizeof hs};
   /* Bad output structs: refused before anything is sent. */
   oi_host_stats small = {.struct_size = 2};
-  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &small, NULL, 0),
+  CHECK_ST(oi_server_fetch_stats(fs_socket(fs), 1000, &ss, &small, NULL, 0),
            OI_ERR_INVALID_ARGUMENT);
   CHECK_ERR("host struct_size 2 is too small");
-  oi_namespace_stats ns[1] = {{.struct_size = 3}};
-  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, NULL, ns, 1), OI_ERR_INVALID_ARGUMENT);
+  oi_host_namespace_stats ns[1] = {{.struct_size = 3}};
+  CHECK_ST(oi_server_fetch_stats(fs_socket(fs), 1000, &ss, NULL, ns, 1), OI_ERR_INVALID_ARGUMENT);
   CHECK_ERR("namespaces[0].struct_size 3 is too small");
   CHECK(fs_seen(fs, FS_ACCEPT) == 0);
   /* A server without host figures (an older one). */
-  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_VERSION);
+  CHECK_ST(oi_server_fetch_stats(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_VERSION);
   CHECK_ERR("the server sent no host figures");
   /* With them: the figures as sent. */
   fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = stats_with_host});
-  CHECK_OK(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0));
+  CHECK_OK(oi_server_fetch_stats(fs_socket(fs), 1000, &ss, &hs, NULL, 0));
   CHECK(ss.sessions == 4 && hs.capacity_bytes == 12345 && hs.save_latency_us[2] == 9);
   CHECK(ss.disk_attached == 0 && !strcmp(ss.socket_path, fs_socket(fs)));
   /* Timeout 0 (the default, 10 s) and UINT32_MAX (none) work the same. */
   fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = stats_with_host});
-  CHECK_OK(oi_server_stats_fetch(fs_socket(fs), 0, &ss, &hs, NULL, 0));
+  CHECK_OK(oi_server_fetch_stats(fs_socket(fs), 0, &ss, &hs, NULL, 0));
   fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = stats_with_host});
-  CHECK_OK(oi_server_stats_fetch(fs_socket(fs), UINT32_MAX, &ss, &hs, NULL, 0));
+  CHECK_OK(oi_server_fetch_stats(fs_socket(fs), UINT32_MAX, &ss, &hs, NULL, 0));
   CHECK(hs.capacity_bytes == 12345);
   /* A Result OK is no HelloReply. */
   fs_script(fs, oiwire_Envelope_hello_tag, (fs_step){.action = FS_RESULT, .status = OI_OK});
-  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
+  CHECK_ST(oi_server_fetch_stats(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
   CHECK_ERR("hello: the server answered with message type");
   /* The Hello answered with another message, or an error. */
   fs_script(fs, oiwire_Envelope_hello_tag, (fs_step){.edit = reply_as_query_reply});
-  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
+  CHECK_ST(oi_server_fetch_stats(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
   CHECK_ERR("hello: the server answered with message type 8");
   fs_script(fs, oiwire_Envelope_hello_tag,
             (fs_step){.action = FS_RESULT, .status = OI_ERR_PERMISSION, .message = "go away"});
-  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PERMISSION);
+  CHECK_ST(oi_server_fetch_stats(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PERMISSION);
   CHECK_ERR("go away");
   /* The Stats answered with another message, or an error. */
   fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.edit = reply_as_query_reply});
-  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
+  CHECK_ST(oi_server_fetch_stats(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
   CHECK_ERR("stats: the server answered with message type 8");
   fs_script(fs, oiwire_Envelope_stats_tag,
             (fs_step){.action = FS_RESULT, .status = OI_ERR_INTERNAL, .message = "stats broke"});
-  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_INTERNAL);
+  CHECK_ST(oi_server_fetch_stats(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_INTERNAL);
   CHECK_ERR("stats broke");
   /* No answer: the caller's timeout, not a hang. */
   fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.action = FS_SILENT});
   uint64_t t0 = oi__now_ns();
-  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 200, &ss, &hs, NULL, 0), OI_ERR_IO);
+  CHECK_ST(oi_server_fetch_stats(fs_socket(fs), 200, &ss, &hs, NULL, 0), OI_ERR_IO);
   CHECK_ELAPSED(t0, 180, 200 + SLACK_MS);
   CHECK_ERR("recv: ");
   /* Bytes that are no Envelope. */
   fs_script(fs, oiwire_Envelope_stats_tag, (fs_step){.action = FS_GARBAGE});
-  CHECK_ST(oi_server_stats_fetch(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
+  CHECK_ST(oi_server_fetch_stats(fs_socket(fs), 1000, &ss, &hs, NULL, 0), OI_ERR_PROTOCOL);
   CHECK_ERR("malformed message");
   /* No socket path: the default one (nothing listens there). */
   const char *saved = getenv("XDG_RUNTIME_DIR");
   char *keep = saved ? strdup(saved) : NULL;
   setenv("XDG_RUNTIME_DIR", "/tmp/oi-no-such-dir", 1);
-  CHECK_ST(oi_server_stats_fetch(NULL, 1000, &ss, &hs, NULL, 0), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_server_fetch_stats(NULL, 1000, &ss, &hs, NULL, 0), OI_ERR_NOT_FOUND);
   CHECK_ERR("/tmp/oi-no-such-dir/openinfer.sock");
   char longdir[120];
   memset(longdir, 'd', sizeof longdir);
   longdir[0] = '/';
   longdir[sizeof longdir - 1] = '\0';
   setenv("XDG_RUNTIME_DIR", longdir, 1);
-  CHECK_ST(oi_server_stats_fetch(NULL, 1000, &ss, &hs, NULL, 0), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_server_fetch_stats(NULL, 1000, &ss, &hs, NULL, 0), OI_ERR_INVALID_ARGUMENT);
   if (keep)
     setenv("XDG_RUNTIME_DIR", keep, 1);
   else
@@ -1497,7 +1495,7 @@ static void test_requests_refused_before_sending(void) {
   uint32_t saves = fs_seen(fs, oiwire_Envelope_save_tag),
            queries = fs_seen(fs, oiwire_Envelope_query_tag);
   oi_ticket *t = (oi_ticket *)(uintptr_t)1;
-  CHECK_ST(oi_offload_engine_save(c.e, ids, h, n, NULL, &t), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_save(c.e, ids, h, n, NULL, &t), OI_ERR_INVALID_ARGUMENT);
   CHECK_ERR("save: 65537 blocks (a sidecar request carries at most 65536)");
   CHECK(t == NULL);
   oi_lease lease;
@@ -1505,34 +1503,34 @@ static void test_requests_refused_before_sending(void) {
   oi_query_result r;
   memset(&r, 0, sizeof r);
   r.struct_size = sizeof r;
-  CHECK_ST(oi_offload_engine_query(c.e, NULL, h, n, 0, &r), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_query(c.e, NULL, h, n, 0, &r), OI_ERR_INVALID_ARGUMENT);
   CHECK_ERR("query: 65537 blocks");
   char long_id[257];
   memset(long_id, 'r', 256);
   long_id[256] = '\0';
-  CHECK_ST(oi_offload_engine_query(c.e, long_id, h, 4, 0, &r), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_query(c.e, long_id, h, 4, 0, &r), OI_ERR_INVALID_ARGUMENT);
   CHECK_ERR("req_id is longer than 255 bytes");
   CHECK(fs_seen(fs, oiwire_Envelope_save_tag) == saves);
   CHECK(fs_seen(fs, oiwire_Envelope_query_tag) == queries);
   /* 255 bytes is fine; so is a membership query of nothing. */
   long_id[255] = '\0';
   fs_set_hits(fs, 2);
-  CHECK_OK(oi_offload_engine_query(c.e, long_id, h, 4, 0, &r));
+  CHECK_OK(oi_engine_query(c.e, long_id, h, 4, 0, &r));
   CHECK(r.hit_blocks == 2);
-  CHECK_OK(oi_offload_engine_release(c.e, r.lease));
+  CHECK_OK(oi_engine_release(c.e, r.lease));
   oiwire_Envelope last;
   CHECK(fs_last(fs, oiwire_Envelope_query_tag, &last) && strlen(last.body.query.req_id) == 255);
   uint8_t present[1] = {7};
   memset(&r, 0, sizeof r);
   r.struct_size = sizeof r;
   r.present = present;
-  CHECK_OK(oi_offload_engine_query(c.e, NULL, h, 0, OI_QUERY_MEMBERSHIP, &r));
+  CHECK_OK(oi_engine_query(c.e, NULL, h, 0, OI_QUERY_MEMBERSHIP, &r));
   CHECK(r.hit_blocks == 0 && present[0] == 7);
   fs_set_hits(fs, 0);
   /* An error without a message: its status's name stands in. */
   fs_script(fs, oiwire_Envelope_release_tag,
             (fs_step){.action = FS_RESULT, .status = OI_ERR_INTERNAL, .message = ""});
-  CHECK_ST(oi_offload_engine_release(c.e, lease), OI_ERR_INTERNAL);
+  CHECK_ST(oi_engine_release(c.e, lease), OI_ERR_INTERNAL);
   CHECK_ERR("OI_ERR_INTERNAL");
   check_usable(&c, 3);
   free(ids);

@@ -45,13 +45,13 @@ static void test_silent_connections_are_cut_and_slots_come_back(void) {
   tl_options(&o, a, "handshake");
   e = NULL;
   arena = NULL;
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
+  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
   /* The session that said Hello is still served long after the deadline. */
   usleep(800000);
   CHECK(wc_server_stats(&hello, &sr) && sr.sessions == 2);
   if (e) {
     oi_imported_arena_close(arena);
-    oi_offload_engine_destroy(e);
+    oi_engine_destroy(e);
   }
   wc_close(&hello);
   CHECK(ts_stop(&ts));

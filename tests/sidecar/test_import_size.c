@@ -103,9 +103,9 @@ static void test_connect_refuses_an_undersized_arena(void) {
   oi_arena_desc a[TL_ARENAS];
   oi_engine_options o;
   tl_options(&o, a, "import-size");
-  oi_offload_engine *e = (void *)1;
+  oi_engine *e = (void *)1;
   oi_imported_arena *arena = (void *)1;
-  CHECK_ST(oi_offload_engine_connect(f.path, &o, &e, &arena), OI_ERR_PROTOCOL);
+  CHECK_ST(oi_engine_connect(f.path, &o, &e, &arena), OI_ERR_PROTOCOL);
   CHECK(strstr(oi_last_error(), "import") != NULL);
   CHECK(e == NULL && arena == NULL);
   pthread_join(th, NULL);

@@ -48,14 +48,14 @@ static void owned_options(oi_engine_options *o, oi_arena_desc a[TL_ARENAS], cons
   o->control_deadline_ms = 5000;
 }
 
-static oi_status stats_of(oi_offload_engine *e, oi_engine_stats *s) {
+static oi_status stats_of(oi_engine *e, oi_engine_stats *s) {
   memset(s, 0, sizeof *s);
   s->struct_size = sizeof *s;
-  return oi_offload_engine_stats(e, s);
+  return oi_engine_get_stats(e, s);
 }
 
 /* Waits up to 20 s for the engine's connection state. */
-static bool wait_connection(oi_offload_engine *e, uint32_t state, oi_engine_stats *s) {
+static bool wait_connection(oi_engine *e, uint32_t state, oi_engine_stats *s) {
   for (int i = 0; i < 2000; i++) {
     if (stats_of(e, s) == OI_OK && s->connection == state) return true;
     usleep(10000);
@@ -65,8 +65,8 @@ static bool wait_connection(oi_offload_engine *e, uint32_t state, oi_engine_stat
 
 /* Saves logical blocks [first, first + n) from device blocks [0, n) under
  * `salt`, waits for them, then queries, loads into [n, 2n) and compares. */
-static void round_trip(oi_offload_engine *e, const owned_mem *m, const oi_arena_desc *a,
-                       uint32_t salt, uint64_t first, int n) {
+static void round_trip(oi_engine *e, const owned_mem *m, const oi_arena_desc *a, uint32_t salt,
+                       uint64_t first, int n) {
   int64_t ids[8], dst[8];
   oi_block_hash h[8];
   REQUIRE(n <= 8 && 2 * n <= TL_BLOCKS);
@@ -78,16 +78,16 @@ static void round_trip(oi_offload_engine *e, const owned_mem *m, const oi_arena_
     memset(m->base + a[0].offset + (uint64_t)dst[i] * a[0].block_stride, 0, 1);
   }
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, ids, h, (size_t)n, NULL, &t));
+  CHECK_OK(oi_engine_save(e, ids, h, (size_t)n, NULL, &t));
   if (t) CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
-  CHECK_OK(oi_offload_engine_flush(e, 10000));
+  CHECK_OK(oi_engine_flush(e, 10000));
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, h, (size_t)n, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, h, (size_t)n, 0, &q));
   CHECK(q.hit_blocks == (uint64_t)n);
   if (q.hit_blocks != (uint64_t)n) return;
   t = NULL;
-  CHECK_OK(oi_offload_engine_load(e, q.lease, dst, (size_t)n, NULL, &t));
+  CHECK_OK(oi_engine_load(e, q.lease, dst, (size_t)n, NULL, &t));
   if (t) CHECK_OK(oi_ticket_wait(t, 10000));
   oi_ticket_release(t);
   for (int i = 0; i < n; i++)
@@ -103,9 +103,9 @@ static void test_round_trip_byte_exact(void) {
   om_alloc(&m, total + 100, true);
   oi_engine_options o;
   owned_options(&o, a, "owned-rt", &m);
-  oi_offload_engine *e = NULL;
+  oi_engine *e = NULL;
   oi_imported_arena *arena = (oi_imported_arena *)&m; /* must be set to NULL */
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
+  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
   CHECK(arena == NULL);
   REQUIRE(e != NULL);
   round_trip(e, &m, a, 1, 0, 6);
@@ -124,10 +124,10 @@ static void test_round_trip_byte_exact(void) {
   CHECK(sr.arena_bytes == 0);
   CHECK(sr.server_epoch == s.server_epoch);
   /* arena_out is optional here. */
-  oi_offload_engine *e2 = NULL;
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e2, NULL));
-  oi_offload_engine_destroy(e2);
-  oi_offload_engine_destroy(e);
+  oi_engine *e2 = NULL;
+  CHECK_OK(oi_engine_connect(ts.socket, &o, &e2, NULL));
+  oi_engine_destroy(e2);
+  oi_engine_destroy(e);
   CHECK(WAIT_FOR_STATS(&c, sr, sr.instances == 0));
   CHECK(ts_log_contains(&ts, "unmapped its"));
   wc_close(&c);
@@ -165,12 +165,12 @@ static void test_bad_memory_is_refused(void) {
   oi_arena_desc a[TL_ARENAS];
   tl_arenas(a, &total);
   oi_engine_options o;
-  oi_offload_engine *e = NULL;
+  oi_engine *e = NULL;
 
   owned_mem unsealed;
   om_alloc(&unsealed, total, false);
   owned_options(&o, a, "owned-bad", &unsealed);
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "F_SEAL_SHRINK") != NULL);
   CHECK(e == NULL);
 
@@ -178,7 +178,7 @@ static void test_bad_memory_is_refused(void) {
   om_alloc(&small, total / 2, true);
   owned_options(&o, a, "owned-bad", &small);
   o.arena_size = total; /* the memfd holds half */
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "holds") != NULL);
 
   owned_mem good;
@@ -189,37 +189,37 @@ static void test_bad_memory_is_refused(void) {
   o.arena_size = total / 2;
   o.num_arenas = 1;
   a[0].num_blocks = 2;
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "not a read-write MAP_SHARED mapping") != NULL);
   tl_arenas(a, &total);
   owned_options(&o, a, "owned-bad", &good);
   o.arena_base = good.base + 4096; /* file offset 4096, not 0 */
   o.arena_size = total;
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   uint8_t *heap = malloc(total);
   REQUIRE(heap);
   o.arena_base = heap; /* not the memfd at all */
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   free(heap);
   owned_options(&o, a, "owned-bad", &good);
   o.arena_fd = -1; /* no fd */
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   owned_options(&o, a, "owned-bad", &good);
   o.arena_base = NULL; /* an fd without arena_base */
   oi_imported_arena *arena = NULL;
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, &arena), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, &arena), OI_ERR_INVALID_ARGUMENT);
   tl_options(&o, a, "owned-bad");
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   owned_options(&o, a, "owned-bad", &good);
   o.arena_size = total - 1; /* the layout reaches past arena_size */
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
   /* An embedded engine takes no arena_fd. */
   oi_host_options ho = tr_host_options(8 << 20);
   ho.flags = OI_HOST_NO_PIN;
-  oi_offload_host *h = tr_host_new(&ho);
+  oi_host *h = tr_host_new(&ho);
   owned_options(&o, a, "owned-bad", &good);
-  CHECK_ST(oi_offload_engine_create(h, &o, &e), OI_ERR_INVALID_ARGUMENT);
-  oi_offload_host_destroy(h);
+  CHECK_ST(oi_engine_create(h, &o, &e), OI_ERR_INVALID_ARGUMENT);
+  oi_host_destroy(h);
 
   /* The raw wire: client_owned without an fd, with a handle on cpu, a
    * handle without client_owned; the session goes on after each. */
@@ -273,7 +273,7 @@ static void test_bad_memory_is_refused(void) {
     tl_options(&o1, a1, "owned-shape");
     first = NULL;
     fa = NULL;
-    CHECK_OK(oi_offload_engine_connect(ts.socket, &o1, &first, &fa));
+    CHECK_OK(oi_engine_connect(ts.socket, &o1, &first, &fa));
     CHECK(server_maps(ts.pid, "memfd:oi-test-arena") == 0);
     owned_options(&o, a, "owned-shape", &good);
     o.num_arenas = 1;
@@ -282,11 +282,11 @@ static void test_bad_memory_is_refused(void) {
                            .bytes_per_block = 256 * 2 + 384 + 96, /* the same block size */
                            .block_stride = 1024,
                            .segments = 1};
-    CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
+    CHECK_ST(oi_engine_connect(ts.socket, &o, &e, NULL), OI_ERR_INVALID_ARGUMENT);
     CHECK(e == NULL && strstr(oi_last_error(), "another shape"));
     CHECK(server_maps_settles(ts.pid, "memfd:oi-test-arena", 0) == 0);
     oi_imported_arena_close(fa);
-    oi_offload_engine_destroy(first);
+    oi_engine_destroy(first);
     tl_arenas(a, &total);
   }
   oiwire_StatsReply sr;
@@ -302,7 +302,7 @@ static void test_bad_memory_is_refused(void) {
 /* ---- the server dies under a running client -------------------------------------- */
 
 typedef struct worker {
-  oi_offload_engine *e;
+  oi_engine *e;
   atomic_bool stop;
   atomic_int bad; /* a status a degraded engine must never return */
   atomic_int saves, queries;
@@ -329,7 +329,7 @@ static void *worker_main(void *arg) {
     so.on_done = on_save_done;
     so.on_done_ctx = w;
     oi_ticket *t = NULL;
-    oi_status st = oi_offload_engine_save(w->e, ids, h, 4, &so, &t);
+    oi_status st = oi_engine_save(w->e, ids, h, 4, &so, &t);
     if (st != OI_OK) {
       fprintf(stderr, "worker: save returned %s: %s\n", oi_status_str(st), oi_last_error());
       atomic_fetch_add(&w->bad, 1);
@@ -341,7 +341,7 @@ static void *worker_main(void *arg) {
     }
     uint8_t present[4];
     oi_query_result q = {.struct_size = sizeof q, .present = present};
-    st = oi_offload_engine_query(w->e, NULL, h, 4, OI_QUERY_MEMBERSHIP, &q);
+    st = oi_engine_query(w->e, NULL, h, 4, OI_QUERY_MEMBERSHIP, &q);
     if (st != OI_OK) {
       fprintf(stderr, "worker: query returned %s: %s\n", oi_status_str(st), oi_last_error());
       atomic_fetch_add(&w->bad, 1);
@@ -362,8 +362,8 @@ static void test_server_killed_degrade_and_reconnect(void) {
   om_alloc(&m, total, true);
   oi_engine_options o;
   owned_options(&o, a, "owned-kill", &m);
-  oi_offload_engine *e = NULL;
-  REQUIRE(oi_offload_engine_connect(ts.socket, &o, &e, NULL) == OI_OK);
+  oi_engine *e = NULL;
+  REQUIRE(oi_engine_connect(ts.socket, &o, &e, NULL) == OI_OK);
   round_trip(e, &m, a, 2, 0, 4);
   oi_engine_stats s;
   REQUIRE(stats_of(e, &s) == OI_OK);
@@ -374,7 +374,7 @@ static void test_server_killed_degrade_and_reconnect(void) {
   for (int i = 0; i < 4; i++)
     h[i] = tl_hash(2, (uint64_t)i);
   oi_query_result q = {.struct_size = sizeof q};
-  CHECK_OK(oi_offload_engine_query(e, NULL, h, 4, 0, &q));
+  CHECK_OK(oi_engine_query(e, NULL, h, 4, 0, &q));
   CHECK(q.hit_blocks == 4);
   oi_lease old_lease = q.lease;
 
@@ -393,13 +393,13 @@ static void test_server_killed_degrade_and_reconnect(void) {
   CHECK(ts_log_count(&degrade_lines) >= 1);
   /* Degraded: queries miss, saves drop, loads fail, release: expired. */
   oi_query_result miss = {.struct_size = sizeof miss};
-  CHECK_OK(oi_offload_engine_query(e, NULL, h, 4, 0, &miss));
+  CHECK_OK(oi_engine_query(e, NULL, h, 4, 0, &miss));
   CHECK(miss.hit_blocks == 0);
   static const oi_lease zero;
   CHECK(memcmp(&miss.lease, &zero, sizeof zero) == 0);
   uint8_t present[4] = {1, 1, 1, 1};
   oi_query_result mq = {.struct_size = sizeof mq, .present = present};
-  CHECK_OK(oi_offload_engine_query(e, NULL, h, 4, OI_QUERY_MEMBERSHIP, &mq));
+  CHECK_OK(oi_engine_query(e, NULL, h, 4, OI_QUERY_MEMBERSHIP, &mq));
   CHECK(mq.hit_blocks == 0 && present[0] == 0 && present[3] == 0);
   int64_t ids[2] = {0, 1};
   oi_ticket *t = NULL;
@@ -408,16 +408,16 @@ static void test_server_killed_degrade_and_reconnect(void) {
   oi_save_options_init(&so);
   so.on_done = on_save_done;
   so.on_done_ctx = &w;
-  CHECK_OK(oi_offload_engine_save(e, ids, h, 2, &so, &t));
+  CHECK_OK(oi_engine_save(e, ids, h, 2, &so, &t));
   CHECK(t != NULL && oi_ticket_poll(t) == OI_OK); /* completed at once: nothing to copy */
   CHECK(atomic_load(&w.done_calls) > before);
   oi_ticket_release(t);
   int64_t dst[4] = {8, 9, 10, 11};
   t = NULL;
-  CHECK_ST(oi_offload_engine_load(e, old_lease, dst, 4, NULL, &t), OI_ERR_CLOSED);
+  CHECK_ST(oi_engine_load(e, old_lease, dst, 4, NULL, &t), OI_ERR_CLOSED);
   CHECK(t == NULL);
-  CHECK_ST(oi_offload_engine_release(e, old_lease), OI_ERR_LEASE_EXPIRED);
-  CHECK_OK(oi_offload_engine_flush(e, 1000));
+  CHECK_ST(oi_engine_release(e, old_lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_OK(oi_engine_flush(e, 1000));
   CHECK_OK(stats_of(e, &s));
   CHECK(s.connection == OI_CONNECTION_DEGRADED);
   CHECK(s.disconnected_saves >= 2);
@@ -440,7 +440,7 @@ static void test_server_killed_degrade_and_reconnect(void) {
   CHECK(atomic_load(&w.saves) > 0 && atomic_load(&w.queries) > 0);
   /* Old leases are invalid in the new epoch. */
   t = NULL;
-  oi_status st = oi_offload_engine_load(e, old_lease, dst, 4, NULL, &t);
+  oi_status st = oi_engine_load(e, old_lease, dst, 4, NULL, &t);
   if (st == OI_OK) {
     CHECK_ST(oi_ticket_wait(t, 10000), OI_ERR_LEASE_EXPIRED);
     oi_ticket_release(t);
@@ -455,7 +455,7 @@ static void test_server_killed_degrade_and_reconnect(void) {
   REQUIRE(wc_server_stats(&c, &sr));
   CHECK(sr.instances == 1 && sr.server_epoch == s.server_epoch);
   wc_close(&c);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   om_free(&m);
   CHECK(ts_stop(&ts));
   CHECK(atomic_load(&fatal_calls) == 0);
@@ -470,15 +470,15 @@ static void test_degraded_engine_is_destroyed_promptly(void) {
   om_alloc(&m, total, true);
   oi_engine_options o;
   owned_options(&o, a, "owned-destroy", &m);
-  oi_offload_engine *e = NULL;
-  REQUIRE(oi_offload_engine_connect(ts.socket, &o, &e, NULL) == OI_OK);
+  oi_engine *e = NULL;
+  REQUIRE(oi_engine_connect(ts.socket, &o, &e, NULL) == OI_OK);
   ts_kill(&ts);
   oi_engine_stats s;
   CHECK(wait_connection(e, OI_CONNECTION_DEGRADED, &s));
   uint64_t t0 = 0;
   struct timespec a0, a1;
   clock_gettime(CLOCK_MONOTONIC, &a0);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   clock_gettime(CLOCK_MONOTONIC, &a1);
   t0 = (uint64_t)(a1.tv_sec - a0.tv_sec) * 1000 + (uint64_t)(a1.tv_nsec - a0.tv_nsec) / 1000000;
   CHECK(t0 < 3000);

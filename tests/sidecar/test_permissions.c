@@ -22,7 +22,7 @@ static void test_socket_is_0600(void) {
 }
 
 /* In a child running as uid/gid 65534: connect + hello. @return the status
- * of oi_offload_engine_connect-like access as an exit code: 0 served,
+ * of oi_engine_connect-like access as an exit code: 0 served,
  * 10 refused by the server, 11 refused by the socket file, other: error. */
 static int as_nobody(bool hello_only) {
   pid_t child = fork();
@@ -37,7 +37,7 @@ static int as_nobody(bool hello_only) {
     }
     TL_CLIENT(a, o, e, arena);
     tl_options(&o, a, "perm");
-    oi_status st = oi_offload_engine_connect(ts.socket, &o, &e, &arena);
+    oi_status st = oi_engine_connect(ts.socket, &o, &e, &arena);
     if (st == OI_ERR_PERMISSION && strstr(oi_last_error(), "not allowed")) _exit(10);
     if (st == OI_ERR_PERMISSION) _exit(11);
     fprintf(stderr, "connect as nobody: %s %s\n", oi_status_str(st), oi_last_error());

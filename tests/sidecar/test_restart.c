@@ -18,17 +18,16 @@ static uint64_t epoch_now(void) {
 static bool client_round_trip(uint64_t expect_hits) {
   TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "restart");
-  if (oi_offload_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) return false;
+  if (oi_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) return false;
   int64_t id = 1;
   oi_block_hash h = tl_hash(11, 1);
   oi_query_result qr = {.struct_size = sizeof qr};
-  bool ok =
-      oi_offload_engine_query(e, NULL, &h, 1, 0, &qr) == OI_OK && qr.hit_blocks == expect_hits;
-  if (qr.hit_blocks) oi_offload_engine_release(e, qr.lease);
-  ok = ok && oi_offload_engine_save(e, &id, &h, 1, NULL, NULL) == OI_OK &&
-       oi_offload_engine_flush(e, 10000) == OI_OK;
+  bool ok = oi_engine_query(e, NULL, &h, 1, 0, &qr) == OI_OK && qr.hit_blocks == expect_hits;
+  if (qr.hit_blocks) oi_engine_release(e, qr.lease);
+  ok = ok && oi_engine_save(e, &id, &h, 1, NULL, NULL) == OI_OK &&
+       oi_engine_flush(e, 10000) == OI_OK;
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   return ok;
 }
 

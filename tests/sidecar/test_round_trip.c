@@ -21,14 +21,14 @@ static int second_client(const char *socket) {
   TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, NS);
   o.instance_name = "second";
-  CHECK_OK(oi_offload_engine_connect(socket, &o, &e, &arena));
+  CHECK_OK(oi_engine_connect(socket, &o, &e, &arena));
   if (oi_test_failures) return 1;
   uint8_t *base = oi_imported_arena_ptr(arena);
   oi_block_hash hashes[N_SAVED];
   for (int i = 0; i < N_SAVED; i++)
     hashes[i] = tl_hash(1, (uint64_t)i);
   oi_query_result qr = {.struct_size = sizeof qr};
-  CHECK_OK(oi_offload_engine_query(e, "second", hashes, N_SAVED, 0, &qr));
+  CHECK_OK(oi_engine_query(e, "second", hashes, N_SAVED, 0, &qr));
   CHECK(qr.hit_blocks == N_SAVED);
   int64_t dst[N_SAVED];
   for (int i = 0; i < N_SAVED; i++)
@@ -38,7 +38,7 @@ static int second_client(const char *socket) {
     CHECK(tl_check(base, a, dst[i], (uint64_t)i));
   CHECK(tl_is_zero(base, a, N_SAVED));
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   return oi_test_failures ? 1 : 0;
 }
 
@@ -52,9 +52,9 @@ static void test_round_trip_two_processes(void) {
   tl_options(&o, a, NS);
   uint64_t total;
   tl_arenas(a, &total);
-  oi_offload_engine *e;
+  oi_engine *e;
   oi_imported_arena *arena;
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
+  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
   REQUIRE(e && arena);
   CHECK(oi_imported_arena_size(arena) >= total);
   uint8_t *base = oi_imported_arena_ptr(arena);
@@ -62,7 +62,7 @@ static void test_round_trip_two_processes(void) {
     CHECK(tl_is_zero(base, a, b)); /* allocated zeroed */
 
   oi_engine_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK_OK(oi_engine_get_stats(e, &es));
   CHECK(es.num_blocks == TL_BLOCKS && es.block_bytes == 2 * 256 + 384 + 96);
 
   int64_t ids[N_SAVED];
@@ -74,17 +74,16 @@ static void test_round_trip_two_processes(void) {
   so.on_done = on_save_done;
   so.on_done_ctx = &done;
   oi_ticket *t = NULL;
-  CHECK_OK(oi_offload_engine_save(e, ids, hashes, N_SAVED / 2, &so, &t));
+  CHECK_OK(oi_engine_save(e, ids, hashes, N_SAVED / 2, &so, &t));
   CHECK_OK(oi_ticket_wait(t, 10000));
   CHECK(atomic_load(&done) == 1);
   oi_ticket_release(t);
   /* fire and forget, then the barrier */
-  CHECK_OK(
-      oi_offload_engine_save(e, ids + N_SAVED / 2, hashes + N_SAVED / 2, N_SAVED / 2, NULL, NULL));
-  CHECK_OK(oi_offload_engine_flush(e, 10000));
+  CHECK_OK(oi_engine_save(e, ids + N_SAVED / 2, hashes + N_SAVED / 2, N_SAVED / 2, NULL, NULL));
+  CHECK_OK(oi_engine_flush(e, 10000));
 
   oi_query_result qr = {.struct_size = sizeof qr};
-  CHECK_OK(oi_offload_engine_query(e, "r1", hashes, N_SAVED, 0, &qr));
+  CHECK_OK(oi_engine_query(e, "r1", hashes, N_SAVED, 0, &qr));
   CHECK(qr.state == OI_QUERY_READY && qr.hit_blocks == N_SAVED);
   int64_t dst[N_SAVED];
   for (int i = 0; i < N_SAVED; i++)
@@ -95,7 +94,7 @@ static void test_round_trip_two_processes(void) {
   CHECK(tl_is_zero(base, a, 24)); /* not loaded: untouched */
   /* the lease served its one consumer; errors the server finds complete the
    * ticket (a sidecar load returns once the request is sent) */
-  CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, N_SAVED, NULL, &t));
+  CHECK_OK(oi_engine_load(e, qr.lease, dst, N_SAVED, NULL, &t));
   CHECK_ST(oi_ticket_wait(t, 10000), OI_ERR_LEASE_EXPIRED);
   oi_ticket_release(t);
 
@@ -103,27 +102,27 @@ static void test_round_trip_two_processes(void) {
   oi_block_hash mixed[4] = {hashes[0], tl_hash(9, 9), hashes[2], hashes[3]};
   uint8_t present[4] = {9, 9, 9, 9};
   oi_query_result mr = {.struct_size = sizeof mr, .present = present};
-  CHECK_OK(oi_offload_engine_query(e, NULL, mixed, 4, OI_QUERY_MEMBERSHIP, &mr));
+  CHECK_OK(oi_engine_query(e, NULL, mixed, 4, OI_QUERY_MEMBERSHIP, &mr));
   CHECK(mr.hit_blocks == 3 && present[0] == 1 && present[1] == 0 && present[2] == 1 &&
         present[3] == 1);
   oi_query_result pr = {.struct_size = sizeof pr};
-  CHECK_OK(oi_offload_engine_query(e, NULL, mixed, 4, 0, &pr));
+  CHECK_OK(oi_engine_query(e, NULL, mixed, 4, 0, &pr));
   CHECK(pr.hit_blocks == 1);
-  CHECK_OK(oi_offload_engine_release(e, pr.lease));
-  CHECK_ST(oi_offload_engine_release(e, pr.lease), OI_ERR_LEASE_EXPIRED);
+  CHECK_OK(oi_engine_release(e, pr.lease));
+  CHECK_ST(oi_engine_release(e, pr.lease), OI_ERR_LEASE_EXPIRED);
   CHECK(strstr(oi_last_error(), "lease") != NULL);
   /* errors come back with the server's message */
   int64_t bad = TL_BLOCKS;
-  CHECK_ST(oi_offload_engine_save(e, &bad, hashes, 1, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_OK(oi_offload_engine_query(e, NULL, hashes, 2, 0, &qr));
-  CHECK_OK(oi_offload_engine_load(e, qr.lease, dst, 3, NULL, &t)); /* 3 ids, lease of 2 */
+  CHECK_ST(oi_engine_save(e, &bad, hashes, 1, NULL, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_OK(oi_engine_query(e, NULL, hashes, 2, 0, &qr));
+  CHECK_OK(oi_engine_load(e, qr.lease, dst, 3, NULL, &t)); /* 3 ids, lease of 2 */
   CHECK_ST(oi_ticket_wait(t, 10000), OI_ERR_INVALID_ARGUMENT);
   oi_ticket_release(t);
-  CHECK_OK(oi_offload_engine_release(e, qr.lease)); /* refused before use: still held */
+  CHECK_OK(oi_engine_release(e, qr.lease)); /* refused before use: still held */
   so.wait_event = (void *)1;
-  CHECK_ST(oi_offload_engine_save(e, ids, hashes, 1, &so, NULL), OI_ERR_UNSUPPORTED);
+  CHECK_ST(oi_engine_save(e, ids, hashes, 1, &so, NULL), OI_ERR_UNSUPPORTED);
 
-  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK_OK(oi_engine_get_stats(e, &es));
   CHECK(es.saves_completed == N_SAVED && es.loads_completed == 1 && es.blocks_loaded == N_SAVED);
 
   /* the second process restores what this one saved */
@@ -140,7 +139,7 @@ static void test_round_trip_two_processes(void) {
 
   /* clean teardown: arena first, then the engine */
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   CHECK(WAIT_FOR_STATS(&wc, sr, sr.instances == 0 && sr.arena_bytes == 0));
   CHECK(sr.instances_cleaned_up == 0); /* unregistered, not cleaned up */
   wc_close(&wc);
@@ -152,7 +151,7 @@ static void test_engine_destroyed_before_its_arena(void) {
   wire_client wc;
   REQUIRE(wc_connect(&wc, ts.socket) && wc_hello(&wc, NULL));
   oiwire_StatsReply sr;
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
   /* The server must not free memory this process still maps. */
   CHECK(wc_server_stats(&wc, &sr) && sr.instances == 1);
   uint8_t *base = oi_imported_arena_ptr(arena);
@@ -198,13 +197,13 @@ static void test_vllm_kv_halves_round_trip(void) {
   o.arenas = a;
   o.segment_offsets = offs;
   o.num_segment_offsets = 4;
-  oi_offload_engine *e;
+  oi_engine *e;
   oi_imported_arena *arena;
-  CHECK_OK(oi_offload_engine_connect(ts.socket, &o, &e, &arena));
+  CHECK_OK(oi_engine_connect(ts.socket, &o, &e, &arena));
   REQUIRE(e && arena);
   CHECK(oi_imported_arena_size(arena) >= 4 * KV_HALF - 64);
   oi_engine_stats es = {.struct_size = sizeof es};
-  CHECK_OK(oi_offload_engine_stats(e, &es));
+  CHECK_OK(oi_engine_get_stats(e, &es));
   CHECK(es.block_bytes == 2 * 2 * KV_BPB);
   uint8_t *base = oi_imported_arena_ptr(arena);
   enum { N = 6 };
@@ -228,11 +227,11 @@ static void test_vllm_kv_halves_round_trip(void) {
     oi_save_options_init(&so);
     so.arena_first = l;
     so.arena_count = 1;
-    CHECK_OK(oi_offload_engine_save(e, src, hs, N, &so, &t));
+    CHECK_OK(oi_engine_save(e, src, hs, N, &so, &t));
     CHECK_OK(oi_ticket_wait(t, 10000));
     oi_ticket_release(t);
     if (l == 0) {
-      CHECK_OK(oi_offload_engine_query(e, "vllm", hs, N, 0, &qr));
+      CHECK_OK(oi_engine_query(e, "vllm", hs, N, 0, &qr));
       CHECK(qr.hit_blocks == 0);
     }
   }
@@ -240,10 +239,10 @@ static void test_vllm_kv_halves_round_trip(void) {
   oi_save_options_init(&bad);
   bad.arena_first = 2;
   bad.arena_count = 1; /* past the layout: refused (by the client) */
-  CHECK_ST(oi_offload_engine_save(e, src, hs, N, &bad, NULL), OI_ERR_INVALID_ARGUMENT);
-  CHECK_OK(oi_offload_engine_flush(e, 10000));
+  CHECK_ST(oi_engine_save(e, src, hs, N, &bad, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK_OK(oi_engine_flush(e, 10000));
   memset(base, 0, 4 * KV_HALF);
-  CHECK_OK(oi_offload_engine_query(e, "vllm", hs, N, 0, &qr));
+  CHECK_OK(oi_engine_query(e, "vllm", hs, N, 0, &qr));
   CHECK(qr.hit_blocks == N);
   CHECK_OK(tr_load(e, qr.lease, dst, N, 10000));
   bool same = true;
@@ -261,32 +260,32 @@ static void test_vllm_kv_halves_round_trip(void) {
     zero &= base[i] == 0;
   CHECK(zero);
   oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(e);
+  oi_engine_destroy(e);
 }
 
 static void test_connect_refuses_bad_options(void) {
   TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, NS);
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, NULL, &arena), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi_offload_engine_connect(ts.socket, NULL, &e, &arena), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, NULL, &arena), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, NULL, &e, &arena), OI_ERR_INVALID_ARGUMENT);
   o.arena_base = (void *)4096;
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, &arena), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, &arena), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "arena_base") != NULL);
   o.arena_base = NULL;
   a[1].offset = 100; /* overlaps arena 0 */
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, &arena), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, &arena), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "overlap") != NULL);
   tl_options(&o, a, NS);
   o.arena_size = 1000; /* too small for the layout */
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, &arena), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, &arena), OI_ERR_INVALID_ARGUMENT);
   tl_options(&o, a, NS);
   char path[200];
   snprintf(path, sizeof path, "%s/nobody.sock", ts.dir);
-  CHECK_ST(oi_offload_engine_connect(path, &o, &e, &arena), OI_ERR_NOT_FOUND);
+  CHECK_ST(oi_engine_connect(path, &o, &e, &arena), OI_ERR_NOT_FOUND);
   CHECK(e == NULL && arena == NULL);
   /* another layout shape in the same namespace: refused by the server */
   a[2].bytes_per_block = 64;
-  CHECK_ST(oi_offload_engine_connect(ts.socket, &o, &e, &arena), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi_engine_connect(ts.socket, &o, &e, &arena), OI_ERR_INVALID_ARGUMENT);
   CHECK(e == NULL && arena == NULL);
 }
 

@@ -34,14 +34,14 @@ static void client(int ready_fd, bool clean) {
   oi_set_fatal_handler(fatal_marker, NULL);
   TL_CLIENT(a, o, e, arena);
   tl_options(&o, a, "watchdog");
-  if (oi_offload_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) _exit(2);
+  if (oi_engine_connect(ts.socket, &o, &e, &arena) != OI_OK) _exit(2);
   int64_t id = 0;
   oi_block_hash h = tl_hash(5, 0);
-  if (oi_offload_engine_save(e, &id, &h, 1, NULL, NULL) != OI_OK) _exit(3);
-  if (oi_offload_engine_flush(e, 10000) != OI_OK) _exit(4);
+  if (oi_engine_save(e, &id, &h, 1, NULL, NULL) != OI_OK) _exit(3);
+  if (oi_engine_flush(e, 10000) != OI_OK) _exit(4);
   if (clean) {
     oi_imported_arena_close(arena);
-    oi_offload_engine_destroy(e);
+    oi_engine_destroy(e);
   }
   if (write(ready_fd, "r", 1) != 1) _exit(5);
   sleep(clean ? 2 : 30); /* the watchdog fires long before, if it must */

@@ -293,8 +293,8 @@ static void fio_phase(const disk_cfg *cfg, const char *dir, disk_result *r) {
 /* ---- 1 and 2: spill, restore ------------------------------------------------------ */
 
 typedef struct rig {
-  oi_offload_host *host;
-  oi_offload_engine *eng, *glm;
+  oi_host *host;
+  oi_engine *eng, *glm;
   uint8_t *arena;
   uint8_t *glm_arena;
   oi_arena_desc glm_ad[99];
@@ -304,7 +304,7 @@ typedef struct rig {
 static int disk_stats(rig *g, oi_host_disk_stats *s) {
   memset(s, 0, sizeof *s);
   s->struct_size = sizeof *s;
-  return oi_offload_host_disk_stats(g->host, s) == OI_OK ? 0 : fail_api("disk stats");
+  return oi_host_get_disk_stats(g->host, s) == OI_OK ? 0 : fail_api("disk stats");
 }
 
 /* Waits until the disk tier has written `target` blocks; -1 when spills
@@ -334,9 +334,9 @@ static int wait_spilled(rig *g, uint64_t target, uint64_t *t_done) {
 }
 
 static int empty_pool(rig *g) {
-  if (oi_offload_host_evict_all(g->host, NULL) != OI_OK) return fail_api("evict_all");
+  if (oi_host_evict_all(g->host, NULL) != OI_OK) return fail_api("evict_all");
   oi_host_stats hs = {.struct_size = sizeof hs};
-  if (oi_offload_host_stats(g->host, &hs) != OI_OK) return fail_api("host stats");
+  if (oi_host_get_stats(g->host, &hs) != OI_OK) return fail_api("host stats");
   if (hs.blocks_sealed) return fail_msg("the pool still holds blocks after evict_all");
   return 0;
 }
@@ -353,14 +353,14 @@ static int rig_open(const disk_cfg *cfg, const char *dir, uint64_t glm_bytes, ri
   ho.pool_bytes = cfg->bytes + OI_MAX(cfg->bytes / 8, 128ull << 20) + GLM_BLOCKS * glm_bytes;
   ho.high_watermark = 1.0f;
   ho.low_watermark = 1.0f;
-  if (oi_offload_host_create(&ho, &g->host) != OI_OK) return fail_api("host create");
+  if (oi_host_create(&ho, &g->host) != OI_OK) return fail_api("host create");
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
   const char *dirs[1] = {dir};
   d.dirs = dirs;
   d.num_dirs = 1;
   d.capacity_bytes = 2 * (cfg->bytes + GLM_BLOCKS * glm_bytes) + (64ull << 20);
-  if (oi_offload_host_attach_disk(g->host, &d) != OI_OK) return fail_api("attach_disk");
+  if (oi_host_attach_disk(g->host, &d) != OI_OK) return fail_api("attach_disk");
 
   g->arena = oi__aligned_alloc(4096, (size_t)(n * cfg->block_bytes));
   if (!g->arena) return fail_msg("out of memory (arena)");
@@ -375,7 +375,7 @@ static int rig_open(const disk_cfg *cfg, const char *dir, uint64_t glm_bytes, ri
   eo.namespace_id = "bench-disk";
   eo.arenas = &ad;
   eo.num_arenas = 1;
-  if (oi_offload_engine_create(g->host, &eo, &g->eng) != OI_OK) return fail_api("engine create");
+  if (oi_engine_create(g->host, &eo, &g->eng) != OI_OK) return fail_api("engine create");
 
   /* GLM5.2: 78 arenas of 41,984 B and 21 of 8,448 B per block (bench transfer's shape);
    * 2 x 22 blocks: saved from the first 22, loaded into the others. */
@@ -397,15 +397,14 @@ static int rig_open(const disk_cfg *cfg, const char *dir, uint64_t glm_bytes, ri
   eo.namespace_id = "bench-disk-glm5.2";
   eo.arenas = g->glm_ad;
   eo.num_arenas = 99;
-  if (oi_offload_engine_create(g->host, &eo, &g->glm) != OI_OK)
-    return fail_api("engine create (GLM5.2)");
+  if (oi_engine_create(g->host, &eo, &g->glm) != OI_OK) return fail_api("engine create (GLM5.2)");
   return 0;
 }
 
 static void rig_close(rig *g) {
-  oi_offload_engine_destroy(g->glm);
-  oi_offload_engine_destroy(g->eng);
-  oi_offload_host_destroy(g->host);
+  oi_engine_destroy(g->glm);
+  oi_engine_destroy(g->eng);
+  oi_host_destroy(g->host);
   oi__free(g->arena);
   oi__free(g->glm_arena);
 }
@@ -415,13 +414,13 @@ static uint8_t *glm_slice(rig *g, int a, int b) {
   return (uint8_t *)g->glm_ad[a].base + (uint64_t)b * g->glm_ad[a].bytes_per_block;
 }
 
-static int save_all(oi_offload_engine *e, const oi_block_hash *hs, uint64_t n, uint64_t id0) {
+static int save_all(oi_engine *e, const oi_block_hash *hs, uint64_t n, uint64_t id0) {
   int64_t ids[SAVE_CALL_BLOCKS];
   for (uint64_t done = 0; done < n;) {
     size_t k = (size_t)OI_MIN((uint64_t)SAVE_CALL_BLOCKS, n - done);
     for (size_t j = 0; j < k; j++)
       ids[j] = (int64_t)(id0 + done + j);
-    if (oi_offload_engine_save(e, ids, hs + done, k, NULL, NULL) != OI_OK) return fail_api("save");
+    if (oi_engine_save(e, ids, hs + done, k, NULL, NULL) != OI_OK) return fail_api("save");
     done += k;
   }
   return 0;
@@ -429,17 +428,17 @@ static int save_all(oi_offload_engine *e, const oi_block_hash *hs, uint64_t n, u
 
 /* Queries until every hash is a hit (one query promotes a run of at most
  * 4096 blocks); @return the number of queries, -1 on failure. */
-static int query_all(oi_offload_engine *e, const oi_block_hash *hs, uint64_t n, oi_lease *lease) {
+static int query_all(oi_engine *e, const oi_block_hash *hs, uint64_t n, oi_lease *lease) {
   uint64_t prev = 0;
   for (int q = 1;; q++) {
     oi_query_result qr = {.struct_size = sizeof qr, .wait_ms = WAIT_MS};
-    if (oi_offload_engine_query(e, NULL, hs, n, OI_QUERY_WAIT_PENDING, &qr) != OI_OK)
+    if (oi_engine_query(e, NULL, hs, n, OI_QUERY_WAIT_PENDING, &qr) != OI_OK)
       return fail_api("query");
     if (qr.hit_blocks == n) {
       *lease = qr.lease;
       return q;
     }
-    if (qr.hit_blocks) oi_offload_engine_release(e, qr.lease);
+    if (qr.hit_blocks) oi_engine_release(e, qr.lease);
     if (qr.hit_blocks <= prev) {
       fprintf(stderr, "openinfer bench disk: restore stopped at %llu of %llu blocks\n",
               (unsigned long long)qr.hit_blocks, (unsigned long long)n);
@@ -453,21 +452,21 @@ static int query_all(oi_offload_engine *e, const oi_block_hash *hs, uint64_t n, 
  * every promotion, then one load of them all. */
 static oi_status glm_restore_waited(rig *g, const oi_block_hash *hs, const int64_t *dst) {
   oi_query_result q = {.struct_size = sizeof q, .wait_ms = WAIT_MS};
-  if (oi_offload_engine_query(g->glm, NULL, hs, GLM_BLOCKS, OI_QUERY_WAIT_PENDING, &q) != OI_OK) {
+  if (oi_engine_query(g->glm, NULL, hs, GLM_BLOCKS, OI_QUERY_WAIT_PENDING, &q) != OI_OK) {
     fail_api("query (GLM5.2)");
     return OI_ERR_IO;
   }
   if (q.hit_blocks != GLM_BLOCKS) {
-    if (q.hit_blocks) oi_offload_engine_release(g->glm, q.lease);
+    if (q.hit_blocks) oi_engine_release(g->glm, q.lease);
     fprintf(stderr, "openinfer bench disk: GLM5.2 restore: %llu of %d blocks hit\n",
             (unsigned long long)q.hit_blocks, GLM_BLOCKS);
     return OI_ERR_NOT_FOUND;
   }
   oi_ticket *t = NULL;
-  oi_status st = oi_offload_engine_load(g->glm, q.lease, dst, GLM_BLOCKS, NULL, &t);
+  oi_status st = oi_engine_load(g->glm, q.lease, dst, GLM_BLOCKS, NULL, &t);
   if (st == OI_OK) st = oi_ticket_wait(t, WAIT_MS);
   oi_ticket_release(t);
-  oi_offload_engine_release(g->glm, q.lease); /* (consumed by the load: unknown is fine) */
+  oi_engine_release(g->glm, q.lease); /* (consumed by the load: unknown is fine) */
   if (st != OI_OK) fail_api("load (GLM5.2)");
   return st;
 }
@@ -484,15 +483,15 @@ static oi_status glm_restore_pipelined(rig *g, const oi_block_hash *hs, const in
   uint64_t deadline = oi__deadline_ns(WAIT_MS);
   while (first < GLM_BLOCKS && st == OI_OK) {
     oi_query_result q = {.struct_size = sizeof q};
-    st = oi_offload_engine_query(g->glm, NULL, hs + first, GLM_BLOCKS - first, 0, &q);
+    st = oi_engine_query(g->glm, NULL, hs + first, GLM_BLOCKS - first, 0, &q);
     if (st != OI_OK) {
       fail_api("query (GLM5.2)");
       break;
     }
     if (q.hit_blocks) {
-      st = oi_offload_engine_load(g->glm, q.lease, dst + first, q.hit_blocks, NULL, &tickets[nt]);
+      st = oi_engine_load(g->glm, q.lease, dst + first, q.hit_blocks, NULL, &tickets[nt]);
       if (st != OI_OK) {
-        oi_offload_engine_release(g->glm, q.lease);
+        oi_engine_release(g->glm, q.lease);
         fail_api("load (GLM5.2)");
         break;
       }
@@ -538,7 +537,7 @@ static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result
           (unsigned long long)cfg->block_bytes, dir);
   uint64_t t0 = oi__now_ns(), t_spilled;
   if (save_all(g.eng, hs, n, 0) != 0) goto out;
-  if (oi_offload_engine_flush(g.eng, WAIT_MS) != OI_OK) {
+  if (oi_engine_flush(g.eng, WAIT_MS) != OI_OK) {
     fail_api("flush");
     goto out;
   }
@@ -566,11 +565,11 @@ static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result
   bool ok = dst != NULL;
   for (uint64_t b = 0; ok && b < n; b++)
     dst[b] = (int64_t)b;
-  if (ok) ok = oi_offload_engine_load(g.eng, lease, dst, n, NULL, &t) == OI_OK;
+  if (ok) ok = oi_engine_load(g.eng, lease, dst, n, NULL, &t) == OI_OK;
   if (ok) ok = oi_ticket_wait(t, WAIT_MS) == OI_OK;
   oi_ticket_release(t);
   free(dst);
-  oi_offload_engine_release(g.eng, lease);
+  oi_engine_release(g.eng, lease);
   for (uint64_t b = 0; ok && b < n; b++)
     ok = check_block(g.arena + b * cfg->block_bytes, cfg->block_bytes, b);
   r->restore_verified = ok;
@@ -592,7 +591,7 @@ static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result
   oi_host_disk_stats s0;
   if (disk_stats(&g, &s0) != 0) goto out;
   if (save_all(g.glm, glm_hs, GLM_BLOCKS, 0) != 0) goto out;
-  if (oi_offload_engine_flush(g.glm, WAIT_MS) != OI_OK) {
+  if (oi_engine_flush(g.glm, WAIT_MS) != OI_OK) {
     fail_api("flush");
     goto out;
   }

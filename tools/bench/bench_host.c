@@ -88,7 +88,7 @@ static void host_opts(oi_host_options *ho, uint64_t pool, uint64_t chunk) {
   ho->low_watermark = 1.0f;
 }
 
-static int namespace_id(oi_offload_host *h, const char *name, uint32_t *ns) {
+static int namespace_id(oi_host *h, const char *name, uint32_t *ns) {
   int rc = -1;
   pthread_mutex_lock(&h->ns_lock);
   for (uint32_t i = 0; i < h->nns; i++)
@@ -102,7 +102,7 @@ static int namespace_id(oi_offload_host *h, const char *name, uint32_t *ns) {
 
 /* ---- 1 and 2: index scale and queries ------------------------------------ */
 
-static int index_fill(oi_offload_host *h, oi_offload_engine *e, uint64_t n, bench_host_result *r) {
+static int index_fill(oi_host *h, oi_engine *e, uint64_t n, bench_host_result *r) {
   int64_t ids[CALL_BLOCKS];
   oi_block_hash hashes[CALL_BLOCKS];
   uint64_t step = (n + 9) / 10, next_report = step, done = 0, t0 = oi__now_ns();
@@ -112,11 +112,10 @@ static int index_fill(oi_offload_host *h, oi_offload_engine *e, uint64_t n, benc
       ids[j] = (int64_t)((done + j) % INDEX_ARENA_BLOCKS);
       hashes[j] = make_hash(STREAM_INDEX, done + j);
     }
-    if (oi_offload_engine_save(e, ids, hashes, k, NULL, NULL) != OI_OK)
-      return fail_api("index fill: save");
+    if (oi_engine_save(e, ids, hashes, k, NULL, NULL) != OI_OK) return fail_api("index fill: save");
     done += k;
     if (done >= next_report || done == n) {
-      if (oi_offload_engine_flush(e, UINT32_MAX) != OI_OK) return fail_api("index fill: flush");
+      if (oi_engine_flush(e, UINT32_MAX) != OI_OK) return fail_api("index fill: flush");
       double s = (double)(oi__now_ns() - t0) / 1e9;
       fprintf(stderr, "filling index: %3.0f%% (%.1f M blocks, %.1f M blocks/s)\n",
               100.0 * (double)done / (double)n, (double)done / 1e6, (double)done / s / 1e6);
@@ -127,7 +126,7 @@ static int index_fill(oi_offload_host *h, oi_offload_engine *e, uint64_t n, benc
   r->fill_s = (double)dt / 1e9;
   r->fill_blocks_per_s = (double)n / r->fill_s;
   oi_host_stats hs = {.struct_size = sizeof hs};
-  if (oi_offload_host_stats(h, &hs) != OI_OK) return fail_api("host stats");
+  if (oi_host_get_stats(h, &hs) != OI_OK) return fail_api("host stats");
   if (hs.blocks_sealed != n || hs.saves_dropped || hs.saves_deduplicated || hs.saves_failed) {
     fprintf(stderr,
             "openinfer bench host: index fill: %llu of %llu blocks sealed (%llu dropped, %llu "
@@ -140,7 +139,7 @@ static int index_fill(oi_offload_host *h, oi_offload_engine *e, uint64_t n, benc
   return 0;
 }
 
-static int index_lookups(oi_offload_host *h, uint32_t ns, uint64_t n, uint64_t duration_ns,
+static int index_lookups(oi_host *h, uint32_t ns, uint64_t n, uint64_t duration_ns,
                          bench_host_result *r) {
   oi_block_hash *tab = oi__malloc(LOOKUP_TABLE * sizeof *tab);
   if (!tab) return fail_msg("out of memory");
@@ -195,7 +194,7 @@ static int index_lookups(oi_offload_host *h, uint32_t ns, uint64_t n, uint64_t d
 
 /* Memory the index costs: one host_block record and one free-slot bit per
  * carved slot, plus the open-addressing tables of every shard. */
-static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_result *r) {
+static void index_overhead(oi_host *h, uint64_t resident, bench_host_result *r) {
   uint64_t slots = 0, buckets = 0;
   uint32_t ncls = atomic_load(&h->nclasses);
   for (uint32_t c = 0; c < ncls; c++) {
@@ -220,8 +219,8 @@ static void index_overhead(oi_offload_host *h, uint64_t resident, bench_host_res
 
 typedef enum { Q_HIT_RUN, Q_HIT_SCATTERED, Q_MISS, Q_MEMBERSHIP_MISS } query_kind;
 
-static int query_latency(oi_offload_engine *e, uint64_t n, query_kind kind, uint32_t samples,
-                         uint64_t *ns, bench_latency *out) {
+static int query_latency(oi_engine *e, uint64_t n, query_kind kind, uint32_t samples, uint64_t *ns,
+                         bench_latency *out) {
   oi_block_hash hashes[CALL_BLOCKS];
   uint8_t present[CALL_BLOCKS];
   rng g = {.s = 777 + (uint64_t)kind};
@@ -239,7 +238,7 @@ static int query_latency(oi_offload_engine *e, uint64_t n, query_kind kind, uint
     uint32_t flags = kind == Q_MEMBERSHIP_MISS ? OI_QUERY_MEMBERSHIP : 0;
     oi_query_result qr = {.struct_size = sizeof qr, .present = present};
     uint64_t t0 = oi__now_ns();
-    oi_status st = oi_offload_engine_query(e, NULL, hashes, CALL_BLOCKS, flags, &qr);
+    oi_status st = oi_engine_query(e, NULL, hashes, CALL_BLOCKS, flags, &qr);
     uint64_t dt = oi__now_ns() - t0;
     if (st != OI_OK) return fail_api("query");
     uint64_t want = kind == Q_HIT_RUN || kind == Q_HIT_SCATTERED ? CALL_BLOCKS : 0;
@@ -248,8 +247,7 @@ static int query_latency(oi_offload_engine *e, uint64_t n, query_kind kind, uint
               (unsigned long long)qr.hit_blocks, (unsigned long long)want);
       return -1;
     }
-    if (qr.hit_blocks && !(flags & OI_QUERY_MEMBERSHIP) &&
-        oi_offload_engine_release(e, qr.lease) != OI_OK)
+    if (qr.hit_blocks && !(flags & OI_QUERY_MEMBERSHIP) && oi_engine_release(e, qr.lease) != OI_OK)
       return fail_api("release");
     if (i >= warmup) ns[i - warmup] = dt;
   }
@@ -262,9 +260,8 @@ static int query_latency(oi_offload_engine *e, uint64_t n, query_kind kind, uint
 /* A host and one cpu engine over a single arena of `blocks` blocks at `base`
  * (the index and save phases). On failure *h / *e hold what was created. */
 static int open_one_arena(const oi_host_options *ho, uint8_t *base, uint64_t blocks,
-                          uint64_t block_bytes, const char *ns, oi_offload_host **h,
-                          oi_offload_engine **e) {
-  if (oi_offload_host_create(ho, h) != OI_OK) return fail_api("host create");
+                          uint64_t block_bytes, const char *ns, oi_host **h, oi_engine **e) {
+  if (oi_host_create(ho, h) != OI_OK) return fail_api("host create");
   oi_arena_desc ad = {.name = "kv",
                       .base = base,
                       .num_blocks = blocks,
@@ -278,7 +275,7 @@ static int open_one_arena(const oi_host_options *ho, uint8_t *base, uint64_t blo
   eo.instance_name = "bench";
   eo.num_arenas = 1;
   eo.arenas = &ad;
-  if (oi_offload_engine_create(*h, &eo, e) != OI_OK) return fail_api("engine create");
+  if (oi_engine_create(*h, &eo, e) != OI_OK) return fail_api("engine create");
   return 0;
 }
 
@@ -291,8 +288,8 @@ static int phase_index(const bench_host_config *cfg, bench_host_result *r) {
   host_opts(&ho, chunks * INDEX_CHUNK_BYTES, INDEX_CHUNK_BYTES);
   uint8_t *arena = oi__aligned_alloc(4096, INDEX_ARENA_BLOCKS * INDEX_BLOCK_BYTES);
   uint64_t *ns = NULL;
-  oi_offload_host *h = NULL;
-  oi_offload_engine *e = NULL;
+  oi_host *h = NULL;
+  oi_engine *e = NULL;
   int rc = -1;
   if (!arena) {
     fail_msg("out of memory");
@@ -331,8 +328,8 @@ static int phase_index(const bench_host_config *cfg, bench_host_result *r) {
   rc = 0;
 out:
   oi__free(ns);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   oi__free(arena);
   return rc;
 }
@@ -356,8 +353,8 @@ static void reserve_accepted(void *ctx, const size_t *idx, host_block *const *bl
 /* The host tier's part of a save call alone: oi__host_reserve of 64 fresh
  * hashes, timed; the slots are sealed (untimed) and the pool emptied as the
  * engine phase does. */
-static int save_reserve(oi_offload_host *h, oi_offload_engine *e, uint32_t samples, uint64_t *next,
-                        uint64_t *ns, bench_latency *out) {
+static int save_reserve(oi_host *h, oi_engine *e, uint32_t samples, uint64_t *next, uint64_t *ns,
+                        bench_latency *out) {
   (void)e;
   oi_host_ns hns;
   if (!oi__host_find_namespace(h, "bench-save", &hns)) return fail_msg("save: no namespace (bug)");
@@ -374,8 +371,7 @@ static int save_reserve(oi_offload_host *h, oi_offload_engine *e, uint32_t sampl
     ns[i] = oi__now_ns() - t0;
     if (res.accepted != CALL_BLOCKS) return fail_msg("save: reserve dropped blocks");
     oi__host_save_end(h, hns, c.blocks, c.n, true, 0, 0);
-    if ((i + 1) % per_round == 0 && oi_offload_host_evict_all(h, NULL) != OI_OK)
-      return fail_api("evict");
+    if ((i + 1) % per_round == 0 && oi_host_evict_all(h, NULL) != OI_OK) return fail_api("evict");
   }
   *out = latency_of(ns, samples);
   return 0;
@@ -391,8 +387,8 @@ static int phase_save(const bench_host_config *cfg, bench_host_result *r) {
   host_opts(&ho, SAVE_POOL_BYTES, 0);
   uint8_t *arena = oi__aligned_alloc(4096, SAVE_ARENA_BLOCKS * SAVE_BLOCK_BYTES);
   uint64_t *ns = oi__malloc(r->save_samples * sizeof *ns);
-  oi_offload_host *h = NULL;
-  oi_offload_engine *e = NULL;
+  oi_host *h = NULL;
+  oi_engine *e = NULL;
   int rc = -1;
   if (!arena || !ns) {
     fail_msg("out of memory");
@@ -413,23 +409,23 @@ static int phase_save(const bench_host_config *cfg, bench_host_result *r) {
           hashes[j] = make_hash(STREAM_SAVE, next++);
         }
         uint64_t t0 = oi__now_ns();
-        oi_status st = oi_offload_engine_save(e, ids, hashes, CALL_BLOCKS, NULL, NULL);
+        oi_status st = oi_engine_save(e, ids, hashes, CALL_BLOCKS, NULL, NULL);
         uint64_t dt = oi__now_ns() - t0;
         if (st != OI_OK) {
           fail_api("save");
           goto out;
         }
         ns[k++] = dt;
-        if (!burst && oi_offload_engine_flush(e, UINT32_MAX) != OI_OK) {
+        if (!burst && oi_engine_flush(e, UINT32_MAX) != OI_OK) {
           fail_api("flush");
           goto out;
         }
       }
-      if (oi_offload_engine_flush(e, UINT32_MAX) != OI_OK) {
+      if (oi_engine_flush(e, UINT32_MAX) != OI_OK) {
         fail_api("flush");
         goto out;
       }
-      if (oi_offload_host_evict_all(h, NULL) != OI_OK) {
+      if (oi_host_evict_all(h, NULL) != OI_OK) {
         fail_api("evict");
         goto out;
       }
@@ -440,7 +436,7 @@ static int phase_save(const bench_host_config *cfg, bench_host_result *r) {
       r->save_idle = latency_of(ns, k);
   }
   oi_host_stats hs = {.struct_size = sizeof hs};
-  if (oi_offload_host_stats(h, &hs) != OI_OK) {
+  if (oi_host_get_stats(h, &hs) != OI_OK) {
     fail_api("host stats");
     goto out;
   }
@@ -459,8 +455,8 @@ static int phase_save(const bench_host_config *cfg, bench_host_result *r) {
   }
   rc = 0;
 out:
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   oi__free(ns);
   oi__free(arena);
   return rc;
@@ -483,8 +479,8 @@ static int phase_batch(const bench_host_config *cfg, bench_host_result *r) {
   oi_host_options ho;
   host_opts(&ho, slot * BATCH_BLOCKS, slot * 16);
   uint8_t *buf = oi__aligned_alloc(4096, total);
-  oi_offload_host *h = NULL;
-  oi_offload_engine *e = NULL;
+  oi_host *h = NULL;
+  oi_engine *e = NULL;
   oi_ticket *t = NULL;
   int rc = -1;
   if (!buf) {
@@ -495,7 +491,7 @@ static int phase_batch(const bench_host_config *cfg, bench_host_result *r) {
     for (uint32_t b = 0; b < BATCH_BLOCKS; b++)
       memset(buf + a * arena_bytes + b * abpb, slice_byte(a, b), abpb);
   fprintf(stderr, "batch: mapping a %.2f GiB pool\n", (double)ho.pool_bytes / (1ull << 30));
-  if (oi_offload_host_create(&ho, &h) != OI_OK) {
+  if (oi_host_create(&ho, &h) != OI_OK) {
     fail_api("host create");
     goto out;
   }
@@ -517,7 +513,7 @@ static int phase_batch(const bench_host_config *cfg, bench_host_result *r) {
   eo.arenas = ad;
   eo.arena_base = buf;
   eo.arena_size = total;
-  if (oi_offload_engine_create(h, &eo, &e) != OI_OK) {
+  if (oi_engine_create(h, &eo, &e) != OI_OK) {
     fail_api("engine create");
     goto out;
   }
@@ -547,14 +543,14 @@ static int phase_batch(const bench_host_config *cfg, bench_host_result *r) {
     ids[i] = i;
   best = UINT64_MAX;
   for (int rep = 0; rep < REPS; rep++) {
-    if (rep > 0 && oi_offload_host_evict_all(h, NULL) != OI_OK) {
+    if (rep > 0 && oi_host_evict_all(h, NULL) != OI_OK) {
       fail_api("evict");
       goto out;
     }
     for (uint32_t i = 0; i < BATCH_BLOCKS; i++)
       hashes[i] = make_hash(STREAM_BATCH, (uint64_t)rep << 32 | i);
     uint64_t t0 = oi__now_ns();
-    oi_status st = oi_offload_engine_save(e, ids, hashes, BATCH_BLOCKS, NULL, &t);
+    oi_status st = oi_engine_save(e, ids, hashes, BATCH_BLOCKS, NULL, &t);
     if (st == OI_OK) st = oi_ticket_wait(t, UINT32_MAX);
     uint64_t dt = oi__now_ns() - t0;
     oi_ticket_release(t);
@@ -567,7 +563,7 @@ static int phase_batch(const bench_host_config *cfg, bench_host_result *r) {
   }
   r->save_gbps = gbps(total, best);
   oi_host_stats hs = {.struct_size = sizeof hs};
-  if (oi_offload_host_stats(h, &hs) != OI_OK) {
+  if (oi_host_get_stats(h, &hs) != OI_OK) {
     fail_api("host stats");
     goto out;
   }
@@ -583,13 +579,13 @@ static int phase_batch(const bench_host_config *cfg, bench_host_result *r) {
   for (int rep = 0; rep < REPS; rep++) {
     oi_query_result qr = {.struct_size = sizeof qr};
     uint64_t t0 = oi__now_ns();
-    oi_status st = oi_offload_engine_query(e, NULL, hashes, BATCH_BLOCKS, 0, &qr);
+    oi_status st = oi_engine_query(e, NULL, hashes, BATCH_BLOCKS, 0, &qr);
     if (st == OI_OK && qr.hit_blocks != BATCH_BLOCKS) {
       fprintf(stderr, "openinfer bench host: batch query: %llu of %d blocks hit\n",
               (unsigned long long)qr.hit_blocks, BATCH_BLOCKS);
       goto out;
     }
-    if (st == OI_OK) st = oi_offload_engine_load(e, qr.lease, ids, BATCH_BLOCKS, NULL, &t);
+    if (st == OI_OK) st = oi_engine_load(e, qr.lease, ids, BATCH_BLOCKS, NULL, &t);
     if (st == OI_OK) st = oi_ticket_wait(t, UINT32_MAX);
     uint64_t dt = oi__now_ns() - t0;
     oi_ticket_release(t);
@@ -633,8 +629,8 @@ static int phase_batch(const bench_host_config *cfg, bench_host_result *r) {
   rc = 0;
 out:
   oi_ticket_release(t);
-  oi_offload_engine_destroy(e);
-  oi_offload_host_destroy(h);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
   oi__free(buf);
   return rc;
 }

@@ -40,8 +40,8 @@
 #define LOOKUPS 2000
 
 typedef struct rnode {
-  oi_offload_host *h;
-  oi_offload_engine *e;
+  oi_host *h;
+  oi_engine *e;
   uint8_t *mem;
   oi_arena_desc arena;
 } rnode;
@@ -72,7 +72,7 @@ static int node_open(rnode *n, uint64_t pool, uint64_t block, uint64_t nblocks, 
   oi_host_options_init(&ho);
   ho.pool_bytes = pool;
   ho.flags = OI_HOST_NO_PIN;
-  if (oi_offload_host_create(&ho, &n->h) != OI_OK) return -1;
+  if (oi_host_create(&ho, &n->h) != OI_OK) return -1;
   if (url) {
     oi_host_cluster_options co;
     oi_host_cluster_options_init(&co);
@@ -81,7 +81,7 @@ static int node_open(rnode *n, uint64_t pool, uint64_t block, uint64_t nblocks, 
     co.listen_addr = "127.0.0.1:0";
     co.secret_file = secret;
     co.timeout_ms = 30000;
-    if (oi_offload_host_attach_cluster(n->h, &co) != OI_OK) return -1;
+    if (oi_host_attach_cluster(n->h, &co) != OI_OK) return -1;
   }
   n->mem = aligned_alloc(4096, nblocks * block);
   if (!n->mem) return -1;
@@ -97,12 +97,12 @@ static int node_open(rnode *n, uint64_t pool, uint64_t block, uint64_t nblocks, 
   eo.namespace_id = "bench-remote";
   eo.arenas = &n->arena;
   eo.num_arenas = 1;
-  return oi_offload_engine_create(n->h, &eo, &n->e) == OI_OK ? 0 : -1;
+  return oi_engine_create(n->h, &eo, &n->e) == OI_OK ? 0 : -1;
 }
 
 static void node_close(rnode *n) {
-  if (n->e) oi_offload_engine_destroy(n->e);
-  if (n->h) oi_offload_host_destroy(n->h);
+  if (n->e) oi_engine_destroy(n->e);
+  if (n->h) oi_host_destroy(n->h);
   free(n->mem);
   memset(n, 0, sizeof *n);
 }
@@ -118,7 +118,7 @@ static int save_all(rnode *n, uint64_t first, uint64_t count) {
       hs[i] = rhash(first + b + i);
     }
     oi_ticket *t = NULL;
-    if (oi_offload_engine_save(n->e, ids, hs, k, NULL, &t) != OI_OK) return -1;
+    if (oi_engine_save(n->e, ids, hs, k, NULL, &t) != OI_OK) return -1;
     oi_status st = oi_ticket_wait(t, 60000);
     oi_ticket_release(t);
     if (st != OI_OK) return -1;
@@ -269,7 +269,7 @@ int bench_remote(int argc, char **argv) {
     a.mem[i] = (uint8_t)(i * 131 + i / block);
   if (save_all(&a, 0, nblocks) != 0) goto api_fail;
   for (int i = 0; i < 1000; i++) { /* every entry published */
-    oi_offload_host_cluster_stats(a.h, &sa);
+    oi_host_get_cluster_stats(a.h, &sa);
     if (sa.published >= nblocks) break;
     nap_ms(10);
   }
@@ -323,8 +323,7 @@ int bench_remote(int argc, char **argv) {
     for (uint64_t first = 0; first < nblocks;) {
       oi_query_result q = {.struct_size = sizeof q, .wait_ms = 60000};
       uint64_t n = nblocks - first < 1024 ? nblocks - first : 1024;
-      if (oi_offload_engine_query(b.e, NULL, hs + first, n, OI_QUERY_WAIT_PENDING, &q) != OI_OK)
-        break;
+      if (oi_engine_query(b.e, NULL, hs + first, n, OI_QUERY_WAIT_PENDING, &q) != OI_OK) break;
       hits += q.hit_blocks;
       if (q.hit_blocks && nl < 64) leases[nl++] = q.lease;
       if (q.hit_blocks < n) break;
@@ -339,7 +338,7 @@ int bench_remote(int argc, char **argv) {
     for (int i = 0; i < nl && verified; i++) {
       uint64_t n = nblocks - first < 1024 ? nblocks - first : 1024;
       oi_ticket *t = NULL;
-      verified = oi_offload_engine_load(b.e, leases[i], dst + first, n, NULL, &t) == OI_OK &&
+      verified = oi_engine_load(b.e, leases[i], dst + first, n, NULL, &t) == OI_OK &&
                  oi_ticket_wait(t, 60000) == OI_OK;
       oi_ticket_release(t);
       first += n;
@@ -396,15 +395,15 @@ int bench_remote(int argc, char **argv) {
 
   /* 3. eviction: with the cluster (A, its blocks published) vs without */
   {
-    oi_offload_host_cluster_stats(a.h, &sa);
+    oi_host_get_cluster_stats(a.h, &sa);
     uint64_t unpub0 = sa.unpublished, ev = 0;
     uint64_t t0 = oi__now_ns();
-    if (oi_offload_host_evict_all(a.h, &ev) != OI_OK || ev == 0) goto api_fail;
+    if (oi_host_evict_all(a.h, &ev) != OI_OK || ev == 0) goto api_fail;
     evict_with_ns = (double)(oi__now_ns() - t0) / (double)ev;
     /* the directory's withdrawal: until A's worker has queued them all */
     uint64_t t1 = oi__now_ns();
     for (int i = 0; i < 3000; i++) {
-      oi_offload_host_cluster_stats(a.h, &sa);
+      oi_host_get_cluster_stats(a.h, &sa);
       if (sa.unpublished - unpub0 >= ev) break;
       nap_ms(1);
     }
@@ -413,11 +412,11 @@ int bench_remote(int argc, char **argv) {
     if (save_all(&plain, 0, nblocks) != 0) goto api_fail;
     uint64_t ev2 = 0;
     t0 = oi__now_ns();
-    if (oi_offload_host_evict_all(plain.h, &ev2) != OI_OK || ev2 == 0) goto api_fail;
+    if (oi_host_evict_all(plain.h, &ev2) != OI_OK || ev2 == 0) goto api_fail;
     evict_without_ns = (double)(oi__now_ns() - t0) / (double)ev2;
   }
-  oi_offload_host_cluster_stats(a.h, &sa);
-  oi_offload_host_cluster_stats(b.h, &sb);
+  oi_host_get_cluster_stats(a.h, &sa);
+  oi_host_get_cluster_stats(b.h, &sb);
   double ratio = plain_gbps > 0 ? restore_gbps / plain_gbps : 0;
   if (json) {
     printf("{\"bench\":\"remote\",\"blocks\":%llu,\"block_bytes\":%llu,\"restore_gbps\":%.4f,"

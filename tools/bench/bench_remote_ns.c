@@ -414,7 +414,7 @@ static void fill(uint8_t *mem, uint64_t bytes, uint64_t block) {
     mem[i] = (uint8_t)(i * 131 + i / block);
 }
 
-static bool engine_save(oi_offload_engine *e, uint64_t nblocks, oi_block_hash (*hash)(uint64_t)) {
+static bool engine_save(oi_engine *e, uint64_t nblocks, oi_block_hash (*hash)(uint64_t)) {
   int64_t ids[256];
   oi_block_hash hs[256];
   for (uint64_t b = 0; b < nblocks; b += 256) {
@@ -424,12 +424,12 @@ static bool engine_save(oi_offload_engine *e, uint64_t nblocks, oi_block_hash (*
       hs[i] = hash(b + i);
     }
     oi_ticket *t = NULL;
-    if (oi_offload_engine_save(e, ids, hs, k, NULL, &t) != OI_OK) return false;
+    if (oi_engine_save(e, ids, hs, k, NULL, &t) != OI_OK) return false;
     oi_status st = oi_ticket_wait(t, 60000);
     oi_ticket_release(t);
     if (st != OI_OK) return false;
   }
-  return oi_offload_engine_flush(e, 60000) == OI_OK;
+  return oi_engine_flush(e, 60000) == OI_OK;
 }
 
 bool remote_ns_possible(const char *openinfer, char *why, size_t cap) {
@@ -453,7 +453,7 @@ int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
   char addr[2][20], url[64], pool_s[32], listen[2][40];
   char log[3][400] = {{0}}, sock[2][400] = {{0}};
   uint64_t bytes = p->nblocks * p->block;
-  oi_offload_engine *e[2] = {NULL, NULL};
+  oi_engine *e[2] = {NULL, NULL};
   oi_imported_arena *ar[2] = {NULL, NULL};
   int rc = -1;
   if (!rig_up(addr)) {
@@ -520,7 +520,7 @@ int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
     eo.device = OI_DEVICE_CPU;
     eo.arenas = &a;
     eo.num_arenas = 1;
-    if (oi_offload_engine_connect(sock[i], &eo, &e[i], &ar[i]) != OI_OK) {
+    if (oi_engine_connect(sock[i], &eo, &e[i], &ar[i]) != OI_OK) {
       snprintf(r->why, sizeof r->why, "connecting to node %c: %s", 'A' + i, oi_last_error());
       goto out;
     }
@@ -547,7 +547,7 @@ int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
     for (uint64_t i = 0; i < n; i++)
       hs[i] = p->hash(first + i);
     oi_query_result q = {.struct_size = sizeof q, .wait_ms = 60000};
-    if (oi_offload_engine_query(e[1], NULL, hs, n, OI_QUERY_WAIT_PENDING, &q) != OI_OK) break;
+    if (oi_engine_query(e[1], NULL, hs, n, OI_QUERY_WAIT_PENDING, &q) != OI_OK) break;
     hits += q.hit_blocks;
     if (q.hit_blocks && nl < 64) leases[nl++] = q.lease;
     if (q.hit_blocks < n) break;
@@ -566,7 +566,7 @@ int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
     for (uint64_t k = 0; k < n; k++)
       dst[k] = (int64_t)(done + k);
     oi_ticket *t = NULL;
-    ok = oi_offload_engine_load(e[1], leases[i], dst, n, NULL, &t) == OI_OK &&
+    ok = oi_engine_load(e[1], leases[i], dst, n, NULL, &t) == OI_OK &&
          oi_ticket_wait(t, 60000) == OI_OK;
     oi_ticket_release(t);
     done += n;
@@ -579,7 +579,7 @@ int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
 out:
   for (int i = 0; i < 2; i++) { /* the mapping first, then the engine (as it expects) */
     if (ar[i]) oi_imported_arena_close(ar[i]);
-    if (e[i]) oi_offload_engine_destroy(e[i]);
+    if (e[i]) oi_engine_destroy(e[i]);
   }
   rig_down();
   for (int i = 0; i < 3; i++) {

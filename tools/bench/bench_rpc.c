@@ -1,7 +1,7 @@
 /* `openinfer bench rpc`: the sidecar's request round trip over its Unix
  * socket, against the same operations on an embedded engine, in one run.
  * An embeddable oi_server runs in this process on a private socket; the
- * client side is a real oi_offload_engine_connect engine. */
+ * client side is a real oi_engine_connect engine. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -40,8 +40,7 @@ static void make_hashes(oi_block_hash *h, size_t n, uint64_t salt) {
 }
 
 /* Query (hits, lease released outside the timing) and save (call + completion). */
-static bool measure(oi_offload_engine *e, uint32_t samples, rpc_lat *query, rpc_lat *save,
-                    uint64_t salt) {
+static bool measure(oi_engine *e, uint32_t samples, rpc_lat *query, rpc_lat *save, uint64_t salt) {
   uint64_t *ns = calloc(samples, sizeof *ns);
   oi_block_hash h[RPC_BLOCKS];
   int64_t ids[RPC_BLOCKS];
@@ -50,23 +49,22 @@ static bool measure(oi_offload_engine *e, uint32_t samples, rpc_lat *query, rpc_
   if (!ns) return false;
   make_hashes(h, RPC_BLOCKS, salt);
   oi_ticket *t = NULL;
-  if (oi_offload_engine_save(e, ids, h, RPC_BLOCKS, NULL, &t) != OI_OK ||
-      oi_ticket_wait(t, 30000) != OI_OK)
+  if (oi_engine_save(e, ids, h, RPC_BLOCKS, NULL, &t) != OI_OK || oi_ticket_wait(t, 30000) != OI_OK)
     return false;
   oi_ticket_release(t);
   for (uint32_t i = 0; i < samples; i++) {
     oi_query_result q = {.struct_size = sizeof q};
     uint64_t t0 = oi__now_ns();
-    oi_status st = oi_offload_engine_query(e, NULL, h, RPC_BLOCKS, 0, &q);
+    oi_status st = oi_engine_query(e, NULL, h, RPC_BLOCKS, 0, &q);
     ns[i] = oi__now_ns() - t0;
     if (st != OI_OK || q.hit_blocks != RPC_BLOCKS) return false;
-    oi_offload_engine_release(e, q.lease);
+    oi_engine_release(e, q.lease);
   }
   *query = summarize(ns, samples);
   for (uint32_t i = 0; i < samples; i++) {
     make_hashes(h, RPC_BLOCKS, salt * 1000003 + i + 1);
     uint64_t t0 = oi__now_ns();
-    oi_status st = oi_offload_engine_save(e, ids, h, RPC_BLOCKS, NULL, &t);
+    oi_status st = oi_engine_save(e, ids, h, RPC_BLOCKS, NULL, &t);
     if (st == OI_OK) st = oi_ticket_wait(t, 30000);
     ns[i] = oi__now_ns() - t0;
     oi_ticket_release(t);
@@ -126,8 +124,8 @@ int bench_rpc(int argc, char **argv) {
   so.socket_path = sock;
   so.host = &ho;
   oi_server *srv = NULL;
-  oi_offload_host *host = NULL;
-  oi_offload_engine *local = NULL, *remote = NULL;
+  oi_host *host = NULL;
+  oi_engine *local = NULL, *remote = NULL;
   oi_imported_arena *arena = NULL;
   uint8_t *local_arena = NULL;
   pthread_t th;
@@ -146,15 +144,15 @@ int bench_rpc(int argc, char **argv) {
   eo.namespace_id = "bench-rpc";
   eo.arenas = &ad;
   eo.num_arenas = 1;
-  for (int tries = 0; oi_offload_engine_connect(sock, &eo, &remote, &arena) != OI_OK; tries++) {
+  for (int tries = 0; oi_engine_connect(sock, &eo, &remote, &arena) != OI_OK; tries++) {
     if (tries > 200) goto fail; /* the server thread may still be starting */
     usleep(10000);
   }
-  if (oi_offload_host_create(&ho, &host) != OI_OK) goto fail;
+  if (oi_host_create(&ho, &host) != OI_OK) goto fail;
   local_arena = calloc(ARENA_BLOCKS, BLOCK_BYTES);
   if (!local_arena) goto fail;
   ad.base = local_arena;
-  if (oi_offload_engine_create(host, &eo, &local) != OI_OK) goto fail;
+  if (oi_engine_create(host, &eo, &local) != OI_OK) goto fail;
 
   rpc_lat lq, ls, rq, rs;
   if (!measure(local, (uint32_t)samples, &lq, &ls, 1) ||
@@ -186,9 +184,9 @@ fail:
   fprintf(stderr, "openinfer bench rpc: %s\n", oi_last_error());
 done:
   if (arena) oi_imported_arena_close(arena);
-  oi_offload_engine_destroy(remote);
-  oi_offload_engine_destroy(local);
-  oi_offload_host_destroy(host);
+  oi_engine_destroy(remote);
+  oi_engine_destroy(local);
+  oi_host_destroy(host);
   free(local_arena);
   if (serving) {
     oi_server_stop(srv);

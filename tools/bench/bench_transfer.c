@@ -61,8 +61,8 @@ typedef struct setup {
   int64_t *ids; /* scattered block ids (real KV pages are not contiguous) */
   oi_block_hash *hashes;
   uint64_t hash_epoch;
-  oi_offload_host *host;
-  oi_offload_engine *eng[5]; /* KERNEL (all SMs), KERNEL (default limit), DMA, AUTO, STAGED */
+  oi_host *host;
+  oi_engine *eng[5]; /* KERNEL (all SMs), KERNEL (default limit), DMA, AUTO, STAGED */
 } setup;
 
 #define NMODES 5
@@ -96,8 +96,8 @@ static double median(double *v, int n) {
 
 static void setup_free(bench_env *env, setup *s) {
   for (int m = 0; m < NMODES; m++)
-    oi_offload_engine_destroy(s->eng[m]);
-  oi_offload_host_destroy(s->host);
+    oi_engine_destroy(s->eng[m]);
+  oi_host_destroy(s->host);
   if (s->region) env->dev->ops->mem_free(env->dev, s->region);
   free(s->arenas);
   free(s->seg_offsets);
@@ -183,7 +183,7 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
   ho.device = env->device;
   ho.high_watermark = 1.0f; /* no background eviction during measurements */
   ho.low_watermark = 1.0f;
-  if (oi_offload_host_create(&ho, &s->host) != OI_OK) return false;
+  if (oi_host_create(&ho, &s->host) != OI_OK) return false;
   for (int m = 0; m < NMODES; m++) {
     oi_engine_options eo;
     oi_engine_options_init(&eo);
@@ -201,7 +201,7 @@ static bool setup_shape(bench_env *env, const shape *sh, setup *s) {
                             : OI_COPY_STAGED;
     eo.copy_cta_limit = m == 0 ? 132 : 0;
     env_tuning(&eo);
-    if (oi_offload_engine_create(s->host, &eo, &s->eng[m]) != OI_OK) return false;
+    if (oi_engine_create(s->host, &eo, &s->eng[m]) != OI_OK) return false;
   }
   return true;
 }
@@ -308,11 +308,11 @@ static double layer_copy_gbps(bench_env *env, setup *s, oi_copy_dir dir, uint32_
 static double engine_save_gbps(bench_env *env, setup *s, int m, double *call_us) {
   double v[16], call[16];
   for (int r = -1; r < env->reps; r++) {
-    oi_offload_host_evict_all(s->host, NULL);
+    oi_host_evict_all(s->host, NULL);
     fresh_hashes(s);
     oi_ticket *t = NULL;
     uint64_t t0 = oi__now_ns();
-    oi_status st = oi_offload_engine_save(s->eng[m], s->ids, s->hashes, s->sh->blocks, NULL, &t);
+    oi_status st = oi_engine_save(s->eng[m], s->ids, s->hashes, s->sh->blocks, NULL, &t);
     uint64_t t_call = oi__now_ns();
     if (st != OI_OK || oi_ticket_wait(t, 60000) != OI_OK) {
       fprintf(stderr, "bench: save failed: %s\n", oi_last_error());
@@ -340,11 +340,11 @@ static double engine_load_gbps(bench_env *env, setup *s, int m, uint64_t nblocks
   for (int r = -1; r < reps; r++) {
     oi_query_result q = {.struct_size = sizeof q};
     uint64_t t0 = oi__now_ns();
-    if (oi_offload_engine_query(s->eng[m], NULL, s->hashes, nblocks, 0, &q) != OI_OK ||
+    if (oi_engine_query(s->eng[m], NULL, s->hashes, nblocks, 0, &q) != OI_OK ||
         q.hit_blocks != nblocks) {
       fprintf(stderr, "bench: query found %llu of %llu blocks: %s\n",
               (unsigned long long)q.hit_blocks, (unsigned long long)nblocks, oi_last_error());
-      if (q.hit_blocks) oi_offload_engine_release(s->eng[m], q.lease);
+      if (q.hit_blocks) oi_engine_release(s->eng[m], q.lease);
       return 0;
     }
     if (r == reps - 1 && !restore_us) {
@@ -354,7 +354,7 @@ static double engine_load_gbps(bench_env *env, setup *s, int m, uint64_t nblocks
     }
     uint64_t t1 = oi__now_ns();
     oi_ticket *t = NULL;
-    oi_status lst = oi_offload_engine_load(s->eng[m], q.lease, s->ids, nblocks, NULL, &t);
+    oi_status lst = oi_engine_load(s->eng[m], q.lease, s->ids, nblocks, NULL, &t);
     uint64_t t_sub = oi__now_ns();
     if (lst != OI_OK || oi_ticket_wait(t, 60000) != OI_OK) {
       fprintf(stderr, "bench: load failed: %s\n", oi_last_error());
@@ -395,11 +395,11 @@ typedef struct interference_job {
 static void *save_loop(void *arg) {
   interference_job *j = arg;
   while (!atomic_load(&j->stop)) {
-    oi_offload_host_evict_all(j->s->host, NULL);
+    oi_host_evict_all(j->s->host, NULL);
     fresh_hashes(j->s);
     oi_ticket *t = NULL;
-    if (oi_offload_engine_save(j->s->eng[j->mode], j->s->ids, j->s->hashes, j->s->sh->blocks, NULL,
-                               &t) != OI_OK)
+    if (oi_engine_save(j->s->eng[j->mode], j->s->ids, j->s->hashes, j->s->sh->blocks, NULL, &t) !=
+        OI_OK)
       break;
     oi_ticket_wait(t, 60000);
     oi_ticket_release(t);
@@ -578,10 +578,10 @@ int bench_transfer(int argc, char **argv) {
   if (glm.sh && env.bandwidth_only) {
     setup_free(&env, &glm);
   } else if (glm.sh) {
-    oi_offload_host_evict_all(glm.host, NULL);
+    oi_host_evict_all(glm.host, NULL);
     fresh_hashes(&glm);
     oi_ticket *t = NULL;
-    oi_offload_engine_save(glm.eng[3], glm.ids, glm.hashes, glm.sh->blocks, NULL, &t);
+    oi_engine_save(glm.eng[3], glm.ids, glm.hashes, glm.sh->blocks, NULL, &t);
     oi_ticket_wait(t, 60000);
     oi_ticket_release(t);
     double lat_auto = 0, lat_kernel = 0;
@@ -634,9 +634,9 @@ int bench_transfer(int argc, char **argv) {
       eo.copy_mode = runs[i].mode;
       eo.copy_cta_limit = runs[i].ctas;
       env_tuning(&eo);
-      oi_offload_engine *e = NULL;
-      if (oi_offload_engine_create(glm.host, &eo, &e) != OI_OK) continue;
-      oi_offload_engine *saved = glm.eng[1];
+      oi_engine *e = NULL;
+      if (oi_engine_create(glm.host, &eo, &e) != OI_OK) continue;
+      oi_engine *saved = glm.eng[1];
       glm.eng[1] = e;
       interference_job j = {.s = &glm, .mode = 1};
       pthread_t th;
@@ -650,7 +650,7 @@ int bench_transfer(int argc, char **argv) {
       atomic_store(&j.stop, true);
       pthread_join(th, NULL);
       glm.eng[1] = saved;
-      oi_offload_engine_destroy(e);
+      oi_engine_destroy(e);
       double with = count / (dt / 1e9), gbps = (double)(b1 - b0) / dt;
       if (env.json)
         fprintf(out, ",\"%s\":{\"kept\":%.4f,\"save_gbps\":%.2f}", runs[i].name, with / alone,

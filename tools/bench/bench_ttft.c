@@ -75,7 +75,7 @@ static bool run_one(oi_executor *x, const uint32_t *prompt, uint32_t len, uint64
   r.max_new_tokens = 2;
   rr->struct_size = sizeof *rr;
   return oi_executor_submit(x, &r, id) == OI_OK && oi_executor_run_until_idle(x) == OI_OK &&
-         oi_executor_result(x, *id, rr) == OI_OK && rr->state == OI_REQUEST_FINISHED;
+         oi_executor_get_result(x, *id, rr) == OI_OK && rr->state == OI_REQUEST_FINISHED;
 }
 
 static void gen_prompt(uint32_t *p, uint32_t len, uint64_t seed, uint32_t vocab) {
@@ -266,9 +266,9 @@ int bench_ttft(int argc, char **argv) {
   oi_host_options_init(&ho);
   ho.pool_bytes = host_bytes;
   ho.device = (int32_t)device;
-  oi_offload_host *host = NULL;
+  oi_host *host = NULL;
   t0 = oi__now_ns();
-  if (oi_offload_host_create(&ho, &host) != OI_OK) {
+  if (oi_host_create(&ho, &host) != OI_OK) {
     fprintf(stderr, "openinfer bench ttft: host: %s\n", oi_last_error());
     return CLI_FAILED;
   }
@@ -303,7 +303,7 @@ int bench_ttft(int argc, char **argv) {
       dopt.capacity_bytes = disk_bytes;
       fprintf(stderr, "bench ttft: disk tier of %.1f GiB in %s...\n",
               (double)disk_bytes / (1ull << 30), disk_dir);
-      if (oi_offload_host_attach_disk(host, &dopt) != OI_OK) {
+      if (oi_host_attach_disk(host, &dopt) != OI_OK) {
         fprintf(stderr, "openinfer bench ttft: disk tier: %s\n", oi_last_error());
         disk_skip = "attaching it failed";
       }
@@ -372,7 +372,7 @@ int bench_ttft(int argc, char **argv) {
         uint64_t id = 0;
         oi_request_result rr = {.struct_size = sizeof rr};
         if (oi_executor_submit(x, &r, &id) != OI_OK || oi_executor_run_until_idle(x) != OI_OK ||
-            oi_executor_result(x, id, &rr) != OI_OK || rr.state != OI_REQUEST_FINISHED) {
+            oi_executor_get_result(x, id, &rr) != OI_OK || rr.state != OI_REQUEST_FINISHED) {
           fprintf(stderr, "openinfer bench ttft: request of %u tokens: %s\n", sizes[si],
                   oi_last_error());
           failed = true;
@@ -410,7 +410,7 @@ int bench_ttft(int argc, char **argv) {
     oi_executor_flush(x, 60000);
     oi_status st = oi__disk_tier_settle(oi__disk_tier_of(host), 600000);
     uint64_t ev = 0;
-    if (st != OI_OK || oi_offload_host_evict_all(host, &ev) != OI_OK ||
+    if (st != OI_OK || oi_host_evict_all(host, &ev) != OI_OK ||
         oi_executor_evict_gpu_cache(x, &ev) != OI_OK) {
       fprintf(stderr, "openinfer bench ttft: emptying the pool for the disk pass: %s\n",
               oi_last_error());
@@ -458,8 +458,9 @@ int bench_ttft(int argc, char **argv) {
     for (int pass = 0; pass < 2 && !failed; pass++) {
       oi_executor_flush(x, 60000);
       oi_executor_evict_gpu_cache(x, NULL);
-      oi_exec_stats before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
-      oi_executor_stats(x, &before);
+      oi_executor_stats before = {.struct_size = sizeof before},
+                        after = {.struct_size = sizeof after};
+      oi_executor_get_stats(x, &before);
       uint64_t tw = oi__now_ns();
       for (long k = 0; k < mixed; k++) {
         oi_request r;
@@ -478,13 +479,13 @@ int bench_ttft(int argc, char **argv) {
         failed = true;
       }
       mx.wall_ms[pass] = (double)(oi__now_ns() - tw) / 1e6;
-      oi_executor_stats(x, &after);
+      oi_executor_get_stats(x, &after);
       if (pass == 1) mx.restores_failed = after.restores_failed - before.restores_failed;
       double tt[MAX_MIXED];
       int ntt = 0;
       for (long k = 0; k < mixed && !failed; k++) {
         oi_request_result rr = {.struct_size = sizeof rr};
-        if (oi_executor_result(x, ids[k], &rr) != OI_OK || rr.state != OI_REQUEST_FINISHED) {
+        if (oi_executor_get_result(x, ids[k], &rr) != OI_OK || rr.state != OI_REQUEST_FINISHED) {
           mx.errors++;
           continue;
         }
@@ -521,7 +522,7 @@ int bench_ttft(int argc, char **argv) {
     fprintf(stderr, "bench ttft: offload-on miss path vs offload off...\n");
     oi_executor_flush(x, 60000);
     oi_executor_evict_gpu_cache(x, NULL);
-    oi_offload_host_evict_all(host, NULL);
+    oi_host_evict_all(host, NULL);
     oi_model_ops ops_off = {.struct_size = sizeof ops_off};
     void *model_off = NULL;
     oi_executor *xoff = NULL;
@@ -585,12 +586,12 @@ int bench_ttft(int argc, char **argv) {
     oi_refmodel_destroy(model_off);
   }
 
-  oi_exec_stats xs = {.struct_size = sizeof xs};
-  oi_executor_stats(x, &xs);
+  oi_executor_stats xs = {.struct_size = sizeof xs};
+  oi_executor_get_stats(x, &xs);
   oi_host_disk_stats ds = {.struct_size = sizeof ds};
-  if (!disk_skip) oi_offload_host_disk_stats(host, &ds);
+  if (!disk_skip) oi_host_get_disk_stats(host, &ds);
   oi_executor_destroy(x);
-  oi_offload_host_destroy(host);
+  oi_host_destroy(host);
   if (disk_scratch) { /* the store's three files, then the directory */
     static const char *const files[] = {"openinfer-disk.data", "openinfer-disk.log",
                                         "openinfer-disk.ckpt"};

@@ -804,8 +804,8 @@ class OffloadHost(_Handle):
             pin = device != DEVICE_CPU
         o = _host_options(pool_bytes, device, hugepages, pin, lease_ttl_ms, index_shards,
                           chunk_bytes, high_watermark, low_watermark, numa_node)
-        out = ffi.new("oi_offload_host **")
-        _check(lib.oi_offload_host_create(o, out))
+        out = ffi.new("oi_host **")
+        _check(lib.oi_host_create(o, out))
         self._ptr = out[0]
         self._engines = weakref.WeakSet()
 
@@ -817,11 +817,11 @@ class OffloadHost(_Handle):
         s = ffi.new("oi_host_stats *")
         s.struct_size = ffi.sizeof("oi_host_stats")
         with self._lock:
-            _check(lib.oi_offload_host_stats(self._p(), s))
+            _check(lib.oi_host_get_stats(self._p(), s))
         return _stats_dict(s, _HOST_STATS)
 
     def attach_disk(self, dirs, capacity_bytes, *, queue_depth=None):
-        """Attaches a disk tier under the pool (oi_offload_host_attach_disk):
+        """Attaches a disk tier under the pool (oi_host_attach_disk):
         `dirs` a directory or a list of them (each owned by this user, not
         writable by others; one preallocated file per directory),
         `capacity_bytes` in all. Sealed blocks are written behind; a query
@@ -840,7 +840,7 @@ class OffloadHost(_Handle):
         if queue_depth is not None:
             o.queue_depth = queue_depth
         with self._lock:
-            _check(lib.oi_offload_host_attach_disk(self._p(), o))
+            _check(lib.oi_host_attach_disk(self._p(), o))
 
     def disk_stats(self):
         """The disk tier's counters (oi_host_disk_stats) as a dict;
@@ -848,7 +848,7 @@ class OffloadHost(_Handle):
         s = ffi.new("oi_host_disk_stats *")
         s.struct_size = ffi.sizeof("oi_host_disk_stats")
         with self._lock:
-            _check(lib.oi_offload_host_disk_stats(self._p(), s))
+            _check(lib.oi_host_get_disk_stats(self._p(), s))
         out = _stats_dict(s, _DISK_STATS)
         out["read_latency_us"] = list(s.read_latency_us)
         return out
@@ -856,12 +856,12 @@ class OffloadHost(_Handle):
     def evict_all(self):
         n = ffi.new("uint64_t *")
         with self._lock:
-            _check(lib.oi_offload_host_evict_all(self._p(), n))
+            _check(lib.oi_host_evict_all(self._p(), n))
         return n[0]
 
     def query(self, namespace, hashes, req_id=None, *, world_size=1, membership=False,
               wait_pending=None):
-        """A lookup without a layout (oi_offload_host_query): queries
+        """A lookup without a layout (oi_host_query): queries
         namespace `namespace` as OffloadEngine.query does, with no engine. A
         namespace no engine has registered yet holds nothing (every block
         misses). The lease belongs to no engine: any engine of the namespace
@@ -873,7 +873,7 @@ class OffloadHost(_Handle):
             p = self._p()
             res, present = _do_query(
                 _HostLookup(self, namespace),
-                lambda rid, hs, n, flags, r: lib.oi_offload_host_query(p, o, rid, hs, n, flags, r),
+                lambda rid, hs, n, flags, r: lib.oi_host_query(p, o, rid, hs, n, flags, r),
                 hashes, req_id, membership, None, wait_pending)
         del keep
         return _membership_result(res, present) if membership else res
@@ -887,14 +887,14 @@ class OffloadHost(_Handle):
             p = self._p()
             out = _do_query(
                 None,
-                lambda rid, hs, n, flags, r: lib.oi_offload_host_query(p, o, rid, hs, n, flags, r),
+                lambda rid, hs, n, flags, r: lib.oi_host_query(p, o, rid, hs, n, flags, r),
                 hashes, None, True, out, None)[1]
         del keep
         return out
 
     def release(self, namespace, lease):
         """Drops a lease (a Lease or its 16 raw bytes) of namespace `namespace`
-        (oi_offload_host_release)."""
+        (oi_host_release)."""
         raw = lease.raw if isinstance(lease, Lease) else bytes(lease)
         if isinstance(lease, Lease):
             lease._done = True
@@ -906,7 +906,7 @@ class OffloadHost(_Handle):
         cl = ffi.new("oi_lease *")
         ffi.memmove(cl.bytes, raw, 16)
         with self._lock:
-            _check(lib.oi_offload_host_release(self._p(), namespace.encode(), cl[0]))
+            _check(lib.oi_host_release(self._p(), namespace.encode(), cl[0]))
 
     def close(self):
         with self._lock:
@@ -915,7 +915,7 @@ class OffloadHost(_Handle):
             for e in list(self._engines):
                 e.close()
             p, self._ptr = self._ptr, None
-        lib.oi_offload_host_destroy(p)
+        lib.oi_host_destroy(p)
 
 
 def _lookup_options(namespace, world_size, control_deadline_ms, client_name,
@@ -959,7 +959,7 @@ class _HostLookup:
 
 
 class LookupClient(_Handle):
-    """A sidecar session that only looks up (oi_offload_client_*): it
+    """A sidecar session that only looks up (oi_lookup_*): it
     registers no layout and maps no arena, so a scheduler process that holds
     no KV memory can ask. ``LookupClient(socket_path, namespace)`` connects
     (socket_path None: the default socket); ``query`` and
@@ -980,15 +980,15 @@ class LookupClient(_Handle):
         self.namespace = namespace
         o, keep = _lookup_options(namespace, world_size, control_deadline_ms, client_name,
                                   lookup_deadline_ms, probe_interval_ms)
-        out = ffi.new("oi_offload_client **")
+        out = ffi.new("oi_lookup **")
         sock = str(socket_path).encode() if socket_path else ffi.NULL
-        _check(lib.oi_offload_client_connect(sock, o, out))
+        _check(lib.oi_lookup_connect(sock, o, out))
         del keep
         self._ptr = out[0]
 
     def _query_call(self):
         p = self._p()
-        return lambda rid, hs, n, flags, r: lib.oi_offload_client_query(p, rid, hs, n, flags, r)
+        return lambda rid, hs, n, flags, r: lib.oi_lookup_query(p, rid, hs, n, flags, r)
 
     def query(self, hashes, req_id=None, *, membership=False, wait_pending=None):
         """As OffloadEngine.query (the server waits up to wait_pending seconds
@@ -1017,13 +1017,13 @@ class LookupClient(_Handle):
         cl = ffi.new("oi_lease *")
         ffi.memmove(cl.bytes, raw, 16)
         with self._lock:
-            _check(lib.oi_offload_client_release(self._p(), cl[0]))
+            _check(lib.oi_lookup_release(self._p(), cl[0]))
 
     def close(self):
         with self._lock:
             p, self._ptr = self._ptr, None
         if p is not None:
-            lib.oi_offload_client_destroy(p)
+            lib.oi_lookup_destroy(p)
 
 
 # --------------------------------------------------------------------------- engine
@@ -1340,19 +1340,19 @@ class OffloadEngine(_Handle):
                           copy_mode, segment_offsets, arena_fd, sidecar=_connect is not None,
                           lookup_deadline_ms=lookup_deadline_ms,
                           probe_interval_ms=probe_interval_ms)
-        out = ffi.new("oi_offload_engine **")
+        out = ffi.new("oi_engine **")
         try:
             if _connect is None:
                 if not isinstance(host, OffloadHost):
                     raise InvalidArgumentError("host must be an OffloadHost")
                 with host._lock:
-                    _check(lib.oi_offload_engine_create(host._p(), o, out))
+                    _check(lib.oi_engine_create(host._p(), o, out))
                     self._ptr = out[0]
                     host._engines.add(self)
             else:
                 aout = ffi.new("oi_imported_arena **")
                 sock = _connect.encode() if _connect else ffi.NULL
-                _check(lib.oi_offload_engine_connect(sock, o, out, aout))
+                _check(lib.oi_engine_connect(sock, o, out, aout))
                 self._ptr = out[0]
                 if aout[0] != ffi.NULL:  # engine-owned memory imports nothing
                     self._arena = ImportedArena(aout[0], device, owner=self)
@@ -1430,7 +1430,7 @@ class OffloadEngine(_Handle):
                 buffer_size=None, arena_fd=None, segment_offsets=None, arena_size=None, **kw):
         """Connects to an `openinfer serve` (socket_path None: the default
         socket) and registers the layout (arenas by offset). Two modes
-        (oi_offload_engine_connect, docs/server.md):
+        (oi_engine_connect, docs/server.md):
 
         Server-allocated (buffer None): the server allocates the arena
         (zeroed) and this process maps it. Returns (engine, ImportedArena).
@@ -1516,7 +1516,7 @@ class OffloadEngine(_Handle):
         t = ffi.new("oi_ticket **")
         with self._lock:
             try:
-                st = lib.oi_offload_engine_save(self._p(), ids, hs, n, opt, t)
+                st = lib.oi_engine_save(self._p(), ids, hs, n, opt, t)
             finally:  # the library copied both; an exception must not keep the exports
                 ffi.release(ids)
                 ffi.release(hs)
@@ -1532,7 +1532,7 @@ class OffloadEngine(_Handle):
 
     def _query_call(self):
         p = self._p()
-        return lambda rid, hs, n, flags, r: lib.oi_offload_engine_query(p, rid, hs, n, flags, r)
+        return lambda rid, hs, n, flags, r: lib.oi_engine_query(p, rid, hs, n, flags, r)
 
     def query(self, hashes, req_id=None, *, membership=False, wait_pending=None):
         """Counts the leading run of `hashes` (as in save) in the host tier and
@@ -1578,7 +1578,7 @@ class OffloadEngine(_Handle):
             lease._done = True
         with self._lock:
             try:
-                st = lib.oi_offload_engine_load(self._p(), cl[0], ids, n, opt, t)
+                st = lib.oi_engine_load(self._p(), cl[0], ids, n, opt, t)
             finally:  # the library copied the ids
                 ffi.release(ids)
         _check(st)
@@ -1598,12 +1598,12 @@ class OffloadEngine(_Handle):
         cl = ffi.new("oi_lease *")
         ffi.memmove(cl.bytes, raw, 16)
         with self._lock:
-            _check(lib.oi_offload_engine_release(self._p(), cl[0]))
+            _check(lib.oi_engine_release(self._p(), cl[0]))
 
     def flush(self, timeout=None):
         with self._lock:
             p = self._p()
-        _check(lib.oi_offload_engine_flush(p, _timeout_ms(timeout)))
+        _check(lib.oi_engine_flush(p, _timeout_ms(timeout)))
 
     def stats(self):
         """Every field of oi_engine_stats as a dict: the counters
@@ -1617,7 +1617,7 @@ class OffloadEngine(_Handle):
         s = ffi.new("oi_engine_stats *")
         s.struct_size = ffi.sizeof("oi_engine_stats")
         with self._lock:
-            _check(lib.oi_offload_engine_stats(self._p(), s))
+            _check(lib.oi_engine_get_stats(self._p(), s))
         d = _stats_dict(s, _ENGINE_STATS)
         n = min(s.latency_buckets, len(s.save_latency_us))
         d["save_latency_us"] = [s.save_latency_us[i] for i in range(n)]
@@ -1633,7 +1633,7 @@ class OffloadEngine(_Handle):
             if self._arena is not None:
                 self._arena.close()
             p, self._ptr = self._ptr, None
-        lib.oi_offload_engine_destroy(p)
+        lib.oi_engine_destroy(p)
         self._keep = []
         self._host = None
 
@@ -2008,7 +2008,7 @@ class Executor(_Handle):
         r = ffi.new("oi_request_result *")
         r.struct_size = ffi.sizeof("oi_request_result")
         with self._lock:
-            _check(lib.oi_executor_result(self._p(), request_id, r))
+            _check(lib.oi_executor_get_result(self._p(), request_id, r))
             return RequestResult(r)
 
     def generate(self, prompt, max_new_tokens, **kw):
@@ -2031,17 +2031,17 @@ class Executor(_Handle):
         return n[0]
 
     def stats(self):
-        s = ffi.new("oi_exec_stats *")
-        s.struct_size = ffi.sizeof("oi_exec_stats")
+        s = ffi.new("oi_executor_stats *")
+        s.struct_size = ffi.sizeof("oi_executor_stats")
         with self._lock:
-            _check(lib.oi_executor_stats(self._p(), s))
+            _check(lib.oi_executor_get_stats(self._p(), s))
         return _stats_dict(s, _EXEC_STATS)
 
     def kv_layout(self, rank=0):
         k = ffi.new("oi_kv_layout *")
         k.struct_size = ffi.sizeof("oi_kv_layout")
         with self._lock:
-            _check(lib.oi_executor_kv_layout(self._p(), rank, k))
+            _check(lib.oi_executor_get_kv_layout(self._p(), rank, k))
         d = {f: getattr(k, f) for f in ("device", "bytes", "num_layers", "page_size",
                                          "num_blocks", "layer_stride", "block_stride",
                                          "segment_stride", "token_stride")}

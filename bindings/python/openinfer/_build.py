@@ -138,7 +138,7 @@ oi_status oi_hash_blocks_ex(const oi_hash_blocks_args *args, oi_block_hash *out,
                             size_t *n_out);
 
 /* host.h */
-typedef struct oi_offload_host oi_offload_host;
+typedef struct oi_host oi_host;
 typedef struct oi_host_options {
   uint32_t struct_size;
   uint32_t flags;
@@ -182,10 +182,10 @@ typedef struct oi_host_stats {
   ...;
 } oi_host_stats;
 oi_status oi_host_options_init(oi_host_options *o);
-oi_status oi_offload_host_create(const oi_host_options *o, oi_offload_host **out);
-void oi_offload_host_destroy(oi_offload_host *h);
-oi_status oi_offload_host_stats(const oi_offload_host *h, oi_host_stats *out);
-oi_status oi_offload_host_evict_all(oi_offload_host *h, uint64_t *evicted_blocks);
+oi_status oi_host_create(const oi_host_options *o, oi_host **out);
+void oi_host_destroy(oi_host *h);
+oi_status oi_host_get_stats(const oi_host *h, oi_host_stats *out);
+oi_status oi_host_evict_all(oi_host *h, uint64_t *evicted_blocks);
 
 typedef struct oi_host_disk_options {
   uint32_t struct_size;
@@ -215,11 +215,11 @@ typedef struct oi_host_disk_stats {
   uint64_t read_latency_sum_us;
 } oi_host_disk_stats;
 oi_status oi_host_disk_options_init(oi_host_disk_options *o);
-oi_status oi_offload_host_attach_disk(oi_offload_host *h, const oi_host_disk_options *o);
-oi_status oi_offload_host_disk_stats(const oi_offload_host *h, oi_host_disk_stats *out);
+oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o);
+oi_status oi_host_get_disk_stats(const oi_host *h, oi_host_disk_stats *out);
 
 /* engine.h */
-typedef struct oi_offload_engine oi_offload_engine;
+typedef struct oi_engine oi_engine;
 typedef struct oi_arena_desc {
   const char *name;
   uint64_t offset;
@@ -326,23 +326,23 @@ typedef enum oi_connection_state { OI_CONNECTION_EMBEDDED, OI_CONNECTION_CONNECT
 oi_status oi_engine_options_init(oi_engine_options *o);
 oi_status oi_save_options_init(oi_save_options *o);
 oi_status oi_load_options_init(oi_load_options *o);
-oi_status oi_offload_engine_create(oi_offload_host *h, const oi_engine_options *o,
-                                   oi_offload_engine **out);
-oi_status oi_offload_engine_connect(const char *socket_path, const oi_engine_options *o,
-                                    oi_offload_engine **out, oi_imported_arena **arena_out);
-void oi_offload_engine_destroy(oi_offload_engine *e);
-oi_status oi_offload_engine_save(oi_offload_engine *e, const int64_t *block_ids,
+oi_status oi_engine_create(oi_host *h, const oi_engine_options *o,
+                                   oi_engine **out);
+oi_status oi_engine_connect(const char *socket_path, const oi_engine_options *o,
+                                    oi_engine **out, oi_imported_arena **arena_out);
+void oi_engine_destroy(oi_engine *e);
+oi_status oi_engine_save(oi_engine *e, const int64_t *block_ids,
                                  const oi_block_hash *hashes, size_t n,
                                  const oi_save_options *opt, oi_ticket **ticket_out);
-oi_status oi_offload_engine_query(oi_offload_engine *e, const char *req_id,
+oi_status oi_engine_query(oi_engine *e, const char *req_id,
                                   const oi_block_hash *hashes, size_t n, uint32_t flags,
                                   oi_query_result *out);
-oi_status oi_offload_engine_load(oi_offload_engine *e, oi_lease lease,
+oi_status oi_engine_load(oi_engine *e, oi_lease lease,
                                  const int64_t *dst_block_ids, size_t n,
                                  const oi_load_options *opt, oi_ticket **ticket_out);
-oi_status oi_offload_engine_release(oi_offload_engine *e, oi_lease lease);
-oi_status oi_offload_engine_flush(oi_offload_engine *e, uint32_t timeout_ms);
-oi_status oi_offload_engine_stats(const oi_offload_engine *e, oi_engine_stats *out);
+oi_status oi_engine_release(oi_engine *e, oi_lease lease);
+oi_status oi_engine_flush(oi_engine *e, uint32_t timeout_ms);
+oi_status oi_engine_get_stats(const oi_engine *e, oi_engine_stats *out);
 typedef struct oi_lookup_options {
   uint32_t struct_size;
   const char *namespace_id;
@@ -354,18 +354,18 @@ typedef struct oi_lookup_options {
   ...;
 } oi_lookup_options;
 oi_status oi_lookup_options_init(oi_lookup_options *o);
-oi_status oi_offload_host_query(oi_offload_host *h, const oi_lookup_options *o,
+oi_status oi_host_query(oi_host *h, const oi_lookup_options *o,
                                 const char *req_id, const oi_block_hash *hashes, size_t n,
                                 uint32_t flags, oi_query_result *out);
-oi_status oi_offload_host_release(oi_offload_host *h, const char *namespace_id, oi_lease lease);
-typedef struct oi_offload_client oi_offload_client;
-oi_status oi_offload_client_connect(const char *socket_path, const oi_lookup_options *o,
-                                    oi_offload_client **out);
-oi_status oi_offload_client_query(oi_offload_client *c, const char *req_id,
+oi_status oi_host_release(oi_host *h, const char *namespace_id, oi_lease lease);
+typedef struct oi_lookup oi_lookup;
+oi_status oi_lookup_connect(const char *socket_path, const oi_lookup_options *o,
+                                    oi_lookup **out);
+oi_status oi_lookup_query(oi_lookup *c, const char *req_id,
                                   const oi_block_hash *hashes, size_t n, uint32_t flags,
                                   oi_query_result *out);
-oi_status oi_offload_client_release(oi_offload_client *c, oi_lease lease);
-void oi_offload_client_destroy(oi_offload_client *c);
+oi_status oi_lookup_release(oi_lookup *c, oi_lease lease);
+void oi_lookup_destroy(oi_lookup *c);
 
 /* server.h */
 typedef struct oi_server oi_server;
@@ -404,10 +404,10 @@ typedef struct oi_server_stats {
   char socket_path[108];
   ...;
 } oi_server_stats;
-typedef struct oi_namespace_stats oi_namespace_stats;
-oi_status oi_server_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+typedef struct oi_host_namespace_stats oi_host_namespace_stats;
+oi_status oi_server_fetch_stats(const char *socket_path, uint32_t timeout_ms,
                                 oi_server_stats *out, oi_host_stats *host,
-                                oi_namespace_stats *namespaces, uint32_t cap);
+                                oi_host_namespace_stats *namespaces, uint32_t cap);
 
 /* executor.h */
 typedef struct oi_executor oi_executor;
@@ -518,8 +518,8 @@ typedef struct oi_host_cluster_stats {
   uint16_t reserved[3];
 } oi_host_cluster_stats;
 oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
-oi_status oi_offload_host_attach_cluster(oi_offload_host *h, const oi_host_cluster_options *o);
-oi_status oi_offload_host_cluster_stats(const oi_offload_host *h, oi_host_cluster_stats *out);
+oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_options *o);
+oi_status oi_host_get_cluster_stats(const oi_host *h, oi_host_cluster_stats *out);
 oi_status oi_server_attach_cluster(oi_server *s, const oi_host_cluster_options *o);
 typedef enum oi_offload_mode { OI_OFFLOAD_NONE, OI_OFFLOAD_EMBEDDED, OI_OFFLOAD_SIDECAR, ... } oi_offload_mode;
 typedef enum oi_restore_overlap { OI_RESTORE_OVERLAP_AUTO, OI_RESTORE_OVERLAP_OFF, OI_RESTORE_OVERLAP_HOST, ... } oi_restore_overlap;
@@ -535,7 +535,7 @@ typedef struct oi_executor_options {
   uint32_t page_size;
   uint32_t gpu_blocks;
   uint32_t offload;
-  oi_offload_host *host;
+  oi_host *host;
   const oi_host_options *host_options;
   const char *socket_path;
   const char *namespace_id;
@@ -580,7 +580,7 @@ typedef struct oi_request_result {
   uint64_t latency_ns;
   ...;
 } oi_request_result;
-typedef struct oi_exec_stats {
+typedef struct oi_executor_stats {
   uint32_t struct_size;
   uint32_t ranks;
   uint64_t steps;
@@ -604,18 +604,18 @@ typedef struct oi_exec_stats {
   uint64_t restores_overlapped;
   uint64_t restores_waited;
   ...;
-} oi_exec_stats;
+} oi_executor_stats;
 oi_status oi_executor_options_init(oi_executor_options *o);
 oi_status oi_request_init(oi_request *r);
 oi_status oi_executor_create(const oi_executor_options *o, oi_executor **out);
 oi_status oi_executor_submit(oi_executor *x, const oi_request *r, uint64_t *request_id);
 oi_status oi_executor_step(oi_executor *x, uint32_t *finished);
 oi_status oi_executor_run_until_idle(oi_executor *x);
-oi_status oi_executor_result(oi_executor *x, uint64_t request_id, oi_request_result *out);
+oi_status oi_executor_get_result(oi_executor *x, uint64_t request_id, oi_request_result *out);
 oi_status oi_executor_flush(oi_executor *x, uint32_t timeout_ms);
 oi_status oi_executor_evict_gpu_cache(oi_executor *x, uint64_t *evicted);
-oi_status oi_executor_stats(const oi_executor *x, oi_exec_stats *out);
-oi_status oi_executor_kv_layout(const oi_executor *x, uint32_t rank, oi_kv_layout *out);
+oi_status oi_executor_get_stats(const oi_executor *x, oi_executor_stats *out);
+oi_status oi_executor_get_kv_layout(const oi_executor *x, uint32_t rank, oi_kv_layout *out);
 oi_status oi_executor_request_blocks(const oi_executor *x, uint64_t request_id, int64_t *out,
                                      size_t cap, size_t *n);
 void oi_executor_destroy(oi_executor *x);

@@ -442,7 +442,7 @@ pub struct DiskStats {
 }
 
 pub struct OffloadHost {
-    raw: NonNull<sys::oi_offload_host>,
+    raw: NonNull<sys::oi_host>,
 }
 
 // The C API documents every host function as callable from any thread.
@@ -453,18 +453,18 @@ impl OffloadHost {
     pub fn new(opts: &HostOptions) -> Result<OffloadHost> {
         let o = opts.raw()?;
         let mut out = ptr::null_mut();
-        check(unsafe { sys::oi_offload_host_create(&o, &mut out) })?;
+        check(unsafe { sys::oi_host_create(&o, &mut out) })?;
         Ok(OffloadHost { raw: NonNull::new(out).ok_or_else(|| invalid("host_create returned NULL"))? })
     }
 
-    pub fn as_ptr(&self) -> *mut sys::oi_offload_host {
+    pub fn as_ptr(&self) -> *mut sys::oi_host {
         self.raw.as_ptr()
     }
 
     pub fn stats(&self) -> Result<HostStats> {
         let mut s: sys::oi_host_stats = unsafe { std::mem::zeroed() };
         s.struct_size = std::mem::size_of::<sys::oi_host_stats>() as u32;
-        check(unsafe { sys::oi_offload_host_stats(self.raw.as_ptr(), &mut s) })?;
+        check(unsafe { sys::oi_host_get_stats(self.raw.as_ptr(), &mut s) })?;
         Ok(HostStats {
             capacity_bytes: s.capacity_bytes,
             blocks_sealed: s.blocks_sealed,
@@ -479,7 +479,7 @@ impl OffloadHost {
         })
     }
 
-    /// Attaches a disk tier under the pool (`oi_offload_host_attach_disk`):
+    /// Attaches a disk tier under the pool (`oi_host_attach_disk`):
     /// one preallocated file per directory (each owned by this user, not
     /// writable by others), `capacity_bytes` in all. Sealed blocks are
     /// written behind; a query past the pool's prefix promotes what the disk
@@ -493,14 +493,14 @@ impl OffloadHost {
         o.dirs = if ptrs.is_empty() { std::ptr::null() } else { ptrs.as_ptr() };
         o.num_dirs = ptrs.len() as u32;
         o.capacity_bytes = capacity_bytes;
-        check(unsafe { sys::oi_offload_host_attach_disk(self.raw.as_ptr(), &o) }).map(|_| ())
+        check(unsafe { sys::oi_host_attach_disk(self.raw.as_ptr(), &o) }).map(|_| ())
     }
 
     /// The disk tier's counters (`oi_host_disk_stats`); `NotFound` without one.
     pub fn disk_stats(&self) -> Result<DiskStats> {
         let mut s: sys::oi_host_disk_stats = unsafe { std::mem::zeroed() };
         s.struct_size = std::mem::size_of::<sys::oi_host_disk_stats>() as u32;
-        check(unsafe { sys::oi_offload_host_disk_stats(self.raw.as_ptr(), &mut s) })?;
+        check(unsafe { sys::oi_host_get_disk_stats(self.raw.as_ptr(), &mut s) })?;
         Ok(DiskStats {
             blocks: s.blocks,
             bytes_used: s.bytes_used,
@@ -521,11 +521,11 @@ impl OffloadHost {
     /// Evicts every block nothing holds; returns how many.
     pub fn evict_all(&self) -> Result<u64> {
         let mut n = 0u64;
-        check(unsafe { sys::oi_offload_host_evict_all(self.raw.as_ptr(), &mut n) })?;
+        check(unsafe { sys::oi_host_evict_all(self.raw.as_ptr(), &mut n) })?;
         Ok(n)
     }
 
-    /// A lookup without a layout (`oi_offload_host_query`): queries namespace
+    /// A lookup without a layout (`oi_host_query`): queries namespace
     /// `opts.namespace` as [`OffloadEngine::query_with`] does, with no engine.
     /// A namespace no engine has registered yet holds nothing (every block
     /// misses). The lease belongs to no engine: any engine of the namespace
@@ -541,7 +541,7 @@ impl OffloadHost {
         let o = opts.raw()?;
         let h = self.raw.as_ptr();
         let r = raw_query(req_id, hashes, qopts, None, |rid, hs, n, flags, r| unsafe {
-            sys::oi_offload_host_query(h, &o.o, rid, hs, n, flags, r)
+            sys::oi_host_query(h, &o.o, rid, hs, n, flags, r)
         })?;
         Ok(QueryResult::from_raw(&r))
     }
@@ -552,17 +552,17 @@ impl OffloadHost {
         let o = LookupOptions::new(namespace).raw()?;
         let h = self.raw.as_ptr();
         membership_with(hashes, |rid, hs, n, flags, r| unsafe {
-            sys::oi_offload_host_query(h, &o.o, rid, hs, n, flags, r)
+            sys::oi_host_query(h, &o.o, rid, hs, n, flags, r)
         })
     }
 
-    /// Drops a lease of namespace `namespace` (`oi_offload_host_release`):
+    /// Drops a lease of namespace `namespace` (`oi_host_release`):
     /// `LeaseExpired` when it is unknown, consumed or expired, `Permission`
     /// when it belongs to another namespace.
     pub fn release(&self, namespace: &str, lease: Lease) -> Result<()> {
         let ns = cstring(namespace)?;
         check(unsafe {
-            sys::oi_offload_host_release(self.raw.as_ptr(), ns.as_ptr(), sys::oi_lease { bytes: lease.0 })
+            sys::oi_host_release(self.raw.as_ptr(), ns.as_ptr(), sys::oi_lease { bytes: lease.0 })
         })?;
         Ok(())
     }
@@ -651,14 +651,14 @@ struct RawLookupOptions {
     _name: Option<CString>,
 }
 
-/// A sidecar session that only looks up (`oi_offload_client_*`): it
+/// A sidecar session that only looks up (`oi_lookup_*`): it
 /// registers no layout and maps no arena, so a scheduler process that holds
 /// no KV memory can ask. Its leases may be loaded or released by any engine
 /// of the namespace connected with the same user id; dropping the client
 /// closes the session and the server drops the leases it created. A dead
 /// server is not fatal to it: its calls return `Closed`. Thread-safe.
 pub struct LookupClient {
-    raw: NonNull<sys::oi_offload_client>,
+    raw: NonNull<sys::oi_lookup>,
 }
 
 // The client's calls are serialized inside the library (its connection lock).
@@ -675,12 +675,12 @@ impl LookupClient {
         let o = opts.raw()?;
         let mut out = ptr::null_mut();
         check(unsafe {
-            sys::oi_offload_client_connect(sock.as_ref().map_or(ptr::null(), |s| s.as_ptr()), &o.o, &mut out)
+            sys::oi_lookup_connect(sock.as_ref().map_or(ptr::null(), |s| s.as_ptr()), &o.o, &mut out)
         })?;
         Ok(LookupClient { raw: NonNull::new(out).ok_or_else(|| invalid("client_connect returned NULL"))? })
     }
 
-    pub fn as_ptr(&self) -> *mut sys::oi_offload_client {
+    pub fn as_ptr(&self) -> *mut sys::oi_lookup {
         self.raw.as_ptr()
     }
 
@@ -695,7 +695,7 @@ impl LookupClient {
     pub fn query_with(&self, req_id: Option<&str>, hashes: &[BlockHash], opts: &QueryOptions) -> Result<QueryResult> {
         let c = self.raw.as_ptr();
         let r = raw_query(req_id, hashes, opts, None, |rid, hs, n, flags, r| unsafe {
-            sys::oi_offload_client_query(c, rid, hs, n, flags, r)
+            sys::oi_lookup_query(c, rid, hs, n, flags, r)
         })?;
         Ok(QueryResult::from_raw(&r))
     }
@@ -703,19 +703,19 @@ impl LookupClient {
     /// Which of `hashes` are present, each on its own (no lease).
     pub fn membership(&self, hashes: &[BlockHash]) -> Result<Membership> {
         let c = self.raw.as_ptr();
-        membership_with(hashes, |rid, hs, n, flags, r| unsafe { sys::oi_offload_client_query(c, rid, hs, n, flags, r) })
+        membership_with(hashes, |rid, hs, n, flags, r| unsafe { sys::oi_lookup_query(c, rid, hs, n, flags, r) })
     }
 
     /// Drops a lease of the namespace.
     pub fn release(&self, lease: Lease) -> Result<()> {
-        check(unsafe { sys::oi_offload_client_release(self.raw.as_ptr(), sys::oi_lease { bytes: lease.0 }) })?;
+        check(unsafe { sys::oi_lookup_release(self.raw.as_ptr(), sys::oi_lease { bytes: lease.0 }) })?;
         Ok(())
     }
 }
 
 impl Drop for LookupClient {
     fn drop(&mut self) {
-        unsafe { sys::oi_offload_client_destroy(self.raw.as_ptr()) }
+        unsafe { sys::oi_lookup_destroy(self.raw.as_ptr()) }
     }
 }
 
@@ -797,7 +797,7 @@ fn membership_with(
 
 impl Drop for OffloadHost {
     fn drop(&mut self) {
-        unsafe { sys::oi_offload_host_destroy(self.raw.as_ptr()) }
+        unsafe { sys::oi_host_destroy(self.raw.as_ptr()) }
     }
 }
 
@@ -1145,7 +1145,7 @@ enum Memory {
 /// (`'h`), which therefore outlives it. Sidecar engines are
 /// `OffloadEngine<'static>` and own their imported arena.
 pub struct OffloadEngine<'h> {
-    raw: NonNull<sys::oi_offload_engine>,
+    raw: NonNull<sys::oi_engine>,
     mem: Memory,
     inflight: Arc<InFlight>,
     _host: PhantomData<&'h OffloadHost>,
@@ -1168,7 +1168,7 @@ impl<'h> OffloadEngine<'h> {
         }
         let raw = opts.raw(buffer.as_mut_ptr() as *mut c_void, buffer.len() as u64)?;
         let mut out = ptr::null_mut();
-        check(unsafe { sys::oi_offload_engine_create(host.as_ptr(), &raw.o, &mut out) })?;
+        check(unsafe { sys::oi_engine_create(host.as_ptr(), &raw.o, &mut out) })?;
         Ok(OffloadEngine {
             raw: NonNull::new(out).unwrap(),
             mem: Memory::Owned(buffer),
@@ -1191,7 +1191,7 @@ impl<'h> OffloadEngine<'h> {
     ) -> Result<OffloadEngine<'h>> {
         let raw = opts.raw(base, size)?;
         let mut out = ptr::null_mut();
-        check(sys::oi_offload_engine_create(host.as_ptr(), &raw.o, &mut out))?;
+        check(sys::oi_engine_create(host.as_ptr(), &raw.o, &mut out))?;
         Ok(OffloadEngine {
             raw: NonNull::new(out).unwrap(),
             mem: Memory::Raw(base, size),
@@ -1200,7 +1200,7 @@ impl<'h> OffloadEngine<'h> {
         })
     }
 
-    pub fn as_ptr(&self) -> *mut sys::oi_offload_engine {
+    pub fn as_ptr(&self) -> *mut sys::oi_engine {
         self.raw.as_ptr()
     }
 
@@ -1291,7 +1291,7 @@ impl<'h> OffloadEngine<'h> {
         }
         let mut t = ptr::null_mut();
         let st = unsafe {
-            sys::oi_offload_engine_save(
+            sys::oi_engine_save(
                 self.raw.as_ptr(),
                 block_ids.as_ptr(),
                 hashes.as_ptr() as *const sys::oi_block_hash,
@@ -1333,7 +1333,7 @@ impl<'h> OffloadEngine<'h> {
     pub fn query_with(&self, req_id: Option<&str>, hashes: &[BlockHash], opts: &QueryOptions) -> Result<QueryResult> {
         let e = self.raw.as_ptr();
         let r = raw_query(req_id, hashes, opts, None, |rid, hs, n, flags, r| unsafe {
-            sys::oi_offload_engine_query(e, rid, hs, n, flags, r)
+            sys::oi_engine_query(e, rid, hs, n, flags, r)
         })?;
         Ok(QueryResult::from_raw(&r))
     }
@@ -1342,7 +1342,7 @@ impl<'h> OffloadEngine<'h> {
     /// still being saved.
     pub fn membership(&self, hashes: &[BlockHash]) -> Result<Membership> {
         let e = self.raw.as_ptr();
-        membership_with(hashes, |rid, hs, n, flags, r| unsafe { sys::oi_offload_engine_query(e, rid, hs, n, flags, r) })
+        membership_with(hashes, |rid, hs, n, flags, r| unsafe { sys::oi_engine_query(e, rid, hs, n, flags, r) })
     }
 
     /// Which of `hashes` are present, each on its own (no prefix rule, no lease).
@@ -1352,7 +1352,7 @@ impl<'h> OffloadEngine<'h> {
         r.struct_size = std::mem::size_of::<sys::oi_query_result>() as u32;
         r.present = present.as_mut_ptr();
         check(unsafe {
-            sys::oi_offload_engine_query(
+            sys::oi_engine_query(
                 self.raw.as_ptr(),
                 ptr::null(),
                 hashes.as_ptr() as *const sys::oi_block_hash,
@@ -1387,7 +1387,7 @@ impl<'h> OffloadEngine<'h> {
         check(unsafe { sys::oi_load_options_init(&mut opt) })?;
         opt.flags = flags;
         check(unsafe {
-            sys::oi_offload_engine_load(
+            sys::oi_engine_load(
                 self.raw.as_ptr(),
                 sys::oi_lease { bytes: lease.0 },
                 dst_block_ids.as_ptr(),
@@ -1401,20 +1401,20 @@ impl<'h> OffloadEngine<'h> {
 
     /// Drops a lease (`LeaseExpired` when it is unknown, consumed or expired).
     pub fn release(&self, lease: Lease) -> Result<()> {
-        check(unsafe { sys::oi_offload_engine_release(self.raw.as_ptr(), sys::oi_lease { bytes: lease.0 }) })?;
+        check(unsafe { sys::oi_engine_release(self.raw.as_ptr(), sys::oi_lease { bytes: lease.0 }) })?;
         Ok(())
     }
 
     /// Waits until every save submitted before the call is sealed or dropped.
     pub fn flush(&self, timeout: Option<Duration>) -> Result<()> {
-        check(unsafe { sys::oi_offload_engine_flush(self.raw.as_ptr(), timeout_ms(timeout)) })?;
+        check(unsafe { sys::oi_engine_flush(self.raw.as_ptr(), timeout_ms(timeout)) })?;
         Ok(())
     }
 
     pub fn stats(&self) -> Result<EngineStats> {
         let mut s: sys::oi_engine_stats = unsafe { std::mem::zeroed() };
         s.struct_size = std::mem::size_of::<sys::oi_engine_stats>() as u32;
-        check(unsafe { sys::oi_offload_engine_stats(self.raw.as_ptr(), &mut s) })?;
+        check(unsafe { sys::oi_engine_get_stats(self.raw.as_ptr(), &mut s) })?;
         Ok(EngineStats {
             instance_id: s.instance_id,
             block_bytes: s.block_bytes,
@@ -1457,7 +1457,7 @@ impl OffloadEngine<'static> {
         let mut out = ptr::null_mut();
         let mut arena = ptr::null_mut();
         check(unsafe {
-            sys::oi_offload_engine_connect(
+            sys::oi_engine_connect(
                 sock.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
                 &raw.o,
                 &mut out,
@@ -1495,7 +1495,7 @@ impl OffloadEngine<'static> {
         raw.o.arena_fd = memory.fd();
         let mut out = ptr::null_mut();
         check(unsafe {
-            sys::oi_offload_engine_connect(
+            sys::oi_engine_connect(
                 sock.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
                 &raw.o,
                 &mut out,
@@ -1534,7 +1534,7 @@ impl OffloadEngine<'static> {
         };
         let raw = opts.raw(device_ptr, size)?;
         let mut out = ptr::null_mut();
-        check(sys::oi_offload_engine_connect(
+        check(sys::oi_engine_connect(
             sock.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
             &raw.o,
             &mut out,
@@ -1553,14 +1553,14 @@ impl Drop for OffloadEngine<'_> {
     /// Drop order: close the imported mapping (sidecar), then flush and
     /// unregister; an owned buffer (a `Vec` or a [`SharedBuffer`]) is freed
     /// after the engine is gone
-    /// (`oi_offload_engine_destroy` drains the engine's copies, those of
+    /// (`oi_engine_destroy` drains the engine's copies, those of
     /// dropped tickets included, before it returns).
     fn drop(&mut self) {
         unsafe {
             if let Memory::Imported(a) = self.mem {
                 sys::oi_imported_arena_close(a.as_ptr());
             }
-            sys::oi_offload_engine_destroy(self.raw.as_ptr());
+            sys::oi_engine_destroy(self.raw.as_ptr());
         }
     }
 }
@@ -2421,7 +2421,7 @@ impl RequestResult {
     }
 }
 
-/// Executor counters, totals over every rank (`oi_exec_stats`).
+/// Executor counters, totals over every rank (`oi_executor_stats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExecStats {
     pub ranks: u32,
@@ -2666,7 +2666,7 @@ impl<'a> Executor<'a> {
     pub fn result(&mut self, request_id: u64) -> Result<RequestResult> {
         let mut r: sys::oi_request_result = unsafe { std::mem::zeroed() };
         r.struct_size = std::mem::size_of::<sys::oi_request_result>() as u32;
-        check(unsafe { sys::oi_executor_result(self.raw.as_ptr(), request_id, &mut r) })?;
+        check(unsafe { sys::oi_executor_get_result(self.raw.as_ptr(), request_id, &mut r) })?;
         let tokens = if r.tokens.is_null() || r.n_tokens == 0 {
             Vec::new()
         } else {
@@ -2717,9 +2717,9 @@ impl<'a> Executor<'a> {
     }
 
     pub fn stats(&self) -> Result<ExecStats> {
-        let mut s: sys::oi_exec_stats = unsafe { std::mem::zeroed() };
-        s.struct_size = std::mem::size_of::<sys::oi_exec_stats>() as u32;
-        check(unsafe { sys::oi_executor_stats(self.raw.as_ptr(), &mut s) })?;
+        let mut s: sys::oi_executor_stats = unsafe { std::mem::zeroed() };
+        s.struct_size = std::mem::size_of::<sys::oi_executor_stats>() as u32;
+        check(unsafe { sys::oi_executor_get_stats(self.raw.as_ptr(), &mut s) })?;
         Ok(ExecStats {
             ranks: s.ranks,
             steps: s.steps,
@@ -2748,7 +2748,7 @@ impl<'a> Executor<'a> {
     pub fn kv_layout(&self, rank: u32) -> Result<KvLayout> {
         let mut k: sys::oi_kv_layout = unsafe { std::mem::zeroed() };
         k.struct_size = std::mem::size_of::<sys::oi_kv_layout>() as u32;
-        check(unsafe { sys::oi_executor_kv_layout(self.raw.as_ptr(), rank, &mut k) })?;
+        check(unsafe { sys::oi_executor_get_kv_layout(self.raw.as_ptr(), rank, &mut k) })?;
         Ok(KvLayout {
             device: k.device,
             base: k.base,

@@ -243,7 +243,7 @@ fn lookup_round_trip(sock: &str, ns: &str) -> LookupClient {
         let mut st: openinfer_sys::oi_server_stats = unsafe { std::mem::zeroed() };
         st.struct_size = std::mem::size_of::<openinfer_sys::oi_server_stats>() as u32;
         let rc = unsafe {
-            openinfer_sys::oi_server_stats_fetch(
+            openinfer_sys::oi_server_fetch_stats(
                 path.as_ptr(),
                 2000,
                 &mut st,

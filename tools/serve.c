@@ -58,7 +58,9 @@ static void serve_usage(FILE *f) {
       "  --redis-auth-file F Redis AUTH: a file (mode 0600) of lines user=NAME (optional)\n"
       "                      and password=SECRET (default: OI_REDIS_USER and\n"
       "                      OI_REDIS_PASSWORD from the environment, if set)\n"
-      "  --listen IP:PORT    where peers connect (default 127.0.0.1:0, a free port)\n"
+      "  --listen IP:PORT    where peers connect, with --cluster (required): an address\n"
+      "                      of this host the other nodes reach (port 0: a free one;\n"
+      "                      127.0.0.1:PORT only for a cluster on this host)\n"
       "  --advertise IP:PORT the address peers dial (default: --listen's, bound port)\n"
       "  --hugepages         back the pool with 2 MiB hugepages\n"
       "  --no-pin            pageable pool memory (no pinning)\n"
@@ -178,7 +180,6 @@ int cmd_serve(int argc, char **argv) {
   ho.pool_bytes = 1ull << 30;
   oi_host_cluster_options co;
   oi_host_cluster_options_init(&co);
-  co.listen_addr = "127.0.0.1:0";
   oi_server_options so;
   oi_server_options_init(&so);
   so.log_level = OI_LOG_INFO;
@@ -333,16 +334,27 @@ int cmd_serve(int argc, char **argv) {
     so.disk = &dopts;
   }
 
-  if ((co.node_id || co.secret_file || co.advertise_addr || co.cluster_name ||
+  if ((co.node_id || co.secret_file || co.advertise_addr || co.listen_addr || co.cluster_name ||
        co.redis_auth_file) &&
       !co.redis_url) {
-    fprintf(stderr, "openinfer serve: --node-id, --cluster-secret, --cluster-name, "
-                    "--redis-auth-file and --advertise need --cluster\n");
+    fprintf(stderr, "openinfer serve: --node-id, --cluster-secret, --listen, --advertise, "
+                    "--cluster-name and --redis-auth-file need --cluster\n");
     free(disk_list);
     return CLI_USAGE;
   }
-  if (co.redis_url && (!co.node_id || !co.secret_file)) {
-    fprintf(stderr, "openinfer serve: --cluster needs --node-id and --cluster-secret\n");
+  if (co.redis_url && (!co.node_id || !co.secret_file || !co.listen_addr)) {
+    fprintf(stderr, "openinfer serve: --cluster needs --node-id, --cluster-secret and --listen%s\n",
+            co.listen_addr ? ""
+                           : " (--listen IP:PORT: an address of this host the other nodes "
+                             "reach, e.g. --listen 10.0.0.5:7470; 127.0.0.1:PORT only for a "
+                             "cluster on this host)");
+    free(disk_list);
+    return CLI_USAGE;
+  }
+  /* Every cluster option, the secret file included, before the pool is
+   * pinned (which can take minutes). */
+  if (co.redis_url && oi_host_cluster_options_check(&co) != OI_OK) {
+    fprintf(stderr, "openinfer serve: --cluster: %s\n", oi_last_error());
     free(disk_list);
     return CLI_USAGE;
   }

@@ -167,6 +167,16 @@ typedef struct oi_host_cluster_stats {
 } oi_host_cluster_stats;
 
 OI_API oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
+/* Checks every option as oi_host_attach_cluster would, before there
+ * is a host: the required ones given (listen_addr included: the IP:PORT
+ * other nodes reach this one at), the node id, the directory URL, the
+ * listen and advertise addresses (a loopback address is advertised only by
+ * a node that listens on one; 0.0.0.0 needs advertise_addr) and the secret
+ * file (its owner, mode and length). Connects to nothing. A sidecar server
+ * calls it before pinning its pool.
+ * @return OI_ERR_INVALID_ARGUMENT, OI_ERR_NOT_FOUND or OI_ERR_PERMISSION,
+ *         with oi_last_error() naming the option. */
+OI_API oi_status oi_host_cluster_options_check(const oi_host_cluster_options *o);
 /* One per host; after oi_host_create. Namespaces match across
  * nodes by name and layout. UCX is loaded here (dlopen of libucp.so.0), not
  * when the library loads: OI_ERR_UNSUPPORTED, with oi_last_error() naming

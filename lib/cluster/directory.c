@@ -29,6 +29,21 @@ void oi__dir_options_init(oi_dir_options *o) {
   memset(o, 0, sizeof *o);
 }
 
+oi_status oi__dir_check(const char *url, const char *node_id) {
+  if (!url || !url[0])
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "directory: no url (redis://HOST[:PORT][/DB] or unix:/PATH)");
+  if (!node_id || !oi__dir_node_id_valid(node_id, strlen(node_id)))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "directory: node id '%s' is not 1 to %u characters of A-Z a-z 0-9 . _ -",
+                    node_id ? node_id : "(null)", OI_DIR_NODE_ID_MAX);
+  oi_dir *d = oi__calloc(1, sizeof *d);
+  if (!d) return oi__fail(OI_ERR_OUT_OF_MEMORY, "directory: out of memory");
+  oi_status st = oi__dir_parse_url(d, url);
+  oi__free(d);
+  return st;
+}
+
 oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
   if (!opts || !out)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "oi__dir_open: opts and out must not be NULL");

@@ -133,6 +133,10 @@ typedef struct oi_dir_stats {
 
 void oi__dir_options_init(oi_dir_options *o);
 
+/* Checks a directory URL and node id as oi__dir_open would, without
+ * connecting.
+ * @return OI_ERR_INVALID_ARGUMENT naming what is wrong. */
+oi_status oi__dir_check(const char *url, const char *node_id);
 /* Validates the options (OI_ERR_INVALID_ARGUMENT with what is wrong), then
  * connects with timeout_ms. A Redis that cannot be reached is not an error:
  * the directory opens degraded (logged) and the background thread keeps

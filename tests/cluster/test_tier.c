@@ -198,8 +198,8 @@ static void test_bad_options(void) {
   CHECK(strstr(oi_last_error(), "struct_size") != NULL);
   /* A secret over the limit (a CRLF ending is no part of a secret: one of
    * exactly the limit is taken below); a listen address with no port; an
-   * address to advertise that is none. Each after the directory (and for
-   * the last two the servers) started: all of it goes again. */
+   * address to advertise that is none. Each refused before anything is set
+   * up (oi_host_cluster_options_check's checks). */
   enum { SECRET_MAX = 1024 }; /* the longest secret (docs/cluster.md) */
   static char big[SECRET_MAX + 3];
   memset(big, 's', SECRET_MAX + 1);
@@ -217,7 +217,7 @@ static void test_bad_options(void) {
   c = good;
   c.advertise_addr = "has space:1";
   CHECK_ST(oi_host_attach_cluster(h, &c), OI_ERR_INVALID_ARGUMENT);
-  CHECK(strstr(oi_last_error(), "advertised address") != NULL);
+  CHECK(strstr(oi_last_error(), "advertise_addr") != NULL);
   oi_host_cluster_stats none = {.struct_size = sizeof none};
   CHECK_ST(oi_host_get_cluster_stats(h, &none), OI_ERR_NOT_FOUND);
   big[SECRET_MAX] = '\r';

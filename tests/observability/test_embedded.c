@@ -453,13 +453,15 @@ static void test_embedded_stats(void) {
   CHECK(!strcmp(ns.name, "ns-a") && ns.blocks_resident == 8 && ns.block_bytes == BB);
   CHECK_ST(oi_host_get_namespace_stats(h, 1, &ns), OI_ERR_NOT_FOUND);
 
-  /* An old caller: its struct ends before the appended fields, which stay
-   * untouched. */
+  /* A struct smaller than the 0.1 layout (a caller built before the fields
+   * were put in their place) is refused, and nothing is written. */
   oi_host_stats old;
   memset(&old, 0xab, sizeof old);
-  old.struct_size = (uint32_t)offsetof(oi_host_stats, loads_submitted);
-  CHECK_OK(oi_host_get_stats(h, &old));
-  CHECK(old.saves_completed == 8 && old.loads_submitted == 0xababababababababull);
+  old.struct_size = (uint32_t)offsetof(oi_host_stats, latency_buckets);
+  CHECK_ST(oi_host_get_stats(h, &old), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "rebuild") != NULL);
+  CHECK(old.saves_completed == 0xababababababababull);
+  oi_clear_error();
   oi_engine_stats es;
   memset(&es, 0, sizeof es);
   es.struct_size = sizeof es;

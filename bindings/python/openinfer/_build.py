@@ -518,6 +518,7 @@ typedef struct oi_host_cluster_stats {
   uint16_t reserved[3];
 } oi_host_cluster_stats;
 oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
+oi_status oi_host_cluster_options_check(const oi_host_cluster_options *o);
 oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_options *o);
 oi_status oi_host_get_cluster_stats(const oi_host *h, oi_host_cluster_stats *out);
 oi_status oi_server_attach_cluster(oi_server *s, const oi_host_cluster_options *o);

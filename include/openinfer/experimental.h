@@ -134,14 +134,19 @@ OI_API void oi_device_buffer_free(oi_device_buffer *b);
  * reconnects in the background. */
 typedef struct oi_host_cluster_options {
   uint32_t struct_size;
-  uint32_t timeout_ms;        /* a remote fetch (connect, lease, read): 0 = 2000 */
-  const char *redis_url;      /* redis://HOST:PORT[/DB], unix:/PATH or a Redis Cluster,
-                                 redis+cluster://HOST:PORT[,HOST:PORT...] (required) */
-  const char *node_id;        /* this node, unique in the cluster: [A-Za-z0-9._-]{1,64} */
-  const char *listen_addr;    /* "IP:PORT" for peers (IPv4; port 0: a free one) */
-  const char *advertise_addr; /* "IP:PORT" peers dial (NULL: listen_addr's IP, bound port) */
-  const char *secret_file;    /* the cluster's shared secret, 16..1024 bytes; owned by this
-                                 user, not readable by group or others */
+  uint32_t timeout_ms;         /* a remote fetch (connect, lease, read): 0 = 2000 */
+  const char *redis_url;       /* redis://HOST:PORT[/DB], unix:/PATH or a Redis Cluster,
+                                  redis+cluster://HOST:PORT[,HOST:PORT...] (required) */
+  const char *node_id;         /* this node, unique in the cluster: [A-Za-z0-9._-]{1,64} */
+  const char *listen_addr;     /* "IP:PORT" for peers (IPv4; port 0: a free one) */
+  const char *advertise_addr;  /* "IP:PORT" peers dial (NULL: listen_addr's IP, bound port) */
+  const char *secret_file;     /* the cluster's shared secret, 16..1024 bytes; owned by this
+                                  user, not readable by group or others */
+  const char *cluster_name;    /* [A-Za-z0-9._-]{1,32}: directory keys start "oi:<name>:"
+                                  (NULL: "oi:"); clusters sharing a Redis need different ones */
+  const char *redis_auth_file; /* Redis AUTH: a file (owned by this user, mode 0600) of lines
+                                  user=NAME (optional) and password=SECRET; NULL: the
+                                  environment's OI_REDIS_USER and OI_REDIS_PASSWORD, if set */
 } oi_host_cluster_options;
 
 typedef struct oi_host_cluster_stats {

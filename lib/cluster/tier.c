@@ -275,6 +275,17 @@ static oi_status check_options(const oi_host_cluster_options *o, const char *who
                     "%s: the advertised address %s is a loopback address but the node listens "
                     "on %s: no other host could reach it (advertise the IP:PORT other nodes dial)",
                     who, o->advertise_addr, o->listen_addr);
+  char prefix[OI_DIR_PREFIX_MAX + 1];
+  if (!oi__dir_prefix(o->cluster_name, prefix))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: cluster_name '%.40s' is not 1 to %u characters of A-Z a-z 0-9 . _ -", who,
+                    o->cluster_name, OI_DIR_NAME_MAX);
+  if (o->redis_auth_file) { /* its owner, mode and lines; the password is not kept */
+    char user[OI_DIR_USER_MAX + 1], password[OI_DIR_PASSWORD_MAX + 1];
+    st = oi__dir_auth_load(o->redis_auth_file, user, password);
+    memset(password, 0, sizeof password);
+    if (st != OI_OK) return st;
+  }
   return read_secret(who, o->secret_file, secret, cap, secret_len);
 }
 
@@ -316,6 +327,11 @@ OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_option
                ? oi__fail(OI_ERR_STATE, "host_attach_cluster: a cluster tier is attached already")
                : oi__fail(OI_ERR_STATE, "host_attach_cluster: the host's pool is not ready");
   }
+  char redis_user[OI_DIR_USER_MAX + 1], redis_password[OI_DIR_PASSWORD_MAX + 1];
+  if ((st = oi__dir_auth_load(opts.redis_auth_file, redis_user, redis_password)) != OI_OK) {
+    memset(secret, 0, sizeof secret);
+    return st;
+  }
 
   cluster_tier *t = oi__calloc(1, sizeof *t);
   if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host_attach_cluster: out of memory");
@@ -336,12 +352,19 @@ OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_option
   oi__dir_options_init(&dopt);
   dopt.url = opts.redis_url;
   dopt.node_id = opts.node_id;
+  dopt.secret = secret;
+  dopt.secret_len = secret_len;
+  dopt.cluster_name = opts.cluster_name;
+  dopt.user = redis_user;
+  dopt.password = redis_password;
   dopt.epoch = oi__now_ns() ^ ((uint64_t)getpid() << 40);
   dopt.on_reconnect = on_reconnect;
   dopt.on_reconnect_ctx = t;
   t->refresh_ns = (uint64_t)(dopt.block_ttl_ms ? dopt.block_ttl_ms : 600000) * 1000000ull / 2;
   t->next_refresh_ns = oi__now_ns() + t->refresh_ns;
-  if ((st = oi__dir_open(&dopt, &t->dir)) != OI_OK) goto fail;
+  st = oi__dir_open(&dopt, &t->dir);
+  memset(redis_password, 0, sizeof redis_password);
+  if (st != OI_OK) goto fail;
   int rc;
   for (int i = 0; i < SERVERS; i++) { /* before the net: it may be asked at once */
     if ((rc = pthread_create(&t->servers[i], NULL, oi__cluster_server_main, t)) != 0) {
@@ -394,6 +417,7 @@ OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_option
   return OI_OK;
 fail:
   memset(secret, 0, sizeof secret);
+  memset(redis_password, 0, sizeof redis_password);
   tier_free(t);
   return st;
 }

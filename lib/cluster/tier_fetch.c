@@ -22,9 +22,9 @@ static void slot_reap_locked(peer_slot *s) {
 
 /* A connection to holder `h` (connecting when there is none), held until
  * peer_put. @return its slot, or -1 (*stale: the holder is gone or is
- * another incarnation). */
-static int peer_get(cluster_tier *t, const oi_dir_holder *h, bool *stale) {
-  *stale = false;
+ * another incarnation; *down: it could not be reached or refused). */
+static int peer_get(cluster_tier *t, const oi_dir_holder *h, bool *stale, bool *down) {
+  *stale = *down = false;
   pthread_mutex_lock(&t->peer_lock);
   for (int i = 0; i < MAX_PEERS; i++) {
     peer_slot *s = &t->peers[i];
@@ -50,6 +50,7 @@ static int peer_get(cluster_tier *t, const oi_dir_holder *h, bool *stale) {
   if (oi__peer_connect(t->net, addr, &p) != OI_OK) {
     OI_LOG(OI_LOG_INFO, "cluster", "cannot reach node '%s' at %s: %s", h->node_id, addr,
            oi_last_error());
+    *down = true;
     return -1;
   }
   pthread_mutex_lock(&t->peer_lock);
@@ -84,6 +85,22 @@ static void peer_put(cluster_tier *t, int slot, bool failed) {
   pthread_mutex_unlock(&t->peer_lock);
 }
 
+/* Withdraws the directory entries of the items not fetched (ok[i] false). */
+static void drop_entries(cluster_tier *t, const fetch_item *items, size_t n, const bool *ok) {
+  oi_tier_key *keys = oi__malloc(n * sizeof *keys);
+  oi_dir_holder *hs = oi__malloc(n * sizeof *hs);
+  size_t k = 0, removed = 0;
+  for (size_t i = 0; keys && hs && i < n; i++)
+    if (!ok || !ok[i]) {
+      keys[k] = items[i].key;
+      hs[k++] = items[i].holder;
+    }
+  if (k && oi__dir_drop(t->dir, keys, hs, k, &removed) == OI_OK)
+    atomic_fetch_add(&t->stale_removed, removed);
+  oi__free(keys);
+  oi__free(hs);
+}
+
 /* Fetches items[0..n) (one holder) into their slots; seals what verified. */
 static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t n) {
   bool *ok = oi__calloc(n, sizeof *ok);
@@ -93,11 +110,11 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
   void *reply = NULL;
   size_t rlen = 0, m = 0;
   uint64_t lease_id = 0;
-  bool stale = false, failed = false;
+  bool stale = false, failed = false, down = false;
   oi_peer *p = NULL;
   int slot = -1;
   if (!ok || !req || !reads || !sums) goto end;
-  slot = peer_get(t, &items[0].holder, &stale);
+  slot = peer_get(t, &items[0].holder, &stale, &down);
   if (slot < 0) {
     goto end;
   }
@@ -114,6 +131,7 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
     OI_LOG(OI_LOG_INFO, "cluster", "lease from node '%s': %s", items[0].holder.node_id,
            oi_last_error());
     failed = st == OI_ERR_CLOSED || st == OI_ERR_IO;
+    down = true; /* refused, gone or silent: its entries go (below) */
     goto end;
   }
   if (oi__cluster_msg_type(reply, rlen, true) != MSG_LEASE_REPLY) {
@@ -176,6 +194,10 @@ end:
         atomic_fetch_add(&t->stale_removed, 1);
     }
   }
+  /* A holder that could not be reached or refused: its entries are
+   * withdrawn (each only while it is still the record read), so that the
+   * next queries miss at once instead of trying it again. */
+  if (down || failed) drop_entries(t, items, n, ok);
   oi__free(ok);
   oi__free(req);
   oi__free(reads);

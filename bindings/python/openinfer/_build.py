@@ -498,6 +498,8 @@ typedef struct oi_host_cluster_options {
   const char *listen_addr;
   const char *advertise_addr;
   const char *secret_file;
+  const char *cluster_name;
+  const char *redis_auth_file;
 } oi_host_cluster_options;
 typedef struct oi_host_cluster_stats {
   uint32_t struct_size;

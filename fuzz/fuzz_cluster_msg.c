@@ -200,21 +200,29 @@ static void holder(const char *s, size_t len) {
   FZ_ASSERT(n >= 1 && n <= OI_DIR_NODE_ID_MAX, "a node id of %zu bytes", n);
   for (size_t i = 0; i < n; i++)
     FZ_ASSERT(node_char(h.node_id[i]), "node id byte 0x%02x", (unsigned char)h.node_id[i]);
-  FZ_ASSERT(len > n + 1 && !memcmp(s, h.node_id, n) && s[n] == ' ', "not '<node_id> <epoch>'");
-  uint64_t e = 0;
-  FZ_ASSERT(digits_value(s + n + 1, len - n - 1, &e) && e == h.epoch,
+  FZ_ASSERT(len > n + 1 && !memcmp(s, h.node_id, n) && s[n] == ' ',
+            "not '<node_id> <epoch> <expiry> <mac>'");
+  const char *sp = memchr(s + n + 1, ' ', len - n - 1);
+  FZ_ASSERT(sp != NULL, "no expiry after the epoch");
+  uint64_t e = 0, x = 0;
+  FZ_ASSERT(digits_value(s + n + 1, (size_t)(sp - s) - n - 1, &e) && e == h.epoch,
             "the epoch %llu is not the entry's", (unsigned long long)h.epoch);
+  FZ_ASSERT(len == (size_t)(sp - s) + 1 + (len - (size_t)(sp - s) - 34) + 33 &&
+                digits_value(sp + 1, len - (size_t)(sp - s) - 34, &x) && x == h.expiry_ms &&
+                s[len - 33] == ' ',
+            "the expiry %llu is not the entry's", (unsigned long long)h.expiry_ms);
 }
 
 static void liveness(const char *s, size_t len) {
   uint64_t epoch = 7777;
   size_t off = 7777, alen = 7777;
-  if (!oi__dir_liveness_parse(s, len, &epoch, &off, &alen)) {
+  if (!oi__dir_liveness_parse(s, len, &epoch, &off, &alen, NULL, NULL)) {
     FZ_ASSERT(epoch == 7777 && off == 7777 && alen == 7777, "a refused value wrote its output");
     return;
   }
-  FZ_ASSERT(off >= 2 && s[off - 1] == ' ' && off + alen == len, "address at %zu, %zu bytes of %zu",
-            off, alen, len);
+  FZ_ASSERT(off >= 2 && s[off - 1] == ' ' && off + alen + 35 <= len && s[off + alen] == ' ' &&
+                s[len - 33] == ' ',
+            "address at %zu, %zu bytes of %zu", off, alen, len);
   uint64_t e = 0;
   FZ_ASSERT(digits_value(s, off - 1, &e) && e == epoch, "the epoch is not the value's");
   FZ_ASSERT(alen >= 1 && alen <= OI_DIR_ADDR_MAX, "an address of %zu bytes", alen);

@@ -195,6 +195,43 @@ static TR_UNUSED oi_status tr_query(oi_engine *e, const char *req, const oi_bloc
   return oi_engine_query(e, req, hs, n, flags, out);
 }
 
+/* ---- executors ------------------------------------------------------------------------- */
+
+/* Submits a request of the n tokens at p for `max_new` new ones on `rank`
+ * (-1: round robin); the submit is CHECKed. @return the request's id. */
+static TR_UNUSED uint64_t tr_submit(oi_executor *x, const uint32_t *p, uint32_t n, uint32_t max_new,
+                                    int32_t rank) {
+  oi_request r;
+  oi_request_init(&r);
+  r.prompt = p;
+  r.prompt_len = n;
+  r.max_new_tokens = max_new;
+  r.rank = rank;
+  uint64_t id = 0;
+  CHECK_OK(oi_executor_submit(x, &r, &id));
+  return id;
+}
+
+/* ---- pseudo-random data ---------------------------------------------------------------- */
+
+/* One step of xorshift32 (a zero state starts from the golden-ratio seed).
+ * @return the new state. */
+static TR_UNUSED uint32_t tr_xorshift32(uint32_t *x) {
+  if (!*x) *x = 0x9e3779b9u;
+  *x ^= *x << 13;
+  *x ^= *x >> 17;
+  *x ^= *x << 5;
+  return *x;
+}
+
+/* Deterministic pseudo-random tokens (xorshift32 from `seed`), covering the
+ * full u32 range. */
+static TR_UNUSED void tr_fill_tokens(uint32_t *t, size_t n, uint32_t seed) {
+  uint32_t x = seed;
+  for (size_t i = 0; i < n; i++)
+    t[i] = tr_xorshift32(&x);
+}
+
 /* ---- processes and files ---------------------------------------------------------------- */
 
 /* pipe + fork. In the child p[0] is closed, in the parent p[1]; both

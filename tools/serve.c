@@ -53,7 +53,14 @@ static void serve_usage(FILE *f) {
       "                      --cluster-secret\n"
       "  --node-id ID        this node's id in the cluster ([A-Za-z0-9._-], at most 64)\n"
       "  --cluster-secret F  file with the cluster's shared secret (16..1024 bytes, mode 0600)\n"
-      "  --listen IP:PORT    where peers connect (default 127.0.0.1:0, a free port)\n"
+      "  --cluster-name NAME the cluster's name: its directory keys start oi:NAME: (default\n"
+      "                      oi:); clusters that share a Redis need different names\n"
+      "  --redis-auth-file F Redis AUTH: a file (mode 0600) of lines user=NAME (optional)\n"
+      "                      and password=SECRET (default: OI_REDIS_USER and\n"
+      "                      OI_REDIS_PASSWORD from the environment, if set)\n"
+      "  --listen IP:PORT    where peers connect, with --cluster (required): an address\n"
+      "                      of this host the other nodes reach (port 0: a free one;\n"
+      "                      127.0.0.1:PORT only for a cluster on this host)\n"
       "  --advertise IP:PORT the address peers dial (default: --listen's, bound port)\n"
       "  --hugepages         back the pool with 2 MiB hugepages\n"
       "  --no-pin            pageable pool memory (no pinning)\n"
@@ -162,6 +169,8 @@ int cmd_serve(int argc, char **argv) {
       {"cluster", required_argument, NULL, 'C'},
       {"node-id", required_argument, NULL, 'I'},
       {"cluster-secret", required_argument, NULL, 'K'},
+      {"cluster-name", required_argument, NULL, 'G'},
+      {"redis-auth-file", required_argument, NULL, 'U'},
       {"listen", required_argument, NULL, 'L'},
       {"advertise", required_argument, NULL, 'A'},
       {NULL, 0, NULL, 0},
@@ -171,7 +180,6 @@ int cmd_serve(int argc, char **argv) {
   ho.pool_bytes = 1ull << 30;
   oi_host_cluster_options co;
   oi_host_cluster_options_init(&co);
-  co.listen_addr = "127.0.0.1:0";
   oi_server_options so;
   oi_server_options_init(&so);
   so.log_level = OI_LOG_INFO;
@@ -296,6 +304,8 @@ int cmd_serve(int argc, char **argv) {
     case 'C': co.redis_url = optarg; break;
     case 'I': co.node_id = optarg; break;
     case 'K': co.secret_file = optarg; break;
+    case 'G': co.cluster_name = optarg; break;
+    case 'U': co.redis_auth_file = optarg; break;
     case 'L': co.listen_addr = optarg; break;
     case 'A': co.advertise_addr = optarg; break;
     case 'h': serve_usage(stdout); return CLI_OK;
@@ -324,14 +334,27 @@ int cmd_serve(int argc, char **argv) {
     so.disk = &dopts;
   }
 
-  if ((co.node_id || co.secret_file || co.advertise_addr) && !co.redis_url) {
-    fprintf(stderr,
-            "openinfer serve: --node-id, --cluster-secret and --advertise need --cluster\n");
+  if ((co.node_id || co.secret_file || co.advertise_addr || co.listen_addr || co.cluster_name ||
+       co.redis_auth_file) &&
+      !co.redis_url) {
+    fprintf(stderr, "openinfer serve: --node-id, --cluster-secret, --listen, --advertise, "
+                    "--cluster-name and --redis-auth-file need --cluster\n");
     free(disk_list);
     return CLI_USAGE;
   }
-  if (co.redis_url && (!co.node_id || !co.secret_file)) {
-    fprintf(stderr, "openinfer serve: --cluster needs --node-id and --cluster-secret\n");
+  if (co.redis_url && (!co.node_id || !co.secret_file || !co.listen_addr)) {
+    fprintf(stderr, "openinfer serve: --cluster needs --node-id, --cluster-secret and --listen%s\n",
+            co.listen_addr ? ""
+                           : " (--listen IP:PORT: an address of this host the other nodes "
+                             "reach, e.g. --listen 10.0.0.5:7470; 127.0.0.1:PORT only for a "
+                             "cluster on this host)");
+    free(disk_list);
+    return CLI_USAGE;
+  }
+  /* Every cluster option, the secret file included, before the pool is
+   * pinned (which can take minutes). */
+  if (co.redis_url && oi_host_cluster_options_check(&co) != OI_OK) {
+    fprintf(stderr, "openinfer serve: --cluster: %s\n", oi_last_error());
     free(disk_list);
     return CLI_USAGE;
   }

@@ -1,5 +1,5 @@
 /* `openinfer stats`: asks a running `openinfer serve` for its figures
- * (oi_server_fetch_stats, and oi_server_cluster_stats_fetch for its
+ * (oi_server_fetch_stats, and oi_server_fetch_cluster_stats for its
  * cluster tier) and prints a summary, or JSON. */
 #include <getopt.h>
 #include <stdio.h>
@@ -341,7 +341,7 @@ int cmd_stats(int argc, char **argv) {
   /* The cluster tier's figures, when the server has one (a second
    * exchange: they are experimental). */
   oi_host_cluster_stats cs = {.struct_size = sizeof cs};
-  bool cluster = st == OI_OK && oi_server_cluster_stats_fetch(r.socket_path, 10000, &cs) == OI_OK;
+  bool cluster = st == OI_OK && oi_server_fetch_cluster_stats(r.socket_path, 10000, &cs) == OI_OK;
   if (st != OI_OK) {
     fprintf(stderr, "openinfer stats: %s: %s (%s)\n", where, oi_last_error(), oi_status_str(st));
     rc = CLI_FAILED;

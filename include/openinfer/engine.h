@@ -29,56 +29,68 @@ typedef enum oi_copy_mode {
 } oi_copy_mode;
 
 typedef struct oi_engine_options {
-  uint32_t struct_size;
-  int32_t device;            /* -1 cpu; else the CUDA device of the arenas */
-  const char *namespace_id;  /* content domain; required */
-  const char *instance_name; /* for logs; optional */
-  uint32_t world_size;       /* lease consumers; default 1 */
+  uint32_t struct_size; /* oi_engine_options_init sets it (and every default below) */
+
+  /* ---- every mode: embedded (oi_engine_create) and sidecar
+   * (oi_engine_connect) ---- */
+  int32_t device;            /* -1 (default): cpu; else the CUDA device of the arenas */
+  const char *namespace_id;  /* content domain; required, at most 255 bytes */
+  const char *instance_name; /* for logs; optional (default NULL) */
+  uint32_t world_size;       /* lease consumers (loads of one lease); default 1 */
+  /* The layout: num_arenas descriptors (default 0 and NULL; copied at create). */
   uint32_t num_arenas;
-  const oi_arena_desc *arenas; /* copied at create */
-  void *arena_base;            /* optional: arenas given by offset into [base, base+arena_size) */
-  uint64_t arena_size;
-  uint32_t save_deadline_ms;    /* default 120000 */
-  uint32_t load_deadline_ms;    /* default 120000 */
-  uint32_t copy_mode;           /* oi_copy_mode; default AUTO */
-  uint32_t copy_cta_limit;      /* kernel copies: max CTAs; 0 = backend default */
-  uint32_t control_deadline_ms; /* sidecar: register, query, release, stats, unregister;
-                                   default 30000 */
-  /* Tuning of embedded engines (a sidecar engine's copies run in the server
-   * with its defaults; the fields are checked all the same). */
-  uint64_t submit_group_bytes; /* copies are queued in groups of about this many bytes;
-                                  0 = the copy mode's default (8 MiB DMA, 32 MiB others);
-                                  otherwise at least 64 KiB; UINT64_MAX = one group per call */
-  uint64_t staging_bytes;      /* OI_COPY_STAGED: device memory of each of the engine's two
-                                  streams' staging slots; 0 = 32 MiB; else 4 MiB .. 4 GiB */
-  /* ---- appended (segments as separate regions); older callers stop before these ---- */
-  /* Optional: where each arena's segments start, so a segment may be a separate
-   * region (vLLM's [2, num_blocks, ...] layer: the K half, then the V half).
-   * NULL: segment s at s * segment_stride (the descriptor's rule). Otherwise
-   * num_segment_offsets entries, arena by arena in the layout's order, each
-   * arena contributing `segments` entries: block b, segment s of arena i lives
-   * at (arena i's base or offset) + segment_offsets[k_i + s] + b * block_stride,
-   * where k_i is the sum of the segments of the arenas before i. Then
-   * segment_stride is ignored and block_stride need only be >= bytes_per_block;
-   * no two slices of any arenas may overlap (docs/api.md "Layouts"). Copied at
-   * create. */
+  const oi_arena_desc *arenas;
+  /* Optional (default NULL, 0): where each arena's segments start, so a
+   * segment may be a separate region (vLLM's [2, num_blocks, ...] layer: the
+   * K half, then the V half). NULL: segment s at s * segment_stride (the
+   * descriptor's rule). Otherwise num_segment_offsets entries, arena by arena
+   * in the layout's order, each arena contributing `segments` entries: block
+   * b, segment s of arena i lives at (arena i's base or offset) +
+   * segment_offsets[k_i + s] + b * block_stride, where k_i is the sum of the
+   * segments of the arenas before i. Then segment_stride is ignored and
+   * block_stride need only be >= bytes_per_block; no two slices of any arenas
+   * may overlap (docs/api.md "Layouts"). Copied at create. */
   const uint64_t *segment_offsets;
   uint32_t num_segment_offsets; /* must equal the sum of every arena's segments */
-  /* ---- appended (engine-owned sidecar arenas) ---- */
-  /* oi_engine_connect with arena_base set (engine-owned memory), cpu
-   * backend: a memfd (memfd_create with MFD_ALLOW_SEALING, sealed with
+  /* Where the arenas are (default NULL, 0). Embedded: optional, arenas given
+   * by offset into [arena_base, arena_base + arena_size) instead of by base.
+   * Sidecar: NULL, the server allocates the arena (server-allocated memory);
+   * set, the engine's own memory (below). arena_size 0: the largest end of
+   * any arena. */
+  void *arena_base;
+  uint64_t arena_size;
+  uint32_t save_deadline_ms; /* default 120000 */
+  uint32_t load_deadline_ms; /* default 120000 */
+  uint32_t copy_mode;        /* oi_copy_mode; default AUTO (the sidecar resolves AUTO to DMA) */
+  uint32_t copy_cta_limit;   /* kernel copies: max CTAs; 0 (default) = backend default */
+
+  /* ---- embedded only: copy tuning (a sidecar engine's copies run in the
+   * server with its defaults; the fields are checked all the same) ---- */
+  uint64_t submit_group_bytes; /* copies are queued in groups of about this many bytes;
+                                  0 (default) = the copy mode's default (8 MiB DMA, 32 MiB
+                                  others); otherwise at least 64 KiB; UINT64_MAX = one group
+                                  per call */
+  uint64_t staging_bytes;      /* OI_COPY_STAGED: device memory of each of the engine's two
+                                  streams' staging slots; 0 (default) = 32 MiB; else 4 MiB ..
+                                  4 GiB */
+
+  /* ---- sidecar (oi_engine_connect), either memory ---- */
+  uint32_t control_deadline_ms; /* register, query, release, stats, unregister; default 30000 */
+  uint32_t lookup_deadline_ms;  /* membership queries (OI_QUERY_MEMBERSHIP), the scheduler's
+                                   path; default 50; not 0 */
+  uint32_t probe_interval_ms;   /* while the server is marked unresponsive, a probe is sent
+                                   this often; default 100; not 0 (docs/api.md "The circuit
+                                   breaker") */
+
+  /* ---- sidecar with engine-owned memory (arena_base set) ---- */
+  /* cpu backend: a memfd (memfd_create with MFD_ALLOW_SEALING, sealed with
    * F_SEAL_SHRINK) whose MAP_SHARED mapping from offset 0 is
    * [arena_base, arena_base + arena_size). Sent to the server over the
    * socket (SCM_RIGHTS); the library keeps its own duplicate, the caller
-   * keeps arena_fd. -1 (the default) otherwise; oi_engine_create
-   * refuses any other value. */
+   * keeps arena_fd. -1 (the default) otherwise: a CUDA device (cudaMalloc
+   * memory, exported by IPC handle), server-allocated memory, and every
+   * embedded engine (oi_engine_create refuses any other value). */
   int32_t arena_fd;
-  /* ---- appended (the sidecar's circuit breaker); older callers stop before these ---- */
-  uint32_t lookup_deadline_ms; /* sidecar: membership queries (OI_QUERY_MEMBERSHIP), the
-                                  scheduler's path; default 50; not 0 */
-  uint32_t probe_interval_ms;  /* sidecar: while the server is marked unresponsive, a probe
-                                  is sent this often; default 100; not 0 (docs/api.md
-                                  "The circuit breaker") */
 } oi_engine_options;
 
 /* Completion callback of a save: the caller's signal that the device blocks
@@ -98,25 +110,24 @@ typedef struct oi_save_result {
 typedef struct oi_save_options {
   uint32_t struct_size;
   uint32_t flags;
+  /* Which arenas of each block this call copies. arena_count 0 (default):
+   * whole blocks. Otherwise only arenas [arena_first, arena_first +
+   * arena_count) (a layer's arenas, as soon as that layer is written, with
+   * its own wait_event and ticket); the block's host copy seals when every
+   * arena of the layout arrived and landed, and a failed arena aborts the
+   * whole block (nothing partial is ever served). Sidecar engines need a
+   * server with the layerwise capability (else OI_ERR_UNSUPPORTED).
+   * docs/api.md. */
+  uint32_t arena_first;
+  uint32_t arena_count;
   void *wait_event;        /* cudaEvent_t recorded after the KV was written; NULL: none */
   oi_save_done_fn on_done; /* optional */
   void *on_done_ctx;
-  /* ---- appended ---- */
   oi_save_result *result; /* optional out: this call's counts, filled before save returns
                              (sidecar: one round trip to the server, within
                              control_deadline_ms); a layerwise save counts the
                              blocks it decided (the first layer naming a hash),
                              later layers of the same blocks count 0 */
-  /* ---- appended (layerwise save); older callers stop before these ---- */
-  /* arena_count 0 (default): whole blocks. Otherwise this call copies only
-   * arenas [arena_first, arena_first + arena_count) of each block (a layer's
-   * arenas, as soon as that layer is written, with its own wait_event and
-   * ticket); the block's host copy seals when every arena of the layout
-   * arrived and landed, and a failed arena aborts the whole block (nothing
-   * partial is ever served). Sidecar engines need a server with the
-   * layerwise capability (else OI_ERR_UNSUPPORTED). docs/api.md. */
-  uint32_t arena_first;
-  uint32_t arena_count;
 } oi_save_options;
 
 typedef struct oi_load_options {
@@ -160,15 +171,16 @@ enum {
 
 typedef struct oi_query_result {
   uint32_t struct_size;
-  uint32_t state;      /* oi_query_state */
-  uint64_t hit_blocks; /* leading run of sealed blocks (membership: count present) */
-  oi_lease lease;      /* pins the hit blocks; all-zero when hit_blocks == 0 */
-  uint8_t *present;    /* in: optional array of n bytes for OI_QUERY_MEMBERSHIP */
-  /* ---- appended; an older caller's struct_size stops before these ---- */
-  uint64_t pending_blocks; /* out: blocks right after the hit prefix whose save is in flight,
-                              or that sealed behind one in flight (query again: they are
-                              about to hit; membership: positions in flight); not leased */
-  uint32_t wait_ms;        /* in: OI_QUERY_WAIT_PENDING's limit; 0 = do not wait */
+  uint32_t state; /* out: oi_query_state */
+  /* out: the leading run of sealed blocks (membership: count present) */
+  uint64_t hit_blocks;
+  /* out: blocks right after the hit prefix whose save is in flight, or that
+   * sealed behind one in flight (query again: they are about to hit;
+   * membership: positions in flight); not leased */
+  uint64_t pending_blocks;
+  oi_lease lease;   /* out: pins the hit blocks; all-zero when hit_blocks == 0 */
+  uint8_t *present; /* in: optional array of n bytes for OI_QUERY_MEMBERSHIP */
+  uint32_t wait_ms; /* in: OI_QUERY_WAIT_PENDING's limit; 0 = do not wait */
   uint32_t reserved;
 } oi_query_result;
 
@@ -177,11 +189,15 @@ typedef struct oi_engine_stats {
   uint32_t instance_id;
   uint64_t block_bytes; /* bytes of one host block of this layout */
   uint64_t num_blocks;
-  uint64_t saves_submitted; /* blocks */
+  uint64_t namespace_blocks_resident; /* blocks in flight or sealed in this engine's namespace
+                                         (every engine of the namespace shares them) */
+  uint64_t saves_submitted;           /* blocks */
   uint64_t saves_completed;
   uint64_t saves_deduplicated;
   uint64_t saves_dropped;
   uint64_t saves_failed;
+  uint64_t saves_pending;   /* save operations not yet sealed or dropped */
+  uint64_t loads_submitted; /* load operations accepted */
   uint64_t loads_completed; /* operations; sidecar: the caller's view (loads whose ticket
                                completed OI_OK), counted by this process, not the server */
   uint64_t loads_failed;    /* sidecar: the caller's view too: every load it was told failed,
@@ -192,28 +208,23 @@ typedef struct oi_engine_stats {
   uint64_t bytes_loaded;
   uint64_t query_hit_blocks;
   uint64_t query_miss_blocks;
-  uint64_t saves_pending; /* save operations not yet sealed or dropped */
-  /* ---- appended (observability); an older caller's struct_size stops before these ---- */
-  uint64_t loads_submitted;           /* load operations accepted */
-  uint64_t namespace_blocks_resident; /* blocks in flight or sealed in this engine's namespace
-                                         (every engine of the namespace shares them) */
-  uint32_t latency_buckets;           /* OI_LATENCY_BUCKETS */
-  uint32_t reserved;
-  /* This engine's save and load latencies, as in oi_host_stats (sidecar:
-   * measured by the server, from the request's arrival to its completion). */
-  uint64_t save_latency_us[OI_LATENCY_BUCKETS];
-  uint64_t save_latency_sum_us;
-  uint64_t load_latency_us[OI_LATENCY_BUCKETS];
-  uint64_t load_latency_sum_us;
-  /* ---- appended (sidecar connection); an older caller's struct_size stops before these ---- */
-  uint64_t server_epoch;       /* sidecar: the epoch of the server this engine is registered
-                                  with (0: embedded, or no server now) */
+  /* The sidecar connection (embedded: 0 and OI_CONNECTION_EMBEDDED). */
+  uint64_t server_epoch;       /* the epoch of the server this engine is registered with (0:
+                                  embedded, or no server now) */
   uint32_t connection;         /* oi_connection_state */
   uint32_t reconnects;         /* engine-owned sidecar engines: times it registered again with a
                                   server that came back */
   uint64_t disconnected_saves; /* blocks of saves dropped because no server was connected */
   uint64_t disconnected_query_misses; /* blocks reported missing because no server was
                                          connected */
+  /* This engine's save and load latencies, as in oi_host_stats (sidecar:
+   * measured by the server, from the request's arrival to its completion). */
+  uint32_t latency_buckets; /* OI_LATENCY_BUCKETS */
+  uint32_t reserved;
+  uint64_t save_latency_us[OI_LATENCY_BUCKETS];
+  uint64_t save_latency_sum_us;
+  uint64_t load_latency_us[OI_LATENCY_BUCKETS];
+  uint64_t load_latency_sum_us;
 } oi_engine_stats;
 
 /* oi_engine_stats.connection */
@@ -316,13 +327,14 @@ OI_API oi_status oi_engine_get_stats(const oi_engine *e, oi_engine_stats *out);
 /* A lookup's namespace and lease consumers. */
 typedef struct oi_lookup_options {
   uint32_t struct_size;
-  const char *namespace_id;     /* required; at most 255 bytes */
-  uint32_t world_size;          /* consumers of each lease (loads it takes); default 1 */
-  uint32_t control_deadline_ms; /* sidecar: connect, query, release; default 30000 */
-  const char *client_name;      /* sidecar: for the server's logs; optional */
-  /* ---- appended (the sidecar's circuit breaker); older callers stop before these ---- */
-  uint32_t lookup_deadline_ms; /* sidecar: each query's deadline; default 50; not 0 */
-  uint32_t probe_interval_ms;  /* sidecar: probe period while unresponsive; default 100; not 0 */
+  /* ---- every mode: embedded (oi_host_query) and sidecar ---- */
+  uint32_t world_size;      /* consumers of each lease (loads it takes); default 1 */
+  const char *namespace_id; /* required; at most 255 bytes */
+  /* ---- sidecar (oi_lookup_connect) ---- */
+  const char *client_name;      /* for the server's logs; optional */
+  uint32_t control_deadline_ms; /* connect, query, release; default 30000 */
+  uint32_t lookup_deadline_ms;  /* each query's deadline; default 50; not 0 */
+  uint32_t probe_interval_ms;   /* probe period while unresponsive; default 100; not 0 */
 } oi_lookup_options;
 
 OI_API oi_status oi_lookup_options_init(oi_lookup_options *o);

@@ -84,16 +84,15 @@ typedef struct oi_executor_options {
   oi_token_fn on_token;      /* optional */
   void *on_token_ctx;
   uint32_t restore_timeout_ms; /* a host-tier load that takes longer is abandoned; default 30000 */
-  uint32_t flush_timeout_ms;   /* destroy's deadline for in-flight saves; default 30000 */
+  /* Whether a restore's load may overlap the forward of the prompt's
+   * remaining tokens (oi_restore_overlap, default AUTO; docs/executor.md).
+   * The `openinfer` command maps OI_RESTORE_OVERLAP=0|off|host onto it. */
+  uint32_t restore_overlap;
+  uint32_t flush_timeout_ms; /* destroy's deadline for in-flight saves; default 30000 */
   /* For tests: consulted at each fault point of an admission restore (the
    * points are experimental API: experimental.h). */
   oi_executor_fault_fn fault_hook;
   void *fault_ctx;
-  /* ---- appended; an older caller's struct_size stops before these ---- */
-  /* Whether a restore's load may overlap the forward of the prompt's
-   * remaining tokens (oi_restore_overlap; docs/executor.md). The `openinfer`
-   * command maps OI_RESTORE_OVERLAP=0|off|host onto it. */
-  uint32_t restore_overlap;
 } oi_executor_options;
 
 typedef struct oi_request {

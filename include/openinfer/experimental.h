@@ -134,14 +134,19 @@ OI_API void oi_device_buffer_free(oi_device_buffer *b);
  * reconnects in the background. */
 typedef struct oi_host_cluster_options {
   uint32_t struct_size;
-  uint32_t timeout_ms;        /* a remote fetch (connect, lease, read): 0 = 2000 */
-  const char *redis_url;      /* redis://HOST:PORT[/DB], unix:/PATH or a Redis Cluster,
-                                 redis+cluster://HOST:PORT[,HOST:PORT...] (required) */
-  const char *node_id;        /* this node, unique in the cluster: [A-Za-z0-9._-]{1,64} */
-  const char *listen_addr;    /* "IP:PORT" for peers (IPv4; port 0: a free one) */
-  const char *advertise_addr; /* "IP:PORT" peers dial (NULL: listen_addr's IP, bound port) */
-  const char *secret_file;    /* the cluster's shared secret, 16..1024 bytes; owned by this
-                                 user, not readable by group or others */
+  uint32_t timeout_ms;         /* a remote fetch (connect, lease, read): 0 = 2000 */
+  const char *redis_url;       /* redis://HOST:PORT[/DB], unix:/PATH or a Redis Cluster,
+                                  redis+cluster://HOST:PORT[,HOST:PORT...] (required) */
+  const char *node_id;         /* this node, unique in the cluster: [A-Za-z0-9._-]{1,64} */
+  const char *listen_addr;     /* "IP:PORT" for peers (IPv4; port 0: a free one) */
+  const char *advertise_addr;  /* "IP:PORT" peers dial (NULL: listen_addr's IP, bound port) */
+  const char *secret_file;     /* the cluster's shared secret, 16..1024 bytes; owned by this
+                                  user, not readable by group or others */
+  const char *cluster_name;    /* [A-Za-z0-9._-]{1,32}: directory keys start "oi:<name>:"
+                                  (NULL: "oi:"); clusters sharing a Redis need different ones */
+  const char *redis_auth_file; /* Redis AUTH: a file (owned by this user, mode 0600) of lines
+                                  user=NAME (optional) and password=SECRET; NULL: the
+                                  environment's OI_REDIS_USER and OI_REDIS_PASSWORD, if set */
 } oi_host_cluster_options;
 
 typedef struct oi_host_cluster_stats {
@@ -173,6 +178,16 @@ typedef struct oi_host_cluster_stats {
 } oi_host_cluster_stats;
 
 OI_API oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
+/* Checks every option as oi_host_attach_cluster would, before there
+ * is a host: the required ones given (listen_addr included: the IP:PORT
+ * other nodes reach this one at), the node id, the directory URL, the
+ * listen and advertise addresses (a loopback address is advertised only by
+ * a node that listens on one; 0.0.0.0 needs advertise_addr) and the secret
+ * file (its owner, mode and length). Connects to nothing. A sidecar server
+ * calls it before pinning its pool.
+ * @return OI_ERR_INVALID_ARGUMENT, OI_ERR_NOT_FOUND or OI_ERR_PERMISSION,
+ *         with oi_last_error() naming the option. */
+OI_API oi_status oi_host_cluster_options_check(const oi_host_cluster_options *o);
 /* One per host; after oi_host_create. Namespaces match across
  * nodes by name and layout. UCX is loaded here (dlopen of libucp.so.0), not
  * when the library loads: OI_ERR_UNSUPPORTED, with oi_last_error() naming
@@ -189,7 +204,7 @@ OI_API oi_status oi_server_attach_cluster(struct oi_server *s, const oi_host_clu
  * @return OI_ERR_NOT_FOUND when nothing listens at the path or the server
  * has no cluster tier (oi_last_error() says which), and the errors of
  * oi_server_fetch_stats. */
-OI_API oi_status oi_server_cluster_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+OI_API oi_status oi_server_fetch_cluster_stats(const char *socket_path, uint32_t timeout_ms,
                                                oi_host_cluster_stats *out);
 
 #ifdef __cplusplus

@@ -51,31 +51,30 @@ typedef struct oi_host_stats {
   uint64_t used_bytes;           /* bytes in chunks carved for a size class... */
   uint64_t free_bytes;           /* ...and the rest; used + free == capacity */
   uint64_t block_bytes_resident; /* bytes of blocks in flight or sealed (what the pool holds) */
+  uint64_t pool_setup_ns;        /* time to map, touch and pin the pool at create */
   uint64_t blocks_free;          /* carved slots holding nothing */
   uint64_t blocks_in_flight;     /* being saved, invisible to queries */
   uint64_t blocks_sealed;        /* visible to queries (includes leased and loading) */
   uint64_t blocks_leased;        /* sealed blocks a live lease pins */
   uint64_t blocks_loading;       /* sealed blocks a load is reading */
+  uint64_t blocks_pinned;        /* sealed blocks a lease or a load holds (not evictable) */
   uint64_t saves_submitted;      /* blocks offered to save */
   uint64_t saves_completed;      /* blocks sealed */
   uint64_t saves_deduplicated;   /* blocks already sealed or in flight */
   uint64_t saves_dropped;        /* blocks that got no memory */
   uint64_t saves_failed;         /* blocks whose copy failed (never made visible) */
-  uint64_t bytes_saved;          /* device -> host */
-  uint64_t bytes_loaded;         /* host -> device */
+  uint64_t loads_submitted;      /* load operations accepted (consumed a lease share) */
   uint64_t loads_completed;      /* load operations */
   uint64_t loads_failed;
+  uint64_t blocks_loaded;     /* blocks copied host -> device */
+  uint64_t bytes_saved;       /* device -> host */
+  uint64_t bytes_loaded;      /* host -> device */
   uint64_t query_hit_blocks;  /* blocks reported as hits */
   uint64_t query_miss_blocks; /* queried blocks past the hit prefix */
   uint64_t leases_active;
   uint64_t leases_expired;  /* by TTL */
   uint64_t leases_released; /* explicitly, or when their last share was consumed */
   uint64_t evictions;       /* blocks evicted */
-  /* ---- appended (observability); an older caller's struct_size stops before these ---- */
-  uint64_t loads_submitted; /* load operations accepted (consumed a lease share) */
-  uint64_t blocks_loaded;   /* blocks copied host -> device */
-  uint64_t blocks_pinned;   /* sealed blocks a lease or a load holds (not evictable) */
-  uint64_t pool_setup_ns;   /* time to map, touch and pin the pool at create */
   uint32_t namespaces;      /* namespaces bound (see oi_host_get_namespace_stats) */
   uint32_t latency_buckets; /* OI_LATENCY_BUCKETS */
   /* Save latency: from the save call to every accepted block sealed (or the

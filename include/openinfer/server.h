@@ -27,45 +27,45 @@ typedef struct oi_server oi_server;
 
 typedef struct oi_server_options {
   uint32_t struct_size;
-  /* Where to listen. NULL: $XDG_RUNTIME_DIR/openinfer.sock, or
+  uint32_t socket_mode; /* permission bits of the socket file; default 0600 */
+  /* Where to listen. NULL (default): $XDG_RUNTIME_DIR/openinfer.sock, or
    * /tmp/openinfer-$UID.sock. A stale socket file (nothing listens) is
    * replaced; a live one makes create fail with OI_ERR_BUSY. */
   const char *socket_path;
-  uint32_t socket_mode; /* permission bits of the socket file; default 0600 */
-  /* Peers are checked with SO_PEERCRED: the server's own uid is always
-   * allowed; besides it, any uid listed here and any peer whose primary gid
-   * is listed here. Nothing else (root included) is. */
-  uint32_t num_allowed_uids;
-  const uint32_t *allowed_uids;
-  uint32_t num_allowed_gids;
-  const uint32_t *allowed_gids;
-  /* The host tier (pool size, hugepages, the pool's device...). Required:
-   * host->pool_bytes > 0. Copied at create. */
-  const oi_host_options *host;
-  /* Devices clients may register arenas on (-1: cpu). NULL/0: any. */
-  uint32_t num_devices;
-  const int32_t *devices;
-  int32_t log_level;     /* oi_log_level to set at create; -1 (default): leave it */
+  /* ---- sessions ---- */
   uint32_t max_sessions; /* concurrent client connections; default 256 */
-  /* ---- appended (observability) ---- */
-  /* Where to serve /metrics (Prometheus text format) and /healthz over HTTP:
-   * "HOST:PORT" ("[::1]:PORT" for IPv6); "PORT" or ":PORT" bind to 127.0.0.1.
-   * Port 0 picks a free port (oi_server_metrics_port tells which). NULL
-   * (default): no HTTP endpoint. A build without libmicrohttpd refuses a
-   * non-NULL address with OI_ERR_UNSUPPORTED. See docs/server.md. */
-  const char *metrics_addr;
-  /* ---- appended (handshake deadline) ---- */
   /* A connection that has not completed its Hello within this many ms is
    * refused (OI_ERR_TIMEOUT, with a reason) and closed, so silent
    * connections cannot hold the session slots (max_sessions). Sessions past
    * their Hello (registered, idle engines) stay connected however long they
    * are idle. Default 10000; UINT32_MAX: no deadline; 0 is refused. */
   uint32_t handshake_timeout_ms;
-  /* ---- appended (disk tier) ---- */
+  /* Peers are checked with SO_PEERCRED: the server's own uid is always
+   * allowed; besides it, any uid listed here and any peer whose primary gid
+   * is listed here. Nothing else (root included) is. Default: none. */
+  uint32_t num_allowed_uids;
+  const uint32_t *allowed_uids;
+  uint32_t num_allowed_gids;
+  const uint32_t *allowed_gids;
+  /* ---- the tiers and the devices ---- */
+  /* The host tier (pool size, hugepages, the pool's device...). Required:
+   * host->pool_bytes > 0. Copied at create. */
+  const oi_host_options *host;
   /* A disk tier under the server's pool (openinfer/disk.h), attached at
    * create (its index of an earlier run replayed before the socket
    * listens); NULL (default): none. Not kept after create. */
   const oi_host_disk_options *disk;
+  /* Devices clients may register arenas on (-1: cpu). NULL/0 (default): any. */
+  uint32_t num_devices;
+  const int32_t *devices;
+  /* ---- observability ---- */
+  int32_t log_level; /* oi_log_level to set at create; -1 (default): leave it */
+  /* Where to serve /metrics (Prometheus text format) and /healthz over HTTP:
+   * "HOST:PORT" ("[::1]:PORT" for IPv6); "PORT" or ":PORT" bind to 127.0.0.1.
+   * Port 0 picks a free port (oi_server_metrics_port tells which). NULL
+   * (default): no HTTP endpoint. A build without libmicrohttpd refuses a
+   * non-NULL address with OI_ERR_UNSUPPORTED. See docs/server.md. */
+  const char *metrics_addr;
 } oi_server_options;
 
 /* Fills defaults. @return OI_ERR_INVALID_ARGUMENT on NULL. */
@@ -110,7 +110,7 @@ typedef struct oi_server_stats {
   uint64_t arena_bytes;          /* device memory allocated for live instances */
   uint64_t instances_cleaned_up; /* freed because their session ended */
   char socket_path[108];         /* the socket asked (the default path for NULL) */
-  /* ---- appended (disk tier) ---- */
+  /* The disk tier's figures. */
   uint32_t disk_attached; /* 1: the server has a disk tier, `disk` holds its figures */
   uint32_t reserved;
   oi_host_disk_stats disk;

@@ -14,6 +14,11 @@ OI_API oi_status oi_host_cluster_options_init(oi_host_cluster_options *o) {
   return UNBUILT("oi_host_cluster_options_init");
 }
 
+OI_API oi_status oi_host_cluster_options_check(const oi_host_cluster_options *o) {
+  OI_UNUSED(o);
+  return UNBUILT("oi_host_cluster_options_check");
+}
+
 OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_options *o) {
   OI_UNUSED(h);
   OI_UNUSED(o);

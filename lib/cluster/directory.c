@@ -17,9 +17,31 @@
 
 /* ---- open, close ---- */
 
+static void free_auth(oi_dir *d) {
+  if (d->password) memset(d->password, 0, strlen(d->password));
+  oi__free(d->password);
+  oi__free(d->user);
+  d->password = d->user = NULL;
+}
+
 void oi__dir_options_init(oi_dir_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
+}
+
+oi_status oi__dir_check(const char *url, const char *node_id) {
+  if (!url || !url[0])
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "directory: no url (redis://HOST[:PORT][/DB] or unix:/PATH)");
+  if (!node_id || !oi__dir_node_id_valid(node_id, strlen(node_id)))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "directory: node id '%s' is not 1 to %u characters of A-Z a-z 0-9 . _ -",
+                    node_id ? node_id : "(null)", OI_DIR_NODE_ID_MAX);
+  oi_dir *d = oi__calloc(1, sizeof *d);
+  if (!d) return oi__fail(OI_ERR_OUT_OF_MEMORY, "directory: out of memory");
+  oi_status st = oi__dir_parse_url(d, url);
+  oi__free(d);
+  return st;
 }
 
 oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
@@ -33,9 +55,33 @@ oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "directory: node id '%s' is not 1 to %u characters of A-Z a-z 0-9 . _ -",
                     opts->node_id ? opts->node_id : "(null)", OI_DIR_NODE_ID_MAX);
+  if (!opts->secret || opts->secret_len < OI_DIR_SECRET_MIN || opts->secret_len > OI_DIR_SECRET_MAX)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "directory: the cluster secret must be %u to %u bytes (every entry carries "
+                    "a MAC under it)",
+                    OI_DIR_SECRET_MIN, OI_DIR_SECRET_MAX);
+  char prefix[OI_DIR_PREFIX_MAX + 1];
+  if (!oi__dir_prefix(opts->cluster_name, prefix))
+    return oi__fail(
+        OI_ERR_INVALID_ARGUMENT,
+        "directory: cluster name '%.40s' is not 1 to %u characters of A-Z a-z 0-9 . _ -",
+        opts->cluster_name, OI_DIR_NAME_MAX);
+  bool auth = opts->password && opts->password[0];
+  if ((auth && strlen(opts->password) > OI_DIR_PASSWORD_MAX) ||
+      (opts->user && strlen(opts->user) > OI_DIR_USER_MAX))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "directory: the Redis user or password is longer than %u or %u bytes",
+                    OI_DIR_USER_MAX, OI_DIR_PASSWORD_MAX);
+  if (!auth && opts->user && opts->user[0])
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "directory: a Redis user '%.40s' without a password",
+                    opts->user);
   oi_dir *d = oi__calloc(1, sizeof *d);
   if (!d) return oi__fail(OI_ERR_OUT_OF_MEMORY, "directory: out of memory");
   d->o = *opts;
+  d->o.secret = NULL; /* only the keyed state is kept */
+  d->o.user = d->o.password = d->o.cluster_name = NULL;
+  memcpy(d->prefix, prefix, sizeof prefix);
+  oi__hmac_sha256_init(&d->mac0, opts->secret, opts->secret_len);
   if (!d->o.block_ttl_ms) d->o.block_ttl_ms = OI_DIR_BLOCK_TTL_MS;
   if (!d->o.node_ttl_ms) d->o.node_ttl_ms = OI_DIR_NODE_TTL_MS;
   if (!d->o.timeout_ms) d->o.timeout_ms = OI_DIR_TIMEOUT_MS;
@@ -46,7 +92,13 @@ oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
   }
   d->url = oi__strdup(opts->url);
   d->node_id = oi__strdup(opts->node_id);
-  if (!d->url || !d->node_id) {
+  if (auth) {
+    d->password = oi__strdup(opts->password);
+    d->user = opts->user && opts->user[0] ? oi__strdup(opts->user) : NULL;
+  }
+  if (!d->url || !d->node_id ||
+      (auth && (!d->password || (opts->user && opts->user[0] && !d->user)))) {
+    free_auth(d);
     oi__free(d->url);
     oi__free(d->node_id);
     oi__free(d);
@@ -54,8 +106,9 @@ oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
   }
   d->o.url = d->url;
   d->o.node_id = d->node_id;
-  snprintf(d->self_val, sizeof d->self_val, "%s %" PRIu64, d->node_id, d->o.epoch);
-  snprintf(d->node_key, sizeof d->node_key, "oi:node:%s", d->node_id);
+  snprintf(d->self_val, sizeof d->self_val, "%s %" PRIu64 " ", d->node_id, d->o.epoch);
+  snprintf(d->node_key, sizeof d->node_key, "%snode:%s", d->prefix, d->node_id);
+  snprintf(d->dropped_key, sizeof d->dropped_key, "%sdropped:%s", d->prefix, d->node_id);
 
   pthread_mutex_init(&d->lock, NULL);
   pthread_mutex_init(&d->sync_lock, NULL);
@@ -66,9 +119,19 @@ oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
   oi__dir_sigpipe_block(&g);
   bool ok = oi__dir_bg_connect(d);
   oi__dir_sigpipe_restore(&g);
+  if (!ok && atomic_load(&d->auth_refused)) { /* not a Redis down: the operator's to fix */
+    char e[OI_DIR_ERROR_TEXT];
+    memcpy(e, d->last_error, sizeof e);
+    oi__dir_close(d);
+    return oi__fail(OI_ERR_PERMISSION,
+                    "directory %s: %s (the user and password come from the Redis auth file, "
+                    "or OI_REDIS_USER and OI_REDIS_PASSWORD)",
+                    opts->url, e);
+  }
   if (ok)
-    OI_LOG(OI_LOG_INFO, "cluster", "directory %s: connected as node '%s' epoch %" PRIu64, d->url,
-           d->node_id, d->o.epoch);
+    OI_LOG(OI_LOG_INFO, "cluster",
+           "directory %s: connected as node '%s' epoch %" PRIu64 " (keys %s*%s)", d->url,
+           d->node_id, d->o.epoch, d->prefix, d->password ? ", AUTH" : "");
   else
     OI_LOG(OI_LOG_WARN, "cluster",
            "directory %s unreachable at open (%s); degraded (local only), reconnecting in the "
@@ -97,8 +160,8 @@ void oi__dir_close(oi_dir *d) {
   sigpipe_guard g;
   oi__dir_sigpipe_block(&g);
   if (d->bs.up && d->advertise) { /* a clean leave: the node is gone now, not after its TTL */
-    char val[OI_DIR_ADDR_MAX + 24], err[128];
-    snprintf(val, sizeof val, "%" PRIu64 " %s", d->o.epoch, d->advertise);
+    char val[OI_DIR_ADDR_MAX + 24], err[128]; /* our record starts so */
+    snprintf(val, sizeof val, "%" PRIu64 " %s ", d->o.epoch, d->advertise);
     one_ctx o = {.pre = oi__dir_cas_del, .key = d->node_key, .cmd = "EVAL %s 1 %s %s", .arg = val};
     if (oi__dir_side_one(d, &d->bs, &o, err, sizeof err) == XR_OK && o.r) freeReplyObject(o.r);
   }
@@ -118,6 +181,8 @@ void oi__dir_close(oi_dir *d) {
   oi__free(d->found);
   oi__free(d->url);
   oi__free(d->node_id);
+  free_auth(d);
+  memset(&d->mac0, 0, sizeof d->mac0);
   oi__free(d);
 }
 
@@ -257,15 +322,17 @@ typedef struct look_ctx {
   char err[96]; /* the first error reply */
 } look_ctx;
 
-static const char *look_key(oi_dir *d, void *ctx, size_t i, char buf[OI_DIR_KEY_CHARS + 24]) {
+#define KEY_STRIDE (OI_DIR_KEY_MAX + 1)
+
+static const char *look_key(oi_dir *d, void *ctx, size_t i, char buf[OI_DIR_KEY_MAX + 24]) {
   (void)ctx, (void)buf;
-  return d->keybuf + i * (OI_DIR_KEY_CHARS + 1);
+  return d->keybuf + i * KEY_STRIDE;
 }
 
 static void look_append(oi_dir *d, void *ctx, size_t i, redisContext *c) {
   (void)ctx;
-  const char *argv[2] = {"GET", d->keybuf + i * (OI_DIR_KEY_CHARS + 1)};
-  size_t len[2] = {3, OI_DIR_KEY_CHARS};
+  const char *argv[2] = {"GET", d->keybuf + i * KEY_STRIDE};
+  size_t len[2] = {3, strlen(argv[1])};
   redisAppendCommandArgv(c, 2, argv, len);
 }
 
@@ -280,7 +347,8 @@ static int look_reply(oi_dir *d, void *ctx, size_t i, redisReply *r) {
     f = F_ERROR;
     if (!l->err[0]) snprintf(l->err, sizeof l->err, "%s", r ? r->str : "redirected too often");
   } else if (r->type == REDIS_REPLY_STRING) {
-    f = oi__dir_holder_parse(r->str, r->len, &l->out[i]) ? F_FOUND : F_BAD;
+    const char *k = d->keybuf + i * KEY_STRIDE;
+    f = oi__dir_entry_check(d, k, strlen(k), r->str, r->len, &l->out[i]) ? F_FOUND : F_BAD;
   }
   d->found[i] = f;
   return R_DONE;
@@ -304,8 +372,8 @@ oi_status oi__dir_lookup(oi_dir *d, const oi_tier_key *keys, size_t n, oi_dir_ho
   oi__dir_sigpipe_block(&g);
   oi_status st = sync_ready(d, "oi__dir_lookup");
   if (st != OI_OK) goto out;
-  if (!oi__grow((void **)&d->keybuf, &d->keybuf_cap, n * (OI_DIR_KEY_CHARS + 1), 1,
-                (size_t)OI_DIR_LOOKUP_MAX * (OI_DIR_KEY_CHARS + 1)) ||
+  if (!oi__grow((void **)&d->keybuf, &d->keybuf_cap, n * KEY_STRIDE, 1,
+                (size_t)OI_DIR_LOOKUP_MAX * KEY_STRIDE) ||
       !oi__grow((void **)&d->argv, &d->argv_cap, n + 1, sizeof(char *), OI_DIR_LOOKUP_MAX + 1) ||
       !oi__grow((void **)&d->argvlen, &d->argvlen_cap, n + 1, sizeof(size_t),
                 OI_DIR_LOOKUP_MAX + 1) ||
@@ -313,8 +381,9 @@ oi_status oi__dir_lookup(oi_dir *d, const oi_tier_key *keys, size_t n, oi_dir_ho
     st = oi__fail(OI_ERR_OUT_OF_MEMORY, "oi__dir_lookup: out of memory for %zu keys", n);
     goto out;
   }
+  size_t klen = 0;
   for (size_t i = 0; i < n; i++)
-    oi__dir_key_format(&keys[i], d->keybuf + i * (OI_DIR_KEY_CHARS + 1));
+    klen = oi__dir_key_format(d->prefix, &keys[i], d->keybuf + i * KEY_STRIDE);
   uint64_t t0 = oi__now_ns();
   size_t found = 0;
   if (d->cluster) {
@@ -332,7 +401,6 @@ oi_status oi__dir_lookup(oi_dir *d, const oi_tier_key *keys, size_t n, oi_dir_ho
     }
     for (; found < n; found++) {
       if (d->found[found] == F_FOUND) continue;
-      if (d->found[found] == F_BAD) ADD(parse_failures, 1);
       if (d->found[found] == F_ERROR) {
         oi__dir_note_error(d, "GET: %s", l.err);
         st = oi__fail(OI_ERR_PROTOCOL, "oi__dir_lookup: directory %s answered GET with %s", d->url,
@@ -345,8 +413,8 @@ oi_status oi__dir_lookup(oi_dir *d, const oi_tier_key *keys, size_t n, oi_dir_ho
     d->argv[0] = "MGET";
     d->argvlen[0] = 4;
     for (size_t i = 0; i < n; i++) {
-      d->argv[i + 1] = d->keybuf + i * (OI_DIR_KEY_CHARS + 1);
-      d->argvlen[i + 1] = OI_DIR_KEY_CHARS;
+      d->argv[i + 1] = d->keybuf + i * KEY_STRIDE;
+      d->argvlen[i + 1] = klen;
     }
     redisContext *c = d->ss.nodes[0].c;
     redisReply *r = redisCommandArgv(c, (int)(n + 1), d->argv, d->argvlen);
@@ -368,10 +436,7 @@ oi_status oi__dir_lookup(oi_dir *d, const oi_tier_key *keys, size_t n, oi_dir_ho
     for (; found < n; found++) {
       redisReply *e = r->element[found];
       if (e->type != REDIS_REPLY_STRING) break;
-      if (!oi__dir_holder_parse(e->str, e->len, &out[found])) {
-        ADD(parse_failures, 1);
-        break;
-      }
+      if (!oi__dir_entry_check(d, d->argv[found + 1], klen, e->str, e->len, &out[found])) break;
     }
     freeReplyObject(r);
   }
@@ -404,8 +469,8 @@ oi_status oi__dir_node_lookup(oi_dir *d, const char *node_id, char *addr, size_t
     return oi__fail(OI_ERR_CLOSED,
                     "oi__dir_node_lookup: directory %s is unreachable (degraded: local only)",
                     d->url);
-  char key[OI_DIR_NODE_ID_MAX + 16];
-  snprintf(key, sizeof key, "oi:node:%s", node_id);
+  char key[OI_DIR_NODE_ID_MAX + OI_DIR_PREFIX_MAX + 8];
+  snprintf(key, sizeof key, "%snode:%s", d->prefix, node_id);
   pthread_mutex_lock(&d->sync_lock);
   sigpipe_guard g;
   oi__dir_sigpipe_block(&g);
@@ -427,13 +492,28 @@ oi_status oi__dir_node_lookup(oi_dir *d, const char *node_id, char *addr, size_t
     st = oi__fail(OI_ERR_PROTOCOL, "oi__dir_node_lookup: directory %s answered GET with %s", d->url,
                   r->type == REDIS_REPLY_ERROR ? r->str : "an unexpected reply");
   } else {
-    uint64_t e = 0;
+    uint64_t e = 0, expiry = 0;
     size_t aoff = 0, alen = 0;
-    if (!oi__dir_liveness_parse(r->str, r->len, &e, &aoff, &alen)) {
+    uint8_t mac[OI_DIR_MAC_LEN], want[OI_DIR_MAC_LEN];
+    bool parsed = oi__dir_liveness_parse(r->str, r->len, &e, &aoff, &alen, &expiry, mac);
+    if (parsed) /* the MAC covers the fields before it, as written */
+      oi__dir_mac(d, OI_DIR_TAG_NODE, key, strlen(key), r->str, r->len - 2 * OI_DIR_MAC_LEN - 1,
+                  want);
+    if (!parsed) {
       ADD(parse_failures, 1);
+      oi__dir_reject(d, key, "does not parse as '<epoch> <address> <expiry> <mac>'");
       st = oi__fail(OI_ERR_PROTOCOL,
-                    "node '%s' in directory %s: the liveness value is not '<epoch> <address>'",
+                    "node '%s' in directory %s: the node record is not '<epoch> <address> "
+                    "<expiry> <mac>'; not believed",
                     node_id, d->url);
+    } else if (!oi__ct_equal(mac, want, OI_DIR_MAC_LEN) ||
+               expiry + OI_DIR_CLOCK_SKEW_MS < oi__dir_wall_ms()) {
+      oi__dir_reject(d, key, "fails its MAC or expired");
+      st = oi__fail(OI_ERR_PROTOCOL, "node '%s' in directory %s: the node record %s; not believed",
+                    node_id, d->url,
+                    !oi__ct_equal(mac, want, OI_DIR_MAC_LEN)
+                        ? "fails its MAC (written without this cluster's secret)"
+                        : "expired (a replay, or clocks more than 30 s apart)");
     } else if (alen + 1 > cap) {
       st = oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "oi__dir_node_lookup: node '%s' has a %zu-byte address; addr holds %zu "
@@ -452,6 +532,17 @@ out:
   return st;
 }
 
+/* The value a lookup read as holder h of key k: the record a reader's
+ * compare-and-delete must still find (the same fields and MAC). */
+static void record_of(const oi_dir *d, const char *k, size_t kl, const oi_dir_holder *h,
+                      char val[OI_DIR_VALUE_MAX + 1]) {
+  (void)d, (void)k, (void)kl;
+  int n = snprintf(val, OI_DIR_VALUE_MAX + 1, "%s %" PRIu64 " %" PRIu64 " ", h->node_id, h->epoch,
+                   h->expiry_ms);
+  for (size_t i = 0; i < OI_DIR_MAC_LEN; i++)
+    snprintf(val + n + 2 * i, 3, "%02x", h->mac[i]);
+}
+
 oi_status oi__dir_remove_stale(oi_dir *d, const oi_tier_key *key, const oi_dir_holder *h) {
   if (!d || !key || !h)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "oi__dir_remove_stale: d, key and h must not be NULL");
@@ -464,9 +555,9 @@ oi_status oi__dir_remove_stale(oi_dir *d, const oi_tier_key *key, const oi_dir_h
     return oi__fail(OI_ERR_CLOSED,
                     "oi__dir_remove_stale: directory %s is unreachable (degraded: local only)",
                     d->url);
-  char k[OI_DIR_KEY_CHARS + 1], val[OI_DIR_NODE_ID_MAX + 24];
-  oi__dir_key_format(key, k);
-  snprintf(val, sizeof val, "%s %" PRIu64, h->node_id, h->epoch);
+  char k[OI_DIR_KEY_MAX + 1], val[OI_DIR_VALUE_MAX + 1];
+  size_t kl = oi__dir_key_format(d->prefix, key, k);
+  record_of(d, k, kl, h, val);
   pthread_mutex_lock(&d->sync_lock);
   sigpipe_guard g;
   oi__dir_sigpipe_block(&g);
@@ -482,7 +573,9 @@ oi_status oi__dir_remove_stale(oi_dir *d, const oi_tier_key *key, const oi_dir_h
   if (r && r->type == REDIS_REPLY_INTEGER && r->integer == 1) {
     ADD(stale_removed, 1);
   } else if (r && r->type == REDIS_REPLY_INTEGER) {
-    st = oi__fail(OI_ERR_NOT_FOUND, "oi__dir_remove_stale: %s does not name %s (any more)", k, val);
+    st = oi__fail(OI_ERR_NOT_FOUND,
+                  "oi__dir_remove_stale: %s does not name %s %" PRIu64 " (any more)", k, h->node_id,
+                  h->epoch);
   } else {
     const char *e = !r                             ? "redirected too often"
                     : r->type == REDIS_REPLY_ERROR ? r->str
@@ -492,6 +585,99 @@ oi_status oi__dir_remove_stale(oi_dir *d, const oi_tier_key *key, const oi_dir_h
                   d->url, e);
   }
   if (r) freeReplyObject(r);
+out:
+  oi__dir_sigpipe_restore(&g);
+  pthread_mutex_unlock(&d->sync_lock);
+  return st;
+}
+
+typedef struct drop_ctx {
+  const oi_tier_key *keys;
+  const oi_dir_holder *h;
+  size_t removed;
+  uint8_t *hit; /* hit[i]: entry i was removed */
+  char err[96];
+} drop_ctx;
+
+static const char *drop_key(oi_dir *d, void *ctx, size_t i, char buf[OI_DIR_KEY_MAX + 24]) {
+  oi__dir_key_format(d->prefix, &((drop_ctx *)ctx)->keys[i], buf);
+  return buf;
+}
+
+static void drop_append(oi_dir *d, void *ctx, size_t i, redisContext *c) {
+  drop_ctx *x = ctx;
+  char k[OI_DIR_KEY_MAX + 1], val[OI_DIR_VALUE_MAX + 1];
+  size_t kl = oi__dir_key_format(d->prefix, &x->keys[i], k);
+  record_of(d, k, kl, &x->h[i], val);
+  redisAppendCommand(c, "EVAL %s 1 %s %s", oi__dir_cas_del, k, val);
+}
+
+static int drop_reply(oi_dir *d, void *ctx, size_t i, redisReply *r) {
+  (void)d, (void)i;
+  drop_ctx *x = ctx;
+  if (r && r->type == REDIS_REPLY_INTEGER && r->integer == 1) {
+    x->removed++;
+    x->hit[i] = 1;
+  } else if ((!r || r->type == REDIS_REPLY_ERROR) && !x->err[0])
+    snprintf(x->err, sizeof x->err, "%s", r ? r->str : "redirected too often");
+  return R_DONE;
+}
+
+oi_status oi__dir_drop(oi_dir *d, const oi_tier_key *keys, const oi_dir_holder *h, size_t n,
+                       size_t *removed) {
+  if (removed) *removed = 0;
+  if (!d || (n && (!keys || !h)))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "oi__dir_drop: d, keys and h must not be NULL");
+  if (n == 0) return OI_OK;
+  if (n > OI_DIR_LOOKUP_MAX)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "oi__dir_drop: %zu entries; at most %u", n,
+                    OI_DIR_LOOKUP_MAX);
+  for (size_t i = 0; i < n; i++)
+    if (!oi__dir_node_id_valid(h[i].node_id, strnlen(h[i].node_id, sizeof h[i].node_id)))
+      return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                      "oi__dir_drop: holder %zu's node id is not 1 to %u characters of A-Z a-z "
+                      "0-9 . _ -",
+                      i, OI_DIR_NODE_ID_MAX);
+  if (!atomic_load(&d->connected))
+    return oi__fail(OI_ERR_CLOSED,
+                    "oi__dir_drop: directory %s is unreachable (degraded: local only)", d->url);
+  pthread_mutex_lock(&d->sync_lock);
+  sigpipe_guard g;
+  oi__dir_sigpipe_block(&g);
+  oi_status st = sync_ready(d, "oi__dir_drop");
+  if (st != OI_OK) goto out;
+  if (!oi__grow((void **)&d->found, &d->found_cap, n, 1, OI_DIR_LOOKUP_MAX)) {
+    st = oi__fail(OI_ERR_OUT_OF_MEMORY, "oi__dir_drop: out of memory for %zu entries", n);
+    goto out;
+  }
+  memset(d->found, 0, n);
+  drop_ctx x = {.keys = keys, .h = h, .hit = d->found};
+  xops ops = {drop_key, drop_append, drop_reply, &x};
+  char err[128];
+  if (oi__dir_side_exec(d, &d->ss, n, &ops, err, sizeof err) != XR_OK) {
+    st = sync_lost(d, "EVAL", err);
+    goto out;
+  }
+  if (x.err[0]) oi__dir_note_error(d, "drop: %s", x.err);
+  /* Tell each holder whose entries went (its beat reads the marker and
+   * publishes again once it is reachable). */
+  for (size_t i = 0; i < n; i++) {
+    if (!x.hit[i] || (i > 0 && x.hit[i - 1] && !strcmp(h[i].node_id, h[i - 1].node_id) &&
+                      h[i].epoch == h[i - 1].epoch))
+      continue;
+    char mk[OI_DIR_NODE_ID_MAX + OI_DIR_PREFIX_MAX + 12], ep[24], cmd[48];
+    snprintf(mk, sizeof mk, "%sdropped:%s", d->prefix, h[i].node_id);
+    snprintf(ep, sizeof ep, "%" PRIu64, h[i].epoch);
+    snprintf(cmd, sizeof cmd, "SET %%s %%s PX %u", d->o.block_ttl_ms);
+    one_ctx o = {.key = mk, .cmd = cmd, .arg = ep};
+    if (oi__dir_side_one(d, &d->ss, &o, err, sizeof err) != XR_OK) {
+      st = sync_lost(d, "SET", err);
+      goto out;
+    }
+    if (o.r) freeReplyObject(o.r);
+  }
+  ADD(dropped, x.removed);
+  if (removed) *removed = x.removed;
 out:
   oi__dir_sigpipe_restore(&g);
   pthread_mutex_unlock(&d->sync_lock);
@@ -522,6 +708,8 @@ void oi__dir_stats(oi_dir *d, oi_dir_stats *out) {
   out->errors = GET(errors);
   out->lookup_ns_sum = GET(lookup_ns_sum);
   out->redirects = GET(redirects);
+  out->rejected_entries = GET(rejected_entries);
+  out->dropped = GET(dropped);
 #undef GET
   uint64_t sum_us;
   oi__hist_read(&d->lookup_hist, out->lookup_latency_us, &sum_us);

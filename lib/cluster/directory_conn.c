@@ -15,9 +15,12 @@
 
 #include "cluster/directory_internal.h"
 
-/* KEYS[1]: the entry; ARGV[1]: the value it must still hold to be deleted. */
+/* KEYS[1]: the entry; ARGV[1]: how the value must still start to be
+ * deleted ("<node_id> <epoch> " for a node's own withdrawal, the whole
+ * record a reader read for a reader's). */
 const char oi__dir_cas_del[] =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+    "local v = redis.call('GET', KEYS[1]) if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then "
+    "return redis.call('DEL', KEYS[1]) end return 0";
 
 /* ---- errors, signals ---- */
 
@@ -91,6 +94,21 @@ redisContext *oi__dir_connect(oi_dir *d, const char *host, int port, char *err, 
     errf(err, cap, "setting the socket timeout: %.80s", c->errstr);
     redisFree(c);
     return NULL;
+  }
+  if (d->password) {
+    redisReply *r = d->user ? redisCommand(c, "AUTH %s %s", d->user, d->password)
+                            : redisCommand(c, "AUTH %s", d->password);
+    bool ok = r && r->type == REDIS_REPLY_STATUS;
+    if (!ok)
+      errf(err, cap, "AUTH as %s%.40s%s refused: %.80s", d->user ? "user '" : "",
+           d->user ? d->user : "the default user", d->user ? "'" : "",
+           r ? (r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply") : c->errstr);
+    atomic_store(&d->auth_refused, r && !ok);
+    if (r) freeReplyObject(r);
+    if (!ok) {
+      redisFree(c);
+      return NULL;
+    }
   }
   if (d->db) {
     redisReply *r = redisCommand(c, "SELECT %u", d->db);
@@ -247,6 +265,13 @@ static bool load_script(oi_dir *d, redisContext *c, char *err, size_t cap) {
     memcpy(d->sha, r->str, 40);
     d->sha[40] = '\0';
   }
+  if (oi__dir_is_err(r, "NOAUTH")) { /* a password is needed, and none was given */
+    errf(err, cap, "%.60s: give the Redis password in a Redis auth file or OI_REDIS_PASSWORD",
+         r->str);
+    atomic_store(&d->auth_refused, true);
+    freeReplyObject(r);
+    return false;
+  }
   freeReplyObject(r);
   return true;
 }
@@ -258,8 +283,10 @@ static bool cluster_ok(rnode *n, char *err, size_t cap) {
   if (!r)
     errf(err, cap, "CLUSTER INFO at %.60s:%d: %.60s", n->host, n->port, n->c->errstr);
   else if (r->type == REDIS_REPLY_ERROR)
-    errf(err, cap, "CLUSTER INFO at %.60s:%d: %.60s (not a Redis Cluster?)", n->host, n->port,
-         r->str);
+    errf(err, cap, "CLUSTER INFO at %.60s:%d: %.60s%s", n->host, n->port, r->str,
+         strncmp(r->str, "NOAUTH", 6) == 0 ? " (give the Redis password in a Redis auth file or "
+                                             "OI_REDIS_PASSWORD)"
+                                           : " (not a Redis Cluster?)");
   else if (!ok)
     errf(err, cap, "%.60s:%d: the cluster is not ok (cluster_state is not ok)", n->host, n->port);
   if (r) freeReplyObject(r);

@@ -2,6 +2,7 @@
  * values it writes in Redis, the URL, Redis Cluster's slots. See
  * directory_internal.h. */
 #include <errno.h>
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -10,8 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cluster/directory_internal.h"
 
@@ -50,11 +53,27 @@ bool oi__dir_parse_u64(const char *s, size_t len, uint64_t *out) {
   return true;
 }
 
-void oi__dir_key_format(const oi_tier_key *key, char out[OI_DIR_KEY_CHARS + 1]) {
+bool oi__dir_prefix(const char *name, char out[OI_DIR_PREFIX_MAX + 1]) {
+  if (!name || !name[0]) {
+    memcpy(out, "oi:", 4);
+    return true;
+  }
+  size_t len = strnlen(name, OI_DIR_NAME_MAX + 1);
+  if (len > OI_DIR_NAME_MAX || !oi__dir_node_id_valid(name, len)) return false;
+  snprintf(out, OI_DIR_PREFIX_MAX + 1, "oi:%s:", name);
+  return true;
+}
+
+size_t oi__dir_key_format(const char *prefix, const oi_tier_key *key,
+                          char out[OI_DIR_KEY_MAX + 1]) {
   static const char hex[] = "0123456789abcdef";
+  if (!prefix) prefix = "oi:";
+  size_t pl = strnlen(prefix, OI_DIR_PREFIX_MAX);
   char *p = out;
-  memcpy(p, "oi:b:", 5);
-  p += 5;
+  memcpy(p, prefix, pl);
+  p += pl;
+  memcpy(p, "b:", 2);
+  p += 2;
   for (int i = 15; i >= 0; i--)
     *p++ = hex[(key->ns_fp >> (4 * i)) & 15];
   *p++ = ':';
@@ -66,34 +85,254 @@ void oi__dir_key_format(const oi_tier_key *key, char out[OI_DIR_KEY_CHARS + 1]) 
   for (int i = 15; i >= 0; i--)
     *p++ = hex[(key->layout_fp >> (4 * i)) & 15];
   *p = '\0';
+  return (size_t)(p - out);
+}
+
+/* 32 lowercase hex digits into mac. */
+static bool parse_mac(const char *s, size_t len, uint8_t mac[OI_DIR_MAC_LEN]) {
+  if (len != 2 * OI_DIR_MAC_LEN) return false;
+  for (size_t i = 0; i < len; i++) {
+    char c = s[i];
+    int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (v < 0) return false;
+    if (i % 2 == 0)
+      mac[i / 2] = (uint8_t)(v << 4);
+    else
+      mac[i / 2] |= (uint8_t)v;
+  }
+  return true;
+}
+
+static size_t put_mac(char *out, const uint8_t mac[OI_DIR_MAC_LEN]) {
+  static const char hex[] = "0123456789abcdef";
+  for (size_t i = 0; i < OI_DIR_MAC_LEN; i++) {
+    out[2 * i] = hex[mac[i] >> 4];
+    out[2 * i + 1] = hex[mac[i] & 15];
+  }
+  out[2 * OI_DIR_MAC_LEN] = '\0';
+  return 2 * OI_DIR_MAC_LEN;
+}
+
+/* Splits "<head> <expiry_ms> <mac>" off its end: *head_len is the head's. */
+static bool split_tail(const char *s, size_t len, size_t *head_len, uint64_t *expiry_ms,
+                       uint8_t mac[OI_DIR_MAC_LEN]) {
+  if (len < 2 * OI_DIR_MAC_LEN + 4) return false;
+  size_t m = len - 2 * OI_DIR_MAC_LEN;
+  if (s[m - 1] != ' ' || !parse_mac(s + m, 2 * OI_DIR_MAC_LEN, mac)) return false;
+  size_t e = m - 1; /* the expiry ends here */
+  size_t b = e;
+  while (b > 0 && s[b - 1] != ' ')
+    b--;
+  if (b == 0 || !oi__dir_parse_u64(s + b, e - b, expiry_ms)) return false;
+  *head_len = b - 1;
+  return true;
 }
 
 bool oi__dir_holder_parse(const char *s, size_t len, oi_dir_holder *out) {
   if (!s) return false;
-  const char *sp = memchr(s, ' ', len);
+  size_t hl;
+  uint64_t expiry;
+  uint8_t mac[OI_DIR_MAC_LEN];
+  if (!split_tail(s, len, &hl, &expiry, mac)) return false;
+  const char *sp = memchr(s, ' ', hl);
   if (!sp) return false;
   size_t id_len = (size_t)(sp - s);
   if (!oi__dir_node_id_valid(s, id_len)) return false;
   uint64_t epoch;
-  if (!oi__dir_parse_u64(sp + 1, len - id_len - 1, &epoch)) return false;
+  if (!oi__dir_parse_u64(sp + 1, hl - id_len - 1, &epoch)) return false;
   memcpy(out->node_id, s, id_len);
   out->node_id[id_len] = '\0';
   out->epoch = epoch;
+  out->expiry_ms = expiry;
+  memcpy(out->mac, mac, sizeof out->mac);
   return true;
 }
 
 bool oi__dir_liveness_parse(const char *s, size_t len, uint64_t *epoch, size_t *addr_off,
-                            size_t *addr_len) {
+                            size_t *addr_len, uint64_t *expiry_ms, uint8_t mac[OI_DIR_MAC_LEN]) {
   if (!s) return false;
-  const char *sp = memchr(s, ' ', len);
+  size_t hl;
+  uint64_t x;
+  uint8_t m[OI_DIR_MAC_LEN];
+  if (!split_tail(s, len, &hl, &x, m)) return false;
+  const char *sp = memchr(s, ' ', hl);
   uint64_t e;
-  size_t alen = sp ? len - (size_t)(sp - s) - 1 : 0;
+  size_t alen = sp ? hl - (size_t)(sp - s) - 1 : 0;
   if (!sp || !oi__dir_parse_u64(s, (size_t)(sp - s), &e) || !oi__dir_addr_valid(sp + 1, alen))
     return false;
   *epoch = e;
   *addr_off = (size_t)(sp - s) + 1;
   *addr_len = alen;
+  if (expiry_ms) *expiry_ms = x;
+  if (mac) memcpy(mac, m, OI_DIR_MAC_LEN);
   return true;
+}
+
+/* ---- MACs ---- */
+
+uint64_t oi__dir_wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void oi__dir_mac(const oi_dir *d, const char *tag, const char *key, size_t klen, const char *fields,
+                 size_t flen, uint8_t out[OI_DIR_MAC_LEN]) {
+  oi_hmac_sha256 h = d->mac0;
+  uint8_t full[OI_SHA256_LEN];
+  oi__hmac_sha256_update(&h, tag, strlen(tag) + 1); /* the NUL ends the tag */
+  uint8_t kl[2] = {(uint8_t)klen, (uint8_t)(klen >> 8)};
+  oi__hmac_sha256_update(&h, kl, 2);
+  oi__hmac_sha256_update(&h, key, klen);
+  oi__hmac_sha256_update(&h, fields, flen);
+  oi__hmac_sha256_final(&h, full);
+  memcpy(out, full, OI_DIR_MAC_LEN);
+  memset(&h, 0, sizeof h);
+}
+
+size_t oi__dir_entry_value(const oi_dir *d, const char *key, size_t klen, const char *node_id,
+                           uint64_t epoch, uint64_t expiry_ms, char *out) {
+  int n = snprintf(out, OI_DIR_VALUE_MAX + 1, "%s %" PRIu64 " %" PRIu64, node_id, epoch, expiry_ms);
+  uint8_t mac[OI_DIR_MAC_LEN];
+  oi__dir_mac(d, OI_DIR_TAG_BLOCK, key, klen, out, (size_t)n, mac);
+  out[n] = ' ';
+  return (size_t)n + 1 + put_mac(out + n + 1, mac);
+}
+
+size_t oi__dir_node_value(const oi_dir *d, const char *addr, uint64_t expiry_ms, char *out) {
+  int n =
+      snprintf(out, OI_DIR_VALUE_MAX + 1, "%" PRIu64 " %s %" PRIu64, d->o.epoch, addr, expiry_ms);
+  uint8_t mac[OI_DIR_MAC_LEN];
+  oi__dir_mac(d, OI_DIR_TAG_NODE, d->node_key, strlen(d->node_key), out, (size_t)n, mac);
+  out[n] = ' ';
+  return (size_t)n + 1 + put_mac(out + n + 1, mac);
+}
+
+void oi__dir_reject(oi_dir *d, const char *key, const char *why) {
+  ADD(rejected_entries, 1);
+  uint64_t now = oi__now_ns(), last = atomic_load(&d->reject_log_ns);
+  if ((last && now - last < 60000000000ull) ||
+      !atomic_compare_exchange_strong(&d->reject_log_ns, &last, now))
+    return;
+  OI_LOG(OI_LOG_WARN, "cluster",
+         "directory %s: %s %s; not believed (%" PRIu64
+         " so far; a node with another secret, or a writer that is no node)",
+         d->url, key, why, atomic_load(&d->rejected_entries));
+}
+
+bool oi__dir_entry_check(oi_dir *d, const char *key, size_t klen, const char *s, size_t len,
+                         oi_dir_holder *out) {
+  if (!oi__dir_holder_parse(s, len, out)) {
+    ADD(parse_failures, 1);
+    oi__dir_reject(d, key, "does not parse as '<node> <epoch> <expiry> <mac>'");
+    return false;
+  }
+  /* The MAC over the fields as parsed (so the one a good node computed
+   * when it wrote them), then the expiry. */
+  char fields[OI_DIR_NODE_ID_MAX + 48];
+  int n = snprintf(fields, sizeof fields, "%s %" PRIu64 " %" PRIu64, out->node_id, out->epoch,
+                   out->expiry_ms);
+  uint8_t mac[OI_DIR_MAC_LEN];
+  oi__dir_mac(d, OI_DIR_TAG_BLOCK, key, klen, fields, (size_t)n, mac);
+  if (!oi__ct_equal(mac, out->mac, OI_DIR_MAC_LEN)) {
+    oi__dir_reject(d, key, "fails its MAC");
+    return false;
+  }
+  if (out->expiry_ms + OI_DIR_CLOCK_SKEW_MS < oi__dir_wall_ms()) {
+    oi__dir_reject(d, key, "expired (a replay, or clocks more than 30 s apart)");
+    return false;
+  }
+  return true;
+}
+
+/* ---- Redis AUTH ---- */
+
+static oi_status auth_file(const char *path, char *user, char *password) {
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return oi__fail(errno == ENOENT ? OI_ERR_NOT_FOUND : OI_ERR_PERMISSION,
+                    "directory: cannot open the Redis auth file %s: %s", path, strerror(errno));
+  struct stat st;
+  char buf[OI_DIR_USER_MAX + OI_DIR_PASSWORD_MAX + 256];
+  oi_status s = OI_OK;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    s = oi__fail(OI_ERR_PERMISSION, "directory: the Redis auth file %s is not a regular file",
+                 path);
+  else if (st.st_uid != geteuid() || (st.st_mode & 077))
+    s = oi__fail(OI_ERR_PERMISSION,
+                 "directory: the Redis auth file %s must belong to this user and be readable "
+                 "by no one else (chmod 600 %s)",
+                 path, path);
+  ssize_t n = s == OI_OK ? read(fd, buf, sizeof buf - 1) : 0;
+  close(fd);
+  if (s != OI_OK) return s;
+  if (n < 0)
+    return oi__fail(OI_ERR_IO, "directory: reading the Redis auth file %s: %s", path,
+                    strerror(errno));
+  if ((size_t)n >= sizeof buf - 1)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "directory: the Redis auth file %s is too long", path);
+  buf[n] = '\0';
+  int line_no = 0;
+  for (char *line = buf, *next; line && *line; line = next) {
+    line_no++;
+    next = strchr(line, '\n');
+    if (next) *next++ = '\0';
+    size_t len = strlen(line);
+    if (len && line[len - 1] == '\r') line[--len] = '\0';
+    if (len == 0 || line[0] == '#') continue;
+    char *eq = strchr(line, '=');
+    bool is_user = eq && (size_t)(eq - line) == 4 && !strncmp(line, "user", 4);
+    bool is_pass = eq && (size_t)(eq - line) == 8 && !strncmp(line, "password", 8);
+    size_t vlen = eq ? strlen(eq + 1) : 0;
+    if (!is_user && !is_pass) {
+      s = oi__fail(OI_ERR_INVALID_ARGUMENT,
+                   "directory: the Redis auth file %s, line %d: expected user=NAME or "
+                   "password=SECRET",
+                   path, line_no);
+      break;
+    }
+    if (vlen == 0 || vlen > (is_user ? OI_DIR_USER_MAX : OI_DIR_PASSWORD_MAX)) {
+      s = oi__fail(OI_ERR_INVALID_ARGUMENT,
+                   "directory: the Redis auth file %s, line %d: the %s is empty or longer than "
+                   "%u bytes",
+                   path, line_no, is_user ? "user" : "password",
+                   is_user ? OI_DIR_USER_MAX : OI_DIR_PASSWORD_MAX);
+      break;
+    }
+    memcpy(is_user ? user : password, eq + 1, vlen + 1);
+  }
+  memset(buf, 0, sizeof buf);
+  if (s == OI_OK && !password[0])
+    s = oi__fail(OI_ERR_INVALID_ARGUMENT,
+                 "directory: the Redis auth file %s has no password=SECRET line", path);
+  if (s != OI_OK) {
+    memset(user, 0, OI_DIR_USER_MAX + 1);
+    memset(password, 0, OI_DIR_PASSWORD_MAX + 1);
+  }
+  return s;
+}
+
+oi_status oi__dir_auth_load(const char *file, char user[OI_DIR_USER_MAX + 1],
+                            char password[OI_DIR_PASSWORD_MAX + 1]) {
+  if (!user || !password)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "oi__dir_auth_load: user and password are NULL");
+  memset(user, 0, OI_DIR_USER_MAX + 1);
+  memset(password, 0, OI_DIR_PASSWORD_MAX + 1);
+  if (file && file[0]) return auth_file(file, user, password);
+  const char *p = getenv("OI_REDIS_PASSWORD"), *u = getenv("OI_REDIS_USER");
+  if (!p || !p[0]) {
+    if (u && u[0])
+      return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                      "directory: OI_REDIS_USER is set but OI_REDIS_PASSWORD is not");
+    return OI_OK;
+  }
+  if (strlen(p) > OI_DIR_PASSWORD_MAX || (u && strlen(u) > OI_DIR_USER_MAX))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "directory: OI_REDIS_USER or OI_REDIS_PASSWORD is longer than %u or %u bytes",
+                    OI_DIR_USER_MAX, OI_DIR_PASSWORD_MAX);
+  strcpy(password, p);
+  if (u) strcpy(user, u);
+  return OI_OK;
 }
 
 /* "HOST[:PORT]" at p, ending at '/', ',' or the end (*endp: there). */
@@ -138,12 +377,31 @@ static oi_status parse_hostport(const char *url, const char *p, const char **end
   return OI_OK;
 }
 
+/* A password in a url would show in `ps`, shell histories and logs. */
+static oi_status no_credentials(const char *url) {
+  const char *at = strrchr(url, '@');
+  return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                  "directory url '...%s': credentials in the url are refused (they would show "
+                  "in ps and logs): put password=SECRET (and user=NAME) in a file of mode 0600 "
+                  "given with --redis-auth-file (redis_auth_file), or set OI_REDIS_PASSWORD (and "
+                  "OI_REDIS_USER) in the environment",
+                  at ? at : url);
+}
+
 /* "redis://HOST[:PORT][/DB]", "unix:/PATH[?db=DB]" or
  * "redis+cluster://HOST[:PORT][,HOST[:PORT]...]" into d. */
 oi_status oi__dir_parse_url(oi_dir *d, const char *url) {
   static const char help[] = "expected redis://HOST[:PORT][/DB], unix:/PATH[?db=DB] or "
                              "redis+cluster://HOST[:PORT][,HOST[:PORT]...]";
   const char *p;
+  if (strncmp(url, "rediss://", 9) == 0 || strncmp(url, "rediss+cluster://", 17) == 0 ||
+      strncmp(url, "redis+cluster+tls://", 20) == 0)
+    return oi__fail(OI_ERR_UNSUPPORTED,
+                    "directory url %s: TLS to Redis is not supported (this build's hiredis "
+                    "has no SSL support); reach Redis through a TLS tunnel (stunnel, spiped, "
+                    "ssh -L) on a local address and give redis://127.0.0.1:PORT, or keep Redis "
+                    "on a private network (docs/cluster.md)",
+                    strncmp(url, "rediss://", 9) == 0 ? "rediss://..." : "rediss+cluster://...");
   if (strncmp(url, "unix:", 5) == 0) {
     p = url + 5;
     const char *q = strchr(p, '?');
@@ -171,11 +429,7 @@ oi_status oi__dir_parse_url(oi_dir *d, const char *url) {
   if (strncmp(url, "redis+cluster://", 16) == 0) {
     d->cluster = true;
     p = url + 16;
-    if (strchr(p, '@'))
-      return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                      "directory url '%s': credentials in the url are not supported; protect "
-                      "Redis by network (bind, firewall)",
-                      url);
+    if (strchr(p, '@')) return no_credentials(url);
     for (;;) {
       if (d->n_seeds == SEEDS_MAX)
         return oi__fail(OI_ERR_INVALID_ARGUMENT, "directory url '%s': more than %u addresses", url,
@@ -198,11 +452,7 @@ oi_status oi__dir_parse_url(oi_dir *d, const char *url) {
   if (strncmp(url, "redis://", 8) != 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "directory url '%s': unknown scheme (%s)", url, help);
   p = url + 8;
-  if (strchr(p, '@'))
-    return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "directory url '%s': credentials in the url are not supported; protect "
-                    "Redis by network (bind, firewall)",
-                    url);
+  if (strchr(p, '@')) return no_credentials(url);
   oi_status st = parse_hostport(url, p, &p, d->host, sizeof d->host, &d->port, help);
   if (st != OI_OK) return st;
   if (*p == '/') {

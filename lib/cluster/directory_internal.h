@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "cluster/directory.h"
+#include "cluster/sha256.h"
 
 #define BACKOFF_MIN_MS 100u
 #define BACKOFF_MAX_MS 2000u
@@ -94,8 +95,14 @@ struct oi_dir {
     int port;
   } seeds[SEEDS_MAX]; /* cluster: the addresses of the url */
   size_t n_seeds;
-  char self_val[OI_DIR_NODE_ID_MAX + 24]; /* "<node_id> <epoch>" */
-  char node_key[OI_DIR_NODE_ID_MAX + 16]; /* "oi:node:<node_id>" */
+  char self_val[OI_DIR_NODE_ID_MAX + 24]; /* "<node_id> <epoch> ": our entries start so */
+  char node_key[OI_DIR_NODE_ID_MAX + OI_DIR_PREFIX_MAX + 8];     /* "<prefix>node:<node_id>" */
+  char prefix[OI_DIR_PREFIX_MAX + 1];                            /* "oi:" or "oi:<name>:" */
+  char dropped_key[OI_DIR_NODE_ID_MAX + OI_DIR_PREFIX_MAX + 12]; /* "<prefix>dropped:<node_id>" */
+  oi_hmac_sha256 mac0;            /* keyed with the cluster secret; copied for each MAC */
+  char *user, *password;          /* Redis AUTH; NULL: none */
+  _Atomic bool auth_refused;      /* the last connect failed at AUTH */
+  _Atomic uint64_t reject_log_ns; /* when a rejected value was last logged */
 
   pthread_mutex_t lock;
   pthread_cond_t cv;      /* wakes the thread (CLOCK_MONOTONIC) */
@@ -126,7 +133,7 @@ struct oi_dir {
   _Atomic bool connected;
   _Atomic uint64_t generation, reconnects, published, unpublished, unpublish_missed, stale_removed,
       lookups, lookup_keys, entries_found, parse_failures, queue_dropped, errors, lookup_ns_sum,
-      redirects;
+      redirects, rejected_entries, dropped;
   oi_latency_hist lookup_hist;
 };
 
@@ -143,7 +150,7 @@ enum { R_DONE, R_RETRY, R_KEPT };
 
 typedef struct xops {
   /* The key of command i (its slot picks the node). */
-  const char *(*key)(oi_dir *d, void *ctx, size_t i, char buf[OI_DIR_KEY_CHARS + 24]);
+  const char *(*key)(oi_dir *d, void *ctx, size_t i, char buf[OI_DIR_KEY_MAX + 24]);
   /* Appends command i to c. */
   void (*append)(oi_dir *d, void *ctx, size_t i, redisContext *c);
   /* The final reply of command i (NULL: redirections did not settle; the
@@ -165,6 +172,30 @@ typedef struct one_ctx {
 } one_ctx;
 
 /* ---- directory_format.c */
+/* Values carry "<fields> <expiry_ms> <mac hex32>": the MAC is HMAC-SHA256
+ * under the cluster secret of the kind's tag, the Redis key and the fields
+ * with the expiry, cut to OI_DIR_MAC_LEN bytes. */
+#define OI_DIR_TAG_BLOCK "openinfer directory v1 block entry"
+#define OI_DIR_TAG_NODE "openinfer directory v1 node record"
+#define OI_DIR_VALUE_MAX (OI_DIR_ADDR_MAX + 96u)
+uint64_t oi__dir_wall_ms(void);
+void oi__dir_mac(const oi_dir *d, const char *tag, const char *key, size_t klen, const char *fields,
+                 size_t flen, uint8_t out[OI_DIR_MAC_LEN]);
+/* A block entry's value for holder node_id/epoch, expiring at expiry_ms
+ * (with its MAC; key: the entry's Redis key) into out (OI_DIR_VALUE_MAX + 1).
+ * @return its length. */
+size_t oi__dir_entry_value(const oi_dir *d, const char *key, size_t klen, const char *node_id,
+                           uint64_t epoch, uint64_t expiry_ms, char *out);
+/* A node record's value for this node at addr. @return its length. */
+size_t oi__dir_node_value(const oi_dir *d, const char *addr, uint64_t expiry_ms, char *out);
+/* Whether block entry value s[0..len) at `key` is believed (parses, its MAC
+ * holds, not past its expiry and the clock skew allowed): on true *out is
+ * its holder. Counts what is not (parse_failures, rejected_entries). */
+bool oi__dir_entry_check(oi_dir *d, const char *key, size_t klen, const char *s, size_t len,
+                         oi_dir_holder *out);
+/* Counts a value not believed (rejected_entries) and logs why, at most once
+ * a minute. */
+void oi__dir_reject(oi_dir *d, const char *key, const char *why);
 bool oi__dir_node_id_valid(const char *s, size_t len);
 bool oi__dir_addr_valid(const char *s, size_t len);
 bool oi__dir_parse_u64(const char *s, size_t len, uint64_t *out);

@@ -32,22 +32,24 @@ const char *oi__dir_cluster_hint(oi_dir *d, const char *e) {
 typedef struct bg_ctx {
   const qent *batch;
   char ttl[16];
+  uint64_t expiry_ms; /* of the entries published */
   size_t answered;
 } bg_ctx;
 
-static const char *bg_key(oi_dir *d, void *ctx, size_t i, char buf[OI_DIR_KEY_CHARS + 24]) {
-  (void)d;
-  oi__dir_key_format(&((bg_ctx *)ctx)->batch[i].key, buf);
+static const char *bg_key(oi_dir *d, void *ctx, size_t i, char buf[OI_DIR_KEY_MAX + 24]) {
+  oi__dir_key_format(d->prefix, &((bg_ctx *)ctx)->batch[i].key, buf);
   return buf;
 }
 
 static void bg_append(oi_dir *d, void *ctx, size_t i, redisContext *c) {
   bg_ctx *b = ctx;
-  char key[OI_DIR_KEY_CHARS + 1];
-  oi__dir_key_format(&b->batch[i].key, key);
-  if (b->batch[i].op == Q_PUBLISH)
-    redisAppendCommand(c, "SET %s %s PX %s", key, d->self_val, b->ttl);
-  else if (d->sha[0])
+  char key[OI_DIR_KEY_MAX + 1];
+  size_t kl = oi__dir_key_format(d->prefix, &b->batch[i].key, key);
+  if (b->batch[i].op == Q_PUBLISH) {
+    char val[OI_DIR_VALUE_MAX + 1];
+    oi__dir_entry_value(d, key, kl, d->node_id, d->o.epoch, b->expiry_ms, val);
+    redisAppendCommand(c, "SET %s %s PX %s", key, val, b->ttl);
+  } else if (d->sha[0])
     redisAppendCommand(c, "EVALSHA %s 1 %s %s", d->sha, key, d->self_val);
   else
     redisAppendCommand(c, "EVAL %s 1 %s %s", oi__dir_cas_del, key, d->self_val);
@@ -86,6 +88,7 @@ static bool bg_flush(oi_dir *d, const qent *batch, size_t n) {
     size_t m = OI_MIN((size_t)PIPELINE, n - i);
     bg_ctx b = {.batch = batch + i};
     snprintf(b.ttl, sizeof b.ttl, "%u", d->o.block_ttl_ms);
+    b.expiry_ms = oi__dir_wall_ms() + d->o.block_ttl_ms;
     xops x = {bg_key, bg_append, bg_reply, &b};
     char err[128];
     int rc = oi__dir_side_exec(d, &d->bs, m, &x, err, sizeof err);
@@ -98,7 +101,7 @@ static bool bg_flush(oi_dir *d, const qent *batch, size_t n) {
   return true;
 }
 
-static const char *one_key(oi_dir *d, void *ctx, size_t i, char buf[OI_DIR_KEY_CHARS + 24]) {
+static const char *one_key(oi_dir *d, void *ctx, size_t i, char buf[OI_DIR_KEY_MAX + 24]) {
   (void)d, (void)i, (void)buf;
   return ((one_ctx *)ctx)->key;
 }
@@ -138,8 +141,8 @@ int oi__dir_side_one(oi_dir *d, side *s, one_ctx *o, char *err, size_t cap) {
 static bool bg_beat(oi_dir *d, const char *adv) {
   char err[128];
   if (adv) {
-    char val[OI_DIR_ADDR_MAX + 24]; /* one argument: hiredis splits a format at spaces */
-    snprintf(val, sizeof val, "%" PRIu64 " %s", d->o.epoch, adv);
+    char val[OI_DIR_VALUE_MAX + 1]; /* one argument: hiredis splits a format at spaces */
+    oi__dir_node_value(d, adv, oi__dir_wall_ms() + d->o.node_ttl_ms, val);
     char cmd[48];
     snprintf(cmd, sizeof cmd, "SET %%s %%s PX %u", d->o.node_ttl_ms);
     one_ctx o = {.key = d->node_key, .cmd = cmd, .arg = val};
@@ -152,6 +155,28 @@ static bool bg_beat(oi_dir *d, const char *adv) {
       oi__dir_note_error(d, "refreshing the node key: %s",
                          o.r->type == REDIS_REPLY_ERROR ? o.r->str : "unexpected reply");
     if (o.r) freeReplyObject(o.r);
+    /* A reader that could not reach this node withdrew entries of it and
+     * said so (oi__dir_drop): publish everything again now that it is
+     * reachable (a marker anyone could write costs a republish, no more). */
+    one_ctx g = {.key = d->dropped_key, .cmd = "GET %s"};
+    if (oi__dir_side_one(d, &d->bs, &g, err, sizeof err) != XR_OK) {
+      oi__dir_note_error(d, "reading the withdrawal marker: %s", err);
+      return false;
+    }
+    char epoch[24];
+    snprintf(epoch, sizeof epoch, "%" PRIu64, d->o.epoch);
+    bool ours = g.r && g.r->type == REDIS_REPLY_STRING && strcmp(g.r->str, epoch) == 0;
+    if (g.r) freeReplyObject(g.r);
+    if (ours) {
+      one_ctx x = {.key = d->dropped_key, .cmd = "DEL %s"};
+      if (oi__dir_side_one(d, &d->bs, &x, err, sizeof err) != XR_OK) return false;
+      if (x.r) freeReplyObject(x.r);
+      OI_LOG(OI_LOG_INFO, "cluster",
+             "directory %s: a reader withdrew entries of this node (it could not reach it); "
+             "publishing again",
+             d->url);
+      if (d->o.on_reconnect) d->o.on_reconnect(d->o.on_reconnect_ctx);
+    }
     /* an error reply is Redis answering: the connection is fine */
     if (!d->cluster) return true;
   }

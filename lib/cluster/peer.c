@@ -28,7 +28,7 @@ oi_status oi__peer_ucs_to_oi(ucs_status_t s) {
   }
 }
 
-static oi_status parse_addr(const char *addr, struct sockaddr_in *sin) {
+oi_status oi__peer_parse_addr(const char *addr, struct sockaddr_in *sin) {
   if (!addr) return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: no address");
   const char *colon = strrchr(addr, ':');
   char ip[INET_ADDRSTRLEN];
@@ -169,7 +169,7 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
                     opts->secret ? opts->secret_len : 0, OI_PEER_MIN_SECRET, OI_PEER_MAX_SECRET);
   struct sockaddr_in sin;
   if (opts->listen_addr) {
-    oi_status st = parse_addr(opts->listen_addr, &sin);
+    oi_status st = oi__peer_parse_addr(opts->listen_addr, &sin);
     if (st) return st;
   }
   /* UCX is loaded here, by the first net (see ucx.h). */
@@ -222,6 +222,16 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
   if (s != UCS_OK)
     OI_LOG(OI_LOG_WARN, "peer", "turning UCX_TCP_PUT_ENABLE off failed: %s",
            oi__ucx.ucs_status_string(s));
+  /* The listener binds with SO_REUSEADDR (UCX_TCP_CM_REUSEADDR): a node
+   * restarted after a crash or a stop listens again at once, not after the
+   * connections it left in TIME_WAIT are gone (about 60 s). The
+   * environment's UCX_TCP_CM_REUSEADDR wins. */
+  if (!getenv("UCX_TCP_CM_REUSEADDR")) {
+    s = oi__ucx.ucp_config_modify(cfg, "CM_REUSEADDR", "y");
+    if (s != UCS_OK)
+      OI_LOG(OI_LOG_WARN, "peer", "turning UCX_TCP_CM_REUSEADDR on failed: %s",
+             oi__ucx.ucs_status_string(s));
+  }
   /* UCX's TCP transport moves a message in segments of TX_SEG_SIZE bytes
    * (8 KiB by default), each its own send and receive on the progress
    * threads: served reads of 1 MiB moved 0.80 of a plain TCP stream on the
@@ -396,7 +406,7 @@ oi_status oi__peer_connect(oi_peer_net *net, const char *addr, oi_peer **out) {
   *out = NULL;
   op *o = oi__peer_op_new(OP_CONNECT);
   if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory");
-  oi_status st = parse_addr(addr, &o->sin);
+  oi_status st = oi__peer_parse_addr(addr, &o->sin);
   if (st) {
     oi__free(o);
     return st;

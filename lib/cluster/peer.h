@@ -100,6 +100,11 @@ typedef struct oi_peer_stats {
   uint64_t bytes_served;  /* bytes of reads served to peers (served reads only) */
 } oi_peer_stats;
 
+struct sockaddr_in;
+/* Parses "IP:PORT" (IPv4, port 0..65535) into *sin.
+ * @return OI_ERR_INVALID_ARGUMENT, naming the address, when it is not one. */
+oi_status oi__peer_parse_addr(const char *addr, struct sockaddr_in *sin);
+
 /* Creates a net: the UCX context (RMA and active messages), the worker, the
  * listener and the progress thread. */
 oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out);

@@ -19,6 +19,7 @@
  * Files (tier_internal.h): this one attaches, destroys and reports the
  * tier, and queues and publishes the notes; tier_msg.c checks the
  * messages, tier_serve.c answers peers, tier_fetch.c fetches. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -196,34 +197,112 @@ static void tier_free(cluster_tier *t) {
 static void tier_destroy(void *self) { tier_free(self); }
 
 /* Reads the cluster's secret: a regular file of this user, private. */
-static oi_status read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len) {
+static oi_status read_secret(const char *who, const char *path, uint8_t *buf, size_t cap,
+                             size_t *len) {
   int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0)
     return oi__fail(errno == ENOENT ? OI_ERR_NOT_FOUND : OI_ERR_PERMISSION,
-                    "host_attach_cluster: cannot open the secret file %s: %s", path,
-                    strerror(errno));
+                    "%s: cannot open the secret file %s: %s", who, path, strerror(errno));
   struct stat st;
   oi_status s = OI_OK;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    s = oi__fail(OI_ERR_PERMISSION, "host_attach_cluster: %s is not a regular file", path);
+    s = oi__fail(OI_ERR_PERMISSION, "%s: %s is not a regular file", who, path);
   else if (st.st_uid != geteuid() || (st.st_mode & 077))
     s = oi__fail(OI_ERR_PERMISSION,
-                 "host_attach_cluster: the secret file %s must belong to this user and be "
+                 "%s: the secret file %s must belong to this user and be "
                  "readable by no one else (chmod 600 %s)",
-                 path, path);
+                 who, path, path);
   ssize_t n = s == OI_OK ? read(fd, buf, cap) : 0;
   close(fd);
   if (s != OI_OK) return s;
-  if (n < 0)
-    return oi__fail(OI_ERR_IO, "host_attach_cluster: reading %s: %s", path, strerror(errno));
+  if (n < 0) return oi__fail(OI_ERR_IO, "%s: reading %s: %s", who, path, strerror(errno));
   while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
     n--;
   if (n < (ssize_t)OI_PEER_MIN_SECRET || (size_t)n >= cap)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "host_attach_cluster: the secret in %s has %zd bytes (%u to %u)", path, n,
-                    OI_PEER_MIN_SECRET, OI_PEER_MAX_SECRET);
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: the secret in %s has %zd bytes (%u to %u)", who,
+                    path, n, OI_PEER_MIN_SECRET, OI_PEER_MAX_SECRET);
   *len = (size_t)n;
   return OI_OK;
+}
+
+static bool is_loopback(const struct sockaddr_in *sin) {
+  return (ntohl(sin->sin_addr.s_addr) >> 24) == 127;
+}
+
+/* Every option of a cluster attach, checked before anything is set up (a
+ * sidecar server checks them before it pins its pool, through
+ * oi_host_cluster_options_check): the required ones given, the node id, the
+ * directory URL, the listen and advertise addresses, and the secret file,
+ * read into secret (zeroed on failure). A node never advertises a loopback
+ * address unless it listens on one: other hosts could not reach it. */
+static oi_status check_options(const oi_host_cluster_options *o, const char *who, uint8_t *secret,
+                               size_t cap, size_t *secret_len) {
+  if (!o->redis_url || !o->node_id || !o->listen_addr || !o->secret_file)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: redis_url, node_id, listen_addr and secret_file are required (%s is "
+                    "missing)",
+                    who,
+                    !o->redis_url     ? "redis_url"
+                    : !o->node_id     ? "node_id"
+                    : !o->listen_addr ? "listen_addr: the IP:PORT other nodes reach this one at"
+                                      : "secret_file");
+  char why[256]; /* oi_last_error() copied: oi__fail writes where it reads */
+  oi_status st = oi__dir_check(o->redis_url, o->node_id);
+  if (st != OI_OK) {
+    snprintf(why, sizeof why, "%s", oi_last_error());
+    return oi__fail(st, "%s: %s", who, why);
+  }
+  struct sockaddr_in lsin, asin;
+  if ((st = oi__peer_parse_addr(o->listen_addr, &lsin)) != OI_OK) {
+    snprintf(why, sizeof why, "%s", oi_last_error());
+    return oi__fail(st, "%s: listen_addr: %s", who, why);
+  }
+  if (o->advertise_addr) {
+    if ((st = oi__peer_parse_addr(o->advertise_addr, &asin)) != OI_OK) {
+      snprintf(why, sizeof why, "%s", oi_last_error());
+      return oi__fail(st, "%s: advertise_addr: %s", who, why);
+    }
+    if (asin.sin_port == 0 || asin.sin_addr.s_addr == htonl(INADDR_ANY))
+      return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                      "%s: advertise_addr %s is not an address peers can dial (an IP other "
+                      "than 0.0.0.0 and a port other than 0)",
+                      who, o->advertise_addr);
+  } else if (lsin.sin_addr.s_addr == htonl(INADDR_ANY)) {
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: listening on 0.0.0.0 needs an advertise_addr (the IP:PORT peers dial)",
+                    who);
+  } else {
+    asin = lsin;
+  }
+  if (is_loopback(&asin) && !is_loopback(&lsin))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: the advertised address %s is a loopback address but the node listens "
+                    "on %s: no other host could reach it (advertise the IP:PORT other nodes dial)",
+                    who, o->advertise_addr, o->listen_addr);
+  char prefix[OI_DIR_PREFIX_MAX + 1];
+  if (!oi__dir_prefix(o->cluster_name, prefix))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: cluster_name '%.40s' is not 1 to %u characters of A-Z a-z 0-9 . _ -", who,
+                    o->cluster_name, OI_DIR_NAME_MAX);
+  if (o->redis_auth_file) { /* its owner, mode and lines; the password is not kept */
+    char user[OI_DIR_USER_MAX + 1], password[OI_DIR_PASSWORD_MAX + 1];
+    st = oi__dir_auth_load(o->redis_auth_file, user, password);
+    memset(password, 0, sizeof password);
+    if (st != OI_OK) return st;
+  }
+  return read_secret(who, o->secret_file, secret, cap, secret_len);
+}
+
+OI_API oi_status oi_host_cluster_options_check(const oi_host_cluster_options *o) {
+  oi_host_cluster_options opts;
+  oi_host_cluster_options_init(&opts);
+  oi_status st = oi__struct_in(&opts, sizeof opts, o, "host_cluster_options_check");
+  if (st != OI_OK) return st;
+  uint8_t secret[OI_PEER_MAX_SECRET + 1];
+  size_t secret_len = 0;
+  st = check_options(&opts, "host_cluster_options_check", secret, sizeof secret, &secret_len);
+  memset(secret, 0, sizeof secret);
+  return st;
 }
 
 OI_API oi_status oi_host_cluster_options_init(oi_host_cluster_options *o) {
@@ -239,19 +318,24 @@ OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_option
   oi_host_cluster_options_init(&opts);
   oi_status st = oi__struct_in(&opts, sizeof opts, o, "host_attach_cluster");
   if (st != OI_OK) return st;
-  if (!opts.redis_url || !opts.node_id || !opts.listen_addr || !opts.secret_file)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "host_attach_cluster: redis_url, node_id, listen_addr and secret_file are "
-                    "required");
-  if (oi__cluster_tier_of(h))
-    return oi__fail(OI_ERR_STATE, "host_attach_cluster: a cluster tier is attached already");
-  oi_host_pool_info pool;
-  oi__host_pool_info(h, &pool);
-  if (!pool.base)
-    return oi__fail(OI_ERR_STATE, "host_attach_cluster: the host's pool is not ready");
   uint8_t secret[OI_PEER_MAX_SECRET + 1];
   size_t secret_len = 0;
-  if ((st = read_secret(opts.secret_file, secret, sizeof secret, &secret_len)) != OI_OK) return st;
+  if ((st = check_options(&opts, "host_attach_cluster", secret, sizeof secret, &secret_len)) !=
+      OI_OK)
+    return st;
+  oi_host_pool_info pool;
+  oi__host_pool_info(h, &pool);
+  if (oi__cluster_tier_of(h) || !pool.base) {
+    memset(secret, 0, sizeof secret);
+    return oi__cluster_tier_of(h)
+               ? oi__fail(OI_ERR_STATE, "host_attach_cluster: a cluster tier is attached already")
+               : oi__fail(OI_ERR_STATE, "host_attach_cluster: the host's pool is not ready");
+  }
+  char redis_user[OI_DIR_USER_MAX + 1], redis_password[OI_DIR_PASSWORD_MAX + 1];
+  if ((st = oi__dir_auth_load(opts.redis_auth_file, redis_user, redis_password)) != OI_OK) {
+    memset(secret, 0, sizeof secret);
+    return st;
+  }
 
   cluster_tier *t = oi__calloc(1, sizeof *t);
   if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host_attach_cluster: out of memory");
@@ -274,12 +358,19 @@ OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_option
   oi__dir_options_init(&dopt);
   dopt.url = opts.redis_url;
   dopt.node_id = opts.node_id;
+  dopt.secret = secret;
+  dopt.secret_len = secret_len;
+  dopt.cluster_name = opts.cluster_name;
+  dopt.user = redis_user;
+  dopt.password = redis_password;
   dopt.epoch = oi__now_ns() ^ ((uint64_t)getpid() << 40);
   dopt.on_reconnect = on_reconnect;
   dopt.on_reconnect_ctx = t;
   t->refresh_ns = (uint64_t)(dopt.block_ttl_ms ? dopt.block_ttl_ms : 600000) * 1000000ull / 2;
   t->next_refresh_ns = oi__now_ns() + t->refresh_ns;
-  if ((st = oi__dir_open(&dopt, &t->dir)) != OI_OK) goto fail;
+  st = oi__dir_open(&dopt, &t->dir);
+  memset(redis_password, 0, sizeof redis_password);
+  if (st != OI_OK) goto fail;
   int rc;
   for (int i = 0; i < SERVERS; i++) { /* before the net: it may be asked at once */
     if ((rc = pthread_create(&t->servers[i], NULL, oi__cluster_server_main, t)) != 0) {
@@ -304,15 +395,9 @@ OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_option
   char adv[128];
   if (opts.advertise_addr) {
     snprintf(adv, sizeof adv, "%s", opts.advertise_addr);
-  } else {
+  } else { /* check_options: not 0.0.0.0 */
     const char *colon = strrchr(opts.listen_addr, ':');
-    int iplen = colon ? (int)(colon - opts.listen_addr) : (int)strlen(opts.listen_addr);
-    if (iplen == 7 && !strncmp(opts.listen_addr, "0.0.0.0", 7)) {
-      st = oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "host_attach_cluster: listening on 0.0.0.0 needs an advertise_addr "
-                    "(the address peers dial)");
-      goto fail;
-    }
+    int iplen = (int)(colon - opts.listen_addr);
     snprintf(adv, sizeof adv, "%.*s:%u", iplen, opts.listen_addr, oi__peer_net_port(t->net));
   }
   if ((st = oi__dir_set_advertise(t->dir, adv)) != OI_OK) goto fail;
@@ -344,6 +429,7 @@ OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_option
   return OI_OK;
 fail:
   memset(secret, 0, sizeof secret);
+  memset(redis_password, 0, sizeof redis_password);
   tier_free(t);
   return st;
 }

@@ -260,6 +260,22 @@ static void busy_end(cluster_tier *t) {
   pthread_mutex_unlock(&t->busy_lock);
 }
 
+/* Withdraws the directory entries of the items not fetched (ok[i] false). */
+static void drop_entries(cluster_tier *t, const fetch_item *items, size_t n, const bool *ok) {
+  oi_tier_key *keys = oi__malloc(n * sizeof *keys);
+  oi_dir_holder *hs = oi__malloc(n * sizeof *hs);
+  size_t k = 0, removed = 0;
+  for (size_t i = 0; keys && hs && i < n; i++)
+    if (!ok || !ok[i]) {
+      keys[k] = items[i].key;
+      hs[k++] = items[i].holder;
+    }
+  if (k && oi__dir_drop(t->dir, keys, hs, k, &removed) == OI_OK)
+    atomic_fetch_add(&t->stale_removed, removed);
+  oi__free(keys);
+  oi__free(hs);
+}
+
 /* Fetches items[0..n) (one holder) into their slots; seals what verified. */
 static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t n) {
   bool *ok = oi__calloc(n, sizeof *ok);
@@ -293,7 +309,7 @@ static void fetch_from(cluster_tier *t, fetch_job *j, fetch_item *items, size_t 
     OI_LOG(OI_LOG_INFO, "cluster", "lease from node '%s': %s", items[0].holder.node_id,
            oi_last_error());
     failed = st == OI_ERR_CLOSED || st == OI_ERR_IO;
-    if (st == OI_ERR_TIMEOUT || failed) down = st;
+    down = st; /* refused, gone or silent: its entries go (below) */
     goto end;
   }
   if (oi__cluster_msg_type(reply, rlen, true) != MSG_LEASE_REPLY) {
@@ -361,6 +377,10 @@ end:
         atomic_fetch_add(&t->stale_removed, 1);
     }
   }
+  /* A holder that could not be reached or refused: its entries are
+   * withdrawn (each only while it is still the record read), so that the
+   * next queries miss at once instead of trying it again. */
+  if (down != OI_OK || failed) drop_entries(t, items, n, ok);
   oi__free(ok);
   oi__free(req);
   oi__free(reads);

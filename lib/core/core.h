@@ -107,6 +107,30 @@ oi_status oi__struct_in(void *dst, size_t dst_size, const void *src, const char 
 oi_status oi__struct_out(void *dst, const void *src, size_t src_size, const char *what);
 /* Smallest struct_size any caller may pass: the struct_size field itself. */
 #define OI_STRUCT_MIN_SIZE sizeof(uint32_t)
+/* The same, for a struct whose floor is above OI_STRUCT_MIN_SIZE: a caller
+ * struct_size below `min_size` is refused with OI_ERR_INVALID_ARGUMENT and
+ * nothing is read or written (docs/api.md, "Options and output structs"). */
+oi_status oi__struct_in_min(void *dst, size_t dst_size, const void *src, size_t min_size,
+                            const char *what);
+oi_status oi__struct_out_min(void *dst, const void *src, size_t src_size, size_t min_size,
+                             const char *what);
+/* The end of `field` in `type`: a struct's floor is the end of its last
+ * field as of the release that fixed its layout. */
+#define OI_STRUCT_END(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
+/* The floors (docs/api.md): the structs whose fields were put in their
+ * place (reordered) in 0.1 accept no struct_size smaller than their whole
+ * 0.1 layout, because a smaller one never described a prefix of it (a
+ * caller built against the headers before the reordering must be rebuilt).
+ * Fields appended in a later minor go after the cut, which stays. The other
+ * structs' floor is OI_STRUCT_MIN_SIZE. */
+#define OI_FLOOR_ENGINE_OPTIONS OI_STRUCT_END(oi_engine_options, arena_fd)
+#define OI_FLOOR_SAVE_OPTIONS OI_STRUCT_END(oi_save_options, result)
+#define OI_FLOOR_QUERY_RESULT OI_STRUCT_END(oi_query_result, reserved)
+#define OI_FLOOR_ENGINE_STATS OI_STRUCT_END(oi_engine_stats, load_latency_sum_us)
+#define OI_FLOOR_LOOKUP_OPTIONS OI_STRUCT_END(oi_lookup_options, probe_interval_ms)
+#define OI_FLOOR_HOST_STATS OI_STRUCT_END(oi_host_stats, load_latency_sum_us)
+#define OI_FLOOR_SERVER_OPTIONS OI_STRUCT_END(oi_server_options, metrics_addr)
+#define OI_FLOOR_EXECUTOR_OPTIONS OI_STRUCT_END(oi_executor_options, fault_ctx)
 
 /* Tickets, producer side. A new ticket holds two references: the producer's
  * (dropped by oi__ticket_complete) and the observer's (given to the caller,

@@ -5,6 +5,15 @@
 #include "core/core.h"
 
 oi_status oi__struct_in(void *dst, size_t dst_size, const void *src, const char *what) {
+  return oi__struct_in_min(dst, dst_size, src, OI_STRUCT_MIN_SIZE, what);
+}
+
+oi_status oi__struct_out(void *dst, const void *src, size_t src_size, const char *what) {
+  return oi__struct_out_min(dst, src, src_size, OI_STRUCT_MIN_SIZE, what);
+}
+
+oi_status oi__struct_in_min(void *dst, size_t dst_size, const void *src, size_t min_size,
+                            const char *what) {
   if (!src) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: options pointer is NULL", what);
   uint32_t caller_size;
   memcpy(&caller_size, src, sizeof caller_size);
@@ -12,6 +21,11 @@ oi_status oi__struct_in(void *dst, size_t dst_size, const void *src, const char 
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "%s: struct_size %u is too small (call the *_init function first)", what,
                     caller_size);
+  if (caller_size < min_size)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: struct_size %u is smaller than this struct's 0.1 layout (%zu bytes): "
+                    "rebuild against the current headers",
+                    what, caller_size, min_size);
   if (caller_size > dst_size) {
     const uint8_t *tail = (const uint8_t *)src + dst_size;
     for (size_t i = 0; i < caller_size - dst_size; i++)
@@ -28,7 +42,8 @@ oi_status oi__struct_in(void *dst, size_t dst_size, const void *src, const char 
   return OI_OK;
 }
 
-oi_status oi__struct_out(void *dst, const void *src, size_t src_size, const char *what) {
+oi_status oi__struct_out_min(void *dst, const void *src, size_t src_size, size_t min_size,
+                             const char *what) {
   if (!dst) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: output pointer is NULL", what);
   uint32_t caller_size;
   memcpy(&caller_size, dst, sizeof caller_size);
@@ -36,6 +51,11 @@ oi_status oi__struct_out(void *dst, const void *src, size_t src_size, const char
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "%s: struct_size %u is too small (set it to sizeof the struct)", what,
                     caller_size);
+  if (caller_size < min_size)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: struct_size %u is smaller than this struct's 0.1 layout (%zu bytes): "
+                    "rebuild against the current headers",
+                    what, caller_size, min_size);
   size_t n = OI_MIN((size_t)caller_size, src_size);
   /* Keep the caller's struct_size: it describes the caller's struct. */
   memcpy((uint8_t *)dst + sizeof caller_size, (const uint8_t *)src + sizeof caller_size,

@@ -44,7 +44,7 @@ OI_API oi_status oi_load_options_init(oi_load_options *o) {
 oi_status oi__engine_init_common(oi_engine *e, const oi_engine_options *o, const char *what) {
   oi_engine_options opts;
   oi_engine_options_init(&opts);
-  oi_status st = oi__struct_in(&opts, sizeof opts, o, what);
+  oi_status st = oi__struct_in_min(&opts, sizeof opts, o, OI_FLOOR_ENGINE_OPTIONS, what);
   if (st != OI_OK) return st;
   if (!opts.namespace_id || !opts.namespace_id[0])
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: namespace_id is empty", what);
@@ -126,7 +126,7 @@ OI_API oi_status oi_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
   if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: options is NULL");
   oi_engine_options opts;
   oi_engine_options_init(&opts);
-  oi_status st = oi__struct_in(&opts, sizeof opts, o, "register");
+  oi_status st = oi__struct_in_min(&opts, sizeof opts, o, OI_FLOOR_ENGINE_OPTIONS, "register");
   if (st != OI_OK) return st;
   if (opts.arena_fd != -1)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
@@ -216,7 +216,8 @@ OI_API oi_status oi_engine_save(oi_engine *e, const int64_t *block_ids, const oi
   if (st != OI_OK) return st;
   oi_save_options so;
   oi_save_options_init(&so);
-  if (opt && (st = oi__struct_in(&so, sizeof so, opt, "save")) != OI_OK) return st;
+  if (opt && (st = oi__struct_in_min(&so, sizeof so, opt, OI_FLOOR_SAVE_OPTIONS, "save")) != OI_OK)
+    return st;
   if (so.result) {
     if (so.result->struct_size < sizeof(oi_save_result))
       return oi__fail(
@@ -240,9 +241,11 @@ OI_API oi_status oi_engine_save(oi_engine *e, const int64_t *block_ids, const oi
 oi_status oi__query_check(const char *what, const oi_block_hash *hashes, size_t n, uint32_t flags,
                           const oi_query_result *out, uint8_t **present, uint32_t *wait_ms) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
-  if (out->struct_size < offsetof(oi_query_result, present))
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: out->struct_size %u is too small", what,
-                    out->struct_size);
+  if (out->struct_size < OI_FLOOR_QUERY_RESULT)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "%s: out->struct_size %u is smaller than this struct's 0.1 layout (%zu bytes): "
+                    "rebuild against the current headers",
+                    what, out->struct_size, (size_t)OI_FLOOR_QUERY_RESULT);
   if (n > 0 && !hashes) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: hashes is NULL", what);
   const uint32_t known = OI_QUERY_MEMBERSHIP | OI_QUERY_WAIT_PENDING;
   if (flags & ~known)
@@ -250,18 +253,8 @@ oi_status oi__query_check(const char *what, const oi_block_hash *hashes, size_t 
   if ((flags & OI_QUERY_MEMBERSHIP) && (flags & OI_QUERY_WAIT_PENDING))
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "%s: OI_QUERY_WAIT_PENDING applies to prefix queries, not membership", what);
-  /* The caller's result may predate `present` or `wait_ms` (struct_size). */
-  bool has_present = out->struct_size >= offsetof(oi_query_result, present) + sizeof(uint8_t *);
-  bool has_wait = out->struct_size >= offsetof(oi_query_result, wait_ms) + sizeof(uint32_t);
-  *present = has_present ? out->present : NULL;
-  *wait_ms = 0;
-  if (flags & OI_QUERY_WAIT_PENDING) {
-    if (!has_wait)
-      return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                      "%s: OI_QUERY_WAIT_PENDING needs a result with wait_ms (struct_size %u)",
-                      what, out->struct_size);
-    *wait_ms = out->wait_ms;
-  }
+  *present = out->present;
+  *wait_ms = (flags & OI_QUERY_WAIT_PENDING) ? out->wait_ms : 0;
   if ((flags & OI_QUERY_MEMBERSHIP) && n > 0 && !*present)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: membership needs out->present (n bytes)", what);
   return OI_OK;
@@ -278,7 +271,7 @@ oi_status oi__query_result_out(const oi_host_query_args *a, const oi_host_answer
   r.lease = ans->lease;
   r.present = a->present;
   r.wait_ms = a->wait_ms;
-  return oi__struct_out(out, &r, sizeof r, what);
+  return oi__struct_out_min(out, &r, sizeof r, OI_FLOOR_QUERY_RESULT, what);
 }
 
 OI_API oi_status oi_engine_query(oi_engine *e, const char *req_id, const oi_block_hash *hashes,
@@ -342,7 +335,7 @@ oi_status oi__lookup_options_check(const oi_lookup_options *o, const char *what,
                                    oi_lookup_options *lo) {
   oi_lookup_options_init(lo);
   if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: options is NULL", what);
-  oi_status st = oi__struct_in(lo, sizeof *lo, o, what);
+  oi_status st = oi__struct_in_min(lo, sizeof *lo, o, OI_FLOOR_LOOKUP_OPTIONS, what);
   if (st != OI_OK) return st;
   if (!lo->namespace_id || !lo->namespace_id[0])
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: namespace_id is empty", what);

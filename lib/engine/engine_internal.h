@@ -35,8 +35,8 @@ struct oi_engine {
   uint64_t principal;
 };
 
-/* Checks lookup options into *lo (defaults for the fields the caller's
- * struct_size does not reach). */
+/* Checks lookup options into *lo (struct_size at least
+ * OI_FLOOR_LOOKUP_OPTIONS; a newer caller's zero tail is ignored). */
 oi_status oi__lookup_options_check(const oi_lookup_options *o, const char *what,
                                    oi_lookup_options *lo);
 

@@ -143,8 +143,8 @@ oi_status oi__layout_build(const oi_engine_options *o, const char *what, oi_layo
   if (o->num_arenas > OI_MAX_ARENAS)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "%s: %u arenas (at most %d)", what, o->num_arenas,
                     OI_MAX_ARENAS);
-  /* o may predate segment_offsets: callers pass options through
-   * oi__struct_in, which zeroes what an older caller did not have. */
+  /* o is the library's copy (oi__struct_in_min): segment_offsets is set or
+   * NULL. */
   const uint64_t *offs = o->segment_offsets;
   if (!offs && o->num_segment_offsets)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,

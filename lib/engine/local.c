@@ -640,7 +640,7 @@ static oi_status local_stats(const oi_engine *base, oi_engine_stats *out) {
   s.latency_buckets = OI_LATENCY_BUCKETS;
   oi__hist_read(&e->c.save_latency, s.save_latency_us, &s.save_latency_sum_us);
   oi__hist_read(&e->c.load_latency, s.load_latency_us, &s.load_latency_sum_us);
-  return oi__struct_out(out, &s, sizeof s, "engine_stats");
+  return oi__struct_out_min(out, &s, sizeof s, OI_FLOOR_ENGINE_STATS, "engine_stats");
 }
 
 /* Teardown: finish queued saves and loads (the pipeline drains and runs

@@ -324,7 +324,7 @@ oi_status oi__remote_engine_connect(const char *socket_path, const oi_engine_opt
                                     oi_engine **out, oi_imported_arena **arena_out) {
   oi_engine_options opts;
   oi_engine_options_init(&opts);
-  oi_status st = oi__struct_in(&opts, sizeof opts, o, "connect");
+  oi_status st = oi__struct_in_min(&opts, sizeof opts, o, OI_FLOOR_ENGINE_OPTIONS, "connect");
   if (st != OI_OK) return st;
   bool owned = opts.arena_base != NULL;
   if (!owned && !arena_out)

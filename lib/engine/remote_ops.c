@@ -199,7 +199,7 @@ static oi_status query_miss(remote_engine *e, size_t n, uint32_t flags, uint8_t 
   r.state = OI_QUERY_READY;
   r.present = present;
   oi_clear_error();
-  return oi__struct_out(out, &r, sizeof r, "query");
+  return oi__struct_out_min(out, &r, sizeof r, OI_FLOOR_QUERY_RESULT, "query");
 }
 
 /* A Query: of the engine's instance, or (instance 0) a lookup of
@@ -267,7 +267,7 @@ oi_status oi__remote_query_call(remote_engine *e, uint32_t instance, const char 
   r.wait_ms = wait_ms;
   if (qr->lease.size) memcpy(r.lease.bytes, qr->lease.bytes, OI_WIRE_LEASE_BYTES);
   r.present = present;
-  return oi__struct_out(out, &r, sizeof r, "query");
+  return oi__struct_out_min(out, &r, sizeof r, OI_FLOOR_QUERY_RESULT, "query");
 }
 
 static oi_status remote_query(oi_engine *base, const char *req_id, const oi_block_hash *hashes,
@@ -366,7 +366,7 @@ static oi_status remote_stats(const oi_engine *cbase, oi_engine_stats *out) {
     s.instance_id = 0;
     s.block_bytes = cbase->layout.block_bytes;
     s.num_blocks = cbase->layout.num_blocks;
-    return oi__struct_out(out, &s, sizeof s, "engine_stats");
+    return oi__struct_out_min(out, &s, sizeof s, OI_FLOOR_ENGINE_STATS, "engine_stats");
   }
   if (st != OI_OK) return st;
   if (p.reply.which_body != oiwire_Envelope_stats_reply_tag)
@@ -394,7 +394,7 @@ static oi_status remote_stats(const oi_engine *cbase, oi_engine_stats *out) {
   for (pb_size_t i = 0; i < r->load_latency_us_count && i < OI_LATENCY_BUCKETS; i++)
     s.load_latency_us[i] = r->load_latency_us[i];
   s.load_latency_sum_us = r->load_latency_sum_us;
-  return oi__struct_out(out, &s, sizeof s, "engine_stats");
+  return oi__struct_out_min(out, &s, sizeof s, OI_FLOOR_ENGINE_STATS, "engine_stats");
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------- */

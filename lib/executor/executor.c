@@ -344,7 +344,8 @@ OI_API oi_status oi_executor_create(const oi_executor_options *opts, oi_executor
   if (!opts) return oi__fail(OI_ERR_INVALID_ARGUMENT, "executor_create: options is NULL");
   oi_executor_options o;
   oi_executor_options_init(&o);
-  oi_status st = oi__struct_in(&o, sizeof o, opts, "executor_create");
+  oi_status st =
+      oi__struct_in_min(&o, sizeof o, opts, OI_FLOOR_EXECUTOR_OPTIONS, "executor_create");
   if (st != OI_OK) return st;
   if ((st = check_options(&o)) != OI_OK) return st;
 

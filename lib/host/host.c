@@ -372,7 +372,7 @@ OI_API oi_status oi_host_get_stats(const oi_host *h, oi_host_stats *out) {
   s.latency_buckets = OI_LATENCY_BUCKETS;
   oi__hist_read(&c->save_latency, s.save_latency_us, &s.save_latency_sum_us);
   oi__hist_read(&c->load_latency, s.load_latency_us, &s.load_latency_sum_us);
-  return oi__struct_out(out, &s, sizeof s, "host_stats");
+  return oi__struct_out_min(out, &s, sizeof s, OI_FLOOR_HOST_STATS, "host_stats");
 }
 
 uint64_t oi__host_ns_resident(const oi_host *h, oi_host_ns ns) {

@@ -223,7 +223,7 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
   if (!o) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_create: options is NULL");
   oi_server_options opts;
   oi_server_options_init(&opts);
-  oi_status st = oi__struct_in(&opts, sizeof opts, o, "server_create");
+  oi_status st = oi__struct_in_min(&opts, sizeof opts, o, OI_FLOOR_SERVER_OPTIONS, "server_create");
   if (st != OI_OK) return st;
   if (!opts.host)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,

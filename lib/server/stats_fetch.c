@@ -122,9 +122,11 @@ static oi_status stats_fetch(const char *socket_path, uint32_t timeout_ms, oi_se
   so.struct_size = sizeof so;
   oi_status st = oi__struct_out(out, &so, sizeof so, "server_stats_fetch");
   if (st != OI_OK) return st;
-  if (host && host->struct_size < OI_STRUCT_MIN_SIZE)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_stats_fetch: host struct_size %u is too small",
-                    host->struct_size);
+  if (host && host->struct_size < OI_FLOOR_HOST_STATS)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "server_stats_fetch: host struct_size %u is too small (its 0.1 layout is %zu "
+                    "bytes)",
+                    host->struct_size, (size_t)OI_FLOOR_HOST_STATS);
 
   char def[108];
   if (!socket_path) {
@@ -211,7 +213,7 @@ static oi_status stats_fetch(const char *socket_path, uint32_t timeout_ms, oi_se
     if (host) {
       oi_host_stats hs;
       host_from_wire(&hs, &r->host);
-      oi__struct_out(host, &hs, sizeof hs, "server_stats_fetch host");
+      oi__struct_out_min(host, &hs, sizeof hs, OI_FLOOR_HOST_STATS, "server_stats_fetch host");
     }
     for (uint32_t i = 0; i < cap && i < so.namespaces; i++) {
       oi_host_namespace_stats ns;
@@ -241,7 +243,7 @@ OI_API oi_status oi_server_fetch_stats(const char *socket_path, uint32_t timeout
   return stats_fetch(socket_path, timeout_ms, out, host, namespaces, cap, NULL);
 }
 
-OI_API oi_status oi_server_cluster_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+OI_API oi_status oi_server_fetch_cluster_stats(const char *socket_path, uint32_t timeout_ms,
                                                oi_host_cluster_stats *out) {
   if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "server_cluster_stats_fetch: out is NULL");
   oi_host_cluster_stats cs;

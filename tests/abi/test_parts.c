@@ -66,7 +66,10 @@ static void cluster(oi_host *h) {
   oi_host_cluster_options o;
   memset(&o, 0, sizeof o);
   check("oi_host_cluster_options_init", oi_host_cluster_options_init(&o), HAVE_CLUSTER, opt);
-  if (!HAVE_CLUSTER) check("oi_host_attach_cluster", oi_host_attach_cluster(h, &o), 0, opt);
+  if (!HAVE_CLUSTER) {
+    check("oi_host_cluster_options_check", oi_host_cluster_options_check(&o), 0, opt);
+    check("oi_host_attach_cluster", oi_host_attach_cluster(h, &o), 0, opt);
+  }
   oi_host_cluster_stats s = {.struct_size = sizeof s};
   check("oi_host_get_cluster_stats", oi_host_get_cluster_stats(h, &s), HAVE_CLUSTER, opt);
 }

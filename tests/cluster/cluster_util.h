@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster/sha256.h"
 #include "core/core.h"
 #include "rig.h"
 #include "testutil.h"
@@ -93,6 +94,54 @@ static inline pid_t redis_start(int port) {
 static inline void redis_stop(pid_t pid) {
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
+}
+
+/* ---- directory values as a node with `secret` writes them (docs/cluster.md,
+ * "What the directory holds"), computed here independently of the library:
+ * "<fields> <expiry_ms> <mac>", the MAC the first 16 bytes of HMAC-SHA256
+ * over the tag and its NUL, the key's length (2 bytes, little-endian), the
+ * key and "<fields> <expiry_ms>", in 32 lowercase hex digits. */
+#define DIR_TAG_BLOCK "openinfer directory v1 block entry"
+#define DIR_TAG_NODE "openinfer directory v1 node record"
+
+static inline uint64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static inline void dir_sign(const char *secret, const char *tag, const char *key,
+                            const char *fields, uint64_t expiry_ms, char *out, size_t cap) {
+  char body[1200];
+  snprintf(body, sizeof body, "%s %llu", fields, (unsigned long long)expiry_ms);
+  oi_hmac_sha256 h;
+  oi__hmac_sha256_init(&h, secret, strlen(secret));
+  oi__hmac_sha256_update(&h, tag, strlen(tag) + 1);
+  uint8_t kl[2] = {(uint8_t)strlen(key), (uint8_t)(strlen(key) >> 8)};
+  oi__hmac_sha256_update(&h, kl, 2);
+  oi__hmac_sha256_update(&h, key, strlen(key));
+  oi__hmac_sha256_update(&h, body, strlen(body));
+  uint8_t mac[OI_SHA256_LEN];
+  oi__hmac_sha256_final(&h, mac);
+  int n = snprintf(out, cap, "%s ", body);
+  for (int i = 0; i < 16; i++)
+    n += snprintf(out + n, cap - (size_t)n, "%02x", mac[i]);
+}
+
+/* A block entry naming node/epoch, live for ttl_ms. */
+static inline void dir_entry(const char *secret, const char *key, const char *node, uint64_t epoch,
+                             uint64_t ttl_ms, char *out, size_t cap) {
+  char fields[128];
+  snprintf(fields, sizeof fields, "%s %llu", node, (unsigned long long)epoch);
+  dir_sign(secret, DIR_TAG_BLOCK, key, fields, wall_ms() + ttl_ms, out, cap);
+}
+
+/* A node record (at node_key) of epoch at addr, live for ttl_ms. */
+static inline void dir_node(const char *secret, const char *node_key, uint64_t epoch,
+                            const char *addr, uint64_t ttl_ms, char *out, size_t cap) {
+  char fields[1100];
+  snprintf(fields, sizeof fields, "%llu %s", (unsigned long long)epoch, addr);
+  dir_sign(secret, DIR_TAG_NODE, node_key, fields, wall_ms() + ttl_ms, out, cap);
 }
 
 #endif

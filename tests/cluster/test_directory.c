@@ -17,6 +17,8 @@
 #include "cluster/directory.h"
 #include "cluster_util.h"
 
+#define TEST_SECRET "the test cluster's secret"
+
 static int g_port;
 static pid_t g_redis;
 static char g_url[64];
@@ -59,6 +61,8 @@ static oi_dir *open_node(const char *id, uint64_t epoch, uint32_t block_ttl, uin
   o.epoch = epoch;
   o.block_ttl_ms = block_ttl;
   o.node_ttl_ms = node_ttl;
+  o.secret = TEST_SECRET;
+  o.secret_len = strlen(TEST_SECRET);
   oi_dir *d = NULL;
   REQUIRE(oi__dir_open(&o, &d) == OI_OK);
   return d;
@@ -70,24 +74,65 @@ static void test_formats(void) {
   oi_tier_key k = {.ns_fp = 0x0123456789abcdefull, .layout_fp = 0xfedcba9876543210ull};
   for (int i = 0; i < 16; i++)
     k.hash[i] = (uint8_t)(0x10 * i + i);
-  char s[OI_DIR_KEY_CHARS + 1];
-  oi__dir_key_format(&k, s);
+  char s[OI_DIR_KEY_MAX + 1];
+  CHECK(oi__dir_key_format(NULL, &k, s) == OI_DIR_KEY_CHARS);
   CHECK(strcmp(s, "oi:b:0123456789abcdef:00112233445566778899aabbccddeeff:fedcba9876543210") == 0);
   CHECK(strlen(s) == OI_DIR_KEY_CHARS);
+  char prefix[OI_DIR_PREFIX_MAX + 1];
+  CHECK(oi__dir_prefix(NULL, prefix) && strcmp(prefix, "oi:") == 0);
+  CHECK(oi__dir_prefix("", prefix) && strcmp(prefix, "oi:") == 0);
+  CHECK(oi__dir_prefix("prod-1", prefix) && strcmp(prefix, "oi:prod-1:") == 0);
+  CHECK(oi__dir_key_format(prefix, &k, s) == OI_DIR_KEY_CHARS + 7);
+  CHECK(strncmp(s, "oi:prod-1:b:0123", 16) == 0);
+  CHECK(!oi__dir_prefix("a{b}", prefix) && !oi__dir_prefix("a:b", prefix) &&
+        !oi__dir_prefix("123456789012345678901234567890123", prefix));
+  CHECK(oi__dir_prefix("12345678901234567890123456789012", prefix));
+  CHECK(oi__dir_key_format(prefix, &k, s) == OI_DIR_KEY_MAX);
 
+#define MAC32 " 0123456789abcdef0123456789abcdef"
   oi_dir_holder h;
-  CHECK(oi__dir_holder_parse("node-1 42", 9, &h) && strcmp(h.node_id, "node-1") == 0 &&
-        h.epoch == 42);
-  CHECK(oi__dir_holder_parse("a 18446744073709551615", 22, &h) && h.epoch == UINT64_MAX);
-  const char *bad[] = {"",     "a",    "a ",    " 1",   "a  1", "a 1 ",
-                       "a 1x", "a -1", "a b 1", "a\t1", "a+ 1", "a 18446744073709551616"};
+  CHECK(oi__dir_holder_parse("node-1 42 1000" MAC32, 14 + 33, &h) &&
+        strcmp(h.node_id, "node-1") == 0 && h.epoch == 42 && h.expiry_ms == 1000 &&
+        h.mac[0] == 0x01 && h.mac[15] == 0xef);
+  const char *a_max = "a 18446744073709551615 18446744073709551615" MAC32;
+  CHECK(oi__dir_holder_parse(a_max, strlen(a_max), &h) && h.epoch == UINT64_MAX);
+  const char *bad[] = {"",
+                       "a",
+                       "a 1",
+                       "a 1 2",
+                       "node-1 42", /* the format before MACs */
+                       "a 1" MAC32,
+                       " 1 2" MAC32,
+                       "a  1 2" MAC32,
+                       "a 1 2 " MAC32,
+                       "a 1x 2" MAC32,
+                       "a -1 2" MAC32,
+                       "a b 1 2" MAC32,
+                       "a\t1 2" MAC32,
+                       "a+ 1 2" MAC32,
+                       "a 18446744073709551616 2" MAC32,
+                       "a 1 2 0123456789abcdef0123456789abcdeF",
+                       "a 1 2 0123456789abcdef0123456789abcde",
+                       "a 1 2 0123456789abcdef0123456789abcdef0",
+                       "a 1 2 0123456789abcdef0123456789abcdeg"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-    CHECK(!oi__dir_holder_parse(bad[i], strlen(bad[i]), &h));
-  char id65[80];
+    if (oi__dir_holder_parse(bad[i], strlen(bad[i]), &h)) {
+      fprintf(stderr, "'%s' parsed\n", bad[i]);
+      oi_test_failures++;
+    }
+  char id65[120];
   memset(id65, 'x', 65);
-  strcpy(id65 + 65, " 1");
+  strcpy(id65 + 65, " 1 2" MAC32);
   CHECK(!oi__dir_holder_parse(id65, strlen(id65), &h));
   CHECK(oi__dir_holder_parse(id65 + 1, strlen(id65 + 1), &h)); /* 64 characters */
+  uint64_t e, x;
+  size_t off, len;
+  uint8_t mac[OI_DIR_MAC_LEN];
+  const char *live = "7 10.0.0.1:4000 99" MAC32;
+  CHECK(oi__dir_liveness_parse(live, strlen(live), &e, &off, &len, &x, mac) && e == 7 && x == 99 &&
+        len == 13 && strncmp(live + off, "10.0.0.1:4000", len) == 0);
+  CHECK(!oi__dir_liveness_parse("7 10.0.0.1:4000", 15, &e, &off, &len, &x, mac));
+  CHECK(!oi__dir_liveness_parse("7 99" MAC32, 4 + 33, &e, &off, &len, &x, mac));
 }
 
 static void test_bad_options(void) {
@@ -105,7 +150,9 @@ static void test_bad_options(void) {
       {"redis://127.0.0.1:x", "a", "port"},
       {"redis://127.0.0.1:6379/x", "a", "database"},
       {"redis://127.0.0.1:6379x", "a", "port"},
-      {"redis://user:pw@127.0.0.1", "a", "credentials"},
+      {"redis://user:pw@127.0.0.1", "a", "OI_REDIS_PASSWORD"},
+      {"redis://:pw@127.0.0.1", "a", "--redis-auth-file"},
+      {"redis+cluster://u:pw@127.0.0.1:7000", "a", "credentials in the url are refused"},
       {"redis://[::1", "a", "']'"},
       {"redis://ho st", "a", "character"},
       {"unix:relative.sock", "a", "absolute"},
@@ -122,15 +169,61 @@ static void test_bad_options(void) {
     oi__dir_options_init(&o);
     o.url = cases[i].url;
     o.node_id = cases[i].id;
+    o.secret = TEST_SECRET;
+    o.secret_len = strlen(TEST_SECRET);
     d = NULL;
     oi_status st = oi__dir_open(&o, &d);
-    if (st != OI_ERR_INVALID_ARGUMENT || d || !strstr(oi_last_error(), cases[i].says)) {
+    if (st != OI_ERR_INVALID_ARGUMENT || d || !strstr(oi_last_error(), cases[i].says) ||
+        strstr(oi_last_error(), "pw@")) {
       fprintf(stderr, "url '%s' id '%s': %s, '%s' (wanted '%s')\n",
               cases[i].url ? cases[i].url : "(null)", cases[i].id ? cases[i].id : "(null)",
               oi_status_str(st), oi_last_error(), cases[i].says);
       oi_test_failures++;
     }
     oi__dir_close(d);
+  }
+  /* TLS: refused with what to do instead (this hiredis has no SSL). */
+  const char *tls[] = {"rediss://127.0.0.1:6380", "rediss+cluster://127.0.0.1:7000",
+                       "rediss://u:secretpw@127.0.0.1"};
+  for (size_t i = 0; i < OI_ARRAY_LEN(tls); i++) {
+    oi_dir_options o;
+    oi__dir_options_init(&o);
+    o.url = tls[i];
+    o.node_id = "a";
+    o.secret = TEST_SECRET;
+    o.secret_len = strlen(TEST_SECRET);
+    d = NULL;
+    CHECK_ST(oi__dir_open(&o, &d), OI_ERR_UNSUPPORTED);
+    CHECK(!d && strstr(oi_last_error(), "TLS") && strstr(oi_last_error(), "tunnel") &&
+          !strstr(oi_last_error(), "secretpw"));
+  }
+  const char *names[] = {"a:b", "a{b}", "123456789012345678901234567890123"};
+  for (size_t i = 0; i < OI_ARRAY_LEN(names); i++) {
+    oi_dir_options o;
+    oi__dir_options_init(&o);
+    o.url = "redis://127.0.0.1:1";
+    o.node_id = "a";
+    o.secret = TEST_SECRET;
+    o.secret_len = strlen(TEST_SECRET);
+    o.cluster_name = names[i];
+    d = NULL;
+    CHECK_ST(oi__dir_open(&o, &d), OI_ERR_INVALID_ARGUMENT);
+    CHECK(!d && strstr(oi_last_error(), "cluster name"));
+  }
+  /* The secret: required, 16 to 1024 bytes. */
+  size_t lens[] = {0, 15, 1025};
+  static char big[1100];
+  memset(big, 's', sizeof big);
+  for (size_t i = 0; i < OI_ARRAY_LEN(lens); i++) {
+    oi_dir_options o;
+    oi__dir_options_init(&o);
+    o.url = "redis://127.0.0.1:1";
+    o.node_id = "a";
+    o.secret = lens[i] ? big : NULL;
+    o.secret_len = lens[i];
+    d = NULL;
+    CHECK_ST(oi__dir_open(&o, &d), OI_ERR_INVALID_ARGUMENT);
+    CHECK(!d && strstr(oi_last_error(), "secret"));
   }
 }
 
@@ -181,10 +274,10 @@ static void test_round_trip(void) {
   CHECK_OK(oi__dir_lookup(a, keys + 5, 5, h, &n));
   CHECK(n == 0);
 
-  char s[OI_DIR_KEY_CHARS + 1], v[128];
-  oi__dir_key_format(&keys[0], s);
+  char s[OI_DIR_KEY_MAX + 1], v[128];
+  oi__dir_key_format(NULL, &keys[0], s);
   raw_get(s, v, sizeof v);
-  CHECK(strcmp(v, "node-a 7") == 0);
+  CHECK(strncmp(v, "node-a 7 ", 9) == 0 && strlen(v) == 9 + 13 + 33);
   long long pttl = raw_int("PTTL", s);
   CHECK(pttl > 500000 && pttl <= 600000); /* the default block TTL */
 
@@ -330,8 +423,8 @@ static void test_garbage(void) {
     keys[i] = key_of(500, i);
   CHECK_OK(oi__dir_publish(a, keys, 3));
   CHECK_OK(oi__dir_flush(a, 2000));
-  char s[OI_DIR_KEY_CHARS + 1];
-  oi__dir_key_format(&keys[1], s);
+  char s[OI_DIR_KEY_MAX + 1];
+  oi__dir_key_format(NULL, &keys[1], s);
   redisContext *c = raw(g_port);
   REQUIRE(c);
   freeReplyObject(redisCommand(c, "SET %s %s", s, "not a holder value"));
@@ -350,6 +443,7 @@ static void test_garbage(void) {
   oi_dir_stats st;
   oi__dir_stats(a, &st);
   CHECK(st.parse_failures == 2); /* the string and the liveness value; the list is absent */
+  CHECK(st.rejected_entries == 2);
   oi__dir_close(a);
 }
 
@@ -454,6 +548,8 @@ static oi_dir *open_cb(const char *url) {
   o.epoch = 9;
   o.node_ttl_ms = 900;
   o.on_reconnect = on_reconnect;
+  o.secret = TEST_SECRET;
+  o.secret_len = strlen(TEST_SECRET);
   oi_dir *d = NULL;
   REQUIRE(oi__dir_open(&o, &d) == OI_OK);
   return d;

@@ -20,6 +20,8 @@
 #include "cluster/directory.h"
 #include "testutil.h"
 
+#define TEST_SECRET "the test cluster's secret"
+
 /* ---- the fake -------------------------------------------------------------- */
 
 #define FK_CONNS 64
@@ -161,7 +163,7 @@ static void fk_answer(int argc, char argv[][300], char *out, size_t cap) {
     }
   } else if ((!strcmp(cmd, "EVALSHA") || !strcmp(cmd, "EVAL")) && argc == 5) {
     int i = key_index(argv[3]);
-    bool del = i >= 0 && strcmp(fk.vals[i], argv[4]) == 0;
+    bool del = i >= 0 && strncmp(fk.vals[i], argv[4], strlen(argv[4])) == 0;
     if (del) {
       fk.n_keys--;
       memcpy(fk.keys[i], fk.keys[fk.n_keys], sizeof fk.keys[i]);
@@ -305,6 +307,8 @@ static oi_tier_key key_of(uint32_t i) {
 static oi_dir *open_dir(const char *url, uint32_t node_ttl_ms) {
   oi_dir_options o;
   oi__dir_options_init(&o);
+  o.secret = TEST_SECRET;
+  o.secret_len = strlen(TEST_SECRET);
   o.url = url;
   o.node_id = "nodeA";
   o.epoch = 7;
@@ -452,8 +456,8 @@ static void test_error_replies(void) {
   CHECK_ST(oi__dir_node_lookup(d, "nodeB", addr, sizeof addr, &epoch), OI_ERR_PROTOCOL);
 
   /* Removing a stale entry: an error reply. */
-  oi_dir_holder me = {.epoch = 7};
-  snprintf(me.node_id, sizeof me.node_id, "nodeA");
+  oi_dir_holder me = h[0]; /* the record a lookup read */
+  CHECK(strcmp(me.node_id, "nodeA") == 0 && me.epoch == 7);
   fk_override("EVAL", "", "-ERR script killed\r\n", 1);
   CHECK_ST(oi__dir_remove_stale(d, &k[0], &me), OI_ERR_PROTOCOL);
   CHECK(strstr(stats_of(d).last_error, "remove stale: ERR script killed"));
@@ -695,6 +699,8 @@ static void test_cluster_redirects(void) {
 static void test_more_urls(void) {
   oi_dir_options o;
   oi__dir_options_init(&o);
+  o.secret = TEST_SECRET;
+  o.secret_len = strlen(TEST_SECRET);
   o.node_id = "u";
   o.timeout_ms = 100;
   oi_dir *d = NULL;
@@ -1002,6 +1008,8 @@ static void test_urls_and_arguments(void) {
   for (size_t i = 0; i < OI_ARRAY_LEN(cases); i++) {
     oi_dir_options o;
     oi__dir_options_init(&o);
+    o.secret = TEST_SECRET;
+    o.secret_len = strlen(TEST_SECRET);
     o.url = cases[i].url;
     o.node_id = "u";
     oi_dir *d = (oi_dir *)1;
@@ -1018,6 +1026,8 @@ static void test_urls_and_arguments(void) {
   for (size_t i = 0; i < OI_ARRAY_LEN(good); i++) {
     oi_dir_options o;
     oi__dir_options_init(&o);
+    o.secret = TEST_SECRET;
+    o.secret_len = strlen(TEST_SECRET);
     o.url = good[i];
     o.node_id = "u";
     o.timeout_ms = 100;
@@ -1031,11 +1041,12 @@ static void test_urls_and_arguments(void) {
   CHECK(!oi__dir_holder_parse(NULL, 4, &h));
   uint64_t e = 0;
   size_t off = 0, len = 0;
-  CHECK(!oi__dir_liveness_parse(NULL, 4, &e, &off, &len));
-  CHECK(!oi__dir_liveness_parse("12", 2, &e, &off, &len));
-  CHECK(!oi__dir_liveness_parse("x2 127.0.0.1:1", 14, &e, &off, &len));
-  CHECK(!oi__dir_liveness_parse("12 ", 3, &e, &off, &len));
-  CHECK(oi__dir_liveness_parse("12 127.0.0.1:1", 14, &e, &off, &len));
+#define MAC32 " 0123456789abcdef0123456789abcdef"
+  CHECK(!oi__dir_liveness_parse(NULL, 4, &e, &off, &len, NULL, NULL));
+  CHECK(!oi__dir_liveness_parse("12 5" MAC32, 37, &e, &off, &len, NULL, NULL));
+  CHECK(!oi__dir_liveness_parse("x2 127.0.0.1:1 5" MAC32, 49, &e, &off, &len, NULL, NULL));
+  CHECK(!oi__dir_liveness_parse("12  5" MAC32, 38, &e, &off, &len, NULL, NULL));
+  CHECK(oi__dir_liveness_parse("12 127.0.0.1:1 5" MAC32, 49, &e, &off, &len, NULL, NULL));
   CHECK(e == 12 && off == 3 && len == 11);
   /* Calls without what they need; observing nothing. */
   fk_clear();

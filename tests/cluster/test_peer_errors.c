@@ -7,9 +7,11 @@
  * the cluster tier's LEASE and RELEASE messages malformed field by field. The
  * wire layout is spelled out here (docs/cluster.md, "Peer transport"): a
  * change to it must change this test. */
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "cluster/peer.h"
@@ -382,6 +384,48 @@ static void test_no_listener(void) {
   oi__peer_net_destroy(a);
 }
 
+static void test_restart_reuses_the_port(void) {
+  /* A connection the net closed first leaves its port in TIME_WAIT (as a
+   * node that crashed or stopped does): a new net listens there at once
+   * (SO_REUSEADDR, UCX_TCP_CM_REUSEADDR) and serves. */
+  oi_peer_net *a = make_net("node-a", answer, OI_PEER_READS_AUTO);
+  uint16_t port = oi__peer_net_port(a);
+  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+  inet_pton(AF_INET, "127.0.0.1", &sin.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0 && connect(fd, (struct sockaddr *)&sin, sizeof sin) == 0);
+  struct timespec ts = {0, 200000000};
+  nanosleep(&ts, NULL); /* accepted by UCX */
+  oi__peer_net_destroy(a);
+  nanosleep(&ts, NULL);
+  close(fd); /* the net's side is now in TIME_WAIT */
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+  oi_peer_net_options o = {.listen_addr = addr,
+                           .node_id = "node-a2",
+                           .secret = SECRET,
+                           .secret_len = 32,
+                           .timeout_ms = 2000,
+                           .on_request = answer};
+  oi_peer_net *b = NULL;
+  CHECK_OK(oi__peer_net_create(&o, &b));
+  if (!b) return;
+  CHECK(oi__peer_net_port(b) == port);
+  oi_peer_net *d = make_net("dialer", answer, OI_PEER_READS_AUTO);
+  oi_peer *p = NULL;
+  CHECK_OK(oi__peer_connect(d, addr, &p));
+  if (p) {
+    void *rep = NULL;
+    size_t rl = 0;
+    CHECK_OK(oi__peer_call(p, "hi", 2, &rep, &rl, 0));
+    CHECK(rl == 2 && rep && memcmp(rep, "hi", 2) == 0);
+    oi__free(rep);
+    oi__peer_close(p);
+  }
+  oi__peer_net_destroy(d);
+  oi__peer_net_destroy(b);
+}
+
 static void test_reads_by_environment(void) {
   /* OI_PEER_READS=am: the holder serves reads itself, byte-exact. */
   setenv("OI_PEER_READS", "am", 1);
@@ -718,6 +762,7 @@ int main(void) {
   RUN_TEST(test_no_handler);
   RUN_TEST(test_listen_refused);
   RUN_TEST(test_no_listener);
+  RUN_TEST(test_restart_reuses_the_port);
   RUN_TEST(test_reads_by_environment);
   RUN_TEST(test_raw_client_breaks_the_protocol);
   RUN_TEST(test_raw_client_after_authenticating);

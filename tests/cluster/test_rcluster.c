@@ -14,6 +14,8 @@
 #include "cluster/directory.h"
 #include "cluster_util.h"
 
+#define TEST_SECRET "the test cluster's secret"
+
 #define MASTERS 3
 
 static int g_port[MASTERS];
@@ -182,14 +184,16 @@ static oi_tier_key key_of(uint64_t ns, uint32_t i) {
 }
 
 static uint16_t slot_of(const oi_tier_key *k) {
-  char s[OI_DIR_KEY_CHARS + 1];
-  oi__dir_key_format(k, s);
+  char s[OI_DIR_KEY_MAX + 1];
+  oi__dir_key_format(NULL, k, s);
   return oi__dir_key_slot(s, strlen(s));
 }
 
 static oi_dir *open_node(const char *id, uint64_t epoch, const char *url) {
   oi_dir_options o;
   oi__dir_options_init(&o);
+  o.secret = TEST_SECRET;
+  o.secret_len = strlen(TEST_SECRET);
   o.url = url ? url : g_url;
   o.node_id = id;
   o.epoch = epoch;
@@ -202,8 +206,8 @@ static oi_dir *open_node(const char *id, uint64_t epoch, const char *url) {
 
 /* GET of a raw key at master m; "" when absent. */
 static void raw_get(int m, const oi_tier_key *k, char *out, size_t cap) {
-  char s[OI_DIR_KEY_CHARS + 1];
-  oi__dir_key_format(k, s);
+  char s[OI_DIR_KEY_MAX + 1];
+  oi__dir_key_format(NULL, k, s);
   redisReply *r = cmd(m, "GET %s", s);
   snprintf(out, cap, "%s", r->type == REDIS_REPLY_STRING ? r->str : "");
   freeReplyObject(r);
@@ -211,8 +215,8 @@ static void raw_get(int m, const oi_tier_key *k, char *out, size_t cap) {
 
 /* The same on a slot being imported by m (ASKING first). */
 static void raw_get_asking(int m, const oi_tier_key *k, char *out, size_t cap) {
-  char s[OI_DIR_KEY_CHARS + 1];
-  oi__dir_key_format(k, s);
+  char s[OI_DIR_KEY_MAX + 1];
+  oi__dir_key_format(NULL, k, s);
   redisContext *c = raw(g_port[m]);
   REQUIRE(c);
   freeReplyObject(redisCommand(c, "ASKING"));
@@ -247,8 +251,8 @@ static void test_slots_server(void) {
   REQUIRE(c);
   for (uint32_t i = 0; i < 300; i++) {
     oi_tier_key k = key_of(i * 0x9e3779b97f4a7c15ull, i);
-    char s[OI_DIR_KEY_CHARS + 1];
-    oi__dir_key_format(&k, s);
+    char s[OI_DIR_KEY_MAX + 1];
+    oi__dir_key_format(NULL, &k, s);
     redisReply *r = redisCommand(c, "CLUSTER KEYSLOT %s", s);
     REQUIRE(r && r->type == REDIS_REPLY_INTEGER);
     CHECK(r->integer == slot_of(&k));
@@ -278,6 +282,8 @@ static void test_bad_urls(void) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     oi_dir_options o;
     oi__dir_options_init(&o);
+    o.secret = TEST_SECRET;
+    o.secret_len = strlen(TEST_SECRET);
     o.url = bad[i][0];
     o.node_id = "x";
     oi_dir *d = NULL;
@@ -313,7 +319,7 @@ static void test_round_trip(void) {
     char v[128];
     int m = g_owner[slot_of(&keys[i])];
     raw_get(m, &keys[i], v, sizeof v);
-    CHECK(strcmp(v, "node-a 7") == 0);
+    CHECK(strncmp(v, "node-a 7 ", 9) == 0);
     char slot[16];
     snprintf(slot, sizeof slot, "%u", slot_of(&keys[i]));
     redisReply *r = cmd(m, "CLUSTER COUNTKEYSINSLOT %s", slot);
@@ -396,11 +402,13 @@ static void test_cas(void) {
   /* stale removal on each master */
   CHECK_OK(oi__dir_publish(a, k, MASTERS));
   CHECK_OK(oi__dir_flush(a, 2000));
+  CHECK_OK(oi__dir_lookup(b, k, MASTERS, h, &n));
+  CHECK(n == MASTERS);
   for (int m = 0; m < MASTERS; m++) {
-    oi_dir_holder older = {.node_id = "a", .epoch = 0};
+    oi_dir_holder older = h[m]; /* the record read, of an earlier incarnation */
+    older.epoch = 0;
     CHECK_ST(oi__dir_remove_stale(b, &k[m], &older), OI_ERR_NOT_FOUND);
-    older.epoch = 1;
-    CHECK_OK(oi__dir_remove_stale(b, &k[m], &older));
+    CHECK_OK(oi__dir_remove_stale(b, &k[m], &h[m]));
   }
   CHECK_OK(oi__dir_lookup(b, k, 1, h, &n));
   CHECK(n == 0);
@@ -428,8 +436,8 @@ static void test_garbage(void) {
     keys[i] = key_of(550, i);
   CHECK_OK(oi__dir_publish(a, keys, 3));
   CHECK_OK(oi__dir_flush(a, 2000));
-  char s[OI_DIR_KEY_CHARS + 1];
-  oi__dir_key_format(&keys[1], s);
+  char s[OI_DIR_KEY_MAX + 1];
+  oi__dir_key_format(NULL, &keys[1], s);
   int m = g_owner[slot_of(&keys[1])];
   freeReplyObject(cmd(m, "SET %s %s", s, "not a holder value"));
   oi_dir_holder h[3];
@@ -457,8 +465,8 @@ static void keys_in_slot(uint16_t slot, oi_tier_key *out, size_t n) {
 }
 
 static void migrate_key(int from, int to, const oi_tier_key *k) {
-  char s[OI_DIR_KEY_CHARS + 1], port[16];
-  oi__dir_key_format(k, s);
+  char s[OI_DIR_KEY_MAX + 1], port[16];
+  oi__dir_key_format(NULL, k, s);
   snprintf(port, sizeof port, "%d", g_port[to]);
   redisReply *r = cmd(from, "MIGRATE 127.0.0.1 %s %s 0 2000", port, s);
   if (r->type == REDIS_REPLY_ERROR) fprintf(stderr, "MIGRATE: %s\n", r->str);
@@ -501,7 +509,7 @@ static void test_migration(void) {
   CHECK_OK(oi__dir_flush(a, 2000));
   char v[128];
   raw_get_asking(to, &k[3], v, sizeof v);
-  CHECK(strcmp(v, "mig-a 3") == 0);
+  CHECK(strncmp(v, "mig-a 3 ", 8) == 0);
   raw_get(from, &k[3], v, sizeof v);
   CHECK(strcmp(v, "") == 0);
   raw_get_asking(to, &k[0], v, sizeof v);

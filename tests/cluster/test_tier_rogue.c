@@ -231,6 +231,16 @@ static void rogue_answer(void *ctx, const char *peer, const void *req, size_t le
   free(out);
 }
 
+/* Every entry of `keys` names node/epoch, signed with the cluster's secret
+ * (the rogue knows it: the test is about what it answers). */
+static void set_entries(redisContext *c, redisReply *keys, const char *node, uint64_t epoch) {
+  for (size_t i = 0; i < keys->elements; i++) {
+    char v[256];
+    dir_entry(SECRET_TEXT, keys->element[i]->str, node, epoch, 60000, v, sizeof v);
+    freeReplyObject(redisCommand(c, "SET %s %s", keys->element[i]->str, v));
+  }
+}
+
 static void test_rogue_holder(void) {
   /* A real node saves the blocks so that the directory has their keys,
    * then goes: its entries are rewritten to name the rogue. */
@@ -262,8 +272,9 @@ static void test_rogue_holder(void) {
   REQUIRE(oi__peer_net_create(&o, &rogue) == OI_OK);
   REQUIRE(oi__peer_net_register(rogue, g_region, (size_t)NB * BLOCK) == OI_OK);
   redisReply *r;
-  char live[64];
-  snprintf(live, sizeof live, "1 127.0.0.1:%u", oi__peer_net_port(rogue));
+  char addr[64], live[256];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", oi__peer_net_port(rogue));
+  dir_node(SECRET_TEXT, "oi:node:rogue", 1, addr, 600000, live, sizeof live);
   r = redisCommand(c, "SET oi:node:rogue %b", live, strlen(live));
   REQUIRE(r && r->type == REDIS_REPLY_STATUS);
   freeReplyObject(r);
@@ -280,10 +291,7 @@ static void test_rogue_holder(void) {
                {R_OUTSIDE, "outside its region"},
                {R_BAD_SUM, "checksums that do not match"}};
   for (size_t k = 0; k < OI_ARRAY_LEN(modes); k++) {
-    for (size_t i = 0; i < keys->elements; i++) {
-      r = redisCommand(c, "SET %s %s", keys->element[i]->str, "rogue 1");
-      freeReplyObject(r);
-    }
+    set_entries(c, keys, "rogue", 1);
     g_mode = modes[k].mode;
     int before = atomic_load(&g_leases);
     uint64_t failed = cstats(&b).remote_failed;
@@ -296,21 +304,22 @@ static void test_rogue_holder(void) {
   }
   /* Holders that cannot serve, no lease asked: another incarnation than
    * the entries name (the entries are stale: removed), a node with no
-   * liveness key (stale: removed), a node that cannot be reached (kept: it
-   * may come back). */
+   * liveness key (stale: removed), a node that cannot be reached (removed
+   * after this first failure: later queries do not try it again). */
   const struct {
-    const char *entry, *node_key, *live;
+    const char *node;
+    uint64_t epoch;
+    const char *node_key, *addr;
     bool removed;
-  } gone[] = {{"rogue 2", "oi:node:rogue", NULL, true},
-              {"ghost 1", NULL, NULL, true},
-              {"far 3", "oi:node:far", "3 127.0.0.1:1", false}};
+  } gone[] = {{"rogue", 2, "oi:node:rogue", NULL, true},
+              {"ghost", 1, NULL, NULL, true},
+              {"far", 3, "oi:node:far", "127.0.0.1:1", true}};
   for (size_t k = 0; k < OI_ARRAY_LEN(gone); k++) {
-    for (size_t i = 0; i < keys->elements; i++) {
-      r = redisCommand(c, "SET %s %s", keys->element[i]->str, gone[k].entry);
-      freeReplyObject(r);
-    }
-    if (gone[k].live) {
-      r = redisCommand(c, "SET %s %s", gone[k].node_key, gone[k].live);
+    set_entries(c, keys, gone[k].node, gone[k].epoch);
+    if (gone[k].addr) {
+      char v[256];
+      dir_node(SECRET_TEXT, gone[k].node_key, gone[k].epoch, gone[k].addr, 600000, v, sizeof v);
+      r = redisCommand(c, "SET %s %s", gone[k].node_key, v);
       freeReplyObject(r);
     }
     int before = atomic_load(&g_leases);
@@ -329,16 +338,13 @@ static void test_rogue_holder(void) {
         break;
     }
     if (exists == gone[k].removed) {
-      fprintf(stderr, "holder '%s': its entry %s\n", gone[k].entry,
+      fprintf(stderr, "holder '%s': its entry %s\n", gone[k].node,
               exists ? "was kept" : "was removed");
       CHECK(false);
     }
   }
   /* Answered correctly: fetched, verified, served byte-exact. */
-  for (size_t i = 0; i < keys->elements; i++) {
-    r = redisCommand(c, "SET %s %s", keys->element[i]->str, "rogue 1");
-    freeReplyObject(r);
-  }
+  set_entries(c, keys, "rogue", 1);
   g_mode = R_GOOD;
   CHECK(fetch_check(&b, 0, NB, 4000) == NB);
   /* (the fetcher counts a block just after it seals it, which ends the

@@ -488,20 +488,26 @@ static void test_pool_accounting_and_evict_all(void) {
   CHECK(s.blocks_sealed == 0 && s.blocks_leased == 0 && s.block_bytes_resident == 0);
   CHECK(s.evictions == 6);
   CHECK(etu_accounting_ok(&s));
-  /* An older caller's smaller stats struct gets only the fields it covers. */
+  /* A newer caller's larger stats struct gets the fields this library has;
+   * its tail stays untouched. A struct smaller than the 0.1 layout is
+   * refused. */
   struct {
     oi_host_stats s;
     uint8_t guard[8];
   } big;
   memset(&big, 0xEE, sizeof big);
-  big.s.struct_size = (uint32_t)offsetof(oi_host_stats, used_bytes);
+  big.s.struct_size = (uint32_t)sizeof big;
   CHECK_OK(oi_host_get_stats(h, &big.s));
   CHECK(big.s.capacity_bytes == POOL_BYTES);
-  uint8_t *tail = (uint8_t *)&big.s + offsetof(oi_host_stats, used_bytes);
+  CHECK(big.s.struct_size == sizeof big);
   bool untouched = true;
-  for (size_t i = 0; i < sizeof big - offsetof(oi_host_stats, used_bytes); i++)
-    untouched &= tail[i] == 0xEE;
+  for (size_t i = 0; i < sizeof big.guard; i++)
+    untouched &= big.guard[i] == 0xEE;
   CHECK(untouched);
+  memset(&big, 0xEE, sizeof big);
+  big.s.struct_size = (uint32_t)offsetof(oi_host_stats, used_bytes);
+  CHECK_FAILS(oi_host_get_stats(h, &big.s), OI_ERR_INVALID_ARGUMENT);
+  CHECK(big.s.capacity_bytes == 0xEEEEEEEEEEEEEEEEull);
   oi_engine_destroy(e);
   oi_host_destroy(h);
 }

@@ -208,9 +208,9 @@ static void test_host_lookup_without_a_layout(void) {
     etu_zero_block(&L2, i);
 }
 
-/* Query flags and the appended result fields: an older result struct (up to
- * `present`) still works; WAIT_PENDING needs wait_ms in the struct and is
- * not for membership; with nothing in flight it answers at once. */
+/* Query flags and the result struct: one smaller than its 0.1 layout is
+ * refused (nothing written); WAIT_PENDING is not for membership; with
+ * nothing in flight it answers at once. */
 static void test_query_flags_and_old_structs(void) {
   oi_host *h = etu_host_create(8u << 20);
   oi_engine *e = etu_engine_create(h, &L, "flags", 1);
@@ -218,12 +218,10 @@ static void test_query_flags_and_old_structs(void) {
   (void)hashes_saved(e, &L, hs, 4, 2);
   oi_query_result q;
   memset(&q, 0xEE, sizeof q);
-  q.struct_size = (uint32_t)offsetof(oi_query_result, pending_blocks);
+  q.struct_size = (uint32_t)offsetof(oi_query_result, reserved);
   q.present = NULL;
-  CHECK_OK(oi_engine_query(e, NULL, hs, 4, 0, &q));
-  CHECK(q.hit_blocks == 2);
-  CHECK(q.pending_blocks == 0xEEEEEEEEEEEEEEEEull); /* past the caller's struct: untouched */
-  CHECK_OK(oi_engine_release(e, q.lease));
+  CHECK_FAILS(oi_engine_query(e, NULL, hs, 4, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  CHECK(q.hit_blocks == 0xEEEEEEEEEEEEEEEEull); /* refused: nothing written */
   CHECK_FAILS(oi_engine_query(e, NULL, hs, 4, OI_QUERY_WAIT_PENDING, &q), OI_ERR_INVALID_ARGUMENT);
   memset(&q, 0, sizeof q);
   q.struct_size = sizeof q;

@@ -70,15 +70,7 @@ typedef struct run_out {
 } run_out;
 
 static uint64_t submit(oi_executor *x, const uint32_t *prompt, uint32_t n, int32_t rank) {
-  oi_request r;
-  oi_request_init(&r);
-  r.prompt = prompt;
-  r.prompt_len = n;
-  r.max_new_tokens = MAX_NEW;
-  r.rank = rank;
-  uint64_t id = 0;
-  CHECK_OK(oi_executor_submit(x, &r, &id));
-  return id;
+  return tr_submit(x, prompt, n, MAX_NEW, rank);
 }
 
 static void collect(oi_executor *x, uint64_t id, run_out *out) {

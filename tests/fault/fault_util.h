@@ -14,6 +14,14 @@
 
 #pragma GCC diagnostic ignored "-Wunused-function"
 
+/* A child's step of the protocol is done: tells the parent on fd (best
+ * effort: it may have stopped listening). */
+#define STEP(fd)                                                                                   \
+  do {                                                                                             \
+    if ((fd) >= 0 && write((fd), "s", 1) != 1) {                                                   \
+    }                                                                                              \
+  } while (0)
+
 /* Skips without fault injection; reads OI_FAULTS now (none set: nothing
  * armed), so a later setenv for a child server never arms this process. */
 #define REQUIRE_FAULTS()                                                                           \
@@ -101,17 +109,24 @@ static void rig_close(rig *r) {
 /* The most blocks one rig_save, rig_query, rig_visible or rig_load names. */
 #define RIG_MAX_BLOCKS 2048
 
+/* Stages n blocks for a save: ids[i] = id0 + i, hs[i] = fu_hash(first + i),
+ * and device block id0 + i filled with logical block first + i. */
+static void fu_stage(rig *r, int64_t *ids, oi_block_hash *hs, size_t n, int64_t id0,
+                     uint64_t first) {
+  for (size_t i = 0; i < n; i++) {
+    ids[i] = id0 + (int64_t)i;
+    hs[i] = fu_hash(first + i);
+    fu_fill(r, id0 + (int64_t)i, first + i);
+  }
+}
+
 /* Saves logical blocks first..first+n-1 from device blocks 0..n-1 and waits.
  * @return the ticket's status. */
 static oi_status rig_save(rig *r, uint64_t first, size_t n) {
   int64_t ids[RIG_MAX_BLOCKS];
   oi_block_hash hs[RIG_MAX_BLOCKS];
   REQUIRE(n <= RIG_MAX_BLOCKS);
-  for (size_t i = 0; i < n; i++) {
-    ids[i] = (int64_t)i;
-    hs[i] = fu_hash(first + i);
-    fu_fill(r, (int64_t)i, first + i);
-  }
+  fu_stage(r, ids, hs, n, 0, first);
   return tr_save(r->e, ids, hs, n, 60000);
 }
 
@@ -161,6 +176,18 @@ static oi_status rig_load(rig *r, oi_lease lease, int64_t dst0, size_t n) {
 
 static oi_host_stats rig_stats(rig *r) { return tr_host_stats(r->h); }
 
+/* Logical blocks first..first+n-1 are all found (CHECKed), and their lease
+ * loads them byte-exact (CHECKed) into device blocks 0..n-1 of a zeroed
+ * arena. */
+static void rig_check_reload(rig *r, uint64_t first, size_t n) {
+  oi_lease l;
+  CHECK(rig_query(r, first, n, &l) == n);
+  memset(r->arena, 0, r->blocks * r->bytes);
+  CHECK_OK(rig_load(r, l, 0, n));
+  for (size_t i = 0; i < n; i++)
+    CHECK(fu_check(r, (int64_t)i, first + i));
+}
+
 /* The pool's accounting is whole and nothing is half-done. */
 static void rig_check_quiet(rig *r) {
   oi_host_stats s = rig_stats(r);
@@ -201,6 +228,24 @@ static void fu_layer_rig_close(layer_rig *r) {
   oi_engine_destroy(r->e);
   oi_host_destroy(r->h);
   free(r->mem);
+}
+
+/* The options of one call of a layer-by-layer save: one arena (layer) a
+ * call, arena_first for the caller to set. */
+static oi_save_options fu_layer_save_options(void) {
+  oi_save_options so;
+  oi_save_options_init(&so);
+  so.arena_count = 1;
+  return so;
+}
+
+/* After layer a of a layer-by-layer save of two blocks in which layer 1
+ * fails: both blocks are in flight after layer 0 and freed as soon as a
+ * layer failed; neither is ever sealed. */
+static void fu_check_layer_in_flight(layer_rig *r, uint32_t a) {
+  oi_host_stats s = tr_host_stats(r->h);
+  CHECK(s.blocks_in_flight == (a == 0 ? 2u : 0u));
+  CHECK(s.blocks_sealed == 0);
 }
 
 /* After a layer-by-layer save of hs[0..2) that one layer failed: a flush

@@ -105,11 +105,7 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
   /* 8 new blocks into a pool with 4 free slots: 4 land, 4 are dropped. */
   int64_t ids[8];
   oi_block_hash hs[8];
-  for (int i = 0; i < 8; i++) {
-    ids[i] = 8 + i;
-    hs[i] = fu_hash(100 + (uint64_t)i);
-    fu_fill(&r, 8 + i, 100 + (uint64_t)i);
-  }
+  fu_stage(&r, ids, hs, 8, 8, 100);
   CHECK_OK(tr_save(r.e, ids, hs, 8, 60000));
   CHECK_OK(oi_engine_flush(r.e, 60000));
   oi_host_stats s = rig_stats(&r);
@@ -119,12 +115,7 @@ static void test_no_slot_reuse_under_a_late_copy(void) {
             (unsigned long long)s.saves_dropped, (unsigned long long)s.blocks_sealed,
             (unsigned long long)s.saves_failed, (unsigned long long)s.evictions,
             (unsigned long long)s.blocks_in_flight);
-  oi_lease l;
-  CHECK(rig_query(&r, 100, 4, &l) == 4);
-  memset(r.arena, 0, r.blocks * r.bytes);
-  CHECK_OK(rig_load(&r, l, 0, 4));
-  for (int i = 0; i < 4; i++)
-    CHECK(fu_check(&r, i, 100 + (uint64_t)i));
+  rig_check_reload(&r, 100, 4);
   CHECK_OK(oi_engine_flush(late, 60000)); /* the late copy lands, and is discarded */
   oi_engine_destroy(late);
   CHECK(rig_visible(&r, 0, 4) == 0 && rig_visible(&r, 100, 4) == 4);

@@ -34,20 +34,43 @@ static oi_status failing_forward(void *ctx, const oi_model_batch *b) {
   return ref_ops.forward(ctx, b);
 }
 
+/* The reference model, default options, into ref_ops and ref_ctx. */
+static void ref_model_create(void) {
+  oi_refmodel_options ro;
+  oi_refmodel_options_init(&ro);
+  ref_ops.struct_size = sizeof ref_ops;
+  REQUIRE(oi_refmodel_create(&ro, &ref_ops, &ref_ctx) == OI_OK);
+}
+
+/* Executor options over `ops` (context ref_ctx): PAGE, 32 GPU blocks, the
+ * host tier embedded. */
+static oi_executor_options embedded_options(const oi_model_ops *ops) {
+  oi_executor_options o;
+  oi_executor_options_init(&o);
+  o.model = ops;
+  o.model_ctx = ref_ctx;
+  o.page_size = PAGE;
+  o.gpu_blocks = 32;
+  o.offload = OI_OFFLOAD_EMBEDDED;
+  return o;
+}
+
 static oi_executor_stats stats(oi_executor *x) {
   oi_executor_stats s = {.struct_size = sizeof s};
   CHECK_OK(oi_executor_get_stats(x, &s));
   return s;
 }
 
+/* Steps until no block is active any more (2 s at the most). */
+static void step_until_no_block_is_active(oi_executor *x) {
+  for (int i = 0; i < 200 && stats(x).blocks_active; i++) {
+    usleep(10000);
+    CHECK_OK(oi_executor_step(x, NULL));
+  }
+}
+
 static void run(oi_executor *x, const uint32_t *p, uint32_t *tokens) {
-  oi_request r;
-  oi_request_init(&r);
-  r.prompt = p;
-  r.prompt_len = PROMPT;
-  r.max_new_tokens = MAX_NEW;
-  uint64_t id = 0;
-  CHECK_OK(oi_executor_submit(x, &r, &id));
+  uint64_t id = tr_submit(x, p, PROMPT, MAX_NEW, -1);
   CHECK_OK(oi_executor_run_until_idle(x));
   oi_request_result rr = {.struct_size = sizeof rr};
   CHECK_OK(oi_executor_get_result(x, id, &rr));
@@ -56,19 +79,10 @@ static void run(oi_executor *x, const uint32_t *p, uint32_t *tokens) {
 }
 
 static void test_overlapped_restore_with_its_load_still_copying(void) {
-  oi_refmodel_options ro;
-  oi_refmodel_options_init(&ro);
-  ref_ops.struct_size = sizeof ref_ops;
-  REQUIRE(oi_refmodel_create(&ro, &ref_ops, &ref_ctx) == OI_OK);
+  ref_model_create();
   oi_model_ops ops = ref_ops;
   ops.forward = failing_forward;
-  oi_executor_options o;
-  oi_executor_options_init(&o);
-  o.model = &ops;
-  o.model_ctx = ref_ctx;
-  o.page_size = PAGE;
-  o.gpu_blocks = 32;
-  o.offload = OI_OFFLOAD_EMBEDDED;
+  oi_executor_options o = embedded_options(&ops);
   o.restore_timeout_ms = 50;
   o.restore_overlap = OI_RESTORE_OVERLAP_HOST;
   oi_executor *x = NULL;
@@ -85,13 +99,7 @@ static void test_overlapped_restore_with_its_load_still_copying(void) {
   /* The next copy (the restore's load) sleeps 300 ms; the forward fails. */
   REQUIRE(oi__fault_arm(OI_FAULT_COPY_SLOW, 0, 1, 300) == OI_OK);
   atomic_store(&fail_forward, 1);
-  oi_request r;
-  oi_request_init(&r);
-  r.prompt = p;
-  r.prompt_len = PROMPT;
-  r.max_new_tokens = MAX_NEW;
-  uint64_t id = 0;
-  CHECK_OK(oi_executor_submit(x, &r, &id));
+  uint64_t id = tr_submit(x, p, PROMPT, MAX_NEW, -1);
   CHECK(oi_executor_step(x, NULL) == OI_ERR_IO);
   atomic_store(&fail_forward, 0);
   oi_request_result rr = {.struct_size = sizeof rr};
@@ -105,10 +113,7 @@ static void test_overlapped_restore_with_its_load_still_copying(void) {
   CHECK(s.blocks_active == 6);
 
   /* Once the copy ends, a step's poll hands them back. */
-  for (int i = 0; i < 200 && stats(x).blocks_active; i++) {
-    usleep(10000);
-    CHECK_OK(oi_executor_step(x, NULL));
-  }
+  step_until_no_block_is_active(x);
   s = stats(x);
   CHECK(s.blocks_active == 0 && s.blocks_free + s.blocks_cached == s.blocks_total);
   CHECK(s.leases_held == 0);
@@ -127,10 +132,7 @@ static void test_overlapped_restore_with_its_load_still_copying(void) {
   CHECK(s.restores_failed == before.restores_failed + 1);
   CHECK(s.restores_completed == before.restores_completed);
   CHECK(s.prefill_tokens == before.prefill_tokens + PROMPT);
-  for (int i = 0; i < 200 && stats(x).blocks_active; i++) {
-    usleep(10000);
-    CHECK_OK(oi_executor_step(x, NULL));
-  }
+  step_until_no_block_is_active(x);
   CHECK(stats(x).blocks_active == 0);
 
   oi__fault_disarm_all();
@@ -145,17 +147,8 @@ static void test_overlapped_restore_with_its_load_still_copying(void) {
 }
 
 static void test_release_saves_that_fail_or_lag(void) {
-  oi_refmodel_options ro;
-  oi_refmodel_options_init(&ro);
-  ref_ops.struct_size = sizeof ref_ops;
-  REQUIRE(oi_refmodel_create(&ro, &ref_ops, &ref_ctx) == OI_OK);
-  oi_executor_options o;
-  oi_executor_options_init(&o);
-  o.model = &ref_ops;
-  o.model_ctx = ref_ctx;
-  o.page_size = PAGE;
-  o.gpu_blocks = 32;
-  o.offload = OI_OFFLOAD_EMBEDDED;
+  ref_model_create();
+  oi_executor_options o = embedded_options(&ref_ops);
   o.restore_overlap = OI_RESTORE_OVERLAP_OFF;
   o.namespace_id = "release-save-fault";
   oi_executor *x = NULL;

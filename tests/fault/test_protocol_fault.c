@@ -11,16 +11,20 @@
 #include "fault_util.h"
 #include "sidecar_util.h"
 
-/* Tells the parent a step is done (best effort: it may have stopped listening). */
-#define STEP(fd)                                                                                   \
-  do {                                                                                             \
-    if ((fd) >= 0 && write((fd), "s", 1) != 1) {                                                   \
-    }                                                                                              \
-  } while (0)
-
 static test_server ts;
 
 enum { STEPS = 9 };
+
+/* A frame's lease field (a 16-byte bytes field) set to *lease. */
+#define SET_LEASE(field, lease)                                                                    \
+  do {                                                                                             \
+    (field).size = 16;                                                                             \
+    memcpy((field).bytes, (lease)->bytes, 16);                                                     \
+  } while (0)
+
+/* An envelope's body: the request `kind` of instance inst. */
+#define SET_BODY(env, kind, inst)                                                                  \
+  ((env).which_body = oiwire_Envelope_##kind##_tag, (env).body.kind.instance_id = (inst))
 
 /* The encoded request of step k (a whole frame). */
 static void step_frame(int k, uint32_t inst, const oi_lease *lease, uint8_t **frame, size_t *len) {
@@ -50,41 +54,28 @@ static void step_frame(int k, uint32_t inst, const oi_lease *lease, uint8_t **fr
     out = (oi_wire_out){.arenas = a, .n_arenas = TL_ARENAS};
     break;
   case 2:
-    env.which_body = oiwire_Envelope_save_tag;
-    env.body.save.instance_id = inst;
+    SET_BODY(env, save, inst);
     out = (oi_wire_out){.ids = ids, .n_ids = 4, .hashes = hs, .n_hashes = 4};
     break;
   case 3:
-    env.which_body = oiwire_Envelope_flush_tag;
-    env.body.flush.instance_id = inst;
+    SET_BODY(env, flush, inst);
     env.body.flush.timeout_ms = 10000;
     break;
   case 4:
-    env.which_body = oiwire_Envelope_query_tag;
-    env.body.query.instance_id = inst;
+    SET_BODY(env, query, inst);
     out = (oi_wire_out){.hashes = hs, .n_hashes = 4};
     break;
   case 5:
-    env.which_body = oiwire_Envelope_load_tag;
-    env.body.load.instance_id = inst;
-    env.body.load.lease.size = 16;
-    memcpy(env.body.load.lease.bytes, lease->bytes, 16);
+    SET_BODY(env, load, inst);
+    SET_LEASE(env.body.load.lease, lease);
     out = (oi_wire_out){.ids = dst, .n_ids = 4};
     break;
   case 6:
-    env.which_body = oiwire_Envelope_release_tag;
-    env.body.release.instance_id = inst;
-    env.body.release.lease.size = 16;
-    memcpy(env.body.release.lease.bytes, lease->bytes, 16);
+    SET_BODY(env, release, inst);
+    SET_LEASE(env.body.release.lease, lease);
     break;
-  case 7:
-    env.which_body = oiwire_Envelope_stats_tag;
-    env.body.stats.instance_id = inst;
-    break;
-  default:
-    env.which_body = oiwire_Envelope_unregister_tag;
-    env.body.unregister.instance_id = inst;
-    break;
+  case 7: SET_BODY(env, stats, inst); break;
+  default: SET_BODY(env, unregister, inst); break;
   }
   REQUIRE(oi__wire_encode(&env, &out, frame, len) == OI_OK);
 }

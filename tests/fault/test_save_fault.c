@@ -18,11 +18,8 @@ static void failing_copy_leaves_nothing(oi_fault_point point) {
   REQUIRE(oi__fault_arm(point, 0, 1, 0) == OI_OK);
   int64_t ids[8];
   oi_block_hash hs[8];
-  for (int i = 0; i < 8; i++) { /* 4 already sealed, 4 new */
-    ids[i] = 8 + i;
-    hs[i] = fu_hash(i < 4 ? 100 + (uint64_t)i : 200 + (uint64_t)i);
-    fu_fill(&r, 8 + i, i < 4 ? 100 + (uint64_t)i : 200 + (uint64_t)i);
-  }
+  fu_stage(&r, ids, hs, 4, 8, 100);          /* already sealed */
+  fu_stage(&r, ids + 4, hs + 4, 4, 12, 204); /* new */
   oi_save_options so;
   oi_save_options_init(&so);
   so.on_done = on_done;
@@ -49,11 +46,7 @@ static void failing_copy_leaves_nothing(oi_fault_point point) {
   for (int i = 4; i < 8; i++)
     fu_fill(&r, 8 + i, 200 + (uint64_t)i); /* (the load above overwrote them) */
   CHECK_OK(tr_save(r.e, ids + 4, hs + 4, 4, 60000));
-  CHECK(rig_query(&r, 204, 4, &l) == 4);
-  memset(r.arena, 0, r.blocks * r.bytes);
-  CHECK_OK(rig_load(&r, l, 0, 4));
-  for (int i = 0; i < 4; i++)
-    CHECK(fu_check(&r, i, 204 + (uint64_t)i));
+  rig_check_reload(&r, 204, 4);
   rig_check_quiet(&r);
   rig_close(&r);
 }
@@ -120,9 +113,7 @@ static void test_a_failed_layer_aborts_the_whole_block(void) {
   fu_layer_rig_open(&r, "layer-fault");
   int64_t ids[2] = {0, 1};
   oi_block_hash hs[2] = {fu_hash(700), fu_hash(701)};
-  oi_save_options so;
-  oi_save_options_init(&so);
-  so.arena_count = 1;
+  oi_save_options so = fu_layer_save_options();
   oi_status want[FU_LAYERS] = {OI_OK, OI_ERR_IO, OI_OK};
   for (uint32_t a = 0; a < FU_LAYERS; a++) {
     if (a == 1) REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 0, 1, 0) == OI_OK);
@@ -132,10 +123,7 @@ static void test_a_failed_layer_aborts_the_whole_block(void) {
     CHECK_ST(oi_ticket_wait(t, 60000), want[a]);
     oi_ticket_release(t);
     oi__fault_disarm_all();
-    oi_host_stats s = {.struct_size = sizeof s};
-    CHECK_OK(oi_host_get_stats(r.h, &s));
-    CHECK(s.blocks_in_flight == (a == 0 ? 2u : 0u)); /* freed as soon as the layer failed */
-    CHECK(s.blocks_sealed == 0);
+    fu_check_layer_in_flight(&r, a);
   }
   fu_layer_save_aborted(&r, ids, hs);
   fu_layer_rig_close(&r);

@@ -11,13 +11,6 @@
 
 #include <sys/mman.h>
 
-/* Tells the parent a step is done (best effort: it may have stopped listening). */
-#define STEP(fd)                                                                                   \
-  do {                                                                                             \
-    if ((fd) >= 0 && write((fd), "s", 1) != 1) {                                                   \
-    }                                                                                              \
-  } while (0)
-
 static test_server ts;
 
 static void fatal_exit(void *ctx, const char *reason) {

@@ -248,14 +248,7 @@ int main(int argc, char **argv) {
   double secs = (double)(oi__now_ns() - t0) / 1e9;
 
   /* The server is clean, serves, and stops cleanly. */
-  wire_client c;
-  oiwire_StatsReply sr;
-  memset(&sr, 0, sizeof sr);
-  REQUIRE(wc_connect(&c, ts.socket) && wc_hello(&c, NULL));
-  CHECK(WAIT_FOR_STATS(&c, sr, sr.instances == 0 && sr.sessions == 1));
-  CHECK(sr.arena_bytes == 0);
-  CHECK(shm_objects_of(ts.pid) == 0);
-  wc_close(&c);
+  check_server_clean(&ts);
   CHECK(atomic_load(&sh->mismatches) == 0);
   if (atomic_load(&sh->mismatches)) fprintf(stderr, "first mismatch: %s\n", sh->first_mismatch);
   CHECK(atomic_load(&sh->blocks_verified) > 0);

@@ -26,11 +26,7 @@ static void save_fails_at_submit(oi_fault_point point, uint64_t after) {
   CHECK_OK(rig_save(&r, 500, 2)); /* sealed before the fault */
   int64_t ids[12];
   oi_block_hash hs[12];
-  for (int i = 0; i < 12; i++) {
-    ids[i] = 12 + i;
-    hs[i] = fu_hash(100 + (uint64_t)i);
-    fu_fill(&r, 12 + i, 100 + (uint64_t)i);
-  }
+  fu_stage(&r, ids, hs, 12, 12, 100);
   atomic_store(&on_done_calls, 0);
   oi_save_options so;
   oi_save_options_init(&so);
@@ -55,12 +51,7 @@ static void save_fails_at_submit(oi_fault_point point, uint64_t after) {
   CHECK(es.saves_failed == 12 && es.saves_pending == 0);
   /* The engine keeps working: the same hashes save and load byte-exact. */
   CHECK_OK(tr_save(r.e, ids, hs, 12, 60000));
-  oi_lease l;
-  CHECK(rig_query(&r, 100, 12, &l) == 12);
-  memset(r.arena, 0, r.blocks * r.bytes);
-  CHECK_OK(rig_load(&r, l, 0, 12));
-  for (int i = 0; i < 12; i++)
-    CHECK(fu_check(&r, i, 100 + (uint64_t)i));
+  rig_check_reload(&r, 100, 12);
   rig_check_quiet(&r);
   rig_close(&r);
 }
@@ -128,9 +119,7 @@ static void layer_save_fails_at_submit(oi_fault_point point) {
   fu_layer_rig_open(&r, "layer-submit");
   int64_t ids[2] = {0, 1};
   oi_block_hash hs[2] = {fu_hash(900), fu_hash(901)};
-  oi_save_options so;
-  oi_save_options_init(&so);
-  so.arena_count = 1;
+  oi_save_options so = fu_layer_save_options();
   for (uint32_t a = 0; a < FU_LAYERS; a++) {
     so.arena_first = a;
     oi_ticket *t = NULL;
@@ -145,10 +134,7 @@ static void layer_save_fails_at_submit(oi_fault_point point) {
       CHECK_OK(oi_ticket_wait(t, 60000));
       oi_ticket_release(t);
     }
-    oi_host_stats s = {.struct_size = sizeof s};
-    CHECK_OK(oi_host_get_stats(r.h, &s));
-    CHECK(s.blocks_in_flight == (a == 0 ? 2u : 0u)); /* aborted as soon as a layer failed */
-    CHECK(s.blocks_sealed == 0);
+    fu_check_layer_in_flight(&r, a);
   }
   fu_layer_save_aborted(&r, ids, hs);
   fu_layer_rig_close(&r);

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rig.h"
 #include "testutil.h"
 
 #define BS 16u
@@ -17,23 +18,9 @@ static bool hash_eq(const oi_block_hash *a, const oi_block_hash *b) {
 }
 
 static void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
-  uint32_t x = seed ? seed : 0x9e3779b9u;
-  for (size_t i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    p[i] = (uint8_t)(x >> 11);
-  }
-}
-
-static void fill_tokens(uint32_t *t, size_t n, uint32_t seed) {
-  uint32_t x = seed ? seed : 0x9e3779b9u;
-  for (size_t i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    t[i] = x;
-  }
+  uint32_t x = seed;
+  for (size_t i = 0; i < n; i++)
+    p[i] = (uint8_t)(tr_xorshift32(&x) >> 11);
 }
 
 static oi_block_hash key_of(const void *k, size_t len) {
@@ -227,7 +214,7 @@ static void test_args_init(void) {
  * the chain is oi_hash_blocks'. */
 static void test_ex_equals_plain(void) {
   uint32_t tok[NTOK + 5];
-  fill_tokens(tok, NTOK + 5, 5);
+  tr_fill_tokens(tok, NTOK + 5, 5);
   oi_block_hash parent;
   fill_bytes(parent.bytes, 16, 55);
   const char salt[] = "model-x";
@@ -273,7 +260,7 @@ static void test_ex_equals_plain(void) {
  * later block; blocks before k are unchanged. */
 static void test_ex_extra_key_chains(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 6);
+  tr_fill_tokens(tok, NTOK, 6);
   oi_block_hash plain[NBLK];
   size_t n = 0;
   CHECK_OK(oi_hash_blocks(tok, NTOK, BS, "s", 1, NULL, plain, NBLK, &n));
@@ -297,7 +284,7 @@ static void test_ex_extra_key_chains(void) {
  * bytes move between the salt and the extra key, or into a longer key. */
 static void test_ex_extra_key_distinct(void) {
   uint32_t tok[BS];
-  fill_tokens(tok, BS, 7);
+  tr_fill_tokens(tok, BS, 7);
   struct {
     const char *salt, *extra;
   } cases[] = {{"", NULL},   {"", "a"},     {"", "b"},      {"", "ab"},    {"a", "b"},
@@ -330,7 +317,7 @@ static void test_ex_extra_key_distinct(void) {
  * keys continues the chain; a short out_cap writes that many and fails. */
 static void test_ex_continue_and_out_cap(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 8);
+  tr_fill_tokens(tok, NTOK, 8);
   oi_block_extra_key x[NBLK];
   uint8_t img[NBLK][32];
   for (unsigned i = 0; i < NBLK; i++) {
@@ -367,7 +354,7 @@ static void test_ex_continue_and_out_cap(void) {
  * does not cover; a larger one is accepted when its tail is zero. */
 static void test_ex_struct_size(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 9);
+  tr_fill_tokens(tok, NTOK, 9);
   oi_block_hash plain[NBLK], h[NBLK];
   size_t n = 0;
   CHECK_OK(oi_hash_blocks(tok, NTOK, BS, NULL, 0, NULL, plain, NBLK, &n));
@@ -414,7 +401,7 @@ typedef struct bad_case {
 
 static void test_ex_invalid(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 10);
+  tr_fill_tokens(tok, NTOK, 10);
   oi_block_hash h[NBLK], marker[NBLK];
   memset(marker, 0x42, sizeof marker);
   size_t n = 0;

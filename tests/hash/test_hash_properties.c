@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "rig.h"
 #include "testutil.h"
 
 #define BS 16u
@@ -20,17 +21,6 @@ static bool hash_is_zero(const oi_block_hash *h) {
   return hash_eq(h, &zero);
 }
 
-/* Deterministic pseudo-random tokens (xorshift32), covering the full u32 range. */
-static void fill_tokens(uint32_t *t, size_t n, uint32_t seed) {
-  uint32_t x = seed ? seed : 0x9e3779b9u;
-  for (size_t i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    t[i] = x;
-  }
-}
-
 /* Hashes all NTOK tokens with the given salt; requires success. */
 static void hash_all(const uint32_t *tokens, size_t n_tokens, const void *salt, size_t salt_len,
                      const oi_block_hash *parent, oi_block_hash *out, size_t out_cap,
@@ -42,9 +32,18 @@ static void hash_all(const uint32_t *tokens, size_t n_tokens, const void *salt, 
   }
 }
 
+/* Fills tok[NTOK] with the tokens of `seed` and hashes them all, unsalted,
+ * into out[NBLK]. @return the number of hashes. */
+static size_t hash_seeded(uint32_t *tok, uint32_t seed, oi_block_hash *out) {
+  tr_fill_tokens(tok, NTOK, seed);
+  size_t n = 0;
+  hash_all(tok, NTOK, NULL, 0, NULL, out, NBLK, &n);
+  return n;
+}
+
 static void test_deterministic(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 1);
+  tr_fill_tokens(tok, NTOK, 1);
   oi_block_hash a[NBLK], b[NBLK];
   size_t na = 0, nb = 0;
   hash_all(tok, NTOK, NULL, 0, NULL, a, NBLK, &na);
@@ -61,7 +60,7 @@ static void test_deterministic(void) {
 
 static void test_salt(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 2);
+  tr_fill_tokens(tok, NTOK, 2);
   oi_block_hash none[NBLK], s1[NBLK], s2[NBLK], s3[NBLK];
   size_t n = 0;
   const char salt1[] = "lora-1";
@@ -85,11 +84,11 @@ static void test_salt(void) {
 
 static void test_shared_prefix(void) {
   uint32_t a[NTOK], b[NTOK];
-  fill_tokens(a, NTOK, 3);
+  tr_fill_tokens(a, NTOK, 3);
   memcpy(b, a, sizeof a);
   /* b diverges in the middle of block 5: blocks 0..4 are common. */
   const unsigned diverge = 5 * BS + 7;
-  fill_tokens(b + diverge, NTOK - diverge, 33);
+  tr_fill_tokens(b + diverge, NTOK - diverge, 33);
   REQUIRE(a[diverge] != b[diverge]);
   oi_block_hash ha[NBLK], hb[NBLK];
   size_t n = 0;
@@ -111,10 +110,8 @@ static void test_shared_prefix(void) {
 
 static void test_one_token_change(void) {
   uint32_t base[NTOK];
-  fill_tokens(base, NTOK, 4);
   oi_block_hash hbase[NBLK];
-  size_t n = 0;
-  hash_all(base, NTOK, NULL, 0, NULL, hbase, NBLK, &n);
+  size_t n = hash_seeded(base, 4, hbase);
   /* For every block, flip the first, a middle and the last token of it. */
   const unsigned offsets[] = {0, BS / 2, BS - 1};
   for (unsigned blk = 0; blk < NBLK; blk++) {
@@ -149,10 +146,8 @@ static void test_token_order_matters(void) {
 
 static void test_partial_tail(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 5);
   oi_block_hash full[NBLK];
-  size_t n = 0;
-  hash_all(tok, NTOK, NULL, 0, NULL, full, NBLK, &n);
+  size_t n = hash_seeded(tok, 5, full);
   CHECK(n == NBLK);
   /* Every length from 0 to NTOK: n_out = floor(n / BS), and the hashes are
    * those of the full sequence (the tail never influences them). */
@@ -179,7 +174,7 @@ static void test_partial_tail(void) {
 
 static void test_parent(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 6);
+  tr_fill_tokens(tok, NTOK, 6);
   const char salt[] = "model-x";
   oi_block_hash all[NBLK];
   size_t n = 0;
@@ -219,10 +214,8 @@ static void test_parent(void) {
 
 static void test_out_cap(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 7);
   oi_block_hash all[NBLK];
-  size_t n = 0;
-  hash_all(tok, NTOK, NULL, 0, NULL, all, NBLK, &n);
+  CHECK(hash_seeded(tok, 7, all) == NBLK);
 
   for (size_t cap = 0; cap < NBLK; cap++) {
     oi_block_hash h[NBLK];
@@ -264,7 +257,7 @@ static void expect_invalid(oi_status st, const char *what) {
 
 static void test_invalid_arguments(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 8);
+  tr_fill_tokens(tok, NTOK, 8);
   oi_block_hash h[NBLK];
   size_t got;
 
@@ -332,7 +325,7 @@ static void test_block_size_one(void) {
  * of 16 give different hashes. */
 static void test_block_size_matters(void) {
   uint32_t tok[NTOK];
-  fill_tokens(tok, NTOK, 9);
+  tr_fill_tokens(tok, NTOK, 9);
   oi_block_hash h8[2 * NBLK], h16[NBLK];
   size_t n8 = 0, n16 = 0;
   CHECK_OK(oi_hash_blocks(tok, NTOK, BS / 2, NULL, 0, NULL, h8, 2 * NBLK, &n8));

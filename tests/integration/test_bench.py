@@ -6,8 +6,9 @@ import math
 import subprocess
 import sys
 
+import cli_check
+
 exe = sys.argv[1]
-failures = 0
 
 
 def run(*args, timeout=100):
@@ -15,13 +16,7 @@ def run(*args, timeout=100):
 
 
 def check(cond, what, proc=None):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL: {what}", file=sys.stderr)
-        if proc is not None:
-            print(f"  rc={proc.returncode}\n  stdout={proc.stdout!r}\n  stderr={proc.stderr[-4000:]!r}",
-                  file=sys.stderr)
+    cli_check.check(cond, what, proc, stderr_tail=4000)
 
 
 def close(a, b, rel=0.01, abs_=1e-3):
@@ -226,5 +221,4 @@ if shutil.which("redis-server"):
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         check("oibench" not in left, f"bench remote removes its namespaces (left: {left!r})")
 
-print("test_bench:", "ok" if failures == 0 else f"{failures} failure(s)")
-sys.exit(1 if failures else 0)
+cli_check.finish("test_bench")

@@ -5,21 +5,13 @@ import re
 import subprocess
 import sys
 
+from cli_check import check, finish
+
 exe = sys.argv[1]
-failures = 0
 
 
 def run(*args):
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=100)
-
-
-def check(cond, what, proc=None):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL: {what}", file=sys.stderr)
-        if proc is not None:
-            print(f"  rc={proc.returncode}\n  stdout={proc.stdout!r}\n  stderr={proc.stderr!r}", file=sys.stderr)
 
 
 p = run("--help")
@@ -140,5 +132,4 @@ rows = [l for l in p.stdout.splitlines() if re.search(r"\d+\.\d\d\s+\d+\.\d\d", 
 ends = {m.end() for l in rows for m in [re.search(r"\d+\.\d\d", l)]}
 check(p.returncode == 0 and len(rows) == 4 and len(ends) == 1, "bench rpc's p50 column is aligned", p)
 
-print("test_cli:", "ok" if failures == 0 else f"{failures} failure(s)")
-sys.exit(1 if failures else 0)
+finish("test_cli")

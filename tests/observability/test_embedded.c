@@ -24,7 +24,9 @@
 
 /* ---- a plain HTTP/1.0 client --------------------------------------------------- */
 
-static int http_get(uint16_t port, const char *path, char *body, size_t cap) {
+/* An HTTP request of any method and path; the status code. */
+static int http_req(uint16_t port, const char *method, const char *path, const char *extra,
+                    char *body, size_t cap) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -33,8 +35,9 @@ static int http_get(uint16_t port, const char *path, char *body, size_t cap) {
     close(fd);
     return -1;
   }
-  char req[256];
-  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+  char req[512];
+  int n =
+      snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s\r\n", method, path, extra);
   REQUIRE(write(fd, req, (size_t)n) == n);
   static char resp[1 << 20];
   size_t len = 0;
@@ -50,22 +53,74 @@ static int http_get(uint16_t port, const char *path, char *body, size_t cap) {
   return code;
 }
 
+static int http_get(uint16_t port, const char *path, char *body, size_t cap) {
+  return http_req(port, "GET", path, "", body, cap);
+}
+
+/* ---- a server and a client engine ------------------------------------------------ */
+
+/* Makes the scratch directory `dir` (a mkdtemp template) and names the
+ * server's socket in it: "<dir>/s". */
+static void scratch_dir(char *dir, char *sock, size_t cap) {
+  REQUIRE(mkdtemp(dir));
+  snprintf(sock, cap, "%s/s", dir);
+}
+
+/* Server options at `sock` over host options *ho: a 16 MiB pool, not pinned. */
+static oi_server_options server_options(const char *sock, oi_host_options *ho) {
+  *ho = tr_host_options(16 << 20);
+  ho->flags = OI_HOST_NO_PIN;
+  oi_server_options so;
+  oi_server_options_init(&so);
+  so.socket_path = sock;
+  so.host = ho;
+  return so;
+}
+
+/* A client engine of namespace `ns` over one arena *ad of 4 blocks of 256
+ * bytes (its options in *eo), connected to the server at `sock`, retried
+ * while the server is not up yet; REQUIREs success. */
+static oi_engine *connect_kv(const char *sock, const char *ns, oi_arena_desc *ad,
+                             oi_engine_options *eo, oi_imported_arena **ia) {
+  *ad = tr_arena("kv", NULL, 4, 256);
+  *eo = tr_engine_options(ns, ad, 1);
+  oi_engine *e = NULL;
+  oi_status st = OI_ERR_NOT_FOUND;
+  for (int i = 0; i < 500 && st == OI_ERR_NOT_FOUND; i++) {
+    st = oi_engine_connect(sock, eo, &e, ia);
+    if (st == OI_ERR_NOT_FOUND) usleep(10000);
+  }
+  REQUIRE(st == OI_OK);
+  return e;
+}
+
+/* Closes the client engine, stops the server (run on thread th) and destroys it. */
+static void disconnect_and_stop(oi_engine *e, oi_imported_arena *ia, oi_server *srv, pthread_t th) {
+  oi_imported_arena_close(ia);
+  oi_engine_destroy(e);
+  oi_server_stop(srv);
+  pthread_join(th, NULL);
+  oi_server_destroy(srv);
+}
+
 static void *run_server(void *arg) {
   oi_server_run(arg);
   return NULL;
 }
 
+/* Runs the server on a thread of its own. @return the thread. */
+static pthread_t serve(oi_server *srv) {
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, run_server, srv) == 0);
+  return th;
+}
+
 static void test_server_health(void) {
   char dir[] = "/tmp/oi-obs-XXXXXX";
-  REQUIRE(mkdtemp(dir));
   char sock[128];
-  snprintf(sock, sizeof sock, "%s/s", dir);
-  oi_host_options ho = tr_host_options(16 << 20);
-  ho.flags = OI_HOST_NO_PIN;
-  oi_server_options so;
-  oi_server_options_init(&so);
-  so.socket_path = sock;
-  so.host = &ho;
+  scratch_dir(dir, sock, sizeof sock);
+  oi_host_options ho;
+  oi_server_options so = server_options(sock, &ho);
   so.metrics_addr = "127.0.0.1:0";
   oi_server *srv;
   oi_status st = oi_server_create(&so, &srv);
@@ -80,8 +135,7 @@ static void test_server_health(void) {
   static char body[1 << 20];
   CHECK(http_get(port, "/healthz", body, sizeof body) == 503); /* not serving yet */
   CHECK(strstr(body, "not started") != NULL);
-  pthread_t th;
-  REQUIRE(pthread_create(&th, NULL, run_server, srv) == 0);
+  pthread_t th = serve(srv);
   int code = 0;
   for (int i = 0; i < 500 && code != 200; i++) {
     code = http_get(port, "/healthz", body, sizeof body);
@@ -120,35 +174,6 @@ static void test_server_health(void) {
   CHECK(oi_server_metrics_port(NULL) == 0);
 }
 
-/* An HTTP request of any method and path; the status code. */
-static int http_req(uint16_t port, const char *method, const char *path, const char *extra,
-                    char *body, size_t cap) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-    close(fd);
-    return -1;
-  }
-  char req[512];
-  int n =
-      snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s\r\n", method, path, extra);
-  REQUIRE(write(fd, req, (size_t)n) == n);
-  static char resp[1 << 20];
-  size_t len = 0;
-  ssize_t r;
-  while ((r = read(fd, resp + len, sizeof resp - 1 - len)) > 0)
-    len += (size_t)r;
-  close(fd);
-  resp[len] = '\0';
-  int code = 0;
-  if (sscanf(resp, "HTTP/1.%*d %d", &code) != 1) return -2;
-  const char *b = strstr(resp, "\r\n\r\n");
-  snprintf(body, cap, "%s", b ? b + 4 : "");
-  return code;
-}
-
 /* The endpoint of a server with a disk tier, an arena device list and a
  * namespace whose name needs escaping: the disk figures and the escaped
  * label appear; /healthz counts the devices it asked; other methods and
@@ -156,20 +181,15 @@ static int http_req(uint16_t port, const char *method, const char *path, const c
  * at create. */
 static void test_server_metrics_details(void) {
   char dir[] = "/tmp/oi-obs-XXXXXX";
-  REQUIRE(mkdtemp(dir));
   char sock[128], disk_dir[128];
-  snprintf(sock, sizeof sock, "%s/s", dir);
+  scratch_dir(dir, sock, sizeof sock);
   snprintf(disk_dir, sizeof disk_dir, "%s/disk", dir);
-  oi_host_options ho = tr_host_options(16 << 20);
-  ho.flags = OI_HOST_NO_PIN;
   const char *dirs[1] = {disk_dir};
   oi_host_disk_options dopt = {
       .struct_size = sizeof dopt, .num_dirs = 1, .dirs = dirs, .capacity_bytes = 8 << 20};
   int32_t cpu = OI_DEVICE_CPU;
-  oi_server_options so;
-  oi_server_options_init(&so);
-  so.socket_path = sock;
-  so.host = &ho;
+  oi_host_options ho;
+  oi_server_options so = server_options(sock, &ho);
   so.disk = &dopt;
   so.devices = &cpu;
   so.num_devices = 1;
@@ -183,23 +203,11 @@ static void test_server_metrics_details(void) {
   }
   REQUIRE(st == OI_OK);
   uint16_t port = oi_server_metrics_port(srv);
-  pthread_t th;
-  REQUIRE(pthread_create(&th, NULL, run_server, srv) == 0);
+  pthread_t th = serve(srv);
   oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  oi_arena_desc ad = {
-      .name = "kv", .num_blocks = 4, .bytes_per_block = 256, .block_stride = 256, .segments = 1};
-  eo.namespace_id = "we\"ird\\ns\nname";
-  eo.arenas = &ad;
-  eo.num_arenas = 1;
-  oi_engine *e = NULL;
+  oi_arena_desc ad;
   oi_imported_arena *ia = NULL;
-  st = OI_ERR_NOT_FOUND;
-  for (int i = 0; i < 500 && st == OI_ERR_NOT_FOUND; i++) {
-    st = oi_engine_connect(sock, &eo, &e, &ia);
-    if (st == OI_ERR_NOT_FOUND) usleep(10000);
-  }
-  REQUIRE(st == OI_OK);
+  oi_engine *e = connect_kv(sock, "we\"ird\\ns\nname", &ad, &eo, &ia);
   static char body[1 << 20];
   CHECK(http_get(port, "/metrics", body, sizeof body) == 200);
   char want[128];
@@ -271,11 +279,7 @@ static void test_server_metrics_details(void) {
     oi_server_destroy(other);
   }
 
-  oi_imported_arena_close(ia);
-  oi_engine_destroy(e);
-  oi_server_stop(srv);
-  pthread_join(th, NULL);
-  oi_server_destroy(srv);
+  disconnect_and_stop(e, ia, srv, th);
   /* The disk tier's directory and files. */
   tu_remove_dir(disk_dir);
   CHECK(rmdir(dir) == 0);
@@ -285,9 +289,9 @@ static void test_server_metrics_details(void) {
 
 static void test_server_stats_fetch(void) {
   char dir[] = "/tmp/oi-obs-XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  char sock[128], none[128];
-  snprintf(sock, sizeof sock, "%s/s", dir);
+  char sock[128];
+  scratch_dir(dir, sock, sizeof sock);
+  char none[128]; /* where no server listens */
   snprintf(none, sizeof none, "%s/nothing", dir);
   oi_server_stats ss = {.struct_size = sizeof ss};
   oi_host_stats hs = {.struct_size = sizeof hs};
@@ -297,32 +301,16 @@ static void test_server_stats_fetch(void) {
   CHECK_ST(oi_server_fetch_stats(sock, 0, &bad, NULL, NULL, 0), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi_server_fetch_stats(none, 0, &ss, NULL, NULL, 0), OI_ERR_NOT_FOUND);
 
-  oi_host_options ho = tr_host_options(16 << 20);
-  ho.flags = OI_HOST_NO_PIN;
-  oi_server_options so;
-  oi_server_options_init(&so);
-  so.socket_path = sock;
-  so.host = &ho;
+  oi_host_options ho;
+  oi_server_options so = server_options(sock, &ho);
   oi_server *srv;
   REQUIRE(oi_server_create(&so, &srv) == OI_OK);
-  pthread_t th;
-  REQUIRE(pthread_create(&th, NULL, run_server, srv) == 0);
+  pthread_t th = serve(srv);
   /* A namespace, so the list has an entry: one client engine, registered. */
   oi_engine_options eo;
-  oi_engine_options_init(&eo);
-  oi_arena_desc ad = {
-      .name = "kv", .num_blocks = 4, .bytes_per_block = 256, .block_stride = 256, .segments = 1};
-  eo.namespace_id = "fetch-ns";
-  eo.arenas = &ad;
-  eo.num_arenas = 1;
-  oi_engine *e = NULL;
+  oi_arena_desc ad;
   oi_imported_arena *ia = NULL;
-  oi_status st = OI_ERR_NOT_FOUND;
-  for (int i = 0; i < 500 && st == OI_ERR_NOT_FOUND; i++) {
-    st = oi_engine_connect(sock, &eo, &e, &ia);
-    if (st == OI_ERR_NOT_FOUND) usleep(10000);
-  }
-  REQUIRE(st == OI_OK);
+  oi_engine *e = connect_kv(sock, "fetch-ns", &ad, &eo, &ia);
 
   oi_host_namespace_stats ns[2];
   memset(ns, 0, sizeof ns);
@@ -353,11 +341,7 @@ static void test_server_stats_fetch(void) {
   CHECK(old.struct_size == sizeof old && old.namespaces == 1);
   CHECK(old_ns[0].struct_size == sizeof old_ns[0] && strcmp(old_ns[0].name, "fetch-ns") == 0);
 
-  oi_imported_arena_close(ia);
-  oi_engine_destroy(e);
-  oi_server_stop(srv);
-  pthread_join(th, NULL);
-  oi_server_destroy(srv);
+  disconnect_and_stop(e, ia, srv, th);
   rmdir(dir);
 }
 
@@ -406,25 +390,20 @@ static void test_embedded_stats(void) {
   for (size_t i = 0; i < sizeof kv; i++)
     kv[i] = (uint8_t)i;
   oi_arena_desc a = tr_arena("kv", kv, NB, BB);
-  oi_engine_options eo = tr_engine_options("ns-a", &a, 1);
-  oi_engine *e = tr_engine_new(h, &eo);
+  oi_engine *e = tr_engine(h, "ns-a", &a, 1);
 
   int64_t ids[NB];
   oi_block_hash hs[NB];
   for (int i = 0; i < NB; i++) {
     ids[i] = i;
-    memset(&hs[i], 0, sizeof hs[i]);
-    hs[i].bytes[0] = (uint8_t)(i + 1);
+    hs[i] = tr_hash(0, 0, (uint8_t)(i + 1)); /* zeros but byte 0 */
   }
   CHECK_OK(tr_save(e, ids, hs, 8, 10000));
   oi_query_result qr = {.struct_size = sizeof qr};
   CHECK_OK(oi_engine_query(e, NULL, hs, 10, 0, &qr));
   CHECK(qr.hit_blocks == 8);
 
-  oi_host_stats s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  CHECK_OK(oi_host_get_stats(h, &s));
+  oi_host_stats s = tr_host_stats(h);
   CHECK(s.blocks_pinned == 8 && s.blocks_leased == 8);
   CHECK(s.namespaces == 1 && s.latency_buckets == OI_LATENCY_BUCKETS);
   CHECK(s.pool_setup_ns > 0);
@@ -436,9 +415,7 @@ static void test_embedded_stats(void) {
   int64_t dst[8] = {8, 9, 10, 11, 12, 13, 14, 15};
   CHECK_OK(tr_load(e, qr.lease, dst, 8, 10000));
   CHECK(memcmp(kv + 8 * BB, kv, 8 * BB) == 0);
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  CHECK_OK(oi_host_get_stats(h, &s));
+  s = tr_host_stats(h);
   CHECK(s.blocks_pinned == 0 && s.blocks_loading == 0 && s.blocks_leased == 0);
   CHECK(s.loads_submitted == 1 && s.loads_completed == 1 && s.blocks_loaded == 8);
   uint64_t nload = 0;
@@ -453,17 +430,16 @@ static void test_embedded_stats(void) {
   CHECK(!strcmp(ns.name, "ns-a") && ns.blocks_resident == 8 && ns.block_bytes == BB);
   CHECK_ST(oi_host_get_namespace_stats(h, 1, &ns), OI_ERR_NOT_FOUND);
 
-  /* An old caller: its struct ends before the appended fields, which stay
-   * untouched. */
+  /* A struct smaller than the 0.1 layout (a caller built before the fields
+   * were put in their place) is refused, and nothing is written. */
   oi_host_stats old;
   memset(&old, 0xab, sizeof old);
-  old.struct_size = (uint32_t)offsetof(oi_host_stats, loads_submitted);
-  CHECK_OK(oi_host_get_stats(h, &old));
-  CHECK(old.saves_completed == 8 && old.loads_submitted == 0xababababababababull);
-  oi_engine_stats es;
-  memset(&es, 0, sizeof es);
-  es.struct_size = sizeof es;
-  CHECK_OK(oi_engine_get_stats(e, &es));
+  old.struct_size = (uint32_t)offsetof(oi_host_stats, latency_buckets);
+  CHECK_ST(oi_host_get_stats(h, &old), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "rebuild") != NULL);
+  CHECK(old.saves_completed == 0xababababababababull);
+  oi_clear_error();
+  oi_engine_stats es = tr_engine_stats(e);
   CHECK(es.loads_submitted == 1 && es.namespace_blocks_resident == 8);
   CHECK(es.save_latency_sum_us == s.save_latency_sum_us);
 

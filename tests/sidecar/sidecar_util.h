@@ -508,9 +508,10 @@ static bool wc_server_stats(wire_client *c, oiwire_StatsReply *out) {
   return true;
 }
 
-/* Registers the test layout; @return the instance id (0 on failure). */
-static uint32_t wc_register(wire_client *c, const char *ns, oi_arena_handle *handle,
-                            uint64_t *arena_bytes) {
+/* Sends a Register of the test layout in namespace `ns` on `device` (world
+ * size 1). @return whether a reply came (in c->env: a RegisterReply or an
+ * error). */
+static bool wc_call_register(wire_client *c, const char *ns, int32_t device) {
   oi_arena_desc a[TL_ARENAS];
   uint64_t total;
   tl_arenas(a, &total);
@@ -519,11 +520,19 @@ static uint32_t wc_register(wire_client *c, const char *ns, oi_arena_handle *han
   env.which_body = oiwire_Envelope_register_instance_tag;
   snprintf(env.body.register_instance.namespace_id, sizeof env.body.register_instance.namespace_id,
            "%s", ns);
-  env.body.register_instance.device = OI_DEVICE_CPU;
+  env.body.register_instance.device = device;
   env.body.register_instance.world_size = 1;
   env.body.register_instance.arena_size = total;
   oi_wire_out out = {.arenas = a, .n_arenas = TL_ARENAS};
-  if (!wc_call(c, &env, &out) || c->env.which_body != oiwire_Envelope_register_reply_tag) return 0;
+  return wc_call(c, &env, &out);
+}
+
+/* Registers the test layout; @return the instance id (0 on failure). */
+static uint32_t wc_register(wire_client *c, const char *ns, oi_arena_handle *handle,
+                            uint64_t *arena_bytes) {
+  if (!wc_call_register(c, ns, OI_DEVICE_CPU) ||
+      c->env.which_body != oiwire_Envelope_register_reply_tag)
+    return 0;
   if (handle) memcpy(handle->bytes, c->env.body.register_reply.arena_handle.bytes, 64);
   if (arena_bytes) *arena_bytes = c->env.body.register_reply.arena_bytes;
   return c->env.body.register_reply.instance_id;
@@ -540,6 +549,20 @@ static uint32_t wc_register(wire_client *c, const char *ns, oi_arena_handle *han
     }                                                                                              \
     ok_;                                                                                           \
   })
+
+/* The server at ts went back to no instance, no arena bytes and no shared
+ * memory object, and serves: a new client's session is then its only one
+ * (all CHECKed). */
+static void check_server_clean(const test_server *ts) {
+  wire_client c;
+  oiwire_StatsReply sr;
+  memset(&sr, 0, sizeof sr);
+  REQUIRE(wc_connect(&c, ts->socket) && wc_hello(&c, NULL));
+  CHECK(WAIT_FOR_STATS(&c, sr, sr.instances == 0 && sr.sessions == 1));
+  CHECK(sr.arena_bytes == 0);
+  CHECK(shm_objects_of(ts->pid) == 0);
+  wc_close(&c);
+}
 
 /* ---- hand-made protobuf, for frames the encoder would never produce ------------------- */
 

@@ -423,14 +423,7 @@ int main(int argc, char **argv) {
   CHECK(outcomes[1] * 2 >= rounds);
 
   /* The server cleaned every session and still serves. */
-  wire_client c;
-  oiwire_StatsReply sr;
-  memset(&sr, 0, sizeof sr);
-  REQUIRE(wc_connect(&c, ts.socket) && wc_hello(&c, NULL));
-  CHECK(WAIT_FOR_STATS(&c, sr, sr.instances == 0 && sr.sessions == 1));
-  CHECK(sr.arena_bytes == 0);
-  CHECK(shm_objects_of(ts.pid) == 0);
-  wc_close(&c);
+  check_server_clean(&ts);
   CHECK(ts_stop(&ts));
   if (oi_test_failures) ts_dump_log(&ts);
   ts_cleanup(&ts);

@@ -353,17 +353,24 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
+/* An engine of namespace ns connected, engine-owned, over fresh sealed
+ * memory *m of the test layout (its arenas in a); REQUIREs success. */
+static oi_engine *owned_connect(const char *ns, oi_arena_desc a[TL_ARENAS], owned_mem *m) {
+  uint64_t total;
+  tl_arenas(a, &total);
+  om_alloc(m, total, true);
+  oi_engine_options o;
+  owned_options(&o, a, ns, m);
+  oi_engine *e = NULL;
+  REQUIRE(oi_engine_connect(ts.socket, &o, &e, NULL) == OI_OK);
+  return e;
+}
+
 static void test_server_killed_degrade_and_reconnect(void) {
   REQUIRE(ts_start(&ts, NULL));
   owned_mem m;
-  uint64_t total;
   oi_arena_desc a[TL_ARENAS];
-  tl_arenas(a, &total);
-  om_alloc(&m, total, true);
-  oi_engine_options o;
-  owned_options(&o, a, "owned-kill", &m);
-  oi_engine *e = NULL;
-  REQUIRE(oi_engine_connect(ts.socket, &o, &e, NULL) == OI_OK);
+  oi_engine *e = owned_connect("owned-kill", a, &m);
   round_trip(e, &m, a, 2, 0, 4);
   oi_engine_stats s;
   REQUIRE(stats_of(e, &s) == OI_OK);
@@ -464,14 +471,8 @@ static void test_server_killed_degrade_and_reconnect(void) {
 static void test_degraded_engine_is_destroyed_promptly(void) {
   REQUIRE(ts_start(&ts, NULL));
   owned_mem m;
-  uint64_t total;
   oi_arena_desc a[TL_ARENAS];
-  tl_arenas(a, &total);
-  om_alloc(&m, total, true);
-  oi_engine_options o;
-  owned_options(&o, a, "owned-destroy", &m);
-  oi_engine *e = NULL;
-  REQUIRE(oi_engine_connect(ts.socket, &o, &e, NULL) == OI_OK);
+  oi_engine *e = owned_connect("owned-destroy", a, &m);
   ts_kill(&ts);
   oi_engine_stats s;
   CHECK(wait_connection(e, OI_CONNECTION_DEGRADED, &s));

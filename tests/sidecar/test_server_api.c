@@ -60,6 +60,30 @@ static void *run_thread(void *arg) {
   return (void *)(intptr_t)st;
 }
 
+/* A server with default options at <dir>/<name>, that path in path[128]. */
+static oi_server *create_server(char path[128], const char *name) {
+  snprintf(path, 128, "%s/%s", dir, name);
+  oi_server_options so;
+  server_opts(&so, path);
+  oi_server *s = NULL;
+  REQUIRE(oi_server_create(&so, &s) == OI_OK);
+  return s;
+}
+
+/* Runs server s on a thread of its own. @return the thread. */
+static pthread_t serve(oi_server *s) {
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, run_thread, s) == 0);
+  return th;
+}
+
+/* Stops server s (run by thread th), waits for the thread, destroys s. */
+static void stop_and_destroy(oi_server *s, pthread_t th) {
+  oi_server_stop(s);
+  pthread_join(th, NULL);
+  oi_server_destroy(s);
+}
+
 /* A client that says Hello and gets the reply. */
 static bool served(const char *path) {
   wire_client c;
@@ -171,8 +195,7 @@ static void test_run_states(void) {
   oi_server *s = NULL;
   REQUIRE(oi_server_create(&so, &s) == OI_OK);
   CHECK(!strcmp(oi_server_socket_path(s), path) && oi_server_epoch(s) != 0);
-  pthread_t th;
-  REQUIRE(pthread_create(&th, NULL, run_thread, s) == 0);
+  pthread_t th = serve(s);
   CHECK(served(path)); /* the thread runs it */
   CHECK_ST(oi_server_run(s), OI_ERR_STATE);
   CHECK(strstr(oi_last_error(), "is running"));
@@ -221,12 +244,9 @@ static void test_socket_files(void) {
     char want[256];
     snprintf(want, sizeof want, "cannot write %s", owner);
     CHECK(log_has(want));
-    pthread_t th;
-    REQUIRE(pthread_create(&th, NULL, run_thread, s) == 0);
+    pthread_t th = serve(s);
     CHECK(served(path));
-    oi_server_stop(s);
-    pthread_join(th, NULL);
-    oi_server_destroy(s);
+    stop_and_destroy(s, th);
     CHECK(rmdir(blocker) == 0);
   }
 
@@ -246,12 +266,9 @@ static void test_socket_files(void) {
   REQUIRE(oi_server_create(&so, &s) == OI_OK);
   CHECK(log_has("replacing the stale socket"));
   CHECK(log_has("still exists: leaving its arenas alone"));
-  pthread_t th;
-  REQUIRE(pthread_create(&th, NULL, run_thread, s) == 0);
+  pthread_t th = serve(s);
   CHECK(served(path));
-  oi_server_stop(s);
-  pthread_join(th, NULL);
-  oi_server_destroy(s);
+  stop_and_destroy(s, th);
   struct stat sb;
   CHECK(lstat(owner, &sb) != 0); /* its own owner file removed with it */
 
@@ -277,11 +294,9 @@ static void test_socket_files(void) {
     REQUIRE(oi_server_create(&so, &s) == OI_OK);
     CHECK(log_has("replacing the stale socket"));
     CHECK(!log_has("still exists") && !log_has("left behind"));
-    REQUIRE(pthread_create(&th, NULL, run_thread, s) == 0);
+    th = serve(s);
     CHECK(served(path));
-    oi_server_stop(s);
-    pthread_join(th, NULL);
-    oi_server_destroy(s);
+    stop_and_destroy(s, th);
     CHECK(lstat(owner, &sb) != 0);
   }
 
@@ -292,11 +307,9 @@ static void test_socket_files(void) {
   longp[100] = '\0';
   server_opts(&so, longp);
   REQUIRE(oi_server_create(&so, &s) == OI_OK);
-  REQUIRE(pthread_create(&th, NULL, run_thread, s) == 0);
+  th = serve(s);
   CHECK(served(longp));
-  oi_server_stop(s);
-  pthread_join(th, NULL);
-  oi_server_destroy(s);
+  stop_and_destroy(s, th);
   CHECK(lstat(longp, &sb) != 0);
 
   /* No path: $XDG_RUNTIME_DIR/openinfer.sock (a directory too long for
@@ -353,11 +366,7 @@ static int open_fds(void) {
  * not spin), and once descriptors are free it serves the waiting clients. */
 static void test_accept_without_descriptors(void) {
   char path[128];
-  snprintf(path, sizeof path, "%s/m.sock", dir);
-  oi_server_options so;
-  server_opts(&so, path);
-  oi_server *s = NULL;
-  REQUIRE(oi_server_create(&so, &s) == OI_OK);
+  oi_server *s = create_server(path, "m.sock");
   /* Three clients queue before the server runs. */
   wire_client c[3];
   for (int i = 0; i < 3; i++)
@@ -376,8 +385,7 @@ static void test_accept_without_descriptors(void) {
     nfill++;
   CHECK(nfill < 64 && errno == EMFILE);
   log_clear();
-  pthread_t th;
-  REQUIRE(pthread_create(&th, NULL, run_thread, s) == 0);
+  pthread_t th = serve(s);
   CHECK(wait_log("accept: Too many open files", 5000));
   usleep(50000); /* still out of descriptors: nobody accepted */
   for (int i = 0; i < nfill; i++)
@@ -389,9 +397,7 @@ static void test_accept_without_descriptors(void) {
     wc_close(&c[i]);
   }
   CHECK(served(path));
-  oi_server_stop(s);
-  pthread_join(th, NULL);
-  oi_server_destroy(s);
+  stop_and_destroy(s, th);
 }
 
 /* --arena-devices cpu: a Register for another device is refused with
@@ -406,30 +412,15 @@ static void test_device_not_served(void) {
   so.num_devices = 1;
   oi_server *s = NULL;
   REQUIRE(oi_server_create(&so, &s) == OI_OK);
-  pthread_t th;
-  REQUIRE(pthread_create(&th, NULL, run_thread, s) == 0);
+  pthread_t th = serve(s);
   wire_client c;
   REQUIRE(wc_connect(&c, path) && wc_hello(&c, NULL));
-  oi_arena_desc a[TL_ARENAS];
-  uint64_t total;
-  tl_arenas(a, &total);
-  oiwire_Envelope env;
-  memset(&env, 0, sizeof env);
-  env.which_body = oiwire_Envelope_register_instance_tag;
-  snprintf(env.body.register_instance.namespace_id, sizeof env.body.register_instance.namespace_id,
-           "not-served");
-  env.body.register_instance.device = 3;
-  env.body.register_instance.world_size = 1;
-  env.body.register_instance.arena_size = total;
-  oi_wire_out out = {.arenas = a, .n_arenas = TL_ARENAS};
-  CHECK(wc_call(&c, &env, &out));
+  CHECK(wc_call_register(&c, "not-served", 3));
   CHECK(wc_status(&c) == OI_ERR_PERMISSION &&
         strstr(c.env.body.result.message, "does not serve device 3"));
   CHECK(wc_register(&c, "served", NULL, NULL) != 0);
   wc_close(&c);
-  oi_server_stop(s);
-  pthread_join(th, NULL);
-  oi_server_destroy(s);
+  stop_and_destroy(s, th);
 }
 
 int main(void) {

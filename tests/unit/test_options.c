@@ -1,10 +1,13 @@
-/* The struct_size pattern: oi__struct_in / oi__struct_out, and
- * oi_device_get_info with older and current callers. */
+/* The struct_size pattern: oi__struct_in / oi__struct_out, their floors
+ * (oi__struct_in_min / oi__struct_out_min and the public structs reordered
+ * in 0.1), and oi_device_get_info with older and current callers. */
 #include <stdint.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "core/core.h"
+#include "openinfer/openinfer.h"
 #include "testutil.h"
 
 /* The library's current struct ... */
@@ -236,6 +239,83 @@ static void device_info_rejects_bad_ordinals_and_arguments(void) {
   oi_clear_error();
 }
 
+/* ---- floors: the structs reordered in 0.1 --------------------------------- */
+
+static void below_the_floor_is_refused_and_nothing_moves(void) {
+  size_t floor = offsetof(struct opts_v2, c_new) + sizeof(uint64_t); /* the whole v2 */
+  struct opts_v2 dst = defaults();
+  struct opts_v1 src = {.struct_size = sizeof src, .a = 10, .b = 20};
+  oi_clear_error();
+  CHECK_ST(oi__struct_in_min(&dst, sizeof dst, &src, floor, "opts"), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "rebuild") != NULL);
+  CHECK(dst.a == 1 && dst.b == 2 && dst.c_new == 777);
+  /* At the floor and above (a newer caller's zero tail) it is accepted. */
+  struct opts_v2 same = {.struct_size = sizeof same, .a = 3, .b = 4, .c_new = 5};
+  CHECK_OK(oi__struct_in_min(&dst, sizeof dst, &same, floor, "opts"));
+  CHECK(dst.a == 3 && dst.b == 4 && dst.c_new == 5);
+  struct opts_v3 newer = {.struct_size = sizeof newer, .a = 6, .b = 7, .c_new = 8};
+  CHECK_OK(oi__struct_in_min(&dst, sizeof dst, &newer, floor, "opts"));
+  CHECK(dst.a == 6 && dst.c_new == 8);
+
+  _Alignas(8) unsigned char buf[sizeof(struct opts_v2) + 16];
+  memset(buf, GUARD, sizeof buf);
+  uint32_t older = sizeof(struct opts_v1);
+  memcpy(buf, &older, sizeof older);
+  struct opts_v2 lib = {.struct_size = sizeof lib, .a = 41, .b = 42, .c_new = 43};
+  CHECK_ST(oi__struct_out_min(buf, &lib, sizeof lib, floor, "opts"), OI_ERR_INVALID_ARGUMENT);
+  CHECK(all_bytes_are(buf + sizeof(uint32_t), sizeof buf - sizeof(uint32_t), GUARD));
+  uint32_t full = sizeof(struct opts_v2);
+  memcpy(buf, &full, sizeof full);
+  CHECK_OK(oi__struct_out_min(buf, &lib, sizeof lib, floor, "opts"));
+  CHECK(all_bytes_are(buf + sizeof lib, sizeof buf - sizeof lib, GUARD));
+  oi_clear_error();
+}
+
+/* The floors are the whole 0.1 layouts (the end of each struct's last field). */
+static void public_floors_are_the_whole_structs(void) {
+  CHECK(OI_FLOOR_ENGINE_OPTIONS > offsetof(oi_engine_options, probe_interval_ms));
+  CHECK(sizeof(oi_engine_options) - OI_FLOOR_ENGINE_OPTIONS < 8);
+  CHECK(sizeof(oi_save_options) - OI_FLOOR_SAVE_OPTIONS < 8);
+  CHECK(sizeof(oi_query_result) == OI_FLOOR_QUERY_RESULT);
+  CHECK(sizeof(oi_engine_stats) == OI_FLOOR_ENGINE_STATS);
+  CHECK(sizeof(oi_lookup_options) - OI_FLOOR_LOOKUP_OPTIONS < 8);
+  CHECK(sizeof(oi_host_stats) == OI_FLOOR_HOST_STATS);
+  CHECK(sizeof(oi_server_options) - OI_FLOOR_SERVER_OPTIONS < 8);
+  CHECK(sizeof(oi_executor_options) - OI_FLOOR_EXECUTOR_OPTIONS < 8);
+}
+
+/* Through the public API: a lookup's options and a host's stats smaller than
+ * their 0.1 layouts are refused; whole ones work. */
+static void public_structs_below_the_floor_are_refused(void) {
+  oi_host_options ho;
+  CHECK_OK(oi_host_options_init(&ho));
+  ho.pool_bytes = 4u << 20;
+  ho.flags = OI_HOST_NO_PIN;
+  oi_host *h = NULL;
+  REQUIRE(oi_host_create(&ho, &h) == OI_OK);
+  oi_lookup_options lo;
+  CHECK_OK(oi_lookup_options_init(&lo));
+  lo.namespace_id = "floors";
+  oi_block_hash hash;
+  memset(&hash, 7, sizeof hash);
+  oi_query_result q;
+  memset(&q, 0, sizeof q);
+  q.struct_size = sizeof q;
+  CHECK_OK(oi_host_query(h, &lo, NULL, &hash, 1, 0, &q));
+  CHECK(q.hit_blocks == 0);
+  lo.struct_size = (uint32_t)offsetof(oi_lookup_options, lookup_deadline_ms);
+  CHECK_ST(oi_host_query(h, &lo, NULL, &hash, 1, 0, &q), OI_ERR_INVALID_ARGUMENT);
+  oi_host_stats hs;
+  memset(&hs, 0, sizeof hs);
+  hs.struct_size = (uint32_t)offsetof(oi_host_stats, save_latency_us);
+  CHECK_ST(oi_host_get_stats(h, &hs), OI_ERR_INVALID_ARGUMENT);
+  hs.struct_size = sizeof hs;
+  CHECK_OK(oi_host_get_stats(h, &hs));
+  CHECK(hs.capacity_bytes > 0);
+  oi_host_destroy(h);
+  oi_clear_error();
+}
+
 int main(void) {
   RUN_TEST(older_caller_keeps_defaults_for_new_fields);
   RUN_TEST(older_caller_struct_is_not_read_past_its_size);
@@ -246,6 +326,9 @@ int main(void) {
   RUN_TEST(output_to_older_caller_stays_within_its_size);
   RUN_TEST(output_to_newer_caller_leaves_unknown_fields_alone);
   RUN_TEST(output_with_bad_struct_size_or_null_is_invalid);
+  RUN_TEST(below_the_floor_is_refused_and_nothing_moves);
+  RUN_TEST(public_floors_are_the_whole_structs);
+  RUN_TEST(public_structs_below_the_floor_are_refused);
   RUN_TEST(device_info_for_older_caller_writes_only_its_fields);
   RUN_TEST(device_info_for_current_caller_is_complete);
   RUN_TEST(device_info_rejects_bad_ordinals_and_arguments);

@@ -30,11 +30,36 @@ static oi_status round_trip(const oiwire_Envelope *env, const oi_wire_out *out,
   return st;
 }
 
+/* Encodes an envelope of body `tag` with *out, whose array (its count at
+ * *count) holds one item more than the decoder takes, and decodes it into
+ * *a: refused, the message naming `refusal`. Then with one item less:
+ * accepted (the caller checks the arrays and frees them). */
+static void check_one_over_the_limit(pb_size_t tag, oi_wire_out *out, size_t *count,
+                                     const char *refusal, oi_wire_arrays *a) {
+  static oiwire_Envelope env, back;
+  memset(a, 0, sizeof *a);
+  memset(&env, 0, sizeof env);
+  env.which_body = tag;
+  CHECK_OK(round_trip(&env, out, &back, a));
+  CHECK(a->bad == OI_ERR_INVALID_ARGUMENT && strstr(a->bad_msg, refusal));
+  (*count)--;
+  CHECK_OK(round_trip(&env, out, &back, a));
+  CHECK(a->bad == OI_OK);
+}
+
+/* A zeroed array of one item more than `limit`: *n = limit + 1 items of
+ * `size` bytes. */
+static void *one_over(size_t limit, size_t size, size_t *n) {
+  *n = limit + 1;
+  void *p = calloc(*n, size);
+  REQUIRE(p);
+  return p;
+}
+
 static void test_hashes_and_ids_over_the_limit(void) {
-  size_t n = OI_WIRE_MAX_BLOCKS + 1;
-  oi_block_hash *hs = calloc(n, sizeof *hs);
-  int64_t *ids = calloc(n, sizeof *ids);
-  REQUIRE(hs && ids);
+  size_t n;
+  oi_block_hash *hs = one_over(OI_WIRE_MAX_BLOCKS, sizeof *hs, &n);
+  int64_t *ids = one_over(OI_WIRE_MAX_BLOCKS, sizeof *ids, &n);
   static oiwire_Envelope env, back;
   oi_wire_arrays a;
   memset(&a, 0, sizeof a);
@@ -69,9 +94,8 @@ static void test_hashes_and_ids_over_the_limit(void) {
 }
 
 static void test_membership_bytes_over_the_limit(void) {
-  size_t n = OI_WIRE_MAX_BLOCKS + 1;
-  uint8_t *present = malloc(n);
-  REQUIRE(present);
+  size_t n;
+  uint8_t *present = one_over(OI_WIRE_MAX_BLOCKS, 1, &n);
   memset(present, 1, n);
   static oiwire_Envelope env, back;
   oi_wire_arrays a;
@@ -90,47 +114,32 @@ static void test_membership_bytes_over_the_limit(void) {
 }
 
 static void test_arenas_over_the_limit(void) {
-  size_t n = OI_WIRE_MAX_ARENAS + 1;
-  oi_arena_desc *ad = calloc(n, sizeof *ad);
-  REQUIRE(ad);
+  size_t n;
+  oi_arena_desc *ad = one_over(OI_WIRE_MAX_ARENAS, sizeof *ad, &n);
   for (size_t i = 0; i < n; i++)
     ad[i] = (oi_arena_desc){
         .name = "a", .num_blocks = 1, .bytes_per_block = 64, .block_stride = 64, .segments = 1};
-  static oiwire_Envelope env, back;
   oi_wire_arrays a;
-  memset(&a, 0, sizeof a);
-  memset(&env, 0, sizeof env);
-  env.which_body = oiwire_Envelope_register_instance_tag;
   oi_wire_out out = {.arenas = ad, .n_arenas = n};
-  CHECK_OK(round_trip(&env, &out, &back, &a));
-  CHECK(a.bad == OI_ERR_INVALID_ARGUMENT && strstr(a.bad_msg, "more than 4096 arenas"));
-  out.n_arenas = n - 1;
-  CHECK_OK(round_trip(&env, &out, &back, &a));
-  CHECK(a.bad == OI_OK && a.n_arenas == OI_WIRE_MAX_ARENAS &&
-        a.arenas[n - 2].bytes_per_block == 64);
+  check_one_over_the_limit(oiwire_Envelope_register_instance_tag, &out, &out.n_arenas,
+                           "more than 4096 arenas", &a);
+  CHECK(a.n_arenas == OI_WIRE_MAX_ARENAS && a.arenas[n - 2].bytes_per_block == 64);
   oi__wire_arrays_free(&a);
   free(ad);
 }
 
 static void test_namespaces_over_the_limit(void) {
-  size_t n = OI_WIRE_MAX_NAMESPACES + 1;
-  oiwire_NamespaceStats *ns = calloc(n, sizeof *ns);
-  REQUIRE(ns);
+  size_t n;
+  oiwire_NamespaceStats *ns = one_over(OI_WIRE_MAX_NAMESPACES, sizeof *ns, &n);
   for (size_t i = 0; i < n; i++) {
     snprintf(ns[i].name, sizeof ns[i].name, "ns%zu", i);
     ns[i].block_bytes = 4096;
   }
-  static oiwire_Envelope env, back;
   oi_wire_arrays a;
-  memset(&a, 0, sizeof a);
-  memset(&env, 0, sizeof env);
-  env.which_body = oiwire_Envelope_stats_reply_tag;
   oi_wire_out out = {.namespaces = ns, .n_namespaces = n};
-  CHECK_OK(round_trip(&env, &out, &back, &a));
-  CHECK(a.bad == OI_ERR_INVALID_ARGUMENT && strstr(a.bad_msg, "more than 4096 namespaces"));
-  out.n_namespaces = n - 1;
-  CHECK_OK(round_trip(&env, &out, &back, &a));
-  CHECK(a.bad == OI_OK && a.n_namespaces == OI_WIRE_MAX_NAMESPACES);
+  check_one_over_the_limit(oiwire_Envelope_stats_reply_tag, &out, &out.n_namespaces,
+                           "more than 4096 namespaces", &a);
+  CHECK(a.n_namespaces == OI_WIRE_MAX_NAMESPACES);
   CHECK(!strcmp(a.namespaces[n - 2].name, "ns4095"));
   oi__wire_arrays_free(&a);
   free(ns);
@@ -447,29 +456,23 @@ static void test_decode_edge_cases(void) {
   CHECK(back.which_body == oiwire_Envelope_query_reply_tag && a.n_present == 2);
   CHECK(a.present[0] == 1 && a.present[1] == 0 && a.bad == OI_OK);
   /* Two bad hashes: the first one is named. */
-  uint8_t two_bad[16];
-  n = 0;
-  two_bad[n++] = (oiwire_Envelope_query_tag << 3) | 2;
-  two_bad[n++] = 7;
-  two_bad[n++] = (oiwire_Query_hashes_tag << 3) | 2;
-  two_bad[n++] = 1;
-  two_bad[n++] = 0xAA;
-  two_bad[n++] = (oiwire_Query_hashes_tag << 3) | 2;
-  two_bad[n++] = 2;
-  two_bad[n++] = 0xBB;
-  two_bad[n++] = 0xCC;
-  CHECK_OK(oi__wire_decode(two_bad, n, &back, &a));
+  const uint8_t two_bad[] = {
+      (oiwire_Envelope_query_tag << 3) | 2, 7,             /* a Query of 7 bytes: */
+      (oiwire_Query_hashes_tag << 3) | 2,   1, 0xAA,       /* a hash of 1 byte */
+      (oiwire_Query_hashes_tag << 3) | 2,   2, 0xBB, 0xCC, /* a hash of 2 bytes */
+  };
+  CHECK_OK(oi__wire_decode(two_bad, sizeof two_bad, &back, &a));
   CHECK(a.bad == OI_ERR_INVALID_ARGUMENT && strstr(a.bad_msg, "hash 0 is 1 bytes"));
   /* Packed block ids that end inside a varint: PROTOCOL. */
-  uint8_t ids_cut[8];
-  n = 0;
-  ids_cut[n++] = (oiwire_Envelope_load_tag << 3) | 2;
-  ids_cut[n++] = 4;
-  ids_cut[n++] = (oiwire_Load_dst_block_ids_tag << 3) | 2;
-  ids_cut[n++] = 2;
-  ids_cut[n++] = 0x02; /* id 1 */
-  ids_cut[n++] = 0x80; /* a varint cut by the field's end */
-  CHECK_ST(oi__wire_decode(ids_cut, n, &back, &a), OI_ERR_PROTOCOL);
+  const uint8_t ids_cut[] = {
+      (oiwire_Envelope_load_tag << 3) | 2,
+      4,
+      (oiwire_Load_dst_block_ids_tag << 3) | 2,
+      2,
+      0x02, /* id 1 */
+      0x80, /* a varint cut by the field's end */
+  };
+  CHECK_ST(oi__wire_decode(ids_cut, sizeof ids_cut, &back, &a), OI_ERR_PROTOCOL);
   /* A Register whose arena does not decode (a truncated varint). */
   uint8_t reg[8];
   n = 0;

@@ -35,6 +35,8 @@
 #include "host/host.h"
 #include "openinfer/openinfer.h"
 
+#define BENCH_SECRET "bench-remote-secret-0123456789ab" /* 32 bytes */
+
 #define LOOKUPS 2000
 
 typedef struct rnode {
@@ -207,7 +209,7 @@ int bench_remote(int argc, char **argv) {
   snprintf(secret, sizeof secret, "%s/secret", dir);
   snprintf(rlog, sizeof rlog, "%s/redis.log", dir);
   int fd = open(secret, O_WRONLY | O_CREAT | O_EXCL, 0600);
-  if (fd < 0 || write(fd, "bench-remote-secret-0123456789ab", 32) != 32) return CLI_FAILED;
+  if (fd < 0 || write(fd, BENCH_SECRET, 32) != 32) return CLI_FAILED;
   close(fd);
   int rport = cli_free_port();
   snprintf(url, sizeof url, "redis://127.0.0.1:%d", rport);
@@ -359,6 +361,8 @@ int bench_remote(int argc, char **argv) {
     dopt.url = url;
     dopt.node_id = "bench-probe";
     dopt.epoch = 1;
+    dopt.secret = BENCH_SECRET; /* the nodes' entries carry MACs under it */
+    dopt.secret_len = 32;
     if (oi__dir_open(&dopt, &d) != OI_OK) goto api_fail;
     /* The keys the nodes published: the namespace's name and layout
      * fingerprints, as the tier makes them (docs/cluster.md). */

@@ -364,6 +364,23 @@ static void *wait_published_here(void *arg) {
   dopt.url = w->url;
   dopt.node_id = "bench-ns-probe";
   dopt.epoch = 1;
+  /* the nodes' entries carry MACs under the cluster secret: read it as
+   * they do (its file, a trailing newline ignored) */
+  char secret[1100];
+  ssize_t sl = -1;
+  int sfd = open(p->secret, O_RDONLY | O_CLOEXEC);
+  if (sfd >= 0) {
+    sl = read(sfd, secret, sizeof secret);
+    close(sfd);
+  }
+  while (sl > 0 && (secret[sl - 1] == '\n' || secret[sl - 1] == '\r'))
+    sl--;
+  if (sl <= 0) {
+    snprintf(w->why, sizeof w->why, "cannot read the secret %s", p->secret);
+    return NULL;
+  }
+  dopt.secret = secret;
+  dopt.secret_len = (size_t)sl;
   oi_dir *d = NULL;
   if (oi__dir_open(&dopt, &d) != OI_OK) {
     snprintf(w->why, sizeof w->why, "the directory in namespace A: %s", oi_last_error());

@@ -735,3 +735,56 @@ def test_a_stopped_server_does_not_hold_wait_for_save(serve):
         assert st["saves_dropped"] + st["saves_failed"] >= 1, st
     finally:
         eng.close()
+
+
+def test_a_stopped_server_costs_the_scheduler_one_lookup_deadline(serve):
+    """Sidecar, the server stopped (SIGSTOP): vLLM's scheduler asks the
+    connector for matched tokens (get_num_new_matched_tokens, the lookup
+    client's membership query). The first call misses after about the
+    lookup deadline (50 ms, the default), the next ones miss in at most 1 ms
+    each (the circuit breaker), and once the server runs again (SIGCONT)
+    the prefix hits within 1 s."""
+    import signal
+    eng = Engine({"socket": serve.socket, "namespace": "t/stop-lookup"}, shared_kv=True)
+    stopped = False
+    try:
+        eng.add("a", PROMPT)
+        eng.run()
+        conn = eng.scheduler.connector
+
+        def request(i):
+            return Request("probe-%d" % i, list(PROMPT),
+                           SamplingParams(max_tokens=2, temperature=0), None,
+                           block_hasher=eng.hasher)
+
+        hit, _ = conn.get_num_new_matched_tokens(request(0), 0)
+        assert hit == 5 * BS, hit
+        os.kill(serve.proc.pid, signal.SIGSTOP)
+        stopped = True
+        t0 = time.monotonic()
+        hit, _ = conn.get_num_new_matched_tokens(request(1), 0)
+        first = time.monotonic() - t0
+        assert hit == 0 and first < 0.05 + 0.1, first
+        later = []
+        for i in range(2, 102):
+            t0 = time.monotonic()
+            hit, _ = conn.get_num_new_matched_tokens(request(i), 0)
+            later.append(time.monotonic() - t0)
+            assert hit == 0
+        later.sort()
+        assert later[94] <= 0.001, later[94:]  # 95th percentile of 100
+        os.kill(serve.proc.pid, signal.SIGCONT)
+        stopped = False
+        t0, back = time.monotonic(), None
+        for i in range(200, 700):
+            if conn.get_num_new_matched_tokens(request(i), 0)[0] == 5 * BS:
+                back = time.monotonic() - t0
+                break
+            time.sleep(0.01)
+        assert back is not None and back < 1.0, back
+        print("first miss %.1f ms, later p95 %.3f ms, hits again after %.1f ms"
+              % (first * 1e3, later[94] * 1e3, back * 1e3))
+    finally:
+        if stopped:
+            os.kill(serve.proc.pid, signal.SIGCONT)
+        eng.close()

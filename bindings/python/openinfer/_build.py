@@ -498,6 +498,8 @@ typedef struct oi_host_cluster_options {
   const char *listen_addr;
   const char *advertise_addr;
   const char *secret_file;
+  const char *cluster_name;
+  const char *redis_auth_file;
 } oi_host_cluster_options;
 typedef struct oi_host_cluster_stats {
   uint32_t struct_size;
@@ -525,10 +527,11 @@ typedef struct oi_host_cluster_stats {
   uint64_t handshakes_failed;
 } oi_host_cluster_stats;
 oi_status oi_host_cluster_options_init(oi_host_cluster_options *o);
+oi_status oi_host_cluster_options_check(const oi_host_cluster_options *o);
 oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_options *o);
 oi_status oi_host_get_cluster_stats(const oi_host *h, oi_host_cluster_stats *out);
 oi_status oi_server_attach_cluster(oi_server *s, const oi_host_cluster_options *o);
-oi_status oi_server_cluster_stats_fetch(const char *socket_path, uint32_t timeout_ms,
+oi_status oi_server_fetch_cluster_stats(const char *socket_path, uint32_t timeout_ms,
                                         oi_host_cluster_stats *out);
 typedef enum oi_offload_mode { OI_OFFLOAD_NONE, OI_OFFLOAD_EMBEDDED, OI_OFFLOAD_SIDECAR, ... } oi_offload_mode;
 typedef enum oi_restore_overlap { OI_RESTORE_OVERLAP_AUTO, OI_RESTORE_OVERLAP_OFF, OI_RESTORE_OVERLAP_HOST, ... } oi_restore_overlap;

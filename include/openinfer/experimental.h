@@ -173,7 +173,7 @@ typedef struct oi_host_cluster_stats {
   uint64_t holders_marked_down; /* times a holder went down */
   uint64_t directory_errors;    /* failed connects, round trips and replies to Redis */
   uint64_t directory_dropped;   /* publishes and withdrawals lost (queue full, connection lost) */
-  uint64_t directory_rejected;  /* directory entries a lookup ignored (malformed) */
+  uint64_t directory_rejected;  /* directory values not believed (malformed, failed MAC, expired) */
   uint64_t handshakes_failed;   /* connections to peers that did not authenticate */
 } oi_host_cluster_stats;
 

@@ -465,7 +465,7 @@ static oi_status tier_stats(void *self, void *out) {
   s->holders_marked_down = atomic_load(&t->holders_marked_down);
   s->directory_errors = ds.errors;
   s->directory_dropped = ds.queue_dropped + atomic_load(&t->publish_failures);
-  s->directory_rejected = ds.parse_failures;
+  s->directory_rejected = ds.rejected_entries; /* malformed ones included */
   s->handshakes_failed = ps.connect_fails;
   return OI_OK;
 }

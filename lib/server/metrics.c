@@ -292,7 +292,8 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
     metric(&b, "openinfer_cluster_directory_errors_total", "counter",
            "Failed connects, round trips and replies to the directory.", cs.directory_errors);
     metric(&b, "openinfer_cluster_directory_rejected_entries_total", "counter",
-           "Directory entries a lookup ignored (malformed).", cs.directory_rejected);
+           "Directory entries and node records not believed (malformed, failed MAC, expired).",
+           cs.directory_rejected);
     metric(&b, "openinfer_cluster_handshakes_refused_total", "counter",
            "Inbound peer connections refused (failed or abandoned authentication).",
            cs.peers_refused);

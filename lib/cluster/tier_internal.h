@@ -13,47 +13,9 @@
 #include "cluster/directory.h"
 #include "cluster/peer.h"
 #include "cluster/tier.h"
+#include "cluster/tier_wire.h"
 
-/* ---- node-to-node messages (tier_msg.c) ---------------------------------------------- */
-
-#define MSG_MAGIC 0x4c43494fu /* "OICL" */
-#define MSG_VERSION 1u
-enum { MSG_LEASE = 1, MSG_RELEASE = 2, MSG_LEASE_REPLY = 0x81, MSG_RELEASE_REPLY = 0x82 };
-#define HDR_BYTES 8u
-#define LEASE_BYTES(n) (HDR_BYTES + 24u + 16u * (size_t)(n))
-#define LEASE_REPLY_BYTES(m) (HDR_BYTES + 16u + 24u * (size_t)(m))
-#define RELEASE_BYTES (HDR_BYTES + 8u)
-
-static inline void put16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static inline void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static inline uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
-}
-static inline uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
-}
-static inline void put_hdr(uint8_t *p, uint16_t type) {
-  put32(p, MSG_MAGIC);
-  put16(p + 4, MSG_VERSION);
-  put16(p + 6, type);
-}
+/* ---- node-to-node messages (tier_msg.c; their layout: tier_wire.h) ---- */
 
 /* The type of a well-formed message of `len` bytes, or 0 (with a message). */
 int oi__cluster_msg_type(const uint8_t *m, size_t len, bool reply);

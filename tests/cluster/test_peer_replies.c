@@ -20,12 +20,12 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "cluster/le_bytes.h"
 #include "cluster/peer.h"
 #include "cluster/peer_wire.h"
 #include "cluster/sha256.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
-#include "le_bytes.h"
 #include "testutil.h"
 
 static const uint8_t SECRET[] = "cluster secret: thirty-two bytes";

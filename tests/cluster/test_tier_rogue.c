@@ -22,11 +22,11 @@
 #include <xxhash.h>
 
 #include "cluster/peer.h"
+#include "cluster/tier_wire.h"
 #include "cluster/ucx.h"
 #include "cluster_util.h"
 #include "host/host.h"
 #include "host/tier.h"
-#include "le_bytes.h"
 #include "openinfer/openinfer.h"
 
 #define NB 8
@@ -43,18 +43,6 @@ static char g_secret_path[512];
 
 static void node_open(node *n, const char *id) {
   REQUIRE(rig_open(n, "rogue-model", g_url, id, g_secret_path, 2000) == OI_OK);
-}
-
-/* ---- the wire (lib/cluster/tier_internal.h): "OICL", version 1 ---- */
-#define CL_MAGIC 0x4c43494fu
-#define CL_HDR 8u
-#define CL_LEASE(n) (CL_HDR + 24u + 16u * (size_t)(n))
-#define CL_LEASE_REPLY(m) (CL_HDR + 16u + 24u * (size_t)(m))
-
-static void put_hdr(uint8_t *p, uint16_t type) {
-  put32(p, CL_MAGIC);
-  put16(p + 4, 1);
-  put16(p + 6, type);
 }
 
 /* ---- a holder's refusals ---- */
@@ -79,25 +67,25 @@ static void test_holder_refuses_bad_requests(void) {
   /* Bytes that are no request. */
   CHECK_ST(oi__peer_call(p, "not a request", 13, &rep, &rl, 0), OI_ERR_PROTOCOL);
   /* A LEASE for a namespace the holder does not have: nothing leased. */
-  uint8_t req[CL_LEASE(2)];
-  put_hdr(req, 1);
-  put64(req + CL_HDR, 0x1234);
-  put64(req + CL_HDR + 8, 0x5678);
-  put32(req + CL_HDR + 16, 2);
-  put32(req + CL_HDR + 20, 0);
+  uint8_t req[LEASE_BYTES(2)];
+  put_hdr(req, MSG_LEASE);
+  put64(req + HDR_BYTES, 0x1234);
+  put64(req + HDR_BYTES + 8, 0x5678);
+  put32(req + HDR_BYTES + 16, 2);
+  put32(req + HDR_BYTES + 20, 0);
   for (int i = 0; i < 2; i++) {
     oi_block_hash h = hash_of((uint64_t)i);
-    memcpy(req + CL_HDR + 24 + 16 * i, h.bytes, 16);
+    memcpy(req + HDR_BYTES + 24 + 16 * i, h.bytes, 16);
   }
   REQUIRE(oi__peer_call(p, req, sizeof req, &rep, &rl, 0) == OI_OK);
-  CHECK(rl == CL_LEASE_REPLY(0) && get32((uint8_t *)rep + CL_HDR + 8) == 0);
+  CHECK(rl == LEASE_REPLY_BYTES(0) && get32((uint8_t *)rep + HDR_BYTES + 8) == 0);
   oi__free(rep);
   /* A RELEASE of a lease never given: answered, nothing else happens. */
-  uint8_t rel[CL_HDR + 8];
-  put_hdr(rel, 2);
-  put64(rel + CL_HDR, 987654321);
+  uint8_t rel[HDR_BYTES + 8];
+  put_hdr(rel, MSG_RELEASE);
+  put64(rel + HDR_BYTES, 987654321);
   REQUIRE(oi__peer_call(p, rel, sizeof rel, &rep, &rl, 0) == OI_OK);
-  CHECK(rl == CL_HDR);
+  CHECK(rl == HDR_BYTES);
   oi__free(rep);
   CHECK(cstats(&a).served_blocks == 0);
   oi__peer_net_destroy(net);
@@ -134,38 +122,38 @@ static void test_release_only_by_its_reader(void) {
     REQUIRE(oi__peer_net_create(&o, &nets[i]) == OI_OK);
     REQUIRE(oi__peer_connect(nets[i], addr, &peers[i]) == OI_OK);
   }
-  uint8_t req[CL_LEASE(NB)];
-  put_hdr(req, 1);
-  put64(req + CL_HDR, ns_fp);
-  put64(req + CL_HDR + 8, layout_fp);
-  put32(req + CL_HDR + 16, NB);
-  put32(req + CL_HDR + 20, 0);
+  uint8_t req[LEASE_BYTES(NB)];
+  put_hdr(req, MSG_LEASE);
+  put64(req + HDR_BYTES, ns_fp);
+  put64(req + HDR_BYTES + 8, layout_fp);
+  put32(req + HDR_BYTES + 16, NB);
+  put32(req + HDR_BYTES + 20, 0);
   for (int i = 0; i < NB; i++) {
     oi_block_hash h = hash_of((uint64_t)i);
-    memcpy(req + CL_HDR + 24 + 16 * i, h.bytes, 16);
+    memcpy(req + HDR_BYTES + 24 + 16 * i, h.bytes, 16);
   }
   void *rep = NULL;
   size_t rl = 0;
   REQUIRE(oi__peer_call(peers[0], req, sizeof req, &rep, &rl, 0) == OI_OK);
-  REQUIRE(rl == CL_LEASE_REPLY(NB) && get32((uint8_t *)rep + CL_HDR + 8) == NB);
-  uint64_t lease = get64((uint8_t *)rep + CL_HDR);
+  REQUIRE(rl == LEASE_REPLY_BYTES(NB) && get32((uint8_t *)rep + HDR_BYTES + 8) == NB);
+  uint64_t lease = get64((uint8_t *)rep + HDR_BYTES);
   oi__free(rep);
   CHECK(lease != 0 && cstats(&a).served_blocks == NB);
   oi_host_stats hs = {.struct_size = sizeof hs};
   CHECK_OK(oi_host_get_stats(a.h, &hs));
   CHECK(hs.blocks_pinned == NB);
-  uint8_t rel[CL_HDR + 8];
-  put_hdr(rel, 2);
-  put64(rel + CL_HDR, lease);
+  uint8_t rel[HDR_BYTES + 8];
+  put_hdr(rel, MSG_RELEASE);
+  put64(rel + HDR_BYTES, lease);
   /* The other node: answered, the blocks stay pinned. */
   REQUIRE(oi__peer_call(peers[1], rel, sizeof rel, &rep, &rl, 0) == OI_OK);
-  CHECK(rl == CL_HDR);
+  CHECK(rl == HDR_BYTES);
   oi__free(rep);
   CHECK_OK(oi_host_get_stats(a.h, &hs));
   CHECK(hs.blocks_pinned == NB);
   /* The reader it was given to: released. */
   REQUIRE(oi__peer_call(peers[0], rel, sizeof rel, &rep, &rl, 0) == OI_OK);
-  CHECK(rl == CL_HDR);
+  CHECK(rl == HDR_BYTES);
   oi__free(rep);
   CHECK_OK(oi_host_get_stats(a.h, &hs));
   CHECK(hs.blocks_pinned == 0);
@@ -180,7 +168,7 @@ enum { R_ERROR, R_GARBAGE, R_TOO_MANY, R_OTHER_SIZE, R_OUTSIDE, R_BAD_SUM, R_GOO
 static int g_mode;
 static uint8_t *g_region; /* NB blocks, block i holding pattern(i) */
 static atomic_int g_leases;
-static uint8_t g_lease_req[CL_LEASE(NB)]; /* the first LEASE a reader sent (real ids) */
+static uint8_t g_lease_req[LEASE_BYTES(NB)]; /* the first LEASE a reader sent (real ids) */
 static size_t g_lease_len;
 
 static void rogue_answer(void *ctx, const char *peer, const void *req, size_t len,
@@ -188,9 +176,9 @@ static void rogue_answer(void *ctx, const char *peer, const void *req, size_t le
   OI_UNUSED(ctx);
   OI_UNUSED(peer);
   const uint8_t *m = req;
-  if (len < CL_HDR || m[6] != 1) { /* a RELEASE: answered */
-    uint8_t out[CL_HDR];
-    put_hdr(out, 0x82);
+  if (len < HDR_BYTES || m[6] != 1) { /* a RELEASE: answered */
+    uint8_t out[HDR_BYTES];
+    put_hdr(out, MSG_RELEASE_REPLY);
     oi__peer_reply_set(r, out, sizeof out);
     return;
   }
@@ -198,7 +186,7 @@ static void rogue_answer(void *ctx, const char *peer, const void *req, size_t le
     memcpy(g_lease_req, req, len);
     g_lease_len = len;
   }
-  uint32_t n = get32(m + CL_HDR + 16);
+  uint32_t n = get32(m + HDR_BYTES + 16);
   if (g_mode == R_ERROR) {
     oi__peer_reply_status(r, OI_ERR_NOT_FOUND);
     return;
@@ -208,16 +196,16 @@ static void rogue_answer(void *ctx, const char *peer, const void *req, size_t le
     return;
   }
   uint32_t mcount = g_mode == R_TOO_MANY ? n + 1 : n;
-  size_t rl = CL_LEASE_REPLY(mcount);
+  size_t rl = LEASE_REPLY_BYTES(mcount);
   uint8_t *out = calloc(1, rl);
   REQUIRE(out);
-  put_hdr(out, 0x81);
-  put64(out + CL_HDR, 42);
-  put32(out + CL_HDR + 8, mcount);
+  put_hdr(out, MSG_LEASE_REPLY);
+  put64(out + HDR_BYTES, 42);
+  put32(out + HDR_BYTES + 8, mcount);
   for (uint32_t i = 0; i < mcount; i++) {
     uint64_t logical = 0;
-    if (i < n) memcpy(&logical, m + CL_HDR + 24 + 16 * i, sizeof logical);
-    uint8_t *e = out + CL_LEASE_REPLY(i);
+    if (i < n) memcpy(&logical, m + HDR_BYTES + 24 + 16 * i, sizeof logical);
+    uint8_t *e = out + LEASE_REPLY_BYTES(i);
     uint64_t off = logical * BLOCK, blen = BLOCK;
     if (g_mode == R_OUTSIDE) off = (uint64_t)NB * BLOCK; /* past the region */
     if (g_mode == R_OTHER_SIZE) blen = BLOCK / 2;
@@ -368,12 +356,12 @@ typedef struct flooder {
 
 static void *flood_main(void *arg) {
   flooder *f = arg;
-  uint32_t n = get32(g_lease_req + CL_HDR + 16);
+  uint32_t n = get32(g_lease_req + HDR_BYTES + 16);
   for (int i = 0; i < f->calls; i++) {
     void *rep = NULL;
     size_t rl = 0;
     oi_status st = oi__peer_call(f->p, g_lease_req, g_lease_len, &rep, &rl, 0);
-    if (st == OI_OK && rl == CL_LEASE_REPLY(n) && get32((uint8_t *)rep + CL_HDR + 8) == n)
+    if (st == OI_OK && rl == LEASE_REPLY_BYTES(n) && get32((uint8_t *)rep + HDR_BYTES + 8) == n)
       f->valid++;
     else if (st == OI_ERR_CLOSED || st == OI_ERR_IO)
       f->closed++;
@@ -388,7 +376,7 @@ static void *flood_main(void *arg) {
  * full, valid lease (its blocks counted served); and destroyed with LEASEs queued and leases
  * outstanding, it ends cleanly, its calls ending OI_ERR_CLOSED or answered. */
 static void test_lease_flood(void) {
-  REQUIRE(g_lease_len >= CL_LEASE(1)); /* test_rogue_holder captured one */
+  REQUIRE(g_lease_len >= LEASE_BYTES(1)); /* test_rogue_holder captured one */
   node a;
   node_open(&a, "flooded");
   save(&a, 0, NB);
@@ -427,7 +415,7 @@ static void test_lease_flood(void) {
         CHECK(false);
       }
     }
-    if (round == 0) CHECK(cstats(&a).served_blocks >= 200u * get32(g_lease_req + CL_HDR + 16));
+    if (round == 0) CHECK(cstats(&a).served_blocks >= 200u * get32(g_lease_req + HDR_BYTES + 16));
   }
   oi__peer_net_destroy(net);
 }

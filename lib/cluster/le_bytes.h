@@ -1,0 +1,35 @@
+/* Little-endian fields of the cluster's messages (the tier's LEASE and
+ * RELEASE, lib/cluster/tier_wire.h), for the code that writes and reads
+ * them and for the tests that build raw messages. */
+#ifndef OI_CLUSTER_LE_BYTES_H
+#define OI_CLUSTER_LE_BYTES_H
+
+#include <stdint.h>
+
+static inline void put16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static inline void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+static inline uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+
+#endif

@@ -174,8 +174,7 @@ static oi_status submit_peer_op(oi_peer_net *net, int kind, oi_peer *p, uint8_t 
 /* The server's side of one handshake; on OI_OK the connection exists (the
  * progress thread made its worker and endpoint). *linked: p is in the
  * net's list (the progress thread's from then on). */
-static oi_status serve_handshake(oi_peer_net *net, int fd, oi_peer *p, uint8_t *buf,
-                                 bool *linked) {
+static oi_status serve_handshake(oi_peer_net *net, int fd, oi_peer *p, uint8_t *buf, bool *linked) {
   uint64_t deadline = oi__deadline_ns(net->timeout_ms);
   size_t len = 0;
   oi_status st = recv_frame(net, fd, OI_PEER_AM_HELLO, 0, buf,
@@ -275,7 +274,8 @@ static void *serve_main(void *arg) {
 static void *listen_main(void *arg) {
   oi_peer_net *net = arg;
   for (;;) {
-    struct pollfd pf[2] = {{.fd = net->lfd, .events = POLLIN}, {.fd = net->lwake, .events = POLLIN}};
+    struct pollfd pf[2] = {{.fd = net->lfd, .events = POLLIN},
+                           {.fd = net->lwake, .events = POLLIN}};
     int n = poll(pf, 2, -1);
     if (stopping(net)) break;
     if (n < 0) {
@@ -404,8 +404,8 @@ static oi_status client_handshake(oi_peer_net *net, int fd, oi_peer *p, uint8_t 
   size_t len = build_hello(net, p, buf);
   oi_status st = send_frame(net, fd, OI_PEER_AM_HELLO, buf, len, deadline);
   if (!st)
-    st = recv_frame(net, fd, OI_PEER_AM_CHALLENGE, 0, buf, OI_PEER_HELLO_FIXED + OI_PEER_MAX_NODE_ID,
-                    &len, NULL, deadline);
+    st = recv_frame(net, fd, OI_PEER_AM_CHALLENGE, 0, buf,
+                    OI_PEER_HELLO_FIXED + OI_PEER_MAX_NODE_ID, &len, NULL, deadline);
   if (st) return st;
   size_t idl = 0;
   if ((st = oi__peer_parse_hello(buf, len, p->nonce_theirs, p->id, &idl))) return st;

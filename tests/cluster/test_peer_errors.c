@@ -388,7 +388,7 @@ static void test_no_listener(void) {
 static void test_restart_reuses_the_port(void) {
   /* A connection the net closed first leaves its port in TIME_WAIT (as a
    * node that crashed or stopped does): a new net listens there at once
-   * (SO_REUSEADDR, UCX_TCP_CM_REUSEADDR) and serves. */
+   * (SO_REUSEADDR on the node's own listener) and serves. */
   oi_peer_net *a = make_net("node-a", answer, OI_PEER_READS_AUTO);
   uint16_t port = oi__peer_net_port(a);
   struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};

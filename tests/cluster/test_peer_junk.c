@@ -129,7 +129,7 @@ static void build_cases(void) {
   memset(b + hl, 0, 64);
   add("a real HELLO frame with 64 zero bytes appended", b, hl + 64);
   /* Length fields edited: the frame's, then the HELLO's id length. */
-  const uint32_t lens[] = {0,          1,           (uint32_t)(hl - 9), (uint32_t)(hl - 7),
+  const uint32_t lens[] = {0,          1,           (uint32_t)(hl - 9),   (uint32_t)(hl - 7),
                            0x7fffffff, 0xffffffffu, OI_PEER_MAX_FRAME + 1};
   for (size_t i = 0; i < OI_ARRAY_LEN(lens); i++) {
     memcpy(b, h, hl);

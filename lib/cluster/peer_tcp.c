@@ -173,8 +173,10 @@ static oi_status submit_peer_op(oi_peer_net *net, int kind, oi_peer *p, uint8_t 
 
 /* The server's side of one handshake; on OI_OK the connection exists (the
  * progress thread made its worker and endpoint). *linked: p is in the
- * net's list (the progress thread's from then on). */
-static oi_status serve_handshake(oi_peer_net *net, int fd, oi_peer *p, uint8_t *buf, bool *linked) {
+ * net's list (the progress thread's from then on); *counted: the refusal
+ * is counted already. */
+static oi_status serve_handshake(oi_peer_net *net, int fd, oi_peer *p, uint8_t *buf, bool *linked,
+                                 bool *counted) {
   uint64_t deadline = oi__deadline_ns(net->timeout_ms);
   size_t len = 0;
   oi_status st = recv_frame(net, fd, OI_PEER_AM_HELLO, 0, buf,
@@ -195,9 +197,12 @@ static oi_status serve_handshake(oi_peer_net *net, int fd, oi_peer *p, uint8_t *
   uint8_t want[OI_SHA256_LEN];
   oi__peer_handshake_mac(net, p, true, want);
   if (!oi__ct_equal(want, mac, OI_SHA256_LEN)) {
+    /* Counted before the client is told why (it may look at once). */
+    STAT_ADD(net, refused, 1);
+    *counted = true;
     uint8_t r[4];
     put32(r, OI_PEER_MAGIC);
-    send_frame(net, fd, OI_PEER_AM_REFUSE, r, sizeof r, deadline); /* tell it why */
+    send_frame(net, fd, OI_PEER_AM_REFUSE, r, sizeof r, deadline);
     return oi__fail(OI_ERR_PERMISSION, "node \"%s\" failed to prove the cluster secret", p->id);
   }
   /* The welcome: the region as registered now (under the lock: the
@@ -229,8 +234,13 @@ static oi_status serve_handshake(oi_peer_net *net, int fd, oi_peer *p, uint8_t *
     oi__peer_close(p); /* still the handshake's (owned) */
     return st;
   }
-  if ((st = submit_peer_op(net, OP_ACCEPT, p, &buf, &len))) return st; /* p is the net's */
-  /* The client's error on a READY lost ends the connection on both sides. */
+  char who[OI_PEER_MAX_NODE_ID + 80]; /* p is the net's once accepted: not read after */
+  snprintf(who, sizeof who, "node \"%s\" from %s", p->id, p->addr);
+  if ((st = submit_peer_op(net, OP_ACCEPT, p, &buf, &len))) return st;
+  /* Counted before the client learns it (it may look at once); the
+   * client's error on a READY lost ends the connection on both sides. */
+  STAT_ADD(net, accepted, 1);
+  OI_LOG(OI_LOG_INFO, "peer", "accepted %s", who);
   send_frame(net, fd, OI_PEER_FR_READY, NULL, 0, deadline);
   return OI_OK;
 }
@@ -241,22 +251,17 @@ static void *serve_main(void *arg) {
   oi_peer *p = oi__calloc(1, sizeof(*p));
   uint8_t *buf = oi__malloc(OI_PEER_MAX_FRAME);
   oi_status st = OI_ERR_OUT_OF_MEMORY;
+  bool counted = false;
   if (p && buf) {
     p->net = net;
     p->efd = -1;
     snprintf(p->addr, sizeof(p->addr), "%s", h->addr);
     bool linked = false;
-    char id[OI_PEER_MAX_NODE_ID + 1];
-    st = serve_handshake(net, h->fd, p, buf, &linked);
-    snprintf(id, sizeof id, "%s", p->id);
+    st = serve_handshake(net, h->fd, p, buf, &linked, &counted);
     if (linked) p = NULL; /* the progress thread's */
-    if (st == OI_OK) {
-      STAT_ADD(net, accepted, 1);
-      OI_LOG(OI_LOG_INFO, "peer", "accepted node \"%s\" from %s", id, h->addr);
-    }
   }
   if (st != OI_OK) {
-    STAT_ADD(net, refused, 1);
+    if (!counted) STAT_ADD(net, refused, 1);
     OI_LOG(OI_LOG_WARN, "peer", "refused %s: %s", h->addr,
            st == OI_ERR_OUT_OF_MEMORY && !(p && buf) ? "no memory" : oi_last_error());
     /* A refusal is a reset, not a FIN: nothing lingers on the port. */

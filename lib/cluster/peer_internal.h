@@ -181,7 +181,10 @@ struct oi_peer_net {
   int lwake; /* eventfd: wakes the listener thread to stop */
   pthread_t lthread;
   bool lthread_started;
-  uint32_t hs_threads; /* handshake threads running (under lock) */
+  uint32_t hs_threads;        /* handshake threads running (under lock) */
+  uint64_t refusal_window_ns; /* refusals logged and not, this second (under lock) */
+  uint32_t refusals_logged;
+  uint64_t refusals_dropped;
   uint16_t port;
   int efd, wakefd, epfd;
   pthread_t thread;

@@ -133,6 +133,31 @@ static void set_nodelay(int fd) {
 
 /* ---- server ---- */
 
+#define REFUSALS_LOGGED 10 /* a second, at most: a flood of junk is not a flood of lines */
+
+/* Logs a refusal: at most REFUSALS_LOGGED lines a second, then one line
+ * saying how many were not logged (every refusal is counted all the
+ * same). */
+static void log_refusal(oi_peer_net *net, const char *addr, const char *why) {
+  uint64_t now = oi__now_ns(), dropped = 0;
+  pthread_mutex_lock(&net->lock);
+  if (now - net->refusal_window_ns >= 1000000000ull) {
+    dropped = net->refusals_dropped;
+    net->refusal_window_ns = now;
+    net->refusals_logged = net->refusals_dropped = 0;
+  }
+  bool log = net->refusals_logged < REFUSALS_LOGGED;
+  if (log)
+    net->refusals_logged++;
+  else
+    net->refusals_dropped++;
+  pthread_mutex_unlock(&net->lock);
+  if (dropped)
+    OI_LOG(OI_LOG_WARN, "peer", "%llu more refused connections not logged in the last second",
+           (unsigned long long)dropped);
+  if (log) OI_LOG(OI_LOG_WARN, "peer", "refused %s: %s", addr, why);
+}
+
 typedef struct hs {
   oi_peer_net *net;
   int fd;
@@ -251,8 +276,8 @@ static void *serve_main(void *arg) {
   oi_peer *p = oi__calloc(1, sizeof(*p));
   uint8_t *buf = oi__malloc(OI_PEER_MAX_FRAME);
   oi_status st = OI_ERR_OUT_OF_MEMORY;
-  bool counted = false;
-  if (p && buf) {
+  bool counted = false, allocated = p && buf;
+  if (allocated) {
     p->net = net;
     p->efd = -1;
     snprintf(p->addr, sizeof(p->addr), "%s", h->addr);
@@ -262,8 +287,7 @@ static void *serve_main(void *arg) {
   }
   if (st != OI_OK) {
     if (!counted) STAT_ADD(net, refused, 1);
-    OI_LOG(OI_LOG_WARN, "peer", "refused %s: %s", h->addr,
-           st == OI_ERR_OUT_OF_MEMORY && !(p && buf) ? "no memory" : oi_last_error());
+    log_refusal(net, h->addr, allocated ? oi_last_error() : "no memory");
     /* A refusal is a reset, not a FIN: nothing lingers on the port. */
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
     setsockopt(h->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -323,8 +347,8 @@ static void *listen_main(void *arg) {
     }
     if (!started) {
       STAT_ADD(net, refused, 1);
-      OI_LOG(OI_LOG_WARN, "peer", "refused %s: %s", addr,
-             full ? "too many connections authenticating" : "no memory or thread for it");
+      log_refusal(net, addr,
+                  full ? "too many connections authenticating" : "no memory or thread for it");
       close(fd);
       oi__free(h);
       if (!full) hs_done(net);

@@ -123,10 +123,12 @@ void oi__peer_answer(oi_peer_ticket *t) {
 }
 
 static void net_free(oi_peer_net *net) {
-  if (net->listener) oi__ucx.ucp_listener_destroy(net->listener);
+  if (net->lfd >= 0) close(net->lfd);
+  if (net->lwake >= 0) close(net->lwake);
+  for (oi_peer *p = net->peers; p; p = p->next)
+    oi__peer_destroy_worker(net, p);
   if (net->rkey_buf) oi__ucx.ucp_rkey_buffer_release(net->rkey_buf);
   if (net->memh) oi__ucx.ucp_mem_unmap(net->ctx, net->memh);
-  if (net->worker) oi__ucx.ucp_worker_destroy(net->worker);
   if (net->ctx) oi__ucx.ucp_cleanup(net->ctx);
   if (net->epfd >= 0) close(net->epfd);
   if (net->wakefd >= 0) close(net->wakefd);
@@ -135,7 +137,6 @@ static void net_free(oi_peer_net *net) {
     net->peers = p->next;
     oi__free(p);
   }
-  oi__free(net->closing);
   if (net->secret) memset(net->secret, 0, net->secret_len);
   oi__free(net->secret);
   oi__free(net->node_id);
@@ -154,6 +155,50 @@ static bool have_rdma_device(void) {
     any = e->d_name[0] != '.';
   closedir(d);
   return any;
+}
+
+/* A worker (single-threaded: the progress thread's) with the message
+ * handlers, its event fd added to the net's epoll set. */
+oi_status oi__peer_worker_new(oi_peer_net *net, ucp_worker_h *out, int *efd) {
+  ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                            .thread_mode = UCS_THREAD_MODE_SINGLE};
+  ucp_worker_h w = NULL;
+  *out = NULL;
+  *efd = -1;
+  ucs_status_t s = oi__ucx.ucp_worker_create(net->ctx, &wp, &w);
+  if (s != UCS_OK)
+    return oi__fail(OI_ERR_IO, "peer: creating a UCX worker: %s", oi__ucx.ucs_status_string(s));
+  for (unsigned id = OI_PEER_AM_HELLO; id < OI_PEER_AM_LAST; id++) {
+    net->am_args[id] = (am_arg){net, id};
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = id,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = oi__peer_am_cb,
+        .arg = &net->am_args[id],
+    };
+    s = oi__ucx.ucp_worker_set_am_recv_handler(w, &hp);
+    if (s != UCS_OK) {
+      oi__ucx.ucp_worker_destroy(w);
+      return oi__fail(OI_ERR_IO, "peer: setting the message handlers: %s",
+                      oi__ucx.ucs_status_string(s));
+    }
+  }
+  int fd = -1;
+  s = oi__ucx.ucp_worker_get_efd(w, &fd);
+  if (s != UCS_OK) {
+    oi__ucx.ucp_worker_destroy(w);
+    return oi__fail(OI_ERR_IO, "peer: the worker's event fd: %s", oi__ucx.ucs_status_string(s));
+  }
+  struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+  if (epoll_ctl(net->epfd, EPOLL_CTL_ADD, fd, &ev)) {
+    oi__ucx.ucp_worker_destroy(w);
+    return oi__fail(OI_ERR_IO, "peer: epoll_ctl: %s", strerror(errno));
+  }
+  *out = w;
+  *efd = fd;
+  return OI_OK;
 }
 
 oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out) {
@@ -177,7 +222,7 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
   if (lst) return lst;
   oi_peer_net *net = oi__calloc(1, sizeof(*net));
   if (!net) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a net");
-  net->efd = net->wakefd = net->epfd = -1;
+  net->efd = net->wakefd = net->epfd = net->lfd = net->lwake = -1;
   pthread_mutex_init(&net->lock, NULL);
   oi__cond_init_monotonic(&net->cond);
   net->node_id = oi__strdup(opts->node_id);
@@ -222,16 +267,6 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
   if (s != UCS_OK)
     OI_LOG(OI_LOG_WARN, "peer", "turning UCX_TCP_PUT_ENABLE off failed: %s",
            oi__ucx.ucs_status_string(s));
-  /* The listener binds with SO_REUSEADDR (UCX_TCP_CM_REUSEADDR): a node
-   * restarted after a crash or a stop listens again at once, not after the
-   * connections it left in TIME_WAIT are gone (about 60 s). The
-   * environment's UCX_TCP_CM_REUSEADDR wins. */
-  if (!getenv("UCX_TCP_CM_REUSEADDR")) {
-    s = oi__ucx.ucp_config_modify(cfg, "CM_REUSEADDR", "y");
-    if (s != UCS_OK)
-      OI_LOG(OI_LOG_WARN, "peer", "turning UCX_TCP_CM_REUSEADDR on failed: %s",
-             oi__ucx.ucs_status_string(s));
-  }
   /* UCX's TCP transport moves a message in segments of TX_SEG_SIZE bytes
    * (8 KiB by default), each its own send and receive on the progress
    * threads: served reads of 1 MiB moved 0.80 of a plain TCP stream on the
@@ -262,72 +297,16 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
     st = oi__fail(OI_ERR_IO, "peer: initializing UCX: %s", oi__ucx.ucs_status_string(s));
     goto fail;
   }
-  ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                            .thread_mode = UCS_THREAD_MODE_SINGLE};
-  s = oi__ucx.ucp_worker_create(net->ctx, &wp, &net->worker);
-  if (s != UCS_OK) {
-    net->worker = NULL;
-    st = oi__fail(OI_ERR_IO, "peer: creating the UCX worker: %s", oi__ucx.ucs_status_string(s));
-    goto fail;
-  }
-  for (unsigned id = OI_PEER_AM_HELLO; id < OI_PEER_AM_LAST; id++) {
-    net->am_args[id] = (am_arg){net, id};
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
-        .id = id,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = oi__peer_am_cb,
-        .arg = &net->am_args[id],
-    };
-    s = oi__ucx.ucp_worker_set_am_recv_handler(net->worker, &hp);
-    if (s != UCS_OK) {
-      st = oi__fail(OI_ERR_IO, "peer: setting the message handlers: %s",
-                    oi__ucx.ucs_status_string(s));
-      goto fail;
-    }
-  }
-  s = oi__ucx.ucp_worker_get_efd(net->worker, &net->efd);
-  if (s != UCS_OK) {
-    st = oi__fail(OI_ERR_IO, "peer: the worker's event fd: %s", oi__ucx.ucs_status_string(s));
-    goto fail;
-  }
   net->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   net->epfd = epoll_create1(EPOLL_CLOEXEC);
   if (net->wakefd < 0 || net->epfd < 0) {
     st = oi__fail(OI_ERR_IO, "peer: eventfd/epoll: %s", strerror(errno));
     goto fail;
   }
-  struct epoll_event ev = {.events = EPOLLIN, .data.fd = net->efd};
   struct epoll_event ev2 = {.events = EPOLLIN, .data.fd = net->wakefd};
-  if (epoll_ctl(net->epfd, EPOLL_CTL_ADD, net->efd, &ev) ||
-      epoll_ctl(net->epfd, EPOLL_CTL_ADD, net->wakefd, &ev2)) {
+  if (epoll_ctl(net->epfd, EPOLL_CTL_ADD, net->wakefd, &ev2)) {
     st = oi__fail(OI_ERR_IO, "peer: epoll_ctl: %s", strerror(errno));
     goto fail;
-  }
-  if (opts->listen_addr) {
-    ucp_listener_params_t lp = {
-        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-        .sockaddr = {.addr = (const struct sockaddr *)&sin, .addrlen = sizeof(sin)},
-        .conn_handler = {.cb = oi__peer_conn_cb, .arg = net},
-    };
-    s = oi__ucx.ucp_listener_create(net->worker, &lp, &net->listener);
-    if (s != UCS_OK) {
-      net->listener = NULL;
-      st = oi__fail(OI_ERR_IO, "peer: listening on %s: %s", opts->listen_addr,
-                    oi__ucx.ucs_status_string(s));
-      goto fail;
-    }
-    ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
-    s = oi__ucx.ucp_listener_query(net->listener, &la);
-    if (s != UCS_OK) {
-      st = oi__fail(OI_ERR_IO, "peer: querying the listener: %s", oi__ucx.ucs_status_string(s));
-      goto fail;
-    }
-    if (la.sockaddr.ss_family == AF_INET)
-      net->port = ntohs(((struct sockaddr_in *)&la.sockaddr)->sin_port);
-    else if (la.sockaddr.ss_family == AF_INET6)
-      net->port = ntohs(((struct sockaddr_in6 *)&la.sockaddr)->sin6_port);
   }
   int rc = pthread_create(&net->thread, NULL, oi__peer_progress_main, net);
   if (rc) {
@@ -335,6 +314,12 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
     goto fail;
   }
   net->thread_started = true;
+  /* The node's own TCP listener: the handshake runs there, before any
+   * byte reaches UCX (peer_tcp.c). */
+  if (opts->listen_addr && (st = oi__peer_listen(net, &sin))) {
+    oi__peer_net_destroy(net);
+    return st;
+  }
   OI_LOG(OI_LOG_INFO, "peer", "node \"%s\" listening on port %u (%s reads)", net->node_id,
          net->port, net->rma_serve ? "one-sided" : "served");
   *out = net;
@@ -354,6 +339,7 @@ void oi__peer_net_destroy(oi_peer_net *net) {
   atomic_store_explicit(&net->stop_req, true, memory_order_release);
   oi__peer_wake(net);
   if (net->thread_started) pthread_join(net->thread, NULL);
+  oi__peer_listen_stop(net); /* handshakes in flight end (their ops fail below) */
   /* Ops queued after the thread's last look: fail them. */
   for (op *q = oi__peer_take_queue(net); q;) {
     op *nx = q->next;
@@ -404,20 +390,14 @@ void oi__peer_net_stats(const oi_peer_net *net, oi_peer_stats *out) {
 oi_status oi__peer_connect(oi_peer_net *net, const char *addr, oi_peer **out) {
   if (!net || !out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "peer: no net or no output");
   *out = NULL;
-  op *o = oi__peer_op_new(OP_CONNECT);
-  if (!o) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory");
-  oi_status st = oi__peer_parse_addr(addr, &o->sin);
-  if (st) {
-    oi__free(o);
-    return st;
-  }
-  st = oi__peer_submit(net, o);
-  if (st)
-    oi__fail(st, "%s", o->err);
-  else
-    *out = o->result;
-  oi__peer_op_unref(o);
-  return st;
+  struct sockaddr_in sin;
+  oi_status st = oi__peer_parse_addr(addr, &sin);
+  if (st) return st;
+  pthread_mutex_lock(&net->lock);
+  bool stop = net->stopping;
+  pthread_mutex_unlock(&net->lock);
+  if (stop) return oi__fail(OI_ERR_CLOSED, "peer: the net is shutting down");
+  return oi__peer_tcp_connect(net, &sin, out);
 }
 
 void oi__peer_close(oi_peer *peer) {

@@ -1,6 +1,6 @@
-/* The peer transport's connections (progress thread): the handshake, the
- * outbox and the handlers of every message (peer_wire.h). See
- * peer_internal.h. */
+/* The peer transport's connections (progress thread): their endpoints and
+ * workers, the outbox and the handlers of every message (peer_wire.h); the
+ * handshake is peer_tcp.c's. See peer_internal.h. */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -40,17 +40,11 @@ void oi__peer_fail(oi_peer *p, oi_status st, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  if (!p->outbound && p->state != P_READY) {
-    STAT_ADD(net, refused, 1);
-    OI_LOG(OI_LOG_WARN, "peer", "refused %s: %s", p->addr, msg);
-  } else if (p->outbound && p->state != P_READY) {
-    STAT_ADD(net, connect_fails, 1);
-    OI_LOG(OI_LOG_WARN, "peer", "connecting to %s: %s", p->addr, msg);
+  if (p->state != P_READY) { /* a handshake's: peer_tcp.c counts and logs it */
   } else {
     if (st != OI_ERR_CLOSED) STAT_ADD(net, errors, 1);
     OI_LOG(OI_LOG_INFO, "peer", "connection with %s (%s) ends: %s", oi__peer_name(p), p->addr, msg);
   }
-  if (!p->outbound && p->state != P_READY && net->handshakes) net->handshakes--;
   p->state = P_DEAD;
   p->need_close = p->ep != NULL;
   for (op *o = net->active; o; o = o->anext) {
@@ -65,6 +59,7 @@ void oi__peer_fail(oi_peer *p, oi_status st, const char *fmt, ...) {
 }
 
 void oi__peer_close_ep(oi_peer_net *net, oi_peer *p) {
+  OI_UNUSED(net);
   if (p->rkey) {
     oi__ucx.ucp_rkey_destroy(p->rkey);
     p->rkey = NULL;
@@ -76,26 +71,7 @@ void oi__peer_close_ep(oi_peer_net *net, oi_peer *p) {
   p->ep = NULL;
   p->need_close = false;
   if (r == NULL || UCS_PTR_IS_ERR(r)) return;
-  if (oi__grow((void **)&net->closing, &net->closing_cap, net->nclosing + 1, sizeof(void *),
-               SIZE_MAX / sizeof(void *))) {
-    net->closing[net->nclosing++] = r;
-  } else {
-    /* No room to track it: wait for it here (rare). */
-    while (oi__ucx.ucp_request_check_status(r) == UCS_INPROGRESS)
-      oi__ucx.ucp_worker_progress(net->worker);
-    oi__ucx.ucp_request_free(r);
-  }
-}
-
-static void poll_closing(oi_peer_net *net) {
-  size_t j = 0;
-  for (size_t i = 0; i < net->nclosing; i++) {
-    if (oi__ucx.ucp_request_check_status(net->closing[i]) == UCS_INPROGRESS)
-      net->closing[j++] = net->closing[i];
-    else
-      oi__ucx.ucp_request_free(net->closing[i]);
-  }
-  net->nclosing = j;
+  p->close_req = r; /* reap destroys the worker once this is done */
 }
 
 static bool peer_referenced(oi_peer_net *net, oi_peer *p) {
@@ -104,20 +80,44 @@ static bool peer_referenced(oi_peer_net *net, oi_peer *p) {
   return false;
 }
 
-/* Closes the eps of dead connections; frees the dead ones nobody holds. */
+ucp_worker_h oi__peer_worker(const oi_peer *p) { return p->worker; }
+
+/* An outbound connection's worker, once its ep is closed (or at the end). */
+void oi__peer_destroy_worker(oi_peer_net *net, oi_peer *p) {
+  if (!p->worker) return;
+  if (p->close_req) {
+    uint64_t end = oi__deadline_ns(SHUTDOWN_MS);
+    while (oi__ucx.ucp_request_check_status(p->close_req) == UCS_INPROGRESS && oi__now_ns() < end)
+      oi__ucx.ucp_worker_progress(p->worker);
+    oi__ucx.ucp_request_free(p->close_req);
+    p->close_req = NULL;
+  }
+  if (p->efd >= 0) epoll_ctl(net->epfd, EPOLL_CTL_DEL, p->efd, NULL);
+  oi__ucx.ucp_worker_destroy(p->worker);
+  p->worker = NULL;
+  p->efd = -1;
+}
+
+/* Closes the eps of dead connections (and then their own workers); frees
+ * the dead ones nobody holds. */
 void oi__peer_reap(oi_peer_net *net) {
   oi_peer **pp = &net->peers;
   while (*pp) {
     oi_peer *p = *pp;
     if (p->state == P_DEAD && p->need_close) oi__peer_close_ep(net, p);
-    if (p->state == P_DEAD && !p->owned && !p->ep && !peer_referenced(net, p)) {
+    if (p->close_req && oi__ucx.ucp_request_check_status(p->close_req) != UCS_INPROGRESS) {
+      oi__ucx.ucp_request_free(p->close_req);
+      p->close_req = NULL;
+    }
+    if (p->state == P_DEAD && p->worker && !p->ep && !p->close_req && !peer_referenced(net, p))
+      oi__peer_destroy_worker(net, p);
+    if (p->state == P_DEAD && !p->owned && !p->ep && !p->worker && !peer_referenced(net, p)) {
       *pp = p->next;
       oi__free(p);
       continue;
     }
     pp = &p->next;
   }
-  poll_closing(net);
 }
 
 static void outmsg_free(outmsg *m) {
@@ -200,153 +200,6 @@ void oi__peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
   if (!p) return;
   oi__peer_fail(p, status == UCS_ERR_CANCELED ? OI_ERR_CLOSED : OI_ERR_IO, "connection lost: %s",
                 oi__ucx.ucs_status_string(status));
-}
-
-/* The handshake's MAC: HMAC-SHA256(secret, label || client nonce || server
- * nonce || client id (length-prefixed) || server id). */
-/* HELLO and CHALLENGE share a layout: magic, version, id length, nonce, id. */
-void oi__peer_send_hello(oi_peer *p, unsigned am) {
-  oi_peer_net *net = p->net;
-  size_t len = OI_PEER_HELLO_FIXED + net->id_len;
-  uint8_t *b = oi__malloc(len);
-  if (!b) {
-    oi__peer_fail(p, OI_ERR_OUT_OF_MEMORY, "no memory for the handshake");
-    return;
-  }
-  put32(b, OI_PEER_MAGIC);
-  put16(b + 4, OI_PEER_VERSION);
-  put16(b + 6, net->id_len);
-  memcpy(b + 8, p->nonce_mine, NONCE);
-  memcpy(b + OI_PEER_HELLO_FIXED, net->node_id, net->id_len);
-  oi__peer_send_msg(p, am, b, len);
-}
-
-static bool parse_hello(oi_peer *p, const uint8_t *d, size_t len) {
-  size_t idl = 0;
-  oi_status st = oi__peer_parse_hello(d, len, p->nonce_theirs, p->id, &idl);
-  if (st != OI_OK) {
-    oi__peer_fail(p, st, "%s", oi_last_error());
-    return false;
-  }
-  p->id_len = (uint8_t)idl;
-  return true;
-}
-
-bool oi__peer_fresh_nonce(oi_peer *p) {
-  if (getrandom(p->nonce_mine, NONCE, 0) != (ssize_t)NONCE) {
-    oi__peer_fail(p, OI_ERR_IO, "getrandom: %s", strerror(errno));
-    return false;
-  }
-  return true;
-}
-
-static void on_hello(oi_peer *p, const uint8_t *d, size_t len) {
-  if (!parse_hello(p, d, len) || !oi__peer_fresh_nonce(p)) return;
-  p->state = P_WAIT_AUTH;
-  oi__peer_send_hello(p, OI_PEER_AM_CHALLENGE);
-}
-
-static void on_challenge(oi_peer *p, const uint8_t *d, size_t len) {
-  if (!parse_hello(p, d, len)) return;
-  size_t blen = 4 + OI_SHA256_LEN;
-  uint8_t *b = oi__malloc(blen);
-  if (!b) {
-    oi__peer_fail(p, OI_ERR_OUT_OF_MEMORY, "no memory for the handshake");
-    return;
-  }
-  put32(b, OI_PEER_MAGIC);
-  oi__peer_handshake_mac(p->net, p, true, b + 4);
-  p->state = P_WAIT_WELCOME;
-  oi__peer_send_msg(p, OI_PEER_AM_AUTH, b, blen);
-}
-
-static void on_auth(oi_peer *p, const uint8_t *d, size_t len) {
-  oi_peer_net *net = p->net;
-  uint8_t want[OI_SHA256_LEN];
-  const uint8_t *mac = NULL;
-  oi_status st = oi__peer_parse_auth(d, len, &mac);
-  if (st != OI_OK) {
-    oi__peer_fail(p, st, "%s", oi_last_error());
-    return;
-  }
-  oi__peer_handshake_mac(net, p, true, want);
-  if (!oi__ct_equal(want, mac, OI_SHA256_LEN)) {
-    /* Tell it why, then close once that is delivered. */
-    uint8_t *b = oi__malloc(4);
-    if (b) {
-      put32(b, OI_PEER_MAGIC);
-      oi__peer_send_msg(p, OI_PEER_AM_REFUSE, b, 4);
-    }
-    p->flush = true;
-    oi__peer_fail(p, OI_ERR_PERMISSION, "node \"%s\" failed to prove the cluster secret", p->id);
-    return;
-  }
-  size_t blen = OI_PEER_WELCOME_FIXED + net->rkey_len;
-  uint8_t *b = oi__malloc(blen);
-  if (!b) {
-    oi__peer_fail(p, OI_ERR_OUT_OF_MEMORY, "no memory for the handshake");
-    return;
-  }
-  put32(b, OI_PEER_MAGIC);
-  oi__peer_handshake_mac(net, p, false, b + 4);
-  put64(b + 4 + OI_SHA256_LEN, net->base);
-  put64(b + 12 + OI_SHA256_LEN, net->len);
-  put32(b + 20 + OI_SHA256_LEN, (uint32_t)net->rkey_len);
-  put32(b + 24 + OI_SHA256_LEN, net->rkey_len ? OI_PEER_WELCOME_RMA : 0);
-  if (net->rkey_len) memcpy(b + OI_PEER_WELCOME_FIXED, net->rkey_buf, net->rkey_len);
-  p->state = P_READY;
-  if (net->handshakes) net->handshakes--;
-  STAT_ADD(net, accepted, 1);
-  OI_LOG(OI_LOG_INFO, "peer", "accepted node \"%s\" from %s", p->id, p->addr);
-  oi__peer_send_msg(p, OI_PEER_AM_WELCOME, b, blen);
-}
-
-static op *connect_op_of(oi_peer_net *net, oi_peer *p) {
-  for (op *o = net->active; o; o = o->anext)
-    if (o->peer == p && o->kind == OP_CONNECT) return o;
-  return NULL;
-}
-
-static void on_welcome(oi_peer *p, const uint8_t *d, size_t len) {
-  oi_peer_net *net = p->net;
-  uint8_t want[OI_SHA256_LEN];
-  oi_peer_welcome w;
-  /* The MAC is checked on a welcome of the right form before its region
-   * descriptor is (a refusal reads as one). */
-  oi__peer_handshake_mac(net, p, false, want);
-  oi_status st = oi__peer_parse_welcome(d, len, want, &w);
-  if (st == OI_ERR_PERMISSION) {
-    oi__peer_fail(p, OI_ERR_PERMISSION, "node \"%s\" failed to prove the cluster secret", p->id);
-    return;
-  }
-  if (st != OI_OK) {
-    oi__peer_fail(p, st, "%s", oi_last_error());
-    return;
-  }
-  uint64_t base = w.base, rlen = w.len;
-  uint32_t klen = w.rkey_len;
-  p->rma = klen && net->rma_serve;
-  if (rlen && p->rma) {
-    ucs_status_t s = oi__ucx.ucp_ep_rkey_unpack(p->ep, w.rkey, &p->rkey);
-    if (s != UCS_OK) {
-      p->rkey = NULL;
-      oi__peer_fail(p, OI_ERR_PROTOCOL, "unpacking the region key: %s",
-                    oi__ucx.ucs_status_string(s));
-      return;
-    }
-  }
-  p->rbase = base;
-  p->rlen = rlen;
-  p->state = P_READY;
-  p->owned = true;
-  STAT_ADD(net, connected, 1);
-  OI_LOG(OI_LOG_INFO, "peer", "connected to node \"%s\" at %s (region %llu bytes, %s reads)", p->id,
-         p->addr, (unsigned long long)rlen, p->rma ? "one-sided" : "served");
-  op *o = connect_op_of(net, p);
-  if (o) {
-    o->result = p;
-    oi__peer_op_ready(o, OI_OK, NULL);
-  }
 }
 
 static void on_req(oi_peer *p, const uint8_t *d, size_t len) {
@@ -484,7 +337,7 @@ static void on_data(oi_peer *p, const uint8_t *hdr, void *data, size_t len, bool
       .cb.recv_am = data_cb,
       .user_data = o,
   };
-  ucs_status_ptr_t r = oi__ucx.ucp_am_recv_data_nbx(net->worker, data, dst, len, &prm);
+  ucs_status_ptr_t r = oi__ucx.ucp_am_recv_data_nbx(oi__peer_worker(p), data, dst, len, &prm);
   if (r == NULL) {
     o->landed++;
   } else if (UCS_PTR_IS_ERR(r)) {
@@ -514,82 +367,20 @@ ucs_status_t oi__peer_am_cb(void *arg, const void *header, size_t header_length,
     return UCS_OK;
   }
   const uint8_t *d = data;
-  int want = 0;
-  switch (id) {
-  case OI_PEER_AM_HELLO: want = P_WAIT_HELLO; break;
-  case OI_PEER_AM_CHALLENGE: want = P_CONNECTING; break;
-  case OI_PEER_AM_AUTH: want = P_WAIT_AUTH; break;
-  case OI_PEER_AM_WELCOME:
-  case OI_PEER_AM_REFUSE: want = P_WAIT_WELCOME; break;
-  default: want = P_READY; break;
-  }
-  bool ok_side = (id == OI_PEER_AM_HELLO || id == OI_PEER_AM_AUTH || id == OI_PEER_AM_REQ ||
-                  id == OI_PEER_AM_READ)
-                     ? !p->outbound
-                     : p->outbound;
-  if (p->state != want || !ok_side) {
+  /* The handshake's messages travel over TCP only (peer_tcp.c): over UCX
+   * they are out of turn. */
+  bool handshake = id < OI_PEER_AM_REQ;
+  bool ok_side = (id == OI_PEER_AM_REQ || id == OI_PEER_AM_READ) ? !p->outbound : p->outbound;
+  if (p->state != P_READY || handshake || !ok_side) {
     STAT_ADD(net, bad_messages, 1);
     oi__peer_fail(p, OI_ERR_PROTOCOL, "message %u out of turn", id);
     return UCS_OK;
   }
   switch (id) {
-  case OI_PEER_AM_HELLO: on_hello(p, d, length); break;
-  case OI_PEER_AM_CHALLENGE: on_challenge(p, d, length); break;
-  case OI_PEER_AM_AUTH: on_auth(p, d, length); break;
-  case OI_PEER_AM_WELCOME: on_welcome(p, d, length); break;
-  case OI_PEER_AM_REFUSE:
-    oi__peer_fail(p, OI_ERR_PERMISSION, "refused: this node's secret is not the peer's");
-    break;
   case OI_PEER_AM_REQ: on_req(p, d, length); break;
   case OI_PEER_AM_REP: on_rep(p, d, length); break;
   case OI_PEER_AM_READ: on_read(p, d, length); break;
   case OI_PEER_AM_DATA: on_data(p, header, data, length, rndv); break;
   }
   return UCS_OK;
-}
-
-void oi__peer_conn_cb(ucp_conn_request_h req, void *arg) {
-  oi_peer_net *net = arg;
-  ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
-  char addr[64] = "?";
-  if (oi__ucx.ucp_conn_request_query(req, &attr) == UCS_OK)
-    oi__peer_format_addr((const struct sockaddr *)&attr.client_address, addr, sizeof(addr));
-  if (atomic_load_explicit(&net->stop_req, memory_order_relaxed) ||
-      net->handshakes >= MAX_HANDSHAKES) {
-    STAT_ADD(net, refused, 1);
-    OI_LOG(OI_LOG_WARN, "peer", "refused %s: %s", addr,
-           net->handshakes >= MAX_HANDSHAKES ? "too many connections authenticating"
-                                             : "shutting down");
-    oi__ucx.ucp_listener_reject(net->listener, req);
-    return;
-  }
-  oi_peer *p = oi__calloc(1, sizeof(*p));
-  if (!p) {
-    STAT_ADD(net, refused, 1);
-    oi__ucx.ucp_listener_reject(net->listener, req);
-    return;
-  }
-  p->net = net;
-  snprintf(p->addr, sizeof(p->addr), "%s", addr);
-  p->state = P_WAIT_HELLO;
-  p->deadline = oi__deadline_ns(net->timeout_ms);
-  ucp_ep_params_t ep = {
-      .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER,
-      .conn_request = req,
-      .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-      .err_handler = {.cb = oi__peer_err_cb, .arg = net},
-  };
-  ucs_status_t s = oi__ucx.ucp_ep_create(net->worker, &ep, &p->ep);
-  if (s != UCS_OK) {
-    STAT_ADD(net, refused, 1);
-    OI_LOG(OI_LOG_WARN, "peer", "refused %s: creating its endpoint: %s", addr,
-           oi__ucx.ucs_status_string(s));
-    oi__free(p);
-    return;
-  }
-  net->handshakes++;
-  p->serial = ++net->next_serial;
-  p->next = net->peers;
-  net->peers = p;
 }

@@ -1,16 +1,30 @@
 /* The peer transport, internal to lib/cluster: its types and the functions
  * its files share. peer.c: the API (nets, connections, calls, gets);
  * peer_progress.c: the op queue and the progress thread; peer_conn.c:
- * connections, the handshake and the message handlers; peer_wire.c: the
+ * connections and the message handlers; peer_tcp.c: the node's TCP
+ * listener and the handshake over it (both sides); peer_wire.c: the
  * handshake's messages parsed and its MAC; peer_wire.h: the messages.
+ *
+ * The handshake never touches UCX: the listener thread accepts plain TCP
+ * connections and runs each handshake in a thread of its own (at most
+ * MAX_HANDSHAKES at once), with the net's timeout as its deadline; a
+ * client runs its side in oi__peer_connect's caller. Only once both sides
+ * proved the secret do they swap UCX worker addresses and ask the progress
+ * thread for workers and endpoints (OP_WORKER, OP_ACCEPT on the server,
+ * OP_CONNECT on the client). Each connection has a UCX worker of its own
+ * on both sides: UCX pairs the two endpoints two workers create to each
+ * other by a count per remote worker, which two nodes' connections in both
+ * directions, or a failed one, would put out of step; and a connection
+ * ended on one side ends on the other at once (its worker destroyed, its
+ * sockets close), where UCX would keep a shared socket open.
  *
  * One progress thread per net makes every UCX call (the worker is created
  * UCS_THREAD_MODE_SINGLE). Callers build an `op`, queue it under `lock`,
  * wake the thread through an eventfd and sleep on `cond` until the thread
  * marks it done. The thread's loop: run the queued ops, progress the worker,
  * scan the active ops (finish the ready ones, enforce deadlines), close and
- * free dead connections, then arm the worker and sleep in epoll on the
- * worker's fd and the eventfd.
+ * free dead connections, then arm the workers and sleep in epoll on the
+ * workers' fds and the eventfd.
  *
  * Connections (oi_peer) live in the net's list and are touched only by the
  * progress thread, except the fields set before a connect returns (node id,
@@ -42,14 +56,29 @@
 #define OI_PEER_TCP_SEG "256k" /* UCX TCP segment size (see oi__peer_net_create) */
 _Static_assert(OI_PEER_MAC_LEN == OI_SHA256_LEN, "the handshake MAC is an HMAC-SHA256");
 
-enum { P_CONNECTING = 1, P_WAIT_HELLO, P_WAIT_AUTH, P_WAIT_WELCOME, P_READY, P_DEAD };
-enum { OP_CONNECT = 1, OP_CALL, OP_GET, OP_CLOSE, OP_REGISTER, OP_ANSWER, OP_ABORT };
+/* P_ACCEPTING: an inbound connection's worker exists, its endpoint not
+ * yet (the handshake thread holds it: owned). */
+enum { P_ACCEPTING = 1, P_READY, P_DEAD };
+enum {
+  OP_CONNECT = 1,
+  OP_CALL,
+  OP_GET,
+  OP_CLOSE,
+  OP_REGISTER,
+  OP_ANSWER,
+  OP_WORKER,
+  OP_ACCEPT,
+  OP_ABORT
+};
 
 typedef struct op op;
 
 struct oi_peer {
   oi_peer_net *net;
   ucp_ep_h ep;
+  ucp_worker_h worker; /* its own worker (see above) */
+  int efd;             /* the worker's event fd */
+  void *close_req;     /* the ep's close, in progress on `worker` */
   bool outbound;
   bool owned;      /* returned to a caller: freed by oi__peer_close / destroy */
   bool need_close; /* dead, ep still to close */
@@ -119,6 +148,11 @@ struct op {
   /* register */
   void *base;
   size_t len;
+  /* connect, accept: the remote worker's address; connect: the holder's
+   * region key (the thread unpacks it), and this side's worker address
+   * back in reply / reply_len */
+  uint8_t *raddr, *rkey_in;
+  size_t raddr_len, rkey_in_len;
   /* answer: msg (the framed reply) goes to the connection `peer` if it is
    * still the one with this serial */
   uint64_t serial;
@@ -153,8 +187,14 @@ struct oi_peer_net {
   void *on_request_ctx;
 
   ucp_context_h ctx;
-  ucp_worker_h worker;
-  ucp_listener_h listener;
+  int lfd;   /* the TCP listener (-1: none) */
+  int lwake; /* eventfd: wakes the listener thread to stop */
+  pthread_t lthread;
+  bool lthread_started;
+  uint32_t hs_threads;        /* handshake threads running (under lock) */
+  uint64_t refusal_window_ns; /* refusals logged and not, this second (under lock) */
+  uint32_t refusals_logged;
+  uint64_t refusals_dropped;
   uint16_t port;
   int efd, wakefd, epfd;
   pthread_t thread;
@@ -180,10 +220,7 @@ struct oi_peer_net {
   oi_peer *peers;
   uint64_t next_serial;
   op *active;
-  uint32_t handshakes;
   outmsg *out_head, *out_tail;
-  void **closing; /* ep close requests in progress */
-  size_t nclosing, closing_cap;
 
   struct {
     _Atomic uint64_t accepted, refused, connected, connect_fails, calls, served, gets, reads,
@@ -239,11 +276,18 @@ void oi__peer_reap(oi_peer_net *net);
 void oi__peer_send_msg(oi_peer *p, unsigned id, void *buf, size_t len);
 void oi__peer_flush_outbox(oi_peer_net *net);
 void oi__peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
-void oi__peer_send_hello(oi_peer *p, unsigned am);
-bool oi__peer_fresh_nonce(oi_peer *p);
 ucs_status_t oi__peer_am_cb(void *arg, const void *header, size_t header_length, void *data,
                             size_t length, const ucp_am_recv_param_t *param);
-void oi__peer_conn_cb(ucp_conn_request_h req, void *arg);
+ucp_worker_h oi__peer_worker(const oi_peer *p);
+void oi__peer_destroy_worker(oi_peer_net *net, oi_peer *p);
+
+/* ---- peer.c: a worker with the message handlers and its fd in epoll */
+oi_status oi__peer_worker_new(oi_peer_net *net, ucp_worker_h *w, int *efd);
+
+/* ---- peer_tcp.c: the listener and the handshake */
+oi_status oi__peer_listen(oi_peer_net *net, const struct sockaddr_in *sin);
+void oi__peer_listen_stop(oi_peer_net *net);
+oi_status oi__peer_tcp_connect(oi_peer_net *net, const struct sockaddr_in *sin, oi_peer **out);
 
 /* ---- peer_wire.c */
 void oi__peer_handshake_mac(const oi_peer_net *net, const oi_peer *p, bool client_proof,

@@ -119,37 +119,117 @@ oi_status oi__peer_submit(oi_peer_net *net, op *o) {
 
 /* ---- ops on the thread ---- */
 
-static void start_connect(oi_peer_net *net, op *o) {
-  oi_peer *p = oi__calloc(1, sizeof(*p));
-  if (!p) {
-    oi__peer_op_ready(o, OI_ERR_OUT_OF_MEMORY, "peer: no memory for a connection");
-    return;
-  }
-  p->net = net;
-  p->outbound = true;
-  p->state = P_CONNECTING;
-  oi__peer_format_addr((const struct sockaddr *)&o->sin, p->addr, sizeof(p->addr));
-  p->serial = ++net->next_serial;
-  p->next = net->peers;
-  net->peers = p;
-  o->peer = p;
-  if (!oi__peer_fresh_nonce(p)) return;
+/* An endpoint to the worker at o->raddr (peer_tcp.c has authenticated
+ * it) on p's worker. */
+static oi_status make_ep(oi_peer_net *net, oi_peer *p, op *o) {
   ucp_ep_params_t ep = {
-      .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-      .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-      .sockaddr = {.addr = (const struct sockaddr *)&o->sin, .addrlen = sizeof(o->sin)},
+      .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER,
+      .address = (const ucp_address_t *)o->raddr,
       .err_mode = UCP_ERR_HANDLING_MODE_PEER,
       .err_handler = {.cb = oi__peer_err_cb, .arg = net},
   };
-  ucs_status_t s = oi__ucx.ucp_ep_create(net->worker, &ep, &p->ep);
+  ucs_status_t s = oi__ucx.ucp_ep_create(oi__peer_worker(p), &ep, &p->ep);
   if (s != UCS_OK) {
     p->ep = NULL;
-    oi__peer_fail(p, oi__peer_ucs_to_oi(s), "creating an endpoint: %s",
-                  oi__ucx.ucs_status_string(s));
-    return;
+    oi__peer_op_ready(o, oi__peer_ucs_to_oi(s), "creating an endpoint: %s",
+                      oi__ucx.ucs_status_string(s));
+    return oi__peer_ucs_to_oi(s);
   }
-  oi__peer_send_hello(p, OI_PEER_AM_HELLO);
+  return OI_OK;
+}
+
+static void link_peer(oi_peer_net *net, oi_peer *p, int state) {
+  p->state = state;
+  p->serial = ++net->next_serial;
+  p->next = net->peers;
+  net->peers = p;
+}
+
+/* p's own worker and its address in o->reply (false: o is ready with the
+ * error, p has no worker). */
+static bool new_worker(oi_peer_net *net, oi_peer *p, op *o) {
+  oi_status st = oi__peer_worker_new(net, &p->worker, &p->efd);
+  if (st) {
+    oi__peer_op_ready(o, st, "%s", oi_last_error());
+    return false;
+  }
+  ucp_address_t *a = NULL;
+  size_t alen = 0;
+  ucs_status_t s = oi__ucx.ucp_worker_get_address(p->worker, &a, &alen);
+  if (s == UCS_OK) {
+    o->reply = oi__malloc(alen);
+    if (o->reply) {
+      memcpy(o->reply, a, alen);
+      o->reply_len = alen;
+    }
+    oi__ucx.ucp_worker_release_address(p->worker, a);
+  }
+  if (s != UCS_OK || !o->reply || alen > OI_PEER_MAX_FRAME) {
+    oi__peer_op_ready(o, s != UCS_OK ? OI_ERR_IO : OI_ERR_OUT_OF_MEMORY,
+                      "this connection's worker address: %s",
+                      s != UCS_OK ? oi__ucx.ucs_status_string(s) : "no memory or too long");
+    oi__peer_destroy_worker(net, p);
+    return false;
+  }
+  return true;
+}
+
+/* The server's side, authenticated: the connection's worker (its address
+ * goes to the client); the connection is listed, the handshake thread's
+ * until OP_ACCEPT (owned: oi__peer_close drops it). */
+static void run_worker(oi_peer_net *net, op *o) {
+  oi_peer *p = o->peer;
+  if (!new_worker(net, p, o)) return;
+  p->owned = true;
+  link_peer(net, p, P_ACCEPTING);
+  oi__peer_op_ready(o, OI_OK, NULL);
+}
+
+/* Then its endpoint to the client's worker: the connection is the net's. */
+static void run_accept(oi_peer_net *net, op *o) {
+  oi_peer *p = o->peer;
+  if (p->state != P_ACCEPTING) {
+    oi__peer_op_ready(o, OI_ERR_CLOSED, "the connection is closed");
+  } else if (make_ep(net, p, o) == OI_OK) {
+    p->state = P_READY;
+    p->owned = false;
+    oi__peer_op_ready(o, OI_OK, NULL);
+  } else {
+    oi__peer_fail(p, o->st, "%s", o->err);
+    p->owned = false;
+  }
+}
+
+/* The client's side, authenticated: this connection's own worker, its
+ * endpoint to the holder's, the region key; o->reply: this worker's
+ * address for the holder. On failure nothing of p is kept. */
+static void run_connect(oi_peer_net *net, op *o) {
+  oi_peer *p = o->peer;
+  if (!new_worker(net, p, o)) return;
+  if (make_ep(net, p, o) == OI_OK) {
+    ucs_status_t s;
+    if (p->rma && p->rlen) {
+      s = oi__ucx.ucp_ep_rkey_unpack(p->ep, o->rkey_in, &p->rkey);
+      if (s != UCS_OK) {
+        p->rkey = NULL;
+        oi__peer_op_ready(o, OI_ERR_PROTOCOL, "unpacking the region key: %s",
+                          oi__ucx.ucs_status_string(s));
+      }
+    }
+    if (!o->ready) {
+      link_peer(net, p, P_READY);
+      p->owned = true;
+      oi__peer_op_ready(o, OI_OK, NULL);
+      return;
+    }
+  }
+  /* Failed: undone here (p stays the caller's). */
+  if (p->ep) {
+    p->flush = false;
+    oi__peer_close_ep(net, p);
+  }
+  oi__peer_destroy_worker(net, p);
 }
 
 static void start_call(oi_peer_net *net, op *o) {
@@ -235,9 +315,16 @@ static void start_get(oi_peer_net *net, op *o) {
 static void run_op(oi_peer_net *net, op *o) {
   switch (o->kind) {
   case OP_CONNECT:
+  case OP_WORKER:
+  case OP_ACCEPT:
     o->deadline = oi__deadline_ns(net->timeout_ms);
     active_add(net, o);
-    start_connect(net, o);
+    if (o->kind == OP_CONNECT)
+      run_connect(net, o);
+    else if (o->kind == OP_WORKER)
+      run_worker(net, o);
+    else
+      run_accept(net, o);
     break;
   case OP_CALL:
     active_add(net, o);
@@ -282,8 +369,10 @@ static void run_op(oi_peer_net *net, op *o) {
       o->st = OI_ERR_STATE;
       snprintf(o->err, sizeof(o->err), "peer: a region is already registered");
     } else if (!net->rma_serve) {
+      pthread_mutex_lock(&net->lock); /* handshake threads read the region */
       net->base = (uint64_t)(uintptr_t)o->base;
       net->len = o->len;
+      pthread_mutex_unlock(&net->lock);
       o->st = OI_OK;
     } else {
       ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
@@ -304,8 +393,10 @@ static void run_op(oi_peer_net *net, op *o) {
         snprintf(o->err, sizeof(o->err), "peer: registering %zu bytes: %s", o->len,
                  oi__ucx.ucs_status_string(s));
       } else {
+        pthread_mutex_lock(&net->lock); /* handshake threads read the region */
         net->base = (uint64_t)(uintptr_t)o->base;
         net->len = o->len;
+        pthread_mutex_unlock(&net->lock);
         o->st = OI_OK;
       }
     }
@@ -319,14 +410,6 @@ static void run_op(oi_peer_net *net, op *o) {
  * (capped). */
 static int scan(oi_peer_net *net) {
   uint64_t now = oi__now_ns(), next = now + (uint64_t)IDLE_WAIT_MS * 1000000u;
-  for (oi_peer *p = net->peers; p; p = p->next) {
-    if (p->state == P_DEAD || p->state == P_READY) continue;
-    if (p->outbound) continue; /* the connect op's deadline */
-    if (now >= p->deadline)
-      oi__peer_fail(p, OI_ERR_TIMEOUT, "no handshake within %u ms", net->timeout_ms);
-    else if (p->deadline < next)
-      next = p->deadline;
-  }
   op *o = net->active;
   while (o) {
     op *nx = o->anext;
@@ -356,8 +439,6 @@ static int scan(oi_peer_net *net) {
         }
         next = now; /* progress until UCX gives the reads back */
       } else {
-        if (o->kind == OP_CONNECT && o->peer)
-          oi__peer_fail(o->peer, OI_ERR_TIMEOUT, "no handshake within %u ms", net->timeout_ms);
         oi__peer_op_ready(o, OI_ERR_TIMEOUT, "peer %s: no answer within the timeout",
                           o->peer ? oi__peer_name(o->peer) : "?");
       }
@@ -365,7 +446,7 @@ static int scan(oi_peer_net *net) {
       next = o->deadline;
     }
     if (o->ready) {
-      if (o->st != OI_OK && o->kind != OP_CONNECT) STAT_ADD(net, errors, 1);
+      if (o->st != OI_OK && (o->kind == OP_CALL || o->kind == OP_GET)) STAT_ADD(net, errors, 1);
       active_del(net, o);
       oi__peer_op_done(net, o);
     }
@@ -383,11 +464,23 @@ op *oi__peer_take_queue(oi_peer_net *net) {
   return q;
 }
 
+/* The net's worker and each outbound connection's: any progress? */
+static bool progress_all(oi_peer_net *net) {
+  bool any = false;
+  for (oi_peer *p = net->peers; p; p = p->next)
+    if (p->worker && oi__ucx.ucp_worker_progress(p->worker)) any = true;
+  return any;
+}
+
+/* Arms every worker: UCS_ERR_BUSY when one has events still to progress. */
+static ucs_status_t arm_all(oi_peer_net *net) {
+  ucs_status_t s = UCS_OK;
+  for (oi_peer *p = net->peers; p && s == UCS_OK; p = p->next)
+    if (p->worker) s = oi__ucx.ucp_worker_arm(p->worker);
+  return s;
+}
+
 static void shutdown_all(oi_peer_net *net) {
-  if (net->listener) {
-    oi__ucx.ucp_listener_destroy(net->listener);
-    net->listener = NULL;
-  }
   for (op *q = oi__peer_take_queue(net); q;) {
     op *nx = q->next;
     if (q->kind == OP_CLOSE) {
@@ -405,7 +498,7 @@ static void shutdown_all(oi_peer_net *net) {
   }
   uint64_t end = oi__deadline_ns(SHUTDOWN_MS);
   for (;;) {
-    while (oi__ucx.ucp_worker_progress(net->worker)) {
+    while (progress_all(net)) {
     }
     oi__peer_flush_outbox(net);
     for (op *o = net->active; o; o = o->anext)
@@ -413,13 +506,15 @@ static void shutdown_all(oi_peer_net *net) {
         oi__peer_op_ready(o, OI_ERR_CLOSED, "peer: the net is shutting down");
     scan(net);
     oi__peer_reap(net);
-    if ((!net->active && !net->nclosing) || oi__now_ns() >= end) break;
+    bool closing = false;
+    for (oi_peer *p = net->peers; p; p = p->next)
+      closing = closing || p->close_req;
+    if ((!net->active && !closing) || oi__now_ns() >= end) break;
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
-  if (net->active || net->nclosing)
-    OI_LOG(OI_LOG_ERROR, "peer", "shutdown: %s still pending after %d ms",
-           net->active ? "operations" : "endpoint closes", SHUTDOWN_MS);
+  if (net->active)
+    OI_LOG(OI_LOG_ERROR, "peer", "shutdown: operations still pending after %d ms", SHUTDOWN_MS);
 }
 
 /* A worker that cannot be armed is polled every millisecond; its error is
@@ -441,14 +536,13 @@ void *oi__peer_progress_main(void *arg) {
     /* Bounded: a worker that keeps reporting progress (retries toward a
      * dead peer) must not keep the deadlines from being enforced. */
     bool busy = false;
-    for (int i = 0; i < 64 && (busy = oi__ucx.ucp_worker_progress(net->worker) != 0); i++) {
+    for (int i = 0; i < 64 && (busy = progress_all(net)); i++) {
     }
     oi__peer_flush_outbox(net);
     int wait_ms = scan(net);
     oi__peer_reap(net);
-    if (net->nclosing && wait_ms > 1) wait_ms = 1;
     if (busy) continue;
-    ucs_status_t s = oi__ucx.ucp_worker_arm(net->worker);
+    ucs_status_t s = arm_all(net);
     if (s == UCS_ERR_BUSY) continue;
     if (s != UCS_OK) {
       uint64_t now = oi__now_ns();

@@ -3,7 +3,20 @@
  * (tests/cluster) share these. Every field is little-endian; see
  * docs/cluster.md, "Peer transport".
  *
- * Each message is a UCX active message whose id says its kind:
+ * The handshake runs over a plain TCP connection to the node's listener
+ * (not UCX: no byte of an unauthenticated peer reaches UCX), as frames:
+ * kind (4; an id below), payload length (4; at most OI_PEER_MAX_FRAME),
+ * the payload. In order: HELLO (client), CHALLENGE (server), AUTH
+ * (client), WELCOME or REFUSE (server), ADDR (server: its UCX worker
+ * address), ADDR (client: the address of the worker it made for this
+ * connection), READY (server, empty: its endpoint to the client exists);
+ * then the socket is closed and the connection goes on over UCX endpoints
+ * both sides created from those addresses. Anything else (a frame out of
+ * turn, too large, malformed, or late past the handshake timeout) closes
+ * the socket.
+ *
+ * After the handshake each message is a UCX active message whose id says
+ * its kind:
  *  - HELLO (client -> server) and CHALLENGE (server -> client): magic (4),
  *    version (2), id length (2), nonce (OI_PEER_NONCE), node id (no NUL);
  *    OI_PEER_HELLO_FIXED bytes before the id.
@@ -37,8 +50,13 @@ enum {
   OI_PEER_AM_REP,
   OI_PEER_AM_READ, /* a read served by the holder's CPU (no native RMA: see get_cb) */
   OI_PEER_AM_DATA, /* its bytes: the header says which read; the data is the payload */
-  OI_PEER_AM_LAST
+  OI_PEER_AM_LAST,
+  OI_PEER_FR_ADDR = 16, /* handshake frame: a UCX worker address */
+  OI_PEER_FR_READY = 17 /* handshake frame: the server's endpoint exists */
 };
+
+#define OI_PEER_FRAME_HDR 8      /* kind, payload length */
+#define OI_PEER_MAX_FRAME 16384u /* bytes of a frame's payload, at most */
 
 #define OI_PEER_MAGIC 0x5250494fu /* "OIPR" */
 #define OI_PEER_VERSION 1u

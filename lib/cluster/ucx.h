@@ -26,16 +26,11 @@
   X(ucp_config_modify)                                                                             \
   X(ucp_config_read)                                                                               \
   X(ucp_config_release)                                                                            \
-  X(ucp_conn_request_query)                                                                        \
   X(ucp_ep_close_nbx)                                                                              \
   X(ucp_ep_create)                                                                                 \
   X(ucp_ep_rkey_unpack)                                                                            \
   X(ucp_get_nbx)                                                                                   \
   X(ucp_init_version)                                                                              \
-  X(ucp_listener_create)                                                                           \
-  X(ucp_listener_destroy)                                                                          \
-  X(ucp_listener_query)                                                                            \
-  X(ucp_listener_reject)                                                                           \
   X(ucp_mem_map)                                                                                   \
   X(ucp_mem_unmap)                                                                                 \
   X(ucp_request_check_status)                                                                      \
@@ -46,8 +41,10 @@
   X(ucp_worker_arm)                                                                                \
   X(ucp_worker_create)                                                                             \
   X(ucp_worker_destroy)                                                                            \
+  X(ucp_worker_get_address)                                                                        \
   X(ucp_worker_get_efd)                                                                            \
   X(ucp_worker_progress)                                                                           \
+  X(ucp_worker_release_address)                                                                    \
   X(ucp_worker_set_am_recv_handler)                                                                \
   X(ucs_status_string)
 

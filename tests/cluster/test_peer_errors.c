@@ -21,6 +21,7 @@
 #include "cluster/tier.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
+#include "peer_tcp_util.h"
 #include "testutil.h"
 
 static const uint8_t SECRET[] = "cluster secret: thirty-two bytes";
@@ -387,7 +388,7 @@ static void test_no_listener(void) {
 static void test_restart_reuses_the_port(void) {
   /* A connection the net closed first leaves its port in TIME_WAIT (as a
    * node that crashed or stopped does): a new net listens there at once
-   * (SO_REUSEADDR, UCX_TCP_CM_REUSEADDR) and serves. */
+   * (SO_REUSEADDR on the node's own listener) and serves. */
   oi_peer_net *a = make_net("node-a", answer, OI_PEER_READS_AUTO);
   uint16_t port = oi__peer_net_port(a);
   struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -502,7 +503,10 @@ static void raw_progress(raw_client *r, unsigned ms) {
   }
 }
 
-static void raw_open(raw_client *r, uint16_t port) {
+/* A raw UCX worker with an endpoint to the worker at `addr` (the server's,
+ * from the TCP handshake); *mine: this worker's address (release it with
+ * ucp_worker_release_address). */
+static void raw_open(raw_client *r, const uint8_t *addr, ucp_address_t **mine, size_t *mine_len) {
   memset(r, 0, sizeof *r);
   ucp_config_t *cfg = NULL;
   REQUIRE(oi__ucx.ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
@@ -523,18 +527,15 @@ static void raw_open(raw_client *r, uint16_t port) {
     raw_args[id] = (raw_arg){r, id};
     REQUIRE(oi__ucx.ucp_worker_set_am_recv_handler(r->w, &hp) == UCS_OK);
   }
-  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
-  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(oi__ucx.ucp_worker_get_address(r->w, mine, mine_len) == UCS_OK);
   ucp_ep_params_t ep = {
-      .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-      .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-      .sockaddr = {.addr = (const struct sockaddr *)&sin, .addrlen = sizeof sin},
+      .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER,
+      .address = (const ucp_address_t *)addr,
       .err_mode = UCP_ERR_HANDLING_MODE_PEER,
       .err_handler = {.cb = raw_err, .arg = r},
   };
   REQUIRE(oi__ucx.ucp_ep_create(r->w, &ep, &r->ep) == UCS_OK);
-  raw_progress(r, 50);
 }
 
 /* Sends one active message (the receiver learns the ep: REPLY flag). */
@@ -575,6 +576,8 @@ static bool refused_soon(oi_peer_net *n, uint64_t want) {
   return false;
 }
 
+/* Plain TCP clients that break the handshake (peer_wire.h's frames): each
+ * is refused and closed by the server, which then serves a real peer. */
 static void test_raw_client_breaks_the_protocol(void) {
   oi_peer_net_options o = {.listen_addr = "127.0.0.1:0",
                            .node_id = "server",
@@ -587,52 +590,57 @@ static void test_raw_client_breaks_the_protocol(void) {
   uint16_t port = oi__peer_net_port(srv);
   uint8_t hello[OI_PEER_HELLO_FIXED + 16];
   size_t hl = make_hello(hello, 1, "raw", 3);
-  const struct {
-    unsigned id;
-    bool header;
-    bool bad_hello;
-    const char *what;
-  } cases[] = {
-      {OI_PEER_AM_REQ, false, false, "a request before any handshake (out of turn)"},
-      {OI_PEER_AM_AUTH, false, false, "an AUTH before the HELLO (out of turn)"},
-      {OI_PEER_AM_HELLO, true, false, "a HELLO with a header (unexpected form)"},
-      {OI_PEER_AM_HELLO, false, true, "a HELLO of another protocol version"},
-      {0, false, false, "nothing at all (no handshake within the timeout)"},
-      {100, false, false, "a HELLO, then an AUTH a byte short"},
-      {101, false, false, "a HELLO, then an AUTH whose MAC proves no secret"},
-  };
-  uint64_t want = 0;
-  for (size_t i = 0; i < OI_ARRAY_LEN(cases); i++) {
-    raw_client r;
-    raw_open(&r, port);
-    if (cases[i].bad_hello) {
-      uint8_t b[OI_PEER_HELLO_FIXED + 16];
+  enum { REQ_FIRST, AUTH_FIRST, HELLO_HUGE, HELLO_V2, NOTHING, AUTH_SHORT, AUTH_BAD_MAC, NCASES };
+  static const char *const what[] = {"a request before any handshake (out of turn)",
+                                     "an AUTH before the HELLO (out of turn)",
+                                     "a HELLO frame claiming 1 MiB (over the frame limit)",
+                                     "a HELLO of another protocol version",
+                                     "nothing at all (no handshake within the timeout)",
+                                     "a HELLO, then an AUTH a byte short",
+                                     "a HELLO, then an AUTH whose MAC proves no secret"};
+  for (int c = 0; c < NCASES; c++) {
+    int fd = ptu_dial(port);
+    REQUIRE(fd >= 0);
+    uint8_t b[256];
+    uint32_t kind = 0;
+    bool refused_frame = true;
+    switch (c) {
+    case REQ_FIRST: ptu_send_frame(fd, OI_PEER_AM_REQ, hello, hl); break;
+    case AUTH_FIRST: ptu_send_frame(fd, OI_PEER_AM_AUTH, hello, 4 + OI_PEER_MAC_LEN); break;
+    case HELLO_HUGE:
+      put32(b, OI_PEER_AM_HELLO);
+      put32(b + 4, 1u << 20);
+      ptu_send_raw(fd, b, 8);
+      ptu_send_raw(fd, hello, hl);
+      break;
+    case HELLO_V2: {
       size_t n = make_hello(b, 2, "raw", 3);
-      raw_send(&r, 1, NULL, 0, b, n);
-    } else if (cases[i].id >= 100) { /* a good HELLO, then a bad AUTH */
-      raw_send(&r, 1, NULL, 0, hello, hl);
-      raw_progress(&r, 30); /* (the server's CHALLENGE) */
+      ptu_send_frame(fd, OI_PEER_AM_HELLO, b, n);
+      break;
+    }
+    case NOTHING: break;
+    default: {
+      ptu_send_frame(fd, OI_PEER_AM_HELLO, hello, hl);
+      CHECK(ptu_recv_frame(fd, &kind, b, sizeof b) > 0 && kind == OI_PEER_AM_CHALLENGE);
       uint8_t auth[4 + OI_PEER_MAC_LEN];
       put32(auth, OI_PEER_MAGIC);
       memset(auth + 4, 0, OI_PEER_MAC_LEN);
-      raw_send(&r, 3, NULL, 0, auth, cases[i].id == 100 ? sizeof auth - 1 : sizeof auth);
-    } else if (cases[i].id) {
-      uint64_t h = 7;
-      raw_send(&r, cases[i].id, cases[i].header ? &h : NULL, cases[i].header ? sizeof h : 0, hello,
-               hl);
+      ptu_send_frame(fd, OI_PEER_AM_AUTH, auth, c == AUTH_SHORT ? sizeof auth - 1 : sizeof auth);
+      if (c == AUTH_BAD_MAC) /* told why, then closed */
+        refused_frame = ptu_recv_frame(fd, &kind, b, sizeof b) == 4 && kind == OI_PEER_AM_REFUSE;
+      break;
     }
-    want++;
-    bool refused = refused_soon(srv, want);
-    raw_progress(&r, 20);
-    raw_close(&r);
-    if (!refused) {
-      fprintf(stderr, "the server did not drop %s\n", cases[i].what);
+    }
+    bool closed = ptu_closed_within(fd, 3000);
+    close(fd);
+    if (!closed || !refused_frame || !refused_soon(srv, (uint64_t)c + 1)) {
+      fprintf(stderr, "the server did not refuse %s\n", what[c]);
       CHECK(false);
     }
   }
   oi_peer_stats s;
   oi__peer_net_stats(srv, &s);
-  CHECK(s.bad_messages >= 3); /* the out-of-turn and malformed forms */
+  CHECK(s.refused == NCASES);
   CHECK(s.accepted == 0);
   /* And it still serves a real peer. */
   oi_peer_net *cl = make_net("client", answer, OI_PEER_READS_AUTO);
@@ -674,33 +682,23 @@ static void test_raw_client_after_authenticating(void) {
   uint16_t port = oi__peer_net_port(srv);
   enum { GOOD, SHORT_REQ, BAD_READ_LEN, READ_OUTSIDE, WRONG_WAY, NCASES };
   for (int c = 0; c < NCASES; c++) {
+    /* The handshake over TCP (its MAC computed here), then the worker
+     * addresses swapped and READY. */
     raw_client r;
-    raw_open(&r, port);
-    uint8_t hello[OI_PEER_HELLO_FIXED + 16];
-    size_t hl = make_hello(hello, 1, "raw", 3); /* nonce: 32 x 0x11 */
-    raw_send(&r, 1, NULL, 0, hello, hl);
-    REQUIRE(raw_wait(&r, 2)); /* CHALLENGE: the server's nonce and id */
-    REQUIRE(r.last_len == OI_PEER_HELLO_FIXED + 6 &&
-            memcmp(r.last + OI_PEER_HELLO_FIXED, "server", 6) == 0);
-    uint8_t ns[OI_PEER_NONCE], nc[OI_PEER_NONCE];
-    memcpy(ns, r.last + 8, OI_PEER_NONCE);
-    memset(nc, 0x11, sizeof nc);
-    static const char label[] = "openinfer peer v1 client";
-    uint8_t lc = 3, ls = 6;
-    oi_hmac_sha256 h;
-    oi__hmac_sha256_init(&h, SECRET, 32);
-    oi__hmac_sha256_update(&h, label, sizeof label);
-    oi__hmac_sha256_update(&h, nc, OI_PEER_NONCE);
-    oi__hmac_sha256_update(&h, ns, OI_PEER_NONCE);
-    oi__hmac_sha256_update(&h, &lc, 1);
-    oi__hmac_sha256_update(&h, "raw", 3);
-    oi__hmac_sha256_update(&h, &ls, 1);
-    oi__hmac_sha256_update(&h, "server", 6);
-    uint8_t auth[4 + OI_PEER_MAC_LEN];
-    put32(auth, OI_PEER_MAGIC);
-    oi__hmac_sha256_final(&h, auth + 4);
-    raw_send(&r, 3, NULL, 0, auth, sizeof auth);
-    REQUIRE(raw_wait(&r, 4)); /* WELCOME: authenticated */
+    static uint8_t saddr[OI_PEER_MAX_FRAME];
+    int fd = ptu_dial(port);
+    REQUIRE(fd >= 0);
+    long sl = ptu_client_auth(fd, SECRET, 32, "raw", saddr, NULL);
+    REQUIRE(sl > 0);
+    ucp_address_t *mine = NULL;
+    size_t ml = 0;
+    raw_open(&r, saddr, &mine, &ml);
+    REQUIRE(ptu_send_frame(fd, OI_PEER_FR_ADDR, mine, ml));
+    oi__ucx.ucp_worker_release_address(r.w, mine);
+    uint32_t kind = 0;
+    uint8_t rb[8];
+    REQUIRE(ptu_recv_frame(fd, &kind, rb, sizeof rb) == 0 && kind == OI_PEER_FR_READY);
+    close(fd);
     oi_peer_stats s0;
     oi__peer_net_stats(srv, &s0);
     uint8_t msg[64];

@@ -429,7 +429,7 @@ oi_status oi__dir_parse_url(oi_dir *d, const char *url) {
   if (strncmp(url, "redis+cluster://", 16) == 0) {
     d->cluster = true;
     p = url + 16;
-    if (strchr(p, '@')) return no_credentials(url);
+    if (strchr(url, '@')) return no_credentials(url);
     for (;;) {
       if (d->n_seeds == SEEDS_MAX)
         return oi__fail(OI_ERR_INVALID_ARGUMENT, "directory url '%s': more than %u addresses", url,
@@ -452,7 +452,7 @@ oi_status oi__dir_parse_url(oi_dir *d, const char *url) {
   if (strncmp(url, "redis://", 8) != 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "directory url '%s': unknown scheme (%s)", url, help);
   p = url + 8;
-  if (strchr(p, '@')) return no_credentials(url);
+  if (strchr(url, '@')) return no_credentials(url);
   oi_status st = parse_hostport(url, p, &p, d->host, sizeof d->host, &d->port, help);
   if (st != OI_OK) return st;
   if (*p == '/') {

@@ -38,6 +38,7 @@ typedef struct extent {
 
 typedef struct dfile {
   char *dir, *data_path, *log_path, *ckpt_path, *ckpt_tmp;
+  int lock_fd; /* openinfer-disk.lock, flock()ed while the store is open */
   int data_fd, log_fd;
   bool direct;
   uint64_t cap; /* data file bytes */

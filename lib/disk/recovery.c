@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -179,6 +180,46 @@ static char *path_join(const char *dir, const char *name) {
   char *p = oi__malloc(n);
   if (p) snprintf(p, n, "%s/%s", dir, name);
   return p;
+}
+
+/* One store per directory: an exclusive flock on openinfer-disk.lock, taken
+ * before any other file there is read or written, held (by the open file
+ * description) until the store closes or the process dies, so a killed
+ * server never leaves a lock behind. The file holds the holder's pid, for
+ * the message that refuses a second store. */
+static oi_status lock_dir(dfile *f) {
+  char *path = path_join(f->dir, "openinfer-disk.lock");
+  if (!path) return oi__fail(OI_ERR_OUT_OF_MEMORY, "disk_open");
+  oi_status st = OI_OK;
+  f->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  struct stat sb;
+  if (f->lock_fd < 0) {
+    st = oi__fail(errno == EACCES || errno == ELOOP ? OI_ERR_PERMISSION : OI_ERR_IO,
+                  "disk: open %s: %s", path, strerror(errno));
+  } else if (fstat(f->lock_fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid()) {
+    st = oi__fail(OI_ERR_PERMISSION, "disk: %s is not a regular file this user owns", path);
+  } else if (flock(f->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      char pid[32] = "";
+      ssize_t n = pread(f->lock_fd, pid, sizeof pid - 1, 0);
+      pid[n > 0 ? n : 0] = 0;
+      pid[strcspn(pid, "\n")] = 0;
+      st = oi__fail(OI_ERR_BUSY,
+                    "disk: %s is in use by another disk tier (pid %s holds %s): one server per "
+                    "disk directory",
+                    f->dir, pid[0] ? pid : "unknown", path);
+    } else {
+      st = oi__fail(OI_ERR_IO, "disk: flock %s: %s", path, strerror(errno));
+    }
+  } else {
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(f->lock_fd, 0) != 0 || write_all(f->lock_fd, pid, (size_t)n, 0) != OI_OK)
+      OI_LOG(OI_LOG_WARN, "disk", "%s: cannot write this process's pid there: %s", path,
+             strerror(errno));
+  }
+  oi__free(path);
+  return st;
 }
 
 static oi_status open_meta(const char *path, int *fd) {
@@ -563,6 +604,7 @@ static void files_close(oi_disk *d) {
     dfile *f = &d->files[i];
     if (f->data_fd >= 0) close(f->data_fd);
     if (f->log_fd >= 0) close(f->log_fd);
+    if (f->lock_fd >= 0) close(f->lock_fd); /* the last: releases the directory */
     oi__free(f->dir);
     oi__free(f->data_path);
     oi__free(f->log_path);
@@ -636,7 +678,7 @@ oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
   d->nfiles = opts->num_dirs;
   oi_status st = OI_OK;
   for (uint32_t i = 0; i < d->nfiles; i++)
-    d->files[i].data_fd = d->files[i].log_fd = -1;
+    d->files[i].data_fd = d->files[i].log_fd = d->files[i].lock_fd = -1;
   for (uint32_t i = 0; i < d->nfiles && st == OI_OK; i++) {
     dfile *f = &d->files[i];
     f->dir = oi__strdup(opts->dirs[i]);
@@ -646,6 +688,10 @@ oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
     f->ckpt_tmp = path_join(opts->dirs[i], "openinfer-disk.ckpt.tmp");
     if (!f->dir || !f->data_path || !f->log_path || !f->ckpt_path || !f->ckpt_tmp)
       st = oi__fail(OI_ERR_OUT_OF_MEMORY, "disk_open");
+    if (st == OI_OK) st = lock_dir(f);
+  }
+  for (uint32_t i = 0; i < d->nfiles && st == OI_OK; i++) {
+    dfile *f = &d->files[i];
     if (st == OI_OK) st = open_data(f, share);
     if (st == OI_OK) st = open_meta(f->log_path, &f->log_fd);
   }

@@ -108,10 +108,34 @@ static void test_bad_disk_options(void) {
   CHECK(serve_status(world) == 1); /* refused: others may write there */
 }
 
+/* Two servers on one disk directory: the second is refused (exit 1, the
+ * message names the first's pid); once the first is killed with SIGKILL
+ * (its lock dies with it), the second starts on the same directory. */
+static void test_one_server_per_dir(void) {
+  char disk[600];
+  snprintf(disk, sizeof disk, "%s/shared-disk", ts.dir);
+  REQUIRE(mkdir(disk, 0700) == 0);
+  const char *extra[] = {"--disk", disk, "--disk-size", "16M", NULL};
+  REQUIRE(ts_start(&ts, extra));
+  static test_server tb; /* (registered with ts_atexit: not on the stack) */
+  ts_init(&tb, ts.exe);
+  CHECK(!ts_start(&tb, extra)); /* refused: it exits before it is ready */
+  char pid[64];
+  snprintf(pid, sizeof pid, "pid %ld", (long)ts.pid);
+  CHECK(ts_log_contains(&tb, pid));
+  CHECK(ts_log_contains(&tb, "one server per disk directory"));
+  ts_kill(&ts);
+  CHECK(ts_start(&tb, extra));
+  CHECK(ts_log_contains(&tb, "disk tier attached"));
+  CHECK(ts_stop(&tb));
+  ts_cleanup(&tb);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) TEST_SKIP("usage: test_disk OPENINFER_EXE");
   ts_init(&ts, argv[1]);
   RUN_TEST(test_disk_survives_a_restart);
   RUN_TEST(test_bad_disk_options);
+  RUN_TEST(test_one_server_per_dir);
   TEST_EXIT();
 }

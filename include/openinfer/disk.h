@@ -49,6 +49,15 @@ typedef struct oi_host_disk_stats {
 } oi_host_disk_stats;
 
 OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o);
+/* Checks `o` as oi_host_attach_disk would before it opens anything, with
+ * no host: the options, each directory (created 0700 when absent), that no
+ * other disk tier holds it, and room for the data file on its file system.
+ * A server calls it before it pins its pool, so a bad disk option fails in
+ * milliseconds. The attach checks again (and takes the lock). Returns what
+ * oi_host_attach_disk would: OI_ERR_INVALID_ARGUMENT, OI_ERR_PERMISSION,
+ * OI_ERR_BUSY (the directory is in use: the holder's pid in the message),
+ * OI_ERR_OUT_OF_MEMORY (no room on the file system). */
+OI_API oi_status oi_host_disk_options_check(const oi_host_disk_options *o);
 /* Attaches a disk tier to `h` (one per host; blocks sealed before this are
  * not written to it). Opens or creates the files and replays the index of
  * an earlier run (blocks saved under the same namespace and layout are

@@ -65,6 +65,11 @@ typedef struct oi_disk_stats {
  * the file system has no room). Loads the last checkpoint and replays the
  * log; blocks are not read. */
 oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out);
+/* What oi__disk_open would refuse before it reads a file, checked without
+ * opening the store: the options, each directory (created when absent, as
+ * open does), its lock (not held by another store: probed, not kept), and
+ * room on its file system for the data file. */
+oi_status oi__disk_check(const oi_disk_options *opts);
 /* Waits for the operations in flight (their callbacks run), writes a
  * checkpoint, syncs and closes. Accepts NULL. */
 void oi__disk_close(oi_disk *d);

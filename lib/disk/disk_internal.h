@@ -41,7 +41,8 @@ typedef struct dfile {
   int lock_fd; /* openinfer-disk.lock, flock()ed while the store is open */
   int data_fd, log_fd;
   bool direct;
-  uint64_t cap; /* data file bytes */
+  bool data_created; /* the data file was not there at open */
+  uint64_t cap;      /* data file bytes */
   extent *free;
   size_t nfree, free_cap;
   uint64_t log_gen, log_size, log_records; /* records since the last checkpoint */

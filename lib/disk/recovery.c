@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -222,6 +223,17 @@ static oi_status lock_dir(dfile *f) {
   return st;
 }
 
+/* A file of the store that group or others may read or write (made so by
+ * hand, or by an older version): put back to 0600, with a log line. */
+static oi_status fix_mode(int fd, const char *path, const struct stat *sb) {
+  if (!(sb->st_mode & 077)) return OI_OK;
+  if (fchmod(fd, 0600) != 0)
+    return oi__fail(OI_ERR_PERMISSION, "disk: %s has mode %04o and cannot be made 0600: %s", path,
+                    (unsigned)(sb->st_mode & 07777), strerror(errno));
+  OI_LOG(OI_LOG_WARN, "disk", "%s had mode %04o: made 0600", path, (unsigned)(sb->st_mode & 07777));
+  return OI_OK;
+}
+
 static oi_status open_meta(const char *path, int *fd) {
   *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (*fd < 0)
@@ -230,10 +242,33 @@ static oi_status open_meta(const char *path, int *fd) {
   struct stat sb;
   if (fstat(*fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid())
     return oi__fail(OI_ERR_PERMISSION, "disk: %s is not a regular file this user owns", path);
+  return fix_mode(*fd, path, &sb);
+}
+
+/* Refuses a data file the file system has no room for before anything is
+ * allocated: the bytes still to allocate (cap less what the file holds
+ * already) against what the file system has free for this user. */
+static oi_status room_check(dfile *f, uint64_t cap) {
+  struct statvfs vfs;
+  if (statvfs(f->dir, &vfs) != 0) return OI_OK; /* fallocate will tell */
+  uint64_t held = 0;
+  struct stat sb;
+  if (lstat(f->data_path, &sb) == 0 && S_ISREG(sb.st_mode)) held = (uint64_t)sb.st_blocks * 512;
+  uint64_t need = cap > held ? cap - held : 0;
+  uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+  if (need > avail)
+    return oi__fail(OI_ERR_OUT_OF_MEMORY,
+                    "disk: no room for %llu bytes in %s (%llu bytes free there): free space "
+                    "there or lower capacity_bytes",
+                    (unsigned long long)cap, f->dir, (unsigned long long)avail);
   return OI_OK;
 }
 
 static oi_status open_data(dfile *f, uint64_t cap) {
+  struct stat sb;
+  f->data_created = lstat(f->data_path, &sb) != 0 && errno == ENOENT;
+  oi_status st = room_check(f, cap);
+  if (st != OI_OK) return st;
   f->data_fd = open(f->data_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_DIRECT, 0600);
   f->direct = f->data_fd >= 0;
   if (f->data_fd < 0 && errno == EINVAL) {
@@ -244,10 +279,10 @@ static oi_status open_data(dfile *f, uint64_t cap) {
   if (f->data_fd < 0)
     return oi__fail(errno == EACCES || errno == ELOOP ? OI_ERR_PERMISSION : OI_ERR_IO,
                     "disk: open %s: %s", f->data_path, strerror(errno));
-  struct stat sb;
   if (fstat(f->data_fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid())
     return oi__fail(OI_ERR_PERMISSION, "disk: %s is not a regular file this user owns",
                     f->data_path);
+  if ((st = fix_mode(f->data_fd, f->data_path, &sb)) != OI_OK) return st;
   if ((uint64_t)sb.st_size > cap && ftruncate(f->data_fd, (off_t)cap) != 0)
     return oi__fail(OI_ERR_IO, "disk: truncate %s: %s", f->data_path, strerror(errno));
   uint64_t param = 0;
@@ -260,6 +295,16 @@ static oi_status open_data(dfile *f, uint64_t cap) {
     OI_LOG(OI_LOG_INFO, "disk", "%s: fallocate unsupported; the file is extended sparse",
            f->data_path);
     rc = ftruncate(f->data_fd, (off_t)cap) != 0 ? errno : 0;
+  }
+  if (rc && f->data_created) {
+    /* Refused: a file this open created goes (a partly preallocated one
+     * would keep the file system full); an older one is left to its size. */
+    close(f->data_fd);
+    f->data_fd = -1;
+    unlink(f->data_path);
+  } else if (rc && (uint64_t)sb.st_size < cap && ftruncate(f->data_fd, sb.st_size) != 0) {
+    OI_LOG(OI_LOG_WARN, "disk", "%s: cannot cut back to %lld bytes: %s", f->data_path,
+           (long long)sb.st_size, strerror(errno));
   }
   if (rc == ENOSPC || rc == EDQUOT)
     return oi__fail(OI_ERR_OUT_OF_MEMORY,
@@ -493,6 +538,26 @@ static oi_status replay_log(oi_disk *d, uint32_t fi, uint64_t ckpt_gen) {
   return OI_OK;
 }
 
+/* A data file created afresh at this open holds none of the blocks its
+ * directory's index names (it was deleted): they are dropped, with one
+ * warning. */
+static size_t drop_file_entries(oi_disk *d, uint32_t fi) {
+  size_t n = 0;
+  for (entry *e = d->lru_head, *next; e; e = next) {
+    next = e->lnext;
+    if (e->file != fi) continue;
+    oi__disk_tab_unlink(d, e);
+    oi__disk_lru_unlink(d, e);
+    oi__free(e);
+    n++;
+  }
+  if (n)
+    OI_LOG(OI_LOG_WARN, "disk",
+           "%s was missing (created afresh): the %zu blocks its index names are lost",
+           d->files[fi].data_path, n);
+  return n;
+}
+
 /* A sort key and its entry (build_index sorts these, not the entries). */
 typedef struct sortrec {
   uint64_t key;
@@ -637,10 +702,10 @@ static void destroy(oi_disk *d) {
   oi__free(d);
 }
 
-oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
-  if (!opts || !out || !opts->dirs || !opts->num_dirs)
+/* The checks of the options and directories oi__disk_open makes first. */
+static oi_status check_options(const oi_disk_options *opts, uint64_t *share_out) {
+  if (!opts || !opts->dirs || !opts->num_dirs)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_open: no directories");
-  *out = NULL;
   uint64_t share = (opts->capacity_bytes / opts->num_dirs) & ~(SECTOR - 1);
   if (share < 2 * SECTOR)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
@@ -656,6 +721,33 @@ oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
     oi_status st = check_dir(opts->dirs[i]);
     if (st != OI_OK) return st;
   }
+  *share_out = share;
+  return OI_OK;
+}
+
+oi_status oi__disk_check(const oi_disk_options *opts) {
+  uint64_t share = 0;
+  oi_status st = check_options(opts, &share);
+  for (uint32_t i = 0; st == OI_OK && i < opts->num_dirs; i++) {
+    dfile f = {.lock_fd = -1, .data_fd = -1, .log_fd = -1};
+    f.dir = oi__strdup(opts->dirs[i]);
+    f.data_path = path_join(opts->dirs[i], "openinfer-disk.data");
+    if (!f.dir || !f.data_path) st = oi__fail(OI_ERR_OUT_OF_MEMORY, "disk_check");
+    if (st == OI_OK) st = lock_dir(&f);
+    if (f.lock_fd >= 0) close(f.lock_fd); /* probed, not kept */
+    if (st == OI_OK) st = room_check(&f, share);
+    oi__free(f.dir);
+    oi__free(f.data_path);
+  }
+  return st;
+}
+
+oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_open: out is NULL");
+  *out = NULL;
+  uint64_t share = 0;
+  oi_status cst = check_options(opts, &share);
+  if (cst != OI_OK) return cst;
   uint64_t t0 = oi__now_ns();
   oi_disk *d = oi__calloc(1, sizeof *d);
   if (!d) return oi__fail(OI_ERR_OUT_OF_MEMORY, "disk_open");
@@ -695,12 +787,25 @@ oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
     if (st == OI_OK) st = open_data(f, share);
     if (st == OI_OK) st = open_meta(f->log_path, &f->log_fd);
   }
+  size_t dropped = 0;
   for (uint32_t i = 0; i < d->nfiles && st == OI_OK; i++) {
     uint64_t gen = 0;
+    struct stat sb;
+    bool no_ckpt = lstat(d->files[i].ckpt_path, &sb) != 0 && errno == ENOENT;
     load_checkpoint(d, i, &gen);
     st = replay_log(d, i, gen);
+    /* A log past generation 0 follows a checkpoint: one that is gone took
+     * its blocks with it (the log names only those saved since). */
+    if (st == OI_OK && no_ckpt && d->files[i].log_gen > 0)
+      OI_LOG(OI_LOG_WARN, "disk",
+             "%s is missing (the log follows checkpoint %llu): the blocks it listed are lost",
+             d->files[i].ckpt_path, (unsigned long long)d->files[i].log_gen);
+    if (st == OI_OK && d->files[i].data_created) dropped += drop_file_entries(d, i);
   }
   if (st == OI_OK) st = build_index(d);
+  /* A checkpoint without them now: a crash before the next must not replay
+   * their records over the new file. */
+  if (st == OI_OK && dropped) st = oi__disk_checkpoint_all(d);
   d->st.capacity_bytes = share * d->nfiles;
   d->st.replay_ns = oi__now_ns() - t0;
   /* the ring and its slots */

@@ -23,6 +23,8 @@ struct disk_tier {
   oi_tier *link; /* in the host's chain */
   oi_disk *store;
   uint32_t queue_depth;
+  uint32_t num_dirs;
+  uint64_t share; /* data-file bytes per directory */
 
   pthread_t spiller;
   bool spiller_started;
@@ -387,24 +389,54 @@ OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o) {
   return OI_OK;
 }
 
-OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o) {
-  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: host is NULL");
-  oi_host_disk_options opts;
-  oi_host_disk_options_init(&opts);
-  oi_status st = oi__struct_in(&opts, sizeof opts, o, "host_attach_disk");
+/* The least room a directory's share may have: a tier that cannot hold a
+ * block of the usual sizes (64 KiB to a few MiB) is a mistake, refused at
+ * start rather than found out as every spill is skipped. */
+#define MIN_SHARE (1ull << 20)
+
+/* The options' own checks (no file touched), into opts. */
+static oi_status options_in(const oi_host_disk_options *o, oi_host_disk_options *opts) {
+  oi_host_disk_options_init(opts);
+  oi_status st = oi__struct_in(opts, sizeof *opts, o, "host_attach_disk");
   if (st != OI_OK) return st;
-  if (opts.num_dirs == 0 || !opts.dirs)
+  if (opts->num_dirs == 0 || !opts->dirs)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: no directories (dirs, num_dirs)");
-  for (uint32_t i = 0; i < opts.num_dirs; i++)
-    if (!opts.dirs[i] || !opts.dirs[i][0])
+  for (uint32_t i = 0; i < opts->num_dirs; i++)
+    if (!opts->dirs[i] || !opts->dirs[i][0])
       return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: dirs[%u] is empty", i);
-  if (opts.capacity_bytes == 0)
+  if (opts->capacity_bytes == 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: capacity_bytes is 0");
-  if (oi__disk_tier_of(h))
-    return oi__fail(OI_ERR_STATE, "host_attach_disk: a disk tier is attached to this host already");
+  if (opts->capacity_bytes / opts->num_dirs < MIN_SHARE)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "host_attach_disk: capacity_bytes %llu over %u director%s leaves less than "
+                    "1 MiB per directory: too small to hold a block",
+                    (unsigned long long)opts->capacity_bytes, opts->num_dirs,
+                    opts->num_dirs == 1 ? "y" : "ies");
+  return OI_OK;
+}
+
+OI_API oi_status oi_host_disk_options_check(const oi_host_disk_options *o) {
+  oi_host_disk_options opts;
+  oi_status st = options_in(o, &opts);
+  if (st != OI_OK) return st;
+  oi_disk_options dopts = {
+      .dirs = opts.dirs, .num_dirs = opts.num_dirs, .capacity_bytes = opts.capacity_bytes};
+  return oi__disk_check(&dopts);
+}
+
+/* The tier in two steps (oi_host_attach_disk): tier_open checks `o` and
+ * opens the store; tier_attach puts it under `h` and starts its spiller (it
+ * takes `t`: closed when the attach fails); tier_close closes one never
+ * attached (accepts NULL). */
+static void tier_close(disk_tier *t);
+
+static oi_status tier_open(const oi_host_disk_options *o, disk_tier **out) {
+  *out = NULL;
+  oi_host_disk_options opts;
+  oi_status st = options_in(o, &opts);
+  if (st != OI_OK) return st;
   disk_tier *t = oi__calloc(1, sizeof *t);
   if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host_attach_disk: out of memory");
-  t->host = h;
   t->queue_depth = opts.queue_depth ? opts.queue_depth : 32;
   pthread_mutex_init(&t->lock, NULL);
   pthread_cond_init(&t->cv, NULL);
@@ -412,14 +444,41 @@ OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o) 
                            .num_dirs = opts.num_dirs,
                            .capacity_bytes = opts.capacity_bytes,
                            .queue_depth = t->queue_depth * 2}; /* spills and promotions */
-  if ((st = oi__disk_open(&dopts, &t->store)) != OI_OK) goto fail;
+  t->share = (opts.capacity_bytes / opts.num_dirs) & ~(uint64_t)(OI_DISK_SECTOR - 1);
+  t->num_dirs = opts.num_dirs;
+  if ((st = oi__disk_open(&dopts, &t->store)) != OI_OK) {
+    tier_close(t);
+    return st;
+  }
+  *out = t;
+  return OI_OK;
+}
+
+static void tier_close(disk_tier *t) {
+  if (!t) return;
+  if (t->store) oi__disk_close(t->store);
+  pthread_cond_destroy(&t->cv);
+  pthread_mutex_destroy(&t->lock);
+  oi__free(t);
+}
+
+static oi_status tier_attach(oi_host *h, disk_tier *t) {
+  oi_status st;
+  if (oi__disk_tier_of(h)) {
+    tier_close(t);
+    return oi__fail(OI_ERR_STATE, "host_attach_disk: a disk tier is attached to this host already");
+  }
+  t->host = h;
   oi_host_pool_info pool;
   oi__host_pool_info(h, &pool);
   if (pool.base) { /* I/O straight from and into the pool (a refusal is logged, not fatal) */
     struct iovec iov = {.iov_base = pool.base, .iov_len = pool.bytes};
     oi__disk_register_buffers(t->store, &iov, 1);
   }
-  if ((st = oi__host_tier_attach(h, &disk_tier_ops, t, &t->link)) != OI_OK) goto fail;
+  if ((st = oi__host_tier_attach(h, &disk_tier_ops, t, &t->link)) != OI_OK) {
+    tier_close(t);
+    return st;
+  }
   oi__host_sector_slots(h); /* block sizes registered from now on need no bounce copy */
   int rc = pthread_create(&t->spiller, NULL, spiller_main, t);
   if (rc != 0) {
@@ -435,15 +494,21 @@ OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o) 
   OI_LOG(OI_LOG_INFO, "disk",
          "disk tier attached: %u dir(s), %.2f GiB, %llu blocks from an earlier run (index replay "
          "%.3f s, %llu torn records cut)",
-         opts.num_dirs, (double)ds.capacity_bytes / (1ull << 30), (unsigned long long)ds.blocks,
+         t->num_dirs, (double)ds.capacity_bytes / (1ull << 30), (unsigned long long)ds.blocks,
          (double)ds.replay_ns / 1e9, (unsigned long long)ds.torn_records_cut);
   return OI_OK;
-fail:
-  if (t->store) oi__disk_close(t->store);
-  pthread_cond_destroy(&t->cv);
-  pthread_mutex_destroy(&t->lock);
-  oi__free(t);
-  return st;
+}
+
+OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o) {
+  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: host is NULL");
+  /* Checked first: the store is not opened (nor its directory locked) for a
+   * host that has a tier already. */
+  if (oi__disk_tier_of(h))
+    return oi__fail(OI_ERR_STATE, "host_attach_disk: a disk tier is attached to this host already");
+  disk_tier *t;
+  oi_status st = tier_open(o, &t);
+  if (st != OI_OK) return st;
+  return tier_attach(h, t);
 }
 
 /* The tier's stats: *out is an oi_host_disk_stats. */

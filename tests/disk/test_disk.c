@@ -4,6 +4,7 @@
  * directory. */
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 
 #include "disk_util.h"
@@ -521,6 +522,73 @@ static void test_one_store_per_dir(void) {
   dt_rmtree(a);
 }
 
+/* Files of a store made wider than 0600 by hand are put back to 0600 at
+ * open; a capacity larger than the file system is refused before anything
+ * is created; a deleted data file drops the blocks its index named (they
+ * are not announced, a checkpoint without them follows); a deleted
+ * checkpoint is said (its blocks are gone). */
+static void test_files_modes_room_and_loss(void) {
+  char *a = dt_mkdtemp();
+  const char *dirs[] = {a};
+  oi_disk *d = dt_open(dirs, 1, 1 * MiB, 0);
+  for (uint64_t i = 0; i < 4; i++)
+    CHECK_OK(dt_write(d, i));
+  oi__disk_close(d); /* a checkpoint of 4 blocks */
+  char *data = dt_path(a, "openinfer-disk.data"), *log = dt_path(a, "openinfer-disk.log"),
+       *ckpt = dt_path(a, "openinfer-disk.ckpt");
+  CHECK(chmod(data, 0666) == 0 && chmod(log, 0644) == 0);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  struct stat sb;
+  CHECK(stat(data, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  CHECK(stat(log, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  CHECK(dt_stats(d).blocks == 4);
+  CHECK_OK(dt_read(d, 3));
+  CHECK_OK(dt_write(d, 4)); /* in the log only */
+  oi__disk_close(d);
+
+  /* Larger than the file system: refused, no data file grown. */
+  struct statvfs vfs;
+  REQUIRE(statvfs(a, &vfs) == 0);
+  uint64_t fs_bytes = (uint64_t)vfs.f_blocks * vfs.f_frsize;
+  oi_disk_options o = {.dirs = dirs, .num_dirs = 1, .capacity_bytes = 2 * fs_bytes};
+  oi_disk *d2 = NULL;
+  CHECK_ST(oi__disk_open(&o, &d2), OI_ERR_OUT_OF_MEMORY);
+  CHECK(strstr(oi_last_error(), "no room") && strstr(oi_last_error(), a));
+  CHECK(dt_file_size(data) == (off_t)(1 * MiB));
+  char *b = dt_mkdtemp();
+  const char *bdirs[] = {b};
+  o.dirs = bdirs;
+  CHECK_ST(oi__disk_open(&o, &d2), OI_ERR_OUT_OF_MEMORY);
+  char *bdata = dt_path(b, "openinfer-disk.data");
+  CHECK(dt_file_size(bdata) == -1); /* nothing created */
+  free(bdata);
+  dt_rmtree(b);
+
+  /* The checkpoint deleted (a close writes one and empties the log): its
+   * blocks are lost (said), the data file is reused. */
+  REQUIRE(unlink(ckpt) == 0);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK(dt_stats(d).blocks == 0 && !dt_has(d, 4));
+  CHECK_OK(dt_write(d, 4));
+  CHECK_OK(dt_read(d, 4));
+  oi__disk_close(d);
+  /* The data file deleted: nothing announced, nothing served. */
+  REQUIRE(unlink(data) == 0);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK(dt_stats(d).blocks == 0 && !dt_has(d, 4));
+  CHECK_OK(dt_write(d, 5));
+  oi__disk_close(d);
+  d = dt_open(dirs, 1, 1 * MiB, 0); /* the dropped records are not replayed again */
+  CHECK(dt_stats(d).blocks == 1 && dt_has(d, 5) && !dt_has(d, 4));
+  CHECK(dt_stats(d).bad_extents_dropped == 0);
+  CHECK_OK(dt_read(d, 5));
+  oi__disk_close(d);
+  free(data);
+  free(log);
+  free(ckpt);
+  dt_rmtree(a);
+}
+
 /* Buffers registered with the ring: fixed-buffer reads and writes carry the
  * same bytes as plain ones. */
 static void test_registered_buffers(void) {
@@ -576,6 +644,7 @@ int main(void) {
   RUN_TEST(test_capacity_lru);
   RUN_TEST(test_dir_permissions);
   RUN_TEST(test_one_store_per_dir);
+  RUN_TEST(test_files_modes_room_and_loss);
   RUN_TEST(test_registered_buffers);
   TEST_EXIT();
 }

@@ -327,14 +327,30 @@ static void test_bad_options(void) {
   CHECK(strstr(oi_last_error(), "dirs[1] is empty") != NULL);
   d.dirs = dirs;
   d.num_dirs = 1;
+  d.capacity_bytes = 1 * MiB - 4096; /* too small to hold a block */
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "too small to hold a block") != NULL);
+  struct stat sb;
+  CHECK(stat(dir, &sb) == 0); /* nothing created in the directory */
+  char *lockf = dt_path(dir, "openinfer-disk.lock");
+  CHECK(dt_file_size(lockf) == -1);
+  free(lockf);
+  d.capacity_bytes = 8 * MiB;
   CHECK_ST(oi_host_disk_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi_host_get_disk_stats(NULL, &s0), OI_ERR_INVALID_ARGUMENT);
   REQUIRE(chmod(dir, 0777) == 0);
-  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_PERMISSION); /* world-writable */
+  CHECK_ST(oi_host_disk_options_check(&d), OI_ERR_PERMISSION); /* no host needed */
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_PERMISSION);     /* world-writable */
   oi_host_disk_stats s = {.struct_size = sizeof s};
   CHECK_ST(oi_host_get_disk_stats(h, &s), OI_ERR_NOT_FOUND);
   REQUIRE(chmod(dir, 0700) == 0);
+  d.capacity_bytes = 1ull << 60; /* more than the file system */
+  CHECK_ST(oi_host_disk_options_check(&d), OI_ERR_OUT_OF_MEMORY);
+  d.capacity_bytes = 8 * MiB;
+  CHECK_OK(oi_host_disk_options_check(&d)); /* the lock probed, not kept */
   CHECK_OK(oi_host_attach_disk(h, &d));
+  CHECK_ST(oi_host_disk_options_check(&d), OI_ERR_BUSY); /* this host's tier holds it */
+  CHECK(strstr(oi_last_error(), "one server per disk directory") != NULL);
   CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_STATE); /* one per host */
   CHECK_OK(oi_host_get_disk_stats(h, &s));
   CHECK(s.capacity_bytes > 0 && s.blocks == 0);
@@ -344,18 +360,18 @@ static void test_bad_options(void) {
   dt_rmtree(dir);
 }
 
-/* Blocks larger than the disk's data file (256 KiB blocks, a disk of
- * 128 KiB): every spill is refused and counted skipped, nothing is on the
+/* Blocks larger than the disk's data file (1 MiB blocks, a disk of 1 MiB,
+ * the least allowed): every spill is refused and counted skipped, nothing is on the
  * disk, the pool still serves the blocks byte-exact, and once they are
  * evicted from the pool they are misses (never a partial block). */
 static void test_blocks_larger_than_the_disk(void) {
   char *dir = dt_mkdtemp();
   rig r;
-  const uint64_t block = 256 * KiB;
-  oi_host_options ho = tr_host_options(8 * MiB);
+  const uint64_t block = 1 * MiB;
+  oi_host_options ho = tr_host_options(24 * MiB);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
-  d.capacity_bytes = 128 * KiB;
+  d.capacity_bytes = 1 * MiB;
   rig_open_with(&r, dir, block, "too-big", &ho, &d, 2 * NB);
   enum { N = 8 };
   int64_t ids[N];

@@ -215,6 +215,7 @@ typedef struct oi_host_disk_stats {
   uint64_t read_latency_sum_us;
 } oi_host_disk_stats;
 oi_status oi_host_disk_options_init(oi_host_disk_options *o);
+oi_status oi_host_disk_options_check(const oi_host_disk_options *o);
 oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o);
 oi_status oi_host_get_disk_stats(const oi_host *h, oi_host_disk_stats *out);
 

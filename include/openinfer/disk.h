@@ -46,6 +46,12 @@ typedef struct oi_host_disk_stats {
   uint64_t replay_ns;         /* time the index replay took at attach */
   uint64_t read_latency_us[OI_LATENCY_BUCKETS]; /* disk reads, as in oi_host_stats */
   uint64_t read_latency_sum_us;
+  /* Blocks the pool evicted that never reached the disk, by cause (none is
+   * lost silently; eviction takes blocks the disk holds first): */
+  uint64_t lost_queue_full;   /* never queued: the spill queue was full */
+  uint64_t lost_unwritten;    /* evicted before their write */
+  uint64_t lost_write_failed; /* their write failed (I/O error) */
+  uint64_t lost_no_room;      /* the disk had no room for them (full, or a block too large) */
 } oi_host_disk_stats;
 
 OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o);

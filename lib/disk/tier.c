@@ -43,6 +43,7 @@ struct disk_tier {
   uint64_t read_bytes_in_flight;
 
   atomic_uint_fast64_t spills, spills_failed, spills_skipped, promotions, promote_failed;
+  atomic_bool warned_too_large; /* a block larger than a directory's share was logged */
 };
 
 static const oi_tier_ops disk_tier_ops;
@@ -83,7 +84,10 @@ static void spill_done(void *ctx, oi_status st) {
   spill_op *op = ctx;
   disk_tier *t = op->t;
   bool ok = st == OI_OK;
-  oi__host_spill_end(t->host, &op->s, 1, &ok);
+  if (ok)
+    oi__host_spill_end(t->host, &op->s, 1, &ok);
+  else
+    oi__host_spill_end_unwritten(t->host, &op->s, OI_SPILL_WRITE_FAILED);
   atomic_fetch_add(ok ? &t->spills : &t->spills_failed, 1);
   oi__free(op->bounce);
   oi__free(op);
@@ -94,7 +98,7 @@ static void spill_done(void *ctx, oi_status st) {
 static void spill_one(disk_tier *t, const oi_host_spill *s) {
   oi_tier_key key;
   uint64_t bb;
-  bool ok = false;
+  oi_spill_fate why = OI_SPILL_UNWRITTEN;
   spill_op *op = NULL;
   if (!oi__tier_make_keys(t->host, s->ns, &s->hash, 1, &key, &bb) ||
       !(op = oi__calloc(1, sizeof *op)))
@@ -124,12 +128,19 @@ static void spill_one(disk_tier *t, const oi_host_spill *s) {
   oi_status st = oi__disk_write(t->store, &key, src, s->bytes, spill_done, op);
   if (st == OI_OK) return; /* spill_done runs (perhaps already ran: a stored key) */
   in_flight_add(t, &t->spills_in_flight, -1);
-  if (st != OI_ERR_BUSY) OI_LOG(OI_LOG_DEBUG, "disk", "spill not written: %s", oi_last_error());
+  if (st == OI_ERR_OUT_OF_MEMORY || st == OI_ERR_INVALID_ARGUMENT) why = OI_SPILL_NO_ROOM;
+  if (st == OI_ERR_INVALID_ARGUMENT && !atomic_exchange(&t->warned_too_large, true))
+    OI_LOG(OI_LOG_WARN, "disk",
+           "blocks of %llu bytes do not fit the disk tier (%llu bytes a directory): not "
+           "written (once; counted in lost_no_room when the pool evicts them)",
+           (unsigned long long)s->bytes, (unsigned long long)t->share);
+  else if (st != OI_ERR_BUSY)
+    OI_LOG(OI_LOG_DEBUG, "disk", "spill not written: %s", oi_last_error());
 skip:
   atomic_fetch_add(&t->spills_skipped, 1);
   if (op) oi__free(op->bounce);
   oi__free(op);
-  oi__host_spill_end(t->host, s, 1, &ok);
+  oi__host_spill_end_unwritten(t->host, s, why);
 }
 
 static void *spiller_main(void *arg) {
@@ -535,6 +546,12 @@ static oi_status tier_stats(void *self, void *out) {
   s->replay_ns = ds.replay_ns;
   memcpy(s->read_latency_us, ds.read_latency_us, sizeof s->read_latency_us);
   s->read_latency_sum_us = ds.read_latency_sum_us;
+  uint64_t lost[OI_SPILL_FATES];
+  oi__host_spill_lost(t->host, lost);
+  s->lost_queue_full = lost[OI_SPILL_QUEUE_FULL];
+  s->lost_unwritten = lost[OI_SPILL_UNWRITTEN];
+  s->lost_write_failed = lost[OI_SPILL_WRITE_FAILED];
+  s->lost_no_room = lost[OI_SPILL_NO_ROOM];
   return OI_OK;
 }
 

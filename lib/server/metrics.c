@@ -239,6 +239,15 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
            "Blocks caught by their checksum, removed and never served.", ds.checksum_failures);
     metric(&b, "openinfer_disk_evicted_blocks_total", "counter",
            "Blocks the disk tier evicted for room.", ds.evictions);
+    metric(&b, "openinfer_disk_lost_queue_full_total", "counter",
+           "Blocks the pool evicted that never reached the disk: the spill queue was full.",
+           ds.lost_queue_full);
+    metric(&b, "openinfer_disk_lost_unwritten_total", "counter",
+           "Blocks the pool evicted before their disk write.", ds.lost_unwritten);
+    metric(&b, "openinfer_disk_lost_write_failed_total", "counter",
+           "Blocks the pool evicted whose disk write had failed.", ds.lost_write_failed);
+    metric(&b, "openinfer_disk_lost_no_room_total", "counter",
+           "Blocks the pool evicted that the disk had no room for.", ds.lost_no_room);
     histogram(&b, "openinfer_disk_read_duration_seconds", "Disk reads of one block.",
               ds.read_latency_us, ds.read_latency_sum_us);
   }

@@ -174,6 +174,10 @@ OI_API oi_status oi_server_fetch_stats(const char *socket_path, uint32_t timeout
       so.disk.replay_ns = w->replay_ns;
       copy_buckets(so.disk.read_latency_us, w->read_latency_us, w->read_latency_us_count);
       so.disk.read_latency_sum_us = w->read_latency_sum_us;
+      so.disk.lost_queue_full = w->lost_queue_full;
+      so.disk.lost_unwritten = w->lost_unwritten;
+      so.disk.lost_write_failed = w->lost_write_failed;
+      so.disk.lost_no_room = w->lost_no_room;
     }
     oi__struct_out(out, &so, sizeof so, "server_stats_fetch");
     if (host) {

@@ -46,6 +46,8 @@ static void test_disk_survives_a_restart(void) {
   CHECK(pclose(p) == 0);
   CHECK(strstr(out, "\"disk\": {") != NULL);
   CHECK(strstr(out, "\"blocks\": 8,") != NULL);
+  CHECK(strstr(out, "\"lost_unwritten\": 0,") != NULL); /* (issue #37: counted by cause) */
+  CHECK(strstr(out, "\"lost_no_room\": 0,") != NULL);
   oi_lookup_options lo;
   oi_lookup_options_init(&lo);
   lo.lookup_deadline_ms = 10000; /* (not the breaker's test: slow machines) */

@@ -213,6 +213,10 @@ typedef struct oi_host_disk_stats {
   uint64_t replay_ns;
   uint64_t read_latency_us[28];
   uint64_t read_latency_sum_us;
+  uint64_t lost_queue_full;
+  uint64_t lost_unwritten;
+  uint64_t lost_write_failed;
+  uint64_t lost_no_room;
 } oi_host_disk_stats;
 oi_status oi_host_disk_options_init(oi_host_disk_options *o);
 oi_status oi_host_disk_options_check(const oi_host_disk_options *o);

@@ -167,6 +167,9 @@ static void print_json(const char *socket, const oi_server_stats *r, const oi_ho
     J("lost_unwritten", d->lost_unwritten);
     J("lost_write_failed", d->lost_write_failed);
     J("lost_no_room", d->lost_no_room);
+    J("disk_full", d->disk_full);
+    J("full_events", d->full_events);
+    J("spills_refused_full", d->spills_refused_full);
     printf("    ");
     json_array("read_latency_us", d->read_latency_us, d->latency_buckets);
     printf(",\n    \"read_latency_sum_us\": %llu\n  },\n",
@@ -242,6 +245,9 @@ static void print_summary(const char *socket, const oi_server_stats *r, const oi
                                 d->lost_no_room),
            (unsigned long long)d->lost_queue_full, (unsigned long long)d->lost_unwritten,
            (unsigned long long)d->lost_write_failed, (unsigned long long)d->lost_no_room);
+    printf("%-14s %s; found full %llu times; %llu spills refused while full\n",
+           "disk full:", d->disk_full ? "FULL (spills stopped)" : "no",
+           (unsigned long long)d->full_events, (unsigned long long)d->spills_refused_full);
     print_latency("disk reads:", d->read_latency_us, d->latency_buckets, d->read_latency_sum_us);
   } else {
     printf("%-14s none\n", "disk:");

@@ -52,6 +52,10 @@ typedef struct oi_host_disk_stats {
   uint64_t lost_unwritten;    /* evicted before their write */
   uint64_t lost_write_failed; /* their write failed (I/O error) */
   uint64_t lost_no_room;      /* the disk had no room for them (full, or a block too large) */
+  /* A full file system is a state (docs/disk.md, "A full disk"): */
+  uint64_t disk_full;           /* 1 while it is full: spills stop */
+  uint64_t full_events;         /* times it was found full */
+  uint64_t spills_refused_full; /* blocks not written (or not kept) because it was full */
 } oi_host_disk_stats;
 
 OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o);

@@ -78,6 +78,7 @@ oi_status oi__disk_log_reset(dfile *f, uint64_t gen) {
 
 static oi_status checkpoint_file(oi_disk *d, uint32_t fi) {
   dfile *f = &d->files[fi];
+  f->ckpt_err = 0;
   /* The blocks the checkpoint names are durable before it is. */
   if (oi__disk_sync_file(f->data_fd, true) != 0)
     return oi__fail(OI_ERR_IO, "disk: fdatasync %s: %s", f->data_path, strerror(errno));
@@ -110,11 +111,16 @@ static oi_status checkpoint_file(oi_disk *d, uint32_t fi) {
   bool renamed = false;
   int fd = open(f->ckpt_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
+    f->ckpt_err = errno;
     st = oi__fail(OI_ERR_IO, "disk: create %s: %s", f->ckpt_tmp, strerror(errno));
   } else {
-    if (write_all(fd, buf, bytes, 0) != OI_OK || oi__disk_sync_file(fd, false) != 0)
-      st = oi__fail(OI_ERR_IO, "disk: write %s: %s", f->ckpt_tmp, strerror(errno));
+    errno = 0;
+    if (write_all(fd, buf, bytes, 0) != OI_OK || oi__disk_sync_file(fd, false) != 0) {
+      f->ckpt_err = errno ? errno : ENOSPC; /* (a write of 0 bytes: no room) */
+      st = oi__fail(OI_ERR_IO, "disk: write %s: %s", f->ckpt_tmp, strerror(f->ckpt_err));
+    }
     close(fd);
+    if (st != OI_OK) unlink(f->ckpt_tmp); /* never left behind: the old checkpoint stands */
     if (st == OI_OK && rename(f->ckpt_tmp, f->ckpt_path) != 0)
       st = oi__fail(OI_ERR_IO, "disk: rename to %s: %s", f->ckpt_path, strerror(errno));
     else if (st == OI_OK)
@@ -139,7 +145,11 @@ oi_status oi__disk_checkpoint_all(oi_disk *d) {
   for (uint32_t i = 0; i < d->nfiles; i++) {
     oi_status s = checkpoint_file(d, i);
     if (s != OI_OK) {
-      OI_LOG(OI_LOG_WARN, "disk", "checkpoint of %s failed: %s", d->files[i].dir, oi_last_error());
+      if (d->files[i].ckpt_err && oi__disk_no_room(d->files[i].dir, d->files[i].ckpt_err))
+        oi__disk_enter_full(d, d->files[i].ckpt_tmp, d->files[i].ckpt_err); /* one line */
+      else
+        OI_LOG(OI_LOG_WARN, "disk", "checkpoint of %s failed: %s", d->files[i].dir,
+               oi_last_error());
       st = s;
     }
   }

@@ -86,9 +86,11 @@ static void spill_done(void *ctx, oi_status st) {
   bool ok = st == OI_OK;
   if (ok)
     oi__host_spill_end(t->host, &op->s, 1, &ok);
-  else
-    oi__host_spill_end_unwritten(t->host, &op->s, OI_SPILL_WRITE_FAILED);
-  atomic_fetch_add(ok ? &t->spills : &t->spills_failed, 1);
+  else /* an I/O error, or no room for its index record (the store is full) */
+    oi__host_spill_end_unwritten(
+        t->host, &op->s, st == OI_ERR_OUT_OF_MEMORY ? OI_SPILL_NO_ROOM : OI_SPILL_WRITE_FAILED);
+  if (ok || st != OI_ERR_OUT_OF_MEMORY) /* (no room for its record: the store counts it) */
+    atomic_fetch_add(ok ? &t->spills : &t->spills_failed, 1);
   oi__free(op->bounce);
   oi__free(op);
   in_flight_add(t, &t->spills_in_flight, -1);
@@ -136,6 +138,12 @@ static void spill_one(disk_tier *t, const oi_host_spill *s) {
            (unsigned long long)s->bytes, (unsigned long long)t->share);
   else if (st != OI_ERR_BUSY)
     OI_LOG(OI_LOG_DEBUG, "disk", "spill not written: %s", oi_last_error());
+  if (st == OI_ERR_OUT_OF_MEMORY && oi__disk_full(t->store)) { /* counted by the store */
+    oi__free(op->bounce);
+    oi__free(op);
+    oi__host_spill_end_unwritten(t->host, s, why);
+    return;
+  }
 skip:
   atomic_fetch_add(&t->spills_skipped, 1);
   if (op) oi__free(op->bounce);
@@ -552,6 +560,9 @@ static oi_status tier_stats(void *self, void *out) {
   s->lost_unwritten = lost[OI_SPILL_UNWRITTEN];
   s->lost_write_failed = lost[OI_SPILL_WRITE_FAILED];
   s->lost_no_room = lost[OI_SPILL_NO_ROOM];
+  s->disk_full = ds.full;
+  s->full_events = ds.full_events;
+  s->spills_refused_full = ds.writes_refused_full;
   return OI_OK;
 }
 

@@ -124,6 +124,9 @@ void oi__session_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
     w->lost_unwritten = ds.lost_unwritten;
     w->lost_write_failed = ds.lost_write_failed;
     w->lost_no_room = ds.lost_no_room;
+    w->disk_full = ds.disk_full;
+    w->full_events = ds.full_events;
+    w->spills_refused_full = ds.spills_refused_full;
   }
   oi_clear_error();
   if (oi_host_get_stats(srv->host, &hs) == OI_OK) {

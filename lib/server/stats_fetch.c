@@ -178,6 +178,9 @@ OI_API oi_status oi_server_fetch_stats(const char *socket_path, uint32_t timeout
       so.disk.lost_unwritten = w->lost_unwritten;
       so.disk.lost_write_failed = w->lost_write_failed;
       so.disk.lost_no_room = w->lost_no_room;
+      so.disk.disk_full = w->disk_full;
+      so.disk.full_events = w->full_events;
+      so.disk.spills_refused_full = w->spills_refused_full;
     }
     oi__struct_out(out, &so, sizeof so, "server_stats_fetch");
     if (host) {

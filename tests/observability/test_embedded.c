@@ -210,6 +210,8 @@ static void test_server_metrics_details(void) {
   CHECK(strstr(body, "openinfer_disk_lost_queue_full_total 0\n") != NULL);
   CHECK(strstr(body, "openinfer_disk_lost_write_failed_total 0\n") != NULL);
   CHECK(strstr(body, "openinfer_disk_lost_no_room_total 0\n") != NULL);
+  CHECK(strstr(body, "openinfer_disk_full 0\n") != NULL);
+  CHECK(strstr(body, "openinfer_disk_full_events_total 0\n") != NULL);
   CHECK(
       strstr(body, "openinfer_namespace_resident_blocks{namespace=\"we\\\"ird\\\\ns\\nname\"} 0") !=
       NULL);

@@ -443,6 +443,9 @@ pub struct DiskStats {
     pub lost_unwritten: u64,
     pub lost_write_failed: u64,
     pub lost_no_room: u64,
+    pub disk_full: u64,
+    pub full_events: u64,
+    pub spills_refused_full: u64,
 }
 
 pub struct OffloadHost {
@@ -523,6 +526,9 @@ impl OffloadHost {
             lost_unwritten: s.lost_unwritten,
             lost_write_failed: s.lost_write_failed,
             lost_no_room: s.lost_no_room,
+            disk_full: s.disk_full,
+            full_events: s.full_events,
+            spills_refused_full: s.spills_refused_full,
         })
     }
 

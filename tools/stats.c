@@ -195,6 +195,13 @@ static void print_json(const char *socket, const oi_server_stats *r, const oi_ho
     J("evictions", d->evictions);
     J("torn_records_cut", d->torn_records_cut);
     J("replay_ns", d->replay_ns);
+    J("lost_queue_full", d->lost_queue_full);
+    J("lost_unwritten", d->lost_unwritten);
+    J("lost_write_failed", d->lost_write_failed);
+    J("lost_no_room", d->lost_no_room);
+    J("disk_full", d->disk_full);
+    J("full_events", d->full_events);
+    J("spills_refused_full", d->spills_refused_full);
     printf("    ");
     json_array("read_latency_us", d->read_latency_us, d->latency_buckets);
     printf(",\n    \"read_latency_sum_us\": %llu\n  },\n",
@@ -265,6 +272,16 @@ static void print_summary(const char *socket, const oi_server_stats *r, const oi
            (unsigned long long)d->spill_overflow, (unsigned long long)d->promotions,
            (unsigned long long)d->promote_failed, (unsigned long long)d->checksum_failures,
            (unsigned long long)d->evictions);
+    printf("%-14s %llu blocks evicted from the pool unwritten: %llu queue full, %llu before "
+           "their write, %llu write failed, %llu no room\n",
+           "disk lost:",
+           (unsigned long long)(d->lost_queue_full + d->lost_unwritten + d->lost_write_failed +
+                                d->lost_no_room),
+           (unsigned long long)d->lost_queue_full, (unsigned long long)d->lost_unwritten,
+           (unsigned long long)d->lost_write_failed, (unsigned long long)d->lost_no_room);
+    printf("%-14s %s; found full %llu times; %llu spills refused while full\n",
+           "disk full:", d->disk_full ? "FULL (spills stopped)" : "no",
+           (unsigned long long)d->full_events, (unsigned long long)d->spills_refused_full);
     print_latency("disk reads:", d->read_latency_us, d->latency_buckets, d->read_latency_sum_us);
   } else {
     printf("%-14s none\n", "disk:");

@@ -46,9 +46,28 @@ typedef struct oi_host_disk_stats {
   uint64_t replay_ns;         /* time the index replay took at attach */
   uint64_t read_latency_us[OI_LATENCY_BUCKETS]; /* disk reads, as in oi_host_stats */
   uint64_t read_latency_sum_us;
+  /* Blocks the pool evicted that never reached the disk, by cause (none is
+   * lost silently; eviction takes blocks the disk holds first): */
+  uint64_t lost_queue_full;   /* never queued: the spill queue was full */
+  uint64_t lost_unwritten;    /* evicted before their write */
+  uint64_t lost_write_failed; /* their write failed (I/O error) */
+  uint64_t lost_no_room;      /* the disk had no room for them (full, or a block too large) */
+  /* A full file system is a state (docs/disk.md, "A full disk"): */
+  uint64_t disk_full;           /* 1 while it is full: spills stop */
+  uint64_t full_events;         /* times it was found full */
+  uint64_t spills_refused_full; /* blocks not written (or not kept) because it was full */
 } oi_host_disk_stats;
 
 OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o);
+/* Checks `o` as oi_host_attach_disk would before it opens anything, with
+ * no host: the options, each directory (created 0700 when absent), that no
+ * other disk tier holds it, and room for the data file on its file system.
+ * A server calls it before it pins its pool, so a bad disk option fails in
+ * milliseconds. The attach checks again (and takes the lock). Returns what
+ * oi_host_attach_disk would: OI_ERR_INVALID_ARGUMENT, OI_ERR_PERMISSION,
+ * OI_ERR_BUSY (the directory is in use: the holder's pid in the message),
+ * OI_ERR_OUT_OF_MEMORY (no room on the file system). */
+OI_API oi_status oi_host_disk_options_check(const oi_host_disk_options *o);
 /* Attaches a disk tier to `h` (one per host; blocks sealed before this are
  * not written to it). Opens or creates the files and replays the index of
  * an earlier run (blocks saved under the same namespace and layout are

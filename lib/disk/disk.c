@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -203,28 +204,58 @@ ssize_t oi__disk_log_pwrite(int fd, const void *b, size_t n, off_t off) {
   return pwrite(fd, b, n, off);
 }
 
-void oi__disk_log_append(oi_disk *d, uint32_t file, const oi_disk_record *r) {
+bool oi__disk_no_room(const char *dir, int err) {
+  if (err == ENOSPC || err == EDQUOT) return true;
+  if (err) return false;
+  struct statvfs vfs;
+  return statvfs(dir, &vfs) == 0 && vfs.f_bavail == 0;
+}
+
+void oi__disk_enter_full(oi_disk *d, const char *what, int err) {
+  d->full_probe_ns = oi__now_ns() + FULL_PROBE_NS;
+  d->ckpt_due = false; /* tried at the probe, not at every completion */
+  if (d->full) return;
+  d->full = true;
+  d->st.full_events++;
+  OI_LOG(OI_LOG_WARN, "disk",
+         "%s: %s: the file system is full; spills stop (the pool keeps its copies) until a "
+         "checkpoint fits again",
+         what, err ? strerror(err) : "short write");
+}
+
+bool oi__disk_log_append(oi_disk *d, uint32_t file, const oi_disk_record *r) {
   dfile *f = &d->files[file];
   if (f->log_size == 0 &&
       oi__disk_log_reset(f, f->log_gen) != OI_OK) { /* its header did not land */
+    int err = errno;
+    if (oi__disk_no_room(f->dir, err)) {
+      oi__disk_enter_full(d, f->log_path, err);
+      return false;
+    }
     OI_LOG(OI_LOG_WARN, "disk", "%s", oi_last_error());
     d->ckpt_due = true;
-    return;
+    return false;
   }
   uint8_t b[OI_DISK_RECORD_BYTES];
   oi__disk_record_encode(r, b);
   ssize_t n = oi__disk_log_pwrite(f->log_fd, b, sizeof b, (off_t)f->log_size);
   if (n != (ssize_t)sizeof b) {
-    /* The block stays served until a restart; the next checkpoint records it. */
-    OI_LOG(OI_LOG_WARN, "disk", "appending to %s failed: %s", f->log_path,
-           n < 0 ? strerror(errno) : "short write");
+    int err = n < 0 ? errno : 0;
     if (n > 0 && ftruncate(f->log_fd, (off_t)f->log_size) != 0) /* keep whole records */
       OI_LOG(OI_LOG_WARN, "disk", "truncating %s failed: %s", f->log_path, strerror(errno));
+    if (oi__disk_no_room(f->dir, err)) {
+      oi__disk_enter_full(d, f->log_path, err);
+      return false;
+    }
+    /* The block stays served until a restart; the next checkpoint records it. */
+    OI_LOG(OI_LOG_WARN, "disk", "appending to %s failed: %s", f->log_path,
+           n < 0 ? strerror(err) : "short write");
     d->ckpt_due = true;
-    return;
+    return false;
   }
   f->log_size += sizeof b;
   if (++f->log_records >= d->o.checkpoint_every) d->ckpt_due = true;
+  return true;
 }
 
 static void log_remove(oi_disk *d, const entry *e) {
@@ -296,7 +327,17 @@ static void finish_write(oi_disk *d, req *r) {
                             .offset = e->off,
                             .length = e->len,
                             .payload_xxh = e->payload_xxh};
-      oi__disk_log_append(d, e->file, &rec);
+      if (!oi__disk_log_append(d, e->file, &rec) && d->full) {
+        /* Its record did not land for want of room: not durable, so not
+         * kept (the index stays what the log and checkpoint say); the
+         * pool keeps its copy. */
+        d->st.spills_ok--;
+        d->st.writes_refused_full++;
+        entry_drop(d, e, false);
+        st = oi__fail(OI_ERR_OUT_OF_MEMORY,
+                      "disk: %s is full: the block's index record did not fit (not kept)",
+                      d->files[e->file].dir);
+      }
     }
   } else {
     d->st.spills_failed++;
@@ -549,6 +590,25 @@ oi_status oi__disk_write(oi_disk *d, const oi_tier_key *key, const void *payload
     if (cb) cb(ctx, OI_OK);
     return OI_OK;
   }
+  if (d->full && oi__now_ns() >= d->full_probe_ns) {
+    /* Room again? A checkpoint of the whole index must fit first: then
+     * the index is durable and its logs start afresh. */
+    if (oi__disk_checkpoint_all(d) == OI_OK) {
+      d->full = false;
+      OI_LOG(OI_LOG_WARN, "disk", "the file system has room again: spills resume");
+    } else {
+      d->full_probe_ns = oi__now_ns() + FULL_PROBE_NS;
+    }
+  }
+  if (d->full) {
+    d->st.writes_refused_full++;
+    slot_give(d, r);
+    pthread_mutex_unlock(&d->lock);
+    pthread_mutex_unlock(&d->sq_lock);
+    return oi__fail(OI_ERR_OUT_OF_MEMORY,
+                    "disk_write: the file system is full: not written (spills resume when a "
+                    "checkpoint fits)");
+  }
   entry *e = oi__calloc(1, sizeof *e);
   uint32_t file = 0;
   uint64_t off = 0;
@@ -704,9 +764,17 @@ void oi__disk_foreach(oi_disk *d, void (*fn)(void *ctx, const oi_tier_key *key, 
   pthread_mutex_unlock(&d->lock);
 }
 
+bool oi__disk_full(oi_disk *d) {
+  pthread_mutex_lock(&d->lock);
+  bool full = d->full;
+  pthread_mutex_unlock(&d->lock);
+  return full;
+}
+
 void oi__disk_stats_get(oi_disk *d, oi_disk_stats *out) {
   pthread_mutex_lock(&d->lock);
   *out = d->st;
+  out->full = d->full;
   pthread_mutex_unlock(&d->lock);
   pthread_mutex_lock(&d->sq_lock);
   out->fixed_ops = d->fixed_ops;

@@ -54,6 +54,10 @@ typedef struct oi_disk_stats {
   uint64_t replay_ns;           /* time oi__disk_open spent loading the index */
   uint64_t checkpoints;         /* checkpoints written since open */
   uint64_t fixed_ops;           /* reads and writes whose payload was in a registered range */
+  uint64_t full;                /* 1 while the file system is full: writes refused */
+  uint64_t full_events;         /* times the store found its file system full */
+  uint64_t
+      writes_refused_full; /* writes refused (or undone: their record did not land) while full */
   uint64_t read_latency_us[OI_LATENCY_BUCKETS]; /* oi_latency_hist buckets */
   uint64_t read_latency_sum_us;
 } oi_disk_stats;
@@ -65,6 +69,11 @@ typedef struct oi_disk_stats {
  * the file system has no room). Loads the last checkpoint and replays the
  * log; blocks are not read. */
 oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out);
+/* What oi__disk_open would refuse before it reads a file, checked without
+ * opening the store: the options, each directory (created when absent, as
+ * open does), its lock (not held by another store: probed, not kept), and
+ * room on its file system for the data file. */
+oi_status oi__disk_check(const oi_disk_options *opts);
 /* Waits for the operations in flight (their callbacks run), writes a
  * checkpoint, syncs and closes. Accepts NULL. */
 void oi__disk_close(oi_disk *d);
@@ -115,6 +124,11 @@ oi_status oi__disk_sync(oi_disk *d);
 /* Writes a checkpoint of every directory's index now and truncates the logs. */
 oi_status oi__disk_checkpoint(oi_disk *d);
 void oi__disk_stats_get(oi_disk *d, oi_disk_stats *out);
+/* Whether the store is in its full state (docs/disk.md, "A full disk"):
+ * a log or checkpoint write found no room; writes are refused with
+ * OI_ERR_OUT_OF_MEMORY until a checkpoint (tried once a second, at a
+ * write) succeeds again. */
+bool oi__disk_full(oi_disk *d);
 /* Calls fn for every stored (sealed) block, least recently used first,
  * under the store's lock: fn must not call into the store. */
 void oi__disk_foreach(oi_disk *d, void (*fn)(void *ctx, const oi_tier_key *key, uint64_t len),

@@ -27,7 +27,8 @@
 
 #define SECTOR ((uint64_t)OI_DISK_SECTOR)
 #define ROUND_UP(x) (((x) + SECTOR - 1) & ~(SECTOR - 1))
-#define STOP_TAG 1u /* user_data of the NOP that ends the completion thread */
+#define STOP_TAG 1u                 /* user_data of the NOP that ends the completion thread */
+#define FULL_PROBE_NS 1000000000ull /* while full: a checkpoint tried at most this often */
 
 enum { ST_WRITING = 1, ST_SEALED = 2 };
 enum { REQ_WRITE = 1, REQ_READ = 2 };
@@ -38,12 +39,15 @@ typedef struct extent {
 
 typedef struct dfile {
   char *dir, *data_path, *log_path, *ckpt_path, *ckpt_tmp;
+  int lock_fd; /* openinfer-disk.lock, flock()ed while the store is open */
   int data_fd, log_fd;
   bool direct;
-  uint64_t cap; /* data file bytes */
+  bool data_created; /* the data file was not there at open */
+  uint64_t cap;      /* data file bytes */
   extent *free;
   size_t nfree, free_cap;
   uint64_t log_gen, log_size, log_records; /* records since the last checkpoint */
+  int ckpt_err; /* errno of the last checkpoint's failed write (0: none) */
 } dfile;
 
 typedef struct entry {
@@ -89,7 +93,9 @@ struct oi_disk {
   uint64_t next_seq;
   uint32_t rr;
   bool ckpt_due;
-  oi_disk_stats st; /* counters (not the histogram) under lock */
+  bool full;              /* the file system is full: writes refused (disk.c, enter_full) */
+  uint64_t full_probe_ns; /* while full: the next write after this tries a checkpoint */
+  oi_disk_stats st;       /* counters (not the histogram) under lock */
   oi_latency_hist read_hist;
 
   pthread_mutex_t sq_lock;
@@ -153,7 +159,14 @@ void oi__disk_tab_unlink(oi_disk *d, entry *e);
 void oi__disk_lru_unlink(oi_disk *d, entry *e);
 void oi__disk_lru_push(oi_disk *d, entry *e);
 ssize_t oi__disk_log_pwrite(int fd, const void *b, size_t n, off_t off);
-void oi__disk_log_append(oi_disk *d, uint32_t file, const oi_disk_record *r);
+/* Appends a record; false when it did not land (logged; the full state
+ * entered when the file system has no room). */
+bool oi__disk_log_append(oi_disk *d, uint32_t file, const oi_disk_record *r);
+/* Enters the full state (under lock): one log line, counted. */
+void oi__disk_enter_full(oi_disk *d, const char *what, int err);
+/* Whether a failed write to dir's file system was for want of room:
+ * ENOSPC/EDQUOT, or a short write (err 0) with no block free there. */
+bool oi__disk_no_room(const char *dir, int err);
 void *oi__disk_completion_main(void *arg);
 
 /* ---- recovery.c: checkpoints */

@@ -24,6 +24,11 @@ OI_API oi_status oi_host_get_disk_stats(const oi_host *h, oi_host_disk_stats *ou
   return UNBUILT("oi_host_get_disk_stats");
 }
 
+OI_API oi_status oi_host_disk_options_check(const oi_host_disk_options *o) {
+  OI_UNUSED(o);
+  return UNBUILT("oi_host_disk_options_check");
+}
+
 disk_tier *oi__disk_tier_of(const oi_host *h) {
   OI_UNUSED(h);
   return NULL;

@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -76,6 +78,7 @@ oi_status oi__disk_log_reset(dfile *f, uint64_t gen) {
 
 static oi_status checkpoint_file(oi_disk *d, uint32_t fi) {
   dfile *f = &d->files[fi];
+  f->ckpt_err = 0;
   /* The blocks the checkpoint names are durable before it is. */
   if (oi__disk_sync_file(f->data_fd, true) != 0)
     return oi__fail(OI_ERR_IO, "disk: fdatasync %s: %s", f->data_path, strerror(errno));
@@ -108,11 +111,16 @@ static oi_status checkpoint_file(oi_disk *d, uint32_t fi) {
   bool renamed = false;
   int fd = open(f->ckpt_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
+    f->ckpt_err = errno;
     st = oi__fail(OI_ERR_IO, "disk: create %s: %s", f->ckpt_tmp, strerror(errno));
   } else {
-    if (write_all(fd, buf, bytes, 0) != OI_OK || oi__disk_sync_file(fd, false) != 0)
-      st = oi__fail(OI_ERR_IO, "disk: write %s: %s", f->ckpt_tmp, strerror(errno));
+    errno = 0;
+    if (write_all(fd, buf, bytes, 0) != OI_OK || oi__disk_sync_file(fd, false) != 0) {
+      f->ckpt_err = errno ? errno : ENOSPC; /* (a write of 0 bytes: no room) */
+      st = oi__fail(OI_ERR_IO, "disk: write %s: %s", f->ckpt_tmp, strerror(f->ckpt_err));
+    }
     close(fd);
+    if (st != OI_OK) unlink(f->ckpt_tmp); /* never left behind: the old checkpoint stands */
     if (st == OI_OK && rename(f->ckpt_tmp, f->ckpt_path) != 0)
       st = oi__fail(OI_ERR_IO, "disk: rename to %s: %s", f->ckpt_path, strerror(errno));
     else if (st == OI_OK)
@@ -137,7 +145,11 @@ oi_status oi__disk_checkpoint_all(oi_disk *d) {
   for (uint32_t i = 0; i < d->nfiles; i++) {
     oi_status s = checkpoint_file(d, i);
     if (s != OI_OK) {
-      OI_LOG(OI_LOG_WARN, "disk", "checkpoint of %s failed: %s", d->files[i].dir, oi_last_error());
+      if (d->files[i].ckpt_err && oi__disk_no_room(d->files[i].dir, d->files[i].ckpt_err))
+        oi__disk_enter_full(d, d->files[i].ckpt_tmp, d->files[i].ckpt_err); /* one line */
+      else
+        OI_LOG(OI_LOG_WARN, "disk", "checkpoint of %s failed: %s", d->files[i].dir,
+               oi_last_error());
       st = s;
     }
   }
@@ -181,6 +193,57 @@ static char *path_join(const char *dir, const char *name) {
   return p;
 }
 
+/* One store per directory: an exclusive flock on openinfer-disk.lock, taken
+ * before any other file there is read or written, held (by the open file
+ * description) until the store closes or the process dies, so a killed
+ * server never leaves a lock behind. The file holds the holder's pid, for
+ * the message that refuses a second store. */
+static oi_status lock_dir(dfile *f) {
+  char *path = path_join(f->dir, "openinfer-disk.lock");
+  if (!path) return oi__fail(OI_ERR_OUT_OF_MEMORY, "disk_open");
+  oi_status st = OI_OK;
+  f->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  struct stat sb;
+  if (f->lock_fd < 0) {
+    st = oi__fail(errno == EACCES || errno == ELOOP ? OI_ERR_PERMISSION : OI_ERR_IO,
+                  "disk: open %s: %s", path, strerror(errno));
+  } else if (fstat(f->lock_fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid()) {
+    st = oi__fail(OI_ERR_PERMISSION, "disk: %s is not a regular file this user owns", path);
+  } else if (flock(f->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      char pid[32] = "";
+      ssize_t n = pread(f->lock_fd, pid, sizeof pid - 1, 0);
+      pid[n > 0 ? n : 0] = 0;
+      pid[strcspn(pid, "\n")] = 0;
+      st = oi__fail(OI_ERR_BUSY,
+                    "disk: %s is in use by another disk tier (pid %s holds %s): one server per "
+                    "disk directory",
+                    f->dir, pid[0] ? pid : "unknown", path);
+    } else {
+      st = oi__fail(OI_ERR_IO, "disk: flock %s: %s", path, strerror(errno));
+    }
+  } else {
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(f->lock_fd, 0) != 0 || write_all(f->lock_fd, pid, (size_t)n, 0) != OI_OK)
+      OI_LOG(OI_LOG_WARN, "disk", "%s: cannot write this process's pid there: %s", path,
+             strerror(errno));
+  }
+  oi__free(path);
+  return st;
+}
+
+/* A file of the store that group or others may read or write (made so by
+ * hand, or by an older version): put back to 0600, with a log line. */
+static oi_status fix_mode(int fd, const char *path, const struct stat *sb) {
+  if (!(sb->st_mode & 077)) return OI_OK;
+  if (fchmod(fd, 0600) != 0)
+    return oi__fail(OI_ERR_PERMISSION, "disk: %s has mode %04o and cannot be made 0600: %s", path,
+                    (unsigned)(sb->st_mode & 07777), strerror(errno));
+  OI_LOG(OI_LOG_WARN, "disk", "%s had mode %04o: made 0600", path, (unsigned)(sb->st_mode & 07777));
+  return OI_OK;
+}
+
 static oi_status open_meta(const char *path, int *fd) {
   *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (*fd < 0)
@@ -189,10 +252,33 @@ static oi_status open_meta(const char *path, int *fd) {
   struct stat sb;
   if (fstat(*fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid())
     return oi__fail(OI_ERR_PERMISSION, "disk: %s is not a regular file this user owns", path);
+  return fix_mode(*fd, path, &sb);
+}
+
+/* Refuses a data file the file system has no room for before anything is
+ * allocated: the bytes still to allocate (cap less what the file holds
+ * already) against what the file system has free for this user. */
+static oi_status room_check(dfile *f, uint64_t cap) {
+  struct statvfs vfs;
+  if (statvfs(f->dir, &vfs) != 0) return OI_OK; /* fallocate will tell */
+  uint64_t held = 0;
+  struct stat sb;
+  if (lstat(f->data_path, &sb) == 0 && S_ISREG(sb.st_mode)) held = (uint64_t)sb.st_blocks * 512;
+  uint64_t need = cap > held ? cap - held : 0;
+  uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+  if (need > avail)
+    return oi__fail(OI_ERR_OUT_OF_MEMORY,
+                    "disk: no room for %llu bytes in %s (%llu bytes free there): free space "
+                    "there or lower capacity_bytes",
+                    (unsigned long long)cap, f->dir, (unsigned long long)avail);
   return OI_OK;
 }
 
 static oi_status open_data(dfile *f, uint64_t cap) {
+  struct stat sb;
+  f->data_created = lstat(f->data_path, &sb) != 0 && errno == ENOENT;
+  oi_status st = room_check(f, cap);
+  if (st != OI_OK) return st;
   f->data_fd = open(f->data_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_DIRECT, 0600);
   f->direct = f->data_fd >= 0;
   if (f->data_fd < 0 && errno == EINVAL) {
@@ -203,10 +289,10 @@ static oi_status open_data(dfile *f, uint64_t cap) {
   if (f->data_fd < 0)
     return oi__fail(errno == EACCES || errno == ELOOP ? OI_ERR_PERMISSION : OI_ERR_IO,
                     "disk: open %s: %s", f->data_path, strerror(errno));
-  struct stat sb;
   if (fstat(f->data_fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid())
     return oi__fail(OI_ERR_PERMISSION, "disk: %s is not a regular file this user owns",
                     f->data_path);
+  if ((st = fix_mode(f->data_fd, f->data_path, &sb)) != OI_OK) return st;
   if ((uint64_t)sb.st_size > cap && ftruncate(f->data_fd, (off_t)cap) != 0)
     return oi__fail(OI_ERR_IO, "disk: truncate %s: %s", f->data_path, strerror(errno));
   uint64_t param = 0;
@@ -219,6 +305,16 @@ static oi_status open_data(dfile *f, uint64_t cap) {
     OI_LOG(OI_LOG_INFO, "disk", "%s: fallocate unsupported; the file is extended sparse",
            f->data_path);
     rc = ftruncate(f->data_fd, (off_t)cap) != 0 ? errno : 0;
+  }
+  if (rc && f->data_created) {
+    /* Refused: a file this open created goes (a partly preallocated one
+     * would keep the file system full); an older one is left to its size. */
+    close(f->data_fd);
+    f->data_fd = -1;
+    unlink(f->data_path);
+  } else if (rc && (uint64_t)sb.st_size < cap && ftruncate(f->data_fd, sb.st_size) != 0) {
+    OI_LOG(OI_LOG_WARN, "disk", "%s: cannot cut back to %lld bytes: %s", f->data_path,
+           (long long)sb.st_size, strerror(errno));
   }
   if (rc == ENOSPC || rc == EDQUOT)
     return oi__fail(OI_ERR_OUT_OF_MEMORY,
@@ -452,6 +548,26 @@ static oi_status replay_log(oi_disk *d, uint32_t fi, uint64_t ckpt_gen) {
   return OI_OK;
 }
 
+/* A data file created afresh at this open holds none of the blocks its
+ * directory's index names (it was deleted): they are dropped, with one
+ * warning. */
+static size_t drop_file_entries(oi_disk *d, uint32_t fi) {
+  size_t n = 0;
+  for (entry *e = d->lru_head, *next; e; e = next) {
+    next = e->lnext;
+    if (e->file != fi) continue;
+    oi__disk_tab_unlink(d, e);
+    oi__disk_lru_unlink(d, e);
+    oi__free(e);
+    n++;
+  }
+  if (n)
+    OI_LOG(OI_LOG_WARN, "disk",
+           "%s was missing (created afresh): the %zu blocks its index names are lost",
+           d->files[fi].data_path, n);
+  return n;
+}
+
 /* A sort key and its entry (build_index sorts these, not the entries). */
 typedef struct sortrec {
   uint64_t key;
@@ -563,6 +679,7 @@ static void files_close(oi_disk *d) {
     dfile *f = &d->files[i];
     if (f->data_fd >= 0) close(f->data_fd);
     if (f->log_fd >= 0) close(f->log_fd);
+    if (f->lock_fd >= 0) close(f->lock_fd); /* the last: releases the directory */
     oi__free(f->dir);
     oi__free(f->data_path);
     oi__free(f->log_path);
@@ -595,10 +712,10 @@ static void destroy(oi_disk *d) {
   oi__free(d);
 }
 
-oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
-  if (!opts || !out || !opts->dirs || !opts->num_dirs)
+/* The checks of the options and directories oi__disk_open makes first. */
+static oi_status check_options(const oi_disk_options *opts, uint64_t *share_out) {
+  if (!opts || !opts->dirs || !opts->num_dirs)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_open: no directories");
-  *out = NULL;
   uint64_t share = (opts->capacity_bytes / opts->num_dirs) & ~(SECTOR - 1);
   if (share < 2 * SECTOR)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
@@ -614,6 +731,33 @@ oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
     oi_status st = check_dir(opts->dirs[i]);
     if (st != OI_OK) return st;
   }
+  *share_out = share;
+  return OI_OK;
+}
+
+oi_status oi__disk_check(const oi_disk_options *opts) {
+  uint64_t share = 0;
+  oi_status st = check_options(opts, &share);
+  for (uint32_t i = 0; st == OI_OK && i < opts->num_dirs; i++) {
+    dfile f = {.lock_fd = -1, .data_fd = -1, .log_fd = -1};
+    f.dir = oi__strdup(opts->dirs[i]);
+    f.data_path = path_join(opts->dirs[i], "openinfer-disk.data");
+    if (!f.dir || !f.data_path) st = oi__fail(OI_ERR_OUT_OF_MEMORY, "disk_check");
+    if (st == OI_OK) st = lock_dir(&f);
+    if (f.lock_fd >= 0) close(f.lock_fd); /* probed, not kept */
+    if (st == OI_OK) st = room_check(&f, share);
+    oi__free(f.dir);
+    oi__free(f.data_path);
+  }
+  return st;
+}
+
+oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
+  if (!out) return oi__fail(OI_ERR_INVALID_ARGUMENT, "disk_open: out is NULL");
+  *out = NULL;
+  uint64_t share = 0;
+  oi_status cst = check_options(opts, &share);
+  if (cst != OI_OK) return cst;
   uint64_t t0 = oi__now_ns();
   oi_disk *d = oi__calloc(1, sizeof *d);
   if (!d) return oi__fail(OI_ERR_OUT_OF_MEMORY, "disk_open");
@@ -636,7 +780,7 @@ oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
   d->nfiles = opts->num_dirs;
   oi_status st = OI_OK;
   for (uint32_t i = 0; i < d->nfiles; i++)
-    d->files[i].data_fd = d->files[i].log_fd = -1;
+    d->files[i].data_fd = d->files[i].log_fd = d->files[i].lock_fd = -1;
   for (uint32_t i = 0; i < d->nfiles && st == OI_OK; i++) {
     dfile *f = &d->files[i];
     f->dir = oi__strdup(opts->dirs[i]);
@@ -646,15 +790,32 @@ oi_status oi__disk_open(const oi_disk_options *opts, oi_disk **out) {
     f->ckpt_tmp = path_join(opts->dirs[i], "openinfer-disk.ckpt.tmp");
     if (!f->dir || !f->data_path || !f->log_path || !f->ckpt_path || !f->ckpt_tmp)
       st = oi__fail(OI_ERR_OUT_OF_MEMORY, "disk_open");
+    if (st == OI_OK) st = lock_dir(f);
+  }
+  for (uint32_t i = 0; i < d->nfiles && st == OI_OK; i++) {
+    dfile *f = &d->files[i];
     if (st == OI_OK) st = open_data(f, share);
     if (st == OI_OK) st = open_meta(f->log_path, &f->log_fd);
   }
+  size_t dropped = 0;
   for (uint32_t i = 0; i < d->nfiles && st == OI_OK; i++) {
     uint64_t gen = 0;
+    struct stat sb;
+    bool no_ckpt = lstat(d->files[i].ckpt_path, &sb) != 0 && errno == ENOENT;
     load_checkpoint(d, i, &gen);
     st = replay_log(d, i, gen);
+    /* A log past generation 0 follows a checkpoint: one that is gone took
+     * its blocks with it (the log names only those saved since). */
+    if (st == OI_OK && no_ckpt && d->files[i].log_gen > 0)
+      OI_LOG(OI_LOG_WARN, "disk",
+             "%s is missing (the log follows checkpoint %llu): the blocks it listed are lost",
+             d->files[i].ckpt_path, (unsigned long long)d->files[i].log_gen);
+    if (st == OI_OK && d->files[i].data_created) dropped += drop_file_entries(d, i);
   }
   if (st == OI_OK) st = build_index(d);
+  /* A checkpoint without them now: a crash before the next must not replay
+   * their records over the new file. */
+  if (st == OI_OK && dropped) st = oi__disk_checkpoint_all(d);
   d->st.capacity_bytes = share * d->nfiles;
   d->st.replay_ns = oi__now_ns() - t0;
   /* the ring and its slots */

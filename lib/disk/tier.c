@@ -23,6 +23,8 @@ struct disk_tier {
   oi_tier *link; /* in the host's chain */
   oi_disk *store;
   uint32_t queue_depth;
+  uint32_t num_dirs;
+  uint64_t share; /* data-file bytes per directory */
 
   pthread_t spiller;
   bool spiller_started;
@@ -41,6 +43,7 @@ struct disk_tier {
   uint64_t read_bytes_in_flight;
 
   atomic_uint_fast64_t spills, spills_failed, spills_skipped, promotions, promote_failed;
+  atomic_bool warned_too_large; /* a block larger than a directory's share was logged */
 };
 
 static const oi_tier_ops disk_tier_ops;
@@ -81,8 +84,13 @@ static void spill_done(void *ctx, oi_status st) {
   spill_op *op = ctx;
   disk_tier *t = op->t;
   bool ok = st == OI_OK;
-  oi__host_spill_end(t->host, &op->s, 1, &ok);
-  atomic_fetch_add(ok ? &t->spills : &t->spills_failed, 1);
+  if (ok)
+    oi__host_spill_end(t->host, &op->s, 1, &ok);
+  else /* an I/O error, or no room for its index record (the store is full) */
+    oi__host_spill_end_unwritten(
+        t->host, &op->s, st == OI_ERR_OUT_OF_MEMORY ? OI_SPILL_NO_ROOM : OI_SPILL_WRITE_FAILED);
+  if (ok || st != OI_ERR_OUT_OF_MEMORY) /* (no room for its record: the store counts it) */
+    atomic_fetch_add(ok ? &t->spills : &t->spills_failed, 1);
   oi__free(op->bounce);
   oi__free(op);
   in_flight_add(t, &t->spills_in_flight, -1);
@@ -92,7 +100,7 @@ static void spill_done(void *ctx, oi_status st) {
 static void spill_one(disk_tier *t, const oi_host_spill *s) {
   oi_tier_key key;
   uint64_t bb;
-  bool ok = false;
+  oi_spill_fate why = OI_SPILL_UNWRITTEN;
   spill_op *op = NULL;
   if (!oi__tier_make_keys(t->host, s->ns, &s->hash, 1, &key, &bb) ||
       !(op = oi__calloc(1, sizeof *op)))
@@ -122,12 +130,25 @@ static void spill_one(disk_tier *t, const oi_host_spill *s) {
   oi_status st = oi__disk_write(t->store, &key, src, s->bytes, spill_done, op);
   if (st == OI_OK) return; /* spill_done runs (perhaps already ran: a stored key) */
   in_flight_add(t, &t->spills_in_flight, -1);
-  if (st != OI_ERR_BUSY) OI_LOG(OI_LOG_DEBUG, "disk", "spill not written: %s", oi_last_error());
+  if (st == OI_ERR_OUT_OF_MEMORY || st == OI_ERR_INVALID_ARGUMENT) why = OI_SPILL_NO_ROOM;
+  if (st == OI_ERR_INVALID_ARGUMENT && !atomic_exchange(&t->warned_too_large, true))
+    OI_LOG(OI_LOG_WARN, "disk",
+           "blocks of %llu bytes do not fit the disk tier (%llu bytes a directory): not "
+           "written (once; counted in lost_no_room when the pool evicts them)",
+           (unsigned long long)s->bytes, (unsigned long long)t->share);
+  else if (st != OI_ERR_BUSY)
+    OI_LOG(OI_LOG_DEBUG, "disk", "spill not written: %s", oi_last_error());
+  if (st == OI_ERR_OUT_OF_MEMORY && oi__disk_full(t->store)) { /* counted by the store */
+    oi__free(op->bounce);
+    oi__free(op);
+    oi__host_spill_end_unwritten(t->host, s, why);
+    return;
+  }
 skip:
   atomic_fetch_add(&t->spills_skipped, 1);
   if (op) oi__free(op->bounce);
   oi__free(op);
-  oi__host_spill_end(t->host, s, 1, &ok);
+  oi__host_spill_end_unwritten(t->host, s, why);
 }
 
 static void *spiller_main(void *arg) {
@@ -387,24 +408,54 @@ OI_API oi_status oi_host_disk_options_init(oi_host_disk_options *o) {
   return OI_OK;
 }
 
-OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o) {
-  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: host is NULL");
-  oi_host_disk_options opts;
-  oi_host_disk_options_init(&opts);
-  oi_status st = oi__struct_in(&opts, sizeof opts, o, "host_attach_disk");
+/* The least room a directory's share may have: a tier that cannot hold a
+ * block of the usual sizes (64 KiB to a few MiB) is a mistake, refused at
+ * start rather than found out as every spill is skipped. */
+#define MIN_SHARE (1ull << 20)
+
+/* The options' own checks (no file touched), into opts. */
+static oi_status options_in(const oi_host_disk_options *o, oi_host_disk_options *opts) {
+  oi_host_disk_options_init(opts);
+  oi_status st = oi__struct_in(opts, sizeof *opts, o, "host_attach_disk");
   if (st != OI_OK) return st;
-  if (opts.num_dirs == 0 || !opts.dirs)
+  if (opts->num_dirs == 0 || !opts->dirs)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: no directories (dirs, num_dirs)");
-  for (uint32_t i = 0; i < opts.num_dirs; i++)
-    if (!opts.dirs[i] || !opts.dirs[i][0])
+  for (uint32_t i = 0; i < opts->num_dirs; i++)
+    if (!opts->dirs[i] || !opts->dirs[i][0])
       return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: dirs[%u] is empty", i);
-  if (opts.capacity_bytes == 0)
+  if (opts->capacity_bytes == 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: capacity_bytes is 0");
-  if (oi__disk_tier_of(h))
-    return oi__fail(OI_ERR_STATE, "host_attach_disk: a disk tier is attached to this host already");
+  if (opts->capacity_bytes / opts->num_dirs < MIN_SHARE)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "host_attach_disk: capacity_bytes %llu over %u director%s leaves less than "
+                    "1 MiB per directory: too small to hold a block",
+                    (unsigned long long)opts->capacity_bytes, opts->num_dirs,
+                    opts->num_dirs == 1 ? "y" : "ies");
+  return OI_OK;
+}
+
+OI_API oi_status oi_host_disk_options_check(const oi_host_disk_options *o) {
+  oi_host_disk_options opts;
+  oi_status st = options_in(o, &opts);
+  if (st != OI_OK) return st;
+  oi_disk_options dopts = {
+      .dirs = opts.dirs, .num_dirs = opts.num_dirs, .capacity_bytes = opts.capacity_bytes};
+  return oi__disk_check(&dopts);
+}
+
+/* The tier in two steps (oi_host_attach_disk): tier_open checks `o` and
+ * opens the store; tier_attach puts it under `h` and starts its spiller (it
+ * takes `t`: closed when the attach fails); tier_close closes one never
+ * attached (accepts NULL). */
+static void tier_close(disk_tier *t);
+
+static oi_status tier_open(const oi_host_disk_options *o, disk_tier **out) {
+  *out = NULL;
+  oi_host_disk_options opts;
+  oi_status st = options_in(o, &opts);
+  if (st != OI_OK) return st;
   disk_tier *t = oi__calloc(1, sizeof *t);
   if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "host_attach_disk: out of memory");
-  t->host = h;
   t->queue_depth = opts.queue_depth ? opts.queue_depth : 32;
   pthread_mutex_init(&t->lock, NULL);
   pthread_cond_init(&t->cv, NULL);
@@ -412,14 +463,41 @@ OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o) 
                            .num_dirs = opts.num_dirs,
                            .capacity_bytes = opts.capacity_bytes,
                            .queue_depth = t->queue_depth * 2}; /* spills and promotions */
-  if ((st = oi__disk_open(&dopts, &t->store)) != OI_OK) goto fail;
+  t->share = (opts.capacity_bytes / opts.num_dirs) & ~(uint64_t)(OI_DISK_SECTOR - 1);
+  t->num_dirs = opts.num_dirs;
+  if ((st = oi__disk_open(&dopts, &t->store)) != OI_OK) {
+    tier_close(t);
+    return st;
+  }
+  *out = t;
+  return OI_OK;
+}
+
+static void tier_close(disk_tier *t) {
+  if (!t) return;
+  if (t->store) oi__disk_close(t->store);
+  pthread_cond_destroy(&t->cv);
+  pthread_mutex_destroy(&t->lock);
+  oi__free(t);
+}
+
+static oi_status tier_attach(oi_host *h, disk_tier *t) {
+  oi_status st;
+  if (oi__disk_tier_of(h)) {
+    tier_close(t);
+    return oi__fail(OI_ERR_STATE, "host_attach_disk: a disk tier is attached to this host already");
+  }
+  t->host = h;
   oi_host_pool_info pool;
   oi__host_pool_info(h, &pool);
   if (pool.base) { /* I/O straight from and into the pool (a refusal is logged, not fatal) */
     struct iovec iov = {.iov_base = pool.base, .iov_len = pool.bytes};
     oi__disk_register_buffers(t->store, &iov, 1);
   }
-  if ((st = oi__host_tier_attach(h, &disk_tier_ops, t, &t->link)) != OI_OK) goto fail;
+  if ((st = oi__host_tier_attach(h, &disk_tier_ops, t, &t->link)) != OI_OK) {
+    tier_close(t);
+    return st;
+  }
   oi__host_sector_slots(h); /* block sizes registered from now on need no bounce copy */
   int rc = pthread_create(&t->spiller, NULL, spiller_main, t);
   if (rc != 0) {
@@ -435,15 +513,21 @@ OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o) 
   OI_LOG(OI_LOG_INFO, "disk",
          "disk tier attached: %u dir(s), %.2f GiB, %llu blocks from an earlier run (index replay "
          "%.3f s, %llu torn records cut)",
-         opts.num_dirs, (double)ds.capacity_bytes / (1ull << 30), (unsigned long long)ds.blocks,
+         t->num_dirs, (double)ds.capacity_bytes / (1ull << 30), (unsigned long long)ds.blocks,
          (double)ds.replay_ns / 1e9, (unsigned long long)ds.torn_records_cut);
   return OI_OK;
-fail:
-  if (t->store) oi__disk_close(t->store);
-  pthread_cond_destroy(&t->cv);
-  pthread_mutex_destroy(&t->lock);
-  oi__free(t);
-  return st;
+}
+
+OI_API oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o) {
+  if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_attach_disk: host is NULL");
+  /* Checked first: the store is not opened (nor its directory locked) for a
+   * host that has a tier already. */
+  if (oi__disk_tier_of(h))
+    return oi__fail(OI_ERR_STATE, "host_attach_disk: a disk tier is attached to this host already");
+  disk_tier *t;
+  oi_status st = tier_open(o, &t);
+  if (st != OI_OK) return st;
+  return tier_attach(h, t);
 }
 
 /* The tier's stats: *out is an oi_host_disk_stats. */
@@ -470,6 +554,15 @@ static oi_status tier_stats(void *self, void *out) {
   s->replay_ns = ds.replay_ns;
   memcpy(s->read_latency_us, ds.read_latency_us, sizeof s->read_latency_us);
   s->read_latency_sum_us = ds.read_latency_sum_us;
+  uint64_t lost[OI_SPILL_FATES];
+  oi__host_spill_lost(t->host, lost);
+  s->lost_queue_full = lost[OI_SPILL_QUEUE_FULL];
+  s->lost_unwritten = lost[OI_SPILL_UNWRITTEN];
+  s->lost_write_failed = lost[OI_SPILL_WRITE_FAILED];
+  s->lost_no_room = lost[OI_SPILL_NO_ROOM];
+  s->disk_full = ds.full;
+  s->full_events = ds.full_events;
+  s->spills_refused_full = ds.writes_refused_full;
   return OI_OK;
 }
 

@@ -89,6 +89,7 @@ static void reserve_batch(oi_host *h, oi_host_ns ns, const oi_block_hash *hashes
     nb->ns = ns.id;
     nb->state = BLOCK_IN_FLIGHT;
     nb->spilling = nb->lower = 0;
+    nb->spill_fate = OI_SPILL_NONE;
     if (!oi__index_insert_locked(h, s, nb, q.key[j])) { /* the index could not grow */
       nb->state = BLOCK_FREE;
       o->unused[o->nunused++] = nb;
@@ -143,6 +144,7 @@ static void reserve_one(oi_host *h, oi_host_ns ns, const oi_block_hash *hashes, 
   nb->ns = ns.id;
   nb->state = BLOCK_IN_FLIGHT;
   nb->spilling = nb->lower = 0;
+  nb->spill_fate = OI_SPILL_NONE;
   if (!oi__index_insert_locked(h, s, nb, key)) {
     pthread_mutex_unlock(&s->lock);
     nb->state = BLOCK_FREE;

@@ -247,7 +247,8 @@ bool oi__host_wait_not_in_flight(oi_host *h, oi_host_ns ns, const oi_block_hash 
   return settled;
 }
 
-static uint64_t evict_until(oi_host *h, uint64_t target_bytes) {
+/* spare_only: blocks awaiting their spill stay (oi__index_evict_batch_spared). */
+static uint64_t evict_until(oi_host *h, uint64_t target_bytes, bool spare_only) {
   uint64_t n = 0;
   int empty_passes = 0;
   host_block *batch[64];
@@ -263,7 +264,7 @@ static uint64_t evict_until(oi_host *h, uint64_t target_bytes) {
     /* No more than the excess needs (at least one block): stop at the target. */
     size_t want =
         (size_t)OI_MIN((r - target_bytes + largest_slot - 1) / largest_slot, OI_ARRAY_LEN(batch));
-    size_t got = oi__index_evict_batch(h, -1, want ? want : 1, batch);
+    size_t got = oi__index_evict_batch_spared(h, -1, want ? want : 1, batch, spare_only);
     if (!got) {
       if (atomic_load(&h->evicters) < 2 || ++empty_passes >= 64) break;
       sched_yield();
@@ -279,7 +280,7 @@ static uint64_t evict_until(oi_host *h, uint64_t target_bytes) {
 
 OI_API oi_status oi_host_evict_all(oi_host *h, uint64_t *evicted_blocks) {
   if (!h) return oi__fail(OI_ERR_INVALID_ARGUMENT, "host_evict_all: host is NULL");
-  uint64_t n = evict_until(h, 0);
+  uint64_t n = evict_until(h, 0, false);
   if (evicted_blocks) *evicted_blocks = n;
   return OI_OK;
 }
@@ -306,7 +307,7 @@ static void *maint_main(void *arg) {
     oi__lease_expire(h, oi__now_ns());
     if (atomic_load(&h->rebalance_want) || h->drain.chunk != OI_NIL) oi__rebalance_run(h);
     if (h->opts.high_watermark < 1.0f && resident_bytes(h) > high) {
-      uint64_t n = evict_until(h, low);
+      uint64_t n = evict_until(h, low, true);
       OI_LOG(OI_LOG_DEBUG, "host", "background eviction: %llu blocks", (unsigned long long)n);
     }
     pthread_mutex_lock(&h->maint_lock);

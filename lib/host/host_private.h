@@ -50,6 +50,7 @@ struct host_block {
   uint32_t state : 2;          /* block_state */
   uint32_t spilling : 1;       /* the spilling tier is copying its bytes (not evictable) */
   uint32_t lower : 1;          /* the spilling tier holds a copy (a spill or a promotion) */
+  uint32_t spill_fate : 3;     /* oi_spill_fate: why the spilling tier does not hold it yet */
   uint32_t id;                 /* this record's id */
   uint32_t lru_prev, lru_next; /* ids, OI_NIL for none; a free slot's next free in lru_next */
   uint64_t last_used;
@@ -239,8 +240,12 @@ struct oi_host {
   pthread_cond_t spill_cv; /* the ring got entries, or the tier stops */
   spill_entry *spill_ring;
   size_t spill_head, spill_count, spill_cap;
-  atomic_uint_fast64_t spill_overflow; /* entries dropped: the ring was full */
-  size_t spill_taken; /* under spill_lock: taken by the spilling tier, not ended yet */
+  atomic_uint_fast64_t spill_overflow; /* blocks not queued: the ring was full */
+  size_t spill_taken;          /* under spill_lock: taken by the spilling tier, not ended yet */
+  pthread_cond_t spill_end_cv; /* under spill_lock: spills ended (eviction waits for them) */
+  /* Blocks that left the pool (evicted) without reaching the spilling tier,
+   * by their oi_spill_fate (index 0 unused). */
+  atomic_uint_fast64_t spill_lost[OI_SPILL_FATES];
 
   host_counters c;
   uint64_t pool_setup_ns;
@@ -468,7 +473,14 @@ void oi__pin_tally_apply(oi_host *h, const pin_tally *t);
  * when cls < 0) and returns it (removed from the index, state FREE, still
  * counted resident in its class: pass it to oi__pool_free or reuse it), or NULL. */
 host_block *oi__index_evict_one(oi_host *h, int cls);
+/* Waits (a little, at most until deadline_ns) for a spill to end.
+ * @return false when no block is queued or being spilled (nothing to wait for). */
+bool oi__host_spill_wait_end(oi_host *h, uint64_t deadline_ns);
 size_t oi__index_evict_batch(oi_host *h, int cls, size_t want, host_block **out);
+/* As oi__index_evict_batch; spare_only: never a block awaiting its spill
+ * (the maintenance thread's watermark eviction, which is not urgent). */
+size_t oi__index_evict_batch_spared(oi_host *h, int cls, size_t want, host_block **out,
+                                    bool spare_only);
 /* Whether an indexed block is held: pinned (leased), loading or spilling.
  * A rebalance never takes a chunk with a held block (an in-flight block it
  * waits for: it seals, or is dropped, soon). */

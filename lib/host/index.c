@@ -426,13 +426,43 @@ void oi__pin_tally_apply(oi_host *h, const pin_tally *t) {
     atomic_fetch_add_explicit(&h->c.blocks_pinned, (uint64_t)t->pinned, memory_order_relaxed);
 }
 
+/* A block the pool evicts that the spilling tier does not hold, counted
+ * under its fate (its shard lock held). */
+static inline void note_lost(oi_host *h, const host_block *b) {
+  if (!b->lower && b->spill_fate != OI_SPILL_NONE)
+    atomic_fetch_add_explicit(&h->spill_lost[b->spill_fate], 1, memory_order_relaxed);
+}
+
+/* Whether a block waits for the spilling tier's write (eviction passes it
+ * over while it can). */
+static inline bool awaits_spill(const host_block *b) {
+  return !b->lower && b->spill_fate == OI_SPILL_UNWRITTEN;
+}
+
+/* Records an eviction pass looks at from a list's tail for one it may take. */
+#define EVICT_WALK 64
+
+/* The oldest block of shard s's list c that a pass may take (`spare`: pass
+ * over blocks awaiting their spill), looking at most EVICT_WALK records
+ * from the tail. */
+static host_block *tail_candidate(oi_host *h, index_shard *s, uint32_t c, bool spare) {
+  uint32_t cur = s->lru_tail[c];
+  for (int i = 0; cur != OI_NIL && i < EVICT_WALK; i++) {
+    host_block *t = oi__rec(h, cur);
+    if (!spare || !evictable(t) || !awaits_spill(t)) return t; /* held ones: the run unlists them */
+    cur = t->lru_prev;
+  }
+  return NULL;
+}
+
 /* Evicts up to `want` of the least recently used evictable blocks of class
- * `cls` (any class when cls < 0). Each round finds the shard whose LRU tail
- * is oldest and takes up to EVICT_RUN blocks from that tail under one lock:
- * approximately global LRU, without scanning every shard per block. */
+ * `cls` (any class when cls < 0). Each round finds the shard whose oldest
+ * candidate is oldest and takes up to EVICT_RUN blocks from that tail under
+ * one lock: approximately global LRU, without scanning every shard per
+ * block. `spare`: blocks awaiting their spill are passed over. */
 #define EVICT_RUN 16
 
-size_t oi__index_evict_batch(oi_host *h, int cls, size_t want, host_block **out) {
+static size_t evict_pass(oi_host *h, int cls, size_t want, host_block **out, bool spare) {
   uint32_t nclasses = atomic_load(&h->nclasses);
   size_t got = 0, unlisted = 0, nback = 0;
   host_block *back[EVICT_RUN]; /* slots of draining chunks: freed, not reused */
@@ -447,8 +477,8 @@ size_t oi__index_evict_batch(oi_host *h, int cls, size_t want, host_block **out)
       for (uint32_t c = 0; c < nclasses; c++) {
         if (cls >= 0 && (int)c != cls) continue;
         if (s->lru_tail[c] == OI_NIL) continue;
-        host_block *t = oi__rec(h, s->lru_tail[c]);
-        if (t->last_used < best_time) {
+        host_block *t = tail_candidate(h, s, c, spare);
+        if (t && t->last_used < best_time) {
           best = s;
           best_cls = (int)c;
           best_time = t->last_used;
@@ -459,15 +489,22 @@ size_t oi__index_evict_batch(oi_host *h, int cls, size_t want, host_block **out)
     if (!best) break;
     size_t before = got, skipped = unlisted;
     pthread_mutex_lock(&best->lock);
-    for (int r = 0; r < EVICT_RUN && got < want;) {
-      if (best->lru_tail[best_cls] == OI_NIL) break;
-      host_block *t = oi__rec(h, best->lru_tail[best_cls]);
-      oi__lru_remove_locked(best, t);
+    uint32_t cur = best->lru_tail[best_cls];
+    for (int r = 0, walked = 0; r < EVICT_RUN && got < want && cur != OI_NIL; walked++) {
+      host_block *t = oi__rec(h, cur);
+      cur = t->lru_prev;
       if (!evictable(t)) { /* pinned or loading (a pin leaves it listed): its unpin relists it */
+        oi__lru_remove_locked(best, t);
         unlisted++;
         continue;
       }
+      if (spare && awaits_spill(t)) { /* left where it is */
+        if (walked >= EVICT_WALK) break;
+        continue;
+      }
+      oi__lru_remove_locked(best, t);
       r++;
+      note_lost(h, t);
       oi__index_remove_locked(best, t);
       t->state = BLOCK_FREE;
       oi__ns_resident_add(h, t->ns, (uint64_t)-1);
@@ -495,6 +532,29 @@ size_t oi__index_evict_batch(oi_host *h, int cls, size_t want, host_block **out)
     atomic_fetch_add(&h->c.evictions, got);
     oi__tier_note_evicted(h, out, got); /* the records keep ns and hash until freed */
   }
+  return got;
+}
+
+/* How long eviction waits for spills to end before it takes blocks the
+ * spilling tier does not hold yet (each counted as a loss). */
+#define SPILL_WAIT_NS (100ull * 1000000ull)
+
+size_t oi__index_evict_batch(oi_host *h, int cls, size_t want, host_block **out) {
+  return oi__index_evict_batch_spared(h, cls, want, out, false);
+}
+
+size_t oi__index_evict_batch_spared(oi_host *h, int cls, size_t want, host_block **out,
+                                    bool spare_only) {
+  if (!atomic_load_explicit(&h->spill_tier, memory_order_acquire))
+    return evict_pass(h, cls, want, out, false);
+  if (spare_only) return evict_pass(h, cls, want, out, true);
+  /* Blocks the spilling tier holds first; then, for a bounded time, those
+   * it writes meanwhile; then the rest. */
+  size_t got = evict_pass(h, cls, want, out, true);
+  uint64_t deadline = oi__now_ns() + SPILL_WAIT_NS;
+  while (got < want && oi__now_ns() < deadline && oi__host_spill_wait_end(h, deadline))
+    got += evict_pass(h, cls, want - got, out + got, true);
+  if (got < want) got += evict_pass(h, cls, want - got, out + got, false);
   return got;
 }
 
@@ -544,6 +604,7 @@ size_t oi__index_evict_chunk(oi_host *h, uint32_t ci, bool *held) {
           continue;
         }
         oi__lru_remove_locked(s, b);
+        note_lost(h, b);
         oi__index_remove_locked(s, b);
         b->state = BLOCK_FREE;
         oi__ns_resident_add(h, b->ns, (uint64_t)-1);

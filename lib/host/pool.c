@@ -401,6 +401,7 @@ void oi__pool_free_batch(oi_host *h, host_block **blocks, size_t n) {
       b->state = BLOCK_FREE;
       b->pins = b->loading = 0;
       b->spilling = b->lower = 0;
+      b->spill_fate = OI_SPILL_NONE;
       push_free_locked(h, c, b->id);
     }
     pthread_mutex_unlock(&c->lock);

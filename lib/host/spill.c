@@ -7,8 +7,15 @@
  * before the tier takes it: oi__host_spill_take checks each entry against
  * the index and skips the stale ones. A held block is off the LRU list
  * (spilling); its hold ends with oi__host_spill_end, which puts it back at
- * its place in LRU order. The ring is bounded: when it is full the oldest
- * entry is dropped (counted: that block's pool copy stays its only one). */
+ * its place in LRU order. The ring is bounded: when it is full the block
+ * that seals is not queued (counted in spill_overflow, and marked: its pool
+ * copy stays its only one, and its eviction is counted as a loss).
+ *
+ * No silent loss: every block queued carries its fate (OI_SPILL_UNWRITTEN,
+ * then a failed write's cause, or `lower` once the tier holds it); the pool
+ * evicting one the tier does not hold counts it under its fate
+ * (oi__index_note_lost), and eviction passes such blocks over while others
+ * are there, waiting a bounded time for their spill (index.c). */
 #include <string.h>
 
 #include "host_private.h"
@@ -19,6 +26,7 @@
 void oi__spill_init(oi_host *h) {
   pthread_mutex_init(&h->spill_lock, NULL);
   oi__cond_init_monotonic(&h->spill_cv);
+  oi__cond_init_monotonic(&h->spill_end_cv);
 }
 
 void oi__spill_fini(oi_host *h) {
@@ -28,6 +36,7 @@ void oi__spill_fini(oi_host *h) {
   h->spill_cap = h->spill_count = h->spill_head = h->spill_taken = 0;
   pthread_mutex_unlock(&h->spill_lock);
   pthread_cond_destroy(&h->spill_cv);
+  pthread_cond_destroy(&h->spill_end_cv);
   pthread_mutex_destroy(&h->spill_lock);
 }
 
@@ -41,7 +50,7 @@ void oi__spill_note_sealed_locked(oi_host *h, host_block *const *blocks, size_t 
     return;
   }
   for (size_t i = 0; i < n; i++) {
-    const host_block *b = blocks[i];
+    host_block *b = blocks[i];
     if (b->lower) continue;
     if (h->spill_count == h->spill_cap) {
       size_t cap = h->spill_cap ? h->spill_cap * 2 : SPILL_RING_MIN;
@@ -53,17 +62,15 @@ void oi__spill_note_sealed_locked(oi_host *h, host_block *const *blocks, size_t 
         h->spill_ring = r;
         h->spill_cap = cap;
         h->spill_head = 0;
-      } else { /* full: the oldest entry goes */
-        h->spill_head = (h->spill_head + 1) % h->spill_cap;
-        h->spill_count--;
-        atomic_fetch_add(&h->spill_overflow, 1);
       }
     }
-    if (h->spill_cap) {
+    if (h->spill_count < h->spill_cap) {
       h->spill_ring[(h->spill_head + h->spill_count) % h->spill_cap] =
           (spill_entry){.id = b->id, .ns = b->ns, .hash = b->hash};
+      b->spill_fate = OI_SPILL_UNWRITTEN; /* (its shard lock is held) */
       if (h->spill_count++ == 0) pthread_cond_signal(&h->spill_cv);
-    } else {
+    } else { /* full: this block is not queued */
+      b->spill_fate = OI_SPILL_QUEUE_FULL;
       atomic_fetch_add(&h->spill_overflow, 1);
     }
   }
@@ -131,19 +138,51 @@ size_t oi__host_spill_take(oi_host *h, oi_host_spill *out, size_t max, uint32_t 
   return got;
 }
 
-void oi__host_spill_end(oi_host *h, const oi_host_spill *spills, size_t n, const bool *ok) {
-  for (size_t i = 0; i < n; i++) {
-    host_block *b = spills[i].block;
-    index_shard *s = oi__block_shard(h, b);
-    pthread_mutex_lock(&s->lock);
-    b->spilling = 0;
-    if (ok[i]) b->lower = 1;
-    if (oi__block_evictable(b)) oi__lru_insert_ordered_locked(s, b);
-    pthread_mutex_unlock(&s->lock);
-  }
+static void spill_end_one(oi_host *h, const oi_host_spill *sp, bool ok, oi_spill_fate why) {
+  host_block *b = sp->block;
+  index_shard *s = oi__block_shard(h, b);
+  pthread_mutex_lock(&s->lock);
+  b->spilling = 0;
+  if (ok)
+    b->lower = 1;
+  else
+    b->spill_fate = why;
+  if (oi__block_evictable(b)) oi__lru_insert_ordered_locked(s, b);
+  pthread_mutex_unlock(&s->lock);
+}
+
+static void spill_ended(oi_host *h, size_t n) {
   pthread_mutex_lock(&h->spill_lock);
   h->spill_taken -= n;
+  pthread_cond_broadcast(&h->spill_end_cv);
   pthread_mutex_unlock(&h->spill_lock);
+}
+
+void oi__host_spill_end(oi_host *h, const oi_host_spill *spills, size_t n, const bool *ok) {
+  for (size_t i = 0; i < n; i++)
+    spill_end_one(h, &spills[i], ok[i], OI_SPILL_UNWRITTEN);
+  spill_ended(h, n);
+}
+
+void oi__host_spill_end_unwritten(oi_host *h, const oi_host_spill *spill, oi_spill_fate why) {
+  spill_end_one(h, spill, false, why);
+  spill_ended(h, 1);
+}
+
+void oi__host_spill_lost(const oi_host *h, uint64_t lost[OI_SPILL_FATES]) {
+  for (int i = 0; i < OI_SPILL_FATES; i++)
+    lost[i] = atomic_load(&((oi_host *)h)->spill_lost[i]);
+}
+
+bool oi__host_spill_wait_end(oi_host *h, uint64_t deadline_ns) {
+  pthread_mutex_lock(&h->spill_lock);
+  bool pending = h->spill_count + h->spill_taken > 0;
+  if (pending) {
+    struct timespec ts = oi__timespec(OI_MIN(deadline_ns, oi__now_ns() + 2000000ull));
+    pthread_cond_timedwait(&h->spill_end_cv, &h->spill_lock, &ts);
+  }
+  pthread_mutex_unlock(&h->spill_lock);
+  return pending;
 }
 
 size_t oi__host_spill_backlog(oi_host *h) {

@@ -138,6 +138,17 @@ size_t oi__host_foreach_sealed(oi_host *h,
 
 /* ---- the spill queue (the tier that takes spills) ---- */
 
+/* Why a sealed block is not (yet) held by the spilling tier: kept on the
+ * block, counted under it when the pool evicts the block (no silent loss). */
+typedef enum oi_spill_fate {
+  OI_SPILL_NONE = 0,         /* not for the tier (sealed before it was attached) */
+  OI_SPILL_UNWRITTEN = 1,    /* queued: its write has not come (or was given back) */
+  OI_SPILL_QUEUE_FULL = 2,   /* never queued: the spill queue was full */
+  OI_SPILL_WRITE_FAILED = 3, /* its write failed (I/O error) */
+  OI_SPILL_NO_ROOM = 4,      /* the tier had no room for it */
+  OI_SPILL_FATES = 5
+} oi_spill_fate;
+
 /* A sealed block handed to the spilling tier: held (not evictable, its
  * bytes stable) until oi__host_spill_end. */
 typedef struct oi_host_spill {
@@ -154,8 +165,15 @@ typedef struct oi_host_spill {
 size_t oi__host_spill_take(oi_host *h, oi_host_spill *out, size_t max, uint32_t timeout_ms);
 /* Ends spills: ok[i], the spilling tier holds spills[i]'s block now. The
  * blocks become evictable again at their place in LRU order (a spill is
- * not a use). */
+ * not a use). One not ok stays OI_SPILL_UNWRITTEN (see below). */
 void oi__host_spill_end(oi_host *h, const oi_host_spill *spills, size_t n, const bool *ok);
+/* Ends one spill that was not written, saying why (OI_SPILL_WRITE_FAILED,
+ * OI_SPILL_NO_ROOM, OI_SPILL_UNWRITTEN): the cause it is counted under if
+ * the pool evicts the block before another write reaches the tier. */
+void oi__host_spill_end_unwritten(oi_host *h, const oi_host_spill *spill, oi_spill_fate why);
+/* Blocks the pool evicted that the spilling tier never held, by cause:
+ * lost[OI_SPILL_QUEUE_FULL] .. lost[OI_SPILL_NO_ROOM] (lost[0] is 0). */
+void oi__host_spill_lost(const oi_host *h, uint64_t lost[OI_SPILL_FATES]);
 /* Wakes oi__host_spill_take waiters (the spilling tier is stopping). */
 void oi__host_spill_wake(oi_host *h);
 /* Blocks queued for the spilling tier that were dropped because the queue

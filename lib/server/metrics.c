@@ -239,6 +239,22 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
            "Blocks caught by their checksum, removed and never served.", ds.checksum_failures);
     metric(&b, "openinfer_disk_evicted_blocks_total", "counter",
            "Blocks the disk tier evicted for room.", ds.evictions);
+    metric(&b, "openinfer_disk_lost_queue_full_total", "counter",
+           "Blocks the pool evicted that never reached the disk: the spill queue was full.",
+           ds.lost_queue_full);
+    metric(&b, "openinfer_disk_lost_unwritten_total", "counter",
+           "Blocks the pool evicted before their disk write.", ds.lost_unwritten);
+    metric(&b, "openinfer_disk_lost_write_failed_total", "counter",
+           "Blocks the pool evicted whose disk write had failed.", ds.lost_write_failed);
+    metric(&b, "openinfer_disk_lost_no_room_total", "counter",
+           "Blocks the pool evicted that the disk had no room for.", ds.lost_no_room);
+    metric(&b, "openinfer_disk_full", "gauge",
+           "1 while the disk tier's file system is full (spills stopped).", ds.disk_full);
+    metric(&b, "openinfer_disk_full_events_total", "counter",
+           "Times the disk tier found its file system full.", ds.full_events);
+    metric(&b, "openinfer_disk_spills_refused_full_total", "counter",
+           "Blocks not written (or not kept) because the file system was full.",
+           ds.spills_refused_full);
     histogram(&b, "openinfer_disk_read_duration_seconds", "Disk reads of one block.",
               ds.read_latency_us, ds.read_latency_sum_us);
   }

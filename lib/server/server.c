@@ -292,6 +292,9 @@ OI_API oi_status oi_server_create(const oi_server_options *o, oi_server **out) {
   if ((st = check_socket_path(s->socket_path)) != OI_OK) goto fail;
   if (opts.metrics_addr && (st = oi__metrics_start(s, opts.metrics_addr)) != OI_OK) goto fail;
   s->opts.metrics_addr = NULL; /* the caller's string: not kept */
+  /* The disk tier's options next (directories, a directory in use, room
+   * for its files): a bad one fails before the pool is pinned, too. */
+  if (opts.disk && (st = oi_host_disk_options_check(opts.disk)) != OI_OK) goto fail;
   oi_host *host = NULL;
   if ((st = oi_host_create(&s->host_opts, &host)) != OI_OK) goto fail;
   __atomic_store_n(&s->host, host, __ATOMIC_RELEASE); /* the endpoint's thread reads it */

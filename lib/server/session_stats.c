@@ -144,6 +144,13 @@ void oi__session_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
     w->read_latency_us_count = OI_LATENCY_BUCKETS;
     memcpy(w->read_latency_us, ds.read_latency_us, sizeof w->read_latency_us);
     w->read_latency_sum_us = ds.read_latency_sum_us;
+    w->lost_queue_full = ds.lost_queue_full;
+    w->lost_unwritten = ds.lost_unwritten;
+    w->lost_write_failed = ds.lost_write_failed;
+    w->lost_no_room = ds.lost_no_room;
+    w->disk_full = ds.disk_full;
+    w->full_events = ds.full_events;
+    w->spills_refused_full = ds.spills_refused_full;
   }
   oi_host_cluster_stats cs;
   memset(&cs, 0, sizeof cs);

@@ -203,6 +203,13 @@ static oi_status stats_fetch(const char *socket_path, uint32_t timeout_ms, oi_se
       so.disk.replay_ns = w->replay_ns;
       copy_buckets(so.disk.read_latency_us, w->read_latency_us, w->read_latency_us_count);
       so.disk.read_latency_sum_us = w->read_latency_sum_us;
+      so.disk.lost_queue_full = w->lost_queue_full;
+      so.disk.lost_unwritten = w->lost_unwritten;
+      so.disk.lost_write_failed = w->lost_write_failed;
+      so.disk.lost_no_room = w->lost_no_room;
+      so.disk.disk_full = w->disk_full;
+      so.disk.full_events = w->full_events;
+      so.disk.spills_refused_full = w->spills_refused_full;
     }
     oi__struct_out(out, &so, sizeof so, "server_stats_fetch");
     if (cluster && r->has_cluster) {

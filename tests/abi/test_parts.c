@@ -57,6 +57,7 @@ static void disk(oi_host *h) {
   memset(&o, 0, sizeof o);
   check("oi_host_disk_options_init", oi_host_disk_options_init(&o), HAVE_DISK, opt);
   if (!HAVE_DISK) check("oi_host_attach_disk", oi_host_attach_disk(h, &o), 0, opt);
+  if (!HAVE_DISK) check("oi_host_disk_options_check", oi_host_disk_options_check(&o), 0, opt);
   oi_host_disk_stats s = {.struct_size = sizeof s};
   check("oi_host_get_disk_stats", oi_host_get_disk_stats(h, &s), HAVE_DISK, opt);
 }

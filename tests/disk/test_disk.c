@@ -1,7 +1,11 @@
 /* The disk tier's block store (lib/disk): blocks written and read back
  * byte-exact, kept across a reopen, corruption caught at read, torn logs cut
- * at open, capacity and LRU eviction, directory permissions. */
+ * at open, capacity and LRU eviction, directory permissions, one store per
+ * directory. */
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
 
 #include "disk_util.h"
 
@@ -459,6 +463,132 @@ static void test_dir_permissions(void) {
   dt_rmtree(a);
 }
 
+/* One store per directory: a second open of the same directory (here, in
+ * the same process: flock locks open file descriptions) is refused with the
+ * holder's pid, touching nothing; once the first closes, the directory is
+ * free again. A child killed while holding it never blocks the next. */
+static void test_one_store_per_dir(void) {
+  char *a = dt_mkdtemp();
+  const char *dirs[] = {a};
+  oi_disk *d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK_OK(dt_write(d, 1));
+  char *data = dt_path(a, "openinfer-disk.data"), *lock = dt_path(a, "openinfer-disk.lock");
+  struct stat before, sb;
+  REQUIRE(stat(data, &before) == 0);
+  oi_disk_options o = {.dirs = dirs, .num_dirs = 1, .capacity_bytes = 2 * MiB};
+  oi_disk *d2 = NULL;
+  CHECK_ST(oi__disk_open(&o, &d2), OI_ERR_BUSY);
+  CHECK(d2 == NULL);
+  char pid[64];
+  snprintf(pid, sizeof pid, "pid %ld", (long)getpid());
+  CHECK(strstr(oi_last_error(), pid) != NULL);
+  CHECK(strstr(oi_last_error(), a) != NULL);
+  /* the data file was not touched (not resized to the second's capacity) */
+  CHECK(stat(data, &sb) == 0 && sb.st_size == before.st_size);
+  CHECK(stat(lock, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  CHECK_OK(dt_read(d, 1));
+  oi__disk_close(d);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK(dt_has(d, 1));
+  oi__disk_close(d);
+
+  /* A holder killed with SIGKILL: its lock goes with it. */
+  int ready[2];
+  REQUIRE(pipe(ready) == 0);
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    oi_disk *cd = NULL;
+    char c = oi__disk_open(&o, &cd) == OI_OK ? 'y' : 'n';
+    if (write(ready[1], &c, 1) != 1) _exit(1);
+    pause();
+    _exit(0);
+  }
+  char c = 0;
+  CHECK(read(ready[0], &c, 1) == 1 && c == 'y');
+  CHECK_ST(oi__disk_open(&o, &d2), OI_ERR_BUSY);
+  snprintf(pid, sizeof pid, "pid %ld", (long)child);
+  CHECK(strstr(oi_last_error(), pid) != NULL);
+  kill(child, SIGKILL);
+  int status;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  close(ready[0]);
+  close(ready[1]);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK(dt_has(d, 1));
+  oi__disk_close(d);
+  free(data);
+  free(lock);
+  dt_rmtree(a);
+}
+
+/* Files of a store made wider than 0600 by hand are put back to 0600 at
+ * open; a capacity larger than the file system is refused before anything
+ * is created; a deleted data file drops the blocks its index named (they
+ * are not announced, a checkpoint without them follows); a deleted
+ * checkpoint is said (its blocks are gone). */
+static void test_files_modes_room_and_loss(void) {
+  char *a = dt_mkdtemp();
+  const char *dirs[] = {a};
+  oi_disk *d = dt_open(dirs, 1, 1 * MiB, 0);
+  for (uint64_t i = 0; i < 4; i++)
+    CHECK_OK(dt_write(d, i));
+  oi__disk_close(d); /* a checkpoint of 4 blocks */
+  char *data = dt_path(a, "openinfer-disk.data"), *log = dt_path(a, "openinfer-disk.log"),
+       *ckpt = dt_path(a, "openinfer-disk.ckpt");
+  CHECK(chmod(data, 0666) == 0 && chmod(log, 0644) == 0);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  struct stat sb;
+  CHECK(stat(data, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  CHECK(stat(log, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  CHECK(dt_stats(d).blocks == 4);
+  CHECK_OK(dt_read(d, 3));
+  CHECK_OK(dt_write(d, 4)); /* in the log only */
+  oi__disk_close(d);
+
+  /* Larger than the file system: refused, no data file grown. */
+  struct statvfs vfs;
+  REQUIRE(statvfs(a, &vfs) == 0);
+  uint64_t fs_bytes = (uint64_t)vfs.f_blocks * vfs.f_frsize;
+  oi_disk_options o = {.dirs = dirs, .num_dirs = 1, .capacity_bytes = 2 * fs_bytes};
+  oi_disk *d2 = NULL;
+  CHECK_ST(oi__disk_open(&o, &d2), OI_ERR_OUT_OF_MEMORY);
+  CHECK(strstr(oi_last_error(), "no room") && strstr(oi_last_error(), a));
+  CHECK(dt_file_size(data) == (off_t)(1 * MiB));
+  char *b = dt_mkdtemp();
+  const char *bdirs[] = {b};
+  o.dirs = bdirs;
+  CHECK_ST(oi__disk_open(&o, &d2), OI_ERR_OUT_OF_MEMORY);
+  char *bdata = dt_path(b, "openinfer-disk.data");
+  CHECK(dt_file_size(bdata) == -1); /* nothing created */
+  free(bdata);
+  dt_rmtree(b);
+
+  /* The checkpoint deleted (a close writes one and empties the log): its
+   * blocks are lost (said), the data file is reused. */
+  REQUIRE(unlink(ckpt) == 0);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK(dt_stats(d).blocks == 0 && !dt_has(d, 4));
+  CHECK_OK(dt_write(d, 4));
+  CHECK_OK(dt_read(d, 4));
+  oi__disk_close(d);
+  /* The data file deleted: nothing announced, nothing served. */
+  REQUIRE(unlink(data) == 0);
+  d = dt_open(dirs, 1, 1 * MiB, 0);
+  CHECK(dt_stats(d).blocks == 0 && !dt_has(d, 4));
+  CHECK_OK(dt_write(d, 5));
+  oi__disk_close(d);
+  d = dt_open(dirs, 1, 1 * MiB, 0); /* the dropped records are not replayed again */
+  CHECK(dt_stats(d).blocks == 1 && dt_has(d, 5) && !dt_has(d, 4));
+  CHECK(dt_stats(d).bad_extents_dropped == 0);
+  CHECK_OK(dt_read(d, 5));
+  oi__disk_close(d);
+  free(data);
+  free(log);
+  free(ckpt);
+  dt_rmtree(a);
+}
+
 /* Buffers registered with the ring: fixed-buffer reads and writes carry the
  * same bytes as plain ones. */
 static void test_registered_buffers(void) {
@@ -513,6 +643,8 @@ int main(void) {
   RUN_TEST(test_log_replays_removals);
   RUN_TEST(test_capacity_lru);
   RUN_TEST(test_dir_permissions);
+  RUN_TEST(test_one_store_per_dir);
+  RUN_TEST(test_files_modes_room_and_loss);
   RUN_TEST(test_registered_buffers);
   TEST_EXIT();
 }

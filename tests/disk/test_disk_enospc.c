@@ -5,11 +5,13 @@
  *  (a) a capacity larger than the file system: attach fails with
  *      OI_ERR_OUT_OF_MEMORY naming the directory, and attaches nothing;
  *  (b) a capacity that fits, then a filler file takes the rest of the file
- *      system, so the index log cannot grow: blocks still spill (their room
- *      was preallocated), nothing crashes, and they are served in this
- *      process; after a restart (with the filler, then without it) every
- *      hit is byte-exact and the blocks whose records were lost are misses;
- *      with room again, saving them again makes them durable. */
+ *      system, so the index log cannot grow: the store enters its full
+ *      state (one warning), a block whose record did not land is not kept,
+ *      the rest are refused (counted), no ckpt.tmp is left by the stop;
+ *      every block stored is served in this process and after a restart
+ *      that is still full; with room again, spills resume in the same
+ *      process within a second (one line), and after a restart all 120 are
+ *      durable and byte-exact. */
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/statvfs.h>
@@ -106,8 +108,8 @@ static void save_all(rig *r) {
   double t0 = now_s();
   for (;;) {
     oi_host_disk_stats s = dstats(r);
-    uint64_t done = s.spills + s.spills_failed + s.spills_skipped -
-                    (s0.spills + s0.spills_failed + s0.spills_skipped);
+    uint64_t done = s.spills + s.spills_failed + s.spills_skipped + s.spills_refused_full -
+                    (s0.spills + s0.spills_failed + s0.spills_skipped + s0.spills_refused_full);
     if (done >= NBLK || now_s() - t0 > 20) break;
     usleep(5000);
   }
@@ -158,7 +160,16 @@ static uint64_t fill(const char *path) {
   return total;
 }
 
+/* Warnings about the full state (entering it, leaving it), counted. */
+static int full_lines;
+static void on_log(void *ctx, oi_log_level level, const char *line) {
+  (void)ctx;
+  if (strstr(line, "the file system is full") || strstr(line, "room again")) full_lines++;
+  if (level >= OI_LOG_WARN) fprintf(stderr, "%s\n", line);
+}
+
 static void test_full_file_system(const char *mnt) {
+  oi_set_log_handler(on_log, NULL);
   char *dir = dt_path(mnt, "disk");
   char *filler = dt_path(mnt, "filler");
 
@@ -170,7 +181,8 @@ static void test_full_file_system(const char *mnt) {
   CHECK_ST(oi_host_get_disk_stats(h, &s), OI_ERR_NOT_FOUND);
   oi_host_destroy(h);
 
-  /* (b) a capacity that fits; then the rest of the file system is taken */
+  /* (b) a capacity that fits; then the rest of the file system is taken:
+   * the log cannot grow. The full state: one warning, spills stop. */
   rig r = {.mem = calloc(ARENA, BLOCK)};
   REQUIRE(r.mem);
   REQUIRE(rig_open(&r, dir));
@@ -179,38 +191,62 @@ static void test_full_file_system(const char *mnt) {
   REQUIRE(statvfs(mnt, &vfs) == 0);
   fprintf(stderr, "  filler: %llu KiB; %llu blocks free\n", (unsigned long long)(filled / 1024),
           (unsigned long long)vfs.f_bavail);
+  int full_lines0 = full_lines;
   save_all(&r);
   s = dstats(&r);
-  fprintf(stderr, "  full: %llu spilled, %llu failed, %llu skipped, %llu stored\n",
-          (unsigned long long)s.spills, (unsigned long long)s.spills_failed,
-          (unsigned long long)s.spills_skipped, (unsigned long long)s.blocks);
-  CHECK(s.spills + s.spills_failed + s.spills_skipped >= NBLK);
+  fprintf(stderr,
+          "  full: %llu spilled, %llu refused while full, %llu failed, %llu skipped, "
+          "%llu stored; %d log lines\n",
+          (unsigned long long)s.spills, (unsigned long long)s.spills_refused_full,
+          (unsigned long long)s.spills_failed, (unsigned long long)s.spills_skipped,
+          (unsigned long long)s.blocks, full_lines - full_lines0);
+  CHECK(s.disk_full == 1 && s.full_events == 1);
+  CHECK(full_lines - full_lines0 == 1); /* one line for the state, not one per block */
+  CHECK(s.spills + s.spills_refused_full == NBLK);
+  CHECK(s.spills_failed == 0 && s.spills_skipped == 0);
+  CHECK(s.blocks == s.spills); /* only blocks whose records landed are kept */
+  CHECK(s.spills_refused_full > 0);
+  uint64_t stored = s.blocks;
   evict_pool(&r);
-  uint64_t hits = hits_checked(&r); /* served from the disk in this process */
+  s = dstats(&r);
+  CHECK(s.lost_no_room == NBLK - stored); /* each refused block counted when the pool lets it go */
+  uint64_t hits = hits_checked(&r);       /* served from the disk in this process */
   fprintf(stderr, "  full: %llu of %d hit in the same process\n", (unsigned long long)hits, NBLK);
-  CHECK(hits == s.blocks); /* every block the store holds comes back */
+  CHECK(hits == stored); /* every block the store holds comes back */
   rig_close(&r);
+  char *tmp = dt_path(dir, "openinfer-disk.ckpt.tmp");
+  CHECK(dt_file_size(tmp) == -1); /* the failed checkpoint at the stop left nothing */
 
-  /* A restart with the file system still full. */
-  if (rig_open(&r, dir)) {
-    hits = hits_checked(&r);
-    s = dstats(&r);
-    fprintf(stderr, "  restart, still full: %llu of %d hit (%llu stored, %llu records cut)\n",
-            (unsigned long long)hits, NBLK, (unsigned long long)s.blocks,
-            (unsigned long long)s.torn_records_cut);
-    CHECK(s.checksum_failures == 0);
-    rig_close(&r);
-  }
-
-  /* Room again: every hit still exact; saving again makes all durable. */
-  REQUIRE(unlink(filler) == 0);
+  /* A restart with the file system still full: every block stored hits. */
   REQUIRE(rig_open(&r, dir));
   hits = hits_checked(&r);
-  fprintf(stderr, "  restart with room: %llu of %d hit\n", (unsigned long long)hits, NBLK);
+  s = dstats(&r);
+  fprintf(stderr, "  restart, still full: %llu of %d hit (%llu stored, %llu records cut)\n",
+          (unsigned long long)hits, NBLK, (unsigned long long)s.blocks,
+          (unsigned long long)s.torn_records_cut);
+  CHECK(hits == stored && s.blocks == stored);
+  CHECK(s.checksum_failures == 0 && s.torn_records_cut == 0);
+  /* Saved again: the stored ones are there, the others refused (full). */
   evict_pool(&r);
   save_all(&r);
-  CHECK(dstats(&r).blocks == NBLK);
+  s = dstats(&r);
+  CHECK(s.disk_full == 1 && s.blocks == stored);
+  /* Room again, in the same process: within a second spills resume. */
+  REQUIRE(unlink(filler) == 0);
+  usleep(1100 * 1000);
+  full_lines0 = full_lines;
+  evict_pool(&r);
+  save_all(&r);
+  s = dstats(&r);
+  fprintf(stderr, "  room again: %llu stored, full %llu, %d log lines\n",
+          (unsigned long long)s.blocks, (unsigned long long)s.disk_full, full_lines - full_lines0);
+  CHECK(s.disk_full == 0 && s.full_events == 1 && s.blocks == NBLK);
+  CHECK(full_lines - full_lines0 == 1); /* "room again" */
   rig_close(&r);
+  CHECK(dt_file_size(tmp) == -1);
+  free(tmp);
+
+  /* A restart: every block durable, byte-exact. */
   REQUIRE(rig_open(&r, dir));
   CHECK(hits_checked(&r) == NBLK);
   rig_close(&r);

@@ -327,14 +327,30 @@ static void test_bad_options(void) {
   CHECK(strstr(oi_last_error(), "dirs[1] is empty") != NULL);
   d.dirs = dirs;
   d.num_dirs = 1;
+  d.capacity_bytes = 1 * MiB - 4096; /* too small to hold a block */
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "too small to hold a block") != NULL);
+  struct stat sb;
+  CHECK(stat(dir, &sb) == 0); /* nothing created in the directory */
+  char *lockf = dt_path(dir, "openinfer-disk.lock");
+  CHECK(dt_file_size(lockf) == -1);
+  free(lockf);
+  d.capacity_bytes = 8 * MiB;
   CHECK_ST(oi_host_disk_options_init(NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi_host_get_disk_stats(NULL, &s0), OI_ERR_INVALID_ARGUMENT);
   REQUIRE(chmod(dir, 0777) == 0);
-  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_PERMISSION); /* world-writable */
+  CHECK_ST(oi_host_disk_options_check(&d), OI_ERR_PERMISSION); /* no host needed */
+  CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_PERMISSION);     /* world-writable */
   oi_host_disk_stats s = {.struct_size = sizeof s};
   CHECK_ST(oi_host_get_disk_stats(h, &s), OI_ERR_NOT_FOUND);
   REQUIRE(chmod(dir, 0700) == 0);
+  d.capacity_bytes = 1ull << 60; /* more than the file system */
+  CHECK_ST(oi_host_disk_options_check(&d), OI_ERR_OUT_OF_MEMORY);
+  d.capacity_bytes = 8 * MiB;
+  CHECK_OK(oi_host_disk_options_check(&d)); /* the lock probed, not kept */
   CHECK_OK(oi_host_attach_disk(h, &d));
+  CHECK_ST(oi_host_disk_options_check(&d), OI_ERR_BUSY); /* this host's tier holds it */
+  CHECK(strstr(oi_last_error(), "one server per disk directory") != NULL);
   CHECK_ST(oi_host_attach_disk(h, &d), OI_ERR_STATE); /* one per host */
   CHECK_OK(oi_host_get_disk_stats(h, &s));
   CHECK(s.capacity_bytes > 0 && s.blocks == 0);
@@ -344,18 +360,18 @@ static void test_bad_options(void) {
   dt_rmtree(dir);
 }
 
-/* Blocks larger than the disk's data file (256 KiB blocks, a disk of
- * 128 KiB): every spill is refused and counted skipped, nothing is on the
+/* Blocks larger than the disk's data file (1 MiB blocks, a disk of 1 MiB,
+ * the least allowed): every spill is refused and counted skipped, nothing is on the
  * disk, the pool still serves the blocks byte-exact, and once they are
  * evicted from the pool they are misses (never a partial block). */
 static void test_blocks_larger_than_the_disk(void) {
   char *dir = dt_mkdtemp();
   rig r;
-  const uint64_t block = 256 * KiB;
-  oi_host_options ho = tr_host_options(8 * MiB);
+  const uint64_t block = 1 * MiB;
+  oi_host_options ho = tr_host_options(24 * MiB);
   oi_host_disk_options d;
   oi_host_disk_options_init(&d);
-  d.capacity_bytes = 128 * KiB;
+  d.capacity_bytes = 1 * MiB;
   rig_open_with(&r, dir, block, "too-big", &ho, &d, 2 * NB);
   enum { N = 8 };
   int64_t ids[N];
@@ -385,6 +401,8 @@ static void test_blocks_larger_than_the_disk(void) {
       ok &= r.mem[(NB + b) * block + i] == pattern(b, i);
   CHECK(ok);
   evict_pool(&r);
+  s = disk_stats(&r); /* each evicted block counted lost: no room on the disk */
+  CHECK(s.lost_no_room == N && s.lost_unwritten == 0 && s.lost_write_failed == 0);
   oi_query_result q2 = {.struct_size = sizeof q2, .wait_ms = 2000};
   CHECK_OK(oi_engine_query(r.e, NULL, hs, N, OI_QUERY_WAIT_PENDING, &q2));
   CHECK(q2.hit_blocks == 0);
@@ -483,6 +501,11 @@ static void test_faults_degrade(void) {
   CHECK_OK(oi_engine_query(r.e, NULL, hs, NB, 0, &q));
   CHECK(q.hit_blocks == NB);
   CHECK_OK(oi_engine_release(r.e, q.lease));
+  /* Evicted from the pool: each counted lost, its write having failed. */
+  CHECK(disk_stats(&r).lost_write_failed == 0);
+  evict_pool(&r);
+  s = disk_stats(&r);
+  CHECK(s.lost_write_failed == NB && s.lost_unwritten == 0 && s.lost_no_room == 0);
   rig_close(&r);
 
   /* Written for real now; then reads fail (EIO once, then a short read). */
@@ -575,6 +598,97 @@ static void test_shutdown_writes_every_queued_block(void) {
   dt_rmtree(dir);
 }
 
+static uint64_t lost_total(const oi_host_disk_stats *s) {
+  return s->lost_queue_full + s->lost_unwritten + s->lost_write_failed + s->lost_no_room;
+}
+
+/* Saves n blocks of r->block bytes, logical numbers from..from+n, through
+ * the arena's first 32 blocks, `per` at a time, sleeping pace_us after each
+ * save. */
+static void save_stream(rig *r, uint64_t from, uint64_t n, uint64_t per, useconds_t pace_us) {
+  for (uint64_t at = 0; at < n; at += per) {
+    uint64_t k = OI_MIN(per, n - at);
+    int64_t ids[32];
+    oi_block_hash hs[32];
+    for (uint64_t j = 0; j < k; j++) {
+      ids[j] = (int64_t)j;
+      hs[j] = hash_of(from + at + j);
+      for (uint64_t i = 0; i < r->block; i++)
+        r->mem[j * r->block + i] = pattern(from + at + j, i);
+    }
+    CHECK_OK(tr_save(r->e, ids, hs, k, 10000));
+    if (pace_us) usleep(pace_us);
+  }
+}
+
+/* No silent loss. A paced stream of 1024 blocks of 64 KiB through a pool
+ * of 256 slots: eviction takes the blocks the disk holds first (waiting a
+ * bounded time for a spill), so none is lost and all 1024 are on the disk.
+ * Then an unpaced burst while the disk is slow (disk_write_slow 10 ms, one
+ * write at a time): blocks are lost, and counted exactly: every block
+ * saved is on the disk, counted lost (evicted before its write), or was
+ * dropped at its save. */
+static void test_no_silent_loss(void) {
+  char *dir = dt_mkdtemp();
+  enum { PACED = 1024, BURST = 384 };
+  const uint64_t block = 64 * KiB;
+  oi_host_options ho = tr_host_options(16 * MiB); /* 256 slots */
+  oi_host_disk_options d;
+  oi_host_disk_options_init(&d);
+  d.capacity_bytes = 256 * MiB;
+  d.queue_depth = 1;
+  rig r;
+  rig_open_with(&r, dir, block, "loss", &ho, &d, 32);
+  disk_tier *t = oi__disk_tier_of(r.h);
+  REQUIRE(t);
+  save_stream(&r, 0, PACED, 1, 2000);
+  CHECK_OK(oi__disk_tier_settle(t, 30000));
+  oi_host_disk_stats s = disk_stats(&r);
+  oi_host_stats hs = tr_host_stats(r.h);
+  fprintf(stderr, "  paced: %llu saved, %llu on disk, %llu lost, %llu dropped, %llu evicted\n",
+          (unsigned long long)PACED, (unsigned long long)s.blocks,
+          (unsigned long long)lost_total(&s), (unsigned long long)hs.saves_dropped,
+          (unsigned long long)hs.evictions);
+  CHECK(hs.evictions >= PACED - 256); /* the pool did turn over */
+  CHECK(lost_total(&s) == 0 && hs.saves_dropped == 0);
+  CHECK(s.blocks == PACED && s.spills == PACED);
+  CHECK(s.spill_overflow == 0 && s.spills_failed == 0);
+
+  if (oi__fault_available()) {
+    REQUIRE(oi__fault_arm(OI_FAULT_DISK_WRITE_SLOW, 0, 0, 10) == OI_OK);
+    save_stream(&r, PACED, BURST, 32, 0);
+    oi__fault_disarm(OI_FAULT_DISK_WRITE_SLOW);
+    CHECK_OK(oi__disk_tier_settle(t, 60000));
+    s = disk_stats(&r);
+    hs = tr_host_stats(r.h);
+    uint64_t on_disk = s.blocks - PACED;
+    fprintf(stderr,
+            "  burst: %llu saved, %llu on disk, %llu lost (%llu unwritten, %llu queue full, "
+            "%llu failed, %llu no room), %llu dropped\n",
+            (unsigned long long)BURST, (unsigned long long)on_disk,
+            (unsigned long long)lost_total(&s), (unsigned long long)s.lost_unwritten,
+            (unsigned long long)s.lost_queue_full, (unsigned long long)s.lost_write_failed,
+            (unsigned long long)s.lost_no_room, (unsigned long long)hs.saves_dropped);
+    CHECK(lost_total(&s) > 0); /* the disk could not keep up */
+    CHECK(lost_total(&s) == s.lost_unwritten);
+    CHECK(on_disk + lost_total(&s) + hs.saves_dropped == BURST);
+    /* each lost block is a miss, each other one on the disk */
+    uint64_t present = 0;
+    for (uint64_t b = PACED; b < PACED + BURST; b++) {
+      oi_tier_key k;
+      uint64_t bb;
+      oi_block_hash h1 = hash_of(b);
+      REQUIRE(oi__tier_make_keys(r.h, 1, &h1, 1, &k, &bb));
+      uint8_t p = 0;
+      oi__disk_contains(oi__disk_tier_store(t), &k, 1, &p);
+      present += p;
+    }
+    CHECK(present == on_disk);
+  }
+  rig_close(&r);
+  dt_rmtree(dir);
+}
+
 /* A shutdown whose drain outlives its limit (60 s; the clock_jump fault
  * moves the library's clock 1 s at every reading, slow writes through a
  * queue of depth 1 keep 200 blocks queued; a 50 ms settle times out
@@ -649,6 +763,7 @@ int main(void) {
   RUN_TEST(test_destroy_with_promotions_queued);
   RUN_TEST(test_faults_degrade);
   RUN_TEST(test_shutdown_writes_every_queued_block);
+  RUN_TEST(test_no_silent_loss);
   RUN_TEST(test_shutdown_drain_past_its_limit);
   TEST_EXIT();
 }

@@ -102,11 +102,22 @@ static void test_no_room_at_open(void) {
   CHECK_ST(oi__disk_open(&o, &d), OI_ERR_OUT_OF_MEMORY);
   CHECK(d == NULL);
   CHECK(strstr(oi_last_error(), "no room") && strstr(oi_last_error(), a));
+  /* a data file the refused open created is not left behind */
+  char *data = dt_path(a, "openinfer-disk.data");
+  CHECK(dt_file_size(data) == -1);
   REQUIRE(oi__fault_arm(OI_FAULT_DISK_FALLOCATE, 0, 1, EIO) == OI_OK);
   CHECK_ST(oi__disk_open(&o, &d), OI_ERR_IO);
+  CHECK(dt_file_size(data) == -1);
   oi__fault_disarm_all();
   CHECK_OK(oi__disk_open(&o, &d));
   oi__disk_close(d);
+  /* an existing data file (1 MiB) refused a larger size: cut back to its own */
+  o.capacity_bytes = 2 * MiB;
+  REQUIRE(oi__fault_arm(OI_FAULT_DISK_FALLOCATE, 0, 1, 0) == OI_OK);
+  CHECK_ST(oi__disk_open(&o, &d), OI_ERR_OUT_OF_MEMORY);
+  CHECK(dt_file_size(data) == (off_t)(1 * MiB));
+  oi__fault_disarm_all();
+  free(data);
   dt_rmtree(a);
 }
 

@@ -214,6 +214,12 @@ static void test_server_metrics_details(void) {
   snprintf(want, sizeof want, "openinfer_disk_capacity_bytes %u\n", 8u << 20);
   CHECK(strstr(body, want) != NULL);
   CHECK(strstr(body, "openinfer_disk_read_duration_seconds_count 0") != NULL);
+  CHECK(strstr(body, "openinfer_disk_lost_unwritten_total 0\n") != NULL);
+  CHECK(strstr(body, "openinfer_disk_lost_queue_full_total 0\n") != NULL);
+  CHECK(strstr(body, "openinfer_disk_lost_write_failed_total 0\n") != NULL);
+  CHECK(strstr(body, "openinfer_disk_lost_no_room_total 0\n") != NULL);
+  CHECK(strstr(body, "openinfer_disk_full 0\n") != NULL);
+  CHECK(strstr(body, "openinfer_disk_full_events_total 0\n") != NULL);
   CHECK(
       strstr(body, "openinfer_namespace_resident_blocks{namespace=\"we\\\"ird\\\\ns\\nname\"} 0") !=
       NULL);

@@ -3,6 +3,7 @@
  * queued; a server restarted on the same directory (a new epoch, an empty
  * pool) answers a lookup with them (promoted back, waited for) and another
  * session loads them byte-exact. Bad disk options are refused at start. */
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -45,6 +46,8 @@ static void test_disk_survives_a_restart(void) {
   CHECK(pclose(p) == 0);
   CHECK(strstr(out, "\"disk\": {") != NULL);
   CHECK(strstr(out, "\"blocks\": 8,") != NULL);
+  CHECK(strstr(out, "\"lost_unwritten\": 0,") != NULL); /* (issue #37: counted by cause) */
+  CHECK(strstr(out, "\"lost_no_room\": 0,") != NULL);
   oi_lookup_options lo;
   oi_lookup_options_init(&lo);
   lo.lookup_deadline_ms = 10000; /* (not the breaker's test: slow machines) */
@@ -108,10 +111,82 @@ static void test_bad_disk_options(void) {
   CHECK(serve_status(world) == 1); /* refused: others may write there */
 }
 
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Every bad disk option is refused before the pool is set up: with an
+ * 8 GiB pool (pinned, were it reached) each refusal takes well under 1 s.
+ * A directory others may write, a size too small for a block, a size
+ * larger than the file system (no data file left), a file in place of the
+ * directory, a directory another server holds (its lock). */
+static void test_bad_disk_options_before_the_pool(void) {
+  char open_dir[600], dir[600], file[700], data[700], lock[700];
+  snprintf(open_dir, sizeof open_dir, "%s/open8g", ts.dir);
+  snprintf(dir, sizeof dir, "%s/d8g", ts.dir);
+  snprintf(file, sizeof file, "%s/data", dir);
+  snprintf(data, sizeof data, "%s/openinfer-disk.data", dir);
+  snprintf(lock, sizeof lock, "%s/openinfer-disk.lock", dir);
+  REQUIRE(mkdir(open_dir, 0700) == 0 && chmod(open_dir, 0777) == 0);
+  REQUIRE(mkdir(dir, 0700) == 0);
+  int fd = open(file, O_WRONLY | O_CREAT, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+  const char *world[] = {"--pool", "8G", "--disk", open_dir, "--disk-size", "8M", NULL};
+  const char *tiny[] = {"--pool", "8G", "--disk", dir, "--disk-size", "8K", NULL};
+  const char *huge[] = {"--pool", "8G", "--disk", dir, "--disk-size", "1000T", NULL};
+  const char *not_dir[] = {"--pool", "8G", "--disk", file, "--disk-size", "8M", NULL};
+  const char *held[] = {"--pool", "8G", "--disk", dir, "--disk-size", "8M", NULL};
+  const char *const *cases[] = {world, tiny, huge, not_dir, held};
+  const char *names[] = {"world-writable", "8K", "1000T", "not a directory", "held"};
+  for (int i = 0; i < 5; i++) {
+    int lfd = -1;
+    if (cases[i] == held) { /* this process holds the directory, as a server would */
+      lfd = open(lock, O_RDWR | O_CREAT, 0600);
+      REQUIRE(lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) == 0);
+    }
+    double t0 = now_s();
+    int rc = serve_status(cases[i]);
+    double dt = now_s() - t0;
+    fprintf(stderr, "  %-16s refused (exit %d) in %.3f s with --pool 8G\n", names[i], rc, dt);
+    CHECK(rc == 1);
+    CHECK(dt < 1.0);
+    if (lfd >= 0) close(lfd);
+  }
+  CHECK(access(data, F_OK) != 0); /* no data file left by the refusals */
+}
+
+/* Two servers on one disk directory: the second is refused (exit 1, the
+ * message names the first's pid); once the first is killed with SIGKILL
+ * (its lock dies with it), the second starts on the same directory. */
+static void test_one_server_per_dir(void) {
+  char disk[600];
+  snprintf(disk, sizeof disk, "%s/shared-disk", ts.dir);
+  REQUIRE(mkdir(disk, 0700) == 0);
+  const char *extra[] = {"--disk", disk, "--disk-size", "16M", NULL};
+  REQUIRE(ts_start(&ts, extra));
+  static test_server tb; /* (registered with ts_atexit: not on the stack) */
+  ts_init(&tb, ts.exe);
+  CHECK(!ts_start(&tb, extra)); /* refused: it exits before it is ready */
+  char pid[64];
+  snprintf(pid, sizeof pid, "pid %ld", (long)ts.pid);
+  CHECK(ts_log_contains(&tb, pid));
+  CHECK(ts_log_contains(&tb, "one server per disk directory"));
+  ts_kill(&ts);
+  CHECK(ts_start(&tb, extra));
+  CHECK(ts_log_contains(&tb, "disk tier attached"));
+  CHECK(ts_stop(&tb));
+  ts_cleanup(&tb);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) TEST_SKIP("usage: test_disk OPENINFER_EXE");
   ts_init(&ts, argv[1]);
   RUN_TEST(test_disk_survives_a_restart);
   RUN_TEST(test_bad_disk_options);
+  RUN_TEST(test_bad_disk_options_before_the_pool);
+  RUN_TEST(test_one_server_per_dir);
   TEST_EXIT();
 }

@@ -141,7 +141,8 @@ static void rm_files(const char *dir, const char *const *names, size_t n) {
 }
 
 static const char *const store_files[] = {"openinfer-disk.data", "openinfer-disk.log",
-                                          "openinfer-disk.ckpt", "openinfer-disk.ckpt.tmp"};
+                                          "openinfer-disk.ckpt", "openinfer-disk.ckpt.tmp",
+                                          "openinfer-disk.lock"};
 
 static int write_all(int fd, const void *buf, size_t n, off_t off) {
   const uint8_t *p = buf;

@@ -757,7 +757,8 @@ _HOST_STATS = [
 _DISK_STATS = [
     "blocks", "bytes_used", "capacity_bytes", "spills", "spills_failed", "spills_skipped",
     "spill_overflow", "promotions", "promote_failed", "checksum_failures", "evictions",
-    "torn_records_cut", "replay_ns", "read_latency_sum_us"]
+    "torn_records_cut", "replay_ns", "read_latency_sum_us", "lost_queue_full", "lost_unwritten",
+    "lost_write_failed", "lost_no_room", "disk_full", "full_events", "spills_refused_full"]
 
 _ENGINE_STATS = [
     "instance_id", "block_bytes", "num_blocks", "saves_submitted", "saves_completed",

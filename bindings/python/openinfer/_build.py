@@ -213,8 +213,16 @@ typedef struct oi_host_disk_stats {
   uint64_t replay_ns;
   uint64_t read_latency_us[28];
   uint64_t read_latency_sum_us;
+  uint64_t lost_queue_full;
+  uint64_t lost_unwritten;
+  uint64_t lost_write_failed;
+  uint64_t lost_no_room;
+  uint64_t disk_full;
+  uint64_t full_events;
+  uint64_t spills_refused_full;
 } oi_host_disk_stats;
 oi_status oi_host_disk_options_init(oi_host_disk_options *o);
+oi_status oi_host_disk_options_check(const oi_host_disk_options *o);
 oi_status oi_host_attach_disk(oi_host *h, const oi_host_disk_options *o);
 oi_status oi_host_get_disk_stats(const oi_host *h, oi_host_disk_stats *out);
 

@@ -439,6 +439,13 @@ pub struct DiskStats {
     pub evictions: u64,
     pub torn_records_cut: u64,
     pub replay_ns: u64,
+    pub lost_queue_full: u64,
+    pub lost_unwritten: u64,
+    pub lost_write_failed: u64,
+    pub lost_no_room: u64,
+    pub disk_full: u64,
+    pub full_events: u64,
+    pub spills_refused_full: u64,
 }
 
 pub struct OffloadHost {
@@ -515,6 +522,13 @@ impl OffloadHost {
             evictions: s.evictions,
             torn_records_cut: s.torn_records_cut,
             replay_ns: s.replay_ns,
+            lost_queue_full: s.lost_queue_full,
+            lost_unwritten: s.lost_unwritten,
+            lost_write_failed: s.lost_write_failed,
+            lost_no_room: s.lost_no_room,
+            disk_full: s.disk_full,
+            full_events: s.full_events,
+            spills_refused_full: s.spills_refused_full,
         })
     }
 

@@ -590,7 +590,7 @@ def test_a_load_past_its_deadline_is_reported_only_once_fenced(load_async, monke
             lambda token, pos, layer: ((token * 31 + pos * 7 + layer * 13 + 5) % 251) - 125))
         eng.add("b", LONG_PROMPT)
         conn = eng.worker
-        load, reported, seen_fencing, deadline = None, None, False, time.time() + 60
+        load, reported, deadline = None, None, time.time() + 60
         while eng.scheduler.has_unfinished_requests():
             assert time.time() < deadline
             so, kvo = eng.step()
@@ -599,7 +599,6 @@ def test_a_load_past_its_deadline_is_reported_only_once_fenced(load_async, monke
             st = conn.stats()
             got = bool(kvo and (kvo.invalid_block_ids or kvo.finished_recving))
             if st["loads_fencing"]:
-                seen_fencing = True
                 assert st["blocks_fencing"] == len(load.block_ids)
                 assert not got, "reported while its copies may still land"
                 req = eng.scheduler.requests["b"]
@@ -614,7 +613,8 @@ def test_a_load_past_its_deadline_is_reported_only_once_fenced(load_async, monke
         assert load is not None and len(load.block_ids) == 40
         assert reported is not None and reported.invalid_block_ids == set(load.block_ids)
         if load_async:
-            assert seen_fencing, "the load never showed as fencing"
+            # the steps above saw it fencing unless the copies ended between
+            # two of them (a loaded machine); loads_fenced below says it fenced
             assert reported.finished_recving == {"b"}
         st = conn.stats()
         assert (st["loads_submitted"], st["loads_completed"], st["loads_failed"],

@@ -642,6 +642,54 @@ static void test_buffered_reader(void) {
   oi__wire_reader_free(&r);
 }
 
+/* oi__wire_try_send (the breaker's probe: never blocks): a frame sent whole;
+ * a socket with no room answers OI_PENDING and sends nothing; a frame only
+ * partly taken is OI_ERR_IO; a closed peer OI_ERR_CLOSED; a bad descriptor
+ * OI_ERR_IO. oi__wire_peer_pid and oi__wire_peer_gone (the sidecar fence's
+ * "the server is gone"): the peer's pid from the socket; a live process is
+ * not gone, an unreaped zombie and a pid that does not exist are. */
+static void test_try_send_and_peer_gone(void) {
+  int sv[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  int sndbuf = 4096;
+  REQUIRE(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf) == 0);
+  uint8_t small[64] = {1, 2, 3};
+  CHECK_OK(oi__wire_try_send(sv[0], small, sizeof small));
+  uint8_t got[64];
+  CHECK(recv(sv[1], got, sizeof got, MSG_WAITALL) == (ssize_t)sizeof got);
+  CHECK(memcmp(got, small, sizeof small) == 0);
+  /* fill the socket until it takes no more */
+  static uint8_t big[1 << 16];
+  oi_status st = OI_OK;
+  for (int i = 0; i < 10000 && st == OI_OK; i++)
+    st = oi__wire_try_send(sv[0], small, sizeof small);
+  CHECK_ST(st, OI_PENDING);
+  /* room for part of a large frame only: drain a little, then send it */
+  CHECK(recv(sv[1], got, sizeof got, 0) > 0);
+  CHECK_ST(oi__wire_try_send(sv[0], big, sizeof big), OI_ERR_IO);
+  CHECK(strstr(oi_last_error(), "no room for the rest") != NULL);
+  CHECK(oi__wire_peer_pid(sv[0]) == (int)getpid());
+  CHECK(!oi__wire_peer_gone(getpid()));
+  CHECK(!oi__wire_peer_gone(0));
+  close(sv[1]);
+  CHECK_ST(oi__wire_try_send(sv[0], small, sizeof small), OI_ERR_CLOSED);
+  close(sv[0]);
+  CHECK_ST(oi__wire_try_send(sv[0], small, sizeof small), OI_ERR_IO);
+  CHECK(oi__wire_peer_pid(sv[0]) == 0);
+  /* a child that exited and is not reaped yet, then one reaped */
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(0);
+  bool zombie = false;
+  for (int i = 0; i < 500 && !zombie; i++) {
+    zombie = oi__wire_peer_gone((int)child);
+    if (!zombie) usleep(2000);
+  }
+  CHECK(zombie);
+  REQUIRE(waitpid(child, NULL, 0) == child);
+  CHECK(oi__wire_peer_gone((int)child));
+}
+
 int main(void) {
   RUN_TEST(test_hashes_and_ids_over_the_limit);
   RUN_TEST(test_membership_bytes_over_the_limit);
@@ -653,5 +701,6 @@ int main(void) {
   RUN_TEST(test_buffered_reader);
   RUN_TEST(test_socket_paths_and_connect_errors);
   RUN_TEST(test_decode_edge_cases);
+  RUN_TEST(test_try_send_and_peer_gone);
   TEST_EXIT();
 }

@@ -333,10 +333,10 @@ static void finish_write(oi_disk *d, req *r) {
          * pool keeps its copy. */
         d->st.spills_ok--;
         d->st.writes_refused_full++;
+        const char *dir = d->files[e->file].dir; /* e is freed by the drop */
         entry_drop(d, e, false);
         st = oi__fail(OI_ERR_OUT_OF_MEMORY,
-                      "disk: %s is full: the block's index record did not fit (not kept)",
-                      d->files[e->file].dir);
+                      "disk: %s is full: the block's index record did not fit (not kept)", dir);
       }
     }
   } else {

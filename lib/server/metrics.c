@@ -81,6 +81,13 @@ static void metric(out_buf *b, const char *name, const char *type, const char *h
   put(b, "%s %llu\n", name, (unsigned long long)v);
 }
 
+/* A metric in seconds, from nanoseconds (six decimals). */
+static void metric_seconds(out_buf *b, const char *name, const char *type, const char *help,
+                           uint64_t ns) {
+  header(b, name, type, help);
+  put(b, "%s %.6f\n", name, (double)ns / 1e9);
+}
+
 /* A label value: backslash, double quote and newline escaped. */
 static void put_label_value(out_buf *b, const char *v) {
   for (const char *c = v; *c; c++) {
@@ -182,10 +189,8 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
          "Bytes of the blocks the pool holds (in flight or sealed).", hs.block_bytes_resident);
   metric(&b, "openinfer_pool_size_classes", "gauge", "Distinct block sizes in use.",
          hs.size_classes);
-  put(&b,
-      "# HELP openinfer_pool_setup_seconds Time the pool took to map, touch and pin at start.\n"
-      "# TYPE openinfer_pool_setup_seconds gauge\nopeninfer_pool_setup_seconds %.6f\n",
-      (double)hs.pool_setup_ns / 1e9);
+  metric_seconds(&b, "openinfer_pool_setup_seconds", "gauge",
+                 "Time the pool took to map, touch and pin at start.", hs.pool_setup_ns);
   header(&b, "openinfer_blocks", "gauge",
          "Host blocks by state: free (carved, empty), in_flight (being saved), sealed (visible; "
          "includes leased and loading), leased (pinned by a lease), loading (read by a load).");
@@ -272,12 +277,9 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
            "Blocks fetched from other nodes, verified and sealed here.", cs.remote_blocks);
     metric(&b, "openinfer_cluster_fetched_bytes_total", "counter",
            "Bytes of the blocks fetched from other nodes.", cs.bytes_fetched);
-    put(&b,
-        "# HELP openinfer_cluster_fetch_seconds_total Time with a fetch in flight "
-        "(fetched bytes over it: the fetch rate).\n"
-        "# TYPE openinfer_cluster_fetch_seconds_total counter\n"
-        "openinfer_cluster_fetch_seconds_total %.6f\n",
-        (double)cs.fetch_ns / 1e9);
+    metric_seconds(&b, "openinfer_cluster_fetch_seconds_total", "counter",
+                   "Time with a fetch in flight (fetched bytes over it: the fetch rate).",
+                   cs.fetch_ns);
     metric(&b, "openinfer_cluster_fetch_failed_blocks_total", "counter",
            "Blocks whose fetch failed (holder down or gone, refused, timeout, checksum): misses.",
            cs.remote_failed);

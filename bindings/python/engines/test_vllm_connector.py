@@ -566,6 +566,21 @@ def _big_kv(monkeypatch):
 LONG_PROMPT = list(range(300, 300 + 40 * BS + 3))  # 40 full blocks and a tail
 
 
+def assert_recomputed_and_unchanged(eng, req_id, n_blocks):
+    """The first n_blocks of req_id hold what the stand-in model computed,
+    every (block, layer) byte for byte, and no byte of the KV cache changes
+    in the next 0.5 s (no late copy lands)."""
+    ids = eng.block_table[req_id][:n_blocks]
+    for i, b in enumerate(ids):
+        for layer in range(LAYERS):
+            assert torch.equal(eng.kv[LAYER_NAMES[layer]][b],
+                               eng.expected_block(req_id, i, layer)), (i, layer)
+    snap = {n: t.clone() for n, t in eng.kv.items()}
+    time.sleep(0.5)
+    for n, t in eng.kv.items():
+        assert torch.equal(t.view(torch.int16), snap[n].view(torch.int16)), n
+
+
 @pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
 def test_a_load_past_its_deadline_is_reported_only_once_fenced(load_async, monkeypatch):
     """Embedded, load_deadline_ms 1: the load of 40 blocks misses its
@@ -621,15 +636,7 @@ def test_a_load_past_its_deadline_is_reported_only_once_fenced(load_async, monke
                 st["blocks_failed"], st["blocks_fencing"]) == (1, 0, 1, 40, 0), st
         assert st["worker"]["loads_fenced"] == 1 and st["worker"]["loads_completed"] == 0
         # recomputed into its blocks; nothing lands there any more
-        ids = eng.block_table["b"][:40]
-        for i, b in enumerate(ids):
-            for layer in range(LAYERS):
-                assert torch.equal(eng.kv[LAYER_NAMES[layer]][b],
-                                   eng.expected_block("b", i, layer)), (i, layer)
-        snap = {n: t.clone() for n, t in eng.kv.items()}
-        time.sleep(0.5)
-        for n, t in eng.kv.items():
-            assert torch.equal(t.view(torch.int16), snap[n].view(torch.int16)), n
+        assert_recomputed_and_unchanged(eng, "b", 40)
     finally:
         eng.close()
 
@@ -689,15 +696,7 @@ def test_a_stopped_server_holds_the_blocks_until_fenced(serve, monkeypatch):
         st = conn.stats()
         assert st["loads_in_flight"] == 0 and st["blocks_fencing"] == 0
         assert st["loads_completed"] + st["loads_failed"] == st["loads_submitted"] == 1
-        ids = eng.block_table["b"][:5]
-        for i, b in enumerate(ids):
-            for layer in range(LAYERS):
-                assert torch.equal(eng.kv[LAYER_NAMES[layer]][b],
-                                   eng.expected_block("b", i, layer)), (i, layer)
-        snap = {n: t.clone() for n, t in eng.kv.items()}
-        time.sleep(0.5)
-        for n, t in eng.kv.items():
-            assert torch.equal(t.view(torch.int16), snap[n].view(torch.int16)), n
+        assert_recomputed_and_unchanged(eng, "b", 5)
     finally:
         if serve.proc is not None:
             os.kill(serve.proc.pid, signal.SIGCONT)

@@ -61,8 +61,9 @@ static inline redisContext *raw(int port) {
   return c;
 }
 
-/* Starts redis-server on `port` and waits until it answers PING. */
-static inline pid_t redis_start(int port) {
+/* Starts redis-server on `port` (with `password`: --requirepass) and waits
+ * until it answers PING (after AUTH, with a password). */
+static inline pid_t redis_start_auth(int port, const char *password) {
   char p[16];
   snprintf(p, sizeof p, "%d", port);
   pid_t pid = fork();
@@ -70,15 +71,25 @@ static inline pid_t redis_start(int port) {
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     freopen("/dev/null", "w", stdout);
-    execlp("redis-server", "redis-server", "--port", p, "--save", "", "--appendonly", "no",
-           "--bind", "127.0.0.1", "--daemonize", "no", (char *)NULL);
+    if (password)
+      execlp("redis-server", "redis-server", "--port", p, "--save", "", "--appendonly", "no",
+             "--bind", "127.0.0.1", "--daemonize", "no", "--requirepass", password, (char *)NULL);
+    else
+      execlp("redis-server", "redis-server", "--port", p, "--save", "", "--appendonly", "no",
+             "--bind", "127.0.0.1", "--daemonize", "no", (char *)NULL);
     _exit(127);
   }
   for (int i = 0; i < 500; i++) {
     redisContext *c = raw(port);
     if (c) {
-      redisReply *r = redisCommand(c, "PING");
-      bool ok = r && r->type == REDIS_REPLY_STATUS;
+      bool ok = true;
+      if (password) {
+        redisReply *a = redisCommand(c, "AUTH %s", password);
+        ok = a && a->type == REDIS_REPLY_STATUS;
+        if (a) freeReplyObject(a);
+      }
+      redisReply *r = ok ? redisCommand(c, "PING") : NULL;
+      ok = r && r->type == REDIS_REPLY_STATUS;
       if (r) freeReplyObject(r);
       redisFree(c);
       if (ok) return pid;
@@ -89,6 +100,19 @@ static inline pid_t redis_start(int port) {
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
   exit(1);
+}
+
+static inline pid_t redis_start(int port) { return redis_start_auth(port, NULL); }
+
+/* GET of a raw key on the redis-server at `port`; "" when absent. */
+static inline void redis_get(int port, const char *key, char *out, size_t cap) {
+  redisContext *c = raw(port);
+  REQUIRE(c);
+  redisReply *r = redisCommand(c, "GET %s", key);
+  REQUIRE(r);
+  snprintf(out, cap, "%s", r->type == REDIS_REPLY_STRING ? r->str : "");
+  freeReplyObject(r);
+  redisFree(c);
 }
 
 static inline void redis_stop(pid_t pid) {

@@ -23,17 +23,6 @@ static int g_port;
 static pid_t g_redis;
 static char g_url[64];
 
-/* GET of a raw key; "" when absent. */
-static void raw_get(const char *key, char *out, size_t cap) {
-  redisContext *c = raw(g_port);
-  REQUIRE(c);
-  redisReply *r = redisCommand(c, "GET %s", key);
-  REQUIRE(r);
-  snprintf(out, cap, "%s", r->type == REDIS_REPLY_STRING ? r->str : "");
-  freeReplyObject(r);
-  redisFree(c);
-}
-
 static long long raw_int(const char *cmd, const char *key) {
   redisContext *c = raw(g_port);
   REQUIRE(c);
@@ -276,7 +265,7 @@ static void test_round_trip(void) {
 
   char s[OI_DIR_KEY_MAX + 1], v[128];
   oi__dir_key_format(NULL, &keys[0], s);
-  raw_get(s, v, sizeof v);
+  redis_get(g_port, s, v, sizeof v);
   CHECK(strncmp(v, "node-a 7 ", 9) == 0 && strlen(v) == 9 + 13 + 33);
   long long pttl = raw_int("PTTL", s);
   CHECK(pttl > 500000 && pttl <= 600000); /* the default block TTL */

@@ -85,16 +85,6 @@ static void raw_set(const char *key, const char *val) {
   redisFree(c);
 }
 
-static void raw_get(const char *key, char *out, size_t cap) {
-  redisContext *c = raw(g_port);
-  REQUIRE(c);
-  redisReply *r = redisCommand(c, "GET %s", key);
-  REQUIRE(r);
-  snprintf(out, cap, "%s", r->type == REDIS_REPLY_STRING ? r->str : "");
-  freeReplyObject(r);
-  redisFree(c);
-}
-
 static size_t hits(oi_dir *d, const oi_tier_key *k, size_t n, oi_dir_holder *h) {
   size_t got = 99;
   CHECK_OK(oi__dir_lookup(d, k, n, h, &got));
@@ -151,7 +141,7 @@ static void test_raw_writer(void) {
   oi__dir_key_format(NULL, &k2, key2);
   CHECK_OK(oi__dir_publish(a, &k, 1));
   CHECK_OK(oi__dir_flush(a, 2000));
-  raw_get(key, good_v, sizeof good_v);
+  redis_get(g_port, key, good_v, sizeof good_v);
   oi_dir_holder h[2];
   CHECK(hits(r, &k, 1, h) == 1);
 
@@ -195,7 +185,7 @@ static void test_raw_writer(void) {
   }
   CHECK_OK(st);
   char good_node[256], n1[256], n2[256], n3[256];
-  raw_get("oi:node:node-a", good_node, sizeof good_node);
+  redis_get(g_port, "oi:node:node-a", good_node, sizeof good_node);
   snprintf(n1, sizeof n1, "7 10.6.6.6:4000 %s 0123456789abcdef0123456789abcdef", future);
   dir_node(OTHER, "oi:node:node-b", 3, "10.6.6.6:4000", 600000, n2, sizeof n2);
   dir_sign(SECRET, DIR_TAG_NODE, "oi:node:node-b", "3 10.0.0.2:4000",
@@ -226,13 +216,13 @@ static void test_raw_writer(void) {
   oi_dir_holder read = h[0];
   CHECK_OK(oi__dir_unpublish(a, &k, 1));
   CHECK_OK(oi__dir_flush(a, 2000));
-  raw_get(key, v, sizeof v);
+  redis_get(g_port, key, v, sizeof v);
   CHECK(v[0] == '\0' && stats_of(a).unpublished >= 1);
   raw_set(key, made_up); /* names node-b */
   uint64_t missed = stats_of(a).unpublish_missed;
   CHECK_OK(oi__dir_unpublish(a, &k, 1));
   CHECK_OK(oi__dir_flush(a, 2000));
-  raw_get(key, v, sizeof v);
+  redis_get(g_port, key, v, sizeof v);
   CHECK(strcmp(v, made_up) == 0 && stats_of(a).unpublish_missed == missed + 1);
   /* A reader removes only the very record it read: not a newer one of the
    * same holder, not a forged one. */
@@ -266,7 +256,7 @@ static void test_prefixes(void) {
   CHECK(stats_of(b).rejected_entries == 0); /* other keys, not rejected ones */
   char key[OI_DIR_KEY_MAX + 1], v[256];
   oi__dir_key_format("oi:alpha:", &k[0], key);
-  raw_get(key, v, sizeof v);
+  redis_get(g_port, key, v, sizeof v);
   CHECK(strncmp(v, "n1 1 ", 5) == 0);
   char addr[64];
   oi_status st = OI_ERR_NOT_FOUND;
@@ -285,7 +275,7 @@ static void test_prefixes(void) {
   char bkey[OI_DIR_KEY_MAX + 1];
   oi__dir_key_format("oi:beta:", &k[2], bkey);
   oi__dir_key_format("oi:alpha:", &k[2], key);
-  raw_get(key, v, sizeof v);
+  redis_get(g_port, key, v, sizeof v);
   raw_set(bkey, v);
   uint64_t before = stats_of(b).rejected_entries;
   CHECK(hits(b, k, 4, h) == 2 && stats_of(b).rejected_entries == before + 1);
@@ -335,7 +325,7 @@ static void test_drop(void) {
     sleep_ms(10);
   CHECK(atomic_load(&g_republish) >= 1);
   char v[64];
-  raw_get("oi:dropped:far", v, sizeof v);
+  redis_get(g_port, "oi:dropped:far", v, sizeof v);
   CHECK(v[0] == '\0'); /* taken */
   CHECK_ST(oi__dir_drop(r, NULL, h, 1, NULL), OI_ERR_INVALID_ARGUMENT);
   CHECK_OK(oi__dir_drop(r, k, h, 0, NULL));
@@ -347,39 +337,6 @@ static void test_drop(void) {
 }
 
 /* ---- AUTH ---- */
-
-static pid_t redis_start_auth(int port, const char *password) {
-  char p[16];
-  snprintf(p, sizeof p, "%d", port);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    freopen("/dev/null", "w", stdout);
-    execlp("redis-server", "redis-server", "--port", p, "--save", "", "--appendonly", "no",
-           "--bind", "127.0.0.1", "--daemonize", "no", "--requirepass", password, (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 500; i++) {
-    redisContext *c = raw(port);
-    if (c) {
-      redisReply *r = redisCommand(c, "AUTH %s", password);
-      bool ok = r && r->type == REDIS_REPLY_STATUS;
-      if (r) freeReplyObject(r);
-      if (ok) { /* an ACL user too */
-        r = redisCommand(c, "ACL SETUSER alice on >alice-pw ~* &* +@all");
-        REQUIRE(r && r->type == REDIS_REPLY_STATUS);
-        freeReplyObject(r);
-      }
-      redisFree(c);
-      if (ok) return pid;
-    }
-    sleep_ms(10);
-  }
-  fprintf(stderr, "redis-server on port %d did not answer within 5 s\n", port);
-  kill(pid, SIGKILL);
-  exit(1);
-}
 
 static void write_file(const char *path, const char *text, mode_t mode) {
   unlink(path);
@@ -496,6 +453,17 @@ int main(void) {
   g_auth_port = free_port();
   snprintf(g_auth_url, sizeof g_auth_url, "redis://127.0.0.1:%d", g_auth_port);
   g_auth_redis = redis_start_auth(g_auth_port, "server pw");
+  { /* an ACL user too */
+    redisContext *c = raw(g_auth_port);
+    REQUIRE(c);
+    redisReply *r = redisCommand(c, "AUTH %s", "server pw");
+    REQUIRE(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    r = redisCommand(c, "ACL SETUSER alice on >alice-pw ~* &* +@all");
+    REQUIRE(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    redisFree(c);
+  }
   RUN_TEST(test_wrong_secret_node);
   RUN_TEST(test_raw_writer);
   RUN_TEST(test_prefixes);

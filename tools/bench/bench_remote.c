@@ -3,10 +3,12 @@
  * the peer transport over TCP on 127.0.0.1), in one run:
  *  1. cross-node restore throughput: node A holds --bytes of blocks; node B
  *     queries them all (OI_QUERY_WAIT_PENDING) and they come over from A,
- *     verified; GB/s against a plain TCP socket stream of the same bytes
- *     from A's memory into as much memory at B, in the same run (the median
- *     of three; target >= 0.8), and, for reference, the loopback's ceiling
- *     (one cache-resident 1 MiB buffer sent into another);
+ *     verified: the first block alone (its fetch opens the peer connection,
+ *     a one-time cost reported in ms), then the rest, in GB/s against a
+ *     plain TCP socket stream of the same bytes from A's memory into as much
+ *     memory at B, in the same run (the median of three; target >= 0.9),
+ *     and, for reference, the loopback's ceiling (one cache-resident 1 MiB
+ *     buffer sent into another);
  *  2. directory lookup latency for a 64-block prefix: p50 and p99;
  *  3. the cost a node pays per evicted block to keep the directory true:
  *     evict_all with the cluster attached against the same eviction on a
@@ -132,9 +134,11 @@ static void remote_usage(FILE *f) {
              "\n"
              "The cluster tier between two nodes on this machine (a private redis-server,\n"
              "cpu pools, the peer transport over TCP):\n"
-             "  1. cross-node restore: node B queries --bytes of blocks node A holds; GB/s\n"
-             "     against a plain TCP stream of the same bytes from A's memory into as\n"
-             "     much memory, in the same run (>= 0.8); and the link's ceiling\n"
+             "  1. cross-node restore: node B queries --bytes of blocks node A holds (the\n"
+             "     first block alone: its fetch opens the peer connection, reported in ms);\n"
+             "     GB/s of the rest against a plain TCP stream of the same bytes from A's\n"
+             "     memory into as much memory, in the same run (>= 0.9); and the link's\n"
+             "     ceiling\n"
              "  2. directory lookup of a 64-block prefix: p50, p99\n"
              "  3. per evicted block: evict_all with the cluster attached against without,\n"
              "     and the directory's withdrawal in Redis\n"
@@ -252,7 +256,7 @@ int bench_remote(int argc, char **argv) {
   rnode a = {0}, b = {0}, plain = {0};
   oi_dir *d = NULL;
   uint64_t lat[LOOKUPS];
-  double restore_gbps = 0, plain_gbps = 0, plain_hot_gbps = 0, restore_s = 0;
+  double restore_gbps = 0, plain_gbps = 0, plain_hot_gbps = 0, restore_s = 0, first_fetch_s = 0;
   double lookup_p50 = 0, lookup_p99 = 0, evict_with_ns = 0, evict_without_ns = 0, withdraw_ns = 0;
   oi_host_cluster_stats sa = {.struct_size = sizeof sa}, sb = {.struct_size = sizeof sb};
   bool verified = false;
@@ -303,50 +307,23 @@ int bench_remote(int argc, char **argv) {
     } else {
       restore_gbps = nsr.restore_gbps;
       restore_s = nsr.restore_s;
+      first_fetch_s = nsr.first_fetch_s;
       plain_gbps = nsr.plain_gbps;
       plain_hot_gbps = nsr.plain_hot_gbps;
       verified = nsr.verified;
     }
   }
   if (!netns) {
-    oi_block_hash *hs = malloc(nblocks * sizeof *hs);
-    int64_t *dst = malloc(nblocks * sizeof *dst);
-    if (!hs || !dst) goto out;
-    for (uint64_t i = 0; i < nblocks; i++) {
-      hs[i] = rhash(i);
-      dst[i] = (int64_t)i;
-    }
-    uint64_t t0 = oi__now_ns(), hits = 0;
-    oi_lease leases[64];
-    int nl = 0;
-    /* one query per 1024 blocks (the directory's lookup cap per fetch) */
-    for (uint64_t first = 0; first < nblocks;) {
-      oi_query_result q = {.struct_size = sizeof q, .wait_ms = 60000};
-      uint64_t n = nblocks - first < 1024 ? nblocks - first : 1024;
-      if (oi_engine_query(b.e, NULL, hs + first, n, OI_QUERY_WAIT_PENDING, &q) != OI_OK) break;
-      hits += q.hit_blocks;
-      if (q.hit_blocks && nl < 64) leases[nl++] = q.lease;
-      if (q.hit_blocks < n) break;
-      first += n;
-    }
-    uint64_t t1 = oi__now_ns();
-    restore_s = (double)(t1 - t0) / 1e9;
-    restore_gbps = hits == nblocks ? (double)bytes / (double)(t1 - t0) : 0;
+    remote_restore_run run;
+    remote_restore(b.e, nblocks, rhash, &run);
+    first_fetch_s = run.first_s;
+    restore_s = run.rest_s;
+    restore_gbps =
+        run.hits == nblocks && run.rest_s > 0 ? (double)(bytes - block) / (run.rest_s * 1e9) : 0;
     /* every byte checked, through loads into B's arena (untimed) */
-    verified = hits == nblocks;
-    uint64_t first = 0;
-    for (int i = 0; i < nl && verified; i++) {
-      uint64_t n = nblocks - first < 1024 ? nblocks - first : 1024;
-      oi_ticket *t = NULL;
-      verified = oi_engine_load(b.e, leases[i], dst + first, n, NULL, &t) == OI_OK &&
-                 oi_ticket_wait(t, 60000) == OI_OK;
-      oi_ticket_release(t);
-      first += n;
-    }
+    verified = run.hits == nblocks && remote_restore_load(b.e, &run);
     for (uint64_t i = 0; verified && i < nblocks * block; i++)
       verified = b.mem[i] == (uint8_t)(i * 131 + i / block);
-    free(hs);
-    free(dst);
     fprintf(stderr, "bench remote: plain TCP stream of the same bytes...\n");
     /* The same bytes from node A's memory into as much memory, two threads
      * of this process over 127.0.0.1 (as the nodes' bytes go). */
@@ -420,7 +397,7 @@ int bench_remote(int argc, char **argv) {
   double ratio = plain_gbps > 0 ? restore_gbps / plain_gbps : 0;
   if (json) {
     printf("{\"bench\":\"remote\",\"blocks\":%llu,\"block_bytes\":%llu,\"restore_gbps\":%.4f,"
-           "\"restore_s\":%.4f,\"plain_stream_gbps\":%.4f,\"plain_stream_cached_gbps\":%.4f,"
+           "\"restore_s\":%.4f,\"first_fetch_ms\":%.3f,\"plain_stream_gbps\":%.4f,\"plain_stream_cached_gbps\":%.4f,"
            "\"ratio\":%.4f,\"verified\":%s,"
            "\"lookup64_p50_us\":%.2f,\"lookup64_p99_us\":%.2f,\"lookup64_found\":%zu,"
            "\"evict_ns_per_block_cluster\":%.1f,"
@@ -428,7 +405,7 @@ int bench_remote(int argc, char **argv) {
            "\"remote_blocks\":%llu,\"remote_failed\":%llu,\"served_blocks\":%llu,"
            "\"netns\":%s}\n",
            (unsigned long long)nblocks, (unsigned long long)block, restore_gbps, restore_s,
-           plain_gbps, plain_hot_gbps, ratio, verified ? "true" : "false", lookup_p50, lookup_p99,
+           first_fetch_s * 1e3, plain_gbps, plain_hot_gbps, ratio, verified ? "true" : "false", lookup_p50, lookup_p99,
            lookup_found, evict_with_ns, evict_without_ns, withdraw_ns,
            (unsigned long long)(netns ? nsr.fetched : sb.remote_blocks),
            (unsigned long long)sb.remote_failed, (unsigned long long)sa.served_blocks,
@@ -441,9 +418,11 @@ int bench_remote(int argc, char **argv) {
              "parts 2 and 3: two nodes in this process on 127.0.0.1\n\n");
     else
       printf("two nodes in this process on 127.0.0.1 (not namespaces: %s)\n\n", ns_why);
-    printf("  1. restore across nodes, %llu blocks of %llu B  %7.3f GB/s  (%.2f s; every byte "
+    printf("  1. first block across nodes (opens the peer connection)  %.1f ms\n",
+           first_fetch_s * 1e3);
+    printf("  then restore across nodes, %llu blocks of %llu B  %7.3f GB/s  (%.2f s; every byte "
            "%s)\n",
-           (unsigned long long)nblocks, (unsigned long long)block, restore_gbps, restore_s,
+           (unsigned long long)(nblocks - 1), (unsigned long long)block, restore_gbps, restore_s,
            verified ? "verified" : "NOT verified");
     printf("     plain TCP stream, same bytes, same run      %7.3f GB/s  (A's memory into as much "
            "at B; median of 3)\n",
@@ -451,8 +430,8 @@ int bench_remote(int argc, char **argv) {
     printf("     (one 1 MiB buffer into one 1 MiB buffer      %7.3f GB/s: the link's "
            "ceiling)\n",
            plain_hot_gbps);
-    printf("     ratio                                        %7.2fx   target >= 0.8   %s\n", ratio,
-           ratio >= 0.8 && verified ? "PASS" : "MISS");
+    printf("     ratio                                        %7.2fx   target >= 0.9   %s\n", ratio,
+           ratio >= 0.9 && verified ? "PASS" : "MISS");
     printf("  2. directory lookup, 64-block prefix           p50 %.1f us, p99 %.1f us (%d "
            "lookups, %zu of 64 found)\n",
            lookup_p50, lookup_p99, LOOKUPS, lookup_found);

@@ -448,6 +448,53 @@ bool remote_ns_possible(const char *openinfer, char *why, size_t cap) {
   return true;
 }
 
+static bool restore_query(oi_engine *e, uint64_t first, uint64_t n,
+                          oi_block_hash (*hash)(uint64_t i), remote_restore_run *run) {
+  oi_block_hash hs[MAX_QUERY];
+  for (uint64_t i = 0; i < n; i++)
+    hs[i] = hash(first + i);
+  oi_query_result q = {.struct_size = sizeof q, .wait_ms = 60000};
+  if (oi_engine_query(e, NULL, hs, n, OI_QUERY_WAIT_PENDING, &q) != OI_OK) return false;
+  run->hits += q.hit_blocks;
+  if (q.hit_blocks && run->n < REMOTE_MAX_LEASES) {
+    run->leases[run->n] = q.lease;
+    run->counts[run->n++] = q.hit_blocks;
+  }
+  return q.hit_blocks == n;
+}
+
+void remote_restore(oi_engine *e, uint64_t nblocks, oi_block_hash (*hash)(uint64_t i),
+                    remote_restore_run *run) {
+  memset(run, 0, sizeof *run);
+  uint64_t t0 = oi__now_ns();
+  bool ok = nblocks > 0 && restore_query(e, 0, 1, hash, run);
+  uint64_t t1 = oi__now_ns();
+  for (uint64_t first = 1; ok && first < nblocks;) {
+    uint64_t n = nblocks - first < MAX_QUERY ? nblocks - first : MAX_QUERY;
+    ok = restore_query(e, first, n, hash, run);
+    first += n;
+  }
+  uint64_t t2 = oi__now_ns();
+  run->first_s = (double)(t1 - t0) / 1e9;
+  run->rest_s = (double)(t2 - t1) / 1e9;
+}
+
+bool remote_restore_load(oi_engine *e, const remote_restore_run *run) {
+  int64_t dst[MAX_QUERY];
+  uint64_t done = 0;
+  for (int i = 0; i < run->n; i++) {
+    for (uint64_t k = 0; k < run->counts[i]; k++)
+      dst[k] = (int64_t)(done + k);
+    oi_ticket *t = NULL;
+    bool ok = oi_engine_load(e, run->leases[i], dst, run->counts[i], NULL, &t) == OI_OK &&
+              oi_ticket_wait(t, 60000) == OI_OK;
+    oi_ticket_release(t);
+    if (!ok) return false;
+    done += run->counts[i];
+  }
+  return done == run->hits;
+}
+
 int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
   memset(r, 0, sizeof *r);
   char addr[2][20], url[64], pool_s[32], listen[2][40];
@@ -537,40 +584,17 @@ int remote_ns_restore(const remote_ns_params *p, remote_ns_result *r) {
     snprintf(r->why, sizeof r->why, "%s", w.why[0] ? w.why : "cannot enter namespace A");
     goto out;
   }
-  /* The restore: node B queries them all and waits for them to come over. */
-  uint64_t hits = 0, t0 = oi__now_ns();
-  oi_lease leases[64];
-  int nl = 0;
-  for (uint64_t first = 0; first < p->nblocks;) {
-    uint64_t n = p->nblocks - first < MAX_QUERY ? p->nblocks - first : MAX_QUERY;
-    oi_block_hash hs[MAX_QUERY];
-    for (uint64_t i = 0; i < n; i++)
-      hs[i] = p->hash(first + i);
-    oi_query_result q = {.struct_size = sizeof q, .wait_ms = 60000};
-    if (oi_engine_query(e[1], NULL, hs, n, OI_QUERY_WAIT_PENDING, &q) != OI_OK) break;
-    hits += q.hit_blocks;
-    if (q.hit_blocks && nl < 64) leases[nl++] = q.lease;
-    if (q.hit_blocks < n) break;
-    first += n;
-  }
-  uint64_t t1 = oi__now_ns();
-  r->restore_s = (double)(t1 - t0) / 1e9;
-  r->restore_gbps = hits == p->nblocks ? (double)bytes / (double)(t1 - t0) : 0;
-  r->fetched = hits;
-  /* Every byte, loaded into B's arena (untimed). */
-  bool ok = hits == p->nblocks;
-  uint64_t done = 0;
-  for (int i = 0; i < nl && ok; i++) {
-    uint64_t n = p->nblocks - done < MAX_QUERY ? p->nblocks - done : MAX_QUERY;
-    int64_t dst[MAX_QUERY];
-    for (uint64_t k = 0; k < n; k++)
-      dst[k] = (int64_t)(done + k);
-    oi_ticket *t = NULL;
-    ok = oi_engine_load(e[1], leases[i], dst, n, NULL, &t) == OI_OK &&
-         oi_ticket_wait(t, 60000) == OI_OK;
-    oi_ticket_release(t);
-    done += n;
-  }
+  /* The restore: node B queries them all and waits for them to come over;
+   * then every byte, loaded into B's arena (untimed). */
+  remote_restore_run run;
+  remote_restore(e[1], p->nblocks, p->hash, &run);
+  r->fetched = run.hits;
+  r->first_fetch_s = run.first_s;
+  r->restore_s = run.rest_s;
+  r->restore_gbps = run.hits == p->nblocks && run.rest_s > 0
+                        ? (double)(bytes - p->block) / (run.rest_s * 1e9)
+                        : 0;
+  bool ok = run.hits == p->nblocks && remote_restore_load(e[1], &run);
   r->verified = ok && memcmp(mem[0], mem[1], bytes) == 0;
   /* The baseline, a thread in each namespace. */
   if (remote_stream_baseline(0, 1, addr[1], mem[0], bytes, &r->plain_gbps, &r->plain_hot_gbps))

@@ -24,9 +24,30 @@ typedef struct remote_ns_result {
   bool used;     /* the namespaces were made */
   bool verified; /* every byte restored matched */
   uint64_t fetched;
-  double restore_gbps, restore_s, plain_gbps, plain_hot_gbps;
+  double restore_gbps, restore_s, first_fetch_s, plain_gbps, plain_hot_gbps;
   char why[300]; /* when it failed */
 } remote_ns_result;
+
+/* Node B's restore of blocks hash(0..nblocks-1) from node A, by queries
+ * that wait for the fetches (at most 1024 blocks each, the directory's
+ * lookup cap per fetch). Block 0 alone first: the first fetch from a holder
+ * opens the peer connection to it (TCP, the handshake, UCX workers and
+ * endpoints), a one-time cost timed apart as first_s; then the other
+ * blocks, timed as rest_s. Each query's lease and block count in leases
+ * and counts (at most REMOTE_MAX_LEASES). */
+#define REMOTE_MAX_LEASES 65
+typedef struct remote_restore_run {
+  oi_lease leases[REMOTE_MAX_LEASES];
+  uint64_t counts[REMOTE_MAX_LEASES];
+  int n;
+  uint64_t hits;
+  double first_s, rest_s;
+} remote_restore_run;
+void remote_restore(oi_engine *e, uint64_t nblocks, oi_block_hash (*hash)(uint64_t i),
+                    remote_restore_run *run);
+/* Loads what run leased into B's arena, block i into slot i; true when
+ * every load completed. */
+bool remote_restore_load(oi_engine *e, const remote_restore_run *run);
 
 /* Whether this process can run part 1 between namespaces (why not, if not). */
 bool remote_ns_possible(const char *openinfer, char *why, size_t cap);

@@ -227,13 +227,11 @@ bool oi__dir_entry_check(oi_dir *d, const char *key, size_t klen, const char *s,
     oi__dir_reject(d, key, "does not parse as '<node> <epoch> <expiry> <mac>'");
     return false;
   }
-  /* The MAC over the fields as parsed (so the one a good node computed
-   * when it wrote them), then the expiry. */
-  char fields[OI_DIR_NODE_ID_MAX + 48];
-  int n = snprintf(fields, sizeof fields, "%s %" PRIu64 " %" PRIu64, out->node_id, out->epoch,
-                   out->expiry_ms);
+  /* The MAC over the fields as they were written (a good node wrote them
+   * once, canonically: what parses from bytes it MACed is what it meant),
+   * then the expiry. */
   uint8_t mac[OI_DIR_MAC_LEN];
-  oi__dir_mac(d, OI_DIR_TAG_BLOCK, key, klen, fields, (size_t)n, mac);
+  oi__dir_mac(d, OI_DIR_TAG_BLOCK, key, klen, s, len - 2 * OI_DIR_MAC_LEN - 1, mac);
   if (!oi__ct_equal(mac, out->mac, OI_DIR_MAC_LEN)) {
     oi__dir_reject(d, key, "fails its MAC");
     return false;

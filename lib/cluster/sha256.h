@@ -3,6 +3,7 @@
 #ifndef OI_CLUSTER_SHA256_H
 #define OI_CLUSTER_SHA256_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,6 +16,11 @@ typedef struct oi_sha256 {
   uint8_t buf[OI_SHA256_BLOCK];
   size_t fill;
 } oi_sha256;
+
+/* Whether the compression function runs on the CPU's SHA extensions.
+ * force: -1 asks; 0 makes it use the portable code; 1 the extensions when
+ * the CPU has them (the tests compare the two). */
+bool oi__sha256_accelerated(int force);
 
 void oi__sha256_init(oi_sha256 *s);
 void oi__sha256_update(oi_sha256 *s, const void *data, size_t len);

@@ -140,7 +140,7 @@ static double secs_since(uint64_t t0) { return (double)(oi__now_ns() - t0) / 1e9
 
 /* ---- tests ---- */
 
-static void test_sha256_vectors(void) {
+static void sha256_vectors_once(void) {
   struct {
     const char *msg, *want;
   } v[] = {
@@ -197,6 +197,32 @@ static void test_sha256_vectors(void) {
     CHECK(strcmp(h, hm[i].want) == 0);
   }
   CHECK(oi__ct_equal("abcd", "abcd", 4) && !oi__ct_equal("abcd", "abce", 4));
+}
+
+/* The vectors on the portable code and, where the CPU has them, on its
+ * SHA extensions; then both on pseudo-random messages of every length up
+ * to three blocks and more, digest for digest. */
+static void test_sha256_vectors(void) {
+  oi__sha256_accelerated(0);
+  CHECK(!oi__sha256_accelerated(-1));
+  sha256_vectors_once();
+  bool ni = oi__sha256_accelerated(1);
+  fprintf(stderr, "  sha256: the CPU's SHA extensions %s\n", ni ? "used" : "absent (portable only)");
+  if (!ni) return;
+  sha256_vectors_once();
+  uint8_t msg[300], a[32], b[32];
+  uint64_t x = 88172645463325252ull;
+  for (size_t i = 0; i < sizeof msg; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    msg[i] = (uint8_t)x;
+  }
+  for (size_t len = 0; len <= sizeof msg; len++) {
+    oi__sha256_accelerated(0);
+    oi__sha256(msg, len, a);
+    oi__sha256_accelerated(1);
+    oi__sha256(msg, len, b);
+    CHECK(memcmp(a, b, 32) == 0);
+  }
 }
 
 static void test_options_refused(void) {

@@ -48,7 +48,8 @@ static void serve_usage(FILE *f) {
       "  --disk-size SIZE    disk tier capacity, all directories together (e.g. 500G)\n"
       "  --cluster URL       join a cluster (docs/cluster.md): publish this node's blocks\n"
       "                      in the Redis directory at URL (redis://HOST:PORT, or a\n"
-      "                      Redis Cluster: redis+cluster://HOST:PORT[,HOST:PORT...])\n"
+      "                      Redis Cluster: redis+cluster://HOST:PORT[,HOST:PORT...];\n"
+      "                      rediss:// and rediss+cluster:// over TLS)\n"
       "                      and fetch what other nodes hold. With --node-id and\n"
       "                      --cluster-secret\n"
       "  --node-id ID        this node's id in the cluster ([A-Za-z0-9._-], at most 64)\n"
@@ -58,6 +59,10 @@ static void serve_usage(FILE *f) {
       "  --redis-auth-file F Redis AUTH: a file (mode 0600) of lines user=NAME (optional)\n"
       "                      and password=SECRET (default: OI_REDIS_USER and\n"
       "                      OI_REDIS_PASSWORD from the environment, if set)\n"
+      "  --redis-tls-ca F    TLS to Redis (rediss://): the CA file (PEM) that signs its\n"
+      "                      certificate (default: the system's trusted CAs)\n"
+      "  --redis-tls-cert F  this node's certificate (PEM), for a Redis that asks\n"
+      "                      clients for one; with --redis-tls-key F (mode 0600)\n"
       "  --listen IP:PORT    where peers connect, with --cluster (required): an address\n"
       "                      of this host the other nodes reach (port 0: a free one;\n"
       "                      127.0.0.1:PORT only for a cluster on this host)\n"
@@ -147,6 +152,9 @@ static bool parse_level(const char *s, int32_t *out) {
   return false;
 }
 
+/* Long options without a short letter. */
+enum { OPT_TLS_CA = 256, OPT_TLS_CERT, OPT_TLS_KEY };
+
 int cmd_serve(int argc, char **argv) {
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, 's'},
@@ -171,6 +179,9 @@ int cmd_serve(int argc, char **argv) {
       {"cluster-secret", required_argument, NULL, 'K'},
       {"cluster-name", required_argument, NULL, 'G'},
       {"redis-auth-file", required_argument, NULL, 'U'},
+      {"redis-tls-ca", required_argument, NULL, OPT_TLS_CA},
+      {"redis-tls-cert", required_argument, NULL, OPT_TLS_CERT},
+      {"redis-tls-key", required_argument, NULL, OPT_TLS_KEY},
       {"listen", required_argument, NULL, 'L'},
       {"advertise", required_argument, NULL, 'A'},
       {NULL, 0, NULL, 0},
@@ -306,6 +317,9 @@ int cmd_serve(int argc, char **argv) {
     case 'K': co.secret_file = optarg; break;
     case 'G': co.cluster_name = optarg; break;
     case 'U': co.redis_auth_file = optarg; break;
+    case OPT_TLS_CA: co.redis_tls_ca_file = optarg; break;
+    case OPT_TLS_CERT: co.redis_tls_cert_file = optarg; break;
+    case OPT_TLS_KEY: co.redis_tls_key_file = optarg; break;
     case 'L': co.listen_addr = optarg; break;
     case 'A': co.advertise_addr = optarg; break;
     case 'h': serve_usage(stdout); return CLI_OK;
@@ -335,10 +349,11 @@ int cmd_serve(int argc, char **argv) {
   }
 
   if ((co.node_id || co.secret_file || co.advertise_addr || co.listen_addr || co.cluster_name ||
-       co.redis_auth_file) &&
+       co.redis_auth_file || co.redis_tls_ca_file || co.redis_tls_cert_file ||
+       co.redis_tls_key_file) &&
       !co.redis_url) {
     fprintf(stderr, "openinfer serve: --node-id, --cluster-secret, --listen, --advertise, "
-                    "--cluster-name and --redis-auth-file need --cluster\n");
+                    "--cluster-name, --redis-auth-file and --redis-tls-* need --cluster\n");
     free(disk_list);
     return CLI_USAGE;
   }

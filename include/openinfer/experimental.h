@@ -147,6 +147,14 @@ typedef struct oi_host_cluster_options {
   const char *redis_auth_file; /* Redis AUTH: a file (owned by this user, mode 0600) of lines
                                   user=NAME (optional) and password=SECRET; NULL: the
                                   environment's OI_REDIS_USER and OI_REDIS_PASSWORD, if set */
+  /* ---- appended: TLS to Redis, for a rediss:// or rediss+cluster:// url
+   * (files given with another url are refused) ---- */
+  const char *redis_tls_ca_file;   /* PEM: the CA that signs Redis's certificate (NULL: the
+                                      system's trusted CAs); the certificate must name the
+                                      host or IP the node dials */
+  const char *redis_tls_cert_file; /* PEM: this node's certificate, for a Redis that asks
+                                      clients for one (tls-auth-clients); with its key */
+  const char *redis_tls_key_file;  /* PEM: its key (owned by this user, mode 0600) */
 } oi_host_cluster_options;
 
 typedef struct oi_host_cluster_stats {

@@ -29,7 +29,8 @@ void oi__dir_options_init(oi_dir_options *o) {
   memset(o, 0, sizeof *o);
 }
 
-oi_status oi__dir_check(const char *url, const char *node_id) {
+oi_status oi__dir_check(const oi_dir_options *o) {
+  const char *url = o->url, *node_id = o->node_id;
   if (!url || !url[0])
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "directory: no url (redis://HOST[:PORT][/DB] or unix:/PATH)");
@@ -40,8 +41,29 @@ oi_status oi__dir_check(const char *url, const char *node_id) {
   oi_dir *d = oi__calloc(1, sizeof *d);
   if (!d) return oi__fail(OI_ERR_OUT_OF_MEMORY, "directory: out of memory");
   oi_status st = oi__dir_parse_url(d, url);
+  if (st == OI_OK) st = oi__dir_tls_open(d, o);
+  oi__redis_tls_destroy(d->tls_ctx);
   oi__free(d);
   return st;
+}
+
+/* The TLS context of a rediss url (its files loaded and checked); files
+ * given for a url without TLS are refused, not ignored. */
+oi_status oi__dir_tls_open(oi_dir *d, const oi_dir_options *opts) {
+  bool files = opts->tls_ca_file || opts->tls_cert_file || opts->tls_key_file;
+  if (!d->tls && files)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "directory url %s: TLS files were given but the url asks for no TLS (give "
+                    "rediss://... or rediss+cluster://...)",
+                    opts->url);
+  if (d->tls && d->unix_path[0])
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "directory url %s: TLS over a Unix socket is not "
+                    "supported",
+                    opts->url);
+  return d->tls ? oi__redis_tls_create(opts->tls_ca_file, opts->tls_cert_file, opts->tls_key_file,
+                                       &d->tls_ctx)
+                : OI_OK;
 }
 
 oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
@@ -80,12 +102,14 @@ oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
   d->o = *opts;
   d->o.secret = NULL; /* only the keyed state is kept */
   d->o.user = d->o.password = d->o.cluster_name = NULL;
+  d->o.tls_ca_file = d->o.tls_cert_file = d->o.tls_key_file = NULL; /* loaded at open */
   memcpy(d->prefix, prefix, sizeof prefix);
   oi__hmac_sha256_init(&d->mac0, opts->secret, opts->secret_len);
   if (!d->o.block_ttl_ms) d->o.block_ttl_ms = OI_DIR_BLOCK_TTL_MS;
   if (!d->o.node_ttl_ms) d->o.node_ttl_ms = OI_DIR_NODE_TTL_MS;
   if (!d->o.timeout_ms) d->o.timeout_ms = OI_DIR_TIMEOUT_MS;
   oi_status st = oi__dir_parse_url(d, opts->url);
+  if (st == OI_OK) st = oi__dir_tls_open(d, opts);
   if (st != OI_OK) {
     oi__free(d);
     return st;
@@ -99,6 +123,7 @@ oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
   if (!d->url || !d->node_id ||
       (auth && (!d->password || (opts->user && opts->user[0] && !d->user)))) {
     free_auth(d);
+    oi__redis_tls_destroy(d->tls_ctx);
     oi__free(d->url);
     oi__free(d->node_id);
     oi__free(d);
@@ -122,16 +147,18 @@ oi_status oi__dir_open(const oi_dir_options *opts, oi_dir **out) {
   if (!ok && atomic_load(&d->auth_refused)) { /* not a Redis down: the operator's to fix */
     char e[OI_DIR_ERROR_TEXT];
     memcpy(e, d->last_error, sizeof e);
+    bool d_tls = d->tls;
     oi__dir_close(d);
-    return oi__fail(OI_ERR_PERMISSION,
-                    "directory %s: %s (the user and password come from the Redis auth file, "
-                    "or OI_REDIS_USER and OI_REDIS_PASSWORD)",
-                    opts->url, e);
+    return oi__fail(OI_ERR_PERMISSION, "directory %s: %s (%s)", opts->url, e,
+                    d_tls ? "TLS: the CA, certificate and key files; AUTH: the Redis auth file, "
+                            "or OI_REDIS_USER and OI_REDIS_PASSWORD"
+                          : "the user and password come from the Redis auth file, or "
+                            "OI_REDIS_USER and OI_REDIS_PASSWORD");
   }
   if (ok)
     OI_LOG(OI_LOG_INFO, "cluster",
-           "directory %s: connected as node '%s' epoch %" PRIu64 " (keys %s*%s)", d->url,
-           d->node_id, d->o.epoch, d->prefix, d->password ? ", AUTH" : "");
+           "directory %s: connected as node '%s' epoch %" PRIu64 " (keys %s*%s%s)", d->url,
+           d->node_id, d->o.epoch, d->prefix, d->password ? ", AUTH" : "", d->tls ? ", TLS" : "");
   else
     OI_LOG(OI_LOG_WARN, "cluster",
            "directory %s unreachable at open (%s); degraded (local only), reconnecting in the "
@@ -168,6 +195,7 @@ void oi__dir_close(oi_dir *d) {
   oi__dir_side_free(&d->bs);
   oi__dir_side_free(&d->ss);
   oi__dir_sigpipe_restore(&g);
+  oi__redis_tls_destroy(d->tls_ctx); /* after its connections */
   pthread_cond_destroy(&d->cv);
   pthread_cond_destroy(&d->done_cv);
   pthread_mutex_destroy(&d->lock);

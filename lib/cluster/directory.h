@@ -77,7 +77,8 @@ typedef struct oi_dir_options {
   /* "redis://HOST[:PORT][/DB]" (PORT 6379 when absent, DB 0; an IPv6 HOST in
    * brackets), "unix:/PATH[?db=DB]", or a Redis Cluster:
    * "redis+cluster://HOST[:PORT][,HOST[:PORT]...]" (up to 16 addresses of
-   * its nodes, tried in order to read the slot map; database 0). */
+   * its nodes, tried in order to read the slot map; database 0); over TLS,
+   * "rediss://..." and "rediss+cluster://...". */
   const char *url;
   const char *node_id;   /* [A-Za-z0-9._-]{1,64}, unique in the cluster */
   uint64_t epoch;        /* the node's incarnation (changes at each start) */
@@ -104,6 +105,13 @@ typedef struct oi_dir_options {
    * oi__dir_auth_load. */
   const char *user;
   const char *password;
+  /* TLS (a rediss:// or rediss+cluster:// url): the CA that signs Redis's
+   * certificate (PEM; NULL: the system's trusted CAs), and this node's
+   * certificate and key (PEM, both or neither) for a Redis that asks
+   * clients for one (tls-auth-clients). Ignored without TLS. */
+  const char *tls_ca_file;
+  const char *tls_cert_file;
+  const char *tls_key_file;
 } oi_dir_options;
 
 typedef struct oi_dir_stats {
@@ -133,10 +141,11 @@ typedef struct oi_dir_stats {
 
 void oi__dir_options_init(oi_dir_options *o);
 
-/* Checks a directory URL and node id as oi__dir_open would, without
- * connecting.
- * @return OI_ERR_INVALID_ARGUMENT naming what is wrong. */
-oi_status oi__dir_check(const char *url, const char *node_id);
+/* Checks a directory URL, node id and TLS files (tls_* of the options) as
+ * oi__dir_open would, without connecting.
+ * @return OI_ERR_INVALID_ARGUMENT (or OI_ERR_NOT_FOUND, OI_ERR_PERMISSION
+ * for a TLS file) naming what is wrong. */
+oi_status oi__dir_check(const oi_dir_options *o);
 /* Validates the options (OI_ERR_INVALID_ARGUMENT with what is wrong), then
  * connects with timeout_ms. A Redis that cannot be reached is not an error:
  * the directory opens degraded (logged) and the background thread keeps

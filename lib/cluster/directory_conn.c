@@ -74,13 +74,21 @@ static struct timeval ms_tv(uint32_t ms) {
   return tv;
 }
 
-/* A connection to host:port (port 0: the socket path `host`) with the
- * timeouts set and the database selected; NULL with the reason in err.
+/* A connection to host:port (port 0: the socket path `host`; over TLS with
+ * a rediss url) with the timeouts set, AUTH given and the database
+ * selected; NULL with the reason in err.
  * SIGPIPE must be blocked. */
 redisContext *oi__dir_connect(oi_dir *d, const char *host, int port, char *err, size_t cap) {
   struct timeval tv = ms_tv(d->o.timeout_ms);
-  redisContext *c =
-      port ? redisConnectWithTimeout(host, port, tv) : redisConnectUnixWithTimeout(host, tv);
+  redisContext *c;
+  if (d->tls) {
+    bool refused = false;
+    c = oi__redis_tls_connect(d->tls_ctx, host, port, d->o.timeout_ms, &refused, err, cap);
+    atomic_store(&d->auth_refused, refused);
+    if (!c) return NULL;
+  } else {
+    c = port ? redisConnectWithTimeout(host, port, tv) : redisConnectUnixWithTimeout(host, tv);
+  }
   if (!c) {
     errf(err, cap, "connect: out of memory");
     return NULL;

@@ -386,20 +386,24 @@ static oi_status no_credentials(const char *url) {
                   at ? at : url);
 }
 
+/* url starts "redis" ("rediss" with tls) and then tail: *rest after it. */
+static bool scheme_is(const char *url, bool tls, const char *tail, const char **rest) {
+  size_t k = tls ? 6 : 5, t = strlen(tail);
+  if (strncmp(url, tls ? "rediss" : "redis", k) != 0 || strncmp(url + k, tail, t) != 0)
+    return false;
+  *rest = url + k + t;
+  return true;
+}
+
 /* "redis://HOST[:PORT][/DB]", "unix:/PATH[?db=DB]" or
- * "redis+cluster://HOST[:PORT][,HOST[:PORT]...]" into d. */
+ * "redis+cluster://HOST[:PORT][,HOST[:PORT]...]" into d; "rediss" for
+ * "redis": the same over TLS. */
 oi_status oi__dir_parse_url(oi_dir *d, const char *url) {
   static const char help[] = "expected redis://HOST[:PORT][/DB], unix:/PATH[?db=DB] or "
-                             "redis+cluster://HOST[:PORT][,HOST[:PORT]...]";
+                             "redis+cluster://HOST[:PORT][,HOST[:PORT]...] (rediss:// and "
+                             "rediss+cluster:// over TLS)";
   const char *p;
-  if (strncmp(url, "rediss://", 9) == 0 || strncmp(url, "rediss+cluster://", 17) == 0 ||
-      strncmp(url, "redis+cluster+tls://", 20) == 0)
-    return oi__fail(OI_ERR_UNSUPPORTED,
-                    "directory url %s: TLS to Redis is not supported (this build's hiredis "
-                    "has no SSL support); reach Redis through a TLS tunnel (stunnel, spiped, "
-                    "ssh -L) on a local address and give redis://127.0.0.1:PORT, or keep Redis "
-                    "on a private network (docs/cluster.md)",
-                    strncmp(url, "rediss://", 9) == 0 ? "rediss://..." : "rediss+cluster://...");
+  d->tls = strncmp(url, "rediss", 6) == 0;
   if (strncmp(url, "unix:", 5) == 0) {
     p = url + 5;
     const char *q = strchr(p, '?');
@@ -424,9 +428,8 @@ oi_status oi__dir_parse_url(oi_dir *d, const char *url) {
     }
     return OI_OK;
   }
-  if (strncmp(url, "redis+cluster://", 16) == 0) {
+  if (scheme_is(url, d->tls, "+cluster://", &p)) {
     d->cluster = true;
-    p = url + 16;
     if (strchr(url, '@')) return no_credentials(url);
     for (;;) {
       if (d->n_seeds == SEEDS_MAX)
@@ -447,9 +450,8 @@ oi_status oi__dir_parse_url(oi_dir *d, const char *url) {
                       url, p, help);
     return OI_OK;
   }
-  if (strncmp(url, "redis://", 8) != 0)
+  if (!scheme_is(url, d->tls, "://", &p))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "directory url '%s': unknown scheme (%s)", url, help);
-  p = url + 8;
   if (strchr(url, '@')) return no_credentials(url);
   oi_status st = parse_hostport(url, p, &p, d->host, sizeof d->host, &d->port, help);
   if (st != OI_OK) return st;

@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "cluster/directory.h"
+#include "cluster/redis_tls.h"
 #include "cluster/sha256.h"
 
 #define BACKOFF_MIN_MS 100u
@@ -86,6 +87,8 @@ struct oi_dir {
   oi_dir_options o; /* url and node_id point at the copies below */
   char *url, *node_id;
   bool cluster; /* redis+cluster:// */
+  bool tls;     /* rediss:// or rediss+cluster:// */
+  oi_redis_tls *tls_ctx;
   char host[256];
   int port;
   char unix_path[108];
@@ -101,7 +104,7 @@ struct oi_dir {
   char dropped_key[OI_DIR_NODE_ID_MAX + OI_DIR_PREFIX_MAX + 12]; /* "<prefix>dropped:<node_id>" */
   oi_hmac_sha256 mac0;            /* keyed with the cluster secret; copied for each MAC */
   char *user, *password;          /* Redis AUTH; NULL: none */
-  _Atomic bool auth_refused;      /* the last connect failed at AUTH */
+  _Atomic bool auth_refused;      /* the last connect failed at AUTH or at TLS's certificates */
   _Atomic uint64_t reject_log_ns; /* when a rejected value was last logged */
 
   pthread_mutex_t lock;
@@ -200,6 +203,7 @@ bool oi__dir_node_id_valid(const char *s, size_t len);
 bool oi__dir_addr_valid(const char *s, size_t len);
 bool oi__dir_parse_u64(const char *s, size_t len, uint64_t *out);
 oi_status oi__dir_parse_url(oi_dir *d, const char *url);
+oi_status oi__dir_tls_open(oi_dir *d, const oi_dir_options *opts);
 
 /* ---- directory_conn.c */
 void oi__dir_note_error(oi_dir *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

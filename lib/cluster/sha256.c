@@ -68,7 +68,7 @@ static void compress_portable(uint32_t h[8], const uint8_t *p) {
  * next words to W[t-16], the alignr brings in W[t-7], sha256msg2 adds
  * sigma1), two rounds per sha256rnds2. */
 __attribute__((target("sha,sse4.1,ssse3"))) static void compress_ni(uint32_t h[8],
-                                                                      const uint8_t *p) {
+                                                                    const uint8_t *p) {
   const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bll, 0x0405060700010203ll);
   __m128i dcba = _mm_loadu_si128((const __m128i *)&h[0]);
   __m128i hgfe = _mm_loadu_si128((const __m128i *)&h[4]);
@@ -126,7 +126,8 @@ static void compress(uint32_t h[8], const uint8_t *p) {
 
 bool oi__sha256_accelerated(int force) {
 #ifdef OI_SHA_NI
-  if (force >= 0) __atomic_store_n(&g_use_ni, force && cpu_has_sha_ni(), __ATOMIC_RELAXED);
+  if (force >= 0)
+    __atomic_store_n(&g_use_ni, force && cpu_has_sha_ni(), __ATOMIC_RELAXED);
   else if (__atomic_load_n(&g_use_ni, __ATOMIC_RELAXED) < 0)
     __atomic_store_n(&g_use_ni, (int)cpu_has_sha_ni(), __ATOMIC_RELAXED);
   return __atomic_load_n(&g_use_ni, __ATOMIC_RELAXED) == 1;

@@ -247,7 +247,14 @@ static oi_status check_options(const oi_host_cluster_options *o, const char *who
                     : !o->listen_addr ? "listen_addr: the IP:PORT other nodes reach this one at"
                                       : "secret_file");
   char why[256]; /* oi_last_error() copied: oi__fail writes where it reads */
-  oi_status st = oi__dir_check(o->redis_url, o->node_id);
+  oi_dir_options dopt;
+  oi__dir_options_init(&dopt);
+  dopt.url = o->redis_url;
+  dopt.node_id = o->node_id;
+  dopt.tls_ca_file = o->redis_tls_ca_file;
+  dopt.tls_cert_file = o->redis_tls_cert_file;
+  dopt.tls_key_file = o->redis_tls_key_file;
+  oi_status st = oi__dir_check(&dopt);
   if (st != OI_OK) {
     snprintf(why, sizeof why, "%s", oi_last_error());
     return oi__fail(st, "%s: %s", who, why);
@@ -363,6 +370,9 @@ OI_API oi_status oi_host_attach_cluster(oi_host *h, const oi_host_cluster_option
   dopt.cluster_name = opts.cluster_name;
   dopt.user = redis_user;
   dopt.password = redis_password;
+  dopt.tls_ca_file = opts.redis_tls_ca_file;
+  dopt.tls_cert_file = opts.redis_tls_cert_file;
+  dopt.tls_key_file = opts.redis_tls_key_file;
   dopt.epoch = oi__now_ns() ^ ((uint64_t)getpid() << 40);
   dopt.on_reconnect = on_reconnect;
   dopt.on_reconnect_ctx = t;

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -61,22 +62,25 @@ static inline redisContext *raw(int port) {
   return c;
 }
 
-/* Starts redis-server on `port` (with `password`: --requirepass) and waits
- * until it answers PING (after AUTH, with a password). */
-static inline pid_t redis_start_auth(int port, const char *password) {
+/* Starts redis-server on `port` (with `password`: --requirepass; and the
+ * arguments in `extra`, NULL-ended, when not NULL) and waits until it
+ * answers PING there. */
+static inline pid_t redis_start_ex(int port, const char *password, const char *const *extra) {
   char p[16];
   snprintf(p, sizeof p, "%d", port);
+  const char *argv[48] = {"redis-server", "--port", p,           "--save",      "",  "--appendonly",
+                          "no",           "--bind", "127.0.0.1", "--daemonize", "no"};
+  int n = 11;
+  if (password) argv[n++] = "--requirepass", argv[n++] = password;
+  for (int i = 0; extra && extra[i] && n < 47; i++)
+    argv[n++] = extra[i];
+  argv[n] = NULL;
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     freopen("/dev/null", "w", stdout);
-    if (password)
-      execlp("redis-server", "redis-server", "--port", p, "--save", "", "--appendonly", "no",
-             "--bind", "127.0.0.1", "--daemonize", "no", "--requirepass", password, (char *)NULL);
-    else
-      execlp("redis-server", "redis-server", "--port", p, "--save", "", "--appendonly", "no",
-             "--bind", "127.0.0.1", "--daemonize", "no", (char *)NULL);
+    execvp("redis-server", (char *const *)argv);
     _exit(127);
   }
   for (int i = 0; i < 500; i++) {
@@ -94,12 +98,76 @@ static inline pid_t redis_start_auth(int port, const char *password) {
       redisFree(c);
       if (ok) return pid;
     }
+    if (waitpid(pid, NULL, WNOHANG) == pid) {
+      fprintf(stderr, "redis-server on port %d exited at start\n", port);
+      exit(1);
+    }
     sleep_ms(10);
   }
   fprintf(stderr, "redis-server on port %d did not answer PING within 5 s\n", port);
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
   exit(1);
+}
+
+static inline pid_t redis_start_auth(int port, const char *password) {
+  return redis_start_ex(port, password, NULL);
+}
+
+/* ---- TLS: certificates made with the openssl command ---- */
+
+/* In dir: a CA (ca.crt, ca.key), a server certificate for IP `server_ip`
+ * and 127.0.0.1 signed by it (server.crt, server.key), a client certificate
+ * signed by it (client.crt, client.key), and a CA nobody used
+ * (other-ca.crt). Keys mode 0600. false when the openssl command failed. */
+static inline bool tls_make_certs(const char *dir, const char *server_ip) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "set -e; cd '%s'; umask 077; k='-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes';"
+           "openssl req -x509 $k -keyout ca.key -out ca.crt -days 2 -subj '/CN=test ca';"
+           "openssl req -x509 $k -keyout other-ca.key -out other-ca.crt -days 2 -subj '/CN=other';"
+           "openssl req $k -keyout server.key -out server.csr -subj '/CN=redis';"
+           "printf 'subjectAltName=IP:%s,IP:127.0.0.1\\n' > server.ext;"
+           "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+           "-out server.crt -days 2 -extfile server.ext;"
+           "openssl req $k -keyout client.key -out client.csr -subj '/CN=node';"
+           "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+           "-out client.crt -days 2;"
+           "chmod 644 ca.crt other-ca.crt server.crt client.crt",
+           dir, server_ip);
+  char full[2200];
+  snprintf(full, sizeof full, "(%s) >/dev/null 2>&1", cmd);
+  return system(full) == 0;
+}
+
+/* The redis-server arguments for a TLS port with dir's certificates;
+ * auth_clients: Redis asks clients for a certificate. Static storage. */
+static inline const char *const *redis_tls_args(const char *dir, int tls_port, bool auth_clients) {
+  static char port[16], cert[300], key[300], ca[300];
+  static const char *args[12];
+  snprintf(port, sizeof port, "%d", tls_port);
+  snprintf(cert, sizeof cert, "%s/server.crt", dir);
+  snprintf(key, sizeof key, "%s/server.key", dir);
+  snprintf(ca, sizeof ca, "%s/ca.crt", dir);
+  const char *a[] = {"--tls-port",
+                     port,
+                     "--tls-cert-file",
+                     cert,
+                     "--tls-key-file",
+                     key,
+                     "--tls-ca-cert-file",
+                     ca,
+                     "--tls-auth-clients",
+                     auth_clients ? "yes" : "no",
+                     NULL};
+  memcpy(args, a, sizeof a);
+  return args;
+}
+
+/* Whether this redis-server speaks TLS (built with it: its binary knows
+ * the option). */
+static inline bool redis_has_tls(void) {
+  return system("grep -q tls-cert-file \"$(command -v redis-server)\" 2>/dev/null") == 0;
 }
 
 static inline pid_t redis_start(int port) { return redis_start_auth(port, NULL); }

@@ -207,7 +207,8 @@ static void test_sha256_vectors(void) {
   CHECK(!oi__sha256_accelerated(-1));
   sha256_vectors_once();
   bool ni = oi__sha256_accelerated(1);
-  fprintf(stderr, "  sha256: the CPU's SHA extensions %s\n", ni ? "used" : "absent (portable only)");
+  fprintf(stderr, "  sha256: the CPU's SHA extensions %s\n",
+          ni ? "used" : "absent (portable only)");
   if (!ni) return;
   sha256_vectors_once();
   uint8_t msg[300], a[32], b[32];

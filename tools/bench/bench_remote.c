@@ -397,7 +397,8 @@ int bench_remote(int argc, char **argv) {
   double ratio = plain_gbps > 0 ? restore_gbps / plain_gbps : 0;
   if (json) {
     printf("{\"bench\":\"remote\",\"blocks\":%llu,\"block_bytes\":%llu,\"restore_gbps\":%.4f,"
-           "\"restore_s\":%.4f,\"first_fetch_ms\":%.3f,\"plain_stream_gbps\":%.4f,\"plain_stream_cached_gbps\":%.4f,"
+           "\"restore_s\":%.4f,\"first_fetch_ms\":%.3f,\"plain_stream_gbps\":%.4f,\"plain_stream_"
+           "cached_gbps\":%.4f,"
            "\"ratio\":%.4f,\"verified\":%s,"
            "\"lookup64_p50_us\":%.2f,\"lookup64_p99_us\":%.2f,\"lookup64_found\":%zu,"
            "\"evict_ns_per_block_cluster\":%.1f,"
@@ -405,8 +406,8 @@ int bench_remote(int argc, char **argv) {
            "\"remote_blocks\":%llu,\"remote_failed\":%llu,\"served_blocks\":%llu,"
            "\"netns\":%s}\n",
            (unsigned long long)nblocks, (unsigned long long)block, restore_gbps, restore_s,
-           first_fetch_s * 1e3, plain_gbps, plain_hot_gbps, ratio, verified ? "true" : "false", lookup_p50, lookup_p99,
-           lookup_found, evict_with_ns, evict_without_ns, withdraw_ns,
+           first_fetch_s * 1e3, plain_gbps, plain_hot_gbps, ratio, verified ? "true" : "false",
+           lookup_p50, lookup_p99, lookup_found, evict_with_ns, evict_without_ns, withdraw_ns,
            (unsigned long long)(netns ? nsr.fetched : sb.remote_blocks),
            (unsigned long long)sb.remote_failed, (unsigned long long)sa.served_blocks,
            netns ? "true" : "false");

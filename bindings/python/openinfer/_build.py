@@ -508,6 +508,9 @@ typedef struct oi_host_cluster_options {
   const char *secret_file;
   const char *cluster_name;
   const char *redis_auth_file;
+  const char *redis_tls_ca_file;
+  const char *redis_tls_cert_file;
+  const char *redis_tls_key_file;
 } oi_host_cluster_options;
 typedef struct oi_host_cluster_stats {
   uint32_t struct_size;

@@ -19,6 +19,12 @@
  *  then random saves and queries on random nodes against a reference model:
  *  every hit byte-exact, every block saved on a live node eventually hits
  *  on every node.
+ * The nodes reach Redis as an operator who guards it would have them:
+ * over TLS (rediss://, a CA and a client certificate made here with the
+ * openssl command, Redis asking clients for one) with AUTH (a password
+ * from --redis-auth-file); the test's own look at Redis goes through a
+ * plain port with the password. Without the openssl command or a Redis
+ * built with TLS, the nodes use plain TCP with AUTH (said in the output).
  * Needs CAP_NET_ADMIN and `ip` for the namespaces; without them every node
  * runs on 127.0.0.1 (said in the output), and a stopped server (SIGSTOP)
  * stands in for the link taken down (OI_NETNS_LOOPBACK=1 forces that mode).
@@ -43,7 +49,11 @@ static char g_addr[NODES + 1][32];
 static int g_subnet[2];
 static char g_dir[40];
 static char g_secret[256], g_other_secret[256];
-static int g_redis_port;
+static int g_redis_port;       /* the nodes' (TLS where g_tls) */
+static int g_redis_plain_port; /* the test's own look (with the password) */
+static bool g_tls;
+static char g_auth_file[64];
+#define REDIS_PASSWORD "netns-redis-password"
 static pid_t g_redis;
 static redisContext *g_rc;
 static const char *g_exe;
@@ -219,7 +229,7 @@ static redisContext *redis_connect(void) {
     close(fd);
   }
   struct timeval tv = {1, 0};
-  redisContext *c = redisConnectWithTimeout(redis_addr(), g_redis_port, tv);
+  redisContext *c = redisConnectWithTimeout(redis_addr(), g_redis_plain_port, tv);
   if (self >= 0) {
     REQUIRE(setns(self, CLONE_NEWNET) == 0);
     close(self);
@@ -228,13 +238,23 @@ static redisContext *redis_connect(void) {
     redisFree(c);
     c = NULL;
   }
-  if (c) redisSetTimeout(c, tv);
+  if (c) {
+    redisSetTimeout(c, tv);
+    redisReply *r = redisCommand(c, "AUTH %s", REDIS_PASSWORD);
+    bool ok = r && r->type == REDIS_REPLY_STATUS;
+    if (r) freeReplyObject(r);
+    if (!ok) {
+      redisFree(c);
+      c = NULL;
+    }
+  }
   return c;
 }
 
 static void redis_up(void) {
   char port[16];
-  snprintf(port, sizeof port, "%d", g_redis_port);
+  snprintf(port, sizeof port, "%d", g_redis_plain_port);
+  const char *const *tls = g_tls ? redis_tls_args(g_dir, g_redis_port, true) : NULL;
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -243,8 +263,24 @@ static void redis_up(void) {
     int fd = open("/dev/null", O_WRONLY);
     if (fd >= 0) dup2(fd, 1);
     /* (protected mode refuses clients off loopback; the namespaces are private) */
-    execlp("redis-server", "redis-server", "--port", port, "--bind", redis_addr(), "--save", "",
-           "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no", (char *)NULL);
+    const char *argv[32] = {"redis-server",
+                            "--port",
+                            port,
+                            "--bind",
+                            redis_addr(),
+                            "--save",
+                            "",
+                            "--appendonly",
+                            "no",
+                            "--daemonize",
+                            "no",
+                            "--protected-mode",
+                            "no",
+                            "--requirepass",
+                            REDIS_PASSWORD};
+    for (int i = 0; tls && tls[i]; i++)
+      argv[15 + i] = tls[i];
+    execvp("redis-server", (char *const *)argv);
     _exit(127);
   }
   g_redis = pid;
@@ -279,8 +315,11 @@ static bool node_start(int k, const char *secret) {
   snprintf(ts->dir, sizeof ts->dir, "%s", g_dir);
   snprintf(ts->socket, sizeof ts->socket, "%s/node%d.sock", g_dir, k);
   snprintf(ts->log, sizeof ts->log, "%s/node%d-%d.log", g_dir, k, generation++);
-  char url[96], listen[64];
-  snprintf(url, sizeof url, "redis://%s:%d", redis_addr(), g_redis_port);
+  char url[96], listen[64], ca[128], cert[128], key[128];
+  snprintf(url, sizeof url, "%s://%s:%d", g_tls ? "rediss" : "redis", redis_addr(), g_redis_port);
+  snprintf(ca, sizeof ca, "%s/ca.crt", g_dir);
+  snprintf(cert, sizeof cert, "%s/client.crt", g_dir);
+  snprintf(key, sizeof key, "%s/client.key", g_dir);
   snprintf(listen, sizeof listen, "%s:0", node_addr(k));
   pid_t pid = fork();
   REQUIRE(pid >= 0);
@@ -310,9 +349,26 @@ static bool node_start(int k, const char *secret) {
                           secret,
                           "--listen",
                           listen,
+                          "--redis-auth-file",
+                          g_auth_file,
                           k == 2 ? "--metrics-addr" : "--no-metrics",
                           k == 2 ? "127.0.0.1:0" : NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
                           NULL};
+    if (g_tls) {
+      int a = 0;
+      while (args[a])
+        a++;
+      const char *tls_args[] = {"--redis-tls-ca",  ca, "--redis-tls-cert", cert,
+                                "--redis-tls-key", key};
+      for (int i = 0; i < 6; i++)
+        args[a + i] = tls_args[i];
+    }
     if (!g_netns) {
       execv(g_exe, (char *const *)args);
       _exit(127);
@@ -777,6 +833,15 @@ int main(int argc, char **argv) {
     fprintf(stderr, "NOTE: no network namespaces here (needs CAP_NET_ADMIN and `ip`): every node "
                     "runs on 127.0.0.1, and a stopped server stands in for a link down\n");
   g_redis_port = g_netns ? 6379 : free_port();
+  g_redis_plain_port = g_netns ? 6380 : free_port();
+  snprintf(g_auth_file, sizeof g_auth_file, "%s/redis-auth", g_dir);
+  int afd = open(g_auth_file, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(afd >= 0 && write(afd, "password=" REDIS_PASSWORD "\n", 30) == 30);
+  close(afd);
+  g_tls = on_path("openssl") && redis_has_tls() && tls_make_certs(g_dir, redis_addr());
+  fprintf(stderr, "  the nodes reach Redis %s, with AUTH\n",
+          g_tls ? "over TLS (rediss://, client certificates)"
+                : "over plain TCP (no openssl command or no TLS in this redis-server)");
   redis_up();
   for (int k = 1; k <= 3; k++) {
     REQUIRE(node_start(k, g_secret));

@@ -222,7 +222,7 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
   if (lst) return lst;
   oi_peer_net *net = oi__calloc(1, sizeof(*net));
   if (!net) return oi__fail(OI_ERR_OUT_OF_MEMORY, "peer: no memory for a net");
-  net->efd = net->wakefd = net->epfd = net->lfd = net->lwake = -1;
+  net->efd = net->wakefd = net->epfd = net->lfd = net->lwake = net->spare_efd = -1;
   pthread_mutex_init(&net->lock, NULL);
   oi__cond_init_monotonic(&net->cond);
   net->node_id = oi__strdup(opts->node_id);
@@ -233,6 +233,7 @@ oi_status oi__peer_net_create(const oi_peer_net_options *opts, oi_peer_net **out
   net->on_request = opts->on_request;
   net->on_request_ctx = opts->on_request_ctx;
   net->read_mode = opts->reads;
+  net->no_spare = opts->no_spare_worker;
   if (net->read_mode == OI_PEER_READS_AUTO) {
     const char *e = getenv("OI_PEER_READS");
     if (e && strcmp(e, "rma") == 0)

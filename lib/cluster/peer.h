@@ -83,6 +83,10 @@ typedef struct oi_peer_net_options {
   oi_peer_request_fn on_request; /* NULL: every request is answered OI_ERR_UNSUPPORTED */
   void *on_request_ctx;
   int reads; /* OI_PEER_READS_*: one-sided reads both offered and used, or neither */
+  /* No worker made ahead: each connection makes its own when it is made
+   * (several ms more per connection, on both sides; for tests of a
+   * worker that fails to be made). */
+  bool no_spare_worker;
 } oi_peer_net_options;
 
 typedef struct oi_peer_stats {

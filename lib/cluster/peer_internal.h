@@ -199,6 +199,14 @@ struct oi_peer_net {
   int efd, wakefd, epfd;
   pthread_t thread;
   bool thread_started;
+  /* A worker made ahead by the progress thread while it had nothing else
+   * to do (and its event fd), for the next connection on either side:
+   * making one takes several ms (UCX opens its TCP interfaces), which a
+   * connection's first fetch would otherwise wait for twice (both ends). */
+  ucp_worker_h spare;
+  int spare_efd;
+  uint64_t spare_retry_ns; /* after a failure to make one: not before then */
+  bool no_spare;           /* oi_peer_net_options.no_spare_worker */
 
   /* Registered region (the thread's). */
   ucp_mem_h memh;

@@ -146,10 +146,18 @@ static void link_peer(oi_peer_net *net, oi_peer *p, int state) {
   net->peers = p;
 }
 
-/* p's own worker and its address in o->reply (false: o is ready with the
- * error, p has no worker). */
+/* p's own worker (the spare, when one is made) and its address in
+ * o->reply (false: o is ready with the error, p has no worker). */
 static bool new_worker(oi_peer_net *net, oi_peer *p, op *o) {
-  oi_status st = oi__peer_worker_new(net, &p->worker, &p->efd);
+  oi_status st = OI_OK;
+  if (net->spare) {
+    p->worker = net->spare;
+    p->efd = net->spare_efd;
+    net->spare = NULL;
+    net->spare_efd = -1;
+  } else {
+    st = oi__peer_worker_new(net, &p->worker, &p->efd);
+  }
   if (st) {
     oi__peer_op_ready(o, st, "%s", oi_last_error());
     return false;
@@ -480,6 +488,31 @@ static ucs_status_t arm_all(oi_peer_net *net) {
   return s;
 }
 
+/* With nothing in flight and no spare worker: makes one for the next
+ * connection (a failure is retried after a second; a connection then makes
+ * its own, and says why if that fails too). */
+static void make_spare(oi_peer_net *net) {
+  if (net->no_spare || net->spare || net->active || oi__now_ns() < net->spare_retry_ns) return;
+  pthread_mutex_lock(&net->lock);
+  bool queued = net->queue != NULL;
+  pthread_mutex_unlock(&net->lock);
+  if (queued) return;
+  if (oi__peer_worker_new(net, &net->spare, &net->spare_efd) != OI_OK) {
+    net->spare = NULL;
+    net->spare_efd = -1;
+    net->spare_retry_ns = oi__now_ns() + 1000000000ull;
+    oi_clear_error();
+  }
+}
+
+static void drop_spare(oi_peer_net *net) {
+  if (!net->spare) return;
+  if (net->spare_efd >= 0) epoll_ctl(net->epfd, EPOLL_CTL_DEL, net->spare_efd, NULL);
+  oi__ucx.ucp_worker_destroy(net->spare);
+  net->spare = NULL;
+  net->spare_efd = -1;
+}
+
 static void shutdown_all(oi_peer_net *net) {
   for (op *q = oi__peer_take_queue(net); q;) {
     op *nx = q->next;
@@ -515,6 +548,7 @@ static void shutdown_all(oi_peer_net *net) {
   }
   if (net->active)
     OI_LOG(OI_LOG_ERROR, "peer", "shutdown: operations still pending after %d ms", SHUTDOWN_MS);
+  drop_spare(net);
 }
 
 /* A worker that cannot be armed is polled every millisecond; its error is
@@ -542,6 +576,7 @@ void *oi__peer_progress_main(void *arg) {
     int wait_ms = scan(net);
     oi__peer_reap(net);
     if (busy) continue;
+    make_spare(net);
     ucs_status_t s = arm_all(net);
     if (s == UCS_ERR_BUSY) continue;
     if (s != UCS_OK) {

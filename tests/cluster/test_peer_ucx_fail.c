@@ -251,9 +251,13 @@ static void test_create_fails(void) {
       CHECK(false);
     }
   }
-  /* Nothing was left behind: a net is made and answers. */
-  oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
-  oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 2000);
+  /* Nothing was left behind: a net is made and answers (these two make
+   * each connection's worker when it is made, not ahead). */
+  oi_peer_net_options oa = opts_of("node-a", OI_PEER_READS_AM, 2000),
+                      ob = opts_of("node-b", OI_PEER_READS_AM, 2000);
+  oa.no_spare_worker = ob.no_spare_worker = true;
+  oi_peer_net *a = NULL, *b = NULL;
+  REQUIRE(oi__peer_net_create(&oa, &a) == OI_OK && oi__peer_net_create(&ob, &b) == OI_OK);
   CHECK(echoed(connect_to(b, a), "after"));
   /* A connection's own worker (each side makes one once authenticated)
    * fails at each step: the connect fails naming it, the next one works. */

@@ -204,6 +204,7 @@ void oi__dir_close(oi_dir *d) {
   oi__free(d->q2);
   oi__free(d->advertise);
   oi__free(d->keybuf);
+  oi__free(d->seen);
   oi__free(d->argv);
   oi__free(d->argvlen);
   oi__free(d->found);

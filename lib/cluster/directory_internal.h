@@ -83,6 +83,19 @@ typedef struct side {
 #define NODES_MAX 1024u
 #define REDIRECT_ROUNDS 5
 
+/* A block entry whose MAC was checked, kept by its key so that the same
+ * bytes read again need no second HMAC (oi__dir_entry_check): a lookup of
+ * a hot prefix reads the same entries over and over. Only the exact bytes
+ * that passed are kept, so a value that differs in one byte is checked in
+ * full; the expiry is checked every time. Under sync_lock. */
+#define VERIFIED_SLOTS 4096u
+#define VERIFIED_VALUE_MAX (OI_DIR_NODE_ID_MAX + 2u * 21u + 2u * OI_DIR_MAC_LEN + 1u)
+typedef struct verified {
+  uint16_t klen, vlen; /* 0: empty */
+  char key[OI_DIR_KEY_MAX];
+  char val[VERIFIED_VALUE_MAX];
+} verified;
+
 struct oi_dir {
   oi_dir_options o; /* url and node_id point at the copies below */
   char *url, *node_id;
@@ -132,6 +145,7 @@ struct oi_dir {
   size_t argv_cap, argvlen_cap;
   uint8_t *found;
   size_t found_cap;
+  verified *seen; /* entries whose MAC passed, by key (NULL until the first) */
 
   _Atomic bool connected;
   _Atomic uint64_t generation, reconnects, published, unpublished, unpublish_missed, stale_removed,

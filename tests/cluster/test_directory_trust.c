@@ -3,8 +3,9 @@
  *  - a node with another secret publishes: a good reader believes none of
  *    it (0 hits) and counts every entry it rejects;
  *  - a raw Redis writer forges entries and node records (made up, copied
- *    from another key or another cluster, expired, node records pointing
- *    elsewhere): none believed, each counted; a value signed with the
+ *    from another key or another cluster, expired, a believed record with
+ *    one field edited, node records pointing elsewhere): none believed,
+ *    each counted; a value signed with the
  *    secret as docs/cluster.md describes it (computed here) is believed;
  *  - a good node's own withdrawal still works; a reader's withdrawal
  *    removes only the very record it read;
@@ -154,9 +155,17 @@ static void test_raw_writer(void) {
   dir_sign(SECRET, DIR_TAG_BLOCK, key, "node-b 3", wall_ms() - OI_DIR_CLOCK_SKEW_MS - 5000, expired,
            sizeof expired);
   dir_sign(SECRET, DIR_TAG_NODE, key, "node-b 3", wall_ms() + 600000, wrong_tag, sizeof wrong_tag);
+  /* The good record the reader believed (and keeps, not to check its MAC
+   * again) with one field edited, its MAC kept: the holder, the expiry. */
+  char edited_node[256], edited_expiry[256];
+  snprintf(edited_node, sizeof edited_node, "%s", good_v);
+  edited_node[5] = 'b'; /* "node-a ..." -> "node-b ..." */
+  snprintf(edited_expiry, sizeof edited_expiry, "%s", good_v);
+  char *sp = strchr(strchr(edited_expiry, ' ') + 1, ' ') + 1; /* the expiry's first digit */
+  *sp = *sp == '9' ? '8' : (char)(*sp + 1);
   const char *forged[] = {"node-b 3", /* the format before MACs */
-                          made_up,    other_secret, expired,
-                          wrong_tag,  good_v /* below: on key2 */};
+                          made_up,     other_secret,  expired, wrong_tag,
+                          edited_node, edited_expiry, good_v /* below: on key2 */};
   for (size_t i = 0; i < OI_ARRAY_LEN(forged); i++) {
     bool copied = forged[i] == good_v; /* a good record copied to another key */
     raw_set(copied ? key2 : key, forged[i]);
@@ -168,6 +177,9 @@ static void test_raw_writer(void) {
       oi_test_failures++;
     }
   }
+  /* The good record again: believed (the very bytes checked before). */
+  raw_set(key, good_v);
+  CHECK(hits(r, &k, 1, h) == 1 && strcmp(h[0].node_id, "node-a") == 0 && h[0].epoch == 7);
   /* A record signed as the docs say (computed here, not by the library):
    * believed, and it names what it says. */
   dir_entry(SECRET, key, "node-b", 3, 600000, v, sizeof v);

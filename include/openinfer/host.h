@@ -102,7 +102,9 @@ typedef struct oi_host_stats {
    * link's, from the loads (host -> device), and the disk and cluster
    * tiers', from their promotions (bytes over the time any promotion of the
    * tier was in flight). Each starts at its seed (oi_host_options) and moves
-   * by an EWMA (weight 1/4) per sample; *_samples count the samples taken. */
+   * by an EWMA (weight 1/4) per sample of 1 MiB or more (a smaller one
+   * measures a transfer's fixed cost, not the rate); *_samples count the
+   * samples taken. */
   uint64_t link_bytes_per_s;
   uint64_t disk_bytes_per_s;
   uint64_t remote_bytes_per_s;
@@ -160,6 +162,10 @@ enum {
   OI_PLAN_LAYERWISE = 1u << 0,
   /* Plan no computed head: load [0, k) and compute the rest. */
   OI_PLAN_NO_SPLIT = 1u << 1,
+  /* A tier's reads land in the pool before the link copy starts (the
+   * executor waits for a promotion, then loads); without it the two
+   * overlap block by block. */
+  OI_PLAN_STAGED = 1u << 2,
 };
 
 /* What oi_plan_restore plans from: a prompt of prompt_tokens tokens whose
@@ -180,9 +186,9 @@ typedef struct oi_restore_plan_args {
   uint64_t block_bytes;   /* > 0: one block's KV, every layer */
   uint32_t num_layers;    /* for OI_PLAN_LAYERWISE (0 or 1: no layer overlap) */
   uint32_t reserved;
-  uint64_t link_bytes_per_s;   /* > 0: host -> device */
-  uint64_t disk_bytes_per_s;   /* > 0 when a block is on disk */
-  uint64_t remote_bytes_per_s; /* > 0 when a block is remote */
+  uint64_t link_bytes_per_s;       /* > 0: host -> device */
+  uint64_t disk_bytes_per_s;       /* > 0 when a block is on disk */
+  uint64_t remote_bytes_per_s;     /* > 0 when a block is remote */
   double prefill_ns_per_token;     /* a (> 0, or b > 0) */
   double prefill_ns_per_token_ctx; /* b: attention's share, per token of context */
   uint64_t load_overhead_ns;       /* a fixed cost of any load (query, lease, submit) */

@@ -11,12 +11,13 @@
 #define GRID 256 /* candidate load ends tried in full below this many blocks */
 
 typedef struct plan_model {
-  double a, b;            /* prefill: a + b * position ns per token */
-  double s, p, bt;        /* start and prompt tokens, tokens per block */
-  double t_link;          /* ns to copy one block host -> device */
+  double a, b;             /* prefill: a + b * position ns per token */
+  double s, p, bt;         /* start and prompt tokens, tokens per block */
+  double t_link;           /* ns to copy one block host -> device */
   double t_disk, t_remote; /* ns to read one block into the pool */
   double overhead;
-  double layers; /* > 1: the load runs layer by layer under the suffix */
+  double layers;                     /* > 1: the load runs layer by layer under the suffix */
+  bool staged;                       /* the tiers' reads end before the link copy starts */
   const uint64_t *n_disk, *n_remote; /* prefix counts of disk and remote blocks */
 } plan_model;
 
@@ -34,6 +35,7 @@ static double load_ns(const plan_model *m, uint64_t c, uint64_t e) {
   double link = (double)(e - c) * m->t_link;
   double disk = (double)(m->n_disk[e] - m->n_disk[c]) * m->t_disk;
   double remote = (double)(m->n_remote[e] - m->n_remote[c]) * m->t_remote;
+  if (m->staged) return m->overhead + fmax(disk, remote) + link;
   double t = link;
   if (disk > 0 && disk + m->t_link > t) t = disk + m->t_link;
   if (remote > 0 && remote + m->t_link > t) t = remote + m->t_link;
@@ -99,11 +101,12 @@ OI_API oi_status oi_plan_restore(const oi_restore_plan_args *args, oi_restore_pl
   oi_restore_plan_args_init(&a);
   oi_status st = oi__struct_in(&a, sizeof a, args, "plan_restore args");
   if (st != OI_OK) return st;
-  const uint32_t known = OI_PLAN_LAYERWISE | OI_PLAN_NO_SPLIT;
+  const uint32_t known = OI_PLAN_LAYERWISE | OI_PLAN_NO_SPLIT | OI_PLAN_STAGED;
   if (a.flags & ~known)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "plan_restore: unknown flags 0x%x", a.flags & ~known);
   if (a.block_tokens == 0 || a.block_bytes == 0)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "plan_restore: block_tokens and block_bytes must be > 0");
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "plan_restore: block_tokens and block_bytes must be > 0");
   if (a.prompt_tokens <= a.start_tokens)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "plan_restore: prompt_tokens (%llu) must exceed start_tokens (%llu)",
@@ -115,8 +118,8 @@ OI_API oi_status oi_plan_restore(const oi_restore_plan_args *args, oi_restore_pl
                     (unsigned long long)a.n_blocks, (unsigned long long)a.block_tokens,
                     (unsigned long long)a.start_tokens, (unsigned long long)a.prompt_tokens);
   if (!(a.prefill_ns_per_token >= 0) || !(a.prefill_ns_per_token_ctx >= 0) ||
-      !(a.prefill_ns_per_token + a.prefill_ns_per_token_ctx > 0) ||
-      isinf(a.prefill_ns_per_token) || isinf(a.prefill_ns_per_token_ctx))
+      !(a.prefill_ns_per_token + a.prefill_ns_per_token_ctx > 0) || isinf(a.prefill_ns_per_token) ||
+      isinf(a.prefill_ns_per_token_ctx))
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "plan_restore: the prefill cost (prefill_ns_per_token %g, "
                     "prefill_ns_per_token_ctx %g) must be finite, >= 0, and not both 0",
@@ -138,10 +141,10 @@ OI_API oi_status oi_plan_restore(const oi_restore_plan_args *args, oi_restore_pl
     nd[i + 1] = nd[i] + (w == OI_WHERE_DISK);
     nr[i + 1] = nr[i] + (w == OI_WHERE_REMOTE);
   }
-  const char *missing = n && !a.link_bytes_per_s             ? "link_bytes_per_s"
-                        : nd[n] && !a.disk_bytes_per_s       ? "disk_bytes_per_s"
-                        : nr[n] && !a.remote_bytes_per_s     ? "remote_bytes_per_s"
-                                                             : NULL;
+  const char *missing = n && !a.link_bytes_per_s         ? "link_bytes_per_s"
+                        : nd[n] && !a.disk_bytes_per_s   ? "disk_bytes_per_s"
+                        : nr[n] && !a.remote_bytes_per_s ? "remote_bytes_per_s"
+                                                         : NULL;
   if (missing) {
     oi__free(counts);
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "plan_restore: %s is 0 and blocks need it", missing);
@@ -157,6 +160,7 @@ OI_API oi_status oi_plan_restore(const oi_restore_plan_args *args, oi_restore_pl
       .t_remote = ns_per_block(a.block_bytes, a.remote_bytes_per_s),
       .overhead = (double)a.load_overhead_ns,
       .layers = (a.flags & OI_PLAN_LAYERWISE) ? (double)a.num_layers : 1,
+      .staged = (a.flags & OI_PLAN_STAGED) != 0,
       .n_disk = nd,
       .n_remote = nr,
   };

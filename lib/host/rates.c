@@ -7,6 +7,9 @@
 #include "host_private.h"
 
 #define RATE_WEIGHT 0.25 /* the EWMA's weight of a new sample */
+/* A sample of fewer bytes measures the fixed cost of a transfer (a thread's
+ * wake-up, a submission), not the rate: it is not taken. */
+#define RATE_MIN_BYTES (1ull << 20)
 
 void oi__rates_init(oi_host *h) {
   const uint64_t seed[OI_RATES] = {
@@ -30,7 +33,7 @@ void oi__rates_fini(oi_host *h) {
 }
 
 static void sample_locked(host_rate *r, uint64_t bytes, uint64_t ns) {
-  if (!bytes || !ns) return;
+  if (bytes < RATE_MIN_BYTES || !ns) return;
   double s = (double)bytes * 1e9 / (double)ns;
   r->bytes_per_s = r->samples ? r->bytes_per_s + RATE_WEIGHT * (s - r->bytes_per_s) : s;
   r->samples++;

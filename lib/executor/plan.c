@@ -58,8 +58,7 @@ static void plan_rates(const oi_executor *x, oi_restore_plan_args *a) {
   }
   a->link_bytes_per_s = x->o.link_bytes_per_s ? x->o.link_bytes_per_s : hs.link_bytes_per_s;
   a->disk_bytes_per_s = x->o.disk_bytes_per_s ? x->o.disk_bytes_per_s : hs.disk_bytes_per_s;
-  a->remote_bytes_per_s =
-      x->o.remote_bytes_per_s ? x->o.remote_bytes_per_s : hs.remote_bytes_per_s;
+  a->remote_bytes_per_s = x->o.remote_bytes_per_s ? x->o.remote_bytes_per_s : hs.remote_bytes_per_s;
 }
 
 /* Where blocks [g, limit) of q are: the leading run held somewhere (the

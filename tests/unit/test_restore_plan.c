@@ -159,7 +159,8 @@ static void test_comparable_tier_splits(void) {
   CHECK(p.compute_head_blocks + p.load_blocks <= 1024);
   CHECK(p.est_ns < p.est_cold_ns && p.est_ns < p.est_load_all_ns);
   double lo = fmin((double)p.est_cold_ns, (double)p.est_load_all_ns);
-  fprintf(stderr, "  split: compute %llu, load %llu of 1024 blocks; est %.1f ms, cold %.1f, "
+  fprintf(stderr,
+          "  split: compute %llu, load %llu of 1024 blocks; est %.1f ms, cold %.1f, "
           "load-only %.1f (%.2fx the better)\n",
           (unsigned long long)p.compute_head_blocks, (unsigned long long)p.load_blocks,
           p.est_ns / 1e6, p.est_cold_ns / 1e6, p.est_load_all_ns / 1e6, p.est_ns / lo);

@@ -86,8 +86,8 @@ static oi_executor_stats stats_of(oi_executor *x) {
 }
 
 /* Same tokens and KV bytes as the cold run's. */
-static void check_parity(oi_executor *x, const run_out *cold, const uint8_t *cold_kv,
-                         size_t bytes, const run_out *warm) {
+static void check_parity(oi_executor *x, const run_out *cold, const uint8_t *cold_kv, size_t bytes,
+                         const run_out *warm) {
   CHECK(same_tokens(cold, warm));
   size_t b2 = 0;
   uint8_t *kv = kv_snapshot(x, 0, warm->id, KV_FULL_BLOCKS, &b2);
@@ -188,7 +188,7 @@ static void test_split(bool disk) {
   CHECK_OK(oi_executor_get_kv_layout(g.x, 0, &kv));
   uint64_t block_bytes = (uint64_t)kv.num_layers * 2 * PAGE * kv.token_stride;
   rig_close(&g);
-  o.link_bytes_per_s = block_bytes * 1000 / 4; /* 4 ms a block */
+  o.link_bytes_per_s = block_bytes * 1000 / 4;           /* 4 ms a block */
   o.disk_bytes_per_s = disk ? block_bytes * 1000000 : 0; /* the disk adds 1 us a block */
   rig_open(&g, disk, &o, disk ? "p-split-disk" : "p-split-pool");
   uint32_t p[PROMPT];

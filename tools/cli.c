@@ -75,6 +75,12 @@ uint32_t cli_restore_overlap_env(void) {
   return OI_RESTORE_OVERLAP_AUTO;
 }
 
+uint32_t cli_restore_plan_env(void) {
+  const char *p = getenv("OI_RESTORE_PLAN");
+  if (p && (!strcmp(p, "0") || !strcmp(p, "off"))) return OI_RESTORE_PLAN_OFF;
+  return OI_RESTORE_PLAN_AUTO;
+}
+
 uint64_t cli_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

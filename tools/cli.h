@@ -34,6 +34,9 @@ bool cli_parse_int(const char *s, long lo, long hi, long *out);
 /* oi_executor_options.restore_overlap from the environment variable
  * OI_RESTORE_OVERLAP ("0" or "off": OFF; "host": HOST; else AUTO). */
 uint32_t cli_restore_overlap_env(void);
+/* oi_executor_options.restore_plan from OI_RESTORE_PLAN (0|off: OFF; else
+ * AUTO; docs/planner.md). */
+uint32_t cli_restore_plan_env(void);
 
 /* Whether an executable `prog` is on PATH. */
 bool cli_on_path(const char *prog);

@@ -86,6 +86,7 @@ static oi_status make_executor(const exec_demo_opts *o, oi_model_ops *ops, void 
   eo.socket_path = o->socket;
   eo.max_batch_tokens = o->device >= 0 ? 4096 : 512;
   eo.restore_overlap = cli_restore_overlap_env();
+  eo.restore_plan = cli_restore_plan_env();
   return oi_executor_create(&eo, out);
 }
 

@@ -182,6 +182,15 @@ typedef struct oi_query_result {
   uint8_t *present; /* in: optional array of n bytes for OI_QUERY_MEMBERSHIP */
   uint32_t wait_ms; /* in: OI_QUERY_WAIT_PENDING's limit; 0 = do not wait */
   uint32_t reserved;
+  /* in: optional array of n bytes (read when struct_size covers it). out:
+   * where each queried block was found (oi_block_where, host.h): a prefix
+   * query names the tier of each block of the hit and pending runs (the
+   * pool, or the tier promoting it) and OI_WHERE_NONE past them; a
+   * membership query names the pool or the first tier whose membership
+   * holds it (the cluster tier answers no membership: its blocks read
+   * NONE there). A sidecar engine or lookup reports OI_WHERE_POOL for
+   * hits and OI_WHERE_UNKNOWN for pending blocks. */
+  uint8_t *where;
 } oi_query_result;
 
 typedef struct oi_engine_stats {

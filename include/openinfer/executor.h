@@ -53,6 +53,17 @@ typedef enum oi_restore_overlap {
   OI_RESTORE_OVERLAP_HOST = 2,
 } oi_restore_overlap;
 
+/* oi_executor_options.restore_plan */
+typedef enum oi_restore_plan_mode {
+  /* Default: each admission restore is planned (oi_plan_restore,
+   * docs/planner.md): the held blocks are located, and the executor loads,
+   * computes, or computes a head while loading the rest, whichever the
+   * model says is first to the first token. Until the prefill cost is known
+   * (given in the options or measured from a forward), every hit loads. */
+  OI_RESTORE_PLAN_AUTO = 0,
+  OI_RESTORE_PLAN_OFF = 1, /* load every hit (no plan) */
+} oi_restore_plan_mode;
+
 /* Called for every generated token (from the thread driving the executor,
  * inside oi_executor_step). index counts from 0; finished is 1 on the last. */
 typedef void (*oi_token_fn)(void *ctx, uint64_t request_id, uint32_t token, uint32_t index,
@@ -93,6 +104,20 @@ typedef struct oi_executor_options {
    * points are experimental API: experimental.h). */
   oi_executor_fault_fn fault_hook;
   void *fault_ctx;
+  /* Restore or recompute (oi_restore_plan_mode, default AUTO;
+   * docs/planner.md). The `openinfer` command maps OI_RESTORE_PLAN=0|off
+   * onto it. */
+  uint32_t restore_plan;
+  uint32_t reserved;
+  /* The plan's prefill cost of a token at position p: a + b * p ns (both 0:
+   * measured from the forwards, oi_executor_stats.prefill_ns_per_token*). */
+  double prefill_ns_per_token;
+  double prefill_ns_per_token_ctx;
+  /* The plan's read rates, bytes per second (0: the host's estimates,
+   * oi_host_stats.*_bytes_per_s; a sidecar executor: OI_RATE_DEFAULT_*). */
+  uint64_t link_bytes_per_s;
+  uint64_t disk_bytes_per_s;
+  uint64_t remote_bytes_per_s;
 } oi_executor_options;
 
 typedef struct oi_request {
@@ -158,6 +183,20 @@ typedef struct oi_executor_stats {
   /* Restores that first waited for a deeper tier (the disk) to bring blocks
    * back into the host pool (the query answered OI_QUERY_LOADING). */
   uint64_t restores_waited;
+  /* Restore or recompute (docs/planner.md): admissions planned; of them,
+   * plans that loaded nothing (every held block computed), that computed a
+   * head while the rest loaded, and that loaded fewer blocks than were
+   * held; the time spent planning (locating the blocks and the plan). */
+  uint64_t plans;
+  uint64_t plans_compute;
+  uint64_t plans_split;
+  uint64_t plans_partial;
+  uint64_t plan_ns;
+  /* The prefill cost the plan uses (given, or fitted to the forwards: ns
+   * per token = a + b * its position), and the forwards measured. */
+  double prefill_ns_per_token;
+  double prefill_ns_per_token_ctx;
+  uint64_t prefill_samples;
 } oi_executor_stats;
 
 OI_API oi_status oi_executor_options_init(oi_executor_options *o);

@@ -40,7 +40,20 @@ typedef struct oi_host_options {
    * lines (start, progress, ready) are not written: the hook reports it. */
   void (*progress)(void *ctx, uint64_t done, uint64_t total);
   void *progress_ctx;
+  /* Seeds of the host's read-rate estimates, in bytes per second (0: the
+   * defaults, OI_RATE_DEFAULT_*): host -> device loads (the link), and the
+   * disk tier's and the cluster tier's reads into the pool. Each estimate
+   * then follows the transfers the host does (oi_host_stats.*_bytes_per_s;
+   * docs/planner.md). */
+  uint64_t link_bytes_per_s;
+  uint64_t disk_bytes_per_s;
+  uint64_t remote_bytes_per_s;
 } oi_host_options;
+
+/* The seeds oi_host_options_init leaves at 0 stand for (bytes per second). */
+#define OI_RATE_DEFAULT_LINK 16000000000ull  /* PCIe Gen4 x16 to Gen5, pinned */
+#define OI_RATE_DEFAULT_DISK 2000000000ull   /* one NVMe drive, O_DIRECT */
+#define OI_RATE_DEFAULT_REMOTE 1000000000ull /* the cluster tier over TCP */
 
 /* Output struct: set struct_size = sizeof(oi_host_stats) first. Block counts
  * are host blocks (one KV block across all arenas of its layout). */
@@ -85,6 +98,19 @@ typedef struct oi_host_stats {
    * operation accepted. */
   uint64_t load_latency_us[OI_LATENCY_BUCKETS];
   uint64_t load_latency_sum_us;
+  /* The read-rate estimates (bytes per second; docs/planner.md): the
+   * link's, from the loads (host -> device), and the disk and cluster
+   * tiers', from their promotions (bytes over the time any promotion of the
+   * tier was in flight). Each starts at its seed (oi_host_options) and moves
+   * by an EWMA (weight 1/4) per sample of 1 MiB or more (a smaller one
+   * measures a transfer's fixed cost, not the rate); *_samples count the
+   * samples taken. */
+  uint64_t link_bytes_per_s;
+  uint64_t disk_bytes_per_s;
+  uint64_t remote_bytes_per_s;
+  uint64_t link_samples;
+  uint64_t disk_samples;
+  uint64_t remote_samples;
 } oi_host_stats;
 
 /* Output struct of oi_host_get_namespace_stats: set struct_size first. */
@@ -114,6 +140,85 @@ OI_API oi_status oi_host_get_stats(const oi_host *h, oi_host_stats *out);
  * @return OI_ERR_NOT_FOUND past the last one. */
 OI_API oi_status oi_host_get_namespace_stats(const oi_host *h, uint32_t index,
                                              oi_host_namespace_stats *out);
+
+/* ------------------------------------------------------------------------ */
+/* Restore or recompute: the plan (docs/planner.md)                          */
+/* ------------------------------------------------------------------------ */
+
+/* Where a block is (oi_query_result.where, oi_restore_plan_args.where). */
+typedef enum oi_block_where {
+  OI_WHERE_NONE = 0,    /* no tier has it */
+  OI_WHERE_POOL = 1,    /* the host pool (sealed, or being saved into it) */
+  OI_WHERE_DISK = 2,    /* the disk tier */
+  OI_WHERE_REMOTE = 3,  /* another node (the cluster tier) */
+  OI_WHERE_UNKNOWN = 4, /* held, but the answer does not say where (a sidecar) */
+} oi_block_where;
+
+/* oi_restore_plan_args.flags */
+enum {
+  /* The load runs layer by layer under the forward of the tokens after it
+   * (the executor's overlapped restore on CUDA ranks): a forward's layer l
+   * waits only for layer l's copies. */
+  OI_PLAN_LAYERWISE = 1u << 0,
+  /* Plan no computed head: load [0, k) and compute the rest. */
+  OI_PLAN_NO_SPLIT = 1u << 1,
+  /* A tier's reads land in the pool before the link copy starts (the
+   * executor waits for a promotion, then loads); without it the two
+   * overlap block by block. */
+  OI_PLAN_STAGED = 1u << 2,
+};
+
+/* What oi_plan_restore plans from: a prompt of prompt_tokens tokens whose
+ * KV of [0, start_tokens) is already on the device, followed by n_blocks
+ * blocks (block_tokens tokens, block_bytes bytes each) that the host tier
+ * holds where `where` says; the rest is computed. Rates in bytes per
+ * second (the host's estimates: oi_host_stats.*_bytes_per_s); the prefill
+ * cost of a token at position p (its context) is a + b * p nanoseconds. */
+typedef struct oi_restore_plan_args {
+  uint32_t struct_size;
+  uint32_t flags;         /* OI_PLAN_* */
+  uint64_t prompt_tokens; /* > start_tokens + n_blocks * block_tokens (one token is computed) */
+  uint64_t start_tokens;  /* KV already on the device (a GPU prefix-cache hit) */
+  uint64_t n_blocks;      /* the held blocks right after start_tokens */
+  const uint8_t *where;   /* n_blocks oi_block_where (NULL: every block in the pool); the
+                             plan loads none past the first OI_WHERE_NONE */
+  uint64_t block_tokens;  /* > 0 */
+  uint64_t block_bytes;   /* > 0: one block's KV, every layer */
+  uint32_t num_layers;    /* for OI_PLAN_LAYERWISE (0 or 1: no layer overlap) */
+  uint32_t reserved;
+  uint64_t link_bytes_per_s;       /* > 0: host -> device */
+  uint64_t disk_bytes_per_s;       /* > 0 when a block is on disk */
+  uint64_t remote_bytes_per_s;     /* > 0 when a block is remote */
+  double prefill_ns_per_token;     /* a (> 0, or b > 0) */
+  double prefill_ns_per_token_ctx; /* b: attention's share, per token of context */
+  uint64_t load_overhead_ns;       /* a fixed cost of any load (query, lease, submit) */
+} oi_restore_plan_args;
+
+/* The plan: compute blocks [0, compute_head_blocks) (from start_tokens),
+ * while blocks [compute_head_blocks, compute_head_blocks + load_blocks) load,
+ * then compute the rest of the prompt. load_blocks 0: compute everything. */
+typedef struct oi_restore_plan {
+  uint32_t struct_size;
+  uint32_t reserved;
+  uint64_t compute_head_blocks;
+  uint64_t load_blocks;
+  uint64_t load_tokens;     /* load_blocks * block_tokens */
+  uint64_t compute_tokens;  /* prompt tokens past start_tokens not loaded */
+  uint64_t est_ns;          /* the plan's time to first token (the model's estimate) */
+  uint64_t est_cold_ns;     /* compute everything past start_tokens */
+  uint64_t est_load_all_ns; /* load the leading run of held blocks, compute the rest */
+} oi_restore_plan;
+
+/* Fills defaults: no flags, every other field 0. */
+OI_API oi_status oi_restore_plan_args_init(oi_restore_plan_args *a);
+
+/* Plans how many leading blocks to compute, load and compute after, so that
+ * the estimated time to first token is lowest: never above computing
+ * everything (est_ns <= est_cold_ns) nor loading every leading held block
+ * (est_ns <= est_load_all_ns). A pure function of its arguments (the
+ * model: docs/planner.md). @return OI_ERR_INVALID_ARGUMENT naming the
+ * field. */
+OI_API oi_status oi_plan_restore(const oi_restore_plan_args *a, oi_restore_plan *out);
 
 /* Evicts every block that no lease, load or save holds.
  * @param evicted_blocks optional: receives the count. */

@@ -484,6 +484,7 @@ static oi_status tier_stats(void *self, void *out) {
  * withdraws what it evicts. */
 static const oi_tier_ops cluster_tier_ops = {.name = "cluster",
                                              .rank = 20,
+                                             .where = OI_WHERE_REMOTE,
                                              .lookup = oi__cluster_tier_lookup,
                                              .promote = oi__cluster_tier_promote,
                                              .sealed = on_sealed,

@@ -569,6 +569,7 @@ static oi_status tier_stats(void *self, void *out) {
 /* Nearest the pool; it takes the pool's spills. */
 static const oi_tier_ops disk_tier_ops = {.name = "disk",
                                           .rank = 10,
+                                          .where = OI_WHERE_DISK,
                                           .flags = OI_TIER_SPILLS,
                                           .contains = tier_contains,
                                           .lookup = tier_lookup,

@@ -260,6 +260,10 @@ oi_status oi__query_check(const char *what, const oi_block_hash *hashes, size_t 
   return OI_OK;
 }
 
+uint8_t *oi__query_where(const oi_query_result *out) {
+  return out->struct_size >= OI_STRUCT_END(oi_query_result, where) ? out->where : NULL;
+}
+
 oi_status oi__query_result_out(const oi_host_query_args *a, const oi_host_answer *ans,
                                oi_query_result *out, const char *what) {
   oi_query_result r;
@@ -271,6 +275,7 @@ oi_status oi__query_result_out(const oi_host_query_args *a, const oi_host_answer
   r.lease = ans->lease;
   r.present = a->present;
   r.wait_ms = a->wait_ms;
+  r.where = a->where;
   return oi__struct_out_min(out, &r, sizeof r, OI_FLOOR_QUERY_RESULT, what);
 }
 
@@ -367,6 +372,7 @@ OI_API oi_status oi_host_query(oi_host *h, const oi_lookup_options *o, const cha
                           .membership = (flags & OI_QUERY_MEMBERSHIP) != 0};
   if ((st = oi__query_check("host_query", hashes, n, flags, out, &a.present, &a.wait_ms)) != OI_OK)
     return st;
+  a.where = oi__query_where(out);
   oi_host_answer ans;
   if ((st = oi__host_query(h, lo.namespace_id, &a, hashes, n, &ans)) != OI_OK) return st;
   return oi__query_result_out(&a, &ans, out, "host_query");

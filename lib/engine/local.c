@@ -493,7 +493,8 @@ static oi_status local_query(oi_engine *base, const char *req_id, const oi_block
                           .shares = base->opts.world_size,
                           .membership = (flags & OI_QUERY_MEMBERSHIP) != 0,
                           .present = present,
-                          .wait_ms = wait_ms};
+                          .wait_ms = wait_ms,
+                          .where = oi__query_where(out)};
   oi_host_answer ans;
   oi_status st = oi__host_query_ns(e->host, e->ns, &a, hashes, n, &ans);
   if (st != OI_OK) return st;

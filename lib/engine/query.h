@@ -14,6 +14,10 @@
 oi_status oi__query_check(const char *what, const oi_block_hash *hashes, size_t n, uint32_t flags,
                           const oi_query_result *out, uint8_t **present, uint32_t *wait_ms);
 
+/* The caller's where array (oi_query_result.where), when its struct_size
+ * covers the field; else NULL. */
+uint8_t *oi__query_where(const oi_query_result *out);
+
 /* The host's answer to a query of `a` as the caller's result (as much of
  * it as out->struct_size holds, at least OI_FLOOR_QUERY_RESULT). */
 oi_status oi__query_result_out(const oi_host_query_args *a, const oi_host_answer *ans,

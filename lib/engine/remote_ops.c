@@ -198,6 +198,8 @@ static oi_status query_miss(remote_engine *e, size_t n, uint32_t flags, uint8_t 
   r.struct_size = sizeof r;
   r.state = OI_QUERY_READY;
   r.present = present;
+  r.where = oi__query_where(out);
+  if (r.where && n) memset(r.where, OI_WHERE_NONE, n);
   oi_clear_error();
   return oi__struct_out_min(out, &r, sizeof r, OI_FLOOR_QUERY_RESULT, "query");
 }
@@ -267,6 +269,16 @@ oi_status oi__remote_query_call(remote_engine *e, uint32_t instance, const char 
   r.wait_ms = wait_ms;
   if (qr->lease.size) memcpy(r.lease.bytes, qr->lease.bytes, OI_WIRE_LEASE_BYTES);
   r.present = present;
+  /* The wire carries no tiers: the server's hits are in its pool; what is
+   * pending there (being saved, or promoted by a tier) is not said. */
+  r.where = oi__query_where(out);
+  for (size_t i = 0; r.where && i < n; i++)
+    if (flags & OI_QUERY_MEMBERSHIP)
+      r.where[i] = present[i] ? OI_WHERE_UNKNOWN : OI_WHERE_NONE;
+    else
+      r.where[i] = i < r.hit_blocks                      ? OI_WHERE_POOL
+                   : i < r.hit_blocks + r.pending_blocks ? OI_WHERE_UNKNOWN
+                                                         : OI_WHERE_NONE;
   return oi__struct_out_min(out, &r, sizeof r, OI_FLOOR_QUERY_RESULT, "query");
 }
 

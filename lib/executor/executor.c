@@ -2,6 +2,7 @@
  * workers), the public entry points, and teardown in the documented order:
  * workers -> drain in-flight loads -> close the arena mapping -> flush saves
  * -> unregister (engine destroy) -> free the arenas. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,9 @@ static void *worker_main(void *arg) {
      * sequence's results are discarded). */
     for (uint32_t i = 0; i < r->n_host_waits; i++)
       oi_ticket_wait(r->host_waits[i], x->o.restore_timeout_ms);
+    uint64_t t0 = oi__now_ns();
     oi_status st = x->model.forward(x->model_ctx_for_worker, &r->batch);
+    r->forward_ns = oi__now_ns() - t0;
     pthread_mutex_lock(&r->work_lock);
     r->work_status = st;
     if (st != OI_OK) snprintf(r->work_error, sizeof r->work_error, "%s", oi_last_error());
@@ -235,6 +238,16 @@ static oi_status check_options(const oi_executor_options *o) {
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "executor_create: restore_overlap %u is not an oi_restore_overlap",
                     o->restore_overlap);
+  if (o->restore_plan > OI_RESTORE_PLAN_OFF)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "executor_create: restore_plan %u is not an oi_restore_plan_mode",
+                    o->restore_plan);
+  if (!(o->prefill_ns_per_token >= 0) || !(o->prefill_ns_per_token_ctx >= 0) ||
+      isinf(o->prefill_ns_per_token) || isinf(o->prefill_ns_per_token_ctx))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "executor_create: prefill_ns_per_token %g and prefill_ns_per_token_ctx %g "
+                    "must be finite and >= 0",
+                    o->prefill_ns_per_token, o->prefill_ns_per_token_ctx);
   for (uint32_t i = 0; o->devices && i < o->ranks; i++)
     if (o->devices[i] < -1)
       return oi__fail(OI_ERR_INVALID_ARGUMENT, "executor_create: devices[%u] = %d", i,
@@ -370,6 +383,7 @@ OI_API oi_status oi_executor_create(const oi_executor_options *opts, oi_executor
                   "executor_create: the model describes an empty KV layout");
     goto fail_early;
   }
+  oi__exec_prefill_init(x);
   if (o.restore_overlap == OI_RESTORE_OVERLAP_OFF)
     x->overlap_mode = OVERLAP_OFF;
   else if (o.restore_overlap == OI_RESTORE_OVERLAP_HOST)
@@ -379,6 +393,7 @@ OI_API oi_status oi_executor_create(const oi_executor_options *opts, oi_executor
   {
     uint64_t token_bytes = (uint64_t)d->num_kv_heads * d->head_dim * d->dtype_bytes;
     uint64_t total = token_bytes * o.page_size * 2 * o.gpu_blocks * d->num_layers;
+    x->block_bytes = token_bytes * o.page_size * 2 * d->num_layers;
     if (token_bytes > (1ull << 24) ||
         total / o.gpu_blocks / d->num_layers != token_bytes * o.page_size * 2) {
       st = oi__fail(OI_ERR_INVALID_ARGUMENT, "executor_create: the KV arena size overflows");
@@ -623,6 +638,14 @@ OI_API oi_status oi_executor_get_stats(const oi_executor *x, oi_executor_stats *
   s.leases_held = x->c.leases_held;
   s.restores_overlapped = x->c.restores_overlapped;
   s.restores_waited = x->c.restores_waited;
+  s.plans = x->c.plans;
+  s.plans_compute = x->c.plans_compute;
+  s.plans_split = x->c.plans_split;
+  s.plans_partial = x->c.plans_partial;
+  s.plan_ns = x->c.plan_ns;
+  s.prefill_ns_per_token = x->fit.a;
+  s.prefill_ns_per_token_ctx = x->fit.b;
+  s.prefill_samples = x->fit.samples;
   for (uint32_t i = 0; i < x->nranks; i++) {
     const block_pool *p = &x->ranks[i].pool;
     s.blocks_total += p->n;

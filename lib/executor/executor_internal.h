@@ -49,6 +49,11 @@ typedef struct request {
    * and poll_restores queries [restore_first, restore_limit) again each step
    * until nothing is pending or restore_deadline_ns passes. */
   bool tier_wait;
+  /* A planned split (docs/planner.md): the restore of [restore_first, ...)
+   * runs (a load, or a tier wait) while the request, RUNNING, computes its
+   * head [kv_len, restore_first * page); prefill stops there until the
+   * restore commits. */
+  bool split;
   uint32_t restore_limit;
   uint64_t restore_query_start_ns;
   /* Restore timing (benchmarks): query call, load submit -> completion seen
@@ -121,6 +126,7 @@ typedef struct exec_rank {
   void **kv_events;
   oi_ticket **host_waits;
   uint32_t n_host_waits;
+  uint64_t forward_ns; /* the last forward's time (the worker's) */
 } exec_rank;
 
 /* How a restore may overlap the forward of the prompt's remaining tokens
@@ -133,7 +139,18 @@ typedef struct exec_counters {
   uint64_t steps, submitted, finished, failed, prefill_tokens, decode_tokens, cached_tokens,
       restored_tokens, restores_started, restores_completed, restores_failed, saves_submitted;
   uint64_t leases_held, restores_overlapped, restores_waited;
+  uint64_t plans, plans_compute, plans_split, plans_partial, plan_ns;
 } exec_counters;
+
+/* The prefill cost model (plan.c): t = a * tokens + b * sum of positions,
+ * fitted by least squares over the forwards, each sample's weight decaying
+ * by PREFILL_DECAY per later sample; or given in the options. */
+typedef struct prefill_fit {
+  double sxx, sxy, syy, st_x, st_y; /* sums of x*x, x*y, y*y, t*x, t*y */
+  double a, b;
+  uint64_t samples;
+  bool given;
+} prefill_fit;
 
 struct oi_executor {
   oi_executor_options o;
@@ -152,6 +169,8 @@ struct oi_executor {
   uint64_t n_requests;
   uint32_t page_tokens_max; /* KV tokens a request may need at most: gpu_blocks * page */
   uint32_t overlap_mode;    /* OVERLAP_*: device needs OI_MODEL_KV_EVENTS and CUDA ranks */
+  uint64_t block_bytes;     /* one host block: every layer's K and V pages */
+  prefill_fit fit;
   exec_counters c;
 };
 
@@ -164,7 +183,16 @@ typedef struct oi_exec_restore_timing {
 oi_status oi__executor_restore_timing(const oi_executor *x, uint64_t request_id,
                                       oi_exec_restore_timing *out);
 
+/* plan.c: restore or recompute. The plan of q's restore of blocks [g,
+ * limit) (g: the GPU prefix-cache hits): starts the restore it chooses, or
+ * none (the blocks are computed). A forward's sample for the prefill fit
+ * (tokens, the sum of their positions, ns). */
+void oi__exec_plan_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit);
+void oi__exec_prefill_sample(oi_executor *x, double tokens, double positions, double ns);
+void oi__exec_prefill_init(oi_executor *x);
+
 /* scheduler.c */
+bool oi__exec_start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit);
 oi_status oi__exec_step(oi_executor *x, uint32_t *finished);
 void oi__exec_collect_saves(exec_rank *r);
 void oi__exec_release_request(exec_rank *r, request *q, bool save);

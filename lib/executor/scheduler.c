@@ -258,8 +258,13 @@ static void commit_restore(exec_rank *r, request *q) {
 static void degrade_restore(exec_rank *r, request *q, const char *why) {
   OI_LOG(OI_LOG_INFO, "executor", "rank %u request %llu: restore of %u blocks failed (%s): prefill",
          r->index, (unsigned long long)q->id, q->restore_n, why);
-  q->kv_len = q->restore_first * r->kv.page_size;
-  q->registered = q->restore_first;
+  /* A split whose head is still being computed keeps its place (the
+   * blocks past the head are prefilled when it gets there). */
+  if (!q->split || q->kv_len >= q->restore_first * r->kv.page_size) {
+    q->kv_len = q->restore_first * r->kv.page_size;
+    q->registered = q->restore_first;
+  }
+  q->split = false;
   q->restore_n = 0;
   r->x->c.restores_failed++;
 }
@@ -271,6 +276,7 @@ static void end_restore(exec_rank *r, request *q, oi_status st) {
   q->load_ticket = NULL;
   q->state = OI_REQUEST_RUNNING;
   if (st == OI_OK && fault(r->x, r, q, OI_FAULT_LOAD_COMPLETE)) st = OI_ERR_IO;
+  q->split = false; /* its head is computed (poll_restores waited for it) */
   q->restore_load_done_ns = oi__now_ns();
   if (st == OI_OK) {
     commit_restore(r, q);
@@ -311,22 +317,42 @@ static bool abandon_restore(exec_rank *r, request *q) {
   return true;
 }
 
-/* Polls the restores in flight; each ends committed or degraded. */
-static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit);
+/* A split's head is computed and its load still runs: the rest of the
+ * prompt may overlap the load as an unsplit restore's does. */
+static void split_to_overlap(exec_rank *r, request *q) {
+  oi_executor *x = r->x;
+  if (x->overlap_mode == OVERLAP_OFF) return;
+  if (x->overlap_mode == OVERLAP_DEVICE)
+    for (uint32_t l = 0; l < r->kv.num_layers; l++)
+      if (!oi_ticket_arena_event(q->load_ticket, l)) return;
+  q->split = false;
+  q->overlap = true;
+  q->state = OI_REQUEST_RESTORING;
+  q->kv_len = (q->restore_first + q->restore_n) * r->kv.page_size;
+  x->c.restores_overlapped++;
+}
 
+/* Polls the restores in flight; each ends committed or degraded. A split
+ * (RUNNING while it loads) commits once its head is computed too. */
 static void poll_restores(exec_rank *r) {
+  uint32_t page = r->kv.page_size;
   for (request *q = r->running_head; q; q = q->next) {
-    if (q->state != OI_REQUEST_RESTORING) continue;
+    if (q->state != OI_REQUEST_RESTORING && !q->split) continue;
     if (q->tier_wait) { /* ask again: the deeper tier may have brought the blocks */
-      q->state = OI_REQUEST_RUNNING;
-      start_restore(r, q, q->restore_first, q->restore_limit);
+      if (!q->split) q->state = OI_REQUEST_RUNNING;
+      if (!oi__exec_start_restore(r, q, q->restore_first, q->restore_limit)) q->split = false;
       continue;
     }
+    bool head_done = q->kv_len >= q->restore_first * page;
     oi_status st = oi_ticket_poll(q->load_ticket);
     if (st > 0) { /* OI_PENDING, or OI_FENCING: copies may still land */
-      if (oi__now_ns() >= q->restore_deadline_ns) abandon_restore(r, q);
+      if (oi__now_ns() >= q->restore_deadline_ns)
+        abandon_restore(r, q);
+      else if (q->split && head_done)
+        split_to_overlap(r, q);
       continue;
     }
+    if (q->split && !head_done) continue; /* landed: commits when the head is computed */
     end_restore(r, q, st);
   }
   for (orphan_load **link = &r->orphans; *link;) {
@@ -346,7 +372,7 @@ static void poll_restores(exec_rank *r) {
 /* Starts restoring prompt blocks [g, limit) of q from the host tier into its
  * reserved blocks. @return true when a load is in flight. Every failure
  * releases what it took (the lease first) and returns false. */
-static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) {
+bool oi__exec_start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) {
   oi_executor *x = r->x;
   if (fault(x, r, q, OI_FAULT_QUERY)) {
     OI_LOG(OI_LOG_INFO, "executor", "request %llu: query failed (injected)",
@@ -383,7 +409,7 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
       q->restore_first = g;
       q->restore_limit = limit;
       q->restore_n = 0;
-      q->state = OI_REQUEST_RESTORING;
+      q->state = q->split ? OI_REQUEST_RUNNING : OI_REQUEST_RESTORING;
       return true;
     }
   }
@@ -407,8 +433,9 @@ static bool start_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit) 
     st = oi_engine_load(r->engine, qr.lease, q->blocks + g, h, &lo, &q->load_ticket);
     if (st == OI_OK) {
       x->c.leases_held--; /* the load consumed our share */
-      q->state = OI_REQUEST_RESTORING;
+      q->state = q->split ? OI_REQUEST_RUNNING : OI_REQUEST_RESTORING;
       q->restore_deadline_ns = oi__deadline_ns(x->o.restore_timeout_ms);
+      if (q->split) return true; /* its head is computed first (poll_restores) */
       /* Overlap: the remaining tokens are computed in this step while the
        * load runs (every layer's event is needed; the remote engine has
        * none). */
@@ -466,7 +493,7 @@ static void admit(exec_rank *r) {
     q->cached_tokens = g * page;
     x->c.cached_tokens += g * page;
     q->state = OI_REQUEST_RUNNING;
-    if (r->engine && g < limit) start_restore(r, q, g, limit);
+    if (r->engine && g < limit) oi__exec_plan_restore(r, q, g, limit);
   }
 }
 
@@ -483,7 +510,10 @@ static void build_batch(exec_rank *r) {
       if (q->state != OI_REQUEST_RUNNING && !overlapped) continue;
       bool decoding = q->kv_len >= q->prompt_len;
       if (decoding != (pass == 0)) continue;
-      uint32_t want = decoding ? 1 : OI_MIN(q->prompt_len - q->kv_len, budget);
+      /* A split computes its head only: up to the blocks it loads. */
+      uint32_t end = q->split ? q->restore_first * r->kv.page_size : q->prompt_len;
+      if (!decoding && end <= q->kv_len) continue;
+      uint32_t want = decoding ? 1 : OI_MIN(end - q->kv_len, budget);
       oi_model_seq *s = &r->seqs[n];
       memset(s, 0, sizeof *s);
       s->request_id = q->id;
@@ -616,10 +646,22 @@ oi_status oi__exec_step(oi_executor *x, uint32_t *finished) {
       }
       for (uint32_t k = 0; k < r->batch.n_seqs; k++) {
         request *q = r->seq_req[k];
-        if (q->state == OI_REQUEST_RESTORING) drop_overlap(r, q);
+        if (q->state == OI_REQUEST_RESTORING || (q->split && q->load_ticket)) drop_overlap(r, q);
+        q->split = false;
         finish_request(r, q, OI_REQUEST_FAILED, st);
       }
       continue;
+    }
+    /* The forward's time feeds the prefill fit (not one that waited on a
+     * load: its time is the load's). */
+    if (r->batch.n_kv_waits == 0 && r->n_host_waits == 0) {
+      double tokens = 0, positions = 0;
+      for (uint32_t k = 0; k < r->batch.n_seqs; k++) {
+        double n = r->seqs[k].n_tokens, p = r->seqs[k].position;
+        tokens += n;
+        positions += n * p + n * (n - 1) / 2;
+      }
+      oi__exec_prefill_sample(x, tokens, positions, (double)r->forward_ns);
     }
     for (uint32_t k = 0; k < r->batch.n_seqs; k++) {
       request *q = r->seq_req[k];

@@ -427,6 +427,7 @@ void oi__host_load_end(oi_host *h, host_block *const *blocks, size_t n, bool ok,
   if (c.unloaded) atomic_fetch_sub(&h->c.blocks_loading, c.unloaded);
   if (c.unpinned) atomic_fetch_sub_explicit(&h->c.blocks_pinned, c.unpinned, memory_order_relaxed);
   if (ok) {
+    oi__rate_sample(h, OI_RATE_LINK, bytes, latency_ns); /* the link's estimate */
     atomic_fetch_add(&h->c.loads_completed, 1);
     atomic_fetch_add(&h->c.blocks_loaded, n);
     atomic_fetch_add(&h->c.bytes_loaded, bytes);

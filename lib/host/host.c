@@ -65,6 +65,7 @@ OI_API oi_status oi_host_create(const oi_host_options *o, oi_host **out) {
   h->capacity = opts.pool_bytes;
   pthread_mutex_init(&h->ns_lock, NULL);
   oi__tier_init(h);
+  oi__rates_init(h);
   pthread_mutex_init(&h->maint_lock, NULL);
   pthread_mutex_init(&h->seal_lock, NULL);
   oi__cond_init_monotonic(&h->maint_cv);
@@ -128,6 +129,7 @@ OI_API void oi_host_destroy(oi_host *h) {
     pthread_join(h->maint_thread, NULL);
   }
   oi__tier_fini(h); /* then the one that takes spills */
+  oi__rates_fini(h);
   oi__lease_fini(h);
   oi__index_fini(h);
   oi__pool_fini(h);
@@ -373,6 +375,14 @@ OI_API oi_status oi_host_get_stats(const oi_host *h, oi_host_stats *out) {
   s.latency_buckets = OI_LATENCY_BUCKETS;
   oi__hist_read(&c->save_latency, s.save_latency_us, &s.save_latency_sum_us);
   oi__hist_read(&c->load_latency, s.load_latency_us, &s.load_latency_sum_us);
+  uint64_t rate[OI_RATES], samples[OI_RATES];
+  oi__rates_read(h, rate, samples);
+  s.link_bytes_per_s = rate[OI_RATE_LINK];
+  s.disk_bytes_per_s = rate[OI_RATE_DISK];
+  s.remote_bytes_per_s = rate[OI_RATE_REMOTE];
+  s.link_samples = samples[OI_RATE_LINK];
+  s.disk_samples = samples[OI_RATE_DISK];
+  s.remote_samples = samples[OI_RATE_REMOTE];
   return oi__struct_out_min(out, &s, sizeof s, OI_FLOOR_HOST_STATS, "host_stats");
 }
 

@@ -177,6 +177,7 @@ typedef struct oi_host_query_args {
   uint8_t *present; /* n bytes, for a membership query */
   uint32_t wait_ms; /* a prefix query waits up to this long for the blocks in flight after
                      * its sealed prefix (0: no wait) */
+  uint8_t *where;   /* optional, n bytes: where each block was found (oi_block_where) */
 } oi_host_query_args;
 
 typedef struct oi_host_answer {

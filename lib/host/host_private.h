@@ -160,6 +160,17 @@ typedef struct host_counters {
 #define OI_NS_PAGES 256
 #define OI_NS_COUNTED (OI_NS_PAGE * OI_NS_PAGES)
 
+/* A read-rate estimate (rates.c): bytes per second, an EWMA of samples;
+ * a tier's busy period (promotions in flight) makes one sample. */
+enum { OI_RATE_LINK = 0, OI_RATE_DISK = 1, OI_RATE_REMOTE = 2, OI_RATES = 3 };
+typedef struct host_rate {
+  pthread_mutex_t lock;
+  double bytes_per_s;
+  uint64_t samples;
+  size_t in_flight;
+  uint64_t busy_start_ns, busy_bytes;
+} host_rate;
+
 struct oi_host {
   atomic_uint evicters; /* threads inside evict_until (host.c) */
   oi_host_options opts;
@@ -248,6 +259,7 @@ struct oi_host {
   atomic_uint_fast64_t spill_lost[OI_SPILL_FATES];
 
   host_counters c;
+  host_rate rates[OI_RATES]; /* rates.c */
   uint64_t pool_setup_ns;
   _Atomic(atomic_uint_fast64_t *) ns_resident[OI_NS_PAGES];
 };
@@ -540,6 +552,17 @@ typedef struct tier_chain {
   oi_tier *links[];
 } tier_chain;
 void oi__tier_init(oi_host *h);
+/* rates.c: the read-rate estimates (OI_RATE_*). A sample of `bytes` in
+ * `ns`; a tier's promotions: k slots begin, one ends (its bytes when ok);
+ * the estimates (bytes per second) and sample counts; the OI_RATE_* of an
+ * oi_block_where (-1: none). */
+void oi__rates_init(oi_host *h);
+void oi__rates_fini(oi_host *h);
+void oi__rate_sample(oi_host *h, int which, uint64_t bytes, uint64_t ns);
+void oi__rate_busy_begin(oi_host *h, int which, size_t k);
+void oi__rate_busy_end(oi_host *h, int which, uint64_t bytes, bool ok);
+void oi__rates_read(const oi_host *h, uint64_t bytes_per_s[OI_RATES], uint64_t samples[OI_RATES]);
+int oi__rate_of_where(uint32_t where);
 /* Stops telling the tiers of seals and evictions (waits for calls in
  * progress), then destroys the tiers that do not take spills, farthest
  * first (host destroy, first thing). */

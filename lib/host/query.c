@@ -23,7 +23,7 @@ static void slots_accepted(void *ctx, const size_t *idx, host_block *const *bloc
  * and the next one starts past that run. @return the blocks being
  * promoted; *end: the position past the last run. */
 static size_t walk(oi_host *h, const tier_chain *c, oi_host_ns ns, const oi_block_hash *hashes,
-                   size_t n, size_t pos, size_t *end) {
+                   size_t n, size_t pos, size_t *end, uint8_t *where) {
   size_t promoted = 0, from = pos; /* keys[i] is the key of hashes[from + i] */
   uint64_t block_bytes = 0;
   oi_tier_key *keys = oi__malloc((n - from) * sizeof *keys);
@@ -43,7 +43,10 @@ static size_t walk(oi_host *h, const tier_chain *c, oi_host_ns ns, const oi_bloc
     oi_host_reserve_sink sink = {.accepted = slots_accepted, .ctx = &ps, .promotion = true};
     oi_host_reserved r;
     oi__host_reserve(h, ns, hashes + pos, run, &sink, &r);
+    int rate = oi__rate_of_where(t->ops->where);
+    if (rate >= 0) oi__rate_busy_begin(h, rate, ps.k); /* each slot ends once */
     promoted += t->ops->promote(t->self, claim, ns, block_bytes, k, ps.slots, ps.k);
+    if (where) memset(where + pos, (int)t->ops->where, run);
     pos += run;
   }
 out:
@@ -57,12 +60,19 @@ out:
 static void membership(oi_host *h, const tier_chain *c, oi_host_ns ns, const oi_host_query_args *a,
                        const oi_block_hash *hashes, size_t n, oi_host_answer *r) {
   oi__host_membership(h, ns, hashes, n, a->present, &r->hit_blocks, &r->pending_blocks);
+  uint8_t *where = a->where;
+  for (size_t i = 0; where && i < n; i++)
+    where[i] = a->present[i] ? OI_WHERE_POOL : OI_WHERE_NONE;
   if (!c || r->hit_blocks >= n) return;
   oi_tier_key *keys = oi__malloc(n * sizeof *keys);
   if (keys && oi__tier_make_keys(h, ns.id, hashes, n, keys, NULL))
-    for (size_t i = 0; i < c->n && r->hit_blocks < n; i++)
-      if (c->links[i]->ops->contains)
-        r->hit_blocks += c->links[i]->ops->contains(c->links[i]->self, keys, n, a->present);
+    for (size_t i = 0; i < c->n && r->hit_blocks < n; i++) {
+      const oi_tier *t = c->links[i];
+      if (!t->ops->contains) continue;
+      r->hit_blocks += t->ops->contains(t->self, keys, n, a->present);
+      for (size_t j = 0; where && j < n; j++) /* what this tier added is its */
+        if (a->present[j] && where[j] == OI_WHERE_NONE) where[j] = (uint8_t)t->ops->where;
+    }
   oi__free(keys);
 }
 
@@ -70,6 +80,7 @@ oi_status oi__host_query_ns(oi_host *h, oi_host_ns ns, const oi_host_query_args 
                             const oi_block_hash *hashes, size_t n, oi_host_answer *r) {
   memset(r, 0, sizeof *r);
   const tier_chain *c = atomic_load_explicit(&h->chain, memory_order_acquire);
+  if (a->where && n) memset(a->where, OI_WHERE_NONE, n);
   if (a->membership) {
     membership(h, c, ns, a, hashes, n, r);
     return OI_OK;
@@ -81,7 +92,7 @@ oi_status oi__host_query_ns(oi_host *h, oi_host_ns ns, const oi_host_query_args 
     oi__host_prefix_probe(h, ns, hashes, n, &sealed, &pending);
     probed = true;
     size_t end = (size_t)(sealed + pending);
-    if (end < n) promoted = walk(h, c, ns, hashes, n, end, &end);
+    if (end < n) promoted = walk(h, c, ns, hashes, n, end, &end, a->where);
     pending = end - sealed; /* what the promotions put in flight joins the pending run */
   }
   if (a->wait_ms) {
@@ -99,6 +110,14 @@ oi_status oi__host_query_ns(oi_host *h, oi_host_ns ns, const oi_host_query_args 
   oi_status st = oi__host_lease_prefix(h, ns, a->instance, a->principal, a->shares, hashes, n,
                                        &r->hit_blocks, &r->pending_blocks, &r->lease);
   r->loading = st == OI_OK && promoted && r->pending_blocks;
+  /* The pool's runs: the hits and what is in flight there (the runs the
+   * tiers promote were named by the walk). */
+  uint64_t held = st == OI_OK ? r->hit_blocks + r->pending_blocks : 0;
+  for (uint64_t i = 0; a->where && i < n; i++)
+    if (i >= held)
+      a->where[i] = OI_WHERE_NONE;
+    else if (a->where[i] == OI_WHERE_NONE)
+      a->where[i] = OI_WHERE_POOL;
   return st;
 }
 
@@ -109,6 +128,7 @@ oi_status oi__host_query(oi_host *h, const char *namespace_id, const oi_host_que
     /* Nothing was ever saved there: every block misses. */
     memset(r, 0, sizeof *r);
     if (a->membership && n) memset(a->present, 0, n);
+    if (a->where && n) memset(a->where, OI_WHERE_NONE, n);
     return OI_OK;
   }
   return oi__host_query_ns(h, ns, a, hashes, n, r);

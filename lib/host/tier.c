@@ -176,8 +176,11 @@ void oi__tier_promote_end(oi_tier *t, oi_host_ns ns, host_block *block, bool ok,
     block->lower = 1;
     pthread_mutex_unlock(&s->lock);
   }
-  (void)bytes; /* the tier counts its own (a promotion is no save) */
+  /* The tier counts its own bytes (a promotion is no save); the host's
+   * estimate of the tier's read rate takes them. */
   (void)latency_ns;
+  int rate = oi__rate_of_where(t->ops->where);
+  if (rate >= 0) oi__rate_busy_end(h, rate, bytes, ok);
   oi__host_promote_end(h, ns, &block, 1, ok);
 }
 

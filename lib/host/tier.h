@@ -57,6 +57,9 @@ typedef struct oi_tier_ops {
   const char *name; /* "disk", "cluster": messages */
   uint32_t rank;    /* its place in the chain: a lower rank is nearer the pool */
   uint32_t flags;   /* OI_TIER_SPILLS */
+  /* Where its blocks are, as queries answer it (oi_block_where: DISK,
+   * REMOTE), and whose read-rate estimate its promotions feed. */
+  uint32_t where;
   /* Membership of a batch: for each i with present[i] == 0 that the tier
    * holds, sets present[i] = 1. @return how many it set. NULL: a
    * membership query does not ask this tier (an answer would cost a round

@@ -239,6 +239,7 @@ static oi_status lookup_query(srv_session *s, const oiwire_Query *m, size_t n,
   oi_status st =
       oi__query_check("query", s->arrays.hashes, n, m->flags, qr, &qa.present, &qa.wait_ms);
   if (st != OI_OK) return st;
+  qa.where = oi__query_where(qr);
   oi_host_answer ans;
   if ((st = oi__host_query(s->server->host, m->namespace_id, &qa, s->arrays.hashes, n, &ans)) !=
       OI_OK)

@@ -323,6 +323,7 @@ int bench_ttft(int argc, char **argv) {
   eo.offload = OI_OFFLOAD_EMBEDDED;
   eo.host = host;
   eo.restore_overlap = cli_restore_overlap_env();
+  eo.restore_plan = cli_restore_plan_env();
   oi_executor *x = NULL;
   if (oi_executor_create(&eo, &x) != OI_OK) {
     fprintf(stderr, "openinfer bench ttft: executor: %s\n", oi_last_error());

@@ -753,7 +753,9 @@ _HOST_STATS = [
     "blocks_free", "blocks_in_flight", "blocks_sealed", "blocks_leased", "blocks_loading",
     "saves_submitted", "saves_completed", "saves_deduplicated", "saves_dropped", "saves_failed",
     "bytes_saved", "bytes_loaded", "loads_completed", "loads_failed", "query_hit_blocks",
-    "query_miss_blocks", "leases_active", "leases_expired", "leases_released", "evictions"]
+    "query_miss_blocks", "leases_active", "leases_expired", "leases_released", "evictions",
+    "link_bytes_per_s", "disk_bytes_per_s", "remote_bytes_per_s", "link_samples", "disk_samples",
+    "remote_samples"]
 _DISK_STATS = [
     "blocks", "bytes_used", "capacity_bytes", "spills", "spills_failed", "spills_skipped",
     "spill_overflow", "promotions", "promote_failed", "checksum_failures", "evictions",
@@ -799,12 +801,20 @@ class OffloadHost(_Handle):
 
     def __init__(self, pool_bytes, device=DEVICE_CPU, *, hugepages=False, pin=None,
                  lease_ttl_ms=None, index_shards=None, chunk_bytes=None, high_watermark=None,
-                 low_watermark=None, numa_node=None):
+                 low_watermark=None, numa_node=None, link_bytes_per_s=None,
+                 disk_bytes_per_s=None, remote_bytes_per_s=None):
+        """link/disk/remote_bytes_per_s: the seeds of the read-rate estimates
+        (None: the library's defaults; stats() reports the estimates)."""
         super().__init__()
         if pin is None:
             pin = device != DEVICE_CPU
         o = _host_options(pool_bytes, device, hugepages, pin, lease_ttl_ms, index_shards,
                           chunk_bytes, high_watermark, low_watermark, numa_node)
+        for field, v in (("link_bytes_per_s", link_bytes_per_s),
+                         ("disk_bytes_per_s", disk_bytes_per_s),
+                         ("remote_bytes_per_s", remote_bytes_per_s)):
+            if v is not None:
+                setattr(o, field, v)
         out = ffi.new("oi_host **")
         _check(lib.oi_host_create(o, out))
         self._ptr = out[0]
@@ -1168,12 +1178,15 @@ class QueryResult:
     pending_blocks: the blocks right after the hit prefix whose save is still
     in flight, not leased (membership: the positions in flight)."""
 
-    def __init__(self, hit_blocks, lease, loading, present=None, pending_blocks=0):
+    def __init__(self, hit_blocks, lease, loading, present=None, pending_blocks=0, where=None):
         self.hit_blocks = hit_blocks
         self.lease = lease
         self.loading = loading
         self.present = present
         self.pending_blocks = pending_blocks
+        # where each queried block was found: "pool", "disk", "remote",
+        # "unknown" (a sidecar's pending blocks) or None (not found)
+        self.where = where
 
     def __repr__(self):
         return "QueryResult(hit_blocks=%d, pending_blocks=%d, lease=%r)" % (
@@ -1274,6 +1287,8 @@ def _do_query(owner, call, hashes, req_id, membership, out, wait_pending):
     r.wait_ms = wait_ms
     rid = req_id.encode() if req_id is not None else ffi.NULL
     hs, n, _keep = _hashes_in(hashes)
+    where = ffi.new("uint8_t[]", max(n, 1))
+    r.where = where
     outp = None
     try:
         if membership:
@@ -1289,11 +1304,61 @@ def _do_query(owner, call, hashes, req_id, membership, out, wait_pending):
             ffi.release(outp)
     _check(st)
     loading = r.state == lib.OI_QUERY_LOADING
+    places = [_WHERE_NAMES.get(where[i]) for i in range(n)]
     if membership:
-        return QueryResult(r.hit_blocks, None, loading, None, r.pending_blocks), out
+        return QueryResult(r.hit_blocks, None, loading, None, r.pending_blocks, places), out
     raw = bytes(ffi.buffer(r.lease.bytes, 16))
     lease = Lease(owner, raw, r.hit_blocks) if any(raw) else None
-    return QueryResult(r.hit_blocks, lease, loading, None, r.pending_blocks), None
+    return QueryResult(r.hit_blocks, lease, loading, None, r.pending_blocks, places), None
+
+
+_WHERE_NAMES = {1: "pool", 2: "disk", 3: "remote", 4: "unknown"}
+_WHERE_CODES = {None: 0, "none": 0, "pool": 1, "disk": 2, "remote": 3, "unknown": 4}
+
+
+def plan_restore(*, prompt_tokens, n_blocks, block_tokens, block_bytes, link_bytes_per_s,
+                 prefill_ns_per_token, prefill_ns_per_token_ctx=0.0, where=None,
+                 start_tokens=0, disk_bytes_per_s=0, remote_bytes_per_s=0, num_layers=0,
+                 layerwise=False, split=True, staged=False, load_overhead_ns=0):
+    """Restore or recompute (oi_plan_restore, docs/planner.md): how many of
+    the n_blocks held blocks after start_tokens to compute first
+    (compute_head_blocks), to load next (load_blocks), and the model's
+    estimates (est_ns, est_cold_ns, est_load_all_ns), as a dict. where: a
+    list of "pool"/"disk"/"remote"/"unknown"/None per block (None: every
+    block in the pool); the rates are bytes per second (an OffloadHost's
+    stats() has the library's estimates)."""
+    a = ffi.new("oi_restore_plan_args *")
+    _check(lib.oi_restore_plan_args_init(a))
+    keep = None
+    if where is not None:
+        try:
+            codes = [_WHERE_CODES[w] for w in where]
+        except KeyError as e:
+            raise InvalidArgumentError("plan_restore: where holds %r (no such place)" % (e.args[0],))
+        if len(codes) != n_blocks:
+            raise InvalidArgumentError("plan_restore: where has %d entries for %d blocks"
+                                       % (len(codes), n_blocks))
+        keep = ffi.new("uint8_t[]", codes or [0])
+        a.where = keep
+    a.flags = ((lib.OI_PLAN_LAYERWISE if layerwise else 0) | (0 if split else lib.OI_PLAN_NO_SPLIT)
+               | (lib.OI_PLAN_STAGED if staged else 0))
+    a.prompt_tokens = prompt_tokens
+    a.start_tokens = start_tokens
+    a.n_blocks = n_blocks
+    a.block_tokens = block_tokens
+    a.block_bytes = block_bytes
+    a.num_layers = num_layers
+    a.link_bytes_per_s = link_bytes_per_s
+    a.disk_bytes_per_s = disk_bytes_per_s
+    a.remote_bytes_per_s = remote_bytes_per_s
+    a.prefill_ns_per_token = prefill_ns_per_token
+    a.prefill_ns_per_token_ctx = prefill_ns_per_token_ctx
+    a.load_overhead_ns = load_overhead_ns
+    p = ffi.new("oi_restore_plan *")
+    p.struct_size = ffi.sizeof("oi_restore_plan")
+    _check(lib.oi_plan_restore(a, p))
+    return _stats_dict(p, ["compute_head_blocks", "load_blocks", "load_tokens", "compute_tokens",
+                           "est_ns", "est_cold_ns", "est_load_all_ns"])
 
 
 def _membership_result(res, present):
@@ -1815,7 +1880,7 @@ class Server(_Handle):
 
 # --------------------------------------------------------------------------- executor
 
-__all__ += ["RefModel", "Executor", "RequestResult"]
+__all__ += ["RefModel", "Executor", "RequestResult", "plan_restore"]
 
 
 class RefModel(_Handle):
@@ -1884,7 +1949,9 @@ _EXEC_STATS = [
     "prefill_tokens", "decode_tokens", "cached_tokens", "restored_tokens", "restores_started",
     "restores_completed", "restores_failed", "saves_submitted", "save_blocks_pending",
     "blocks_total", "blocks_free", "blocks_cached", "blocks_active", "leases_held",
-    "restores_overlapped", "restores_waited"]
+    "restores_overlapped", "restores_waited", "plans", "plans_compute", "plans_split",
+    "plans_partial", "plan_ns", "prefill_ns_per_token", "prefill_ns_per_token_ctx",
+    "prefill_samples"]
 
 _OFFLOAD = {"none": 0, "embedded": 1, "sidecar": 2}
 
@@ -1914,7 +1981,9 @@ class Executor(_Handle):
     def __init__(self, model, *, ranks=1, devices=None, page_size=None, gpu_blocks=None,
                  offload="none", host=None, host_pool_bytes=None, socket_path=None,
                  namespace=None, max_batch_tokens=None, max_batch_seqs=None, prefix_cache=True,
-                 restore_timeout_ms=None, flush_timeout_ms=None, on_token=None):
+                 restore_timeout_ms=None, flush_timeout_ms=None, on_token=None,
+                 restore_plan="auto", prefill_ns_per_token=None, prefill_ns_per_token_ctx=None,
+                 link_bytes_per_s=None, disk_bytes_per_s=None, remote_bytes_per_s=None):
         super().__init__()
         if not isinstance(model, RefModel):
             raise InvalidArgumentError("model must be a RefModel")
@@ -1932,9 +2001,18 @@ class Executor(_Handle):
                          ("max_batch_tokens", max_batch_tokens),
                          ("max_batch_seqs", max_batch_seqs),
                          ("restore_timeout_ms", restore_timeout_ms),
-                         ("flush_timeout_ms", flush_timeout_ms)):
+                         ("flush_timeout_ms", flush_timeout_ms),
+                         ("prefill_ns_per_token", prefill_ns_per_token),
+                         ("prefill_ns_per_token_ctx", prefill_ns_per_token_ctx),
+                         ("link_bytes_per_s", link_bytes_per_s),
+                         ("disk_bytes_per_s", disk_bytes_per_s),
+                         ("remote_bytes_per_s", remote_bytes_per_s)):
             if v is not None:
                 setattr(o, field, v)
+        plans = {"auto": lib.OI_RESTORE_PLAN_AUTO, "off": lib.OI_RESTORE_PLAN_OFF}
+        if restore_plan not in plans:
+            raise InvalidArgumentError("restore_plan: %r (\"auto\" or \"off\")" % (restore_plan,))
+        o.restore_plan = plans[restore_plan]
         o.prefix_cache = 1 if prefix_cache else 0
         o.offload = _OFFLOAD[offload] if isinstance(offload, str) else offload
         if host is not None:

@@ -150,6 +150,9 @@ typedef struct oi_host_options {
   uint64_t chunk_bytes;
   float high_watermark;
   float low_watermark;
+  uint64_t link_bytes_per_s;
+  uint64_t disk_bytes_per_s;
+  uint64_t remote_bytes_per_s;
   ...;
 } oi_host_options;
 typedef struct oi_host_stats {
@@ -179,6 +182,12 @@ typedef struct oi_host_stats {
   uint64_t leases_expired;
   uint64_t leases_released;
   uint64_t evictions;
+  uint64_t link_bytes_per_s;
+  uint64_t disk_bytes_per_s;
+  uint64_t remote_bytes_per_s;
+  uint64_t link_samples;
+  uint64_t disk_samples;
+  uint64_t remote_samples;
   ...;
 } oi_host_stats;
 oi_status oi_host_options_init(oi_host_options *o);
@@ -186,6 +195,43 @@ oi_status oi_host_create(const oi_host_options *o, oi_host **out);
 void oi_host_destroy(oi_host *h);
 oi_status oi_host_get_stats(const oi_host *h, oi_host_stats *out);
 oi_status oi_host_evict_all(oi_host *h, uint64_t *evicted_blocks);
+typedef enum oi_block_where {
+  OI_WHERE_NONE, OI_WHERE_POOL, OI_WHERE_DISK, OI_WHERE_REMOTE, OI_WHERE_UNKNOWN, ...
+} oi_block_where;
+#define OI_PLAN_LAYERWISE ...
+#define OI_PLAN_NO_SPLIT ...
+#define OI_PLAN_STAGED ...
+typedef struct oi_restore_plan_args {
+  uint32_t struct_size;
+  uint32_t flags;
+  uint64_t prompt_tokens;
+  uint64_t start_tokens;
+  uint64_t n_blocks;
+  const uint8_t *where;
+  uint64_t block_tokens;
+  uint64_t block_bytes;
+  uint32_t num_layers;
+  uint64_t link_bytes_per_s;
+  uint64_t disk_bytes_per_s;
+  uint64_t remote_bytes_per_s;
+  double prefill_ns_per_token;
+  double prefill_ns_per_token_ctx;
+  uint64_t load_overhead_ns;
+  ...;
+} oi_restore_plan_args;
+typedef struct oi_restore_plan {
+  uint32_t struct_size;
+  uint64_t compute_head_blocks;
+  uint64_t load_blocks;
+  uint64_t load_tokens;
+  uint64_t compute_tokens;
+  uint64_t est_ns;
+  uint64_t est_cold_ns;
+  uint64_t est_load_all_ns;
+  ...;
+} oi_restore_plan;
+oi_status oi_restore_plan_args_init(oi_restore_plan_args *a);
+oi_status oi_plan_restore(const oi_restore_plan_args *a, oi_restore_plan *out);
 
 typedef struct oi_host_disk_options {
   uint32_t struct_size;
@@ -296,6 +342,7 @@ typedef struct oi_query_result {
   uint8_t *present;
   uint64_t pending_blocks;
   uint32_t wait_ms;
+  uint8_t *where;
   ...;
 } oi_query_result;
 typedef struct oi_engine_stats {
@@ -546,6 +593,7 @@ oi_status oi_server_fetch_cluster_stats(const char *socket_path, uint32_t timeou
                                         oi_host_cluster_stats *out);
 typedef enum oi_offload_mode { OI_OFFLOAD_NONE, OI_OFFLOAD_EMBEDDED, OI_OFFLOAD_SIDECAR, ... } oi_offload_mode;
 typedef enum oi_restore_overlap { OI_RESTORE_OVERLAP_AUTO, OI_RESTORE_OVERLAP_OFF, OI_RESTORE_OVERLAP_HOST, ... } oi_restore_overlap;
+typedef enum oi_restore_plan_mode { OI_RESTORE_PLAN_AUTO, OI_RESTORE_PLAN_OFF, ... } oi_restore_plan_mode;
 typedef void (*oi_token_fn)(void *ctx, uint64_t request_id, uint32_t token, uint32_t index,
                             int finished);
 typedef int (*oi_executor_fault_fn)(void *ctx, uint32_t rank, uint64_t request_id, uint32_t fault);
@@ -572,6 +620,12 @@ typedef struct oi_executor_options {
   oi_executor_fault_fn fault_hook;
   void *fault_ctx;
   uint32_t restore_overlap;
+  uint32_t restore_plan;
+  double prefill_ns_per_token;
+  double prefill_ns_per_token_ctx;
+  uint64_t link_bytes_per_s;
+  uint64_t disk_bytes_per_s;
+  uint64_t remote_bytes_per_s;
   ...;
 } oi_executor_options;
 typedef struct oi_request {
@@ -626,6 +680,14 @@ typedef struct oi_executor_stats {
   uint64_t leases_held;
   uint64_t restores_overlapped;
   uint64_t restores_waited;
+  uint64_t plans;
+  uint64_t plans_compute;
+  uint64_t plans_split;
+  uint64_t plans_partial;
+  uint64_t plan_ns;
+  double prefill_ns_per_token;
+  double prefill_ns_per_token_ctx;
+  uint64_t prefill_samples;
   ...;
 } oi_executor_stats;
 oi_status oi_executor_options_init(oi_executor_options *o);

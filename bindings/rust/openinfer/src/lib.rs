@@ -418,6 +418,94 @@ pub struct HostStats {
     pub leases_expired: u64,
     pub leases_released: u64,
     pub evictions: u64,
+    /// The read-rate estimates, bytes per second (docs/planner.md).
+    pub link_bytes_per_s: u64,
+    pub disk_bytes_per_s: u64,
+    pub remote_bytes_per_s: u64,
+}
+
+/// Where a block is (`oi_block_where`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BlockWhere {
+    None = 0,
+    Pool = 1,
+    Disk = 2,
+    Remote = 3,
+    Unknown = 4,
+}
+
+/// The arguments of [`plan_restore`] (`oi_restore_plan_args`): rates in
+/// bytes per second, the prefill cost of a token at position p is
+/// `prefill_ns_per_token + prefill_ns_per_token_ctx * p` ns.
+#[derive(Debug, Clone, Default)]
+pub struct RestorePlanArgs {
+    pub prompt_tokens: u64,
+    pub start_tokens: u64,
+    /// One entry per held block after `start_tokens` (empty: `n_blocks` in the pool).
+    pub where_: Vec<BlockWhere>,
+    pub n_blocks: u64,
+    pub block_tokens: u64,
+    pub block_bytes: u64,
+    pub num_layers: u32,
+    pub layerwise: bool,
+    pub no_split: bool,
+    pub staged: bool,
+    pub link_bytes_per_s: u64,
+    pub disk_bytes_per_s: u64,
+    pub remote_bytes_per_s: u64,
+    pub prefill_ns_per_token: f64,
+    pub prefill_ns_per_token_ctx: f64,
+    pub load_overhead_ns: u64,
+}
+
+/// The plan (`oi_restore_plan`): compute `compute_head_blocks`, load the
+/// next `load_blocks`, compute the rest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestorePlan {
+    pub compute_head_blocks: u64,
+    pub load_blocks: u64,
+    pub load_tokens: u64,
+    pub compute_tokens: u64,
+    pub est_ns: u64,
+    pub est_cold_ns: u64,
+    pub est_load_all_ns: u64,
+}
+
+/// Restore or recompute (`oi_plan_restore`, docs/planner.md).
+pub fn plan_restore(a: &RestorePlanArgs) -> Result<RestorePlan> {
+    let mut c: sys::oi_restore_plan_args = unsafe { std::mem::zeroed() };
+    check(unsafe { sys::oi_restore_plan_args_init(&mut c) })?;
+    let places: Vec<u8> = a.where_.iter().map(|w| *w as u8).collect();
+    let n = if places.is_empty() { a.n_blocks } else { places.len() as u64 };
+    c.flags = (if a.layerwise { sys::OI_PLAN_LAYERWISE } else { 0 })
+        | (if a.no_split { sys::OI_PLAN_NO_SPLIT } else { 0 })
+        | (if a.staged { sys::OI_PLAN_STAGED } else { 0 });
+    c.prompt_tokens = a.prompt_tokens;
+    c.start_tokens = a.start_tokens;
+    c.n_blocks = n;
+    c.where_ = if places.is_empty() { std::ptr::null() } else { places.as_ptr() };
+    c.block_tokens = a.block_tokens;
+    c.block_bytes = a.block_bytes;
+    c.num_layers = a.num_layers;
+    c.link_bytes_per_s = a.link_bytes_per_s;
+    c.disk_bytes_per_s = a.disk_bytes_per_s;
+    c.remote_bytes_per_s = a.remote_bytes_per_s;
+    c.prefill_ns_per_token = a.prefill_ns_per_token;
+    c.prefill_ns_per_token_ctx = a.prefill_ns_per_token_ctx;
+    c.load_overhead_ns = a.load_overhead_ns;
+    let mut p: sys::oi_restore_plan = unsafe { std::mem::zeroed() };
+    p.struct_size = std::mem::size_of::<sys::oi_restore_plan>() as u32;
+    check(unsafe { sys::oi_plan_restore(&c, &mut p) })?;
+    Ok(RestorePlan {
+        compute_head_blocks: p.compute_head_blocks,
+        load_blocks: p.load_blocks,
+        load_tokens: p.load_tokens,
+        compute_tokens: p.compute_tokens,
+        est_ns: p.est_ns,
+        est_cold_ns: p.est_cold_ns,
+        est_load_all_ns: p.est_load_all_ns,
+    })
 }
 
 /// The host tier: a pool of host memory shared by this process's engines.
@@ -478,6 +566,9 @@ impl OffloadHost {
             blocks_leased: s.blocks_leased,
             saves_completed: s.saves_completed,
             saves_deduplicated: s.saves_deduplicated,
+            link_bytes_per_s: s.link_bytes_per_s,
+            disk_bytes_per_s: s.disk_bytes_per_s,
+            remote_bytes_per_s: s.remote_bytes_per_s,
             loads_completed: s.loads_completed,
             leases_active: s.leases_active,
             leases_expired: s.leases_expired,

@@ -15,7 +15,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -39,14 +38,6 @@ struct oi_redis_tls {
 static atomic_uint g_pumps;
 
 unsigned oi__redis_tls_pumps(void) { return atomic_load(&g_pumps); }
-
-static void errf(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t cap, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, cap, fmt, ap);
-  va_end(ap);
-}
 
 /* OpenSSL's first queued reason (or errno's), the queue emptied. */
 static const char *ssl_reason(char *buf, size_t cap) {
@@ -170,7 +161,7 @@ static int tcp_connect(const char *host, int port, uint64_t deadline_ns, char *e
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
   int rc = getaddrinfo(host, ps, &hints, &ai);
   if (rc != 0) {
-    errf(err, cap, "connect %.60s:%d: %s", host, port, gai_strerror(rc));
+    snprintf(err, cap, "connect %.60s:%d: %s", host, port, gai_strerror(rc));
     return -1;
   }
   int fd = -1;
@@ -182,10 +173,10 @@ static int tcp_connect(const char *host, int port, uint64_t deadline_ns, char *e
     if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 &&
         (errno != EINPROGRESS || !wait_fd(fd, POLLOUT, deadline_ns) ||
          getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0 || e != 0)) {
-      errf(err, cap, "connect %.60s:%d: %s", host, port,
-           e                      ? strerror(e)
-           : errno == EINPROGRESS ? "timed out"
-                                  : strerror(errno));
+      snprintf(err, cap, "connect %.60s:%d: %s", host, port,
+               e                      ? strerror(e)
+               : errno == EINPROGRESS ? "timed out"
+                                      : strerror(errno));
       close(fd);
       fd = -1;
     }
@@ -214,14 +205,15 @@ static bool handshake(SSL *s, int fd, const char *host, int port, uint64_t deadl
     /* An answer that ended the handshake (not silence, not a reset). */
     *refused = e == SSL_ERROR_SSL;
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
-      errf(err, cap,
-           "TLS handshake with %.60s:%d: no answer within the timeout (is it a TLS port?)", host,
-           port);
+      snprintf(err, cap,
+               "TLS handshake with %.60s:%d: no answer within the timeout (is it a TLS port?)",
+               host, port);
     else if (v != X509_V_OK)
-      errf(err, cap, "TLS handshake with %.60s:%d: its certificate is refused: %s", host, port,
-           X509_verify_cert_error_string(v));
+      snprintf(err, cap, "TLS handshake with %.60s:%d: its certificate is refused: %s", host, port,
+               X509_verify_cert_error_string(v));
     else
-      errf(err, cap, "TLS handshake with %.60s:%d: %s", host, port, ssl_reason(why, sizeof why));
+      snprintf(err, cap, "TLS handshake with %.60s:%d: %s", host, port,
+               ssl_reason(why, sizeof why));
     return false;
   }
 }
@@ -343,7 +335,7 @@ redisContext *oi__redis_tls_connect(oi_redis_tls *t, const char *host, int port,
   int sp[2] = {-1, -1};
   pump *p = NULL;
   if (!s) {
-    errf(err, cap, "TLS: out of memory");
+    snprintf(err, cap, "TLS: out of memory");
     goto fail;
   }
   SSL_set_fd(s, fd);
@@ -357,13 +349,13 @@ redisContext *oi__redis_tls_connect(oi_redis_tls *t, const char *host, int port,
   if (!handshake(s, fd, host, port, deadline, refused, err, cap)) goto fail;
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0 ||
       fcntl(sp[1], F_SETFL, fcntl(sp[1], F_GETFL) | O_NONBLOCK) != 0) {
-    errf(err, cap, "TLS: socketpair: %s", strerror(errno));
+    snprintf(err, cap, "TLS: socketpair: %s", strerror(errno));
     goto fail;
   }
   p = oi__calloc(1, sizeof *p);
   redisContext *c = p ? redisConnectFd(sp[0]) : NULL;
   if (!c || c->err) {
-    errf(err, cap, "TLS: out of memory");
+    snprintf(err, cap, "TLS: out of memory");
     if (c)
       redisFree(c); /* closes sp[0] */
     else
@@ -394,7 +386,7 @@ redisContext *oi__redis_tls_connect(oi_redis_tls *t, const char *host, int port,
     pthread_mutex_lock(&t->lock);
     t->pumps--;
     pthread_mutex_unlock(&t->lock);
-    errf(err, cap, "TLS: cannot start its thread: %s", strerror(rc));
+    snprintf(err, cap, "TLS: cannot start its thread: %s", strerror(rc));
     redisFree(c);
     sp[0] = -1;
     goto fail;

@@ -84,6 +84,18 @@ static double best_head(const plan_model *m, uint64_t e, bool split, uint64_t *c
   return t;
 }
 
+/* Keeps end e (with its best head) when it beats the best so far. */
+static void consider(const plan_model *m, uint64_t e, bool split, double *best, uint64_t *best_c,
+                     uint64_t *best_e) {
+  uint64_t c;
+  double t = best_head(m, e, split, &c);
+  if (t < *best) {
+    *best = t;
+    *best_c = c;
+    *best_e = e;
+  }
+}
+
 OI_API oi_status oi_restore_plan_args_init(oi_restore_plan_args *a) {
   if (!a) return oi__fail(OI_ERR_INVALID_ARGUMENT, "restore_plan_args_init: args is NULL");
   memset(a, 0, sizeof *a);
@@ -183,27 +195,14 @@ OI_API oi_status oi_plan_restore(const oi_restore_plan_args *args, oi_restore_pl
       to = best_e + step < n ? best_e + step : n;
       step = 1;
     }
-    for (uint64_t e = from; e <= to; e += step) {
-      uint64_t c;
-      double t = best_head(&m, e, split, &c);
-      if (t < best) {
-        best = t;
-        best_c = c;
-        best_e = e;
-      }
-    }
+    for (uint64_t e = from; e <= to; e += step)
+      consider(&m, e, split, &best, &best_c, &best_e);
     if (pass == 0 && step > 1) /* the ends of each place's run */
       for (uint64_t e = 1; e <= n; e++) {
         if (e < n && (nd[e] - nd[e - 1]) == (nd[e + 1] - nd[e]) &&
             (nr[e] - nr[e - 1]) == (nr[e + 1] - nr[e]))
           continue;
-        uint64_t c;
-        double t = best_head(&m, e, split, &c);
-        if (t < best) {
-          best = t;
-          best_c = c;
-          best_e = e;
-        }
+        consider(&m, e, split, &best, &best_c, &best_e);
       }
   }
   oi__free(counts);

@@ -11,6 +11,10 @@
  *    a plain port, a wrong password over TLS;
  *  - no client certificate where Redis asks for one: never connected,
  *    nothing written;
+ *  - 1024 publishes and a lookup of 1024 keys through one connection; the
+ *    TLS settings refused at each step (a directory, a missing file, a key
+ *    as certificate, a key of another certificate); a closed port and a
+ *    name that resolves to nothing fail before TLS, with the reason;
  *  - the options, through the public oi_host_cluster_options_check: TLS
  *    files with a redis:// url, a certificate without its key, a key others
  *    can read, a missing CA, a CA file with no certificate in it.
@@ -246,6 +250,67 @@ static void test_no_client_certificate(void) {
   redis_down();
 }
 
+/* Much through one TLS connection at once: a batch of 1024 publishes and
+ * a lookup of 1024 keys (a reply of about 150 KB through the pump's 16 KB
+ * buffers); then the TLS settings and connects refused at each step. */
+#define BIG 1024u
+static void test_tls_edges(void) {
+  redis_up(NULL, false);
+  oi_dir *d = NULL;
+  CHECK_OK(try_open((tls_args){.ca = path_of("ca.crt")}, &d));
+  REQUIRE(d);
+  static oi_tier_key k[BIG];
+  static oi_dir_holder h[BIG];
+  for (uint32_t i = 0; i < BIG; i++)
+    k[i] = key_of(10000 + i);
+  CHECK_OK(oi__dir_publish(d, k, BIG));
+  CHECK_OK(oi__dir_flush(d, 10000));
+  size_t got = 0;
+  CHECK_OK(oi__dir_lookup(d, k, BIG, h, &got));
+  CHECK(got == BIG);
+  CHECK(strcmp(h[BIG - 1].node_id, "tls-node") == 0);
+  oi__dir_close(d);
+
+  oi_redis_tls *t = (oi_redis_tls *)1;
+  CHECK(oi__redis_tls_create(NULL, NULL, NULL, NULL) == OI_ERR_INVALID_ARGUMENT);
+  CHECK(oi__redis_tls_create(g_certs, NULL, NULL, &t) == OI_ERR_INVALID_ARGUMENT && !t);
+  CHECK(strstr(oi_last_error(), "not a regular file"));
+  CHECK(oi__redis_tls_create(NULL, path_of("nothing.crt"), path_of("client.key"), &t) ==
+        OI_ERR_NOT_FOUND);
+  CHECK(oi__redis_tls_create(NULL, path_of("ca.key"), path_of("client.key"), &t) ==
+        OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "no usable certificate"));
+  CHECK(oi__redis_tls_create(NULL, path_of("client.crt"), path_of("server.key"), &t) ==
+        OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "not usable or not the certificate's"));
+  oi__redis_tls_destroy(NULL);
+  /* connects that fail before TLS: a closed port, a name that resolves to
+   * nothing; quickly, with the reason */
+  CHECK_OK(oi__redis_tls_create(path_of("ca.crt"), NULL, NULL, &t));
+  bool refused = true;
+  char err[256];
+  int closed = free_port();
+  uint64_t t0 = oi__now_ns();
+  CHECK(!oi__redis_tls_connect(t, "127.0.0.1", closed, 1000, &refused, err, sizeof err));
+  CHECK(!refused && strstr(err, "connect") && ms_since(t0) < 900);
+  fprintf(stderr, "  a closed port: %s\n", err);
+  CHECK(!oi__redis_tls_connect(t, "no-such-host.invalid", 6379, 1000, &refused, err, sizeof err));
+  CHECK(!refused && strstr(err, "no-such-host.invalid"));
+  fprintf(stderr, "  no such host: %s\n", err);
+  redisContext *c =
+      oi__redis_tls_connect(t, "127.0.0.1", g_tls_port, 1000, &refused, err, sizeof err);
+  CHECK(c && !refused);
+  if (c) {
+    redisReply *r = redisCommand(c, "PING");
+    CHECK(r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0);
+    if (r) freeReplyObject(r);
+    redisFree(c);
+  }
+  oi__redis_tls_destroy(t);
+  wait_no_pumps();
+  redis_down();
+}
+
 static oi_status check_cluster(const char *url, const char *ca, const char *cert, const char *key,
                                const char *secret) {
   oi_host_cluster_options o;
@@ -304,6 +369,7 @@ int main(void) {
   RUN_TEST(test_auth_over_tls);
   RUN_TEST(test_refused_at_open);
   RUN_TEST(test_no_client_certificate);
+  RUN_TEST(test_tls_edges);
   RUN_TEST(test_options);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_certs);

@@ -5,7 +5,7 @@
 
 PREFIX is a `meson install` of the library (bin/openinfer, lib/, include/;
 ./dev wheel installs build-wheel with DESTDIR), PY_SOURCE the Python binding
-(bindings/python). Writes OUT_DIR/openinfer-VERSION-cp39-abi3-linux_x86_64.whl
+(bindings/python). Writes OUT_DIR/openinfer-VERSION-cp39-abi3-linux_ARCH.whl
 with this layout, a prefix inside the package:
 
     openinfer/*.py                  the binding (not _build.py, its build script)
@@ -32,6 +32,7 @@ import csv
 import hashlib
 import io
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -111,6 +112,8 @@ def build_native(prefix, py_src, pkg, work):
     if "Py_LIMITED_API" not in src:
         fail("the generated module does not use the limited API")
     shutil.copy(out, os.path.join(pkg, "_native.abi3.so"))
+    if shutil.which("strip"):
+        subprocess.run(["strip", "--strip-unneeded", os.path.join(pkg, "_native.abi3.so")], check=True)
 
 
 def record_line(root, rel):
@@ -177,7 +180,7 @@ def main():
         pkg = os.path.join(root, "openinfer")
         version = stage_package(prefix, py_src, pkg)
         build_native(prefix, py_src, pkg, os.path.join(work, "native"))
-        tag = "%s-abi3-linux_x86_64" % PY_TAG
+        tag = "%s-abi3-linux_%s" % (PY_TAG, platform.machine())
         di = write_dist_info(root, version, tag)
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, "openinfer-%s-%s.whl" % (version, tag))

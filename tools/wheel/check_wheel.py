@@ -116,8 +116,9 @@ def make_venv(python, venv, wheel, house, extra_pth=None):
 
 
 def download(tools_pip, req, house, pyver=None):
+    """req: a requirements file, or a list of requirements."""
     args = [tools_pip, "download", "-q", "--disable-pip-version-check", "--only-binary", ":all:",
-            "-d", house, "-r", req]
+            "-d", house] + (["-r", req] if isinstance(req, str) else list(req))
     if pyver:
         args += ["--python-version", pyver]
     r = run(args, timeout=300)
@@ -197,7 +198,7 @@ def check_contents(wheel):
             "openinfer/lib/pkgconfig/openinfer.pc", "openinfer/include/openinfer/openinfer.h",
             "openinfer/vllm.py", "openinfer/sglang.py", "openinfer/kvworker.py"]
     missing = [w for w in want if w not in names]
-    libs = [os.path.basename(n) for n in names if n.startswith("openinfer.libs/")]
+    libs = [os.path.basename(n) for n in names if n.startswith("openinfer.libs/") and not n.endswith("/")]
     missing += [b for b in BUNDLED if not any(lib.startswith(b + "-") for lib in libs)]
     check("the wheel holds the library, the command, the headers and the libraries they load",
           not missing, "missing %s" % missing)
@@ -337,12 +338,24 @@ def check_c(venv, work, repo):
 
 
 def find_python(ver):
-    p = shutil.which("python" + ver)
-    if p:
-        return p
-    for cand in sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/%s.*/bin/python%s" % (ver, ver)))):
-        return cand
+    """A CPython ver that runs (a pyenv shim on PATH may name one that is not
+    selected: it is tried, not trusted)."""
+    cands = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/%s.*/bin/python%s" % (ver, ver))))
+    if shutil.which("python" + ver):
+        cands.append(shutil.which("python" + ver))
+    for cand in cands:
+        r = run([cand, "-c", "import sys, venv; print('%d.%d' % sys.version_info[:2])"])
+        if r.returncode == 0 and r.stdout.strip() == ver:
+            return cand
     return None
+
+
+def requires_dist(wheel):
+    """The wheel's own Requires-Dist lines (its METADATA)."""
+    z = zipfile.ZipFile(wheel)
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    return [line.split(":", 1)[1].strip() for line in z.read(meta).decode().splitlines()
+            if line.startswith("Requires-Dist:")]
 
 
 def main():
@@ -415,9 +428,11 @@ def run_checks(wheel, repo, venvs, tools_pip, work, repo_home):
         if not py:
             skip("the wheel under python %s (abi3)" % ver, "no python%s on PATH or in pyenv" % ver)
             continue
+        # (the wheel's own requirement: the pin of wheelhouse.txt may not
+        # exist for that version)
         h = os.path.join(work, "wheelhouse-" + ver)
-        ok, out = download(tools_pip, req, h, pyver=ver)
-        if not check("python %s: its wheelhouse" % ver, ok, out):
+        ok, out = download(tools_pip, requires_dist(wheel), h, pyver=ver)
+        if not check("python %s: its wheelhouse (%s)" % (ver, ", ".join(requires_dist(wheel))), ok, out):
             continue
         v = os.path.join(work, "venv-" + ver)
         ok, out, _ = make_venv(py, v, wheel, h)
@@ -438,10 +453,17 @@ def run_checks(wheel, repo, venvs, tools_pip, work, repo_home):
         ok, out, _ = make_venv(py, v, wheel, house, extra_pth=base_site)
         if not check("%s: the wheel installed into a venv on %s's packages" % (engine, engine), ok, out):
             continue
+        env = clean_env(v, home)
+        # openinfer loaded first brings libstdc++ into the process itself; torch
+        # (and numpy's C++) then free through it (lib/meson.build, oi_deps)
+        r = run([os.path.join(v, "bin", "python"), "-c",
+                 "import openinfer, torch, numpy; print(torch.zeros(1000).sum().item())"],
+                env=env, cwd=home)
+        check("%s: import openinfer, then torch and numpy" % engine,
+              r.returncode == 0 and r.stdout.strip().endswith("0.0"), r.stdout[-1500:])
         if engine == "vllm":
             engine_tests(v, home, repo, "vllm", ["-k", VLLM_TESTS])
         else:
-            env = clean_env(v, home)
             r = run([os.path.join(v, "bin", "python"), "-c",
                      "import openinfer.sglang as s, openinfer; print(s.__file__); "
                      "print(s.OpenInferStorage.__name__ if hasattr(s, 'OpenInferStorage') else "

@@ -208,6 +208,27 @@ def check_contents(wheel):
     print("bundled: %s" % ", ".join(sorted(libs)), flush=True)
 
 
+def check_runpaths(venv):
+    """Every ELF file the wheel installed finds its libraries relative to
+    itself: RUNPATH entries start with $ORIGIN (no build or staging path)."""
+    site = site_packages(venv)
+    bad, n = [], 0
+    for top in ("openinfer", "openinfer.libs"):
+        for dp, _, fs in os.walk(os.path.join(site, top)):
+            for f in fs:
+                path = os.path.join(dp, f)
+                with open(path, "rb") as fh:
+                    if fh.read(4) != b"\x7fELF":
+                        continue
+                n += 1
+                out = run(["readelf", "-d", "-W", path]).stdout
+                for m in re.finditer(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[([^\]]*)\]", out):
+                    bad += ["%s: %s" % (os.path.relpath(path, site), e)
+                            for e in m.group(1).split(":") if not e.startswith("$ORIGIN")]
+    check("the %d ELF files installed have only $ORIGIN-relative RUNPATHs" % n, n > 10 and not bad,
+          "; ".join(bad[:5]))
+
+
 def check_venv_tools(venv, work, repo, version):
     env = clean_env(venv, work)
     exe = os.path.join(venv, "bin", "openinfer")
@@ -415,6 +436,7 @@ def run_checks(wheel, repo, venvs, tools_pip, work, repo_home):
     if not check("pip install --no-index --only-binary :all: into a clean venv", ok, out):
         return
     check("the install takes at most 10 s", secs <= 10, "%.1f s" % secs)
+    check_runpaths(venv)
     home = os.path.join(work, "home")
     os.makedirs(home)
     check_venv_tools(venv, home, repo, version)

@@ -80,10 +80,9 @@ static const char *load_verbs(struct verbs_fns *v, char *why, size_t cap) {
              e ? e : "?");
     return why;
   }
-  static const char *const names[] = {"ibv_get_device_list", "ibv_free_device_list",
-                                      "ibv_open_device",     "ibv_close_device",
-                                      "ibv_get_device_name", "ibv_query_device",
-                                      "ibv_query_port"};
+  static const char *const names[] = {
+      "ibv_get_device_list", "ibv_free_device_list", "ibv_open_device", "ibv_close_device",
+      "ibv_get_device_name", "ibv_query_device",     "ibv_query_port"};
   void *f[7];
   for (int i = 0; i < 7; i++) {
     f[i] = dlsym(v->handle, names[i]);

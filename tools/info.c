@@ -5,7 +5,15 @@
  * directly: each device's ports and link state, and whether GPUDirect RDMA
  * is possible (nvidia-peermem loaded, or dma-buf: the NVIDIA open kernel
  * module and libibverbs' ibv_reg_dmabuf_mr). It says plainly when there is
- * none. --json prints the same as one JSON object. */
+ * none. --json prints the same as one JSON object.
+ *
+ * libibverbs is loaded with dlopen when `info` runs, as the cluster tier
+ * loads UCX (lib/cluster/ucx.h): the command starts on machines without
+ * rdma-core, and it always uses the machine's own libibverbs, which finds
+ * the machine's RDMA providers (a copy carried elsewhere, as in a wheel,
+ * would look for them where its build machine keeps them). The header only
+ * gives the types. */
+#include <dlfcn.h>
 #include <getopt.h>
 #include <infiniband/verbs.h>
 #include <stdio.h>
@@ -48,6 +56,62 @@ static const char *link_layer(uint8_t l) {
   case IBV_LINK_LAYER_ETHERNET: return "Ethernet (RoCE)";
   default: return "unspecified";
   }
+}
+
+/* The libibverbs calls `info` makes, from dlopen. */
+struct verbs_fns {
+  void *handle;
+  struct ibv_device **(*get_device_list)(int *num);
+  void (*free_device_list)(struct ibv_device **list);
+  struct ibv_context *(*open_device)(struct ibv_device *dev);
+  int (*close_device)(struct ibv_context *ctx);
+  const char *(*get_device_name)(struct ibv_device *dev);
+  int (*query_device)(struct ibv_context *ctx, struct ibv_device_attr *attr);
+  int (*query_port)(struct ibv_context *ctx, uint8_t port, struct _compat_ibv_port_attr *attr);
+};
+
+/* Loads libibverbs.so.1; NULL, or why it could not (into why). */
+static const char *load_verbs(struct verbs_fns *v, char *why, size_t cap) {
+  memset(v, 0, sizeof *v);
+  v->handle = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!v->handle) {
+    const char *e = dlerror();
+    snprintf(why, cap, "libibverbs.so.1 could not be loaded (rdma-core is not installed?): %s",
+             e ? e : "?");
+    return why;
+  }
+  static const char *const names[] = {
+      "ibv_get_device_list", "ibv_free_device_list", "ibv_open_device", "ibv_close_device",
+      "ibv_get_device_name", "ibv_query_device",     "ibv_query_port"};
+  void *f[7];
+  for (int i = 0; i < 7; i++) {
+    f[i] = dlsym(v->handle, names[i]);
+    if (!f[i]) {
+      snprintf(why, cap, "libibverbs.so.1 has no %s", names[i]);
+      dlclose(v->handle);
+      v->handle = NULL;
+      return why;
+    }
+  }
+  /* (POSIX: a data pointer from dlsym converts to a function pointer) */
+  memcpy(&v->get_device_list, &f[0], sizeof f[0]);
+  memcpy(&v->free_device_list, &f[1], sizeof f[1]);
+  memcpy(&v->open_device, &f[2], sizeof f[2]);
+  memcpy(&v->close_device, &f[3], sizeof f[3]);
+  memcpy(&v->get_device_name, &f[4], sizeof f[4]);
+  memcpy(&v->query_device, &f[5], sizeof f[5]);
+  memcpy(&v->query_port, &f[6], sizeof f[6]);
+  return NULL;
+}
+
+/* verbs.h's ibv_query_port, which is inline: the context's own op when the
+ * provider has one, else the exported compatibility call. */
+static int verbs_query_port(const struct verbs_fns *v, struct ibv_context *ctx, uint8_t port,
+                            struct ibv_port_attr *pa) {
+  struct verbs_context *vctx = verbs_get_ctx_op(ctx, query_port);
+  if (vctx) return vctx->query_port(ctx, port, pa, sizeof *pa);
+  memset(pa, 0, sizeof *pa);
+  return v->query_port(ctx, port, (struct _compat_ibv_port_attr *)pa);
 }
 
 static void usage(FILE *f) {
@@ -97,7 +161,10 @@ int cmd_info(int argc, char **argv) {
   bool dmabuf = nv && !strcmp(nv, "open"); /* libibverbs here has ibv_reg_dmabuf_mr */
 
   int nib = 0;
-  struct ibv_device **list = ibv_get_device_list(&nib);
+  struct verbs_fns vf;
+  char verbs_why[512];
+  const char *verbs_err = load_verbs(&vf, verbs_why, sizeof verbs_why);
+  struct ibv_device **list = verbs_err ? NULL : vf.get_device_list(&nib);
 
   if (json)
     printf("{\"version\":\"%s\",\"gpus\":[", oi_version_string());
@@ -121,9 +188,10 @@ int cmd_info(int argc, char **argv) {
       printf("null");
     else
       printf("%.3f", ml_gib);
-    printf(",\"nvidia_module\":%s%s%s,\"nvidia_peermem\":%s,\"dmabuf\":%s,\"rdma_devices\":[",
+    printf(",\"nvidia_module\":%s%s%s,\"nvidia_peermem\":%s,\"dmabuf\":%s,\"libibverbs\":%s,"
+           "\"rdma_devices\":[",
            nv ? "\"" : "", nv ? nv : "null", nv ? "\"" : "", peermem ? "true" : "false",
-           dmabuf ? "true" : "false");
+           dmabuf ? "true" : "false", verbs_err ? "false" : "true");
   } else {
     printf("\nhost memory: %.1f GiB; locked-memory limit: ", mem_gib);
     if (ml_unlimited)
@@ -136,10 +204,10 @@ int cmd_info(int argc, char **argv) {
   }
   int shown = 0;
   for (int d = 0; list && d < nib; d++) {
-    struct ibv_context *ctx = ibv_open_device(list[d]);
-    const char *name = ibv_get_device_name(list[d]);
+    struct ibv_context *ctx = vf.open_device(list[d]);
+    const char *name = vf.get_device_name(list[d]);
     struct ibv_device_attr attr;
-    bool have_attr = ctx && ibv_query_device(ctx, &attr) == 0;
+    bool have_attr = ctx && vf.query_device(ctx, &attr) == 0;
     if (json)
       printf("%s{\"name\":\"%s\",\"ports\":[", shown ? "," : "", name ? name : "?");
     else
@@ -147,7 +215,7 @@ int cmd_info(int argc, char **argv) {
     shown++;
     for (int p = 1; have_attr && p <= attr.phys_port_cnt; p++) {
       struct ibv_port_attr pa;
-      if (ibv_query_port(ctx, (uint8_t)p, &pa) != 0) continue;
+      if (verbs_query_port(&vf, ctx, (uint8_t)p, &pa) != 0) continue;
       if (json)
         printf("%s{\"port\":%d,\"state\":\"%s\",\"link_layer\":\"%s\"}", p > 1 ? "," : "", p,
                port_state(pa.state), link_layer(pa.link_layer));
@@ -155,9 +223,10 @@ int cmd_info(int argc, char **argv) {
         printf("    port %d: %s, %s\n", p, port_state(pa.state), link_layer(pa.link_layer));
     }
     if (json) printf("]}");
-    if (ctx) ibv_close_device(ctx);
+    if (ctx) vf.close_device(ctx);
   }
-  if (list) ibv_free_device_list(list);
+  if (list) vf.free_device_list(list);
+  if (vf.handle) dlclose(vf.handle);
   if (json) {
     printf("]}\n");
     return CLI_OK;
@@ -165,6 +234,7 @@ int cmd_info(int argc, char **argv) {
   if (!shown)
     printf("none. The cluster tier's transfers run over TCP (UCX picks RDMA verbs only where an "
            "HCA is present).\n");
+  if (verbs_err) printf("  (%s)\n", verbs_err);
   printf("GPUDirect RDMA: %s\n",
          peermem  ? "nvidia-peermem is loaded"
          : dmabuf ? "possible through dma-buf (the NVIDIA open kernel module; libibverbs has "

@@ -19,7 +19,9 @@ docs/bindings.md:
    "<!-- install-test: file PATH from DOC -->" writes DOC's C example (the
    block after its "<!-- snippet -->" line);
 3. checks what the blocks did: the install under $PREFIX/lib (not the old
-   prefix, not the multiarch directory), the C program's output, that it
+   prefix, not the multiarch directory), the installed `openinfer` running
+   without LD_LIBRARY_PATH (its RUNPATH, $ORIGIN/../lib) from $PREFIX and
+   from a copy of the prefix moved elsewhere, the C program's output, that it
    runs without LD_LIBRARY_PATH, that the static one does not need
    libopeninfer.so, the Python and Rust examples' output and the RUNPATH of
    the Python module and the Rust program;
@@ -279,6 +281,34 @@ def walk(src, tmp):
           and not os.path.exists(wrong),
           "%s exists: %s; %s exists: %s" % (real, os.path.exists(real), wrong, os.path.exists(wrong)))
 
+    # The installed command: its RUNPATH finds the prefix's libraries, from
+    # any prefix (meson's install_rpath, tools/meson.build)
+    plain = {k: v for k, v in env.items() if k != "LD_LIBRARY_PATH"}
+    exe = os.path.join(prefix, "bin", "openinfer")
+    rp = runpath(exe) if os.path.exists(exe) else None
+    info = subprocess.run([exe, "info"], env=plain, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True) if rp is not None else None
+    check("the installed openinfer runs without LD_LIBRARY_PATH (RUNPATH $ORIGIN/../lib)",
+          rp == ["$ORIGIN/../lib"] and info.returncode == 0 and "libopeninfer 0.1.0" in info.stdout,
+          "runpath %s; %s" % (rp, info.stdout[-800:] if info else "not installed"))
+    info_out = output_of('"$PREFIX/bin/openinfer" info')
+    check("building.md's `openinfer info` after the install prints the library",
+          "libopeninfer 0.1.0" in info_out, info_out[-800:])
+    moved = os.path.join(tmp, "moved-prefix")
+    if os.path.isdir(prefix):
+        shutil.copytree(prefix, moved, symlinks=True)
+    mexe = os.path.join(moved, "bin", "openinfer")
+    r = subprocess.run(["ldd", mexe], env=plain, stdout=subprocess.PIPE, universal_newlines=True) \
+        if os.path.exists(mexe) else None
+    loads = [line.split()[2] for line in (r.stdout.splitlines() if r else [])
+             if line.split()[:1] and line.split()[0].startswith("libopeninfer") and "=>" in line]
+    v = subprocess.run([mexe, "--version"], env=plain, stdout=subprocess.PIPE,
+                       universal_newlines=True) if r else None
+    check("the installed tree moved elsewhere: openinfer loads the moved libraries and runs",
+          len(loads) == 2 and all(os.path.normpath(x).startswith(moved + "/lib/") for x in loads)
+          and v.returncode == 0 and "0.1.0" in v.stdout,
+          "loads %s; %s" % (loads, v.stdout if v else "not installed"))
+
     # C: the README's program, shared (rpath) and static
     app, app_static = os.path.join(home, "app"), os.path.join(home, "app-static")
     readme_out = "\n".join(v for k, v in out.items() if steps[k][2].startswith("README.md"))
@@ -288,7 +318,6 @@ def walk(src, tmp):
     check("the C example prints its version and two blocks",
           "libopeninfer 0.1.0" in c_out and c_out.count("block 0:") == 2
           and c_out.count("block 1:") == 2, c_out)
-    plain = {k: v for k, v in env.items() if k != "LD_LIBRARY_PATH"}
     ok = os.path.exists(app) and subprocess.run([app], env=plain, stdout=subprocess.PIPE).returncode == 0
     needed = needed_libs(app) if os.path.exists(app) else []
     check("the shared C program needs libopeninfer.so.0 and finds it by its RUNPATH",

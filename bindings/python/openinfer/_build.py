@@ -12,6 +12,8 @@ Where the headers and the library are found (first match wins):
 The library directory found is recorded as the module's RUNPATH (unless it is
 one the dynamic loader searches anyway), so the module loads the
 libopeninfer.so it was built against without LD_LIBRARY_PATH.
+OPENINFER_RUNPATH, when set, is recorded instead (the wheel, tools/wheel:
+`$ORIGIN/lib`, the library shipped inside the package).
 """
 import os
 import shlex
@@ -775,6 +777,8 @@ def _locate():
                                      if os.path.exists(os.path.join(d, "libopeninfer.so"))),
                                     "/usr/local/lib"))
     rpath = [d for d in libdirs if not _is_system_dir(d)]
+    if os.environ.get("OPENINFER_RUNPATH"):
+        rpath = os.environ["OPENINFER_RUNPATH"].split(":")
     return incdirs, libdirs, rpath, cflags
 
 

@@ -62,3 +62,20 @@ def test_pip_install_offline():
         assert r.stdout.startswith(target) and "0.1.0" in r.stdout
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_python_m_openinfer_outside_the_wheel():
+    """`python -m openinfer` and the `openinfer` entry point name what is
+    missing in a binding built from source (the wheel ships the C library,
+    the headers and the command inside the package; ./dev wheel-check runs
+    them from the wheel)."""
+    r = subprocess.run([sys.executable, "-m", "openinfer", "--cflags", "--libs"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == ""
+    assert "was not installed from the wheel" in r.stderr and "pkg-config" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "openinfer", "--cflagz"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "unknown option --cflagz" in r.stderr
+    r = subprocess.run([sys.executable, "-c", "import sys, openinfer._cli as c; sys.exit(c.main())",
+                        "serve"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 127 and "bin/openinfer is missing" in r.stderr

@@ -13,8 +13,9 @@ static void stats_usage(FILE *f) {
   fprintf(f, "usage: openinfer stats [options]\n"
              "\n"
              "Prints the figures of a running sidecar server (openinfer serve): pool use, blocks\n"
-             "by state, saves, loads, queries, leases, latencies, namespaces, and its disk and\n"
-             "cluster tiers.\n"
+             "by state, saves, loads, queries, leases, the read-rate estimates (host -> device,\n"
+             "disk, cluster: what the restore plan costs a load with), latencies, namespaces,\n"
+             "and its disk and cluster tiers.\n"
              "\n"
              "options:\n"
              "  --socket PATH   the server's socket (default $XDG_RUNTIME_DIR/openinfer.sock,\n"
@@ -171,6 +172,12 @@ static void print_json(const char *socket, const oi_server_stats *r, const oi_ho
   J("leases_expired", h->leases_expired);
   J("evictions", h->evictions);
   J("namespaces", h->namespaces);
+  J("link_bytes_per_s", h->link_bytes_per_s);
+  J("link_samples", h->link_samples);
+  J("disk_bytes_per_s", h->disk_bytes_per_s);
+  J("disk_samples", h->disk_samples);
+  J("remote_bytes_per_s", h->remote_bytes_per_s);
+  J("remote_samples", h->remote_samples);
   printf("    ");
   json_array("save_latency_us", h->save_latency_us, h->latency_buckets);
   printf(",\n");
@@ -259,6 +266,14 @@ static void print_summary(const char *socket, const oi_server_stats *r, const oi
   printf("%-14s %llu active, %llu released, %llu expired; %llu blocks evicted\n",
          "leases:", (unsigned long long)h->leases_active, (unsigned long long)h->leases_released,
          (unsigned long long)h->leases_expired, (unsigned long long)h->evictions);
+  /* 0: an older server, which sends no estimates. */
+  if (h->link_bytes_per_s || h->disk_bytes_per_s || h->remote_bytes_per_s)
+    printf("%-14s link %.2f GB/s (%llu samples), disk %.2f GB/s (%llu), remote %.2f GB/s (%llu)\n",
+           "read rates:", (double)h->link_bytes_per_s / 1e9, (unsigned long long)h->link_samples,
+           (double)h->disk_bytes_per_s / 1e9, (unsigned long long)h->disk_samples,
+           (double)h->remote_bytes_per_s / 1e9, (unsigned long long)h->remote_samples);
+  else
+    printf("%-14s not reported (an older server)\n", "read rates:");
   print_latency("save latency:", h->save_latency_us, h->latency_buckets, h->save_latency_sum_us);
   print_latency("load latency:", h->load_latency_us, h->latency_buckets, h->load_latency_sum_us);
   if (r->disk_attached) {

@@ -188,6 +188,10 @@ oi_status oi__executor_restore_timing(const oi_executor *x, uint64_t request_id,
  * none (the blocks are computed). A forward's sample for the prefill fit
  * (tokens, the sum of their positions, ns). */
 void oi__exec_plan_restore(exec_rank *r, request *q, uint32_t g, uint32_t limit);
+/* Switches the plan (an oi_restore_plan_mode) of the admissions to come,
+ * between runs (benchmarks: load-only and planned rows on one executor, the
+ * same fitted prefill cost and rate estimates). */
+oi_status oi__executor_set_restore_plan(oi_executor *x, uint32_t mode);
 void oi__exec_prefill_sample(oi_executor *x, double tokens, double positions, double ns);
 void oi__exec_prefill_init(oi_executor *x);
 

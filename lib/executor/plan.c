@@ -45,6 +45,14 @@ void oi__exec_prefill_sample(oi_executor *x, double tokens, double positions, do
   f->b = b;
 }
 
+oi_status oi__executor_set_restore_plan(oi_executor *x, uint32_t mode) {
+  if (!x || mode > OI_RESTORE_PLAN_OFF)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "set_restore_plan: %u is not an oi_restore_plan_mode",
+                    mode);
+  x->o.restore_plan = mode;
+  return OI_OK;
+}
+
 /* The read rates of the plan: the options', else the host's estimates,
  * else (a sidecar executor) the defaults. */
 static void plan_rates(const oi_executor *x, oi_restore_plan_args *a) {

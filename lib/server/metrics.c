@@ -221,6 +221,23 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
   histogram(&b, "openinfer_load_duration_seconds",
             "Load operations: from the request to the last block landed.", hs.load_latency_us,
             hs.load_latency_sum_us);
+  /* The read-rate estimates the restore plan costs a load with
+   * (docs/planner.md): host -> device, and the disk and cluster tiers'
+   * reads into the pool. */
+  static const char *const paths[3] = {"link", "disk", "remote"};
+  const uint64_t rate[3] = {hs.link_bytes_per_s, hs.disk_bytes_per_s, hs.remote_bytes_per_s};
+  const uint64_t samples[3] = {hs.link_samples, hs.disk_samples, hs.remote_samples};
+  header(&b, "openinfer_read_rate_bytes_per_second", "gauge",
+         "Read-rate estimates: host to device (link), the disk tier's and the cluster tier's "
+         "reads into the pool (disk, remote); the seed, then an EWMA of the transfers.");
+  for (int i = 0; i < 3; i++)
+    put(&b, "openinfer_read_rate_bytes_per_second{path=\"%s\"} %llu\n", paths[i],
+        (unsigned long long)rate[i]);
+  header(&b, "openinfer_read_rate_samples_total", "counter",
+         "Transfers of 1 MiB or more that moved the read-rate estimates.");
+  for (int i = 0; i < 3; i++)
+    put(&b, "openinfer_read_rate_samples_total{path=\"%s\"} %llu\n", paths[i],
+        (unsigned long long)samples[i]);
   /* The disk tier, when one is attached. */
   oi_host_disk_stats ds;
   memset(&ds, 0, sizeof ds);

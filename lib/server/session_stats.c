@@ -43,6 +43,12 @@ void oi__wire_host_stats(const oi_host_stats *hs, oiwire_HostStats *w) {
   w->load_latency_us_count = OI_LATENCY_BUCKETS;
   memcpy(w->load_latency_us, hs->load_latency_us, sizeof w->load_latency_us);
   w->load_latency_sum_us = hs->load_latency_sum_us;
+  w->link_bytes_per_s = hs->link_bytes_per_s;
+  w->disk_bytes_per_s = hs->disk_bytes_per_s;
+  w->remote_bytes_per_s = hs->remote_bytes_per_s;
+  w->link_samples = hs->link_samples;
+  w->disk_samples = hs->disk_samples;
+  w->remote_samples = hs->remote_samples;
 }
 
 void oi__wire_cluster_stats(const oi_host_cluster_stats *cs, oiwire_ClusterStats *w) {

@@ -72,6 +72,12 @@ static void host_from_wire(oi_host_stats *h, const oiwire_HostStats *w) {
   h->save_latency_sum_us = w->save_latency_sum_us;
   copy_buckets(h->load_latency_us, w->load_latency_us, w->load_latency_us_count);
   h->load_latency_sum_us = w->load_latency_sum_us;
+  h->link_bytes_per_s = w->link_bytes_per_s;
+  h->disk_bytes_per_s = w->disk_bytes_per_s;
+  h->remote_bytes_per_s = w->remote_bytes_per_s;
+  h->link_samples = w->link_samples;
+  h->disk_samples = w->disk_samples;
+  h->remote_samples = w->remote_samples;
 }
 
 static void cluster_from_wire(oi_host_cluster_stats *c, const oiwire_ClusterStats *w) {

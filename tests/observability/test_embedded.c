@@ -9,7 +9,9 @@
  *  - log lines carry instance=N for engine events;
  *  - oi_server_fetch_stats against a live server with one client: argument
  *    errors, a missing server, every field, an old caller's smaller structs
- *    (and the namespaces' stride). */
+ *    (and the namespaces' stride);
+ *  - the read-rate estimates over the wire and in /metrics: the configured
+ *    seeds, then a 2 MiB load's link sample, equal to the server host's own. */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -20,6 +22,7 @@
 #include "core/core.h"
 #include "openinfer/disk.h"
 #include "rig.h"
+#include "server/server_internal.h"
 #include "testutil.h"
 
 /* ---- a plain HTTP/1.0 client --------------------------------------------------- */
@@ -351,6 +354,133 @@ static void test_server_stats_fetch(void) {
   rmdir(dir);
 }
 
+/* ---- the read-rate estimates over the wire --------------------------------------- */
+
+/* The value of the sample `line` ("name{labels}") in a /metrics body, or -1. */
+static double metric_value(const char *body, const char *line) {
+  char want[160];
+  snprintf(want, sizeof want, "\n%s ", line);
+  const char *p = strstr(body, want);
+  return p ? strtod(p + strlen(want), NULL) : -1;
+}
+
+/* The six rate fields of a and b are equal. */
+static bool rates_equal(const oi_host_stats *a, const oi_host_stats *b) {
+  return a->link_bytes_per_s == b->link_bytes_per_s && a->disk_bytes_per_s == b->disk_bytes_per_s &&
+         a->remote_bytes_per_s == b->remote_bytes_per_s && a->link_samples == b->link_samples &&
+         a->disk_samples == b->disk_samples && a->remote_samples == b->remote_samples;
+}
+
+/* A server whose host is seeded with odd rates: oi_server_fetch_stats and
+ * /metrics report the seeds and no samples; after a client loads 2 MiB
+ * (one load, above the 1 MiB a sample needs), the link's estimate is that
+ * load's rate and one sample, the same over the wire as the host's own
+ * oi_host_get_stats, and /metrics says the same. */
+static void test_server_rates(void) {
+  const uint64_t LINK = 12345678901ull, DISK = 2345678901ull, REMOTE = 345678901ull;
+  char dir[] = "/tmp/oi-obs-XXXXXX";
+  char sock[128];
+  scratch_dir(dir, sock, sizeof sock);
+  oi_host_options ho;
+  oi_server_options so = server_options(sock, &ho);
+  ho.link_bytes_per_s = LINK;
+  ho.disk_bytes_per_s = DISK;
+  ho.remote_bytes_per_s = REMOTE;
+  so.metrics_addr = "127.0.0.1:0";
+  oi_server *srv;
+  oi_status st = oi_server_create(&so, &srv);
+  bool http = st == OI_OK;
+  if (st == OI_ERR_UNSUPPORTED) { /* a build without libmicrohttpd: the wire only */
+    so.metrics_addr = NULL;
+    st = oi_server_create(&so, &srv);
+  }
+  REQUIRE(st == OI_OK);
+  pthread_t th = serve(srv);
+  enum { BLOCKS = 4, BLOCK_BYTES = 512 << 10 };
+  oi_arena_desc ad = tr_arena("kv", NULL, 2 * BLOCKS, BLOCK_BYTES);
+  oi_engine_options eo = tr_engine_options("rates-ns", &ad, 1);
+  oi_engine *e = NULL;
+  oi_imported_arena *ia = NULL;
+  st = OI_ERR_NOT_FOUND;
+  for (int i = 0; i < 500 && st == OI_ERR_NOT_FOUND; i++) {
+    st = oi_engine_connect(sock, &eo, &e, &ia);
+    if (st == OI_ERR_NOT_FOUND) usleep(10000);
+  }
+  REQUIRE(st == OI_OK);
+
+  oi_server_stats ss = {.struct_size = sizeof ss};
+  oi_host_stats hs = {.struct_size = sizeof hs}, own = {.struct_size = sizeof own};
+  CHECK_OK(oi_server_fetch_stats(sock, 5000, &ss, &hs, NULL, 0));
+  CHECK(hs.link_bytes_per_s == LINK && hs.disk_bytes_per_s == DISK &&
+        hs.remote_bytes_per_s == REMOTE);
+  CHECK(hs.link_samples == 0 && hs.disk_samples == 0 && hs.remote_samples == 0);
+  static char body[1 << 20];
+  if (http) {
+    uint16_t port = oi_server_metrics_port(srv);
+    CHECK(http_get(port, "/metrics", body, sizeof body) == 200);
+    CHECK(metric_value(body, "openinfer_read_rate_bytes_per_second{path=\"link\"}") == LINK);
+    CHECK(metric_value(body, "openinfer_read_rate_bytes_per_second{path=\"disk\"}") == DISK);
+    CHECK(metric_value(body, "openinfer_read_rate_bytes_per_second{path=\"remote\"}") == REMOTE);
+    CHECK(metric_value(body, "openinfer_read_rate_samples_total{path=\"link\"}") == 0);
+    CHECK(strstr(body, "# TYPE openinfer_read_rate_samples_total counter\n") != NULL);
+  }
+
+  /* Blocks 0..3 saved, then loaded into blocks 4..7: 2 MiB in one load. */
+  uint8_t *kv = oi_imported_arena_ptr(ia);
+  for (size_t i = 0; i < (size_t)BLOCKS * BLOCK_BYTES; i++)
+    kv[i] = (uint8_t)(i * 13 + 1);
+  int64_t ids[BLOCKS], dst[BLOCKS];
+  oi_block_hash hashes[BLOCKS];
+  for (int i = 0; i < BLOCKS; i++) {
+    ids[i] = i;
+    dst[i] = BLOCKS + i;
+    memset(&hashes[i], 0, sizeof hashes[i]);
+    hashes[i].bytes[0] = 0x5a;
+    hashes[i].bytes[15] = (uint8_t)(i + 1);
+  }
+  CHECK_OK(tr_save(e, ids, hashes, BLOCKS, 30000));
+  CHECK_OK(oi_engine_flush(e, 30000));
+  oi_query_result qr;
+  CHECK_OK(tr_query(e, "rates", hashes, BLOCKS, 0, NULL, &qr));
+  CHECK(qr.hit_blocks == BLOCKS);
+  CHECK_OK(tr_load(e, qr.lease, dst, BLOCKS, 30000));
+  CHECK(memcmp(kv + (size_t)BLOCKS * BLOCK_BYTES, kv, (size_t)BLOCKS * BLOCK_BYTES) == 0);
+
+  CHECK_OK(oi_server_fetch_stats(sock, 5000, &ss, &hs, NULL, 0));
+  CHECK_OK(oi_host_get_stats(srv->host, &own));
+  CHECK(hs.link_samples == 1);
+  CHECK(hs.link_bytes_per_s > 0 && hs.link_bytes_per_s != LINK); /* the load's rate */
+  CHECK(hs.disk_bytes_per_s == DISK && hs.remote_bytes_per_s == REMOTE);
+  CHECK(rates_equal(&hs, &own));
+  if (http) {
+    uint16_t port = oi_server_metrics_port(srv);
+    CHECK(http_get(port, "/metrics", body, sizeof body) == 200);
+    CHECK(metric_value(body, "openinfer_read_rate_bytes_per_second{path=\"link\"}") ==
+          (double)own.link_bytes_per_s);
+    CHECK(metric_value(body, "openinfer_read_rate_samples_total{path=\"link\"}") == 1);
+    CHECK(metric_value(body, "openinfer_read_rate_samples_total{path=\"disk\"}") == 0);
+  }
+
+  /* An old caller's oi_host_stats (its 0.1 layout) gets no rates, and no
+   * bytes past its struct_size. */
+  struct {
+    oi_host_stats s;
+    uint8_t guard[64];
+  } old;
+  memset(&old, 0xee, sizeof old);
+  old.s.struct_size = (uint32_t)OI_FLOOR_HOST_STATS;
+  CHECK_OK(oi_server_fetch_stats(sock, 5000, &ss, &old.s, NULL, 0));
+  CHECK(old.s.capacity_bytes == 16 << 20);
+  const uint8_t *tail = (const uint8_t *)&old.s + OI_FLOOR_HOST_STATS;
+  bool untouched = true;
+  for (size_t i = 0; i < sizeof old - OI_FLOOR_HOST_STATS; i++)
+    untouched = untouched && tail[i] == 0xee;
+  CHECK(untouched);
+
+  disconnect_and_stop(e, ia, srv, th);
+  CHECK(rmdir(dir) == 0);
+}
+
 /* ---- embedded stats ------------------------------------------------------------- */
 
 typedef struct progress_log {
@@ -484,5 +614,6 @@ int main(void) {
   RUN_TEST(test_server_health);
   RUN_TEST(test_server_metrics_details);
   RUN_TEST(test_server_stats_fetch);
+  RUN_TEST(test_server_rates);
   TEST_EXIT();
 }

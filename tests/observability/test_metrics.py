@@ -194,6 +194,14 @@ def main():
         check(val(m1, "openinfer_instances") == 0 and val(m1, "openinfer_sessions") == 0,
               "the client's session and instance are gone")
         check(d("openinfer_instances_cleaned_up_total") == 0, "the client unregistered")
+        # The read-rate estimates: the default seeds (OI_RATE_DEFAULT_*), and
+        # no sample (the client's load is 32 KiB, under the 1 MiB a sample needs).
+        seeds = {"link": 16000000000, "disk": 2000000000, "remote": 1000000000}
+        for path, seed in seeds.items():
+            check(val(m1, "openinfer_read_rate_bytes_per_second", path=path) == seed,
+                  "read rate %s" % path)
+            check(val(m1, "openinfer_read_rate_samples_total", path=path) == 0,
+                  "read rate samples %s" % path)
 
         # openinfer stats, both forms, agree with /metrics.
         js = subprocess.run([EXE, "stats", "--socket", sock, "--json"], capture_output=True,
@@ -208,6 +216,12 @@ def main():
             check(h["blocks_sealed"] == n and h["capacity_bytes"] == 64 << 20, "stats json pool")
             check(sum(h["save_latency_us"]) == 1 and len(h["save_latency_us"]) == 28,
                   "stats json histogram")
+            for path in ("link", "disk", "remote"):
+                check(h[path + "_bytes_per_s"] ==
+                      val(m1, "openinfer_read_rate_bytes_per_second", path=path)
+                      and h[path + "_samples"] ==
+                      val(m1, "openinfer_read_rate_samples_total", path=path),
+                      "stats json read rate %s: %r" % (path, h.get(path + "_bytes_per_s")))
             check(j["namespaces"] == [{"name": 'obs-ns "quoted"', "block_bytes": 4096,
                                        "blocks_resident": n}], "stats json namespaces %r"
                   % j["namespaces"])
@@ -215,6 +229,8 @@ def main():
                             timeout=30)
         check(hs.returncode == 0 and "saves:" in hs.stdout and "load latency:" in hs.stdout
               and 'obs-ns "quoted"' in hs.stdout, "stats summary: %r %r" % (hs.stdout, hs.stderr))
+        check("read rates:    link 16.00 GB/s (0 samples), disk 2.00 GB/s (0), remote 1.00 GB/s (0)"
+              in hs.stdout, "stats summary read rates: %r" % hs.stdout)
         none = subprocess.run([EXE, "stats", "--socket", os.path.join(tmp, "nothing.sock")],
                               capture_output=True, text=True, timeout=30)
         check(none.returncode == 1 and "no openinfer server" in none.stderr, "stats without server")

@@ -307,6 +307,10 @@ def test_a_prefix_saved_at_tp_pp_loads_byte_equal_into_another_instance(tp, pp, 
                 (1, 1, 0), (rk.rank, st)
             assert rk.conn.worker.stats()["blocks_loaded"] == 5
         assert not any(kvo and kvo.invalid_block_ids for _, kvo, _ in steps)
+        # vLLM's aggregation of the ranks' connector stats: every rank's shards
+        loaded = sum(kvo.kv_connector_stats.data["loaded_blocks"] for _, kvo, _ in steps
+                     if kvo and kvo.kv_connector_stats)
+        assert loaded == 5 * tp * pp
         computed = sum(so.num_scheduled_tokens.get("b", 0) for so, _, _ in steps)
         assert computed < len(PROMPT)
         if mode == "embedded":  # each shard's lease was consumed by its one load

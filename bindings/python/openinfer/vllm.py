@@ -47,11 +47,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorTransferResults,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 logger = logging.getLogger("openinfer.vllm")
 
-__all__ = ["OpenInferConnector", "OpenInferConnectorMetadata", "parse_size"]
+__all__ = ["OpenInferConnector", "OpenInferConnectorMetadata", "OpenInferConnectorStats",
+           "OpenInferPromMetrics", "parse_size"]
 
 
 def parse_size(v):
@@ -114,6 +119,7 @@ class _Loading:
     block_ids: list
     is_async: bool
     started: float  # time.monotonic() at submission
+    landed: float = None  # when a layer wait last saw bytes land (sync loads)
 
 
 # the library's deadline thread reports a missed deadline a little late
@@ -342,6 +348,143 @@ class _ReqState:
         self.loading = False
 
 
+# ---------------------------------------------------------------------------- metrics
+
+#: The counters of OpenInferConnectorStats: (payload key, Prometheus name,
+#: help). Prometheus adds ``_total`` to each (docs/vllm.md, "Metrics").
+_COUNTERS = [
+    ("lookups", "vllm:openinfer_lookups",
+     "Lookups of the openinfer host tier by the scheduler"),
+    ("hit_blocks", "vllm:openinfer_lookup_hit_blocks",
+     "Blocks the openinfer tier held for a lookup (promised to vLLM)"),
+    ("miss_blocks", "vllm:openinfer_lookup_miss_blocks",
+     "Blocks a lookup asked the openinfer tier for and did not get"),
+    ("saved_blocks", "vllm:openinfer_saved_blocks",
+     "Blocks (one rank's shard each) whose save to the openinfer tier completed, "
+     "blocks the tier already held included"),
+    ("saved_bytes", "vllm:openinfer_saved_bytes",
+     "Bytes of the blocks counted in vllm:openinfer_saved_blocks"),
+    ("loaded_blocks", "vllm:openinfer_loaded_blocks",
+     "Blocks (one rank's shard each) loaded from the openinfer tier into vLLM's KV cache"),
+    ("loaded_bytes", "vllm:openinfer_loaded_bytes",
+     "Bytes loaded from the openinfer tier into vLLM's KV cache"),
+]
+#: Causes of vllm:openinfer_failures_total.
+FAILURE_CAUSES = ("lookup", "load_refused", "load_failed", "load_fenced", "save_failed",
+                  "save_dropped")
+_LOAD_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                 5.0, 10.0, 30.0, 120.0]
+
+
+def _empty_payload():
+    d = {k: 0 for k, _, _ in _COUNTERS}
+    d["failures"] = {}
+    d["load_seconds"] = []
+    return d
+
+
+@dataclass
+class OpenInferConnectorStats(KVConnectorStats):
+    """The tier's figures of one interval, as vLLM's connector-stats hooks
+    move them (worker ranks -> KVOutputAggregator -> scheduler -> stat
+    loggers): the counters of _COUNTERS, ``failures`` by cause,
+    ``load_seconds`` (one observation per load, from its submission to when
+    the connector saw it land) and ``degraded`` (the scheduler's view: 1
+    while its lookups find the tier unreachable; present only when it
+    changed). Counts of several ranks add up (a block at TP = 2 is two
+    shards)."""
+
+    def __post_init__(self):
+        base = _empty_payload()
+        base.update(self.data or {})
+        self.data = base
+
+    def reset(self):
+        self.data = _empty_payload()
+
+    def aggregate(self, other):
+        d, o = self.data, other.data
+        out = _empty_payload()
+        for k, _, _ in _COUNTERS:
+            out[k] = d.get(k, 0) + o.get(k, 0)
+        for src in (d, o):
+            for cause, n in src.get("failures", {}).items():
+                out["failures"][cause] = out["failures"].get(cause, 0) + n
+        out["load_seconds"] = list(d.get("load_seconds", [])) + list(o.get("load_seconds", []))
+        deg = [x["degraded"] for x in (d, o) if x.get("degraded") is not None]
+        if deg:
+            out["degraded"] = o["degraded"] if o.get("degraded") is not None else deg[0]
+        return OpenInferConnectorStats(data=out)
+
+    def reduce(self):
+        d = self.data
+        out = {k: d.get(k, 0) for k, _, _ in _COUNTERS}
+        asked = out["hit_blocks"] + out["miss_blocks"]
+        out["hit_rate"] = round(out["hit_blocks"] / asked, 4) if asked else 0.0
+        lat = sorted(d.get("load_seconds", []))
+        if lat:
+            out["load_p50_ms"] = round(lat[len(lat) // 2] * 1e3, 3)
+            out["load_max_ms"] = round(lat[-1] * 1e3, 3)
+        out["failures"] = sum(d.get("failures", {}).values())
+        if d.get("degraded") is not None:
+            out["degraded"] = d["degraded"]
+        return out
+
+    def is_empty(self):
+        d = self.data
+        return not (any(d.get(k, 0) for k, _, _ in _COUNTERS) or any(d.get("failures", {})
+                    .values()) or d.get("load_seconds") or d.get("degraded") is not None)
+
+
+class OpenInferPromMetrics(KVConnectorPromMetrics):
+    """The tier's Prometheus metrics in vLLM's /metrics (docs/vllm.md,
+    "Metrics"): the counters of _COUNTERS, vllm:openinfer_failures_total by
+    cause, the histogram vllm:openinfer_load_seconds and the gauge
+    vllm:openinfer_degraded, each with vLLM's engine labels."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {}
+        for key, name, doc in _COUNTERS:
+            m = self._counter_cls(name=name, documentation=doc, labelnames=labelnames)
+            self._counters[key] = {i: m.labels(*v) for i, v in per_engine_labelvalues.items()}
+        fail = self._counter_cls(
+            name="vllm:openinfer_failures",
+            documentation="Failures of the openinfer tier by cause (%s); each costs a miss or "
+                          "a recompute, never wrong bytes" % ", ".join(FAILURE_CAUSES),
+            labelnames=labelnames + ["cause"])
+        self._failures = {(i, c): fail.labels(*(v + [c]))
+                          for i, v in per_engine_labelvalues.items() for c in FAILURE_CAUSES}
+        lat = self._histogram_cls(
+            name="vllm:openinfer_load_seconds",
+            documentation="Load latency from the openinfer tier: from the load's submission to "
+                          "when the connector saw its last byte land",
+            labelnames=labelnames, buckets=_LOAD_BUCKETS)
+        self._load_seconds = {i: lat.labels(*v) for i, v in per_engine_labelvalues.items()}
+        deg = self._gauge_cls(
+            name="vllm:openinfer_degraded",
+            documentation="1 while the scheduler's lookups find the openinfer tier "
+                          "unreachable (sidecar gone or not answering), else 0",
+            labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._degraded = {i: deg.labels(*v) for i, v in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data, engine_idx=0):
+        d = transfer_stats_data
+        for key, _, _ in _COUNTERS:
+            n = d.get(key, 0)
+            if n:
+                self._counters[key][engine_idx].inc(n)
+        for cause, n in d.get("failures", {}).items():
+            m = self._failures.get((engine_idx, cause))
+            if m is not None and n:
+                m.inc(n)
+        h = self._load_seconds[engine_idx]
+        for x in d.get("load_seconds", ()):
+            h.observe(x)
+        if d.get("degraded") is not None:
+            self._degraded[engine_idx].set(d["degraded"])
+
+
 # ---------------------------------------------------------------------------- the connector
 
 
@@ -411,6 +554,8 @@ class OpenInferConnector(KVConnectorBase_V1):
             self._counts = dict(loads_submitted=0, loads_refused=0, loads_completed=0,
                                 loads_failed=0, blocks_failed=0, saves_dropped=0,
                                 saves_failed=0)
+            self._interval = _empty_payload()  # get_kv_connector_stats's, since its last call
+            self._step_save_blocks = 0
 
     # ================================================================ scheduler
 
@@ -690,8 +835,10 @@ class OpenInferConnector(KVConnectorBase_V1):
             # the blocks each layer saves once it is written (save_kv_layer)
             w.begin_step(connector_metadata.save_ids,
                          oi.BlockHashes(connector_metadata.save_hashes))
+            batch = getattr(w, "_save_batch", None)
+            self._step_save_blocks = len(batch[0]) if batch else 0
 
-    def _fail_load(self, req_id, block_ids, is_async, err):
+    def _fail_load(self, req_id, block_ids, is_async, err, cause="load_failed"):
         """Reports a load failed to vLLM (its blocks through
         get_block_ids_with_load_errors, an async one also as received), only
         ever once no byte of it can land any more."""
@@ -699,6 +846,8 @@ class OpenInferConnector(KVConnectorBase_V1):
                        "them", len(block_ids), req_id, err)
         self._counts["loads_failed"] += 1
         self._counts["blocks_failed"] += len(block_ids)
+        f = self._interval["failures"]
+        f[cause] = f.get(cause, 0) + 1
         self._failed_blocks.update(block_ids)
         if is_async:  # reported as received, its blocks as failed: vLLM recomputes them
             self._finished_recving.add(req_id)
@@ -711,13 +860,15 @@ class OpenInferConnector(KVConnectorBase_V1):
             lease = ld.leases[self._shard] if len(ld.leases) == len(self._shards) else None
             if w is None or not lease:
                 self._counts["loads_refused"] += 1
-                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "no lease")
+                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "no lease",
+                                "load_refused")
                 continue
             try:
                 t = w.load(lease, ld.block_ids)
             except oi.Error as e:  # refused at submit: nothing was started
                 self._counts["loads_refused"] += 1
-                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "load refused: %s" % e)
+                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "load refused: %s" % e,
+                                "load_refused")
                 continue
             self._loads[ld.req_id] = _Loading(t, ld.block_ids, ld.is_async, time.monotonic())
 
@@ -726,10 +877,17 @@ class OpenInferConnector(KVConnectorBase_V1):
         del self._loads[req_id]
         if result is True:
             self._counts["loads_completed"] += 1
+            n = len(ld.block_ids)
+            iv = self._interval
+            iv["loaded_blocks"] += n
+            iv["loaded_bytes"] += n * self._worker.layout.block_bytes
+            iv["load_seconds"].append((ld.landed or time.monotonic()) - ld.started)
             if ld.is_async:
                 self._finished_recving.add(req_id)
         else:
-            self._fail_load(req_id, ld.block_ids, ld.is_async, "load: %s" % (result,))
+            self._fail_load(req_id, ld.block_ids, ld.is_async, "load: %s" % (result,),
+                            "load_fenced" if isinstance(result, oi.DeadlineError)
+                            else "load_failed")
 
     def _sync_limit(self, ld):
         """When a sync load's wait gives up: its deadline (plus the deadline
@@ -776,6 +934,7 @@ class OpenInferConnector(KVConnectorBase_V1):
             try:
                 w.wait_layer(ld.ticket, layer_name,
                              max(0.0, self._sync_limit(ld) - time.monotonic()))
+                ld.landed = time.monotonic()
             except oi.TimeoutError:
                 if ld.ticket.done():  # final after all: settle it
                     self._settled(req_id, ld, w.settle_load(ld.ticket, 0))
@@ -827,6 +986,14 @@ class OpenInferConnector(KVConnectorBase_V1):
         failed = after["saves_failed"] - before["saves_failed"]
         self._counts["saves_dropped"] += dropped
         self._counts["saves_failed"] += failed
+        iv = self._interval
+        for cause, n in (("save_dropped", dropped), ("save_failed", failed)):
+            if n:
+                iv["failures"][cause] = iv["failures"].get(cause, 0) + n
+        if not errors and self._step_save_blocks:
+            iv["saved_blocks"] += self._step_save_blocks
+            iv["saved_bytes"] += self._step_save_blocks * w.layout.block_bytes
+        self._step_save_blocks = 0
         if errors:
             logger.warning("openinfer.vllm: save: %d of this step's save calls failed, %d "
                            "dropped unfinished after the %.0f ms save deadline (%s): the blocks "
@@ -854,6 +1021,36 @@ class OpenInferConnector(KVConnectorBase_V1):
         _, recving = self.get_finished(finished_req_ids)
         return KVConnectorTransferResults(finished_sending=set(),
                                           finished_recving=set(recving or ()))
+
+    # ================================================================ metrics
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return OpenInferConnectorStats(data=dict(data) if data else {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return OpenInferPromMetrics(vllm_config, metric_types, labelnames,
+                                    per_engine_labelvalues)
+
+    def get_kv_connector_stats(self):
+        """The figures since the last call (vLLM calls it every step, on the
+        workers and on the scheduler): the worker's saves and loads, the
+        scheduler's lookups, hits, misses and its degraded state (only when
+        it changed). None when there is nothing to report."""
+        if self._role == KVConnectorRole.SCHEDULER:
+            c, self._sched_counts = self._sched_counts, _new_sched_counts()
+            data = _empty_payload()
+            data["lookups"], data["hit_blocks"], data["miss_blocks"] = \
+                c["lookups"], c["hit_blocks"], c["miss_blocks"]
+            data["failures"] = {k: v for k, v in c["failures"].items() if v}
+            if self._degraded != getattr(self, "_degraded_reported", None):
+                data["degraded"] = int(self._degraded)
+                self._degraded_reported = self._degraded
+        else:
+            data, self._interval = self._interval, _empty_payload()
+        out = OpenInferConnectorStats(data=data)
+        return None if out.is_empty() else out
 
     def stats(self):
         """Worker side: what this connector reported to vLLM -- loads

@@ -304,7 +304,7 @@ def _worker_rank(vllm_config, tp, pp):
                     "openinfer.vllm: parallel_config.rank %d gives tp rank %d, pp rank %d but "
                     "vLLM's groups say tp rank %d, pp rank %d" % (rank, t, p, g_tp.rank_in_group,
                                                                   g_pp.rank_in_group))
-    except ImportError:
+    except (ImportError, AttributeError):  # another vLLM's parallel state: the rank alone
         pass
     return t, p
 

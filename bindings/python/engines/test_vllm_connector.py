@@ -129,6 +129,7 @@ class Engine:
             self.kv = allocate_kv_cache(self.kvc, torch.device("cpu"), KVCacheLayout.LBHNC)
         self.worker.register_kv_caches(self.kv)
         self.requests = {}
+        self.stats_payloads = []  # the connector stats of each step, as the scheduler sends them
         self.block_table = {}  # req id -> the block ids the worker knows
         self.tokens = {}
 
@@ -203,7 +204,10 @@ class Engine:
                                 sampled_token_ids=tokens, logprobs=None,
                                 prompt_logprobs_dict={}, pooler_output=[],
                                 kv_connector_output=kvo)
-        self.scheduler.update_from_output(so, out)
+        for eco in self.scheduler.update_from_output(so, out).values():
+            st = eco.scheduler_stats
+            if st is not None and st.kv_connector_stats:  # what vLLM's stat loggers get
+                self.stats_payloads.append(st.kv_connector_stats)
         return so, kvo
 
     def run(self, timeout=60):
@@ -386,6 +390,10 @@ def test_sidecar_restart_degrades_and_recovers(serve):
         outs = eng.run()
         assert first_load(outs)[1] is None  # recomputed, served nothing
         assert w.stats()["disconnected_saves"] >= 1
+        # vLLM's connector stats say so: the tier is degraded, the lookup failed
+        degraded = [p["degraded"] for p in eng.stats_payloads if "degraded" in p]
+        assert degraded[-1] == 1, degraded
+        assert sum(p["failures"].get("lookup", 0) for p in eng.stats_payloads) >= 1
 
         # a server is back: the worker reconnects, the lookups find it again
         serve.start()
@@ -404,6 +412,8 @@ def test_sidecar_restart_degrades_and_recovers(serve):
         so, meta = first_load(eng.run())
         assert meta is not None
         check_loaded(eng, "e", meta)
+        degraded = [p["degraded"] for p in eng.stats_payloads if "degraded" in p]
+        assert degraded[-1] == 0, degraded  # back
     finally:
         eng.close()
 
@@ -786,4 +796,82 @@ def test_a_stopped_server_costs_the_scheduler_one_lookup_deadline(serve):
     finally:
         if stopped:
             os.kill(serve.proc.pid, signal.SIGCONT)
+        eng.close()
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def test_the_tiers_figures_reach_vllms_metrics():
+    """Embedded: a prompt is saved, loaded for another request, and a third
+    load fails (its lease released behind the worker's back). The connector
+    stats that vLLM's scheduler hands its stat loggers (the scheduler
+    outputs' scheduler_stats.kv_connector_stats) are fed to vLLM's own
+    KVConnectorProm and KVConnectorLogging, as its Prometheus and logging
+    stat loggers do; vLLM's /metrics text (prometheus_client) then shows the
+    tier's counters, the load latency histogram and the failure by cause."""
+    from prometheus_client import REGISTRY, generate_latest
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (KVConnectorLogging,
+                                                                       KVConnectorProm)
+    from vllm.v1.metrics.prometheus import unregister_vllm_metrics
+    prompt = list(range(4000, 4000 + 5 * BS + 3))
+    eng = Engine({"pool_size": "64M", "namespace": "t/metrics"})
+    try:
+        eng.add("a", prompt)
+        eng.run()
+        eng.scheduler.reset_prefix_cache()
+        for t in eng.kv.values():
+            t.zero_()
+        eng.add("b", prompt)
+        so, meta = first_load(eng.run())
+        check_loaded(eng, "b", meta)
+        eng.scheduler.reset_prefix_cache()
+        conn = eng.scheduler.connector
+        orig = conn.build_connector_meta
+
+        def drop(so):
+            m = orig(so)
+            for ld in m.loads:
+                conn._release_shard(0, ld.leases[0])
+            return m
+        conn.build_connector_meta = drop
+        eng.add("c", prompt)
+        eng.run()
+        block_bytes = eng.worker.worker.layout.block_bytes
+        payloads = eng.stats_payloads
+        assert payloads
+        unregister_vllm_metrics()
+        prom = KVConnectorProm(eng.cfg, ["model_name", "engine"], {0: ["tiny", "0"]})
+        logging_ = KVConnectorLogging(eng.cfg.kv_transfer_config)
+        for p in payloads:
+            prom.observe(p, 0)
+            logging_.observe(p)
+        reduced = logging_.transfer_stats_accumulator.reduce()
+        text = generate_latest(REGISTRY).decode()
+
+        def metric(name, labels='engine="0",model_name="tiny"'):
+            m = re.search(r"^%s\{%s\} ([0-9.e+-]+)$" % (re.escape(name), re.escape(labels)),
+                          text, re.M)
+            assert m, "%s{%s} not in vLLM's metrics" % (name, labels)
+            return float(m.group(1))
+        assert metric("vllm:openinfer_saved_blocks_total") == 5
+        assert metric("vllm:openinfer_saved_bytes_total") == 5 * block_bytes
+        assert metric("vllm:openinfer_loaded_blocks_total") == 5
+        assert metric("vllm:openinfer_loaded_bytes_total") == 5 * block_bytes
+        assert metric("vllm:openinfer_lookup_hit_blocks_total") == 10  # b's and c's
+        assert metric("vllm:openinfer_lookup_miss_blocks_total") >= 5  # a's
+        assert metric("vllm:openinfer_lookups_total") >= 3
+        assert metric("vllm:openinfer_load_seconds_count") == 1
+        assert 0 < metric("vllm:openinfer_load_seconds_sum") < 5
+        failed = sum(metric("vllm:openinfer_failures_total",
+                            'cause="%s",engine="0",model_name="tiny"' % c)
+                     for c in ("load_refused", "load_failed"))
+        assert failed == 1
+        assert metric("vllm:openinfer_failures_total",
+                      'cause="save_failed",engine="0",model_name="tiny"') == 0
+        assert metric("vllm:openinfer_degraded") == 0
+        assert (reduced["saved_blocks"], reduced["loaded_blocks"], reduced["hit_blocks"],
+                reduced["failures"]) == (5, 5, 10, 1), reduced
+        unregister_vllm_metrics()
+    finally:
         eng.close()

@@ -47,11 +47,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorTransferResults,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 logger = logging.getLogger("openinfer.vllm")
 
-__all__ = ["OpenInferConnector", "OpenInferConnectorMetadata", "parse_size"]
+__all__ = ["OpenInferConnector", "OpenInferConnectorMetadata", "OpenInferConnectorStats",
+           "OpenInferPromMetrics", "parse_size"]
 
 
 def parse_size(v):
@@ -101,7 +106,8 @@ class _Options:
 @dataclass
 class _Load:
     req_id: str
-    lease: bytes  # 16 raw bytes
+    leases: list  # 16 raw bytes per shard namespace (docs/vllm.md, "Tensor and pipeline
+    #               parallelism"); empty: nothing to load (vLLM recomputes the blocks)
     block_ids: list
     is_async: bool
 
@@ -113,6 +119,7 @@ class _Loading:
     block_ids: list
     is_async: bool
     started: float  # time.monotonic() at submission
+    landed: float = None  # when a layer wait last saw bytes land (sync loads)
 
 
 # the library's deadline thread reports a missed deadline a little late
@@ -196,8 +203,8 @@ def _namespace_identity(vllm_config):
     sleep mode, ...), so engines that could share would not. The tokenizer is
     left out too: a block is keyed by its token ids (vLLM's block hashes), and
     the KV of given token ids does not depend on the tokenizer that made them.
-    The parallel rank is not here: TP and PP are refused for now; with them
-    each rank's namespace gets its rank appended."""
+    The parallel rank is not here: it is appended to each rank's shard
+    namespace (_shard_namespaces)."""
     mc = vllm_config.model_config
     cc = vllm_config.cache_config
     pc = vllm_config.parallel_config
@@ -243,6 +250,65 @@ def _default_namespace(vllm_config):
     return ns, ident
 
 
+def _parallel_sizes(vllm_config):
+    """(tensor, pipeline) parallel sizes; context parallelism is refused
+    (its ranks split a block's tokens, which the shard namespaces do not
+    describe)."""
+    pc = vllm_config.parallel_config
+    for name in ("prefill_context_parallel_size", "decode_context_parallel_size"):
+        if getattr(pc, name, 1) > 1:
+            raise NotImplementedError(
+                "openinfer.vllm: %s is %d: context parallelism is not supported (a block's "
+                "tokens are split across ranks); tensor and pipeline parallelism are"
+                % (name, getattr(pc, name)))
+    return int(pc.tensor_parallel_size), int(pc.pipeline_parallel_size)
+
+
+def _shard_namespaces(namespace, tp, pp):
+    """The namespace of every rank's shard, in rank order (pp-major, as vLLM
+    numbers its workers: rank = pp_rank * tp + tp_rank). One rank: the
+    namespace itself. Several: ``<namespace>/tp<t>of<T>-pp<p>of<P>``, so that
+    each rank's shard of a block is a block of its own, sealed by that rank
+    alone (docs/vllm.md, "Tensor and pipeline parallelism")."""
+    if tp * pp == 1:
+        return [namespace]
+    out = []
+    for p in range(pp):
+        for t in range(tp):
+            ns = "%s/tp%dof%d-pp%dof%d" % (namespace, t, tp, p, pp)
+            if len(ns.encode()) > _config.NAMESPACE_MAX_BYTES:
+                raise _config.ConfigError(
+                    "openinfer.vllm: kv_connector_extra_config: option 'namespace' is %r; "
+                    "allowed: at most %d bytes with the rank suffix (%r) that tensor/pipeline "
+                    "parallelism appends: use a shorter namespace"
+                    % (namespace, _config.NAMESPACE_MAX_BYTES, ns[len(namespace):]),
+                    "namespace", namespace)
+            out.append(ns)
+    return out
+
+
+def _worker_rank(vllm_config, tp, pp):
+    """(tp_rank, pp_rank) of this worker from vLLM's global rank
+    (parallel_config.rank, which vLLM's worker sets before it makes the KV
+    transfer group; vLLM orders ranks (dp, pp, tp), tp fastest). Checked
+    against vLLM's parallel groups when they are set up at these sizes."""
+    rank = int(getattr(vllm_config.parallel_config, "rank", 0))
+    t, p = rank % tp, (rank // tp) % pp
+    try:
+        from vllm.distributed import parallel_state as ps
+        if ps.model_parallel_is_initialized():
+            g_tp, g_pp = ps.get_tp_group(), ps.get_pp_group()
+            if g_tp.world_size == tp and g_pp.world_size == pp and \
+                    (g_tp.rank_in_group, g_pp.rank_in_group) != (t, p):
+                raise RuntimeError(
+                    "openinfer.vllm: parallel_config.rank %d gives tp rank %d, pp rank %d but "
+                    "vLLM's groups say tp rank %d, pp rank %d" % (rank, t, p, g_tp.rank_in_group,
+                                                                  g_pp.rank_in_group))
+    except (ImportError, AttributeError):  # another vLLM's parallel state: the rank alone
+        pass
+    return t, p
+
+
 def _keys(block_hashes):
     """vLLM block hashes (bytes, or ints from older hashers) -> BlockHashes."""
     keys = [h if isinstance(h, (bytes, bytearray)) else
@@ -254,13 +320,25 @@ def _keys(block_hashes):
     return oi.BlockHashes(b"".join(oi.block_key(k) for k in keys))
 
 
+def _new_sched_counts():
+    return dict(lookups=0, hit_blocks=0, miss_blocks=0, failures={"lookup": 0})
+
+
+class _LookupFailed(Exception):
+    """A lookup the tier could not answer (args[0]: what to log, or None)."""
+
+    def __init__(self, msg, degraded=False):
+        super().__init__(msg)
+        self.degraded = degraded
+
+
 class _ReqState:
     __slots__ = ("request", "lease", "lease_owner", "start_block", "hit_blocks",
                  "block_ids", "saved_upto", "pending_load", "loading")
 
     def __init__(self, request):
         self.request = request
-        self.lease = None  # raw 16 bytes of a lease not yet handed to a worker
+        self.lease = None  # raw 16 bytes per shard: leases not yet handed to a worker
         self.lease_owner = None
         self.start_block = 0
         self.hit_blocks = 0
@@ -268,6 +346,143 @@ class _ReqState:
         self.saved_upto = 0
         self.pending_load = None
         self.loading = False
+
+
+# ---------------------------------------------------------------------------- metrics
+
+#: The counters of OpenInferConnectorStats: (payload key, Prometheus name,
+#: help). Prometheus adds ``_total`` to each (docs/vllm.md, "Metrics").
+_COUNTERS = [
+    ("lookups", "vllm:openinfer_lookups",
+     "Lookups of the openinfer host tier by the scheduler"),
+    ("hit_blocks", "vllm:openinfer_lookup_hit_blocks",
+     "Blocks the openinfer tier held for a lookup (promised to vLLM)"),
+    ("miss_blocks", "vllm:openinfer_lookup_miss_blocks",
+     "Blocks a lookup asked the openinfer tier for and did not get"),
+    ("saved_blocks", "vllm:openinfer_saved_blocks",
+     "Blocks (one rank's shard each) whose save to the openinfer tier completed, "
+     "blocks the tier already held included"),
+    ("saved_bytes", "vllm:openinfer_saved_bytes",
+     "Bytes of the blocks counted in vllm:openinfer_saved_blocks"),
+    ("loaded_blocks", "vllm:openinfer_loaded_blocks",
+     "Blocks (one rank's shard each) loaded from the openinfer tier into vLLM's KV cache"),
+    ("loaded_bytes", "vllm:openinfer_loaded_bytes",
+     "Bytes loaded from the openinfer tier into vLLM's KV cache"),
+]
+#: Causes of vllm:openinfer_failures_total.
+FAILURE_CAUSES = ("lookup", "load_refused", "load_failed", "load_fenced", "save_failed",
+                  "save_dropped")
+_LOAD_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                 5.0, 10.0, 30.0, 120.0]
+
+
+def _empty_payload():
+    d = {k: 0 for k, _, _ in _COUNTERS}
+    d["failures"] = {}
+    d["load_seconds"] = []
+    return d
+
+
+@dataclass
+class OpenInferConnectorStats(KVConnectorStats):
+    """The tier's figures of one interval, as vLLM's connector-stats hooks
+    move them (worker ranks -> KVOutputAggregator -> scheduler -> stat
+    loggers): the counters of _COUNTERS, ``failures`` by cause,
+    ``load_seconds`` (one observation per load, from its submission to when
+    the connector saw it land) and ``degraded`` (the scheduler's view: 1
+    while its lookups find the tier unreachable; present only when it
+    changed). Counts of several ranks add up (a block at TP = 2 is two
+    shards)."""
+
+    def __post_init__(self):
+        base = _empty_payload()
+        base.update(self.data or {})
+        self.data = base
+
+    def reset(self):
+        self.data = _empty_payload()
+
+    def aggregate(self, other):
+        d, o = self.data, other.data
+        out = _empty_payload()
+        for k, _, _ in _COUNTERS:
+            out[k] = d.get(k, 0) + o.get(k, 0)
+        for src in (d, o):
+            for cause, n in src.get("failures", {}).items():
+                out["failures"][cause] = out["failures"].get(cause, 0) + n
+        out["load_seconds"] = list(d.get("load_seconds", [])) + list(o.get("load_seconds", []))
+        deg = [x["degraded"] for x in (d, o) if x.get("degraded") is not None]
+        if deg:
+            out["degraded"] = o["degraded"] if o.get("degraded") is not None else deg[0]
+        return OpenInferConnectorStats(data=out)
+
+    def reduce(self):
+        d = self.data
+        out = {k: d.get(k, 0) for k, _, _ in _COUNTERS}
+        asked = out["hit_blocks"] + out["miss_blocks"]
+        out["hit_rate"] = round(out["hit_blocks"] / asked, 4) if asked else 0.0
+        lat = sorted(d.get("load_seconds", []))
+        if lat:
+            out["load_p50_ms"] = round(lat[len(lat) // 2] * 1e3, 3)
+            out["load_max_ms"] = round(lat[-1] * 1e3, 3)
+        out["failures"] = sum(d.get("failures", {}).values())
+        if d.get("degraded") is not None:
+            out["degraded"] = d["degraded"]
+        return out
+
+    def is_empty(self):
+        d = self.data
+        return not (any(d.get(k, 0) for k, _, _ in _COUNTERS) or any(d.get("failures", {})
+                    .values()) or d.get("load_seconds") or d.get("degraded") is not None)
+
+
+class OpenInferPromMetrics(KVConnectorPromMetrics):
+    """The tier's Prometheus metrics in vLLM's /metrics (docs/vllm.md,
+    "Metrics"): the counters of _COUNTERS, vllm:openinfer_failures_total by
+    cause, the histogram vllm:openinfer_load_seconds and the gauge
+    vllm:openinfer_degraded, each with vLLM's engine labels."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {}
+        for key, name, doc in _COUNTERS:
+            m = self._counter_cls(name=name, documentation=doc, labelnames=labelnames)
+            self._counters[key] = {i: m.labels(*v) for i, v in per_engine_labelvalues.items()}
+        fail = self._counter_cls(
+            name="vllm:openinfer_failures",
+            documentation="Failures of the openinfer tier by cause (%s); each costs a miss or "
+                          "a recompute, never wrong bytes" % ", ".join(FAILURE_CAUSES),
+            labelnames=labelnames + ["cause"])
+        self._failures = {(i, c): fail.labels(*(v + [c]))
+                          for i, v in per_engine_labelvalues.items() for c in FAILURE_CAUSES}
+        lat = self._histogram_cls(
+            name="vllm:openinfer_load_seconds",
+            documentation="Load latency from the openinfer tier: from the load's submission to "
+                          "when the connector saw its last byte land",
+            labelnames=labelnames, buckets=_LOAD_BUCKETS)
+        self._load_seconds = {i: lat.labels(*v) for i, v in per_engine_labelvalues.items()}
+        deg = self._gauge_cls(
+            name="vllm:openinfer_degraded",
+            documentation="1 while the scheduler's lookups find the openinfer tier "
+                          "unreachable (sidecar gone or not answering), else 0",
+            labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._degraded = {i: deg.labels(*v) for i, v in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data, engine_idx=0):
+        d = transfer_stats_data
+        for key, _, _ in _COUNTERS:
+            n = d.get(key, 0)
+            if n:
+                self._counters[key][engine_idx].inc(n)
+        for cause, n in d.get("failures", {}).items():
+            m = self._failures.get((engine_idx, cause))
+            if m is not None and n:
+                m.inc(n)
+        h = self._load_seconds[engine_idx]
+        for x in d.get("load_seconds", ()):
+            h.observe(x)
+        if d.get("degraded") is not None:
+            self._degraded[engine_idx].set(d["degraded"])
 
 
 # ---------------------------------------------------------------------------- the connector
@@ -292,9 +507,7 @@ class OpenInferConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self._opts = _Options.from_config(self._kv_transfer_config.kv_connector_extra_config)
         pc = vllm_config.parallel_config
-        if pc.tensor_parallel_size * pc.pipeline_parallel_size > 1:
-            raise NotImplementedError("openinfer.vllm: tensor or pipeline parallelism is not "
-                                      "supported yet (one rank: TP = PP = 1)")
+        self._tp, self._pp = _parallel_sizes(vllm_config)
         self._block_size = vllm_config.cache_config.block_size
         if self._opts.namespace is not None:
             self._namespace = self._opts.namespace
@@ -305,14 +518,18 @@ class OpenInferConnector(KVConnectorBase_V1):
             logger.info("openinfer.vllm: %s connector, namespace %r derived from %s",
                         role.name.lower(), self._namespace,
                         ", ".join("%s=%r" % kv for kv in ident))
+        self._shards = _shard_namespaces(self._namespace, self._tp, self._pp)
         if role == KVConnectorRole.SCHEDULER:
             self._reqs = {}
-            self._lookup = None
+            self._lookups = [None] * len(self._shards)  # sidecar: a session per shard
             self._lookup_failed_at = 0.0
+            self._degraded = False  # the last lookup found the tier unreachable
+            self._sched_counts = _new_sched_counts()
             self._host = None
             if self._opts.socket is None:
                 backend = getattr(pc, "distributed_executor_backend", None)
-                if backend in ("mp", "ray"):
+                if backend in ("mp", "ray") or (backend == "external_launcher" and
+                                                len(self._shards) > 1):
                     raise ValueError(
                         "openinfer.vllm: embedded mode needs the scheduler and the worker in one "
                         "process (distributed_executor_backend 'uni'); with %r use the sidecar "
@@ -323,6 +540,12 @@ class OpenInferConnector(KVConnectorBase_V1):
                                "fails to load fails its request; 'recompute' recomputes it",
                                self._kv_transfer_config.kv_load_failure_policy)
         else:
+            t, p = _worker_rank(vllm_config, self._tp, self._pp)
+            self._shard = p * self._tp + t
+            self._shard_namespace = self._shards[self._shard]
+            if len(self._shards) > 1:
+                logger.info("openinfer.vllm: worker tp rank %d of %d, pp rank %d of %d: shard "
+                            "namespace %r", t, self._tp, p, self._pp, self._shard_namespace)
             self._worker = None
             self._num_blocks = kv_cache_config.num_blocks if kv_cache_config else None
             self._loads = {}  # req_id -> _Loading (not yet reported to vLLM)
@@ -331,63 +554,130 @@ class OpenInferConnector(KVConnectorBase_V1):
             self._counts = dict(loads_submitted=0, loads_refused=0, loads_completed=0,
                                 loads_failed=0, blocks_failed=0, saves_dropped=0,
                                 saves_failed=0)
+            self._interval = _empty_payload()  # get_kv_connector_stats's, since its last call
+            self._step_save_blocks = 0
 
     # ================================================================ scheduler
 
-    def _lookup_query(self, hashes, req_id):
-        """A prefix query of the tier: (hit_blocks, raw lease or None)."""
+    def _stats_hits(self, hit, asked):
+        self._sched_counts["lookups"] += 1
+        self._sched_counts["hit_blocks"] += hit
+        self._sched_counts["miss_blocks"] += asked - hit
+
+    def _stats_lookup_failed(self, degraded):
+        self._sched_counts["failures"]["lookup"] += 1
+        if degraded:
+            self._degraded = True
+
+    def _query_shard(self, i, hashes, req_id):
+        """A prefix query of shard namespace i: (hit_blocks, raw lease or
+        None); raises _LookupFailed when the tier could not answer."""
         o = self._opts
         kw = {}
         if o.wait_pending_ms is not None:
             kw["wait_pending"] = o.wait_pending_ms / 1000.0
         if self._host is not None:
             try:
-                q = self._host.query(self._namespace, hashes, req_id, **kw)
+                q = self._host.query(self._shards[i], hashes, req_id, **kw)
             except oi.Error as e:  # a lookup that fails is a miss
-                logger.warning("openinfer.vllm: lookup failed (%s): a miss", e)
-                return 0, None
+                raise _LookupFailed("lookup failed (%s): a miss" % e)
         else:
-            if self._lookup is None:
+            lk = self._lookups[i]
+            if lk is None:
                 if time.monotonic() - self._lookup_failed_at < o.lookup_retry_s:
-                    return 0, None
+                    raise _LookupFailed(None)
                 try:
-                    self._lookup = oi.LookupClient(o.socket, self._namespace,
-                                                   control_deadline_ms=o.control_deadline_ms,
-                                                   lookup_deadline_ms=o.lookup_deadline_ms,
-                                                   probe_interval_ms=o.probe_interval_ms,
-                                                   client_name="vllm-scheduler")
+                    lk = self._lookups[i] = oi.LookupClient(
+                        o.socket, self._shards[i], control_deadline_ms=o.control_deadline_ms,
+                        lookup_deadline_ms=o.lookup_deadline_ms,
+                        probe_interval_ms=o.probe_interval_ms, client_name="vllm-scheduler")
                 except oi.Error as e:
-                    self._lookup_failed_at = time.monotonic()
-                    logger.warning("openinfer.vllm: no lookup session with %s (%s): misses "
-                                   "until it answers", o.socket, e)
-                    return 0, None
+                    self._lookup_down()
+                    raise _LookupFailed("no lookup session with %s (%s): misses until it "
+                                        "answers" % (o.socket, e), degraded=True)
             try:
-                q = self._lookup.query(hashes, req_id, **kw)
+                q = lk.query(hashes, req_id, **kw)
             except oi.ClosedError as e:
-                logger.warning("openinfer.vllm: the openinfer server went away (%s): misses "
-                               "until it is back", e)
-                self._lookup.close()
-                self._lookup = None
-                self._lookup_failed_at = time.monotonic()
-                return 0, None
+                self._lookup_down()
+                raise _LookupFailed("the openinfer server went away (%s): misses until it "
+                                    "is back" % e, degraded=True)
             except oi.Error as e:  # a deadline, a refusal: this lookup is a miss
-                logger.warning("openinfer.vllm: lookup failed (%s): a miss", e)
-                return 0, None
+                raise _LookupFailed("lookup failed (%s): a miss" % e)
         if not q.hit_blocks:
             return 0, None
         return q.hit_blocks, q.lease.raw
 
-    def _release(self, st):
-        raw, st.lease = st.lease, None
-        if raw is None:
-            return
+    def _lookup_down(self):
+        """The sidecar's lookup sessions failed: closed, reopened after
+        lookup_retry_s (every shard's: they share the server)."""
+        for i, lk in enumerate(self._lookups):
+            if lk is not None:
+                lk.close()
+                self._lookups[i] = None
+        self._lookup_failed_at = time.monotonic()
+
+    def _release_shard(self, i, raw):
         try:
             if self._host is not None:
-                self._host.release(self._namespace, raw)
-            elif self._lookup is not None:
-                self._lookup.release(raw)
+                self._host.release(self._shards[i], raw)
+            elif self._lookups[i] is not None:
+                self._lookups[i].release(raw)
         except oi.Error:
             pass  # expired, or the server went away with it
+
+    def _lookup_query(self, block_hashes, req_id, count=True):
+        """The leading run of blocks whose shard every rank holds, leased in
+        every shard namespace: (hit_blocks, [raw lease per shard] or None).
+
+        One rank (one namespace): its hits. Several: each shard namespace
+        is asked for the run the earlier ones had; a shorter answer shortens
+        the run, and a lease longer than the final run is released and taken
+        again for exactly that run (a lease is loaded whole), until every
+        shard holds a lease of the same length -- the shortest common
+        prefix. A lookup that fails in any shard is a miss for all."""
+        n = len(block_hashes)
+        held = [None] * len(self._shards)  # (blocks, raw)
+        try:
+            while n > 0:
+                short = False
+                for i in range(len(self._shards)):
+                    if held[i] is not None and held[i][0] == n:
+                        continue
+                    if held[i] is not None:
+                        self._release_shard(i, held[i][1])
+                        held[i] = None
+                    hit, raw = self._query_shard(i, _keys(block_hashes[:n]), req_id)
+                    if raw is not None:
+                        held[i] = (hit, raw)
+                    if hit < n:
+                        n, short = hit, True
+                        if n == 0:
+                            break
+                if not short:
+                    break
+        except _LookupFailed as e:
+            if e.args[0]:
+                logger.warning("openinfer.vllm: %s", e.args[0])
+            if count:
+                self._stats_lookup_failed(e.degraded)
+            n = 0
+        else:
+            self._degraded = False
+        if n == 0:
+            for i, h in enumerate(held):
+                if h is not None:
+                    self._release_shard(i, h[1])
+            if count:
+                self._stats_hits(0, len(block_hashes))
+            return 0, None
+        if count:
+            self._stats_hits(n, len(block_hashes))
+        return n, [h[1] for h in held]
+
+    def _release(self, st):
+        leases, st.lease = st.lease, None
+        for i, raw in enumerate(leases or ()):
+            self._release_shard(i, raw)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         bs = self._block_size
@@ -403,7 +693,7 @@ class OpenInferConnector(KVConnectorBase_V1):
         last = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
         if last <= first:
             return 0, False
-        hit, lease = self._lookup_query(_keys(request.block_hashes[first:last]),
+        hit, lease = self._lookup_query(request.block_hashes[first:last],
                                         request.request_id)
         if not hit:
             return 0, False
@@ -429,14 +719,14 @@ class OpenInferConnector(KVConnectorBase_V1):
         if n != st.hit_blocks:  # vLLM took fewer: lease exactly those
             self._release(st)
             hit, lease = self._lookup_query(
-                _keys(request.block_hashes[st.start_block:st.start_block + n]),
-                request.request_id)
+                request.block_hashes[st.start_block:st.start_block + n], request.request_id,
+                count=False)
             if hit != n:
                 if lease is not None:
                     st.lease = lease
                     self._release(st)
                 # nothing to load: vLLM recomputes these through the load-error path
-                st.pending_load = _Load(request.request_id, b"", ids[st.start_block:
+                st.pending_load = _Load(request.request_id, [], ids[st.start_block:
                                                                       st.start_block + n],
                                         self._opts.load_async)
                 st.loading = True
@@ -517,16 +807,16 @@ class OpenInferConnector(KVConnectorBase_V1):
         if o.socket is None:
             dev = next(iter(tensors.values())).device
             host = _embedded_host(o, oi.DEVICE_CPU if dev.type == "cpu" else (dev.index or 0))
-            self._worker = KVWorker(tensors, self._namespace, host=host,
+            self._worker = KVWorker(tensors, self._shard_namespace, host=host,
                                     num_blocks=nb, kv_dim=kv_dim, **kw)
         else:
             buf = getattr(self, "_shared_buffer", None)
-            self._worker = KVWorker(tensors, self._namespace, socket=o.socket, buffer=buf,
+            self._worker = KVWorker(tensors, self._shard_namespace, socket=o.socket, buffer=buf,
                                     num_blocks=nb, kv_dim=kv_dim, **kw)
         logger.info("openinfer.vllm: registered %d layers (%d arenas, %d blocks of %d bytes) "
                     "in namespace %r (%s)", len(kv_caches), self._worker.num_arenas,
                     self._worker.layout.num_blocks, self._worker.layout.block_bytes,
-                    self._namespace, "sidecar " + o.socket if o.socket else "embedded")
+                    self._shard_namespace, "sidecar " + o.socket if o.socket else "embedded")
 
     def set_shared_buffer(self, buffer):
         """Sidecar on cpu: the SharedBuffer that holds vLLM's KV tensors (the
@@ -545,8 +835,10 @@ class OpenInferConnector(KVConnectorBase_V1):
             # the blocks each layer saves once it is written (save_kv_layer)
             w.begin_step(connector_metadata.save_ids,
                          oi.BlockHashes(connector_metadata.save_hashes))
+            batch = getattr(w, "_save_batch", None)
+            self._step_save_blocks = len(batch[0]) if batch else 0
 
-    def _fail_load(self, req_id, block_ids, is_async, err):
+    def _fail_load(self, req_id, block_ids, is_async, err, cause="load_failed"):
         """Reports a load failed to vLLM (its blocks through
         get_block_ids_with_load_errors, an async one also as received), only
         ever once no byte of it can land any more."""
@@ -554,6 +846,8 @@ class OpenInferConnector(KVConnectorBase_V1):
                        "them", len(block_ids), req_id, err)
         self._counts["loads_failed"] += 1
         self._counts["blocks_failed"] += len(block_ids)
+        f = self._interval["failures"]
+        f[cause] = f.get(cause, 0) + 1
         self._failed_blocks.update(block_ids)
         if is_async:  # reported as received, its blocks as failed: vLLM recomputes them
             self._finished_recving.add(req_id)
@@ -563,15 +857,18 @@ class OpenInferConnector(KVConnectorBase_V1):
         w = self._worker
         for ld in meta.loads:
             self._counts["loads_submitted"] += 1
-            if w is None or not ld.lease:
+            lease = ld.leases[self._shard] if len(ld.leases) == len(self._shards) else None
+            if w is None or not lease:
                 self._counts["loads_refused"] += 1
-                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "no lease")
+                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "no lease",
+                                "load_refused")
                 continue
             try:
-                t = w.load(ld.lease, ld.block_ids)
+                t = w.load(lease, ld.block_ids)
             except oi.Error as e:  # refused at submit: nothing was started
                 self._counts["loads_refused"] += 1
-                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "load refused: %s" % e)
+                self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "load refused: %s" % e,
+                                "load_refused")
                 continue
             self._loads[ld.req_id] = _Loading(t, ld.block_ids, ld.is_async, time.monotonic())
 
@@ -580,10 +877,17 @@ class OpenInferConnector(KVConnectorBase_V1):
         del self._loads[req_id]
         if result is True:
             self._counts["loads_completed"] += 1
+            n = len(ld.block_ids)
+            iv = self._interval
+            iv["loaded_blocks"] += n
+            iv["loaded_bytes"] += n * self._worker.layout.block_bytes
+            iv["load_seconds"].append((ld.landed or time.monotonic()) - ld.started)
             if ld.is_async:
                 self._finished_recving.add(req_id)
         else:
-            self._fail_load(req_id, ld.block_ids, ld.is_async, "load: %s" % (result,))
+            self._fail_load(req_id, ld.block_ids, ld.is_async, "load: %s" % (result,),
+                            "load_fenced" if isinstance(result, oi.DeadlineError)
+                            else "load_failed")
 
     def _sync_limit(self, ld):
         """When a sync load's wait gives up: its deadline (plus the deadline
@@ -630,6 +934,7 @@ class OpenInferConnector(KVConnectorBase_V1):
             try:
                 w.wait_layer(ld.ticket, layer_name,
                              max(0.0, self._sync_limit(ld) - time.monotonic()))
+                ld.landed = time.monotonic()
             except oi.TimeoutError:
                 if ld.ticket.done():  # final after all: settle it
                     self._settled(req_id, ld, w.settle_load(ld.ticket, 0))
@@ -681,6 +986,14 @@ class OpenInferConnector(KVConnectorBase_V1):
         failed = after["saves_failed"] - before["saves_failed"]
         self._counts["saves_dropped"] += dropped
         self._counts["saves_failed"] += failed
+        iv = self._interval
+        for cause, n in (("save_dropped", dropped), ("save_failed", failed)):
+            if n:
+                iv["failures"][cause] = iv["failures"].get(cause, 0) + n
+        if not errors and self._step_save_blocks:
+            iv["saved_blocks"] += self._step_save_blocks
+            iv["saved_bytes"] += self._step_save_blocks * w.layout.block_bytes
+        self._step_save_blocks = 0
         if errors:
             logger.warning("openinfer.vllm: save: %d of this step's save calls failed, %d "
                            "dropped unfinished after the %.0f ms save deadline (%s): the blocks "
@@ -708,6 +1021,36 @@ class OpenInferConnector(KVConnectorBase_V1):
         _, recving = self.get_finished(finished_req_ids)
         return KVConnectorTransferResults(finished_sending=set(),
                                           finished_recving=set(recving or ()))
+
+    # ================================================================ metrics
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return OpenInferConnectorStats(data=dict(data) if data else {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return OpenInferPromMetrics(vllm_config, metric_types, labelnames,
+                                    per_engine_labelvalues)
+
+    def get_kv_connector_stats(self):
+        """The figures since the last call (vLLM calls it every step, on the
+        workers and on the scheduler): the worker's saves and loads, the
+        scheduler's lookups, hits, misses and its degraded state (only when
+        it changed). None when there is nothing to report."""
+        if self._role == KVConnectorRole.SCHEDULER:
+            c, self._sched_counts = self._sched_counts, _new_sched_counts()
+            data = _empty_payload()
+            data["lookups"], data["hit_blocks"], data["miss_blocks"] = \
+                c["lookups"], c["hit_blocks"], c["miss_blocks"]
+            data["failures"] = {k: v for k, v in c["failures"].items() if v}
+            if self._degraded != getattr(self, "_degraded_reported", None):
+                data["degraded"] = int(self._degraded)
+                self._degraded_reported = self._degraded
+        else:
+            data, self._interval = self._interval, _empty_payload()
+        out = OpenInferConnectorStats(data=data)
+        return None if out.is_empty() else out
 
     def stats(self):
         """Worker side: what this connector reported to vLLM -- loads
@@ -746,6 +1089,7 @@ class OpenInferConnector(KVConnectorBase_V1):
             for st in self._reqs.values():
                 self._release(st)
             self._reqs = {}
-            if self._lookup is not None:
-                self._lookup.close()
-                self._lookup = None
+            for lk in self._lookups:
+                if lk is not None:
+                    lk.close()
+            self._lookups = [None] * len(self._shards)

@@ -554,3 +554,88 @@ def test_sglang_controller_backup_query_prefetch(v1):
         assert sum(a.completed_tokens for a in acks) == 5 * PAGE
     finally:
         b.close()
+
+
+# ----------------------------------------------------------------------------- TP > 1
+
+
+def test_mha_tp2_each_rank_round_trips_its_own_shard(serve):
+    """MHA at TP = 2 through one sidecar: instance A's two ranks (their own
+    host pools, their own bytes: each rank's heads) save the same page keys;
+    instance B's rank r loads exactly A's rank r bytes. A page rank 1 of A
+    did not save is missing for rank 1 only: its batch_exists is shorter,
+    and SGLang's controller takes the MIN over the ranks (its
+    _sync_prefetch_hit_query), so the shorter prefix is what every rank loads."""
+    ks = keys(5, seed=41)
+    made = []
+    try:
+        a = []
+        for r in range(2):
+            pool = host_pool()
+            fill_random(pool, seed=100 + r)
+            be = make(pool, {"mode": "sidecar", "socket": serve.socket, "staging_pages": 2},
+                      tp_rank=r, tp_size=2)
+            made.append(be)
+            a.append((pool, be))
+        assert a[0][1].namespace != a[1][1].namespace
+        assert a[0][1].namespace.endswith("/tp0-2") and a[1][1].namespace.endswith("/tp1-2")
+        want = [[page_bytes(pool, p) for p in range(2, 7)] for pool, _ in a]
+        assert want[0] != want[1]
+        assert a[0][1].batch_set_v1(ks, indices(range(2, 7))) == [True] * 5
+        assert a[1][1].batch_set_v1(ks[:3], indices(range(2, 5))) == [True] * 3  # 3 of 5
+        b = []
+        for r in range(2):
+            pool = host_pool()
+            be = make(pool, {"mode": "sidecar", "socket": serve.socket, "staging_pages": 2},
+                      tp_rank=r, tp_size=2)
+            made.append(be)
+            b.append((pool, be))
+        hits = [be.batch_exists(ks) for _, be in b]
+        assert hits == [5, 3]
+        common = min(hits)  # SGLang's all-reduce MIN over the TP group
+        for r, (pool, be) in enumerate(b):
+            assert be.batch_get_v1(ks[:common], indices(range(8, 8 + common))) == \
+                [True] * common
+            assert [page_bytes(pool, p) for p in range(8, 8 + common)] == want[r][:common]
+    finally:
+        for x in made:
+            x.close()
+
+
+def test_mla_tp2_the_latent_is_written_once_and_read_by_every_rank(serve):
+    """MLA at TP = 2 through one sidecar: both ranks of an instance share one
+    namespace (every rank holds the same latent); SGLang makes only rank 0
+    the storage writer (HiCacheStorageConfig.is_storage_writer), and rank 0's
+    one copy is what rank 0 and rank 1 of another instance load, byte for
+    byte. The server holds the pages once."""
+    from conftest import storage_config as sc
+    assert sc({}, tp_rank=0, tp_size=2, mla=True).is_storage_writer
+    assert not sc({}, tp_rank=1, tp_size=2, mla=True).is_storage_writer
+    ks = keys(4, seed=43)
+    made = []
+    try:
+        src = mla_host_pool()
+        fill_random(src, seed=47)
+        w = make(src, {"mode": "sidecar", "socket": serve.socket, "staging_pages": 2},
+                 tp_rank=0, tp_size=2, mla=True)
+        made.append(w)
+        want = [page_bytes(src, p) for p in range(1, 5)]
+        assert w.batch_set_v1(ks, indices(range(1, 5))) == [True] * 4
+        readers = []
+        for r in range(2):
+            pool = mla_host_pool()
+            be = make(pool, {"mode": "sidecar", "socket": serve.socket, "staging_pages": 2},
+                      tp_rank=r, tp_size=2, mla=True)
+            made.append(be)
+            readers.append((pool, be))
+            assert be.namespace == w.namespace
+        for pool, be in readers:
+            assert be.batch_exists(ks) == 4
+            assert be.batch_get_v1(ks, indices(range(9, 13))) == [True] * 4
+            assert [page_bytes(pool, p) for p in range(9, 13)] == want
+        # one copy in the tier: the server's pages of this namespace
+        st = w.stats()
+        assert st["namespace_blocks_resident"] == 4, st
+    finally:
+        for x in made:
+            x.close()

@@ -377,7 +377,7 @@ static bool node_start(int k, const char *secret) {
      * /sys: UCX finds its network devices in /sys/class/net, and with the
      * root namespace's there it finds none that reaches a peer ("Destination
      * is unreachable"). */
-    const char *argv[24] = {"ip", "netns", "exec", node_ns(k)};
+    const char *argv[4 + OI_ARRAY_LEN(args)] = {"ip", "netns", "exec", node_ns(k)};
     for (int i = 0; args[i]; i++)
       argv[4 + i] = args[i];
     execvp("ip", (char *const *)argv);

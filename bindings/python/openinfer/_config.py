@@ -349,7 +349,6 @@ PLAN_KEYS = [
         "how often the plan takes the tier's rate estimates again"),
 ]
 VLLM_KEYS += PLAN_KEYS
-SGLANG_KEYS += PLAN_KEYS
 
 #: SGLang's own keys of the same extra_config (its storage factory and
 #: controller read them; this backend ignores them).

@@ -21,7 +21,8 @@ import subprocess
 import sys
 
 # Each engine's tests, relative to this directory.
-FILES = {"vllm": ["test_kvworker.py", "test_vllm_connector.py", "test_vllm_parallel.py"], "sglang": ["sglang"]}
+FILES = {"vllm": ["test_kvworker.py", "test_vllm_connector.py", "test_vllm_parallel.py",
+                  "test_vllm_plan.py"], "sglang": ["sglang"]}
 
 
 def installed(work):

@@ -13,7 +13,8 @@ import math
 import re
 
 __all__ = ["ConfigError", "Key", "parse", "parse_size", "parse_bool", "MS_MAX",
-           "VLLM_KEYS", "SGLANG_KEYS", "SGLANG_OWN_KEYS", "NAMESPACE_MAX_BYTES"]
+           "VLLM_KEYS", "SGLANG_KEYS", "SGLANG_OWN_KEYS", "NAMESPACE_MAX_BYTES", "PLAN_KEYS",
+           "DEFAULT_PREFILL_TOKENS_PER_S"]
 
 #: The longest deadline or interval in milliseconds: the library's fields are
 #: uint32_t and UINT32_MAX means "forever" in some of them.
@@ -319,6 +320,35 @@ SGLANG_KEYS = [
     LOOKUP_DEADLINE,
     PROBE_INTERVAL,
 ]
+
+#: The prefill rate a connector plans with when none is configured: a
+#: mid-size model on a current GPU (docs/planner.md, "The connectors"). Slow
+#: enough that the pool's hits load; set the engine's own rate.
+DEFAULT_PREFILL_TOKENS_PER_S = 10000.0
+_RATE = number(0.0, 1e15, lo_open=True, unit=" of bytes per second")
+
+#: The restore plan's keys, in both connectors' tables (openinfer._plan).
+PLAN_KEYS = [
+    Key("restore_plan", boolean(), True,
+        "`true`: promise the number of hit tokens the restore plan loads (the rest are "
+        "computed); `false`: promise every hit (docs/planner.md)"),
+    Key("prefill_tokens_per_s", number(0.0, 1e12, lo_open=True, unit=" of tokens per second"),
+        None, "the engine's prefill rate for the plan; default %g (or `prefill_ns_per_token`)"
+        % DEFAULT_PREFILL_TOKENS_PER_S),
+    Key("prefill_ns_per_token", number(0.0, 1e12, lo_open=True, unit=" of nanoseconds"), None,
+        "the prefill cost per token instead of `prefill_tokens_per_s` (not both)"),
+    Key("prefill_ns_per_token_ctx", number(0.0, 1e9, unit=" of nanoseconds"), 0.0,
+        "the prefill cost's growth per token of context (attention's share)"),
+    Key("link_bytes_per_s", _RATE, None,
+        "the plan's host-to-device rate; default: the tier's estimate"),
+    Key("disk_bytes_per_s", _RATE, None,
+        "the plan's disk read rate; default: the tier's estimate"),
+    Key("remote_bytes_per_s", _RATE, None,
+        "the plan's remote read rate; default: the tier's estimate"),
+    Key("plan_rates_refresh_ms", ms(), 1000,
+        "how often the plan takes the tier's rate estimates again"),
+]
+VLLM_KEYS += PLAN_KEYS
 
 #: SGLang's own keys of the same extra_config (its storage factory and
 #: controller read them; this backend ignores them).

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 
 import openinfer as oi
-from openinfer import _config
+from openinfer import _config, _plan
 from openinfer.kvworker import KVWorker
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -84,13 +84,16 @@ class _Options:
     lookup_retry_s: float = 1.0
     lookup_deadline_ms: int = 50
     probe_interval_ms: int = 100
+    plan: object = None  # openinfer._plan.PlanOptions
 
     @classmethod
     def from_config(cls, extra):
         """The options of a kv_connector_extra_config; a bad key or value
         raises ConfigError (a ValueError) naming it and what is allowed."""
         where = "openinfer.vllm: kv_connector_extra_config"
-        o = cls(**_config.parse(_config.VLLM_KEYS, extra, where))
+        values = _config.parse(_config.VLLM_KEYS, extra, where)
+        plan = _plan.PlanOptions.pop(values, where)
+        o = cls(plan=plan, **values)
         if o.mode == "sidecar" and not o.socket:
             raise _config.ConfigError("%s: option 'mode' is 'sidecar' but 'socket' is not set "
                                       "(the sidecar's socket is required)" % where,
@@ -522,6 +525,7 @@ class OpenInferConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self._reqs = {}
             self._lookups = [None] * len(self._shards)  # sidecar: a session per shard
+            self._where = [None] * len(self._shards)  # each shard's last answer's places
             self._lookup_failed_at = 0.0
             self._degraded = False  # the last lookup found the tier unreachable
             self._sched_counts = _new_sched_counts()
@@ -535,6 +539,8 @@ class OpenInferConnector(KVConnectorBase_V1):
                         "process (distributed_executor_backend 'uni'); with %r use the sidecar "
                         "(kv_connector_extra_config 'socket')" % backend)
                 self._host = _embedded_host(self._opts, _host_device(vllm_config))
+            self._planner = _plan.vllm_planner(self._opts, vllm_config, kv_cache_config,
+                                               self._host)
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
                 logger.warning("openinfer.vllm: kv_load_failure_policy is %r: a block the tier "
                                "fails to load fails its request; 'recompute' recomputes it",
@@ -603,6 +609,7 @@ class OpenInferConnector(KVConnectorBase_V1):
                                     "is back" % e, degraded=True)
             except oi.Error as e:  # a deadline, a refusal: this lookup is a miss
                 raise _LookupFailed("lookup failed (%s): a miss" % e)
+        self._where[i] = q.where  # where each block is, for the restore plan
         if not q.hit_blocks:
             return 0, None
         return q.hit_blocks, q.lease.raw
@@ -698,7 +705,14 @@ class OpenInferConnector(KVConnectorBase_V1):
         if not hit:
             return 0, False
         st.lease, st.start_block, st.hit_blocks = lease, first, hit
-        return hit * bs, self._opts.load_async
+        # restore or recompute (docs/planner.md): a prefix of the common run;
+        # fewer than leased: update_state_after_alloc leases exactly those
+        n = self._planner.blocks(first * bs, request.num_tokens, hit,
+                                 _plan.merge_where(self._where, hit))
+        if n == 0:
+            self._release(st)
+            return 0, False
+        return n * bs, self._opts.load_async
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         st = self._reqs.get(request.request_id)

@@ -155,7 +155,14 @@ def test_good_values_parse_to_their_values():
                      pool_size=1 << 30, pin=None, lease_ttl_ms=250, load_async=False,
                      wait_pending_ms=0, copy_mode=2, control_deadline_ms=4294967294,
                      save_deadline_ms=1, load_deadline_ms=3000, lookup_retry_s=0.25,
-                     lookup_deadline_ms=20, probe_interval_ms=500)
+                     lookup_deadline_ms=20, probe_interval_ms=500, restore_plan=True,
+                     prefill_tokens_per_s=None, prefill_ns_per_token=None,
+                     prefill_ns_per_token_ctx=0.0, link_bytes_per_s=None, disk_bytes_per_s=None,
+                     remote_bytes_per_s=None, plan_rates_refresh_ms=1000)
+    p = vllm({"restore_plan": "off", "prefill_tokens_per_s": "5e4", "disk_bytes_per_s": 1e8,
+              "prefill_ns_per_token_ctx": 0.5, "plan_rates_refresh_ms": 10})
+    assert (p["restore_plan"], p["prefill_tokens_per_s"], p["disk_bytes_per_s"],
+            p["prefill_ns_per_token_ctx"], p["plan_rates_refresh_ms"]) == (False, 5e4, 1e8, 0.5, 10)
     assert [vllm({"copy_mode": m})["copy_mode"] for m in ("auto", "kernel", "dma", "staged")] \
         == [0, 1, 2, 3]
     # a namespace of exactly 255 bytes is allowed

@@ -76,6 +76,12 @@ static inline float oi__f16_to_f32(uint16_t h) {
   return (h & 0x8000) ? -v : v;
 }
 
+/* Round to the nearest integer, ties to even, for |y| < 2^22, without a
+ * library call: adding 1.5 * 2^23 leaves no fraction bits, and the addition
+ * rounds in the default mode, to nearest even (the build does not use
+ * -ffast-math, so the compiler keeps the sum). */
+static inline float oi__round_even(float y) { return (y + 12582912.0f) - 12582912.0f; }
+
 /* Elements of a shape (0 when a field is 0). */
 static inline size_t oi__shape_elems(const oi_codec_shape *sh) {
   return (size_t)sh->parts * sh->tokens * sh->heads * sh->head_dim;

@@ -7,22 +7,23 @@
  *   [part][token][head][channel]; x = e4m3 * scale, rounded to bf16. */
 #include "codec/codec_internal.h"
 
-static uint8_t f32_to_e4m3(float v) {
-  uint8_t sign = signbit(v) ? 0x80 : 0;
-  float a = fabsf(v);
+/* Finite v to e4m3, round to nearest even, saturating at 448. */
+static inline uint8_t f32_to_e4m3(float v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+  u &= 0x7fffffffu;
+  float a;
+  memcpy(&a, &u, 4);
   if (a >= 448.0f) return sign | 0x7e;
-  if (a < 0.015625f) /* below 2^-6: subnormals, multiples of 2^-9 (8 rounds to 2^-6) */
-    return sign | (uint8_t)nearbyintf(a * 512.0f);
-  int e;
-  float m = frexpf(a, &e); /* a = m 2^e, m in [0.5, 1): exponent field e + 6 */
-  int exp = e + 6;
-  int mant = (int)nearbyintf((2.0f * m - 1.0f) * 8.0f);
-  if (mant == 8) {
-    mant = 0;
-    exp++;
-  }
-  if (exp > 15 || (exp == 15 && mant > 6)) return sign | 0x7e;
-  return sign | (uint8_t)(exp << 3 | mant);
+  if (a < 0.015625f) /* below 2^-6: subnormals, multiples of 2^-9 (8 is 2^-6's code) */
+    return sign | (uint8_t)oi__round_even(a * 512.0f);
+  /* normals: keep 3 of the 23 mantissa bits, rounding to nearest even, and
+   * rebias the exponent from 127 to 7 (a carry out of the mantissa goes
+   * into the exponent, as it should) */
+  uint32_t r = (u + 0x7ffffu + ((u >> 20) & 1u)) >> 20;
+  uint32_t code = r - (120u << 3);
+  return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
 }
 
 static float e4m3_value(uint8_t c) {

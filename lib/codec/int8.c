@@ -35,7 +35,7 @@ size_t oi__int8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *d
     float scale = oi__f16_to_f32(s16);
     float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
     for (size_t i = 0; i < d; i++) {
-      float r = nearbyintf(oi__bf16_to_f32(x[i]) * inv);
+      float r = oi__round_even(oi__bf16_to_f32(x[i]) * inv);
       r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
       q[g * d + i] = (int8_t)r;
     }

@@ -9,6 +9,7 @@
 #define PROB_SCALE (1u << OI_RANS_PROB_BITS)
 #define PROB_MASK (PROB_SCALE - 1)
 #define RANS_L (1u << 23)
+#define NS 4 /* interleaved states (the decoder's fast loop is written for 4) */
 
 /* Normalises counts (of n symbols) to frequencies summing to PROB_SCALE,
  * every present symbol at least 1. */
@@ -52,20 +53,44 @@ static size_t put_leb(uint8_t *p, uint32_t v) {
   return i;
 }
 
+/* A symbol's encoder constants: division by its frequency as a multiply
+ * by a reciprocal and a shift (ryg_rans's RansEncSymbol). */
 typedef struct enc_sym {
-  uint32_t freq, start, x_max;
+  uint32_t x_max, rcp_freq, bias;
+  uint16_t cmpl_freq, rcp_shift;
 } enc_sym;
 
+static void enc_sym_init(enc_sym *e, uint32_t start, uint32_t freq) {
+  e->x_max = ((RANS_L >> OI_RANS_PROB_BITS) << 8) * freq;
+  e->cmpl_freq = (uint16_t)(PROB_SCALE - freq);
+  if (freq < 2) {
+    e->rcp_freq = ~0u;
+    e->rcp_shift = 0;
+    e->bias = start + PROB_SCALE - 1;
+  } else {
+    uint32_t shift = 0;
+    while (freq > (1u << shift)) shift++;
+    e->rcp_freq = (uint32_t)(((1ull << (shift + 31)) + freq - 1) / freq);
+    e->rcp_shift = (uint16_t)(shift - 1);
+    e->bias = start;
+  }
+}
+
 /* Renormalises then encodes one symbol; false when the output would pass
- * `limit` (writing backwards). */
+ * `limit` (writing backwards). Renormalisation writes 0, 1 or 2 bytes
+ * without a branch: both candidate bytes are stored, the pointer moves by
+ * the count (a byte stored below it is overwritten by the next symbol's). */
 static inline int enc_put(uint32_t *x, uint8_t **ptr, const uint8_t *limit, const enc_sym *e) {
   uint32_t v = *x;
-  while (v >= e->x_max) {
-    if (*ptr <= limit) return 0;
-    *--*ptr = (uint8_t)v;
-    v >>= 8;
-  }
-  *x = ((v / e->freq) << OI_RANS_PROB_BITS) + (v % e->freq) + e->start;
+  uint8_t *p = *ptr;
+  if (p - limit < 2) return 0;
+  uint32_t b = (v >= e->x_max) + ((uint64_t)v >= (uint64_t)e->x_max << 8);
+  p[-1] = (uint8_t)v;
+  p[-2] = (uint8_t)(v >> 8);
+  *ptr = p - b;
+  v = (uint32_t)((uint64_t)v >> (8 * b));
+  uint32_t q = (uint32_t)(((uint64_t)v * e->rcp_freq) >> 32) >> e->rcp_shift;
+  *x = v + e->bias + q * e->cmpl_freq;
   return 1;
 }
 
@@ -86,21 +111,29 @@ size_t oi__rans_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap) {
   uint32_t start = 0;
   for (int s = lo; s <= hi; s++) {
     tn += put_leb(table + tn, freq[s]);
-    es[s].freq = freq[s];
-    es[s].start = start;
-    es[s].x_max = ((RANS_L >> OI_RANS_PROB_BITS) << 8) * freq[s];
+    enc_sym_init(&es[s], start, freq[s]);
     start += freq[s];
   }
-  if (cap < tn + 8) return 0;
+  if (cap < tn + 4 * NS) return 0;
   /* Code backwards from dst's end; the stream is moved down after the table. */
   uint8_t *end = dst + cap;
   uint8_t *ptr = end;
-  const uint8_t *limit = dst + tn + 8;
-  uint32_t x[2] = {RANS_L, RANS_L};
-  for (size_t i = n; i-- > 0;)
-    if (!enc_put(&x[i & 1], &ptr, limit, &es[sym[i]])) return 0;
+  const uint8_t *limit = dst + tn + 4 * NS;
+  /* Symbol i goes to state i % NS; backwards, so the decoder runs forwards. */
+  uint32_t x[NS];
+  for (int k = 0; k < NS; k++) x[k] = RANS_L;
+  size_t i = n;
+  while (i % NS) {
+    i--;
+    if (!enc_put(&x[i % NS], &ptr, limit, &es[sym[i]])) return 0;
+  }
+  while (i > 0) {
+    i -= NS;
+    for (int k = NS - 1; k >= 0; k--)
+      if (!enc_put(&x[k], &ptr, limit, &es[sym[i + (size_t)k]])) return 0;
+  }
   /* The final states, state 0 first in the stream. */
-  for (int k = 1; k >= 0; k--) {
+  for (int k = NS - 1; k >= 0; k--) {
     ptr -= 4;
     ptr[0] = (uint8_t)x[k];
     ptr[1] = (uint8_t)(x[k] >> 8);
@@ -118,8 +151,8 @@ int oi__rans_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
   const uint8_t *p = src, *end = src + len;
   int lo = *p++, hi = *p++;
   if (hi < lo) return -1;
-  uint16_t freq[256], start[256];
-  uint8_t lut[PROB_SCALE];
+  /* One load per symbol: slot -> symbol | (freq - 1) << 8 | (slot - start) << 20. */
+  uint32_t tab[PROB_SCALE];
   uint32_t sum = 0;
   for (int s = lo; s <= hi; s++) {
     uint32_t v = 0;
@@ -130,29 +163,58 @@ int oi__rans_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
       if (!(b & 0x80)) break;
     }
     if (v > PROB_SCALE || sum + v > PROB_SCALE) return -1;
-    freq[s] = (uint16_t)v;
-    start[s] = (uint16_t)sum;
-    if (v) memset(lut + sum, s, v);
+    for (uint32_t j = 0; j < v; j++) tab[sum + j] = (uint32_t)s | (v - 1) << 8 | j << 20;
     sum += v;
   }
   if (sum != PROB_SCALE) return -1;
-  if (end - p < 8) return -1;
-  uint32_t x[2];
-  for (int k = 0; k < 2; k++, p += 4)
+  if (end - p < 4 * NS) return -1;
+  uint32_t x[NS];
+  for (int k = 0; k < NS; k++, p += 4) {
     x[k] = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-  if (x[0] < RANS_L || x[1] < RANS_L) return -1;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t *xs = &x[i & 1];
-    uint32_t v = *xs;
-    uint32_t slot = v & PROB_MASK;
-    uint8_t s = lut[slot];
-    v = freq[s] * (v >> OI_RANS_PROB_BITS) + slot - start[s];
-    while (v < RANS_L) {
-      if (p >= end) return -1;
-      v = (v << 8) | *p++;
-    }
-    *xs = v;
-    out[i] = s;
+    if (x[k] < RANS_L) return -1;
   }
-  return (p == end && x[0] == RANS_L && x[1] == RANS_L) ? 0 : -1;
+  size_t i = 0;
+  /* A decoded state is at least 2^11 (its old value >= L = 2^23, >> 12), so
+   * two bytes bring it back to L: while 2 NS bytes remain, NS symbols need
+   * no bounds checks. */
+#define DECODE(xv, o)                                                                              \
+  do {                                                                                             \
+    uint32_t e_ = tab[(xv)&PROB_MASK];                                                             \
+    (xv) = (((e_ >> 8) & 0xfffu) + 1) * ((xv) >> OI_RANS_PROB_BITS) + (e_ >> 20);                  \
+    (o) = (uint8_t)e_;                                                                             \
+  } while (0)
+  /* renormalisation without a branch: b = 0, 1 or 2 bytes */
+#define RENORM(xv)                                                                                 \
+  do {                                                                                             \
+    uint32_t b_ = ((xv) < RANS_L) + ((xv) < (RANS_L >> 8));                                        \
+    uint32_t w_ = (uint32_t)p[0] << 8 | p[1];                                                      \
+    (xv) = (uint32_t)((uint64_t)(xv) << (8 * b_)) | (w_ >> (16 - 8 * b_));                         \
+    p += b_;                                                                                       \
+  } while (0)
+  uint32_t x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+  while (i + NS <= n && end - p >= 2 * NS) {
+    DECODE(x0, out[i]);
+    RENORM(x0);
+    DECODE(x1, out[i + 1]);
+    RENORM(x1);
+    DECODE(x2, out[i + 2]);
+    RENORM(x2);
+    DECODE(x3, out[i + 3]);
+    RENORM(x3);
+    i += NS;
+  }
+#undef RENORM
+  x[0] = x0, x[1] = x1, x[2] = x2, x[3] = x3;
+  for (; i < n; i++) {
+    uint32_t *xs = &x[i % NS];
+    DECODE(*xs, out[i]);
+    while (*xs < RANS_L) {
+      if (p >= end) return -1;
+      *xs = (*xs << 8) | *p++;
+    }
+  }
+#undef DECODE
+  int ended = 1;
+  for (int k = 0; k < NS; k++) ended &= x[k] == RANS_L;
+  return (p == end && ended) ? 0 : -1;
 }

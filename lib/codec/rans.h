@@ -1,14 +1,14 @@
-/* An order-0 rANS coder of bytes (two interleaved 32-bit states, 12-bit
+/* An order-0 rANS coder of bytes (four interleaved 32-bit states, 12-bit
  * probabilities, byte-wise renormalisation), the entropy stage of the
  * lossless codec. Pure functions over caller buffers.
  *
  * A stream is its frequency table then the coded bytes:
  *   lo u8, hi u8 (the first and last symbol present), then hi - lo + 1
- *   frequencies as LEB128 (each < 2^13, summing to 4096), then the two final
+ *   frequencies as LEB128 (each < 2^13, summing to 4096), then the four final
  *   encoder states (4 bytes each, little-endian, state 0 first) and the
  *   renormalisation bytes in the order the decoder reads them.
  * The decoder checks every read against the stream's end, that the table
- * sums to 4096, and that both states end where the encoder began and the
+ * sums to 4096, and that every state ends where the encoder began and the
  * stream is used up, so a damaged stream is refused, never read past. */
 #ifndef OI_CODEC_RANS_H
 #define OI_CODEC_RANS_H

@@ -3,6 +3,7 @@
 #ifndef OI_CODEC_CODEC_INTERNAL_H
 #define OI_CODEC_CODEC_INTERNAL_H
 
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>

@@ -7,7 +7,8 @@
  *   [part][token][head][channel]; x = e4m3 * scale, rounded to bf16. */
 #include "codec/codec_internal.h"
 
-/* Finite v to e4m3, round to nearest even, saturating at 448. */
+/* v to e4m3, round to nearest even, saturating at 448 (a NaN, which the
+ * encoder never passes, saturates too rather than reach an undefined cast). */
 static inline uint8_t f32_to_e4m3(float v) {
   uint32_t u;
   memcpy(&u, &v, 4);
@@ -15,7 +16,7 @@ static inline uint8_t f32_to_e4m3(float v) {
   u &= 0x7fffffffu;
   float a;
   memcpy(&a, &u, 4);
-  if (a >= 448.0f) return sign | 0x7e;
+  if (!(a < 448.0f)) return sign | 0x7e;
   if (a < 0.015625f) /* below 2^-6: subnormals, multiples of 2^-9 (8 is 2^-6's code) */
     return sign | (uint8_t)oi__round_even(a * 512.0f);
   /* normals: keep 3 of the 23 mantissa bits, rounding to nearest even, and
@@ -52,7 +53,7 @@ size_t oi__fp8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *ds
         const uint16_t *x = src + ((p * T + t) * H + h) * D;
         for (size_t i = 0; i < D; i++) {
           float a = fabsf(oi__bf16_to_f32(x[i]));
-          if (!(a <= 3.0e38f)) {
+          if (!(a <= FLT_MAX)) {
             oi__fail(OI_ERR_INVALID_ARGUMENT, "codec fp8: a non-finite value (element %zu)",
                      (size_t)(x + i - src));
             return 0;
@@ -63,9 +64,15 @@ size_t oi__fp8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *ds
       float scale = amax / 448.0f;
       memcpy(dst + (p * H + h) * 4, &scale, 4);
       float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      /* A scale below 2^-128 (amax a bf16 subnormal) has no finite
+       * reciprocal (0 * inf would be NaN): divide instead, rarely. */
+      bool divide = !(inv <= FLT_MAX);
       for (size_t t = 0; t < T; t++) {
         size_t off = ((p * T + t) * H + h) * D;
-        for (size_t i = 0; i < D; i++) codes[off + i] = f32_to_e4m3(oi__bf16_to_f32(src[off + i]) * inv);
+        for (size_t i = 0; i < D; i++) {
+          float v = oi__bf16_to_f32(src[off + i]);
+          codes[off + i] = f32_to_e4m3(divide ? v / scale : v * inv);
+        }
       }
     }
   return oi__fp8_bound(sh);
@@ -83,7 +90,7 @@ oi_status oi__fp8_decode(const oi_codec_shape *sh, const uint8_t *src, size_t le
     for (size_t h = 0; h < H; h++) {
       float scale;
       memcpy(&scale, src + (p * H + h) * 4, 4);
-      if (!(fabsf(scale) <= 3.0e38f))
+      if (!(fabsf(scale) <= FLT_MAX))
         return oi__fail(OI_ERR_PROTOCOL, "codec fp8: scale %zu is not finite", p * H + h);
       for (size_t t = 0; t < T; t++) {
         size_t off = ((p * T + t) * H + h) * D;

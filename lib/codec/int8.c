@@ -19,7 +19,7 @@ size_t oi__int8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *d
     float amax = 0.0f;
     for (size_t i = 0; i < d; i++) {
       float v = fabsf(oi__bf16_to_f32(x[i]));
-      if (!(v <= 3.0e38f)) {
+      if (!(v <= FLT_MAX)) {
         oi__fail(OI_ERR_INVALID_ARGUMENT, "codec int8: a non-finite value (element %zu)", g * d + i);
         return 0;
       }

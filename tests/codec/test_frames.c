@@ -339,6 +339,41 @@ static void test_lossy_exact(void) {
   CHECK(back[0] == 0x43e0 && back[1] == 0x3f80 && back[2] == 0x3fa0);
 }
 
+/* Extremes of bf16 under the lossy codecs: subnormals beside zeros (an fp8
+ * scale with no finite reciprocal: found by fuzz_codec, crash-b163c2...),
+ * the largest finite values (finite: fp8 takes them, int8's fp16 scales
+ * cannot), nothing decoded to NaN. */
+static void test_lossy_extremes(void) {
+  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 2, 4, 3, 8};
+  uint16_t x[2 * 4 * 3 * 8], back[2 * 4 * 3 * 8];
+  uint8_t frame[512];
+  size_t fb, out;
+  for (int round = 0; round < 3; round++) {
+    for (size_t i = 0; i < LEN(x); i++)
+      x[i] = round == 0   ? (i % 3 ? 0x0000 : 0x0001)            /* tiny subnormals and zeros */
+             : round == 1 ? (uint16_t)(i % 2 ? 0x8003 : 0x0000)  /* negative subnormals */
+                          : (uint16_t)(i % 2 ? 0x7f7f : 0xff7f); /* +-3.39e38 */
+    for (int codec = OI_CODEC_INT8; codec <= OI_CODEC_FP8; codec++) {
+      oi_status st = oi__codec_encode(codec, &sh, x, sizeof x, frame, sizeof frame, &fb);
+      if (round == 2 && codec == OI_CODEC_INT8) {
+        CHECK_ST(st, OI_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(oi_last_error(), "fp16") != NULL);
+        continue;
+      }
+      CHECK_OK(st);
+      CHECK_OK(oi__codec_decode(frame, fb, back, sizeof back, &out));
+      size_t nan = 0, far = 0;
+      for (size_t i = 0; i < LEN(x); i++) {
+        float v = ct_bf16(x[i]), got = ct_bf16(back[i]);
+        if (got != got) nan++;
+        if (fabsf(got - v) > fabsf(v) / 8 + 1e-38f) far++;
+      }
+      CHECK(nan == 0);
+      if (round == 2) CHECK(far == 0); /* fp8 keeps the largest values within 1/16 */
+    }
+  }
+}
+
 int main(void) {
   RUN_TEST(test_sizes_and_patterns);
   RUN_TEST(test_incompressible_bound);
@@ -349,5 +384,6 @@ int main(void) {
   RUN_TEST(test_payload_junk);
   RUN_TEST(test_rans);
   RUN_TEST(test_lossy_exact);
+  RUN_TEST(test_lossy_extremes);
   TEST_EXIT();
 }

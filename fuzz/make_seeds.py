@@ -256,7 +256,7 @@ def codec_seeds():
     # int8: 6 fp16 scales of 1.0 then 384 int8 codes; fp8: 3 fp32 scales then 384 e4m3 codes
     out("fuzz_codec", "int8", b"\x00" + frame(2, (1, 2, 3, 64), 768, struct.pack("<6H", *[0x3C00] * 6) + bytes(range(256)) + bytes(128)))
     out("fuzz_codec", "fp8", b"\x00" + frame(3, (1, 2, 3, 64), 768, struct.pack("<3f", 1.0, 0.5, 2.0) + bytes(range(126)) * 3 + bytes(6)))
-    out("fuzz_codec", "payload-lossless-rans", b"\x01\x01\x01\x01\x01\x01\x01\x20" + b"\x01" + struct.pack("<I", 12) + bytes([0x7C, 0x7E, 0x80, 0x10, 0x80, 0x10, 0, 0, 0x80, 0, 0, 0x80]) + bytes(32))
+    out("fuzz_codec", "payload-lossless-rans", b"\x01\x01\x01\x01\x01\x01\x01\x20" + b"\x01" + struct.pack("<HI", 1, 12) + bytes([0x7C, 0x7E, 0x80, 0x10, 0x80, 0x10, 0, 0, 0x80, 0, 0, 0x80]) + bytes(32))
     out("fuzz_codec", "payload-int8", b"\x01\x02\x01\x01\x02\x03\x40\x80\x03" + bytes(6 * 2 + 384))
     out("fuzz_codec", "encode-lossless", b"\x02\x00" + kv[:6144])
     out("fuzz_codec", "encode-int8", b"\x02\x01\x00\x0f\x02\x3f" + kv[:4096])

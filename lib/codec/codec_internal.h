@@ -20,7 +20,9 @@
  * for the codec's bound), or 0 with oi_last_error() set on a refusal; decode
  * returns OI_OK or OI_ERR_PROTOCOL. */
 size_t oi__lossless_bound(size_t bytes);
-size_t oi__lossless_encode(const uint8_t *src, size_t bytes, uint8_t *dst);
+/* `parts`: the block's parts (the shape's, 0 if none): the exponents of
+ * each may get their own frequency table. */
+size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uint8_t *dst);
 oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t logical);
 
 size_t oi__int8_bound(const oi_codec_shape *sh);

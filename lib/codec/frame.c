@@ -109,7 +109,7 @@ oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *s
   size_t len;
   uint64_t data_xxh = 0;
   if (codec == OI_CODEC_LOSSLESS) {
-    len = oi__lossless_encode(src, bytes, payload);
+    len = oi__lossless_encode(src, bytes, sh.parts, payload);
     data_xxh = XXH3_64bits(src, bytes);
   } else {
     if ((uintptr_t)src & 1)

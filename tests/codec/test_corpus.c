@@ -25,7 +25,8 @@ static void lossless_units(const uint8_t *kv, size_t len, size_t unit, double *a
   size_t cap = oi__codec_bound(OI_CODEC_LOSSLESS, NULL, unit);
   uint8_t *frame = malloc(cap), *frame2 = malloc(cap), *back = malloc(unit);
   REQUIRE(r && frame && frame2 && back);
-  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 0, 0, 0, 0};
+  /* the shape: K or V parts of [16][3][64] (the codec may give each its own table) */
+  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, (uint16_t)(unit / 6144), 16, 3, 64};
   size_t bad = 0;
   for (size_t i = 0; i < n; i++) {
     const uint8_t *src = kv + i * unit;

@@ -59,6 +59,36 @@ static void test_sizes_and_patterns(void) {
   free(b);
 }
 
+/* Parts of different exponent distributions (K and V of a layer, or
+ * layers) get a table each when the shape names them: smaller, exact. */
+static void test_parts_tables(void) {
+  enum { PARTS = 4, PER = 1536 };
+  uint16_t x[PARTS * PER];
+  for (size_t k = 0; k < PARTS; k++)
+    for (size_t i = 0; i < PER; i++)
+      x[k * PER + i] = (uint16_t)((0x30 + 6 * k + ct_rand(&seed) % 3) << 7 | (ct_rand(&seed) & 0x807f));
+  oi_codec_shape whole = {OI_CODEC_DTYPE_BF16, 0, 0, 0, 0}, parts = {OI_CODEC_DTYPE_BF16, PARTS, 16, 3, 32};
+  uint8_t f1[sizeof x + 64], f2[sizeof x + 64];
+  uint16_t back[PARTS * PER];
+  size_t b1, b2, out;
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &whole, x, sizeof x, f1, sizeof f1, &b1));
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &parts, x, sizeof x, f2, sizeof f2, &b2));
+  CHECK(b2 < b1);
+  uint16_t segs;
+  memcpy(&segs, f2 + OI_CODEC_HEADER_BYTES + 1, 2);
+  CHECK(f2[OI_CODEC_HEADER_BYTES] == 1 && segs == PARTS);
+  CHECK_OK(oi__codec_decode(f2, b2, back, sizeof back, &out));
+  CHECK(out == sizeof x && !memcmp(back, x, sizeof x));
+  CHECK_OK(oi__codec_decode(f1, b1, back, sizeof back, &out));
+  CHECK(out == sizeof x && !memcmp(back, x, sizeof x));
+  /* the same distribution in every part: one table */
+  for (size_t i = 0; i < PARTS * PER; i++)
+    x[i] = (uint16_t)((0x30 + ct_rand(&seed) % 3) << 7 | (ct_rand(&seed) & 0x807f));
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &parts, x, sizeof x, f2, sizeof f2, &b2));
+  memcpy(&segs, f2 + OI_CODEC_HEADER_BYTES + 1, 2);
+  CHECK(segs == 1);
+}
+
 /* Random bytes do not compress: the frame is the raw planes, no larger. */
 static void test_incompressible_bound(void) {
   uint8_t b[6144];
@@ -250,10 +280,11 @@ static void test_payload_junk(void) {
     size_t len = ct_rand(&seed) % (it < 10000 ? 64 : sizeof src);
     for (size_t i = 0; i < len; i++) src[i] = (uint8_t)ct_rand(&seed);
     if (len && it % 3 == 0) src[0] = 1; /* the rANS mode */
-    if (len > 6 && it % 6 == 0) {         /* a plausible stream length and table */
-      uint32_t l = (uint32_t)(len - 5);
-      memcpy(src + 1, &l, 4);
-      src[5] = 0x3c, src[6] = 0x3e;
+    if (len > 8 && it % 6 == 0) { /* a plausible segment count, stream length and table */
+      uint32_t l = (uint32_t)(len - 7);
+      src[1] = 1, src[2] = 0; /* one segment */
+      memcpy(src + 3, &l, 4);
+      if (len > 9) src[7] = 0x3c, src[8] = 0x3e;
     }
     int codec = 1 + it % 3;
     oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, (uint16_t)(1 + it % 2), (uint16_t)(1 + it % 7), 3,
@@ -377,6 +408,7 @@ static void test_lossy_extremes(void) {
 int main(void) {
   RUN_TEST(test_sizes_and_patterns);
   RUN_TEST(test_incompressible_bound);
+  RUN_TEST(test_parts_tables);
   RUN_TEST(test_nan_inf);
   RUN_TEST(test_bad_arguments);
   RUN_TEST(test_corruption);

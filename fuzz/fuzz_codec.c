@@ -36,7 +36,8 @@ static void decode_frame(const uint8_t *p, size_t n) {
       FZ_ASSERT(XXH3_64bits(out, got) == info.data_xxh, "lossless checksum");
       size_t cap = oi__codec_bound(OI_CODEC_LOSSLESS, NULL, got), fb = 0, got2 = 0;
       uint8_t *frame = malloc(cap), *back = malloc(got ? got : 1);
-      FZ_ASSERT(oi__codec_encode(OI_CODEC_LOSSLESS, &info.shape, out, got, frame, cap, &fb) == OI_OK,
+      FZ_ASSERT(oi__codec_encode(OI_CODEC_LOSSLESS, &info.shape, out, got, frame, cap, &fb) ==
+                    OI_OK,
                 "re-encode");
       FZ_ASSERT(oi__codec_decode(frame, fb, back, got, &got2) == OI_OK && got2 == got &&
                     !memcmp(back, out, got),
@@ -51,8 +52,10 @@ static void decode_frame(const uint8_t *p, size_t n) {
 
 static void decode_payload(fz *f) {
   int codec = fz_u8(f) % 5;
-  oi_codec_shape sh = {.dtype = fz_u8(f) % 3, .parts = (uint16_t)fz_size(f, 4),
-                       .tokens = (uint16_t)fz_size(f, 32), .heads = (uint16_t)fz_size(f, 8),
+  oi_codec_shape sh = {.dtype = fz_u8(f) % 3,
+                       .parts = (uint16_t)fz_size(f, 4),
+                       .tokens = (uint16_t)fz_size(f, 32),
+                       .heads = (uint16_t)fz_size(f, 8),
                        .head_dim = (uint16_t)fz_size(f, 128)};
   size_t logical = fz_size(f, 4096) % MAX_LOGICAL;
   size_t n = f->n - (f->i < f->n ? f->i : f->n);
@@ -68,8 +71,10 @@ static void decode_payload(fz *f) {
 
 static void encode_block(fz *f) {
   int codec = 1 + fz_u8(f) % 3;
-  oi_codec_shape sh = {.dtype = OI_CODEC_DTYPE_BF16, .parts = (uint16_t)(1 + fz_u8(f) % 2),
-                       .tokens = (uint16_t)(1 + fz_u8(f) % 16), .heads = (uint16_t)(1 + fz_u8(f) % 4),
+  oi_codec_shape sh = {.dtype = OI_CODEC_DTYPE_BF16,
+                       .parts = (uint16_t)(1 + fz_u8(f) % 2),
+                       .tokens = (uint16_t)(1 + fz_u8(f) % 16),
+                       .heads = (uint16_t)(1 + fz_u8(f) % 4),
                        .head_dim = (uint16_t)(1 + fz_u8(f) % 64)};
   size_t n = f->n - (f->i < f->n ? f->i : f->n);
   if (codec != OI_CODEC_LOSSLESS) {

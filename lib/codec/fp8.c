@@ -83,7 +83,8 @@ oi_status oi__fp8_decode(const oi_codec_shape *sh, const uint8_t *src, size_t le
     return oi__fail(OI_ERR_PROTOCOL, "codec fp8: payload of %zu bytes, the shape needs %zu", len,
                     oi__fp8_bound(sh));
   float lut[256];
-  for (int c = 0; c < 256; c++) lut[c] = e4m3_value((uint8_t)c);
+  for (int c = 0; c < 256; c++)
+    lut[c] = e4m3_value((uint8_t)c);
   size_t P = sh->parts, T = sh->tokens, H = sh->heads, D = sh->head_dim;
   const uint8_t *codes = src + P * H * 4;
   for (size_t p = 0; p < P; p++)

@@ -87,7 +87,9 @@ oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *s
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec: %d is not a codec that frames blocks", codec);
   if ((!src && bytes) || !dst || !out_bytes)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec %s: NULL %s", NAMES[codec],
-                    !dst ? "dst" : !out_bytes ? "out_bytes" : "src");
+                    !dst         ? "dst"
+                    : !out_bytes ? "out_bytes"
+                                 : "src");
   if (bytes > OI_CODEC_MAX_BYTES)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec %s: a block of %zu bytes is past the limit %zu",
                     NAMES[codec], bytes, OI_CODEC_MAX_BYTES);
@@ -103,8 +105,8 @@ oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *s
   }
   size_t need = OI_CODEC_HEADER_BYTES + payload_bound(codec, &sh, bytes);
   if (cap < need)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec %s: dst of %zu bytes, %zu needed",
-                    NAMES[codec], cap, need);
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec %s: dst of %zu bytes, %zu needed", NAMES[codec],
+                    cap, need);
   uint8_t *h = dst, *payload = h + OI_CODEC_HEADER_BYTES;
   size_t len;
   uint64_t data_xxh = 0;
@@ -136,7 +138,8 @@ oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *s
 }
 
 oi_status oi__codec_info_of(const void *src, size_t bytes, oi_codec_info *info) {
-  if (!src || !info) return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec: NULL %s", src ? "info" : "src");
+  if (!src || !info)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec: NULL %s", src ? "info" : "src");
   const uint8_t *h = src;
   if (bytes < OI_CODEC_HEADER_BYTES)
     return oi__fail(OI_ERR_PROTOCOL, "codec: %zu bytes cannot hold a frame's %d-byte header", bytes,
@@ -150,8 +153,11 @@ oi_status oi__codec_info_of(const void *src, size_t bytes, oi_codec_info *info) 
   oi_codec_info in = {.version = h[4], .codec = h[5], .dtype = h[6]};
   in.logical_bytes = get32(h + 8);
   uint32_t plen = get32(h + 12);
-  in.shape = (oi_codec_shape){.dtype = h[6], .parts = get16(h + 16), .tokens = get16(h + 18),
-                              .heads = get16(h + 20), .head_dim = get16(h + 22)};
+  in.shape = (oi_codec_shape){.dtype = h[6],
+                              .parts = get16(h + 16),
+                              .tokens = get16(h + 18),
+                              .heads = get16(h + 20),
+                              .head_dim = get16(h + 22)};
   in.data_xxh = get64(h + 24);
   if ((size_t)plen > bytes - OI_CODEC_HEADER_BYTES)
     return oi__fail(OI_ERR_PROTOCOL, "codec: frame of %zu bytes truncated (%zu given)",

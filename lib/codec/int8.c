@@ -20,7 +20,8 @@ size_t oi__int8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *d
     for (size_t i = 0; i < d; i++) {
       float v = fabsf(oi__bf16_to_f32(x[i]));
       if (!(v <= FLT_MAX)) {
-        oi__fail(OI_ERR_INVALID_ARGUMENT, "codec int8: a non-finite value (element %zu)", g * d + i);
+        oi__fail(OI_ERR_INVALID_ARGUMENT, "codec int8: a non-finite value (element %zu)",
+                 g * d + i);
         return 0;
       }
       amax = v > amax ? v : amax;
@@ -55,7 +56,8 @@ oi_status oi__int8_decode(const oi_codec_shape *sh, const uint8_t *src, size_t l
     float scale = oi__f16_to_f32(s16);
     if (!(fabsf(scale) <= 65504.0f))
       return oi__fail(OI_ERR_PROTOCOL, "codec int8: scale %zu is not finite", g);
-    for (size_t i = 0; i < d; i++) dst[g * d + i] = oi__f32_to_bf16((float)q[g * d + i] * scale);
+    for (size_t i = 0; i < d; i++)
+      dst[g * d + i] = oi__f32_to_bf16((float)q[g * d + i] * scale);
   }
   return OI_OK;
 }

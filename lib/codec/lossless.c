@@ -50,8 +50,10 @@ static size_t choose_segments(const uint8_t *exp, size_t n, unsigned parts) {
   double split = 0;
   for (unsigned k = 0; k < parts; k++) {
     uint32_t h[256] = {0};
-    for (size_t i = 0; i < per; i++) h[exp[k * per + i]]++;
-    for (int s = 0; s < 256; s++) all[s] += h[s];
+    for (size_t i = 0; i < per; i++)
+      h[exp[k * per + i]]++;
+    for (int s = 0; s < 256; s++)
+      all[s] += h[s];
     split += stream_bits(h, per);
   }
   return split < stream_bits(all, n) ? parts : 1;
@@ -93,7 +95,8 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uin
       memmove(dst + head + used, sm_raw, n);
       dst[0] = MODE_RANS;
       put16(dst + 1, (uint16_t)segs);
-      for (size_t k = 0; k < segs; k++) put32(dst + 3 + 4 * k, lens[k]);
+      for (size_t k = 0; k < segs; k++)
+        put32(dst + 3 + 4 * k, lens[k]);
       memcpy(dst + head, buf, used);
       len = head + used + n;
     }

@@ -69,7 +69,8 @@ static void enc_sym_init(enc_sym *e, uint32_t start, uint32_t freq) {
     e->bias = start + PROB_SCALE - 1;
   } else {
     uint32_t shift = 0;
-    while (freq > (1u << shift)) shift++;
+    while (freq > (1u << shift))
+      shift++;
     e->rcp_freq = (uint32_t)(((1ull << (shift + 31)) + freq - 1) / freq);
     e->rcp_shift = (uint16_t)(shift - 1);
     e->bias = start;
@@ -97,11 +98,14 @@ static inline int enc_put(uint32_t *x, uint8_t **ptr, const uint8_t *limit, cons
 size_t oi__rans_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap) {
   if (!n) return 0;
   uint32_t count[256] = {0}, freq[256];
-  for (size_t i = 0; i < n; i++) count[sym[i]]++;
+  for (size_t i = 0; i < n; i++)
+    count[sym[i]]++;
   normalise(count, n, freq);
   int lo = 0, hi = 255;
-  while (!freq[lo]) lo++;
-  while (!freq[hi]) hi--;
+  while (!freq[lo])
+    lo++;
+  while (!freq[hi])
+    hi--;
   /* The table: at most 2 + 256 * 2 bytes. */
   uint8_t table[2 + 256 * 2];
   size_t tn = 0;
@@ -121,7 +125,8 @@ size_t oi__rans_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap) {
   const uint8_t *limit = dst + tn + 4 * NS;
   /* Symbol i goes to state i % NS; backwards, so the decoder runs forwards. */
   uint32_t x[NS];
-  for (int k = 0; k < NS; k++) x[k] = RANS_L;
+  for (int k = 0; k < NS; k++)
+    x[k] = RANS_L;
   size_t i = n;
   while (i % NS) {
     i--;
@@ -163,7 +168,8 @@ int oi__rans_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
       if (!(b & 0x80)) break;
     }
     if (v > PROB_SCALE || sum + v > PROB_SCALE) return -1;
-    for (uint32_t j = 0; j < v; j++) tab[sum + j] = (uint32_t)s | (v - 1) << 8 | j << 20;
+    for (uint32_t j = 0; j < v; j++)
+      tab[sum + j] = (uint32_t)s | (v - 1) << 8 | j << 20;
     sum += v;
   }
   if (sum != PROB_SCALE) return -1;
@@ -215,6 +221,7 @@ int oi__rans_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
   }
 #undef DECODE
   int ended = 1;
-  for (int k = 0; k < NS; k++) ended &= x[k] == RANS_L;
+  for (int k = 0; k < NS; k++)
+    ended &= x[k] == RANS_L;
   return (p == end && ended) ? 0 : -1;
 }

@@ -65,8 +65,8 @@ static void lossy_pages(int codec, const uint8_t *kv, size_t len, double max_rel
   oi_codec_shape sh = CORPUS_SHAPE_KV;
   size_t n = len / CORPUS_PAGE_BYTES, elems = CORPUS_PAGE_BYTES / 2;
   size_t cap = oi__codec_bound(codec, &sh, CORPUS_PAGE_BYTES);
-  size_t want = OI_CODEC_HEADER_BYTES +
-                (codec == OI_CODEC_INT8 ? 2 * 16 * 3 * 2 + elems : 2 * 3 * 4 + elems);
+  size_t want =
+      OI_CODEC_HEADER_BYTES + (codec == OI_CODEC_INT8 ? 2 * 16 * 3 * 2 + elems : 2 * 3 * 4 + elems);
   CHECK(cap == want);
   uint8_t *frame = malloc(cap);
   uint16_t *back = malloc(CORPUS_PAGE_BYTES);
@@ -90,7 +90,8 @@ static void lossy_pages(int codec, const uint8_t *kv, size_t len, double max_rel
         for (size_t t = 0; t < 16; t++) {
           size_t off = ((part * 16 + t) * 3 + h) * 64;
           float amax_th = 0;
-          for (size_t d = 0; d < 64; d++) amax_th = fmaxf(amax_th, fabsf(ct_bf16(x[off + d])));
+          for (size_t d = 0; d < 64; d++)
+            amax_th = fmaxf(amax_th, fabsf(ct_bf16(x[off + d])));
           for (size_t d = 0; d < 64; d++) {
             double v = ct_bf16(x[off + d]), got = ct_bf16(back[off + d]);
             double e = fabs(got - v), bound;

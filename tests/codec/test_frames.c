@@ -36,13 +36,15 @@ static void round_trip_lossless(const uint8_t *src, size_t n, const char *what) 
 }
 
 static void test_sizes_and_patterns(void) {
-  static const size_t sizes[] = {0, 1, 2, 3, 5, 15, 16, 17, 31, 32, 33, 34, 35, 36, 37, 63,
-                                 64, 100, 255, 4095, 6144, 12289, 16384, 16386, 16390, 100001};
+  static const size_t sizes[] = {0,   1,    2,    3,     5,     15,    16,    17,    31,
+                                 32,  33,   34,   35,    36,    37,    63,    64,    100,
+                                 255, 4095, 6144, 12289, 16384, 16386, 16390, 100001};
   uint8_t *b = malloc(100001);
   REQUIRE(b);
   for (size_t i = 0; i < LEN(sizes); i++) {
     size_t n = sizes[i];
-    for (size_t j = 0; j < n; j++) b[j] = (uint8_t)ct_rand(&seed);
+    for (size_t j = 0; j < n; j++)
+      b[j] = (uint8_t)ct_rand(&seed);
     round_trip_lossless(b, n, "random");
     memset(b, 0, n);
     round_trip_lossless(b, n, "zeros");
@@ -66,8 +68,10 @@ static void test_parts_tables(void) {
   uint16_t x[PARTS * PER];
   for (size_t k = 0; k < PARTS; k++)
     for (size_t i = 0; i < PER; i++)
-      x[k * PER + i] = (uint16_t)((0x30 + 6 * k + ct_rand(&seed) % 3) << 7 | (ct_rand(&seed) & 0x807f));
-  oi_codec_shape whole = {OI_CODEC_DTYPE_BF16, 0, 0, 0, 0}, parts = {OI_CODEC_DTYPE_BF16, PARTS, 16, 3, 32};
+      x[k * PER + i] =
+          (uint16_t)((0x30 + 6 * k + ct_rand(&seed) % 3) << 7 | (ct_rand(&seed) & 0x807f));
+  oi_codec_shape whole = {OI_CODEC_DTYPE_BF16, 0, 0, 0, 0},
+                 parts = {OI_CODEC_DTYPE_BF16, PARTS, 16, 3, 32};
   uint8_t f1[sizeof x + 64], f2[sizeof x + 64];
   uint16_t back[PARTS * PER];
   size_t b1, b2, out;
@@ -92,7 +96,8 @@ static void test_parts_tables(void) {
 /* Random bytes do not compress: the frame is the raw planes, no larger. */
 static void test_incompressible_bound(void) {
   uint8_t b[6144];
-  for (size_t j = 0; j < sizeof b; j++) b[j] = (uint8_t)ct_rand(&seed);
+  for (size_t j = 0; j < sizeof b; j++)
+    b[j] = (uint8_t)ct_rand(&seed);
   uint8_t frame[6144 + 64];
   size_t fb = 0;
   CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, NULL, b, sizeof b, frame, sizeof frame, &fb));
@@ -109,7 +114,8 @@ static void test_nan_inf(void) {
   oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 2, 4, 3, 8};
   uint16_t x[2 * 4 * 3 * 8];
   for (size_t s = 0; s < LEN(SPECIAL); s++) {
-    for (size_t i = 0; i < LEN(x); i++) x[i] = (uint16_t)(0x3f80 + (ct_rand(&seed) & 0x7f));
+    for (size_t i = 0; i < LEN(x); i++)
+      x[i] = (uint16_t)(0x3f80 + (ct_rand(&seed) & 0x7f));
     x[(s * 7) % LEN(x)] = SPECIAL[s];
     round_trip_lossless((const uint8_t *)x, sizeof x, "NaN/Inf");
     uint8_t frame[512];
@@ -122,7 +128,8 @@ static void test_nan_inf(void) {
     }
   }
   /* all-NaN, all-Inf blocks: lossless only */
-  for (size_t i = 0; i < LEN(x); i++) x[i] = SPECIAL[i % 6];
+  for (size_t i = 0; i < LEN(x); i++)
+    x[i] = SPECIAL[i % 6];
   round_trip_lossless((const uint8_t *)x, sizeof x, "all special");
 }
 
@@ -278,9 +285,10 @@ static void test_payload_junk(void) {
   uint8_t src[20000], dst[20000];
   for (int it = 0; it < 20000; it++) {
     size_t len = ct_rand(&seed) % (it < 10000 ? 64 : sizeof src);
-    for (size_t i = 0; i < len; i++) src[i] = (uint8_t)ct_rand(&seed);
+    for (size_t i = 0; i < len; i++)
+      src[i] = (uint8_t)ct_rand(&seed);
     if (len && it % 3 == 0) src[0] = 1; /* the rANS mode */
-    if (len > 8 && it % 6 == 0) { /* a plausible segment count, stream length and table */
+    if (len > 8 && it % 6 == 0) {       /* a plausible segment count, stream length and table */
       uint32_t l = (uint32_t)(len - 7);
       src[1] = 1, src[2] = 0; /* one segment */
       memcpy(src + 3, &l, 4);
@@ -289,8 +297,9 @@ static void test_payload_junk(void) {
     int codec = 1 + it % 3;
     oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, (uint16_t)(1 + it % 2), (uint16_t)(1 + it % 7), 3,
                          (uint16_t)(1 + it % 64)};
-    size_t logical = codec == OI_CODEC_LOSSLESS ? ct_rand(&seed) % sizeof dst
-                                                : sh.parts * sh.tokens * sh.heads * sh.head_dim * 2u;
+    size_t logical = codec == OI_CODEC_LOSSLESS
+                         ? ct_rand(&seed) % sizeof dst
+                         : sh.parts * sh.tokens * sh.heads * sh.head_dim * 2u;
     oi_status st = oi__codec_decode_payload(codec, &sh, src, len, dst, logical);
     CHECK(st == OI_OK || st == OI_ERR_PROTOCOL);
   }
@@ -307,21 +316,25 @@ static void test_rans(void) {
   sym[0] = 200;
   c = oi__rans_encode(sym, 1, coded, sizeof coded);
   CHECK(c > 0 && oi__rans_decode(coded, c, back, 1) == 0 && back[0] == 200);
-  for (size_t i = 0; i < sizeof sym; i++) sym[i] = (uint8_t)ct_rand(&seed);
+  for (size_t i = 0; i < sizeof sym; i++)
+    sym[i] = (uint8_t)ct_rand(&seed);
   CHECK(oi__rans_encode(sym, sizeof sym, coded, sizeof sym) == 0);
   c = oi__rans_encode(sym, sizeof sym, coded, sizeof coded);
   CHECK(c > sizeof sym && oi__rans_decode(coded, c, back, sizeof sym) == 0 &&
         !memcmp(back, sym, sizeof sym));
   /* skewed: 255 rare symbols and one common (frequencies normalised to sum, none lost) */
-  for (size_t i = 0; i < sizeof sym; i++) sym[i] = i < 255 ? (uint8_t)i : 255;
+  for (size_t i = 0; i < sizeof sym; i++)
+    sym[i] = i < 255 ? (uint8_t)i : 255;
   c = oi__rans_encode(sym, sizeof sym, coded, sizeof coded);
   CHECK(c > 0 && oi__rans_decode(coded, c, back, sizeof sym) == 0 &&
         !memcmp(back, sym, sizeof sym));
   /* every truncation of a stream is refused */
-  for (size_t i = 0; i < 4000; i++) sym[i] = (uint8_t)(60 + ct_rand(&seed) % 5);
+  for (size_t i = 0; i < 4000; i++)
+    sym[i] = (uint8_t)(60 + ct_rand(&seed) % 5);
   c = oi__rans_encode(sym, 4000, coded, sizeof coded);
   REQUIRE(c > 0);
-  for (size_t cut = 0; cut < c; cut++) CHECK(oi__rans_decode(coded, cut, back, 4000) != 0);
+  for (size_t cut = 0; cut < c; cut++)
+    CHECK(oi__rans_decode(coded, cut, back, 4000) != 0);
   /* the stream is used exactly: one symbol more or fewer is refused */
   CHECK(oi__rans_decode(coded, c, back, 3999) != 0);
   CHECK(oi__rans_decode(coded, c, back, 4001) != 0);
@@ -356,15 +369,17 @@ static void test_lossy_exact(void) {
     memcpy(&u, &v, 4);
     x[k++] = (uint16_t)(u >> 16);
   }
-  while (k < 256) x[k++] = 0x43e0; /* 448 */
+  while (k < 256)
+    x[k++] = 0x43e0; /* 448 */
   CHECK_OK(oi__codec_encode(OI_CODEC_FP8, &sh, x, sizeof x, frame, sizeof frame, &fb));
   CHECK_OK(oi__codec_decode(frame, fb, back, sizeof back, &out));
   CHECK(!memcmp(back, x, sizeof x));
   /* past 448 saturates at the scale's top; a tie rounds to even (1 + 1/16 -> 1) */
-  for (int i = 0; i < 256; i++) x[i] = 0;
-  x[0] = 0x43e0;              /* 448: scale 1 */
-  x[1] = 0x3f88;              /* 1.0625: halfway between 1 and 1.125 */
-  x[2] = 0x3f98;              /* 1.1875: halfway between 1.125 and 1.25 -> 1.25 */
+  for (int i = 0; i < 256; i++)
+    x[i] = 0;
+  x[0] = 0x43e0; /* 448: scale 1 */
+  x[1] = 0x3f88; /* 1.0625: halfway between 1 and 1.125 */
+  x[2] = 0x3f98; /* 1.1875: halfway between 1.125 and 1.25 -> 1.25 */
   CHECK_OK(oi__codec_encode(OI_CODEC_FP8, &sh, x, sizeof x, frame, sizeof frame, &fb));
   CHECK_OK(oi__codec_decode(frame, fb, back, sizeof back, &out));
   CHECK(back[0] == 0x43e0 && back[1] == 0x3f80 && back[2] == 0x3fa0);

@@ -159,11 +159,13 @@ static const char *default_corpus(char *buf, size_t cap) {
 }
 
 int bench_codec(int argc, char **argv) {
-  static const struct option longopts[] = {
-      {"corpus", required_argument, 0, 'c'}, {"unit", required_argument, 0, 'u'},
-      {"bytes", required_argument, 0, 'b'},  {"quick", no_argument, 0, 'q'},
-      {"json", no_argument, 0, 'j'},         {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+  static const struct option longopts[] = {{"corpus", required_argument, 0, 'c'},
+                                           {"unit", required_argument, 0, 'u'},
+                                           {"bytes", required_argument, 0, 'b'},
+                                           {"quick", no_argument, 0, 'q'},
+                                           {"json", no_argument, 0, 'j'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
   codec_cfg cfg = {.unit = 12288, .bytes = 64ull << 20, .reps = 3};
   bool bytes_set = false;
   optind = 1;
@@ -239,8 +241,8 @@ int bench_codec(int argc, char **argv) {
   int rc = CLI_OK;
   for (int k = 0; k < 3; k++) {
     fprintf(stderr, "codec %s...\n", oi__codec_name(OI_CODEC_LOSSLESS + k));
-    if (run_codec(OI_CODEC_LOSSLESS + k, &cfg, corpus, clen, work, units, frames, back,
-                  &rows[k]) != 0) {
+    if (run_codec(OI_CODEC_LOSSLESS + k, &cfg, corpus, clen, work, units, frames, back, &rows[k]) !=
+        0) {
       rc = CLI_FAILED;
       break;
     }

@@ -1,5 +1,6 @@
 /* The KV block codecs: pure functions that compress and decompress one block
- * of KV bytes (no I/O, no state, no allocation beyond a caller's buffers).
+ * of KV bytes (no I/O, no state; the caller's buffers, and scratch memory
+ * only for the lossless codec's blocks past 16 KiB).
  * Every compressed block is a self-describing frame: a 40-byte header (magic,
  * format version, codec, dtype, shape, lengths, checksums) and the codec's
  * payload. The frame's checksum (XXH3-64 over the header's first 32 bytes
@@ -11,8 +12,9 @@
  *
  * Codecs:
  * - OI_CODEC_LOSSLESS: bit-exact, any length. bf16 elements are split into
- *   an exponent plane (bits 7..14) coded by an order-0 rANS coder and a
- *   sign+mantissa plane stored raw; a plane that does not shrink is stored
+ *   an exponent plane (bits 7..14) coded by an order-0 rANS coder (one
+ *   stream per part of the shape where that pays) and a sign+mantissa
+ *   plane stored raw; an exponent plane that does not shrink is stored
  *   raw, so a block never grows by more than the header and a few bytes.
  * - OI_CODEC_INT8: lossy, symmetric int8 with one fp16 scale per token and
  *   head (amax / 127).
@@ -28,8 +30,9 @@
  * lossy codec; OI_ERR_VERSION for a frame of a later format; OI_ERR_PROTOCOL
  * for bytes that are not a whole frame (bad magic, truncated, checksum
  * mismatch, a payload that does not decode, decoded bytes that are not the
- * original's); OI_ERR_OUT_OF_MEMORY when the lossless codec's scratch plane
- * of a block past 16 KiB cannot be allocated. */
+ * original's); OI_ERR_OUT_OF_MEMORY when the lossless decoder's scratch
+ * plane of a block past 16 KiB cannot be allocated (the encoder then stores
+ * the exponent plane raw instead: a larger frame, never a failure). */
 #ifndef OI_CODEC_CODEC_H
 #define OI_CODEC_CODEC_H
 

@@ -234,3 +234,33 @@ out("fuzz_cluster_msg", "holder", b"node-a 1733091234567890")
 out("fuzz_cluster_msg", "holder-bad-id", b"node/a 12")
 out("fuzz_cluster_msg", "liveness", b"1733091234567890 10.0.0.7:7400")
 out("fuzz_cluster_msg", "liveness-v6", b"18446744073709551615 [fe80::1]:7400")
+
+
+# ---- fuzz_codec: frames of lib/codec (codec/frame.c), payloads, blocks ----
+def codec_seeds():
+    import xxhash
+
+    kv = open(os.path.join(HERE, "..", "tests", "data", "kvcorpus", "kv.bin"), "rb").read(12288)
+
+    def frame(codec, shape, logical, payload, data_xxh=0):
+        h = struct.pack("<IBBBBII4HQ", 0x434B494F, 1, codec, 1, 0, logical, len(payload), *shape, data_xxh)
+        return h + struct.pack("<Q", xxhash.xxh3_64_intdigest(payload, seed=xxhash.xxh3_64_intdigest(h))) + payload
+
+    blk = kv[:768]  # [1 part][2 tokens][3 heads][64] bf16
+    n = len(blk) // 2
+    exp = bytes(((blk[2 * i] | blk[2 * i + 1] << 8) >> 7) & 0xFF for i in range(n))
+    sm = bytes((blk[2 * i + 1] & 0x80) | (blk[2 * i] & 0x7F) for i in range(n))
+    raw = frame(1, (1, 2, 3, 64), len(blk), b"\x00" + exp + sm, xxhash.xxh3_64_intdigest(blk))
+    out("fuzz_codec", "lossless-raw-planes", b"\x00" + raw)
+    out("fuzz_codec", "lossless-empty", b"\x00" + frame(1, (0, 0, 0, 0), 0, b"\x00", xxhash.xxh3_64_intdigest(b"")))
+    # int8: 6 fp16 scales of 1.0 then 384 int8 codes; fp8: 3 fp32 scales then 384 e4m3 codes
+    out("fuzz_codec", "int8", b"\x00" + frame(2, (1, 2, 3, 64), 768, struct.pack("<6H", *[0x3C00] * 6) + bytes(range(256)) + bytes(128)))
+    out("fuzz_codec", "fp8", b"\x00" + frame(3, (1, 2, 3, 64), 768, struct.pack("<3f", 1.0, 0.5, 2.0) + bytes(range(126)) * 3 + bytes(6)))
+    out("fuzz_codec", "payload-lossless-rans", b"\x01\x01\x01\x01\x01\x01\x01\x20" + b"\x01" + struct.pack("<HI", 1, 12) + bytes([0x7C, 0x7E, 0x80, 0x10, 0x80, 0x10, 0, 0, 0x80, 0, 0, 0x80]) + bytes(32))
+    out("fuzz_codec", "payload-int8", b"\x01\x02\x01\x01\x02\x03\x40\x80\x03" + bytes(6 * 2 + 384))
+    out("fuzz_codec", "encode-lossless", b"\x02\x00" + kv[:6144])
+    out("fuzz_codec", "encode-int8", b"\x02\x01\x00\x0f\x02\x3f" + kv[:4096])
+    out("fuzz_codec", "encode-fp8", b"\x02\x02\x01\x0f\x02\x3f" + kv[:8192])
+
+
+codec_seeds()

@@ -20,6 +20,7 @@ int bench_transfer(int argc, char **argv);
 int bench_rpc(int argc, char **argv);
 int bench_ttft(int argc, char **argv);
 int bench_disk(int argc, char **argv);
+int bench_codec(int argc, char **argv);
 int bench_remote(int argc, char **argv);
 
 /* Parses "64", "64K", "2M", "1G" (binary units). */

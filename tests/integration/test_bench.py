@@ -221,4 +221,33 @@ if shutil.which("redis-server"):
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         check("oibench" not in left, f"bench remote removes its namespaces (left: {left!r})")
 
+# bench codec: the committed corpus, a small working set; the ratios are the
+# corpus's own (lossless at the targets of docs/codecs.md), every rate positive.
+corpus = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "kvcorpus", "kv.bin")
+p = run("bench", "codec", "--help")
+check(p.returncode == 0 and all(o in p.stdout for o in ("--corpus", "--unit", "--bytes", "--quick", "--json")),
+      "bench codec --help documents its options", p)
+p = run("bench", "codec", "--unit", "1000")
+check(p.returncode == 2 and "--unit" in p.stderr, "bench codec rejects a unit that is not a page", p)
+p = run("bench", "codec", "--corpus", "/nonexistent/kv.bin", "--quick")
+check(p.returncode == 1 and "no corpus" in p.stderr, "bench codec without a corpus fails", p)
+for unit in ("6144", "12288"):
+    p = run("bench", "codec", "--corpus", corpus, "--unit", unit, "--quick", "--json", timeout=200)
+    check(p.returncode == 0, f"bench codec --unit {unit} --quick --json runs", p)
+    ls = [l for l in p.stdout.splitlines() if l.strip()]
+    r = {}
+    try:
+        r = json.loads(ls[-1]) if len(ls) == 1 else {}
+    except ValueError as e:
+        check(False, f"bench codec stdout is one JSON line ({e})", p)
+    if not r:
+        continue
+    check(r["unit_bytes"] == int(unit) and r["corpus_units"] == 2654208 // int(unit), "bench codec: units", p)
+    check(r["lossless_exact"] is True, "bench codec: lossless round trip byte-exact", p)
+    check(r["lossless_ratio"] >= 1.40 and r["lossless_ratio_p10"] >= 1.35, "bench codec: lossless at the targets", p)
+    check(r["lossless_ratio_worst"] <= r["lossless_ratio_p10"] <= r["lossless_ratio"] * 1.05, "bench codec: worst <= p10", p)
+    check(1.9 < r["int8_ratio"] < 2.0 and 1.95 < r["fp8_ratio"] < 2.0, "bench codec: lossy ratios of their formats", p)
+    check(all(r[f"{c}_{d}_gbps"] > 0 and r[f"{c}_{d}_cpu_gbps"] > 0 for c in ("lossless", "int8", "fp8")
+              for d in ("encode", "decode")) and r["memcpy_gbps"] > 0, "bench codec: rates positive", p)
+
 cli_check.finish("test_bench")

@@ -40,6 +40,10 @@ static const benchmark benchmarks[] = {
      "the disk tier under a cpu host: spill and restore bandwidth against fio on the\n"
      "           same directory, restore latency of 22 GLM5.2 blocks, index replay",
      bench_disk},
+    {"codec",
+     "the KV block codecs on the cpu over the real-KV corpus: ratios (aggregate, p10,\n"
+     "           worst) and encode/decode rates against memcpy",
+     bench_codec},
     {"remote",
      "the cluster tier between two nodes on this machine: cross-node restore against a\n"
      "           plain TCP stream, directory lookup latency, the cost per evicted block",

@@ -1,0 +1,111 @@
+/* The KV block codecs: pure functions that compress and decompress one block
+ * of KV bytes (no I/O, no state; the caller's buffers, and scratch memory
+ * only for the lossless codec's blocks past 16 KiB).
+ * Every compressed block is a self-describing frame: a 40-byte header (magic,
+ * format version, codec, dtype, shape, lengths, checksums) and the codec's
+ * payload. The frame's checksum (XXH3-64 over the header's first 32 bytes
+ * and the payload) is verified before any payload byte is decoded, so a
+ * block that crossed a process, a disk or a network is either decoded from
+ * the bytes it was encoded into or refused; the lossless codec also carries
+ * the XXH3-64 of the original bytes and checks the decoded bytes against it.
+ * docs/codecs.md describes the formats and their measured ratios.
+ *
+ * Codecs:
+ * - OI_CODEC_LOSSLESS: bit-exact, any length. bf16 elements are split into
+ *   an exponent plane (bits 7..14) coded by an order-0 rANS coder (one
+ *   stream per part of the shape where that pays) and a sign+mantissa
+ *   plane stored raw; an exponent plane that does not shrink is stored
+ *   raw, so a block never grows by more than the header and a few bytes.
+ * - OI_CODEC_INT8: lossy, symmetric int8 with one fp16 scale per token and
+ *   head (amax / 127).
+ * - OI_CODEC_FP8: lossy, fp8 e4m3 (OCP "fn": no infinities, max 448) with
+ *   one fp32 scale per part and head over the block's tokens (amax / 448).
+ * The lossy codecs need the block's shape: elements ordered
+ * [parts][tokens][heads][head_dim] (a part is K or V of one layer, or any
+ * run of whole (tokens, heads, head_dim) tensors) and finite values.
+ *
+ * Errors: every function returns an oi_status and sets oi_last_error():
+ * OI_ERR_INVALID_ARGUMENT for a bad argument, shape or dtype, a buffer too
+ * small (the message gives the size needed) or a non-finite value under a
+ * lossy codec; OI_ERR_VERSION for a frame of a later format; OI_ERR_PROTOCOL
+ * for bytes that are not a whole frame (bad magic, truncated, checksum
+ * mismatch, a payload that does not decode, decoded bytes that are not the
+ * original's); OI_ERR_OUT_OF_MEMORY when the lossless decoder's scratch
+ * plane of a block past 16 KiB cannot be allocated (the encoder then stores
+ * the exponent plane raw instead: a larger frame, never a failure). */
+#ifndef OI_CODEC_CODEC_H
+#define OI_CODEC_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "openinfer/common.h"
+
+typedef enum oi_codec_id {
+  OI_CODEC_NONE = 0, /* not a frame: blocks stored as they are */
+  OI_CODEC_LOSSLESS = 1,
+  OI_CODEC_INT8 = 2,
+  OI_CODEC_FP8 = 3,
+} oi_codec_id;
+#define OI_CODEC_COUNT 4
+
+typedef enum oi_codec_dtype {
+  OI_CODEC_DTYPE_BYTES = 0, /* opaque bytes (lossless only: planes of 16-bit elements) */
+  OI_CODEC_DTYPE_BF16 = 1,
+} oi_codec_dtype;
+
+/* The frame format. */
+#define OI_CODEC_MAGIC 0x434b494fu /* "OIKC" little-endian */
+#define OI_CODEC_VERSION 1
+#define OI_CODEC_HEADER_BYTES 40
+/* The largest block a frame holds (its lengths are 32-bit). */
+#define OI_CODEC_MAX_BYTES ((size_t)UINT32_MAX - 4096)
+
+/* A block's shape: `parts` tensors of [tokens][heads][head_dim] elements of
+ * `dtype`. The lossless codec needs only the dtype (and accepts a zero
+ * shape); the lossy ones need all four and a bf16 dtype. */
+typedef struct oi_codec_shape {
+  uint8_t dtype; /* oi_codec_dtype */
+  uint16_t parts, tokens, heads, head_dim;
+} oi_codec_shape;
+
+/* What a frame's header says, once verified. */
+typedef struct oi_codec_info {
+  uint8_t codec, version, dtype;
+  oi_codec_shape shape;
+  uint32_t logical_bytes; /* the block's bytes once decoded */
+  uint32_t frame_bytes;   /* header + payload */
+  uint64_t data_xxh;      /* XXH3-64 of the original bytes (lossless), else 0 */
+} oi_codec_info;
+
+/* Static name ("lossless"); NULL for an unknown id. */
+const char *oi__codec_name(int codec);
+/* The id of a name ("none", "lossless", "int8", "fp8"); -1 if unknown. */
+int oi__codec_from_name(const char *name);
+
+/* The largest frame oi__codec_encode writes for `bytes` of input (the exact
+ * size for the lossy codecs, which need the shape); 0 when the codec or the
+ * shape is not one encode takes. */
+size_t oi__codec_bound(int codec, const oi_codec_shape *shape, size_t bytes);
+
+/* Compresses `src[0..bytes)` with `codec` into dst (capacity `cap`,
+ * oi__codec_bound is always enough); *out_bytes gets the frame's length.
+ * The lossy codecs need bytes == parts * tokens * heads * head_dim * 2. */
+oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *src, size_t bytes,
+                           void *dst, size_t cap, size_t *out_bytes);
+
+/* Verifies a frame (at the start of `src[0..bytes)`: bytes past the frame,
+ * such as a slot's padding, are ignored) and decodes it into
+ * dst (capacity `cap` >= its logical bytes); *out_bytes gets them. */
+oi_status oi__codec_decode(const void *src, size_t bytes, void *dst, size_t cap, size_t *out_bytes);
+
+/* Reads and verifies a frame's header and checksum without decoding. */
+oi_status oi__codec_info_of(const void *src, size_t bytes, oi_codec_info *info);
+
+/* The payload decoders without the frame's checksum: for the fuzz target,
+ * which must reach them with arbitrary bytes. They validate everything they
+ * read and never touch memory outside src[0..bytes) and dst[0..logical). */
+oi_status oi__codec_decode_payload(int codec, const oi_codec_shape *shape, const uint8_t *src,
+                                   size_t bytes, uint8_t *dst, size_t logical);
+
+#endif

@@ -1,0 +1,168 @@
+/* The lossless codec's payload: bf16 elements split into two planes, the
+ * exponent byte (bits 7..14) entropy-coded by rANS and the sign+mantissa
+ * byte (bit 15, bits 0..6) raw; the sign+mantissa byte of real KV carries
+ * about 7.97 of its 8 bits, the exponent about 2.7 (docs/codecs.md).
+ *
+ * Payload, for n = bytes / 2 elements:
+ *   mode u8: 0 the exponent plane raw (n bytes), 1 rANS-coded
+ *   mode 1: segments u16 (S >= 1, S divides n), S stream lengths u32, then
+ *           S rANS streams (codec/rans.h), the k-th coding the exponents
+ *           [k n / S, (k + 1) n / S): one frequency table per part (K and V
+ *           of a layer differ) where that is estimated to pay
+ *   the sign+mantissa plane, n bytes
+ *   the last byte of an odd-length block, raw */
+#include "codec/codec_internal.h"
+#include "codec/rans.h"
+
+enum { MODE_RAW = 0, MODE_RANS = 1 };
+#define MAX_SEGMENTS 65535u
+
+static inline void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline uint16_t get16(const uint8_t *p) {
+  uint16_t v;
+  memcpy(&v, p, 2);
+  return v;
+}
+static inline uint32_t get32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+size_t oi__lossless_bound(size_t bytes) { return 1 + bytes; }
+
+/* The estimated bits of coding `n` symbols of histogram `h` in one stream:
+ * order-0 entropy, its table and the coder's final states. */
+static double stream_bits(const uint32_t h[256], size_t n) {
+  double bits = 8.0 * (2 + 4 * 4 + 4);
+  for (int s = 0; s < 256; s++)
+    if (h[s]) bits += 12.0 - (double)h[s] * log2((double)h[s] / (double)n);
+  return bits;
+}
+
+/* One stream, or one per part when the parts' own tables are estimated to
+ * save more than they cost. */
+static size_t choose_segments(const uint8_t *exp, size_t n, unsigned parts) {
+  if (parts < 2 || parts > MAX_SEGMENTS || n % parts || n / parts < 64) return 1;
+  size_t per = n / parts;
+  uint32_t all[256] = {0};
+  double split = 0;
+  for (unsigned k = 0; k < parts; k++) {
+    uint32_t h[256] = {0};
+    for (size_t i = 0; i < per; i++)
+      h[exp[k * per + i]]++;
+    for (int s = 0; s < 256; s++)
+      all[s] += h[s];
+    split += stream_bits(h, per);
+  }
+  return split < stream_bits(all, n) ? parts : 1;
+}
+
+size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uint8_t *dst) {
+  size_t n = bytes / 2;
+  uint8_t *exp = dst + 1;
+  /* Both planes raw first (the exponents after the mode byte, then the
+   * sign+mantissa plane); if the coded exponents are shorter, the
+   * sign+mantissa plane moves down behind them. */
+  uint8_t *sm_raw = dst + 1 + n;
+  for (size_t i = 0; i < n; i++) {
+    uint16_t x = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
+    exp[i] = (uint8_t)(x >> 7);
+    sm_raw[i] = (uint8_t)(((x >> 8) & 0x80) | (x & 0x7f));
+  }
+  size_t len = 1 + 2 * n;
+  dst[0] = MODE_RAW;
+  size_t segs = n >= 16 ? choose_segments(exp, n, parts) : 0;
+  size_t head = 3 + 4 * segs; /* mode, segments, lengths */
+  if (segs && n > head + 1) {
+    /* The streams pay when they total less than n - head bytes: the coder
+     * gets a scratch buffer of that size and gives up past it. */
+    size_t cap = n - head - 1, used = 0, per = n / segs;
+    uint8_t stack_buf[8192];
+    uint8_t *buf = cap <= sizeof stack_buf ? stack_buf : oi__malloc(cap);
+    uint32_t lens_stack[64];
+    uint32_t *lens = segs <= 64 ? lens_stack : oi__malloc(segs * sizeof *lens);
+    bool ok = buf && lens;
+    for (size_t k = 0; ok && k < segs; k++) {
+      size_t c = oi__rans_encode(exp + k * per, per, buf + used, cap - used);
+      ok = c > 0;
+      if (ok) lens[k] = (uint32_t)c, used += c;
+    }
+    if (ok) {
+      /* sign+mantissa plane first: its new place overlaps only the raw
+       * exponents, already coded */
+      memmove(dst + head + used, sm_raw, n);
+      dst[0] = MODE_RANS;
+      put16(dst + 1, (uint16_t)segs);
+      for (size_t k = 0; k < segs; k++)
+        put32(dst + 3 + 4 * k, lens[k]);
+      memcpy(dst + head, buf, used);
+      len = head + used + n;
+    }
+    if (buf != stack_buf) oi__free(buf);
+    if (lens != lens_stack) oi__free(lens);
+  }
+  if (bytes & 1) dst[len++] = src[bytes - 1];
+  return len;
+}
+
+oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t logical) {
+  size_t n = logical / 2;
+  if (len < 1) return oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload is empty");
+  const uint8_t *p = src + 1, *end = src + len;
+  const uint8_t *exp;
+  uint8_t stack_buf[8192];
+  uint8_t *buf = NULL;
+  oi_status st = OI_OK;
+  if (src[0] == MODE_RAW) {
+    if ((size_t)(end - p) < n) goto short_payload;
+    exp = p;
+    p += n;
+  } else if (src[0] == MODE_RANS) {
+    if (end - p < 2) goto short_payload;
+    size_t segs = get16(p);
+    p += 2;
+    if (!segs || !n || n % segs)
+      return oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload of %zu segments for %zu elements",
+                      segs, n);
+    if ((size_t)(end - p) < 4 * segs) goto short_payload;
+    const uint8_t *lens = p;
+    p += 4 * segs;
+    buf = n <= sizeof stack_buf ? stack_buf : oi__malloc(n);
+    if (!buf) return oi__fail(OI_ERR_OUT_OF_MEMORY, "codec: %zu bytes for an exponent plane", n);
+    size_t per = n / segs;
+    for (size_t k = 0; k < segs; k++) {
+      size_t c = get32(lens + 4 * k);
+      if ((size_t)(end - p) < c) {
+        st = oi__fail(OI_ERR_PROTOCOL, "codec: lossless stream %zu of %zu bytes truncated", k, c);
+        goto out;
+      }
+      if (oi__rans_decode(p, c, buf + k * per, per) != 0) {
+        st = oi__fail(OI_ERR_PROTOCOL, "codec: lossless exponent stream %zu does not decode", k);
+        goto out;
+      }
+      p += c;
+    }
+    exp = buf;
+  } else {
+    return oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload of unknown mode %u", src[0]);
+  }
+  if ((size_t)(end - p) != n + (logical & 1)) {
+    st = oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload of %zu bytes does not hold %zu", len,
+                  logical);
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint8_t e = exp[i], sm = p[i];
+    dst[2 * i] = (uint8_t)((e << 7) | (sm & 0x7f));
+    dst[2 * i + 1] = (uint8_t)((sm & 0x80) | (e >> 1));
+  }
+  if (logical & 1) dst[logical - 1] = p[n];
+out:
+  if (buf && buf != stack_buf) oi__free(buf);
+  return st;
+short_payload:
+  return oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload of %zu bytes does not hold %zu", len,
+                  logical);
+}

@@ -1,0 +1,436 @@
+/* The codec frames against hostile and odd input: random bytes, zeros,
+ * NaN and infinity patterns, tiny and odd sizes (lossless: byte-exact, and
+ * never more than the header and one byte larger); bad arguments refused
+ * with their status; every single-byte change, every truncation and forged
+ * frames (checksum recomputed) refused or, for a lossy payload, decoded to
+ * some values, never a crash or a read outside the frame; the payload
+ * decoders fed junk; exact round trips of values each format represents. */
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+#include <xxhash.h>
+
+#define LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#include "codec/rans.h"
+#include "codec_testutil.h"
+#include "testutil.h"
+
+static uint64_t seed = 40;
+
+static void round_trip_lossless(const uint8_t *src, size_t n, const char *what) {
+  size_t cap = oi__codec_bound(OI_CODEC_LOSSLESS, NULL, n);
+  CHECK(cap == OI_CODEC_HEADER_BYTES + 1 + n);
+  uint8_t *frame = malloc(cap), *back = malloc(n + 1);
+  REQUIRE(frame && back);
+  size_t fb = 0, out = 99;
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, NULL, src, n, frame, cap, &fb));
+  CHECK(fb <= cap);
+  CHECK_OK(oi__codec_decode(frame, fb, back, n + 1, &out));
+  if (out != n || memcmp(back, src, n)) {
+    fprintf(stderr, "%s, %zu bytes: not byte-exact\n", what, n);
+    oi_test_failures++;
+  }
+  free(frame);
+  free(back);
+}
+
+static void test_sizes_and_patterns(void) {
+  static const size_t sizes[] = {0,   1,    2,    3,     5,     15,    16,    17,    31,
+                                 32,  33,   34,   35,    36,    37,    63,    64,    100,
+                                 255, 4095, 6144, 12289, 16384, 16386, 16390, 100001};
+  uint8_t *b = malloc(100001);
+  REQUIRE(b);
+  for (size_t i = 0; i < LEN(sizes); i++) {
+    size_t n = sizes[i];
+    for (size_t j = 0; j < n; j++)
+      b[j] = (uint8_t)ct_rand(&seed);
+    round_trip_lossless(b, n, "random");
+    memset(b, 0, n);
+    round_trip_lossless(b, n, "zeros");
+    memset(b, 0xff, n);
+    round_trip_lossless(b, n, "ones");
+    /* few distinct exponents, random mantissas (compresses) */
+    for (size_t j = 0; j + 1 < n; j += 2) {
+      uint64_t r = ct_rand(&seed);
+      b[j] = (uint8_t)r;
+      b[j + 1] = (uint8_t)(0x3c + (r >> 8) % 3) | (uint8_t)(r >> 16 & 0x80);
+    }
+    round_trip_lossless(b, n, "bf16-like");
+  }
+  free(b);
+}
+
+/* Parts of different exponent distributions (K and V of a layer, or
+ * layers) get a table each when the shape names them: smaller, exact. */
+static void test_parts_tables(void) {
+  enum { PARTS = 4, PER = 1536 };
+  uint16_t x[PARTS * PER];
+  for (size_t k = 0; k < PARTS; k++)
+    for (size_t i = 0; i < PER; i++)
+      x[k * PER + i] =
+          (uint16_t)((0x30 + 6 * k + ct_rand(&seed) % 3) << 7 | (ct_rand(&seed) & 0x807f));
+  oi_codec_shape whole = {OI_CODEC_DTYPE_BF16, 0, 0, 0, 0},
+                 parts = {OI_CODEC_DTYPE_BF16, PARTS, 16, 3, 32};
+  uint8_t f1[sizeof x + 64], f2[sizeof x + 64];
+  uint16_t back[PARTS * PER];
+  size_t b1, b2, out;
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &whole, x, sizeof x, f1, sizeof f1, &b1));
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &parts, x, sizeof x, f2, sizeof f2, &b2));
+  CHECK(b2 < b1);
+  uint16_t segs;
+  memcpy(&segs, f2 + OI_CODEC_HEADER_BYTES + 1, 2);
+  CHECK(f2[OI_CODEC_HEADER_BYTES] == 1 && segs == PARTS);
+  CHECK_OK(oi__codec_decode(f2, b2, back, sizeof back, &out));
+  CHECK(out == sizeof x && !memcmp(back, x, sizeof x));
+  CHECK_OK(oi__codec_decode(f1, b1, back, sizeof back, &out));
+  CHECK(out == sizeof x && !memcmp(back, x, sizeof x));
+  /* the same distribution in every part: one table */
+  for (size_t i = 0; i < PARTS * PER; i++)
+    x[i] = (uint16_t)((0x30 + ct_rand(&seed) % 3) << 7 | (ct_rand(&seed) & 0x807f));
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &parts, x, sizeof x, f2, sizeof f2, &b2));
+  memcpy(&segs, f2 + OI_CODEC_HEADER_BYTES + 1, 2);
+  CHECK(segs == 1);
+}
+
+/* Random bytes do not compress: the frame is the raw planes, no larger. */
+static void test_incompressible_bound(void) {
+  uint8_t b[6144];
+  for (size_t j = 0; j < sizeof b; j++)
+    b[j] = (uint8_t)ct_rand(&seed);
+  uint8_t frame[6144 + 64];
+  size_t fb = 0;
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, NULL, b, sizeof b, frame, sizeof frame, &fb));
+  CHECK(fb == OI_CODEC_HEADER_BYTES + 1 + sizeof b);
+  /* zeros: the exponent plane codes to a few bytes, the other plane stays */
+  memset(b, 0, sizeof b);
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, NULL, b, sizeof b, frame, sizeof frame, &fb));
+  CHECK(fb < OI_CODEC_HEADER_BYTES + 3072 + 32);
+}
+
+static const uint16_t SPECIAL[] = {0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81, 0xffff, 0x0001, 0x8000};
+
+static void test_nan_inf(void) {
+  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 2, 4, 3, 8};
+  uint16_t x[2 * 4 * 3 * 8];
+  for (size_t s = 0; s < LEN(SPECIAL); s++) {
+    for (size_t i = 0; i < LEN(x); i++)
+      x[i] = (uint16_t)(0x3f80 + (ct_rand(&seed) & 0x7f));
+    x[(s * 7) % LEN(x)] = SPECIAL[s];
+    round_trip_lossless((const uint8_t *)x, sizeof x, "NaN/Inf");
+    uint8_t frame[512];
+    size_t fb = 0;
+    bool finite = SPECIAL[s] == 0x0001 || SPECIAL[s] == 0x8000;
+    for (int codec = OI_CODEC_INT8; codec <= OI_CODEC_FP8; codec++) {
+      oi_status st = oi__codec_encode(codec, &sh, x, sizeof x, frame, sizeof frame, &fb);
+      CHECK_ST(st, finite ? OI_OK : OI_ERR_INVALID_ARGUMENT);
+      if (!finite) CHECK(strstr(oi_last_error(), "non-finite") != NULL);
+    }
+  }
+  /* all-NaN, all-Inf blocks: lossless only */
+  for (size_t i = 0; i < LEN(x); i++)
+    x[i] = SPECIAL[i % 6];
+  round_trip_lossless((const uint8_t *)x, sizeof x, "all special");
+}
+
+static void test_bad_arguments(void) {
+  uint16_t x[96] = {0};
+  uint8_t frame[512], back[512];
+  size_t fb = 0, out = 0;
+  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 1, 2, 3, 16};
+  CHECK_ST(oi__codec_encode(OI_CODEC_NONE, &sh, x, 192, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_encode(4, &sh, x, 192, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_encode(-1, &sh, x, 192, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, x, 192, NULL, 512, &fb),
+           OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, NULL, 192, frame, 512, &fb),
+           OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, x, 192, frame, 512, NULL),
+           OI_ERR_INVALID_ARGUMENT);
+  /* a dst one byte short of the bound */
+  size_t need = oi__codec_bound(OI_CODEC_LOSSLESS, &sh, 192);
+  CHECK_ST(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, x, 192, frame, need - 1, &fb),
+           OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "needed") != NULL);
+  for (int codec = OI_CODEC_INT8; codec <= OI_CODEC_FP8; codec++) {
+    need = oi__codec_bound(codec, &sh, 192);
+    CHECK(need > OI_CODEC_HEADER_BYTES);
+    CHECK_ST(oi__codec_encode(codec, &sh, x, 192, frame, need - 1, &fb), OI_ERR_INVALID_ARGUMENT);
+    CHECK_ST(oi__codec_encode(codec, NULL, x, 192, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
+    oi_codec_shape bad = sh;
+    bad.heads = 0;
+    CHECK_ST(oi__codec_encode(codec, &bad, x, 192, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
+    CHECK(oi__codec_bound(codec, &bad, 192) == 0);
+    bad = sh;
+    bad.dtype = OI_CODEC_DTYPE_BYTES;
+    CHECK_ST(oi__codec_encode(codec, &bad, x, 192, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
+    CHECK_ST(oi__codec_encode(codec, &sh, x, 190, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(oi_last_error(), "shape") != NULL);
+    CHECK_ST(oi__codec_encode(codec, &sh, (const uint8_t *)x + 1, 192, frame, 512, &fb),
+             OI_ERR_INVALID_ARGUMENT);
+    CHECK_OK(oi__codec_encode(codec, &sh, x, 192, frame, need, &fb));
+    CHECK(fb == need);
+    CHECK_ST(oi__codec_decode(frame, fb, back, 191, &out), OI_ERR_INVALID_ARGUMENT);
+    CHECK_ST(oi__codec_decode(frame, fb, back + 1, 192, &out), OI_ERR_INVALID_ARGUMENT);
+    CHECK_OK(oi__codec_decode(frame, fb, back, 192, &out));
+    CHECK(out == 192 && !memcmp(back, x, 192)); /* zeros are exact under either */
+  }
+  CHECK_ST(oi__codec_decode(NULL, 100, back, 512, &out), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_decode(frame, fb, NULL, 512, &out), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_decode(frame, fb, back, 512, NULL), OI_ERR_INVALID_ARGUMENT);
+  CHECK(oi__codec_from_name("lossless") == OI_CODEC_LOSSLESS && oi__codec_from_name("fp8") == 3);
+  CHECK(oi__codec_from_name("zstd") == -1 && oi__codec_from_name(NULL) == -1);
+  CHECK(!strcmp(oi__codec_name(OI_CODEC_INT8), "int8") && oi__codec_name(9) == NULL);
+}
+
+/* A frame of each codec over a bf16 block; each byte changed (two ways)
+ * and each truncation is refused; padding after a frame is not read. */
+static void test_corruption(void) {
+  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 2, 4, 3, 16};
+  size_t n = 2 * 4 * 3 * 16 * 2;
+  uint16_t x[2 * 4 * 3 * 16];
+  for (size_t i = 0; i < LEN(x); i++)
+    x[i] = (uint16_t)(0x3c00 + ct_rand(&seed) % 0x600) | (uint16_t)(ct_rand(&seed) & 0x8000);
+  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_FP8; codec++) {
+    uint8_t frame[2048], bad[2048], back[2048];
+    size_t fb = 0, out = 0;
+    CHECK_OK(oi__codec_encode(codec, &sh, x, n, frame, sizeof frame, &fb));
+    size_t refused = 0;
+    for (size_t i = 0; i < fb; i++)
+      for (int flip = 0; flip < 2; flip++) {
+        memcpy(bad, frame, fb);
+        bad[i] ^= flip ? 0x80 : 0x01;
+        oi_status st = oi__codec_decode(bad, fb, back, sizeof back, &out);
+        if (st == OI_ERR_PROTOCOL || (i == 4 && st == OI_ERR_VERSION))
+          refused++;
+        else
+          fprintf(stderr, "%s: byte %zu ^%d gave %s\n", oi__codec_name(codec), i, flip,
+                  oi_status_str(st));
+      }
+    CHECK(refused == 2 * fb);
+    for (size_t cut = 0; cut < fb; cut++)
+      CHECK_ST(oi__codec_decode(frame, cut, back, sizeof back, &out), OI_ERR_PROTOCOL);
+    /* a frame at the start of a larger slot: the padding is ignored */
+    memcpy(bad, frame, fb);
+    memset(bad + fb, 0xee, 100);
+    CHECK_OK(oi__codec_decode(bad, fb + 100, back, sizeof back, &out));
+    CHECK(out == n);
+    if (codec == OI_CODEC_LOSSLESS) CHECK(!memcmp(back, x, n));
+    oi_codec_info info;
+    CHECK_OK(oi__codec_info_of(bad, fb + 100, &info));
+    CHECK(info.frame_bytes == fb && info.codec == codec && info.shape.heads == 3);
+  }
+}
+
+/* Frames forged with a valid checksum: the header's fields and the payload
+ * changed, the checksum recomputed. The decoders refuse what they can see
+ * is wrong; a lossless frame never decodes to other bytes. */
+static void refix(uint8_t *f, size_t fb) {
+  uint64_t h = XXH3_64bits_withSeed(f + OI_CODEC_HEADER_BYTES, fb - OI_CODEC_HEADER_BYTES,
+                                    XXH3_64bits(f, 32));
+  memcpy(f + 32, &h, 8);
+}
+
+static void test_forged(void) {
+  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 2, 16, 3, 64};
+  size_t n = 12288;
+  uint16_t *x = malloc(n);
+  uint8_t *frame = malloc(n + 64), *bad = malloc(n + 64), *back = malloc(n + 2);
+  REQUIRE(x && frame && bad && back);
+  for (size_t i = 0; i < n / 2; i++)
+    x[i] = (uint16_t)(0x3c00 + ct_rand(&seed) % 0x500) | (uint16_t)(ct_rand(&seed) & 0x8000);
+  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_FP8; codec++) {
+    size_t fb = 0, out = 0, ok_other = 0;
+    CHECK_OK(oi__codec_encode(codec, &sh, x, n, frame, n + 64, &fb));
+    for (int it = 0; it < 3000; it++) {
+      memcpy(bad, frame, fb);
+      size_t len = fb;
+      int kind = it % 4;
+      if (kind == 0) { /* a payload byte */
+        bad[OI_CODEC_HEADER_BYTES + ct_rand(&seed) % (fb - OI_CODEC_HEADER_BYTES)] ^=
+            (uint8_t)(1 + ct_rand(&seed) % 255);
+      } else if (kind == 1) { /* a header field: codec, dtype, flags, lengths, shape */
+        size_t at = 5 + ct_rand(&seed) % 19;
+        bad[at] ^= (uint8_t)(1 + ct_rand(&seed) % 255);
+      } else if (kind == 2) { /* a shorter payload, its length field to match */
+        len = OI_CODEC_HEADER_BYTES + ct_rand(&seed) % (fb - OI_CODEC_HEADER_BYTES);
+        uint32_t pl = (uint32_t)(len - OI_CODEC_HEADER_BYTES);
+        memcpy(bad + 12, &pl, 4);
+      } else { /* another codec's id over this payload */
+        bad[5] = (uint8_t)(1 + ct_rand(&seed) % 3);
+        bad[9] ^= (uint8_t)(ct_rand(&seed) & 1);
+      }
+      refix(bad, len);
+      memset(back, 0x5a, n + 2);
+      oi_status st = oi__codec_decode(bad, len, back, n + 2, &out);
+      CHECK(st == OI_OK || st == OI_ERR_PROTOCOL || st == OI_ERR_INVALID_ARGUMENT);
+      if (st == OI_OK) {
+        oi_codec_info info;
+        CHECK_OK(oi__codec_info_of(bad, len, &info));
+        if (info.codec == OI_CODEC_LOSSLESS) CHECK(out == n && !memcmp(back, x, n));
+        if (memcmp(back, x, n)) ok_other++;
+      }
+    }
+    printf("forged %s frames: %zu of 3000 decoded to other values (lossy payloads only)\n",
+           oi__codec_name(codec), ok_other);
+  }
+  free(x);
+  free(frame);
+  free(bad);
+  free(back);
+}
+
+/* The payload decoders on junk (no checksum in the way). */
+static void test_payload_junk(void) {
+  uint8_t src[20000], dst[20000];
+  for (int it = 0; it < 20000; it++) {
+    size_t len = ct_rand(&seed) % (it < 10000 ? 64 : sizeof src);
+    for (size_t i = 0; i < len; i++)
+      src[i] = (uint8_t)ct_rand(&seed);
+    if (len && it % 3 == 0) src[0] = 1; /* the rANS mode */
+    if (len > 8 && it % 6 == 0) {       /* a plausible segment count, stream length and table */
+      uint32_t l = (uint32_t)(len - 7);
+      src[1] = 1, src[2] = 0; /* one segment */
+      memcpy(src + 3, &l, 4);
+      if (len > 9) src[7] = 0x3c, src[8] = 0x3e;
+    }
+    int codec = 1 + it % 3;
+    oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, (uint16_t)(1 + it % 2), (uint16_t)(1 + it % 7), 3,
+                         (uint16_t)(1 + it % 64)};
+    size_t logical = codec == OI_CODEC_LOSSLESS
+                         ? ct_rand(&seed) % sizeof dst
+                         : sh.parts * sh.tokens * sh.heads * sh.head_dim * 2u;
+    oi_status st = oi__codec_decode_payload(codec, &sh, src, len, dst, logical);
+    CHECK(st == OI_OK || st == OI_ERR_PROTOCOL);
+  }
+}
+
+static void test_rans(void) {
+  uint8_t sym[5000], coded[6000], back[5000];
+  /* one symbol: a few bytes */
+  memset(sym, 7, sizeof sym);
+  size_t c = oi__rans_encode(sym, sizeof sym, coded, sizeof coded);
+  CHECK(c > 0 && c < 24); /* the table (4 bytes) and the four states */
+  CHECK(oi__rans_decode(coded, c, back, sizeof sym) == 0 && !memcmp(back, sym, sizeof sym));
+  /* n = 1, and every symbol once or more (uniform: does not fit in n bytes) */
+  sym[0] = 200;
+  c = oi__rans_encode(sym, 1, coded, sizeof coded);
+  CHECK(c > 0 && oi__rans_decode(coded, c, back, 1) == 0 && back[0] == 200);
+  for (size_t i = 0; i < sizeof sym; i++)
+    sym[i] = (uint8_t)ct_rand(&seed);
+  CHECK(oi__rans_encode(sym, sizeof sym, coded, sizeof sym) == 0);
+  c = oi__rans_encode(sym, sizeof sym, coded, sizeof coded);
+  CHECK(c > sizeof sym && oi__rans_decode(coded, c, back, sizeof sym) == 0 &&
+        !memcmp(back, sym, sizeof sym));
+  /* skewed: 255 rare symbols and one common (frequencies normalised to sum, none lost) */
+  for (size_t i = 0; i < sizeof sym; i++)
+    sym[i] = i < 255 ? (uint8_t)i : 255;
+  c = oi__rans_encode(sym, sizeof sym, coded, sizeof coded);
+  CHECK(c > 0 && oi__rans_decode(coded, c, back, sizeof sym) == 0 &&
+        !memcmp(back, sym, sizeof sym));
+  /* every truncation of a stream is refused */
+  for (size_t i = 0; i < 4000; i++)
+    sym[i] = (uint8_t)(60 + ct_rand(&seed) % 5);
+  c = oi__rans_encode(sym, 4000, coded, sizeof coded);
+  REQUIRE(c > 0);
+  for (size_t cut = 0; cut < c; cut++)
+    CHECK(oi__rans_decode(coded, cut, back, 4000) != 0);
+  /* the stream is used exactly: one symbol more or fewer is refused */
+  CHECK(oi__rans_decode(coded, c, back, 3999) != 0);
+  CHECK(oi__rans_decode(coded, c, back, 4001) != 0);
+  CHECK(oi__rans_decode(coded, c, back, 4000) == 0 && !memcmp(back, sym, 4000));
+}
+
+/* Values each lossy format represents come back exactly: int8 groups whose
+ * amax is 127 (scale 1), fp8 blocks whose amax is 448 (scale 1) holding
+ * every finite e4m3 value. */
+static void test_lossy_exact(void) {
+  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 1, 2, 1, 128};
+  uint16_t x[256], back[256];
+  uint8_t frame[1024];
+  size_t fb, out;
+  for (int i = 0; i < 256; i++) {
+    float v = (float)((i % 255) - 127);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    x[i] = (uint16_t)(u >> 16);
+  }
+  CHECK_OK(oi__codec_encode(OI_CODEC_INT8, &sh, x, sizeof x, frame, sizeof frame, &fb));
+  CHECK_OK(oi__codec_decode(frame, fb, back, sizeof back, &out));
+  CHECK(!memcmp(back, x, sizeof x));
+  /* e4m3: the 127 non-negative finite values and their negatives (-0 too) */
+  int k = 0;
+  for (int c = 0; c < 256; c++) {
+    if ((c & 0x7f) == 0x7f) continue;
+    int e = (c >> 3) & 15, m = c & 7;
+    float v = e ? ldexpf((float)(8 + m), e - 10) : ldexpf((float)m, -9);
+    if (c & 0x80) v = -v;
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    x[k++] = (uint16_t)(u >> 16);
+  }
+  while (k < 256)
+    x[k++] = 0x43e0; /* 448 */
+  CHECK_OK(oi__codec_encode(OI_CODEC_FP8, &sh, x, sizeof x, frame, sizeof frame, &fb));
+  CHECK_OK(oi__codec_decode(frame, fb, back, sizeof back, &out));
+  CHECK(!memcmp(back, x, sizeof x));
+  /* past 448 saturates at the scale's top; a tie rounds to even (1 + 1/16 -> 1) */
+  for (int i = 0; i < 256; i++)
+    x[i] = 0;
+  x[0] = 0x43e0; /* 448: scale 1 */
+  x[1] = 0x3f88; /* 1.0625: halfway between 1 and 1.125 */
+  x[2] = 0x3f98; /* 1.1875: halfway between 1.125 and 1.25 -> 1.25 */
+  CHECK_OK(oi__codec_encode(OI_CODEC_FP8, &sh, x, sizeof x, frame, sizeof frame, &fb));
+  CHECK_OK(oi__codec_decode(frame, fb, back, sizeof back, &out));
+  CHECK(back[0] == 0x43e0 && back[1] == 0x3f80 && back[2] == 0x3fa0);
+}
+
+/* Extremes of bf16 under the lossy codecs: subnormals beside zeros (an fp8
+ * scale with no finite reciprocal: found by fuzz_codec, crash-b163c2...),
+ * the largest finite values (finite: fp8 takes them, int8's fp16 scales
+ * cannot), nothing decoded to NaN. */
+static void test_lossy_extremes(void) {
+  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 2, 4, 3, 8};
+  uint16_t x[2 * 4 * 3 * 8], back[2 * 4 * 3 * 8];
+  uint8_t frame[512];
+  size_t fb, out;
+  for (int round = 0; round < 3; round++) {
+    for (size_t i = 0; i < LEN(x); i++)
+      x[i] = round == 0   ? (i % 3 ? 0x0000 : 0x0001)            /* tiny subnormals and zeros */
+             : round == 1 ? (uint16_t)(i % 2 ? 0x8003 : 0x0000)  /* negative subnormals */
+                          : (uint16_t)(i % 2 ? 0x7f7f : 0xff7f); /* +-3.39e38 */
+    for (int codec = OI_CODEC_INT8; codec <= OI_CODEC_FP8; codec++) {
+      oi_status st = oi__codec_encode(codec, &sh, x, sizeof x, frame, sizeof frame, &fb);
+      if (round == 2 && codec == OI_CODEC_INT8) {
+        CHECK_ST(st, OI_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(oi_last_error(), "fp16") != NULL);
+        continue;
+      }
+      CHECK_OK(st);
+      CHECK_OK(oi__codec_decode(frame, fb, back, sizeof back, &out));
+      size_t nan = 0, far = 0;
+      for (size_t i = 0; i < LEN(x); i++) {
+        float v = ct_bf16(x[i]), got = ct_bf16(back[i]);
+        if (got != got) nan++;
+        if (fabsf(got - v) > fabsf(v) / 8 + 1e-38f) far++;
+      }
+      CHECK(nan == 0);
+      if (round == 2) CHECK(far == 0); /* fp8 keeps the largest values within 1/16 */
+    }
+  }
+}
+
+int main(void) {
+  RUN_TEST(test_sizes_and_patterns);
+  RUN_TEST(test_incompressible_bound);
+  RUN_TEST(test_parts_tables);
+  RUN_TEST(test_nan_inf);
+  RUN_TEST(test_bad_arguments);
+  RUN_TEST(test_corruption);
+  RUN_TEST(test_forged);
+  RUN_TEST(test_payload_junk);
+  RUN_TEST(test_rans);
+  RUN_TEST(test_lossy_exact);
+  RUN_TEST(test_lossy_extremes);
+  TEST_EXIT();
+}

@@ -120,7 +120,19 @@ class HybridEngine:
         self.kvc = kv_cache_config()
         from openinfer.vllm import OpenInferConnector
         self.conn = OpenInferConnector(self.cfg, KVConnectorRole.WORKER, self.kvc)
-        self.kv = allocate_kv_cache(self.kvc, torch.device("cpu"), KVCacheLayout.LBHNC)
+        if "socket" in extra:  # the sidecar maps the engine's KV: one shared allocation
+            from openinfer.kvworker import shared_kv_tensors
+            from vllm.v1.kv_cache_interface import create_kv_cache_views
+            self.buffer, (raw,) = shared_kv_tensors([(self.kvc.kv_cache_tensors[0].size,)],
+                                                    torch.int8)
+            self.kv = {}
+            for g, kt in zip(self.kvc.kv_cache_groups, self.kvc.kv_cache_tensors):
+                views = create_kv_cache_views(raw, g.kv_cache_spec, NUM_BLOCKS,
+                                              KVCacheLayout.LBHNC, kt)
+                self.kv.update(zip(kt.layers, views))
+            self.conn.set_shared_buffer(self.buffer)
+        else:
+            self.kv = allocate_kv_cache(self.kvc, torch.device("cpu"), KVCacheLayout.LBHNC)
         # the groups overlay: layer 1's block b is layer 0's block b
         assert self.kv[LAYER_NAMES[0]].data_ptr() == self.kv[LAYER_NAMES[1]].data_ptr()
         self.conn.register_kv_caches(self.kv)
@@ -211,13 +223,13 @@ class HybridEngine:
 
     def held(self, group, hashes):
         """How many leading blocks of `hashes` group's namespace holds
-        (embedded: the scheduler's host)."""
+        (through the scheduler's own query of that namespace)."""
         from openinfer.vllm import _keys
         conn = self.scheduler.connector
-        q = conn._host.query(conn._shards[group], _keys(hashes), "probe")
-        if q.hit_blocks:
-            conn._host.release(conn._shards[group], q.lease.raw)
-        return q.hit_blocks
+        hit, raw = conn._query_shard(group, _keys(hashes), "probe")
+        if raw is not None:
+            conn._release_shard(group, raw)
+        return hit
 
     def close(self):
         self.conn.shutdown()
@@ -249,15 +261,23 @@ def first_kept(n):
     return max(0, n * BS - WINDOW + 1) // BS
 
 
-def test_hybrid_groups_round_trip_byte_equal_into_another_instance():
+def extra_of(mode, ns, request):
+    if mode == "embedded":
+        return {"pool_size": "64M", "namespace": ns}
+    return {"socket": request.getfixturevalue("serve").socket, "namespace": ns}
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+def test_hybrid_groups_round_trip_byte_equal_into_another_instance(mode, request):
     """Instance A computes a prompt of 8 full blocks in one step: the full
     group saves all 8, the sliding-window group only the 3 its window keeps
     at the prompt's end (5, 6, 7). Instance B (new scheduler, new worker,
     empty KV) is promised all 8 blocks and loads the full group's 8 and the
     window's 3 byte-equal into the blocks vLLM gave each group; the blocks
     before the window are vLLM's null block and are never written."""
-    ns = "t/hybrid-rt"
-    a = HybridEngine({"pool_size": "64M", "namespace": ns})
+    ns = "t/hybrid-rt-" + mode
+    extra = extra_of(mode, ns, request)
+    a = HybridEngine(extra)
     try:
         conn = a.scheduler.connector
         assert supports_hma(conn) and len(conn._groups) == 2
@@ -275,7 +295,7 @@ def test_hybrid_groups_round_trip_byte_equal_into_another_instance():
         assert [saved_blocks(w) for w in ws] == [8, 3]
     finally:
         a.close()
-    b = HybridEngine({"pool_size": "64M", "namespace": ns})
+    b = HybridEngine(extra)
     try:
         b.add("b", PROMPT[:8 * BS] + [7, 8, 9])
         steps = b.run()

@@ -25,8 +25,9 @@ import torch
 
 
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
-                         SchedulerConfig, VllmConfig, set_current_vllm_config)
+                         ParallelConfig, SchedulerConfig, VllmConfig, set_current_vllm_config)
 import vllm.distributed.kv_transfer.kv_transfer_state as kts
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
@@ -53,7 +54,7 @@ SWA_LAYERS = [1, 3]
 PROMPT = list(range(3000, 3000 + 8 * BS + 3))  # 8 full blocks and a tail
 
 
-def vllm_config(extra):
+def vllm_config(extra, tp=1):
     extra = dict({"load_async": True}, **extra)
     model = ModelConfig(model=TINY, tokenizer=TINY, skip_tokenizer_init=True, dtype="bfloat16",
                         max_model_len=1024, seed=0)
@@ -62,6 +63,9 @@ def vllm_config(extra):
         cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
         scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024,
                                          max_model_len=1024, is_encoder_decoder=False),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp,
+                                       distributed_executor_backend="uni"
+                                       if "socket" not in extra else "mp"),
         device_config=DeviceConfig("cpu"),
         kv_transfer_config=KVTransferConfig(
             kv_connector="OpenInferConnector", kv_connector_module_path="openinfer.vllm",
@@ -99,27 +103,29 @@ def kv_cache_config(second=None):
     )
 
 
-def value(token, pos, layer):
-    return ((token * 31 + pos * 7 + layer * 13) % 251) - 125
+def value(token, pos, layer, rank=0):
+    """The KV the stand-in model writes (each tensor-parallel rank its own
+    shard)."""
+    return ((token * 31 + pos * 7 + layer * 13 + rank * 57) % 251) - 125
 
 
 def group_of(layer):
     return 0 if layer in FULL_LAYERS else 1
 
 
-class HybridEngine:
-    """vLLM's scheduler and one worker over a full + sliding-window model."""
+class Rank:
+    """One worker: its connector (from a copy of the config with
+    parallel_config.rank set, as vLLM's worker makes it) and its KV."""
 
-    def __init__(self, extra):
-        self.cfg = vllm_config(extra)
-        self._ctx = set_current_vllm_config(self.cfg)
-        self._ctx.__enter__()
-        hash_fn = get_hash_fn_by_name(self.cfg.cache_config.prefix_caching_hash_algo)
-        init_none_hash(hash_fn)
-        self.hasher = get_request_block_hasher(BS, hash_fn)
+    def __init__(self, cfg, rank, extra):
+        import copy
+        self.rank = rank
+        self.cfg = copy.deepcopy(cfg)
+        self.cfg.parallel_config.rank = rank
         self.kvc = kv_cache_config()
         from openinfer.vllm import OpenInferConnector
-        self.conn = OpenInferConnector(self.cfg, KVConnectorRole.WORKER, self.kvc)
+        with set_current_vllm_config(self.cfg):
+            self.conn = OpenInferConnector(self.cfg, KVConnectorRole.WORKER, self.kvc)
         if "socket" in extra:  # the sidecar maps the engine's KV: one shared allocation
             from openinfer.kvworker import shared_kv_tensors
             from vllm.v1.kv_cache_interface import create_kv_cache_views
@@ -136,6 +142,21 @@ class HybridEngine:
         # the groups overlay: layer 1's block b is layer 0's block b
         assert self.kv[LAYER_NAMES[0]].data_ptr() == self.kv[LAYER_NAMES[1]].data_ptr()
         self.conn.register_kv_caches(self.kv)
+
+
+class HybridEngine:
+    """vLLM's scheduler and tp workers over a full + sliding-window model."""
+
+    def __init__(self, extra, tp=1):
+        self.cfg = vllm_config(extra, tp)
+        self._ctx = set_current_vllm_config(self.cfg)
+        self._ctx.__enter__()
+        hash_fn = get_hash_fn_by_name(self.cfg.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(BS, hash_fn)
+        self.ranks = [Rank(self.cfg, r, extra) for r in range(tp)]
+        self.conn, self.kv = self.ranks[0].conn, self.ranks[0].kv
+        self.aggregator = KVOutputAggregator(tp)
         self.scheduler = Scheduler(vllm_config=self.cfg, kv_cache_config=kv_cache_config(),
                                    structured_output_manager=StructuredOutputManager(self.cfg),
                                    block_size=BS, log_stats=True)
@@ -170,21 +191,7 @@ class HybridEngine:
         from vllm.forward_context import set_forward_context
         so = self.scheduler.schedule()
         sched = self._scheduled(so)
-        kts._KV_CONNECTOR_AGENT = self.conn
-        with set_forward_context(None, self.cfg):
-            with KVConnectorModelRunnerMixin.maybe_get_kv_connector_output(so) as kvo:
-                if so.total_num_scheduled_tokens:
-                    for layer, name in enumerate(LAYER_NAMES):
-                        self.conn.wait_for_layer_load(name)
-                        t = self.kv[name]
-                        for req_id, start, n in sched:
-                            blocks, toks = self.tables[req_id][group_of(layer)], \
-                                self.tokens[req_id]
-                            for pos in range(start, start + n):
-                                assert blocks[pos // BS] != 0, (req_id, pos, layer)
-                                t[blocks[pos // BS], :, pos % BS, :] = float(
-                                    value(toks[pos], pos, layer))
-                        self.conn.save_kv_layer(name, t, None)
+        kvos = [self._run_rank(rk, so, sched) for rk in self.ranks]
         req_ids, tokens = [], []
         for req_id, start, n in sched:
             req_ids.append(req_id)
@@ -192,14 +199,35 @@ class HybridEngine:
                 tokens.append([3 + (sum(self.tokens[req_id]) % 500)])
             else:
                 tokens.append([])
-        out = ModelRunnerOutput(
+        outs = [ModelRunnerOutput(
             req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[list(t) for t in tokens], logprobs=None,
             prompt_logprobs_dict={}, pooler_output=[], kv_connector_output=kvo)
+            for kvo in kvos]
         for req_id, tok in zip(req_ids, tokens):
             self.tokens[req_id].extend(tok)
+        out = self.aggregator.aggregate(outs)  # as vLLM's multiprocess executor does
         self.scheduler.update_from_output(so, out)
-        return so, kvo
+        return so, out.kv_connector_output
+
+    def _run_rank(self, rk, so, sched):
+        from vllm.forward_context import set_forward_context
+        kts._KV_CONNECTOR_AGENT = rk.conn  # this rank's KV transfer group
+        with set_forward_context(None, rk.cfg):
+            with KVConnectorModelRunnerMixin.maybe_get_kv_connector_output(so) as kvo:
+                if so.total_num_scheduled_tokens:
+                    for layer, name in enumerate(LAYER_NAMES):
+                        rk.conn.wait_for_layer_load(name)
+                        t = rk.kv[name]
+                        for req_id, start, n in sched:
+                            blocks, toks = self.tables[req_id][group_of(layer)], \
+                                self.tokens[req_id]
+                            for pos in range(start, start + n):
+                                assert blocks[pos // BS] != 0, (req_id, pos, layer)
+                                t[blocks[pos // BS], :, pos % BS, :] = float(
+                                    value(toks[pos], pos, layer, rk.rank))
+                        rk.conn.save_kv_layer(name, t, None)
+        return kvo
 
     def run(self, timeout=60):
         steps = []
@@ -213,26 +241,29 @@ class HybridEngine:
 
     def check_block(self, req_id, i, b, layers):
         toks = self.tokens[req_id]
-        for layer in layers:
-            want = torch.empty(KV_HEADS, BS, 2 * HEAD, dtype=torch.bfloat16)
-            for off in range(BS):
-                pos = i * BS + off
-                want[:, off, :] = float(value(toks[pos], pos, layer))
-            got = self.kv[LAYER_NAMES[layer]][b]
-            assert torch.equal(got, want), (req_id, i, b, layer)
+        for rk in self.ranks:
+            for layer in layers:
+                want = torch.empty(KV_HEADS, BS, 2 * HEAD, dtype=torch.bfloat16)
+                for off in range(BS):
+                    pos = i * BS + off
+                    want[:, off, :] = float(value(toks[pos], pos, layer, rk.rank))
+                got = rk.kv[LAYER_NAMES[layer]][b]
+                assert torch.equal(got, want), (req_id, i, b, rk.rank, layer)
 
-    def held(self, group, hashes):
-        """How many leading blocks of `hashes` group's namespace holds
-        (through the scheduler's own query of that namespace)."""
+    def held(self, group, hashes, rank=0):
+        """How many leading blocks of `hashes` a rank's namespace of a group
+        holds (through the scheduler's own query of that namespace)."""
         from openinfer.vllm import _keys
         conn = self.scheduler.connector
-        hit, raw = conn._query_shard(group, _keys(hashes), "probe")
+        i = rank * len(conn._groups) + group
+        hit, raw = conn._query_shard(i, _keys(hashes), "probe")
         if raw is not None:
-            conn._release_shard(group, raw)
+            conn._release_shard(i, raw)
         return hit
 
     def close(self):
-        self.conn.shutdown()
+        for rk in self.ranks:
+            rk.conn.shutdown()
         self.scheduler.connector.shutdown()
         kts._KV_CONNECTOR_AGENT = None
         self._ctx.__exit__(None, None, None)
@@ -268,40 +299,45 @@ def extra_of(mode, ns, request):
 
 
 @pytest.mark.parametrize("mode", ["embedded", "sidecar"])
-def test_hybrid_groups_round_trip_byte_equal_into_another_instance(mode, request):
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+def test_hybrid_groups_round_trip_byte_equal_into_another_instance(tp, mode, request):
     """Instance A computes a prompt of 8 full blocks in one step: the full
     group saves all 8, the sliding-window group only the 3 its window keeps
     at the prompt's end (5, 6, 7). Instance B (new scheduler, new worker,
     empty KV) is promised all 8 blocks and loads the full group's 8 and the
     window's 3 byte-equal into the blocks vLLM gave each group; the blocks
-    before the window are vLLM's null block and are never written."""
-    ns = "t/hybrid-rt-" + mode
+    before the window are vLLM's null block and are never written. At
+    TP = 2 every rank does so with its own shard of each group's blocks."""
+    ns = "t/hybrid-rt-%s-%d" % (mode, tp)
     extra = extra_of(mode, ns, request)
-    a = HybridEngine(extra)
+    a = HybridEngine(extra, tp)
     try:
         conn = a.scheduler.connector
         assert supports_hma(conn) and len(conn._groups) == 2
-        assert conn._shards == [ns + "/g0of2-full", ns + "/g1of2-swa%d" % WINDOW]
+        shards = [ns] if tp == 1 else [ns + "/tp%dof2-pp0of1" % r for r in range(tp)]
+        assert conn._shards == [s + g for s in shards
+                                for g in ("/g0of2-full", "/g1of2-swa%d" % WINDOW)]
         ra = a.add("a", PROMPT)
         a.run()
         hashes = ra.block_hashes[:8]
-        assert a.held(0, hashes) == 8
         assert first_kept(8) == 5
-        assert a.held(1, hashes) == 0  # block 0 is outside every window: never saved
-        assert a.held(1, hashes[5:8]) == 3
-        for i in range(5):  # no block before the window was saved
-            assert a.held(1, hashes[i:i + 1]) == 0, i
-        ws = a.conn.worker.workers
-        assert [saved_blocks(w) for w in ws] == [8, 3]
+        for r in range(tp):
+            assert a.held(0, hashes, r) == 8
+            assert a.held(1, hashes, r) == 0  # block 0 is outside every window: never saved
+            assert a.held(1, hashes[5:8], r) == 3
+            for i in range(5):  # no block before the window was saved
+                assert a.held(1, hashes[i:i + 1], r) == 0, i
+            ws = a.ranks[r].conn.worker.workers
+            assert [saved_blocks(w) for w in ws] == [8, 3]
     finally:
         a.close()
-    b = HybridEngine(extra)
+    b = HybridEngine(extra, tp)
     try:
         b.add("b", PROMPT[:8 * BS] + [7, 8, 9])
         steps = b.run()
         (ld,) = loads_of(steps, "b")
         full_ids, swa_ids = ld.group_block_ids
-        assert len(ld.leases) == 2
+        assert len(ld.leases) == 2 * tp
         assert full_ids == b.tables["b"][0][:8]
         assert swa_ids == b.tables["b"][1][5:8]
         assert b.tables["b"][1][:5] == [0] * 5  # vLLM's null block: nothing loaded there
@@ -309,17 +345,19 @@ def test_hybrid_groups_round_trip_byte_equal_into_another_instance(mode, request
             b.check_block("b", i, blk, FULL_LAYERS)
         for i, blk in zip(range(5, 8), swa_ids):
             b.check_block("b", i, blk, SWA_LAYERS)
-        st = b.conn.stats()
-        assert (st["loads_submitted"], st["loads_completed"], st["loads_failed"]) == (1, 1, 0)
-        assert [w.stats()["blocks_loaded"] for w in b.conn.worker.workers] == [8, 3]
+        for rk in b.ranks:
+            st = rk.conn.stats()
+            assert (st["loads_submitted"], st["loads_completed"], st["loads_failed"]) == \
+                (1, 1, 0), (rk.rank, st)
+            assert [w.stats()["blocks_loaded"] for w in rk.conn.worker.workers] == [8, 3]
         assert sum(so.num_scheduled_tokens.get("b", 0) for so, _ in steps) == 3 + 1
         assert not any(kvo and (kvo.invalid_block_ids or kvo.failed_recving)
                        for _, kvo in steps)
         loaded = [kvo.kv_connector_stats.data for _, kvo in steps
                   if kvo and kvo.kv_connector_stats]
-        assert sum(d["loaded_blocks"] for d in loaded) == 11
+        assert sum(d["loaded_blocks"] for d in loaded) == 11 * tp
         page = specs()[0].page_size_bytes * 2  # a group's block: its two layers
-        assert sum(d["loaded_bytes"] for d in loaded) == 11 * page
+        assert sum(d["loaded_bytes"] for d in loaded) == 11 * page * tp
     finally:
         b.close()
 

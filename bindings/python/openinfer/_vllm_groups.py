@@ -119,7 +119,8 @@ def check_options(opts):
             "openinfer.vllm: kv_connector_extra_config: option 'load_async' is false but the "
             "model has several KV cache groups (hybrid); allowed: true -- vLLM recomputes a "
             "failed load of several groups only through failed_recving, which synchronous "
-            "loads do not have")
+            "loads do not have (or turn vLLM's hybrid KV cache manager off, "
+            "--disable-hybrid-kv-cache-manager, for one group of every layer)")
 
 
 def lookup(conn, block_hashes, first, req_id, keys):

@@ -437,6 +437,47 @@ def test_a_block_a_group_lacks_is_never_promised():
         c.close()
 
 
+def test_a_restore_plan_of_fewer_blocks_gets_a_prefix_every_group_serves():
+    """The sliding-window group holds the windows at blocks 4 and 8 (1-3,
+    5-7) and the restore plan chooses to load 6 of the 8 blocks: 6 would
+    need window blocks 3-5, and block 4 is not held, so the scheduler
+    promises 4 (window 1-3), leased again for exactly that, and the load
+    lands byte-equal instead of failing."""
+    ns = "t/hybrid-plan"
+    a = HybridEngine({"pool_size": "64M", "namespace": ns})
+    try:
+        a.add("a1", PROMPT[:4 * BS] + [1])
+        a.run()
+        a.add("a2", PROMPT)
+        a.run()
+    finally:
+        a.close()
+    b = HybridEngine({"pool_size": "64M", "namespace": ns})
+    try:
+        conn = b.scheduler.connector
+        asked = []
+
+        def six(start, num_tokens, hit, where):
+            asked.append(hit)
+            return min(hit, 6)
+        conn._planner.blocks = six
+        b.add("b", PROMPT)
+        steps = b.run()
+        assert asked == [8]
+        (ld,) = loads_of(steps, "b")
+        full_ids, swa_ids = ld.group_block_ids
+        assert len(full_ids) == 4 and len(swa_ids) == 3, ld
+        assert not any(kvo and (kvo.invalid_block_ids or kvo.failed_recving)
+                       for _, kvo in steps)
+        assert b.conn.stats()["loads_completed"] == 1
+        for i, blk in enumerate(full_ids):
+            b.check_block("b", i, blk, FULL_LAYERS)
+        for i, blk in zip(range(1, 4), swa_ids):
+            b.check_block("b", i, blk, SWA_LAYERS)
+    finally:
+        b.close()
+
+
 def test_a_failed_hybrid_load_is_recomputed_through_failed_recving():
     """The sliding-window group's lease is gone before the worker loads: the
     load fails, the request is named in failed_recving (block ids are per

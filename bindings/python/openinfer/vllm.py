@@ -658,6 +658,18 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
             st.saved_upto = full
         return [(ids, _keys(keys).tobytes() if keys else b"") for ids, keys in saves], reqs
 
+    def _group_plan_prefix(self, st, request, n):
+        """The restore plan chose the first n of the leased blocks: with
+        several groups a sliding window's blocks for n are not those for the
+        whole hit, so the prefix every group can serve within n is leased
+        (the lease of the whole hit released); returns its length."""
+        self._release(st)
+        m, lease = self._lookup_query(
+            request.block_hashes[st.start_block:st.start_block + n], request.request_id,
+            count=False, first=st.start_block)
+        st.lease, st.hit_blocks = (lease, m) if m else (None, 0)
+        return m
+
     def request_finished_all_groups(self, request, block_ids):
         """SupportsHMA: a request finished in every KV cache group; its
         leases not handed to a worker are released (saves are made as its
@@ -814,6 +826,8 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
         # fewer than leased: update_state_after_alloc leases exactly those
         n = self._planner.blocks(first * bs, request.num_tokens, hit,
                                  _plan.merge_where(self._where, hit))
+        if self._groups and 0 < n < hit:
+            n = self._group_plan_prefix(st, request, n)
         if n == 0:
             self._release(st)
             return 0, False

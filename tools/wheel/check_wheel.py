@@ -196,7 +196,8 @@ def check_contents(wheel):
     want = ["openinfer/_native.abi3.so", "openinfer/bin/openinfer", "openinfer/lib/libopeninfer.so.0",
             "openinfer/lib/libopeninfer-refmodel.so.0", "openinfer/lib/libopeninfer.so",
             "openinfer/lib/pkgconfig/openinfer.pc", "openinfer/include/openinfer/openinfer.h",
-            "openinfer/vllm.py", "openinfer/sglang.py", "openinfer/kvworker.py"]
+            "openinfer/vllm.py", "openinfer/_vllm_groups.py", "openinfer/sglang.py",
+            "openinfer/kvworker.py"]
     missing = [w for w in want if w not in names]
     libs = [os.path.basename(n) for n in names if n.startswith("openinfer.libs/") and not n.endswith("/")]
     missing += [b for b in BUNDLED if not any(lib.startswith(b + "-") for lib in libs)]

@@ -22,7 +22,7 @@ import sys
 
 # Each engine's tests, relative to this directory.
 FILES = {"vllm": ["test_kvworker.py", "test_vllm_connector.py", "test_vllm_parallel.py",
-                  "test_vllm_plan.py"], "sglang": ["sglang"]}
+                  "test_vllm_plan.py", "test_vllm_hybrid.py"], "sglang": ["sglang"]}
 
 
 def installed(work):

@@ -279,7 +279,7 @@ VLLM_KEYS = [
         "loads them; default: the library's (600000)"),
     Key("load_async", boolean(), False,
         "`true`: loads run between steps; `false`: in the step, each layer waiting for its "
-        "own bytes"),
+        "own bytes; `true` is required with hybrid KV cache groups"),
     Key("wait_pending_ms", ms(lo=0), None,
         "the scheduler's lookup waits up to this long for blocks whose save is in flight "
         "(`OI_QUERY_WAIT_PENDING`); unset: it does not wait"),

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import openinfer as oi
 from openinfer import _config, _plan
+from openinfer import _vllm_groups as _groups
 from openinfer.kvworker import KVWorker
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -46,6 +47,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -113,6 +115,7 @@ class _Load:
     #               parallelism"); empty: nothing to load (vLLM recomputes the blocks)
     block_ids: list
     is_async: bool
+    group_block_ids: list = None  # hybrid: per KV cache group, the block ids to fill
 
 
 @dataclass
@@ -123,6 +126,7 @@ class _Loading:
     is_async: bool
     started: float  # time.monotonic() at submission
     landed: float = None  # when a layer wait last saw bytes land (sync loads)
+    nbytes: int = None  # hybrid: the bytes of every group's blocks
 
 
 # the library's deadline thread reports a missed deadline a little late
@@ -139,6 +143,7 @@ class OpenInferConnectorMetadata(KVConnectorMetadata):
     save_ids: list = field(default_factory=list)  # block ids
     save_hashes: bytes = b""  # 16 bytes per block id
     save_reqs: list = field(default_factory=list)  # request ids with saves this step
+    group_saves: list = None  # hybrid: per KV cache group (block ids, 16-byte keys)
 
 
 # ---------------------------------------------------------------------------- embedded hosts
@@ -337,7 +342,7 @@ class _LookupFailed(Exception):
 
 class _ReqState:
     __slots__ = ("request", "lease", "lease_owner", "start_block", "hit_blocks",
-                 "block_ids", "saved_upto", "pending_load", "loading")
+                 "block_ids", "saved_upto", "pending_load", "loading", "group_ids")
 
     def __init__(self, request):
         self.request = request
@@ -349,6 +354,7 @@ class _ReqState:
         self.saved_upto = 0
         self.pending_load = None
         self.loading = False
+        self.group_ids = None  # hybrid: every KV cache group's block ids
 
 
 # ---------------------------------------------------------------------------- metrics
@@ -491,7 +497,7 @@ class OpenInferPromMetrics(KVConnectorPromMetrics):
 # ---------------------------------------------------------------------------- the connector
 
 
-class OpenInferConnector(KVConnectorBase_V1):
+class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM KV connector over libopeninfer's host tier (docs/vllm.md)."""
 
     _cache_hit_source = CacheHitSource.HOST
@@ -522,6 +528,7 @@ class OpenInferConnector(KVConnectorBase_V1):
                         role.name.lower(), self._namespace,
                         ", ".join("%s=%r" % kv for kv in ident))
         self._shards = _shard_namespaces(self._namespace, self._tp, self._pp)
+        self._groups = self._hybrid_groups(kv_cache_config)
         if role == KVConnectorRole.SCHEDULER:
             self._reqs = {}
             self._lookups = [None] * len(self._shards)  # sidecar: a session per shard
@@ -548,7 +555,7 @@ class OpenInferConnector(KVConnectorBase_V1):
         else:
             t, p = _worker_rank(vllm_config, self._tp, self._pp)
             self._shard = p * self._tp + t
-            self._shard_namespace = self._shards[self._shard]
+            self._shard_namespace = self._shards[self._shard * len(self._groups or [0])]
             if len(self._shards) > 1:
                 logger.info("openinfer.vllm: worker tp rank %d of %d, pp rank %d of %d: shard "
                             "namespace %r", t, self._tp, p, self._pp, self._shard_namespace)
@@ -557,11 +564,117 @@ class OpenInferConnector(KVConnectorBase_V1):
             self._loads = {}  # req_id -> _Loading (not yet reported to vLLM)
             self._failed_blocks = set()
             self._finished_recving = set()
+            self._failed_recving = set()  # hybrid: loads failed (block ids are per group)
             self._counts = dict(loads_submitted=0, loads_refused=0, loads_completed=0,
                                 loads_failed=0, blocks_failed=0, saves_dropped=0,
                                 saves_failed=0)
             self._interval = _empty_payload()  # get_kv_connector_stats's, since its last call
             self._step_save_blocks = 0
+            self._step_save_bytes = 0
+
+    # ================================================================ hybrid groups
+
+    def _hybrid_groups(self, kv_cache_config):
+        """The model's KV cache groups when there are several (None: one),
+        each in a namespace of its own per shard (self._shards becomes every
+        (shard, group) namespace, shard-major); a shape this connector
+        cannot serve is refused here (openinfer._vllm_groups)."""
+        groups = _groups.groups_of(kv_cache_config, self._block_size)
+        if groups is None:
+            return None
+        _groups.check_options(self._opts)
+        if self._pp > 1:
+            raise NotImplementedError(
+                "openinfer.vllm: pipeline_parallel_size is %d with %d KV cache groups (hybrid): "
+                "hybrid models are supported at pipeline_parallel_size 1 (tensor parallelism "
+                "is)" % (self._pp, len(groups)))
+        self._shards = _groups.namespaces(self._shards, groups)
+        logger.info("openinfer.vllm: %d KV cache groups (%s): a namespace per group",
+                    len(groups), ", ".join("%d: %s" % (g.index, g.suffix) for g in groups))
+        return groups
+
+    def _group_lookup(self, block_hashes, req_id, count, first):
+        """_lookup_query for several KV cache groups (openinfer._vllm_groups.lookup)."""
+        try:
+            n, leases = _groups.lookup(self, block_hashes, first, req_id, _keys)
+        except _LookupFailed as e:
+            if e.args[0]:
+                logger.warning("openinfer.vllm: %s", e.args[0])
+            if count:
+                self._stats_lookup_failed(e.degraded)
+            n, leases = 0, None
+        else:
+            self._degraded = False
+        if count:
+            self._stats_hits(n, len(block_hashes))
+        return n, leases
+
+    def _group_load(self, st, request, n):
+        """The pending load of a request's n leased blocks into every group's
+        blocks (vLLM recomputes them when a group lacks a block to fill)."""
+        ids = _groups.load_targets(self._groups, st.group_ids or [], st.start_block, n,
+                                   self._block_size)
+        if ids is None:
+            logger.warning("openinfer.vllm: %s: vLLM gave no block for part of the %d blocks "
+                           "to load: they are recomputed", request.request_id, n)
+            self._release(st)
+            return _Load(request.request_id, [], [], self._opts.load_async)
+        return _Load(request.request_id, st.lease, [b for g in ids for b in g],
+                     self._opts.load_async, ids)
+
+    def _group_block_ids(self, st, block_ids, resumed):
+        """Keeps every group's block ids of a request from vLLM's scheduler
+        output (new: the whole table; cached: the new ones, or the whole
+        table when resumed)."""
+        if block_ids is None:
+            if resumed:
+                st.group_ids = [[] for _ in self._groups]
+            return
+        if st.group_ids is None or resumed:
+            st.group_ids = [list(x) for x in block_ids]
+        else:
+            for have, new in zip(st.group_ids, block_ids):
+                have.extend(new)
+
+    def _group_saves(self, done):
+        """Per group, the blocks computed this step to save (a sliding-window
+        group: only those its window keeps); advances each request's
+        saved_upto."""
+        saves = [([], []) for _ in self._groups]
+        reqs = []
+        for st, computed in done:
+            st.loading = False
+            full = min(computed // self._block_size, len(st.request.block_hashes),
+                       len(st.block_ids))
+            if full <= st.saved_upto:
+                continue
+            plan = _groups.save_plan(self._groups, st.group_ids or [],
+                                     st.request.block_hashes, st.saved_upto, full,
+                                     self._block_size)
+            for (ids, keys), (gi, gk) in zip(saves, plan):
+                ids.extend(gi)
+                keys.extend(gk)
+            reqs.append(st.request.request_id)
+            st.saved_upto = full
+        return [(ids, _keys(keys).tobytes() if keys else b"") for ids, keys in saves], reqs
+
+    def _group_plan_prefix(self, st, request, n):
+        """The restore plan chose the first n of the leased blocks: with
+        several groups a sliding window's blocks for n are not those for the
+        whole hit, so the prefix every group can serve within n is leased
+        (the lease of the whole hit released); returns its length."""
+        self._release(st)
+        m, lease = self._lookup_query(
+            request.block_hashes[st.start_block:st.start_block + n], request.request_id,
+            count=False, first=st.start_block)
+        st.lease, st.hit_blocks = (lease, m) if m else (None, 0)
+        return m
+
+    def request_finished_all_groups(self, request, block_ids):
+        """SupportsHMA: a request finished in every KV cache group; its
+        leases not handed to a worker are released (saves are made as its
+        blocks fill, so nothing is held back)."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
 
     # ================================================================ scheduler
 
@@ -632,7 +745,7 @@ class OpenInferConnector(KVConnectorBase_V1):
         except oi.Error:
             pass  # expired, or the server went away with it
 
-    def _lookup_query(self, block_hashes, req_id, count=True):
+    def _lookup_query(self, block_hashes, req_id, count=True, first=0):
         """The leading run of blocks whose shard every rank holds, leased in
         every shard namespace: (hit_blocks, [raw lease per shard] or None).
 
@@ -641,7 +754,11 @@ class OpenInferConnector(KVConnectorBase_V1):
         the run, and a lease longer than the final run is released and taken
         again for exactly that run (a lease is loaded whole), until every
         shard holds a lease of the same length -- the shortest common
-        prefix. A lookup that fails in any shard is a miss for all."""
+        prefix. A lookup that fails in any shard is a miss for all.
+        Several KV cache groups: _group_lookup (first: the request's block
+        that block_hashes start at)."""
+        if self._groups:
+            return self._group_lookup(block_hashes, req_id, count, first)
         n = len(block_hashes)
         held = [None] * len(self._shards)  # (blocks, raw)
         try:
@@ -701,7 +818,7 @@ class OpenInferConnector(KVConnectorBase_V1):
         if last <= first:
             return 0, False
         hit, lease = self._lookup_query(request.block_hashes[first:last],
-                                        request.request_id)
+                                        request.request_id, first=first)
         if not hit:
             return 0, False
         st.lease, st.start_block, st.hit_blocks = lease, first, hit
@@ -709,6 +826,8 @@ class OpenInferConnector(KVConnectorBase_V1):
         # fewer than leased: update_state_after_alloc leases exactly those
         n = self._planner.blocks(first * bs, request.num_tokens, hit,
                                  _plan.merge_where(self._where, hit))
+        if self._groups and 0 < n < hit:
+            n = self._group_plan_prefix(st, request, n)
         if n == 0:
             self._release(st)
             return 0, False
@@ -722,6 +841,8 @@ class OpenInferConnector(KVConnectorBase_V1):
         ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
         if ids:
             st.block_ids = ids
+            if self._groups:
+                st.group_ids = [list(x) for x in blocks.get_block_ids()]
         if num_external_tokens == 0:
             if not st.loading:
                 self._release(st)
@@ -734,7 +855,7 @@ class OpenInferConnector(KVConnectorBase_V1):
             self._release(st)
             hit, lease = self._lookup_query(
                 request.block_hashes[st.start_block:st.start_block + n], request.request_id,
-                count=False)
+                count=False, first=st.start_block)
             if hit != n:
                 if lease is not None:
                     st.lease = lease
@@ -747,7 +868,8 @@ class OpenInferConnector(KVConnectorBase_V1):
                 return
             st.lease = lease
         dst = ids[st.start_block:st.start_block + n]
-        st.pending_load = _Load(request.request_id, st.lease, dst, self._opts.load_async)
+        st.pending_load = _Load(request.request_id, st.lease, dst, self._opts.load_async) \
+            if not self._groups else self._group_load(st, request, n)
         st.lease = None  # handed to the worker, which consumes it
         st.loading = True
         st.saved_upto = st.start_block + n
@@ -765,6 +887,8 @@ class OpenInferConnector(KVConnectorBase_V1):
             if st is None:
                 continue
             st.block_ids = list(nr.block_ids[0])
+            if self._groups:
+                self._group_block_ids(st, nr.block_ids, True)
             done.append((st, nr.num_computed_tokens + sched.get(nr.req_id, 0)))
         cr = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cr.req_ids):
@@ -776,7 +900,12 @@ class OpenInferConnector(KVConnectorBase_V1):
                 st.block_ids = list(new[0]) if new is not None else []
             elif new is not None:
                 st.block_ids.extend(new[0])
+            if self._groups:
+                self._group_block_ids(st, new, req_id in cr.resumed_req_ids)
             done.append((st, cr.num_computed_tokens[i] + sched.get(req_id, 0)))
+        if self._groups:
+            meta.group_saves, meta.save_reqs = self._group_saves(done)
+            return meta
         ids, keys = [], []
         for st, computed in done:
             st.loading = False
@@ -818,19 +947,42 @@ class OpenInferConnector(KVConnectorBase_V1):
         if o.socket is not None:  # the sidecar client's: its breaker and its scheduler-path calls
             kw.update(lookup_deadline_ms=o.lookup_deadline_ms,
                       probe_interval_ms=o.probe_interval_ms)
-        if o.socket is None:
-            dev = next(iter(tensors.values())).device
-            host = _embedded_host(o, oi.DEVICE_CPU if dev.type == "cpu" else (dev.index or 0))
-            self._worker = KVWorker(tensors, self._shard_namespace, host=host,
-                                    num_blocks=nb, kv_dim=kv_dim, **kw)
-        else:
+
+        def make(tensors, namespace):
+            if o.socket is None:
+                dev = next(iter(tensors.values())).device
+                host = _embedded_host(o, oi.DEVICE_CPU if dev.type == "cpu" else
+                                      (dev.index or 0))
+                return KVWorker(tensors, namespace, host=host, num_blocks=nb, kv_dim=kv_dim, **kw)
             buf = getattr(self, "_shared_buffer", None)
-            self._worker = KVWorker(tensors, self._shard_namespace, socket=o.socket, buffer=buf,
-                                    num_blocks=nb, kv_dim=kv_dim, **kw)
+            return KVWorker(tensors, namespace, socket=o.socket, buffer=buf, num_blocks=nb,
+                            kv_dim=kv_dim, **kw)
+        if self._groups:
+            self._worker = self._group_workers(tensors, make)
+            return
+        self._worker = make(tensors, self._shard_namespace)
         logger.info("openinfer.vllm: registered %d layers (%d arenas, %d blocks of %d bytes) "
                     "in namespace %r (%s)", len(kv_caches), self._worker.num_arenas,
                     self._worker.layout.num_blocks, self._worker.layout.block_bytes,
                     self._shard_namespace, "sidecar " + o.socket if o.socket else "embedded")
+
+    def _group_workers(self, tensors, make):
+        """Hybrid: a KVWorker per KV cache group over that group's layers, in
+        the group's namespace of this rank's shard."""
+        G = len(self._groups)
+        workers = []
+        for g in self._groups:
+            mine = {n: tensors[n] for n in g.layers if n in tensors}
+            if not mine:
+                raise ValueError("openinfer.vllm: KV cache group %d (%s): none of its layers "
+                                 "(%s) is among the KV caches vLLM registered"
+                                 % (g.index, g.suffix, ", ".join(g.layers[:3])))
+            ns = self._shards[self._shard * G + g.index]
+            workers.append(make(mine, ns))
+            logger.info("openinfer.vllm: KV cache group %d (%s): %d layers, blocks of %d bytes "
+                        "in namespace %r", g.index, g.suffix, len(mine),
+                        workers[-1].layout.block_bytes, ns)
+        return _groups.GroupWorkers(workers, self._groups)
 
     def set_shared_buffer(self, buffer):
         """Sidecar on cpu: the SharedBuffer that holds vLLM's KV tensors (the
@@ -845,12 +997,17 @@ class OpenInferConnector(KVConnectorBase_V1):
     def bind_connector_metadata(self, connector_metadata):
         super().bind_connector_metadata(connector_metadata)
         w = self._worker
-        if w is not None and isinstance(connector_metadata, OpenInferConnectorMetadata):
+        if w is not None and isinstance(connector_metadata, OpenInferConnectorMetadata) \
+                and self._groups:
+            w.begin_groups(connector_metadata.group_saves or [([], b"")] * len(self._groups))
+            self._step_save_blocks, self._step_save_bytes = w.step_saves()
+        elif w is not None and isinstance(connector_metadata, OpenInferConnectorMetadata):
             # the blocks each layer saves once it is written (save_kv_layer)
             w.begin_step(connector_metadata.save_ids,
                          oi.BlockHashes(connector_metadata.save_hashes))
             batch = getattr(w, "_save_batch", None)
             self._step_save_blocks = len(batch[0]) if batch else 0
+            self._step_save_bytes = self._step_save_blocks * w.layout.block_bytes
 
     def _fail_load(self, req_id, block_ids, is_async, err, cause="load_failed"):
         """Reports a load failed to vLLM (its blocks through
@@ -862,7 +1019,10 @@ class OpenInferConnector(KVConnectorBase_V1):
         self._counts["blocks_failed"] += len(block_ids)
         f = self._interval["failures"]
         f[cause] = f.get(cause, 0) + 1
-        self._failed_blocks.update(block_ids)
+        if self._groups:  # block ids are per group: vLLM takes the request (async loads only)
+            self._failed_recving.add(req_id)
+        else:
+            self._failed_blocks.update(block_ids)
         if is_async:  # reported as received, its blocks as failed: vLLM recomputes them
             self._finished_recving.add(req_id)
 
@@ -871,20 +1031,29 @@ class OpenInferConnector(KVConnectorBase_V1):
         w = self._worker
         for ld in meta.loads:
             self._counts["loads_submitted"] += 1
-            lease = ld.leases[self._shard] if len(ld.leases) == len(self._shards) else None
+            if self._groups:
+                G = len(self._groups)
+                lease = ld.leases[self._shard * G:(self._shard + 1) * G] \
+                    if len(ld.leases) == len(self._shards) and ld.group_block_ids else None
+                target = ld.group_block_ids
+            else:
+                lease = ld.leases[self._shard] if len(ld.leases) == len(self._shards) else None
+                target = ld.block_ids
             if w is None or not lease:
                 self._counts["loads_refused"] += 1
                 self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "no lease",
                                 "load_refused")
                 continue
             try:
-                t = w.load(lease, ld.block_ids)
+                t = w.load(lease, target)
             except oi.Error as e:  # refused at submit: nothing was started
                 self._counts["loads_refused"] += 1
                 self._fail_load(ld.req_id, ld.block_ids, ld.is_async, "load refused: %s" % e,
                                 "load_refused")
                 continue
-            self._loads[ld.req_id] = _Loading(t, ld.block_ids, ld.is_async, time.monotonic())
+            self._loads[ld.req_id] = _Loading(
+                t, ld.block_ids, ld.is_async, time.monotonic(),
+                nbytes=w.load_bytes(target) if self._groups else None)
 
     def _settled(self, req_id, ld, result):
         """A load became final (result True or its error): report it."""
@@ -894,7 +1063,8 @@ class OpenInferConnector(KVConnectorBase_V1):
             n = len(ld.block_ids)
             iv = self._interval
             iv["loaded_blocks"] += n
-            iv["loaded_bytes"] += n * self._worker.layout.block_bytes
+            iv["loaded_bytes"] += ld.nbytes if ld.nbytes is not None else \
+                n * self._worker.layout.block_bytes
             iv["load_seconds"].append((ld.landed or time.monotonic()) - ld.started)
             if ld.is_async:
                 self._finished_recving.add(req_id)
@@ -1006,8 +1176,8 @@ class OpenInferConnector(KVConnectorBase_V1):
                 iv["failures"][cause] = iv["failures"].get(cause, 0) + n
         if not errors and self._step_save_blocks:
             iv["saved_blocks"] += self._step_save_blocks
-            iv["saved_bytes"] += self._step_save_blocks * w.layout.block_bytes
-        self._step_save_blocks = 0
+            iv["saved_bytes"] += self._step_save_bytes
+        self._step_save_blocks = self._step_save_bytes = 0
         if errors:
             logger.warning("openinfer.vllm: save: %d of this step's save calls failed, %d "
                            "dropped unfinished after the %.0f ms save deadline (%s): the blocks "
@@ -1032,9 +1202,13 @@ class OpenInferConnector(KVConnectorBase_V1):
         # a failed async load is reported as received and its blocks through
         # get_block_ids_with_load_errors (one KV cache group: block ids are
         # unique), so vLLM keeps the valid prefix and recomputes the rest
+        # (several KV cache groups: block ids are per group, so a failed
+        # load names its request in failed_recving instead)
         _, recving = self.get_finished(finished_req_ids)
+        failed, self._failed_recving = self._failed_recving, set()
         return KVConnectorTransferResults(finished_sending=set(),
-                                          finished_recving=set(recving or ()))
+                                          finished_recving=set(recving or ()),
+                                          failed_recving=failed)
 
     # ================================================================ metrics
 

@@ -532,6 +532,13 @@ def test_hybrid_shapes_the_connector_cannot_serve_are_refused_at_start():
     sync = vllm_config({"pool_size": "16M", "load_async": False})
     with pytest.raises(ValueError, match="'load_async' is false.*several KV cache groups"):
         OpenInferConnector(sync, KVConnectorRole.SCHEDULER, kv_cache_config())
+    # load_async not given: a hybrid model gets asynchronous loads (the
+    # configuration that served it as one group before still starts)
+    unset = vllm_config({"pool_size": "16M"})
+    del unset.kv_transfer_config.kv_connector_extra_config["load_async"]
+    c = OpenInferConnector(unset, KVConnectorRole.SCHEDULER, kv_cache_config())
+    assert c._groups is not None and c._opts.load_async is True
+    c.shutdown()
     # one group: the single-group path, sync loads allowed
     one = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(list(LAYER_NAMES), full)])

@@ -112,8 +112,14 @@ def namespaces(shards, groups):
     return out
 
 
-def check_options(opts):
-    """Options a hybrid model cannot be served with (ValueError naming it)."""
+def check_options(opts, given):
+    """Options a hybrid model cannot be served with (ValueError naming it).
+    load_async not given (`given`: kv_connector_extra_config as written):
+    true for a hybrid model, so a configuration that served it before
+    hybrid groups existed (as one group) still starts."""
+    if "load_async" not in (given or {}):
+        opts.load_async = True
+        return
     if not opts.load_async:
         raise ValueError(
             "openinfer.vllm: kv_connector_extra_config: option 'load_async' is false but the "

@@ -582,7 +582,7 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
         groups = _groups.groups_of(kv_cache_config, self._block_size)
         if groups is None:
             return None
-        _groups.check_options(self._opts)
+        _groups.check_options(self._opts, self._kv_transfer_config.kv_connector_extra_config)
         if self._pp > 1:
             raise NotImplementedError(
                 "openinfer.vllm: pipeline_parallel_size is %d with %d KV cache groups (hybrid): "

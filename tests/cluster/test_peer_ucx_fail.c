@@ -68,8 +68,11 @@ static ucs_status_t st_init_version(unsigned major, unsigned minor, const ucp_pa
   return real.ucp_init_version(major, minor, params, cfg, ctx);
 }
 
+static atomic_uint worker_tries; /* ucp_worker_create calls, failed or not */
+
 static ucs_status_t st_worker_create(ucp_context_h ctx, const ucp_worker_params_t *p,
                                      ucp_worker_h *w) {
+  atomic_fetch_add(&worker_tries, 1);
   if (armed(F_WORKER)) return UCS_ERR_NO_RESOURCE;
   return real.ucp_worker_create(ctx, p, w);
 }
@@ -279,6 +282,45 @@ static void test_create_fails(void) {
     }
     CHECK(echoed(connect_to(b, a), "again"));
   }
+  oi__peer_net_destroy(b);
+  oi__peer_net_destroy(a);
+}
+
+static void sleep_ms(unsigned ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* The worker each net makes ahead while idle: a connection takes one on
+ * each side (so it connects while making workers fails); the next spare
+ * fails and is tried again a second later, and a connection meanwhile makes
+ * its own (and fails, naming it); once workers can be made, spares come
+ * back and connections work. */
+static void test_spare_workers(void) {
+  unsigned before = atomic_load(&worker_tries);
+  oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
+  oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 2000);
+  for (int i = 0; i < 300 && atomic_load(&worker_tries) < before + 2; i++)
+    sleep_ms(10);
+  sleep_ms(50);
+  CHECK(atomic_load(&worker_tries) == before + 2); /* one spare each, made while idle */
+  atomic_store(&fail, F_WORKER);
+  oi_peer *p = connect_to(b, a); /* the spares: nothing made now */
+  CHECK(echoed(p, "on the spares"));
+  for (int i = 0; i < 300 && atomic_load(&worker_tries) < before + 4; i++)
+    sleep_ms(10);
+  CHECK(atomic_load(&worker_tries) >= before + 4); /* the next spares tried, and failed */
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", oi__peer_net_port(a));
+  oi_peer *q = (oi_peer *)1;
+  CHECK(oi__peer_connect(b, addr, &q) == OI_ERR_IO && q == NULL);
+  CHECK(echoed(p, "still"));
+  atomic_store(&fail, 0);
+  sleep_ms(1300); /* past the retry: spares again */
+  oi_peer *r = connect_to(b, a);
+  CHECK(echoed(r, "again"));
+  oi__peer_close(r);
+  oi__peer_close(p);
   oi__peer_net_destroy(b);
   oi__peer_net_destroy(a);
 }
@@ -556,6 +598,7 @@ int main(void) {
   if (oi__ucx_load() != OI_OK) TEST_SKIP("UCX is not installed");
   install();
   RUN_TEST(test_create_fails);
+  RUN_TEST(test_spare_workers);
   RUN_TEST(test_config_modify_fails);
   RUN_TEST(test_endpoint_fails);
   RUN_TEST(test_send_fails);

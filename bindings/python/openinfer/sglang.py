@@ -283,6 +283,10 @@ class OpenInferStorage(HiCacheStorage):
                             loads_failed=0, loads_fenced=0, pages_loaded=0, pages_failed=0,
                             saves_submitted=0, saves_completed=0, saves_failed=0,
                             saves_dropped=0)
+        # SGLang's storage metrics (get_stats): pages and GB/s per batch
+        # since its last call
+        self._io = dict(prefetch_pgs=[], prefetch_bandwidth=[], backup_pgs=[],
+                        backup_bandwidth=[])
 
     # ---------------------------------------------------------------- setup
 
@@ -564,8 +568,11 @@ class OpenInferStorage(HiCacheStorage):
             return []
         if not self._ready("batch_set_v1"):
             return [False] * n
-        return self._safe("batch_set_v1", lambda: self._batch_set_v1(keys, host_indices),
-                          [False] * n)
+        t0 = time.perf_counter()
+        out = self._safe("batch_set_v1", lambda: self._batch_set_v1(keys, host_indices),
+                         [False] * n)
+        self._note_io("backup", sum(1 for x in out if x), t0)
+        return out
 
     def _batch_set_v1(self, keys, host_indices):
         n = len(keys)
@@ -592,8 +599,33 @@ class OpenInferStorage(HiCacheStorage):
             return []
         if not self._ready("batch_get_v1"):
             return [False] * n
+        t0 = time.perf_counter()
         h = self._safe("batch_get_v1", lambda: self._batch_get_v1(keys, host_indices), 0)
+        self._note_io("prefetch", h, t0)
         return [True] * h + [False] * (n - h)
+
+    def _note_io(self, kind, pages, t0):
+        """One batch's pages and GB/s for SGLang's storage metrics."""
+        dt = time.perf_counter() - t0
+        if pages <= 0 or dt <= 0 or self.geom is None:
+            return
+        with self._counts_lock:
+            self._io[kind + "_pgs"].append(pages)
+            self._io[kind + "_bandwidth"].append(pages * self.geom.page_bytes / dt / 1e9)
+
+    def get_stats(self):
+        """SGLang's storage metrics (with --enable-storage-metrics its
+        collector logs them as sglang:prefetched_tokens_total,
+        sglang:backuped_tokens_total, sglang:prefetch_bandwidth and
+        sglang:backup_bandwidth): the pages each batch moved and its GB/s
+        since the last call; None where this SGLang has no StorageMetrics."""
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics
+        except ImportError:
+            return None
+        with self._counts_lock:
+            io, self._io = self._io, {k: [] for k in self._io}
+        return StorageMetrics(**io)
 
     def _batch_get_v1(self, keys, host_indices):
         n = len(keys)

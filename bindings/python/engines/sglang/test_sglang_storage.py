@@ -136,6 +136,31 @@ def test_v1_round_trip(layout):
         b.close()
 
 
+def test_storage_metrics_reach_sglangs_collector():
+    """get_stats hands SGLang a StorageMetrics (the type its collector logs
+    with --enable-storage-metrics) of the pages each batch moved and its
+    GB/s, emptied at each call."""
+    from sglang.srt.observability.metrics_collector import StorageMetrics
+    src = host_pool("page_first")
+    fill_random(src, seed=5)
+    ks = keys(6, seed=11)
+    b = make(src)
+    try:
+        assert b.batch_set_v1(ks[:4], indices(range(1, 5))) == [True] * 4
+        assert b.batch_set_v1(ks[4:], indices(range(5, 7))) == [True] * 2
+        assert b.batch_get_v1(ks, indices(range(9, 15))) == [True] * 6
+        assert b.batch_get_v1(keys(2, seed=99), indices(range(1, 3))) == [False] * 2  # a miss
+        m = b.get_stats()
+        assert isinstance(m, StorageMetrics)
+        assert m.backup_pgs == [4, 2] and m.prefetch_pgs == [6]
+        assert len(m.backup_bandwidth) == 2 and len(m.prefetch_bandwidth) == 1
+        assert all(v > 0 for v in m.backup_bandwidth + m.prefetch_bandwidth)
+        again = b.get_stats()
+        assert again.backup_pgs == [] and again.prefetch_pgs == []
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize("layout", ["page_first", "page_first_direct", "layer_first"])
 def test_mla_round_trip(layout):
     """SGLang's MLA host pool: one arena (page-first layouts) or one per

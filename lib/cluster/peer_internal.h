@@ -43,6 +43,7 @@
 #include "cluster/peer_wire.h"
 #include "cluster/sha256.h"
 #include "cluster/ucx.h"
+#include "core/le_bytes.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the peer messages are little-endian; this build writes them natively"
@@ -237,27 +238,6 @@ struct oi_peer_net {
 };
 
 #define STAT_ADD(net, f, v) atomic_fetch_add_explicit(&(net)->st.f, (v), memory_order_relaxed)
-
-/* ---- little-endian fields ---- */
-
-static inline void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static inline void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static inline uint16_t get16(const uint8_t *p) {
-  uint16_t v;
-  memcpy(&v, p, 2);
-  return v;
-}
-static inline uint32_t get32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static inline uint64_t get64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
 
 /* ---- peer.c */
 oi_status oi__peer_ucs_to_oi(ucs_status_t s);

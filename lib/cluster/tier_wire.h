@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cluster/le_bytes.h"
+#include "core/le_bytes.h"
 
 #define MSG_MAGIC 0x4c43494fu /* "OICL" */
 #define MSG_VERSION 1u

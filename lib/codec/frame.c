@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "codec/codec_internal.h"
+#include "core/le_bytes.h"
 
 static const char *const NAMES[OI_CODEC_COUNT] = {"none", "lossless", "int8", "fp8"};
 
@@ -22,25 +23,6 @@ int oi__codec_from_name(const char *name) {
   for (int i = 0; i < OI_CODEC_COUNT; i++)
     if (!strcmp(name, NAMES[i])) return i;
   return -1;
-}
-
-static inline void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static inline void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static inline uint16_t get16(const uint8_t *p) {
-  uint16_t v;
-  memcpy(&v, p, 2);
-  return v;
-}
-static inline uint32_t get32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static inline uint64_t get64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
 }
 
 static uint64_t frame_xxh(const uint8_t *hdr, const uint8_t *payload, size_t len) {

@@ -13,22 +13,10 @@
  *   the last byte of an odd-length block, raw */
 #include "codec/codec_internal.h"
 #include "codec/rans.h"
+#include "core/le_bytes.h"
 
 enum { MODE_RAW = 0, MODE_RANS = 1 };
 #define MAX_SEGMENTS 65535u
-
-static inline void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static inline uint16_t get16(const uint8_t *p) {
-  uint16_t v;
-  memcpy(&v, p, 2);
-  return v;
-}
-static inline uint32_t get32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
 
 size_t oi__lossless_bound(size_t bytes) { return 1 + bytes; }
 

@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cluster/le_bytes.h"
 #include "cluster/peer_wire.h"
 #include "cluster/sha256.h"
+#include "core/le_bytes.h"
 
 static inline void ptu_timeouts(int fd, unsigned ms) {
   struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};

@@ -14,13 +14,13 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "cluster/le_bytes.h"
 #include "cluster/peer.h"
 #include "cluster/peer_wire.h"
 #include "cluster/sha256.h"
 #include "cluster/tier.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
+#include "core/le_bytes.h"
 #include "peer_tcp_util.h"
 #include "testutil.h"
 

@@ -21,11 +21,11 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "cluster/le_bytes.h"
 #include "cluster/peer.h"
 #include "cluster/peer_wire.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
+#include "core/le_bytes.h"
 #include "peer_tcp_util.h"
 #include "testutil.h"
 

@@ -22,12 +22,12 @@
 #include <sys/ioctl.h>
 #include <time.h>
 
-#include "cluster/le_bytes.h"
 #include "cluster/peer.h"
 #include "cluster/peer_wire.h"
 #include "cluster/sha256.h"
 #include "cluster/ucx.h"
 #include "core/core.h"
+#include "core/le_bytes.h"
 #include "peer_tcp_util.h"
 #include "testutil.h"
 

@@ -1,8 +1,9 @@
-/* Little-endian fields of the cluster's messages (the tier's LEASE and
- * RELEASE, lib/cluster/tier_wire.h), for the code that writes and reads
- * them and for the tests that build raw messages. */
-#ifndef OI_CLUSTER_LE_BYTES_H
-#define OI_CLUSTER_LE_BYTES_H
+/* Little-endian fields, byte by byte (whatever the machine's order): the
+ * cluster's messages (the peer handshake, the tier's LEASE and RELEASE,
+ * lib/cluster/tier_wire.h), the codec's frames (lib/codec), and the tests
+ * that build raw ones. */
+#ifndef OI_CORE_LE_BYTES_H
+#define OI_CORE_LE_BYTES_H
 
 #include <stdint.h>
 

@@ -37,6 +37,26 @@ class Serve:
                 raise RuntimeError("openinfer serve did not start:\n" + log.read())
             time.sleep(0.01)
 
+    def pause(self):
+        """SIGSTOP, returning once every thread of the server is stopped (the
+        signal is delivered asynchronously: a thread still on a CPU could
+        answer one more request)."""
+        self.proc.send_signal(signal.SIGSTOP)
+        task = "/proc/%d/task" % self.proc.pid
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            states = []
+            for t in os.listdir(task):
+                try:
+                    with open(os.path.join(task, t, "stat")) as f:
+                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+                except OSError:
+                    pass
+            if states and all(s in ("T", "t") for s in states):
+                return
+            time.sleep(0.001)
+        raise RuntimeError("openinfer serve (pid %d) did not stop within 5 s" % self.proc.pid)
+
     def stop(self, sig=signal.SIGTERM):
         p, self.proc = self.proc, None
         if p is None:

@@ -672,7 +672,7 @@ def test_a_stopped_server_holds_the_blocks_until_fenced(serve, monkeypatch):
 
         def stop_then_load(*a, **kw):  # the server stops as the load is sent
             if conn._get_connector_metadata().loads and not stopped:
-                os.kill(serve.proc.pid, signal.SIGSTOP)
+                serve.pause()
                 stopped.append(time.monotonic())
             return orig(*a, **kw)
         conn.start_load_kv = stop_then_load
@@ -733,7 +733,7 @@ def test_a_stopped_server_does_not_hold_wait_for_save(serve):
             finally:
                 took.append(time.monotonic() - t0)
         conn.wait_for_save = timed
-        os.kill(serve.proc.pid, signal.SIGSTOP)
+        serve.pause()
         try:
             so, _ = eng.step()
             assert so.kv_connector_metadata.save_ids, "the step saved nothing"
@@ -768,7 +768,7 @@ def test_a_stopped_server_costs_the_scheduler_one_lookup_deadline(serve):
 
         hit, _ = conn.get_num_new_matched_tokens(request(0), 0)
         assert hit == 5 * BS, hit
-        os.kill(serve.proc.pid, signal.SIGSTOP)
+        serve.pause()
         stopped = True
         t0 = time.monotonic()
         hit, _ = conn.get_num_new_matched_tokens(request(1), 0)

@@ -504,7 +504,7 @@ def test_sidecar_hung_times_out_then_recovers(serve):
     b = sidecar(pool, serve, timeout_s=0.5, control_deadline_ms=1000)
     try:
         assert b.batch_set_v1(ks[:1], indices([0])) == [True]
-        serve.proc.send_signal(signal.SIGSTOP)
+        serve.pause()
         try:
             t0 = time.time()
             assert b.batch_set_v1(ks[1:2], indices([1])) == [False]

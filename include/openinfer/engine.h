@@ -91,6 +91,34 @@ typedef struct oi_engine_options {
    * memory, exported by IPC handle), server-allocated memory, and every
    * embedded engine (oi_engine_create refuses any other value). */
   int32_t arena_fd;
+
+  /* ---- every mode: the codec of the namespace's blocks (docs/codecs.md) ---- */
+  /* NULL or "none" (the default): blocks are stored as they are.
+   * "lossless" (bit-exact), "int8" or "fp8" (lossy, opt-in): the pool and
+   * every tier under it hold each block as one frame of that codec (its own
+   * checksums, verified before it is decoded) in a slot of
+   * codec_slot_bytes; saves encode, loads decode. The codec is part of the
+   * namespace's identity: an engine of another codec, shape or slot in a
+   * namespace already bound is refused, and the disk and cluster tiers
+   * never serve a block of one to the other. A codec engine saves whole
+   * blocks (a layerwise save is OI_ERR_UNSUPPORTED) and its loads land
+   * whole (OI_LOAD_LAYERED reports every arena at the end). */
+  const char *codec;
+  /* int8 and fp8: the shape of a host block's bf16 elements,
+   * [parts][tokens][heads][head_dim] with parts = block_bytes / (tokens *
+   * heads * head_dim * 2): the groups the scales cover (one per token and
+   * head for int8, one per part and head for fp8). Required by them; must
+   * be 0 for none and lossless. */
+  uint32_t codec_tokens;
+  uint32_t codec_heads;
+  uint32_t codec_head_dim;
+  /* lossless: the bytes of a frame's slot; 0 (default) = 74 % of the block
+   * (rounded down to 256 bytes), which real bf16 KV fits (docs/codecs.md: its
+   * worst page is 71 %). A block whose frame does not fit is not saved
+   * (its save fails: it is recomputed, never stored wrong). At most the
+   * block's bytes plus the frame's header. The lossy codecs' frames have
+   * one size: 0 or exactly that size. */
+  uint64_t codec_slot_bytes;
 } oi_engine_options;
 
 /* Completion callback of a save: the caller's signal that the device blocks

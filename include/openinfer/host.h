@@ -118,8 +118,16 @@ typedef struct oi_host_namespace_stats {
   uint32_t struct_size;
   uint32_t index;           /* as asked */
   char name[256];           /* NUL-terminated; truncated past 255 bytes */
-  uint64_t block_bytes;     /* bytes of one block of this namespace */
+  uint64_t block_bytes;     /* bytes of one block of this namespace (decoded) */
   uint64_t blocks_resident; /* blocks in flight or sealed in this namespace */
+  /* The namespace's codec (oi_engine_options.codec, docs/codecs.md): */
+  char codec[16];          /* "none", "lossless", "int8" or "fp8" */
+  uint64_t stored_bytes;   /* what the pool and the tiers keep per block: the
+                              codec's frame slot (block_bytes without a codec) */
+  uint64_t logical_bytes;  /* blocks_resident x block_bytes */
+  uint64_t physical_bytes; /* blocks_resident x the pool slot each takes (stored_bytes
+                              rounded up to the pool's slot alignment): the
+                              namespace's ratio is logical / physical */
 } oi_host_namespace_stats;
 
 /* Fills defaults. @return OI_ERR_INVALID_ARGUMENT on NULL. */

@@ -71,6 +71,10 @@ oi_status oi__engine_init_common(oi_engine *e, const oi_engine_options *o, const
                     "%s: staging_bytes %llu is outside [4 MiB, 4 GiB] (0: the default, 32 MiB)",
                     what, (unsigned long long)opts.staging_bytes);
   if ((st = oi__layout_build(&opts, what, &e->layout)) != OI_OK) return st;
+  if ((st = oi__engine_codec_resolve(&opts, &e->layout, what, &e->codec)) != OI_OK) {
+    oi__layout_free(&e->layout);
+    return st;
+  }
   e->namespace_id = oi__strdup(opts.namespace_id);
   e->instance_name = oi__strdup(opts.instance_name ? opts.instance_name : "");
   if (!e->namespace_id || !e->instance_name) {
@@ -82,6 +86,7 @@ oi_status oi__engine_init_common(oi_engine *e, const oi_engine_options *o, const
   opts.arenas = NULL; /* the validated copy lives in e->layout */
   opts.segment_offsets = NULL;
   opts.num_segment_offsets = 0;
+  opts.codec = oi__codec_name(e->codec.id); /* static */
   e->opts = opts;
   return OI_OK;
 }

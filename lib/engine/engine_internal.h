@@ -4,6 +4,7 @@
 #ifndef OI_ENGINE_INTERNAL_H
 #define OI_ENGINE_INTERNAL_H
 
+#include "engine/codec.h"
 #include "engine/layout.h"
 #include "openinfer/engine.h"
 
@@ -29,6 +30,7 @@ struct oi_engine {
   char *namespace_id;
   char *instance_name;
   oi_layout layout;
+  engine_codec codec; /* the namespace's codec (oi_engine_options.codec) */
   uint32_t instance_id;
   /* Who may redeem this engine's leases besides it (host/host.h's
    * principal): 0 for embedded engines; the server sets its peer's uid. */

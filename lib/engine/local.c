@@ -81,6 +81,31 @@ static const engine_ops local_ops;
 /* ---- completion (the pipeline's done callback) -------------------------------- */
 
 /* A job's user area holds the host blocks it moves. */
+/* Moves the blocks whose failed[] mark is set to the end of blocks[0..n)
+ * (order is not kept). @return how many were not marked. */
+static size_t codec_failed_last(host_block **blocks, size_t n, const uint8_t *failed) {
+  size_t lo = 0, hi = n;
+  /* failed[] follows the original order: a copy is swapped with the blocks. */
+  uint8_t stack[256], *mark = n <= sizeof stack ? stack : oi__malloc(n);
+  if (!mark) return 0; /* no memory to sort them: none is kept */
+  memcpy(mark, failed, n);
+  while (lo < hi) {
+    if (!mark[lo]) {
+      lo++;
+      continue;
+    }
+    hi--;
+    host_block *b = blocks[lo];
+    blocks[lo] = blocks[hi];
+    blocks[hi] = b;
+    uint8_t m = mark[lo];
+    mark[lo] = mark[hi];
+    mark[hi] = m;
+  }
+  if (mark != stack) oi__free(mark);
+  return lo;
+}
+
 static void job_done(void *ctx, void *user, const oi_xfer_result *r) {
   local_engine *e = ctx;
   host_block **blocks = user;
@@ -118,10 +143,22 @@ static void job_done(void *ctx, void *user, const oi_xfer_result *r) {
     partials_sweep(e, false);
     return;
   }
-  oi__host_save_end(e->host, e->ns, blocks, r->n, ok, r->bytes, r->latency_ns);
+  size_t n = r->n;
+  uint64_t bytes = r->bytes;
+  if (ok && r->failed) { /* the codec stage did not encode some: they go, the rest seal */
+    n = codec_failed_last(blocks, r->n, r->failed);
+    bytes = n * e->base.layout.block_bytes;
+    oi__host_save_end(e->host, e->ns, blocks + n, r->n - n, false, 0, 0);
+    atomic_fetch_add(&e->c.saves_failed, r->n - n);
+    OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id,
+             "save: %zu of %zu blocks not stored: their %s frames did not fit a %llu-byte slot",
+             r->n - n, r->n, oi__codec_name(e->base.codec.id),
+             (unsigned long long)e->base.codec.slot_bytes);
+  }
+  oi__host_save_end(e->host, e->ns, blocks, n, ok, bytes, r->latency_ns);
   if (ok) {
-    atomic_fetch_add(&e->c.saves_completed, r->n);
-    atomic_fetch_add(&e->c.bytes_saved, r->bytes);
+    atomic_fetch_add(&e->c.saves_completed, n);
+    atomic_fetch_add(&e->c.bytes_saved, bytes);
   } else {
     atomic_fetch_add(&e->c.saves_failed, r->n);
     OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id, "save of %zu blocks failed: %s (dropped)",
@@ -452,6 +489,11 @@ static oi_status local_save_layers(local_engine *e, const int64_t *ids, const oi
 static oi_status local_save(oi_engine *base, const int64_t *ids, const oi_block_hash *hashes,
                             size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
   local_engine *e = (local_engine *)base;
+  if (opt->arena_count && e->base.codec.id != OI_CODEC_NONE)
+    return oi__fail(OI_ERR_UNSUPPORTED,
+                    "save: a layerwise save (arena_count %u) in a namespace of codec %s: a frame "
+                    "covers the whole block; save whole blocks",
+                    opt->arena_count, oi__codec_name(e->base.codec.id));
   if (opt->arena_count) return local_save_layers(e, ids, hashes, n, opt, ticket_out);
   oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_D2H, n, ticket_out ? OI_XFER_JOB_TICKET : 0,
                                       n * sizeof(host_block *));
@@ -685,8 +727,11 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
   oi__cond_init_monotonic(&e->sweep_cv);
   oi_status st = oi__engine_init_common(&e->base, o, "register");
   if (st != OI_OK) goto fail;
-  if ((st = oi__host_bind_namespace(h, e->base.namespace_id, e->base.layout.block_bytes,
-                                    e->base.layout.shape_hash, &e->ns)) != OI_OK)
+  const engine_codec *codec = &e->base.codec;
+  if ((st = oi__host_bind_namespace(h, e->base.namespace_id,
+                                    oi__engine_codec_stored_bytes(codec, &e->base.layout),
+                                    oi__engine_codec_shape_hash(codec, e->base.layout.shape_hash),
+                                    e->base.layout.block_bytes, codec->id, &e->ns)) != OI_OK)
     goto fail;
   oi_host_pool_info pool;
   oi__host_pool_info(h, &pool);
@@ -701,6 +746,9 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
       .staging_bytes = eo->staging_bytes,
       .deadline_ms = {[OI_COPY_D2H] = eo->save_deadline_ms, [OI_COPY_H2D] = eo->load_deadline_ms},
       .log_id = &e->base.instance_id,
+      .codec = codec->id,
+      .codec_shape = codec->shape,
+      .frame_bytes = codec->slot_bytes,
       .done = job_done,
       .done_ctx = e};
   if ((st = oi__xfer_create(&xc, &e->xfer)) != OI_OK) goto fail;

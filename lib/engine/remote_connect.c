@@ -66,6 +66,11 @@ static oi_status check_hello_reply(remote_engine *e, const oiwire_Envelope *r, c
                     "%s: the server does not take engine-owned memory (an older version): "
                     "connect with arena_base NULL",
                     what);
+  if (e->base.codec.id != OI_CODEC_NONE && !(r->body.hello_reply.capabilities & OI_WIRE_CAP_CODEC))
+    return oi__fail(OI_ERR_UNSUPPORTED,
+                    "%s: the server stores no codec's frames (an older version): connect with "
+                    "codec none, not %s",
+                    what, oi__codec_name(e->base.codec.id));
   return OI_OK;
 }
 
@@ -96,6 +101,13 @@ static void fill_register(remote_engine *e, oiwire_Envelope *env, oi_wire_out *o
   r->arena_size = e->arena_size;
   r->copy_mode = e->base.opts.copy_mode;
   r->copy_cta_limit = e->base.opts.copy_cta_limit;
+  if (e->base.codec.id != OI_CODEC_NONE) {
+    snprintf(r->codec, sizeof r->codec, "%s", oi__codec_name(e->base.codec.id));
+    r->codec_tokens = e->base.opts.codec_tokens;
+    r->codec_heads = e->base.opts.codec_heads;
+    r->codec_head_dim = e->base.opts.codec_head_dim;
+    r->codec_slot_bytes = e->base.codec.slot_bytes;
+  }
   if (e->owned) {
     r->client_owned = true;
     if (e->owned_fd < 0) { /* cuda: the IPC handle; cpu: the fd rides with the frame */

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "codec/codec.h"
 #include "device/hostmem.h"
 #include "host_private.h"
 
@@ -163,7 +164,9 @@ bool oi__host_find_namespace(oi_host *h, const char *name, oi_host_ns *out) {
 }
 
 oi_status oi__host_bind_namespace(oi_host *h, const char *name, uint64_t block_bytes,
-                                  uint64_t shape_hash, oi_host_ns *out) {
+                                  uint64_t shape_hash, uint64_t logical_bytes, int codec,
+                                  oi_host_ns *out) {
+  if (!logical_bytes) logical_bytes = block_bytes;
   pthread_mutex_lock(&h->ns_lock);
   for (uint32_t i = 0; i < h->nns; i++) {
     ns_entry *e = &h->ns[i];
@@ -174,10 +177,10 @@ oi_status oi__host_bind_namespace(oi_host *h, const char *name, uint64_t block_b
                     "register: namespace '%s' holds blocks of %llu bytes; this layout's blocks are "
                     "%llu bytes",
                     name, (unsigned long long)e->block_bytes, (unsigned long long)block_bytes);
-    else if (e->shape_hash != shape_hash)
+    else if (e->shape_hash != shape_hash || e->logical_bytes != logical_bytes)
       st = oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "register: namespace '%s' is bound to a layout of another shape (same block "
-                    "size, different arenas)",
+                    "register: namespace '%s' is bound to a layout of another shape or codec "
+                    "(same stored block size, different arenas, codec or codec shape)",
                     name);
     *out = (oi_host_ns){.id = i + 1, .cls = e->cls};
     pthread_mutex_unlock(&h->ns_lock);
@@ -214,8 +217,12 @@ oi_status oi__host_bind_namespace(oi_host *h, const char *name, uint64_t block_b
     }
     atomic_store_explicit(&h->ns_resident[idx / OI_NS_PAGE], page, memory_order_release);
   }
-  h->ns[h->nns] =
-      (ns_entry){.name = copy, .block_bytes = block_bytes, .shape_hash = shape_hash, .cls = c};
+  h->ns[h->nns] = (ns_entry){.name = copy,
+                             .block_bytes = block_bytes,
+                             .logical_bytes = logical_bytes,
+                             .codec = codec,
+                             .shape_hash = shape_hash,
+                             .cls = c};
   *out = (oi_host_ns){.id = ++h->nns, .cls = c};
   pthread_mutex_unlock(&h->ns_lock);
   return OI_OK;
@@ -426,8 +433,14 @@ OI_API oi_status oi_host_get_namespace_stats(const oi_host *h, uint32_t index,
                     n);
   }
   snprintf(s.name, sizeof s.name, "%s", h->ns[index].name);
-  s.block_bytes = h->ns[index].block_bytes;
+  const ns_entry *e = &h->ns[index];
+  s.block_bytes = e->logical_bytes;
+  s.stored_bytes = e->block_bytes;
+  snprintf(s.codec, sizeof s.codec, "%s", oi__codec_name(e->codec));
+  uint64_t slot = h->classes[e->cls].slot_bytes;
   pthread_mutex_unlock(&mh->ns_lock);
   s.blocks_resident = oi__ns_resident_get(h, index + 1);
+  s.logical_bytes = s.blocks_resident * s.block_bytes;
+  s.physical_bytes = s.blocks_resident * slot;
   return oi__struct_out(out, &s, sizeof s, "host_namespace_stats");
 }

@@ -39,9 +39,13 @@ uint32_t oi__host_instance_add(oi_host *h);
 /* Drops the instance's leases and its live mark. */
 void oi__host_instance_remove(oi_host *h, uint32_t instance);
 /* Binds `name` to blocks of `block_bytes` and a layout shape (a namespace
- * keeps the first layout bound to it). Messages start with "register". */
+ * keeps the first layout bound to it). `block_bytes` are what the pool
+ * stores per block; `logical_bytes` what a block is once decoded (a codec's
+ * namespace stores frames of codec `codec`, an oi_codec_id: docs/codecs.md),
+ * 0 for the same. Messages start with "register". */
 oi_status oi__host_bind_namespace(oi_host *h, const char *name, uint64_t block_bytes,
-                                  uint64_t shape_hash, oi_host_ns *out);
+                                  uint64_t shape_hash, uint64_t logical_bytes, int codec,
+                                  oi_host_ns *out);
 /* The namespace bound to `name`, if any (nothing is bound). */
 bool oi__host_find_namespace(oi_host *h, const char *name, oi_host_ns *out);
 /* Blocks of namespace `ns` in flight or sealed. */

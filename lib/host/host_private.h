@@ -117,9 +117,11 @@ typedef struct pool_chunk {
 
 typedef struct ns_entry {
   char *name;
-  uint64_t block_bytes;
+  uint64_t block_bytes;   /* stored per block (a codec's frame slot) */
+  uint64_t logical_bytes; /* a block once decoded (block_bytes without a codec) */
   uint64_t shape_hash;
   uint32_t cls;
+  int codec; /* oi_codec_id of its frames (OI_CODEC_NONE: blocks as they are) */
 } ns_entry;
 
 typedef struct lease_rec {

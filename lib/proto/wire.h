@@ -41,6 +41,7 @@ enum {
                                           lacks it would save whole blocks) */
   OI_WIRE_CAP_OWNED_ARENA = 1u << 5,   /* Register.client_owned: engine-owned memory */
   OI_WIRE_CAP_LOAD_PROGRESS = 1u << 6, /* Load.flags OI_LOAD_ARENA_EVENTS, LoadProgress */
+  OI_WIRE_CAP_CODEC = 1u << 7,         /* Register.codec and its shape (docs/codecs.md) */
 };
 
 /* The callback fields of one decoded Envelope. Buffers grow on demand up to

@@ -124,6 +124,11 @@ oi_status oi__req_register_options(const oiwire_Register *r, const oi_wire_array
   eo->copy_mode = r->copy_mode == OI_COPY_AUTO ? OI_COPY_DMA : r->copy_mode;
   eo->copy_cta_limit = r->copy_cta_limit;
   eo->arena_size = r->arena_size;
+  eo->codec = r->codec[0] ? r->codec : NULL;
+  eo->codec_tokens = r->codec_tokens;
+  eo->codec_heads = r->codec_heads;
+  eo->codec_head_dim = r->codec_head_dim;
+  eo->codec_slot_bytes = r->codec_slot_bytes;
   /* Validate everything before anything is allocated. */
   oi_status st = oi__engine_validate_unmapped(eo, "register");
   if (st != OI_OK) {

@@ -24,7 +24,7 @@ void oi__session_hello(srv_session *s, uint64_t req, const oiwire_Hello *h) {
   env.body.hello_reply.capabilities = OI_WIRE_CAP_PIPELINED | OI_WIRE_CAP_MEMBERSHIP |
                                       OI_WIRE_CAP_LOOKUP | OI_WIRE_CAP_SAVE_COUNTS |
                                       OI_WIRE_CAP_LAYERWISE | OI_WIRE_CAP_OWNED_ARENA |
-                                      OI_WIRE_CAP_LOAD_PROGRESS;
+                                      OI_WIRE_CAP_LOAD_PROGRESS | OI_WIRE_CAP_CODEC;
   env.body.hello_reply.server_epoch = s->server->epoch;
   snprintf(env.body.hello_reply.server_version, sizeof env.body.hello_reply.server_version, "%s",
            oi_version_string());

@@ -42,6 +42,12 @@ struct oi_xfer_job {
   uint32_t arena_first, arena_count; /* oi__xfer_job_arenas; count 0: all */
   oi_ticket *progress;
   oi_status arena_st;
+  /* The codec stage: a save's blocks that could not be encoded (cap
+   * entries, NULL when the pipeline has no codec), and a load's first
+   * frame that did not decode. Written on the stream only. */
+  uint8_t *bad;
+  size_t nbad;
+  oi_status codec_st;
 };
 
 typedef struct arena_cb {
@@ -80,6 +86,16 @@ struct oi_xfer {
   pthread_mutex_t plan_lock[2];
   oi_copy_desc *plan_buf[2];
   size_t plan_cap[2];
+  /* The codec stage (cfg.codec): per direction, one group's bounce blocks
+   * (pinned: the copies read or write them) and their addresses; the lock
+   * makes a group's copies and its codec step one unit on the stream. */
+  oi_pinned bounce[2];
+  uint8_t **bounce_at[2];
+  pthread_mutex_t codec_lock[2];
+  /* Slots smaller than the codec's largest frame (lossless): a frame is
+   * made here, on the save stream, and copied to its slot if it fits. */
+  uint8_t *scratch;
+  size_t scratch_bytes;
 };
 
 static uint32_t log_id(const oi_xfer *x) { return x->cfg.log_id ? *x->cfg.log_id : 0; }
@@ -120,6 +136,7 @@ static void job_arrived(void *arg, oi_status st) {
   oi_xfer_job *job = arg;
   oi_xfer *x = job->x;
   if (st == OI_OK) st = job->arena_st;
+  if (st == OI_OK) st = job->codec_st;
   job->status = st;
   job->next = NULL;
   pthread_mutex_lock(&x->lock);
@@ -154,7 +171,9 @@ static void complete_job(oi_xfer_job *job) {
                       .n = job->n,
                       .bytes = job->n * job_block_bytes(job),
                       .arena_count = job->arena_count,
-                      .latency_ns = oi__now_ns() - job->t0_ns};
+                      .latency_ns = oi__now_ns() - job->t0_ns,
+                      .failed = job->nbad ? job->bad : NULL,
+                      .nfailed = job->nbad};
   x->cfg.done(x->cfg.done_ctx, job->user, &r);
   if (job->on_done) job->on_done(job->on_done_ctx, job->status);
   if (job->ticket) oi__ticket_complete(job->ticket, job->status);
@@ -308,6 +327,117 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
   return st;
 }
 
+/* ---- the codec stage ---------------------------------------------------------- */
+
+/* One group's codec step: blocks [from, from + n) of its job, whose bounce
+ * blocks are the pipeline's bounce_at[dir][0..n). */
+typedef struct codec_step {
+  oi_xfer_job *job;
+  size_t from, n;
+} codec_step;
+
+/* On the save stream, after the group's pieces landed in the bounce blocks:
+ * each block is encoded into its slot, the slot's tail zeroed (no byte of
+ * an earlier block stays behind a frame). A block that does not encode is
+ * marked; its slot is not kept. */
+static void encode_step(void *arg, oi_status st) {
+  codec_step *c = arg;
+  oi_xfer_job *job = c->job;
+  oi_xfer *x = job->x;
+  uint64_t bb = x->cfg.layout->block_bytes, fb = x->cfg.frame_bytes;
+  for (size_t i = 0; i < c->n; i++) {
+    size_t k = c->from + i, out = 0;
+    uint8_t *slot = job->host[k], *to = x->scratch ? x->scratch : slot;
+    size_t cap = x->scratch ? x->scratch_bytes : fb;
+    oi_status es = st;
+    if (es == OI_OK)
+      es = oi__codec_encode(x->cfg.codec, &x->cfg.codec_shape, x->bounce_at[OI_COPY_D2H][i], bb, to,
+                            cap, &out);
+    if (es == OI_OK && out > fb)
+      es = oi__fail(OI_ERR_INVALID_ARGUMENT, "a frame of %zu bytes for a %llu-byte slot", out,
+                    (unsigned long long)fb);
+    if (es == OI_OK && to != slot) memcpy(slot, to, out);
+    if (es != OI_OK) {
+      if (!job->bad[k]) job->nbad++;
+      job->bad[k] = 1;
+      if (st == OI_OK)
+        OI_LOG_I(OI_LOG_DEBUG, "engine", log_id(x), "a block not encoded (%s): %s",
+                 oi__codec_name(x->cfg.codec), oi_last_error());
+      continue;
+    }
+    memset(slot + out, 0, fb - out);
+  }
+  oi__free(c);
+}
+
+/* On the load stream, before the group's pieces leave the bounce blocks:
+ * each slot's frame is verified and decoded. A frame that is not whole, of
+ * another codec or of another size fails the load (its bounce block is
+ * cleared: no other block's bytes go out in its place). */
+static void decode_step(void *arg, oi_status st) {
+  codec_step *c = arg;
+  oi_xfer_job *job = c->job;
+  oi_xfer *x = job->x;
+  uint64_t bb = x->cfg.layout->block_bytes, fb = x->cfg.frame_bytes;
+  for (size_t i = 0; i < c->n; i++) {
+    const uint8_t *slot = job->host[c->from + i];
+    uint8_t *dst = x->bounce_at[OI_COPY_H2D][i];
+    size_t out = 0;
+    oi_status ds = st;
+    if (ds == OI_OK && slot[5] != (uint8_t)x->cfg.codec)
+      ds = oi__fail(OI_ERR_PROTOCOL, "load: a frame of codec %u in a namespace of codec %s",
+                    slot[5], oi__codec_name(x->cfg.codec));
+    if (ds == OI_OK) ds = oi__codec_decode(slot, fb, dst, bb, &out);
+    if (ds == OI_OK && out != bb)
+      ds = oi__fail(OI_ERR_PROTOCOL, "load: a frame of %zu bytes for blocks of %llu", out,
+                    (unsigned long long)bb);
+    if (ds != OI_OK) {
+      if (job->codec_st == OI_OK) {
+        job->codec_st = st != OI_OK ? st : OI_ERR_PROTOCOL;
+        if (st == OI_OK)
+          OI_LOG_I(OI_LOG_WARN, "engine", log_id(x), "load: a frame did not decode: %s",
+                   oi_last_error());
+      }
+      memset(dst, 0, bb);
+    }
+  }
+  oi__free(c);
+}
+
+/* Queues the job's unqueued blocks (at most a group) through the bounce
+ * blocks: D2H copies then the encode step, or the decode step then H2D
+ * copies, as one unit of the direction's stream. */
+static oi_status queue_codec_group(oi_xfer_job *job, const oi_layout *l, uint32_t mode) {
+  oi_xfer *x = job->x;
+  int d = job->dir;
+  size_t from = job->queued, n = job->n - job->queued;
+  if (n == 0) return OI_OK;
+  if (job->arena_count)
+    return oi__fail(OI_ERR_UNSUPPORTED, "a codec moves whole blocks, not some arenas of them");
+  if (n > x->group_blocks[d])
+    return oi__fail(OI_ERR_INTERNAL, "a codec group of %zu blocks past its bounce of %llu", n,
+                    (unsigned long long)x->group_blocks[d]);
+  codec_step *c = oi__malloc(sizeof *c);
+  if (!c) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a codec step");
+  *c = (codec_step){.job = job, .from = from, .n = n};
+  oi_stream *s = x->stream[d];
+  oi_status st;
+  pthread_mutex_lock(&x->codec_lock[d]);
+  if (d == OI_COPY_D2H) {
+    st = queue_copies_in(x, l, mode, s, OI_COPY_D2H, job->ids + from, x->bounce_at[d], n);
+    if (st == OI_OK) st = x->dev->ops->stream_call(s, encode_step, c);
+  } else {
+    st = x->dev->ops->stream_call(s, decode_step, c);
+    if (st == OI_OK) {
+      c = NULL; /* the stream's now */
+      st = queue_copies_in(x, l, mode, s, OI_COPY_H2D, job->ids + from, x->bounce_at[d], n);
+    }
+  }
+  pthread_mutex_unlock(&x->codec_lock[d]);
+  if (st != OI_OK) oi__free(c);
+  return st;
+}
+
 static void queue_group(oi_xfer_job *job) {
   oi_xfer *x = job->x;
   const oi_layout *l = x->cfg.layout;
@@ -321,7 +451,9 @@ static void queue_group(oi_xfer_job *job) {
     l = &view;
     if (mode == OI_XFER_STAGED) mode = OI_XFER_DMA;
   }
-  if (job->queue_st == OI_OK)
+  if (job->queue_st == OI_OK && x->cfg.codec != OI_CODEC_NONE)
+    job->queue_st = queue_codec_group(job, l, mode);
+  else if (job->queue_st == OI_OK)
     job->queue_st =
         queue_copies_in(x, l, mode, x->stream[job->dir], job->dir, job->ids + job->queued,
                         job->host + job->queued, job->n - job->queued);
@@ -450,7 +582,10 @@ oi_xfer_job *oi__xfer_job_new(oi_xfer *x, oi_copy_dir dir, size_t cap, uint32_t 
                               size_t user_bytes) {
   size_t head = (sizeof(oi_xfer_job) + 15) & ~(size_t)15;
   size_t user_off = head + cap * (sizeof(int64_t) + sizeof(uint8_t *));
-  user_off = (user_off + 15) & ~(size_t)15;
+  size_t bad_off = user_off, bad_bytes = 0;
+  if (x->cfg.codec != OI_CODEC_NONE && dir == OI_COPY_D2H)
+    bad_bytes = cap; /* encode_step's marks */
+  user_off = (user_off + bad_bytes + 15) & ~(size_t)15;
   /* Zeroed: the head only; the piece arrays and the owner's part are
    * written before they are read (clearing a large call's would cost a pass
    * of their own). */
@@ -472,6 +607,10 @@ oi_xfer_job *oi__xfer_job_new(oi_xfer *x, oi_copy_dir dir, size_t cap, uint32_t 
   job->ids = (int64_t *)((char *)job + head);
   job->host = (uint8_t **)(job->ids + cap);
   job->user = (char *)job + user_off;
+  if (bad_bytes) {
+    job->bad = (uint8_t *)job + bad_off;
+    memset(job->bad, 0, bad_bytes);
+  }
   /* Loads: the first group is small (a restore's latency starts with it). */
   uint64_t g = x->group_blocks[dir];
   job->group = dir == OI_COPY_H2D
@@ -510,7 +649,8 @@ void oi__xfer_job_wait_event(oi_xfer_job *job, void *event) {
 }
 
 static bool layered(const oi_xfer_job *job) {
-  return (job->flags & OI_XFER_JOB_LAYERED) && job->dir == OI_COPY_H2D && job->ticket;
+  return (job->flags & OI_XFER_JOB_LAYERED) && job->dir == OI_COPY_H2D && job->ticket &&
+         job->x->cfg.codec == OI_CODEC_NONE;
 }
 
 void oi__xfer_add_many(oi_xfer_job *job, const int64_t *ids, uint8_t *const *host, size_t n) {
@@ -555,6 +695,36 @@ oi_status oi__xfer_submit(oi_xfer_job *job, const char *what) {
 
 /* ---- pipelines --------------------------------------------------------------- */
 
+/* The codec stage's bounce buffers: per direction, one group of blocks
+ * (at most OI_CODEC_BOUNCE_BYTES of them, at least one), pinned. */
+#define OI_CODEC_BOUNCE_BYTES (32ull << 20)
+
+static oi_status bounce_create(oi_xfer *x) {
+  uint64_t bb = x->cfg.layout->block_bytes;
+  if (x->cfg.frame_bytes < OI_CODEC_HEADER_BYTES)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: frame slots of %llu bytes",
+                    (unsigned long long)x->cfg.frame_bytes);
+  for (int d = 0; d < 2; d++) {
+    uint64_t g = OI_MIN(x->group_blocks[d], OI_MAX(OI_CODEC_BOUNCE_BYTES / bb, (uint64_t)1));
+    x->group_blocks[d] = g;
+    oi_status st = x->dev->ops->pinned_alloc(x->dev, g * bb, 0, -1, &x->bounce[d]);
+    if (st != OI_OK) return st;
+    x->bounce_at[d] = oi__malloc(g * sizeof *x->bounce_at[d]);
+    if (!x->bounce_at[d])
+      return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory for the codec's buffers");
+    for (uint64_t i = 0; i < g; i++)
+      x->bounce_at[d][i] = (uint8_t *)x->bounce[d].host + i * bb;
+  }
+  size_t bound = oi__codec_bound(x->cfg.codec, &x->cfg.codec_shape, bb);
+  if (bound > x->cfg.frame_bytes) {
+    x->scratch = oi__malloc(bound);
+    x->scratch_bytes = bound;
+    if (!x->scratch)
+      return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory for the codec's buffers");
+  }
+  return OI_OK;
+}
+
 oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
   *out = NULL;
   oi_xfer *x = oi__calloc(1, sizeof *x);
@@ -570,9 +740,11 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
                      : x->mode[d] == OI_XFER_DMA ? OI_DMA_GROUP_BYTES
                                                  : OI_KERNEL_GROUP_BYTES;
     x->group_blocks[d] = blocks_per_group(bytes, c->layout->block_bytes);
+    pthread_mutex_init(&x->codec_lock[d], NULL);
   }
   oi_status st;
   if ((st = oi__dev_open(c->device, &x->dev)) != OI_OK) goto fail;
+  if (c->codec != OI_CODEC_NONE && (st = bounce_create(x)) != OI_OK) goto fail;
   if ((st = x->dev->ops->stream_create(x->dev, 0, &x->stream[OI_COPY_D2H])) != OI_OK) goto fail;
   if ((st = x->dev->ops->stream_create(x->dev, 1, &x->stream[OI_COPY_H2D])) != OI_OK) goto fail;
   int rc = pthread_create(&x->done_thread, NULL, done_main, x);
@@ -602,6 +774,12 @@ void oi__xfer_destroy(oi_xfer *x) {
     pthread_mutex_unlock(&x->lock);
     pthread_join(x->done_thread, NULL);
   }
+  for (int d = 0; d < 2; d++) {
+    if (x->bounce[d].host) x->dev->ops->pinned_free(x->dev, &x->bounce[d]);
+    oi__free(x->bounce_at[d]);
+    pthread_mutex_destroy(&x->codec_lock[d]);
+  }
+  oi__free(x->scratch);
   oi__dev_close(x->dev);
   pthread_cond_destroy(&x->cv);
   pthread_mutex_destroy(&x->lock);

@@ -13,6 +13,7 @@
 #ifndef OI_TRANSFER_TRANSFER_H
 #define OI_TRANSFER_TRANSFER_H
 
+#include "codec/codec.h"
 #include "transfer/plan.h"
 
 /* ---- the copy policy (copy mode AUTO) ---- */
@@ -61,6 +62,12 @@ typedef struct oi_xfer_result {
   uint64_t bytes;       /* n x the layout's block bytes (of the job's arenas) */
   uint32_t arena_count; /* 0: whole blocks; else the job moved these arenas only */
   uint64_t latency_ns;  /* from oi__xfer_job_new to the end */
+  /* A save through the codec stage: failed[i] != 0 when block i could not
+   * be encoded into its slot (its frame did not fit, or a lossy codec met a
+   * value it cannot scale); its slot holds nothing to keep. NULL: none
+   * failed. Valid during the done callback only. */
+  const uint8_t *failed;
+  size_t nfailed;
 } oi_xfer_result;
 
 /* Runs once per job, when its copies ended and before its on_done and
@@ -81,6 +88,18 @@ typedef struct oi_xfer_config {
   uint64_t staging_bytes;  /* staged copies: staging per stream; 0 = the backend's default */
   uint32_t deadline_ms[2]; /* per direction ([OI_COPY_D2H], [OI_COPY_H2D]); 0 = none */
   const uint32_t *log_id;  /* the owner's instance id, for log lines (may be NULL) */
+  /* The codec stage (docs/codecs.md). OI_CODEC_NONE (0): host addresses
+   * are host blocks, copied as they are. Otherwise every host address is
+   * a slot of frame_bytes holding one frame: a save's pieces land in a
+   * bounce block of the pipeline's own and are encoded into the slot (the
+   * slot's bytes past the frame are zeroed); a load's frames are verified
+   * and decoded into a bounce block and its pieces go from there. A queued
+   * group's copies and its codec step are one unit on the stream, so one
+   * bounce buffer of a group per direction serves every job. Codec jobs
+   * move whole blocks: not layered, no arena views. */
+  int codec; /* oi_codec_id */
+  oi_codec_shape codec_shape;
+  uint64_t frame_bytes;
   oi_xfer_done_fn done;
   void *done_ctx;
 } oi_xfer_config;

@@ -147,7 +147,7 @@ static void test_crafted_runs(void) {
   oi_host *h = tr_host_new(&o);
   REQUIRE(h->nshards > SHARD);
   oi_host_ns ns;
-  REQUIRE(oi__host_bind_namespace(h, "index", BLOCK_BYTES, 0, &ns) == OI_OK);
+  REQUIRE(oi__host_bind_namespace(h, "index", BLOCK_BYTES, 0, 0, 0, &ns) == OI_OK);
   size_t k = 0;
   /* One shard, one tag near the top (its home is the table's last slots:
    * the run wraps around), another near the bottom, one whole key shared

@@ -20,7 +20,8 @@ missing is never promised (the shortest common prefix is, and nothing when
 a rank holds nothing); a load that fails on one rank is recomputed on every
 rank. An MLA model (vLLM's MLAAttentionSpec: one latent per token, the same
 on every TP rank) is written once per pipeline stage, by TP rank 0, and
-every TP rank loads that copy."""
+every TP rank loads that copy. Data parallel replicas (two engines with
+vLLM's data_parallel settings) share the namespace through the sidecar."""
 import copy
 import gc
 import os
@@ -392,15 +393,17 @@ def test_a_block_one_rank_lacks_is_never_promised(mode, request):
         c.close()
 
 
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
 @pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
-def test_a_load_that_fails_on_one_rank_is_recomputed_on_every_rank(load_async):
-    """TP=2, embedded: rank 1's lease is gone before it loads (released
-    behind its back). Rank 0's load lands, rank 1's fails; vLLM's
+def test_a_load_that_fails_on_one_rank_is_recomputed_on_every_rank(load_async, mode, request):
+    """TP=2: rank 1's lease is gone before it loads (released behind its
+    back: in the embedded pool, or through the scheduler's lookup session
+    with the sidecar). Rank 0's load lands, rank 1's fails; vLLM's
     aggregation reports the blocks invalid for the instance, the scheduler
     recomputes them, and afterwards every rank's blocks hold what the model
     computed."""
-    ns = "t/fail-one-%s" % load_async
-    eng = ParallelEngine({"pool_size": "64M", "namespace": ns}, 2, 1, load_async)
+    ns = "t/fail-one-%s-%s" % (mode, load_async)
+    eng = ParallelEngine(extra_of(mode, ns, request), 2, 1, load_async)
     try:
         eng.add("a", PROMPT)
         eng.run()
@@ -527,6 +530,75 @@ def test_mla_kv_tensors_of_three_dimensions_register_as_the_views():
         assert (x.ptr, x.extent, x.block_stride, x.chunk, x.segments) == \
             (y.ptr, y.extent, y.block_stride, y.chunk, y.segments) != None
         assert x.segments == [0] and x.chunk == page
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+def test_dp_replicas_share_the_namespace_through_the_sidecar(tp, serve):
+    """Data parallelism: two replicas (each its own scheduler and workers,
+    as vLLM's DP engine cores are), data_parallel_size 2 and ranks 0 and 1,
+    both up at once on one sidecar. They derive the same namespace (the DP
+    rank is not in it: replicas compute the same KV); a prompt replica 0
+    computed is promised to replica 1 and every rank of replica 1 loads
+    replica 0's bytes of its shard, then the other way round."""
+    extra = {"socket": serve.socket}
+    r0 = ParallelEngine(extra, tp, 1, dp=(2, 0))
+    r1 = ParallelEngine(extra, tp, 1, dp=(2, 1))
+    try:
+        assert r0.cfg.parallel_config.data_parallel_rank == 0
+        assert r1.cfg.parallel_config.data_parallel_rank == 1
+        assert r0.scheduler.connector._shards == r1.scheduler.connector._shards
+        assert r0.scheduler.connector._namespace.startswith("vllm/tiny-model/")
+        r0.add("a", PROMPT)
+        r0.run()
+        r1.add("b", PROMPT[:5 * BS] + [7, 8, 9])
+        steps = r1.run()
+        (ld,) = loads_of(steps, "b")
+        assert len(ld.block_ids) == 5
+        for i, blk in enumerate(ld.block_ids):
+            r1.check_block("b", i, blk)
+        # the 3 tokens past the 5 blocks, then one decode step
+        assert [so.num_scheduled_tokens["b"] for so, _, _ in steps
+                if "b" in so.num_scheduled_tokens] == [3, 1]
+        other = list(range(4000, 4000 + 3 * BS + 1))
+        r1.add("c", other)
+        r1.run()
+        r0.add("d", other[:3 * BS] + [5])
+        steps = r0.run()
+        (ld,) = loads_of(steps, "d")
+        assert len(ld.block_ids) == 3
+        for i, blk in enumerate(ld.block_ids):
+            r0.check_block("d", i, blk)
+    finally:
+        r1.close()
+        r0.close()
+
+
+def test_dp_replicas_embedded():
+    """Data parallelism, embedded: vLLM's default executor for a replica of
+    data_parallel_size > 1 is 'mp' (the worker is another process), which
+    the embedded scheduler refuses naming the sidecar; with
+    distributed_executor_backend 'uni' a replica runs, its pool its own
+    (each DP engine core is its own process): a prefix it saved loads
+    byte-equal into its own later request."""
+    from openinfer.vllm import OpenInferConnector
+    cfg = vllm_config({"pool_size": "64M"}, 1, 1, dp=(2, 1), backend=None)
+    assert cfg.parallel_config.distributed_executor_backend == "mp"  # vLLM's default for DP
+    with pytest.raises(ValueError, match="'mp' use the sidecar"):
+        OpenInferConnector(cfg, KVConnectorRole.SCHEDULER, kv_cache_config(LAYER_NAMES))
+    eng = ParallelEngine({"pool_size": "64M", "namespace": "t/dp-uni"}, 1, 1, dp=(2, 1),
+                         backend="uni")
+    try:
+        eng.add("a", PROMPT)
+        eng.run()
+        eng.reset()
+        eng.add("b", PROMPT[:5 * BS] + [7, 8, 9])
+        steps = eng.run()
+        (ld,) = loads_of(steps, "b")
+        assert len(ld.block_ids) == 5
+        for i, blk in enumerate(ld.block_ids):
+            eng.check_block("b", i, blk)
+    finally:
+        eng.close()
 
 
 def test_shard_namespaces_and_ranks():

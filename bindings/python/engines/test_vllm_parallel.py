@@ -528,7 +528,7 @@ def test_mla_kv_tensors_of_three_dimensions_register_as_the_views():
     assert four.block_bytes == three.block_bytes == LAYERS * page
     for x, y in zip(four.regions, three.regions):
         assert (x.ptr, x.extent, x.block_stride, x.chunk, x.segments) == \
-            (y.ptr, y.extent, y.block_stride, y.chunk, y.segments) != None
+            (y.ptr, y.extent, y.block_stride, y.chunk, y.segments)
         assert x.segments == [0] and x.chunk == page
 
 
@@ -610,6 +610,9 @@ def test_shard_namespaces_and_ranks():
     assert _shard_namespaces("n", 1, 1) == ["n"]
     assert _shard_namespaces("n", 2, 2) == ["n/tp0of2-pp0of2", "n/tp1of2-pp0of2",
                                             "n/tp0of2-pp1of2", "n/tp1of2-pp1of2"]
+    # MLA: a namespace per stage, shared by its TP ranks
+    assert _shard_namespaces("n", 2, 1, latent=True) == ["n"]
+    assert _shard_namespaces("n", 2, 2, latent=True) == ["n/pp0of2", "n/pp1of2"]
     cfg = vllm_config({"pool_size": "16M"}, 2, 2)
     for rank, want in [(0, (0, 0)), (1, (1, 0)), (2, (0, 1)), (3, (1, 1)), (5, (1, 0))]:
         cfg.parallel_config.rank = rank

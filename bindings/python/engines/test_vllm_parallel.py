@@ -18,7 +18,10 @@ PP=2, and TP=2 x PP=2) instance loads byte-equal into every rank of another;
 each rank redeems its lease once; a block one rank's shard of which is
 missing is never promised (the shortest common prefix is, and nothing when
 a rank holds nothing); a load that fails on one rank is recomputed on every
-rank."""
+rank. An MLA model (vLLM's MLAAttentionSpec: one latent per token, the same
+on every TP rank) is written once per pipeline stage, by TP rank 0, and
+every TP rank loads that copy. Data parallel replicas (two engines with
+vLLM's data_parallel settings) share the namespace through the sidecar."""
 import copy
 import gc
 import os
@@ -39,7 +42,7 @@ from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                        KVCacheTensor)
+                                        KVCacheTensor, MLAAttentionSpec)
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
@@ -53,20 +56,26 @@ BS = 16
 NUM_BLOCKS = 48
 LAYERS = 4
 KV_HEADS, HEAD = 1, 16  # per rank
+MLA_DIM = 40  # an MLA model's latent per token (kv_lora_rank + rope dims), every rank
 LAYER_NAMES = ["model.layers.%d.self_attn.attn" % i for i in range(LAYERS)]
 PROMPT = list(range(2000, 2000 + 5 * BS + 3))  # 5 full blocks and a tail
 
 
-def vllm_config(extra, tp, pp, load_async=False):
+def vllm_config(extra, tp, pp, load_async=False, dp=None, backend="auto"):
+    """dp: (data_parallel_size, data_parallel_rank) of a replica; backend:
+    distributed_executor_backend ('auto': 'uni' embedded, 'mp' sidecar;
+    None: vLLM's own default)."""
     extra = dict({"load_async": load_async}, **extra)
+    if backend == "auto":
+        backend = "uni" if "socket" not in extra else "mp"
+    dp_kw = {} if dp is None else dict(data_parallel_size=dp[0], data_parallel_rank=dp[1])
     model = ModelConfig(model=TINY, tokenizer=TINY, skip_tokenizer_init=True, dtype="bfloat16",
                         max_model_len=1024, seed=0)
     cfg = VllmConfig(
         model_config=model,
         cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
         parallel_config=ParallelConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                                       distributed_executor_backend="uni"
-                                       if "socket" not in extra else "mp"),
+                                       distributed_executor_backend=backend, **dp_kw),
         scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024,
                                          max_model_len=1024, is_encoder_decoder=False),
         device_config=DeviceConfig("cpu"),
@@ -79,9 +88,16 @@ def vllm_config(extra, tp, pp, load_async=False):
     return cfg
 
 
-def kv_cache_config(layer_names):
-    spec = FullAttentionSpec(block_size=BS, num_kv_heads=KV_HEADS, head_size=HEAD,
-                             dtype=torch.bfloat16)
+def kv_cache_config(layer_names, mla=False):
+    """One group of these layers: full attention of KV_HEADS heads per rank,
+    or (mla) vLLM's MLAAttentionSpec: one latent of MLA_DIM per token, no K/V
+    split, views of [blocks, 1, tokens, MLA_DIM]."""
+    if mla:
+        spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=MLA_DIM,
+                                dtype=torch.bfloat16)
+    else:
+        spec = FullAttentionSpec(block_size=BS, num_kv_heads=KV_HEADS, head_size=HEAD,
+                                 dtype=torch.bfloat16)
     page = spec.page_size_bytes
     n = len(layer_names)
     return KVCacheConfig(
@@ -93,8 +109,9 @@ def kv_cache_config(layer_names):
 
 
 def value(token, pos, layer, rank):
-    """The KV the stand-in model writes on a rank (each rank its own shard)."""
-    return ((token * 31 + pos * 7 + layer * 13 + rank * 57) % 251) - 125
+    """The KV the stand-in model writes on a rank (each rank its own shard;
+    an MLA model's latent is the same on every rank: rank None)."""
+    return ((token * 31 + pos * 7 + layer * 13 + (rank or 0) * 57) % 251) - 125
 
 
 class Rank:
@@ -102,15 +119,16 @@ class Rank:
     config with parallel_config.rank set, as vLLM's worker does) and its KV
     tensors (a pipeline stage: only its layers)."""
 
-    def __init__(self, cfg, rank, tp, pp, shared_kv):
+    def __init__(self, cfg, rank, tp, pp, shared_kv, mla=False):
         self.rank = rank
+        self.shard = None if mla else rank  # the KV it writes: MLA's is every rank's
         self.cfg = copy.deepcopy(cfg)
         self.cfg.parallel_config.rank = rank
         per_stage = LAYERS // pp
         stage = rank // tp
         self.layers = list(range(stage * per_stage, (stage + 1) * per_stage))
         names = [LAYER_NAMES[i] for i in self.layers]
-        self.kvc = kv_cache_config(names)
+        self.kvc = kv_cache_config(names, mla)
         from openinfer.vllm import OpenInferConnector
         with set_current_vllm_config(self.cfg):
             self.conn = OpenInferConnector(self.cfg, KVConnectorRole.WORKER, self.kvc)
@@ -132,20 +150,20 @@ class Rank:
 class ParallelEngine:
     """vLLM's scheduler and tp x pp worker ranks, each with its connector."""
 
-    def __init__(self, extra, tp, pp, load_async=False):
-        self.tp, self.pp = tp, pp
+    def __init__(self, extra, tp, pp, load_async=False, mla=False, dp=None, backend="auto"):
+        self.tp, self.pp, self.mla = tp, pp, mla
         self.shared_kv = "socket" in extra
-        self.cfg = vllm_config(extra, tp, pp, load_async)
+        self.cfg = vllm_config(extra, tp, pp, load_async, dp, backend)
         self._ctx = set_current_vllm_config(self.cfg)
         self._ctx.__enter__()
         hash_fn = get_hash_fn_by_name(self.cfg.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self.hasher = get_request_block_hasher(BS, hash_fn)
         self.scheduler = Scheduler(vllm_config=self.cfg, kv_cache_config=kv_cache_config(
-            LAYER_NAMES), structured_output_manager=StructuredOutputManager(self.cfg),
+            LAYER_NAMES, mla), structured_output_manager=StructuredOutputManager(self.cfg),
             block_size=BS, log_stats=True)
         assert type(self.scheduler.connector).__module__ == "openinfer.vllm"
-        self.ranks = [Rank(self.cfg, r, tp, pp, self.shared_kv) for r in range(tp * pp)]
+        self.ranks = [Rank(self.cfg, r, tp, pp, self.shared_kv, mla) for r in range(tp * pp)]
         self.aggregator = KVOutputAggregator(tp * pp)
         self.requests, self.block_table, self.tokens = {}, {}, {}
 
@@ -186,7 +204,7 @@ class ParallelEngine:
                             blocks, toks = self.block_table[req_id], self.tokens[req_id]
                             for pos in range(start, start + n):
                                 t[blocks[pos // BS], :, pos % BS, :] = float(
-                                    value(toks[pos], pos, layer, rk.rank))
+                                    value(toks[pos], pos, layer, rk.shard))
                         rk.conn.save_kv_layer(name, t, None)
         return kvo
 
@@ -237,10 +255,11 @@ class ParallelEngine:
         toks = self.tokens[req_id]
         for rk in self.ranks:
             for layer in rk.layers:
-                want = torch.empty(KV_HEADS, BS, 2 * HEAD, dtype=torch.bfloat16)
+                want = torch.empty(*((1, BS, MLA_DIM) if self.mla else
+                                     (KV_HEADS, BS, 2 * HEAD)), dtype=torch.bfloat16)
                 for off in range(BS):
                     pos = i * BS + off
-                    want[:, off, :] = float(value(toks[pos], pos, layer, rk.rank))
+                    want[:, off, :] = float(value(toks[pos], pos, layer, rk.shard))
                 got = rk.kv[LAYER_NAMES[layer]][b]
                 assert torch.equal(got, want), (req_id, i, b, rk.rank, layer)
 
@@ -374,15 +393,17 @@ def test_a_block_one_rank_lacks_is_never_promised(mode, request):
         c.close()
 
 
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
 @pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
-def test_a_load_that_fails_on_one_rank_is_recomputed_on_every_rank(load_async):
-    """TP=2, embedded: rank 1's lease is gone before it loads (released
-    behind its back). Rank 0's load lands, rank 1's fails; vLLM's
+def test_a_load_that_fails_on_one_rank_is_recomputed_on_every_rank(load_async, mode, request):
+    """TP=2: rank 1's lease is gone before it loads (released behind its
+    back: in the embedded pool, or through the scheduler's lookup session
+    with the sidecar). Rank 0's load lands, rank 1's fails; vLLM's
     aggregation reports the blocks invalid for the instance, the scheduler
     recomputes them, and afterwards every rank's blocks hold what the model
     computed."""
-    ns = "t/fail-one-%s" % load_async
-    eng = ParallelEngine({"pool_size": "64M", "namespace": ns}, 2, 1, load_async)
+    ns = "t/fail-one-%s-%s" % (mode, load_async)
+    eng = ParallelEngine(extra_of(mode, ns, request), 2, 1, load_async)
     try:
         eng.add("a", PROMPT)
         eng.run()
@@ -415,6 +436,171 @@ def test_a_load_that_fails_on_one_rank_is_recomputed_on_every_rank(load_async):
         eng.close()
 
 
+MLA_SHAPES = [(1, 1), (2, 1), (2, 2)]
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+@pytest.mark.parametrize("tp,pp", MLA_SHAPES, ids=["tp1", "tp2", "tp2pp2"])
+def test_an_mla_prefix_is_written_once_and_loads_byte_equal_into_another_instance(tp, pp, mode,
+                                                                                   request):
+    """An MLA model (vLLM's MLAAttentionSpec; the latent is the same on every
+    TP rank): instance A saves a prompt, instance B (new scheduler, new
+    workers over empty KV tensors, same shape) is promised its 5 full blocks
+    and every rank loads them byte for byte. Each pipeline stage has one
+    namespace (no TP rank in it), written by its TP rank 0 only (the other
+    TP ranks submit no save: 5 blocks per stage, not per rank); the
+    scheduler takes one lease per stage with tp shares, each TP rank of the
+    stage redeems one, and no more load of it is possible."""
+    ns = "t/mla-%s-%d-%d" % (mode, tp, pp)
+    extra = extra_of(mode, ns, request)
+    a = ParallelEngine(extra, tp, pp, mla=True)
+    try:
+        conn = a.scheduler.connector
+        assert conn._latent and conn._consumers == tp
+        want = [ns] if pp == 1 else ["%s/pp%dof%d" % (ns, p, pp) for p in range(pp)]
+        assert conn._shards == want
+        assert [rk.conn._shard_namespace for rk in a.ranks] == \
+            [want[r // tp] for r in range(tp * pp)]
+        a.add("a", PROMPT)
+        steps = a.run()
+        for rk in a.ranks:
+            st = rk.conn.worker.stats()
+            if rk.rank % tp == 0:  # the stage's writer
+                assert st["saves_completed"] >= 5, (rk.rank, st)
+            else:
+                assert st["saves_submitted"] == 0, (rk.rank, st)
+        saved = sum(kvo.kv_connector_stats.data["saved_blocks"] for _, kvo, _ in steps
+                    if kvo and kvo.kv_connector_stats)
+        assert saved == 5 * pp  # once per stage, whatever tp is
+    finally:
+        a.close()
+    b = ParallelEngine(extra, tp, pp, mla=True)
+    try:
+        conn = b.scheduler.connector
+        if mode == "embedded":  # each stage's latent is held, in its one namespace
+            for ns_p in want:
+                assert list(conn._host.query_membership(
+                    ns_p, _block_keys(b, PROMPT[:5 * BS]))) == [1] * 5
+        b.add("b", PROMPT[:5 * BS] + [7, 8, 9])
+        steps = b.run()
+        (ld,) = loads_of(steps, "b")
+        assert len(ld.block_ids) == 5 and len(ld.leases) == pp
+        for i, blk in enumerate(ld.block_ids):
+            b.check_block("b", i, blk)
+        for rk in b.ranks:
+            st = rk.conn.stats()
+            assert (st["loads_submitted"], st["loads_completed"], st["loads_failed"]) == \
+                (1, 1, 0), (rk.rank, st)
+            assert rk.conn.worker.stats()["blocks_loaded"] == 5
+        assert not any(kvo and kvo.invalid_block_ids for _, kvo, _ in steps)
+        loaded = sum(kvo.kv_connector_stats.data["loaded_blocks"] for _, kvo, _ in steps
+                     if kvo and kvo.kv_connector_stats)
+        assert loaded == 5 * tp * pp  # every rank loaded the stage's one copy
+        assert sum(so.num_scheduled_tokens.get("b", 0) for so, _, _ in steps) < len(PROMPT)
+        if mode == "embedded":  # each stage's lease: tp loads, then spent
+            host = conn._host
+            for ns_p, raw in zip(want, ld.leases):
+                with pytest.raises(oi.LeaseExpiredError):
+                    host.release(ns_p, raw)
+    finally:
+        b.close()
+
+
+def _block_keys(eng, prompt):
+    """The tier's keys of a prompt's full blocks (vLLM's block hashes)."""
+    from openinfer.vllm import _keys
+    r = Request("keys", list(prompt), SamplingParams(max_tokens=1), None,
+                block_hasher=eng.hasher)
+    return _keys(r.block_hashes)
+
+
+def test_mla_kv_tensors_of_three_dimensions_register_as_the_views():
+    """vLLM 0.33 hands the connector MLA layers as [blocks, 1, tokens,
+    latent] views; older MLA backends' shape is [blocks, tokens, latent].
+    Both register as one segment per block over the same bytes."""
+    from openinfer.kvworker import KVLayout
+    kvc = kv_cache_config(LAYER_NAMES, mla=True)
+    kv = allocate_kv_cache(kvc, torch.device("cpu"), KVCacheLayout.LBHNC)
+    assert next(iter(kv.values())).shape == (NUM_BLOCKS, 1, BS, MLA_DIM)
+    four = KVLayout.from_tensors(kv, NUM_BLOCKS)
+    three = KVLayout.from_tensors({n: t.squeeze(1) for n, t in kv.items()}, NUM_BLOCKS)
+    page = kvc.kv_cache_groups[0].kv_cache_spec.page_size_bytes
+    assert four.block_bytes == three.block_bytes == LAYERS * page
+    for x, y in zip(four.regions, three.regions):
+        assert (x.ptr, x.extent, x.block_stride, x.chunk, x.segments) == \
+            (y.ptr, y.extent, y.block_stride, y.chunk, y.segments)
+        assert x.segments == [0] and x.chunk == page
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+def test_dp_replicas_share_the_namespace_through_the_sidecar(tp, serve):
+    """Data parallelism: two replicas (each its own scheduler and workers,
+    as vLLM's DP engine cores are), data_parallel_size 2 and ranks 0 and 1,
+    both up at once on one sidecar. They derive the same namespace (the DP
+    rank is not in it: replicas compute the same KV); a prompt replica 0
+    computed is promised to replica 1 and every rank of replica 1 loads
+    replica 0's bytes of its shard, then the other way round."""
+    extra = {"socket": serve.socket}
+    r0 = ParallelEngine(extra, tp, 1, dp=(2, 0))
+    r1 = ParallelEngine(extra, tp, 1, dp=(2, 1))
+    try:
+        assert r0.cfg.parallel_config.data_parallel_rank == 0
+        assert r1.cfg.parallel_config.data_parallel_rank == 1
+        assert r0.scheduler.connector._shards == r1.scheduler.connector._shards
+        assert r0.scheduler.connector._namespace.startswith("vllm/tiny-model/")
+        r0.add("a", PROMPT)
+        r0.run()
+        r1.add("b", PROMPT[:5 * BS] + [7, 8, 9])
+        steps = r1.run()
+        (ld,) = loads_of(steps, "b")
+        assert len(ld.block_ids) == 5
+        for i, blk in enumerate(ld.block_ids):
+            r1.check_block("b", i, blk)
+        # the 3 tokens past the 5 blocks, then one decode step
+        assert [so.num_scheduled_tokens["b"] for so, _, _ in steps
+                if "b" in so.num_scheduled_tokens] == [3, 1]
+        other = list(range(4000, 4000 + 3 * BS + 1))
+        r1.add("c", other)
+        r1.run()
+        r0.add("d", other[:3 * BS] + [5])
+        steps = r0.run()
+        (ld,) = loads_of(steps, "d")
+        assert len(ld.block_ids) == 3
+        for i, blk in enumerate(ld.block_ids):
+            r0.check_block("d", i, blk)
+    finally:
+        r1.close()
+        r0.close()
+
+
+def test_dp_replicas_embedded():
+    """Data parallelism, embedded: vLLM's default executor for a replica of
+    data_parallel_size > 1 is 'mp' (the worker is another process), which
+    the embedded scheduler refuses naming the sidecar; with
+    distributed_executor_backend 'uni' a replica runs, its pool its own
+    (each DP engine core is its own process): a prefix it saved loads
+    byte-equal into its own later request."""
+    from openinfer.vllm import OpenInferConnector
+    cfg = vllm_config({"pool_size": "64M"}, 1, 1, dp=(2, 1), backend=None)
+    assert cfg.parallel_config.distributed_executor_backend == "mp"  # vLLM's default for DP
+    with pytest.raises(ValueError, match="'mp' use the sidecar"):
+        OpenInferConnector(cfg, KVConnectorRole.SCHEDULER, kv_cache_config(LAYER_NAMES))
+    eng = ParallelEngine({"pool_size": "64M", "namespace": "t/dp-uni"}, 1, 1, dp=(2, 1),
+                         backend="uni")
+    try:
+        eng.add("a", PROMPT)
+        eng.run()
+        eng.reset()
+        eng.add("b", PROMPT[:5 * BS] + [7, 8, 9])
+        steps = eng.run()
+        (ld,) = loads_of(steps, "b")
+        assert len(ld.block_ids) == 5
+        for i, blk in enumerate(ld.block_ids):
+            eng.check_block("b", i, blk)
+    finally:
+        eng.close()
+
+
 def test_shard_namespaces_and_ranks():
     """The shard namespaces are in vLLM's rank order, the rank comes from
     parallel_config.rank, an over-long namespace is refused naming the
@@ -424,6 +610,9 @@ def test_shard_namespaces_and_ranks():
     assert _shard_namespaces("n", 1, 1) == ["n"]
     assert _shard_namespaces("n", 2, 2) == ["n/tp0of2-pp0of2", "n/tp1of2-pp0of2",
                                             "n/tp0of2-pp1of2", "n/tp1of2-pp1of2"]
+    # MLA: a namespace per stage, shared by its TP ranks
+    assert _shard_namespaces("n", 2, 1, latent=True) == ["n"]
+    assert _shard_namespaces("n", 2, 2, latent=True) == ["n/pp0of2", "n/pp1of2"]
     cfg = vllm_config({"pool_size": "16M"}, 2, 2)
     for rank, want in [(0, (0, 0)), (1, (1, 0)), (2, (0, 1)), (3, (1, 1)), (5, (1, 0))]:
         cfg.parallel_config.rank = rank

@@ -272,18 +272,25 @@ def _parallel_sizes(vllm_config):
     return int(pc.tensor_parallel_size), int(pc.pipeline_parallel_size)
 
 
-def _shard_namespaces(namespace, tp, pp):
+def _shard_namespaces(namespace, tp, pp, latent=False):
     """The namespace of every rank's shard, in rank order (pp-major, as vLLM
     numbers its workers: rank = pp_rank * tp + tp_rank). One rank: the
     namespace itself. Several: ``<namespace>/tp<t>of<T>-pp<p>of<P>``, so that
     each rank's shard of a block is a block of its own, sealed by that rank
-    alone (docs/vllm.md, "Tensor and pipeline parallelism")."""
-    if tp * pp == 1:
+    alone (docs/vllm.md, "Tensor and pipeline parallelism").
+
+    latent (an MLA model: every TP rank holds the same latent): one
+    namespace per pipeline stage, shared by the stage's TP ranks -- the
+    namespace itself at pp = 1, else ``<namespace>/pp<p>of<P>`` -- which
+    the stage's TP rank 0 writes and every TP rank of the stage loads
+    (docs/vllm.md, "MLA")."""
+    if tp * pp == 1 or (latent and pp == 1):
         return [namespace]
     out = []
     for p in range(pp):
-        for t in range(tp):
-            ns = "%s/tp%dof%d-pp%dof%d" % (namespace, t, tp, p, pp)
+        for t in range(1 if latent else tp):
+            ns = "%s/pp%dof%d" % (namespace, p, pp) if latent else \
+                "%s/tp%dof%d-pp%dof%d" % (namespace, t, tp, p, pp)
             if len(ns.encode()) > _config.NAMESPACE_MAX_BYTES:
                 raise _config.ConfigError(
                     "openinfer.vllm: kv_connector_extra_config: option 'namespace' is %r; "
@@ -293,6 +300,20 @@ def _shard_namespaces(namespace, tp, pp):
                     "namespace", namespace)
             out.append(ns)
     return out
+
+
+def _latent_replicated(vllm_config, kv_cache_config):
+    """True for an MLA model's one KV cache group: vLLM's MLA attention keeps
+    a single latent per token ([blocks, 1, tokens, latent] per layer, no K/V
+    split) and every TP rank holds the same latent (MLA's KV heads are one
+    head, replicated). Several groups (hybrid) are served per rank."""
+    groups = getattr(kv_cache_config, "kv_cache_groups", None)
+    if groups:  # vLLM 0.33 gives the scheduler and the workers the KVCacheConfig
+        if len(groups) != 1:
+            return False
+        from vllm.v1.kv_cache_interface import MLAAttentionSpec
+        return isinstance(groups[0].kv_cache_spec, MLAAttentionSpec)
+    return bool(getattr(vllm_config.model_config, "use_mla", False))
 
 
 def _worker_rank(vllm_config, tp, pp):
@@ -527,7 +548,12 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
             logger.info("openinfer.vllm: %s connector, namespace %r derived from %s",
                         role.name.lower(), self._namespace,
                         ", ".join("%s=%r" % kv for kv in ident))
-        self._shards = _shard_namespaces(self._namespace, self._tp, self._pp)
+        # MLA: the latent is replicated on every TP rank, so it is written once
+        # per pipeline stage and loaded by each of the stage's TP ranks from
+        # one lease of tp shares (docs/vllm.md, "MLA")
+        self._latent = _latent_replicated(vllm_config, kv_cache_config)
+        self._consumers = self._tp if self._latent else 1
+        self._shards = _shard_namespaces(self._namespace, self._tp, self._pp, self._latent)
         self._groups = self._hybrid_groups(kv_cache_config)
         if role == KVConnectorRole.SCHEDULER:
             self._reqs = {}
@@ -540,7 +566,7 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
             if self._opts.socket is None:
                 backend = getattr(pc, "distributed_executor_backend", None)
                 if backend in ("mp", "ray") or (backend == "external_launcher" and
-                                                len(self._shards) > 1):
+                                                self._tp * self._pp > 1):
                     raise ValueError(
                         "openinfer.vllm: embedded mode needs the scheduler and the worker in one "
                         "process (distributed_executor_backend 'uni'); with %r use the sidecar "
@@ -554,11 +580,16 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
                                self._kv_transfer_config.kv_load_failure_policy)
         else:
             t, p = _worker_rank(vllm_config, self._tp, self._pp)
-            self._shard = p * self._tp + t
+            # the index of this rank's namespace (and lease) among the shards;
+            # MLA: the stage's, which only its TP rank 0 saves to
+            self._shard = p if self._latent else p * self._tp + t
+            self._saves = not self._latent or t == 0
             self._shard_namespace = self._shards[self._shard * len(self._groups or [0])]
-            if len(self._shards) > 1:
+            if self._tp * self._pp > 1:
                 logger.info("openinfer.vllm: worker tp rank %d of %d, pp rank %d of %d: shard "
-                            "namespace %r", t, self._tp, p, self._pp, self._shard_namespace)
+                            "namespace %r%s", t, self._tp, p, self._pp, self._shard_namespace,
+                            "" if self._saves else " (MLA: loads only; tp rank 0 saves the "
+                            "stage's latent)")
             self._worker = None
             self._num_blocks = kv_cache_config.num_blocks if kv_cache_config else None
             self._loads = {}  # req_id -> _Loading (not yet reported to vLLM)
@@ -697,7 +728,8 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
             kw["wait_pending"] = o.wait_pending_ms / 1000.0
         if self._host is not None:
             try:
-                q = self._host.query(self._shards[i], hashes, req_id, **kw)
+                q = self._host.query(self._shards[i], hashes, req_id,
+                                     world_size=self._consumers, **kw)
             except oi.Error as e:  # a lookup that fails is a miss
                 raise _LookupFailed("lookup failed (%s): a miss" % e)
         else:
@@ -707,7 +739,8 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
                     raise _LookupFailed(None)
                 try:
                     lk = self._lookups[i] = oi.LookupClient(
-                        o.socket, self._shards[i], control_deadline_ms=o.control_deadline_ms,
+                        o.socket, self._shards[i], world_size=self._consumers,
+                        control_deadline_ms=o.control_deadline_ms,
                         lookup_deadline_ms=o.lookup_deadline_ms,
                         probe_interval_ms=o.probe_interval_ms, client_name="vllm-scheduler")
                 except oi.Error as e:
@@ -1002,9 +1035,13 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
             w.begin_groups(connector_metadata.group_saves or [([], b"")] * len(self._groups))
             self._step_save_blocks, self._step_save_bytes = w.step_saves()
         elif w is not None and isinstance(connector_metadata, OpenInferConnectorMetadata):
-            # the blocks each layer saves once it is written (save_kv_layer)
-            w.begin_step(connector_metadata.save_ids,
-                         oi.BlockHashes(connector_metadata.save_hashes))
+            # the blocks each layer saves once it is written (save_kv_layer);
+            # MLA at TP > 1: only TP rank 0 saves the stage's latent
+            if self._saves:
+                w.begin_step(connector_metadata.save_ids,
+                             oi.BlockHashes(connector_metadata.save_hashes))
+            else:
+                w.begin_step([], oi.BlockHashes(b""))
             batch = getattr(w, "_save_batch", None)
             self._step_save_blocks = len(batch[0]) if batch else 0
             self._step_save_bytes = self._step_save_blocks * w.layout.block_bytes

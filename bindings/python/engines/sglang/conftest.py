@@ -21,11 +21,13 @@ LAYERS, HEADS, DIM, PAGE = 4, 2, 64, 16   # a page: 2 * 4 * 16 * 2 * 64 * 2 = 32
 PAGES = 16
 
 
-def host_pool(layout="page_first", pages=PAGES, dtype=torch.bfloat16):
-    """A real MHATokenToKVPoolHost of the installed SGLang, on the CPU."""
+def host_pool(layout="page_first", pages=PAGES, dtype=torch.bfloat16, layers=(0, LAYERS)):
+    """A real MHATokenToKVPoolHost of the installed SGLang, on the CPU;
+    layers: the [start, end) of a pipeline stage's layers."""
     tokens = 2 * pages * PAGE
-    k = tuple(torch.zeros(tokens, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
-    v = tuple(torch.zeros(tokens, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+    n = layers[1] - layers[0]
+    k = tuple(torch.zeros(tokens, HEADS, DIM, dtype=dtype) for _ in range(n))
+    v = tuple(torch.zeros(tokens, HEADS, DIM, dtype=dtype) for _ in range(n))
 
     def ptrs(ts):
         return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
@@ -36,36 +38,44 @@ def host_pool(layout="page_first", pages=PAGES, dtype=torch.bfloat16):
         page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=dtype,
         device=torch.device("cpu"))
     pool = MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
-                                device_capacity_tokens=tokens, start_layer=0, end_layer=LAYERS,
-                                host_token_capacity=pages * PAGE)
+                                device_capacity_tokens=tokens, start_layer=layers[0],
+                                end_layer=layers[1], host_token_capacity=pages * PAGE)
     pool._device_keepalive = (k, v)
     return pool
 
 
-def mla_host_pool(layout="page_first", pages=PAGES, rank=64, rope=16, dtype=torch.bfloat16):
-    """A real MLATokenToKVPoolHost of the installed SGLang, on the CPU."""
+def mla_host_pool(layout="page_first", pages=PAGES, rank=64, rope=16, dtype=torch.bfloat16,
+                  layers=(0, LAYERS)):
+    """A real MLATokenToKVPoolHost of the installed SGLang, on the CPU;
+    layers: the [start, end) of a pipeline stage's layers."""
     tokens = 2 * pages * PAGE
-    bufs = tuple(torch.zeros(tokens, 1, rank + rope, dtype=dtype) for _ in range(LAYERS))
+    n = layers[1] - layers[0]
+    bufs = tuple(torch.zeros(tokens, 1, rank + rope, dtype=dtype) for _ in range(n))
     info = MLABufferInfo(
         buffers=bufs, data_ptrs=torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64),
-        layer_indices=tuple(range(LAYERS)), device_layer_num=LAYERS, page_size=PAGE,
+        layer_indices=tuple(range(n)), device_layer_num=n, page_size=PAGE,
         kv_lora_rank=rank, qk_rope_head_dim=rope, kv_cache_dim=rank + rope, dtype=dtype,
         device=torch.device("cpu"))
     pool = MLATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
-                                device_capacity_tokens=tokens, start_layer=0, end_layer=LAYERS,
-                                target_layer_num=LAYERS, host_token_capacity=pages * PAGE)
+                                device_capacity_tokens=tokens, start_layer=layers[0],
+                                end_layer=layers[1], target_layer_num=n,
+                                host_token_capacity=pages * PAGE)
     pool._device_keepalive = bufs
     return pool
 
 
-def storage_config(extra, tp_rank=0, tp_size=1, model="tiny/model", mla=False):
+def storage_config(extra, tp_rank=0, tp_size=1, model="tiny/model", mla=False, pp_rank=0,
+                   pp_size=1, dp_rank=0):
+    """As SGLang's cache controller makes it (_generate_storage_config):
+    with dp attention, tp_rank and tp_size are the attention TP group's and
+    dp_rank is the attention DP rank."""
     base = {"backend_name": "openinfer", "module_path": "openinfer.sglang",
             "class_name": "OpenInferStorage", "interface_v1": 1}
     base.update(extra)
     return HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size, attn_cp_rank=0,
         attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
-        is_page_first_layout=True, model_name=model, extra_config=base)
+        is_page_first_layout=True, model_name=model, dp_rank=dp_rank, extra_config=base)
 
 
 def keys(n, seed=0):

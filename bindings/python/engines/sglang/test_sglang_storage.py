@@ -664,3 +664,101 @@ def test_mla_tp2_the_latent_is_written_once_and_read_by_every_rank(serve):
     finally:
         for x in made:
             x.close()
+
+
+# ---------------------------------------------------------------- pipeline and data parallel
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+def test_pp2_each_stage_round_trips_its_own_layers(mode, kind, request):
+    """PP = 2: each stage's host pool holds only its layers (SGLang's
+    start_layer / end_layer: layers 0-1 and 2-3) and its namespace carries
+    the PP rank, so one page key is a page of its own per stage. Stage 1
+    saves 3 of the 5 pages stage 0 saves: its batch_exists is shorter, and
+    SGLang's controller takes the MIN over the TP and PP groups
+    (_sync_prefetch_hit_query), so the common prefix is what both stages
+    load, each its own layers' bytes. Sidecar: into the stages of another
+    instance; embedded: each stage's pool is its own process's, so a stage
+    loads its pages back into other pages of its own pool."""
+    pool_of = host_pool if kind == "mha" else mla_host_pool
+    extra = {"mode": mode, "staging_pages": 2}
+    if mode == "sidecar":
+        extra["socket"] = request.getfixturevalue("serve").socket
+    ks = keys(5, seed=53)
+    stages = [(0, 2), (2, 4)]
+    made = []
+    try:
+        a = []
+        for p, layers in enumerate(stages):
+            pool = pool_of(layers=layers)
+            fill_random(pool, seed=200 + p)
+            be = make(pool, extra, pp_rank=p, pp_size=2, mla=kind == "mla")
+            made.append(be)
+            a.append((pool, be))
+        assert [pool.layer_num for pool, _ in a] == [2, 2]
+        assert a[0][1].namespace.endswith("/pp0-2") and a[1][1].namespace.endswith("/pp1-2")
+        assert "-L2-" in a[0][1].namespace and a[0][1].namespace != a[1][1].namespace
+        want = [[page_bytes(pool, p) for p in range(2, 7)] for pool, _ in a]
+        assert want[0] != want[1]
+        assert a[0][1].batch_set_v1(ks, indices(range(2, 7))) == [True] * 5
+        assert a[1][1].batch_set_v1(ks[:3], indices(range(2, 5))) == [True] * 3  # 3 of 5
+        if mode == "sidecar":
+            b = []
+            for p, layers in enumerate(stages):
+                pool = pool_of(layers=layers)
+                be = make(pool, extra, pp_rank=p, pp_size=2, mla=kind == "mla")
+                made.append(be)
+                b.append((pool, be))
+        else:
+            b = a
+        hits = [be.batch_exists(ks) for _, be in b]
+        assert hits == [5, 3]
+        common = min(hits)  # SGLang's all-reduce MIN over the PP group
+        for p, (pool, be) in enumerate(b):
+            assert be.batch_get_v1(ks[:common], indices(range(9, 9 + common))) == \
+                [True] * common
+            assert [page_bytes(pool, q) for q in range(9, 9 + common)] == want[p][:common]
+    finally:
+        for x in made:
+            x.close()
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_dp_ranks_share_pages_through_the_sidecar(serve, kind):
+    """DP attention: SGLang's storage config of each DP rank carries its
+    attention TP rank and size and dp_rank (_generate_storage_config). The
+    DP ranks compute the same KV for the same tokens, so they share one
+    namespace (the DP rank is not in it): a page DP rank 0 saved is found
+    by DP rank 1 and loads byte-equal into its pool. MLA: each DP rank's
+    attention TP rank 0 is a storage writer; the second write of the same
+    pages stores nothing more (one copy in the tier)."""
+    pool_of = host_pool if kind == "mha" else mla_host_pool
+    mla = kind == "mla"
+    extra = {"mode": "sidecar", "socket": serve.socket, "staging_pages": 2}
+    ks = keys(4, seed=59)
+    made = []
+    try:
+        src = pool_of()
+        fill_random(src, seed=61)
+        d0 = make(src, extra, dp_rank=0, mla=mla)
+        made.append(d0)
+        dst = pool_of()
+        d1 = make(dst, extra, dp_rank=1, mla=mla)
+        made.append(d1)
+        assert d0.storage_config.dp_rank == 0 and d1.storage_config.dp_rank == 1
+        assert d0.namespace == d1.namespace
+        if mla:
+            assert d0.storage_config.is_storage_writer and d1.storage_config.is_storage_writer
+        want = [page_bytes(src, p) for p in range(1, 5)]
+        assert d0.batch_set_v1(ks, indices(range(1, 5))) == [True] * 4
+        assert d1.batch_exists(ks) == 4
+        assert d1.batch_get_v1(ks, indices(range(6, 10))) == [True] * 4
+        assert [page_bytes(dst, p) for p in range(6, 10)] == want
+        # DP rank 1 writes the same pages (its own computation of them): held once
+        assert d1.batch_set_v1(ks, indices(range(6, 10))) == [True] * 4
+        st = d1.stats()
+        assert st["namespace_blocks_resident"] == 4, st
+    finally:
+        for x in made:
+            x.close()

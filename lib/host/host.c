@@ -172,7 +172,11 @@ oi_status oi__host_bind_namespace(oi_host *h, const char *name, uint64_t block_b
     ns_entry *e = &h->ns[i];
     if (strcmp(e->name, name) != 0) continue;
     oi_status st = OI_OK;
-    if (e->block_bytes != block_bytes)
+    if (e->codec != codec)
+      st = oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "register: namespace '%s' holds blocks of codec %s; this engine's codec is %s",
+                    name, oi__codec_name(e->codec), oi__codec_name(codec));
+    else if (e->block_bytes != block_bytes)
       st = oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "register: namespace '%s' holds blocks of %llu bytes; this layout's blocks are "
                     "%llu bytes",

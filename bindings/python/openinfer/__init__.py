@@ -1394,7 +1394,8 @@ class OffloadEngine(_Handle):
                  device=DEVICE_CPU, instance_name=None, world_size=1, save_deadline_ms=None,
                  load_deadline_ms=None, control_deadline_ms=None, copy_mode=None,
                  segment_offsets=None, arena_fd=None, lookup_deadline_ms=None,
-                 probe_interval_ms=None, _connect=None):
+                 probe_interval_ms=None, codec=None, codec_shape=None, codec_slot_bytes=None,
+                 _connect=None):
         super().__init__()
         self._keep = []
         self._host = host
@@ -1406,6 +1407,7 @@ class OffloadEngine(_Handle):
                           copy_mode, segment_offsets, arena_fd, sidecar=_connect is not None,
                           lookup_deadline_ms=lookup_deadline_ms,
                           probe_interval_ms=probe_interval_ms)
+        self._codec_options(o, codec, codec_shape, codec_slot_bytes)
         out = ffi.new("oi_engine **")
         try:
             if _connect is None:
@@ -1426,6 +1428,26 @@ class OffloadEngine(_Handle):
             self._keep = []  # let go of the buffers now (a SharedBuffer may then close)
             raise
         self._keep_opts = o
+
+    def _codec_options(self, o, codec, codec_shape, codec_slot_bytes):
+        """The namespace's codec (oi_engine_options.codec, docs/codecs.md):
+        codec "none", "lossless", "int8" or "fp8"; codec_shape (tokens,
+        heads, head_dim) of a host block's bf16 elements, required by int8
+        and fp8; codec_slot_bytes, a lossless frame's slot. The C call
+        checks them (InvalidArgumentError naming the field)."""
+        if codec is not None:
+            c = ffi.new("char[]", str(codec).encode())
+            self._keep.append(c)
+            o.codec = c
+        if codec_shape is not None:
+            try:
+                o.codec_tokens, o.codec_heads, o.codec_head_dim = (int(v) for v in codec_shape)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InvalidArgumentError(
+                    f"codec_shape must be (tokens, heads, head_dim), each 1..65535: "
+                    f"{codec_shape!r}") from exc
+        if codec_slot_bytes is not None:
+            o.codec_slot_bytes = codec_slot_bytes
 
     def _options(self, namespace, arenas, buffer, buffer_size, device, instance_name, world_size,
                  save_deadline_ms, load_deadline_ms, control_deadline_ms, copy_mode,

@@ -308,6 +308,11 @@ typedef struct oi_engine_options {
   int32_t arena_fd;
   uint32_t lookup_deadline_ms;
   uint32_t probe_interval_ms;
+  const char *codec;
+  uint32_t codec_tokens;
+  uint32_t codec_heads;
+  uint32_t codec_head_dim;
+  uint64_t codec_slot_bytes;
   ...;
 } oi_engine_options;
 typedef void (*oi_save_done_fn)(void *ctx, oi_status st);

@@ -1,0 +1,96 @@
+"""Namespaces with a codec (docs/codecs.md) from Python: real KV pages of the
+committed corpus (tests/data/kvcorpus/kv.bin) saved and loaded through
+lossless (byte-exact) and int8 (within half a scale step per token and
+head), embedded and through a real `openinfer serve`; the codec is the
+namespace's identity; bad codec options raise InvalidArgumentError."""
+import os
+
+import pytest
+
+import openinfer as oi
+
+PAGE = 12288  # [K|V][16 tokens][3 heads][64] bf16
+SHAPE = (16, 3, 64)
+N = 24
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "data", "kvcorpus",
+                      "kv.bin")
+
+
+@pytest.fixture(scope="module")
+def pages():
+    with open(CORPUS, "rb") as f:
+        data = f.read(N * PAGE)
+    assert len(data) == N * PAGE
+    return data
+
+
+def arena():
+    return [oi.Arena("kv", 2 * N, PAGE, offset=0)]
+
+
+def bf16(raw):
+    np = pytest.importorskip("numpy")
+    u = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+    return u.view(np.float32)
+
+
+def int8_close(got, want):
+    """Every (token, head) group of 64 within half its scale step (amax / 127),
+    plus the bf16 rounding of the decoded value."""
+    np = pytest.importorskip("numpy")
+    g = bf16(got).reshape(-1, 64)
+    w = bf16(want).reshape(-1, 64)
+    step = np.abs(w).max(axis=1, keepdims=True) / 127.0
+    return bool(np.all(np.abs(g - w) <= step / 2 + np.abs(w) / 128 + 1e-30))
+
+
+def save_load(e, write, read, pages, tag):
+    hs = oi.hash_blocks(range(tag, tag + N * 16), 16)
+    write(0, pages)
+    e.save(list(range(N)), hs).wait(30)
+    e.flush(30)
+    q = e.query(hs)
+    assert q.hit_blocks == N
+    e.load(q.lease, list(range(N, 2 * N))).wait(30)
+    return read(N * PAGE, N * PAGE)
+
+
+def test_embedded_lossless_and_int8(pages):
+    buf = bytearray(2 * N * PAGE)
+
+    def write(off, data):
+        buf[off:off + len(data)] = data
+
+    def read(off, n):
+        return bytes(buf[off:off + n])
+
+    with oi.OffloadHost(32 << 20) as h:
+        with oi.OffloadEngine(h, "py/lossless", arena(), buffer=buf, codec="lossless") as e:
+            assert save_load(e, write, read, pages, 1) == pages
+            assert e.stats()["saves_completed"] == N
+        with oi.OffloadEngine(h, "py/int8", arena(), buffer=buf, codec="int8",
+                              codec_shape=SHAPE) as e:
+            got = save_load(e, write, read, pages, 2)
+            assert got != pages and int8_close(got, pages)
+        # the codec is the namespace's identity
+        with pytest.raises(oi.InvalidArgumentError, match="namespace 'py/lossless'"):
+            oi.OffloadEngine(h, "py/lossless", arena(), buffer=buf)
+        with pytest.raises(oi.InvalidArgumentError, match="codec 'lz4'"):
+            oi.OffloadEngine(h, "py/x", arena(), buffer=buf, codec="lz4")
+        with pytest.raises(oi.InvalidArgumentError, match="needs the block's shape"):
+            oi.OffloadEngine(h, "py/x", arena(), buffer=buf, codec="fp8")
+        with pytest.raises(oi.InvalidArgumentError, match="codec_shape"):
+            oi.OffloadEngine(h, "py/x", arena(), buffer=buf, codec="fp8", codec_shape=(16, 3))
+
+
+def test_sidecar_lossless(serve, pages):
+    e, a = oi.OffloadEngine.connect(serve, "py/sidecar-lossless", arena(), codec="lossless")
+    try:
+        assert save_load(e, a.write, a.read, pages, 3) == pages
+    finally:
+        a.close()
+        e.close()
+    # a second client of another codec is refused by the server
+    with pytest.raises(oi.InvalidArgumentError, match="codec"):
+        oi.OffloadEngine.connect(serve, "py/sidecar-lossless", arena(), codec="int8",
+                                 codec_shape=SHAPE)

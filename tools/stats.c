@@ -219,8 +219,12 @@ static void print_json(const char *socket, const oi_server_stats *r, const oi_ho
   for (size_t i = 0; i < n_ns; i++) {
     printf("%s\n    {\"name\": ", i ? "," : "");
     json_string(ns[i].name);
-    printf(", \"block_bytes\": %llu, \"blocks_resident\": %llu}",
+    printf(", \"block_bytes\": %llu, \"blocks_resident\": %llu, \"codec\": ",
            (unsigned long long)ns[i].block_bytes, (unsigned long long)ns[i].blocks_resident);
+    json_string(ns[i].codec);
+    printf(", \"stored_bytes\": %llu, \"logical_bytes\": %llu, \"physical_bytes\": %llu}",
+           (unsigned long long)ns[i].stored_bytes, (unsigned long long)ns[i].logical_bytes,
+           (unsigned long long)ns[i].physical_bytes);
   }
   printf("%s]\n}\n", n_ns ? "\n  " : "");
 }
@@ -327,9 +331,16 @@ static void print_summary(const char *socket, const oi_server_stats *r, const oi
   }
   printf("namespaces:    %u\n", (unsigned)h->namespaces);
   for (size_t i = 0; i < n_ns; i++) {
-    human_bytes(b1, sizeof b1, ns[i].blocks_resident * ns[i].block_bytes);
-    printf("  %-40s %llu blocks resident (%s)\n", ns[i].name,
+    human_bytes(b1, sizeof b1, ns[i].logical_bytes);
+    printf("  %-40s %llu blocks resident (%s)", ns[i].name,
            (unsigned long long)ns[i].blocks_resident, b1);
+    if (strcmp(ns[i].codec, "none") != 0 && ns[i].physical_bytes) {
+      char b2[32];
+      human_bytes(b2, sizeof b2, ns[i].physical_bytes);
+      printf(", codec %s: %s in the pool (%.2fx)", ns[i].codec, b2,
+             (double)ns[i].logical_bytes / (double)ns[i].physical_bytes);
+    }
+    printf("\n");
   }
 }
 

@@ -39,8 +39,8 @@ static oi_status shape_of(const oi_engine_options *o, const oi_layout *l, const 
   return OI_OK;
 }
 
-oi_status oi__engine_codec_resolve(const oi_engine_options *o, const oi_layout *l,
-                                   const char *what, engine_codec *out) {
+oi_status oi__engine_codec_resolve(const oi_engine_options *o, const oi_layout *l, const char *what,
+                                   engine_codec *out) {
   memset(out, 0, sizeof *out);
   const char *name = o->codec ? o->codec : "none";
   int id = oi__codec_from_name(name);
@@ -71,7 +71,8 @@ oi_status oi__engine_codec_resolve(const oi_engine_options *o, const oi_layout *
       /* Rounded down to the pool's slot alignment (the pool would round
        * up: a 12 KiB page's 74 % would take 75 %). */
       slot = l->block_bytes * OI_CODEC_LOSSLESS_SLOT_PCT / 100 & ~(uint64_t)(OI_SLOT_ALIGN - 1);
-      if (slot < OI_CODEC_HEADER_BYTES + OI_SLOT_ALIGN) slot = OI_CODEC_HEADER_BYTES + OI_SLOT_ALIGN;
+      if (slot < OI_CODEC_HEADER_BYTES + OI_SLOT_ALIGN)
+        slot = OI_CODEC_HEADER_BYTES + OI_SLOT_ALIGN;
       if (slot > bound) slot = bound;
     }
     if (slot < OI_CODEC_HEADER_BYTES || slot > bound)
@@ -94,8 +95,8 @@ oi_status oi__engine_codec_resolve(const oi_engine_options *o, const oi_layout *
 
 uint64_t oi__engine_codec_shape_hash(const engine_codec *c, uint64_t layout_hash) {
   if (c->id == OI_CODEC_NONE) return layout_hash;
-  uint64_t v[8] = {layout_hash,       (uint64_t)c->id,     OI_CODEC_VERSION, c->shape.dtype,
-                   c->shape.parts,    c->shape.tokens,     c->shape.heads,   c->shape.head_dim};
+  uint64_t v[8] = {layout_hash,    (uint64_t)c->id, OI_CODEC_VERSION, c->shape.dtype,
+                   c->shape.parts, c->shape.tokens, c->shape.heads,   c->shape.head_dim};
   uint64_t h = XXH3_64bits(v, sizeof v);
   return XXH3_64bits_withSeed(&c->slot_bytes, sizeof c->slot_bytes, h);
 }

@@ -20,8 +20,8 @@ typedef struct engine_codec {
 
 /* Checks the codec fields of `o` against layout `l` into *out; messages
  * start with `what`. OI_ERR_INVALID_ARGUMENT names the field. */
-oi_status oi__engine_codec_resolve(const oi_engine_options *o, const oi_layout *l,
-                                   const char *what, engine_codec *out);
+oi_status oi__engine_codec_resolve(const oi_engine_options *o, const oi_layout *l, const char *what,
+                                   engine_codec *out);
 
 /* What the namespace stores per block: the frame slot, or the block. */
 static inline uint64_t oi__engine_codec_stored_bytes(const engine_codec *c, const oi_layout *l) {

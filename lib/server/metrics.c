@@ -212,6 +212,21 @@ bool oi__metrics_render(oi_server *srv, char **buf, size_t *len, size_t *cap) {
     put_label_value(&b, ns.name);
     put(&b, "\"} %llu\n", (unsigned long long)ns.blocks_resident);
   }
+  header(&b, "openinfer_namespace_bytes", "gauge",
+         "Bytes of the blocks resident per namespace: logical (decoded) and physical (the pool "
+         "slots they take; smaller under a codec, docs/codecs.md).");
+  for (uint32_t i = 0; i < hs.namespaces; i++) {
+    oi_host_namespace_stats ns;
+    memset(&ns, 0, sizeof ns);
+    ns.struct_size = sizeof ns;
+    if (oi_host_get_namespace_stats(host, i, &ns) != OI_OK) break;
+    for (int kind = 0; kind < 2; kind++) {
+      put(&b, "openinfer_namespace_bytes{namespace=\"");
+      put_label_value(&b, ns.name);
+      put(&b, "\",codec=\"%s\",kind=\"%s\"} %llu\n", ns.codec, kind ? "physical" : "logical",
+          (unsigned long long)(kind ? ns.physical_bytes : ns.logical_bytes));
+    }
+  }
   oi_clear_error();
   /* Latency. */
   histogram(&b, "openinfer_save_duration_seconds",

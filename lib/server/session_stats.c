@@ -182,6 +182,10 @@ void oi__session_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
         snprintf(nss[k].name, sizeof nss[k].name, "%s", ns.name);
         nss[k].block_bytes = ns.block_bytes;
         nss[k].blocks_resident = ns.blocks_resident;
+        snprintf(nss[k].codec, sizeof nss[k].codec, "%s", ns.codec);
+        nss[k].stored_bytes = ns.stored_bytes;
+        nss[k].logical_bytes = ns.logical_bytes;
+        nss[k].physical_bytes = ns.physical_bytes;
         k++;
       }
       out.namespaces = nss;

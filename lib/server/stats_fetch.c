@@ -236,6 +236,12 @@ static oi_status stats_fetch(const char *socket_path, uint32_t timeout_ms, oi_se
       snprintf(ns.name, sizeof ns.name, "%s", arrays.namespaces[i].name);
       ns.block_bytes = arrays.namespaces[i].block_bytes;
       ns.blocks_resident = arrays.namespaces[i].blocks_resident;
+      const oiwire_NamespaceStats *w = &arrays.namespaces[i];
+      snprintf(ns.codec, sizeof ns.codec, "%s", w->codec[0] ? w->codec : "none");
+      /* An older server says nothing of them: no codec, all logical. */
+      ns.stored_bytes = w->stored_bytes ? w->stored_bytes : w->block_bytes;
+      ns.logical_bytes = w->codec[0] ? w->logical_bytes : w->blocks_resident * w->block_bytes;
+      ns.physical_bytes = w->codec[0] ? w->physical_bytes : ns.logical_bytes;
       oi_host_namespace_stats *dst =
           (oi_host_namespace_stats *)((uint8_t *)namespaces + (size_t)i * stride);
       dst->struct_size = stride;

@@ -129,6 +129,7 @@ int main(int argc, char **argv) {
   }
   oi__dev_close(dev);
   free(corpus);
-  fprintf(stderr, "%-60s %s\n", "test_codec_namespaces_on_cuda", oi_test_failures ? "FAILED" : "ok");
+  fprintf(stderr, "%-60s %s\n", "test_codec_namespaces_on_cuda",
+          oi_test_failures ? "FAILED" : "ok");
   TEST_EXIT();
 }

@@ -226,6 +226,9 @@ static void test_server_metrics_details(void) {
   CHECK(
       strstr(body, "openinfer_namespace_resident_blocks{namespace=\"we\\\"ird\\\\ns\\nname\"} 0") !=
       NULL);
+  CHECK(strstr(body,
+               "openinfer_namespace_bytes{namespace=\"we\\\"ird\\\\ns\\nname\",codec=\"none\","
+               "kind=\"physical\"} 0\n") != NULL);
   /* 80 more namespaces: the exposition outgrows the renderer's first
    * 16 KiB buffer, and every namespace is in it. */
   for (int i = 0; i < 80; i++) {

@@ -223,7 +223,9 @@ def main():
                       val(m1, "openinfer_read_rate_samples_total", path=path),
                       "stats json read rate %s: %r" % (path, h.get(path + "_bytes_per_s")))
             check(j["namespaces"] == [{"name": 'obs-ns "quoted"', "block_bytes": 4096,
-                                       "blocks_resident": n}], "stats json namespaces %r"
+                                       "blocks_resident": n, "codec": "none",
+                                       "stored_bytes": 4096, "logical_bytes": n * 4096,
+                                       "physical_bytes": n * 4096}], "stats json namespaces %r"
                   % j["namespaces"])
         hs = subprocess.run([EXE, "stats", "--socket", sock], capture_output=True, text=True,
                             timeout=30)

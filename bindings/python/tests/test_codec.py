@@ -3,7 +3,9 @@ committed corpus (tests/data/kvcorpus/kv.bin) saved and loaded through
 lossless (byte-exact) and int8 (within half a scale step per token and
 head), embedded and through a real `openinfer serve`; the codec is the
 namespace's identity; bad codec options raise InvalidArgumentError."""
+import json
 import os
+import subprocess
 
 import pytest
 
@@ -90,6 +92,13 @@ def test_sidecar_lossless(serve, pages):
     finally:
         a.close()
         e.close()
+    # the server's figures name the codec and its ratio
+    out = subprocess.run([os.environ["OPENINFER_EXE"], "stats", "--socket", serve, "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    ns = {n["name"]: n for n in json.loads(out)["namespaces"]}["py/sidecar-lossless"]
+    assert ns["codec"] == "lossless" and ns["blocks_resident"] == N
+    assert ns["logical_bytes"] == N * PAGE and ns["stored_bytes"] == 8960
+    assert ns["logical_bytes"] / ns["physical_bytes"] >= 1.35
     # a second client of another codec is refused by the server
     with pytest.raises(oi.InvalidArgumentError, match="codec"):
         oi.OffloadEngine.connect(serve, "py/sidecar-lossless", arena(), codec="int8",

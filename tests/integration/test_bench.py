@@ -249,5 +249,13 @@ for unit in ("6144", "12288"):
     check(1.9 < r["int8_ratio"] < 2.0 and 1.95 < r["fp8_ratio"] < 2.0, "bench codec: lossy ratios of their formats", p)
     check(all(r[f"{c}_{d}_gbps"] > 0 and r[f"{c}_{d}_cpu_gbps"] > 0 for c in ("lossless", "int8", "fp8")
               for d in ("encode", "decode")) and r["memcpy_gbps"] > 0, "bench codec: rates positive", p)
+    # the pool phase: codec namespaces through an engine (every page checked by the tool)
+    check(all(r[f"pool_{c}_{k}"] > 0 for c in ("none", "lossless", "int8", "fp8")
+              for k in ("save_gbps", "load_gbps")), "bench codec: pool rates positive", p)
+    check(r["pool_none_ratio"] == 1 and r["pool_lossless_ratio"] >= 1.35
+          and r["pool_int8_ratio"] >= 1.9, "bench codec: pool ratios", p)
+    check(r["pool_lossless_capacity_blocks"] >= 1.3 * r["pool_none_capacity_blocks"]
+          and r["pool_int8_capacity_blocks"] >= 1.85 * r["pool_none_capacity_blocks"],
+          "bench codec: a pool holds more frames than blocks", p)
 
 cli_check.finish("test_bench")

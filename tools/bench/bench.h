@@ -72,4 +72,21 @@ typedef struct bench_host_result {
  * on stderr. */
 int bench_host_run(const bench_host_config *cfg, bench_host_result *out);
 
+/* ---- openinfer bench codec: the pool phase (bench_codec_pool.c) ---- */
+
+typedef struct bench_codec_pool_row {
+  int codec;                   /* oi_codec_id: none first, the baseline */
+  double save_gbps, load_gbps; /* logical bytes, best of the repetitions */
+  uint64_t stored_bytes;       /* a block's slot */
+  double ratio;                /* the namespace's logical / physical bytes */
+  size_t loaded, wrong;        /* pages loaded; of them, not the codec's round trip */
+  uint64_t capacity_blocks;    /* blocks a pool of half the working set holds */
+} bench_codec_pool_row;
+
+/* The codecs through an embedded cpu engine: work_bytes of 12,288-byte
+ * corpus pages (corpus[0..clen) tiled) saved and loaded, then a pool of half
+ * that filled past it. @return 0, or -1 with a message on stderr. */
+int bench_codec_pool(const uint8_t *corpus, size_t clen, uint64_t work_bytes, int reps,
+                     bench_codec_pool_row rows[4]);
+
 #endif

@@ -7,6 +7,7 @@
 
 #include "core/fault.h"
 #include "transfer.h"
+#include "transfer/codec_stage.h"
 
 struct oi_xfer_job {
   struct oi_xfer_job *next;
@@ -86,16 +87,7 @@ struct oi_xfer {
   pthread_mutex_t plan_lock[2];
   oi_copy_desc *plan_buf[2];
   size_t plan_cap[2];
-  /* The codec stage (cfg.codec): per direction, one group's bounce blocks
-   * (pinned: the copies read or write them) and their addresses; the lock
-   * makes a group's copies and its codec step one unit on the stream. */
-  oi_pinned bounce[2];
-  uint8_t **bounce_at[2];
-  pthread_mutex_t codec_lock[2];
-  /* Slots smaller than the codec's largest frame (lossless): a frame is
-   * made here, on the save stream, and copied to its slot if it fits. */
-  uint8_t *scratch;
-  size_t scratch_bytes;
+  oi_codec_stage *codec; /* cfg.codec (codec_stage.h); NULL without one */
 };
 
 static uint32_t log_id(const oi_xfer *x) { return x->cfg.log_id ? *x->cfg.log_id : 0; }
@@ -330,77 +322,35 @@ static oi_status queue_copies_in(oi_xfer *x, const oi_layout *l, uint32_t mode, 
 /* ---- the codec stage ---------------------------------------------------------- */
 
 /* One group's codec step: blocks [from, from + n) of its job, whose bounce
- * blocks are the pipeline's bounce_at[dir][0..n). */
+ * blocks are the codec stage's first n of the direction. */
 typedef struct codec_step {
   oi_xfer_job *job;
   size_t from, n;
 } codec_step;
 
 /* On the save stream, after the group's pieces landed in the bounce blocks:
- * each block is encoded into its slot, the slot's tail zeroed (no byte of
- * an earlier block stays behind a frame). A block that does not encode is
+ * each block is encoded into its slot. A block that does not encode is
  * marked; its slot is not kept. */
 static void encode_step(void *arg, oi_status st) {
   codec_step *c = arg;
   oi_xfer_job *job = c->job;
-  oi_xfer *x = job->x;
-  uint64_t bb = x->cfg.layout->block_bytes, fb = x->cfg.frame_bytes;
-  for (size_t i = 0; i < c->n; i++) {
-    size_t k = c->from + i, out = 0;
-    uint8_t *slot = job->host[k], *to = x->scratch ? x->scratch : slot;
-    size_t cap = x->scratch ? x->scratch_bytes : fb;
-    oi_status es = st;
-    if (es == OI_OK)
-      es = oi__codec_encode(x->cfg.codec, &x->cfg.codec_shape, x->bounce_at[OI_COPY_D2H][i], bb, to,
-                            cap, &out);
-    if (es == OI_OK && out > fb)
-      es = oi__fail(OI_ERR_INVALID_ARGUMENT, "a frame of %zu bytes for a %llu-byte slot", out,
-                    (unsigned long long)fb);
-    if (es == OI_OK && to != slot) memcpy(slot, to, out);
-    if (es != OI_OK) {
-      if (!job->bad[k]) job->nbad++;
-      job->bad[k] = 1;
-      if (st == OI_OK)
-        OI_LOG_I(OI_LOG_DEBUG, "engine", log_id(x), "a block not encoded (%s): %s",
-                 oi__codec_name(x->cfg.codec), oi_last_error());
-      continue;
-    }
-    memset(slot + out, 0, fb - out);
+  if (st != OI_OK) { /* the copies failed: the job fails with them (the stream told us alone) */
+    if (job->codec_st == OI_OK) job->codec_st = st;
+    oi__free(c);
+    return;
   }
+  job->nbad += oi__codec_stage_encode(job->x->codec, job->host + c->from, c->n, job->bad + c->from);
   oi__free(c);
 }
 
 /* On the load stream, before the group's pieces leave the bounce blocks:
- * each slot's frame is verified and decoded. A frame that is not whole, of
- * another codec or of another size fails the load (its bounce block is
- * cleared: no other block's bytes go out in its place). */
+ * each slot's frame is verified and decoded; one that does not fails the
+ * load. */
 static void decode_step(void *arg, oi_status st) {
   codec_step *c = arg;
   oi_xfer_job *job = c->job;
-  oi_xfer *x = job->x;
-  uint64_t bb = x->cfg.layout->block_bytes, fb = x->cfg.frame_bytes;
-  for (size_t i = 0; i < c->n; i++) {
-    const uint8_t *slot = job->host[c->from + i];
-    uint8_t *dst = x->bounce_at[OI_COPY_H2D][i];
-    size_t out = 0;
-    oi_status ds = st;
-    if (ds == OI_OK && slot[5] != (uint8_t)x->cfg.codec)
-      ds = oi__fail(OI_ERR_PROTOCOL, "load: a frame of codec %u in a namespace of codec %s",
-                    slot[5], oi__codec_name(x->cfg.codec));
-    if (ds == OI_OK) ds = oi__codec_decode(slot, fb, dst, bb, &out);
-    if (ds == OI_OK && out != bb)
-      ds = oi__fail(OI_ERR_PROTOCOL, "load: a frame of %zu bytes for blocks of %llu", out,
-                    (unsigned long long)bb);
-    if (ds != OI_OK) {
-      if (job->codec_st == OI_OK) {
-        job->codec_st = st != OI_OK ? st : OI_ERR_PROTOCOL;
-        if (st == OI_OK)
-          OI_LOG_I(OI_LOG_WARN, "engine", log_id(x), "load: a frame did not decode: %s",
-                   oi_last_error());
-      }
-      memset(dst, 0, bb);
-    }
-  }
+  if (st == OI_OK) st = oi__codec_stage_decode(job->x->codec, job->host + c->from, c->n);
+  if (st != OI_OK && job->codec_st == OI_OK) job->codec_st = st;
   oi__free(c);
 }
 
@@ -422,18 +372,19 @@ static oi_status queue_codec_group(oi_xfer_job *job, const oi_layout *l, uint32_
   *c = (codec_step){.job = job, .from = from, .n = n};
   oi_stream *s = x->stream[d];
   oi_status st;
-  pthread_mutex_lock(&x->codec_lock[d]);
+  uint8_t *const *bounce = oi__codec_stage_bounce(x->codec, d);
+  oi__codec_stage_lock(x->codec, d);
   if (d == OI_COPY_D2H) {
-    st = queue_copies_in(x, l, mode, s, OI_COPY_D2H, job->ids + from, x->bounce_at[d], n);
+    st = queue_copies_in(x, l, mode, s, OI_COPY_D2H, job->ids + from, bounce, n);
     if (st == OI_OK) st = x->dev->ops->stream_call(s, encode_step, c);
   } else {
     st = x->dev->ops->stream_call(s, decode_step, c);
     if (st == OI_OK) {
       c = NULL; /* the stream's now */
-      st = queue_copies_in(x, l, mode, s, OI_COPY_H2D, job->ids + from, x->bounce_at[d], n);
+      st = queue_copies_in(x, l, mode, s, OI_COPY_H2D, job->ids + from, bounce, n);
     }
   }
-  pthread_mutex_unlock(&x->codec_lock[d]);
+  oi__codec_stage_unlock(x->codec, d);
   if (st != OI_OK) oi__free(c);
   return st;
 }
@@ -695,36 +646,6 @@ oi_status oi__xfer_submit(oi_xfer_job *job, const char *what) {
 
 /* ---- pipelines --------------------------------------------------------------- */
 
-/* The codec stage's bounce buffers: per direction, one group of blocks
- * (at most OI_CODEC_BOUNCE_BYTES of them, at least one), pinned. */
-#define OI_CODEC_BOUNCE_BYTES (32ull << 20)
-
-static oi_status bounce_create(oi_xfer *x) {
-  uint64_t bb = x->cfg.layout->block_bytes;
-  if (x->cfg.frame_bytes < OI_CODEC_HEADER_BYTES)
-    return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: frame slots of %llu bytes",
-                    (unsigned long long)x->cfg.frame_bytes);
-  for (int d = 0; d < 2; d++) {
-    uint64_t g = OI_MIN(x->group_blocks[d], OI_MAX(OI_CODEC_BOUNCE_BYTES / bb, (uint64_t)1));
-    x->group_blocks[d] = g;
-    oi_status st = x->dev->ops->pinned_alloc(x->dev, g * bb, 0, -1, &x->bounce[d]);
-    if (st != OI_OK) return st;
-    x->bounce_at[d] = oi__malloc(g * sizeof *x->bounce_at[d]);
-    if (!x->bounce_at[d])
-      return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory for the codec's buffers");
-    for (uint64_t i = 0; i < g; i++)
-      x->bounce_at[d][i] = (uint8_t *)x->bounce[d].host + i * bb;
-  }
-  size_t bound = oi__codec_bound(x->cfg.codec, &x->cfg.codec_shape, bb);
-  if (bound > x->cfg.frame_bytes) {
-    x->scratch = oi__malloc(bound);
-    x->scratch_bytes = bound;
-    if (!x->scratch)
-      return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory for the codec's buffers");
-  }
-  return OI_OK;
-}
-
 oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
   *out = NULL;
   oi_xfer *x = oi__calloc(1, sizeof *x);
@@ -740,11 +661,13 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
                      : x->mode[d] == OI_XFER_DMA ? OI_DMA_GROUP_BYTES
                                                  : OI_KERNEL_GROUP_BYTES;
     x->group_blocks[d] = blocks_per_group(bytes, c->layout->block_bytes);
-    pthread_mutex_init(&x->codec_lock[d], NULL);
   }
   oi_status st;
   if ((st = oi__dev_open(c->device, &x->dev)) != OI_OK) goto fail;
-  if (c->codec != OI_CODEC_NONE && (st = bounce_create(x)) != OI_OK) goto fail;
+  if (c->codec != OI_CODEC_NONE &&
+      (st = oi__codec_stage_create(x->dev, c->codec, &c->codec_shape, c->layout->block_bytes,
+                                   c->frame_bytes, x->group_blocks, c->log_id, &x->codec)) != OI_OK)
+    goto fail;
   if ((st = x->dev->ops->stream_create(x->dev, 0, &x->stream[OI_COPY_D2H])) != OI_OK) goto fail;
   if ((st = x->dev->ops->stream_create(x->dev, 1, &x->stream[OI_COPY_H2D])) != OI_OK) goto fail;
   int rc = pthread_create(&x->done_thread, NULL, done_main, x);
@@ -774,12 +697,7 @@ void oi__xfer_destroy(oi_xfer *x) {
     pthread_mutex_unlock(&x->lock);
     pthread_join(x->done_thread, NULL);
   }
-  for (int d = 0; d < 2; d++) {
-    if (x->bounce[d].host) x->dev->ops->pinned_free(x->dev, &x->bounce[d]);
-    oi__free(x->bounce_at[d]);
-    pthread_mutex_destroy(&x->codec_lock[d]);
-  }
-  oi__free(x->scratch);
+  oi__codec_stage_destroy(x->codec);
   oi__dev_close(x->dev);
   pthread_cond_destroy(&x->cv);
   pthread_mutex_destroy(&x->lock);

@@ -30,6 +30,7 @@ static oi_status open_engine(int codec, uint64_t pool, uint8_t *mem, uint64_t bl
   ho.pool_bytes = pool;
   ho.chunk_bytes = 1ull << 20;
   ho.flags |= OI_HOST_NO_PIN;
+  ho.high_watermark = ho.low_watermark = 1.0f; /* no background eviction: full is full */
   oi_status st = oi_host_create(&ho, h);
   if (st != OI_OK) return st;
   oi_arena_desc ad = {.name = "kv",

@@ -10,6 +10,9 @@
  *    secret dialing A is refused; A keeps serving B;
  *  - Redis killed: queries degrade to local only (no hang); restarted: a
  *    new save is published and fetched again;
+ *  - a codec namespace's frames cross nodes as they are: node B loads node
+ *    A's lossless frames byte-exact; a node whose namespace of that name has
+ *    no codec never gets them (another layout fingerprint);
  *  - bad options are refused with a message and attach nothing.
  * Skips (77) when redis-server is not on PATH. */
 #include <fcntl.h>
@@ -83,6 +86,72 @@ static void test_cross_node_round_trip(void) {
   CHECK(fetch_check(&b, 0, NB, 3000) == NB); /* what B fetched stays served */
   node_close(&b);
   node_close(&a);
+}
+
+/* Compressible bf16 (a narrow range of exponents, as KV has): element j of
+ * codec block `logical`. */
+static uint16_t kv_elem(uint64_t logical, uint64_t j) {
+  float f = ((float)(pattern(logical, j) & 0xff) - 127.5f) / 64.0f;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)(u >> 16);
+}
+
+/* An engine of namespace "cluster-codec" on node n's host, codec `codec`,
+ * over 2 * NB blocks of BLOCK bytes at mem. */
+static oi_engine *codec_engine(node *n, const char *codec, uint16_t *mem) {
+  oi_arena_desc ad = tr_arena("kv", mem, 2 * NB, BLOCK);
+  oi_engine_options eo = tr_engine_options("cluster-codec", &ad, 1);
+  eo.codec = codec;
+  return tr_engine_new(n->h, &eo);
+}
+
+static void test_codec_frames_cross_nodes(void) {
+  node a, b, c;
+  CHECK_OK(node_open(&a, "node-a4", "secret", true));
+  CHECK_OK(node_open(&b, "node-b4", "secret", true));
+  CHECK_OK(node_open(&c, "node-c4", "secret", true));
+  size_t elems = (size_t)2 * NB * BLOCK / 2;
+  uint16_t *ma = calloc(elems, 2), *mb = calloc(elems, 2), *mc = calloc(elems, 2);
+  REQUIRE(ma && mb && mc);
+  oi_engine *ea = codec_engine(&a, "lossless", ma), *eb = codec_engine(&b, "lossless", mb);
+  oi_engine *ec = codec_engine(&c, "none", mc);
+  int64_t ids[NB], dst[NB];
+  oi_block_hash hs[NB];
+  for (int k = 0; k < NB; k++) {
+    ids[k] = k;
+    dst[k] = NB + k;
+    hs[k] = hash_of(500 + (uint64_t)k);
+    for (uint64_t j = 0; j < BLOCK / 2; j++)
+      ma[(uint64_t)k * BLOCK / 2 + j] = kv_elem(500 + (uint64_t)k, j);
+  }
+  uint64_t before = cstats(&a).published;
+  CHECK_OK(tr_save(ea, ids, hs, NB, 10000));
+  CHECK(tr_engine_stats(ea).saves_completed == NB);
+  wait_published(&a, before + NB);
+  oi_query_result q = {.struct_size = sizeof q, .wait_ms = 5000};
+  CHECK_OK(oi_engine_query(eb, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &q));
+  CHECK(q.hit_blocks == NB);
+  if (q.hit_blocks) CHECK_OK(tr_load(eb, q.lease, dst, q.hit_blocks, 10000));
+  CHECK(memcmp(mb + (size_t)NB * BLOCK / 2, ma, (size_t)NB * BLOCK) == 0);
+  /* What crossed: frames (the slots' bytes), fewer than the blocks. */
+  oi_host_cluster_stats sa = cstats(&a);
+  fprintf(stderr, "  %d lossless frames fetched: %llu bytes served for %d logical\n", NB,
+          (unsigned long long)sa.bytes_served, NB * BLOCK);
+  CHECK(sa.bytes_served < (uint64_t)NB * BLOCK * 3 / 4 + 1);
+  /* Another codec under the same name: A's frames are not its blocks. */
+  oi_query_result qc = {.struct_size = sizeof qc, .wait_ms = 2000};
+  CHECK_OK(oi_engine_query(ec, NULL, hs, NB, OI_QUERY_WAIT_PENDING, &qc));
+  CHECK(qc.hit_blocks == 0);
+  oi_engine_destroy(ec);
+  oi_engine_destroy(eb);
+  oi_engine_destroy(ea);
+  node_close(&c);
+  node_close(&b);
+  node_close(&a);
+  free(ma);
+  free(mb);
+  free(mc);
 }
 
 static void test_wrong_secret_is_refused(void) {
@@ -249,6 +318,7 @@ int main(void) {
   snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d", g_port);
   g_redis = redis_start(g_port);
   RUN_TEST(test_cross_node_round_trip);
+  RUN_TEST(test_codec_frames_cross_nodes);
   RUN_TEST(test_wrong_secret_is_refused);
   RUN_TEST(test_redis_down_and_back);
   RUN_TEST(test_bad_options);

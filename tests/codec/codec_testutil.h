@@ -43,6 +43,24 @@ static inline uint64_t ct_rand(uint64_t *s) { /* splitmix64 */
   return z ^ (z >> 31);
 }
 
+/* What a load of a corpus page through `codec` must give: the page itself
+ * (none, lossless), or the codec's own round trip of it (int8, fp8). */
+static inline void ct_expected_of(int codec, const uint8_t *page, uint8_t *out) {
+  if (codec <= OI_CODEC_LOSSLESS) {
+    memcpy(out, page, CORPUS_PAGE_BYTES);
+    return;
+  }
+  oi_codec_shape sh = CORPUS_SHAPE_KV;
+  uint8_t frame[2 * CORPUS_PAGE_BYTES];
+  size_t fb = 0, ob = 0;
+  if (oi__codec_encode(codec, &sh, page, CORPUS_PAGE_BYTES, frame, sizeof frame, &fb) != OI_OK ||
+      oi__codec_decode(frame, fb, out, CORPUS_PAGE_BYTES, &ob) != OI_OK ||
+      ob != CORPUS_PAGE_BYTES) {
+    fprintf(stderr, "ct_expected_of: codec %d: %s\n", codec, oi_last_error());
+    abort();
+  }
+}
+
 static inline float ct_bf16(uint16_t b) {
   uint32_t u = (uint32_t)b << 16;
   float f;

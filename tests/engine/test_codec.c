@@ -42,18 +42,22 @@ static oi_engine_options codec_options(const char *ns, const oi_arena_desc *ad, 
   return o;
 }
 
-/* What a load of `page` through `codec` must give: the page itself, or the
- * codec's round trip of it. */
-static void expected_of(int codec, const uint8_t *page, uint8_t *out) {
-  if (codec == OI_CODEC_NONE || codec == OI_CODEC_LOSSLESS) {
-    memcpy(out, page, PAGE);
-    return;
+/* A host of 16 MiB with an engine of namespace `ns` and `codec` over
+ * `blocks` pages at mem (*h gets the host). */
+static oi_engine *small_engine(oi_host **h, const char *ns, const char *codec, uint8_t *mem,
+                               size_t blocks) {
+  oi_arena_desc ad = tr_arena("kv", mem, blocks, PAGE);
+  *h = tr_host(16 * MiB);
+  oi_engine_options o = codec_options(ns, &ad, codec);
+  return tr_engine_new(*h, &o);
+}
+
+/* ids[i] = i, hs[i] the hash of i tagged `tag`. */
+static void ids_hashes(int64_t *ids, oi_block_hash *hs, size_t n, uint8_t tag) {
+  for (size_t i = 0; i < n; i++) {
+    ids[i] = (int64_t)i;
+    hs[i] = tr_hash(i, 13, tag);
   }
-  oi_codec_shape sh = CORPUS_SHAPE_KV;
-  static uint8_t frame[2 * PAGE];
-  size_t fb = 0, ob = 0;
-  REQUIRE(oi__codec_encode(codec, &sh, page, PAGE, frame, sizeof frame, &fb) == OI_OK);
-  REQUIRE(oi__codec_decode(frame, fb, out, PAGE, &ob) == OI_OK && ob == PAGE);
 }
 
 static oi_host_namespace_stats ns_stats(oi_host *h, uint32_t index) {
@@ -88,7 +92,7 @@ static size_t round_trip(oi_engine *e, uint8_t *mem, int codec, uint8_t tag) {
       dst[j] = (int64_t)(n + at + j);
     CHECK_OK(tr_load(e, q.lease, dst, q.hit_blocks, 30000));
     for (size_t j = 0; j < q.hit_blocks; j++) {
-      expected_of(codec, corpus + (at + j) * PAGE, want);
+      ct_expected_of(codec, corpus + (at + j) * PAGE, want);
       bad += memcmp(mem + (n + at + j) * PAGE, want, PAGE) != 0;
     }
   }
@@ -185,16 +189,11 @@ static void test_incompressible(void) {
     memcpy(mem + i, &v, 8);
   }
   memcpy(mem, corpus, PAGE); /* block 0 is real KV: it fits */
-  oi_arena_desc ad = tr_arena("kv", mem, N, PAGE);
-  oi_host *h = tr_host(16 * MiB);
-  oi_engine_options o = codec_options("random", &ad, "lossless");
-  oi_engine *e = tr_engine_new(h, &o);
+  oi_host *h;
+  oi_engine *e = small_engine(&h, "random", "lossless", mem, N);
   int64_t ids[N];
   oi_block_hash hs[N];
-  for (int i = 0; i < N; i++) {
-    ids[i] = i;
-    hs[i] = tr_hash((uint64_t)i, 13, 0x99);
-  }
+  ids_hashes(ids, hs, N, 0x99);
   CHECK_OK(tr_save(e, ids, hs, N, 10000));
   oi_engine_stats es = tr_engine_stats(e);
   CHECK(es.saves_completed == 1);
@@ -215,16 +214,11 @@ static void test_corrupt_frame(void) {
   uint8_t *mem = malloc(2 * N * PAGE);
   REQUIRE(mem);
   memcpy(mem, corpus, N * PAGE);
-  oi_arena_desc ad = tr_arena("kv", mem, 2 * N, PAGE);
-  oi_host *h = tr_host(16 * MiB);
-  oi_engine_options o = codec_options("corrupt", &ad, "lossless");
-  oi_engine *e = tr_engine_new(h, &o);
+  oi_host *h;
+  oi_engine *e = small_engine(&h, "corrupt", "lossless", mem, 2 * N);
   int64_t ids[N];
   oi_block_hash hs[N];
-  for (int i = 0; i < N; i++) {
-    ids[i] = i;
-    hs[i] = tr_hash((uint64_t)i, 12, 0x55);
-  }
+  ids_hashes(ids, hs, N, 0x55);
   CHECK_OK(tr_save(e, ids, hs, N, 10000));
   /* Block 3's frame, a byte in its payload. */
   oi_host_ns ns;

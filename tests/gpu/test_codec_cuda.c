@@ -28,18 +28,6 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void expected_of(int codec, const uint8_t *page, uint8_t *out) {
-  if (codec <= OI_CODEC_LOSSLESS) {
-    memcpy(out, page, PAGE);
-    return;
-  }
-  oi_codec_shape sh = CORPUS_SHAPE_KV;
-  static uint8_t frame[2 * PAGE];
-  size_t fb = 0, ob = 0;
-  REQUIRE(oi__codec_encode(codec, &sh, page, PAGE, frame, sizeof frame, &fb) == OI_OK);
-  REQUIRE(oi__codec_decode(frame, fb, out, PAGE, &ob) == OI_OK && ob == PAGE);
-}
-
 static void run(int codec, uint32_t mode, bool layered) {
   size_t n = npages;
   uint64_t bytes = 2 * n * PAGE;
@@ -92,7 +80,7 @@ static void run(int codec, uint32_t mode, bool layered) {
   size_t bad = 0;
   uint8_t want[PAGE];
   for (size_t b = 0; b < n; b++) {
-    expected_of(codec, corpus + b * PAGE, want);
+    ct_expected_of(codec, corpus + b * PAGE, want);
     bad += memcmp(host + (2 * n - 1 - b) * PAGE, want, PAGE) != 0;
   }
   CHECK(bad == 0);

@@ -990,6 +990,14 @@ pub struct EngineOptions {
     /// arena by arena, each arena's `segments` entries, relative to the
     /// arena's offset. None: the descriptors' `segment_stride` rule.
     pub segment_offsets: Option<Vec<u64>>,
+    /// The namespace's codec (`oi_engine_options.codec`, docs/codecs.md):
+    /// None or "none", "lossless", "int8", "fp8".
+    pub codec: Option<String>,
+    /// int8 and fp8: a host block's bf16 elements as (tokens, heads,
+    /// head_dim) per part.
+    pub codec_shape: Option<(u32, u32, u32)>,
+    /// lossless: a frame's slot in bytes (None: 74 % of the block).
+    pub codec_slot_bytes: Option<u64>,
 }
 
 impl EngineOptions {
@@ -1006,7 +1014,20 @@ impl EngineOptions {
             lookup_deadline_ms: None,
             probe_interval_ms: None,
             segment_offsets: None,
+            codec: None,
+            codec_shape: None,
+            codec_slot_bytes: None,
         }
+    }
+
+    /// Stores the namespace's blocks as frames of `codec` ("lossless",
+    /// "int8", "fp8"; docs/codecs.md); the lossy codecs need `shape`
+    /// (tokens, heads, head_dim). The library checks both at register
+    /// (`InvalidArgument` naming the field).
+    pub fn codec(mut self, codec: &str, shape: Option<(u32, u32, u32)>) -> EngineOptions {
+        self.codec = Some(codec.to_string());
+        self.codec_shape = shape;
+        self
     }
 
     /// Segments as separate regions: block b, segment s of arena i lives at
@@ -1056,6 +1077,7 @@ struct RawEngineOptions {
     _names: Vec<CString>,
     _descs: Vec<sys::oi_arena_desc>,
     _offsets: Option<Vec<u64>>,
+    _codec: Option<CString>,
 }
 
 impl EngineOptions {
@@ -1106,13 +1128,36 @@ impl EngineOptions {
         if let Some(v) = self.probe_interval_ms {
             o.probe_interval_ms = v;
         }
+        let codec = match &self.codec {
+            Some(s) => Some(cstring(s)?),
+            None => None,
+        };
+        if let Some(c) = &codec {
+            o.codec = c.as_ptr();
+        }
+        if let Some((t, h, d)) = self.codec_shape {
+            o.codec_tokens = t;
+            o.codec_heads = h;
+            o.codec_head_dim = d;
+        }
+        if let Some(v) = self.codec_slot_bytes {
+            o.codec_slot_bytes = v;
+        }
         let offsets = self.segment_offsets.clone();
         if let Some(offs) = &offsets {
             o.segment_offsets = offs.as_ptr();
             o.num_segment_offsets =
                 u32::try_from(offs.len()).map_err(|_| invalid("too many segment offsets"))?;
         }
-        Ok(RawEngineOptions { o, _ns: ns, _inst: inst, _names: names, _descs: descs, _offsets: offsets })
+        Ok(RawEngineOptions {
+            o,
+            _ns: ns,
+            _inst: inst,
+            _names: names,
+            _descs: descs,
+            _offsets: offsets,
+            _codec: codec,
+        })
     }
 }
 

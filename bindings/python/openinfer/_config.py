@@ -314,6 +314,9 @@ SGLANG_KEYS = [
         "sidecar: the server's socket path; default: the server's default"),
     Key("namespace", namespace(), None,
         "replaces the derived namespace (below)"),
+    Key("codec", choice(CODECS), "none",
+        "the namespace's codec (docs/codecs.md): `lossless` (byte-exact), `int8` or `fp8` "
+        "(lossy, bf16 MHA pools only)"),
     Key("staging_pages", integer(1, 1 << 20), 16,
         "pages of the staging buffer (copying calls; every call in sidecar mode)"),
     Key("timeout_s", number(0.0, MS_MAX / 1000.0, lo_open=True, unit=" of seconds"), 60.0,

@@ -167,8 +167,10 @@ def test_good_values_parse_to_their_values():
         == [0, 1, 2, 3]
     assert [vllm({"codec": c})["codec"] for c in ("none", "LOSSLESS", "int8", "fp8")] \
         == ["none", "lossless", "int8", "fp8"]
+    assert [sglang({"codec": c})["codec"] for c in ("none", "Lossless", "int8", "FP8")] \
+        == ["none", "lossless", "int8", "fp8"]
     for bad in ("zstd", "", 8, True):
-        for parse in (vllm,):
+        for parse in (vllm, sglang):
             with pytest.raises(ConfigError, match="option 'codec' is .*allowed: one of 'none', "
                                                   "'lossless', 'int8', 'fp8'"):
                 parse({"codec": bad})
@@ -184,8 +186,8 @@ def test_defaults_and_null():
         (1 << 30, False, 1.0, 50, 100, None, None, "none")
     s = sglang(None)
     assert (s["mode"], s["pool_bytes"], s["staging_pages"], s["timeout_s"], s["retry_s"],
-            s["lookup_deadline_ms"], s["probe_interval_ms"]) == \
-        ("embedded", 1 << 30, 16, 60.0, 5.0, 50, 100)
+            s["lookup_deadline_ms"], s["probe_interval_ms"], s["codec"]) == \
+        ("embedded", 1 << 30, 16, 60.0, 5.0, 50, 100, "none")
 
 
 def test_parse_helpers_name_what_they_parse():

@@ -2,6 +2,7 @@
 [2, num_blocks, block, heads, dim] K/V halves and vLLM 0.33's
 [num_blocks, heads, block, K||V] pages in one backing allocation), layerwise
 saves, per-layer load waits, embedded and against a real sidecar."""
+import os
 import time
 
 import pytest
@@ -235,3 +236,187 @@ def test_a_load_past_its_deadline_is_held_until_fenced():
         time.sleep(0.5)
         assert torch.equal(raw.view(torch.int16), snap.view(torch.int16))
         w.close()
+
+
+# ----------------------------------------------------------------------------- codecs
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "data", "kvcorpus",
+                      "kv.bin")
+
+
+def kv_pages_lbnhc(dtype=torch.bfloat16):
+    """vLLM 0.33 with VLLM_KV_CACHE_LAYOUT LBNHC: the logical [blocks, heads,
+    tokens, K||V] views of memory laid out [blocks, tokens, heads, K||V]."""
+    raw = torch.zeros(LAYERS * BLOCKS * BS * HEADS * 2 * DIM, dtype=dtype)
+    v = raw.view(LAYERS, BLOCKS, BS, HEADS, 2 * DIM).permute(0, 1, 3, 2, 4)
+    return {"layer.%d" % i: v[i] for i in range(LAYERS)}
+
+
+def kv_halves_hnd(dtype=torch.bfloat16):
+    """K/V halves whose memory is [2, blocks, heads, tokens, dim] (HND),
+    viewed as [2, blocks, tokens, heads, dim]."""
+    return {"layer.%d" % i: torch.zeros((2, BLOCKS, HEADS, BS, DIM), dtype=dtype)
+            .permute(0, 1, 3, 2, 4) for i in range(LAYERS)}
+
+
+def roles_of(make):
+    return "sbthd" if make in (kv_halves, kv_halves_hnd) else "bhtkd"
+
+
+def split_pages(kv):
+    """Page tensors with K||V split into [K, V] of DIM (what the connector hands
+    codec_shape_of)."""
+    return {n: t.unflatten(-1, (2, DIM)) for n, t in kv.items()}
+
+
+def test_codec_shape_of_the_layouts():
+    """The lossy codecs' (tokens, heads, head_dim) of each layout: the
+    K/V halves are 2 x layers parts of [tokens][heads][dim] (HND memory: 2 x
+    layers x heads parts of [tokens][1][dim]); vLLM 0.33's LBHNC pages are
+    layers x heads parts of [tokens][K, V][dim], LBNHC pages layers parts of
+    [tokens][heads x K, V][dim]."""
+    from openinfer.kvworker import codec_shape_of
+    assert codec_shape_of(kv_halves(), "sbthd") == (BS, HEADS, DIM)
+    assert codec_shape_of(kv_halves_hnd(), "sbthd") == (BS, 1, DIM)
+    assert codec_shape_of(split_pages(kv_pages()), "bhtkd") == (BS, 2, DIM)
+    assert codec_shape_of(split_pages(kv_pages_lbnhc()), "bhtkd") == (BS, 2 * HEADS, DIM)
+    with pytest.raises(oi.InvalidArgumentError, match="float16; the lossy codecs"):
+        codec_shape_of(kv_halves(torch.float16), "sbthd")
+    # head_dim not innermost ([.., dim, heads] in memory): no shape
+    odd = {"x": torch.zeros((2, BLOCKS, BS, DIM, HEADS), dtype=torch.bfloat16)
+           .transpose(3, 4)}
+    with pytest.raises(oi.InvalidArgumentError, match="head_dim is not the innermost"):
+        codec_shape_of(odd, "sbthd")
+    mixed = dict(kv_halves())
+    mixed["layer.hnd"] = kv_halves_hnd()["layer.0"]
+    with pytest.raises(oi.InvalidArgumentError, match="another layer's is"):
+        codec_shape_of(mixed, "sbthd")
+
+
+def canonical(t, b):
+    """Block b of a layer tensor as [K/V, tokens, heads, dim] float32."""
+    if t.dim() == 5:  # halves: [2, blocks, tokens, heads, dim]
+        return t[:, b].float()
+    return t[b].unflatten(-1, (2, DIM)).permute(2, 1, 0, 3).float()  # [heads, tokens, 2, dim]
+
+
+def fill_corpus(kv, ids, skew):
+    """Each block of every layer filled with real KV values of the corpus
+    (bf16, taken in order); skew: K/V and every head scaled by its own power
+    of two (exact), so that a scale taken over the wrong elements breaks the
+    codecs' bounds."""
+    with open(CORPUS, "rb") as f:
+        corpus = torch.frombuffer(bytearray(f.read()), dtype=torch.bfloat16)
+    off = 0
+    for t in kv.values():
+        for b in ids:
+            c = canonical(t, b)
+            n = c.numel()
+            vals = corpus[off:off + n].float().view(c.shape)
+            off += n
+            if skew:
+                f = torch.tensor([2.0 ** (3 * h) for h in range(HEADS)]).view(1, 1, HEADS, 1)
+                vals = vals * f * torch.tensor([1.0, 1 / 64]).view(2, 1, 1, 1)
+            vals = vals.to(torch.bfloat16)
+            if t.dim() == 5:
+                t[:, b] = vals
+            else:
+                t[b] = vals.permute(2, 1, 0, 3).flatten(-2)
+    return off
+
+
+def within_codec_bound(codec, got, want):
+    """got, want: [K/V, tokens, heads, dim] float32. int8: every (K/V, token,
+    head) vector within half its scale step (amax / 127); fp8: every value
+    within half a unit in the last of 3 mantissa bits, or half the smallest
+    subnormal step of its (K/V, head) scale (amax over the tokens / 448); both
+    plus the bf16 rounding of the decoded value."""
+    err = (got - want).abs()
+    bf16 = want.abs() / 128
+    if codec == "int8":
+        step = want.abs().amax(dim=-1, keepdim=True) / 127
+        return bool((err <= step / 2 + bf16 + 1e-30).all())
+    scale = want.abs().amax(dim=(1, 3), keepdim=True) / 448
+    return bool((err <= want.abs() / 16 + scale * 2.0 ** -10 + bf16 + 1e-30).all())
+
+
+@pytest.mark.parametrize("codec", ["lossless", "int8", "fp8"])
+@pytest.mark.parametrize("make", [kv_halves, kv_halves_hnd, kv_pages, kv_pages_lbnhc])
+def test_a_codec_worker_saves_whole_blocks(make, codec):
+    """A codec namespace: save_layer saves nothing, finish_step saves each
+    block whole in one call after the last layer; the load lands whole (every
+    layer's wait returns) with lossless byte-equal, int8 and fp8 within their
+    bounds on every (K/V, token, head) of real KV values."""
+    from openinfer.kvworker import codec_shape_of
+    kv = make()
+    kv_dim = None if make in (kv_pages, kv_pages_lbnhc) else "auto"
+    views = kv if kv_dim else split_pages(kv)
+    shape = codec_shape_of(views, roles_of(make)) if codec != "lossless" else None
+    ns = "eng/kvworker/codec/%s/%s" % (make.__name__, codec)
+    with oi.OffloadHost(32 << 20) as host:
+        w = KVWorker(kv, ns, host=host, num_blocks=BLOCKS, kv_dim=kv_dim, codec=codec,
+                     codec_shape=shape)
+        assert w.whole_blocks
+        fill_corpus(kv, [1, 2, 3], skew=codec != "lossless")
+        want = {n: [canonical(t, b) for b in (1, 2, 3)] for n, t in kv.items()}
+        hs = hashes(3, 11000)
+        w.begin_step([1, 2, 3], hs)
+        for name in kv:
+            assert w.save_layer(name) is None  # a frame covers the whole block
+        assert w.query(hs).hit_blocks == 0
+        assert len(w.finish_step()) == 1
+        assert w.wait_saves(30) == []
+        assert w.counters()["saves_completed"] == 1
+        q = w.query(hs)
+        assert q.hit_blocks == 3
+        for t in kv.values():
+            t.zero_()
+        t = w.load(q.lease, [9, 5, 7])
+        for name in kv:
+            w.wait_layer(t, name, 30)
+        assert w.settle_load(t, 30) is True
+        lossy_differs = False
+        for name, tensor in kv.items():
+            for j, dst in enumerate((9, 5, 7)):
+                got = canonical(tensor, dst)
+                if codec == "lossless":
+                    assert torch.equal(got, want[name][j]), (name, j)
+                else:
+                    assert within_codec_bound(codec, got, want[name][j]), (name, j)
+                    lossy_differs |= not torch.equal(got, want[name][j])
+            for b in (0, 1, 2, 3, 4, 6, 8, 10, 11):  # nothing else was written
+                assert not canonical(tensor, b).any()
+        assert codec == "lossless" or lossy_differs, "the lossy codec changed nothing"
+        # the namespace is bound to its codec: an engine without it is refused
+        with pytest.raises(oi.InvalidArgumentError, match="codec %s" % codec):
+            KVWorker(kv, ns, host=host, num_blocks=BLOCKS, kv_dim=kv_dim)
+        w.close()
+
+
+def test_a_codec_sidecar_worker_round_trips_lossless(serve):
+    shapes = [(2, BLOCKS, BS, HEADS, DIM)] * LAYERS
+    buf, tensors = shared_kv_tensors(shapes, torch.bfloat16)
+    kv = {"layer.%d" % i: t for i, t in enumerate(tensors)}
+    w = KVWorker(kv, "eng/kvworker/codec-sidecar", socket=serve.socket, buffer=buf,
+                 num_blocks=BLOCKS, codec="lossless")
+    fill_corpus(kv, [0, 1], skew=False)
+    want = {n: [canonical(t, b) for b in (0, 1)] for n, t in kv.items()}
+    hs = hashes(2, 12000)
+    w.begin_step([0, 1], hs)
+    for name in kv:
+        assert w.save_layer(name) is None
+    assert len(w.finish_step()) == 1
+    assert w.wait_saves(30) == []
+    q = w.query(hs)
+    assert q.hit_blocks == 2
+    for t in kv.values():
+        t.zero_()
+    t = w.load(q.lease, [10, 11])
+    for name in kv:
+        w.wait_layer(t, name, 30)
+        assert torch.equal(canonical(kv[name], 10), want[name][0])
+        assert torch.equal(canonical(kv[name], 11), want[name][1])
+    assert w.settle_load(t, 30) is True
+    w.close()
+    tensors.clear()
+    kv.clear()

@@ -16,7 +16,10 @@ equal (sync and async loads, embedded and sidecar); a failed load becomes
 recompute through vLLM's load-error path (``get_block_ids_with_load_errors``
 -> ``invalid_block_ids`` -> the scheduler rolls ``num_computed_tokens``
 back); a sidecar restart in engine-owned mode degrades (misses, dropped
-saves) and recovers (hits again)."""
+saves) and recovers (hits again); with kv_connector_extra_config codec
+(lossless, int8, fp8) a prefix saved whole loads into another instance
+byte-equal or within the codec's bound, and the default namespace names the
+codec."""
 import gc
 import os
 import re
@@ -535,6 +538,8 @@ BAD_OPTIONS = [
     ({"load_async": "maybe"}, "load_async", "'maybe'"),
     ({"namespace": ""}, "namespace", "is '';"),
     ({"lookup_deadline_ms": 0}, "lookup_deadline_ms", "is 0;"),
+    ({"codec": "zstd"}, "codec", "'zstd'"),
+    ({"codec": 8}, "codec", "is 8;"),
     ({"pool_sise": "1G"}, "pool_sise", "unknown option"),
 ]
 
@@ -875,3 +880,304 @@ def test_the_tiers_figures_reach_vllms_metrics():
         unregister_vllm_metrics()
     finally:
         eng.close()
+
+
+# ----------------------------------------------------------------------------- codecs
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "data", "kvcorpus",
+                      "kv.bin")
+_corpus = []
+
+
+def corpus_vectors():
+    """The real-KV corpus (tests/data/kvcorpus, docs/codecs.md) as vectors of
+    KV_HEADS x 2 x HEAD bf16 values (64: one of the corpus's head vectors)."""
+    if not _corpus:
+        with open(CORPUS, "rb") as f:
+            v = torch.frombuffer(bytearray(f.read()), dtype=torch.bfloat16)
+        n = KV_HEADS * 2 * HEAD
+        _corpus.append(v[:v.numel() // n * n].view(-1, KV_HEADS, 2 * HEAD))
+    return _corpus[0]
+
+
+class CodecEngine(Engine):
+    """The stand-in model writes real KV: each (token, position, layer) a
+    vector of the corpus, every head and K||V channel its own value. skew:
+    every head and K or V scaled by its own power of two (exact), so that a
+    codec scale taken over the wrong elements breaks the bound."""
+
+    skew = False
+
+    def token_kv(self, token, pos, layer):
+        vecs = corpus_vectors()
+        v = vecs[(token * 131 + pos * 7 + layer * 977) % vecs.shape[0]].float()
+        if self.skew:
+            v = v.view(KV_HEADS, 2, HEAD)
+            v = v * torch.tensor([2.0 ** (3 * h) for h in range(KV_HEADS)]).view(-1, 1, 1)
+            v = (v * torch.tensor([1.0, 1 / 64]).view(1, 2, 1)).view(KV_HEADS, 2 * HEAD)
+        return v.to(torch.bfloat16)
+
+    def write_layer(self, layer, sched_out):
+        t = self.kv[LAYER_NAMES[layer]]  # [blocks, heads, tokens, K||V]
+        for req_id, start, n in self._scheduled(sched_out):
+            blocks = self.block_table[req_id]
+            toks = self.tokens[req_id]
+            for pos in range(start, start + n):
+                t[blocks[pos // BS], :, pos % BS, :] = self.token_kv(toks[pos], pos, layer)
+
+    def expected_block(self, req_id, b_index, layer):
+        toks = self.tokens[req_id]
+        want = torch.empty(KV_HEADS, BS, 2 * HEAD, dtype=torch.bfloat16)
+        for off in range(BS):
+            pos = b_index * BS + off
+            want[:, off, :] = self.token_kv(toks[pos], pos, layer)
+        return want
+
+
+def int8_within_bound(got, want):
+    """Every token's K or V of every head (HEAD values) within half its scale
+    step (amax / 127), plus the bf16 rounding of the decoded value."""
+    g = got.float().unflatten(-1, (2, HEAD))
+    w = want.float().unflatten(-1, (2, HEAD))
+    step = w.abs().amax(dim=-1, keepdim=True) / 127
+    return bool(((g - w).abs() <= step / 2 + w.abs() / 128 + 1e-30).all())
+
+
+def fp8_within_bound(got, want):
+    """Every value within half a unit in the last of e4m3's 3 mantissa bits,
+    or half the smallest subnormal step of its head's K or V scale (amax over
+    the block's tokens / 448), plus the bf16 rounding of the decoded value."""
+    g = got.float().unflatten(-1, (2, HEAD))  # [heads, tokens, K/V, HEAD]
+    w = want.float().unflatten(-1, (2, HEAD))
+    scale = w.abs().amax(dim=(1, 3), keepdim=True) / 448
+    return bool(((g - w).abs() <= w.abs() / 16 + scale * 2.0 ** -10 + w.abs() / 128
+                 + 1e-30).all())
+
+
+def server_namespaces(serve):
+    import json
+    import subprocess
+    out = subprocess.run([os.environ["OPENINFER_EXE"], "stats", "--socket", serve.socket,
+                          "--json"], check=True, capture_output=True, text=True).stdout
+    return {n["name"]: n for n in json.loads(out)["namespaces"]}
+
+
+CODEC_CASES = [("lossless", "embedded", False), ("lossless", "embedded", True),
+               ("lossless", "sidecar", False), ("lossless", "sidecar", True),
+               ("int8", "embedded", False), ("int8", "sidecar", True),
+               ("fp8", "embedded", False)]
+
+
+@pytest.mark.parametrize("codec,mode,load_async", CODEC_CASES,
+                         ids=["%s-%s-%s" % (c, m, "async" if a else "sync")
+                              for c, m, a in CODEC_CASES])
+def test_a_codec_prefix_loads_into_another_instance(codec, mode, load_async, request):
+    """kv_connector_extra_config codec: one instance saves a prompt's 5 blocks
+    whole (one save per step, after the last layer; none layer by layer)
+    under the default namespace, which names the codec; another instance of
+    the same config loads them, sync (each layer's wait returns once the
+    whole load landed) or async: lossless byte-equal, int8 every token's K
+    or V of every head within half its scale step (amax / 127), fp8 within
+    its bound, real KV values throughout."""
+    i = CODEC_CASES.index((codec, mode, load_async))
+    prompt = list(range(6000 + 200 * i, 6000 + 200 * i + 5 * BS + 3))
+    if mode == "embedded":
+        extra, kw = {"pool_size": "64M"}, {}
+    else:
+        serve = request.getfixturevalue("serve")
+        extra, kw = {"socket": serve.socket}, {"shared_kv": True}
+    extra["codec"] = codec
+    CodecEngine.skew = codec != "lossless"
+    a = CodecEngine(extra, load_async, **kw)
+    try:
+        ns = a.scheduler.connector._namespace
+        assert a.worker._namespace == ns and "/%s/" % codec in ns, ns
+        w = a.worker.worker
+        assert w.whole_blocks and w.codec == codec
+        made = []
+        orig = w._save_arenas
+
+        def spy(first, count, ids, hs):
+            made.append((first, count, len(ids)))
+            return orig(first, count, ids, hs)
+        w._save_arenas = spy
+        a.add("a", prompt)
+        a.run()
+        assert made == [(0, 0, 5)], made  # one whole-block save of the 5 full blocks
+        c = w.counters()
+        assert (c["saves_completed"], c["saves_failed"], c["saves_dropped"]) == (1, 0, 0)
+        if mode == "sidecar":
+            st = server_namespaces(serve)[ns]
+            assert st["codec"] == codec and st["blocks_resident"] == 5
+            assert st["logical_bytes"] == 5 * w.layout.block_bytes
+            assert st["logical_bytes"] / st["physical_bytes"] > 1.3, st
+    finally:
+        a.close()
+
+    b = CodecEngine(extra, load_async, **kw)  # another instance, the same config
+    try:
+        assert b.scheduler.connector._namespace == ns
+        for t in b.kv.values():
+            t.zero_()
+        b.add("b", prompt[:5 * BS] + [7, 8, 9])
+        outs = b.run()
+        so, meta = first_load(outs)
+        assert meta is not None, "nothing was loaded"
+        (ld,) = [ld for ld in meta.loads if ld.req_id == "b"]
+        assert len(ld.block_ids) == 5 and ld.is_async == load_async
+        differs = 0
+        for j, blk in enumerate(ld.block_ids):
+            for layer in range(LAYERS):
+                got = b.kv[LAYER_NAMES[layer]][blk]
+                want = b.expected_block("b", j, layer)
+                if codec == "lossless":
+                    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (j, layer)
+                elif codec == "int8":
+                    assert int8_within_bound(got, want), (j, layer)
+                else:
+                    assert fp8_within_bound(got, want), (j, layer)
+                differs += not torch.equal(got, want)
+        assert codec == "lossless" or differs, "the lossy codec changed nothing"
+        st = b.worker.worker.stats()
+        assert st["blocks_loaded"] == 5 and st["loads_failed"] == 0
+        assert not any(kvo and kvo.invalid_block_ids for _, kvo in outs)
+        assert sum(so.num_scheduled_tokens.get("b", 0) for so, _ in outs) < len(prompt)
+    finally:
+        b.close()
+        CodecEngine.skew = False
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+def test_the_default_namespace_differs_by_codec(mode, request):
+    """The codec is in the default namespace's identity (none keeps the
+    namespace it had): a prompt saved under lossless gets 0 hits under codec
+    none and under int8, and hits again under lossless."""
+    from openinfer.vllm import _default_namespace
+    cfg = vllm_config({})
+    names = {c: _default_namespace(cfg, c)[0] for c in ("none", "lossless", "int8", "fp8")}
+    assert names["none"] == _default_namespace(cfg)[0]
+    assert len(set(names.values())) == 4, names
+    assert re.fullmatch(r"vllm/tiny-model/bfloat16/kv-auto/bs16/[0-9a-f]{24}", names["none"])
+    for c in ("lossless", "int8", "fp8"):
+        assert re.fullmatch(r"vllm/tiny-model/bfloat16/kv-auto/bs16/%s/[0-9a-f]{24}" % c,
+                            names[c]), names[c]
+        assert dict(_default_namespace(cfg, c)[1])["codec"] == c
+    assert "codec" not in dict(_default_namespace(cfg)[1])
+
+    base = 8000 + 100 * ["embedded", "sidecar"].index(mode)
+    prompt = list(range(base, base + 5 * BS + 3))
+    if mode == "embedded":
+        extra, kw = {"pool_size": "64M"}, {}
+    else:
+        extra, kw = {"socket": request.getfixturevalue("serve").socket}, {"shared_kv": True}
+    a = CodecEngine(dict(extra, codec="lossless"), **kw)
+    try:
+        assert a.scheduler.connector._namespace == names["lossless"]
+        a.add("a", prompt)
+        a.run()
+        assert a.worker.worker.counters()["saves_completed"] == 1
+    finally:
+        a.close()
+    for other in ("none", "int8"):
+        e = CodecEngine(dict(extra, codec=other), **kw)
+        try:
+            assert e.scheduler.connector._namespace == names[other]
+            assert e.worker._namespace == names[other]
+            e.add("x", prompt)
+            outs = e.run()
+            assert first_load(outs)[1] is None  # 0 cross hits
+            assert e.worker.worker.stats()["blocks_loaded"] == 0
+        finally:
+            e.close()
+    c = CodecEngine(dict(extra, codec="lossless"), **kw)
+    try:
+        c.add("c", prompt)
+        so, meta = first_load(c.run())
+        assert meta is not None, "the same codec found nothing"
+        ld = check_loaded(c, "c", meta)
+        assert len(ld.block_ids) == 5
+    finally:
+        c.close()
+
+
+def test_a_lossy_codec_is_refused_for_pages_it_cannot_take():
+    """int8 and fp8 need bf16 K and V heads: an MLA latent, an fp16 cache
+    and K and V of other head sizes are refused as vLLM makes the connector
+    (both roles), naming the option, the group, the layer and why; lossless
+    takes them. A user-given namespace is kept as it is, whatever the codec."""
+    from openinfer._config import ConfigError
+    from openinfer.vllm import OpenInferConnector
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    def kvc_of(spec):
+        page = spec.page_size_bytes
+        return KVCacheConfig(
+            num_blocks=NUM_BLOCKS,
+            kv_cache_tensors=[KVCacheTensor(size=LAYERS * NUM_BLOCKS * page, layers=LAYER_NAMES,
+                                            layer_stride=NUM_BLOCKS * page, block_stride=page)],
+            kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, spec)])
+    cases = [
+        (MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=72, dtype=torch.bfloat16),
+         "an MLA latent"),
+        (FullAttentionSpec(block_size=BS, num_kv_heads=KV_HEADS, head_size=HEAD,
+                           dtype=torch.float16), "the KV cache is float16"),
+        (FullAttentionSpec(block_size=BS, num_kv_heads=KV_HEADS, head_size=HEAD,
+                           head_size_v=HEAD // 2, dtype=torch.bfloat16),
+         "K heads of 16 and V heads of 8"),
+    ]
+    for spec, why in cases:
+        kvc = kvc_of(spec)
+        for codec in ("int8", "fp8"):
+            cfg = vllm_config({"pool_size": "16M", "codec": codec})
+            with set_current_vllm_config(cfg):
+                for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+                    with pytest.raises(ConfigError) as ei:
+                        OpenInferConnector(cfg, role, kvc)
+                    msg = str(ei.value)
+                    assert ei.value.key == "codec" and "option 'codec' is %r" % codec in msg
+                    assert why in msg and "KV cache group 0 (layer %s)" % LAYER_NAMES[0] in msg, \
+                        msg
+                    assert "allowed here: 'none' or 'lossless'" in msg
+        cfg = vllm_config({"pool_size": "16M", "codec": "lossless", "namespace": "t/given"})
+        with set_current_vllm_config(cfg):
+            c = OpenInferConnector(cfg, KVConnectorRole.WORKER, kvc)
+            assert c._namespace == "t/given" and c._opts.codec == "lossless"
+            c.shutdown()
+
+
+def test_a_mla_prefix_round_trips_under_lossless():
+    """An MLA latent ([blocks, 1, tokens, latent] views) under codec
+    lossless: saved whole, loaded byte-equal."""
+    from openinfer.vllm import OpenInferConnector
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
+    page = spec.page_size_bytes
+    kvc = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[KVCacheTensor(size=LAYERS * NUM_BLOCKS * page, layers=LAYER_NAMES,
+                                        layer_stride=NUM_BLOCKS * page, block_stride=page)],
+        kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, spec)])
+    cfg = vllm_config({"pool_size": "16M", "codec": "lossless", "namespace": "t/mla-lossless"})
+    with set_current_vllm_config(cfg):
+        kv = allocate_kv_cache(kvc, torch.device("cpu"), KVCacheLayout.LBHNC)
+        assert next(iter(kv.values())).shape == (NUM_BLOCKS, 1, BS, 64)
+        c = OpenInferConnector(cfg, KVConnectorRole.WORKER, kvc)
+        c.register_kv_caches(kv)
+        w = c.worker
+        assert w.whole_blocks and w.codec == "lossless"
+        vecs = corpus_vectors().view(-1, 64)  # vectors of the corpus's layers and texts
+        for i, t in enumerate(kv.values()):
+            pick = (torch.arange(3 * BS) * 131 + i * 977) % vecs.shape[0]
+            t[2:5] = vecs[pick].view(3, 1, BS, 64)
+        want = {n: t[2:5].clone() for n, t in kv.items()}
+        hs = oi.hash_blocks_buffer(list(range(9000, 9000 + 3 * BS)), BS)
+        w.begin_step([2, 3, 4], hs)
+        for name in LAYER_NAMES:
+            assert w.save_layer(name) is None
+        assert len(w.finish_step()) == 1 and w.wait_saves(30) == []
+        q = w.query(hs)
+        assert q.hit_blocks == 3, w.stats()["saves_failed"]
+        w.load(q.lease, [10, 11, 12]).wait(30)
+        for n, t in kv.items():
+            assert torch.equal(t[10:13].view(torch.int16), want[n].view(torch.int16)), n
+        c.shutdown()

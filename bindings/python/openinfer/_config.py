@@ -12,7 +12,7 @@ Importable without vLLM, SGLang or torch."""
 import math
 import re
 
-__all__ = ["ConfigError", "Key", "parse", "parse_size", "parse_bool", "MS_MAX",
+__all__ = ["ConfigError", "Key", "parse", "parse_size", "parse_bool", "MS_MAX", "CODECS",
            "VLLM_KEYS", "SGLANG_KEYS", "SGLANG_OWN_KEYS", "NAMESPACE_MAX_BYTES", "PLAN_KEYS",
            "DEFAULT_PREFILL_TOKENS_PER_S"]
 
@@ -251,6 +251,8 @@ def parse_bool(v, what="value"):
 # ----------------------------------------------------------------------------- the tables
 
 COPY_MODES = {"auto": 0, "kernel": 1, "dma": 2, "staged": 3}
+#: A namespace's codec (docs/codecs.md, "Codec namespaces").
+CODECS = {"none": "none", "lossless": "lossless", "int8": "int8", "fp8": "fp8"}
 
 LOOKUP_DEADLINE = Key(
     "lookup_deadline_ms", ms(), 50,
@@ -285,6 +287,9 @@ VLLM_KEYS = [
         "(`OI_QUERY_WAIT_PENDING`); unset: it does not wait"),
     Key("copy_mode", choice(COPY_MODES), None,
         "embedded: the engine's copy mode (docs/api.md); default: `auto`"),
+    Key("codec", choice(CODECS), "none",
+        "the namespace's codec (docs/codecs.md): `lossless` (byte-exact), `int8` or `fp8` "
+        "(lossy, bf16 K/V only); saves go as whole blocks at the end of the step"),
     Key("control_deadline_ms", ms(), None,
         "the engine's control deadline (docs/api.md); default: the library's (30000)"),
     Key("save_deadline_ms", ms(), None,
@@ -309,6 +314,9 @@ SGLANG_KEYS = [
         "sidecar: the server's socket path; default: the server's default"),
     Key("namespace", namespace(), None,
         "replaces the derived namespace (below)"),
+    Key("codec", choice(CODECS), "none",
+        "the namespace's codec (docs/codecs.md): `lossless` (byte-exact), `int8` or `fp8` "
+        "(lossy, bf16 MHA pools only)"),
     Key("staging_pages", integer(1, 1 << 20), 16,
         "pages of the staging buffer (copying calls; every call in sidecar mode)"),
     Key("timeout_s", number(0.0, MS_MAX / 1000.0, lo_open=True, unit=" of seconds"), 60.0,

@@ -21,6 +21,12 @@ logical shape, with any strides whose per-block part is dense:
 
 Layers whose tensors are the same memory (vLLM's KV sharing) are registered
 once. Torch is imported lazily: only the calls that touch tensors need it.
+
+A namespace with a codec (``codec=``, docs/codecs.md) stores whole blocks
+only: ``save_layer`` then saves nothing and ``finish_step`` saves each block
+whole once every layer is written; a load lands whole (every layer's wait
+returns when the load ends). ``codec_shape_of`` gives the lossy codecs'
+block shape of a layout.
 """
 import logging
 import threading
@@ -28,7 +34,7 @@ import time
 
 import openinfer as oi
 
-__all__ = ["KVLayout", "KVWorker", "shared_kv_tensors", "DEFAULT_DEADLINE_MS"]
+__all__ = ["KVLayout", "KVWorker", "shared_kv_tensors", "codec_shape_of", "DEFAULT_DEADLINE_MS"]
 
 logger = logging.getLogger("openinfer.kvworker")
 
@@ -258,6 +264,60 @@ def shared_kv_tensors(shapes, dtype, *, name="openinfer-kv"):
     return buf, out
 
 
+def codec_shape_of(tensors, roles):
+    """The lossy codecs' block shape (tokens, heads, head_dim) of KV tensors
+    registered as KVLayout registers them: a host block holds, arena after
+    arena, each arena's segments, each segment one dense run of its tensor's
+    per-block dimensions in memory order. The codecs take a block's bf16
+    elements as [parts][tokens][heads][head_dim]: int8 scales each run of
+    head_dim elements (one token's K or V of one head), fp8 each (part,
+    head) over the tokens. So head_dim must be the innermost dimension (one
+    head's K or V), the tokens the next dimension out that is not a head or
+    K/V dimension; what lies between them are the heads, what lies outside
+    the tokens the parts.
+
+    tensors: {name: tensor}; roles: one letter per dimension of every tensor:
+    ``b`` the block dimension, ``s`` the segment dimension (K/V halves, each
+    a segment of its own: a part), ``t`` tokens, ``d`` head_dim, any other
+    letter a dimension of heads (``h``), K/V inside a page (``k``) or groups
+    of them (``g``). Raises InvalidArgumentError naming the tensor and why
+    when the layout is not such a block, when the tensors disagree, or when
+    they are not bfloat16 (the lossy codecs' only dtype)."""
+    torch = _torch()
+    shape = None
+    for name, t in tensors.items():
+        if len(roles) != t.dim() or roles.count("t") != 1 or roles.count("d") != 1:
+            raise oi.InvalidArgumentError(
+                "layer %r: roles %r do not name one tokens (t) and one head_dim (d) dimension "
+                "of a tensor of shape %s" % (name, roles, list(t.shape)))
+        if t.dtype != torch.bfloat16:
+            raise oi.InvalidArgumentError(
+                "layer %r: the KV cache is %s; the lossy codecs (int8, fp8) take bfloat16 "
+                "only (lossless takes any)" % (name, str(t.dtype).replace("torch.", "")))
+        dims = [(r, int(n), int(st)) for r, n, st in zip(roles, t.shape, t.stride())
+                if r not in "bs" and (n != 1 or r in "td")]
+        dims.sort(key=lambda x: -x[2])  # memory order, outermost first
+        order = "".join(r for r, _, _ in dims)
+        if dims[-1][0] != "d" or dims[-1][2] != 1:
+            raise oi.InvalidArgumentError(
+                "layer %r: head_dim is not the innermost dense dimension of a block (its "
+                "dimensions in memory order: %s, strides %s): no lossy codec shape"
+                % (name, order, [st for _, _, st in dims]))
+        i = order.index("t")
+        heads = 1
+        for _, n, _ in dims[i + 1:-1]:
+            heads *= n
+        got = (dims[i][1], heads, dims[-1][1])
+        if shape is not None and got != shape:
+            raise oi.InvalidArgumentError(
+                "layer %r: block shape (tokens, heads, head_dim) %s, another layer's is %s: "
+                "one codec shape cannot describe both" % (name, got, shape))
+        shape = got
+    if shape is None:
+        raise oi.InvalidArgumentError("no KV tensors to derive a codec shape from")
+    return shape
+
+
 class KVWorker:
     """One rank's engine over its KV tensors.
 
@@ -277,14 +337,24 @@ class KVWorker:
     instead, the server cannot wait on it); ``wait_saves()`` at the end of a
     step. Loads: ``load(lease, ids)`` then ``wait_layer(ticket, name)`` per
     layer (every engine reports arenas as they land; a sidecar engine from
-    the server's progress frames)."""
+    the server's progress frames).
+
+    ``codec`` (``"none"``, ``"lossless"``, ``"int8"``, ``"fp8"``; with
+    ``codec_shape`` for the lossy ones, ``codec_shape_of``, and
+    ``codec_slot_bytes``): the namespace's codec (docs/codecs.md). A codec
+    namespace takes whole blocks only, so ``save_layer`` saves nothing and
+    ``finish_step`` saves every arena of the step's blocks in one call, after
+    the last layer was written (``whole_blocks``)."""
 
     def __init__(self, kv_caches, namespace, *, host=None, socket=None, buffer=None,
                  num_blocks=None, kv_dim="auto", world_size=1, instance_name=None,
                  save_deadline_ms=None, load_deadline_ms=None, control_deadline_ms=None,
-                 copy_mode=None, lookup_deadline_ms=None, probe_interval_ms=None):
+                 copy_mode=None, lookup_deadline_ms=None, probe_interval_ms=None,
+                 codec=None, codec_shape=None, codec_slot_bytes=None):
         self.layout = KVLayout.from_tensors(kv_caches, num_blocks, kv_dim)
         self.namespace = namespace
+        self.codec = codec or "none"
+        self.whole_blocks = self.codec != "none"
         self.device = self.layout.device
         self.sidecar = socket is not None
         self._tensors = dict(kv_caches)  # keeps the memory alive as long as the engine
@@ -304,6 +374,9 @@ class KVWorker:
                   save_deadline_ms=save_deadline_ms, load_deadline_ms=load_deadline_ms,
                   control_deadline_ms=control_deadline_ms, copy_mode=copy_mode,
                   lookup_deadline_ms=lookup_deadline_ms, probe_interval_ms=probe_interval_ms)
+        if self.whole_blocks:
+            kw.update(codec=self.codec, codec_shape=codec_shape,
+                      codec_slot_bytes=codec_slot_bytes)
         kw = {k: v for k, v in kw.items() if v is not None}
         if socket is None:
             if host is None:
@@ -379,7 +452,8 @@ class KVWorker:
         """Saves arena(layer_name) of the blocks (default: begin_step's) as
         soon as the work queued so far on the current stream is done. Returns
         the Ticket, or None when there is nothing to save (no blocks, a layer
-        not registered, an arena already saved this step)."""
+        not registered, an arena already saved this step, a codec namespace:
+        finish_step saves its blocks whole)."""
         a = self.arena(layer_name)
         if a is None:
             return None
@@ -388,6 +462,8 @@ class KVWorker:
                 return None
             block_ids, hashes = self._save_batch
         if a in self._layers_saved or not len(block_ids):
+            return None
+        if self.whole_blocks:  # a codec frame covers the whole block: finish_step saves it
             return None
         return self._save_arenas(a, 1, block_ids, hashes)
 
@@ -410,10 +486,14 @@ class KVWorker:
 
     def finish_step(self):
         """Saves the arenas of begin_step's blocks that no save_layer call
-        saved (a block seals only once every arena arrived), then forgets the
-        batch. Returns the tickets it made."""
+        saved (a block seals only once every arena arrived; a codec
+        namespace: every block whole, in one call), then forgets the batch.
+        Returns the tickets it made."""
         out = []
-        if self._save_batch is not None:
+        if self._save_batch is not None and self.whole_blocks:
+            ids, hs = self._save_batch
+            out.append(self._save_arenas(0, 0, ids, hs))  # arena_count 0: whole blocks
+        elif self._save_batch is not None:
             ids, hs = self._save_batch
             a = 0
             while a < self.num_arenas:

@@ -47,7 +47,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 import openinfer as oi
 from openinfer import _config
 from openinfer._native import ffi, lib
-from openinfer.kvworker import wait_final
+from openinfer.kvworker import codec_shape_of, wait_final
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,10 @@ class PoolGeometry:
     view of the pool). A page's bytes, arena after arena, are SGLang's flat
     data page (get_data_page(index, flat=True))."""
 
-    def __init__(self, kind, layout, data, num_pages, page_size, arenas, ident):
+    def __init__(self, kind, layout, data, num_pages, page_size, arenas, ident, codec_view=None):
         self.kind = kind
+        # MHA: (the pool viewed per page, roles) for kvworker.codec_shape_of
+        self.codec_view = codec_view
         self.layout = layout
         self.data = data
         self.num_pages = num_pages
@@ -175,9 +177,27 @@ def describe_host_pool(pool):
     if sum(n for _, _, n in arenas) * pages != total:
         raise ValueError("openinfer: host pool %s (%s): kv_buffer holds %d bytes, the layout "
                          "describes %d" % (name, layout, total, sum(n for _, _, n in arenas) * pages))
+    codec_view = None
+    if kind == "mha" and layout in _MHA_PAGE_VIEWS:
+        H, D = int(pool.head_num), int(pool.head_dim)
+        dims, roles = _MHA_PAGE_VIEWS[layout]
+        sizes = {"P": pages, "p": ps, "L": L, "H": H, "D": D}
+        codec_view = (buf.view(2, *[sizes[c] for c in dims]), roles)
     data = buf.view(-1).view(torch.uint8)
     ident = "%s-L%d-p%d-%s-%s" % (ident, L, ps, str(buf.dtype).replace("torch.", ""), layout)
-    return PoolGeometry(kind, layout, data, pages, ps, arenas, ident)
+    return PoolGeometry(kind, layout, data, pages, ps, arenas, ident, codec_view)
+
+
+#: An MHA pool's kv_buffer [2, ...] per layout, with its pages split out
+#: (P pages, p tokens of a page, L layers, H heads, D head_dim), and the
+#: roles of those dimensions for kvworker.codec_shape_of (s: K/V, a part;
+#: b: the page; t: tokens; d: head_dim; g, h: layers and heads).
+_MHA_PAGE_VIEWS = {
+    "page_first": ("PpLHD", "sbtghd"),        # a page: [tokens][layers][heads][dim]
+    "page_first_direct": ("PLpHD", "sbgthd"),  # [layers][tokens][heads][dim]
+    "page_head": ("PHpLD", "sbhtgd"),         # [heads][tokens][layers][dim]
+    "layer_first": ("LPpHD", "sgbthd"),       # an arena per (K/V, layer): [tokens][heads][dim]
+}
 
 
 def _mha_get_data_page():
@@ -268,6 +288,7 @@ class OpenInferStorage(HiCacheStorage):
         self.mode = self.options["mode"]
         self.timeout = self.options["timeout_s"]
         self.staging_pages = self.options["staging_pages"]
+        self._codec = {}
         self.geom = None
         self.namespace = None
         self.host = None
@@ -305,6 +326,8 @@ class OpenInferStorage(HiCacheStorage):
             ident.append((k, None if args is None else _plain(getattr(args, k, None))))
         ident.append(("pool", self.geom.ident))
         ident.extend(self._shard())
+        if self.options["codec"] != "none":
+            ident.append(("codec", self.options["codec"]))
         return ident
 
     def _shard(self):
@@ -321,12 +344,13 @@ class OpenInferStorage(HiCacheStorage):
         return out
 
     def _derive_namespace(self):
-        """sglang/BASE-DIGEST/POOL/tpRANK-SIZE[/ppRANK-SIZE][/cpRANK-SIZE]:
+        """sglang/BASE-DIGEST/POOL/tpRANK-SIZE[/ppRANK-SIZE][/cpRANK-SIZE][/CODEC]:
         BASE is the model path's last part (readable only), DIGEST the first
         16 hex digits of the sha256 of the whole identity (_identity), so two
         model paths that read alike (acme/llama-3-8b, acme-llama/3-8b) never
         share a namespace. The namespace option replaces sglang/BASE-DIGEST;
-        the pool and shard parts are still appended. A result longer than
+        the pool, shard and codec (when not none) parts are still appended.
+        A result longer than
         255 bytes (a long namespace option) is replaced by sglang/ and the
         sha256 of it."""
         shard = ["%s%s" % kv for kv in self._shard()]
@@ -340,7 +364,8 @@ class OpenInferStorage(HiCacheStorage):
             base = model.rstrip("/").rsplit("/", 1)[-1] or "model"
             base = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in base)[:64]
             head = "sglang/%s-%s" % (base, digest)
-        ns = "/".join([head, self.geom.ident] + shard)
+        codec = [] if self.options["codec"] == "none" else [self.options["codec"]]
+        ns = "/".join([head, self.geom.ident] + shard + codec)
         if len(ns.encode()) > _config.NAMESPACE_MAX_BYTES:
             ns = "sglang/" + hashlib.sha256(ns.encode()).hexdigest()
         return ns
@@ -355,6 +380,7 @@ class OpenInferStorage(HiCacheStorage):
             raise ValueError("openinfer: an MLA model with tp_size > 1 needs mode 'sidecar' "
                              "(only rank 0 writes; the other ranks read its pages through "
                              "the shared server)")
+        self._codec = self._codec_options(geom)
         super().register_mem_pool_host(mem_pool_host)
         self.geom = geom
         self.namespace = self._derive_namespace()
@@ -363,20 +389,49 @@ class OpenInferStorage(HiCacheStorage):
             self.engine = oi.OffloadEngine(
                 self.host, self.namespace,
                 [oi.Arena(n, self.geom.num_pages, b, offset=off) for n, off, b in self.geom.arenas],
-                buffer=self.geom.data.numpy())
+                buffer=self.geom.data.numpy(), **self._codec)
             self.staging = _Staging(self.geom, self.staging_pages, shared=False)
             self.staged = oi.OffloadEngine(self.host, self.namespace, self.staging.arenas,
-                                           buffer=self.staging.buffer)
+                                           buffer=self.staging.buffer, **self._codec)
         else:
             self.staging = _Staging(self.geom, self.staging_pages, shared=True)
             self._views = self.geom.views()
             with self._lock:
                 self._connect(log_failure=True)
-        logger.info("openinfer: %s storage, namespace %s (%s), %d pages of %d bytes (%s)",
-                    self.mode, self.namespace,
+        logger.info("openinfer: %s storage, namespace %s (%s), %d pages of %d bytes (%s, "
+                    "codec %s)", self.mode, self.namespace,
                     "the namespace option" if self.options["namespace"] is not None else
                     "derived from " + ", ".join("%s=%r" % kv for kv in self._identity()),
-                    self.geom.num_pages, self.geom.page_bytes, self.geom.layout)
+                    self.geom.num_pages, self.geom.page_bytes, self.geom.layout,
+                    self.options["codec"])
+
+    def _codec_options(self, geom):
+        """The engines' codec options (docs/sglang.md, "Codecs"): {} for
+        none; lossless: the codec; int8, fp8: also the page's shape, from
+        the pool's layout (kvworker.codec_shape_of). A lossy codec for a pool
+        it cannot take raises ValueError (ConfigError) naming the option."""
+        codec = self.options["codec"]
+        if codec == "none":
+            return {}
+        if codec == "lossless":
+            return {"codec": codec}
+        why = None
+        if geom.codec_view is None:
+            why = ("an MLA pool (one latent per token, no K/V heads), whose scales the lossy "
+                   "codecs were not measured on" if geom.kind == "mla" else
+                   "a pool of layout %r" % geom.layout)
+        else:
+            try:
+                view, roles = geom.codec_view
+                shape = codec_shape_of({"kv_buffer": view}, roles)
+            except oi.Error as e:
+                why = str(e)
+        if why is not None:
+            raise _config.ConfigError(
+                "openinfer.sglang: extra_config: option 'codec' is %r but the host pool is %s; "
+                "allowed here: 'none' or 'lossless' (byte-exact, any pool)" % (codec, why),
+                "codec", codec)
+        return {"codec": codec, "codec_shape": shape}
 
     def _connect(self, log_failure=False):
         """Sidecar: (re)connects; with self._lock held. Returns the engine or None."""
@@ -393,7 +448,7 @@ class OpenInferStorage(HiCacheStorage):
         try:
             self.staged, _ = oi.OffloadEngine.connect(
                 self.options["socket"], self.namespace, self.staging.arenas,
-                buffer=self.staging.shared, **kw)
+                buffer=self.staging.shared, **kw, **self._codec)
         except oi.Error as e:
             (logger.error if log_failure else logger.debug)(
                 "openinfer: cannot connect to the sidecar at %s: %s (every lookup misses; "

@@ -19,6 +19,11 @@ is written and loads leased blocks layer by layer (or between steps, with
 ``get_block_ids_with_load_errors`` (sync) or ``failed_recving`` (async): with
 ``kv_load_failure_policy="recompute"`` vLLM recomputes them.
 
+With the ``codec`` option (docs/vllm.md, "Codecs") the namespace stores
+compressed frames: blocks are saved whole at ``wait_for_save`` (a frame
+covers a whole block), the lossy codecs' block shape is derived from the
+layout registered, and the codec is part of the default namespace.
+
 Two modes:
 
 * ``embedded`` (no ``socket``): the pinned pool lives in this process (one
@@ -40,7 +45,7 @@ from dataclasses import dataclass, field
 import openinfer as oi
 from openinfer import _config, _plan
 from openinfer import _vllm_groups as _groups
-from openinfer.kvworker import KVWorker
+from openinfer.kvworker import KVWorker, codec_shape_of
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -83,6 +88,7 @@ class _Options:
     save_deadline_ms: int = None
     load_deadline_ms: int = None
     copy_mode: int = None
+    codec: str = "none"
     lookup_retry_s: float = 1.0
     lookup_deadline_ms: int = 50
     probe_interval_ms: int = 100
@@ -201,9 +207,11 @@ def _canonical(v):
     return str(v).replace("torch.", "")
 
 
-def _namespace_identity(vllm_config):
+def _namespace_identity(vllm_config, codec="none"):
     """The fields that determine the KV bytes of a block, as (name, value)
-    pairs in a fixed order (docs/vllm.md, "The default namespace").
+    pairs in a fixed order (docs/vllm.md, "The default namespace"); a codec
+    other than "none" (the bytes the tier stores) is the last field, so a
+    configuration without one keeps its namespace.
 
     vLLM's own ModelConfig.compute_hash is not used: it leaves out
     hf_overrides (which can change the KV, e.g. rope_theta) and covers fields
@@ -237,25 +245,142 @@ def _namespace_identity(vllm_config):
         ("prefill_context_parallel_size", getattr(pc, "prefill_context_parallel_size", 1)),
         ("decode_context_parallel_size", getattr(pc, "decode_context_parallel_size", 1)),
     ]
+    if codec != "none":
+        fields.append(("codec", codec))
     return [(k, _canonical(v)) for k, v in fields]
 
 
-def _default_namespace(vllm_config):
-    """vllm/<model basename>/<dtype>/kv-<kv cache dtype>/bs<block size>/<digest>:
+def _default_namespace(vllm_config, codec="none"):
+    """vllm/<model basename>/<dtype>/kv-<kv cache dtype>/bs<block size>[/<codec>]/<digest>:
     a readable prefix and the first 24 hex digits of the sha256 of the whole
-    identity (_namespace_identity), at most 255 bytes. Returns (namespace,
-    identity)."""
+    identity (_namespace_identity), at most 255 bytes; the codec's part only
+    when it is not "none". Returns (namespace, identity)."""
     import hashlib
     import json
-    ident = _namespace_identity(vllm_config)
+    ident = _namespace_identity(vllm_config, codec)
     f = dict(ident)
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":"))
                             .encode()).hexdigest()[:24]
     base = str(f["model"] or "model").rstrip("/").rsplit("/", 1)[-1] or "model"
     base = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[:64]
-    ns = "vllm/%s/%s/kv-%s/bs%d/%s" % (base, str(f["dtype"])[:16], str(f["kv_cache_dtype"])[:16],
-                                       f["block_size"], digest)
+    ns = "vllm/%s/%s/kv-%s/bs%d/%s%s" % (base, str(f["dtype"])[:16],
+                                         str(f["kv_cache_dtype"])[:16], f["block_size"],
+                                         "" if codec == "none" else codec + "/", digest)
     return ns, ident
+
+
+_LOSSY = ("int8", "fp8")
+_CODEC_WHERE = "openinfer.vllm: kv_connector_extra_config"
+
+
+def _layer_specs(group):
+    """The KV cache spec of each layer of a KVCacheGroupSpec ({name: spec})."""
+    spec = group.kv_cache_spec
+    per = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
+    return {n: (per.get(n, spec) if per else spec) for n in group.layer_names}
+
+
+def _lossy_refusal(spec):
+    """Why a lossy codec cannot take the pages of this KV cache spec, or None.
+    int8 and fp8 scale one head's K or V (docs/codecs.md): the pages must
+    hold bf16 K and V of equal head sizes, one slot per KV head, a state
+    per token."""
+    from vllm.v1.kv_cache_interface import AttentionSpec, MLAAttentionSpec
+    name = type(spec).__name__
+    if isinstance(spec, MLAAttentionSpec):
+        return ("%s: an MLA latent (one latent vector per token, no K/V heads), whose scales "
+                "the lossy codecs were not measured on" % name)
+    if not isinstance(spec, AttentionSpec):
+        return "%s: not an attention spec of K/V heads" % name
+    import torch
+    if spec.dtype != torch.bfloat16:
+        return "%s: the KV cache is %s, the lossy codecs take bfloat16 only" % (
+            name, str(spec.dtype).replace("torch.", ""))
+    if spec.head_size_v != spec.head_size:
+        return "%s: K heads of %d and V heads of %d elements" % (name, spec.head_size,
+                                                                  spec.head_size_v)
+    for field, plain in (("state_content_bytes", None), ("num_head_slots", None),
+                         ("page_size_padded", None), ("tokens_per_state", 1)):
+        v = getattr(spec, field, plain)
+        if v != plain:
+            return "%s: %s is %r (packed or padded pages)" % (name, field, v)
+    mode = getattr(spec, "kv_quant_mode", None)
+    if mode is not None and getattr(mode, "name", str(mode)) != "NONE":
+        return "%s: the KV cache is quantized (%s)" % (name, mode)
+    return None
+
+
+def _check_codec(opts, kv_cache_config):
+    """A lossy codec with KV cache groups it cannot take is refused when the
+    connector is made (ConfigError naming the option, the group and why)."""
+    if opts.codec not in _LOSSY or kv_cache_config is None:
+        return
+    for i, g in enumerate(getattr(kv_cache_config, "kv_cache_groups", None) or ()):
+        for layer, spec in _layer_specs(g).items():
+            why = _lossy_refusal(spec)
+            if why is not None:
+                raise _config.ConfigError(
+                    "%s: option 'codec' is %r but KV cache group %d (layer %s) is %s; allowed "
+                    "here: 'none' or 'lossless' (byte-exact, any layout)"
+                    % (_CODEC_WHERE, opts.codec, i, layer, why), "codec", opts.codec)
+
+
+def _codec_options(opts, tensors, specs, pages):
+    """The KVWorker's codec options for these KV tensors: {} without a
+    codec; lossless: the codec; int8 and fp8: also the block shape, derived
+    from the layout registered (openinfer.kvworker.codec_shape_of):
+
+    * vLLM 0.33's pages, ``[blocks, heads, tokens, K||V]`` views (possibly
+      ``[blocks, kernel blocks, heads, tokens, K||V]``), in the memory order
+      of the cache layout: K||V is split into its K and V heads of
+      head_size, so a block is (layers x heads) parts of [tokens][K, V]
+      [head_size] (LBHNC) or layers parts of [tokens][heads x K, V]
+      [head_size] (LBNHC);
+    * the halves, ``[2, blocks, tokens, heads, head_size]`` (and
+      ``[blocks, 2, ...]``): 2 x layers parts of [tokens][heads][head_size].
+
+    specs: {layer: KV cache spec} (None: not known)."""
+    if opts.codec == "none":
+        return {}
+    if opts.codec not in _LOSSY:
+        return {"codec": opts.codec}
+    views, roles = {}, None
+    for name, t in tensors.items():
+        spec = (specs or {}).get(name)
+        why = "vLLM gave no KV cache spec for it" if spec is None else _lossy_refusal(spec)
+        if why is not None:
+            raise _config.ConfigError("%s: option 'codec' is %r but layer %s is %s; allowed "
+                                      "here: 'none' or 'lossless'"
+                                      % (_CODEC_WHERE, opts.codec, name, why), "codec",
+                                      opts.codec)
+        d = int(spec.head_size)
+        shape = list(t.shape)
+        if pages and shape[-1] == 2 * d:
+            views[name] = t.unflatten(-1, (2, d))
+            r = "b" + "g" * (t.dim() - 4) + "htkd"
+        elif not pages and t.dim() == 5 and shape[0] == 2 and shape[-1] == d:
+            views[name], r = t, "sbthd"
+        elif not pages and t.dim() == 5 and shape[1] == 2 and shape[-1] == d:
+            views[name], r = t, "bsthd"
+        else:
+            raise _config.ConfigError(
+                "%s: option 'codec' is %r but layer %s has a KV tensor of shape %s, a layout "
+                "of which no lossy codec shape is derived here (pages [blocks, heads, tokens, "
+                "2 x %d] or halves [2, blocks, tokens, heads, %d]); allowed here: 'none' or "
+                "'lossless'" % (_CODEC_WHERE, opts.codec, name, shape, d, d), "codec",
+                opts.codec)
+        if roles is not None and r != roles:
+            raise _config.ConfigError("%s: option 'codec' is %r but the layers' KV tensors have "
+                                      "different layouts" % (_CODEC_WHERE, opts.codec), "codec",
+                                      opts.codec)
+        roles = r
+    try:
+        shape = codec_shape_of(views, roles)
+    except oi.Error as e:
+        raise _config.ConfigError("%s: option 'codec' is %r but %s; allowed here: 'none' or "
+                                  "'lossless'" % (_CODEC_WHERE, opts.codec, e), "codec",
+                                  opts.codec) from None
+    return {"codec": opts.codec, "codec_shape": shape}
 
 
 def _parallel_sizes(vllm_config):
@@ -536,6 +661,7 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self._opts = _Options.from_config(self._kv_transfer_config.kv_connector_extra_config)
+        _check_codec(self._opts, kv_cache_config)
         pc = vllm_config.parallel_config
         self._tp, self._pp = _parallel_sizes(vllm_config)
         self._block_size = vllm_config.cache_config.block_size
@@ -544,7 +670,7 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
             logger.info("openinfer.vllm: %s connector, namespace %r (kv_connector_extra_config)",
                         role.name.lower(), self._namespace)
         else:
-            self._namespace, ident = _default_namespace(vllm_config)
+            self._namespace, ident = _default_namespace(vllm_config, self._opts.codec)
             logger.info("openinfer.vllm: %s connector, namespace %r derived from %s",
                         role.name.lower(), self._namespace,
                         ", ".join("%s=%r" % kv for kv in ident))
@@ -981,23 +1107,31 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
             kw.update(lookup_deadline_ms=o.lookup_deadline_ms,
                       probe_interval_ms=o.probe_interval_ms)
 
+        kvc = self._kv_cache_config
+        specs = {}
+        for g in getattr(kvc, "kv_cache_groups", None) or ():
+            specs.update(_layer_specs(g))
+
         def make(tensors, namespace):
+            ckw = _codec_options(o, tensors, specs, pages)
             if o.socket is None:
                 dev = next(iter(tensors.values())).device
                 host = _embedded_host(o, oi.DEVICE_CPU if dev.type == "cpu" else
                                       (dev.index or 0))
-                return KVWorker(tensors, namespace, host=host, num_blocks=nb, kv_dim=kv_dim, **kw)
+                return KVWorker(tensors, namespace, host=host, num_blocks=nb, kv_dim=kv_dim,
+                                **kw, **ckw)
             buf = getattr(self, "_shared_buffer", None)
             return KVWorker(tensors, namespace, socket=o.socket, buffer=buf, num_blocks=nb,
-                            kv_dim=kv_dim, **kw)
+                            kv_dim=kv_dim, **kw, **ckw)
         if self._groups:
             self._worker = self._group_workers(tensors, make)
             return
         self._worker = make(tensors, self._shard_namespace)
         logger.info("openinfer.vllm: registered %d layers (%d arenas, %d blocks of %d bytes) "
-                    "in namespace %r (%s)", len(kv_caches), self._worker.num_arenas,
+                    "in namespace %r (%s, codec %s)", len(kv_caches), self._worker.num_arenas,
                     self._worker.layout.num_blocks, self._worker.layout.block_bytes,
-                    self._shard_namespace, "sidecar " + o.socket if o.socket else "embedded")
+                    self._shard_namespace, "sidecar " + o.socket if o.socket else "embedded",
+                    o.codec)
 
     def _group_workers(self, tensors, make):
         """Hybrid: a KVWorker per KV cache group over that group's layers, in
@@ -1180,6 +1314,8 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
                 self._settled(req_id, ld, res)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        # a codec namespace: the KVWorker saves nothing here, wait_for_save
+        # saves the step's blocks whole (finish_step)
         w = self._worker
         if w is None or not self.has_connector_metadata():
             return

@@ -150,10 +150,10 @@ def test_good_values_parse_to_their_values():
               "lease_ttl_ms": "250", "wait_pending_ms": 0, "copy_mode": "DMA",
               "control_deadline_ms": 4294967294, "save_deadline_ms": "+1",
               "load_deadline_ms": " 3000 ", "lookup_retry_s": "0.25",
-              "lookup_deadline_ms": "20", "probe_interval_ms": 500})
+              "lookup_deadline_ms": "20", "probe_interval_ms": 500, "codec": " Int8 "})
     assert o == dict(mode="sidecar", socket="/run/oi.sock", namespace="team/m",
                      pool_size=1 << 30, pin=None, lease_ttl_ms=250, load_async=False,
-                     wait_pending_ms=0, copy_mode=2, control_deadline_ms=4294967294,
+                     wait_pending_ms=0, copy_mode=2, codec="int8", control_deadline_ms=4294967294,
                      save_deadline_ms=1, load_deadline_ms=3000, lookup_retry_s=0.25,
                      lookup_deadline_ms=20, probe_interval_ms=500, restore_plan=True,
                      prefill_tokens_per_s=None, prefill_ns_per_token=None,
@@ -165,6 +165,15 @@ def test_good_values_parse_to_their_values():
             p["prefill_ns_per_token_ctx"], p["plan_rates_refresh_ms"]) == (False, 5e4, 1e8, 0.5, 10)
     assert [vllm({"copy_mode": m})["copy_mode"] for m in ("auto", "kernel", "dma", "staged")] \
         == [0, 1, 2, 3]
+    assert [vllm({"codec": c})["codec"] for c in ("none", "LOSSLESS", "int8", "fp8")] \
+        == ["none", "lossless", "int8", "fp8"]
+    assert [sglang({"codec": c})["codec"] for c in ("none", "Lossless", "int8", "FP8")] \
+        == ["none", "lossless", "int8", "fp8"]
+    for bad in ("zstd", "", 8, True):
+        for parse in (vllm, sglang):
+            with pytest.raises(ConfigError, match="option 'codec' is .*allowed: one of 'none', "
+                                                  "'lossless', 'int8', 'fp8'"):
+                parse({"codec": bad})
     # a namespace of exactly 255 bytes is allowed
     assert vllm({"namespace": "\u00e9" * 127 + "n"})["namespace"] == "\u00e9" * 127 + "n"
 
@@ -173,12 +182,12 @@ def test_defaults_and_null():
     d = vllm({})
     assert d == vllm({k: None for k in d}), "None (JSON null) must mean the default"
     assert (d["pool_size"], d["load_async"], d["lookup_retry_s"], d["lookup_deadline_ms"],
-            d["probe_interval_ms"], d["namespace"], d["wait_pending_ms"]) == \
-        (1 << 30, False, 1.0, 50, 100, None, None)
+            d["probe_interval_ms"], d["namespace"], d["wait_pending_ms"], d["codec"]) == \
+        (1 << 30, False, 1.0, 50, 100, None, None, "none")
     s = sglang(None)
     assert (s["mode"], s["pool_bytes"], s["staging_pages"], s["timeout_s"], s["retry_s"],
-            s["lookup_deadline_ms"], s["probe_interval_ms"]) == \
-        ("embedded", 1 << 30, 16, 60.0, 5.0, 50, 100)
+            s["lookup_deadline_ms"], s["probe_interval_ms"], s["codec"]) == \
+        ("embedded", 1 << 30, 16, 60.0, 5.0, 50, 100, "none")
 
 
 def test_parse_helpers_name_what_they_parse():

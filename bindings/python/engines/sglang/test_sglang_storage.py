@@ -16,7 +16,7 @@ from sglang.srt.mem_cache.storage import StorageBackendFactory
 import openinfer as oi
 from openinfer import sglang as oisgl
 
-from conftest import (PAGE, PAGES, fill_random, host_pool, indices, keys, mla_host_pool,
+from conftest import (DIM, PAGE, PAGES, fill_random, host_pool, indices, keys, mla_host_pool,
                       page_bytes, storage_config)
 
 LAYOUTS = ["page_first", "page_first_direct", "page_head", "layer_first"]
@@ -63,6 +63,7 @@ BAD_OPTIONS = [
     ({"control_deadline_ms": -5}, "control_deadline_ms", "is -5;"),
     ({"probe_interval_ms": "x"}, "probe_interval_ms", "'x'"),
     ({"namespace": ""}, "namespace", "is '';"),
+    ({"codec": "zstd"}, "codec", "'zstd'"),
     ({"pool_size": "1G"}, "pool_size", "unknown option"),
 ]
 
@@ -762,3 +763,144 @@ def test_dp_ranks_share_pages_through_the_sidecar(serve, kind):
     finally:
         for x in made:
             x.close()
+
+
+# ----------------------------------------------------------------------------- codecs
+
+CORPUS = pathlib.Path(__file__).resolve().parents[4] / "tests" / "data" / "kvcorpus" / "kv.bin"
+
+
+def fill_corpus(pool, skew):
+    """The pool filled with real KV values of the corpus (bf16, tiled);
+    skew: every run of DIM values (one token's K or V of one head and layer,
+    in every layout) scaled by its own power of two, by its index mod 3
+    (exact), so that a scale taken over the wrong elements breaks the bound."""
+    corpus = torch.frombuffer(bytearray(CORPUS.read_bytes()), dtype=torch.bfloat16)
+    flat = pool.kv_buffer.view(-1)
+    n = flat.numel()
+    # from a third in (layers 10 on: the corpus is layer by layer, and the
+    # first layers' KV compresses least)
+    corpus = torch.cat([corpus[corpus.numel() // 3:], corpus[:corpus.numel() // 3]])
+    vals = corpus.repeat(n // corpus.numel() + 1)[:n].float().view(-1, DIM)
+    if skew:
+        vals = vals * (2.0 ** (4 * (torch.arange(vals.shape[0]) % 3))).view(-1, 1)
+    flat.copy_(vals.view(-1).to(torch.bfloat16))
+
+
+def int8_within_bound(got, want):
+    """Pages' bytes: every run of DIM bf16 values (one token's K or V of one
+    head and layer) within half its scale step (amax / 127), plus the bf16
+    rounding of the decoded value."""
+    g = torch.frombuffer(bytearray(got), dtype=torch.bfloat16).float().view(-1, DIM)
+    w = torch.frombuffer(bytearray(want), dtype=torch.bfloat16).float().view(-1, DIM)
+    step = w.abs().amax(dim=1, keepdim=True) / 127
+    return bool(((g - w).abs() <= step / 2 + w.abs() / 128 + 1e-30).all())
+
+
+CODEC_CASES = [("lossless", l, "embedded") for l in LAYOUTS] + \
+    [("int8", l, "embedded") for l in LAYOUTS] + \
+    [("lossless", "page_first", "sidecar"), ("int8", "layer_first", "sidecar")]
+
+
+@pytest.mark.parametrize("codec,layout,mode", CODEC_CASES,
+                         ids=["%s-%s-%s" % c for c in CODEC_CASES])
+def test_a_codec_round_trips_between_two_instances(codec, layout, mode, request):
+    """extra_config codec: pages of real KV go through the codec (the
+    zero-copy and the copying calls) -- embedded: into the same instance's
+    pool, zeroed in between (an embedded pool is the process's own);
+    sidecar: between two instances -- lossless byte-equal, int8 every
+    token's K or V of every head and layer within half its scale step; the
+    namespace names the codec; the engines' namespace is bound to it (an
+    engine without the codec is refused)."""
+    src = host_pool(layout)
+    dst = src if mode == "embedded" else host_pool(layout)
+    fill_corpus(src, skew=codec != "lossless")
+    ks = keys(5, seed=41)
+    want = [page_bytes(src, p) for p in range(2, 7)]
+    extra = {"codec": codec}
+    if mode == "sidecar":
+        extra.update(mode="sidecar", socket=request.getfixturevalue("serve").socket)
+    a = make(src, extra)
+    b = a if mode == "embedded" else make(dst, extra)
+    try:
+        assert a.namespace == b.namespace and a.namespace.endswith("/tp0-1/" + codec)
+        if codec == "int8":
+            assert a._codec["codec_shape"][0] == PAGE and a._codec["codec_shape"][2] == DIM
+        assert a.batch_set_v1(ks, indices(range(2, 7))) == [True] * 5
+        if mode == "embedded":
+            src.kv_buffer.zero_()
+        assert b.batch_exists(ks) == 5
+        assert b.batch_get_v1(ks, indices(range(8, 13))) == [True] * 5
+        got = [page_bytes(dst, p) for p in range(8, 13)]
+        if codec == "lossless":
+            assert got == want
+        else:
+            assert all(int8_within_bound(g, w) for g, w in zip(got, want))
+            assert got != want, "the lossy codec changed nothing"
+        # the copying calls (through the staging block) too
+        out = b.get(ks[3], dst.get_dummy_flat_data_page())
+        assert bytes(out.view(torch.uint8).numpy()) == got[3]
+        if mode == "embedded":  # the namespace is bound to its codec
+            with pytest.raises(oi.InvalidArgumentError, match="codec %s" % codec):
+                oi.OffloadEngine(a.host, a.namespace, a.staging.arenas,
+                                 buffer=bytearray(a.staging.pages * a.staging.page_bytes))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_namespace_differs_by_codec(serve):
+    """Pages saved under lossless are not found under codec none or int8
+    (another namespace); the namespace without a codec is unchanged."""
+    src = host_pool()
+    fill_corpus(src, skew=False)
+    ks = keys(3, seed=43)
+    names = {}
+    a = make(src, {"codec": "lossless", "mode": "sidecar", "socket": serve.socket})
+    try:
+        names["lossless"] = a.namespace
+        assert a.batch_set_v1(ks, indices(range(1, 4))) == [True] * 3
+        for other in ("none", "int8"):
+            b = make(host_pool(), {"codec": other, "mode": "sidecar", "socket": serve.socket})
+            try:
+                names[other] = b.namespace
+                assert b.batch_exists(ks) == 0
+            finally:
+                b.close()
+    finally:
+        a.close()
+    assert len(set(names.values())) == 3, names
+    assert re.fullmatch(r"sglang/model-[0-9a-f]{16}/mha-h2-d64-L4-p16-bfloat16-page_first/"
+                        r"tp0-1", names["none"]), names
+    assert names["lossless"].endswith("/tp0-1/lossless")
+    # the codec is in the digest too, so a namespace option keeps them apart as well
+    assert names["lossless"].split("/")[1] != names["none"].split("/")[1]
+
+
+def test_a_lossy_codec_is_refused_for_an_mla_or_fp16_pool():
+    """int8 and fp8 need bf16 K/V heads: an MLA pool and an fp16 pool are
+    refused at register_mem_pool_host naming the option and why; lossless
+    round-trips an MLA pool byte-equal."""
+    from openinfer._config import ConfigError
+    for pool, why in ((mla_host_pool(), "an MLA pool"),
+                      (host_pool(dtype=torch.float16), "float16; the lossy codecs")):
+        for codec in ("int8", "fp8"):
+            config = storage_config({"pool_bytes": 16 << 20, "codec": codec}, mla=True)
+            backend = StorageBackendFactory.create_backend("dynamic", config, pool)
+            with pytest.raises(ConfigError) as ei:
+                backend.register_mem_pool_host(pool)
+            msg = str(ei.value)
+            assert ei.value.key == "codec" and "option 'codec' is %r" % codec in msg, msg
+            assert why in msg and "allowed here: 'none' or 'lossless'" in msg, msg
+    src = mla_host_pool()
+    fill_corpus(src, skew=False)
+    ks = keys(4, seed=47)
+    want = [page_bytes(src, p) for p in range(1, 5)]
+    b = make(src, {"codec": "lossless"}, mla=True)
+    try:
+        assert b.batch_set_v1(ks, indices(range(1, 5))) == [True] * 4
+        src.kv_buffer.zero_()
+        assert b.batch_get_v1(ks, indices(range(6, 10))) == [True] * 4
+        assert [page_bytes(src, p) for p in range(6, 10)] == want
+    finally:
+        b.close()

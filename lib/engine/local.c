@@ -80,7 +80,6 @@ static const engine_ops local_ops;
 
 /* ---- completion (the pipeline's done callback) -------------------------------- */
 
-/* A job's user area holds the host blocks it moves. */
 /* Moves the blocks whose failed[] mark is set to the end of blocks[0..n)
  * (order is not kept). @return how many were not marked. */
 static size_t codec_failed_last(host_block **blocks, size_t n, const uint8_t *failed) {
@@ -106,6 +105,7 @@ static size_t codec_failed_last(host_block **blocks, size_t n, const uint8_t *fa
   return lo;
 }
 
+/* A job's user area holds the host blocks it moves. */
 static void job_done(void *ctx, void *user, const oi_xfer_result *r) {
   local_engine *e = ctx;
   host_block **blocks = user;

@@ -187,7 +187,10 @@ OI_API oi_status oi_ticket_poll(oi_ticket *t);
  * wait ran out, and at once when the operation missed its own deadline but
  * is not final yet (poll answers OI_FENCING), so no wait outlasts the
  * operation's deadline. A load's destination blocks are the caller's again
- * only once the ticket is final: no byte lands in them after that. */
+ * only once the ticket is final: no byte lands in them after that. When the
+ * library knows why an operation failed (a frame that did not verify,
+ * docs/codecs.md), a wait or poll returning that error sets it as the
+ * caller's oi_last_error(). */
 OI_API oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms);
 /* An eventfd that becomes readable when the ticket completes (and stays
  * readable). Owned by the ticket: do not close it. -1 on failure. */

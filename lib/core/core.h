@@ -142,6 +142,9 @@ void oi__ticket_unref(oi_ticket *t);
  * reference), wakes waiters, signals the eventfd, runs the callback, and drops
  * one producer reference. */
 void oi__ticket_complete(oi_ticket *t, oi_status st);
+/* As oi__ticket_complete, with the reason of a failure (st < 0; copied):
+ * a wait or poll that returns it sets it as the caller's oi_last_error(). */
+void oi__ticket_complete_msg(oi_ticket *t, oi_status st, const char *reason);
 /* The operation missed its deadline while copies into its destination may
  * still land: poll answers OI_FENCING and waits return OI_ERR_TIMEOUT at
  * once until the producer completes the ticket (with OI_ERR_DEADLINE) once

@@ -33,6 +33,9 @@ struct oi_ticket {
   uint32_t arenas_landed;
   uint32_t arena_failed;
   oi_status arena_status;
+  /* Why it failed, when the producer said (oi__ticket_complete_msg): the
+   * waiter's oi_last_error() after a wait or poll that returns the error. */
+  char *reason;
 };
 
 oi_ticket *oi__ticket_new(void) {
@@ -55,6 +58,7 @@ void oi__ticket_unref(oi_ticket *t) {
   for (uint32_t i = 0; i < t->n_arena_events; i++)
     if (t->arena_events[i] && t->cuda_event_destroy) t->cuda_event_destroy(t->arena_events[i]);
   oi__free(t->arena_events);
+  oi__free(t->reason);
   pthread_cond_destroy(&t->done_cv);
   pthread_mutex_destroy(&t->lock);
   oi__free(t);
@@ -68,10 +72,18 @@ static void signal_fd(int fd) {
   while (w < 0 && errno == EINTR);
 }
 
-void oi__ticket_complete(oi_ticket *t, oi_status st) {
+void oi__ticket_complete(oi_ticket *t, oi_status st) { oi__ticket_complete_msg(t, st, NULL); }
+
+void oi__ticket_complete_msg(oi_ticket *t, oi_status st, const char *reason) {
   if (st == OI_PENDING) st = OI_ERR_INTERNAL; /* a producer never completes "pending" */
+  char *copy = reason && st < 0 ? oi__strdup(reason) : NULL; /* (none without memory) */
   pthread_mutex_lock(&t->lock);
   bool first = !t->done;
+  if (first) {
+    t->reason = copy;
+    copy = NULL;
+  }
+  oi__free(copy);
   oi_ticket_fn cb = NULL;
   void *cb_ctx = NULL;
   if (first) {
@@ -260,6 +272,7 @@ OI_API oi_status oi_ticket_poll(oi_ticket *t) {
   if (!t) return oi__fail(OI_ERR_INVALID_ARGUMENT, "ticket_poll: ticket is NULL");
   pthread_mutex_lock(&t->lock);
   oi_status st = t->done ? t->status : t->fencing ? OI_FENCING : OI_PENDING;
+  if (t->done && t->reason) oi__fail(st, "%s", t->reason);
   pthread_mutex_unlock(&t->lock);
   return st;
 }
@@ -283,6 +296,7 @@ OI_API oi_status oi_ticket_wait(oi_ticket *t, uint32_t timeout_ms) {
     }
   }
   oi_status st = t->status;
+  if (t->reason) oi__fail(st, "%s", t->reason);
   pthread_mutex_unlock(&t->lock);
   return st;
 }

@@ -49,6 +49,7 @@ struct oi_xfer_job {
   uint8_t *bad;
   size_t nbad;
   oi_status codec_st;
+  char *codec_msg; /* codec_st's reason, for the ticket */
 };
 
 typedef struct arena_cb {
@@ -168,8 +169,11 @@ static void complete_job(oi_xfer_job *job) {
                       .nfailed = job->nbad};
   x->cfg.done(x->cfg.done_ctx, job->user, &r);
   if (job->on_done) job->on_done(job->on_done_ctx, job->status);
-  if (job->ticket) oi__ticket_complete(job->ticket, job->status);
+  if (job->ticket)
+    oi__ticket_complete_msg(job->ticket, job->status,
+                            job->status == job->codec_st ? job->codec_msg : NULL);
   if (job->progress) oi__ticket_unref(job->progress);
+  oi__free(job->codec_msg);
   oi__free(job->arena_cbs);
   oi__free(job);
 }
@@ -349,7 +353,10 @@ static void encode_step(void *arg, oi_status st) {
 static void decode_step(void *arg, oi_status st) {
   codec_step *c = arg;
   oi_xfer_job *job = c->job;
-  if (st == OI_OK) st = oi__codec_stage_decode(job->x->codec, job->host + c->from, c->n);
+  if (st == OI_OK) {
+    st = oi__codec_stage_decode(job->x->codec, job->host + c->from, c->n);
+    if (st != OI_OK && job->codec_st == OI_OK) job->codec_msg = oi__strdup(oi_last_error());
+  }
   if (st != OI_OK && job->codec_st == OI_OK) job->codec_st = st;
   oi__free(c);
 }

@@ -208,7 +208,23 @@ static void test_incompressible(void) {
   free(mem);
 }
 
-/* A byte of a frame changed in the pool: its load fails; others still load. */
+/* The slot of block `i` of namespace "corrupt" (its shard locked while
+ * looked up; the block is sealed and unpinned: nothing else writes it). */
+static uint8_t *slot_of(oi_host *h, const oi_block_hash *hash) {
+  oi_host_ns ns;
+  REQUIRE(oi__host_find_namespace(h, "corrupt", &ns));
+  index_shard *s = oi__index_shard(h, ns.id, hash);
+  pthread_mutex_lock(&s->lock);
+  host_block *b = oi__index_find_locked(s, ns.id, hash);
+  REQUIRE(b);
+  uint8_t *frame = oi__block_data(h, b);
+  pthread_mutex_unlock(&s->lock);
+  return frame;
+}
+
+/* A byte of a frame changed in the pool, a frame naming another codec, a
+ * whole frame of another block size: each load fails; the blocks before
+ * still load. */
 static void test_corrupt_frame(void) {
   enum { N = 8 };
   uint8_t *mem = malloc(2 * N * PAGE);
@@ -221,16 +237,15 @@ static void test_corrupt_frame(void) {
   ids_hashes(ids, hs, N, 0x55);
   CHECK_OK(tr_save(e, ids, hs, N, 10000));
   /* Block 3's frame, a byte in its payload. */
-  oi_host_ns ns;
-  REQUIRE(oi__host_find_namespace(h, "corrupt", &ns));
-  index_shard *s = oi__index_shard(h, ns.id, &hs[3]);
-  pthread_mutex_lock(&s->lock);
-  host_block *b = oi__index_find_locked(s, ns.id, &hs[3]);
-  REQUIRE(b);
-  uint8_t *frame = oi__block_data(h, b);
+  uint8_t *frame = slot_of(h, &hs[3]);
   CHECK(memcmp(frame, "OIKC", 4) == 0);
   frame[OI_CODEC_HEADER_BYTES + 100] ^= 0x10;
-  pthread_mutex_unlock(&s->lock);
+  /* Block 4's frame says int8; block 5's is a whole lossless frame of half
+   * a page (its checksums hold: its size does not). */
+  slot_of(h, &hs[4])[5] = OI_CODEC_INT8;
+  uint8_t *f5 = slot_of(h, &hs[5]);
+  size_t fb = 0;
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, NULL, corpus, PAGE / 2, f5, 8960, &fb));
   oi_query_result q;
   CHECK_OK(tr_query(e, NULL, hs, N, 0, NULL, &q));
   CHECK(q.hit_blocks == N);
@@ -239,6 +254,12 @@ static void test_corrupt_frame(void) {
     dst[i] = N + i;
   CHECK(tr_load(e, q.lease, dst, N, 10000) == OI_ERR_PROTOCOL);
   CHECK(tr_engine_stats(e).loads_failed == 1);
+  for (int k = 4; k < 6; k++) { /* each alone fails too */
+    CHECK_OK(tr_query(e, NULL, &hs[k], 1, 0, NULL, &q));
+    CHECK(q.hit_blocks == 1);
+    CHECK(tr_load(e, q.lease, dst, 1, 10000) == OI_ERR_PROTOCOL);
+    CHECK(strstr(oi_last_error(), k == 4 ? "codec 2" : "for blocks of") != NULL);
+  }
   /* The blocks before it load byte-exact. */
   CHECK_OK(tr_query(e, NULL, hs, 3, 0, NULL, &q));
   CHECK(q.hit_blocks == 3);

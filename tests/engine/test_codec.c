@@ -257,8 +257,14 @@ static void test_corrupt_frame(void) {
   for (int k = 4; k < 6; k++) { /* each alone fails too */
     CHECK_OK(tr_query(e, NULL, &hs[k], 1, 0, NULL, &q));
     CHECK(q.hit_blocks == 1);
-    CHECK(tr_load(e, q.lease, dst, 1, 10000) == OI_ERR_PROTOCOL);
-    CHECK(strstr(oi_last_error(), k == 4 ? "codec 2" : "for blocks of") != NULL);
+    oi_ticket *t = NULL;
+    CHECK_OK(oi_engine_load(e, q.lease, dst, 1, NULL, &t));
+    CHECK(oi_ticket_wait(t, 10000) == OI_ERR_PROTOCOL);
+    const char *why = k == 4 ? "codec 2" : "for blocks of";
+    CHECK(strstr(oi_last_error(), why) != NULL);
+    oi_clear_error();
+    CHECK(oi_ticket_poll(t) == OI_ERR_PROTOCOL && strstr(oi_last_error(), why) != NULL);
+    oi_ticket_release(t);
   }
   /* The blocks before it load byte-exact. */
   CHECK_OK(tr_query(e, NULL, hs, 3, 0, NULL, &q));

@@ -374,6 +374,11 @@ static oi_status queue_codec_group(oi_xfer_job *job, const oi_layout *l, uint32_
   if (n > x->group_blocks[d])
     return oi__fail(OI_ERR_INTERNAL, "a codec group of %zu blocks past its bounce of %llu", n,
                     (unsigned long long)x->group_blocks[d]);
+  /* Staged copies move whole host blocks on auxiliary streams that a host
+   * function on the stream does not order (measured on the H200: a staged
+   * load read bounce blocks its decode step had not written yet): the
+   * bounce goes by DMA (or the copy kernel). */
+  if (mode == OI_XFER_STAGED) mode = OI_XFER_DMA;
   codec_step *c = oi__malloc(sizeof *c);
   if (!c) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a codec step");
   *c = (codec_step){.job = job, .from = from, .n = n};

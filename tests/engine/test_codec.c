@@ -297,6 +297,11 @@ static void test_disk(void) {
   oi_host_options ho = tr_host_options(1 * MiB);
   ho.chunk_bytes = 256 << 10;
   ho.flags |= OI_HOST_NO_PIN;
+  /* No background eviction: the saves evict on demand, and a block promoted
+   * for a query is not taken by the maintenance thread before its lease (a
+   * pool of 116 slots is 95 % full at every step of this test). */
+  ho.high_watermark = 1.0f;
+  ho.low_watermark = 1.0f;
   oi_host *h = tr_host_new(&ho);
   CHECK_OK(tr_attach_disk(h, dir, 64 * MiB));
   oi_engine_options o = codec_options("disk", &ad, "lossless");
@@ -333,9 +338,17 @@ static void test_disk(void) {
     size_t k = n - at < 16 ? n - at : 16;
     oi_query_result q = {.struct_size = sizeof q, .wait_ms = 10000};
     CHECK_OK(oi_engine_query(e, NULL, hs + at, k, OI_QUERY_WAIT_PENDING, &q));
-    if (q.hit_blocks != k)
-      fprintf(stderr, "disk: blocks %zu..: %llu of %zu hit, %llu pending\n", at,
-              (unsigned long long)q.hit_blocks, k, (unsigned long long)q.pending_blocks);
+    if (q.hit_blocks != k) {
+      oi_host_disk_stats d2 = {.struct_size = sizeof d2};
+      CHECK_OK(oi_host_get_disk_stats(h, &d2));
+      fprintf(stderr,
+              "disk: blocks %zu..: %llu of %zu hit, %llu pending; disk: %llu blocks, %llu "
+              "promoted, %llu failed, %llu checksum, %llu evicted, %llu skipped\n",
+              at, (unsigned long long)q.hit_blocks, k, (unsigned long long)q.pending_blocks,
+              (unsigned long long)d2.blocks, (unsigned long long)d2.promotions,
+              (unsigned long long)d2.promote_failed, (unsigned long long)d2.checksum_failures,
+              (unsigned long long)d2.evictions, (unsigned long long)d2.spills_skipped);
+    }
     CHECK(q.hit_blocks == k);
     int64_t dst[16];
     for (size_t j = 0; j < k; j++)

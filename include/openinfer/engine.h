@@ -262,6 +262,11 @@ typedef struct oi_engine_stats {
   uint64_t save_latency_sum_us;
   uint64_t load_latency_us[OI_LATENCY_BUCKETS];
   uint64_t load_latency_sum_us;
+  /* Appended (codec namespaces, docs/codecs.md): blocks of saves not stored
+   * because the codec made no frame that fits the namespace's slot (a
+   * lossless frame of KV that compresses less than the slot allows, or a
+   * block a lossy codec refuses); also counted in saves_failed. */
+  uint64_t saves_not_encoded;
 } oi_engine_stats;
 
 /* oi_engine_stats.connection */

@@ -19,9 +19,14 @@
 typedef struct engine_counters {
   atomic_uint_fast64_t saves_submitted, saves_completed, saves_deduplicated, saves_dropped,
       saves_failed, loads_completed, loads_failed, blocks_loaded, bytes_saved, bytes_loaded,
-      query_hit_blocks, query_miss_blocks, loads_submitted;
+      query_hit_blocks, query_miss_blocks, loads_submitted, saves_not_encoded;
   oi_latency_hist save_latency, load_latency;
+  /* The codec's warning about blocks not encoded: when it was last given,
+   * and the count then (at most one every NOT_ENCODED_WARN_NS). */
+  atomic_uint_fast64_t not_encoded_warned_ns, not_encoded_warned;
 } engine_counters;
+
+#define NOT_ENCODED_WARN_NS (10ull * 1000000000ull)
 
 /* A block being saved layer by layer (oi_save_options.arena_count): its host
  * slot stays in flight until every arena arrived and landed. ACTIVE holds a
@@ -105,6 +110,35 @@ static size_t codec_failed_last(host_block **blocks, size_t n, const uint8_t *fa
   return lo;
 }
 
+/* Blocks the codec did not encode are not stored (a later miss): the first
+ * time, and then at most every NOT_ENCODED_WARN_NS with the count since, a
+ * warning names the remedy (the rest, at DEBUG). */
+static void warn_not_encoded(local_engine *e, size_t failed, size_t n, const char *why) {
+  uint64_t now = oi__now_ns(), last = atomic_load(&e->c.not_encoded_warned_ns);
+  uint64_t total = atomic_load(&e->c.saves_not_encoded);
+  bool warn = (last == 0 || now - last >= NOT_ENCODED_WARN_NS) &&
+              atomic_compare_exchange_strong(&e->c.not_encoded_warned_ns, &last, now ? now : 1);
+  const char *codec = oi__codec_name(e->base.codec.id);
+  if (!warn) {
+    OI_LOG_I(OI_LOG_DEBUG, "engine", e->base.instance_id,
+             "save: %zu of %zu blocks not stored: the %s codec did not encode them (%s)", failed, n,
+             codec, why);
+    return;
+  }
+  uint64_t since = total - atomic_exchange(&e->c.not_encoded_warned, total);
+  bool lossless = e->base.codec.id == OI_CODEC_LOSSLESS;
+  OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
+           "save: %llu blocks not stored since the last warning (%llu in all), later misses: "
+           "the %s codec did not encode them into the namespace's %llu-byte slots of %llu-byte "
+           "blocks (the first: %s)%s",
+           (unsigned long long)since, (unsigned long long)total, codec,
+           (unsigned long long)e->base.codec.slot_bytes,
+           (unsigned long long)e->base.layout.block_bytes, why,
+           lossless ? "; this KV compresses less than the slot allows: raise codec_slot_bytes, "
+                      "or use codec none"
+                    : "; a lossy codec refuses values it cannot scale");
+}
+
 /* A job's user area holds the host blocks it moves. */
 static void job_done(void *ctx, void *user, const oi_xfer_result *r) {
   local_engine *e = ctx;
@@ -150,10 +184,8 @@ static void job_done(void *ctx, void *user, const oi_xfer_result *r) {
     bytes = n * e->base.layout.block_bytes;
     oi__host_save_end(e->host, e->ns, blocks + n, r->n - n, false, 0, 0);
     atomic_fetch_add(&e->c.saves_failed, r->n - n);
-    OI_LOG_I(OI_LOG_INFO, "engine", e->base.instance_id,
-             "save: %zu of %zu blocks not stored: their %s frames did not fit a %llu-byte slot",
-             r->n - n, r->n, oi__codec_name(e->base.codec.id),
-             (unsigned long long)e->base.codec.slot_bytes);
+    atomic_fetch_add(&e->c.saves_not_encoded, r->n - n);
+    warn_not_encoded(e, r->n - n, r->n, r->failed_why ? r->failed_why : "no reason given");
   }
   oi__host_save_end(e->host, e->ns, blocks, n, ok, bytes, r->latency_ns);
   if (ok) {
@@ -668,6 +700,7 @@ static oi_status local_stats(const oi_engine *base, oi_engine_stats *out) {
   s.saves_deduplicated = atomic_load(&e->c.saves_deduplicated);
   s.saves_dropped = atomic_load(&e->c.saves_dropped);
   s.saves_failed = atomic_load(&e->c.saves_failed);
+  s.saves_not_encoded = atomic_load(&e->c.saves_not_encoded);
   s.loads_completed = atomic_load(&e->c.loads_completed);
   s.loads_failed = atomic_load(&e->c.loads_failed);
   s.blocks_loaded = atomic_load(&e->c.blocks_loaded);

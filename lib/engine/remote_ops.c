@@ -392,6 +392,7 @@ static oi_status remote_stats(const oi_engine *cbase, oi_engine_stats *out) {
   s.saves_deduplicated = r->saves_deduplicated;
   s.saves_dropped = r->saves_dropped;
   s.saves_failed = r->saves_failed;
+  s.saves_not_encoded = r->saves_not_encoded;
   s.blocks_loaded = r->blocks_loaded;
   s.bytes_saved = r->bytes_saved;
   s.bytes_loaded = r->bytes_loaded;

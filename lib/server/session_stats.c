@@ -98,6 +98,7 @@ void oi__session_stats(srv_session *s, uint64_t req, const oiwire_Stats *m) {
     r->saves_deduplicated = es.saves_deduplicated;
     r->saves_dropped = es.saves_dropped;
     r->saves_failed = es.saves_failed;
+    r->saves_not_encoded = es.saves_not_encoded;
     r->loads_completed = es.loads_completed;
     r->loads_failed = es.loads_failed;
     r->blocks_loaded = es.blocks_loaded;

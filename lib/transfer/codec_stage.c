@@ -17,7 +17,7 @@ typedef struct codec_task {
   size_t n;
   atomic_size_t next, nbad;
   pthread_mutex_t lock; /* failed, msg */
-  bool failed;          /* a decode failed: msg has the first reason */
+  bool failed;          /* a block failed: msg has the first reason */
   char msg[256];
 } codec_task;
 
@@ -54,6 +54,16 @@ static uint32_t log_id(const oi_codec_stage *s) { return s->log_id ? *s->log_id 
 
 /* ---- one block -------------------------------------------------------------------- */
 
+/* Keeps the first failure's reason (this thread's oi_last_error()). */
+static void note_failure(codec_task *t) {
+  pthread_mutex_lock(&t->lock);
+  if (!t->failed) {
+    t->failed = true;
+    snprintf(t->msg, sizeof t->msg, "%s", oi_last_error());
+  }
+  pthread_mutex_unlock(&t->lock);
+}
+
 static void encode_one(oi_codec_stage *s, codec_task *t, unsigned w, size_t i) {
   uint8_t *slot = t->slots[i], *to = s->scratch[w] ? s->scratch[w] : slot;
   size_t cap = s->scratch[w] ? s->scratch_bytes : s->fb, out = 0;
@@ -67,6 +77,7 @@ static void encode_one(oi_codec_stage *s, codec_task *t, unsigned w, size_t i) {
     atomic_fetch_add_explicit(&t->nbad, 1, memory_order_relaxed);
     OI_LOG_I(OI_LOG_DEBUG, "engine", log_id(s), "a block not encoded (%s): %s",
              oi__codec_name(s->codec), oi_last_error());
+    note_failure(t);
     return;
   }
   if (to != slot) memcpy(slot, to, out);
@@ -87,12 +98,7 @@ static void decode_one(oi_codec_stage *s, codec_task *t, size_t i) {
                   (unsigned long long)s->bb);
   if (st == OI_OK) return;
   memset(dst, 0, s->bb); /* no other block's bytes go out in its place */
-  pthread_mutex_lock(&t->lock);
-  if (!t->failed) {
-    t->failed = true;
-    snprintf(t->msg, sizeof t->msg, "%s", oi_last_error());
-  }
-  pthread_mutex_unlock(&t->lock);
+  note_failure(t);
 }
 
 /* Takes blocks of task t until none is left. */
@@ -165,7 +171,9 @@ static void run(oi_codec_stage *s, codec_task *t) {
 size_t oi__codec_stage_encode(oi_codec_stage *s, uint8_t *const *slots, size_t n, uint8_t *bad) {
   codec_task t = {.kind = TASK_ENCODE, .slots = slots, .bad = bad, .n = n};
   run(s, &t);
-  return atomic_load(&t.nbad);
+  size_t nbad = atomic_load(&t.nbad);
+  if (nbad) oi__fail(OI_ERR_INVALID_ARGUMENT, "%s", t.msg); /* on this thread: the first reason */
+  return nbad;
 }
 
 oi_status oi__codec_stage_decode(oi_codec_stage *s, uint8_t *const *slots, size_t n) {

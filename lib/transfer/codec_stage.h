@@ -36,7 +36,8 @@ void oi__codec_stage_unlock(oi_codec_stage *s, int d);
 /* Encodes the D2H bounce blocks [0, n) into slots[0..n), zeroing each slot
  * past its frame. A block that does not encode or whose frame does not fit
  * its slot gets bad[i] = 1 (its slot holds nothing to keep). @return how
- * many did not. */
+ * many did not; when any, oi_last_error() on this thread says why the
+ * first did not. */
 size_t oi__codec_stage_encode(oi_codec_stage *s, uint8_t *const *slots, size_t n, uint8_t *bad);
 /* Verifies and decodes the frames of slots[0..n) into the H2D bounce blocks
  * [0, n). A frame that is not whole, of another codec or of another size

@@ -50,6 +50,7 @@ struct oi_xfer_job {
   size_t nbad;
   oi_status codec_st;
   char *codec_msg; /* codec_st's reason, for the ticket */
+  char *bad_msg;   /* why the first of the bad blocks was not encoded */
 };
 
 typedef struct arena_cb {
@@ -166,7 +167,8 @@ static void complete_job(oi_xfer_job *job) {
                       .arena_count = job->arena_count,
                       .latency_ns = oi__now_ns() - job->t0_ns,
                       .failed = job->nbad ? job->bad : NULL,
-                      .nfailed = job->nbad};
+                      .nfailed = job->nbad,
+                      .failed_why = job->bad_msg};
   x->cfg.done(x->cfg.done_ctx, job->user, &r);
   if (job->on_done) job->on_done(job->on_done_ctx, job->status);
   if (job->ticket)
@@ -174,6 +176,7 @@ static void complete_job(oi_xfer_job *job) {
                             job->status == job->codec_st ? job->codec_msg : NULL);
   if (job->progress) oi__ticket_unref(job->progress);
   oi__free(job->codec_msg);
+  oi__free(job->bad_msg);
   oi__free(job->arena_cbs);
   oi__free(job);
 }
@@ -343,7 +346,10 @@ static void encode_step(void *arg, oi_status st) {
     oi__free(c);
     return;
   }
-  job->nbad += oi__codec_stage_encode(job->x->codec, job->host + c->from, c->n, job->bad + c->from);
+  size_t nbad =
+      oi__codec_stage_encode(job->x->codec, job->host + c->from, c->n, job->bad + c->from);
+  if (nbad && !job->bad_msg) job->bad_msg = oi__strdup(oi_last_error());
+  job->nbad += nbad;
   oi__free(c);
 }
 

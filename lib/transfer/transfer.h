@@ -68,6 +68,7 @@ typedef struct oi_xfer_result {
    * failed. Valid during the done callback only. */
   const uint8_t *failed;
   size_t nfailed;
+  const char *failed_why; /* the first failed block's reason (NULL: not known) */
 } oi_xfer_result;
 
 /* Runs once per job, when its copies ended and before its on_done and

@@ -768,7 +768,7 @@ _ENGINE_STATS = [
     "blocks_loaded", "bytes_saved", "bytes_loaded", "query_hit_blocks", "query_miss_blocks",
     "saves_pending", "loads_submitted", "namespace_blocks_resident", "latency_buckets",
     "save_latency_sum_us", "load_latency_sum_us", "server_epoch", "connection", "reconnects",
-    "disconnected_saves", "disconnected_query_misses"]
+    "disconnected_saves", "disconnected_query_misses", "saves_not_encoded"]
 
 
 def _host_options(pool_bytes, device, hugepages, pin, lease_ttl_ms, index_shards, chunk_bytes,

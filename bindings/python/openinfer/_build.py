@@ -382,6 +382,7 @@ typedef struct oi_engine_stats {
   uint32_t reconnects;
   uint64_t disconnected_saves;
   uint64_t disconnected_query_misses;
+  uint64_t saves_not_encoded;
   ...;
 } oi_engine_stats;
 typedef enum oi_connection_state { OI_CONNECTION_EMBEDDED, OI_CONNECTION_CONNECTED, OI_CONNECTION_DEGRADED, ... } oi_connection_state;

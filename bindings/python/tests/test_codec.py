@@ -89,6 +89,13 @@ def test_sidecar_lossless(serve, pages):
     e, a = oi.OffloadEngine.connect(serve, "py/sidecar-lossless", arena(), codec="lossless")
     try:
         assert save_load(e, a.write, a.read, pages, 3) == pages
+        # random bytes do not fit a lossless slot: not stored, counted on the server
+        a.write(0, os.urandom(4 * PAGE))
+        e.save(list(range(4)), oi.hash_blocks(range(9000, 9000 + 4 * 16), 16)).wait(30)
+        e.flush(30)
+        st = e.stats()
+        assert (st["saves_not_encoded"], st["saves_completed"]) == (4, N), st
+        assert st["saves_failed"] == 4
     finally:
         a.close()
         e.close()

@@ -1277,6 +1277,9 @@ pub struct EngineStats {
     pub disconnected_saves: u64,
     /// Blocks reported missing because no server was connected.
     pub disconnected_query_misses: u64,
+    /// Codec namespaces: blocks of saves not stored because the codec made
+    /// no frame that fits the namespace's slot (also in `saves_failed`).
+    pub saves_not_encoded: u64,
 }
 
 enum Memory {
@@ -1589,6 +1592,7 @@ impl<'h> OffloadEngine<'h> {
             reconnects: s.reconnects,
             disconnected_saves: s.disconnected_saves,
             disconnected_query_misses: s.disconnected_query_misses,
+            saves_not_encoded: s.saves_not_encoded,
         })
     }
 }

@@ -1104,7 +1104,9 @@ def test_a_lossy_codec_is_refused_for_pages_it_cannot_take():
     """int8 and fp8 need bf16 K and V heads: an MLA latent, an fp16 cache
     and K and V of other head sizes are refused as vLLM makes the connector
     (both roles), naming the option, the group, the layer and why; lossless
-    takes them. A user-given namespace is kept as it is, whatever the codec."""
+    takes the bf16 ones and refuses the fp16 cache (it compresses less than
+    the slot needs: every save would be dropped). A user-given namespace is
+    kept as it is, whatever the codec."""
     from openinfer._config import ConfigError
     from openinfer.vllm import OpenInferConnector
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
@@ -1127,7 +1129,9 @@ def test_a_lossy_codec_is_refused_for_pages_it_cannot_take():
     ]
     for spec, why in cases:
         kvc = kvc_of(spec)
-        for codec in ("int8", "fp8"):
+        bf16 = spec.dtype == torch.bfloat16
+        allowed = "allowed here: 'none' or 'lossless'" if bf16 else "allowed here: 'none'"
+        for codec in ("int8", "fp8") if bf16 else ("int8", "fp8", "lossless"):
             cfg = vllm_config({"pool_size": "16M", "codec": codec})
             with set_current_vllm_config(cfg):
                 for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
@@ -1137,7 +1141,11 @@ def test_a_lossy_codec_is_refused_for_pages_it_cannot_take():
                     assert ei.value.key == "codec" and "option 'codec' is %r" % codec in msg
                     assert why in msg and "KV cache group 0 (layer %s)" % LAYER_NAMES[0] in msg, \
                         msg
-                    assert "allowed here: 'none' or 'lossless'" in msg
+                    assert allowed in msg, msg
+                    if codec == "lossless":
+                        assert "compresses bfloat16 KV" in msg and "1.14x" in msg, msg
+        if not bf16:
+            continue
         cfg = vllm_config({"pool_size": "16M", "codec": "lossless", "namespace": "t/given"})
         with set_current_vllm_config(cfg):
             c = OpenInferConnector(cfg, KVConnectorRole.WORKER, kvc)

@@ -47,7 +47,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 import openinfer as oi
 from openinfer import _config
 from openinfer._native import ffi, lib
-from openinfer.kvworker import codec_shape_of, wait_final
+from openinfer.kvworker import codec_shape_of, lossless_refusal, wait_final
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,10 @@ class PoolGeometry:
     view of the pool). A page's bytes, arena after arena, are SGLang's flat
     data page (get_data_page(index, flat=True))."""
 
-    def __init__(self, kind, layout, data, num_pages, page_size, arenas, ident, codec_view=None):
+    def __init__(self, kind, layout, data, num_pages, page_size, arenas, ident, codec_view=None,
+                 dtype="bfloat16"):
         self.kind = kind
+        self.dtype = dtype  # the pool's element type, by name
         # MHA: (the pool viewed per page, roles) for kvworker.codec_shape_of
         self.codec_view = codec_view
         self.layout = layout
@@ -185,7 +187,8 @@ def describe_host_pool(pool):
         codec_view = (buf.view(2, *[sizes[c] for c in dims]), roles)
     data = buf.view(-1).view(torch.uint8)
     ident = "%s-L%d-p%d-%s-%s" % (ident, L, ps, str(buf.dtype).replace("torch.", ""), layout)
-    return PoolGeometry(kind, layout, data, pages, ps, arenas, ident, codec_view)
+    return PoolGeometry(kind, layout, data, pages, ps, arenas, ident, codec_view,
+                        str(buf.dtype).replace("torch.", ""))
 
 
 #: An MHA pool's kv_buffer [2, ...] per layout, with its pages split out
@@ -414,6 +417,11 @@ class OpenInferStorage(HiCacheStorage):
         if codec == "none":
             return {}
         if codec == "lossless":
+            why = lossless_refusal(geom.dtype)
+            if why is not None:
+                raise _config.ConfigError(
+                    "openinfer.sglang: extra_config: option 'codec' is 'lossless' but %s; "
+                    "allowed here: 'none'" % why, "codec", codec)
             return {"codec": codec}
         why = None
         if geom.codec_view is None:
@@ -427,10 +435,11 @@ class OpenInferStorage(HiCacheStorage):
             except oi.Error as e:
                 why = str(e)
         if why is not None:
+            allowed = ("'none'" if lossless_refusal(geom.dtype) is not None else
+                       "'none' or 'lossless' (byte-exact, any bfloat16 pool)")
             raise _config.ConfigError(
                 "openinfer.sglang: extra_config: option 'codec' is %r but the host pool is %s; "
-                "allowed here: 'none' or 'lossless' (byte-exact, any pool)" % (codec, why),
-                "codec", codec)
+                "allowed here: %s" % (codec, why, allowed), "codec", codec)
         return {"codec": codec, "codec_shape": shape}
 
     def _connect(self, log_failure=False):

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import openinfer as oi
 from openinfer import _config, _plan
 from openinfer import _vllm_groups as _groups
-from openinfer.kvworker import KVWorker, codec_shape_of
+from openinfer.kvworker import KVWorker, codec_shape_of, lossless_refusal
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -311,18 +311,23 @@ def _lossy_refusal(spec):
 
 
 def _check_codec(opts, kv_cache_config):
-    """A lossy codec with KV cache groups it cannot take is refused when the
-    connector is made (ConfigError naming the option, the group and why)."""
-    if opts.codec not in _LOSSY or kv_cache_config is None:
+    """A codec with KV cache groups it cannot take is refused when the
+    connector is made (ConfigError naming the option, the group and why):
+    a lossy codec needs bf16 K/V heads, lossless a bf16 cache."""
+    if opts.codec == "none" or kv_cache_config is None:
         return
     for i, g in enumerate(getattr(kv_cache_config, "kv_cache_groups", None) or ()):
         for layer, spec in _layer_specs(g).items():
-            why = _lossy_refusal(spec)
+            dtype = getattr(spec, "dtype", None)
+            lossless_why = None if dtype is None else lossless_refusal(dtype)
+            why = _lossy_refusal(spec) if opts.codec in _LOSSY else lossless_why
+            allowed = ("'none'" if lossless_why is not None else
+                       "'none' or 'lossless' (byte-exact, any bfloat16 layout)")
             if why is not None:
                 raise _config.ConfigError(
                     "%s: option 'codec' is %r but KV cache group %d (layer %s) is %s; allowed "
-                    "here: 'none' or 'lossless' (byte-exact, any layout)"
-                    % (_CODEC_WHERE, opts.codec, i, layer, why), "codec", opts.codec)
+                    "here: %s" % (_CODEC_WHERE, opts.codec, i, layer, why, allowed), "codec",
+                    opts.codec)
 
 
 def _codec_options(opts, tensors, specs, pages):

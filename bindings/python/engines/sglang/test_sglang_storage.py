@@ -880,18 +880,23 @@ def test_the_namespace_differs_by_codec(serve):
 def test_a_lossy_codec_is_refused_for_an_mla_or_fp16_pool():
     """int8 and fp8 need bf16 K/V heads: an MLA pool and an fp16 pool are
     refused at register_mem_pool_host naming the option and why; lossless
-    round-trips an MLA pool byte-equal."""
+    refuses the fp16 pool too (it compresses less than the slot needs: every
+    save would be dropped) and round-trips an MLA pool byte-equal."""
     from openinfer._config import ConfigError
-    for pool, why in ((mla_host_pool(), "an MLA pool"),
-                      (host_pool(dtype=torch.float16), "float16; the lossy codecs")):
-        for codec in ("int8", "fp8"):
+    for pool, why, codecs, allowed in (
+            (mla_host_pool(), "an MLA pool", ("int8", "fp8"), "'none' or 'lossless'"),
+            (host_pool(dtype=torch.float16), "float16; the lossy codecs", ("int8", "fp8"),
+             "'none'"),
+            (host_pool(dtype=torch.float16), "float16; the lossless codec compresses bfloat16",
+             ("lossless",), "'none'")):
+        for codec in codecs:
             config = storage_config({"pool_bytes": 16 << 20, "codec": codec}, mla=True)
             backend = StorageBackendFactory.create_backend("dynamic", config, pool)
             with pytest.raises(ConfigError) as ei:
                 backend.register_mem_pool_host(pool)
             msg = str(ei.value)
             assert ei.value.key == "codec" and "option 'codec' is %r" % codec in msg, msg
-            assert why in msg and "allowed here: 'none' or 'lossless'" in msg, msg
+            assert why in msg and "allowed here: %s" % allowed in msg, msg
     src = mla_host_pool()
     fill_corpus(src, skew=False)
     ks = keys(4, seed=47)

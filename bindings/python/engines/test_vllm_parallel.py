@@ -277,6 +277,32 @@ def loads_of(steps, req_id):
             if ld.req_id == req_id]
 
 
+def check_loaded(eng, steps, req_id, blocks, leases=None):
+    """req_id's one load: `blocks` blocks (and `leases` leases when given),
+    each byte-equal to the prompt's KV. @return the load."""
+    (ld,) = loads_of(steps, req_id)
+    assert len(ld.block_ids) == blocks, ld
+    if leases is not None:
+        assert len(ld.leases) == leases, ld
+    for i, blk in enumerate(ld.block_ids):
+        eng.check_block(req_id, i, blk)
+    return ld
+
+
+def check_every_rank_loaded(eng, steps, blocks, loads):
+    """Each rank of eng loaded `blocks` blocks in one load, none invalid, and
+    vLLM's aggregation of the ranks' connector stats counts `loads` blocks."""
+    for rk in eng.ranks:
+        st = rk.conn.stats()
+        assert (st["loads_submitted"], st["loads_completed"], st["loads_failed"]) == \
+            (1, 1, 0), (rk.rank, st)
+        assert rk.conn.worker.stats()["blocks_loaded"] == blocks
+    assert not any(kvo and kvo.invalid_block_ids for _, kvo, _ in steps)
+    loaded = sum(kvo.kv_connector_stats.data["loaded_blocks"] for _, kvo, _ in steps
+                 if kvo and kvo.kv_connector_stats)
+    assert loaded == loads
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -316,20 +342,9 @@ def test_a_prefix_saved_at_tp_pp_loads_byte_equal_into_another_instance(tp, pp, 
     try:
         b.add("b", PROMPT[:5 * BS] + [7, 8, 9])
         steps = b.run()
-        (ld,) = loads_of(steps, "b")
-        assert len(ld.block_ids) == 5 and len(ld.leases) == tp * pp
-        for i, blk in enumerate(ld.block_ids):
-            b.check_block("b", i, blk)
-        for rk in b.ranks:
-            st = rk.conn.stats()
-            assert (st["loads_submitted"], st["loads_completed"], st["loads_failed"]) == \
-                (1, 1, 0), (rk.rank, st)
-            assert rk.conn.worker.stats()["blocks_loaded"] == 5
-        assert not any(kvo and kvo.invalid_block_ids for _, kvo, _ in steps)
+        ld = check_loaded(b, steps, "b", 5, leases=tp * pp)
         # vLLM's aggregation of the ranks' connector stats: every rank's shards
-        loaded = sum(kvo.kv_connector_stats.data["loaded_blocks"] for _, kvo, _ in steps
-                     if kvo and kvo.kv_connector_stats)
-        assert loaded == 5 * tp * pp
+        check_every_rank_loaded(b, steps, 5, 5 * tp * pp)
         computed = sum(so.num_scheduled_tokens.get("b", 0) for so, _, _ in steps)
         assert computed < len(PROMPT)
         if mode == "embedded":  # each shard's lease was consumed by its one load
@@ -367,10 +382,7 @@ def test_a_block_one_rank_lacks_is_never_promised(mode, request):
     try:
         b.add("b", PROMPT)
         steps = b.run()
-        (ld,) = loads_of(steps, "b")
-        assert len(ld.block_ids) == 2, ld  # not 5: rank 1 lacks block 2
-        for i, blk in enumerate(ld.block_ids):
-            b.check_block("b", i, blk)
+        check_loaded(b, steps, "b", 2)  # not 5: rank 1 lacks block 2
         # the rest of the prompt was computed
         assert sum(so.num_scheduled_tokens.get("b", 0) for so, _, _ in steps) >= \
             len(PROMPT) - 2 * BS
@@ -483,19 +495,8 @@ def test_an_mla_prefix_is_written_once_and_loads_byte_equal_into_another_instanc
                     ns_p, _block_keys(b, PROMPT[:5 * BS]))) == [1] * 5
         b.add("b", PROMPT[:5 * BS] + [7, 8, 9])
         steps = b.run()
-        (ld,) = loads_of(steps, "b")
-        assert len(ld.block_ids) == 5 and len(ld.leases) == pp
-        for i, blk in enumerate(ld.block_ids):
-            b.check_block("b", i, blk)
-        for rk in b.ranks:
-            st = rk.conn.stats()
-            assert (st["loads_submitted"], st["loads_completed"], st["loads_failed"]) == \
-                (1, 1, 0), (rk.rank, st)
-            assert rk.conn.worker.stats()["blocks_loaded"] == 5
-        assert not any(kvo and kvo.invalid_block_ids for _, kvo, _ in steps)
-        loaded = sum(kvo.kv_connector_stats.data["loaded_blocks"] for _, kvo, _ in steps
-                     if kvo and kvo.kv_connector_stats)
-        assert loaded == 5 * tp * pp  # every rank loaded the stage's one copy
+        ld = check_loaded(b, steps, "b", 5, leases=pp)
+        check_every_rank_loaded(b, steps, 5, 5 * tp * pp)  # every rank: the stage's one copy
         assert sum(so.num_scheduled_tokens.get("b", 0) for so, _, _ in steps) < len(PROMPT)
         if mode == "embedded":  # each stage's lease: tp loads, then spent
             host = conn._host
@@ -552,10 +553,7 @@ def test_dp_replicas_share_the_namespace_through_the_sidecar(tp, serve):
         r0.run()
         r1.add("b", PROMPT[:5 * BS] + [7, 8, 9])
         steps = r1.run()
-        (ld,) = loads_of(steps, "b")
-        assert len(ld.block_ids) == 5
-        for i, blk in enumerate(ld.block_ids):
-            r1.check_block("b", i, blk)
+        check_loaded(r1, steps, "b", 5)
         # the 3 tokens past the 5 blocks, then one decode step
         assert [so.num_scheduled_tokens["b"] for so, _, _ in steps
                 if "b" in so.num_scheduled_tokens] == [3, 1]
@@ -564,10 +562,7 @@ def test_dp_replicas_share_the_namespace_through_the_sidecar(tp, serve):
         r1.run()
         r0.add("d", other[:3 * BS] + [5])
         steps = r0.run()
-        (ld,) = loads_of(steps, "d")
-        assert len(ld.block_ids) == 3
-        for i, blk in enumerate(ld.block_ids):
-            r0.check_block("d", i, blk)
+        check_loaded(r0, steps, "d", 3)
     finally:
         r1.close()
         r0.close()
@@ -593,10 +588,7 @@ def test_dp_replicas_embedded():
         eng.reset()
         eng.add("b", PROMPT[:5 * BS] + [7, 8, 9])
         steps = eng.run()
-        (ld,) = loads_of(steps, "b")
-        assert len(ld.block_ids) == 5
-        for i, blk in enumerate(ld.block_ids):
-            eng.check_block("b", i, blk)
+        check_loaded(eng, steps, "b", 5)
     finally:
         eng.close()
 

@@ -14,7 +14,10 @@
  *     waited way (one query with wait, one load) beside it;
  *  3. index replay: a store directory whose checkpoint and log name
  *     --replay-blocks blocks (records written directly, over a fallocated
- *     data file whose blocks were never written), timed through oi__disk_open.
+ *     data file whose blocks were never written), timed through oi__disk_open;
+ *  4. codecs (--content corpus [--codec LIST]): the spill and restore of 1
+ *     and 2 through an engine of each codec beside none, over the real-KV
+ *     corpus (bench_disk_codec.c).
  *
  * Timed regions hold only what is measured: arenas are filled, pools
  * emptied and bytes verified outside them. */

@@ -185,6 +185,75 @@ try:
 finally:
     shutil.rmtree(empty, ignore_errors=True)
 
+# bench disk --content corpus --codec: the real-KV corpus through an engine of
+# each codec beside none in the same run (phase 4); without fio (not judged).
+corpus = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "kvcorpus", "kv.bin")
+with open(os.path.join(os.path.dirname(corpus), "manifest.json")) as f:
+    page_bytes = json.load(f)["layout"]["page_bytes"]
+p = run("bench", "disk", "--help")
+check(all(o in p.stdout for o in ("--codec", "--content", "--corpus")), "bench disk --help documents the codec options", p)
+p = run("bench", "disk", "--codec", "int8")
+check(p.returncode == 2 and "--content corpus" in p.stderr, "bench disk: a codec without --content corpus is refused", p)
+p = run("bench", "disk", "--content", "corpus", "--codec", "lossless,zstd")
+check(p.returncode == 2 and "'zstd' is not one of" in p.stderr, "bench disk: an unknown codec is named", p)
+p = run("bench", "disk", "--content", "corpus", "--block-bytes", "256K")
+check(p.returncode == 2 and "whole number of corpus pages" in p.stderr, "bench disk: a block of part of a page is refused", p)
+p = run("bench", "disk", "--content", "corpus", "--corpus", "/nonexistent/kv.bin")
+check(p.returncode == 1 and "/nonexistent/kv.bin" in p.stderr, "bench disk: a missing corpus is named", p)
+
+block_pages = 21  # 258,048 B: the disk's 4 KiB header a block weighs under 2 %
+d = tempfile.mkdtemp(prefix="oi-bench-disk-codec-")
+empty = tempfile.mkdtemp(prefix="oi-no-fio-")
+try:
+    q = subprocess.run([exe, "bench", "disk", "--dir", os.path.join(d, "b"), "--bytes", "16M",
+                        "--block-bytes", str(block_pages * page_bytes), "--replay-blocks", "1000",
+                        "--content", "corpus", "--corpus", corpus, "--codec", "none,lossless,int8", "--json"],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, PATH=empty))
+    left = os.listdir(os.path.join(d, "b")) if os.path.isdir(os.path.join(d, "b")) else []
+finally:
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(empty, ignore_errors=True)
+check(q.returncode == 0, "bench disk --content corpus --codec none,lossless,int8 exits 0", q)
+check(left == [], f"bench disk (codecs) leaves nothing in --dir (found {left!r})")
+ls = [l for l in q.stdout.splitlines() if l.strip()]
+check(len(ls) == 1, "bench disk (codecs) --json prints one line", q)
+if q.returncode == 0 and len(ls) == 1:
+    r = json.loads(ls[0])
+    check(r["content"] == "corpus" and r["corpus"]["page_bytes"] == page_bytes
+          and r["corpus"]["block_pages"] == block_pages and r["block_bytes"] == block_pages * page_bytes,
+          f"codec rows: corpus and block ({r.get('corpus')!r})")
+    rows = {x["codec"]: x for x in r.get("codecs", [])}
+    check([x["codec"] for x in r.get("codecs", [])] == ["none", "lossless", "int8"],
+          f"codec rows none, lossless, int8 in order (got {list(rows)!r})")
+    n = r["bytes"] // r["block_bytes"]
+    for name, x in rows.items():
+        check(x["blocks"] == n and x["logical_bytes"] == n * r["block_bytes"], f"{name}: every block of --bytes")
+        check(x["checked_blocks"] == n and x["wrong_blocks"] == 0, f"{name}: every restored block checked, none wrong ({x!r})")
+        check(x["promote_failed"] == 0 and x["checksum_failures"] == 0, f"{name}: no failed promotion")
+        check(x["spill_gbps"] > 0 and x["restore_gbps"] > 0 and x["restore_load_gbps"] > 0, f"{name}: rates measured")
+        check(close(x["spill_gbps"], x["logical_bytes"] / x["spill_s"] / 1e9), f"{name}: spill GB/s in logical bytes")
+        check(close(x["restore_gbps"], x["logical_bytes"] / x["restore_s"] / 1e9), f"{name}: restore GB/s in logical bytes")
+        check(close(x["restore_load_gbps"], x["logical_bytes"] / (x["restore_s"] + x["load_s"]) / 1e9),
+              f"{name}: restore and load GB/s in logical bytes")
+        check(close(x["physical_ratio"], x["physical_bytes"] / x["logical_bytes"]), f"{name}: physical ratio")
+        check(close(x["spill_vs_none"], x["spill_gbps"] / rows["none"]["spill_gbps"])
+              and close(x["restore_vs_none"], x["restore_gbps"] / rows["none"]["restore_gbps"]),
+              f"{name}: rates relative to the same run's none")
+        check(close(x["capacity_vs_none"], rows["none"]["physical_bytes"] / x["physical_bytes"]),
+              f"{name}: capacity relative to none follows the bytes on disk ({x['capacity_vs_none']})")
+    z, ll, i8 = rows.get("none"), rows.get("lossless"), rows.get("int8")
+    if z and ll and i8:
+        check(z["stored_bytes"] == r["block_bytes"] and 1.0 <= z["physical_ratio"] < 1.03,
+              f"none: blocks stored as they are ({z['physical_ratio']})")
+        check(z["spill_vs_none"] == 1 and z["capacity_vs_none"] == 1, "none is its own baseline")
+        check(ll["stored_bytes"] < r["block_bytes"] and ll["physical_ratio"] < 0.80,
+              f"lossless: under 0.80 of the bytes on disk ({ll['physical_ratio']})")
+        check(i8["physical_ratio"] < 0.55, f"int8: under 0.55 of the bytes on disk ({i8['physical_ratio']})")
+        check(i8["elements_past_bound"] == 0 and 0 < i8["rel_rms"] < 0.05,
+              f"int8: every element within its bound, lossy but close (rel RMS {i8['rel_rms']})")
+        check(ll["elements_past_bound"] == 0 and ll["rel_rms"] == 0, "lossless: exact")
+        check(1 < ll["capacity_vs_none"] < i8["capacity_vs_none"], "a GiB of disk holds more blocks lossless, more int8")
+
 # bench remote: 16 MiB across two nodes, every byte verified; between two
 # network namespaces where this test may make them (root and ip), and in
 # this process with --loopback. Its figures are not judged here (a shared

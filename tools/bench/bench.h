@@ -89,4 +89,11 @@ typedef struct bench_codec_pool_row {
 int bench_codec_pool(const uint8_t *corpus, size_t clen, uint64_t work_bytes, int reps,
                      bench_codec_pool_row rows[4]);
 
+/* The committed real-KV corpus (bench_codec.c): tests/data/kvcorpus/kv.bin
+ * under the current directory, else under the source tree of this build
+ * (<src>/<build>/tools/openinfer-bench); NULL when neither is readable. */
+const char *bench_corpus_default(char *buf, size_t cap);
+/* A whole file, malloc'd; NULL when it cannot be read or is empty. */
+uint8_t *bench_read_file(const char *path, size_t *len);
+
 #endif

@@ -50,7 +50,7 @@ static void usage(FILE *f) {
           "  --json         one JSON line on stdout instead of the table\n");
 }
 
-static uint8_t *read_all(const char *path, size_t *len) {
+uint8_t *bench_read_file(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
   fseek(f, 0, SEEK_END);
@@ -143,7 +143,7 @@ fail:
   return -1;
 }
 
-static const char *default_corpus(char *buf, size_t cap) {
+const char *bench_corpus_default(char *buf, size_t cap) {
   static const char rel[] = "tests/data/kvcorpus/kv.bin";
   if (access(rel, R_OK) == 0) return rel;
   /* beside a build tree: <src>/<build>/tools/openinfer-bench */
@@ -199,9 +199,9 @@ int bench_codec(int argc, char **argv) {
   }
   if (cfg.reps == 1 && !bytes_set) cfg.bytes = 8ull << 20;
   char pathbuf[PATH_MAX + 64];
-  if (!cfg.corpus) cfg.corpus = default_corpus(pathbuf, sizeof pathbuf);
+  if (!cfg.corpus) cfg.corpus = bench_corpus_default(pathbuf, sizeof pathbuf);
   size_t clen = 0;
-  uint8_t *corpus = cfg.corpus ? read_all(cfg.corpus, &clen) : NULL;
+  uint8_t *corpus = cfg.corpus ? bench_read_file(cfg.corpus, &clen) : NULL;
   if (!corpus || clen < cfg.unit || clen % 12288) {
     fprintf(stderr, "openinfer bench codec: no corpus of 12288-byte pages at %s (--corpus FILE)\n",
             cfg.corpus ? cfg.corpus : "tests/data/kvcorpus/kv.bin");

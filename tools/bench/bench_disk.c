@@ -14,7 +14,10 @@
  *     waited way (one query with wait, one load) beside it;
  *  3. index replay: a store directory whose checkpoint and log name
  *     --replay-blocks blocks (records written directly, over a fallocated
- *     data file whose blocks were never written), timed through oi__disk_open.
+ *     data file whose blocks were never written), timed through oi__disk_open;
+ *  4. codecs (--content corpus [--codec LIST]): the spill and restore of 1
+ *     and 2 through an engine of each codec beside none, over the real-KV
+ *     corpus (bench_disk_codec.c).
  *
  * Timed regions hold only what is measured: arenas are filled, pools
  * emptied and bytes verified outside them. */
@@ -33,7 +36,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "bench_disk.h"
 #include "cli.h"
+#include "codec/codec.h"
 #include "core/core.h"
 #include "disk/disk.h"
 #include "openinfer/disk.h"
@@ -48,12 +53,17 @@
 #define GLM_REPS 5
 #define REPLAY_ENTRY_BYTES 8192ull /* a 1-byte block: header sector + one payload sector */
 #define REPLAY_LOG_EVERY 65536ull  /* the store's default checkpoint interval */
-#define WAIT_MS 600000u
+#define WAIT_MS BENCH_DISK_WAIT_MS
 
 typedef struct disk_cfg {
   const char *dir; /* NULL: a fresh temp dir */
   uint64_t bytes, block_bytes, replay_blocks;
   bool json;
+  bool block_set;                 /* --block-bytes given */
+  bool corpus;                    /* --content corpus: phase 4, the codec rows */
+  bool codec_set;                 /* --codec given */
+  bool codecs[BENCH_DISK_CODECS]; /* --codec (none always) */
+  const char *corpus_path;        /* --corpus; NULL: the default place */
 } disk_cfg;
 
 typedef struct disk_result {
@@ -105,7 +115,7 @@ static inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-static oi_block_hash make_hash(uint64_t stream, uint64_t i) {
+oi_block_hash bench_disk_hash(uint64_t stream, uint64_t i) {
   uint64_t k = (stream << 56) ^ i, a = mix64(k), b = mix64(k ^ 0xD1B54A32D192ED03ull);
   oi_block_hash h;
   memcpy(h.bytes, &a, 8);
@@ -143,6 +153,10 @@ static void rm_files(const char *dir, const char *const *names, size_t n) {
 static const char *const store_files[] = {"openinfer-disk.data", "openinfer-disk.log",
                                           "openinfer-disk.ckpt", "openinfer-disk.ckpt.tmp",
                                           "openinfer-disk.lock"};
+
+void bench_disk_remove_store(const char *dir) {
+  rm_files(dir, store_files, sizeof store_files / sizeof store_files[0]);
+}
 
 static int write_all(int fd, const void *buf, size_t n, off_t off) {
   const uint8_t *p = buf;
@@ -302,19 +316,19 @@ typedef struct rig {
   char glm_names[99][8];
 } rig;
 
-static int disk_stats(rig *g, oi_host_disk_stats *s) {
+int bench_disk_stats(oi_host *h, oi_host_disk_stats *s) {
   memset(s, 0, sizeof *s);
   s->struct_size = sizeof *s;
-  return oi_host_get_disk_stats(g->host, s) == OI_OK ? 0 : fail_api("disk stats");
+  return oi_host_get_disk_stats(h, s) == OI_OK ? 0 : fail_api("disk stats");
 }
 
 /* Waits until the disk tier has written `target` blocks; -1 when spills
  * failed or were skipped so that it never will. */
-static int wait_spilled(rig *g, uint64_t target, uint64_t *t_done) {
+int bench_disk_wait_spilled(oi_host *h, uint64_t target, uint64_t *t_done) {
   uint64_t deadline = oi__now_ns() + 600ull * 1000000000ull;
   for (;;) {
     oi_host_disk_stats s;
-    if (disk_stats(g, &s) != 0) return -1;
+    if (bench_disk_stats(h, &s) != 0) return -1;
     if (s.spills >= target) {
       *t_done = oi__now_ns();
       return 0;
@@ -334,10 +348,10 @@ static int wait_spilled(rig *g, uint64_t target, uint64_t *t_done) {
   }
 }
 
-static int empty_pool(rig *g) {
-  if (oi_host_evict_all(g->host, NULL) != OI_OK) return fail_api("evict_all");
+int bench_disk_empty_pool(oi_host *h) {
+  if (oi_host_evict_all(h, NULL) != OI_OK) return fail_api("evict_all");
   oi_host_stats hs = {.struct_size = sizeof hs};
-  if (oi_host_get_stats(g->host, &hs) != OI_OK) return fail_api("host stats");
+  if (oi_host_get_stats(h, &hs) != OI_OK) return fail_api("host stats");
   if (hs.blocks_sealed) return fail_msg("the pool still holds blocks after evict_all");
   return 0;
 }
@@ -415,7 +429,7 @@ static uint8_t *glm_slice(rig *g, int a, int b) {
   return (uint8_t *)g->glm_ad[a].base + (uint64_t)b * g->glm_ad[a].bytes_per_block;
 }
 
-static int save_all(oi_engine *e, const oi_block_hash *hs, uint64_t n, uint64_t id0) {
+int bench_disk_save_all(oi_engine *e, const oi_block_hash *hs, uint64_t n, uint64_t id0) {
   int64_t ids[SAVE_CALL_BLOCKS];
   for (uint64_t done = 0; done < n;) {
     size_t k = (size_t)OI_MIN((uint64_t)SAVE_CALL_BLOCKS, n - done);
@@ -429,7 +443,7 @@ static int save_all(oi_engine *e, const oi_block_hash *hs, uint64_t n, uint64_t 
 
 /* Queries until every hash is a hit (one query promotes a run of at most
  * 4096 blocks); @return the number of queries, -1 on failure. */
-static int query_all(oi_engine *e, const oi_block_hash *hs, uint64_t n, oi_lease *lease) {
+int bench_disk_query_all(oi_engine *e, const oi_block_hash *hs, uint64_t n, oi_lease *lease) {
   uint64_t prev = 0;
   for (int q = 1;; q++) {
     oi_query_result qr = {.struct_size = sizeof qr, .wait_ms = WAIT_MS};
@@ -529,7 +543,7 @@ static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result
   if (!hs) return fail_msg("out of memory");
   if (rig_open(cfg, dir, glm_bytes, &g) != 0) goto out;
   for (uint64_t b = 0; b < n; b++) {
-    hs[b] = make_hash(1, b);
+    hs[b] = bench_disk_hash(1, b);
     fill_block(g.arena + b * cfg->block_bytes, cfg->block_bytes, b);
   }
 
@@ -537,23 +551,23 @@ static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result
   fprintf(stderr, "spill: %llu blocks of %llu B through the pool to %s\n", (unsigned long long)n,
           (unsigned long long)cfg->block_bytes, dir);
   uint64_t t0 = oi__now_ns(), t_spilled;
-  if (save_all(g.eng, hs, n, 0) != 0) goto out;
+  if (bench_disk_save_all(g.eng, hs, n, 0) != 0) goto out;
   if (oi_engine_flush(g.eng, WAIT_MS) != OI_OK) {
     fail_api("flush");
     goto out;
   }
   r->saved_s = secs(oi__now_ns() - t0);
-  if (wait_spilled(&g, n, &t_spilled) != 0) goto out;
+  if (bench_disk_wait_spilled(g.host, n, &t_spilled) != 0) goto out;
   r->spill_s = secs(t_spilled - t0);
   r->spill_gbps = (double)(n * cfg->block_bytes) / (double)(t_spilled - t0);
 
   /* 2. restore */
-  if (empty_pool(&g) != 0) goto out;
+  if (bench_disk_empty_pool(g.host) != 0) goto out;
   fprintf(stderr, "restore: one query with OI_QUERY_WAIT_PENDING over %llu hashes\n",
           (unsigned long long)n);
   oi_lease lease;
   t0 = oi__now_ns();
-  int queries = query_all(g.eng, hs, n, &lease);
+  int queries = bench_disk_query_all(g.eng, hs, n, &lease);
   uint64_t t1 = oi__now_ns();
   if (queries < 0) goto out;
   r->restore_queries = (uint32_t)queries;
@@ -588,21 +602,21 @@ static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result
     for (int b = 0; b < GLM_BLOCKS; b++)
       fill_block(glm_slice(&g, a, b), g.glm_ad[a].bytes_per_block, (uint64_t)b * 99 + (uint64_t)a);
   for (int b = 0; b < GLM_BLOCKS; b++)
-    glm_hs[b] = make_hash(2, (uint64_t)b);
+    glm_hs[b] = bench_disk_hash(2, (uint64_t)b);
   oi_host_disk_stats s0;
-  if (disk_stats(&g, &s0) != 0) goto out;
-  if (save_all(g.glm, glm_hs, GLM_BLOCKS, 0) != 0) goto out;
+  if (bench_disk_stats(g.host, &s0) != 0) goto out;
+  if (bench_disk_save_all(g.glm, glm_hs, GLM_BLOCKS, 0) != 0) goto out;
   if (oi_engine_flush(g.glm, WAIT_MS) != OI_OK) {
     fail_api("flush");
     goto out;
   }
-  if (wait_spilled(&g, s0.spills + GLM_BLOCKS, &t1) != 0) goto out;
+  if (bench_disk_wait_spilled(g.host, s0.spills + GLM_BLOCKS, &t1) != 0) goto out;
   int64_t glm_dst[GLM_BLOCKS];
   for (int b = 0; b < GLM_BLOCKS; b++)
     glm_dst[b] = GLM_BLOCKS + b;
   for (int rep = 0; rep < 2 * GLM_REPS; rep++) {
     bool pipelined = rep % 2 == 0; /* the two ways, interleaved */
-    if (empty_pool(&g) != 0) goto out;
+    if (bench_disk_empty_pool(g.host) != 0) goto out;
     for (int a = 0; a < 99; a++)
       memset(glm_slice(&g, a, GLM_BLOCKS), 0, GLM_BLOCKS * g.glm_ad[a].bytes_per_block);
     t0 = oi__now_ns();
@@ -640,7 +654,7 @@ static int spill_restore_phase(const disk_cfg *cfg, const char *dir, disk_result
       sorted[j - 1] = x;
     }
   r->glm_wait_p50_us = sorted[GLM_REPS / 2];
-  if (disk_stats(&g, &r->ds) != 0) goto out;
+  if (bench_disk_stats(g.host, &r->ds) != 0) goto out;
   rc = 0;
 out:
   rig_close(&g);
@@ -662,7 +676,7 @@ static oi_disk_record replay_record(uint64_t i) {
                         .payload_xxh = mix64(i)};
   rec.key.ns_fp = 0xb3c4d5e6f7a80912ull;
   rec.key.layout_fp = 0x1122334455667788ull;
-  oi_block_hash h = make_hash(3, i);
+  oi_block_hash h = bench_disk_hash(3, i);
   memcpy(rec.key.hash, h.bytes, 16);
   return rec;
 }
@@ -814,7 +828,9 @@ static const char *size_str(uint64_t b, char *buf, size_t cap) {
   return buf;
 }
 
-static void print_table(const disk_cfg *cfg, const disk_result *r, const disk_verdicts *v) {
+static void print_table(const disk_cfg *cfg, const disk_result *r, const disk_verdicts *v,
+                        const bench_disk_corpus *corpus, const bench_disk_codec_row *rows,
+                        int nrows) {
   char a[32], b[32];
   int cpus = get_nprocs();
   printf("openinfer bench disk — libopeninfer %s, cpu host (unpinned pool), %d cpu%s\n",
@@ -874,6 +890,7 @@ static void print_table(const disk_cfg *cfg, const disk_result *r, const disk_ve
   printf("targets met: %d of %d%s%s\n", met, judged,
          r->fio_ok ? "" : " (no fio baseline: ratios not judged)",
          r->replay_wanted >= REPLAY_TARGET_BLOCKS ? "" : " (replay judged at 1,000,000 entries)");
+  if (cfg->corpus) bench_disk_codec_print_table(corpus, cfg->block_bytes, rows, nrows);
 }
 
 static void json_str(const char *s) {
@@ -888,7 +905,9 @@ static void json_str(const char *s) {
   putchar('"');
 }
 
-static void print_json(const disk_cfg *cfg, const disk_result *r, const disk_verdicts *v) {
+static void print_json(const disk_cfg *cfg, const disk_result *r, const disk_verdicts *v,
+                       const bench_disk_corpus *corpus, const bench_disk_codec_row *rows,
+                       int nrows) {
 #define B(x) ((x) ? "true" : "false")
   printf("{\"bench\":\"disk\",\"version\":\"%s\",\"cpus\":%d,\"dir\":", oi_version_string(),
          get_nprocs());
@@ -934,13 +953,15 @@ static void print_json(const disk_cfg *cfg, const disk_result *r, const disk_ver
     printf(",\"fio_note\":");
     json_str(r->fio_note);
   }
+  if (cfg->corpus) bench_disk_codec_print_json(corpus, cfg->block_bytes, rows, nrows);
   printf("}\n");
 #undef B
 }
 
 static void usage(FILE *f) {
   fprintf(f, "usage: openinfer bench disk [--dir DIR] [--bytes SIZE] [--block-bytes SIZE]\n"
-             "                            [--replay-blocks N] [--json]\n"
+             "                            [--replay-blocks N] [--content random|corpus]\n"
+             "                            [--codec LIST] [--corpus FILE] [--json]\n"
              "\n"
              "Measures the disk tier under a cpu host, beside fio on the same directory:\n"
              "  0. fio: sequential 1 MiB O_DIRECT writes, then reads, io_uring (libaio when\n"
@@ -954,6 +975,11 @@ static void usage(FILE *f) {
              "     1.2 x (bytes / fio read) + 1 ms; and query(wait) + load beside it\n"
              "  3. index replay: oi__disk_open of a store whose checkpoint and log name N blocks\n"
              "     (records written directly, over a fallocated data file of N x 8 KiB)\n"
+             "  4. codecs (--content corpus): for none and each codec of LIST, its own host,\n"
+             "     engine and store: SIZE of the real-KV corpus spilled and restored (query,\n"
+             "     then the load that decodes); logical and physical (on disk) bytes, spill\n"
+             "     and restore GB/s in logical bytes, blocks a GiB of disk holds, each beside\n"
+             "     none; every block checked (lossless byte-exact, int8/fp8 within bound)\n"
              "\n"
              "  --dir DIR           where to measure (default: a fresh 0700 directory under\n"
              "                      $TMPDIR or /tmp, removed at the end); the bench's files\n"
@@ -961,11 +987,20 @@ static void usage(FILE *f) {
              "  --bytes SIZE        bytes spilled and restored, and fio's file (default 1G)\n"
              "  --block-bytes SIZE  the engine's block (default 1M; a multiple of 4K)\n"
              "  --replay-blocks N   index entries of the replay phase (default 1000000)\n"
+             "  --content KIND      random (default: phases 0-3 only) or corpus (adds phase 4:\n"
+             "                      blocks of whole corpus pages; the default block becomes the\n"
+             "                      most pages in 1M)\n"
+             "  --codec LIST        codecs of phase 4, comma-separated: none, lossless, int8,\n"
+             "                      fp8 (default none; none always runs, the baseline); a codec\n"
+             "                      other than none needs --content corpus\n"
+             "  --corpus FILE       the corpus (default: tests/data/kvcorpus/kv.bin under the\n"
+             "                      current directory or this build's source tree); its page\n"
+             "                      shape from manifest.json beside it\n"
              "  --json              one JSON line on stdout instead of the table\n"
              "\n"
              "Needs about 2 x SIZE of memory and 2 x SIZE free in DIR. Progress goes to stderr.\n"
              "Exit status 0 when every phase ran, whether or not the targets were met; 1 when\n"
-             "a phase failed.\n");
+             "a phase failed or a block of phase 4 was restored wrong.\n");
 }
 
 int bench_disk(int argc, char **argv) {
@@ -973,6 +1008,9 @@ int bench_disk(int argc, char **argv) {
                                            {"bytes", required_argument, 0, 'b'},
                                            {"block-bytes", required_argument, 0, 'k'},
                                            {"replay-blocks", required_argument, 0, 'r'},
+                                           {"content", required_argument, 0, 't'},
+                                           {"codec", required_argument, 0, 'c'},
+                                           {"corpus", required_argument, 0, 'C'},
                                            {"json", no_argument, 0, 'j'},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
@@ -988,7 +1026,20 @@ int bench_disk(int argc, char **argv) {
     case 'k':
       ok = cli_parse_size(optarg, &cfg.block_bytes) && cfg.block_bytes >= 4096 &&
            cfg.block_bytes % 4096 == 0 && cfg.block_bytes <= (256ull << 20);
+      cfg.block_set = true;
       break;
+    case 't':
+      if (strcmp(optarg, "random") && strcmp(optarg, "corpus")) {
+        fprintf(stderr, "openinfer bench disk: --content '%s' is not random or corpus\n", optarg);
+        return CLI_USAGE;
+      }
+      cfg.corpus = !strcmp(optarg, "corpus");
+      break;
+    case 'c':
+      if (bench_disk_codec_list(optarg, cfg.codecs) != 0) return CLI_USAGE;
+      cfg.codec_set = true;
+      break;
+    case 'C': cfg.corpus_path = optarg; break;
     case 'r':
       ok = cli_parse_int(optarg, 1000, 100000000, &v);
       cfg.replay_blocks = (uint64_t)v;
@@ -1006,7 +1057,47 @@ int bench_disk(int argc, char **argv) {
     fprintf(stderr, "openinfer bench disk: unexpected argument '%s'\n", argv[optind]);
     return CLI_USAGE;
   }
+  bench_disk_corpus corpus;
+  memset(&corpus, 0, sizeof corpus);
+  if (cfg.codec_set && !cfg.corpus)
+    for (int k = OI_CODEC_NONE + 1; k < BENCH_DISK_CODECS; k++)
+      if (cfg.codecs[k]) {
+        fprintf(stderr,
+                "openinfer bench disk: --codec %s needs --content corpus (random bytes do not "
+                "compress, and hold NaN and infinity patterns that int8 and fp8 refuse)\n",
+                oi__codec_name(k));
+        return CLI_USAGE;
+      }
+  if (cfg.corpus_path && !cfg.corpus) {
+    fprintf(stderr, "openinfer bench disk: --corpus is for --content corpus\n");
+    return CLI_USAGE;
+  }
+  if (cfg.corpus) {
+    if (!cfg.codec_set) cfg.codecs[OI_CODEC_NONE] = true;
+    if (bench_disk_corpus_load(cfg.corpus_path, &corpus) != 0) return CLI_FAILED;
+    uint64_t page = corpus.page_bytes;
+    if (!cfg.block_set) {
+      cfg.block_bytes = (1ull << 20) / page * page;
+    } else if (cfg.block_bytes % page) {
+      fprintf(stderr,
+              "openinfer bench disk: --block-bytes %llu is not a whole number of corpus pages "
+              "(%llu bytes each, %s); with --content corpus give a multiple of %llu\n",
+              (unsigned long long)cfg.block_bytes, (unsigned long long)page, corpus.manifest,
+              (unsigned long long)page);
+      bench_disk_corpus_free(&corpus);
+      return CLI_USAGE;
+    }
+    if (cfg.block_bytes % 4096 || cfg.block_bytes < page) {
+      fprintf(stderr,
+              "openinfer bench disk: corpus pages of %llu bytes (%s) make no block of whole "
+              "pages that is a multiple of 4K up to 1M; give --block-bytes\n",
+              (unsigned long long)page, corpus.manifest);
+      bench_disk_corpus_free(&corpus);
+      return CLI_USAGE;
+    }
+  }
   if (cfg.bytes < 4 * cfg.block_bytes) {
+    bench_disk_corpus_free(&corpus);
     fprintf(stderr, "openinfer bench disk: --bytes must hold at least 4 blocks\n");
     return CLI_USAGE;
   }
@@ -1020,27 +1111,43 @@ int bench_disk(int argc, char **argv) {
     snprintf(r.dir, sizeof r.dir, "%s/openinfer-bench-disk-XXXXXX", base && *base ? base : "/tmp");
     if (!mkdtemp(r.dir)) { /* mkdtemp makes it 0700 */
       perror("openinfer bench disk: mkdtemp");
+      bench_disk_corpus_free(&corpus);
       return CLI_FAILED;
     }
   } else {
     snprintf(r.dir, sizeof r.dir, "%s", cfg.dir);
     if (mkdir(r.dir, 0700) != 0 && errno != EEXIST) {
       fprintf(stderr, "openinfer bench disk: mkdir %s: %s\n", r.dir, strerror(errno));
+      bench_disk_corpus_free(&corpus);
       return CLI_FAILED;
     }
   }
   int rc = CLI_OK;
   fio_phase(&cfg, r.dir, &r);
   if (!r.fio_ok && !r.fio_note[0]) snprintf(r.fio_note, sizeof r.fio_note, "fio failed");
-  if (spill_restore_phase(&cfg, r.dir, &r) != 0 || replay_phase(&cfg, r.dir, &r) != 0)
+  bench_disk_codec_row rows[BENCH_DISK_CODECS];
+  int nrows = 0;
+  if (spill_restore_phase(&cfg, r.dir, &r) != 0 || replay_phase(&cfg, r.dir, &r) != 0 ||
+      (cfg.corpus && bench_disk_codec_run(r.dir, cfg.bytes, cfg.block_bytes, &corpus, cfg.codecs,
+                                          rows, &nrows) != 0))
     rc = CLI_FAILED;
   if (temp) rmdir(r.dir);
-  if (rc != CLI_OK) return rc;
-  r.glm_bound_us = glm_bound_us(&r);
-  disk_verdicts v = judge(&r);
-  if (cfg.json)
-    print_json(&cfg, &r, &v);
-  else
-    print_table(&cfg, &r, &v);
-  return CLI_OK;
+  if (rc == CLI_OK) {
+    r.glm_bound_us = glm_bound_us(&r);
+    disk_verdicts v = judge(&r);
+    if (cfg.json)
+      print_json(&cfg, &r, &v, &corpus, rows, nrows);
+    else
+      print_table(&cfg, &r, &v, &corpus, rows, nrows);
+    /* A block restored wrong is a failed run (the rows above say which). */
+    for (int i = 0; i < nrows; i++)
+      if (rows[i].wrong_blocks) {
+        fprintf(stderr, "openinfer bench disk: codec %s: %llu of %llu blocks restored wrong\n",
+                oi__codec_name(rows[i].codec), (unsigned long long)rows[i].wrong_blocks,
+                (unsigned long long)rows[i].checked_blocks);
+        rc = CLI_FAILED;
+      }
+  }
+  bench_disk_corpus_free(&corpus);
+  return rc;
 }

@@ -934,6 +934,50 @@ class CodecEngine(Engine):
         return want
 
 
+class NoiseEngine(CodecEngine):
+    """KV of random bits, which no lossless frame of the default slot holds."""
+
+    def token_kv(self, token, pos, layer):
+        g = torch.Generator().manual_seed(token * 1000003 + pos * 131 + layer)
+        bits = torch.randint(-32768, 32768, (KV_HEADS, 2 * HEAD), generator=g, dtype=torch.int32)
+        return bits.to(torch.int16).view(torch.bfloat16)
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+def test_blocks_the_codec_did_not_store_are_failures_not_saved_blocks(mode, request):
+    """Under codec lossless, KV that does not compress (random bits) is not
+    stored: the save call succeeds, the engine counts the blocks in
+    saves_not_encoded, and the connector reports them as the failure
+    save_not_encoded, not as saved blocks; a later instance misses them."""
+    if mode == "embedded":
+        extra, kw = {"pool_size": "64M"}, {}
+    else:
+        serve = request.getfixturevalue("serve")
+        extra, kw = {"socket": serve.socket}, {"shared_kv": True}
+    extra["codec"] = "lossless"
+    prompt = list(range(9000, 9000 + 5 * BS + 3))
+    a = NoiseEngine(extra, False, **kw)
+    try:
+        a.add("a", prompt)
+        a.run()
+        w = a.worker.worker
+        assert w.stats()["saves_not_encoded"] == 5, w.stats()
+        assert w.counters()["saves_completed"] == 1  # the call itself
+        payloads = a.stats_payloads
+        assert sum(p.get("failures", {}).get("save_not_encoded", 0) for p in payloads) == 5, \
+            payloads
+        assert sum(p.get("saved_blocks", 0) for p in payloads) == 0, payloads
+    finally:
+        a.close()
+    b = NoiseEngine(extra, False, **kw)
+    try:
+        b.add("b", prompt[:5 * BS] + [7])
+        outs = b.run()
+        assert first_load(outs)[1] is None  # nothing stored: computed again
+    finally:
+        b.close()
+
+
 def int8_within_bound(got, want):
     """Every token's K or V of every head (HEAD values) within half its scale
     step (amax / 127), plus the bf16 rounding of the decoded value."""

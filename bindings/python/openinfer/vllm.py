@@ -531,7 +531,7 @@ _COUNTERS = [
 ]
 #: Causes of vllm:openinfer_failures_total.
 FAILURE_CAUSES = ("lookup", "load_refused", "load_failed", "load_fenced", "save_failed",
-                  "save_dropped")
+                  "save_dropped", "save_not_encoded")
 _LOAD_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                  5.0, 10.0, 30.0, 120.0]
 
@@ -729,7 +729,8 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
             self._failed_recving = set()  # hybrid: loads failed (block ids are per group)
             self._counts = dict(loads_submitted=0, loads_refused=0, loads_completed=0,
                                 loads_failed=0, blocks_failed=0, saves_dropped=0,
-                                saves_failed=0)
+                                saves_failed=0, saves_not_encoded=0)
+            self._not_encoded_seen = 0  # the engine's saves_not_encoded at the last step
             self._interval = _empty_payload()  # get_kv_connector_stats's, since its last call
             self._step_save_blocks = 0
             self._step_save_bytes = 0
@@ -1329,6 +1330,20 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
         except oi.Error as e:  # a save that cannot start is a later miss, never an error
             logger.warning("openinfer.vllm: saving layer %s failed: %s", layer_name, e)
 
+    def _not_encoded_since(self, w):
+        """Blocks of this worker's saves that the codec did not store since
+        the last step (a frame past the namespace's slot; the library's
+        oi_engine_stats.saves_not_encoded): 0 without a codec. Its save
+        calls succeed, so only the engine's counter tells them apart."""
+        if getattr(w, "codec", "none") == "none":  # (hybrid groups' workers: no codec)
+            return 0
+        try:
+            n = w.stats()["saves_not_encoded"]
+        except oi.Error:  # a sidecar that is not answering: counted when it is back
+            return 0
+        new, self._not_encoded_seen = n - self._not_encoded_seen, n
+        return max(new, 0)
+
     def wait_for_save(self):
         w = self._worker
         if w is None:
@@ -1346,15 +1361,20 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
         after = w.counters()
         dropped = after["saves_dropped"] - before["saves_dropped"]
         failed = after["saves_failed"] - before["saves_failed"]
+        not_encoded = self._not_encoded_since(w)
         self._counts["saves_dropped"] += dropped
         self._counts["saves_failed"] += failed
+        self._counts["saves_not_encoded"] += not_encoded
         iv = self._interval
-        for cause, n in (("save_dropped", dropped), ("save_failed", failed)):
+        for cause, n in (("save_dropped", dropped), ("save_failed", failed),
+                         ("save_not_encoded", not_encoded)):
             if n:
                 iv["failures"][cause] = iv["failures"].get(cause, 0) + n
         if not errors and self._step_save_blocks:
-            iv["saved_blocks"] += self._step_save_blocks
-            iv["saved_bytes"] += self._step_save_bytes
+            # a block the codec did not store is no saved block (its save call succeeded)
+            kept = max(self._step_save_blocks - not_encoded, 0)
+            iv["saved_blocks"] += kept
+            iv["saved_bytes"] += self._step_save_bytes * kept // self._step_save_blocks
         self._step_save_blocks = self._step_save_bytes = 0
         if errors:
             logger.warning("openinfer.vllm: save: %d of this step's save calls failed, %d "

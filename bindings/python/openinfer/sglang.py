@@ -186,9 +186,9 @@ def describe_host_pool(pool):
         sizes = {"P": pages, "p": ps, "L": L, "H": H, "D": D}
         codec_view = (buf.view(2, *[sizes[c] for c in dims]), roles)
     data = buf.view(-1).view(torch.uint8)
-    ident = "%s-L%d-p%d-%s-%s" % (ident, L, ps, str(buf.dtype).replace("torch.", ""), layout)
-    return PoolGeometry(kind, layout, data, pages, ps, arenas, ident, codec_view,
-                        str(buf.dtype).replace("torch.", ""))
+    dtype = str(buf.dtype).replace("torch.", "")
+    ident = "%s-L%d-p%d-%s-%s" % (ident, L, ps, dtype, layout)
+    return PoolGeometry(kind, layout, data, pages, ps, arenas, ident, codec_view, dtype)
 
 
 #: An MHA pool's kv_buffer [2, ...] per layout, with its pages split out

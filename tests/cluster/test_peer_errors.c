@@ -432,7 +432,6 @@ static void test_reads_by_environment(void) {
   setenv("OI_PEER_READS", "am", 1);
   oi_peer_net *a = make_net("node-a", answer, OI_PEER_READS_AUTO);
   oi_peer_net *b = make_net("node-b", answer, OI_PEER_READS_AUTO);
-  unsetenv("OI_PEER_READS");
   static uint8_t region[1 << 16];
   for (size_t i = 0; i < sizeof region; i++)
     region[i] = (uint8_t)(i * 7 + 3);
@@ -453,6 +452,9 @@ static void test_reads_by_environment(void) {
   CHECK_ST(oi__peer_get(p, &past, 1, 0), OI_ERR_INVALID_ARGUMENT);
   oi__peer_net_destroy(b);
   oi__peer_net_destroy(a);
+  /* (Unset once no net runs: a net's thread reads UCX_* variables while
+   * it makes a worker, and unsetenv may move them.) */
+  unsetenv("OI_PEER_READS");
 }
 
 /* ---- a raw UCX client that breaks the protocol before authenticating ---- */

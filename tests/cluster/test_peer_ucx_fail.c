@@ -329,11 +329,19 @@ static void test_config_modify_fails(void) {
   /* UCX refuses every setting (TCP put off, segment sizes): a warning each,
    * and a net that works with UCX's defaults. With the environment's
    * segment size and OI_PEER_TCP_PUT=1 nothing is asked of UCX for those. */
+  /* The environment changes while net a runs: neither net makes a spare
+   * worker ahead, since a worker reads UCX_* variables on its thread while
+   * setenv may move them (a race tsan saw). Workers are made at connect,
+   * after the last change. */
   atomic_store(&fail, F_CONFIG_MODIFY);
-  oi_peer_net *a = make_net("node-a", OI_PEER_READS_AM, 2000);
+  oi_peer_net_options oa = opts_of("node-a", OI_PEER_READS_AM, 2000),
+                      ob = opts_of("node-b", OI_PEER_READS_AM, 2000);
+  oa.no_spare_worker = ob.no_spare_worker = true;
+  oi_peer_net *a = NULL, *b = NULL;
+  REQUIRE(oi__peer_net_create(&oa, &a) == OI_OK);
   setenv("UCX_TCP_TX_SEG_SIZE", "64k", 1);
   setenv("OI_PEER_TCP_PUT", "1", 1);
-  oi_peer_net *b = make_net("node-b", OI_PEER_READS_AM, 2000);
+  REQUIRE(oi__peer_net_create(&ob, &b) == OI_OK);
   unsetenv("UCX_TCP_TX_SEG_SIZE");
   unsetenv("OI_PEER_TCP_PUT");
   atomic_store(&fail, 0);
@@ -535,10 +543,11 @@ static void test_reads_by_environment(void) {
     region[i] = (uint8_t)(i * 3 + 1);
   const char *modes[] = {"rma", "bogus"};
   for (size_t m = 0; m < OI_ARRAY_LEN(modes); m++) {
+    /* (Changed only while no net runs: a net's thread reads UCX_*
+     * variables while it makes a worker.) */
     setenv("OI_PEER_READS", modes[m], 1);
     oi_peer_net *a = make_net("node-a", OI_PEER_READS_AUTO, 2000);
     oi_peer_net *b = make_net("node-b", OI_PEER_READS_AUTO, 2000);
-    unsetenv("OI_PEER_READS");
     CHECK_OK(oi__peer_net_register(a, region, sizeof region));
     oi_peer *p = connect_to(b, a);
     static uint8_t dst[1 << 14];
@@ -556,6 +565,7 @@ static void test_reads_by_environment(void) {
     }
     oi__peer_net_destroy(b);
     oi__peer_net_destroy(a);
+    unsetenv("OI_PEER_READS");
   }
 }
 

@@ -37,6 +37,42 @@ int oi_kernel_batch_copy(const oi_kcopy_entry *entries, uint32_t n, uint32_t cta
 int oi_kernel_batch_copy_warps(const oi_kcopy_entry *entries, uint32_t n, uint32_t ctas,
                                void *stream);
 
+/* The GPU decoder of the codec frames (kernels/codec.cu; the format is
+ * docs/codecs.md's, the pieces lib/codec's oi_codec_piece with absolute
+ * addresses). Kinds as oi_codec_piece_kind. */
+enum {
+  OI_KDEC_RANS = 1,
+  OI_KDEC_RAW_EXP = 2,
+  OI_KDEC_BYTES = 3,
+  OI_KDEC_INT8 = 4,
+  OI_KDEC_FP8 = 5,
+};
+
+typedef struct oi_kdec_item {
+  uint64_t src, aux, dst; /* device addresses */
+  uint32_t len, count;
+  uint32_t frame; /* the status entry of the item's frame */
+  uint16_t kind, tokens, heads, head_dim;
+} oi_kdec_item;
+
+/* What a frame's status entry says after a decode (0: decoded). */
+enum {
+  OI_KDEC_BAD_STREAM = 1, /* a rANS stream does not decode (its table, a read past its end,
+                           * final states) */
+  OI_KDEC_BAD_SCALE = 2,  /* a lossy scale that is not finite */
+  OI_KDEC_NAN_CODE = 3,   /* an fp8 NaN code */
+};
+
+/* Decodes the items (a table in device memory) on `stream`; a frame's
+ * items write only its own block, and status[frame] (device memory, zeroed
+ * by the caller) gets a nonzero code when one of them fails (the block's
+ * bytes are then not to be used). Lossless items (one warp each) and lossy
+ * ones (a grid over their elements) run in two kernels: `lossless` says
+ * whether there are any of the first, `max_lossy_elems` is the most
+ * elements of a lossy item (0: none). */
+int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int lossless,
+                           uint64_t max_lossy_elems, int32_t *status, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

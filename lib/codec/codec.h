@@ -102,6 +102,42 @@ oi_status oi__codec_decode(const void *src, size_t bytes, void *dst, size_t cap,
 /* Reads and verifies a frame's header and checksum without decoding. */
 oi_status oi__codec_info_of(const void *src, size_t bytes, oi_codec_info *info);
 
+/* A frame cut into pieces that decode independently, for a decoder that
+ * runs many at once (the GPU's, kernels/codec.cu). Offsets: `src` and `aux`
+ * from the frame's first byte, `dst` from the decoded block's. */
+typedef enum oi_codec_piece_kind {
+  OI_CODEC_PIECE_RANS = 1,    /* lossless: a rANS stream src[0..len) of `count` exponents,
+                               * their sign+mantissa bytes at aux; 2 count bytes to dst */
+  OI_CODEC_PIECE_RAW_EXP = 2, /* lossless: `count` raw exponents at src, sign+mantissa at aux */
+  OI_CODEC_PIECE_BYTES = 3,   /* `count` bytes copied from src (an odd block's last byte) */
+  OI_CODEC_PIECE_INT8 = 4,    /* a whole int8 payload at src: `count` groups (parts x tokens
+                               * x heads) of head_dim */
+  OI_CODEC_PIECE_FP8 = 5,     /* a whole fp8 payload at src: count = parts */
+} oi_codec_piece_kind;
+
+typedef struct oi_codec_piece {
+  uint32_t kind; /* oi_codec_piece_kind */
+  uint32_t src, aux, dst;
+  uint32_t len, count;
+  uint16_t tokens, heads, head_dim;
+} oi_codec_piece;
+
+/* The most exponents the lossless encoder codes in one rANS stream, where
+ * the block's elements divide evenly (lossless.c, cap_segments): a piece
+ * each. Frames of earlier writers may have longer streams; they decode. */
+#define OI_LOSSLESS_SEGMENT_MAX 16384u
+
+/* The most pieces oi__codec_pieces cuts a verified frame of `info` into. */
+size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame);
+
+/* Verifies a frame (as oi__codec_info_of: header and checksum) and cuts its
+ * payload into pieces (out: at least oi__codec_pieces_max entries; cap
+ * says how many), checking every length as the cpu decoder does. The pieces
+ * do not check a lossless block's checksum of its decoded bytes: a decoder
+ * of pieces verifies each stream's end states instead. */
+oi_status oi__codec_pieces(const void *frame, size_t bytes, oi_codec_info *info,
+                           oi_codec_piece *out, size_t cap, size_t *n);
+
 /* The payload decoders without the frame's checksum: for the fuzz target,
  * which must reach them with arbitrary bytes. They validate everything they
  * read and never touch memory outside src[0..bytes) and dst[0..logical). */

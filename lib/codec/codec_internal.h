@@ -24,6 +24,18 @@ size_t oi__lossless_bound(size_t bytes);
  * each may get their own frequency table. */
 size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uint8_t *dst);
 oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t logical);
+/* A lossless payload's parts, its lengths checked (oi__lossless_parse):
+ * mode 0 (exponents raw at `streams`) or 1 (`segs` rANS streams from
+ * `streams`, their lengths as u32 at `lens`, the k-th coding the exponents
+ * [k n / segs, (k + 1) n / segs)); then the sign+mantissa plane at `sm`
+ * (n bytes, then an odd block's last byte). */
+typedef struct oi_lossless_layout {
+  size_t n; /* elements: logical / 2 */
+  unsigned mode;
+  size_t segs;
+  const uint8_t *lens, *streams, *sm;
+} oi_lossless_layout;
+oi_status oi__lossless_parse(const uint8_t *src, size_t len, size_t logical, oi_lossless_layout *l);
 
 size_t oi__int8_bound(const oi_codec_shape *sh);
 size_t oi__int8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *dst);

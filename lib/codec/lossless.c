@@ -47,6 +47,21 @@ static size_t choose_segments(const uint8_t *exp, size_t n, unsigned parts) {
   return split < stream_bits(all, n) ? parts : 1;
 }
 
+/* Splits each of `segs` streams further until none codes more than
+ * OI_LOSSLESS_SEGMENT_MAX exponents, where the elements divide evenly: a
+ * GPU decodes a frame's streams in parallel (kernels/codec.cu), one warp
+ * each, and a stream of a whole large block would be one long serial chain.
+ * Each extra stream costs its table and states (about 50 bytes, 0.15 % of
+ * the 32 KiB it codes). */
+static size_t cap_segments(size_t n, size_t segs) {
+  size_t per = n / segs;
+  if (per <= OI_LOSSLESS_SEGMENT_MAX) return segs;
+  for (size_t f = (per + OI_LOSSLESS_SEGMENT_MAX - 1) / OI_LOSSLESS_SEGMENT_MAX;
+       f <= per / 1024 && segs * f <= MAX_SEGMENTS; f++)
+    if (per % f == 0) return segs * f;
+  return segs;
+}
+
 size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uint8_t *dst) {
   size_t n = bytes / 2;
   uint8_t *exp = dst + 1;
@@ -61,7 +76,7 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uin
   }
   size_t len = 1 + 2 * n;
   dst[0] = MODE_RAW;
-  size_t segs = n >= 16 ? choose_segments(exp, n, parts) : 0;
+  size_t segs = n >= 16 ? cap_segments(n, choose_segments(exp, n, parts)) : 0;
   size_t head = 3 + 4 * segs; /* mode, segments, lengths */
   if (segs && n > head + 1) {
     /* The streams pay when they total less than n - head bytes: the coder
@@ -95,17 +110,18 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uin
   return len;
 }
 
-oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t logical) {
+/* Reads a payload's layout, checking every length against the payload's
+ * (no stream is decoded here). */
+oi_status oi__lossless_parse(const uint8_t *src, size_t len, size_t logical,
+                             oi_lossless_layout *l) {
   size_t n = logical / 2;
+  *l = (oi_lossless_layout){.n = n};
   if (len < 1) return oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload is empty");
   const uint8_t *p = src + 1, *end = src + len;
-  const uint8_t *exp;
-  uint8_t stack_buf[8192];
-  uint8_t *buf = NULL;
-  oi_status st = OI_OK;
+  l->mode = src[0];
   if (src[0] == MODE_RAW) {
     if ((size_t)(end - p) < n) goto short_payload;
-    exp = p;
+    l->streams = p;
     p += n;
   } else if (src[0] == MODE_RANS) {
     if (end - p < 2) goto short_payload;
@@ -115,17 +131,42 @@ oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size
       return oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload of %zu segments for %zu elements",
                       segs, n);
     if ((size_t)(end - p) < 4 * segs) goto short_payload;
-    const uint8_t *lens = p;
+    l->segs = segs;
+    l->lens = p;
     p += 4 * segs;
+    l->streams = p;
+    for (size_t k = 0; k < segs; k++) {
+      size_t c = get32(l->lens + 4 * k);
+      if ((size_t)(end - p) < c)
+        return oi__fail(OI_ERR_PROTOCOL, "codec: lossless stream %zu of %zu bytes truncated", k, c);
+      p += c;
+    }
+  } else {
+    return oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload of unknown mode %u", src[0]);
+  }
+  if ((size_t)(end - p) != n + (logical & 1)) goto short_payload;
+  l->sm = p;
+  return OI_OK;
+short_payload:
+  return oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload of %zu bytes does not hold %zu", len,
+                  logical);
+}
+
+oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t logical) {
+  oi_lossless_layout l;
+  oi_status st = oi__lossless_parse(src, len, logical, &l);
+  if (st != OI_OK) return st;
+  size_t n = l.n;
+  const uint8_t *exp = l.streams;
+  uint8_t stack_buf[8192];
+  uint8_t *buf = NULL;
+  if (l.mode == MODE_RANS) {
     buf = n <= sizeof stack_buf ? stack_buf : oi__malloc(n);
     if (!buf) return oi__fail(OI_ERR_OUT_OF_MEMORY, "codec: %zu bytes for an exponent plane", n);
-    size_t per = n / segs;
-    for (size_t k = 0; k < segs; k++) {
-      size_t c = get32(lens + 4 * k);
-      if ((size_t)(end - p) < c) {
-        st = oi__fail(OI_ERR_PROTOCOL, "codec: lossless stream %zu of %zu bytes truncated", k, c);
-        goto out;
-      }
+    size_t per = n / l.segs;
+    const uint8_t *p = l.streams;
+    for (size_t k = 0; k < l.segs; k++) {
+      size_t c = get32(l.lens + 4 * k);
       if (oi__rans_decode(p, c, buf + k * per, per) != 0) {
         st = oi__fail(OI_ERR_PROTOCOL, "codec: lossless exponent stream %zu does not decode", k);
         goto out;
@@ -133,24 +174,14 @@ oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size
       p += c;
     }
     exp = buf;
-  } else {
-    return oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload of unknown mode %u", src[0]);
-  }
-  if ((size_t)(end - p) != n + (logical & 1)) {
-    st = oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload of %zu bytes does not hold %zu", len,
-                  logical);
-    goto out;
   }
   for (size_t i = 0; i < n; i++) {
-    uint8_t e = exp[i], sm = p[i];
+    uint8_t e = exp[i], sm = l.sm[i];
     dst[2 * i] = (uint8_t)((e << 7) | (sm & 0x7f));
     dst[2 * i + 1] = (uint8_t)((sm & 0x80) | (e >> 1));
   }
-  if (logical & 1) dst[logical - 1] = p[n];
+  if (logical & 1) dst[logical - 1] = l.sm[n];
 out:
   if (buf && buf != stack_buf) oi__free(buf);
   return st;
-short_payload:
-  return oi__fail(OI_ERR_PROTOCOL, "codec: lossless payload of %zu bytes does not hold %zu", len,
-                  logical);
 }

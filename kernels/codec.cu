@@ -1,0 +1,252 @@
+// The GPU decoder of the codec frames (docs/codecs.md): the same formats as
+// lib/codec's cpu decoder, byte for byte. The host verifies each frame's
+// header and checksum and cuts it into pieces (oi__codec_pieces); here:
+//  - a lossless rANS stream: one warp; its lanes build the stream's decode
+//    table in shared memory, lane 0 runs the four interleaved states (the
+//    stream is one serial chain, as on the cpu; a frame's streams and the
+//    batch's frames run in parallel), then the warp merges the exponents
+//    with the sign+mantissa plane into bf16;
+//  - raw exponents: the warp merges;
+//  - int8 / fp8: a grid over the payload's elements, each scaled and
+//    rounded to bf16 exactly as the cpu does (one IEEE multiply, round to
+//    nearest even).
+// A stream that does not decode marks its frame's status; the frame's other
+// pieces still run and the caller drops the block.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#define RANS_L (1u << 23)
+#define PROB_BITS 12
+#define PROB_SCALE (1u << PROB_BITS)
+#define PROB_MASK (PROB_SCALE - 1)
+#define WARPS 2 // per CTA of the lossless kernel: 2 x 17 KiB of shared memory
+
+struct warp_smem {
+  uint32_t tab[PROB_SCALE]; // slot -> symbol | (freq - 1) << 8 | (slot - start) << 20
+  uint16_t start[256];      // of the present symbols, in order
+  uint8_t sym[256];
+};
+
+__device__ static inline uint32_t le32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+// Lane 0 reads the stream's table (as oi__rans_decode does, with its
+// checks) into the present symbols' starts; then every lane fills the slots.
+// Returns the table's length in bytes, 0 when it is damaged (every lane).
+__device__ static uint32_t build_table(const uint8_t *src, uint32_t len, warp_smem *w,
+                                       unsigned lane) {
+  uint32_t used = 0, m = 0;
+  if (lane == 0 && len >= 2) {
+    const uint8_t *p = src, *end = src + len;
+    int lo = p[0], hi = p[1];
+    p += 2;
+    uint32_t sum = 0;
+    bool ok = hi >= lo;
+    for (int s = lo; ok && s <= hi; s++) {
+      uint32_t v = 0;
+      for (int shift = 0;; shift += 7) {
+        if (p >= end || shift > 7) {
+          ok = false;
+          break;
+        }
+        uint8_t b = *p++;
+        v |= (uint32_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) break;
+      }
+      if (!ok || v > PROB_SCALE || sum + v > PROB_SCALE) {
+        ok = false;
+        break;
+      }
+      if (v) {
+        w->start[m] = (uint16_t)sum;
+        w->sym[m] = (uint8_t)s;
+        m++;
+      }
+      sum += v;
+    }
+    if (ok && sum == PROB_SCALE) used = (uint32_t)(p - src);
+  }
+  used = __shfl_sync(0xffffffffu, used, 0);
+  m = __shfl_sync(0xffffffffu, m, 0);
+  __syncwarp();
+  if (!used) return 0;
+  for (uint32_t j = lane; j < PROB_SCALE; j += 32) {
+    // the last present symbol whose start is <= j
+    uint32_t a = 0, b = m; // start[a] <= j < start[b] (start[m] taken as 4096)
+    while (b - a > 1) {
+      uint32_t c = (a + b) / 2;
+      if (w->start[c] <= j)
+        a = c;
+      else
+        b = c;
+    }
+    uint32_t st = w->start[a], next = a + 1 < m ? w->start[a + 1] : PROB_SCALE;
+    w->tab[j] = (uint32_t)w->sym[a] | (next - st - 1) << 8 | (j - st) << 20;
+  }
+  __syncwarp();
+  return used;
+}
+
+// Lane 0: decodes `n` exponents of the stream (after its table) into the
+// low bytes of out16[0..n). True when the stream ends as the encoder began.
+__device__ static bool rans_run(const uint8_t *p, const uint8_t *end, const uint32_t *tab,
+                                uint8_t *out, uint32_t n) {
+  if (end - p < 16) return false;
+  uint32_t x0 = le32(p), x1 = le32(p + 4), x2 = le32(p + 8), x3 = le32(p + 12);
+  p += 16;
+  if (x0 < RANS_L || x1 < RANS_L || x2 < RANS_L || x3 < RANS_L) return false;
+  uint32_t i = 0;
+#define DECODE(xv, o)                                                                              \
+  do {                                                                                             \
+    uint32_t e_ = tab[(xv)&PROB_MASK];                                                             \
+    (xv) = (((e_ >> 8) & 0xfffu) + 1) * ((xv) >> PROB_BITS) + (e_ >> 20);                          \
+    (o) = (uint8_t)e_;                                                                             \
+  } while (0)
+#define RENORM(xv)                                                                                 \
+  do {                                                                                             \
+    uint32_t b_ = ((xv) < RANS_L) + ((xv) < (RANS_L >> 8));                                        \
+    uint32_t w_ = (uint32_t)p[0] << 8 | p[1];                                                      \
+    (xv) = (uint32_t)((uint64_t)(xv) << (8 * b_)) | (w_ >> (16 - 8 * b_));                         \
+    p += b_;                                                                                       \
+  } while (0)
+  while (i + 4 <= n && end - p >= 8) {
+    DECODE(x0, out[2 * i]);
+    RENORM(x0);
+    DECODE(x1, out[2 * i + 2]);
+    RENORM(x1);
+    DECODE(x2, out[2 * i + 4]);
+    RENORM(x2);
+    DECODE(x3, out[2 * i + 6]);
+    RENORM(x3);
+    i += 4;
+  }
+#undef RENORM
+  uint32_t x[4] = {x0, x1, x2, x3};
+  for (; i < n; i++) {
+    uint32_t *xs = &x[i % 4];
+    DECODE(*xs, out[2 * i]);
+    while (*xs < RANS_L) {
+      if (p >= end) return false;
+      *xs = (*xs << 8) | *p++;
+    }
+  }
+#undef DECODE
+  return p == end && x[0] == RANS_L && x[1] == RANS_L && x[2] == RANS_L && x[3] == RANS_L;
+}
+
+__global__ static void __launch_bounds__(32 * WARPS)
+    lossless_kernel(const oi_kdec_item *__restrict__ items, uint32_t n, int32_t *status) {
+  __shared__ warp_smem smem[WARPS];
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  warp_smem *w = &smem[warp];
+  for (uint32_t k = blockIdx.x * WARPS + warp; k < n; k += gridDim.x * WARPS) {
+    const oi_kdec_item it = items[k];
+    uint8_t *out = reinterpret_cast<uint8_t *>(it.dst);
+    const uint8_t *src = reinterpret_cast<const uint8_t *>(it.src);
+    const uint8_t *sm = reinterpret_cast<const uint8_t *>(it.aux);
+    if (it.kind == OI_KDEC_BYTES) {
+      for (uint32_t i = lane; i < it.count; i += 32)
+        out[i] = src[i];
+      continue;
+    }
+    if (it.kind != OI_KDEC_RANS && it.kind != OI_KDEC_RAW_EXP) continue;
+    bool ok = true;
+    if (it.kind == OI_KDEC_RANS) {
+      uint32_t used = build_table(src, it.len, w, lane);
+      if (lane == 0)
+        ok = used && rans_run(src + used, src + it.len, w->tab, out, it.count);
+      ok = __shfl_sync(0xffffffffu, ok ? 1 : 0, 0);
+      __syncwarp(); // lane 0's exponents (the low bytes of out) before the merge
+      if (!ok) {
+        if (lane == 0) atomicMax(&status[it.frame], OI_KDEC_BAD_STREAM);
+        continue;
+      }
+    }
+    uint16_t *o16 = reinterpret_cast<uint16_t *>(out);
+    for (uint32_t i = lane; i < it.count; i += 32) {
+      uint32_t e = it.kind == OI_KDEC_RANS ? out[2 * i] : src[i], s = sm[i];
+      o16[i] = (uint16_t)((s & 0x80) << 8 | e << 7 | (s & 0x7f));
+    }
+    __syncwarp(); // the next stream's table is built over this one's
+  }
+}
+
+__device__ static inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+// e4m3 ("fn") code to float, exactly (powers of two built from their bits).
+__device__ static inline float e4m3_value(uint32_t c) {
+  uint32_t exp = (c >> 3) & 15, mant = c & 7;
+  float v = exp ? (float)(8 + mant) * __uint_as_float((exp - 10 + 127) << 23)
+                : (float)mant * __uint_as_float((127u - 9) << 23);
+  return (c & 0x80) ? -v : v;
+}
+
+// One CTA row per item (blockIdx.y), the row's CTAs striding its elements.
+__global__ static void lossy_kernel(const oi_kdec_item *__restrict__ items, int32_t *status) {
+  const oi_kdec_item it = items[blockIdx.y];
+  if (it.kind != OI_KDEC_INT8 && it.kind != OI_KDEC_FP8) return;
+  const uint8_t *src = reinterpret_cast<const uint8_t *>(it.src);
+  uint16_t *out = reinterpret_cast<uint16_t *>(it.dst);
+  const uint64_t d = it.head_dim;
+  const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+  if (it.kind == OI_KDEC_INT8) {
+    const uint64_t groups = it.count, elems = groups * d;
+    const int8_t *q = reinterpret_cast<const int8_t *>(src + 2 * groups);
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < elems; i += stride) {
+      uint64_t g = i / d;
+      uint16_t s16 = (uint16_t)(src[2 * g] | src[2 * g + 1] << 8);
+      float scale = __half2float(__ushort_as_half(s16));
+      if (!(fabsf(scale) <= 65504.0f)) {
+        atomicMax(&status[it.frame], OI_KDEC_BAD_SCALE);
+        return;
+      }
+      out[i] = f32_to_bf16((float)q[i] * scale);
+    }
+  } else {
+    const uint64_t P = it.count, T = it.tokens, H = it.heads, elems = P * T * H * d;
+    const uint8_t *codes = src + P * H * 4;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < elems; i += stride) {
+      uint64_t p = i / (T * H * d), h = (i / d) % H;
+      float scale = __uint_as_float(le32(src + (p * H + h) * 4));
+      uint32_t c = codes[i];
+      if (!(fabsf(scale) <= 3.402823466e38f) || (c & 0x7f) == 0x7f) {
+        atomicMax(&status[it.frame], (c & 0x7f) == 0x7f ? OI_KDEC_NAN_CODE : OI_KDEC_BAD_SCALE);
+        return;
+      }
+      out[i] = f32_to_bf16(e4m3_value(c) * scale);
+    }
+  }
+}
+
+extern "C" int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int lossless,
+                                      uint64_t max_lossy_elems, int32_t *status, void *stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (n == 0) return cudaSuccess;
+  if (lossless) {
+    uint32_t ctas = (n + WARPS - 1) / WARPS;
+    if (ctas > 65535u) ctas = 65535u;
+    lossless_kernel<<<ctas, 32 * WARPS, 0, s>>>(items, n, status);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (max_lossy_elems) {
+    // rows of at most 65535 items (a grid's y), each over its elements
+    uint64_t per_row = (max_lossy_elems + 255) / 256;
+    uint32_t x = per_row > 64 ? 64 : (uint32_t)per_row;
+    for (uint32_t first = 0; first < n; first += 65535u) {
+      uint32_t rows = n - first < 65535u ? n - first : 65535u;
+      lossy_kernel<<<dim3(x, rows), 256, 0, s>>>(items + first, status);
+      cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return cudaSuccess;
+}

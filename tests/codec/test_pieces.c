@@ -1,0 +1,177 @@
+/* A frame cut into pieces (oi__codec_pieces, what the GPU decoder
+ * launches): decoding each piece on its own, in any order, into its
+ * offsets gives the bytes oi__codec_decode gives, for every codec, on the
+ * real-KV corpus (argv[1]), blocks of model size (the encoder's stream cap),
+ * random bytes (exponents raw), odd lengths; damaged frames and short piece
+ * arrays are refused with their status. Runs without a GPU: the GPU's own
+ * decoder is tests/gpu/test_codec_kernels. */
+#include <string.h>
+
+#include "codec/rans.h"
+#include "codec_testutil.h"
+#include "core/core.h"
+#include "testutil.h"
+
+static uint8_t *corpus;
+static size_t corpus_len;
+
+/* The pieces of frame f decoded one by one, last first, into dst. */
+static bool decode_by_pieces(const uint8_t *f, size_t len, uint8_t *dst, size_t cap,
+                             size_t *npieces) {
+  oi_codec_info in;
+  oi_codec_piece pc[4096];
+  size_t n = 0;
+  if (oi__codec_pieces(f, len, &in, pc, OI_ARRAY_LEN(pc), &n) != OI_OK) return false;
+  REQUIRE(in.logical_bytes <= cap);
+  *npieces = n;
+  for (size_t k = n; k-- > 0;) {
+    const oi_codec_piece *p = &pc[k];
+    uint8_t *out = dst + p->dst;
+    switch (p->kind) {
+    case OI_CODEC_PIECE_RANS:
+    case OI_CODEC_PIECE_RAW_EXP: {
+      uint8_t *exp = malloc(p->count);
+      REQUIRE(exp);
+      if (p->kind == OI_CODEC_PIECE_RANS) {
+        if (oi__rans_decode(f + p->src, p->len, exp, p->count) != 0) return false;
+      } else {
+        memcpy(exp, f + p->src, p->count);
+      }
+      for (uint32_t i = 0; i < p->count; i++) {
+        uint8_t e = exp[i], sm = f[p->aux + i];
+        out[2 * i] = (uint8_t)((e << 7) | (sm & 0x7f));
+        out[2 * i + 1] = (uint8_t)((sm & 0x80) | (e >> 1));
+      }
+      free(exp);
+      break;
+    }
+    case OI_CODEC_PIECE_BYTES:
+      memcpy(out, f + p->src, p->count);
+      break;
+    case OI_CODEC_PIECE_INT8:
+    case OI_CODEC_PIECE_FP8:
+      if (oi__codec_decode_payload(in.codec, &in.shape, f + p->src, p->len, out,
+                                   in.logical_bytes) != OI_OK)
+        return false;
+      break;
+    default:
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Encodes src (len bytes) with codec and shape, then checks the pieces
+ * against the frame's decode; returns the pieces. */
+static size_t check_block(int codec, const oi_codec_shape *sh, const uint8_t *src, size_t len,
+                          const char *what) {
+  size_t cap = oi__codec_bound(codec, sh, len), fb = 0, ob = 0, n = 0;
+  uint8_t *f = malloc(cap), *a = malloc(len + 1), *b = malloc(len + 1);
+  REQUIRE(f && a && b);
+  CHECK_OK(oi__codec_encode(codec, sh, src, len, f, cap, &fb));
+  CHECK_OK(oi__codec_decode(f, fb, a, len, &ob));
+  memset(b, 0x5a, len);
+  bool ok = decode_by_pieces(f, fb, b, len, &n);
+  if (!ok || ob != len || memcmp(a, b, len) != 0) {
+    fprintf(stderr, "%s: pieces decode %s\n", what, ok ? "to other bytes" : "failed");
+    oi_test_failures++;
+  }
+  free(f);
+  free(a);
+  free(b);
+  return n;
+}
+
+static void test_corpus_pages(void) {
+  oi_codec_shape kv = CORPUS_SHAPE_KV;
+  size_t pages = corpus_len / CORPUS_PAGE_BYTES;
+  for (int c = OI_CODEC_LOSSLESS; c <= OI_CODEC_FP8; c++)
+    for (size_t i = 0; i < pages; i++) {
+      size_t n = check_block(c, &kv, corpus + i * CORPUS_PAGE_BYTES, CORPUS_PAGE_BYTES, "page");
+      CHECK(n == (c == OI_CODEC_LOSSLESS ? 2u : 1u) || (c == OI_CODEC_LOSSLESS && n == 1));
+    }
+}
+
+/* A model-sized block with no shape: many streams, none past the cap; the
+ * ratio stays within 1 % of the same bytes as corpus pages (a table per part). */
+static void test_stream_cap(void) {
+  size_t len = 3452160; /* a GLM5.2 block */
+  uint8_t *src = malloc(len);
+  REQUIRE(src);
+  for (size_t i = 0; i < len; i++)
+    src[i] = corpus[i % corpus_len];
+  oi_codec_shape none = {.dtype = OI_CODEC_DTYPE_BF16};
+  size_t n = check_block(OI_CODEC_LOSSLESS, &none, src, len, "GLM5.2-sized block");
+  CHECK(n >= len / 2 / OI_LOSSLESS_SEGMENT_MAX);
+  size_t cap = oi__codec_bound(OI_CODEC_LOSSLESS, &none, len), fb = 0, k = 0;
+  uint8_t *f = malloc(cap);
+  REQUIRE(f);
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &none, src, len, f, cap, &fb));
+  oi_codec_info in;
+  oi_codec_piece *pc = calloc(4096, sizeof *pc);
+  REQUIRE(pc);
+  CHECK_OK(oi__codec_pieces(f, fb, &in, pc, 4096, &k));
+  for (size_t i = 0; i < k; i++)
+    CHECK(pc[i].kind == OI_CODEC_PIECE_RANS && pc[i].count <= OI_LOSSLESS_SEGMENT_MAX);
+  /* the same bytes as 281 corpus-page-sized blocks, one stream per part */
+  size_t pages_fb = 0;
+  oi_codec_shape kv = CORPUS_SHAPE_KV;
+  uint8_t pf[2 * CORPUS_PAGE_BYTES];
+  for (size_t p = 0; p + CORPUS_PAGE_BYTES <= len; p += CORPUS_PAGE_BYTES) {
+    size_t b = 0;
+    CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &kv, src + p, CORPUS_PAGE_BYTES, pf, sizeof pf,
+                              &b));
+    pages_fb += b;
+  }
+  double whole = (double)len / (double)fb,
+         paged = (double)(len / CORPUS_PAGE_BYTES * CORPUS_PAGE_BYTES) / (double)pages_fb;
+  printf("GLM5.2-sized block: %zu streams, ratio %.4f (as 12 KiB pages: %.4f)\n", k, whole, paged);
+  CHECK(whole >= 1.40 && whole > paged * 0.99);
+  free(pc);
+  free(f);
+  free(src);
+}
+
+static void test_raw_odd_and_refusals(void) {
+  uint64_t seed = 11;
+  size_t len = 100001;
+  uint8_t *src = malloc(len);
+  REQUIRE(src);
+  for (size_t i = 0; i < len; i++)
+    src[i] = (uint8_t)ct_rand(&seed);
+  oi_codec_shape none = {.dtype = OI_CODEC_DTYPE_BYTES};
+  /* random: exponents raw, in pieces of at most the cap, and the odd byte */
+  size_t n = check_block(OI_CODEC_LOSSLESS, &none, src, len, "random, odd length");
+  CHECK(n == (len / 2 + OI_LOSSLESS_SEGMENT_MAX - 1) / OI_LOSSLESS_SEGMENT_MAX + 1);
+  check_block(OI_CODEC_LOSSLESS, &none, corpus, 12289, "corpus, odd length");
+  check_block(OI_CODEC_LOSSLESS, &none, corpus, 2, "one element");
+  /* refusals */
+  size_t cap = oi__codec_bound(OI_CODEC_LOSSLESS, &none, CORPUS_PAGE_BYTES), fb = 0, k = 0;
+  uint8_t *f = malloc(cap);
+  REQUIRE(f);
+  oi_codec_shape kv = CORPUS_SHAPE_KV;
+  CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &kv, corpus, CORPUS_PAGE_BYTES, f, cap, &fb));
+  oi_codec_info in;
+  oi_codec_piece pc[4];
+  CHECK_ST(oi__codec_pieces(f, fb, &in, pc, 1, &k), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "the frame needs 2") != NULL);
+  CHECK_ST(oi__codec_pieces(f, fb, &in, NULL, 4, &k), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_pieces(f, fb, NULL, pc, 4, &k), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_pieces(f, fb - 1, &in, pc, 4, &k), OI_ERR_PROTOCOL);
+  f[OI_CODEC_HEADER_BYTES + 10] ^= 1;
+  CHECK_ST(oi__codec_pieces(f, fb, &in, pc, 4, &k), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "checksum") != NULL);
+  free(f);
+  free(src);
+}
+
+int main(int argc, char **argv) {
+  REQUIRE(argc >= 2);
+  corpus = ct_read_file(argv[1], &corpus_len);
+  REQUIRE(corpus && corpus_len % CORPUS_PAGE_BYTES == 0);
+  RUN_TEST(test_corpus_pages);
+  RUN_TEST(test_stream_cap);
+  RUN_TEST(test_raw_odd_and_refusals);
+  free(corpus);
+  TEST_EXIT();
+}

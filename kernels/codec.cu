@@ -157,8 +157,7 @@ __global__ static void __launch_bounds__(32 * WARPS)
     bool ok = true;
     if (it.kind == OI_KDEC_RANS) {
       uint32_t used = build_table(src, it.len, w, lane);
-      if (lane == 0)
-        ok = used && rans_run(src + used, src + it.len, w->tab, out, it.count);
+      if (lane == 0) ok = used && rans_run(src + used, src + it.len, w->tab, out, it.count);
       ok = __shfl_sync(0xffffffffu, ok ? 1 : 0, 0);
       __syncwarp(); // lane 0's exponents (the low bytes of out) before the merge
       if (!ok) {
@@ -247,6 +246,27 @@ extern "C" int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int
       cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }
+  }
+  return cudaSuccess;
+}
+
+__global__ static void zero_failed_kernel(const int32_t *__restrict__ status, uint8_t *blocks,
+                                          uint64_t block_bytes) {
+  if (status[blockIdx.y] == 0) return;
+  uint8_t *b = blocks + (uint64_t)blockIdx.y * block_bytes;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < block_bytes;
+       i += (uint64_t)gridDim.x * blockDim.x)
+    b[i] = 0;
+}
+
+extern "C" int oi_kernel_codec_zero_failed(const int32_t *status, uint32_t n, uint8_t *blocks,
+                                           uint64_t block_bytes, void *stream) {
+  for (uint32_t first = 0; first < n; first += 65535u) {
+    uint32_t rows = n - first < 65535u ? n - first : 65535u;
+    zero_failed_kernel<<<dim3(8, rows), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        status + first, blocks + (uint64_t)first * block_bytes, block_bytes);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
 }

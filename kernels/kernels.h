@@ -73,6 +73,11 @@ enum {
 int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int lossless,
                            uint64_t max_lossy_elems, int32_t *status, void *stream);
 
+/* Zeroes block i (blocks + i * block_bytes) of each frame i < n whose
+ * status is nonzero: a block that did not decode goes out as zeros. */
+int oi_kernel_codec_zero_failed(const int32_t *status, uint32_t n, uint8_t *blocks,
+                                uint64_t block_bytes, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

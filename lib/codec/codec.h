@@ -36,6 +36,7 @@
 #ifndef OI_CODEC_CODEC_H
 #define OI_CODEC_CODEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -101,6 +102,10 @@ oi_status oi__codec_decode(const void *src, size_t bytes, void *dst, size_t cap,
 
 /* Reads and verifies a frame's header and checksum without decoding. */
 oi_status oi__codec_info_of(const void *src, size_t bytes, oi_codec_info *info);
+/* The same checks but the checksum's (a frame in this process's own memory
+ * that no disk or network carried since a check: the GPU decoder's path,
+ * which checks each stream's end states instead). */
+oi_status oi__codec_header_of(const void *src, size_t bytes, oi_codec_info *info);
 
 /* A frame cut into pieces that decode independently, for a decoder that
  * runs many at once (the GPU's, kernels/codec.cu). Offsets: `src` and `aux`
@@ -130,12 +135,13 @@ typedef struct oi_codec_piece {
 /* The most pieces oi__codec_pieces cuts a verified frame of `info` into. */
 size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame);
 
-/* Verifies a frame (as oi__codec_info_of: header and checksum) and cuts its
- * payload into pieces (out: at least oi__codec_pieces_max entries; cap
- * says how many), checking every length as the cpu decoder does. The pieces
- * do not check a lossless block's checksum of its decoded bytes: a decoder
- * of pieces verifies each stream's end states instead. */
-oi_status oi__codec_pieces(const void *frame, size_t bytes, oi_codec_info *info,
+/* Reads a frame's header (oi__codec_info_of, or oi__codec_header_of when
+ * `verify` is false) and cuts its payload into pieces (out: at least
+ * oi__codec_pieces_max entries; cap says how many), checking every length as
+ * the cpu decoder does. The pieces do not check a lossless block's checksum
+ * of its decoded bytes: a decoder of pieces verifies each stream's end
+ * states instead. */
+oi_status oi__codec_pieces(const void *frame, size_t bytes, bool verify, oi_codec_info *info,
                            oi_codec_piece *out, size_t cap, size_t *n);
 
 /* The payload decoders without the frame's checksum: for the fuzz target,

@@ -17,11 +17,12 @@ size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame) {
   return (n + RAW_PIECE - 1) / RAW_PIECE + tail;
 }
 
-oi_status oi__codec_pieces(const void *frame, size_t bytes, oi_codec_info *info,
+oi_status oi__codec_pieces(const void *frame, size_t bytes, bool verify, oi_codec_info *info,
                            oi_codec_piece *out, size_t cap, size_t *n) {
   if (!out || !n || !info)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec: NULL %s", !out ? "out" : !n ? "n" : "info");
-  oi_status st = oi__codec_info_of(frame, bytes, info);
+  oi_status st =
+      verify ? oi__codec_info_of(frame, bytes, info) : oi__codec_header_of(frame, bytes, info);
   if (st != OI_OK) return st;
   const uint8_t *f = frame, *payload = f + OI_CODEC_HEADER_BYTES;
   size_t plen = info->frame_bytes - OI_CODEC_HEADER_BYTES, need = oi__codec_pieces_max(info, f);
@@ -38,8 +39,8 @@ oi_status oi__codec_pieces(const void *frame, size_t bytes, oi_codec_info *info,
         .kind = info->codec == OI_CODEC_INT8 ? OI_CODEC_PIECE_INT8 : OI_CODEC_PIECE_FP8,
         .src = OI_CODEC_HEADER_BYTES,
         .len = (uint32_t)plen,
-        .count = info->codec == OI_CODEC_INT8 ? (uint32_t)sh->parts * sh->tokens * sh->heads
-                                              : sh->parts,
+        .count =
+            info->codec == OI_CODEC_INT8 ? (uint32_t)sh->parts * sh->tokens * sh->heads : sh->parts,
         .tokens = sh->tokens,
         .heads = sh->heads,
         .head_dim = sh->head_dim};

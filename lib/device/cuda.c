@@ -353,6 +353,7 @@ static const oi_dev_ops cuda_ops = {
     .event_destroy = oi__cuda_event_destroy,
     .event_query = oi__cuda_event_query,
     .stream_sync = oi__cuda_stream_sync,
+    .stream_decode = oi__cuda_stream_decode,
 };
 
 oi_status oi__cuda_dev_open(int ordinal, oi_dev **out) {

@@ -90,6 +90,22 @@ typedef struct stage_ring {
   size_t nslots_used, slots_cap;
 } stage_ring;
 
+/* GPU decodes of codec frames (cuda_decode.c): two slots of device memory,
+ * each a group's frames and its decoded blocks. The frames cross the link
+ * on `aux` while the main stream decodes and scatters the other slot:
+ *   aux  [wait free[j]] DMA frames -> slot j [record full[j]]
+ *   main [wait full[j]] decode, zero failed blocks, scatter to the arenas
+ *        [record free[j]] status -> host, a host call hands it over */
+#define OI_DECODE_SLOTS 2
+typedef struct decode_ring {
+  uint8_t *frames[OI_DECODE_SLOTS], *blocks[OI_DECODE_SLOTS];
+  uint64_t frames_cap, blocks_cap; /* bytes of each slot's */
+  cudaEvent_t full[OI_DECODE_SLOTS], free_[OI_DECODE_SLOTS];
+  cudaStream_t aux;
+  uint32_t next;
+  bool ready;
+} decode_ring;
+
 struct oi_stream {
   cudaStream_t stream;
   int ordinal;
@@ -106,6 +122,7 @@ struct oi_stream {
   size_t dma_cap;
   bool batch_api_broken; /* cudaMemcpyBatchAsync failed once: use the fallback */
   stage_ring stg;        /* staged copies; set up on first use */
+  decode_ring dec;       /* GPU decodes; set up on first use */
 };
 
 /* The stream ops of the ops table. */
@@ -128,6 +145,18 @@ bool oi__cuda_grow_dma_arrays(oi_stream *s, size_t n);
 /* One cudaMemcpyBatchAsync of the n copies in s->dma_* on `stream` (false:
  * refused; the caller queues them one by one). */
 bool oi__cuda_dma_batch(oi_stream *s, size_t n, cudaStream_t stream);
+
+/* A kernel copy's entries (descs cut in chunks) into out (NULL: count
+ * them); *warps: the warp-per-entry kernel suits them. @return the count. */
+size_t oi__cuda_kcopy_plan(const oi_copy_desc *descs, size_t n, bool *warps, oi_kcopy_entry *out);
+/* Launches the batch copy kernel `warps` chose over a table of n entries. */
+cudaError_t oi__cuda_kcopy_launch(bool warps, const oi_kcopy_entry *table, size_t n, uint32_t ctas,
+                                  cudaStream_t stream);
+
+/* ---- GPU decodes (cuda_decode.c) ---- */
+
+oi_status oi__cuda_stream_decode(oi_stream *s, const oi_decode_batch *b);
+void oi__cuda_decode_free(decode_ring *r);
 
 /* ---- staged copies (cuda_stage.c) ---- */
 

@@ -50,6 +50,7 @@ void oi__cuda_stream_destroy(oi_stream *s) {
   cudaSetDevice(s->ordinal);
   cudaStreamSynchronize(s->stream);
   oi__cuda_stage_free(&s->stg);
+  oi__cuda_decode_free(&s->dec);
   cudaStreamDestroy(s->stream);
   for (table_buf *t = s->tables, *next; t; t = next) {
     next = t->next;
@@ -113,34 +114,43 @@ table_buf *oi__cuda_take_table(oi_stream *s, size_t entries) {
   return table_to_end(s, t);
 }
 
-/* Kernel path: split pieces into entries, write the table into mapped pinned
- * memory, launch one kernel for the batch; the kernel reads the table over
- * PCIe one entry ahead (no table copy, so consecutive batches do not
- * serialize on it), and an event after the kernel marks the table reusable. */
-static oi_status copy_by_kernel(oi_stream *s, const oi_copy_desc *descs, size_t n, uint32_t ctas) {
+size_t oi__cuda_kcopy_plan(const oi_copy_desc *descs, size_t n, bool *warps, oi_kcopy_entry *out) {
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++)
     total += descs[i].bytes;
   /* Small pieces: one warp each (many in flight per CTA); large ones: the
    * CTA-wide copy over chunks that share the work evenly. */
-  bool warps = total / n < OI_KCOPY_WARP_BELOW;
-  uint64_t chunk = warps ? OI_KCOPY_WARP_CHUNK : OI_KCOPY_CHUNK;
-  size_t entries = 0;
-  for (size_t i = 0; i < n; i++)
-    entries += (descs[i].bytes + chunk - 1) / chunk;
-  if (entries == 0) return OI_OK;
-  if (entries > UINT32_MAX) return oi__fail(OI_ERR_INVALID_ARGUMENT, "copy: batch too large");
-  table_buf *t = oi__cuda_take_table(s, entries);
-  if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy: no pinned memory for a descriptor table");
+  *warps = n && total / n < OI_KCOPY_WARP_BELOW;
+  uint64_t chunk = *warps ? OI_KCOPY_WARP_CHUNK : OI_KCOPY_CHUNK;
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
     for (uint64_t off = 0; off < descs[i].bytes; off += chunk) {
       uint64_t len = descs[i].bytes - off < chunk ? descs[i].bytes - off : chunk;
-      t->host[k++] = (oi_kcopy_entry){descs[i].src + off, descs[i].dst + off, len};
+      if (out) out[k] = (oi_kcopy_entry){descs[i].src + off, descs[i].dst + off, len};
+      k++;
     }
-  cudaError_t err =
-      warps ? (cudaError_t)oi_kernel_batch_copy_warps(t->device, (uint32_t)entries, ctas, s->stream)
-            : (cudaError_t)oi_kernel_batch_copy(t->device, (uint32_t)entries, ctas, s->stream);
+  return k;
+}
+
+cudaError_t oi__cuda_kcopy_launch(bool warps, const oi_kcopy_entry *table, size_t n, uint32_t ctas,
+                                  cudaStream_t stream) {
+  return warps ? (cudaError_t)oi_kernel_batch_copy_warps(table, (uint32_t)n, ctas, stream)
+               : (cudaError_t)oi_kernel_batch_copy(table, (uint32_t)n, ctas, stream);
+}
+
+/* Kernel path: split pieces into entries, write the table into mapped pinned
+ * memory, launch one kernel for the batch; the kernel reads the table over
+ * PCIe one entry ahead (no table copy, so consecutive batches do not
+ * serialize on it), and an event after the kernel marks the table reusable. */
+static oi_status copy_by_kernel(oi_stream *s, const oi_copy_desc *descs, size_t n, uint32_t ctas) {
+  bool warps = false;
+  size_t entries = oi__cuda_kcopy_plan(descs, n, &warps, NULL);
+  if (entries == 0) return OI_OK;
+  if (entries > UINT32_MAX) return oi__fail(OI_ERR_INVALID_ARGUMENT, "copy: batch too large");
+  table_buf *t = oi__cuda_take_table(s, entries);
+  if (!t) return oi__fail(OI_ERR_OUT_OF_MEMORY, "copy: no pinned memory for a descriptor table");
+  oi__cuda_kcopy_plan(descs, n, &warps, t->host);
+  cudaError_t err = oi__cuda_kcopy_launch(warps, t->device, entries, ctas, s->stream);
   if (err == cudaSuccess) err = cudaEventRecord(t->done, s->stream);
   if (err != cudaSuccess) {
     cudaStreamSynchronize(s->stream); /* nothing may still read the table */

@@ -74,6 +74,50 @@ typedef struct oi_copy_params {
 #define OI_STAGING_BYTES (32ull << 20)
 #define OI_STAGING_SLOTS 4
 
+/* A GPU decode of codec frames (stream_decode; the frame format and its
+ * pieces are lib/codec's, which this layer does not read: a piece is
+ * oi_codec_piece's fields, of frame `frame` of the batch). */
+enum { /* oi_decode_piece.kind: lib/codec's oi_codec_piece_kind, the same values */
+       OI_DECODE_RANS = 1,
+       OI_DECODE_RAW_EXP = 2,
+       OI_DECODE_BYTES = 3,
+       OI_DECODE_INT8 = 4,
+       OI_DECODE_FP8 = 5,
+};
+enum {                           /* a frame's status after stream_decode: why it did not decode */
+       OI_DECODE_BAD_STREAM = 1, /* a rANS stream (its table, a read past its end, end states) */
+       OI_DECODE_BAD_SCALE = 2,  /* a lossy scale that is not finite */
+       OI_DECODE_NAN_CODE = 3,   /* an fp8 NaN code */
+};
+
+typedef struct oi_decode_piece {
+  uint32_t frame, kind;
+  uint32_t src, aux, dst; /* src, aux: from the frame's first byte; dst: from its block's */
+  uint32_t len, count;
+  uint16_t tokens, heads, head_dim;
+} oi_decode_piece;
+
+typedef struct oi_decode_batch {
+  size_t n;                     /* frames */
+  const uint8_t *const *frames; /* each in pinned host memory */
+  const uint32_t *frame_bytes;  /* the bytes of each that cross the link */
+  uint64_t block_bytes;         /* a frame's decoded block */
+  const oi_decode_piece *pieces;
+  size_t npieces;
+  bool lossless;            /* some pieces are lossless ones */
+  uint64_t max_lossy_elems; /* the most elements of a lossy piece; 0: none */
+  /* From the decoded blocks to the arenas: src is an offset in the batch's
+   * decoded bytes (block i at i * block_bytes), dst a device address. */
+  const oi_copy_desc *descs;
+  size_t ndescs;
+  /* n entries. In: nonzero for a frame not to decode (its block goes out as
+   * zeros). Out: 0 for a frame decoded, else why not (OI_DECODE_BAD_*),
+   * written before the function of the next stream_call runs;
+   * the caller keeps it until then. A frame that did not decode reaches the
+   * arenas as zeros, never as other bytes. */
+  int32_t *status;
+} oi_decode_batch;
+
 typedef struct oi_dev_ops {
   const char *name;
   void (*close)(oi_dev *d);
@@ -125,6 +169,12 @@ typedef struct oi_dev_ops {
   oi_status (*event_query)(void *event);
   /* Blocks until everything queued so far finished. */
   oi_status (*stream_sync)(oi_stream *s);
+
+  /* Moves the frames over the link, decodes them on the device and copies
+   * the decoded bytes to the arenas, in the stream's order (loads of a codec
+   * namespace, docs/codecs.md). The arrays are read during the call (but
+   * `status`). NULL on backends that decode on the host. */
+  oi_status (*stream_decode)(oi_stream *s, const oi_decode_batch *b);
 
 } oi_dev_ops;
 

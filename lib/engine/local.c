@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -751,6 +752,17 @@ static const engine_ops local_ops = {
     .destroy = local_destroy,
 };
 
+/* OI_CODEC_DECODE=host: a codec namespace's loads decode on the host even
+ * where the device decodes (docs/codecs.md; for measuring the two). */
+static bool codec_host_decode(uint32_t log_id) {
+  const char *v = getenv("OI_CODEC_DECODE");
+  if (!v || !*v || strcmp(v, "device") == 0) return false;
+  if (strcmp(v, "host") == 0) return true;
+  OI_LOG_I(OI_LOG_WARN, "engine", log_id,
+           "OI_CODEC_DECODE=%s is neither 'host' nor 'device': decoding on the device", v);
+  return false;
+}
+
 oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_engine **out) {
   local_engine *e = oi__calloc(1, sizeof *e);
   if (!e) return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
@@ -782,6 +794,7 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
       .codec = codec->id,
       .codec_shape = codec->shape,
       .frame_bytes = codec->slot_bytes,
+      .codec_host_decode = codec_host_decode(e->base.instance_id),
       .done = job_done,
       .done_ctx = e};
   if ((st = oi__xfer_create(&xc, &e->xfer)) != OI_OK) goto fail;

@@ -90,6 +90,7 @@ struct oi_xfer {
   oi_copy_desc *plan_buf[2];
   size_t plan_cap[2];
   oi_codec_stage *codec; /* cfg.codec (codec_stage.h); NULL without one */
+  bool device_decode;    /* loads decode on the device (cfg.codec_host_decode unset) */
 };
 
 static uint32_t log_id(const oi_xfer *x) { return x->cfg.log_id ? *x->cfg.log_id : 0; }
@@ -367,6 +368,146 @@ static void decode_step(void *arg, oi_status st) {
   oi__free(c);
 }
 
+_Static_assert((int)OI_CODEC_PIECE_RANS == (int)OI_DECODE_RANS &&
+                   (int)OI_CODEC_PIECE_RAW_EXP == (int)OI_DECODE_RAW_EXP &&
+                   (int)OI_CODEC_PIECE_BYTES == (int)OI_DECODE_BYTES &&
+                   (int)OI_CODEC_PIECE_INT8 == (int)OI_DECODE_INT8 &&
+                   (int)OI_CODEC_PIECE_FP8 == (int)OI_DECODE_FP8,
+               "a codec piece's kind is the device's");
+
+/* A group decoded on the device: its statuses, written on the stream by
+ * stream_decode before checked_on_device runs. */
+typedef struct device_step {
+  oi_xfer_job *job;
+  size_t n;
+  char *why; /* the first frame the host refused, and why */
+  int32_t status[];
+} device_step;
+
+/* On the load stream, after the device decoded and scattered a group: a
+ * frame that did not decode (its block went out as zeros) fails the load. */
+static void checked_on_device(void *arg, oi_status st) {
+  device_step *c = arg;
+  oi_xfer_job *job = c->job;
+  size_t bad = SIZE_MAX;
+  for (size_t i = 0; i < c->n && bad == SIZE_MAX; i++)
+    if (c->status[i]) bad = i;
+  if (st == OI_OK && bad != SIZE_MAX) {
+    static const char *const why[] = {[OI_DECODE_BAD_STREAM] = "a rANS stream that does not decode",
+                                      [OI_DECODE_BAD_SCALE] = "a scale that is not finite",
+                                      [OI_DECODE_NAN_CODE] = "an fp8 NaN code"};
+    int32_t code = c->status[bad];
+    const char *what = c->why ? c->why
+                       : code > 0 && code < (int32_t)OI_ARRAY_LEN(why) && why[code]
+                           ? why[code]
+                           : "an unknown failure";
+    st = oi__fail(OI_ERR_PROTOCOL, "load: a frame did not decode on the device (block %zu: %s)",
+                  bad, what);
+    OI_LOG_I(OI_LOG_WARN, "engine", log_id(job->x), "%s", oi_last_error());
+    if (job->codec_st == OI_OK) job->codec_msg = oi__strdup(oi_last_error());
+  }
+  if (st != OI_OK && job->codec_st == OI_OK) job->codec_st = st;
+  oi__free(c->why);
+  oi__free(c);
+}
+
+/* A codec group's load on a device that decodes: each slot's frame is read
+ * (its header and its streams' lengths, not its checksum: the frame is in
+ * this process's pool, and the device checks each stream's end states) and
+ * cut into pieces, and the device moves the frames, decodes and scatters
+ * them. A frame the host refuses goes out as zeros and fails the load. */
+static oi_status queue_device_decode(oi_xfer_job *job, const oi_layout *l, size_t from, size_t n) {
+  oi_xfer *x = job->x;
+  uint64_t bb = l->block_bytes;
+  device_step *c = oi__calloc(1, sizeof *c + n * sizeof c->status[0]);
+  uint32_t *fbytes = oi__calloc(n, sizeof *fbytes);
+  oi_decode_piece *pieces = NULL;
+  oi_codec_piece *cut = NULL;
+  size_t npieces = 0, pcap = 0, cut_cap = 0, nd = 0;
+  oi_copy_desc *descs = oi__malloc(oi__plan_pieces(l, n) * sizeof *descs);
+  oi_status st = OI_OK;
+  if (!c || !fbytes || !descs) {
+    st = oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for a decode on the device");
+    goto out;
+  }
+  *c = (device_step){.job = job, .n = n};
+  oi_decode_batch b = {.n = n,
+                       .frames = (const uint8_t *const *)(job->host + from),
+                       .frame_bytes = fbytes,
+                       .block_bytes = bb,
+                       .status = c->status};
+  for (size_t i = 0; i < n; i++) {
+    const uint8_t *slot = job->host[from + i];
+    oi_codec_info in;
+    size_t k = 0, need = 0;
+    oi_status fst = oi__codec_header_of(slot, x->cfg.frame_bytes, &in);
+    if (fst == OI_OK && (in.codec != x->cfg.codec || in.logical_bytes != bb))
+      fst = oi__fail(OI_ERR_PROTOCOL, "a frame of codec %u and %u bytes for blocks of %llu",
+                     in.codec, in.logical_bytes, (unsigned long long)bb);
+    if (fst == OI_OK) need = oi__codec_pieces_max(&in, slot);
+    if (fst == OI_OK &&
+        (!oi__grow((void **)&cut, &cut_cap, need, sizeof *cut, SIZE_MAX) ||
+         !oi__grow((void **)&pieces, &pcap, npieces + need, sizeof *pieces, SIZE_MAX))) {
+      st = oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for a frame's pieces");
+      goto out;
+    }
+    if (fst == OI_OK) fst = oi__codec_pieces(slot, x->cfg.frame_bytes, false, &in, cut, need, &k);
+    if (fst != OI_OK) {
+      c->status[i] = -1; /* not decoded: its block goes out as zeros */
+      if (!c->why) c->why = oi__strdup(oi_last_error());
+      fbytes[i] = 0;
+      continue;
+    }
+    fbytes[i] = in.frame_bytes;
+    for (size_t j = 0; j < k; j++) {
+      const oi_codec_piece *p = &cut[j];
+      pieces[npieces++] = (oi_decode_piece){.frame = (uint32_t)i,
+                                            .kind = p->kind,
+                                            .src = p->src,
+                                            .aux = p->aux,
+                                            .dst = p->dst,
+                                            .len = p->len,
+                                            .count = p->count,
+                                            .tokens = p->tokens,
+                                            .heads = p->heads,
+                                            .head_dim = p->head_dim};
+      if (p->kind == OI_CODEC_PIECE_INT8)
+        b.max_lossy_elems = OI_MAX(b.max_lossy_elems, (uint64_t)p->count * p->head_dim);
+      else if (p->kind == OI_CODEC_PIECE_FP8)
+        b.max_lossy_elems =
+            OI_MAX(b.max_lossy_elems, (uint64_t)p->count * p->tokens * p->heads * p->head_dim);
+      else
+        b.lossless = true;
+    }
+  }
+  b.pieces = pieces;
+  b.npieces = npieces;
+  /* The arenas' pieces, planned from the bounce blocks (contiguous, one
+   * group), then made offsets in the decoded blocks. */
+  uint8_t *const *bounce = oi__codec_stage_bounce(x->codec, OI_COPY_H2D);
+  oi__plan_build_into(l, job->ids + from, bounce, n, OI_COPY_H2D, descs, oi__plan_pieces(l, n),
+                      &nd);
+  for (size_t i = 0; i < nd; i++)
+    descs[i].src -= (uintptr_t)bounce[0];
+  b.descs = descs;
+  b.ndescs = nd;
+  oi_stream *s = x->stream[OI_COPY_H2D];
+  if (OI_FAULT(OI_FAULT_COPY_SUBMIT, NULL))
+    st = oi__fail(OI_ERR_IO, "queuing copies failed (injected fault)");
+  else
+    st = x->dev->ops->stream_decode(s, &b);
+  if (st == OI_OK) st = x->dev->ops->stream_call(s, checked_on_device, c);
+  if (st == OI_OK) c = NULL; /* the stream's */
+out:
+  if (c) oi__free(c->why);
+  oi__free(c);
+  oi__free(fbytes);
+  oi__free(pieces);
+  oi__free(cut);
+  oi__free(descs);
+  return st;
+}
+
 /* Queues the job's unqueued blocks (at most a group) through the bounce
  * blocks: D2H copies then the encode step, or the decode step then H2D
  * copies, as one unit of the direction's stream. */
@@ -385,6 +526,12 @@ static oi_status queue_codec_group(oi_xfer_job *job, const oi_layout *l, uint32_
    * load read bounce blocks its decode step had not written yet): the
    * bounce goes by DMA (or the copy kernel). */
   if (mode == OI_XFER_STAGED) mode = OI_XFER_DMA;
+  if (d == OI_COPY_H2D && x->device_decode) {
+    oi__codec_stage_lock(x->codec, d);
+    oi_status st = queue_device_decode(job, l, from, n);
+    oi__codec_stage_unlock(x->codec, d);
+    return st;
+  }
   codec_step *c = oi__malloc(sizeof *c);
   if (!c) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a codec step");
   *c = (codec_step){.job = job, .from = from, .n = n};
@@ -686,6 +833,8 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
       (st = oi__codec_stage_create(x->dev, c->codec, &c->codec_shape, c->layout->block_bytes,
                                    c->frame_bytes, x->group_blocks, c->log_id, &x->codec)) != OI_OK)
     goto fail;
+  x->device_decode =
+      c->codec != OI_CODEC_NONE && !c->codec_host_decode && x->dev->ops->stream_decode;
   if ((st = x->dev->ops->stream_create(x->dev, 0, &x->stream[OI_COPY_D2H])) != OI_OK) goto fail;
   if ((st = x->dev->ops->stream_create(x->dev, 1, &x->stream[OI_COPY_H2D])) != OI_OK) goto fail;
   int rc = pthread_create(&x->done_thread, NULL, done_main, x);

@@ -101,6 +101,10 @@ typedef struct oi_xfer_config {
   int codec; /* oi_codec_id */
   oi_codec_shape codec_shape;
   uint64_t frame_bytes;
+  /* Loads: the frames cross the link and the device decodes them
+   * (dev_ops.stream_decode, the cuda backend) unless this is set or the
+   * backend has none; then the host decodes into the bounce. */
+  bool codec_host_decode;
   oi_xfer_done_fn done;
   void *done_ctx;
 } oi_xfer_config;

@@ -21,7 +21,7 @@ static bool decode_by_pieces(const uint8_t *f, size_t len, uint8_t *dst, size_t 
   oi_codec_info in;
   oi_codec_piece pc[4096];
   size_t n = 0;
-  if (oi__codec_pieces(f, len, &in, pc, OI_ARRAY_LEN(pc), &n) != OI_OK) return false;
+  if (oi__codec_pieces(f, len, true, &in, pc, OI_ARRAY_LEN(pc), &n) != OI_OK) return false;
   REQUIRE(in.logical_bytes <= cap);
   *npieces = n;
   for (size_t k = n; k-- > 0;) {
@@ -45,17 +45,14 @@ static bool decode_by_pieces(const uint8_t *f, size_t len, uint8_t *dst, size_t 
       free(exp);
       break;
     }
-    case OI_CODEC_PIECE_BYTES:
-      memcpy(out, f + p->src, p->count);
-      break;
+    case OI_CODEC_PIECE_BYTES: memcpy(out, f + p->src, p->count); break;
     case OI_CODEC_PIECE_INT8:
     case OI_CODEC_PIECE_FP8:
       if (oi__codec_decode_payload(in.codec, &in.shape, f + p->src, p->len, out,
                                    in.logical_bytes) != OI_OK)
         return false;
       break;
-    default:
-      return false;
+    default: return false;
     }
   }
   return true;
@@ -110,7 +107,7 @@ static void test_stream_cap(void) {
   oi_codec_info in;
   oi_codec_piece *pc = calloc(4096, sizeof *pc);
   REQUIRE(pc);
-  CHECK_OK(oi__codec_pieces(f, fb, &in, pc, 4096, &k));
+  CHECK_OK(oi__codec_pieces(f, fb, true, &in, pc, 4096, &k));
   for (size_t i = 0; i < k; i++)
     CHECK(pc[i].kind == OI_CODEC_PIECE_RANS && pc[i].count <= OI_LOSSLESS_SEGMENT_MAX);
   /* the same bytes as 281 corpus-page-sized blocks, one stream per part */
@@ -119,8 +116,8 @@ static void test_stream_cap(void) {
   uint8_t pf[2 * CORPUS_PAGE_BYTES];
   for (size_t p = 0; p + CORPUS_PAGE_BYTES <= len; p += CORPUS_PAGE_BYTES) {
     size_t b = 0;
-    CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &kv, src + p, CORPUS_PAGE_BYTES, pf, sizeof pf,
-                              &b));
+    CHECK_OK(
+        oi__codec_encode(OI_CODEC_LOSSLESS, &kv, src + p, CORPUS_PAGE_BYTES, pf, sizeof pf, &b));
     pages_fb += b;
   }
   double whole = (double)len / (double)fb,
@@ -153,14 +150,20 @@ static void test_raw_odd_and_refusals(void) {
   CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &kv, corpus, CORPUS_PAGE_BYTES, f, cap, &fb));
   oi_codec_info in;
   oi_codec_piece pc[4];
-  CHECK_ST(oi__codec_pieces(f, fb, &in, pc, 1, &k), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_pieces(f, fb, true, &in, pc, 1, &k), OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "the frame needs 2") != NULL);
-  CHECK_ST(oi__codec_pieces(f, fb, &in, NULL, 4, &k), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi__codec_pieces(f, fb, NULL, pc, 4, &k), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi__codec_pieces(f, fb - 1, &in, pc, 4, &k), OI_ERR_PROTOCOL);
-  f[OI_CODEC_HEADER_BYTES + 10] ^= 1;
-  CHECK_ST(oi__codec_pieces(f, fb, &in, pc, 4, &k), OI_ERR_PROTOCOL);
+  CHECK_ST(oi__codec_pieces(f, fb, true, &in, NULL, 4, &k), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_pieces(f, fb, true, NULL, pc, 4, &k), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_pieces(f, fb - 1, true, &in, pc, 4, &k), OI_ERR_PROTOCOL);
+  f[fb - 1] ^= 1; /* the sign+mantissa plane: only the checksum tells */
+  CHECK_ST(oi__codec_pieces(f, fb, true, &in, pc, 4, &k), OI_ERR_PROTOCOL);
   CHECK(strstr(oi_last_error(), "checksum") != NULL);
+  /* unverified (the GPU path's): the checksum is not read, the rest is */
+  CHECK_OK(oi__codec_pieces(f, fb, false, &in, pc, 4, &k));
+  CHECK(k == 2 && pc[0].kind == OI_CODEC_PIECE_RANS);
+  CHECK_ST(oi__codec_pieces(f, fb - 1, false, &in, pc, 4, &k), OI_ERR_PROTOCOL);
+  f[0] ^= 1;
+  CHECK_ST(oi__codec_pieces(f, fb, false, &in, pc, 4, &k), OI_ERR_PROTOCOL);
   free(f);
   free(src);
 }

@@ -36,7 +36,7 @@ static size_t corpus_len;
 /* A batch of frames in one device buffer, their blocks in another. */
 typedef struct batch {
   size_t n, frame_total, logical_total;
-  uint8_t *frames;     /* host, concatenated (each at a multiple of 256) */
+  uint8_t *frames; /* host, concatenated (each at a multiple of 256) */
   size_t *frame_off, *frame_len, *block_off, *block_len;
   oi_kdec_item *items; /* host */
   size_t nitems;
@@ -74,7 +74,8 @@ static void batch_encode(batch *b, int codec, const oi_codec_shape *sh, const ui
     b->block_off[i] = b->logical_total;
     b->block_len[i] = len;
     size_t fb = 0;
-    oi_status st = oi__codec_encode(codec, sh, src + i * len, len, b->frames + i * stride, stride, &fb);
+    oi_status st =
+        oi__codec_encode(codec, sh, src + i * len, len, b->frames + i * stride, stride, &fb);
     if (st) fprintf(stderr, "encode: %s\n", oi_last_error());
     REQUIRE(st == OI_OK);
     b->frame_len[i] = fb;
@@ -102,7 +103,7 @@ static void batch_plan(batch *b, uint64_t dev_frames, uint64_t dev_blocks) {
   for (size_t i = 0; i < b->n; i++) {
     oi_codec_info in;
     size_t k = 0;
-    oi_status st = oi__codec_pieces(b->frames + b->frame_off[i], b->frame_len[i], &in, pc,
+    oi_status st = oi__codec_pieces(b->frames + b->frame_off[i], b->frame_len[i], true, &in, pc,
                                     cap - b->nitems, &k);
     if (st) fprintf(stderr, "pieces: %s\n", oi_last_error());
     REQUIRE(st == OI_OK);
@@ -308,7 +309,8 @@ static void test_damaged(void) {
       oi_codec_piece pc[8];
       oi_codec_info in;
       size_t k = 0;
-      REQUIRE(oi__codec_pieces(b.frames + b.frame_off[i], b.frame_len[i], &in, pc, 8, &k) == OI_OK);
+      REQUIRE(oi__codec_pieces(b.frames + b.frame_off[i], b.frame_len[i], true, &in, pc, 8, &k) ==
+              OI_OK);
       if (c == OI_CODEC_LOSSLESS) {
         /* the first stream's state 0: after its table (lo, hi, LEB128s) */
         REQUIRE(pc[0].kind == OI_CODEC_PIECE_RANS);
@@ -413,7 +415,8 @@ static void rates(const char *what, int codec, const oi_codec_shape *sh, size_t 
     /* bulk H2D of the logical blocks: one copy per block, as a restore moves them */
     CU(cudaEventRecord(e0, s1));
     for (size_t i = 0; i < n; i++)
-      CU(cudaMemcpyAsync(d_logical + i * len, h_logical + i * len, len, cudaMemcpyHostToDevice, s1));
+      CU(cudaMemcpyAsync(d_logical + i * len, h_logical + i * len, len, cudaMemcpyHostToDevice,
+                         s1));
     CU(cudaEventRecord(e1, s1));
     CU(cudaEventSynchronize(e1));
     best_bulk = OI_MIN(best_bulk, ms_of(e0, e1));
@@ -464,8 +467,8 @@ static void rates(const char *what, int codec, const oi_codec_shape *sh, size_t 
   printf("%-34s %3zu x %8zu B, ratio %.3f: bulk H2D %.1f GB/s (%.0f us); frames H2D %.1f "
          "(%.0f us); decode alone %.1f GB/s (%.0f us); restore (frames + decode) %.1f GB/s "
          "(%.0f us) = %.3f x bulk; %zu differ\n",
-         what, n, len, (double)n * len / (double)frame_bytes, gb / best_bulk * 1e3,
-         best_bulk * 1e3, gb / best_fr * 1e3, best_fr * 1e3, gb / best_dec * 1e3, best_dec * 1e3,
+         what, n, len, (double)n * len / (double)frame_bytes, gb / best_bulk * 1e3, best_bulk * 1e3,
+         gb / best_fr * 1e3, best_fr * 1e3, gb / best_dec * 1e3, best_dec * 1e3,
          gb / best_pipe * 1e3, best_pipe * 1e3, best_bulk / best_pipe, bad);
   for (size_t i = 0; i < n; i++)
     cudaEventDestroy(landed[i]);

@@ -100,9 +100,12 @@ typedef struct oi_engine_options {
    * codec_slot_bytes; saves encode, loads decode. The codec is part of the
    * namespace's identity: an engine of another codec, shape or slot in a
    * namespace already bound is refused, and the disk and cluster tiers
-   * never serve a block of one to the other. A codec engine saves whole
-   * blocks (a layerwise save is OI_ERR_UNSUPPORTED) and its loads land
-   * whole (OI_LOAD_LAYERED reports every arena at the end). */
+   * never serve a block of one to the other. A layerwise save gathers a
+   * block's arenas in a bounce of the engine's own (at most 1/16 of the
+   * pool, at least 4 MiB: a block past it is dropped, a failed save) and
+   * encodes it into its slot once every arena landed; a load with
+   * OI_LOAD_ARENA_EVENTS reports each arena as it lands once the frames
+   * are decoded (docs/codecs.md). */
   const char *codec;
   /* int8 and fp8: the shape of a host block's bf16 elements,
    * [parts][tokens][heads][head_dim] with parts = block_bytes / (tokens *

@@ -11,8 +11,10 @@
 
 #include "cuda_internal.h"
 
-_Static_assert((int)OI_DECODE_RANS == (int)OI_KDEC_RANS && (int)OI_DECODE_RAW_EXP == (int)OI_KDEC_RAW_EXP &&
-                   (int)OI_DECODE_BYTES == (int)OI_KDEC_BYTES && (int)OI_DECODE_INT8 == (int)OI_KDEC_INT8 &&
+_Static_assert((int)OI_DECODE_RANS == (int)OI_KDEC_RANS &&
+                   (int)OI_DECODE_RAW_EXP == (int)OI_KDEC_RAW_EXP &&
+                   (int)OI_DECODE_BYTES == (int)OI_KDEC_BYTES &&
+                   (int)OI_DECODE_INT8 == (int)OI_KDEC_INT8 &&
                    (int)OI_DECODE_FP8 == (int)OI_KDEC_FP8,
                "the decode kinds are the kernel's");
 _Static_assert((int)OI_DECODE_BAD_STREAM == (int)OI_KDEC_BAD_STREAM &&
@@ -123,8 +125,8 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
   size_t items_off = nent * sizeof(oi_kcopy_entry),
          status_off = items_off + b->npieces * sizeof(oi_kdec_item),
          table_bytes = status_off + b->n * sizeof(int32_t);
-  table_buf *t = oi__cuda_take_table(
-      s, (table_bytes + sizeof(oi_kcopy_entry) - 1) / sizeof(oi_kcopy_entry));
+  table_buf *t =
+      oi__cuda_take_table(s, (table_bytes + sizeof(oi_kcopy_entry) - 1) / sizeof(oi_kcopy_entry));
   if (!t) {
     st = oi__fail(OI_ERR_OUT_OF_MEMORY, "decode: no pinned memory for a table");
     goto out;
@@ -178,8 +180,8 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
   if (err == cudaSuccess) err = cudaStreamWaitEvent(s->stream, r->full[j], 0);
   if (err == cudaSuccess)
     err = (cudaError_t)oi_kernel_codec_decode((const oi_kdec_item *)(void *)(td + items_off),
-                                              (uint32_t)b->npieces, b->lossless,
-                                              b->max_lossy_elems, st_dev, s->stream);
+                                              (uint32_t)b->npieces, b->lossless, b->max_lossy_elems,
+                                              st_dev, s->stream);
   if (err == cudaSuccess)
     err = (cudaError_t)oi_kernel_codec_zero_failed(st_dev, (uint32_t)b->n, bdev, b->block_bytes,
                                                    s->stream);
@@ -188,8 +190,8 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
   if (err == cudaSuccess) err = cudaEventRecord(r->free_[j], s->stream);
   /* the statuses back, handed to the caller before its next stream_call */
   if (err == cudaSuccess)
-    err = cudaMemcpyAsync(st_host, st_dev, b->n * sizeof *st_dev, cudaMemcpyDeviceToHost,
-                          s->stream);
+    err =
+        cudaMemcpyAsync(st_host, st_dev, b->n * sizeof *st_dev, cudaMemcpyDeviceToHost, s->stream);
   if (err == cudaSuccess) {
     *h = (status_handoff){.from = st_host, .to = b->status, .n = b->n};
     err = cudaLaunchHostFunc(s->stream, hand_over, h);
@@ -220,8 +222,7 @@ static bool piece_fits(const oi_decode_piece *p, const oi_decode_batch *b) {
   case OI_KDEC_RAW_EXP:
     return (uint64_t)p->src + p->count <= fb && (uint64_t)p->aux + p->count <= fb &&
            (uint64_t)p->dst + 2ull * p->count <= bb;
-  case OI_KDEC_BYTES:
-    return (uint64_t)p->src + p->count <= fb && (uint64_t)p->dst + p->count <= bb;
+  case OI_KDEC_BYTES: return (uint64_t)p->src + p->count <= fb && (uint64_t)p->dst + p->count <= bb;
   case OI_KDEC_INT8: {
     uint64_t elems = (uint64_t)p->count * p->head_dim;
     return p->dst == 0 && (uint64_t)p->src + p->len <= fb && p->len == 2 * p->count + elems &&
@@ -232,14 +233,13 @@ static bool piece_fits(const oi_decode_piece *p, const oi_decode_batch *b) {
     return p->dst == 0 && (uint64_t)p->src + p->len <= fb &&
            p->len == 4ull * p->count * p->heads + elems && 2 * elems <= bb;
   }
-  default:
-    return false;
+  default: return false;
   }
 }
 
 oi_status oi__cuda_stream_decode(oi_stream *s, const oi_decode_batch *b) {
-  if (!b || (b->n && (!b->frames || !b->frame_bytes || !b->status)) ||
-      (b->npieces && !b->pieces) || (b->ndescs && !b->descs))
+  if (!b || (b->n && (!b->frames || !b->frame_bytes || !b->status)) || (b->npieces && !b->pieces) ||
+      (b->ndescs && !b->descs))
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_decode: a NULL array");
   if (b->npieces > UINT32_MAX || b->n > UINT32_MAX)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_decode: batch too large");

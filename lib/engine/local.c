@@ -25,6 +25,7 @@ typedef struct engine_counters {
   /* The codec's warning about blocks not encoded: when it was last given,
    * and the count then (at most one every NOT_ENCODED_WARN_NS). */
   atomic_uint_fast64_t not_encoded_warned_ns, not_encoded_warned;
+  atomic_bool no_bounce_warned; /* warn_no_bounce's first warning was given */
 } engine_counters;
 
 #define NOT_ENCODED_WARN_NS (10ull * 1000000000ull)
@@ -35,7 +36,14 @@ typedef struct engine_counters {
  * layer failed or the deadline passed) only make later layers skip the
  * block. A record ends when every arena arrived (or its deadline passed) and
  * no copy into its slot is in flight: then the slot seals (every arena
- * landed) or aborts. Under the engine's lock. */
+ * landed) or aborts. Under the engine's lock.
+ *
+ * In a codec namespace the arenas land in a bounce of the pipeline's own
+ * (oi__xfer_bounce), not in the slot: a frame covers the whole block. Only
+ * a record that ends with every arena landed is encoded into its slot (and
+ * sealed, or failed when its frame does not fit); every other end gives the
+ * bounce back unencoded and aborts the slot. A block that gets no bounce
+ * (their bound is taken) is dropped at its first layer, a failed save. */
 enum { PARTIAL_ACTIVE, PARTIAL_SKIP, PARTIAL_FAILED };
 #define PARTIAL_BUCKETS 1024
 
@@ -45,7 +53,8 @@ typedef struct partial {
   int64_t id;
   int state;
   host_block *b;
-  uint8_t *data;
+  uint8_t *data;                      /* the slot */
+  uint8_t *bounce;                    /* a codec namespace: where the arenas land; else NULL */
   uint32_t arrived, landed, inflight; /* arenas */
   uint64_t t0_ns, deadline_ns;
   uint8_t bits[]; /* arrived arenas, one bit each */
@@ -56,6 +65,7 @@ typedef struct local_engine {
   oi_host *host;
   oi_host_ns ns;
   oi_xfer *xfer;
+  uint64_t layer_bounce_bytes; /* a codec namespace's layerwise bounces' bound */
 
   pthread_mutex_t lock;
   pthread_cond_t flush_cv; /* a save operation finished */
@@ -138,6 +148,24 @@ static void warn_not_encoded(local_engine *e, size_t failed, size_t n, const cha
            lossless ? "; this KV compresses less than the slot allows: raise codec_slot_bytes, "
                       "or use codec none"
                     : "; a lossy codec refuses values it cannot scale");
+}
+
+/* Layerwise saves under a codec: the bounces' bound, 1/16 of the pool
+ * (within [4 MiB, 4 GiB]): the pipeline makes them as blocks need them and
+ * keeps them for the next. */
+static uint64_t layer_bounce_bytes(uint64_t pool_bytes) {
+  return OI_MIN(OI_MAX(pool_bytes / 16, 4ull << 20), 4ull << 30);
+}
+
+/* A block saved layer by layer that got no bounce (their bound is taken):
+ * dropped, a failed save; a warning the first time, then at DEBUG. */
+static void warn_no_bounce(local_engine *e) {
+  bool first = !atomic_exchange(&e->c.no_bounce_warned, true);
+  OI_LOG_I(first ? OI_LOG_WARN : OI_LOG_DEBUG, "engine", e->base.instance_id,
+           "layerwise save: a block dropped (a failed save, a later miss): the %s codec's "
+           "per-block bounces (%llu bytes, 1/16 of the pool) are all taken by blocks whose "
+           "layers have not all landed",
+           oi__codec_name(e->base.codec.id), (unsigned long long)e->layer_bounce_bytes);
 }
 
 /* A job's user area holds the host blocks it moves. */
@@ -286,6 +314,34 @@ static partial *partial_add(local_engine *e, const oi_block_hash *h, int64_t id,
   return p;
 }
 
+/* Ends a record taken off the list (no copy into it in flight): seals its
+ * slot when every arena landed (under a codec: and its frame was encoded),
+ * else aborts it; gives its bounce back. */
+static void partial_end(local_engine *e, partial *p, uint32_t na) {
+  if ((p->state == PARTIAL_ACTIVE || p->state == PARTIAL_FAILED) && p->b) {
+    bool ok = p->state == PARTIAL_ACTIVE && p->landed == na &&
+              (e->base.codec.id == OI_CODEC_NONE || (p->bounce && e->xfer));
+    uint64_t lat = oi__now_ns() - p->t0_ns;
+    oi__host_save_end(e->host, e->ns, &p->b, 1, ok, ok ? e->base.layout.block_bytes : 0, lat);
+    if (ok) {
+      oi__hist_record(&e->c.save_latency, lat);
+      atomic_fetch_add(&e->c.saves_completed, 1);
+      atomic_fetch_add(&e->c.bytes_saved, e->base.layout.block_bytes);
+    } else {
+      atomic_fetch_add(&e->c.saves_failed, 1);
+    }
+  }
+  /* After the pipeline is gone (destroy), its bounces went with it. */
+  if (e->xfer) oi__xfer_bounce_free(e->xfer, p->bounce);
+  oi__free(p);
+  /* Counted out only now: a flush that saw the record gone returns once
+   * its slot is sealed or given back, not before. */
+  pthread_mutex_lock(&e->lock);
+  e->partials_ending--;
+  pthread_cond_broadcast(&e->flush_cv);
+  pthread_mutex_unlock(&e->lock);
+}
+
 /* Ends the records that are done (every arena arrived, or `all`, or past
  * their deadline) and have no copy in flight: seals the complete ones,
  * aborts the rest. Takes the lock. */
@@ -306,6 +362,8 @@ static void partials_sweep(local_engine *e, bool all) {
         if (!p->inflight && p->state == PARTIAL_FAILED && p->b && nfailed < 64) {
           failed[nfailed++] = p->b;
           p->b = NULL;
+          if (e->xfer) oi__xfer_bounce_free(e->xfer, p->bounce); /* never encoded */
+          p->bounce = NULL;
         }
         pp = &p->next;
         continue;
@@ -322,27 +380,33 @@ static void partials_sweep(local_engine *e, bool all) {
     atomic_fetch_add(&e->c.saves_failed, 1);
   }
   while (done) {
-    partial *p = done;
-    done = p->next;
-    if ((p->state == PARTIAL_ACTIVE || p->state == PARTIAL_FAILED) && p->b) {
-      bool ok = p->state == PARTIAL_ACTIVE && p->landed == na;
-      uint64_t lat = oi__now_ns() - p->t0_ns;
-      oi__host_save_end(e->host, e->ns, &p->b, 1, ok, ok ? e->base.layout.block_bytes : 0, lat);
-      if (ok) {
-        oi__hist_record(&e->c.save_latency, lat);
-        atomic_fetch_add(&e->c.saves_completed, 1);
-        atomic_fetch_add(&e->c.bytes_saved, e->base.layout.block_bytes);
-      } else {
-        atomic_fetch_add(&e->c.saves_failed, 1);
+    /* Up to a batch of records at a time: the ones whose every arena landed
+     * in a bounce are encoded together (the codec stage's workers). */
+    partial *batch[64], *enc[64];
+    uint8_t *src[64], *slots[64], bad[64];
+    size_t nb = 0, ne = 0;
+    while (done && nb < 64) {
+      batch[nb++] = done;
+      done = done->next;
+    }
+    for (size_t i = 0; i < nb; i++) {
+      partial *p = batch[i];
+      if (p->state == PARTIAL_ACTIVE && p->b && p->landed == na && p->bounce && e->xfer) {
+        enc[ne] = p;
+        src[ne] = p->bounce;
+        slots[ne++] = p->data;
       }
     }
-    oi__free(p);
-    /* Counted out only now: a flush that saw the record gone returns once
-     * its slot is sealed or given back, not before. */
-    pthread_mutex_lock(&e->lock);
-    e->partials_ending--;
-    pthread_cond_broadcast(&e->flush_cv);
-    pthread_mutex_unlock(&e->lock);
+    size_t nbad = ne ? oi__xfer_encode(e->xfer, src, slots, ne, bad) : 0;
+    const char *why = nbad ? oi_last_error() : NULL;
+    for (size_t j = 0; j < ne; j++)
+      if (bad[j]) enc[j]->state = PARTIAL_FAILED; /* its slot holds nothing to keep */
+    if (nbad) {
+      atomic_fetch_add(&e->c.saves_not_encoded, nbad);
+      warn_not_encoded(e, nbad, ne, why);
+    }
+    for (size_t i = 0; i < nb; i++)
+      partial_end(e, batch[i], na);
   }
 }
 
@@ -412,18 +476,28 @@ typedef struct layer_call {
 static void layer_accepted(void *ctx, const size_t *idx, host_block *const *blocks,
                            uint8_t *const *data, size_t k) {
   layer_call *c = ctx;
+  local_engine *e = c->e;
+  bool codec = e->base.codec.id != OI_CODEC_NONE;
   for (size_t j = 0; j < k; j++) {
     size_t at = c->pos[idx[j]];
-    pthread_mutex_lock(&c->e->lock);
-    partial *p = partial_add(c->e, &c->hashes[at], c->ids[at], PARTIAL_ACTIVE);
-    if (p) {
+    /* A codec namespace: the arenas gather in a bounce (none left: the
+     * block is dropped, never waited for). */
+    uint8_t *bounce = codec ? oi__xfer_bounce(e->xfer) : NULL;
+    pthread_mutex_lock(&e->lock);
+    partial *p = partial_add(e, &c->hashes[at], c->ids[at],
+                             codec && !bounce ? PARTIAL_FAILED : PARTIAL_ACTIVE);
+    if (p && p->state == PARTIAL_ACTIVE) {
       p->b = blocks[j];
       p->data = data[j];
+      p->bounce = bounce;
     }
-    pthread_mutex_unlock(&c->e->lock);
-    if (!p) { /* no memory for the record: the slot is aborted at once */
-      oi__host_save_end(c->e->host, c->e->ns, &blocks[j], 1, false, 0, 0);
-      atomic_fetch_add(&c->e->c.saves_failed, 1);
+    pthread_mutex_unlock(&e->lock);
+    if (!p ||
+        p->state != PARTIAL_ACTIVE) { /* no record or no bounce: the slot is aborted at once */
+      if (p) warn_no_bounce(e);
+      if (!p) oi__xfer_bounce_free(e->xfer, bounce);
+      oi__host_save_end(e->host, e->ns, &blocks[j], 1, false, 0, 0);
+      atomic_fetch_add(&e->c.saves_failed, 1);
     }
     c->made[idx[j]] = p;
   }
@@ -510,8 +584,8 @@ static oi_status local_save_layers(local_engine *e, const int64_t *ids, const oi
     ps[k++] = p;
   }
   pthread_mutex_unlock(&e->lock);
-  for (size_t i = 0; i < k; i++)
-    oi__xfer_add(job, ps[i]->id, ps[i]->data);
+  for (size_t i = 0; i < k; i++) /* under a codec, into the block's bounce */
+    oi__xfer_add(job, ps[i]->id, ps[i]->bounce ? ps[i]->bounce : ps[i]->data);
   oi__free(pos);
   oi_status st = oi__xfer_submit(job, "save"); /* on failure its done callback ran */
   if (ticket_out) *ticket_out = st == OI_OK ? t : NULL;
@@ -522,11 +596,6 @@ static oi_status local_save_layers(local_engine *e, const int64_t *ids, const oi
 static oi_status local_save(oi_engine *base, const int64_t *ids, const oi_block_hash *hashes,
                             size_t n, const oi_save_options *opt, oi_ticket **ticket_out) {
   local_engine *e = (local_engine *)base;
-  if (opt->arena_count && e->base.codec.id != OI_CODEC_NONE)
-    return oi__fail(OI_ERR_UNSUPPORTED,
-                    "save: a layerwise save (arena_count %u) in a namespace of codec %s: a frame "
-                    "covers the whole block; save whole blocks",
-                    opt->arena_count, oi__codec_name(e->base.codec.id));
   if (opt->arena_count) return local_save_layers(e, ids, hashes, n, opt, ticket_out);
   oi_xfer_job *job = oi__xfer_job_new(e->xfer, OI_COPY_D2H, n, ticket_out ? OI_XFER_JOB_TICKET : 0,
                                       n * sizeof(host_block *));
@@ -732,6 +801,7 @@ static void local_destroy(oi_engine *base) {
   pthread_mutex_unlock(&e->lock);
   if (sweeper) pthread_join(e->sweeper, NULL);
   oi__xfer_destroy(e->xfer);
+  e->xfer = NULL;          /* (the codec's bounces went with it) */
   partials_sweep(e, true); /* blocks whose layers did not all arrive: aborted */
   if (e->host && base->instance_id) oi__host_instance_remove(e->host, base->instance_id);
   oi__free(e->foreign);
@@ -795,6 +865,7 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
       .codec_shape = codec->shape,
       .frame_bytes = codec->slot_bytes,
       .codec_host_decode = codec_host_decode(e->base.instance_id),
+      .block_bounce_bytes = e->layer_bounce_bytes = layer_bounce_bytes(pool.capacity_bytes),
       .done = job_done,
       .done_ctx = e};
   if ((st = oi__xfer_create(&xc, &e->xfer)) != OI_OK) goto fail;

@@ -12,6 +12,7 @@ enum { TASK_ENCODE = 1, TASK_DECODE = 2 };
 /* One step's blocks: taken one at a time by whoever runs it. */
 typedef struct codec_task {
   int kind;
+  uint8_t *const *src; /* encode: the blocks */
   uint8_t *const *slots;
   uint8_t *bad; /* encode: the marks */
   size_t n;
@@ -32,10 +33,22 @@ struct oi_codec_stage {
   pthread_mutex_t qlock[2];
   /* Per thread (0: the step's own), where a frame is made when a slot is
    * smaller than the codec's largest frame (lossless); NULL otherwise.
-   * Only encodes use them, and one encode runs at a time (the pipeline has
-   * one save stream): a decode's step thread never touches scratch[0]. */
+   * Only encodes use them, and one encode runs at a time (enc_lock: the
+   * save stream's steps and the layerwise saves' encodes, which run on the
+   * thread that ends a block): a decode's step thread never touches
+   * scratch[0]. */
   size_t scratch_bytes;
   uint8_t *scratch[1 + OI_CODEC_MAX_WORKERS];
+  pthread_mutex_t enc_lock;
+
+  /* Per-block bounces (layerwise saves): chunks of pinned memory made as
+   * blocks are taken, at most blk_max blocks in all; given back blocks form
+   * a list through their first bytes. */
+  pthread_mutex_t blk_lock;
+  uint64_t blk_max, blk_made, blk_per_chunk;
+  oi_pinned *chunks;
+  size_t nchunks, chunks_cap;
+  uint8_t *blk_free;
 
   /* The workers take one task at a time (run_lock; a step that finds it
    * taken, the other direction's, runs its blocks alone rather than wait). */
@@ -67,8 +80,7 @@ static void note_failure(codec_task *t) {
 static void encode_one(oi_codec_stage *s, codec_task *t, unsigned w, size_t i) {
   uint8_t *slot = t->slots[i], *to = s->scratch[w] ? s->scratch[w] : slot;
   size_t cap = s->scratch[w] ? s->scratch_bytes : s->fb, out = 0;
-  oi_status st =
-      oi__codec_encode(s->codec, &s->shape, s->bounce_at[OI_COPY_D2H][i], s->bb, to, cap, &out);
+  oi_status st = oi__codec_encode(s->codec, &s->shape, t->src[i], s->bb, to, cap, &out);
   if (st == OI_OK && out > s->fb)
     st = oi__fail(OI_ERR_INVALID_ARGUMENT, "a frame of %zu bytes for a %llu-byte slot", out,
                   (unsigned long long)s->fb);
@@ -168,12 +180,62 @@ static void run(oi_codec_stage *s, codec_task *t) {
   pthread_mutex_destroy(&t->lock);
 }
 
-size_t oi__codec_stage_encode(oi_codec_stage *s, uint8_t *const *slots, size_t n, uint8_t *bad) {
-  codec_task t = {.kind = TASK_ENCODE, .slots = slots, .bad = bad, .n = n};
+size_t oi__codec_stage_encode_from(oi_codec_stage *s, uint8_t *const *src, uint8_t *const *slots,
+                                   size_t n, uint8_t *bad) {
+  codec_task t = {.kind = TASK_ENCODE, .src = src, .slots = slots, .bad = bad, .n = n};
+  pthread_mutex_lock(&s->enc_lock);
   run(s, &t);
+  pthread_mutex_unlock(&s->enc_lock);
   size_t nbad = atomic_load(&t.nbad);
   if (nbad) oi__fail(OI_ERR_INVALID_ARGUMENT, "%s", t.msg); /* on this thread: the first reason */
   return nbad;
+}
+
+size_t oi__codec_stage_encode(oi_codec_stage *s, uint8_t *const *slots, size_t n, uint8_t *bad) {
+  return oi__codec_stage_encode_from(s, s->bounce_at[OI_COPY_D2H], slots, n, bad);
+}
+
+/* ---- per-block bounces ------------------------------------------------------------ */
+
+uint8_t *oi__codec_stage_block_take(oi_codec_stage *s) {
+  uint8_t *b = NULL;
+  pthread_mutex_lock(&s->blk_lock);
+  if (!s->blk_free && s->blk_made < s->blk_max) { /* a chunk more, within the bound */
+    uint64_t k = OI_MIN(s->blk_per_chunk, s->blk_max - s->blk_made);
+    oi_pinned p = {0};
+    if (s->nchunks == s->chunks_cap) {
+      size_t cap = s->chunks_cap ? 2 * s->chunks_cap : 8;
+      oi_pinned *c = oi__realloc(s->chunks, cap * sizeof *c);
+      if (c) {
+        s->chunks = c;
+        s->chunks_cap = cap;
+      }
+    }
+    if (s->nchunks < s->chunks_cap &&
+        s->dev->ops->pinned_alloc(s->dev, k * s->bb, 0, -1, &p) == OI_OK) {
+      s->chunks[s->nchunks++] = p;
+      s->blk_made += k;
+      for (uint64_t i = 0; i < k; i++) { /* onto the free list */
+        uint8_t *blk = (uint8_t *)p.host + i * s->bb;
+        memcpy(blk, &s->blk_free, sizeof blk);
+        s->blk_free = blk;
+      }
+    }
+  }
+  if (s->blk_free) {
+    b = s->blk_free;
+    memcpy(&s->blk_free, b, sizeof b);
+  }
+  pthread_mutex_unlock(&s->blk_lock);
+  return b;
+}
+
+void oi__codec_stage_block_put(oi_codec_stage *s, uint8_t *block) {
+  if (!block) return;
+  pthread_mutex_lock(&s->blk_lock);
+  memcpy(block, &s->blk_free, sizeof block);
+  s->blk_free = block;
+  pthread_mutex_unlock(&s->blk_lock);
 }
 
 oi_status oi__codec_stage_decode(oi_codec_stage *s, uint8_t *const *slots, size_t n) {
@@ -192,8 +254,8 @@ void oi__codec_stage_unlock(oi_codec_stage *s, int d) { pthread_mutex_unlock(&s-
 
 oi_status oi__codec_stage_create(oi_dev *dev, int codec, const oi_codec_shape *shape,
                                  uint64_t block_bytes, uint64_t frame_bytes,
-                                 uint64_t group_blocks[2], const uint32_t *log_id,
-                                 oi_codec_stage **out) {
+                                 uint64_t group_blocks[2], uint64_t block_bounce_bytes,
+                                 const uint32_t *log_id, oi_codec_stage **out) {
   *out = NULL;
   if (frame_bytes < OI_CODEC_HEADER_BYTES)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: frame slots of %llu bytes",
@@ -205,9 +267,15 @@ oi_status oi__codec_stage_create(oi_dev *dev, int codec, const oi_codec_shape *s
                         .shape = *shape,
                         .bb = block_bytes,
                         .fb = frame_bytes,
-                        .log_id = log_id};
+                        .log_id = log_id,
+                        .blk_max = block_bytes < sizeof(uint8_t *) /* the free list's links */
+                                       ? 0
+                                       : OI_MAX(block_bounce_bytes / block_bytes, 1),
+                        .blk_per_chunk = OI_MAX(OI_CODEC_BLOCK_CHUNK_BYTES / block_bytes, 1)};
   for (int d = 0; d < 2; d++)
     pthread_mutex_init(&s->qlock[d], NULL);
+  pthread_mutex_init(&s->enc_lock, NULL);
+  pthread_mutex_init(&s->blk_lock, NULL);
   pthread_mutex_init(&s->run_lock, NULL);
   pthread_mutex_init(&s->lock, NULL);
   pthread_cond_init(&s->cv, NULL);
@@ -269,6 +337,11 @@ void oi__codec_stage_destroy(oi_codec_stage *s) {
   }
   for (unsigned w = 0; w <= OI_CODEC_MAX_WORKERS; w++)
     oi__free(s->scratch[w]);
+  for (size_t i = 0; i < s->nchunks; i++)
+    s->dev->ops->pinned_free(s->dev, &s->chunks[i]);
+  oi__free(s->chunks);
+  pthread_mutex_destroy(&s->enc_lock);
+  pthread_mutex_destroy(&s->blk_lock);
   pthread_cond_destroy(&s->cv);
   pthread_cond_destroy(&s->done_cv);
   pthread_mutex_destroy(&s->lock);

@@ -16,14 +16,18 @@ typedef struct oi_codec_stage oi_codec_stage;
 #define OI_CODEC_BOUNCE_BYTES (32ull << 20)
 /* Most encode/decode threads besides the step's own. */
 #define OI_CODEC_MAX_WORKERS 7
+/* Per-block bounces of layerwise saves are allocated in chunks of about
+ * this many bytes (one block at least) as they are needed. */
+#define OI_CODEC_BLOCK_CHUNK_BYTES (4ull << 20)
 
 /* A stage for blocks of `block_bytes` in frame slots of `frame_bytes` on
  * device `dev` (its pinned memory). group_blocks[2] (per direction, in and
- * out) bound the bounce groups. Messages start with "register". */
+ * out) bound the bounce groups; block_bounce_bytes bounds the per-block
+ * bounces (oi__codec_stage_block_take). Messages start with "register". */
 oi_status oi__codec_stage_create(oi_dev *dev, int codec, const oi_codec_shape *shape,
                                  uint64_t block_bytes, uint64_t frame_bytes,
-                                 uint64_t group_blocks[2], const uint32_t *log_id,
-                                 oi_codec_stage **out);
+                                 uint64_t group_blocks[2], uint64_t block_bounce_bytes,
+                                 const uint32_t *log_id, oi_codec_stage **out);
 /* Stops the workers, frees the buffers. Accepts NULL. */
 void oi__codec_stage_destroy(oi_codec_stage *s);
 
@@ -39,6 +43,18 @@ void oi__codec_stage_unlock(oi_codec_stage *s, int d);
  * many did not; when any, oi_last_error() on this thread says why the
  * first did not. */
 size_t oi__codec_stage_encode(oi_codec_stage *s, uint8_t *const *slots, size_t n, uint8_t *bad);
+/* The same from the blocks src[0..n) (per-block bounces). Encodes of the
+ * stage run one at a time (they share the scratch frames): a caller waits
+ * for the one running. */
+size_t oi__codec_stage_encode_from(oi_codec_stage *s, uint8_t *const *src, uint8_t *const *slots,
+                                   size_t n, uint8_t *bad);
+
+/* A block of block_bytes of pinned memory of the stage's own, for a block
+ * saved layer by layer until its last arena landed: NULL when the stage's
+ * block_bounce_bytes are all taken (or no memory). Thread-safe. Given back
+ * blocks are kept for the next take; all are freed with the stage. */
+uint8_t *oi__codec_stage_block_take(oi_codec_stage *s);
+void oi__codec_stage_block_put(oi_codec_stage *s, uint8_t *block);
 /* Verifies and decodes the frames of slots[0..n) into the H2D bounce blocks
  * [0, n). A frame that is not whole, of another codec or of another size
  * clears its bounce block. @return OI_OK, or OI_ERR_PROTOCOL (logged, the

@@ -508,16 +508,60 @@ out:
   return st;
 }
 
-/* Queues the job's unqueued blocks (at most a group) through the bounce
- * blocks: D2H copies then the encode step, or the decode step then H2D
- * copies, as one unit of the direction's stream. */
-static oi_status queue_codec_group(oi_xfer_job *job, const oi_layout *l, uint32_t mode) {
+/* Per-arena progress of a layered load (oi_ticket_arena_wait, every
+ * backend). Without a codec, on CUDA each arena's event answers (a host
+ * callback per arena would stall the load stream between arenas); else a
+ * stream callback after each arena reports it to the ticket: a codec's
+ * decode step is a host function on the stream already, and a frame that
+ * did not decode must fail the arenas after it, which an event cannot say. */
+static bool arenas_by_event(const oi_xfer *x) {
+  return x->dev->ordinal >= 0 && x->cfg.codec == OI_CODEC_NONE;
+}
+
+/* Runs on the stream after one arena's copies of a layered load. A frame
+ * that did not decode (the job's codec_st, set by an earlier step of the
+ * same stream) fails the arena: its bytes are a cleared bounce block's. */
+static void arena_landed(void *arg, oi_status st) {
+  arena_cb *cb = arg;
+  oi_xfer_job *job = cb->job;
+  if (st != OI_OK && job->arena_st == OI_OK) job->arena_st = st;
+  oi_status now = job->arena_st != OI_OK ? job->arena_st : job->codec_st;
+  oi__ticket_arena_landed(job->progress, cb->arena, now);
+}
+
+/* Queues, arena by arena, the copies of n pairs (device ids[i] <- host[i])
+ * of a layered load, each followed by its arena's event (CUDA) and, where
+ * the progress is not the events', its report (arena_landed). */
+static oi_status queue_arenas(oi_xfer_job *job, const int64_t *ids, uint8_t *const *host, size_t n,
+                              void **evs) {
+  oi_xfer *x = job->x;
+  const oi_layout *l = x->cfg.layout;
+  oi_stream *s = x->stream[OI_COPY_H2D];
+  uint32_t mode = x->mode[OI_COPY_H2D] == OI_XFER_STAGED ? OI_XFER_DMA : x->mode[OI_COPY_H2D];
+  oi_layout one = *l;
+  one.num_arenas = 1;
+  oi_status st = OI_OK;
+  for (uint32_t a = 0; a < l->num_arenas && st == OI_OK; a++) {
+    one.arenas = &l->arenas[a];
+    one.block_bytes = (uint64_t)one.arenas->segments * one.arenas->bytes_per_block;
+    st = queue_copies_in(x, &one, mode, s, OI_COPY_H2D, ids, host, n);
+    if (st == OI_OK && evs) st = x->dev->ops->stream_record_event(s, &evs[a]);
+    job->arena_cbs[a] = (arena_cb){.job = job, .arena = a};
+    if (st == OI_OK && job->progress)
+      st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
+  }
+  return st;
+}
+
+/* Queues blocks [from, from + n) of the job (at most a group) through the
+ * bounce blocks: D2H copies then the encode step, or the decode step then
+ * H2D copies (a layered load's: arena by arena, queue_arenas), as one unit
+ * of the direction's stream. */
+static oi_status queue_codec_blocks(oi_xfer_job *job, const oi_layout *l, uint32_t mode,
+                                    size_t from, size_t n, bool arenas, void **evs) {
   oi_xfer *x = job->x;
   int d = job->dir;
-  size_t from = job->queued, n = job->n - job->queued;
   if (n == 0) return OI_OK;
-  if (job->arena_count)
-    return oi__fail(OI_ERR_UNSUPPORTED, "a codec moves whole blocks, not some arenas of them");
   if (n > x->group_blocks[d])
     return oi__fail(OI_ERR_INTERNAL, "a codec group of %zu blocks past its bounce of %llu", n,
                     (unsigned long long)x->group_blocks[d]);
@@ -527,9 +571,19 @@ static oi_status queue_codec_group(oi_xfer_job *job, const oi_layout *l, uint32_
    * bounce goes by DMA (or the copy kernel). */
   if (mode == OI_XFER_STAGED) mode = OI_XFER_DMA;
   if (d == OI_COPY_H2D && x->device_decode) {
+    /* The device decodes and scatters the group at once: a layered load's
+     * arenas are reported after it, in order (events, then reports where
+     * the progress is not the events'). */
     oi__codec_stage_lock(x->codec, d);
     oi_status st = queue_device_decode(job, l, from, n);
     oi__codec_stage_unlock(x->codec, d);
+    for (uint32_t a = 0; arenas && st == OI_OK && a < x->cfg.layout->num_arenas; a++) {
+      oi_stream *s = x->stream[d];
+      if (evs) st = x->dev->ops->stream_record_event(s, &evs[a]);
+      job->arena_cbs[a] = (arena_cb){.job = job, .arena = a};
+      if (st == OI_OK && job->progress)
+        st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
+    }
     return st;
   }
   codec_step *c = oi__malloc(sizeof *c);
@@ -546,7 +600,8 @@ static oi_status queue_codec_group(oi_xfer_job *job, const oi_layout *l, uint32_
     st = x->dev->ops->stream_call(s, decode_step, c);
     if (st == OI_OK) {
       c = NULL; /* the stream's now */
-      st = queue_copies_in(x, l, mode, s, OI_COPY_H2D, job->ids + from, bounce, n);
+      st = arenas ? queue_arenas(job, job->ids + from, bounce, n, evs)
+                  : queue_copies_in(x, l, mode, s, OI_COPY_H2D, job->ids + from, bounce, n);
     }
   }
   oi__codec_stage_unlock(x->codec, d);
@@ -567,8 +622,12 @@ static void queue_group(oi_xfer_job *job) {
     l = &view;
     if (mode == OI_XFER_STAGED) mode = OI_XFER_DMA;
   }
-  if (job->queue_st == OI_OK && x->cfg.codec != OI_CODEC_NONE)
-    job->queue_st = queue_codec_group(job, l, mode);
+  /* A job of some arenas copies into whole host blocks as they are, under
+   * a codec too: its host blocks are per-block bounces (oi__xfer_bounce),
+   * encoded once every arena landed (oi__xfer_encode). */
+  if (job->queue_st == OI_OK && x->cfg.codec != OI_CODEC_NONE && !job->arena_count)
+    job->queue_st =
+        queue_codec_blocks(job, l, mode, job->queued, job->n - job->queued, false, NULL);
   else if (job->queue_st == OI_OK)
     job->queue_st =
         queue_copies_in(x, l, mode, x->stream[job->dir], job->dir, job->ids + job->queued,
@@ -577,22 +636,17 @@ static void queue_group(oi_xfer_job *job) {
   job->group = x->group_blocks[job->dir];
 }
 
-/* Runs on the stream after one arena's copies of a layered load. */
-static void arena_landed(void *arg, oi_status st) {
-  arena_cb *cb = arg;
-  oi_xfer_job *job = cb->job;
-  if (st != OI_OK && job->arena_st == OI_OK) job->arena_st = st;
-  oi__ticket_arena_landed(job->progress, cb->arena, job->arena_st);
-}
-
-/* A layered load: each arena's copies, then (CUDA) an event and a stream
- * callback that reports the arena to the ticket (oi_ticket_arena_wait, every
- * backend). The events go to the ticket (which destroys them) once all are
- * queued. */
+/* A layered load: each arena's copies, then (CUDA) an event and, where the
+ * events are not the progress (arenas_by_event), a stream callback that
+ * reports the arena to the ticket (oi_ticket_arena_wait, every backend).
+ * The events go to the ticket (which destroys them) once all are queued.
+ * Under a codec, the frames of a group are decoded into the bounce first:
+ * a load of more than one bounce group lands its first groups whole, and
+ * its last group arena by arena (arena a of every block is in place once
+ * the last group's copies of it landed). */
 static oi_status queue_layered(oi_xfer_job *job) {
   oi_xfer *x = job->x;
   const oi_layout *l = x->cfg.layout;
-  oi_stream *s = x->stream[OI_COPY_H2D];
   bool cuda = x->dev->ordinal >= 0;
   void **evs = cuda ? oi__calloc(l->num_arenas, sizeof *evs) : NULL;
   job->arena_cbs = oi__calloc(l->num_arenas, sizeof *job->arena_cbs);
@@ -600,30 +654,27 @@ static oi_status queue_layered(oi_xfer_job *job) {
     oi__free(evs);
     return oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for arena events");
   }
-  /* Per-arena progress: on cpu a stream callback after each arena; on CUDA
-   * the arena's event answers (a host callback per arena would stall the
-   * load stream between arenas). */
-  if (!cuda) {
+  if (!arenas_by_event(x)) {
     oi__ticket_retain(job->ticket);
     job->progress = job->ticket;
     oi__ticket_arena_progress(job->progress, l->num_arenas);
   }
-  uint32_t mode = x->mode[OI_COPY_H2D] == OI_XFER_STAGED ? OI_XFER_DMA : x->mode[OI_COPY_H2D];
-  oi_layout one = *l;
-  one.num_arenas = 1;
   oi_status st = OI_OK;
-  for (uint32_t a = 0; a < l->num_arenas && st == OI_OK; a++) {
-    one.arenas = &l->arenas[a];
-    one.block_bytes = (uint64_t)one.arenas->segments * one.arenas->bytes_per_block;
-    st = queue_copies_in(x, &one, mode, s, OI_COPY_H2D, job->ids, job->host, job->n);
-    if (st == OI_OK && cuda) st = x->dev->ops->stream_record_event(s, &evs[a]);
-    job->arena_cbs[a] = (arena_cb){.job = job, .arena = a};
-    if (st == OI_OK && !cuda) st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
+  if (x->cfg.codec == OI_CODEC_NONE) {
+    st = queue_arenas(job, job->ids, job->host, job->n, evs);
+  } else {
+    uint64_t g = x->group_blocks[OI_COPY_H2D];
+    size_t last = job->n - (size_t)((job->n - 1) % g + 1); /* the last group's first block */
+    uint32_t mode = x->mode[OI_COPY_H2D];
+    for (size_t at = 0; at < last && st == OI_OK; at += g)
+      st = queue_codec_blocks(job, l, mode, at, g, false, NULL);
+    if (st == OI_OK) st = queue_codec_blocks(job, l, mode, last, job->n - last, true, evs);
   }
+  job->queued = job->n;
   if (st == OI_OK) {
     if (cuda) {
       oi__ticket_set_arena_events(job->ticket, evs, l->num_arenas, x->dev->ops->event_destroy);
-      oi__ticket_set_arena_query(job->ticket, x->dev->ops->event_query);
+      if (arenas_by_event(x)) oi__ticket_set_arena_query(job->ticket, x->dev->ops->event_query);
     }
     return OI_OK;
   }
@@ -765,8 +816,7 @@ void oi__xfer_job_wait_event(oi_xfer_job *job, void *event) {
 }
 
 static bool layered(const oi_xfer_job *job) {
-  return (job->flags & OI_XFER_JOB_LAYERED) && job->dir == OI_COPY_H2D && job->ticket &&
-         job->x->cfg.codec == OI_CODEC_NONE;
+  return (job->flags & OI_XFER_JOB_LAYERED) && job->dir == OI_COPY_H2D && job->ticket;
 }
 
 void oi__xfer_add_many(oi_xfer_job *job, const int64_t *ids, uint8_t *const *host, size_t n) {
@@ -809,6 +859,27 @@ oi_status oi__xfer_submit(oi_xfer_job *job, const char *what) {
   return OI_OK;
 }
 
+/* ---- layerwise saves under a codec ------------------------------------------------ */
+
+uint8_t *oi__xfer_bounce(oi_xfer *x) {
+  if (!x->codec) return NULL;
+  return oi__codec_stage_block_take(x->codec);
+}
+
+void oi__xfer_bounce_free(oi_xfer *x, uint8_t *bounce) {
+  if (x->codec) oi__codec_stage_block_put(x->codec, bounce);
+}
+
+size_t oi__xfer_encode(oi_xfer *x, uint8_t *const *src, uint8_t *const *slots, size_t n,
+                       uint8_t *bad) {
+  if (!x->codec) {
+    memset(bad, 1, n);
+    oi__fail(OI_ERR_INTERNAL, "encode: the pipeline has no codec");
+    return n;
+  }
+  return oi__codec_stage_encode_from(x->codec, src, slots, n, bad);
+}
+
 /* ---- pipelines --------------------------------------------------------------- */
 
 oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
@@ -831,7 +902,10 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
   if ((st = oi__dev_open(c->device, &x->dev)) != OI_OK) goto fail;
   if (c->codec != OI_CODEC_NONE &&
       (st = oi__codec_stage_create(x->dev, c->codec, &c->codec_shape, c->layout->block_bytes,
-                                   c->frame_bytes, x->group_blocks, c->log_id, &x->codec)) != OI_OK)
+                                   c->frame_bytes, x->group_blocks,
+                                   c->block_bounce_bytes ? c->block_bounce_bytes
+                                                         : OI_XFER_BLOCK_BOUNCE_BYTES,
+                                   c->log_id, &x->codec)) != OI_OK)
     goto fail;
   x->device_decode =
       c->codec != OI_CODEC_NONE && !c->codec_host_decode && x->dev->ops->stream_decode;

@@ -96,8 +96,12 @@ typedef struct oi_xfer_config {
    * slot's bytes past the frame are zeroed); a load's frames are verified
    * and decoded into a bounce block and its pieces go from there. A queued
    * group's copies and its codec step are one unit on the stream, so one
-   * bounce buffer of a group per direction serves every job. Codec jobs
-   * move whole blocks: not layered, no arena views. */
+   * bounce buffer of a group per direction serves every job. A layered
+   * load decodes a group's frames into the bounce, then copies it arena by
+   * arena (OI_XFER_JOB_LAYERED). A job of some arenas (oi__xfer_job_arenas,
+   * a layerwise save) copies into whole host blocks as they are: under a
+   * codec they are per-block bounces (oi__xfer_bounce), encoded into their
+   * slots by oi__xfer_encode once every arena landed. */
   int codec; /* oi_codec_id */
   oi_codec_shape codec_shape;
   uint64_t frame_bytes;
@@ -105,9 +109,15 @@ typedef struct oi_xfer_config {
    * (dev_ops.stream_decode, the cuda backend) unless this is set or the
    * backend has none; then the host decodes into the bounce. */
   bool codec_host_decode;
+  /* The most bytes of per-block bounces (oi__xfer_bounce) at once; 0 =
+   * OI_XFER_BLOCK_BOUNCE_BYTES. At least one block. */
+  uint64_t block_bounce_bytes;
   oi_xfer_done_fn done;
   void *done_ctx;
 } oi_xfer_config;
+
+/* The per-block bounces' default bound (oi_xfer_config.block_bounce_bytes). */
+#define OI_XFER_BLOCK_BOUNCE_BYTES (256ull << 20)
 
 /* Opens the device, creates the two streams and starts the completion
  * thread. Messages start with "register". */
@@ -163,5 +173,24 @@ void oi__xfer_add_many(oi_xfer_job *job, const int64_t *ids, uint8_t *const *hos
  * dropped, and the error is returned as "<what>: <message>". The job
  * belongs to the pipeline either way. */
 oi_status oi__xfer_submit(oi_xfer_job *job, const char *what);
+
+/* ---- layerwise saves under a codec ---- */
+
+/* A host block of the pipeline's own (pinned, the layout's block bytes) that
+ * gathers the arenas of a block saved layer by layer until its last arena
+ * landed: the host address of that block in jobs of some arenas. NULL when
+ * the pipeline has no codec or its block_bounce_bytes are all taken (the
+ * caller drops that block's save: never waits). Thread-safe. */
+uint8_t *oi__xfer_bounce(oi_xfer *x);
+/* Gives a bounce back (no copy into it may still run). Accepts NULL. */
+void oi__xfer_bounce_free(oi_xfer *x, uint8_t *bounce);
+/* Encodes blocks src[0..n) (bounces whose every arena landed) into the
+ * frame slots slots[0..n), zeroing each slot past its frame, on the calling
+ * thread and the codec stage's workers (one encode of the pipeline at a
+ * time). bad[i] = 1 for a block that was not encoded (its slot holds
+ * nothing to keep). @return how many were not; when any, oi_last_error()
+ * says why the first was not. */
+size_t oi__xfer_encode(oi_xfer *x, uint8_t *const *src, uint8_t *const *slots, size_t n,
+                       uint8_t *bad);
 
 #endif

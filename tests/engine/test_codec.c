@@ -15,7 +15,16 @@
  *    loaded are the same bytes;
  *  - the codec is the namespace's identity: another codec, shape or slot
  *    in a bound namespace is refused; bad codec options are refused with a
- *    message naming the field; a layerwise save is OI_ERR_UNSUPPORTED. */
+ *    message naming the field;
+ *  - layered loads (OI_LOAD_ARENA_EVENTS) of blocks of several arenas: each
+ *    arena is reported as it lands (the first before the last), its bytes
+ *    the codec's round trip of the block's; a frame that does not decode
+ *    fails every arena, never reports one landed;
+ *  - layerwise saves (arena_count > 0) in each codec: nothing visible until
+ *    the last arena landed, then loaded back as the codec's round trip; a
+ *    block whose layers stop (the engine destroyed, the save deadline) never
+ *    seals and holds nothing; blocks past the per-block bounces' bound are
+ *    dropped (failed saves), the rest seal. */
 #include <time.h>
 
 #include "../codec/codec_testutil.h"
@@ -233,9 +242,9 @@ static void test_incompressible(void) {
 
 /* The slot of block `i` of namespace "corrupt" (its shard locked while
  * looked up; the block is sealed and unpinned: nothing else writes it). */
-static uint8_t *slot_of(oi_host *h, const oi_block_hash *hash) {
+static uint8_t *slot_in(oi_host *h, const char *name, const oi_block_hash *hash) {
   oi_host_ns ns;
-  REQUIRE(oi__host_find_namespace(h, "corrupt", &ns));
+  REQUIRE(oi__host_find_namespace(h, name, &ns));
   index_shard *s = oi__index_shard(h, ns.id, hash);
   pthread_mutex_lock(&s->lock);
   host_block *b = oi__index_find_locked(s, ns.id, hash);
@@ -243,6 +252,10 @@ static uint8_t *slot_of(oi_host *h, const oi_block_hash *hash) {
   uint8_t *frame = oi__block_data(h, b);
   pthread_mutex_unlock(&s->lock);
   return frame;
+}
+
+static uint8_t *slot_of(oi_host *h, const oi_block_hash *hash) {
+  return slot_in(h, "corrupt", hash);
 }
 
 /* A byte of a frame changed in the pool, a frame naming another codec, a
@@ -404,6 +417,368 @@ static void expect_refused(oi_host *h, const oi_engine_options *o, oi_status wan
   if (e) oi_engine_destroy(e);
 }
 
+/* ---- blocks of several arenas (layers) ---------------------------------------- */
+
+enum { LA = 4 }; /* arenas (layers) of a block: a corpus page each */
+#define LBLOCK (LA * PAGE)
+
+/* The codec's round trip of a block of LA pages (byte-exact for none and
+ * lossless). */
+static void expected_block(int codec, const uint8_t *blk, uint8_t *out) {
+  if (codec == OI_CODEC_NONE) {
+    memcpy(out, blk, LBLOCK);
+    return;
+  }
+  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 2 * LA, 16, 3, 64};
+  size_t cap = oi__codec_bound(codec, &sh, LBLOCK), fb = 0, ob = 0;
+  uint8_t *frame = malloc(cap);
+  REQUIRE(frame);
+  REQUIRE(oi__codec_encode(codec, &sh, blk, LBLOCK, frame, cap, &fb) == OI_OK);
+  REQUIRE(oi__codec_decode(frame, fb, out, LBLOCK, &ob) == OI_OK && ob == LBLOCK);
+  free(frame);
+}
+
+/* An engine over LA arenas of `blocks` pages each: block id's arena a is at
+ * mem + (a * blocks + id) * PAGE; blocks [0, blocks / 2) hold corpus pages
+ * (block i, arena a: page (i * LA + a) mod npages), the rest 0xEE. */
+typedef struct lrig {
+  oi_host *h;
+  oi_engine *e;
+  uint8_t *mem;
+  size_t blocks;
+  oi_arena_desc ad[LA];
+  oi_engine_options o;
+} lrig;
+
+static void lrig_begin(lrig *r, const char *ns, const char *codec, size_t blocks,
+                       uint64_t pool_bytes) {
+  memset(r, 0, sizeof *r);
+  r->blocks = blocks;
+  r->mem = malloc(LA * blocks * PAGE);
+  REQUIRE(r->mem);
+  memset(r->mem, 0xEE, LA * blocks * PAGE);
+  for (size_t i = 0; i < blocks / 2; i++)
+    for (uint32_t a = 0; a < LA; a++)
+      memcpy(r->mem + (a * blocks + i) * PAGE, corpus + ((i * LA + a) % npages) * PAGE, PAGE);
+  tr_layers(r->ad, LA, tr_layer_names, r->mem, blocks, PAGE);
+  r->h = tr_host(pool_bytes);
+  r->o = codec_options(ns, r->ad, codec);
+  r->o.num_arenas = LA;
+}
+
+static void lrig_open(lrig *r, const char *ns, const char *codec, size_t blocks,
+                      uint64_t pool_bytes) {
+  lrig_begin(r, ns, codec, blocks, pool_bytes);
+  r->e = tr_engine_new(r->h, &r->o);
+}
+
+static void lrig_close(lrig *r) {
+  if (r->e) oi_engine_destroy(r->e);
+  oi_host_destroy(r->h);
+  free(r->mem);
+}
+
+static uint8_t *lrig_piece(const lrig *r, int64_t id, uint32_t a) {
+  return r->mem + (a * r->blocks + (size_t)id) * PAGE;
+}
+
+/* The host block of device block id (its arenas in order). */
+static void lrig_gather(const lrig *r, int64_t id, uint8_t *out) {
+  for (uint32_t a = 0; a < LA; a++)
+    memcpy(out + a * PAGE, lrig_piece(r, id, a), PAGE);
+}
+
+/* Expected bytes of source blocks [0, n): n x LBLOCK. */
+static uint8_t *lrig_expected(const lrig *r, int codec, size_t n) {
+  uint8_t *want = malloc(n * LBLOCK), *blk = malloc(LBLOCK);
+  REQUIRE(want && blk);
+  for (size_t i = 0; i < n; i++) {
+    lrig_gather(r, (int64_t)i, blk);
+    expected_block(codec, blk, want + i * LBLOCK);
+  }
+  free(blk);
+  return want;
+}
+
+/* Blocks [0, n) of the hashes loaded into [at, at + n): how many differ from
+ * want; -1 when fewer hit or the load failed. */
+static long lrig_load_check(lrig *r, const oi_block_hash *hs, size_t n, size_t at,
+                            const uint8_t *want) {
+  oi_query_result q;
+  CHECK_OK(tr_query(r->e, NULL, hs, n, 0, NULL, &q));
+  if (q.hit_blocks != n) {
+    if (q.hit_blocks) oi_engine_release(r->e, q.lease);
+    return -1;
+  }
+  int64_t *dst = malloc(n * sizeof *dst);
+  uint8_t *blk = malloc(LBLOCK);
+  REQUIRE(dst && blk);
+  for (size_t i = 0; i < n; i++)
+    dst[i] = (int64_t)(at + i);
+  long bad = 0;
+  if (tr_load(r->e, q.lease, dst, n, 30000) != OI_OK) {
+    bad = -1;
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      lrig_gather(r, dst[i], blk);
+      bad += memcmp(blk, want + i * LBLOCK, LBLOCK) != 0;
+    }
+  }
+  free(dst);
+  free(blk);
+  return bad;
+}
+
+/* Layered loads in codec namespaces: arena a's bytes of every block are in
+ * place (the codec's round trip) when oi_ticket_arena_wait(a) returns; the
+ * first arena is reported while the last is still pending (in some of the
+ * rounds: the test thread may be descheduled); with small bounce groups the
+ * first groups land whole and the last arena by arena; a frame that does
+ * not decode fails every arena and the load. */
+static void test_layered_loads(void) {
+  static const int codecs[] = {OI_CODEC_LOSSLESS, OI_CODEC_INT8};
+  size_t n = npages;
+  for (size_t ci = 0; ci < 2; ci++)
+    for (int small = 0; small < 2; small++) {
+      int codec = codecs[ci];
+      char ns[32];
+      snprintf(ns, sizeof ns, "layered-%s-%d", CODECS[codec], small);
+      lrig r;
+      lrig_begin(&r, ns, CODECS[codec], 2 * n, 64 * MiB);
+      if (small) r.o.submit_group_bytes = 119 * LBLOCK; /* bounce groups of 120 blocks */
+      r.e = tr_engine_new(r.h, &r.o);
+      int64_t *ids = malloc(n * sizeof *ids);
+      oi_block_hash *hs = malloc(n * sizeof *hs);
+      REQUIRE(ids && hs);
+      ids_hashes(ids, hs, n, (uint8_t)(0x60 + codec * 2 + small));
+      CHECK_OK(tr_save(r.e, ids, hs, n, 30000));
+      uint8_t *want = lrig_expected(&r, codec, n);
+      int64_t *dst = malloc(n * sizeof *dst);
+      REQUIRE(dst);
+      for (size_t i = 0; i < n; i++)
+        dst[i] = (int64_t)(n + i);
+      int early = 0, rounds = 0;
+      size_t differ = 0;
+      /* 8 rounds, up to 32 while none reported arena 0 early. */
+      for (; rounds < 8 || (rounds < 32 && early == 0); rounds++) {
+        for (uint32_t a = 0; a < LA; a++) /* the destination blocks cleared */
+          memset(lrig_piece(&r, (int64_t)n, a), 0, n * PAGE);
+        oi_query_result q;
+        CHECK_OK(tr_query(r.e, NULL, hs, n, 0, NULL, &q));
+        REQUIRE(q.hit_blocks == n);
+        oi_load_options lo;
+        CHECK_OK(oi_load_options_init(&lo));
+        lo.flags = OI_LOAD_ARENA_EVENTS;
+        oi_ticket *t = NULL;
+        CHECK_OK(oi_engine_load(r.e, q.lease, dst, n, &lo, &t));
+        REQUIRE(t);
+        CHECK_OK(oi_ticket_arena_wait(t, 0, 30000));
+        early += oi_ticket_arena_poll(t, LA - 1) == OI_PENDING;
+        for (uint32_t a = 0; a < LA; a++) {
+          CHECK_OK(oi_ticket_arena_wait(t, a, 30000));
+          for (size_t i = 0; i < n; i++) /* arena a of every block, in place now */
+            differ += memcmp(lrig_piece(&r, dst[i], a), want + i * LBLOCK + a * PAGE, PAGE) != 0;
+        }
+        CHECK_ST(oi_ticket_arena_wait(t, LA, 0), OI_ERR_INVALID_ARGUMENT);
+        CHECK_OK(oi_ticket_wait(t, 30000));
+        oi_ticket_release(t);
+      }
+      printf("layered loads, %-8s %s groups: %d of %d rounds reported arena 0 before arena %d "
+             "landed; %zu pieces differ\n",
+             CODECS[codec], small ? "120-block" : "whole", early, rounds, LA - 1, differ);
+      CHECK(differ == 0);
+      CHECK(early >= 1);
+
+      /* A frame that does not decode (block 3: in the first group, loaded
+       * whole, when the groups are small; the only one otherwise): every
+       * arena fails. */
+      slot_in(r.h, ns, &hs[3])[OI_CODEC_HEADER_BYTES + 64] ^= 0x08;
+      oi_query_result q;
+      CHECK_OK(tr_query(r.e, NULL, hs, n, 0, NULL, &q));
+      REQUIRE(q.hit_blocks == n);
+      oi_load_options lo;
+      CHECK_OK(oi_load_options_init(&lo));
+      lo.flags = OI_LOAD_ARENA_EVENTS;
+      oi_ticket *t = NULL;
+      CHECK_OK(oi_engine_load(r.e, q.lease, dst, n, &lo, &t));
+      for (uint32_t a = 0; a < LA; a++)
+        CHECK_ST(oi_ticket_arena_wait(t, a, 30000), OI_ERR_PROTOCOL);
+      CHECK_ST(oi_ticket_wait(t, 30000), OI_ERR_PROTOCOL);
+      CHECK(strstr(oi_last_error(), "did not decode") != NULL);
+      oi_ticket_release(t);
+      for (uint32_t a = 0; a < LA; a++) /* the bad block's pieces: zeros, never other bytes */
+        for (size_t b = 0; b < PAGE; b++)
+          if (lrig_piece(&r, dst[3], a)[b]) {
+            CHECK(!"a failed frame's piece is not cleared");
+            break;
+          }
+      CHECK(tr_engine_stats(r.e).loads_failed == 1);
+      free(dst);
+      free(want);
+      free(ids);
+      free(hs);
+      lrig_close(&r);
+    }
+}
+
+/* Saves arenas [first, first + count) of blocks ids (each its own call). */
+static oi_status save_arenas(oi_engine *e, const int64_t *ids, const oi_block_hash *hs, size_t n,
+                             uint32_t first, uint32_t count) {
+  oi_save_options so;
+  REQUIRE(oi_save_options_init(&so) == OI_OK);
+  so.arena_first = first;
+  so.arena_count = count;
+  oi_ticket *t = NULL;
+  oi_status st = oi_engine_save(e, ids, hs, n, &so, &t);
+  if (st != OI_OK) return st;
+  st = oi_ticket_wait(t, 30000);
+  oi_ticket_release(t);
+  return st;
+}
+
+static uint64_t hits(oi_engine *e, const oi_block_hash *hs, size_t n) {
+  uint8_t present[256];
+  REQUIRE(n <= sizeof present);
+  oi_query_result q = {.struct_size = sizeof q, .present = present};
+  CHECK_OK(oi_engine_query(e, NULL, hs, n, OI_QUERY_MEMBERSHIP, &q));
+  return q.hit_blocks;
+}
+
+/* Layerwise saves in each codec: arenas out of order (2, 0, 3, 1), nothing
+ * visible or sealed until the last landed, then every block the codec's
+ * round trip; the frames take the codec's slots; saving the sealed blocks
+ * layer by layer again deduplicates. */
+static void test_layerwise_saves(void) {
+  enum { N = 64 };
+  static const uint32_t order[LA] = {2, 0, 3, 1};
+  for (int c = 0; c < 4; c++) {
+    char ns[32];
+    snprintf(ns, sizeof ns, "lw-%s", CODECS[c]);
+    lrig r;
+    lrig_open(&r, ns, CODECS[c], 2 * N, 16 * MiB);
+    int64_t ids[N];
+    oi_block_hash hs[N];
+    ids_hashes(ids, hs, N, (uint8_t)(0x70 + c));
+    for (uint32_t k = 0; k < LA; k++) {
+      CHECK(hits(r.e, hs, N) == 0);
+      CHECK(tr_host_stats(r.h).blocks_sealed == 0);
+      CHECK_OK(save_arenas(r.e, ids, hs, N, order[k], 1));
+    }
+    CHECK(hits(r.e, hs, N) == N);
+    oi_host_stats hst = tr_host_stats(r.h);
+    CHECK(hst.blocks_in_flight == 0 && hst.blocks_sealed == N);
+    oi_engine_stats es = tr_engine_stats(r.e);
+    CHECK(es.saves_submitted == N && es.saves_completed == N && es.saves_failed == 0);
+    CHECK(es.bytes_saved == N * LBLOCK);
+    oi_host_namespace_stats s = ns_stats(r.h, 0);
+    CHECK(strcmp(s.codec, CODECS[c]) == 0 && s.blocks_resident == N);
+    CHECK(s.physical_bytes < s.logical_bytes || c == OI_CODEC_NONE);
+    if (c != OI_CODEC_NONE) /* a frame, its bytes past it zeroed */
+      CHECK(memcmp(slot_in(r.h, ns, &hs[5]), "OIKC", 4) == 0);
+    uint8_t *want = lrig_expected(&r, c, N);
+    long bad = lrig_load_check(&r, hs, N, N, want);
+    printf("layerwise save, %-8s: %d blocks of %d arenas sealed, %ld differ, physical %llu of "
+           "%llu logical bytes\n",
+           CODECS[c], N, LA, bad, (unsigned long long)s.physical_bytes,
+           (unsigned long long)s.logical_bytes);
+    CHECK(bad == 0);
+    /* Again, layer by layer: deduplicated, nothing held. */
+    for (uint32_t a = 0; a < LA; a++)
+      CHECK_OK(save_arenas(r.e, ids, hs, N, a, 1));
+    CHECK(tr_host_stats(r.h).blocks_in_flight == 0);
+    CHECK(tr_engine_stats(r.e).saves_deduplicated == N);
+    CHECK_OK(oi_engine_flush(r.e, 10000));
+    free(want);
+    lrig_close(&r);
+  }
+}
+
+/* Layerwise saves that stop before their last arena: the engine destroyed
+ * (a new engine of the namespace misses every block, the host holds none in
+ * flight, and the same hashes then save whole layer by layer), and the save
+ * deadline (aborted, counted failed, a flush waits). Under asan, nothing
+ * leaks. */
+static void test_layerwise_abandoned(void) {
+  enum { N = 32 };
+  for (int c = 1; c < 4; c++) {
+    char ns[32];
+    snprintf(ns, sizeof ns, "lw-gone-%s", CODECS[c]);
+    lrig r;
+    lrig_open(&r, ns, CODECS[c], 2 * N, 16 * MiB);
+    int64_t ids[N];
+    oi_block_hash hs[N];
+    ids_hashes(ids, hs, N, (uint8_t)(0x80 + c));
+    CHECK_OK(save_arenas(r.e, ids, hs, N, 0, LA - 1)); /* every arena but the last */
+    CHECK(tr_host_stats(r.h).blocks_in_flight == N);
+    oi_engine_destroy(r.e);
+    r.e = NULL;
+    oi_host_stats hst = tr_host_stats(r.h);
+    CHECK(hst.blocks_in_flight == 0 && hst.blocks_sealed == 0);
+    r.e = tr_engine_new(r.h, &r.o);
+    CHECK(hits(r.e, hs, N) == 0);
+    CHECK(ns_stats(r.h, 0).blocks_resident == 0);
+    for (uint32_t a = 0; a < LA; a++)
+      CHECK_OK(save_arenas(r.e, ids, hs, N, a, 1));
+    uint8_t *want = lrig_expected(&r, c, N);
+    CHECK(lrig_load_check(&r, hs, N, N, want) == 0);
+    free(want);
+    oi_engine_destroy(r.e);
+    r.e = NULL;
+
+    /* The save deadline: layers 0 and 1 only. */
+    r.o.save_deadline_ms = 200;
+    r.e = tr_engine_new(r.h, &r.o);
+    oi_block_hash hs2[N];
+    ids_hashes(ids, hs2, N, (uint8_t)(0x90 + c));
+    CHECK_OK(save_arenas(r.e, ids, hs2, N, 0, 2));
+    CHECK(tr_host_stats(r.h).blocks_in_flight == N);
+    CHECK_OK(oi_engine_flush(r.e, 10000));
+    CHECK(tr_host_stats(r.h).blocks_in_flight == 0);
+    CHECK(hits(r.e, hs2, N) == 0);
+    oi_engine_stats es = tr_engine_stats(r.e);
+    CHECK(es.saves_failed == N && es.saves_completed == 0);
+    /* Its last layers after the deadline: skipped (the records ended), still a miss. */
+    CHECK_OK(save_arenas(r.e, ids, hs2, N, 2, 2));
+    CHECK_OK(oi_engine_flush(r.e, 10000));
+    CHECK(hits(r.e, hs2, N) == 0); /* new records of two arenas: aborted at the deadline too */
+    es = tr_engine_stats(r.e);
+    CHECK(es.saves_submitted == 2 * N && es.saves_failed == 2 * N && es.saves_completed == 0);
+    lrig_close(&r);
+  }
+}
+
+/* The per-block bounces are bounded (1/16 of the pool, at least 4 MiB): a
+ * layerwise save of more blocks than they hold drops the rest at their
+ * first layer (failed saves, misses) and seals the others; the bounces come
+ * back for the next save. */
+static void test_layerwise_bounce_bound(void) {
+  enum { N = 120 };
+  size_t hold = (4 * MiB) / LBLOCK; /* a 16 MiB pool: the 4 MiB floor */
+  REQUIRE(hold < N);
+  lrig r;
+  lrig_open(&r, "lw-bound", "lossless", 2 * N, 16 * MiB);
+  int64_t ids[N];
+  oi_block_hash hs[N];
+  ids_hashes(ids, hs, N, 0xA0);
+  for (uint32_t a = 0; a < LA; a++)
+    CHECK_OK(save_arenas(r.e, ids, hs, N, a, 1));
+  oi_engine_stats es = tr_engine_stats(r.e);
+  printf("bounce bound: %llu of %d blocks sealed, %llu failed (bounces for %zu)\n",
+         (unsigned long long)es.saves_completed, N, (unsigned long long)es.saves_failed, hold);
+  CHECK(es.saves_completed == hold && es.saves_failed == N - hold);
+  CHECK(hits(r.e, hs, hold) == hold);
+  CHECK(hits(r.e, hs + hold, N - hold) == 0);
+  CHECK(tr_host_stats(r.h).blocks_in_flight == 0);
+  uint8_t *want = lrig_expected(&r, OI_CODEC_LOSSLESS, hold);
+  CHECK(lrig_load_check(&r, hs, hold, N, want) == 0);
+  free(want);
+  /* The bounces came back: the rest now seal. */
+  for (uint32_t a = 0; a < LA; a++)
+    CHECK_OK(save_arenas(r.e, ids + hold, hs + hold, N - hold, a, 1));
+  CHECK(hits(r.e, hs + hold, N - hold) == N - hold);
+  lrig_close(&r);
+}
+
 static void test_identity_and_options(void) {
   uint8_t *mem = calloc(8, PAGE);
   REQUIRE(mem);
@@ -454,17 +829,6 @@ static void test_identity_and_options(void) {
   other = codec_options("bad", &ad, "fp8");
   other.codec_slot_bytes = 4096;
   expect_refused(h, &other, OI_ERR_INVALID_ARGUMENT, "codec_slot_bytes");
-
-  /* A layerwise save names the codec. */
-  oi_save_options so;
-  oi_save_options_init(&so);
-  so.arena_first = 0;
-  so.arena_count = 1;
-  int64_t id = 0;
-  oi_block_hash hh = tr_hash(1, 0, 1);
-  oi_ticket *t = NULL;
-  CHECK(oi_engine_save(e, &id, &hh, 1, &so, &t) == OI_ERR_UNSUPPORTED && t == NULL);
-  CHECK(strstr(oi_last_error(), "codec lossless") != NULL);
   oi_engine_destroy(e8);
   oi_engine_destroy(e);
   oi_host_destroy(h);
@@ -486,6 +850,10 @@ int main(int argc, char **argv) {
   RUN_TEST(test_incompressible);
   RUN_TEST(test_corrupt_frame);
   RUN_TEST(test_disk);
+  RUN_TEST(test_layered_loads);
+  RUN_TEST(test_layerwise_saves);
+  RUN_TEST(test_layerwise_abandoned);
+  RUN_TEST(test_layerwise_bounce_bound);
   free(corpus);
   TEST_EXIT();
 }

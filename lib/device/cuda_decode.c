@@ -161,17 +161,17 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
   memcpy(st_host, b->status, b->n * sizeof *st_host);
   /* aux: the frames over the link, into slot j once its last batch is done */
   err = cudaStreamWaitEvent(r->aux, r->free_[j], 0);
-  if (err == cudaSuccess && b->n) {
-    for (size_t i = 0; i < b->n; i++) {
-      s->dma_dst[i] = fdev + foff[i];
-      s->dma_src[i] = b->frames[i];
-      s->dma_size[i] = b->frame_bytes[i];
+  size_t ndma = 0; /* a frame the host refused (0 bytes) does not cross */
+  for (size_t i = 0; i < b->n; i++)
+    if (b->frame_bytes[i]) {
+      s->dma_dst[ndma] = fdev + foff[i];
+      s->dma_src[ndma] = b->frames[i];
+      s->dma_size[ndma++] = b->frame_bytes[i];
     }
-    if (s->batch_api_broken || !oi__cuda_dma_batch(s, b->n, r->aux))
-      for (size_t i = 0; err == cudaSuccess && i < b->n; i++)
-        err = cudaMemcpyAsync(fdev + foff[i], b->frames[i], b->frame_bytes[i],
-                              cudaMemcpyHostToDevice, r->aux);
-  }
+  if (err == cudaSuccess && ndma && (s->batch_api_broken || !oi__cuda_dma_batch(s, ndma, r->aux)))
+    for (size_t i = 0; err == cudaSuccess && i < ndma; i++)
+      err = cudaMemcpyAsync(s->dma_dst[i], s->dma_src[i], s->dma_size[i], cudaMemcpyHostToDevice,
+                            r->aux);
   if (err == cudaSuccess) err = cudaEventRecord(r->full[j], r->aux);
   /* main: the table, then (once the frames landed) decode, zero the blocks
    * that failed, scatter */

@@ -35,58 +35,58 @@ __device__ static inline uint32_t le32(const uint8_t *p) {
 }
 
 // Lane 0 reads the stream's table (as oi__rans_decode does, with its
-// checks) into the present symbols' starts and symbols (*m of them).
-// Returns the table's length in bytes, 0 when it is damaged.
-__device__ static uint32_t parse_table(const uint8_t *src, uint32_t len, warp_smem *w,
-                                       uint32_t *m_out) {
-  if (len < 2) return 0;
-  const uint8_t *p = src, *end = src + len;
-  int lo = p[0], hi = p[1];
-  p += 2;
-  uint32_t sum = 0, m = 0;
-  if (hi < lo) return 0;
-  for (int s = lo; s <= hi; s++) {
-    uint32_t v = 0;
-    for (int shift = 0;; shift += 7) {
-      if (p >= end || shift > 7) return 0;
-      uint8_t b = *p++;
-      v |= (uint32_t)(b & 0x7f) << shift;
-      if (!(b & 0x80)) break;
-    }
-    if (v > PROB_SCALE || sum + v > PROB_SCALE) return 0;
-    if (v) {
-      w->start[m] = (uint16_t)sum;
-      w->sym[m] = (uint8_t)s;
-      m++;
-    }
-    sum += v;
-  }
-  *m_out = m;
-  return sum == PROB_SCALE ? (uint32_t)(p - src) : 0;
-}
-
-// Every lane fills the slots of its present symbols (a symbol's slots in
-// a run: stores, no search).
-__device__ static void fill_table(warp_smem *w, uint32_t m, unsigned lane) {
-  for (uint32_t a = lane; a < m; a += 32) {
-    uint32_t st = w->start[a], next = a + 1 < m ? w->start[a + 1] : PROB_SCALE;
-    uint32_t e = (uint32_t)w->sym[a] | (next - st - 1) << 8;
-    for (uint32_t j = st; j < next; j++)
-      w->tab[j] = e | (j - st) << 20;
-  }
-}
-
-// The warp builds the stream's decode table: its length in bytes, 0 when it
-// is damaged (every lane).
+// checks) into the present symbols' starts; then every lane fills the slots.
+// Returns the table's length in bytes, 0 when it is damaged (every lane).
 __device__ static uint32_t build_table(const uint8_t *src, uint32_t len, warp_smem *w,
                                        unsigned lane) {
   uint32_t used = 0, m = 0;
-  if (lane == 0) used = parse_table(src, len, w, &m);
+  if (lane == 0 && len >= 2) {
+    const uint8_t *p = src, *end = src + len;
+    int lo = p[0], hi = p[1];
+    p += 2;
+    uint32_t sum = 0;
+    bool ok = hi >= lo;
+    for (int s = lo; ok && s <= hi; s++) {
+      uint32_t v = 0;
+      for (int shift = 0;; shift += 7) {
+        if (p >= end || shift > 7) {
+          ok = false;
+          break;
+        }
+        uint8_t b = *p++;
+        v |= (uint32_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) break;
+      }
+      if (!ok || v > PROB_SCALE || sum + v > PROB_SCALE) {
+        ok = false;
+        break;
+      }
+      if (v) {
+        w->start[m] = (uint16_t)sum;
+        w->sym[m] = (uint8_t)s;
+        m++;
+      }
+      sum += v;
+    }
+    if (ok && sum == PROB_SCALE) used = (uint32_t)(p - src);
+  }
   used = __shfl_sync(0xffffffffu, used, 0);
   m = __shfl_sync(0xffffffffu, m, 0);
   __syncwarp();
   if (!used) return 0;
-  fill_table(w, m, lane);
+  for (uint32_t j = lane; j < PROB_SCALE; j += 32) {
+    // the last present symbol whose start is <= j
+    uint32_t a = 0, b = m; // start[a] <= j < start[b] (start[m] taken as 4096)
+    while (b - a > 1) {
+      uint32_t c = (a + b) / 2;
+      if (w->start[c] <= j)
+        a = c;
+      else
+        b = c;
+    }
+    uint32_t st = w->start[a], next = a + 1 < m ? w->start[a + 1] : PROB_SCALE;
+    w->tab[j] = (uint32_t)w->sym[a] | (next - st - 1) << 8 | (j - st) << 20;
+  }
   __syncwarp();
   return used;
 }
@@ -106,34 +106,22 @@ __device__ static bool rans_run(const uint8_t *p, const uint8_t *end, const uint
     (xv) = (((e_ >> 8) & 0xfffu) + 1) * ((xv) >> PROB_BITS) + (e_ >> 20);                          \
     (o) = (uint8_t)e_;                                                                             \
   } while (0)
-  // Renormalisation from a window of the next 8 bytes (most significant
-  // first), loaded once per round: the loads depend on the last round's
-  // pointer alone, not on this round's states, so the round's four table
-  // lookups and its loads overlap (a byte load per renormalisation made
-  // every symbol wait on the one before, about 130 cycles a symbol).
 #define RENORM(xv)                                                                                 \
   do {                                                                                             \
     uint32_t b_ = ((xv) < RANS_L) + ((xv) < (RANS_L >> 8));                                        \
-    uint32_t w_ = (uint32_t)(win >> 48);                                                           \
+    uint32_t w_ = (uint32_t)p[0] << 8 | p[1];                                                      \
     (xv) = (uint32_t)((uint64_t)(xv) << (8 * b_)) | (w_ >> (16 - 8 * b_));                         \
-    win <<= 8 * b_;                                                                                \
-    used += b_;                                                                                    \
+    p += b_;                                                                                       \
   } while (0)
   while (i + 4 <= n && end - p >= 8) {
-    uint64_t win = 0;
-    uint32_t used = 0;
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-      win = win << 8 | p[k];
     DECODE(x0, out[2 * i]);
-    DECODE(x1, out[2 * i + 2]);
-    DECODE(x2, out[2 * i + 4]);
-    DECODE(x3, out[2 * i + 6]);
     RENORM(x0);
+    DECODE(x1, out[2 * i + 2]);
     RENORM(x1);
+    DECODE(x2, out[2 * i + 4]);
     RENORM(x2);
+    DECODE(x3, out[2 * i + 6]);
     RENORM(x3);
-    p += used;
     i += 4;
   }
 #undef RENORM

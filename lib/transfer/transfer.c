@@ -379,8 +379,8 @@ _Static_assert((int)OI_CODEC_PIECE_RANS == (int)OI_DECODE_RANS &&
  * stream_decode before checked_on_device runs. */
 typedef struct device_step {
   oi_xfer_job *job;
-  size_t from, n; /* the job's blocks [from, from + n) */
-  char *why;      /* the first frame the host refused, and why */
+  size_t n;
+  char *why; /* the first frame the host refused, and why */
   int32_t status[];
 } device_step;
 
@@ -402,7 +402,7 @@ static void checked_on_device(void *arg, oi_status st) {
                            ? why[code]
                            : "an unknown failure";
     st = oi__fail(OI_ERR_PROTOCOL, "load: a frame did not decode on the device (block %zu: %s)",
-                  c->from + bad, what);
+                  bad, what);
     OI_LOG_I(OI_LOG_WARN, "engine", log_id(job->x), "%s", oi_last_error());
     if (job->codec_st == OI_OK) job->codec_msg = oi__strdup(oi_last_error());
   }
@@ -416,7 +416,7 @@ static void checked_on_device(void *arg, oi_status st) {
  * this process's pool, and the device checks each stream's end states) and
  * cut into pieces, and the device moves the frames, decodes and scatters
  * them. A frame the host refuses goes out as zeros and fails the load. */
-static oi_status queue_device_batch(oi_xfer_job *job, const oi_layout *l, size_t from, size_t n) {
+static oi_status queue_device_decode(oi_xfer_job *job, const oi_layout *l, size_t from, size_t n) {
   oi_xfer *x = job->x;
   uint64_t bb = l->block_bytes;
   device_step *c = oi__calloc(1, sizeof *c + n * sizeof c->status[0]);
@@ -430,7 +430,7 @@ static oi_status queue_device_batch(oi_xfer_job *job, const oi_layout *l, size_t
     st = oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for a decode on the device");
     goto out;
   }
-  *c = (device_step){.job = job, .from = from, .n = n};
+  *c = (device_step){.job = job, .n = n};
   oi_decode_batch b = {.n = n,
                        .frames = (const uint8_t *const *)(job->host + from),
                        .frame_bytes = fbytes,
@@ -505,19 +505,6 @@ out:
   oi__free(pieces);
   oi__free(cut);
   oi__free(descs);
-  return st;
-}
-
-/* Batches of about this many decoded bytes (at least a block): the device's
- * two slots overlap one batch's frames on the link with the decode of the
- * one before, and the last batch's decode is all that follows the link. */
-#define DEVICE_DECODE_BATCH_BYTES (8ull << 20)
-
-static oi_status queue_device_decode(oi_xfer_job *job, const oi_layout *l, size_t from, size_t n) {
-  size_t per = (size_t)OI_MAX(1ull, DEVICE_DECODE_BATCH_BYTES / l->block_bytes);
-  oi_status st = OI_OK;
-  for (size_t at = 0; at < n && st == OI_OK; at += per)
-    st = queue_device_batch(job, l, from + at, OI_MIN(per, n - at));
   return st;
 }
 

@@ -877,6 +877,7 @@ size_t oi__xfer_encode(oi_xfer *x, uint8_t *const *src, uint8_t *const *slots, s
     oi__fail(OI_ERR_INTERNAL, "encode: the pipeline has no codec");
     return n;
   }
+  memset(bad, 0, n); /* the stage marks the blocks it failed, only them */
   return oi__codec_stage_encode_from(x->codec, src, slots, n, bad);
 }
 

@@ -188,8 +188,8 @@ void oi__xfer_bounce_free(oi_xfer *x, uint8_t *bounce);
  * frame slots slots[0..n), zeroing each slot past its frame, on the calling
  * thread and the codec stage's workers (one encode of the pipeline at a
  * time). bad[i] = 1 for a block that was not encoded (its slot holds
- * nothing to keep). @return how many were not; when any, oi_last_error()
- * says why the first was not. */
+ * nothing to keep), 0 for the others (every entry is written). @return how many were not; when any,
+ * oi_last_error() says why the first was not. */
 size_t oi__xfer_encode(oi_xfer *x, uint8_t *const *src, uint8_t *const *slots, size_t n,
                        uint8_t *bad);
 

@@ -110,3 +110,40 @@ def test_sidecar_lossless(serve, pages):
     with pytest.raises(oi.InvalidArgumentError, match="codec"):
         oi.OffloadEngine.connect(serve, "py/sidecar-lossless", arena(), codec="int8",
                                  codec_shape=SHAPE)
+
+
+@pytest.mark.parametrize("codec", ["lossless", "int8"])
+def test_sidecar_layer_by_layer(serve, pages, codec):
+    """Through the server, a codec namespace saves layer by layer (K then V
+    arenas: a block is stored once its last arena landed, never before) and
+    a layered load reports each arena; every byte comes back (lossless) or
+    within int8's bound."""
+    half = PAGE // 2
+    arenas = [oi.Arena("k", 2 * N, half, offset=0), oi.Arena("v", 2 * N, half, offset=2 * N * half)]
+    kw = {"codec_shape": SHAPE} if codec == "int8" else {}
+    e, a = oi.OffloadEngine.connect(serve, "py/sidecar-layers-" + codec, arenas, codec=codec, **kw)
+    try:
+        for b in range(N):
+            a.write(b * half, pages[b * PAGE:b * PAGE + half])
+            a.write(2 * N * half + b * half, pages[b * PAGE + half:(b + 1) * PAGE])
+        hs = oi.hash_blocks(range(7000, 7000 + N * 16), 16)
+        e.save(list(range(N)), hs, arena_first=1, arena_count=1).wait(30)
+        assert e.query(hs).hit_blocks == 0  # the V arena alone: nothing stored
+        e.save(list(range(N)), hs, arena_first=0, arena_count=1).wait(30)
+        e.flush(30)
+        q = e.query(hs)
+        assert q.hit_blocks == N
+        t = e.load(q.lease, list(range(N, 2 * N)), arena_events=True)
+        t.arena_wait(0, 30)
+        t.arena_wait(1, 30)
+        t.wait(30)
+        got = b"".join(a.read(b * half, half) + a.read(2 * N * half + b * half, half)
+                       for b in range(N, 2 * N))
+        if codec == "lossless":
+            assert got == pages
+        else:
+            assert got != pages and int8_close(got, pages)
+        assert e.stats()["saves_completed"] >= N
+    finally:
+        a.close()
+        e.close()

@@ -217,14 +217,14 @@ uint8_t *oi__codec_stage_block_take(oi_codec_stage *s) {
       s->blk_made += k;
       for (uint64_t i = 0; i < k; i++) { /* onto the free list */
         uint8_t *blk = (uint8_t *)p.host + i * s->bb;
-        memcpy(blk, &s->blk_free, sizeof blk);
+        memcpy(blk, &s->blk_free, sizeof(uint8_t *)); /* the free list's link, in the block */
         s->blk_free = blk;
       }
     }
   }
   if (s->blk_free) {
     b = s->blk_free;
-    memcpy(&s->blk_free, b, sizeof b);
+    memcpy(&s->blk_free, b, sizeof(uint8_t *));
   }
   pthread_mutex_unlock(&s->blk_lock);
   return b;

@@ -150,7 +150,7 @@ static void test_damaged_on_device(int codec) {
   for (int b = 0; b < N; b++) {
     ids[b] = b;
     dst[b] = N + b;
-    hs[b] = tr_hash((uint64_t)b, 21, (uint8_t)(0x60 + codec));
+    hs[b] = tr_hash((uint64_t)b, 13, (uint8_t)(0x60 + codec));
   }
   CHECK_OK(tr_save(e, ids, hs, N, 60000));
   uint8_t *f = slot_of(h, "damaged", &hs[3]);

@@ -233,7 +233,7 @@ uint8_t *oi__codec_stage_block_take(oi_codec_stage *s) {
 void oi__codec_stage_block_put(oi_codec_stage *s, uint8_t *block) {
   if (!block) return;
   pthread_mutex_lock(&s->blk_lock);
-  memcpy(block, &s->blk_free, sizeof block);
+  memcpy(block, &s->blk_free, sizeof(uint8_t *));
   s->blk_free = block;
   pthread_mutex_unlock(&s->blk_lock);
 }

@@ -379,8 +379,8 @@ _Static_assert((int)OI_CODEC_PIECE_RANS == (int)OI_DECODE_RANS &&
  * stream_decode before checked_on_device runs. */
 typedef struct device_step {
   oi_xfer_job *job;
-  size_t n;
-  char *why; /* the first frame the host refused, and why */
+  size_t from, n; /* the job's blocks [from, from + n) */
+  char *why;      /* the first frame the host refused, and why */
   int32_t status[];
 } device_step;
 
@@ -402,7 +402,7 @@ static void checked_on_device(void *arg, oi_status st) {
                            ? why[code]
                            : "an unknown failure";
     st = oi__fail(OI_ERR_PROTOCOL, "load: a frame did not decode on the device (block %zu: %s)",
-                  bad, what);
+                  c->from + bad, what);
     OI_LOG_I(OI_LOG_WARN, "engine", log_id(job->x), "%s", oi_last_error());
     if (job->codec_st == OI_OK) job->codec_msg = oi__strdup(oi_last_error());
   }
@@ -430,7 +430,7 @@ static oi_status queue_device_decode(oi_xfer_job *job, const oi_layout *l, size_
     st = oi__fail(OI_ERR_OUT_OF_MEMORY, "load: out of memory for a decode on the device");
     goto out;
   }
-  *c = (device_step){.job = job, .n = n};
+  *c = (device_step){.job = job, .from = from, .n = n};
   oi_decode_batch b = {.n = n,
                        .frames = (const uint8_t *const *)(job->host + from),
                        .frame_bytes = fbytes,
@@ -900,7 +900,10 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
     x->group_blocks[d] = blocks_per_group(bytes, c->layout->block_bytes);
   }
   oi_status st;
-  if ((st = oi__dev_open(c->device, &x->dev)) != OI_OK) goto fail;
+  if (c->dev)
+    x->dev = c->dev; /* borrowed: its owner closes it */
+  else if ((st = oi__dev_open(c->device, &x->dev)) != OI_OK)
+    goto fail;
   if (c->codec != OI_CODEC_NONE &&
       (st = oi__codec_stage_create(x->dev, c->codec, &c->codec_shape, c->layout->block_bytes,
                                    c->frame_bytes, x->group_blocks,
@@ -940,7 +943,7 @@ void oi__xfer_destroy(oi_xfer *x) {
     pthread_join(x->done_thread, NULL);
   }
   oi__codec_stage_destroy(x->codec);
-  oi__dev_close(x->dev);
+  if (x->dev != x->cfg.dev) oi__dev_close(x->dev);
   pthread_cond_destroy(&x->cv);
   pthread_mutex_destroy(&x->lock);
   for (int d = 0; d < 2; d++) {

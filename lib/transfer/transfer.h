@@ -81,6 +81,9 @@ typedef void (*oi_xfer_notify_fn)(void *ctx, oi_status st);
 
 typedef struct oi_xfer_config {
   int device;              /* -1 cpu */
+  oi_dev *dev;             /* a device already open, used instead of `device`, which
+                              its owner closes after the pipeline (a test's backend of
+                              its own); NULL: the pipeline opens `device` */
   const oi_layout *layout; /* the device side of every job; outlives the pipeline */
   uint32_t copy_mode;      /* oi_copy_mode (AUTO: oi__xfer_resolve_mode) */
   uint32_t cta_limit;      /* kernel copies: most CTAs; 0 = the backend's default */

@@ -1,0 +1,316 @@
+/* The copy pipeline's loads for a device that decodes codec frames
+ * (dev_ops.stream_decode: the cuda backend's, docs/codecs.md "On the GPU"),
+ * run without a GPU. A test backend wraps the cpu one with a stream_decode
+ * that does, on the stream's worker and in the stream's order, what the
+ * GPU does: each piece of each frame decoded into a block of its own, the
+ * blocks of frames that failed zeroed, the blocks scattered by the copies
+ * the pipeline planned, the statuses handed back. So the pipeline's own
+ * part is checked here byte for byte: the slots cut into pieces, the scatter
+ * planned from the layout (two arenas, blocks in groups), the statuses
+ * turned into the load's outcome (OI_ERR_PROTOCOL naming the block and why,
+ * the block landing as zeros), a layered load's arenas reported. The real
+ * corpus (argv[1]): lossless and int8. */
+#include <stdatomic.h>
+
+#include "../codec/codec_testutil.h"
+#include "codec/codec.h"
+#include "codec/rans.h"
+#include "device/device.h"
+#include "engine/layout.h"
+#include "rig.h"
+#include "testutil.h"
+#include "transfer/transfer.h"
+
+#define PAGE CORPUS_PAGE_BYTES
+#define HALF (PAGE / 2)
+enum { N = 40, GROUP = 7 };
+
+static uint8_t *corpus;
+static size_t corpus_len;
+static oi_dev *cpu;
+
+/* ---- the test backend: the cpu one, and a decode of its own ---- */
+
+static oi_status w_pinned_alloc(oi_dev *d, size_t b, uint32_t f, int numa, oi_pinned *out) {
+  OI_UNUSED(d);
+  return cpu->ops->pinned_alloc(cpu, b, f, numa, out);
+}
+static void w_pinned_free(oi_dev *d, oi_pinned *p) {
+  OI_UNUSED(d);
+  cpu->ops->pinned_free(cpu, p);
+}
+static oi_status w_stream_create(oi_dev *d, int prio, oi_stream **out) {
+  OI_UNUSED(d);
+  return cpu->ops->stream_create(cpu, prio, out);
+}
+
+typedef struct decode_call {
+  oi_decode_batch b;
+  const uint8_t **frames;
+  uint32_t *frame_bytes;
+  oi_decode_piece *pieces;
+  oi_copy_desc *descs;
+} decode_call;
+
+static atomic_int decodes; /* batches the backend decoded */
+
+static void merge(uint8_t *out, const uint8_t *exp, const uint8_t *sm, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    out[2 * i] = (uint8_t)((exp[i] << 7) | (sm[i] & 0x7f));
+    out[2 * i + 1] = (uint8_t)((sm[i] & 0x80) | (exp[i] >> 1));
+  }
+}
+
+/* On the stream's worker: what the GPU does with the batch. */
+static void run_decode(void *arg, oi_status st) {
+  OI_UNUSED(st);
+  decode_call *c = arg;
+  oi_decode_batch *b = &c->b;
+  uint8_t *blocks = calloc(b->n ? b->n : 1, b->block_bytes);
+  REQUIRE(blocks);
+  for (size_t k = 0; k < b->npieces; k++) {
+    const oi_decode_piece *p = &c->pieces[k];
+    if (b->status[p->frame]) continue; /* refused by the host */
+    const uint8_t *f = c->frames[p->frame];
+    uint8_t *blk = blocks + p->frame * b->block_bytes, *out = blk + p->dst;
+    int32_t bad = 0;
+    if (p->kind == OI_DECODE_RANS || p->kind == OI_DECODE_RAW_EXP) {
+      uint8_t *exp = malloc(p->count);
+      REQUIRE(exp);
+      if (p->kind == OI_DECODE_RAW_EXP)
+        memcpy(exp, f + p->src, p->count);
+      else if (oi__rans_decode(f + p->src, p->len, exp, p->count) != 0)
+        bad = OI_DECODE_BAD_STREAM;
+      if (!bad) merge(out, exp, f + p->aux, p->count);
+      free(exp);
+    } else if (p->kind == OI_DECODE_BYTES) {
+      memcpy(out, f + p->src, p->count);
+    } else {
+      int codec = p->kind == OI_DECODE_INT8 ? OI_CODEC_INT8 : OI_CODEC_FP8;
+      oi_codec_shape sh = {
+          .dtype = OI_CODEC_DTYPE_BF16,
+          .parts = (uint16_t)(codec == OI_CODEC_INT8 ? p->count / (p->tokens * p->heads) : p->count),
+          .tokens = p->tokens,
+          .heads = p->heads,
+          .head_dim = p->head_dim};
+      if (oi__codec_decode_payload(codec, &sh, f + p->src, p->len, blk, b->block_bytes) != OI_OK)
+        bad = strstr(oi_last_error(), "NaN") ? OI_DECODE_NAN_CODE : OI_DECODE_BAD_SCALE;
+    }
+    if (bad && !b->status[p->frame]) b->status[p->frame] = bad;
+  }
+  for (size_t i = 0; i < b->n; i++) /* what failed lands as zeros */
+    if (b->status[i]) memset(blocks + i * b->block_bytes, 0, b->block_bytes);
+  for (size_t i = 0; i < b->ndescs; i++)
+    memcpy((void *)c->descs[i].dst, blocks + c->descs[i].src, c->descs[i].bytes);
+  free(blocks);
+  free(c->frames);
+  free(c->frame_bytes);
+  free(c->pieces);
+  free(c->descs);
+  free(c);
+  atomic_fetch_add(&decodes, 1);
+}
+
+static oi_status w_stream_decode(oi_stream *s, const oi_decode_batch *b) {
+  decode_call *c = calloc(1, sizeof *c);
+  REQUIRE(c);
+  c->b = *b;
+  c->frames = malloc((b->n + 1) * sizeof *c->frames);
+  c->frame_bytes = malloc((b->n + 1) * sizeof *c->frame_bytes);
+  c->pieces = malloc((b->npieces + 1) * sizeof *c->pieces);
+  c->descs = malloc((b->ndescs + 1) * sizeof *c->descs);
+  REQUIRE(c->frames && c->frame_bytes && c->pieces && c->descs);
+  memcpy(c->frames, b->frames, b->n * sizeof *c->frames);
+  memcpy(c->frame_bytes, b->frame_bytes, b->n * sizeof *c->frame_bytes);
+  memcpy(c->pieces, b->pieces, b->npieces * sizeof *c->pieces);
+  memcpy(c->descs, b->descs, b->ndescs * sizeof *c->descs);
+  return cpu->ops->stream_call(s, run_decode, c);
+}
+
+static oi_dev_ops decoding_ops;
+static oi_dev decoding;
+
+/* ---- a pipeline over two arenas (K and V halves of a corpus page) ---- */
+
+typedef struct rigp {
+  uint8_t *mem; /* arena K then arena V, 2N blocks of HALF bytes each */
+  oi_arena_desc ad[2];
+  oi_layout layout;
+  oi_xfer *x;
+  uint8_t *slots; /* N frame slots */
+  uint64_t slot;
+  int codec;
+} rigp;
+
+static void done_fn(void *ctx, void *user, const oi_xfer_result *r) {
+  OI_UNUSED(ctx);
+  OI_UNUSED(user);
+  OI_UNUSED(r);
+}
+
+static void rig_open(rigp *r, int codec) {
+  memset(r, 0, sizeof *r);
+  r->codec = codec;
+  r->mem = calloc(2, (size_t)2 * N * HALF);
+  REQUIRE(r->mem);
+  r->ad[0] = tr_arena("k", r->mem, 2 * N, HALF);
+  r->ad[1] = tr_arena("v", r->mem + (size_t)2 * N * HALF, 2 * N, HALF);
+  oi_engine_options o = tr_engine_options("decode", r->ad, 2);
+  REQUIRE(oi__layout_build(&o, "test", &r->layout) == OI_OK);
+  oi_codec_shape sh = CORPUS_SHAPE_KV;
+  r->slot = codec == OI_CODEC_LOSSLESS ? 8960 : oi__codec_bound(codec, &sh, PAGE);
+  r->slots = calloc(N, r->slot);
+  REQUIRE(r->slots);
+  for (size_t b = 0; b < N; b++) {
+    size_t fb = 0;
+    uint8_t frame[2 * PAGE];
+    REQUIRE(oi__codec_encode(codec, &sh, corpus + b * PAGE, PAGE, frame, sizeof frame, &fb) ==
+            OI_OK);
+    REQUIRE(fb <= r->slot);
+    memcpy(r->slots + b * r->slot, frame, fb);
+  }
+  oi_xfer_config xc = {.device = OI_DEVICE_CPU,
+                       .dev = &decoding,
+                       .layout = &r->layout,
+                       .copy_mode = OI_COPY_KERNEL,
+                       .group_bytes = (GROUP - 1) * (uint64_t)PAGE,
+                       .codec = codec,
+                       .codec_shape = codec == OI_CODEC_LOSSLESS ? (oi_codec_shape){0} : sh,
+                       .frame_bytes = r->slot,
+                       .done = done_fn};
+  REQUIRE(oi__xfer_create(&xc, &r->x) == OI_OK);
+}
+
+static void rig_close(rigp *r) {
+  oi__xfer_destroy(r->x);
+  oi__layout_free(&r->layout);
+  free(r->slots);
+  free(r->mem);
+}
+
+/* Loads slots [0, N) into blocks [N, 2N); the ticket's outcome. */
+static oi_status load(rigp *r, bool layered) {
+  memset(r->mem + (size_t)N * HALF, 0x5a, (size_t)N * HALF);
+  memset(r->mem + (size_t)3 * N * HALF, 0x5a, (size_t)N * HALF);
+  oi_xfer_job *job = oi__xfer_job_new(
+      r->x, OI_COPY_H2D, N, OI_XFER_JOB_TICKET | (layered ? OI_XFER_JOB_LAYERED : 0), 0);
+  REQUIRE(job);
+  oi_ticket *t = oi__xfer_job_ticket(job);
+  for (int64_t b = 0; b < N; b++)
+    oi__xfer_add(job, N + b, r->slots + b * r->slot);
+  oi_status st = oi__xfer_submit(job, "load");
+  if (st != OI_OK) return st;
+  if (layered) {
+    oi_status a0 = oi_ticket_arena_wait(t, 0, 30000), a1 = oi_ticket_arena_wait(t, 1, 30000);
+    CHECK(a0 == a1);
+  }
+  st = oi_ticket_wait(t, 30000);
+  oi_ticket_release(t);
+  return st;
+}
+
+/* Block b as loaded (its K and V halves, where the layout put them). */
+static void loaded(const rigp *r, size_t b, uint8_t *out) {
+  memcpy(out, r->mem + (N + b) * HALF, HALF);
+  memcpy(out + HALF, r->mem + (size_t)2 * N * HALF + (N + b) * HALF, HALF);
+}
+
+/* Blocks that differ from the codec's round trip; `zero` (or SIZE_MAX):
+ * the block that must be zeros. */
+static size_t differ(const rigp *r, size_t zero) {
+  size_t bad = 0;
+  uint8_t got[PAGE], want[PAGE];
+  for (size_t b = 0; b < N; b++) {
+    loaded(r, b, got);
+    if (b == zero)
+      memset(want, 0, PAGE);
+    else
+      ct_expected_of(r->codec, corpus + b * PAGE, want);
+    bad += memcmp(got, want, PAGE) != 0;
+  }
+  return bad;
+}
+
+static void test_loads(void) {
+  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_INT8; codec++)
+    for (int layered = 0; layered < 2; layered++) {
+      rigp r;
+      rig_open(&r, codec);
+      int before = atomic_load(&decodes);
+      CHECK_OK(load(&r, layered));
+      size_t bad = differ(&r, SIZE_MAX);
+      int batches = atomic_load(&decodes) - before;
+      printf("%-8s %s load of %d blocks in two arenas: %d batches decoded by the device, %zu "
+             "blocks differ\n",
+             oi__codec_name(codec), layered ? "layered" : "whole", N, batches, bad);
+      CHECK(bad == 0);
+      CHECK(batches == (N + GROUP - 1) / GROUP);
+      rig_close(&r);
+    }
+}
+
+/* A frame whose stream does not end as encoded (lossless: state 0 of its
+ * first stream zeroed; int8: a scale made infinite), and a slot that is not
+ * a frame: each fails the load naming its block, which lands as zeros. */
+static void test_failures(void) {
+  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_INT8; codec++) {
+    rigp r;
+    rig_open(&r, codec);
+    uint8_t *f = r.slots + 9 * r.slot;
+    oi_codec_info in;
+    oi_codec_piece pc[8];
+    size_t k = 0;
+    REQUIRE(oi__codec_pieces(f, r.slot, true, &in, pc, 8, &k) == OI_OK);
+    const char *why;
+    if (codec == OI_CODEC_LOSSLESS) {
+      uint8_t *s = f + pc[0].src;
+      size_t t = 2;
+      for (int sym = s[0]; sym <= s[1]; sym++)
+        while (s[t++] & 0x80) {
+        }
+      memset(s + t, 0, 4);
+      why = "block 9: a rANS stream that does not decode";
+    } else {
+      f[pc[0].src + 2 * 4] = 0x00, f[pc[0].src + 2 * 4 + 1] = 0x7c;
+      why = "block 9: a scale that is not finite";
+    }
+    CHECK_ST(load(&r, false), OI_ERR_PROTOCOL);
+    CHECK(strstr(oi_last_error(), "did not decode on the device") && strstr(oi_last_error(), why));
+    CHECK(differ(&r, 9) == 0);
+    /* the slot of block 30 is not a frame: refused by the host */
+    memcpy(f, r.slots + 10 * r.slot, r.slot); /* block 9 mended: block 10's frame */
+    r.slots[30 * r.slot] ^= 0xff;
+    CHECK_ST(load(&r, true), OI_ERR_PROTOCOL);
+    CHECK(strstr(oi_last_error(), "block 30") && strstr(oi_last_error(), "not a frame"));
+    uint8_t got[PAGE], want[PAGE], zeros[PAGE] = {0};
+    loaded(&r, 30, got);
+    CHECK(memcmp(got, zeros, PAGE) == 0);
+    loaded(&r, 9, got); /* block 10's bytes now */
+    ct_expected_of(codec, corpus + 10 * PAGE, want);
+    CHECK(memcmp(got, want, PAGE) == 0);
+    rig_close(&r);
+  }
+}
+
+int main(int argc, char **argv) {
+  REQUIRE(argc >= 2);
+  corpus = ct_read_file(argv[1], &corpus_len);
+  REQUIRE(corpus && corpus_len >= (size_t)N * PAGE);
+  REQUIRE(oi__dev_open(OI_DEVICE_CPU, &cpu) == OI_OK);
+  decoding_ops = *cpu->ops;
+  decoding_ops.name = "cpu with a decode of the test's";
+  decoding_ops.pinned_alloc = w_pinned_alloc;
+  decoding_ops.pinned_free = w_pinned_free;
+  decoding_ops.stream_create = w_stream_create;
+  decoding_ops.stream_decode = w_stream_decode;
+  /* the calls of the device that the pipeline does not make: none */
+  decoding_ops.close = NULL;
+  decoding_ops.mem_alloc = NULL;
+  decoding_ops.mem_copy = NULL;
+  decoding = (oi_dev){.ops = &decoding_ops, .ordinal = OI_DEVICE_CPU};
+  RUN_TEST(test_loads);
+  RUN_TEST(test_failures);
+  oi__dev_close(cpu);
+  free(corpus);
+  TEST_EXIT();
+}

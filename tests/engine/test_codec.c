@@ -693,6 +693,47 @@ static void test_layerwise_saves(void) {
   }
 }
 
+/* Layerwise lossless saves of blocks the codec does not store (random
+ * bytes) between saves of blocks it does: each not-encoded block is counted
+ * (saves_failed, saves_not_encoded), and every block after it that encodes
+ * seals (the sweep's encode marks only the blocks it failed). */
+static void test_layerwise_after_not_encoded(void) {
+  enum { N = 16, ROUNDS = 4 };
+  lrig r;
+  lrig_open(&r, "lw-noise", "lossless", 4 * N, 16 * MiB);
+  uint64_t seed = 11;
+  for (uint32_t a = 0; a < LA; a++) /* blocks [2N, 4N): random bytes */
+    for (size_t i = 0; i < 2 * N * PAGE; i += 8) {
+      uint64_t v = ct_rand(&seed);
+      memcpy(lrig_piece(&r, 2 * N, a) + i, &v, 8);
+    }
+  uint64_t sealed = 0;
+  for (int k = 0; k < ROUNDS; k++) {
+    int64_t ids[N];
+    oi_block_hash hs[N];
+    ids_hashes(ids, hs, N, (uint8_t)(0xA0 + 2 * k)); /* noise */
+    for (size_t i = 0; i < N; i++)
+      ids[i] = (int64_t)(2 * N + i);
+    for (uint32_t a = 0; a < LA; a++)
+      CHECK_OK(save_arenas(r.e, ids, hs, N, a, 1));
+    CHECK(hits(r.e, hs, N) == 0);
+    ids_hashes(ids, hs, N, (uint8_t)(0xA1 + 2 * k)); /* corpus pages, blocks [0, N) */
+    for (uint32_t a = 0; a < LA; a++)
+      CHECK_OK(save_arenas(r.e, ids, hs, N, a, 1));
+    CHECK(hits(r.e, hs, N) == N);
+    sealed += hits(r.e, hs, N);
+  }
+  oi_engine_stats es = tr_engine_stats(r.e);
+  printf("layerwise lossless saves: %d rounds of %d random and %d corpus blocks: %llu not "
+         "encoded, %llu failed, %llu completed\n",
+         ROUNDS, N, N, (unsigned long long)es.saves_not_encoded,
+         (unsigned long long)es.saves_failed, (unsigned long long)es.saves_completed);
+  CHECK(sealed == ROUNDS * N);
+  CHECK(es.saves_not_encoded == ROUNDS * N && es.saves_failed == ROUNDS * N);
+  CHECK(es.saves_completed == ROUNDS * N);
+  lrig_close(&r);
+}
+
 /* Layerwise saves that stop before their last arena: the engine destroyed
  * (a new engine of the namespace misses every block, the host holds none in
  * flight, and the same hashes then save whole layer by layer), and the save
@@ -852,6 +893,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_disk);
   RUN_TEST(test_layered_loads);
   RUN_TEST(test_layerwise_saves);
+  RUN_TEST(test_layerwise_after_not_encoded);
   RUN_TEST(test_layerwise_abandoned);
   RUN_TEST(test_layerwise_bounce_bound);
   free(corpus);

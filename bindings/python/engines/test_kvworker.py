@@ -342,11 +342,13 @@ def within_codec_bound(codec, got, want):
 
 @pytest.mark.parametrize("codec", ["lossless", "int8", "fp8"])
 @pytest.mark.parametrize("make", [kv_halves, kv_halves_hnd, kv_pages, kv_pages_lbnhc])
-def test_a_codec_worker_saves_whole_blocks(make, codec):
-    """A codec namespace: save_layer saves nothing, finish_step saves each
-    block whole in one call after the last layer; the load lands whole (every
-    layer's wait returns) with lossless byte-equal, int8 and fp8 within their
-    bounds on every (K/V, token, head) of real KV values."""
+def test_a_codec_worker_saves_and_loads_layer_by_layer(make, codec):
+    """A codec namespace is saved and loaded as one without a codec:
+    save_layer saves each layer's arena as it is written (a save call per
+    layer), no block is visible before its last layer's save, finish_step
+    has nothing left to save; the load reports each layer with its bytes in
+    place when its wait returns, lossless byte-equal, int8 and fp8 within
+    their bounds on every (K/V, token, head) of real KV values."""
     from openinfer.kvworker import codec_shape_of
     kv = make()
     kv_dim = None if make in (kv_pages, kv_pages_lbnhc) else "auto"
@@ -356,34 +358,37 @@ def test_a_codec_worker_saves_whole_blocks(make, codec):
     with oi.OffloadHost(32 << 20) as host:
         w = KVWorker(kv, ns, host=host, num_blocks=BLOCKS, kv_dim=kv_dim, codec=codec,
                      codec_shape=shape)
-        assert w.whole_blocks
+        assert w.codec == codec
         fill_corpus(kv, [1, 2, 3], skew=codec != "lossless")
         want = {n: [canonical(t, b) for b in (1, 2, 3)] for n, t in kv.items()}
         hs = hashes(3, 11000)
         w.begin_step([1, 2, 3], hs)
-        for name in kv:
-            assert w.save_layer(name) is None  # a frame covers the whole block
-        assert w.query(hs).hit_blocks == 0
-        assert len(w.finish_step()) == 1
+        for i, name in enumerate(kv):
+            assert w.query(hs).hit_blocks == 0  # not sealed before its last layer
+            assert w.save_layer(name) is not None
+            assert w.save_layer(name) is None  # once per step
+        assert w.finish_step() == []  # every layer was saved
         assert w.wait_saves(30) == []
-        assert w.counters()["saves_completed"] == 1
+        assert w.counters()["saves_completed"] == LAYERS
+        st = w.stats()
+        assert (st["saves_completed"], st["saves_failed"], st["saves_not_encoded"]) == (3, 0, 0)
         q = w.query(hs)
         assert q.hit_blocks == 3
         for t in kv.values():
             t.zero_()
         t = w.load(q.lease, [9, 5, 7])
-        for name in kv:
-            w.wait_layer(t, name, 30)
-        assert w.settle_load(t, 30) is True
         lossy_differs = False
         for name, tensor in kv.items():
-            for j, dst in enumerate((9, 5, 7)):
+            w.wait_layer(t, name, 30)
+            for j, dst in enumerate((9, 5, 7)):  # this layer's bytes are in place
                 got = canonical(tensor, dst)
                 if codec == "lossless":
                     assert torch.equal(got, want[name][j]), (name, j)
                 else:
                     assert within_codec_bound(codec, got, want[name][j]), (name, j)
                     lossy_differs |= not torch.equal(got, want[name][j])
+        assert w.settle_load(t, 30) is True
+        for tensor in kv.values():
             for b in (0, 1, 2, 3, 4, 6, 8, 10, 11):  # nothing else was written
                 assert not canonical(tensor, b).any()
         assert codec == "lossless" or lossy_differs, "the lossy codec changed nothing"
@@ -391,6 +396,85 @@ def test_a_codec_worker_saves_whole_blocks(make, codec):
         with pytest.raises(oi.InvalidArgumentError, match="codec %s" % codec):
             KVWorker(kv, ns, host=host, num_blocks=BLOCKS, kv_dim=kv_dim)
         w.close()
+
+
+def layer_reports(w, ticket, names, check):
+    """Waits for each layer of a load in order (KVWorker.wait_layer, as the
+    vLLM connector's wait_for_layer_load does), calling check(name) as soon
+    as its wait returned; returns, per layer, which layers the ticket had
+    reported landed at that moment (arena_poll)."""
+    out = []
+    for name in names:
+        w.wait_layer(ticket, name, 30)
+        out.append([ticket.arena_poll(w.arena(n)) for n in names])
+        check(name)
+    return out
+
+
+@pytest.mark.parametrize("codec", ["none", "lossless"])
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+def test_a_load_reports_layer_0_before_the_last_layer_lands(codec, mode, request):
+    """A load of 64 blocks of 4 layers of 64 KiB (an arena's copies take a
+    few milliseconds): the first layer's wait returns while the last layer
+    is still moving (in some of up to 16 rounds: the waiting thread may be
+    descheduled), with or without a codec, embedded and through the
+    sidecar; each layer's bytes are in place when its own wait returns. The
+    blocks were saved layer by layer, 8 blocks a step (a codec's per-block
+    bounces hold 4 MiB at least)."""
+    layers, nb, elems = 4, 64, 32768  # 64 KiB of bf16 per layer and block
+    with open(CORPUS, "rb") as f:
+        corpus = torch.frombuffer(bytearray(f.read()), dtype=torch.bfloat16)
+    total = layers * nb * elems
+    content = corpus.repeat(total // corpus.numel() + 1)[:total].view(layers, nb, elems)
+    if mode == "embedded":
+        raw = torch.zeros(total, dtype=torch.bfloat16)
+        buf = None
+    else:
+        serve = request.getfixturevalue("serve")
+        buf, (raw,) = shared_kv_tensors([(total,)], torch.bfloat16)
+    pages = raw.view(layers, nb, elems)
+    kv = {"layer.%d" % i: pages[i] for i in range(layers)}
+    names = list(kv)
+    ns = "eng/kvworker/layered/%s/%s" % (codec, mode)
+    host = oi.OffloadHost(128 << 20) if mode == "embedded" else None
+    try:
+        if host is not None:
+            w = KVWorker(kv, ns, host=host, num_blocks=nb, kv_dim=None, codec=codec)
+        else:
+            w = KVWorker(kv, ns, socket=serve.socket, buffer=buf, num_blocks=nb, kv_dim=None,
+                         codec=codec)
+        pages.copy_(content)
+        hs = hashes(nb, 20000 + 1000 * (codec != "none"))
+        for s in range(0, nb, 8):
+            w.begin_step(list(range(s, s + 8)), hs[s:s + 8])
+            for name in names:
+                assert w.save_layer(name) is not None
+            assert w.wait_saves(60) == []
+        assert w.stats()["saves_not_encoded"] == 0
+        early = rounds = 0
+        while rounds < 3 or (rounds < 16 and not early):
+            rounds += 1
+            raw.zero_()
+            q = w.query(hs)
+            assert q.hit_blocks == nb
+            t = w.load(q.lease, list(range(nb)))
+
+            def check(name):
+                i = names.index(name)
+                assert torch.equal(pages[i].view(torch.int16), content[i].view(torch.int16)), \
+                    (name, rounds)
+            seen = layer_reports(w, t, names, check)
+            assert all(seen[i][i] for i in range(layers))
+            early += not seen[0][-1]
+            assert w.settle_load(t, 30) is True
+        print("%s %s: %d of %d rounds reported layer 0 before layer %d landed"
+              % (codec, mode, early, rounds, layers - 1))
+        assert early, "every round's first layer waited for the last"
+        w.close()
+    finally:
+        if host is not None:
+            host.close()
+        kv.clear()
 
 
 def test_a_codec_sidecar_worker_round_trips_lossless(serve):
@@ -404,9 +488,11 @@ def test_a_codec_sidecar_worker_round_trips_lossless(serve):
     hs = hashes(2, 12000)
     w.begin_step([0, 1], hs)
     for name in kv:
-        assert w.save_layer(name) is None
-    assert len(w.finish_step()) == 1
+        assert w.query(hs).hit_blocks == 0  # not sealed before its last layer
+        assert w.save_layer(name) is not None
+    assert w.finish_step() == []
     assert w.wait_saves(30) == []
+    assert w.counters()["saves_completed"] == LAYERS
     q = w.query(hs)
     assert q.hit_blocks == 2
     for t in kv.values():

@@ -17,9 +17,9 @@ recompute through vLLM's load-error path (``get_block_ids_with_load_errors``
 -> ``invalid_block_ids`` -> the scheduler rolls ``num_computed_tokens``
 back); a sidecar restart in engine-owned mode degrades (misses, dropped
 saves) and recovers (hits again); with kv_connector_extra_config codec
-(lossless, int8, fp8) a prefix saved whole loads into another instance
-byte-equal or within the codec's bound, and the default namespace names the
-codec."""
+(lossless, int8, fp8) a prefix saved layer by layer loads into another
+instance layer by layer, byte-equal or within the codec's bound, and the
+default namespace names the codec."""
 import gc
 import os
 import re
@@ -958,11 +958,16 @@ def test_blocks_the_codec_did_not_store_are_failures_not_saved_blocks(mode, requ
     prompt = list(range(9000, 9000 + 5 * BS + 3))
     a = NoiseEngine(extra, False, **kw)
     try:
+        w = a.worker.worker
+        made = spy_saves(w)
         a.add("a", prompt)
         a.run()
-        w = a.worker.worker
-        assert w.stats()["saves_not_encoded"] == 5, w.stats()
-        assert w.counters()["saves_completed"] == 1  # the call itself
+        # saved layer by layer: each block known not encoded once its last layer landed
+        assert [m[:3] for m in made] == [(i, 1, 5) for i in range(LAYERS)], made
+        st = w.stats()
+        assert (st["saves_not_encoded"], st["saves_failed"], st["saves_completed"]) == \
+            (5, 5, 0), st
+        assert w.counters()["saves_completed"] == LAYERS  # the calls themselves
         payloads = a.stats_payloads
         assert sum(p.get("failures", {}).get("save_not_encoded", 0) for p in payloads) == 5, \
             payloads
@@ -998,6 +1003,45 @@ def fp8_within_bound(got, want):
                  + 1e-30).all())
 
 
+def spy_saves(w):
+    """Records each save call of a KVWorker (first arena, arena count,
+    blocks) and, as it is made, how many of its blocks are visible already
+    (a query by membership: no lease)."""
+    made = []
+    orig = w._save_arenas
+
+    def spy(first, count, ids, hs):
+        visible = sum(w.engine.query_membership(hs))
+        made.append((first, count, len(ids), visible))
+        return orig(first, count, ids, hs)
+    w._save_arenas = spy
+    return made
+
+
+def watch_layer_waits(eng, check):
+    """Wraps the worker connector's KVWorker.wait_layer (what its
+    wait_for_layer_load calls for each sync load): records, as each wait
+    returns, the layer, whether the load's blocks hold that layer's KV then
+    (check(got, want) on every block; the loaded prefix's blocks are the
+    request's first) and which layers the load's ticket had reported landed
+    (arena_poll)."""
+    conn = eng.worker
+    w = conn.worker
+    orig = w.wait_layer
+    seen = []
+
+    def wait_layer(ticket, layer_name, timeout=None):
+        orig(ticket, layer_name, timeout)
+        (req_id, ld), = [(r, ld) for r, ld in conn._loads.items() if ld.ticket is ticket]
+        layer = LAYER_NAMES.index(layer_name)
+        landed = [ticket.arena_poll(w.arena(n)) for n in LAYER_NAMES]
+        ok = all(check(eng.kv[layer_name][b], eng.expected_block(req_id, j, layer))
+                 for j, b in enumerate(ld.block_ids))
+        seen.append((layer, ok, landed))
+    w.wait_layer = wait_layer
+    return seen
+
+
 def server_namespaces(serve):
     import json
     import subprocess
@@ -1017,12 +1061,13 @@ CODEC_CASES = [("lossless", "embedded", False), ("lossless", "embedded", True),
                               for c, m, a in CODEC_CASES])
 def test_a_codec_prefix_loads_into_another_instance(codec, mode, load_async, request):
     """kv_connector_extra_config codec: one instance saves a prompt's 5 blocks
-    whole (one save per step, after the last layer; none layer by layer)
-    under the default namespace, which names the codec; another instance of
-    the same config loads them, sync (each layer's wait returns once the
-    whole load landed) or async: lossless byte-equal, int8 every token's K
-    or V of every head within half its scale step (amax / 127), fp8 within
-    its bound, real KV values throughout."""
+    layer by layer (a save call per layer as save_kv_layer is called, none
+    at wait_for_save; no block visible before its last layer) under the
+    default namespace, which names the codec; another instance of the same
+    config loads them, sync (layer by layer: each layer's wait returns with
+    that layer's bytes in place) or async: lossless byte-equal, int8 every
+    token's K or V of every head within half its scale step (amax / 127),
+    fp8 within its bound, real KV values throughout."""
     i = CODEC_CASES.index((codec, mode, load_async))
     prompt = list(range(6000 + 200 * i, 6000 + 200 * i + 5 * BS + 3))
     if mode == "embedded":
@@ -1037,19 +1082,17 @@ def test_a_codec_prefix_loads_into_another_instance(codec, mode, load_async, req
         ns = a.scheduler.connector._namespace
         assert a.worker._namespace == ns and "/%s/" % codec in ns, ns
         w = a.worker.worker
-        assert w.whole_blocks and w.codec == codec
-        made = []
-        orig = w._save_arenas
-
-        def spy(first, count, ids, hs):
-            made.append((first, count, len(ids)))
-            return orig(first, count, ids, hs)
-        w._save_arenas = spy
+        assert w.codec == codec
+        made = spy_saves(w)
         a.add("a", prompt)
         a.run()
-        assert made == [(0, 0, 5)], made  # one whole-block save of the 5 full blocks
+        # a save of the 5 full blocks per layer, as it was written; none visible before
+        # its last layer
+        assert made == [(i, 1, 5, 0) for i in range(LAYERS)], made
         c = w.counters()
-        assert (c["saves_completed"], c["saves_failed"], c["saves_dropped"]) == (1, 0, 0)
+        assert (c["saves_completed"], c["saves_failed"], c["saves_dropped"]) == (LAYERS, 0, 0)
+        st = w.stats()
+        assert (st["saves_completed"], st["saves_not_encoded"]) == (5, 0), st
         if mode == "sidecar":
             st = server_namespaces(serve)[ns]
             assert st["codec"] == codec and st["blocks_resident"] == 5
@@ -1063,12 +1106,19 @@ def test_a_codec_prefix_loads_into_another_instance(codec, mode, load_async, req
         assert b.scheduler.connector._namespace == ns
         for t in b.kv.values():
             t.zero_()
+        seen = watch_layer_waits(b, {
+            "lossless": lambda got, want: torch.equal(got.view(torch.int16),
+                                                      want.view(torch.int16)),
+            "int8": int8_within_bound, "fp8": fp8_within_bound}[codec])
         b.add("b", prompt[:5 * BS] + [7, 8, 9])
         outs = b.run()
         so, meta = first_load(outs)
         assert meta is not None, "nothing was loaded"
         (ld,) = [ld for ld in meta.loads if ld.req_id == "b"]
         assert len(ld.block_ids) == 5 and ld.is_async == load_async
+        if not load_async:  # each layer's wait returned with that layer in place
+            assert [(layer, ok, landed[layer]) for layer, ok, landed in seen] == \
+                [(i, True, True) for i in range(LAYERS)], seen
         differs = 0
         for j, blk in enumerate(ld.block_ids):
             for layer in range(LAYERS):
@@ -1119,7 +1169,7 @@ def test_the_default_namespace_differs_by_codec(mode, request):
         assert a.scheduler.connector._namespace == names["lossless"]
         a.add("a", prompt)
         a.run()
-        assert a.worker.worker.counters()["saves_completed"] == 1
+        assert a.worker.worker.counters()["saves_completed"] == LAYERS  # a save per layer
     finally:
         a.close()
     for other in ("none", "int8"):
@@ -1199,7 +1249,8 @@ def test_a_lossy_codec_is_refused_for_pages_it_cannot_take():
 
 def test_a_mla_prefix_round_trips_under_lossless():
     """An MLA latent ([blocks, 1, tokens, latent] views) under codec
-    lossless: saved whole, loaded byte-equal."""
+    lossless: saved layer by layer (nothing visible before the last layer),
+    loaded layer by layer byte-equal."""
     from openinfer.vllm import OpenInferConnector
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
     spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
@@ -1216,7 +1267,7 @@ def test_a_mla_prefix_round_trips_under_lossless():
         c = OpenInferConnector(cfg, KVConnectorRole.WORKER, kvc)
         c.register_kv_caches(kv)
         w = c.worker
-        assert w.whole_blocks and w.codec == "lossless"
+        assert w.codec == "lossless"
         vecs = corpus_vectors().view(-1, 64)  # vectors of the corpus's layers and texts
         for i, t in enumerate(kv.values()):
             pick = (torch.arange(3 * BS) * 131 + i * 977) % vecs.shape[0]
@@ -1225,11 +1276,14 @@ def test_a_mla_prefix_round_trips_under_lossless():
         hs = oi.hash_blocks_buffer(list(range(9000, 9000 + 3 * BS)), BS)
         w.begin_step([2, 3, 4], hs)
         for name in LAYER_NAMES:
-            assert w.save_layer(name) is None
-        assert len(w.finish_step()) == 1 and w.wait_saves(30) == []
+            assert w.query(hs).hit_blocks == 0
+            assert w.save_layer(name) is not None
+        assert w.finish_step() == [] and w.wait_saves(30) == []
         q = w.query(hs)
         assert q.hit_blocks == 3, w.stats()["saves_failed"]
-        w.load(q.lease, [10, 11, 12]).wait(30)
-        for n, t in kv.items():
-            assert torch.equal(t[10:13].view(torch.int16), want[n].view(torch.int16)), n
+        t = w.load(q.lease, [10, 11, 12])
+        for n in LAYER_NAMES:
+            w.wait_layer(t, n, 30)
+            assert torch.equal(kv[n][10:13].view(torch.int16), want[n].view(torch.int16)), n
+        assert w.settle_load(t, 30) is True
         c.shutdown()

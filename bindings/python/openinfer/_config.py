@@ -289,7 +289,7 @@ VLLM_KEYS = [
         "embedded: the engine's copy mode (docs/api.md); default: `auto`"),
     Key("codec", choice(CODECS), "none",
         "the namespace's codec (docs/codecs.md): `lossless` (byte-exact), `int8` or `fp8` "
-        "(lossy, bf16 K/V only); saves go as whole blocks at the end of the step"),
+        "(lossy, bf16 K/V only); saves and loads stay layer by layer"),
     Key("control_deadline_ms", ms(), None,
         "the engine's control deadline (docs/api.md); default: the library's (30000)"),
     Key("save_deadline_ms", ms(), None,

@@ -22,11 +22,11 @@ logical shape, with any strides whose per-block part is dense:
 Layers whose tensors are the same memory (vLLM's KV sharing) are registered
 once. Torch is imported lazily: only the calls that touch tensors need it.
 
-A namespace with a codec (``codec=``, docs/codecs.md) stores whole blocks
-only: ``save_layer`` then saves nothing and ``finish_step`` saves each block
-whole once every layer is written; a load lands whole (every layer's wait
-returns when the load ends). ``codec_shape_of`` gives the lossy codecs'
-block shape of a layout.
+A namespace with a codec (``codec=``, docs/codecs.md) stores each block as
+one frame, and is saved and loaded the same way: ``save_layer`` saves a
+layer's arena as it is written (the library gathers the block's arenas and
+encodes it once the last one landed), and a load reports each arena as it
+lands. ``codec_shape_of`` gives the lossy codecs' block shape of a layout.
 """
 import logging
 import threading
@@ -356,10 +356,12 @@ class KVWorker:
 
     ``codec`` (``"none"``, ``"lossless"``, ``"int8"``, ``"fp8"``; with
     ``codec_shape`` for the lossy ones, ``codec_shape_of``, and
-    ``codec_slot_bytes``): the namespace's codec (docs/codecs.md). A codec
-    namespace takes whole blocks only, so ``save_layer`` saves nothing and
-    ``finish_step`` saves every arena of the step's blocks in one call, after
-    the last layer was written (``whole_blocks``)."""
+    ``codec_slot_bytes``): the namespace's codec (docs/codecs.md). Saves and
+    loads are layer by layer as without a codec: the library gathers a
+    block's arenas in a bounce and encodes it into its slot once its last
+    arena landed (a block the codec does not store is then counted in the
+    engine's ``saves_not_encoded``; the save calls succeed), and decodes a
+    load's frames before reporting its arenas one by one."""
 
     def __init__(self, kv_caches, namespace, *, host=None, socket=None, buffer=None,
                  num_blocks=None, kv_dim="auto", world_size=1, instance_name=None,
@@ -369,7 +371,6 @@ class KVWorker:
         self.layout = KVLayout.from_tensors(kv_caches, num_blocks, kv_dim)
         self.namespace = namespace
         self.codec = codec or "none"
-        self.whole_blocks = self.codec != "none"
         self.device = self.layout.device
         self.sidecar = socket is not None
         self._tensors = dict(kv_caches)  # keeps the memory alive as long as the engine
@@ -389,7 +390,7 @@ class KVWorker:
                   save_deadline_ms=save_deadline_ms, load_deadline_ms=load_deadline_ms,
                   control_deadline_ms=control_deadline_ms, copy_mode=copy_mode,
                   lookup_deadline_ms=lookup_deadline_ms, probe_interval_ms=probe_interval_ms)
-        if self.whole_blocks:
+        if self.codec != "none":
             kw.update(codec=self.codec, codec_shape=codec_shape,
                       codec_slot_bytes=codec_slot_bytes)
         kw = {k: v for k, v in kw.items() if v is not None}
@@ -467,8 +468,7 @@ class KVWorker:
         """Saves arena(layer_name) of the blocks (default: begin_step's) as
         soon as the work queued so far on the current stream is done. Returns
         the Ticket, or None when there is nothing to save (no blocks, a layer
-        not registered, an arena already saved this step, a codec namespace:
-        finish_step saves its blocks whole)."""
+        not registered, an arena already saved this step)."""
         a = self.arena(layer_name)
         if a is None:
             return None
@@ -477,8 +477,6 @@ class KVWorker:
                 return None
             block_ids, hashes = self._save_batch
         if a in self._layers_saved or not len(block_ids):
-            return None
-        if self.whole_blocks:  # a codec frame covers the whole block: finish_step saves it
             return None
         return self._save_arenas(a, 1, block_ids, hashes)
 
@@ -501,14 +499,11 @@ class KVWorker:
 
     def finish_step(self):
         """Saves the arenas of begin_step's blocks that no save_layer call
-        saved (a block seals only once every arena arrived; a codec
-        namespace: every block whole, in one call), then forgets the batch.
-        Returns the tickets it made."""
+        saved (a block seals only once every arena arrived; in a codec
+        namespace it is encoded then), then forgets the batch. Returns the
+        tickets it made."""
         out = []
-        if self._save_batch is not None and self.whole_blocks:
-            ids, hs = self._save_batch
-            out.append(self._save_arenas(0, 0, ids, hs))  # arena_count 0: whole blocks
-        elif self._save_batch is not None:
+        if self._save_batch is not None:
             ids, hs = self._save_batch
             a = 0
             while a < self.num_arenas:

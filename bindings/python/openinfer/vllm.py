@@ -20,9 +20,10 @@ is written and loads leased blocks layer by layer (or between steps, with
 ``kv_load_failure_policy="recompute"`` vLLM recomputes them.
 
 With the ``codec`` option (docs/vllm.md, "Codecs") the namespace stores
-compressed frames: blocks are saved whole at ``wait_for_save`` (a frame
-covers a whole block), the lossy codecs' block shape is derived from the
-layout registered, and the codec is part of the default namespace.
+compressed frames: blocks are still saved layer by layer and loaded with a
+wait per layer (the library encodes a block once its last layer landed),
+the lossy codecs' block shape is derived from the layout registered, and
+the codec is part of the default namespace.
 
 Two modes:
 
@@ -1320,8 +1321,8 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
                 self._settled(req_id, ld, res)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        # a codec namespace: the KVWorker saves nothing here, wait_for_save
-        # saves the step's blocks whole (finish_step)
+        # a codec namespace too: the library gathers the block's layers and
+        # encodes it once its last layer landed
         w = self._worker
         if w is None or not self.has_connector_metadata():
             return
@@ -1334,7 +1335,10 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
         """Blocks of this worker's saves that the codec did not store since
         the last step (a frame past the namespace's slot; the library's
         oi_engine_stats.saves_not_encoded): 0 without a codec. Its save
-        calls succeed, so only the engine's counter tells them apart."""
+        calls succeed, so only the engine's counter tells them apart. A
+        block saved layer by layer is encoded once its last layer landed,
+        before that layer's save call completes, so after wait_saves the
+        counter holds every block of the step's saves that ended."""
         if getattr(w, "codec", "none") == "none":  # (hybrid groups' workers: no codec)
             return 0
         try:

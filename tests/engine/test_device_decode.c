@@ -89,7 +89,8 @@ static void run_decode(void *arg, oi_status st) {
       int codec = p->kind == OI_DECODE_INT8 ? OI_CODEC_INT8 : OI_CODEC_FP8;
       oi_codec_shape sh = {
           .dtype = OI_CODEC_DTYPE_BF16,
-          .parts = (uint16_t)(codec == OI_CODEC_INT8 ? p->count / (p->tokens * p->heads) : p->count),
+          .parts =
+              (uint16_t)(codec == OI_CODEC_INT8 ? p->count / (p->tokens * p->heads) : p->count),
           .tokens = p->tokens,
           .heads = p->heads,
           .head_dim = p->head_dim};
@@ -111,7 +112,13 @@ static void run_decode(void *arg, oi_status st) {
   atomic_fetch_add(&decodes, 1);
 }
 
+static atomic_int refuse; /* the next stream_decode calls to refuse */
+
 static oi_status w_stream_decode(oi_stream *s, const oi_decode_batch *b) {
+  if (atomic_load(&refuse) > 0) {
+    atomic_fetch_sub(&refuse, 1);
+    return oi__fail(OI_ERR_CUDA, "decode: queuing a batch (the test's refusal)");
+  }
   decode_call *c = calloc(1, sizeof *c);
   REQUIRE(c);
   c->b = *b;
@@ -192,8 +199,8 @@ static void rig_close(rigp *r) {
 static oi_status load(rigp *r, bool layered) {
   memset(r->mem + (size_t)N * HALF, 0x5a, (size_t)N * HALF);
   memset(r->mem + (size_t)3 * N * HALF, 0x5a, (size_t)N * HALF);
-  oi_xfer_job *job = oi__xfer_job_new(
-      r->x, OI_COPY_H2D, N, OI_XFER_JOB_TICKET | (layered ? OI_XFER_JOB_LAYERED : 0), 0);
+  oi_xfer_job *job = oi__xfer_job_new(r->x, OI_COPY_H2D, N,
+                                      OI_XFER_JOB_TICKET | (layered ? OI_XFER_JOB_LAYERED : 0), 0);
   REQUIRE(job);
   oi_ticket *t = oi__xfer_job_ticket(job);
   for (int64_t b = 0; b < N; b++)
@@ -232,7 +239,7 @@ static size_t differ(const rigp *r, size_t zero) {
 }
 
 static void test_loads(void) {
-  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_INT8; codec++)
+  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_FP8; codec++)
     for (int layered = 0; layered < 2; layered++) {
       rigp r;
       rig_open(&r, codec);
@@ -250,10 +257,11 @@ static void test_loads(void) {
 }
 
 /* A frame whose stream does not end as encoded (lossless: state 0 of its
- * first stream zeroed; int8: a scale made infinite), and a slot that is not
- * a frame: each fails the load naming its block, which lands as zeros. */
+ * first stream zeroed; int8: a scale made infinite; fp8: a NaN code), and a
+ * slot that is not a frame: each fails the load naming its block, which
+ * lands as zeros. */
 static void test_failures(void) {
-  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_INT8; codec++) {
+  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_FP8; codec++) {
     rigp r;
     rig_open(&r, codec);
     uint8_t *f = r.slots + 9 * r.slot;
@@ -270,9 +278,12 @@ static void test_failures(void) {
         }
       memset(s + t, 0, 4);
       why = "block 9: a rANS stream that does not decode";
-    } else {
+    } else if (codec == OI_CODEC_INT8) {
       f[pc[0].src + 2 * 4] = 0x00, f[pc[0].src + 2 * 4 + 1] = 0x7c;
       why = "block 9: a scale that is not finite";
+    } else {
+      f[pc[0].src + (size_t)pc[0].count * pc[0].heads * 4 + 77] = 0x7f;
+      why = "block 9: an fp8 NaN code";
     }
     CHECK_ST(load(&r, false), OI_ERR_PROTOCOL);
     CHECK(strstr(oi_last_error(), "did not decode on the device") && strstr(oi_last_error(), why));
@@ -290,6 +301,40 @@ static void test_failures(void) {
     CHECK(memcmp(got, want, PAGE) == 0);
     rig_close(&r);
   }
+}
+
+/* Slots whose frames are whole but not this namespace's: one of another
+ * codec, one of another block size (their checksums hold); and a device
+ * that refuses a batch: the load fails with its reason, nothing waits. */
+static void test_foreign_frames_and_refusals(void) {
+  rigp r;
+  rig_open(&r, OI_CODEC_LOSSLESS);
+  oi_codec_shape kv = CORPUS_SHAPE_KV;
+  size_t fb = 0;
+  uint8_t frame[2 * PAGE];
+  REQUIRE(oi__codec_encode(OI_CODEC_INT8, &kv, corpus, PAGE, frame, sizeof frame, &fb) == OI_OK);
+  memset(r.slots + 12 * r.slot, 0, r.slot);
+  memcpy(r.slots + 12 * r.slot, frame, fb);
+  CHECK_ST(load(&r, false), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "block 12: a frame of codec 2"));
+  CHECK(differ(&r, 12) == 0);
+  REQUIRE(oi__codec_encode(OI_CODEC_LOSSLESS, NULL, corpus, PAGE / 2, frame, sizeof frame, &fb) ==
+          OI_OK);
+  memset(r.slots + 12 * r.slot, 0, r.slot);
+  memcpy(r.slots + 12 * r.slot, frame, fb);
+  CHECK_ST(load(&r, false), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "block 12: a frame of codec 1 and 6144 bytes for blocks of 12288"));
+  CHECK(differ(&r, 12) == 0);
+  rig_close(&r);
+  /* the device refuses the first batch of a load */
+  rig_open(&r, OI_CODEC_LOSSLESS);
+  atomic_store(&refuse, 1);
+  oi_status st = load(&r, false);
+  CHECK(st == OI_ERR_CUDA && strstr(oi_last_error(), "the test's refusal"));
+  CHECK(atomic_load(&refuse) == 0);
+  CHECK_OK(load(&r, false)); /* the next load is whole */
+  CHECK(differ(&r, SIZE_MAX) == 0);
+  rig_close(&r);
 }
 
 int main(int argc, char **argv) {
@@ -310,6 +355,7 @@ int main(int argc, char **argv) {
   decoding = (oi_dev){.ops = &decoding_ops, .ordinal = OI_DEVICE_CPU};
   RUN_TEST(test_loads);
   RUN_TEST(test_failures);
+  RUN_TEST(test_foreign_frames_and_refusals);
   oi__dev_close(cpu);
   free(corpus);
   TEST_EXIT();

@@ -529,6 +529,22 @@ static long lrig_load_check(lrig *r, const oi_block_hash *hs, size_t n, size_t a
   return bad;
 }
 
+/* Queries hs[0..n) (every one a hit) and loads them into dst, arena by
+ * arena (OI_LOAD_ARENA_EVENTS); the load's ticket. */
+static oi_ticket *layered_load(oi_engine *e, const oi_block_hash *hs, const int64_t *dst,
+                               size_t n) {
+  oi_query_result q;
+  CHECK_OK(tr_query(e, NULL, hs, n, 0, NULL, &q));
+  REQUIRE(q.hit_blocks == n);
+  oi_load_options lo;
+  CHECK_OK(oi_load_options_init(&lo));
+  lo.flags = OI_LOAD_ARENA_EVENTS;
+  oi_ticket *t = NULL;
+  CHECK_OK(oi_engine_load(e, q.lease, dst, n, &lo, &t));
+  REQUIRE(t);
+  return t;
+}
+
 /* Layered loads in codec namespaces: arena a's bytes of every block are in
  * place (the codec's round trip) when oi_ticket_arena_wait(a) returns; the
  * first arena is reported while the last is still pending (in some of the
@@ -563,15 +579,7 @@ static void test_layered_loads(void) {
       for (; rounds < 8 || (rounds < 32 && early == 0); rounds++) {
         for (uint32_t a = 0; a < LA; a++) /* the destination blocks cleared */
           memset(lrig_piece(&r, (int64_t)n, a), 0, n * PAGE);
-        oi_query_result q;
-        CHECK_OK(tr_query(r.e, NULL, hs, n, 0, NULL, &q));
-        REQUIRE(q.hit_blocks == n);
-        oi_load_options lo;
-        CHECK_OK(oi_load_options_init(&lo));
-        lo.flags = OI_LOAD_ARENA_EVENTS;
-        oi_ticket *t = NULL;
-        CHECK_OK(oi_engine_load(r.e, q.lease, dst, n, &lo, &t));
-        REQUIRE(t);
+        oi_ticket *t = layered_load(r.e, hs, dst, n);
         CHECK_OK(oi_ticket_arena_wait(t, 0, 30000));
         early += oi_ticket_arena_poll(t, LA - 1) == OI_PENDING;
         for (uint32_t a = 0; a < LA; a++) {
@@ -593,14 +601,7 @@ static void test_layered_loads(void) {
        * whole, when the groups are small; the only one otherwise): every
        * arena fails. */
       slot_in(r.h, ns, &hs[3])[OI_CODEC_HEADER_BYTES + 64] ^= 0x08;
-      oi_query_result q;
-      CHECK_OK(tr_query(r.e, NULL, hs, n, 0, NULL, &q));
-      REQUIRE(q.hit_blocks == n);
-      oi_load_options lo;
-      CHECK_OK(oi_load_options_init(&lo));
-      lo.flags = OI_LOAD_ARENA_EVENTS;
-      oi_ticket *t = NULL;
-      CHECK_OK(oi_engine_load(r.e, q.lease, dst, n, &lo, &t));
+      oi_ticket *t = layered_load(r.e, hs, dst, n);
       for (uint32_t a = 0; a < LA; a++)
         CHECK_ST(oi_ticket_arena_wait(t, a, 30000), OI_ERR_PROTOCOL);
       CHECK_ST(oi_ticket_wait(t, 30000), OI_ERR_PROTOCOL);

@@ -109,6 +109,11 @@ def value(token, pos, layer, rank=0):
     return ((token * 31 + pos * 7 + layer * 13 + rank * 57) % 251) - 125
 
 
+def unit_value(token, pos, layer, rank=0):
+    """+1 or -1 (value()'s sign): KV whose exponents are one symbol."""
+    return 1 if value(token, pos, layer, rank) >= 0 else -1
+
+
 def group_of(layer):
     return 0 if layer in FULL_LAYERS else 1
 
@@ -145,9 +150,11 @@ class Rank:
 
 
 class HybridEngine:
-    """vLLM's scheduler and tp workers over a full + sliding-window model."""
+    """vLLM's scheduler and tp workers over a full + sliding-window model
+    (the model writes kv(token, pos, layer, rank), or random bits: noise)."""
 
-    def __init__(self, extra, tp=1):
+    def __init__(self, extra, tp=1, noise=False, kv=value):
+        self.noise, self.kv_of = noise, kv
         self.cfg = vllm_config(extra, tp)
         self._ctx = set_current_vllm_config(self.cfg)
         self._ctx.__enter__()
@@ -224,8 +231,13 @@ class HybridEngine:
                                 self.tokens[req_id]
                             for pos in range(start, start + n):
                                 assert blocks[pos // BS] != 0, (req_id, pos, layer)
+                                if self.noise:  # random bits: nothing a codec compresses
+                                    t[blocks[pos // BS], :, pos % BS, :] = torch.randint(
+                                        -32768, 32767, t.shape[1:2] + t.shape[3:],
+                                        dtype=torch.int16).view(torch.bfloat16)
+                                    continue
                                 t[blocks[pos // BS], :, pos % BS, :] = float(
-                                    value(toks[pos], pos, layer, rk.rank))
+                                    self.kv_of(toks[pos], pos, layer, rk.rank))
                         rk.conn.save_kv_layer(name, t, None)
         return kvo
 
@@ -246,7 +258,7 @@ class HybridEngine:
                 want = torch.empty(KV_HEADS, BS, 2 * HEAD, dtype=torch.bfloat16)
                 for off in range(BS):
                     pos = i * BS + off
-                    want[:, off, :] = float(value(toks[pos], pos, layer, rk.rank))
+                    want[:, off, :] = float(self.kv_of(toks[pos], pos, layer, rk.rank))
                 got = rk.kv[LAYER_NAMES[layer]][b]
                 assert torch.equal(got, want), (req_id, i, b, rk.rank, layer)
 
@@ -360,6 +372,60 @@ def test_hybrid_groups_round_trip_byte_equal_into_another_instance(tp, mode, req
         assert sum(d["loaded_bytes"] for d in loaded) == 11 * page * tp
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("mode", ["embedded", "sidecar"])
+def test_hybrid_groups_under_a_codec(mode, request):
+    """Under codec lossless each group's namespace stores frames: KV that
+    compresses into the slot of these small blocks (2 KiB: a 1,280-byte
+    slot; the model writes +1 or -1) round-trips byte-equal into another
+    instance (8 full blocks, the window's 3); random bits are not stored:
+    the groups' 11 blocks are the failure save_not_encoded, not saved
+    blocks, and a later instance computes them again."""
+    extra = dict(extra_of(mode, "t/hybrid-codec-" + mode, request), codec="lossless")
+    a = HybridEngine(extra, kv=unit_value)
+    try:
+        ra = a.add("a", PROMPT)
+        a.run()
+        hashes = ra.block_hashes[:8]
+        ws = a.ranks[0].conn.worker.workers
+        assert a.held(0, hashes) == 8 and a.held(1, hashes[5:8]) == 3
+        assert [saved_blocks(w) for w in ws] == [8, 3]
+        assert [w.codec for w in ws] == ["lossless", "lossless"]
+    finally:
+        a.close()
+    b = HybridEngine(extra, kv=unit_value)
+    try:
+        b.add("b", PROMPT[:8 * BS] + [7, 8, 9])
+        steps = b.run()
+        (ld,) = loads_of(steps, "b")
+        full_ids, swa_ids = ld.group_block_ids
+        for i, blk in enumerate(full_ids):
+            b.check_block("b", i, blk, FULL_LAYERS)
+        for i, blk in zip(range(5, 8), swa_ids):
+            b.check_block("b", i, blk, SWA_LAYERS)
+    finally:
+        b.close()
+    noisy = list(range(6000, 6000 + 8 * BS + 3))
+    c = HybridEngine(dict(extra, namespace="t/hybrid-codec-noise-" + mode), noise=True)
+    try:
+        c.add("c", noisy)
+        steps = c.run()
+        ws = c.ranks[0].conn.worker.workers
+        assert [w.stats()["saves_not_encoded"] for w in ws] == [8, 3]
+        stats = [kvo.kv_connector_stats.data for _, kvo in steps
+                 if kvo and kvo.kv_connector_stats]
+        assert sum(d.get("failures", {}).get("save_not_encoded", 0) for d in stats) == 11, stats
+        assert sum(d.get("saved_blocks", 0) for d in stats) == 0, stats
+    finally:
+        c.close()
+    d = HybridEngine(dict(extra, namespace="t/hybrid-codec-noise-" + mode))
+    try:
+        d.add("d", noisy[:8 * BS] + [7])
+        steps = d.run()
+        assert loads_of(steps, "d") == []  # nothing stored: computed again
+    finally:
+        d.close()
 
 
 def test_a_block_a_group_lacks_is_never_promised():

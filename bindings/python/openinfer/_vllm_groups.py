@@ -248,6 +248,21 @@ class GroupWorkers:
         return sum(w.num_arenas for w in self.workers)
 
     @property
+    def codec(self):
+        """The groups' codec: one for the connector (its `codec` option)."""
+        return self.workers[0].codec if self.workers else "none"
+
+    def stats(self):
+        """The groups' engines' counters, summed (the connector reads their
+        saves_not_encoded after each step's saves)."""
+        out = {}
+        for w in self.workers:
+            for k, v in w.stats().items():
+                if isinstance(v, int) and not isinstance(v, bool):
+                    out[k] = out.get(k, 0) + v
+        return out
+
+    @property
     def load_deadline_s(self):
         return max(w.load_deadline_s for w in self.workers)
 

@@ -1339,7 +1339,7 @@ class OpenInferConnector(KVConnectorBase_V1, SupportsHMA):
         block saved layer by layer is encoded once its last layer landed,
         before that layer's save call completes, so after wait_saves the
         counter holds every block of the step's saves that ended."""
-        if getattr(w, "codec", "none") == "none":  # (hybrid groups' workers: no codec)
+        if getattr(w, "codec", "none") == "none":
             return 0
         try:
             n = w.stats()["saves_not_encoded"]

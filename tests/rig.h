@@ -176,6 +176,19 @@ static TR_UNUSED oi_status tr_save(oi_engine *e, const int64_t *ids, const oi_bl
   return tr_then_wait(st, t, ms);
 }
 
+/* A layerwise save of arenas [first, first + count) of each block, then a
+ * wait up to `ms`. */
+static TR_UNUSED oi_status tr_save_arenas(oi_engine *e, const int64_t *ids, const oi_block_hash *hs,
+                                          size_t n, uint32_t first, uint32_t count, uint32_t ms) {
+  oi_save_options so;
+  REQUIRE(oi_save_options_init(&so) == OI_OK);
+  so.arena_first = first;
+  so.arena_count = count;
+  oi_ticket *t = NULL;
+  oi_status st = oi_engine_save(e, ids, hs, n, &so, &t);
+  return tr_then_wait(st, t, ms);
+}
+
 /* load + wait up to `ms`. */
 static TR_UNUSED oi_status tr_load(oi_engine *e, oi_lease lease, const int64_t *ids, size_t n,
                                    uint32_t ms) {

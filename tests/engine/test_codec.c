@@ -622,21 +622,6 @@ static void test_layered_loads(void) {
     }
 }
 
-/* Saves arenas [first, first + count) of blocks ids (each its own call). */
-static oi_status save_arenas(oi_engine *e, const int64_t *ids, const oi_block_hash *hs, size_t n,
-                             uint32_t first, uint32_t count) {
-  oi_save_options so;
-  REQUIRE(oi_save_options_init(&so) == OI_OK);
-  so.arena_first = first;
-  so.arena_count = count;
-  oi_ticket *t = NULL;
-  oi_status st = oi_engine_save(e, ids, hs, n, &so, &t);
-  if (st != OI_OK) return st;
-  st = oi_ticket_wait(t, 30000);
-  oi_ticket_release(t);
-  return st;
-}
-
 static uint64_t hits(oi_engine *e, const oi_block_hash *hs, size_t n) {
   uint8_t present[256];
   REQUIRE(n <= sizeof present);
@@ -663,7 +648,7 @@ static void test_layerwise_saves(void) {
     for (uint32_t k = 0; k < LA; k++) {
       CHECK(hits(r.e, hs, N) == 0);
       CHECK(tr_host_stats(r.h).blocks_sealed == 0);
-      CHECK_OK(save_arenas(r.e, ids, hs, N, order[k], 1));
+      CHECK_OK(tr_save_arenas(r.e, ids, hs, N, order[k], 1, 30000));
     }
     CHECK(hits(r.e, hs, N) == N);
     oi_host_stats hst = tr_host_stats(r.h);
@@ -685,7 +670,7 @@ static void test_layerwise_saves(void) {
     CHECK(bad == 0);
     /* Again, layer by layer: deduplicated, nothing held. */
     for (uint32_t a = 0; a < LA; a++)
-      CHECK_OK(save_arenas(r.e, ids, hs, N, a, 1));
+      CHECK_OK(tr_save_arenas(r.e, ids, hs, N, a, 1, 30000));
     CHECK(tr_host_stats(r.h).blocks_in_flight == 0);
     CHECK(tr_engine_stats(r.e).saves_deduplicated == N);
     CHECK_OK(oi_engine_flush(r.e, 10000));
@@ -716,11 +701,11 @@ static void test_layerwise_after_not_encoded(void) {
     for (size_t i = 0; i < N; i++)
       ids[i] = (int64_t)(2 * N + i);
     for (uint32_t a = 0; a < LA; a++)
-      CHECK_OK(save_arenas(r.e, ids, hs, N, a, 1));
+      CHECK_OK(tr_save_arenas(r.e, ids, hs, N, a, 1, 30000));
     CHECK(hits(r.e, hs, N) == 0);
     ids_hashes(ids, hs, N, (uint8_t)(0xA1 + 2 * k)); /* corpus pages, blocks [0, N) */
     for (uint32_t a = 0; a < LA; a++)
-      CHECK_OK(save_arenas(r.e, ids, hs, N, a, 1));
+      CHECK_OK(tr_save_arenas(r.e, ids, hs, N, a, 1, 30000));
     CHECK(hits(r.e, hs, N) == N);
     sealed += hits(r.e, hs, N);
   }
@@ -750,7 +735,7 @@ static void test_layerwise_abandoned(void) {
     int64_t ids[N];
     oi_block_hash hs[N];
     ids_hashes(ids, hs, N, (uint8_t)(0x80 + c));
-    CHECK_OK(save_arenas(r.e, ids, hs, N, 0, LA - 1)); /* every arena but the last */
+    CHECK_OK(tr_save_arenas(r.e, ids, hs, N, 0, LA - 1, 30000)); /* every arena but the last */
     CHECK(tr_host_stats(r.h).blocks_in_flight == N);
     oi_engine_destroy(r.e);
     r.e = NULL;
@@ -760,7 +745,7 @@ static void test_layerwise_abandoned(void) {
     CHECK(hits(r.e, hs, N) == 0);
     CHECK(ns_stats(r.h, 0).blocks_resident == 0);
     for (uint32_t a = 0; a < LA; a++)
-      CHECK_OK(save_arenas(r.e, ids, hs, N, a, 1));
+      CHECK_OK(tr_save_arenas(r.e, ids, hs, N, a, 1, 30000));
     uint8_t *want = lrig_expected(&r, c, N);
     CHECK(lrig_load_check(&r, hs, N, N, want) == 0);
     free(want);
@@ -772,7 +757,7 @@ static void test_layerwise_abandoned(void) {
     r.e = tr_engine_new(r.h, &r.o);
     oi_block_hash hs2[N];
     ids_hashes(ids, hs2, N, (uint8_t)(0x90 + c));
-    CHECK_OK(save_arenas(r.e, ids, hs2, N, 0, 2));
+    CHECK_OK(tr_save_arenas(r.e, ids, hs2, N, 0, 2, 30000));
     CHECK(tr_host_stats(r.h).blocks_in_flight == N);
     CHECK_OK(oi_engine_flush(r.e, 10000));
     CHECK(tr_host_stats(r.h).blocks_in_flight == 0);
@@ -780,7 +765,7 @@ static void test_layerwise_abandoned(void) {
     oi_engine_stats es = tr_engine_stats(r.e);
     CHECK(es.saves_failed == N && es.saves_completed == 0);
     /* Its last layers after the deadline: skipped (the records ended), still a miss. */
-    CHECK_OK(save_arenas(r.e, ids, hs2, N, 2, 2));
+    CHECK_OK(tr_save_arenas(r.e, ids, hs2, N, 2, 2, 30000));
     CHECK_OK(oi_engine_flush(r.e, 10000));
     CHECK(hits(r.e, hs2, N) == 0); /* new records of two arenas: aborted at the deadline too */
     es = tr_engine_stats(r.e);
@@ -803,7 +788,7 @@ static void test_layerwise_bounce_bound(void) {
   oi_block_hash hs[N];
   ids_hashes(ids, hs, N, 0xA0);
   for (uint32_t a = 0; a < LA; a++)
-    CHECK_OK(save_arenas(r.e, ids, hs, N, a, 1));
+    CHECK_OK(tr_save_arenas(r.e, ids, hs, N, a, 1, 30000));
   oi_engine_stats es = tr_engine_stats(r.e);
   printf("bounce bound: %llu of %d blocks sealed, %llu failed (bounces for %zu)\n",
          (unsigned long long)es.saves_completed, N, (unsigned long long)es.saves_failed, hold);
@@ -816,7 +801,7 @@ static void test_layerwise_bounce_bound(void) {
   free(want);
   /* The bounces came back: the rest now seal. */
   for (uint32_t a = 0; a < LA; a++)
-    CHECK_OK(save_arenas(r.e, ids + hold, hs + hold, N - hold, a, 1));
+    CHECK_OK(tr_save_arenas(r.e, ids + hold, hs + hold, N - hold, a, 1, 30000));
   CHECK(hits(r.e, hs + hold, N - hold) == N - hold);
   lrig_close(&r);
 }

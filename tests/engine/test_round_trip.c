@@ -7,6 +7,7 @@
 #include "engine_testutil.h"
 #include "host/host.h"
 #include "host/tier.h"
+#include "rig.h"
 
 #define SEED 0x0123456789ull
 
@@ -229,20 +230,6 @@ static void test_arena_waits_on_the_cpu_backend(void) {
   etu_layout_free(&L);
 }
 
-static oi_status save_layers(oi_engine *e, const int64_t *ids, const oi_block_hash *hs, size_t n,
-                             uint32_t first, uint32_t count) {
-  oi_save_options so;
-  REQUIRE(oi_save_options_init(&so) == OI_OK);
-  so.arena_first = first;
-  so.arena_count = count;
-  oi_ticket *t = NULL;
-  oi_status st = oi_engine_save(e, ids, hs, n, &so, &t);
-  if (st != OI_OK) return st;
-  st = oi_ticket_wait(t, 10000);
-  oi_ticket_release(t);
-  return st;
-}
-
 static uint64_t visible(oi_engine *e, const oi_block_hash *hs, size_t n) {
   uint8_t present[64];
   oi_query_result q = {.struct_size = sizeof q, .present = present};
@@ -276,14 +263,14 @@ static void test_layerwise_save(void) {
     etu_fill_block(&L, src[i], (uint64_t)i, SEED);
   }
   /* Layer by layer (the last call covers two layers); layer 1 twice. */
-  CHECK_OK(save_layers(e, src, hs, N, 0, 1));
+  CHECK_OK(tr_save_arenas(e, src, hs, N, 0, 1, 10000));
   CHECK(visible(e, hs, N) == 0);
-  CHECK_OK(save_layers(e, src, hs, N, 1, 1));
-  CHECK_OK(save_layers(e, src, hs, N, 1, 1)); /* skipped: already arrived */
+  CHECK_OK(tr_save_arenas(e, src, hs, N, 1, 1, 10000));
+  CHECK_OK(tr_save_arenas(e, src, hs, N, 1, 1, 10000)); /* skipped: already arrived */
   CHECK(visible(e, hs, N) == 0);
   oi_host_stats hst = etu_host_stats(h);
   CHECK(hst.blocks_in_flight == N && hst.blocks_sealed == 0);
-  CHECK_OK(save_layers(e, src, hs, N, 2, 2));
+  CHECK_OK(tr_save_arenas(e, src, hs, N, 2, 2, 10000));
   CHECK(visible(e, hs, N) == N);
   hst = etu_host_stats(h);
   CHECK(hst.blocks_in_flight == 0 && hst.blocks_sealed == N);
@@ -298,14 +285,14 @@ static void test_layerwise_save(void) {
   for (int i = 0; i < N; i++)
     CHECK(etu_block_matches(&L, dst[i], (uint64_t)i, SEED, "layerwise"));
   /* Saving sealed blocks layer by layer again: deduplicated, nothing held. */
-  CHECK_OK(save_layers(e, dst, hs, N, 0, 1));
-  CHECK_OK(save_layers(e, dst, hs, N, 1, 3));
+  CHECK_OK(tr_save_arenas(e, dst, hs, N, 0, 1, 10000));
+  CHECK_OK(tr_save_arenas(e, dst, hs, N, 1, 3, 10000));
   CHECK(etu_host_stats(h).blocks_in_flight == 0);
   CHECK_OK(oi_engine_flush(e, 5000));
 
   /* Layers that never all arrive: aborted at the deadline; the flush waits. */
   oi_block_hash hs2[2] = {etu_hash(5152, 0), etu_hash(5152, 1)};
-  CHECK_OK(save_layers(e, src, hs2, 2, 0, 2));
+  CHECK_OK(tr_save_arenas(e, src, hs2, 2, 0, 2, 10000));
   CHECK(etu_host_stats(h).blocks_in_flight == 2);
   CHECK_ST(oi_engine_flush(e, 10), OI_ERR_TIMEOUT);
   CHECK_OK(oi_engine_flush(e, 5000));
@@ -316,7 +303,7 @@ static void test_layerwise_save(void) {
   /* ... and at the deadline even when the engine is not used again: the
    * sweeper gives the slots back (the host's own stats show it). */
   oi_block_hash hs3[2] = {etu_hash(5153, 0), etu_hash(5153, 1)};
-  CHECK_OK(save_layers(e, src, hs3, 2, 0, 1));
+  CHECK_OK(tr_save_arenas(e, src, hs3, 2, 0, 1, 10000));
   CHECK(etu_host_stats(h).blocks_in_flight == 2);
   double t0 = etu_now_s();
   while (etu_host_stats(h).blocks_in_flight != 0 && etu_now_s() - t0 < 5)

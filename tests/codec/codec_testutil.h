@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "codec/codec.h"
+#include "codec/rans.h"
 
 #define CORPUS_PAGE_BYTES 12288u
 #define CORPUS_SHAPE_KV ((oi_codec_shape){OI_CODEC_DTYPE_BF16, 2, 16, 3, 64})
@@ -66,6 +67,48 @@ static inline float ct_bf16(uint16_t b) {
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+
+/* Decodes one piece of frame f on its own (what a GPU decoder does with
+ * it, here on the cpu) into `block` (block_bytes, the frame's decoded
+ * block): 0, or -1 when a rANS stream does not decode, -2 when a lossy
+ * payload does not (oi_last_error() says why). */
+static inline int ct_decode_piece(const uint8_t *f, const oi_codec_piece *p, uint8_t *block,
+                                  size_t block_bytes) {
+  uint8_t *out = block + p->dst;
+  switch (p->kind) {
+  case OI_CODEC_PIECE_RANS:
+  case OI_CODEC_PIECE_RAW_EXP: {
+    uint8_t *exp = malloc(p->count ? p->count : 1);
+    if (!exp) abort();
+    int rc = 0;
+    if (p->kind == OI_CODEC_PIECE_RAW_EXP)
+      memcpy(exp, f + p->src, p->count);
+    else if (oi__rans_decode(f + p->src, p->len, exp, p->count) != 0)
+      rc = -1;
+    for (uint32_t i = 0; rc == 0 && i < p->count; i++) {
+      uint8_t e = exp[i], sm = f[p->aux + i];
+      out[2 * i] = (uint8_t)((e << 7) | (sm & 0x7f));
+      out[2 * i + 1] = (uint8_t)((sm & 0x80) | (e >> 1));
+    }
+    free(exp);
+    return rc;
+  }
+  case OI_CODEC_PIECE_BYTES: memcpy(out, f + p->src, p->count); return 0;
+  default: { /* int8, fp8: the whole payload */
+    int codec = p->kind == OI_CODEC_PIECE_INT8 ? OI_CODEC_INT8 : OI_CODEC_FP8;
+    oi_codec_shape sh = {.dtype = OI_CODEC_DTYPE_BF16,
+                         .parts = (uint16_t)(codec == OI_CODEC_INT8
+                                                 ? p->count / ((uint32_t)p->tokens * p->heads)
+                                                 : p->count),
+                         .tokens = p->tokens,
+                         .heads = p->heads,
+                         .head_dim = p->head_dim};
+    return oi__codec_decode_payload(codec, &sh, f + p->src, p->len, block, block_bytes) == OI_OK
+               ? 0
+               : -2;
+  }
+  }
 }
 
 #endif

@@ -7,7 +7,6 @@
  * decoder is tests/gpu/test_codec_kernels. */
 #include <string.h>
 
-#include "codec/rans.h"
 #include "codec_testutil.h"
 #include "core/core.h"
 #include "testutil.h"
@@ -24,37 +23,8 @@ static bool decode_by_pieces(const uint8_t *f, size_t len, uint8_t *dst, size_t 
   if (oi__codec_pieces(f, len, true, &in, pc, OI_ARRAY_LEN(pc), &n) != OI_OK) return false;
   REQUIRE(in.logical_bytes <= cap);
   *npieces = n;
-  for (size_t k = n; k-- > 0;) {
-    const oi_codec_piece *p = &pc[k];
-    uint8_t *out = dst + p->dst;
-    switch (p->kind) {
-    case OI_CODEC_PIECE_RANS:
-    case OI_CODEC_PIECE_RAW_EXP: {
-      uint8_t *exp = malloc(p->count);
-      REQUIRE(exp);
-      if (p->kind == OI_CODEC_PIECE_RANS) {
-        if (oi__rans_decode(f + p->src, p->len, exp, p->count) != 0) return false;
-      } else {
-        memcpy(exp, f + p->src, p->count);
-      }
-      for (uint32_t i = 0; i < p->count; i++) {
-        uint8_t e = exp[i], sm = f[p->aux + i];
-        out[2 * i] = (uint8_t)((e << 7) | (sm & 0x7f));
-        out[2 * i + 1] = (uint8_t)((sm & 0x80) | (e >> 1));
-      }
-      free(exp);
-      break;
-    }
-    case OI_CODEC_PIECE_BYTES: memcpy(out, f + p->src, p->count); break;
-    case OI_CODEC_PIECE_INT8:
-    case OI_CODEC_PIECE_FP8:
-      if (oi__codec_decode_payload(in.codec, &in.shape, f + p->src, p->len, out,
-                                   in.logical_bytes) != OI_OK)
-        return false;
-      break;
-    default: return false;
-    }
-  }
+  for (size_t k = n; k-- > 0;)
+    if (ct_decode_piece(f, &pc[k], dst, in.logical_bytes) != 0) return false;
   return true;
 }
 

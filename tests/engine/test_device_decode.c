@@ -14,7 +14,6 @@
 
 #include "../codec/codec_testutil.h"
 #include "codec/codec.h"
-#include "codec/rans.h"
 #include "device/device.h"
 #include "engine/layout.h"
 #include "rig.h"
@@ -54,13 +53,6 @@ typedef struct decode_call {
 
 static atomic_int decodes; /* batches the backend decoded */
 
-static void merge(uint8_t *out, const uint8_t *exp, const uint8_t *sm, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++) {
-    out[2 * i] = (uint8_t)((exp[i] << 7) | (sm[i] & 0x7f));
-    out[2 * i + 1] = (uint8_t)((sm[i] & 0x80) | (exp[i] >> 1));
-  }
-}
-
 /* On the stream's worker: what the GPU does with the batch. */
 static void run_decode(void *arg, oi_status st) {
   OI_UNUSED(st);
@@ -71,32 +63,21 @@ static void run_decode(void *arg, oi_status st) {
   for (size_t k = 0; k < b->npieces; k++) {
     const oi_decode_piece *p = &c->pieces[k];
     if (b->status[p->frame]) continue; /* refused by the host */
-    const uint8_t *f = c->frames[p->frame];
-    uint8_t *blk = blocks + p->frame * b->block_bytes, *out = blk + p->dst;
-    int32_t bad = 0;
-    if (p->kind == OI_DECODE_RANS || p->kind == OI_DECODE_RAW_EXP) {
-      uint8_t *exp = malloc(p->count);
-      REQUIRE(exp);
-      if (p->kind == OI_DECODE_RAW_EXP)
-        memcpy(exp, f + p->src, p->count);
-      else if (oi__rans_decode(f + p->src, p->len, exp, p->count) != 0)
-        bad = OI_DECODE_BAD_STREAM;
-      if (!bad) merge(out, exp, f + p->aux, p->count);
-      free(exp);
-    } else if (p->kind == OI_DECODE_BYTES) {
-      memcpy(out, f + p->src, p->count);
-    } else {
-      int codec = p->kind == OI_DECODE_INT8 ? OI_CODEC_INT8 : OI_CODEC_FP8;
-      oi_codec_shape sh = {
-          .dtype = OI_CODEC_DTYPE_BF16,
-          .parts =
-              (uint16_t)(codec == OI_CODEC_INT8 ? p->count / (p->tokens * p->heads) : p->count),
-          .tokens = p->tokens,
-          .heads = p->heads,
-          .head_dim = p->head_dim};
-      if (oi__codec_decode_payload(codec, &sh, f + p->src, p->len, blk, b->block_bytes) != OI_OK)
-        bad = strstr(oi_last_error(), "NaN") ? OI_DECODE_NAN_CODE : OI_DECODE_BAD_SCALE;
-    }
+    oi_codec_piece cp = {.kind = p->kind,
+                         .src = p->src,
+                         .aux = p->aux,
+                         .dst = p->dst,
+                         .len = p->len,
+                         .count = p->count,
+                         .tokens = p->tokens,
+                         .heads = p->heads,
+                         .head_dim = p->head_dim};
+    int rc = ct_decode_piece(c->frames[p->frame], &cp, blocks + p->frame * b->block_bytes,
+                             b->block_bytes);
+    int32_t bad = rc == -1 ? OI_DECODE_BAD_STREAM
+                  : rc == -2
+                      ? (strstr(oi_last_error(), "NaN") ? OI_DECODE_NAN_CODE : OI_DECODE_BAD_SCALE)
+                      : 0;
     if (bad && !b->status[p->frame]) b->status[p->frame] = bad;
   }
   for (size_t i = 0; i < b->n; i++) /* what failed lands as zeros */

@@ -529,6 +529,19 @@ static void arena_landed(void *arg, oi_status st) {
   oi__ticket_arena_landed(job->progress, cb->arena, now);
 }
 
+/* After arena a's copies of a layered load: its event (CUDA) and, where
+ * the progress is not the events', its report (arena_landed). */
+static oi_status mark_arena(oi_xfer_job *job, uint32_t a, void **evs) {
+  oi_xfer *x = job->x;
+  oi_stream *s = x->stream[OI_COPY_H2D];
+  oi_status st = OI_OK;
+  if (evs) st = x->dev->ops->stream_record_event(s, &evs[a]);
+  job->arena_cbs[a] = (arena_cb){.job = job, .arena = a};
+  if (st == OI_OK && job->progress)
+    st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
+  return st;
+}
+
 /* Queues, arena by arena, the copies of n pairs (device ids[i] <- host[i])
  * of a layered load, each followed by its arena's event (CUDA) and, where
  * the progress is not the events', its report (arena_landed). */
@@ -545,10 +558,7 @@ static oi_status queue_arenas(oi_xfer_job *job, const int64_t *ids, uint8_t *con
     one.arenas = &l->arenas[a];
     one.block_bytes = (uint64_t)one.arenas->segments * one.arenas->bytes_per_block;
     st = queue_copies_in(x, &one, mode, s, OI_COPY_H2D, ids, host, n);
-    if (st == OI_OK && evs) st = x->dev->ops->stream_record_event(s, &evs[a]);
-    job->arena_cbs[a] = (arena_cb){.job = job, .arena = a};
-    if (st == OI_OK && job->progress)
-      st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
+    if (st == OI_OK) st = mark_arena(job, a, evs);
   }
   return st;
 }
@@ -577,13 +587,8 @@ static oi_status queue_codec_blocks(oi_xfer_job *job, const oi_layout *l, uint32
     oi__codec_stage_lock(x->codec, d);
     oi_status st = queue_device_decode(job, l, from, n);
     oi__codec_stage_unlock(x->codec, d);
-    for (uint32_t a = 0; arenas && st == OI_OK && a < x->cfg.layout->num_arenas; a++) {
-      oi_stream *s = x->stream[d];
-      if (evs) st = x->dev->ops->stream_record_event(s, &evs[a]);
-      job->arena_cbs[a] = (arena_cb){.job = job, .arena = a};
-      if (st == OI_OK && job->progress)
-        st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
-    }
+    for (uint32_t a = 0; arenas && st == OI_OK && a < x->cfg.layout->num_arenas; a++)
+      st = mark_arena(job, a, evs);
     return st;
   }
   codec_step *c = oi__malloc(sizeof *c);

@@ -383,7 +383,7 @@ static void partials_sweep(local_engine *e, bool all) {
     /* Up to a batch of records at a time: the ones whose every arena landed
      * in a bounce are encoded together (the codec stage's workers). */
     partial *batch[64], *enc[64];
-    uint8_t *src[64], *slots[64], bad[64] = {0}; /* the encode marks only the failed */
+    uint8_t *src[64], *slots[64], bad[64]; /* oi__xfer_encode writes each of the ne */
     size_t nb = 0, ne = 0;
     while (done && nb < 64) {
       batch[nb++] = done;

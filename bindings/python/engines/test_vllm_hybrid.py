@@ -262,6 +262,14 @@ class HybridEngine:
                 got = rk.kv[LAYER_NAMES[layer]][b]
                 assert torch.equal(got, want), (req_id, i, b, rk.rank, layer)
 
+    def check_loaded(self, req_id, full_ids, swa_ids, first_swa):
+        """The full group's blocks 0.. and the window's blocks from first_swa
+        on, loaded into full_ids and swa_ids, hold the request's KV."""
+        for i, blk in enumerate(full_ids):
+            self.check_block(req_id, i, blk, FULL_LAYERS)
+        for i, blk in enumerate(swa_ids, first_swa):
+            self.check_block(req_id, i, blk, SWA_LAYERS)
+
     def held(self, group, hashes, rank=0):
         """How many leading blocks of `hashes` a rank's namespace of a group
         holds (through the scheduler's own query of that namespace)."""
@@ -353,10 +361,7 @@ def test_hybrid_groups_round_trip_byte_equal_into_another_instance(tp, mode, req
         assert full_ids == b.tables["b"][0][:8]
         assert swa_ids == b.tables["b"][1][5:8]
         assert b.tables["b"][1][:5] == [0] * 5  # vLLM's null block: nothing loaded there
-        for i, blk in enumerate(full_ids):
-            b.check_block("b", i, blk, FULL_LAYERS)
-        for i, blk in zip(range(5, 8), swa_ids):
-            b.check_block("b", i, blk, SWA_LAYERS)
+        b.check_loaded("b", full_ids, swa_ids, 5)
         for rk in b.ranks:
             st = rk.conn.stats()
             assert (st["loads_submitted"], st["loads_completed"], st["loads_failed"]) == \
@@ -402,10 +407,7 @@ def test_hybrid_groups_under_a_codec(mode, request):
         steps = b.run()
         (ld,) = loads_of(steps, "b")
         full_ids, swa_ids = ld.group_block_ids
-        for i, blk in enumerate(full_ids):
-            b.check_block("b", i, blk, FULL_LAYERS)
-        for i, blk in zip(range(5, 8), swa_ids):
-            b.check_block("b", i, blk, SWA_LAYERS)
+        b.check_loaded("b", full_ids, swa_ids, 5)
     finally:
         b.close()
     noisy = list(range(6000, 6000 + 8 * BS + 3))
@@ -477,10 +479,7 @@ def test_a_block_a_group_lacks_is_never_promised():
         (ld,) = loads_of(steps, "b")
         full_ids, swa_ids = ld.group_block_ids
         assert len(full_ids) == 4 and len(swa_ids) == 3, ld
-        for i, blk in enumerate(full_ids):
-            b.check_block("b", i, blk, FULL_LAYERS)
-        for i, blk in zip(range(1, 4), swa_ids):
-            b.check_block("b", i, blk, SWA_LAYERS)
+        b.check_loaded("b", full_ids, swa_ids, 1)
         # blocks 4.. were computed, and hold what the model wrote
         assert sum(so.num_scheduled_tokens.get("b", 0) for so, _ in steps) >= len(PROMPT) - 4 * BS
         for i in range(4, 8):
@@ -538,10 +537,7 @@ def test_a_restore_plan_of_fewer_blocks_gets_a_prefix_every_group_serves():
         assert not any(kvo and (kvo.invalid_block_ids or kvo.failed_recving)
                        for _, kvo in steps)
         assert b.conn.stats()["loads_completed"] == 1
-        for i, blk in enumerate(full_ids):
-            b.check_block("b", i, blk, FULL_LAYERS)
-        for i, blk in zip(range(1, 4), swa_ids):
-            b.check_block("b", i, blk, SWA_LAYERS)
+        b.check_loaded("b", full_ids, swa_ids, 1)
     finally:
         b.close()
 

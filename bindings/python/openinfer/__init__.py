@@ -1184,9 +1184,17 @@ class QueryResult:
         self.loading = loading
         self.present = present
         self.pending_blocks = pending_blocks
-        # where each queried block was found: "pool", "disk", "remote",
-        # "unknown" (a sidecar's pending blocks) or None (not found)
-        self.where = where
+        self._where = where
+
+    @property
+    def where(self):
+        """Where each queried block was found: "pool", "disk", "remote",
+        "unknown" (a sidecar's pending blocks) or None (not found). Named on
+        first use from the library's codes: a membership query of thousands
+        of hashes pays no Python step per hash unless it asks."""
+        if isinstance(self._where, (bytes, bytearray)):
+            self._where = [_WHERE_NAMES.get(c) for c in self._where]
+        return self._where
 
     def __repr__(self):
         return "QueryResult(hit_blocks=%d, pending_blocks=%d, lease=%r)" % (
@@ -1304,7 +1312,7 @@ def _do_query(owner, call, hashes, req_id, membership, out, wait_pending):
             ffi.release(outp)
     _check(st)
     loading = r.state == lib.OI_QUERY_LOADING
-    places = [_WHERE_NAMES.get(where[i]) for i in range(n)]
+    places = bytes(ffi.buffer(where, n))  # named by QueryResult.where when read
     if membership:
         return QueryResult(r.hit_blocks, None, loading, None, r.pending_blocks, places), out
     raw = bytes(ffi.buffer(r.lease.bytes, 16))

@@ -195,7 +195,19 @@ def test_a_load_past_its_deadline_is_held_until_fenced():
     run: settle_load says nothing (None) while it is fencing, the counters
     hold its 20 blocks as fencing, then it ends failed (DeadlineError),
     counted failed and fenced, never completed; bytes written into its
-    blocks after that never change (every byte checked)."""
+    blocks after that never change (every byte checked). The fencing lasts
+    as long as the copies (tens of ms): a poller kept off a busy machine's
+    cores for all of it sees only the end, so the load is tried again (up
+    to three times); every try checks the end state."""
+    for attempt in range(3):
+        if fenced_load_is_seen_fencing():
+            return
+    raise AssertionError("the load never showed as fencing (3 tries)")
+
+
+def fenced_load_is_seen_fencing():
+    """One load of test_a_load_past_its_deadline_is_held_until_fenced;
+    whether its poller saw it fencing, counted as such."""
     layers, nb, n, elems = 4, 24, 20, 1 << 20  # 2 MiB of bf16 per layer and block
     raw = torch.zeros(layers * nb * elems, dtype=torch.bfloat16)
     pages = raw.view(layers, nb, elems)
@@ -225,7 +237,6 @@ def test_a_load_past_its_deadline_is_held_until_fenced():
                 seen_fencing = True
                 seen_counted |= (c["blocks_fencing"], c["loads_fencing"]) == (n, 1)
             assert time.monotonic() < deadline
-        assert seen_fencing and seen_counted, "the load never showed as fencing"
         assert isinstance(r, oi.DeadlineError), r
         c = w.counters()
         assert (c["loads_submitted"], c["loads_completed"], c["loads_failed"],
@@ -236,6 +247,7 @@ def test_a_load_past_its_deadline_is_held_until_fenced():
         time.sleep(0.5)
         assert torch.equal(raw.view(torch.int16), snap.view(torch.int16))
         w.close()
+    return seen_fencing and seen_counted
 
 
 # ----------------------------------------------------------------------------- codecs

@@ -88,6 +88,9 @@ def test_executor_computes_what_a_slow_disk_holds(tmp_path):
             assert r.tokens == want and r.restored_tokens == 0
             st = x.stats()
             assert st["plans"] == 1 and st["plans_compute"] == 1
-            assert st["prefill_samples"] > 0 and st["prefill_ns_per_token"] > 0
+            # fitted to the forwards: a cost per token, or per position of context
+            # alone where the fit's per-token part came out negative (timing noise)
+            assert st["prefill_samples"] > 0
+            assert st["prefill_ns_per_token"] > 0 or st["prefill_ns_per_token_ctx"] > 0, st
         with pytest.raises(oi.InvalidArgumentError, match="restore_plan"):
             oi.Executor(model, restore_plan="sometimes")

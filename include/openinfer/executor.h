@@ -118,6 +118,13 @@ typedef struct oi_executor_options {
   uint64_t link_bytes_per_s;
   uint64_t disk_bytes_per_s;
   uint64_t remote_bytes_per_s;
+  /* Appended: the codec of the executor's namespace (oi_engine_options.codec,
+   * docs/codecs.md): NULL or "none" (default), "lossless", or the lossy
+   * "int8" and "fp8", whose shape is the model's (a block's parts are its
+   * layers' K and V pages of page_size tokens, num_kv_heads heads of
+   * head_dim) and which need bf16 KV (dtype_bytes 2). Needs offload. */
+  const char *codec;
+  uint64_t codec_slot_bytes; /* oi_engine_options.codec_slot_bytes; 0: the codec's default */
 } oi_executor_options;
 
 typedef struct oi_request {

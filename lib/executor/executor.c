@@ -206,6 +206,7 @@ OI_API void oi_executor_destroy(oi_executor *x) {
   oi__free(x->by_id);
   oi__free(x->ranks);
   oi__free(x->namespace_id);
+  oi__free(x->codec);
   oi__free(x);
 }
 
@@ -238,6 +239,10 @@ static oi_status check_options(const oi_executor_options *o) {
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "executor_create: restore_overlap %u is not an oi_restore_overlap",
                     o->restore_overlap);
+  if (o->codec && o->codec[0] && strcmp(o->codec, "none") && o->offload == OI_OFFLOAD_NONE)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "executor_create: codec \"%.32s\" needs offload (EMBEDDED or SIDECAR)",
+                    o->codec);
   if (o->restore_plan > OI_RESTORE_PLAN_OFF)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "executor_create: restore_plan %u is not an oi_restore_plan_mode",
@@ -284,6 +289,14 @@ static oi_status engine_options_for(oi_executor *x, exec_rank *r, oi_engine_opti
   eo->num_arenas = r->kv.num_layers;
   eo->arenas = arenas;
   eo->arena_size = r->kv.bytes;
+  eo->codec = x->codec;
+  eo->codec_slot_bytes = x->o.codec_slot_bytes;
+  if (x->codec && (!strcmp(x->codec, "int8") || !strcmp(x->codec, "fp8"))) {
+    /* the lossy codecs' groups: a block is [layer][K, V][token][head][dim] */
+    eo->codec_tokens = x->o.page_size;
+    eo->codec_heads = x->desc.num_kv_heads;
+    eo->codec_head_dim = x->desc.head_dim;
+  }
   for (uint32_t l = 0; l < r->kv.num_layers; l++) {
     snprintf(names[l], 16, "L%u", l);
     memset(&arenas[l], 0, sizeof arenas[l]);
@@ -415,6 +428,21 @@ OI_API oi_status oi_executor_create(const oi_executor_options *opts, oi_executor
     goto fail_early;
   }
   x->o.namespace_id = x->namespace_id;
+  if (o.codec && o.codec[0] && strcmp(o.codec, "none")) {
+    bool lossy = !strcmp(o.codec, "int8") || !strcmp(o.codec, "fp8");
+    if (lossy && d->dtype_bytes != 2) {
+      st = oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "executor_create: codec \"%s\" quantizes bf16 KV; the model's KV elements "
+                    "are %u bytes",
+                    o.codec, d->dtype_bytes);
+      goto fail_early;
+    }
+    if (!(x->codec = oi__strdup(o.codec))) {
+      st = oi__fail(OI_ERR_OUT_OF_MEMORY, "executor_create: out of memory");
+      goto fail_early;
+    }
+  }
+  x->o.codec = x->codec;
   x->o.host_options = NULL; /* used only during create */
 
   if (o.offload == OI_OFFLOAD_EMBEDDED) {

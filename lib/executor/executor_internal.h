@@ -158,6 +158,7 @@ struct oi_executor {
   void *model_ctx_for_worker; /* o.model_ctx */
   oi_model_desc desc;
   char *namespace_id;
+  char *codec; /* NULL: none */
   oi_host *host;
   bool owns_host;
   exec_rank *ranks;

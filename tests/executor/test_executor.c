@@ -12,6 +12,7 @@
  *   - with OI_RESTORE_OVERLAP=host, all of the above with every restore
  *     overlapping the forward of the prompt's remaining tokens.
  * Each test uses its own namespace, so the host tier starts empty for it. */
+#include "codec/codec.h"
 #include "exec_testutil.h"
 #include "executor/executor_internal.h"
 #include "openinfer/disk.h"
@@ -484,6 +485,8 @@ static void test_bad_options_are_refused(void) {
       {"the model describes an empty KV layout"},
       {"the model describes an empty KV layout"},
       {"the model describes an empty KV layout"},
+      {"codec \"lossless\" needs offload (EMBEDDED or SIDECAR)"},
+      {"codec \"int8\" quantizes bf16 KV; the model's KV elements are 4 bytes"},
   };
   int32_t devices[2] = {-1, -2};
   oi_host_options bad_ho = {.struct_size = 0};
@@ -518,11 +521,13 @@ static void test_bad_options_are_refused(void) {
     case 18: bad_model_mode = 4; break; /* rank 0 was set up: destroyed again */
     case 19: ops.describe = NULL; break;
     case 20: ops.bind = NULL; break;
-    case 21: bad_model_mode = 5; break; /* no layers */
-    case 22: bad_model_mode = 6; break; /* no KV heads */
-    case 23: bad_model_mode = 7; break; /* 0-byte elements */
-    case 24: bad_model_mode = 8; break; /* no vocabulary */
-    case 25: bad_model_mode = 9; break; /* 4097 layers */
+    case 21: bad_model_mode = 5; break;                                /* no layers */
+    case 22: bad_model_mode = 6; break;                                /* no KV heads */
+    case 23: bad_model_mode = 7; break;                                /* 0-byte elements */
+    case 24: bad_model_mode = 8; break;                                /* no vocabulary */
+    case 25: bad_model_mode = 9; break;                                /* 4097 layers */
+    case 26: o.codec = "lossless"; break;                              /* offload NONE */
+    case 27: o.offload = OI_OFFLOAD_EMBEDDED, o.codec = "int8"; break; /* fp32 KV */
     }
     oi_executor *x = (oi_executor *)&o;
     oi_status st = oi_executor_create(&o, &x);
@@ -563,6 +568,58 @@ static void test_bad_options_are_refused(void) {
     CHECK(es.restores_overlapped == 0 && es.restores_completed == 1);
     oi_executor_destroy(x);
   }
+}
+
+/* A codec namespace (oi_executor_options.codec): the restored prompt's
+ * tokens and KV bytes are the cold run's, the blocks went through lossless
+ * frames (the cpu model's fp32 KV compresses little: a slot of the whole
+ * block takes every frame), and the namespace is the codec's. */
+static void test_codec_namespace(void) {
+  oi_executor_options o;
+  exec_options(&o, mode);
+  o.host = host;
+  if (mode == OI_OFFLOAD_SIDECAR) o.socket_path = server.socket;
+  o.namespace_id = "t-codec";
+  o.codec = "lossless";
+  oi_executor *x = NULL;
+  /* a slot past the block and a frame header is refused by the engine */
+  o.codec_slot_bytes = 1ull << 40;
+  CHECK_ST(oi_executor_create(&o, &x), OI_ERR_INVALID_ARGUMENT);
+  CHECK(x == NULL);
+  oi_model_desc d = {.struct_size = sizeof d};
+  REQUIRE(model_ops.describe(model_ctx, &d) == OI_OK);
+  size_t block = (size_t)d.num_kv_heads * d.head_dim * d.dtype_bytes * PAGE * 2 * d.num_layers;
+  oi_codec_shape shape = {0};
+  o.codec_slot_bytes = oi__codec_bound(OI_CODEC_LOSSLESS, &shape, block); /* every frame fits */
+  REQUIRE(oi_executor_create(&o, &x) == OI_OK);
+  uint32_t a[PROMPT];
+  make_prompt(a, PROMPT, 91);
+  run_out cold, warm;
+  run_one(x, a, PROMPT, -1, &cold);
+  size_t bytes = 0, bytes2 = 0;
+  uint8_t *cold_kv = kv_snapshot(x, 0, cold.id, KV_FULL_BLOCKS, &bytes);
+  CHECK_OK(oi_executor_flush(x, 10000));
+  CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
+  run_one(x, a, PROMPT, -1, &warm);
+  CHECK(warm.res.restored_tokens == RESTORABLE);
+  CHECK(same_tokens(&cold, &warm));
+  uint8_t *warm_kv = kv_snapshot(x, 0, warm.id, KV_FULL_BLOCKS, &bytes2);
+  CHECK(bytes == bytes2 && !memcmp(cold_kv, warm_kv, bytes));
+  free(warm_kv);
+  free(cold_kv);
+  if (host) { /* the namespace is the codec's, its blocks frames */
+    bool seen = false;
+    for (uint32_t i = 0;; i++) {
+      oi_host_namespace_stats ns = {.struct_size = sizeof ns};
+      if (oi_host_get_namespace_stats(host, i, &ns) != OI_OK) break;
+      if (strcmp(ns.name, "t-codec")) continue;
+      seen = true;
+      CHECK(!strcmp(ns.codec, "lossless") && ns.blocks_resident >= RESTORABLE / PAGE);
+    }
+    CHECK(seen);
+  }
+  check_quiet(x);
+  oi_executor_destroy(x);
 }
 
 static void test_bad_input_is_refused(void) {
@@ -727,6 +784,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_bad_input_is_refused);
   RUN_TEST(test_bad_options_are_refused);
   RUN_TEST(test_two_restores_of_one_prompt);
+  RUN_TEST(test_codec_namespace);
   if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_a_waiting_request_holds_no_blocks);
   if (mode == OI_OFFLOAD_EMBEDDED) RUN_TEST(test_default_namespaces);
   if (mode == OI_OFFLOAD_SIDECAR) server_stop(&server);

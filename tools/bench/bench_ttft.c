@@ -101,7 +101,8 @@ static void usage(FILE *f) {
       "usage: openinfer bench ttft [--device N|cpu] [--sizes A,B,...] [--reps N] [--chunk N]\n"
       "                            [--mixed N] [--mixed-tokens N] [--miss-reps N]\n"
       "                            [--disk DIR|none] [--layers N] [--vocab N] [--hidden N]\n"
-      "                            [--heads N] [--kv-heads N] [--head-dim N] [--mlp N] [--json]\n"
+      "                            [--heads N] [--kv-heads N] [--head-dim N] [--mlp N]\n"
+      "                            [--codec none|lossless|int8|fp8] [--json]\n"
       "\n"
       "The reference model behind the executor with an embedded host tier. On a GPU\n"
       "(default: device 0 when one is visible) the CUDA model in the Qwen3-4B shape (36\n"
@@ -131,6 +132,8 @@ static void usage(FILE *f) {
       "  --disk     a disk tier under the pool, in DIR (default: a scratch directory under\n"
       "             TMPDIR, removed after; 'none' skips it): per size, the same prompts again\n"
       "             after the pool was emptied too, restored from disk (the disk-warm rows)\n"
+      "  --codec    the namespace's codec (docs/codecs.md; default none): every row's blocks\n"
+      "             are saved and restored as its frames (int8 and fp8: the cuda model's bf16 KV)\n"
       "  --layers, --vocab   model size (default 36, 32768; cpu 4, 2048)\n"
       "  --hidden, --heads, --kv-heads, --head-dim, --mlp   the model's shape (defaults\n"
       "             above): fewer KV heads and a larger hidden size make fewer KV bytes per\n"
@@ -157,6 +160,7 @@ int bench_ttft(int argc, char **argv) {
                                      {"kv-heads", required_argument, 0, 'k'},
                                      {"head-dim", required_argument, 0, 'a'},
                                      {"mlp", required_argument, 0, 'f'},
+                                     {"codec", required_argument, 0, 'C'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   /* -1: not given (the device's default); device -2: auto, -1: cpu. */
@@ -166,7 +170,7 @@ int bench_ttft(int argc, char **argv) {
   uint32_t sizes[MAX_SIZES] = {0};
   int nsizes = 0;
   bool json = false;
-  const char *disk_arg = NULL;
+  const char *disk_arg = NULL, *codec = "none";
   optind = 1;
   int c;
   while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -204,6 +208,11 @@ int bench_ttft(int argc, char **argv) {
     case 'x': ok = cli_parse_int(optarg, 0, MAX_REPS, &miss_reps); break;
     case 'j': json = true; break;
     case 'D': disk_arg = optarg; break;
+    case 'C':
+      codec = optarg;
+      ok = !strcmp(codec, "none") || !strcmp(codec, "lossless") || !strcmp(codec, "int8") ||
+           !strcmp(codec, "fp8");
+      break;
     case 'h': usage(stdout); return CLI_OK;
     default: usage(stderr); return CLI_USAGE;
     }
@@ -403,6 +412,7 @@ int bench_ttft(int argc, char **argv) {
   eo.host = host;
   eo.restore_overlap = cli_restore_overlap_env();
   eo.restore_plan = cli_restore_plan_env();
+  eo.codec = codec;
   oi_executor *x = NULL;
   if (oi_executor_create(&eo, &x) != OI_OK) {
     fprintf(stderr, "openinfer bench ttft: executor: %s\n", oi_last_error());
@@ -602,6 +612,7 @@ int bench_ttft(int argc, char **argv) {
     oi_executor_options eo2 = eo;
     eo2.offload = OI_OFFLOAD_NONE;
     eo2.host = NULL;
+    eo2.codec = NULL;
     eo2.model = &ops_off;
     eo2.gpu_blocks = 2 * (max_size / 16 + 8) + 64;
     if (oi_refmodel_create(&ro, &ops_off, &model_off) != OI_OK ||
@@ -692,10 +703,10 @@ int bench_ttft(int argc, char **argv) {
              get_nprocs(), get_nprocs() == 1 ? "" : "s");
     printf("model: refmodel-%s, %ld layers, hidden %ld, %ld q / %ld kv heads x %ld, MLP %ld, "
            "vocab %ld, %s (weights generated in %.2f s; KV %.1f KiB per token); page 16; prefill "
-           "chunk %ld; host pool %.1f GiB %s (%.2f s)\n\n",
+           "chunk %ld; host pool %.1f GiB %s (%.2f s); codec %s\n\n",
            gpu ? "cuda" : "cpu", layers, hidden, heads, kv_heads, head_dim, mlp, vocab, dtype,
            gen_s, (double)block_bytes_all_layers / 16 / 1024, chunk,
-           (double)host_bytes / (1ull << 30), gpu ? "pinned" : "pageable", pool_s);
+           (double)host_bytes / (1ull << 30), gpu ? "pinned" : "pageable", pool_s, codec);
   }
   if (!json && gpu) {
     printf("dense bf16 matmul rate, this GPU, this run (median of 10):\n");
@@ -714,14 +725,15 @@ int bench_ttft(int argc, char **argv) {
   int met = 0, total = 0;
   if (json)
     printf(
-        "{\"bench\":\"ttft\",\"backend\":\"%s\",\"gpu\":\"%s\",\"cpus\":%d,\"layers\":%ld,"
+        "{\"bench\":\"ttft\",\"backend\":\"%s\",\"gpu\":\"%s\",\"codec\":\"%s\",\"cpus\":%d,"
+        "\"layers\":%ld,"
         "\"hidden\":%ld,\"heads\":%ld,\"kv_heads\":%ld,\"head_dim\":%ld,\"mlp\":%ld,\"vocab\":%ld,"
         "\"kv_bytes_per_token\":%llu,\"chunk\":%ld,\"reps\":%d,"
         "\"gemm_8192_tflops\":%.2f,\"gemm_model_tflops\":%.2f,\"cublas_8192_tflops\":%.2f,"
         "\"cublas_model_tflops\":%.2f,\"gemm_vs_cublas_max_rel_diff\":%.3g,\"bulk_h2d_gbps\":%.2f,"
         "\"sizes\":[",
-        gpu ? "cuda" : "cpu", gpu ? info.name : "", get_nprocs(), layers, hidden, heads, kv_heads,
-        head_dim, mlp, vocab, (unsigned long long)(block_bytes_all_layers / 16), chunk, R,
+        gpu ? "cuda" : "cpu", gpu ? info.name : "", codec, get_nprocs(), layers, hidden, heads,
+        kv_heads, head_dim, mlp, vocab, (unsigned long long)(block_bytes_all_layers / 16), chunk, R,
         g8.mine_tflops, gm.mine_tflops, g8.cublas_tflops, gm.cublas_tflops, g8.max_rel_diff,
         bulk_gbps);
   else

@@ -2003,8 +2003,11 @@ class Executor(_Handle):
 
     offload: "none", "embedded" (host: an OffloadHost to share, which must
     outlive the executor, or None for a private one) or "sidecar"
-    (socket_path). Driven from one thread at a time (calls are serialized).
-    on_token(request_id, token, index, finished) runs inside step()."""
+    (socket_path). codec (with offload): the namespace's codec, "none",
+    "lossless", "int8" or "fp8", and codec_slot_bytes its frame slot
+    (docs/codecs.md). Driven from one thread at a time (calls are
+    serialized). on_token(request_id, token, index, finished) runs inside
+    step()."""
 
     _what = "executor"
 
@@ -2013,7 +2016,8 @@ class Executor(_Handle):
                  namespace=None, max_batch_tokens=None, max_batch_seqs=None, prefix_cache=True,
                  restore_timeout_ms=None, flush_timeout_ms=None, on_token=None,
                  restore_plan="auto", prefill_ns_per_token=None, prefill_ns_per_token_ctx=None,
-                 link_bytes_per_s=None, disk_bytes_per_s=None, remote_bytes_per_s=None):
+                 link_bytes_per_s=None, disk_bytes_per_s=None, remote_bytes_per_s=None,
+                 codec=None, codec_slot_bytes=None):
         super().__init__()
         if not isinstance(model, RefModel):
             raise InvalidArgumentError("model must be a RefModel")
@@ -2036,9 +2040,16 @@ class Executor(_Handle):
                          ("prefill_ns_per_token_ctx", prefill_ns_per_token_ctx),
                          ("link_bytes_per_s", link_bytes_per_s),
                          ("disk_bytes_per_s", disk_bytes_per_s),
-                         ("remote_bytes_per_s", remote_bytes_per_s)):
+                         ("remote_bytes_per_s", remote_bytes_per_s),
+                         ("codec_slot_bytes", codec_slot_bytes)):
             if v is not None:
                 setattr(o, field, v)
+        if codec is not None:
+            if not isinstance(codec, str):
+                raise InvalidArgumentError("codec: %r (a codec's name, docs/codecs.md)" % (codec,))
+            c = ffi.new("char[]", codec.encode())
+            keep.append(c)
+            o.codec = c
         plans = {"auto": lib.OI_RESTORE_PLAN_AUTO, "off": lib.OI_RESTORE_PLAN_OFF}
         if restore_plan not in plans:
             raise InvalidArgumentError("restore_plan: %r (\"auto\" or \"off\")" % (restore_plan,))

@@ -634,6 +634,8 @@ typedef struct oi_executor_options {
   uint64_t link_bytes_per_s;
   uint64_t disk_bytes_per_s;
   uint64_t remote_bytes_per_s;
+  const char *codec;
+  uint64_t codec_slot_bytes;
   ...;
 } oi_executor_options;
 typedef struct oi_request {

@@ -10,6 +10,35 @@ import openinfer as oi
 PROMPT = [(i * 37 + 11) % 500 for i in range(80)]
 
 
+def test_executor_codec_namespace():
+    """codec= and codec_slot_bytes= reach the executor's engines: a lossless
+    namespace restores the cold completion (its blocks stored, not
+    recomputed); a codec without offload and a lossy codec on the cpu
+    model's fp32 KV are refused by name."""
+    with oi.RefModel() as model, oi.OffloadHost(64 << 20) as host:
+        with oi.Executor(model, offload="none") as cold:
+            want = cold.generate(PROMPT, 8)
+            k = cold.kv_layout(0)
+        block = k["num_layers"] * 2 * k["segment_stride"]
+        with pytest.raises(oi.InvalidArgumentError, match="needs offload"):
+            oi.Executor(model, codec="lossless")
+        with pytest.raises(oi.InvalidArgumentError, match="quantizes bf16 KV"):
+            oi.Executor(model, offload="embedded", host=host, codec="int8")
+        with pytest.raises(oi.InvalidArgumentError, match="codec"):
+            oi.Executor(model, offload="embedded", host=host, codec=7)
+        # the cpu model's fp32 KV barely compresses: a slot of the block and the
+        # frame's header and mode byte takes every frame
+        with oi.Executor(model, offload="embedded", host=host, namespace="py-codec",
+                         codec="lossless", codec_slot_bytes=block + 41) as x:
+            assert x.generate(PROMPT, 8) == want
+            x.flush(30)
+            assert x.evict_gpu_cache() > 0
+            rid = x.submit(PROMPT, 8)
+            x.run_until_idle()
+            r = x.result(rid)
+            assert r.tokens == want and r.restored_tokens >= 64, r
+
+
 def test_executor_embedded_restore_parity():
     with oi.RefModel() as model, oi.OffloadHost(64 << 20) as host:
         with oi.Executor(model, offload="none") as cold:

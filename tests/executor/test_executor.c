@@ -70,6 +70,15 @@ static void check_quiet(oi_executor *x) {
   check_no_leases(x);
 }
 
+/* A cold run of p whose KV (its full blocks) is snapshot into *kv (*bytes),
+ * then flushed: its blocks are in the host tier. */
+static void cold_saved(oi_executor *x, const uint32_t *p, run_out *cold, uint8_t **kv,
+                       size_t *bytes) {
+  run_one(x, p, PROMPT, -1, cold);
+  *kv = kv_snapshot(x, 0, cold->id, KV_FULL_BLOCKS, bytes);
+  CHECK_OK(oi_executor_flush(x, 10000));
+}
+
 static void test_parity_cold_restored_gpu_hit_and_no_offload(void) {
   uint32_t a[PROMPT];
   make_prompt(a, PROMPT, 1);
@@ -250,10 +259,9 @@ static void test_restored_from_disk(void) {
   uint32_t p[PROMPT];
   make_prompt(p, PROMPT, 9);
   run_out cold, warm;
-  run_one(x, p, PROMPT, -1, &cold);
   size_t bytes = 0, bytes2 = 0;
-  uint8_t *cold_kv = kv_snapshot(x, 0, cold.id, KV_FULL_BLOCKS, &bytes);
-  CHECK_OK(oi_executor_flush(x, 10000));
+  uint8_t *cold_kv = NULL;
+  cold_saved(x, p, &cold, &cold_kv, &bytes);
   /* Every block the pool sealed has had its turn at the disk. */
   oi_host_stats hs = {.struct_size = sizeof hs};
   CHECK_OK(oi_host_get_stats(dh, &hs));
@@ -595,10 +603,9 @@ static void test_codec_namespace(void) {
   uint32_t a[PROMPT];
   make_prompt(a, PROMPT, 91);
   run_out cold, warm;
-  run_one(x, a, PROMPT, -1, &cold);
   size_t bytes = 0, bytes2 = 0;
-  uint8_t *cold_kv = kv_snapshot(x, 0, cold.id, KV_FULL_BLOCKS, &bytes);
-  CHECK_OK(oi_executor_flush(x, 10000));
+  uint8_t *cold_kv = NULL;
+  cold_saved(x, a, &cold, &cold_kv, &bytes);
   CHECK_OK(oi_executor_evict_gpu_cache(x, NULL));
   run_one(x, a, PROMPT, -1, &warm);
   CHECK(warm.res.restored_tokens == RESTORABLE);

@@ -56,7 +56,6 @@ typedef struct partial {
   uint8_t *data;                      /* the slot */
   uint8_t *bounce;                    /* a codec namespace: where the arenas land; else NULL */
   uint32_t arrived, landed, inflight; /* arenas */
-  bool encoded;                       /* a codec namespace: its frame is in its slot */
   uint64_t t0_ns, deadline_ns;
   uint8_t bits[]; /* arrived arenas, one bit each */
 } partial;
@@ -321,7 +320,7 @@ static partial *partial_add(local_engine *e, const oi_block_hash *h, int64_t id,
 static void partial_end(local_engine *e, partial *p, uint32_t na) {
   if ((p->state == PARTIAL_ACTIVE || p->state == PARTIAL_FAILED) && p->b) {
     bool ok = p->state == PARTIAL_ACTIVE && p->landed == na &&
-              (e->base.codec.id == OI_CODEC_NONE || p->encoded);
+              (e->base.codec.id == OI_CODEC_NONE || (p->bounce && e->xfer));
     uint64_t lat = oi__now_ns() - p->t0_ns;
     oi__host_save_end(e->host, e->ns, &p->b, 1, ok, ok ? e->base.layout.block_bytes : 0, lat);
     if (ok) {
@@ -341,32 +340,6 @@ static void partial_end(local_engine *e, partial *p, uint32_t na) {
   e->partials_ending--;
   pthread_cond_broadcast(&e->flush_cv);
   pthread_mutex_unlock(&e->lock);
-}
-
-/* Makes the frames of n records whose arenas all landed in their bounces
- * (the codec stage's workers), 64 at a time: a record whose block the codec
- * did not encode fails (its slot holds nothing to keep). */
-static void encode_records(local_engine *e, partial *const *ps, size_t n) {
-  for (size_t at = 0; at < n && e->xfer; at += 64) {
-    size_t ne = OI_MIN(n - at, (size_t)64);
-    uint8_t *src[64], *slots[64], bad[64]; /* oi__xfer_encode writes each of the ne */
-    for (size_t j = 0; j < ne; j++) {
-      src[j] = ps[at + j]->bounce;
-      slots[j] = ps[at + j]->data;
-    }
-    size_t nbad = oi__xfer_encode(e->xfer, src, slots, ne, bad);
-    const char *why = nbad ? oi_last_error() : NULL;
-    pthread_mutex_lock(&e->lock);
-    for (size_t j = 0; j < ne; j++) {
-      if (bad[j]) ps[at + j]->state = PARTIAL_FAILED;
-      ps[at + j]->encoded = !bad[j];
-    }
-    pthread_mutex_unlock(&e->lock);
-    if (nbad) {
-      atomic_fetch_add(&e->c.saves_not_encoded, nbad);
-      warn_not_encoded(e, nbad, ne, why);
-    }
-  }
 }
 
 /* Ends the records that are done (every arena arrived, or `all`, or past
@@ -407,10 +380,10 @@ static void partials_sweep(local_engine *e, bool all) {
     atomic_fetch_add(&e->c.saves_failed, 1);
   }
   while (done) {
-    /* Up to a batch of records at a time. Their frames were made by the
-     * step of the save that brought their last arenas (layer_encode_step);
-     * one whose step could not be queued is encoded here. */
+    /* Up to a batch of records at a time: the ones whose every arena landed
+     * in a bounce are encoded together (the codec stage's workers). */
     partial *batch[64], *enc[64];
+    uint8_t *src[64], *slots[64], bad[64]; /* oi__xfer_encode writes each of the ne */
     size_t nb = 0, ne = 0;
     while (done && nb < 64) {
       batch[nb++] = done;
@@ -418,33 +391,23 @@ static void partials_sweep(local_engine *e, bool all) {
     }
     for (size_t i = 0; i < nb; i++) {
       partial *p = batch[i];
-      if (p->state == PARTIAL_ACTIVE && p->b && p->landed == na && p->bounce && !p->encoded)
-        enc[ne++] = p;
+      if (p->state == PARTIAL_ACTIVE && p->b && p->landed == na && p->bounce && e->xfer) {
+        enc[ne] = p;
+        src[ne] = p->bounce;
+        slots[ne++] = p->data;
+      }
     }
-    encode_records(e, enc, ne);
+    size_t nbad = ne ? oi__xfer_encode(e->xfer, src, slots, ne, bad) : 0;
+    const char *why = nbad ? oi_last_error() : NULL;
+    for (size_t j = 0; j < ne; j++)
+      if (bad[j]) enc[j]->state = PARTIAL_FAILED; /* its slot holds nothing to keep */
+    if (nbad) {
+      atomic_fetch_add(&e->c.saves_not_encoded, nbad);
+      warn_not_encoded(e, nbad, ne, why);
+    }
     for (size_t i = 0; i < nb; i++)
       partial_end(e, batch[i], na);
   }
-}
-
-/* The step of a layerwise save that brought these records' last arenas, on
- * the save stream after its copies (so every arena of each has landed):
- * their frames are made there, not on the thread that completes tickets
- * (where a large step's encode held up every load's completion) nor in the
- * caller's save, and before this save's ticket completes (its caller counts
- * saves_not_encoded when it returns). A record an earlier arena's save
- * failed is encoded too and then aborted: its slot is its own until it
- * ends. */
-typedef struct layer_encode {
-  local_engine *e;
-  size_t n;
-  partial *p[];
-} layer_encode;
-
-static void layer_encode_step(void *arg, oi_status st) {
-  layer_encode *c = arg;
-  if (st == OI_OK) encode_records(c->e, c->p, c->n);
-  oi__free(c);
 }
 
 /* The earliest deadline of a record still open (UINT64_MAX: none). Under
@@ -604,9 +567,7 @@ static oi_status local_save_layers(local_engine *e, const int64_t *ids, const oi
    * yet: they arrive; where the record holds a slot the copies join the job
    * (a skipped or failed block only counts them, so its record ends). */
   partial **ps = oi__xfer_job_user(job);
-  size_t k = 0, nlast = 0;
-  bool codec = e->base.codec.id != OI_CODEC_NONE;
-  layer_encode *last = codec ? oi__malloc(sizeof *last + n * sizeof last->p[0]) : NULL;
+  size_t k = 0;
   pthread_mutex_lock(&e->lock);
   for (size_t i = 0; i < n; i++) {
     partial *p = partial_find(e, &hashes[i]);
@@ -621,16 +582,8 @@ static oi_status local_save_layers(local_engine *e, const int64_t *ids, const oi
     if (p->state != PARTIAL_ACTIVE) continue;
     p->inflight += count;
     ps[k++] = p;
-    if (last && p->arrived == e->base.layout.num_arenas && p->bounce) last->p[nlast++] = p;
   }
   pthread_mutex_unlock(&e->lock);
-  if (last && nlast) { /* without it (no memory) the sweep encodes them */
-    last->e = e;
-    last->n = nlast;
-    oi__xfer_job_step(job, layer_encode_step, last);
-  } else {
-    oi__free(last);
-  }
   for (size_t i = 0; i < k; i++) /* under a codec, into the block's bounce */
     oi__xfer_add(job, ps[i]->id, ps[i]->bounce ? ps[i]->bounce : ps[i]->data);
   oi__free(pos);

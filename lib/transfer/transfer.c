@@ -49,10 +49,6 @@ struct oi_xfer_job {
   uint8_t *bad;
   size_t nbad;
   oi_status codec_st;
-  /* oi__xfer_job_step: called once, on the stream after the copies (queued)
-   * or by submit with the failure that stopped it. */
-  oi_xfer_notify_fn step_fn;
-  void *step_ctx;
   char *codec_msg; /* codec_st's reason, for the ticket */
   char *bad_msg;   /* why the first of the bad blocks was not encoded */
 };
@@ -512,17 +508,6 @@ out:
   return st;
 }
 
-/* The job's step, on its stream after its copies: the job's end inherits a
- * failure the stream reported to it (a cpu stream tells the next callback
- * alone). */
-static void run_step(void *arg, oi_status st) {
-  oi_xfer_job *job = arg;
-  if (st != OI_OK && job->codec_st == OI_OK) job->codec_st = st;
-  oi_xfer_notify_fn fn = job->step_fn;
-  job->step_fn = NULL;
-  fn(job->step_ctx, st);
-}
-
 /* Per-arena progress of a layered load (oi_ticket_arena_wait, every
  * backend). Without a codec, on CUDA each arena's event answers (a host
  * callback per arena would stall the load stream between arenas); else a
@@ -829,11 +814,6 @@ void oi__xfer_job_arenas(oi_xfer_job *job, uint32_t first, uint32_t count) {
   job->arena_count = count;
 }
 
-void oi__xfer_job_step(oi_xfer_job *job, oi_xfer_notify_fn fn, void *ctx) {
-  job->step_fn = fn;
-  job->step_ctx = ctx;
-}
-
 void oi__xfer_job_wait_event(oi_xfer_job *job, void *event) {
   if (!event || job->queue_st != OI_OK) return;
   oi_xfer *x = job->x;
@@ -867,7 +847,6 @@ oi_status oi__xfer_submit(oi_xfer_job *job, const char *what) {
   oi_ticket *t = job->ticket;
   oi_status st = job->queue_st;
   if (st == OI_OK && job->n == 0) { /* nothing to copy: done now */
-    if (job->step_fn) run_step(job, OI_OK);
     job->status = OI_OK;
     complete_job(job);
     return OI_OK;
@@ -880,21 +859,8 @@ oi_status oi__xfer_submit(oi_xfer_job *job, const char *what) {
       st = job->queue_st;
     }
   }
-  bool step_queued = false; /* then the stream's: run_step clears it */
-  if (st == OI_OK && job->step_fn) {
-    st = job->x->dev->ops->stream_call(job->x->stream[job->dir], run_step, job);
-    step_queued = st == OI_OK;
-  }
   if (st == OI_OK) st = queue_completion(job);
-  if (st != OI_OK) {
-    if (job->step_fn && !step_queued) { /* never queued: told the failure now */
-      char msg[256];
-      snprintf(msg, sizeof msg, "%s", oi_last_error());
-      run_step(job, st);
-      oi__fail(st, "%s", msg); /* fail_job reports the first reason */
-    }
-    return fail_job(job, t, st, what);
-  }
+  if (st != OI_OK) return fail_job(job, t, st, what);
   return OI_OK;
 }
 

@@ -161,12 +161,6 @@ void oi__xfer_job_free(oi_xfer_job *job);
  * is still its whole host block: each arena goes to its place in it. A
  * staged mode becomes DMA (staging moves whole host blocks). */
 void oi__xfer_job_arenas(oi_xfer_job *job, uint32_t first, uint32_t count);
-/* A step of the job's owner on the job's stream, after its copies and
- * before its completion: fn(ctx, st) is called exactly once, st the
- * copies' result (on the stream's thread), or the failure that stopped the
- * job at submit (on the caller's). A failure it is told also fails the
- * job. */
-void oi__xfer_job_step(oi_xfer_job *job, oi_xfer_notify_fn fn, void *ctx);
 /* Makes the job's copies wait for an external event (a cudaEvent_t); call
  * before adding pieces. A failure fails the job at submit. */
 void oi__xfer_job_wait_event(oi_xfer_job *job, void *event);

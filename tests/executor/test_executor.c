@@ -388,11 +388,13 @@ static oi_status bad_describe(void *ctx, oi_model_desc *out) {
   if (bad_model_mode == 8) out->vocab_size = 0;
   if (bad_model_mode == 9) out->num_layers = 4097;
   if (bad_model_mode == 10) out->model_id = NULL;
+  if (bad_model_mode == 11) out->dtype_bytes = 2; /* bf16 KV (bound, never run) */
   return st;
 }
 static oi_status bad_bind(void *ctx, uint32_t rank, const oi_kv_layout *kv) {
   if (bad_model_mode == 4 && rank == 1)
     return oi__fail(OI_ERR_INTERNAL, "bind failed (test model)");
+  if (bad_model_mode == 11) return OI_OK; /* the cpu model computes fp32 KV */
   return model_ops.bind(ctx, rank, kv);
 }
 
@@ -627,6 +629,34 @@ static void test_codec_namespace(void) {
   }
   check_quiet(x);
   oi_executor_destroy(x);
+  /* A model of bf16 KV: each lossy codec takes its shape (page_size tokens,
+   * the KV heads and head_dim; the engine refuses a shape that does not
+   * divide the block) and names the namespace. */
+  for (int lossy = 0; lossy < 2 && host; lossy++) {
+    oi_model_ops ops = model_ops;
+    ops.describe = bad_describe;
+    ops.bind = bad_bind;
+    o.model = &ops;
+    o.codec = lossy ? "fp8" : "int8";
+    o.codec_slot_bytes = 0;
+    o.namespace_id = lossy ? "t-codec-fp8" : "t-codec-int8";
+    bad_model_mode = 11;
+    x = NULL;
+    oi_status st = oi_executor_create(&o, &x);
+    bad_model_mode = 0;
+    if (st != OI_OK) fprintf(stderr, "%s: %s\n", o.codec, oi_last_error());
+    REQUIRE(st == OI_OK);
+    bool seen = false;
+    for (uint32_t i = 0;; i++) {
+      oi_host_namespace_stats ns = {.struct_size = sizeof ns};
+      if (oi_host_get_namespace_stats(host, i, &ns) != OI_OK) break;
+      if (strcmp(ns.name, o.namespace_id)) continue;
+      seen = true;
+      CHECK(!strcmp(ns.codec, o.codec) && ns.stored_bytes < ns.block_bytes);
+    }
+    CHECK(seen);
+    oi_executor_destroy(x);
+  }
 }
 
 static void test_bad_input_is_refused(void) {

@@ -278,6 +278,11 @@ static void plan_layout(oi_executor *x, exec_rank *r) {
   kv->bytes = kv->layer_stride * kv->num_layers;
 }
 
+/* The codecs that quantize bf16 elements and take the model's shape. */
+static bool lossy_codec(const char *codec) {
+  return codec && (!strcmp(codec, "int8") || !strcmp(codec, "fp8"));
+}
+
 static oi_status engine_options_for(oi_executor *x, exec_rank *r, oi_engine_options *eo,
                                     oi_arena_desc *arenas, char (*names)[16], char *instance) {
   oi_engine_options_init(eo);
@@ -291,7 +296,7 @@ static oi_status engine_options_for(oi_executor *x, exec_rank *r, oi_engine_opti
   eo->arena_size = r->kv.bytes;
   eo->codec = x->codec;
   eo->codec_slot_bytes = x->o.codec_slot_bytes;
-  if (x->codec && (!strcmp(x->codec, "int8") || !strcmp(x->codec, "fp8"))) {
+  if (lossy_codec(x->codec)) {
     /* the lossy codecs' groups: a block is [layer][K, V][token][head][dim] */
     eo->codec_tokens = x->o.page_size;
     eo->codec_heads = x->desc.num_kv_heads;
@@ -429,8 +434,7 @@ OI_API oi_status oi_executor_create(const oi_executor_options *opts, oi_executor
   }
   x->o.namespace_id = x->namespace_id;
   if (o.codec && o.codec[0] && strcmp(o.codec, "none")) {
-    bool lossy = !strcmp(o.codec, "int8") || !strcmp(o.codec, "fp8");
-    if (lossy && d->dtype_bytes != 2) {
+    if (lossy_codec(o.codec) && d->dtype_bytes != 2) {
       st = oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "executor_create: codec \"%s\" quantizes bf16 KV; the model's KV elements "
                     "are %u bytes",

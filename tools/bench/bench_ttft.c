@@ -17,6 +17,7 @@
 
 #include "bench_cuda.h"
 #include "cli.h"
+#include "codec/codec.h"
 #include "device/device.h"
 #include "disk/tier.h"
 #include "executor/executor_internal.h"
@@ -210,8 +211,7 @@ int bench_ttft(int argc, char **argv) {
     case 'D': disk_arg = optarg; break;
     case 'C':
       codec = optarg;
-      ok = !strcmp(codec, "none") || !strcmp(codec, "lossless") || !strcmp(codec, "int8") ||
-           !strcmp(codec, "fp8");
+      ok = oi__codec_from_name(codec) >= 0;
       break;
     case 'h': usage(stdout); return CLI_OK;
     default: usage(stderr); return CLI_USAGE;

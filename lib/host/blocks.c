@@ -248,13 +248,15 @@ static void slots_end(oi_host *h, oi_host_ns ns, host_block *const *blocks, size
    * queue's, the tiers' notify lock). */
   bool all_ok = !atomic_load_explicit(&h->spill_tier, memory_order_acquire) &&
                 !atomic_load_explicit(&h->notifying, memory_order_relaxed);
+  /* Counted sealed before any block is: once sealed, one may be evicted
+   * (and counted out) before this call ends. */
+  if (ok) atomic_fetch_add(&h->c.blocks_sealed, n);
   oi__blocks_runs(h, blocks, n, all_ok, save_end_some, &c);
   if (!ok) {
     oi__pool_free_batch(h, (host_block **)blocks, n);
     oi__ns_resident_add(h, ns.id, (uint64_t)0 - n);
   }
   atomic_fetch_sub(&h->c.blocks_in_flight, n);
-  if (ok) atomic_fetch_add(&h->c.blocks_sealed, n);
   if (save && ok) {
     atomic_fetch_add(&h->c.saves_completed, n);
     atomic_fetch_add(&h->c.bytes_saved, bytes);

@@ -261,11 +261,14 @@ oi_status oi__lease_consume(oi_host *h, uint32_t ns, uint64_t principal, oi_leas
   for (size_t at = 0; at < n; at += LOAD_READY_RUN) {
     size_t k = OI_MIN((size_t)LOAD_READY_RUN, n - at);
     mark_run(h, l->blocks + at, k, out + at, data ? data + at : NULL, &m);
+    /* Counted before the sink hears of the run: its copies may end (and
+     * count their blocks out) before the next run is marked. */
+    if (m.loading) atomic_fetch_add(&h->c.blocks_loading, m.loading);
+    m.loading = 0;
     if (sink && sink->ready) sink->ready(sink->ctx, at + k);
     uint64_t gap_ms = 0; /* (tests: a release, an expiry or the last share meets a marker) */
     if (OI_FAULT(OI_FAULT_LOAD_MARK_GAP, &gap_ms)) usleep((useconds_t)(gap_ms * 1000));
   }
-  if (m.loading) atomic_fetch_add(&h->c.blocks_loading, m.loading);
   pthread_mutex_lock(&h->lease_lock);
   if (--l->markers == 0) pthread_cond_broadcast(&h->lease_cv);
   if (last) wait_markers_locked(h, l); /* earlier shares still marking */

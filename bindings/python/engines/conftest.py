@@ -82,12 +82,26 @@ class Serve:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-@pytest.fixture
-def serve():
+def _serve_exe():
     exe = os.environ.get("OPENINFER_EXE")
     if not exe or not os.path.exists(exe):
         pytest.fail("OPENINFER_EXE (the openinfer tool) is not set")
-    s = Serve(exe).start()
+    return exe
+
+
+@pytest.fixture
+def serve():
+    s = Serve(_serve_exe()).start()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def serve_big():
+    """A server whose pool holds 192 MiB (the default fixture's: 64 MiB)."""
+    s = Serve(_serve_exe(), pool="192M").start()
     try:
         yield s
     finally:

@@ -426,14 +426,15 @@ def layer_reports(w, ticket, names, check):
 @pytest.mark.parametrize("codec", ["none", "lossless"])
 @pytest.mark.parametrize("mode", ["embedded", "sidecar"])
 def test_a_load_reports_layer_0_before_the_last_layer_lands(codec, mode, request):
-    """A load of 64 blocks of 4 layers of 64 KiB (an arena's copies take a
-    few milliseconds): the first layer's wait returns while the last layer
-    is still moving (in some of up to 16 rounds: the waiting thread may be
-    descheduled), with or without a codec, embedded and through the
-    sidecar; each layer's bytes are in place when its own wait returns. The
-    blocks were saved layer by layer, 8 blocks a step (a codec's per-block
-    bounces hold 4 MiB at least)."""
-    layers, nb, elems = 4, 64, 32768  # 64 KiB of bf16 per layer and block
+    """A load of 64 blocks of 16 layers of 64 KiB (an arena's copies take a
+    millisecond or more, so the last layer lands well after the first, even
+    through the sidecar's two wakeups per report): the first layer's wait
+    returns while the last layer is still moving (in some of up to 16
+    rounds: the waiting thread may be descheduled), with or without a codec,
+    embedded and through the sidecar; each layer's bytes are in place when
+    its own wait returns. The blocks were saved layer by layer, 8 blocks a
+    step (a codec's per-block bounces hold 4 MiB at least)."""
+    layers, nb, elems = 16, 64, 32768  # 64 KiB of bf16 per layer and block
     with open(CORPUS, "rb") as f:
         corpus = torch.frombuffer(bytearray(f.read()), dtype=torch.bfloat16)
     total = layers * nb * elems
@@ -442,13 +443,13 @@ def test_a_load_reports_layer_0_before_the_last_layer_lands(codec, mode, request
         raw = torch.zeros(total, dtype=torch.bfloat16)
         buf = None
     else:
-        serve = request.getfixturevalue("serve")
+        serve = request.getfixturevalue("serve_big")  # 64 MiB of KV
         buf, (raw,) = shared_kv_tensors([(total,)], torch.bfloat16)
     pages = raw.view(layers, nb, elems)
     kv = {"layer.%d" % i: pages[i] for i in range(layers)}
     names = list(kv)
     ns = "eng/kvworker/layered/%s/%s" % (codec, mode)
-    host = oi.OffloadHost(128 << 20) if mode == "embedded" else None
+    host = oi.OffloadHost(192 << 20) if mode == "embedded" else None
     try:
         if host is not None:
             w = KVWorker(kv, ns, host=host, num_blocks=nb, kv_dim=None, codec=codec)

@@ -6,6 +6,9 @@
 //    stream is one serial chain, as on the cpu; a frame's streams and the
 //    batch's frames run in parallel), then the warp merges the exponents
 //    with the sign+mantissa plane into bf16;
+//  - a wide rANS stream: one warp, a round of 32 symbols at a time (lane k
+//    holds state k; the lanes that need a word find it by a prefix count),
+//    each exponent merged with its sign+mantissa byte as it is decoded;
 //  - raw exponents: the warp merges;
 //  - int8 / fp8: a grid over the payload's elements, each scaled and
 //    rounded to bf16 exactly as the cpu does (one IEEE multiply, round to
@@ -174,6 +177,140 @@ __global__ static void __launch_bounds__(32 * WARPS)
   }
 }
 
+// ---- the wide stream (lib/codec/rans.h): a warp-wide round at a time ----
+
+#define RANS32_L (1u << 16)
+#define WIDE_WARPS 4 // per CTA of the wide kernel: 4 x 5 KiB of shared memory
+
+struct wide_smem {
+  uint8_t idx[PROB_SCALE]; // slot -> the index of its symbol among the present ones
+  uint32_t info[256];      // index -> symbol | (freq - 1) << 8 | start << 20
+};
+
+// As build_table, into the smaller table: lane 0 reads the frequencies,
+// every lane fills four slots at a time. Returns the table's length in
+// bytes, 0 when it is damaged (every lane).
+__device__ static uint32_t build_wide_table(const uint8_t *src, uint32_t len, wide_smem *w,
+                                            unsigned lane) {
+  uint32_t used = 0, m = 0;
+  if (lane == 0 && len >= 2) {
+    const uint8_t *p = src, *end = src + len;
+    int lo = p[0], hi = p[1];
+    p += 2;
+    uint32_t sum = 0;
+    bool ok = hi >= lo;
+    for (int s = lo; ok && s <= hi; s++) {
+      uint32_t v = 0;
+      for (int shift = 0;; shift += 7) {
+        if (p >= end || shift > 7) {
+          ok = false;
+          break;
+        }
+        uint8_t b = *p++;
+        v |= (uint32_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) break;
+      }
+      if (!ok || v > PROB_SCALE || sum + v > PROB_SCALE) {
+        ok = false;
+        break;
+      }
+      if (v) w->info[m++] = (uint32_t)s | (v - 1) << 8 | sum << 20;
+      sum += v;
+    }
+    if (ok && sum == PROB_SCALE) used = (uint32_t)(p - src);
+  }
+  used = __shfl_sync(0xffffffffu, used, 0);
+  m = __shfl_sync(0xffffffffu, m, 0);
+  __syncwarp();
+  if (!used) return 0;
+  for (uint32_t j = 4 * lane; j < PROB_SCALE; j += 128) {
+    uint32_t a = 0, b = m; // start(a) <= j < start(b) (start(m) taken as 4096)
+    while (b - a > 1) {
+      uint32_t c = (a + b) / 2;
+      if ((w->info[c] >> 20) <= j)
+        a = c;
+      else
+        b = c;
+    }
+    uint32_t word = 0;
+    for (uint32_t q = 0; q < 4; q++) {
+      while (a + 1 < m && (w->info[a + 1] >> 20) <= j + q)
+        a++;
+      word |= a << (8 * q);
+    }
+    reinterpret_cast<uint32_t *>(w->idx)[j / 4] = word;
+  }
+  __syncwarp();
+  return used;
+}
+
+__device__ static inline uint32_t word_at(const uint8_t *words, uint32_t nwords, uint32_t j) {
+  return j < nwords ? (uint32_t)words[2 * j] | (uint32_t)words[2 * j + 1] << 8 : 0;
+}
+
+// The warp decodes a wide stream of `n` exponents round by round (lane k
+// holds state k) and merges each with its sign+mantissa byte into out16.
+// The stream's words are read through a window of 64 (two per lane, the
+// next 32 loaded as the first 32 are used up): a lane that needs a word
+// takes the one at the round's position plus its rank among the lanes that
+// need one. True when every state ends where the encoder began and the
+// words are used up exactly.
+__device__ static bool wide_run(const uint8_t *p, const uint8_t *end, const wide_smem *w,
+                                const uint8_t *sm, uint16_t *out16, uint32_t n, unsigned lane) {
+  if (end - p < 4 * 32 || (end - p) % 2) return false;
+  uint32_t x = le32(p + 4 * lane);
+  if (!__all_sync(0xffffffffu, x >= RANS32_L)) return false;
+  const uint8_t *words = p + 4 * 32;
+  const uint32_t nwords = (uint32_t)(end - words) / 2, below = (1u << lane) - 1;
+  uint32_t base = 0, pos = 0; // the window's first word; the next word to read
+  uint32_t win = word_at(words, nwords, lane), next = word_at(words, nwords, 32 + lane);
+  for (uint32_t r = 0; r < n; r += 32) {
+    const uint32_t i = r + lane;
+    const bool active = i < n;
+    uint32_t e = 0;
+    if (active) {
+      e = w->info[w->idx[x & PROB_MASK]];
+      x = (((e >> 8) & 0xfffu) + 1) * (x >> PROB_BITS) + (x & PROB_MASK) - (e >> 20);
+    }
+    const bool need = active && x < RANS32_L;
+    const unsigned ask = __ballot_sync(0xffffffffu, need);
+    const uint32_t k = pos - base + __popc(ask & below); // < 64
+    const uint32_t a = __shfl_sync(0xffffffffu, win, k & 31),
+                   b = __shfl_sync(0xffffffffu, next, k & 31);
+    if (need) x = x << 16 | (k < 32 ? a : b);
+    pos += __popc(ask);
+    if (pos > nwords) return false; // (every lane: pos is the warp's)
+    if (pos - base >= 32) {
+      base += 32;
+      win = next;
+      next = word_at(words, nwords, base + 32 + lane);
+    }
+    if (active) {
+      const uint32_t s = sm[i];
+      out16[i] = (uint16_t)((s & 0x80) << 8 | (e & 0xff) << 7 | (s & 0x7f));
+    }
+  }
+  return __all_sync(0xffffffffu, x == RANS32_L) && pos == nwords;
+}
+
+__global__ static void __launch_bounds__(32 * WIDE_WARPS)
+    wide_kernel(const oi_kdec_item *__restrict__ items, uint32_t n, int32_t *status) {
+  __shared__ wide_smem smem[WIDE_WARPS];
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  wide_smem *w = &smem[warp];
+  for (uint32_t k = blockIdx.x * WIDE_WARPS + warp; k < n; k += gridDim.x * WIDE_WARPS) {
+    const oi_kdec_item it = items[k];
+    if (it.kind != OI_KDEC_RANS32) continue;
+    const uint8_t *src = reinterpret_cast<const uint8_t *>(it.src);
+    uint32_t used = build_wide_table(src, it.len, w, lane);
+    bool ok =
+        used && wide_run(src + used, src + it.len, w, reinterpret_cast<const uint8_t *>(it.aux),
+                         reinterpret_cast<uint16_t *>(it.dst), it.count, lane);
+    if (!ok && lane == 0) atomicMax(&status[it.frame], OI_KDEC_BAD_STREAM);
+    __syncwarp(); // the next stream's table is built over this one's
+  }
+}
+
 __device__ static inline uint16_t f32_to_bf16(float f) {
   uint32_t u = __float_as_uint(f);
   u += 0x7fffu + ((u >> 16) & 1u);
@@ -229,12 +366,16 @@ extern "C" int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int
                                       uint64_t max_lossy_elems, int32_t *status, void *stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (n == 0) return cudaSuccess;
-  if (lossless) {
+  if (lossless) { // each kernel skips the other's kinds
     uint32_t ctas = (n + WARPS - 1) / WARPS;
     if (ctas > 65535u) ctas = 65535u;
     lossless_kernel<<<ctas, 32 * WARPS, 0, s>>>(items, n, status);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
+    ctas = (n + WIDE_WARPS - 1) / WIDE_WARPS;
+    if (ctas > 65535u) ctas = 65535u;
+    wide_kernel<<<ctas, 32 * WIDE_WARPS, 0, s>>>(items, n, status);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   if (max_lossy_elems) {
     // rows of at most 65535 items (a grid's y), each over its elements

@@ -46,6 +46,7 @@ enum {
   OI_KDEC_BYTES = 3,
   OI_KDEC_INT8 = 4,
   OI_KDEC_FP8 = 5,
+  OI_KDEC_RANS32 = 6,
 };
 
 typedef struct oi_kdec_item {

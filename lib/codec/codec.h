@@ -57,7 +57,9 @@ typedef enum oi_codec_dtype {
 
 /* The frame format. */
 #define OI_CODEC_MAGIC 0x434b494fu /* "OIKC" little-endian */
-#define OI_CODEC_VERSION 1
+/* 2: lossless payloads may hold wide rANS streams (mode 2); version 1 frames
+ * still decode. */
+#define OI_CODEC_VERSION 2
 #define OI_CODEC_HEADER_BYTES 40
 /* The largest block a frame holds (its lengths are 32-bit). */
 #define OI_CODEC_MAX_BYTES ((size_t)UINT32_MAX - 4096)
@@ -118,6 +120,7 @@ typedef enum oi_codec_piece_kind {
   OI_CODEC_PIECE_INT8 = 4,    /* a whole int8 payload at src: `count` groups (parts x tokens
                                * x heads) of head_dim */
   OI_CODEC_PIECE_FP8 = 5,     /* a whole fp8 payload at src: count = parts */
+  OI_CODEC_PIECE_RANS32 = 6,  /* lossless: a wide rANS stream (codec/rans.h), else as RANS */
 } oi_codec_piece_kind;
 
 typedef struct oi_codec_piece {
@@ -130,7 +133,7 @@ typedef struct oi_codec_piece {
 /* The most exponents the lossless encoder codes in one rANS stream, where
  * the block's elements divide evenly (lossless.c, cap_segments): a piece
  * each. Frames of earlier writers may have longer streams; they decode. */
-#define OI_LOSSLESS_SEGMENT_MAX 16384u
+#define OI_LOSSLESS_SEGMENT_MAX 32768u
 
 /* The most pieces oi__codec_pieces cuts a verified frame of `info` into. */
 size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame);

@@ -4,18 +4,23 @@
  * about 7.97 of its 8 bits, the exponent about 2.7 (docs/codecs.md).
  *
  * Payload, for n = bytes / 2 elements:
- *   mode u8: 0 the exponent plane raw (n bytes), 1 rANS-coded
- *   mode 1: segments u16 (S >= 1, S divides n), S stream lengths u32, then
- *           S rANS streams (codec/rans.h), the k-th coding the exponents
- *           [k n / S, (k + 1) n / S): one frequency table per part (K and V
- *           of a layer differ) where that is estimated to pay
+ *   mode u8: 0 the exponent plane raw (n bytes), 1 rANS-coded, 2 rANS-coded
+ *           in wide streams
+ *   mode 1, 2: segments u16 (S >= 1, S divides n), S stream lengths u32,
+ *           then S rANS streams (codec/rans.h; mode 1 narrow, mode 2 wide),
+ *           the k-th coding the exponents [k n / S, (k + 1) n / S): one
+ *           frequency table per part (K and V of a layer differ) where that
+ *           is estimated to pay. The encoder writes wide streams when they
+ *           code OI_RANS32_MIN exponents or more (a GPU decodes a wide
+ *           stream a warp-wide round at a time), narrow ones below (their
+ *           states cost 112 bytes less)
  *   the sign+mantissa plane, n bytes
  *   the last byte of an odd-length block, raw */
 #include "codec/codec_internal.h"
 #include "codec/rans.h"
 #include "core/le_bytes.h"
 
-enum { MODE_RAW = 0, MODE_RANS = 1 };
+enum { MODE_RAW = 0, MODE_RANS = 1, MODE_RANS32 = 2 };
 #define MAX_SEGMENTS 65535u
 
 size_t oi__lossless_bound(size_t bytes) { return 1 + bytes; }
@@ -23,7 +28,7 @@ size_t oi__lossless_bound(size_t bytes) { return 1 + bytes; }
 /* The estimated bits of coding `n` symbols of histogram `h` in one stream:
  * order-0 entropy, its table and the coder's final states. */
 static double stream_bits(const uint32_t h[256], size_t n) {
-  double bits = 8.0 * (2 + 4 * 4 + 4);
+  double bits = 8.0 * (2 + 4 * (n >= OI_RANS32_MIN ? OI_RANS32_LANES : 4) + 4);
   for (int s = 0; s < 256; s++)
     if (h[s]) bits += 12.0 - (double)h[s] * log2((double)h[s] / (double)n);
   return bits;
@@ -86,9 +91,10 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uin
     uint8_t *buf = cap <= sizeof stack_buf ? stack_buf : oi__malloc(cap);
     uint32_t lens_stack[64];
     uint32_t *lens = segs <= 64 ? lens_stack : oi__malloc(segs * sizeof *lens);
-    bool ok = buf && lens;
+    bool ok = buf && lens, wide = per >= OI_RANS32_MIN;
     for (size_t k = 0; ok && k < segs; k++) {
-      size_t c = oi__rans_encode(exp + k * per, per, buf + used, cap - used);
+      size_t c = wide ? oi__rans32_encode(exp + k * per, per, buf + used, cap - used)
+                      : oi__rans_encode(exp + k * per, per, buf + used, cap - used);
       ok = c > 0;
       if (ok) lens[k] = (uint32_t)c, used += c;
     }
@@ -96,7 +102,7 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uin
       /* sign+mantissa plane first: its new place overlaps only the raw
        * exponents, already coded */
       memmove(dst + head + used, sm_raw, n);
-      dst[0] = MODE_RANS;
+      dst[0] = wide ? MODE_RANS32 : MODE_RANS;
       put16(dst + 1, (uint16_t)segs);
       for (size_t k = 0; k < segs; k++)
         put32(dst + 3 + 4 * k, lens[k]);
@@ -123,7 +129,7 @@ oi_status oi__lossless_parse(const uint8_t *src, size_t len, size_t logical,
     if ((size_t)(end - p) < n) goto short_payload;
     l->streams = p;
     p += n;
-  } else if (src[0] == MODE_RANS) {
+  } else if (src[0] == MODE_RANS || src[0] == MODE_RANS32) {
     if (end - p < 2) goto short_payload;
     size_t segs = get16(p);
     p += 2;
@@ -160,14 +166,15 @@ oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size
   const uint8_t *exp = l.streams;
   uint8_t stack_buf[8192];
   uint8_t *buf = NULL;
-  if (l.mode == MODE_RANS) {
+  if (l.mode != MODE_RAW) {
     buf = n <= sizeof stack_buf ? stack_buf : oi__malloc(n);
     if (!buf) return oi__fail(OI_ERR_OUT_OF_MEMORY, "codec: %zu bytes for an exponent plane", n);
     size_t per = n / l.segs;
     const uint8_t *p = l.streams;
     for (size_t k = 0; k < l.segs; k++) {
       size_t c = get32(l.lens + 4 * k);
-      if (oi__rans_decode(p, c, buf + k * per, per) != 0) {
+      if ((l.mode == MODE_RANS32 ? oi__rans32_decode(p, c, buf + k * per, per)
+                                 : oi__rans_decode(p, c, buf + k * per, per)) != 0) {
         st = oi__fail(OI_ERR_PROTOCOL, "codec: lossless exponent stream %zu does not decode", k);
         goto out;
       }

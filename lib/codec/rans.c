@@ -11,48 +11,6 @@
 #define RANS_L (1u << 23)
 #define NS 4 /* interleaved states (the decoder's fast loop is written for 4) */
 
-/* Normalises counts (of n symbols) to frequencies summing to PROB_SCALE,
- * every present symbol at least 1. */
-static void normalise(const uint32_t count[256], size_t n, uint32_t freq[256]) {
-  uint32_t sum = 0;
-  int largest = -1;
-  for (int s = 0; s < 256; s++) {
-    freq[s] = 0;
-    if (!count[s]) continue;
-    uint64_t f = ((uint64_t)count[s] * PROB_SCALE + n / 2) / n;
-    freq[s] = f ? (uint32_t)f : 1;
-    sum += freq[s];
-    if (largest < 0 || count[s] > count[largest]) largest = s;
-  }
-  if (sum < PROB_SCALE) {
-    freq[largest] += PROB_SCALE - sum;
-    return;
-  }
-  /* Too many: take from the largest frequencies, one at a time, never
-   * below 1 (at most 256 symbols present, so this ends). */
-  while (sum > PROB_SCALE) {
-    int big = -1;
-    for (int s = 0; s < 256; s++)
-      if (freq[s] > 1 && (big < 0 || freq[s] > freq[big])) big = s;
-    uint32_t take = sum - PROB_SCALE;
-    uint32_t room = freq[big] - freq[big] / 2;
-    if (take > room) take = room;
-    if (!take) take = 1;
-    freq[big] -= take;
-    sum -= take;
-  }
-}
-
-static size_t put_leb(uint8_t *p, uint32_t v) {
-  size_t i = 0;
-  while (v >= 0x80) {
-    p[i++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[i++] = (uint8_t)v;
-  return i;
-}
-
 /* A symbol's encoder constants: division by its frequency as a multiply
  * by a reciprocal and a shift (ryg_rans's RansEncSymbol). */
 typedef struct enc_sym {
@@ -97,27 +55,13 @@ static inline int enc_put(uint32_t *x, uint8_t **ptr, const uint8_t *limit, cons
 
 size_t oi__rans_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap) {
   if (!n) return 0;
-  uint32_t count[256] = {0}, freq[256];
-  for (size_t i = 0; i < n; i++)
-    count[sym[i]]++;
-  normalise(count, n, freq);
-  int lo = 0, hi = 255;
-  while (!freq[lo])
-    lo++;
-  while (!freq[hi])
-    hi--;
-  /* The table: at most 2 + 256 * 2 bytes. */
-  uint8_t table[2 + 256 * 2];
-  size_t tn = 0;
-  table[tn++] = (uint8_t)lo;
-  table[tn++] = (uint8_t)hi;
+  uint32_t freq[256];
+  uint8_t table[OI_RANS_TABLE_MAX];
+  int lo, hi;
+  size_t tn = oi__rans_table_write(sym, n, table, freq, &lo, &hi);
   enc_sym es[256];
-  uint32_t start = 0;
-  for (int s = lo; s <= hi; s++) {
-    tn += put_leb(table + tn, freq[s]);
-    enc_sym_init(&es[s], start, freq[s]);
-    start += freq[s];
-  }
+  for (int s = lo, start = 0; s <= hi; start += (int)freq[s], s++)
+    enc_sym_init(&es[s], (uint32_t)start, freq[s]);
   if (cap < tn + 4 * NS) return 0;
   /* Code backwards from dst's end; the stream is moved down after the table. */
   uint8_t *end = dst + cap;
@@ -152,27 +96,10 @@ size_t oi__rans_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap) {
 }
 
 int oi__rans_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
-  if (!n || len < 2) return -1;
+  if (!n) return -1;
   const uint8_t *p = src, *end = src + len;
-  int lo = *p++, hi = *p++;
-  if (hi < lo) return -1;
-  /* One load per symbol: slot -> symbol | (freq - 1) << 8 | (slot - start) << 20. */
   uint32_t tab[PROB_SCALE];
-  uint32_t sum = 0;
-  for (int s = lo; s <= hi; s++) {
-    uint32_t v = 0;
-    for (int shift = 0;; shift += 7) {
-      if (p >= end || shift > 7) return -1;
-      uint8_t b = *p++;
-      v |= (uint32_t)(b & 0x7f) << shift;
-      if (!(b & 0x80)) break;
-    }
-    if (v > PROB_SCALE || sum + v > PROB_SCALE) return -1;
-    for (uint32_t j = 0; j < v; j++)
-      tab[sum + j] = (uint32_t)s | (v - 1) << 8 | j << 20;
-    sum += v;
-  }
-  if (sum != PROB_SCALE) return -1;
+  if (oi__rans_table_read(&p, end, tab) != 0) return -1;
   if (end - p < 4 * NS) return -1;
   uint32_t x[NS];
   for (int k = 0; k < NS; k++, p += 4) {

@@ -17,6 +17,22 @@
 #include <stdint.h>
 
 #define OI_RANS_PROB_BITS 12
+#define OI_RANS_PROB_SCALE (1u << OI_RANS_PROB_BITS)
+/* The longest table: lo, hi and 256 LEB128 frequencies of 2 bytes. */
+#define OI_RANS_TABLE_MAX (2 + 256 * 2)
+
+/* Counts sym[0..n) (n >= 1), normalises the counts to frequencies summing
+ * to OI_RANS_PROB_SCALE (every present symbol at least 1; freq[] of the
+ * others 0) and writes the table. @return its length; *lo, *hi the first
+ * and last symbol present. */
+size_t oi__rans_table_write(const uint8_t *sym, size_t n, uint8_t table[OI_RANS_TABLE_MAX],
+                            uint32_t freq[256], int *lo, int *hi);
+
+/* Reads a table at *src (before end) into the one-load decode table:
+ * slot -> symbol | (freq - 1) << 8 | (slot - start) << 20, and moves *src
+ * past it. @return 0, or -1 when it is damaged (truncated, a frequency
+ * past 2^13 or the sum not OI_RANS_PROB_SCALE). */
+int oi__rans_table_read(const uint8_t **src, const uint8_t *end, uint32_t tab[OI_RANS_PROB_SCALE]);
 
 /* Codes sym[0..n) (n >= 1) into dst[0..cap). @return the stream's length,
  * or 0 when it would not fit in cap (the caller then stores the bytes raw). */
@@ -25,5 +41,21 @@ size_t oi__rans_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap);
 /* Decodes exactly n symbols (n >= 1) from src[0..len) into out.
  * @return 0, or -1 when the stream is damaged (out's contents then unspecified). */
 int oi__rans_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n);
+
+/* The wide stream (rans32.c), for decoders that run a warp of 32 lanes in
+ * step (kernels/codec.cu): 32 interleaved 32-bit states, symbol i on state
+ * i % 32, states in [2^16, 2^32) renormalised by 16-bit words. A stream is
+ * the same table, then the 32 final encoder states (4 bytes each,
+ * little-endian, state 0 first), then the words (little-endian) in the
+ * order the decoder reads them: round r decodes symbols 32 r .. 32 r + 31
+ * in state order, and each state that fell below 2^16 reads the next word,
+ * in state order. So the lanes of a round find their words by a prefix
+ * count of the lanes that need one. The same checks as the narrow stream's.
+ * 112 bytes more of states than the narrow stream: the encoder uses it for
+ * streams of OI_RANS32_MIN symbols and more. */
+#define OI_RANS32_LANES 32
+#define OI_RANS32_MIN 8192u
+size_t oi__rans32_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap);
+int oi__rans32_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n);
 
 #endif

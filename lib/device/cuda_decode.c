@@ -15,7 +15,8 @@ _Static_assert((int)OI_DECODE_RANS == (int)OI_KDEC_RANS &&
                    (int)OI_DECODE_RAW_EXP == (int)OI_KDEC_RAW_EXP &&
                    (int)OI_DECODE_BYTES == (int)OI_KDEC_BYTES &&
                    (int)OI_DECODE_INT8 == (int)OI_KDEC_INT8 &&
-                   (int)OI_DECODE_FP8 == (int)OI_KDEC_FP8,
+                   (int)OI_DECODE_FP8 == (int)OI_KDEC_FP8 &&
+                   (int)OI_DECODE_RANS32 == (int)OI_KDEC_RANS32,
                "the decode kinds are the kernel's");
 _Static_assert((int)OI_DECODE_BAD_STREAM == (int)OI_KDEC_BAD_STREAM &&
                    (int)OI_DECODE_BAD_SCALE == (int)OI_KDEC_BAD_SCALE &&
@@ -217,6 +218,7 @@ static bool piece_fits(const oi_decode_piece *p, const oi_decode_batch *b) {
   uint64_t fb = b->frame_bytes[p->frame], bb = b->block_bytes;
   switch (p->kind) {
   case OI_KDEC_RANS:
+  case OI_KDEC_RANS32:
     return (uint64_t)p->src + p->len <= fb && (uint64_t)p->aux + p->count <= fb &&
            (uint64_t)p->dst + 2ull * p->count <= bb;
   case OI_KDEC_RAW_EXP:

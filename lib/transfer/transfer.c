@@ -372,7 +372,8 @@ _Static_assert((int)OI_CODEC_PIECE_RANS == (int)OI_DECODE_RANS &&
                    (int)OI_CODEC_PIECE_RAW_EXP == (int)OI_DECODE_RAW_EXP &&
                    (int)OI_CODEC_PIECE_BYTES == (int)OI_DECODE_BYTES &&
                    (int)OI_CODEC_PIECE_INT8 == (int)OI_DECODE_INT8 &&
-                   (int)OI_CODEC_PIECE_FP8 == (int)OI_DECODE_FP8,
+                   (int)OI_CODEC_PIECE_FP8 == (int)OI_DECODE_FP8 &&
+                   (int)OI_CODEC_PIECE_RANS32 == (int)OI_DECODE_RANS32,
                "a codec piece's kind is the device's");
 
 /* A group decoded on the device: its statuses, written on the stream by

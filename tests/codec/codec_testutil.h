@@ -78,13 +78,16 @@ static inline int ct_decode_piece(const uint8_t *f, const oi_codec_piece *p, uin
   uint8_t *out = block + p->dst;
   switch (p->kind) {
   case OI_CODEC_PIECE_RANS:
+  case OI_CODEC_PIECE_RANS32:
   case OI_CODEC_PIECE_RAW_EXP: {
     uint8_t *exp = malloc(p->count ? p->count : 1);
     if (!exp) abort();
     int rc = 0;
     if (p->kind == OI_CODEC_PIECE_RAW_EXP)
       memcpy(exp, f + p->src, p->count);
-    else if (oi__rans_decode(f + p->src, p->len, exp, p->count) != 0)
+    else if ((p->kind == OI_CODEC_PIECE_RANS32
+                  ? oi__rans32_decode(f + p->src, p->len, exp, p->count)
+                  : oi__rans_decode(f + p->src, p->len, exp, p->count)) != 0)
       rc = -1;
     for (uint32_t i = 0; rc == 0 && i < p->count; i++) {
       uint8_t e = exp[i], sm = f[p->aux + i];

@@ -62,35 +62,37 @@ static void test_sizes_and_patterns(void) {
 }
 
 /* Parts of different exponent distributions (K and V of a layer, or
- * layers) get a table each when the shape names them: smaller, exact. */
+ * layers) get a table each when the shape names them: smaller, exact.
+ * Parts of OI_RANS32_MIN elements: every stream wide (mode 2). */
 static void test_parts_tables(void) {
-  enum { PARTS = 4, PER = 1536 };
-  uint16_t x[PARTS * PER];
+  enum { PARTS = 4, PER = OI_RANS32_MIN };
+  static uint16_t x[PARTS * PER], back[PARTS * PER];
   for (size_t k = 0; k < PARTS; k++)
     for (size_t i = 0; i < PER; i++)
       x[k * PER + i] =
           (uint16_t)((0x30 + 6 * k + ct_rand(&seed) % 3) << 7 | (ct_rand(&seed) & 0x807f));
   oi_codec_shape whole = {OI_CODEC_DTYPE_BF16, 0, 0, 0, 0},
                  parts = {OI_CODEC_DTYPE_BF16, PARTS, 16, 3, 32};
-  uint8_t f1[sizeof x + 64], f2[sizeof x + 64];
-  uint16_t back[PARTS * PER];
+  static uint8_t f1[sizeof x + 64], f2[sizeof x + 64];
   size_t b1, b2, out;
   CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &whole, x, sizeof x, f1, sizeof f1, &b1));
   CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &parts, x, sizeof x, f2, sizeof f2, &b2));
   CHECK(b2 < b1);
   uint16_t segs;
   memcpy(&segs, f2 + OI_CODEC_HEADER_BYTES + 1, 2);
-  CHECK(f2[OI_CODEC_HEADER_BYTES] == 1 && segs == PARTS);
+  CHECK(f2[OI_CODEC_HEADER_BYTES] == 2 && segs == PARTS);
   CHECK_OK(oi__codec_decode(f2, b2, back, sizeof back, &out));
   CHECK(out == sizeof x && !memcmp(back, x, sizeof x));
   CHECK_OK(oi__codec_decode(f1, b1, back, sizeof back, &out));
   CHECK(out == sizeof x && !memcmp(back, x, sizeof x));
-  /* the same distribution in every part: one table */
+  /* the same distribution in every part: one table (in the streams of the cap) */
   for (size_t i = 0; i < PARTS * PER; i++)
     x[i] = (uint16_t)((0x30 + ct_rand(&seed) % 3) << 7 | (ct_rand(&seed) & 0x807f));
   CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &parts, x, sizeof x, f2, sizeof f2, &b2));
   memcpy(&segs, f2 + OI_CODEC_HEADER_BYTES + 1, 2);
-  CHECK(segs == 1);
+  CHECK(segs == (PARTS * PER + OI_LOSSLESS_SEGMENT_MAX - 1) / OI_LOSSLESS_SEGMENT_MAX); /* capped */
+  CHECK_OK(oi__codec_decode(f2, b2, back, sizeof back, &out));
+  CHECK(out == sizeof x && !memcmp(back, x, sizeof x));
 }
 
 /* Random bytes do not compress: the frame is the raw planes, no larger. */
@@ -341,6 +343,60 @@ static void test_rans(void) {
   CHECK(oi__rans_decode(coded, c, back, 4000) == 0 && !memcmp(back, sym, 4000));
 }
 
+/* The wide stream: lengths that fill no round, one round, part of the last
+ * round; one symbol, every symbol, skewed; every truncation, one symbol
+ * more or fewer, a changed word or state refused. */
+static void test_rans32(void) {
+  static uint8_t sym[70000], coded[72000], back[70000];
+  const size_t lens[] = {1, 31, 32, 33, 1000, 4096, 70000};
+  for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++) {
+    size_t n = lens[t];
+    for (size_t i = 0; i < n; i++) /* about 2.7 bits a symbol, as KV's exponents */
+      sym[i] = (uint8_t)(118 + (ct_rand(&seed) % 8) * (ct_rand(&seed) % 3));
+    size_t c = oi__rans32_encode(sym, n, coded, sizeof coded);
+    CHECK(c > 0 && oi__rans32_decode(coded, c, back, n) == 0 && !memcmp(back, sym, n));
+    if (n >= 4096) CHECK(c < n / 2); /* fewer than 4 bits a symbol */
+    /* (a stream of one distinct symbol, frequency 4096, decodes more of
+     * it from an unused state: the frame says how many there are) */
+    if (n > 1) CHECK(oi__rans32_decode(coded, c, back, n + 1) != 0);
+    if (n > 1) CHECK(oi__rans32_decode(coded, c, back, n - 1) != 0);
+  }
+  /* one symbol: the table and the 32 states */
+  memset(sym, 7, 5000);
+  size_t c = oi__rans32_encode(sym, 5000, coded, sizeof coded);
+  CHECK(c > 0 && c <= 4 + 4 * OI_RANS32_LANES);
+  CHECK(oi__rans32_decode(coded, c, back, 5000) == 0 && !memcmp(back, sym, 5000));
+  /* uniform bytes do not fit in n bytes; with room they round-trip */
+  for (size_t i = 0; i < 5000; i++)
+    sym[i] = (uint8_t)ct_rand(&seed);
+  CHECK(oi__rans32_encode(sym, 5000, coded, 5000) == 0);
+  c = oi__rans32_encode(sym, 5000, coded, sizeof coded);
+  CHECK(c > 5000 && oi__rans32_decode(coded, c, back, 5000) == 0 && !memcmp(back, sym, 5000));
+  /* skewed: 255 rare symbols and one common (its frequency near 4096) */
+  for (size_t i = 0; i < 70000; i++)
+    sym[i] = i < 255 ? (uint8_t)i : 255;
+  c = oi__rans32_encode(sym, 70000, coded, sizeof coded);
+  CHECK(c > 0 && oi__rans32_decode(coded, c, back, 70000) == 0 && !memcmp(back, sym, 70000));
+  /* damage */
+  for (size_t i = 0; i < 4000; i++)
+    sym[i] = (uint8_t)(60 + ct_rand(&seed) % 5);
+  c = oi__rans32_encode(sym, 4000, coded, sizeof coded);
+  REQUIRE(c > 0);
+  for (size_t cut = 0; cut < c; cut++)
+    CHECK(oi__rans32_decode(coded, cut, back, 4000) != 0);
+  size_t refused = 0, tried = 0;
+  for (size_t at = 0; at < c; at += 7, tried++) {
+    coded[at] ^= 0x10;
+    refused += oi__rans32_decode(coded, c, back, 4000) != 0 || memcmp(back, sym, 4000) != 0;
+    coded[at] ^= 0x10;
+  }
+  /* a changed bit anywhere is refused or (rarely, past the decoder's
+   * checks) gives other symbols, which the frame's checksum refuses */
+  printf("wide stream: %zu of %zu changed bits refused or seen\n", refused, tried);
+  CHECK(refused == tried);
+  CHECK(oi__rans32_decode(coded, c, back, 4000) == 0 && !memcmp(back, sym, 4000));
+}
+
 /* Values each lossy format represents come back exactly: int8 groups whose
  * amax is 127 (scale 1), fp8 blocks whose amax is 448 (scale 1) holding
  * every finite e4m3 value. */
@@ -430,6 +486,7 @@ int main(void) {
   RUN_TEST(test_forged);
   RUN_TEST(test_payload_junk);
   RUN_TEST(test_rans);
+  RUN_TEST(test_rans32);
   RUN_TEST(test_lossy_exact);
   RUN_TEST(test_lossy_extremes);
   TEST_EXIT();

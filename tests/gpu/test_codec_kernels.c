@@ -4,7 +4,8 @@
  *  - each page of the committed real-KV corpus (argv[1]), each codec;
  *  - blocks of 64 pages (one stream per part) and blocks of Qwen3-4B and
  *    GLM5.2 size (the lossless encoder caps its streams so a warp each
- *    spreads a large block over the GPU);
+ *    spreads a large block over the GPU; they are wide streams), and wide
+ *    streams damaged past the checksum (a zeroed state, a changed word);
  *  - random bytes (exponents stored raw) and an odd-length block;
  *  - damaged frames (final states, a scale, an fp8 NaN code): the frame's
  *    status says so and the batch's other frames still decode exactly.

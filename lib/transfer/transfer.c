@@ -900,9 +900,13 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
   oi__cond_init_monotonic(&x->cv);
   for (int d = 0; d < 2; d++) {
     x->mode[d] = oi__xfer_resolve_mode(c->layout, c->copy_mode, (oi_copy_dir)d);
-    uint64_t bytes = c->group_bytes              ? c->group_bytes
-                     : x->mode[d] == OI_XFER_DMA ? OI_DMA_GROUP_BYTES
-                                                 : OI_KERNEL_GROUP_BYTES;
+    /* A codec's groups are its bounce's (and its codec steps'): 32 MiB in
+     * every mode. Groups of 8 MiB in DMA mode queued four times the codec
+     * steps, each of which holds the stream while the host encodes. */
+    uint64_t bytes = c->group_bytes ? c->group_bytes
+                     : x->mode[d] == OI_XFER_DMA && c->codec == OI_CODEC_NONE
+                         ? OI_DMA_GROUP_BYTES
+                         : OI_KERNEL_GROUP_BYTES;
     x->group_blocks[d] = blocks_per_group(bytes, c->layout->block_bytes);
   }
   oi_status st;

@@ -11,6 +11,7 @@
  *     and from the disk (its blocks promoted while the head runs);
  *   - OI_RESTORE_PLAN_OFF loads every hit; bad plan options are refused. */
 #include "exec_testutil.h"
+#include "executor/executor_internal.h"
 #include "openinfer/disk.h"
 
 #define PROMPT 26                                      /* 6 full blocks + 2 tokens */
@@ -114,6 +115,36 @@ static void test_fast_pool_loads(void) {
   CHECK(warm.res.restored_tokens == RESTORABLE && warm.res.computed_tokens == PROMPT - RESTORABLE);
   check_parity(g.x, &cold, cold_kv, bytes, &warm);
   free(cold_kv);
+  rig_close(&g);
+}
+
+/* The plan switched between runs of one executor (what bench ttft does
+ * for its load-only and planned rows): off, the next restore loads every
+ * hit without a plan; back on, it is planned again; a mode that is not one
+ * is refused and changes nothing. */
+static void test_plan_switched_between_runs(void) {
+  oi_executor_options o = plan_options();
+  rig g;
+  rig_open(&g, false, &o, "p-switch");
+  uint32_t p[PROMPT];
+  make_prompt(p, PROMPT, 23);
+  run_out cold, warm;
+  run_one(g.x, p, PROMPT, -1, &cold);
+  CHECK_ST(oi__executor_set_restore_plan(g.x, 7), OI_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(oi_last_error(), "7 is not an oi_restore_plan_mode"));
+  CHECK_ST(oi__executor_set_restore_plan(NULL, OI_RESTORE_PLAN_OFF), OI_ERR_INVALID_ARGUMENT);
+  CHECK_OK(oi__executor_set_restore_plan(g.x, OI_RESTORE_PLAN_OFF));
+  push_down(&g, false);
+  run_one(g.x, p, PROMPT, -1, &warm);
+  oi_executor_stats s = stats_of(g.x);
+  CHECK(s.plans == 0 && warm.res.restored_tokens == RESTORABLE);
+  CHECK(same_tokens(&cold, &warm));
+  CHECK_OK(oi__executor_set_restore_plan(g.x, OI_RESTORE_PLAN_AUTO));
+  push_down(&g, false);
+  run_one(g.x, p, PROMPT, -1, &warm);
+  s = stats_of(g.x);
+  CHECK(s.plans == 1 && warm.res.restored_tokens == RESTORABLE);
+  CHECK(same_tokens(&cold, &warm));
   rig_close(&g);
 }
 
@@ -242,6 +273,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_split_from_pool);
   RUN_TEST(test_split_from_disk);
   RUN_TEST(test_bad_plan_options_are_refused);
+  RUN_TEST(test_plan_switched_between_runs);
   oi_refmodel_destroy(model_ctx);
   TEST_EXIT();
 }

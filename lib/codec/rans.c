@@ -4,8 +4,6 @@
  * writes backwards, the decoder runs forwards and reads forwards. */
 #include "codec/rans.h"
 
-#include <string.h>
-
 #define PROB_SCALE (1u << OI_RANS_PROB_BITS)
 #define PROB_MASK (PROB_SCALE - 1)
 #define RANS_L (1u << 23)
@@ -81,18 +79,7 @@ size_t oi__rans_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap) {
     for (int k = NS - 1; k >= 0; k--)
       if (!enc_put(&x[k], &ptr, limit, &es[sym[i + (size_t)k]])) return 0;
   }
-  /* The final states, state 0 first in the stream. */
-  for (int k = NS - 1; k >= 0; k--) {
-    ptr -= 4;
-    ptr[0] = (uint8_t)x[k];
-    ptr[1] = (uint8_t)(x[k] >> 8);
-    ptr[2] = (uint8_t)(x[k] >> 16);
-    ptr[3] = (uint8_t)(x[k] >> 24);
-  }
-  size_t coded = (size_t)(end - ptr);
-  memcpy(dst, table, tn);
-  memmove(dst + tn, ptr, coded);
-  return tn + coded;
+  return oi__rans_finish(dst, table, tn, x, NS, ptr, end);
 }
 
 int oi__rans_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {

@@ -34,6 +34,14 @@ size_t oi__rans_table_write(const uint8_t *sym, size_t n, uint8_t table[OI_RANS_
  * past 2^13 or the sum not OI_RANS_PROB_SCALE). */
 int oi__rans_table_read(const uint8_t **src, const uint8_t *end, uint32_t tab[OI_RANS_PROB_SCALE]);
 
+/* Ends an encode: the `ns` final states x[] are written below ptr (the
+ * coded words or bytes run from ptr to end, where the encoder wrote them
+ * backwards; it left room for the states above dst + tn), then the table
+ * goes to dst and the rest moves down behind it. @return the stream's
+ * length. */
+size_t oi__rans_finish(uint8_t *dst, const uint8_t *table, size_t tn, const uint32_t *x, int ns,
+                       uint8_t *ptr, const uint8_t *end);
+
 /* Codes sym[0..n) (n >= 1) into dst[0..cap). @return the stream's length,
  * or 0 when it would not fit in cap (the caller then stores the bytes raw). */
 size_t oi__rans_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap);

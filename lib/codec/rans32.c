@@ -7,8 +7,6 @@
  * first) and writes backwards; the decoder runs forwards. */
 #include "codec/rans.h"
 
-#include <string.h>
-
 #define PROB_MASK (OI_RANS_PROB_SCALE - 1)
 #define LANES OI_RANS32_LANES
 #define RANS_L (1u << 16)
@@ -49,17 +47,7 @@ size_t oi__rans32_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap)
       x[k] = ((v / f) << OI_RANS_PROB_BITS) + v % f + start[s[k]];
     }
   }
-  for (int k = LANES - 1; k >= 0; k--) { /* state 0 first in the stream */
-    ptr -= 4;
-    ptr[0] = (uint8_t)x[k];
-    ptr[1] = (uint8_t)(x[k] >> 8);
-    ptr[2] = (uint8_t)(x[k] >> 16);
-    ptr[3] = (uint8_t)(x[k] >> 24);
-  }
-  size_t coded = (size_t)(end - ptr);
-  memcpy(dst, table, tn);
-  memmove(dst + tn, ptr, coded);
-  return tn + coded;
+  return oi__rans_finish(dst, table, tn, x, LANES, ptr, end);
 }
 
 int oi__rans32_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {

@@ -1,7 +1,10 @@
-/* The frequency table that starts every rANS stream (rans.h), shared by the
- * narrow and the wide coder: counts normalised to 12-bit frequencies, written
- * as lo, hi and LEB128 frequencies, read back into a one-load decode table. */
+/* What the narrow and the wide rANS coder share (rans.h): the frequency
+ * table that starts every stream (counts normalised to 12-bit frequencies,
+ * written as lo, hi and LEB128 frequencies, read back into a one-load
+ * decode table) and the stream's assembly behind it. */
 #include "codec/rans.h"
+
+#include <string.h>
 
 #define PROB_SCALE (1u << OI_RANS_PROB_BITS)
 
@@ -90,4 +93,19 @@ int oi__rans_table_read(const uint8_t **src, const uint8_t *end, uint32_t tab[OI
   if (sum != PROB_SCALE) return -1;
   *src = p;
   return 0;
+}
+
+size_t oi__rans_finish(uint8_t *dst, const uint8_t *table, size_t tn, const uint32_t *x, int ns,
+                       uint8_t *ptr, const uint8_t *end) {
+  for (int k = ns - 1; k >= 0; k--) { /* state 0 first in the stream */
+    ptr -= 4;
+    ptr[0] = (uint8_t)x[k];
+    ptr[1] = (uint8_t)(x[k] >> 8);
+    ptr[2] = (uint8_t)(x[k] >> 16);
+    ptr[3] = (uint8_t)(x[k] >> 24);
+  }
+  size_t coded = (size_t)(end - ptr);
+  memcpy(dst, table, tn);
+  memmove(dst + tn, ptr, coded);
+  return tn + coded;
 }

@@ -37,42 +37,45 @@ __device__ static inline uint32_t le32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+// Lane 0 reads a stream's frequency table (as oi__rans_table_read does,
+// with its checks), calling emit(index, symbol, freq, start) for each
+// present symbol in order; *m gets their number. Returns the table's
+// length in bytes, 0 when it is damaged.
+template <typename Emit>
+__device__ static uint32_t read_freqs(const uint8_t *src, uint32_t len, uint32_t *m, Emit emit) {
+  if (len < 2) return 0;
+  const uint8_t *p = src, *end = src + len;
+  int lo = p[0], hi = p[1];
+  p += 2;
+  if (hi < lo) return 0;
+  uint32_t sum = 0, k = 0;
+  for (int s = lo; s <= hi; s++) {
+    uint32_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      if (p >= end || shift > 7) return 0;
+      uint8_t b = *p++;
+      v |= (uint32_t)(b & 0x7f) << shift;
+      if (!(b & 0x80)) break;
+    }
+    if (v > PROB_SCALE || sum + v > PROB_SCALE) return 0;
+    if (v) emit(k++, (uint32_t)s, v, sum);
+    sum += v;
+  }
+  *m = k;
+  return sum == PROB_SCALE ? (uint32_t)(p - src) : 0;
+}
+
 // Lane 0 reads the stream's table (as oi__rans_decode does, with its
 // checks) into the present symbols' starts; then every lane fills the slots.
 // Returns the table's length in bytes, 0 when it is damaged (every lane).
 __device__ static uint32_t build_table(const uint8_t *src, uint32_t len, warp_smem *w,
                                        unsigned lane) {
   uint32_t used = 0, m = 0;
-  if (lane == 0 && len >= 2) {
-    const uint8_t *p = src, *end = src + len;
-    int lo = p[0], hi = p[1];
-    p += 2;
-    uint32_t sum = 0;
-    bool ok = hi >= lo;
-    for (int s = lo; ok && s <= hi; s++) {
-      uint32_t v = 0;
-      for (int shift = 0;; shift += 7) {
-        if (p >= end || shift > 7) {
-          ok = false;
-          break;
-        }
-        uint8_t b = *p++;
-        v |= (uint32_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) break;
-      }
-      if (!ok || v > PROB_SCALE || sum + v > PROB_SCALE) {
-        ok = false;
-        break;
-      }
-      if (v) {
-        w->start[m] = (uint16_t)sum;
-        w->sym[m] = (uint8_t)s;
-        m++;
-      }
-      sum += v;
-    }
-    if (ok && sum == PROB_SCALE) used = (uint32_t)(p - src);
-  }
+  if (lane == 0)
+    used = read_freqs(src, len, &m, [w](uint32_t i, uint32_t s, uint32_t, uint32_t start) {
+      w->start[i] = (uint16_t)start;
+      w->sym[i] = (uint8_t)s;
+    });
   used = __shfl_sync(0xffffffffu, used, 0);
   m = __shfl_sync(0xffffffffu, m, 0);
   __syncwarp();
@@ -193,32 +196,10 @@ struct wide_smem {
 __device__ static uint32_t build_wide_table(const uint8_t *src, uint32_t len, wide_smem *w,
                                             unsigned lane) {
   uint32_t used = 0, m = 0;
-  if (lane == 0 && len >= 2) {
-    const uint8_t *p = src, *end = src + len;
-    int lo = p[0], hi = p[1];
-    p += 2;
-    uint32_t sum = 0;
-    bool ok = hi >= lo;
-    for (int s = lo; ok && s <= hi; s++) {
-      uint32_t v = 0;
-      for (int shift = 0;; shift += 7) {
-        if (p >= end || shift > 7) {
-          ok = false;
-          break;
-        }
-        uint8_t b = *p++;
-        v |= (uint32_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) break;
-      }
-      if (!ok || v > PROB_SCALE || sum + v > PROB_SCALE) {
-        ok = false;
-        break;
-      }
-      if (v) w->info[m++] = (uint32_t)s | (v - 1) << 8 | sum << 20;
-      sum += v;
-    }
-    if (ok && sum == PROB_SCALE) used = (uint32_t)(p - src);
-  }
+  if (lane == 0)
+    used = read_freqs(src, len, &m, [w](uint32_t i, uint32_t s, uint32_t v, uint32_t start) {
+      w->info[i] = s | (v - 1) << 8 | start << 20;
+    });
   used = __shfl_sync(0xffffffffu, used, 0);
   m = __shfl_sync(0xffffffffu, m, 0);
   __syncwarp();
@@ -248,49 +229,87 @@ __device__ static inline uint32_t word_at(const uint8_t *words, uint32_t nwords,
   return j < nwords ? (uint32_t)words[2 * j] | (uint32_t)words[2 * j + 1] << 8 : 0;
 }
 
+// The warp's state while it decodes a wide stream.
+struct wide_state {
+  uint32_t x;           // this lane's rANS state
+  uint32_t base, pos;   // the window's first word; the next word to read
+  uint32_t win, next;   // this lane's word of the window's first 32 and of the next 32
+  const uint8_t *words; // the stream's words
+  uint32_t nwords;
+};
+
+// One round: symbols r..r+31 (lane k: r + k), `s` this lane's
+// sign+mantissa byte (loaded rounds ahead). False when the stream reads
+// past its words (every lane).
+__device__ static inline bool wide_round(wide_state &st, const wide_smem *w, uint16_t *out16,
+                                         uint32_t r, uint32_t n, uint32_t s, unsigned lane) {
+  const uint32_t i = r + lane;
+  const bool active = i < n;
+  uint32_t e = 0, x = st.x;
+  if (active) {
+    e = w->info[w->idx[x & PROB_MASK]];
+    x = (((e >> 8) & 0xfffu) + 1) * (x >> PROB_BITS) + (x & PROB_MASK) - (e >> 20);
+  }
+  const bool need = active && x < RANS32_L;
+  const unsigned ask = __ballot_sync(0xffffffffu, need);
+  const uint32_t k = st.pos - st.base + __popc(ask & ((1u << lane) - 1)); // < 64
+  const uint32_t a = __shfl_sync(0xffffffffu, st.win, k & 31),
+                 b = __shfl_sync(0xffffffffu, st.next, k & 31);
+  if (need) x = x << 16 | (k < 32 ? a : b);
+  st.x = x;
+  st.pos += __popc(ask);
+  if (st.pos > st.nwords) return false;
+  if (st.pos - st.base >= 32) {
+    st.base += 32;
+    st.win = st.next;
+    st.next = word_at(st.words, st.nwords, st.base + 32 + lane);
+  }
+  if (active) out16[i] = (uint16_t)((s & 0x80) << 8 | (e & 0xff) << 7 | (s & 0x7f));
+  return true;
+}
+
+#define WIDE_CHUNK 8 // rounds whose sign+mantissa bytes are loaded a chunk ahead
+
 // The warp decodes a wide stream of `n` exponents round by round (lane k
 // holds state k) and merges each with its sign+mantissa byte into out16.
 // The stream's words are read through a window of 64 (two per lane, the
 // next 32 loaded as the first 32 are used up): a lane that needs a word
 // takes the one at the round's position plus its rank among the lanes that
-// need one. True when every state ends where the encoder began and the
-// words are used up exactly.
+// need one. The sign+mantissa bytes of the next WIDE_CHUNK rounds are
+// loaded while this chunk decodes, so no round waits on device memory.
+// True when every state ends where the encoder began and the words are
+// used up exactly.
 __device__ static bool wide_run(const uint8_t *p, const uint8_t *end, const wide_smem *w,
                                 const uint8_t *sm, uint16_t *out16, uint32_t n, unsigned lane) {
   if (end - p < 4 * 32 || (end - p) % 2) return false;
-  uint32_t x = le32(p + 4 * lane);
-  if (!__all_sync(0xffffffffu, x >= RANS32_L)) return false;
-  const uint8_t *words = p + 4 * 32;
-  const uint32_t nwords = (uint32_t)(end - words) / 2, below = (1u << lane) - 1;
-  uint32_t base = 0, pos = 0; // the window's first word; the next word to read
-  uint32_t win = word_at(words, nwords, lane), next = word_at(words, nwords, 32 + lane);
-  for (uint32_t r = 0; r < n; r += 32) {
-    const uint32_t i = r + lane;
-    const bool active = i < n;
-    uint32_t e = 0;
-    if (active) {
-      e = w->info[w->idx[x & PROB_MASK]];
-      x = (((e >> 8) & 0xfffu) + 1) * (x >> PROB_BITS) + (x & PROB_MASK) - (e >> 20);
-    }
-    const bool need = active && x < RANS32_L;
-    const unsigned ask = __ballot_sync(0xffffffffu, need);
-    const uint32_t k = pos - base + __popc(ask & below); // < 64
-    const uint32_t a = __shfl_sync(0xffffffffu, win, k & 31),
-                   b = __shfl_sync(0xffffffffu, next, k & 31);
-    if (need) x = x << 16 | (k < 32 ? a : b);
-    pos += __popc(ask);
-    if (pos > nwords) return false; // (every lane: pos is the warp's)
-    if (pos - base >= 32) {
-      base += 32;
-      win = next;
-      next = word_at(words, nwords, base + 32 + lane);
-    }
-    if (active) {
-      const uint32_t s = sm[i];
-      out16[i] = (uint16_t)((s & 0x80) << 8 | (e & 0xff) << 7 | (s & 0x7f));
-    }
+  wide_state st;
+  st.x = le32(p + 4 * lane);
+  if (!__all_sync(0xffffffffu, st.x >= RANS32_L)) return false;
+  st.words = p + 4 * 32;
+  st.nwords = (uint32_t)(end - st.words) / 2;
+  st.base = st.pos = 0;
+  st.win = word_at(st.words, st.nwords, lane);
+  st.next = word_at(st.words, st.nwords, 32 + lane);
+  uint32_t cur[WIDE_CHUNK], ahead[WIDE_CHUNK];
+#pragma unroll
+  for (int j = 0; j < WIDE_CHUNK; j++) {
+    uint32_t i = 32 * j + lane;
+    cur[j] = i < n ? sm[i] : 0;
   }
-  return __all_sync(0xffffffffu, x == RANS32_L) && pos == nwords;
+  for (uint32_t r = 0; r < n; r += 32 * WIDE_CHUNK) {
+#pragma unroll
+    for (int j = 0; j < WIDE_CHUNK; j++) {
+      uint32_t i = r + 32 * (WIDE_CHUNK + j) + lane;
+      ahead[j] = i < n ? sm[i] : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < WIDE_CHUNK; j++)
+      if (!wide_round(st, w, out16, r + 32 * j, n, cur[j], lane)) return false;
+#pragma unroll
+    for (int j = 0; j < WIDE_CHUNK; j++)
+      cur[j] = ahead[j];
+  }
+  return __all_sync(0xffffffffu, st.x == RANS32_L) && st.pos == st.nwords;
 }
 
 __global__ static void __launch_bounds__(32 * WIDE_WARPS)

@@ -347,7 +347,7 @@ static void test_rans(void) {
  * round; one symbol, every symbol, skewed; every truncation, one symbol
  * more or fewer, a changed word or state refused. */
 static void test_rans32(void) {
-  static uint8_t sym[70000], coded[72000], back[70000];
+  static uint8_t sym[70000], coded[72000], back[70001]; /* (n + 1 decoded below) */
   const size_t lens[] = {1, 31, 32, 33, 1000, 4096, 70000};
   for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++) {
     size_t n = lens[t];

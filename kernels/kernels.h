@@ -79,6 +79,19 @@ int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int lossless,
 int oi_kernel_codec_zero_failed(const int32_t *status, uint32_t n, uint8_t *blocks,
                                 uint64_t block_bytes, void *stream);
 
+/* The GPU encoder of the wide rANS stream (kernels/codec_encode.cu): one
+ * item a stream, its output byte for byte lib/codec's oi__rans32_encode of
+ * the exponent bytes (bits 7..14) of `count` bf16 elements at src, into
+ * dst with at most `cap` bytes; scratch is `cap` bytes of device memory of
+ * the item's own. lens[k] gets the stream's length, 0 when it would not
+ * fit in cap (as the cpu encoder's 0). */
+typedef struct oi_kenc_item {
+  uint64_t src, dst, scratch; /* device addresses */
+  uint32_t count, cap;
+} oi_kenc_item;
+
+int oi_kernel_rans32_encode(const oi_kenc_item *items, uint32_t n, uint32_t *lens, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,182 @@
+// The GPU encoder of the wide rANS stream (lib/codec/rans32.c, the format
+// in lib/codec/rans.h), byte for byte the cpu encoder's: one warp a
+// stream. The warp counts the stream's exponents (bits 7..14 of each bf16
+// element), lane 0 normalises the counts to 12-bit frequencies exactly as
+// the cpu does and writes the table, then the rounds run backwards: lane k
+// encodes the symbol of state k, and the lanes whose state must emit a word
+// first find their place by a ballot (state 0's word lowest), writing
+// downwards from the end of the item's scratch. Last, the final states and
+// the words go behind the table.
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#define PROB_BITS 12
+#define PROB_SCALE (1u << PROB_BITS)
+#define RANS32_L (1u << 16)
+#define ENC_WARPS 4
+
+struct enc_smem {
+  uint32_t count[256];
+  uint32_t freq[256];
+  uint32_t start[256];
+};
+
+__device__ static inline uint32_t exponent_of(const uint16_t *src, uint32_t i) {
+  return (src[i] >> 7) & 0xffu;
+}
+
+// Lane 0: rans_table.c's normalise, the same arithmetic in the same order.
+__device__ static void normalise(enc_smem *w, uint32_t n) {
+  uint32_t sum = 0;
+  int largest = -1;
+  for (int s = 0; s < 256; s++) {
+    w->freq[s] = 0;
+    if (!w->count[s]) continue;
+    uint64_t f = ((uint64_t)w->count[s] * PROB_SCALE + n / 2) / n;
+    w->freq[s] = f ? (uint32_t)f : 1;
+    sum += w->freq[s];
+    if (largest < 0 || w->count[s] > w->count[largest]) largest = s;
+  }
+  if (sum < PROB_SCALE) {
+    w->freq[largest] += PROB_SCALE - sum;
+    return;
+  }
+  while (sum > PROB_SCALE) {
+    int big = -1;
+    for (int s = 0; s < 256; s++)
+      if (w->freq[s] > 1 && (big < 0 || w->freq[s] > w->freq[big])) big = s;
+    uint32_t take = sum - PROB_SCALE;
+    uint32_t room = w->freq[big] - w->freq[big] / 2;
+    if (take > room) take = room;
+    if (!take) take = 1;
+    w->freq[big] -= take;
+    sum -= take;
+  }
+}
+
+// The table's length: lo, hi and each frequency of lo..hi as LEB128.
+__device__ static uint32_t table_len(const enc_smem *w) {
+  int lo = 0, hi = 255;
+  while (!w->freq[lo])
+    lo++;
+  while (!w->freq[hi])
+    hi--;
+  uint32_t tn = 2;
+  for (int s = lo; s <= hi; s++)
+    tn += w->freq[s] >= 0x80 ? 2 : 1; // (frequencies are below 2^14)
+  return tn;
+}
+
+// Lane 0: the table (lo, hi, LEB128 frequencies) at dst and each present
+// symbol's start. Returns its length.
+__device__ static uint32_t write_table(enc_smem *w, uint8_t *dst) {
+  int lo = 0, hi = 255;
+  while (!w->freq[lo])
+    lo++;
+  while (!w->freq[hi])
+    hi--;
+  uint32_t tn = 0, at = 0;
+  dst[tn++] = (uint8_t)lo;
+  dst[tn++] = (uint8_t)hi;
+  for (int s = lo; s <= hi; s++) {
+    uint32_t v = w->freq[s];
+    w->start[s] = at;
+    at += v;
+    while (v >= 0x80) {
+      dst[tn++] = (uint8_t)(v | 0x80);
+      v >>= 7;
+    }
+    dst[tn++] = (uint8_t)v;
+  }
+  return tn;
+}
+
+__global__ static void __launch_bounds__(32 * ENC_WARPS)
+    rans32_encode_kernel(const oi_kenc_item *__restrict__ items, uint32_t n, uint32_t *lens) {
+  __shared__ enc_smem smem[ENC_WARPS];
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const unsigned below = (1u << lane) - 1;
+  enc_smem *w = &smem[warp];
+  for (uint32_t k = blockIdx.x * ENC_WARPS + warp; k < n; k += gridDim.x * ENC_WARPS) {
+    const oi_kenc_item it = items[k];
+    const uint16_t *src = reinterpret_cast<const uint16_t *>(it.src);
+    uint8_t *dst = reinterpret_cast<uint8_t *>(it.dst);
+    uint8_t *scratch = reinterpret_cast<uint8_t *>(it.scratch);
+    const uint32_t count = it.count;
+    // the histogram: lanes holding the same exponent add once (a match)
+    for (uint32_t s = lane; s < 256; s += 32)
+      w->count[s] = 0;
+    __syncwarp();
+    for (uint32_t r = 0; r < count; r += 32) {
+      const uint32_t i = r + lane;
+      const bool active = i < count;
+      const uint32_t e = active ? exponent_of(src, i) : 256u + lane;
+      const unsigned same = __match_any_sync(0xffffffffu, e);
+      if (active && lane == (unsigned)(__ffs(same) - 1)) atomicAdd(&w->count[e], __popc(same));
+    }
+    __syncwarp();
+    uint32_t tn = 0;
+    if (lane == 0 && count) {
+      normalise(w, count);
+      if (it.cap >= table_len(w) + 4 * 32) tn = write_table(w, dst);
+    }
+    tn = __shfl_sync(0xffffffffu, tn, 0);
+    __syncwarp();
+    if (!tn) { // nothing to code, or the table and states do not fit
+      if (lane == 0) lens[k] = 0;
+      continue;
+    }
+    // the rounds, backwards; words downwards from the scratch's end
+    const uint32_t limit = tn + 4 * 32; // no word below the table and states
+    uint32_t x = RANS32_L, ptr = it.cap;
+    bool fits = true;
+    for (uint32_t r = (count + 31) / 32; r-- > 0 && fits;) {
+      const uint32_t i = r * 32 + lane;
+      const bool active = i < count;
+      const uint32_t s = active ? exponent_of(src, i) : 0;
+      const uint32_t f = active ? w->freq[s] : 1;
+      const bool emit = active && (uint64_t)x >= (uint64_t)f << 20;
+      const unsigned ask = __ballot_sync(0xffffffffu, emit);
+      const uint32_t c = 2 * __popc(ask);
+      if (ptr < limit + c) {
+        fits = false; // (every lane: the same ballot)
+        break;
+      }
+      if (emit) {
+        uint32_t at = ptr - c + 2 * __popc(ask & below);
+        scratch[at] = (uint8_t)x;
+        scratch[at + 1] = (uint8_t)(x >> 8);
+        x >>= 16;
+      }
+      ptr -= c;
+      if (active) x = ((x / f) << PROB_BITS) + x % f + w->start[s];
+    }
+    if (!fits) {
+      if (lane == 0) lens[k] = 0;
+      continue;
+    }
+    // the final states (state 0 first), then the words
+    uint8_t *st = dst + tn + 4 * lane;
+    st[0] = (uint8_t)x;
+    st[1] = (uint8_t)(x >> 8);
+    st[2] = (uint8_t)(x >> 16);
+    st[3] = (uint8_t)(x >> 24);
+    const uint32_t words = it.cap - ptr;
+    for (uint32_t j = lane; j < words; j += 32)
+      dst[limit + j] = scratch[ptr + j];
+    if (lane == 0) lens[k] = limit + words;
+    __syncwarp();
+  }
+}
+
+extern "C" int oi_kernel_rans32_encode(const oi_kenc_item *items, uint32_t n, uint32_t *lens,
+                                       void *stream) {
+  if (n == 0) return cudaSuccess;
+  uint32_t ctas = (n + ENC_WARPS - 1) / ENC_WARPS;
+  if (ctas > 65535u) ctas = 65535u;
+  rans32_encode_kernel<<<ctas, 32 * ENC_WARPS, 0, static_cast<cudaStream_t>(stream)>>>(items, n,
+                                                                                        lens);
+  return cudaGetLastError();
+}

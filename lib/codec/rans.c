@@ -5,7 +5,6 @@
 #include "codec/rans.h"
 
 #define PROB_SCALE (1u << OI_RANS_PROB_BITS)
-#define PROB_MASK (PROB_SCALE - 1)
 #define RANS_L (1u << 23)
 #define NS 4 /* interleaved states (the decoder's fast loop is written for 4) */
 
@@ -87,22 +86,12 @@ int oi__rans_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
   const uint8_t *p = src, *end = src + len;
   uint32_t tab[PROB_SCALE];
   if (oi__rans_table_read(&p, end, tab) != 0) return -1;
-  if (end - p < 4 * NS) return -1;
   uint32_t x[NS];
-  for (int k = 0; k < NS; k++, p += 4) {
-    x[k] = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-    if (x[k] < RANS_L) return -1;
-  }
+  if (oi__rans_states_read(&p, end, x, NS, RANS_L) != 0) return -1;
   size_t i = 0;
   /* A decoded state is at least 2^11 (its old value >= L = 2^23, >> 12), so
    * two bytes bring it back to L: while 2 NS bytes remain, NS symbols need
    * no bounds checks. */
-#define DECODE(xv, o)                                                                              \
-  do {                                                                                             \
-    uint32_t e_ = tab[(xv)&PROB_MASK];                                                             \
-    (xv) = (((e_ >> 8) & 0xfffu) + 1) * ((xv) >> OI_RANS_PROB_BITS) + (e_ >> 20);                  \
-    (o) = (uint8_t)e_;                                                                             \
-  } while (0)
   /* renormalisation without a branch: b = 0, 1 or 2 bytes */
 #define RENORM(xv)                                                                                 \
   do {                                                                                             \
@@ -113,13 +102,13 @@ int oi__rans_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
   } while (0)
   uint32_t x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
   while (i + NS <= n && end - p >= 2 * NS) {
-    DECODE(x0, out[i]);
+    out[i] = oi__rans_decode_step(tab, &x0);
     RENORM(x0);
-    DECODE(x1, out[i + 1]);
+    out[i + 1] = oi__rans_decode_step(tab, &x1);
     RENORM(x1);
-    DECODE(x2, out[i + 2]);
+    out[i + 2] = oi__rans_decode_step(tab, &x2);
     RENORM(x2);
-    DECODE(x3, out[i + 3]);
+    out[i + 3] = oi__rans_decode_step(tab, &x3);
     RENORM(x3);
     i += NS;
   }
@@ -127,15 +116,11 @@ int oi__rans_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
   x[0] = x0, x[1] = x1, x[2] = x2, x[3] = x3;
   for (; i < n; i++) {
     uint32_t *xs = &x[i % NS];
-    DECODE(*xs, out[i]);
+    out[i] = oi__rans_decode_step(tab, xs);
     while (*xs < RANS_L) {
       if (p >= end) return -1;
       *xs = (*xs << 8) | *p++;
     }
   }
-#undef DECODE
-  int ended = 1;
-  for (int k = 0; k < NS; k++)
-    ended &= x[k] == RANS_L;
-  return (p == end && ended) ? 0 : -1;
+  return (p == end && oi__rans_states_ended(x, NS, RANS_L)) ? 0 : -1;
 }

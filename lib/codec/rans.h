@@ -34,6 +34,23 @@ size_t oi__rans_table_write(const uint8_t *sym, size_t n, uint8_t table[OI_RANS_
  * past 2^13 or the sum not OI_RANS_PROB_SCALE). */
 int oi__rans_table_read(const uint8_t **src, const uint8_t *end, uint32_t tab[OI_RANS_PROB_SCALE]);
 
+/* Reads the `ns` initial decoder states at *src (4 bytes each,
+ * little-endian) into x[], each at least `low`, and moves *src past them.
+ * @return 0, or -1 when they are truncated or one is below `low`. */
+int oi__rans_states_read(const uint8_t **src, const uint8_t *end, uint32_t *x, int ns,
+                         uint32_t low);
+
+/* Whether every one of the `ns` states ended where the encoder began (`low`). */
+int oi__rans_states_ended(const uint32_t *x, int ns, uint32_t low);
+
+/* Decodes one symbol of state *x through a table of oi__rans_table_read
+ * (before its renormalisation, which differs between the coders). */
+static inline uint8_t oi__rans_decode_step(const uint32_t *tab, uint32_t *x) {
+  uint32_t e = tab[*x & (OI_RANS_PROB_SCALE - 1)];
+  *x = (((e >> 8) & 0xfffu) + 1) * (*x >> OI_RANS_PROB_BITS) + (e >> 20);
+  return (uint8_t)e;
+}
+
 /* Ends an encode: the `ns` final states x[] are written below ptr (the
  * coded words or bytes run from ptr to end, where the encoder wrote them
  * backwards; it left room for the states above dst + tn), then the table

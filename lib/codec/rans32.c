@@ -7,13 +7,10 @@
  * first) and writes backwards; the decoder runs forwards. */
 #include "codec/rans.h"
 
-#define PROB_MASK (OI_RANS_PROB_SCALE - 1)
+#include "core/le_bytes.h"
+
 #define LANES OI_RANS32_LANES
 #define RANS_L (1u << 16)
-
-static inline uint32_t get_le32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 size_t oi__rans32_encode(const uint8_t *sym, size_t n, uint8_t *dst, size_t cap) {
   if (!n) return 0;
@@ -55,24 +52,16 @@ int oi__rans32_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
   const uint8_t *p = src, *end = src + len;
   uint32_t tab[OI_RANS_PROB_SCALE];
   if (oi__rans_table_read(&p, end, tab) != 0) return -1;
-  if (end - p < 4 * LANES || (end - p) % 2) return -1;
   uint32_t x[LANES];
-  for (int k = 0; k < LANES; k++, p += 4)
-    if ((x[k] = get_le32(p)) < RANS_L) return -1;
-#define DECODE(xv, o)                                                                              \
-  do {                                                                                             \
-    uint32_t e_ = tab[(xv)&PROB_MASK];                                                             \
-    (xv) = (((e_ >> 8) & 0xfffu) + 1) * ((xv) >> OI_RANS_PROB_BITS) + (e_ >> 20);                  \
-    (o) = (uint8_t)e_;                                                                             \
-  } while (0)
+  if (oi__rans_states_read(&p, end, x, LANES, RANS_L) != 0 || (end - p) % 2) return -1;
   size_t i = 0;
   /* While a word for every lane remains, a round needs no bounds checks:
    * the 32 decodes (independent), then the words in state order. */
   while (i + LANES <= n && end - p >= 2 * LANES) {
     for (int k = 0; k < LANES; k++)
-      DECODE(x[k], out[i + (size_t)k]);
+      out[i + (size_t)k] = oi__rans_decode_step(tab, &x[k]);
     for (int k = 0; k < LANES; k++) {
-      uint32_t b = x[k] < RANS_L, w = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+      uint32_t b = x[k] < RANS_L, w = get16(p);
       x[k] = b ? x[k] << 16 | w : x[k];
       p += 2 * b;
     }
@@ -80,16 +69,12 @@ int oi__rans32_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
   }
   for (; i < n; i++) {
     uint32_t *xs = &x[i % LANES];
-    DECODE(*xs, out[i]);
+    out[i] = oi__rans_decode_step(tab, xs);
     if (*xs < RANS_L) {
       if (end - p < 2) return -1;
-      *xs = *xs << 16 | (uint32_t)p[0] | (uint32_t)p[1] << 8;
+      *xs = *xs << 16 | get16(p);
       p += 2;
     }
   }
-#undef DECODE
-  int ended = 1;
-  for (int k = 0; k < LANES; k++)
-    ended &= x[k] == RANS_L;
-  return (p == end && ended) ? 0 : -1;
+  return (p == end && oi__rans_states_ended(x, LANES, RANS_L)) ? 0 : -1;
 }

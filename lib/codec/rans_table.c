@@ -6,6 +6,8 @@
 
 #include <string.h>
 
+#include "core/le_bytes.h"
+
 #define PROB_SCALE (1u << OI_RANS_PROB_BITS)
 
 /* Normalises counts (of n symbols) to frequencies summing to PROB_SCALE,
@@ -108,4 +110,21 @@ size_t oi__rans_finish(uint8_t *dst, const uint8_t *table, size_t tn, const uint
   memcpy(dst, table, tn);
   memmove(dst + tn, ptr, coded);
   return tn + coded;
+}
+
+int oi__rans_states_read(const uint8_t **src, const uint8_t *end, uint32_t *x, int ns,
+                         uint32_t low) {
+  const uint8_t *p = *src;
+  if (end - p < 4 * ns) return -1;
+  for (int k = 0; k < ns; k++, p += 4)
+    if ((x[k] = get32(p)) < low) return -1;
+  *src = p;
+  return 0;
+}
+
+int oi__rans_states_ended(const uint32_t *x, int ns, uint32_t low) {
+  int ended = 1;
+  for (int k = 0; k < ns; k++)
+    ended &= x[k] == low;
+  return ended;
 }

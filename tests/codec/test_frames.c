@@ -307,6 +307,20 @@ static void test_payload_junk(void) {
   }
 }
 
+/* Codes 4,000 symbols of 5 values into coded[0..cap) with `enc`; every
+ * truncation of the stream is refused by `dec`. @return its length. */
+static size_t coded_4000_cuts_refused(size_t (*enc)(const uint8_t *, size_t, uint8_t *, size_t),
+                                      int (*dec)(const uint8_t *, size_t, uint8_t *, size_t),
+                                      uint8_t *sym, uint8_t *coded, size_t cap, uint8_t *back) {
+  for (size_t i = 0; i < 4000; i++)
+    sym[i] = (uint8_t)(60 + ct_rand(&seed) % 5);
+  size_t c = enc(sym, 4000, coded, cap);
+  REQUIRE(c > 0);
+  for (size_t cut = 0; cut < c; cut++)
+    CHECK(dec(coded, cut, back, 4000) != 0);
+  return c;
+}
+
 static void test_rans(void) {
   uint8_t sym[5000], coded[6000], back[5000];
   /* one symbol: a few bytes */
@@ -330,13 +344,7 @@ static void test_rans(void) {
   c = oi__rans_encode(sym, sizeof sym, coded, sizeof coded);
   CHECK(c > 0 && oi__rans_decode(coded, c, back, sizeof sym) == 0 &&
         !memcmp(back, sym, sizeof sym));
-  /* every truncation of a stream is refused */
-  for (size_t i = 0; i < 4000; i++)
-    sym[i] = (uint8_t)(60 + ct_rand(&seed) % 5);
-  c = oi__rans_encode(sym, 4000, coded, sizeof coded);
-  REQUIRE(c > 0);
-  for (size_t cut = 0; cut < c; cut++)
-    CHECK(oi__rans_decode(coded, cut, back, 4000) != 0);
+  c = coded_4000_cuts_refused(oi__rans_encode, oi__rans_decode, sym, coded, sizeof coded, back);
   /* the stream is used exactly: one symbol more or fewer is refused */
   CHECK(oi__rans_decode(coded, c, back, 3999) != 0);
   CHECK(oi__rans_decode(coded, c, back, 4001) != 0);
@@ -378,12 +386,7 @@ static void test_rans32(void) {
   c = oi__rans32_encode(sym, 70000, coded, sizeof coded);
   CHECK(c > 0 && oi__rans32_decode(coded, c, back, 70000) == 0 && !memcmp(back, sym, 70000));
   /* damage */
-  for (size_t i = 0; i < 4000; i++)
-    sym[i] = (uint8_t)(60 + ct_rand(&seed) % 5);
-  c = oi__rans32_encode(sym, 4000, coded, sizeof coded);
-  REQUIRE(c > 0);
-  for (size_t cut = 0; cut < c; cut++)
-    CHECK(oi__rans32_decode(coded, cut, back, 4000) != 0);
+  c = coded_4000_cuts_refused(oi__rans32_encode, oi__rans32_decode, sym, coded, sizeof coded, back);
   size_t refused = 0, tried = 0;
   for (size_t at = 0; at < c; at += 7, tried++) {
     coded[at] ^= 0x10;

@@ -28,6 +28,9 @@ static uint8_t *corpus;
 static size_t corpus_len;
 static oi_dev *cpu;
 
+/* Page b of the corpus, tiled. */
+static const uint8_t *page_of(size_t b) { return corpus + b % (corpus_len / PAGE) * PAGE; }
+
 /* ---- the test backend: the cpu one, and a decode of its own ---- */
 
 static oi_status w_pinned_alloc(oi_dev *d, size_t b, uint32_t f, int numa, oi_pinned *out) {
@@ -125,9 +128,10 @@ typedef struct rigp {
   oi_arena_desc ad[2];
   oi_layout layout;
   oi_xfer *x;
-  uint8_t *slots; /* N frame slots */
+  uint8_t *slots; /* n frame slots */
   uint64_t slot;
   int codec;
+  size_t n; /* blocks loaded: slots [0, n) into blocks [n, 2n) */
 } rigp;
 
 static void done_fn(void *ctx, void *user, const oi_xfer_result *r) {
@@ -136,37 +140,42 @@ static void done_fn(void *ctx, void *user, const oi_xfer_result *r) {
   OI_UNUSED(r);
 }
 
-static void rig_open(rigp *r, int codec) {
+/* n corpus pages (tiled), in groups of `group_bytes` (0: the mode's). */
+static void rig_open_with(rigp *r, int codec, size_t n, uint32_t copy_mode, uint64_t group_bytes) {
   memset(r, 0, sizeof *r);
   r->codec = codec;
-  r->mem = calloc(2, (size_t)2 * N * HALF);
+  r->n = n;
+  r->mem = calloc(2, (size_t)2 * n * HALF);
   REQUIRE(r->mem);
-  r->ad[0] = tr_arena("k", r->mem, 2 * N, HALF);
-  r->ad[1] = tr_arena("v", r->mem + (size_t)2 * N * HALF, 2 * N, HALF);
+  r->ad[0] = tr_arena("k", r->mem, 2 * n, HALF);
+  r->ad[1] = tr_arena("v", r->mem + (size_t)2 * n * HALF, 2 * n, HALF);
   oi_engine_options o = tr_engine_options("decode", r->ad, 2);
   REQUIRE(oi__layout_build(&o, "test", &r->layout) == OI_OK);
   oi_codec_shape sh = CORPUS_SHAPE_KV;
   r->slot = codec == OI_CODEC_LOSSLESS ? 8960 : oi__codec_bound(codec, &sh, PAGE);
-  r->slots = calloc(N, r->slot);
+  r->slots = calloc(n, r->slot);
   REQUIRE(r->slots);
-  for (size_t b = 0; b < N; b++) {
+  for (size_t b = 0; b < n; b++) {
     size_t fb = 0;
     uint8_t frame[2 * PAGE];
-    REQUIRE(oi__codec_encode(codec, &sh, corpus + b * PAGE, PAGE, frame, sizeof frame, &fb) ==
-            OI_OK);
+    REQUIRE(oi__codec_encode(codec, &sh, page_of(b), PAGE, frame, sizeof frame, &fb) == OI_OK);
     REQUIRE(fb <= r->slot);
     memcpy(r->slots + b * r->slot, frame, fb);
   }
   oi_xfer_config xc = {.device = OI_DEVICE_CPU,
                        .dev = &decoding,
                        .layout = &r->layout,
-                       .copy_mode = OI_COPY_KERNEL,
-                       .group_bytes = (GROUP - 1) * (uint64_t)PAGE,
+                       .copy_mode = copy_mode,
+                       .group_bytes = group_bytes,
                        .codec = codec,
                        .codec_shape = codec == OI_CODEC_LOSSLESS ? (oi_codec_shape){0} : sh,
                        .frame_bytes = r->slot,
                        .done = done_fn};
   REQUIRE(oi__xfer_create(&xc, &r->x) == OI_OK);
+}
+
+static void rig_open(rigp *r, int codec) {
+  rig_open_with(r, codec, N, OI_COPY_KERNEL, (GROUP - 1) * (uint64_t)PAGE);
 }
 
 static void rig_close(rigp *r) {
@@ -176,16 +185,17 @@ static void rig_close(rigp *r) {
   free(r->mem);
 }
 
-/* Loads slots [0, N) into blocks [N, 2N); the ticket's outcome. */
+/* Loads slots [0, n) into blocks [n, 2n); the ticket's outcome. */
 static oi_status load(rigp *r, bool layered) {
-  memset(r->mem + (size_t)N * HALF, 0x5a, (size_t)N * HALF);
-  memset(r->mem + (size_t)3 * N * HALF, 0x5a, (size_t)N * HALF);
-  oi_xfer_job *job = oi__xfer_job_new(r->x, OI_COPY_H2D, N,
+  size_t n = r->n;
+  memset(r->mem + n * HALF, 0x5a, n * HALF);
+  memset(r->mem + 3 * n * HALF, 0x5a, n * HALF);
+  oi_xfer_job *job = oi__xfer_job_new(r->x, OI_COPY_H2D, n,
                                       OI_XFER_JOB_TICKET | (layered ? OI_XFER_JOB_LAYERED : 0), 0);
   REQUIRE(job);
   oi_ticket *t = oi__xfer_job_ticket(job);
-  for (int64_t b = 0; b < N; b++)
-    oi__xfer_add(job, N + b, r->slots + b * r->slot);
+  for (size_t b = 0; b < n; b++)
+    oi__xfer_add(job, (int64_t)(n + b), r->slots + b * r->slot);
   oi_status st = oi__xfer_submit(job, "load");
   if (st != OI_OK) return st;
   if (layered) {
@@ -199,8 +209,8 @@ static oi_status load(rigp *r, bool layered) {
 
 /* Block b as loaded (its K and V halves, where the layout put them). */
 static void loaded(const rigp *r, size_t b, uint8_t *out) {
-  memcpy(out, r->mem + (N + b) * HALF, HALF);
-  memcpy(out + HALF, r->mem + (size_t)2 * N * HALF + (N + b) * HALF, HALF);
+  memcpy(out, r->mem + (r->n + b) * HALF, HALF);
+  memcpy(out + HALF, r->mem + 2 * r->n * HALF + (r->n + b) * HALF, HALF);
 }
 
 /* Blocks that differ from the codec's round trip; `zero` (or SIZE_MAX):
@@ -208,12 +218,12 @@ static void loaded(const rigp *r, size_t b, uint8_t *out) {
 static size_t differ(const rigp *r, size_t zero) {
   size_t bad = 0;
   uint8_t got[PAGE], want[PAGE];
-  for (size_t b = 0; b < N; b++) {
+  for (size_t b = 0; b < r->n; b++) {
     loaded(r, b, got);
     if (b == zero)
       memset(want, 0, PAGE);
     else
-      ct_expected_of(r->codec, corpus + b * PAGE, want);
+      ct_expected_of(r->codec, page_of(b), want);
     bad += memcmp(got, want, PAGE) != 0;
   }
   return bad;
@@ -235,6 +245,27 @@ static void test_loads(void) {
       CHECK(batches == (N + GROUP - 1) / GROUP);
       rig_close(&r);
     }
+}
+
+/* A codec's groups are its bounce's in every copy mode: a load of 1,400
+ * pages (16.4 MiB) goes in the same batches in DMA and kernel mode (a first
+ * group of 8 MiB, then the rest: 2), where DMA mode's own 8 MiB groups
+ * would give 3. */
+static void test_dma_groups_are_the_bounce(void) {
+  const uint32_t modes[2] = {OI_COPY_DMA, OI_COPY_KERNEL};
+  int batches[2];
+  for (int m = 0; m < 2; m++) {
+    rigp r;
+    rig_open_with(&r, OI_CODEC_LOSSLESS, 1400, modes[m], 0);
+    int before = atomic_load(&decodes);
+    CHECK_OK(load(&r, false));
+    batches[m] = atomic_load(&decodes) - before;
+    CHECK(differ(&r, SIZE_MAX) == 0);
+    rig_close(&r);
+  }
+  printf("1,400 pages, lossless: %d batches in DMA mode, %d in kernel mode\n", batches[0],
+         batches[1]);
+  CHECK(batches[0] == 2 && batches[1] == 2);
 }
 
 /* A frame whose stream does not end as encoded (lossless: state 0 of its
@@ -335,6 +366,7 @@ int main(int argc, char **argv) {
   decoding_ops.mem_copy = NULL;
   decoding = (oi_dev){.ops = &decoding_ops, .ordinal = OI_DEVICE_CPU};
   RUN_TEST(test_loads);
+  RUN_TEST(test_dma_groups_are_the_bounce);
   RUN_TEST(test_failures);
   RUN_TEST(test_foreign_frames_and_refusals);
   oi__dev_close(cpu);

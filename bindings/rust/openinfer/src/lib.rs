@@ -2475,6 +2475,11 @@ pub struct ExecutorOptions<'h> {
     pub restore_timeout_ms: Option<u32>,
     pub flush_timeout_ms: Option<u32>,
     pub restore_overlap: RestoreOverlap,
+    /// The namespace's codec (`oi_executor_options.codec`, docs/codecs.md):
+    /// None or "none", "lossless", or (bf16 KV) "int8" / "fp8"; needs offload.
+    pub codec: Option<String>,
+    /// The lossless codec's slot (`codec_slot_bytes`); None: the default.
+    pub codec_slot_bytes: Option<u64>,
 }
 
 impl<'h> ExecutorOptions<'h> {
@@ -2492,6 +2497,8 @@ impl<'h> ExecutorOptions<'h> {
             restore_timeout_ms: None,
             flush_timeout_ms: None,
             restore_overlap: RestoreOverlap::Auto,
+            codec: None,
+            codec_slot_bytes: None,
         }
     }
 }
@@ -2738,6 +2745,14 @@ impl<'a> Executor<'a> {
             None => None,
         };
         o.namespace_id = ns.as_ref().map_or(ptr::null(), |s| s.as_ptr());
+        let codec = match &opts.codec {
+            Some(c) => Some(cstring(c)?),
+            None => None,
+        };
+        o.codec = codec.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        if let Some(b) = opts.codec_slot_bytes {
+            o.codec_slot_bytes = b;
+        }
         let sink = match on_token_fn {
             Some(f) => Box::into_raw(Box::new(TokenSink { f, panic: None })),
             None => ptr::null_mut(),

@@ -130,3 +130,42 @@ fn executor_sidecar_embedded_server() {
     server.stop().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `codec` and `codec_slot_bytes` reach the executor's engines: a lossless
+/// namespace restores the cold completion from its frames; a codec without
+/// offload, and a lossy codec on the cpu model's fp32 KV, are refused.
+#[test]
+fn executor_codec_namespace() {
+    let mut model = RefModel::new(&RefModelOptions::default()).unwrap();
+    let want = cold_run(&mut model, 8);
+    let block = {
+        let x = Executor::new(&mut model, &ExecutorOptions::new()).unwrap();
+        let k = x.kv_layout(0).unwrap();
+        k.num_layers as u64 * 2 * k.segment_stride
+    };
+    let host = OffloadHost::new(&HostOptions::new(64 << 20)).unwrap();
+    let mut opts = ExecutorOptions::new();
+    opts.codec = Some("lossless".into());
+    let err = Executor::new(&mut model, &opts).err().expect("a codec without offload");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert!(err.message().contains("needs offload"), "{}", err.message());
+    opts.offload = Offload::Host(&host);
+    opts.codec = Some("int8".into());
+    let err = Executor::new(&mut model, &opts).err().expect("int8 on fp32 KV");
+    assert!(err.message().contains("quantizes bf16 KV"), "{}", err.message());
+    // the cpu model's fp32 KV barely compresses: a slot of the block and the
+    // frame's header and mode byte takes every frame
+    opts.codec = Some("lossless".into());
+    opts.codec_slot_bytes = Some(block + 41);
+    opts.namespace = Some("rust-codec".into());
+    let mut x = Executor::new(&mut model, &opts).unwrap();
+    assert_eq!(x.generate(&prompt(), 8).unwrap(), want);
+    x.flush(Some(Duration::from_secs(30))).unwrap();
+    assert!(x.evict_gpu_cache().unwrap() > 0);
+    let id = x.submit(&prompt(), 8).unwrap();
+    x.run_until_idle().unwrap();
+    let r = x.result(id).unwrap();
+    assert_eq!(r.tokens, want);
+    assert!(r.restored_tokens >= 64, "{:?}", r);
+    drop(x); // before the host it borrows
+}

@@ -177,6 +177,6 @@ extern "C" int oi_kernel_rans32_encode(const oi_kenc_item *items, uint32_t n, ui
   uint32_t ctas = (n + ENC_WARPS - 1) / ENC_WARPS;
   if (ctas > 65535u) ctas = 65535u;
   rans32_encode_kernel<<<ctas, 32 * ENC_WARPS, 0, static_cast<cudaStream_t>(stream)>>>(items, n,
-                                                                                        lens);
+                                                                                       lens);
   return cudaGetLastError();
 }

@@ -75,8 +75,9 @@ static size_t check_cases(const char *what, const uint16_t *elems, size_t nelems
       exp[i] = (uint8_t)(elems[cs[k].first + i] >> 7);
     size_t c = oi__rans32_encode(exp, cs[k].count, cpu + at, cs[k].cap);
     bool same = c == lens[k] && (c == 0 || !memcmp(cpu + at, gpu + at, c));
-    if (same && c) same = oi__rans32_decode(gpu + at, c, back, cs[k].count) == 0 &&
-                          !memcmp(back, exp, cs[k].count);
+    if (same && c)
+      same =
+          oi__rans32_decode(gpu + at, c, back, cs[k].count) == 0 && !memcmp(back, exp, cs[k].count);
     if (!same) {
       fprintf(stderr, "%s: stream %zu (%zu exponents, cap %u): gpu %u bytes, cpu %zu\n", what, k,
               cs[k].count, cs[k].cap, lens[k], c);

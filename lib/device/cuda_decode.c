@@ -160,8 +160,15 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
   int32_t *st_host = (int32_t *)(void *)(th + status_off);
   int32_t *st_dev = (int32_t *)(void *)(td + status_off);
   memcpy(st_host, b->status, b->n * sizeof *st_host);
-  /* aux: the frames over the link, into slot j once its last batch is done */
+  /* aux: the table, then the frames over the link into slot j once its
+   * last batch is done. The table goes on aux, not main: queued on main
+   * after the previous batch's scatter, it waited behind the next batch's
+   * frames in the copy engine, and each batch's decode waited for the
+   * frames of the batch after it (a restore ran at the sum of link and
+   * decode times, not the larger). */
   err = cudaStreamWaitEvent(r->aux, r->free_[j], 0);
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(td, th, table_bytes, cudaMemcpyHostToDevice, r->aux);
   size_t ndma = 0; /* a frame the host refused (0 bytes) does not cross */
   for (size_t i = 0; i < b->n; i++)
     if (b->frame_bytes[i]) {
@@ -174,10 +181,8 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
       err = cudaMemcpyAsync(s->dma_dst[i], s->dma_src[i], s->dma_size[i], cudaMemcpyHostToDevice,
                             r->aux);
   if (err == cudaSuccess) err = cudaEventRecord(r->full[j], r->aux);
-  /* main: the table, then (once the frames landed) decode, zero the blocks
-   * that failed, scatter */
-  if (err == cudaSuccess)
-    err = cudaMemcpyAsync(td, th, table_bytes, cudaMemcpyHostToDevice, s->stream);
+  /* main: once the table and frames landed, decode, zero the blocks that
+   * failed, scatter */
   if (err == cudaSuccess) err = cudaStreamWaitEvent(s->stream, r->full[j], 0);
   if (err == cudaSuccess)
     err = (cudaError_t)oi_kernel_codec_decode((const oi_kdec_item *)(void *)(td + items_off),

@@ -92,6 +92,44 @@ typedef struct oi_kenc_item {
 
 int oi_kernel_rans32_encode(const oi_kenc_item *items, uint32_t n, uint32_t *lens, void *stream);
 
+/* Lossless frames made on the GPU (kernels/codec_frame.cu): block i of
+ * `blocks` (n blocks of block_bytes, device memory) becomes the frame
+ * lib/codec's oi__codec_encode makes of it where both candidate stream
+ * counts give wide streams, in frame i of `frames` (frame_bytes each),
+ * zeros behind it; status[i] is 0, or OI_KENC_PAST_SLOT when the frame
+ * does not fit its slot (its bytes are then no frame). The other buffers
+ * are the kernels' scratch, all device memory: hist n * parts * 256 u32
+ * (parts > 1), items n * max_segs oi_kenc_item, lens n * max_segs u32,
+ * segs n u32, streams and scratch n * max_segs * stream_cap bytes. parts:
+ * the block's parts when the encoder may code one stream per part (else
+ * 0); segs_parts and segs_whole the stream counts of either choice
+ * (lossless.c's cap_segments). header: the frame's first 24 bytes (its
+ * payload length is written here). secret: XXH3's default secret, 192
+ * bytes of device memory. block_bytes and frame_bytes are multiples of 8,
+ * blocks and frames 8-byte aligned. */
+#define OI_KFRAME_HEADER 40
+#define OI_KFRAME_MAX_PARTS 1024u
+#define OI_KFRAME_MAX_SEGS 1024u
+enum { OI_KENC_PAST_SLOT = 1 };
+
+typedef struct oi_kframe_args {
+  uint64_t blocks, frames, hist, items, lens, segs, streams, scratch, status, secret;
+  uint64_t block_bytes, frame_bytes;
+  uint32_t n, parts, segs_whole, segs_parts, max_segs, stream_cap;
+  uint8_t header[24];
+} oi_kframe_args;
+
+int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream);
+
+/* XXH3-64 (seed 0: XXH3_64bits, else XXH3_64bits_withSeed) of each item's
+ * len bytes at src (len over 240, src 8-byte aligned, device memory) into
+ * *out (device memory); secret as above. */
+typedef struct oi_khash_item {
+  uint64_t src, len, seed, out;
+} oi_khash_item;
+
+int oi_kernel_xxh3(const oi_khash_item *items, uint32_t n, const void *secret, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

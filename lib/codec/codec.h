@@ -147,6 +147,25 @@ size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame);
 oi_status oi__codec_pieces(const void *frame, size_t bytes, bool verify, oi_codec_info *info,
                            oi_codec_piece *out, size_t cap, size_t *n);
 
+/* What a GPU needs to make a block's lossless frame byte for byte as
+ * oi__codec_encode does (kernels/codec_frame.cu): the stream counts of
+ * either choice the encoder makes (one stream per part, or streams of the
+ * whole block; each then capped at OI_LOSSLESS_SEGMENT_MAX exponents), the
+ * part count it chooses by (0: it codes the whole block), the room of each
+ * stream, and the frame's first 24 bytes but its payload length (bytes
+ * 12..15, zero here) and XXH3's secret. Only blocks whose streams are all wide qualify (even
+ * lengths, multiples of 8, at most OI_LOSSLESS_GPU_MAX_SEGS streams or
+ * parts): false otherwise, with the reason in oi_last_error(). A stream
+ * whose code passes its room makes the frame raw where the cpu might still
+ * have coded it (a stream coded past its own length; not seen in real KV). */
+#define OI_LOSSLESS_GPU_MAX_SEGS 1024u
+typedef struct oi_lossless_gpu_plan {
+  uint32_t parts, segs_parts, segs_whole, max_segs, stream_cap;
+  uint8_t header[24];
+  uint8_t secret[192]; /* XXH3's default secret, for a GPU's checksums */
+} oi_lossless_gpu_plan;
+bool oi__lossless_gpu_plan(const oi_codec_shape *shape, size_t bytes, oi_lossless_gpu_plan *p);
+
 /* The payload decoders without the frame's checksum: for the fuzz target,
  * which must reach them with arbitrary bytes. They validate everything they
  * read and never touch memory outside src[0..bytes) and dst[0..logical). */

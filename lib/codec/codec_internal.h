@@ -23,6 +23,10 @@ size_t oi__lossless_bound(size_t bytes);
 /* `parts`: the block's parts (the shape's, 0 if none): the exponents of
  * each may get their own frequency table. */
 size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uint8_t *dst);
+/* The stream counts of a block's two candidate layouts (oi__lossless_gpu_plan):
+ * false when one of them has streams that are not wide. */
+bool oi__lossless_stream_counts(size_t bytes, unsigned parts, uint32_t *choice,
+                                uint32_t *segs_parts, uint32_t *segs_whole);
 oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t logical);
 /* A lossless payload's parts, its lengths checked (oi__lossless_parse):
  * mode 0 (exponents raw at `streams`) or 1 (`segs` rANS streams from

@@ -7,6 +7,7 @@
  *   16 parts u16  18 tokens u16  20 heads u16  22 head_dim u16
  *   24 data_xxh u64: XXH3-64 of the original bytes (lossless), else 0
  *   32 frame_xxh u64: XXH3-64 of the payload seeded with XXH3-64 of bytes 0..31 */
+#define XXH_STATIC_LINKING_ONLY /* XXH3_generateSecret_fromSeed */
 #include <xxhash.h>
 
 #include "codec/codec_internal.h"
@@ -27,6 +28,22 @@ int oi__codec_from_name(const char *name) {
 
 static uint64_t frame_xxh(const uint8_t *hdr, const uint8_t *payload, size_t len) {
   return XXH3_64bits_withSeed(payload, len, XXH3_64bits(hdr, 32));
+}
+
+/* The header's first 24 bytes (the checksums follow). */
+static void write_header(uint8_t *h, int codec, const oi_codec_shape *sh, size_t bytes,
+                         size_t len) {
+  put32(h, OI_CODEC_MAGIC);
+  h[4] = OI_CODEC_VERSION;
+  h[5] = (uint8_t)codec;
+  h[6] = sh->dtype;
+  h[7] = 0;
+  put32(h + 8, (uint32_t)bytes);
+  put32(h + 12, (uint32_t)len);
+  put16(h + 16, sh->parts);
+  put16(h + 18, sh->tokens);
+  put16(h + 20, sh->heads);
+  put16(h + 22, sh->head_dim);
 }
 
 /* A lossy codec's shape: bf16, no zero field, `bytes` its exact size. */
@@ -102,17 +119,7 @@ oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *s
                                  : oi__fp8_encode(&sh, src, payload);
     if (!len) return OI_ERR_INVALID_ARGUMENT; /* (the codec set the message) */
   }
-  put32(h, OI_CODEC_MAGIC);
-  h[4] = OI_CODEC_VERSION;
-  h[5] = (uint8_t)codec;
-  h[6] = sh.dtype;
-  h[7] = 0;
-  put32(h + 8, (uint32_t)bytes);
-  put32(h + 12, (uint32_t)len);
-  put16(h + 16, sh.parts);
-  put16(h + 18, sh.tokens);
-  put16(h + 20, sh.heads);
-  put16(h + 22, sh.head_dim);
+  write_header(h, codec, &sh, bytes, len);
   put64(h + 24, data_xxh);
   put64(h + 32, frame_xxh(h, payload, len));
   *out_bytes = OI_CODEC_HEADER_BYTES + len;
@@ -199,4 +206,31 @@ oi_status oi__codec_decode(const void *src, size_t bytes, void *dst, size_t cap,
     return oi__fail(OI_ERR_PROTOCOL, "codec: lossless block decoded to other bytes (checksum)");
   *out_bytes = in.logical_bytes;
   return OI_OK;
+}
+
+bool oi__lossless_gpu_plan(const oi_codec_shape *shape, size_t bytes, oi_lossless_gpu_plan *p) {
+  if (!p) {
+    oi__fail(OI_ERR_INVALID_ARGUMENT, "codec lossless: NULL plan");
+    return false;
+  }
+  oi_codec_shape sh = shape ? *shape : (oi_codec_shape){0};
+  if (sh.dtype > OI_CODEC_DTYPE_BF16 || bytes > OI_CODEC_MAX_BYTES) {
+    oi__fail(OI_ERR_INVALID_ARGUMENT, "codec lossless: dtype %u, %zu bytes", sh.dtype, bytes);
+    return false;
+  }
+  *p = (oi_lossless_gpu_plan){0};
+  if (!oi__lossless_stream_counts(bytes, sh.parts, &p->parts, &p->segs_parts, &p->segs_whole))
+    return false;
+  p->max_segs = OI_MAX(p->segs_parts, p->segs_whole);
+  if (p->max_segs > OI_LOSSLESS_GPU_MAX_SEGS || p->parts > OI_LOSSLESS_GPU_MAX_SEGS) {
+    oi__fail(OI_ERR_INVALID_ARGUMENT, "codec lossless: %u streams or %u parts, past %u",
+             p->max_segs, p->parts, OI_LOSSLESS_GPU_MAX_SEGS);
+    return false;
+  }
+  /* a stream's room: its exponents raw, its table and states, rounded */
+  size_t per = bytes / 2 / OI_MIN(p->segs_parts ? p->segs_parts : p->segs_whole, p->segs_whole);
+  p->stream_cap = (uint32_t)((per + 1024 + 255) & ~(size_t)255);
+  write_header(p->header, OI_CODEC_LOSSLESS, &sh, bytes, 0);
+  XXH3_generateSecret_fromSeed(p->secret, 0); /* seed 0: the default secret */
+  return true;
 }

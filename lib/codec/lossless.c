@@ -116,6 +116,31 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uin
   return len;
 }
 
+bool oi__lossless_stream_counts(size_t bytes, unsigned parts, uint32_t *choice,
+                                uint32_t *segs_parts, uint32_t *segs_whole) {
+  size_t n = bytes / 2;
+  if (bytes % 8 || n < OI_RANS32_MIN) {
+    oi__fail(OI_ERR_INVALID_ARGUMENT,
+             "a block of %zu bytes (not a multiple of 8, or under %u "
+             "elements) has no wide streams",
+             bytes, OI_RANS32_MIN);
+    return false;
+  }
+  bool choose = !(parts < 2 || parts > MAX_SEGMENTS || n % parts || n / parts < 64);
+  size_t whole = cap_segments(n, 1), split = choose ? cap_segments(n, parts) : 0;
+  if (n / whole < OI_RANS32_MIN || (choose && n / split < OI_RANS32_MIN)) {
+    oi__fail(OI_ERR_INVALID_ARGUMENT,
+             "a block of %zu bytes in %u parts has streams of fewer "
+             "than %u exponents",
+             bytes, parts, OI_RANS32_MIN);
+    return false;
+  }
+  *choice = choose ? parts : 0;
+  *segs_parts = (uint32_t)split;
+  *segs_whole = (uint32_t)whole;
+  return true;
+}
+
 /* Reads a payload's layout, checking every length against the payload's
  * (no stream is decoded here). */
 oi_status oi__lossless_parse(const uint8_t *src, size_t len, size_t logical,

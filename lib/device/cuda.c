@@ -354,6 +354,7 @@ static const oi_dev_ops cuda_ops = {
     .event_query = oi__cuda_event_query,
     .stream_sync = oi__cuda_stream_sync,
     .stream_decode = oi__cuda_stream_decode,
+    .stream_encode = oi__cuda_stream_encode,
 };
 
 oi_status oi__cuda_dev_open(int ordinal, oi_dev **out) {

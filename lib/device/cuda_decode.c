@@ -71,19 +71,6 @@ static cudaError_t ring_setup(oi_stream *s, uint64_t frames, uint64_t blocks) {
   return err;
 }
 
-/* Hands a batch's statuses (in its table's pinned memory) to the caller. */
-typedef struct status_handoff {
-  const int32_t *from;
-  int32_t *to;
-  size_t n;
-} status_handoff;
-
-static void CUDART_CB hand_over(void *p) {
-  status_handoff *h = p;
-  memcpy(h->to, h->from, h->n * sizeof *h->to);
-  oi__free(h);
-}
-
 #define FRAME_ALIGN 256u
 
 static uint64_t frame_room(uint32_t bytes) {
@@ -106,7 +93,7 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
   uint8_t *fdev = r->frames[j], *bdev = r->blocks[j];
   oi_copy_desc *descs = oi__malloc((b->ndescs ? b->ndescs : 1) * sizeof *descs);
   uint64_t *foff = oi__malloc((b->n ? b->n : 1) * sizeof *foff);
-  status_handoff *h = oi__malloc(sizeof *h);
+  oi_status_handoff *h = oi__malloc(sizeof *h);
   oi_status st = OI_OK;
   if (!descs || !foff || !h || !oi__cuda_grow_dma_arrays(s, b->n)) {
     st = oi__fail(OI_ERR_OUT_OF_MEMORY, "decode: out of memory for a batch");
@@ -126,17 +113,9 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
   size_t items_off = nent * sizeof(oi_kcopy_entry),
          status_off = items_off + b->npieces * sizeof(oi_kdec_item),
          table_bytes = status_off + b->n * sizeof(int32_t);
-  table_buf *t =
-      oi__cuda_take_table(s, (table_bytes + sizeof(oi_kcopy_entry) - 1) / sizeof(oi_kcopy_entry));
+  table_buf *t = oi__cuda_take_resident_table(s, table_bytes, "decode");
   if (!t) {
-    st = oi__fail(OI_ERR_OUT_OF_MEMORY, "decode: no pinned memory for a table");
-    goto out;
-  }
-  if (!t->resident &&
-      cudaMalloc((void **)&t->resident, t->cap * sizeof *t->resident) != cudaSuccess) {
-    cudaGetLastError();
-    t->resident = NULL;
-    st = oi__fail(OI_ERR_OUT_OF_MEMORY, "decode: no device memory for a table");
+    st = OI_ERR_OUT_OF_MEMORY;
     goto out;
   }
   uint8_t *th = (uint8_t *)t->host, *td = (uint8_t *)t->resident;
@@ -199,8 +178,8 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
     err =
         cudaMemcpyAsync(st_host, st_dev, b->n * sizeof *st_dev, cudaMemcpyDeviceToHost, s->stream);
   if (err == cudaSuccess) {
-    *h = (status_handoff){.from = st_host, .to = b->status, .n = b->n};
-    err = cudaLaunchHostFunc(s->stream, hand_over, h);
+    *h = (oi_status_handoff){.from = st_host, .to = b->status, .n = b->n};
+    err = cudaLaunchHostFunc(s->stream, oi__cuda_hand_over, h);
     if (err == cudaSuccess) h = NULL; /* the host call's */
   }
   if (err == cudaSuccess) err = cudaEventRecord(t->done, s->stream);

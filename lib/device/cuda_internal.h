@@ -10,6 +10,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "device.h"
 #include "kernels/kernels.h"
@@ -106,6 +107,29 @@ typedef struct decode_ring {
   bool ready;
 } decode_ring;
 
+/* GPU encodes of lossless frames (cuda_encode.c): the blocks are gathered
+ * and framed on `aux` while the main stream moves the other slot's frames
+ * to their host slots:
+ *   aux  [wait go] [wait free[j]] table; gather; frames -> slot j [record full[j]]
+ *   main [wait full[j]] DMA slot j's frames -> host slots; status -> host
+ *        [record free[j]] a host call hands the statuses over
+ * `go` is recorded on main when the main stream waited on an event since
+ * the last one (stream_wait_event: the engine's "the KV is written"), so
+ * aux reads the arenas only after what main waited on. One gather and
+ * framing runs at a time (aux is in order): the blocks and the kernels'
+ * scratch are one, the frames two. */
+#define OI_ENCODE_SLOTS 2
+typedef struct encode_ring {
+  uint8_t *frames[OI_ENCODE_SLOTS];
+  uint8_t *blocks, *work, *secret; /* work: the kernels' scratch (oi_kframe_args) */
+  uint64_t frames_cap, blocks_cap, work_cap;
+  cudaEvent_t full[OI_ENCODE_SLOTS], free_[OI_ENCODE_SLOTS], go;
+  cudaStream_t aux;
+  uint64_t waits_seen; /* s->waits when go was last recorded */
+  uint32_t next;
+  bool ready, secret_set;
+} encode_ring;
+
 struct oi_stream {
   cudaStream_t stream;
   int ordinal;
@@ -120,9 +144,11 @@ struct oi_stream {
   const void **dma_src;
   size_t *dma_size;
   size_t dma_cap;
-  bool batch_api_broken; /* cudaMemcpyBatchAsync failed once: use the fallback */
-  stage_ring stg;        /* staged copies; set up on first use */
-  decode_ring dec;       /* GPU decodes; set up on first use */
+  bool batch_api_broken;      /* cudaMemcpyBatchAsync failed once: use the fallback */
+  stage_ring stg;             /* staged copies; set up on first use */
+  decode_ring dec;            /* GPU decodes; set up on first use */
+  encode_ring enc;            /* GPU encodes; set up on first use */
+  atomic_uint_fast64_t waits; /* stream_wait_event calls (encode_ring's go) */
 };
 
 /* The stream ops of the ops table. */
@@ -156,7 +182,22 @@ cudaError_t oi__cuda_kcopy_launch(bool warps, const oi_kcopy_entry *table, size_
 /* ---- GPU decodes (cuda_decode.c) ---- */
 
 oi_status oi__cuda_stream_decode(oi_stream *s, const oi_decode_batch *b);
+/* A table (oi__cuda_take_table) of at least `bytes`, with its device copy
+ * (t->resident); NULL with oi_last_error() set ("<what>: ..."). */
+table_buf *oi__cuda_take_resident_table(oi_stream *s, size_t bytes, const char *what);
+
+/* Hands a batch's statuses (in its table's pinned memory) to the caller: a
+ * host function on the stream (cudaLaunchHostFunc), which frees h. */
+typedef struct oi_status_handoff {
+  const int32_t *from;
+  int32_t *to;
+  size_t n;
+} oi_status_handoff;
+void CUDART_CB oi__cuda_hand_over(void *h);
+
 void oi__cuda_decode_free(decode_ring *r);
+void oi__cuda_encode_free(encode_ring *r);
+oi_status oi__cuda_stream_encode(oi_stream *s, const oi_encode_batch *b);
 
 /* ---- staged copies (cuda_stage.c) ---- */
 

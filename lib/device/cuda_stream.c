@@ -51,6 +51,7 @@ void oi__cuda_stream_destroy(oi_stream *s) {
   cudaStreamSynchronize(s->stream);
   oi__cuda_stage_free(&s->stg);
   oi__cuda_decode_free(&s->dec);
+  oi__cuda_encode_free(&s->enc);
   cudaStreamDestroy(s->stream);
   for (table_buf *t = s->tables, *next; t; t = next) {
     next = t->next;
@@ -112,6 +113,29 @@ table_buf *oi__cuda_take_table(oi_stream *s, size_t entries) {
   }
   t->cap = cap;
   return table_to_end(s, t);
+}
+
+table_buf *oi__cuda_take_resident_table(oi_stream *s, size_t bytes, const char *what) {
+  table_buf *t =
+      oi__cuda_take_table(s, (bytes + sizeof(oi_kcopy_entry) - 1) / sizeof(oi_kcopy_entry));
+  if (!t) {
+    oi__fail(OI_ERR_OUT_OF_MEMORY, "%s: no pinned memory for a table", what);
+    return NULL;
+  }
+  if (!t->resident &&
+      cudaMalloc((void **)&t->resident, t->cap * sizeof *t->resident) != cudaSuccess) {
+    cudaGetLastError();
+    t->resident = NULL;
+    oi__fail(OI_ERR_OUT_OF_MEMORY, "%s: no device memory for a table", what);
+    return NULL;
+  }
+  return t;
+}
+
+void CUDART_CB oi__cuda_hand_over(void *p) {
+  oi_status_handoff *h = p;
+  memcpy(h->to, h->from, h->n * sizeof *h->to);
+  oi__free(h);
 }
 
 size_t oi__cuda_kcopy_plan(const oi_copy_desc *descs, size_t n, bool *warps, oi_kcopy_entry *out) {
@@ -289,6 +313,7 @@ oi_status oi__cuda_stream_call(oi_stream *s, oi_stream_fn fn, void *arg) {
 oi_status oi__cuda_stream_wait_event(oi_stream *s, void *event) {
   if (!event) return OI_OK;
   cudaSetDevice(s->ordinal);
+  atomic_fetch_add(&s->waits, 1); /* a GPU encode's gather waits for it too */
   cudaError_t err = cudaStreamWaitEvent(s->stream, (cudaEvent_t)event, 0);
   return err == cudaSuccess ? OI_OK : oi__cuda_fail(err, "stream_wait_event");
 }

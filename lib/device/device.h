@@ -119,6 +119,33 @@ typedef struct oi_decode_batch {
   int32_t *status;
 } oi_decode_batch;
 
+/* Lossless frames made on the GPU (stream_encode; kernels/codec_frame.cu
+ * makes each block's frame as lib/codec's encoder does, byte for byte).
+ * The plan is lib/codec's oi_lossless_gpu_plan, field for field. */
+typedef struct oi_encode_plan {
+  uint32_t parts, segs_parts, segs_whole, max_segs, stream_cap;
+  uint8_t header[24];
+  uint8_t secret[192];
+} oi_encode_plan;
+
+enum { OI_ENCODE_PAST_SLOT = 1 }; /* a block's status: its frame does not fit its slot */
+
+typedef struct oi_encode_batch {
+  size_t n;              /* blocks */
+  uint8_t *const *slots; /* each frame_bytes of pinned host memory: gets the frame, zeros
+                          * behind it */
+  uint64_t block_bytes, frame_bytes;
+  const oi_encode_plan *plan;
+  /* From the arenas to the batch's blocks: src a device address, dst an
+   * offset in the blocks (block i at i * block_bytes). */
+  const oi_copy_desc *descs;
+  size_t ndescs;
+  /* n entries, out: 0 for a frame in its slot, else OI_ENCODE_PAST_SLOT
+   * (the slot's bytes are no frame), written before the function of the
+   * next stream_call runs; the caller keeps it until then. */
+  int32_t *status;
+} oi_encode_batch;
+
 typedef struct oi_dev_ops {
   const char *name;
   void (*close)(oi_dev *d);
@@ -176,6 +203,12 @@ typedef struct oi_dev_ops {
    * namespace, docs/codecs.md). The arrays are read during the call (but
    * `status`). NULL on backends that decode on the host. */
   oi_status (*stream_decode)(oi_stream *s, const oi_decode_batch *b);
+  /* Copies the blocks from the arenas, makes their lossless frames on the
+   * device and moves the frames into their slots, in the stream's order
+   * (saves of a lossless namespace, docs/codecs.md). The arrays are read
+   * during the call (but `status`). NULL on backends that encode on the
+   * host. */
+  oi_status (*stream_encode)(oi_stream *s, const oi_encode_batch *b);
 
 } oi_dev_ops;
 

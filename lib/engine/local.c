@@ -822,14 +822,15 @@ static const engine_ops local_ops = {
     .destroy = local_destroy,
 };
 
-/* OI_CODEC_DECODE=host: a codec namespace's loads decode on the host even
- * where the device decodes (docs/codecs.md; for measuring the two). */
-static bool codec_host_decode(uint32_t log_id) {
-  const char *v = getenv("OI_CODEC_DECODE");
+/* OI_CODEC_DECODE=host (OI_CODEC_ENCODE=host): a codec namespace's loads
+ * decode (its saves encode) on the host even where the device could
+ * (docs/codecs.md; for measuring the two). */
+static bool codec_on_host(const char *var, uint32_t log_id) {
+  const char *v = getenv(var);
   if (!v || !*v || strcmp(v, "device") == 0) return false;
   if (strcmp(v, "host") == 0) return true;
-  OI_LOG_I(OI_LOG_WARN, "engine", log_id,
-           "OI_CODEC_DECODE=%s is neither 'host' nor 'device': decoding on the device", v);
+  OI_LOG_I(OI_LOG_WARN, "engine", log_id, "%s=%s is neither 'host' nor 'device': the device's", var,
+           v);
   return false;
 }
 
@@ -864,7 +865,8 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
       .codec = codec->id,
       .codec_shape = codec->shape,
       .frame_bytes = codec->slot_bytes,
-      .codec_host_decode = codec_host_decode(e->base.instance_id),
+      .codec_host_decode = codec_on_host("OI_CODEC_DECODE", e->base.instance_id),
+      .codec_host_encode = codec_on_host("OI_CODEC_ENCODE", e->base.instance_id),
       .block_bounce_bytes = e->layer_bounce_bytes = layer_bounce_bytes(pool.capacity_bytes),
       .done = job_done,
       .done_ctx = e};

@@ -91,6 +91,10 @@ struct oi_xfer {
   size_t plan_cap[2];
   oi_codec_stage *codec; /* cfg.codec (codec_stage.h); NULL without one */
   bool device_decode;    /* loads decode on the device (cfg.codec_host_decode unset) */
+  /* Saves make their frames on the device (cfg.codec_host_encode unset, a
+   * lossless namespace whose blocks qualify: oi__lossless_gpu_plan). */
+  bool device_encode;
+  oi_encode_plan encode_plan;
 };
 
 static uint32_t log_id(const oi_xfer *x) { return x->cfg.log_id ? *x->cfg.log_id : 0; }
@@ -509,6 +513,83 @@ out:
   return st;
 }
 
+/* A group encoded on the device: its statuses, written on the stream by
+ * stream_encode before encoded_on_device runs. */
+typedef struct encode_step_dev {
+  oi_xfer_job *job;
+  size_t from, n;
+  int32_t status[];
+} encode_step_dev;
+
+/* On the save stream, after the group's frames landed in their slots: a
+ * block whose frame did not fit its slot is marked, as a host encode marks
+ * it (its slot is not kept). */
+static void encoded_on_device(void *arg, oi_status st) {
+  encode_step_dev *c = arg;
+  oi_xfer_job *job = c->job;
+  if (st != OI_OK) { /* the copies failed: the job fails with them */
+    if (job->codec_st == OI_OK) job->codec_st = st;
+    oi__free(c);
+    return;
+  }
+  size_t nbad = 0;
+  for (size_t i = 0; i < c->n; i++)
+    if (c->status[i]) {
+      job->bad[c->from + i] = 1;
+      nbad++;
+    }
+  if (nbad && !job->bad_msg) {
+    oi__fail(OI_ERR_INVALID_ARGUMENT, "a frame made on the device is past its %llu-byte slot",
+             (unsigned long long)job->x->cfg.frame_bytes);
+    job->bad_msg = oi__strdup(oi_last_error());
+    OI_LOG_I(OI_LOG_DEBUG, "engine", log_id(job->x), "%zu blocks not encoded: %s", nbad,
+             job->bad_msg);
+  }
+  job->nbad += nbad;
+  oi__free(c);
+}
+
+/* A lossless group's save on a device that makes frames: the device
+ * gathers the blocks from the arenas, makes their frames and moves them
+ * into the slots (no host encode, no bounce). The plan is the bounce's
+ * (contiguous blocks of one group) made offsets in the device's blocks. */
+static oi_status queue_device_encode(oi_xfer_job *job, const oi_layout *l, size_t from, size_t n) {
+  oi_xfer *x = job->x;
+  encode_step_dev *c = oi__calloc(1, sizeof *c + n * sizeof c->status[0]);
+  oi_copy_desc *descs = oi__malloc(oi__plan_pieces(l, n) * sizeof *descs);
+  size_t nd = 0;
+  oi_status st = OI_OK;
+  if (!c || !descs) {
+    st = oi__fail(OI_ERR_OUT_OF_MEMORY, "save: out of memory for an encode on the device");
+    goto out;
+  }
+  *c = (encode_step_dev){.job = job, .from = from, .n = n};
+  uint8_t *const *bounce = oi__codec_stage_bounce(x->codec, OI_COPY_D2H);
+  oi__plan_build_into(l, job->ids + from, bounce, n, OI_COPY_D2H, descs, oi__plan_pieces(l, n),
+                      &nd);
+  for (size_t i = 0; i < nd; i++)
+    descs[i].dst -= (uintptr_t)bounce[0];
+  oi_encode_batch b = {.n = n,
+                       .slots = job->host + from,
+                       .block_bytes = l->block_bytes,
+                       .frame_bytes = x->cfg.frame_bytes,
+                       .plan = &x->encode_plan,
+                       .descs = descs,
+                       .ndescs = nd,
+                       .status = c->status};
+  oi_stream *s = x->stream[OI_COPY_D2H];
+  if (OI_FAULT(OI_FAULT_COPY_SUBMIT, NULL))
+    st = oi__fail(OI_ERR_IO, "queuing copies failed (injected fault)");
+  else
+    st = x->dev->ops->stream_encode(s, &b);
+  if (st == OI_OK) st = x->dev->ops->stream_call(s, encoded_on_device, c);
+  if (st == OI_OK) c = NULL; /* the stream's */
+out:
+  oi__free(c);
+  oi__free(descs);
+  return st;
+}
+
 /* Per-arena progress of a layered load (oi_ticket_arena_wait, every
  * backend). Without a codec, on CUDA each arena's event answers (a host
  * callback per arena would stall the load stream between arenas); else a
@@ -581,6 +662,12 @@ static oi_status queue_codec_blocks(oi_xfer_job *job, const oi_layout *l, uint32
    * load read bounce blocks its decode step had not written yet): the
    * bounce goes by DMA (or the copy kernel). */
   if (mode == OI_XFER_STAGED) mode = OI_XFER_DMA;
+  if (d == OI_COPY_D2H && x->device_encode) {
+    oi__codec_stage_lock(x->codec, d);
+    oi_status st = queue_device_encode(job, l, from, n);
+    oi__codec_stage_unlock(x->codec, d);
+    return st;
+  }
   if (d == OI_COPY_H2D && x->device_decode) {
     /* The device decodes and scatters the group at once: a layered load's
      * arenas are reported after it, in order (events, then reports where
@@ -889,6 +976,31 @@ size_t oi__xfer_encode(oi_xfer *x, uint8_t *const *src, uint8_t *const *slots, s
 
 /* ---- pipelines --------------------------------------------------------------- */
 
+/* Whether saves make their frames on the device, and their plan. */
+static bool device_encode_plan(oi_xfer *x) {
+  const oi_xfer_config *c = &x->cfg;
+  if (c->codec != OI_CODEC_LOSSLESS || c->codec_host_encode || !x->dev->ops->stream_encode ||
+      c->frame_bytes % 8)
+    return false;
+  oi_lossless_gpu_plan p;
+  if (!oi__lossless_gpu_plan(&c->codec_shape, c->layout->block_bytes, &p)) {
+    OI_LOG_I(OI_LOG_INFO, "engine", log_id(x), "lossless saves encode on the host: %s",
+             oi_last_error());
+    return false;
+  }
+  _Static_assert(sizeof x->encode_plan.header == sizeof p.header &&
+                     sizeof x->encode_plan.secret == sizeof p.secret,
+                 "the device's encode plan is the codec's");
+  x->encode_plan = (oi_encode_plan){.parts = p.parts,
+                                    .segs_parts = p.segs_parts,
+                                    .segs_whole = p.segs_whole,
+                                    .max_segs = p.max_segs,
+                                    .stream_cap = p.stream_cap};
+  memcpy(x->encode_plan.header, p.header, sizeof p.header);
+  memcpy(x->encode_plan.secret, p.secret, sizeof p.secret);
+  return true;
+}
+
 oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
   *out = NULL;
   oi_xfer *x = oi__calloc(1, sizeof *x);
@@ -923,6 +1035,7 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
     goto fail;
   x->device_decode =
       c->codec != OI_CODEC_NONE && !c->codec_host_decode && x->dev->ops->stream_decode;
+  x->device_encode = device_encode_plan(x);
   if ((st = x->dev->ops->stream_create(x->dev, 0, &x->stream[OI_COPY_D2H])) != OI_OK) goto fail;
   if ((st = x->dev->ops->stream_create(x->dev, 1, &x->stream[OI_COPY_H2D])) != OI_OK) goto fail;
   int rc = pthread_create(&x->done_thread, NULL, done_main, x);

@@ -112,6 +112,11 @@ typedef struct oi_xfer_config {
    * (dev_ops.stream_decode, the cuda backend) unless this is set or the
    * backend has none; then the host decodes into the bounce. */
   bool codec_host_decode;
+  /* Saves of a lossless namespace: the device gathers the blocks and makes
+   * their frames (dev_ops.stream_encode, the cuda backend; blocks whose
+   * streams are all wide, oi__lossless_gpu_plan) unless this is set; else
+   * the host encodes the bounce. */
+  bool codec_host_encode;
   /* The most bytes of per-block bounces (oi__xfer_bounce) at once; 0 =
    * OI_XFER_BLOCK_BOUNCE_BYTES. At least one block. */
   uint64_t block_bounce_bytes;

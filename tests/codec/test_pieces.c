@@ -6,6 +6,7 @@
  * arrays are refused with their status. Runs without a GPU: the GPU's own
  * decoder is tests/gpu/test_codec_kernels. */
 #include <string.h>
+#include <xxhash.h>
 
 #include "codec_testutil.h"
 #include "core/core.h"
@@ -139,6 +140,68 @@ static void test_raw_odd_and_refusals(void) {
   free(src);
 }
 
+/* What a GPU needs to make the cpu's lossless frames
+ * (oi__lossless_gpu_plan): for model-sized blocks of the corpus, the
+ * encoder's frame has one of the plan's two stream counts, each stream
+ * within the plan's room, the plan's header but for the payload length,
+ * and a data checksum the plan's secret reproduces; blocks whose streams
+ * would not be wide are refused, saying why. */
+static void test_gpu_plan(void) {
+  static const struct {
+    uint64_t bytes;
+    uint16_t parts, tokens, heads, head_dim;
+  } cases[] = {{3452160, 58, 16, 1, 1860},
+               {2359296, 72, 16, 8, 128},
+               {2359296, 0, 0, 0, 0},
+               {1179648, 2, 16, 8, 288}};
+  for (size_t c = 0; c < OI_ARRAY_LEN(cases); c++) {
+    uint64_t bb = cases[c].bytes;
+    oi_codec_shape sh = {.dtype = OI_CODEC_DTYPE_BF16,
+                         .parts = cases[c].parts,
+                         .tokens = cases[c].tokens,
+                         .heads = cases[c].heads,
+                         .head_dim = cases[c].head_dim};
+    oi_lossless_gpu_plan p;
+    REQUIRE(oi__lossless_gpu_plan(&sh, bb, &p));
+    CHECK(p.segs_whole >= 1 && p.max_segs >= p.segs_whole && p.max_segs >= p.segs_parts);
+    CHECK(p.parts == (sh.parts > 1 ? sh.parts : 0u));
+    uint8_t *block = malloc(bb), *frame = malloc(bb + 64);
+    REQUIRE(block && frame);
+    for (size_t i = 0; i < bb; i++)
+      block[i] = corpus[(i + 4096 * c) % corpus_len];
+    size_t out = 0;
+    REQUIRE(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, block, bb, frame, bb + 64, &out) == OI_OK);
+    const uint8_t *pl = frame + OI_CODEC_HEADER_BYTES;
+    uint32_t segs = (uint32_t)(pl[1] | pl[2] << 8);
+    CHECK(pl[0] == 2);
+    CHECK(segs == p.segs_whole || segs == p.segs_parts);
+    for (uint32_t k = 0; k < segs; k++) {
+      const uint8_t *l = pl + 3 + 4 * k;
+      CHECK((uint32_t)(l[0] | l[1] << 8 | l[2] << 16 | (uint32_t)l[3] << 24) <= p.stream_cap);
+    }
+    CHECK(!memcmp(frame, p.header, 12) && !memcmp(frame + 16, p.header + 16, 8));
+    CHECK(!memcmp(p.header + 12, "\0\0\0\0", 4));
+    uint64_t data_xxh = 0;
+    memcpy(&data_xxh, frame + 24, 8);
+    CHECK(XXH3_64bits_withSecret(block, bb, p.secret, sizeof p.secret) == data_xxh);
+    free(block);
+    free(frame);
+  }
+  oi_lossless_gpu_plan p;
+  oi_codec_shape none = {.dtype = OI_CODEC_DTYPE_BF16};
+  CHECK(!oi__lossless_gpu_plan(&none, 12288, &p));
+  CHECK(strstr(oi_last_error(), "no wide streams") != NULL);
+  CHECK(!oi__lossless_gpu_plan(&none, 2359298, &p)); /* not a multiple of 8 */
+  oi_codec_shape small = {.dtype = OI_CODEC_DTYPE_BF16,
+                          .parts = 288,
+                          .tokens = 16,
+                          .heads = 2,
+                          .head_dim = 128}; /* parts of 4,096 exponents */
+  CHECK(!oi__lossless_gpu_plan(&small, 2359296, &p));
+  CHECK(strstr(oi_last_error(), "fewer than 8192") != NULL);
+  CHECK(!oi__lossless_gpu_plan(&none, 2359296, NULL));
+}
+
 int main(int argc, char **argv) {
   REQUIRE(argc >= 2);
   corpus = ct_read_file(argv[1], &corpus_len);
@@ -146,6 +209,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_corpus_pages);
   RUN_TEST(test_stream_cap);
   RUN_TEST(test_raw_odd_and_refusals);
+  RUN_TEST(test_gpu_plan);
   free(corpus);
   TEST_EXIT();
 }

@@ -545,9 +545,15 @@ static void usage(FILE *f) {
              "                    fp8 (lossy: the Qwen3-4B shapes); rates in logical bytes\n"
              "  --content KIND    pattern (default) or corpus: the real-KV corpus tiled\n"
              "  --corpus FILE     the corpus (default tests/data/kvcorpus/kv.bin)\n"
-             "  OI_CODEC_DECODE=host (environment): loads decode on the host, not the GPU\n"
+             "  OI_CODEC_DECODE=host, OI_CODEC_ENCODE=host (environment): loads decode, saves\n"
+             "                    encode on the host, not the GPU\n"
              "  OI_STAGING_MB, OI_SUBMIT_GROUP_MB (environment): staging size and submit groups\n"
              "                    (set as oi_engine_options.staging_bytes, submit_group_bytes)\n");
+}
+
+static bool env_is_host(const char *var) {
+  const char *v = getenv(var);
+  return v && strcmp(v, "host") == 0;
 }
 
 int bench_transfer(int argc, char **argv) {
@@ -636,10 +642,10 @@ int bench_transfer(int argc, char **argv) {
   if (!env.json)
     fprintf(out,
             "bench transfer on %s (%u SMs); median of %d runs, GB/s; codec %s (loads decoded "
-            "on the %s), content %s\n\n",
+            "on the %s, lossless saves encoded on the %s), content %s\n\n",
             info.name, info.multiprocessors, env.reps, oi__codec_name(env.codec),
-            getenv("OI_CODEC_DECODE") && strcmp(getenv("OI_CODEC_DECODE"), "host") == 0 ? "host"
-                                                                                        : "device",
+            env_is_host("OI_CODEC_DECODE") ? "host" : "device",
+            env_is_host("OI_CODEC_ENCODE") ? "host" : "device",
             env.corpus ? env.corpus->path : "pattern");
   else
     fprintf(out, "{\"device\":\"%s\",\"codec\":\"%s\",\"content\":\"%s\",\"shapes\":[", info.name,

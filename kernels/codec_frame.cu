@@ -1,0 +1,248 @@
+// Lossless frames made on the GPU (oi_kernel_lossless_frames): each block
+// of a batch becomes the frame lib/codec's oi__codec_encode makes of it,
+// byte for byte where its streams are wide (docs/codecs.md), in a slot of
+// frame_bytes with zeros behind it. Five kernels on one stream:
+//   hist    each part's exponent histogram (a CTA a part of a block)
+//   choose  one stream per part or streams of the whole block, by the cpu's
+//           estimate of their bits (lossless.c's choose_segments); writes
+//           the block's stream items
+//   encode  kernels/codec_encode.cu's wide-stream encoder
+//   pack    header, stream lengths, streams and the sign+mantissa plane;
+//           the raw exponent plane where the streams do not pay; zeros
+//           behind the frame; a frame past its slot is marked
+//   hash    the data and frame checksums (XXH3, kernels/xxh3.cuh), a warp
+//           a frame
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "xxh3.cuh"
+
+#define CHOOSE_THREADS 256
+#define PACK_THREADS 256
+#define PACK_SLICES 32
+#define HASH_WARPS 4
+#define RANS32_LANES 32
+#define RANS32_MIN 8192u
+
+__global__ static void hist_kernel(const oi_kframe_args a) {
+  __shared__ uint32_t h[256];
+  const uint32_t part = blockIdx.x, b = blockIdx.y;
+  const uint64_t n = a.block_bytes / 2, per = n / a.parts;
+  for (uint32_t s = threadIdx.x; s < 256; s += blockDim.x)
+    h[s] = 0;
+  __syncthreads();
+  const uint16_t *src =
+      reinterpret_cast<const uint16_t *>(a.blocks + b * a.block_bytes) + (uint64_t)part * per;
+  for (uint64_t i = threadIdx.x; i < per; i += blockDim.x)
+    atomicAdd(&h[(src[i] >> 7) & 0xffu], 1u);
+  __syncthreads();
+  uint32_t *out = reinterpret_cast<uint32_t *>(a.hist) + ((uint64_t)b * a.parts + part) * 256;
+  for (uint32_t s = threadIdx.x; s < 256; s += blockDim.x)
+    out[s] = h[s];
+}
+
+// lossless.c's stream_bits, the same arithmetic in the same order.
+__device__ static double stream_bits(const uint32_t *h, uint64_t n) {
+  double bits = 8.0 * (2 + 4 * (n >= RANS32_MIN ? RANS32_LANES : 4) + 4);
+  for (int s = 0; s < 256; s++)
+    if (h[s]) bits += 12.0 - (double)h[s] * log2((double)h[s] / (double)n);
+  return bits;
+}
+
+__global__ static void __launch_bounds__(CHOOSE_THREADS) choose_kernel(const oi_kframe_args a) {
+  __shared__ uint32_t all[256];
+  __shared__ double part_bits[OI_KFRAME_MAX_PARTS];
+  __shared__ uint32_t segs_s;
+  const uint32_t b = blockIdx.x;
+  const uint64_t n = a.block_bytes / 2;
+  if (a.parts > 1) {
+    const uint32_t *h = reinterpret_cast<const uint32_t *>(a.hist) + (uint64_t)b * a.parts * 256;
+    for (uint32_t p = threadIdx.x; p < a.parts; p += blockDim.x)
+      part_bits[p] = stream_bits(h + (uint64_t)p * 256, n / a.parts);
+    for (uint32_t s = threadIdx.x; s < 256; s += blockDim.x) {
+      uint32_t t = 0;
+      for (uint32_t p = 0; p < a.parts; p++)
+        t += h[(uint64_t)p * 256 + s];
+      all[s] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double split = 0;
+      for (uint32_t p = 0; p < a.parts; p++)
+        split += part_bits[p];
+      segs_s = split < stream_bits(all, n) ? a.segs_parts : a.segs_whole;
+    }
+  } else if (threadIdx.x == 0) {
+    segs_s = a.segs_whole;
+  }
+  __syncthreads();
+  const uint32_t segs = segs_s;
+  const uint64_t per = n / segs;
+  oi_kenc_item *items = reinterpret_cast<oi_kenc_item *>(a.items) + (uint64_t)b * a.max_segs;
+  for (uint32_t k = threadIdx.x; k < a.max_segs; k += blockDim.x) {
+    const uint64_t at = (uint64_t)b * a.max_segs + k;
+    items[k] = oi_kenc_item{a.blocks + b * a.block_bytes + 2 * per * k,
+                            a.streams + at * a.stream_cap,
+                            a.scratch + at * a.stream_cap,
+                            k < segs ? (uint32_t)per : 0u,
+                            a.stream_cap};
+  }
+  if (threadIdx.x == 0) reinterpret_cast<uint32_t *>(a.segs)[b] = segs;
+}
+
+__device__ static inline uint8_t sm_byte(uint16_t x) {
+  return (uint8_t)(((x >> 8) & 0x80) | (x & 0x7f));
+}
+
+// A CTA writes every PACK_SLICES-th stretch of its block's frame.
+__global__ static void __launch_bounds__(PACK_THREADS) pack_kernel(const oi_kframe_args a) {
+  __shared__ uint64_t off[OI_KFRAME_MAX_SEGS + 1];
+  __shared__ uint32_t coded_s;
+  const uint32_t b = blockIdx.x;
+  const uint64_t n = a.block_bytes / 2;
+  const uint32_t segs = reinterpret_cast<const uint32_t *>(a.segs)[b];
+  const uint32_t *lens = reinterpret_cast<const uint32_t *>(a.lens) + (uint64_t)b * a.max_segs;
+  const uint64_t head = 3 + 4ull * segs;
+  if (threadIdx.x == 0) {
+    // lossless.c: the streams pay when they total at most n - head - 1
+    // bytes (each stream's encoder had the room left of that)
+    bool ok = n > head + 1;
+    uint64_t used = 0;
+    off[0] = 0;
+    for (uint32_t k = 0; ok && k < segs; k++) {
+      ok = lens[k] > 0;
+      used += lens[k];
+      off[k + 1] = used;
+    }
+    coded_s = ok && used <= n - head - 1;
+  }
+  __syncthreads();
+  const bool coded = coded_s;
+  const uint64_t len = coded ? head + off[segs] + n : 1 + 2 * n;
+  uint8_t *frame = reinterpret_cast<uint8_t *>(a.frames + b * a.frame_bytes);
+  uint8_t *payload = frame + OI_KFRAME_HEADER;
+  int32_t *status = reinterpret_cast<int32_t *>(a.status);
+  if (OI_KFRAME_HEADER + len > a.frame_bytes) { // the cpu's "a frame past its slot"
+    if (blockIdx.y == 0 && threadIdx.x == 0) status[b] = OI_KENC_PAST_SLOT;
+    return;
+  }
+  if (blockIdx.y == 0 && threadIdx.x == 0) status[b] = 0;
+  const uint16_t *src = reinterpret_cast<const uint16_t *>(a.blocks + b * a.block_bytes);
+  const uint64_t t0 = (uint64_t)blockIdx.y * PACK_THREADS + threadIdx.x,
+                 step = (uint64_t)gridDim.y * PACK_THREADS;
+  if (blockIdx.y == 0) { // the header but its checksums, the payload's head
+    for (uint32_t i = threadIdx.x; i < 24; i += PACK_THREADS)
+      frame[i] = i >= 12 && i < 16 ? (uint8_t)(len >> (8 * (i - 12))) : a.header[i];
+    if (coded) {
+      if (threadIdx.x == 0) {
+        payload[0] = 2; // lossless.c's MODE_RANS32
+        payload[1] = (uint8_t)segs;
+        payload[2] = (uint8_t)(segs >> 8);
+      }
+      for (uint32_t k = threadIdx.x; k < segs; k += PACK_THREADS)
+        for (int j = 0; j < 4; j++)
+          payload[3 + 4 * k + j] = (uint8_t)(lens[k] >> (8 * j));
+    } else if (threadIdx.x == 0) {
+      payload[0] = 0; // MODE_RAW
+    }
+  }
+  uint8_t *sm;
+  if (coded) {
+    for (uint32_t k = 0; k < segs; k++) {
+      const uint8_t *from = reinterpret_cast<const uint8_t *>(
+          a.streams + ((uint64_t)b * a.max_segs + k) * a.stream_cap);
+      uint8_t *to = payload + head + off[k];
+      for (uint64_t i = t0; i < lens[k]; i += step)
+        to[i] = from[i];
+    }
+    sm = payload + head + off[segs];
+  } else {
+    for (uint64_t i = t0; i < n; i += step)
+      payload[1 + i] = (uint8_t)(src[i] >> 7);
+    sm = payload + 1 + n;
+  }
+  for (uint64_t i = t0; i < n; i += step)
+    sm[i] = sm_byte(src[i]);
+  for (uint64_t i = OI_KFRAME_HEADER + len + t0; i < a.frame_bytes; i += step)
+    frame[i] = 0;
+}
+
+// A warp a frame: the data checksum (the block), then the frame checksum
+// (the payload, seeded with the hash of the header's first 32 bytes).
+__global__ static void __launch_bounds__(32 * HASH_WARPS) hash_kernel(const oi_kframe_args a) {
+  __shared__ __align__(8) uint8_t secret[HASH_WARPS][OI_XXH_SECRET_BYTES];
+  __shared__ __align__(8) uint8_t def[OI_XXH_SECRET_BYTES];
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  for (unsigned i = threadIdx.x; i < OI_XXH_SECRET_BYTES; i += blockDim.x)
+    def[i] = reinterpret_cast<const uint8_t *>(a.secret)[i];
+  __syncthreads();
+  const uint32_t b = blockIdx.x * HASH_WARPS + warp;
+  if (b >= a.n || reinterpret_cast<const int32_t *>(a.status)[b]) return;
+  uint8_t *frame = reinterpret_cast<uint8_t *>(a.frames + b * a.frame_bytes);
+  const uint64_t data =
+      xxh3_long(reinterpret_cast<const uint8_t *>(a.blocks + b * a.block_bytes), a.block_bytes,
+                def, lane);
+  if (lane == 0) reinterpret_cast<uint64_t *>(frame)[3] = data;
+  __syncwarp();
+  const uint64_t seed = xxh3_32(frame, def);
+  uint64_t len = 0;
+  for (int i = 0; i < 4; i++)
+    len |= (uint64_t)frame[12 + i] << (8 * i);
+  const uint8_t *sec = def;
+  if (seed) {
+    xxh3_seed_secret(def, seed, secret[warp], lane);
+    sec = secret[warp];
+  }
+  const uint64_t h = xxh3_long(frame + OI_KFRAME_HEADER, len, sec, lane);
+  if (lane == 0) reinterpret_cast<uint64_t *>(frame)[4] = h;
+}
+
+extern "C" int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (a->n == 0) return cudaSuccess;
+  if (a->n > 65535u || a->parts > OI_KFRAME_MAX_PARTS || a->max_segs > OI_KFRAME_MAX_SEGS ||
+      a->segs_whole == 0 || a->segs_whole > a->max_segs || a->segs_parts > a->max_segs ||
+      (a->parts > 1 && a->segs_parts == 0))
+    return cudaErrorInvalidValue;
+  if (a->parts > 1) hist_kernel<<<dim3(a->parts, a->n), 256, 0, s>>>(*a);
+  choose_kernel<<<a->n, CHOOSE_THREADS, 0, s>>>(*a);
+  int err = oi_kernel_rans32_encode(reinterpret_cast<const oi_kenc_item *>(a->items),
+                                    a->n * a->max_segs, reinterpret_cast<uint32_t *>(a->lens),
+                                    stream);
+  if (err != cudaSuccess) return err;
+  pack_kernel<<<dim3(a->n, PACK_SLICES), PACK_THREADS, 0, s>>>(*a);
+  hash_kernel<<<(a->n + HASH_WARPS - 1) / HASH_WARPS, 32 * HASH_WARPS, 0, s>>>(*a);
+  return cudaGetLastError();
+}
+
+// XXH3-64 of each item (tests: the same hashes as libxxhash's).
+__global__ static void __launch_bounds__(32 * HASH_WARPS)
+    xxh3_kernel(const oi_khash_item *items, uint32_t n, const uint8_t *def_secret) {
+  __shared__ __align__(8) uint8_t secret[HASH_WARPS][OI_XXH_SECRET_BYTES];
+  __shared__ __align__(8) uint8_t def[OI_XXH_SECRET_BYTES];
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  for (unsigned i = threadIdx.x; i < OI_XXH_SECRET_BYTES; i += blockDim.x)
+    def[i] = def_secret[i];
+  __syncthreads();
+  const uint32_t k = blockIdx.x * HASH_WARPS + warp;
+  if (k >= n) return;
+  const oi_khash_item it = items[k];
+  const uint8_t *sec = def;
+  if (it.seed) {
+    xxh3_seed_secret(def, it.seed, secret[warp], lane);
+    sec = secret[warp];
+  }
+  const uint64_t h = xxh3_long(reinterpret_cast<const uint8_t *>(it.src), it.len, sec, lane);
+  if (lane == 0) *reinterpret_cast<uint64_t *>(it.out) = h;
+}
+
+extern "C" int oi_kernel_xxh3(const oi_khash_item *items, uint32_t n, const void *secret,
+                              void *stream) {
+  if (n == 0) return cudaSuccess;
+  xxh3_kernel<<<(n + HASH_WARPS - 1) / HASH_WARPS, 32 * HASH_WARPS, 0,
+                static_cast<cudaStream_t>(stream)>>>(items, n,
+                                                     static_cast<const uint8_t *>(secret));
+  return cudaGetLastError();
+}

@@ -1,0 +1,232 @@
+/* The cuda backend's GPU encodes of lossless frames (stream_encode,
+ * cuda_internal.h's encode_ring): on the ring's aux stream the batch copy
+ * kernel gathers a group's blocks from the arenas and the frame kernels
+ * (kernels/codec_frame.cu) make their frames in a device slot; on the main
+ * stream the frames cross the link into their host slots and the statuses
+ * come back, handed to the caller by a host call before its next
+ * stream_call. The gather table and the statuses ride one descriptor table
+ * (table_buf), as a decode's do. */
+#include <string.h>
+
+#include "cuda_internal.h"
+
+_Static_assert((int)OI_ENCODE_PAST_SLOT == (int)OI_KENC_PAST_SLOT, "the encode status is the kernel's");
+_Static_assert(sizeof(((oi_encode_plan *)0)->header) == sizeof(((oi_kframe_args *)0)->header),
+               "the plan's header is the kernel's");
+
+#define ALIGN 256u
+
+static uint64_t up(uint64_t v) { return (v + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
+
+void oi__cuda_encode_free(encode_ring *r) {
+  if (r->aux) cudaStreamSynchronize(r->aux);
+  for (int j = 0; j < OI_ENCODE_SLOTS; j++) {
+    if (r->frames[j]) cudaFree(r->frames[j]);
+    if (r->full[j]) cudaEventDestroy(r->full[j]);
+    if (r->free_[j]) cudaEventDestroy(r->free_[j]);
+  }
+  if (r->blocks) cudaFree(r->blocks);
+  if (r->work) cudaFree(r->work);
+  if (r->secret) cudaFree(r->secret);
+  if (r->go) cudaEventDestroy(r->go);
+  if (r->aux) cudaStreamDestroy(r->aux);
+  memset(r, 0, sizeof *r);
+}
+
+/* The kernels' scratch of a batch: where each buffer starts in `work`, and
+ * its bytes in all. */
+typedef struct work_layout {
+  uint64_t hist, items, lens, segs, streams, scratch, bytes;
+} work_layout;
+
+static work_layout layout_of(const oi_encode_batch *b) {
+  const oi_encode_plan *p = b->plan;
+  uint64_t per = (uint64_t)b->n * p->max_segs;
+  work_layout w = {0};
+  w.hist = 0;
+  w.items = up(w.hist + (p->parts > 1 ? (uint64_t)b->n * p->parts * 256 * 4 : 0));
+  w.lens = up(w.items + per * sizeof(oi_kenc_item));
+  w.segs = up(w.lens + per * 4);
+  w.streams = up(w.segs + (uint64_t)b->n * 4);
+  w.scratch = up(w.streams + per * p->stream_cap);
+  w.bytes = up(w.scratch + per * p->stream_cap);
+  return w;
+}
+
+/* Device memory of at least these sizes (grown once the streams are idle:
+ * a namespace's groups have one size, so this happens at the first
+ * encode). */
+static cudaError_t ring_setup(oi_stream *s, uint64_t frames, uint64_t blocks, uint64_t work) {
+  encode_ring *r = &s->enc;
+  cudaError_t err = cudaSuccess;
+  if (!r->ready) {
+    int prio = 0;
+    cudaStreamGetPriority(s->stream, &prio);
+    err = cudaStreamCreateWithPriority(&r->aux, cudaStreamNonBlocking, prio);
+    for (int j = 0; err == cudaSuccess && j < OI_ENCODE_SLOTS; j++) {
+      err = cudaEventCreateWithFlags(&r->full[j], cudaEventDisableTiming);
+      if (err == cudaSuccess) err = cudaEventCreateWithFlags(&r->free_[j], cudaEventDisableTiming);
+    }
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&r->go, cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaMalloc((void **)&r->secret, 192);
+    if (err != cudaSuccess) return err;
+    r->ready = true;
+  }
+  if (r->frames_cap >= frames && r->blocks_cap >= blocks && r->work_cap >= work) return cudaSuccess;
+  cudaStreamSynchronize(s->stream);
+  cudaStreamSynchronize(r->aux);
+  for (int j = 0; j < OI_ENCODE_SLOTS; j++) {
+    if (r->frames[j]) cudaFree(r->frames[j]);
+    r->frames[j] = NULL;
+  }
+  if (r->blocks) cudaFree(r->blocks);
+  if (r->work) cudaFree(r->work);
+  r->blocks = r->work = NULL;
+  r->frames_cap = r->blocks_cap = r->work_cap = 0;
+  for (int j = 0; err == cudaSuccess && j < OI_ENCODE_SLOTS; j++)
+    err = cudaMalloc((void **)&r->frames[j], frames);
+  if (err == cudaSuccess) err = cudaMalloc((void **)&r->blocks, blocks);
+  if (err == cudaSuccess) err = cudaMalloc((void **)&r->work, work);
+  if (err == cudaSuccess) {
+    r->frames_cap = frames;
+    r->blocks_cap = blocks;
+    r->work_cap = work;
+  }
+  return err;
+}
+
+static oi_status encode_locked(oi_stream *s, const oi_encode_batch *b) {
+  encode_ring *r = &s->enc;
+  const oi_encode_plan *p = b->plan;
+  work_layout w = layout_of(b);
+  cudaError_t err = ring_setup(s, b->n * b->frame_bytes, b->n * b->block_bytes, w.bytes);
+  if (err != cudaSuccess) return oi__cuda_fail(err, "encode: device memory for blocks and frames");
+  if (!r->secret_set) { /* once: every plan carries XXH3's one default secret */
+    err = cudaMemcpy(r->secret, p->secret, sizeof p->secret, cudaMemcpyHostToDevice);
+    if (err != cudaSuccess) return oi__cuda_fail(err, "encode: the checksums' secret");
+    r->secret_set = true;
+  }
+  uint32_t j = r->next;
+  oi_copy_desc *descs = oi__malloc((b->ndescs ? b->ndescs : 1) * sizeof *descs);
+  oi_status_handoff *h = oi__malloc(sizeof *h);
+  oi_status st = OI_OK;
+  if (!descs || !h || !oi__cuda_grow_dma_arrays(s, b->n)) {
+    st = oi__fail(OI_ERR_OUT_OF_MEMORY, "encode: out of memory for a batch");
+    goto out;
+  }
+  for (size_t i = 0; i < b->ndescs; i++)
+    descs[i] = (oi_copy_desc){.src = b->descs[i].src,
+                              .dst = (uintptr_t)r->blocks + b->descs[i].dst,
+                              .bytes = b->descs[i].bytes};
+  bool warps = false;
+  size_t nent = oi__cuda_kcopy_plan(descs, b->ndescs, &warps, NULL);
+  size_t status_off = nent * sizeof(oi_kcopy_entry), table_bytes = status_off + b->n * 4;
+  table_buf *t = oi__cuda_take_resident_table(s, table_bytes, "encode");
+  if (!t) {
+    st = OI_ERR_OUT_OF_MEMORY;
+    goto out;
+  }
+  uint8_t *th = (uint8_t *)t->host, *td = (uint8_t *)t->resident;
+  oi__cuda_kcopy_plan(descs, b->ndescs, &warps, t->host);
+  int32_t *st_host = (int32_t *)(void *)(th + status_off);
+  int32_t *st_dev = (int32_t *)(void *)(td + status_off);
+  uint64_t waits = atomic_load(&s->waits);
+  /* aux: after what main waited on, once slot j's frames left: the table,
+   * the gather, the frames */
+  if (waits != r->waits_seen || !r->waits_seen) {
+    err = cudaEventRecord(r->go, s->stream);
+    r->waits_seen = waits ? waits : 1;
+  }
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(r->aux, r->go, 0);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(r->aux, r->free_[j], 0);
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(td, th, table_bytes, cudaMemcpyHostToDevice, r->aux);
+  if (err == cudaSuccess && nent)
+    err = oi__cuda_kcopy_launch(warps, t->resident, nent, s->sms, r->aux);
+  if (err == cudaSuccess) {
+    oi_kframe_args a = {.blocks = (uint64_t)(uintptr_t)r->blocks,
+                        .frames = (uint64_t)(uintptr_t)r->frames[j],
+                        .hist = (uint64_t)(uintptr_t)r->work + w.hist,
+                        .items = (uint64_t)(uintptr_t)r->work + w.items,
+                        .lens = (uint64_t)(uintptr_t)r->work + w.lens,
+                        .segs = (uint64_t)(uintptr_t)r->work + w.segs,
+                        .streams = (uint64_t)(uintptr_t)r->work + w.streams,
+                        .scratch = (uint64_t)(uintptr_t)r->work + w.scratch,
+                        .status = (uint64_t)(uintptr_t)st_dev,
+                        .secret = (uint64_t)(uintptr_t)r->secret,
+                        .block_bytes = b->block_bytes,
+                        .frame_bytes = b->frame_bytes,
+                        .n = (uint32_t)b->n,
+                        .parts = p->parts,
+                        .segs_whole = p->segs_whole,
+                        .segs_parts = p->segs_parts,
+                        .max_segs = p->max_segs,
+                        .stream_cap = p->stream_cap};
+    memcpy(a.header, p->header, sizeof a.header);
+    err = (cudaError_t)oi_kernel_lossless_frames(&a, r->aux);
+  }
+  if (err == cudaSuccess) err = cudaEventRecord(r->full[j], r->aux);
+  /* main: the frames to their slots, the statuses back */
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(s->stream, r->full[j], 0);
+  for (size_t i = 0; i < b->n; i++) {
+    s->dma_dst[i] = b->slots[i];
+    s->dma_src[i] = r->frames[j] + i * b->frame_bytes;
+    s->dma_size[i] = b->frame_bytes;
+  }
+  if (err == cudaSuccess && b->n &&
+      (s->batch_api_broken || !oi__cuda_dma_batch(s, b->n, s->stream)))
+    for (size_t i = 0; err == cudaSuccess && i < b->n; i++)
+      err = cudaMemcpyAsync(s->dma_dst[i], s->dma_src[i], s->dma_size[i], cudaMemcpyDeviceToHost,
+                            s->stream);
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(st_host, st_dev, b->n * sizeof *st_dev, cudaMemcpyDeviceToHost, s->stream);
+  if (err == cudaSuccess) err = cudaEventRecord(r->free_[j], s->stream);
+  if (err == cudaSuccess) {
+    *h = (oi_status_handoff){.from = st_host, .to = b->status, .n = b->n};
+    err = cudaLaunchHostFunc(s->stream, oi__cuda_hand_over, h);
+    if (err == cudaSuccess) h = NULL; /* the host call's */
+  }
+  if (err == cudaSuccess) err = cudaEventRecord(t->done, s->stream);
+  if (err != cudaSuccess) {
+    /* nothing may still read the table, the arenas or a slot; the batch is
+     * reported failed */
+    cudaStreamSynchronize(r->aux);
+    cudaStreamSynchronize(s->stream);
+    st = oi__cuda_fail(err, "encode: queuing a batch");
+  }
+  r->next = (j + 1) % OI_ENCODE_SLOTS;
+out:
+  oi__free(descs);
+  oi__free(h);
+  return st;
+}
+
+oi_status oi__cuda_stream_encode(oi_stream *s, const oi_encode_batch *b) {
+  if (!b || !b->plan || (b->n && (!b->slots || !b->status)) || (b->ndescs && !b->descs))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_encode: a NULL array");
+  if (b->n > 65535 || b->block_bytes % 8 || b->frame_bytes % 8 || !b->block_bytes ||
+      b->frame_bytes <= OI_KFRAME_HEADER)
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "stream_encode: %zu blocks of %llu bytes into slots of %llu (at most 65535, "
+                    "multiples of 8)",
+                    b->n, (unsigned long long)b->block_bytes, (unsigned long long)b->frame_bytes);
+  const oi_encode_plan *p = b->plan;
+  if (!p->segs_whole || p->max_segs > OI_KFRAME_MAX_SEGS || p->parts > OI_KFRAME_MAX_PARTS ||
+      p->segs_whole > p->max_segs || p->segs_parts > p->max_segs || (p->parts > 1 && !p->segs_parts))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "stream_encode: a plan of %u or %u streams for %u parts (at most %u)",
+                    p->segs_whole, p->segs_parts, p->parts, OI_KFRAME_MAX_SEGS);
+  for (size_t i = 0; i < b->ndescs; i++)
+    if (b->descs[i].dst + b->descs[i].bytes > b->n * b->block_bytes)
+      return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_encode: copy %zu past the blocks", i);
+  cudaSetDevice(s->ordinal);
+  pthread_mutex_lock(&s->copy_lock);
+  oi_status st = encode_locked(s, b);
+  pthread_mutex_unlock(&s->copy_lock);
+  if (st != OI_OK) {
+    pthread_mutex_lock(&s->lock);
+    if (s->pending == OI_OK) s->pending = st;
+    pthread_mutex_unlock(&s->lock);
+  }
+  return st;
+}

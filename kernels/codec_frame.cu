@@ -10,8 +10,8 @@
 //   pack    header, stream lengths, streams and the sign+mantissa plane;
 //           the raw exponent plane where the streams do not pay; zeros
 //           behind the frame; a frame past its slot is marked
-//   hash    the data and frame checksums (XXH3, kernels/xxh3.cuh), a warp
-//           a frame
+//   hash    the data and frame checksums (XXH3, kernels/xxh3.cuh): each
+//           1 KiB block's sums by a warp, then a warp a frame
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -83,11 +83,9 @@ __global__ static void __launch_bounds__(CHOOSE_THREADS) choose_kernel(const oi_
   oi_kenc_item *items = reinterpret_cast<oi_kenc_item *>(a.items) + (uint64_t)b * a.max_segs;
   for (uint32_t k = threadIdx.x; k < a.max_segs; k += blockDim.x) {
     const uint64_t at = (uint64_t)b * a.max_segs + k;
-    items[k] = oi_kenc_item{a.blocks + b * a.block_bytes + 2 * per * k,
-                            a.streams + at * a.stream_cap,
-                            a.scratch + at * a.stream_cap,
-                            k < segs ? (uint32_t)per : 0u,
-                            a.stream_cap};
+    items[k] =
+        oi_kenc_item{a.blocks + b * a.block_bytes + 2 * per * k, a.streams + at * a.stream_cap,
+                     a.scratch + at * a.stream_cap, k < segs ? (uint32_t)per : 0u, a.stream_cap};
   }
   if (threadIdx.x == 0) reinterpret_cast<uint32_t *>(a.segs)[b] = segs;
 }
@@ -169,34 +167,61 @@ __global__ static void __launch_bounds__(PACK_THREADS) pack_kernel(const oi_kfra
     frame[i] = 0;
 }
 
-// A warp a frame: the data checksum (the block), then the frame checksum
-// (the payload, seeded with the hash of the header's first 32 bytes).
-__global__ static void __launch_bounds__(32 * HASH_WARPS) hash_kernel(const oi_kframe_args a) {
-  __shared__ __align__(8) uint8_t secret[HASH_WARPS][OI_XXH_SECRET_BYTES];
-  __shared__ __align__(8) uint8_t def[OI_XXH_SECRET_BYTES];
-  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  for (unsigned i = threadIdx.x; i < OI_XXH_SECRET_BYTES; i += blockDim.x)
-    def[i] = reinterpret_cast<const uint8_t *>(a.secret)[i];
-  __syncthreads();
-  const uint32_t b = blockIdx.x * HASH_WARPS + warp;
-  if (b >= a.n || reinterpret_cast<const int32_t *>(a.status)[b]) return;
-  uint8_t *frame = reinterpret_cast<uint8_t *>(a.frames + b * a.frame_bytes);
-  const uint64_t data =
-      xxh3_long(reinterpret_cast<const uint8_t *>(a.blocks + b * a.block_bytes), a.block_bytes,
-                def, lane);
-  if (lane == 0) reinterpret_cast<uint64_t *>(frame)[3] = data;
-  __syncwarp();
-  const uint64_t seed = xxh3_32(frame, def);
+// The checksums: the data checksum over the block (pass 0), then the frame
+// checksum over the payload (pass 1), seeded with the hash of the header's
+// first 32 bytes, which hold the data checksum. Each pass: every whole
+// 1 KiB block's sums by a warp each, then a warp a frame.
+__device__ static xxh_job frame_job(const oi_kframe_args &a, uint32_t b, int pass) {
+  uint64_t *sums =
+      reinterpret_cast<uint64_t *>(a.sums) + (uint64_t)b * 8 * xxh3_whole_blocks(a.block_bytes);
+  if (pass == 0)
+    return xxh_job{reinterpret_cast<const uint8_t *>(a.blocks + b * a.block_bytes),
+                   reinterpret_cast<const uint8_t *>(a.secret), sums, a.block_bytes};
+  const uint8_t *frame = reinterpret_cast<const uint8_t *>(a.frames + b * a.frame_bytes);
   uint64_t len = 0;
   for (int i = 0; i < 4; i++)
     len |= (uint64_t)frame[12 + i] << (8 * i);
-  const uint8_t *sec = def;
-  if (seed) {
-    xxh3_seed_secret(def, seed, secret[warp], lane);
-    sec = secret[warp];
+  return xxh_job{frame + OI_KFRAME_HEADER,
+                 reinterpret_cast<const uint8_t *>(a.secrets) + (uint64_t)b * OI_XXH_SECRET_BYTES,
+                 sums, len};
+}
+
+__global__ static void __launch_bounds__(32 * HASH_WARPS)
+    sums_kernel(const oi_kframe_args a, int pass) {
+  const unsigned lane = threadIdx.x & 31;
+  const uint64_t per = xxh3_whole_blocks(a.block_bytes), tasks = per * a.n;
+  const int32_t *status = reinterpret_cast<const int32_t *>(a.status);
+  for (uint64_t t = (uint64_t)blockIdx.x * HASH_WARPS + threadIdx.x / 32; t < tasks;
+       t += (uint64_t)gridDim.x * HASH_WARPS) {
+    const uint32_t b = (uint32_t)(t / per);
+    if (status[b]) continue;
+    const xxh_job jb = frame_job(a, b, pass);
+    const uint64_t j = t % per;
+    if (j < xxh3_whole_blocks(jb.len)) xxh3_block_sums(jb, j, lane);
   }
-  const uint64_t h = xxh3_long(frame + OI_KFRAME_HEADER, len, sec, lane);
-  if (lane == 0) reinterpret_cast<uint64_t *>(frame)[4] = h;
+}
+
+__global__ static void __launch_bounds__(32 * HASH_WARPS)
+    finish_kernel(const oi_kframe_args a, int pass) {
+  const unsigned lane = threadIdx.x & 31;
+  const uint32_t b = blockIdx.x * HASH_WARPS + threadIdx.x / 32;
+  if (b >= a.n || reinterpret_cast<const int32_t *>(a.status)[b]) return;
+  uint8_t *frame = reinterpret_cast<uint8_t *>(a.frames + b * a.frame_bytes);
+  const uint64_t h = xxh3_finish(frame_job(a, b, pass), lane);
+  if (lane == 0) reinterpret_cast<uint64_t *>(frame)[3 + pass] = h;
+  __syncwarp();
+  if (pass == 0) { // the frame checksum's secret: its seed's
+    const uint64_t seed = xxh3_32(frame, reinterpret_cast<const uint8_t *>(a.secret));
+    xxh3_seed_secret(reinterpret_cast<const uint8_t *>(a.secret), seed,
+                     reinterpret_cast<uint8_t *>(a.secrets) + (uint64_t)b * OI_XXH_SECRET_BYTES,
+                     lane);
+  }
+}
+
+// Enough CTAs of sums_kernel for `tasks` warps' work, at most 8 a warp.
+static uint32_t sums_ctas(uint64_t tasks) {
+  uint64_t ctas = (tasks + 8 * HASH_WARPS - 1) / (8 * HASH_WARPS);
+  return (uint32_t)(ctas < 1 ? 1 : ctas > 65535 ? 65535 : ctas);
 }
 
 extern "C" int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream) {
@@ -208,41 +233,63 @@ extern "C" int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream) 
     return cudaErrorInvalidValue;
   if (a->parts > 1) hist_kernel<<<dim3(a->parts, a->n), 256, 0, s>>>(*a);
   choose_kernel<<<a->n, CHOOSE_THREADS, 0, s>>>(*a);
-  int err = oi_kernel_rans32_encode(reinterpret_cast<const oi_kenc_item *>(a->items),
-                                    a->n * a->max_segs, reinterpret_cast<uint32_t *>(a->lens),
-                                    stream);
+  int err =
+      oi_kernel_rans32_encode(reinterpret_cast<const oi_kenc_item *>(a->items), a->n * a->max_segs,
+                              reinterpret_cast<uint32_t *>(a->lens), stream);
   if (err != cudaSuccess) return err;
   pack_kernel<<<dim3(a->n, PACK_SLICES), PACK_THREADS, 0, s>>>(*a);
-  hash_kernel<<<(a->n + HASH_WARPS - 1) / HASH_WARPS, 32 * HASH_WARPS, 0, s>>>(*a);
+  const uint32_t frames_ctas = (a->n + HASH_WARPS - 1) / HASH_WARPS;
+  for (int pass = 0; pass < 2; pass++) {
+    sums_kernel<<<sums_ctas(xxh3_whole_blocks(a->block_bytes) * a->n), 32 * HASH_WARPS, 0, s>>>(
+        *a, pass);
+    finish_kernel<<<frames_ctas, 32 * HASH_WARPS, 0, s>>>(*a, pass);
+  }
   return cudaGetLastError();
 }
 
-// XXH3-64 of each item (tests: the same hashes as libxxhash's).
-__global__ static void __launch_bounds__(32 * HASH_WARPS)
-    xxh3_kernel(const oi_khash_item *items, uint32_t n, const uint8_t *def_secret) {
-  __shared__ __align__(8) uint8_t secret[HASH_WARPS][OI_XXH_SECRET_BYTES];
-  __shared__ __align__(8) uint8_t def[OI_XXH_SECRET_BYTES];
-  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  for (unsigned i = threadIdx.x; i < OI_XXH_SECRET_BYTES; i += blockDim.x)
-    def[i] = def_secret[i];
-  __syncthreads();
-  const uint32_t k = blockIdx.x * HASH_WARPS + warp;
-  if (k >= n) return;
-  const oi_khash_item it = items[k];
-  const uint8_t *sec = def;
-  if (it.seed) {
-    xxh3_seed_secret(def, it.seed, secret[warp], lane);
-    sec = secret[warp];
-  }
-  const uint64_t h = xxh3_long(reinterpret_cast<const uint8_t *>(it.src), it.len, sec, lane);
-  if (lane == 0) *reinterpret_cast<uint64_t *>(it.out) = h;
+// XXH3-64 of each item (tests: the same hashes as libxxhash's), through
+// the frames' own steps: the item's secret, its blocks' sums, the chain.
+__device__ static xxh_job item_job(const oi_khash_item &it) {
+  uint8_t *scratch = reinterpret_cast<uint8_t *>(it.scratch);
+  return xxh_job{reinterpret_cast<const uint8_t *>(it.src), scratch,
+                 reinterpret_cast<uint64_t *>(scratch + OI_XXH_SECRET_BYTES), it.len};
 }
 
-extern "C" int oi_kernel_xxh3(const oi_khash_item *items, uint32_t n, const void *secret,
-                              void *stream) {
+__global__ static void __launch_bounds__(32 * HASH_WARPS)
+    item_secret_kernel(const oi_khash_item *items, uint32_t n, const uint8_t *def) {
+  const uint32_t k = blockIdx.x * HASH_WARPS + threadIdx.x / 32;
+  if (k < n)
+    xxh3_seed_secret(def, items[k].seed, reinterpret_cast<uint8_t *>(items[k].scratch),
+                     threadIdx.x & 31);
+}
+
+__global__ static void __launch_bounds__(32 * HASH_WARPS)
+    item_sums_kernel(const oi_khash_item *items, uint32_t n, uint64_t per) {
+  for (uint64_t t = (uint64_t)blockIdx.x * HASH_WARPS + threadIdx.x / 32; t < per * n;
+       t += (uint64_t)gridDim.x * HASH_WARPS) {
+    const xxh_job jb = item_job(items[t / per]);
+    if (t % per < xxh3_whole_blocks(jb.len)) xxh3_block_sums(jb, t % per, threadIdx.x & 31);
+  }
+}
+
+__global__ static void __launch_bounds__(32 * HASH_WARPS)
+    item_finish_kernel(const oi_khash_item *items, uint32_t n) {
+  const uint32_t k = blockIdx.x * HASH_WARPS + threadIdx.x / 32;
+  if (k >= n) return;
+  const uint64_t h = xxh3_finish(item_job(items[k]), threadIdx.x & 31);
+  if ((threadIdx.x & 31) == 0) *reinterpret_cast<uint64_t *>(items[k].out) = h;
+}
+
+extern "C" int oi_kernel_xxh3(const oi_khash_item *items, uint32_t n, uint64_t max_len,
+                              const void *secret, void *stream) {
   if (n == 0) return cudaSuccess;
-  xxh3_kernel<<<(n + HASH_WARPS - 1) / HASH_WARPS, 32 * HASH_WARPS, 0,
-                static_cast<cudaStream_t>(stream)>>>(items, n,
-                                                     static_cast<const uint8_t *>(secret));
+  if (max_len <= 240) return cudaErrorInvalidValue;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const uint32_t ctas = (n + HASH_WARPS - 1) / HASH_WARPS;
+  const uint64_t per = xxh3_whole_blocks(max_len);
+  item_secret_kernel<<<ctas, 32 * HASH_WARPS, 0, s>>>(items, n,
+                                                      static_cast<const uint8_t *>(secret));
+  if (per) item_sums_kernel<<<sums_ctas(per * n), 32 * HASH_WARPS, 0, s>>>(items, n, per);
+  item_finish_kernel<<<ctas, 32 * HASH_WARPS, 0, s>>>(items, n);
   return cudaGetLastError();
 }

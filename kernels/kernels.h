@@ -114,6 +114,8 @@ enum { OI_KENC_PAST_SLOT = 1 };
 
 typedef struct oi_kframe_args {
   uint64_t blocks, frames, hist, items, lens, segs, streams, scratch, status, secret;
+  uint64_t sums, secrets; /* the checksums' scratch: n * 64 * ((block_bytes - 1) / 1024) and
+                           * n * 192 bytes */
   uint64_t block_bytes, frame_bytes;
   uint32_t n, parts, segs_whole, segs_parts, max_segs, stream_cap;
   uint8_t header[24];
@@ -122,13 +124,16 @@ typedef struct oi_kframe_args {
 int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream);
 
 /* XXH3-64 (seed 0: XXH3_64bits, else XXH3_64bits_withSeed) of each item's
- * len bytes at src (len over 240, src 8-byte aligned, device memory) into
- * *out (device memory); secret as above. */
+ * len bytes at src (240 < len <= max_len, src 8-byte aligned, device
+ * memory) into *out (device memory), by the frames' own checksum steps;
+ * scratch: the item's device memory, 192 + 64 * ((len - 1) / 1024) bytes,
+ * 8-byte aligned; secret as above. */
 typedef struct oi_khash_item {
-  uint64_t src, len, seed, out;
+  uint64_t src, len, seed, out, scratch;
 } oi_khash_item;
 
-int oi_kernel_xxh3(const oi_khash_item *items, uint32_t n, const void *secret, void *stream);
+int oi_kernel_xxh3(const oi_khash_item *items, uint32_t n, uint64_t max_len, const void *secret,
+                   void *stream);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,8 @@
 
 #include "cuda_internal.h"
 
-_Static_assert((int)OI_ENCODE_PAST_SLOT == (int)OI_KENC_PAST_SLOT, "the encode status is the kernel's");
+_Static_assert((int)OI_ENCODE_PAST_SLOT == (int)OI_KENC_PAST_SLOT,
+               "the encode status is the kernel's");
 _Static_assert(sizeof(((oi_encode_plan *)0)->header) == sizeof(((oi_kframe_args *)0)->header),
                "the plan's header is the kernel's");
 
@@ -36,7 +37,7 @@ void oi__cuda_encode_free(encode_ring *r) {
 /* The kernels' scratch of a batch: where each buffer starts in `work`, and
  * its bytes in all. */
 typedef struct work_layout {
-  uint64_t hist, items, lens, segs, streams, scratch, bytes;
+  uint64_t hist, items, lens, segs, streams, scratch, sums, secrets, bytes;
 } work_layout;
 
 static work_layout layout_of(const oi_encode_batch *b) {
@@ -49,7 +50,9 @@ static work_layout layout_of(const oi_encode_batch *b) {
   w.segs = up(w.lens + per * 4);
   w.streams = up(w.segs + (uint64_t)b->n * 4);
   w.scratch = up(w.streams + per * p->stream_cap);
-  w.bytes = up(w.scratch + per * p->stream_cap);
+  w.sums = up(w.scratch + per * p->stream_cap);
+  w.secrets = up(w.sums + (uint64_t)b->n * 64 * ((b->block_bytes - 1) / 1024));
+  w.bytes = up(w.secrets + (uint64_t)b->n * 192);
   return w;
 }
 
@@ -152,6 +155,8 @@ static oi_status encode_locked(oi_stream *s, const oi_encode_batch *b) {
                         .segs = (uint64_t)(uintptr_t)r->work + w.segs,
                         .streams = (uint64_t)(uintptr_t)r->work + w.streams,
                         .scratch = (uint64_t)(uintptr_t)r->work + w.scratch,
+                        .sums = (uint64_t)(uintptr_t)r->work + w.sums,
+                        .secrets = (uint64_t)(uintptr_t)r->work + w.secrets,
                         .status = (uint64_t)(uintptr_t)st_dev,
                         .secret = (uint64_t)(uintptr_t)r->secret,
                         .block_bytes = b->block_bytes,
@@ -179,7 +184,8 @@ static oi_status encode_locked(oi_stream *s, const oi_encode_batch *b) {
       err = cudaMemcpyAsync(s->dma_dst[i], s->dma_src[i], s->dma_size[i], cudaMemcpyDeviceToHost,
                             s->stream);
   if (err == cudaSuccess)
-    err = cudaMemcpyAsync(st_host, st_dev, b->n * sizeof *st_dev, cudaMemcpyDeviceToHost, s->stream);
+    err =
+        cudaMemcpyAsync(st_host, st_dev, b->n * sizeof *st_dev, cudaMemcpyDeviceToHost, s->stream);
   if (err == cudaSuccess) err = cudaEventRecord(r->free_[j], s->stream);
   if (err == cudaSuccess) {
     *h = (oi_status_handoff){.from = st_host, .to = b->status, .n = b->n};
@@ -212,7 +218,8 @@ oi_status oi__cuda_stream_encode(oi_stream *s, const oi_encode_batch *b) {
                     b->n, (unsigned long long)b->block_bytes, (unsigned long long)b->frame_bytes);
   const oi_encode_plan *p = b->plan;
   if (!p->segs_whole || p->max_segs > OI_KFRAME_MAX_SEGS || p->parts > OI_KFRAME_MAX_PARTS ||
-      p->segs_whole > p->max_segs || p->segs_parts > p->max_segs || (p->parts > 1 && !p->segs_parts))
+      p->segs_whole > p->max_segs || p->segs_parts > p->max_segs ||
+      (p->parts > 1 && !p->segs_parts))
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "stream_encode: a plan of %u or %u streams for %u parts (at most %u)",
                     p->segs_whole, p->segs_parts, p->parts, OI_KFRAME_MAX_SEGS);

@@ -1,12 +1,11 @@
 // The GPU encoder of the wide rANS stream (lib/codec/rans32.c, the format
 // in lib/codec/rans.h), byte for byte the cpu encoder's: one warp a
 // stream. The warp counts the stream's exponents (bits 7..14 of each bf16
-// element), lane 0 normalises the counts to 12-bit frequencies exactly as
-// the cpu does and writes the table, then the rounds run backwards: lane k
-// encodes the symbol of state k, and the lanes whose state must emit a word
-// first find their place by a ballot (state 0's word lowest), writing
-// downwards from the end of the item's scratch. Last, the final states and
-// the words go behind the table.
+// element; each lane loads AHEAD rounds' at once, as the rounds below do), lane 0 normalises the
+// counts to 12-bit frequencies exactly as the cpu does and writes the table, then the rounds run
+// backwards: lane k encodes the symbol of state k, and the lanes whose state must emit a word first
+// find their place by a ballot (state 0's word lowest), writing downwards from the end of the
+// item's scratch. Last, the final states and the words go behind the table.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -16,6 +15,7 @@
 #define PROB_SCALE (1u << PROB_BITS)
 #define RANS32_L (1u << 16)
 #define ENC_WARPS 4
+#define AHEAD 8 // rounds whose exponents a lane loads at once
 
 struct enc_smem {
   uint32_t count[256];
@@ -109,12 +109,19 @@ __global__ static void __launch_bounds__(32 * ENC_WARPS)
     for (uint32_t s = lane; s < 256; s += 32)
       w->count[s] = 0;
     __syncwarp();
-    for (uint32_t r = 0; r < count; r += 32) {
-      const uint32_t i = r + lane;
-      const bool active = i < count;
-      const uint32_t e = active ? exponent_of(src, i) : 256u + lane;
-      const unsigned same = __match_any_sync(0xffffffffu, e);
-      if (active && lane == (unsigned)(__ffs(same) - 1)) atomicAdd(&w->count[e], __popc(same));
+    for (uint32_t r0 = 0; r0 < count; r0 += 32 * AHEAD) { // AHEAD rounds' loads in flight
+      uint32_t e[AHEAD];
+#pragma unroll
+      for (int t = 0; t < AHEAD; t++) {
+        const uint32_t i = r0 + 32 * t + lane;
+        e[t] = i < count ? exponent_of(src, i) : 256u + lane;
+      }
+#pragma unroll
+      for (int t = 0; t < AHEAD; t++) {
+        const unsigned same = __match_any_sync(0xffffffffu, e[t]);
+        if (e[t] < 256u && lane == (unsigned)(__ffs(same) - 1))
+          atomicAdd(&w->count[e[t]], __popc(same));
+      }
     }
     __syncwarp();
     uint32_t tn = 0;
@@ -132,26 +139,38 @@ __global__ static void __launch_bounds__(32 * ENC_WARPS)
     const uint32_t limit = tn + 4 * 32; // no word below the table and states
     uint32_t x = RANS32_L, ptr = it.cap;
     bool fits = true;
-    for (uint32_t r = (count + 31) / 32; r-- > 0 && fits;) {
-      const uint32_t i = r * 32 + lane;
-      const bool active = i < count;
-      const uint32_t s = active ? exponent_of(src, i) : 0;
-      const uint32_t f = active ? w->freq[s] : 1;
-      const bool emit = active && (uint64_t)x >= (uint64_t)f << 20;
-      const unsigned ask = __ballot_sync(0xffffffffu, emit);
-      const uint32_t c = 2 * __popc(ask);
-      if (ptr < limit + c) {
-        fits = false; // (every lane: the same ballot)
-        break;
+    const uint32_t rounds = (count + 31) / 32;
+    for (uint32_t top = rounds; top > 0 && fits;) { // rounds top-1 down, AHEAD a chunk
+      const uint32_t m = top < AHEAD ? top : AHEAD;
+      uint32_t sym[AHEAD];
+#pragma unroll
+      for (int t = 0; t < AHEAD; t++) {
+        const uint32_t i = (top - 1 - t) * 32 + lane;
+        sym[t] = (uint32_t)t < m && i < count ? exponent_of(src, i) : 0;
       }
-      if (emit) {
-        uint32_t at = ptr - c + 2 * __popc(ask & below);
-        scratch[at] = (uint8_t)x;
-        scratch[at + 1] = (uint8_t)(x >> 8);
-        x >>= 16;
+#pragma unroll
+      for (int t = 0; t < AHEAD; t++) {
+        if ((uint32_t)t >= m) break;
+        const bool active = (top - 1 - t) * 32 + lane < count;
+        const uint32_t s = sym[t];
+        const uint32_t f = active ? w->freq[s] : 1;
+        const bool emit = active && (uint64_t)x >= (uint64_t)f << 20;
+        const unsigned ask = __ballot_sync(0xffffffffu, emit);
+        const uint32_t c = 2 * __popc(ask);
+        if (ptr < limit + c) {
+          fits = false; // (every lane: the same ballot)
+          break;
+        }
+        if (emit) {
+          uint32_t at = ptr - c + 2 * __popc(ask & below);
+          scratch[at] = (uint8_t)x;
+          scratch[at + 1] = (uint8_t)(x >> 8);
+          x >>= 16;
+        }
+        ptr -= c;
+        if (active) x = ((x / f) << PROB_BITS) + x % f + w->start[s];
       }
-      ptr -= c;
-      if (active) x = ((x / f) << PROB_BITS) + x % f + w->start[s];
+      top -= m;
     }
     if (!fits) {
       if (lane == 0) lens[k] = 0;

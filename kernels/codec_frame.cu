@@ -15,6 +15,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "kernels.h"
 #include "xxh3.cuh"
@@ -173,7 +175,7 @@ __global__ static void __launch_bounds__(PACK_THREADS) pack_kernel(const oi_kfra
 // 1 KiB block's sums by a warp each, then a warp a frame.
 __device__ static xxh_job frame_job(const oi_kframe_args &a, uint32_t b, int pass) {
   uint64_t *sums =
-      reinterpret_cast<uint64_t *>(a.sums) + (uint64_t)b * 8 * xxh3_whole_blocks(a.block_bytes);
+      reinterpret_cast<uint64_t *>(a.sums + b * oi_kframe_sums_bytes(a.block_bytes, a.frame_bytes));
   if (pass == 0)
     return xxh_job{reinterpret_cast<const uint8_t *>(a.blocks + b * a.block_bytes),
                    reinterpret_cast<const uint8_t *>(a.secret), sums, a.block_bytes};
@@ -189,7 +191,7 @@ __device__ static xxh_job frame_job(const oi_kframe_args &a, uint32_t b, int pas
 __global__ static void __launch_bounds__(32 * HASH_WARPS)
     sums_kernel(const oi_kframe_args a, int pass) {
   const unsigned lane = threadIdx.x & 31;
-  const uint64_t per = xxh3_whole_blocks(a.block_bytes), tasks = per * a.n;
+  const uint64_t per = oi_kframe_sums_bytes(a.block_bytes, a.frame_bytes) / 64, tasks = per * a.n;
   const int32_t *status = reinterpret_cast<const int32_t *>(a.status);
   for (uint64_t t = (uint64_t)blockIdx.x * HASH_WARPS + threadIdx.x / 32; t < tasks;
        t += (uint64_t)gridDim.x * HASH_WARPS) {
@@ -224,6 +226,36 @@ static uint32_t sums_ctas(uint64_t tasks) {
   return (uint32_t)(ctas < 1 ? 1 : ctas > 65535 ? 65535 : ctas);
 }
 
+// OI_KFRAME_STAGES=1 (environment; measuring only: it waits for each
+// kernel): each step's time on stderr.
+namespace {
+struct stages {
+  cudaStream_t s;
+  bool on;
+  cudaEvent_t ev[8];
+  int n = 0;
+  const char *names[8];
+  explicit stages(cudaStream_t st) : s(st), on(getenv("OI_KFRAME_STAGES") != nullptr) {}
+  void mark(const char *name) {
+    if (!on || n == 8) return;
+    cudaEventCreate(&ev[n]);
+    cudaEventRecord(ev[n], s);
+    names[n++] = name;
+  }
+  ~stages() {
+    if (!on || n == 0) return;
+    cudaEventSynchronize(ev[n - 1]);
+    for (int i = 1; i < n; i++) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, ev[i - 1], ev[i]);
+      fprintf(stderr, "  frames: %-8s %8.1f us\n", names[i], ms * 1e3);
+    }
+    for (int i = 0; i < n; i++)
+      cudaEventDestroy(ev[i]);
+  }
+};
+} // namespace
+
 extern "C" int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (a->n == 0) return cudaSuccess;
@@ -231,18 +263,25 @@ extern "C" int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream) 
       a->segs_whole == 0 || a->segs_whole > a->max_segs || a->segs_parts > a->max_segs ||
       (a->parts > 1 && a->segs_parts == 0))
     return cudaErrorInvalidValue;
+  stages st(s);
+  st.mark("start");
   if (a->parts > 1) hist_kernel<<<dim3(a->parts, a->n), 256, 0, s>>>(*a);
   choose_kernel<<<a->n, CHOOSE_THREADS, 0, s>>>(*a);
+  st.mark("choose");
   int err =
       oi_kernel_rans32_encode(reinterpret_cast<const oi_kenc_item *>(a->items), a->n * a->max_segs,
                               reinterpret_cast<uint32_t *>(a->lens), stream);
   if (err != cudaSuccess) return err;
+  st.mark("encode");
   pack_kernel<<<dim3(a->n, PACK_SLICES), PACK_THREADS, 0, s>>>(*a);
+  st.mark("pack");
   const uint32_t frames_ctas = (a->n + HASH_WARPS - 1) / HASH_WARPS;
   for (int pass = 0; pass < 2; pass++) {
-    sums_kernel<<<sums_ctas(xxh3_whole_blocks(a->block_bytes) * a->n), 32 * HASH_WARPS, 0, s>>>(
-        *a, pass);
+    sums_kernel<<<sums_ctas(oi_kframe_sums_bytes(a->block_bytes, a->frame_bytes) / 64 * a->n),
+                  32 * HASH_WARPS, 0, s>>>(*a, pass);
+    st.mark(pass ? "sums 1" : "sums 0");
     finish_kernel<<<frames_ctas, 32 * HASH_WARPS, 0, s>>>(*a, pass);
+    st.mark(pass ? "chain 1" : "chain 0");
   }
   return cudaGetLastError();
 }

@@ -114,12 +114,23 @@ enum { OI_KENC_PAST_SLOT = 1 };
 
 typedef struct oi_kframe_args {
   uint64_t blocks, frames, hist, items, lens, segs, streams, scratch, status, secret;
-  uint64_t sums, secrets; /* the checksums' scratch: n * 64 * ((block_bytes - 1) / 1024) and
-                           * n * 192 bytes */
+  uint64_t sums, secrets; /* the checksums' scratch: n * oi_kframe_sums_bytes and n * 192
+                           * bytes */
   uint64_t block_bytes, frame_bytes;
   uint32_t n, parts, segs_whole, segs_parts, max_segs, stream_cap;
   uint8_t header[24];
 } oi_kframe_args;
+
+/* A frame's bytes of oi_kframe_args.sums: 64 per whole 1 KiB block of the
+ * longer of its block and its payload (at most its slot). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    static inline uint64_t
+    oi_kframe_sums_bytes(uint64_t block_bytes, uint64_t frame_bytes) {
+  uint64_t longer = block_bytes > frame_bytes ? block_bytes : frame_bytes;
+  return 64 * ((longer - 1) / 1024);
+}
 
 int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream);
 

@@ -51,7 +51,7 @@ static work_layout layout_of(const oi_encode_batch *b) {
   w.streams = up(w.segs + (uint64_t)b->n * 4);
   w.scratch = up(w.streams + per * p->stream_cap);
   w.sums = up(w.scratch + per * p->stream_cap);
-  w.secrets = up(w.sums + (uint64_t)b->n * 64 * ((b->block_bytes - 1) / 1024));
+  w.secrets = up(w.sums + (uint64_t)b->n * oi_kframe_sums_bytes(b->block_bytes, b->frame_bytes));
   w.bytes = up(w.secrets + (uint64_t)b->n * 192);
   return w;
 }

@@ -129,7 +129,7 @@ static frame_rig rig_new(const oi_lossless_gpu_plan *p, size_t n, uint64_t bb, u
   CU(cudaMalloc((void **)&r.d_blocks, n * bb));
   CU(cudaMalloc((void **)&r.d_frames, n * fb));
   CU(cudaMalloc((void **)&r.d_status, n * 4));
-  uint64_t sums = n * 64 * ((bb - 1) / 1024), secrets = n * 192;
+  uint64_t sums = n * oi_kframe_sums_bytes(bb, fb), secrets = n * 192;
   CU(cudaMalloc((void **)&r.d_work,
                 hist + items + lens + segs + 2 * streams + sums + secrets + 2048));
   uint64_t w = (uint64_t)(uintptr_t)r.d_work;
@@ -206,6 +206,7 @@ static size_t check_frames(const char *what, uint64_t bb, uint16_t parts, size_t
       same = status[b] == OI_KENC_PAST_SLOT;
       refused++;
     } else {
+      memset(cpu + out, 0, fb - out); /* the slot's bytes behind the frame: zeros */
       same = status[b] == 0 && !memcmp(gpu + b * fb, cpu, fb) &&
              oi__codec_decode(gpu + b * fb, fb, back, bb, &got) == OI_OK && got == bb &&
              !memcmp(back, blocks + b * bb, bb);
@@ -398,6 +399,10 @@ static float frames_ms(size_t n, float *d2h) {
     CU(cudaEventElapsedTime(&ms, a, b));
     best_d2h = ms < best_d2h ? ms : best_d2h;
   }
+  setenv("OI_KFRAME_STAGES", "1", 1); /* one more run, each step timed */
+  CU((cudaError_t)oi_kernel_lossless_frames(&r.a, NULL));
+  CU(cudaDeviceSynchronize());
+  unsetenv("OI_KFRAME_STAGES");
   double logical = (double)n * bb;
   printf("frames of %3zu GLM5.2 blocks: %.1f GB/s logical (%.0f us); bulk D2H %.1f GB/s: %.2fx\n",
          n, logical / best / 1e6, best * 1e3, logical / best_d2h / 1e6, best_d2h / best);

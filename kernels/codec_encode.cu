@@ -1,11 +1,15 @@
 // The GPU encoder of the wide rANS stream (lib/codec/rans32.c, the format
 // in lib/codec/rans.h), byte for byte the cpu encoder's: one warp a
 // stream. The warp counts the stream's exponents (bits 7..14 of each bf16
-// element; each lane loads AHEAD rounds' at once, as the rounds below do), lane 0 normalises the
-// counts to 12-bit frequencies exactly as the cpu does and writes the table, then the rounds run
-// backwards: lane k encodes the symbol of state k, and the lanes whose state must emit a word first
-// find their place by a ballot (state 0's word lowest), writing downwards from the end of the
-// item's scratch. Last, the final states and the words go behind the table.
+// element; each lane loads AHEAD rounds' at once, as the rounds below do)
+// unless the item brings their histogram, normalises the counts to 12-bit
+// frequencies exactly as the cpu does, and lane 0 writes the table. Then
+// the rounds run backwards: lane k encodes the symbol of state k (its
+// division by a multiply with the frequency's reciprocal, corrected to the
+// exact quotient), and the lanes whose state must emit a word first find
+// their place by a ballot (state 0's word lowest), writing downwards from
+// the end of the item's scratch. Last, the final states and the words go
+// behind the table.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -21,37 +25,64 @@ struct enc_smem {
   uint32_t count[256];
   uint32_t freq[256];
   uint32_t start[256];
+  uint32_t rcp[256]; // floor((2^32 - 1) / freq): the rounds' quotient, corrected
 };
 
 __device__ static inline uint32_t exponent_of(const uint16_t *src, uint32_t i) {
   return (src[i] >> 7) & 0xffu;
 }
 
-// Lane 0: rans_table.c's normalise, the same arithmetic in the same order.
-__device__ static void normalise(enc_smem *w, uint32_t n) {
-  uint32_t sum = 0;
-  int largest = -1;
-  for (int s = 0; s < 256; s++) {
-    w->freq[s] = 0;
-    if (!w->count[s]) continue;
-    uint64_t f = ((uint64_t)w->count[s] * PROB_SCALE + n / 2) / n;
-    w->freq[s] = f ? (uint32_t)f : 1;
-    sum += w->freq[s];
-    if (largest < 0 || w->count[s] > w->count[largest]) largest = s;
+// The warp's largest v (v > 0), the lowest symbol of equals; -1 when none.
+__device__ static int warp_argmax(uint32_t v, int s) {
+  if (!v) s = -1;
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint32_t ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int os = __shfl_xor_sync(0xffffffffu, s, o);
+    if (os >= 0 && (s < 0 || ov > v || (ov == v && os < s))) v = ov, s = os;
   }
+  return s;
+}
+
+// rans_table.c's normalise, the same results: each lane computes its
+// symbols' frequencies, then the warp finds the largest count (first of
+// equals) and, while the sum is past the scale, the largest frequency
+// above 1 (first of equals), as the cpu's scans do.
+__device__ static void normalise(enc_smem *w, uint32_t n, unsigned lane) {
+  uint32_t sum = 0, best = 0;
+  int largest = -1;
+  for (int s = lane; s < 256; s += 32) {
+    const uint32_t c = w->count[s];
+    uint32_t f = 0;
+    if (c) {
+      uint64_t q = ((uint64_t)c * PROB_SCALE + n / 2) / n;
+      f = q ? (uint32_t)q : 1;
+      if (c > best) best = c, largest = s; // ascending s: the first of equals
+    }
+    w->freq[s] = f;
+    sum += f;
+  }
+  sum = __reduce_add_sync(0xffffffffu, sum);
+  largest = warp_argmax(best, largest);
+  __syncwarp();
   if (sum < PROB_SCALE) {
-    w->freq[largest] += PROB_SCALE - sum;
+    if (lane == 0) w->freq[largest] += PROB_SCALE - sum;
+    __syncwarp();
     return;
   }
   while (sum > PROB_SCALE) {
+    uint32_t top = 0;
     int big = -1;
-    for (int s = 0; s < 256; s++)
-      if (w->freq[s] > 1 && (big < 0 || w->freq[s] > w->freq[big])) big = s;
+    for (int s = lane; s < 256; s += 32)
+      if (w->freq[s] > 1 && w->freq[s] > top) top = w->freq[s], big = s;
+    big = warp_argmax(top, big);
+    const uint32_t fb = w->freq[big];
     uint32_t take = sum - PROB_SCALE;
-    uint32_t room = w->freq[big] - w->freq[big] / 2;
+    const uint32_t room = fb - fb / 2;
     if (take > room) take = room;
     if (!take) take = 1;
-    w->freq[big] -= take;
+    __syncwarp();
+    if (lane == 0) w->freq[big] = fb - take;
+    __syncwarp();
     sum -= take;
   }
 }
@@ -105,11 +136,12 @@ __global__ static void __launch_bounds__(32 * ENC_WARPS)
     uint8_t *dst = reinterpret_cast<uint8_t *>(it.dst);
     uint8_t *scratch = reinterpret_cast<uint8_t *>(it.scratch);
     const uint32_t count = it.count;
-    // the histogram: lanes holding the same exponent add once (a match)
+    // the histogram: the item's, or lanes holding the same exponent add once (a match)
+    const uint32_t *given = reinterpret_cast<const uint32_t *>(it.hist);
     for (uint32_t s = lane; s < 256; s += 32)
-      w->count[s] = 0;
+      w->count[s] = given ? given[s] : 0;
     __syncwarp();
-    for (uint32_t r0 = 0; r0 < count; r0 += 32 * AHEAD) { // AHEAD rounds' loads in flight
+    for (uint32_t r0 = 0; !given && r0 < count; r0 += 32 * AHEAD) { // AHEAD rounds' loads in flight
       uint32_t e[AHEAD];
 #pragma unroll
       for (int t = 0; t < AHEAD; t++) {
@@ -125,11 +157,11 @@ __global__ static void __launch_bounds__(32 * ENC_WARPS)
     }
     __syncwarp();
     uint32_t tn = 0;
-    if (lane == 0 && count) {
-      normalise(w, count);
-      if (it.cap >= table_len(w) + 4 * 32) tn = write_table(w, dst);
-    }
+    if (count) normalise(w, count, lane);
+    if (lane == 0 && count && it.cap >= table_len(w) + 4 * 32) tn = write_table(w, dst);
     tn = __shfl_sync(0xffffffffu, tn, 0);
+    for (uint32_t s = lane; s < 256; s += 32)
+      w->rcp[s] = w->freq[s] ? 0xffffffffu / w->freq[s] : 0;
     __syncwarp();
     if (!tn) { // nothing to code, or the table and states do not fit
       if (lane == 0) lens[k] = 0;
@@ -168,7 +200,12 @@ __global__ static void __launch_bounds__(32 * ENC_WARPS)
           x >>= 16;
         }
         ptr -= c;
-        if (active) x = ((x / f) << PROB_BITS) + x % f + w->start[s];
+        if (active) { // x / f by a multiply, corrected: exactly the cpu's division
+          uint32_t q = __umulhi(x, w->rcp[s]), r = x - q * f;
+          while (r >= f)
+            q++, r -= f;
+          x = (q << PROB_BITS) + r + w->start[s];
+        }
       }
       top -= m;
     }

@@ -1,11 +1,12 @@
 // Lossless frames made on the GPU (oi_kernel_lossless_frames): each block
 // of a batch becomes the frame lib/codec's oi__codec_encode makes of it,
 // byte for byte where its streams are wide (docs/codecs.md), in a slot of
-// frame_bytes with zeros behind it. Five kernels on one stream:
+// frame_bytes with zeros behind it. Kernels on one stream:
 //   hist    each part's exponent histogram (a CTA a part of a block)
 //   choose  one stream per part or streams of the whole block, by the cpu's
 //           estimate of their bits (lossless.c's choose_segments); writes
 //           the block's stream items
+//   hist    each chosen stream's exponent histogram (a CTA a stream)
 //   encode  kernels/codec_encode.cu's wide-stream encoder
 //   pack    header, stream lengths, streams and the sign+mantissa plane;
 //           the raw exponent plane where the streams do not pay; zeros
@@ -85,11 +86,32 @@ __global__ static void __launch_bounds__(CHOOSE_THREADS) choose_kernel(const oi_
   oi_kenc_item *items = reinterpret_cast<oi_kenc_item *>(a.items) + (uint64_t)b * a.max_segs;
   for (uint32_t k = threadIdx.x; k < a.max_segs; k += blockDim.x) {
     const uint64_t at = (uint64_t)b * a.max_segs + k;
-    items[k] =
-        oi_kenc_item{a.blocks + b * a.block_bytes + 2 * per * k, a.streams + at * a.stream_cap,
-                     a.scratch + at * a.stream_cap, k < segs ? (uint32_t)per : 0u, a.stream_cap};
+    items[k] = oi_kenc_item{a.blocks + b * a.block_bytes + 2 * per * k,
+                            a.streams + at * a.stream_cap,
+                            a.scratch + at * a.stream_cap,
+                            k < segs ? (uint32_t)per : 0u,
+                            a.stream_cap,
+                            k < segs ? a.hist + at * 256 * 4 : 0};
   }
   if (threadIdx.x == 0) reinterpret_cast<uint32_t *>(a.segs)[b] = segs;
+}
+
+// Each stream's exponent histogram (a CTA a stream), for the encoder: its
+// warps then start from the counts.
+__global__ static void stream_hist_kernel(const oi_kframe_args a) {
+  __shared__ uint32_t h[256];
+  const oi_kenc_item it = reinterpret_cast<const oi_kenc_item *>(a.items)[blockIdx.x];
+  if (!it.count) return;
+  for (uint32_t s = threadIdx.x; s < 256; s += blockDim.x)
+    h[s] = 0;
+  __syncthreads();
+  const uint16_t *src = reinterpret_cast<const uint16_t *>(it.src);
+  for (uint32_t i = threadIdx.x; i < it.count; i += blockDim.x)
+    atomicAdd(&h[(src[i] >> 7) & 0xffu], 1u);
+  __syncthreads();
+  uint32_t *out = reinterpret_cast<uint32_t *>(it.hist);
+  for (uint32_t s = threadIdx.x; s < 256; s += blockDim.x)
+    out[s] = h[s];
 }
 
 __device__ static inline uint8_t sm_byte(uint16_t x) {
@@ -268,6 +290,8 @@ extern "C" int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream) 
   if (a->parts > 1) hist_kernel<<<dim3(a->parts, a->n), 256, 0, s>>>(*a);
   choose_kernel<<<a->n, CHOOSE_THREADS, 0, s>>>(*a);
   st.mark("choose");
+  stream_hist_kernel<<<a->n * a->max_segs, 256, 0, s>>>(*a);
+  st.mark("hist");
   int err =
       oi_kernel_rans32_encode(reinterpret_cast<const oi_kenc_item *>(a->items), a->n * a->max_segs,
                               reinterpret_cast<uint32_t *>(a->lens), stream);

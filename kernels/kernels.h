@@ -84,10 +84,12 @@ int oi_kernel_codec_zero_failed(const int32_t *status, uint32_t n, uint8_t *bloc
  * the exponent bytes (bits 7..14) of `count` bf16 elements at src, into
  * dst with at most `cap` bytes; scratch is `cap` bytes of device memory of
  * the item's own. lens[k] gets the stream's length, 0 when it would not
- * fit in cap (as the cpu encoder's 0). */
+ * fit in cap (as the cpu encoder's 0). hist: 0, or the device address of
+ * the item's exponent histogram (256 u32) when another kernel counted it. */
 typedef struct oi_kenc_item {
   uint64_t src, dst, scratch; /* device addresses */
   uint32_t count, cap;
+  uint64_t hist;
 } oi_kenc_item;
 
 int oi_kernel_rans32_encode(const oi_kenc_item *items, uint32_t n, uint32_t *lens, void *stream);
@@ -98,8 +100,8 @@ int oi_kernel_rans32_encode(const oi_kenc_item *items, uint32_t n, uint32_t *len
  * counts give wide streams, in frame i of `frames` (frame_bytes each),
  * zeros behind it; status[i] is 0, or OI_KENC_PAST_SLOT when the frame
  * does not fit its slot (its bytes are then no frame). The other buffers
- * are the kernels' scratch, all device memory: hist n * parts * 256 u32
- * (parts > 1), items n * max_segs oi_kenc_item, lens n * max_segs u32,
+ * are the kernels' scratch, all device memory: hist n * max(parts,
+ * max_segs) * 256 u32, items n * max_segs oi_kenc_item, lens n * max_segs u32,
  * segs n u32, streams and scratch n * max_segs * stream_cap bytes. parts:
  * the block's parts when the encoder may code one stream per part (else
  * 0); segs_parts and segs_whole the stream counts of either choice

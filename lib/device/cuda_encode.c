@@ -45,7 +45,7 @@ static work_layout layout_of(const oi_encode_batch *b) {
   uint64_t per = (uint64_t)b->n * p->max_segs;
   work_layout w = {0};
   w.hist = 0;
-  w.items = up(w.hist + (p->parts > 1 ? (uint64_t)b->n * p->parts * 256 * 4 : 0));
+  w.items = up(w.hist + (uint64_t)b->n * OI_MAX(p->parts, p->max_segs) * 256 * 4);
   w.lens = up(w.items + per * sizeof(oi_kenc_item));
   w.segs = up(w.lens + per * 4);
   w.streams = up(w.segs + (uint64_t)b->n * 4);

@@ -124,7 +124,7 @@ typedef struct frame_rig {
 static frame_rig rig_new(const oi_lossless_gpu_plan *p, size_t n, uint64_t bb, uint64_t fb) {
   frame_rig r = {0};
   uint64_t per = n * p->max_segs;
-  uint64_t hist = p->parts > 1 ? n * p->parts * 256 * 4 : 0, items = per * sizeof(oi_kenc_item),
+  uint64_t hist = n * OI_MAX(p->parts, p->max_segs) * 256 * 4, items = per * sizeof(oi_kenc_item),
            lens = per * 4, segs = n * 4, streams = per * p->stream_cap;
   CU(cudaMalloc((void **)&r.d_blocks, n * bb));
   CU(cudaMalloc((void **)&r.d_frames, n * fb));

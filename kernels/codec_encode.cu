@@ -19,7 +19,8 @@
 #define PROB_SCALE (1u << PROB_BITS)
 #define RANS32_L (1u << 16)
 #define ENC_WARPS 4
-#define AHEAD 8 // rounds whose exponents a lane loads at once
+#define AHEAD 8       // rounds whose exponents a lane loads at once
+#define COPY_AHEAD 16 // the words' bytes a lane moves at once
 
 struct enc_smem {
   uint32_t count[256];
@@ -220,8 +221,19 @@ __global__ static void __launch_bounds__(32 * ENC_WARPS)
     st[2] = (uint8_t)(x >> 16);
     st[3] = (uint8_t)(x >> 24);
     const uint32_t words = it.cap - ptr;
-    for (uint32_t j = lane; j < words; j += 32)
-      dst[limit + j] = scratch[ptr + j];
+    for (uint32_t j0 = 0; j0 < words; j0 += 32 * COPY_AHEAD) { // COPY_AHEAD loads in flight
+      uint8_t v[COPY_AHEAD];
+#pragma unroll
+      for (int t = 0; t < COPY_AHEAD; t++) {
+        const uint32_t j = j0 + 32 * t + lane;
+        v[t] = j < words ? scratch[ptr + j] : 0;
+      }
+#pragma unroll
+      for (int t = 0; t < COPY_AHEAD; t++) {
+        const uint32_t j = j0 + 32 * t + lane;
+        if (j < words) dst[limit + j] = v[t];
+      }
+    }
     if (lane == 0) lens[k] = limit + words;
     __syncwarp();
   }

@@ -25,6 +25,7 @@
 #define CHOOSE_THREADS 256
 #define PACK_THREADS 256
 #define PACK_SLICES 32
+#define PACK_AHEAD 8 // loads a thread has in flight
 #define HASH_WARPS 4
 #define RANS32_LANES 32
 #define RANS32_MIN 8192u
@@ -118,6 +119,21 @@ __device__ static inline uint8_t sm_byte(uint16_t x) {
   return (uint8_t)(((x >> 8) & 0x80) | (x & 0x7f));
 }
 
+// to[i] = from[i] for i = t0, t0 + step, ... below len, PACK_AHEAD loads
+// in flight.
+__device__ static void copy_bytes(uint8_t *__restrict__ to, const uint8_t *__restrict__ from,
+                                  uint64_t len, uint64_t t0, uint64_t step) {
+  for (uint64_t i0 = t0; i0 < len; i0 += step * PACK_AHEAD) {
+    uint8_t v[PACK_AHEAD];
+#pragma unroll
+    for (int t = 0; t < PACK_AHEAD; t++)
+      v[t] = i0 + t * step < len ? from[i0 + t * step] : 0;
+#pragma unroll
+    for (int t = 0; t < PACK_AHEAD; t++)
+      if (i0 + t * step < len) to[i0 + t * step] = v[t];
+  }
+}
+
 // A CTA writes every PACK_SLICES-th stretch of its block's frame.
 __global__ static void __launch_bounds__(PACK_THREADS) pack_kernel(const oi_kframe_args a) {
   __shared__ uint64_t off[OI_KFRAME_MAX_SEGS + 1];
@@ -172,21 +188,33 @@ __global__ static void __launch_bounds__(PACK_THREADS) pack_kernel(const oi_kfra
   }
   uint8_t *sm;
   if (coded) {
-    for (uint32_t k = 0; k < segs; k++) {
-      const uint8_t *from = reinterpret_cast<const uint8_t *>(
-          a.streams + ((uint64_t)b * a.max_segs + k) * a.stream_cap);
-      uint8_t *to = payload + head + off[k];
-      for (uint64_t i = t0; i < lens[k]; i += step)
-        to[i] = from[i];
-    }
+    for (uint32_t k = 0; k < segs; k++)
+      copy_bytes(payload + head + off[k],
+                 reinterpret_cast<const uint8_t *>(a.streams +
+                                                   ((uint64_t)b * a.max_segs + k) * a.stream_cap),
+                 lens[k], t0, step);
     sm = payload + head + off[segs];
   } else {
-    for (uint64_t i = t0; i < n; i += step)
-      payload[1 + i] = (uint8_t)(src[i] >> 7);
+    for (uint64_t i0 = t0; i0 < n; i0 += step * PACK_AHEAD) {
+      uint16_t v[PACK_AHEAD];
+#pragma unroll
+      for (int t = 0; t < PACK_AHEAD; t++)
+        v[t] = i0 + t * step < n ? src[i0 + t * step] : 0;
+#pragma unroll
+      for (int t = 0; t < PACK_AHEAD; t++)
+        if (i0 + t * step < n) payload[1 + i0 + t * step] = (uint8_t)(v[t] >> 7);
+    }
     sm = payload + 1 + n;
   }
-  for (uint64_t i = t0; i < n; i += step)
-    sm[i] = sm_byte(src[i]);
+  for (uint64_t i0 = t0; i0 < n; i0 += step * PACK_AHEAD) {
+    uint16_t v[PACK_AHEAD];
+#pragma unroll
+    for (int t = 0; t < PACK_AHEAD; t++)
+      v[t] = i0 + t * step < n ? src[i0 + t * step] : 0;
+#pragma unroll
+    for (int t = 0; t < PACK_AHEAD; t++)
+      if (i0 + t * step < n) sm[i0 + t * step] = sm_byte(v[t]);
+  }
   for (uint64_t i = OI_KFRAME_HEADER + len + t0; i < a.frame_bytes; i += step)
     frame[i] = 0;
 }
@@ -218,7 +246,7 @@ __global__ static void __launch_bounds__(32 * HASH_WARPS)
   for (uint64_t t = (uint64_t)blockIdx.x * HASH_WARPS + threadIdx.x / 32; t < tasks;
        t += (uint64_t)gridDim.x * HASH_WARPS) {
     const uint32_t b = (uint32_t)(t / per);
-    if (status[b]) continue;
+    if (pass && status[b]) continue; /* (pass 0 may run beside the pack: no status yet) */
     const xxh_job jb = frame_job(a, b, pass);
     const uint64_t j = t % per;
     if (j < xxh3_whole_blocks(jb.len)) xxh3_block_sums(jb, j, lane);
@@ -229,17 +257,23 @@ __global__ static void __launch_bounds__(32 * HASH_WARPS)
     finish_kernel(const oi_kframe_args a, int pass) {
   const unsigned lane = threadIdx.x & 31;
   const uint32_t b = blockIdx.x * HASH_WARPS + threadIdx.x / 32;
-  if (b >= a.n || reinterpret_cast<const int32_t *>(a.status)[b]) return;
+  if (b >= a.n || (pass && reinterpret_cast<const int32_t *>(a.status)[b])) return;
   uint8_t *frame = reinterpret_cast<uint8_t *>(a.frames + b * a.frame_bytes);
   const uint64_t h = xxh3_finish(frame_job(a, b, pass), lane);
   if (lane == 0) reinterpret_cast<uint64_t *>(frame)[3 + pass] = h;
-  __syncwarp();
-  if (pass == 0) { // the frame checksum's secret: its seed's
-    const uint64_t seed = xxh3_32(frame, reinterpret_cast<const uint8_t *>(a.secret));
-    xxh3_seed_secret(reinterpret_cast<const uint8_t *>(a.secret), seed,
-                     reinterpret_cast<uint8_t *>(a.secrets) + (uint64_t)b * OI_XXH_SECRET_BYTES,
-                     lane);
-  }
+}
+
+// The frame checksum's secret: its seed's, the hash of the header's first
+// 32 bytes (the pack's 24 and the data checksum).
+__global__ static void __launch_bounds__(32 * HASH_WARPS) secret_kernel(const oi_kframe_args a) {
+  const unsigned lane = threadIdx.x & 31;
+  const uint32_t b = blockIdx.x * HASH_WARPS + threadIdx.x / 32;
+  if (b >= a.n || reinterpret_cast<const int32_t *>(a.status)[b]) return;
+  const uint8_t *frame = reinterpret_cast<const uint8_t *>(a.frames + b * a.frame_bytes);
+  const uint64_t seed = xxh3_32(frame, reinterpret_cast<const uint8_t *>(a.secret));
+  xxh3_seed_secret(reinterpret_cast<const uint8_t *>(a.secret), seed,
+                   reinterpret_cast<uint8_t *>(a.secrets) + (uint64_t)b * OI_XXH_SECRET_BYTES,
+                   lane);
 }
 
 // Enough CTAs of sums_kernel for `tasks` warps' work, at most 8 a warp.
@@ -278,20 +312,32 @@ struct stages {
 };
 } // namespace
 
-extern "C" int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
+extern "C" int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream, void *side,
+                                         void *fork, void *join) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream), s2 = static_cast<cudaStream_t>(side);
   if (a->n == 0) return cudaSuccess;
   if (a->n > 65535u || a->parts > OI_KFRAME_MAX_PARTS || a->max_segs > OI_KFRAME_MAX_SEGS ||
       a->segs_whole == 0 || a->segs_whole > a->max_segs || a->segs_parts > a->max_segs ||
-      (a->parts > 1 && a->segs_parts == 0))
+      (a->parts > 1 && a->segs_parts == 0) || (side && (!fork || !join)))
     return cudaErrorInvalidValue;
+  const uint32_t frames_ctas = (a->n + HASH_WARPS - 1) / HASH_WARPS;
+  const uint32_t sums = sums_ctas(oi_kframe_sums_bytes(a->block_bytes, a->frame_bytes) / 64 * a->n);
   stages st(s);
   st.mark("start");
+  // the data checksums need only the blocks: beside the encode where there is a side stream
+  cudaStream_t hs = side ? s2 : s;
+  if (side) {
+    cudaEventRecord(static_cast<cudaEvent_t>(fork), s);
+    cudaStreamWaitEvent(s2, static_cast<cudaEvent_t>(fork), 0);
+  }
+  sums_kernel<<<sums, 32 * HASH_WARPS, 0, hs>>>(*a, 0);
+  finish_kernel<<<frames_ctas, 32 * HASH_WARPS, 0, hs>>>(*a, 0);
+  if (side) cudaEventRecord(static_cast<cudaEvent_t>(join), s2);
+  st.mark("data xxh");
   if (a->parts > 1) hist_kernel<<<dim3(a->parts, a->n), 256, 0, s>>>(*a);
   choose_kernel<<<a->n, CHOOSE_THREADS, 0, s>>>(*a);
-  st.mark("choose");
   stream_hist_kernel<<<a->n * a->max_segs, 256, 0, s>>>(*a);
-  st.mark("hist");
+  st.mark("choose");
   int err =
       oi_kernel_rans32_encode(reinterpret_cast<const oi_kenc_item *>(a->items), a->n * a->max_segs,
                               reinterpret_cast<uint32_t *>(a->lens), stream);
@@ -299,14 +345,11 @@ extern "C" int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream) 
   st.mark("encode");
   pack_kernel<<<dim3(a->n, PACK_SLICES), PACK_THREADS, 0, s>>>(*a);
   st.mark("pack");
-  const uint32_t frames_ctas = (a->n + HASH_WARPS - 1) / HASH_WARPS;
-  for (int pass = 0; pass < 2; pass++) {
-    sums_kernel<<<sums_ctas(oi_kframe_sums_bytes(a->block_bytes, a->frame_bytes) / 64 * a->n),
-                  32 * HASH_WARPS, 0, s>>>(*a, pass);
-    st.mark(pass ? "sums 1" : "sums 0");
-    finish_kernel<<<frames_ctas, 32 * HASH_WARPS, 0, s>>>(*a, pass);
-    st.mark(pass ? "chain 1" : "chain 0");
-  }
+  if (side) cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(join), 0);
+  secret_kernel<<<frames_ctas, 32 * HASH_WARPS, 0, s>>>(*a);
+  sums_kernel<<<sums, 32 * HASH_WARPS, 0, s>>>(*a, 1);
+  finish_kernel<<<frames_ctas, 32 * HASH_WARPS, 0, s>>>(*a, 1);
+  st.mark("frame xxh");
   return cudaGetLastError();
 }
 

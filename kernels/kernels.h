@@ -134,7 +134,11 @@ __host__ __device__
   return 64 * ((longer - 1) / 1024);
 }
 
-int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream);
+/* On `stream`; with a `side` stream (else NULL), the data checksums run
+ * there beside the encode, forked and joined by the caller's events `fork`
+ * and `join` (cudaEvent_t). */
+int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream, void *side, void *fork,
+                              void *join);
 
 /* XXH3-64 (seed 0: XXH3_64bits, else XXH3_64bits_withSeed) of each item's
  * len bytes at src (240 < len <= max_len, src 8-byte aligned, device

@@ -30,6 +30,12 @@ void oi__cuda_encode_free(encode_ring *r) {
   if (r->work) cudaFree(r->work);
   if (r->secret) cudaFree(r->secret);
   if (r->go) cudaEventDestroy(r->go);
+  if (r->fork) cudaEventDestroy(r->fork);
+  if (r->join) cudaEventDestroy(r->join);
+  if (r->side) {
+    cudaStreamSynchronize(r->side);
+    cudaStreamDestroy(r->side);
+  }
   if (r->aux) cudaStreamDestroy(r->aux);
   memset(r, 0, sizeof *r);
 }
@@ -66,6 +72,10 @@ static cudaError_t ring_setup(oi_stream *s, uint64_t frames, uint64_t blocks, ui
     int prio = 0;
     cudaStreamGetPriority(s->stream, &prio);
     err = cudaStreamCreateWithPriority(&r->aux, cudaStreamNonBlocking, prio);
+    if (err == cudaSuccess)
+      err = cudaStreamCreateWithPriority(&r->side, cudaStreamNonBlocking, prio);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&r->fork, cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&r->join, cudaEventDisableTiming);
     for (int j = 0; err == cudaSuccess && j < OI_ENCODE_SLOTS; j++) {
       err = cudaEventCreateWithFlags(&r->full[j], cudaEventDisableTiming);
       if (err == cudaSuccess) err = cudaEventCreateWithFlags(&r->free_[j], cudaEventDisableTiming);
@@ -168,7 +178,7 @@ static oi_status encode_locked(oi_stream *s, const oi_encode_batch *b) {
                         .max_segs = p->max_segs,
                         .stream_cap = p->stream_cap};
     memcpy(a.header, p->header, sizeof a.header);
-    err = (cudaError_t)oi_kernel_lossless_frames(&a, r->aux);
+    err = (cudaError_t)oi_kernel_lossless_frames(&a, r->aux, r->side, r->fork, r->join);
   }
   if (err == cudaSuccess) err = cudaEventRecord(r->full[j], r->aux);
   /* main: the frames to their slots, the statuses back */

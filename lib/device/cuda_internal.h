@@ -125,6 +125,8 @@ typedef struct encode_ring {
   uint64_t frames_cap, blocks_cap, work_cap;
   cudaEvent_t full[OI_ENCODE_SLOTS], free_[OI_ENCODE_SLOTS], go;
   cudaStream_t aux;
+  cudaStream_t side; /* the data checksums, beside the encode (fork, join) */
+  cudaEvent_t fork, join;
   uint64_t waits_seen; /* s->waits when go was last recorded */
   uint32_t next;
   bool ready, secret_set;

@@ -6,6 +6,8 @@
  * come back, handed to the caller by a host call before its next
  * stream_call. The gather table and the statuses ride one descriptor table
  * (table_buf), as a decode's do. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
@@ -19,6 +21,18 @@ _Static_assert(sizeof(((oi_encode_plan *)0)->header) == sizeof(((oi_kframe_args 
 
 static uint64_t up(uint64_t v) { return (v + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
 
+/* OI_ENCODE_TRACE: slot j's last group, from its events (waited for). */
+static void trace_report(encode_ring *r, uint32_t j) {
+  if (!r->traced[j]) return;
+  cudaEventSynchronize(r->tev[j][3]);
+  float t[4];
+  for (int k = 0; k < 4; k++)
+    cudaEventElapsedTime(&t[k], r->tbase, r->tev[j][k]);
+  fprintf(stderr, "encode group %llu: aux %.0f..%.0f us (%.0f), main %.0f..%.0f us (%.0f)\n",
+          (unsigned long long)r->tgroup++, t[0] * 1e3, t[1] * 1e3, (t[1] - t[0]) * 1e3, t[2] * 1e3,
+          t[3] * 1e3, (t[3] - t[2]) * 1e3);
+}
+
 void oi__cuda_encode_free(encode_ring *r) {
   if (r->aux) cudaStreamSynchronize(r->aux);
   for (int j = 0; j < OI_ENCODE_SLOTS; j++) {
@@ -30,6 +44,12 @@ void oi__cuda_encode_free(encode_ring *r) {
   if (r->work) cudaFree(r->work);
   if (r->secret) cudaFree(r->secret);
   if (r->go) cudaEventDestroy(r->go);
+  for (int j = 0; r->trace && j < OI_ENCODE_SLOTS; j++) {
+    trace_report(r, j);
+    for (int k = 0; k < 4; k++)
+      if (r->tev[j][k]) cudaEventDestroy(r->tev[j][k]);
+  }
+  if (r->tbase) cudaEventDestroy(r->tbase);
   if (r->fork) cudaEventDestroy(r->fork);
   if (r->join) cudaEventDestroy(r->join);
   if (r->side) {
@@ -81,6 +101,12 @@ static cudaError_t ring_setup(oi_stream *s, uint64_t frames, uint64_t blocks, ui
       if (err == cudaSuccess) err = cudaEventCreateWithFlags(&r->free_[j], cudaEventDisableTiming);
     }
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&r->go, cudaEventDisableTiming);
+    r->trace = getenv("OI_ENCODE_TRACE") != NULL;
+    for (int j = 0; r->trace && err == cudaSuccess && j < OI_ENCODE_SLOTS; j++)
+      for (int k = 0; err == cudaSuccess && k < 4; k++)
+        err = cudaEventCreate(&r->tev[j][k]);
+    if (r->trace && err == cudaSuccess) err = cudaEventCreate(&r->tbase);
+    if (r->trace && err == cudaSuccess) err = cudaEventRecord(r->tbase, s->stream);
     if (err == cudaSuccess) err = cudaMalloc((void **)&r->secret, 192);
     if (err != cudaSuccess) return err;
     r->ready = true;
@@ -146,12 +172,18 @@ static oi_status encode_locked(oi_stream *s, const oi_encode_batch *b) {
   uint64_t waits = atomic_load(&s->waits);
   /* aux: after what main waited on, once slot j's frames left: the table,
    * the gather, the frames */
-  if (waits != r->waits_seen || !r->waits_seen) {
+  if (!r->go_set || waits != r->waits_seen) { /* (else aux would wait for main's last copies) */
     err = cudaEventRecord(r->go, s->stream);
-    r->waits_seen = waits ? waits : 1;
+    r->waits_seen = waits;
+    r->go_set = true;
   }
   if (err == cudaSuccess) err = cudaStreamWaitEvent(r->aux, r->go, 0);
   if (err == cudaSuccess) err = cudaStreamWaitEvent(r->aux, r->free_[j], 0);
+  if (r->trace) {
+    trace_report(r, j);
+    r->traced[j] = true;
+    cudaEventRecord(r->tev[j][0], r->aux);
+  }
   if (err == cudaSuccess)
     err = cudaMemcpyAsync(td, th, table_bytes, cudaMemcpyHostToDevice, r->aux);
   if (err == cudaSuccess && nent)
@@ -183,6 +215,10 @@ static oi_status encode_locked(oi_stream *s, const oi_encode_batch *b) {
   if (err == cudaSuccess) err = cudaEventRecord(r->full[j], r->aux);
   /* main: the frames to their slots, the statuses back */
   if (err == cudaSuccess) err = cudaStreamWaitEvent(s->stream, r->full[j], 0);
+  if (r->trace) {
+    cudaEventRecord(r->tev[j][1], r->aux);
+    cudaEventRecord(r->tev[j][2], s->stream);
+  }
   for (size_t i = 0; i < b->n; i++) {
     s->dma_dst[i] = b->slots[i];
     s->dma_src[i] = r->frames[j] + i * b->frame_bytes;
@@ -197,6 +233,7 @@ static oi_status encode_locked(oi_stream *s, const oi_encode_batch *b) {
     err =
         cudaMemcpyAsync(st_host, st_dev, b->n * sizeof *st_dev, cudaMemcpyDeviceToHost, s->stream);
   if (err == cudaSuccess) err = cudaEventRecord(r->free_[j], s->stream);
+  if (r->trace) cudaEventRecord(r->tev[j][3], s->stream);
   if (err == cudaSuccess) {
     *h = (oi_status_handoff){.from = st_host, .to = b->status, .n = b->n};
     err = cudaLaunchHostFunc(s->stream, oi__cuda_hand_over, h);

@@ -127,7 +127,12 @@ typedef struct encode_ring {
   cudaStream_t aux;
   cudaStream_t side; /* the data checksums, beside the encode (fork, join) */
   cudaEvent_t fork, join;
-  uint64_t waits_seen; /* s->waits when go was last recorded */
+  /* OI_ENCODE_TRACE=1: each group's times on stderr (measuring only) */
+  bool trace, traced[OI_ENCODE_SLOTS];
+  cudaEvent_t tev[OI_ENCODE_SLOTS][4], tbase;
+  uint64_t tgroup;
+  uint64_t waits_seen; /* s->waits when go was last recorded (go_set) */
+  bool go_set;
   uint32_t next;
   bool ready, secret_set;
 } encode_ring;

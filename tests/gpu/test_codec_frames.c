@@ -11,7 +11,8 @@
  *    checksums) to the block;
  *  - an engine's lossless namespace over four arenas: saves made on the
  *    device (OI_CODEC_ENCODE=device) leave the cpu's frames in the pool and
- *    load back byte-exact, decoded on the device and on the host.
+ *    load back byte-exact, decoded on the device and on the host; a save
+ *    whose KV is written late on an engine stream waits for its event.
  * `--rates`: the frames of 256 GLM5.2 blocks (logical bytes), and an
  * engine's saves made on the device and on the host, beside bulk D2H of the
  * same bytes in the same run. Skips (77) without a GPU. */
@@ -257,17 +258,37 @@ static oi_dev *dev;
  * 589,824 bytes (a Qwen3-4B block), saved with frames made where `encode`
  * says, loaded back decoded where `decode` says; returns the save's
  * seconds (or 0 when the bytes did not come back). */
-static double engine_round(const char *encode, const char *decode, size_t n, bool check) {
+static double engine_round(const char *encode, const char *decode, size_t n, bool check,
+                           bool late) {
   setenv("OI_CODEC_ENCODE", encode, 1);
   setenv("OI_CODEC_DECODE", decode, 1);
   enum { ARENAS = 4 };
   const uint64_t per = 589824, bb = ARENAS * per;
   uint64_t bytes = 2 * n * per; /* an arena's */
-  uint8_t *region = NULL, *host = malloc(bytes);
+  uint8_t *region = NULL, *host = malloc(bytes), *kv = NULL, *busy = NULL;
   REQUIRE(host && dev->ops->mem_alloc(dev, ARENAS * bytes, 0, (void **)&region) == OI_OK);
+  CU(cudaMalloc((void **)&kv, ARENAS * bytes));
   for (int a = 0; a < ARENAS; a++) {
     tile(host, bytes, 1000 * (size_t)a);
-    REQUIRE(dev->ops->mem_copy(dev, region + a * bytes, host, bytes) == OI_OK);
+    CU(cudaMemcpy(kv + a * bytes, host, bytes, cudaMemcpyHostToDevice));
+  }
+  /* late: the KV lands in the arenas on an engine stream after 16 fills of
+   * 1 GiB; the save waits for its event (a save that read the arenas
+   * early would frame zeros) */
+  cudaStream_t user = NULL;
+  cudaEvent_t written = NULL;
+  if (late) {
+    CU(cudaMemset(region, 0, ARENAS * bytes));
+    CU(cudaDeviceSynchronize()); /* (the engine stream below does not wait for the legacy one) */
+    CU(cudaMalloc((void **)&busy, 1ull << 30));
+    CU(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking));
+    CU(cudaEventCreateWithFlags(&written, cudaEventDisableTiming));
+    for (int i = 0; i < 16; i++)
+      CU(cudaMemsetAsync(busy, i, 1ull << 30, user));
+    CU(cudaMemcpyAsync(region, kv, ARENAS * bytes, cudaMemcpyDeviceToDevice, user));
+    CU(cudaEventRecord(written, user));
+  } else {
+    CU(cudaMemcpy(region, kv, ARENAS * bytes, cudaMemcpyDeviceToDevice));
   }
   oi_arena_desc ad[ARENAS];
   tr_layers(ad, ARENAS, tr_layer_names, NULL, 2 * n, per);
@@ -292,7 +313,11 @@ static double engine_round(const char *encode, const char *decode, size_t n, boo
     hs[b] = tr_hash(b, 21, 0x5a);
   }
   double t0 = now_s();
-  CHECK_OK(tr_save(e, ids, hs, n, 60000));
+  oi_save_options so;
+  REQUIRE(oi_save_options_init(&so) == OI_OK);
+  so.wait_event = written;
+  oi_ticket *st = NULL;
+  CHECK_OK(tr_then_wait(oi_engine_save(e, ids, hs, n, &so, &st), st, 60000));
   double t_save = now_s() - t0;
   oi_engine_stats es = {.struct_size = sizeof es};
   CHECK_OK(oi_engine_get_stats(e, &es));
@@ -342,14 +367,21 @@ static double engine_round(const char *encode, const char *decode, size_t n, boo
     }
     free(src);
     CHECK(wrong == 0);
-    printf("engine, 4 arenas, %zu blocks: frames made on the %s %s the cpu's (%zu differ); "
+    printf("engine, 4 arenas, %zu blocks%s: frames made on the %s %s the cpu's (%zu differ); "
            "loaded decoded on the %s, %zu pieces wrong\n",
-           n, encode, bad ? "are not" : "are", bad, decode, wrong);
+           n, late ? ", written after a wait the save waits for" : "", encode,
+           bad ? "are not" : "are", bad, decode, wrong);
     bad += wrong;
   }
   oi_engine_destroy(e);
   oi_host_destroy(h);
   dev->ops->mem_free(dev, region);
+  cudaFree(kv);
+  if (late) {
+    cudaFree(busy);
+    cudaEventDestroy(written);
+    cudaStreamDestroy(user);
+  }
   free(host);
   free(ids);
   free(dst);
@@ -358,8 +390,9 @@ static double engine_round(const char *encode, const char *decode, size_t n, boo
 }
 
 static void test_engine(void) {
-  CHECK(engine_round("device", "device", 24, true) > 0);
-  CHECK(engine_round("device", "host", 24, true) > 0);
+  CHECK(engine_round("device", "device", 24, true, false) > 0);
+  CHECK(engine_round("device", "host", 24, true, false) > 0);
+  CHECK(engine_round("device", "device", 24, true, true) > 0);
 }
 
 /* ---- rates ------------------------------------------------------------------------- */
@@ -428,8 +461,8 @@ static void rates(void) {
   double bulk = 3452160.0 / d2h_ms / 1e6; /* GB/s */
   /* an engine's saves, frames made on the device and on the host */
   const size_t nb = 160;
-  double t_dev = engine_round("device", "device", nb, false),
-         t_host = engine_round("host", "device", nb, false);
+  double t_dev = engine_round("device", "device", nb, false, false),
+         t_host = engine_round("host", "device", nb, false, false);
   double lb = (double)nb * 4 * 589824;
   printf("engine saves, %zu Qwen3-4B blocks: frames made on the device %.1f GB/s, on the host "
          "%.1f GB/s (logical, call to completion); bulk D2H %.1f GB/s: %.2fx and %.2fx\n",

@@ -316,8 +316,9 @@ static double engine_round(const char *encode, const char *decode, size_t n, boo
   oi_save_options so;
   REQUIRE(oi_save_options_init(&so) == OI_OK);
   so.wait_event = written;
-  oi_ticket *st = NULL;
-  CHECK_OK(tr_then_wait(oi_engine_save(e, ids, hs, n, &so, &st), st, 60000));
+  oi_ticket *ticket = NULL;
+  oi_status sst = oi_engine_save(e, ids, hs, n, &so, &ticket); /* (then the ticket: in order) */
+  CHECK_OK(tr_then_wait(sst, ticket, 60000));
   double t_save = now_s() - t0;
   oi_engine_stats es = {.struct_size = sizeof es};
   CHECK_OK(oi_engine_get_stats(e, &es));

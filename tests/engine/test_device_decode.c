@@ -19,6 +19,7 @@
 #include "rig.h"
 #include "testutil.h"
 #include "transfer/transfer.h"
+#include "wrapped_cpu.h"
 
 #define PAGE CORPUS_PAGE_BYTES
 #define HALF (PAGE / 2)
@@ -26,25 +27,11 @@ enum { N = 40, GROUP = 7 };
 
 static uint8_t *corpus;
 static size_t corpus_len;
-static oi_dev *cpu;
 
 /* Page b of the corpus, tiled. */
 static const uint8_t *page_of(size_t b) { return corpus + b % (corpus_len / PAGE) * PAGE; }
 
 /* ---- the test backend: the cpu one, and a decode of its own ---- */
-
-static oi_status w_pinned_alloc(oi_dev *d, size_t b, uint32_t f, int numa, oi_pinned *out) {
-  OI_UNUSED(d);
-  return cpu->ops->pinned_alloc(cpu, b, f, numa, out);
-}
-static void w_pinned_free(oi_dev *d, oi_pinned *p) {
-  OI_UNUSED(d);
-  cpu->ops->pinned_free(cpu, p);
-}
-static oi_status w_stream_create(oi_dev *d, int prio, oi_stream **out) {
-  OI_UNUSED(d);
-  return cpu->ops->stream_create(cpu, prio, out);
-}
 
 typedef struct decode_call {
   oi_decode_batch b;
@@ -118,9 +105,6 @@ static oi_status w_stream_decode(oi_stream *s, const oi_decode_batch *b) {
   return cpu->ops->stream_call(s, run_decode, c);
 }
 
-static oi_dev_ops decoding_ops;
-static oi_dev decoding;
-
 /* ---- a pipeline over two arenas (K and V halves of a corpus page) ---- */
 
 typedef struct rigp {
@@ -163,7 +147,7 @@ static void rig_open_with(rigp *r, int codec, size_t n, uint32_t copy_mode, uint
     memcpy(r->slots + b * r->slot, frame, fb);
   }
   oi_xfer_config xc = {.device = OI_DEVICE_CPU,
-                       .dev = &decoding,
+                       .dev = &wrapped,
                        .layout = &r->layout,
                        .copy_mode = copy_mode,
                        .group_bytes = group_bytes,
@@ -353,18 +337,8 @@ int main(int argc, char **argv) {
   REQUIRE(argc >= 2);
   corpus = ct_read_file(argv[1], &corpus_len);
   REQUIRE(corpus && corpus_len >= (size_t)N * PAGE);
-  REQUIRE(oi__dev_open(OI_DEVICE_CPU, &cpu) == OI_OK);
-  decoding_ops = *cpu->ops;
-  decoding_ops.name = "cpu with a decode of the test's";
-  decoding_ops.pinned_alloc = w_pinned_alloc;
-  decoding_ops.pinned_free = w_pinned_free;
-  decoding_ops.stream_create = w_stream_create;
-  decoding_ops.stream_decode = w_stream_decode;
-  /* the calls of the device that the pipeline does not make: none */
-  decoding_ops.close = NULL;
-  decoding_ops.mem_alloc = NULL;
-  decoding_ops.mem_copy = NULL;
-  decoding = (oi_dev){.ops = &decoding_ops, .ordinal = OI_DEVICE_CPU};
+  wrap_cpu("cpu with a decode of the test's");
+  wrapped_ops.stream_decode = w_stream_decode;
   RUN_TEST(test_loads);
   RUN_TEST(test_dma_groups_are_the_bounce);
   RUN_TEST(test_failures);

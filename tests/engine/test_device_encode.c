@@ -20,6 +20,7 @@
 #include "rig.h"
 #include "testutil.h"
 #include "transfer/transfer.h"
+#include "wrapped_cpu.h"
 
 #define HALF 32768u /* an arena's bytes of a block: 16 tokens x 8 heads x 128 bf16 */
 #define BLOCK (2 * HALF)
@@ -27,7 +28,6 @@ enum { N = 24, GROUP = 5 };
 
 static uint8_t *corpus;
 static size_t corpus_len;
-static oi_dev *cpu;
 
 /* Block b's half h (K: 0, V: 1) of the corpus, tiled from an element. */
 static void half_of(size_t b, int h, uint8_t *out, size_t half) {
@@ -37,19 +37,6 @@ static void half_of(size_t b, int h, uint8_t *out, size_t half) {
 }
 
 /* ---- the test backend: the cpu one, and an encode of its own ---- */
-
-static oi_status w_pinned_alloc(oi_dev *d, size_t b, uint32_t f, int numa, oi_pinned *out) {
-  OI_UNUSED(d);
-  return cpu->ops->pinned_alloc(cpu, b, f, numa, out);
-}
-static void w_pinned_free(oi_dev *d, oi_pinned *p) {
-  OI_UNUSED(d);
-  cpu->ops->pinned_free(cpu, p);
-}
-static oi_status w_stream_create(oi_dev *d, int prio, oi_stream **out) {
-  OI_UNUSED(d);
-  return cpu->ops->stream_create(cpu, prio, out);
-}
 
 typedef struct encode_call {
   oi_encode_batch b;
@@ -118,9 +105,6 @@ static oi_status w_stream_encode(oi_stream *s, const oi_encode_batch *b) {
   return cpu->ops->stream_call(s, run_encode, c);
 }
 
-static oi_dev_ops encoding_ops;
-static oi_dev encoding;
-
 /* ---- a pipeline over two arenas (K and V halves) ---- */
 
 typedef struct rigp {
@@ -173,7 +157,7 @@ static void rig_open(rigp *r, size_t half, unsigned slot_pct, bool host_encode) 
   r->slots = calloc(N, r->slot);
   REQUIRE(r->slots);
   oi_xfer_config xc = {.device = OI_DEVICE_CPU,
-                       .dev = &encoding,
+                       .dev = &wrapped,
                        .layout = &r->layout,
                        .copy_mode = OI_COPY_KERNEL,
                        .group_bytes = (GROUP - 1) * 2 * (uint64_t)half,
@@ -292,18 +276,8 @@ int main(int argc, char **argv) {
   REQUIRE(argc >= 2);
   corpus = ct_read_file(argv[1], &corpus_len);
   REQUIRE(corpus && corpus_len >= (size_t)N * BLOCK);
-  REQUIRE(oi__dev_open(OI_DEVICE_CPU, &cpu) == OI_OK);
-  encoding_ops = *cpu->ops;
-  encoding_ops.name = "cpu with an encode of the test's";
-  encoding_ops.pinned_alloc = w_pinned_alloc;
-  encoding_ops.pinned_free = w_pinned_free;
-  encoding_ops.stream_create = w_stream_create;
-  encoding_ops.stream_encode = w_stream_encode;
-  /* the calls of the device that the pipeline does not make: none */
-  encoding_ops.close = NULL;
-  encoding_ops.mem_alloc = NULL;
-  encoding_ops.mem_copy = NULL;
-  encoding = (oi_dev){.ops = &encoding_ops, .ordinal = OI_DEVICE_CPU};
+  wrap_cpu("cpu with an encode of the test's");
+  wrapped_ops.stream_encode = w_stream_encode;
   RUN_TEST(test_saves);
   RUN_TEST(test_host_encodes);
   RUN_TEST(test_past_slots_and_refusals);

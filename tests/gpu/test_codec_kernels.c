@@ -19,17 +19,9 @@
 #include "../codec/codec_testutil.h"
 #include "codec/codec.h"
 #include "core/core.h"
+#include "cu_check.h"
 #include "kernels/kernels.h"
 #include "testutil.h"
-
-#define CU(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 static uint8_t *corpus;
 static size_t corpus_len;

@@ -200,6 +200,19 @@ static void test_gpu_plan(void) {
   CHECK(!oi__lossless_gpu_plan(&small, 2359296, &p));
   CHECK(strstr(oi_last_error(), "fewer than 8192") != NULL);
   CHECK(!oi__lossless_gpu_plan(&none, 2359296, NULL));
+  oi_codec_shape odd = {.dtype = 7};
+  CHECK(!oi__lossless_gpu_plan(&odd, 2359296, &p) && strstr(oi_last_error(), "dtype 7"));
+  CHECK(!oi__lossless_gpu_plan(&none, OI_CODEC_MAX_BYTES + 8, &p));
+  /* too many streams or parts for one launch's tables (sizes only: nothing is encoded) */
+  oi_codec_shape many = {.dtype = OI_CODEC_DTYPE_BF16,
+                         .parts = 1100,
+                         .tokens = 16,
+                         .heads = 4,
+                         .head_dim = 128}; /* parts of 8,192 exponents */
+  CHECK(!oi__lossless_gpu_plan(&many, (size_t)1100 * 16384, &p));
+  CHECK(strstr(oi_last_error(), "past 1024") != NULL);
+  CHECK(!oi__lossless_gpu_plan(&none, (size_t)1100 * 65536, &p)); /* 1,100 streams of 32,768 */
+  CHECK(strstr(oi_last_error(), "past 1024") != NULL);
 }
 
 int main(int argc, char **argv) {

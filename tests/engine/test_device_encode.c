@@ -15,6 +15,7 @@
 
 #include "../codec/codec_testutil.h"
 #include "codec/codec.h"
+#include "core/fault.h"
 #include "device/device.h"
 #include "engine/layout.h"
 #include "rig.h"
@@ -140,7 +141,7 @@ static oi_codec_shape shape_of(size_t half) {
 
 /* Blocks of 2 x `half` bytes (the corpus), slots of `slot_pct` % of a
  * block; host_encode: OI_CODEC_ENCODE=host's setting. */
-static void rig_open(rigp *r, size_t half, unsigned slot_pct, bool host_encode) {
+static void rig_open_with(rigp *r, size_t half, int codec, uint64_t slot, bool host_encode) {
   memset(r, 0, sizeof *r);
   r->half = half;
   r->mem = calloc(2, N * half);
@@ -153,7 +154,7 @@ static void rig_open(rigp *r, size_t half, unsigned slot_pct, bool host_encode) 
   r->ad[1] = tr_arena("v", r->mem + N * half, N, half);
   oi_engine_options o = tr_engine_options("encode", r->ad, 2);
   REQUIRE(oi__layout_build(&o, "test", &r->layout) == OI_OK);
-  r->slot = (2 * half * slot_pct / 100) & ~(uint64_t)255;
+  r->slot = slot;
   r->slots = calloc(N, r->slot);
   REQUIRE(r->slots);
   oi_xfer_config xc = {.device = OI_DEVICE_CPU,
@@ -161,12 +162,18 @@ static void rig_open(rigp *r, size_t half, unsigned slot_pct, bool host_encode) 
                        .layout = &r->layout,
                        .copy_mode = OI_COPY_KERNEL,
                        .group_bytes = (GROUP - 1) * 2 * (uint64_t)half,
-                       .codec = OI_CODEC_LOSSLESS,
+                       .codec = codec,
                        .codec_shape = shape_of(half),
                        .frame_bytes = r->slot,
                        .codec_host_encode = host_encode,
                        .done = done_fn};
   REQUIRE(oi__xfer_create(&xc, &r->x) == OI_OK);
+}
+
+/* A lossless pipeline, slots of `slot_pct` % of a block. */
+static void rig_open(rigp *r, size_t half, unsigned slot_pct, bool host_encode) {
+  rig_open_with(r, half, OI_CODEC_LOSSLESS, (2 * half * slot_pct / 100) & ~(uint64_t)255,
+                host_encode);
 }
 
 static void rig_close(rigp *r) {
@@ -191,8 +198,8 @@ static oi_status save(rigp *r) {
   return st;
 }
 
-/* Slots that are not their block's frame with zeros behind it. */
-static size_t wrong_slots(const rigp *r) {
+/* Slots that are not their block's frame (`codec`'s) with zeros behind it. */
+static size_t wrong_slots_of(const rigp *r, int codec) {
   size_t bad = 0, half = r->half;
   uint8_t *block = malloc(2 * half), *want = calloc(1, 2 * half + 64);
   REQUIRE(block && want);
@@ -202,19 +209,20 @@ static size_t wrong_slots(const rigp *r) {
     half_of(b, 1, block + half, half);
     size_t out = 0;
     memset(want, 0, 2 * half + 64);
-    REQUIRE(oi__codec_encode(OI_CODEC_LOSSLESS, &shape, block, 2 * half, want, 2 * half + 64,
-                             &out) == OI_OK);
+    REQUIRE(oi__codec_encode(codec, &shape, block, 2 * half, want, 2 * half + 64, &out) == OI_OK);
     REQUIRE(out <= r->slot);
     memset(want + out, 0, r->slot - out);
     size_t got = 0;
     bad += memcmp(r->slots + b * r->slot, want, r->slot) != 0 ||
            oi__codec_decode(r->slots + b * r->slot, r->slot, want, 2 * half, &got) != OI_OK ||
-           memcmp(want, block, 2 * half) != 0;
+           (codec == OI_CODEC_LOSSLESS && memcmp(want, block, 2 * half) != 0);
   }
   free(block);
   free(want);
   return bad;
 }
+
+static size_t wrong_slots(const rigp *r) { return wrong_slots_of(r, OI_CODEC_LOSSLESS); }
 
 static void test_saves(void) {
   rigp r;
@@ -252,6 +260,25 @@ static void test_host_encodes(void) {
   }
 }
 
+/* Namespaces the device does not frame: int8 (a lossy codec), and
+ * lossless slots whose size is not a multiple of 8 (the frames' checksums
+ * are 8-byte words): the host encodes, the same frames. */
+static void test_other_namespaces(void) {
+  rigp r;
+  oi_codec_shape sh = shape_of(HALF);
+  rig_open_with(&r, HALF, OI_CODEC_INT8, oi__codec_bound(OI_CODEC_INT8, &sh, BLOCK), false);
+  int before = atomic_load(&encodes);
+  CHECK_OK(save(&r));
+  CHECK(atomic_load(&encodes) == before);
+  CHECK(wrong_slots_of(&r, OI_CODEC_INT8) == 0 && last_failed == 0);
+  rig_close(&r);
+  rig_open_with(&r, HALF, OI_CODEC_LOSSLESS, (BLOCK * 8 / 10 & ~(uint64_t)255) + 4, false);
+  CHECK_OK(save(&r));
+  CHECK(atomic_load(&encodes) == before);
+  CHECK(wrong_slots(&r) == 0 && last_failed == 0);
+  rig_close(&r);
+}
+
 /* Slots smaller than the frames: every block marked, none kept, saying
  * why; a device that refuses a batch: the save fails with its reason, and
  * the next save is whole. */
@@ -269,6 +296,17 @@ static void test_past_slots_and_refusals(void) {
   CHECK(atomic_load(&refuse) == 0);
   CHECK_OK(save(&r));
   CHECK(wrong_slots(&r) == 0 && last_failed == 0);
+#ifdef OI_FAULT_INJECTION
+  /* queuing the group fails (an injected fault): the save fails, saying so */
+  REQUIRE(oi__fault_arm(OI_FAULT_COPY_SUBMIT, 0, 1, 0) == OI_OK);
+  int before = atomic_load(&encodes);
+  st = save(&r);
+  CHECK(st == OI_ERR_IO && strstr(oi_last_error(), "injected fault"));
+  CHECK(atomic_load(&encodes) == before);
+  oi__fault_disarm_all();
+  CHECK_OK(save(&r));
+  CHECK(wrong_slots(&r) == 0);
+#endif
   rig_close(&r);
 }
 
@@ -280,6 +318,7 @@ int main(int argc, char **argv) {
   wrapped_ops.stream_encode = w_stream_encode;
   RUN_TEST(test_saves);
   RUN_TEST(test_host_encodes);
+  RUN_TEST(test_other_namespaces);
   RUN_TEST(test_past_slots_and_refusals);
   oi__dev_close(cpu);
   free(corpus);

@@ -53,7 +53,7 @@ static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 /* On the stream's worker: what the GPU does with the batch. */
 static void run_encode(void *arg, oi_status st) {
-  OI_UNUSED(st);
+  OI_UNUSED(st); /* (nothing of the pipeline's runs on the stream before a batch) */
   encode_call *c = arg;
   oi_encode_batch *b = &c->b;
   uint8_t *blocks = calloc(b->n ? b->n : 1, b->block_bytes);
@@ -103,7 +103,15 @@ static oi_status w_stream_encode(oi_stream *s, const oi_encode_batch *b) {
   REQUIRE(c->slots && c->descs);
   memcpy(c->slots, b->slots, b->n * sizeof *c->slots);
   memcpy(c->descs, b->descs, b->ndescs * sizeof *c->descs);
-  return cpu->ops->stream_call(s, run_encode, c);
+  oi_status st = cpu->ops->stream_call(s, run_encode, c);
+  if (st != OI_OK) return st;
+  /* then a byte copied on the stream, standing for the frames' DMA: a
+   * failed copy (OI_FAULT_COPY_FAIL) is the device failing after the batch
+   * was queued, which the stream reports to the pipeline's next call */
+  static uint8_t probe[2];
+  oi_copy_desc d = {.src = (uintptr_t)&probe[0], .dst = (uintptr_t)&probe[1], .bytes = 1};
+  oi_copy_params cp = {.mode = OI_XFER_DMA};
+  return cpu->ops->stream_copy(s, OI_COPY_D2H, &d, 1, &cp);
 }
 
 /* ---- a pipeline over two arenas (K and V halves) ---- */
@@ -303,6 +311,13 @@ static void test_past_slots_and_refusals(void) {
   st = save(&r);
   CHECK(st == OI_ERR_IO && strstr(oi_last_error(), "injected fault"));
   CHECK(atomic_load(&encodes) == before);
+  oi__fault_disarm_all();
+  /* the device fails after the group was queued: the save fails with it */
+  REQUIRE(oi__fault_arm(OI_FAULT_COPY_FAIL, 0, 1, 0) == OI_OK);
+  before = atomic_load(&encodes);
+  st = save(&r);
+  CHECK(st == OI_ERR_IO);
+  CHECK(atomic_load(&encodes) == before + (N + GROUP - 1) / GROUP);
   oi__fault_disarm_all();
   CHECK_OK(save(&r));
   CHECK(wrong_slots(&r) == 0);

@@ -221,10 +221,11 @@ bool oi__lossless_gpu_plan(const oi_codec_shape *shape, size_t bytes, oi_lossles
   *p = (oi_lossless_gpu_plan){0};
   if (!oi__lossless_stream_counts(bytes, sh.parts, &p->parts, &p->segs_parts, &p->segs_whole))
     return false;
+  /* (one stream per part at least: past the bound in parts is past it in streams) */
   p->max_segs = OI_MAX(p->segs_parts, p->segs_whole);
-  if (p->max_segs > OI_LOSSLESS_GPU_MAX_SEGS || p->parts > OI_LOSSLESS_GPU_MAX_SEGS) {
-    oi__fail(OI_ERR_INVALID_ARGUMENT, "codec lossless: %u streams or %u parts, past %u",
-             p->max_segs, p->parts, OI_LOSSLESS_GPU_MAX_SEGS);
+  if (p->max_segs > OI_LOSSLESS_GPU_MAX_SEGS) {
+    oi__fail(OI_ERR_INVALID_ARGUMENT, "codec lossless: %u streams (%u parts), past %u", p->max_segs,
+             p->parts, OI_LOSSLESS_GPU_MAX_SEGS);
     return false;
   }
   /* a stream's room: its exponents raw, its table and states, rounded */

@@ -829,7 +829,7 @@ static bool codec_on_host(const char *var, uint32_t log_id) {
   const char *v = getenv(var);
   if (!v || !*v || strcmp(v, "device") == 0) return false;
   if (strcmp(v, "host") == 0) return true;
-  OI_LOG_I(OI_LOG_WARN, "engine", log_id, "%s=%s is neither 'host' nor 'device': the device's", var,
+  OI_LOG_I(OI_LOG_WARN, "engine", log_id, "%s=%s is neither 'host' nor 'device': the device", var,
            v);
   return false;
 }

@@ -12,6 +12,7 @@
  * them in the slots, the statuses turned into the blocks not kept, and a
  * device that refuses a batch. The real corpus (argv[1]). */
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include "../codec/codec_testutil.h"
 #include "codec/codec.h"
@@ -47,6 +48,7 @@ typedef struct encode_call {
 } encode_call;
 
 static atomic_int encodes; /* batches the backend framed */
+static atomic_int slow_ms; /* each batch's framing takes this long more */
 static atomic_int refuse;  /* the next stream_encode calls to refuse */
 
 static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
@@ -56,6 +58,7 @@ static void run_encode(void *arg, oi_status st) {
   OI_UNUSED(st); /* (nothing of the pipeline's runs on the stream before a batch) */
   encode_call *c = arg;
   oi_encode_batch *b = &c->b;
+  if (atomic_load(&slow_ms)) usleep((useconds_t)atomic_load(&slow_ms) * 1000);
   uint8_t *blocks = calloc(b->n ? b->n : 1, b->block_bytes);
   uint8_t *frame = malloc(2 * b->block_bytes + 64);
   REQUIRE(blocks && frame);
@@ -127,12 +130,19 @@ typedef struct rigp {
 } rigp;
 
 static size_t last_failed;
+static atomic_int ended;         /* jobs the pipeline ended (its done callback) */
+static atomic_int framed_at_end; /* `encodes` when the last one ended */
+static oi_status last_status;
+static uint32_t save_deadline_ms; /* the next rig's */
 static char last_why[256];
 
 static void done_fn(void *ctx, void *user, const oi_xfer_result *r) {
   OI_UNUSED(ctx);
   OI_UNUSED(user);
   last_failed = r->nfailed;
+  last_status = r->status;
+  atomic_store(&framed_at_end, atomic_load(&encodes));
+  atomic_fetch_add(&ended, 1);
   snprintf(last_why, sizeof last_why, "%s", r->failed_why ? r->failed_why : "");
 }
 
@@ -174,6 +184,7 @@ static void rig_open_with(rigp *r, size_t half, int codec, uint64_t slot, bool h
                        .codec_shape = shape_of(half),
                        .frame_bytes = r->slot,
                        .codec_host_encode = host_encode,
+                       .deadline_ms = {[OI_COPY_D2H] = save_deadline_ms},
                        .done = done_fn};
   REQUIRE(oi__xfer_create(&xc, &r->x) == OI_OK);
 }
@@ -325,6 +336,31 @@ static void test_past_slots_and_refusals(void) {
   rig_close(&r);
 }
 
+/* A save past its deadline: its ticket ends OI_ERR_TIMEOUT while the
+ * device still frames (it waits for nothing), but the pipeline ends the
+ * job, whose end gives the slots back, only once the device wrote every
+ * frame into them. */
+static void test_deadline_waits_for_frames(void) {
+  rigp r;
+  save_deadline_ms = 30;
+  rig_open(&r, HALF, 80, false);
+  save_deadline_ms = 0;
+  atomic_store(&slow_ms, 100);
+  int before = atomic_load(&encodes), ends = atomic_load(&ended);
+  const int groups = (N + GROUP - 1) / GROUP;
+  CHECK_ST(save(&r), OI_ERR_TIMEOUT);
+  for (int i = 0; i < 1000 && atomic_load(&ended) == ends; i++)
+    usleep(10000);
+  CHECK(atomic_load(&ended) == ends + 1);
+  CHECK(atomic_load(&framed_at_end) == before + groups);
+  CHECK(last_status == OI_ERR_TIMEOUT);
+  printf("a save past its 30 ms deadline: ticket OI_ERR_TIMEOUT, the job ended after %d of %d "
+         "batches were framed\n",
+         atomic_load(&framed_at_end) - before, groups);
+  atomic_store(&slow_ms, 0);
+  rig_close(&r);
+}
+
 int main(int argc, char **argv) {
   REQUIRE(argc >= 2);
   corpus = ct_read_file(argv[1], &corpus_len);
@@ -335,6 +371,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_host_encodes);
   RUN_TEST(test_other_namespaces);
   RUN_TEST(test_past_slots_and_refusals);
+  RUN_TEST(test_deadline_waits_for_frames);
   oi__dev_close(cpu);
   free(corpus);
   TEST_EXIT();

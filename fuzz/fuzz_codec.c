@@ -51,7 +51,7 @@ static void decode_frame(const uint8_t *p, size_t n) {
 }
 
 static void decode_payload(fz *f) {
-  int codec = fz_u8(f) % 5;
+  int codec = fz_u8(f) % (OI_CODEC_COUNT + 1); /* (one past the codecs: refused) */
   oi_codec_shape sh = {.dtype = fz_u8(f) % 3,
                        .parts = (uint16_t)fz_size(f, 4),
                        .tokens = (uint16_t)fz_size(f, 32),
@@ -70,7 +70,7 @@ static void decode_payload(fz *f) {
 }
 
 static void encode_block(fz *f) {
-  int codec = 1 + fz_u8(f) % 3;
+  int codec = 1 + fz_u8(f) % (OI_CODEC_COUNT - 1);
   oi_codec_shape sh = {.dtype = OI_CODEC_DTYPE_BF16,
                        .parts = (uint16_t)(1 + fz_u8(f) % 2),
                        .tokens = (uint16_t)(1 + fz_u8(f) % 16),

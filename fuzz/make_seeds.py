@@ -242,8 +242,8 @@ def codec_seeds():
 
     kv = open(os.path.join(HERE, "..", "tests", "data", "kvcorpus", "kv.bin"), "rb").read(12288)
 
-    def frame(codec, shape, logical, payload, data_xxh=0):
-        h = struct.pack("<IBBBBII4HQ", 0x434B494F, 1, codec, 1, 0, logical, len(payload), *shape, data_xxh)
+    def frame(codec, shape, logical, payload, data_xxh=0, version=1):
+        h = struct.pack("<IBBBBII4HQ", 0x434B494F, version, codec, 1, 0, logical, len(payload), *shape, data_xxh)
         return h + struct.pack("<Q", xxhash.xxh3_64_intdigest(payload, seed=xxhash.xxh3_64_intdigest(h))) + payload
 
     blk = kv[:768]  # [1 part][2 tokens][3 heads][64] bf16
@@ -255,6 +255,7 @@ def codec_seeds():
     out("fuzz_codec", "lossless-empty", b"\x00" + frame(1, (0, 0, 0, 0), 0, b"\x00", xxhash.xxh3_64_intdigest(b"")))
     # int8: 6 fp16 scales of 1.0 then 384 int8 codes; fp8: 3 fp32 scales then 384 e4m3 codes
     out("fuzz_codec", "int8", b"\x00" + frame(2, (1, 2, 3, 64), 768, struct.pack("<6H", *[0x3C00] * 6) + bytes(range(256)) + bytes(128)))
+    out("fuzz_codec", "int8-hadamard", b"\x00" + frame(4, (1, 2, 3, 64), 768, struct.pack("<6H", *[0x3C00] * 6) + bytes(range(256)) + bytes(128), version=3))
     out("fuzz_codec", "fp8", b"\x00" + frame(3, (1, 2, 3, 64), 768, struct.pack("<3f", 1.0, 0.5, 2.0) + bytes(range(126)) * 3 + bytes(6)))
     out("fuzz_codec", "payload-lossless-rans", b"\x01\x01\x01\x01\x01\x01\x01\x20" + b"\x01" + struct.pack("<HI", 1, 12) + bytes([0x7C, 0x7E, 0x80, 0x10, 0x80, 0x10, 0, 0, 0x80, 0, 0, 0x80]) + bytes(32))
     out("fuzz_codec", "payload-int8", b"\x01\x02\x01\x01\x02\x03\x40\x80\x03" + bytes(6 * 2 + 384))

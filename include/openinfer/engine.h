@@ -94,7 +94,9 @@ typedef struct oi_engine_options {
 
   /* ---- every mode: the codec of the namespace's blocks (docs/codecs.md) ---- */
   /* NULL or "none" (the default): blocks are stored as they are.
-   * "lossless" (bit-exact), "int8" or "fp8" (lossy, opt-in): the pool and
+   * "lossless" (bit-exact), "int8", "int8-hadamard" or "fp8" (lossy,
+   * opt-in; int8-hadamard rotates each head's values before int8's
+   * quantization: the same size, a third of int8's KL): the pool and
    * every tier under it hold each block as one frame of that codec (its own
    * checksums, verified before it is decoded) in a slot of
    * codec_slot_bytes; saves encode, loads decode. The codec is part of the
@@ -107,11 +109,11 @@ typedef struct oi_engine_options {
    * OI_LOAD_ARENA_EVENTS reports each arena as it lands once the frames
    * are decoded (docs/codecs.md). */
   const char *codec;
-  /* int8 and fp8: the shape of a host block's bf16 elements,
+  /* The lossy codecs: the shape of a host block's bf16 elements,
    * [parts][tokens][heads][head_dim] with parts = block_bytes / (tokens *
    * heads * head_dim * 2): the groups the scales cover (one per token and
-   * head for int8, one per part and head for fp8). Required by them; must
-   * be 0 for none and lossless. */
+   * head for int8 and int8-hadamard, one per part and head for fp8).
+   * Required by them; must be 0 for none and lossless. */
   uint32_t codec_tokens;
   uint32_t codec_heads;
   uint32_t codec_head_dim;

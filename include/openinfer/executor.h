@@ -120,7 +120,7 @@ typedef struct oi_executor_options {
   uint64_t remote_bytes_per_s;
   /* Appended: the codec of the executor's namespace (oi_engine_options.codec,
    * docs/codecs.md): NULL or "none" (default), "lossless", or the lossy
-   * "int8" and "fp8", whose shape is the model's (a block's parts are its
+   * "int8", "int8-hadamard" and "fp8", whose shape is the model's (a block's parts are its
    * layers' K and V pages of page_size tokens, num_kv_heads heads of
    * head_dim) and which need bf16 KV (dtype_bytes 2). Needs offload. */
   const char *codec;

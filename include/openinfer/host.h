@@ -121,7 +121,7 @@ typedef struct oi_host_namespace_stats {
   uint64_t block_bytes;     /* bytes of one block of this namespace (decoded) */
   uint64_t blocks_resident; /* blocks in flight or sealed in this namespace */
   /* The namespace's codec (oi_engine_options.codec, docs/codecs.md): */
-  char codec[16];          /* "none", "lossless", "int8" or "fp8" */
+  char codec[16];          /* "none", "lossless", "int8", "int8-hadamard", "fp8" */
   uint64_t stored_bytes;   /* what the pool and the tiers keep per block: the
                               codec's frame slot (block_bytes without a codec) */
   uint64_t logical_bytes;  /* blocks_resident x block_bytes */

@@ -20,6 +20,10 @@
  *   head (amax / 127).
  * - OI_CODEC_FP8: lossy, fp8 e4m3 (OCP "fn": no infinities, max 448) with
  *   one fp32 scale per part and head over the block's tokens (amax / 448).
+ * - OI_CODEC_INT8_HADAMARD: lossy, int8's payload of each head's values
+ *   rotated by a Walsh-Hadamard transform first (blocks of the largest
+ *   power of two dividing head_dim, at most OI_INT8H_BLOCK_MAX): the same
+ *   size as int8, a third of its KL on the real model (docs/codecs.md).
  * The lossy codecs need the block's shape: elements ordered
  * [parts][tokens][heads][head_dim] (a part is K or V of one layer, or any
  * run of whole (tokens, heads, head_dim) tensors) and finite values.
@@ -47,8 +51,13 @@ typedef enum oi_codec_id {
   OI_CODEC_LOSSLESS = 1,
   OI_CODEC_INT8 = 2,
   OI_CODEC_FP8 = 3,
+  OI_CODEC_INT8_HADAMARD = 4, /* frames of format version 3 */
 } oi_codec_id;
-#define OI_CODEC_COUNT 4
+#define OI_CODEC_COUNT 5
+/* int8-hadamard's transform block: head_dim's largest power-of-two divisor,
+ * at most this (oi__int8h_block). */
+#define OI_INT8H_BLOCK_MAX 256u
+unsigned oi__int8h_block(unsigned head_dim);
 
 typedef enum oi_codec_dtype {
   OI_CODEC_DTYPE_BYTES = 0, /* opaque bytes (lossless only: planes of 16-bit elements) */
@@ -57,9 +66,12 @@ typedef enum oi_codec_dtype {
 
 /* The frame format. */
 #define OI_CODEC_MAGIC 0x434b494fu /* "OIKC" little-endian */
-/* 2: lossless payloads may hold wide rANS streams (mode 2); version 1 frames
- * still decode. */
-#define OI_CODEC_VERSION 2
+/* The newest format this build reads. A frame is written with the format
+ * that introduced its codec's payload (oi__codec_frame_version), so a reader
+ * of an earlier build refuses only the frames it cannot read, as too new:
+ * 2: lossless payloads may hold wide rANS streams (mode 2);
+ * 3: int8-hadamard. Frames of version 1 still decode. */
+#define OI_CODEC_VERSION 3
 #define OI_CODEC_HEADER_BYTES 40
 /* The largest block a frame holds (its lengths are 32-bit). */
 #define OI_CODEC_MAX_BYTES ((size_t)UINT32_MAX - 4096)
@@ -81,9 +93,15 @@ typedef struct oi_codec_info {
   uint64_t data_xxh;      /* XXH3-64 of the original bytes (lossless), else 0 */
 } oi_codec_info;
 
+/* The format version a frame of `codec` is written with (2, or 3 for
+ * int8-hadamard); 0 for an unknown id. It is part of a codec namespace's
+ * identity. */
+unsigned oi__codec_frame_version(int codec);
+
 /* Static name ("lossless"); NULL for an unknown id. */
 const char *oi__codec_name(int codec);
-/* The id of a name ("none", "lossless", "int8", "fp8"); -1 if unknown. */
+/* The id of a name ("none", "lossless", "int8", "fp8", "int8-hadamard");
+ * -1 if unknown. */
 int oi__codec_from_name(const char *name);
 
 /* The largest frame oi__codec_encode writes for `bytes` of input (the exact
@@ -135,6 +153,10 @@ typedef struct oi_codec_piece {
  * each. Frames of earlier writers may have longer streams; they decode. */
 #define OI_LOSSLESS_SEGMENT_MAX 32768u
 
+/* Whether oi__codec_pieces cuts frames of `codec` (lossless, int8, fp8): a
+ * GPU decodes those; int8-hadamard's frames decode on the host. */
+bool oi__codec_has_pieces(int codec);
+
 /* The most pieces oi__codec_pieces cuts a verified frame of `info` into. */
 size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame);
 
@@ -143,7 +165,7 @@ size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame);
  * oi__codec_pieces_max entries; cap says how many), checking every length as
  * the cpu decoder does. The pieces do not check a lossless block's checksum
  * of its decoded bytes: a decoder of pieces verifies each stream's end
- * states instead. */
+ * states instead. A codec without pieces is OI_ERR_UNSUPPORTED. */
 oi_status oi__codec_pieces(const void *frame, size_t bytes, bool verify, oi_codec_info *info,
                            oi_codec_piece *out, size_t cap, size_t *n);
 

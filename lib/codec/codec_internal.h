@@ -41,9 +41,11 @@ typedef struct oi_lossless_layout {
 } oi_lossless_layout;
 oi_status oi__lossless_parse(const uint8_t *src, size_t len, size_t logical, oi_lossless_layout *l);
 
+/* int8 and int8-hadamard (`rotate`): the same payload layout (int8.c). */
 size_t oi__int8_bound(const oi_codec_shape *sh);
-size_t oi__int8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *dst);
-oi_status oi__int8_decode(const oi_codec_shape *sh, const uint8_t *src, size_t len, uint16_t *dst);
+size_t oi__int8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *dst, bool rotate);
+oi_status oi__int8_decode(const oi_codec_shape *sh, const uint8_t *src, size_t len, uint16_t *dst,
+                          bool rotate);
 
 size_t oi__fp8_bound(const oi_codec_shape *sh);
 size_t oi__fp8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *dst);

@@ -2,7 +2,7 @@
  * the dispatch to each codec's payload (codec.h has the contract).
  *
  * Header, 40 bytes, little-endian:
- *    0 magic u32 "OIKC"       4 version u8 (1)   5 codec u8   6 dtype u8   7 flags u8 (0)
+ *    0 magic u32 "OIKC"       4 version u8 (2, 3)  5 codec u8  6 dtype u8  7 flags u8 (0)
  *    8 logical bytes u32     12 payload bytes u32
  *   16 parts u16  18 tokens u16  20 heads u16  22 head_dim u16
  *   24 data_xxh u64: XXH3-64 of the original bytes (lossless), else 0
@@ -13,7 +13,17 @@
 #include "codec/codec_internal.h"
 #include "core/le_bytes.h"
 
-static const char *const NAMES[OI_CODEC_COUNT] = {"none", "lossless", "int8", "fp8"};
+static const char *const NAMES[OI_CODEC_COUNT] = {"none", "lossless", "int8", "fp8",
+                                                  "int8-hadamard"};
+
+unsigned oi__codec_frame_version(int codec) {
+  if (codec < 0 || codec >= OI_CODEC_COUNT) return 0;
+  return codec == OI_CODEC_INT8_HADAMARD ? 3 : 2;
+}
+
+static bool is_lossy(int codec) {
+  return codec == OI_CODEC_INT8 || codec == OI_CODEC_FP8 || codec == OI_CODEC_INT8_HADAMARD;
+}
 
 const char *oi__codec_name(int codec) {
   return codec >= 0 && codec < OI_CODEC_COUNT ? NAMES[codec] : NULL;
@@ -34,7 +44,7 @@ static uint64_t frame_xxh(const uint8_t *hdr, const uint8_t *payload, size_t len
 static void write_header(uint8_t *h, int codec, const oi_codec_shape *sh, size_t bytes,
                          size_t len) {
   put32(h, OI_CODEC_MAGIC);
-  h[4] = OI_CODEC_VERSION;
+  h[4] = (uint8_t)oi__codec_frame_version(codec);
   h[5] = (uint8_t)codec;
   h[6] = sh->dtype;
   h[7] = 0;
@@ -65,7 +75,8 @@ static oi_status check_lossy_shape(int codec, const oi_codec_shape *sh, size_t b
 static size_t payload_bound(int codec, const oi_codec_shape *sh, size_t bytes) {
   switch (codec) {
   case OI_CODEC_LOSSLESS: return oi__lossless_bound(bytes);
-  case OI_CODEC_INT8: return oi__int8_bound(sh);
+  case OI_CODEC_INT8:
+  case OI_CODEC_INT8_HADAMARD: return oi__int8_bound(sh);
   case OI_CODEC_FP8: return oi__fp8_bound(sh);
   default: return 0;
   }
@@ -73,7 +84,7 @@ static size_t payload_bound(int codec, const oi_codec_shape *sh, size_t bytes) {
 
 size_t oi__codec_bound(int codec, const oi_codec_shape *shape, size_t bytes) {
   if (codec == OI_CODEC_LOSSLESS) return OI_CODEC_HEADER_BYTES + oi__lossless_bound(bytes);
-  if (codec != OI_CODEC_INT8 && codec != OI_CODEC_FP8) return 0;
+  if (!is_lossy(codec)) return 0;
   if (!shape || shape->dtype != OI_CODEC_DTYPE_BF16 || oi__shape_elems(shape) * 2 != bytes ||
       !bytes)
     return 0;
@@ -115,8 +126,9 @@ oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *s
   } else {
     if ((uintptr_t)src & 1)
       return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec %s: src is not 2-byte aligned", NAMES[codec]);
-    len = codec == OI_CODEC_INT8 ? oi__int8_encode(&sh, src, payload)
-                                 : oi__fp8_encode(&sh, src, payload);
+    len = codec == OI_CODEC_FP8
+              ? oi__fp8_encode(&sh, src, payload)
+              : oi__int8_encode(&sh, src, payload, codec == OI_CODEC_INT8_HADAMARD);
     if (!len) return OI_ERR_INVALID_ARGUMENT; /* (the codec set the message) */
   }
   write_header(h, codec, &sh, bytes, len);
@@ -160,6 +172,10 @@ static oi_status header_of(const void *src, size_t bytes, oi_codec_info *info, b
       in.dtype > OI_CODEC_DTYPE_BF16)
     return oi__fail(OI_ERR_PROTOCOL, "codec: frame of codec %u, dtype %u, flags %u", in.codec,
                     in.dtype, h[7]);
+  /* int8-hadamard came with format 3: an earlier format cannot hold it. */
+  if (in.codec == OI_CODEC_INT8_HADAMARD && in.version < 3)
+    return oi__fail(OI_ERR_PROTOCOL, "codec: a frame of codec %s in format %u, which predates it",
+                    NAMES[in.codec], in.version);
   if (in.codec != OI_CODEC_LOSSLESS &&
       check_lossy_shape(in.codec, &in.shape, in.logical_bytes, OI_ERR_PROTOCOL) != OI_OK)
     return OI_ERR_PROTOCOL;
@@ -178,14 +194,14 @@ oi_status oi__codec_header_of(const void *src, size_t bytes, oi_codec_info *info
 oi_status oi__codec_decode_payload(int codec, const oi_codec_shape *shape, const uint8_t *src,
                                    size_t bytes, uint8_t *dst, size_t logical) {
   if (codec == OI_CODEC_LOSSLESS) return oi__lossless_decode(src, bytes, dst, logical);
-  if (codec != OI_CODEC_INT8 && codec != OI_CODEC_FP8)
-    return oi__fail(OI_ERR_PROTOCOL, "codec: unknown codec %d", codec);
+  if (!is_lossy(codec)) return oi__fail(OI_ERR_PROTOCOL, "codec: unknown codec %d", codec);
   oi_status st = check_lossy_shape(codec, shape, logical, OI_ERR_PROTOCOL);
   if (st != OI_OK) return st;
   if ((uintptr_t)dst & 1)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec %s: dst is not 2-byte aligned", NAMES[codec]);
-  return codec == OI_CODEC_INT8 ? oi__int8_decode(shape, src, bytes, (uint16_t *)dst)
-                                : oi__fp8_decode(shape, src, bytes, (uint16_t *)dst);
+  return codec == OI_CODEC_FP8
+             ? oi__fp8_decode(shape, src, bytes, (uint16_t *)dst)
+             : oi__int8_decode(shape, src, bytes, (uint16_t *)dst, codec == OI_CODEC_INT8_HADAMARD);
 }
 
 oi_status oi__codec_decode(const void *src, size_t bytes, void *dst, size_t cap,

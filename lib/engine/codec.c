@@ -46,7 +46,8 @@ oi_status oi__engine_codec_resolve(const oi_engine_options *o, const oi_layout *
   int id = oi__codec_from_name(name);
   if (id < 0)
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
-                    "%s: codec '%s' is not one of none, lossless, int8, fp8", what, name);
+                    "%s: codec '%s' is not one of none, lossless, int8, int8-hadamard, fp8", what,
+                    name);
   if (id == OI_CODEC_NONE) {
     if (o->codec_tokens || o->codec_heads || o->codec_head_dim || o->codec_slot_bytes)
       return oi__fail(OI_ERR_INVALID_ARGUMENT,
@@ -95,8 +96,9 @@ oi_status oi__engine_codec_resolve(const oi_engine_options *o, const oi_layout *
 
 uint64_t oi__engine_codec_shape_hash(const engine_codec *c, uint64_t layout_hash) {
   if (c->id == OI_CODEC_NONE) return layout_hash;
-  uint64_t v[8] = {layout_hash,    (uint64_t)c->id, OI_CODEC_VERSION, c->shape.dtype,
-                   c->shape.parts, c->shape.tokens, c->shape.heads,   c->shape.head_dim};
+  uint64_t v[8] = {layout_hash,    (uint64_t)c->id,  oi__codec_frame_version(c->id),
+                   c->shape.dtype, c->shape.parts,   c->shape.tokens,
+                   c->shape.heads, c->shape.head_dim};
   uint64_t h = XXH3_64bits(v, sizeof v);
   return XXH3_64bits_withSeed(&c->slot_bytes, sizeof c->slot_bytes, h);
 }

@@ -280,7 +280,8 @@ static void plan_layout(oi_executor *x, exec_rank *r) {
 
 /* The codecs that quantize bf16 elements and take the model's shape. */
 static bool lossy_codec(const char *codec) {
-  return codec && (!strcmp(codec, "int8") || !strcmp(codec, "fp8"));
+  return codec &&
+         (!strcmp(codec, "int8") || !strcmp(codec, "int8-hadamard") || !strcmp(codec, "fp8"));
 }
 
 static oi_status engine_options_for(oi_executor *x, exec_rank *r, oi_engine_options *eo,

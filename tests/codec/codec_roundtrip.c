@@ -1,7 +1,7 @@
 /* codec_roundtrip CODEC PARTS TOKENS HEADS HEAD_DIM < blocks > decoded
  *
  * Encodes each block of stdin (PARTS*TOKENS*HEADS*HEAD_DIM bf16 values)
- * with CODEC (lossless, int8, fp8), decodes the frame and writes the
+ * with CODEC (lossless, int8, int8-hadamard, fp8), decodes the frame and writes the
  * decoded block to stdout; stderr gets the blocks, logical and frame bytes.
  * The helper through which tools/kvcorpus/lossy_check.py runs the model on
  * KV that went through this library's codecs. Exit 0, or 1 on any error. */

@@ -123,7 +123,7 @@ static void test_nan_inf(void) {
     uint8_t frame[512];
     size_t fb = 0;
     bool finite = SPECIAL[s] == 0x0001 || SPECIAL[s] == 0x8000;
-    for (int codec = OI_CODEC_INT8; codec <= OI_CODEC_FP8; codec++) {
+    for (int codec = OI_CODEC_INT8; codec < OI_CODEC_COUNT; codec++) {
       oi_status st = oi__codec_encode(codec, &sh, x, sizeof x, frame, sizeof frame, &fb);
       CHECK_ST(st, finite ? OI_OK : OI_ERR_INVALID_ARGUMENT);
       if (!finite) CHECK(strstr(oi_last_error(), "non-finite") != NULL);
@@ -141,7 +141,7 @@ static void test_bad_arguments(void) {
   size_t fb = 0, out = 0;
   oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 1, 2, 3, 16};
   CHECK_ST(oi__codec_encode(OI_CODEC_NONE, &sh, x, 192, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
-  CHECK_ST(oi__codec_encode(4, &sh, x, 192, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
+  CHECK_ST(oi__codec_encode(OI_CODEC_COUNT, &sh, x, 192, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi__codec_encode(-1, &sh, x, 192, frame, 512, &fb), OI_ERR_INVALID_ARGUMENT);
   CHECK_ST(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, x, 192, NULL, 512, &fb),
            OI_ERR_INVALID_ARGUMENT);
@@ -154,7 +154,7 @@ static void test_bad_arguments(void) {
   CHECK_ST(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, x, 192, frame, need - 1, &fb),
            OI_ERR_INVALID_ARGUMENT);
   CHECK(strstr(oi_last_error(), "needed") != NULL);
-  for (int codec = OI_CODEC_INT8; codec <= OI_CODEC_FP8; codec++) {
+  for (int codec = OI_CODEC_INT8; codec < OI_CODEC_COUNT; codec++) {
     need = oi__codec_bound(codec, &sh, 192);
     CHECK(need > OI_CODEC_HEADER_BYTES);
     CHECK_ST(oi__codec_encode(codec, &sh, x, 192, frame, need - 1, &fb), OI_ERR_INVALID_ARGUMENT);
@@ -183,6 +183,7 @@ static void test_bad_arguments(void) {
   CHECK(oi__codec_from_name("lossless") == OI_CODEC_LOSSLESS && oi__codec_from_name("fp8") == 3);
   CHECK(oi__codec_from_name("zstd") == -1 && oi__codec_from_name(NULL) == -1);
   CHECK(!strcmp(oi__codec_name(OI_CODEC_INT8), "int8") && oi__codec_name(9) == NULL);
+  CHECK(oi__codec_from_name("int8-hadamard") == OI_CODEC_INT8_HADAMARD);
 }
 
 /* A frame of each codec over a bf16 block; each byte changed (two ways)
@@ -193,7 +194,7 @@ static void test_corruption(void) {
   uint16_t x[2 * 4 * 3 * 16];
   for (size_t i = 0; i < LEN(x); i++)
     x[i] = (uint16_t)(0x3c00 + ct_rand(&seed) % 0x600) | (uint16_t)(ct_rand(&seed) & 0x8000);
-  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_FP8; codec++) {
+  for (int codec = OI_CODEC_LOSSLESS; codec < OI_CODEC_COUNT; codec++) {
     uint8_t frame[2048], bad[2048], back[2048];
     size_t fb = 0, out = 0;
     CHECK_OK(oi__codec_encode(codec, &sh, x, n, frame, sizeof frame, &fb));
@@ -241,7 +242,7 @@ static void test_forged(void) {
   REQUIRE(x && frame && bad && back);
   for (size_t i = 0; i < n / 2; i++)
     x[i] = (uint16_t)(0x3c00 + ct_rand(&seed) % 0x500) | (uint16_t)(ct_rand(&seed) & 0x8000);
-  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_FP8; codec++) {
+  for (int codec = OI_CODEC_LOSSLESS; codec < OI_CODEC_COUNT; codec++) {
     size_t fb = 0, out = 0, ok_other = 0;
     CHECK_OK(oi__codec_encode(codec, &sh, x, n, frame, n + 64, &fb));
     for (int it = 0; it < 3000; it++) {
@@ -259,7 +260,7 @@ static void test_forged(void) {
         uint32_t pl = (uint32_t)(len - OI_CODEC_HEADER_BYTES);
         memcpy(bad + 12, &pl, 4);
       } else { /* another codec's id over this payload */
-        bad[5] = (uint8_t)(1 + ct_rand(&seed) % 3);
+        bad[5] = (uint8_t)(1 + ct_rand(&seed) % (OI_CODEC_COUNT - 1));
         bad[9] ^= (uint8_t)(ct_rand(&seed) & 1);
       }
       refix(bad, len);
@@ -296,7 +297,7 @@ static void test_payload_junk(void) {
       memcpy(src + 3, &l, 4);
       if (len > 9) src[7] = 0x3c, src[8] = 0x3e;
     }
-    int codec = 1 + it % 3;
+    int codec = 1 + it % (OI_CODEC_COUNT - 1);
     oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, (uint16_t)(1 + it % 2), (uint16_t)(1 + it % 7), 3,
                          (uint16_t)(1 + it % 64)};
     size_t logical = codec == OI_CODEC_LOSSLESS
@@ -458,9 +459,9 @@ static void test_lossy_extremes(void) {
       x[i] = round == 0   ? (i % 3 ? 0x0000 : 0x0001)            /* tiny subnormals and zeros */
              : round == 1 ? (uint16_t)(i % 2 ? 0x8003 : 0x0000)  /* negative subnormals */
                           : (uint16_t)(i % 2 ? 0x7f7f : 0xff7f); /* +-3.39e38 */
-    for (int codec = OI_CODEC_INT8; codec <= OI_CODEC_FP8; codec++) {
+    for (int codec = OI_CODEC_INT8; codec < OI_CODEC_COUNT; codec++) {
       oi_status st = oi__codec_encode(codec, &sh, x, sizeof x, frame, sizeof frame, &fb);
-      if (round == 2 && codec == OI_CODEC_INT8) {
+      if (round == 2 && codec != OI_CODEC_FP8) {
         CHECK_ST(st, OI_ERR_INVALID_ARGUMENT);
         CHECK(strstr(oi_last_error(), "fp16") != NULL);
         continue;
@@ -479,6 +480,106 @@ static void test_lossy_extremes(void) {
   }
 }
 
+static uint16_t to_bf16(float v) { /* nearest even (finite v) */
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static float f16_value(uint16_t h) {
+  int e = (h >> 10) & 31, m = h & 1023;
+  float v = e ? ldexpf((float)(m | 1024), e - 25) : ldexpf((float)m, -24);
+  return h & 0x8000 ? -v : v;
+}
+
+/* int8-hadamard's decoded values from its payload, computed as the format
+ * says (codec.h) with the Sylvester matrix's entries (-1)^popcount(i & j),
+ * not the codec's butterflies: t = H q exactly, then one rounding of
+ * t * 2^-(log2(b) - floor(log2(b) / 2)) * scale, then bf16. */
+static void int8h_reference(const oi_codec_shape *sh, const uint8_t *payload, uint16_t *out) {
+  size_t groups = (size_t)sh->parts * sh->tokens * sh->heads, d = sh->head_dim;
+  unsigned b = d & (0u - (unsigned)d), lg = 0;
+  if (b > OI_INT8H_BLOCK_MAX) b = OI_INT8H_BLOCK_MAX;
+  while ((1u << lg) < b)
+    lg++;
+  const int8_t *q = (const int8_t *)(payload + 2 * groups);
+  for (size_t g = 0; g < groups; g++) {
+    uint16_t s16;
+    memcpy(&s16, payload + 2 * g, 2);
+    double step = ldexp(f16_value(s16), -(int)(lg - lg / 2));
+    for (size_t at = 0; at < d; at += b)
+      for (unsigned i = 0; i < b; i++) {
+        long t = 0;
+        for (unsigned j = 0; j < b; j++)
+          t += (__builtin_popcount(i & j) & 1 ? -1 : 1) * q[g * d + at + j];
+        out[g * d + at + i] = to_bf16((float)((double)t * step)); /* (exact in double) */
+      }
+  }
+}
+
+/* int8-hadamard: its frames are format 3 (the others stay 2) and a frame
+ * that says an earlier format is refused; the decoder matches a reference
+ * of the format over head_dims of every transform block (1 for an odd
+ * head_dim, where the payload is int8's, 16, 32, 64, 128 and 256 twice for
+ * 512); values the rotation represents come back exactly. */
+static void test_int8_hadamard(void) {
+  static const uint16_t dims[] = {3, 80, 96, 64, 128, 512};
+  for (size_t k = 0; k < LEN(dims); k++) {
+    oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 2, 3, 2, dims[k]};
+    size_t n = (size_t)sh.parts * sh.tokens * sh.heads * sh.head_dim;
+    uint16_t *x = malloc(2 * n), *back = malloc(2 * n), *ref = malloc(2 * n);
+    size_t cap = oi__codec_bound(OI_CODEC_INT8_HADAMARD, &sh, 2 * n);
+    uint8_t *frame = malloc(cap), *plain = malloc(cap);
+    REQUIRE(x && back && ref && frame && plain);
+    for (size_t i = 0; i < n; i++) /* values near 1, every 16th channel 30x larger */
+      x[i] = to_bf16(((float)(ct_rand(&seed) % 2001) / 1000.0f - 1.0f) * (i % 16 == 5 ? 30 : 1));
+    size_t fb, pb, out;
+    CHECK_OK(oi__codec_encode(OI_CODEC_INT8_HADAMARD, &sh, x, 2 * n, frame, cap, &fb));
+    CHECK_OK(oi__codec_encode(OI_CODEC_INT8, &sh, x, 2 * n, plain, cap, &pb));
+    CHECK(fb == cap && pb == fb && frame[4] == 3 && plain[4] == 2 && frame[5] == 4);
+    CHECK_OK(oi__codec_decode(frame, fb, back, 2 * n, &out));
+    int8h_reference(&sh, frame + OI_CODEC_HEADER_BYTES, ref);
+    CHECK(out == 2 * n && !memcmp(back, ref, 2 * n));
+    /* an odd head_dim has no rotation: int8's payload */
+    if (dims[k] == 3)
+      CHECK(!memcmp(frame + OI_CODEC_HEADER_BYTES, plain + OI_CODEC_HEADER_BYTES,
+                    fb - OI_CODEC_HEADER_BYTES));
+    else
+      CHECK(memcmp(frame + OI_CODEC_HEADER_BYTES, plain + OI_CODEC_HEADER_BYTES,
+                   fb - OI_CODEC_HEADER_BYTES) != 0);
+    /* the same frame claiming format 2 (checksum recomputed): refused */
+    frame[4] = 2;
+    refix(frame, fb);
+    CHECK_ST(oi__codec_decode(frame, fb, back, 2 * n, &out), OI_ERR_PROTOCOL);
+    CHECK(strstr(oi_last_error(), "predates") != NULL);
+    frame[4] = OI_CODEC_VERSION + 1;
+    refix(frame, fb);
+    CHECK_ST(oi__codec_decode(frame, fb, back, 2 * n, &out), OI_ERR_VERSION);
+    /* A head whose channels are all c rotates to one value (c * b / 2^k
+     * in channel 0 of each block), and x = 127 * 2^-m * (H's columns 1 and
+     * 2) to 127 and 127 in channels 1 and 2: both come back exactly. */
+    unsigned b = oi__int8h_block(dims[k]), lg = 0;
+    while ((1u << lg) < b)
+      lg++;
+    float unit = ldexpf(127.0f, -(int)(lg - lg / 2));
+    for (size_t g = 0; g < n / dims[k]; g++)
+      for (size_t c = 0; c < dims[k]; c++) {
+        unsigned i = (unsigned)(c % b);
+        float v = g % 2 ? 0.375f * (float)(1 + g)
+                        : unit * ((float)(__builtin_popcount(i & 1) & 1 ? -1 : 1) +
+                                  (float)(__builtin_popcount(i & 2) & 1 ? -1 : 1));
+        x[g * dims[k] + c] = to_bf16(v);
+      }
+    CHECK_OK(oi__codec_encode(OI_CODEC_INT8_HADAMARD, &sh, x, 2 * n, frame, cap, &fb));
+    CHECK_OK(oi__codec_decode(frame, fb, back, 2 * n, &out));
+    CHECK(!memcmp(back, x, 2 * n));
+    free(x), free(back), free(ref), free(frame), free(plain);
+  }
+  CHECK(oi__int8h_block(64) == 64 && oi__int8h_block(96) == 32 && oi__int8h_block(576) == 64 &&
+        oi__int8h_block(1024) == OI_INT8H_BLOCK_MAX && oi__int8h_block(7) == 1);
+}
+
 int main(void) {
   RUN_TEST(test_sizes_and_patterns);
   RUN_TEST(test_incompressible_bound);
@@ -492,5 +593,6 @@ int main(void) {
   RUN_TEST(test_rans32);
   RUN_TEST(test_lossy_exact);
   RUN_TEST(test_lossy_extremes);
+  RUN_TEST(test_int8_hadamard);
   TEST_EXIT();
 }

@@ -58,6 +58,16 @@ static void test_corpus_pages(void) {
       size_t n = check_block(c, &kv, corpus + i * CORPUS_PAGE_BYTES, CORPUS_PAGE_BYTES, "page");
       CHECK(n == (c == OI_CODEC_LOSSLESS ? 2u : 1u) || (c == OI_CODEC_LOSSLESS && n == 1));
     }
+  /* int8-hadamard has no pieces (no device decoder): refused, by name */
+  CHECK(!oi__codec_has_pieces(OI_CODEC_INT8_HADAMARD) && oi__codec_has_pieces(OI_CODEC_FP8));
+  uint8_t f[2 * CORPUS_PAGE_BYTES];
+  size_t fb = 0, n = 0;
+  oi_codec_info in;
+  oi_codec_piece pc[4];
+  CHECK_OK(
+      oi__codec_encode(OI_CODEC_INT8_HADAMARD, &kv, corpus, CORPUS_PAGE_BYTES, f, sizeof f, &fb));
+  CHECK_ST(oi__codec_pieces(f, fb, true, &in, pc, 4, &n), OI_ERR_UNSUPPORTED);
+  CHECK(strstr(oi_last_error(), "int8-hadamard") != NULL);
 }
 
 /* A model-sized block with no shape: many wide streams, none past the cap;

@@ -38,12 +38,13 @@
 static uint8_t *corpus;
 static size_t npages;
 
-static const char *const CODECS[4] = {"none", "lossless", "int8", "fp8"};
+static const char *const CODECS[OI_CODEC_COUNT] = {"none", "lossless", "int8", "fp8",
+                                                   "int8-hadamard"};
 
 static oi_engine_options codec_options(const char *ns, const oi_arena_desc *ad, const char *codec) {
   oi_engine_options o = tr_engine_options(ns, ad, 1);
   o.codec = codec;
-  if (strcmp(codec, "int8") == 0 || strcmp(codec, "fp8") == 0) {
+  if (strcmp(codec, "none") != 0 && strcmp(codec, "lossless") != 0) {
     o.codec_tokens = 16;
     o.codec_heads = 3;
     o.codec_head_dim = 64;
@@ -115,7 +116,7 @@ static void test_round_trips(void) {
   REQUIRE(mem);
   oi_arena_desc ad = tr_arena("kv", mem, 2 * npages, PAGE);
   oi_host *h = tr_host(64 * MiB);
-  for (int c = 0; c < 4; c++) {
+  for (int c = 0; c < OI_CODEC_COUNT; c++) {
     char ns[32];
     snprintf(ns, sizeof ns, "rt-%s", CODECS[c]);
     oi_engine_options o = codec_options(ns, &ad, CODECS[c]);
@@ -130,9 +131,10 @@ static void test_round_trips(void) {
     CHECK(s.blocks_resident == npages);
     CHECK(s.logical_bytes == npages * PAGE);
     double ratio = (double)s.logical_bytes / (double)s.physical_bytes;
-    printf("%-8s slot %6llu  resident %zu  logical %llu  physical %llu  ratio %.3f  (%zu differ)\n",
-           CODECS[c], (unsigned long long)s.stored_bytes, (size_t)s.blocks_resident,
-           (unsigned long long)s.logical_bytes, (unsigned long long)s.physical_bytes, ratio, bad);
+    printf(
+        "%-13s slot %6llu  resident %zu  logical %llu  physical %llu  ratio %.3f  (%zu differ)\n",
+        CODECS[c], (unsigned long long)s.stored_bytes, (size_t)s.blocks_resident,
+        (unsigned long long)s.logical_bytes, (unsigned long long)s.physical_bytes, ratio, bad);
     if (c == OI_CODEC_NONE) CHECK(s.stored_bytes == PAGE && ratio == 1.0);
     if (c == OI_CODEC_LOSSLESS) CHECK(ratio >= 1.35);
     if (c >= OI_CODEC_INT8) CHECK(ratio >= 1.9);
@@ -162,8 +164,8 @@ static void test_capacity(void) {
     ids[i] = (int64_t)i;
     hs[i] = tr_hash(i, 14, 0x77);
   }
-  uint64_t resident[4] = {0};
-  for (int c = 0; c < 4; c++) {
+  uint64_t resident[OI_CODEC_COUNT] = {0};
+  for (int c = 0; c < OI_CODEC_COUNT; c++) {
     oi_host_options ho = tr_host_options(4 * MiB);
     ho.chunk_bytes = 256 << 10;
     ho.high_watermark = ho.low_watermark = 1.0f; /* no background eviction: full is full */
@@ -176,13 +178,14 @@ static void test_capacity(void) {
     oi_engine_destroy(e);
     oi_host_destroy(h);
   }
-  for (int c = 0; c < 4; c++)
-    printf("capacity of a 4 MiB pool: %-8s %4llu blocks (%.3fx none)\n", CODECS[c],
+  for (int c = 0; c < OI_CODEC_COUNT; c++)
+    printf("capacity of a 4 MiB pool: %-13s %4llu blocks (%.3fx none)\n", CODECS[c],
            (unsigned long long)resident[c], (double)resident[c] / (double)resident[0]);
   CHECK(resident[0] > 0 && resident[0] < n);
   CHECK(resident[OI_CODEC_LOSSLESS] * 100 >= resident[0] * 135);
   CHECK(resident[OI_CODEC_INT8] * 10 >= resident[0] * 19);
   CHECK(resident[OI_CODEC_FP8] * 10 >= resident[0] * 19);
+  CHECK(resident[OI_CODEC_INT8_HADAMARD] == resident[OI_CODEC_INT8]); /* the same frames' size */
   free(ids);
   free(hs);
   free(mem);
@@ -637,7 +640,7 @@ static uint64_t hits(oi_engine *e, const oi_block_hash *hs, size_t n) {
 static void test_layerwise_saves(void) {
   enum { N = 64 };
   static const uint32_t order[LA] = {2, 0, 3, 1};
-  for (int c = 0; c < 4; c++) {
+  for (int c = 0; c < OI_CODEC_COUNT; c++) {
     char ns[32];
     snprintf(ns, sizeof ns, "lw-%s", CODECS[c]);
     lrig r;
@@ -727,7 +730,7 @@ static void test_layerwise_after_not_encoded(void) {
  * leaks. */
 static void test_layerwise_abandoned(void) {
   enum { N = 32 };
-  for (int c = 1; c < 4; c++) {
+  for (int c = 1; c < OI_CODEC_COUNT; c++) {
     char ns[32];
     snprintf(ns, sizeof ns, "lw-gone-%s", CODECS[c]);
     lrig r;

@@ -213,8 +213,11 @@ static size_t differ(const rigp *r, size_t zero) {
   return bad;
 }
 
+/* Every codec's load: lossless, int8 and fp8 decoded by the device, a
+ * batch per group; int8-hadamard's frames, which have no device decoder
+ * yet, decoded on the host (no batch), the bytes the same. */
 static void test_loads(void) {
-  for (int codec = OI_CODEC_LOSSLESS; codec <= OI_CODEC_FP8; codec++)
+  for (int codec = OI_CODEC_LOSSLESS; codec < OI_CODEC_COUNT; codec++)
     for (int layered = 0; layered < 2; layered++) {
       rigp r;
       rig_open(&r, codec);
@@ -222,11 +225,11 @@ static void test_loads(void) {
       CHECK_OK(load(&r, layered));
       size_t bad = differ(&r, SIZE_MAX);
       int batches = atomic_load(&decodes) - before;
-      printf("%-8s %s load of %d blocks in two arenas: %d batches decoded by the device, %zu "
+      printf("%-13s %s load of %d blocks in two arenas: %d batches decoded by the device, %zu "
              "blocks differ\n",
              oi__codec_name(codec), layered ? "layered" : "whole", N, batches, bad);
       CHECK(bad == 0);
-      CHECK(batches == (N + GROUP - 1) / GROUP);
+      CHECK(batches == (oi__codec_has_pieces(codec) ? (N + GROUP - 1) / GROUP : 0));
       rig_close(&r);
     }
 }

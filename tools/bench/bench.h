@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec/codec.h"
+
 /* Targets of docs PERFORMANCE.md for the host tier. */
 #define BENCH_LOOKUPS_TARGET 10e6     /* lookups / s / thread, at least */
 #define BENCH_OVERHEAD_TARGET 64.0    /* index bytes per resident block, at most */
@@ -87,7 +89,7 @@ typedef struct bench_codec_pool_row {
  * corpus pages (corpus[0..clen) tiled) saved and loaded, then a pool of half
  * that filled past it. @return 0, or -1 with a message on stderr. */
 int bench_codec_pool(const uint8_t *corpus, size_t clen, uint64_t work_bytes, int reps,
-                     bench_codec_pool_row rows[4]);
+                     bench_codec_pool_row rows[OI_CODEC_COUNT]);
 
 /* The committed real-KV corpus (bench_codec.c): tests/data/kvcorpus/kv.bin
  * under the current directory, else under the source tree of this build

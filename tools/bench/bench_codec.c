@@ -237,9 +237,10 @@ int bench_codec(int argc, char **argv) {
   }
   double memcpy_gbps = (double)work_bytes / best / 1e9;
   double memcpy_cpu_gbps = (double)work_bytes / best_cpu / 1e9;
-  codec_row rows[3];
+  enum { CODECS = OI_CODEC_COUNT - 1 }; /* every codec that frames */
+  codec_row rows[CODECS];
   int rc = CLI_OK;
-  for (int k = 0; k < 3; k++) {
+  for (int k = 0; k < CODECS; k++) {
     fprintf(stderr, "codec %s...\n", oi__codec_name(OI_CODEC_LOSSLESS + k));
     if (run_codec(OI_CODEC_LOSSLESS + k, &cfg, corpus, clen, work, units, frames, back, &rows[k]) !=
         0) {
@@ -251,13 +252,13 @@ int bench_codec(int argc, char **argv) {
       rc = CLI_FAILED;
     }
   }
-  bench_codec_pool_row pool[4];
+  bench_codec_pool_row pool[OI_CODEC_COUNT];
   if (rc == CLI_OK) {
     fprintf(stderr, "codec namespaces through an engine and its pool...\n");
     if (bench_codec_pool(corpus, clen - clen % 12288, work_bytes - work_bytes % 12288, cfg.reps,
                          pool) != 0)
       rc = CLI_FAILED;
-    for (int k = 0; rc == CLI_OK && k < 4; k++)
+    for (int k = 0; rc == CLI_OK && k < OI_CODEC_COUNT; k++)
       if (pool[k].wrong) {
         fprintf(stderr, "openinfer bench codec: %s: %zu pages loaded wrong\n", oi__codec_name(k),
                 pool[k].wrong);
@@ -270,7 +271,7 @@ int bench_codec(int argc, char **argv) {
              "\"memcpy_gbps\":%.3f,\"memcpy_cpu_gbps\":%.3f",
              cfg.corpus, (unsigned long long)cfg.unit, rows[0].units, work_bytes, memcpy_gbps,
              memcpy_cpu_gbps);
-      for (int k = 0; k < 3; k++) {
+      for (int k = 0; k < CODECS; k++) {
         const char *n = oi__codec_name(rows[k].codec);
         printf(",\"%s_ratio\":%.4f,\"%s_ratio_p10\":%.4f,\"%s_ratio_worst\":%.4f,"
                "\"%s_encode_gbps\":%.3f,\"%s_decode_gbps\":%.3f,"
@@ -278,7 +279,7 @@ int bench_codec(int argc, char **argv) {
                n, rows[k].agg, n, rows[k].p10, n, rows[k].worst, n, rows[k].enc_gbps, n,
                rows[k].dec_gbps, n, rows[k].enc_cpu_gbps, n, rows[k].dec_cpu_gbps);
       }
-      for (int k = 0; k < 4; k++) {
+      for (int k = 0; k < OI_CODEC_COUNT; k++) {
         const char *n = oi__codec_name(k);
         printf(",\"pool_%s_save_gbps\":%.3f,\"pool_%s_load_gbps\":%.3f,\"pool_%s_ratio\":%.4f,"
                "\"pool_%s_capacity_blocks\":%llu",
@@ -290,23 +291,23 @@ int bench_codec(int argc, char **argv) {
       printf("codecs on %s: %zu units of %llu B; rates over %zu MiB, one thread, in logical\n"
              "GB/s per second of wall clock and per second of this thread's cpu time\n",
              cfg.corpus, rows[0].units, (unsigned long long)cfg.unit, work_bytes >> 20);
-      printf("%-9s %7s %7s %7s %9s %9s %9s %9s %8s %8s\n", "codec", "ratio", "p10", "worst",
+      printf("%-13s %7s %7s %7s %9s %9s %9s %9s %8s %8s\n", "codec", "ratio", "p10", "worst",
              "enc wall", "dec wall", "enc cpu", "dec cpu", "enc/cpy", "dec/cpy");
-      for (int k = 0; k < 3; k++)
-        printf("%-9s %7.4f %7.4f %7.4f %9.3f %9.3f %9.3f %9.3f %8.3f %8.3f\n",
+      for (int k = 0; k < CODECS; k++)
+        printf("%-13s %7.4f %7.4f %7.4f %9.3f %9.3f %9.3f %9.3f %8.3f %8.3f\n",
                oi__codec_name(rows[k].codec), rows[k].agg, rows[k].p10, rows[k].worst,
                rows[k].enc_gbps, rows[k].dec_gbps, rows[k].enc_cpu_gbps, rows[k].dec_cpu_gbps,
                rows[k].enc_cpu_gbps / memcpy_cpu_gbps, rows[k].dec_cpu_gbps / memcpy_cpu_gbps);
-      printf("%-9s %7s %7s %7s %9.3f %9.3f %9.3f %9.3f   (the baseline: same bytes, buffers)\n",
+      printf("%-13s %7s %7s %7s %9.3f %9.3f %9.3f %9.3f   (the baseline: same bytes, buffers)\n",
              "memcpy", "1", "", "", memcpy_gbps, memcpy_gbps, memcpy_cpu_gbps, memcpy_cpu_gbps);
       printf("\ncodec namespaces: an embedded cpu engine saves and loads %zu MiB of pages\n"
              "(logical GB/s, wall clock; every page loaded is the codec's round trip), then a\n"
              "pool of half that is filled past it (blocks it holds)\n",
              work_bytes >> 20);
-      printf("%-9s %9s %9s %8s %8s %9s %7s %9s %8s\n", "codec", "save", "load", "save/no",
+      printf("%-13s %9s %9s %8s %8s %9s %7s %9s %8s\n", "codec", "save", "load", "save/no",
              "load/no", "slot B", "ratio", "capacity", "cap/no");
-      for (int k = 0; k < 4; k++)
-        printf("%-9s %9.3f %9.3f %8.3f %8.3f %9llu %7.3f %9llu %8.3f\n", oi__codec_name(k),
+      for (int k = 0; k < OI_CODEC_COUNT; k++)
+        printf("%-13s %9.3f %9.3f %8.3f %8.3f %9llu %7.3f %9llu %8.3f\n", oi__codec_name(k),
                pool[k].save_gbps, pool[k].load_gbps, pool[k].save_gbps / pool[0].save_gbps,
                pool[k].load_gbps / pool[0].load_gbps, (unsigned long long)pool[k].stored_bytes,
                pool[k].ratio, (unsigned long long)pool[k].capacity_blocks,

@@ -16,8 +16,6 @@
 #define PAGE 12288u
 #define RUN 256 /* blocks a call */
 
-static const char *const NAMES[4] = {"none", "lossless", "int8", "fp8"};
-
 static int api_fail(const char *what) {
   fprintf(stderr, "openinfer bench codec: pool: %s: %s\n", what, oi_last_error());
   return -1;
@@ -44,7 +42,7 @@ static oi_status open_engine(int codec, uint64_t pool, uint8_t *mem, uint64_t bl
   eo.namespace_id = "bench-codec";
   eo.arenas = &ad;
   eo.num_arenas = 1;
-  eo.codec = NAMES[codec];
+  eo.codec = oi__codec_name(codec);
   if (codec >= OI_CODEC_INT8) {
     eo.codec_tokens = 16;
     eo.codec_heads = 3;
@@ -141,11 +139,11 @@ static int run_pass(int codec, uint64_t pool, uint8_t *mem, const int64_t *ids,
   if (st == OI_OK) st = oi_host_get_namespace_stats(h, 0, &p->ns);
   oi_engine_destroy(e);
   oi_host_destroy(h);
-  return st == OI_OK ? 0 : api_fail(NAMES[codec]);
+  return st == OI_OK ? 0 : api_fail(oi__codec_name(codec));
 }
 
 int bench_codec_pool(const uint8_t *corpus, size_t clen, uint64_t work_bytes, int reps,
-                     bench_codec_pool_row rows[4]) {
+                     bench_codec_pool_row rows[OI_CODEC_COUNT]) {
   size_t n = work_bytes / PAGE;
   uint8_t *mem = malloc(2 * n * PAGE);
   int64_t *ids = malloc(n * sizeof *ids);
@@ -163,7 +161,7 @@ int bench_codec_pool(const uint8_t *corpus, size_t clen, uint64_t work_bytes, in
     memcpy(hs[i].bytes, &i, sizeof i);
     hs[i].bytes[15] = 0xc0;
   }
-  for (int c = 0; c < 4; c++) {
+  for (int c = 0; c < OI_CODEC_COUNT; c++) {
     bench_codec_pool_row *r = &rows[c];
     memset(r, 0, sizeof *r);
     r->codec = c;

@@ -604,7 +604,8 @@ int bench_transfer(int argc, char **argv) {
       env.codec = oi__codec_from_name(optarg);
       if (env.codec < 0) {
         fprintf(stderr,
-                "openinfer bench transfer: --codec %s: not a codec (none, lossless, int8, fp8)\n",
+                "openinfer bench transfer: --codec %s: not a codec (none, lossless, int8, "
+                "int8-hadamard, fp8)\n",
                 optarg);
         return CLI_USAGE;
       }

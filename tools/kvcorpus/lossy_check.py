@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The lossy codecs checked on the real model: SmolLM2-135M's prefix KV put
-through this library's int8 and fp8 codecs (the codec_roundtrip helper of
+through this library's int8, int8-hadamard and fp8 codecs (the codec_roundtrip helper of
 tests/codec, so the bytes are the ones lib/codec writes and reads), then the
 next 64 tokens computed on top of it; their next-token logits compared with
 the exact pass (float32 KV throughout) over 6 texts x 4 prefix lengths x 64
@@ -57,7 +57,7 @@ def main():
     path = smollm2.gguf_path()
     m = smollm2.Model(path)
     tk = smollm2.tokenizer(path)
-    variants = {"bf16": None, "int8": "int8", "fp8": "fp8"}
+    variants = {"bf16": None, "int8": "int8", "int8-hadamard": "int8-hadamard", "fp8": "fp8"}
     res = {v: {"top1": [], "top1_vs_bf16": [], "kl": []} for v in variants}
     t0 = time.time()
     for name, src, _ in SOURCES:
@@ -87,14 +87,14 @@ def main():
            "reference": "the same model with float32 KV throughout (the full prefill's logits)",
            "results": {}}
     print(f"{n} positions: {len(SOURCES)} texts x prefixes {PREFIXES} x {EVAL} tokens after each")
-    print(f"{'prefix KV':10} {'top-1 vs exact':>15} {'top-1 vs bf16':>14} {'mean KL':>10} {'p99 KL':>10} {'max KL':>10}")
+    print(f"{'prefix KV':14} {'top-1 vs exact':>15} {'top-1 vs bf16':>14} {'mean KL':>10} {'p99 KL':>10} {'max KL':>10}")
     for v in variants:
         r = res[v]
         kl = np.array(r["kl"])
         row = {"top1": float(np.mean(r["top1"])), "top1_vs_bf16": float(np.mean(r["top1_vs_bf16"])),
                "mean_kl": float(kl.mean()), "p99_kl": float(np.quantile(kl, 0.99)), "max_kl": float(kl.max())}
         out["results"][v] = row
-        print(f"{v:10} {100 * row['top1']:14.2f}% {100 * row['top1_vs_bf16']:13.2f}% {row['mean_kl']:10.2e} "
+        print(f"{v:14} {100 * row['top1']:14.2f}% {100 * row['top1_vs_bf16']:13.2f}% {row['mean_kl']:10.2e} "
               f"{row['p99_kl']:10.2e} {row['max_kl']:10.2e}")
     if a.out:
         with open(a.out, "w") as f:

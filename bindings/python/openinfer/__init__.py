@@ -1439,9 +1439,9 @@ class OffloadEngine(_Handle):
 
     def _codec_options(self, o, codec, codec_shape, codec_slot_bytes):
         """The namespace's codec (oi_engine_options.codec, docs/codecs.md):
-        codec "none", "lossless", "int8" or "fp8"; codec_shape (tokens,
-        heads, head_dim) of a host block's bf16 elements, required by int8
-        and fp8; codec_slot_bytes, a lossless frame's slot. The C call
+        codec "none", "lossless", "int8", "int8-hadamard" or "fp8";
+        codec_shape (tokens, heads, head_dim) of a host block's bf16
+        elements, required by the lossy three; codec_slot_bytes, a lossless frame's slot. The C call
         checks them (InvalidArgumentError naming the field)."""
         if codec is not None:
             c = ffi.new("char[]", str(codec).encode())
@@ -2004,7 +2004,7 @@ class Executor(_Handle):
     offload: "none", "embedded" (host: an OffloadHost to share, which must
     outlive the executor, or None for a private one) or "sidecar"
     (socket_path). codec (with offload): the namespace's codec, "none",
-    "lossless", "int8" or "fp8", and codec_slot_bytes its frame slot
+    "lossless", "int8", "int8-hadamard" or "fp8", and codec_slot_bytes its frame slot
     (docs/codecs.md). Driven from one thread at a time (calls are
     serialized). on_token(request_id, token, index, finished) runs inside
     step()."""

@@ -252,7 +252,8 @@ def parse_bool(v, what="value"):
 
 COPY_MODES = {"auto": 0, "kernel": 1, "dma": 2, "staged": 3}
 #: A namespace's codec (docs/codecs.md, "Codec namespaces").
-CODECS = {"none": "none", "lossless": "lossless", "int8": "int8", "fp8": "fp8"}
+CODECS = {"none": "none", "lossless": "lossless", "int8": "int8", "int8-hadamard": "int8-hadamard",
+          "fp8": "fp8"}
 
 LOOKUP_DEADLINE = Key(
     "lookup_deadline_ms", ms(), 50,
@@ -288,8 +289,8 @@ VLLM_KEYS = [
     Key("copy_mode", choice(COPY_MODES), None,
         "embedded: the engine's copy mode (docs/api.md); default: `auto`"),
     Key("codec", choice(CODECS), "none",
-        "the namespace's codec (docs/codecs.md): `lossless` (byte-exact), `int8` or `fp8` "
-        "(lossy, bf16 K/V only); saves and loads stay layer by layer"),
+        "the namespace's codec (docs/codecs.md): `lossless` (byte-exact), `int8`, "
+        "`int8-hadamard` or `fp8` (lossy, bf16 K/V only); saves and loads stay layer by layer"),
     Key("control_deadline_ms", ms(), None,
         "the engine's control deadline (docs/api.md); default: the library's (30000)"),
     Key("save_deadline_ms", ms(), None,
@@ -315,8 +316,8 @@ SGLANG_KEYS = [
     Key("namespace", namespace(), None,
         "replaces the derived namespace (below)"),
     Key("codec", choice(CODECS), "none",
-        "the namespace's codec (docs/codecs.md): `lossless` (byte-exact), `int8` or `fp8` "
-        "(lossy, bf16 MHA pools only)"),
+        "the namespace's codec (docs/codecs.md): `lossless` (byte-exact), `int8`, "
+        "`int8-hadamard` or `fp8` (lossy, bf16 MHA pools only)"),
     Key("staging_pages", integer(1, 1 << 20), 16,
         "pages of the staging buffer (copying calls; every call in sidecar mode)"),
     Key("timeout_s", number(0.0, MS_MAX / 1000.0, lo_open=True, unit=" of seconds"), 60.0,

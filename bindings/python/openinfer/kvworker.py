@@ -307,7 +307,7 @@ def codec_shape_of(tensors, roles):
                 "of a tensor of shape %s" % (name, roles, list(t.shape)))
         if t.dtype != torch.bfloat16:
             raise oi.InvalidArgumentError(
-                "layer %r: the KV cache is %s; the lossy codecs (int8, fp8) take bfloat16 "
+                "layer %r: the KV cache is %s; the lossy codecs (int8, int8-hadamard, fp8) take bfloat16 "
                 "only" % (name, str(t.dtype).replace("torch.", "")))
         dims = [(r, int(n), int(st)) for r, n, st in zip(roles, t.shape, t.stride())
                 if r not in "bs" and (n != 1 or r in "td")]
@@ -354,7 +354,7 @@ class KVWorker:
     layer (every engine reports arenas as they land; a sidecar engine from
     the server's progress frames).
 
-    ``codec`` (``"none"``, ``"lossless"``, ``"int8"``, ``"fp8"``; with
+    ``codec`` (``"none"``, ``"lossless"``, ``"int8"``, ``"int8-hadamard"``, ``"fp8"``; with
     ``codec_shape`` for the lossy ones, ``codec_shape_of``, and
     ``codec_slot_bytes``): the namespace's codec (docs/codecs.md). Saves and
     loads are layer by layer as without a codec: the library gathers a

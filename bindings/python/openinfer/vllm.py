@@ -270,7 +270,7 @@ def _default_namespace(vllm_config, codec="none"):
     return ns, ident
 
 
-_LOSSY = ("int8", "fp8")
+_LOSSY = ("int8", "int8-hadamard", "fp8")
 _CODEC_WHERE = "openinfer.vllm: kv_connector_extra_config"
 
 

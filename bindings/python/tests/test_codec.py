@@ -1,7 +1,7 @@
 """Namespaces with a codec (docs/codecs.md) from Python: real KV pages of the
 committed corpus (tests/data/kvcorpus/kv.bin) saved and loaded through
-lossless (byte-exact) and int8 (within half a scale step per token and
-head), embedded and through a real `openinfer serve`; the codec is the
+lossless (byte-exact), int8 (within half a scale step per token and
+head) and int8-hadamard (within its bound per token and head), embedded and through a real `openinfer serve`; the codec is the
 namespace's identity; bad codec options raise InvalidArgumentError."""
 import json
 import os
@@ -46,6 +46,22 @@ def int8_close(got, want):
     return bool(np.all(np.abs(g - w) <= step / 2 + np.abs(w) / 128 + 1e-30))
 
 
+def int8_hadamard_close(got, want):
+    """Every (token, head) group of 64 within int8-hadamard's bound in L2:
+    its codes are within half a step of y = H x / 8 (H: the Sylvester
+    Hadamard matrix, step = amax |y| / 127), which H / 8 takes back at the
+    same norm: at most 8 half steps, plus the bf16 rounding."""
+    np = pytest.importorskip("numpy")
+    H = np.array([[1.0]])
+    while H.shape[0] < 64:
+        H = np.block([[H, H], [H, -H]])
+    g = bf16(got).reshape(-1, 64).astype(np.float64)
+    w = bf16(want).reshape(-1, 64).astype(np.float64)
+    step = np.abs(w @ H.T / 8).max(axis=1) / 127.0
+    err = np.linalg.norm(g - w, axis=1)
+    return bool(np.all(err <= 8 * step / 2 * 1.001 + np.linalg.norm(g, axis=1) / 256 + 1e-30))
+
+
 def save_load(e, write, read, pages, tag):
     hs = oi.hash_blocks(range(tag, tag + N * 16), 16)
     write(0, pages)
@@ -74,6 +90,14 @@ def test_embedded_lossless_and_int8(pages):
                               codec_shape=SHAPE) as e:
             got = save_load(e, write, read, pages, 2)
             assert got != pages and int8_close(got, pages)
+        with oi.OffloadEngine(h, "py/int8-hadamard", arena(), buffer=buf, codec="int8-hadamard",
+                              codec_shape=SHAPE) as e:
+            goth = save_load(e, write, read, pages, 3)
+            assert goth != got and int8_hadamard_close(goth, pages)
+            # the rotation's point: less error than int8's on the same pages
+            np = pytest.importorskip("numpy")
+            assert np.abs(bf16(goth) - bf16(pages)).mean() < np.abs(bf16(got) - bf16(pages)).mean()
+            assert e.stats()["saves_completed"] == N
         # the codec is the namespace's identity
         with pytest.raises(oi.InvalidArgumentError, match="namespace 'py/lossless'"):
             oi.OffloadEngine(h, "py/lossless", arena(), buffer=buf)

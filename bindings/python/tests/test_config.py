@@ -165,14 +165,14 @@ def test_good_values_parse_to_their_values():
             p["prefill_ns_per_token_ctx"], p["plan_rates_refresh_ms"]) == (False, 5e4, 1e8, 0.5, 10)
     assert [vllm({"copy_mode": m})["copy_mode"] for m in ("auto", "kernel", "dma", "staged")] \
         == [0, 1, 2, 3]
-    assert [vllm({"codec": c})["codec"] for c in ("none", "LOSSLESS", "int8", "fp8")] \
-        == ["none", "lossless", "int8", "fp8"]
+    assert [vllm({"codec": c})["codec"] for c in ("none", "LOSSLESS", "int8", "fp8", "INT8-Hadamard")] \
+        == ["none", "lossless", "int8", "fp8", "int8-hadamard"]
     assert [sglang({"codec": c})["codec"] for c in ("none", "Lossless", "int8", "FP8")] \
         == ["none", "lossless", "int8", "fp8"]
     for bad in ("zstd", "", 8, True):
         for parse in (vllm, sglang):
             with pytest.raises(ConfigError, match="option 'codec' is .*allowed: one of 'none', "
-                                                  "'lossless', 'int8', 'fp8'"):
+                                                  "'lossless', 'int8', 'int8-hadamard', 'fp8'"):
                 parse({"codec": bad})
     # a namespace of exactly 255 bytes is allowed
     assert vllm({"namespace": "\u00e9" * 127 + "n"})["namespace"] == "\u00e9" * 127 + "n"

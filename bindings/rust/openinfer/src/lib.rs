@@ -991,9 +991,9 @@ pub struct EngineOptions {
     /// arena's offset. None: the descriptors' `segment_stride` rule.
     pub segment_offsets: Option<Vec<u64>>,
     /// The namespace's codec (`oi_engine_options.codec`, docs/codecs.md):
-    /// None or "none", "lossless", "int8", "fp8".
+    /// None or "none", "lossless", "int8", "int8-hadamard", "fp8".
     pub codec: Option<String>,
-    /// int8 and fp8: a host block's bf16 elements as (tokens, heads,
+    /// int8, int8-hadamard and fp8: a host block's bf16 elements as (tokens, heads,
     /// head_dim) per part.
     pub codec_shape: Option<(u32, u32, u32)>,
     /// lossless: a frame's slot in bytes (None: 74 % of the block).
@@ -1021,7 +1021,7 @@ impl EngineOptions {
     }
 
     /// Stores the namespace's blocks as frames of `codec` ("lossless",
-    /// "int8", "fp8"; docs/codecs.md); the lossy codecs need `shape`
+    /// "int8", "int8-hadamard", "fp8"; docs/codecs.md); the lossy codecs need `shape`
     /// (tokens, heads, head_dim). The library checks both at register
     /// (`InvalidArgument` naming the field).
     pub fn codec(mut self, codec: &str, shape: Option<(u32, u32, u32)>) -> EngineOptions {
@@ -2476,7 +2476,8 @@ pub struct ExecutorOptions<'h> {
     pub flush_timeout_ms: Option<u32>,
     pub restore_overlap: RestoreOverlap,
     /// The namespace's codec (`oi_executor_options.codec`, docs/codecs.md):
-    /// None or "none", "lossless", or (bf16 KV) "int8" / "fp8"; needs offload.
+    /// None or "none", "lossless", or (bf16 KV) "int8" / "int8-hadamard" / "fp8";
+    /// needs offload.
     pub codec: Option<String>,
     /// The lossless codec's slot (`codec_slot_bytes`); None: the default.
     pub codec_slot_bytes: Option<u64>,

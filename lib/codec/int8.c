@@ -33,26 +33,20 @@ static unsigned log2_of(unsigned b) {
 }
 
 /* The unnormalized Walsh-Hadamard transform of v[0..b), b a power of two:
- * butterflies of stride 1, 2, 4, ... (the order every decoder follows). */
-static void fwht_f32(float *v, unsigned b) {
-  for (unsigned h = 1; h < b; h <<= 1)
-    for (unsigned i = 0; i < b; i += 2 * h)
-      for (unsigned j = i; j < i + h; j++) {
-        float a = v[j], c = v[j + h];
-        v[j] = a + c;
-        v[j + h] = a - c;
-      }
-}
-
-static void fwht_i32(int32_t *v, unsigned b) {
-  for (unsigned h = 1; h < b; h <<= 1)
-    for (unsigned i = 0; i < b; i += 2 * h)
-      for (unsigned j = i; j < i + h; j++) {
-        int32_t a = v[j], c = v[j + h];
-        v[j] = a + c;
-        v[j + h] = a - c;
-      }
-}
+ * butterflies of stride 1, 2, 4, ... (the order every decoder follows), on
+ * floats (the encoder's values) or int32 (the decoder's exact codes). */
+#define FWHT(name, T)                                                                              \
+  static void name(T *v, unsigned b) {                                                             \
+    for (unsigned h = 1; h < b; h <<= 1)                                                           \
+      for (unsigned i = 0; i < b; i += 2 * h)                                                      \
+        for (unsigned j = i; j < i + h; j++) {                                                     \
+          T a = v[j], c = v[j + h];                                                                \
+          v[j] = a + c;                                                                            \
+          v[j + h] = a - c;                                                                        \
+        }                                                                                          \
+  }
+FWHT(fwht_f32, float)
+FWHT(fwht_i32, int32_t)
 
 /* One group's d values y (already rotated for int8-hadamard) into its fp16
  * scale and codes; false (oi_last_error set) when the scale overflows. */

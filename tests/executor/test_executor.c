@@ -632,14 +632,16 @@ static void test_codec_namespace(void) {
   /* A model of bf16 KV: each lossy codec takes its shape (page_size tokens,
    * the KV heads and head_dim; the engine refuses a shape that does not
    * divide the block) and names the namespace. */
-  for (int lossy = 0; lossy < 2 && host; lossy++) {
+  static const char *const lossy_codecs[] = {"int8", "fp8", "int8-hadamard"};
+  static const char *const lossy_ns[] = {"t-codec-int8", "t-codec-fp8", "t-codec-int8h"};
+  for (int lossy = 0; lossy < 3 && host; lossy++) {
     oi_model_ops ops = model_ops;
     ops.describe = bad_describe;
     ops.bind = bad_bind;
     o.model = &ops;
-    o.codec = lossy ? "fp8" : "int8";
+    o.codec = lossy_codecs[lossy];
     o.codec_slot_bytes = 0;
-    o.namespace_id = lossy ? "t-codec-fp8" : "t-codec-int8";
+    o.namespace_id = lossy_ns[lossy];
     bad_model_mode = 11;
     x = NULL;
     oi_status st = oi_executor_create(&o, &x);

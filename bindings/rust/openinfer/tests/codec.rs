@@ -77,6 +77,26 @@ fn int8_is_within_half_a_step() {
     }
 }
 
+#[test]
+fn int8_hadamard_is_within_its_bound() {
+    // each group of 128 (a token's channels of a head) is int8 of y = H x / 8
+    // (H: the Sylvester Hadamard matrix of order 128, entries (-1)^popcount(i & j)):
+    // within 8 half steps of x in L2, plus the bf16 rounding
+    let (want, got) = round_trip("int8-hadamard", Some((16, 1, 128)), "rs/int8h");
+    assert_ne!(got, want);
+    let sign = |i: usize, j: usize| if (i & j).count_ones() % 2 == 1 { -1.0f64 } else { 1.0 };
+    for (w, g) in want.chunks(256).zip(got.chunks(256)) {
+        let w: Vec<f64> = w.chunks(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])) as f64).collect();
+        let g: Vec<f64> = g.chunks(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])) as f64).collect();
+        let amax = (0..128)
+            .map(|i| ((0..128).map(|j| sign(i, j) * w[j]).sum::<f64>() / 8.0).abs())
+            .fold(0f64, f64::max);
+        let err = w.iter().zip(g.iter()).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+        let norm = g.iter().map(|b| b * b).sum::<f64>().sqrt();
+        assert!(err <= 8.0 * amax / 127.0 / 2.0 * 1.001 + norm / 256.0, "{} past the bound", err);
+    }
+}
+
 fn refused(r: Result<OffloadEngine<'_>>) -> Error {
     match r {
         Ok(_) => panic!("an engine was made"),

@@ -992,6 +992,24 @@ def int8_within_bound(got, want):
     return bool(((g - w).abs() <= step / 2 + w.abs() / 128 + 1e-30).all())
 
 
+def int8_hadamard_within_bound(got, want):
+    """int8-hadamard: every token's K or V of every head (HEAD values, one
+    transform block) within its bound in L2: the codes are within half a step
+    (amax |y| / 127) of y = H x / 2^k (H the Sylvester Hadamard matrix, k =
+    floor(log2(HEAD) / 2)), which H / 2^(log2(HEAD) - k) takes back at 2^k
+    times their norm, plus the bf16 rounding."""
+    lg = HEAD.bit_length() - 1
+    assert 1 << lg == HEAD
+    H = torch.ones(1, 1)
+    while H.shape[0] < HEAD:
+        H = torch.cat([torch.cat([H, H], 1), torch.cat([H, -H], 1)], 0)
+    g = got.double().unflatten(-1, (2, HEAD))
+    w = want.double().unflatten(-1, (2, HEAD))
+    step = (w @ H.double().T / 2 ** (lg // 2)).abs().amax(dim=-1) / 127
+    err = (g - w).norm(dim=-1)
+    return bool((err <= 2 ** (lg // 2) * step / 2 * 1.001 + g.norm(dim=-1) / 256 + 1e-30).all())
+
+
 def fp8_within_bound(got, want):
     """Every value within half a unit in the last of e4m3's 3 mantissa bits,
     or half the smallest subnormal step of its head's K or V scale (amax over
@@ -1053,7 +1071,7 @@ def server_namespaces(serve):
 CODEC_CASES = [("lossless", "embedded", False), ("lossless", "embedded", True),
                ("lossless", "sidecar", False), ("lossless", "sidecar", True),
                ("int8", "embedded", False), ("int8", "sidecar", True),
-               ("fp8", "embedded", False)]
+               ("fp8", "embedded", False), ("int8-hadamard", "embedded", False)]
 
 
 @pytest.mark.parametrize("codec,mode,load_async", CODEC_CASES,
@@ -1109,7 +1127,8 @@ def test_a_codec_prefix_loads_into_another_instance(codec, mode, load_async, req
         seen = watch_layer_waits(b, {
             "lossless": lambda got, want: torch.equal(got.view(torch.int16),
                                                       want.view(torch.int16)),
-            "int8": int8_within_bound, "fp8": fp8_within_bound}[codec])
+            "int8": int8_within_bound, "fp8": fp8_within_bound,
+            "int8-hadamard": int8_hadamard_within_bound}[codec])
         b.add("b", prompt[:5 * BS] + [7, 8, 9])
         outs = b.run()
         so, meta = first_load(outs)
@@ -1128,6 +1147,8 @@ def test_a_codec_prefix_loads_into_another_instance(codec, mode, load_async, req
                     assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (j, layer)
                 elif codec == "int8":
                     assert int8_within_bound(got, want), (j, layer)
+                elif codec == "int8-hadamard":
+                    assert int8_hadamard_within_bound(got, want), (j, layer)
                 else:
                     assert fp8_within_bound(got, want), (j, layer)
                 differs += not torch.equal(got, want)
@@ -1225,7 +1246,8 @@ def test_a_lossy_codec_is_refused_for_pages_it_cannot_take():
         kvc = kvc_of(spec)
         bf16 = spec.dtype == torch.bfloat16
         allowed = "allowed here: 'none' or 'lossless'" if bf16 else "allowed here: 'none'"
-        for codec in ("int8", "fp8") if bf16 else ("int8", "fp8", "lossless"):
+        lossy = ("int8", "fp8", "int8-hadamard")
+        for codec in lossy if bf16 else lossy + ("lossless",):
             cfg = vllm_config({"pool_size": "16M", "codec": codec})
             with set_current_vllm_config(cfg):
                 for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):

@@ -123,6 +123,11 @@ oi_status oi__int8_decode(const oi_codec_shape *sh, const uint8_t *src, size_t l
     /* scale * up is exact (a power of two), and so is (float)t (|t| <=
      * 127 b < 2^24): the multiply below is the one rounding before bf16. */
     float step = scale * up;
+    if (b == 1) { /* int8, or a head_dim of no even divisor: no transform */
+      for (size_t i = 0; i < d; i++)
+        dst[g * d + i] = oi__f32_to_bf16((float)q[g * d + i] * step);
+      continue;
+    }
     for (size_t at = 0; at < d; at += b) {
       for (unsigned i = 0; i < b; i++)
         t[i] = q[g * d + at + i];

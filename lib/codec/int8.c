@@ -11,8 +11,6 @@
  *   channels over the block, so one scale fits its values better. Decoded
  *   x = t * 2^-(log2(b) - k) * scale with t = H q, exact in int32: one
  *   rounding (the multiply), then bf16, as in int8. */
-#include <stdlib.h>
-
 #include "codec/codec_internal.h"
 
 size_t oi__int8_bound(const oi_codec_shape *sh) {
@@ -75,7 +73,8 @@ size_t oi__int8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *d
   unsigned b = rotate ? oi__int8h_block(sh->head_dim) : 1;
   float down = ldexpf(1.0f, -(int)(log2_of(b) / 2));
   int8_t *q = (int8_t *)(dst + groups * 2);
-  float *y = malloc(d * sizeof *y); /* a group's values, rotated block by block */
+  float stack_y[512]; /* a group's values, rotated block by block */
+  float *y = d <= 512 ? stack_y : oi__malloc(d * sizeof *y);
   if (!y) {
     oi__fail(OI_ERR_OUT_OF_MEMORY, "codec int8: out of memory for a group of %zu values", d);
     return 0;
@@ -100,7 +99,7 @@ size_t oi__int8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *d
       }
     if (len && !quantize(y, d, dst + 2 * g, q + g * d)) len = 0;
   }
-  free(y);
+  if (y != stack_y) oi__free(y);
   return len;
 }
 

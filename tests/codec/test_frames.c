@@ -521,10 +521,11 @@ static void int8h_reference(const oi_codec_shape *sh, const uint8_t *payload, ui
 /* int8-hadamard: its frames are format 3 (the others stay 2) and a frame
  * that says an earlier format is refused; the decoder matches a reference
  * of the format over head_dims of every transform block (1 for an odd
- * head_dim, where the payload is int8's, 16, 32, 64, 128 and 256 twice for
- * 512); values the rotation represents come back exactly. */
+ * head_dim, where the payload is int8's, 16, 32, 64, 128, and 256 twice
+ * for 512 and four times for 1024, whose group is past the encoder's
+ * stack); values the rotation represents come back exactly. */
 static void test_int8_hadamard(void) {
-  static const uint16_t dims[] = {3, 80, 96, 64, 128, 512};
+  static const uint16_t dims[] = {3, 80, 96, 64, 128, 512, 1024};
   for (size_t k = 0; k < LEN(dims); k++) {
     oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 2, 3, 2, dims[k]};
     size_t n = (size_t)sh.parts * sh.tokens * sh.heads * sh.head_dim;

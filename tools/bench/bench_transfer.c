@@ -542,7 +542,7 @@ static void usage(FILE *f) {
              "                    pages-4k, pages-42k\n"
              "  --bandwidth-only  skip the restore-latency and interference sections\n"
              "  --codec NAME      the engines' namespace codec: none (default), lossless, int8,\n"
-             "                    fp8 (lossy: the Qwen3-4B shapes); rates in logical bytes\n"
+             "                    int8-hadamard, fp8 (lossy: the Qwen3-4B shapes); logical bytes\n"
              "  --content KIND    pattern (default) or corpus: the real-KV corpus tiled\n"
              "  --corpus FILE     the corpus (default tests/data/kvcorpus/kv.bin)\n"
              "  OI_CODEC_DECODE=host, OI_CODEC_ENCODE=host (environment): loads decode, saves\n"

@@ -12,7 +12,10 @@
 //  - raw exponents: the warp merges;
 //  - int8 / fp8: a grid over the payload's elements, each scaled and
 //    rounded to bf16 exactly as the cpu does (one IEEE multiply, round to
-//    nearest even).
+//    nearest even);
+//  - int8-hadamard: a warp per transform block (or 32 codes): the exact
+//    integer Walsh-Hadamard transform by butterflies in registers and
+//    across lanes, then int8's one multiply.
 // A stream that does not decode marks its frame's status; the frame's other
 // pieces still run and the caller drops the block.
 #include <cuda_fp16.h>
@@ -381,6 +384,76 @@ __global__ static void lossy_kernel(const oi_kdec_item *__restrict__ items, int3
   }
 }
 
+// int8-hadamard (lib/codec/int8.c): a warp per chunk of max(b, 32) codes, b
+// the transform block (head_dim's largest power-of-two divisor, at most
+// 256): lane k holds E = max(b / 32, 1) consecutive codes; the transform's
+// butterflies run in registers for strides below E and across lanes
+// (__shfl_xor) above. Integer sums are exact in any order, so t = H q is
+// the cpu's; then the one multiply by scale * 2^-(log2(b) - floor(log2(b)
+// / 2)) and bf16, as int8.
+template <int E>
+__device__ static void int8h_chunks(const oi_kdec_item &it, int32_t *status, uint32_t b,
+                                    uint32_t lg, unsigned lane, uint64_t first, uint64_t step) {
+  const uint8_t *src = reinterpret_cast<const uint8_t *>(it.src);
+  uint16_t *out = reinterpret_cast<uint16_t *>(it.dst);
+  const uint64_t d = it.head_dim, groups = it.count, elems = groups * d;
+  const int8_t *q = reinterpret_cast<const int8_t *>(src + 2 * groups);
+  const float up = __uint_as_float((127u - (lg - lg / 2)) << 23);
+  for (uint64_t c = first; c * 32 * E < elems; c += step) {
+    const uint64_t i0 = c * 32 * E + (uint64_t)lane * E; // this lane's first code
+    const bool active = i0 < elems;                      // (E = 1 past a short last chunk)
+    int32_t v[E];
+#pragma unroll
+    for (int j = 0; j < E; j++)
+      v[j] = active ? q[i0 + j] : 0;
+#pragma unroll
+    for (int h = 1; h < E; h <<= 1)
+#pragma unroll
+      for (int j = 0; j < E; j++)
+        if (!(j & h)) {
+          const int32_t a = v[j], e = v[j + h];
+          v[j] = a + e;
+          v[j + h] = a - e;
+        }
+    for (uint32_t h = E; h < b; h <<= 1) {
+      const unsigned m = h / E; // the partner lane's distance
+#pragma unroll
+      for (int j = 0; j < E; j++) {
+        const int32_t p = __shfl_xor_sync(0xffffffffu, v[j], m);
+        v[j] = (lane & m) ? p - v[j] : v[j] + p;
+      }
+    }
+    if (!active) continue;
+    const uint64_t g = i0 / d;
+    const uint16_t s16 = (uint16_t)(src[2 * g] | src[2 * g + 1] << 8);
+    const float scale = __half2float(__ushort_as_half(s16));
+    if (!(fabsf(scale) <= 65504.0f)) atomicMax(&status[it.frame], OI_KDEC_BAD_SCALE);
+    const float mul = scale * up; // exact: a power of two
+#pragma unroll
+    for (int j = 0; j < E; j++)
+      out[i0 + j] = f32_to_bf16(__fmul_rn((float)v[j], mul));
+  }
+}
+
+// One CTA row per item (blockIdx.y), the row's warps striding its chunks.
+__global__ static void int8h_kernel(const oi_kdec_item *__restrict__ items, int32_t *status) {
+  const oi_kdec_item it = items[blockIdx.y];
+  if (it.kind != OI_KDEC_INT8H) return;
+  uint32_t b = (uint32_t)(it.head_dim & (0u - (uint32_t)it.head_dim)), lg = 0;
+  if (b > 256) b = 256;
+  while ((1u << lg) < b)
+    lg++;
+  const unsigned lane = threadIdx.x & 31;
+  const uint64_t first = (uint64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32,
+                 step = (uint64_t)gridDim.x * (blockDim.x / 32);
+  switch (b <= 32 ? 1 : b / 32) {
+  case 1: int8h_chunks<1>(it, status, b, lg, lane, first, step); break;
+  case 2: int8h_chunks<2>(it, status, b, lg, lane, first, step); break;
+  case 4: int8h_chunks<4>(it, status, b, lg, lane, first, step); break;
+  default: int8h_chunks<8>(it, status, b, lg, lane, first, step); break;
+  }
+}
+
 extern "C" int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int lossless,
                                       uint64_t max_lossy_elems, int32_t *status, void *stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -405,6 +478,8 @@ extern "C" int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int
       lossy_kernel<<<dim3(x, rows), 256, 0, s>>>(items + first, status);
       cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
+      int8h_kernel<<<dim3(x, rows), 256, 0, s>>>(items + first, status);
+      if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
   }
   return cudaSuccess;

@@ -47,6 +47,7 @@ enum {
   OI_KDEC_INT8 = 4,
   OI_KDEC_FP8 = 5,
   OI_KDEC_RANS32 = 6,
+  OI_KDEC_INT8H = 7, /* int8-hadamard: as INT8, the codes rotated (lib/codec/int8.c) */
 };
 
 typedef struct oi_kdec_item {

@@ -139,6 +139,7 @@ typedef enum oi_codec_piece_kind {
                                * x heads) of head_dim */
   OI_CODEC_PIECE_FP8 = 5,     /* a whole fp8 payload at src: count = parts */
   OI_CODEC_PIECE_RANS32 = 6,  /* lossless: a wide rANS stream (codec/rans.h), else as RANS */
+  OI_CODEC_PIECE_INT8H = 7,   /* a whole int8-hadamard payload: as INT8 */
 } oi_codec_piece_kind;
 
 typedef struct oi_codec_piece {
@@ -153,8 +154,8 @@ typedef struct oi_codec_piece {
  * each. Frames of earlier writers may have longer streams; they decode. */
 #define OI_LOSSLESS_SEGMENT_MAX 32768u
 
-/* Whether oi__codec_pieces cuts frames of `codec` (lossless, int8, fp8): a
- * GPU decodes those; int8-hadamard's frames decode on the host. */
+/* Whether oi__codec_pieces cuts frames of `codec` (every codec that frames
+ * blocks: a GPU decodes them all). */
 bool oi__codec_has_pieces(int codec);
 
 /* The most pieces oi__codec_pieces cuts a verified frame of `info` into. */

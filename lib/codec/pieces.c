@@ -9,7 +9,8 @@
 #define RAW_PIECE OI_LOSSLESS_SEGMENT_MAX
 
 bool oi__codec_has_pieces(int codec) {
-  return codec == OI_CODEC_LOSSLESS || codec == OI_CODEC_INT8 || codec == OI_CODEC_FP8;
+  return codec == OI_CODEC_LOSSLESS || codec == OI_CODEC_INT8 || codec == OI_CODEC_FP8 ||
+         codec == OI_CODEC_INT8_HADAMARD;
 }
 
 size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame) {
@@ -38,19 +39,21 @@ oi_status oi__codec_pieces(const void *frame, size_t bytes, bool verify, oi_code
     return oi__fail(OI_ERR_UNSUPPORTED, "codec %s: its frames decode on the host only",
                     oi__codec_name(info->codec));
   if (info->codec != OI_CODEC_LOSSLESS) {
-    size_t want = info->codec == OI_CODEC_INT8 ? oi__int8_bound(sh) : oi__fp8_bound(sh);
+    bool fp8 = info->codec == OI_CODEC_FP8;
+    size_t want = fp8 ? oi__fp8_bound(sh) : oi__int8_bound(sh);
     if (plen != want)
       return oi__fail(OI_ERR_PROTOCOL, "codec %s: payload of %zu bytes, the shape needs %zu",
                       oi__codec_name(info->codec), plen, want);
-    out[0] = (oi_codec_piece){
-        .kind = info->codec == OI_CODEC_INT8 ? OI_CODEC_PIECE_INT8 : OI_CODEC_PIECE_FP8,
-        .src = OI_CODEC_HEADER_BYTES,
-        .len = (uint32_t)plen,
-        .count =
-            info->codec == OI_CODEC_INT8 ? (uint32_t)sh->parts * sh->tokens * sh->heads : sh->parts,
-        .tokens = sh->tokens,
-        .heads = sh->heads,
-        .head_dim = sh->head_dim};
+    out[0] =
+        (oi_codec_piece){.kind = fp8                            ? OI_CODEC_PIECE_FP8
+                                 : info->codec == OI_CODEC_INT8 ? OI_CODEC_PIECE_INT8
+                                                                : OI_CODEC_PIECE_INT8H,
+                         .src = OI_CODEC_HEADER_BYTES,
+                         .len = (uint32_t)plen,
+                         .count = fp8 ? sh->parts : (uint32_t)sh->parts * sh->tokens * sh->heads,
+                         .tokens = sh->tokens,
+                         .heads = sh->heads,
+                         .head_dim = sh->head_dim};
     *n = 1;
     return OI_OK;
   }

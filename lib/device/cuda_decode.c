@@ -16,7 +16,8 @@ _Static_assert((int)OI_DECODE_RANS == (int)OI_KDEC_RANS &&
                    (int)OI_DECODE_BYTES == (int)OI_KDEC_BYTES &&
                    (int)OI_DECODE_INT8 == (int)OI_KDEC_INT8 &&
                    (int)OI_DECODE_FP8 == (int)OI_KDEC_FP8 &&
-                   (int)OI_DECODE_RANS32 == (int)OI_KDEC_RANS32,
+                   (int)OI_DECODE_RANS32 == (int)OI_KDEC_RANS32 &&
+                   (int)OI_DECODE_INT8H == (int)OI_KDEC_INT8H,
                "the decode kinds are the kernel's");
 _Static_assert((int)OI_DECODE_BAD_STREAM == (int)OI_KDEC_BAD_STREAM &&
                    (int)OI_DECODE_BAD_SCALE == (int)OI_KDEC_BAD_SCALE &&
@@ -209,7 +210,8 @@ static bool piece_fits(const oi_decode_piece *p, const oi_decode_batch *b) {
     return (uint64_t)p->src + p->count <= fb && (uint64_t)p->aux + p->count <= fb &&
            (uint64_t)p->dst + 2ull * p->count <= bb;
   case OI_KDEC_BYTES: return (uint64_t)p->src + p->count <= fb && (uint64_t)p->dst + p->count <= bb;
-  case OI_KDEC_INT8: {
+  case OI_KDEC_INT8:
+  case OI_KDEC_INT8H: {
     uint64_t elems = (uint64_t)p->count * p->head_dim;
     return p->dst == 0 && (uint64_t)p->src + p->len <= fb && p->len == 2 * p->count + elems &&
            2 * elems <= bb;

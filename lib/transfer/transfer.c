@@ -377,7 +377,8 @@ _Static_assert((int)OI_CODEC_PIECE_RANS == (int)OI_DECODE_RANS &&
                    (int)OI_CODEC_PIECE_BYTES == (int)OI_DECODE_BYTES &&
                    (int)OI_CODEC_PIECE_INT8 == (int)OI_DECODE_INT8 &&
                    (int)OI_CODEC_PIECE_FP8 == (int)OI_DECODE_FP8 &&
-                   (int)OI_CODEC_PIECE_RANS32 == (int)OI_DECODE_RANS32,
+                   (int)OI_CODEC_PIECE_RANS32 == (int)OI_DECODE_RANS32 &&
+                   (int)OI_CODEC_PIECE_INT8H == (int)OI_DECODE_INT8H,
                "a codec piece's kind is the device's");
 
 /* A group decoded on the device: its statuses, written on the stream by
@@ -476,7 +477,7 @@ static oi_status queue_device_decode(oi_xfer_job *job, const oi_layout *l, size_
                                             .tokens = p->tokens,
                                             .heads = p->heads,
                                             .head_dim = p->head_dim};
-      if (p->kind == OI_CODEC_PIECE_INT8)
+      if (p->kind == OI_CODEC_PIECE_INT8 || p->kind == OI_CODEC_PIECE_INT8H)
         b.max_lossy_elems = OI_MAX(b.max_lossy_elems, (uint64_t)p->count * p->head_dim);
       else if (p->kind == OI_CODEC_PIECE_FP8)
         b.max_lossy_elems =

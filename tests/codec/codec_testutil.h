@@ -98,10 +98,12 @@ static inline int ct_decode_piece(const uint8_t *f, const oi_codec_piece *p, uin
     return rc;
   }
   case OI_CODEC_PIECE_BYTES: memcpy(out, f + p->src, p->count); return 0;
-  default: { /* int8, fp8: the whole payload */
-    int codec = p->kind == OI_CODEC_PIECE_INT8 ? OI_CODEC_INT8 : OI_CODEC_FP8;
+  default: { /* int8, int8-hadamard, fp8: the whole payload */
+    int codec = p->kind == OI_CODEC_PIECE_INT8    ? OI_CODEC_INT8
+                : p->kind == OI_CODEC_PIECE_INT8H ? OI_CODEC_INT8_HADAMARD
+                                                  : OI_CODEC_FP8;
     oi_codec_shape sh = {.dtype = OI_CODEC_DTYPE_BF16,
-                         .parts = (uint16_t)(codec == OI_CODEC_INT8
+                         .parts = (uint16_t)(codec != OI_CODEC_FP8
                                                  ? p->count / ((uint32_t)p->tokens * p->heads)
                                                  : p->count),
                          .tokens = p->tokens,

@@ -19,7 +19,8 @@
 #include "testutil.h"
 
 #define PAGE CORPUS_PAGE_BYTES
-static const char *const CODECS[4] = {"none", "lossless", "int8", "fp8"};
+static const char *const CODECS[OI_CODEC_COUNT] = {"none", "lossless", "int8", "fp8",
+                                                   "int8-hadamard"};
 
 static oi_dev *dev;
 static uint8_t *corpus;
@@ -210,7 +211,7 @@ int main(int argc, char **argv) {
   npages = len / PAGE;
   REQUIRE(oi__dev_open(0, &dev) == OI_OK);
   for (int host_decode = 0; host_decode < 2; host_decode++)
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < OI_CODEC_COUNT; c++) {
       if (c == OI_CODEC_NONE && host_decode) continue; /* no codec: nothing to decode */
       run(c, OI_COPY_KERNEL, false, host_decode);
       run(c, OI_COPY_DMA, false, host_decode);
@@ -219,6 +220,7 @@ int main(int argc, char **argv) {
     }
   test_damaged_on_device(OI_CODEC_LOSSLESS);
   test_damaged_on_device(OI_CODEC_INT8);
+  test_damaged_on_device(OI_CODEC_INT8_HADAMARD);
   oi__dev_close(dev);
   free(corpus);
   fprintf(stderr, "%-60s %s\n", "test_codec_namespaces_on_cuda",

@@ -114,7 +114,7 @@ static void batch_plan(batch *b, uint64_t dev_frames, uint64_t dev_blocks) {
                                              .tokens = p->tokens,
                                              .heads = p->heads,
                                              .head_dim = p->head_dim};
-      if (p->kind == OI_CODEC_PIECE_INT8)
+      if (p->kind == OI_CODEC_PIECE_INT8 || p->kind == OI_CODEC_PIECE_INT8H)
         b->max_lossy = OI_MAX(b->max_lossy, (uint64_t)p->count * p->head_dim);
       else if (p->kind == OI_CODEC_PIECE_FP8)
         b->max_lossy =
@@ -210,23 +210,22 @@ static uint8_t *tiled(size_t n, size_t len, size_t first) {
 static void test_corpus_pages(void) {
   size_t pages = corpus_len / CORPUS_PAGE_BYTES;
   oi_codec_shape kv = CORPUS_SHAPE_KV;
-  const char *names[] = {"", "lossless", "int8", "fp8"};
-  for (int c = OI_CODEC_LOSSLESS; c <= OI_CODEC_FP8; c++) {
+  for (int c = OI_CODEC_LOSSLESS; c < OI_CODEC_COUNT; c++) {
     batch b;
     batch_encode(&b, c, &kv, corpus, pages, CORPUS_PAGE_BYTES);
     char what[64];
-    snprintf(what, sizeof what, "corpus pages, %s", names[c]);
+    snprintf(what, sizeof what, "corpus pages, %s", oi__codec_name(c));
     CHECK(check_batch(&b, what, NULL, 0) == 0);
     batch_free(&b);
   }
   /* 64 pages a block: one stream per part (128 parts) */
   oi_codec_shape big = {OI_CODEC_DTYPE_BF16, 128, 16, 3, 64};
   uint8_t *src = tiled(3, 64 * CORPUS_PAGE_BYTES, 0);
-  for (int c = OI_CODEC_LOSSLESS; c <= OI_CODEC_FP8; c++) {
+  for (int c = OI_CODEC_LOSSLESS; c < OI_CODEC_COUNT; c++) {
     batch b;
     batch_encode(&b, c, &big, src, 3, 64 * CORPUS_PAGE_BYTES);
     char what[64];
-    snprintf(what, sizeof what, "64-page blocks, %s", names[c]);
+    snprintf(what, sizeof what, "64-page blocks, %s", oi__codec_name(c));
     CHECK(check_batch(&b, what, NULL, 0) == 0);
     batch_free(&b);
   }
@@ -308,7 +307,7 @@ static void test_raw_and_odd(void) {
 static void test_damaged(void) {
   size_t pages = 24;
   oi_codec_shape kv = CORPUS_SHAPE_KV;
-  for (int c = OI_CODEC_LOSSLESS; c <= OI_CODEC_FP8; c++) {
+  for (int c = OI_CODEC_LOSSLESS; c < OI_CODEC_COUNT; c++) {
     batch b;
     batch_encode(&b, c, &kv, corpus, pages, CORPUS_PAGE_BYTES);
     uint8_t *df = NULL, *db = NULL;
@@ -339,7 +338,7 @@ static void test_damaged(void) {
           }
         memset(s + t, 0, 4);
         want = OI_KDEC_BAD_STREAM;
-      } else if (c == OI_CODEC_INT8) {
+      } else if (c != OI_CODEC_FP8) {
         f[pc[0].src + 2 * 5] = 0x00, f[pc[0].src + 2 * 5 + 1] = 0x7c; /* scale 5: +inf */
         want = OI_KDEC_BAD_SCALE;
       } else {
@@ -527,6 +526,7 @@ int main(int argc, char **argv) {
   rates("GLM5.2 lossless", OI_CODEC_LOSSLESS, &none, 256, 3452160);
   rates("Qwen3-4B lossless", OI_CODEC_LOSSLESS, &qwen, 256, 2359296);
   rates("Qwen3-4B int8", OI_CODEC_INT8, &qwen, 256, 2359296);
+  rates("Qwen3-4B int8-hadamard", OI_CODEC_INT8_HADAMARD, &qwen, 256, 2359296);
   rates("Qwen3-4B fp8", OI_CODEC_FP8, &qwen, 256, 2359296);
 done:
   free(corpus);

@@ -154,10 +154,6 @@ typedef struct oi_codec_piece {
  * each. Frames of earlier writers may have longer streams; they decode. */
 #define OI_LOSSLESS_SEGMENT_MAX 32768u
 
-/* Whether oi__codec_pieces cuts frames of `codec` (every codec that frames
- * blocks: a GPU decodes them all). */
-bool oi__codec_has_pieces(int codec);
-
 /* The most pieces oi__codec_pieces cuts a verified frame of `info` into. */
 size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame);
 
@@ -166,7 +162,7 @@ size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame);
  * oi__codec_pieces_max entries; cap says how many), checking every length as
  * the cpu decoder does. The pieces do not check a lossless block's checksum
  * of its decoded bytes: a decoder of pieces verifies each stream's end
- * states instead. A codec without pieces is OI_ERR_UNSUPPORTED. */
+ * states instead. */
 oi_status oi__codec_pieces(const void *frame, size_t bytes, bool verify, oi_codec_info *info,
                            oi_codec_piece *out, size_t cap, size_t *n);
 

@@ -8,11 +8,6 @@
  * in pieces of this many, so a large block still spreads over warps. */
 #define RAW_PIECE OI_LOSSLESS_SEGMENT_MAX
 
-bool oi__codec_has_pieces(int codec) {
-  return codec == OI_CODEC_LOSSLESS || codec == OI_CODEC_INT8 || codec == OI_CODEC_FP8 ||
-         codec == OI_CODEC_INT8_HADAMARD;
-}
-
 size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame) {
   if (info->codec != OI_CODEC_LOSSLESS) return 1;
   const uint8_t *payload = (const uint8_t *)frame + OI_CODEC_HEADER_BYTES;
@@ -35,9 +30,6 @@ oi_status oi__codec_pieces(const void *frame, size_t bytes, bool verify, oi_code
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec: %zu pieces given, the frame needs %zu", cap,
                     need);
   const oi_codec_shape *sh = &info->shape;
-  if (!oi__codec_has_pieces(info->codec))
-    return oi__fail(OI_ERR_UNSUPPORTED, "codec %s: its frames decode on the host only",
-                    oi__codec_name(info->codec));
   if (info->codec != OI_CODEC_LOSSLESS) {
     bool fp8 = info->codec == OI_CODEC_FP8;
     size_t want = fp8 ? oi__fp8_bound(sh) : oi__int8_bound(sh);

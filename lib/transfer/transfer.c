@@ -1034,8 +1034,8 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
                                                          : OI_XFER_BLOCK_BOUNCE_BYTES,
                                    c->log_id, &x->codec)) != OI_OK)
     goto fail;
-  x->device_decode = c->codec != OI_CODEC_NONE && oi__codec_has_pieces(c->codec) &&
-                     !c->codec_host_decode && x->dev->ops->stream_decode;
+  x->device_decode =
+      c->codec != OI_CODEC_NONE && !c->codec_host_decode && x->dev->ops->stream_decode;
   x->device_encode = device_encode_plan(x);
   if ((st = x->dev->ops->stream_create(x->dev, 0, &x->stream[OI_COPY_D2H])) != OI_OK) goto fail;
   if ((st = x->dev->ops->stream_create(x->dev, 1, &x->stream[OI_COPY_H2D])) != OI_OK) goto fail;

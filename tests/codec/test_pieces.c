@@ -58,8 +58,6 @@ static void test_corpus_pages(void) {
       size_t n = check_block(c, &kv, corpus + i * CORPUS_PAGE_BYTES, CORPUS_PAGE_BYTES, "page");
       CHECK(n == (c == OI_CODEC_LOSSLESS ? 2u : 1u) || (c == OI_CODEC_LOSSLESS && n == 1));
     }
-  for (int c = OI_CODEC_LOSSLESS; c < OI_CODEC_COUNT; c++)
-    CHECK(oi__codec_has_pieces(c));
 }
 
 /* A model-sized block with no shape: many wide streams, none past the cap;

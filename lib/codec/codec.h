@@ -185,6 +185,22 @@ typedef struct oi_lossless_gpu_plan {
 } oi_lossless_gpu_plan;
 bool oi__lossless_gpu_plan(const oi_codec_shape *shape, size_t bytes, oi_lossless_gpu_plan *p);
 
+/* What a GPU needs to make a block's frame under a lossy codec byte for
+ * byte as oi__codec_encode does (kernels/codec_lossy.cu): the frame's first
+ * 24 bytes (bytes 24..31 are zero), the XXH3-64 of its first 32 (the
+ * payload checksum's seed), the payload's exact length, the shape, and for
+ * int8-hadamard the transform's width and its 2^-floor(log2(width) / 2)
+ * (1 and 1 otherwise). False, with the reason in oi_last_error(), for a
+ * codec that is not lossy or a shape it does not take. */
+typedef struct oi_lossy_gpu_plan {
+  uint8_t header[24];
+  uint8_t secret[192];
+  uint64_t seed;
+  uint32_t payload_bytes, parts, tokens, heads, head_dim, rot_block;
+  float down;
+} oi_lossy_gpu_plan;
+bool oi__lossy_gpu_plan(int codec, const oi_codec_shape *shape, size_t bytes, oi_lossy_gpu_plan *p);
+
 /* The payload decoders without the frame's checksum: for the fuzz target,
  * which must reach them with arbitrary bytes. They validate everything they
  * read and never touch memory outside src[0..bytes) and dst[0..logical). */

@@ -51,6 +51,10 @@ size_t oi__fp8_bound(const oi_codec_shape *sh);
 size_t oi__fp8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *dst);
 oi_status oi__fp8_decode(const oi_codec_shape *sh, const uint8_t *src, size_t len, uint16_t *dst);
 
+/* int8-hadamard's scaling after a transform of width b (a power of two):
+ * 2^-floor(log2(b) / 2). */
+float oi__int8h_down(unsigned b);
+
 static inline float oi__bf16_to_f32(uint16_t b) {
   uint32_t u = (uint32_t)b << 16;
   float f;

@@ -251,3 +251,33 @@ bool oi__lossless_gpu_plan(const oi_codec_shape *shape, size_t bytes, oi_lossles
   XXH3_generateSecret_fromSeed(p->secret, 0); /* seed 0: the default secret */
   return true;
 }
+
+bool oi__lossy_gpu_plan(int codec, const oi_codec_shape *shape, size_t bytes,
+                        oi_lossy_gpu_plan *p) {
+  if (!p) {
+    oi__fail(OI_ERR_INVALID_ARGUMENT, "codec: NULL plan");
+    return false;
+  }
+  if (!is_lossy(codec)) {
+    oi__fail(OI_ERR_INVALID_ARGUMENT, "codec: %d is not a lossy codec", codec);
+    return false;
+  }
+  if (check_lossy_shape(codec, shape, bytes, OI_ERR_INVALID_ARGUMENT) != OI_OK) return false;
+  *p = (oi_lossy_gpu_plan){.payload_bytes = (uint32_t)payload_bound(codec, shape, bytes),
+                           .parts = shape->parts,
+                           .tokens = shape->tokens,
+                           .heads = shape->heads,
+                           .head_dim = shape->head_dim,
+                           .rot_block = 1,
+                           .down = 1.0f};
+  if (codec == OI_CODEC_INT8_HADAMARD) {
+    p->rot_block = oi__int8h_block(shape->head_dim);
+    p->down = oi__int8h_down(p->rot_block);
+  }
+  uint8_t h[32] = {0};
+  write_header(h, codec, shape, bytes, p->payload_bytes);
+  memcpy(p->header, h, sizeof p->header);
+  p->seed = XXH3_64bits(h, 32);
+  XXH3_generateSecret_fromSeed(p->secret, 0); /* seed 0: the default secret */
+  return true;
+}

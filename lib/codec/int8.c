@@ -30,6 +30,8 @@ static unsigned log2_of(unsigned b) {
   return k;
 }
 
+float oi__int8h_down(unsigned b) { return ldexpf(1.0f, -(int)(log2_of(b) / 2)); }
+
 /* The unnormalized Walsh-Hadamard transform of v[0..b), b a power of two:
  * butterflies of stride 1, 2, 4, ... (the order every decoder follows), on
  * floats (the encoder's values) or int32 (the decoder's exact codes). */
@@ -71,7 +73,7 @@ static bool quantize(const float *y, size_t d, uint8_t *scale_out, int8_t *q) {
 size_t oi__int8_encode(const oi_codec_shape *sh, const uint16_t *src, uint8_t *dst, bool rotate) {
   size_t groups = (size_t)sh->parts * sh->tokens * sh->heads, d = sh->head_dim;
   unsigned b = rotate ? oi__int8h_block(sh->head_dim) : 1;
-  float down = ldexpf(1.0f, -(int)(log2_of(b) / 2));
+  float down = oi__int8h_down(b);
   int8_t *q = (int8_t *)(dst + groups * 2);
   float stack_y[512]; /* a group's values, rotated block by block */
   float *y = d <= 512 ? stack_y : oi__malloc(d * sizeof *y);

@@ -215,6 +215,63 @@ static void test_gpu_plan(void) {
   CHECK(strstr(oi_last_error(), "past 1024") != NULL);
 }
 
+/* What a GPU needs to make the cpu's lossy frames (oi__lossy_gpu_plan): for
+ * each lossy codec and a few shapes, the plan's header is the frame's first
+ * 24 bytes, its seed the XXH3-64 of the first 32 (so the frame's checksum
+ * is the payload's seeded with it), its payload length the frame's; the
+ * transform's width and scaling are int8-hadamard's; codecs and shapes the
+ * lossy codecs do not take are refused, saying why. */
+static void test_lossy_gpu_plan(void) {
+  static const oi_codec_shape shapes[] = {{OI_CODEC_DTYPE_BF16, 2, 16, 3, 64},
+                                          {OI_CODEC_DTYPE_BF16, 4, 16, 2, 96},
+                                          {OI_CODEC_DTYPE_BF16, 2, 8, 1, 576}};
+  static const int codecs[] = {OI_CODEC_INT8, OI_CODEC_INT8_HADAMARD, OI_CODEC_FP8};
+  for (size_t s = 0; s < OI_ARRAY_LEN(shapes); s++)
+    for (size_t c = 0; c < OI_ARRAY_LEN(codecs); c++) {
+      const oi_codec_shape *sh = &shapes[s];
+      size_t elems = (size_t)sh->parts * sh->tokens * sh->heads * sh->head_dim, bb = 2 * elems;
+      oi_lossy_gpu_plan p;
+      REQUIRE(oi__lossy_gpu_plan(codecs[c], sh, bb, &p));
+      uint8_t *block = malloc(bb), *frame = malloc(2 * bb + 64);
+      REQUIRE(block && frame);
+      for (size_t i = 0; i < bb; i++)
+        block[i] = corpus[(i + 8192 * s) % corpus_len];
+      size_t out = 0;
+      REQUIRE(oi__codec_encode(codecs[c], sh, block, bb, frame, 2 * bb + 64, &out) == OI_OK);
+      CHECK(out == OI_CODEC_HEADER_BYTES + p.payload_bytes);
+      CHECK(!memcmp(frame, p.header, 24) && !memcmp(frame + 24, "\0\0\0\0\0\0\0\0", 8));
+      CHECK(XXH3_64bits(frame, 32) == p.seed);
+      uint64_t frame_xxh = 0;
+      memcpy(&frame_xxh, frame + 32, 8);
+      CHECK(XXH3_64bits_withSecret(frame + OI_CODEC_HEADER_BYTES, p.payload_bytes, p.secret,
+                                   sizeof p.secret) ==
+            XXH3_64bits(frame + OI_CODEC_HEADER_BYTES, p.payload_bytes));
+      CHECK(XXH3_64bits_withSeed(frame + OI_CODEC_HEADER_BYTES, p.payload_bytes, p.seed) ==
+            frame_xxh);
+      CHECK(p.parts == sh->parts && p.tokens == sh->tokens && p.heads == sh->heads &&
+            p.head_dim == sh->head_dim);
+      if (codecs[c] == OI_CODEC_INT8_HADAMARD) {
+        unsigned want = sh->head_dim == 64 ? 64 : sh->head_dim == 96 ? 32 : 64; /* 576 = 9 x 64 */
+        CHECK(p.rot_block == want);
+        CHECK(p.down == (want == 64 ? 0.125f : 0.25f)); /* 2^-floor(log2(b) / 2) */
+      } else {
+        CHECK(p.rot_block == 1 && p.down == 1.0f);
+      }
+      free(block);
+      free(frame);
+    }
+  oi_lossy_gpu_plan p;
+  const oi_codec_shape qwen = {OI_CODEC_DTYPE_BF16, 72, 16, 8, 128};
+  CHECK(!oi__lossy_gpu_plan(OI_CODEC_INT8, &qwen, 2359296, NULL));
+  CHECK(strstr(oi_last_error(), "NULL plan") != NULL);
+  CHECK(!oi__lossy_gpu_plan(OI_CODEC_LOSSLESS, &qwen, 2359296, &p));
+  CHECK(strstr(oi_last_error(), "not a lossy codec") != NULL);
+  CHECK(!oi__lossy_gpu_plan(OI_CODEC_INT8, &qwen, 2359296 + 2, &p)); /* not the shape's bytes */
+  CHECK(strstr(oi_last_error(), "is 2359296 bytes of bf16") != NULL);
+  CHECK(!oi__lossy_gpu_plan(OI_CODEC_FP8, NULL, 2359296, &p));
+  CHECK(strstr(oi_last_error(), "needs the block's shape") != NULL);
+}
+
 int main(int argc, char **argv) {
   REQUIRE(argc >= 2);
   corpus = ct_read_file(argv[1], &corpus_len);
@@ -223,6 +280,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_stream_cap);
   RUN_TEST(test_raw_odd_and_refusals);
   RUN_TEST(test_gpu_plan);
+  RUN_TEST(test_lossy_gpu_plan);
   free(corpus);
   TEST_EXIT();
 }

@@ -153,6 +153,40 @@ typedef struct oi_khash_item {
 int oi_kernel_xxh3(const oi_khash_item *items, uint32_t n, uint64_t max_len, const void *secret,
                    void *stream);
 
+/* Lossy frames made on the GPU (kernels/codec_lossy.cu): block i of
+ * `blocks` (n blocks of block_bytes, device memory) becomes the frame
+ * lib/codec's oi__codec_encode makes of it under int8, int8-hadamard or fp8
+ * (kind), byte for byte, in frame i of `frames` (frame_bytes each), zeros
+ * behind it; status[i] is 0, or OI_KENC_REFUSED where the cpu encoder
+ * refuses the block (a non-finite value, an int8 scale past fp16's range:
+ * its bytes are then no frame). header: the frame's first 24 bytes; seed:
+ * the XXH3-64 of its first 32 (the 24, then 8 zero bytes), the payload
+ * checksum's seed; down: int8-hadamard's 2^-floor(log2(rot_block) / 2),
+ * rot_block its transform's width (head_dim at most OI_KLOSSY_MAX_DIM).
+ * items: n oi_khash_item and scratch: n * oi_klossy_scratch_bytes, device
+ * memory; secret: XXH3's default secret, 192 bytes of device memory. */
+#define OI_KLOSSY_MAX_DIM 1024u
+enum { OI_KLOSSY_INT8 = 1, OI_KLOSSY_INT8H = 2, OI_KLOSSY_FP8 = 3 };
+enum { OI_KENC_REFUSED = 2 };
+
+typedef struct oi_klossy_args {
+  uint64_t blocks, frames, status, items, scratch, secret;
+  uint64_t block_bytes, frame_bytes, seed;
+  uint32_t n, kind, payload_bytes, parts, tokens, heads, head_dim, rot_block;
+  float down;
+  uint8_t header[24];
+} oi_klossy_args;
+
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    static inline uint64_t
+    oi_klossy_scratch_bytes(uint64_t payload_bytes) {
+  return 192 + 64 * ((payload_bytes - 1) / 1024);
+}
+
+int oi_kernel_lossy_frames(const oi_klossy_args *a, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

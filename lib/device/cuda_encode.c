@@ -1,7 +1,8 @@
-/* The cuda backend's GPU encodes of lossless frames (stream_encode,
+/* The cuda backend's GPU encodes of codec frames (stream_encode,
  * cuda_internal.h's encode_ring): on the ring's aux stream the batch copy
  * kernel gathers a group's blocks from the arenas and the frame kernels
- * (kernels/codec_frame.cu) make their frames in a device slot; on the main
+ * (kernels/codec_frame.cu, lossless; codec_lossy.cu, the lossy codecs)
+ * make their frames in a device slot; on the main
  * stream the frames cross the link into their host slots and the statuses
  * come back, handed to the caller by a host call before its next
  * stream_call. The gather table and the statuses ride one descriptor table
@@ -12,8 +13,14 @@
 
 #include "cuda_internal.h"
 
-_Static_assert((int)OI_ENCODE_PAST_SLOT == (int)OI_KENC_PAST_SLOT,
-               "the encode status is the kernel's");
+_Static_assert((int)OI_ENCODE_PAST_SLOT == (int)OI_KENC_PAST_SLOT &&
+                   (int)OI_ENCODE_REFUSED == (int)OI_KENC_REFUSED,
+               "the encode statuses are the kernels'");
+_Static_assert((int)OI_ENCODE_INT8 == (int)OI_KLOSSY_INT8 &&
+                   (int)OI_ENCODE_INT8H == (int)OI_KLOSSY_INT8H &&
+                   (int)OI_ENCODE_FP8 == (int)OI_KLOSSY_FP8 &&
+                   OI_ENCODE_LOSSY_MAX_DIM == OI_KLOSSY_MAX_DIM,
+               "the lossy kinds are the kernel's");
 _Static_assert(sizeof(((oi_encode_plan *)0)->header) == sizeof(((oi_kframe_args *)0)->header),
                "the plan's header is the kernel's");
 
@@ -68,8 +75,14 @@ typedef struct work_layout {
 
 static work_layout layout_of(const oi_encode_batch *b) {
   const oi_encode_plan *p = b->plan;
-  uint64_t per = (uint64_t)b->n * p->max_segs;
   work_layout w = {0};
+  if (p->kind != OI_ENCODE_LOSSLESS) { /* the checksums' items, then their scratch */
+    w.items = 0;
+    w.scratch = up((uint64_t)b->n * sizeof(oi_khash_item));
+    w.bytes = up(w.scratch + (uint64_t)b->n * oi_klossy_scratch_bytes(p->payload_bytes));
+    return w;
+  }
+  uint64_t per = (uint64_t)b->n * p->max_segs;
   w.hist = 0;
   w.items = up(w.hist + (uint64_t)b->n * OI_MAX(p->parts, p->max_segs) * 256 * 4);
   w.lens = up(w.items + per * sizeof(oi_kenc_item));
@@ -80,6 +93,58 @@ static work_layout layout_of(const oi_encode_batch *b) {
   w.secrets = up(w.sums + (uint64_t)b->n * oi_kframe_sums_bytes(b->block_bytes, b->frame_bytes));
   w.bytes = up(w.secrets + (uint64_t)b->n * 192);
   return w;
+}
+
+/* The kernels that make a batch's frames in slot j, on aux. */
+static cudaError_t make_frames(oi_stream *s, const oi_encode_batch *b, const work_layout *w,
+                               uint32_t j, int32_t *st_dev) {
+  encode_ring *r = &s->enc;
+  const oi_encode_plan *p = b->plan;
+  uint64_t work = (uint64_t)(uintptr_t)r->work;
+  if (p->kind != OI_ENCODE_LOSSLESS) {
+    oi_klossy_args a = {.blocks = (uint64_t)(uintptr_t)r->blocks,
+                        .frames = (uint64_t)(uintptr_t)r->frames[j],
+                        .status = (uint64_t)(uintptr_t)st_dev,
+                        .items = work + w->items,
+                        .scratch = work + w->scratch,
+                        .secret = (uint64_t)(uintptr_t)r->secret,
+                        .block_bytes = b->block_bytes,
+                        .frame_bytes = b->frame_bytes,
+                        .seed = p->seed,
+                        .n = (uint32_t)b->n,
+                        .kind = p->kind,
+                        .payload_bytes = p->payload_bytes,
+                        .parts = p->parts,
+                        .tokens = p->tokens,
+                        .heads = p->heads,
+                        .head_dim = p->head_dim,
+                        .rot_block = p->rot_block,
+                        .down = p->down};
+    memcpy(a.header, p->header, sizeof a.header);
+    return (cudaError_t)oi_kernel_lossy_frames(&a, r->aux);
+  }
+  oi_kframe_args a = {.blocks = (uint64_t)(uintptr_t)r->blocks,
+                      .frames = (uint64_t)(uintptr_t)r->frames[j],
+                      .hist = work + w->hist,
+                      .items = work + w->items,
+                      .lens = work + w->lens,
+                      .segs = work + w->segs,
+                      .streams = work + w->streams,
+                      .scratch = work + w->scratch,
+                      .sums = work + w->sums,
+                      .secrets = work + w->secrets,
+                      .status = (uint64_t)(uintptr_t)st_dev,
+                      .secret = (uint64_t)(uintptr_t)r->secret,
+                      .block_bytes = b->block_bytes,
+                      .frame_bytes = b->frame_bytes,
+                      .n = (uint32_t)b->n,
+                      .parts = p->parts,
+                      .segs_whole = p->segs_whole,
+                      .segs_parts = p->segs_parts,
+                      .max_segs = p->max_segs,
+                      .stream_cap = p->stream_cap};
+  memcpy(a.header, p->header, sizeof a.header);
+  return (cudaError_t)oi_kernel_lossless_frames(&a, r->aux, r->side, r->fork, r->join);
 }
 
 /* Device memory of at least these sizes (grown once the streams are idle:
@@ -188,30 +253,7 @@ static oi_status encode_locked(oi_stream *s, const oi_encode_batch *b) {
     err = cudaMemcpyAsync(td, th, table_bytes, cudaMemcpyHostToDevice, r->aux);
   if (err == cudaSuccess && nent)
     err = oi__cuda_kcopy_launch(warps, t->resident, nent, s->sms, r->aux);
-  if (err == cudaSuccess) {
-    oi_kframe_args a = {.blocks = (uint64_t)(uintptr_t)r->blocks,
-                        .frames = (uint64_t)(uintptr_t)r->frames[j],
-                        .hist = (uint64_t)(uintptr_t)r->work + w.hist,
-                        .items = (uint64_t)(uintptr_t)r->work + w.items,
-                        .lens = (uint64_t)(uintptr_t)r->work + w.lens,
-                        .segs = (uint64_t)(uintptr_t)r->work + w.segs,
-                        .streams = (uint64_t)(uintptr_t)r->work + w.streams,
-                        .scratch = (uint64_t)(uintptr_t)r->work + w.scratch,
-                        .sums = (uint64_t)(uintptr_t)r->work + w.sums,
-                        .secrets = (uint64_t)(uintptr_t)r->work + w.secrets,
-                        .status = (uint64_t)(uintptr_t)st_dev,
-                        .secret = (uint64_t)(uintptr_t)r->secret,
-                        .block_bytes = b->block_bytes,
-                        .frame_bytes = b->frame_bytes,
-                        .n = (uint32_t)b->n,
-                        .parts = p->parts,
-                        .segs_whole = p->segs_whole,
-                        .segs_parts = p->segs_parts,
-                        .max_segs = p->max_segs,
-                        .stream_cap = p->stream_cap};
-    memcpy(a.header, p->header, sizeof a.header);
-    err = (cudaError_t)oi_kernel_lossless_frames(&a, r->aux, r->side, r->fork, r->join);
-  }
+  if (err == cudaSuccess) err = make_frames(s, b, &w, j, st_dev);
   if (err == cudaSuccess) err = cudaEventRecord(r->full[j], r->aux);
   /* main: the frames to their slots, the statuses back */
   if (err == cudaSuccess) err = cudaStreamWaitEvent(s->stream, r->full[j], 0);
@@ -264,12 +306,24 @@ oi_status oi__cuda_stream_encode(oi_stream *s, const oi_encode_batch *b) {
                     "multiples of 8)",
                     b->n, (unsigned long long)b->block_bytes, (unsigned long long)b->frame_bytes);
   const oi_encode_plan *p = b->plan;
-  if (!p->segs_whole || p->max_segs > OI_KFRAME_MAX_SEGS || p->parts > OI_KFRAME_MAX_PARTS ||
-      p->segs_whole > p->max_segs || p->segs_parts > p->max_segs ||
-      (p->parts > 1 && !p->segs_parts))
+  if (p->kind == OI_ENCODE_LOSSLESS &&
+      (!p->segs_whole || p->max_segs > OI_KFRAME_MAX_SEGS || p->parts > OI_KFRAME_MAX_PARTS ||
+       p->segs_whole > p->max_segs || p->segs_parts > p->max_segs ||
+       (p->parts > 1 && !p->segs_parts)))
     return oi__fail(OI_ERR_INVALID_ARGUMENT,
                     "stream_encode: a plan of %u or %u streams for %u parts (at most %u)",
                     p->segs_whole, p->segs_parts, p->parts, OI_KFRAME_MAX_SEGS);
+  if (p->kind != OI_ENCODE_LOSSLESS &&
+      (p->kind > OI_ENCODE_FP8 || !p->parts || !p->tokens || !p->heads || !p->head_dim ||
+       (uint64_t)p->parts * p->tokens * p->heads * p->head_dim * 2 != b->block_bytes ||
+       p->payload_bytes <= 240 || OI_KFRAME_HEADER + (uint64_t)p->payload_bytes > b->frame_bytes ||
+       (p->kind == OI_ENCODE_INT8H &&
+        (p->rot_block < 2 || p->head_dim % p->rot_block || p->head_dim > OI_ENCODE_LOSSY_MAX_DIM))))
+    return oi__fail(OI_ERR_INVALID_ARGUMENT,
+                    "stream_encode: a lossy plan (kind %u) of shape %ux%ux%ux%u, a %u-byte "
+                    "payload, for blocks of %llu bytes in slots of %llu",
+                    p->kind, p->parts, p->tokens, p->heads, p->head_dim, p->payload_bytes,
+                    (unsigned long long)b->block_bytes, (unsigned long long)b->frame_bytes);
   for (size_t i = 0; i < b->ndescs; i++)
     if (b->descs[i].dst + b->descs[i].bytes > b->n * b->block_bytes)
       return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_encode: copy %zu past the blocks", i);

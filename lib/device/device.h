@@ -120,16 +120,29 @@ typedef struct oi_decode_batch {
   int32_t *status;
 } oi_decode_batch;
 
-/* Lossless frames made on the GPU (stream_encode; kernels/codec_frame.cu
- * makes each block's frame as lib/codec's encoder does, byte for byte).
- * The plan is lib/codec's oi_lossless_gpu_plan, field for field. */
+/* Frames made on the GPU (stream_encode; kernels/codec_frame.cu and
+ * codec_lossy.cu make each block's frame as lib/codec's encoder does, byte
+ * for byte). kind OI_ENCODE_LOSSLESS: the fields up to secret are lib/codec's
+ * oi_lossless_gpu_plan, field for field. The lossy kinds: lib/codec's
+ * oi_lossy_gpu_plan (header, secret, and the rest from payload_bytes on;
+ * parts is the shape's). */
+enum { OI_ENCODE_LOSSLESS = 0, OI_ENCODE_INT8 = 1, OI_ENCODE_INT8H = 2, OI_ENCODE_FP8 = 3 };
+/* The widest head an int8-hadamard encode on the device takes. */
+#define OI_ENCODE_LOSSY_MAX_DIM 1024u
+
 typedef struct oi_encode_plan {
   uint32_t parts, segs_parts, segs_whole, max_segs, stream_cap;
   uint8_t header[24];
   uint8_t secret[192];
+  uint32_t kind; /* OI_ENCODE_* */
+  uint32_t payload_bytes, tokens, heads, head_dim, rot_block;
+  float down;
+  uint64_t seed;
 } oi_encode_plan;
 
-enum { OI_ENCODE_PAST_SLOT = 1 }; /* a block's status: its frame does not fit its slot */
+/* A block's status: its frame does not fit its slot; the codec refuses a
+ * value of it (a lossy codec: non-finite, or past its scales' range). */
+enum { OI_ENCODE_PAST_SLOT = 1, OI_ENCODE_REFUSED = 2 };
 
 typedef struct oi_encode_batch {
   size_t n;              /* blocks */
@@ -141,8 +154,8 @@ typedef struct oi_encode_batch {
    * offset in the blocks (block i at i * block_bytes). */
   const oi_copy_desc *descs;
   size_t ndescs;
-  /* n entries, out: 0 for a frame in its slot, else OI_ENCODE_PAST_SLOT
-   * (the slot's bytes are no frame), written before the function of the
+  /* n entries, out: 0 for a frame in its slot, else OI_ENCODE_PAST_SLOT or
+   * OI_ENCODE_REFUSED (the slot's bytes are no frame), written before the function of the
    * next stream_call runs; the caller keeps it until then. */
   int32_t *status;
 } oi_encode_batch;

@@ -822,16 +822,19 @@ static const engine_ops local_ops = {
     .destroy = local_destroy,
 };
 
-/* OI_CODEC_DECODE=host (OI_CODEC_ENCODE=host): a codec namespace's loads
- * decode (its saves encode) on the host even where the device could
- * (docs/codecs.md; for measuring the two). */
-static bool codec_on_host(const char *var, uint32_t log_id) {
+/* OI_CODEC_DECODE (OI_CODEC_ENCODE): "host", a codec namespace's loads
+ * decode (its saves encode) on the host even where the device could;
+ * "device", on the device where it can (a lossy namespace's saves only
+ * then: docs/codecs.md); unset, each path's default. -1 host, 1 device, 0
+ * unset. */
+static int codec_where(const char *var, uint32_t log_id) {
   const char *v = getenv(var);
-  if (!v || !*v || strcmp(v, "device") == 0) return false;
-  if (strcmp(v, "host") == 0) return true;
-  OI_LOG_I(OI_LOG_WARN, "engine", log_id, "%s=%s is neither 'host' nor 'device': the device", var,
+  if (!v || !*v) return 0;
+  if (strcmp(v, "device") == 0) return 1;
+  if (strcmp(v, "host") == 0) return -1;
+  OI_LOG_I(OI_LOG_WARN, "engine", log_id, "%s=%s is neither 'host' nor 'device': the default", var,
            v);
-  return false;
+  return 0;
 }
 
 oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_engine **out) {
@@ -865,8 +868,9 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
       .codec = codec->id,
       .codec_shape = codec->shape,
       .frame_bytes = codec->slot_bytes,
-      .codec_host_decode = codec_on_host("OI_CODEC_DECODE", e->base.instance_id),
-      .codec_host_encode = codec_on_host("OI_CODEC_ENCODE", e->base.instance_id),
+      .codec_host_decode = codec_where("OI_CODEC_DECODE", e->base.instance_id) < 0,
+      .codec_host_encode = codec_where("OI_CODEC_ENCODE", e->base.instance_id) < 0,
+      .codec_device_encode = codec_where("OI_CODEC_ENCODE", e->base.instance_id) > 0,
       .block_bounce_bytes = e->layer_bounce_bytes = layer_bounce_bytes(pool.capacity_bytes),
       .done = job_done,
       .done_ctx = e};

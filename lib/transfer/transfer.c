@@ -523,8 +523,8 @@ typedef struct encode_step_dev {
 } encode_step_dev;
 
 /* On the save stream, after the group's frames landed in their slots: a
- * block whose frame did not fit its slot is marked, as a host encode marks
- * it (its slot is not kept). */
+ * block whose frame did not fit its slot, or that the codec refused, is
+ * marked, as a host encode marks it (its slot is not kept). */
 static void encoded_on_device(void *arg, oi_status st) {
   encode_step_dev *c = arg;
   oi_xfer_job *job = c->job;
@@ -533,15 +533,22 @@ static void encoded_on_device(void *arg, oi_status st) {
     oi__free(c);
     return;
   }
-  size_t nbad = 0;
+  size_t nbad = 0, refused = 0;
   for (size_t i = 0; i < c->n; i++)
     if (c->status[i]) {
       job->bad[c->from + i] = 1;
       nbad++;
+      refused += c->status[i] == OI_ENCODE_REFUSED;
     }
   if (nbad && !job->bad_msg) {
-    oi__fail(OI_ERR_INVALID_ARGUMENT, "a frame made on the device is past its %llu-byte slot",
-             (unsigned long long)job->x->cfg.frame_bytes);
+    if (refused)
+      oi__fail(OI_ERR_INVALID_ARGUMENT,
+               "codec %s: a block with a non-finite value or one past the scales' range "
+               "(encoded on the device)",
+               oi__codec_name(job->x->cfg.codec));
+    else
+      oi__fail(OI_ERR_INVALID_ARGUMENT, "a frame made on the device is past its %llu-byte slot",
+               (unsigned long long)job->x->cfg.frame_bytes);
     job->bad_msg = oi__strdup(oi_last_error());
     OI_LOG_I(OI_LOG_DEBUG, "engine", log_id(job->x), "%zu blocks not encoded: %s", nbad,
              job->bad_msg);
@@ -550,7 +557,7 @@ static void encoded_on_device(void *arg, oi_status st) {
   oi__free(c);
 }
 
-/* A lossless group's save on a device that makes frames: the device
+/* A codec group's save on a device that makes frames: the device
  * gathers the blocks from the arenas, makes their frames and moves them
  * into the slots (no host encode, no bounce). The plan is the bounce's
  * (contiguous blocks of one group) made offsets in the device's blocks. */
@@ -604,12 +611,20 @@ static bool arenas_by_event(const oi_xfer *x) {
 /* Runs on the stream after one arena's copies of a layered load. A frame
  * that did not decode (the job's codec_st, set by an earlier step of the
  * same stream) fails the arena: its bytes are a cleared bounce block's. */
+static oi_status arena_status(oi_xfer_job *job, oi_status st) {
+  if (st != OI_OK && job->arena_st == OI_OK) job->arena_st = st;
+  return job->arena_st != OI_OK ? job->arena_st : job->codec_st;
+}
+
 static void arena_landed(void *arg, oi_status st) {
   arena_cb *cb = arg;
-  oi_xfer_job *job = cb->job;
-  if (st != OI_OK && job->arena_st == OI_OK) job->arena_st = st;
-  oi_status now = job->arena_st != OI_OK ? job->arena_st : job->codec_st;
-  oi__ticket_arena_landed(job->progress, cb->arena, now);
+  oi__ticket_arena_landed(cb->job->progress, cb->arena, arena_status(cb->job, st));
+}
+
+/* Arena a's event of a layered load, where there are events (CUDA). */
+static oi_status arena_event(oi_xfer_job *job, uint32_t a, void **evs) {
+  oi_xfer *x = job->x;
+  return evs ? x->dev->ops->stream_record_event(x->stream[OI_COPY_H2D], &evs[a]) : OI_OK;
 }
 
 /* After arena a's copies of a layered load: its event (CUDA) and, where
@@ -617,12 +632,21 @@ static void arena_landed(void *arg, oi_status st) {
 static oi_status mark_arena(oi_xfer_job *job, uint32_t a, void **evs) {
   oi_xfer *x = job->x;
   oi_stream *s = x->stream[OI_COPY_H2D];
-  oi_status st = OI_OK;
-  if (evs) st = x->dev->ops->stream_record_event(s, &evs[a]);
+  oi_status st = arena_event(job, a, evs);
   job->arena_cbs[a] = (arena_cb){.job = job, .arena = a};
   if (st == OI_OK && job->progress)
     st = x->dev->ops->stream_call(s, arena_landed, &job->arena_cbs[a]);
   return st;
+}
+
+/* Runs on the stream after a layered load's last group was decoded and
+ * scattered on the device: every arena landed at once, reported in order
+ * (one host call, not one an arena: each holds the stream). */
+static void arenas_landed(void *arg, oi_status st) {
+  oi_xfer_job *job = arg;
+  oi_status now = arena_status(job, st);
+  for (uint32_t a = 0; a < job->x->cfg.layout->num_arenas; a++)
+    oi__ticket_arena_landed(job->progress, a, now);
 }
 
 /* Queues, arena by arena, the copies of n pairs (device ids[i] <- host[i])
@@ -671,14 +695,16 @@ static oi_status queue_codec_blocks(oi_xfer_job *job, const oi_layout *l, uint32
   }
   if (d == OI_COPY_H2D && x->device_decode) {
     /* The device decodes and scatters the group at once: a layered load's
-     * arenas are reported after it, in order (events, then reports where
-     * the progress is not the events'). */
+     * arenas land after it, all of them (their events, then one report of
+     * them all where the progress is not the events'). */
     oi__codec_stage_lock(x->codec, d);
     oi_status st = queue_device_decode(job, l, from, n);
     oi__codec_stage_unlock(x->codec, d);
     for (uint32_t a = 0; arenas && st == OI_OK && a < x->cfg.layout->num_arenas; a++)
-      st = mark_arena(job, a, evs);
-    return st;
+      st = arena_event(job, a, evs);
+    /* (under a codec the progress is always the reports: arenas_by_event) */
+    if (!arenas || st != OI_OK) return st;
+    return x->dev->ops->stream_call(x->stream[OI_COPY_H2D], arenas_landed, job);
   }
   codec_step *c = oi__malloc(sizeof *c);
   if (!c) return oi__fail(OI_ERR_OUT_OF_MEMORY, "out of memory for a codec step");
@@ -977,12 +1003,43 @@ size_t oi__xfer_encode(oi_xfer *x, uint8_t *const *src, uint8_t *const *slots, s
 
 /* ---- pipelines --------------------------------------------------------------- */
 
+/* A lossy codec's plan of frames made on the device; false where its
+ * encoder there does not take the shape (the host encodes). */
+static bool device_lossy_plan(oi_xfer *x) {
+  const oi_xfer_config *c = &x->cfg;
+  oi_lossy_gpu_plan p;
+  bool ok = oi__lossy_gpu_plan(c->codec, &c->codec_shape, c->layout->block_bytes, &p);
+  if (ok && p.rot_block > 1 && p.head_dim > OI_ENCODE_LOSSY_MAX_DIM)
+    ok = !oi__fail(OI_ERR_INVALID_ARGUMENT, "head_dim %u is past the device encoder's %u",
+                   p.head_dim, OI_ENCODE_LOSSY_MAX_DIM);
+  if (!ok) {
+    OI_LOG_I(OI_LOG_INFO, "engine", log_id(x), "%s saves encode on the host: %s",
+             oi__codec_name(c->codec), oi_last_error());
+    return false;
+  }
+  x->encode_plan = (oi_encode_plan){.kind = c->codec == OI_CODEC_INT8  ? OI_ENCODE_INT8
+                                            : c->codec == OI_CODEC_FP8 ? OI_ENCODE_FP8
+                                                                       : OI_ENCODE_INT8H,
+                                    .parts = p.parts,
+                                    .payload_bytes = p.payload_bytes,
+                                    .tokens = p.tokens,
+                                    .heads = p.heads,
+                                    .head_dim = p.head_dim,
+                                    .rot_block = p.rot_block,
+                                    .down = p.down,
+                                    .seed = p.seed};
+  memcpy(x->encode_plan.header, p.header, sizeof p.header);
+  memcpy(x->encode_plan.secret, p.secret, sizeof p.secret);
+  return true;
+}
+
 /* Whether saves make their frames on the device, and their plan. */
 static bool device_encode_plan(oi_xfer *x) {
   const oi_xfer_config *c = &x->cfg;
-  if (c->codec != OI_CODEC_LOSSLESS || c->codec_host_encode || !x->dev->ops->stream_encode ||
+  if (c->codec == OI_CODEC_NONE || c->codec_host_encode || !x->dev->ops->stream_encode ||
       c->frame_bytes % 8)
     return false;
+  if (c->codec != OI_CODEC_LOSSLESS) return c->codec_device_encode && device_lossy_plan(x);
   oi_lossless_gpu_plan p;
   if (!oi__lossless_gpu_plan(&c->codec_shape, c->layout->block_bytes, &p)) {
     OI_LOG_I(OI_LOG_INFO, "engine", log_id(x), "lossless saves encode on the host: %s",
@@ -992,7 +1049,8 @@ static bool device_encode_plan(oi_xfer *x) {
   _Static_assert(sizeof x->encode_plan.header == sizeof p.header &&
                      sizeof x->encode_plan.secret == sizeof p.secret,
                  "the device's encode plan is the codec's");
-  x->encode_plan = (oi_encode_plan){.parts = p.parts,
+  x->encode_plan = (oi_encode_plan){.kind = OI_ENCODE_LOSSLESS,
+                                    .parts = p.parts,
                                     .segs_parts = p.segs_parts,
                                     .segs_whole = p.segs_whole,
                                     .max_segs = p.max_segs,

@@ -114,9 +114,11 @@ typedef struct oi_xfer_config {
   bool codec_host_decode;
   /* Saves of a lossless namespace: the device gathers the blocks and makes
    * their frames (dev_ops.stream_encode, the cuda backend; blocks whose
-   * streams are all wide, oi__lossless_gpu_plan) unless this is set; else
-   * the host encodes the bounce. */
-  bool codec_host_encode;
+   * streams are all wide, oi__lossless_gpu_plan) unless codec_host_encode
+   * is set; else the host encodes the bounce. A lossy namespace's saves do
+   * so only where codec_device_encode is set (oi__lossy_gpu_plan; opt-in
+   * until its kernels have run on a GPU, docs/codecs.md). */
+  bool codec_host_encode, codec_device_encode;
   /* The most bytes of per-block bounces (oi__xfer_bounce) at once; 0 =
    * OI_XFER_BLOCK_BOUNCE_BYTES. At least one block. */
   uint64_t block_bounce_bytes;

@@ -1,4 +1,4 @@
-/* The copy pipeline's saves for a device that makes lossless frames
+/* The copy pipeline's saves for a device that makes frames
  * (dev_ops.stream_encode: the cuda backend's, docs/codecs.md "Saves on the
  * GPU"), run without a GPU. A test backend wraps the cpu one with a
  * stream_encode that does, on the stream's worker and in the stream's
@@ -7,7 +7,8 @@
  * byte for byte, tests/gpu/test_codec_frames), a frame past its slot marked
  * (the slot then holds junk), the statuses handed back. So the pipeline's
  * own part is checked here byte for byte: which namespaces qualify (blocks
- * whose streams are all wide; OI_CODEC_ENCODE=host), the gather planned from
+ * whose streams are all wide, the lossy codecs; OI_CODEC_ENCODE=host), the
+ * gather planned from
  * the layout (two arenas, blocks in groups), the frames and the zeros behind
  * them in the slots, the statuses turned into the blocks not kept, and a
  * device that refuses a batch. The real corpus (argv[1]). */
@@ -70,10 +71,18 @@ static void run_encode(void *arg, oi_status st) {
                        .tokens = get16(h + 18),
                        .heads = get16(h + 20),
                        .head_dim = get16(h + 22)};
+  int codec = h[5]; /* the frame's codec */
+  REQUIRE((codec == OI_CODEC_LOSSLESS) == (c->plan.kind == OI_ENCODE_LOSSLESS));
   for (size_t i = 0; i < b->n; i++) {
     size_t out = 0;
-    REQUIRE(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, blocks + i * b->block_bytes, b->block_bytes,
-                             frame, 2 * b->block_bytes + 64, &out) == OI_OK);
+    oi_status est = oi__codec_encode(codec, &sh, blocks + i * b->block_bytes, b->block_bytes, frame,
+                                     2 * b->block_bytes + 64, &out);
+    if (est != OI_OK) { /* a lossy codec refuses the block: the slot holds junk */
+      REQUIRE(codec != OI_CODEC_LOSSLESS);
+      memset(c->slots[i], 0xa5, b->frame_bytes);
+      b->status[i] = OI_ENCODE_REFUSED;
+      continue;
+    }
     if (out > b->frame_bytes) { /* the GPU's slot holds a partial frame: junk */
       memset(c->slots[i], 0xa5, b->frame_bytes);
       b->status[i] = OI_ENCODE_PAST_SLOT;
@@ -146,9 +155,13 @@ static void done_fn(void *ctx, void *user, const oi_xfer_result *r) {
   snprintf(last_why, sizeof last_why, "%s", r->failed_why ? r->failed_why : "");
 }
 
+static oi_codec_shape wide_heads; /* when set (dtype bf16): the next rigs' shape */
+static bool lossy_default; /* the next rigs: OI_CODEC_ENCODE unset (else "device" or "host") */
+
 /* The namespace's shape: parts of 16 tokens x 8 heads x 128 bf16 where
  * halves are whole parts, else none (lossless needs none). */
 static oi_codec_shape shape_of(size_t half) {
+  if (wide_heads.dtype) return wide_heads;
   if (half % HALF) return (oi_codec_shape){0};
   return (oi_codec_shape){.dtype = OI_CODEC_DTYPE_BF16,
                           .parts = (uint16_t)(2 * half / HALF),
@@ -184,6 +197,7 @@ static void rig_open_with(rigp *r, size_t half, int codec, uint64_t slot, bool h
                        .codec_shape = shape_of(half),
                        .frame_bytes = r->slot,
                        .codec_host_encode = host_encode,
+                       .codec_device_encode = !host_encode && !lossy_default,
                        .deadline_ms = {[OI_COPY_D2H] = save_deadline_ms},
                        .done = done_fn};
   REQUIRE(oi__xfer_create(&xc, &r->x) == OI_OK);
@@ -279,18 +293,62 @@ static void test_host_encodes(void) {
   }
 }
 
-/* Namespaces the device does not frame: int8 (a lossy codec), and
- * lossless slots whose size is not a multiple of 8 (the frames' checksums
- * are 8-byte words): the host encodes, the same frames. */
+/* The lossy codecs' namespaces, with OI_CODEC_ENCODE=device: the device
+ * frames them too, the cpu's frames; a block the codec refuses (a NaN) is
+ * not kept, saying why, its neighbours are. Without it, the host. OI_CODEC_ENCODE=host,
+ * int8-hadamard heads past 1,024 channels and lossless slots whose size is not a multiple of 8 (the
+ * frames' checksums are 8-byte words): the host encodes, the same frames. */
 static void test_other_namespaces(void) {
   rigp r;
   oi_codec_shape sh = shape_of(HALF);
-  rig_open_with(&r, HALF, OI_CODEC_INT8, oi__codec_bound(OI_CODEC_INT8, &sh, BLOCK), false);
+  static const int lossy[] = {OI_CODEC_INT8, OI_CODEC_INT8_HADAMARD, OI_CODEC_FP8};
+  for (size_t k = 0; k < OI_ARRAY_LEN(lossy); k++) {
+    for (int host = 0; host < 2; host++) {
+      rig_open_with(&r, HALF, lossy[k], oi__codec_bound(lossy[k], &sh, BLOCK), host);
+      int before = atomic_load(&encodes);
+      CHECK_OK(save(&r));
+      int batches = atomic_load(&encodes) - before;
+      CHECK(batches == (host ? 0 : (N + GROUP - 1) / GROUP));
+      size_t bad = wrong_slots_of(&r, lossy[k]);
+      printf("%-14s save of %d blocks, %s: %d batches framed by the device, %zu slots wrong\n",
+             oi__codec_name(lossy[k]), N, host ? "OI_CODEC_ENCODE=host" : "device", batches, bad);
+      CHECK(bad == 0 && last_failed == 0);
+      rig_close(&r);
+    }
+    rig_open_with(&r, HALF, lossy[k], oi__codec_bound(lossy[k], &sh, BLOCK), false);
+    uint16_t nan = 0x7fc0;
+    memcpy(r.mem + 3 * HALF + 100, &nan, 2); /* in block 3's K */
+    CHECK_OK(save(&r));
+    CHECK(last_failed == 1);
+    CHECK(strstr(last_why, "non-finite value") != NULL);
+    rig_close(&r);
+  }
+  /* OI_CODEC_ENCODE unset: a lossy namespace encodes on the host (its
+   * device encode is opt-in), a lossless one on the device */
+  lossy_default = true;
   int before = atomic_load(&encodes);
+  rig_open_with(&r, HALF, OI_CODEC_INT8, oi__codec_bound(OI_CODEC_INT8, &sh, BLOCK), false);
   CHECK_OK(save(&r));
   CHECK(atomic_load(&encodes) == before);
   CHECK(wrong_slots_of(&r, OI_CODEC_INT8) == 0 && last_failed == 0);
   rig_close(&r);
+  rig_open(&r, HALF, 80, false);
+  CHECK_OK(save(&r));
+  CHECK(atomic_load(&encodes) > before);
+  CHECK(wrong_slots(&r) == 0 && last_failed == 0);
+  rig_close(&r);
+  lossy_default = false;
+  /* int8-hadamard heads wider than the device encoder takes: the host */
+  wide_heads = (oi_codec_shape){OI_CODEC_DTYPE_BF16, 4, 1, 1, HALF / 4}; /* slots of 8n bytes */
+  before = atomic_load(&encodes);
+  REQUIRE(oi__codec_bound(OI_CODEC_INT8_HADAMARD, &wide_heads, BLOCK) % 8 == 0);
+  rig_open_with(&r, HALF, OI_CODEC_INT8_HADAMARD,
+                oi__codec_bound(OI_CODEC_INT8_HADAMARD, &wide_heads, BLOCK), false);
+  CHECK_OK(save(&r));
+  CHECK(atomic_load(&encodes) == before);
+  CHECK(wrong_slots_of(&r, OI_CODEC_INT8_HADAMARD) == 0 && last_failed == 0);
+  rig_close(&r);
+  wide_heads = (oi_codec_shape){0};
   rig_open_with(&r, HALF, OI_CODEC_LOSSLESS, (BLOCK * 8 / 10 & ~(uint64_t)255) + 4, false);
   CHECK_OK(save(&r));
   CHECK(atomic_load(&encodes) == before);

@@ -7,6 +7,8 @@
  * ride one descriptor table (table_buf): pinned on the host, a device copy
  * that the kernels read and write, the statuses copied back and handed to
  * the caller by a host call before its next stream_call. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
@@ -24,8 +26,31 @@ _Static_assert((int)OI_DECODE_BAD_STREAM == (int)OI_KDEC_BAD_STREAM &&
                    (int)OI_DECODE_NAN_CODE == (int)OI_KDEC_NAN_CODE,
                "the decode statuses are the kernel's");
 
+/* OI_DECODE_TRACE: slot j's last batch, from its events (waited for):
+ * when the host queued it, its frames on aux, its decode and scatter on
+ * main, in us from the first traced batch. */
+static void trace_report(decode_ring *r, uint32_t j) {
+  if (!r->traced[j]) return;
+  r->traced[j] = false;
+  cudaEventSynchronize(r->tev[j][3]);
+  float t[4];
+  for (int k = 0; k < 4; k++)
+    cudaEventElapsedTime(&t[k], r->tbase, r->tev[j][k]);
+  fprintf(stderr,
+          "decode batch %llu: queued %.0f us, frames %.0f..%.0f us (%.0f), decode %.0f..%.0f us "
+          "(%.0f)\n",
+          (unsigned long long)r->tgroup++, (double)(r->tqueued[j] - r->tbase_ns) / 1e3, t[0] * 1e3,
+          t[1] * 1e3, (t[1] - t[0]) * 1e3, t[2] * 1e3, t[3] * 1e3, (t[3] - t[2]) * 1e3);
+}
+
 void oi__cuda_decode_free(decode_ring *r) {
   if (r->aux) cudaStreamSynchronize(r->aux);
+  for (int j = 0; r->trace && j < OI_DECODE_SLOTS; j++) {
+    trace_report(r, j);
+    for (int k = 0; k < 4; k++)
+      if (r->tev[j][k]) cudaEventDestroy(r->tev[j][k]);
+  }
+  if (r->tbase) cudaEventDestroy(r->tbase);
   for (int j = 0; j < OI_DECODE_SLOTS; j++) {
     if (r->frames[j]) cudaFree(r->frames[j]);
     if (r->blocks[j]) cudaFree(r->blocks[j]);
@@ -49,6 +74,11 @@ static cudaError_t ring_setup(oi_stream *s, uint64_t frames, uint64_t blocks) {
       err = cudaEventCreateWithFlags(&r->full[j], cudaEventDisableTiming);
       if (err == cudaSuccess) err = cudaEventCreateWithFlags(&r->free_[j], cudaEventDisableTiming);
     }
+    r->trace = getenv("OI_DECODE_TRACE") != NULL;
+    for (int j = 0; r->trace && err == cudaSuccess && j < OI_DECODE_SLOTS; j++)
+      for (int k = 0; err == cudaSuccess && k < 4; k++)
+        err = cudaEventCreate(&r->tev[j][k]);
+    if (r->trace && err == cudaSuccess) err = cudaEventCreate(&r->tbase);
     if (err != cudaSuccess) return err;
     r->ready = true;
   }
@@ -147,6 +177,16 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
    * frames of the batch after it (a restore ran at the sum of link and
    * decode times, not the larger). */
   err = cudaStreamWaitEvent(r->aux, r->free_[j], 0);
+  if (r->trace) {
+    trace_report(r, j);
+    if (!r->tbase_ns) { /* the first batch: the times' origin */
+      r->tbase_ns = oi__now_ns();
+      cudaEventRecord(r->tbase, r->aux);
+    }
+    r->tqueued[j] = oi__now_ns();
+    r->traced[j] = true;
+    cudaEventRecord(r->tev[j][0], r->aux);
+  }
   if (err == cudaSuccess)
     err = cudaMemcpyAsync(td, th, table_bytes, cudaMemcpyHostToDevice, r->aux);
   size_t ndma = 0; /* a frame the host refused (0 bytes) does not cross */
@@ -161,9 +201,11 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
       err = cudaMemcpyAsync(s->dma_dst[i], s->dma_src[i], s->dma_size[i], cudaMemcpyHostToDevice,
                             r->aux);
   if (err == cudaSuccess) err = cudaEventRecord(r->full[j], r->aux);
+  if (r->trace) cudaEventRecord(r->tev[j][1], r->aux);
   /* main: once the table and frames landed, decode, zero the blocks that
    * failed, scatter */
   if (err == cudaSuccess) err = cudaStreamWaitEvent(s->stream, r->full[j], 0);
+  if (r->trace) cudaEventRecord(r->tev[j][2], s->stream);
   if (err == cudaSuccess)
     err = (cudaError_t)oi_kernel_codec_decode((const oi_kdec_item *)(void *)(td + items_off),
                                               (uint32_t)b->npieces, b->lossless, b->max_lossy_elems,
@@ -174,6 +216,7 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
   if (err == cudaSuccess && nent)
     err = oi__cuda_kcopy_launch(warps, t->resident, nent, s->sms, s->stream);
   if (err == cudaSuccess) err = cudaEventRecord(r->free_[j], s->stream);
+  if (r->trace) cudaEventRecord(r->tev[j][3], s->stream);
   /* the statuses back, handed to the caller before its next stream_call */
   if (err == cudaSuccess)
     err =

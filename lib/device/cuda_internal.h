@@ -105,6 +105,11 @@ typedef struct decode_ring {
   cudaStream_t aux;
   uint32_t next;
   bool ready;
+  /* OI_DECODE_TRACE: per slot, events around its last batch (aux's frames,
+   * main's decode and scatter) and when the host queued it */
+  bool trace, traced[OI_DECODE_SLOTS];
+  cudaEvent_t tev[OI_DECODE_SLOTS][4], tbase;
+  uint64_t tqueued[OI_DECODE_SLOTS], tbase_ns, tgroup;
 } decode_ring;
 
 /* GPU encodes of lossless frames (cuda_encode.c): the blocks are gathered

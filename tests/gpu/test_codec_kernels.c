@@ -522,6 +522,8 @@ int main(int argc, char **argv) {
   if (argc < 3 || strcmp(argv[2], "--rates") != 0) goto done;
   oi_codec_shape none = {.dtype = OI_CODEC_DTYPE_BF16};
   oi_codec_shape qwen = {OI_CODEC_DTYPE_BF16, 72, 16, 8, 128};
+  rates("GLM5.2 lossless", OI_CODEC_LOSSLESS, &none, 2, 3452160);
+  rates("GLM5.2 lossless", OI_CODEC_LOSSLESS, &none, 9, 3452160);
   rates("GLM5.2 lossless", OI_CODEC_LOSSLESS, &none, 22, 3452160);
   rates("GLM5.2 lossless", OI_CODEC_LOSSLESS, &none, 256, 3452160);
   rates("Qwen3-4B lossless", OI_CODEC_LOSSLESS, &qwen, 256, 2359296);

@@ -77,8 +77,7 @@ static work_layout layout_of(const oi_encode_batch *b) {
   const oi_encode_plan *p = b->plan;
   work_layout w = {0};
   if (p->kind != OI_ENCODE_LOSSLESS) { /* the checksums' items, then their scratch */
-    w.items = 0;
-    w.scratch = up((uint64_t)b->n * sizeof(oi_khash_item));
+    w.scratch = up((uint64_t)b->n * sizeof(oi_khash_item)); /* (items at 0) */
     w.bytes = up(w.scratch + (uint64_t)b->n * oi_klossy_scratch_bytes(p->payload_bytes));
     return w;
   }

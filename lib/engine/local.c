@@ -855,6 +855,7 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
   oi_host_pool_info pool;
   oi__host_pool_info(h, &pool);
   const oi_engine_options *eo = &e->base.opts;
+  int encode_where = codec_where("OI_CODEC_ENCODE", e->base.instance_id);
   oi_xfer_config xc = {
       .device = eo->device,
       .layout = &e->base.layout,
@@ -869,8 +870,7 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
       .codec_shape = codec->shape,
       .frame_bytes = codec->slot_bytes,
       .codec_host_decode = codec_where("OI_CODEC_DECODE", e->base.instance_id) < 0,
-      .codec_host_encode = codec_where("OI_CODEC_ENCODE", e->base.instance_id) < 0,
-      .codec_device_encode = codec_where("OI_CODEC_ENCODE", e->base.instance_id) > 0,
+      .codec_host_encode = encode_where<0, .codec_device_encode = encode_where> 0,
       .block_bounce_bytes = e->layer_bounce_bytes = layer_bounce_bytes(pool.capacity_bytes),
       .done = job_done,
       .done_ctx = e};

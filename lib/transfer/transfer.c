@@ -608,14 +608,16 @@ static bool arenas_by_event(const oi_xfer *x) {
   return x->dev->ordinal >= 0 && x->cfg.codec == OI_CODEC_NONE;
 }
 
-/* Runs on the stream after one arena's copies of a layered load. A frame
- * that did not decode (the job's codec_st, set by an earlier step of the
- * same stream) fails the arena: its bytes are a cleared bounce block's. */
+/* What a layered load's arenas landed with, once a stream step after their
+ * copies ran with `st`: a failed step fails them, and so does a frame that
+ * did not decode (the job's codec_st, set by an earlier step of the same
+ * stream: the arenas' bytes are then a cleared bounce block's). */
 static oi_status arena_status(oi_xfer_job *job, oi_status st) {
   if (st != OI_OK && job->arena_st == OI_OK) job->arena_st = st;
   return job->arena_st != OI_OK ? job->arena_st : job->codec_st;
 }
 
+/* Runs on the stream after one arena's copies of a layered load. */
 static void arena_landed(void *arg, oi_status st) {
   arena_cb *cb = arg;
   oi__ticket_arena_landed(cb->job->progress, cb->arena, arena_status(cb->job, st));

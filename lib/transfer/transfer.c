@@ -1005,6 +1005,19 @@ size_t oi__xfer_encode(oi_xfer *x, uint8_t *const *src, uint8_t *const *slots, s
 
 /* ---- pipelines --------------------------------------------------------------- */
 
+/* The codec's frame header and XXH3 secret into the device's encode plan
+ * (both plans, lossless and lossy, carry them); true. */
+static bool take_header(oi_xfer *x, const uint8_t header[24], const uint8_t secret[192]) {
+  _Static_assert(sizeof x->encode_plan.header == sizeof((oi_lossless_gpu_plan *)0)->header &&
+                     sizeof x->encode_plan.secret == sizeof((oi_lossless_gpu_plan *)0)->secret &&
+                     sizeof x->encode_plan.header == sizeof((oi_lossy_gpu_plan *)0)->header &&
+                     sizeof x->encode_plan.secret == sizeof((oi_lossy_gpu_plan *)0)->secret,
+                 "the device's encode plan is the codec's");
+  memcpy(x->encode_plan.header, header, sizeof x->encode_plan.header);
+  memcpy(x->encode_plan.secret, secret, sizeof x->encode_plan.secret);
+  return true;
+}
+
 /* A lossy codec's plan of frames made on the device; false where its
  * encoder there does not take the shape (the host encodes). */
 static bool device_lossy_plan(oi_xfer *x) {
@@ -1030,9 +1043,7 @@ static bool device_lossy_plan(oi_xfer *x) {
                                     .rot_block = p.rot_block,
                                     .down = p.down,
                                     .seed = p.seed};
-  memcpy(x->encode_plan.header, p.header, sizeof p.header);
-  memcpy(x->encode_plan.secret, p.secret, sizeof p.secret);
-  return true;
+  return take_header(x, p.header, p.secret);
 }
 
 /* Whether saves make their frames on the device, and their plan. */
@@ -1048,18 +1059,13 @@ static bool device_encode_plan(oi_xfer *x) {
              oi_last_error());
     return false;
   }
-  _Static_assert(sizeof x->encode_plan.header == sizeof p.header &&
-                     sizeof x->encode_plan.secret == sizeof p.secret,
-                 "the device's encode plan is the codec's");
   x->encode_plan = (oi_encode_plan){.kind = OI_ENCODE_LOSSLESS,
                                     .parts = p.parts,
                                     .segs_parts = p.segs_parts,
                                     .segs_whole = p.segs_whole,
                                     .max_segs = p.max_segs,
                                     .stream_cap = p.stream_cap};
-  memcpy(x->encode_plan.header, p.header, sizeof p.header);
-  memcpy(x->encode_plan.secret, p.secret, sizeof p.secret);
-  return true;
+  return take_header(x, p.header, p.secret);
 }
 
 oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {

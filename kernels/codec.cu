@@ -9,6 +9,7 @@
 //  - a wide rANS stream: one warp, a round of 32 symbols at a time (lane k
 //    holds state k; the lanes that need a word find it by a prefix count),
 //    each exponent merged with its sign+mantissa byte as it is decoded;
+//  - a stream of the planes code: a CTA, a warp a chunk (codec_planes.cu);
 //  - raw exponents: the warp merges;
 //  - int8 / fp8: a grid over the payload's elements, each scaled and
 //    rounded to bf16 exactly as the cpu does (one IEEE multiply, round to
@@ -468,6 +469,8 @@ extern "C" int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int
     if (ctas > 65535u) ctas = 65535u;
     wide_kernel<<<ctas, 32 * WIDE_WARPS, 0, s>>>(items, n, status);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if ((err = (cudaError_t)oi_kernel_planes_decode(items, n, status, stream)) != cudaSuccess)
+      return err;
   }
   if (max_lossy_elems) {
     // rows of at most 65535 items (a grid's y), each over its elements

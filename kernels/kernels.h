@@ -47,7 +47,8 @@ enum {
   OI_KDEC_INT8 = 4,
   OI_KDEC_FP8 = 5,
   OI_KDEC_RANS32 = 6,
-  OI_KDEC_INT8H = 7, /* int8-hadamard: as INT8, the codes rotated (lib/codec/int8.c) */
+  OI_KDEC_INT8H = 7,  /* int8-hadamard: as INT8, the codes rotated (lib/codec/int8.c) */
+  OI_KDEC_PLANES = 8, /* a stream of the planes code (lib/codec/planes.h), else as RANS */
 };
 
 typedef struct oi_kdec_item {
@@ -74,6 +75,11 @@ enum {
  * elements of a lossy item (0: none). */
 int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int lossless,
                            uint64_t max_lossy_elems, int32_t *status, void *stream);
+
+/* The items of kind OI_KDEC_PLANES (kernels/codec_planes.cu; the others
+ * are skipped): a CTA a stream, a warp a chunk. oi_kernel_codec_decode
+ * runs it with the lossless kernels. */
+int oi_kernel_planes_decode(const oi_kdec_item *items, uint32_t n, int32_t *status, void *stream);
 
 /* Zeroes block i (blocks + i * block_bytes) of each frame i < n whose
  * status is nonzero: a block that did not decode goes out as zeros. */

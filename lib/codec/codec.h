@@ -70,8 +70,10 @@ typedef enum oi_codec_dtype {
  * that introduced its codec's payload (oi__codec_frame_version), so a reader
  * of an earlier build refuses only the frames it cannot read, as too new:
  * 2: lossless payloads may hold wide rANS streams (mode 2);
- * 3: int8-hadamard. Frames of version 1 still decode. */
-#define OI_CODEC_VERSION 3
+ * 3: int8-hadamard;
+ * 4: lossless payloads may hold streams of the planes code (mode 3).
+ * Frames of version 1 still decode. */
+#define OI_CODEC_VERSION 4
 #define OI_CODEC_HEADER_BYTES 40
 /* The largest block a frame holds (its lengths are 32-bit). */
 #define OI_CODEC_MAX_BYTES ((size_t)UINT32_MAX - 4096)
@@ -115,6 +117,15 @@ size_t oi__codec_bound(int codec, const oi_codec_shape *shape, size_t bytes);
 oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *src, size_t bytes,
                            void *dst, size_t cap, size_t *out_bytes);
 
+/* oi__codec_encode of a lossless frame whose exponents are coded by the
+ * planes code (codec/planes.h: fixed-width planes a GPU packs with warp
+ * ballots), format OI_LOSSLESS_PLANES_VERSION. Not yet what a lossless
+ * namespace writes: its GPU encoder and decoder are to come
+ * (docs/codecs.md "The planes code"). */
+#define OI_LOSSLESS_PLANES_VERSION 4
+oi_status oi__codec_encode_planes(const oi_codec_shape *shape, const void *src, size_t bytes,
+                                  void *dst, size_t cap, size_t *out_bytes);
+
 /* Verifies a frame (at the start of `src[0..bytes)`: bytes past the frame,
  * such as a slot's padding, are ignored) and decodes it into
  * dst (capacity `cap` >= its logical bytes); *out_bytes gets them. */
@@ -140,6 +151,8 @@ typedef enum oi_codec_piece_kind {
   OI_CODEC_PIECE_FP8 = 5,     /* a whole fp8 payload at src: count = parts */
   OI_CODEC_PIECE_RANS32 = 6,  /* lossless: a wide rANS stream (codec/rans.h), else as RANS */
   OI_CODEC_PIECE_INT8H = 7,   /* a whole int8-hadamard payload: as INT8 */
+  OI_CODEC_PIECE_PLANES = 8,  /* lossless: a stream of the planes code (codec/planes.h), else
+                               * as RANS */
 } oi_codec_piece_kind;
 
 typedef struct oi_codec_piece {

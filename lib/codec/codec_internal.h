@@ -21,15 +21,17 @@
  * returns OI_OK or OI_ERR_PROTOCOL. */
 size_t oi__lossless_bound(size_t bytes);
 /* `parts`: the block's parts (the shape's, 0 if none): the exponents of
- * each may get their own frequency table. */
-size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uint8_t *dst);
+ * each may get their own table. `planes`: the exponents coded by the
+ * planes code (mode 3, frames of format 4), else by rANS. */
+size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, bool planes,
+                           uint8_t *dst);
 /* The stream counts of a block's two candidate layouts (oi__lossless_gpu_plan):
  * false when one of them has streams that are not wide. */
 bool oi__lossless_stream_counts(size_t bytes, unsigned parts, uint32_t *choice,
                                 uint32_t *segs_parts, uint32_t *segs_whole);
 oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t logical);
 /* A lossless payload's parts, its lengths checked (oi__lossless_parse):
- * mode 0 (exponents raw at `streams`) or 1 (`segs` rANS streams from
+ * mode 0 (exponents raw at `streams`) or 1, 2, 3 (`segs` streams from
  * `streams`, their lengths as u32 at `lens`, the k-th coding the exponents
  * [k n / segs, (k + 1) n / segs)); then the sign+mantissa plane at `sm`
  * (n bytes, then an odd block's last byte). */

@@ -2,7 +2,7 @@
  * the dispatch to each codec's payload (codec.h has the contract).
  *
  * Header, 40 bytes, little-endian:
- *    0 magic u32 "OIKC"       4 version u8 (2, 3)  5 codec u8  6 dtype u8  7 flags u8 (0)
+ *    0 magic u32 "OIKC"       4 version u8 (2, 3, 4)  5 codec u8  6 dtype u8  7 flags u8 (0)
  *    8 logical bytes u32     12 payload bytes u32
  *   16 parts u16  18 tokens u16  20 heads u16  22 head_dim u16
  *   24 data_xxh u64: XXH3-64 of the original bytes (lossless), else 0
@@ -41,10 +41,10 @@ static uint64_t frame_xxh(const uint8_t *hdr, const uint8_t *payload, size_t len
 }
 
 /* The header's first 24 bytes (the checksums follow). */
-static void write_header(uint8_t *h, int codec, const oi_codec_shape *sh, size_t bytes,
-                         size_t len) {
+static void write_header(uint8_t *h, int codec, unsigned version, const oi_codec_shape *sh,
+                         size_t bytes, size_t len) {
   put32(h, OI_CODEC_MAGIC);
-  h[4] = (uint8_t)oi__codec_frame_version(codec);
+  h[4] = (uint8_t)version;
   h[5] = (uint8_t)codec;
   h[6] = sh->dtype;
   h[7] = 0;
@@ -91,8 +91,10 @@ size_t oi__codec_bound(int codec, const oi_codec_shape *shape, size_t bytes) {
   return OI_CODEC_HEADER_BYTES + payload_bound(codec, shape, bytes);
 }
 
-oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *src, size_t bytes,
-                           void *dst, size_t cap, size_t *out_bytes) {
+/* oi__codec_encode, a lossless block's exponents coded by the planes code
+ * where `planes` (oi__codec_encode_planes). */
+static oi_status encode_frame(int codec, const oi_codec_shape *shape, const void *src, size_t bytes,
+                              void *dst, size_t cap, size_t *out_bytes, bool planes) {
   if (codec <= OI_CODEC_NONE || codec >= OI_CODEC_COUNT)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "codec: %d is not a codec that frames blocks", codec);
   if ((!src && bytes) || !dst || !out_bytes)
@@ -121,7 +123,7 @@ oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *s
   size_t len;
   uint64_t data_xxh = 0;
   if (codec == OI_CODEC_LOSSLESS) {
-    len = oi__lossless_encode(src, bytes, sh.parts, payload);
+    len = oi__lossless_encode(src, bytes, sh.parts, planes, payload);
     data_xxh = XXH3_64bits(src, bytes);
   } else {
     if ((uintptr_t)src & 1)
@@ -131,11 +133,25 @@ oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *s
               : oi__int8_encode(&sh, src, payload, codec == OI_CODEC_INT8_HADAMARD);
     if (!len) return OI_ERR_INVALID_ARGUMENT; /* (the codec set the message) */
   }
-  write_header(h, codec, &sh, bytes, len);
+  /* a payload of the planes code is format 4's (mode 3; raw is mode 0 in
+   * every format) */
+  unsigned version =
+      planes && payload[0] ? OI_LOSSLESS_PLANES_VERSION : oi__codec_frame_version(codec);
+  write_header(h, codec, version, &sh, bytes, len);
   put64(h + 24, data_xxh);
   put64(h + 32, frame_xxh(h, payload, len));
   *out_bytes = OI_CODEC_HEADER_BYTES + len;
   return OI_OK;
+}
+
+oi_status oi__codec_encode(int codec, const oi_codec_shape *shape, const void *src, size_t bytes,
+                           void *dst, size_t cap, size_t *out_bytes) {
+  return encode_frame(codec, shape, src, bytes, dst, cap, out_bytes, false);
+}
+
+oi_status oi__codec_encode_planes(const oi_codec_shape *shape, const void *src, size_t bytes,
+                                  void *dst, size_t cap, size_t *out_bytes) {
+  return encode_frame(OI_CODEC_LOSSLESS, shape, src, bytes, dst, cap, out_bytes, true);
 }
 
 static oi_status header_of(const void *src, size_t bytes, oi_codec_info *info, bool verify) {
@@ -172,10 +188,16 @@ static oi_status header_of(const void *src, size_t bytes, oi_codec_info *info, b
       in.dtype > OI_CODEC_DTYPE_BF16)
     return oi__fail(OI_ERR_PROTOCOL, "codec: frame of codec %u, dtype %u, flags %u", in.codec,
                     in.dtype, h[7]);
-  /* int8-hadamard came with format 3: an earlier format cannot hold it. */
+  /* int8-hadamard came with format 3, the planes code with format 4: an
+   * earlier format cannot hold them. */
   if (in.codec == OI_CODEC_INT8_HADAMARD && in.version < 3)
     return oi__fail(OI_ERR_PROTOCOL, "codec: a frame of codec %s in format %u, which predates it",
                     NAMES[in.codec], in.version);
+  if (in.codec == OI_CODEC_LOSSLESS && in.version < OI_LOSSLESS_PLANES_VERSION && plen &&
+      h[OI_CODEC_HEADER_BYTES] == 3)
+    return oi__fail(OI_ERR_PROTOCOL,
+                    "codec: a lossless frame of the planes code in format %u, which predates it",
+                    in.version);
   if (in.codec != OI_CODEC_LOSSLESS &&
       check_lossy_shape(in.codec, &in.shape, in.logical_bytes, OI_ERR_PROTOCOL) != OI_OK)
     return OI_ERR_PROTOCOL;
@@ -247,7 +269,8 @@ bool oi__lossless_gpu_plan(const oi_codec_shape *shape, size_t bytes, oi_lossles
   /* a stream's room: its exponents raw, its table and states, rounded */
   size_t per = bytes / 2 / OI_MIN(p->segs_parts ? p->segs_parts : p->segs_whole, p->segs_whole);
   p->stream_cap = (uint32_t)((per + 1024 + 255) & ~(size_t)255);
-  write_header(p->header, OI_CODEC_LOSSLESS, &sh, bytes, 0);
+  write_header(p->header, OI_CODEC_LOSSLESS, oi__codec_frame_version(OI_CODEC_LOSSLESS), &sh, bytes,
+               0);
   XXH3_generateSecret_fromSeed(p->secret, 0); /* seed 0: the default secret */
   return true;
 }
@@ -275,7 +298,7 @@ bool oi__lossy_gpu_plan(int codec, const oi_codec_shape *shape, size_t bytes,
     p->down = oi__int8h_down(p->rot_block);
   }
   uint8_t h[32] = {0};
-  write_header(h, codec, shape, bytes, p->payload_bytes);
+  write_header(h, codec, oi__codec_frame_version(codec), shape, bytes, p->payload_bytes);
   memcpy(p->header, h, sizeof p->header);
   p->seed = XXH3_64bits(h, 32);
   XXH3_generateSecret_fromSeed(p->secret, 0); /* seed 0: the default secret */

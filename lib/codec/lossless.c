@@ -5,22 +5,23 @@
  *
  * Payload, for n = bytes / 2 elements:
  *   mode u8: 0 the exponent plane raw (n bytes), 1 rANS-coded, 2 rANS-coded
- *           in wide streams
- *   mode 1, 2: segments u16 (S >= 1, S divides n), S stream lengths u32,
- *           then S rANS streams (codec/rans.h; mode 1 narrow, mode 2 wide),
- *           the k-th coding the exponents [k n / S, (k + 1) n / S): one
- *           frequency table per part (K and V of a layer differ) where that
- *           is estimated to pay. The encoder writes wide streams when they
- *           code OI_RANS32_MIN exponents or more (a GPU decodes a wide
- *           stream a warp-wide round at a time), narrow ones below (their
- *           states cost 112 bytes less)
+ *           in wide streams, 3 coded by the planes code (frames of format 4)
+ *   mode 1, 2, 3: segments u16 (S >= 1, S divides n), S stream lengths u32,
+ *           then S streams (codec/rans.h: mode 1 narrow, mode 2 wide;
+ *           codec/planes.h: mode 3), the k-th coding the exponents
+ *           [k n / S, (k + 1) n / S): one table per part (K and V of a
+ *           layer differ) where that is estimated to pay. The rANS encoder
+ *           writes wide streams when they code OI_RANS32_MIN exponents or
+ *           more (a GPU decodes a wide stream a warp-wide round at a time),
+ *           narrow ones below (their states cost 112 bytes less)
  *   the sign+mantissa plane, n bytes
  *   the last byte of an odd-length block, raw */
 #include "codec/codec_internal.h"
+#include "codec/planes.h"
 #include "codec/rans.h"
 #include "core/le_bytes.h"
 
-enum { MODE_RAW = 0, MODE_RANS = 1, MODE_RANS32 = 2 };
+enum { MODE_RAW = 0, MODE_RANS = 1, MODE_RANS32 = 2, MODE_PLANES = 3 };
 #define MAX_SEGMENTS 65535u
 
 size_t oi__lossless_bound(size_t bytes) { return 1 + bytes; }
@@ -34,10 +35,19 @@ static double stream_bits(const uint32_t h[256], size_t n) {
   return bits;
 }
 
+/* The bytes of coding `n` symbols of histogram `h` in one planes stream. */
+static double planes_bits(const uint32_t h[256], size_t n) {
+  oi_planes_choice c;
+  oi__planes_choose(h, n, &c);
+  return 8.0 * (double)c.bytes;
+}
+
 /* One stream, or one per part when the parts' own tables are estimated to
- * save more than they cost. */
-static size_t choose_segments(const uint8_t *exp, size_t n, unsigned parts) {
+ * save more than they cost (rANS: by the order-0 entropy; the planes code:
+ * exactly). */
+static size_t choose_segments(const uint8_t *exp, size_t n, unsigned parts, bool planes) {
   if (parts < 2 || parts > MAX_SEGMENTS || n % parts || n / parts < 64) return 1;
+  double (*bits)(const uint32_t *, size_t) = planes ? planes_bits : stream_bits;
   size_t per = n / parts;
   uint32_t all[256] = {0};
   double split = 0;
@@ -47,9 +57,9 @@ static size_t choose_segments(const uint8_t *exp, size_t n, unsigned parts) {
       h[exp[k * per + i]]++;
     for (int s = 0; s < 256; s++)
       all[s] += h[s];
-    split += stream_bits(h, per);
+    split += bits(h, per);
   }
-  return split < stream_bits(all, n) ? parts : 1;
+  return split < bits(all, n) ? parts : 1;
 }
 
 /* Splits each of `segs` streams further until none codes more than
@@ -67,7 +77,8 @@ static size_t cap_segments(size_t n, size_t segs) {
   return segs;
 }
 
-size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uint8_t *dst) {
+size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, bool planes,
+                           uint8_t *dst) {
   size_t n = bytes / 2;
   uint8_t *exp = dst + 1;
   /* Both planes raw first (the exponents after the mode byte, then the
@@ -81,7 +92,7 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uin
   }
   size_t len = 1 + 2 * n;
   dst[0] = MODE_RAW;
-  size_t segs = n >= 16 ? cap_segments(n, choose_segments(exp, n, parts)) : 0;
+  size_t segs = n >= 16 ? cap_segments(n, choose_segments(exp, n, parts, planes)) : 0;
   size_t head = 3 + 4 * segs; /* mode, segments, lengths */
   if (segs && n > head + 1) {
     /* The streams pay when they total less than n - head bytes: the coder
@@ -93,8 +104,9 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uin
     uint32_t *lens = segs <= 64 ? lens_stack : oi__malloc(segs * sizeof *lens);
     bool ok = buf && lens, wide = per >= OI_RANS32_MIN;
     for (size_t k = 0; ok && k < segs; k++) {
-      size_t c = wide ? oi__rans32_encode(exp + k * per, per, buf + used, cap - used)
-                      : oi__rans_encode(exp + k * per, per, buf + used, cap - used);
+      size_t c = planes ? oi__planes_encode(exp + k * per, per, buf + used, cap - used)
+                 : wide ? oi__rans32_encode(exp + k * per, per, buf + used, cap - used)
+                        : oi__rans_encode(exp + k * per, per, buf + used, cap - used);
       ok = c > 0;
       if (ok) lens[k] = (uint32_t)c, used += c;
     }
@@ -102,7 +114,7 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, uin
       /* sign+mantissa plane first: its new place overlaps only the raw
        * exponents, already coded */
       memmove(dst + head + used, sm_raw, n);
-      dst[0] = wide ? MODE_RANS32 : MODE_RANS;
+      dst[0] = planes ? MODE_PLANES : wide ? MODE_RANS32 : MODE_RANS;
       put16(dst + 1, (uint16_t)segs);
       for (size_t k = 0; k < segs; k++)
         put32(dst + 3 + 4 * k, lens[k]);
@@ -154,7 +166,7 @@ oi_status oi__lossless_parse(const uint8_t *src, size_t len, size_t logical,
     if ((size_t)(end - p) < n) goto short_payload;
     l->streams = p;
     p += n;
-  } else if (src[0] == MODE_RANS || src[0] == MODE_RANS32) {
+  } else if (src[0] == MODE_RANS || src[0] == MODE_RANS32 || src[0] == MODE_PLANES) {
     if (end - p < 2) goto short_payload;
     size_t segs = get16(p);
     p += 2;
@@ -198,8 +210,9 @@ oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size
     const uint8_t *p = l.streams;
     for (size_t k = 0; k < l.segs; k++) {
       size_t c = get32(l.lens + 4 * k);
-      if ((l.mode == MODE_RANS32 ? oi__rans32_decode(p, c, buf + k * per, per)
-                                 : oi__rans_decode(p, c, buf + k * per, per)) != 0) {
+      if ((l.mode == MODE_PLANES   ? oi__planes_decode(p, c, buf + k * per, per)
+           : l.mode == MODE_RANS32 ? oi__rans32_decode(p, c, buf + k * per, per)
+                                   : oi__rans_decode(p, c, buf + k * per, per)) != 0) {
         st = oi__fail(OI_ERR_PROTOCOL, "codec: lossless exponent stream %zu does not decode", k);
         goto out;
       }

@@ -1,6 +1,7 @@
 /* A frame cut into pieces that decode independently (codec.h,
  * oi__codec_pieces): what a GPU decoder launches, one warp per lossless
- * stream, narrow or wide (kernels/codec.cu). */
+ * stream, narrow or wide, or per chunk of a planes stream
+ * (kernels/codec.cu). */
 #include "codec/codec_internal.h"
 #include "core/le_bytes.h"
 
@@ -12,7 +13,7 @@ size_t oi__codec_pieces_max(const oi_codec_info *info, const void *frame) {
   if (info->codec != OI_CODEC_LOSSLESS) return 1;
   const uint8_t *payload = (const uint8_t *)frame + OI_CODEC_HEADER_BYTES;
   size_t n = info->logical_bytes / 2, tail = info->logical_bytes & 1;
-  if (info->frame_bytes > OI_CODEC_HEADER_BYTES + 2 && (payload[0] == 1 || payload[0] == 2))
+  if (info->frame_bytes > OI_CODEC_HEADER_BYTES + 2 && payload[0] >= 1 && payload[0] <= 3)
     return (size_t)get16(payload + 1) + tail;
   return (n + RAW_PIECE - 1) / RAW_PIECE + tail;
 }
@@ -53,12 +54,14 @@ oi_status oi__codec_pieces(const void *frame, size_t bytes, bool verify, oi_code
   if ((st = oi__lossless_parse(payload, plen, info->logical_bytes, &l)) != OI_OK) return st;
   size_t k = 0;
   uint32_t sm = (uint32_t)(l.sm - f);
-  if (l.mode == 1 || l.mode == 2) {
+  if (l.mode >= 1 && l.mode <= 3) {
+    static const int kinds[4] = {0, OI_CODEC_PIECE_RANS, OI_CODEC_PIECE_RANS32,
+                                 OI_CODEC_PIECE_PLANES};
     size_t per = l.n / l.segs;
     uint32_t at = (uint32_t)(l.streams - f);
     for (size_t s = 0; s < l.segs; s++) {
       uint32_t c = get32(l.lens + 4 * s);
-      out[k++] = (oi_codec_piece){.kind = l.mode == 2 ? OI_CODEC_PIECE_RANS32 : OI_CODEC_PIECE_RANS,
+      out[k++] = (oi_codec_piece){.kind = kinds[l.mode],
                                   .src = at,
                                   .aux = sm + (uint32_t)(s * per),
                                   .dst = (uint32_t)(2 * s * per),

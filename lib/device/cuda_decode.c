@@ -13,14 +13,12 @@
 
 #include "cuda_internal.h"
 
-_Static_assert((int)OI_DECODE_RANS == (int)OI_KDEC_RANS &&
-                   (int)OI_DECODE_RAW_EXP == (int)OI_KDEC_RAW_EXP &&
-                   (int)OI_DECODE_BYTES == (int)OI_KDEC_BYTES &&
-                   (int)OI_DECODE_INT8 == (int)OI_KDEC_INT8 &&
-                   (int)OI_DECODE_FP8 == (int)OI_KDEC_FP8 &&
-                   (int)OI_DECODE_RANS32 == (int)OI_KDEC_RANS32 &&
-                   (int)OI_DECODE_INT8H == (int)OI_KDEC_INT8H,
-               "the decode kinds are the kernel's");
+_Static_assert(
+    (int)OI_DECODE_RANS == (int)OI_KDEC_RANS && (int)OI_DECODE_RAW_EXP == (int)OI_KDEC_RAW_EXP &&
+        (int)OI_DECODE_BYTES == (int)OI_KDEC_BYTES && (int)OI_DECODE_INT8 == (int)OI_KDEC_INT8 &&
+        (int)OI_DECODE_FP8 == (int)OI_KDEC_FP8 && (int)OI_DECODE_RANS32 == (int)OI_KDEC_RANS32 &&
+        (int)OI_DECODE_INT8H == (int)OI_KDEC_INT8H && (int)OI_DECODE_PLANES == (int)OI_KDEC_PLANES,
+    "the decode kinds are the kernel's");
 _Static_assert((int)OI_DECODE_BAD_STREAM == (int)OI_KDEC_BAD_STREAM &&
                    (int)OI_DECODE_BAD_SCALE == (int)OI_KDEC_BAD_SCALE &&
                    (int)OI_DECODE_NAN_CODE == (int)OI_KDEC_NAN_CODE,
@@ -247,6 +245,7 @@ static bool piece_fits(const oi_decode_piece *p, const oi_decode_batch *b) {
   switch (p->kind) {
   case OI_KDEC_RANS:
   case OI_KDEC_RANS32:
+  case OI_KDEC_PLANES:
     return (uint64_t)p->src + p->len <= fb && (uint64_t)p->aux + p->count <= fb &&
            (uint64_t)p->dst + 2ull * p->count <= bb;
   case OI_KDEC_RAW_EXP:

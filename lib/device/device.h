@@ -85,6 +85,7 @@ enum { /* oi_decode_piece.kind: lib/codec's oi_codec_piece_kind, the same values
        OI_DECODE_FP8 = 5,
        OI_DECODE_RANS32 = 6,
        OI_DECODE_INT8H = 7,
+       OI_DECODE_PLANES = 8,
 };
 enum {                           /* a frame's status after stream_decode: why it did not decode */
        OI_DECODE_BAD_STREAM = 1, /* a rANS stream (its table, a read past its end, end states) */

@@ -378,7 +378,8 @@ _Static_assert((int)OI_CODEC_PIECE_RANS == (int)OI_DECODE_RANS &&
                    (int)OI_CODEC_PIECE_INT8 == (int)OI_DECODE_INT8 &&
                    (int)OI_CODEC_PIECE_FP8 == (int)OI_DECODE_FP8 &&
                    (int)OI_CODEC_PIECE_RANS32 == (int)OI_DECODE_RANS32 &&
-                   (int)OI_CODEC_PIECE_INT8H == (int)OI_DECODE_INT8H,
+                   (int)OI_CODEC_PIECE_INT8H == (int)OI_DECODE_INT8H &&
+                   (int)OI_CODEC_PIECE_PLANES == (int)OI_DECODE_PLANES,
                "a codec piece's kind is the device's");
 
 /* A group decoded on the device: its statuses, written on the stream by

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "codec/codec.h"
+#include "codec/planes.h"
 #include "codec/rans.h"
 
 #define CORPUS_PAGE_BYTES 12288u
@@ -71,7 +72,7 @@ static inline float ct_bf16(uint16_t b) {
 
 /* Decodes one piece of frame f on its own (what a GPU decoder does with
  * it, here on the cpu) into `block` (block_bytes, the frame's decoded
- * block): 0, or -1 when a rANS stream does not decode, -2 when a lossy
+ * block): 0, or -1 when a lossless stream does not decode, -2 when a lossy
  * payload does not (oi_last_error() says why). */
 static inline int ct_decode_piece(const uint8_t *f, const oi_codec_piece *p, uint8_t *block,
                                   size_t block_bytes) {
@@ -79,13 +80,16 @@ static inline int ct_decode_piece(const uint8_t *f, const oi_codec_piece *p, uin
   switch (p->kind) {
   case OI_CODEC_PIECE_RANS:
   case OI_CODEC_PIECE_RANS32:
+  case OI_CODEC_PIECE_PLANES:
   case OI_CODEC_PIECE_RAW_EXP: {
     uint8_t *exp = malloc(p->count ? p->count : 1);
     if (!exp) abort();
     int rc = 0;
     if (p->kind == OI_CODEC_PIECE_RAW_EXP)
       memcpy(exp, f + p->src, p->count);
-    else if ((p->kind == OI_CODEC_PIECE_RANS32
+    else if ((p->kind == OI_CODEC_PIECE_PLANES
+                  ? oi__planes_decode(f + p->src, p->len, exp, p->count)
+              : p->kind == OI_CODEC_PIECE_RANS32
                   ? oi__rans32_decode(f + p->src, p->len, exp, p->count)
                   : oi__rans_decode(f + p->src, p->len, exp, p->count)) != 0)
       rc = -1;

@@ -17,9 +17,16 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Lossless over units of `unit` bytes: round trips and ratio figures. */
-static void lossless_units(const uint8_t *kv, size_t len, size_t unit, double *agg, double *p10,
-                           double *worst) {
+static oi_status encode_unit(bool planes, const oi_codec_shape *sh, const void *src, size_t unit,
+                             void *dst, size_t cap, size_t *fb) {
+  return planes ? oi__codec_encode_planes(sh, src, unit, dst, cap, fb)
+                : oi__codec_encode(OI_CODEC_LOSSLESS, sh, src, unit, dst, cap, fb);
+}
+
+/* Lossless over units of `unit` bytes, the exponents coded by rANS or the
+ * planes code: round trips and ratio figures. */
+static void lossless_units(const uint8_t *kv, size_t len, size_t unit, bool planes, double *agg,
+                           double *p10, double *worst) {
   size_t n = len / unit, frame_sum = 0;
   double *r = calloc(n, sizeof *r);
   size_t cap = oi__codec_bound(OI_CODEC_LOSSLESS, NULL, unit);
@@ -31,10 +38,10 @@ static void lossless_units(const uint8_t *kv, size_t len, size_t unit, double *a
   for (size_t i = 0; i < n; i++) {
     const uint8_t *src = kv + i * unit;
     size_t fb = 0, fb2 = 0, out = 0;
-    CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, src, unit, frame, cap, &fb));
+    CHECK_OK(encode_unit(planes, &sh, src, unit, frame, cap, &fb));
     CHECK(fb > OI_CODEC_HEADER_BYTES && fb <= cap);
     /* Deterministic: the same bytes give the same frame. */
-    CHECK_OK(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, src, unit, frame2, cap, &fb2));
+    CHECK_OK(encode_unit(planes, &sh, src, unit, frame2, cap, &fb2));
     CHECK(fb == fb2 && !memcmp(frame, frame2, fb));
     memset(back, 0xa5, unit);
     CHECK_OK(oi__codec_decode(frame, fb, back, unit, &out));
@@ -42,6 +49,10 @@ static void lossless_units(const uint8_t *kv, size_t len, size_t unit, double *a
     oi_codec_info info;
     CHECK_OK(oi__codec_info_of(frame, fb, &info));
     CHECK(info.codec == OI_CODEC_LOSSLESS && info.logical_bytes == unit && info.frame_bytes == fb);
+    /* every page codes (mode 3 or 1/2): the planes code's frames are format 4 */
+    uint8_t mode = frame[OI_CODEC_HEADER_BYTES];
+    CHECK(planes ? mode == 3 : mode == 1 || mode == 2);
+    CHECK(info.version == (planes ? OI_LOSSLESS_PLANES_VERSION : 2));
     r[i] = (double)unit / (double)fb;
     frame_sum += fb;
   }
@@ -50,9 +61,9 @@ static void lossless_units(const uint8_t *kv, size_t len, size_t unit, double *a
   *agg = (double)(n * unit) / (double)frame_sum;
   *p10 = r[n / 10];
   *worst = r[0];
-  printf("lossless, %zu units of %zu B: %zu not byte-exact; ratio aggregate %.4f, p10 %.4f, "
+  printf("lossless (%s), %zu units of %zu B: %zu not byte-exact; ratio aggregate %.4f, p10 %.4f, "
          "worst %.4f, best %.4f\n",
-         n, unit, bad, *agg, *p10, *worst, r[n - 1]);
+         planes ? "planes" : "rANS", n, unit, bad, *agg, *p10, *worst, r[n - 1]);
   free(r);
   free(frame);
   free(frame2);
@@ -155,18 +166,20 @@ int main(int argc, char **argv) {
   REQUIRE(kv);
   REQUIRE(len % CORPUS_PAGE_BYTES == 0 && len / CORPUS_PAGE_BYTES >= 100);
   double agg, p10, worst;
-  /* K or V of one layer and one block (the 6 KiB page) */
-  lossless_units(kv, len, CORPUS_PAGE_BYTES / 2, &agg, &p10, &worst);
-  CHECK(agg >= 1.40);
-  CHECK(p10 >= 1.35);
-  /* K and V of one layer and one block (a page of the per-layer paged layout) */
-  lossless_units(kv, len, CORPUS_PAGE_BYTES, &agg, &p10, &worst);
-  CHECK(agg >= 1.40);
-  CHECK(p10 >= 1.35);
-  /* 16 pages in one frame (a block of a 16-layer slice of the model) */
-  lossless_units(kv, len - len % (16 * CORPUS_PAGE_BYTES), 16 * CORPUS_PAGE_BYTES, &agg, &p10,
-                 &worst);
-  CHECK(agg >= 1.40);
+  for (int planes = 0; planes < 2; planes++) {
+    /* K or V of one layer and one block (the 6 KiB page) */
+    lossless_units(kv, len, CORPUS_PAGE_BYTES / 2, planes, &agg, &p10, &worst);
+    CHECK(agg >= 1.40);
+    CHECK(p10 >= 1.35);
+    /* K and V of one layer and one block (a page of the per-layer paged layout) */
+    lossless_units(kv, len, CORPUS_PAGE_BYTES, planes, &agg, &p10, &worst);
+    CHECK(agg >= 1.40);
+    CHECK(p10 >= 1.35);
+    /* 16 pages in one frame (a block of a 16-layer slice of the model) */
+    lossless_units(kv, len - len % (16 * CORPUS_PAGE_BYTES), 16 * CORPUS_PAGE_BYTES, planes, &agg,
+                   &p10, &worst);
+    CHECK(agg >= 1.40);
+  }
   double int8[2], int8h[2], fp8[2];
   lossy_pages(OI_CODEC_INT8, kv, len, 0.02, int8);
   lossy_pages(OI_CODEC_INT8_HADAMARD, kv, len, 0.02, int8h);

@@ -581,6 +581,39 @@ static void test_int8_hadamard(void) {
         oi__int8h_block(1024) == OI_INT8H_BLOCK_MAX && oi__int8h_block(7) == 1);
 }
 
+/* The planes code (mode 3): its frames are format 4 and decode; the same
+ * frame claiming format 3 (checksum recomputed) is refused; bytes that do
+ * not compress stay raw (mode 0) in a frame of the codec's own format. */
+static void test_planes_frames(void) {
+  oi_codec_shape sh = {OI_CODEC_DTYPE_BF16, 2, 16, 3, 64};
+  size_t n = 12288, cap = oi__codec_bound(OI_CODEC_LOSSLESS, &sh, n), fb = 0, out = 0;
+  uint16_t *x = malloc(n);
+  uint8_t *f = malloc(cap), *back = malloc(n);
+  REQUIRE(x && f && back);
+  for (size_t i = 0; i < n / 2; i++)
+    x[i] = (uint16_t)(0x3c00 + ct_rand(&seed) % 0x500) | (uint16_t)(ct_rand(&seed) & 0x8000);
+  CHECK_OK(oi__codec_encode_planes(&sh, x, n, f, cap, &fb));
+  oi_codec_info in;
+  CHECK_OK(oi__codec_info_of(f, fb, &in));
+  CHECK(in.version == OI_LOSSLESS_PLANES_VERSION && f[OI_CODEC_HEADER_BYTES] == 3 && fb < n);
+  CHECK_OK(oi__codec_decode(f, fb, back, n, &out));
+  CHECK(out == n && !memcmp(back, x, n));
+  f[4] = 3;
+  refix(f, fb);
+  CHECK_ST(oi__codec_decode(f, fb, back, n, &out), OI_ERR_PROTOCOL);
+  CHECK(strstr(oi_last_error(), "predates") != NULL);
+  for (size_t i = 0; i < n / 2; i++)
+    x[i] = (uint16_t)ct_rand(&seed);
+  CHECK_OK(oi__codec_encode_planes(NULL, x, n, f, cap, &fb));
+  CHECK_OK(oi__codec_info_of(f, fb, &in));
+  CHECK(in.version == 2 && f[OI_CODEC_HEADER_BYTES] == 0);
+  CHECK_OK(oi__codec_decode(f, fb, back, n, &out));
+  CHECK(out == n && !memcmp(back, x, n));
+  free(x);
+  free(f);
+  free(back);
+}
+
 int main(void) {
   RUN_TEST(test_sizes_and_patterns);
   RUN_TEST(test_incompressible_bound);
@@ -595,5 +628,6 @@ int main(void) {
   RUN_TEST(test_lossy_exact);
   RUN_TEST(test_lossy_extremes);
   RUN_TEST(test_int8_hadamard);
+  RUN_TEST(test_planes_frames);
   TEST_EXIT();
 }

@@ -29,6 +29,8 @@ static bool decode_by_pieces(const uint8_t *f, size_t len, uint8_t *dst, size_t 
   return true;
 }
 
+static bool planes; /* lossless frames of the planes code */
+
 /* Encodes src (len bytes) with codec and shape, then checks the pieces
  * against the frame's decode; returns the pieces. */
 static size_t check_block(int codec, const oi_codec_shape *sh, const uint8_t *src, size_t len,
@@ -36,7 +38,10 @@ static size_t check_block(int codec, const oi_codec_shape *sh, const uint8_t *sr
   size_t cap = oi__codec_bound(codec, sh, len), fb = 0, ob = 0, n = 0;
   uint8_t *f = malloc(cap), *a = malloc(len + 1), *b = malloc(len + 1);
   REQUIRE(f && a && b);
-  CHECK_OK(oi__codec_encode(codec, sh, src, len, f, cap, &fb));
+  if (planes && codec == OI_CODEC_LOSSLESS)
+    CHECK_OK(oi__codec_encode_planes(sh, src, len, f, cap, &fb));
+  else
+    CHECK_OK(oi__codec_encode(codec, sh, src, len, f, cap, &fb));
   CHECK_OK(oi__codec_decode(f, fb, a, len, &ob));
   memset(b, 0x5a, len);
   bool ok = decode_by_pieces(f, fb, b, len, &n);
@@ -96,6 +101,38 @@ static void test_stream_cap(void) {
          paged = (double)(len / CORPUS_PAGE_BYTES * CORPUS_PAGE_BYTES) / (double)pages_fb;
   printf("GLM5.2-sized block: %zu streams, ratio %.4f (as 12 KiB pages: %.4f)\n", k, whole, paged);
   CHECK(whole >= 1.40 && whole > paged * 0.99);
+  free(pc);
+  free(f);
+  free(src);
+}
+
+/* The planes code's frames: a piece a stream (each at most the cap), on
+ * every corpus page, a GLM5.2-sized block and odd lengths. */
+static void test_planes_pieces(void) {
+  planes = true;
+  oi_codec_shape kv = CORPUS_SHAPE_KV, none = {.dtype = OI_CODEC_DTYPE_BF16};
+  for (size_t i = 0; i < corpus_len / CORPUS_PAGE_BYTES; i++)
+    CHECK(check_block(OI_CODEC_LOSSLESS, &kv, corpus + i * CORPUS_PAGE_BYTES, CORPUS_PAGE_BYTES,
+                      "planes page") <= 2);
+  size_t len = 3452160;
+  uint8_t *src = malloc(len), *f = malloc(oi__codec_bound(OI_CODEC_LOSSLESS, &none, len));
+  REQUIRE(src && f);
+  for (size_t i = 0; i < len; i++)
+    src[i] = corpus[i % corpus_len];
+  size_t n = check_block(OI_CODEC_LOSSLESS, &none, src, len, "planes, GLM5.2-sized block");
+  check_block(OI_CODEC_LOSSLESS, &none, corpus, 12289, "planes, odd length");
+  size_t fb = 0, k = 0;
+  CHECK_OK(oi__codec_encode_planes(&none, src, len, f,
+                                   oi__codec_bound(OI_CODEC_LOSSLESS, &none, len), &fb));
+  oi_codec_info in;
+  oi_codec_piece *pc = calloc(4096, sizeof *pc);
+  REQUIRE(pc);
+  CHECK_OK(oi__codec_pieces(f, fb, true, &in, pc, 4096, &k));
+  CHECK(k == n && k >= len / 2 / OI_LOSSLESS_SEGMENT_MAX);
+  for (size_t i = 0; i < k; i++)
+    CHECK(pc[i].kind == OI_CODEC_PIECE_PLANES && pc[i].count <= OI_LOSSLESS_SEGMENT_MAX);
+  printf("planes, GLM5.2-sized block: %zu streams, ratio %.4f\n", k, (double)len / (double)fb);
+  planes = false;
   free(pc);
   free(f);
   free(src);
@@ -278,6 +315,7 @@ int main(int argc, char **argv) {
   REQUIRE(corpus && corpus_len % CORPUS_PAGE_BYTES == 0);
   RUN_TEST(test_corpus_pages);
   RUN_TEST(test_stream_cap);
+  RUN_TEST(test_planes_pieces);
   RUN_TEST(test_raw_odd_and_refusals);
   RUN_TEST(test_gpu_plan);
   RUN_TEST(test_lossy_gpu_plan);

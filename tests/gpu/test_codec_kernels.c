@@ -48,6 +48,8 @@ static void batch_free(batch *b) {
   memset(b, 0, sizeof *b);
 }
 
+static bool planes; /* lossless frames of the planes code (format 4) */
+
 /* Encodes each block of `blocks` (n of `len` bytes at src + i * len) into
  * the batch. */
 static void batch_encode(batch *b, int codec, const oi_codec_shape *sh, const uint8_t *src,
@@ -69,7 +71,9 @@ static void batch_encode(batch *b, int codec, const oi_codec_shape *sh, const ui
     b->block_len[i] = len;
     size_t fb = 0;
     oi_status st =
-        oi__codec_encode(codec, sh, src + i * len, len, b->frames + i * stride, stride, &fb);
+        planes && codec == OI_CODEC_LOSSLESS
+            ? oi__codec_encode_planes(sh, src + i * len, len, b->frames + i * stride, stride, &fb)
+            : oi__codec_encode(codec, sh, src + i * len, len, b->frames + i * stride, stride, &fb);
     if (st) fprintf(stderr, "encode: %s\n", oi_last_error());
     REQUIRE(st == OI_OK);
     b->frame_len[i] = fb;
@@ -381,6 +385,88 @@ static void test_damaged(void) {
   }
 }
 
+/* Damages the first planes stream of a verified frame past its checksum:
+ * how 1: its first chunk's level-1 count one more; 2: w1 0; 3: its first
+ * exponent's code flipped to or from the escape; 4: a code set in its last
+ * group's padding (n not a multiple of 32). */
+static void damage_planes(uint8_t *frame, size_t len, int how) {
+  oi_codec_info in;
+  oi_codec_piece pc[512];
+  size_t k = 0;
+  REQUIRE(oi__codec_pieces(frame, len, true, &in, pc, 512, &k) == OI_OK);
+  REQUIRE(pc[0].kind == OI_CODEC_PIECE_PLANES);
+  uint8_t *st = frame + pc[0].src;
+  uint32_t w1 = st[0], w2 = st[1], n = pc[0].count;
+  size_t counts = 2 + ((1u << w1) - 1) + (w2 ? (1u << w2) - 1 : 0);
+  size_t groups = (n + 31) / 32, chunks = (n + 1023) / 1024;
+  uint8_t *p1 = st + counts + 4 * chunks;
+  if (how == 1) st[counts] = (uint8_t)(st[counts] + 1);
+  if (how == 2) st[0] = 0;
+  if (how == 3) {
+    uint32_t code = 0;
+    for (uint32_t b = 0; b < w1; b++)
+      code |= (p1[4 * b] & 1u) << b;
+    for (uint32_t b = 0; b < w1; b++) /* escape: all ones; else bit 0 cleared */
+      p1[4 * b] =
+          (uint8_t)(code == (1u << w1) - 1 ? (b ? p1[4 * b] : p1[4 * b] & ~1u) : p1[4 * b] | 1u);
+  }
+  if (how == 4) {
+    REQUIRE(n % 32);
+    p1[4 * w1 * (groups - 1) + 3] |= 0x80;
+  }
+}
+
+/* The planes code's streams (a CTA a stream, a warp a chunk): corpus pages,
+ * 64-page blocks, model-sized blocks, odd lengths, byte-exact against the
+ * cpu; streams damaged past the checksums (a chunk's count, a width, a
+ * code in a group's padding) refused. */
+static void test_planes(void) {
+  planes = true;
+  oi_codec_shape kv = CORPUS_SHAPE_KV, big = {OI_CODEC_DTYPE_BF16, 128, 16, 3, 64},
+                 none = {.dtype = OI_CODEC_DTYPE_BF16};
+  batch b;
+  batch_encode(&b, OI_CODEC_LOSSLESS, &kv, corpus, corpus_len / CORPUS_PAGE_BYTES,
+               CORPUS_PAGE_BYTES);
+  CHECK(check_batch(&b, "corpus pages, lossless (planes)", NULL, 0) == 0);
+  batch_free(&b);
+  uint8_t *src = tiled(3, 64 * CORPUS_PAGE_BYTES, 0);
+  batch_encode(&b, OI_CODEC_LOSSLESS, &big, src, 3, 64 * CORPUS_PAGE_BYTES);
+  CHECK(check_batch(&b, "64-page blocks, lossless (planes)", NULL, 0) == 0);
+  batch_free(&b);
+  free(src);
+  uint8_t *odd = tiled(4, 2002, 3);
+  batch_encode(&b, OI_CODEC_LOSSLESS, &none, odd, 4, 2002); /* 1,001 exponents: a group of 9 */
+  CHECK(check_batch(&b, "1,001-element blocks, lossless (planes)", NULL, 0) == 0);
+  uint8_t pad_damaged[4] = {0, 0, 1, 0};
+  damage_planes(b.frames + b.frame_off[2], b.frame_len[2], 4);
+  b.unverified = 1;
+  CHECK(check_batch(&b, "  the same, frame 2's padding", pad_damaged, OI_KDEC_BAD_STREAM) == 0);
+  batch_free(&b);
+  free(odd);
+  const size_t lens[2] = {2359296, 3452160};
+  for (int m = 0; m < 2; m++) {
+    src = tiled(4, lens[m], 17 * (size_t)m);
+    batch_encode(&b, OI_CODEC_LOSSLESS, &none, src, 4, lens[m]);
+    CHECK(check_batch(&b,
+                      m ? "GLM5.2 blocks, lossless (planes)" : "Qwen3-4B blocks, lossless (planes)",
+                      NULL, 0) == 0);
+    for (size_t k = 0; k < b.nitems; k++)
+      CHECK(b.items[k].kind == OI_KDEC_PLANES && b.items[k].count <= OI_LOSSLESS_SEGMENT_MAX);
+    /* frame 1: its first stream's first chunk count one more; frame 2: its
+     * first stream's w1 0; frame 3: its first exponent's code made an
+     * escape where it was none, or none where it was (the chunk's escapes
+     * then differ from its count) */
+    uint8_t damaged[4] = {0, 1, 1, 1};
+    for (size_t f = 1; f < 4; f++)
+      damage_planes(b.frames + b.frame_off[f], b.frame_len[f], (int)f);
+    b.unverified = 1;
+    CHECK(check_batch(&b, "  the same, damaged streams", damaged, OI_KDEC_BAD_STREAM) == 0);
+    batch_free(&b);
+    free(src);
+  }
+  planes = false;
+}
+
 static double ms_of(cudaEvent_t a, cudaEvent_t b) {
   float ms = 0;
   CU(cudaEventElapsedTime(&ms, a, b));
@@ -519,6 +605,7 @@ int main(int argc, char **argv) {
   test_model_blocks();
   test_raw_and_odd();
   test_damaged();
+  test_planes();
   if (argc < 3 || strcmp(argv[2], "--rates") != 0) goto done;
   oi_codec_shape none = {.dtype = OI_CODEC_DTYPE_BF16};
   oi_codec_shape qwen = {OI_CODEC_DTYPE_BF16, 72, 16, 8, 128};
@@ -530,6 +617,13 @@ int main(int argc, char **argv) {
   rates("Qwen3-4B int8", OI_CODEC_INT8, &qwen, 256, 2359296);
   rates("Qwen3-4B int8-hadamard", OI_CODEC_INT8_HADAMARD, &qwen, 256, 2359296);
   rates("Qwen3-4B fp8", OI_CODEC_FP8, &qwen, 256, 2359296);
+  planes = true;
+  rates("GLM5.2 lossless (planes)", OI_CODEC_LOSSLESS, &none, 2, 3452160);
+  rates("GLM5.2 lossless (planes)", OI_CODEC_LOSSLESS, &none, 9, 3452160);
+  rates("GLM5.2 lossless (planes)", OI_CODEC_LOSSLESS, &none, 22, 3452160);
+  rates("GLM5.2 lossless (planes)", OI_CODEC_LOSSLESS, &none, 256, 3452160);
+  rates("Qwen3-4B lossless (planes)", OI_CODEC_LOSSLESS, &qwen, 256, 2359296);
+  planes = false;
 done:
   free(corpus);
   fprintf(stderr, "%-60s %s\n", "test_codec_kernels", oi_test_failures ? "FAILED" : "ok");

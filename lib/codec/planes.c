@@ -103,8 +103,7 @@ int oi__planes_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
   const size_t chunks = (n + CHUNK - 1) / CHUNK, groups = (n + 31) / 32;
   const size_t head = 2 + k1 + k2 + 4 * chunks + 4 * (size_t)w1 * groups;
   if (len < head) return -1;
-  const uint8_t *sym1 = src + 2, *sym2 = sym1 + k1, *counts = sym2 + k2,
-                *p1 = counts + 4 * chunks;
+  const uint8_t *sym1 = src + 2, *sym2 = sym1 + k1, *counts = sym2 + k2, *p1 = counts + 4 * chunks;
   size_t e1 = 0, e2 = 0;
   for (size_t ch = 0; ch < chunks; ch++) {
     size_t c1 = get16(counts + 4 * ch), c2 = get16(counts + 4 * ch + 2);

@@ -837,6 +837,18 @@ static int codec_where(const char *var, uint32_t log_id) {
   return 0;
 }
 
+/* OI_LOSSLESS_CODE: "planes", a lossless namespace's frames code their
+ * exponents by the planes code (for measuring it, docs/codecs.md); "rans"
+ * or unset, by rANS. */
+static bool lossless_planes(uint32_t log_id) {
+  const char *v = getenv("OI_LOSSLESS_CODE");
+  if (!v || !*v || strcmp(v, "rans") == 0) return false;
+  if (strcmp(v, "planes") == 0) return true;
+  OI_LOG_I(OI_LOG_WARN, "engine", log_id,
+           "OI_LOSSLESS_CODE=%s is neither 'rans' nor 'planes': rans", v);
+  return false;
+}
+
 oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_engine **out) {
   local_engine *e = oi__calloc(1, sizeof *e);
   if (!e) return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory");
@@ -871,6 +883,7 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
       .frame_bytes = codec->slot_bytes,
       .codec_host_decode = codec_where("OI_CODEC_DECODE", e->base.instance_id) < 0,
       .codec_host_encode = encode_where<0, .codec_device_encode = encode_where> 0,
+      .codec_planes = codec->id == OI_CODEC_LOSSLESS && lossless_planes(e->base.instance_id),
       .block_bounce_bytes = e->layer_bounce_bytes = layer_bounce_bytes(pool.capacity_bytes),
       .done = job_done,
       .done_ctx = e};

@@ -25,6 +25,7 @@ typedef struct codec_task {
 struct oi_codec_stage {
   oi_dev *dev;
   int codec;
+  bool planes; /* lossless: the planes code (oi__codec_stage_use_planes) */
   oi_codec_shape shape;
   uint64_t bb, fb; /* block bytes, frame slot bytes */
   const uint32_t *log_id;
@@ -80,7 +81,8 @@ static void note_failure(codec_task *t) {
 static void encode_one(oi_codec_stage *s, codec_task *t, unsigned w, size_t i) {
   uint8_t *slot = t->slots[i], *to = s->scratch[w] ? s->scratch[w] : slot;
   size_t cap = s->scratch[w] ? s->scratch_bytes : s->fb, out = 0;
-  oi_status st = oi__codec_encode(s->codec, &s->shape, t->src[i], s->bb, to, cap, &out);
+  oi_status st = s->planes ? oi__codec_encode_planes(&s->shape, t->src[i], s->bb, to, cap, &out)
+                           : oi__codec_encode(s->codec, &s->shape, t->src[i], s->bb, to, cap, &out);
   if (st == OI_OK && out > s->fb)
     st = oi__fail(OI_ERR_INVALID_ARGUMENT, "a frame of %zu bytes for a %llu-byte slot", out,
                   (unsigned long long)s->fb);
@@ -249,6 +251,7 @@ oi_status oi__codec_stage_decode(oi_codec_stage *s, uint8_t *const *slots, size_
 /* ---- set-up ------------------------------------------------------------------------ */
 
 uint8_t *const *oi__codec_stage_bounce(const oi_codec_stage *s, int d) { return s->bounce_at[d]; }
+void oi__codec_stage_use_planes(oi_codec_stage *s) { s->planes = s->codec == OI_CODEC_LOSSLESS; }
 void oi__codec_stage_lock(oi_codec_stage *s, int d) { pthread_mutex_lock(&s->qlock[d]); }
 void oi__codec_stage_unlock(oi_codec_stage *s, int d) { pthread_mutex_unlock(&s->qlock[d]); }
 

@@ -28,6 +28,9 @@ oi_status oi__codec_stage_create(oi_dev *dev, int codec, const oi_codec_shape *s
                                  uint64_t block_bytes, uint64_t frame_bytes,
                                  uint64_t group_blocks[2], uint64_t block_bounce_bytes,
                                  const uint32_t *log_id, oi_codec_stage **out);
+/* The stage's lossless frames code their exponents by the planes code
+ * (oi__codec_encode_planes) from now on. */
+void oi__codec_stage_use_planes(oi_codec_stage *s);
 /* Stops the workers, frees the buffers. Accepts NULL. */
 void oi__codec_stage_destroy(oi_codec_stage *s);
 

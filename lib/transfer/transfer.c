@@ -1054,6 +1054,11 @@ static bool device_encode_plan(oi_xfer *x) {
       c->frame_bytes % 8)
     return false;
   if (c->codec != OI_CODEC_LOSSLESS) return c->codec_device_encode && device_lossy_plan(x);
+  if (c->codec_planes) {
+    OI_LOG_I(OI_LOG_INFO, "engine", log_id(x),
+             "lossless saves of the planes code encode on the host (no device encoder yet)");
+    return false;
+  }
   oi_lossless_gpu_plan p;
   if (!oi__lossless_gpu_plan(&c->codec_shape, c->layout->block_bytes, &p)) {
     OI_LOG_I(OI_LOG_INFO, "engine", log_id(x), "lossless saves encode on the host: %s",
@@ -1101,6 +1106,7 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
                                                          : OI_XFER_BLOCK_BOUNCE_BYTES,
                                    c->log_id, &x->codec)) != OI_OK)
     goto fail;
+  if (x->codec && c->codec_planes) oi__codec_stage_use_planes(x->codec);
   x->device_decode =
       c->codec != OI_CODEC_NONE && !c->codec_host_decode && x->dev->ops->stream_decode;
   x->device_encode = device_encode_plan(x);

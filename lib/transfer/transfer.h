@@ -119,6 +119,11 @@ typedef struct oi_xfer_config {
    * so only where codec_device_encode is set (oi__lossy_gpu_plan; opt-in
    * until its kernels have run on a GPU, docs/codecs.md). */
   bool codec_host_encode, codec_device_encode;
+  /* A lossless namespace's frames code their exponents by the planes code
+   * (codec/planes.h; OI_LOSSLESS_CODE=planes, for measuring it: frames of
+   * format 4, which builds before it refuse). Its saves encode on the host
+   * (no GPU encoder yet); its loads decode where loads decode. */
+  bool codec_planes;
   /* The most bytes of per-block bounces (oi__xfer_bounce) at once; 0 =
    * OI_XFER_BLOCK_BOUNCE_BYTES. At least one block. */
   uint64_t block_bounce_bytes;

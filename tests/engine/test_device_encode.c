@@ -157,6 +157,7 @@ static void done_fn(void *ctx, void *user, const oi_xfer_result *r) {
 
 static oi_codec_shape wide_heads; /* when set (dtype bf16): the next rigs' shape */
 static bool lossy_default; /* the next rigs: OI_CODEC_ENCODE unset (else "device" or "host") */
+static bool planes_code;   /* the next rigs: lossless frames of the planes code */
 
 /* The namespace's shape: parts of 16 tokens x 8 heads x 128 bf16 where
  * halves are whole parts, else none (lossless needs none). */
@@ -198,6 +199,7 @@ static void rig_open_with(rigp *r, size_t half, int codec, uint64_t slot, bool h
                        .frame_bytes = r->slot,
                        .codec_host_encode = host_encode,
                        .codec_device_encode = !host_encode && !lossy_default,
+                       .codec_planes = planes_code,
                        .deadline_ms = {[OI_COPY_D2H] = save_deadline_ms},
                        .done = done_fn};
   REQUIRE(oi__xfer_create(&xc, &r->x) == OI_OK);
@@ -242,7 +244,10 @@ static size_t wrong_slots_of(const rigp *r, int codec) {
     half_of(b, 1, block + half, half);
     size_t out = 0;
     memset(want, 0, 2 * half + 64);
-    REQUIRE(oi__codec_encode(codec, &shape, block, 2 * half, want, 2 * half + 64, &out) == OI_OK);
+    REQUIRE((planes_code
+                 ? oi__codec_encode_planes(&shape, block, 2 * half, want, 2 * half + 64, &out)
+                 : oi__codec_encode(codec, &shape, block, 2 * half, want, 2 * half + 64, &out)) ==
+            OI_OK);
     REQUIRE(out <= r->slot);
     memset(want + out, 0, r->slot - out);
     size_t got = 0;
@@ -291,6 +296,21 @@ static void test_host_encodes(void) {
     CHECK(bad == 0 && last_failed == 0);
     rig_close(&r);
   }
+  /* the planes code (OI_LOSSLESS_CODE=planes): the host, frames of format 4 */
+  planes_code = true;
+  rigp r;
+  rig_open(&r, HALF, 90, false);
+  int before = atomic_load(&encodes);
+  CHECK_OK(save(&r));
+  CHECK(atomic_load(&encodes) == before);
+  size_t bad = wrong_slots(&r), format4 = 0;
+  for (size_t b = 0; b < N; b++)
+    format4 += r.slots[b * r.slot + 4] == OI_LOSSLESS_PLANES_VERSION;
+  printf("%-22s: encoded on the host, %zu slots wrong, %zu of %d frames of format 4\n",
+         "the planes code", bad, format4, N);
+  CHECK(bad == 0 && last_failed == 0 && format4 == N);
+  rig_close(&r);
+  planes_code = false;
 }
 
 /* The lossy codecs' namespaces, with OI_CODEC_ENCODE=device: the device

@@ -7,7 +7,9 @@
 //           estimate of their bits (lossless.c's choose_segments); writes
 //           the block's stream items
 //   hist    each chosen stream's exponent histogram (a CTA a stream)
-//   encode  kernels/codec_encode.cu's wide-stream encoder
+//   encode  kernels/codec_encode.cu's wide-stream encoder, or
+//           kernels/codec_planes_encode.cu's planes code (a.planes: the
+//           choice above by the streams' exact lengths, as lossless.c's)
 //   pack    header, stream lengths, streams and the sign+mantissa plane;
 //           the raw exponent plane where the streams do not pay; zeros
 //           behind the frame; a frame past its slot is marked
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "planes_choose.cuh"
 #include "xxh3.cuh"
 
 #define CHOOSE_THREADS 256
@@ -55,13 +58,49 @@ __device__ static double stream_bits(const uint32_t *h, uint64_t n) {
   return bits;
 }
 
+// lossless.c's choose_segments under the planes code: the streams' exact
+// lengths, a warp a part, then the whole block's.
+__device__ static uint32_t choose_planes(const oi_kframe_args &a, const uint32_t *h, uint64_t n,
+                                         uint32_t *all) {
+  __shared__ uint32_t wh[CHOOSE_THREADS / 32][256], wcum[CHOOSE_THREADS / 32][257];
+  __shared__ unsigned long long split;
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) split = 0;
+  __syncthreads();
+  for (uint32_t p = warp; p < a.parts; p += CHOOSE_THREADS / 32) {
+    for (uint32_t s = lane; s < 256; s += 32)
+      wh[warp][s] = h[(uint64_t)p * 256 + s];
+    __syncwarp();
+    const planes_pick pk = planes_choose_warp(wh[warp], n / a.parts, wcum[warp], NULL, lane);
+    if (lane == 0) atomicAdd(&split, (unsigned long long)pk.bytes);
+  }
+  __syncthreads();
+  uint32_t segs = 0;
+  if (warp == 0) {
+    const planes_pick pk = planes_choose_warp(all, n, wcum[0], NULL, lane);
+    segs = split < pk.bytes ? a.segs_parts : a.segs_whole;
+  }
+  return segs;
+}
+
 __global__ static void __launch_bounds__(CHOOSE_THREADS) choose_kernel(const oi_kframe_args a) {
   __shared__ uint32_t all[256];
   __shared__ double part_bits[OI_KFRAME_MAX_PARTS];
   __shared__ uint32_t segs_s;
   const uint32_t b = blockIdx.x;
   const uint64_t n = a.block_bytes / 2;
-  if (a.parts > 1) {
+  if (a.parts > 1 && a.planes) {
+    const uint32_t *h = reinterpret_cast<const uint32_t *>(a.hist) + (uint64_t)b * a.parts * 256;
+    for (uint32_t s = threadIdx.x; s < 256; s += blockDim.x) {
+      uint32_t t = 0;
+      for (uint32_t p = 0; p < a.parts; p++)
+        t += h[(uint64_t)p * 256 + s];
+      all[s] = t;
+    }
+    __syncthreads();
+    const uint32_t segs = choose_planes(a, h, n, all);
+    if (threadIdx.x == 0) segs_s = segs;
+  } else if (a.parts > 1) {
     const uint32_t *h = reinterpret_cast<const uint32_t *>(a.hist) + (uint64_t)b * a.parts * 256;
     for (uint32_t p = threadIdx.x; p < a.parts; p += blockDim.x)
       part_bits[p] = stream_bits(h + (uint64_t)p * 256, n / a.parts);
@@ -172,10 +211,12 @@ __global__ static void __launch_bounds__(PACK_THREADS) pack_kernel(const oi_kfra
                  step = (uint64_t)gridDim.y * PACK_THREADS;
   if (blockIdx.y == 0) { // the header but its checksums, the payload's head
     for (uint32_t i = threadIdx.x; i < 24; i += PACK_THREADS)
-      frame[i] = i >= 12 && i < 16 ? (uint8_t)(len >> (8 * (i - 12))) : a.header[i];
+      frame[i] = i >= 12 && i < 16             ? (uint8_t)(len >> (8 * (i - 12)))
+                 : i == 4 && coded && a.planes ? (uint8_t)OI_KFRAME_PLANES_VERSION // its format
+                                               : a.header[i];
     if (coded) {
       if (threadIdx.x == 0) {
-        payload[0] = 2; // lossless.c's MODE_RANS32
+        payload[0] = a.planes ? 3 : 2; // lossless.c's MODE_PLANES, MODE_RANS32
         payload[1] = (uint8_t)segs;
         payload[2] = (uint8_t)(segs >> 8);
       }
@@ -338,9 +379,10 @@ extern "C" int oi_kernel_lossless_frames(const oi_kframe_args *a, void *stream, 
   choose_kernel<<<a->n, CHOOSE_THREADS, 0, s>>>(*a);
   stream_hist_kernel<<<a->n * a->max_segs, 256, 0, s>>>(*a);
   st.mark("choose");
-  int err =
-      oi_kernel_rans32_encode(reinterpret_cast<const oi_kenc_item *>(a->items), a->n * a->max_segs,
-                              reinterpret_cast<uint32_t *>(a->lens), stream);
+  const oi_kenc_item *items = reinterpret_cast<const oi_kenc_item *>(a->items);
+  uint32_t *lens = reinterpret_cast<uint32_t *>(a->lens);
+  int err = a->planes ? oi_kernel_planes_encode(items, a->n * a->max_segs, lens, stream)
+                      : oi_kernel_rans32_encode(items, a->n * a->max_segs, lens, stream);
   if (err != cudaSuccess) return err;
   st.mark("encode");
   pack_kernel<<<dim3(a->n, PACK_SLICES), PACK_THREADS, 0, s>>>(*a);

@@ -19,8 +19,8 @@
 
 struct planes_head {
   uint32_t w1, w2, k1, k2, chunks, groups;
-  uint32_t e1, e2;        // the stream's escapes at levels 1 and 2
-  const uint8_t *counts;  // per chunk: e1 u16, e2 u16
+  uint32_t e1, e2;       // the stream's escapes at levels 1 and 2
+  const uint8_t *counts; // per chunk: e1 u16, e2 u16
   const uint8_t *p1, *p2, *p3;
   uint32_t bytes2;
   int ok;
@@ -64,8 +64,8 @@ __device__ static void read_head(const oi_kdec_item &it, planes_head *h, unsigne
   const uint32_t tail = (uint32_t)(((uint64_t)e1 * w2) % 8);
   ok = ok && !(bytes2 && tail && (p2[bytes2 - 1] >> tail));
   if (lane == 0)
-    *h = planes_head{w1, w2, k1, k2, chunks, groups, e1, e2, counts, p1, p2, p2 + bytes2, bytes2,
-                     ok ? 1 : 0};
+    *h = planes_head{w1, w2,     k1, k2, chunks,      groups, e1,
+                     e2, counts, p1, p2, p2 + bytes2, bytes2, ok ? 1 : 0};
 }
 
 // One warp decodes chunk c. False when its codes are not its counts or a

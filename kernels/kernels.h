@@ -101,6 +101,12 @@ typedef struct oi_kenc_item {
 
 int oi_kernel_rans32_encode(const oi_kenc_item *items, uint32_t n, uint32_t *lens, void *stream);
 
+/* The same items coded by the planes code (kernels/codec_planes_encode.cu):
+ * byte for byte lib/codec's oi__planes_encode; hist must be set (a stream
+ * without one, or of count 0, gets length 0); scratch holds 16 bytes a
+ * chunk of 1,024. n at most 65,535. */
+int oi_kernel_planes_encode(const oi_kenc_item *items, uint32_t n, uint32_t *lens, void *stream);
+
 /* Lossless frames made on the GPU (kernels/codec_frame.cu): block i of
  * `blocks` (n blocks of block_bytes, device memory) becomes the frame
  * lib/codec's oi__codec_encode makes of it where both candidate stream
@@ -127,8 +133,11 @@ typedef struct oi_kframe_args {
                            * bytes */
   uint64_t block_bytes, frame_bytes;
   uint32_t n, parts, segs_whole, segs_parts, max_segs, stream_cap;
+  uint32_t planes; /* the streams are the planes code's (lossless mode 3, frames of format
+                    * OI_KFRAME_PLANES_VERSION), else wide rANS */
   uint8_t header[24];
 } oi_kframe_args;
+#define OI_KFRAME_PLANES_VERSION 4
 
 /* A frame's bytes of oi_kframe_args.sums: 64 per whole 1 KiB block of the
  * longer of its block and its payload (at most its slot). */

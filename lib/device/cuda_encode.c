@@ -141,7 +141,8 @@ static cudaError_t make_frames(oi_stream *s, const oi_encode_batch *b, const wor
                       .segs_whole = p->segs_whole,
                       .segs_parts = p->segs_parts,
                       .max_segs = p->max_segs,
-                      .stream_cap = p->stream_cap};
+                      .stream_cap = p->stream_cap,
+                      .planes = p->planes};
   memcpy(a.header, p->header, sizeof a.header);
   return (cudaError_t)oi_kernel_lossless_frames(&a, r->aux, r->side, r->fork, r->join);
 }

@@ -139,6 +139,7 @@ typedef struct oi_encode_plan {
   uint32_t payload_bytes, tokens, heads, head_dim, rot_block;
   float down;
   uint64_t seed;
+  uint32_t planes; /* OI_ENCODE_LOSSLESS: the planes code's streams (frames of format 4) */
 } oi_encode_plan;
 
 /* A block's status: its frame does not fit its slot; the codec refuses a

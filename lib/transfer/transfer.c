@@ -1054,11 +1054,6 @@ static bool device_encode_plan(oi_xfer *x) {
       c->frame_bytes % 8)
     return false;
   if (c->codec != OI_CODEC_LOSSLESS) return c->codec_device_encode && device_lossy_plan(x);
-  if (c->codec_planes) {
-    OI_LOG_I(OI_LOG_INFO, "engine", log_id(x),
-             "lossless saves of the planes code encode on the host (no device encoder yet)");
-    return false;
-  }
   oi_lossless_gpu_plan p;
   if (!oi__lossless_gpu_plan(&c->codec_shape, c->layout->block_bytes, &p)) {
     OI_LOG_I(OI_LOG_INFO, "engine", log_id(x), "lossless saves encode on the host: %s",
@@ -1070,7 +1065,8 @@ static bool device_encode_plan(oi_xfer *x) {
                                     .segs_parts = p.segs_parts,
                                     .segs_whole = p.segs_whole,
                                     .max_segs = p.max_segs,
-                                    .stream_cap = p.stream_cap};
+                                    .stream_cap = p.stream_cap,
+                                    .planes = c->codec_planes};
   return take_header(x, p.header, p.secret);
 }
 

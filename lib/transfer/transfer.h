@@ -121,8 +121,8 @@ typedef struct oi_xfer_config {
   bool codec_host_encode, codec_device_encode;
   /* A lossless namespace's frames code their exponents by the planes code
    * (codec/planes.h; OI_LOSSLESS_CODE=planes, for measuring it: frames of
-   * format 4, which builds before it refuse). Its saves encode on the host
-   * (no GPU encoder yet); its loads decode where loads decode. */
+   * format 4, which builds before it refuse). Its saves and loads code
+   * where they would under rANS. */
   bool codec_planes;
   /* The most bytes of per-block bounces (oi__xfer_bounce) at once; 0 =
    * OI_XFER_BLOCK_BOUNCE_BYTES. At least one block. */

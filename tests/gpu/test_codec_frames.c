@@ -107,6 +107,8 @@ static void test_xxh3(void) {
   cudaFree(d_scratch);
 }
 
+static bool planes; /* the planes code's frames (format 4), else wide rANS */
+
 /* The kernels' buffers for n blocks of a plan. */
 typedef struct frame_rig {
   oi_kframe_args a;
@@ -139,7 +141,8 @@ static frame_rig rig_new(const oi_lossless_gpu_plan *p, size_t n, uint64_t bb, u
                          .segs_whole = p->segs_whole,
                          .segs_parts = p->segs_parts,
                          .max_segs = p->max_segs,
-                         .stream_cap = p->stream_cap};
+                         .stream_cap = p->stream_cap,
+                         .planes = planes};
   r.a.lens = r.a.items + ((items + 255) & ~255ull);
   r.a.segs = r.a.lens + ((lens + 255) & ~255ull);
   r.a.streams = r.a.segs + ((segs + 255) & ~255ull);
@@ -192,8 +195,9 @@ static size_t check_frames(const char *what, uint64_t bb, uint16_t parts, size_t
   for (size_t b = 0; b < n; b++) {
     size_t out = 0, got = 0;
     memset(cpu, 0, fb + bb);
-    REQUIRE(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, blocks + b * bb, bb, cpu, fb + bb, &out) ==
-            OI_OK);
+    REQUIRE((planes ? oi__codec_encode_planes(&sh, blocks + b * bb, bb, cpu, fb + bb, &out)
+                    : oi__codec_encode(OI_CODEC_LOSSLESS, &sh, blocks + b * bb, bb, cpu, fb + bb,
+                                       &out)) == OI_OK);
     bool same;
     if (out > fb) { /* the cpu's frame is past the slot: the GPU's refuses it */
       same = status[b] == OI_KENC_PAST_SLOT;
@@ -203,7 +207,7 @@ static size_t check_frames(const char *what, uint64_t bb, uint16_t parts, size_t
       same = status[b] == 0 && !memcmp(gpu + b * fb, cpu, fb) &&
              oi__codec_decode(gpu + b * fb, fb, back, bb, &got) == OI_OK && got == bb &&
              !memcmp(back, blocks + b * bb, bb);
-      coded += cpu[OI_CODEC_HEADER_BYTES] == 2;
+      coded += cpu[OI_CODEC_HEADER_BYTES] == (planes ? 3 : 2);
     }
     if (!same) {
       size_t at = 0;
@@ -227,14 +231,20 @@ static size_t check_frames(const char *what, uint64_t bb, uint16_t parts, size_t
 
 static void test_frames(void) {
   const uint64_t glm = 3452160, qwen = 2359296;
-  CHECK(check_frames("GLM5.2 blocks, 58 parts", glm, 58, 6, false, glm) == 0);
-  CHECK(check_frames("GLM5.2 blocks, no shape", glm, 0, 3, false, (glm * 3 / 4) & ~255ull) == 0);
-  CHECK(check_frames("Qwen3-4B blocks, 72 parts", qwen, 72, 5, false, (qwen * 3 / 4) & ~255ull) ==
-        0);
-  CHECK(check_frames("Qwen3-4B blocks, 2 parts", qwen, 2, 3, false, qwen) == 0);
-  CHECK(check_frames("random bytes (the exponent plane raw)", qwen, 72, 2, true, qwen + 4096) == 0);
-  CHECK(check_frames("a slot too small (0.6 of the block)", qwen, 72, 3, false,
-                     (qwen * 6 / 10) & ~255ull) == 0);
+  for (int code = 0; code < 2; code++) { /* wide rANS, then the planes code */
+    planes = code;
+    if (planes) printf("the planes code:\n");
+    CHECK(check_frames("GLM5.2 blocks, 58 parts", glm, 58, 6, false, glm) == 0);
+    CHECK(check_frames("GLM5.2 blocks, no shape", glm, 0, 3, false, (glm * 3 / 4) & ~255ull) == 0);
+    CHECK(check_frames("Qwen3-4B blocks, 72 parts", qwen, 72, 5, false, (qwen * 3 / 4) & ~255ull) ==
+          0);
+    CHECK(check_frames("Qwen3-4B blocks, 2 parts", qwen, 2, 3, false, qwen) == 0);
+    CHECK(check_frames("random bytes (the exponent plane raw)", qwen, 72, 2, true, qwen + 4096) ==
+          0);
+    CHECK(check_frames("a slot too small (0.6 of the block)", qwen, 72, 3, false,
+                       (qwen * 6 / 10) & ~255ull) == 0);
+  }
+  planes = false;
   /* blocks whose streams would not be wide: the host encodes them */
   oi_lossless_gpu_plan p;
   oi_codec_shape sh = {.dtype = OI_CODEC_DTYPE_BF16};
@@ -383,6 +393,9 @@ static double engine_round(const char *encode, const char *decode, size_t n, boo
 }
 
 static void test_engine(void) {
+  setenv("OI_LOSSLESS_CODE", "planes", 1); /* the planes code's frames, both ways */
+  CHECK(engine_round("device", "device", 24, true, false) > 0);
+  unsetenv("OI_LOSSLESS_CODE");
   CHECK(engine_round("device", "device", 24, true, false) > 0);
   CHECK(engine_round("device", "host", 24, true, false) > 0);
   CHECK(engine_round("device", "device", 24, true, true) > 0);
@@ -434,8 +447,9 @@ static float frames_ms(size_t n, float *d2h) {
   CU(cudaDeviceSynchronize());
   unsetenv("OI_KFRAME_STAGES");
   double logical = (double)n * bb;
-  printf("frames of %3zu GLM5.2 blocks: %.1f GB/s logical (%.0f us); bulk D2H %.1f GB/s: %.2fx\n",
-         n, logical / best / 1e6, best * 1e3, logical / best_d2h / 1e6, best_d2h / best);
+  printf("frames of %3zu GLM5.2 blocks%s: %.1f GB/s logical (%.0f us); bulk D2H %.1f GB/s: %.2fx\n",
+         n, planes ? " (planes)" : "", logical / best / 1e6, best * 1e3, logical / best_d2h / 1e6,
+         best_d2h / best);
   rig_free(&r);
   cudaFreeHost(blocks);
   cudaEventDestroy(a);
@@ -451,6 +465,10 @@ static void rates(void) {
   float d2h_ms = 0;
   frames_ms(10, &d2h_ms); /* one save group (32 MiB) */
   frames_ms(256, &d2h_ms);
+  planes = true;
+  frames_ms(10, &d2h_ms);
+  frames_ms(256, &d2h_ms);
+  planes = false;
   double bulk = 3452160.0 / d2h_ms / 1e6; /* GB/s */
   /* an engine's saves, frames made on the device and on the host */
   const size_t nb = 160;
@@ -461,6 +479,12 @@ static void rates(void) {
          "%.1f GB/s (logical, call to completion); bulk D2H %.1f GB/s: %.2fx and %.2fx\n",
          nb, lb / t_dev / 1e9, lb / t_host / 1e9, bulk, lb / t_dev / 1e9 / bulk,
          lb / t_host / 1e9 / bulk);
+  setenv("OI_LOSSLESS_CODE", "planes", 1);
+  double t_planes = engine_round("device", "device", nb, false, false);
+  unsetenv("OI_LOSSLESS_CODE");
+  printf("engine saves, %zu Qwen3-4B blocks, the planes code: frames made on the device %.1f GB/s "
+         "(%.2fx bulk D2H)\n",
+         nb, lb / t_planes / 1e9, lb / t_planes / 1e9 / bulk);
 }
 
 int main(int argc, char **argv) {

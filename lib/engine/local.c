@@ -824,9 +824,8 @@ static const engine_ops local_ops = {
 
 /* OI_CODEC_DECODE (OI_CODEC_ENCODE): "host", a codec namespace's loads
  * decode (its saves encode) on the host even where the device could;
- * "device", on the device where it can (a lossy namespace's saves only
- * then: docs/codecs.md); unset, each path's default. -1 host, 1 device, 0
- * unset. */
+ * "device" or unset, on the device where it can (docs/codecs.md). -1 host,
+ * 1 device, 0 unset. */
 static int codec_where(const char *var, uint32_t log_id) {
   const char *v = getenv(var);
   if (!v || !*v) return 0;
@@ -867,7 +866,6 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
   oi_host_pool_info pool;
   oi__host_pool_info(h, &pool);
   const oi_engine_options *eo = &e->base.opts;
-  int encode_where = codec_where("OI_CODEC_ENCODE", e->base.instance_id);
   oi_xfer_config xc = {
       .device = eo->device,
       .layout = &e->base.layout,
@@ -882,7 +880,7 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
       .codec_shape = codec->shape,
       .frame_bytes = codec->slot_bytes,
       .codec_host_decode = codec_where("OI_CODEC_DECODE", e->base.instance_id) < 0,
-      .codec_host_encode = encode_where<0, .codec_device_encode = encode_where> 0,
+      .codec_host_encode = codec_where("OI_CODEC_ENCODE", e->base.instance_id) < 0,
       .codec_planes = codec->id == OI_CODEC_LOSSLESS && lossless_planes(e->base.instance_id),
       .block_bounce_bytes = e->layer_bounce_bytes = layer_bounce_bytes(pool.capacity_bytes),
       .done = job_done,

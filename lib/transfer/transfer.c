@@ -1053,7 +1053,7 @@ static bool device_encode_plan(oi_xfer *x) {
   if (c->codec == OI_CODEC_NONE || c->codec_host_encode || !x->dev->ops->stream_encode ||
       c->frame_bytes % 8)
     return false;
-  if (c->codec != OI_CODEC_LOSSLESS) return c->codec_device_encode && device_lossy_plan(x);
+  if (c->codec != OI_CODEC_LOSSLESS) return device_lossy_plan(x);
   oi_lossless_gpu_plan p;
   if (!oi__lossless_gpu_plan(&c->codec_shape, c->layout->block_bytes, &p)) {
     OI_LOG_I(OI_LOG_INFO, "engine", log_id(x), "lossless saves encode on the host: %s",

@@ -112,13 +112,12 @@ typedef struct oi_xfer_config {
    * (dev_ops.stream_decode, the cuda backend) unless this is set or the
    * backend has none; then the host decodes into the bounce. */
   bool codec_host_decode;
-  /* Saves of a lossless namespace: the device gathers the blocks and makes
-   * their frames (dev_ops.stream_encode, the cuda backend; blocks whose
-   * streams are all wide, oi__lossless_gpu_plan) unless codec_host_encode
-   * is set; else the host encodes the bounce. A lossy namespace's saves do
-   * so only where codec_device_encode is set (oi__lossy_gpu_plan; opt-in
-   * until its kernels have run on a GPU, docs/codecs.md). */
-  bool codec_host_encode, codec_device_encode;
+  /* Saves: the device gathers the blocks and makes their frames
+   * (dev_ops.stream_encode, the cuda backend; lossless blocks whose streams
+   * are all wide, oi__lossless_gpu_plan; lossy blocks of the shapes
+   * oi__lossy_gpu_plan takes) unless codec_host_encode is set; else the
+   * host encodes the bounce. */
+  bool codec_host_encode;
   /* A lossless namespace's frames code their exponents by the planes code
    * (codec/planes.h; OI_LOSSLESS_CODE=planes, for measuring it: frames of
    * format 4, which builds before it refuse). Its saves and loads code

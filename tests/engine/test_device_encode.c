@@ -159,8 +159,7 @@ static void done_fn(void *ctx, void *user, const oi_xfer_result *r) {
 }
 
 static oi_codec_shape wide_heads; /* when set (dtype bf16): the next rigs' shape */
-static bool lossy_default; /* the next rigs: OI_CODEC_ENCODE unset (else "device" or "host") */
-static bool planes_code;   /* the next rigs: lossless frames of the planes code */
+static bool planes_code;          /* the next rigs: lossless frames of the planes code */
 
 /* The namespace's shape: parts of 16 tokens x 8 heads x 128 bf16 where
  * halves are whole parts, else none (lossless needs none). */
@@ -201,7 +200,6 @@ static void rig_open_with(rigp *r, size_t half, int codec, uint64_t slot, bool h
                        .codec_shape = shape_of(half),
                        .frame_bytes = r->slot,
                        .codec_host_encode = host_encode,
-                       .codec_device_encode = !host_encode && !lossy_default,
                        .codec_planes = planes_code,
                        .deadline_ms = {[OI_COPY_D2H] = save_deadline_ms},
                        .done = done_fn};
@@ -322,9 +320,9 @@ static void test_host_encodes(void) {
   planes_code = false;
 }
 
-/* The lossy codecs' namespaces, with OI_CODEC_ENCODE=device: the device
- * frames them too, the cpu's frames; a block the codec refuses (a NaN) is
- * not kept, saying why, its neighbours are. Without it, the host. OI_CODEC_ENCODE=host,
+/* The lossy codecs' namespaces: the device frames them too, the cpu's
+ * frames; a block the codec refuses (a NaN) is not kept, saying why, its
+ * neighbours are. OI_CODEC_ENCODE=host,
  * int8-hadamard heads past 1,024 channels and lossless slots whose size is not a multiple of 8 (the
  * frames' checksums are 8-byte words): the host encodes, the same frames. */
 static void test_other_namespaces(void) {
@@ -352,24 +350,9 @@ static void test_other_namespaces(void) {
     CHECK(strstr(last_why, "non-finite value") != NULL);
     rig_close(&r);
   }
-  /* OI_CODEC_ENCODE unset: a lossy namespace encodes on the host (its
-   * device encode is opt-in), a lossless one on the device */
-  lossy_default = true;
-  int before = atomic_load(&encodes);
-  rig_open_with(&r, HALF, OI_CODEC_INT8, oi__codec_bound(OI_CODEC_INT8, &sh, BLOCK), false);
-  CHECK_OK(save(&r));
-  CHECK(atomic_load(&encodes) == before);
-  CHECK(wrong_slots_of(&r, OI_CODEC_INT8) == 0 && last_failed == 0);
-  rig_close(&r);
-  rig_open(&r, HALF, 80, false);
-  CHECK_OK(save(&r));
-  CHECK(atomic_load(&encodes) > before);
-  CHECK(wrong_slots(&r) == 0 && last_failed == 0);
-  rig_close(&r);
-  lossy_default = false;
   /* int8-hadamard heads wider than the device encoder takes: the host */
   wide_heads = (oi_codec_shape){OI_CODEC_DTYPE_BF16, 4, 1, 1, HALF / 4}; /* slots of 8n bytes */
-  before = atomic_load(&encodes);
+  int before = atomic_load(&encodes);
   REQUIRE(oi__codec_bound(OI_CODEC_INT8_HADAMARD, &wide_heads, BLOCK) % 8 == 0);
   rig_open_with(&r, HALF, OI_CODEC_INT8_HADAMARD,
                 oi__codec_bound(OI_CODEC_INT8_HADAMARD, &wide_heads, BLOCK), false);

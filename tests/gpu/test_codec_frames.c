@@ -338,7 +338,11 @@ static double engine_round(const char *encode, const char *decode, size_t n, boo
         memcpy(block + a * per, host + b * per, per);
       }
       size_t out = 0;
-      REQUIRE(oi__codec_encode(OI_CODEC_LOSSLESS, &sh, block, bb, want, bb + 64, &out) == OI_OK);
+      const char *code = getenv("OI_LOSSLESS_CODE"); /* the planes code's frames, else rANS's */
+      REQUIRE((code && !strcmp(code, "planes")
+                   ? oi__codec_encode_planes(&sh, block, bb, want, bb + 64, &out)
+                   : oi__codec_encode(OI_CODEC_LOSSLESS, &sh, block, bb, want, bb + 64, &out)) ==
+              OI_OK);
       oi_host_ns ns;
       REQUIRE(oi__host_find_namespace(h, "frames", &ns));
       index_shard *s = oi__index_shard(h, ns.id, &hs[b]);

@@ -63,6 +63,7 @@ __device__ static double stream_bits(const uint32_t *h, uint64_t n) {
 __device__ static uint32_t choose_planes(const oi_kframe_args &a, const uint32_t *h, uint64_t n,
                                          uint32_t *all) {
   __shared__ uint32_t wh[CHOOSE_THREADS / 32][256], wcum[CHOOSE_THREADS / 32][257];
+  __shared__ unsigned long long wkey[CHOOSE_THREADS / 32][256];
   __shared__ unsigned long long split;
   const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   if (threadIdx.x == 0) split = 0;
@@ -71,13 +72,14 @@ __device__ static uint32_t choose_planes(const oi_kframe_args &a, const uint32_t
     for (uint32_t s = lane; s < 256; s += 32)
       wh[warp][s] = h[(uint64_t)p * 256 + s];
     __syncwarp();
-    const planes_pick pk = planes_choose_warp(wh[warp], n / a.parts, wcum[warp], NULL, lane);
+    const planes_pick pk =
+        planes_choose_warp(wh[warp], n / a.parts, wkey[warp], wcum[warp], NULL, lane);
     if (lane == 0) atomicAdd(&split, (unsigned long long)pk.bytes);
   }
   __syncthreads();
   uint32_t segs = 0;
   if (warp == 0) {
-    const planes_pick pk = planes_choose_warp(all, n, wcum[0], NULL, lane);
+    const planes_pick pk = planes_choose_warp(all, n, wkey[0], wcum[0], NULL, lane);
     segs = split < pk.bytes ? a.segs_parts : a.segs_whole;
   }
   return segs;
@@ -89,20 +91,9 @@ __global__ static void __launch_bounds__(CHOOSE_THREADS) choose_kernel(const oi_
   __shared__ uint32_t segs_s;
   const uint32_t b = blockIdx.x;
   const uint64_t n = a.block_bytes / 2;
-  if (a.parts > 1 && a.planes) {
+  if (a.parts > 1) {
     const uint32_t *h = reinterpret_cast<const uint32_t *>(a.hist) + (uint64_t)b * a.parts * 256;
-    for (uint32_t s = threadIdx.x; s < 256; s += blockDim.x) {
-      uint32_t t = 0;
-      for (uint32_t p = 0; p < a.parts; p++)
-        t += h[(uint64_t)p * 256 + s];
-      all[s] = t;
-    }
-    __syncthreads();
-    const uint32_t segs = choose_planes(a, h, n, all);
-    if (threadIdx.x == 0) segs_s = segs;
-  } else if (a.parts > 1) {
-    const uint32_t *h = reinterpret_cast<const uint32_t *>(a.hist) + (uint64_t)b * a.parts * 256;
-    for (uint32_t p = threadIdx.x; p < a.parts; p += blockDim.x)
+    for (uint32_t p = threadIdx.x; !a.planes && p < a.parts; p += blockDim.x)
       part_bits[p] = stream_bits(h + (uint64_t)p * 256, n / a.parts);
     for (uint32_t s = threadIdx.x; s < 256; s += blockDim.x) {
       uint32_t t = 0;
@@ -111,7 +102,10 @@ __global__ static void __launch_bounds__(CHOOSE_THREADS) choose_kernel(const oi_
       all[s] = t;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (a.planes) {
+      const uint32_t segs = choose_planes(a, h, n, all);
+      if (threadIdx.x == 0) segs_s = segs;
+    } else if (threadIdx.x == 0) {
       double split = 0;
       for (uint32_t p = 0; p < a.parts; p++)
         split += part_bits[p];

@@ -3,11 +3,12 @@
 // another: a warp finds where its chunk's escapes start by summing the
 // counts of the chunks before it, then decodes its 32 groups of 32, each
 // lane one exponent: its code from the group's w1 words (bit `lane` of
-// each), an escape's place among the chunk's by a ballot and a prefix
-// count, and the exponent merged with its sign+mantissa byte into bf16.
-// Every check of the cpu decoder is made: the widths, the lengths, each
-// chunk's counts against its codes, the zero padding; a stream that fails
-// one sets its frame's status and writes nothing more.
+// each; the words' bytes loaded a byte a lane, then shuffled), an escape's
+// place among the chunk's by a ballot and a prefix count, and the exponent
+// merged with its sign+mantissa byte into bf16. Every check of the cpu
+// decoder is made: the widths, the lengths, each chunk's counts against
+// its codes, the zero padding; a stream that fails one sets its frame's
+// status (its block is then not used).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -27,9 +28,6 @@ struct planes_head {
 };
 
 __device__ static inline uint32_t get16(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8; }
-__device__ static inline uint32_t get32(const uint8_t *p) {
-  return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 // Warp 0 reads and checks the stream's head and counts (planes.c's
 // oi__planes_decode, before its loop).
@@ -68,8 +66,12 @@ __device__ static void read_head(const oi_kdec_item &it, planes_head *h, unsigne
                      e2, counts, p1, p2, p2 + bytes2, bytes2, ok ? 1 : 0};
 }
 
-// One warp decodes chunk c. False when its codes are not its counts or a
+// One warp decodes chunk c, GROUPS_AHEAD groups at a time: their plane-1
+// bytes (lane j < 4 w1 holds byte j of a group's words: bit L of word b is
+// bit L % 8 of lane 4 b + L / 8's byte) and sign+mantissa bytes are loaded
+// before any is decoded. False when its codes are not its counts or a
 // group's padding is not zeros.
+#define GROUPS_AHEAD 4
 __device__ static bool decode_chunk(const oi_kdec_item &it, const planes_head &h,
                                     const uint8_t *sym, uint32_t c, unsigned lane) {
   const uint32_t n = it.count;
@@ -85,56 +87,61 @@ __device__ static bool decode_chunk(const oi_kdec_item &it, const planes_head &h
   const uint8_t *sm = reinterpret_cast<const uint8_t *>(it.aux);
   uint16_t *out16 = reinterpret_cast<uint16_t *>(it.dst);
   const unsigned lt = (1u << lane) - 1;
-  const uint32_t g_end = (c + 1) * (CHUNK / 32) < h.groups ? (c + 1) * (CHUNK / 32) : h.groups;
+  const uint32_t w1 = h.w1, k1 = h.k1, gbytes = 4 * w1;
+  const uint32_t g0 = c * (CHUNK / 32),
+                 g_end = g0 + CHUNK / 32 < h.groups ? g0 + CHUNK / 32 : h.groups;
   bool ok = true;
-  for (uint32_t g = c * (CHUNK / 32); g < g_end; g++) {
-    const uint32_t i = 32 * g + lane, in_group = n - 32 * g < 32 ? n - 32 * g : 32;
-    uint32_t code = 0, pad = 0;
-    for (uint32_t b = 0; b < h.w1; b++) {
-      const uint32_t word = get32(h.p1 + 4ull * (h.w1 * g + b));
-      code |= (word >> lane & 1u) << b;
-      if (in_group < 32) pad |= word >> in_group;
+  for (uint32_t ga = g0; ga < g_end; ga += GROUPS_AHEAD) {
+    uint32_t pb[GROUPS_AHEAD], sb[GROUPS_AHEAD];
+#pragma unroll
+    for (int t = 0; t < GROUPS_AHEAD; t++) {
+      const uint32_t g = ga + t, i = 32 * g + lane;
+      pb[t] = g < g_end && lane < gbytes ? h.p1[gbytes * g + lane] : 0;
+      sb[t] = g < g_end && i < n ? sm[i] : 0;
     }
-    ok = ok && !pad;
-    const bool valid = lane < in_group;
-    const bool esc1 = valid && code == h.k1;
-    const unsigned m1 = __ballot_sync(0xffffffffu, esc1);
-    const uint32_t r1 = b1 + __popc(m1 & lt);
-    uint32_t second = 0;
-    bool esc2 = false;
-    if (esc1) {
-      if (r1 >= end1) {
-        ok = false;
-      } else if (h.w2) {
-        const uint64_t bit = (uint64_t)r1 * h.w2;
-        const uint32_t at = (uint32_t)(bit >> 3), sh = (uint32_t)(bit & 7);
-        uint32_t v = h.p2[at];
-        if (sh + h.w2 > 8) v |= (uint32_t)h.p2[at + 1] << 8;
-        second = v >> sh & ((1u << h.w2) - 1);
-        esc2 = second == h.k2;
-      } else {
-        esc2 = true;
+#pragma unroll
+    for (int t = 0; t < GROUPS_AHEAD; t++) {
+      const uint32_t g = ga + t;
+      if (g >= g_end) break;
+      const uint32_t i = 32 * g + lane;
+      const bool valid = i < n;
+      uint32_t code = 0;
+      for (uint32_t b = 0; b < w1; b++)
+        code |= (__shfl_sync(0xffffffffu, pb[t], 4 * b + (lane >> 3)) >> (lane & 7) & 1u) << b;
+      ok = ok && (valid || code == 0); // the codes past n are 0
+      const bool esc1 = valid && code == k1;
+      const unsigned m1 = __ballot_sync(0xffffffffu, esc1);
+      uint32_t second = 0;
+      bool esc2 = false;
+      if (esc1) {
+        const uint32_t r1 = b1 + __popc(m1 & lt);
+        if (r1 >= end1) {
+          ok = false;
+        } else if (h.w2) {
+          const uint32_t bit = r1 * h.w2, at = bit >> 3, sh = bit & 7;
+          uint32_t v = h.p2[at];
+          if (sh + h.w2 > 8) v |= (uint32_t)h.p2[at + 1] << 8;
+          second = v >> sh & ((1u << h.w2) - 1);
+          esc2 = second == h.k2;
+        } else {
+          esc2 = true;
+        }
       }
+      const unsigned m2 = __ballot_sync(0xffffffffu, esc2);
+      uint32_t e = 0;
+      if (esc2) {
+        const uint32_t r2 = b2 + __popc(m2 & lt);
+        if (r2 >= end2)
+          ok = false;
+        else
+          e = h.p3[r2];
+      } else {
+        e = sym[esc1 ? k1 + second : code];
+      }
+      if (valid && ok) out16[i] = (uint16_t)((sb[t] & 0x80) << 8 | e << 7 | (sb[t] & 0x7f));
+      b1 += __popc(m1);
+      b2 += __popc(m2);
     }
-    const unsigned m2 = __ballot_sync(0xffffffffu, esc2);
-    const uint32_t r2 = b2 + __popc(m2 & lt);
-    uint32_t e = 0;
-    if (esc2) {
-      if (r2 >= end2)
-        ok = false;
-      else
-        e = h.p3[r2];
-    } else if (esc1) {
-      e = sym[h.k1 + second];
-    } else {
-      e = sym[code];
-    }
-    if (valid && ok) {
-      const uint32_t s = sm[i];
-      out16[i] = (uint16_t)((s & 0x80) << 8 | e << 7 | (s & 0x7f));
-    }
-    b1 += __popc(m1);
-    b2 += __popc(m2);
   }
   return __all_sync(0xffffffffu, ok) && b1 == end1 && b2 == end2;
 }

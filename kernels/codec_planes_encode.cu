@@ -31,6 +31,7 @@ __device__ static inline void or_bits(uint32_t *bits, uint32_t bit, uint32_t v, 
 __global__ static void __launch_bounds__(32 * ENC_WARPS)
     planes_encode_kernel(const oi_kenc_item *__restrict__ items, uint32_t *lens) {
   __shared__ uint32_t h[256], cum[257];
+  __shared__ unsigned long long key[256];
   __shared__ uint8_t sym[256], code1[256], code2[256];
   __shared__ planes_pick pick;
   __shared__ uint32_t p2s[P2_BYTES / 4 + 1];
@@ -45,7 +46,7 @@ __global__ static void __launch_bounds__(32 * ENC_WARPS)
     h[s] = reinterpret_cast<const uint32_t *>(it.hist)[s];
   __syncthreads();
   if (warp == 0) {
-    const planes_pick p = planes_choose_warp(h, n, cum, sym, lane);
+    const planes_pick p = planes_choose_warp(h, n, key, cum, sym, lane);
     if (lane == 0) pick = p;
   }
   __syncthreads();
@@ -68,17 +69,18 @@ __global__ static void __launch_bounds__(32 * ENC_WARPS)
   }
   __syncthreads();
   const uint16_t *src = reinterpret_cast<const uint16_t *>(it.src);
-  const uint64_t chunks = (n + PLANES_CHUNK - 1) / PLANES_CHUNK, groups = (n + 31) / 32;
+  const uint32_t chunks = (uint32_t)((n + PLANES_CHUNK - 1) / PLANES_CHUNK),
+                 groups = (uint32_t)((n + 31) / 32), n32 = (uint32_t)n;
   uint32_t *counts = reinterpret_cast<uint32_t *>(it.scratch); // per chunk: e1, e2, then sums
   const unsigned lt = (1u << lane) - 1;
   // pass 1: each chunk's escapes
-  for (uint64_t c = warp; c < chunks; c += ENC_WARPS) {
+  for (uint32_t c = warp; c < chunks; c += ENC_WARPS) {
     uint32_t c1 = 0, c2 = 0;
-    const uint64_t g_end = (c + 1) * 32 < groups ? (c + 1) * 32 : groups;
-    for (uint64_t g = c * 32; g < g_end; g++) {
-      const uint64_t i = 32 * g + lane;
-      const uint32_t e = i < n ? (src[i] >> 7) & 0xffu : 0;
-      const bool esc1 = i < n && code1[e] == k1;
+    const uint32_t g_end = (c + 1) * 32 < groups ? (c + 1) * 32 : groups;
+    for (uint32_t g = c * 32; g < g_end; g++) {
+      const uint32_t i = 32 * g + lane;
+      const uint32_t e = i < n32 ? (src[i] >> 7) & 0xffu : 0;
+      const bool esc1 = i < n32 && code1[e] == k1;
       const bool esc2 = esc1 && (!w2 || code2[e] == k2);
       c1 += __popc(__ballot_sync(0xffffffffu, esc1));
       c2 += __popc(__ballot_sync(0xffffffffu, esc2));
@@ -93,8 +95,8 @@ __global__ static void __launch_bounds__(32 * ENC_WARPS)
   __shared__ uint64_t e1_total;
   if (warp == 0) {
     uint32_t s1 = 0, s2 = 0;
-    for (uint64_t c0 = 0; c0 < chunks; c0 += 32) {
-      const uint64_t c = c0 + lane;
+    for (uint32_t c0 = 0; c0 < chunks; c0 += 32) {
+      const uint32_t c = c0 + lane;
       const uint32_t a1 = c < chunks ? counts[2 * c] : 0, a2 = c < chunks ? counts[2 * c + 1] : 0;
       uint32_t x1 = a1, x2 = a2;
       for (int d = 1; d < 32; d *= 2) {
@@ -129,20 +131,22 @@ __global__ static void __launch_bounds__(32 * ENC_WARPS)
     p2s[j] = 0;
   __syncthreads();
   // pass 2: the planes
-  for (uint64_t c = warp; c < chunks; c += ENC_WARPS) {
+  for (uint32_t c = warp; c < chunks; c += ENC_WARPS) {
     uint32_t b1 = sums[2 * c], b2 = sums[2 * c + 1];
-    const uint64_t g_end = (c + 1) * 32 < groups ? (c + 1) * 32 : groups;
-    for (uint64_t g = c * 32; g < g_end; g++) {
-      const uint64_t i = 32 * g + lane;
-      const uint32_t e = i < n ? (src[i] >> 7) & 0xffu : 0;
-      const uint32_t code = i < n ? code1[e] : 0;
+    const uint32_t g_end = (c + 1) * 32 < groups ? (c + 1) * 32 : groups;
+    for (uint32_t g = c * 32; g < g_end; g++) {
+      const uint32_t i = 32 * g + lane;
+      const uint32_t e = i < n32 ? (src[i] >> 7) & 0xffu : 0;
+      const uint32_t code = i < n32 ? code1[e] : 0;
       uint32_t mine = 0; // lane j < 4 w1: byte j % 4 of word j / 4
-      for (uint32_t b = 0; b < w1; b++) {
+#pragma unroll
+      for (uint32_t b = 0; b < PLANES_W_MAX; b++) {
+        if (b >= w1) break;
         const unsigned word = __ballot_sync(0xffffffffu, code >> b & 1u);
         if (lane / 4 == b) mine = word >> (8 * (lane % 4)) & 0xffu;
       }
-      if (lane < 4 * w1) p1[4 * (w1 * g) + lane] = (uint8_t)mine;
-      const bool esc1 = i < n && code == k1;
+      if (lane < 4 * w1) p1[4 * w1 * g + lane] = (uint8_t)mine;
+      const bool esc1 = i < n32 && code == k1;
       const unsigned m1 = __ballot_sync(0xffffffffu, esc1);
       const uint32_t second = esc1 && w2 ? code2[e] : 0;
       if (esc1 && w2) or_bits(p2s, (b1 + __popc(m1 & lt)) * w2, second, w2);

@@ -22,21 +22,31 @@ __device__ static inline uint64_t planes_len(uint64_t n, uint32_t w1, uint32_t w
   return 2 + k1 + k2 + 4 * chunks + 4 * w1 * groups + (e1 * w2 + 7) / 8 + e2;
 }
 
-// h: the histogram in shared memory (256 counts summing to n); cum: 257
-// words of the warp's shared memory; sym (may be NULL): 256 bytes of shared
-// memory that get the symbols in order. Every lane returns the choice.
-__device__ static planes_pick planes_choose_warp(const uint32_t *h, uint64_t n, uint32_t *cum,
+// h: the histogram in shared memory (256 counts summing to n); key: 256
+// words of 64 bits and cum: 257 words, the warp's shared memory; sym (may
+// be NULL): 256 bytes of shared memory that get the symbols in order.
+// The order is a bitonic sort of count << 8 | (255 - symbol), largest
+// first (so of equal counts the smaller symbol comes first). Every lane
+// returns the choice.
+__device__ static planes_pick planes_choose_warp(const uint32_t *h, uint64_t n,
+                                                 unsigned long long *key, uint32_t *cum,
                                                  uint8_t *sym, unsigned lane) {
-  // each symbol's place: the symbols before it in the order
-  for (uint32_t s = lane; s < 256; s += 32) {
-    const uint32_t c = h[s];
-    uint32_t r = 0;
-    for (uint32_t t = 0; t < 256; t++) {
-      const uint32_t ht = h[t];
-      r += ht > c || (ht == c && t < s);
+  for (uint32_t s = lane; s < 256; s += 32)
+    key[s] = (unsigned long long)h[s] << 8 | (255u - s);
+  __syncwarp();
+  for (uint32_t k = 2; k <= 256; k *= 2)
+    for (uint32_t j = k / 2; j > 0; j /= 2) {
+      for (uint32_t t = lane; t < 128; t += 32) { // the pairs (i, i ^ j), i < i ^ j
+        const uint32_t i = (t / j) * 2 * j + t % j, o = i ^ j;
+        const unsigned long long a = key[i], b = key[o];
+        const bool down = (i & k) == 0; // this run sorts largest first
+        if (down ? a < b : a > b) key[i] = b, key[o] = a;
+      }
+      __syncwarp();
     }
-    cum[r + 1] = c; // the sorted counts, shifted by one
-    if (sym) sym[r] = (uint8_t)s;
+  for (uint32_t r = lane; r < 256; r += 32) {
+    cum[r + 1] = (uint32_t)(key[r] >> 8); // the sorted counts, shifted by one
+    if (sym) sym[r] = (uint8_t)(255u - (key[r] & 0xffu));
   }
   __syncwarp();
   // their prefix sums: lane l sums places 8l + 1 .. 8l + 8
@@ -69,7 +79,7 @@ __device__ static planes_pick planes_choose_warp(const uint32_t *h, uint64_t n, 
   best.w1 = __shfl_sync(0xffffffffu, best.w1, 0);
   best.w2 = __shfl_sync(0xffffffffu, best.w2, 0);
   best.bytes = __shfl_sync(0xffffffffu, best.bytes, 0);
-  __syncwarp(); // cum and sym are read; the caller may reuse them
+  __syncwarp(); // key, cum and sym are read; the caller may reuse them
   return best;
 }
 

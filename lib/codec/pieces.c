@@ -1,7 +1,7 @@
 /* A frame cut into pieces that decode independently (codec.h,
- * oi__codec_pieces): what a GPU decoder launches, one warp per lossless
- * stream, narrow or wide, or per chunk of a planes stream
- * (kernels/codec.cu). */
+ * oi__codec_pieces): what a GPU decoder launches, one warp per rANS
+ * stream, narrow or wide (kernels/codec.cu), one CTA per stream of the
+ * planes code (kernels/codec_planes.cu). */
 #include "codec/codec_internal.h"
 #include "core/le_bytes.h"
 

@@ -312,7 +312,11 @@ for unit in ("6144", "12288"):
     if not r:
         continue
     check(r["unit_bytes"] == int(unit) and r["corpus_units"] == 2654208 // int(unit), "bench codec: units", p)
-    check(r["lossless_exact"] is True, "bench codec: lossless round trip byte-exact", p)
+    check(r["lossless_exact"] is True and r["planes_exact"] is True,
+          "bench codec: lossless round trips byte-exact (rANS and the planes code)", p)
+    check(r["planes_ratio"] >= 1.40 and r["planes_ratio_p10"] >= 1.35
+          and r["planes_encode_gbps"] > 0 and r["planes_decode_gbps"] > 0,
+          "bench codec: the planes code at the targets, its rates positive", p)
     check(r["lossless_ratio"] >= 1.40 and r["lossless_ratio_p10"] >= 1.35, "bench codec: lossless at the targets", p)
     check(r["lossless_ratio_worst"] <= r["lossless_ratio_p10"] <= r["lossless_ratio"] * 1.05, "bench codec: worst <= p10", p)
     check(1.9 < r["int8_ratio"] < 2.0 and 1.95 < r["fp8_ratio"] < 2.0, "bench codec: lossy ratios of their formats", p)

@@ -26,6 +26,7 @@ typedef struct codec_cfg {
 
 typedef struct codec_row {
   int codec;
+  bool planes; /* lossless frames of the planes code (docs/codecs.md) */
   double agg, p10, worst, enc_gbps, dec_gbps, enc_cpu_gbps, dec_cpu_gbps;
   size_t units;
   bool exact;
@@ -37,7 +38,8 @@ static void usage(FILE *f) {
           "                             [--json]\n"
           "\n"
           "The KV block codecs on the cpu over the real-KV corpus, one thread:\n"
-          "  ratio of each codec per unit (aggregate, p10, worst over the corpus's units),\n"
+          "  ratio of each codec per unit (aggregate, p10, worst over the corpus's units;\n"
+          "  \"planes\": lossless frames of the planes code, docs/codecs.md),\n"
           "  encode and decode rates in logical GB/s over --bytes of the corpus tiled,\n"
           "  beside memcpy of the same bytes between the same buffers (best of 3 each).\n"
           "\n"
@@ -86,22 +88,33 @@ static uint64_t cpu_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* One codec: ratios over the corpus, rates over the tiled working set. */
-static int run_codec(int codec, const codec_cfg *cfg, const uint8_t *corpus, size_t clen,
-                     const uint8_t *work, size_t units, uint8_t *frames, uint8_t *back,
-                     codec_row *row) {
+/* A row's name: the codec's, or "planes" for lossless frames of the
+ * planes code. */
+static const char *row_name(const codec_row *row) {
+  return row->planes ? "planes" : oi__codec_name(row->codec);
+}
+
+static oi_status encode_unit(const codec_row *row, const oi_codec_shape *sh, const void *src,
+                             size_t unit, void *dst, size_t cap, size_t *fb) {
+  return row->planes ? oi__codec_encode_planes(sh, src, unit, dst, cap, fb)
+                     : oi__codec_encode(row->codec, sh, src, unit, dst, cap, fb);
+}
+
+/* One codec (row->codec, row->planes): ratios over the corpus, rates over
+ * the tiled working set. */
+static int run_codec(const codec_cfg *cfg, const uint8_t *corpus, size_t clen, const uint8_t *work,
+                     size_t units, uint8_t *frames, uint8_t *back, codec_row *row) {
+  const int codec = row->codec;
   oi_codec_shape sh = unit_shape(cfg->unit);
   size_t unit = cfg->unit, cap = oi__codec_bound(codec, &sh, unit);
   size_t *fb = calloc(units, sizeof *fb);
   size_t cu = clen / unit;
   double *r = calloc(cu, sizeof *r);
   if (!fb || !r) return -1;
-  row->codec = codec;
   row->units = cu;
   size_t sum = 0, out;
   for (size_t i = 0; i < cu; i++) {
-    if (oi__codec_encode(codec, &sh, corpus + i * unit, unit, frames, cap, &fb[0]) != OI_OK)
-      goto fail;
+    if (encode_unit(row, &sh, corpus + i * unit, unit, frames, cap, &fb[0]) != OI_OK) goto fail;
     r[i] = (double)unit / (double)fb[0];
     sum += fb[0];
   }
@@ -113,8 +126,7 @@ static int run_codec(int codec, const codec_cfg *cfg, const uint8_t *corpus, siz
   for (int rep = 0; rep < cfg->reps; rep++) {
     uint64_t c0 = cpu_ns(), t0 = oi__now_ns();
     for (size_t i = 0; i < units; i++)
-      if (oi__codec_encode(codec, &sh, work + i * unit, unit, frames + i * cap, cap, &fb[i]) !=
-          OI_OK)
+      if (encode_unit(row, &sh, work + i * unit, unit, frames + i * cap, cap, &fb[i]) != OI_OK)
         goto fail;
     double te = secs_since(t0), ce = (double)(cpu_ns() - c0) / 1e9;
     c0 = cpu_ns();
@@ -137,7 +149,7 @@ static int run_codec(int codec, const codec_cfg *cfg, const uint8_t *corpus, siz
   free(r);
   return 0;
 fail:
-  fprintf(stderr, "openinfer bench codec: %s: %s\n", oi__codec_name(codec), oi_last_error());
+  fprintf(stderr, "openinfer bench codec: %s: %s\n", row_name(row), oi_last_error());
   free(fb);
   free(r);
   return -1;
@@ -237,18 +249,20 @@ int bench_codec(int argc, char **argv) {
   }
   double memcpy_gbps = (double)work_bytes / best / 1e9;
   double memcpy_cpu_gbps = (double)work_bytes / best_cpu / 1e9;
-  enum { CODECS = OI_CODEC_COUNT - 1 }; /* every codec that frames */
+  /* every codec that frames, then lossless frames of the planes code */
+  enum { CODECS = OI_CODEC_COUNT };
   codec_row rows[CODECS];
   int rc = CLI_OK;
   for (int k = 0; k < CODECS; k++) {
-    fprintf(stderr, "codec %s...\n", oi__codec_name(OI_CODEC_LOSSLESS + k));
-    if (run_codec(OI_CODEC_LOSSLESS + k, &cfg, corpus, clen, work, units, frames, back, &rows[k]) !=
-        0) {
+    rows[k] = (codec_row){.codec = k < CODECS - 1 ? OI_CODEC_LOSSLESS + k : OI_CODEC_LOSSLESS,
+                          .planes = k == CODECS - 1};
+    fprintf(stderr, "codec %s...\n", row_name(&rows[k]));
+    if (run_codec(&cfg, corpus, clen, work, units, frames, back, &rows[k]) != 0) {
       rc = CLI_FAILED;
       break;
     }
     if (!rows[k].exact) {
-      fprintf(stderr, "openinfer bench codec: lossless round trip not byte-exact\n");
+      fprintf(stderr, "openinfer bench codec: %s round trip not byte-exact\n", row_name(&rows[k]));
       rc = CLI_FAILED;
     }
   }
@@ -272,7 +286,7 @@ int bench_codec(int argc, char **argv) {
              cfg.corpus, (unsigned long long)cfg.unit, rows[0].units, work_bytes, memcpy_gbps,
              memcpy_cpu_gbps);
       for (int k = 0; k < CODECS; k++) {
-        const char *n = oi__codec_name(rows[k].codec);
+        const char *n = row_name(&rows[k]);
         printf(",\"%s_ratio\":%.4f,\"%s_ratio_p10\":%.4f,\"%s_ratio_worst\":%.4f,"
                "\"%s_encode_gbps\":%.3f,\"%s_decode_gbps\":%.3f,"
                "\"%s_encode_cpu_gbps\":%.3f,\"%s_decode_cpu_gbps\":%.3f",
@@ -286,7 +300,8 @@ int bench_codec(int argc, char **argv) {
                n, pool[k].save_gbps, n, pool[k].load_gbps, n, pool[k].ratio, n,
                (unsigned long long)pool[k].capacity_blocks);
       }
-      printf(",\"lossless_exact\":%s}\n", rows[0].exact ? "true" : "false");
+      printf(",\"lossless_exact\":%s,\"planes_exact\":%s}\n", rows[0].exact ? "true" : "false",
+             rows[CODECS - 1].exact ? "true" : "false");
     } else {
       printf("codecs on %s: %zu units of %llu B; rates over %zu MiB, one thread, in logical\n"
              "GB/s per second of wall clock and per second of this thread's cpu time\n",
@@ -294,10 +309,10 @@ int bench_codec(int argc, char **argv) {
       printf("%-13s %7s %7s %7s %9s %9s %9s %9s %8s %8s\n", "codec", "ratio", "p10", "worst",
              "enc wall", "dec wall", "enc cpu", "dec cpu", "enc/cpy", "dec/cpy");
       for (int k = 0; k < CODECS; k++)
-        printf("%-13s %7.4f %7.4f %7.4f %9.3f %9.3f %9.3f %9.3f %8.3f %8.3f\n",
-               oi__codec_name(rows[k].codec), rows[k].agg, rows[k].p10, rows[k].worst,
-               rows[k].enc_gbps, rows[k].dec_gbps, rows[k].enc_cpu_gbps, rows[k].dec_cpu_gbps,
-               rows[k].enc_cpu_gbps / memcpy_cpu_gbps, rows[k].dec_cpu_gbps / memcpy_cpu_gbps);
+        printf("%-13s %7.4f %7.4f %7.4f %9.3f %9.3f %9.3f %9.3f %8.3f %8.3f\n", row_name(&rows[k]),
+               rows[k].agg, rows[k].p10, rows[k].worst, rows[k].enc_gbps, rows[k].dec_gbps,
+               rows[k].enc_cpu_gbps, rows[k].dec_cpu_gbps, rows[k].enc_cpu_gbps / memcpy_cpu_gbps,
+               rows[k].dec_cpu_gbps / memcpy_cpu_gbps);
       printf("%-13s %7s %7s %7s %9.3f %9.3f %9.3f %9.3f   (the baseline: same bytes, buffers)\n",
              "memcpy", "1", "", "", memcpy_gbps, memcpy_gbps, memcpy_cpu_gbps, memcpy_cpu_gbps);
       printf("\ncodec namespaces: an embedded cpu engine saves and loads %zu MiB of pages\n"

@@ -316,15 +316,20 @@ static void test_corrupt_frame(void) {
 }
 
 /* OI_LOSSLESS_CODE: "planes" stores frames of the planes code (format 4),
- * "rans" or a value it does not know (warned about) rANS's (format 2); all
- * load byte-exact. (Slots of a whole block: with one table for a page's K
+ * "rans", empty or a value it does not know (warned about) rANS's (format
+ * 2); all load byte-exact. OI_CODEC_ENCODE and OI_CODEC_DECODE, each of
+ * their values (the cpu backend encodes and decodes on the host whatever
+ * they say), ride along. (Slots of a whole block: with one table for a page's K
  * and V, the planes code compresses these pages about 1.35x, past the
  * default slot.) */
 static void test_lossless_code(void) {
   enum { N = 8 };
-  static const char *const values[] = {"planes", "rans", "huffman"};
-  for (size_t v = 0; v < 3; v++) {
+  static const char *const values[] = {"planes", "rans", "huffman", ""};
+  static const char *const where[] = {"host", "device", "gpu", ""};
+  for (size_t v = 0; v < 4; v++) {
     setenv("OI_LOSSLESS_CODE", values[v], 1);
+    setenv("OI_CODEC_ENCODE", where[v], 1);
+    setenv("OI_CODEC_DECODE", where[3 - v], 1);
     uint8_t *mem = malloc(2 * N * PAGE);
     REQUIRE(mem);
     memcpy(mem, corpus, N * PAGE);
@@ -357,6 +362,8 @@ static void test_lossless_code(void) {
     free(mem);
   }
   unsetenv("OI_LOSSLESS_CODE");
+  unsetenv("OI_CODEC_ENCODE");
+  unsetenv("OI_CODEC_DECODE");
 }
 
 static double now_s(void) {

@@ -272,9 +272,13 @@ void *oi__dir_thread_main(void *arg) {
     else {
       atomic_store(&d->connected, false);
       oi__dir_side_drop(&d->bs);
+      char why[sizeof d->last_error]; /* written under the lock by any thread */
+      pthread_mutex_lock(&d->lock);
+      memcpy(why, d->last_error, sizeof why);
+      pthread_mutex_unlock(&d->lock);
       OI_LOG(OI_LOG_WARN, "cluster",
              "directory %s: connection lost (%s); degraded (local only), reconnecting", d->url,
-             d->last_error);
+             why);
     }
     while (sigtimedwait(&set, NULL, &zero) > 0) {
     }

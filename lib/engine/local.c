@@ -822,30 +822,30 @@ static const engine_ops local_ops = {
     .destroy = local_destroy,
 };
 
-/* OI_CODEC_DECODE (OI_CODEC_ENCODE): "host", a codec namespace's loads
- * decode (its saves encode) on the host even where the device could;
- * "device" or unset, on the device where it can (docs/codecs.md). -1 host,
- * 1 device, 0 unset. */
-static int codec_where(const char *var, uint32_t log_id) {
+/* An environment variable that names one of two choices: -1 the first, 1
+ * the second, 0 unset (or anything else, warned about: the default). */
+static int env_choice(const char *var, const char *first, const char *second, uint32_t log_id) {
   const char *v = getenv(var);
   if (!v || !*v) return 0;
-  if (strcmp(v, "device") == 0) return 1;
-  if (strcmp(v, "host") == 0) return -1;
-  OI_LOG_I(OI_LOG_WARN, "engine", log_id, "%s=%s is neither 'host' nor 'device': the default", var,
-           v);
+  if (strcmp(v, first) == 0) return -1;
+  if (strcmp(v, second) == 0) return 1;
+  OI_LOG_I(OI_LOG_WARN, "engine", log_id, "%s=%s is neither '%s' nor '%s': the default", var, v,
+           first, second);
   return 0;
+}
+
+/* OI_CODEC_DECODE (OI_CODEC_ENCODE): "host", a codec namespace's loads
+ * decode (its saves encode) on the host even where the device could;
+ * "device" or unset, on the device where it can (docs/codecs.md). */
+static bool codec_on_host(const char *var, uint32_t log_id) {
+  return env_choice(var, "host", "device", log_id) < 0;
 }
 
 /* OI_LOSSLESS_CODE: "planes", a lossless namespace's frames code their
  * exponents by the planes code (for measuring it, docs/codecs.md); "rans"
  * or unset, by rANS. */
 static bool lossless_planes(uint32_t log_id) {
-  const char *v = getenv("OI_LOSSLESS_CODE");
-  if (!v || !*v || strcmp(v, "rans") == 0) return false;
-  if (strcmp(v, "planes") == 0) return true;
-  OI_LOG_I(OI_LOG_WARN, "engine", log_id,
-           "OI_LOSSLESS_CODE=%s is neither 'rans' nor 'planes': rans", v);
-  return false;
+  return env_choice("OI_LOSSLESS_CODE", "rans", "planes", log_id) > 0;
 }
 
 oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_engine **out) {
@@ -879,8 +879,8 @@ oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_eng
       .codec = codec->id,
       .codec_shape = codec->shape,
       .frame_bytes = codec->slot_bytes,
-      .codec_host_decode = codec_where("OI_CODEC_DECODE", e->base.instance_id) < 0,
-      .codec_host_encode = codec_where("OI_CODEC_ENCODE", e->base.instance_id) < 0,
+      .codec_host_decode = codec_on_host("OI_CODEC_DECODE", e->base.instance_id),
+      .codec_host_encode = codec_on_host("OI_CODEC_ENCODE", e->base.instance_id),
       .codec_planes = codec->id == OI_CODEC_LOSSLESS && lossless_planes(e->base.instance_id),
       .block_bounce_bytes = e->layer_bounce_bytes = layer_bounce_bytes(pool.capacity_bytes),
       .done = job_done,

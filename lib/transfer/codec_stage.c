@@ -25,7 +25,7 @@ typedef struct codec_task {
 struct oi_codec_stage {
   oi_dev *dev;
   int codec;
-  bool planes; /* lossless: the planes code (oi__codec_stage_use_planes) */
+  bool planes; /* lossless: the planes code (oi_codec_stage_config.planes) */
   oi_codec_shape shape;
   uint64_t bb, fb; /* block bytes, frame slot bytes */
   const uint32_t *log_id;
@@ -251,29 +251,28 @@ oi_status oi__codec_stage_decode(oi_codec_stage *s, uint8_t *const *slots, size_
 /* ---- set-up ------------------------------------------------------------------------ */
 
 uint8_t *const *oi__codec_stage_bounce(const oi_codec_stage *s, int d) { return s->bounce_at[d]; }
-void oi__codec_stage_use_planes(oi_codec_stage *s) { s->planes = s->codec == OI_CODEC_LOSSLESS; }
 void oi__codec_stage_lock(oi_codec_stage *s, int d) { pthread_mutex_lock(&s->qlock[d]); }
 void oi__codec_stage_unlock(oi_codec_stage *s, int d) { pthread_mutex_unlock(&s->qlock[d]); }
 
-oi_status oi__codec_stage_create(oi_dev *dev, int codec, const oi_codec_shape *shape,
-                                 uint64_t block_bytes, uint64_t frame_bytes,
-                                 uint64_t group_blocks[2], uint64_t block_bounce_bytes,
-                                 const uint32_t *log_id, oi_codec_stage **out) {
+oi_status oi__codec_stage_create(oi_dev *dev, const oi_codec_stage_config *c,
+                                 uint64_t group_blocks[2], oi_codec_stage **out) {
   *out = NULL;
+  const uint64_t block_bytes = c->block_bytes, frame_bytes = c->frame_bytes;
   if (frame_bytes < OI_CODEC_HEADER_BYTES)
     return oi__fail(OI_ERR_INVALID_ARGUMENT, "register: frame slots of %llu bytes",
                     (unsigned long long)frame_bytes);
   oi_codec_stage *s = oi__calloc(1, sizeof *s);
   if (!s) return oi__fail(OI_ERR_OUT_OF_MEMORY, "register: out of memory for the codec stage");
   *s = (oi_codec_stage){.dev = dev,
-                        .codec = codec,
-                        .shape = *shape,
+                        .codec = c->codec,
+                        .shape = c->shape,
                         .bb = block_bytes,
                         .fb = frame_bytes,
-                        .log_id = log_id,
+                        .planes = c->planes && c->codec == OI_CODEC_LOSSLESS,
+                        .log_id = c->log_id,
                         .blk_max = block_bytes < sizeof(uint8_t *) /* the free list's links */
                                        ? 0
-                                       : OI_MAX(block_bounce_bytes / block_bytes, 1),
+                                       : OI_MAX(c->block_bounce_bytes / block_bytes, 1),
                         .blk_per_chunk = OI_MAX(OI_CODEC_BLOCK_CHUNK_BYTES / block_bytes, 1)};
   for (int d = 0; d < 2; d++)
     pthread_mutex_init(&s->qlock[d], NULL);
@@ -299,7 +298,7 @@ oi_status oi__codec_stage_create(oi_dev *dev, int codec, const oi_codec_shape *s
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   unsigned want = cpus > 2 ? (unsigned)(cpus / 2) : 1;
   if (want > OI_CODEC_MAX_WORKERS) want = OI_CODEC_MAX_WORKERS;
-  size_t bound = oi__codec_bound(codec, shape, block_bytes);
+  size_t bound = oi__codec_bound(c->codec, &c->shape, block_bytes);
   if (st == OI_OK && bound > frame_bytes) { /* frames are made aside, then copied if they fit */
     s->scratch_bytes = bound;
     for (unsigned w = 0; w <= want && st == OI_OK; w++)

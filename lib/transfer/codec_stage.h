@@ -20,17 +20,23 @@ typedef struct oi_codec_stage oi_codec_stage;
  * this many bytes (one block at least) as they are needed. */
 #define OI_CODEC_BLOCK_CHUNK_BYTES (4ull << 20)
 
-/* A stage for blocks of `block_bytes` in frame slots of `frame_bytes` on
- * device `dev` (its pinned memory). group_blocks[2] (per direction, in and
- * out) bound the bounce groups; block_bounce_bytes bounds the per-block
- * bounces (oi__codec_stage_block_take). Messages start with "register". */
-oi_status oi__codec_stage_create(oi_dev *dev, int codec, const oi_codec_shape *shape,
-                                 uint64_t block_bytes, uint64_t frame_bytes,
-                                 uint64_t group_blocks[2], uint64_t block_bounce_bytes,
-                                 const uint32_t *log_id, oi_codec_stage **out);
-/* The stage's lossless frames code their exponents by the planes code
- * (oi__codec_encode_planes) from now on. */
-void oi__codec_stage_use_planes(oi_codec_stage *s);
+/* What a stage is made for: blocks of `block_bytes` in frame slots of
+ * `frame_bytes`, per-block bounces (oi__codec_stage_block_take) bounded by
+ * `block_bounce_bytes`; `planes`: a lossless stage's frames code their
+ * exponents by the planes code (oi__codec_encode_planes). */
+typedef struct oi_codec_stage_config {
+  int codec;
+  oi_codec_shape shape;
+  uint64_t block_bytes, frame_bytes, block_bounce_bytes;
+  bool planes;
+  const uint32_t *log_id;
+} oi_codec_stage_config;
+
+/* A stage on device `dev` (its pinned memory). group_blocks[2] (per
+ * direction, in and out) bound the bounce groups and are lowered to fit.
+ * Messages start with "register". */
+oi_status oi__codec_stage_create(oi_dev *dev, const oi_codec_stage_config *c,
+                                 uint64_t group_blocks[2], oi_codec_stage **out);
 /* Stops the workers, frees the buffers. Accepts NULL. */
 void oi__codec_stage_destroy(oi_codec_stage *s);
 

@@ -483,8 +483,6 @@ static oi_status queue_device_decode(oi_xfer_job *job, const oi_layout *l, size_
       else if (p->kind == OI_CODEC_PIECE_FP8)
         b.max_lossy_elems =
             OI_MAX(b.max_lossy_elems, (uint64_t)p->count * p->tokens * p->heads * p->head_dim);
-      else
-        b.lossless = true;
     }
   }
   b.pieces = pieces;
@@ -1095,14 +1093,18 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
     x->dev = c->dev; /* borrowed: its owner closes it */
   else if ((st = oi__dev_open(c->device, &x->dev)) != OI_OK)
     goto fail;
+  oi_codec_stage_config sc = {.codec = c->codec,
+                              .shape = c->codec_shape,
+                              .block_bytes = c->layout->block_bytes,
+                              .frame_bytes = c->frame_bytes,
+                              .block_bounce_bytes = c->block_bounce_bytes
+                                                        ? c->block_bounce_bytes
+                                                        : OI_XFER_BLOCK_BOUNCE_BYTES,
+                              .planes = c->codec_planes,
+                              .log_id = c->log_id};
   if (c->codec != OI_CODEC_NONE &&
-      (st = oi__codec_stage_create(x->dev, c->codec, &c->codec_shape, c->layout->block_bytes,
-                                   c->frame_bytes, x->group_blocks,
-                                   c->block_bounce_bytes ? c->block_bounce_bytes
-                                                         : OI_XFER_BLOCK_BOUNCE_BYTES,
-                                   c->log_id, &x->codec)) != OI_OK)
+      (st = oi__codec_stage_create(x->dev, &sc, x->group_blocks, &x->codec)) != OI_OK)
     goto fail;
-  if (x->codec && c->codec_planes) oi__codec_stage_use_planes(x->codec);
   x->device_decode =
       c->codec != OI_CODEC_NONE && !c->codec_host_decode && x->dev->ops->stream_decode;
   x->device_encode = device_encode_plan(x);

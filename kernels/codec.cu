@@ -455,22 +455,28 @@ __global__ static void int8h_kernel(const oi_kdec_item *__restrict__ items, int3
   }
 }
 
-extern "C" int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int lossless,
+extern "C" int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, unsigned lossless,
                                       uint64_t max_lossy_elems, int32_t *status, void *stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (n == 0) return cudaSuccess;
-  if (lossless) { // each kernel skips the other's kinds
+  // each kernel skips the others' kinds
+  if (lossless & oi_kdec_lossless_kernel(OI_KDEC_RANS)) {
     uint32_t ctas = (n + WARPS - 1) / WARPS;
     if (ctas > 65535u) ctas = 65535u;
     lossless_kernel<<<ctas, 32 * WARPS, 0, s>>>(items, n, status);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    ctas = (n + WIDE_WARPS - 1) / WIDE_WARPS;
+  }
+  if (lossless & oi_kdec_lossless_kernel(OI_KDEC_RANS32)) {
+    uint32_t ctas = (n + WIDE_WARPS - 1) / WIDE_WARPS;
     if (ctas > 65535u) ctas = 65535u;
     wide_kernel<<<ctas, 32 * WIDE_WARPS, 0, s>>>(items, n, status);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    if ((err = (cudaError_t)oi_kernel_planes_decode(items, n, status, stream)) != cudaSuccess)
-      return err;
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (lossless & oi_kdec_lossless_kernel(OI_KDEC_PLANES)) {
+    cudaError_t err = (cudaError_t)oi_kernel_planes_decode(items, n, status, stream);
+    if (err != cudaSuccess) return err;
   }
   if (max_lossy_elems) {
     // rows of at most 65535 items (a grid's y), each over its elements

@@ -66,14 +66,24 @@ enum {
   OI_KDEC_NAN_CODE = 3,   /* an fp8 NaN code */
 };
 
+/* Which of oi_kernel_codec_decode's lossless kernels decodes items of a
+ * kind: a bit of its `lossless` mask (0: a lossy kind). */
+static inline unsigned oi_kdec_lossless_kernel(unsigned kind) {
+  return kind == OI_KDEC_RANS32                                                     ? 2u
+         : kind == OI_KDEC_PLANES                                                   ? 4u
+         : kind == OI_KDEC_RANS || kind == OI_KDEC_RAW_EXP || kind == OI_KDEC_BYTES ? 1u
+                                                                                    : 0u;
+}
+
 /* Decodes the items (a table in device memory) on `stream`; a frame's
  * items write only its own block, and status[frame] (device memory, zeroed
  * by the caller) gets a nonzero code when one of them fails (the block's
- * bytes are then not to be used). Lossless items (one warp each) and lossy
- * ones (a grid over their elements) run in two kernels: `lossless` says
- * whether there are any of the first, `max_lossy_elems` is the most
- * elements of a lossy item (0: none). */
-int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, int lossless,
+ * bytes are then not to be used). Lossless items run in three kernels (a
+ * warp an item, a warp a wide stream, a CTA a planes stream), each
+ * launched only where `lossless` (the OR of the items'
+ * oi_kdec_lossless_kernel) has its bit; lossy ones run in a grid over their
+ * elements, `max_lossy_elems` the most of an item (0: none). */
+int oi_kernel_codec_decode(const oi_kdec_item *items, uint32_t n, unsigned lossless,
                            uint64_t max_lossy_elems, int32_t *status, void *stream);
 
 /* The items of kind OI_KDEC_PLANES (kernels/codec_planes.cu; the others

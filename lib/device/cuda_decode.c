@@ -150,6 +150,7 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
   uint8_t *th = (uint8_t *)t->host, *td = (uint8_t *)t->resident;
   oi__cuda_kcopy_plan(descs, b->ndescs, &warps, t->host);
   oi_kdec_item *items = (oi_kdec_item *)(void *)(th + items_off);
+  unsigned lossless = 0; /* the lossless kernels the pieces need */
   for (size_t k = 0; k < b->npieces; k++) {
     const oi_decode_piece *p = &b->pieces[k];
     uint64_t f = (uint64_t)(uintptr_t)fdev + foff[p->frame],
@@ -164,6 +165,7 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
                               .tokens = p->tokens,
                               .heads = p->heads,
                               .head_dim = p->head_dim};
+    lossless |= oi_kdec_lossless_kernel(p->kind);
   }
   int32_t *st_host = (int32_t *)(void *)(th + status_off);
   int32_t *st_dev = (int32_t *)(void *)(td + status_off);
@@ -206,7 +208,7 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
   if (r->trace) cudaEventRecord(r->tev[j][2], s->stream);
   if (err == cudaSuccess)
     err = (cudaError_t)oi_kernel_codec_decode((const oi_kdec_item *)(void *)(td + items_off),
-                                              (uint32_t)b->npieces, b->lossless, b->max_lossy_elems,
+                                              (uint32_t)b->npieces, lossless, b->max_lossy_elems,
                                               st_dev, s->stream);
   if (err == cudaSuccess)
     err = (cudaError_t)oi_kernel_codec_zero_failed(st_dev, (uint32_t)b->n, bdev, b->block_bytes,

@@ -107,7 +107,6 @@ typedef struct oi_decode_batch {
   uint64_t block_bytes;         /* a frame's decoded block */
   const oi_decode_piece *pieces;
   size_t npieces;
-  bool lossless;            /* some pieces are lossless ones */
   uint64_t max_lossy_elems; /* the most elements of a lossy piece; 0: none */
   /* From the decoded blocks to the arenas: src is an offset in the batch's
    * decoded bytes (block i at i * block_bytes), dst a device address. */

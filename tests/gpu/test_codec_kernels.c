@@ -34,8 +34,8 @@ typedef struct batch {
   oi_kdec_item *items; /* host */
   size_t nitems;
   uint64_t max_lossy;
-  int lossless;
-  int unverified; /* planned without the frames' checksums (the load path's way) */
+  unsigned lossless; /* the lossless kernels to run (oi_kdec_lossless_kernel) */
+  int unverified;    /* planned without the frames' checksums (the load path's way) */
 } batch;
 
 static void batch_free(batch *b) {
@@ -123,8 +123,7 @@ static void batch_plan(batch *b, uint64_t dev_frames, uint64_t dev_blocks) {
       else if (p->kind == OI_CODEC_PIECE_FP8)
         b->max_lossy =
             OI_MAX(b->max_lossy, (uint64_t)p->count * p->tokens * p->heads * p->head_dim);
-      else
-        b->lossless = 1;
+      b->lossless |= oi_kdec_lossless_kernel(p->kind);
     }
   }
   free(pc);
@@ -609,21 +608,20 @@ int main(int argc, char **argv) {
   if (argc < 3 || strcmp(argv[2], "--rates") != 0) goto done;
   oi_codec_shape none = {.dtype = OI_CODEC_DTYPE_BF16};
   oi_codec_shape qwen = {OI_CODEC_DTYPE_BF16, 72, 16, 8, 128};
-  rates("GLM5.2 lossless", OI_CODEC_LOSSLESS, &none, 2, 3452160);
-  rates("GLM5.2 lossless", OI_CODEC_LOSSLESS, &none, 9, 3452160);
-  rates("GLM5.2 lossless", OI_CODEC_LOSSLESS, &none, 22, 3452160);
-  rates("GLM5.2 lossless", OI_CODEC_LOSSLESS, &none, 256, 3452160);
-  rates("Qwen3-4B lossless", OI_CODEC_LOSSLESS, &qwen, 256, 2359296);
+  /* the lossless rows for each code: rANS, then the planes code */
+  for (int code = 0; code < 2; code++) {
+    planes = code == 1;
+    static const size_t glm_blocks[] = {2, 9, 22, 256};
+    for (size_t i = 0; i < sizeof glm_blocks / sizeof glm_blocks[0]; i++)
+      rates(planes ? "GLM5.2 lossless (planes)" : "GLM5.2 lossless", OI_CODEC_LOSSLESS, &none,
+            glm_blocks[i], 3452160);
+    rates(planes ? "Qwen3-4B lossless (planes)" : "Qwen3-4B lossless", OI_CODEC_LOSSLESS, &qwen,
+          256, 2359296);
+  }
+  planes = false;
   rates("Qwen3-4B int8", OI_CODEC_INT8, &qwen, 256, 2359296);
   rates("Qwen3-4B int8-hadamard", OI_CODEC_INT8_HADAMARD, &qwen, 256, 2359296);
   rates("Qwen3-4B fp8", OI_CODEC_FP8, &qwen, 256, 2359296);
-  planes = true;
-  rates("GLM5.2 lossless (planes)", OI_CODEC_LOSSLESS, &none, 2, 3452160);
-  rates("GLM5.2 lossless (planes)", OI_CODEC_LOSSLESS, &none, 9, 3452160);
-  rates("GLM5.2 lossless (planes)", OI_CODEC_LOSSLESS, &none, 22, 3452160);
-  rates("GLM5.2 lossless (planes)", OI_CODEC_LOSSLESS, &none, 256, 3452160);
-  rates("Qwen3-4B lossless (planes)", OI_CODEC_LOSSLESS, &qwen, 256, 2359296);
-  planes = false;
 done:
   free(corpus);
   fprintf(stderr, "%-60s %s\n", "test_codec_kernels", oi_test_failures ? "FAILED" : "ok");

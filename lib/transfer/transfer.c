@@ -1077,22 +1077,27 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
   for (int d = 0; d < 2; d++)
     pthread_mutex_init(&x->plan_lock[d], NULL);
   oi__cond_init_monotonic(&x->cv);
-  for (int d = 0; d < 2; d++) {
-    x->mode[d] = oi__xfer_resolve_mode(c->layout, c->copy_mode, (oi_copy_dir)d);
-    /* A codec's groups are its bounce's (and its codec steps'): 32 MiB in
-     * every mode. Groups of 8 MiB in DMA mode queued four times the codec
-     * steps, each of which holds the stream while the host encodes. */
-    uint64_t bytes = c->group_bytes ? c->group_bytes
-                     : x->mode[d] == OI_XFER_DMA && c->codec == OI_CODEC_NONE
-                         ? OI_DMA_GROUP_BYTES
-                         : OI_KERNEL_GROUP_BYTES;
-    x->group_blocks[d] = blocks_per_group(bytes, c->layout->block_bytes);
-  }
   oi_status st;
   if (c->dev)
     x->dev = c->dev; /* borrowed: its owner closes it */
   else if ((st = oi__dev_open(c->device, &x->dev)) != OI_OK)
     goto fail;
+  x->device_decode =
+      c->codec != OI_CODEC_NONE && !c->codec_host_decode && x->dev->ops->stream_decode;
+  for (int d = 0; d < 2; d++) {
+    x->mode[d] = oi__xfer_resolve_mode(c->layout, c->copy_mode, (oi_copy_dir)d);
+    /* A codec's groups are its bounce's (and its codec steps'): 32 MiB in
+     * every mode, but 16 MiB for loads of the planes code decoded on the
+     * device (OI_PLANES_LOAD_GROUP_BYTES). Groups of 8 MiB in DMA mode
+     * queued four times the codec steps, each of which holds the stream
+     * while the host encodes. */
+    uint64_t bytes = c->group_bytes                                           ? c->group_bytes
+                     : x->mode[d] == OI_XFER_DMA && c->codec == OI_CODEC_NONE ? OI_DMA_GROUP_BYTES
+                     : d == OI_COPY_H2D && c->codec_planes && x->device_decode
+                         ? OI_PLANES_LOAD_GROUP_BYTES
+                         : OI_KERNEL_GROUP_BYTES;
+    x->group_blocks[d] = blocks_per_group(bytes, c->layout->block_bytes);
+  }
   oi_codec_stage_config sc = {.codec = c->codec,
                               .shape = c->codec_shape,
                               .block_bytes = c->layout->block_bytes,
@@ -1105,8 +1110,6 @@ oi_status oi__xfer_create(const oi_xfer_config *c, oi_xfer **out) {
   if (c->codec != OI_CODEC_NONE &&
       (st = oi__codec_stage_create(x->dev, &sc, x->group_blocks, &x->codec)) != OI_OK)
     goto fail;
-  x->device_decode =
-      c->codec != OI_CODEC_NONE && !c->codec_host_decode && x->dev->ops->stream_decode;
   x->device_encode = device_encode_plan(x);
   if ((st = x->dev->ops->stream_create(x->dev, 0, &x->stream[OI_COPY_D2H])) != OI_OK) goto fail;
   if ((st = x->dev->ops->stream_create(x->dev, 1, &x->stream[OI_COPY_H2D])) != OI_OK) goto fail;

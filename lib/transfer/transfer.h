@@ -41,6 +41,11 @@
  * preparing the rest of a large batch (oi_xfer_config.group_bytes). */
 #define OI_DMA_GROUP_BYTES (8ull << 20)     /* many batch calls keep the copy engines fed */
 #define OI_KERNEL_GROUP_BYTES (32ull << 20) /* each launch has a tail: fewer, larger ones */
+/* Loads of the planes code decoded on the device: its decode is parallel
+ * within a batch (a warp a chunk), so smaller batches start decoding
+ * sooner behind the link; a rANS batch decodes in about the time of one
+ * stream, whatever its size, and keeps OI_KERNEL_GROUP_BYTES. */
+#define OI_PLANES_LOAD_GROUP_BYTES (16ull << 20)
 
 /* The mode (OI_XFER_*) `copy_mode` (an oi_copy_mode) resolves to for
  * direction `dir` of layout `l`. */

@@ -166,6 +166,7 @@ static void rig_open_with(rigp *r, int codec, size_t n, uint32_t copy_mode, uint
                        .codec = codec,
                        .codec_shape = codec == OI_CODEC_LOSSLESS ? (oi_codec_shape){0} : sh,
                        .frame_bytes = r->slot,
+                       .codec_planes = planes,
                        .done = done_fn};
   REQUIRE(oi__xfer_create(&xc, &r->x) == OI_OK);
 }
@@ -282,6 +283,28 @@ static void test_dma_groups_are_the_bounce(void) {
   CHECK(batches[0] == 2 && batches[1] == 2);
 }
 
+/* Loads of the planes code decoded by the device go in groups of 16 MiB
+ * (OI_PLANES_LOAD_GROUP_BYTES), rANS's in groups of 32: 2,800 pages (32.8
+ * MiB) after the first group of 8 MiB are one batch of rANS frames and two
+ * of the planes code's. */
+static void test_planes_load_groups(void) {
+  int batches[2];
+  for (int code = 0; code < 2; code++) {
+    planes = code == 1;
+    rigp r;
+    rig_open_with(&r, OI_CODEC_LOSSLESS, 2800, OI_COPY_KERNEL, 0);
+    int before = atomic_load(&decodes);
+    CHECK_OK(load(&r, false));
+    batches[code] = atomic_load(&decodes) - before;
+    CHECK(differ(&r, SIZE_MAX) == 0);
+    rig_close(&r);
+  }
+  planes = false;
+  printf("2,800 pages, lossless: %d batches of rANS frames, %d of the planes code's\n", batches[0],
+         batches[1]);
+  CHECK(batches[0] == 2 && batches[1] == 3);
+}
+
 /* A frame whose stream does not end as encoded (lossless: state 0 of its
  * first stream zeroed; int8: a scale made infinite; fp8: a NaN code), and a
  * slot that is not a frame: each fails the load naming its block, which
@@ -372,6 +395,7 @@ int main(int argc, char **argv) {
   wrapped_ops.stream_call = w_stream_call;
   RUN_TEST(test_loads);
   RUN_TEST(test_dma_groups_are_the_bounce);
+  RUN_TEST(test_planes_load_groups);
   RUN_TEST(test_failures);
   RUN_TEST(test_foreign_frames_and_refusals);
   oi__dev_close(cpu);

@@ -30,6 +30,8 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, boo
 bool oi__lossless_stream_counts(size_t bytes, unsigned parts, uint32_t *choice,
                                 uint32_t *segs_parts, uint32_t *segs_whole);
 oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t logical);
+/* h[s]: how many of sym[0..n) are s. */
+void oi__histogram(const uint8_t *sym, size_t n, uint32_t h[256]);
 /* A lossless payload's parts, its lengths checked (oi__lossless_parse):
  * mode 0 (exponents raw at `streams`) or 1, 2, 3 (`segs` streams from
  * `streams`, their lengths as u32 at `lens`, the k-th coding the exponents

@@ -52,9 +52,8 @@ static size_t choose_segments(const uint8_t *exp, size_t n, unsigned parts, bool
   uint32_t all[256] = {0};
   double split = 0;
   for (unsigned k = 0; k < parts; k++) {
-    uint32_t h[256] = {0};
-    for (size_t i = 0; i < per; i++)
-      h[exp[k * per + i]]++;
+    uint32_t h[256];
+    oi__histogram(exp + k * per, per, h);
     for (int s = 0; s < 256; s++)
       all[s] += h[s];
     split += bits(h, per);
@@ -77,6 +76,72 @@ static size_t cap_segments(size_t n, size_t segs) {
   return segs;
 }
 
+void oi__histogram(const uint8_t *sym, size_t n, uint32_t h[256]) {
+  uint32_t more[3][256] = {{0}}; /* four counts: a run of one symbol does not wait on itself */
+  memset(h, 0, 256 * sizeof *h);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    h[sym[i]]++;
+    more[0][sym[i + 1]]++;
+    more[1][sym[i + 2]]++;
+    more[2][sym[i + 3]]++;
+  }
+  for (; i < n; i++)
+    h[sym[i]]++;
+  for (int s = 0; s < 256; s++)
+    h[s] += more[0][s] + more[1][s] + more[2][s];
+}
+
+/* The low bytes of the four u16 lanes of x, in order. */
+static uint32_t low_bytes(uint64_t x) {
+  x = (x | x >> 8) & 0x0000ffff0000ffffull;
+  return (uint32_t)(x | x >> 16);
+}
+
+/* The exponent byte (bits 7..14) and the sign+mantissa byte of each of n
+ * bf16 (the buffers do not overlap), four at a time (the machine is
+ * little-endian: codec_internal.h). */
+static void split_planes(const uint8_t *src, size_t n, uint8_t *exp, uint8_t *sm) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    uint64_t v;
+    memcpy(&v, src + 2 * i, sizeof v);
+    uint32_t e = low_bytes(v >> 7 & 0x00ff00ff00ff00ffull),
+             m = low_bytes((v >> 8 & 0x0080008000800080ull) | (v & 0x007f007f007f007full));
+    memcpy(exp + i, &e, sizeof e);
+    memcpy(sm + i, &m, sizeof m);
+  }
+  for (; i < n; i++) {
+    uint16_t x = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
+    exp[i] = (uint8_t)(x >> 7);
+    sm[i] = (uint8_t)(((x >> 8) & 0x80) | (x & 0x7f));
+  }
+}
+
+/* Four bytes to the low bytes of four u16 lanes (low_bytes undone). */
+static uint64_t byte_lanes(uint32_t b) {
+  uint64_t x = b;
+  x = (x | x << 16) & 0x0000ffff0000ffffull;
+  return (x | x << 8) & 0x00ff00ff00ff00ffull;
+}
+
+/* n bf16 from their exponent and sign+mantissa bytes (split_planes undone). */
+static void merge_planes(const uint8_t *exp, const uint8_t *sm, size_t n, uint8_t *dst) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    uint32_t e, m;
+    memcpy(&e, exp + i, sizeof e);
+    memcpy(&m, sm + i, sizeof m);
+    uint64_t el = byte_lanes(e), ml = byte_lanes(m);
+    uint64_t v = el << 7 | (ml & 0x007f007f007f007full) | (ml & 0x0080008000800080ull) << 8;
+    memcpy(dst + 2 * i, &v, sizeof v);
+  }
+  for (; i < n; i++) {
+    dst[2 * i] = (uint8_t)((exp[i] << 7) | (sm[i] & 0x7f));
+    dst[2 * i + 1] = (uint8_t)((sm[i] & 0x80) | (exp[i] >> 1));
+  }
+}
+
 size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, bool planes,
                            uint8_t *dst) {
   size_t n = bytes / 2;
@@ -85,11 +150,7 @@ size_t oi__lossless_encode(const uint8_t *src, size_t bytes, unsigned parts, boo
    * sign+mantissa plane); if the coded exponents are shorter, the
    * sign+mantissa plane moves down behind them. */
   uint8_t *sm_raw = dst + 1 + n;
-  for (size_t i = 0; i < n; i++) {
-    uint16_t x = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
-    exp[i] = (uint8_t)(x >> 7);
-    sm_raw[i] = (uint8_t)(((x >> 8) & 0x80) | (x & 0x7f));
-  }
+  split_planes(src, n, exp, sm_raw);
   size_t len = 1 + 2 * n;
   dst[0] = MODE_RAW;
   size_t segs = n >= 16 ? cap_segments(n, choose_segments(exp, n, parts, planes)) : 0;
@@ -220,11 +281,7 @@ oi_status oi__lossless_decode(const uint8_t *src, size_t len, uint8_t *dst, size
     }
     exp = buf;
   }
-  for (size_t i = 0; i < n; i++) {
-    uint8_t e = exp[i], sm = l.sm[i];
-    dst[2 * i] = (uint8_t)((e << 7) | (sm & 0x7f));
-    dst[2 * i + 1] = (uint8_t)((sm & 0x80) | (e >> 1));
-  }
+  merge_planes(exp, l.sm, n, dst);
   if (logical & 1) dst[logical - 1] = l.sm[n];
 out:
   if (buf && buf != stack_buf) oi__free(buf);

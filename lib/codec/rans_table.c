@@ -4,6 +4,8 @@
  * decode table) and the stream's assembly behind it. */
 #include "codec/rans.h"
 
+#include "codec/codec_internal.h"
+
 #include <string.h>
 
 #include "core/le_bytes.h"
@@ -54,9 +56,8 @@ static size_t put_leb(uint8_t *p, uint32_t v) {
 
 size_t oi__rans_table_write(const uint8_t *sym, size_t n, uint8_t table[OI_RANS_TABLE_MAX],
                             uint32_t freq[256], int *lo, int *hi) {
-  uint32_t count[256] = {0};
-  for (size_t i = 0; i < n; i++)
-    count[sym[i]]++;
+  uint32_t count[256];
+  oi__histogram(sym, n, count);
   normalise(count, n, freq);
   int l = 0, h = 255;
   while (!freq[l])

@@ -841,11 +841,11 @@ static bool codec_on_host(const char *var, uint32_t log_id) {
   return env_choice(var, "host", "device", log_id) < 0;
 }
 
-/* OI_LOSSLESS_CODE: "planes", a lossless namespace's frames code their
- * exponents by the planes code (for measuring it, docs/codecs.md); "rans"
- * or unset, by rANS. */
+/* OI_LOSSLESS_CODE: "rans", a lossless namespace's frames code their
+ * exponents by rANS; "planes" or unset, by the planes code (the default:
+ * docs/codecs.md "The planes code"). */
 static bool lossless_planes(uint32_t log_id) {
-  return env_choice("OI_LOSSLESS_CODE", "rans", "planes", log_id) > 0;
+  return env_choice("OI_LOSSLESS_CODE", "rans", "planes", log_id) >= 0;
 }
 
 oi_status oi__local_engine_create(oi_host *h, const oi_engine_options *o, oi_engine **out) {

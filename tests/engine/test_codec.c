@@ -315,9 +315,9 @@ static void test_corrupt_frame(void) {
   free(mem);
 }
 
-/* OI_LOSSLESS_CODE: "planes" stores frames of the planes code (format 4),
- * "rans", empty or a value it does not know (warned about) rANS's (format
- * 2); all load byte-exact. OI_CODEC_ENCODE and OI_CODEC_DECODE, each of
+/* OI_LOSSLESS_CODE: "rans" stores rANS's frames (format 2), "planes",
+ * empty or a value it does not know (warned about) frames of the planes
+ * code (format 4, the default); all load byte-exact. OI_CODEC_ENCODE and OI_CODEC_DECODE, each of
  * their values (the cpu backend encodes and decodes on the host whatever
  * they say), ride along. (Slots of a whole block: with one table for a page's K
  * and V, the planes code compresses these pages about 1.35x, past the
@@ -356,7 +356,7 @@ static void test_lossless_code(void) {
     CHECK(memcmp(mem + N * PAGE, corpus, N * PAGE) == 0);
     printf("OI_LOSSLESS_CODE=%-7s: %zu of %d frames of format 4, loaded byte-exact\n", values[v],
            format4, N);
-    CHECK(format4 == (v == 0 ? (size_t)N : 0));
+    CHECK(format4 == (v == 1 ? 0 : (size_t)N));
     oi_engine_destroy(e);
     oi_host_destroy(h);
     free(mem);

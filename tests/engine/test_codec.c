@@ -366,6 +366,59 @@ static void test_lossless_code(void) {
   unsetenv("OI_CODEC_DECODE");
 }
 
+/* A block whose planes frame is past the namespace's slot is coded by rANS
+ * on the host (its frame of format 2 fits) and loads byte-exact; a block
+ * whose planes frame fits keeps it. The slot: a page's rANS frame rounded
+ * up to the pool's alignment, where that is short of its planes frame. */
+static void test_planes_past_slot_takes_rans(void) {
+  const oi_codec_shape none = {.dtype = OI_CODEC_DTYPE_BF16};
+  static uint8_t frame[2 * PAGE];
+  size_t pages = npages, over = SIZE_MAX, fits = SIZE_MAX, slot = 0;
+  for (size_t i = 0; i < pages && over == SIZE_MAX; i++) {
+    size_t lr = 0, lp = 0;
+    REQUIRE(oi__codec_encode(OI_CODEC_LOSSLESS, &none, corpus + i * PAGE, PAGE, frame, sizeof frame,
+                             &lr) == OI_OK);
+    REQUIRE(oi__codec_encode_planes(&none, corpus + i * PAGE, PAGE, frame, sizeof frame, &lp) ==
+            OI_OK);
+    size_t s = (lr + OI_SLOT_ALIGN - 1) & ~(size_t)(OI_SLOT_ALIGN - 1);
+    if (s < lp) over = i, slot = s;
+  }
+  REQUIRE(over != SIZE_MAX);
+  for (size_t i = 0; i < pages && fits == SIZE_MAX; i++) {
+    size_t lp = 0;
+    REQUIRE(oi__codec_encode_planes(&none, corpus + i * PAGE, PAGE, frame, sizeof frame, &lp) ==
+            OI_OK);
+    if (lp <= slot) fits = i;
+  }
+  REQUIRE(fits != SIZE_MAX);
+  uint8_t *mem = malloc(4 * PAGE);
+  REQUIRE(mem);
+  memcpy(mem, corpus + over * PAGE, PAGE);
+  memcpy(mem + PAGE, corpus + fits * PAGE, PAGE);
+  oi_arena_desc ad = tr_arena("kv", mem, 4, PAGE);
+  oi_host *h = tr_host(16 * MiB);
+  oi_engine_options o = codec_options("past-slot", &ad, "lossless");
+  o.codec_slot_bytes = slot;
+  oi_engine *e = tr_engine_new(h, &o);
+  int64_t ids[2] = {0, 1}, dst[2] = {2, 3};
+  oi_block_hash hs[2];
+  ids_hashes(ids, hs, 2, 0xB0);
+  CHECK_OK(tr_save(e, ids, hs, 2, 10000));
+  oi_query_result q;
+  CHECK_OK(tr_query(e, NULL, hs, 2, 0, NULL, &q));
+  CHECK(q.hit_blocks == 2);
+  uint8_t v_over = slot_in(h, "past-slot", &hs[0])[4], v_fits = slot_in(h, "past-slot", &hs[1])[4];
+  printf("a %zu-byte slot: page %zu (planes frame past it) stored as format %u, page %zu as "
+         "format %u\n",
+         slot, over, v_over, fits, v_fits);
+  CHECK(v_over != OI_LOSSLESS_PLANES_VERSION && v_fits == OI_LOSSLESS_PLANES_VERSION);
+  CHECK_OK(tr_load(e, q.lease, dst, 2, 10000));
+  CHECK(memcmp(mem + 2 * PAGE, mem, 2 * PAGE) == 0);
+  oi_engine_destroy(e);
+  oi_host_destroy(h);
+  free(mem);
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -931,6 +984,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_incompressible);
   RUN_TEST(test_corrupt_frame);
   RUN_TEST(test_lossless_code);
+  RUN_TEST(test_planes_past_slot_takes_rans);
   RUN_TEST(test_disk);
   RUN_TEST(test_layered_loads);
   RUN_TEST(test_layerwise_saves);

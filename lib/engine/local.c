@@ -137,17 +137,21 @@ static void warn_not_encoded(local_engine *e, size_t failed, size_t n, const cha
     return;
   }
   uint64_t since = total - atomic_exchange(&e->c.not_encoded_warned, total);
-  bool lossless = e->base.codec.id == OI_CODEC_LOSSLESS;
+  bool lossless = e->base.codec.id == OI_CODEC_LOSSLESS,
+       shapeless = lossless && !e->base.codec.shape.parts;
   OI_LOG_I(OI_LOG_WARN, "engine", e->base.instance_id,
            "save: %llu blocks not stored since the last warning (%llu in all), later misses: "
            "the %s codec did not encode them into the namespace's %llu-byte slots of %llu-byte "
-           "blocks (the first: %s)%s",
+           "blocks (the first: %s)%s%s",
            (unsigned long long)since, (unsigned long long)total, codec,
            (unsigned long long)e->base.codec.slot_bytes,
            (unsigned long long)e->base.layout.block_bytes, why,
            lossless ? "; this KV compresses less than the slot allows: raise codec_slot_bytes, "
                       "or use codec none"
-                    : "; a lossy codec refuses values it cannot scale");
+                    : "; a lossy codec refuses values it cannot scale",
+           shapeless ? " (or give the block's shape, codec_tokens, codec_heads and "
+                       "codec_head_dim: each part then gets its own code)"
+                     : "");
 }
 
 /* Layerwise saves under a codec: the bounces' bound, 1/16 of the pool

@@ -35,10 +35,11 @@ static void trace_report(decode_ring *r, uint32_t j) {
   for (int k = 0; k < 4; k++)
     cudaEventElapsedTime(&t[k], r->tbase, r->tev[j][k]);
   fprintf(stderr,
-          "decode batch %llu: queued %.0f us, frames %.0f..%.0f us (%.0f), decode %.0f..%.0f us "
-          "(%.0f)\n",
-          (unsigned long long)r->tgroup++, (double)(r->tqueued[j] - r->tbase_ns) / 1e3, t[0] * 1e3,
-          t[1] * 1e3, (t[1] - t[0]) * 1e3, t[2] * 1e3, t[3] * 1e3, (t[3] - t[2]) * 1e3);
+          "decode batch %llu: called %.0f us, queued %.0f us (tables made %u), frames %.0f..%.0f "
+          "us (%.0f), decode %.0f..%.0f us (%.0f)\n",
+          (unsigned long long)r->tgroup++, ((double)r->tcalled[j] - (double)r->tbase_ns) / 1e3,
+          (double)(r->tqueued[j] - r->tbase_ns) / 1e3, r->ttables[j], t[0] * 1e3, t[1] * 1e3,
+          (t[1] - t[0]) * 1e3, t[2] * 1e3, t[3] * 1e3, (t[3] - t[2]) * 1e3);
 }
 
 void oi__cuda_decode_free(decode_ring *r) {
@@ -184,6 +185,8 @@ static oi_status decode_locked(oi_stream *s, const oi_decode_batch *b) {
       cudaEventRecord(r->tbase, r->aux);
     }
     r->tqueued[j] = oi__now_ns();
+    r->tcalled[j] = r->tcall_ns;
+    r->ttables[j] = s->tables_made;
     r->traced[j] = true;
     cudaEventRecord(r->tev[j][0], r->aux);
   }
@@ -285,7 +288,9 @@ oi_status oi__cuda_stream_decode(oi_stream *s, const oi_decode_batch *b) {
       return oi__fail(OI_ERR_INVALID_ARGUMENT, "stream_decode: copy %zu past the decoded blocks",
                       i);
   cudaSetDevice(s->ordinal);
+  uint64_t called = oi__now_ns(); /* OI_DECODE_TRACE: the host's time before the queueing */
   pthread_mutex_lock(&s->copy_lock);
+  s->dec.tcall_ns = called;
   oi_status st = decode_locked(s, b);
   pthread_mutex_unlock(&s->copy_lock);
   if (st != OI_OK) {

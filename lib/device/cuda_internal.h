@@ -110,6 +110,9 @@ typedef struct decode_ring {
   bool trace, traced[OI_DECODE_SLOTS];
   cudaEvent_t tev[OI_DECODE_SLOTS][4], tbase;
   uint64_t tqueued[OI_DECODE_SLOTS], tbase_ns, tgroup;
+  uint64_t tcalled[OI_DECODE_SLOTS],
+      tcall_ns;                      /* stream_decode's entry (the next batch's: tcall_ns) */
+  uint32_t ttables[OI_DECODE_SLOTS]; /* the stream's tables made so far */
 } decode_ring;
 
 /* GPU encodes of lossless frames (cuda_encode.c): the blocks are gathered
@@ -151,6 +154,7 @@ struct oi_stream {
   pthread_mutex_t copy_lock; /* one stream_copy at a time: tables and DMA arrays are shared */
   oi_status pending;         /* first enqueue error since the last stream_call */
   table_buf *tables;         /* every table of this stream, least recently taken first */
+  uint32_t tables_made;      /* how many (OI_DECODE_TRACE reports it) */
   /* DMA argument arrays, reused (the batch API reads them during the call) */
   void **dma_dst;
   const void **dma_src;

@@ -112,6 +112,7 @@ table_buf *oi__cuda_take_table(oi_stream *s, size_t entries) {
     return NULL;
   }
   t->cap = cap;
+  s->tables_made++;
   return table_to_end(s, t);
 }
 

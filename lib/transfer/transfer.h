@@ -124,9 +124,10 @@ typedef struct oi_xfer_config {
    * host encodes the bounce. */
   bool codec_host_encode;
   /* A lossless namespace's frames code their exponents by the planes code
-   * (codec/planes.h; OI_LOSSLESS_CODE=planes, for measuring it: frames of
-   * format 4, which builds before it refuse). Its saves and loads code
-   * where they would under rANS. */
+   * (codec/planes.h; the engine's default, OI_LOSSLESS_CODE=rans unsets
+   * it: frames of format 4, which builds before it refuse). Its saves and
+   * loads code where they would under rANS; its loads decoded on the
+   * device go in groups of OI_PLANES_LOAD_GROUP_BYTES. */
   bool codec_planes;
   /* The most bytes of per-block bounces (oi__xfer_bounce) at once; 0 =
    * OI_XFER_BLOCK_BOUNCE_BYTES. At least one block. */

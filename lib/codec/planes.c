@@ -12,8 +12,9 @@
 
 static size_t level_size(uint32_t w) { return w ? ((size_t)1 << w) - 1 : 0; }
 
-/* A group's codes and its plane-1 words, 8 lanes at a time: lane j's code
- * is byte j of a u64 (codes < 2^7), bit b of plane word b's byte. */
+/* A group's lanes go eight at a time: lane j's code in byte j of a u64
+ * (codes are below 2^7), and bit b of those eight codes is one byte of
+ * plane word b. */
 #define LSB_OF_BYTES 0x0101010101010101ull
 /* bits at 8k (k < 8) to bit 56 + k: the terms land on distinct bits */
 #define GATHER_LSBS 0x0102040810204080ull

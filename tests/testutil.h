@@ -13,9 +13,9 @@
 
 static int oi_test_failures;
 
-/* Removes a test's scratch directory of plain files (names starting with
- * '.' are left, as are subdirectories: rmdir then fails). @return rmdir's
- * result (0: gone). */
+/* Removes a test's scratch directory and what it holds, its
+ * subdirectories' too (names starting with '.' are left: rmdir then
+ * fails). @return rmdir's result (0: gone). */
 static inline int tu_remove_dir(const char *dir) {
   DIR *d = opendir(dir);
   if (d) {
@@ -23,8 +23,11 @@ static inline int tu_remove_dir(const char *dir) {
     char p[1024];
     while ((de = readdir(d)))
       if (de->d_name[0] != '.') {
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
+        if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= sizeof p) continue;
+        if (de->d_type == DT_DIR)
+          tu_remove_dir(p);
+        else
+          unlink(p);
       }
     closedir(d);
   }

@@ -188,5 +188,6 @@ int main(int argc, char **argv) {
   RUN_TEST(test_bad_disk_options);
   RUN_TEST(test_bad_disk_options_before_the_pool);
   RUN_TEST(test_one_server_per_dir);
+  ts_cleanup(&ts); /* its directory and the disks' under it */
   TEST_EXIT();
 }

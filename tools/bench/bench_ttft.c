@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "bench_cuda.h"
+#include "bench_disk.h"
 #include "cli.h"
 #include "codec/codec.h"
 #include "device/device.h"
@@ -678,14 +679,8 @@ int bench_ttft(int argc, char **argv) {
   oi_host_get_stats(host, &hst);
   oi_executor_destroy(x);
   oi_host_destroy(host);
-  if (disk_scratch) { /* the store's three files, then the directory */
-    static const char *const files[] = {"openinfer-disk.data", "openinfer-disk.log",
-                                        "openinfer-disk.ckpt"};
-    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
-      char f[600];
-      snprintf(f, sizeof f, "%s/%s", disk_dir, files[i]);
-      unlink(f);
-    }
+  if (disk_scratch) { /* the store's files (its lock too), then the directory */
+    bench_disk_remove_store(disk_dir);
     rmdir(disk_dir);
   }
   oi_refmodel_destroy(model);

@@ -285,8 +285,10 @@ oi_status oi__remote_query_call(remote_engine *e, uint32_t instance, const char 
 static oi_status remote_query(oi_engine *base, const char *req_id, const oi_block_hash *hashes,
                               size_t n, uint32_t flags, uint8_t *present, uint32_t wait_ms,
                               oi_query_result *out) {
-  return oi__remote_query_call((remote_engine *)base, base->instance_id, NULL, 0, req_id, hashes, n,
-                               flags, present, wait_ms, out);
+  remote_engine *e = (remote_engine *)base;
+  /* its instance, read under the lock: a reconnect changes it */
+  return oi__remote_query_call(e, oi__remote_instance_of(e), NULL, 0, req_id, hashes, n, flags,
+                               present, wait_ms, out);
 }
 
 oi_status oi__remote_release_call(remote_engine *e, uint32_t instance, const char *namespace_id,
@@ -314,7 +316,8 @@ oi_status oi__remote_release_call(remote_engine *e, uint32_t instance, const cha
 }
 
 static oi_status remote_release(oi_engine *base, oi_lease lease) {
-  return oi__remote_release_call((remote_engine *)base, base->instance_id, NULL, lease);
+  remote_engine *e = (remote_engine *)base;
+  return oi__remote_release_call(e, oi__remote_instance_of(e), NULL, lease);
 }
 
 static oi_status remote_flush(oi_engine *base, uint32_t timeout_ms) {

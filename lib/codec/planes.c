@@ -186,6 +186,7 @@ int oi__planes_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
       }
       for (; esc; esc &= esc - 1) {
         if (!c1--) return -1;
+        uint8_t *lane = o + __builtin_ctz(esc);
         uint32_t second = 0;
         if (w2) { /* a code spans two bytes at most */
           size_t at = bit2 >> 3;
@@ -194,11 +195,11 @@ int oi__planes_decode(const uint8_t *src, size_t len, uint8_t *out, size_t n) {
           bit2 += w2;
         }
         if (second < k2) {
-          o[__builtin_ctz(esc)] = sym2[second];
+          *lane = sym2[second];
           continue;
         }
         if (!c2--) return -1;
-        o[__builtin_ctz(esc)] = *p3++;
+        *lane = *p3++;
       }
     }
     if (c1 || c2) return -1;
